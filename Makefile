@@ -1,0 +1,51 @@
+# Baton: the two commands are `make demo` and `make test`. Everything else is a step of those.
+BUILD_DIR ?= build
+FUZZ_DIR ?= build-fuzz
+JOBS ?= $(shell nproc)
+FUZZ_SECONDS ?= 30
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+.PHONY: all deps build test unit fuzz fuzz-build demo serve perf format clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+$(BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS)
+
+build: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Every unit and integration test, then each fuzzer for FUZZ_SECONDS.
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory fuzz
+
+unit: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+$(FUZZ_DIR)/CMakeCache.txt:
+	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_CXX_COMPILER=clang++ -DBATON_BUILD_FUZZERS=ON -DBATON_ENABLE_CUDA=OFF
+
+fuzz-build: deps $(FUZZ_DIR)/CMakeCache.txt
+	cmake --build $(FUZZ_DIR) -j $(JOBS)
+
+# Runs each libFuzzer target (ASan + UBSan) for FUZZ_SECONDS over a scratch copy of its seed
+# corpus, so the committed corpus does not grow.
+fuzz: fuzz-build
+	@scripts/run-fuzzers $(FUZZ_DIR)/bin $(FUZZ_SECONDS)
+
+demo: build
+	@scripts/demo
+
+perf: build
+	perf/weightload
+
+format:
+	git ls-files '*.h' '*.cc' | xargs clang-format -i
+
+clean:
+	rm -rf $(BUILD_DIR) $(FUZZ_DIR)

@@ -1,0 +1,51 @@
+// Logging: one line per event on stderr, "TIMESTAMP LEVEL component: message".
+//
+//   BATON_LOG(INFO, "loader") << "filled " << bytes << " bytes";
+//
+// The line is assembled in a buffer and written with a single write(2), so lines from
+// several threads or processes never interleave. The minimum level comes from
+// SetLogLevel() or the BATON_LOG_LEVEL environment variable (debug|info|warn|error).
+// Thread-safe.
+#pragma once
+
+#include <sstream>
+#include <string_view>
+
+namespace baton {
+
+enum class LogLevel { kDebug = 0, kInfo = 1, kWarn = 2, kError = 3 };
+
+void SetLogLevel(LogLevel level);
+LogLevel GetLogLevel();
+// Parses "debug", "info", "warn", "error"; returns false on anything else.
+bool ParseLogLevel(std::string_view text, LogLevel* out);
+
+class LogLine {
+ public:
+  LogLine(LogLevel level, std::string_view component);
+  ~LogLine();
+  LogLine(const LogLine&) = delete;
+  LogLine& operator=(const LogLine&) = delete;
+
+  template <typename T>
+  LogLine& operator<<(const T& value) {
+    stream_ << value;
+    return *this;
+  }
+
+ private:
+  LogLevel level_;
+  std::ostringstream stream_;
+};
+
+}  // namespace baton
+
+#define BATON_LOG_LEVEL_DEBUG ::baton::LogLevel::kDebug
+#define BATON_LOG_LEVEL_INFO ::baton::LogLevel::kInfo
+#define BATON_LOG_LEVEL_WARN ::baton::LogLevel::kWarn
+#define BATON_LOG_LEVEL_ERROR ::baton::LogLevel::kError
+
+#define BATON_LOG(level, component)                       \
+  if (BATON_LOG_LEVEL_##level < ::baton::GetLogLevel()) { \
+  } else                                                  \
+    ::baton::LogLine(BATON_LOG_LEVEL_##level, component)

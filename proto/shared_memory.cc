@@ -1,0 +1,97 @@
+#include "proto/shared_memory.h"
+
+#include <fcntl.h>
+#include <linux/memfd.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <utility>
+
+namespace baton {
+
+Mapping::~Mapping() { Reset(); }
+
+Mapping::Mapping(Mapping&& other) noexcept
+    : addr_(std::exchange(other.addr_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+
+Mapping& Mapping::operator=(Mapping&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    addr_ = std::exchange(other.addr_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+void Mapping::Reset() {
+  if (addr_ != nullptr) ::munmap(addr_, size_);
+  addr_ = nullptr;
+  size_ = 0;
+}
+
+namespace {
+
+size_t RoundUp(size_t value, size_t unit) { return (value + unit - 1) / unit * unit; }
+
+Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags) {
+  int fd = ::memfd_create(name.c_str(), flags);
+  if (fd < 0) return ErrnoStatus("memfd_create(" + name + ")", errno);
+  return UniqueFd(fd);
+}
+
+}  // namespace
+
+Result<SharedMemory> SharedMemory::Create(const SharedMemoryOptions& options) {
+  if (options.size == 0) return InvalidArgument("shared memory '" + options.name + "': size 0");
+  SharedMemory shm;
+  if (options.try_huge_pages) {
+    const size_t size = RoundUp(options.size, kHugePageSize);
+    auto fd = CreateMemfd(options.name, MFD_CLOEXEC | MFD_HUGETLB | MFD_HUGE_2MB);
+    if (fd.ok() && ::ftruncate(fd->get(), static_cast<off_t>(size)) == 0) {
+      shm.fd_ = std::move(fd).value();
+      shm.size_ = size;
+      shm.huge_pages_ = true;
+      return shm;
+    }
+    shm.fallback_reason_ = fd.ok() ? ErrnoStatus("ftruncate of hugetlb memfd", errno).message()
+                                   : fd.status().message();
+  }
+  BATON_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(options.name, MFD_CLOEXEC));
+  const size_t size = RoundUp(options.size, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return ErrnoStatus("ftruncate memfd '" + options.name + "'", errno);
+  }
+  shm.fd_ = std::move(fd);
+  shm.size_ = size;
+  return shm;
+}
+
+Result<SharedMemory> SharedMemory::Import(UniqueFd fd) {
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of imported memory fd", errno);
+  if (st.st_size <= 0) return InvalidArgument("imported memory fd has size 0");
+  SharedMemory shm;
+  shm.size_ = static_cast<size_t>(st.st_size);
+  // A hugetlb memfd reports its huge page size as the block size.
+  shm.huge_pages_ = st.st_blksize >= static_cast<blksize_t>(kHugePageSize);
+  shm.fd_ = std::move(fd);
+  return shm;
+}
+
+Result<Mapping> SharedMemory::Map(Protection prot, bool populate) const {
+  const int mprot = prot == Protection::kReadOnly ? PROT_READ : PROT_READ | PROT_WRITE;
+  const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+  void* addr = ::mmap(nullptr, size_, mprot, flags, fd_.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus("mmap of shared memory", errno);
+  return Mapping(addr, size_);
+}
+
+Result<UniqueFd> SharedMemory::Dup() const {
+  int fd = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("dup of shared memory fd", errno);
+  return UniqueFd(fd);
+}
+
+}  // namespace baton

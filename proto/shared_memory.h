@@ -1,0 +1,74 @@
+// SharedMemory and Mapping: memory that crosses process boundaries as a file descriptor.
+//
+// SharedMemory owns a memfd (2 MiB hugetlb pages when asked and available, normal pages
+// otherwise; which one is reported by huge_pages()). The fd travels to another process over
+// a proto::Channel (SCM_RIGHTS); the receiver wraps it with Import() and maps it. Mapping
+// owns one mmap'd range and unmaps it on destruction. Both are move-only. Sizes of hugetlb
+// memfds are rounded up to the huge page size. Thread-compatible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace baton {
+
+inline constexpr size_t kHugePageSize = 2u << 20;
+
+enum class Protection { kReadOnly, kReadWrite };
+
+class Mapping {
+ public:
+  Mapping() = default;
+  Mapping(void* addr, size_t size) : addr_(addr), size_(size) {}
+  ~Mapping();
+  Mapping(Mapping&& other) noexcept;
+  Mapping& operator=(Mapping&& other) noexcept;
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+
+  uint8_t* data() const { return static_cast<uint8_t*>(addr_); }
+  size_t size() const { return size_; }
+  bool valid() const { return addr_ != nullptr; }
+
+ private:
+  void Reset();
+  void* addr_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct SharedMemoryOptions {
+  std::string name = "baton";
+  size_t size = 0;
+  bool try_huge_pages = true;  // MFD_HUGETLB|MFD_HUGE_2MB, falling back to normal pages
+};
+
+class SharedMemory {
+ public:
+  // Creates a memfd of at least options.size bytes. When huge pages were asked for but could
+  // not be had, fallback_reason() says why.
+  static Result<SharedMemory> Create(const SharedMemoryOptions& options);
+  // Takes ownership of a memfd received from another process; the size comes from fstat.
+  static Result<SharedMemory> Import(UniqueFd fd);
+
+  // Maps the whole object MAP_SHARED. `populate` pre-faults it (MAP_POPULATE).
+  Result<Mapping> Map(Protection prot, bool populate = false) const;
+  // A new fd for the same memory, for sending to another process.
+  Result<UniqueFd> Dup() const;
+
+  int fd() const { return fd_.get(); }
+  size_t size() const { return size_; }
+  bool huge_pages() const { return huge_pages_; }
+  const std::string& fallback_reason() const { return fallback_reason_; }
+
+ private:
+  UniqueFd fd_;
+  size_t size_ = 0;
+  bool huge_pages_ = false;
+  std::string fallback_reason_;
+};
+
+}  // namespace baton
