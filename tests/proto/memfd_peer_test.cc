@@ -1,0 +1,119 @@
+// Two real processes share a memfd passed over a proto Channel, and each sees the other's
+// writes. The child is build/bin/baton_memfd_peer_helper (tests/proto/memfd_peer_helper_main.cc).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/io_context.hpp>
+#include <cstring>
+#include <string>
+
+#include "proto/hello.h"
+#include "proto/listener.h"
+#include "proto/shared_memory.h"
+#include "tests/proto/proto_test_util.h"
+
+namespace baton::proto {
+namespace {
+
+using namespace std::chrono_literals;
+
+uint8_t ParentByte(size_t i) { return static_cast<uint8_t>(i * 131 + 7); }
+uint8_t ChildByte(size_t i) { return static_cast<uint8_t>(i * 29 + 3); }
+constexpr uint64_t kSecondWrite = 0xC0FFEE0DDF00Dull;
+
+// Owns the child process: kills and reaps it if the test ends early.
+class Child {
+ public:
+  explicit Child(const std::string& socket_path) {
+    const std::string helper = std::string(BATON_BIN_DIR) + "/baton_memfd_peer_helper";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl(helper.c_str(), helper.c_str(), socket_path.c_str(), nullptr);
+      std::fprintf(stderr, "exec %s: %s\n", helper.c_str(), std::strerror(errno));
+      ::_exit(127);
+    }
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      Wait();
+    }
+  }
+  pid_t pid() const { return pid_; }
+  // The exit status (as waitpid reports it).
+  int Wait() {
+    int status = 0;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+TEST(MemfdPeerTest, TwoProcessesSeeEachOthersWrites) {
+  testing::TempDir dir;
+  const std::string path = dir.File("memfd.sock");
+  boost::asio::io_context io;
+  Result<Listener> listener = Listener::Bind(io, path);
+  ASSERT_TRUE(listener.ok()) << listener.status().ToString();
+  Child child(path);
+  ASSERT_GT(child.pid(), 0);
+
+  Result<Channel> channel = listener->Accept(10s);
+  ASSERT_TRUE(channel.ok()) << channel.status().ToString();
+  Result<PeerCredentials> cred = channel->peer_credentials();
+  ASSERT_TRUE(cred.ok());
+  EXPECT_EQ(cred->pid, child.pid());
+  Result<AcceptedHello> hello = ServerHello(*channel, ServerHelloOptions{.server_name = "test"});
+  ASSERT_TRUE(hello.ok()) << hello.status().ToString();
+  EXPECT_EQ(hello->hello.peer_name, "memfd-peer");
+
+  const size_t size = 4u << 20;
+  Result<SharedMemory> shm = SharedMemory::Create(
+      SharedMemoryOptions{.name = "proto-memfd-test", .size = size, .try_huge_pages = false});
+  ASSERT_TRUE(shm.ok()) << shm.status().ToString();
+  Result<Mapping> map = shm->Map(Protection::kReadWrite);
+  ASSERT_TRUE(map.ok()) << map.status().ToString();
+  for (size_t i = 0; i < size / 2; ++i) map->data()[i] = ParentByte(i);
+
+  Result<UniqueFd> dup = shm->Dup();
+  ASSERT_TRUE(dup.ok());
+  ASSERT_TRUE(channel
+                  ->Send(ShareMemory{.name = "proto-memfd-test",
+                                     .size = size,
+                                     .kind = static_cast<uint8_t>(MemoryKind::kMemfd),
+                                     .huge_pages = shm->huge_pages(),
+                                     .writable = true},
+                         std::vector<int>{dup->get()})
+                  .ok());
+  dup->Reset();  // the child holds its own reference now
+
+  Result<ReceivedMessage> reply = channel->Receive(10s);
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  Result<ShareMemoryAck> ack = reply->As<ShareMemoryAck>();
+  ASSERT_TRUE(ack.ok()) << ack.status().ToString();
+  ASSERT_TRUE(ack->mapped) << ack->detail;
+  EXPECT_EQ(ack->name, "proto-memfd-test");
+  size_t mismatches = 0;
+  for (size_t i = size / 2; i < size; ++i) mismatches += map->data()[i] != ChildByte(i);
+  EXPECT_EQ(mismatches, 0u) << "the child's writes are not visible to the parent";
+
+  // A second write after the hand-off reaches the child through the same pages.
+  std::memcpy(map->data(), &kSecondWrite, sizeof(kSecondWrite));
+  ASSERT_TRUE(channel->Send(Heartbeat{.epoch = 1, .seq = 41}).ok());
+  Result<ReceivedMessage> beat = channel->Receive(10s);
+  ASSERT_TRUE(beat.ok()) << beat.status().ToString();
+  EXPECT_EQ(beat->As<Heartbeat>()->seq, 42u);
+
+  const int status = child.Wait();
+  ASSERT_TRUE(WIFEXITED(status)) << "child status " << status;
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace baton::proto
