@@ -38,6 +38,11 @@ class LogLine {
   std::ostringstream stream_;
 };
 
+// Turns a LogLine expression into void so both arms of BATON_LOG's ?: agree.
+struct LogVoidify {
+  void operator&(const LogLine&) const {}
+};
+
 }  // namespace baton
 
 #define BATON_LOG_LEVEL_DEBUG ::baton::LogLevel::kDebug
@@ -45,7 +50,8 @@ class LogLine {
 #define BATON_LOG_LEVEL_WARN ::baton::LogLevel::kWarn
 #define BATON_LOG_LEVEL_ERROR ::baton::LogLevel::kError
 
-#define BATON_LOG(level, component)                       \
-  if (BATON_LOG_LEVEL_##level < ::baton::GetLogLevel()) { \
-  } else                                                  \
-    ::baton::LogLine(BATON_LOG_LEVEL_##level, component)
+// An expression, safe under an unbraced if/else.
+#define BATON_LOG(level, component)                         \
+  (BATON_LOG_LEVEL_##level < ::baton::GetLogLevel())        \
+      ? (void)0                                             \
+      : ::baton::LogVoidify() & ::baton::LogLine(BATON_LOG_LEVEL_##level, component)

@@ -1,0 +1,74 @@
+// EpochStore and EpochJournal: the durable source of fencing epochs.
+//
+// An epoch is handed to an engine (in a promotion or a grant) only after it is durable, so
+// that a restarted controller never hands out an epoch that was already used (fencing rule 3).
+// EpochStore is the interface the ledger and the controller use; EpochJournal is the
+// production implementation: one small file in the controller's state directory holding
+// {magic, version, epoch, crc32c}, replaced atomically (write a temporary file, fsync it,
+// rename it over the record, fsync the directory). A torn or garbage temporary file never
+// affects the committed record; a committed record that fails its checks is refused with the
+// reason, never silently reset. The journal holds an exclusive flock on `<path>.lock` for its
+// lifetime so that two controllers cannot share one state directory.
+//
+// Ownership: the controller owns its EpochJournal (move-only: it owns the lock and directory
+// fds). Thread: io_context thread only.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace baton {
+
+class EpochStore {
+ public:
+  virtual ~EpochStore() = default;
+
+  // The highest durable epoch. 0 means none was ever issued.
+  virtual uint64_t current() const = 0;
+
+  // Makes a new epoch, strictly greater than every epoch this store has returned or
+  // attempted, durable and returns it. On error nothing was committed that current() shows,
+  // but the attempted number is never returned later either (it may be on disk).
+  virtual Result<uint64_t> Advance() = 0;
+};
+
+class EpochJournal final : public EpochStore {
+ public:
+  // Size of the on-disk record in bytes.
+  static constexpr size_t kRecordSize = 24;
+
+  // Opens the journal at `path`, creating it at epoch 0 if it does not exist. The parent
+  // directory must exist. Fails with DataLoss if the record is short, has a bad magic,
+  // version or CRC; with Unavailable if another process holds the journal.
+  static Result<EpochJournal> Open(const std::string& path);
+
+  EpochJournal(EpochJournal&&) = default;
+  EpochJournal& operator=(EpochJournal&&) = default;
+
+  uint64_t current() const override { return current_; }
+  Result<uint64_t> Advance() override;
+
+  const std::string& path() const { return path_; }
+
+  // Encodes/decodes one record (exposed for tests and tools).
+  static std::string EncodeRecord(uint64_t epoch);
+  static Result<uint64_t> DecodeRecord(const std::string& bytes, const std::string& where);
+
+ private:
+  EpochJournal(std::string path, UniqueFd dir, UniqueFd lock)
+      : path_(std::move(path)), dir_(std::move(dir)), lock_(std::move(lock)) {}
+
+  // Durably replaces the record with `epoch`.
+  Status Commit(uint64_t epoch);
+
+  std::string path_;
+  UniqueFd dir_;   // the parent directory, fsynced after each rename
+  UniqueFd lock_;  // `<path>.lock`, flock(LOCK_EX) held while open
+  uint64_t current_ = 0;
+  uint64_t attempted_ = 0;  // highest epoch ever written or attempted
+};
+
+}  // namespace baton

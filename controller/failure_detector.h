@@ -1,0 +1,71 @@
+// FailureDetector: decides when a silent engine is hung, for one engine.
+//
+// The engine SDK sends heartbeats from its own thread, independent of the compute loop, so
+// a slow engine under load keeps beating. When no heartbeat has arrived for
+// heartbeat_interval x misses (defaults 100 ms x 3) the detector asks the controller to send
+// one health request; only if no heartbeat or health reply arrives within probe_timeout is
+// the engine declared hung, and the controller then SIGKILLs it through its pidfd. Each
+// action is returned once: Poll never asks for a second probe or a second kill. Process death
+// (pidfd), socket EOF and SDK error reports bypass this detector entirely.
+//
+// Pure logic over an injected Clock; the controller calls Poll from a timer armed at
+// NextDeadline(). Ownership: the controller owns one per engine; the Clock must outlive it.
+// Thread: io_context thread only.
+#pragma once
+
+#include <chrono>
+
+#include "base/clock.h"
+
+namespace baton {
+
+class FailureDetector {
+ public:
+  struct Options {
+    Duration heartbeat_interval = std::chrono::milliseconds(100);
+    int misses = 3;
+    Duration probe_timeout = std::chrono::milliseconds(100);
+  };
+
+  enum class State {
+    kHealthy,  // heartbeats arriving
+    kProbing,  // heartbeats missed; a health request is out
+    kHung,     // no answer to the health request: the engine must be killed
+  };
+
+  enum class Action {
+    kNone,
+    kSendProbe,    // send one health request now
+    kDeclareHung,  // kill the engine (through its pidfd) and fence it
+  };
+
+  // Starts healthy, as if a heartbeat arrived now.
+  FailureDetector(const Clock& clock, Options options);
+  explicit FailureDetector(const Clock& clock) : FailureDetector(clock, Options()) {}
+
+  // A heartbeat arrived. Ignored once hung: the kill is already decided.
+  void OnHeartbeat();
+  // The engine answered the health request; same effect as a heartbeat.
+  void OnHealthReply() { OnHeartbeat(); }
+
+  // Advances the detector to the clock's now and returns what the controller must do.
+  Action Poll();
+
+  State state() const { return state_; }
+  // When Poll may next return an action (arm a timer for it).
+  TimePoint NextDeadline() const;
+  TimePoint last_heartbeat() const { return last_heartbeat_; }
+  // The silence after which a probe is sent: heartbeat_interval x misses.
+  Duration suspect_after() const { return options_.heartbeat_interval * options_.misses; }
+
+ private:
+  const Clock* clock_;
+  Options options_;
+  State state_ = State::kHealthy;
+  TimePoint last_heartbeat_;
+  TimePoint probe_sent_;
+};
+
+const char* ToString(FailureDetector::State state);
+
+}  // namespace baton
