@@ -40,7 +40,26 @@ inline constexpr uint16_t kProtocolVersionMax = 1;
   X(Heartbeat, 5)               \
   X(ShareMemory, 16)            \
   X(ShareMemoryAck, 17)         \
-  X(TensorTable, 18)
+  X(TensorTable, 18)            \
+  X(Register, 32)               \
+  X(RegisterAck, 33)            \
+  X(StandbyReady, 34)           \
+  X(Promote, 35)                \
+  X(PromoteAck, 36)             \
+  X(Grant, 37)                  \
+  X(LeaseRequest, 38)           \
+  X(ReturnExtents, 39)          \
+  X(Reclaim, 40)                \
+  X(ErrorReport, 41)            \
+  X(HealthRequest, 42)          \
+  X(Drain, 43)                  \
+  X(Drained, 44)                \
+  X(Stop, 45)                   \
+  X(InjectFault, 46)            \
+  X(Subscribe, 47)              \
+  X(RouteTable, 48)             \
+  X(CtlRequest, 49)             \
+  X(CtlReply, 50)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,
@@ -104,8 +123,8 @@ struct ErrorMsg {
   Status ToStatus() const;
 };
 
-// Engine -> controller, every heartbeat interval; also the controller's reply to a health
-// request. `epoch` is the sender's current fencing epoch.
+// Engine -> controller, every heartbeat interval, and at once in answer to a HealthRequest.
+// `epoch` is the sender's current fencing epoch (0 for a standby).
 struct Heartbeat {
   static constexpr MsgType kType = MsgType::kHeartbeat;
   uint64_t epoch = 0;
@@ -169,6 +188,257 @@ struct TensorTable {
   template <class A>
   void serialize(A& ar) {
     ar(model, arena_size, tensors);
+  }
+};
+
+// ---- engine lifecycle (32 and up) ----------------------------------------------------------
+// A run of pool blocks [first, first + count). An engine maps block b at offset
+// b x block_bytes of its reserved range.
+struct BlockRange {
+  uint32_t first = 0;
+  uint32_t count = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(first, count);
+  }
+  bool operator==(const BlockRange&) const = default;
+};
+
+// Engine -> controller, after HelloAck: who it is. engine_id is the one it was launched with.
+struct Register {
+  static constexpr MsgType kType = MsgType::kRegister;
+  uint64_t engine_id = 0;
+  std::string engine_version = {};
+  std::string http_address = {};  // "127.0.0.1:8101"; published in the route table
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, engine_version, http_address);
+  }
+};
+
+// Controller -> engine, with two fds: [0] the weight arena (map read-only), [1] the pool.
+struct RegisterAck {
+  static constexpr MsgType kType = MsgType::kRegisterAck;
+  uint64_t engine_id = 0;
+  std::string model = {};
+  uint64_t arena_size = 0;
+  bool arena_huge_pages = false;
+  std::vector<TensorEntry> tensors = {};
+  uint32_t block_count = 0;
+  uint64_t block_bytes = 0;
+  bool pool_huge_pages = false;
+  uint64_t reserve_bytes = 0;  // address space to reserve (PROT_NONE) for the pool
+  uint32_t heartbeat_interval_ms = 100;
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, model, arena_size, arena_huge_pages, tensors, block_count, block_bytes,
+       pool_huge_pages, reserve_bytes, heartbeat_interval_ms);
+  }
+};
+
+// Engine -> controller: weights mapped read-only and pre-faulted, pool range reserved. The
+// engine is now a half-started standby.
+struct StandbyReady {
+  static constexpr MsgType kType = MsgType::kStandbyReady;
+  uint64_t arena_mapped_bytes = 0;
+  uint64_t reserved_bytes = 0;
+  uint64_t prefault_us = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(arena_mapped_bytes, reserved_bytes, prefault_us);
+  }
+};
+
+// Controller -> engine: you are the primary at `epoch`; map `extents` writable.
+struct Promote {
+  static constexpr MsgType kType = MsgType::kPromote;
+  uint64_t epoch = 0;
+  std::vector<BlockRange> extents = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, extents);
+  }
+};
+
+// Engine -> controller: the promotion's extents are mapped and the engine serves.
+struct PromoteAck {
+  static constexpr MsgType kType = MsgType::kPromoteAck;
+  uint64_t epoch = 0;
+  uint32_t blocks_mapped = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, blocks_mapped);
+  }
+};
+
+// Controller -> engine: more extents at `epoch` (a LeaseRequest's answer, or blocks handed
+// on from a fenced holder after the barrier).
+struct Grant {
+  static constexpr MsgType kType = MsgType::kGrant;
+  uint64_t epoch = 0;
+  std::vector<BlockRange> extents = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, extents);
+  }
+};
+
+// Engine -> controller: asks for `blocks` more free blocks (all or nothing).
+struct LeaseRequest {
+  static constexpr MsgType kType = MsgType::kLeaseRequest;
+  uint64_t epoch = 0;
+  uint32_t blocks = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, blocks);
+  }
+};
+
+// Engine -> controller: gives extents back; the engine has already unmapped them.
+struct ReturnExtents {
+  static constexpr MsgType kType = MsgType::kReturnExtents;
+  uint64_t epoch = 0;
+  std::vector<BlockRange> extents = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, extents);
+  }
+};
+
+// Controller -> engine: please return up to `blocks` blocks (answered by ReturnExtents).
+struct Reclaim {
+  static constexpr MsgType kType = MsgType::kReclaim;
+  uint64_t epoch = 0;
+  uint32_t blocks = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, blocks);
+  }
+};
+
+// Engine -> controller: an asynchronous error (sticky device error, lost collective); the
+// controller fences the engine at once. `code` is a baton::StatusCode value.
+struct ErrorReport {
+  static constexpr MsgType kType = MsgType::kErrorReport;
+  uint64_t epoch = 0;
+  uint32_t code = 0;
+  std::string message = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, code, message);
+  }
+};
+
+// Controller -> engine: heartbeats went missing; answer at once with a Heartbeat.
+struct HealthRequest {
+  static constexpr MsgType kType = MsgType::kHealthRequest;
+  uint64_t seq = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(seq);
+  }
+};
+
+// Controller -> engine: stop admitting requests, finish those in flight within timeout_ms.
+struct Drain {
+  static constexpr MsgType kType = MsgType::kDrain;
+  uint64_t epoch = 0;
+  uint32_t timeout_ms = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, timeout_ms);
+  }
+};
+
+// Engine -> controller: drained; `unfinished` requests were still in flight at the deadline.
+struct Drained {
+  static constexpr MsgType kType = MsgType::kDrained;
+  uint64_t epoch = 0;
+  uint32_t unfinished = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, unfinished);
+  }
+};
+
+// Controller -> engine: exit now (a stale epoch, a refused registration, or shutdown).
+struct Stop {
+  static constexpr MsgType kType = MsgType::kStop;
+  std::string reason = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(reason);
+  }
+};
+
+// Controller -> engine (`batonctl drill error`): report `message` as an asynchronous error.
+struct InjectFault {
+  static constexpr MsgType kType = MsgType::kInjectFault;
+  std::string kind = {};  // "error"
+  std::string message = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(kind, message);
+  }
+};
+
+// Router -> controller: send me the route table now and on every change.
+struct Subscribe {
+  static constexpr MsgType kType = MsgType::kSubscribe;
+  std::string subscriber = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(subscriber);
+  }
+};
+
+struct RouteEntry {
+  uint64_t engine_id = 0;
+  std::string role = {};  // "primary", "standby", "draining"
+  std::string http_address = {};
+  bool ready = false;   // accepts traffic now
+  uint32_t weight = 0;  // share of traffic in percent
+  std::string engine_version = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, role, http_address, ready, weight, engine_version);
+  }
+  bool operator==(const RouteEntry&) const = default;
+};
+
+// Controller -> subscriber: which engine serves. `version` increases with every table.
+struct RouteTable {
+  static constexpr MsgType kType = MsgType::kRouteTable;
+  uint64_t version = 0;
+  uint64_t epoch = 0;
+  std::string pair_state = {};
+  std::vector<RouteEntry> entries = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(version, epoch, pair_state, entries);
+  }
+};
+
+// batonctl -> controller: one command (`status`, `promote`, `drain`, `drill`, `timeline`).
+struct CtlRequest {
+  static constexpr MsgType kType = MsgType::kCtlRequest;
+  std::string command = {};
+  std::vector<std::string> args = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(command, args);
+  }
+};
+
+// Controller -> batonctl: exit_code 0 done, 1 refused (text says why), 2 bad usage.
+struct CtlReply {
+  static constexpr MsgType kType = MsgType::kCtlReply;
+  uint32_t exit_code = 0;
+  std::string text = {};
+  std::string json = {};  // one JSON object
+  template <class A>
+  void serialize(A& ar) {
+    ar(exit_code, text, json);
   }
 };
 

@@ -1,0 +1,367 @@
+#include "controller/config.h"
+
+#include <unistd.h>
+
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml.hpp>
+
+namespace baton {
+namespace {
+
+using Setter = std::function<Status(const toml::value&)>;
+
+std::string TypeName(const toml::value& v) {
+  std::ostringstream out;
+  out << v.type();
+  return out.str();
+}
+
+Status WrongType(const toml::value& v, const char* want) {
+  return InvalidArgument(std::string("expected ") + want + ", got " + TypeName(v));
+}
+
+Result<int64_t> AsInt(const toml::value& v, int64_t lo, int64_t hi) {
+  if (!v.is_integer()) return WrongType(v, "an integer");
+  const int64_t x = v.as_integer();
+  if (x < lo || x > hi) {
+    return InvalidArgument("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           "], got " + std::to_string(x));
+  }
+  return x;
+}
+
+// "2MiB", "512KiB", "1GiB", "4096" or an integer.
+Result<uint64_t> AsSize(const toml::value& v) {
+  if (v.is_integer()) {
+    if (v.as_integer() <= 0) return InvalidArgument("must be positive");
+    return static_cast<uint64_t>(v.as_integer());
+  }
+  if (!v.is_string()) return WrongType(v, "a size (integer or \"2MiB\")");
+  const std::string text = v.as_string().str;
+  size_t pos = 0;
+  uint64_t n = 0;
+  while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) {
+    n = n * 10 + static_cast<uint64_t>(text[pos++] - '0');
+    if (n > (1ull << 50)) return InvalidArgument("size too large: " + text);
+  }
+  static const std::map<std::string, uint64_t> kUnits = {
+      {"", 1}, {"B", 1}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
+  auto unit = kUnits.find(text.substr(pos));
+  if (pos == 0 || unit == kUnits.end() || n == 0) {
+    return InvalidArgument("not a size: '" + text + "' (use e.g. 65536, \"64KiB\", \"2MiB\")");
+  }
+  return n * unit->second;
+}
+
+Setter Int(int* out, int64_t lo, int64_t hi) {
+  return [=](const toml::value& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t x, AsInt(v, lo, hi));
+    *out = static_cast<int>(x);
+    return OkStatus();
+  };
+}
+
+Setter U32(uint32_t* out, int64_t lo, int64_t hi) {
+  return [=](const toml::value& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t x, AsInt(v, lo, hi));
+    *out = static_cast<uint32_t>(x);
+    return OkStatus();
+  };
+}
+
+Setter Size(uint64_t* out) {
+  return [=](const toml::value& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(*out, AsSize(v));
+    return OkStatus();
+  };
+}
+
+Setter Bool(bool* out) {
+  return [=](const toml::value& v) -> Status {
+    if (!v.is_boolean()) return WrongType(v, "true or false");
+    *out = v.as_boolean();
+    return OkStatus();
+  };
+}
+
+Setter Str(std::string* out) {
+  return [=](const toml::value& v) -> Status {
+    if (!v.is_string()) return WrongType(v, "a string");
+    *out = v.as_string().str;
+    return OkStatus();
+  };
+}
+
+template <typename Unit>
+Setter Time(Duration* out, int64_t lo, int64_t hi) {
+  return [=](const toml::value& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t x, AsInt(v, lo, hi));
+    *out = Unit(x);
+    return OkStatus();
+  };
+}
+
+Setter Command(std::vector<std::string>* out) {
+  return [=](const toml::value& v) -> Status {
+    if (v.is_string()) {
+      BATON_ASSIGN_OR_RETURN(*out, SplitCommandLine(v.as_string().str));
+      return OkStatus();
+    }
+    if (!v.is_array()) return WrongType(v, "an array of strings or a command line string");
+    out->clear();
+    for (const toml::value& item : v.as_array()) {
+      if (!item.is_string()) return WrongType(item, "a string in the command array");
+      out->push_back(item.as_string().str);
+    }
+    return OkStatus();
+  };
+}
+
+using Millis = std::chrono::milliseconds;
+using Seconds = std::chrono::seconds;
+
+// Every key, "section.key" -> setter.
+std::map<std::string, Setter> Keys(ControllerConfig* c) {
+  constexpr int64_t kDay = 86'400'000;
+  return {
+      {"controller.runtime_dir", Str(&c->runtime_dir)},
+      {"controller.state_dir", Str(&c->state_dir)},
+      {"controller.log_level", Str(&c->log_level)},
+      {"controller.metrics_port", Int(&c->metrics_port, 0, 65535)},
+      {"controller.metrics_host", Str(&c->metrics_host)},
+      {"controller.name", Str(&c->name)},
+      {"model.dir", Str(&c->model_dir)},
+      {"model.numa_node", Int(&c->numa_node, -1, 1023)},
+      {"model.huge_pages", Bool(&c->weights_huge_pages)},
+      {"model.lock", Bool(&c->weights_lock)},
+      {"engine.command", Command(&c->engine_command)},
+      {"engine.log_dir", Str(&c->engine_log_dir)},
+      {"engine.base_port", Int(&c->base_port, 0, 65535)},
+      {"engine.port_count", Int(&c->port_count, 1, 1024)},
+      {"engine.register_timeout_ms", Time<Millis>(&c->register_timeout, 100, kDay)},
+      {"engine.promote_timeout_ms", Time<Millis>(&c->promote_timeout, 10, kDay)},
+      {"engine.drain_timeout_ms", Time<Millis>(&c->drain_timeout, 0, kDay)},
+      {"engine.stop_grace_ms", Time<Millis>(&c->stop_grace, 0, kDay)},
+      {"pool.blocks", U32(&c->block_count, 1, 1 << 24)},
+      {"pool.block_bytes", Size(&c->block_bytes)},
+      {"pool.huge_pages", Bool(&c->pool_huge_pages)},
+      {"pool.initial_grant_blocks", U32(&c->initial_grant_blocks, 0, 1 << 24)},
+      {"health.heartbeat_interval_ms", Time<Millis>(&c->heartbeat_interval, 1, 60'000)},
+      {"health.heartbeat_misses", Int(&c->heartbeat_misses, 1, 1000)},
+      {"health.probe_timeout_ms", Time<Millis>(&c->probe_timeout, 1, 60'000)},
+      {"policy.max_failures", Int(&c->crash_max_failures, 1, 1'000'000)},
+      {"policy.failure_window_s", Time<Seconds>(&c->crash_window, 1, kDay)},
+      {"policy.initial_backoff_ms", Time<Millis>(&c->crash_initial_backoff, 1, kDay)},
+      {"policy.max_backoff_ms", Time<Millis>(&c->crash_max_backoff, 1, kDay)},
+      {"policy.quiet_period_s", Time<Seconds>(&c->crash_quiet_period, 1, kDay)},
+  };
+}
+
+Status ApplyTable(const toml::value& root, const std::string& source, ControllerConfig* c) {
+  if (!root.is_table()) return InvalidArgument(source + ": not a TOML table");
+  const std::map<std::string, Setter> keys = Keys(c);
+  for (const auto& [section, body] : root.as_table()) {
+    if (!body.is_table()) {
+      return InvalidArgument(source + ": '" + section + "' must be a [section] (one of " +
+                             "controller, model, engine, pool, health, policy)");
+    }
+    for (const auto& [key, value] : body.as_table()) {
+      const std::string name = section + "." + key;
+      auto it = keys.find(name);
+      if (it == keys.end()) return InvalidArgument(source + ": unknown key '" + name + "'");
+      Status set = it->second(value);
+      if (!set.ok()) return InvalidArgument(source + ": " + name + ": " + set.message());
+    }
+  }
+  return OkStatus();
+}
+
+// Flag name -> key. Every key is also accepted as --section.key.
+const std::map<std::string, std::string>& FlagAliases() {
+  static const auto* aliases = new std::map<std::string, std::string>{
+      {"model", "model.dir"},
+      {"engine-cmd", "engine.command"},
+      {"runtime-dir", "controller.runtime_dir"},
+      {"state-dir", "controller.state_dir"},
+      {"log-level", "controller.log_level"},
+      {"metrics-port", "controller.metrics_port"},
+      {"numa-node", "model.numa_node"},
+      {"pool-blocks", "pool.blocks"},
+      {"block-bytes", "pool.block_bytes"},
+      {"heartbeat-ms", "health.heartbeat_interval_ms"},
+      {"heartbeat-misses", "health.heartbeat_misses"},
+      {"base-port", "engine.base_port"},
+      {"engine-log-dir", "engine.log_dir"},
+      {"max-failures", "policy.max_failures"},
+  };
+  return *aliases;
+}
+
+// A flag's text as a TOML value: an integer or boolean when it reads as one, else a string.
+toml::value FlagValue(const std::string& text) {
+  if (text == "true") return toml::value(true);
+  if (text == "false") return toml::value(false);
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  if (!text.empty() && *end == '\0' && errno == 0) return toml::value(static_cast<int64_t>(n));
+  return toml::value(text);
+}
+
+Status ApplyFlag(const std::string& name, const std::string& text, ControllerConfig* c) {
+  std::string key = name;
+  if (auto it = FlagAliases().find(name); it != FlagAliases().end()) key = it->second;
+  const std::map<std::string, Setter> keys = Keys(c);
+  auto it = keys.find(key);
+  if (it == keys.end()) return InvalidArgument("unknown flag --" + name + " (see --help)");
+  Status set = it->second(FlagValue(text));
+  if (!set.ok()) return InvalidArgument("--" + name + ": " + set.message());
+  return OkStatus();
+}
+
+}  // namespace
+
+std::string DefaultRuntimeDir() {
+  if (const char* dir = std::getenv("BATON_RUNTIME_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  return "/tmp/baton-" + std::to_string(::getuid());
+}
+
+Result<ControllerConfig> ParseConfigToml(const std::string& text, const std::string& source) {
+  ControllerConfig config;
+  try {
+    std::istringstream in(text);
+    const toml::value root = toml::parse(in, source);
+    BATON_RETURN_IF_ERROR(ApplyTable(root, source, &config));
+  } catch (const std::exception& e) {
+    return InvalidArgument(std::string("malformed TOML: ") + e.what());
+  }
+  return config;
+}
+
+Result<ControllerConfig> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return NotFound("config file " + path + " cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  return ParseConfigToml(text.str(), path);
+}
+
+Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config) {
+  std::vector<std::pair<std::string, std::string>> flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") return NotFound("help");
+    if (arg.rfind("--", 0) != 0) return InvalidArgument("unexpected argument '" + arg + "'");
+    arg = arg.substr(2);
+    std::string value;
+    if (const size_t eq = arg.find('='); eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    } else if (arg == "no-huge-pages") {
+      flags.emplace_back("model.huge_pages", "false");
+      flags.emplace_back("pool.huge_pages", "false");
+      continue;
+    } else {
+      if (i + 1 >= argc) return InvalidArgument("--" + arg + " needs a value");
+      value = argv[++i];
+    }
+    if (arg == "config") {
+      BATON_ASSIGN_OR_RETURN(*config, LoadConfigFile(value));
+      continue;
+    }
+    flags.emplace_back(arg, value);
+  }
+  for (const auto& [name, value] : flags) BATON_RETURN_IF_ERROR(ApplyFlag(name, value, config));
+  return OkStatus();
+}
+
+Status FinishConfig(ControllerConfig* c) {
+  if (c->runtime_dir.empty()) c->runtime_dir = DefaultRuntimeDir();
+  if (c->state_dir.empty()) c->state_dir = c->runtime_dir + "/state";
+  if (c->model_dir.empty()) return InvalidArgument("model.dir (--model) is required");
+  if (c->engine_command.empty()) {
+    return InvalidArgument("engine.command (--engine-cmd) is required");
+  }
+  if (c->block_bytes % 4096 != 0) {
+    return InvalidArgument("pool.block_bytes: must be a multiple of 4096, got " +
+                           std::to_string(c->block_bytes));
+  }
+  if (c->initial_grant_blocks > c->block_count) {
+    return InvalidArgument("pool.initial_grant_blocks " + std::to_string(c->initial_grant_blocks) +
+                           " exceeds pool.blocks " + std::to_string(c->block_count));
+  }
+  if (c->socket_path().size() > 107) {
+    return InvalidArgument("controller.runtime_dir is too long for a Unix socket path: " +
+                           c->socket_path());
+  }
+  if (c->crash_max_backoff < c->crash_initial_backoff) {
+    return InvalidArgument("policy.max_backoff_ms is below policy.initial_backoff_ms");
+  }
+  return OkStatus();
+}
+
+Result<std::vector<std::string>> SplitCommandLine(const std::string& line) {
+  std::vector<std::string> out;
+  std::string cur;
+  bool in_word = false;
+  char quote = 0;
+  for (char ch : line) {
+    if (quote != 0) {
+      if (ch == quote) {
+        quote = 0;
+      } else {
+        cur += ch;
+      }
+    } else if (ch == '\'' || ch == '"') {
+      quote = ch;
+      in_word = true;
+    } else if (std::isspace(static_cast<unsigned char>(ch))) {
+      if (in_word) out.push_back(std::move(cur));
+      cur.clear();
+      in_word = false;
+    } else {
+      cur += ch;
+      in_word = true;
+    }
+  }
+  if (quote != 0) return InvalidArgument("unterminated quote in command line: " + line);
+  if (in_word) out.push_back(std::move(cur));
+  if (out.empty()) return InvalidArgument("empty command line");
+  return out;
+}
+
+const char* ControllerUsage() {
+  return R"(usage: baton-controller [--config FILE] [flags]
+
+Owns the model weights and the KV-cache pool, runs a primary and a standby engine, and
+promotes the standby when the primary dies, hangs or reports an error.
+
+flags (each overrides the config file; every config key is also --section.key=VALUE):
+  --config FILE          TOML config (see docs/operations.md)
+  --model DIR            model directory (config.json + safetensors)          [model.dir]
+  --engine-cmd "CMD"     engine command line; placeholders {socket} {token} {role}
+                         {engine_id} {port} {model_dir} {runtime_dir}         [engine.command]
+  --runtime-dir DIR      socket directory (default $BATON_RUNTIME_DIR or /tmp/baton-<uid>)
+  --state-dir DIR        epoch journal directory (default <runtime-dir>/state)
+  --numa-node N          NUMA node of the weights (-1: automatic)
+  --pool-blocks N        KV-cache pool blocks                                 [pool.blocks]
+  --block-bytes SIZE     bytes per block, e.g. 2MiB                           [pool.block_bytes]
+  --heartbeat-ms N       engine heartbeat interval (default 100)
+  --heartbeat-misses N   missed heartbeats before a health probe (default 3)
+  --base-port N          first {port} handed to engines (0: none)
+  --max-failures N       crash-loop threshold within policy.failure_window_s
+  --metrics-port N       serve Prometheus /metrics on this port (0: off)
+  --no-huge-pages        use normal pages for weights and pool
+  --log-level LEVEL      debug | info | warn | error
+)";
+}
+
+}  // namespace baton

@@ -1,0 +1,89 @@
+// ControllerConfig: everything `baton-controller` is told, from a TOML file (toml11) and/or
+// command-line flags (flags override the file).
+//
+// ParseConfigToml() refuses unknown keys, wrong types and out-of-range values with an error
+// that names the key (e.g. "pool.block_bytes: must be a multiple of 4096, got 1000");
+// ParseControllerFlags() does the same for flags. docs/operations.md lists every key.
+// The engine command is a list of arguments with placeholders {socket} {token} {role}
+// {engine_id} {port} {model_dir} {runtime_dir}, expanded per launch (see supervisor.h).
+// Plain values; thread-compatible.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+
+namespace baton {
+
+struct ControllerConfig {
+  // [controller]
+  std::string runtime_dir;  // socket controller.sock lives here; default DefaultRuntimeDir()
+  std::string state_dir;    // the epoch journal; default <runtime_dir>/state
+  std::string log_level = "info";
+  int metrics_port = 0;  // 0: no /metrics endpoint
+  std::string metrics_host = "127.0.0.1";
+  std::string name = "baton-controller";
+
+  // [model]
+  std::string model_dir;
+  int numa_node = -1;  // -1: automatic (see weightcache/pinned_arena.h)
+  bool weights_huge_pages = true;
+  bool weights_lock = true;
+
+  // [engine]
+  std::vector<std::string> engine_command;
+  std::string engine_log_dir;  // empty: engines inherit the controller's stdout/stderr
+  int base_port = 0;           // {port} is base_port + k, k < port_count, free at launch
+  int port_count = 4;
+  Duration register_timeout = std::chrono::seconds(60);
+  Duration promote_timeout = std::chrono::seconds(5);
+  Duration drain_timeout = std::chrono::seconds(10);
+  Duration stop_grace = std::chrono::seconds(2);  // shutdown: Stop, then SIGKILL after this
+
+  // [pool]
+  uint32_t block_count = 256;
+  uint64_t block_bytes = 2u << 20;
+  bool pool_huge_pages = true;
+  uint32_t initial_grant_blocks = 0;  // blocks granted at a promotion from free; 0: all free
+
+  // [health]
+  Duration heartbeat_interval = std::chrono::milliseconds(100);
+  int heartbeat_misses = 3;
+  Duration probe_timeout = std::chrono::milliseconds(100);
+
+  // [policy]
+  int crash_max_failures = 5;
+  Duration crash_window = std::chrono::seconds(60);
+  Duration crash_initial_backoff = std::chrono::seconds(1);
+  Duration crash_max_backoff = std::chrono::seconds(60);
+  Duration crash_quiet_period = std::chrono::seconds(120);
+
+  std::string socket_path() const { return runtime_dir + "/controller.sock"; }
+  std::string journal_path() const { return state_dir + "/epoch.journal"; }
+};
+
+// $BATON_RUNTIME_DIR, else /tmp/baton-<uid>.
+std::string DefaultRuntimeDir();
+
+// Parses TOML text; `source` names it in errors.
+Result<ControllerConfig> ParseConfigToml(const std::string& text, const std::string& source);
+Result<ControllerConfig> LoadConfigFile(const std::string& path);
+
+// Applies flags (argv[1..]) over `config`: --config FILE is read first, then every other flag.
+// Returns NotFound("help") for --help.
+Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config);
+
+// Fills defaults (runtime_dir, state_dir) and checks cross-field rules.
+Status FinishConfig(ControllerConfig* config);
+
+// The usage text of baton-controller.
+const char* ControllerUsage();
+
+// Splits a command line on whitespace, honouring '...' and "..." quotes.
+Result<std::vector<std::string>> SplitCommandLine(const std::string& line);
+
+}  // namespace baton

@@ -1,0 +1,215 @@
+// Controller: the `baton-controller` daemon. It owns the model's weight cache and the
+// KV-cache pool, launches and watches a primary and a standby engine, keeps the pool ledger
+// and the epoch journal, fences and promotes per the fencing invariants, heals the pair by
+// launching a new standby, publishes the route table and answers `batonctl`.
+//
+// Failover, in order (controller_failover.cc):
+//   detect (pidfd readable, socket EOF, hang confirmed by a health probe, error report)
+//   -> SIGKILL through the pidfd -> new epoch made durable (fsync) -> ledger fence
+//   -> reap (waitid P_PIDFD; on the host backend the reap is the sync barrier)
+//   -> quarantined blocks granted to the standby at the new epoch -> Promote sent
+//   -> PromoteAck -> route table published -> replacement standby launched.
+// No block is granted before its old holder is reaped (rule 2); every grant's epoch is
+// durable before it is sent (rule 3); the standby maps nothing writable until Promote
+// (rule 5); a stale epoch is refused, the sender told to stop and fenced (rule 4).
+//
+// Threads: everything runs on the one io_context thread given to Create(); the controller
+// never blocks it except for the journal's fsync and the (short) reap of a killed child.
+// Ownership: the controller owns every engine process (they die with it: PDEATHSIG), the
+// weight cache, the pool memfd, the ledger, the journal, and every connection.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "controller/config.h"
+#include "controller/crash_loop_guard.h"
+#include "controller/engine_record.h"
+#include "controller/epoch_journal.h"
+#include "controller/pair_state.h"
+#include "controller/pool_ledger.h"
+#include "controller/promotion.h"
+#include "controller/route_publisher.h"
+#include "controller/supervisor.h"
+#include "proto/listener.h"
+#include "proto/shared_memory.h"
+#include "weightcache/weight_cache.h"
+
+namespace baton {
+
+// A message or connection the controller refused, kept for `batonctl status`.
+struct Refusal {
+  TimePoint at;
+  std::string who;
+  std::string reason;
+};
+
+// An engine that is gone, kept for `batonctl status`.
+struct EngineExit {
+  TimePoint at;
+  EngineId id = 0;
+  pid_t pid = 0;
+  std::string launch_role;
+  std::string cause;
+  std::string exit;
+};
+
+class Controller {
+ public:
+  // Loads the weight cache, creates the pool, opens the journal and binds the socket.
+  static Result<std::unique_ptr<Controller>> Create(boost::asio::io_context& io,
+                                                    ControllerConfig config, Clock& clock);
+  ~Controller();
+  Controller(const Controller&) = delete;
+  Controller& operator=(const Controller&) = delete;
+
+  // Starts accepting connections and launches the engines.
+  void Start();
+  // Tells every engine to stop, kills those still alive after stop_grace, reaps them all,
+  // closes the socket and calls `done`.
+  void Shutdown(std::function<void()> done);
+
+  // --- operator commands (batonctl) --------------------------------------------------------
+  Status RequestSwitchover();
+  Status RequestDrain();
+  // kind: "kill" (SIGKILL the primary), "hang" (SIGSTOP it), "error" (make it report one).
+  Status Drill(const std::string& kind);
+
+  // --- views for status, timeline and metrics ------------------------------------------------
+  const ControllerConfig& config() const { return config_; }
+  const Clock& clock() const { return clock_; }
+  const PairMachine& pair() const { return pair_; }
+  const PoolLedger& ledger() const { return *ledger_; }
+  const CrashLoopGuard& guard() const { return guard_; }
+  const TimelineLog& timelines() const { return timelines_; }
+  const std::map<EngineId, std::unique_ptr<EngineRecord>>& engines() const { return engines_; }
+  const WeightCache& weights() const { return *weights_; }
+  const SharedMemory& pool() const { return pool_; }
+  const RoutePublisher& routes() const { return routes_; }
+  uint64_t durable_epoch() const { return journal_->current(); }
+  EngineId primary() const { return primary_; }
+  const std::deque<Refusal>& refusals() const { return refusals_; }
+  const std::deque<EngineExit>& exits() const { return exits_; }
+  const std::string& invariants() const { return invariants_; }
+  uint64_t launches() const { return launches_; }
+  uint64_t failovers() const { return failovers_; }
+  uint64_t refusal_count() const { return refusal_count_; }
+  TimePoint started_at() const { return started_at_; }
+  bool backoff() const;
+
+ private:
+  Controller(boost::asio::io_context& io, ControllerConfig config, Clock& clock);
+  Status Init();
+
+  // controller.cc: connections.
+  void Accept();
+  void OnAccepted(proto::Channel channel);
+  void OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> msg);
+  Status Admit(const proto::Hello& hello);
+  void ReadCli(uint64_t conn);
+  void Refused(const std::string& who, const std::string& reason);
+  void ArmTick();
+  void OnTick();
+  void CloseIdleConnections();
+
+  // controller_engines.cc: launching and engine messages.
+  void MaybeLaunch();
+  void Launch(const std::string& role);
+  int PickPort() const;
+  void WatchPid(EngineId id);
+  void AttachEngine(EngineId id, std::unique_ptr<proto::Channel> channel);
+  void ReadEngine(EngineId id);
+  void OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg);
+  void OnRegister(EngineRecord& e, const proto::ReceivedMessage& msg);
+  void OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg);
+  bool CheckEpoch(EngineRecord& e, uint64_t epoch, const char* what);
+  void OnHeartbeat(EngineRecord& e, const proto::Heartbeat& msg);
+  void OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg);
+  void OnReturn(EngineRecord& e, const proto::ReturnExtents& msg);
+  void RefuseEngine(EngineRecord& e, const Status& status);
+  EngineRecord* Find(EngineId id);
+  EngineRecord* FindByToken(const std::string& token);
+  EngineRecord* Standby();  // a live engine in kStandby, preferring the lowest id
+  size_t LiveEngines() const;
+
+  // controller_failover.cc: failures, fences, promotions.
+  void Fail(EngineId id, FailCause cause, const std::string& detail);
+  void FailPrimary(EngineRecord& e, FailCause cause, TimePoint detected_at,
+                   std::optional<TimePoint> killed_at);
+  void FenceInLedger(EngineRecord& e);
+  void OnProcessExit(EngineId id);
+  void FinishFence(EngineRecord& e);
+  void MaybePromote();
+  void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
+  void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);
+  void OnDrained(EngineRecord& e, const proto::Drained& msg);
+  void PollEngines();
+  void PublishRoutes();
+  void CheckInvariants();
+  void ApplyPair(PairEvent event);
+  Result<uint64_t> AdvanceEpoch();
+
+  boost::asio::io_context& io_;
+  ControllerConfig config_;
+  Clock& clock_;
+  TimePoint started_at_;
+
+  std::optional<EpochJournal> journal_;
+  std::unique_ptr<PoolLedger> ledger_;
+  std::optional<WeightCache> weights_;
+  SharedMemory pool_;
+  Mapping pool_map_;  // the controller's own mapping: pre-faults the pool at start-up
+  std::optional<proto::Listener> listener_;
+  Supervisor supervisor_;
+  PairMachine pair_;
+  CrashLoopGuard guard_;
+  TimelineLog timelines_;
+  RoutePublisher routes_;
+  boost::asio::steady_timer tick_;
+  std::optional<TimePoint> tick_at_;
+
+  std::map<EngineId, std::unique_ptr<EngineRecord>> engines_;
+  EngineId next_engine_id_ = 1;
+  EngineId primary_ = kNoEngine;    // serving or draining
+  EngineId promoting_ = kNoEngine;  // Promote sent, no PromoteAck yet
+  // A fenced primary whose blocks go to `successor` once it is reaped.
+  struct PendingFailover {
+    EngineId old = kNoEngine;
+    uint64_t epoch = 0;
+    EngineId successor = kNoEngine;
+  };
+  std::optional<PendingFailover> failover_;
+  struct DrillRecord {
+    std::string kind;
+    EngineId engine = kNoEngine;
+    TimePoint at;
+  };
+  std::optional<DrillRecord> drill_;
+
+  struct Connection {
+    std::unique_ptr<proto::Channel> channel;
+    TimePoint accepted_at;
+    bool cli = false;
+  };
+  std::map<uint64_t, Connection> conns_;
+  uint64_t next_conn_ = 1;
+
+  std::deque<Refusal> refusals_;
+  std::deque<EngineExit> exits_;
+  std::string invariants_ = "ok";
+  uint64_t launches_ = 0;
+  uint64_t failovers_ = 0;
+  uint64_t refusal_count_ = 0;
+  bool stopping_ = false;
+  std::shared_ptr<boost::asio::steady_timer> stop_timer_;
+};
+
+}  // namespace baton

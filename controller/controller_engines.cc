@@ -1,0 +1,365 @@
+// Controller: launching engines and handling their messages.
+#include <fcntl.h>
+#include <signal.h>
+
+#include "base/log.h"
+#include "controller/controller.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "controller";
+
+std::vector<proto::BlockRange> ToRanges(const std::vector<Extent>& extents) {
+  std::vector<proto::BlockRange> out;
+  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
+  return out;
+}
+
+std::string Name(const EngineRecord& e) { return "engine " + std::to_string(e.id); }
+
+}  // namespace
+
+// --- launching --------------------------------------------------------------------------------
+
+void Controller::MaybeLaunch() {
+  if (stopping_) return;
+  const PairState s = pair_.state();
+  if (s == PairState::kStopped || s == PairState::kDraining) return;
+  // During a failover the promotion path has the machine to itself; the replacement starts
+  // once it is done. At start-up both engines start together.
+  if ((promoting_ != kNoEngine || failover_.has_value()) && s != PairState::kStarting) return;
+  if (LiveEngines() >= 2) return;
+  if (guard_.InBackoff()) {
+    if (!backoff() && pair_.Allows(PairEvent::kCrashLoopTripped)) {
+      ApplyPair(PairEvent::kCrashLoopTripped);
+      BATON_LOG(WARN, kLog) << "crash loop: " << guard_.recent_failures()
+                            << " engine failures in the window; restarts held back for "
+                            << MillisBetween(clock_.Now(), guard_.backoff_until()) << " ms";
+    }
+    return;
+  }
+  if (backoff()) ApplyPair(PairEvent::kBackoffElapsed);
+  if (!guard_.TryStartRestart()) return;
+  Launch(primary_ != kNoEngine || LiveEngines() > 0 ? "standby" : "primary");
+}
+
+int Controller::PickPort() const {
+  if (config_.base_port == 0) return 0;
+  for (int k = 0; k < config_.port_count; ++k) {
+    const int port = config_.base_port + k;
+    bool used = false;
+    for (const auto& [id, e] : engines_) used = used || e->port == port;
+    if (!used) return port;
+  }
+  return config_.base_port;
+}
+
+void Controller::Launch(const std::string& role) {
+  const TimePoint now = clock_.Now();
+  const EngineId id = next_engine_id_++;
+  Result<std::string> token = Supervisor::NewToken();
+  if (!token.ok()) {
+    BATON_LOG(ERROR, kLog) << "cannot make a launch token: " << token.status().ToString();
+    (void)guard_.RecordFailure();
+    return;
+  }
+  auto rec = std::make_unique<EngineRecord>(id, clock_);
+  rec->launch_role = role;
+  rec->token = *token;
+  rec->port = PickPort();
+  rec->launched_at = now;
+  rec->deadline = now + config_.register_timeout;
+  ++launches_;
+  Result<ChildProcess> child = supervisor_.Launch({id, role, *token, rec->port});
+  if (!child.ok()) {
+    BATON_LOG(ERROR, kLog) << "engine " << id << " (" << role
+                           << ") failed to launch: " << child.status().ToString();
+    exits_.push_back(EngineExit{now, id, 0, role, "launch failed", child.status().message()});
+    if (exits_.size() > 20) exits_.pop_front();
+    (void)guard_.RecordFailure();
+    return;
+  }
+  rec->process = std::move(child).value();
+  BATON_LOG(INFO, kLog) << "launched engine " << id << " as " << role << ": pid "
+                        << rec->process.pid() << ", port " << rec->port;
+  engines_[id] = std::move(rec);
+  WatchPid(id);
+  if (PromotionRecord* r = timelines_.awaiting_standby(); r != nullptr && !r->standby_launched) {
+    r->standby_launched = now;
+  }
+}
+
+void Controller::WatchPid(EngineId id) {
+  EngineRecord* e = Find(id);
+  if (e == nullptr) return;
+  const int fd = ::fcntl(e->process.pidfd(), F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) {
+    BATON_LOG(ERROR, kLog) << "cannot watch engine " << id << ": dup of its pidfd failed";
+    return;
+  }
+  e->pid_watch = std::make_unique<boost::asio::posix::stream_descriptor>(io_, fd);
+  e->pid_watch->async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                           [this, id](const boost::system::error_code& ec) {
+                             if (ec) return;  // the record is gone
+                             OnProcessExit(id);
+                           });
+}
+
+// --- the engine's connection ------------------------------------------------------------------
+
+void Controller::AttachEngine(EngineId id, std::unique_ptr<proto::Channel> channel) {
+  EngineRecord* e = Find(id);
+  if (e == nullptr) return;
+  e->channel = std::move(channel);
+  e->channel->set_label("engine " + std::to_string(id));
+  ++e->channel_gen;
+  ReadEngine(id);
+}
+
+void Controller::ReadEngine(EngineId id) {
+  EngineRecord* e = Find(id);
+  if (e == nullptr || e->channel == nullptr) return;
+  const uint64_t gen = e->channel_gen;
+  e->channel->AsyncReceive([this, id, gen](Result<proto::ReceivedMessage> msg) {
+    EngineRecord* e = Find(id);
+    if (e == nullptr || e->channel == nullptr || e->channel_gen != gen) return;
+    if (!msg.ok()) {
+      // A clean close is Unavailable; anything else was a protocol error on this connection.
+      if (msg.status().code() != StatusCode::kUnavailable) {
+        Refused("engine " + std::to_string(id), "protocol error: " + msg.status().message());
+      }
+      Fail(id, FailCause::kEof, msg.status().message());
+    } else {
+      OnEngineMessage(id, *msg);
+      e = Find(id);
+      if (e != nullptr && e->channel != nullptr && e->channel_gen == gen) ReadEngine(id);
+    }
+    ArmTick();
+  });
+}
+
+namespace {
+
+// Decodes `msg` as a T; a payload that does not decode closes the connection (protocol error).
+template <typename T>
+std::optional<T> DecodeOrClose(proto::Channel& channel, const proto::ReceivedMessage& msg,
+                               std::string* error) {
+  Result<T> decoded = msg.As<T>();
+  if (decoded.ok()) return std::move(decoded).value();
+  *error = decoded.status().message();
+  channel.CloseWithError(decoded.status());
+  return std::nullopt;
+}
+
+}  // namespace
+
+void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg) {
+  EngineRecord& e = *Find(id);
+  using proto::MsgType;
+  std::string error;
+  if (!e.registered && msg.type != MsgType::kRegister) {
+    RefuseEngine(e, FailedPrecondition("expected Register, got " + proto::MsgTypeName(msg.type)));
+    return;
+  }
+  switch (msg.type) {
+    case MsgType::kRegister:
+      return OnRegister(e, msg);
+    case MsgType::kStandbyReady:
+      if (auto m = DecodeOrClose<proto::StandbyReady>(*e.channel, msg, &error)) {
+        return OnStandbyReady(e, *m);
+      }
+      break;
+    case MsgType::kHeartbeat:
+      if (auto m = DecodeOrClose<proto::Heartbeat>(*e.channel, msg, &error)) {
+        return OnHeartbeat(e, *m);
+      }
+      break;
+    case MsgType::kLeaseRequest:
+      if (auto m = DecodeOrClose<proto::LeaseRequest>(*e.channel, msg, &error)) {
+        return OnLeaseRequest(e, *m);
+      }
+      break;
+    case MsgType::kReturnExtents:
+      if (auto m = DecodeOrClose<proto::ReturnExtents>(*e.channel, msg, &error)) {
+        return OnReturn(e, *m);
+      }
+      break;
+    case MsgType::kErrorReport:
+      if (auto m = DecodeOrClose<proto::ErrorReport>(*e.channel, msg, &error)) {
+        return Fail(id, FailCause::kError, m->message);
+      }
+      break;
+    case MsgType::kPromoteAck:
+      if (auto m = DecodeOrClose<proto::PromoteAck>(*e.channel, msg, &error)) {
+        return OnPromoteAck(e, *m);
+      }
+      break;
+    case MsgType::kDrained:
+      if (auto m = DecodeOrClose<proto::Drained>(*e.channel, msg, &error)) {
+        return OnDrained(e, *m);
+      }
+      break;
+    case MsgType::kErrorMsg:
+      if (auto m = DecodeOrClose<proto::ErrorMsg>(*e.channel, msg, &error)) {
+        BATON_LOG(WARN, kLog) << Name(e) << " refused a controller message: " << m->message;
+        return;
+      }
+      break;
+    default:
+      RefuseEngine(
+          e, InvalidArgument("unexpected " + proto::MsgTypeName(msg.type) + " from an engine"));
+      return;
+  }
+  Refused(Name(e), "malformed message: " + error);
+  Fail(id, FailCause::kEof, "malformed " + proto::MsgTypeName(msg.type) + ": " + error);
+}
+
+void Controller::OnRegister(EngineRecord& e, const proto::ReceivedMessage& msg) {
+  std::string error;
+  std::optional<proto::Register> reg = DecodeOrClose<proto::Register>(*e.channel, msg, &error);
+  if (!reg.has_value()) return Fail(e.id, FailCause::kEof, "malformed Register: " + error);
+  if (e.registered) return RefuseEngine(e, FailedPrecondition("already registered"));
+  if (reg->engine_id != e.id) {
+    const std::string why = "Register names engine " + std::to_string(reg->engine_id) +
+                            " but its launch token belongs to engine " + std::to_string(e.id);
+    Refused(Name(e), why);
+    (void)e.channel->Send(proto::Stop{.reason = why});
+    return Fail(e.id, FailCause::kMisbehaved, why);
+  }
+  if (Status added = ledger_->AddStandby(e.id); !added.ok()) {
+    return Fail(e.id, FailCause::kMisbehaved, added.message());
+  }
+  e.version = reg->engine_version;
+  e.http_address = reg->http_address;
+  proto::RegisterAck ack{
+      .engine_id = e.id,
+      .model = weights_->dir(),
+      .arena_size = weights_->arena().size(),
+      .arena_huge_pages = weights_->arena().huge_pages(),
+      .tensors = {},
+      .block_count = config_.block_count,
+      .block_bytes = config_.block_bytes,
+      .pool_huge_pages = pool_.huge_pages(),
+      .reserve_bytes = uint64_t{config_.block_count} * config_.block_bytes,
+      .heartbeat_interval_ms = static_cast<uint32_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(config_.heartbeat_interval)
+              .count())};
+  for (const CachedTensor& t : weights_->tensors()) {
+    ack.tensors.push_back(
+        proto::TensorEntry{t.name, static_cast<uint8_t>(t.dtype), t.shape, t.offset, t.size});
+  }
+  Result<UniqueFd> arena_fd = weights_->arena().memory().Dup();
+  Result<UniqueFd> pool_fd = pool_.Dup();
+  Status sent = !arena_fd.ok() ? arena_fd.status()
+                : !pool_fd.ok()
+                    ? pool_fd.status()
+                    : e.channel->Send(ack, std::vector<int>{arena_fd->get(), pool_fd->get()});
+  if (!sent.ok()) return Fail(e.id, FailCause::kEof, "sending RegisterAck: " + sent.message());
+  e.registered = true;
+  FailureDetector::Options options{.heartbeat_interval = config_.heartbeat_interval,
+                                   .misses = config_.heartbeat_misses,
+                                   .probe_timeout = config_.probe_timeout};
+  e.detector.emplace(clock_, options);
+  e.last_heartbeat = clock_.Now();
+  BATON_LOG(INFO, kLog) << Name(e) << " (pid " << e.process.pid() << ") registered: version "
+                        << e.version << ", http " << e.http_address;
+}
+
+void Controller::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg) {
+  if (!e.is(EngineState::kLaunching)) {
+    return RefuseEngine(
+        e, FailedPrecondition(std::string("StandbyReady in state ") + ToString(e.machine.state())));
+  }
+  (void)e.machine.Apply(EngineEvent::kRegistered);
+  e.ready_at = clock_.Now();
+  e.deadline.reset();
+  e.prefault_us = msg.prefault_us;
+  BATON_LOG(INFO, kLog) << Name(e) << " is a half-started standby: " << msg.arena_mapped_bytes
+                        << " weight bytes mapped read-only (pre-faulted in "
+                        << msg.prefault_us / 1000.0 << " ms), " << msg.reserved_bytes
+                        << " bytes of pool range reserved";
+  if (pair_.Allows(PairEvent::kStandbyReady)) ApplyPair(PairEvent::kStandbyReady);
+  if (PromotionRecord* r = timelines_.awaiting_standby(); r != nullptr) {
+    r->standby_ready = clock_.Now();
+  }
+  MaybePromote();
+  PublishRoutes();
+  MaybeLaunch();
+}
+
+bool Controller::CheckEpoch(EngineRecord& e, uint64_t epoch, const char* what) {
+  // A heartbeat sent before the engine saw its Promote still carries the standby's 0.
+  if (epoch == 0 && e.is(EngineState::kPromoting)) return true;
+  Status ok = ledger_->CheckMessage(e.id, epoch);
+  if (ok.ok()) return true;
+  const std::string why = std::string(what) + " refused: " + ok.message();
+  Refused(Name(e), why);
+  (void)e.channel->Send(proto::ErrorMsg::FromStatus(FailedPrecondition(why)));
+  (void)e.channel->Send(proto::Stop{.reason = why});
+  Fail(e.id, FailCause::kStale, why);
+  return false;
+}
+
+void Controller::OnHeartbeat(EngineRecord& e, const proto::Heartbeat& msg) {
+  if (!CheckEpoch(e, msg.epoch, "Heartbeat")) return;
+  if (e.detector.has_value()) e.detector->OnHeartbeat();
+  ++e.heartbeats;
+  e.last_heartbeat = clock_.Now();
+}
+
+void Controller::OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg) {
+  if (!CheckEpoch(e, msg.epoch, "LeaseRequest")) return;
+  Result<std::vector<Extent>> granted = ledger_->Grant(e.id, msg.blocks, msg.epoch);
+  if (!granted.ok()) return RefuseEngine(e, granted.status());
+  Status sent = e.channel->Send(proto::Grant{.epoch = msg.epoch, .extents = ToRanges(*granted)});
+  BATON_LOG(INFO, kLog) << "granted " << msg.blocks << " blocks to " << Name(e) << " at epoch "
+                        << msg.epoch;
+  if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending Grant: " + sent.message());
+  CheckInvariants();
+}
+
+void Controller::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
+  if (!CheckEpoch(e, msg.epoch, "ReturnExtents")) return;
+  for (const proto::BlockRange& r : msg.extents) {
+    Status returned = ledger_->Return(e.id, Extent{r.first, r.count}, msg.epoch);
+    if (!returned.ok()) return RefuseEngine(e, returned);
+  }
+  BATON_LOG(INFO, kLog) << Name(e) << " returned " << msg.extents.size() << " extents";
+  CheckInvariants();
+}
+
+void Controller::RefuseEngine(EngineRecord& e, const Status& status) {
+  Refused(Name(e), status.message());
+  if (e.channel != nullptr) (void)e.channel->Send(proto::ErrorMsg::FromStatus(status));
+}
+
+// --- lookups ------------------------------------------------------------------------------------
+
+EngineRecord* Controller::Find(EngineId id) {
+  auto it = engines_.find(id);
+  return it == engines_.end() ? nullptr : it->second.get();
+}
+
+EngineRecord* Controller::FindByToken(const std::string& token) {
+  if (token.empty()) return nullptr;
+  for (auto& [id, e] : engines_) {
+    if (e->token == token) return e.get();
+  }
+  return nullptr;
+}
+
+EngineRecord* Controller::Standby() {
+  for (auto& [id, e] : engines_) {
+    if (e->live() && e->is(EngineState::kStandby)) return e.get();
+  }
+  return nullptr;
+}
+
+size_t Controller::LiveEngines() const {
+  size_t n = 0;
+  for (const auto& [id, e] : engines_) n += e->live() ? 1 : 0;
+  return n;
+}
+
+}  // namespace baton

@@ -1,0 +1,189 @@
+// Controller: operator commands, periodic checks, routes and invariants.
+#include <signal.h>
+
+#include "base/log.h"
+#include "controller/controller.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "controller";
+
+uint32_t Millis(Duration d) {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+}  // namespace
+
+// --- operator commands --------------------------------------------------------------------------
+
+Status Controller::RequestSwitchover() {
+  if (stopping_) return Unavailable("the controller is shutting down");
+  EngineRecord* p = Find(primary_);
+  EngineRecord* s = Standby();
+  const std::string pair = ToString(pair_.state());
+  if (p == nullptr || !p->serving) {
+    return FailedPrecondition("no serving primary to switch over from (pair is " + pair + ")");
+  }
+  if (s == nullptr) return FailedPrecondition("no ready standby to promote (pair is " + pair + ")");
+  Result<PairState> applied = pair_.Apply(PairEvent::kGracefulPromoteRequested);
+  if (!applied.ok()) return applied.status();
+  (void)p->machine.Apply(EngineEvent::kDrain);
+  p->serving = false;
+  p->deadline = clock_.Now() + config_.drain_timeout;
+  PromotionRecord& r = timelines_.Open("switchover", "batonctl promote");
+  r.injected = clock_.Now();
+  r.old_engine = p->id;
+  r.old_pid = p->process.pid();
+  r.new_engine = s->id;
+  BATON_LOG(INFO, kLog) << "switch-over: draining engine " << p->id << ", then promoting engine "
+                        << s->id;
+  Status sent = p->channel->Send(proto::Drain{.epoch = ledger_->engine(p->id)->epoch,
+                                              .timeout_ms = Millis(config_.drain_timeout)});
+  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
+  PublishRoutes();
+  return OkStatus();
+}
+
+Status Controller::RequestDrain() {
+  if (stopping_) return Unavailable("the controller is shutting down");
+  Result<PairState> applied = pair_.Apply(PairEvent::kDrain);
+  if (!applied.ok()) return applied.status();
+  std::vector<EngineId> others;
+  for (const auto& [id, e] : engines_) {
+    if (e->live() && id != primary_) others.push_back(id);
+  }
+  for (EngineId id : others) Fail(id, FailCause::kShutdown, "the pair is being drained");
+  if (EngineRecord* p = Find(primary_); p != nullptr && p->live()) {
+    if (p->is(EngineState::kPrimary)) (void)p->machine.Apply(EngineEvent::kDrain);
+    p->serving = false;
+    p->deadline = clock_.Now() + config_.drain_timeout;
+    Status sent = p->channel->Send(proto::Drain{.epoch = ledger_->engine(p->id)->epoch,
+                                                .timeout_ms = Millis(config_.drain_timeout)});
+    if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
+  }
+  BATON_LOG(INFO, kLog) << "drain: the pair is taken out of service";
+  PublishRoutes();
+  return OkStatus();
+}
+
+Status Controller::Drill(const std::string& kind) {
+  if (stopping_) return Unavailable("the controller is shutting down");
+  EngineRecord* p = Find(primary_);
+  if (p == nullptr || !p->serving) {
+    return FailedPrecondition(std::string("no serving primary to drill (pair is ") +
+                              ToString(pair_.state()) + ")");
+  }
+  Status status = OkStatus();
+  if (kind == "kill") {
+    status = p->process.Signal(SIGKILL);
+  } else if (kind == "hang") {
+    status = p->process.Signal(SIGSTOP);
+  } else if (kind == "error") {
+    status = p->channel->Send(proto::InjectFault{.kind = "error", .message = "batonctl drill"});
+  } else {
+    return InvalidArgument("unknown drill '" + kind + "' (kill, hang or error)");
+  }
+  if (!status.ok()) return status;
+  drill_ = DrillRecord{kind, p->id, clock_.Now()};
+  BATON_LOG(INFO, kLog) << "drill " << kind << " on engine " << p->id << " (pid "
+                        << p->process.pid() << ")";
+  return OkStatus();
+}
+
+// --- periodic checks
+// ------------------------------------------------------------------------------
+
+void Controller::PollEngines() {
+  const TimePoint now = clock_.Now();
+  struct Failure {
+    EngineId id;
+    FailCause cause;
+    std::string detail;
+  };
+  std::vector<Failure> failures;
+  for (auto& [id, e] : engines_) {
+    if (!e->live()) continue;
+    if (e->deadline.has_value() && now >= *e->deadline) {
+      if (e->is(EngineState::kLaunching)) {
+        failures.push_back({id, FailCause::kTimeout, "did not register in time"});
+      } else if (e->is(EngineState::kPromoting)) {
+        failures.push_back({id, FailCause::kTimeout, "did not acknowledge its promotion in time"});
+      } else if (e->is(EngineState::kDraining)) {
+        failures.push_back({id, FailCause::kPlanned, "drain timed out"});
+      }
+      e->deadline.reset();
+    }
+    if (!e->detector.has_value()) continue;
+    switch (e->detector->Poll()) {
+      case FailureDetector::Action::kSendProbe:
+        ++e->probes;
+        BATON_LOG(WARN, kLog) << "engine " << id << " silent for "
+                              << MillisBetween(e->last_heartbeat, now)
+                              << " ms: health request sent";
+        if (e->channel != nullptr) (void)e->channel->Send(proto::HealthRequest{.seq = e->probes});
+        break;
+      case FailureDetector::Action::kDeclareHung:
+        failures.push_back(
+            {id, FailCause::kHung,
+             "no heartbeat for " +
+                 std::to_string(static_cast<int>(MillisBetween(e->last_heartbeat, now))) +
+                 " ms and no answer to the health request"});
+        break;
+      case FailureDetector::Action::kNone:
+        break;
+    }
+  }
+  for (const Failure& f : failures) Fail(f.id, f.cause, f.detail);
+}
+
+void Controller::PublishRoutes() {
+  proto::RouteTable table;
+  table.pair_state = ToString(pair_.state());
+  for (const auto& [id, e] : engines_) {
+    if (!e->live()) continue;
+    proto::RouteEntry entry{.engine_id = id,
+                            .role = "",
+                            .http_address = e->http_address,
+                            .ready = e->serving,
+                            .weight = e->serving ? 100u : 0u,
+                            .engine_version = e->version};
+    if (id == primary_) {
+      entry.role = e->is(EngineState::kDraining) ? "draining" : "primary";
+      if (const LedgerEngine* le = ledger_->engine(id)) table.epoch = le->epoch;
+    } else if (id == promoting_) {
+      entry.role = "promoting";
+    } else if (e->is(EngineState::kStandby)) {
+      entry.role = "standby";
+    } else {
+      continue;
+    }
+    table.entries.push_back(std::move(entry));
+  }
+  if (!routes_.Publish(std::move(table))) return;
+  PromotionRecord* r = timelines_.current();
+  if (r != nullptr && r->promote_acked.has_value() && !r->route_published.has_value()) {
+    r->route_published = clock_.Now();
+  }
+}
+
+void Controller::CheckInvariants() {
+  if (invariants_ != "ok") return;  // the first violation stays for `batonctl status`
+  Status status = ledger_->CheckInvariants();
+  if (status.ok()) return;
+  invariants_ = status.message();
+  BATON_LOG(ERROR, kLog) << "fencing invariant violated: " << invariants_;
+}
+
+void Controller::ApplyPair(PairEvent event) { (void)pair_.Apply(event); }
+
+Result<uint64_t> Controller::AdvanceEpoch() {
+  Result<uint64_t> epoch = journal_->Advance();
+  if (!epoch.ok()) {
+    BATON_LOG(ERROR, kLog) << "cannot make a new epoch durable, promotions are held: "
+                           << epoch.status().ToString();
+  }
+  return epoch;
+}
+
+}  // namespace baton

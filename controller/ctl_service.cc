@@ -1,0 +1,332 @@
+#include "controller/ctl_service.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <sstream>
+
+namespace baton {
+namespace {
+
+using nlohmann::json;
+
+double AgoMs(const Controller& c, TimePoint t) { return MillisBetween(t, c.clock().Now()); }
+
+std::string RoleOf(const Controller& c, const EngineRecord& e) {
+  if (e.failed.has_value()) return "fencing";
+  if (e.id == c.primary()) return e.is(EngineState::kDraining) ? "draining" : "primary";
+  if (e.is(EngineState::kPromoting)) return "promoting";
+  if (e.is(EngineState::kStandby)) return "standby";
+  return "launching";
+}
+
+json EngineJson(const Controller& c, const EngineRecord& e) {
+  const LedgerEngine* le = c.ledger().engine(e.id);
+  json j = {{"id", e.id},
+            {"role", RoleOf(c, e)},
+            {"state", ToString(e.machine.state())},
+            {"launched_as", e.launch_role},
+            {"pid", e.process.pid()},
+            {"epoch", le != nullptr ? le->epoch : 0},
+            {"blocks", le != nullptr ? le->blocks : 0},
+            {"version", e.version},
+            {"http_address", e.http_address},
+            {"port", e.port},
+            {"serving", e.serving},
+            {"heartbeats", e.heartbeats},
+            {"health_probes", e.probes},
+            {"uptime_s", AgoMs(c, e.launched_at) / 1000.0},
+            {"prefault_ms", static_cast<double>(e.prefault_us) / 1000.0}};
+  if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
+  if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
+  if (e.failed.has_value()) j["fence_reason"] = e.fail_reason;
+  return j;
+}
+
+json PoolJson(const Controller& c) {
+  const LedgerSnapshot s = c.ledger().Snapshot();
+  return {{"blocks", s.block_count},
+          {"block_bytes", c.config().block_bytes},
+          {"bytes", c.pool().size()},
+          {"free", s.free_blocks},
+          {"granted", s.granted_blocks},
+          {"quarantined", s.quarantined_blocks},
+          {"leases", s.leases},
+          {"huge_pages", c.pool().huge_pages()},
+          {"huge_pages_fallback", c.pool().fallback_reason()}};
+}
+
+// Bytes of [data, data + size) resident in memory now (mincore), or -1 if unknown.
+int64_t ResidentBytes(const uint8_t* data, uint64_t size) {
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (data == nullptr || size == 0) return 0;
+  std::vector<unsigned char> pages((size + page - 1) / page);
+  if (::mincore(const_cast<uint8_t*>(data), size, pages.data()) != 0) return -1;
+  uint64_t resident = 0;
+  for (unsigned char p : pages) resident += (p & 1) != 0 ? page : 0;
+  return static_cast<int64_t>(std::min(resident, size));
+}
+
+json WeightsJson(const Controller& c) {
+  const WeightCache& w = c.weights();
+  const PinnedArena& a = w.arena();
+  return {{"model_dir", w.dir()},
+          {"tensors", w.tensors().size()},
+          {"tensor_bytes", w.tensor_bytes()},
+          {"arena_bytes", a.size()},
+          {"resident_bytes", ResidentBytes(a.data(), a.size())},
+          {"huge_pages", a.huge_pages()},
+          {"numa_node", a.numa_node()},
+          {"numa_bound", a.numa_bound()},
+          {"numa_source", a.numa_source()},
+          {"locked", a.locked()},
+          {"load_method", w.load_stats().method},
+          {"load_s", w.load_stats().seconds},
+          {"load_gbps", w.load_stats().gbps},
+          {"warnings", a.warnings()}};
+}
+
+json GuardJson(const Controller& c) {
+  const CrashLoopGuard& g = c.guard();
+  json j = {{"in_backoff", g.InBackoff()},
+            {"level", g.level()},
+            {"recent_failures", g.recent_failures()},
+            {"total_failures", g.total_failures()},
+            {"max_failures", c.config().crash_max_failures},
+            {"window_s", std::chrono::duration<double>(c.config().crash_window).count()}};
+  if (g.InBackoff()) j["next_restart_in_ms"] = MillisBetween(c.clock().Now(), g.NextRestartAt());
+  return j;
+}
+
+template <typename Record>
+json TransitionJson(const Controller& c, const std::string& machine, const Record& r) {
+  return {{"machine", machine},         {"from", ToString(r.from)},
+          {"event", ToString(r.event)}, {"to", ToString(r.to)},
+          {"ms_ago", AgoMs(c, r.at)},   {"at", WallTime(r.at, c.clock().Now())}};
+}
+
+json TransitionsJson(const Controller& c) {
+  std::vector<std::pair<TimePoint, json>> all;
+  for (const auto& r : c.pair().history()) all.emplace_back(r.at, TransitionJson(c, "pair", r));
+  for (const auto& [id, e] : c.engines()) {
+    for (const auto& r : e->machine.history()) {
+      all.emplace_back(r.at, TransitionJson(c, e->machine.name(), r));
+    }
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  json out = json::array();
+  const size_t skip = all.size() > 30 ? all.size() - 30 : 0;
+  for (size_t i = skip; i < all.size(); ++i) out.push_back(all[i].second);
+  return out;
+}
+
+json HistoryJson(const Controller& c) {
+  json refusals = json::array();
+  for (const Refusal& r : c.refusals()) {
+    refusals.push_back({{"who", r.who}, {"reason", r.reason}, {"ms_ago", AgoMs(c, r.at)}});
+  }
+  json exits = json::array();
+  for (const EngineExit& x : c.exits()) {
+    exits.push_back({{"id", x.id},
+                     {"pid", x.pid},
+                     {"launched_as", x.launch_role},
+                     {"cause", x.cause},
+                     {"exit", x.exit},
+                     {"ms_ago", AgoMs(c, x.at)}});
+  }
+  return {{"refusals", refusals}, {"exits", exits}};
+}
+
+json RoutesJson(const Controller& c) {
+  const proto::RouteTable& t = c.routes().current();
+  json entries = json::array();
+  for (const proto::RouteEntry& e : t.entries) {
+    entries.push_back({{"engine_id", e.engine_id},
+                       {"role", e.role},
+                       {"http_address", e.http_address},
+                       {"ready", e.ready},
+                       {"weight", e.weight}});
+  }
+  return {{"version", t.version},
+          {"epoch", t.epoch},
+          {"subscribers", c.routes().subscriber_count()},
+          {"entries", entries}};
+}
+
+proto::CtlReply Reply(uint32_t code, std::string text, json j) {
+  return proto::CtlReply{.exit_code = code, .text = std::move(text), .json = j.dump()};
+}
+
+proto::CtlReply Refuse(const std::string& command, const Status& status) {
+  const uint32_t code = status.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  return Reply(code, "refused: " + status.message(),
+               {{"ok", false}, {"command", command}, {"error", status.message()}});
+}
+
+proto::CtlReply Usage(const std::string& why) {
+  return Reply(2, why + "\n" + CtlUsage(), {{"ok", false}, {"error", why}});
+}
+
+proto::CtlReply Timeline(const Controller& c) {
+  const PromotionRecord* r = c.timelines().last();
+  if (r == nullptr) {
+    return Reply(0, "no promotion yet",
+                 {{"ok", true}, {"timeline", nullptr}, {"history", json::array()}});
+  }
+  json history = json::array();
+  for (const PromotionRecord& x : c.timelines().records())
+    history.push_back(c.timelines().ToJson(x));
+  return Reply(0, c.timelines().ToText(*r),
+               {{"ok", true}, {"timeline", c.timelines().ToJson(*r)}, {"history", history}});
+}
+
+proto::CtlReply Done(const std::string& command, const std::string& text, const Controller& c) {
+  return Reply(0, text, {{"ok", true}, {"command", command}, {"pair", ToString(c.pair().state())}});
+}
+
+}  // namespace
+
+json StatusJson(const Controller& c) {
+  json engines = json::array();
+  for (const auto& [id, e] : c.engines()) engines.push_back(EngineJson(c, *e));
+  const PromotionRecord* last = c.timelines().last();
+  return {{"ok", true},
+          {"controller",
+           {{"pid", ::getpid()},
+            {"name", c.config().name},
+            {"socket", c.config().socket_path()},
+            {"uptime_s", AgoMs(c, c.started_at()) / 1000.0},
+            {"launches", c.launches()},
+            {"failovers", c.failovers()},
+            {"refusals", c.refusal_count()}}},
+          {"pair", {{"state", ToString(c.pair().state())}, {"primary", c.primary()}}},
+          {"epoch", {{"durable", c.durable_epoch()}, {"issued", c.ledger().issued_epoch()}}},
+          {"engines", engines},
+          {"pool", PoolJson(c)},
+          {"weights", WeightsJson(c)},
+          {"crash_loop", GuardJson(c)},
+          {"routes", RoutesJson(c)},
+          {"transitions", TransitionsJson(c)},
+          {"last_promotion", last != nullptr ? c.timelines().ToJson(*last) : json(nullptr)},
+          {"history", HistoryJson(c)},
+          {"invariants", c.invariants()}};
+}
+
+std::string StatusText(const Controller& c) {
+  const json s = StatusJson(c);
+  std::ostringstream out;
+  out << "pair " << s["pair"]["state"].get<std::string>() << ", epoch " << s["epoch"]["durable"]
+      << ", invariants " << c.invariants() << "\n";
+  for (const json& e : s["engines"]) {
+    out << "  engine " << e["id"] << " " << e["role"].get<std::string>() << " pid " << e["pid"]
+        << " epoch " << e["epoch"] << " blocks " << e["blocks"] << " version "
+        << e["version"].get<std::string>() << " " << e["http_address"].get<std::string>() << "\n";
+  }
+  const json& p = s["pool"];
+  out << "pool " << p["blocks"] << " blocks x " << p["block_bytes"] << " B: " << p["granted"]
+      << " granted, " << p["quarantined"] << " quarantined, " << p["free"] << " free"
+      << (p["huge_pages"].get<bool>() ? " (huge pages)" : " (normal pages)") << "\n";
+  const json& w = s["weights"];
+  out << "weights " << w["model_dir"].get<std::string>() << ": " << w["tensors"] << " tensors, "
+      << w["resident_bytes"] << " of " << w["arena_bytes"] << " B resident, numa node "
+      << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
+      << (w["locked"].get<bool>() ? ", locked" : ", not locked") << "\n";
+  const json& g = s["crash_loop"];
+  out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
+      << (g["in_backoff"].get<bool>() ? ", in backoff" : "") << "\n";
+  out << "recent transitions:\n";
+  for (const json& t : s["transitions"]) {
+    out << "  " << t["at"].get<std::string>() << " " << t["machine"].get<std::string>() << ": "
+        << t["from"].get<std::string>() << " -> " << t["to"].get<std::string>() << " on "
+        << t["event"].get<std::string>() << "\n";
+  }
+  return out.str();
+}
+
+proto::CtlReply HandleCtlRequest(Controller& c, const proto::CtlRequest& request) {
+  const std::string& cmd = request.command;
+  const auto& args = request.args;
+  if (cmd == "status") return Reply(0, StatusText(c), StatusJson(c));
+  if (cmd == "timeline") return Timeline(c);
+  if (cmd == "promote") {
+    Status status = c.RequestSwitchover();
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd, "switch-over started: the primary drains, then the standby is promoted", c);
+  }
+  if (cmd == "drain") {
+    Status status = c.RequestDrain();
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd, "draining: the primary finishes its requests, then the pair stops", c);
+  }
+  if (cmd == "drill") {
+    if (args.size() != 1) return Usage("drill needs one of: kill, hang, error");
+    Status status = c.Drill(args[0]);
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd, "drill " + args[0] + " sent to the primary", c);
+  }
+  return Usage("unknown command '" + cmd + "'");
+}
+
+std::string MetricsText(const Controller& c) {
+  const LedgerSnapshot s = c.ledger().Snapshot();
+  std::ostringstream out;
+  auto gauge = [&](const char* name, const char* help, double v) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
+        << name << " " << v << "\n";
+  };
+  auto counter = [&](const char* name, const char* help, double v) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
+        << name << " " << v << "\n";
+  };
+  gauge("baton_epoch", "Durable fencing epoch", static_cast<double>(c.durable_epoch()));
+  gauge("baton_pair_ready", "1 when the pair has a serving primary and a ready standby",
+        c.pair().state() == PairState::kReady ? 1 : 0);
+  gauge("baton_pair_serving", "1 when a primary serves", PairServes(c.pair().state()) ? 1 : 0);
+  gauge("baton_engines", "Engines not being fenced", static_cast<double>(c.engines().size()));
+  gauge("baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
+  gauge("baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
+  gauge("baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
+  gauge("baton_weights_bytes", "Weight arena bytes resident",
+        static_cast<double>(c.weights().arena().size()));
+  gauge("baton_crash_loop_backoff", "1 while restarts are held back",
+        c.guard().InBackoff() ? 1 : 0);
+  gauge("baton_invariants_ok", "1 while no fencing invariant is violated",
+        c.invariants() == "ok" ? 1 : 0);
+  counter("baton_engine_launches_total", "Engine processes launched",
+          static_cast<double>(c.launches()));
+  counter("baton_failovers_total", "Primaries lost or retired", static_cast<double>(c.failovers()));
+  counter("baton_engine_failures_total", "Engine failures seen by the crash-loop guard",
+          static_cast<double>(c.guard().total_failures()));
+  counter("baton_refusals_total", "Refused messages and connections",
+          static_cast<double>(c.refusal_count()));
+  if (const PromotionRecord* r = c.timelines().last(); r != nullptr) {
+    const PhaseTimes p = PhasesOf(*r);
+    if (p.ready_ms.has_value()) {
+      gauge("baton_last_failover_ready_ms", "Detection to route published, last promotion",
+            *p.ready_ms);
+    }
+  }
+  return out.str();
+}
+
+const char* CtlUsage() {
+  return R"(usage: batonctl [--json] [--socket PATH] COMMAND [ARGS]
+
+commands:
+  status                 pair, roles, pids, epochs, versions, pool use, weights, transitions
+  promote                graceful switch-over: drain the primary, promote the standby
+  drain                  take the pair out of service (the primary finishes its requests)
+  drill kill|hang|error  kill -9 the primary, SIGSTOP it, or make it report an error
+  timeline               the last failover, phase by phase
+
+options:
+  --json                 print one JSON object as the last line
+  --socket PATH          controller socket (default $BATON_RUNTIME_DIR/controller.sock,
+                         or /tmp/baton-<uid>/controller.sock)
+  --timeout-ms N         how long to wait for the controller (default 10000)
+exit status: 0 done, 1 refused (the reason is printed), 2 bad usage
+)";
+}
+
+}  // namespace baton

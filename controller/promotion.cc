@@ -1,0 +1,179 @@
+#include "controller/promotion.h"
+
+#include <ctime>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+namespace baton {
+namespace {
+
+std::optional<double> Between(const std::optional<TimePoint>& from,
+                              const std::optional<TimePoint>& to) {
+  if (!from.has_value() || !to.has_value()) return std::nullopt;
+  return MillisBetween(*from, *to);
+}
+
+using Stamp = std::pair<const char*, const std::optional<TimePoint>*>;
+
+std::vector<Stamp> Stamps(const PromotionRecord& r) {
+  return {{"injected", &r.injected},
+          {"last_heartbeat", &r.last_heartbeat},
+          {"detected", &r.detected},
+          {"killed", &r.killed},
+          {"epoch_durable", &r.epoch_durable},
+          {"reaped", &r.reaped},
+          {"promote_sent", &r.promote_sent},
+          {"promote_acked", &r.promote_acked},
+          {"route_published", &r.route_published},
+          {"standby_launched", &r.standby_launched},
+          {"standby_ready", &r.standby_ready}};
+}
+
+std::optional<TimePoint> FirstStamp(const PromotionRecord& r) {
+  std::optional<TimePoint> first;
+  for (const auto& [name, stamp] : Stamps(r)) {
+    if (stamp->has_value() && (!first.has_value() || **stamp < *first)) first = **stamp;
+  }
+  return first;
+}
+
+std::string Fixed(double ms) {
+  std::ostringstream out;
+  out.setf(std::ios::fixed);
+  out.precision(2);
+  out << ms;
+  return out.str();
+}
+
+}  // namespace
+
+PhaseTimes PhasesOf(const PromotionRecord& r) {
+  PhaseTimes p;
+  const std::optional<TimePoint>& evidence = r.injected.has_value() ? r.injected : r.last_heartbeat;
+  p.detect_ms = Between(evidence.has_value() ? evidence : r.detected, r.detected);
+  p.fence_ms = Between(r.detected, r.reaped);
+  p.promote_ms = Between(r.reaped.has_value() ? r.reaped : r.promote_sent, r.promote_acked);
+  p.ready_ms = Between(r.detected.has_value() ? r.detected : r.promote_sent, r.route_published);
+  p.total_ms = Between(FirstStamp(r), r.route_published);
+  return p;
+}
+
+TimelineLog::TimelineLog(const Clock& clock, size_t limit) : clock_(&clock), limit_(limit) {}
+
+PromotionRecord& TimelineLog::Open(std::string kind, std::string cause) {
+  if (open_) Close("superseded");
+  PromotionRecord record;
+  record.seq = next_seq_++;
+  record.kind = std::move(kind);
+  record.cause = std::move(cause);
+  records_.push_back(std::move(record));
+  if (records_.size() > limit_) records_.pop_front();
+  open_ = true;
+  return records_.back();
+}
+
+PromotionRecord* TimelineLog::current() { return open_ ? &records_.back() : nullptr; }
+
+const PromotionRecord* TimelineLog::last() const {
+  return records_.empty() ? nullptr : &records_.back();
+}
+
+PromotionRecord* TimelineLog::awaiting_standby() {
+  if (records_.empty()) return nullptr;
+  PromotionRecord& r = records_.back();
+  return r.promote_acked.has_value() && !r.standby_ready.has_value() ? &r : nullptr;
+}
+
+void TimelineLog::Close(std::string outcome) {
+  if (!open_) return;
+  records_.back().outcome = std::move(outcome);
+  records_.back().complete = true;
+  open_ = false;
+}
+
+nlohmann::json TimelineLog::ToJson(const PromotionRecord& r) const {
+  const TimePoint now = clock_->Now();
+  const std::optional<TimePoint> first = FirstStamp(r);
+  nlohmann::json stamps = nlohmann::json::object();
+  for (const auto& [name, stamp] : Stamps(r)) {
+    if (stamp->has_value() && first.has_value())
+      stamps[std::string(name) + "_ms"] = MillisBetween(*first, **stamp);
+  }
+  const PhaseTimes p = PhasesOf(r);
+  nlohmann::json phases = nlohmann::json::object();
+  auto put = [&](const char* name, const std::optional<double>& v) {
+    if (v.has_value()) phases[name] = *v;
+  };
+  put("detect_ms", p.detect_ms);
+  put("fence_ms", p.fence_ms);
+  put("promote_ms", p.promote_ms);
+  put("ready_ms", p.ready_ms);
+  put("total_ms", p.total_ms);
+  return nlohmann::json{
+      {"seq", r.seq},           {"kind", r.kind},
+      {"cause", r.cause},       {"old_engine", r.old_engine},
+      {"old_pid", r.old_pid},   {"new_engine", r.new_engine},
+      {"epoch", r.epoch},       {"outcome", r.outcome},
+      {"complete", r.complete}, {"started_at", first.has_value() ? WallTime(*first, now) : ""},
+      {"stamps", stamps},       {"phases", phases}};
+}
+
+std::string TimelineLog::ToText(const PromotionRecord& r) const {
+  std::ostringstream out;
+  const TimePoint now = clock_->Now();
+  const std::optional<TimePoint> first = FirstStamp(r);
+  out << r.kind << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine;
+  if (r.old_pid != 0) out << " (pid " << r.old_pid << ")";
+  out << " -> engine " << r.new_engine << " at epoch " << r.epoch << "; " << r.outcome;
+  if (first.has_value()) out << "; started " << WallTime(*first, now);
+  out << "\n";
+  for (const auto& [name, stamp] : Stamps(r)) {
+    if (!stamp->has_value() || !first.has_value()) continue;
+    out << "  +" << Fixed(MillisBetween(*first, **stamp)) << " ms  " << name << "\n";
+  }
+  const PhaseTimes p = PhasesOf(r);
+  out << "  phases:";
+  auto put = [&](const char* name, const std::optional<double>& v) {
+    if (v.has_value()) out << " " << name << " " << Fixed(*v) << " ms";
+  };
+  put("detect", p.detect_ms);
+  put("fence", p.fence_ms);
+  put("promote", p.promote_ms);
+  put("ready", p.ready_ms);
+  put("total", p.total_ms);
+  out << "\n";
+  return out.str();
+}
+
+std::string TimelineLog::Summary(const PromotionRecord& r) {
+  const PhaseTimes p = PhasesOf(r);
+  std::ostringstream out;
+  out << r.kind << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine << " -> engine "
+      << r.new_engine << " at epoch " << r.epoch;
+  auto put = [&](const char* name, const std::optional<double>& v) {
+    if (v.has_value()) out << ", " << name << " " << Fixed(*v) << " ms";
+  };
+  put("detect", p.detect_ms);
+  put("fence", p.fence_ms);
+  put("promote", p.promote_ms);
+  put("ready", p.ready_ms);
+  return out.str();
+}
+
+std::string WallTime(TimePoint t, TimePoint now) {
+  const auto wall = std::chrono::system_clock::now() -
+                    std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(wall.time_since_epoch()).count();
+  const std::time_t secs = static_cast<std::time_t>(ms / 1000);
+  std::tm tm{};
+  ::gmtime_r(&secs, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%S", &tm);
+  char out[48];
+  std::snprintf(out, sizeof(out), "%s.%03dZ", buf, static_cast<int>(ms % 1000));
+  return out;
+}
+
+}  // namespace baton

@@ -1,0 +1,92 @@
+// Promotion timeline: what happened, phase by phase, in each failover, switch-over or
+// first promotion, for `batonctl timeline` and the controller's log.
+//
+// The controller opens a PromotionRecord when it detects the loss of a primary (or starts a
+// planned switch-over, or promotes the first engine) and stamps each phase as it happens:
+//   injected        a drill's kill / stop / error was sent (drills only)
+//   last_heartbeat  the last heartbeat the old primary sent (hangs)
+//   detected        pidfd readable, socket EOF, hang confirmed, error report, drained
+//   killed          SIGKILL sent through the pidfd (absent when it was already dead)
+//   epoch_durable   the new epoch is fsynced in the journal
+//   reaped          waitid(P_PIDFD) returned; on the host backend this is the barrier
+//   promote_sent    Promote with the scrubbed blocks sent to the standby
+//   promote_acked   the new primary mapped its blocks and serves
+//   route_published the route table names the new primary
+//   standby_launched / standby_ready  the replacement standby
+// Phase durations: detect (evidence -> detected), fence (detected -> reaped),
+// promote (reaped -> promote_acked), ready (detected -> route_published).
+//
+// Ownership: the controller owns one TimelineLog (bounded). Thread: io_context thread only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "base/clock.h"
+
+namespace baton {
+
+struct PromotionRecord {
+  uint64_t seq = 0;
+  std::string kind;   // "failover", "switchover", "promotion"
+  std::string cause;  // e.g. "died: killed by SIGKILL", "hung: ...", "error: ..."
+  uint64_t old_engine = 0;
+  pid_t old_pid = 0;
+  uint64_t new_engine = 0;
+  uint64_t epoch = 0;
+  std::string outcome = "in progress";  // "serving", "down: no standby", ...
+  bool complete = false;
+
+  std::optional<TimePoint> injected, last_heartbeat, detected, killed, epoch_durable, reaped,
+      promote_sent, promote_acked, route_published, standby_launched, standby_ready;
+};
+
+// Phase durations in milliseconds (absent when a phase has not happened).
+struct PhaseTimes {
+  std::optional<double> detect_ms, fence_ms, promote_ms, ready_ms, total_ms;
+};
+PhaseTimes PhasesOf(const PromotionRecord& record);
+
+class TimelineLog {
+ public:
+  explicit TimelineLog(const Clock& clock, size_t limit = 16);
+
+  // Opens a record; the previous one, if still open, is closed as superseded.
+  PromotionRecord& Open(std::string kind, std::string cause);
+  // The open record, or nullptr.
+  PromotionRecord* current();
+  // The most recent record (open or not), or nullptr.
+  const PromotionRecord* last() const;
+  // The last record that is waiting for its replacement standby, or nullptr.
+  PromotionRecord* awaiting_standby();
+  void Close(std::string outcome);
+  const std::deque<PromotionRecord>& records() const { return records_; }
+  TimePoint Now() const { return clock_->Now(); }
+
+  // JSON of one record: every stamp as milliseconds after the record's first stamp, the
+  // phase durations, and the wall-clock time of its first stamp.
+  nlohmann::json ToJson(const PromotionRecord& record) const;
+  // A few lines, one per phase, for `batonctl timeline`.
+  std::string ToText(const PromotionRecord& record) const;
+  // One log line summarizing a record.
+  static std::string Summary(const PromotionRecord& record);
+
+ private:
+  const Clock* clock_;
+  size_t limit_;
+  uint64_t next_seq_ = 1;
+  bool open_ = false;
+  std::deque<PromotionRecord> records_;
+};
+
+// Wall-clock text ("2024-05-01T12:00:00.123Z") of a steady time point `t`, by its distance
+// from `now`.
+std::string WallTime(TimePoint t, TimePoint now);
+
+}  // namespace baton

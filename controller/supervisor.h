@@ -1,0 +1,109 @@
+// ChildProcess and Supervisor: how the controller starts engine processes and holds them.
+//
+// ChildProcess owns one child by pidfd: the pid cannot be recycled while the child is
+// unreaped, and the pidfd becomes readable the moment the child exits, so death is seen
+// within milliseconds (the controller watches it with an Asio stream_descriptor). Signals go
+// through pidfd_send_signal and reaping through waitid(P_PIDFD): nothing ever signals or
+// reaps a pid that could belong to another process. The destructor of a live, unreaped child
+// SIGKILLs and reaps it. Move-only.
+//
+// Supervisor expands the configured engine command line ({socket} {token} {role}
+// {engine_id} {port} {model_dir} {runtime_dir}), puts the same values in the environment
+// (BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID, BATON_ROLE, BATON_HTTP_PORT,
+// BATON_MODEL_DIR), and forks/execs. The child sets PR_SET_PDEATHSIG(SIGKILL) before exec, so
+// engines die with the controller; its stdout/stderr go to <log_dir>/engine-<id>.log when a
+// log directory is configured. Launch tokens are 128 random bits from getrandom().
+//
+// Thread: io_context thread only (fork happens there; the child calls only
+// async-signal-safe functions before exec).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace baton {
+
+struct ExitInfo {
+  int code = 0;    // exit status, when exited normally
+  int signal = 0;  // the signal that killed it, else 0
+  bool dumped = false;
+  std::string ToString() const;  // "exited with status 3", "killed by SIGKILL"
+};
+
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ChildProcess(pid_t pid, UniqueFd pidfd) : pid_(pid), pidfd_(std::move(pidfd)) {}
+  ~ChildProcess();
+  ChildProcess(ChildProcess&& other) noexcept;
+  ChildProcess& operator=(ChildProcess&& other) noexcept;
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  // fork + exec `argv` with `env` added to the environment. stdout/stderr go to `log_path`
+  // (appended) unless it is empty.
+  static Result<ChildProcess> Spawn(const std::vector<std::string>& argv,
+                                    const std::map<std::string, std::string>& env,
+                                    const std::string& log_path);
+
+  pid_t pid() const { return pid_; }
+  int pidfd() const { return pidfd_.get(); }
+  bool reaped() const { return exit_.has_value(); }
+  const std::optional<ExitInfo>& exit_info() const { return exit_; }
+
+  // pidfd_send_signal. A child that has exited but is not reaped yet is not an error.
+  Status Signal(int sig);
+  // waitid(P_PIDFD, WEXITED | WNOHANG): the exit once the child has exited, else nullopt.
+  Result<std::optional<ExitInfo>> TryReap();
+  // SIGKILL and a blocking reap (for shutdown and destruction).
+  void KillAndReap();
+
+ private:
+  pid_t pid_ = 0;
+  UniqueFd pidfd_;
+  std::optional<ExitInfo> exit_;
+};
+
+struct LaunchRequest {
+  uint64_t engine_id = 0;
+  std::string role;   // "primary" or "standby"
+  std::string token;  // launch token checked in Hello
+  int port = 0;
+};
+
+class Supervisor {
+ public:
+  Supervisor(std::vector<std::string> command, std::string socket_path, std::string model_dir,
+             std::string runtime_dir, std::string log_dir);
+
+  Result<ChildProcess> Launch(const LaunchRequest& request) const;
+
+  // The command line `Launch` would run.
+  std::vector<std::string> Expand(const LaunchRequest& request) const;
+
+  // 32 hex digits from getrandom().
+  static Result<std::string> NewToken();
+
+ private:
+  std::map<std::string, std::string> Placeholders(const LaunchRequest& request) const;
+
+  std::vector<std::string> command_;
+  std::string socket_path_;
+  std::string model_dir_;
+  std::string runtime_dir_;
+  std::string log_dir_;
+};
+
+// Replaces each {name} in `text` by values.at(name); unknown {names} are kept as they are.
+std::string ExpandPlaceholders(const std::string& text,
+                               const std::map<std::string, std::string>& values);
+
+}  // namespace baton

@@ -1,0 +1,138 @@
+/* baton_engine.h: the C ABI of the Baton engine SDK, for engines written in other languages
+ * (Python through ctypes, Go through cgo, Rust through bindgen).
+ *
+ * It wraps baton::EngineSession (standby/engine_sdk.h) one to one:
+ *   baton_engine_connect_env()    connect + register + map weights read-only + reserve pool
+ *   baton_engine_wait_promotion() block until promoted; extents are mapped writable
+ *   baton_engine_mark_serving()   tell the controller this engine serves
+ *   baton_engine_next_event()     later grants, reclaim, drain and stop requests
+ *   baton_engine_report_error()   an asynchronous device error: the controller fences at once
+ *   baton_engine_close()          shut down cleanly and free the handle
+ *
+ * Conventions: functions return 0 on success and a positive baton::StatusCode value on
+ * failure (1 invalid argument, 4 failed precondition, 6 unavailable, 8 deadline exceeded,
+ * ...); baton_engine_last_error() then returns the message (thread-local, valid until the
+ * next call on the same thread). Pointers returned (tensor data, names, block memory) stay
+ * valid until baton_engine_close(), block memory until its extent is returned. Timeouts are
+ * in milliseconds; a negative timeout waits forever. Every function is thread-safe on one
+ * handle, except baton_engine_close(), which must be the last call.
+ */
+#ifndef BATON_STANDBY_BATON_ENGINE_H_
+#define BATON_STANDBY_BATON_ENGINE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BATON_ENGINE_ABI_VERSION 1
+
+typedef struct baton_engine baton_engine;
+
+typedef struct baton_engine_options {
+  /* NULL or "" for each of the first three: taken from BATON_SOCKET, BATON_LAUNCH_TOKEN and
+   * BATON_ENGINE_ID in the environment. */
+  const char* socket_path;
+  const char* launch_token;
+  uint64_t engine_id;
+  const char* engine_version; /* shown by `batonctl status`; may be NULL */
+  const char* http_address;   /* published in the route table; may be NULL */
+  int prefault_weights;       /* nonzero: touch every arena page before reporting ready */
+  int connect_timeout_ms;     /* <= 0: 10000 */
+} baton_engine_options;
+
+typedef struct baton_tensor {
+  const char* name;
+  uint8_t dtype; /* weightcache/dtype.h value: 1 F64, 2 F32, 3 F16, 4 BF16, ... */
+  size_t ndim;
+  const int64_t* shape;
+  const void* data; /* read-only */
+  uint64_t size;    /* bytes */
+} baton_tensor;
+
+typedef struct baton_pool_info {
+  uint32_t block_count;
+  uint64_t block_bytes;
+  void* base; /* reserved range: block b at base + b * block_bytes */
+  uint64_t reserved_bytes;
+  int huge_pages;
+} baton_pool_info;
+
+typedef struct baton_extent {
+  uint32_t first;
+  uint32_t count;
+  void* data; /* first block's memory, mapped read-write */
+  uint64_t bytes;
+} baton_extent;
+
+typedef enum baton_event_kind {
+  BATON_EVENT_NONE = 0, /* no event within the timeout */
+  BATON_EVENT_PROMOTED = 1,
+  BATON_EVENT_GRANTED = 2,
+  BATON_EVENT_RECLAIM = 3,
+  BATON_EVENT_DRAIN = 4,
+  BATON_EVENT_STOP = 5,
+  BATON_EVENT_DISCONNECTED = 6
+} baton_event_kind;
+
+#define BATON_EVENT_MAX_EXTENTS 64
+#define BATON_EVENT_REASON_BYTES 256
+
+typedef struct baton_event {
+  baton_event_kind kind;
+  uint64_t epoch;
+  uint32_t extent_count; /* PROMOTED, GRANTED: extents[0..extent_count) */
+  int extents_truncated; /* nonzero if more than BATON_EVENT_MAX_EXTENTS arrived; the rest
+                            are listed by baton_engine_extents() */
+  baton_extent extents[BATON_EVENT_MAX_EXTENTS];
+  uint32_t blocks;                       /* RECLAIM */
+  int64_t timeout_ms;                    /* DRAIN */
+  char reason[BATON_EVENT_REASON_BYTES]; /* STOP, DISCONNECTED; NUL-terminated */
+} baton_event;
+
+/* The ABI version this library implements (BATON_ENGINE_ABI_VERSION). */
+int baton_engine_abi_version(void);
+/* The message of this thread's last failed call ("" if none). */
+const char* baton_engine_last_error(void);
+
+/* Connects, registers and becomes a half-started standby. `options` may be NULL (all from
+ * the environment). On success *out is the handle. */
+int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
+/* Shuts the session down (unmaps everything, closes the connection) and frees the handle. */
+void baton_engine_close(baton_engine* engine);
+
+uint64_t baton_engine_id(const baton_engine* engine);
+uint64_t baton_engine_epoch(const baton_engine* engine);
+/* 0 while this engine may keep writing to its blocks. */
+int baton_engine_check_epoch(const baton_engine* engine);
+
+size_t baton_engine_tensor_count(const baton_engine* engine);
+/* Fills *out with tensor `index` (0-based, sorted by name). */
+int baton_engine_tensor(const baton_engine* engine, size_t index, baton_tensor* out);
+/* Fills *out with the tensor called `name`; 2 (not found) if there is none. */
+int baton_engine_find_tensor(const baton_engine* engine, const char* name, baton_tensor* out);
+int baton_engine_pool(const baton_engine* engine, baton_pool_info* out);
+
+/* Waits to be promoted; *out gets the PROMOTED event. */
+int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms, baton_event* out);
+int baton_engine_mark_serving(baton_engine* engine);
+/* The next event; out->kind is BATON_EVENT_NONE when none came within the timeout. */
+int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms, baton_event* out);
+
+int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks);
+/* Returns `count` extents ({first, count}; data and bytes are ignored). */
+int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents, size_t count);
+int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished);
+/* Reports an asynchronous error (`code` a StatusCode value, 0 means internal). */
+int baton_engine_report_error(baton_engine* engine, int code, const char* message);
+
+/* Copies up to `capacity` currently mapped extents to `out`; returns how many are mapped. */
+size_t baton_engine_extents(const baton_engine* engine, baton_extent* out, size_t capacity);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BATON_STANDBY_BATON_ENGINE_H_ */

@@ -1,0 +1,445 @@
+#include "standby/completions_api.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+namespace baton {
+namespace {
+
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+ApiError ParamError(std::string param, std::string message) {
+  return MakeApiError(400, std::move(message), std::move(param));
+}
+
+bool IsInteger(const Json& j) { return j.is_number_integer() || j.is_number_unsigned(); }
+
+// Reads an optional integer field into *out; null or absent leaves it.
+std::optional<ApiError> ReadInt(const Json& body, const char* name, int64_t* out, bool* present) {
+  *present = false;
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!IsInteger(*it)) return ParamError(name, std::string("'") + name + "' must be an integer");
+  if (it->is_number_unsigned() && it->get<uint64_t>() > INT64_MAX) {
+    return ParamError(name, std::string("'") + name + "' is out of range");
+  }
+  *out = it->get<int64_t>();
+  *present = true;
+  return std::nullopt;
+}
+
+// A number in [lo, hi] (or (lo, hi] when lo_open); `range` spells the interval.
+std::optional<ApiError> ReadNumber(const Json& body, const char* name, double lo, double hi,
+                                   bool lo_open, const char* range, float* out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return ParamError(name, std::string("'") + name + "' must be a number");
+  const double v = it->get<double>();
+  if (!(v <= hi) || (lo_open ? !(v > lo) : !(v >= lo))) {
+    return ParamError(name, std::string("'") + name + "' must be in " + range);
+  }
+  *out = static_cast<float>(v);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadBool(const Json& body, const char* name, bool* out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return ParamError(name, std::string("'") + name + "' must be a boolean");
+  *out = it->get<bool>();
+  return std::nullopt;
+}
+
+bool AllIntegers(const Json& array) {
+  return std::all_of(array.begin(), array.end(), [](const Json& e) { return IsInteger(e); });
+}
+
+std::optional<ApiError> ReadIds(const Json& array, const CompletionContext& ctx,
+                                std::vector<int32_t>* out) {
+  const int64_t vocab = ctx.config->vocab_size;
+  for (const Json& e : array) {
+    const bool in_range = e.is_number_unsigned()
+                              ? e.get<uint64_t>() < static_cast<uint64_t>(vocab)
+                              : e.get<int64_t>() >= 0 && e.get<int64_t>() < vocab;
+    if (!in_range) {
+      return ParamError("prompt", "token id " + e.dump() + " is outside the vocabulary [0, " +
+                                      std::to_string(vocab) + ")");
+    }
+    out->push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadPrompt(const Json& body, const CompletionContext& ctx,
+                                   std::vector<int32_t>* out) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) return ParamError("prompt", "'prompt' is required");
+  const Json* prompt = &*it;
+  if (prompt->is_array() && prompt->size() == 1 && !IsInteger((*prompt)[0])) {
+    prompt = &(*prompt)[0];  // a batch of one: a string or an array of ids
+  }
+  if (prompt->is_string()) {
+    const bool bos = ctx.tokenizer->bos_token_id().has_value();
+    *out = ctx.tokenizer->Encode(prompt->get_ref<const std::string&>(), bos);
+  } else if (prompt->is_array() && AllIntegers(*prompt)) {
+    if (auto e = ReadIds(*prompt, ctx, out)) return e;
+  } else if (prompt->is_array()) {
+    return ParamError("prompt",
+                      "'prompt' must be a string or an array of token ids (batched "
+                      "prompts are not supported)");
+  } else {
+    return ParamError("prompt", "'prompt' must be a string or an array of token ids");
+  }
+  if (out->empty()) return ParamError("prompt", "'prompt' is empty");
+  const int64_t limit = ctx.config->max_position_embeddings;
+  if (static_cast<int64_t>(out->size()) >= limit) {
+    return ParamError("prompt", "the prompt is " + std::to_string(out->size()) +
+                                    " tokens; this model's maximum context length is " +
+                                    std::to_string(limit) + " tokens");
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadMaxTokens(const Json& body, const CompletionContext& ctx,
+                                      CompletionRequest* req) {
+  const int64_t room =
+      ctx.config->max_position_embeddings - static_cast<int64_t>(req->prompt_ids.size());
+  int64_t value = 16;
+  bool present = false;
+  if (auto e = ReadInt(body, "max_tokens", &value, &present)) return e;
+  if (!present) {
+    req->max_tokens = static_cast<int>(std::min<int64_t>(16, room));
+    return std::nullopt;
+  }
+  if (value < 1) return ParamError("max_tokens", "'max_tokens' must be at least 1");
+  if (value > room) {
+    return ParamError("max_tokens", "this model's maximum context length is " +
+                                        std::to_string(ctx.config->max_position_embeddings) +
+                                        " tokens; " + std::to_string(req->prompt_ids.size()) +
+                                        " in the prompt and " + std::to_string(value) +
+                                        " in max_tokens exceed it");
+  }
+  req->max_tokens = static_cast<int>(value);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadStop(const Json& body, std::vector<std::string>* out) {
+  auto it = body.find("stop");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  const char* kWhat = "'stop' must be a string or an array of at most 4 non-empty strings";
+  if (it->is_string()) {
+    out->push_back(it->get<std::string>());
+  } else if (it->is_array() && it->size() <= kMaxStopStrings) {
+    for (const Json& s : *it) {
+      if (!s.is_string()) return ParamError("stop", kWhat);
+      out->push_back(s.get<std::string>());
+    }
+  } else {
+    return ParamError("stop", kWhat);
+  }
+  for (const std::string& s : *out) {
+    if (s.empty() || s.size() > kMaxStopBytes) return ParamError("stop", kWhat);
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadUnsupported(const Json& body) {
+  int64_t n = 1;
+  bool present = false;
+  if (auto e = ReadInt(body, "n", &n, &present)) return e;
+  if (n != 1) return ParamError("n", "only 'n' = 1 is supported");
+  auto logprobs = body.find("logprobs");
+  if (logprobs != body.end() && !logprobs->is_null() && *logprobs != false && *logprobs != 0) {
+    return ParamError("logprobs", "'logprobs' is not supported");
+  }
+  bool echo = false;
+  if (auto e = ReadBool(body, "echo", &echo)) return e;
+  if (echo) return ParamError("echo", "'echo' is not supported");
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadModel(const Json& body, const CompletionContext& ctx,
+                                  CompletionRequest* req) {
+  req->model = ctx.served_model_name;
+  auto it = body.find("model");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_string()) return ParamError("model", "'model' must be a string");
+  if (it->get_ref<const std::string&>() != ctx.served_model_name) {
+    ApiError e =
+        MakeApiError(404, "the model '" + it->get<std::string>() + "' does not exist", "model");
+    e.code = "model_not_found";
+    return e;
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadSampling(const Json& body, const CompletionContext& ctx,
+                                     CompletionRequest* req) {
+  if (auto e = ReadNumber(body, "temperature", 0, 2, false, "[0, 2]", &req->temperature)) return e;
+  if (auto e = ReadNumber(body, "top_p", 0, 1, true, "(0, 1]", &req->top_p)) return e;
+  req->seed = ctx.random_seed;
+  auto seed = body.find("seed");
+  if (seed == body.end() || seed->is_null()) return std::nullopt;
+  if (!IsInteger(*seed)) return ParamError("seed", "'seed' must be an integer");
+  // Any 64-bit integer; a negative one stands for its two's complement.
+  req->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
+                                         : static_cast<uint64_t>(seed->get<int64_t>());
+  req->seed_given = true;
+  return std::nullopt;
+}
+
+std::optional<ApiError> ReadStreaming(const Json& body, CompletionRequest* req) {
+  if (auto e = ReadBool(body, "stream", &req->stream)) return e;
+  bool ids = true;
+  if (auto e = ReadBool(body, "return_token_ids", &ids)) return e;
+  auto opts = body.find("stream_options");
+  if (opts == body.end() || opts->is_null()) return std::nullopt;
+  if (!opts->is_object()) return ParamError("stream_options", "'stream_options' must be an object");
+  return ReadBool(*opts, "include_usage", &req->include_usage);
+}
+
+std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& ctx,
+                                    CompletionRequest* req) {
+  if (auto e = ReadModel(body, ctx, req)) return e;
+  if (auto e = ReadPrompt(body, ctx, &req->prompt_ids)) return e;
+  if (auto e = ReadMaxTokens(body, ctx, req)) return e;
+  if (auto e = ReadSampling(body, ctx, req)) return e;
+  if (auto e = ReadStreaming(body, req)) return e;
+  if (auto e = ReadStop(body, &req->stop)) return e;
+  return ReadUnsupported(body);
+}
+
+// Length of the valid UTF-8 sequence at s[p], or 0 when none starts there. *truncated is
+// set when the bytes up to the end of s are the beginning of a valid sequence.
+int Utf8SequenceAt(std::string_view s, size_t p, bool* truncated) {
+  *truncated = false;
+  const uint8_t b = static_cast<uint8_t>(s[p]);
+  int len = 0;
+  uint8_t lo = 0x80, hi = 0xBF;  // the range of the second byte
+  if (b < 0x80) return 1;
+  if (b >= 0xC2 && b <= 0xDF) len = 2;
+  if (b >= 0xE0 && b <= 0xEF) len = 3;
+  if (b >= 0xF0 && b <= 0xF4) len = 4;
+  if (len == 0) return 0;
+  if (b == 0xE0) lo = 0xA0;
+  if (b == 0xED) hi = 0x9F;
+  if (b == 0xF0) lo = 0x90;
+  if (b == 0xF4) hi = 0x8F;
+  for (int i = 1; i < len; ++i) {
+    if (p + i >= s.size()) {
+      *truncated = true;
+      return 0;
+    }
+    const uint8_t c = static_cast<uint8_t>(s[p + i]);
+    if (i == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return 0;
+  }
+  return len;
+}
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+
+}  // namespace
+
+std::string ErrorBody(const ApiError& error) {
+  OrderedJson inner;
+  inner["message"] = error.message;
+  inner["type"] = error.type;
+  inner["param"] = error.param.empty() ? OrderedJson(nullptr) : OrderedJson(error.param);
+  inner["code"] = error.code.empty() ? OrderedJson(nullptr) : OrderedJson(error.code);
+  OrderedJson j;
+  j["error"] = std::move(inner);
+  return Dump(j);
+}
+
+ApiError MakeApiError(int http_status, std::string message, std::string param) {
+  ApiError e;
+  e.http_status = http_status;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  if (http_status == 404) e.type = "not_found_error";
+  if (http_status >= 500) e.type = "server_error";
+  return e;
+}
+
+ApiError ApiErrorFromStatus(const Status& status) {
+  switch (status.code()) {
+    case StatusCode::kInvalidArgument:
+      return MakeApiError(400, status.message());
+    case StatusCode::kResourceExhausted:
+      return MakeApiError(429, status.message());
+    case StatusCode::kUnavailable:
+      return MakeApiError(503, status.message());
+    default:
+      return MakeApiError(500, status.message());
+  }
+}
+
+ParsedCompletion ParseCompletionRequest(std::string_view body, const CompletionContext& context) {
+  ParsedCompletion out;
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) {
+    out.error = MakeApiError(400, "the request body is not valid JSON");
+  } else if (!j.is_object()) {
+    out.error = MakeApiError(400, "the request body must be a JSON object");
+  } else {
+    try {
+      out.error = ParseFields(j, context, &out.request);
+    } catch (const nlohmann::json::exception& e) {
+      out.error = MakeApiError(400, std::string("malformed request: ") + e.what());
+    }
+  }
+  return out;
+}
+
+std::string LenientUtf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t p = 0; p < bytes.size();) {
+    bool truncated = false;
+    const int len = Utf8SequenceAt(bytes, p, &truncated);
+    if (len == 0) {
+      out += kReplacement;
+      ++p;
+    } else {
+      out.append(bytes.substr(p, len));
+      p += len;
+    }
+  }
+  return out;
+}
+
+CompletionText::CompletionText(std::vector<std::string> stop) : stop_(std::move(stop)) {
+  std::erase_if(stop_, [](const std::string& s) { return s.empty(); });
+}
+
+std::string CompletionText::Append(std::string_view bytes) {
+  if (stopped_) return "";
+  raw_.append(bytes);
+  size_t match = std::string::npos;
+  for (const std::string& s : stop_) match = std::min(match, raw_.find(s, released_));
+  if (match != std::string::npos) {
+    stopped_ = true;
+    raw_.resize(match);
+    return Finish();
+  }
+  return Release(raw_.size() - StopHoldBack());
+}
+
+std::string CompletionText::Finish() {
+  std::string out = LenientUtf8(std::string_view(raw_).substr(released_));
+  released_ = raw_.size();
+  text_ += out;
+  return out;
+}
+
+// Releases raw_[released_, end) as far as complete sequences go.
+std::string CompletionText::Release(size_t end) {
+  std::string out;
+  size_t p = released_;
+  while (p < end) {
+    bool truncated = false;
+    const int len = Utf8SequenceAt(raw_, p, &truncated);
+    if (truncated || p + std::max(len, 1) > end) break;
+    if (len == 0) {
+      out += kReplacement;
+      ++p;
+    } else {
+      out.append(raw_, p, len);
+      p += len;
+    }
+  }
+  released_ = p;
+  text_ += out;
+  return out;
+}
+
+// The longest unreleased suffix of raw_ that begins some stop string.
+size_t CompletionText::StopHoldBack() const {
+  const std::string_view pending = std::string_view(raw_).substr(released_);
+  size_t hold = 0;
+  for (const std::string& s : stop_) {
+    for (size_t k = std::min(s.size() - 1, pending.size()); k > hold; --k) {
+      if (pending.substr(pending.size() - k) == std::string_view(s).substr(0, k)) {
+        hold = k;
+        break;
+      }
+    }
+  }
+  return hold;
+}
+
+namespace {
+
+OrderedJson HeaderJson(const CompletionHeader& h) {
+  OrderedJson j;
+  j["id"] = h.id;
+  j["object"] = "text_completion";
+  j["created"] = h.created;
+  j["model"] = h.model;
+  j["seed"] = h.seed;
+  return j;
+}
+
+OrderedJson UsageJson(const CompletionUsage& u) {
+  OrderedJson j;
+  j["prompt_tokens"] = u.prompt_tokens;
+  j["completion_tokens"] = u.completion_tokens;
+  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
+  return j;
+}
+
+OrderedJson ChoiceJson(std::string_view text, std::string_view finish_reason,
+                       const std::vector<int32_t>& token_ids,
+                       const std::vector<int32_t>* prompt_ids) {
+  OrderedJson c;
+  c["index"] = 0;
+  c["text"] = std::string(text);
+  c["logprobs"] = nullptr;
+  c["finish_reason"] =
+      finish_reason.empty() ? OrderedJson(nullptr) : OrderedJson(std::string(finish_reason));
+  c["token_ids"] = token_ids;
+  if (prompt_ids != nullptr) c["prompt_token_ids"] = *prompt_ids;
+  return c;
+}
+
+}  // namespace
+
+std::string CompletionBody(const CompletionHeader& header, std::string_view text,
+                           std::string_view finish_reason, const std::vector<int32_t>& token_ids,
+                           const std::vector<int32_t>& prompt_ids, const CompletionUsage& usage) {
+  OrderedJson j = HeaderJson(header);
+  j["choices"] = OrderedJson::array({ChoiceJson(text, finish_reason, token_ids, &prompt_ids)});
+  j["usage"] = UsageJson(usage);
+  return Dump(j);
+}
+
+std::string CompletionChunk(const CompletionHeader& header, std::string_view text,
+                            std::string_view finish_reason, const std::vector<int32_t>& token_ids,
+                            const std::vector<int32_t>* prompt_ids) {
+  OrderedJson j = HeaderJson(header);
+  j["choices"] = OrderedJson::array({ChoiceJson(text, finish_reason, token_ids, prompt_ids)});
+  return Dump(j);
+}
+
+std::string UsageChunk(const CompletionHeader& header, const CompletionUsage& usage) {
+  OrderedJson j = HeaderJson(header);
+  j["choices"] = OrderedJson::array();
+  j["usage"] = UsageJson(usage);
+  return Dump(j);
+}
+
+std::string SseEvent(std::string_view json) {
+  std::string out = "data: ";
+  out.append(json);
+  out += "\n\n";
+  return out;
+}
+
+std::string SseDone() { return "data: [DONE]\n\n"; }
+
+}  // namespace baton

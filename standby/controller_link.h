@@ -1,0 +1,81 @@
+// The reference engine under a Baton controller.
+//
+// SessionModelMemory is the ModelMemory of an engine whose weights are the controller's
+// arena, mapped read-only by the EngineSession, and whose KV blocks are the pool blocks the
+// controller granted: pool block b is KV block b, its KV data after the first
+// kBlockHeaderBytes (the block header the SDK scrubs for each new holder).
+//
+// ControllerLink handles the session's events once the engine serves: grants add blocks
+// to the cache and reclaims take free ones back out (both on the compute thread, between
+// steps), a drain stops admitting and reports when the in-flight requests are done, a stop
+// or a lost connection ends the engine.
+//
+// Threads: the memory's cache methods run on the compute thread; Pump() runs on the
+// engine's control thread (main). The session, memory, cache, loop and api must outlive
+// the link.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <set>
+#include <span>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "standby/engine_api.h"
+#include "standby/engine_loop.h"
+#include "standby/engine_sdk.h"
+
+namespace baton {
+
+class SessionModelMemory final : public ModelMemory {
+ public:
+  // Builds the weight table over the session's mapped tensors.
+  static Result<std::unique_ptr<SessionModelMemory>> Create(EngineSession* session,
+                                                            const LlamaConfig& config);
+
+  const LlamaConfig& config() const override { return config_; }
+  const WeightTable& weights() const override { return weights_; }
+  Result<KvLayout> KvLayoutFor(const LlamaModel& model) const override;
+  // Adds every mapped extent's blocks not yet in the cache.
+  Status AddKvBlocks(PagedKvCache* cache) override;
+  Status AddExtents(PagedKvCache* cache, std::span<const MappedExtent> extents);
+  // Takes up to `blocks` free blocks out of the cache; returns them as extents.
+  std::vector<MappedExtent> TakeFreeBlocks(PagedKvCache* cache, uint32_t blocks);
+
+ private:
+  SessionModelMemory(EngineSession* session, const LlamaConfig& config)
+      : session_(session), config_(config) {}
+
+  EngineSession* session_;
+  LlamaConfig config_;
+  WeightTable weights_;
+  std::set<uint32_t> added_;  // pool blocks in the cache
+};
+
+class ControllerLink {
+ public:
+  ControllerLink(EngineSession* session, SessionModelMemory* memory, PagedKvCache* cache,
+                 EngineLoop* loop, EngineApi* api, const Clock& clock)
+      : session_(session), memory_(memory), cache_(cache), loop_(loop), api_(api), clock_(clock) {}
+
+  // Handles events until a stop, a lost connection, or `stop_requested`. OK for an orderly
+  // stop; the reason otherwise.
+  Status Pump(const std::atomic<bool>& stop_requested);
+
+ private:
+  void OnGranted(const SessionEvent& event);
+  void OnReclaim(uint32_t blocks);
+  void OnDrain(Duration timeout, const std::atomic<bool>& stop_requested);
+
+  EngineSession* session_;
+  SessionModelMemory* memory_;
+  PagedKvCache* cache_;
+  EngineLoop* loop_;
+  EngineApi* api_;
+  const Clock& clock_;
+};
+
+}  // namespace baton

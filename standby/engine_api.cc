@@ -1,0 +1,247 @@
+#include "standby/engine_api.h"
+
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "standby/completions_api.h"
+
+namespace baton {
+namespace {
+
+namespace net = boost::asio;
+namespace http = boost::beast::http;
+
+int64_t UnixSeconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+const char* FinishName(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    default:
+      return "";
+  }
+}
+
+void RespondApiError(HttpExchange* ex, const ApiError& error) {
+  ex->RespondJson(error.http_status, ErrorBody(error));
+}
+
+// One completion request: from the submitted generation to the response or the stream.
+// Every member is touched on the session's strand only.
+class CompletionSession : public std::enable_shared_from_this<CompletionSession> {
+ public:
+  struct Deps {
+    EngineLoop* loop;
+    const ByteTokenizer* tokenizer;
+    EngineMetrics* metrics;
+    const Clock* clock;
+  };
+
+  CompletionSession(net::io_context& io, std::shared_ptr<HttpExchange> ex, CompletionRequest req,
+                    CompletionHeader header, Deps deps)
+      : strand_(net::make_strand(io)),
+        ex_(std::move(ex)),
+        req_(std::move(req)),
+        header_(std::move(header)),
+        deps_(deps),
+        text_(req_.stop),
+        arrival_(deps.clock->Now()) {}
+
+  // Submits the generation; events and aborts are handled on the session's strand.
+  void Start() {
+    net::dispatch(strand_, [self = shared_from_this()] { self->Submit(); });
+  }
+
+ private:
+  void Submit() {
+    GenerationRequest gen;
+    gen.prompt = req_.prompt_ids;
+    gen.max_tokens = req_.max_tokens;
+    gen.sampling = {req_.temperature, req_.top_p, req_.seed};
+    gen.stop_at_eos = true;
+    id_ = deps_.loop->Submit(std::move(gen), [self = shared_from_this()](const EngineEvent& e) {
+      net::post(self->strand_, [self, e] { self->OnEvent(e); });
+    });
+    std::weak_ptr<CompletionSession> weak = weak_from_this();
+    ex_->OnAbort([weak] {
+      if (auto self = weak.lock()) net::post(self->strand_, [self] { self->OnAbort(); });
+    });
+  }
+
+  void OnAbort() {
+    if (finished_) return;
+    finished_ = true;
+    deps_.loop->Cancel(id_);
+    BATON_LOG(DEBUG, "api") << header_.id << ": client went away; generation cancelled";
+  }
+
+  void OnEvent(const EngineEvent& e) {
+    if (finished_) return;
+    if (!e.error.ok()) return Fail(e.error);
+    if (token_ids_.empty()) {
+      deps_.metrics->ObserveTimeToFirstToken(MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
+    }
+    token_ids_.push_back(e.token.token);
+    std::string piece = text_.Append(deps_.tokenizer->DecodeToken(e.token.token));
+    FinishReason finish = e.token.finish;
+    if (text_.stopped() && finish == FinishReason::kNone) {
+      finish = FinishReason::kStop;
+      deps_.loop->Cancel(id_);
+    }
+    if (finish != FinishReason::kNone) {
+      piece += text_.Finish();
+      finished_ = true;
+    }
+    if (req_.stream) return StreamToken(e.token.token, piece, finish);
+    if (finished_) {
+      ex_->RespondJson(200, CompletionBody(header_, text_.text(), FinishName(finish), token_ids_,
+                                           req_.prompt_ids, Usage()));
+    }
+  }
+
+  void StreamToken(int32_t token, const std::string& piece, FinishReason finish) {
+    const bool first = !streaming_;
+    if (first) {
+      ex_->BeginStream(200, "text/event-stream");
+      streaming_ = true;
+    }
+    ex_->Write(SseEvent(CompletionChunk(header_, piece, FinishName(finish), {token},
+                                        first ? &req_.prompt_ids : nullptr)));
+    if (finish == FinishReason::kNone) return;
+    if (req_.include_usage) ex_->Write(SseEvent(UsageChunk(header_, Usage())));
+    ex_->Write(SseDone());
+    ex_->EndStream();
+  }
+
+  void Fail(const Status& error) {
+    finished_ = true;
+    BATON_LOG(WARN, "api") << header_.id << ": " << error.ToString();
+    const ApiError api = ApiErrorFromStatus(error);
+    if (!streaming_) return RespondApiError(ex_.get(), api);
+    ex_->Write(SseEvent(ErrorBody(api)));
+    ex_->Write(SseDone());
+    ex_->EndStream();
+  }
+
+  CompletionUsage Usage() const {
+    return {static_cast<int64_t>(req_.prompt_ids.size()), static_cast<int64_t>(token_ids_.size())};
+  }
+
+  net::strand<net::io_context::executor_type> strand_;
+  std::shared_ptr<HttpExchange> ex_;
+  const CompletionRequest req_;
+  const CompletionHeader header_;
+  const Deps deps_;
+  CompletionText text_;
+  const TimePoint arrival_;
+  uint64_t id_ = 0;
+  std::vector<int32_t> token_ids_;
+  bool streaming_ = false;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+EngineApi::EngineApi(net::io_context& io, const LlamaConfig& config, ByteTokenizer tokenizer,
+                     std::string served_model_name, EngineMetrics* metrics, const Clock& clock)
+    : io_(io),
+      config_(config),
+      tokenizer_(std::move(tokenizer)),
+      model_name_(std::move(served_model_name)),
+      metrics_(metrics),
+      clock_(clock),
+      created_(UnixSeconds()),
+      rng_(std::random_device{}()),
+      id_prefix_(rng_() & 0xffffffffu) {}
+
+void EngineApi::Register(HttpServer* server) {
+  server->Route(http::verb::post, "/v1/completions",
+                [this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex); });
+  server->Route(http::verb::get, "/v1/models",
+                [this](std::shared_ptr<HttpExchange> ex) { HandleModels(ex); });
+  server->Route(http::verb::get, "/health",
+                [this](std::shared_ptr<HttpExchange> ex) { HandleHealth(ex); });
+  server->Route(http::verb::get, "/metrics",
+                [this](std::shared_ptr<HttpExchange> ex) { HandleMetrics(ex); });
+}
+
+void EngineApi::StartServing(EngineLoop* loop) {
+  loop_.store(loop);
+  SetState(ServeState::kServing);
+}
+
+void EngineApi::SetState(ServeState state) {
+  state_.store(state);
+  metrics_->SetServing(state == ServeState::kServing);
+}
+
+uint64_t EngineApi::RandomSeed() {
+  std::lock_guard lock(rng_mu_);
+  return rng_() >> 1;  // fits in a JSON integer of any signedness
+}
+
+std::string EngineApi::NextCompletionId() {
+  char buf[48];
+  std::snprintf(buf, sizeof(buf), "cmpl-%08llx%08llx", static_cast<unsigned long long>(id_prefix_),
+                static_cast<unsigned long long>(next_id_.fetch_add(1)));
+  return buf;
+}
+
+void EngineApi::HandleCompletions(const std::shared_ptr<HttpExchange>& ex) {
+  EngineLoop* loop = loop_.load();
+  if (state_.load() != ServeState::kServing || loop == nullptr) {
+    ApiError e = MakeApiError(503, state_.load() == ServeState::kStandby
+                                       ? "this engine is a standby and does not serve yet"
+                                       : "this engine is stopping");
+    return ex->Respond(503, "application/json", ErrorBody(e), {{"Retry-After", "1"}});
+  }
+  CompletionContext ctx{&config_, &tokenizer_, model_name_, RandomSeed()};
+  ParsedCompletion parsed = ParseCompletionRequest(ex->request().body(), ctx);
+  if (parsed.error) return RespondApiError(ex.get(), *parsed.error);
+  CompletionHeader header{NextCompletionId(), UnixSeconds(), model_name_, parsed.request.seed};
+  auto session = std::make_shared<CompletionSession>(
+      io_, ex, std::move(parsed.request), std::move(header),
+      CompletionSession::Deps{loop, &tokenizer_, metrics_, &clock_});
+  session->Start();
+}
+
+void EngineApi::HandleHealth(const std::shared_ptr<HttpExchange>& ex) const {
+  switch (state_.load()) {
+    case ServeState::kServing:
+      return ex->RespondJson(200, R"({"status":"ok"})");
+    case ServeState::kStandby:
+      return ex->RespondJson(503, R"({"status":"standby"})");
+    case ServeState::kStopping:
+      return ex->RespondJson(503, R"({"status":"stopping"})");
+  }
+}
+
+void EngineApi::HandleModels(const std::shared_ptr<HttpExchange>& ex) const {
+  nlohmann::ordered_json model;
+  model["id"] = model_name_;
+  model["object"] = "model";
+  model["created"] = created_;
+  model["owned_by"] = "baton";
+  model["max_model_len"] = config_.max_position_embeddings;
+  nlohmann::ordered_json list;
+  list["object"] = "list";
+  list["data"] = nlohmann::ordered_json::array({model});
+  ex->RespondJson(200, list.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+void EngineApi::HandleMetrics(const std::shared_ptr<HttpExchange>& ex) const {
+  ex->Respond(200, "text/plain; version=0.0.4; charset=utf-8", metrics_->Render());
+}
+
+}  // namespace baton

@@ -1,0 +1,72 @@
+// EngineApi: the reference engine's HTTP routes, bound to its EngineLoop.
+//
+//   POST /v1/completions  OpenAI completions (completions_api.h), streamed as server-sent
+//                         events when asked; every choice carries its token ids
+//   GET  /v1/models       the served model
+//   GET  /health          200 {"status":"ok"} while serving; 503 {"status":"standby"} before
+//                         promotion, {"status":"stopping"} once stopping
+//   GET  /metrics         Prometheus text (engine_metrics.h)
+//
+// Completions are answered 503 unless serving. Each completion is a CompletionSession that
+// submits one generation to the loop and turns the loop's token events (posted from the
+// compute thread to the session's strand) into the response or stream events; a client
+// that goes away cancels its generation.
+//
+// Threads: routes run on the HTTP io_context; StartServing/SetState may be called from any
+// thread. The loop set by StartServing must outlive the io_context's handlers.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "base/clock.h"
+#include "standby/byte_tokenizer.h"
+#include "standby/engine_loop.h"
+#include "standby/engine_metrics.h"
+#include "standby/http_server.h"
+#include "standby/llama_config.h"
+
+namespace baton {
+
+enum class ServeState { kStandby, kServing, kStopping };
+
+class EngineApi {
+ public:
+  EngineApi(boost::asio::io_context& io, const LlamaConfig& config, ByteTokenizer tokenizer,
+            std::string served_model_name, EngineMetrics* metrics, const Clock& clock);
+
+  void Register(HttpServer* server);
+  // Serves completions through `loop` from now on.
+  void StartServing(EngineLoop* loop);
+  void SetState(ServeState state);
+  ServeState state() const { return state_.load(); }
+
+ private:
+  void HandleCompletions(const std::shared_ptr<HttpExchange>& ex);
+  void HandleHealth(const std::shared_ptr<HttpExchange>& ex) const;
+  void HandleModels(const std::shared_ptr<HttpExchange>& ex) const;
+  void HandleMetrics(const std::shared_ptr<HttpExchange>& ex) const;
+  uint64_t RandomSeed();
+  std::string NextCompletionId();
+
+  boost::asio::io_context& io_;
+  const LlamaConfig config_;
+  const ByteTokenizer tokenizer_;
+  const std::string model_name_;
+  EngineMetrics* metrics_;
+  const Clock& clock_;
+  const int64_t created_;  // unix seconds at start, for /v1/models
+  std::atomic<EngineLoop*> loop_{nullptr};
+  std::atomic<ServeState> state_{ServeState::kStandby};
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_;
+  const uint64_t id_prefix_;
+  std::atomic<uint64_t> next_id_{1};
+};
+
+}  // namespace baton

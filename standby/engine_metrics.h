@@ -1,0 +1,61 @@
+// EngineMetrics: the reference engine's Prometheus metrics, rendered in the text exposition
+// format for `GET /metrics`.
+//
+// Counters of HTTP responses by status code, prompt and generated tokens; gauges of running
+// and waiting requests and of whether the engine serves; histograms of the batch size and
+// duration of each compute step and of the time to first token. The compute thread and the
+// HTTP thread both update it; every method is thread-safe (one mutex, held briefly).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace baton {
+
+// A cumulative histogram with fixed upper bounds. Thread-compatible.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void Observe(double value);
+  // Appends the _bucket, _sum and _count lines of `name`.
+  void Render(const std::string& name, std::string* out) const;
+  uint64_t count() const { return count_; }
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> buckets_;  // per bound, not cumulative; one more for +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+class EngineMetrics {
+ public:
+  EngineMetrics();
+
+  void CountResponse(int http_status);
+  void AddPromptTokens(int64_t n);
+  void AddGeneratedTokens(int64_t n);
+  void ObserveStep(int batch_size, double seconds);
+  void ObserveTimeToFirstToken(double seconds);
+  void SetQueue(int64_t running, int64_t waiting);
+  void SetServing(bool serving);
+
+  std::string Render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<int, uint64_t> responses_;  // by HTTP status
+  uint64_t prompt_tokens_ = 0;
+  uint64_t generated_tokens_ = 0;
+  int64_t running_ = 0;
+  int64_t waiting_ = 0;
+  bool serving_ = false;
+  Histogram batch_size_;
+  Histogram step_seconds_;
+  Histogram ttft_seconds_;
+};
+
+}  // namespace baton

@@ -1,0 +1,183 @@
+// EngineSession: the engine side of Baton. An engine (the reference engine, or vLLM/SGLang
+// through the C ABI in baton_engine.h) uses it to borrow memory from the controller.
+//
+// Life of a session:
+//   1. Connect(): connects to the controller's socket, says Hello with the launch token it
+//      was started with, sends Register, receives the weight arena and the pool (fds in the
+//      RegisterAck), maps the arena READ-ONLY and pre-faults it (one read per page), reserves
+//      the pool's address range with PROT_NONE, starts the heartbeat thread and sends
+//      StandbyReady. The engine is now a half-started standby: nothing is mapped writable.
+//   2. WaitForPromotion(): blocks until the controller promotes this engine. The granted
+//      extents are then mapped writable into the reserved range (block b at
+//      pool().base + b x block_bytes) and their block headers scrubbed.
+//   3. MarkServing(): the engine accepts traffic; the controller publishes its route.
+//   4. While serving: NextEvent() delivers later grants, reclaim requests (answer with
+//      ReturnBlocks), drain and stop requests; RequestBlocks() asks for more;
+//      ReportError() reports an asynchronous device error (the controller fences at once);
+//      CheckEpoch() says whether this engine still holds a current epoch.
+//   5. Shutdown() (or the destructor): stops the heartbeat thread, unmaps every extent and
+//      closes the connection.
+//
+// Threads: the session runs its own thread ("heartbeat thread") that sends heartbeats every
+// interval, answers health requests and maps/unmaps extents as messages arrive; it never
+// waits for the engine's compute thread, so a slow engine under load is never declared hung.
+// Every public method is thread-safe. Events are queued for the engine and taken with
+// NextEvent()/WaitForPromotion() from any one thread.
+//
+// Ownership: the session owns the socket, the arena mapping, the reserved range and every
+// extent mapping. Weight pointers stay valid until the session is destroyed; block memory
+// until its extent is returned or Shutdown() unmaps it (stop every thread that writes to
+// blocks first). Not movable (the thread refers to it).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "weightcache/dtype.h"
+
+namespace baton {
+
+// What the controller hands to each engine it launches, as command-line placeholders
+// ({socket} {token} {role} {engine_id} {port}) and in the environment (names below).
+struct EngineLaunchInfo {
+  std::string socket_path;   // BATON_SOCKET
+  std::string launch_token;  // BATON_LAUNCH_TOKEN
+  uint64_t engine_id = 0;    // BATON_ENGINE_ID
+  std::string role;          // BATON_ROLE: "primary" or "standby" (what it was launched for)
+  int http_port = 0;         // BATON_HTTP_PORT (0: none assigned)
+};
+
+// Reads the BATON_* variables above; names the first one missing or malformed.
+Result<EngineLaunchInfo> LaunchInfoFromEnv();
+
+struct EngineSessionOptions {
+  EngineLaunchInfo launch;
+  std::string engine_version = "unknown";  // shown by `batonctl status`
+  std::string http_address;                // published in the route table; may be empty
+  std::string peer_name;                   // names the connection in logs; "engine-<id>"
+  bool prefault_weights = true;            // touch every arena page before StandbyReady
+  Duration connect_timeout = std::chrono::seconds(10);
+  Clock* clock = nullptr;  // RealClock when null
+};
+
+// One tensor of the model, in the read-only arena mapping.
+struct MappedTensor {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;  // bytes
+};
+
+struct MappedWeights {
+  std::string model;
+  const uint8_t* base = nullptr;  // the arena, mapped PROT_READ
+  uint64_t size = 0;
+  bool huge_pages = false;
+  double prefault_ms = 0;
+  std::vector<MappedTensor> tensors;  // in the controller's order (sorted by name)
+  // nullptr when absent.
+  const MappedTensor* Find(std::string_view name) const;
+};
+
+// The pool as this engine sees it: the reserved range and the block geometry.
+struct PoolView {
+  uint32_t block_count = 0;
+  uint64_t block_bytes = 0;
+  bool huge_pages = false;
+  uint8_t* base = nullptr;  // reserved range; block b lives at base + b x block_bytes
+  uint64_t reserved_bytes = 0;
+  uint8_t* BlockData(uint32_t block) const { return base + uint64_t{block} * block_bytes; }
+};
+
+// Extents of blocks mapped writable into this engine's range.
+struct MappedExtent {
+  uint32_t first = 0;
+  uint32_t count = 0;
+  uint8_t* data = nullptr;  // pool().BlockData(first)
+  uint64_t bytes = 0;       // count x block_bytes
+  bool operator==(const MappedExtent& o) const { return first == o.first && count == o.count; }
+};
+
+// Bytes at the start of each block that the SDK zeroes when an extent is first mapped for a
+// new holder (the block header scrub). Engines that keep per-block metadata put it here.
+inline constexpr uint64_t kBlockHeaderBytes = 64;
+
+enum class SessionEventKind {
+  kPromoted,      // epoch + extents: this engine is now the primary (extents mapped)
+  kGranted,       // epoch + extents: more extents mapped
+  kReclaim,       // blocks: return that many blocks with ReturnBlocks()
+  kDrain,         // timeout: stop admitting, finish in-flight work, then call ReportDrained()
+  kStop,          // reason: the controller wants this engine to exit
+  kDisconnected,  // reason: the controller connection is gone (or this session failed)
+};
+const char* ToString(SessionEventKind kind);
+
+struct SessionEvent {
+  SessionEventKind kind = SessionEventKind::kStop;
+  uint64_t epoch = 0;
+  std::vector<MappedExtent> extents = {};  // kPromoted, kGranted
+  uint32_t blocks = 0;                     // kReclaim
+  Duration timeout = {};                   // kDrain
+  std::string reason = {};                 // kStop, kDisconnected
+};
+
+class EngineSession {
+ public:
+  // Steps 1 above; returns once the engine is a registered, half-started standby.
+  static Result<std::unique_ptr<EngineSession>> Connect(const EngineSessionOptions& options);
+  ~EngineSession();
+  EngineSession(const EngineSession&) = delete;
+  EngineSession& operator=(const EngineSession&) = delete;
+
+  uint64_t engine_id() const;
+  const MappedWeights& weights() const;
+  const PoolView& pool() const;
+
+  // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
+  // than a stop or a disconnect, which fail the wait) stay queued for NextEvent().
+  Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout = std::nullopt);
+  // Tells the controller this engine serves traffic now (sends PromoteAck).
+  Status MarkServing();
+
+  // The next event, waiting at most `timeout` (nullopt: forever; zero: just a look).
+  std::optional<SessionEvent> NextEvent(std::optional<Duration> timeout = Duration::zero());
+
+  // Asks for `blocks` more blocks; the answer arrives as a kGranted event (or the request
+  // is refused with a reason).
+  Status RequestBlocks(uint32_t blocks);
+  // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller.
+  Status ReturnBlocks(std::span<const MappedExtent> extents);
+  // Answer to a kDrain event.
+  Status ReportDrained(uint32_t unfinished);
+  // Reports an asynchronous error; the controller fences this engine at once. The engine
+  // should stop writing to the pool and expect to be killed.
+  Status ReportError(const Status& error);
+
+  // The epoch this engine holds (0 while a standby).
+  uint64_t epoch() const;
+  // OK while this engine may keep writing: connected, not told to stop, not failed.
+  Status CheckEpoch() const;
+  // Extents currently mapped writable.
+  std::vector<MappedExtent> extents() const;
+  // Heartbeats sent so far (for tests and diagnostics).
+  uint64_t heartbeats_sent() const;
+
+  // Step 5 above. Idempotent.
+  void Shutdown();
+
+  class Impl;
+
+ private:
+  explicit EngineSession(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace baton

@@ -1,0 +1,366 @@
+#include "standby/engine_session_impl.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "base/log.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "engine-sdk";
+
+int MillisUntil(TimePoint now, TimePoint when) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - now).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+}
+
+}  // namespace
+
+// --- heartbeat thread ---------------------------------------------------------------------------
+
+Status EngineSession::Impl::StartThread() {
+  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) return ErrnoStatus("eventfd", errno);
+  wake_fd_ = UniqueFd(fd);
+  thread_ = std::thread([this] { Run(); });
+  return OkStatus();
+}
+
+void EngineSession::Impl::Run() {
+  int socket_fd;
+  {
+    std::lock_guard<std::mutex> lock(channel_mu_);
+    socket_fd = channel_->native_handle();
+  }
+  TimePoint next_beat = clock_->Now();
+  while (!stopping_.load()) {
+    if (clock_->Now() >= next_beat) {
+      SendHeartbeat();
+      next_beat = clock_->Now() + heartbeat_interval_;
+    }
+    pollfd fds[2] = {{.fd = socket_fd, .events = POLLIN, .revents = 0},
+                     {.fd = wake_fd_.get(), .events = POLLIN, .revents = 0}};
+    const int n = ::poll(fds, 2, MillisUntil(clock_->Now(), next_beat));
+    if (n < 0 && errno != EINTR) {
+      OnDisconnected(ErrnoStatus("poll", errno).message());
+      return;
+    }
+    if (n <= 0) continue;
+    if (fds[1].revents != 0) {
+      uint64_t drained;
+      ssize_t unused = ::read(wake_fd_.get(), &drained, sizeof(drained));
+      (void)unused;
+    }
+    if (fds[0].revents != 0 && !PumpMessages()) return;
+  }
+}
+
+bool EngineSession::Impl::PumpMessages() {
+  while (true) {
+    Result<std::optional<proto::ReceivedMessage>> next = Unavailable("no channel");
+    {
+      std::lock_guard<std::mutex> lock(channel_mu_);
+      if (channel_.has_value()) next = channel_->TryReceive();
+    }
+    if (!next.ok()) {
+      OnDisconnected(next.status().message());
+      return false;
+    }
+    if (!next->has_value()) return true;
+    Handle(**next);
+  }
+}
+
+void EngineSession::Impl::SendHeartbeat() {
+  const uint64_t seq = heartbeat_seq_.fetch_add(1) + 1;
+  Status sent = Send(proto::Heartbeat{.epoch = epoch_.load(), .seq = seq});
+  if (!sent.ok()) {
+    BATON_LOG(DEBUG, kLog) << "heartbeat " << seq << ": " << sent.ToString();
+  }
+}
+
+void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
+  using proto::MsgType;
+  switch (msg.type) {
+    case MsgType::kHealthRequest:
+      SendHeartbeat();
+      return;
+    case MsgType::kPromote:
+      if (auto m = msg.As<proto::Promote>(); m.ok()) {
+        return OnPromote(*m);
+      }
+      break;
+    case MsgType::kGrant:
+      if (auto m = msg.As<proto::Grant>(); m.ok()) {
+        return OnGrant(*m);
+      }
+      break;
+    case MsgType::kReclaim:
+      if (auto m = msg.As<proto::Reclaim>(); m.ok()) {
+        return Push(SessionEvent{
+            .kind = SessionEventKind::kReclaim, .epoch = m->epoch, .blocks = m->blocks});
+      }
+      break;
+    case MsgType::kDrain:
+      if (auto m = msg.As<proto::Drain>(); m.ok()) {
+        return Push(SessionEvent{.kind = SessionEventKind::kDrain,
+                                 .epoch = m->epoch,
+                                 .timeout = std::chrono::milliseconds(m->timeout_ms)});
+      }
+      break;
+    case MsgType::kStop:
+      if (auto m = msg.As<proto::Stop>(); m.ok()) {
+        return OnStop(m->reason);
+      }
+      break;
+    case MsgType::kInjectFault:
+      if (auto m = msg.As<proto::InjectFault>(); m.ok()) {
+        (void)ReportError(Internal("injected fault (" + m->kind + "): " + m->message));
+        return;
+      }
+      break;
+    case MsgType::kErrorMsg: {
+      auto m = msg.As<proto::ErrorMsg>();
+      BATON_LOG(WARN, kLog) << "controller refused a request: "
+                            << (m.ok() ? m->message : m.status().message());
+      return;
+    }
+    default:
+      BATON_LOG(WARN, kLog) << "ignoring unexpected " << proto::MsgTypeName(msg.type)
+                            << " from the controller";
+      return;
+  }
+  BATON_LOG(WARN, kLog) << "ignoring malformed " << proto::MsgTypeName(msg.type)
+                        << " from the controller";
+}
+
+MappedExtent EngineSession::Impl::ExtentOf(uint32_t first, uint32_t count) const {
+  return MappedExtent{.first = first,
+                      .count = count,
+                      .data = pool_.BlockData(first),
+                      .bytes = uint64_t{count} * pool_.block_bytes()};
+}
+
+Result<std::vector<MappedExtent>> EngineSession::Impl::MapRangesLocked(
+    const std::vector<proto::BlockRange>& ranges) {
+  std::vector<MappedExtent> mapped;
+  for (const proto::BlockRange& r : ranges) {
+    Status status = pool_.MapExtent(r.first, r.count);
+    if (!status.ok()) {
+      for (const MappedExtent& m : mapped) (void)pool_.UnmapExtent(m.first, m.count);
+      return status;
+    }
+    pool_.ScrubHeaders(r.first, r.count, kBlockHeaderBytes);
+    mapped.push_back(ExtentOf(r.first, r.count));
+  }
+  return mapped;
+}
+
+void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
+  Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (promoted_ || msg.epoch == 0 || !failed_.empty()) {
+      mapped = FailedPrecondition("Promote at epoch " + std::to_string(msg.epoch) +
+                                  " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
+    } else {
+      mapped = MapRangesLocked(msg.extents);
+      if (mapped.ok()) {
+        promoted_ = true;
+        epoch_.store(msg.epoch);
+      }
+    }
+  }
+  if (!mapped.ok()) {
+    (void)ReportError(mapped.status().WithContext("promotion"));
+    return;
+  }
+  uint32_t blocks = 0;
+  for (const MappedExtent& e : *mapped) blocks += e.count;
+  BATON_LOG(INFO, kLog) << "promoted at epoch " << msg.epoch << ": " << blocks
+                        << " blocks mapped writable";
+  Push(SessionEvent{.kind = SessionEventKind::kPromoted,
+                    .epoch = msg.epoch,
+                    .extents = std::move(mapped).value()});
+}
+
+void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
+  Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!promoted_ || msg.epoch != epoch_.load()) {
+      mapped =
+          FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +
+                             " refused: this engine holds epoch " + std::to_string(epoch_.load()));
+    } else {
+      mapped = MapRangesLocked(msg.extents);
+    }
+  }
+  if (!mapped.ok()) {
+    Refuse(mapped.status());
+    return;
+  }
+  Push(SessionEvent{.kind = SessionEventKind::kGranted,
+                    .epoch = msg.epoch,
+                    .extents = std::move(mapped).value()});
+}
+
+void EngineSession::Impl::OnStop(const std::string& reason) {
+  BATON_LOG(WARN, kLog) << "the controller asks this engine to stop: " << reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = reason.empty() ? "stop requested" : reason;
+  }
+  Push(SessionEvent{.kind = SessionEventKind::kStop, .reason = reason});
+}
+
+void EngineSession::Impl::OnDisconnected(const std::string& reason) {
+  if (stopping_.load()) return;
+  BATON_LOG(WARN, kLog) << "lost the controller: " << reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    disconnected_ = reason;
+  }
+  Push(SessionEvent{.kind = SessionEventKind::kDisconnected, .reason = reason});
+}
+
+void EngineSession::Impl::Refuse(const Status& status) {
+  BATON_LOG(WARN, kLog) << status.message();
+  (void)Send(proto::ErrorMsg::FromStatus(status));
+}
+
+void EngineSession::Impl::Push(SessionEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+// --- public API ---------------------------------------------------------------------------------
+
+Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duration> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
+  while (true) {
+    for (auto it = events_.begin(); it != events_.end(); ++it) {
+      if (it->kind == SessionEventKind::kPromoted) {
+        SessionEvent event = std::move(*it);
+        events_.erase(it);
+        return event;
+      }
+      if (it->kind == SessionEventKind::kStop || it->kind == SessionEventKind::kDisconnected) {
+        return FailedPrecondition("not promoted: " + std::string(ToString(it->kind)) + ": " +
+                                  it->reason);
+      }
+    }
+    if (!failed_.empty()) return FailedPrecondition("not promoted: " + failed_);
+    if (!stopped_.empty()) return FailedPrecondition("not promoted: told to stop: " + stopped_);
+    if (!disconnected_.empty()) {
+      return FailedPrecondition("not promoted: controller connection lost: " + disconnected_);
+    }
+    if (!timeout.has_value()) {
+      cv_.wait(lock);
+    } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return DeadlineExceeded("not promoted within the timeout");
+    }
+  }
+}
+
+Status EngineSession::Impl::MarkServing() {
+  uint32_t blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!promoted_) return FailedPrecondition("MarkServing before promotion");
+    blocks = pool_.mapped_blocks();
+  }
+  return Send(proto::PromoteAck{.epoch = epoch_.load(), .blocks_mapped = blocks});
+}
+
+std::optional<SessionEvent> EngineSession::Impl::NextEvent(std::optional<Duration> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [this] { return !events_.empty(); };
+  if (!timeout.has_value()) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, *timeout, ready)) {
+    return std::nullopt;
+  }
+  SessionEvent event = std::move(events_.front());
+  events_.pop_front();
+  return event;
+}
+
+Status EngineSession::Impl::RequestBlocks(uint32_t blocks) {
+  BATON_RETURN_IF_ERROR(CheckEpoch());
+  if (blocks == 0) return InvalidArgument("RequestBlocks(0)");
+  return Send(proto::LeaseRequest{.epoch = epoch_.load(), .blocks = blocks});
+}
+
+Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) {
+  proto::ReturnExtents msg{.epoch = epoch_.load(), .extents = {}};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const MappedExtent& e : extents) {
+      BATON_RETURN_IF_ERROR(pool_.UnmapExtent(e.first, e.count).WithContext("ReturnBlocks"));
+      msg.extents.push_back(proto::BlockRange{.first = e.first, .count = e.count});
+    }
+  }
+  if (msg.extents.empty()) return OkStatus();
+  return Send(msg);
+}
+
+Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
+  return Send(proto::Drained{.epoch = epoch_.load(), .unfinished = unfinished});
+}
+
+Status EngineSession::Impl::ReportError(const Status& error) {
+  const Status reported = error.ok() ? Internal("error reported without a status") : error;
+  BATON_LOG(ERROR, kLog) << "reporting an error to the controller: " << reported.ToString();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.empty()) failed_ = "reported an error: " + reported.message();
+  }
+  cv_.notify_all();
+  return Send(proto::ErrorReport{.epoch = epoch_.load(),
+                                 .code = static_cast<uint32_t>(reported.code()),
+                                 .message = reported.message()});
+}
+
+Status EngineSession::Impl::CheckEpoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!disconnected_.empty()) return Unavailable("controller connection lost: " + disconnected_);
+  if (!stopped_.empty()) return FailedPrecondition("told to stop: " + stopped_);
+  if (!failed_.empty()) return FailedPrecondition(failed_);
+  return OkStatus();
+}
+
+std::vector<MappedExtent> EngineSession::Impl::extents() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<MappedExtent> out;
+  for (const auto& [first, count] : pool_.mapped()) out.push_back(ExtentOf(first, count));
+  return out;
+}
+
+void EngineSession::Impl::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  if (wake_fd_) {
+    const uint64_t one = 1;
+    ssize_t unused = ::write(wake_fd_.get(), &one, sizeof(one));
+    (void)unused;
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_.UnmapAll();
+  }
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  if (channel_.has_value()) channel_->Close();
+  channel_.reset();
+}
+
+}  // namespace baton

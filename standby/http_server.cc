@@ -1,0 +1,383 @@
+#include "standby/http_server.h"
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <deque>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+
+#include "base/log.h"
+
+namespace baton {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+
+struct HttpRoutes {
+  HttpServerOptions options;
+  std::map<std::string, std::vector<std::pair<http::verb, HttpHandler>>, std::less<>> table;
+
+  void Count(int status) const {
+    if (options.on_response) options.on_response(status);
+  }
+};
+
+std::string HttpErrorJson(int status, std::string_view message) {
+  nlohmann::ordered_json inner;
+  inner["message"] = std::string(message);
+  inner["type"] = status >= 500 ? "server_error" : "invalid_request_error";
+  inner["param"] = nullptr;
+  inner["code"] = nullptr;
+  nlohmann::ordered_json j;
+  j["error"] = std::move(inner);
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+std::string ChunkFrame(std::string_view data) {
+  char size[24];
+  std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
+  std::string out = size;
+  out.append(data);
+  out += "\r\n";
+  return out;
+}
+
+template <class Message>
+std::string Serialize(const Message& message) {
+  std::ostringstream os;
+  os << message;
+  return os.str();
+}
+
+}  // namespace
+
+// One accepted socket. Runs on its strand; reads a request, hands it to its handler as an
+// HttpExchange, writes the answer, and reads the next one while keep-alive holds.
+class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
+ public:
+  HttpConnection(tcp::socket socket, std::shared_ptr<const HttpRoutes> routes)
+      : stream_(std::move(socket)), routes_(std::move(routes)) {}
+
+  void Start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+  }
+
+  template <class Fn>
+  void Post(Fn fn) {
+    net::post(stream_.get_executor(), std::move(fn));
+  }
+
+  void DoRespond(uint64_t seq, int status, std::string type, std::string body,
+                 HttpHeaders headers) {
+    if (seq != seq_ || phase_ != Phase::kHandling) return;
+    http::response<http::string_body> res{static_cast<http::status>(status), 11};
+    res.set(http::field::content_type, type);
+    for (auto& [name, value] : headers) res.set(name, value);
+    res.keep_alive(keep_alive_);
+    res.body() = std::move(body);
+    res.prepare_payload();
+    routes_->Count(status);
+    phase_ = Phase::kFinishing;
+    Enqueue(Serialize(res), true);
+  }
+
+  void DoBegin(uint64_t seq, int status, std::string type, HttpHeaders headers) {
+    if (seq != seq_ || phase_ != Phase::kHandling) return;
+    http::response<http::empty_body> res{static_cast<http::status>(status), 11};
+    res.set(http::field::content_type, type);
+    res.set(http::field::cache_control, "no-cache");
+    for (auto& [name, value] : headers) res.set(name, value);
+    res.keep_alive(keep_alive_);
+    res.chunked(true);
+    routes_->Count(status);
+    phase_ = Phase::kStreaming;
+    Enqueue(Serialize(res.base()), false);
+  }
+
+  void DoWrite(uint64_t seq, std::string chunk) {
+    if (seq != seq_ || phase_ != Phase::kStreaming || chunk.empty()) return;
+    Enqueue(ChunkFrame(chunk), false);
+  }
+
+  void DoEnd(uint64_t seq) {
+    if (seq != seq_ || phase_ != Phase::kStreaming) return;
+    phase_ = Phase::kFinishing;
+    Enqueue("0\r\n\r\n", true);
+  }
+
+ private:
+  enum class Phase { kReading, kHandling, kStreaming, kFinishing, kClosed };
+
+  void ReadHeader() {
+    phase_ = Phase::kReading;
+    parser_.emplace();
+    parser_->body_limit(routes_->options.body_limit);
+    parser_->header_limit(routes_->options.header_limit);
+    stream_.expires_after(routes_->options.idle_timeout);
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    if (ec) return OnReadError(ec);
+    auto expect = parser_->get().find(http::field::expect);
+    if (expect != parser_->get().end() && beast::iequals(expect->value(), "100-continue")) {
+      auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
+      net::async_write(stream_, net::buffer(*cont),
+                       [self = shared_from_this(), cont](beast::error_code wec, size_t) {
+                         if (wec) return self->Close();
+                         self->ReadBody();
+                       });
+      return;
+    }
+    ReadBody();
+  }
+
+  void ReadBody() {
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) return self->OnReadError(ec);
+                       self->Dispatch();
+                     });
+  }
+
+  void OnReadError(beast::error_code ec) {
+    if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
+        ec == net::error::operation_aborted || ec == net::error::connection_reset) {
+      return Close();
+    }
+    keep_alive_ = false;
+    if (ec == http::error::body_limit) {
+      return SendError(413, "the request body exceeds the limit of " +
+                                std::to_string(routes_->options.body_limit) + " bytes");
+    }
+    if (ec == http::error::header_limit) {
+      return SendError(431, "the request header exceeds the limit of " +
+                                std::to_string(routes_->options.header_limit) + " bytes");
+    }
+    BATON_LOG(DEBUG, "http") << "bad request: " << ec.message();
+    SendError(400, "malformed HTTP request: " + ec.message());
+  }
+
+  void SendError(int status, const std::string& message) {
+    ++seq_;
+    phase_ = Phase::kHandling;
+    DoRespond(seq_, status, "application/json", HttpErrorJson(status, message), {});
+  }
+
+  void Dispatch();
+
+  void Enqueue(std::string bytes, bool ends_exchange) {
+    writes_.emplace_back(std::move(bytes), ends_exchange);
+    if (!writing_) WriteNext();
+  }
+
+  void WriteNext() {
+    if (writes_.empty() || phase_ == Phase::kClosed) return;
+    writing_ = true;
+    stream_.expires_after(routes_->options.write_timeout);
+    net::async_write(
+        stream_, net::buffer(writes_.front().first),
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnWritten(ec); });
+  }
+
+  void OnWritten(beast::error_code ec) {
+    writing_ = false;
+    if (ec || writes_.empty()) {
+      BATON_LOG(DEBUG, "http") << "write failed: " << ec.message();
+      return Close();
+    }
+    const bool ends = writes_.front().second;
+    writes_.pop_front();
+    if (!ends) return WriteNext();
+    exchange_.reset();
+    if (keep_alive_) return ReadHeader();
+    Close();
+  }
+
+  void Close() {
+    if (phase_ == Phase::kClosed) return;
+    const bool in_exchange = phase_ == Phase::kHandling || phase_ == Phase::kStreaming;
+    phase_ = Phase::kClosed;
+    writes_.clear();
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
+    if (!in_exchange) return;
+    if (auto ex = exchange_.lock()) ex->NotifyAbort();
+  }
+
+  beast::tcp_stream stream_;
+  std::shared_ptr<const HttpRoutes> routes_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  std::weak_ptr<HttpExchange> exchange_;
+  uint64_t seq_ = 0;
+  Phase phase_ = Phase::kReading;
+  bool keep_alive_ = false;
+  bool writing_ = false;
+  std::deque<std::pair<std::string, bool>> writes_;
+};
+
+void HttpConnection::Dispatch() {
+  stream_.expires_never();
+  HttpRequest request = parser_->release();
+  keep_alive_ = request.keep_alive();
+  ++seq_;
+  phase_ = Phase::kHandling;
+  std::shared_ptr<HttpExchange> ex(new HttpExchange(shared_from_this(), seq_, std::move(request)));
+  exchange_ = ex;
+  auto it = routes_->table.find(ex->path());
+  if (it == routes_->table.end()) {
+    return ex->RespondError(404, "no route for " + std::string(ex->path()));
+  }
+  std::string allow;
+  for (const auto& [verb, handler] : it->second) {
+    if (verb == ex->request().method()) {
+      try {
+        return handler(ex);
+      } catch (const std::exception& e) {
+        BATON_LOG(ERROR, "http") << "handler for " << it->first << " threw: " << e.what();
+        return ex->RespondError(500, "internal error");
+      }
+    }
+    allow += (allow.empty() ? "" : ", ") + std::string(http::to_string(verb));
+  }
+  ex->Respond(405, "application/json",
+              HttpErrorJson(405, "method " + std::string(ex->request().method_string()) +
+                                     " is not allowed on " + it->first),
+              {{"Allow", allow}});
+}
+
+HttpExchange::HttpExchange(std::shared_ptr<HttpConnection> connection, uint64_t seq,
+                           HttpRequest request)
+    : connection_(std::move(connection)), seq_(seq), request_(std::move(request)) {}
+
+HttpExchange::~HttpExchange() {
+  if (answered_.load()) return;
+  connection_->Post([c = connection_, seq = seq_] {
+    c->DoRespond(seq, 500, "application/json",
+                 HttpErrorJson(500, "the request was dropped without an answer"), {});
+  });
+}
+
+std::string_view HttpExchange::path() const {
+  std::string_view target(request_.target().data(), request_.target().size());
+  return target.substr(0, target.find('?'));
+}
+
+void HttpExchange::Respond(int status, std::string content_type, std::string body,
+                           HttpHeaders headers) {
+  if (answered_.exchange(true)) return;
+  connection_->Post([c = connection_, seq = seq_, status, t = std::move(content_type),
+                     b = std::move(body), h = std::move(headers)]() mutable {
+    c->DoRespond(seq, status, std::move(t), std::move(b), std::move(h));
+  });
+}
+
+void HttpExchange::BeginStream(int status, std::string content_type, HttpHeaders headers) {
+  if (answered_.exchange(true)) return;
+  connection_->Post(
+      [c = connection_, seq = seq_, status, t = std::move(content_type),
+       h = std::move(headers)]() mutable { c->DoBegin(seq, status, std::move(t), std::move(h)); });
+}
+
+void HttpExchange::Write(std::string chunk) {
+  connection_->Post([c = connection_, seq = seq_, d = std::move(chunk)]() mutable {
+    c->DoWrite(seq, std::move(d));
+  });
+}
+
+void HttpExchange::EndStream() {
+  connection_->Post([c = connection_, seq = seq_] { c->DoEnd(seq); });
+}
+
+void HttpExchange::OnAbort(std::function<void()> fn) {
+  std::unique_lock lock(mu_);
+  if (!aborted_.load()) {
+    on_abort_ = std::move(fn);
+    return;
+  }
+  lock.unlock();
+  if (fn) fn();
+}
+
+void HttpExchange::NotifyAbort() {
+  std::function<void()> fn;
+  {
+    std::lock_guard lock(mu_);
+    aborted_.store(true);
+    fn = std::move(on_abort_);
+  }
+  if (fn) fn();
+}
+
+HttpServer::HttpServer(net::io_context& io, HttpServerOptions options)
+    : io_(io),
+      options_(options),
+      routes_(std::make_shared<HttpRoutes>()),
+      acceptor_(net::make_strand(io)) {
+  routes_->options = std::move(options);
+}
+
+HttpServer::~HttpServer() {
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+void HttpServer::Route(http::verb method, std::string path, HttpHandler handler) {
+  routes_->table[std::move(path)].emplace_back(method, std::move(handler));
+}
+
+Status HttpServer::Listen() {
+  beast::error_code ec;
+  tcp::resolver resolver(io_);
+  auto results =
+      resolver.resolve(options_.host, std::to_string(options_.port), tcp::resolver::passive, ec);
+  if (ec || results.empty()) {
+    return InvalidArgument("cannot resolve listen address '" + options_.host +
+                           "': " + ec.message());
+  }
+  const tcp::endpoint endpoint = results.begin()->endpoint();
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  if (acceptor_.open(endpoint.protocol(), ec)) return Unavailable(where + ": " + ec.message());
+  if (acceptor_.set_option(net::socket_base::reuse_address(true), ec) ||
+      acceptor_.bind(endpoint, ec) ||
+      acceptor_.listen(net::socket_base::max_listen_connections, ec)) {
+    return Unavailable("cannot listen on " + where + ": " + ec.message());
+  }
+  port_ = acceptor_.local_endpoint(ec).port();
+  Accept();
+  return OkStatus();
+}
+
+void HttpServer::Close() {
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+void HttpServer::Accept() {
+  acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket s) {
+    if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      BATON_LOG(WARN, "http") << "accept failed: " << ec.message();
+    } else {
+      std::make_shared<HttpConnection>(std::move(s), routes_)->Start();
+    }
+    Accept();
+  });
+}
+
+}  // namespace baton

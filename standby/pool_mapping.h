@@ -1,0 +1,79 @@
+// PoolMapping: an engine's view of the controller's KV-cache pool: one reserved address range
+// and the extents of it that are mapped writable.
+//
+// Reserve() sets aside block_count x block_bytes of address space with PROT_NONE
+// (MAP_PRIVATE|MAP_ANONYMOUS|MAP_NORESERVE), aligned to 2 MiB so that a hugetlb pool can be
+// mapped into it. Block b always lives at base + b x block_bytes. MapExtent() maps blocks of
+// the pool fd there with MAP_FIXED|MAP_SHARED, PROT_READ|PROT_WRITE; UnmapExtent() puts the
+// PROT_NONE reservation back over them (mmap MAP_FIXED anonymous), so no page of the pool
+// stays reachable and the range stays reserved. Nothing is writable until MapExtent: a
+// standby's range is all PROT_NONE (fencing rule 5). ScrubHeaders() zeroes the first
+// kBlockHeaderBytes of every block of an extent.
+//
+// Ownership: owns the pool fd, the reservation and its extent mappings; the destructor
+// unmaps the whole range. Move-only. Thread-compatible: the engine session guards it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace baton {
+
+struct PoolGeometryArgs {
+  uint32_t block_count = 0;
+  uint64_t block_bytes = 0;
+  uint64_t reserve_bytes = 0;  // at least block_count x block_bytes
+  bool huge_pages = false;     // the pool fd is hugetlb: block_bytes must be a 2 MiB multiple
+};
+
+class PoolMapping {
+ public:
+  PoolMapping() = default;
+  // Checks the geometry against the fd's size and reserves the range.
+  static Result<PoolMapping> Reserve(UniqueFd pool_fd, const PoolGeometryArgs& args);
+  ~PoolMapping();
+  PoolMapping(PoolMapping&& other) noexcept;
+  PoolMapping& operator=(PoolMapping&& other) noexcept;
+  PoolMapping(const PoolMapping&) = delete;
+  PoolMapping& operator=(const PoolMapping&) = delete;
+
+  // Maps blocks [first, first + count) writable. Refuses a range outside the pool or one
+  // that overlaps an extent already mapped.
+  Status MapExtent(uint32_t first, uint32_t count);
+  // Unmaps blocks [first, first + count), which must lie inside mapped extents.
+  Status UnmapExtent(uint32_t first, uint32_t count);
+  // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
+  void ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_bytes);
+  // Unmaps every extent.
+  void UnmapAll();
+
+  uint8_t* base() const { return base_; }
+  uint64_t reserved_bytes() const { return reserved_; }
+  uint32_t block_count() const { return args_.block_count; }
+  uint64_t block_bytes() const { return args_.block_bytes; }
+  bool huge_pages() const { return args_.huge_pages; }
+  uint8_t* BlockData(uint32_t block) const { return base_ + uint64_t{block} * args_.block_bytes; }
+  // Mapped extents {first, count}, coalesced, in block order.
+  const std::map<uint32_t, uint32_t>& mapped() const { return mapped_; }
+  uint32_t mapped_blocks() const;
+  // True if block `b` is mapped writable.
+  bool IsMapped(uint32_t block) const;
+
+ private:
+  void Release();
+  Status CheckRange(uint32_t first, uint32_t count) const;
+
+  UniqueFd fd_;
+  PoolGeometryArgs args_;
+  uint8_t* region_ = nullptr;  // what mmap returned (before alignment)
+  uint64_t region_bytes_ = 0;
+  uint8_t* base_ = nullptr;  // 2 MiB-aligned start inside region_
+  uint64_t reserved_ = 0;
+  std::map<uint32_t, uint32_t> mapped_;  // first -> count
+};
+
+}  // namespace baton

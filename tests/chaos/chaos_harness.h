@@ -1,0 +1,112 @@
+// ChaosCluster: a real baton-controller with real engine processes, for the chaos tests.
+//
+// Each cluster gets its own directory under /tmp (config, socket, journal, controller log,
+// violation files, rogue file), starts build/bin/baton-controller with
+// build/bin/baton_test_engine_helper as the engine command, and talks to it only through
+// build/bin/batonctl --json (so every check also exercises the CLI contract). Waits poll
+// `batonctl status` until a condition holds, with generous deadlines: nothing asserts on how
+// long anything took. The destructor stops the controller (SIGTERM, then SIGKILL) and checks
+// that no engine outlived it.
+//
+// CheckFencing() verifies the fencing invariants from outside: the controller's own ledger
+// check, the test engines' block-header checks (violation files), and the kernel's view of
+// every engine's mappings of the pool memfd in /proc/<pid>/maps (a standby maps nothing of
+// the pool; no two live engines map a block writable).
+//
+// Header-only test support (the test build compiles *_test.cc files only); the definitions
+// are in chaos_harness_inl.h. Used from the test's main thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace baton::chaos {
+
+using nlohmann::json;
+
+struct ClusterOptions {
+  std::vector<std::string> engine_args;     // appended to the test engine's command line
+  std::vector<std::string> engine_command;  // replaces the whole engine command when set
+  int blocks = 16;
+  int block_bytes = 65536;  // 2 MiB multiples use a hugetlb pool when huge pages are reserved
+  int heartbeat_ms = 100;
+  int heartbeat_misses = 3;
+  int max_failures = 5;
+  int initial_backoff_ms = 1000;
+  int register_timeout_ms = 20'000;
+  int metrics_port = 0;
+  bool wait_ready = true;  // the constructor waits for primary + standby
+};
+
+struct CtlResult {
+  int exit_code = -1;
+  json out;  // the last stdout line parsed as JSON (null if it was not JSON)
+  std::string stdout_text;
+};
+
+class ChaosCluster {
+ public:
+  explicit ChaosCluster(ClusterOptions options = {});
+  ~ChaosCluster();
+  ChaosCluster(const ChaosCluster&) = delete;
+  ChaosCluster& operator=(const ChaosCluster&) = delete;
+
+  // `batonctl --json --socket S args...`.
+  CtlResult Ctl(const std::vector<std::string>& args) const;
+  json Status() const;
+
+  // Polls status until `pred` holds; on timeout records a failure naming `what` and returns
+  // the last status seen.
+  json WaitFor(const std::function<bool(const json&)>& pred, const std::string& what,
+               std::chrono::seconds timeout = std::chrono::seconds(20)) const;
+  // Pair ready: a serving primary and a registered standby.
+  json WaitReady(const std::string& what = "pair ready") const;
+
+  // Fencing checks (see above); records failures with the status attached.
+  void CheckFencing() const;
+
+  bool ControllerAlive() const;
+  // kill -9 the controller and reap it (its engines die with it: PDEATHSIG).
+  void KillController();
+  // Starts a controller again on the same directory (journal, socket) and waits for a pair.
+  void RestartController();
+  std::string Log() const;
+  const std::string& dir() const { return dir_; }
+  const std::string& socket() const { return socket_; }
+  const std::string& rogue_file() const { return rogue_file_; }
+  pid_t controller_pid() const { return controller_pid_; }
+  // Writes the rogue file: the next engine to start misbehaves as `mode`.
+  void ArmRogue(const std::string& mode) const;
+
+ private:
+  void WriteConfig(const ClusterOptions& options) const;
+  void StartController();
+  void StopController();
+
+  std::string dir_;
+  std::string socket_;
+  std::string rogue_file_;
+  std::string violations_dir_;
+  pid_t controller_pid_ = 0;
+};
+
+// --- status helpers ---------------------------------------------------------------------------
+
+// The engine whose role is `role` ("primary", "standby"), or null.
+json EngineWithRole(const json& status, const std::string& role);
+uint64_t PrimaryId(const json& status);
+pid_t PidOf(const json& engine);
+bool IsReady(const json& status);
+// True if a process with this pid exists (a zombie counts).
+bool ProcessExists(pid_t pid);
+// The tiny model shared by every test in the binary (written once).
+const std::string& TinyModelDir();
+
+}  // namespace baton::chaos
+
+#include "tests/chaos/chaos_harness_inl.h"

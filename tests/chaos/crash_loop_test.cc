@@ -1,0 +1,66 @@
+// Crash-looping engines: past max_failures in the window the pair goes to a *_backoff state
+// that `batonctl status` shows, restarts are held back, and the controller never busy-loops.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+TEST(ChaosCrashLoop, CrashingStandbysDegradeThePairWithBackoff) {
+  // Engines 1 and 2 behave; every later engine exits at once.
+  ClusterOptions options;
+  options.engine_args = {"--crash-if-id-above", "2"};
+  options.max_failures = 3;
+  options.initial_backoff_ms = 3000;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  ASSERT_EQ(::kill(PidOf(EngineWithRole(before, "standby")), SIGKILL), 0);
+
+  const json tripped =
+      cluster.WaitFor([](const json& s) { return s["pair"]["state"] == "degraded_backoff"; },
+                      "the crash-loop guard to trip");
+  EXPECT_TRUE(tripped["crash_loop"]["in_backoff"].get<bool>()) << tripped.dump(2);
+  EXPECT_GE(tripped["crash_loop"]["level"].get<int>(), 1);
+  EXPECT_GE(tripped["crash_loop"]["total_failures"].get<int>(), 3);
+  EXPECT_EQ(EngineWithRole(tripped, "primary")["pid"], primary["pid"]) << "the primary serves on";
+  const uint64_t launches = tripped["controller"]["launches"].get<uint64_t>();
+
+  // While backing off, nothing is launched.
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const json later = cluster.Status();
+  if (later["crash_loop"]["in_backoff"].get<bool>()) {
+    EXPECT_EQ(later["controller"]["launches"].get<uint64_t>(), launches);
+  }
+  // A few backoff rounds later the launch count is still small: no busy loop.
+  EXPECT_LE(later["controller"]["launches"].get<uint64_t>(), 2u + 3u + 2u);
+  EXPECT_TRUE(cluster.ControllerAlive());
+  EXPECT_EQ(later["invariants"], "ok");
+}
+
+TEST(ChaosCrashLoop, EngineThatExitsAtOnceLeavesThePairDownWithBackoff) {
+  ClusterOptions options;
+  options.engine_command = {"/bin/false"};
+  options.max_failures = 3;
+  options.initial_backoff_ms = 5000;
+  options.wait_ready = false;
+  ChaosCluster cluster(options);
+  const json tripped =
+      cluster.WaitFor([](const json& s) { return s["pair"]["state"] == "down_backoff"; },
+                      "the crash-loop guard to trip");
+  EXPECT_TRUE(tripped["crash_loop"]["in_backoff"].get<bool>());
+  EXPECT_GT(tripped["crash_loop"]["next_restart_in_ms"].get<double>(), 0.0);
+  const uint64_t launches = tripped["controller"]["launches"].get<uint64_t>();
+  EXPECT_LE(launches, 4u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const json later = cluster.Status();
+  EXPECT_EQ(later["controller"]["launches"].get<uint64_t>(), launches) << "no busy loop";
+  EXPECT_TRUE(later["history"]["exits"].size() >= 3) << later.dump(2);
+  EXPECT_TRUE(cluster.ControllerAlive());
+}
+
+}  // namespace
+}  // namespace baton::chaos

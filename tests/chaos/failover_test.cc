@@ -1,0 +1,239 @@
+// Chaos drills with real processes: a real baton-controller, real engine processes (the SDK
+// test engine), real signals. Each drill breaks the pair, waits (by polling batonctl status)
+// for it to return to primary + standby, and checks the fencing invariants.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <thread>
+
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+uint64_t Epoch(const json& status) { return status["epoch"]["durable"].get<uint64_t>(); }
+
+// Waits for a ready pair whose primary is not `old_primary`.
+json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
+  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
+                         what);
+}
+
+TEST(ChaosFailover, KillPrimary) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_FALSE(primary.is_null());
+  cluster.CheckFencing();
+
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const json after = WaitNewPrimary(cluster, primary["id"], "the standby to take over");
+  EXPECT_EQ(PrimaryId(after), standby["id"].get<uint64_t>()) << "the standby was promoted";
+  EXPECT_GT(Epoch(after), Epoch(before));
+  EXPECT_EQ(EngineWithRole(after, "primary")["epoch"], after["epoch"]["durable"]);
+  EXPECT_FALSE(ProcessExists(PidOf(primary))) << "the old primary must be reaped";
+  EXPECT_EQ(after["pool"]["granted"], after["pool"]["blocks"]) << "its blocks moved on";
+  EXPECT_EQ(after["pool"]["quarantined"], 0);
+  const CtlResult timeline = cluster.Ctl({"timeline"});
+  ASSERT_EQ(timeline.exit_code, 0);
+  const json t = timeline.out["timeline"];
+  EXPECT_EQ(t["kind"], "failover");
+  EXPECT_TRUE(t["stamps"].contains("reaped_ms"));
+  EXPECT_TRUE(t["stamps"].contains("promote_acked_ms"));
+  EXPECT_LE(t["stamps"]["reaped_ms"].get<double>(), t["stamps"]["promote_sent_ms"].get<double>())
+      << "blocks moved before the old holder was reaped";
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, KillPrimaryWithHugePageBlocks) {
+  // 2 MiB blocks: the pool is a hugetlb memfd where huge pages are reserved (normal pages,
+  // with a warning, elsewhere); extents are mapped at 2 MiB-aligned offsets.
+  ClusterOptions options;
+  options.blocks = 4;
+  options.block_bytes = 2 << 20;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const json after = WaitNewPrimary(cluster, primary["id"], "the standby to take over");
+  EXPECT_EQ(after["pool"]["granted"], 4);
+  EXPECT_GT(Epoch(after), Epoch(before));
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, KillStandby) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        const json sb = EngineWithRole(s, "standby");
+        return IsReady(s) && !sb.is_null() && sb["id"] != standby["id"];
+      },
+      "a replacement standby");
+  const json primary_after = EngineWithRole(after, "primary");
+  EXPECT_EQ(primary_after["pid"], primary["pid"]) << "the primary is unaffected";
+  EXPECT_EQ(primary_after["epoch"], primary["epoch"]);
+  EXPECT_EQ(Epoch(after), Epoch(before)) << "losing a standby moves no block";
+  EXPECT_FALSE(ProcessExists(PidOf(standby)));
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, KillBoth) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && PrimaryId(s) != primary["id"] && PrimaryId(s) != standby["id"];
+      },
+      "a new pair after losing both engines");
+  EXPECT_GT(Epoch(after), Epoch(before));
+  EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  EXPECT_FALSE(ProcessExists(PidOf(standby)));
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, StoppedPrimaryIsKilledAndReapedBeforeItsBlocksMove) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  ASSERT_EQ(::kill(PidOf(primary), SIGSTOP), 0);
+  const json after = WaitNewPrimary(cluster, primary["id"], "the hang to be detected");
+  // By the time the standby serves, the stopped primary is dead and reaped: SIGCONT finds
+  // no process.
+  errno = 0;
+  EXPECT_EQ(::kill(PidOf(primary), SIGCONT), -1);
+  EXPECT_EQ(errno, ESRCH);
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_NE(t["cause"].get<std::string>().find("hung"), std::string::npos) << t.dump(2);
+  EXPECT_TRUE(t["stamps"].contains("killed_ms"));
+  EXPECT_TRUE(t["stamps"].contains("last_heartbeat_ms"));
+  EXPECT_GT(Epoch(after), Epoch(before));
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, DrillHangThroughBatonctl) {
+  ChaosCluster cluster;
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  const CtlResult drill = cluster.Ctl({"drill", "hang"});
+  ASSERT_EQ(drill.exit_code, 0) << drill.stdout_text;
+  WaitNewPrimary(cluster, primary["id"], "drill hang to fail over");
+  EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, ErrorReportFencesAtOnce) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const CtlResult drill = cluster.Ctl({"drill", "error"});
+  ASSERT_EQ(drill.exit_code, 0) << drill.stdout_text;
+  const json after = WaitNewPrimary(cluster, primary["id"], "the error report to fail over");
+  EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_NE(t["cause"].get<std::string>().find("error"), std::string::npos) << t.dump(2);
+  EXPECT_GT(Epoch(after), Epoch(before));
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, DrillKillRecordsEveryPhase) {
+  ChaosCluster cluster;
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
+  WaitNewPrimary(cluster, primary["id"], "drill kill to fail over");
+  const json t = cluster.WaitFor(
+      [](const json& s) { return s["last_promotion"]["stamps"].contains("standby_ready_ms"); },
+      "the replacement standby in the timeline")["last_promotion"];
+  for (const char* stamp :
+       {"injected_ms", "detected_ms", "epoch_durable_ms", "reaped_ms", "promote_sent_ms",
+        "promote_acked_ms", "route_published_ms", "standby_launched_ms", "standby_ready_ms"}) {
+    EXPECT_TRUE(t["stamps"].contains(stamp)) << stamp << " missing in " << t.dump(2);
+  }
+  for (const char* phase : {"detect_ms", "fence_ms", "promote_ms", "ready_ms", "total_ms"}) {
+    EXPECT_TRUE(t["phases"].contains(phase)) << phase << " missing in " << t.dump(2);
+  }
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, GracefulSwitchover) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  const CtlResult promote = cluster.Ctl({"promote"});
+  ASSERT_EQ(promote.exit_code, 0) << promote.stdout_text;
+  const json after = WaitNewPrimary(cluster, primary["id"], "the switch-over");
+  EXPECT_EQ(PrimaryId(after), standby["id"].get<uint64_t>());
+  EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_EQ(t["kind"], "switchover");
+  EXPECT_EQ(after["crash_loop"]["total_failures"], 0) << "a switch-over is not a failure";
+  cluster.CheckFencing();
+}
+
+TEST(ChaosFailover, SlowEngineUnderLoadIsNotKilled) {
+  // The test engine's compute thread spins 400 ms at a time, longer than the 300 ms a silent
+  // engine may go unnoticed; its heartbeats come from the SDK's own thread.
+  ClusterOptions options;
+  options.engine_args = {"--busy-ms", "400"};
+  options.heartbeat_misses = 5;  // headroom for a loaded 2-core machine
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  // Let a few busy rounds pass; then nothing may have failed.
+  cluster.WaitFor(
+      [&](const json& s) {
+        const json p = EngineWithRole(s, "primary");
+        return !p.is_null() && p["heartbeats"].get<uint64_t>() >= 30;
+      },
+      "30 heartbeats from the busy primary");
+  const json after = cluster.Status();
+  EXPECT_EQ(PrimaryId(after), primary["id"].get<uint64_t>());
+  EXPECT_EQ(after["controller"]["failovers"], 0);
+  EXPECT_EQ(after["crash_loop"]["total_failures"], 0);
+}
+
+TEST(ChaosFailover, DrainStopsThePair) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  ASSERT_EQ(cluster.Ctl({"drain"}).exit_code, 0);
+  const json after = cluster.WaitFor(
+      [](const json& s) { return s["pair"]["state"] == "stopped" && s["engines"].empty(); },
+      "the pair to stop");
+  for (const json& e : before["engines"]) EXPECT_FALSE(ProcessExists(PidOf(e)));
+  EXPECT_EQ(after["pool"]["free"], after["pool"]["blocks"]);
+  const CtlResult refused = cluster.Ctl({"promote"});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_EQ(refused.out["ok"], false);
+}
+
+TEST(ChaosFailover, EnginesDieWithTheControllerAndEpochsSurviveARestart) {
+  ChaosCluster cluster;
+  ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);  // move the epoch past 1
+  const json before = cluster.WaitFor(
+      [](const json& s) { return IsReady(s) && s["epoch"]["durable"].get<uint64_t>() >= 2; },
+      "a failover");
+  cluster.KillController();
+  for (const json& e : before["engines"]) {
+    const pid_t pid = PidOf(e);
+    for (int i = 0; i < 100 && ProcessExists(pid); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_FALSE(ProcessExists(pid)) << "engine pid " << pid << " outlived its controller";
+  }
+  cluster.RestartController();
+  const json after = cluster.Status();
+  EXPECT_GT(Epoch(after), Epoch(before)) << "rule 3: epochs never go back across restarts";
+  EXPECT_EQ(EngineWithRole(after, "primary")["epoch"], after["epoch"]["durable"]);
+  cluster.CheckFencing();
+}
+
+}  // namespace
+}  // namespace baton::chaos

@@ -1,0 +1,173 @@
+// Malformed, stale and unauthorized messages against a live controller: each is refused
+// with a logged reason, the controller stays up, and the engine that did nothing wrong is
+// unaffected (same pid, same epoch).
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+
+#include <boost/asio/io_context.hpp>
+
+#include "proto/hello.h"
+#include "proto/listener.h"
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+// Status must show a refusal whose reason contains `needle`.
+json WaitRefusal(const ChaosCluster& cluster, const std::string& needle) {
+  return cluster.WaitFor(
+      [&](const json& s) {
+        for (const json& r : s["history"]["refusals"]) {
+          if (r["reason"].get<std::string>().find(needle) != std::string::npos) return true;
+        }
+        return false;
+      },
+      "a refusal mentioning '" + needle + "'");
+}
+
+void ExpectPrimaryUnaffected(const json& before, const json& after) {
+  const json p0 = EngineWithRole(before, "primary");
+  const json p1 = EngineWithRole(after, "primary");
+  ASSERT_FALSE(p1.is_null()) << after.dump(2);
+  EXPECT_EQ(p1["pid"], p0["pid"]);
+  EXPECT_EQ(p1["epoch"], p0["epoch"]);
+  EXPECT_EQ(after["epoch"]["durable"], before["epoch"]["durable"]);
+}
+
+// Replaces the standby with one that misbehaves as `mode`.
+json RogueStandby(ChaosCluster& cluster, const std::string& mode) {
+  const json before = cluster.Status();
+  cluster.ArmRogue(mode);
+  const json standby = EngineWithRole(before, "standby");
+  EXPECT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  return before;
+}
+
+TEST(ChaosMisbehavior, GarbageOnTheSocketClosesOnlyThatConnection) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  boost::asio::io_context io;
+  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  const char garbage[] = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
+  ASSERT_GT(::send(raw->native_handle(), garbage, sizeof(garbage) - 1, MSG_NOSIGNAL), 0);
+  // The controller answers with an ErrorMsg naming the rule, then closes the connection.
+  Result<proto::ReceivedMessage> reply = raw->Receive(std::chrono::seconds(5));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  Result<proto::HelloAck> ack = reply->As<proto::HelloAck>();
+  ASSERT_FALSE(ack.ok());
+  EXPECT_NE(ack.status().message().find("bad frame magic"), std::string::npos)
+      << ack.status().ToString();
+  EXPECT_FALSE(raw->Receive(std::chrono::seconds(5)).ok()) << "the connection is closed";
+  EXPECT_TRUE(cluster.ControllerAlive());
+  ExpectPrimaryUnaffected(before, cluster.Status());
+}
+
+TEST(ChaosMisbehavior, WrongLaunchTokenIsRefused) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  boost::asio::io_context io;
+  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(raw.ok());
+  proto::ClientHelloOptions hello{.peer_name = "impostor",
+                                  .role = "engine",
+                                  .launch_token = "0123456789abcdef0123456789abcdef"};
+  Result<proto::HelloAck> ack = proto::ClientHello(*raw, hello);
+  ASSERT_FALSE(ack.ok());
+  EXPECT_NE(ack.status().message().find("wrong launch token"), std::string::npos)
+      << ack.status().ToString();
+  WaitRefusal(cluster, "wrong launch token");
+  ExpectPrimaryUnaffected(before, cluster.Status());
+}
+
+TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
+  ChaosCluster cluster;
+  boost::asio::io_context io;
+  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(raw.ok());
+  ASSERT_TRUE(
+      proto::ClientHello(*raw, {.peer_name = "sneaky", .role = "cli", .launch_token = ""}).ok());
+  ASSERT_TRUE(
+      raw->Send(proto::Register{.engine_id = 1, .engine_version = "x", .http_address = ""}).ok());
+  Result<proto::ReceivedMessage> reply = raw->Receive(std::chrono::seconds(5));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  Result<proto::CtlReply> ctl = reply->As<proto::CtlReply>();
+  ASSERT_TRUE(ctl.ok());
+  EXPECT_EQ(ctl->exit_code, 2u);
+  EXPECT_TRUE(cluster.ControllerAlive());
+}
+
+TEST(ChaosMisbehavior, StaleEpochIsRefusedAndTheSenderStopped) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "stale-epoch");
+  WaitRefusal(cluster, "Heartbeat refused");
+  const json after = cluster.WaitReady("a well-behaved standby again");
+  ExpectPrimaryUnaffected(before, after);
+  cluster.CheckFencing();
+}
+
+TEST(ChaosMisbehavior, ReturnOfABlockNotHeldIsRefused) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "foreign-return");
+  WaitRefusal(cluster, "does not hold blocks");
+  const json after = cluster.WaitReady();
+  ExpectPrimaryUnaffected(before, after);
+  // A refused request is not a protocol error: the sender stays connected.
+  EXPECT_EQ(EngineWithRole(after, "standby")["version"], "rogue");
+  EXPECT_EQ(after["pool"]["granted"], before["pool"]["granted"]) << "nothing was taken back";
+  cluster.CheckFencing();
+}
+
+TEST(ChaosMisbehavior, LeaseRequestFromAStandbyIsRefused) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "foreign-lease");
+  WaitRefusal(cluster, "maps nothing writable until promoted");
+  const json after = cluster.WaitReady();
+  ExpectPrimaryUnaffected(before, after);
+  EXPECT_EQ(EngineWithRole(after, "standby")["blocks"], 0) << "a standby holds nothing";
+  cluster.CheckFencing();
+}
+
+TEST(ChaosMisbehavior, BadFrameFromAnEngineFencesOnlyThatEngine) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "bad-frame");
+  WaitRefusal(cluster, "protocol error");
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        const json sb = EngineWithRole(s, "standby");
+        return IsReady(s) && sb["version"] != "rogue";
+      },
+      "the rogue standby to be replaced");
+  ExpectPrimaryUnaffected(before, after);
+  cluster.CheckFencing();
+}
+
+TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "wrong-id");
+  WaitRefusal(cluster, "launch token belongs to engine");
+  const json after = cluster.WaitReady("a well-behaved standby again");
+  ExpectPrimaryUnaffected(before, after);
+}
+
+TEST(ChaosMisbehavior, BatonctlUsageAndRefusals) {
+  ChaosCluster cluster;
+  EXPECT_EQ(cluster.Ctl({"frobnicate"}).exit_code, 2);
+  EXPECT_EQ(cluster.Ctl({"drill"}).exit_code, 2);
+  EXPECT_EQ(cluster.Ctl({"drill", "explode"}).exit_code, 2);
+  const CtlResult status = cluster.Ctl({"status"});
+  EXPECT_EQ(status.exit_code, 0);
+  EXPECT_EQ(status.out["ok"], true);
+  // A second switch-over while the first drains is refused with a reason.
+  ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
+  const CtlResult again = cluster.Ctl({"promote"});
+  if (again.exit_code != 0) {
+    EXPECT_EQ(again.exit_code, 1);
+    EXPECT_EQ(again.out["ok"], false);
+    EXPECT_FALSE(again.out["error"].get<std::string>().empty());
+  }
+  cluster.WaitReady("the switch-over to finish");
+}
+
+}  // namespace
+}  // namespace baton::chaos

@@ -1,0 +1,122 @@
+// What the controller tells the outside world: the route table to subscribers, Prometheus
+// metrics, and `batonctl` with no flags (the default runtime directory).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <boost/asio/io_context.hpp>
+#include <cstdlib>
+
+#include "proto/hello.h"
+#include "proto/listener.h"
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+// The next RouteTable whose primary is not `not_primary` (0: any primary).
+Result<proto::RouteTable> NextTableWithPrimary(proto::Channel& router, uint64_t not_primary) {
+  for (int i = 0; i < 100; ++i) {
+    BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, router.Receive(std::chrono::seconds(20)));
+    BATON_ASSIGN_OR_RETURN(proto::RouteTable table, msg.As<proto::RouteTable>());
+    for (const proto::RouteEntry& e : table.entries) {
+      if (e.role == "primary" && e.ready && e.engine_id != not_primary) return table;
+    }
+  }
+  return DeadlineExceeded("no route table with a new primary");
+}
+
+TEST(ChaosRoutes, SubscriberSeesTheNewPrimary) {
+  ChaosCluster cluster;
+  boost::asio::io_context io;
+  Result<proto::Channel> router = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(router.ok());
+  ASSERT_TRUE(
+      proto::ClientHello(*router, {.peer_name = "router", .role = "router", .launch_token = ""})
+          .ok());
+  ASSERT_TRUE(router->Send(proto::Subscribe{.subscriber = "test-router"}).ok());
+  Result<proto::RouteTable> first = NextTableWithPrimary(*router, 0);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->pair_state, "ready");
+  uint64_t primary = 0;
+  for (const proto::RouteEntry& e : first->entries) {
+    if (e.role == "primary") primary = e.engine_id;
+  }
+  const json status = cluster.Status();
+  EXPECT_EQ(primary, PrimaryId(status));
+  EXPECT_EQ(status["routes"]["subscribers"], 1);
+
+  ASSERT_EQ(::kill(PidOf(EngineWithRole(status, "primary")), SIGKILL), 0);
+  Result<proto::RouteTable> next = NextTableWithPrimary(*router, primary);
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_GT(next->version, first->version);
+  EXPECT_GT(next->epoch, first->epoch);
+}
+
+// GET /metrics over plain TCP.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
+    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) > 0) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0)
+        response.append(buf, static_cast<size_t>(n));
+    }
+  }
+  ::close(fd);
+  return response;
+}
+
+// A loopback TCP port that was free a moment ago.
+int FreeTcpPort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+TEST(ChaosMetrics, PrometheusEndpoint) {
+  ClusterOptions options;
+  options.metrics_port = FreeTcpPort();
+  ASSERT_GT(options.metrics_port, 0);
+  ChaosCluster cluster(options);
+  const std::string metrics = HttpGet(options.metrics_port, "/metrics");
+  EXPECT_NE(metrics.find("200 OK"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("baton_pair_ready 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("baton_epoch 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("# TYPE baton_failovers_total counter"), std::string::npos);
+  EXPECT_NE(HttpGet(options.metrics_port, "/nope").find("404"), std::string::npos);
+}
+
+TEST(ChaosCli, BatonctlFindsTheDefaultSocket) {
+  ChaosCluster cluster;
+  const std::string cmd = "BATON_RUNTIME_DIR=" + cluster.dir() + "/run " + BATON_BIN_DIR +
+                          "/batonctl status > /dev/null 2>&1";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  const std::string elsewhere =
+      "BATON_RUNTIME_DIR=/nonexistent " + std::string(BATON_BIN_DIR) +
+      "/batonctl --json status 2>/dev/null | tail -1 | grep -q '\"ok\":false'";
+  EXPECT_EQ(std::system(elsewhere.c_str()), 0) << "unreachable: one JSON object with the reason";
+  const std::string unreachable = "BATON_RUNTIME_DIR=/nonexistent " + std::string(BATON_BIN_DIR) +
+                                  "/batonctl status > /dev/null 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(unreachable.c_str())), 1);
+}
+
+}  // namespace
+}  // namespace baton::chaos

@@ -1,0 +1,284 @@
+// baton_test_engine_helper: an engine for the chaos tests, built on the engine SDK.
+//
+// Normal mode: registers, maps the weights, waits as a standby, and once promoted stamps
+// every granted block's header (engine id, epoch, counter) every few milliseconds from its
+// compute thread. Before each write it checks that the header it finds was written by itself
+// in its own epoch or is scrubbed (all zero); anything else breaks fencing invariants 1/2:
+// it reports the error through the SDK and writes <violations-dir>/violation-<id>.txt, which
+// the tests look for. Heartbeats come from the SDK's own thread.
+//
+// Flags:
+//   --violations-dir DIR     where a violation is written down
+//   --rogue-file PATH        if PATH exists, claim it (rename) and misbehave as its content
+//                            says: bad-frame, stale-epoch, foreign-return, foreign-lease,
+//                            wrong-id (speaking the raw protocol instead of the SDK)
+//   --crash-if-id-above N    exit(3) at once when this engine's id is above N
+//   --busy-ms N              after promotion, the compute thread spins N ms per round
+//   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "base/log.h"
+#include "proto/hello.h"
+#include "proto/listener.h"
+#include "standby/engine_sdk.h"
+
+namespace baton {
+namespace {
+
+constexpr uint64_t kStampMagic = 0x42544e4b53544d50ull;  // "BTNKSTMP"
+
+struct BlockStamp {
+  uint64_t magic;
+  uint64_t engine_id;
+  uint64_t epoch;
+  uint64_t counter;
+};
+static_assert(sizeof(BlockStamp) <= kBlockHeaderBytes);
+
+struct Flags {
+  std::string violations_dir;
+  std::string rogue_file;
+  uint64_t crash_if_id_above = 0;
+  int busy_ms = 0;
+  bool exit_after_promote = false;
+};
+
+bool ParseFlags(int argc, char** argv, Flags* f) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    if (a == "--violations-dir") {
+      if (!value(&f->violations_dir)) return false;
+    } else if (a == "--rogue-file") {
+      if (!value(&f->rogue_file)) return false;
+    } else if (a == "--crash-if-id-above") {
+      if (!value(&v)) return false;
+      f->crash_if_id_above = std::stoull(v);
+    } else if (a == "--busy-ms") {
+      if (!value(&v)) return false;
+      f->busy_ms = std::stoi(v);
+    } else if (a == "--exit-after-promote") {
+      f->exit_after_promote = true;
+    } else {
+      std::fprintf(stderr, "test engine: unknown flag %s\n", a.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+// The rogue mode named in the file, if this process claimed it.
+std::string ClaimRogueMode(const std::string& path) {
+  if (path.empty()) return "";
+  const std::string claimed = path + ".claimed." + std::to_string(::getpid());
+  if (::rename(path.c_str(), claimed.c_str()) != 0) return "";
+  std::ifstream in(claimed);
+  std::string mode;
+  in >> mode;
+  return mode;
+}
+
+// --- misbehaving over the raw protocol ------------------------------------------------------
+
+void KeepBeating(proto::Channel& channel) {
+  uint64_t seq = 0;
+  while (channel.is_open()) {
+    if (!channel.Send(proto::Heartbeat{.epoch = 0, .seq = ++seq}).ok()) return;
+    Result<proto::ReceivedMessage> msg = channel.Receive(std::chrono::milliseconds(50));
+    if (!msg.ok() && msg.status().code() != StatusCode::kDeadlineExceeded) return;
+    if (msg.ok() && msg->type == proto::MsgType::kStop) return;
+  }
+}
+
+int RunRogue(const std::string& mode, const EngineLaunchInfo& info) {
+  BATON_LOG(WARN, "test-engine") << "engine " << info.engine_id << " misbehaves: " << mode;
+  boost::asio::io_context io;
+  Result<proto::Channel> channel = proto::Connect(io, info.socket_path);
+  if (!channel.ok()) return 1;
+  proto::ClientHelloOptions hello{
+      .peer_name = "rogue", .role = "engine", .launch_token = info.launch_token};
+  if (!proto::ClientHello(*channel, hello).ok()) return 1;
+  const uint64_t id = mode == "wrong-id" ? info.engine_id + 1000 : info.engine_id;
+  (void)channel->Send(
+      proto::Register{.engine_id = id, .engine_version = "rogue", .http_address = ""});
+  Result<proto::ReceivedMessage> ack = channel->Receive(std::chrono::seconds(10));
+  if (!ack.ok() || ack->type != proto::MsgType::kRegisterAck) {
+    KeepBeating(*channel);
+    return 2;
+  }
+  (void)channel->Send(proto::StandbyReady{});
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (mode == "bad-frame") {
+    const char garbage[] = "this is not a Baton frame at all";
+    ssize_t unused = ::send(channel->native_handle(), garbage, sizeof(garbage), MSG_NOSIGNAL);
+    (void)unused;
+  } else if (mode == "stale-epoch") {
+    (void)channel->Send(proto::Heartbeat{.epoch = 999'999, .seq = 1});
+  } else if (mode == "foreign-return") {
+    (void)channel->Send(proto::ReturnExtents{.epoch = 0, .extents = {{0, 1}}});
+  } else if (mode == "foreign-lease") {
+    (void)channel->Send(proto::LeaseRequest{.epoch = 0, .blocks = 4});
+  }
+  KeepBeating(*channel);
+  return 2;
+}
+
+// --- the well-behaved engine ------------------------------------------------------------------
+
+class StampWriter {
+ public:
+  StampWriter(EngineSession* session, const Flags& flags) : session_(session), flags_(flags) {}
+
+  void Run(const std::atomic<bool>& stop) {
+    while (!stop.load() && !violated_) {
+      if (session_->CheckEpoch().ok()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const MappedExtent& e : session_->extents()) StampExtent(e);
+      }
+      Spin();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+
+  // Serializes block returns with the writer.
+  std::mutex& mu() { return mu_; }
+
+ private:
+  void StampExtent(const MappedExtent& e) {
+    const uint64_t me = session_->engine_id();
+    const uint64_t epoch = session_->epoch();
+    for (uint32_t b = e.first; b < e.first + e.count && !violated_; ++b) {
+      auto* stamp = reinterpret_cast<volatile BlockStamp*>(session_->pool().BlockData(b));
+      const BlockStamp seen{stamp->magic, stamp->engine_id, stamp->epoch, stamp->counter};
+      const bool scrubbed = seen.magic == 0 && seen.engine_id == 0 && seen.epoch == 0;
+      const bool mine = seen.magic == kStampMagic && seen.engine_id == me && seen.epoch == epoch;
+      if (!scrubbed && !mine) return Violation(b, seen);
+      stamp->magic = kStampMagic;
+      stamp->engine_id = me;
+      stamp->epoch = epoch;
+      stamp->counter = ++counter_;
+    }
+  }
+
+  void Violation(uint32_t block, const BlockStamp& seen) {
+    violated_ = true;
+    const std::string what =
+        "invariant violation: block " + std::to_string(block) + " holds a header of engine " +
+        std::to_string(seen.engine_id) + " epoch " + std::to_string(seen.epoch) + " (magic " +
+        std::to_string(seen.magic) + "), this is engine " + std::to_string(session_->engine_id()) +
+        " at epoch " + std::to_string(session_->epoch());
+    BATON_LOG(ERROR, "test-engine") << what;
+    if (!flags_.violations_dir.empty()) {
+      std::ofstream out(flags_.violations_dir + "/violation-" +
+                        std::to_string(session_->engine_id()) + ".txt");
+      out << what << "\n";
+    }
+    (void)session_->ReportError(Internal(what));
+  }
+
+  void Spin() const {
+    if (flags_.busy_ms <= 0) return;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(flags_.busy_ms);
+    volatile uint64_t x = 0;
+    while (std::chrono::steady_clock::now() < until) x = x + 1;
+  }
+
+  EngineSession* session_;
+  const Flags& flags_;
+  std::mutex mu_;
+  uint64_t counter_ = 0;
+  bool violated_ = false;
+};
+
+// Handles controller events until a stop or a lost connection.
+void ServeEvents(EngineSession& session, StampWriter& writer) {
+  while (true) {
+    std::optional<SessionEvent> event = session.NextEvent(std::chrono::milliseconds(100));
+    if (!event.has_value()) continue;
+    switch (event->kind) {
+      case SessionEventKind::kReclaim: {
+        std::lock_guard<std::mutex> lock(writer.mu());
+        std::vector<MappedExtent> mapped = session.extents();
+        std::vector<MappedExtent> give;
+        uint32_t left = event->blocks;
+        for (const MappedExtent& e : mapped) {
+          if (left == 0) break;
+          const uint32_t n = std::min(left, e.count);
+          give.push_back(MappedExtent{.first = e.first + e.count - n, .count = n});
+          left -= n;
+        }
+        (void)session.ReturnBlocks(give);
+        break;
+      }
+      case SessionEventKind::kDrain:
+        (void)session.ReportDrained(0);
+        break;
+      case SessionEventKind::kStop:
+      case SessionEventKind::kDisconnected:
+        return;
+      default:
+        break;
+    }
+  }
+}
+
+int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
+  EngineSessionOptions options;
+  options.launch = info;
+  options.engine_version = "test-engine/1";
+  options.http_address = "127.0.0.1:" + std::to_string(info.http_port);
+  Result<std::unique_ptr<EngineSession>> session = EngineSession::Connect(options);
+  if (!session.ok()) {
+    BATON_LOG(ERROR, "test-engine") << session.status().ToString();
+    return 1;
+  }
+  EngineSession& s = **session;
+  Result<SessionEvent> promoted = DeadlineExceeded("not yet");
+  while (true) {
+    promoted = s.WaitForPromotion(std::chrono::milliseconds(200));
+    if (promoted.ok() || promoted.status().code() != StatusCode::kDeadlineExceeded) break;
+  }
+  if (!promoted.ok()) return 0;  // told to stop, or the controller went away
+  if (!s.MarkServing().ok()) return 1;
+  if (flags.exit_after_promote) return 0;
+  StampWriter writer(&s, flags);
+  std::atomic<bool> stop{false};
+  std::thread compute([&] { writer.Run(stop); });
+  ServeEvents(s, writer);
+  stop = true;
+  compute.join();
+  s.Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) {
+  baton::Flags flags;
+  if (!baton::ParseFlags(argc, argv, &flags)) return 2;
+  baton::Result<baton::EngineLaunchInfo> info = baton::LaunchInfoFromEnv();
+  if (!info.ok()) {
+    std::fprintf(stderr, "test engine: %s\n", info.status().message().c_str());
+    return 2;
+  }
+  if (flags.crash_if_id_above != 0 && info->engine_id > flags.crash_if_id_above) return 3;
+  const std::string rogue = baton::ClaimRogueMode(flags.rogue_file);
+  if (!rogue.empty()) return baton::RunRogue(rogue, *info);
+  return baton::RunEngine(flags, *info);
+}

@@ -1,0 +1,208 @@
+#include "controller/config.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace baton {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr char kFull[] = R"(
+[controller]
+runtime_dir = "/tmp/baton-test-run"
+state_dir = "/tmp/baton-test-state"
+log_level = "debug"
+metrics_port = 9100
+metrics_host = "0.0.0.0"
+name = "ctl-a"
+
+[model]
+dir = "/models/tiny"
+numa_node = 1
+huge_pages = false
+lock = false
+
+[engine]
+command = ["build/bin/baton-refengine", "--socket", "{socket}", "--port", "{port}"]
+log_dir = "/tmp/baton-test-logs"
+base_port = 8101
+port_count = 2
+register_timeout_ms = 30000
+promote_timeout_ms = 2000
+drain_timeout_ms = 7000
+stop_grace_ms = 500
+
+[pool]
+blocks = 512
+block_bytes = "2MiB"
+huge_pages = false
+initial_grant_blocks = 64
+
+[health]
+heartbeat_interval_ms = 50
+heartbeat_misses = 4
+probe_timeout_ms = 80
+
+[policy]
+max_failures = 7
+failure_window_s = 30
+initial_backoff_ms = 500
+max_backoff_ms = 8000
+quiet_period_s = 90
+)";
+
+TEST(Config, ParsesEveryKey) {
+  Result<ControllerConfig> c = ParseConfigToml(kFull, "full.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->runtime_dir, "/tmp/baton-test-run");
+  EXPECT_EQ(c->state_dir, "/tmp/baton-test-state");
+  EXPECT_EQ(c->log_level, "debug");
+  EXPECT_EQ(c->metrics_port, 9100);
+  EXPECT_EQ(c->metrics_host, "0.0.0.0");
+  EXPECT_EQ(c->name, "ctl-a");
+  EXPECT_EQ(c->model_dir, "/models/tiny");
+  EXPECT_EQ(c->numa_node, 1);
+  EXPECT_FALSE(c->weights_huge_pages);
+  EXPECT_FALSE(c->weights_lock);
+  ASSERT_EQ(c->engine_command.size(), 5u);
+  EXPECT_EQ(c->engine_command[2], "{socket}");
+  EXPECT_EQ(c->engine_log_dir, "/tmp/baton-test-logs");
+  EXPECT_EQ(c->base_port, 8101);
+  EXPECT_EQ(c->port_count, 2);
+  EXPECT_EQ(c->register_timeout, seconds(30));
+  EXPECT_EQ(c->promote_timeout, seconds(2));
+  EXPECT_EQ(c->drain_timeout, seconds(7));
+  EXPECT_EQ(c->stop_grace, milliseconds(500));
+  EXPECT_EQ(c->block_count, 512u);
+  EXPECT_EQ(c->block_bytes, 2u << 20);
+  EXPECT_FALSE(c->pool_huge_pages);
+  EXPECT_EQ(c->initial_grant_blocks, 64u);
+  EXPECT_EQ(c->heartbeat_interval, milliseconds(50));
+  EXPECT_EQ(c->heartbeat_misses, 4);
+  EXPECT_EQ(c->probe_timeout, milliseconds(80));
+  EXPECT_EQ(c->crash_max_failures, 7);
+  EXPECT_EQ(c->crash_window, seconds(30));
+  EXPECT_EQ(c->crash_initial_backoff, milliseconds(500));
+  EXPECT_EQ(c->crash_max_backoff, seconds(8));
+  EXPECT_EQ(c->crash_quiet_period, seconds(90));
+  ControllerConfig done = *c;
+  EXPECT_TRUE(FinishConfig(&done).ok());
+}
+
+TEST(Config, DefaultsMatchTheDesign) {
+  Result<ControllerConfig> c = ParseConfigToml("", "empty.toml");
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->heartbeat_interval, milliseconds(100));
+  EXPECT_EQ(c->heartbeat_misses, 3);
+  EXPECT_EQ(c->block_bytes, 2u << 20);
+  EXPECT_TRUE(c->pool_huge_pages);
+  EXPECT_TRUE(c->weights_huge_pages);
+}
+
+// Each bad config is refused with an error that names the key and the rule.
+TEST(Config, BadConfigsAreRefusedWithTheKey) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"[pool]\nblocks = \"many\"\n", "pool.blocks: expected an integer"},
+      {"[pool]\nblok_bytes = 4096\n", "unknown key 'pool.blok_bytes'"},
+      {"[pool]\nblock_bytes = \"2 parsecs\"\n", "pool.block_bytes: not a size"},
+      {"[health]\nheartbeat_misses = 0\n", "health.heartbeat_misses: must be in [1, 1000]"},
+      {"[engine]\ncommand = [\"a\", 3]\n", "engine.command: expected a string"},
+      {"[engine]\ncommand = \"a 'b\"\n", "unterminated quote"},
+      {"[model]\nhuge_pages = \"yes\"\n", "model.huge_pages: expected true or false"},
+      {"pool = 3\n", "'pool' must be a [section]"},
+      {"[pool\nblocks = 1\n", "malformed TOML"},
+      {"[controller]\nmetrics_port = 70000\n", "controller.metrics_port: must be in [0, 65535]"},
+  };
+  for (const auto& [text, want] : cases) {
+    Result<ControllerConfig> c = ParseConfigToml(text, "bad.toml");
+    ASSERT_FALSE(c.ok()) << text;
+    EXPECT_EQ(c.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(want), std::string::npos)
+        << "for:\n"
+        << text << "got: " << c.status().message();
+  }
+}
+
+TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
+  ControllerConfig c;
+  Status s = FinishConfig(&c);
+  EXPECT_NE(s.message().find("model.dir"), std::string::npos) << s.ToString();
+  c.model_dir = "/m";
+  s = FinishConfig(&c);
+  EXPECT_NE(s.message().find("engine.command"), std::string::npos) << s.ToString();
+  c.engine_command = {"/bin/true"};
+  c.block_bytes = 1000;
+  s = FinishConfig(&c);
+  EXPECT_NE(s.message().find("multiple of 4096"), std::string::npos) << s.ToString();
+  c.block_bytes = 4096;
+  ASSERT_TRUE(FinishConfig(&c).ok());
+  EXPECT_FALSE(c.runtime_dir.empty());
+  EXPECT_EQ(c.state_dir, c.runtime_dir + "/state");
+  EXPECT_EQ(c.socket_path(), c.runtime_dir + "/controller.sock");
+}
+
+TEST(Config, RuntimeDirComesFromTheEnvironment) {
+  ::setenv("BATON_RUNTIME_DIR", "/tmp/baton-env-dir", 1);
+  EXPECT_EQ(DefaultRuntimeDir(), "/tmp/baton-env-dir");
+  ::unsetenv("BATON_RUNTIME_DIR");
+  EXPECT_EQ(DefaultRuntimeDir(), "/tmp/baton-" + std::to_string(::getuid()));
+}
+
+TEST(Config, FlagsOverrideTheFile) {
+  const std::string path = "/tmp/baton-config-test-" + std::to_string(::getpid()) + ".toml";
+  {
+    std::ofstream out(path);
+    out << "[model]\ndir = \"/from/file\"\n[pool]\nblocks = 10\n";
+  }
+  std::vector<std::string> args = {"baton-controller",
+                                   "--config",
+                                   path,
+                                   "--pool-blocks",
+                                   "20",
+                                   "--engine-cmd",
+                                   "eng --socket {socket} --name 'a b'",
+                                   "--health.heartbeat_interval_ms=25",
+                                   "--no-huge-pages"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ControllerConfig c;
+  Status s = ParseControllerFlags(static_cast<int>(argv.size()), argv.data(), &c);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(c.model_dir, "/from/file");
+  EXPECT_EQ(c.block_count, 20u);
+  EXPECT_EQ(c.heartbeat_interval, milliseconds(25));
+  EXPECT_FALSE(c.pool_huge_pages);
+  EXPECT_FALSE(c.weights_huge_pages);
+  ASSERT_EQ(c.engine_command.size(), 5u);
+  EXPECT_EQ(c.engine_command[4], "a b");
+  std::remove(path.c_str());
+}
+
+TEST(Config, BadFlagsAreRefused) {
+  auto parse = [](std::vector<std::string> args) {
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    ControllerConfig c;
+    return ParseControllerFlags(static_cast<int>(argv.size()), argv.data(), &c);
+  };
+  EXPECT_NE(parse({"x", "--frobnicate", "1"}).message().find("unknown flag --frobnicate"),
+            std::string::npos);
+  EXPECT_NE(parse({"x", "--pool-blocks"}).message().find("needs a value"), std::string::npos);
+  EXPECT_NE(parse({"x", "--pool-blocks", "-3"}).message().find("--pool-blocks"), std::string::npos);
+  EXPECT_NE(parse({"x", "--config", "/nonexistent.toml"}).message().find("/nonexistent.toml"),
+            std::string::npos);
+  EXPECT_EQ(parse({"x", "--help"}).code(), StatusCode::kNotFound);
+}
+
+TEST(Config, SplitCommandLine) {
+  Result<std::vector<std::string>> parts = SplitCommandLine("  a  'b c' \"d'e\" f\"g h\" ");
+  ASSERT_TRUE(parts.ok());
+  EXPECT_EQ(*parts, (std::vector<std::string>{"a", "b c", "d'e", "fg h"}));
+  EXPECT_FALSE(SplitCommandLine("   ").ok());
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,179 @@
+#include "standby/http_server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <boost/asio/io_context.hpp>
+#include <future>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "tests/standby/http_test_client.h"
+
+namespace baton {
+namespace {
+
+class HttpServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    HttpServerOptions options;
+    options.body_limit = 1024;
+    options.on_response = [this](int status) {
+      std::lock_guard lock(mu_);
+      ++responses_[status];
+    };
+    server_ = std::make_unique<HttpServer>(io_, options);
+    server_->Route(http::verb::get, "/hello", [](std::shared_ptr<HttpExchange> ex) {
+      ex->Respond(200, "text/plain", "hello " + std::string(ex->path()));
+    });
+    server_->Route(http::verb::post, "/echo", [](std::shared_ptr<HttpExchange> ex) {
+      ex->Respond(200, "text/plain", ex->request().body());
+    });
+    server_->Route(http::verb::get, "/later", [](std::shared_ptr<HttpExchange> ex) {
+      std::thread([ex] { ex->RespondJson(202, R"({"from":"thread"})"); }).detach();
+    });
+    server_->Route(http::verb::get, "/dropped", [](std::shared_ptr<HttpExchange>) {});
+    server_->Route(http::verb::get, "/stream", [this](std::shared_ptr<HttpExchange> ex) {
+      ex->OnAbort([this] { aborted_.set_value(); });
+      ex->BeginStream(200, "text/event-stream");
+      ex->Write("one");
+      streams_.set_value(ex);
+    });
+    ASSERT_TRUE(server_->Listen().ok());
+    thread_ = std::thread([this] { io_.run(); });
+  }
+
+  void TearDown() override {
+    io_.stop();
+    thread_.join();
+  }
+
+  int Responses(int status) {
+    std::lock_guard lock(mu_);
+    return responses_[status];
+  }
+
+  boost::asio::io_context io_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::map<int, int> responses_;
+  std::promise<std::shared_ptr<HttpExchange>> streams_;
+  std::promise<void> aborted_;
+};
+
+TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
+  TestHttpClient client(server_->port());
+  HttpReply a = client.Get("/hello?x=1");
+  EXPECT_EQ(a.status, 200);
+  EXPECT_EQ(a.body, "hello /hello");
+  HttpReply b = client.Post("/echo", "ping");
+  EXPECT_EQ(b.status, 200);
+  EXPECT_EQ(b.body, "ping");
+  EXPECT_EQ(Responses(200), 2);
+}
+
+TEST_F(HttpServerTest, UnknownPathIs404AndWrongMethodIs405) {
+  TestHttpClient client(server_->port());
+  HttpReply missing = client.Get("/nope");
+  EXPECT_EQ(missing.status, 404);
+  EXPECT_EQ(missing.content_type, "application/json");
+  auto j = nlohmann::json::parse(missing.body);
+  EXPECT_NE(j["error"]["message"].get<std::string>().find("/nope"), std::string::npos);
+  EXPECT_TRUE(j["error"]["param"].is_null());
+  HttpReply wrong = client.Post("/hello", "{}");
+  EXPECT_EQ(wrong.status, 405);
+  EXPECT_EQ(wrong.allow, "GET");
+  EXPECT_EQ(client.Get("/hello").status, 200);  // the connection is still usable
+}
+
+TEST_F(HttpServerTest, OversizedBodyIs413AndServerStaysUp) {
+  {
+    TestHttpClient client(server_->port());
+    HttpReply reply = client.Post("/echo", std::string(4096, 'x'));
+    EXPECT_EQ(reply.status, 413);
+    EXPECT_TRUE(nlohmann::json::parse(reply.body).contains("error"));
+  }
+  TestHttpClient again(server_->port());
+  EXPECT_EQ(again.Post("/echo", std::string(1024, 'y')).body, std::string(1024, 'y'));
+  EXPECT_EQ(Responses(413), 1);
+}
+
+TEST_F(HttpServerTest, MalformedRequestIs400) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.SendRaw("NOT A REQUEST\r\n\r\n"));
+  std::string reply = client.ReadRawUntil("}}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 400", 0), 0u) << reply;
+  TestHttpClient again(server_->port());
+  EXPECT_EQ(again.Get("/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, AnswersFromAnotherThread) {
+  TestHttpClient client(server_->port());
+  HttpReply reply = client.Get("/later");
+  EXPECT_EQ(reply.status, 202);
+  EXPECT_EQ(reply.body, R"({"from":"thread"})");
+}
+
+TEST_F(HttpServerTest, ExchangeDroppedUnansweredGets500) {
+  TestHttpClient client(server_->port());
+  EXPECT_EQ(client.Get("/dropped").status, 500);
+  EXPECT_EQ(client.Get("/hello").status, 200);
+}
+
+TEST_F(HttpServerTest, ExpectContinueGetsInterimResponse) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.SendRaw(
+      "POST /echo HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"));
+  EXPECT_EQ(client.ReadRawUntil("\r\n\r\n"), "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(client.SendRaw("hello"));
+  EXPECT_NE(client.ReadRawUntil("hello").find("200 OK"), std::string::npos);
+}
+
+TEST_F(HttpServerTest, StreamChunksArriveBeforeTheEnd) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.Send(http::verb::get, "/stream", ""));
+  ASSERT_EQ(client.ReadHeader(), 200);
+  while (client.body() != "one") ASSERT_TRUE(client.ReadMore());
+  // "one" came through while the stream is still open: now finish it.
+  std::shared_ptr<HttpExchange> ex = streams_.get_future().get();
+  ex->Write("two");
+  ex->EndStream();
+  while (!client.done()) ASSERT_TRUE(client.ReadMore());
+  EXPECT_EQ(client.body(), "onetwo");
+  EXPECT_FALSE(ex->aborted());
+  EXPECT_EQ(client.Get("/hello").status, 200);  // keep-alive after a chunked response
+}
+
+TEST_F(HttpServerTest, ClientGoingAwayAbortsTheStream) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.Send(http::verb::get, "/stream", ""));
+  ASSERT_EQ(client.ReadHeader(), 200);
+  client.Close();
+  std::shared_ptr<HttpExchange> ex = streams_.get_future().get();
+  std::future<void> aborted = aborted_.get_future();
+  // Writes into the closed connection fail sooner or later; the abort follows.
+  for (int i = 0; i < 600; ++i) {
+    ex->Write(std::string(4096, 'z'));
+    if (aborted.wait_for(std::chrono::milliseconds(50)) == std::future_status::ready) break;
+  }
+  ASSERT_EQ(aborted.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_TRUE(ex->aborted());
+  bool late = false;
+  ex->OnAbort([&] { late = true; });  // registered after the abort: runs at once
+  EXPECT_TRUE(late);
+}
+
+TEST(HttpServerListenTest, RefusesAnUnresolvableHost) {
+  boost::asio::io_context io;
+  HttpServerOptions options;
+  options.host = "no such host name.invalid";
+  HttpServer server(io, options);
+  Status s = server.Listen();
+  EXPECT_FALSE(s.ok());
+}
+
+}  // namespace
+}  // namespace baton
