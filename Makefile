@@ -31,7 +31,7 @@ $(FUZZ_DIR)/CMakeCache.txt:
 	  -DCMAKE_CXX_COMPILER=clang++ -DBATON_BUILD_FUZZERS=ON -DBATON_ENABLE_CUDA=OFF
 
 fuzz-build: deps $(FUZZ_DIR)/CMakeCache.txt
-	cmake --build $(FUZZ_DIR) -j $(JOBS)
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target baton_fuzzers
 
 # Runs each libFuzzer target (ASan + UBSan) for FUZZ_SECONDS over a scratch copy of its seed
 # corpus, so the committed corpus does not grow.
