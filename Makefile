@@ -41,6 +41,10 @@ fuzz: fuzz-build
 demo: build
 	@scripts/demo
 
+# The stack in the foreground on the default model until Ctrl-C; batonctl reaches it with no flags.
+serve: build
+	@scripts/serve
+
 perf: build
 	perf/weightload
 

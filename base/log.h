@@ -51,7 +51,7 @@ struct LogVoidify {
 #define BATON_LOG_LEVEL_ERROR ::baton::LogLevel::kError
 
 // An expression, safe under an unbraced if/else.
-#define BATON_LOG(level, component)                         \
-  (BATON_LOG_LEVEL_##level < ::baton::GetLogLevel())        \
-      ? (void)0                                             \
+#define BATON_LOG(level, component)                  \
+  (BATON_LOG_LEVEL_##level < ::baton::GetLogLevel()) \
+      ? (void)0                                      \
       : ::baton::LogVoidify() & ::baton::LogLine(BATON_LOG_LEVEL_##level, component)
