@@ -1,5 +1,6 @@
 #include "controller/controller.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -25,6 +26,8 @@ Status MakeDir(const std::string& path) {
   ::chmod(path.c_str(), 0700);
   return OkStatus();
 }
+
+int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
 CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
   CrashLoopGuard::Options o;
@@ -118,26 +121,64 @@ void Controller::Start() {
 void Controller::Shutdown(std::function<void()> done) {
   if (stopping_) return;
   stopping_ = true;
-  BATON_LOG(INFO, kLog) << "shutting down: stopping " << engines_.size() << " engines";
+  stop_done_ = std::move(done);
+  BATON_LOG(INFO, kLog) << "shutting down: stopping " << engines_.size() << " engines (grace "
+                        << Ms(config_.stop_grace) << " ms)";
   tick_.cancel();
   if (listener_.has_value()) listener_->Close();
-  for (auto& [id, e] : engines_) {
-    if (e->channel)
-      (void)e->channel->Send(proto::Stop{.reason = "the controller is shutting down"});
-  }
+  for (auto& [id, e] : engines_) StopEngine(*e);
   stop_timer_ = std::make_shared<boost::asio::steady_timer>(io_);
   stop_timer_->expires_after(engines_.empty() ? Duration::zero() : config_.stop_grace);
-  stop_timer_->async_wait([this, done = std::move(done)](const boost::system::error_code&) {
-    for (auto& [id, e] : engines_) {
-      e->process.KillAndReap();
-      BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->process.pid() << ") "
-                            << e->process.exit_info()->ToString();
+  // Runs at the end of the grace, or at once when the last engine has been reaped (cancel).
+  stop_timer_->async_wait([this](const boost::system::error_code&) { FinishShutdown(); });
+}
+
+void Controller::StopEngine(EngineRecord& e) {
+  if (e.failed.has_value()) return;  // already killed: its reap is on the way
+  Status sent = Unavailable("not connected");
+  if (e.channel != nullptr)
+    sent = e.channel->Send(proto::Stop{.reason = "the controller is shutting down"});
+  // An engine that cannot be told (not connected yet, or its connection broke) gets SIGTERM.
+  if (!sent.ok()) (void)e.process.Signal(SIGTERM);
+}
+
+void Controller::OnStoppedExit(EngineRecord& e, const ExitInfo& exit, bool killed) {
+  if (killed) {
+    BATON_LOG(WARN, kLog) << "engine " << e.id << " (pid " << e.process.pid() << ") still running "
+                          << Ms(config_.stop_grace) << " ms after Stop: SIGKILL sent; "
+                          << exit.ToString();
+  } else {
+    BATON_LOG(INFO, kLog) << "engine " << e.id << " (pid " << e.process.pid() << ") "
+                          << (e.failed.has_value() ? "reaped" : "exited after Stop") << ": "
+                          << exit.ToString();
+  }
+  exits_.push_back(EngineExit{clock_.Now(), e.id, e.process.pid(), e.launch_role,
+                              e.failed.has_value() ? ToString(*e.failed) : "stopped",
+                              exit.ToString()});
+  if (exits_.size() > 20) exits_.pop_front();
+  const EngineId id = e.id;
+  engines_.erase(id);
+  if (engines_.empty() && stop_timer_ != nullptr) stop_timer_->cancel();
+}
+
+void Controller::FinishShutdown() {
+  if (!stop_done_) return;
+  while (!engines_.empty()) {
+    EngineRecord& e = *engines_.begin()->second;
+    Result<std::optional<ExitInfo>> exited = e.process.TryReap();
+    if (exited.ok() && exited->has_value()) {  // exited just before its pidfd wakeup ran
+      OnStoppedExit(e, **exited, /*killed=*/false);
+      continue;
     }
-    engines_.clear();
-    conns_.clear();
-    listener_.reset();
-    done();
-  });
+    e.process.KillAndReap();
+    OnStoppedExit(e, *e.process.exit_info(), /*killed=*/true);
+  }
+  conns_.clear();
+  listener_.reset();
+  BATON_LOG(INFO, kLog) << "engines stopped at epoch " << journal_->current();
+  std::function<void()> done = std::move(stop_done_);
+  stop_done_ = nullptr;
+  done();
 }
 
 bool Controller::backoff() const {

@@ -73,8 +73,10 @@ class Controller {
 
   // Starts accepting connections and launches the engines.
   void Start();
-  // Tells every engine to stop, kills those still alive after stop_grace, reaps them all,
-  // closes the socket and calls `done`.
+  // Tells every engine to stop (Stop on its connection; SIGTERM if it has none), reaps each
+  // as it exits, SIGKILLs and reaps those still alive after stop_grace, closes the socket and
+  // calls `done`. A connection closing after Stop is the expected goodbye, not a failure: a
+  // clean stop fences nothing and spends no epoch.
   void Shutdown(std::function<void()> done);
 
   // --- operator commands (batonctl) --------------------------------------------------------
@@ -119,6 +121,10 @@ class Controller {
   void ArmTick();
   void OnTick();
   void CloseIdleConnections();
+  void StopEngine(EngineRecord& e);
+  // Logs and records the exit of an engine during shutdown and erases its record.
+  void OnStoppedExit(EngineRecord& e, const ExitInfo& exit, bool killed);
+  void FinishShutdown();
 
   // controller_engines.cc: launching and engine messages.
   void MaybeLaunch();
@@ -210,6 +216,7 @@ class Controller {
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;
   std::shared_ptr<boost::asio::steady_timer> stop_timer_;
+  std::function<void()> stop_done_;
 };
 
 }  // namespace baton

@@ -124,7 +124,11 @@ void Controller::ReadEngine(EngineId id) {
   e->channel->AsyncReceive([this, id, gen](Result<proto::ReceivedMessage> msg) {
     EngineRecord* e = Find(id);
     if (e == nullptr || e->channel == nullptr || e->channel_gen != gen) return;
-    if (!msg.ok()) {
+    if (!msg.ok() && stopping_) {
+      // After Stop, the engine closing its connection is its goodbye; its exit is awaited.
+      BATON_LOG(DEBUG, kLog) << Name(*e) << " closed its connection: " << msg.status().message();
+      e->channel.reset();
+    } else if (!msg.ok()) {
       // A clean close is Unavailable; anything else was a protocol error on this connection.
       if (msg.status().code() != StatusCode::kUnavailable) {
         Refused("engine " + std::to_string(id), "protocol error: " + msg.status().message());

@@ -111,8 +111,9 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
   BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e->process.pid() << ", " << state
                         << ") fenced: " << ToString(cause) << ": " << detail
                         << (alive ? "; SIGKILL sent" : "; already exited");
-  if (cause != FailCause::kPlanned && cause != FailCause::kShutdown && !stopping_ &&
-      guard_.RecordFailure()) {
+  // While the controller stops, the pool goes with it: killing is enough, no epoch is spent.
+  if (stopping_) return;
+  if (cause != FailCause::kPlanned && cause != FailCause::kShutdown && guard_.RecordFailure()) {
     BATON_LOG(WARN, kLog) << "crash-loop guard tripped: " << guard_.recent_failures()
                           << " failures within the window";
   }
@@ -125,7 +126,7 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
     }
     if (failover_.has_value() && failover_->successor == id) failover_->successor = kNoEngine;
     FenceInLedger(*e);
-    if (!stopping_ && pair_.Allows(PairEvent::kStandbyDied)) ApplyPair(PairEvent::kStandbyDied);
+    if (pair_.Allows(PairEvent::kStandbyDied)) ApplyPair(PairEvent::kStandbyDied);
   }
   PublishRoutes();
   CheckInvariants();
@@ -134,10 +135,6 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
 void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detected_at,
                              std::optional<TimePoint> killed_at) {
   primary_ = kNoEngine;
-  if (stopping_) {
-    FenceInLedger(e);
-    return;
-  }
   ++failovers_;
   const PairState before = pair_.state();
   PromotionRecord* r = timelines_.current();
@@ -197,6 +194,7 @@ void Controller::OnProcessExit(EngineId id) {
     return;
   }
   if (!exited->has_value()) return WatchPid(id);  // not yet: wait again
+  if (stopping_) return OnStoppedExit(*e, **exited, /*killed=*/false);
   const std::string how = (*exited)->ToString();
   if (!e->failed.has_value()) Fail(id, FailCause::kDied, how);
   BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->process.pid() << ") reaped: " << how;
@@ -245,9 +243,8 @@ void Controller::FinishFence(EngineRecord& e) {
       BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
   }
   (void)e.machine.Apply(EngineEvent::kFenceDone);
-  if (!stopping_ && pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
+  if (pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
   engines_.erase(id);
-  if (stopping_ && engines_.empty() && stop_timer_ != nullptr) stop_timer_->cancel();
 }
 
 // --- promotion ----------------------------------------------------------------------------------

@@ -94,8 +94,14 @@ Result<AcceptedHello> AnswerHello(Channel& channel, const ReceivedMessage& first
   if (!hello->peer_name.empty()) {
     channel.set_label(hello->peer_name + " (" + channel.label() + ")");
   }
-  BATON_LOG(INFO, "proto") << "hello from " << channel.label() << ", role " << hello->role
-                           << ", protocol version " << *version;
+  // batonctl polls: a line per call at INFO would drown the state changes.
+  if (hello->role == "cli") {
+    BATON_LOG(DEBUG, "proto") << "hello from " << channel.label() << ", role cli, protocol version "
+                              << *version;
+  } else {
+    BATON_LOG(INFO, "proto") << "hello from " << channel.label() << ", role " << hello->role
+                             << ", protocol version " << *version;
+  }
   return AcceptedHello{.hello = std::move(hello).value(), .version = *version};
 }
 

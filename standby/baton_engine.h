@@ -29,6 +29,14 @@ extern "C" {
 
 #define BATON_ENGINE_ABI_VERSION 1
 
+/* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
+ * exports these alone. */
+#if defined(__GNUC__)
+#define BATON_ENGINE_API __attribute__((visibility("default")))
+#else
+#define BATON_ENGINE_API
+#endif
+
 typedef struct baton_engine baton_engine;
 
 typedef struct baton_engine_options {
@@ -93,43 +101,49 @@ typedef struct baton_event {
 } baton_event;
 
 /* The ABI version this library implements (BATON_ENGINE_ABI_VERSION). */
-int baton_engine_abi_version(void);
+BATON_ENGINE_API int baton_engine_abi_version(void);
 /* The message of this thread's last failed call ("" if none). */
-const char* baton_engine_last_error(void);
+BATON_ENGINE_API const char* baton_engine_last_error(void);
 
 /* Connects, registers and becomes a half-started standby. `options` may be NULL (all from
  * the environment). On success *out is the handle. */
-int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
+BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
 /* Shuts the session down (unmaps everything, closes the connection) and frees the handle. */
-void baton_engine_close(baton_engine* engine);
+BATON_ENGINE_API void baton_engine_close(baton_engine* engine);
 
-uint64_t baton_engine_id(const baton_engine* engine);
-uint64_t baton_engine_epoch(const baton_engine* engine);
+BATON_ENGINE_API uint64_t baton_engine_id(const baton_engine* engine);
+BATON_ENGINE_API uint64_t baton_engine_epoch(const baton_engine* engine);
 /* 0 while this engine may keep writing to its blocks. */
-int baton_engine_check_epoch(const baton_engine* engine);
+BATON_ENGINE_API int baton_engine_check_epoch(const baton_engine* engine);
 
-size_t baton_engine_tensor_count(const baton_engine* engine);
+BATON_ENGINE_API size_t baton_engine_tensor_count(const baton_engine* engine);
 /* Fills *out with tensor `index` (0-based, sorted by name). */
-int baton_engine_tensor(const baton_engine* engine, size_t index, baton_tensor* out);
+BATON_ENGINE_API int baton_engine_tensor(const baton_engine* engine, size_t index,
+                                         baton_tensor* out);
 /* Fills *out with the tensor called `name`; 2 (not found) if there is none. */
-int baton_engine_find_tensor(const baton_engine* engine, const char* name, baton_tensor* out);
-int baton_engine_pool(const baton_engine* engine, baton_pool_info* out);
+BATON_ENGINE_API int baton_engine_find_tensor(const baton_engine* engine, const char* name,
+                                              baton_tensor* out);
+BATON_ENGINE_API int baton_engine_pool(const baton_engine* engine, baton_pool_info* out);
 
 /* Waits to be promoted; *out gets the PROMOTED event. */
-int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms, baton_event* out);
-int baton_engine_mark_serving(baton_engine* engine);
+BATON_ENGINE_API int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms,
+                                                 baton_event* out);
+BATON_ENGINE_API int baton_engine_mark_serving(baton_engine* engine);
 /* The next event; out->kind is BATON_EVENT_NONE when none came within the timeout. */
-int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms, baton_event* out);
+BATON_ENGINE_API int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms,
+                                             baton_event* out);
 
-int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks);
+BATON_ENGINE_API int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks);
 /* Returns `count` extents ({first, count}; data and bytes are ignored). */
-int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents, size_t count);
-int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished);
+BATON_ENGINE_API int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents,
+                                                size_t count);
+BATON_ENGINE_API int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished);
 /* Reports an asynchronous error (`code` a StatusCode value, 0 means internal). */
-int baton_engine_report_error(baton_engine* engine, int code, const char* message);
+BATON_ENGINE_API int baton_engine_report_error(baton_engine* engine, int code, const char* message);
 
 /* Copies up to `capacity` currently mapped extents to `out`; returns how many are mapped. */
-size_t baton_engine_extents(const baton_engine* engine, baton_extent* out, size_t capacity);
+BATON_ENGINE_API size_t baton_engine_extents(const baton_engine* engine, baton_extent* out,
+                                             size_t capacity);
 
 #ifdef __cplusplus
 }

@@ -75,6 +75,9 @@ class ChaosCluster {
   void KillController();
   // Starts a controller again on the same directory (journal, socket) and waits for a pair.
   void RestartController();
+  // SIGTERM the controller, wait for it (SIGKILL after 20 s, a failure) and check that no
+  // engine outlived it. Returns its waitpid status (-1 if it was not running).
+  int StopController();
   std::string Log() const;
   const std::string& dir() const { return dir_; }
   const std::string& socket() const { return socket_; }
@@ -86,7 +89,6 @@ class ChaosCluster {
  private:
   void WriteConfig(const ClusterOptions& options) const;
   void StartController();
-  void StopController();
 
   std::string dir_;
   std::string socket_;

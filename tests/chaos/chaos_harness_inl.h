@@ -109,8 +109,8 @@ inline void ChaosCluster::StartController() {
   ASSERT_EQ(rc, 0) << "spawning " << bin << ": " << std::strerror(rc);
 }
 
-inline void ChaosCluster::StopController() {
-  if (controller_pid_ <= 0) return;
+inline int ChaosCluster::StopController() {
+  if (controller_pid_ <= 0) return -1;
   std::vector<pid_t> engines;
   json status = Status();
   if (status.contains("engines")) {
@@ -138,6 +138,7 @@ inline void ChaosCluster::StopController() {
     }
     EXPECT_FALSE(ProcessExists(pid)) << "engine pid " << pid << " outlived the controller";
   }
+  return wstatus;
 }
 
 inline CtlResult ChaosCluster::Ctl(const std::vector<std::string>& args) const {

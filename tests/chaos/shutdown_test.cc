@@ -1,0 +1,83 @@
+// Graceful shutdown of the real daemon: SIGTERM sends every engine Stop, the engines exit by
+// themselves and are reaped, the controller exits 0, and no epoch is spent on it. An engine
+// that ignores Stop is killed once stop_grace_ms has passed.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "controller/epoch_journal.h"
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+uint64_t JournalEpoch(const ChaosCluster& cluster) {
+  Result<EpochJournal> journal = EpochJournal::Open(cluster.dir() + "/run/state/epoch.journal");
+  EXPECT_TRUE(journal.ok()) << journal.status().ToString();
+  return journal.ok() ? journal->current() : 0;
+}
+
+// The controller's log from the shutdown on.
+std::string ShutdownLog(const ChaosCluster& cluster) {
+  const std::string log = cluster.Log();
+  const size_t at = log.find("shutting down");
+  return at == std::string::npos ? "" : log.substr(at);
+}
+
+std::string EngineLine(const json& engine, const std::string& what) {
+  return "engine " + std::to_string(engine["id"].get<uint64_t>()) + " (pid " +
+         std::to_string(PidOf(engine)) + ") " + what;
+}
+
+void ExpectExitedZero(int wstatus) {
+  EXPECT_TRUE(WIFEXITED(wstatus)) << "controller wait status " << wstatus;
+  EXPECT_EQ(WEXITSTATUS(wstatus), 0);
+}
+
+TEST(ChaosShutdown, SigtermStopsEnginesCleanlyAndSpendsNoEpoch) {
+  ChaosCluster cluster;
+  const json status = cluster.Status();
+  const uint64_t epoch = status["epoch"]["durable"].get<uint64_t>();
+  ASSERT_GT(epoch, 0u);
+  ASSERT_EQ(status["engines"].size(), 2u);
+
+  ExpectExitedZero(cluster.StopController());
+  const std::string log = ShutdownLog(cluster);
+  ASSERT_FALSE(log.empty()) << cluster.Log();
+  for (const json& e : status["engines"]) {
+    EXPECT_NE(log.find(EngineLine(e, "exited after Stop: exited with status 0")), std::string::npos)
+        << e["role"] << " engine did not exit by itself:\n"
+        << log;
+  }
+  EXPECT_EQ(log.find("fenced"), std::string::npos) << log;
+  EXPECT_EQ(log.find("SIGKILL"), std::string::npos) << log;
+  EXPECT_NE(log.find("engines stopped at epoch " + std::to_string(epoch)), std::string::npos)
+      << log;
+  EXPECT_EQ(JournalEpoch(cluster), epoch);
+}
+
+TEST(ChaosShutdown, EngineIgnoringStopIsKilledAfterTheGrace) {
+  ChaosCluster cluster;
+  const json status = cluster.Status();
+  const uint64_t epoch = status["epoch"]["durable"].get<uint64_t>();
+  const json standby = EngineWithRole(status, "standby");
+  const json primary = EngineWithRole(status, "primary");
+  ASSERT_FALSE(standby.is_null());
+  ASSERT_EQ(::kill(PidOf(standby), SIGSTOP), 0);  // it cannot answer Stop now
+
+  ExpectExitedZero(cluster.StopController());
+  const std::string log = ShutdownLog(cluster);
+  EXPECT_NE(log.find(EngineLine(standby,
+                                "still running 2000 ms after Stop: SIGKILL sent; "
+                                "killed by SIGKILL")),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find(EngineLine(primary, "exited after Stop: exited with status 0")),
+            std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("fenced"), std::string::npos) << log;
+  EXPECT_EQ(JournalEpoch(cluster), epoch);
+}
+
+}  // namespace
+}  // namespace baton::chaos
