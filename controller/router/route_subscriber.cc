@@ -1,0 +1,116 @@
+#include "controller/router/route_subscriber.h"
+
+#include <boost/asio/io_context.hpp>
+
+#include "base/log.h"
+#include "proto/channel.h"
+#include "proto/hello.h"
+#include "proto/listener.h"
+
+namespace baton {
+
+void RouteSubscriber::SetStatic(const std::string& address) {
+  proto::RouteTable table;
+  table.version = 1;
+  table.pair_state = "static";
+  table.entries.push_back(proto::RouteEntry{.engine_id = 0,
+                                            .role = "primary",
+                                            .http_address = address,
+                                            .ready = true,
+                                            .weight = 100,
+                                            .engine_version = ""});
+  Store(std::move(table));
+}
+
+void RouteSubscriber::Start(std::string socket_path, std::chrono::milliseconds max_backoff) {
+  socket_path_ = std::move(socket_path);
+  max_backoff_ = max_backoff;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void RouteSubscriber::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<std::string> RouteSubscriber::Primary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const proto::RouteEntry& e : table_.entries) {
+    if (e.role == "primary" && e.ready && !e.http_address.empty()) return e.http_address;
+  }
+  return std::nullopt;
+}
+
+proto::RouteTable RouteSubscriber::table() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_;
+}
+
+void RouteSubscriber::Store(proto::RouteTable table) {
+  std::lock_guard<std::mutex> lock(mu_);
+  table_ = std::move(table);
+}
+
+bool RouteSubscriber::Wait(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, d, [this] { return stopping_; });
+  return !stopping_;
+}
+
+void RouteSubscriber::Run() {
+  std::chrono::milliseconds backoff(50);
+  while (Wait(std::chrono::milliseconds(0))) {
+    const bool was_connected = connected_.load();
+    Subscribe();
+    if (connected_.exchange(false) || was_connected) backoff = std::chrono::milliseconds(50);
+    if (!Wait(backoff)) return;
+    backoff = std::min(backoff * 2, max_backoff_);
+  }
+}
+
+// One subscription: connect, Hello, Subscribe, then tables until the channel fails.
+void RouteSubscriber::Subscribe() {
+  boost::asio::io_context io;
+  Result<proto::Channel> channel = proto::Connect(io, socket_path_);
+  if (!channel.ok()) {
+    BATON_LOG(DEBUG, "router") << "controller unreachable at " << socket_path_ << ": "
+                               << channel.status().ToString();
+    return;
+  }
+  Result<proto::HelloAck> ack = proto::ClientHello(
+      *channel, {.peer_name = "baton-router", .role = "router", .launch_token = ""});
+  if (!ack.ok()) {
+    BATON_LOG(WARN, "router") << "controller refused the router: " << ack.status().ToString();
+    return;
+  }
+  if (Status st = channel->Send(proto::Subscribe{.subscriber = "baton-router"}); !st.ok()) {
+    BATON_LOG(WARN, "router") << "subscribe failed: " << st.ToString();
+    return;
+  }
+  connected_ = true;
+  BATON_LOG(INFO, "router") << "subscribed to the route table at " << socket_path_;
+  while (Wait(std::chrono::milliseconds(0))) {
+    Result<proto::ReceivedMessage> msg = channel->Receive(std::chrono::milliseconds(200));
+    if (!msg.ok() && msg.status().code() == StatusCode::kDeadlineExceeded) continue;
+    Result<proto::RouteTable> table =
+        msg.ok() ? msg->As<proto::RouteTable>() : Result<proto::RouteTable>(msg.status());
+    if (!table.ok()) {
+      BATON_LOG(WARN, "router") << "controller connection lost, keeping the last route table: "
+                                << table.status().ToString();
+      return;
+    }
+    std::string primary = "none";
+    for (const proto::RouteEntry& e : table->entries) {
+      if (e.role == "primary" && e.ready) primary = e.http_address;
+    }
+    BATON_LOG(INFO, "router") << "route table v" << table->version << " epoch " << table->epoch
+                              << " state " << table->pair_state << " primary " << primary;
+    Store(std::move(*table));
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,59 @@
+// RouteSubscriber: keeps the router's copy of the controller's route table.
+//
+// A thread of its own connects to the controller's Unix socket, says Hello with role
+// "router", sends Subscribe and stores every RouteTable it receives. When the controller goes
+// away the last table is kept and the thread reconnects with a doubling backoff (50 ms up to
+// `max_backoff`). A router with a static backend uses SetStatic() and starts no thread.
+//
+// Ownership: owns its thread and the channel (which lives on that thread). Thread: Primary(),
+// table() and connected() are safe from any thread; Stop() joins.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "proto/messages.h"
+
+namespace baton {
+
+class RouteSubscriber {
+ public:
+  RouteSubscriber() = default;
+  ~RouteSubscriber() { Stop(); }
+  RouteSubscriber(const RouteSubscriber&) = delete;
+  RouteSubscriber& operator=(const RouteSubscriber&) = delete;
+
+  // A fixed table with one ready primary at `address`.
+  void SetStatic(const std::string& address);
+  // Starts the subscription thread.
+  void Start(std::string socket_path, std::chrono::milliseconds max_backoff);
+  void Stop();
+
+  // The ready primary's HTTP address, if the table has one.
+  std::optional<std::string> Primary() const;
+  proto::RouteTable table() const;
+  bool connected() const { return connected_.load(); }
+
+ private:
+  void Run();
+  void Subscribe();
+  // Sleeps up to `d`; false once Stop() was called.
+  bool Wait(std::chrono::milliseconds d);
+  void Store(proto::RouteTable table);
+
+  std::string socket_path_;
+  std::chrono::milliseconds max_backoff_{2000};
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  proto::RouteTable table_;
+  std::atomic<bool> connected_{false};
+  std::thread thread_;
+};
+
+}  // namespace baton

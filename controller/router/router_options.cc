@@ -1,0 +1,170 @@
+#include "controller/router/router_options.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml.hpp>
+
+namespace baton {
+namespace {
+
+// One setting, from a string (a flag) or a TOML value (converted to its string form).
+using Setter = std::function<Status(const std::string& value)>;
+
+Result<int64_t> ParseInt(const std::string& key, const std::string& text, int64_t lo, int64_t hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || *end != '\0' || errno != 0) {
+    return InvalidArgument(key + ": not an integer: \"" + text + "\"");
+  }
+  if (v < lo || v > hi) {
+    return InvalidArgument(key + ": must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           "], got " + text);
+  }
+  return static_cast<int64_t>(v);
+}
+
+Setter Millis(const std::string& key, std::chrono::milliseconds* out) {
+  return [=](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t ms, ParseInt(key, v, 1, 86400000));
+    *out = std::chrono::milliseconds(ms);
+    return OkStatus();
+  };
+}
+
+std::map<std::string, Setter> Setters(RouterOptions* o) {
+  std::map<std::string, Setter> s;
+  s["listen"] = [o](const std::string& v) {
+    return SplitHostPort(v, "listen", &o->listen_host, &o->listen_port);
+  };
+  s["controller"] = [o](const std::string& v) {
+    o->controller_socket = v;
+    return OkStatus();
+  };
+  s["backend"] = [o](const std::string& v) {
+    std::string host;
+    uint16_t port = 0;
+    BATON_RETURN_IF_ERROR(SplitHostPort(v, "backend", &host, &port));
+    o->backend = v;
+    return OkStatus();
+  };
+  s["api-key"] = [o](const std::string& v) {
+    o->api_key = v;
+    return OkStatus();
+  };
+  s["max-body-bytes"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("max-body-bytes", v, 1, int64_t{1} << 32));
+    o->max_body_bytes = static_cast<size_t>(n);
+    return OkStatus();
+  };
+  s["threads"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("threads", v, 1, 256));
+    o->threads = static_cast<int>(n);
+    return OkStatus();
+  };
+  s["connect-timeout-ms"] = Millis("connect-timeout-ms", &o->connect_timeout);
+  s["first-byte-timeout-ms"] = Millis("first-byte-timeout-ms", &o->first_byte_timeout);
+  s["stream-idle-timeout-ms"] = Millis("stream-idle-timeout-ms", &o->stream_idle_timeout);
+  return s;
+}
+
+std::string Dashes(std::string key) {
+  for (char& c : key) {
+    if (c == '_') c = '-';
+  }
+  return key;
+}
+
+}  // namespace
+
+std::string RouterDefaultRuntimeDir() {
+  if (const char* dir = std::getenv("BATON_RUNTIME_DIR"); dir != nullptr && *dir != '\0') {
+    return dir;
+  }
+  return "/tmp/baton-" + std::to_string(::getuid());
+}
+
+Status SplitHostPort(const std::string& text, const std::string& what, std::string* host,
+                     uint16_t* port) {
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) {
+    return InvalidArgument(what + ": want HOST:PORT, got \"" + text + "\"");
+  }
+  BATON_ASSIGN_OR_RETURN(int64_t p, ParseInt(what + " port", text.substr(colon + 1), 0, 65535));
+  *host = text.substr(0, colon);
+  *port = static_cast<uint16_t>(p);
+  return OkStatus();
+}
+
+Status ParseRouterToml(const std::string& text, const std::string& source, RouterOptions* options) {
+  std::map<std::string, Setter> setters = Setters(options);
+  try {
+    std::istringstream in(text);
+    const toml::value root = toml::parse(in, source);
+    for (const auto& [table, value] : root.as_table()) {
+      if (table != "router" || !value.is_table()) {
+        return InvalidArgument(source + ": unknown key \"" + table + "\" (want a [router] table)");
+      }
+      for (const auto& [key, v] : value.as_table()) {
+        auto it = setters.find(Dashes(key));
+        if (it == setters.end()) return InvalidArgument(source + ": unknown key router." + key);
+        std::string s;
+        if (v.is_string()) {
+          s = v.as_string();
+        } else if (v.is_integer()) {
+          s = std::to_string(v.as_integer());
+        } else {
+          return InvalidArgument(source + ": router." + key + ": want a string or an integer");
+        }
+        if (Status st = it->second(s); !st.ok()) {
+          return InvalidArgument(source + ": router." + st.message());
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgument(source + ": " + e.what());
+  }
+  return OkStatus();
+}
+
+Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
+  RouterOptions options;
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] != "--config") continue;
+    std::ifstream in(args[i + 1]);
+    if (!in) return InvalidArgument("--config: cannot read " + args[i + 1]);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    BATON_RETURN_IF_ERROR(ParseRouterToml(ss.str(), args[i + 1], &options));
+  }
+  std::map<std::string, Setter> setters = Setters(&options);
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string flag = args[i];
+    if (flag.rfind("--", 0) != 0) return InvalidArgument("unexpected argument \"" + flag + "\"");
+    flag = flag.substr(2);
+    std::string value;
+    if (size_t eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+    } else if (i + 1 < args.size()) {
+      value = args[++i];
+    } else {
+      return InvalidArgument("--" + flag + ": missing value");
+    }
+    if (flag == "config") continue;
+    auto it = setters.find(flag);
+    if (it == setters.end()) return InvalidArgument("unknown flag --" + flag);
+    if (Status st = it->second(value); !st.ok()) return InvalidArgument("--" + st.message());
+  }
+  if (options.controller_socket.empty()) {
+    options.controller_socket = RouterDefaultRuntimeDir() + "/controller.sock";
+  }
+  return options;
+}
+
+}  // namespace baton

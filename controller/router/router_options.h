@@ -1,0 +1,45 @@
+// RouterOptions: everything `baton-router` is told, from a TOML file (a [router] table) and/or
+// command-line flags (flags override the file).
+//
+// ParseRouterToml() and ParseRouterFlags() refuse unknown keys, wrong types and out-of-range
+// values with an error that names the key or flag. docs/router.md lists every key.
+// Plain values; thread-compatible.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace baton {
+
+struct RouterOptions {
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 8000;
+  std::string controller_socket;  // default <runtime dir>/controller.sock
+  std::string backend;            // "HOST:PORT": a static primary, no controller
+  std::string api_key;            // empty: no authentication
+  size_t max_body_bytes = 8u << 20;
+  std::chrono::milliseconds connect_timeout{2000};
+  std::chrono::milliseconds first_byte_timeout{60000};   // request sent → response header
+  std::chrono::milliseconds stream_idle_timeout{60000};  // between two body reads
+  std::chrono::milliseconds resubscribe_max_backoff{2000};
+  int threads = 2;
+};
+
+// $BATON_RUNTIME_DIR, or /tmp/baton-<uid>.
+std::string RouterDefaultRuntimeDir();
+
+// Applies the [router] table of a TOML document to `options`.
+Status ParseRouterToml(const std::string& text, const std::string& source, RouterOptions* options);
+
+// Parses argv (after argv[0]); --config FILE is read first, other flags override it.
+Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args);
+
+// "HOST:PORT" with a numeric port; InvalidArgument naming `what` otherwise.
+Status SplitHostPort(const std::string& text, const std::string& what, std::string* host,
+                     uint16_t* port);
+
+}  // namespace baton

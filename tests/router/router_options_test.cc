@@ -1,0 +1,62 @@
+// RouterOptions: flags, the TOML file, and the errors that name what broke.
+#include "controller/router/router_options.h"
+
+#include <gtest/gtest.h>
+
+namespace baton {
+namespace {
+
+TEST(RouterOptions, Defaults) {
+  Result<RouterOptions> o = ParseRouterFlags({});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->listen_host, "127.0.0.1");
+  EXPECT_EQ(o->listen_port, 8000);
+  EXPECT_NE(o->controller_socket.find("controller.sock"), std::string::npos);
+  EXPECT_TRUE(o->backend.empty());
+}
+
+TEST(RouterOptions, Flags) {
+  Result<RouterOptions> o =
+      ParseRouterFlags({"--listen", "127.0.0.1:9000", "--backend=127.0.0.1:7000", "--api-key", "k",
+                        "--max-body-bytes", "100", "--first-byte-timeout-ms", "250"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->listen_port, 9000);
+  EXPECT_EQ(o->backend, "127.0.0.1:7000");
+  EXPECT_EQ(o->api_key, "k");
+  EXPECT_EQ(o->max_body_bytes, 100u);
+  EXPECT_EQ(o->first_byte_timeout, std::chrono::milliseconds(250));
+}
+
+TEST(RouterOptions, BadFlagsNameTheFlag) {
+  Result<RouterOptions> o = ParseRouterFlags({"--listen", "nowhere"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("listen"), std::string::npos) << o.status().ToString();
+  o = ParseRouterFlags({"--max-body-bytes", "-3"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("max-body-bytes"), std::string::npos);
+  o = ParseRouterFlags({"--frobnicate", "1"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("frobnicate"), std::string::npos);
+  EXPECT_FALSE(ParseRouterFlags({"--api-key"}).ok());
+}
+
+TEST(RouterOptions, Toml) {
+  RouterOptions o;
+  ASSERT_TRUE(ParseRouterToml("[router]\nlisten = \"0.0.0.0:8100\"\nmax_body_bytes = 42\n"
+                              "connect_timeout_ms = 10\n",
+                              "r.toml", &o)
+                  .ok());
+  EXPECT_EQ(o.listen_host, "0.0.0.0");
+  EXPECT_EQ(o.listen_port, 8100);
+  EXPECT_EQ(o.max_body_bytes, 42u);
+  EXPECT_EQ(o.connect_timeout, std::chrono::milliseconds(10));
+  Status st = ParseRouterToml("[router]\nbogus = 1\n", "r.toml", &o);
+  EXPECT_NE(st.message().find("router.bogus"), std::string::npos) << st.ToString();
+  st = ParseRouterToml("[router\n", "r.toml", &o);
+  EXPECT_FALSE(st.ok());
+  st = ParseRouterToml("[router]\nthreads = 0\n", "r.toml", &o);
+  EXPECT_NE(st.message().find("threads"), std::string::npos) << st.ToString();
+}
+
+}  // namespace
+}  // namespace baton
