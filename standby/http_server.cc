@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "base/log.h"
 
@@ -204,7 +205,29 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (!ends) return WriteNext();
     exchange_.reset();
     if (keep_alive_) return ReadHeader();
-    Close();
+    LingerThenClose();
+  }
+
+  // After a reply that ends the connection (413, 431, 400, Connection: close) the client may
+  // still be sending; closing with unread input makes the kernel reset the connection and
+  // destroy the reply in flight. So half-close, discard what still arrives for a short while,
+  // then close.
+  void LingerThenClose() {
+    if (phase_ == Phase::kClosed) return;
+    phase_ = Phase::kFinishing;
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    linger_buf_.resize(64 * 1024);
+    stream_.expires_after(std::chrono::seconds(1));
+    DrainSome();
+  }
+
+  void DrainSome() {
+    stream_.async_read_some(net::buffer(linger_buf_),
+                            [self = shared_from_this()](beast::error_code ec, size_t) {
+                              if (ec) return self->Close();
+                              self->DrainSome();
+                            });
   }
 
   void Close() {
@@ -215,6 +238,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
     stream_.close();
+    linger_buf_ = {};
     if (!in_exchange) return;
     if (auto ex = exchange_.lock()) ex->NotifyAbort();
   }
@@ -229,6 +253,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool keep_alive_ = false;
   bool writing_ = false;
   std::deque<std::pair<std::string, bool>> writes_;
+  std::vector<char> linger_buf_;  // discarded input while lingering before close
 };
 
 void HttpConnection::Dispatch() {
