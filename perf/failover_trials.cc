@@ -55,30 +55,6 @@ Status WarmPageCache(const std::vector<std::string>& files) {
   return OkStatus();
 }
 
-// The fraction of the files' pages in the page cache (mincore), without evicting anything.
-Result<double> Resident(const std::vector<std::string>& files) {
-  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  uint64_t pages = 0, resident = 0;
-  for (const std::string& path : files) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    if (!fd) return ErrnoStatus("open " + path, errno);
-    struct stat st;
-    if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
-    const size_t size = static_cast<size_t>(st.st_size);
-    if (size == 0) continue;
-    void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
-    if (map == MAP_FAILED) return ErrnoStatus("mmap " + path, errno);
-    std::vector<unsigned char> vec((size + page - 1) / page);
-    const int rc = ::mincore(map, size, vec.data());
-    const int err = errno;
-    ::munmap(map, size);
-    if (rc != 0) return ErrnoStatus("mincore " + path, err);
-    pages += vec.size();
-    for (unsigned char v : vec) resident += v & 1;
-  }
-  return pages ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
-}
-
 }  // namespace
 
 std::string FirstTokenRequest() {
@@ -263,7 +239,7 @@ Result<ColdSample> ColdTrial(const ModelInfo& model, const PairOptions& opts, bo
     BATON_ASSIGN_OR_RETURN(s.resident_before, Evict(model.files));
   } else {
     BATON_RETURN_IF_ERROR(WarmPageCache(model.files));
-    BATON_ASSIGN_OR_RETURN(s.resident_before, Resident(model.files));
+    BATON_ASSIGN_OR_RETURN(s.resident_before, ResidentFraction(model.files));
   }
   const std::string tag = std::string(evict ? "evicted" : "warm") + "-" + std::to_string(index);
   const std::string port_file = opts.work_dir + "/cold-" + tag + ".port";

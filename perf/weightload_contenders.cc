@@ -41,9 +41,9 @@ double SecondsSince(TimePoint start) { return MillisBetween(start, RealClock::Ge
 // ---- page cache --------------------------------------------------------------------------
 
 // Drops every file's pages from the page cache and returns the fraction still resident.
-Result<double> Evict(const std::vector<std::string>& files) {
-  uint64_t pages = 0, resident = 0;
+Result<double> ResidentFraction(const std::vector<std::string>& files) {
   const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  uint64_t pages = 0, resident = 0;
   for (const std::string& path : files) {
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!fd) return ErrnoStatus("open " + path, errno);
@@ -51,11 +51,6 @@ Result<double> Evict(const std::vector<std::string>& files) {
     if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
     const size_t size = static_cast<size_t>(st.st_size);
     if (size == 0) continue;
-    // Dirty pages cannot be dropped; write them first.
-    if (::fdatasync(fd.get()) != 0) return ErrnoStatus("fdatasync " + path, errno);
-    if (int err = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); err != 0) {
-      return ErrnoStatus("posix_fadvise " + path, err);
-    }
     void* map = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd.get(), 0);
     if (map == MAP_FAILED) return ErrnoStatus("mmap " + path, errno);
     std::vector<unsigned char> vec((size + page - 1) / page);
@@ -67,6 +62,19 @@ Result<double> Evict(const std::vector<std::string>& files) {
     for (unsigned char v : vec) resident += v & 1;
   }
   return pages ? static_cast<double>(resident) / static_cast<double>(pages) : 0.0;
+}
+
+Result<double> Evict(const std::vector<std::string>& files) {
+  for (const std::string& path : files) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) return ErrnoStatus("open " + path, errno);
+    // Dirty pages cannot be dropped; write them first.
+    if (::fdatasync(fd.get()) != 0) return ErrnoStatus("fdatasync " + path, errno);
+    if (int err = ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_DONTNEED); err != 0) {
+      return ErrnoStatus("posix_fadvise " + path, err);
+    }
+  }
+  return ResidentFraction(files);
 }
 
 // ---- child processes ---------------------------------------------------------------------

@@ -36,6 +36,8 @@ struct BatonSample {
 };
 
 double SecondsSince(TimePoint start);
+// The fraction of the files' pages in the page cache (mincore), without evicting anything.
+Result<double> ResidentFraction(const std::vector<std::string>& files);
 // Drops every file's pages from the page cache and returns the fraction still resident.
 Result<double> Evict(const std::vector<std::string>& files);
 // Runs argv (looked up in PATH) with stdout and stderr captured; stdin is /dev/null.
