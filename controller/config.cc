@@ -11,6 +11,8 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "cuda/gpu_backend.h"
+
 namespace baton {
 namespace {
 
@@ -152,6 +154,8 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"pool.block_bytes", Size(&c->block_bytes)},
       {"pool.huge_pages", Bool(&c->pool_huge_pages)},
       {"pool.initial_grant_blocks", U32(&c->initial_grant_blocks, 0, 1 << 24)},
+      {"gpu.backend", Str(&c->gpu_backend)},
+      {"gpu.device", Int(&c->gpu_device, 0, 1023)},
       {"health.heartbeat_interval_ms", Time<Millis>(&c->heartbeat_interval, 1, 60'000)},
       {"health.heartbeat_misses", Int(&c->heartbeat_misses, 1, 1000)},
       {"health.probe_timeout_ms", Time<Millis>(&c->probe_timeout, 1, 60'000)},
@@ -169,7 +173,7 @@ Status ApplyTable(const toml::value& root, const std::string& source, Controller
   for (const auto& [section, body] : root.as_table()) {
     if (!body.is_table()) {
       return InvalidArgument(source + ": '" + section + "' must be a [section] (one of " +
-                             "controller, model, engine, pool, health, policy)");
+                             "controller, model, engine, pool, gpu, health, policy)");
     }
     for (const auto& [key, value] : body.as_table()) {
       const std::string name = section + "." + key;
@@ -199,6 +203,8 @@ const std::map<std::string, std::string>& FlagAliases() {
       {"base-port", "engine.base_port"},
       {"engine-log-dir", "engine.log_dir"},
       {"max-failures", "policy.max_failures"},
+      {"gpu-backend", "gpu.backend"},
+      {"gpu-device", "gpu.device"},
   };
   return *aliases;
 }
@@ -302,6 +308,9 @@ Status FinishConfig(ControllerConfig* c) {
     return InvalidArgument("controller.runtime_dir is too long for a Unix socket path: " +
                            c->socket_path());
   }
+  if (Result<BackendMode> mode = ParseBackendMode(c->gpu_backend); !mode.ok()) {
+    return InvalidArgument("gpu.backend: " + mode.status().message());
+  }
   if (c->crash_max_backoff < c->crash_initial_backoff) {
     return InvalidArgument("policy.max_backoff_ms is below policy.initial_backoff_ms");
   }
@@ -360,6 +369,8 @@ flags (each overrides the config file; every config key is also --section.key=VA
   --max-failures N       crash-loop threshold within policy.failure_window_s
   --metrics-port N       serve Prometheus /metrics on this port (0: off)
   --no-huge-pages        use normal pages for weights and pool
+  --gpu-backend MODE     auto | host | cuda: memory backend (default auto)     [gpu.backend]
+  --gpu-device N         CUDA device ordinal (default 0)                      [gpu.device]
   --log-level LEVEL      debug | info | warn | error
 )";
 }

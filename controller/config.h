@@ -50,6 +50,10 @@ struct ControllerConfig {
   bool pool_huge_pages = true;
   uint32_t initial_grant_blocks = 0;  // blocks granted at a promotion from free; 0: all free
 
+  // [gpu]
+  std::string gpu_backend = "auto";  // auto | host | cuda (cuda/gpu_backend.h)
+  int gpu_device = 0;                // CUDA device ordinal
+
   // [health]
   Duration heartbeat_interval = std::chrono::milliseconds(100);
   int heartbeat_misses = 3;

@@ -9,6 +9,7 @@
 
 #include "base/log.h"
 #include "controller/ctl_service.h"
+#include "cuda/gpu_backend.h"
 #include "proto/hello.h"
 
 namespace baton {
@@ -37,6 +38,21 @@ CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
   o.max_backoff = c.crash_max_backoff;
   o.quiet_period = c.crash_quiet_period;
   return o;
+}
+
+// Logs which memory backend this controller runs on and why. A configured "cuda" that cannot
+// be used stops the start-up; "auto" falls back to the host backend with the reason.
+Status ChooseBackend(const ControllerConfig& c) {
+  BATON_ASSIGN_OR_RETURN(BackendMode mode, ParseBackendMode(c.gpu_backend));
+  BATON_ASSIGN_OR_RETURN(BackendChoice backend,
+                         ChooseMemoryBackend(BackendOptions{.mode = mode, .device = c.gpu_device}));
+  BATON_LOG(INFO, kLog) << backend.LogLine();
+  if (backend.kind == MemoryBackendKind::kCuda) {
+    BATON_LOG(INFO, kLog) << "backend: engines still receive the host weight arena and pool "
+                             "memfds; device regions (cuda/vmm.h) are not yet in the engine "
+                             "protocol";
+  }
+  return OkStatus();
 }
 
 }  // namespace
@@ -68,6 +84,7 @@ Status Controller::Init() {
   BATON_RETURN_IF_ERROR(MakeDir(config_.runtime_dir));
   BATON_RETURN_IF_ERROR(MakeDir(config_.state_dir));
   if (!config_.engine_log_dir.empty()) BATON_RETURN_IF_ERROR(MakeDir(config_.engine_log_dir));
+  BATON_RETURN_IF_ERROR(ChooseBackend(config_));
   BATON_ASSIGN_OR_RETURN(EpochJournal journal, EpochJournal::Open(config_.journal_path()));
   journal_.emplace(std::move(journal));
   BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "

@@ -8,6 +8,9 @@
  *   baton_engine_next_event()     later grants, reclaim, drain and stop requests
  *   baton_engine_report_error()   an asynchronous device error: the controller fences at once
  *   baton_engine_close()          shut down cleanly and free the handle
+ * and for GPU engines (docs/gpu.md):
+ *   baton_engine_register_nccl_comm()  watch an NCCL communicator for asynchronous errors
+ *   baton_engine_report_cuda_error()   a CUDA error code; sticky ones fence the engine
  *
  * Conventions: functions return 0 on success and a positive baton::StatusCode value on
  * failure (1 invalid argument, 4 failed precondition, 6 unavailable, 8 deadline exceeded,
@@ -144,6 +147,29 @@ BATON_ENGINE_API int baton_engine_report_error(baton_engine* engine, int code, c
 /* Copies up to `capacity` currently mapped extents to `out`; returns how many are mapped. */
 BATON_ENGINE_API size_t baton_engine_extents(const baton_engine* engine, baton_extent* out,
                                              size_t capacity);
+
+/* --- GPU engines ---------------------------------------------------------------------------- */
+
+/* Watches `comm` (an ncclComm_t the engine created) from an SDK thread that polls
+ * ncclCommGetAsyncError: an asynchronous error is reported to the controller (which fences
+ * this engine at once) and the communicator aborted with ncclCommAbort; once the engine is
+ * fenced (told to stop, disconnected, or it reported an error) every watched communicator is
+ * aborted, so collectives blocked on a dead peer return. An aborted communicator must not be
+ * used or destroyed. `label` (may be NULL) names it in reports. 6 (unavailable) where
+ * libnccl.so.2 cannot be loaded. */
+BATON_ENGINE_API int baton_engine_register_nccl_comm(baton_engine* engine, void* comm,
+                                                     const char* label);
+/* Stops watching `comm`; call it before ncclCommDestroy. 2 (not found) if the watcher has
+ * already aborted it. */
+BATON_ENGINE_API int baton_engine_unregister_nccl_comm(baton_engine* engine, void* comm);
+/* A CUDA error the engine saw at `where` (may be NULL): a CUresult or cudaError_t value (the
+ * two agree on every sticky error). A sticky error (illegal address, launch failure,
+ * uncorrectable ECC, ...: the context is lost) is reported to the controller, which fences
+ * this engine. Returns 0 for cuda_result 0, else the error's StatusCode (10 internal for a
+ * sticky error), with its description ("where: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory
+ * access was encountered)") in baton_engine_last_error(). */
+BATON_ENGINE_API int baton_engine_report_cuda_error(baton_engine* engine, int cuda_result,
+                                                    const char* where);
 
 #ifdef __cplusplus
 }

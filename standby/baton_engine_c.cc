@@ -242,4 +242,19 @@ size_t baton_engine_extents(const baton_engine* engine, baton_extent* out, size_
   return extents.size();
 }
 
+int baton_engine_register_nccl_comm(baton_engine* engine, void* comm, const char* label) {
+  if (engine == nullptr || comm == nullptr) return BadArgument("engine or comm is NULL");
+  return Done(engine->session->WatchNcclComm(comm, label == nullptr ? "" : label));
+}
+
+int baton_engine_unregister_nccl_comm(baton_engine* engine, void* comm) {
+  if (engine == nullptr || comm == nullptr) return BadArgument("engine or comm is NULL");
+  return Done(engine->session->UnwatchNcclComm(comm));
+}
+
+int baton_engine_report_cuda_error(baton_engine* engine, int cuda_result, const char* where) {
+  if (engine == nullptr) return BadArgument("engine is NULL");
+  return Done(engine->session->ReportCudaError(cuda_result, where == nullptr ? "CUDA" : where));
+}
+
 }  // extern "C"

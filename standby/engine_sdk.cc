@@ -7,6 +7,9 @@
 #include <thread>
 
 #include "base/log.h"
+#include "cuda/cuda_errors.h"
+#include "cuda/gpu_backend.h"
+#include "cuda/nccl_watcher.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
 #include "standby/engine_session_impl.h"
@@ -246,7 +249,47 @@ Status EngineSession::CheckEpoch() const { return impl_->CheckEpoch(); }
 std::vector<MappedExtent> EngineSession::extents() const { return impl_->extents(); }
 uint64_t EngineSession::heartbeats_sent() const { return impl_->heartbeats_sent(); }
 void EngineSession::Shutdown() {
+  {
+    // The watcher calls into the session: it goes first. Watched communicators stay the
+    // engine's (a clean shutdown is no fence).
+    std::lock_guard<std::mutex> lock(nccl_mu_);
+    nccl_.reset();
+  }
   if (impl_) impl_->Shutdown();
+}
+
+// --- GPU engines --------------------------------------------------------------------------------
+
+Status EngineSession::WatchNcclComm(void* comm, const std::string& label) {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  if (nccl_ == nullptr) {
+    BATON_ASSIGN_OR_RETURN(const NcclLibrary* nccl, NcclLibrary::Get());
+    BATON_LOG(INFO, "engine-sdk") << "watching NCCL communicators (NCCL " << nccl->version_string()
+                                  << ")";
+    nccl_ = std::make_unique<NcclWatcher>(
+        NcclApi::FromLibrary(*nccl),
+        NcclWatcherOptions{.report = [this](const Status& error) { (void)ReportError(error); },
+                           .fenced = [this] { return CheckEpoch(); }});
+  }
+  return nccl_->Register(comm, label);
+}
+
+Status EngineSession::UnwatchNcclComm(void* comm) {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  if (nccl_ == nullptr) return NotFound("no NCCL communicator is watched");
+  return nccl_->Unregister(comm);
+}
+
+Status EngineSession::ReportCudaError(int cuda_result, const std::string& where) {
+  if (cuda_result == 0) return OkStatus();
+  const Status error(CudaStatusCode(cuda_result), where + ": " + DescribeCudaError(cuda_result));
+  if (!IsStickyCudaError(cuda_result)) return error;
+  const Status reported = ReportError(error.WithContext("sticky CUDA error"));
+  if (!reported.ok()) {
+    BATON_LOG(ERROR, "engine-sdk")
+        << "could not report " << error.message() << ": " << reported.message();
+  }
+  return error;
 }
 
 }  // namespace baton

@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -43,6 +44,8 @@
 #include "weightcache/dtype.h"
 
 namespace baton {
+
+class NcclWatcher;
 
 // What the controller hands to each engine it launches, as command-line placeholders
 // ({socket} {token} {role} {engine_id} {port}) and in the environment (names below).
@@ -170,6 +173,23 @@ class EngineSession {
   // Heartbeats sent so far (for tests and diagnostics).
   uint64_t heartbeats_sent() const;
 
+  // --- GPU engines (cuda/): NCCL communicators and CUDA errors -------------------------------
+  // Watches an NCCL communicator the engine created (an ncclComm_t): a thread polls
+  // ncclCommGetAsyncError; an asynchronous error is reported with ReportError() (the
+  // controller fences at once) and the communicator aborted (ncclCommAbort); once this session
+  // is fenced (told to stop, disconnected, or it reported an error) every watched communicator
+  // is aborted, so collectives blocked on a dead peer return. Unavailable where
+  // libnccl.so.2 cannot be loaded. `label` names it in reports.
+  Status WatchNcclComm(void* comm, const std::string& label = "");
+  // Stops watching `comm`; call it before ncclCommDestroy. NotFound if the watcher has
+  // already aborted it (then it must not be destroyed).
+  Status UnwatchNcclComm(void* comm);
+  // A CUDA error the engine saw at `where` (a CUresult or cudaError_t value: the two agree on
+  // every sticky error). A sticky error (the context is lost: illegal address, launch
+  // failure, uncorrectable ECC, ...) is reported with ReportError(); any other is only
+  // described. Returns the error as a Status ("where: CUDA_ERROR_ILLEGAL_ADDRESS (...)").
+  Status ReportCudaError(int cuda_result, const std::string& where);
+
   // Step 5 above. Idempotent.
   void Shutdown();
 
@@ -178,6 +198,8 @@ class EngineSession {
  private:
   explicit EngineSession(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
+  std::mutex nccl_mu_;
+  std::unique_ptr<NcclWatcher> nccl_;  // created by the first WatchNcclComm()
 };
 
 }  // namespace baton

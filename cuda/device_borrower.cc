@@ -1,0 +1,94 @@
+#include "cuda/device_borrower.h"
+
+#ifdef BATON_HAVE_CUDA_HEADERS
+
+#include "base/log.h"
+#include "cuda/vmm_share.h"
+
+namespace baton {
+namespace {
+
+double MsSince(TimePoint start) { return MillisBetween(start, RealClock::Get().Now()); }
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceBorrower>> DeviceBorrower::Create(const CudaDriver& driver,
+                                                               int device) {
+  std::unique_ptr<DeviceBorrower> b(new DeviceBorrower());
+  BATON_ASSIGN_OR_RETURN(b->ctx_, PrimaryContext::Retain(driver, device));
+  BATON_ASSIGN_OR_RETURN(b->kernels_, Kernels::Load(b->ctx_));
+  BATON_ASSIGN_OR_RETURN(b->stream_, Stream::Create(driver));
+  return b;
+}
+
+Result<AcceptedRegion> DeviceBorrower::AcceptRegion(proto::Channel& channel, Duration timeout) {
+  BATON_ASSIGN_OR_RETURN(ReceivedVmmRegion received, ReceiveVmmRegion(channel, timeout));
+  const VmmRegionInfo info = received.info;
+  AcceptedRegion out{.name = info.name,
+                     .writable = info.writable,
+                     .bytes = info.chunk_bytes * info.chunk_count,
+                     .chunks = info.chunk_count};
+  auto take = [&]() -> Status {
+    if (views_.count(info.name) != 0) {
+      return FailedPrecondition("region '" + info.name + "' was already accepted");
+    }
+    BATON_ASSIGN_OR_RETURN(size_t granularity,
+                           VmmGranularity(ctx_, VmmLocation::kDevice, /*numa_node=*/0));
+    const TimePoint start = RealClock::Get().Now();
+    BATON_ASSIGN_OR_RETURN(VmmView view,
+                           VmmView::Reserve(ctx_, info.chunk_bytes, info.chunk_count, granularity));
+    BATON_RETURN_IF_ERROR(view.Import(std::move(received.fds)));
+    out.import_ms = MsSince(start);
+    if (!info.writable) {
+      const TimePoint map_start = RealClock::Get().Now();
+      BATON_RETURN_IF_ERROR(view.MapAll(VmmMapOptions{.access = VmmAccess::kRead}).status());
+      out.map_ms = MsSince(map_start);
+    }
+    views_.emplace(info.name, std::move(view));
+    return OkStatus();
+  };
+  Status taken = take();
+  Status acked = AckVmmRegion(channel, info.name, taken);
+  BATON_RETURN_IF_ERROR(taken.WithContext("region '" + info.name + "'"));
+  BATON_RETURN_IF_ERROR(acked);
+  BATON_LOG(INFO, "cuda") << "region '" << info.name << "': " << info.chunk_count << " chunks of "
+                          << info.chunk_bytes << " bytes imported in " << out.import_ms << " ms"
+                          << (info.writable
+                                  ? ", range reserved"
+                                  : ", mapped read-only in " + std::to_string(out.map_ms) + " ms");
+  return out;
+}
+
+Result<PromotionPhases> DeviceBorrower::Promote(const std::string& name, uint64_t block_bytes,
+                                                uint32_t header_bytes, Duration timeout) {
+  const TimePoint start = RealClock::Get().Now();
+  VmmView* pool = view(name);
+  if (pool == nullptr) return NotFound("no region '" + name + "' to promote onto");
+  if (block_bytes == 0 || pool->bytes() % block_bytes != 0) {
+    return InvalidArgument("block_bytes " + std::to_string(block_bytes) +
+                           " does not divide region '" + name + "'");
+  }
+  BATON_RETURN_IF_ERROR(ctx_.MakeCurrent());
+  BATON_ASSIGN_OR_RETURN(VmmMapStats mapped,
+                         pool->MapAll(VmmMapOptions{.access = VmmAccess::kReadWrite}));
+  PromotionPhases phases{.map_calls = mapped.map_calls,
+                         .map_ms = mapped.map_ms,
+                         .access_ms = mapped.access_ms,
+                         .blocks = static_cast<uint32_t>(pool->bytes() / block_bytes)};
+  const TimePoint scrub_start = RealClock::Get().Now();
+  BATON_RETURN_IF_ERROR(
+      kernels_.ScrubHeaders(stream_, pool->base(), block_bytes, header_bytes, phases.blocks));
+  BATON_RETURN_IF_ERROR(stream_.Synchronize(timeout).WithContext("header scrub"));
+  phases.scrub_ms = MsSince(scrub_start);
+  phases.total_ms = MsSince(start);
+  return phases;
+}
+
+VmmView* DeviceBorrower::view(const std::string& name) {
+  auto it = views_.find(name);
+  return it == views_.end() ? nullptr : &it->second;
+}
+
+}  // namespace baton
+
+#endif  // BATON_HAVE_CUDA_HEADERS

@@ -1,0 +1,83 @@
+// DeviceBorrower: the engine side of the CUDA backend, for one device.
+//
+// At start-up (a half-started standby) it retains the device's primary context, loads the
+// kernels, creates its stream, and takes the regions the owner sends over the channel
+// (cuda/vmm_share.h): a read-only region (the weights) is imported and mapped with READ
+// access at once; a writable region (the KV pool) is imported and its address range reserved,
+// but nothing is mapped (fencing rule 5: a standby maps nothing writable). Promote() is the
+// whole device-side promotion: map the pool's chunks (one cuMemMap per chunk), grant
+// READWRITE with one cuMemSetAccess, scrub every block header on this engine's stream and
+// synchronize, so that nothing a dead holder left behind is read as metadata (the barrier
+// that follows the reap of the old holder).
+// Owns the context retain, the kernels, the stream and every view; destroyed in the reverse
+// order. Thread-compatible: one thread (it makes the context current on it).
+#pragma once
+
+#ifdef BATON_HAVE_CUDA_HEADERS
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "cuda/cuda_handles.h"
+#include "cuda/kernels.h"
+#include "cuda/vmm.h"
+#include "proto/channel.h"
+
+namespace baton {
+
+struct PromotionPhases {
+  size_t map_calls = 0;
+  double map_ms = 0;     // cuMemMap of every chunk
+  double access_ms = 0;  // one cuMemSetAccess READWRITE
+  double scrub_ms = 0;   // header scrub launched and synchronized
+  double total_ms = 0;
+  uint32_t blocks = 0;
+};
+
+struct AcceptedRegion {
+  std::string name;
+  bool writable = false;
+  uint64_t bytes = 0;
+  size_t chunks = 0;
+  double import_ms = 0;
+  double map_ms = 0;  // read-only regions: map + access
+};
+
+class DeviceBorrower {
+ public:
+  static Result<std::unique_ptr<DeviceBorrower>> Create(const CudaDriver& driver, int device);
+  ~DeviceBorrower() = default;
+  DeviceBorrower(const DeviceBorrower&) = delete;
+  DeviceBorrower& operator=(const DeviceBorrower&) = delete;
+
+  // Receives one region, imports it (and maps it READ if read-only), and acks it to the
+  // owner: a failure is acked with its reason and returned.
+  Result<AcceptedRegion> AcceptRegion(proto::Channel& channel, Duration timeout);
+
+  // Maps writable region `name` READWRITE and scrubs the first `header_bytes` of each
+  // `block_bytes` block, waiting at most `timeout` for the scrub.
+  Result<PromotionPhases> Promote(const std::string& name, uint64_t block_bytes,
+                                  uint32_t header_bytes, Duration timeout);
+
+  // nullptr when no region of that name was accepted.
+  VmmView* view(const std::string& name);
+  const PrimaryContext& context() const { return ctx_; }
+  const Kernels& kernels() const { return kernels_; }
+  const Stream& stream() const { return stream_; }
+
+ private:
+  DeviceBorrower() = default;
+
+  PrimaryContext ctx_;
+  Kernels kernels_;
+  Stream stream_;
+  std::map<std::string, VmmView> views_;
+};
+
+}  // namespace baton
+
+#endif  // BATON_HAVE_CUDA_HEADERS

@@ -1,0 +1,110 @@
+// A stand-in for libcuda.so.1 that lets the loader's paths be tested without a GPU. It
+// exports cuInit, cuGetErrorName, cuGetErrorString and cuGetProcAddress_v2, and answers as
+// $BATON_FAKE_CUDA says (read at each call):
+//   "no_device"       cuInit fails with CUDA_ERROR_NO_DEVICE
+//   "missing:NAME"    cuGetProcAddress reports NAME as not found
+//   "old:NAME"        cuGetProcAddress reports NAME as needing a newer driver
+//   "old_driver"      cuDriverGetVersion says 11080
+//   anything else     a working driver 12.4 with no devices
+// Functions it does not implement resolve to one that returns CUDA_ERROR_NOT_SUPPORTED.
+#ifdef BATON_HAVE_CUDA_HEADERS
+
+#include <cuda.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+std::string Mode() {
+  const char* m = std::getenv("BATON_FAKE_CUDA");
+  return m == nullptr ? "" : m;
+}
+
+CUresult NotSupported() { return CUDA_ERROR_NOT_SUPPORTED; }
+
+CUresult FakeDriverGetVersion(int* version) {
+  *version = Mode() == "old_driver" ? 11080 : 12040;
+  return CUDA_SUCCESS;
+}
+
+CUresult FakeDeviceGetCount(int* count) {
+  *count = 0;
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) CUresult cuInit(unsigned int) {
+  return Mode() == "no_device" ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+
+__attribute__((visibility("default"))) CUresult cuGetErrorName(CUresult error, const char** out) {
+  switch (error) {
+    case CUDA_ERROR_NO_DEVICE:
+      *out = "CUDA_ERROR_NO_DEVICE";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *out = "CUDA_ERROR_OUT_OF_MEMORY";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+      *out = "CUDA_ERROR_ILLEGAL_ADDRESS";
+      return CUDA_SUCCESS;
+    default:
+      *out = nullptr;
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+__attribute__((visibility("default"))) CUresult cuGetErrorString(CUresult error, const char** out) {
+  switch (error) {
+    case CUDA_ERROR_NO_DEVICE:
+      *out = "no CUDA-capable device is detected";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *out = "out of memory";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+      *out = "an illegal memory access was encountered";
+      return CUDA_SUCCESS;
+    default:
+      *out = nullptr;
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+__attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
+    const char* symbol, void** pfn, int, cuuint64_t, CUdriverProcAddressQueryResult* status) {
+  const std::string mode = Mode();
+  *pfn = nullptr;
+  if (mode == "missing:" + std::string(symbol)) {
+    *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return CUDA_SUCCESS;
+  }
+  if (mode == "old:" + std::string(symbol)) {
+    *status = CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT;
+    return CUDA_SUCCESS;
+  }
+  *status = CU_GET_PROC_ADDRESS_SUCCESS;
+  if (std::strcmp(symbol, "cuInit") == 0) {
+    *pfn = reinterpret_cast<void*>(&cuInit);
+  } else if (std::strcmp(symbol, "cuGetErrorName") == 0) {
+    *pfn = reinterpret_cast<void*>(&cuGetErrorName);
+  } else if (std::strcmp(symbol, "cuGetErrorString") == 0) {
+    *pfn = reinterpret_cast<void*>(&cuGetErrorString);
+  } else if (std::strcmp(symbol, "cuDriverGetVersion") == 0) {
+    *pfn = reinterpret_cast<void*>(&FakeDriverGetVersion);
+  } else if (std::strcmp(symbol, "cuDeviceGetCount") == 0) {
+    *pfn = reinterpret_cast<void*>(&FakeDeviceGetCount);
+  } else {
+    *pfn = reinterpret_cast<void*>(&NotSupported);
+  }
+  return CUDA_SUCCESS;
+}
+
+}  // extern "C"
+
+#endif  // BATON_HAVE_CUDA_HEADERS
