@@ -203,6 +203,19 @@ std::optional<ApiError> ReadStreaming(const Json& body, CompletionRequest* req) 
   return ReadBool(*opts, "include_usage", &req->include_usage);
 }
 
+std::optional<ApiError> ReadResume(const Json& body, CompletionRequest* req) {
+  int64_t k = 0;
+  bool present = false;
+  if (auto e = ReadInt(body, "baton_resume_tokens", &k, &present)) return e;
+  if (k < 0 || k >= static_cast<int64_t>(req->prompt_ids.size())) {
+    return ParamError("baton_resume_tokens",
+                      "'baton_resume_tokens' must be at least 0 and less than the prompt's " +
+                          std::to_string(req->prompt_ids.size()) + " tokens");
+  }
+  req->resume_tokens = static_cast<int>(k);
+  return std::nullopt;
+}
+
 std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& ctx,
                                     CompletionRequest* req) {
   if (auto e = ReadModel(body, ctx, req)) return e;
@@ -211,6 +224,7 @@ std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& c
   if (auto e = ReadSampling(body, ctx, req)) return e;
   if (auto e = ReadStreaming(body, req)) return e;
   if (auto e = ReadStop(body, &req->stop)) return e;
+  if (auto e = ReadResume(body, req)) return e;
   return ReadUnsupported(body);
 }
 

@@ -7,8 +7,12 @@
 // either), max_tokens (default 16, cut to the room left under max_position_embeddings when
 // absent), temperature (default 1.0; 0 is greedy), top_p, seed (a random one is drawn and
 // returned when absent), stream, stream_options.include_usage, stop (a string or up to 4),
-// n (only 1), return_token_ids (accepted; token ids are always returned). Other fields are
-// ignored. A refusal is an ApiError naming the parameter.
+// n (only 1), return_token_ids (accepted; token ids are always returned), and Baton's
+// `baton_resume_tokens` K: the last K prompt ids are a completion already sent to the client
+// by another engine (a router's replay). They are fed through the text builder without being
+// sent, so held-back bytes (a split UTF-8 sequence, a possible stop string) come out exactly
+// as in an uninterrupted run, and they count as completion tokens in `usage`, not as prompt.
+// Other fields are ignored. A refusal is an ApiError naming the parameter.
 //
 // Responses carry the request's seed, each choice's generated `token_ids` and the
 // `prompt_token_ids`, so that a router can replay an interrupted request on token ids.
@@ -55,6 +59,7 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;
+  int resume_tokens = 0;  // baton_resume_tokens: the trailing prompt ids already generated
 };
 
 // What parsing needs to know about the served model.

@@ -56,7 +56,15 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
         header_(std::move(header)),
         deps_(deps),
         text_(req_.stop),
-        arrival_(deps.clock->Now()) {}
+        arrival_(deps.clock->Now()) {
+    // A replayed request: its last resume_tokens prompt ids were already sent to the client.
+    const size_t original = req_.prompt_ids.size() - static_cast<size_t>(req_.resume_tokens);
+    original_prompt_.assign(req_.prompt_ids.begin(), req_.prompt_ids.begin() + original);
+    for (size_t i = original; i < req_.prompt_ids.size(); ++i) {
+      text_.Append(deps_.tokenizer->DecodeToken(req_.prompt_ids[i]));
+    }
+    resumed_text_ = text_.text().size();
+  }
 
   // Submits the generation; events and aborts are handled on the session's strand.
   void Start() {
@@ -105,8 +113,9 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
     }
     if (req_.stream) return StreamToken(e.token.token, piece, finish);
     if (finished_) {
-      ex_->RespondJson(200, CompletionBody(header_, text_.text(), FinishName(finish), token_ids_,
-                                           req_.prompt_ids, Usage()));
+      ex_->RespondJson(
+          200, CompletionBody(header_, text_.text().substr(resumed_text_), FinishName(finish),
+                              token_ids_, original_prompt_, Usage()));
     }
   }
 
@@ -117,7 +126,7 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
       streaming_ = true;
     }
     ex_->Write(SseEvent(CompletionChunk(header_, piece, FinishName(finish), {token},
-                                        first ? &req_.prompt_ids : nullptr)));
+                                        first ? &original_prompt_ : nullptr)));
     if (finish == FinishReason::kNone) return;
     if (req_.include_usage) ex_->Write(SseEvent(UsageChunk(header_, Usage())));
     ex_->Write(SseDone());
@@ -135,7 +144,8 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
   }
 
   CompletionUsage Usage() const {
-    return {static_cast<int64_t>(req_.prompt_ids.size()), static_cast<int64_t>(token_ids_.size())};
+    return {static_cast<int64_t>(original_prompt_.size()),
+            static_cast<int64_t>(req_.resume_tokens + token_ids_.size())};
   }
 
   net::strand<net::io_context::executor_type> strand_;
@@ -147,6 +157,8 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
   const TimePoint arrival_;
   uint64_t id_ = 0;
   std::vector<int32_t> token_ids_;
+  std::vector<int32_t> original_prompt_;  // the prompt without the resumed tokens
+  size_t resumed_text_ = 0;               // text released by the resumed tokens (not sent)
   bool streaming_ = false;
   bool finished_ = false;
 };

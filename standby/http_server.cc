@@ -2,6 +2,7 @@
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -26,6 +27,7 @@ using tcp = net::ip::tcp;
 struct HttpRoutes {
   HttpServerOptions options;
   std::map<std::string, std::vector<std::pair<http::verb, HttpHandler>>, std::less<>> table;
+  mutable std::atomic<size_t> connections{0};
 
   void Count(int status) const {
     if (options.on_response) options.on_response(status);
@@ -68,10 +70,22 @@ std::string Serialize(const Message& message) {
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
   HttpConnection(tcp::socket socket, std::shared_ptr<const HttpRoutes> routes)
-      : stream_(std::move(socket)), routes_(std::move(routes)) {}
+      : stream_(std::move(socket)), routes_(std::move(routes)) {
+    ++routes_->connections;
+  }
+  ~HttpConnection() { --routes_->connections; }
 
   void Start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+  }
+
+  // Answers 503 at once and closes: the server is at its connection limit.
+  void Refuse() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      self->keep_alive_ = false;
+      self->SendError(503, "too many connections (limit " +
+                               std::to_string(self->routes_->options.max_connections) + ")");
+    });
   }
 
   template <class Fn>
@@ -120,12 +134,35 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  private:
   enum class Phase { kReading, kHandling, kStreaming, kFinishing, kClosed };
 
+  // Waits (up to the idle timeout) for the first byte of the next request, then gives the
+  // whole request the request timeout.
   void ReadHeader() {
     phase_ = Phase::kReading;
     parser_.emplace();
     parser_->body_limit(routes_->options.body_limit);
     parser_->header_limit(routes_->options.header_limit);
+    if (buffer_.size() > 0) return ReadRequest();
     stream_.expires_after(routes_->options.idle_timeout);
+    stream_.async_read_some(buffer_.prepare(4096),
+                            [self = shared_from_this()](beast::error_code ec, size_t n) {
+                              if (ec) return self->OnReadError(ec);
+                              self->buffer_.commit(n);
+                              self->ReadRequest();
+                            });
+  }
+
+  // The request timer cancels the read instead of closing the socket (as the stream's own
+  // timeout would), so that the 408 can still be written.
+  void ReadRequest() {
+    request_started_ = true;
+    stream_.expires_never();
+    request_timer_.expires_after(routes_->options.request_timeout);
+    request_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec || !self->request_started_) return;
+      self->request_timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
     http::async_read_header(
         stream_, buffer_, *parser_,
         [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
@@ -155,6 +192,14 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   }
 
   void OnReadError(beast::error_code ec) {
+    request_started_ = false;
+    request_timer_.cancel();
+    if (std::exchange(request_timed_out_, false)) {
+      keep_alive_ = false;
+      BATON_LOG(DEBUG, "http") << "request timed out while arriving";
+      return SendError(408, "the request did not arrive within " +
+                                std::to_string(routes_->options.request_timeout.count()) + " ms");
+    }
     if (ec == http::error::end_of_stream || ec == net::error::eof || ec == beast::error::timeout ||
         ec == net::error::operation_aborted || ec == net::error::connection_reset) {
       return Close();
@@ -234,6 +279,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (phase_ == Phase::kClosed) return;
     const bool in_exchange = phase_ == Phase::kHandling || phase_ == Phase::kStreaming;
     phase_ = Phase::kClosed;
+    request_timer_.cancel();
     writes_.clear();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -251,6 +297,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   uint64_t seq_ = 0;
   Phase phase_ = Phase::kReading;
   bool keep_alive_ = false;
+  bool request_started_ = false;  // the current request's first byte has arrived
+  bool request_timed_out_ = false;
+  net::steady_timer request_timer_{stream_.get_executor()};
   bool writing_ = false;
   std::deque<std::pair<std::string, bool>> writes_;
   std::vector<char> linger_buf_;  // discarded input while lingering before close
@@ -258,6 +307,8 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
 void HttpConnection::Dispatch() {
   stream_.expires_never();
+  request_started_ = false;
+  request_timer_.cancel();
   HttpRequest request = parser_->release();
   keep_alive_ = request.keep_alive();
   ++seq_;
@@ -399,7 +450,14 @@ void HttpServer::Accept() {
     if (ec) {
       BATON_LOG(WARN, "http") << "accept failed: " << ec.message();
     } else {
-      std::make_shared<HttpConnection>(std::move(s), routes_)->Start();
+      auto connection = std::make_shared<HttpConnection>(std::move(s), routes_);
+      const size_t limit = routes_->options.max_connections;
+      if (limit > 0 && routes_->connections.load() > limit) {
+        BATON_LOG(WARN, "http") << "connection refused: " << limit << " connections open";
+        connection->Refuse();
+      } else {
+        connection->Start();
+      }
     }
     Accept();
   });

@@ -2,7 +2,9 @@
 //
 // Each connection reads one request at a time, with keep-alive (the next request is read
 // once the previous response is written), a body limit (413), a header limit (431), an idle
-// timeout, and `Expect: 100-continue`. A request goes to the handler routed by its exact
+// timeout between requests, a request timeout from a request's first byte to its last (408:
+// a slow, slowloris-style client cannot hold a connection), a connection limit (503), and
+// `Expect: 100-continue`. A request goes to the handler routed by its exact
 // path and method: an unknown path gets 404, a known path with another method 405 (with
 // Allow), a malformed request 400; these errors are OpenAI-shaped JSON
 // ({"error": {"message", "type", "param", "code"}}). A handler answers through its
@@ -92,8 +94,10 @@ struct HttpServerOptions {
   uint16_t port = 0;  // 0: an ephemeral port
   size_t body_limit = 1u << 20;
   uint32_t header_limit = 16u << 10;
-  std::chrono::seconds idle_timeout{120};       // waiting for a request on an open connection
-  std::chrono::seconds write_timeout{60};       // each write of a response
+  std::chrono::milliseconds idle_timeout{120000};    // waiting for a request on a connection
+  std::chrono::milliseconds request_timeout{30000};  // a request's first byte to its end: 408
+  std::chrono::milliseconds write_timeout{60000};    // each write of a response
+  size_t max_connections = 0;  // 0: no limit; past it a new connection gets 503 and is closed
   std::function<void(int status)> on_response;  // every response's status (for metrics)
 };
 

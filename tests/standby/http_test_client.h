@@ -24,6 +24,7 @@ struct HttpReply {
   std::string body;
   std::string content_type;
   std::string allow;
+  std::string retry_after;
   std::string error;
 };
 
@@ -51,6 +52,7 @@ class TestHttpClient {
     reply.body = res.body();
     reply.content_type = std::string(res[http::field::content_type]);
     reply.allow = std::string(res[http::field::allow]);
+    reply.retry_after = std::string(res[http::field::retry_after]);
     return reply;
   }
 
