@@ -51,8 +51,11 @@ proto::RouteTable RouteSubscriber::table() const {
 }
 
 void RouteSubscriber::Store(proto::RouteTable table) {
-  std::lock_guard<std::mutex> lock(mu_);
-  table_ = std::move(table);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    table_ = table;
+  }
+  if (on_change_) on_change_(table);
 }
 
 bool RouteSubscriber::Wait(std::chrono::milliseconds d) {

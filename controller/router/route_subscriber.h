@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -28,6 +29,9 @@ class RouteSubscriber {
   RouteSubscriber(const RouteSubscriber&) = delete;
   RouteSubscriber& operator=(const RouteSubscriber&) = delete;
 
+  // Called with every table stored (static or received), on the storing thread. Set it
+  // before SetStatic()/Start().
+  void OnChange(std::function<void(const proto::RouteTable&)> fn) { on_change_ = std::move(fn); }
   // A fixed table with one ready primary at `address`.
   void SetStatic(const std::string& address);
   // Starts the subscription thread.
@@ -53,6 +57,7 @@ class RouteSubscriber {
   bool stopping_ = false;
   proto::RouteTable table_;
   std::atomic<bool> connected_{false};
+  std::function<void(const proto::RouteTable&)> on_change_;
   std::thread thread_;
 };
 

@@ -1,30 +1,19 @@
 #include "controller/router/router.h"
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
 #include <future>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "base/log.h"
-#include "controller/router/upstream_call.h"
+#include "controller/router/relayed_request.h"
 
 namespace baton {
 namespace {
 
 namespace http = boost::beast::http;
 
-std::string Escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (c == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += c;
-  }
-  return out;
-}
+constexpr std::chrono::milliseconds kTickInterval{5};
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -33,60 +22,21 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+AdmissionOptions AdmissionFrom(const RouterOptions& o) {
+  return {.max_queue = o.max_queue,
+          .max_queue_wait = o.max_queue_wait,
+          .ramp_steps = o.ramp_steps,
+          .ramp_duration = o.ramp_duration};
+}
+
 }  // namespace
 
-void RouterMetrics::Record(const std::string& route, int status) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++requests_[{route, status}];
-}
-
-void RouterMetrics::RecordUpstreamError(const std::string& kind) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ++upstream_errors_[kind];
-}
-
-std::string RouterMetrics::Render(const proto::RouteTable& table, bool connected) const {
-  std::ostringstream out;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    out << "# HELP baton_router_requests_total Requests answered, by route and status.\n"
-        << "# TYPE baton_router_requests_total counter\n";
-    for (const auto& [key, n] : requests_) {
-      out << "baton_router_requests_total{route=\"" << Escape(key.first) << "\",status=\""
-          << key.second << "\"} " << n << "\n";
-    }
-    out << "# HELP baton_router_upstream_errors_total Failed engine calls, by kind.\n"
-        << "# TYPE baton_router_upstream_errors_total counter\n";
-    for (const auto& [kind, n] : upstream_errors_) {
-      out << "baton_router_upstream_errors_total{kind=\"" << Escape(kind) << "\"} " << n << "\n";
-    }
-  }
-  std::string primary;
-  uint64_t primary_id = 0;
-  for (const proto::RouteEntry& e : table.entries) {
-    if (e.role == "primary" && e.ready) {
-      primary = e.http_address;
-      primary_id = e.engine_id;
-    }
-  }
-  out << "# HELP baton_router_primary The ready primary (1), labelled by engine and address.\n"
-      << "# TYPE baton_router_primary gauge\n";
-  if (!primary.empty()) {
-    out << "baton_router_primary{engine_id=\"" << primary_id << "\",address=\"" << Escape(primary)
-        << "\"} 1\n";
-  }
-  out << "# TYPE baton_router_has_primary gauge\nbaton_router_has_primary "
-      << (primary.empty() ? 0 : 1) << "\n"
-      << "# TYPE baton_router_route_table_version gauge\nbaton_router_route_table_version "
-      << table.version << "\n"
-      << "# TYPE baton_router_epoch gauge\nbaton_router_epoch " << table.epoch << "\n"
-      << "# TYPE baton_router_controller_connected gauge\nbaton_router_controller_connected "
-      << (connected ? 1 : 0) << "\n";
-  return out.str();
-}
-
-Router::Router(RouterOptions options)
-    : options_(std::move(options)), work_(boost::asio::make_work_guard(io_)) {}
+Router::Router(RouterOptions options, const Clock& clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      work_(boost::asio::make_work_guard(io_)),
+      tick_(io_),
+      admission_(clock_, AdmissionFrom(options_)) {}
 
 Router::~Router() { Stop(); }
 
@@ -95,6 +45,10 @@ Status Router::Start() {
   http.host = options_.listen_host;
   http.port = options_.listen_port;
   http.body_limit = options_.max_body_bytes;
+  http.header_limit = options_.max_header_bytes;
+  http.idle_timeout = options_.client_idle_timeout;
+  http.request_timeout = options_.request_timeout;
+  http.max_connections = options_.max_connections;
   server_ = std::make_unique<HttpServer>(io_, http);
   for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
     server_->Route(http::verb::post, route, [this, route](std::shared_ptr<HttpExchange> ex) {
@@ -109,12 +63,14 @@ Status Router::Start() {
   server_->Route(http::verb::get, "/metrics",
                  [this](std::shared_ptr<HttpExchange> ex) { Metrics(std::move(ex)); });
   BATON_RETURN_IF_ERROR(server_->Listen());
+  routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
   if (!options_.backend.empty()) {
     routes_.SetStatic(options_.backend);
     BATON_LOG(INFO, "router") << "static backend " << options_.backend;
   } else {
     routes_.Start(options_.controller_socket, options_.resubscribe_max_backoff);
   }
+  ScheduleTick();
   for (int i = 0; i < options_.threads; ++i) {
     threads_.emplace_back([this] { io_.run(); });
   }
@@ -122,11 +78,21 @@ Status Router::Start() {
   return OkStatus();
 }
 
+void Router::ScheduleTick() {
+  tick_.expires_after(kTickInterval);
+  tick_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    admission_.Tick();
+    ScheduleTick();
+  });
+}
+
 void Router::Stop() {
   if (server_ != nullptr && !threads_.empty()) {
     std::promise<void> closed;
     boost::asio::post(io_, [this, &closed] {
       server_->Close();
+      tick_.cancel();
       closed.set_value();
     });
     closed.get_future().wait();
@@ -155,21 +121,16 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                       {{"WWW-Authenticate", "Bearer"}});
     return;
   }
-  std::optional<std::string> primary = routes_.Primary();
-  if (!primary) {
-    metrics_.Record(route, 503);
-    metrics_.RecordUpstreamError("no_primary");
-    exchange->RespondError(503, "no engine is serving now; retry shortly");
-    return;
-  }
-  UpstreamTimeouts timeouts{.connect = options_.connect_timeout,
-                            .first_byte = options_.first_byte_timeout,
-                            .idle = options_.stream_idle_timeout};
-  StartUpstreamCall(io_, *primary, std::move(exchange), timeouts,
-                    [this, route](int status, const std::string& error) {
-                      metrics_.Record(route, status);
-                      if (!error.empty()) metrics_.RecordUpstreamError(error);
-                    });
+  RelayDeps deps{.admission = &admission_,
+                 .metrics = &metrics_,
+                 .clock = &clock_,
+                 .timeouts = {.connect = options_.connect_timeout,
+                              .first_byte = options_.first_byte_timeout,
+                              .idle = options_.stream_idle_timeout},
+                 .migration_limit = options_.migration_limit,
+                 .unreachable_limit = options_.max_queue_wait};
+  std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
+      ->Start();
 }
 
 void Router::Health(std::shared_ptr<HttpExchange> exchange) {
@@ -178,14 +139,21 @@ void Router::Health(std::shared_ptr<HttpExchange> exchange) {
   metrics_.Record("/health", status);
   nlohmann::json body = {{"status", primary ? "ok" : "no_primary"},
                          {"primary", primary.value_or("")},
-                         {"controller_connected", routes_.connected()}};
+                         {"controller_connected", routes_.connected()},
+                         {"queued", admission_.queued()},
+                         {"in_flight", admission_.in_flight()}};
   exchange->RespondJson(status, body.dump());
 }
 
 void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
   metrics_.Record("/metrics", 200);
-  exchange->Respond(200, "text/plain; version=0.0.4",
-                    metrics_.Render(routes_.table(), routes_.connected()));
+  RouterGauges g{.table = routes_.table(),
+                 .controller_connected = routes_.connected(),
+                 .queued = admission_.queued(),
+                 .in_flight = admission_.in_flight(),
+                 .failovers = admission_.failovers(),
+                 .weights = admission_.Weights()};
+  exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(g));
 }
 
 }  // namespace baton

@@ -1,48 +1,41 @@
-// Router: baton-router's HTTP front door. Forwards the OpenAI API to the current primary.
+// Router: baton-router's HTTP front door (DESIGN.md, Lossless requests; docs/router.md).
 //
-// Routes: POST /v1/completions and /v1/chat/completions and GET /v1/models go to the ready
-// primary of the route table (UpstreamCall), with the body unchanged and streams relayed as
-// they arrive; GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus
-// text) are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY`
-// (401 otherwise). No primary: 503. The route table comes from the controller
-// (RouteSubscriber) or is one static backend.
+// Routes: POST /v1/completions and /v1/chat/completions and GET /v1/models go to an engine
+// chosen by Admission from the route table, each as a RelayedRequest (queued while no engine
+// is ready, replayed on the next engine when its engine fails, streams relayed event by
+// event); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
+// are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY` (401
+// otherwise). Client limits (body, header, connections, idle and request timeouts) are the
+// HttpServer's. The route table comes from the controller (RouteSubscriber) or is one
+// static backend.
 //
-// Ownership: owns the io_context, its threads, the HTTP server and the subscriber.
-// Thread: Start() and Stop() from one owning thread; handlers run on the io_context threads.
+// Ownership: owns the io_context, its threads, the HTTP server, the subscriber and the
+// admission state. Thread: Start() and Stop() from one owning thread; handlers run on the
+// io_context threads.
 #pragma once
 
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
-#include <map>
+#include <boost/asio/steady_timer.hpp>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/clock.h"
 #include "base/status.h"
+#include "controller/router/admission.h"
 #include "controller/router/route_subscriber.h"
+#include "controller/router/router_metrics.h"
 #include "controller/router/router_options.h"
 #include "standby/http_server.h"
 
 namespace baton {
 
-// Counters for /metrics. Thread-safe.
-class RouterMetrics {
- public:
-  void Record(const std::string& route, int status);
-  void RecordUpstreamError(const std::string& kind);
-  std::string Render(const proto::RouteTable& table, bool controller_connected) const;
-
- private:
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;
-  std::map<std::string, uint64_t> upstream_errors_;
-};
-
 class Router {
  public:
-  explicit Router(RouterOptions options);
+  // `clock` drives queue waits and the ramp; it must outlive the router.
+  explicit Router(RouterOptions options, const Clock& clock = RealClock::Get());
   ~Router();
   Router(const Router&) = delete;
   Router& operator=(const Router&) = delete;
@@ -53,17 +46,22 @@ class Router {
 
   uint16_t port() const { return server_ ? server_->port() : 0; }
   const RouteSubscriber& routes() const { return routes_; }
+  const Admission& admission() const { return admission_; }
 
  private:
   void Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange);
   void Health(std::shared_ptr<HttpExchange> exchange);
   void Metrics(std::shared_ptr<HttpExchange> exchange);
   bool Authorized(const HttpExchange& exchange) const;
+  void ScheduleTick();
 
   RouterOptions options_;
+  const Clock& clock_;
   boost::asio::io_context io_;
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  boost::asio::steady_timer tick_;
   std::unique_ptr<HttpServer> server_;
+  Admission admission_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;
   std::vector<std::thread> threads_;

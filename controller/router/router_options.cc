@@ -37,6 +37,31 @@ Setter Millis(const std::string& key, std::chrono::milliseconds* out) {
   };
 }
 
+Setter Count(const std::string& key, int64_t lo, int64_t hi, size_t* out) {
+  return [=](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt(key, v, lo, hi));
+    *out = static_cast<size_t>(n);
+    return OkStatus();
+  };
+}
+
+// "30,60,100": percentages, rising, the last 100.
+Status ParseRampSteps(const std::string& text, std::vector<double>* out) {
+  std::vector<double> steps;
+  std::stringstream in(text);
+  std::string item;
+  int64_t last = 0;
+  while (std::getline(in, item, ',')) {
+    BATON_ASSIGN_OR_RETURN(int64_t pct, ParseInt("ramp-steps", item, 1, 100));
+    if (pct <= last) return InvalidArgument("ramp-steps: percentages must rise, got " + text);
+    last = pct;
+    steps.push_back(static_cast<double>(pct) / 100.0);
+  }
+  if (last != 100) return InvalidArgument("ramp-steps: the last step must be 100, got " + text);
+  *out = std::move(steps);
+  return OkStatus();
+}
+
 std::map<std::string, Setter> Setters(RouterOptions* o) {
   std::map<std::string, Setter> s;
   s["listen"] = [o](const std::string& v) {
@@ -70,6 +95,27 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
   s["connect-timeout-ms"] = Millis("connect-timeout-ms", &o->connect_timeout);
   s["first-byte-timeout-ms"] = Millis("first-byte-timeout-ms", &o->first_byte_timeout);
   s["stream-idle-timeout-ms"] = Millis("stream-idle-timeout-ms", &o->stream_idle_timeout);
+  s["request-timeout-ms"] = Millis("request-timeout-ms", &o->request_timeout);
+  s["client-idle-timeout-ms"] = Millis("client-idle-timeout-ms", &o->client_idle_timeout);
+  s["max-queue-wait-ms"] = Millis("max-queue-wait-ms", &o->max_queue_wait);
+  s["max-connections"] = Count("max-connections", 1, 1 << 20, &o->max_connections);
+  s["max-queue"] = Count("max-queue", 0, 1 << 20, &o->max_queue);
+  s["max-header-bytes"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("max-header-bytes", v, 1024, 1 << 20));
+    o->max_header_bytes = static_cast<uint32_t>(n);
+    return OkStatus();
+  };
+  s["migration-limit"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("migration-limit", v, 0, 100));
+    o->migration_limit = static_cast<int>(n);
+    return OkStatus();
+  };
+  s["ramp-duration-ms"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("ramp-duration-ms", v, 0, 600000));
+    o->ramp_duration = std::chrono::milliseconds(n);
+    return OkStatus();
+  };
+  s["ramp-steps"] = [o](const std::string& v) { return ParseRampSteps(v, &o->ramp_steps); };
   return s;
 }
 

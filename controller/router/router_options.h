@@ -27,6 +27,17 @@ struct RouterOptions {
   std::chrono::milliseconds stream_idle_timeout{60000};  // between two body reads
   std::chrono::milliseconds resubscribe_max_backoff{2000};
   int threads = 2;
+  // Client-side limits.
+  size_t max_connections = 4096;                          // more get 503 and are closed
+  uint32_t max_header_bytes = 16u << 10;                  // 431 past it
+  std::chrono::milliseconds request_timeout{30000};       // first byte of a request to its end: 408
+  std::chrono::milliseconds client_idle_timeout{120000};  // keep-alive wait for a request
+  // Admission (see admission.h).
+  size_t max_queue = 1024;
+  std::chrono::milliseconds max_queue_wait{5000};
+  std::vector<double> ramp_steps{0.3, 0.6, 1.0};
+  std::chrono::milliseconds ramp_duration{2000};
+  int migration_limit = 3;
 };
 
 // $BATON_RUNTIME_DIR, or /tmp/baton-<uid>.

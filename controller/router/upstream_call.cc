@@ -2,13 +2,11 @@
 
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <limits>
 
-#include "base/log.h"
 #include "controller/router/router_options.h"
 
 namespace baton {
@@ -19,14 +17,11 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
-class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
+class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
  public:
-  UpstreamCall(asio::io_context& io, std::shared_ptr<HttpExchange> exchange,
-               UpstreamTimeouts timeouts, UpstreamDone done)
-      : stream_(asio::make_strand(io)),
-        exchange_(std::move(exchange)),
-        timeouts_(timeouts),
-        done_(std::move(done)) {}
+  Call(asio::any_io_executor ex, UpstreamRequest request, UpstreamTimeouts timeouts,
+       UpstreamSink sink)
+      : stream_(ex), request_(std::move(request)), timeouts_(timeouts), sink_(std::move(sink)) {}
 
   void Start(const std::string& address) {
     std::string host;
@@ -38,44 +33,40 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
     } else {
       ec = asio::error::invalid_argument;
     }
-    if (ec) return Fail(502, "bad_address", "the backend address is not HOST:PORT: " + address);
     auto self = shared_from_this();
-    std::weak_ptr<UpstreamCall> weak = self;
-    exchange_->OnAbort([weak] {
-      if (auto call = weak.lock()) {
-        asio::post(call->stream_.get_executor(), [call] {
-          call->client_gone_ = true;
-          beast::error_code ignored;
-          call->stream_.socket().close(ignored);
-        });
-      }
-    });
-    asio::post(stream_.get_executor(), [self, endpoint = tcp::endpoint(ip, port)] {
-      self->stream_.expires_after(self->timeouts_.connect);
-      self->stream_.async_connect(endpoint, [self](beast::error_code ec) { self->OnConnect(ec); });
-    });
+    if (ec) {
+      asio::post(stream_.get_executor(), [self, address] {
+        self->End(UpstreamError::kConnect, "the engine address is not HOST:PORT: " + address);
+      });
+      return;
+    }
+    stream_.expires_after(timeouts_.connect);
+    stream_.async_connect(tcp::endpoint(ip, port),
+                          [self](beast::error_code ec) { self->OnConnect(ec); });
+  }
+
+  void Cancel() override {
+    if (ended_) return;
+    cancelled_ = true;
+    beast::error_code ignored;
+    stream_.socket().close(ignored);
   }
 
  private:
   void OnConnect(beast::error_code ec) {
-    if (ec) return Fail(502, "connect", "cannot connect to the engine: " + ec.message());
-    const HttpRequest& in = exchange_->request();
-    request_.method(in.method());
-    request_.target(in.target());
-    request_.version(11);
-    request_.keep_alive(false);
-    request_.set(http::field::host, "baton-engine");
-    if (auto ct = in.find(http::field::content_type); ct != in.end()) {
-      request_.set(http::field::content_type, ct->value());
-    }
-    if (auto accept = in.find(http::field::accept); accept != in.end()) {
-      request_.set(http::field::accept, accept->value());
-    }
-    request_.body() = in.body();
-    request_.prepare_payload();
+    if (ec) return End(UpstreamError::kConnect, "cannot connect to the engine: " + ec.message());
+    req_.method(request_.method);
+    req_.target(request_.target);
+    req_.version(11);
+    req_.keep_alive(false);
+    req_.set(http::field::host, "baton-engine");
+    if (!request_.content_type.empty()) req_.set(http::field::content_type, request_.content_type);
+    if (!request_.accept.empty()) req_.set(http::field::accept, request_.accept);
+    req_.body() = std::move(request_.body);
+    req_.prepare_payload();
     stream_.expires_after(timeouts_.first_byte);
-    http::async_write(stream_, request_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->Fail(502, "write", "engine write failed: " + ec.message());
+    http::async_write(stream_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      if (ec) return self->Fail(ec, UpstreamError::kBroken, "engine write failed");
       self->ReadHeader();
     });
   }
@@ -89,19 +80,19 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
 
   void OnHeader(beast::error_code ec) {
     if (ec == beast::error::timeout) {
-      return Fail(504, "first_byte_timeout", "the engine did not answer in time");
+      return End(UpstreamError::kFirstByteTimeout, "the engine did not answer in time");
     }
-    if (ec) return Fail(502, "read_header", "the engine's response broke: " + ec.message());
+    if (ec) return Fail(ec, UpstreamError::kBroken, "the engine's response broke");
     const auto& head = parser_.get();
-    status_ = head.result_int();
-    content_type_ = std::string(head[http::field::content_type]);
-    streaming_ = parser_.chunked() || content_type_.rfind("text/event-stream", 0) == 0;
-    if (streaming_) exchange_->BeginStream(status_, content_type_);
+    const std::string content_type(head[http::field::content_type]);
+    const bool streaming = parser_.chunked() || content_type.rfind("text/event-stream", 0) == 0;
+    if (sink_.on_head) sink_.on_head(head.result_int(), content_type, streaming);
     ReadBody();
   }
 
   void ReadBody() {
-    if (parser_.is_done()) return Finish();
+    if (ended_) return;
+    if (parser_.is_done()) return End(UpstreamError::kNone, "");
     parser_.get().body().data = chunk_;
     parser_.get().body().size = sizeof(chunk_);
     stream_.expires_after(timeouts_.idle);
@@ -113,69 +104,67 @@ class UpstreamCall : public std::enable_shared_from_this<UpstreamCall> {
   void OnBody(beast::error_code ec) {
     if (ec == http::error::need_buffer) ec = {};
     const size_t n = sizeof(chunk_) - parser_.get().body().size;
-    if (n > 0) {
-      if (streaming_) {
-        exchange_->Write(std::string(chunk_, n));
-      } else {
-        body_.append(chunk_, n);
-      }
+    if (n > 0 && !ended_ && sink_.on_data) sink_.on_data(std::string_view(chunk_, n));
+    if (ec == beast::error::timeout) {
+      return End(UpstreamError::kIdleTimeout, "the engine's stream stalled");
     }
-    if (ec) {
-      if (!streaming_)
-        return Fail(502, "read_body", "the engine's response broke: " + ec.message());
-      BATON_LOG(WARN, "router") << "engine stream broke: " << ec.message();
-      exchange_->EndStream();
-      return Done(status_, client_gone_ ? "client_gone" : "stream_broken");
-    }
+    if (ec) return Fail(ec, UpstreamError::kBroken, "the engine's response broke");
     ReadBody();
   }
 
-  void Finish() {
-    if (streaming_) {
-      exchange_->EndStream();
-    } else {
-      exchange_->Respond(status_, content_type_.empty() ? "application/json" : content_type_,
-                         std::move(body_));
-    }
-    Done(status_, "");
+  void Fail(beast::error_code ec, UpstreamError kind, const std::string& what) {
+    End(cancelled_ ? UpstreamError::kCancelled : kind, what + ": " + ec.message());
   }
 
-  void Fail(int status, const std::string& kind, const std::string& message) {
-    if (!client_gone_) {
-      BATON_LOG(WARN, "router") << exchange_->request().target() << ": " << message;
-    }
-    exchange_->RespondError(status, message);
-    Done(status, kind);
-  }
-
-  void Done(int status, const std::string& kind) {
+  void End(UpstreamError error, const std::string& message) {
+    if (ended_) return;
+    ended_ = true;
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    if (done_) std::exchange(done_, nullptr)(status, kind);
+    stream_.socket().close(ignored);
+    if (sink_.on_end) sink_.on_end(error, message);
+    sink_ = {};
   }
 
   beast::tcp_stream stream_;
-  std::shared_ptr<HttpExchange> exchange_;
+  UpstreamRequest request_;
   UpstreamTimeouts timeouts_;
-  UpstreamDone done_;
-  http::request<http::string_body> request_;
+  UpstreamSink sink_;
+  http::request<http::string_body> req_;
   http::response_parser<http::buffer_body> parser_;
   beast::flat_buffer buffer_;
   char chunk_[16384];
-  std::string body_;
-  std::string content_type_;
-  int status_ = 0;
-  bool streaming_ = false;
-  bool client_gone_ = false;
+  bool ended_ = false;
+  bool cancelled_ = false;
 };
 
 }  // namespace
 
-void StartUpstreamCall(asio::io_context& io, const std::string& address,
-                       std::shared_ptr<HttpExchange> exchange, UpstreamTimeouts timeouts,
-                       UpstreamDone done) {
-  std::make_shared<UpstreamCall>(io, std::move(exchange), timeouts, std::move(done))
-      ->Start(address);
+const char* UpstreamErrorName(UpstreamError e) {
+  switch (e) {
+    case UpstreamError::kNone:
+      return "none";
+    case UpstreamError::kConnect:
+      return "connect";
+    case UpstreamError::kFirstByteTimeout:
+      return "first_byte_timeout";
+    case UpstreamError::kIdleTimeout:
+      return "idle_timeout";
+    case UpstreamError::kBroken:
+      return "broken";
+    case UpstreamError::kCancelled:
+      return "cancelled";
+  }
+  return "unknown";
+}
+
+std::shared_ptr<UpstreamCall> StartUpstreamCall(asio::any_io_executor executor,
+                                                const std::string& address, UpstreamRequest request,
+                                                UpstreamTimeouts timeouts, UpstreamSink sink) {
+  auto call =
+      std::make_shared<Call>(std::move(executor), std::move(request), timeouts, std::move(sink));
+  call->Start(address);
+  return call;
 }
 
 }  // namespace baton

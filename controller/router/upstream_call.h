@@ -1,22 +1,24 @@
-// UpstreamCall: one client request relayed to an engine over HTTP/1.1 (Boost.Beast, async).
+// UpstreamCall: one attempt of a request on one engine, over HTTP/1.1 (Boost.Beast, async).
 //
-// The request goes out with its method, target and body unchanged. The response comes back
-// through the client's HttpExchange: a chunked or `text/event-stream` response is relayed
-// chunk by chunk as the bytes arrive (never buffered whole), any other one is sent as one
-// response once complete. Failures before the response header reaches the client become
-// OpenAI-shaped JSON errors: connect failure or connect timeout 502, no response header
-// within `first_byte` 504, a broken response 502. A failure mid-stream ends the client's
-// stream. A client that goes away cancels the upstream connection.
+// The request goes out with the given method, target and body (and the client's
+// Content-Type and Accept). What comes back is handed to the owner's callbacks as it
+// arrives: the status line and headers (OnHead), then each piece of the body as read
+// (OnData, never buffered whole), then the end (OnEnd, exactly once, also after Cancel()).
+// An UpstreamError says what failed: connecting (the engine was never reached, so a retry
+// cannot duplicate anything), a timeout (connect, first byte, or idle between body reads),
+// or a broken response.
 //
-// Ownership: the call owns its upstream socket and keeps itself alive (shared_ptr) until it
-// ends. Thread: runs on its own strand of the io_context; `done` is called there, once.
+// Ownership: the call owns its socket and keeps itself alive (shared_ptr) until OnEnd.
+// Thread: runs on the executor it is given (the request's strand); callbacks run there, and
+// Cancel() must be called there too.
 #pragma once
 
-#include <boost/asio/io_context.hpp>
+#include <boost/asio/any_io_executor.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "standby/http_server.h"
 
@@ -28,12 +30,43 @@ struct UpstreamTimeouts {
   std::chrono::milliseconds idle{60000};
 };
 
-// `status` is what the client got; `upstream_error` names the failure ("" when none).
-using UpstreamDone = std::function<void(int status, const std::string& upstream_error)>;
+enum class UpstreamError {
+  kNone,
+  kConnect,           // refused, unreachable, or the connect timed out: nothing reached it
+  kFirstByteTimeout,  // sent, but no response header in time
+  kIdleTimeout,       // the body stalled
+  kBroken,            // reset or closed before the response ended
+  kCancelled,         // Cancel() was called
+};
 
-// Relays `exchange`'s request to `address` ("HOST:PORT", numeric host).
-void StartUpstreamCall(boost::asio::io_context& io, const std::string& address,
-                       std::shared_ptr<HttpExchange> exchange, UpstreamTimeouts timeouts,
-                       UpstreamDone done);
+const char* UpstreamErrorName(UpstreamError e);
+
+struct UpstreamRequest {
+  boost::beast::http::verb method = boost::beast::http::verb::post;
+  std::string target;
+  std::string body;
+  std::string content_type;
+  std::string accept;
+};
+
+struct UpstreamSink {
+  // `streaming`: chunked or text/event-stream.
+  std::function<void(int status, const std::string& content_type, bool streaming)> on_head;
+  std::function<void(std::string_view bytes)> on_data;
+  std::function<void(UpstreamError error, const std::string& message)> on_end;
+};
+
+class UpstreamCall {
+ public:
+  virtual ~UpstreamCall() = default;
+  // Closes the connection; OnEnd follows with kCancelled unless the call already ended.
+  virtual void Cancel() = 0;
+};
+
+// Starts the call to `address` ("HOST:PORT", numeric host). A bad address ends it at once
+// (posted) with kConnect.
+std::shared_ptr<UpstreamCall> StartUpstreamCall(boost::asio::any_io_executor executor,
+                                                const std::string& address, UpstreamRequest request,
+                                                UpstreamTimeouts timeouts, UpstreamSink sink);
 
 }  // namespace baton

@@ -249,13 +249,19 @@ TEST_F(RouterTest, BrokenStreamEndsTheClientsStream) {
   backend.Release();
   while (client.ReadMore()) {
   }
-  EXPECT_EQ(TestHttpClient::SplitEvents(client.body()), std::vector<std::string>{"one"});
+  // The backend's events carry no token ids, so the stream cannot be continued elsewhere:
+  // it ends with an explicit error event, never silently.
+  std::vector<std::string> events = TestHttpClient::SplitEvents(client.body());
+  ASSERT_EQ(events.size(), 3u) << client.body();
+  EXPECT_EQ(events[0], "one");
+  EXPECT_EQ(Parse(events[1])["error"]["code"], "engine_failed") << events[1];
+  EXPECT_EQ(events[2], "[DONE]");
   // The count lands just after the client's stream ends: poll for it.
   bool counted = false;
   for (int i = 0; i < 1000 && !counted; ++i) {
     TestHttpClient metrics(router->port());
     counted = metrics.Get("/metrics")
-                  .body.find("baton_router_upstream_errors_total{kind=\"stream_broken\"} 1") !=
+                  .body.find("baton_router_upstream_errors_total{kind=\"broken\"} 1") !=
               std::string::npos;
     if (!counted) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
@@ -317,13 +323,15 @@ TEST_F(RouterTest, BodyLimit) {
   EXPECT_EQ(again.Post("/v1/completions", kRequest.dump()).status, 200);
 }
 
-TEST_F(RouterTest, NoPrimaryIs503) {
+TEST_F(RouterTest, NoPrimaryQueuesThen429) {
   RouterOptions options;
   options.controller_socket = *dir_ + "/no-controller.sock";
+  options.max_queue_wait = std::chrono::milliseconds(100);
   auto router = StartRouter(options);
   TestHttpClient client(router->port());
   HttpReply r = client.Post("/v1/completions", kRequest.dump());
-  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.status, 429);
+  EXPECT_EQ(r.retry_after, "1");
   EXPECT_TRUE(Parse(r.body)["error"].is_object()) << r.body;
   EXPECT_EQ(client.Get("/health").status, 503);
   EXPECT_FALSE(router->routes().connected());
@@ -351,6 +359,7 @@ TEST_F(RouterTest, RefusedBackendIs502) {
   }
   RouterOptions options;
   options.backend = "127.0.0.1:" + std::to_string(closed_port);
+  options.max_queue_wait = std::chrono::milliseconds(600);  // retried until then
   auto router = StartRouter(options);
   TestHttpClient client(router->port());
   EXPECT_EQ(client.Post("/v1/completions", kRequest.dump()).status, 502);

@@ -1,0 +1,212 @@
+#include "controller/router/admission.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "base/log.h"
+
+namespace baton {
+
+Admission::Admission(const Clock& clock, AdmissionOptions options)
+    : clock_(clock), options_(std::move(options)) {
+  if (options_.ramp_steps.empty()) options_.ramp_steps.push_back(1.0);
+}
+
+void Admission::SetTable(const proto::RouteTable& table) {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Candidate> next;
+    std::optional<Target> primary;
+    for (const proto::RouteEntry& e : table.entries) {
+      if (!e.ready || e.http_address.empty()) continue;
+      const bool is_primary = e.role == "primary";
+      if (!is_primary && e.role != "canary") continue;
+      const int weight = e.weight > 0 ? static_cast<int>(e.weight) : (is_primary ? 100 : 0);
+      if (weight == 0) continue;
+      Candidate c{.target = {e.http_address, e.engine_id}, .weight = weight};
+      for (const Candidate& old : candidates_) {
+        if (old.target == c.target) c.current = old.current;
+      }
+      next.push_back(c);
+      if (is_primary && !primary) primary = c.target;
+    }
+    candidates_ = std::move(next);
+    ++generation_;
+    if (primary && primary_ && *primary != *primary_) {
+      ++failovers_;
+      ramp_target_ = primary;
+      ramp_start_ = clock_.Now();
+      ramp_base_ = std::max<size_t>(1, peak_in_flight_);
+      peak_in_flight_ = total_in_flight_;
+      BATON_LOG(INFO, "router") << "new primary " << primary->address << " (engine "
+                                << primary->engine_id << "): ramping over "
+                                << options_.ramp_duration.count() << " ms from a base of "
+                                << ramp_base_ << " in flight";
+    }
+    if (primary) primary_ = primary;
+    Drain(clock_.Now(), &ready);
+  }
+  Run(&ready);
+}
+
+void Admission::Request(bool replay, std::optional<Target> failed, Grant grant) {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const TimePoint now = clock_.Now();
+    if (!replay && queue_.size() >= options_.max_queue) {
+      ready.emplace_back(std::move(grant),
+                         ResourceExhausted("the router's queue is full (" +
+                                           std::to_string(options_.max_queue) + " requests)"));
+    } else {
+      Waiter w{.replay = replay,
+               .failed = std::move(failed),
+               .failed_generation = generation_,
+               .failed_at = now,
+               .deadline = now + options_.max_queue_wait,
+               .grant = std::move(grant)};
+      auto pos = queue_.end();
+      if (replay) {
+        pos = std::find_if(queue_.begin(), queue_.end(), [](const Waiter& q) { return !q.replay; });
+      }
+      queue_.insert(pos, std::move(w));
+      Drain(now, &ready);
+    }
+  }
+  Run(&ready);
+}
+
+void Admission::Release(const Target& target) {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = in_flight_.find(target.address);
+    if (it != in_flight_.end() && it->second > 0) {
+      if (--it->second == 0) in_flight_.erase(it);
+      --total_in_flight_;
+    }
+    Drain(clock_.Now(), &ready);
+  }
+  Run(&ready);
+}
+
+void Admission::Tick() {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const TimePoint now = clock_.Now();
+    if (ramp_target_ && now - ramp_start_ >= options_.ramp_duration) {
+      BATON_LOG(INFO, "router") << "ramp onto " << ramp_target_->address << " complete";
+      ramp_target_.reset();
+    }
+    Drain(now, &ready);
+  }
+  Run(&ready);
+}
+
+void Admission::Drain(TimePoint now, Ready* ready) {
+  bool fifo_blocked = false;  // a waiting new request keeps later new requests behind it
+  for (auto it = queue_.begin(); it != queue_.end();) {
+    if (now >= it->deadline) {
+      const std::string why = it->replay ? "no engine took over the request within "
+                                         : "no engine could take the request within ";
+      ready->emplace_back(
+          std::move(it->grant),
+          ResourceExhausted(why + std::to_string(options_.max_queue_wait.count()) + " ms"));
+      it = queue_.erase(it);
+      continue;
+    }
+    std::optional<Target> t;
+    if (it->replay || !fifo_blocked) t = Pick(*it, now);
+    if (!t) {
+      if (!it->replay) fifo_blocked = true;
+      ++it;
+      continue;
+    }
+    Take(*t);
+    ready->emplace_back(std::move(it->grant), std::move(*t));
+    it = queue_.erase(it);
+  }
+}
+
+std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
+  const bool avoid_failed = w.failed && w.failed_generation == generation_ &&
+                            now - w.failed_at < options_.retry_same_after;
+  int total = 0;
+  Candidate* best = nullptr;
+  for (Candidate& c : candidates_) {
+    if (avoid_failed && c.target == *w.failed) continue;
+    if (!w.replay && !UnderRampCap(c.target, now)) continue;
+    total += c.weight;
+    c.current += c.weight;
+    if (best == nullptr || c.current > best->current) best = &c;
+  }
+  if (best == nullptr) return std::nullopt;
+  best->current -= total;
+  return best->target;
+}
+
+double Admission::RampShare(TimePoint now) const {
+  const size_t n = options_.ramp_steps.size();
+  const auto step = options_.ramp_duration / static_cast<int64_t>(n);
+  if (step.count() <= 0) return 1.0;
+  const auto i = static_cast<size_t>((now - ramp_start_) / step);
+  return i >= n ? 1.0 : options_.ramp_steps[i];
+}
+
+bool Admission::UnderRampCap(const Target& t, TimePoint now) const {
+  if (!ramp_target_ || t != *ramp_target_) return true;
+  const double share = RampShare(now);
+  if (share >= 1.0) return true;
+  const size_t cap =
+      std::max<size_t>(1, static_cast<size_t>(std::ceil(share * static_cast<double>(ramp_base_))));
+  auto it = in_flight_.find(t.address);
+  return it == in_flight_.end() || it->second < cap;
+}
+
+void Admission::Take(const Target& t) {
+  ++in_flight_[t.address];
+  ++total_in_flight_;
+  peak_in_flight_ = std::max(peak_in_flight_, total_in_flight_);
+}
+
+void Admission::Run(Ready* ready) {
+  for (auto& [grant, result] : *ready) grant(std::move(result));
+}
+
+size_t Admission::queued() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size();
+}
+
+size_t Admission::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_in_flight_;
+}
+
+uint64_t Admission::failovers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failovers_;
+}
+
+std::vector<TargetWeight> Admission::Weights() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const TimePoint now = clock_.Now();
+  int total = 0;
+  for (const Candidate& c : candidates_) total += c.weight;
+  std::vector<TargetWeight> out;
+  for (const Candidate& c : candidates_) {
+    double share = total > 0 ? 100.0 * c.weight / total : 0;
+    if (ramp_target_ && c.target == *ramp_target_) share *= RampShare(now);
+    out.push_back({c.target, share, primary_ && c.target == *primary_ ? "primary" : "canary"});
+  }
+  return out;
+}
+
+int Admission::RetryAfterSeconds() const {
+  const auto ms = options_.max_queue_wait.count();
+  return static_cast<int>(std::max<int64_t>(1, (ms + 999) / 1000));
+}
+
+}  // namespace baton

@@ -1,0 +1,123 @@
+// Admission: which engine a request goes to, and when.
+//
+// Targets come from the route table: ready entries whose role is "primary" or "canary", each
+// with its weight (a primary with weight 0 counts as 100), picked by smooth weighted
+// round-robin. A request that finds no target waits in a bounded FIFO queue; past
+// `max_queue_wait`, or when the queue already holds `max_queue` requests, it is refused
+// (ResourceExhausted: the router answers 429 with Retry-After).
+//
+// Ramp: when the primary changes (a promotion), the new primary takes traffic in steps
+// (`ramp_steps`, default 30 %, 60 %, 100 %, spread over `ramp_duration`): its requests in
+// flight are capped at the step's share of the peak concurrency seen before the promotion
+// (at least 1); the rest wait in the queue, which drains as requests end and steps rise.
+//
+// Replays (requests already admitted that lost their engine) skip the ramp and the cap and
+// go ahead of the queue. A replay may name the target that just failed: it is not chosen
+// again until the route table changes or `retry_same_after` has passed, so a dead primary
+// still listed is not hammered while the controller fences it.
+//
+// Time comes from the injected Clock; Tick() expires waiters and advances the ramp (the
+// router calls it every few milliseconds). Callbacks run outside the lock, on the calling
+// thread of Request()/SetTable()/Release()/Tick(). Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+struct AdmissionOptions {
+  size_t max_queue = 1024;
+  std::chrono::milliseconds max_queue_wait{5000};
+  std::vector<double> ramp_steps{0.3, 0.6, 1.0};
+  std::chrono::milliseconds ramp_duration{2000};
+  std::chrono::milliseconds retry_same_after{250};
+};
+
+struct Target {
+  std::string address;  // HOST:PORT
+  uint64_t engine_id = 0;
+  bool operator==(const Target&) const = default;
+};
+
+struct TargetWeight {
+  Target target;
+  double weight = 0;  // percent of new requests, the ramp included
+  std::string role;
+};
+
+class Admission {
+ public:
+  using Grant = std::function<void(Result<Target>)>;
+
+  Admission(const Clock& clock, AdmissionOptions options);
+
+  // A new route table. A changed primary starts a ramp. Waiters that can go now are granted.
+  void SetTable(const proto::RouteTable& table);
+  // Asks for a target; `grant` is called once, now or later. A replay passes the target
+  // that failed it (if any) in `failed`.
+  void Request(bool replay, std::optional<Target> failed, Grant grant);
+  // A granted request ended (or its attempt did): frees its place on `target`.
+  void Release(const Target& target);
+  void Tick();
+
+  size_t queued() const;
+  size_t in_flight() const;
+  uint64_t failovers() const;
+  // The current share of each target (the ramp applied), for /metrics.
+  std::vector<TargetWeight> Weights() const;
+  // Seconds a refused client should wait before retrying.
+  int RetryAfterSeconds() const;
+
+ private:
+  struct Waiter {
+    bool replay = false;
+    std::optional<Target> failed;
+    uint64_t failed_generation = 0;
+    TimePoint failed_at;
+    TimePoint deadline;
+    Grant grant;
+  };
+  struct Candidate {
+    Target target;
+    int weight = 0;
+    int current = 0;  // smooth weighted round-robin state
+  };
+  using Ready = std::vector<std::pair<Grant, Result<Target>>>;
+
+  void Drain(TimePoint now, Ready* ready);
+  std::optional<Target> Pick(const Waiter& w, TimePoint now);
+  bool UnderRampCap(const Target& t, TimePoint now) const;
+  double RampShare(TimePoint now) const;
+  void Take(const Target& t);
+  static void Run(Ready* ready);
+
+  const Clock& clock_;
+  AdmissionOptions options_;
+  mutable std::mutex mu_;
+  std::vector<Candidate> candidates_;
+  uint64_t generation_ = 0;
+  std::optional<Target> primary_;
+  std::deque<Waiter> queue_;
+  std::map<std::string, size_t> in_flight_;  // by address
+  size_t total_in_flight_ = 0;
+  size_t peak_in_flight_ = 0;  // since the last promotion
+  uint64_t failovers_ = 0;
+  // The ramp onto a new primary.
+  std::optional<Target> ramp_target_;
+  TimePoint ramp_start_;
+  size_t ramp_base_ = 1;
+};
+
+}  // namespace baton

@@ -1,0 +1,78 @@
+// RouterMetrics: the router's Prometheus metrics, rendered at GET /metrics.
+//
+//   baton_router_requests_total{route,status}            counter
+//   baton_router_upstream_errors_total{kind}             counter
+//   baton_router_time_to_first_token_seconds{route}      histogram (streams: first token event)
+//   baton_router_request_duration_seconds{route}         histogram (arrival to last byte)
+//   baton_router_queue_wait_seconds                      histogram (time waiting for an engine)
+//   baton_router_replays_total{kind}                     counter: "replay" (tokens already
+//                                                        sent, continued on ids), "retry"
+//                                                        (nothing sent, sent again whole)
+//   baton_router_replay_failures_total                   counter: streams ended with an error
+//   plus gauges set at render time: queue length, requests in flight, failovers seen,
+//   each engine's current weight, the primary, the route table version and epoch.
+//
+// Thread-safe (one mutex; observations are a few additions).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "controller/router/admission.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+// A fixed-bucket histogram in seconds.
+class Histogram {
+ public:
+  static constexpr std::array<double, 14> kBounds = {
+      0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  void Observe(double seconds);
+  // The sample lines of `name` with extra `labels` ("" or `route="x"`).
+  void Render(const std::string& name, const std::string& labels, std::string* out) const;
+
+ private:
+  std::array<uint64_t, kBounds.size()> buckets_{};
+  uint64_t count_ = 0;
+  double sum_ = 0;
+};
+
+struct RouterGauges {
+  proto::RouteTable table;
+  bool controller_connected = false;
+  size_t queued = 0;
+  size_t in_flight = 0;
+  uint64_t failovers = 0;
+  std::vector<TargetWeight> weights;
+};
+
+class RouterMetrics {
+ public:
+  void Record(const std::string& route, int status);
+  void RecordUpstreamError(const std::string& kind);
+  void ObserveFirstToken(const std::string& route, double seconds);
+  void ObserveDuration(const std::string& route, double seconds);
+  void ObserveQueueWait(double seconds);
+  void RecordReplay(bool tokens_sent);
+  void RecordReplayFailure();
+
+  std::string Render(const RouterGauges& gauges) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;
+  std::map<std::string, uint64_t> upstream_errors_;
+  std::map<std::string, Histogram> first_token_;
+  std::map<std::string, Histogram> duration_;
+  Histogram queue_wait_;
+  uint64_t replays_ = 0;
+  uint64_t retries_ = 0;
+  uint64_t replay_failures_ = 0;
+};
+
+}  // namespace baton

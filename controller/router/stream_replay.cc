@@ -1,0 +1,196 @@
+#include "controller/router/stream_replay.h"
+
+#include "controller/router/sse_splitter.h"
+
+namespace baton {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr int64_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
+
+bool IsCompletions(const std::string& route) { return route == "/v1/completions"; }
+
+std::optional<uint64_t> SeedOf(const Json& j) {
+  if (j.is_number_unsigned()) return j.get<uint64_t>();
+  if (j.is_number_integer()) return static_cast<uint64_t>(j.get<int64_t>());
+  return std::nullopt;
+}
+
+// A prompt given as token ids: [1, 2, 3] or [[1, 2, 3]].
+std::optional<std::vector<int32_t>> PromptIds(const Json& prompt) {
+  const Json* p = &prompt;
+  if (p->is_array() && p->size() == 1 && (*p)[0].is_array()) p = &(*p)[0];
+  if (!p->is_array() || p->empty()) return std::nullopt;
+  std::vector<int32_t> ids;
+  for (const Json& v : *p) {
+    if (!v.is_number_integer()) return std::nullopt;
+    ids.push_back(v.get<int32_t>());
+  }
+  return ids;
+}
+
+std::string Event(const Json& j) { return "data: " + j.dump() + "\n\n"; }
+
+}  // namespace
+
+StreamReplay::StreamReplay(std::string route, const std::string& body)
+    : route_(std::move(route)), raw_body_(body) {
+  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return;
+  body_ = std::move(j);
+  if (auto it = body_.find("stream"); it != body_.end() && it->is_boolean()) stream_ = *it;
+  if (auto it = body_.find("stream_options"); it != body_.end() && it->is_object()) {
+    auto u = it->find("include_usage");
+    include_usage_ = u != it->end() && u->is_boolean() && u->get<bool>();
+  }
+  if (auto it = body_.find("max_tokens"); it != body_.end() && it->is_number_integer()) {
+    max_tokens_ = it->get<int64_t>();
+  }
+  if (auto it = body_.find("seed"); it != body_.end()) seed_ = SeedOf(*it);
+  if (auto it = body_.find("prompt"); it != body_.end()) prompt_ids_ = PromptIds(*it);
+  if (auto it = body_.find("n"); it != body_.end() && !(it->is_number_integer() && *it == 1)) {
+    ids_known_ = false;  // several choices interleave; a replay continues one sequence only
+  }
+}
+
+void StreamReplay::BeginAttempt() {
+  ++attempts_;
+  resume_tokens_ = sent_ids_.size();
+}
+
+std::string StreamReplay::AttemptBody() const {
+  if (!body_.is_object()) return raw_body_;
+  if (!IsCompletions(route_)) return raw_body_;
+  Json j = body_;
+  if (!j.contains("return_token_ids")) j["return_token_ids"] = true;
+  if (resume_tokens_ == 0) return j.dump();
+  std::vector<int32_t> prompt = *prompt_ids_;
+  prompt.insert(prompt.end(), sent_ids_.begin(), sent_ids_.end());
+  j["prompt"] = prompt;
+  j["max_tokens"] = max_tokens_.value_or(kDefaultMaxTokens) - static_cast<int64_t>(resume_tokens_);
+  j["seed"] = *seed_;
+  j["baton_resume_tokens"] = resume_tokens_;
+  return j.dump();
+}
+
+bool StreamReplay::CanContinue() const {
+  if (finished_ || events_sent_ == 0) return true;
+  if (!stream_ || !IsCompletions(route_) || !ids_known_ || !prompt_ids_ || !seed_) return false;
+  return max_tokens_.value_or(kDefaultMaxTokens) > static_cast<int64_t>(sent_ids_.size());
+}
+
+void StreamReplay::Learn(const Json& j) {
+  if (id_.is_null()) {
+    id_ = j.value("id", Json());
+    created_ = j.value("created", Json());
+    model_ = j.value("model", Json());
+  }
+  if (!seed_) {
+    if (auto it = j.find("seed"); it != j.end()) seed_ = SeedOf(*it);
+  }
+  auto choices = j.find("choices");
+  if (choices == j.end() || !choices->is_array() || choices->empty()) return;
+  const Json& c = (*choices)[0];
+  if (resume_tokens_ == 0) {
+    if (auto it = c.find("prompt_token_ids"); it != c.end() && !it->is_null()) {
+      prompt_ids_ = PromptIds(*it);
+    }
+  }
+  auto ids = c.find("token_ids");
+  if (ids != c.end() && ids->is_array()) {
+    for (const Json& v : *ids) {
+      if (v.is_number_integer()) sent_ids_.push_back(v.get<int32_t>());
+    }
+  } else {
+    ids_known_ = false;
+  }
+  if (auto it = c.find("finish_reason"); it != c.end() && !it->is_null()) finished_ = true;
+}
+
+std::string StreamReplay::Rewrite(Json j) const {
+  j["id"] = id_;
+  j["created"] = created_;
+  if (auto choices = j.find("choices"); choices != j.end() && choices->is_array()) {
+    for (Json& c : *choices) {
+      if (c.is_object()) c.erase("prompt_token_ids");
+    }
+  }
+  if (auto usage = j.find("usage"); usage != j.end() && !usage->is_null()) *usage = UsageJson();
+  return Event(j);
+}
+
+Json StreamReplay::UsageJson() const {
+  const int64_t prompt = prompt_ids_ ? static_cast<int64_t>(prompt_ids_->size()) : 0;
+  const int64_t completion = static_cast<int64_t>(sent_ids_.size());
+  Json u;
+  u["prompt_tokens"] = prompt;
+  u["completion_tokens"] = completion;
+  u["total_tokens"] = prompt + completion;
+  return u;
+}
+
+StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
+  Outcome out;
+  std::optional<std::string> data = EventData(event);
+  if (!data) {
+    out.to_client = event;  // a comment or keep-alive
+    return out;
+  }
+  if (*data == "[DONE]") {
+    out.done = true;
+    out.to_client = event;
+    ++events_sent_;
+    return out;
+  }
+  Json j = Json::parse(*data, nullptr, /*allow_exceptions=*/false);
+  ++events_sent_;
+  if (!j.is_object()) {
+    ids_known_ = false;
+    out.to_client = event;
+    return out;
+  }
+  if (auto err = j.find("error"); err != j.end()) {
+    if (err->is_object() && err->value("type", "") == "server_error") {
+      --events_sent_;
+      out.engine_failed = true;
+      return out;
+    }
+    out.to_client = event;
+    return out;
+  }
+  const size_t before = sent_ids_.size();
+  Learn(j);
+  out.first_token = before == 0 && !sent_ids_.empty();
+  out.to_client = resume_tokens_ > 0 ? Rewrite(std::move(j)) : event;
+  return out;
+}
+
+std::string StreamReplay::FinishingEvents() const {
+  std::string out;
+  if (include_usage_) {
+    Json j;
+    j["id"] = id_;
+    j["object"] = "text_completion";
+    j["created"] = created_;
+    j["model"] = model_;
+    if (seed_) j["seed"] = *seed_;
+    j["choices"] = Json::array();
+    j["usage"] = UsageJson();
+    out += Event(j);
+  }
+  return out + "data: [DONE]\n\n";
+}
+
+std::string StreamReplay::EndingEvents(const std::string& message) const {
+  Json inner;
+  inner["message"] = message;
+  inner["type"] = "server_error";
+  inner["param"] = nullptr;
+  inner["code"] = "engine_failed";
+  Json j;
+  j["error"] = inner;
+  return Event(j) + "data: [DONE]\n\n";
+}
+
+}  // namespace baton

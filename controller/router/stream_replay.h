@@ -1,0 +1,88 @@
+// StreamReplay: what the router keeps of one client request so that it can be replayed on
+// another engine without the client noticing (DESIGN.md, Lossless requests).
+//
+// It holds the client's body and learns, from the engine's stream, the request's seed, its
+// prompt as token ids and every token id sent to the client. AttemptBody() gives the body of
+// the next attempt:
+//   - nothing sent yet: the client's body (with `return_token_ids: true` added on
+//     /v1/completions), a whole retry;
+//   - tokens sent: a replay on token ids: `prompt` = prompt ids + ids sent, `max_tokens`
+//     reduced by their number (16, OpenAI's default, when the client gave none), the same
+//     `seed`, and `baton_resume_tokens` = their number, so an engine that knows it continues
+//     the text exactly (held-back bytes of a split UTF-8 sequence or a possible stop string).
+// OnEvent() takes each whole SSE event of an attempt and says what goes to the client. On the
+// first attempt events pass through byte for byte. On a replay each event is rewritten so the
+// client's stream reads as one: the first attempt's `id` and `created`, no second
+// `prompt_token_ids`, and `usage` counted over the whole request. An error event of type
+// `server_error` (an engine failing) is not forwarded: the attempt failed and is replayed.
+//
+// A streamed request can be replayed once something was sent only on /v1/completions with
+// token ids in every event; otherwise CanContinue() is false and the stream must end with an
+// explicit error (EndingEvents()). Plain value; used on one request's strand.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace baton {
+
+class StreamReplay {
+ public:
+  // `route` is the path ("/v1/completions", "/v1/chat/completions", ...).
+  StreamReplay(std::string route, const std::string& body);
+
+  bool streaming() const { return stream_; }
+  // The body of the next attempt (see above). Call BeginAttempt() first.
+  std::string AttemptBody() const;
+  // Starts an attempt: a replay when tokens were already sent.
+  void BeginAttempt();
+  int attempts() const { return attempts_; }
+
+  struct Outcome {
+    std::string to_client;       // bytes for the client ("" for none)
+    bool done = false;           // the stream's [DONE] was seen
+    bool engine_failed = false;  // a server_error event: the attempt failed
+    bool first_token = false;    // this event carried the request's first token
+  };
+  Outcome OnEvent(const std::string& event);
+
+  // Whether anything (an event) has been sent to the client.
+  bool sent_anything() const { return events_sent_ > 0; }
+  // Whether a failure now can be recovered: nothing sent (whole retry), or a replay on ids.
+  bool CanContinue() const;
+  // The generation already ended (a finish_reason was sent) but [DONE] was not seen: the
+  // events that end the stream properly (usage when asked for, then [DONE]).
+  bool finished() const { return finished_; }
+  std::string FinishingEvents() const;
+  // An explicit error event and [DONE], for a stream that cannot go on.
+  std::string EndingEvents(const std::string& message) const;
+
+  size_t tokens_sent() const { return sent_ids_.size(); }
+  const std::vector<int32_t>& sent_ids() const { return sent_ids_; }
+
+ private:
+  void Learn(const nlohmann::ordered_json& event);
+  std::string Rewrite(nlohmann::ordered_json event) const;
+  nlohmann::ordered_json UsageJson() const;
+
+  const std::string route_;
+  const std::string raw_body_;
+  nlohmann::ordered_json body_;  // null when the body is not a JSON object
+  bool stream_ = false;
+  bool include_usage_ = false;
+  std::optional<int64_t> max_tokens_;
+  std::optional<uint64_t> seed_;
+  std::optional<std::vector<int32_t>> prompt_ids_;
+  std::vector<int32_t> sent_ids_;
+  bool ids_known_ = true;  // every event sent carried its token ids
+  bool finished_ = false;
+  int events_sent_ = 0;
+  int attempts_ = 0;
+  size_t resume_tokens_ = 0;  // tokens sent before the current attempt
+  nlohmann::ordered_json id_, created_, model_;
+};
+
+}  // namespace baton

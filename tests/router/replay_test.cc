@@ -1,0 +1,208 @@
+// Lossless replay through the router in front of a real baton-refengine: a relay cuts the
+// engine's answer at chosen byte offsets (mid-event, mid-chunk), the way an engine that dies
+// looks from the router, and the client's stream must equal the uninterrupted one, text and
+// token ids, with one id, one prompt_token_ids, and usage counted over the whole request.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "controller/router/router.h"
+#include "standby/model_writer.h"
+#include "tests/router/breaking_proxy.h"
+#include "tests/standby/http_test_client.h"
+#include "tests/standby/refengine_testutil.h"
+
+namespace baton {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+struct Stream {
+  std::vector<Json> events;  // every event before [DONE], parsed
+  bool done = false;
+  std::string text;
+  std::vector<int32_t> ids;
+};
+
+class ReplayTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string pattern = (fs::temp_directory_path() / "baton-replay-XXXXXX").string();
+    dir_ = new std::string(::mkdtemp(pattern.data()));
+    Result<ModelSummary> written = WriteModel(PresetSpec("tiny"), *dir_ + "/model");
+    ASSERT_TRUE(written.ok()) << written.status().ToString();
+    engine_ =
+        new EngineProcess(*dir_, {"--model", *dir_ + "/model", "--served-model-name", "tiny"});
+  }
+  static void TearDownTestSuite() {
+    if (engine_ != nullptr) {
+      EXPECT_EQ(engine_->Stop(), 0) << engine_->log();
+    }
+    delete engine_;
+    std::error_code ec;
+    fs::remove_all(*dir_, ec);
+    delete dir_;
+  }
+  void SetUp() override { ASSERT_NE(engine_->port(), 0); }
+
+  static std::unique_ptr<Router> RouterTo(uint16_t port, int migration_limit = 3) {
+    RouterOptions options;
+    options.listen_port = 0;
+    options.backend = "127.0.0.1:" + std::to_string(port);
+    options.migration_limit = migration_limit;
+    auto router = std::make_unique<Router>(std::move(options));
+    Status st = router->Start();
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    return router;
+  }
+
+  static Stream StreamOf(uint16_t port, Json body) {
+    body["stream"] = true;
+    TestHttpClient client(port);
+    Stream s;
+    EXPECT_TRUE(client.Send(http::verb::post, "/v1/completions", body.dump()));
+    EXPECT_EQ(client.ReadHeader(), 200);
+    while (client.ReadMore()) {
+    }
+    for (const std::string& e : TestHttpClient::SplitEvents(client.body())) {
+      if (e == "[DONE]") {
+        s.done = true;
+        continue;
+      }
+      Json j = Json::parse(e, nullptr, false);
+      EXPECT_TRUE(j.is_object()) << e;
+      s.events.push_back(j);
+      if (!j.contains("choices") || j["choices"].empty()) continue;
+      s.text += j["choices"][0]["text"].get<std::string>();
+      for (const Json& id : j["choices"][0]["token_ids"]) s.ids.push_back(id.get<int32_t>());
+    }
+    return s;
+  }
+
+  // One stream as a client sees it: one id, prompt ids once, nothing repeated or missing.
+  static void ExpectSameStream(const Stream& got, const Stream& want) {
+    ASSERT_TRUE(got.done);
+    EXPECT_EQ(got.text, want.text);
+    EXPECT_EQ(got.ids, want.ids);
+    ASSERT_EQ(got.events.size(), want.events.size());
+    int prompt_ids = 0;
+    for (const Json& e : got.events) {
+      EXPECT_EQ(e["id"], got.events[0]["id"]);
+      EXPECT_EQ(e["created"], got.events[0]["created"]);
+      if (!e["choices"].empty() && e["choices"][0].contains("prompt_token_ids")) ++prompt_ids;
+    }
+    EXPECT_EQ(prompt_ids, 1);
+    if (want.events.back().contains("usage")) {
+      EXPECT_EQ(got.events.back()["usage"], want.events.back()["usage"]);
+    }
+  }
+
+  static std::string Metrics(uint16_t port) {
+    TestHttpClient client(port);
+    return client.Get("/metrics").body;
+  }
+
+  static std::string* dir_;
+  static EngineProcess* engine_;
+};
+
+std::string* ReplayTest::dir_ = nullptr;
+EngineProcess* ReplayTest::engine_ = nullptr;
+
+const Json kRequest = {{"model", "tiny"},    {"prompt", "Replayed \xC3\xA9 on token ids"},
+                       {"max_tokens", 40},   {"seed", 77},
+                       {"temperature", 1.0}, {"stream_options", {{"include_usage", true}}}};
+
+TEST_F(ReplayTest, StreamCutAnywhereContinuesExactly) {
+  const Stream want = StreamOf(engine_->port(), kRequest);
+  ASSERT_EQ(want.ids.size(), 40u);
+  // Offsets inside the header, the first event, a later event, and near the end.
+  for (size_t cut : {60u, 400u, 1500u, 4000u, 6000u}) {
+    SCOPED_TRACE("cut after " + std::to_string(cut) + " bytes");
+    BreakingProxy proxy(engine_->port(), cut, 1);
+    ASSERT_NE(proxy.port(), 0);
+    auto router = RouterTo(proxy.port());
+    ExpectSameStream(StreamOf(router->port(), kRequest), want);
+    EXPECT_EQ(proxy.broken(), 1);
+    EXPECT_EQ(proxy.connections(), 2);
+  }
+}
+
+TEST_F(ReplayTest, StopStringHeldBackAcrossTheCutStillStops) {
+  const Stream plain = StreamOf(engine_->port(), kRequest);
+  ASSERT_GE(plain.text.size(), 20u);
+  Json request = kRequest;
+  // Two ASCII characters from the second half of the text (the rest may be U+FFFD).
+  std::string stop;
+  for (size_t i = plain.text.size() / 2; i + 1 < plain.text.size() && stop.empty(); ++i) {
+    const unsigned char a = plain.text[i], b = plain.text[i + 1];
+    if (a >= 0x20 && a < 0x7F && b >= 0x20 && b < 0x7F) stop = plain.text.substr(i, 2);
+  }
+  if (stop.empty()) GTEST_SKIP() << "no ASCII pair in the generated text: " << plain.text;
+  request["stop"] = stop;
+  const Stream want = StreamOf(engine_->port(), request);
+  for (size_t cut : {1200u, 2500u}) {
+    SCOPED_TRACE("cut after " + std::to_string(cut) + " bytes");
+    BreakingProxy proxy(engine_->port(), cut, 1);
+    auto router = RouterTo(proxy.port());
+    ExpectSameStream(StreamOf(router->port(), request), want);
+  }
+}
+
+TEST_F(ReplayTest, SeveralFailuresInARow) {
+  const Stream want = StreamOf(engine_->port(), kRequest);
+  BreakingProxy proxy(engine_->port(), 2000, 3);
+  auto router = RouterTo(proxy.port());
+  ExpectSameStream(StreamOf(router->port(), kRequest), want);
+  EXPECT_EQ(proxy.broken(), 3);
+  EXPECT_NE(Metrics(router->port()).find("baton_router_replays_total{kind=\"replay\"} 3"),
+            std::string::npos);
+}
+
+TEST_F(ReplayTest, MigrationLimitEndsTheStreamExplicitly) {
+  const Stream want = StreamOf(engine_->port(), kRequest);
+  BreakingProxy proxy(engine_->port(), 2000, 100);
+  auto router = RouterTo(proxy.port(), /*migration_limit=*/2);
+  Stream got = StreamOf(router->port(), kRequest);
+  ASSERT_TRUE(got.done);
+  ASSERT_FALSE(got.events.empty());
+  EXPECT_EQ(got.events.back()["error"]["code"], "engine_failed") << got.events.back();
+  // What was sent before the end is a prefix of the real output, nothing repeated.
+  ASSERT_LE(got.ids.size(), want.ids.size());
+  EXPECT_TRUE(std::equal(got.ids.begin(), got.ids.end(), want.ids.begin()));
+  EXPECT_EQ(proxy.broken(), 3);
+  EXPECT_NE(Metrics(router->port()).find("baton_router_replay_failures_total 1"),
+            std::string::npos);
+}
+
+TEST_F(ReplayTest, NonStreamedRequestIsRetriedWhole) {
+  Json request = kRequest;
+  request.erase("stream_options");
+  TestHttpClient direct(engine_->port());
+  HttpReply want = direct.Post("/v1/completions", request.dump());
+  ASSERT_EQ(want.status, 200);
+  BreakingProxy proxy(engine_->port(), 300, 1);
+  auto router = RouterTo(proxy.port());
+  TestHttpClient client(router->port());
+  HttpReply got = client.Post("/v1/completions", request.dump());
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(Json::parse(got.body)["choices"], Json::parse(want.body)["choices"]);
+  EXPECT_EQ(proxy.broken(), 1);
+  EXPECT_NE(Metrics(router->port()).find("baton_router_replays_total{kind=\"retry\"} 1"),
+            std::string::npos);
+}
+
+TEST_F(ReplayTest, ResumeTokensOutOfRangeIsRefused) {
+  Json request = kRequest;
+  request["prompt"] = Json::array({1, 2, 3});
+  request["baton_resume_tokens"] = 3;
+  TestHttpClient client(engine_->port());
+  HttpReply r = client.Post("/v1/completions", request.dump());
+  EXPECT_EQ(r.status, 400);
+  EXPECT_EQ(Json::parse(r.body)["error"]["param"], "baton_resume_tokens") << r.body;
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,146 @@
+// The router's client-side limits with raw sockets: a slowloris-style client gets 408 and
+// is cut off, the connection limit answers 503, an oversized header 431, an idle
+// connection is closed; after each the router still serves. Engine-side failures (silent
+// backend, broken stream, no primary) are in router_test.cc and replay_test.cc.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "base/unique_fd.h"
+#include "controller/router/router.h"
+
+namespace baton {
+namespace {
+
+using std::chrono::milliseconds;
+
+UniqueFd Connect(uint16_t port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  timeval tv{.tv_sec = 10, .tv_usec = 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  EXPECT_EQ(::connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+bool Put(int fd, const std::string& s) {
+  return ::send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+}
+
+// Everything until the peer closes (or the receive timeout).
+std::string ReadAll(int fd) {
+  std::string out;
+  char buf[4096];
+  while (true) {
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+int StatusOf(const std::string& response) {
+  if (response.rfind("HTTP/1.1 ", 0) != 0) return -1;
+  return std::stoi(response.substr(9, 3));
+}
+
+class RouterLimitsTest : public ::testing::Test {
+ protected:
+  void Start(RouterOptions options) {
+    options.listen_port = 0;
+    options.controller_socket = "/nonexistent/controller.sock";
+    options.max_queue_wait = milliseconds(50);
+    router_ = std::make_unique<Router>(std::move(options));
+    ASSERT_TRUE(router_->Start().ok());
+  }
+  // The router still answers: /health (503, as no engine is configured).
+  void ExpectServing() {
+    UniqueFd fd = Connect(router_->port());
+    ASSERT_TRUE(Put(fd.get(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    EXPECT_EQ(StatusOf(ReadAll(fd.get())), 503);
+  }
+  std::unique_ptr<Router> router_;
+};
+
+TEST_F(RouterLimitsTest, SlowlorisClientGets408AndIsCut) {
+  RouterOptions options;
+  options.request_timeout = milliseconds(300);
+  Start(options);
+  UniqueFd fd = Connect(router_->port());
+  const std::string head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  std::string response;
+  // One byte every 50 ms: each read makes progress, but the request never completes.
+  for (size_t i = 0; i < 40 && response.empty(); ++i) {
+    if (!Put(fd.get(), std::string(1, i < head.size() ? head[i] : 'a'))) break;
+    std::this_thread::sleep_for(milliseconds(50));
+    char buf[512];
+    const ssize_t n = ::recv(fd.get(), buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) response.assign(buf, static_cast<size_t>(n));
+  }
+  response += ReadAll(fd.get());
+  EXPECT_EQ(StatusOf(response), 408) << response;
+  ExpectServing();
+}
+
+TEST_F(RouterLimitsTest, ConnectionLimitAnswers503) {
+  RouterOptions options;
+  options.max_connections = 2;
+  Start(options);
+  UniqueFd a = Connect(router_->port());
+  UniqueFd b = Connect(router_->port());
+  std::this_thread::sleep_for(milliseconds(100));  // both accepted
+  UniqueFd c = Connect(router_->port());
+  const std::string refused = ReadAll(c.get());
+  EXPECT_EQ(StatusOf(refused), 503) << refused;
+  EXPECT_NE(refused.find("too many connections"), std::string::npos);
+  a.Reset();
+  b.Reset();
+  std::this_thread::sleep_for(milliseconds(100));
+  ExpectServing();
+}
+
+TEST_F(RouterLimitsTest, OversizedHeaderIs431) {
+  RouterOptions options;
+  options.max_header_bytes = 1024;
+  Start(options);
+  UniqueFd fd = Connect(router_->port());
+  ASSERT_TRUE(Put(fd.get(), "GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(4000, 'b') +
+                                "\r\n\r\n"));
+  EXPECT_EQ(StatusOf(ReadAll(fd.get())), 431);
+  ExpectServing();
+}
+
+TEST_F(RouterLimitsTest, IdleConnectionIsClosed) {
+  RouterOptions options;
+  options.client_idle_timeout = milliseconds(200);
+  Start(options);
+  UniqueFd fd = Connect(router_->port());
+  EXPECT_EQ(ReadAll(fd.get()), "");  // closed by the router, nothing sent
+  ExpectServing();
+}
+
+TEST_F(RouterLimitsTest, QueueFullIs429WithRetryAfter) {
+  RouterOptions options;
+  options.max_queue = 0;
+  Start(options);
+  UniqueFd fd = Connect(router_->port());
+  const std::string body = R"({"prompt":"x"})";
+  ASSERT_TRUE(Put(fd.get(),
+                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  "Content-Type: application/json\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body));
+  const std::string response = ReadAll(fd.get());
+  EXPECT_EQ(StatusOf(response), 429) << response;
+  EXPECT_NE(response.find("Retry-After: 1"), std::string::npos) << response;
+  ExpectServing();
+}
+
+}  // namespace
+}  // namespace baton

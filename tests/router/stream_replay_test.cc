@@ -1,0 +1,162 @@
+// SseSplitter and StreamReplay as pure functions: events cut at every byte offset, the
+// bodies of whole retries and replays, the rewrite of replayed events, and the cases that
+// cannot be continued.
+#include "controller/router/stream_replay.h"
+
+#include <gtest/gtest.h>
+
+#include "controller/router/sse_splitter.h"
+
+namespace baton {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+TEST(SseSplitterTest, WholeEventsAtEveryCut) {
+  const std::string stream = "data: a\n\ndata: b\r\n\r\n: keep-alive\n\ndata: x\ndata: y\n\n";
+  for (size_t cut = 0; cut <= stream.size(); ++cut) {
+    SseSplitter s;
+    std::vector<std::string> events;
+    s.Feed(std::string_view(stream).substr(0, cut), &events);
+    s.Feed(std::string_view(stream).substr(cut), &events);
+    ASSERT_EQ(events.size(), 4u) << "cut " << cut;
+    EXPECT_EQ(s.pending(), 0u);
+    EXPECT_EQ(EventData(events[0]), "a");
+    EXPECT_EQ(EventData(events[1]), "b");
+    EXPECT_EQ(EventData(events[2]), std::nullopt);
+    EXPECT_EQ(EventData(events[3]), "x\ny");
+  }
+}
+
+TEST(SseSplitterTest, KeepsAPartialEvent) {
+  SseSplitter s;
+  std::vector<std::string> events;
+  s.Feed("data: {\"half", &events);
+  EXPECT_TRUE(events.empty());
+  EXPECT_EQ(s.pending(), 12u);
+}
+
+std::string Chunk(const std::string& id, std::vector<int32_t> ids, const std::string& text,
+                  const char* finish = nullptr, const std::vector<int32_t>* prompt = nullptr) {
+  Json c;
+  c["index"] = 0;
+  c["text"] = text;
+  c["finish_reason"] = finish == nullptr ? Json(nullptr) : Json(finish);
+  c["token_ids"] = ids;
+  if (prompt != nullptr) c["prompt_token_ids"] = *prompt;
+  Json j;
+  j["id"] = id;
+  j["object"] = "text_completion";
+  j["created"] = id == "first" ? 100 : 200;
+  j["model"] = "m";
+  j["seed"] = 9;
+  j["choices"] = Json::array({c});
+  return "data: " + j.dump() + "\n\n";
+}
+
+Json DataOf(const std::string& event) { return Json::parse(*EventData(event)); }
+
+TEST(StreamReplayTest, FirstAttemptPassesThroughAndAddsReturnTokenIds) {
+  StreamReplay r("/v1/completions", R"({"prompt":"hi","stream":true,"max_tokens":5})");
+  r.BeginAttempt();
+  Json body = Json::parse(r.AttemptBody());
+  EXPECT_EQ(body["return_token_ids"], true);
+  EXPECT_EQ(body["prompt"], "hi");
+  const std::vector<int32_t> prompt = {104, 105};
+  const std::string e = Chunk("first", {7}, "a", nullptr, &prompt);
+  StreamReplay::Outcome o = r.OnEvent(e);
+  EXPECT_EQ(o.to_client, e);  // byte for byte
+  EXPECT_TRUE(o.first_token);
+  EXPECT_EQ(r.sent_ids(), (std::vector<int32_t>{7}));
+}
+
+TEST(StreamReplayTest, ReplayBodyAndRewrittenEvents) {
+  StreamReplay r("/v1/completions",
+                 R"({"prompt":"hi","stream":true,"max_tokens":5,
+                     "stream_options":{"include_usage":true}})");
+  r.BeginAttempt();
+  const std::vector<int32_t> prompt = {104, 105};
+  r.OnEvent(Chunk("first", {7}, "a", nullptr, &prompt));
+  r.OnEvent(Chunk("first", {8}, "b"));
+  ASSERT_TRUE(r.CanContinue());
+  r.BeginAttempt();
+  Json body = Json::parse(r.AttemptBody());
+  EXPECT_EQ(body["prompt"], Json::array({104, 105, 7, 8}));
+  EXPECT_EQ(body["max_tokens"], 3);
+  EXPECT_EQ(body["seed"], 9);  // learned from the stream: the client gave none
+  EXPECT_EQ(body["baton_resume_tokens"], 2);
+  const std::vector<int32_t> longer = {104, 105, 7, 8};
+  Json e = DataOf(r.OnEvent(Chunk("second", {9}, "c", nullptr, &longer)).to_client);
+  EXPECT_EQ(e["id"], "first");
+  EXPECT_EQ(e["created"], 100);
+  EXPECT_FALSE(e["choices"][0].contains("prompt_token_ids"));
+  EXPECT_EQ(e["choices"][0]["token_ids"], Json::array({9}));
+  Json usage;
+  usage["id"] = "second";
+  usage["choices"] = Json::array();
+  usage["usage"] = {{"prompt_tokens", 4}, {"completion_tokens", 1}, {"total_tokens", 5}};
+  Json u = DataOf(r.OnEvent("data: " + usage.dump() + "\n\n").to_client);
+  EXPECT_EQ(u["usage"]["prompt_tokens"], 2);
+  EXPECT_EQ(u["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(u["usage"]["total_tokens"], 5);
+  EXPECT_TRUE(r.OnEvent("data: [DONE]\n\n").done);
+}
+
+TEST(StreamReplayTest, ServerErrorEventFailsTheAttempt) {
+  StreamReplay r("/v1/completions", R"({"prompt":[1,2],"stream":true,"seed":3})");
+  r.BeginAttempt();
+  StreamReplay::Outcome o =
+      r.OnEvent(R"(data: {"error":{"message":"fenced","type":"server_error"}})"
+                "\n\n");
+  EXPECT_TRUE(o.engine_failed);
+  EXPECT_TRUE(o.to_client.empty());
+  EXPECT_FALSE(r.sent_anything());
+  EXPECT_TRUE(r.CanContinue());
+}
+
+TEST(StreamReplayTest, WhatCannotBeContinued) {
+  // No token ids in the events.
+  StreamReplay no_ids("/v1/completions", R"({"prompt":"x","stream":true,"seed":1})");
+  no_ids.BeginAttempt();
+  no_ids.OnEvent(R"(data: {"id":"a","choices":[{"text":"t","finish_reason":null}]})"
+                 "\n\n");
+  EXPECT_FALSE(no_ids.CanContinue());
+  // Chat: replayed whole only while nothing was sent.
+  StreamReplay chat("/v1/chat/completions", R"({"messages":[],"stream":true})");
+  chat.BeginAttempt();
+  EXPECT_TRUE(chat.CanContinue());
+  chat.OnEvent(R"(data: {"id":"a","choices":[{"delta":{"content":"t"}}]})"
+               "\n\n");
+  EXPECT_FALSE(chat.CanContinue());
+  std::string end = chat.EndingEvents("gone");
+  EXPECT_NE(end.find("\"engine_failed\""), std::string::npos);
+  EXPECT_NE(end.find("data: [DONE]"), std::string::npos);
+  // n > 1 interleaves choices.
+  StreamReplay n2("/v1/completions", R"({"prompt":"x","stream":true,"seed":1,"n":2})");
+  n2.BeginAttempt();
+  n2.OnEvent(Chunk("first", {1}, "a"));
+  EXPECT_FALSE(n2.CanContinue());
+}
+
+TEST(StreamReplayTest, FinishedStreamOnlyNeedsItsTail) {
+  StreamReplay r("/v1/completions",
+                 R"({"prompt":[1],"stream":true,"max_tokens":1,
+                     "stream_options":{"include_usage":true}})");
+  r.BeginAttempt();
+  r.OnEvent(Chunk("first", {5}, "z", "length"));
+  EXPECT_TRUE(r.finished());
+  const std::string tail = r.FinishingEvents();
+  Json usage = DataOf(tail.substr(0, tail.find("\n\n") + 2));
+  EXPECT_EQ(usage["id"], "first");
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 1);
+  EXPECT_NE(tail.find("data: [DONE]\n\n"), std::string::npos);
+}
+
+TEST(StreamReplayTest, NonJsonBodyIsForwardedUnchanged) {
+  StreamReplay r("/v1/completions", "not json");
+  r.BeginAttempt();
+  EXPECT_EQ(r.AttemptBody(), "not json");
+}
+
+}  // namespace
+}  // namespace baton
