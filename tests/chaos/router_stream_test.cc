@@ -1,0 +1,249 @@
+// baton-router in front of a real pair of reference engines (ChaosCluster with
+// baton-refengine as the engine command), subscribed to the cluster's controller socket.
+//
+//  * The official `openai` npm client (tests/chaos/node/stream_completion.mjs) and curl each
+//    stream a completion through the router, once with no failure and once while the primary
+//    is killed with kill -9 after the first chunks: the client must see one uninterrupted
+//    stream, with no error, equal to the no-failure output in text and token ids, under one
+//    chunk id.
+//  * The controller is killed (its engines die with it) and restarted while requests flow
+//    through the router: every request must get 200 and the output of its reference.
+//
+// The tiny model generates 48 tokens in a few milliseconds, faster than a kill can land
+// mid-stream, so while the watched stream runs, ballast clients keep the primary's batches
+// full of long prompts sent straight to the engine; batches do not change a sequence's
+// output, only how fast it comes.
+//
+// node and npm (for `npm ci` of tests/chaos/node when node_modules is missing) and curl must
+// be on PATH: scripts/install-deps installs them.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/router_stream_support.h"
+
+namespace baton::chaos {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kSignalAfterChunks = 4;
+// The router's count of requests continued on another engine from the tokens already sent.
+const std::string kReplays = "baton_router_replays_total{kind=\"replay\"}";
+
+const json kStreamRequest = {{"model", kRouterTestModel},
+                             {"prompt", "Through the router, past a failover:"},
+                             {"seed", 4242},
+                             {"temperature", 0.9},
+                             {"max_tokens", 48}};
+
+std::vector<std::string> NodeArgv(const RouterProcess& router, int signal_after) {
+  const json& r = kStreamRequest;
+  return {FindInPath("node"), NodeDir() + "/stream_completion.mjs",
+          "--base-url",       router.url(),
+          "--model",          r["model"],
+          "--prompt",         r["prompt"],
+          "--seed",           std::to_string(r["seed"].get<int>()),
+          "--temperature",    std::to_string(r["temperature"].get<double>()),
+          "--max-tokens",     std::to_string(r["max_tokens"].get<int>()),
+          "--signal-after",   std::to_string(signal_after)};
+}
+
+// The node client's last line, parsed ("done" or "error"), after the stream ends.
+json FinishNode(Child& node) {
+  std::optional<std::string> last;
+  while (std::optional<std::string> line = node.ReadLine(seconds(90))) last = line;
+  const int code = node.Wait(seconds(10));
+  json j = last ? json::parse(*last, nullptr, false) : json();
+  if (!j.is_object()) j = {{"event", "none"}, {"stdout", last.value_or("")}};
+  j["exit_code"] = code;
+  return j;
+}
+
+TEST(RouterStreamTest, OpenAiClientStreamSurvivesPrimaryKill) {
+  const std::string node_problem = NodeSetup();
+  ASSERT_TRUE(node_problem.empty()) << node_problem;
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+
+  Child plain(NodeArgv(router, 0), cluster.dir() + "/node-reference.log", /*piped=*/true);
+  ASSERT_TRUE(plain.started());
+  const json want = FinishNode(plain);
+  ASSERT_EQ(want["event"], "done")
+      << want.dump() << ReadFile(cluster.dir() + "/node-reference.log");
+  ASSERT_FALSE(want["token_ids"].empty()) << want.dump();
+
+  Ballast ballast(PrimaryAddress(cluster), 8);
+  std::this_thread::sleep_for(milliseconds(300));
+  Child node(NodeArgv(router, kSignalAfterChunks), cluster.dir() + "/node.log", true);
+  ASSERT_TRUE(node.started());
+  const std::optional<std::string> line = node.ReadLine(seconds(60));
+  ASSERT_TRUE(line.has_value()) << "no chunks from the node client\n"
+                                << ReadFile(cluster.dir() + "/node.log");
+  ASSERT_EQ(json::parse(*line, nullptr, false).value("event", ""), "chunks") << *line;
+  const CtlResult kill = cluster.Ctl({"drill", "kill"});
+  node.WriteLine("killed");
+  EXPECT_EQ(kill.exit_code, 0) << kill.stdout_text;
+  ballast.Stop();
+
+  const json got = FinishNode(node);
+  EXPECT_EQ(got["event"], "done") << got.dump() << "\n" << router.Log();
+  EXPECT_EQ(got["exit_code"], 0);
+  const int chunks_at_kill = got.value("chunks", 0) - got.value("chunks_after_signal", 0);
+  EXPECT_LT(chunks_at_kill, want.value("chunks", 0))
+      << "the stream had ended before the kill (ballast requests: " << ballast.sent() << ")";
+  EXPECT_EQ(got["text"], want["text"]);
+  EXPECT_EQ(got["token_ids"], want["token_ids"]);
+  EXPECT_EQ(got["ids"].size(), 1u) << "chunk ids changed mid-stream: " << got["ids"];
+  EXPECT_EQ(got["created"].size(), 1u) << got["created"];
+  EXPECT_GE(MetricValue(router.port(), kReplays), 1) << "the router replayed nothing";
+  cluster.WaitReady("the pair after the kill");
+  EXPECT_TRUE(router.Running());
+}
+
+TEST(RouterStreamTest, CurlStreamSurvivesPrimaryKill) {
+  const std::string curl = FindInPath("curl");
+  ASSERT_FALSE(curl.empty()) << "curl not found on PATH: run scripts/install-deps";
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  json request = kStreamRequest;
+  request["stream"] = true;
+  const std::vector<std::string> argv = {curl,
+                                         "-sS",
+                                         "-N",
+                                         "--fail-with-body",
+                                         "-H",
+                                         "Content-Type: application/json",
+                                         "--data-binary",
+                                         request.dump(),
+                                         router.url() + "/completions"};
+
+  Child plain(argv, cluster.dir() + "/curl-reference.log", /*piped=*/true);
+  while (plain.ReadMore(seconds(60))) {
+  }
+  ASSERT_EQ(plain.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl-reference.log");
+  const StreamOutput want = ParseStream(plain.buffer());
+  ASSERT_TRUE(want.error.empty()) << want.error << "\n" << plain.buffer();
+  ASSERT_FALSE(want.token_ids.empty());
+
+  Ballast ballast(PrimaryAddress(cluster), 8);
+  std::this_thread::sleep_for(milliseconds(300));
+  Child cut(argv, cluster.dir() + "/curl.log", true);
+  auto events = [&] {
+    size_t n = 0;
+    for (size_t pos = 0; (pos = cut.buffer().find("\n\n", pos)) != std::string::npos; pos += 2) {
+      ++n;
+    }
+    return n;
+  };
+  while (events() < kSignalAfterChunks && cut.ReadMore(seconds(60))) {
+  }
+  ASSERT_GE(events(), static_cast<size_t>(kSignalAfterChunks)) << cut.buffer();
+  ASSERT_EQ(cut.buffer().find("[DONE]"), std::string::npos)
+      << "the stream ended before the kill (ballast requests: " << ballast.sent() << ")";
+  const CtlResult kill = cluster.Ctl({"drill", "kill"});
+  EXPECT_EQ(kill.exit_code, 0) << kill.stdout_text;
+  ballast.Stop();
+  while (cut.ReadMore(seconds(90))) {
+  }
+  EXPECT_EQ(cut.Wait(seconds(10)), 0)
+      << "curl failed: " << ReadFile(cluster.dir() + "/curl.log") << "\n"
+      << router.Log();
+  const StreamOutput got = ParseStream(cut.buffer());
+  EXPECT_TRUE(got.error.empty()) << got.error << "\n" << cut.buffer();
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.ids.size(), 1u);
+  EXPECT_EQ(got.created.size(), 1u);
+  EXPECT_GE(MetricValue(router.port(), kReplays), 1) << "the router replayed nothing";
+  cluster.WaitReady("the pair after the kill");
+}
+
+TEST(RouterStreamTest, ControllerRestartUnderLoadLosesNoRequest) {
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  constexpr int kDistinct = 48;
+  std::vector<json> requests;
+  std::vector<StreamOutput> want;
+  for (int i = 0; i < kDistinct; ++i) {
+    json r = {{"model", kRouterTestModel},
+              {"prompt", "Controller restart #" + std::to_string(i)},
+              {"seed", 500 + i},
+              {"temperature", 0.7},
+              {"max_tokens", 8 + i % 9}};
+    if (i % 2 == 1) r["stream"] = true;
+    const Reply reply = Fetch(router.port(), http::verb::post, "/v1/completions", r.dump());
+    ASSERT_EQ(reply.status, 200) << reply.body << reply.error;
+    want.push_back(i % 2 == 1 ? ParseStream(reply.body) : ParseWhole(reply.body));
+    ASSERT_TRUE(want.back().error.empty()) << want.back().error;
+    requests.push_back(r);
+  }
+
+  using Clock = std::chrono::steady_clock;
+  std::atomic<bool> stop{false};
+  std::atomic<int> next{0}, done{0};
+  std::atomic<Clock::rep> down_at{0}, up_at{0};
+  std::atomic<int> spanning_outage{0}, after_restart{0};
+  std::mutex mu;
+  std::vector<std::string> failures;
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 4; ++c) {
+    clients.emplace_back([&] {
+      while (!stop) {
+        const int i = next++ % kDistinct;
+        const Clock::rep start = Clock::now().time_since_epoch().count();
+        const Reply reply =
+            Fetch(router.port(), http::verb::post, "/v1/completions", requests[i].dump());
+        const Clock::rep end = Clock::now().time_since_epoch().count();
+        ++done;
+        if (down_at != 0 && end > down_at && (up_at == 0 || start < up_at)) ++spanning_outage;
+        if (up_at != 0 && start >= up_at) ++after_restart;
+        StreamOutput got;
+        if (reply.status == 200) {
+          got = i % 2 == 1 ? ParseStream(reply.body) : ParseWhole(reply.body);
+        } else {
+          got.error = "not 200";
+        }
+        if (reply.status == 200 && got.error.empty() && got.text == want[i].text &&
+            got.token_ids == want[i].token_ids) {
+          continue;
+        }
+        std::lock_guard<std::mutex> lock(mu);
+        failures.push_back("request " + std::to_string(i) + ": HTTP " +
+                           std::to_string(reply.status) + " " + reply.error + " " + got.error +
+                           (got.error.empty() ? " output differs from the reference" : ""));
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  down_at = Clock::now().time_since_epoch().count();
+  cluster.KillController();
+  std::this_thread::sleep_for(milliseconds(300));
+  cluster.RestartController();
+  up_at = Clock::now().time_since_epoch().count();
+  std::this_thread::sleep_for(milliseconds(1500));
+  stop = true;
+  for (std::thread& t : clients) t.join();
+
+  std::string first;
+  for (size_t k = 0; k < failures.size() && k < 10; ++k) first += "\n  " + failures[k];
+  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << done << " requests failed:" << first
+                                << "\nrouter log:\n"
+                                << router.Log();
+  EXPECT_GT(spanning_outage.load(), 0) << "no request was in flight while the controller was down";
+  EXPECT_GT(after_restart.load(), 0) << "no request was served after the restart";
+  EXPECT_TRUE(router.Running());
+}
+
+}  // namespace
+}  // namespace baton::chaos
