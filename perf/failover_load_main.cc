@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "perf/driver_main.h"
 #include "perf/failover_load_ledger.h"
 #include "perf/failover_load_run.h"
 #include "perf/load_client.h"
@@ -278,22 +279,6 @@ int Run(const Flags& flags) {
 }  // namespace baton
 
 int main(int argc, char** argv) {
-  baton::Flags flags;
-  if (argc > 1 && (std::string_view(argv[1]) == "--help" || std::string_view(argv[1]) == "-h")) {
-    std::fputs(baton::kUsage, stdout);
-    return 0;
-  }
-  if (const std::string error = baton::ParseFlags(argc, argv, &flags); !error.empty()) {
-    std::fprintf(stderr, "baton-perf-failover-load: %s\n%s", error.c_str(), baton::kUsage);
-    return 2;
-  }
-  if (flags.bin.empty()) {
-    flags.bin = std::filesystem::canonical("/proc/self/exe").parent_path().string();
-  }
-  if (!flags.out.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(flags.out, ec);
-    flags.out = std::filesystem::absolute(flags.out).string();
-  }
-  return baton::Run(flags);
+  return baton::perf::RunPerfDriver<baton::Flags>(argc, argv, "baton-perf-failover-load",
+                                                  baton::kUsage, baton::ParseFlags, baton::Run);
 }

@@ -16,14 +16,12 @@
 
 #include "controller/router/router.h"
 #include "standby/model_presets.h"
-#include "standby/model_writer.h"
 #include "tests/standby/http_test_client.h"
-#include "tests/standby/refengine_testutil.h"
+#include "tests/standby/tiny_engine.h"
 
 namespace baton {
 namespace {
 
-namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 constexpr char kKey[] = "metrics-key";
@@ -81,22 +79,10 @@ int Call(uint16_t port, const std::string& method, const std::string& target,
 
 class MetricsPromtoolTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    std::string pattern = (fs::temp_directory_path() / "baton-promtool-XXXXXX").string();
-    dir_ = new std::string(::mkdtemp(pattern.data()));
-    Result<ModelSummary> written = WriteModel(PresetSpec("tiny"), *dir_ + "/model");
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-    engine_ =
-        new EngineProcess(*dir_, {"--model", *dir_ + "/model", "--served-model-name", "tiny"});
-  }
+  static void SetUpTestSuite() { engine_ = new TinyEngine("baton-promtool"); }
   static void TearDownTestSuite() {
-    if (engine_ != nullptr) {
-      EXPECT_EQ(engine_->Stop(), 0) << engine_->log();
-    }
     delete engine_;
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
+    engine_ = nullptr;
   }
   void SetUp() override {
     promtool_ = FindPromtool();
@@ -121,7 +107,7 @@ class MetricsPromtoolTest : public ::testing::Test {
     ASSERT_EQ(metrics.status, 200) << metrics.body << metrics.error;
     EXPECT_EQ(metrics.content_type.rfind("text/plain", 0), 0u) << metrics.content_type;
     ASSERT_FALSE(metrics.body.empty());
-    const Lint lint = CheckMetrics(promtool_, *dir_, metrics.body);
+    const Lint lint = CheckMetrics(promtool_, engine_->dir(), metrics.body);
     EXPECT_EQ(lint.exit_code, 0) << "promtool check metrics:\n"
                                  << lint.output << "\n/metrics was:\n"
                                  << metrics.body;
@@ -129,12 +115,10 @@ class MetricsPromtoolTest : public ::testing::Test {
   }
 
   std::string promtool_;
-  static std::string* dir_;
-  static EngineProcess* engine_;
+  static TinyEngine* engine_;
 };
 
-std::string* MetricsPromtoolTest::dir_ = nullptr;
-EngineProcess* MetricsPromtoolTest::engine_ = nullptr;
+TinyEngine* MetricsPromtoolTest::engine_ = nullptr;
 
 const Json kRequest = {{"model", "tiny"},
                        {"prompt", "Metrics, linted"},
@@ -167,7 +151,7 @@ TEST_F(MetricsPromtoolTest, AfterAnsweredRefusedAndFailedRequests) {
 
 TEST_F(MetricsPromtoolTest, WithNoPrimary) {
   RouterOptions options;
-  options.controller_socket = *dir_ + "/no-controller.sock";
+  options.controller_socket = engine_->dir() + "/no-controller.sock";
   auto router = StartRouter(options);
   const uint16_t port = router->port();
   EXPECT_EQ(Call(port, "GET", "/health", "", false), 503);

@@ -8,15 +8,13 @@
 #include <nlohmann/json.hpp>
 
 #include "controller/router/router.h"
-#include "standby/model_writer.h"
 #include "tests/router/breaking_proxy.h"
 #include "tests/standby/http_test_client.h"
-#include "tests/standby/refengine_testutil.h"
+#include "tests/standby/tiny_engine.h"
 
 namespace baton {
 namespace {
 
-namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 struct Stream {
@@ -28,22 +26,10 @@ struct Stream {
 
 class ReplayTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    std::string pattern = (fs::temp_directory_path() / "baton-replay-XXXXXX").string();
-    dir_ = new std::string(::mkdtemp(pattern.data()));
-    Result<ModelSummary> written = WriteModel(PresetSpec("tiny"), *dir_ + "/model");
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-    engine_ =
-        new EngineProcess(*dir_, {"--model", *dir_ + "/model", "--served-model-name", "tiny"});
-  }
+  static void SetUpTestSuite() { engine_ = new TinyEngine("baton-replay"); }
   static void TearDownTestSuite() {
-    if (engine_ != nullptr) {
-      EXPECT_EQ(engine_->Stop(), 0) << engine_->log();
-    }
     delete engine_;
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
+    engine_ = nullptr;
   }
   void SetUp() override { ASSERT_NE(engine_->port(), 0); }
 
@@ -104,12 +90,10 @@ class ReplayTest : public ::testing::Test {
     return client.Get("/metrics").body;
   }
 
-  static std::string* dir_;
-  static EngineProcess* engine_;
+  static TinyEngine* engine_;
 };
 
-std::string* ReplayTest::dir_ = nullptr;
-EngineProcess* ReplayTest::engine_ = nullptr;
+TinyEngine* ReplayTest::engine_ = nullptr;
 
 const Json kRequest = {{"model", "tiny"},    {"prompt", "Replayed \xC3\xA9 on token ids"},
                        {"max_tokens", 40},   {"seed", 77},

@@ -18,14 +18,12 @@
 #include "base/unique_fd.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
-#include "standby/model_writer.h"
 #include "tests/standby/http_test_client.h"
-#include "tests/standby/refengine_testutil.h"
+#include "tests/standby/tiny_engine.h"
 
 namespace baton {
 namespace {
 
-namespace fs = std::filesystem;
 using Json = nlohmann::json;
 
 // A loopback TCP socket that listens and never accepts: connections land in its backlog and
@@ -107,22 +105,10 @@ class HeldStreamBackend {
 
 class RouterTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    std::string pattern = (fs::temp_directory_path() / "baton-router-XXXXXX").string();
-    dir_ = new std::string(::mkdtemp(pattern.data()));
-    Result<ModelSummary> written = WriteModel(PresetSpec("tiny"), *dir_ + "/model");
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-    engine_ =
-        new EngineProcess(*dir_, {"--model", *dir_ + "/model", "--served-model-name", "tiny"});
-  }
+  static void SetUpTestSuite() { engine_ = new TinyEngine("baton-router"); }
   static void TearDownTestSuite() {
-    if (engine_ != nullptr) {
-      EXPECT_EQ(engine_->Stop(), 0) << engine_->log();
-    }
     delete engine_;
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
+    engine_ = nullptr;
   }
   void SetUp() override { ASSERT_NE(engine_->port(), 0); }
 
@@ -175,12 +161,10 @@ class RouterTest : public ::testing::Test {
     EXPECT_EQ(client.Get("/health").status, 200);
   }
 
-  static std::string* dir_;
-  static EngineProcess* engine_;
+  static TinyEngine* engine_;
 };
 
-std::string* RouterTest::dir_ = nullptr;
-EngineProcess* RouterTest::engine_ = nullptr;
+TinyEngine* RouterTest::engine_ = nullptr;
 
 const Json kRequest = {{"model", "tiny"},
                        {"prompt", "Through the router"},
@@ -325,7 +309,7 @@ TEST_F(RouterTest, BodyLimit) {
 
 TEST_F(RouterTest, NoPrimaryQueuesThen429) {
   RouterOptions options;
-  options.controller_socket = *dir_ + "/no-controller.sock";
+  options.controller_socket = engine_->dir() + "/no-controller.sock";
   options.max_queue_wait = std::chrono::milliseconds(100);
   auto router = StartRouter(options);
   TestHttpClient client(router->port());
@@ -421,7 +405,7 @@ proto::RouteTable TableWith(uint64_t version, const std::string& address, bool r
 
 TEST_F(RouterTest, FollowsTheControllersRouteTable) {
   boost::asio::io_context io;
-  const std::string path = *dir_ + "/controller.sock";
+  const std::string path = engine_->dir() + "/controller.sock";
   Result<proto::Listener> listener = proto::Listener::Bind(io, path);
   ASSERT_TRUE(listener.ok()) << listener.status().ToString();
   RouterOptions options;

@@ -10,7 +10,7 @@
 #include "standby/completions_api.h"
 #include "standby/model_writer.h"
 #include "tests/standby/http_test_client.h"
-#include "tests/standby/refengine_testutil.h"
+#include "tests/standby/tiny_engine.h"
 
 namespace baton {
 namespace {
@@ -21,23 +21,13 @@ using Json = nlohmann::json;
 class RefEngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    std::string pattern = (fs::temp_directory_path() / "baton-refengine-XXXXXX").string();
-    dir_ = new std::string(::mkdtemp(pattern.data()));
     ModelSpec spec = PresetSpec("tiny");
     spec.seed = 11;
-    Result<ModelSummary> written = WriteModel(spec, *dir_ + "/model");
-    ASSERT_TRUE(written.ok()) << written.status().ToString();
-    engine_ = new EngineProcess(*dir_, {"--model", *dir_ + "/model", "--served-model-name", "tiny",
-                                        "--kv-blocks", "512", "--max-batch", "8"});
+    engine_ = new TinyEngine("baton-refengine", {"--kv-blocks", "512", "--max-batch", "8"}, spec);
   }
   static void TearDownTestSuite() {
-    if (engine_ != nullptr) {
-      EXPECT_EQ(engine_->Stop(), 0) << engine_->log();
-    }
     delete engine_;
-    std::error_code ec;
-    fs::remove_all(*dir_, ec);
-    delete dir_;
+    engine_ = nullptr;
   }
   void SetUp() override { ASSERT_NE(engine_->port(), 0); }
 
@@ -77,12 +67,10 @@ class RefEngineTest : public ::testing::Test {
     return client.Get("/metrics").body;
   }
 
-  static std::string* dir_;
-  static EngineProcess* engine_;
+  static TinyEngine* engine_;
 };
 
-std::string* RefEngineTest::dir_ = nullptr;
-EngineProcess* RefEngineTest::engine_ = nullptr;
+TinyEngine* RefEngineTest::engine_ = nullptr;
 
 std::vector<int32_t> Ids(const Json& array) { return array.get<std::vector<int32_t>>(); }
 
