@@ -95,8 +95,8 @@ void RelayedRequest::StartAttempt() {
                                       bool streaming) { self->OnHead(status, ct, streaming); },
                     .on_data = [self](std::string_view bytes) { self->OnData(bytes); },
                     .on_end = [self](UpstreamError e, const std::string& m) { self->OnEnd(e, m); }};
-  call_ =
-      StartUpstreamCall(strand_, target_->address, std::move(req), deps_.timeouts, std::move(sink));
+  call_ = StartUpstreamCall(strand_, target_->address, std::move(req), deps_.timeouts,
+                            std::move(sink), deps_.pool);
 }
 
 void RelayedRequest::OnHead(int status, const std::string& content_type, bool streaming) {

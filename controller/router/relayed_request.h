@@ -39,6 +39,7 @@ struct RelayDeps {
   int migration_limit = 3;
   // How long attempts that never reach an engine (refused, answered 502/503/504) go on.
   std::chrono::milliseconds unreachable_limit{5000};
+  UpstreamPool* pool = nullptr;  // keep-alive connections to engines (may be null)
 };
 
 class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {

@@ -36,7 +36,8 @@ Router::Router(RouterOptions options, const Clock& clock)
       clock_(clock),
       work_(boost::asio::make_work_guard(io_)),
       tick_(io_),
-      admission_(clock_, AdmissionFrom(options_)) {}
+      admission_(clock_, AdmissionFrom(options_)),
+      pool_(clock_) {}
 
 Router::~Router() { Stop(); }
 
@@ -128,7 +129,8 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                               .first_byte = options_.first_byte_timeout,
                               .idle = options_.stream_idle_timeout},
                  .migration_limit = options_.migration_limit,
-                 .unreachable_limit = options_.max_queue_wait};
+                 .unreachable_limit = options_.max_queue_wait,
+                 .pool = &pool_};
   std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
       ->Start();
 }

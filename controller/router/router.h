@@ -28,6 +28,7 @@
 #include "controller/router/route_subscriber.h"
 #include "controller/router/router_metrics.h"
 #include "controller/router/router_options.h"
+#include "controller/router/upstream_pool.h"
 #include "standby/http_server.h"
 
 namespace baton {
@@ -62,6 +63,7 @@ class Router {
   boost::asio::steady_timer tick_;
   std::unique_ptr<HttpServer> server_;
   Admission admission_;
+  UpstreamPool pool_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;
   std::vector<std::thread> threads_;

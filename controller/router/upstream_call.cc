@@ -1,9 +1,9 @@
 #include "controller/router/upstream_call.h"
 
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <limits>
 
@@ -19,63 +19,96 @@ using tcp = asio::ip::tcp;
 
 class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
  public:
-  Call(asio::any_io_executor ex, UpstreamRequest request, UpstreamTimeouts timeouts,
-       UpstreamSink sink)
-      : stream_(ex), request_(std::move(request)), timeouts_(timeouts), sink_(std::move(sink)) {}
+  Call(asio::any_io_executor ex, std::string address, UpstreamRequest request,
+       UpstreamTimeouts timeouts, UpstreamSink sink, UpstreamPool* pool)
+      : ex_(std::move(ex)),
+        address_(std::move(address)),
+        request_(std::move(request)),
+        timeouts_(timeouts),
+        sink_(std::move(sink)),
+        pool_(pool) {}
 
-  void Start(const std::string& address) {
+  void Start() {
     std::string host;
     uint16_t port = 0;
     boost::system::error_code ec;
     asio::ip::address ip;
-    if (SplitHostPort(address, "backend", &host, &port).ok()) {
+    if (SplitHostPort(address_, "backend", &host, &port).ok()) {
       ip = asio::ip::make_address(host, ec);
     } else {
       ec = asio::error::invalid_argument;
     }
     auto self = shared_from_this();
     if (ec) {
-      asio::post(stream_.get_executor(), [self, address] {
-        self->End(UpstreamError::kConnect, "the engine address is not HOST:PORT: " + address);
+      asio::post(ex_, [self] {
+        self->End(UpstreamError::kConnect,
+                  "the engine address is not HOST:PORT: " + self->address_);
       });
       return;
     }
-    stream_.expires_after(timeouts_.connect);
-    stream_.async_connect(tcp::endpoint(ip, port),
-                          [self](beast::error_code ec) { self->OnConnect(ec); });
+    endpoint_ = tcp::endpoint(ip, port);
+    if (pool_ != nullptr) stream_ = pool_->Take(address_);
+    reused_ = stream_ != nullptr;
+    if (reused_) {
+      asio::post(ex_, [self] { self->SendRequest(); });
+    } else {
+      Connect();
+    }
   }
 
   void Cancel() override {
     if (ended_) return;
     cancelled_ = true;
     beast::error_code ignored;
-    stream_.socket().close(ignored);
+    if (stream_) stream_->socket().close(ignored);
   }
 
  private:
-  void OnConnect(beast::error_code ec) {
-    if (ec) return End(UpstreamError::kConnect, "cannot connect to the engine: " + ec.message());
+  template <class Handler>
+  auto Bound(Handler h) {
+    return asio::bind_executor(ex_, std::move(h));
+  }
+
+  void Connect() {
+    stream_ = std::make_unique<beast::tcp_stream>(ex_);
+    stream_->expires_after(timeouts_.connect);
+    stream_->async_connect(
+        endpoint_, Bound([self = shared_from_this()](beast::error_code ec) {
+          if (ec) {
+            return self->End(self->cancelled_ ? UpstreamError::kCancelled : UpstreamError::kConnect,
+                             "cannot connect to the engine: " + ec.message());
+          }
+          self->SendRequest();
+        }));
+  }
+
+  void SendRequest() {
+    if (cancelled_) return End(UpstreamError::kCancelled, "cancelled");
+    req_ = {};
     req_.method(request_.method);
     req_.target(request_.target);
     req_.version(11);
-    req_.keep_alive(false);
+    req_.keep_alive(pool_ != nullptr);
     req_.set(http::field::host, "baton-engine");
     if (!request_.content_type.empty()) req_.set(http::field::content_type, request_.content_type);
     if (!request_.accept.empty()) req_.set(http::field::accept, request_.accept);
-    req_.body() = std::move(request_.body);
+    req_.body() = request_.body;
     req_.prepare_payload();
-    stream_.expires_after(timeouts_.first_byte);
-    http::async_write(stream_, req_, [self = shared_from_this()](beast::error_code ec, size_t) {
-      if (ec) return self->Fail(ec, UpstreamError::kBroken, "engine write failed");
-      self->ReadHeader();
-    });
+    stream_->expires_after(timeouts_.first_byte);
+    http::async_write(*stream_, req_,
+                      Bound([self = shared_from_this()](beast::error_code ec, size_t) {
+                        if (ec)
+                          return self->Fail(ec, UpstreamError::kBroken, "engine write failed");
+                        self->ReadHeader();
+                      }));
   }
 
   void ReadHeader() {
-    parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
+    parser_.emplace();
+    parser_->body_limit(std::numeric_limits<std::uint64_t>::max());
     http::async_read_header(
-        stream_, buffer_, parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+        *stream_, buffer_, *parser_,
+        Bound([self = shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); }));
   }
 
   void OnHeader(beast::error_code ec) {
@@ -83,27 +116,28 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
       return End(UpstreamError::kFirstByteTimeout, "the engine did not answer in time");
     }
     if (ec) return Fail(ec, UpstreamError::kBroken, "the engine's response broke");
-    const auto& head = parser_.get();
+    reused_ = false;  // the response has begun: no silent retry from here on
+    const auto& head = parser_->get();
     const std::string content_type(head[http::field::content_type]);
-    const bool streaming = parser_.chunked() || content_type.rfind("text/event-stream", 0) == 0;
+    const bool streaming = parser_->chunked() || content_type.rfind("text/event-stream", 0) == 0;
     if (sink_.on_head) sink_.on_head(head.result_int(), content_type, streaming);
     ReadBody();
   }
 
   void ReadBody() {
     if (ended_) return;
-    if (parser_.is_done()) return End(UpstreamError::kNone, "");
-    parser_.get().body().data = chunk_;
-    parser_.get().body().size = sizeof(chunk_);
-    stream_.expires_after(timeouts_.idle);
+    if (parser_->is_done()) return End(UpstreamError::kNone, "");
+    parser_->get().body().data = chunk_;
+    parser_->get().body().size = sizeof(chunk_);
+    stream_->expires_after(timeouts_.idle);
     http::async_read_some(
-        stream_, buffer_, parser_,
-        [self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+        *stream_, buffer_, *parser_,
+        Bound([self = shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); }));
   }
 
   void OnBody(beast::error_code ec) {
     if (ec == http::error::need_buffer) ec = {};
-    const size_t n = sizeof(chunk_) - parser_.get().body().size;
+    const size_t n = sizeof(chunk_) - parser_->get().body().size;
     if (n > 0 && !ended_ && sink_.on_data) sink_.on_data(std::string_view(chunk_, n));
     if (ec == beast::error::timeout) {
       return End(UpstreamError::kIdleTimeout, "the engine's stream stalled");
@@ -113,27 +147,46 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
   }
 
   void Fail(beast::error_code ec, UpstreamError kind, const std::string& what) {
+    if (reused_ && !cancelled_) {
+      // A pooled connection the engine had closed: once more on a fresh one.
+      reused_ = false;
+      buffer_.clear();
+      beast::error_code ignored;
+      stream_->socket().close(ignored);
+      return Connect();
+    }
     End(cancelled_ ? UpstreamError::kCancelled : kind, what + ": " + ec.message());
   }
 
   void End(UpstreamError error, const std::string& message) {
     if (ended_) return;
     ended_ = true;
-    beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.socket().close(ignored);
+    const bool reusable = error == UpstreamError::kNone && pool_ != nullptr && parser_ &&
+                          parser_->is_done() && parser_->keep_alive() && buffer_.size() == 0;
+    if (reusable) {
+      pool_->Put(address_, std::move(stream_));
+    } else if (stream_) {
+      beast::error_code ignored;
+      stream_->socket().shutdown(tcp::socket::shutdown_both, ignored);
+      stream_->socket().close(ignored);
+    }
     if (sink_.on_end) sink_.on_end(error, message);
     sink_ = {};
   }
 
-  beast::tcp_stream stream_;
+  asio::any_io_executor ex_;
+  const std::string address_;
+  tcp::endpoint endpoint_;
   UpstreamRequest request_;
   UpstreamTimeouts timeouts_;
   UpstreamSink sink_;
+  UpstreamPool* pool_;
+  std::unique_ptr<beast::tcp_stream> stream_;
   http::request<http::string_body> req_;
-  http::response_parser<http::buffer_body> parser_;
+  std::optional<http::response_parser<http::buffer_body>> parser_;
   beast::flat_buffer buffer_;
   char chunk_[16384];
+  bool reused_ = false;  // stream_ came from the pool and no response byte has arrived
   bool ended_ = false;
   bool cancelled_ = false;
 };
@@ -160,10 +213,11 @@ const char* UpstreamErrorName(UpstreamError e) {
 
 std::shared_ptr<UpstreamCall> StartUpstreamCall(asio::any_io_executor executor,
                                                 const std::string& address, UpstreamRequest request,
-                                                UpstreamTimeouts timeouts, UpstreamSink sink) {
-  auto call =
-      std::make_shared<Call>(std::move(executor), std::move(request), timeouts, std::move(sink));
-  call->Start(address);
+                                                UpstreamTimeouts timeouts, UpstreamSink sink,
+                                                UpstreamPool* pool) {
+  auto call = std::make_shared<Call>(std::move(executor), address, std::move(request), timeouts,
+                                     std::move(sink), pool);
+  call->Start();
   return call;
 }
 

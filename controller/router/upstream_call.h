@@ -8,6 +8,11 @@
 // cannot duplicate anything), a timeout (connect, first byte, or idle between body reads),
 // or a broken response.
 //
+// With a pool, the call first takes an idle keep-alive connection to the address and puts
+// its connection back after a clean keep-alive response. When a connection from the pool
+// fails before any byte of the response (the engine had closed it), the call retries once
+// on a fresh connection, unseen by the owner.
+//
 // Ownership: the call owns its socket and keeps itself alive (shared_ptr) until OnEnd.
 // Thread: runs on the executor it is given (the request's strand); callbacks run there, and
 // Cancel() must be called there too.
@@ -20,6 +25,7 @@
 #include <string>
 #include <string_view>
 
+#include "controller/router/upstream_pool.h"
 #include "standby/http_server.h"
 
 namespace baton {
@@ -64,9 +70,10 @@ class UpstreamCall {
 };
 
 // Starts the call to `address` ("HOST:PORT", numeric host). A bad address ends it at once
-// (posted) with kConnect.
+// (posted) with kConnect. `pool` may be null (a new connection each time, closed after).
 std::shared_ptr<UpstreamCall> StartUpstreamCall(boost::asio::any_io_executor executor,
                                                 const std::string& address, UpstreamRequest request,
-                                                UpstreamTimeouts timeouts, UpstreamSink sink);
+                                                UpstreamTimeouts timeouts, UpstreamSink sink,
+                                                UpstreamPool* pool = nullptr);
 
 }  // namespace baton

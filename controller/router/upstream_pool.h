@@ -1,0 +1,51 @@
+// UpstreamPool: idle keep-alive connections to engines, so that a request does not pay for a
+// new TCP connection to its engine each time.
+//
+// An UpstreamCall takes an idle connection to its engine's address if one is there and puts
+// it back once a response has ended cleanly with keep-alive. Connections idle longer than
+// `max_idle` are dropped when met; at most `max_per_address` wait per address. A connection
+// taken from the pool may have been closed by the engine meanwhile: the call then retries
+// once on a fresh connection (see upstream_call.h).
+//
+// Ownership: owns the idle streams. Thread-safe.
+#pragma once
+
+#include <boost/beast/core/tcp_stream.hpp>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+
+namespace baton {
+
+class UpstreamPool {
+ public:
+  using Stream = boost::beast::tcp_stream;
+
+  UpstreamPool(const Clock& clock, size_t max_per_address = 32,
+               std::chrono::milliseconds max_idle = std::chrono::seconds(30))
+      : clock_(clock), max_per_address_(max_per_address), max_idle_(max_idle) {}
+
+  // An idle connection to `address`, or null.
+  std::unique_ptr<Stream> Take(const std::string& address);
+  // Keeps `stream` for the next call to `address` (or closes it when the pool is full).
+  void Put(const std::string& address, std::unique_ptr<Stream> stream);
+  size_t idle() const;
+
+ private:
+  struct Idle {
+    std::unique_ptr<Stream> stream;
+    TimePoint since;
+  };
+  const Clock& clock_;
+  const size_t max_per_address_;
+  const std::chrono::milliseconds max_idle_;
+  mutable std::mutex mu_;
+  std::map<std::string, std::vector<Idle>> idle_;
+};
+
+}  // namespace baton
