@@ -450,6 +450,10 @@ void HttpServer::Accept() {
     if (ec) {
       BATON_LOG(WARN, "http") << "accept failed: " << ec.message();
     } else {
+      // Small writes (SSE events) go out at once: Nagle's algorithm would hold one back until
+      // the previous is acknowledged, and a delayed ACK makes that 40 ms.
+      beast::error_code ignored;
+      s.set_option(tcp::no_delay(true), ignored);
       auto connection = std::make_shared<HttpConnection>(std::move(s), routes_);
       const size_t limit = routes_->options.max_connections;
       if (limit > 0 && routes_->connections.load() > limit) {

@@ -78,6 +78,8 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
             return self->End(self->cancelled_ ? UpstreamError::kCancelled : UpstreamError::kConnect,
                              "cannot connect to the engine: " + ec.message());
           }
+          beast::error_code ignored;  // the request goes out in one write; no waiting on acks
+          self->stream_->socket().set_option(tcp::no_delay(true), ignored);
           self->SendRequest();
         }));
   }
