@@ -6,8 +6,9 @@
 //    is killed with kill -9 after the first chunks: the client must see one uninterrupted
 //    stream, with no error, equal to the no-failure output in text and token ids, under one
 //    chunk id.
-//  * The controller is killed (its engines die with it) and restarted while requests flow
-//    through the router: every request must get 200 and the output of its reference.
+//  * The controller is killed (its engines die with it) and restarted, and, in another test,
+//    `batonctl promote` switches the pair over, while requests flow through the router: every
+//    request must get 200 and the output of its reference.
 //
 // The tiny model generates 48 tokens in a few milliseconds, faster than a kill can land
 // mid-stream, so while the watched stream runs, ballast clients keep the primary's batches
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -168,46 +170,52 @@ TEST(RouterStreamTest, CurlStreamSurvivesPrimaryKill) {
   cluster.WaitReady("the pair after the kill");
 }
 
-TEST(RouterStreamTest, ControllerRestartUnderLoadLosesNoRequest) {
-  ChaosCluster cluster(RefenginePair());
-  RouterProcess router(cluster.socket(), cluster.dir());
-  ASSERT_TRUE(router.ready()) << router.Log();
-  constexpr int kDistinct = 48;
-  std::vector<json> requests;
-  std::vector<StreamOutput> want;
-  for (int i = 0; i < kDistinct; ++i) {
+// `count` distinct requests (half streamed) and their outputs through `port` with no fault.
+void References(uint16_t port, const std::string& tag, int count, std::vector<json>* requests,
+                std::vector<StreamOutput>* want) {
+  for (int i = 0; i < count; ++i) {
     json r = {{"model", kRouterTestModel},
-              {"prompt", "Controller restart #" + std::to_string(i)},
+              {"prompt", tag + " #" + std::to_string(i)},
               {"seed", 500 + i},
               {"temperature", 0.7},
               {"max_tokens", 8 + i % 9}};
     if (i % 2 == 1) r["stream"] = true;
-    const Reply reply = Fetch(router.port(), http::verb::post, "/v1/completions", r.dump());
+    const Reply reply = Fetch(port, http::verb::post, "/v1/completions", r.dump());
     ASSERT_EQ(reply.status, 200) << reply.body << reply.error;
-    want.push_back(i % 2 == 1 ? ParseStream(reply.body) : ParseWhole(reply.body));
-    ASSERT_TRUE(want.back().error.empty()) << want.back().error;
-    requests.push_back(r);
+    want->push_back(i % 2 == 1 ? ParseStream(reply.body) : ParseWhole(reply.body));
+    ASSERT_TRUE(want->back().error.empty()) << want->back().error;
+    requests->push_back(r);
   }
+}
 
+struct LoadResult {
+  int done = 0;
+  int spanning_fault = 0;  // requests in flight while `fault` ran
+  int after_fault = 0;     // requests started after it returned
+  std::vector<std::string> failures;
+};
+
+// 4 clients send `requests` round-robin through the router for 500 ms, while `fault` runs,
+// and for 1.5 s after; every answer must be 200 and equal its reference.
+LoadResult LoadAround(uint16_t port, const std::vector<json>& requests,
+                      const std::vector<StreamOutput>& want, const std::function<void()>& fault) {
   using Clock = std::chrono::steady_clock;
   std::atomic<bool> stop{false};
-  std::atomic<int> next{0}, done{0};
+  std::atomic<int> next{0}, done{0}, spanning{0}, after{0};
   std::atomic<Clock::rep> down_at{0}, up_at{0};
-  std::atomic<int> spanning_outage{0}, after_restart{0};
   std::mutex mu;
-  std::vector<std::string> failures;
+  LoadResult result;
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
     clients.emplace_back([&] {
       while (!stop) {
-        const int i = next++ % kDistinct;
+        const int i = next++ % static_cast<int>(requests.size());
         const Clock::rep start = Clock::now().time_since_epoch().count();
-        const Reply reply =
-            Fetch(router.port(), http::verb::post, "/v1/completions", requests[i].dump());
+        const Reply reply = Fetch(port, http::verb::post, "/v1/completions", requests[i].dump());
         const Clock::rep end = Clock::now().time_since_epoch().count();
         ++done;
-        if (down_at != 0 && end > down_at && (up_at == 0 || start < up_at)) ++spanning_outage;
-        if (up_at != 0 && start >= up_at) ++after_restart;
+        if (down_at != 0 && end > down_at && (up_at == 0 || start < up_at)) ++spanning;
+        if (up_at != 0 && start >= up_at) ++after;
         StreamOutput got;
         if (reply.status == 200) {
           got = i % 2 == 1 ? ParseStream(reply.body) : ParseWhole(reply.body);
@@ -219,30 +227,70 @@ TEST(RouterStreamTest, ControllerRestartUnderLoadLosesNoRequest) {
           continue;
         }
         std::lock_guard<std::mutex> lock(mu);
-        failures.push_back("request " + std::to_string(i) + ": HTTP " +
-                           std::to_string(reply.status) + " " + reply.error + " " + got.error +
-                           (got.error.empty() ? " output differs from the reference" : ""));
+        result.failures.push_back("request " + std::to_string(i) + ": HTTP " +
+                                  std::to_string(reply.status) + " " + reply.error + " " +
+                                  got.error +
+                                  (got.error.empty() ? " output differs from the reference" : ""));
       }
     });
   }
   std::this_thread::sleep_for(milliseconds(500));
   down_at = Clock::now().time_since_epoch().count();
-  cluster.KillController();
-  std::this_thread::sleep_for(milliseconds(300));
-  cluster.RestartController();
+  fault();
   up_at = Clock::now().time_since_epoch().count();
   std::this_thread::sleep_for(milliseconds(1500));
   stop = true;
   for (std::thread& t : clients) t.join();
+  result.done = done;
+  result.spanning_fault = spanning;
+  result.after_fault = after;
+  return result;
+}
 
+void ExpectNoFailure(const LoadResult& r, RouterProcess& router) {
   std::string first;
-  for (size_t k = 0; k < failures.size() && k < 10; ++k) first += "\n  " + failures[k];
-  EXPECT_TRUE(failures.empty()) << failures.size() << " of " << done << " requests failed:" << first
-                                << "\nrouter log:\n"
-                                << router.Log();
-  EXPECT_GT(spanning_outage.load(), 0) << "no request was in flight while the controller was down";
-  EXPECT_GT(after_restart.load(), 0) << "no request was served after the restart";
+  for (size_t k = 0; k < r.failures.size() && k < 10; ++k) first += "\n  " + r.failures[k];
+  EXPECT_TRUE(r.failures.empty()) << r.failures.size() << " of " << r.done
+                                  << " requests failed:" << first << "\nrouter log:\n"
+                                  << router.Log();
+  EXPECT_GT(r.spanning_fault, 0) << "no request was in flight during the fault";
+  EXPECT_GT(r.after_fault, 0) << "no request was served after the fault";
   EXPECT_TRUE(router.Running());
+}
+
+TEST(RouterStreamTest, ControllerRestartUnderLoadLosesNoRequest) {
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  std::vector<json> requests;
+  std::vector<StreamOutput> want;
+  References(router.port(), "Controller restart", 48, &requests, &want);
+  const LoadResult r = LoadAround(router.port(), requests, want, [&] {
+    cluster.KillController();
+    std::this_thread::sleep_for(milliseconds(300));
+    cluster.RestartController();
+  });
+  ExpectNoFailure(r, router);
+}
+
+// batonctl promote under load: the primary drains (finishes what it has), the standby takes
+// over, and the router moves new requests to it; nothing is lost or changed.
+TEST(RouterStreamTest, GracefulPromoteUnderLoadLosesNoRequest) {
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  std::vector<json> requests;
+  std::vector<StreamOutput> want;
+  References(router.port(), "Graceful promote", 48, &requests, &want);
+  const uint64_t before = cluster.Status()["pair"]["primary"].get<uint64_t>();
+  const LoadResult r = LoadAround(router.port(), requests, want, [&] {
+    const CtlResult promote = cluster.Ctl({"promote"});
+    EXPECT_EQ(promote.exit_code, 0) << promote.stdout_text;
+    cluster.WaitReady("pair ready after the promotion");
+  });
+  ExpectNoFailure(r, router);
+  EXPECT_NE(cluster.Status()["pair"]["primary"].get<uint64_t>(), before);
+  cluster.CheckFencing();
 }
 
 }  // namespace
