@@ -3,14 +3,62 @@
 // default `bin` (where the other Baton binaries are), `--out` created and made absolute, then
 // the driver's Run. `Flags` has std::string members `bin` and `out`; `parse` returns "" or
 // the error; `run` returns the exit status. Used from main() only.
+//
+// WorkDir: where a driver keeps its logs: `--out DIR` when given (always kept), else a fresh
+// folder under /tmp, removed at the end unless Keep() was called (a failed run's logs).
+// FailRun prints a failure the way every driver does: a line on stderr naming where the
+// logs are, and {"ok": false, "error": ...} as the last line of stdout; it returns 1.
 #pragma once
+
+#include <stdlib.h>
 
 #include <cstdio>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
+#include "base/status.h"
+
 namespace baton::perf {
+
+class WorkDir {
+ public:
+  // Nullopt (with the reason on stderr) when no temporary folder could be made.
+  static std::optional<WorkDir> Make(const std::string& name, const std::string& out) {
+    if (!out.empty()) return WorkDir(out, false);
+    std::string tmpl = "/tmp/" + name + ".XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      std::perror((name + ": mkdtemp").c_str());
+      return std::nullopt;
+    }
+    return WorkDir(tmpl, true);
+  }
+  WorkDir(WorkDir&& other) noexcept : path_(std::move(other.path_)), remove_(other.remove_) {
+    other.remove_ = false;
+  }
+  WorkDir& operator=(WorkDir&&) = delete;
+  ~WorkDir() {
+    std::error_code ec;
+    if (remove_) std::filesystem::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+  void Keep() { remove_ = false; }
+
+ private:
+  WorkDir(std::string path, bool remove) : path_(std::move(path)), remove_(remove) {}
+  std::string path_;
+  bool remove_ = false;
+};
+
+inline int FailRun(const std::string& name, const Status& status, WorkDir& work) {
+  work.Keep();
+  std::fprintf(stderr, "%s: %s; logs in %s\n", name.c_str(), status.ToString().c_str(),
+               work.path().c_str());
+  std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", status.ToString()}}.dump().c_str());
+  return 1;
+}
 
 template <class Flags, class Parse, class Run>
 int RunPerfDriver(int argc, char** argv, const char* name, const char* usage, Parse parse,

@@ -246,23 +246,13 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
 }
 
 int Run(const Flags& flags) {
-  char tmpl[] = "/tmp/baton-perf-failover-load.XXXXXX";
-  const char* tmp = ::mkdtemp(tmpl);
-  if (tmp == nullptr) {
-    std::perror("baton-perf-failover-load: mkdtemp");
-    return 1;
-  }
-  const std::string work = flags.out.empty() ? tmp : flags.out;
-  if (!flags.out.empty()) std::filesystem::remove(tmp);
-  Result<json> result = Measure(flags, work);
-  if (!result.ok()) {
-    std::fprintf(stderr, "baton-perf-failover-load: %s; logs in %s\n",
-                 result.status().ToString().c_str(), work.c_str());
-    std::printf("%s\n", json{{"ok", false}, {"error", result.status().ToString()}}.dump().c_str());
-    return 1;
-  }
+  std::optional<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-failover-load", flags.out);
+  if (!work) return 1;
+  work->Keep();  // the ledger and the plot are the point of a run
+  Result<json> result = Measure(flags, work->path());
+  if (!result.ok()) return perf::FailRun("baton-perf-failover-load", result.status(), *work);
   const std::string line = result->dump(-1, ' ', false, json::error_handler_t::replace);
-  std::ofstream(work + "/failover_load.json") << line << "\n";
+  std::ofstream(work->path() + "/failover_load.json") << line << "\n";
   std::printf(
       "invoked %d: ok %d, rejected %d, lost %d; duplicated %d, mismatched %d; p99 steady %.1f "
       "ms, failover %.1f ms; plot %s\n",

@@ -213,25 +213,15 @@ json Acceptance(const json& r) {
 }
 
 int Run(const Flags& flags) {
-  char tmpl[] = "/tmp/baton-perf-failover.XXXXXX";
-  const char* tmp = ::mkdtemp(tmpl);
-  if (tmp == nullptr) {
-    std::perror("baton-perf-failover: mkdtemp");
-    return 1;
-  }
-  const std::string work = flags.out.empty() ? tmp : flags.out;
+  std::optional<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-failover", flags.out);
+  if (!work) return 1;
   json result = json::object();
   for (const auto& [name, dir] : {std::pair{"small", flags.small}, {"large", flags.large}}) {
-    Result<json> r = RunModel(flags, name, dir, work);
+    Result<json> r = RunModel(flags, name, dir, work->path());
     if (!r.ok()) {
-      std::error_code ec;
-      const bool kept = !flags.out.empty() || !std::filesystem::is_empty(tmp, ec);
-      if (!kept) std::filesystem::remove(tmp, ec);
-      std::fprintf(stderr, "baton-perf-failover: %s model: %s%s%s\n", name,
-                   r.status().ToString().c_str(), kept ? "; logs in " : "",
-                   kept ? work.c_str() : "");
-      std::printf("%s\n", json{{"ok", false}, {"error", r.status().ToString()}}.dump().c_str());
-      return 1;
+      return perf::FailRun(
+          "baton-perf-failover",
+          Status(r.status().code(), std::string(name) + " model: " + r.status().message()), *work);
     }
     result[name] = *r;
   }
@@ -256,10 +246,6 @@ int Run(const Flags& flags) {
   const std::string line = result.dump();
   if (!flags.out.empty()) std::ofstream(flags.out + "/failover.json") << line << "\n";
   std::printf("%s\n", line.c_str());
-  if (flags.out.empty())
-    std::filesystem::remove_all(tmp);
-  else
-    std::filesystem::remove(tmp);
   return 0;
 }
 

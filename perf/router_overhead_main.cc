@@ -265,27 +265,12 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
 }
 
 int Run(const Flags& flags) {
-  char tmpl[] = "/tmp/baton-perf-router-overhead.XXXXXX";
-  const char* tmp = ::mkdtemp(tmpl);
-  if (tmp == nullptr) {
-    std::perror("baton-perf-router-overhead: mkdtemp");
-    return 1;
-  }
-  const std::string work = flags.out.empty() ? tmp : flags.out;
-  if (!flags.out.empty()) std::filesystem::remove(tmp);
-  Result<json> result = Measure(flags, work);
-  if (!result.ok()) {
-    std::fprintf(stderr, "baton-perf-router-overhead: %s; logs in %s\n",
-                 result.status().ToString().c_str(), work.c_str());
-    std::printf("%s\n", json{{"ok", false}, {"error", result.status().ToString()}}.dump().c_str());
-    return 1;
-  }
+  std::optional<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-router-overhead", flags.out);
+  if (!work) return 1;
+  Result<json> result = Measure(flags, work->path());
+  if (!result.ok()) return perf::FailRun("baton-perf-router-overhead", result.status(), *work);
   const std::string line = result->dump();
-  if (!flags.out.empty()) {
-    std::ofstream(flags.out + "/router_overhead.json") << line << "\n";
-  } else {
-    std::filesystem::remove_all(tmp);
-  }
+  if (!flags.out.empty()) std::ofstream(flags.out + "/router_overhead.json") << line << "\n";
   std::printf("direct p50 %.3f ms p99 %.3f ms; router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms\n",
               (*result)["direct_p50_ms"].get<double>(), (*result)["direct_p99_ms"].get<double>(),
               (*result)["router_p50_ms"].get<double>(), (*result)["router_p99_ms"].get<double>(),
