@@ -116,6 +116,7 @@ void RelayedRequest::OnHead(int status, const std::string& content_type, bool st
 }
 
 void RelayedRequest::OnData(std::string_view bytes) {
+  if (engine_failed_event_) return;  // the attempt failed: nothing after the error goes out
   if (mode_ != Mode::kStream) {
     if (mode_ != Mode::kRefused && body_.size() + bytes.size() <= kMaxBufferedBody) {
       body_.append(bytes);

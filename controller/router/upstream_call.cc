@@ -128,6 +128,8 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
 
   void ReadBody() {
     if (ended_) return;
+    // After Cancel() the parser could still complete from bytes already buffered: stop here.
+    if (cancelled_) return End(UpstreamError::kCancelled, "cancelled");
     if (parser_->is_done()) return End(UpstreamError::kNone, "");
     parser_->get().body().data = chunk_;
     parser_->get().body().size = sizeof(chunk_);

@@ -9,6 +9,7 @@
 
 #include "controller/router/router.h"
 #include "tests/router/breaking_proxy.h"
+#include "tests/router/scripted_backend.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
@@ -186,6 +187,63 @@ TEST_F(ReplayTest, ResumeTokensOutOfRangeIsRefused) {
   HttpReply r = client.Post("/v1/completions", request.dump());
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(Json::parse(r.body)["error"]["param"], "baton_resume_tokens") << r.body;
+}
+
+}  // namespace
+}  // namespace baton
+
+namespace baton {
+namespace {
+
+std::string TokenEvent(int token, const char* finish, bool prompt) {
+  Json c = {{"index", 0},
+            {"text", std::string(1, static_cast<char>('a' + token % 26))},
+            {"finish_reason", finish == nullptr ? Json(nullptr) : Json(finish)},
+            {"token_ids", {token}}};
+  if (prompt) c["prompt_token_ids"] = {1, 2};
+  Json j = {{"id", "cmpl-x"}, {"created", 1}, {"model", "m"}, {"seed", 5}, {"choices", {c}}};
+  return "data: " + j.dump() + "\n\n";
+}
+
+// An engine that fails a stream reports it with an error event and then [DONE], often in one
+// read: the router must not take that [DONE], already buffered, as the end of the request.
+TEST(ReplayScriptTest, ServerErrorFollowedByDoneIsReplayed) {
+  const std::string error =
+      R"(data: {"error":{"message":"the engine is shutting down","type":"server_error"}})"
+      "\n\n";
+  ScriptedBackend backend(
+      {ScriptedBackend::Stream({TokenEvent(10, nullptr, true), TokenEvent(11, nullptr, false),
+                                error, "data: [DONE]\n\n"}),
+       ScriptedBackend::Stream({TokenEvent(12, "length", false), "data: [DONE]\n\n"})});
+  ASSERT_NE(backend.port(), 0);
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(backend.port());
+  Router router(std::move(options));
+  ASSERT_TRUE(router.Start().ok());
+  TestHttpClient client(router.port());
+  const Json request = {{"prompt", {1, 2}}, {"max_tokens", 3}, {"seed", 5}, {"stream", true}};
+  ASSERT_TRUE(client.Send(http::verb::post, "/v1/completions", request.dump()));
+  ASSERT_EQ(client.ReadHeader(), 200);
+  while (client.ReadMore()) {
+  }
+  std::vector<int> ids;
+  std::vector<std::string> events = TestHttpClient::SplitEvents(client.body());
+  for (const std::string& e : events) {
+    if (e == "[DONE]") continue;
+    Json j = Json::parse(e);
+    ASSERT_FALSE(j.contains("error")) << e;
+    ids.push_back(j["choices"][0]["token_ids"][0]);
+  }
+  EXPECT_EQ(ids, (std::vector<int>{10, 11, 12}));
+  EXPECT_EQ(events.back(), "[DONE]");
+  const std::vector<std::string> bodies = backend.bodies();
+  ASSERT_EQ(bodies.size(), 2u);
+  const Json replay = Json::parse(bodies[1]);
+  EXPECT_EQ(replay["prompt"], Json({1, 2, 10, 11}));
+  EXPECT_EQ(replay["max_tokens"], 1);
+  EXPECT_EQ(replay["baton_resume_tokens"], 2);
+  EXPECT_EQ(replay["seed"], 5);
 }
 
 }  // namespace

@@ -1,0 +1,96 @@
+// ScriptedBackend: a loopback HTTP backend that answers its k-th connection's one request
+// with the k-th scripted raw response (all bytes at once, then it closes), and keeps each
+// request's body for the test to inspect. Test support (header-only); one thread.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/unique_fd.h"
+
+namespace baton {
+
+class ScriptedBackend {
+ public:
+  explicit ScriptedBackend(std::vector<std::string> responses)
+      : responses_(std::move(responses)), listener_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        ::listen(listener_.get(), 16) != 0 ||
+        ::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+      return;
+    }
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~ScriptedBackend() {
+    ::shutdown(listener_.get(), SHUT_RDWR);
+    thread_.join();
+  }
+  uint16_t port() const { return port_; }
+  std::vector<std::string> bodies() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return bodies_;
+  }
+
+  // A chunked text/event-stream response carrying `events` (each "data: ...\n\n"), one
+  // chunk per event as an engine writes them.
+  static std::string Stream(const std::vector<std::string>& events) {
+    std::string out =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+        "Connection: close\r\n\r\n";
+    for (const std::string& e : events) {
+      char size[32];
+      std::snprintf(size, sizeof(size), "%zx\r\n", e.size());
+      out += size + e + "\r\n";
+    }
+    return out + "0\r\n\r\n";
+  }
+
+ private:
+  void Serve() {
+    for (const std::string& response : responses_) {
+      UniqueFd conn(::accept(listener_.get(), nullptr, nullptr));
+      if (!conn.valid()) return;
+      std::string in;
+      char buf[4096];
+      size_t end = std::string::npos;
+      while ((end = in.find("\r\n\r\n")) == std::string::npos ||
+             in.size() < end + 4 + BodyLength(in.substr(0, end))) {
+        const ssize_t n = ::recv(conn.get(), buf, sizeof(buf), 0);
+        if (n <= 0) return;
+        in.append(buf, static_cast<size_t>(n));
+      }
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        bodies_.push_back(in.substr(end + 4));
+      }
+      (void)!::send(conn.get(), response.data(), response.size(), MSG_NOSIGNAL);
+      ::shutdown(conn.get(), SHUT_WR);
+      while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {
+      }
+    }
+  }
+  static size_t BodyLength(const std::string& head) {
+    const size_t at = head.find("Content-Length: ");
+    return at == std::string::npos ? 0 : std::stoul(head.substr(at + 16));
+  }
+
+  const std::vector<std::string> responses_;
+  UniqueFd listener_;
+  uint16_t port_ = 0;
+  mutable std::mutex mu_;
+  std::vector<std::string> bodies_;
+  std::thread thread_;
+};
+
+}  // namespace baton
