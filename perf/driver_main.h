@@ -1,3 +1,4 @@
+// ParseFlagNumber: a flag's value as a bounded number.
 // RunPerfDriver: the main() every perf driver shares: `--help`, flag parsing (a bad flag
 // prints the message and the usage and exits 2), the directory of the running binary as the
 // default `bin` (where the other Baton binaries are), `--out` created and made absolute, then
@@ -12,6 +13,7 @@
 
 #include <stdlib.h>
 
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -22,6 +24,13 @@
 #include "base/status.h"
 
 namespace baton::perf {
+
+// A flag's value as a number in [lo, hi]; false when it is not one (or out of range).
+template <class T>
+bool ParseFlagNumber(std::string_view v, T lo, T hi, T* out) {
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
+  return ec == std::errc() && p == v.data() + v.size() && *out >= lo && *out <= hi;
+}
 
 class WorkDir {
  public:

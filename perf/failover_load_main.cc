@@ -72,16 +72,6 @@ struct Flags {
   std::string bin, model_dir, out;
 };
 
-bool ParseNumber(std::string_view v, double lo, double hi, double* out) {
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
-  return ec == std::errc() && p == v.data() + v.size() && *out >= lo && *out <= hi;
-}
-
-bool ParseInt(std::string_view v, int lo, int hi, int* out) {
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
-  return ec == std::errc() && p == v.data() + v.size() && *out >= lo && *out <= hi;
-}
-
 std::string ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -93,21 +83,25 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     if (fault != nullptr) {
       if (v == "none") {
         *fault = -1;
-      } else if (!ParseNumber(v, 0, 86400, fault)) {
+      } else if (!perf::ParseFlagNumber<double>(v, 0, 86400, fault)) {
         return std::string(arg) + ": want seconds >= 0 or none";
       }
     } else if (arg == "--duration-s") {
-      if (!ParseNumber(v, 0.1, 86400, &f->duration_s)) return "--duration-s: want (0, 86400]";
+      if (!perf::ParseFlagNumber<double>(v, 0.1, 86400, &f->duration_s))
+        return "--duration-s: want (0, 86400]";
     } else if (arg == "--rps") {
-      if (!ParseNumber(v, 0.1, 100000, &f->rps)) return "--rps: want (0, 100000]";
+      if (!perf::ParseFlagNumber<double>(v, 0.1, 100000, &f->rps)) return "--rps: want (0, 100000]";
     } else if (arg == "--window-s") {
-      if (!ParseNumber(v, 0, 3600, &f->window_s)) return "--window-s: want [0, 3600]";
+      if (!perf::ParseFlagNumber<double>(v, 0, 3600, &f->window_s))
+        return "--window-s: want [0, 3600]";
     } else if (arg == "--min-tokens") {
-      if (!ParseInt(v, 1, 400, &f->min_tokens)) return "--min-tokens: want [1, 400]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 400, &f->min_tokens))
+        return "--min-tokens: want [1, 400]";
     } else if (arg == "--max-tokens") {
-      if (!ParseInt(v, 1, 400, &f->max_tokens)) return "--max-tokens: want [1, 400]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 400, &f->max_tokens))
+        return "--max-tokens: want [1, 400]";
     } else if (arg == "--clients") {
-      if (!ParseInt(v, 1, 4096, &f->clients)) return "--clients: want [1, 4096]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 4096, &f->clients)) return "--clients: want [1, 4096]";
     } else if (arg == "--bin") {
       f->bin = v;
     } else if (arg == "--model-dir") {

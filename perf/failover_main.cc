@@ -65,11 +65,6 @@ struct Flags {
   bool generate = false;
 };
 
-bool ParseInt(std::string_view v, int lo, int hi, int* out) {
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
-  return ec == std::errc() && p == v.data() + v.size() && *out >= lo && *out <= hi;
-}
-
 std::string ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
@@ -88,11 +83,14 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     } else if (arg == "--out") {
       f->out = v;
     } else if (arg == "--trials") {
-      if (!ParseInt(v, 1, 10000, &f->trials)) return "--trials: not a number in [1, 10000]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 10000, &f->trials))
+        return "--trials: not a number in [1, 10000]";
     } else if (arg == "--threads") {
-      if (!ParseInt(v, 1, 256, &f->threads)) return "--threads: not a number in [1, 256]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 256, &f->threads))
+        return "--threads: not a number in [1, 256]";
     } else if (arg == "--pool-blocks") {
-      if (!ParseInt(v, 2, 1 << 20, &f->pool_blocks)) return "--pool-blocks: not a number >= 2";
+      if (!perf::ParseFlagNumber<int>(v, 2, 1 << 20, &f->pool_blocks))
+        return "--pool-blocks: not a number >= 2";
     } else {
       return "unknown argument: " + std::string(arg);
     }

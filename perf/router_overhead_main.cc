@@ -64,26 +64,26 @@ struct Flags {
   std::string bin, model_dir, out;
 };
 
-bool ParseInt(std::string_view v, int lo, int hi, int* out) {
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), *out);
-  return ec == std::errc() && p == v.data() + v.size() && *out >= lo && *out <= hi;
-}
-
 std::string ParseFlags(int argc, char** argv, Flags* f) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (i + 1 >= argc) return "unknown or incomplete argument: " + std::string(arg);
     const std::string_view v = argv[++i];
     if (arg == "--requests") {
-      if (!ParseInt(v, 1, 10'000'000, &f->requests)) return "--requests: not a number >= 1";
+      if (!perf::ParseFlagNumber<int>(v, 1, 10'000'000, &f->requests))
+        return "--requests: not a number >= 1";
     } else if (arg == "--clients") {
-      if (!ParseInt(v, 1, 256, &f->clients)) return "--clients: not a number in [1, 256]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 256, &f->clients))
+        return "--clients: not a number in [1, 256]";
     } else if (arg == "--rounds") {
-      if (!ParseInt(v, 1, 10000, &f->rounds)) return "--rounds: not a number in [1, 10000]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 10000, &f->rounds))
+        return "--rounds: not a number in [1, 10000]";
     } else if (arg == "--warmup") {
-      if (!ParseInt(v, 0, 1'000'000, &f->warmup)) return "--warmup: not a number >= 0";
+      if (!perf::ParseFlagNumber<int>(v, 0, 1'000'000, &f->warmup))
+        return "--warmup: not a number >= 0";
     } else if (arg == "--router-threads") {
-      if (!ParseInt(v, 1, 256, &f->router_threads)) return "--router-threads: not in [1, 256]";
+      if (!perf::ParseFlagNumber<int>(v, 1, 256, &f->router_threads))
+        return "--router-threads: not in [1, 256]";
     } else if (arg == "--bin") {
       f->bin = v;
     } else if (arg == "--model-dir") {
