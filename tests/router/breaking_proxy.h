@@ -15,34 +15,25 @@
 #include <vector>
 
 #include "base/unique_fd.h"
+#include "tests/router/loopback_listener.h"
 
 namespace baton {
 
 class BreakingProxy {
  public:
   BreakingProxy(uint16_t backend_port, size_t cut_after, int connections_to_break)
-      : backend_port_(backend_port),
-        cut_after_(cut_after),
-        to_break_(connections_to_break),
-        listener_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_in addr = Loopback(0);
-    socklen_t len = sizeof(addr);
-    if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener_.get(), 64) != 0 ||
-        ::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
+      : backend_port_(backend_port), cut_after_(cut_after), to_break_(connections_to_break) {
+    if (listener_.port() == 0) return;
     acceptor_ = std::thread([this] { Accept(); });
   }
   ~BreakingProxy() {
     stopping_ = true;
-    ::shutdown(listener_.get(), SHUT_RDWR);
+    listener_.Shutdown();
     if (acceptor_.joinable()) acceptor_.join();
     std::lock_guard<std::mutex> lock(mu_);
     for (std::thread& t : relays_) t.join();
   }
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return listener_.port(); }
   int connections() const { return accepted_.load(); }
   int broken() const { return broken_.load(); }
 
@@ -57,7 +48,7 @@ class BreakingProxy {
 
   void Accept() {
     while (!stopping_) {
-      UniqueFd client(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
+      UniqueFd client(::accept4(listener_.fd(), nullptr, nullptr, SOCK_CLOEXEC));
       if (!client.valid()) return;
       const bool cut = accepted_.fetch_add(1) < to_break_;
       std::lock_guard<std::mutex> lock(mu_);
@@ -97,8 +88,7 @@ class BreakingProxy {
   const uint16_t backend_port_;
   const size_t cut_after_;
   const int to_break_;
-  UniqueFd listener_;
-  uint16_t port_ = 0;
+  LoopbackListener listener_;
   std::atomic<bool> stopping_{false};
   std::atomic<int> accepted_{0};
   std::atomic<int> broken_{0};

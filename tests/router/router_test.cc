@@ -18,6 +18,7 @@
 #include "base/unique_fd.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
+#include "tests/router/loopback_listener.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
@@ -26,28 +27,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-// A loopback TCP socket that listens and never accepts: connections land in its backlog and
-// get no answer. port() is 0 if it could not bind.
-class SilentBackend {
- public:
-  SilentBackend() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (::bind(fd_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::listen(fd_.get(), 16) == 0 &&
-        ::getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port_ = ntohs(addr.sin_port);
-    }
-  }
-  uint16_t port() const { return port_; }
-  int fd() const { return fd_.get(); }
-
- private:
-  UniqueFd fd_;
-  uint16_t port_ = 0;
-};
+// A backend that listens and never accepts: connections land in its backlog and get no
+// answer.
+using SilentBackend = LoopbackListener;
 
 // A backend that answers one request with an SSE stream: the first event at once, then,
 // once Release() is called, either the end of the stream or (with `finish` false) a closed

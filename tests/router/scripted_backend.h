@@ -13,30 +13,21 @@
 #include <vector>
 
 #include "base/unique_fd.h"
+#include "tests/router/loopback_listener.h"
 
 namespace baton {
 
 class ScriptedBackend {
  public:
-  explicit ScriptedBackend(std::vector<std::string> responses)
-      : responses_(std::move(responses)), listener_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener_.get(), 16) != 0 ||
-        ::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
+  explicit ScriptedBackend(std::vector<std::string> responses) : responses_(std::move(responses)) {
+    if (listener_.port() == 0) return;
     thread_ = std::thread([this] { Serve(); });
   }
   ~ScriptedBackend() {
-    ::shutdown(listener_.get(), SHUT_RDWR);
-    thread_.join();
+    listener_.Shutdown();
+    if (thread_.joinable()) thread_.join();
   }
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return listener_.port(); }
   std::vector<std::string> bodies() const {
     std::lock_guard<std::mutex> lock(mu_);
     return bodies_;
@@ -59,7 +50,7 @@ class ScriptedBackend {
  private:
   void Serve() {
     for (const std::string& response : responses_) {
-      UniqueFd conn(::accept(listener_.get(), nullptr, nullptr));
+      UniqueFd conn(::accept(listener_.fd(), nullptr, nullptr));
       if (!conn.valid()) return;
       std::string in;
       char buf[4096];
@@ -86,8 +77,7 @@ class ScriptedBackend {
   }
 
   const std::vector<std::string> responses_;
-  UniqueFd listener_;
-  uint16_t port_ = 0;
+  LoopbackListener listener_;
   mutable std::mutex mu_;
   std::vector<std::string> bodies_;
   std::thread thread_;

@@ -11,6 +11,7 @@
 
 #include "base/unique_fd.h"
 #include "controller/router/router.h"
+#include "tests/router/loopback_listener.h"
 #include "tests/standby/http_test_client.h"
 
 namespace baton {
@@ -21,32 +22,22 @@ namespace {
 // as an engine whose idle timeout fired would.
 class CountingBackend {
  public:
-  explicit CountingBackend(bool close_after_each)
-      : close_after_each_(close_after_each), listener_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    if (::bind(listener_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        ::listen(listener_.get(), 16) != 0 ||
-        ::getsockname(listener_.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-      return;
-    }
-    port_ = ntohs(addr.sin_port);
+  explicit CountingBackend(bool close_after_each) : close_after_each_(close_after_each) {
+    if (listener_.port() == 0) return;
     thread_ = std::thread([this] { Serve(); });
   }
   ~CountingBackend() {
-    ::shutdown(listener_.get(), SHUT_RDWR);
-    thread_.join();
+    listener_.Shutdown();
+    if (thread_.joinable()) thread_.join();
   }
-  uint16_t port() const { return port_; }
+  uint16_t port() const { return listener_.port(); }
   int connections() const { return connections_.load(); }
 
  private:
   // One connection at a time is enough: the router sends one request at a time here.
   void Serve() {
     while (true) {
-      UniqueFd conn(::accept(listener_.get(), nullptr, nullptr));
+      UniqueFd conn(::accept(listener_.fd(), nullptr, nullptr));
       if (!conn.valid()) return;
       ++connections_;
       std::string in;
@@ -78,8 +69,7 @@ class CountingBackend {
   }
 
   const bool close_after_each_;
-  UniqueFd listener_;
-  uint16_t port_ = 0;
+  LoopbackListener listener_;
   std::atomic<int> connections_{0};
   std::thread thread_;
 };
