@@ -23,7 +23,9 @@ Result<size_t> ParseSize(std::string_view text, int base) {
   return value;
 }
 
-// The value of header `name` (case-insensitive) in `head`, or "".
+}  // namespace
+
+// The value of header `name` (case-insensitive) in `head` (status line + headers), or "".
 std::string_view HeaderValue(std::string_view head, std::string_view name) {
   size_t pos = head.find("\r\n");
   while (pos != std::string_view::npos && pos + 2 < head.size()) {
@@ -33,15 +35,14 @@ std::string_view HeaderValue(std::string_view head, std::string_view name) {
     const size_t colon = line.find(':');
     if (colon == name.size() && ::strncasecmp(line.data(), name.data(), name.size()) == 0) {
       std::string_view v = line.substr(colon + 1);
-      while (!v.empty() && v.front() == ' ') v.remove_prefix(1);
+      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
       return v;
     }
     pos = end;
   }
   return {};
 }
-
-}  // namespace
 
 Result<HttpClient> HttpClient::Connect(std::string_view address,
                                        std::chrono::milliseconds timeout) {

@@ -40,4 +40,8 @@ class HttpClient {
   std::string buffer_;  // bytes read past the last response
 };
 
+// The value of header `name` (case-insensitive) in `head` (status line + headers), without
+// surrounding blanks, or "".
+std::string_view HeaderValue(std::string_view head, std::string_view name);
+
 }  // namespace baton::perf

@@ -91,6 +91,26 @@ Result<nlohmann::json> BatonctlJson(const std::string& batonctl, const std::stri
   return j;
 }
 
+Result<uint16_t> WaitForPortFile(const std::string& path, ChildProcess& child,
+                                 std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+                                 const std::string& log) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    unsigned port = 0;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      if (std::fscanf(f, "%u", &port) != 1) port = 0;
+      std::fclose(f);
+    }
+    if (port != 0 && port <= 65535) return static_cast<uint16_t>(port);
+    if (!child.Running()) return Unavailable("the engine exited before listening; see " + log);
+    if (std::chrono::steady_clock::now() > deadline) {
+      return DeadlineExceeded("the engine did not listen within " +
+                              std::to_string(timeout.count()) + " ms; see " + log);
+    }
+    std::this_thread::sleep_for(poll);
+  }
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

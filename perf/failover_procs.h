@@ -46,6 +46,12 @@ class ChildProcess {
 Result<nlohmann::json> BatonctlJson(const std::string& batonctl, const std::string& socket,
                                     const std::vector<std::string>& args);
 
+// The port an engine started with `--port 0 --port-file PATH` wrote to PATH, polled every
+// `poll` until `timeout`; Unavailable when `child` exits first (its log is `log`).
+Result<uint16_t> WaitForPortFile(const std::string& path, ChildProcess& child,
+                                 std::chrono::milliseconds timeout, std::chrono::microseconds poll,
+                                 const std::string& log);
+
 // Nearest-rank percentile (p in (0, 100]) of `v`; with fewer than 100 samples p99 is the
 // maximum. 0 for an empty vector.
 double Percentile(std::vector<double> v, double p);

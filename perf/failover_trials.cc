@@ -253,18 +253,9 @@ Result<ColdSample> ColdTrial(const ModelInfo& model, const PairOptions& opts, bo
            port_file, "--kv-blocks", std::to_string(kv_blocks), "--threads",
            std::to_string(opts.engine_threads), "--served-model-name", kServedName},
           opts.work_dir + "/cold-" + tag + ".log"));
-  unsigned port = 0;
-  while (port == 0) {
-    if (FILE* f = std::fopen(port_file.c_str(), "r")) {
-      if (std::fscanf(f, "%u", &port) != 1) port = 0;
-      std::fclose(f);
-    }
-    if (port != 0) break;
-    if (!engine.Running())
-      return Internal("the standalone engine exited; see its log in " + opts.work_dir);
-    if (MsSince(start) > 600000) return DeadlineExceeded("the standalone engine took over 600 s");
-    std::this_thread::sleep_for(kProbePause);
-  }
+  BATON_ASSIGN_OR_RETURN(const uint16_t port,
+                         WaitForPortFile(port_file, engine, std::chrono::minutes(10), kProbePause,
+                                         opts.work_dir + "/cold-" + tag + ".log"));
   s.listening_ms = MsSince(start);
   BATON_ASSIGN_OR_RETURN(HttpClient client,
                          HttpClient::Connect("127.0.0.1:" + std::to_string(port)));

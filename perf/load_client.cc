@@ -13,29 +13,12 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "perf/failover_http.h"
+
 namespace baton::perf {
 namespace {
 
 using nlohmann::json;
-
-// The value of header `name` (case-insensitive) in `head` (status line + headers), or "".
-std::string_view HeaderValue(std::string_view head, std::string_view name) {
-  size_t pos = head.find("\r\n");
-  while (pos != std::string_view::npos && pos + 2 < head.size()) {
-    const size_t start = pos + 2;
-    const size_t end = head.find("\r\n", start);
-    std::string_view line = head.substr(start, end == std::string_view::npos ? end : end - start);
-    const size_t colon = line.find(':');
-    if (colon == name.size() && ::strncasecmp(line.data(), name.data(), name.size()) == 0) {
-      std::string_view v = line.substr(colon + 1);
-      while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-      while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-      return v;
-    }
-    pos = end;
-  }
-  return {};
-}
 
 bool ParseSize(std::string_view text, int base, size_t* out) {
   const size_t semi = text.find(';');  // chunk extensions

@@ -74,20 +74,9 @@ Result<ServingProcess> StartStandaloneEngine(const std::string& bin_dir,
   const std::string log = work_dir + "/engine.log";
   BATON_ASSIGN_OR_RETURN(ChildProcess child, ChildProcess::Spawn(argv, log));
   ServingProcess engine{std::move(child), "", log};
-  const auto deadline = RealClock::Get().Now() + std::chrono::seconds(120);
-  unsigned port = 0;
-  while (port == 0) {
-    if (FILE* f = std::fopen(port_file.c_str(), "r")) {
-      if (std::fscanf(f, "%u", &port) != 1) port = 0;
-      std::fclose(f);
-    }
-    if (port != 0) break;
-    if (!engine.process.Running()) return Unavailable("baton-refengine exited; see " + log);
-    if (RealClock::Get().Now() > deadline) {
-      return DeadlineExceeded("baton-refengine did not listen within 120 s; see " + log);
-    }
-    std::this_thread::sleep_for(kPoll);
-  }
+  BATON_ASSIGN_OR_RETURN(
+      const uint16_t port,
+      WaitForPortFile(port_file, engine.process, std::chrono::seconds(120), kPoll, log));
   engine.address = "127.0.0.1:" + std::to_string(port);
   BATON_RETURN_IF_ERROR(
       WaitForHttpStatus(engine.address, "/health", 200, milliseconds(60000), &engine));
