@@ -42,17 +42,12 @@ CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
 
 // Logs which memory backend this controller runs on and why. A configured "cuda" that cannot
 // be used stops the start-up; "auto" falls back to the host backend with the reason.
-Status ChooseBackend(const ControllerConfig& c) {
+Result<BackendChoice> ChooseBackend(const ControllerConfig& c) {
   BATON_ASSIGN_OR_RETURN(BackendMode mode, ParseBackendMode(c.gpu_backend));
   BATON_ASSIGN_OR_RETURN(BackendChoice backend,
                          ChooseMemoryBackend(BackendOptions{.mode = mode, .device = c.gpu_device}));
   BATON_LOG(INFO, kLog) << backend.LogLine();
-  if (backend.kind == MemoryBackendKind::kCuda) {
-    BATON_LOG(INFO, kLog) << "backend: engines still receive the host weight arena and pool "
-                             "memfds; device regions (cuda/vmm.h) are not yet in the engine "
-                             "protocol";
-  }
-  return OkStatus();
+  return backend;
 }
 
 }  // namespace
@@ -80,11 +75,33 @@ Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& 
   return c;
 }
 
+// On the CUDA backend: the device copy of the weights and the device pool, made once here.
+// Where they cannot be made, "auto" goes on with the host backend and says why.
+Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode) {
+  if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();
+  const PinnedArena& arena = weights_->arena();
+  Result<std::unique_ptr<DeviceOwner>> owner =
+      DeviceOwner::Create(DeviceOwnerOptions{.device = backend.device,
+                                             .block_count = config_.block_count,
+                                             .block_bytes = config_.block_bytes},
+                          std::span<uint8_t>(arena.data(), arena.size()));
+  if (!owner.ok()) {
+    const Status why = owner.status().WithContext("device memory on CUDA device " +
+                                                  std::to_string(backend.device));
+    if (mode == BackendMode::kCuda) return why;
+    BATON_LOG(WARN, kLog) << "backend: host (" << why.message() << ")";
+    return OkStatus();
+  }
+  device_ = std::move(owner).value();
+  BATON_LOG(INFO, kLog) << "device memory: " << device_->Describe();
+  return OkStatus();
+}
+
 Status Controller::Init() {
   BATON_RETURN_IF_ERROR(MakeDir(config_.runtime_dir));
   BATON_RETURN_IF_ERROR(MakeDir(config_.state_dir));
   if (!config_.engine_log_dir.empty()) BATON_RETURN_IF_ERROR(MakeDir(config_.engine_log_dir));
-  BATON_RETURN_IF_ERROR(ChooseBackend(config_));
+  BATON_ASSIGN_OR_RETURN(BackendChoice backend, ChooseBackend(config_));
   BATON_ASSIGN_OR_RETURN(EpochJournal journal, EpochJournal::Open(config_.journal_path()));
   journal_.emplace(std::move(journal));
   BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "
@@ -114,6 +131,7 @@ Status Controller::Init() {
                           << pool_.fallback_reason();
   }
   BATON_ASSIGN_OR_RETURN(pool_map_, pool_.Map(Protection::kReadWrite, /*populate=*/true));
+  BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, *ParseBackendMode(config_.gpu_backend)));
   ledger_ = std::make_unique<PoolLedger>(config_.block_count, *journal_);
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
                         << " bytes, huge_pages=" << pool_.huge_pages();

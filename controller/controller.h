@@ -39,6 +39,9 @@
 #include "controller/promotion.h"
 #include "controller/route_publisher.h"
 #include "controller/supervisor.h"
+#include "cuda/device_owner.h"
+#include "cuda/device_session.h"
+#include "cuda/gpu_backend.h"
 #include "proto/listener.h"
 #include "proto/shared_memory.h"
 #include "weightcache/weight_cache.h"
@@ -95,6 +98,8 @@ class Controller {
   const std::map<EngineId, std::unique_ptr<EngineRecord>>& engines() const { return engines_; }
   const WeightCache& weights() const { return *weights_; }
   const SharedMemory& pool() const { return pool_; }
+  // The CUDA backend's device memory; nullptr on the host backend.
+  const DeviceOwner* device() const { return device_.get(); }
   const RoutePublisher& routes() const { return routes_; }
   uint64_t durable_epoch() const { return journal_->current(); }
   EngineId primary() const { return primary_; }
@@ -157,6 +162,8 @@ class Controller {
   void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
   void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);
   void OnDrained(EngineRecord& e, const proto::Drained& msg);
+  void OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg);
+  Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode);
   void PollEngines();
   void PublishRoutes();
   void CheckInvariants();
@@ -173,6 +180,7 @@ class Controller {
   std::optional<WeightCache> weights_;
   SharedMemory pool_;
   Mapping pool_map_;  // the controller's own mapping: pre-faults the pool at start-up
+  std::unique_ptr<DeviceOwner> device_;  // CUDA backend: device weights and pool
   std::optional<proto::Listener> listener_;
   Supervisor supervisor_;
   PairMachine pair_;

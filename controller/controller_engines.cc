@@ -204,6 +204,11 @@ void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg)
         return OnDrained(e, *m);
       }
       break;
+    case MsgType::kShareMemoryAck:
+      if (auto m = DecodeOrClose<proto::ShareMemoryAck>(*e.channel, msg, &error)) {
+        return OnShareMemoryAck(e, *m);
+      }
+      break;
     case MsgType::kErrorMsg:
       if (auto m = DecodeOrClose<proto::ErrorMsg>(*e.channel, msg, &error)) {
         BATON_LOG(WARN, kLog) << Name(e) << " refused a controller message: " << m->message;
@@ -248,7 +253,9 @@ void Controller::OnRegister(EngineRecord& e, const proto::ReceivedMessage& msg) 
       .reserve_bytes = uint64_t{config_.block_count} * config_.block_bytes,
       .heartbeat_interval_ms = static_cast<uint32_t>(
           std::chrono::duration_cast<std::chrono::milliseconds>(config_.heartbeat_interval)
-              .count())};
+              .count()),
+      .device = device_ != nullptr ? device_->device() : -1,
+      .device_regions = device_ != nullptr ? kDeviceRegionCount : 0};
   for (const CachedTensor& t : weights_->tensors()) {
     ack.tensors.push_back(
         proto::TensorEntry{t.name, static_cast<uint8_t>(t.dtype), t.shape, t.offset, t.size});
@@ -260,6 +267,11 @@ void Controller::OnRegister(EngineRecord& e, const proto::ReceivedMessage& msg) 
                     ? pool_fd.status()
                     : e.channel->Send(ack, std::vector<int>{arena_fd->get(), pool_fd->get()});
   if (!sent.ok()) return Fail(e.id, FailCause::kEof, "sending RegisterAck: " + sent.message());
+  if (device_ != nullptr) {
+    if (Status shared = device_->Share(*e.channel); !shared.ok()) {
+      return Fail(e.id, FailCause::kEof, "sending the device regions: " + shared.message());
+    }
+  }
   e.registered = true;
   FailureDetector::Options options{.heartbeat_interval = config_.heartbeat_interval,
                                    .misses = config_.heartbeat_misses,
@@ -268,6 +280,21 @@ void Controller::OnRegister(EngineRecord& e, const proto::ReceivedMessage& msg) 
   e.last_heartbeat = clock_.Now();
   BATON_LOG(INFO, kLog) << Name(e) << " (pid " << e.process.pid() << ") registered: version "
                         << e.version << ", http " << e.http_address;
+}
+
+void Controller::OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg) {
+  if (device_ == nullptr || !e.is(EngineState::kLaunching)) {
+    return RefuseEngine(e, FailedPrecondition("ShareMemoryAck for '" + msg.name +
+                                              "' without device regions being offered"));
+  }
+  if (msg.mapped) {
+    BATON_LOG(INFO, kLog) << Name(e) << " took device region '" << msg.name << "'";
+    if (e.device_memory.empty()) e.device_memory = "mapped";
+    return;
+  }
+  BATON_LOG(WARN, kLog) << Name(e) << " declined device region '" << msg.name << "': " << msg.detail
+                        << "; it uses the host arena and pool";
+  e.device_memory = msg.detail;
 }
 
 void Controller::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg) {

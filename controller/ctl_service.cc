@@ -37,6 +37,7 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
             {"health_probes", e.probes},
             {"uptime_s", AgoMs(c, e.launched_at) / 1000.0},
             {"prefault_ms", static_cast<double>(e.prefault_us) / 1000.0}};
+  if (c.device() != nullptr) j["device_memory"] = e.device_memory;
   if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
   if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
   if (e.failed.has_value()) j["fence_reason"] = e.fail_reason;
@@ -84,6 +85,23 @@ json WeightsJson(const Controller& c) {
           {"load_s", w.load_stats().seconds},
           {"load_gbps", w.load_stats().gbps},
           {"warnings", a.warnings()}};
+}
+
+json DeviceJson(const Controller& c) {
+  const DeviceOwner* d = c.device();
+  if (d == nullptr) return {{"backend", "host"}};
+  const DeviceOwnerStats& s = d->stats();
+  return {{"backend", "cuda"},
+          {"device", d->device()},
+          {"weights_bytes", s.weights_bytes},
+          {"weights_chunks", s.weights_chunks},
+          {"pinned", s.pinned},
+          {"pin_ms", s.pin_ms},
+          {"remat_ms", s.remat_ms},
+          {"remat_gbps", s.remat_gbps},
+          {"pool_bytes", s.pool_bytes},
+          {"pool_chunk_bytes", s.pool_chunk_bytes},
+          {"pool_chunks", s.pool_chunks}};
 }
 
 json GuardJson(const Controller& c) {
@@ -205,6 +223,7 @@ json StatusJson(const Controller& c) {
           {"engines", engines},
           {"pool", PoolJson(c)},
           {"weights", WeightsJson(c)},
+          {"device", DeviceJson(c)},
           {"crash_loop", GuardJson(c)},
           {"routes", RoutesJson(c)},
           {"transitions", TransitionsJson(c)},
@@ -232,6 +251,7 @@ std::string StatusText(const Controller& c) {
       << w["resident_bytes"] << " of " << w["arena_bytes"] << " B resident, numa node "
       << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << "\n";
+  if (c.device() != nullptr) out << "device memory: " << c.device()->Describe() << "\n";
   const json& g = s["crash_loop"];
   out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
       << (g["in_backoff"].get<bool>() ? ", in backoff" : "") << "\n";

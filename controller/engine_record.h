@@ -59,6 +59,7 @@ struct EngineRecord {
   std::string version;
   std::string http_address;
   uint64_t prefault_us = 0;
+  std::string device_memory;  // CUDA backend: "mapped", or why the engine declined it
   TimePoint launched_at{};
   std::optional<TimePoint> ready_at;  // StandbyReady
   std::optional<TimePoint> deadline;  // register, promote or drain deadline for its state

@@ -84,6 +84,67 @@ Result<PromotionPhases> DeviceBorrower::Promote(const std::string& name, uint64_
   return phases;
 }
 
+Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint32_t first,
+                                                  uint32_t count, uint64_t block_bytes,
+                                                  uint32_t block_count, uint32_t header_bytes,
+                                                  Duration timeout) {
+  const TimePoint start = RealClock::Get().Now();
+  VmmView* pool = view(name);
+  if (pool == nullptr) return NotFound("no region '" + name + "' to map blocks of");
+  BATON_RETURN_IF_ERROR(ctx_.MakeCurrent());
+  auto cover = covers_.find(name);
+  if (cover == covers_.end()) {
+    if (block_bytes == 0 || pool->chunk_bytes() % block_bytes != 0) {
+      return InvalidArgument("block_bytes " + std::to_string(block_bytes) +
+                             " does not divide the chunks of region '" + name + "'");
+    }
+    BATON_ASSIGN_OR_RETURN(
+        ChunkCover made,
+        ChunkCover::Create(block_count, static_cast<uint32_t>(pool->chunk_bytes() / block_bytes),
+                           static_cast<uint32_t>(pool->chunk_count())));
+    cover = covers_.emplace(name, std::move(made)).first;
+  }
+  BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->second.Add(first, count));
+  PromotionPhases phases{.blocks = count};
+  for (size_t i = 0; i < spans.size(); ++i) {
+    Result<VmmMapStats> mapped = pool->Map(uint64_t{spans[i].first} * pool->chunk_bytes(),
+                                           uint64_t{spans[i].count} * pool->chunk_bytes(),
+                                           {.access = VmmAccess::kReadWrite});
+    if (!mapped.ok()) {
+      for (size_t j = 0; j < i; ++j) {
+        (void)pool->Unmap(uint64_t{spans[j].first} * pool->chunk_bytes(),
+                          uint64_t{spans[j].count} * pool->chunk_bytes());
+      }
+      (void)cover->second.Remove(first, count);
+      return mapped.status();
+    }
+    phases.map_calls += mapped->map_calls;
+    phases.map_ms += mapped->map_ms;
+    phases.access_ms += mapped->access_ms;
+  }
+  const TimePoint scrub_start = RealClock::Get().Now();
+  BATON_RETURN_IF_ERROR(kernels_.ScrubHeaders(stream_, pool->base() + uint64_t{first} * block_bytes,
+                                              block_bytes, header_bytes, count));
+  BATON_RETURN_IF_ERROR(stream_.Synchronize(timeout).WithContext("header scrub"));
+  phases.scrub_ms = MsSince(scrub_start);
+  phases.total_ms = MsSince(start);
+  return phases;
+}
+
+Status DeviceBorrower::UnmapBlocks(const std::string& name, uint32_t first, uint32_t count) {
+  VmmView* pool = view(name);
+  auto cover = covers_.find(name);
+  if (pool == nullptr || cover == covers_.end()) {
+    return NotFound("no blocks of region '" + name + "' are mapped");
+  }
+  BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->second.Remove(first, count));
+  for (const ChunkSpan& s : spans) {
+    BATON_RETURN_IF_ERROR(pool->Unmap(uint64_t{s.first} * pool->chunk_bytes(),
+                                      uint64_t{s.count} * pool->chunk_bytes()));
+  }
+  return OkStatus();
+}
+
 VmmView* DeviceBorrower::view(const std::string& name) {
   auto it = views_.find(name);
   return it == views_.end() ? nullptr : &it->second;

@@ -22,6 +22,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "cuda/chunk_cover.h"
 #include "cuda/cuda_handles.h"
 #include "cuda/kernels.h"
 #include "cuda/vmm.h"
@@ -63,6 +64,17 @@ class DeviceBorrower {
   Result<PromotionPhases> Promote(const std::string& name, uint64_t block_bytes,
                                   uint32_t header_bytes, Duration timeout);
 
+  // The pool lent block by block (the engine SDK's path): maps READWRITE the chunks that
+  // blocks [first, first + count) of writable region `name` need and that are not mapped
+  // yet, scrubs those blocks' headers on this engine's stream and synchronizes. The first
+  // call fixes the geometry: `block_bytes` must divide the chunk size and the region must
+  // hold `block_count` blocks.
+  Result<PromotionPhases> MapBlocks(const std::string& name, uint32_t first, uint32_t count,
+                                    uint64_t block_bytes, uint32_t block_count,
+                                    uint32_t header_bytes, Duration timeout);
+  // Gives blocks back: unmaps the chunks of `name` left with no block held.
+  Status UnmapBlocks(const std::string& name, uint32_t first, uint32_t count);
+
   // nullptr when no region of that name was accepted.
   VmmView* view(const std::string& name);
   const PrimaryContext& context() const { return ctx_; }
@@ -76,6 +88,7 @@ class DeviceBorrower {
   Kernels kernels_;
   Stream stream_;
   std::map<std::string, VmmView> views_;
+  std::map<std::string, ChunkCover> covers_;  // regions lent block by block
 };
 
 }  // namespace baton

@@ -28,8 +28,8 @@
 namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
-inline constexpr uint16_t kProtocolVersionMin = 1;
-inline constexpr uint16_t kProtocolVersionMax = 1;
+inline constexpr uint16_t kProtocolVersionMin = 2;
+inline constexpr uint16_t kProtocolVersionMax = 2;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -229,10 +229,14 @@ struct RegisterAck {
   bool pool_huge_pages = false;
   uint64_t reserve_bytes = 0;  // address space to reserve (PROT_NONE) for the pool
   uint32_t heartbeat_interval_ms = 100;
+  // CUDA backend: the device that holds the weights' device copy and the device pool, and
+  // how many VMM regions (cuda/vmm_share.h) follow this message; -1 and 0 on the host backend.
+  int32_t device = -1;
+  uint32_t device_regions = 0;
   template <class A>
   void serialize(A& ar) {
     ar(engine_id, model, arena_size, arena_huge_pages, tensors, block_count, block_bytes,
-       pool_huge_pages, reserve_bytes, heartbeat_interval_ms);
+       pool_huge_pages, reserve_bytes, heartbeat_interval_ms, device, device_regions);
   }
 };
 

@@ -11,6 +11,9 @@
  * and for GPU engines (docs/gpu.md):
  *   baton_engine_register_nccl_comm()  watch an NCCL communicator for asynchronous errors
  *   baton_engine_report_cuda_error()   a CUDA error code; sticky ones fence the engine
+ *   baton_engine_connect_flags()       connect with BATON_ENGINE_USE_DEVICE_MEMORY
+ *   baton_engine_device_weights()      the controller's device copy of the weights
+ *   baton_engine_device_pool()         the device KV pool
  *
  * Conventions: functions return 0 on success and a positive baton::StatusCode value on
  * failure (1 invalid argument, 4 failed precondition, 6 unavailable, 8 deadline exceeded,
@@ -30,7 +33,7 @@
 extern "C" {
 #endif
 
-#define BATON_ENGINE_ABI_VERSION 1
+#define BATON_ENGINE_ABI_VERSION 2
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -103,6 +106,19 @@ typedef struct baton_event {
   char reason[BATON_EVENT_REASON_BYTES]; /* STOP, DISCONNECTED; NUL-terminated */
 } baton_event;
 
+/* A device region on the CUDA backend (CUdeviceptr values). */
+typedef struct baton_device_region {
+  int device;       /* CUDA device ordinal */
+  uint64_t address; /* start of the range in this process */
+  uint64_t bytes;
+  uint64_t chunk_bytes; /* the pool is mapped in whole chunks */
+  uint32_t chunks;
+} baton_device_region;
+
+/* baton_engine_connect_flags(): take the device memory of a CUDA-backend controller (an
+ * engine that computes on the GPU). Without it the engine declines the device regions. */
+#define BATON_ENGINE_USE_DEVICE_MEMORY 1u
+
 /* The ABI version this library implements (BATON_ENGINE_ABI_VERSION). */
 BATON_ENGINE_API int baton_engine_abi_version(void);
 /* The message of this thread's last failed call ("" if none). */
@@ -111,6 +127,19 @@ BATON_ENGINE_API const char* baton_engine_last_error(void);
 /* Connects, registers and becomes a half-started standby. `options` may be NULL (all from
  * the environment). On success *out is the handle. */
 BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
+/* baton_engine_connect() with flags (BATON_ENGINE_USE_DEVICE_MEMORY). With device memory on
+ * a CUDA-backend controller, the weights' device copy is mapped read-only and the device pool's
+ * range reserved before this returns; a device that cannot be used fails the call. */
+BATON_ENGINE_API int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,
+                                                baton_engine** out);
+/* The device copy of the weights (tensor t at address + (t.data - first tensor's arena base),
+ * the host arena's offsets) and the device pool (block b at address + b * block_bytes; the
+ * chunks holding granted blocks are mapped read-write, their headers scrubbed). 5 (not
+ * found) when this engine has no device memory: a host-backend controller, or connected
+ * without BATON_ENGINE_USE_DEVICE_MEMORY. */
+BATON_ENGINE_API int baton_engine_device_weights(const baton_engine* engine,
+                                                 baton_device_region* out);
+BATON_ENGINE_API int baton_engine_device_pool(const baton_engine* engine, baton_device_region* out);
 /* Shuts the session down (unmaps everything, closes the connection) and frees the handle. */
 BATON_ENGINE_API void baton_engine_close(baton_engine* engine);
 

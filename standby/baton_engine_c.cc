@@ -113,10 +113,20 @@ int baton_engine_abi_version(void) { return BATON_ENGINE_ABI_VERSION; }
 const char* baton_engine_last_error(void) { return g_last_error.c_str(); }
 
 int baton_engine_connect(const baton_engine_options* options, baton_engine** out) {
+  return baton_engine_connect_flags(options, 0, out);
+}
+
+int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,
+                               baton_engine** out) {
   if (out == nullptr) return BadArgument("baton_engine_connect: out is NULL");
   *out = nullptr;
+  if ((flags & ~BATON_ENGINE_USE_DEVICE_MEMORY) != 0) {
+    return Fail(baton::InvalidArgument("baton_engine_connect_flags: unknown flags " +
+                                       std::to_string(flags)));
+  }
   baton::Result<baton::EngineSessionOptions> parsed = OptionsFromC(options);
   if (!parsed.ok()) return Fail(parsed.status());
+  parsed->use_device_memory = (flags & BATON_ENGINE_USE_DEVICE_MEMORY) != 0;
   auto session = baton::EngineSession::Connect(*parsed);
   if (!session.ok()) return Fail(session.status());
   *out = new baton_engine{std::move(session).value()};
@@ -176,6 +186,34 @@ int baton_engine_pool(const baton_engine* engine, baton_pool_info* out) {
                          .reserved_bytes = p.reserved_bytes,
                          .huge_pages = p.huge_pages ? 1 : 0};
   return Done(baton::OkStatus());
+}
+
+namespace {
+
+int FillDeviceRegion(const std::optional<baton::DeviceRegionView>& region, const char* what,
+                     baton_device_region* out) {
+  if (!region.has_value()) {
+    return Fail(baton::NotFound(std::string("no device ") + what +
+                                ": not a CUDA-backend controller, or device memory not asked for"));
+  }
+  *out = baton_device_region{.device = region->device,
+                             .address = region->address,
+                             .bytes = region->bytes,
+                             .chunk_bytes = region->chunk_bytes,
+                             .chunks = region->chunks};
+  return Done(baton::OkStatus());
+}
+
+}  // namespace
+
+int baton_engine_device_weights(const baton_engine* engine, baton_device_region* out) {
+  if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
+  return FillDeviceRegion(engine->session->device_weights(), "weights", out);
+}
+
+int baton_engine_device_pool(const baton_engine* engine, baton_device_region* out) {
+  if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
+  return FillDeviceRegion(engine->session->device_pool(), "pool", out);
 }
 
 int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms, baton_event* out) {

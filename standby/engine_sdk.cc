@@ -133,7 +133,26 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
   if (ack.heartbeat_interval_ms == 0) return InvalidArgument("RegisterAck: heartbeat interval 0");
   heartbeat_interval_ = std::chrono::milliseconds(ack.heartbeat_interval_ms);
   BATON_RETURN_IF_ERROR(MapWeights(ack, std::move(msg.fds[0])));
-  return ReservePool(ack, std::move(msg.fds[1]));
+  BATON_RETURN_IF_ERROR(ReservePool(ack, std::move(msg.fds[1])));
+  return TakeDeviceRegions(ack);
+}
+
+Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack) {
+  if (ack.device_regions == 0) return OkStatus();
+  if (!options_.use_device_memory) {
+    return DeviceSession::Decline(*channel_, ack.device_regions, "this engine computes on the host",
+                                  options_.connect_timeout);
+  }
+  Result<std::unique_ptr<DeviceSession>> device =
+      DeviceSession::Accept(*channel_, ack.device, ack.device_regions, options_.connect_timeout);
+  if (!device.ok()) return device.status().WithContext("taking the device memory");
+  device_ = std::move(device).value();
+  BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped read-only at 0x"
+                                << std::hex << device_->weights().address << ", pool reserved at 0x"
+                                << device_->pool().address << std::dec << " ("
+                                << device_->pool().chunks << " chunks of "
+                                << device_->pool().chunk_bytes << " bytes)";
+  return OkStatus();
 }
 
 Status EngineSession::Impl::MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd) {
@@ -229,6 +248,14 @@ EngineSession::~EngineSession() { Shutdown(); }
 uint64_t EngineSession::engine_id() const { return impl_->engine_id(); }
 const MappedWeights& EngineSession::weights() const { return impl_->weights(); }
 const PoolView& EngineSession::pool() const { return impl_->pool(); }
+std::optional<DeviceRegionView> EngineSession::device_weights() const {
+  if (impl_->device() == nullptr) return std::nullopt;
+  return impl_->device()->weights();
+}
+std::optional<DeviceRegionView> EngineSession::device_pool() const {
+  if (impl_->device() == nullptr) return std::nullopt;
+  return impl_->device()->pool();
+}
 Result<SessionEvent> EngineSession::WaitForPromotion(std::optional<Duration> timeout) {
   return impl_->WaitForPromotion(timeout);
 }

@@ -41,6 +41,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "cuda/device_session.h"
 #include "weightcache/dtype.h"
 
 namespace baton {
@@ -66,6 +67,9 @@ struct EngineSessionOptions {
   std::string http_address;                // published in the route table; may be empty
   std::string peer_name;                   // names the connection in logs; "engine-<id>"
   bool prefault_weights = true;            // touch every arena page before StandbyReady
+  // On a CUDA-backend controller: take the device copy of the weights and the device pool
+  // (an engine that computes on the GPU), or decline them and use the host arena and pool.
+  bool use_device_memory = false;
   Duration connect_timeout = std::chrono::seconds(10);
   Clock* clock = nullptr;  // RealClock when null
 };
@@ -143,6 +147,12 @@ class EngineSession {
   uint64_t engine_id() const;
   const MappedWeights& weights() const;
   const PoolView& pool() const;
+  // With use_device_memory on a CUDA-backend controller: the device copy of the weights
+  // (mapped READ; tensor t at address + (t.data - weights().base)) and the device pool (block
+  // b at address + b x pool().block_bytes, mapped READWRITE in whole chunks while this engine
+  // holds blocks in them; headers scrubbed like the host blocks'). nullopt otherwise.
+  std::optional<DeviceRegionView> device_weights() const;
+  std::optional<DeviceRegionView> device_pool() const;
 
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
   // than a stop or a disconnect, which fail the wait) stay queued for NextEvent().

@@ -150,15 +150,29 @@ Result<std::vector<MappedExtent>> EngineSession::Impl::MapRangesLocked(
     const std::vector<proto::BlockRange>& ranges) {
   std::vector<MappedExtent> mapped;
   for (const proto::BlockRange& r : ranges) {
-    Status status = pool_.MapExtent(r.first, r.count);
+    Status status = MapBlocksLocked(r.first, r.count);
     if (!status.ok()) {
-      for (const MappedExtent& m : mapped) (void)pool_.UnmapExtent(m.first, m.count);
+      for (const MappedExtent& m : mapped) (void)UnmapBlocksLocked(m.first, m.count);
       return status;
     }
-    pool_.ScrubHeaders(r.first, r.count, kBlockHeaderBytes);
     mapped.push_back(ExtentOf(r.first, r.count));
   }
   return mapped;
+}
+
+Status EngineSession::Impl::MapBlocksLocked(uint32_t first, uint32_t count) {
+  BATON_RETURN_IF_ERROR(pool_.MapExtent(first, count));
+  pool_.ScrubHeaders(first, count, kBlockHeaderBytes);
+  if (device_ == nullptr) return OkStatus();
+  Status mapped = device_->MapBlocks(first, count, pool_.block_bytes(), pool_.block_count(),
+                                     kBlockHeaderBytes, std::chrono::seconds(10));
+  if (!mapped.ok()) (void)pool_.UnmapExtent(first, count);
+  return mapped;
+}
+
+Status EngineSession::Impl::UnmapBlocksLocked(uint32_t first, uint32_t count) {
+  BATON_RETURN_IF_ERROR(pool_.UnmapExtent(first, count));
+  return device_ == nullptr ? OkStatus() : device_->UnmapBlocks(first, count);
 }
 
 void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
@@ -306,7 +320,7 @@ Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) 
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const MappedExtent& e : extents) {
-      BATON_RETURN_IF_ERROR(pool_.UnmapExtent(e.first, e.count).WithContext("ReturnBlocks"));
+      BATON_RETURN_IF_ERROR(UnmapBlocksLocked(e.first, e.count).WithContext("ReturnBlocks"));
       msg.extents.push_back(proto::BlockRange{.first = e.first, .count = e.count});
     }
   }
@@ -357,6 +371,7 @@ void EngineSession::Impl::Shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     pool_.UnmapAll();
+    device_.reset();
   }
   std::lock_guard<std::mutex> lock(channel_mu_);
   if (channel_.has_value()) channel_->Close();

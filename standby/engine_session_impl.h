@@ -43,6 +43,7 @@ class EngineSession::Impl {
   uint64_t engine_id() const { return options_.launch.engine_id; }
   const MappedWeights& weights() const { return weights_; }
   const PoolView& pool() const { return pool_view_; }
+  const DeviceSession* device() const { return device_.get(); }
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout);
   Status MarkServing();
   std::optional<SessionEvent> NextEvent(std::optional<Duration> timeout);
@@ -60,6 +61,11 @@ class EngineSession::Impl {
   Status ReceiveRegisterAck();
   Status MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd);
   Status ReservePool(const proto::RegisterAck& ack, UniqueFd pool_fd);
+  Status TakeDeviceRegions(const proto::RegisterAck& ack);
+  // Maps (or unmaps) blocks in the host pool and, with device memory, the device pool.
+  // Caller holds mu_.
+  Status MapBlocksLocked(uint32_t first, uint32_t count);
+  Status UnmapBlocksLocked(uint32_t first, uint32_t count);
 
   template <typename T>
   Status Send(const T& msg) {
@@ -100,6 +106,7 @@ class EngineSession::Impl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   PoolMapping pool_;
+  std::unique_ptr<DeviceSession> device_;  // set before the thread starts
   std::deque<SessionEvent> events_;
   bool promoted_ = false;
   std::string stopped_;       // non-empty once told to stop

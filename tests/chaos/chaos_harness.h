@@ -40,7 +40,8 @@ struct ClusterOptions {
   int initial_backoff_ms = 1000;
   int register_timeout_ms = 20'000;
   int metrics_port = 0;
-  bool wait_ready = true;  // the constructor waits for primary + standby
+  bool wait_ready = true;   // the constructor waits for primary + standby
+  std::string gpu_backend;  // [gpu] backend when set (auto | host | cuda)
 };
 
 struct CtlResult {

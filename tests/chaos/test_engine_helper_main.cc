@@ -15,6 +15,11 @@
 //   --crash-if-id-above N    exit(3) at once when this engine's id is above N
 //   --busy-ms N              after promotion, the compute thread spins N ms per round
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
+//   --device-memory          take a CUDA-backend controller's device memory: check that the
+//                            weights' device copy equals the host arena, and stamp the
+//                            block headers in the device pool instead of the host pool (the
+//                            tests run it on the fake driver's emulated device, whose device
+//                            addresses are host addresses)
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -51,6 +56,7 @@ struct Flags {
   uint64_t crash_if_id_above = 0;
   int busy_ms = 0;
   bool exit_after_promote = false;
+  bool device_memory = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -74,6 +80,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->busy_ms = std::stoi(v);
     } else if (a == "--exit-after-promote") {
       f->exit_after_promote = true;
+    } else if (a == "--device-memory") {
+      f->device_memory = true;
     } else {
       std::fprintf(stderr, "test engine: unknown flag %s\n", a.c_str());
       return false;
@@ -163,7 +171,7 @@ class StampWriter {
     const uint64_t me = session_->engine_id();
     const uint64_t epoch = session_->epoch();
     for (uint32_t b = e.first; b < e.first + e.count && !violated_; ++b) {
-      auto* stamp = reinterpret_cast<volatile BlockStamp*>(session_->pool().BlockData(b));
+      auto* stamp = reinterpret_cast<volatile BlockStamp*>(BlockData(b));
       const BlockStamp seen{stamp->magic, stamp->engine_id, stamp->epoch, stamp->counter};
       const bool scrubbed = seen.magic == 0 && seen.engine_id == 0 && seen.epoch == 0;
       const bool mine = seen.magic == kStampMagic && seen.engine_id == me && seen.epoch == epoch;
@@ -173,6 +181,13 @@ class StampWriter {
       stamp->epoch = epoch;
       stamp->counter = ++counter_;
     }
+  }
+
+  // Block b in the device pool when this engine took one, else in the host pool.
+  uint8_t* BlockData(uint32_t b) const {
+    const std::optional<DeviceRegionView> device = session_->device_pool();
+    if (!device.has_value()) return session_->pool().BlockData(b);
+    return reinterpret_cast<uint8_t*>(device->address) + uint64_t{b} * session_->pool().block_bytes;
   }
 
   void Violation(uint32_t block, const BlockStamp& seen) {
@@ -237,17 +252,33 @@ void ServeEvents(EngineSession& session, StampWriter& writer) {
   }
 }
 
+// With device memory: the device copy of the weights holds the host arena's bytes.
+bool CheckDeviceWeights(const EngineSession& s) {
+  const std::optional<DeviceRegionView> device = s.device_weights();
+  if (!device.has_value() || device->bytes < s.weights().size ||
+      std::memcmp(reinterpret_cast<const void*>(device->address), s.weights().base,
+                  s.weights().size) != 0) {
+    BATON_LOG(ERROR, "test-engine") << "the device weights are missing or differ from the arena";
+    return false;
+  }
+  BATON_LOG(INFO, "test-engine") << "device weights equal the arena's " << s.weights().size
+                                 << " bytes";
+  return true;
+}
+
 int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
   EngineSessionOptions options;
   options.launch = info;
   options.engine_version = "test-engine/1";
   options.http_address = "127.0.0.1:" + std::to_string(info.http_port);
+  options.use_device_memory = flags.device_memory;
   Result<std::unique_ptr<EngineSession>> session = EngineSession::Connect(options);
   if (!session.ok()) {
     BATON_LOG(ERROR, "test-engine") << session.status().ToString();
     return 1;
   }
   EngineSession& s = **session;
+  if (flags.device_memory && !CheckDeviceWeights(s)) return 1;
   Result<SessionEvent> promoted = DeadlineExceeded("not yet");
   while (true) {
     promoted = s.WaitForPromotion(std::chrono::milliseconds(200));

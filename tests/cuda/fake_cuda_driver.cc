@@ -5,6 +5,8 @@
 //   "missing:NAME"    cuGetProcAddress reports NAME as not found
 //   "old:NAME"        cuGetProcAddress reports NAME as needing a newer driver
 //   "old_driver"      cuDriverGetVersion says 11080
+//   "vmm"             a working driver 12.4 with one device whose memory is host memory
+//                     (tests/cuda/fake_cuda_vmm.cc)
 //   anything else     a working driver 12.4 with no devices
 // Functions it does not implement resolve to one that returns CUDA_ERROR_NOT_SUPPORTED.
 #ifdef BATON_HAVE_CUDA_HEADERS
@@ -14,6 +16,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+
+void* FakeVmmFunction(const char* symbol);
 
 namespace {
 
@@ -89,7 +93,9 @@ __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(
     return CUDA_SUCCESS;
   }
   *status = CU_GET_PROC_ADDRESS_SUCCESS;
-  if (std::strcmp(symbol, "cuInit") == 0) {
+  if (mode == "vmm" && FakeVmmFunction(symbol) != nullptr) {
+    *pfn = FakeVmmFunction(symbol);
+  } else if (std::strcmp(symbol, "cuInit") == 0) {
     *pfn = reinterpret_cast<void*>(&cuInit);
   } else if (std::strcmp(symbol, "cuGetErrorName") == 0) {
     *pfn = reinterpret_cast<void*>(&cuGetErrorName);

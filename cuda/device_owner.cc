@@ -1,0 +1,146 @@
+#include "cuda/device_owner.h"
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+
+#include "cuda/device_session.h"
+#include "cuda/vmm_share.h"
+
+#ifdef BATON_HAVE_CUDA_HEADERS
+#include "cuda/cuda_driver.h"
+#include "cuda/pinned_host.h"
+#include "cuda/rematerializer.h"
+#include "cuda/vmm.h"
+#endif
+
+namespace baton {
+
+Result<uint64_t> PoolChunkBytes(uint64_t block_bytes, uint64_t granularity, uint64_t pool_bytes,
+                                uint64_t limit) {
+  if (block_bytes == 0 || granularity == 0 || pool_bytes == 0) {
+    return InvalidArgument("pool chunk: block size, granularity and pool must be positive");
+  }
+  const uint64_t unit = std::lcm(block_bytes, granularity);
+  const uint64_t whole_pool = (pool_bytes + unit - 1) / unit * unit;
+  return std::min(std::max<uint64_t>(1, limit / unit) * unit, whole_pool);
+}
+
+#ifdef BATON_HAVE_CUDA_HEADERS
+
+struct DeviceOwner::Impl {
+  // Destroyed bottom-up: the view and regions before the pinned cache and the context.
+  PrimaryContext ctx;
+  PinnedHostCache pinned;
+  VmmRegion weights;
+  VmmView weights_view;  // the owner's own read-write window, for rematerialization
+  VmmRegion pool;
+  std::span<uint8_t> arena;
+  int remat_streams = 4;
+};
+
+DeviceOwner::DeviceOwner() : impl_(std::make_unique<Impl>()) {}
+DeviceOwner::~DeviceOwner() = default;
+
+namespace {
+
+Status ShareRegion(proto::Channel& channel, const VmmRegion& region, bool writable) {
+  BATON_ASSIGN_OR_RETURN(std::vector<UniqueFd> fds, region.ExportAll());
+  std::vector<int> raw;
+  for (const UniqueFd& fd : fds) raw.push_back(fd.get());
+  return SendVmmRegion(channel,
+                       VmmRegionInfo{.name = region.name(),
+                                     .chunk_bytes = region.chunk_bytes(),
+                                     .chunk_count = static_cast<uint32_t>(region.chunk_count()),
+                                     .writable = writable},
+                       raw);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOptions& options,
+                                                         std::span<uint8_t> arena) {
+  if (arena.empty() || options.block_count == 0 || options.block_bytes == 0) {
+    return InvalidArgument("device memory: an empty weight arena or pool");
+  }
+  BATON_ASSIGN_OR_RETURN(const CudaDriver* driver, CudaDriver::Get());
+  std::unique_ptr<DeviceOwner> o(new DeviceOwner());
+  Impl& m = *o->impl_;
+  o->device_ = options.device;
+  m.arena = arena;
+  m.remat_streams = options.remat_streams;
+  BATON_ASSIGN_OR_RETURN(m.ctx, PrimaryContext::Retain(*driver, options.device));
+  BATON_ASSIGN_OR_RETURN(m.pinned,
+                         PinnedHostCache::Register(m.ctx, arena.data(), arena.size(), 1ull << 30));
+  o->stats_.pinned = m.pinned.note();
+  o->stats_.pin_ms = m.pinned.setup_ms();
+  // Small weight sets take one chunk of their own size (rounded up to the granularity).
+  const uint64_t weights_chunk = std::min<uint64_t>(options.weights_chunk_bytes, arena.size());
+  BATON_ASSIGN_OR_RETURN(m.weights, VmmRegion::Create(m.ctx, {.name = kDeviceWeightsRegion,
+                                                              .bytes = arena.size(),
+                                                              .chunk_bytes = weights_chunk}));
+  BATON_ASSIGN_OR_RETURN(m.weights_view,
+                         VmmView::Reserve(m.ctx, m.weights.chunk_bytes(), m.weights.chunk_count(),
+                                          m.weights.granularity()));
+  BATON_RETURN_IF_ERROR(m.weights_view.Borrow(m.weights));
+  BATON_RETURN_IF_ERROR(m.weights_view.MapAll({.access = VmmAccess::kReadWrite}).status());
+  BATON_RETURN_IF_ERROR(o->Rematerialize());
+  BATON_ASSIGN_OR_RETURN(size_t granularity, VmmGranularity(m.ctx, VmmLocation::kDevice, 0));
+  const uint64_t pool_bytes = uint64_t{options.block_count} * options.block_bytes;
+  BATON_ASSIGN_OR_RETURN(uint64_t chunk, PoolChunkBytes(options.block_bytes, granularity,
+                                                        pool_bytes, options.pool_chunk_bytes));
+  BATON_ASSIGN_OR_RETURN(
+      m.pool, VmmRegion::Create(
+                  m.ctx, {.name = kDevicePoolRegion, .bytes = pool_bytes, .chunk_bytes = chunk}));
+  o->stats_.weights_bytes = m.weights.bytes();
+  o->stats_.weights_chunks = static_cast<uint32_t>(m.weights.chunk_count());
+  o->stats_.pool_bytes = m.pool.bytes();
+  o->stats_.pool_chunk_bytes = m.pool.chunk_bytes();
+  o->stats_.pool_chunks = static_cast<uint32_t>(m.pool.chunk_count());
+  return o;
+}
+
+Status DeviceOwner::Rematerialize() {
+  Impl& m = *impl_;
+  BATON_ASSIGN_OR_RETURN(Rematerializer remat,
+                         Rematerializer::Create(m.ctx, {.streams = m.remat_streams}));
+  BATON_ASSIGN_OR_RETURN(CopyStats copied,
+                         remat.Copy(m.weights_view.base(), m.pinned.data(), m.arena.size()));
+  stats_.remat_ms = copied.ms;
+  stats_.remat_gbps = copied.gbps;
+  return OkStatus();
+}
+
+Status DeviceOwner::Share(proto::Channel& channel) const {
+  BATON_RETURN_IF_ERROR(ShareRegion(channel, impl_->weights, /*writable=*/false));
+  return ShareRegion(channel, impl_->pool, /*writable=*/true);
+}
+
+#else  // !BATON_HAVE_CUDA_HEADERS
+
+struct DeviceOwner::Impl {};
+DeviceOwner::DeviceOwner() : impl_(std::make_unique<Impl>()) {}
+DeviceOwner::~DeviceOwner() = default;
+
+Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOptions&,
+                                                         std::span<uint8_t>) {
+  return Unimplemented("CUDA backend not compiled (built without the CUDA toolkit headers)");
+}
+
+Status DeviceOwner::Share(proto::Channel&) const { return Unimplemented("no device memory"); }
+Status DeviceOwner::Rematerialize() { return Unimplemented("no device memory"); }
+
+#endif
+
+std::string DeviceOwner::Describe() const {
+  std::ostringstream out;
+  out.precision(3);
+  out << "device " << device_ << ": weights " << stats_.weights_bytes << " bytes in "
+      << stats_.weights_chunks << " chunks (host cache pinned by " << stats_.pinned << " in "
+      << stats_.pin_ms << " ms, copied in " << stats_.remat_ms << " ms at " << stats_.remat_gbps
+      << " GB/s), pool " << stats_.pool_bytes << " bytes in " << stats_.pool_chunks << " chunks of "
+      << stats_.pool_chunk_bytes << " bytes";
+  return out.str();
+}
+
+}  // namespace baton

@@ -1,0 +1,313 @@
+// The fake driver's "vmm" mode (BATON_FAKE_CUDA=vmm): one device whose memory is host memory,
+// so the CUDA backend's paths between real processes run on a machine without a GPU.
+//
+// A cuMemCreate allocation is a memfd; its POSIX-fd export is a dup of it; cuMemAddressReserve
+// is a PROT_NONE mapping; cuMemMap maps the memfd there (MAP_SHARED, so every process that
+// imported the fd sees the same bytes) and cuMemSetAccess sets the protection (READ or
+// READ|WRITE), so a write through a read-only mapping faults as it would on the GPU. Copies
+// and memsets are memcpy and loops; streams and events complete at once; the kernels of
+// cuda/kernels_ptx.h run on the host by name (baton_spin, which never ends, is refused).
+// It is a test double for the protocol and the bookkeeping, not a model of the GPU's timing.
+#ifdef BATON_HAVE_CUDA_HEADERS
+
+#include <cuda.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+#include "cuda/kernels_ptx.h"
+
+namespace {
+
+constexpr size_t kGranularity = 2u << 20;
+
+struct Allocation {
+  int fd = -1;
+  size_t size = 0;
+};
+struct FakeEvent {
+  std::chrono::steady_clock::time_point at;
+};
+struct FakeFunction {
+  std::string name;
+};
+
+CUmemGenericAllocationHandle HandleOf(Allocation* a) {
+  return static_cast<CUmemGenericAllocationHandle>(reinterpret_cast<uintptr_t>(a));
+}
+Allocation* AllocationOf(CUmemGenericAllocationHandle h) {
+  return reinterpret_cast<Allocation*>(static_cast<uintptr_t>(h));
+}
+void* At(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+
+CUresult DeviceGet(CUdevice* d, int ordinal) {
+  if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+  *d = 0;
+  return CUDA_SUCCESS;
+}
+CUresult DeviceGetCount(int* n) {
+  *n = 1;
+  return CUDA_SUCCESS;
+}
+CUresult DeviceGetName(char* name, int len, CUdevice) {
+  std::snprintf(name, static_cast<size_t>(len), "%s", "Baton fake VMM device");
+  return CUDA_SUCCESS;
+}
+CUresult DeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice) {
+  switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+    case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
+      *v = 1;
+      return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
+      *v = -1;
+      return CUDA_SUCCESS;
+    default:
+      *v = 0;  // compute mode default, no host-NUMA VMM, ...
+      return CUDA_SUCCESS;
+  }
+}
+CUresult DeviceTotalMem(size_t* bytes, CUdevice) {
+  *bytes = size_t{64} << 30;
+  return CUDA_SUCCESS;
+}
+CUresult DeviceGetPCIBusId(char* id, int len, CUdevice) {
+  std::snprintf(id, static_cast<size_t>(len), "%s", "0000:00:00.0");
+  return CUDA_SUCCESS;
+}
+CUresult PrimaryCtxRetain(CUcontext* ctx, CUdevice) {
+  static int context;
+  *ctx = reinterpret_cast<CUcontext>(&context);
+  return CUDA_SUCCESS;
+}
+CUresult Succeed() { return CUDA_SUCCESS; }
+CUresult MemGetInfo(size_t* free, size_t* total) {
+  *total = size_t{64} << 30;
+  *free = *total;
+  return CUDA_SUCCESS;
+}
+CUresult Granularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
+  *g = kGranularity;
+  return CUDA_SUCCESS;
+}
+CUresult MemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp*,
+                   unsigned long long) {
+  if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = ::memfd_create("fake-vmm", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    ::close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *h = HandleOf(new Allocation{fd, size});
+  return CUDA_SUCCESS;
+}
+CUresult MemRelease(CUmemGenericAllocationHandle h) {
+  Allocation* a = AllocationOf(h);
+  ::close(a->fd);
+  delete a;
+  return CUDA_SUCCESS;
+}
+CUresult MemExport(void* out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType,
+                   unsigned long long) {
+  const int fd = ::fcntl(AllocationOf(h)->fd, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *static_cast<int*>(out) = fd;
+  return CUDA_SUCCESS;
+}
+CUresult MemImport(CUmemGenericAllocationHandle* h, void* os_handle, CUmemAllocationHandleType) {
+  const int given = static_cast<int>(reinterpret_cast<uintptr_t>(os_handle));
+  struct stat st;
+  if (::fstat(given, &st) != 0) return CUDA_ERROR_INVALID_VALUE;
+  const int fd = ::fcntl(given, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  *h = HandleOf(new Allocation{fd, static_cast<size_t>(st.st_size)});
+  return CUDA_SUCCESS;
+}
+CUresult AddressReserve(CUdeviceptr* p, size_t size, size_t alignment, CUdeviceptr,
+                        unsigned long long) {
+  const size_t align = alignment == 0 ? kGranularity : alignment;
+  void* raw =
+      ::mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + align - 1) / align * align;
+  if (aligned > start) ::munmap(raw, aligned - start);
+  if (start + align > aligned) ::munmap(At(aligned + size), start + align - aligned);
+  *p = aligned;
+  return CUDA_SUCCESS;
+}
+CUresult AddressFree(CUdeviceptr p, size_t size) {
+  return ::munmap(At(p), size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult MemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                unsigned long long) {
+  if (offset != 0 || size > AllocationOf(h)->size) return CUDA_ERROR_INVALID_VALUE;
+  void* m = ::mmap(At(p), size, PROT_NONE, MAP_SHARED | MAP_FIXED, AllocationOf(h)->fd, 0);
+  return m == MAP_FAILED ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+CUresult MemUnmap(CUdeviceptr p, size_t size) {
+  void* m = ::mmap(At(p), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                   -1, 0);
+  return m == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+CUresult MemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  if (count == 0) return CUDA_ERROR_INVALID_VALUE;
+  const int prot = desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                   : desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                                       : PROT_NONE;
+  return ::mprotect(At(p), size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+CUresult StreamCreate(CUstream* s, unsigned) {
+  *s = reinterpret_cast<CUstream>(new int(0));
+  return CUDA_SUCCESS;
+}
+CUresult StreamDestroy(CUstream s) {
+  delete reinterpret_cast<int*>(s);
+  return CUDA_SUCCESS;
+}
+CUresult EventCreate(CUevent* e, unsigned) {
+  *e = reinterpret_cast<CUevent>(new FakeEvent{std::chrono::steady_clock::now()});
+  return CUDA_SUCCESS;
+}
+CUresult EventDestroy(CUevent e) {
+  delete reinterpret_cast<FakeEvent*>(e);
+  return CUDA_SUCCESS;
+}
+CUresult EventRecord(CUevent e, CUstream) {
+  reinterpret_cast<FakeEvent*>(e)->at = std::chrono::steady_clock::now();
+  return CUDA_SUCCESS;
+}
+CUresult EventElapsed(float* ms, CUevent start, CUevent end) {
+  *ms = std::chrono::duration<float, std::milli>(reinterpret_cast<FakeEvent*>(end)->at -
+                                                 reinterpret_cast<FakeEvent*>(start)->at)
+            .count();
+  return CUDA_SUCCESS;
+}
+CUresult HtoD(CUdeviceptr dst, const void* src, size_t n) {
+  std::memcpy(At(dst), src, n);
+  return CUDA_SUCCESS;
+}
+CUresult HtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) {
+  return HtoD(dst, src, n);
+}
+CUresult DtoH(void* dst, CUdeviceptr src, size_t n) {
+  std::memcpy(dst, At(src), n);
+  return CUDA_SUCCESS;
+}
+CUresult DtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) { return DtoH(dst, src, n); }
+CUresult MemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
+  auto* words = static_cast<uint32_t*>(At(dst));
+  for (size_t i = 0; i < n; ++i) words[i] = value;
+  return CUDA_SUCCESS;
+}
+CUresult HostRegister(void*, size_t, unsigned) { return CUDA_SUCCESS; }
+CUresult HostUnregister(void*) { return CUDA_SUCCESS; }
+CUresult AllocHost(void** p, size_t n) {
+  *p = std::malloc(n);
+  return *p == nullptr ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+}
+CUresult FreeHost(void* p) {
+  std::free(p);
+  return CUDA_SUCCESS;
+}
+CUresult ModuleLoad(CUmodule* m, const void*, unsigned, CUjit_option*, void**) {
+  static int module;
+  *m = reinterpret_cast<CUmodule>(&module);
+  return CUDA_SUCCESS;
+}
+CUresult ModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
+  *f = reinterpret_cast<CUfunction>(new FakeFunction{name});  // lives as long as the process
+  return CUDA_SUCCESS;
+}
+CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                      unsigned, CUstream, void** args, void**) {
+  const std::string& name = reinterpret_cast<FakeFunction*>(f)->name;
+  if (name == baton::kScrubHeadersKernel) {
+    const CUdeviceptr base = *static_cast<CUdeviceptr*>(args[0]);
+    const uint64_t block_bytes = *static_cast<uint64_t*>(args[1]);
+    const uint32_t header_words = *static_cast<uint32_t*>(args[2]);
+    const uint32_t blocks = *static_cast<uint32_t*>(args[3]);
+    for (uint32_t b = 0; b < blocks; ++b)
+      std::memset(At(base + b * block_bytes), 0, header_words * 4);
+    return CUDA_SUCCESS;
+  }
+  if (name == baton::kFillKernel) {
+    auto* dst = static_cast<uint32_t*>(At(*static_cast<CUdeviceptr*>(args[0])));
+    const uint64_t words = *static_cast<uint64_t*>(args[1]);
+    const uint32_t seed = *static_cast<uint32_t*>(args[2]);
+    for (uint64_t i = 0; i < words; ++i) dst[i] = baton::FillPatternWord(i, seed);
+    return CUDA_SUCCESS;
+  }
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+struct Entry {
+  const char* name;
+  void* fn;
+};
+#define BATON_FAKE(name, fn) \
+  { name, reinterpret_cast<void*>(&fn) }
+const Entry kVmmEntries[] = {
+    BATON_FAKE("cuDeviceGet", DeviceGet),
+    BATON_FAKE("cuDeviceGetCount", DeviceGetCount),
+    BATON_FAKE("cuDeviceGetName", DeviceGetName),
+    BATON_FAKE("cuDeviceGetAttribute", DeviceGetAttribute),
+    BATON_FAKE("cuDeviceTotalMem", DeviceTotalMem),
+    BATON_FAKE("cuDeviceGetPCIBusId", DeviceGetPCIBusId),
+    BATON_FAKE("cuDevicePrimaryCtxRetain", PrimaryCtxRetain),
+    BATON_FAKE("cuDevicePrimaryCtxRelease", Succeed),
+    BATON_FAKE("cuCtxSetCurrent", Succeed),
+    BATON_FAKE("cuMemGetInfo", MemGetInfo),
+    BATON_FAKE("cuMemGetAllocationGranularity", Granularity),
+    BATON_FAKE("cuMemCreate", MemCreate),
+    BATON_FAKE("cuMemRelease", MemRelease),
+    BATON_FAKE("cuMemExportToShareableHandle", MemExport),
+    BATON_FAKE("cuMemImportFromShareableHandle", MemImport),
+    BATON_FAKE("cuMemAddressReserve", AddressReserve),
+    BATON_FAKE("cuMemAddressFree", AddressFree),
+    BATON_FAKE("cuMemMap", MemMap),
+    BATON_FAKE("cuMemUnmap", MemUnmap),
+    BATON_FAKE("cuMemSetAccess", MemSetAccess),
+    BATON_FAKE("cuStreamCreate", StreamCreate),
+    BATON_FAKE("cuStreamDestroy", StreamDestroy),
+    BATON_FAKE("cuStreamQuery", Succeed),
+    BATON_FAKE("cuStreamSynchronize", Succeed),
+    BATON_FAKE("cuEventCreate", EventCreate),
+    BATON_FAKE("cuEventDestroy", EventDestroy),
+    BATON_FAKE("cuEventRecord", EventRecord),
+    BATON_FAKE("cuEventQuery", Succeed),
+    BATON_FAKE("cuEventElapsedTime", EventElapsed),
+    BATON_FAKE("cuMemcpyHtoD", HtoD),
+    BATON_FAKE("cuMemcpyHtoDAsync", HtoDAsync),
+    BATON_FAKE("cuMemcpyDtoH", DtoH),
+    BATON_FAKE("cuMemcpyDtoHAsync", DtoHAsync),
+    BATON_FAKE("cuMemsetD32Async", MemsetD32Async),
+    BATON_FAKE("cuMemHostRegister", HostRegister),
+    BATON_FAKE("cuMemHostUnregister", HostUnregister),
+    BATON_FAKE("cuMemAllocHost", AllocHost),
+    BATON_FAKE("cuMemFreeHost", FreeHost),
+    BATON_FAKE("cuModuleLoadDataEx", ModuleLoad),
+    BATON_FAKE("cuModuleUnload", Succeed),
+    BATON_FAKE("cuModuleGetFunction", ModuleGetFunction),
+    BATON_FAKE("cuLaunchKernel", LaunchKernel),
+};
+#undef BATON_FAKE
+
+}  // namespace
+
+// The vmm mode's implementation of `symbol`, or nullptr (then the caller decides).
+void* FakeVmmFunction(const char* symbol) {
+  for (const Entry& e : kVmmEntries) {
+    if (std::strcmp(e.name, symbol) == 0) return e.fn;
+  }
+  return nullptr;
+}
+
+#endif  // BATON_HAVE_CUDA_HEADERS

@@ -1,0 +1,147 @@
+// The controller's device memory (cuda/device_owner.h) and an engine's view of it
+// (cuda/device_session.h) over a real channel, on the emulated device: the weights' device
+// copy equals the host arena and is mapped read-only, the pool is only reserved until blocks
+// are granted, whole chunks are mapped for granted blocks and unmapped when the last one goes
+// back, and a new holder finds the old holder's headers scrubbed but its data in place.
+#include <gtest/gtest.h>
+
+#include <boost/asio/io_context.hpp>
+#include <cstring>
+#include <optional>
+#include <vector>
+
+#include "cuda/device_owner.h"
+#include "cuda/device_session.h"
+#include "proto/messages.h"
+#include "tests/cuda_emulated/emulated_device.h"
+
+namespace baton {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr uint32_t kBlocks = 8;
+constexpr uint64_t kBlockBytes = 1u << 20;  // two blocks per 2 MiB chunk
+constexpr uint32_t kHeader = 64;
+
+uint8_t* Ptr(uint64_t address) { return reinterpret_cast<uint8_t*>(address); }
+
+class DeviceMemoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    arena_.resize(6u << 20);
+    for (size_t i = 0; i < arena_.size(); ++i) arena_[i] = static_cast<uint8_t>(i * 13 + 5);
+    Result<std::unique_ptr<DeviceOwner>> owner =
+        DeviceOwner::Create({.device = 0,
+                             .block_count = kBlocks,
+                             .block_bytes = kBlockBytes,
+                             .weights_chunk_bytes = 4u << 20,
+                             .pool_chunk_bytes = 2u << 20},
+                            std::span<uint8_t>(arena_));
+    ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+    owner_ = std::move(owner).value();
+  }
+
+  // An engine's session: the owner shares, the session accepts and acks both regions.
+  std::unique_ptr<DeviceSession> Borrow() {
+    auto pair = proto::Channel::Pair(io_);
+    EXPECT_TRUE(pair.ok());
+    if (!pair.ok()) return nullptr;
+    EXPECT_TRUE(owner_->Share(pair->first).ok());
+    Result<std::unique_ptr<DeviceSession>> s =
+        DeviceSession::Accept(pair->second, 0, kDeviceRegionCount, 5s);
+    EXPECT_TRUE(s.ok()) << s.status().ToString();
+    for (const char* name : {kDeviceWeightsRegion, kDevicePoolRegion}) {
+      Result<proto::ReceivedMessage> msg = pair->first.Receive(5s);
+      EXPECT_TRUE(msg.ok());
+      if (!msg.ok()) return nullptr;
+      Result<proto::ShareMemoryAck> ack = msg->As<proto::ShareMemoryAck>();
+      EXPECT_TRUE(ack.ok() && ack->mapped && ack->name == name) << ack->name << ": " << ack->detail;
+    }
+    return s.ok() ? std::move(s).value() : nullptr;
+  }
+
+  boost::asio::io_context io_;
+  std::vector<uint8_t> arena_;
+  std::unique_ptr<DeviceOwner> owner_;
+};
+
+TEST_F(DeviceMemoryTest, OwnerCopiesTheWeightsAndSizesThePool) {
+  const DeviceOwnerStats& s = owner_->stats();
+  EXPECT_EQ(s.weights_bytes, 8u << 20);  // 6 MiB rounded up to 4 MiB chunks
+  EXPECT_EQ(s.weights_chunks, 2u);
+  EXPECT_EQ(s.pool_bytes, kBlocks * kBlockBytes);
+  EXPECT_EQ(s.pool_chunk_bytes, 2u << 20);
+  EXPECT_EQ(s.pool_chunks, 4u);
+  EXPECT_NE(s.pinned.find("cuMemHostRegister"), std::string::npos) << s.pinned;
+  EXPECT_NE(owner_->Describe().find("pool 8388608 bytes in 4 chunks"), std::string::npos)
+      << owner_->Describe();
+}
+
+TEST_F(DeviceMemoryTest, EngineMapsTheWeightsReadOnlyAndOnlyReservesThePool) {
+  std::unique_ptr<DeviceSession> s = Borrow();
+  ASSERT_NE(s, nullptr);
+  EXPECT_EQ(s->weights().device, 0);
+  ASSERT_GE(s->weights().bytes, arena_.size());
+  EXPECT_EQ(std::memcmp(Ptr(s->weights().address), arena_.data(), arena_.size()), 0);
+  EXPECT_EQ(s->pool().chunks, 4u);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(*reinterpret_cast<volatile uint8_t*>(s->weights().address) = 1, "")
+      << "the weights are writable";
+  EXPECT_DEATH((void)*reinterpret_cast<volatile uint8_t*>(s->pool().address), "")
+      << "a standby's pool is readable before any grant";
+}
+
+TEST_F(DeviceMemoryTest, GrantedBlocksMapWholeChunksUntilTheLastGoesBack) {
+  std::unique_ptr<DeviceSession> s = Borrow();
+  ASSERT_NE(s, nullptr);
+  uint8_t* pool = Ptr(s->pool().address);
+  ASSERT_TRUE(s->MapBlocks(2, 3, kBlockBytes, kBlocks, kHeader, 5s).ok());  // chunks 1 and 2
+  std::memset(pool + 2 * kBlockBytes, 0xAB, 3 * kBlockBytes);
+  EXPECT_FALSE(s->MapBlocks(4, 1, kBlockBytes, kBlocks, kHeader, 5s).ok()) << "held twice";
+  EXPECT_FALSE(s->MapBlocks(7, 2, kBlockBytes, kBlocks, kHeader, 5s).ok()) << "past the pool";
+  ASSERT_TRUE(s->UnmapBlocks(2, 1).ok());
+  pool[3 * kBlockBytes] = 1;  // chunk 1 stays mapped for block 3
+  ASSERT_TRUE(s->UnmapBlocks(3, 2).ok());
+  EXPECT_FALSE(s->UnmapBlocks(3, 1).ok()) << "returned twice";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(pool[3 * kBlockBytes] = 2, "") << "chunk 1 is still mapped";
+}
+
+TEST_F(DeviceMemoryTest, NextHolderFindsHeadersScrubbedAndDataInPlace) {
+  std::unique_ptr<DeviceSession> primary = Borrow();
+  ASSERT_NE(primary, nullptr);
+  ASSERT_TRUE(primary->MapBlocks(0, kBlocks, kBlockBytes, kBlocks, kHeader, 5s).ok());
+  std::memset(Ptr(primary->pool().address), 0x5A, kBlocks * kBlockBytes);
+  primary.reset();  // the old holder is gone: its mappings with it
+
+  std::unique_ptr<DeviceSession> standby = Borrow();
+  ASSERT_NE(standby, nullptr);
+  ASSERT_TRUE(standby->MapBlocks(0, kBlocks, kBlockBytes, kBlocks, kHeader, 5s).ok());
+  const uint8_t* pool = Ptr(standby->pool().address);
+  for (uint32_t b = 0; b < kBlocks; ++b) {
+    const uint8_t* block = pool + b * kBlockBytes;
+    for (uint32_t i = 0; i < kHeader; ++i) ASSERT_EQ(block[i], 0) << "block " << b << " byte " << i;
+    EXPECT_EQ(block[kHeader], 0x5A) << "block " << b << ": the device pool is shared memory";
+    EXPECT_EQ(block[kBlockBytes - 1], 0x5A);
+  }
+}
+
+TEST_F(DeviceMemoryTest, AHostEngineDeclinesAndTheOwnerHearsWhy) {
+  auto pair = proto::Channel::Pair(io_);
+  ASSERT_TRUE(pair.ok());
+  ASSERT_TRUE(owner_->Share(pair->first).ok());
+  ASSERT_TRUE(
+      DeviceSession::Decline(pair->second, kDeviceRegionCount, "computes on the host", 5s).ok());
+  for (int i = 0; i < 2; ++i) {
+    Result<proto::ReceivedMessage> msg = pair->first.Receive(5s);
+    ASSERT_TRUE(msg.ok());
+    Result<proto::ShareMemoryAck> ack = msg->As<proto::ShareMemoryAck>();
+    ASSERT_TRUE(ack.ok());
+    EXPECT_FALSE(ack->mapped);
+    EXPECT_NE(ack->detail.find("declined: computes on the host"), std::string::npos) << ack->detail;
+  }
+}
+
+}  // namespace
+}  // namespace baton
