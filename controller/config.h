@@ -53,6 +53,8 @@ struct ControllerConfig {
   // [gpu]
   std::string gpu_backend = "auto";  // auto | host | cuda (cuda/gpu_backend.h)
   int gpu_device = 0;                // CUDA device ordinal
+  // CUDA backend: how long the barrier waits for NVML to stop listing a reaped holder.
+  Duration gpu_release_timeout = std::chrono::seconds(5);
 
   // [health]
   Duration heartbeat_interval = std::chrono::milliseconds(100);

@@ -18,6 +18,8 @@ namespace {
 constexpr const char* kLog = "controller";
 constexpr Duration kHelloTimeout = std::chrono::seconds(5);
 constexpr Duration kMaxTickInterval = std::chrono::milliseconds(250);
+// How often the barrier asks NVML whether a reaped holder's GPU context is gone.
+constexpr Duration kGpuReleasePoll = std::chrono::milliseconds(1);
 constexpr size_t kKeepRefusals = 20;
 
 Status MakeDir(const std::string& path) {
@@ -94,6 +96,16 @@ Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode m
   }
   device_ = std::move(owner).value();
   BATON_LOG(INFO, kLog) << "device memory: " << device_->Describe();
+  Result<std::unique_ptr<NvmlLibrary>> nvml = NvmlLibrary::Load();
+  if (nvml.ok()) {
+    nvml_ = std::move(nvml).value();
+    BATON_LOG(INFO, kLog) << "barrier: reap, then NVML (" << nvml_->library()
+                          << ") no longer lists the holder on GPU " << device_->pci_bus_id()
+                          << ", then the new holder's scrub";
+  } else {
+    BATON_LOG(WARN, kLog) << "barrier: NVML unavailable (" << nvml.status().message()
+                          << "): the reap, then the new holder's scrub";
+  }
   return OkStatus();
 }
 
@@ -351,6 +363,7 @@ void Controller::ArmTick() {
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
   }
   if (LiveEngines() < 2) when = std::min(when, guard_.NextRestartAt());
+  if (gpu_release_.has_value()) when = std::min(when, now + kGpuReleasePoll);
   if (tick_at_.has_value() && *tick_at_ <= when && *tick_at_ > now) return;
   tick_at_ = when;
   tick_.expires_after(std::max(Duration::zero(), when - now));
@@ -362,6 +375,7 @@ void Controller::ArmTick() {
 }
 
 void Controller::OnTick() {
+  PollGpuRelease();
   PollEngines();
   MaybePromote();
   MaybeLaunch();

@@ -42,6 +42,7 @@
 #include "cuda/device_owner.h"
 #include "cuda/device_session.h"
 #include "cuda/gpu_backend.h"
+#include "cuda/nvml_library.h"
 #include "proto/listener.h"
 #include "proto/shared_memory.h"
 #include "weightcache/weight_cache.h"
@@ -181,6 +182,7 @@ class Controller {
   SharedMemory pool_;
   Mapping pool_map_;  // the controller's own mapping: pre-faults the pool at start-up
   std::unique_ptr<DeviceOwner> device_;  // CUDA backend: device weights and pool
+  std::unique_ptr<NvmlLibrary> nvml_;    // CUDA backend, where NVML loads: the barrier's check
   std::optional<proto::Listener> listener_;
   Supervisor supervisor_;
   PairMachine pair_;
@@ -201,6 +203,20 @@ class Controller {
     EngineId successor = kNoEngine;
   };
   std::optional<PendingFailover> failover_;
+  // CUDA backend: reaped holders whose blocks wait until NVML no longer lists their pid on
+  // the GPU (the barrier's second half); their hand-over runs once it passes.
+  struct GpuRelease {
+    EngineId old = kNoEngine;
+    pid_t pid = 0;
+    std::optional<PendingFailover> failover;
+    TimePoint deadline;
+  };
+  std::optional<GpuRelease> gpu_release_;
+  // The fenced holder `old`'s blocks move on: to `failover`'s successor, or back to free.
+  void HandOverBlocks(EngineId old, const std::optional<PendingFailover>& failover);
+  // True when NVML still lists `pid` on the GPU (false without NVML or on an NVML error).
+  bool GpuStillLists(pid_t pid);
+  void PollGpuRelease();
   struct DrillRecord {
     std::string kind;
     EngineId engine = kNoEngine;

@@ -219,17 +219,39 @@ void Controller::FinishFence(EngineRecord& e) {
   if (le != nullptr && le->role == LedgerRole::kHolder) FenceInLedger(e);
   le = ledger_->engine(id);
   const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
+  std::optional<PendingFailover> failover;
   if (failover_.has_value() && failover_->old == id) {
-    const PendingFailover f = *failover_;
+    failover = *failover_;
     failover_.reset();
     if (PromotionRecord* r = timelines_.current()) r->reaped = now;
-    EngineRecord* s = Find(f.successor);
+  }
+  if (fenced && GpuStillLists(e.process.pid())) {
+    gpu_release_ = GpuRelease{.old = id,
+                              .pid = e.process.pid(),
+                              .failover = failover,
+                              .deadline = now + config_.gpu_release_timeout};
+    BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e.process.pid()
+                          << ") is reaped but NVML still lists it on GPU " << device_->pci_bus_id()
+                          << ": its blocks wait until the driver releases its context";
+  } else if (failover.has_value() || fenced) {
+    HandOverBlocks(id, failover);
+  }
+  (void)e.machine.Apply(EngineEvent::kFenceDone);
+  if (pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
+  engines_.erase(id);
+}
+
+void Controller::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
+  const LedgerEngine* le = ledger_->engine(id);
+  const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
+  if (failover.has_value()) {
+    EngineRecord* s = Find(failover->successor);
     if (s != nullptr && s->live() && s->is(EngineState::kStandby)) {
-      Status promoted = ledger_->Promote(s->id, f.epoch);
+      Status promoted = ledger_->Promote(s->id, failover->epoch);
       Result<std::vector<Extent>> moved = promoted.ok() ? ledger_->ReleaseAfterBarrier(id, s->id)
                                                         : Result<std::vector<Extent>>(promoted);
       if (moved.ok()) {
-        SendPromote(*s, f.epoch, *moved);
+        SendPromote(*s, failover->epoch, *moved);
       } else {
         BATON_LOG(ERROR, kLog) << "handing blocks to engine " << s->id << ": "
                                << moved.status().ToString();
@@ -242,15 +264,47 @@ void Controller::FinishFence(EngineRecord& e) {
     if (!freed.ok())
       BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
   }
-  (void)e.machine.Apply(EngineEvent::kFenceDone);
-  if (pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
-  engines_.erase(id);
+}
+
+bool Controller::GpuStillLists(pid_t pid) {
+  if (nvml_ == nullptr || device_ == nullptr) return false;
+  Result<std::vector<pid_t>> pids = nvml_->ComputePids(device_->pci_bus_id());
+  if (!pids.ok()) {
+    BATON_LOG(WARN, kLog) << "barrier: " << pids.status().message()
+                          << "; going on with the reap as the barrier";
+    return false;
+  }
+  return std::find(pids->begin(), pids->end(), pid) != pids->end();
+}
+
+void Controller::PollGpuRelease() {
+  if (!gpu_release_.has_value()) return;
+  const GpuRelease g = *gpu_release_;
+  const bool listed = GpuStillLists(g.pid);
+  const TimePoint now = clock_.Now();
+  if (listed && now < g.deadline) return;
+  gpu_release_.reset();
+  if (listed) {
+    BATON_LOG(ERROR, kLog) << "barrier: NVML still lists pid " << g.pid << " after "
+                           << std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  config_.gpu_release_timeout)
+                                  .count()
+                           << " ms; the process is reaped, so its blocks move on";
+  } else {
+    BATON_LOG(INFO, kLog) << "barrier: NVML no longer lists pid " << g.pid
+                          << " on the GPU; its blocks move on";
+  }
+  if (PromotionRecord* r = timelines_.current(); r != nullptr && g.failover.has_value()) {
+    r->gpu_released = now;
+  }
+  HandOverBlocks(g.old, g.failover);
 }
 
 // --- promotion ----------------------------------------------------------------------------------
 
 void Controller::MaybePromote() {
-  if (stopping_ || primary_ != kNoEngine || promoting_ != kNoEngine || failover_.has_value()) {
+  if (stopping_ || primary_ != kNoEngine || promoting_ != kNoEngine || failover_.has_value() ||
+      gpu_release_.has_value()) {
     return;
   }
   if (!pair_.Allows(PairEvent::kPromoteDone)) return;

@@ -23,6 +23,7 @@ std::vector<Stamp> Stamps(const PromotionRecord& r) {
           {"killed", &r.killed},
           {"epoch_durable", &r.epoch_durable},
           {"reaped", &r.reaped},
+          {"gpu_released", &r.gpu_released},
           {"promote_sent", &r.promote_sent},
           {"promote_acked", &r.promote_acked},
           {"route_published", &r.route_published},

@@ -9,6 +9,8 @@
 //   killed          SIGKILL sent through the pidfd (absent when it was already dead)
 //   epoch_durable   the new epoch is fsynced in the journal
 //   reaped          waitid(P_PIDFD) returned; on the host backend this is the barrier
+//   gpu_released    CUDA backend, when NVML still listed the reaped holder on the GPU: the
+//                   poll that no longer did (or gave up after gpu.release_timeout_ms)
 //   promote_sent    Promote with the scrubbed blocks sent to the standby
 //   promote_acked   the new primary mapped its blocks and serves
 //   route_published the route table names the new primary
@@ -44,7 +46,7 @@ struct PromotionRecord {
   bool complete = false;
 
   std::optional<TimePoint> injected, last_heartbeat, detected, killed, epoch_durable, reaped,
-      promote_sent, promote_acked, route_published, standby_launched, standby_ready;
+      gpu_released, promote_sent, promote_acked, route_published, standby_launched, standby_ready;
 };
 
 // Phase durations in milliseconds (absent when a phase has not happened).

@@ -70,6 +70,10 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
   m.arena = arena;
   m.remat_streams = options.remat_streams;
   BATON_ASSIGN_OR_RETURN(m.ctx, PrimaryContext::Retain(*driver, options.device));
+  char bus_id[32] = {};
+  BATON_RETURN_IF_ERROR(
+      BATON_CU(*driver, cuDeviceGetPCIBusId, bus_id, sizeof(bus_id) - 1, m.ctx.device()));
+  o->pci_bus_id_ = bus_id;
   BATON_ASSIGN_OR_RETURN(m.pinned,
                          PinnedHostCache::Register(m.ctx, arena.data(), arena.size(), 1ull << 30));
   o->stats_.pinned = m.pinned.note();

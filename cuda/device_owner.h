@@ -66,6 +66,8 @@ class DeviceOwner {
   Status Rematerialize();
 
   int device() const { return device_; }
+  // "0000:3B:00.0": the device's PCI address, as NVML names it.
+  const std::string& pci_bus_id() const { return pci_bus_id_; }
   const DeviceOwnerStats& stats() const { return stats_; }
   // "weights 2.1 GB in 9 chunks (rematerialized at 24.1 GB/s), pool 4.0 GB in 16 chunks of 256 MiB"
   std::string Describe() const;
@@ -76,6 +78,7 @@ class DeviceOwner {
 
   std::unique_ptr<Impl> impl_;
   int device_ = -1;
+  std::string pci_bus_id_;
   DeviceOwnerStats stats_;
 };
 

@@ -18,8 +18,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "cuda/kernels_ptx.h"
 
@@ -309,5 +312,50 @@ void* FakeVmmFunction(const char* symbol) {
   }
   return nullptr;
 }
+
+// NVML for the emulated device (BATON_NVML_LIBRARY pointed at this library): the processes
+// on the GPU are the pids listed, one per line, in the file named by $BATON_FAKE_NVML_PIDS
+// (none when it is unset or missing), so a test decides when a dead holder's context is gone.
+extern "C" {
+
+__attribute__((visibility("default"))) int nvmlInit_v2() { return 0; }
+
+__attribute__((visibility("default"))) const char* nvmlErrorString(int result) {
+  return result == 0 ? "Success" : "fake NVML error";
+}
+
+__attribute__((visibility("default"))) int nvmlDeviceGetHandleByPciBusId_v2(const char* id,
+                                                                            void** device) {
+  static int the_device;
+  if (std::strcmp(id, "0000:00:00.0") != 0) return 6;  // NVML_ERROR_NOT_FOUND
+  *device = &the_device;
+  return 0;
+}
+
+struct FakeNvmlProcess {
+  unsigned int pid;
+  unsigned long long used_gpu_memory;
+  unsigned int gpu_instance_id;
+  unsigned int compute_instance_id;
+};
+
+__attribute__((visibility("default"))) int nvmlDeviceGetComputeRunningProcesses_v3(
+    void*, unsigned int* count, FakeNvmlProcess* infos) {
+  std::vector<unsigned int> pids;
+  if (const char* path = std::getenv("BATON_FAKE_NVML_PIDS")) {
+    std::ifstream in(path);
+    unsigned int pid;
+    while (in >> pid) pids.push_back(pid);
+  }
+  if (pids.size() > *count) {
+    *count = static_cast<unsigned int>(pids.size());
+    return 7;  // NVML_ERROR_INSUFFICIENT_SIZE
+  }
+  for (size_t i = 0; i < pids.size(); ++i) infos[i] = FakeNvmlProcess{pids[i], 0, 0, 0};
+  *count = static_cast<unsigned int>(pids.size());
+  return 0;
+}
+
+}  // extern "C"
 
 #endif  // BATON_HAVE_CUDA_HEADERS

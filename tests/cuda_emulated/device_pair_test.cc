@@ -6,6 +6,11 @@
 // Engines that compute on the host decline the device memory and the pair runs as before.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <thread>
 
 #include "tests/chaos/chaos_harness.h"
 #include "tests/cuda_emulated/emulated_device.h"
@@ -45,6 +50,58 @@ TEST(DevicePairTest, EnginesTakeTheDeviceMemoryAndAFailoverKeepsItFenced) {
                   "the new primary to run a while");
   cluster.CheckFencing();
   EXPECT_NE(cluster.Log().find("device memory: device 0: weights"), std::string::npos);
+}
+
+// Sets an environment variable for the processes started while it lives.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    ::setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+bool WaitForLog(const ChaosCluster& cluster, const std::string& text) {
+  for (int i = 0; i < 2000; ++i) {
+    if (cluster.Log().find(text) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(DevicePairTest, BlocksWaitUntilNvmlNoLongerListsTheReapedPrimary) {
+  const std::string pids = "/tmp/baton-nvml-" + std::to_string(::getpid()) + ".pids";
+  std::ofstream(pids).close();
+  ScopedEnv env("BATON_FAKE_NVML_PIDS", pids);
+  ChaosCluster cluster(CudaCluster({"--device-memory"}));
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const uint64_t standby = EngineWithRole(before, "standby")["id"];
+  std::ofstream(pids) << PidOf(primary) << "\n";  // the driver has not let go of it yet
+
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  ASSERT_TRUE(WaitForLog(cluster, "but NVML still lists it on GPU 0000:00:00.0")) << cluster.Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const json waiting = cluster.Status();
+  EXPECT_TRUE(EngineWithRole(waiting, "primary").is_null())
+      << "promoted while the old primary was still on the GPU: " << waiting.dump(2);
+  EXPECT_FALSE(ProcessExists(PidOf(primary))) << "it is reaped all the same";
+
+  std::ofstream(pids).close();  // the driver released it
+  const json after =
+      cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) == standby; },
+                      "the standby to take over once NVML let go");
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  ASSERT_TRUE(t["stamps"].contains("gpu_released_ms")) << t.dump(2);
+  EXPECT_GE(t["stamps"]["gpu_released_ms"].get<double>(), t["stamps"]["reaped_ms"].get<double>());
+  EXPECT_LE(t["stamps"]["gpu_released_ms"].get<double>(),
+            t["stamps"]["promote_sent_ms"].get<double>());
+  EXPECT_NE(cluster.Log().find("barrier: NVML no longer lists pid"), std::string::npos);
+  cluster.CheckFencing();
+  std::remove(pids.c_str());
 }
 
 TEST(DevicePairTest, HostEnginesDeclineTheDeviceMemory) {
