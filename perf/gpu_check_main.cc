@@ -3,13 +3,15 @@
 //   baton-perf-gpu-check [--out DIR] [--device N] [--weights-gib 16,64] [--pool-gib 32]
 //       [--pool-chunk-mib 256] [--weight-chunk-mib 1024] [--remat-gib 16] [--remat-streams 4]
 //       [--remat-chunk-mib 64] [--reps 3] [--drill-runs 2] [--deadline-s 420]
-//       [--unit-tests PASSED,FAILED,SKIPPED,RC]
+//       [--steps remat,drill,pair] [--unit-tests PASSED,FAILED,SKIPPED,RC]
 //
 // Prints one JSON object as the last line of stdout and writes it to DIR/gpu_check.json.
 // Without a usable GPU that object is {"gpu": false, "reason": ...} and the exit code is 0.
 // With one: device facts, rematerialization against the plain pinned copy, and the promotion
-// drill (cuda/device_drill.h) for each weight set; exit 0 when every step passed (promotion
-// at most 1000 ms, rematerialization at least 90 % of the baseline, every check true), 1
+// drill (cuda/device_drill.h) for each weight set, and the real controller's pair on the
+// device with a kill -9 failover (perf/gpu_check_pair.h); `--steps` picks a subset. Exit 0
+// when every step passed (promotion at most 1000 ms, rematerialization at least 90 % of the
+// baseline, every check true), 1
 // when a step failed or missed its target, 3 when the deadline passed (the JSON says where).
 // `--drill-peer ARGS...` runs this binary as a drill peer (internal).
 #include <fcntl.h>
@@ -29,6 +31,7 @@
 
 #include "base/log.h"
 #include "cuda/gpu_backend.h"
+#include "perf/gpu_check_pair.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 #include "cuda/cuda_driver.h"
@@ -54,7 +57,11 @@ struct Flags {
   int reps = 3;
   int drill_runs = 2;
   int deadline_s = 420;
+  std::string steps = "remat,drill,pair";
   std::string unit_tests;
+  bool Runs(const std::string& step) const {
+    return ("," + steps + ",").find("," + step + ",") != std::string::npos;
+  }
 };
 
 std::atomic<const char*> g_step{"start"};
@@ -129,6 +136,8 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->deadline_s = static_cast<int>(num());
     else if (arg == "--unit-tests")
       f->unit_tests = v;
+    else if (arg == "--steps")
+      f->steps = v;
     else
       return "unknown flag " + arg;
   }
@@ -177,17 +186,27 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
                     .drill_runs = f.drill_runs,
                     .peer_command = {SelfPath(), "--drill-peer"}};
   result["device"] = DeviceInfo(*ctx);
-  g_step = "rematerialization";
-  result["remat"] = RematStep(*ctx, o);
-  bool ok = result["remat"].value("ok", false) && result["remat"].value("ratio", 0.0) >= 0.9;
+  bool ok = true;
+  if (f.Runs("remat")) {
+    g_step = "rematerialization";
+    result["remat"] = RematStep(*ctx, o);
+    ok = result["remat"].value("ok", false) && result["remat"].value("ratio", 0.0) >= 0.9;
+  }
   json promotions = json::array();
-  for (uint64_t w : f.weight_gib) {
+  for (uint64_t w : f.Runs("drill") ? f.weight_gib : std::vector<uint64_t>{}) {
     g_step = w <= 16 ? "promotion drill (small weight set)" : "promotion drill (large weight set)";
     json d = DrillStep(*ctx, o, w);
     ok = ok && d.value("ok", false) && d.value("promotion_ms_max", 1e9) <= 1000.0;
     promotions.push_back(std::move(d));
   }
   result["promotion"] = promotions;
+  if (f.Runs("pair")) {
+    g_step = "controller pair on the device";
+    const std::string self = SelfPath();
+    result["pair"] = PairStep(
+        {.bin_dir = self.substr(0, self.rfind('/')), .work_dir = f.out, .device = f.device});
+    ok = ok && result["pair"].value("ok", false);
+  }
   result["targets"] =
       json{{"promotion_ms_max", 1000}, {"promotion_ms_aim", 250}, {"remat_ratio_min", 0.9}};
   result["ok"] = ok && result["unit_tests"].value("ok", true);

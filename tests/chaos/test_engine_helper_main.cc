@@ -17,9 +17,8 @@
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
 //   --device-memory          take a CUDA-backend controller's device memory: check that the
 //                            weights' device copy equals the host arena, and stamp the
-//                            block headers in the device pool instead of the host pool (the
-//                            tests run it on the fake driver's emulated device, whose device
-//                            addresses are host addresses)
+//                            block headers in the device pool instead of the host pool, through
+//                            the driver's copies (a GPU, or the fake driver's emulated device)
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -31,11 +30,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/log.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
 #include "standby/engine_sdk.h"
+#include "tests/chaos/device_access.h"
 
 namespace baton {
 namespace {
@@ -150,7 +151,9 @@ int RunRogue(const std::string& mode, const EngineLaunchInfo& info) {
 
 class StampWriter {
  public:
-  StampWriter(EngineSession* session, const Flags& flags) : session_(session), flags_(flags) {}
+  StampWriter(EngineSession* session, const Flags& flags,
+              const std::optional<testing::DeviceAccess>& device)
+      : session_(session), flags_(flags), device_(device) {}
 
   void Run(const std::atomic<bool>& stop) {
     while (!stop.load() && !violated_) {
@@ -171,23 +174,38 @@ class StampWriter {
     const uint64_t me = session_->engine_id();
     const uint64_t epoch = session_->epoch();
     for (uint32_t b = e.first; b < e.first + e.count && !violated_; ++b) {
-      auto* stamp = reinterpret_cast<volatile BlockStamp*>(BlockData(b));
-      const BlockStamp seen{stamp->magic, stamp->engine_id, stamp->epoch, stamp->counter};
+      const BlockStamp seen = ReadStamp(b);
       const bool scrubbed = seen.magic == 0 && seen.engine_id == 0 && seen.epoch == 0;
       const bool mine = seen.magic == kStampMagic && seen.engine_id == me && seen.epoch == epoch;
       if (!scrubbed && !mine) return Violation(b, seen);
-      stamp->magic = kStampMagic;
-      stamp->engine_id = me;
-      stamp->epoch = epoch;
-      stamp->counter = ++counter_;
+      WriteStamp(b, BlockStamp{kStampMagic, me, epoch, ++counter_});
     }
   }
 
-  // Block b in the device pool when this engine took one, else in the host pool.
-  uint8_t* BlockData(uint32_t b) const {
-    const std::optional<DeviceRegionView> device = session_->device_pool();
-    if (!device.has_value()) return session_->pool().BlockData(b);
-    return reinterpret_cast<uint8_t*>(device->address) + uint64_t{b} * session_->pool().block_bytes;
+  // Block b's header: in the host pool, or through the driver in the device pool.
+  BlockStamp ReadStamp(uint32_t b) const {
+    BlockStamp out{};
+    if (device_.has_value()) {
+      (void)device_->Read(DeviceBlock(b), &out, sizeof(out));
+      return out;
+    }
+    auto* stamp = reinterpret_cast<volatile BlockStamp*>(session_->pool().BlockData(b));
+    return BlockStamp{stamp->magic, stamp->engine_id, stamp->epoch, stamp->counter};
+  }
+  void WriteStamp(uint32_t b, const BlockStamp& v) const {
+    if (device_.has_value()) {
+      (void)device_->Write(DeviceBlock(b), &v, sizeof(v));
+      return;
+    }
+    auto* stamp = reinterpret_cast<volatile BlockStamp*>(session_->pool().BlockData(b));
+    stamp->magic = v.magic;
+    stamp->engine_id = v.engine_id;
+    stamp->epoch = v.epoch;
+    stamp->counter = v.counter;
+  }
+
+  uint64_t DeviceBlock(uint32_t b) const {
+    return session_->device_pool()->address + uint64_t{b} * session_->pool().block_bytes;
   }
 
   void Violation(uint32_t block, const BlockStamp& seen) {
@@ -215,6 +233,7 @@ class StampWriter {
 
   EngineSession* session_;
   const Flags& flags_;
+  const std::optional<testing::DeviceAccess>& device_;
   std::mutex mu_;
   uint64_t counter_ = 0;
   bool violated_ = false;
@@ -253,12 +272,15 @@ void ServeEvents(EngineSession& session, StampWriter& writer) {
 }
 
 // With device memory: the device copy of the weights holds the host arena's bytes.
-bool CheckDeviceWeights(const EngineSession& s) {
+bool CheckDeviceWeights(const EngineSession& s, const testing::DeviceAccess& access) {
   const std::optional<DeviceRegionView> device = s.device_weights();
-  if (!device.has_value() || device->bytes < s.weights().size ||
-      std::memcmp(reinterpret_cast<const void*>(device->address), s.weights().base,
-                  s.weights().size) != 0) {
-    BATON_LOG(ERROR, "test-engine") << "the device weights are missing or differ from the arena";
+  std::vector<uint8_t> copy(s.weights().size);
+  Status read = device.has_value() && device->bytes >= copy.size()
+                    ? access.Read(device->address, copy.data(), copy.size())
+                    : NotFound("no device weights");
+  if (!read.ok() || std::memcmp(copy.data(), s.weights().base, copy.size()) != 0) {
+    BATON_LOG(ERROR, "test-engine")
+        << "the device weights differ from the arena " << read.ToString();
     return false;
   }
   BATON_LOG(INFO, "test-engine") << "device weights equal the arena's " << s.weights().size
@@ -278,7 +300,12 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
     return 1;
   }
   EngineSession& s = **session;
-  if (flags.device_memory && !CheckDeviceWeights(s)) return 1;
+  std::optional<testing::DeviceAccess> device;
+  if (flags.device_memory && s.device_pool().has_value()) {
+    Result<testing::DeviceAccess> opened = testing::DeviceAccess::Open(s.device_pool()->device);
+    if (!opened.ok() || !CheckDeviceWeights(s, *opened)) return 1;
+    device = std::move(opened).value();
+  }
   Result<SessionEvent> promoted = DeadlineExceeded("not yet");
   while (true) {
     promoted = s.WaitForPromotion(std::chrono::milliseconds(200));
@@ -287,7 +314,7 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
   if (!promoted.ok()) return 0;  // told to stop, or the controller went away
   if (!s.MarkServing().ok()) return 1;
   if (flags.exit_after_promote) return 0;
-  StampWriter writer(&s, flags);
+  StampWriter writer(&s, flags, device);
   std::atomic<bool> stop{false};
   std::thread compute([&] { writer.Run(stop); });
   ServeEvents(s, writer);

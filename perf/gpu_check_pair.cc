@@ -1,0 +1,182 @@
+#include "perf/gpu_check_pair.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace baton {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The last line of `command`'s stdout parsed as JSON (null when it is not JSON).
+json RunJson(const std::string& command) {
+  FILE* p = ::popen((command + " 2>/dev/null").c_str(), "r");
+  if (p == nullptr) return nullptr;
+  std::string out, last;
+  char buf[4096];
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+  ::pclose(p);
+  size_t end = out.find_last_not_of('\n');
+  if (end == std::string::npos) return nullptr;
+  size_t begin = out.rfind('\n', end);
+  last = out.substr(begin == std::string::npos ? 0 : begin + 1, end + 1);
+  return json::parse(last, nullptr, /*allow_exceptions=*/false);
+}
+
+json EngineWithRole(const json& status, const std::string& role) {
+  if (!status.is_object() || !status.contains("engines")) return nullptr;
+  for (const json& e : status["engines"]) {
+    if (e.value("role", "") == role) return e;
+  }
+  return nullptr;
+}
+
+bool IsReady(const json& s) {
+  if (!s.is_object() || !s.contains("pair") || s["pair"].value("state", "") != "ready") {
+    return false;
+  }
+  const json p = EngineWithRole(s, "primary");
+  return !p.is_null() && p.value("serving", false) && !EngineWithRole(s, "standby").is_null();
+}
+
+class Pair {
+ public:
+  Pair(const PairStepOptions& o, std::string dir) : o_(o), dir_(std::move(dir)) {}
+  ~Pair() { Stop(); }
+
+  std::string Socket() const { return dir_ + "/run/controller.sock"; }
+  json Ctl(const std::string& args) const {
+    return RunJson(o_.bin_dir + "/batonctl --json --socket " + Socket() + " " + args);
+  }
+
+  bool WriteConfig() const {
+    std::ofstream out(dir_ + "/controller.toml");
+    out << "[controller]\nruntime_dir = \"" << dir_ << "/run\"\n"
+        << "[model]\ndir = \"" << dir_ << "/model\"\nlock = false\n"
+        << "[engine]\ncommand = [\"" << o_.bin_dir << "/baton_test_engine_helper\", "
+        << "\"--device-memory\", \"--violations-dir\", \"" << dir_ << "/violations\"]\n"
+        << "[pool]\nblocks = 64\nblock_bytes = 2097152\n"
+        << "[gpu]\nbackend = \"cuda\"\ndevice = " << o_.device << "\n";
+    return out.good();
+  }
+
+  bool Start() {
+    const std::string bin = o_.bin_dir + "/baton-controller";
+    const std::string config = dir_ + "/controller.toml", log = dir_ + "/controller.log";
+    pid_ = ::fork();
+    if (pid_ < 0) return false;
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, STDOUT_FILENO);
+        ::dup2(fd, STDERR_FILENO);
+      }
+      ::execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), nullptr);
+      ::_exit(127);
+    }
+    return true;
+  }
+
+  // Polls status until `pred` holds or the timeout passes; the last status seen.
+  json WaitFor(const std::function<bool(const json&)>& pred, bool* held) const {
+    const auto deadline = Clock::now() + std::chrono::seconds(o_.timeout_s);
+    json s;
+    while (Clock::now() < deadline) {
+      s = Ctl("status");
+      if (pred(s)) {
+        *held = true;
+        return s;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    *held = false;
+    return s;
+  }
+
+  void Stop() {
+    if (pid_ <= 0) return;
+    ::kill(pid_, SIGTERM);
+    for (int i = 0; i < 200; ++i) {
+      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
+        pid_ = -1;
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  const PairStepOptions& o_;
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+json Fail(json r, const std::string& error) {
+  r["ok"] = false;
+  r["error"] = error;
+  return r;
+}
+
+}  // namespace
+
+json PairStep(const PairStepOptions& o) {
+  const std::string dir = o.work_dir + "/pair";
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir + "/violations", ec);
+  json r{{"dir", dir}};
+  const std::string mk = o.bin_dir + "/baton-mkmodel --out " + dir + "/model --preset tiny";
+  if (std::system((mk + " > " + dir + "/mkmodel.log 2>&1").c_str()) != 0) {
+    return Fail(r, "baton-mkmodel failed; see mkmodel.log");
+  }
+  Pair pair(o, dir);
+  if (!pair.WriteConfig() || !pair.Start()) return Fail(r, "could not start baton-controller");
+  bool held = false;
+  const json before = pair.WaitFor(IsReady, &held);
+  if (!held) return Fail(r, "no ready pair; see controller.log");
+  r["device"] = before["device"];
+  const json primary = EngineWithRole(before, "primary");
+  const uint64_t old_id = primary.value("id", uint64_t{0});
+  if (::kill(primary.value("pid", 0), SIGKILL) != 0) return Fail(r, "could not kill the primary");
+  const json after = pair.WaitFor(
+      [old_id](const json& s) {
+        return IsReady(s) && EngineWithRole(s, "primary").value("id", uint64_t{0}) != old_id;
+      },
+      &held);
+  if (!held) return Fail(r, "the standby was not promoted; see controller.log");
+  json memory = json::array();
+  for (const json& e : after["engines"]) memory.push_back(e.value("device_memory", ""));
+  r["engines_device_memory"] = memory;
+  r["timeline"] = pair.Ctl("timeline").value("timeline", json());
+  r["invariants"] = after.value("invariants", "");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the new primary stamp
+  size_t violations = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir + "/violations", ec)) {
+    (void)f;
+    ++violations;
+  }
+  r["violations"] = violations;
+  pair.Stop();
+  bool mapped = !memory.empty();
+  for (const json& m : memory) mapped = mapped && m == "mapped";
+  r["ok"] = mapped && violations == 0 && r["invariants"] == "ok" &&
+            r["device"].value("backend", "") == "cuda";
+  return r;
+}
+
+}  // namespace baton
