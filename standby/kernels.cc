@@ -7,15 +7,11 @@
 
 #include "standby/compute_pool.h"
 #include "standby/half.h"
+#include "standby/kernels_gemm.h"
+#include "standby/kernels_simd.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if BATON_HAVE_AVX2_PATH
 #include <cpuid.h>
-#include <immintrin.h>
-#define BATON_HAVE_AVX2_PATH 1
-#define BATON_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define BATON_UNROLL _Pragma("GCC unroll 4")
-#else
-#define BATON_HAVE_AVX2_PATH 0
 #endif
 
 namespace baton {
@@ -23,6 +19,8 @@ namespace {
 
 // Input rows handled by one call of a row kernel.
 constexpr int kMaxRowTokens = 4;
+// From this many input rows on, fp32 weight rows go through the blocked product.
+constexpr int64_t kGemmMinTokens = 3;
 
 float ElementAt(DType dtype, const uint8_t* p, int64_t i) {
   if (dtype == DType::kF32) {
@@ -97,15 +95,6 @@ struct LoadF16 {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
   }
 };
-
-BATON_TARGET_AVX2 inline __attribute__((always_inline)) float HorizontalSum(__m256 v) {
-  const __m128 lo = _mm256_castps256_ps128(v);
-  const __m128 hi = _mm256_extractf128_ps(v, 1);
-  __m128 s = _mm_add_ps(lo, hi);
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // out[t] = dot(w, x[t]) for t < T. Every output uses the same accumulation order (two
 // 8-lane accumulators over 16-element steps, one 8-element step, then a scalar tail), so
@@ -212,25 +201,43 @@ struct Kernels {
   void (*convert)(DType, const uint8_t*, float*, int64_t);
   // out[t] = dot(weight row at w (any alignment), x[t]) for t < tokens <= kMaxRowTokens.
   void (*dot_row)(DType, const uint8_t*, const float* const*, int, int64_t, float*);
+  // Many inputs against 4-byte aligned fp32 rows (kernels_gemm.h); null: use dot_row.
+  void (*gemm)(const float* const*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
+               int64_t);
 };
 
 Kernels PathKernels(KernelPath path) {
 #if BATON_HAVE_AVX2_PATH
-  if (path == KernelPath::kAvx2) return {DotAvx2, AxpyAvx2, ConvertAvx2, DotRowAvx2Any};
+  if (path == KernelPath::kAvx2) {
+    return {DotAvx2, AxpyAvx2, ConvertAvx2, DotRowAvx2Any, GemmRowsAvx2};
+  }
 #endif
   (void)path;
-  return {DotPortable, AxpyPortable, ConvertPortable, DotRowPortable};
+  return {DotPortable, AxpyPortable, ConvertPortable, DotRowPortable, nullptr};
 }
 
 KernelPath g_path = CpuHasAvx2() ? KernelPath::kAvx2 : KernelPath::kPortable;
 Kernels g_kernels = PathKernels(g_path);
 
-// Rows per tile: enough converted rows to reuse each input row across, within ~64 KiB.
-int64_t TileRows(int64_t cols) { return std::clamp<int64_t>((64 << 10) / (4 * cols), 1, 64); }
+// Rows per tile: converted rows reused across every input, about 64 KiB of them (measured
+// best on the large model's shapes), at least 4 (one AVX-512 register block), a multiple of
+// 4 where rows are short.
+int64_t TileRows(int64_t cols) {
+  const int64_t rows = std::clamp<int64_t>((64 << 10) / (4 * cols), 4, 64);
+  return rows >= 8 ? rows / 4 * 4 : rows;
+}
 
 // All tokens against rows [r0, r0 + count), each row given as bytes of `dtype`.
 void RowsTimesTokens(DType dtype, const uint8_t* const* rows, int64_t count, const Matrix& w,
                      const float* x, int64_t tokens, float* y, int64_t r0) {
+  bool aligned = dtype == DType::kF32;
+  for (int64_t r = 0; r < count && aligned; ++r) {
+    aligned = reinterpret_cast<uintptr_t>(rows[r]) % alignof(float) == 0;
+  }
+  if (aligned && tokens >= kGemmMinTokens && g_kernels.gemm != nullptr) {
+    return g_kernels.gemm(reinterpret_cast<const float* const*>(rows), count, x, tokens, w.cols, y,
+                          w.rows, r0);
+  }
   const float* xs[kMaxRowTokens];
   float out[kMaxRowTokens];
   for (int64_t t0 = 0; t0 < tokens; t0 += kMaxRowTokens) {

@@ -10,6 +10,7 @@
 
 #include "standby/compute_pool.h"
 #include "standby/half.h"
+#include "standby/kernels_gemm.h"
 
 namespace baton {
 namespace {
@@ -71,7 +72,8 @@ struct TestMatrix {
 TEST_P(PathTest, MatMulIsBitwiseIndependentOfBatchAndThreads) {
   ComputePool pool(3);
   for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
-    for (int64_t cols : {1, 7, 8, 16, 29, 64, 100}) {
+    // Past 16 the blocked product takes over; past a few hundred it cuts the inner dimension.
+    for (int64_t cols : {1, 7, 8, 16, 29, 64, 100, 1000, 2063}) {
       for (size_t offset : {0, 1, 4}) {
         TestMatrix w(dtype, 37, cols, offset, static_cast<uint32_t>(cols));
         std::vector<float> x(9 * cols);
@@ -95,6 +97,32 @@ TEST_P(PathTest, MatMulIsBitwiseIndependentOfBatchAndThreads) {
       }
     }
   }
+}
+
+// The blocked product's 256-bit and 512-bit register blocks give the same bits as the
+// one-row dot product (tokens 1 to 11 cover every partial block).
+TEST(GemmBlocksTest, BothRegisterBlockingsMatchTheDotProductBitwise) {
+  if (!SetKernelPath(KernelPath::kAvx2)) GTEST_SKIP() << "CPU lacks AVX2";
+  for (bool avx512 : {false, true}) {
+    if (!UseAvx512Blocks(avx512)) continue;
+    for (int64_t cols : {16, 40, 700, 2063}) {
+      TestMatrix w(DType::kBF16, 13, cols, 0, static_cast<uint32_t>(cols));
+      for (int64_t tokens = 3; tokens <= 11; ++tokens) {
+        std::vector<float> x(tokens * cols), y(tokens * 13);
+        std::mt19937 rng(static_cast<uint32_t>(tokens));
+        std::normal_distribution<float> normal;
+        for (float& v : x) v = normal(rng);
+        MatMul(w.m, x.data(), tokens, y.data(), nullptr);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int r = 0; r < 13; ++r) {
+            ASSERT_EQ(y[t * 13 + r], Dot(w.values.data() + r * cols, x.data() + t * cols, cols))
+                << "avx512 " << avx512 << " cols " << cols << " tokens " << tokens;
+          }
+        }
+      }
+    }
+  }
+  UseAvx512Blocks(true);  // back to the CPU's own choice where it has AVX-512
 }
 
 TEST_P(PathTest, AxpyNormAndSilu) {
