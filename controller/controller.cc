@@ -118,6 +118,7 @@ Status Controller::Init() {
   journal_.emplace(std::move(journal));
   BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "
                         << journal_->current();
+  ReplenishEpochs();
 
   WeightCacheOptions wopts;
   wopts.arena.numa_node = config_.numa_node;
@@ -374,7 +375,29 @@ void Controller::ArmTick() {
   });
 }
 
+// Keeps a batch of epochs durable ahead of the next promotion, at a moment when no failover
+// is in flight; a journal that cannot be written is logged once until it can again.
+void Controller::ReplenishEpochs() {
+  if (failover_.has_value() || promoting_ != kNoEngine || gpu_release_.has_value()) return;
+  const uint64_t before = journal_->reserved();
+  Status s = journal_->Replenish();
+  if (!s.ok()) {
+    if (!replenish_failing_) {
+      BATON_LOG(ERROR, kLog) << "cannot reserve epochs ahead (promotions will write the journal "
+                                "themselves): "
+                             << s.ToString();
+    }
+    replenish_failing_ = true;
+    return;
+  }
+  replenish_failing_ = false;
+  if (journal_->reserved() != before) {
+    BATON_LOG(INFO, kLog) << "epochs reserved through " << journal_->reserved();
+  }
+}
+
 void Controller::OnTick() {
+  ReplenishEpochs();
   PollGpuRelease();
   PollEngines();
   MaybePromote();

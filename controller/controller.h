@@ -103,6 +103,8 @@ class Controller {
   const DeviceOwner* device() const { return device_.get(); }
   const RoutePublisher& routes() const { return routes_; }
   uint64_t durable_epoch() const { return journal_->current(); }
+  // The journal's reservation: the highest epoch that may ever have been handed out.
+  uint64_t reserved_epoch() const { return journal_->reserved(); }
   EngineId primary() const { return primary_; }
   const std::deque<Refusal>& refusals() const { return refusals_; }
   const std::deque<EngineExit>& exits() const { return exits_; }
@@ -170,6 +172,7 @@ class Controller {
   void CheckInvariants();
   void ApplyPair(PairEvent event);
   Result<uint64_t> AdvanceEpoch();
+  void ReplenishEpochs();
 
   boost::asio::io_context& io_;
   ControllerConfig config_;
@@ -239,6 +242,7 @@ class Controller {
   uint64_t failovers_ = 0;
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;
+  bool replenish_failing_ = false;
   std::shared_ptr<boost::asio::steady_timer> stop_timer_;
   std::function<void()> stop_done_;
 };

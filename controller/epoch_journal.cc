@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -134,6 +135,7 @@ Result<EpochJournal> EpochJournal::Open(const std::string& path) {
   BATON_ASSIGN_OR_RETURN(std::string bytes, ReadSmallFile(path));
   BATON_ASSIGN_OR_RETURN(uint64_t epoch, DecodeRecord(bytes, path));
   journal.current_ = epoch;
+  journal.reserved_ = epoch;
   journal.attempted_ = epoch;
   BATON_LOG(INFO, "journal") << "opened " << path << " at epoch " << epoch;
   return journal;
@@ -151,21 +153,38 @@ Status EpochJournal::Commit(uint64_t epoch) {
     return ErrnoStatus("rename " + tmp + " to " + path_, errno);
   }
   if (::fsync(dir_.get()) != 0) return ErrnoStatus("fsync directory of " + path_, errno);
-  current_ = epoch;
+  return OkStatus();
+}
+
+Status EpochJournal::Reserve(uint64_t through) {
+  const uint64_t base = std::max({attempted_, current_, through - 1});
+  if (base > UINT64_MAX - kReserveBatch) {
+    return Internal("epoch journal " + path_ + ": epoch space exhausted");
+  }
+  const uint64_t target = base + kReserveBatch;
+  attempted_ = target;
+  Status status = Commit(target);
+  if (!status.ok()) {
+    BATON_LOG(ERROR, "journal") << "reservation through epoch " << target
+                                << " not committed: " << status.ToString();
+    return status;
+  }
+  reserved_ = target;
+  BATON_LOG(DEBUG, "journal") << "epochs reserved through " << target;
   return OkStatus();
 }
 
 Result<uint64_t> EpochJournal::Advance() {
-  const uint64_t base = current_ > attempted_ ? current_ : attempted_;
-  if (base == UINT64_MAX) return Internal("epoch journal " + path_ + ": epoch space exhausted");
-  const uint64_t next = base + 1;
-  attempted_ = next;
-  Status status = Commit(next);
-  if (!status.ok()) {
-    BATON_LOG(ERROR, "journal") << "epoch " << next << " not committed: " << status.ToString();
-    return status;
-  }
+  if (current_ == UINT64_MAX) return Internal("epoch journal " + path_ + ": epoch space exhausted");
+  const uint64_t next = current_ + 1;
+  if (next > reserved_) BATON_RETURN_IF_ERROR(Reserve(next));
+  current_ = next;
   return next;
+}
+
+Status EpochJournal::Replenish() {
+  if (reserved_ - current_ >= kReserveBatch / 2) return OkStatus();
+  return Reserve(current_ + 1);
 }
 
 }  // namespace baton

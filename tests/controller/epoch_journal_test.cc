@@ -47,9 +47,39 @@ TEST_F(EpochJournalTest, CreatesAtZeroAndAdvancesDurably) {
     ASSERT_TRUE(next.ok()) << next.status().ToString();
     EXPECT_EQ(*next, want);
     EXPECT_EQ(journal->current(), want);
-    // Durable before it is returned: the committed file already says so.
-    EXPECT_EQ(*EpochJournal::DecodeRecord(ReadFile(path_), path_), want);
+    // Durable before it is returned: the committed reservation already covers it.
+    EXPECT_GE(*EpochJournal::DecodeRecord(ReadFile(path_), path_), want);
   }
+  EXPECT_EQ(*EpochJournal::DecodeRecord(ReadFile(path_), path_), EpochJournal::kReserveBatch)
+      << "one write for the whole batch";
+}
+
+TEST_F(EpochJournalTest, ABatchIsOneWriteAndReplenishKeepsItAhead) {
+  auto journal = EpochJournal::Open(path_);
+  ASSERT_TRUE(journal.ok());
+  ASSERT_TRUE(journal->Replenish().ok());
+  EXPECT_EQ(journal->reserved(), EpochJournal::kReserveBatch);
+  // With every write failing (the temporary path is a directory), the reservation still
+  // hands out its epochs: they need no write.
+  ASSERT_EQ(::mkdir((path_ + ".tmp").c_str(), 0700), 0);
+  for (uint64_t want = 1; want <= EpochJournal::kReserveBatch; ++want) {
+    Result<uint64_t> next = journal->Advance();
+    ASSERT_TRUE(next.ok()) << "epoch " << want << ": " << next.status().ToString();
+    ASSERT_EQ(*next, want);
+  }
+  EXPECT_FALSE(journal->Advance().ok()) << "past the reservation it must write";
+  ASSERT_EQ(::rmdir((path_ + ".tmp").c_str()), 0);
+  ASSERT_EQ(*journal->Advance(), EpochJournal::kReserveBatch + 1);
+  const uint64_t reserved = journal->reserved();
+  EXPECT_GE(reserved - journal->current(), EpochJournal::kReserveBatch / 2);
+  ASSERT_TRUE(journal->Replenish().ok());
+  EXPECT_EQ(journal->reserved(), reserved) << "half a batch or more was left: no write";
+  while (journal->reserved() - journal->current() >= EpochJournal::kReserveBatch / 2) {
+    ASSERT_TRUE(journal->Advance().ok());
+  }
+  ASSERT_TRUE(journal->Replenish().ok());
+  EXPECT_GT(journal->reserved(), reserved) << "less than half a batch left: one more batch";
+  EXPECT_EQ(*EpochJournal::DecodeRecord(ReadFile(path_), path_), journal->reserved());
 }
 
 TEST_F(EpochJournalTest, ReopenSeesLastEpochAndNeverRepeats) {
@@ -60,10 +90,11 @@ TEST_F(EpochJournalTest, ReopenSeesLastEpochAndNeverRepeats) {
   }
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok()) << journal.status().ToString();
-  EXPECT_EQ(journal->current(), 7u);
+  // A restart starts after the whole reservation: 8..64 may be skipped, none repeats.
+  EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
   auto next = journal->Advance();
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, 8u);
+  EXPECT_EQ(*next, EpochJournal::kReserveBatch + 1);
 }
 
 TEST_F(EpochJournalTest, SecondOpenWhileHeldIsRefused) {
@@ -121,29 +152,32 @@ TEST_F(EpochJournalTest, TornTemporaryFileDoesNotAffectCommittedEpoch) {
   {
     auto journal = EpochJournal::Open(path_);
     ASSERT_TRUE(journal.ok()) << journal.status().ToString();
-    EXPECT_EQ(journal->current(), 3u);
+    EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
     EXPECT_FALSE(std::filesystem::exists(path_ + ".tmp"));
   }
   WriteFile(path_ + ".tmp", std::string(EpochJournal::kRecordSize, '\xff'));
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok());
-  EXPECT_EQ(journal->current(), 3u);
-  EXPECT_EQ(*journal->Advance(), 4u);
+  EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
+  EXPECT_EQ(*journal->Advance(), EpochJournal::kReserveBatch + 1);
 }
 
 TEST_F(EpochJournalTest, FailedCommitNeverReusesTheAttemptedEpoch) {
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok());
-  ASSERT_EQ(*journal->Advance(), 1u);
+  for (uint64_t i = 1; i <= EpochJournal::kReserveBatch; ++i) ASSERT_EQ(*journal->Advance(), i);
   // Make the temporary path unusable: a directory cannot be opened for writing.
   ASSERT_EQ(::mkdir((path_ + ".tmp").c_str(), 0700), 0);
   auto failed = journal->Advance();
-  ASSERT_FALSE(failed.ok());
-  EXPECT_EQ(journal->current(), 1u);
+  ASSERT_FALSE(failed.ok()) << "the next epoch needs a new reservation, which cannot be written";
+  EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
+  EXPECT_FALSE(journal->Replenish().ok());
   ASSERT_EQ(::rmdir((path_ + ".tmp").c_str()), 0);
   auto next = journal->Advance();
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, 3u);  // 2 may be on disk somewhere; it is skipped
+  EXPECT_EQ(*next, EpochJournal::kReserveBatch + 1);
+  // The failed reservations may be on disk somewhere; the next one lies past all of them.
+  EXPECT_GT(journal->reserved(), 3 * EpochJournal::kReserveBatch);
 }
 
 TEST_F(EpochJournalTest, MissingDirectoryIsNamed) {
