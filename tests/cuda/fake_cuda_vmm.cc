@@ -5,8 +5,9 @@
 // is a PROT_NONE mapping; cuMemMap maps the memfd there (MAP_SHARED, so every process that
 // imported the fd sees the same bytes) and cuMemSetAccess sets the protection (READ or
 // READ|WRITE), so a write through a read-only mapping faults as it would on the GPU. Copies
-// and memsets are memcpy and loops; streams and events complete at once; the kernels of
-// cuda/kernels_ptx.h run on the host by name (baton_spin, which never ends, is refused).
+// and memsets are memcpy and loops; events complete at once; the kernels of
+// cuda/kernels_ptx.h run on the host by name, baton_spin on a host thread of its stream
+// (joined by cuStreamSynchronize) so that it runs on while the process goes on.
 // It is a test double for the protocol and the bookkeeping, not a model of the GPU's timing.
 #ifdef BATON_HAVE_CUDA_HEADERS
 
@@ -16,12 +17,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cuda/kernels_ptx.h"
@@ -167,12 +172,37 @@ CUresult MemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, s
                                                                        : PROT_NONE;
   return ::mprotect(At(p), size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+// A stream runs its long kernels (baton_spin) on host threads, as a GPU runs them while the
+// process goes on; synchronizing joins them. A process killed meanwhile takes them along,
+// as a killed process takes its GPU context.
+struct FakeStream {
+  std::mutex mu;
+  std::vector<std::thread> running;
+  std::shared_ptr<std::atomic<int>> left = std::make_shared<std::atomic<int>>(0);
+};
+FakeStream* StreamOf(CUstream s) { return reinterpret_cast<FakeStream*>(s); }
 CUresult StreamCreate(CUstream* s, unsigned) {
-  *s = reinterpret_cast<CUstream>(new int(0));
+  *s = reinterpret_cast<CUstream>(new FakeStream());
   return CUDA_SUCCESS;
 }
+CUresult StreamSynchronize(CUstream s) {
+  if (s == nullptr) return CUDA_SUCCESS;
+  std::vector<std::thread> running;
+  {
+    std::lock_guard<std::mutex> lock(StreamOf(s)->mu);
+    running.swap(StreamOf(s)->running);
+  }
+  for (std::thread& t : running) t.join();
+  return CUDA_SUCCESS;
+}
+CUresult StreamQuery(CUstream s) {
+  if (s == nullptr) return CUDA_SUCCESS;
+  if (StreamOf(s)->left->load() > 0) return CUDA_ERROR_NOT_READY;
+  return StreamSynchronize(s);  // all finished: join them
+}
 CUresult StreamDestroy(CUstream s) {
-  delete reinterpret_cast<int*>(s);
+  StreamSynchronize(s);
+  delete StreamOf(s);
   return CUDA_SUCCESS;
 }
 CUresult EventCreate(CUevent* e, unsigned) {
@@ -230,8 +260,9 @@ CUresult ModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
   return CUDA_SUCCESS;
 }
 CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
-                      unsigned, CUstream, void** args, void**) {
+                      unsigned, CUstream stream, void** args, void**) {
   const std::string& name = reinterpret_cast<FakeFunction*>(f)->name;
+  if (name != baton::kSpinKernel) StreamSynchronize(stream);  // stream order
   if (name == baton::kScrubHeadersKernel) {
     const CUdeviceptr base = *static_cast<CUdeviceptr*>(args[0]);
     const uint64_t block_bytes = *static_cast<uint64_t*>(args[1]);
@@ -239,6 +270,24 @@ CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsi
     const uint32_t blocks = *static_cast<uint32_t*>(args[3]);
     for (uint32_t b = 0; b < blocks; ++b)
       std::memset(At(base + b * block_bytes), 0, header_words * 4);
+    return CUDA_SUCCESS;
+  }
+  if (name == baton::kSpinKernel) {
+    auto* counter = static_cast<volatile uint64_t*>(At(*static_cast<CUdeviceptr*>(args[0])));
+    auto* header = static_cast<volatile uint32_t*>(At(*static_cast<CUdeviceptr*>(args[1])));
+    const uint32_t header_words = *static_cast<uint32_t*>(args[2]);
+    const uint64_t iterations = *static_cast<uint64_t*>(args[3]);
+    if (stream == nullptr) return CUDA_ERROR_NOT_SUPPORTED;
+    std::lock_guard<std::mutex> lock(StreamOf(stream)->mu);
+    std::shared_ptr<std::atomic<int>> left = StreamOf(stream)->left;
+    left->fetch_add(1);
+    StreamOf(stream)->running.emplace_back([=] {
+      for (uint64_t n = 1; n <= iterations; ++n) {
+        for (uint32_t w = 0; w < header_words; ++w) header[w] = baton::kSpinHeaderWord;
+        *counter = n;
+      }
+      left->fetch_sub(1);
+    });
     return CUDA_SUCCESS;
   }
   if (name == baton::kFillKernel) {
@@ -280,8 +329,8 @@ const Entry kVmmEntries[] = {
     BATON_FAKE("cuMemSetAccess", MemSetAccess),
     BATON_FAKE("cuStreamCreate", StreamCreate),
     BATON_FAKE("cuStreamDestroy", StreamDestroy),
-    BATON_FAKE("cuStreamQuery", Succeed),
-    BATON_FAKE("cuStreamSynchronize", Succeed),
+    BATON_FAKE("cuStreamQuery", StreamQuery),
+    BATON_FAKE("cuStreamSynchronize", StreamSynchronize),
     BATON_FAKE("cuEventCreate", EventCreate),
     BATON_FAKE("cuEventDestroy", EventDestroy),
     BATON_FAKE("cuEventRecord", EventRecord),
