@@ -157,6 +157,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"gpu.backend", Str(&c->gpu_backend)},
       {"gpu.device", Int(&c->gpu_device, 0, 1023)},
       {"gpu.release_timeout_ms", Time<Millis>(&c->gpu_release_timeout, 1, kDay)},
+      {"gpu.probe_interval_ms", Time<Millis>(&c->gpu_probe_interval, 0, kDay)},
       {"health.heartbeat_interval_ms", Time<Millis>(&c->heartbeat_interval, 1, 60'000)},
       {"health.heartbeat_misses", Int(&c->heartbeat_misses, 1, 1000)},
       {"health.probe_timeout_ms", Time<Millis>(&c->probe_timeout, 1, 60'000)},

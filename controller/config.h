@@ -55,6 +55,8 @@ struct ControllerConfig {
   int gpu_device = 0;                // CUDA device ordinal
   // CUDA backend: how long the barrier waits for NVML to stop listing a reaped holder.
   Duration gpu_release_timeout = std::chrono::seconds(5);
+  // CUDA backend: how often the controller checks that its device still works (0: never).
+  Duration gpu_probe_interval = std::chrono::seconds(1);
 
   // [health]
   Duration heartbeat_interval = std::chrono::milliseconds(100);

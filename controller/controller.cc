@@ -77,38 +77,6 @@ Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& 
   return c;
 }
 
-// On the CUDA backend: the device copy of the weights and the device pool, made once here.
-// Where they cannot be made, "auto" goes on with the host backend and says why.
-Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode) {
-  if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();
-  const PinnedArena& arena = weights_->arena();
-  Result<std::unique_ptr<DeviceOwner>> owner =
-      DeviceOwner::Create(DeviceOwnerOptions{.device = backend.device,
-                                             .block_count = config_.block_count,
-                                             .block_bytes = config_.block_bytes},
-                          std::span<uint8_t>(arena.data(), arena.size()));
-  if (!owner.ok()) {
-    const Status why = owner.status().WithContext("device memory on CUDA device " +
-                                                  std::to_string(backend.device));
-    if (mode == BackendMode::kCuda) return why;
-    BATON_LOG(WARN, kLog) << "backend: host (" << why.message() << ")";
-    return OkStatus();
-  }
-  device_ = std::move(owner).value();
-  BATON_LOG(INFO, kLog) << "device memory: " << device_->Describe();
-  Result<std::unique_ptr<NvmlLibrary>> nvml = NvmlLibrary::Load();
-  if (nvml.ok()) {
-    nvml_ = std::move(nvml).value();
-    BATON_LOG(INFO, kLog) << "barrier: reap, then NVML (" << nvml_->library()
-                          << ") no longer lists the holder on GPU " << device_->pci_bus_id()
-                          << ", then the new holder's scrub";
-  } else {
-    BATON_LOG(WARN, kLog) << "barrier: NVML unavailable (" << nvml.status().message()
-                          << "): the reap, then the new holder's scrub";
-  }
-  return OkStatus();
-}
-
 Status Controller::Init() {
   BATON_RETURN_IF_ERROR(MakeDir(config_.runtime_dir));
   BATON_RETURN_IF_ERROR(MakeDir(config_.state_dir));
@@ -365,6 +333,9 @@ void Controller::ArmTick() {
   }
   if (LiveEngines() < 2) when = std::min(when, guard_.NextRestartAt());
   if (gpu_release_.has_value()) when = std::min(when, now + kGpuReleasePoll);
+  if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
+    when = std::min(when, std::max(now, next_device_probe_));
+  }
   if (tick_at_.has_value() && *tick_at_ <= when && *tick_at_ > now) return;
   tick_at_ = when;
   tick_.expires_after(std::max(Duration::zero(), when - now));
@@ -397,6 +368,7 @@ void Controller::ReplenishEpochs() {
 }
 
 void Controller::OnTick() {
+  CheckDevice();
   ReplenishEpochs();
   PollGpuRelease();
   PollEngines();

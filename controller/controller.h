@@ -101,6 +101,10 @@ class Controller {
   const SharedMemory& pool() const { return pool_; }
   // The CUDA backend's device memory; nullptr on the host backend.
   const DeviceOwner* device() const { return device_.get(); }
+  bool cuda_backend() const { return cuda_backend_; }
+  uint64_t device_losses() const { return device_losses_; }
+  uint64_t device_rebuilds() const { return device_rebuilds_; }
+  const std::string& device_lost_reason() const { return device_lost_reason_; }
   const RoutePublisher& routes() const { return routes_; }
   uint64_t durable_epoch() const { return journal_->current(); }
   // The journal's reservation: the highest epoch that may ever have been handed out.
@@ -167,6 +171,9 @@ class Controller {
   void OnDrained(EngineRecord& e, const proto::Drained& msg);
   void OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg);
   Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode);
+  Result<std::unique_ptr<DeviceOwner>> MakeDeviceOwner() const;
+  void CheckDevice();
+  void RebuildDevice();
   void PollEngines();
   void PublishRoutes();
   void CheckInvariants();
@@ -184,8 +191,15 @@ class Controller {
   std::optional<WeightCache> weights_;
   SharedMemory pool_;
   Mapping pool_map_;  // the controller's own mapping: pre-faults the pool at start-up
-  std::unique_ptr<DeviceOwner> device_;  // CUDA backend: device weights and pool
-  std::unique_ptr<NvmlLibrary> nvml_;    // CUDA backend, where NVML loads: the barrier's check
+  std::unique_ptr<DeviceOwner> device_;  // CUDA backend: device weights and pool (null: lost)
+  bool cuda_backend_ = false;
+  DeviceOwnerOptions device_options_;
+  TimePoint next_device_probe_{};
+  uint64_t device_losses_ = 0;
+  uint64_t device_rebuilds_ = 0;
+  std::string device_lost_reason_;
+  std::string rebuild_error_;          // the last reason a rebuild failed, logged once
+  std::unique_ptr<NvmlLibrary> nvml_;  // CUDA backend, where NVML loads: the barrier's check
   std::optional<proto::Listener> listener_;
   Supervisor supervisor_;
   PairMachine pair_;

@@ -30,6 +30,7 @@ void Controller::MaybeLaunch() {
   // once it is done. At start-up both engines start together.
   if ((promoting_ != kNoEngine || failover_.has_value()) && s != PairState::kStarting) return;
   if (LiveEngines() >= 2) return;
+  if (cuda_backend_ && device_ == nullptr) return;  // engines wait for the rebuilt device memory
   if (guard_.InBackoff()) {
     if (!backoff() && pair_.Allows(PairEvent::kCrashLoopTripped)) {
       ApplyPair(PairEvent::kCrashLoopTripped);

@@ -37,7 +37,7 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
             {"health_probes", e.probes},
             {"uptime_s", AgoMs(c, e.launched_at) / 1000.0},
             {"prefault_ms", static_cast<double>(e.prefault_us) / 1000.0}};
-  if (c.device() != nullptr) j["device_memory"] = e.device_memory;
+  if (c.cuda_backend()) j["device_memory"] = e.device_memory;
   if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
   if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
   if (e.failed.has_value()) j["fence_reason"] = e.fail_reason;
@@ -88,20 +88,26 @@ json WeightsJson(const Controller& c) {
 }
 
 json DeviceJson(const Controller& c) {
+  if (!c.cuda_backend()) return {{"backend", "host"}};
+  json j = {{"backend", "cuda"},
+            {"lost", c.device() == nullptr},
+            {"losses", c.device_losses()},
+            {"rebuilds", c.device_rebuilds()},
+            {"last_loss", c.device_lost_reason()}};
   const DeviceOwner* d = c.device();
-  if (d == nullptr) return {{"backend", "host"}};
+  if (d == nullptr) return j;
   const DeviceOwnerStats& s = d->stats();
-  return {{"backend", "cuda"},
-          {"device", d->device()},
-          {"weights_bytes", s.weights_bytes},
-          {"weights_chunks", s.weights_chunks},
-          {"pinned", s.pinned},
-          {"pin_ms", s.pin_ms},
-          {"remat_ms", s.remat_ms},
-          {"remat_gbps", s.remat_gbps},
-          {"pool_bytes", s.pool_bytes},
-          {"pool_chunk_bytes", s.pool_chunk_bytes},
-          {"pool_chunks", s.pool_chunks}};
+  j.update(json{{"device", d->device()},
+                {"weights_bytes", s.weights_bytes},
+                {"weights_chunks", s.weights_chunks},
+                {"pinned", s.pinned},
+                {"pin_ms", s.pin_ms},
+                {"remat_ms", s.remat_ms},
+                {"remat_gbps", s.remat_gbps},
+                {"pool_bytes", s.pool_bytes},
+                {"pool_chunk_bytes", s.pool_chunk_bytes},
+                {"pool_chunks", s.pool_chunks}});
+  return j;
 }
 
 json GuardJson(const Controller& c) {

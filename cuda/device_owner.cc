@@ -115,6 +115,14 @@ Status DeviceOwner::Rematerialize() {
   return OkStatus();
 }
 
+Status DeviceOwner::Probe() const {
+  BATON_RETURN_IF_ERROR(impl_->ctx.MakeCurrent());
+  uint32_t word = 0;
+  return BATON_CU(impl_->ctx.driver(), cuMemcpyDtoH, &word, impl_->weights_view.base(),
+                  sizeof(word))
+      .WithContext("device probe");
+}
+
 Status DeviceOwner::Share(proto::Channel& channel) const {
   BATON_RETURN_IF_ERROR(ShareRegion(channel, impl_->weights, /*writable=*/false));
   return ShareRegion(channel, impl_->pool, /*writable=*/true);
@@ -133,6 +141,7 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
 
 Status DeviceOwner::Share(proto::Channel&) const { return Unimplemented("no device memory"); }
 Status DeviceOwner::Rematerialize() { return Unimplemented("no device memory"); }
+Status DeviceOwner::Probe() const { return Unimplemented("no device memory"); }
 
 #endif
 

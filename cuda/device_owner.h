@@ -64,6 +64,10 @@ class DeviceOwner {
   Status Share(proto::Channel& channel) const;
   // Copies the arena into the device weights again.
   Status Rematerialize();
+  // A small read of the device weights on the owner's context: an error means the device or
+  // the context is lost (a GPU reset, an uncorrectable error) and the memory must be made
+  // again (a new DeviceOwner).
+  Status Probe() const;
 
   int device() const { return device_; }
   // "0000:3B:00.0": the device's PCI address, as NVML names it.

@@ -42,6 +42,7 @@ struct ClusterOptions {
   int metrics_port = 0;
   bool wait_ready = true;   // the constructor waits for primary + standby
   std::string gpu_backend;  // [gpu] backend when set (auto | host | cuda)
+  int gpu_probe_ms = 0;     // [gpu] probe_interval_ms when set
 };
 
 struct CtlResult {

@@ -46,6 +46,13 @@ struct FakeFunction {
   std::string name;
 };
 
+// While the file named by $BATON_FAKE_CUDA_LOST exists the device is lost (as after an
+// uncorrectable error, until a reset): copies, kernels, allocations and context retains fail.
+bool Lost() {
+  const char* path = std::getenv("BATON_FAKE_CUDA_LOST");
+  return path != nullptr && ::access(path, F_OK) == 0;
+}
+
 CUmemGenericAllocationHandle HandleOf(Allocation* a) {
   return static_cast<CUmemGenericAllocationHandle>(reinterpret_cast<uintptr_t>(a));
 }
@@ -90,6 +97,7 @@ CUresult DeviceGetPCIBusId(char* id, int len, CUdevice) {
   return CUDA_SUCCESS;
 }
 CUresult PrimaryCtxRetain(CUcontext* ctx, CUdevice) {
+  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   static int context;
   *ctx = reinterpret_cast<CUcontext>(&context);
   return CUDA_SUCCESS;
@@ -106,6 +114,7 @@ CUresult Granularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranu
 }
 CUresult MemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp*,
                    unsigned long long) {
+  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
   const int fd = ::memfd_create("fake-vmm", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -224,6 +233,7 @@ CUresult EventElapsed(float* ms, CUevent start, CUevent end) {
   return CUDA_SUCCESS;
 }
 CUresult HtoD(CUdeviceptr dst, const void* src, size_t n) {
+  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   std::memcpy(At(dst), src, n);
   return CUDA_SUCCESS;
 }
@@ -231,6 +241,7 @@ CUresult HtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) {
   return HtoD(dst, src, n);
 }
 CUresult DtoH(void* dst, CUdeviceptr src, size_t n) {
+  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   std::memcpy(dst, At(src), n);
   return CUDA_SUCCESS;
 }
@@ -261,6 +272,7 @@ CUresult ModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
 }
 CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                       unsigned, CUstream stream, void** args, void**) {
+  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   const std::string& name = reinterpret_cast<FakeFunction*>(f)->name;
   if (name != baton::kSpinKernel) StreamSynchronize(stream);  // stream order
   if (name == baton::kScrubHeadersKernel) {

@@ -104,6 +104,38 @@ TEST(DevicePairTest, BlocksWaitUntilNvmlNoLongerListsTheReapedPrimary) {
   std::remove(pids.c_str());
 }
 
+TEST(DevicePairTest, ALostDeviceFencesTheEnginesAndIsRebuiltFromThePinnedCache) {
+  const std::string lost = "/tmp/baton-lost-" + std::to_string(::getpid());
+  std::remove(lost.c_str());
+  ScopedEnv env("BATON_FAKE_CUDA_LOST", lost);
+  ClusterOptions options = CudaCluster({"--device-memory"});
+  options.gpu_probe_ms = 50;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  ASSERT_EQ(before["device"]["lost"], false);
+
+  std::ofstream(lost).close();  // an uncorrectable error: the device is gone until a reset
+  const json down = cluster.WaitFor(
+      [](const json& s) { return s["device"]["lost"] == true && s["engines"].empty(); },
+      "the controller to see the device lost and fence both engines");
+  EXPECT_EQ(down["device"]["losses"], 1);
+  EXPECT_NE(down["device"]["last_loss"].get<std::string>().find("CUDA_ERROR_ECC_UNCORRECTABLE"),
+            std::string::npos)
+      << down["device"].dump();
+  for (const json& e : before["engines"]) EXPECT_FALSE(ProcessExists(PidOf(e)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_TRUE(cluster.Status()["engines"].empty()) << "no engine starts on a lost device";
+
+  std::remove(lost.c_str());  // the reset is done
+  const json after =
+      cluster.WaitFor([](const json& s) { return IsReady(s) && s["device"]["rebuilds"] == 1; },
+                      "the device memory rebuilt and a new pair on it");
+  EXPECT_EQ(after["device"]["lost"], false);
+  for (const json& e : after["engines"]) EXPECT_EQ(e["device_memory"], "mapped") << e.dump();
+  EXPECT_NE(cluster.Log().find("device memory rebuilt from the pinned cache"), std::string::npos);
+  cluster.CheckFencing();
+}
+
 TEST(DevicePairTest, HostEnginesDeclineTheDeviceMemory) {
   ChaosCluster cluster(CudaCluster({}));
   const json s = cluster.Status();
