@@ -132,7 +132,7 @@ BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, b
  * range reserved before this returns; a device that cannot be used fails the call. */
 BATON_ENGINE_API int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,
                                                 baton_engine** out);
-/* The device copy of the weights (tensor t at address + (t.data - first tensor's arena base),
+/* The device copy of the weights (tensor t at address + (t.data - baton_engine_weights_base()),
  * the host arena's offsets) and the device pool (block b at address + b * block_bytes; the
  * chunks holding granted blocks are mapped read-write, their headers scrubbed). 5 (not
  * found) when this engine has no device memory: a host-backend controller, or connected
@@ -156,6 +156,10 @@ BATON_ENGINE_API int baton_engine_tensor(const baton_engine* engine, size_t inde
 BATON_ENGINE_API int baton_engine_find_tensor(const baton_engine* engine, const char* name,
                                               baton_tensor* out);
 BATON_ENGINE_API int baton_engine_pool(const baton_engine* engine, baton_pool_info* out);
+/* The start of the read-only weight arena every tensor's data lies in (NULL for a NULL
+ * engine): a tensor's offset in the arena, and so in the device copy of the weights, is
+ * (const char*)t.data - (const char*)baton_engine_weights_base(engine). */
+BATON_ENGINE_API const void* baton_engine_weights_base(const baton_engine* engine);
 
 /* Waits to be promoted; *out gets the PROMOTED event. */
 BATON_ENGINE_API int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms,

@@ -177,6 +177,10 @@ int baton_engine_find_tensor(const baton_engine* engine, const char* name, baton
   return Done(baton::OkStatus());
 }
 
+const void* baton_engine_weights_base(const baton_engine* engine) {
+  return engine == nullptr ? nullptr : engine->session->weights().base;
+}
+
 int baton_engine_pool(const baton_engine* engine, baton_pool_info* out) {
   if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
   const baton::PoolView& p = engine->session->pool();

@@ -37,6 +37,12 @@ TEST(EngineCAbi, ConnectPromoteAndReport) {
   EXPECT_EQ(baton_engine_find_tensor(engine, "zzz", &t), static_cast<int>(StatusCode::kNotFound));
   EXPECT_NE(std::string(baton_engine_last_error()).find("zzz"), std::string::npos);
   EXPECT_EQ(baton_engine_tensor(engine, 5, &t), static_cast<int>(StatusCode::kNotFound));
+  // Tensor "b" lies at offset 4096 of the arena (the fake controller's table).
+  ASSERT_EQ(baton_engine_find_tensor(engine, "b", &t), 0);
+  EXPECT_EQ(static_cast<const char*>(t.data) -
+                static_cast<const char*>(baton_engine_weights_base(engine)),
+            4096);
+  EXPECT_EQ(baton_engine_weights_base(nullptr), nullptr);
 
   baton_pool_info pool{};
   ASSERT_EQ(baton_engine_pool(engine, &pool), 0);
