@@ -261,6 +261,13 @@ std::string StatusText(const Controller& c) {
       << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << "\n";
   if (c.device() != nullptr) out << "device memory: " << c.device()->Describe() << "\n";
+  if (c.cuda_backend() && c.device() == nullptr) {
+    out << "device memory: LOST (" << c.device_lost_reason() << "), rebuilding; engines held\n";
+  }
+  if (c.device_losses() > 0) {
+    out << "device losses: " << c.device_losses() << ", rebuilds: " << c.device_rebuilds()
+        << ", last: " << c.device_lost_reason() << "\n";
+  }
   const json& g = s["crash_loop"];
   out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
       << (g["in_backoff"].get<bool>() ? ", in backoff" : "") << "\n";

@@ -64,6 +64,19 @@ class ScopedEnv {
   const char* name_;
 };
 
+// `batonctl status` as an operator reads it (text, not --json).
+std::string TextStatus(const ChaosCluster& cluster) {
+  const std::string cmd =
+      std::string(BATON_BIN_DIR) + "/batonctl --socket " + cluster.socket() + " status";
+  std::string out;
+  if (FILE* p = ::popen(cmd.c_str(), "r")) {
+    char buf[4096];
+    while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
+    ::pclose(p);
+  }
+  return out;
+}
+
 bool WaitForLog(const ChaosCluster& cluster, const std::string& text) {
   for (int i = 0; i < 2000; ++i) {
     if (cluster.Log().find(text) != std::string::npos) return true;
@@ -125,6 +138,10 @@ TEST(DevicePairTest, ALostDeviceFencesTheEnginesAndIsRebuiltFromThePinnedCache) 
   for (const json& e : before["engines"]) EXPECT_FALSE(ProcessExists(PidOf(e)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(cluster.Status()["engines"].empty()) << "no engine starts on a lost device";
+  EXPECT_NE(TextStatus(cluster).find("device memory: LOST (device probe: cuMemcpyDtoH: "
+                                     "CUDA_ERROR_ECC_UNCORRECTABLE"),
+            std::string::npos)
+      << TextStatus(cluster);
 
   std::remove(lost.c_str());  // the reset is done
   const json after =
