@@ -332,7 +332,7 @@ void Controller::ArmTick() {
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
   }
   if (LiveEngines() < 2) when = std::min(when, guard_.NextRestartAt());
-  if (gpu_release_.has_value()) when = std::min(when, now + kGpuReleasePoll);
+  if (!gpu_release_.empty()) when = std::min(when, now + kGpuReleasePoll);
   if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
     when = std::min(when, std::max(now, next_device_probe_));
   }
@@ -349,10 +349,12 @@ void Controller::ArmTick() {
 // Keeps a batch of epochs durable ahead of the next promotion, at a moment when no failover
 // is in flight; a journal that cannot be written is logged once until it can again.
 void Controller::ReplenishEpochs() {
-  if (failover_.has_value() || promoting_ != kNoEngine || gpu_release_.has_value()) return;
+  if (failover_.has_value() || promoting_ != kNoEngine || !gpu_release_.empty()) return;
+  if (clock_.Now() < next_replenish_) return;
   const uint64_t before = journal_->reserved();
   Status s = journal_->Replenish();
   if (!s.ok()) {
+    next_replenish_ = clock_.Now() + std::chrono::seconds(5);  // each try spends a batch
     if (!replenish_failing_) {
       BATON_LOG(ERROR, kLog) << "cannot reserve epochs ahead (promotions will write the journal "
                                 "themselves): "

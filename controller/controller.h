@@ -199,6 +199,7 @@ class Controller {
   uint64_t device_rebuilds_ = 0;
   std::string device_lost_reason_;
   std::string rebuild_error_;          // the last reason a rebuild failed, logged once
+  uint64_t rebuild_failures_ = 0;      // in a row: the rebuild's backoff
   std::unique_ptr<NvmlLibrary> nvml_;  // CUDA backend, where NVML loads: the barrier's check
   std::optional<proto::Listener> listener_;
   Supervisor supervisor_;
@@ -221,19 +222,21 @@ class Controller {
   };
   std::optional<PendingFailover> failover_;
   // CUDA backend: reaped holders whose blocks wait until NVML no longer lists their pid on
-  // the GPU (the barrier's second half); their hand-over runs once it passes.
+  // the GPU (the barrier's second half); each one's hand-over runs once it passes.
   struct GpuRelease {
     EngineId old = kNoEngine;
     pid_t pid = 0;
     std::optional<PendingFailover> failover;
     TimePoint deadline;
+    bool still_listed = false;  // set when the wait ends: true if it ended by the timeout
   };
-  std::optional<GpuRelease> gpu_release_;
+  std::map<EngineId, GpuRelease> gpu_release_;  // by reaped engine
   // The fenced holder `old`'s blocks move on: to `failover`'s successor, or back to free.
   void HandOverBlocks(EngineId old, const std::optional<PendingFailover>& failover);
   // True when NVML still lists `pid` on the GPU (false without NVML or on an NVML error).
   bool GpuStillLists(pid_t pid);
   void PollGpuRelease();
+  void FinishGpuRelease(const GpuRelease& g);
   struct DrillRecord {
     std::string kind;
     EngineId engine = kNoEngine;
@@ -257,6 +260,7 @@ class Controller {
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;
   bool replenish_failing_ = false;
+  TimePoint next_replenish_{};  // backoff while the journal cannot be written
   std::shared_ptr<boost::asio::steady_timer> stop_timer_;
   std::function<void()> stop_done_;
 };

@@ -79,18 +79,24 @@ void Controller::CheckDevice() {
 void Controller::RebuildDevice() {
   Result<std::unique_ptr<DeviceOwner>> owner = MakeDeviceOwner();
   if (!owner.ok()) {
-    // Retried every probe interval; logged when the reason changes, not on every try.
+    // A rebuild pins the arena and copies the weights on this thread: retried with an
+    // exponential backoff (the probe interval doubled per failure, up to a minute), logged
+    // when the reason changes.
+    ++rebuild_failures_;
+    const Duration wait = std::min<Duration>(
+        config_.gpu_probe_interval * (int64_t{1} << std::min<uint64_t>(rebuild_failures_, 10)),
+        std::chrono::minutes(1));
+    next_device_probe_ = clock_.Now() + wait;
     if (owner.status().message() != rebuild_error_) {
       rebuild_error_ = owner.status().message();
-      BATON_LOG(WARN, kLog) << "device memory not rebuilt yet (retried every "
-                            << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   config_.gpu_probe_interval)
-                                   .count()
+      BATON_LOG(WARN, kLog) << "device memory not rebuilt yet (retried with backoff, next in "
+                            << std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()
                             << " ms): " << rebuild_error_;
     }
     return;
   }
   rebuild_error_.clear();
+  rebuild_failures_ = 0;
   device_ = std::move(owner).value();
   ++device_rebuilds_;
   BATON_LOG(INFO, kLog) << "device memory rebuilt from the pinned cache: " << device_->Describe();

@@ -225,11 +225,13 @@ void Controller::FinishFence(EngineRecord& e) {
     failover_.reset();
     if (PromotionRecord* r = timelines_.current()) r->reaped = now;
   }
-  if (fenced && GpuStillLists(e.process.pid())) {
-    gpu_release_ = GpuRelease{.old = id,
-                              .pid = e.process.pid(),
-                              .failover = failover,
-                              .deadline = now + config_.gpu_release_timeout};
+  // Only blocks wait for the driver: an engine that held none (a standby) has nothing to hand on.
+  const bool held_blocks = fenced && le->blocks > 0;
+  if ((held_blocks || failover.has_value()) && GpuStillLists(e.process.pid())) {
+    gpu_release_[id] = GpuRelease{.old = id,
+                                  .pid = e.process.pid(),
+                                  .failover = failover,
+                                  .deadline = now + config_.gpu_release_timeout};
     BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e.process.pid()
                           << ") is reaped but NVML still lists it on GPU " << device_->pci_bus_id()
                           << ": its blocks wait until the driver releases its context";
@@ -278,12 +280,23 @@ bool Controller::GpuStillLists(pid_t pid) {
 }
 
 void Controller::PollGpuRelease() {
-  if (!gpu_release_.has_value()) return;
-  const GpuRelease g = *gpu_release_;
-  const bool listed = GpuStillLists(g.pid);
+  std::vector<GpuRelease> ready;
+  for (auto it = gpu_release_.begin(); it != gpu_release_.end();) {
+    const bool listed = GpuStillLists(it->second.pid);
+    if (listed && clock_.Now() < it->second.deadline) {
+      ++it;
+      continue;
+    }
+    ready.push_back(it->second);
+    ready.back().still_listed = listed;
+    it = gpu_release_.erase(it);
+  }
+  for (const GpuRelease& g : ready) FinishGpuRelease(g);
+}
+
+void Controller::FinishGpuRelease(const GpuRelease& g) {
+  const bool listed = g.still_listed;
   const TimePoint now = clock_.Now();
-  if (listed && now < g.deadline) return;
-  gpu_release_.reset();
   if (listed) {
     BATON_LOG(ERROR, kLog) << "barrier: NVML still lists pid " << g.pid << " after "
                            << std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -304,7 +317,7 @@ void Controller::PollGpuRelease() {
 
 void Controller::MaybePromote() {
   if (stopping_ || primary_ != kNoEngine || promoting_ != kNoEngine || failover_.has_value() ||
-      gpu_release_.has_value()) {
+      !gpu_release_.empty()) {
     return;
   }
   if (!pair_.Allows(PairEvent::kPromoteDone)) return;

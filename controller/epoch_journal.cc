@@ -163,12 +163,8 @@ Status EpochJournal::Reserve(uint64_t through) {
   }
   const uint64_t target = base + kReserveBatch;
   attempted_ = target;
-  Status status = Commit(target);
-  if (!status.ok()) {
-    BATON_LOG(ERROR, "journal") << "reservation through epoch " << target
-                                << " not committed: " << status.ToString();
-    return status;
-  }
+  BATON_RETURN_IF_ERROR(
+      Commit(target).WithContext("reserving epochs through " + std::to_string(target)));
   reserved_ = target;
   BATON_LOG(DEBUG, "journal") << "epochs reserved through " << target;
   return OkStatus();

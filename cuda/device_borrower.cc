@@ -123,9 +123,17 @@ Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint3
     phases.access_ms += mapped->access_ms;
   }
   const TimePoint scrub_start = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(kernels_.ScrubHeaders(stream_, pool->base() + uint64_t{first} * block_bytes,
-                                              block_bytes, header_bytes, count));
-  BATON_RETURN_IF_ERROR(stream_.Synchronize(timeout).WithContext("header scrub"));
+  Status scrubbed = kernels_.ScrubHeaders(stream_, pool->base() + uint64_t{first} * block_bytes,
+                                          block_bytes, header_bytes, count);
+  if (scrubbed.ok()) scrubbed = stream_.Synchronize(timeout).WithContext("header scrub");
+  if (!scrubbed.ok()) {  // the blocks are not usable: undo the mapping and the bookkeeping
+    for (const ChunkSpan& s : spans) {
+      (void)pool->Unmap(uint64_t{s.first} * pool->chunk_bytes(),
+                        uint64_t{s.count} * pool->chunk_bytes());
+    }
+    (void)cover->second.Remove(first, count);
+    return scrubbed;
+  }
   phases.scrub_ms = MsSince(scrub_start);
   phases.total_ms = MsSince(start);
   return phases;
@@ -139,8 +147,12 @@ Status DeviceBorrower::UnmapBlocks(const std::string& name, uint32_t first, uint
   }
   BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->second.Remove(first, count));
   for (const ChunkSpan& s : spans) {
-    BATON_RETURN_IF_ERROR(pool->Unmap(uint64_t{s.first} * pool->chunk_bytes(),
-                                      uint64_t{s.count} * pool->chunk_bytes()));
+    Status unmapped = pool->Unmap(uint64_t{s.first} * pool->chunk_bytes(),
+                                  uint64_t{s.count} * pool->chunk_bytes());
+    if (!unmapped.ok()) {  // still mapped: keep counting the blocks as held
+      (void)cover->second.Add(first, count);
+      return unmapped;
+    }
   }
   return OkStatus();
 }

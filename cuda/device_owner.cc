@@ -4,6 +4,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "base/log.h"
 #include "cuda/device_session.h"
 #include "cuda/vmm_share.h"
 
@@ -96,6 +97,13 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
   BATON_ASSIGN_OR_RETURN(
       m.pool, VmmRegion::Create(
                   m.ctx, {.name = kDevicePoolRegion, .bytes = pool_bytes, .chunk_bytes = chunk}));
+  if (m.pool.bytes() > pool_bytes + pool_bytes / 4) {
+    BATON_LOG(WARN, "cuda") << "device pool: " << pool_bytes << " bytes of blocks take "
+                            << m.pool.bytes() << " bytes in chunks of " << chunk << " (block size "
+                            << options.block_bytes << " and granularity " << granularity
+                            << " have a large common multiple); a block size that is a multiple "
+                               "of the granularity wastes nothing";
+  }
   o->stats_.weights_bytes = m.weights.bytes();
   o->stats_.weights_chunks = static_cast<uint32_t>(m.weights.chunk_count());
   o->stats_.pool_bytes = m.pool.bytes();

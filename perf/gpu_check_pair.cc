@@ -31,7 +31,8 @@ json RunJson(const std::string& command) {
   size_t end = out.find_last_not_of('\n');
   if (end == std::string::npos) return nullptr;
   size_t begin = out.rfind('\n', end);
-  last = out.substr(begin == std::string::npos ? 0 : begin + 1, end + 1);
+  const size_t from = begin == std::string::npos ? 0 : begin + 1;
+  last = out.substr(from, end + 1 - from);
   return json::parse(last, nullptr, /*allow_exceptions=*/false);
 }
 
@@ -174,8 +175,10 @@ json PairStep(const PairStepOptions& o) {
   pair.Stop();
   bool mapped = !memory.empty();
   for (const json& m : memory) mapped = mapped && m == "mapped";
+  // The failover must be the kill: an engine whose device copies failed reports an error.
+  const std::string cause = r["timeline"].is_object() ? r["timeline"].value("cause", "") : "";
   r["ok"] = mapped && violations == 0 && r["invariants"] == "ok" &&
-            r["device"].value("backend", "") == "cuda";
+            r["device"].value("backend", "") == "cuda" && cause.rfind("died", 0) == 0;
   return r;
 }
 

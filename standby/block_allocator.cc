@@ -18,22 +18,30 @@ Status BlockAllocator::Reset(const std::vector<HeldExtent>& held) {
     }
     for (uint32_t b = e.first; b < e.first + e.count; ++b) is_held[b] = true;
   }
+  // Free blocks follow the extents in any case (a returned block is never handed out again);
+  // an allocated block that is no longer held is reported, and stays allocated until freed.
+  std::string lost;
   for (size_t b = 0; b < blocks_.size(); ++b) {
-    if (blocks_[b] == Block::kAllocated && !is_held[b]) {
-      return FailedPrecondition("block " + std::to_string(b) +
-                                " is allocated but no longer held: free it before returning it");
+    if (blocks_[b] != Block::kAllocated) {
+      blocks_[b] = is_held[b] ? Block::kFree : Block::kNotHeld;
+    } else if (!is_held[b] && lost.empty()) {
+      lost = std::to_string(b);
     }
   }
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    if (blocks_[b] != Block::kAllocated) blocks_[b] = is_held[b] ? Block::kFree : Block::kNotHeld;
+  if (!lost.empty()) {
+    return FailedPrecondition("block " + lost +
+                              " is allocated but no longer held: free it before returning it");
   }
   return OkStatus();
 }
 
 Result<uint64_t> BlockAllocator::Allocate(uint64_t bytes) {
   if (bytes == 0 || block_bytes_ == 0) return InvalidArgument("allocation of 0 bytes");
-  const uint64_t want = (bytes + block_bytes_ - 1) / block_bytes_;
+  const uint64_t want = bytes / block_bytes_ + (bytes % block_bytes_ != 0 ? 1 : 0);
   std::lock_guard<std::mutex> lock(mu_);
+  if (want > blocks_.size()) {
+    return ResourceExhausted(std::to_string(bytes) + " bytes is more than the whole pool");
+  }
   uint64_t run = 0;
   for (size_t b = 0; b < blocks_.size(); ++b) {
     run = blocks_[b] == Block::kFree ? run + 1 : 0;

@@ -7,9 +7,10 @@
 // consecutive free blocks that are all held (first fit, so long-lived KV buffers allocated
 // at start-up pack from the bottom); Free() gives them back. Addresses are `base` + block x
 // block_bytes: host pointers for the host pool, CUdeviceptr values for the device pool.
-// After a grant or a return the engine calls Reset() with the new extents: blocks that are
-// allocated must still be held (else FailedPrecondition names the first one and nothing
-// changes). Thread-safe.
+// After a grant or a return the engine calls Reset() with the new extents; free blocks follow
+// them. An allocated block must be freed before its extent is returned: one that is no
+// longer held is reported (FailedPrecondition names the first) and stays allocated, never
+// handed out again once freed. Thread-safe.
 #pragma once
 
 #include <cstdint>

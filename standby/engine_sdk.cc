@@ -146,7 +146,10 @@ Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack) {
   Result<std::unique_ptr<DeviceSession>> device =
       DeviceSession::Accept(*channel_, ack.device, ack.device_regions, options_.connect_timeout);
   if (!device.ok()) return device.status().WithContext("taking the device memory");
-  device_ = std::move(device).value();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = std::move(device).value();
+  }
   BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped read-only at 0x"
                                 << std::hex << device_->weights().address << ", pool reserved at 0x"
                                 << device_->pool().address << std::dec << " ("
@@ -249,13 +252,9 @@ uint64_t EngineSession::engine_id() const { return impl_->engine_id(); }
 const MappedWeights& EngineSession::weights() const { return impl_->weights(); }
 const PoolView& EngineSession::pool() const { return impl_->pool(); }
 std::optional<DeviceRegionView> EngineSession::device_weights() const {
-  if (impl_->device() == nullptr) return std::nullopt;
-  return impl_->device()->weights();
+  return impl_->device_weights();
 }
-std::optional<DeviceRegionView> EngineSession::device_pool() const {
-  if (impl_->device() == nullptr) return std::nullopt;
-  return impl_->device()->pool();
-}
+std::optional<DeviceRegionView> EngineSession::device_pool() const { return impl_->device_pool(); }
 Result<SessionEvent> EngineSession::WaitForPromotion(std::optional<Duration> timeout) {
   return impl_->WaitForPromotion(timeout);
 }

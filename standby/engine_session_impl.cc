@@ -353,6 +353,18 @@ Status EngineSession::Impl::CheckEpoch() const {
   return OkStatus();
 }
 
+std::optional<DeviceRegionView> EngineSession::Impl::device_weights() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_ == nullptr) return std::nullopt;
+  return device_->weights();
+}
+
+std::optional<DeviceRegionView> EngineSession::Impl::device_pool() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_ == nullptr) return std::nullopt;
+  return device_->pool();
+}
+
 std::vector<MappedExtent> EngineSession::Impl::extents() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<MappedExtent> out;

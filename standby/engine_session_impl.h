@@ -43,7 +43,9 @@ class EngineSession::Impl {
   uint64_t engine_id() const { return options_.launch.engine_id; }
   const MappedWeights& weights() const { return weights_; }
   const PoolView& pool() const { return pool_view_; }
-  const DeviceSession* device() const { return device_.get(); }
+  // Copies, under mu_ (Shutdown() drops the device session).
+  std::optional<DeviceRegionView> device_weights() const;
+  std::optional<DeviceRegionView> device_pool() const;
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout);
   Status MarkServing();
   std::optional<SessionEvent> NextEvent(std::optional<Duration> timeout);

@@ -174,34 +174,47 @@ class StampWriter {
     const uint64_t me = session_->engine_id();
     const uint64_t epoch = session_->epoch();
     for (uint32_t b = e.first; b < e.first + e.count && !violated_; ++b) {
-      const BlockStamp seen = ReadStamp(b);
+      const std::optional<BlockStamp> read = ReadStamp(b);
+      if (!read.has_value()) return;  // the device failed: reported, nothing more is checked
+      const BlockStamp seen = *read;
       const bool scrubbed = seen.magic == 0 && seen.engine_id == 0 && seen.epoch == 0;
       const bool mine = seen.magic == kStampMagic && seen.engine_id == me && seen.epoch == epoch;
       if (!scrubbed && !mine) return Violation(b, seen);
-      WriteStamp(b, BlockStamp{kStampMagic, me, epoch, ++counter_});
+      if (!WriteStamp(b, BlockStamp{kStampMagic, me, epoch, ++counter_})) return;
     }
   }
 
-  // Block b's header: in the host pool, or through the driver in the device pool.
-  BlockStamp ReadStamp(uint32_t b) const {
+  // Block b's header: in the host pool, or through the driver in the device pool. A failed
+  // device copy is no reading at all (zeros would pass for a scrubbed header): the engine
+  // stops checking and reports the error, which fences it.
+  std::optional<BlockStamp> ReadStamp(uint32_t b) {
     BlockStamp out{};
     if (device_.has_value()) {
-      (void)device_->Read(DeviceBlock(b), &out, sizeof(out));
+      Status read = device_->Read(DeviceBlock(b), &out, sizeof(out));
+      if (!read.ok()) return DeviceFailed(read), std::nullopt;
       return out;
     }
     auto* stamp = reinterpret_cast<volatile BlockStamp*>(session_->pool().BlockData(b));
     return BlockStamp{stamp->magic, stamp->engine_id, stamp->epoch, stamp->counter};
   }
-  void WriteStamp(uint32_t b, const BlockStamp& v) const {
+  bool WriteStamp(uint32_t b, const BlockStamp& v) {
     if (device_.has_value()) {
-      (void)device_->Write(DeviceBlock(b), &v, sizeof(v));
-      return;
+      Status written = device_->Write(DeviceBlock(b), &v, sizeof(v));
+      if (!written.ok()) DeviceFailed(written);
+      return written.ok();
     }
     auto* stamp = reinterpret_cast<volatile BlockStamp*>(session_->pool().BlockData(b));
     stamp->magic = v.magic;
     stamp->engine_id = v.engine_id;
     stamp->epoch = v.epoch;
     stamp->counter = v.counter;
+    return true;
+  }
+
+  void DeviceFailed(const Status& error) {
+    violated_ = true;  // stops the writer
+    BATON_LOG(ERROR, "test-engine") << "device copy failed: " << error.ToString();
+    (void)session_->ReportError(error.WithContext("test engine's device copy"));
   }
 
   uint64_t DeviceBlock(uint32_t b) const {

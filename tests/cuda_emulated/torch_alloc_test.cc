@@ -2,7 +2,8 @@
 // engine connects through libbaton_engine.so's C ABI with device memory, is promoted by a
 // scripted controller that owns real device regions (cuda/device_owner.h), attaches the
 // allocator, and gets block-aligned device addresses inside the device pool that it can
-// write; a return of blocks is refused while they are allocated.
+// write; a refresh after blocks were returned while allocated says so, and only held blocks
+// are handed out afterwards.
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
@@ -99,6 +100,7 @@ TEST(TorchAllocTest, AllocatesInsideTheDevicePoolBlocksTheEngineHolds) {
   baton_extent give{.first = 0, .count = 2, .data = nullptr, .bytes = 0};
   ASSERT_EQ(ret(engine, &give, 1), 0);
   EXPECT_NE(refresh(), 0) << "blocks 0 and 1 went back while allocated";
+  EXPECT_EQ(free_bytes(), kFakeBlockBytes) << "only block 3 is held and free";
   tfree(a, kFakeBlockBytes + 1, 0, nullptr);
   EXPECT_EQ(refresh(), 0);
   EXPECT_EQ(free_bytes(), kFakeBlockBytes) << "block 3 is free, block 2 is b's";

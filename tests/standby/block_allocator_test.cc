@@ -22,6 +22,7 @@ TEST(BlockAllocatorTest, AllocatesWholeBlocksFirstFitInsideHeldExtents) {
   EXPECT_EQ(a.free_bytes(), 0u);
   EXPECT_EQ(a.allocated_bytes(), 9 * kBlock);
   EXPECT_EQ(a.Allocate(0).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(a.Allocate(UINT64_MAX).status().code(), StatusCode::kResourceExhausted);
 }
 
 TEST(BlockAllocatorTest, FreeingMakesRoomAgainAndOnlyForRealAllocations) {
@@ -44,8 +45,10 @@ TEST(BlockAllocatorTest, ResetFollowsGrantsAndReturnsButKeepsAllocationsHeld) {
   ASSERT_TRUE(a.Reset({{0, 8}}).ok()) << "a grant";
   EXPECT_EQ(a.free_bytes(), 6 * kBlock);
   EXPECT_EQ(a.Reset({{4, 4}}).code(), StatusCode::kFailedPrecondition)
-      << "blocks 0 and 1 are allocated: they cannot be returned";
-  EXPECT_EQ(a.free_bytes(), 6 * kBlock) << "a refused reset changes nothing";
+      << "blocks 0 and 1 are allocated: they should not have been returned";
+  EXPECT_EQ(a.free_bytes(), 4 * kBlock) << "the free blocks follow the extents all the same";
+  EXPECT_EQ(*a.Allocate(kBlock), kBase + 4 * kBlock) << "never a block that is no longer held";
+  ASSERT_TRUE(a.Free(kBase + 4 * kBlock).ok());
   ASSERT_TRUE(a.Free(x).ok());
   ASSERT_TRUE(a.Reset({{4, 4}}).ok());
   EXPECT_EQ(*a.Allocate(kBlock), kBase + 4 * kBlock);
