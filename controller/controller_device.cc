@@ -9,6 +9,8 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "controller";
+// A device that does not finish a 4-byte copy in this long is taken as lost (hung).
+constexpr Duration kDeviceProbeTimeout = std::chrono::seconds(2);
 
 }  // namespace
 
@@ -58,7 +60,7 @@ void Controller::CheckDevice() {
   if (now < next_device_probe_) return;
   next_device_probe_ = now + config_.gpu_probe_interval;
   if (device_ == nullptr) return RebuildDevice();
-  Status probe = device_->Probe();
+  Status probe = device_->Probe(kDeviceProbeTimeout);
   if (probe.ok()) return;
   device_lost_reason_ = probe.message();
   ++device_losses_;

@@ -36,6 +36,8 @@ struct DeviceOwner::Impl {
   VmmRegion weights;
   VmmView weights_view;  // the owner's own read-write window, for rematerialization
   VmmRegion pool;
+  Stream probe_stream;          // the health probe's own stream
+  PinnedHostBuffer probe_word;  // where it copies to, pinned so the copy is asynchronous
   std::span<uint8_t> arena;
   int remat_streams = 4;
 };
@@ -104,6 +106,8 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
                             << " have a large common multiple); a block size that is a multiple "
                                "of the granularity wastes nothing";
   }
+  BATON_ASSIGN_OR_RETURN(m.probe_stream, Stream::Create(*driver));
+  BATON_ASSIGN_OR_RETURN(m.probe_word, PinnedHostBuffer::Allocate(*driver, sizeof(uint32_t)));
   o->stats_.weights_bytes = m.weights.bytes();
   o->stats_.weights_chunks = static_cast<uint32_t>(m.weights.chunk_count());
   o->stats_.pool_bytes = m.pool.bytes();
@@ -123,12 +127,13 @@ Status DeviceOwner::Rematerialize() {
   return OkStatus();
 }
 
-Status DeviceOwner::Probe() const {
-  BATON_RETURN_IF_ERROR(impl_->ctx.MakeCurrent());
-  uint32_t word = 0;
-  return BATON_CU(impl_->ctx.driver(), cuMemcpyDtoH, &word, impl_->weights_view.base(),
-                  sizeof(word))
-      .WithContext("device probe");
+Status DeviceOwner::Probe(Duration timeout) const {
+  const Impl& m = *impl_;
+  BATON_RETURN_IF_ERROR(m.ctx.MakeCurrent());
+  BATON_RETURN_IF_ERROR(BATON_CU(m.ctx.driver(), cuMemcpyDtoHAsync, m.probe_word.data(),
+                                 m.weights_view.base(), sizeof(uint32_t), m.probe_stream.get())
+                            .WithContext("device probe"));
+  return m.probe_stream.Synchronize(timeout).WithContext("device probe");
 }
 
 Status DeviceOwner::Share(proto::Channel& channel) const {
@@ -149,7 +154,7 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
 
 Status DeviceOwner::Share(proto::Channel&) const { return Unimplemented("no device memory"); }
 Status DeviceOwner::Rematerialize() { return Unimplemented("no device memory"); }
-Status DeviceOwner::Probe() const { return Unimplemented("no device memory"); }
+Status DeviceOwner::Probe(Duration) const { return Unimplemented("no device memory"); }
 
 #endif
 

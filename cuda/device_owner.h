@@ -20,6 +20,7 @@
 #include <span>
 #include <string>
 
+#include "base/clock.h"
 #include "base/status.h"
 #include "proto/channel.h"
 
@@ -64,10 +65,11 @@ class DeviceOwner {
   Status Share(proto::Channel& channel) const;
   // Copies the arena into the device weights again.
   Status Rematerialize();
-  // A small read of the device weights on the owner's context: an error means the device or
-  // the context is lost (a GPU reset, an uncorrectable error) and the memory must be made
-  // again (a new DeviceOwner).
-  Status Probe() const;
+  // A 4-byte read of the device weights on the owner's context, into pinned memory on a
+  // stream of its own, waited for at most `timeout`: an error (or DeadlineExceeded, a GPU
+  // that no longer completes work) means the device or the context is lost (a GPU reset, an
+  // uncorrectable error) and the memory must be made again (a new DeviceOwner).
+  Status Probe(Duration timeout) const;
 
   int device() const { return device_; }
   // "0000:3B:00.0": the device's PCI address, as NVML names it.

@@ -52,6 +52,12 @@ bool Lost() {
   const char* path = std::getenv("BATON_FAKE_CUDA_LOST");
   return path != nullptr && ::access(path, F_OK) == 0;
 }
+// While the file named by $BATON_FAKE_CUDA_HUNG exists the device accepts work but never
+// finishes it: every stream reports CUDA_ERROR_NOT_READY.
+bool Hung() {
+  const char* path = std::getenv("BATON_FAKE_CUDA_HUNG");
+  return path != nullptr && ::access(path, F_OK) == 0;
+}
 
 CUmemGenericAllocationHandle HandleOf(Allocation* a) {
   return static_cast<CUmemGenericAllocationHandle>(reinterpret_cast<uintptr_t>(a));
@@ -205,6 +211,7 @@ CUresult StreamSynchronize(CUstream s) {
   return CUDA_SUCCESS;
 }
 CUresult StreamQuery(CUstream s) {
+  if (Hung()) return CUDA_ERROR_NOT_READY;
   if (s == nullptr) return CUDA_SUCCESS;
   if (StreamOf(s)->left->load() > 0) return CUDA_ERROR_NOT_READY;
   return StreamSynchronize(s);  // all finished: join them

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <optional>
 #include <vector>
 
@@ -125,6 +127,25 @@ TEST_F(DeviceMemoryTest, NextHolderFindsHeadersScrubbedAndDataInPlace) {
     EXPECT_EQ(block[kHeader], 0x5A) << "block " << b << ": the device pool is shared memory";
     EXPECT_EQ(block[kBlockBytes - 1], 0x5A);
   }
+}
+
+TEST_F(DeviceMemoryTest, ProbeSeesALostAndAHungDevice) {
+  EXPECT_TRUE(owner_->Probe(1s).ok());
+  const std::string lost = "/tmp/baton-probe-lost-" + std::to_string(::getpid());
+  const std::string hung = "/tmp/baton-probe-hung-" + std::to_string(::getpid());
+  ::setenv("BATON_FAKE_CUDA_LOST", lost.c_str(), 1);
+  ::setenv("BATON_FAKE_CUDA_HUNG", hung.c_str(), 1);
+  std::ofstream(lost).close();
+  Status failed = owner_->Probe(1s);
+  EXPECT_NE(failed.message().find("CUDA_ERROR_ECC_UNCORRECTABLE"), std::string::npos) << failed.ToString();
+  std::remove(lost.c_str());
+  std::ofstream(hung).close();
+  Status stuck = owner_->Probe(50ms);
+  EXPECT_EQ(stuck.code(), StatusCode::kDeadlineExceeded) << stuck.ToString();
+  std::remove(hung.c_str());
+  EXPECT_TRUE(owner_->Probe(1s).ok());
+  ::unsetenv("BATON_FAKE_CUDA_LOST");
+  ::unsetenv("BATON_FAKE_CUDA_HUNG");
 }
 
 TEST_F(DeviceMemoryTest, AHostEngineDeclinesAndTheOwnerHearsWhy) {

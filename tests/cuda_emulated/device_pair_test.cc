@@ -138,7 +138,7 @@ TEST(DevicePairTest, ALostDeviceFencesTheEnginesAndIsRebuiltFromThePinnedCache) 
   for (const json& e : before["engines"]) EXPECT_FALSE(ProcessExists(PidOf(e)));
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_TRUE(cluster.Status()["engines"].empty()) << "no engine starts on a lost device";
-  EXPECT_NE(TextStatus(cluster).find("device memory: LOST (device probe: cuMemcpyDtoH: "
+  EXPECT_NE(TextStatus(cluster).find("device memory: LOST (device probe: cuMemcpyDtoHAsync: "
                                      "CUDA_ERROR_ECC_UNCORRECTABLE"),
             std::string::npos)
       << TextStatus(cluster);

@@ -70,7 +70,10 @@ TEST(EngineSdk, HeartbeatsComeFromItsOwnThreadAndHealthRequestsAreAnsweredAtOnce
   // One heartbeat a minute: any heartbeat after the first answers the health request.
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 60'000);
   ASSERT_NE(s, nullptr);
-  proto::Heartbeat first = fake.Expect<proto::Heartbeat>();
+  // The thread's first heartbeat may come before StandbyReady, where the registration
+  // counted it, or after.
+  proto::Heartbeat first =
+      fake.heartbeats() > 0 ? fake.last_heartbeat() : fake.Expect<proto::Heartbeat>();
   EXPECT_EQ(first.epoch, 0u);
   ASSERT_TRUE(fake.channel().Send(proto::HealthRequest{.seq = 1}).ok());
   proto::Heartbeat answer = fake.Expect<proto::Heartbeat>(seconds(10));
