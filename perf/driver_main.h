@@ -9,6 +9,8 @@
 // folder under /tmp, removed at the end unless Keep() was called (a failed run's logs).
 // FailRun prints a failure the way every driver does: a line on stderr naming where the
 // logs are, and {"ok": false, "error": ...} as the last line of stdout; it returns 1.
+// EmitResult prints a driver's result as the last line of stdout and, when `dir` is not
+// empty, writes it to dir/file too (invalid UTF-8 in strings replaced).
 #pragma once
 
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #include <charconv>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -67,6 +70,17 @@ inline int FailRun(const std::string& name, const Status& status, WorkDir& work)
                work.path().c_str());
   std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", status.ToString()}}.dump().c_str());
   return 1;
+}
+
+inline void EmitResult(const nlohmann::json& result, const std::string& dir,
+                       const std::string& file) {
+  const std::string line = result.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  if (!dir.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    std::ofstream(dir + "/" + file) << line << "\n";
+  }
+  std::printf("%s\n", line.c_str());
 }
 
 template <class Flags, class Parse, class Run>

@@ -245,8 +245,6 @@ int Run(const Flags& flags) {
   work->Keep();  // the ledger and the plot are the point of a run
   Result<json> result = Measure(flags, work->path());
   if (!result.ok()) return perf::FailRun("baton-perf-failover-load", result.status(), *work);
-  const std::string line = result->dump(-1, ' ', false, json::error_handler_t::replace);
-  std::ofstream(work->path() + "/failover_load.json") << line << "\n";
   std::printf(
       "invoked %d: ok %d, rejected %d, lost %d; duplicated %d, mismatched %d; p99 steady %.1f "
       "ms, failover %.1f ms; plot %s\n",
@@ -255,7 +253,7 @@ int Run(const Flags& flags) {
       (*result)["mismatched"].get<int>(), (*result)["steady_p99_ms"].get<double>(),
       (*result)["failover_p99_ms"].get<double>(),
       (*result)["plot"].is_string() ? (*result)["plot"].get<std::string>().c_str() : "none");
-  std::printf("%s\n", line.c_str());
+  perf::EmitResult(*result, work->path(), "failover_load.json");
   return 0;
 }
 

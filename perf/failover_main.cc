@@ -241,9 +241,7 @@ int Run(const Flags& flags) {
         x.value("forward_pass_ms_p50", 0.0), x.value("cold_warm_first_token_ms_p50", 0.0),
         x.value("cold_evicted_first_token_ms_p50", 0.0));
   }
-  const std::string line = result.dump();
-  if (!flags.out.empty()) std::ofstream(flags.out + "/failover.json") << line << "\n";
-  std::printf("%s\n", line.c_str());
+  perf::EmitResult(result, flags.out, "failover.json");
   return 0;
 }
 

@@ -269,13 +269,11 @@ int Run(const Flags& flags) {
   if (!work) return 1;
   Result<json> result = Measure(flags, work->path());
   if (!result.ok()) return perf::FailRun("baton-perf-router-overhead", result.status(), *work);
-  const std::string line = result->dump();
-  if (!flags.out.empty()) std::ofstream(flags.out + "/router_overhead.json") << line << "\n";
   std::printf("direct p50 %.3f ms p99 %.3f ms; router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms\n",
               (*result)["direct_p50_ms"].get<double>(), (*result)["direct_p99_ms"].get<double>(),
               (*result)["router_p50_ms"].get<double>(), (*result)["router_p99_ms"].get<double>(),
               (*result)["added_p50_ms"].get<double>());
-  std::printf("%s\n", line.c_str());
+  perf::EmitResult(*result, flags.out, "router_overhead.json");
   return 0;
 }
 

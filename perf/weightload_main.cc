@@ -48,6 +48,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
+#include "perf/driver_main.h"
 #include "perf/weightload_contenders.h"
 #include "standby/model_layout.h"
 #include "weightcache/model_files.h"
@@ -346,13 +347,7 @@ int Run(const Flags& flags) {
     std::fprintf(stderr, "weightload: Baton loaded wrong data: %s\n",
                  result["baton_verify_error"].get<std::string>().c_str());
   }
-  const std::string line = result.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (!flags.out.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(flags.out, ec);
-    std::ofstream(flags.out + "/weightload.json") << line << "\n";
-  }
-  std::printf("%s\n", line.c_str());
+  perf::EmitResult(result, flags.out, "weightload.json");
   return bench.failed() ? 1 : 0;
 }
 

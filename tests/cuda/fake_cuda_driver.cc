@@ -28,6 +28,25 @@ std::string Mode() {
 
 CUresult NotSupported() { return CUDA_ERROR_NOT_SUPPORTED; }
 
+// The errors this driver names (cuGetErrorName / cuGetErrorString); others are unknown to it.
+struct FakeError {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr FakeError kErrors[] = {
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+     "an illegal memory access was encountered"},
+};
+const FakeError* FindError(CUresult code) {
+  for (const FakeError& e : kErrors) {
+    if (e.code == code) return &e;
+  }
+  return nullptr;
+}
+
 CUresult FakeDriverGetVersion(int* version) {
   *version = Mode() == "old_driver" ? 11080 : 12040;
   return CUDA_SUCCESS;
@@ -47,37 +66,15 @@ __attribute__((visibility("default"))) CUresult cuInit(unsigned int) {
 }
 
 __attribute__((visibility("default"))) CUresult cuGetErrorName(CUresult error, const char** out) {
-  switch (error) {
-    case CUDA_ERROR_NO_DEVICE:
-      *out = "CUDA_ERROR_NO_DEVICE";
-      return CUDA_SUCCESS;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-      *out = "CUDA_ERROR_OUT_OF_MEMORY";
-      return CUDA_SUCCESS;
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-      *out = "CUDA_ERROR_ILLEGAL_ADDRESS";
-      return CUDA_SUCCESS;
-    default:
-      *out = nullptr;
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  const FakeError* e = FindError(error);
+  *out = e != nullptr ? e->name : nullptr;
+  return e != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 __attribute__((visibility("default"))) CUresult cuGetErrorString(CUresult error, const char** out) {
-  switch (error) {
-    case CUDA_ERROR_NO_DEVICE:
-      *out = "no CUDA-capable device is detected";
-      return CUDA_SUCCESS;
-    case CUDA_ERROR_OUT_OF_MEMORY:
-      *out = "out of memory";
-      return CUDA_SUCCESS;
-    case CUDA_ERROR_ILLEGAL_ADDRESS:
-      *out = "an illegal memory access was encountered";
-      return CUDA_SUCCESS;
-    default:
-      *out = nullptr;
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  const FakeError* e = FindError(error);
+  *out = e != nullptr ? e->text : nullptr;
+  return e != nullptr ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 __attribute__((visibility("default"))) CUresult cuGetProcAddress_v2(

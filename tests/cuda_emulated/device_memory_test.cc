@@ -137,7 +137,8 @@ TEST_F(DeviceMemoryTest, ProbeSeesALostAndAHungDevice) {
   ::setenv("BATON_FAKE_CUDA_HUNG", hung.c_str(), 1);
   std::ofstream(lost).close();
   Status failed = owner_->Probe(1s);
-  EXPECT_NE(failed.message().find("CUDA_ERROR_ECC_UNCORRECTABLE"), std::string::npos) << failed.ToString();
+  EXPECT_NE(failed.message().find("CUDA_ERROR_ECC_UNCORRECTABLE"), std::string::npos)
+      << failed.ToString();
   std::remove(lost.c_str());
   std::ofstream(hung).close();
   Status stuck = owner_->Probe(50ms);
