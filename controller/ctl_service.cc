@@ -336,6 +336,16 @@ std::string MetricsText(const Controller& c) {
           static_cast<double>(c.guard().total_failures()));
   counter("baton_refusals_total", "Refused messages and connections",
           static_cast<double>(c.refusal_count()));
+  gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
+        static_cast<double>(c.reserved_epoch()));
+  if (c.cuda_backend()) {
+    gauge("baton_device_lost", "1 while the device memory is lost and being rebuilt",
+          c.device() == nullptr ? 1 : 0);
+    counter("baton_device_losses_total", "Times the GPU was found lost",
+            static_cast<double>(c.device_losses()));
+    counter("baton_device_rebuilds_total", "Times the device memory was rebuilt",
+            static_cast<double>(c.device_rebuilds()));
+  }
   if (const PromotionRecord* r = c.timelines().last(); r != nullptr) {
     const PhaseTimes p = PhasesOf(*r);
     if (p.ready_ms.has_value()) {
