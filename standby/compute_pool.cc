@@ -2,11 +2,22 @@
 
 #include <algorithm>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define BATON_CPU_PAUSE() _mm_pause()
+#else
+#define BATON_CPU_PAUSE() std::this_thread::yield()
+#endif
+
 namespace baton {
 namespace {
 
-// Bounds of piece `i` of `pieces` over [0, n).
-int64_t PieceBegin(int64_t n, int pieces, int i) { return n * i / pieces; }
+// Chunks a job is cut into per thread: enough that a late thread's share is small.
+constexpr int64_t kChunksPerThread = 4;
+// Pause instructions between clock reads while spinning, and before a waiting caller yields.
+constexpr int kPausesPerCheck = 64;
+
+bool Open(uint64_t job) { return (job & 1) != 0; }
 
 }  // namespace
 
@@ -16,10 +27,8 @@ ComputePool::ComputePool(int threads) : threads_(std::clamp(threads, 1, 256)) {
 }
 
 ComputePool::~ComputePool() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
+  stop_.store(true);
+  { std::lock_guard<std::mutex> lock(mu_); }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
@@ -27,41 +36,75 @@ ComputePool::~ComputePool() {
 void ComputePool::ParallelFor(int64_t n, int64_t min_chunk, const RangeFn& fn) {
   if (n <= 0) return;
   const int64_t by_size = std::max<int64_t>(1, n / std::max<int64_t>(1, min_chunk));
-  const int pieces = static_cast<int>(std::min<int64_t>(threads_, by_size));
-  if (pieces == 1) {
+  const int64_t chunks =
+      std::min<int64_t>(by_size, threads_ == 1 ? 1 : threads_ * kChunksPerThread);
+  if (chunks == 1) {
     fn(0, n, 0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    fn_ = &fn;
-    n_ = n;
-    pieces_ = pieces;
-    pending_ = pieces - 1;
-    ++generation_;
+  fn_ = &fn;
+  n_ = n;
+  chunks_ = chunks;
+  next_chunk_.store(0, std::memory_order_relaxed);
+  const uint64_t open = job_.load(std::memory_order_relaxed) + 1;
+  job_.store(open);  // seq_cst: ordered before the sleepers_ check (see WaitForJob)
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    work_cv_.notify_all();
   }
-  work_cv_.notify_all();
-  fn(0, PieceBegin(n, pieces, 1), 0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [this] { return pending_ == 0; });
+  RunChunks(0);
+  // Every chunk is claimed. Close the job, then wait for the workers still inside it: a
+  // worker enters before it checks that the job is open (both seq_cst), so one that has not
+  // entered by now will see it closed and touch nothing.
+  job_.store(open + 1);
+  for (int spins = 0; inside_.load() != 0; ++spins) {
+    if (spins < kPausesPerCheck) {
+      BATON_CPU_PAUSE();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   fn_ = nullptr;
+}
+
+void ComputePool::RunChunks(int worker) {
+  for (;;) {
+    const int64_t c = next_chunk_.fetch_add(1, std::memory_order_relaxed);
+    if (c >= chunks_) return;
+    (*fn_)(n_ * c / chunks_, n_ * (c + 1) / chunks_, worker);
+  }
+}
+
+bool ComputePool::WaitForJob(uint64_t seen) {
+  auto ready = [&] {
+    const uint64_t job = job_.load();
+    return Open(job) && job != seen;
+  };
+  const auto spin_until = std::chrono::steady_clock::now() + kSpin;
+  while (!stop_.load(std::memory_order_relaxed)) {
+    for (int i = 0; i < kPausesPerCheck; ++i) {
+      if (ready()) return true;
+      BATON_CPU_PAUSE();
+    }
+    if (std::chrono::steady_clock::now() >= spin_until) break;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  // seq_cst: either ParallelFor's sleepers_ load sees this sleeper and notifies under the
+  // mutex, or its job_ store comes first and the predicate below sees it.
+  sleepers_.fetch_add(1);
+  work_cv_.wait(lock, [&] { return stop_.load() || ready(); });
+  sleepers_.fetch_sub(1);
+  return !stop_.load();
 }
 
 void ComputePool::WorkerLoop(int worker) {
   uint64_t seen = 0;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (true) {
-    work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-    if (stop_) return;
-    seen = generation_;
-    if (worker >= pieces_) continue;
-    const RangeFn* fn = fn_;
-    const int64_t begin = PieceBegin(n_, pieces_, worker);
-    const int64_t end = PieceBegin(n_, pieces_, worker + 1);
-    lock.unlock();
-    (*fn)(begin, end, worker);
-    lock.lock();
-    if (--pending_ == 0) done_cv_.notify_one();
+  while (WaitForJob(seen)) {
+    const uint64_t job = job_.load();
+    inside_.fetch_add(1);
+    if (job_.load() == job && Open(job)) RunChunks(worker);
+    inside_.fetch_sub(1);
+    seen = job;
   }
 }
 

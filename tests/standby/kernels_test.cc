@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "standby/compute_pool.h"
@@ -150,14 +151,36 @@ TEST(ComputePoolTest, CoversTheRangeOnceWithDistinctWorkers) {
     for (int64_t n : {0, 1, 3, 100, 1001}) {
       for (int round = 0; round < 20; ++round) {
         std::vector<std::atomic<int>> hits(n);
-        std::vector<std::atomic<int>> workers(threads);
+        std::vector<std::atomic<int>> busy(threads);
         pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end, int worker) {
-          EXPECT_EQ(workers[worker].fetch_add(1), 0);
+          ASSERT_GE(worker, 0);
+          ASSERT_LT(worker, threads);
+          EXPECT_EQ(busy[worker].exchange(1), 0) << "worker " << worker << " used twice at once";
           for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+          busy[worker].store(0);
         });
         for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[i].load(), 1);
       }
     }
+  }
+}
+
+// Back-to-back jobs (workers still spinning) and jobs after a pause longer than the spin
+// (workers asleep): each covers its range exactly once and sees its own job's data.
+TEST(ComputePoolTest, BackToBackAndAfterSleepJobsEachRunOnce) {
+  ComputePool pool(3);
+  std::vector<int64_t> out(64);
+  for (int job = 0; job < 5000; ++job) {
+    const int64_t n = 1 + job % 64;
+    pool.ParallelFor(n, 1, [&](int64_t begin, int64_t end, int) {
+      for (int64_t i = begin; i < end; ++i) out[i] += job;
+    });
+    if (job % 1000 == 999) std::this_thread::sleep_for(ComputePool::kSpin * 3);
+  }
+  for (int64_t i = 0; i < 64; ++i) {
+    int64_t want = 0;
+    for (int job = 0; job < 5000; ++job) want += (1 + job % 64 > i) ? job : 0;
+    EXPECT_EQ(out[i], want) << "element " << i;
   }
 }
 
