@@ -166,6 +166,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"policy.initial_backoff_ms", Time<Millis>(&c->crash_initial_backoff, 1, kDay)},
       {"policy.max_backoff_ms", Time<Millis>(&c->crash_max_backoff, 1, kDay)},
       {"policy.quiet_period_s", Time<Seconds>(&c->crash_quiet_period, 1, kDay)},
+      {"policy.standby_relaunch_delay_ms", Time<Millis>(&c->standby_relaunch_delay, 0, 60'000)},
   };
 }
 

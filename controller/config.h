@@ -69,6 +69,11 @@ struct ControllerConfig {
   Duration crash_initial_backoff = std::chrono::seconds(1);
   Duration crash_max_backoff = std::chrono::seconds(60);
   Duration crash_quiet_period = std::chrono::seconds(120);
+  // After a failover or switch-over, the replacement standby is launched this long after the
+  // new primary acknowledged its promotion, so that its start (exec, mapping and faulting
+  // the weights) does not compete with the new primary's first steps: the requests the
+  // router replays. Zero launches it at once.
+  Duration standby_relaunch_delay = std::chrono::milliseconds(100);
 
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }

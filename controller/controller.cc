@@ -331,7 +331,9 @@ void Controller::ArmTick() {
     if (e->detector.has_value()) when = std::min(when, e->detector->NextDeadline());
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
   }
-  if (LiveEngines() < 2) when = std::min(when, guard_.NextRestartAt());
+  if (LiveEngines() < 2) {
+    when = std::min(when, std::max(guard_.NextRestartAt(), relaunch_not_before_));
+  }
   if (!gpu_release_.empty()) when = std::min(when, now + kGpuReleasePoll);
   if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
     when = std::min(when, std::max(now, next_device_probe_));

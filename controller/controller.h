@@ -260,7 +260,8 @@ class Controller {
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;
   bool replenish_failing_ = false;
-  TimePoint next_replenish_{};  // backoff while the journal cannot be written
+  TimePoint next_replenish_{};       // backoff while the journal cannot be written
+  TimePoint relaunch_not_before_{};  // the replacement standby waits (standby_relaunch_delay)
   std::shared_ptr<boost::asio::steady_timer> stop_timer_;
   std::function<void()> stop_done_;
 };

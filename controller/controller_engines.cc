@@ -31,6 +31,7 @@ void Controller::MaybeLaunch() {
   if ((promoting_ != kNoEngine || failover_.has_value()) && s != PairState::kStarting) return;
   if (LiveEngines() >= 2) return;
   if (cuda_backend_ && device_ == nullptr) return;  // engines wait for the rebuilt device memory
+  if (LiveEngines() == 1 && clock_.Now() < relaunch_not_before_) return;  // the new primary first
   if (guard_.InBackoff()) {
     if (!backoff() && pair_.Allows(PairEvent::kCrashLoopTripped)) {
       ApplyPair(PairEvent::kCrashLoopTripped);

@@ -383,8 +383,15 @@ void Controller::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
   if (r != nullptr) {
     BATON_LOG(INFO, kLog) << TimelineLog::Summary(*r);
     timelines_.Close("serving");
+    relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
+    if (config_.standby_relaunch_delay > Duration::zero() && LiveEngines() < 2) {
+      BATON_LOG(INFO, kLog) << "the replacement standby starts in "
+                            << MillisBetween(clock_.Now(), relaunch_not_before_)
+                            << " ms (policy.standby_relaunch_delay_ms)";
+    }
   }
   MaybeLaunch();
+  ArmTick();
 }
 
 void Controller::OnDrained(EngineRecord& e, const proto::Drained& msg) {

@@ -38,6 +38,7 @@ struct ClusterOptions {
   int heartbeat_misses = 3;
   int max_failures = 5;
   int initial_backoff_ms = 1000;
+  int standby_relaunch_delay_ms = -1;  // [policy] standby_relaunch_delay_ms when >= 0
   int register_timeout_ms = 20'000;
   int metrics_port = 0;
   bool wait_ready = true;   // the constructor waits for primary + standby

@@ -88,6 +88,9 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "[policy]\nmax_failures = " << o.max_failures
       << "\nfailure_window_s = 60\ninitial_backoff_ms = " << o.initial_backoff_ms
       << "\nmax_backoff_ms = 60000\n";
+  if (o.standby_relaunch_delay_ms >= 0) {
+    out << "standby_relaunch_delay_ms = " << o.standby_relaunch_delay_ms << "\n";
+  }
   if (!o.gpu_backend.empty()) {
     out << "[gpu]\nbackend = " << Quote(o.gpu_backend) << "\n";
     if (o.gpu_probe_ms > 0) out << "probe_interval_ms = " << o.gpu_probe_ms << "\n";

@@ -162,6 +162,30 @@ TEST(ChaosFailover, DrillKillRecordsEveryPhase) {
   cluster.CheckFencing();
 }
 
+// The replacement standby is launched policy.standby_relaunch_delay_ms after the new primary
+// acknowledged its promotion (by the controller's clock, whose stamps the timeline shows),
+// so that its start does not compete with the new primary's first requests.
+TEST(ChaosFailover, ReplacementStandbyWaitsForTheRelaunchDelay) {
+  for (const int delay_ms : {0, 400}) {
+    ClusterOptions options;
+    options.standby_relaunch_delay_ms = delay_ms;
+    ChaosCluster cluster(options);
+    const json primary = EngineWithRole(cluster.Status(), "primary");
+    ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
+    WaitNewPrimary(cluster, primary["id"], "drill kill to fail over");
+    const json stamps = cluster.WaitFor(
+        [](const json& s) { return s["last_promotion"]["stamps"].contains("standby_ready_ms"); },
+        "the replacement standby in the timeline")["last_promotion"]["stamps"];
+    const double waited =
+        stamps["standby_launched_ms"].get<double>() - stamps["promote_acked_ms"].get<double>();
+    EXPECT_GE(waited, delay_ms) << stamps.dump(2);
+    if (delay_ms > 0) {
+      EXPECT_NE(cluster.Log().find("the replacement standby starts in"), std::string::npos);
+    }
+    cluster.CheckFencing();
+  }
+}
+
 TEST(ChaosFailover, GracefulSwitchover) {
   ChaosCluster cluster;
   const json before = cluster.Status();

@@ -52,6 +52,7 @@ failure_window_s = 30
 initial_backoff_ms = 500
 max_backoff_ms = 8000
 quiet_period_s = 90
+standby_relaunch_delay_ms = 250
 )";
 
 TEST(Config, ParsesEveryKey) {
@@ -88,6 +89,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->crash_initial_backoff, milliseconds(500));
   EXPECT_EQ(c->crash_max_backoff, seconds(8));
   EXPECT_EQ(c->crash_quiet_period, seconds(90));
+  EXPECT_EQ(c->standby_relaunch_delay, milliseconds(250));
   ControllerConfig done = *c;
   EXPECT_TRUE(FinishConfig(&done).ok());
 }
@@ -100,6 +102,7 @@ TEST(Config, DefaultsMatchTheDesign) {
   EXPECT_EQ(c->block_bytes, 2u << 20);
   EXPECT_TRUE(c->pool_huge_pages);
   EXPECT_TRUE(c->weights_huge_pages);
+  EXPECT_EQ(c->standby_relaunch_delay, milliseconds(100));
 }
 
 // Each bad config is refused with an error that names the key and the rule.
