@@ -2,7 +2,7 @@
 // and with a cold restart, on a small and a large model in one run.
 //
 //   baton-perf-failover --small DIR --large DIR [--generate] [--trials N] [--bin DIR]
-//                       [--threads K] [--pool-blocks B] [--out DIR]
+//                       [--threads K] [--pool-blocks B] [--prompt-tokens P] [--out DIR]
 //
 // --generate writes the two models (failover_models.h) into those directories first, or
 // keeps them when they match.
@@ -22,6 +22,10 @@
 //          typical engine does, from exec to the answer of the same request, with the
 //          model's files in the page cache (read once before) or evicted (fadvise
 //          DONTNEED, checked with mincore). Its KV cache holds as many tokens as the pool.
+// The completion is greedy, max_tokens=1, with a prompt of --prompt-tokens token ids
+// (default 1: one decode step, the shortest forward pass; prefill costs the same after a
+// cold restart as after a promotion, and on a CPU it would hide what a failover costs).
+// --threads sets the engines' compute threads (both kinds).
 // Ratios: cold_over_baton_large = cold (warm cache) first token / Baton first token;
 // cold_over_baton_large_ready = cold (warm cache) listening / Baton ready; and
 // baton_large_over_small = Baton ready, large / small (medians). Percentiles are
@@ -53,7 +57,8 @@ using nlohmann::json;
 
 constexpr char kUsage[] =
     "usage: baton-perf-failover --small DIR --large DIR [--generate] [--trials N] [--bin DIR]\n"
-    "                           [--threads K] [--pool-blocks B] [--out DIR]\n";
+    "                           [--threads K] [--pool-blocks B] [--prompt-tokens P]\n"
+    "                           [--out DIR]\n";
 // The acceptance targets.
 constexpr double kReadyP50Ms = 50, kReadyP99Ms = 100;
 constexpr double kLargeOverSmallMax = 1.5, kColdOverBatonMin = 10;
@@ -61,7 +66,7 @@ constexpr int kForwardPasses = 5;
 
 struct Flags {
   std::string small, large, bin, out;
-  int trials = 10, threads = 1, pool_blocks = 64;
+  int trials = 10, threads = 1, pool_blocks = 64, prompt_tokens = 1;
   bool generate = false;
 };
 
@@ -88,6 +93,9 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     } else if (arg == "--threads") {
       if (!perf::ParseFlagNumber<int>(v, 1, 256, &f->threads))
         return "--threads: not a number in [1, 256]";
+    } else if (arg == "--prompt-tokens") {
+      if (!perf::ParseFlagNumber<int>(v, 1, 1024, &f->prompt_tokens))
+        return "--prompt-tokens: not a number in [1, 1024]";
     } else if (arg == "--pool-blocks") {
       if (!perf::ParseFlagNumber<int>(v, 2, 1 << 20, &f->pool_blocks))
         return "--pool-blocks: not a number >= 2";
@@ -169,9 +177,14 @@ Result<json> RunModel(const Flags& flags, const std::string& name, const std::st
   std::fprintf(stderr, "%s model %s: %zu files, %llu bytes, %llu KV bytes a token\n", name.c_str(),
                dir.c_str(), model.files.size(), static_cast<unsigned long long>(model.file_bytes),
                static_cast<unsigned long long>(model.kv_bytes_per_token));
-  PairOptions opts{flags.bin, work + "/" + name, flags.threads, flags.pool_blocks};
+  PairOptions opts{flags.bin, work + "/" + name, flags.threads, flags.pool_blocks,
+                   flags.prompt_tokens};
   std::filesystem::create_directories(opts.work_dir);
-  json info = {{"model_dir", dir}, {"model_bytes", model.file_bytes}, {"trials", flags.trials}};
+  json info = {{"model_dir", dir},
+               {"model_bytes", model.file_bytes},
+               {"trials", flags.trials},
+               {"engine_threads", flags.threads},
+               {"prompt_tokens", flags.prompt_tokens}};
   Series series;
   int kv_tokens = 0;
   BATON_RETURN_IF_ERROR(RunBaton(flags, model, opts, &kv_tokens, &series, &info));

@@ -57,12 +57,14 @@ Status WarmPageCache(const std::vector<std::string>& files) {
 
 }  // namespace
 
-std::string FirstTokenRequest() {
-  return json{{"model", kServedName},
-              {"prompt", "Baton hands the pool to the standby."},
-              {"max_tokens", 1},
-              {"temperature", 0},
-              {"seed", 7}}
+std::string FirstTokenRequest(int prompt_tokens) {
+  constexpr std::string_view kSentence = "Baton hands the pool to the standby.";
+  std::vector<int> ids;
+  for (int i = 0; i < prompt_tokens; ++i) {
+    ids.push_back(static_cast<unsigned char>(kSentence[i % kSentence.size()]));
+  }
+  return json{
+      {"model", kServedName}, {"prompt", ids}, {"max_tokens", 1}, {"temperature", 0}, {"seed", 7}}
       .dump();
 }
 
@@ -169,7 +171,8 @@ Result<double> BatonPair::ForwardPassMs() {
   BATON_ASSIGN_OR_RETURN(Engines e, WaitReady(std::chrono::seconds(60)));
   BATON_ASSIGN_OR_RETURN(HttpClient client, HttpClient::Connect(e.primary_address));
   const TimePoint start = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(CheckCompletion(client.Post("/v1/completions", FirstTokenRequest())));
+  BATON_RETURN_IF_ERROR(
+      CheckCompletion(client.Post("/v1/completions", FirstTokenRequest(opts_.prompt_tokens))));
   return MsSince(start);
 }
 
@@ -211,10 +214,12 @@ Result<FailoverSample> BatonPair::Trial() {
     std::this_thread::sleep_for(kProbePause);
   }
   s.ready_ms = MsSince(kill_at);
-  BATON_RETURN_IF_ERROR(CheckCompletion(probe.Post("/v1/completions", FirstTokenRequest())));
+  BATON_RETURN_IF_ERROR(
+      CheckCompletion(probe.Post("/v1/completions", FirstTokenRequest(opts_.prompt_tokens))));
   s.first_token_ms = MsSince(kill_at);
   const TimePoint next_at = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(CheckCompletion(probe.Post("/v1/completions", FirstTokenRequest())));
+  BATON_RETURN_IF_ERROR(
+      CheckCompletion(probe.Post("/v1/completions", FirstTokenRequest(opts_.prompt_tokens))));
   s.next_request_ms = MsSince(next_at);
 
   BATON_ASSIGN_OR_RETURN(json record, TimelineOf(e.primary_pid));
@@ -259,7 +264,8 @@ Result<ColdSample> ColdTrial(const ModelInfo& model, const PairOptions& opts, bo
   s.listening_ms = MsSince(start);
   BATON_ASSIGN_OR_RETURN(HttpClient client,
                          HttpClient::Connect("127.0.0.1:" + std::to_string(port)));
-  BATON_RETURN_IF_ERROR(CheckCompletion(client.Post("/v1/completions", FirstTokenRequest())));
+  BATON_RETURN_IF_ERROR(
+      CheckCompletion(client.Post("/v1/completions", FirstTokenRequest(opts.prompt_tokens))));
   s.first_token_ms = MsSince(start);
   engine.Stop(milliseconds(0));
   return s;

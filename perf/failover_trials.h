@@ -40,6 +40,7 @@ struct PairOptions {
   std::string work_dir;  // runtime directory of the controller, and logs
   int engine_threads = 1;
   int pool_blocks = 64;
+  int prompt_tokens = 1;  // the first-token request's prompt length (FirstTokenRequest)
 };
 
 struct FailoverSample {
@@ -51,8 +52,11 @@ struct FailoverSample {
   double next_request_ms = 0;  // the same request again on the new primary: a forward pass
 };
 
-// The request of every first-token measurement.
-std::string FirstTokenRequest();
+// The request of every first-token measurement: greedy, max_tokens=1, a prompt of
+// `prompt_tokens` token ids (the bytes of a fixed sentence, repeated as needed). One token
+// makes it one decode step, the shortest forward pass; longer prompts add prefill, which
+// costs the same after a cold restart as after a promotion.
+std::string FirstTokenRequest(int prompt_tokens);
 
 class BatonPair {
  public:
@@ -60,7 +64,8 @@ class BatonPair {
   ~BatonPair();
 
   Result<FailoverSample> Trial();
-  // Client-side latency of FirstTokenRequest() on the serving primary (one forward pass).
+  // Client-side latency of FirstTokenRequest(prompt_tokens) on the serving primary (one forward
+  // pass).
   Result<double> ForwardPassMs();
   uint64_t block_bytes() const { return block_bytes_; }
   int block_tokens() const { return block_tokens_; }
