@@ -41,6 +41,20 @@ Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags) {
   return UniqueFd(fd);
 }
 
+// An inaccessible range of `size` bytes starting on an `align` boundary, for a MAP_FIXED
+// mapping to replace.
+Result<void*> ReserveAligned(size_t size, size_t align) {
+  void* raw =
+      ::mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return ErrnoStatus("reserving an aligned address range", errno);
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = RoundUp(start, align);
+  const uintptr_t end = start + size + align;
+  if (aligned > start) ::munmap(raw, aligned - start);
+  if (end > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  return reinterpret_cast<void*>(aligned);
+}
+
 }  // namespace
 
 Result<SharedMemory> SharedMemory::Create(const SharedMemoryOptions& options) {
@@ -82,9 +96,18 @@ Result<SharedMemory> SharedMemory::Import(UniqueFd fd) {
 
 Result<Mapping> SharedMemory::Map(Protection prot, bool populate) const {
   const int mprot = prot == Protection::kReadOnly ? PROT_READ : PROT_READ | PROT_WRITE;
-  const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
-  void* addr = ::mmap(nullptr, size_, mprot, flags, fd_.get(), 0);
-  if (addr == MAP_FAILED) return ErrnoStatus("mmap of shared memory", errno);
+  int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
+  void* where = nullptr;
+  if (huge_pages_ && size_ >= kPageTableShareSize) {
+    BATON_ASSIGN_OR_RETURN(where, ReserveAligned(size_, kPageTableShareSize));
+    flags |= MAP_FIXED;
+  }
+  void* addr = ::mmap(where, size_, mprot, flags, fd_.get(), 0);
+  if (addr == MAP_FAILED) {
+    const int err = errno;
+    if (where != nullptr) ::munmap(where, size_);
+    return ErrnoStatus("mmap of shared memory", err);
+  }
   return Mapping(addr, size_);
 }
 

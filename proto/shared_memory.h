@@ -17,6 +17,8 @@
 namespace baton {
 
 inline constexpr size_t kHugePageSize = 2u << 20;
+// What one page-table page of 2 MiB entries covers on x86-64 (a PUD entry).
+inline constexpr size_t kPageTableShareSize = size_t{1} << 30;
 
 enum class Protection { kReadOnly, kReadWrite };
 
@@ -54,7 +56,11 @@ class SharedMemory {
   // Takes ownership of a memfd received from another process; the size comes from fstat.
   static Result<SharedMemory> Import(UniqueFd fd);
 
-  // Maps the whole object MAP_SHARED. `populate` pre-faults it (MAP_POPULATE).
+  // Maps the whole object MAP_SHARED. `populate` pre-faults it (MAP_POPULATE). A hugetlb
+  // object of kPageTableShareSize or more is mapped at an address aligned to it: the kernel
+  // then shares the page-table pages of each whole GiB among the processes that map the
+  // same memory with the same protection, so the second mapper faults it in per GiB and an
+  // exiting (or killed) mapper is torn down per GiB instead of per 2 MiB page.
   Result<Mapping> Map(Protection prot, bool populate = false) const;
   // A new fd for the same memory, for sending to another process.
   Result<UniqueFd> Dup() const;

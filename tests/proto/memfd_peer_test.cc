@@ -115,5 +115,30 @@ TEST(MemfdPeerTest, TwoProcessesSeeEachOthersWrites) {
   EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
+// A hugetlb object of a GiB or more is mapped on a GiB boundary (so processes mapping it
+// with the same protection share page tables); smaller ones and normal pages map anywhere.
+TEST(SharedMemoryTest, GibHugetlbMappingsStartOnAGibBoundary) {
+  Result<SharedMemory> memory =
+      SharedMemory::Create({.name = "baton-align-test", .size = kPageTableShareSize});
+  ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+  if (!memory->huge_pages()) {
+    GTEST_SKIP() << "no 1 GiB of 2 MiB huge pages here: " << memory->fallback_reason();
+  }
+  for (Protection prot : {Protection::kReadOnly, Protection::kReadWrite, Protection::kReadOnly}) {
+    Result<Mapping> m = memory->Map(prot);
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(m->data()) % kPageTableShareSize, 0u);
+    EXPECT_EQ(m->size(), kPageTableShareSize);
+    if (prot == Protection::kReadWrite) {
+      m->data()[kPageTableShareSize - 1] = 42;
+    } else {
+      EXPECT_EQ(m->data()[0], 0);
+    }
+  }
+  Result<Mapping> again = memory->Map(Protection::kReadOnly, /*populate=*/true);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->data()[kPageTableShareSize - 1], 42) << "the same memory";
+}
+
 }  // namespace
 }  // namespace baton::proto
