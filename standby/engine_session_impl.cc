@@ -176,6 +176,7 @@ Status EngineSession::Impl::UnmapBlocksLocked(uint32_t first, uint32_t count) {
 }
 
 void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
+  const TimePoint start = clock_->Now();
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -197,7 +198,8 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   uint32_t blocks = 0;
   for (const MappedExtent& e : *mapped) blocks += e.count;
   BATON_LOG(INFO, kLog) << "promoted at epoch " << msg.epoch << ": " << blocks
-                        << " blocks mapped writable";
+                        << " blocks mapped writable and scrubbed in "
+                        << MillisBetween(start, clock_->Now()) << " ms";
   Push(SessionEvent{.kind = SessionEventKind::kPromoted,
                     .epoch = msg.epoch,
                     .extents = std::move(mapped).value()});
