@@ -331,8 +331,8 @@ void Controller::ArmTick() {
     if (e->detector.has_value()) when = std::min(when, e->detector->NextDeadline());
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
   }
-  if (LiveEngines() < 2) {
-    when = std::min(when, std::max(guard_.NextRestartAt(), relaunch_not_before_));
+  if (const std::optional<TimePoint> launch = NextLaunchAt(); launch.has_value()) {
+    when = std::min(when, *launch);
   }
   if (!gpu_release_.empty()) when = std::min(when, now + kGpuReleasePoll);
   if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
@@ -372,6 +372,7 @@ void Controller::ReplenishEpochs() {
 }
 
 void Controller::OnTick() {
+  ++ticks_;
   CheckDevice();
   ReplenishEpochs();
   PollGpuRelease();

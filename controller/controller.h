@@ -115,6 +115,7 @@ class Controller {
   const std::string& invariants() const { return invariants_; }
   uint64_t launches() const { return launches_; }
   uint64_t failovers() const { return failovers_; }
+  uint64_t ticks() const { return ticks_; }
   uint64_t refusal_count() const { return refusal_count_; }
   TimePoint started_at() const { return started_at_; }
   bool backoff() const;
@@ -140,6 +141,10 @@ class Controller {
 
   // controller_engines.cc: launching and engine messages.
   void MaybeLaunch();
+  // When MaybeLaunch may next start an engine, if only time holds it back; nullopt when the
+  // pair's state does (two live engines, a failover in flight, stopping, draining, no device
+  // memory): the event that changes that state calls MaybeLaunch itself.
+  std::optional<TimePoint> NextLaunchAt() const;
   void Launch(const std::string& role);
   int PickPort() const;
   void WatchPid(EngineId id);
@@ -257,6 +262,7 @@ class Controller {
   std::string invariants_ = "ok";
   uint64_t launches_ = 0;
   uint64_t failovers_ = 0;
+  uint64_t ticks_ = 0;  // runs of OnTick
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;
   bool replenish_failing_ = false;

@@ -22,15 +22,24 @@ std::string Name(const EngineRecord& e) { return "engine " + std::to_string(e.id
 
 // --- launching --------------------------------------------------------------------------------
 
-void Controller::MaybeLaunch() {
-  if (stopping_) return;
+std::optional<TimePoint> Controller::NextLaunchAt() const {
+  if (stopping_ || LiveEngines() >= 2) return std::nullopt;
   const PairState s = pair_.state();
-  if (s == PairState::kStopped || s == PairState::kDraining) return;
+  if (s == PairState::kStopped || s == PairState::kDraining) return std::nullopt;
   // During a failover the promotion path has the machine to itself; the replacement starts
   // once it is done. At start-up both engines start together.
-  if ((promoting_ != kNoEngine || failover_.has_value()) && s != PairState::kStarting) return;
-  if (LiveEngines() >= 2) return;
-  if (cuda_backend_ && device_ == nullptr) return;  // engines wait for the rebuilt device memory
+  if ((promoting_ != kNoEngine || failover_.has_value()) && s != PairState::kStarting) {
+    return std::nullopt;
+  }
+  if (cuda_backend_ && device_ == nullptr) return std::nullopt;  // waits for the device memory
+  TimePoint at = guard_.NextRestartAt();
+  if (LiveEngines() == 1) at = std::max(at, relaunch_not_before_);  // the new primary first
+  return at;
+}
+
+void Controller::MaybeLaunch() {
+  const std::optional<TimePoint> at = NextLaunchAt();
+  if (!at.has_value()) return;
   if (LiveEngines() == 1 && clock_.Now() < relaunch_not_before_) return;  // the new primary first
   if (guard_.InBackoff()) {
     if (!backoff() && pair_.Allows(PairEvent::kCrashLoopTripped)) {

@@ -336,6 +336,9 @@ std::string MetricsText(const Controller& c) {
           static_cast<double>(c.guard().total_failures()));
   counter("baton_refusals_total", "Refused messages and connections",
           static_cast<double>(c.refusal_count()));
+  counter("baton_controller_ticks_total",
+          "Runs of the controller's housekeeping timer (deadlines, restarts, probes)",
+          static_cast<double>(c.ticks()));
   gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
         static_cast<double>(c.reserved_epoch()));
   if (c.cuda_backend()) {

@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 
 #include <boost/asio/io_context.hpp>
+#include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include "proto/hello.h"
 #include "proto/listener.h"
@@ -102,6 +104,37 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
   EXPECT_NE(metrics.find("baton_epoch 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("# TYPE baton_failovers_total counter"), std::string::npos);
   EXPECT_NE(HttpGet(options.metrics_port, "/nope").find("404"), std::string::npos);
+}
+
+uint64_t CounterValue(const std::string& metrics, const std::string& name) {
+  const size_t at = metrics.find("\n" + name + " ");
+  if (at == std::string::npos) return UINT64_MAX;
+  return std::stoull(metrics.substr(at + name.size() + 2));
+}
+
+// While a promoted standby takes its time to answer (half a second here), the controller
+// waits on its timers and sockets: its housekeeping timer runs a few times (heartbeat
+// deadlines, at most every 250 ms), not in a loop that takes the CPU from the engine it waits
+// for.
+TEST(ChaosMetrics, ControllerIdlesWhileAPromotionIsInFlight) {
+  ClusterOptions options;
+  options.metrics_port = FreeTcpPort();
+  options.engine_args = {"--promote-delay-ms", "500"};
+  options.standby_relaunch_delay_ms = 0;
+  ASSERT_GT(options.metrics_port, 0);
+  ChaosCluster cluster(options);
+  const uint64_t before =
+      CounterValue(HttpGet(options.metrics_port, "/metrics"), "baton_controller_ticks_total");
+  ASSERT_NE(before, UINT64_MAX);
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
+  cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && PrimaryId(s) != primary["id"].get<uint64_t>(); },
+      "the slow standby's promotion");
+  const uint64_t after =
+      CounterValue(HttpGet(options.metrics_port, "/metrics"), "baton_controller_ticks_total");
+  EXPECT_LT(after - before, 100u) << "ticks during a 500 ms promotion";
+  cluster.CheckFencing();
 }
 
 TEST(ChaosCli, BatonctlFindsTheDefaultSocket) {

@@ -15,6 +15,7 @@
 //   --crash-if-id-above N    exit(3) at once when this engine's id is above N
 //   --busy-ms N              after promotion, the compute thread spins N ms per round
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
+//   --promote-delay-ms N     wait N ms between the promotion and MarkServing (a slow start)
 //   --device-memory          take a CUDA-backend controller's device memory: check that the
 //                            weights' device copy equals the host arena, and stamp the
 //                            block headers in the device pool instead of the host pool, through
@@ -58,6 +59,7 @@ struct Flags {
   int busy_ms = 0;
   bool exit_after_promote = false;
   bool device_memory = false;
+  int promote_delay_ms = 0;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -79,6 +81,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--busy-ms") {
       if (!value(&v)) return false;
       f->busy_ms = std::stoi(v);
+    } else if (a == "--promote-delay-ms") {
+      if (!value(&v)) return false;
+      f->promote_delay_ms = std::stoi(v);
     } else if (a == "--exit-after-promote") {
       f->exit_after_promote = true;
     } else if (a == "--device-memory") {
@@ -325,6 +330,7 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
     if (promoted.ok() || promoted.status().code() != StatusCode::kDeadlineExceeded) break;
   }
   if (!promoted.ok()) return 0;  // told to stop, or the controller went away
+  std::this_thread::sleep_for(std::chrono::milliseconds(flags.promote_delay_ms));
   if (!s.MarkServing().ok()) return 1;
   if (flags.exit_after_promote) return 0;
   StampWriter writer(&s, flags, device);
