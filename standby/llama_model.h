@@ -25,6 +25,7 @@
 
 #include "base/status.h"
 #include "standby/compute_pool.h"
+#include "standby/huge_buffer.h"
 #include "standby/kernels.h"
 #include "standby/llama_config.h"
 #include "standby/paged_kv.h"
@@ -90,11 +91,12 @@ class LlamaModel {
   std::vector<double> inv_freq_;  // RoPE frequencies, head_dim / 2
 
   // Per-step workspace, sized for the step's token count T.
-  std::vector<TokenSlot> slots_;            // T
-  std::vector<float> x_, h_, tmp_;          // T x hidden
-  std::vector<float> q_, attn_;             // T x q_dim
-  std::vector<float> k_, v_;                // T x kv_dim
-  std::vector<float> gate_, up_;            // T x intermediate
+  std::vector<TokenSlot> slots_;  // T
+  // The large ones in transparent huge pages (huge_buffer.h).
+  HugeVector<float> x_, h_, tmp_;           // T x hidden
+  HugeVector<float> q_, attn_;              // T x q_dim
+  HugeVector<float> k_, v_;                 // T x kv_dim
+  HugeVector<float> gate_, up_;             // T x intermediate
   std::vector<float> cos_, sin_;            // T x head_dim / 2
   std::vector<float> norm_weight_;          // hidden
   std::vector<std::vector<float>> scores_;  // per worker, max_position_embeddings

@@ -1,0 +1,40 @@
+#include "standby/huge_buffer.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <new>
+
+namespace baton {
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+constexpr std::align_val_t kSmallAlign{64};
+
+size_t MappedBytes(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * kHugePage; }
+
+}  // namespace
+
+void* AllocateHugeBuffer(size_t bytes) {
+  if (bytes < kHugeBufferMinBytes) return ::operator new(bytes, kSmallAlign);
+  const size_t size = MappedBytes(bytes);
+  void* raw = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
+  if (aligned > start) ::munmap(raw, aligned - start);
+  const uintptr_t end = start + size + kHugePage;
+  if (end > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
+  void* p = reinterpret_cast<void*>(aligned);
+  (void)::madvise(p, size, MADV_HUGEPAGE);  // EINVAL where THP is off: normal pages
+  return p;
+}
+
+void FreeHugeBuffer(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  if (bytes < kHugeBufferMinBytes) return ::operator delete(p, kSmallAlign);
+  ::munmap(p, MappedBytes(bytes));
+}
+
+}  // namespace baton
