@@ -52,10 +52,20 @@ void ComputePool::ParallelFor(int64_t n, int64_t min_chunk, const RangeFn& fn) {
     { std::lock_guard<std::mutex> lock(mu_); }
     work_cv_.notify_all();
   }
-  RunChunks(0);
-  // Every chunk is claimed. Close the job, then wait for the workers still inside it: a
-  // worker enters before it checks that the job is open (both seq_cst), so one that has not
-  // entered by now will see it closed and touch nothing.
+  try {
+    RunChunks(0);
+  } catch (...) {
+    next_chunk_.store(chunks_);  // nothing more is claimed
+    CloseJob(open);
+    throw;
+  }
+  CloseJob(open);
+}
+
+// Every chunk is claimed. Close the job, then wait for the workers still inside it: a worker
+// enters before it checks that the job is open (both seq_cst), so one that has not entered by
+// now will see it closed and touch nothing.
+void ComputePool::CloseJob(uint64_t open) {
   job_.store(open + 1);
   for (int spins = 0; inside_.load() != 0; ++spins) {
     if (spins < kPausesPerCheck) {

@@ -31,7 +31,9 @@ namespace baton {
 class ComputePool {
  public:
   // fn(begin, end, worker): worker is in [0, threads()) and unique among concurrent calls;
-  // one thread may run several chunks of a job, one after the other.
+  // one thread may run several chunks of a job, one after the other. An exception from fn
+  // on the calling thread reaches the caller once the workers are out of the job; one on a
+  // worker ends the process (std::terminate), as from any std::thread.
   using RangeFn = std::function<void(int64_t, int64_t, int)>;
 
   // How long an idle worker watches for the next job before it sleeps.
@@ -52,6 +54,8 @@ class ComputePool {
   bool WaitForJob(uint64_t seen);
   // Claims and runs chunks of the open job until none is left.
   void RunChunks(int worker);
+  // Closes the open job and waits until no worker is inside it.
+  void CloseJob(uint64_t open);
 
   const int threads_;
   std::vector<std::thread> workers_;
@@ -60,7 +64,6 @@ class ComputePool {
   // while a worker is `inside_` it.
   const RangeFn* fn_ = nullptr;
   int64_t n_ = 0;
-  int64_t chunk_ = 0;
   int64_t chunks_ = 0;
   std::atomic<int64_t> next_chunk_{0};
   // Odd while a job is open, even once the caller closed it; bumped for each job.

@@ -3,9 +3,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -182,6 +184,28 @@ TEST(ComputePoolTest, BackToBackAndAfterSleepJobsEachRunOnce) {
     for (int job = 0; job < 5000; ++job) want += (1 + job % 64 > i) ? job : 0;
     EXPECT_EQ(out[i], want) << "element " << i;
   }
+}
+
+// An exception from the caller's chunk reaches the caller after the workers left the job,
+// and the pool runs the next job normally.
+TEST(ComputePoolTest, ACallersExceptionLeavesThePoolUsable) {
+  ComputePool pool(3);
+  std::atomic<int> ran{0};
+  EXPECT_THROW(pool.ParallelFor(64, 1,
+                                [&](int64_t, int64_t, int worker) {
+                                  if (worker == 0) throw std::runtime_error("chunk failed");
+                                  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                                  ran.fetch_add(1);
+                                }),
+               std::runtime_error);
+  const int after_throw = ran.load();
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(ran.load(), after_throw) << "a worker ran a chunk after ParallelFor returned";
+  std::vector<std::atomic<int>> hits(100);
+  pool.ParallelFor(100, 1, [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) hits[i].fetch_add(1);
+  });
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(hits[i].load(), 1) << i;
 }
 
 TEST(ComputePoolTest, SmallRangesStayOnTheCaller) {
