@@ -18,8 +18,8 @@ size_t MappedBytes(size_t bytes) { return (bytes + kHugePage - 1) / kHugePage * 
 void* AllocateHugeBuffer(size_t bytes) {
   if (bytes < kHugeBufferMinBytes) return ::operator new(bytes, kSmallAlign);
   const size_t size = MappedBytes(bytes);
-  void* raw = ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  void* raw =
+      ::mmap(nullptr, size + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) throw std::bad_alloc();
   const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
   const uintptr_t aligned = (start + kHugePage - 1) / kHugePage * kHugePage;
@@ -27,7 +27,8 @@ void* AllocateHugeBuffer(size_t bytes) {
   const uintptr_t end = start + size + kHugePage;
   if (end > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
   void* p = reinterpret_cast<void*>(aligned);
-  (void)::madvise(p, size, MADV_HUGEPAGE);  // EINVAL where THP is off: normal pages
+  // Refused (EINVAL) by kernels built without THP; ignored where THP is "never": normal pages.
+  (void)::madvise(p, size, MADV_HUGEPAGE);
   return p;
 }
 

@@ -6,7 +6,7 @@
 // prefill step streams through these buffers (fewer TLB misses), and a killed engine's
 // private memory is torn down before its death can be seen (pidfd, socket EOF): 16 MiB of
 // 4 KiB pages took 1.5 ms to tear down on the 2-core VM, the same in 2 MiB pages 0.03 ms.
-// Where THP is off the advice is refused and the mapping keeps normal pages.
+// Where THP is off the advice has no effect and the mapping keeps normal pages.
 //
 // Stateless and thread-safe; allocation failure throws std::bad_alloc.
 #pragma once

@@ -55,7 +55,7 @@ TEST(HugeBufferTest, GrowingKeepsTheContentAndSmallBuffersWork) {
   HugeVector<float> v(10);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(v.data()) % 64, 0u);
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
-  v.resize(1 << 20);  // crosses kHugeBufferMinBytes (4 MiB of floats)
+  v.resize(1 << 20);  // 4 MiB of floats: past kHugeBufferMinBytes
   for (size_t i = 0; i < 10; ++i) EXPECT_EQ(v[i], static_cast<float>(i));
   EXPECT_EQ(v.back(), 0.0f);
   v.resize(5);
