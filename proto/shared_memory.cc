@@ -41,18 +41,14 @@ Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags) {
   return UniqueFd(fd);
 }
 
-// An inaccessible range of `size` bytes starting on an `align` boundary, for a MAP_FIXED
-// mapping to replace.
-Result<void*> ReserveAligned(size_t size, size_t align) {
+// A free address range of `size` bytes on an `align` boundary (found by mapping a larger
+// range and releasing it), or nullptr.
+void* FindAligned(size_t size, size_t align) {
   void* raw =
       ::mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) return ErrnoStatus("reserving an aligned address range", errno);
-  const uintptr_t start = reinterpret_cast<uintptr_t>(raw);
-  const uintptr_t aligned = RoundUp(start, align);
-  const uintptr_t end = start + size + align;
-  if (aligned > start) ::munmap(raw, aligned - start);
-  if (end > aligned + size) ::munmap(reinterpret_cast<void*>(aligned + size), end - aligned - size);
-  return reinterpret_cast<void*>(aligned);
+  if (raw == MAP_FAILED) return nullptr;
+  ::munmap(raw, size + align);
+  return reinterpret_cast<void*>(RoundUp(reinterpret_cast<uintptr_t>(raw), align));
 }
 
 }  // namespace
@@ -96,18 +92,18 @@ Result<SharedMemory> SharedMemory::Import(UniqueFd fd) {
 
 Result<Mapping> SharedMemory::Map(Protection prot, bool populate) const {
   const int mprot = prot == Protection::kReadOnly ? PROT_READ : PROT_READ | PROT_WRITE;
-  int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
-  void* where = nullptr;
+  const int flags = MAP_SHARED | (populate ? MAP_POPULATE : 0);
   if (huge_pages_ && size_ >= kPageTableShareSize) {
-    BATON_ASSIGN_OR_RETURN(where, ReserveAligned(size_, kPageTableShareSize));
-    flags |= MAP_FIXED;
+    // MAP_FIXED_NOREPLACE: should another thread map into the range first, this fails and
+    // the memory is mapped wherever the kernel likes, unshared but correct.
+    if (void* hint = FindAligned(size_, kPageTableShareSize); hint != nullptr) {
+      void* addr = ::mmap(hint, size_, mprot, flags | MAP_FIXED_NOREPLACE, fd_.get(), 0);
+      if (addr == hint) return Mapping(addr, size_);
+      if (addr != MAP_FAILED) ::munmap(addr, size_);  // a kernel that took it as a hint
+    }
   }
-  void* addr = ::mmap(where, size_, mprot, flags, fd_.get(), 0);
-  if (addr == MAP_FAILED) {
-    const int err = errno;
-    if (where != nullptr) ::munmap(where, size_);
-    return ErrnoStatus("mmap of shared memory", err);
-  }
+  void* addr = ::mmap(nullptr, size_, mprot, flags, fd_.get(), 0);
+  if (addr == MAP_FAILED) return ErrnoStatus("mmap of shared memory", errno);
   return Mapping(addr, size_);
 }
 
