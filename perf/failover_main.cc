@@ -15,9 +15,12 @@
 //          controller's "fenced" log line (CLOCK_REALTIME on both sides); fence_ms,
 //          promote_ms and controller_ready_ms come from `batonctl --json timeline`. The next
 //          trial waits for the new standby. forward_pass_ms is the same max_tokens=1
-//          request on a warm, serving primary: 4 before the trials, and in each trial the
-//          one sent right after the first token (first_token_after_ready_ms is first_token_ms
-//          - ready_ms; the target holds when its median is at most the slowest forward pass).
+//          request on a serving primary: 4 before the trials, and in each trial one sent to
+//          the primary before the kill (after the same idle wait for a ready pair as the
+//          first token after it; also forward_pass_before_kill_ms) and one right after the
+//          first token, back to back (first_token_after_ready_ms is first_token_ms -
+//          ready_ms; the target holds when its median is at most the slowest forward pass).
+//          On this VM a step after an idle pause is slower than one right after another.
 //   cold   a standalone baton-refengine that loads its own weights with plain reads, as a
 //          typical engine does, from exec to the answer of the same request, with the
 //          model's files in the page cache (read once before) or evicted (fadvise
@@ -25,7 +28,7 @@
 // The completion is greedy, max_tokens=1, with a prompt of --prompt-tokens token ids
 // (default 1: one decode step, the shortest forward pass; prefill costs the same after a
 // cold restart as after a promotion, and on a CPU it would hide what a failover costs).
-// --threads sets the engines' compute threads (both kinds).
+// --threads sets the engines' compute threads (both kinds; default: the cores, at most 256).
 // Ratios: cold_over_baton_large = cold (warm cache) first token / Baton first token;
 // cold_over_baton_large_ready = cold (warm cache) listening / Baton ready; and
 // baton_large_over_small = Baton ready, large / small (medians). Percentiles are
@@ -33,6 +36,7 @@
 // one JSON object; meets_targets checks each acceptance target. Single-threaded driver.
 #include <unistd.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -41,6 +45,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/status.h"
@@ -66,7 +71,8 @@ constexpr int kForwardPasses = 5;
 
 struct Flags {
   std::string small, large, bin, out;
-  int trials = 10, threads = 1, pool_blocks = 64, prompt_tokens = 1;
+  int trials = 10, pool_blocks = 64, prompt_tokens = 1;
+  int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 256u));
   bool generate = false;
 };
 
@@ -122,6 +128,11 @@ Status RunBaton(const Flags& flags, const ModelInfo& model, const PairOptions& o
                 Series* series, json* info) {
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<BatonPair> pair, BatonPair::Start(model, opts));
   *kv_tokens = pair->block_tokens() * opts.pool_blocks;
+  if (flags.prompt_tokens >= *kv_tokens) {
+    return InvalidArgument("--prompt-tokens " + std::to_string(flags.prompt_tokens) +
+                           " does not fit the pool's " + std::to_string(*kv_tokens) +
+                           " KV tokens (raise --pool-blocks)");
+  }
   (*info)["block_bytes"] = pair->block_bytes();
   (*info)["pool_blocks"] = opts.pool_blocks;
   (*info)["pool_huge_pages"] = pair->huge_pages();
@@ -133,9 +144,10 @@ Status RunBaton(const Flags& flags, const ModelInfo& model, const PairOptions& o
     BATON_ASSIGN_OR_RETURN(FailoverSample s, pair->Trial());
     std::fprintf(stderr,
                  "  baton %d: ready %.2f ms (%d probes), first token %.2f ms; detect %.2f fence "
-                 "%.2f promote %.2f controller ready %.2f ms; next request %.2f ms\n",
+                 "%.2f promote %.2f controller ready %.2f ms; before kill %.2f ms, next %.2f ms\n",
                  i + 1, s.ready_ms, s.probes, s.first_token_ms, s.detect_ms.value_or(-1),
-                 s.fence_ms, s.promote_ms, s.controller_ready_ms, s.next_request_ms);
+                 s.fence_ms, s.promote_ms, s.controller_ready_ms, s.before_kill_ms,
+                 s.next_request_ms);
     (*series)["ready_ms"].push_back(s.ready_ms);
     (*series)["first_token_ms"].push_back(s.first_token_ms);
     (*series)["first_token_after_ready_ms"].push_back(s.first_token_ms - s.ready_ms);
@@ -144,6 +156,8 @@ Status RunBaton(const Flags& flags, const ModelInfo& model, const PairOptions& o
     (*series)["promote_ms"].push_back(s.promote_ms);
     (*series)["controller_ready_ms"].push_back(s.controller_ready_ms);
     (*series)["forward_pass_ms"].push_back(s.next_request_ms);
+    (*series)["forward_pass_ms"].push_back(s.before_kill_ms);
+    (*series)["forward_pass_before_kill_ms"].push_back(s.before_kill_ms);
   }
   const int code = pair->Stop();
   if (code != 0) std::fprintf(stderr, "  baton-controller exited with %d\n", code);

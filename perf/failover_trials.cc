@@ -29,6 +29,8 @@ constexpr uint64_t kBlockHeaderBytes = 64;
 constexpr uint64_t kHugePage = 2ull << 20;
 constexpr int kMinBlockTokens = 16;
 constexpr auto kProbePause = std::chrono::microseconds(200);
+// After the pre-kill request, so that the primary dies idle (its workers asleep).
+constexpr auto kQuietBeforeKill = std::chrono::milliseconds(250);
 
 double MsSince(TimePoint start) { return MillisBetween(start, RealClock::Get().Now()); }
 
@@ -193,11 +195,19 @@ Result<json> BatonPair::TimelineOf(pid_t old_pid) {
 
 Result<FailoverSample> BatonPair::Trial() {
   BATON_ASSIGN_OR_RETURN(Engines e, WaitReady(std::chrono::seconds(120)));
+  FailoverSample s;
+  {  // a forward pass of the primary that is about to die, after the same idle wait
+    BATON_ASSIGN_OR_RETURN(HttpClient primary, HttpClient::Connect(e.primary_address));
+    const TimePoint at = RealClock::Get().Now();
+    BATON_RETURN_IF_ERROR(
+        CheckCompletion(primary.Post("/v1/completions", FirstTokenRequest(opts_.prompt_tokens))));
+    s.before_kill_ms = MsSince(at);
+  }
+  std::this_thread::sleep_for(kQuietBeforeKill);
   BATON_ASSIGN_OR_RETURN(HttpClient probe, HttpClient::Connect(e.standby_address));
   BATON_ASSIGN_OR_RETURN(HttpResponse before, probe.Get("/health"));
   if (before.status == 200) return Internal("the standby already answers /health with 200");
 
-  FailoverSample s;
   const int64_t kill_wall_us = WallMicros();
   const TimePoint kill_at = RealClock::Get().Now();
   if (::kill(e.primary_pid, SIGKILL) != 0) {

@@ -50,6 +50,7 @@ struct FailoverSample {
   double fence_ms = 0, promote_ms = 0, controller_ready_ms = 0;  // the controller's timeline
   int probes = 0;                                                // /health requests sent until 200
   double next_request_ms = 0;  // the same request again on the new primary: a forward pass
+  double before_kill_ms = 0;   // the same request on the primary before the kill (idle before)
 };
 
 // The request of every first-token measurement: greedy, max_tokens=1, a prompt of
