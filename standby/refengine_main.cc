@@ -44,7 +44,8 @@ constexpr char kUsage[] =
     "                        --engine-id ID]\n"
     "  --model              model directory (config.json; safetensors when standalone)\n"
     "  --host, --port       HTTP address (default 127.0.0.1, port 0 = ephemeral)\n"
-    "  --port-file          write the bound port there once listening\n"
+    "  --port-file          write the bound port there once serving (standalone) or\n"
+    "                       listening (under a controller: a standby answers 503)\n"
     "  --kv-blocks          standalone KV cache blocks (default 1024)\n"
     "  --block-tokens       standalone tokens per KV block (default 16)\n"
     "  --threads            compute threads (default 1)\n"
@@ -170,6 +171,8 @@ class Engine {
  private:
   double SinceStart() const { return MillisBetween(start_, clock_.Now()); }
   Status StartHttp(const LlamaConfig& config);
+  // Writes --port-file, if given: the HTTP port is bound (and, standalone, serving).
+  Status PublishPort() const;
   Status ServeStandalone();
   Status ServeUnderController();
   Result<SessionEvent> WaitForPromotion(EngineSession* session);
@@ -224,9 +227,12 @@ Status Engine::StartHttp(const LlamaConfig& config) {
   io_thread_ = std::thread([this] { io_.run(); });
   BATON_LOG(INFO, "refengine") << "listening on " << flags_.host << ":" << server_->port() << " ("
                                << SinceStart() << " ms since start)";
-  if (!flags_.port_file.empty())
-    BATON_RETURN_IF_ERROR(WritePortFile(flags_.port_file, server_->port()));
   return OkStatus();
+}
+
+Status Engine::PublishPort() const {
+  if (flags_.port_file.empty()) return OkStatus();
+  return WritePortFile(flags_.port_file, server_->port());
 }
 
 void Engine::StopHttp() {
@@ -282,6 +288,8 @@ Status Engine::ServeStandalone() {
   StartLoop({});
   BATON_RETURN_IF_ERROR(StartHttp(memory->config()));
   api_->StartServing(loop_.get());
+  // Only now: whoever waits for the port file may send a completion at once.
+  BATON_RETURN_IF_ERROR(PublishPort());
   BATON_LOG(INFO, "refengine") << "serving (" << SinceStart() << " ms since start)";
   WaitForSignal();
   return OkStatus();
@@ -291,6 +299,7 @@ Status Engine::ServeUnderController() {
   BATON_ASSIGN_OR_RETURN(EngineLaunchInfo launch, LaunchInfo(flags_));
   BATON_ASSIGN_OR_RETURN(LlamaConfig config, LoadLlamaConfig(flags_.model));
   BATON_RETURN_IF_ERROR(StartHttp(config));
+  BATON_RETURN_IF_ERROR(PublishPort());  // a standby answers 503 until it is promoted
   EngineSessionOptions options;
   options.launch = launch;
   options.engine_version = "baton-refengine";
