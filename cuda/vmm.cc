@@ -4,10 +4,10 @@
 
 #include <chrono>
 
+#include "base/align.h"
+
 namespace baton {
 namespace {
-
-uint64_t RoundUp(uint64_t v, uint64_t unit) { return (v + unit - 1) / unit * unit; }
 
 double MsSince(TimePoint start) { return MillisBetween(start, RealClock::Get().Now()); }
 

@@ -11,10 +11,12 @@
 #include <fstream>
 #include <thread>
 
+#include "base/align.h"
 #include "base/clock.h"
 #include "base/unique_fd.h"
 #include "perf/failover_http.h"
 #include "perf/weightload_contenders.h"
+#include "proto/shared_memory.h"
 #include "standby/llama_config.h"
 #include "weightcache/model_files.h"
 
@@ -26,7 +28,6 @@ using std::chrono::milliseconds;
 
 constexpr char kServedName[] = "baton-perf";
 constexpr uint64_t kBlockHeaderBytes = 64;
-constexpr uint64_t kHugePage = 2ull << 20;
 constexpr int kMinBlockTokens = 16;
 constexpr auto kProbePause = std::chrono::microseconds(200);
 // After the pre-kill request, so that the primary dies idle (its workers asleep).
@@ -90,7 +91,7 @@ Result<std::unique_ptr<BatonPair>> BatonPair::Start(const ModelInfo& model,
   pair->socket_ = opts.work_dir + "/controller.sock";
   pair->log_ = opts.work_dir + "/controller.log";
   const uint64_t need = kMinBlockTokens * model.kv_bytes_per_token + kBlockHeaderBytes;
-  pair->block_bytes_ = (need + kHugePage - 1) / kHugePage * kHugePage;
+  pair->block_bytes_ = RoundUp(need, kHugePageSize);
   pair->block_tokens_ =
       static_cast<int>((pair->block_bytes_ - kBlockHeaderBytes) / model.kv_bytes_per_token);
   BATON_RETURN_IF_ERROR(pair->WriteConfig());

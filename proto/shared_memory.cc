@@ -9,6 +9,8 @@
 #include <cerrno>
 #include <utility>
 
+#include "base/align.h"
+
 namespace baton {
 
 Mapping::~Mapping() { Reset(); }
@@ -32,8 +34,6 @@ void Mapping::Reset() {
 }
 
 namespace {
-
-size_t RoundUp(size_t value, size_t unit) { return (value + unit - 1) / unit * unit; }
 
 Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags) {
   int fd = ::memfd_create(name.c_str(), flags);

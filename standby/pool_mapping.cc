@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "base/align.h"
 #include "proto/shared_memory.h"
 
 namespace baton {
@@ -53,7 +54,7 @@ Result<PoolMapping> PoolMapping::Reserve(UniqueFd pool_fd, const PoolGeometryArg
   BATON_RETURN_IF_ERROR(CheckGeometry(args, static_cast<uint64_t>(st.st_size)));
   PoolMapping pool;
   pool.args_ = args;
-  pool.reserved_ = (args.reserve_bytes + kHugePageSize - 1) / kHugePageSize * kHugePageSize;
+  pool.reserved_ = RoundUp(args.reserve_bytes, kHugePageSize);
   pool.region_bytes_ = pool.reserved_ + kHugePageSize;
   void* region = ::mmap(nullptr, pool.region_bytes_, PROT_NONE, kReserveFlags, -1, 0);
   if (region == MAP_FAILED) {
@@ -62,7 +63,7 @@ Result<PoolMapping> PoolMapping::Reserve(UniqueFd pool_fd, const PoolGeometryArg
   }
   pool.region_ = static_cast<uint8_t*>(region);
   const auto addr = reinterpret_cast<uintptr_t>(region);
-  const uintptr_t aligned = (addr + kHugePageSize - 1) / kHugePageSize * kHugePageSize;
+  const uintptr_t aligned = RoundUp(addr, kHugePageSize);
   pool.base_ = reinterpret_cast<uint8_t*>(aligned);
   pool.fd_ = std::move(pool_fd);
   return pool;

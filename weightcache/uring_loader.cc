@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 
+#include "base/align.h"
 #include "base/log.h"
 #include "base/unique_fd.h"
 
@@ -20,7 +21,7 @@ namespace {
 constexpr char kComponent[] = "loader";
 constexpr uint64_t kAlign = kDirectIoAlignment;
 
-uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t AlignUp(uint64_t v) { return RoundUp(v, kAlign); }
 uint64_t AlignDown(uint64_t v) { return v / kAlign * kAlign; }
 bool Aligned(uint64_t v) { return v % kAlign == 0; }
 

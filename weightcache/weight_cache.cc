@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/align.h"
 #include "base/log.h"
 
 namespace baton {
@@ -10,7 +11,7 @@ namespace {
 constexpr char kComponent[] = "weightcache";
 constexpr uint64_t kAlign = kDirectIoAlignment;
 
-uint64_t AlignUp(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t AlignUp(uint64_t v) { return RoundUp(v, kAlign); }
 uint64_t AlignDown(uint64_t v) { return v / kAlign * kAlign; }
 
 // Where one shard goes: its bytes from `file_offset` to end of file land at `arena_offset`.
