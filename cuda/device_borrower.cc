@@ -41,8 +41,10 @@ Result<AcceptedRegion> DeviceBorrower::AcceptRegion(proto::Channel& channel, Dur
     out.import_ms = MsSince(start);
     if (!info.writable) {
       const TimePoint map_start = RealClock::Get().Now();
-      BATON_RETURN_IF_ERROR(view.MapAll(VmmMapOptions{.access = VmmAccess::kRead}).status());
+      BATON_ASSIGN_OR_RETURN(VmmMapStats mapped,
+                             view.MapAll(VmmMapOptions{.access = VmmAccess::kRead}));
       out.map_ms = MsSince(map_start);
+      out.read_only = !mapped.read_only_refused;
     }
     views_.emplace(info.name, std::move(view));
     return OkStatus();
@@ -53,9 +55,10 @@ Result<AcceptedRegion> DeviceBorrower::AcceptRegion(proto::Channel& channel, Dur
   BATON_RETURN_IF_ERROR(acked);
   BATON_LOG(INFO, "cuda") << "region '" << info.name << "': " << info.chunk_count << " chunks of "
                           << info.chunk_bytes << " bytes imported in " << out.import_ms << " ms"
-                          << (info.writable
-                                  ? ", range reserved"
-                                  : ", mapped read-only in " + std::to_string(out.map_ms) + " ms");
+                          << (info.writable   ? ", range reserved"
+                              : out.read_only ? ", mapped read-only in "
+                                              : ", mapped read-write (read-only refused) in ")
+                          << (info.writable ? "" : std::to_string(out.map_ms) + " ms");
   return out;
 }
 

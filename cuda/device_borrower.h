@@ -46,6 +46,9 @@ struct AcceptedRegion {
   size_t chunks = 0;
   double import_ms = 0;
   double map_ms = 0;  // read-only regions: map + access
+  // Read-only regions: false where the driver refused read-only access and the region is
+  // mapped read-write instead (VmmMapStats::read_only_refused).
+  bool read_only = false;
 };
 
 class DeviceBorrower {

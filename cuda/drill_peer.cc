@@ -145,10 +145,10 @@ Status Session(proto::Channel& channel, const PeerArgs& args) {
   if (args.role == "standby") BATON_RETURN_IF_ERROR(channel.Send(ack));
   std::ofstream report(args.report, std::ios::trunc);
   report << "ready_ms=" << ready_ms << "\nimport_ms=" << w.import_ms + p.import_ms
-         << "\nweights_map_ms=" << w.map_ms << "\nmap_calls=" << phases.map_calls
-         << "\nmap_ms=" << phases.map_ms << "\naccess_ms=" << phases.access_ms
-         << "\nscrub_ms=" << phases.scrub_ms << "\npromote_ms=" << promote_ms
-         << "\nblocks=" << phases.blocks << "\n";
+         << "\nweights_map_ms=" << w.map_ms << "\nweights_read_only=" << (w.read_only ? 1 : 0)
+         << "\nmap_calls=" << phases.map_calls << "\nmap_ms=" << phases.map_ms
+         << "\naccess_ms=" << phases.access_ms << "\nscrub_ms=" << phases.scrub_ms
+         << "\npromote_ms=" << promote_ms << "\nblocks=" << phases.blocks << "\n";
   if (args.role == "primary") {
     BATON_RETURN_IF_ERROR(StartSpinning(*b, pool, args.header_bytes));
   } else {

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "base/align.h"
+#include "base/log.h"
 
 namespace baton {
 namespace {
@@ -169,7 +170,17 @@ Result<VmmMapStats> VmmView::Map(uint64_t offset, uint64_t bytes, const VmmMapOp
   desc.location.id = ctx_->device();
   desc.flags = options.access == VmmAccess::kRead ? CU_MEM_ACCESS_FLAGS_PROT_READ
                                                   : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  BATON_RETURN_IF_ERROR(BATON_CU(cu, cuMemSetAccess, base() + offset, bytes, &desc, 1));
+  Status access = BATON_CU(cu, cuMemSetAccess, base() + offset, bytes, &desc, 1);
+  if (!access.ok() && options.access == VmmAccess::kRead) {
+    desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (BATON_CU(cu, cuMemSetAccess, base() + offset, bytes, &desc, 1).ok()) {
+      BATON_LOG(WARN, "cuda") << "the driver refused read-only access (" << access.message()
+                              << "); the range is mapped read-write";
+      stats.read_only_refused = true;
+      access = OkStatus();
+    }
+  }
+  BATON_RETURN_IF_ERROR(access);
   if (options.host_numa_node >= 0) {
     desc.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
     desc.location.id = options.host_numa_node;

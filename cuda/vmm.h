@@ -79,6 +79,9 @@ struct VmmMapStats {
   size_t map_calls = 0;
   double map_ms = 0;     // the cuMemMap calls
   double access_ms = 0;  // the cuMemSetAccess call
+  // kRead was asked and the driver refused read-only access: the range is mapped read-write
+  // (logged as a warning), so it works but is not protected against stray writes.
+  bool read_only_refused = false;
 };
 
 struct VmmMapOptions {

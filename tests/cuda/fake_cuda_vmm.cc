@@ -180,8 +180,13 @@ CUresult MemUnmap(CUdeviceptr p, size_t size) {
                    -1, 0);
   return m == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
+// $BATON_FAKE_CUDA_NO_READ_ONLY set: read-only access is refused, as a driver may.
 CUresult MemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, size_t count) {
   if (count == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ &&
+      std::getenv("BATON_FAKE_CUDA_NO_READ_ONLY") != nullptr) {
+    return CUDA_ERROR_NOT_SUPPORTED;
+  }
   const int prot = desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
                    : desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                                        : PROT_NONE;

@@ -65,6 +65,28 @@ TEST(VmmTest, ExportedChunksImportAndShowTheSameMemory) {
   }
 }
 
+// A driver that refuses read-only access (the fake driver told to) gets a read-write mapping,
+// and the stats say so.
+TEST(VmmTest, ARefusedReadOnlyMappingIsMappedReadWrite) {
+  BATON_CUDA_OR_SKIP(ctx);
+  if (::getenv("BATON_FAKE_CUDA") == nullptr) GTEST_SKIP() << "needs the fake driver's refusal";
+  Result<VmmRegion> region = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 4 * kMiB});
+  ASSERT_TRUE(region.ok()) << region.status().ToString();
+  Result<VmmView> view =
+      VmmView::Reserve(ctx, region->chunk_bytes(), region->chunk_count(), region->granularity());
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(view->Borrow(*region).ok());
+  ::setenv("BATON_FAKE_CUDA_NO_READ_ONLY", "1", 1);
+  Result<VmmMapStats> refused = view->MapAll({.access = VmmAccess::kRead});
+  ::unsetenv("BATON_FAKE_CUDA_NO_READ_ONLY");
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_TRUE(refused->read_only_refused);
+  view->UnmapAll();
+  Result<VmmMapStats> granted = view->MapAll({.access = VmmAccess::kRead});
+  ASSERT_TRUE(granted.ok()) << granted.status().ToString();
+  EXPECT_FALSE(granted->read_only_refused);
+}
+
 TEST(VmmTest, MappingBookkeeping) {
   BATON_CUDA_OR_SKIP(ctx);
   Result<VmmRegion> region = VmmRegion::Create(ctx, {.bytes = 12 * kMiB, .chunk_bytes = 4 * kMiB});
