@@ -52,8 +52,8 @@ TEST(CudaErrorsTest, StickyErrorsAndCodes) {
 // Loads the fake driver with $BATON_FAKE_CUDA set to `mode`.
 Result<std::unique_ptr<CudaDriver>> LoadFake(const char* mode) {
   ::setenv("BATON_FAKE_CUDA", mode, 1);
-  Result<std::unique_ptr<CudaDriver>> driver =
-      CudaDriver::Load(CudaDriverOptions{.library = BATON_FAKE_CUDA_DRIVER});
+  Result<std::unique_ptr<CudaDriver>> driver = CudaDriver::Load(
+      CudaDriverOptions{.library = testing::LibDir() + "/libbaton_fake_cuda_driver.so"});
   ::unsetenv("BATON_FAKE_CUDA");
   return driver;
 }

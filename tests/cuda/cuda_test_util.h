@@ -1,4 +1,5 @@
-// Helpers shared by the CUDA backend's tests: the GPU-or-skip guard and temporary directories.
+// Helpers shared by the CUDA backend's tests: the GPU-or-skip guard, temporary directories and
+// where the project's other binaries are.
 //
 // BATON_CUDA_OR_SKIP(ctx) retains device 0's primary context into `ctx`, or skips the test
 // with "no CUDA driver: <why>" where there is no usable GPU (no libcuda, no device), so that
@@ -7,6 +8,7 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -49,5 +51,25 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// The folder of the running test binary. The helpers it starts live beside it (bin/) and the
+// project's shared libraries in ../lib, in the build folder and in a bundle that
+// perf/gpu_bundle made and a GPU host runs from wherever it was copied to.
+inline std::string BinDir() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(BATON_BIN_DIR) : self.parent_path().string();
+}
+inline std::string LibDir() { return BinDir() + "/../lib"; }
+
+// ptxas: $BATON_PTXAS, else the toolkit's found at configure time, else the toolkit's
+// standard location.
+inline std::string PtxasPath() {
+  if (const char* env = ::getenv("BATON_PTXAS"); env != nullptr && *env != '\0') return env;
+#ifdef BATON_PTXAS
+  if (::access(BATON_PTXAS, X_OK) == 0) return BATON_PTXAS;
+#endif
+  return "/usr/local/cuda/bin/ptxas";
+}
 
 }  // namespace baton::testing

@@ -24,7 +24,7 @@ TEST(DrillTest, KillThePrimaryMidKernelAndPromoteTheStandby) {
                      .pool_chunk_bytes = 32 * kMiB,
                      .block_bytes = 2 * kMiB,
                      .header_bytes = 64,
-                     .peer_command = {std::string(BATON_BIN_DIR) + "/baton_vmm_peer_helper"},
+                     .peer_command = {testing::BinDir() + "/baton_vmm_peer_helper"},
                      .work_dir = dir.path()};
   Result<DrillResult> r = RunPromotionDrill(ctx, *weights, config);
   ASSERT_TRUE(r.ok()) << r.status().ToString();

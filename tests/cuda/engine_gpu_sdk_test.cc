@@ -7,6 +7,7 @@
 #include "cuda/nccl_library.h"
 #include "standby/baton_engine.h"
 #include "standby/engine_sdk.h"
+#include "tests/cuda/cuda_test_util.h"
 #include "tests/standby/fake_controller.h"
 
 namespace baton {
@@ -55,7 +56,7 @@ TEST(EngineGpuSdkTest, NcclWatchNeedsACommunicator) {
 }
 
 TEST(EngineGpuSdkTest, SharedLibraryExportsTheGpuCalls) {
-  const std::string lib = std::string(BATON_BIN_DIR) + "/../lib/libbaton_engine.so";
+  const std::string lib = testing::LibDir() + "/libbaton_engine.so";
   void* handle = ::dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   ASSERT_NE(handle, nullptr) << ::dlerror();
   for (const char* name : {"baton_engine_register_nccl_comm", "baton_engine_unregister_nccl_comm",

@@ -31,7 +31,7 @@ TEST(KernelsPtxTest, FillPatternMatchesTheKernelsArithmetic) {
 }
 
 TEST(KernelsPtxTest, AssemblesForSm90AndSm100) {
-  const std::string ptxas = BATON_PTXAS;
+  const std::string ptxas = testing::PtxasPath();
   if (::access(ptxas.c_str(), X_OK) != 0) GTEST_SKIP() << "no ptxas at " << ptxas;
   testing::TempDir dir;
   const std::string src = dir.File("kernels.ptx");
