@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -66,6 +67,14 @@ struct Flags {
 
 std::atomic<const char*> g_step{"start"};
 std::string g_out_file;
+std::mutex g_partial_mu;
+json g_partial;  // the result as of the last finished step, for the watchdog
+
+// Records the result so far: a deadline that passes later still reports it.
+void Snapshot(const json& result) {
+  std::lock_guard<std::mutex> lock(g_partial_mu);
+  g_partial = result;
+}
 
 // Prints `object` as the last line and writes it to the out folder.
 void Emit(const json& object) {
@@ -75,16 +84,21 @@ void Emit(const json& object) {
   std::fflush(stdout);
 }
 
-// Ends the run if it outlives its deadline: a last JSON line naming the step, exit 3.
+// Ends the run if it outlives its deadline: a last JSON line with the steps that finished and
+// the one that did not, exit 3.
 void StartWatchdog(int seconds) {
   std::thread([seconds] {
     std::this_thread::sleep_for(std::chrono::seconds(seconds));
-    const std::string line = json{{"gpu", true},
-                                  {"ok", false},
-                                  {"error", "deadline of " + std::to_string(seconds) +
-                                                " s passed during step " + g_step.load()}}
-                                 .dump() +
-                             "\n";
+    json last;
+    {
+      std::lock_guard<std::mutex> lock(g_partial_mu);
+      last = g_partial.is_object() ? g_partial : json::object();
+    }
+    last["gpu"] = true;
+    last["ok"] = false;
+    last["error"] = "deadline of " + std::to_string(seconds) + " s passed during step " +
+                    std::string(g_step.load());
+    const std::string line = last.dump() + "\n";
     const int fd = ::open(g_out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
       (void)!::write(fd, line.data(), line.size());
@@ -186,11 +200,13 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
                     .drill_runs = f.drill_runs,
                     .peer_command = {SelfPath(), "--drill-peer"}};
   result["device"] = DeviceInfo(*ctx);
+  Snapshot(result);
   bool ok = true;
   if (f.Runs("remat")) {
     g_step = "rematerialization";
     result["remat"] = RematStep(*ctx, o);
     ok = result["remat"].value("ok", false) && result["remat"].value("ratio", 0.0) >= 0.9;
+    Snapshot(result);
   }
   json promotions = json::array();
   for (uint64_t w : f.Runs("drill") ? f.weight_gib : std::vector<uint64_t>{}) {
@@ -198,6 +214,8 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     json d = DrillStep(*ctx, o, w);
     ok = ok && d.value("ok", false) && d.value("promotion_ms_max", 1e9) <= 1000.0;
     promotions.push_back(std::move(d));
+    result["promotion"] = promotions;
+    Snapshot(result);
   }
   result["promotion"] = promotions;
   if (f.Runs("pair")) {
@@ -225,6 +243,7 @@ int Run(const Flags& f) {
   const std::string line = backend.ok() ? backend->LogLine() : backend.status().ToString();
   BATON_LOG(INFO, "gpu-check") << line;
   result["backend"] = line;
+  Snapshot(result);
   int rc = 0;
 #ifdef BATON_HAVE_CUDA_HEADERS
   Result<const CudaDriver*> cu = CudaDriver::Get();
