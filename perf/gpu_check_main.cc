@@ -3,13 +3,16 @@
 //   baton-perf-gpu-check [--out DIR] [--device N] [--weights-gib 16,64] [--pool-gib 32]
 //       [--pool-chunk-mib 256] [--weight-chunk-mib 1024] [--remat-gib 16] [--remat-streams 4]
 //       [--remat-chunk-mib 64] [--reps 3] [--drill-runs 2] [--deadline-s 420]
-//       [--steps remat,drill,pair] [--unit-tests PASSED,FAILED,SKIPPED,RC]
+//       [--steps remat,drill,pair,torch] [--torch-engine PATH]
+//       [--unit-tests PASSED,FAILED,SKIPPED,RC]
 //
 // Prints one JSON object as the last line of stdout and writes it to DIR/gpu_check.json.
 // Without a usable GPU that object is {"gpu": false, "reason": ...} and the exit code is 0.
 // With one: device facts, rematerialization against the plain pinned copy, and the promotion
 // drill (cuda/device_drill.h) for each weight set, and the real controller's pair on the
-// device with a kill -9 failover (perf/gpu_check_pair.h); `--steps` picks a subset. Exit 0
+// device with a kill -9 failover (perf/gpu_check_pair.h), and that pair once more with
+// PyTorch engines on the C ABI (--torch-engine: perf/gpu_check_torch_engine.py; the step is
+// skipped without it); `--steps` picks a subset. Exit 0
 // when every step passed (promotion at most 1000 ms, rematerialization at least 90 % of the
 // baseline, every check true), 1
 // when a step failed or missed its target, 3 when the deadline passed (the JSON says where).
@@ -58,7 +61,8 @@ struct Flags {
   int reps = 3;
   int drill_runs = 2;
   int deadline_s = 420;
-  std::string steps = "remat,drill,pair";
+  std::string steps = "remat,drill,pair,torch";
+  std::string torch_engine;
   std::string unit_tests;
   bool Runs(const std::string& step) const {
     return ("," + steps + ",").find("," + step + ",") != std::string::npos;
@@ -152,6 +156,8 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->unit_tests = v;
     else if (arg == "--steps")
       f->steps = v;
+    else if (arg == "--torch-engine")
+      f->torch_engine = v;
     else
       return "unknown flag " + arg;
   }
@@ -218,12 +224,23 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     Snapshot(result);
   }
   result["promotion"] = promotions;
+  const std::string self = SelfPath();
+  PairStepOptions pair;
+  pair.bin_dir = self.substr(0, self.rfind('/'));
+  pair.work_dir = f.out;
+  pair.device = f.device;
   if (f.Runs("pair")) {
     g_step = "controller pair on the device";
-    const std::string self = SelfPath();
-    result["pair"] = PairStep(
-        {.bin_dir = self.substr(0, self.rfind('/')), .work_dir = f.out, .device = f.device});
+    result["pair"] = PairStep(pair);
     ok = ok && result["pair"].value("ok", false);
+    Snapshot(result);
+  }
+  if (f.Runs("torch") && f.torch_engine.empty()) {
+    result["torch"] = json{{"skipped", "no --torch-engine"}};
+  } else if (f.Runs("torch")) {
+    g_step = "PyTorch engines on the C ABI";
+    result["torch"] = TorchStep(pair, f.torch_engine);
+    ok = ok && result["torch"].value("ok", false);
   }
   result["targets"] =
       json{{"promotion_ms_max", 1000}, {"promotion_ms_aim", 250}, {"remat_ratio_min", 0.9}};

@@ -63,12 +63,23 @@ class Pair {
   }
 
   bool WriteConfig() const {
+    std::vector<std::string> command = o_.engine_command;
+    if (command.empty()) {
+      command = {o_.bin_dir + "/baton_test_engine_helper", "--device-memory", "--violations-dir",
+                 "{dir}/violations"};
+    }
     std::ofstream out(dir_ + "/controller.toml");
-    out << "[controller]\nruntime_dir = \"" << dir_ << "/run\"\n"
-        << "[model]\ndir = \"" << dir_ << "/model\"\nlock = false\n"
-        << "[engine]\ncommand = [\"" << o_.bin_dir << "/baton_test_engine_helper\", "
-        << "\"--device-memory\", \"--violations-dir\", \"" << dir_ << "/violations\"]\n"
-        << "[pool]\nblocks = 64\nblock_bytes = 2097152\n"
+    out << "[controller]\nruntime_dir = " << json(dir_ + "/run") << "\n"
+        << "[model]\ndir = " << json(dir_ + "/model") << "\nlock = false\n"
+        << "[engine]\ncommand = [";
+    for (size_t i = 0; i < command.size(); ++i) {
+      std::string arg = command[i];
+      if (size_t at = arg.find("{dir}"); at != std::string::npos) arg.replace(at, 5, dir_);
+      out << (i == 0 ? "" : ", ") << json(arg);  // a JSON string is a TOML basic string
+    }
+    out << "]\n";
+    if (o_.promote_timeout_ms > 0) out << "promote_timeout_ms = " << o_.promote_timeout_ms << "\n";
+    out << "[pool]\nblocks = 64\nblock_bytes = 2097152\n"
         << "[gpu]\nbackend = \"cuda\"\ndevice = " << o_.device << "\n";
     return out.good();
   }
@@ -135,8 +146,25 @@ json Fail(json r, const std::string& error) {
 
 }  // namespace
 
+// The engines' reports in dir/reports once there are `want` of them (null at the deadline).
+json WaitForReports(const std::string& dir, int want, int timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
+  while (true) {
+    json reports = json::array();
+    std::error_code ec;
+    for (const auto& f : std::filesystem::directory_iterator(dir + "/reports", ec)) {
+      if (f.path().extension() != ".json") continue;
+      std::ifstream in(f.path());
+      reports.push_back(json::parse(in, nullptr, /*allow_exceptions=*/false));
+    }
+    if (static_cast<int>(reports.size()) >= want) return reports;
+    if (Clock::now() >= deadline) return nullptr;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+}
+
 json PairStep(const PairStepOptions& o) {
-  const std::string dir = o.work_dir + "/pair";
+  const std::string dir = o.work_dir + "/" + o.name;
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir + "/violations", ec);
@@ -153,6 +181,9 @@ json PairStep(const PairStepOptions& o) {
   r["device"] = before["device"];
   const json primary = EngineWithRole(before, "primary");
   const uint64_t old_id = primary.value("id", uint64_t{0});
+  if (o.reports > 0 && WaitForReports(dir, 1, o.timeout_s).is_null()) {
+    return Fail(r, "the primary wrote no report; see controller.log");
+  }
   if (::kill(primary.value("pid", 0), SIGKILL) != 0) return Fail(r, "could not kill the primary");
   const json after = pair.WaitFor(
       [old_id](const json& s) {
@@ -172,6 +203,17 @@ json PairStep(const PairStepOptions& o) {
     ++violations;
   }
   r["violations"] = violations;
+  bool reports_ok = true;
+  if (o.reports > 0) {
+    r["engines"] = WaitForReports(dir, o.reports, o.timeout_s);
+    reports_ok = r["engines"].is_array();
+    for (const json& e : reports_ok ? r["engines"] : json::array()) {
+      reports_ok = reports_ok && e.is_object() && e.value("ok", false);
+    }
+    if (!r["engines"].is_array())
+      r["error"] =
+          "fewer than " + std::to_string(o.reports) + " engine reports; see controller.log";
+  }
   pair.Stop();
   bool mapped = !memory.empty();
   for (const json& m : memory) mapped = mapped && m == "mapped";
@@ -180,8 +222,20 @@ json PairStep(const PairStepOptions& o) {
   const std::string cause = r["timeline"].is_object() ? r["timeline"].value("cause", "") : "";
   const bool killed = cause.rfind("died", 0) == 0 || cause.rfind("connection lost", 0) == 0;
   r["ok"] = mapped && violations == 0 && r["invariants"] == "ok" &&
-            r["device"].value("backend", "") == "cuda" && killed;
+            r["device"].value("backend", "") == "cuda" && killed && reports_ok;
   return r;
+}
+
+json TorchStep(PairStepOptions o, const std::string& script) {
+  if (::access(script.c_str(), R_OK) != 0) {
+    return json{{"ok", false}, {"error", "no engine script at " + script}};
+  }
+  o.name = "torch";
+  o.engine_command = {"python3",      script,         "--lib", o.bin_dir + "/../lib",
+                      "--report-dir", "{dir}/reports"};
+  o.reports = 2;
+  o.promote_timeout_ms = 30000;  // PyTorch starts before it connects; this is a margin
+  return PairStep(o);
 }
 
 }  // namespace baton

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""A PyTorch engine on Baton's C ABI, for perf/gpu_check's torch step (docs/gpu.md).
+
+The controller launches it as its engine command. It does what a vLLM or SGLang worker would:
+start CUDA and PyTorch before it connects (the standby's half start), connect with
+BATON_ENGINE_USE_DEVICE_MEMORY, read the device copy of the weights as tensors without
+copying them and compare them with the host arena, wait to be promoted, mark itself serving,
+then put a KV tensor in Baton's device pool through libbaton_torch_alloc.so as PyTorch's
+pluggable allocator and compute on it. Once promoted it writes REPORT_DIR/engine-<id>.json,
+then serves the controller's events until told to stop.
+
+Where PyTorch (or a GPU) is missing it does the same through the C ABI alone (the allocator
+called through ctypes), so that the ctypes declarations below are tested on every machine.
+
+    gpu_check_torch_engine.py --lib LIB_DIR --report-dir DIR
+"""
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+USE_DEVICE_MEMORY = 1
+DEADLINE_EXCEEDED = 8
+EVENT_STOP, EVENT_DISCONNECTED, EVENT_DRAIN = 5, 6, 4
+
+
+class Options(ctypes.Structure):
+    _fields_ = [("socket_path", ctypes.c_char_p), ("launch_token", ctypes.c_char_p),
+                ("engine_id", ctypes.c_uint64), ("engine_version", ctypes.c_char_p),
+                ("http_address", ctypes.c_char_p), ("prefault_weights", ctypes.c_int),
+                ("connect_timeout_ms", ctypes.c_int)]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_uint8), ("ndim", ctypes.c_size_t),
+                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p),
+                ("size", ctypes.c_uint64)]
+
+
+class Region(ctypes.Structure):
+    _fields_ = [("device", ctypes.c_int), ("address", ctypes.c_uint64),
+                ("bytes", ctypes.c_uint64), ("chunk_bytes", ctypes.c_uint64),
+                ("chunks", ctypes.c_uint32)]
+
+
+class PoolInfo(ctypes.Structure):
+    _fields_ = [("block_count", ctypes.c_uint32), ("block_bytes", ctypes.c_uint64),
+                ("base", ctypes.c_void_p), ("reserved_bytes", ctypes.c_uint64),
+                ("huge_pages", ctypes.c_int)]
+
+
+class Extent(ctypes.Structure):
+    _fields_ = [("first", ctypes.c_uint32), ("count", ctypes.c_uint32),
+                ("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64)]
+
+
+class Event(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("epoch", ctypes.c_uint64),
+                ("extent_count", ctypes.c_uint32), ("extents_truncated", ctypes.c_int),
+                ("extents", Extent * 64), ("blocks", ctypes.c_uint32),
+                ("timeout_ms", ctypes.c_int64), ("reason", ctypes.c_char * 256)]
+
+
+def load(lib_dir):
+    """libbaton_engine.so (global, so the allocator's dlopen by PyTorch finds it) and the
+    allocator library, with the prototypes used here."""
+    ctypes.CDLL(os.path.join(lib_dir, "libbaton_engine.so"), mode=ctypes.RTLD_GLOBAL)
+    path = os.path.join(lib_dir, "libbaton_torch_alloc.so")
+    lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    p, u64, i64 = ctypes.c_void_p, ctypes.c_uint64, ctypes.c_int64
+    for name, res, args in [
+        ("baton_engine_abi_version", ctypes.c_int, []),
+        ("baton_engine_last_error", ctypes.c_char_p, []),
+        ("baton_engine_connect_flags", ctypes.c_int,
+         [ctypes.POINTER(Options), ctypes.c_uint, ctypes.POINTER(p)]),
+        ("baton_engine_device_weights", ctypes.c_int, [p, ctypes.POINTER(Region)]),
+        ("baton_engine_device_pool", ctypes.c_int, [p, ctypes.POINTER(Region)]),
+        ("baton_engine_pool", ctypes.c_int, [p, ctypes.POINTER(PoolInfo)]),
+        ("baton_engine_id", u64, [p]),
+        ("baton_engine_epoch", u64, [p]),
+        ("baton_engine_tensor_count", ctypes.c_size_t, [p]),
+        ("baton_engine_tensor", ctypes.c_int, [p, ctypes.c_size_t, ctypes.POINTER(Tensor)]),
+        ("baton_engine_weights_base", p, [p]),
+        ("baton_engine_wait_promotion", ctypes.c_int, [p, i64, ctypes.POINTER(Event)]),
+        ("baton_engine_mark_serving", ctypes.c_int, [p]),
+        ("baton_engine_next_event", ctypes.c_int, [p, i64, ctypes.POINTER(Event)]),
+        ("baton_engine_report_drained", ctypes.c_int, [p, ctypes.c_uint32]),
+        ("baton_engine_close", None, [p]),
+        ("baton_torch_alloc_attach", ctypes.c_int, [p]),
+        ("baton_torch_alloc_free_bytes", u64, []),
+        ("baton_torch_alloc_last_error", ctypes.c_char_p, []),
+        ("baton_torch_malloc", p, [ctypes.c_ssize_t, ctypes.c_int, p]),
+        ("baton_torch_free", None, [p, ctypes.c_ssize_t, ctypes.c_int, p]),
+    ]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib, path
+
+
+class Failed(Exception):
+    pass
+
+
+def check(lib, rc, what):
+    if rc != 0:
+        raise Failed(f"{what}: code {rc}: {lib.baton_engine_last_error().decode()}")
+
+
+def start_torch():
+    """PyTorch with CUDA started, or the reason it cannot be."""
+    try:
+        import torch
+    except Exception as e:  # not installed here
+        return None, f"import torch: {e}"
+    if not torch.cuda.is_available():
+        return None, "torch.cuda.is_available() is false"
+    torch.zeros(1, device="cuda")  # the context, before the controller waits on us
+    return torch, ""
+
+
+class DeviceBytes:
+    """A device range as a uint8 array PyTorch can wrap (__cuda_array_interface__)."""
+
+    def __init__(self, address, size, readonly):
+        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "strides": None,
+                                         "data": (address, readonly), "version": 3}
+
+
+def host_bytes(torch, address, size):
+    buf = (ctypes.c_uint8 * size).from_address(address)
+    return torch.frombuffer(buf, dtype=torch.uint8)
+
+
+def check_weights(lib, engine, torch, report):
+    """The device weights, wrapped in place, equal the host arena; a kernel reads them."""
+    w = Region()
+    check(lib, lib.baton_engine_device_weights(engine, ctypes.byref(w)), "device weights")
+    report["weights_bytes"] = w.bytes
+    arena = lib.baton_engine_weights_base(engine)
+    tensors = [_tensor(lib, engine, i) for i in range(lib.baton_engine_tensor_count(engine))]
+    size = max((t.data - arena + t.size for t in tensors), default=0)  # the tensors' span
+    report["tensors"] = len(tensors)
+    if size > w.bytes:
+        raise Failed(f"the tensors span {size} bytes, the device weights {w.bytes}")
+    if torch is None or size == 0:
+        return
+    start = time.monotonic()
+    # PyTorch has no read-only tensors; the mapping itself is read-only.
+    device = torch.as_tensor(DeviceBytes(w.address, size, False), device="cuda")
+    host = host_bytes(torch, arena, size)
+    report["weights_equal"] = bool(torch.equal(device, host.to("cuda")))
+    report["weights_sum_equal"] = int(device.sum(dtype=torch.int64)) == int(
+        host.sum(dtype=torch.int64))
+    report["weights_check_ms"] = round((time.monotonic() - start) * 1e3, 3)
+    report["weights_wrapped_in_place"] = device.data_ptr() == w.address
+
+
+def _tensor(lib, engine, i):
+    t = Tensor()
+    check(lib, lib.baton_engine_tensor(engine, i, ctypes.byref(t)), f"tensor {i}")
+    return t
+
+
+def use_pool(lib, path, engine, torch, report):
+    """A KV tensor in Baton's device pool through the pluggable allocator, filled and summed."""
+    check(lib, lib.baton_torch_alloc_attach(engine), "baton_torch_alloc_attach")
+    pool = Region()
+    check(lib, lib.baton_engine_device_pool(engine, ctypes.byref(pool)), "device pool")
+    info = PoolInfo()
+    check(lib, lib.baton_engine_pool(engine, ctypes.byref(info)), "pool")
+    held = lib.baton_torch_alloc_free_bytes()
+    report.update(pool_bytes=pool.bytes, held_bytes=held, block_bytes=info.block_bytes)
+    size = min(held, 8 * info.block_bytes)
+    if size == 0:
+        raise Failed("no pool blocks held after the promotion")
+    start = time.monotonic()
+    if torch is None:
+        ptr = lib.baton_torch_malloc(size, pool.device, None)
+        if not ptr:
+            raise Failed("baton_torch_malloc: " + lib.baton_torch_alloc_last_error().decode())
+        report["kv_in_pool"] = pool.address <= ptr and ptr + size <= pool.address + pool.bytes
+        lib.baton_torch_free(ptr, size, pool.device, None)
+    else:
+        from torch.cuda.memory import CUDAPluggableAllocator, MemPool, use_mem_pool
+        alloc = CUDAPluggableAllocator(path, "baton_torch_malloc", "baton_torch_free")
+        mem_pool = MemPool(alloc.allocator())
+        with use_mem_pool(mem_pool):
+            kv = torch.empty(size, dtype=torch.uint8, device="cuda")
+        ptr = kv.data_ptr()
+        report["kv_in_pool"] = pool.address <= ptr and ptr + size <= pool.address + pool.bytes
+        kv.fill_(7)
+        report["kv_sum_ok"] = int(kv.sum(dtype=torch.int64)) == 7 * size
+        torch.cuda.synchronize()
+        report["torch_version"] = torch.__version__
+    report["kv_bytes"] = size
+    report["kv_ms"] = round((time.monotonic() - start) * 1e3, 3)
+
+
+def serve(lib, engine):
+    ev = Event()
+    while True:
+        rc = lib.baton_engine_next_event(engine, 200, ctypes.byref(ev))
+        if rc != 0 or ev.kind in (EVENT_STOP, EVENT_DISCONNECTED):
+            return
+        if ev.kind == EVENT_DRAIN:
+            lib.baton_engine_report_drained(engine, 0)
+
+
+def write_report(report_dir, report):
+    os.makedirs(report_dir, exist_ok=True)
+    name = os.path.join(report_dir, f"engine-{report.get('engine_id', os.getpid())}.json")
+    with open(name + ".tmp", "w") as f:
+        json.dump(report, f)
+    os.rename(name + ".tmp", name)
+
+
+def run(args, report):
+    began = time.monotonic()
+    torch, why = start_torch()
+    report["torch"] = torch is not None
+    report["torch_reason"] = why
+    report["torch_start_ms"] = round((time.monotonic() - began) * 1e3, 3)
+    lib, path = load(args.lib)
+    opts = Options(engine_version=b"torch-engine/1")
+    engine = ctypes.c_void_p()
+    check(lib, lib.baton_engine_connect_flags(ctypes.byref(opts), USE_DEVICE_MEMORY,
+                                              ctypes.byref(engine)), "connect")
+    report["engine_id"] = lib.baton_engine_id(engine)
+    try:
+        check_weights(lib, engine, torch, report)
+        ev = Event()
+        while True:
+            rc = lib.baton_engine_wait_promotion(engine, 200, ctypes.byref(ev))
+            if rc != DEADLINE_EXCEEDED:
+                break
+        if rc != 0:
+            return  # told to stop before a promotion: a standby that never served
+        promoted = time.monotonic()
+        check(lib, lib.baton_engine_mark_serving(engine), "mark serving")
+        report["epoch"] = ev.epoch
+        report["promoted_blocks"] = sum(ev.extents[i].count for i in range(ev.extent_count))
+        use_pool(lib, path, engine, torch, report)
+        report["kv_ready_after_promotion_ms"] = round((time.monotonic() - promoted) * 1e3, 3)
+        report["ok"] = all(report.get(k, True) for k in
+                           ("weights_equal", "weights_sum_equal", "kv_in_pool", "kv_sum_ok"))
+        write_report(args.report_dir, report)
+        serve(lib, engine)
+    finally:
+        lib.baton_engine_close(engine)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", required=True, help="folder of libbaton_torch_alloc.so")
+    parser.add_argument("--report-dir", required=True)
+    args = parser.parse_args()
+    report = {"pid": os.getpid(), "ok": False}
+    try:
+        run(args, report)
+    except Exception as e:  # a report says what failed, whatever it was
+        report["error"] = str(e) if isinstance(e, Failed) else repr(e)
+        write_report(args.report_dir, report)
+        print(f"torch engine: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
