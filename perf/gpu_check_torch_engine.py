@@ -148,9 +148,10 @@ def check_weights(lib, engine, torch, report):
         return
     start = time.monotonic()
     # PyTorch has no read-only tensors; the mapping itself is read-only.
-    device = torch.as_tensor(DeviceBytes(w.address, size, False), device="cuda")
+    gpu = f"cuda:{w.device}"
+    device = torch.as_tensor(DeviceBytes(w.address, size, False), device=gpu)
     host = host_bytes(torch, arena, size)
-    report["weights_equal"] = bool(torch.equal(device, host.to("cuda")))
+    report["weights_equal"] = bool(torch.equal(device, host.to(gpu)))
     report["weights_sum_equal"] = int(device.sum(dtype=torch.int64)) == int(
         host.sum(dtype=torch.int64))
     report["weights_check_ms"] = round((time.monotonic() - start) * 1e3, 3)
@@ -184,10 +185,11 @@ def use_pool(lib, path, engine, torch, report):
         lib.baton_torch_free(ptr, size, pool.device, None)
     else:
         from torch.cuda.memory import CUDAPluggableAllocator, MemPool, use_mem_pool
+        torch.cuda.set_device(pool.device)
         alloc = CUDAPluggableAllocator(path, "baton_torch_malloc", "baton_torch_free")
         mem_pool = MemPool(alloc.allocator())
         with use_mem_pool(mem_pool):
-            kv = torch.empty(size, dtype=torch.uint8, device="cuda")
+            kv = torch.empty(size, dtype=torch.uint8, device=f"cuda:{pool.device}")
         ptr = kv.data_ptr()
         report["kv_in_pool"] = pool.address <= ptr and ptr + size <= pool.address + pool.bytes
         kv.fill_(7)
@@ -214,6 +216,7 @@ def write_report(report_dir, report):
     with open(name + ".tmp", "w") as f:
         json.dump(report, f)
     os.rename(name + ".tmp", name)
+    print(f"torch engine: {json.dumps(report)}", file=sys.stderr, flush=True)
 
 
 def run(args, report):
