@@ -155,8 +155,13 @@ json RematStep(const PrimaryContext& ctx, const GpuCheckOptions& o) {
     Result<PinnedHostCache> numa =
         PinnedHostCache::CreateHostNuma(ctx, {.bytes = bytes, .chunk_bytes = chunk});
     if (numa.ok()) {
-      FillHost(numa->data(), bytes, kRematSeed);
-      Result<json> r = CompareCopies(ctx, *numa, *baseline, view->base(), o);
+      // Filled by a copy, not by the CPU: a driver that maps the chunks for the GPU only
+      // fails this copy with an error where CPU stores would kill the whole run.
+      Status filled = BATON_CU(ctx.driver(), cuMemcpyHtoD,
+                               reinterpret_cast<CUdeviceptr>(numa->data()), baseline->data(), bytes)
+                          .WithContext("filling the host-NUMA cache");
+      Result<json> r = filled.ok() ? CompareCopies(ctx, *numa, *baseline, view->base(), o)
+                                   : Result<json>(filled);
       out["host_numa"] = r.ok() ? *r : Error(r.status());
     } else {
       out["host_numa"] = json{{"ok", false}, {"skipped", numa.status().message()}};

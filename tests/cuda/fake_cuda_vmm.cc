@@ -80,14 +80,20 @@ CUresult DeviceGetName(char* name, int len, CUdevice) {
   std::snprintf(name, static_cast<size_t>(len), "%s", "Baton fake VMM device");
   return CUDA_SUCCESS;
 }
+// $BATON_FAKE_CUDA_HOST_NUMA set: the device has host-NUMA VMM allocations (node 0), which
+// are memfd chunks like the device's.
+bool HostNuma() { return std::getenv("BATON_FAKE_CUDA_HOST_NUMA") != nullptr; }
 CUresult DeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice) {
   switch (attr) {
     case CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
     case CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED:
       *v = 1;
       return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED:
+      *v = HostNuma() ? 1 : 0;
+      return CUDA_SUCCESS;
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
-      *v = -1;
+      *v = HostNuma() ? 0 : -1;
       return CUDA_SUCCESS;
     default:
       *v = 0;  // compute mode default, no host-NUMA VMM, ...
