@@ -21,6 +21,10 @@ Result<std::unique_ptr<DeviceBorrower>> DeviceBorrower::Create(const CudaDriver&
   return b;
 }
 
+DeviceBorrower::~DeviceBorrower() {
+  if (stream_.valid()) (void)stream_.Synchronize(std::chrono::seconds(5));
+}
+
 Result<AcceptedRegion> DeviceBorrower::AcceptRegion(proto::Channel& channel, Duration timeout) {
   BATON_ASSIGN_OR_RETURN(ReceivedVmmRegion received, ReceiveVmmRegion(channel, timeout));
   const VmmRegionInfo info = received.info;
@@ -129,6 +133,11 @@ Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint3
   Status scrubbed = kernels_.ScrubHeaders(stream_, pool->base() + uint64_t{first} * block_bytes,
                                           block_bytes, header_bytes, count);
   if (scrubbed.ok()) scrubbed = stream_.Synchronize(timeout).WithContext("header scrub");
+  if (scrubbed.code() == StatusCode::kDeadlineExceeded) {
+    // The scrub may still run: its memory stays mapped (cuMemUnmap does not wait for the GPU,
+    // and a kernel on unmapped memory faults) until the destructor has waited for it.
+    return scrubbed;
+  }
   if (!scrubbed.ok()) {  // the blocks are not usable: undo the mapping and the bookkeeping
     for (const ChunkSpan& s : spans) {
       (void)pool->Unmap(uint64_t{s.first} * pool->chunk_bytes(),

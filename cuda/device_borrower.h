@@ -54,7 +54,8 @@ struct AcceptedRegion {
 class DeviceBorrower {
  public:
   static Result<std::unique_ptr<DeviceBorrower>> Create(const CudaDriver& driver, int device);
-  ~DeviceBorrower() = default;
+  // Waits (at most 5 s) for the work still on the stream before the views unmap its memory.
+  ~DeviceBorrower();
   DeviceBorrower(const DeviceBorrower&) = delete;
   DeviceBorrower& operator=(const DeviceBorrower&) = delete;
 
@@ -71,7 +72,9 @@ class DeviceBorrower {
   // blocks [first, first + count) of writable region `name` need and that are not mapped
   // yet, scrubs those blocks' headers on this engine's stream and synchronizes. The first
   // call fixes the geometry: `block_bytes` must divide the chunk size and the region must
-  // hold `block_count` blocks.
+  // hold `block_count` blocks. A scrub that outlasts `timeout` is DeadlineExceeded with those
+  // chunks left mapped and counted (the kernel may still write them); any other failure
+  // undoes the mapping.
   Result<PromotionPhases> MapBlocks(const std::string& name, uint32_t first, uint32_t count,
                                     uint64_t block_bytes, uint32_t block_count,
                                     uint32_t header_bytes, Duration timeout);
