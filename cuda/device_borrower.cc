@@ -22,6 +22,7 @@ Result<std::unique_ptr<DeviceBorrower>> DeviceBorrower::Create(const CudaDriver&
 }
 
 DeviceBorrower::~DeviceBorrower() {
+  if (ctx_.get() != nullptr) (void)ctx_.MakeCurrent();  // for the members' release calls
   if (stream_.valid()) (void)stream_.Synchronize(std::chrono::seconds(5));
 }
 

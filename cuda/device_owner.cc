@@ -43,7 +43,11 @@ struct DeviceOwner::Impl {
 };
 
 DeviceOwner::DeviceOwner() : impl_(std::make_unique<Impl>()) {}
-DeviceOwner::~DeviceOwner() = default;
+// The context is made current first: unregistering host memory and freeing pinned buffers
+// need it on the destroying thread, which need not be the one that made them.
+DeviceOwner::~DeviceOwner() {
+  if (impl_ != nullptr && impl_->ctx.get() != nullptr) (void)impl_->ctx.MakeCurrent();
+}
 
 namespace {
 
