@@ -2,6 +2,8 @@
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 
+#include <algorithm>
+
 namespace baton {
 
 const char* ToString(PinnedHostKind kind) {
@@ -54,6 +56,7 @@ Result<PinnedHostCache> PinnedHostCache::CreateHostNuma(const PrimaryContext& ct
                             .status());
   cache.data_ = reinterpret_cast<uint8_t*>(cache.view_.base());
   cache.bytes_ = options.bytes;
+  cache.copy_unit_ = options.bytes;
   cache.note_ = "cuMemCreate on host NUMA node " + std::to_string(cache.numa_node_);
   cache.setup_ms_ = MillisBetween(start, RealClock::Get().Now());
   return cache;
@@ -80,6 +83,7 @@ Result<PinnedHostCache> PinnedHostCache::Register(const PrimaryContext& ctx, uin
   }
   cache.data_ = data;
   cache.bytes_ = bytes;
+  cache.copy_unit_ = std::min(chunk_bytes, bytes);
   cache.note_ = "cuMemHostRegister in " + std::to_string(cache.registrations_.size()) + " chunks";
   cache.setup_ms_ = MillisBetween(start, RealClock::Get().Now());
   return cache;

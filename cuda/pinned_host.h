@@ -58,6 +58,9 @@ class PinnedHostCache {
 
   uint8_t* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
+  // The longest copy from data() + k * copy_unit() that stays within one registration: the
+  // chunk size when registered, bytes() for host-NUMA memory (one mapping).
+  uint64_t copy_unit() const { return copy_unit_; }
   PinnedHostKind kind() const { return kind_; }
   int numa_node() const { return numa_node_; }
   const std::string& note() const { return note_; }
@@ -66,6 +69,7 @@ class PinnedHostCache {
  private:
   uint8_t* data_ = nullptr;
   uint64_t bytes_ = 0;
+  uint64_t copy_unit_ = 0;
   PinnedHostKind kind_ = PinnedHostKind::kRegistered;
   int numa_node_ = -1;
   std::string note_;

@@ -2,6 +2,8 @@
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 
+#include <algorithm>
+
 namespace baton {
 namespace {
 
@@ -54,11 +56,15 @@ Result<CopyStats> Rematerializer::Copy(CUdeviceptr dst, const uint8_t* src, uint
 }
 
 Result<CopyStats> PlainPinnedCopy(const PrimaryContext& ctx, CUdeviceptr dst, const uint8_t* src,
-                                  uint64_t bytes) {
+                                  uint64_t bytes, uint64_t piece) {
   BATON_RETURN_IF_ERROR(ctx.MakeCurrent());
-  CopyStats stats{.bytes = bytes, .streams = 1, .chunk_bytes = bytes, .copies = 1};
+  if (piece == 0 || piece > bytes) piece = bytes;
+  CopyStats stats{.bytes = bytes, .streams = 1, .chunk_bytes = piece, .copies = 0};
   const TimePoint start = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(BATON_CU(ctx.driver(), cuMemcpyHtoD, dst, src, bytes));
+  for (uint64_t at = 0; at < bytes; at += piece, ++stats.copies) {
+    BATON_RETURN_IF_ERROR(
+        BATON_CU(ctx.driver(), cuMemcpyHtoD, dst + at, src + at, std::min(piece, bytes - at)));
+  }
   Finish(&stats, start);
   return stats;
 }

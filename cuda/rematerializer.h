@@ -1,8 +1,11 @@
 // Rematerializer: rebuilds the device copy of the weights from the pinned host cache when it
 // is lost (GPU reset, first start), with chunked cuMemcpyHtoDAsync on several streams so the
 // copy engines stay busy; PlainPinnedCopy() is the baseline it is measured against (one
-// synchronous cuMemcpyHtoD of the whole range). The source must be pinned (PinnedHostCache)
-// or the driver stages it through bounce buffers at a fraction of the speed.
+// synchronous cuMemcpyHtoD of the whole range, or of each `piece` bytes of it). The source
+// must be pinned (PinnedHostCache) or the driver stages it through bounce buffers at a
+// fraction of the speed; a copy that spans two cuMemHostRegister registrations may be staged
+// too, so a registered cache is copied in pieces that each lie in one registration
+// (PinnedHostCache::copy_unit(); the rematerializer's chunks must divide it).
 // Move-only; owns its streams. Thread-compatible (the context must be current).
 #pragma once
 
@@ -47,8 +50,9 @@ class Rematerializer {
   std::vector<Stream> streams_;
 };
 
+// `piece` 0: one copy of `bytes`.
 Result<CopyStats> PlainPinnedCopy(const PrimaryContext& ctx, CUdeviceptr dst, const uint8_t* src,
-                                  uint64_t bytes);
+                                  uint64_t bytes, uint64_t piece = 0);
 
 }  // namespace baton
 

@@ -58,8 +58,9 @@ Status VerifySamples(const PrimaryContext& ctx, CUdeviceptr dst, uint64_t bytes,
 }
 
 // Best of `reps` for three copies into `dst`, interleaved so that drift hits all alike: the
-// baseline (one cuMemcpyHtoD from classic cuMemAllocHost memory), one cuMemcpyHtoD from the
-// cache (is the cache really DMA-able?), and the rematerializer's chunked multi-stream copy.
+// baseline (one cuMemcpyHtoD from classic cuMemAllocHost memory), cuMemcpyHtoD from the cache
+// one registration at a time (is the cache really DMA-able?), and the rematerializer's
+// chunked multi-stream copy.
 Result<json> CompareCopies(const PrimaryContext& ctx, const PinnedHostCache& cache,
                            const PinnedHostBuffer& baseline, CUdeviceptr dst,
                            const GpuCheckOptions& o) {
@@ -75,7 +76,8 @@ Result<json> CompareCopies(const PrimaryContext& ctx, const PinnedHostCache& cac
   double remat_best = 0;
   for (int r = 0; r < o.reps; ++r) {
     BATON_ASSIGN_OR_RETURN(CopyStats b, PlainPinnedCopy(ctx, dst, baseline.data(), bytes));
-    BATON_ASSIGN_OR_RETURN(CopyStats p, PlainPinnedCopy(ctx, dst, cache.data(), bytes));
+    BATON_ASSIGN_OR_RETURN(CopyStats p,
+                           PlainPinnedCopy(ctx, dst, cache.data(), bytes, cache.copy_unit()));
     BATON_ASSIGN_OR_RETURN(CopyStats m, remat.Copy(dst, cache.data(), bytes));
     base_runs.push_back(Round(b.gbps));
     plain_runs.push_back(Round(p.gbps));
@@ -92,6 +94,8 @@ Result<json> CompareCopies(const PrimaryContext& ctx, const PinnedHostCache& cac
               {"bytes", bytes},
               {"streams", o.remat_streams},
               {"chunk_bytes", o.remat_chunk_mib * kMiB},
+              {"copy_unit_bytes", cache.copy_unit()},  // the longest copy in one registration
+              {"chunks_within_registrations", cache.copy_unit() % (o.remat_chunk_mib * kMiB) == 0},
               {"baseline_gbps", Round(base_best)},
               {"cache_single_copy_gbps", Round(plain_best)},
               {"remat_gbps", Round(remat_best)},
