@@ -103,20 +103,24 @@ class Failed(Exception):
     pass
 
 
-def check(lib, rc, what):
+def check(lib, rc, what, last_error=None):
     if rc != 0:
-        raise Failed(f"{what}: code {rc}: {lib.baton_engine_last_error().decode()}")
+        text = (last_error or lib.baton_engine_last_error)().decode()
+        raise Failed(f"{what}: code {rc}: {text}")
 
 
 def start_torch():
     """PyTorch with CUDA started, or the reason it cannot be."""
     try:
+        import numpy  # noqa: F401  PyTorch reads __cuda_array_interface__ with it
         import torch
     except Exception as e:  # not installed here
-        return None, f"import torch: {e}"
+        return None, f"import: {e}"
     if not torch.cuda.is_available():
         return None, "torch.cuda.is_available() is false"
-    torch.zeros(1, device="cuda")  # the context, before the controller waits on us
+    # The context, before the controller waits on us (on the default device: the engine
+    # learns Baton's device when it connects).
+    torch.zeros(1, device="cuda")
     return torch, ""
 
 
@@ -151,9 +155,12 @@ def check_weights(lib, engine, torch, report):
     gpu = f"cuda:{w.device}"
     device = torch.as_tensor(DeviceBytes(w.address, size, False), device=gpu)
     host = host_bytes(torch, arena, size)
-    report["weights_equal"] = bool(torch.equal(device, host.to(gpu)))
+    copy = host.to(gpu)
+    report["weights_equal"] = bool(torch.equal(device, copy))
     report["weights_sum_equal"] = int(device.sum(dtype=torch.int64)) == int(
         host.sum(dtype=torch.int64))
+    del copy
+    torch.cuda.empty_cache()  # the comparison's memory, not kept next to the weights
     report["weights_check_ms"] = round((time.monotonic() - start) * 1e3, 3)
     report["weights_wrapped_in_place"] = device.data_ptr() == w.address
 
@@ -164,40 +171,64 @@ def _tensor(lib, engine, i):
     return t
 
 
+# PyTorch's allocator objects live as long as the process: its pools keep raw pointers to them.
+_KEEP = []
+
+
 def use_pool(lib, path, engine, torch, report):
     """A KV tensor in Baton's device pool through the pluggable allocator, filled and summed."""
-    check(lib, lib.baton_torch_alloc_attach(engine), "baton_torch_alloc_attach")
+    check(lib, lib.baton_torch_alloc_attach(engine), "baton_torch_alloc_attach",
+          lib.baton_torch_alloc_last_error)
     pool = Region()
     check(lib, lib.baton_engine_device_pool(engine, ctypes.byref(pool)), "device pool")
     info = PoolInfo()
     check(lib, lib.baton_engine_pool(engine, ctypes.byref(info)), "pool")
     held = lib.baton_torch_alloc_free_bytes()
     report.update(pool_bytes=pool.bytes, held_bytes=held, block_bytes=info.block_bytes)
+    # 8 blocks: over PyTorch's 10 MiB, so its caching allocator asks for exactly this much.
     size = min(held, 8 * info.block_bytes)
     if size == 0:
         raise Failed("no pool blocks held after the promotion")
     start = time.monotonic()
     if torch is None:
-        ptr = lib.baton_torch_malloc(size, pool.device, None)
-        if not ptr:
-            raise Failed("baton_torch_malloc: " + lib.baton_torch_alloc_last_error().decode())
-        report["kv_in_pool"] = pool.address <= ptr and ptr + size <= pool.address + pool.bytes
-        lib.baton_torch_free(ptr, size, pool.device, None)
+        kv_through_c_abi(lib, pool, size, report)
     else:
-        from torch.cuda.memory import CUDAPluggableAllocator, MemPool, use_mem_pool
-        torch.cuda.set_device(pool.device)
-        alloc = CUDAPluggableAllocator(path, "baton_torch_malloc", "baton_torch_free")
-        mem_pool = MemPool(alloc.allocator())
-        with use_mem_pool(mem_pool):
-            kv = torch.empty(size, dtype=torch.uint8, device=f"cuda:{pool.device}")
-        ptr = kv.data_ptr()
-        report["kv_in_pool"] = pool.address <= ptr and ptr + size <= pool.address + pool.bytes
-        kv.fill_(7)
-        report["kv_sum_ok"] = int(kv.sum(dtype=torch.int64)) == 7 * size
-        torch.cuda.synchronize()
-        report["torch_version"] = torch.__version__
+        kv_through_torch(lib, path, pool, size, torch, report)
     report["kv_bytes"] = size
     report["kv_ms"] = round((time.monotonic() - start) * 1e3, 3)
+    report["kv_freed"] = lib.baton_torch_alloc_free_bytes() == held
+
+
+def in_pool(pool, ptr, size):
+    return pool.address <= ptr and ptr + size <= pool.address + pool.bytes
+
+
+def kv_through_c_abi(lib, pool, size, report):
+    ptr = lib.baton_torch_malloc(size, pool.device, None)
+    if not ptr:
+        raise Failed("baton_torch_malloc: " + lib.baton_torch_alloc_last_error().decode())
+    report["kv_in_pool"] = in_pool(pool, ptr, size)
+    lib.baton_torch_free(ptr, size, pool.device, None)
+
+
+def kv_through_torch(lib, path, pool, size, torch, report):
+    from torch.cuda.memory import CUDAPluggableAllocator, MemPool, use_mem_pool
+    report["torch_version"] = torch.__version__
+    report["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    torch.cuda.set_device(pool.device)
+    alloc = CUDAPluggableAllocator(path, "baton_torch_malloc", "baton_torch_free")
+    _KEEP.append(alloc)
+    mem_pool = MemPool(alloc.allocator())
+    with use_mem_pool(mem_pool):
+        kv = torch.empty(size, dtype=torch.uint8, device=f"cuda:{pool.device}")
+    report["kv_in_pool"] = in_pool(pool, kv.data_ptr(), size)
+    kv.fill_(7)
+    report["kv_sum_ok"] = int(kv.sum(dtype=torch.int64)) == 7 * size
+    torch.cuda.synchronize()
+    # Freed tensors stay in PyTorch's cache; the pool's end gives the blocks back to Baton.
+    del kv
+    del mem_pool
+    torch.cuda.empty_cache()
 
 
 def serve(lib, engine):
