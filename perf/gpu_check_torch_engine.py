@@ -118,9 +118,12 @@ def start_torch():
         return None, f"import: {e}"
     if not torch.cuda.is_available():
         return None, "torch.cuda.is_available() is false"
-    # The context, before the controller waits on us (on the default device: the engine
-    # learns Baton's device when it connects).
-    torch.zeros(1, device="cuda")
+    try:
+        # The context, before the controller waits on us (on the default device: the engine
+        # learns Baton's device when it connects).
+        torch.zeros(1, device="cuda")
+    except Exception as e:  # a broken CUDA set-up: said in the report, the C ABI path runs
+        return None, f"torch.zeros on cuda: {e}"
     return torch, ""
 
 
