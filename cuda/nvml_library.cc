@@ -24,7 +24,7 @@ Result<std::unique_ptr<NvmlLibrary>> NvmlLibrary::Load() {
   if (init == nullptr || n->handle_by_pci_ == nullptr || n->processes_ == nullptr) {
     return Unavailable(name +
                        ": lacks nvmlInit_v2, nvmlDeviceGetHandleByPciBusId_v2 or "
-                       "nvmlDeviceGetComputeRunningProcesses_v3 (driver older than R450)");
+                       "nvmlDeviceGetComputeRunningProcesses_v3 (driver older than R510)");
   }
   BATON_RETURN_IF_ERROR(n->Check(init(), "nvmlInit_v2"));
   return n;
