@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/self_exe.h"
 #include "base/status.h"
 
 namespace baton::perf {
@@ -96,7 +97,7 @@ int RunPerfDriver(int argc, char** argv, const char* name, const char* usage, Pa
     return 2;
   }
   if (flags.bin.empty()) {
-    flags.bin = std::filesystem::canonical("/proc/self/exe").parent_path().string();
+    flags.bin = SelfExeDir();
   }
   if (!flags.out.empty()) {
     std::error_code ec;

@@ -18,7 +18,6 @@
 // when a step failed or missed its target, 3 when the deadline passed (the JSON says where).
 // `--drill-peer ARGS...` runs this binary as a drill peer (internal).
 #include <fcntl.h>
-#include <limits.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,6 +33,7 @@
 #include <vector>
 
 #include "base/log.h"
+#include "base/self_exe.h"
 #include "cuda/gpu_backend.h"
 #include "perf/gpu_check_pair.h"
 
@@ -180,12 +180,6 @@ json UnitTests(const std::string& text) {
 }
 
 #ifdef BATON_HAVE_CUDA_HEADERS
-std::string SelfPath() {
-  char buf[PATH_MAX] = {};
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "/proc/self/exe";
-}
-
 int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
   Result<PrimaryContext> ctx = PrimaryContext::Retain(cu, f.device);
   if (!ctx.ok()) {
@@ -204,7 +198,7 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
                     .remat_chunk_mib = f.remat_chunk_mib,
                     .reps = f.reps,
                     .drill_runs = f.drill_runs,
-                    .peer_command = {SelfPath(), "--drill-peer"}};
+                    .peer_command = {SelfExePath(), "--drill-peer"}};
   result["device"] = DeviceInfo(*ctx);
   Snapshot(result);
   bool ok = true;
@@ -224,9 +218,8 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     Snapshot(result);
   }
   result["promotion"] = promotions;
-  const std::string self = SelfPath();
   PairStepOptions pair;
-  pair.bin_dir = self.substr(0, self.rfind('/'));
+  pair.bin_dir = SelfExeDir();
   pair.work_dir = f.out;
   pair.device = f.device;
   if (f.Runs("pair")) {

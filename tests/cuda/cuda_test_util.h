@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <string>
 
+#include "base/self_exe.h"
+
 #ifdef BATON_HAVE_CUDA_HEADERS
 #include "cuda/cuda_driver.h"
 #include "cuda/cuda_handles.h"
@@ -56,9 +58,8 @@ class TempDir {
 // project's shared libraries in ../lib, in the build folder and in a bundle that
 // perf/gpu_bundle made and a GPU host runs from wherever it was copied to.
 inline std::string BinDir() {
-  std::error_code ec;
-  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
-  return ec ? std::string(BATON_BIN_DIR) : self.parent_path().string();
+  const std::string dir = SelfExeDir();
+  return dir.empty() ? std::string(BATON_BIN_DIR) : dir;
 }
 inline std::string LibDir() { return BinDir() + "/../lib"; }
 
