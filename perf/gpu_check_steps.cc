@@ -161,9 +161,10 @@ json RematStep(const PrimaryContext& ctx, const GpuCheckOptions& o) {
     if (numa.ok()) {
       // Filled by a copy, not by the CPU: a driver that maps the chunks for the GPU only
       // fails this copy with an error where CPU stores would kill the whole run.
-      Status filled = BATON_CU(ctx.driver(), cuMemcpyHtoD,
-                               reinterpret_cast<CUdeviceptr>(numa->data()), baseline->data(), bytes)
-                          .WithContext("filling the host-NUMA cache");
+      Status filled =
+          PlainPinnedCopy(ctx, reinterpret_cast<CUdeviceptr>(numa->data()), baseline->data(), bytes)
+              .status()
+              .WithContext("filling the host-NUMA cache");
       Result<json> r = filled.ok() ? CompareCopies(ctx, *numa, *baseline, view->base(), o)
                                    : Result<json>(filled);
       out["host_numa"] = r.ok() ? *r : Error(r.status());
