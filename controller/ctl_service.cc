@@ -178,8 +178,12 @@ json RoutesJson(const Controller& c) {
           {"entries", entries}};
 }
 
+// Strings in replies come from peers (roles, versions, error texts) and may hold invalid
+// UTF-8; they are replaced with U+FFFD rather than refused.
 proto::CtlReply Reply(uint32_t code, std::string text, json j) {
-  return proto::CtlReply{.exit_code = code, .text = std::move(text), .json = j.dump()};
+  return proto::CtlReply{.exit_code = code,
+                         .text = std::move(text),
+                         .json = j.dump(-1, ' ', false, json::error_handler_t::replace)};
 }
 
 proto::CtlReply Refuse(const std::string& command, const Status& status) {
@@ -280,7 +284,9 @@ std::string StatusText(const Controller& c) {
   return out.str();
 }
 
-proto::CtlReply HandleCtlRequest(Controller& c, const proto::CtlRequest& request) {
+namespace {
+
+proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   const std::string& cmd = request.command;
   const auto& args = request.args;
   if (cmd == "status") return Reply(0, StatusText(c), StatusJson(c));
@@ -302,6 +308,17 @@ proto::CtlReply HandleCtlRequest(Controller& c, const proto::CtlRequest& request
     return Done(cmd, "drill " + args[0] + " sent to the primary", c);
   }
   return Usage("unknown command '" + cmd + "'");
+}
+
+}  // namespace
+
+proto::CtlReply HandleCtlRequest(Controller& c, const proto::CtlRequest& request) {
+  try {
+    return Dispatch(c, request);
+  } catch (const std::exception& e) {
+    return Reply(1, std::string("refused: internal error: ") + e.what(),
+                 {{"ok", false}, {"command", request.command}, {"error", e.what()}});
+  }
 }
 
 std::string MetricsText(const Controller& c) {

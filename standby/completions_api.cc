@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "base/json_depth.h"
+
 namespace baton {
 namespace {
 
@@ -295,6 +297,11 @@ ApiError ApiErrorFromStatus(const Status& status) {
 
 ParsedCompletion ParseCompletionRequest(std::string_view body, const CompletionContext& context) {
   ParsedCompletion out;
+  if (JsonNestingDepth(body) > kMaxJsonDepth) {
+    out.error = MakeApiError(
+        400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
+    return out;
+  }
   Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     out.error = MakeApiError(400, "the request body is not valid JSON");

@@ -4,6 +4,7 @@
 #include <boost/asio/post.hpp>
 #include <nlohmann/json.hpp>
 
+#include "base/json_depth.h"
 #include "base/log.h"
 
 namespace baton {
@@ -18,12 +19,16 @@ bool Retryable(int status) { return status == 502 || status == 503 || status == 
 
 // The message of an OpenAI-shaped error body, or the body itself.
 std::string ErrorMessage(const std::string& body) {
-  nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
-  if (j.is_object() && j.contains("error") && j["error"].is_object() &&
-      j["error"].value("message", "") != "") {
-    return j["error"]["message"];
+  nlohmann::json j = JsonNestingDepth(body) > kMaxJsonDepth
+                         ? nlohmann::json(nlohmann::json::value_t::discarded)
+                         : nlohmann::json::parse(body, nullptr, false);
+  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
+    auto message = j["error"].find("message");
+    if (message != j["error"].end() && message->is_string() && !message->empty()) {
+      return message->get<std::string>();
+    }
   }
-  return body.substr(0, 200);
+  return body.substr(0, 200);  // printed with invalid UTF-8 replaced
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "base/json_depth.h"
 #include "base/log.h"
 #include "controller/router/relayed_request.h"
 
@@ -73,10 +74,22 @@ Status Router::Start() {
   }
   ScheduleTick();
   for (int i = 0; i < options_.threads; ++i) {
-    threads_.emplace_back([this] { io_.run(); });
+    threads_.emplace_back([this] { Run(); });
   }
   BATON_LOG(INFO, "router") << "listening on " << options_.listen_host << ":" << server_->port();
   return OkStatus();
+}
+
+void Router::Run() {
+  for (;;) {
+    try {
+      io_.run();
+      return;
+    } catch (const std::exception& e) {
+      // One request's handler failed; the others, and the router, keep going.
+      BATON_LOG(ERROR, "router") << "a request handler threw: " << e.what();
+    }
+  }
 }
 
 void Router::ScheduleTick() {
@@ -122,6 +135,13 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                       {{"WWW-Authenticate", "Bearer"}});
     return;
   }
+  if (JsonNestingDepth(exchange->request().body()) > kMaxJsonDepth) {
+    metrics_.Record(route, 400);
+    exchange->Respond(400, "application/json",
+                      HttpErrorJson(400, "the request body nests deeper than " +
+                                             std::to_string(kMaxJsonDepth) + " levels"));
+    return;
+  }
   RelayDeps deps{.admission = &admission_,
                  .metrics = &metrics_,
                  .clock = &clock_,
@@ -144,7 +164,8 @@ void Router::Health(std::shared_ptr<HttpExchange> exchange) {
                          {"controller_connected", routes_.connected()},
                          {"queued", admission_.queued()},
                          {"in_flight", admission_.in_flight()}};
-  exchange->RespondJson(status, body.dump());
+  exchange->RespondJson(status,
+                        body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
 void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {

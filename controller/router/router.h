@@ -54,6 +54,7 @@ class Router {
   void Health(std::shared_ptr<HttpExchange> exchange);
   void Metrics(std::shared_ptr<HttpExchange> exchange);
   bool Authorized(const HttpExchange& exchange) const;
+  void Run();  // io_.run() on one thread, surviving a handler that throws
   void ScheduleTick();
 
   RouterOptions options_;

@@ -1,5 +1,6 @@
 #include "controller/router/stream_replay.h"
 
+#include "base/json_depth.h"
 #include "controller/router/sse_splitter.h"
 
 namespace baton {
@@ -30,13 +31,39 @@ std::optional<std::vector<int32_t>> PromptIds(const Json& prompt) {
   return ids;
 }
 
-std::string Event(const Json& j) { return "data: " + j.dump() + "\n\n"; }
+// Strings copied from engines may hold invalid UTF-8; they are replaced, never fatal.
+// Whether the request asks for exactly one sequence, which is all a replay can continue.
+bool SingleSequence(const Json& body) {
+  for (const char* key : {"n", "best_of"}) {
+    auto it = body.find(key);
+    if (it != body.end() && !it->is_null() && !(it->is_number_integer() && *it == 1)) {
+      return false;
+    }
+  }
+  if (auto it = body.find("echo"); it != body.end() && *it != false && !it->is_null()) {
+    return false;
+  }
+  auto prompt = body.find("prompt");
+  if (prompt == body.end() || !prompt->is_array() || prompt->size() <= 1) return true;
+  return !(*prompt)[0].is_string() && !(*prompt)[0].is_array();  // [ids] is one prompt
+}
+
+std::string Event(const Json& j) {
+  return "data: " + j.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n\n";
+}
+
+// Parses `text` unless it nests deeper than kMaxJsonDepth (copying or printing such a value
+// recurses once per level); a refused or malformed text is a discarded value.
+Json ParseBounded(std::string_view text) {
+  if (JsonNestingDepth(text) > kMaxJsonDepth) return Json(Json::value_t::discarded);
+  return Json::parse(text, nullptr, /*allow_exceptions=*/false);
+}
 
 }  // namespace
 
 StreamReplay::StreamReplay(std::string route, const std::string& body)
     : route_(std::move(route)), raw_body_(body) {
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+  Json j = ParseBounded(body);
   if (!j.is_object()) return;
   body_ = std::move(j);
   if (auto it = body_.find("stream"); it != body_.end() && it->is_boolean()) stream_ = *it;
@@ -49,9 +76,8 @@ StreamReplay::StreamReplay(std::string route, const std::string& body)
   }
   if (auto it = body_.find("seed"); it != body_.end()) seed_ = SeedOf(*it);
   if (auto it = body_.find("prompt"); it != body_.end()) prompt_ids_ = PromptIds(*it);
-  if (auto it = body_.find("n"); it != body_.end() && !(it->is_number_integer() && *it == 1)) {
-    ids_known_ = false;  // several choices interleave; a replay continues one sequence only
-  }
+  single_ = SingleSequence(body_);
+  if (!single_) ids_known_ = false;  // choices interleave; a replay continues one sequence only
 }
 
 void StreamReplay::BeginAttempt() {
@@ -64,14 +90,14 @@ std::string StreamReplay::AttemptBody() const {
   if (!IsCompletions(route_)) return raw_body_;
   Json j = body_;
   if (!j.contains("return_token_ids")) j["return_token_ids"] = true;
-  if (resume_tokens_ == 0) return j.dump();
+  if (resume_tokens_ == 0) return j.dump(-1, ' ', false, Json::error_handler_t::replace);
   std::vector<int32_t> prompt = *prompt_ids_;
   prompt.insert(prompt.end(), sent_ids_.begin(), sent_ids_.end());
   j["prompt"] = prompt;
   j["max_tokens"] = max_tokens_.value_or(kDefaultMaxTokens) - static_cast<int64_t>(resume_tokens_);
   j["seed"] = *seed_;
   j["baton_resume_tokens"] = resume_tokens_;
-  return j.dump();
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 bool StreamReplay::CanContinue() const {
@@ -105,7 +131,10 @@ void StreamReplay::Learn(const Json& j) {
   } else {
     ids_known_ = false;
   }
-  if (auto it = c.find("finish_reason"); it != c.end() && !it->is_null()) finished_ = true;
+  // With several sequences one finishing says nothing of the others: only [DONE] ends.
+  if (auto it = c.find("finish_reason"); it != c.end() && !it->is_null() && single_) {
+    finished_ = true;
+  }
 }
 
 std::string StreamReplay::Rewrite(Json j) const {
@@ -143,7 +172,7 @@ StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
     ++events_sent_;
     return out;
   }
-  Json j = Json::parse(*data, nullptr, /*allow_exceptions=*/false);
+  Json j = ParseBounded(*data);
   ++events_sent_;
   if (!j.is_object()) {
     ids_known_ = false;
@@ -151,7 +180,8 @@ StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
     return out;
   }
   if (auto err = j.find("error"); err != j.end()) {
-    if (err->is_object() && err->value("type", "") == "server_error") {
+    auto type = err->is_object() ? err->find("type") : err->end();
+    if (type != err->end() && *type == "server_error") {
       --events_sent_;
       out.engine_failed = true;
       return out;

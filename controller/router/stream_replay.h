@@ -78,6 +78,7 @@ class StreamReplay {
   std::optional<std::vector<int32_t>> prompt_ids_;
   std::vector<int32_t> sent_ids_;
   bool ids_known_ = true;  // every event sent carried its token ids
+  bool single_ = true;     // one sequence: n = 1, best_of = 1, one prompt, no echo
   bool finished_ = false;
   int events_sent_ = 0;
   int attempts_ = 0;

@@ -97,6 +97,31 @@ TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
   EXPECT_TRUE(cluster.ControllerAlive());
 }
 
+// Peer-supplied strings end up in status JSON; invalid UTF-8 there is replaced, not fatal.
+TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  boost::asio::io_context io;
+  Result<proto::Channel> rogue = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(rogue.ok());
+  EXPECT_FALSE(
+      proto::ClientHello(*rogue, {.peer_name = "x", .role = "\xfe", .launch_token = ""}).ok());
+  Result<proto::Channel> cli = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(cli.ok());
+  ASSERT_TRUE(
+      proto::ClientHello(*cli, {.peer_name = "cli", .role = "cli", .launch_token = ""}).ok());
+  ASSERT_TRUE(cli->Send(proto::CtlRequest{.command = "\xff", .args = {}}).ok());
+  Result<proto::ReceivedMessage> reply = cli->Receive(std::chrono::seconds(5));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  Result<proto::CtlReply> ctl = reply->As<proto::CtlReply>();
+  ASSERT_TRUE(ctl.ok());
+  EXPECT_EQ(ctl->exit_code, 2u);
+  EXPECT_TRUE(json::accept(ctl->json)) << ctl->json;
+  WaitRefusal(cluster, "unknown role");
+  EXPECT_TRUE(cluster.ControllerAlive());
+  ExpectPrimaryUnaffected(before, cluster.Status());
+}
+
 TEST(ChaosMisbehavior, StaleEpochIsRefusedAndTheSenderStopped) {
   ChaosCluster cluster;
   const json before = RogueStandby(cluster, "stale-epoch");

@@ -23,6 +23,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -285,7 +286,12 @@ CUresult ModuleLoad(CUmodule* m, const void*, unsigned, CUjit_option*, void**) {
   return CUDA_SUCCESS;
 }
 CUresult ModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
-  *f = reinterpret_cast<CUfunction>(new FakeFunction{name});  // lives as long as the process
+  // One handle per kernel name for the life of the process, as the module is never unloaded.
+  static std::mutex mu;
+  static std::map<std::string, FakeFunction> functions;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = functions.try_emplace(name, FakeFunction{name}).first;
+  *f = reinterpret_cast<CUfunction>(&it->second);
   return CUDA_SUCCESS;
 }
 CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,

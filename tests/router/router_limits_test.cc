@@ -142,5 +142,22 @@ TEST_F(RouterLimitsTest, QueueFullIs429WithRetryAfter) {
   ExpectServing();
 }
 
+TEST_F(RouterLimitsTest, DeeplyNestedBodyIs400) {
+  Start(RouterOptions{});
+  for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
+    UniqueFd fd = Connect(router_->port());
+    const std::string body =
+        R"({"prompt":"x","x":)" + std::string(50000, '[') + std::string(50000, ']') + "}";
+    ASSERT_TRUE(Put(fd.get(), std::string("POST ") + route +
+                                  " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                                  "Content-Type: application/json\r\nContent-Length: " +
+                                  std::to_string(body.size()) + "\r\n\r\n" + body));
+    const std::string response = ReadAll(fd.get());
+    EXPECT_EQ(StatusOf(response), 400) << route;
+    EXPECT_NE(response.find("nests deeper than"), std::string::npos) << response;
+  }
+  ExpectServing();
+}
+
 }  // namespace
 }  // namespace baton

@@ -138,6 +138,49 @@ TEST(StreamReplayTest, WhatCannotBeContinued) {
   EXPECT_FALSE(n2.CanContinue());
 }
 
+TEST(StreamReplayTest, OnlyOneSequenceIsContinued) {
+  for (const char* body : {R"({"prompt":["a","b"],"stream":true,"seed":1})",
+                           R"({"prompt":[[1],[2]],"stream":true,"seed":1})",
+                           R"({"prompt":"a","stream":true,"seed":1,"echo":true})",
+                           R"({"prompt":"a","stream":true,"seed":1,"best_of":2})"}) {
+    StreamReplay r("/v1/completions", body);
+    r.BeginAttempt();
+    const std::vector<int32_t> prompt = {1};
+    r.OnEvent(Chunk("first", {1}, "a", "stop", &prompt));
+    EXPECT_FALSE(r.finished()) << body;  // the other sequences may still be running
+    EXPECT_FALSE(r.CanContinue()) << body;
+  }
+  StreamReplay one("/v1/completions", R"({"prompt":[1,2],"stream":true,"seed":1,"n":1})");
+  one.BeginAttempt();
+  one.OnEvent(Chunk("first", {1}, "a"));
+  EXPECT_TRUE(one.CanContinue());
+}
+
+TEST(StreamReplayTest, HostileEngineEventsAreNotFatal) {
+  StreamReplay r("/v1/completions", R"({"prompt":[1,2],"stream":true,"seed":3})");
+  r.BeginAttempt();
+  for (const char* e :
+       {R"(data: {"error":{"message":"x","type":null}})",
+        R"(data: {"error":{"message":"x","type":1}})", R"(data: {"error":"flat"})"}) {
+    StreamReplay::Outcome o = r.OnEvent(std::string(e) + "\n\n");
+    EXPECT_FALSE(o.engine_failed) << e;
+    EXPECT_EQ(o.to_client, std::string(e) + "\n\n");
+  }
+  const std::string deep = "data: " + std::string(100000, '[') + std::string(100000, ']');
+  EXPECT_EQ(r.OnEvent(deep + "\n\n").to_client, deep + "\n\n");
+  // Engine text with a character cut in half is printed with a replacement character.
+  const std::string end = r.EndingEvents(std::string(199, 'a') + "\xc3");
+  EXPECT_TRUE(Json::accept(*EventData(end.substr(0, end.find("\n\n") + 2))));
+}
+
+TEST(StreamReplayTest, DeeplyNestedBodyIsNotParsed) {
+  const std::string deep =
+      R"({"prompt":"hi","x":)" + std::string(50000, '[') + std::string(50000, ']') + "}";
+  StreamReplay r("/v1/completions", deep);
+  r.BeginAttempt();
+  EXPECT_EQ(r.AttemptBody(), deep);
+}
+
 TEST(StreamReplayTest, FinishedStreamOnlyNeedsItsTail) {
   StreamReplay r("/v1/completions",
                  R"({"prompt":[1],"stream":true,"max_tokens":1,

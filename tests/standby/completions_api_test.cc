@@ -88,6 +88,9 @@ TEST_F(CompletionsApiTest, RefusesMalformedBodies) {
   EXPECT_EQ(Refusal(R"({"prompt":"a","model":"other"})"),
             std::make_pair(404, std::string("model")));
   EXPECT_EQ(Refusal(R"({"prompt":"a","model":3})").second, "model");
+  const std::string deep =
+      R"({"prompt":)" + std::string(50000, '[') + "1" + std::string(50000, ']') + "}";
+  EXPECT_EQ(Refusal(deep).first, 400);
 }
 
 TEST_F(CompletionsApiTest, RefusesParametersOutOfRange) {
