@@ -170,6 +170,7 @@ class Controller {
   void FenceInLedger(EngineRecord& e);
   void OnProcessExit(EngineId id);
   void FinishFence(EngineRecord& e);
+  bool BlocksAwaitBarrier() const;
   void MaybePromote();
   void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
   void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);

@@ -315,9 +315,21 @@ void Controller::FinishGpuRelease(const GpuRelease& g) {
 
 // --- promotion ----------------------------------------------------------------------------------
 
+// Blocks of a failed holder not yet past the barrier (a promoted engine that died before its
+// PromoteAck, or a primary whose fence found no durable epoch): a promotion now would start
+// without them, and the reap would free them rather than hand them over.
+bool Controller::BlocksAwaitBarrier() const {
+  if (ledger_->Snapshot().quarantined_blocks > 0) return true;
+  for (const auto& [id, e] : engines_) {
+    const LedgerEngine* le = ledger_->engine(id);
+    if (e->failed.has_value() && le != nullptr && le->role == LedgerRole::kHolder) return true;
+  }
+  return false;
+}
+
 void Controller::MaybePromote() {
   if (stopping_ || primary_ != kNoEngine || promoting_ != kNoEngine || failover_.has_value() ||
-      !gpu_release_.empty()) {
+      !gpu_release_.empty() || BlocksAwaitBarrier()) {
     return;
   }
   if (!pair_.Allows(PairEvent::kPromoteDone)) return;

@@ -40,6 +40,8 @@ struct ClusterOptions {
   int initial_backoff_ms = 1000;
   int standby_relaunch_delay_ms = -1;  // [policy] standby_relaunch_delay_ms when >= 0
   int register_timeout_ms = 20'000;
+  int promote_timeout_ms = 10'000;
+  std::string first_engine_rogue;  // the first engine misbehaves as this rogue mode when set
   int metrics_port = 0;
   bool wait_ready = true;   // the constructor waits for primary + standby
   std::string gpu_backend;  // [gpu] backend when set (auto | host | cuda)

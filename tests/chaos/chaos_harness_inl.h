@@ -57,6 +57,7 @@ inline ChaosCluster::ChaosCluster(ClusterOptions options) {
   violations_dir_ = dir_ + "/violations";
   std::filesystem::create_directories(violations_dir_);
   WriteConfig(options);
+  if (!options.first_engine_rogue.empty()) ArmRogue(options.first_engine_rogue);
   StartController();
   if (options.wait_ready) WaitReady("the pair to start");
 }
@@ -81,7 +82,8 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "[engine]\ncommand = [";
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
   out << "]\nregister_timeout_ms = " << o.register_timeout_ms << "\n"
-      << "promote_timeout_ms = 10000\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
+      << "promote_timeout_ms = " << o.promote_timeout_ms
+      << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
       << "[pool]\nblocks = " << o.blocks << "\nblock_bytes = " << o.block_bytes << "\n"
       << "[health]\nheartbeat_interval_ms = " << o.heartbeat_ms
       << "\nheartbeat_misses = " << o.heartbeat_misses << "\nprobe_timeout_ms = 100\n"

@@ -100,6 +100,30 @@ TEST(ChaosFailover, KillBoth) {
   cluster.CheckFencing();
 }
 
+// A promoted engine that fails before acknowledging holds the blocks granted to it: the
+// standby that registered meanwhile is promoted once it is reaped, and gets them all.
+TEST(ChaosFailover, BlocksOfAPromotionThatNeverAckedMoveOn) {
+  ClusterOptions options;
+  options.promote_timeout_ms = 1500;
+  options.first_engine_rogue = "mute";  // registers, then never answers its Promote
+  ChaosCluster cluster(options);
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        const json p = EngineWithRole(s, "primary");
+        return IsReady(s) && !p.is_null() && p["version"] != "rogue";
+      },
+      "a primary after the mute engine's promotion timed out");
+  const json primary = EngineWithRole(after, "primary");
+  EXPECT_EQ(primary["blocks"], after["pool"]["blocks"]) << after.dump(2);
+  EXPECT_EQ(after["pool"]["quarantined"], 0);
+  bool mute_fenced = false;
+  for (const json& e : after["history"]["exits"]) {
+    mute_fenced |= e["cause"].get<std::string>().find("promotion") != std::string::npos;
+  }
+  EXPECT_TRUE(mute_fenced) << after["history"].dump(2);
+  cluster.CheckFencing();
+}
+
 TEST(ChaosFailover, StoppedPrimaryIsKilledAndReapedBeforeItsBlocksMove) {
   ChaosCluster cluster;
   const json before = cluster.Status();
