@@ -64,7 +64,8 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
       pair_(NewPairMachine("pair", clock)),
       guard_(clock, GuardOptions(config_)),
       timelines_(clock),
-      tick_(io) {}
+      tick_(io),
+      accept_retry_(io) {}
 
 Controller::~Controller() {
   for (auto& [id, e] : engines_) e->process.KillAndReap();
@@ -141,6 +142,7 @@ void Controller::Shutdown(std::function<void()> done) {
   BATON_LOG(INFO, kLog) << "shutting down: stopping " << engines_.size() << " engines (grace "
                         << Ms(config_.stop_grace) << " ms)";
   tick_.cancel();
+  accept_retry_.cancel();
   if (listener_.has_value()) listener_->Close();
   for (auto& [id, e] : engines_) StopEngine(*e);
   stop_timer_ = std::make_shared<boost::asio::steady_timer>(io_);
@@ -209,7 +211,14 @@ void Controller::Accept() {
     if (channel.ok()) {
       OnAccepted(std::move(channel).value());
     } else {
-      BATON_LOG(WARN, kLog) << "accept failed: " << channel.status().ToString();
+      // Out of fds, the connection stays queued and the next accept fails at once: wait.
+      BATON_LOG(WARN, kLog) << "accept failed: " << channel.status().ToString()
+                            << "; retrying in 100 ms";
+      accept_retry_.expires_after(std::chrono::milliseconds(100));
+      accept_retry_.async_wait([this](boost::system::error_code ec) {
+        if (!ec && !stopping_ && listener_.has_value() && listener_->is_open()) Accept();
+      });
+      return;
     }
     if (listener_.has_value() && listener_->is_open()) Accept();
   });

@@ -214,6 +214,7 @@ class Controller {
   TimelineLog timelines_;
   RoutePublisher routes_;
   boost::asio::steady_timer tick_;
+  boost::asio::steady_timer accept_retry_;  // after a failed accept (out of fds): no spin
   std::optional<TimePoint> tick_at_;
 
   std::map<EngineId, std::unique_ptr<EngineRecord>> engines_;

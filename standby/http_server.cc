@@ -47,6 +47,8 @@ std::string HttpErrorJson(int status, std::string_view message) {
 
 namespace {
 
+constexpr std::chrono::milliseconds kAcceptRetry{100};
+
 std::string ChunkFrame(std::string_view data) {
   char size[24];
   std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
@@ -404,13 +406,15 @@ HttpServer::HttpServer(net::io_context& io, HttpServerOptions options)
     : io_(io),
       options_(options),
       routes_(std::make_shared<HttpRoutes>()),
-      acceptor_(net::make_strand(io)) {
+      acceptor_(net::make_strand(io)),
+      accept_retry_(io) {
   routes_->options = std::move(options);
 }
 
 HttpServer::~HttpServer() {
   beast::error_code ignored;
   acceptor_.close(ignored);
+  accept_retry_.cancel();
 }
 
 void HttpServer::Route(http::verb method, std::string path, HttpHandler handler) {
@@ -448,7 +452,13 @@ void HttpServer::Accept() {
   acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket s) {
     if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
     if (ec) {
-      BATON_LOG(WARN, "http") << "accept failed: " << ec.message();
+      BATON_LOG(WARN, "http") << "accept failed: " << ec.message() << "; retrying in "
+                              << kAcceptRetry.count() << " ms";
+      accept_retry_.expires_after(kAcceptRetry);
+      accept_retry_.async_wait([this](beast::error_code wait_ec) {
+        if (!wait_ec && acceptor_.is_open()) Accept();
+      });
+      return;
     } else {
       // Small writes (SSE events) go out at once: Nagle's algorithm would hold one back until
       // the previous is acknowledged, and a delayed ACK makes that 40 ms.

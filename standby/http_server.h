@@ -20,6 +20,7 @@
 #include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/verb.hpp>
 #include <chrono>
@@ -124,6 +125,9 @@ class HttpServer {
   HttpServerOptions options_;
   std::shared_ptr<HttpRoutes> routes_;
   boost::asio::ip::tcp::acceptor acceptor_;
+  // After a failed accept (out of fds: the connection stays queued and would fail again at
+  // once), the next one waits kAcceptRetry instead of spinning.
+  boost::asio::steady_timer accept_retry_;
   uint16_t port_ = 0;
 };
 
