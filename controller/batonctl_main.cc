@@ -26,32 +26,52 @@ struct Args {
   std::vector<std::string> rest;
 };
 
-int Usage(const std::string& why) {
+constexpr long kMaxTimeoutMs = 24L * 3600 * 1000;
+
+// With --json anywhere on the line, bad usage also prints its JSON object on stdout.
+bool WantsJson(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  }
+  return false;
+}
+
+int Usage(const std::string& why, bool json = false) {
   if (!why.empty()) std::fprintf(stderr, "batonctl: %s\n\n", why.c_str());
   std::fputs(CtlUsage(), why.empty() ? stdout : stderr);
+  if (json && !why.empty()) {
+    std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", why}}
+                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                            .c_str());
+  }
   return why.empty() ? 0 : 2;
 }
 
 // Returns -1 when the arguments are good, else the exit status.
 int ParseArgs(int argc, char** argv, Args* args) {
+  const bool json = WantsJson(argc, argv);
+  auto usage = [json](const std::string& why) { return Usage(why, json); };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--help" || a == "-h") return Usage("");
     if (a == "--json") {
       args->json = true;
     } else if (a == "--socket" || a == "--timeout-ms") {
-      if (i + 1 >= argc) return Usage(a + " needs a value");
+      if (i + 1 >= argc) return usage(a + " needs a value");
       const std::string v = argv[++i];
       if (a == "--socket") {
         args->socket = v;
       } else {
         char* end = nullptr;
         const long ms = std::strtol(v.c_str(), &end, 10);
-        if (*end != '\0' || ms <= 0) return Usage("--timeout-ms needs a positive number");
+        if (v.empty() || *end != '\0' || ms <= 0 || ms > kMaxTimeoutMs) {
+          return usage("--timeout-ms needs a number of milliseconds from 1 to " +
+                       std::to_string(kMaxTimeoutMs));
+        }
         args->timeout_ms = static_cast<int>(ms);
       }
     } else if (a.rfind("--", 0) == 0) {
-      return Usage("unknown option " + a);
+      return usage("unknown option " + a);
     } else if (args->command.empty()) {
       args->command = a;
     } else {
@@ -60,15 +80,15 @@ int ParseArgs(int argc, char** argv, Args* args) {
   }
   static const std::set<std::string> kCommands = {"status", "promote", "drain", "drill",
                                                   "timeline"};
-  if (args->command.empty()) return Usage("no command given");
-  if (kCommands.count(args->command) == 0) return Usage("unknown command '" + args->command + "'");
+  if (args->command.empty()) return usage("no command given");
+  if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
   if (args->command == "drill") {
     if (args->rest.size() != 1 ||
         (args->rest[0] != "kill" && args->rest[0] != "hang" && args->rest[0] != "error")) {
-      return Usage("drill needs one of: kill, hang, error");
+      return usage("drill needs one of: kill, hang, error");
     }
   } else if (!args->rest.empty()) {
-    return Usage(args->command + " takes no arguments");
+    return usage(args->command + " takes no arguments");
   }
   if (args->socket.empty()) args->socket = DefaultRuntimeDir() + "/controller.sock";
   return -1;
@@ -100,7 +120,9 @@ int Run(int argc, char** argv) {
         "cannot reach the controller at " + args.socket + ": " + reply.status().message();
     std::fprintf(stderr, "batonctl: %s\n", why.c_str());
     if (args.json) {
-      std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", why}}.dump().c_str());
+      std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", why}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
     }
     return 1;
   }

@@ -177,7 +177,12 @@ TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
 
 TEST(ChaosMisbehavior, BatonctlUsageAndRefusals) {
   ChaosCluster cluster;
-  EXPECT_EQ(cluster.Ctl({"frobnicate"}).exit_code, 2);
+  const CtlResult unknown = cluster.Ctl({"frobnicate"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_EQ(unknown.out["ok"], false);  // --json: bad usage also ends with its JSON object
+  const CtlResult huge = cluster.Ctl({"--timeout-ms", "3000000000", "status"});
+  EXPECT_EQ(huge.exit_code, 2);
+  EXPECT_NE(huge.out["error"].get<std::string>().find("--timeout-ms"), std::string::npos);
   EXPECT_EQ(cluster.Ctl({"drill"}).exit_code, 2);
   EXPECT_EQ(cluster.Ctl({"drill", "explode"}).exit_code, 2);
   const CtlResult status = cluster.Ctl({"status"});
