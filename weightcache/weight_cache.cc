@@ -1,5 +1,7 @@
 #include "weightcache/weight_cache.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 
 #include "base/align.h"
@@ -37,6 +39,26 @@ uint64_t Layout(const ModelFiles& files, std::vector<ShardPlace>* places) {
   return std::max(cursor, kAlign);
 }
 
+// The loader reads each shard up to its end of file as it finds it, so a shard truncated or
+// replaced after it was validated would load short, its tail as zeros: refused here.
+Status CheckComplete(const ModelFiles& files, const std::vector<ShardPlace>& places,
+                     uint64_t bytes_read) {
+  uint64_t expected = 0;
+  for (const ShardPlace& p : places) expected += p.length;
+  if (bytes_read == expected) return OkStatus();
+  std::string changed;
+  for (const SafetensorsIndex& shard : files.shards()) {
+    struct stat st {};
+    if (::stat(shard.path().c_str(), &st) != 0 ||
+        static_cast<uint64_t>(st.st_size) != shard.file_size()) {
+      changed += (changed.empty() ? "" : ", ") + shard.path();
+    }
+  }
+  return DataLoss("read " + std::to_string(bytes_read) + " of " + std::to_string(expected) +
+                  " bytes: " + (changed.empty() ? "a shard" : changed) +
+                  " changed size after it was validated; load the model again");
+}
+
 }  // namespace
 
 Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions options) {
@@ -65,6 +87,7 @@ Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions
   auto stats = loader.Load(jobs, cache.arena_.data(), cache.arena_.size());
   if (!stats.ok()) return stats.status().WithContext("loading " + dir);
   cache.stats_ = std::move(stats).value();
+  BATON_RETURN_IF_ERROR(CheckComplete(files, places, cache.stats_.bytes));
 
   const PinnedArena& a = cache.arena_;
   BATON_LOG(INFO, kComponent) << "loaded " << dir << ": " << cache.tensors_.size() << " tensors, "

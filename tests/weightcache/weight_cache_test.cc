@@ -204,6 +204,25 @@ TEST(WeightCacheTest, LoadsASingleFileModel) {
   ExpectHolds(*cache, tensors);
 }
 
+// Truncated while its chunks are read (the loader sees it end early) or between validation and
+// the loader's open (the load comes up short of the validated size): refused either way.
+TEST(WeightCacheTest, RefusesAShardTruncatedWhileItLoads) {
+  TempDir dir;
+  const std::string path = dir.path() + "/model.safetensors";
+  WriteSafetensors(path, {MakeTensor("w", "F32", {3, 100000}, 4, 11)}, "z");
+  WeightCacheOptions options;
+  options.load.chunk_size = 4096;
+  options.load.queue_depth = 1;
+  options.load.progress = [&, done = false](uint64_t, uint64_t) mutable {
+    if (done) return;
+    done = true;
+    ASSERT_EQ(::truncate(path.c_str(), 8192), 0);
+  };
+  auto cache = WeightCache::Load(dir.path(), options);
+  ASSERT_FALSE(cache.ok()) << "a short shard loaded with zeros for its tail";
+  EXPECT_EQ(cache.status().code(), StatusCode::kDataLoss) << cache.status().ToString();
+}
+
 TEST(WeightCacheTest, RefusesMissingAndMalformedModels) {
   TempDir dir;
   auto none = WeightCache::Load(dir.path() + "/absent", {});
