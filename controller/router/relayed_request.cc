@@ -92,6 +92,7 @@ void RelayedRequest::StartAttempt() {
   mode_ = Mode::kNone;
   status_ = 0;
   body_.clear();
+  body_too_large_ = false;
   splitter_ = SseSplitter();
   engine_failed_event_ = false;
   done_seen_ = false;
@@ -123,9 +124,14 @@ void RelayedRequest::OnHead(int status, const std::string& content_type, bool st
 void RelayedRequest::OnData(std::string_view bytes) {
   if (engine_failed_event_) return;  // the attempt failed: nothing after the error goes out
   if (mode_ != Mode::kStream) {
-    if (mode_ != Mode::kRefused && body_.size() + bytes.size() <= kMaxBufferedBody) {
-      body_.append(bytes);
+    if (mode_ == Mode::kRefused || body_too_large_) return;
+    if (body_.size() + bytes.size() > kMaxBufferedBody) {
+      body_too_large_ = true;
+      body_.clear();
+      if (call_) call_->Cancel();
+      return;
     }
+    body_.append(bytes);
     return;
   }
   std::vector<std::string> events;
@@ -156,6 +162,12 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
     case Mode::kStream:
       return OnStreamEnd(error, message);
     case Mode::kBuffer:
+      if (body_too_large_) {
+        ReleaseTarget();
+        return GiveUp(502, "response_too_large",
+                      "the engine's response is larger than " +
+                          std::to_string(kMaxBufferedBody >> 20) + " MiB");
+      }
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
       ReleaseTarget();
       exchange_->Respond(status_, content_type_.empty() ? "application/json" : content_type_,
@@ -198,6 +210,12 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
   deps_.metrics->RecordUpstreamError(UpstreamErrorName(error));
   const bool timeout =
       error == UpstreamError::kFirstByteTimeout || error == UpstreamError::kIdleTimeout;
+  // An engine sends a whole response's header when generation ends: past the first-byte
+  // timeout, a request that is not streamed is slow, not lost. Re-running it elsewhere would
+  // only add the same work; a hung engine is fenced by the controller, which breaks the call.
+  if (error == UpstreamError::kFirstByteTimeout && !replay_.streaming()) {
+    return GiveUp(504, "first_byte_timeout", "the engine did not answer in time (" + message + ")");
+  }
   if (!replay_.CanContinue()) {
     return GiveUp(timeout ? 504 : 502, "not_replayable",
                   "the engine failed (" + message + ") and this request cannot be continued");

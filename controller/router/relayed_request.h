@@ -80,6 +80,7 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   SseSplitter splitter_;
   bool engine_failed_event_ = false;
   bool done_seen_ = false;
+  bool body_too_large_ = false;  // a buffered response past kMaxBufferedBody
   bool client_header_sent_ = false;
   bool client_gone_ = false;
   bool finished_ = false;

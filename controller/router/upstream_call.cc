@@ -121,7 +121,8 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     reused_ = false;  // the response has begun: no silent retry from here on
     const auto& head = parser_->get();
     const std::string content_type(head[http::field::content_type]);
-    const bool streaming = parser_->chunked() || content_type.rfind("text/event-stream", 0) == 0;
+    // Only the media type says stream: engines and proxies chunk plain JSON bodies too.
+    const bool streaming = content_type.rfind("text/event-stream", 0) == 0;
     if (sink_.on_head) sink_.on_head(head.result_int(), content_type, streaming);
     ReadBody();
   }

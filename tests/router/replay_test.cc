@@ -189,6 +189,30 @@ TEST_F(ReplayTest, ResumeTokensOutOfRangeIsRefused) {
   EXPECT_EQ(Json::parse(r.body)["error"]["param"], "baton_resume_tokens") << r.body;
 }
 
+// A whole JSON response may come chunked: it is relayed once, as JSON, not taken for a
+// stream that ended without [DONE] and re-run.
+TEST(ReplayScriptTest, ChunkedJsonResponseIsRelayedOnce) {
+  const std::string body = R"({"id":"c","choices":[{"text":"hi","finish_reason":"length"}]})";
+  char size[32];
+  std::snprintf(size, sizeof(size), "%zx\r\n", body.size());
+  const std::string response =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+      "Connection: close\r\n\r\n" +
+      std::string(size) + body + "\r\n0\r\n\r\n";
+  ScriptedBackend backend({response, response, response, response});
+  ASSERT_NE(backend.port(), 0);
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(backend.port());
+  Router router(std::move(options));
+  ASSERT_TRUE(router.Start().ok());
+  TestHttpClient client(router.port());
+  const HttpReply r = client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})");
+  EXPECT_EQ(r.status, 200);
+  EXPECT_EQ(Json::parse(r.body), Json::parse(body)) << r.body;
+  EXPECT_EQ(backend.bodies().size(), 1u);
+}
+
 }  // namespace
 }  // namespace baton
 

@@ -314,6 +314,10 @@ TEST_F(RouterTest, SilentBackendIs504) {
   HttpReply r = client.Post("/v1/completions", kRequest.dump());
   EXPECT_EQ(r.status, 504) << r.body;
   EXPECT_TRUE(Parse(r.body)["error"].is_object()) << r.body;
+  // Not streamed: a slow answer is not re-run on the same (or another) engine.
+  const std::string metrics = client.Get("/metrics").body;
+  EXPECT_NE(metrics.find("baton_router_replays_total{kind=\"retry\"} 0"), std::string::npos)
+      << metrics;
   ExpectHealthy(router->port());
 }
 
