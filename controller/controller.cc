@@ -118,8 +118,10 @@ Status Controller::Init() {
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
                         << " bytes, huge_pages=" << pool_.huge_pages();
 
-  proto::ChannelOptions copts{
-      .send_timeout = std::chrono::seconds(1), .label = "unidentified peer", .clock = &clock_};
+  proto::ChannelOptions copts{.max_send_frame_size = proto::kControllerMaxFrameSize,
+                              .send_timeout = std::chrono::seconds(1),
+                              .label = "unidentified peer",
+                              .clock = &clock_};
   BATON_ASSIGN_OR_RETURN(proto::Listener listener,
                          proto::Listener::Bind(io_, config_.socket_path(), copts));
   listener_.emplace(std::move(listener));

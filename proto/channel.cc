@@ -83,7 +83,7 @@ Status Channel::WaitFor(short events, std::optional<TimePoint> deadline) {
 Status Channel::SendFrame(MsgType type, std::string_view payload, std::span<const int> fds) {
   if (!is_open()) return Unavailable(options_.label + ": channel closed " + closed_reason_);
   BATON_ASSIGN_OR_RETURN(std::string frame, EncodeFrame(static_cast<uint16_t>(type), payload,
-                                                        fds.size(), options_.max_frame_size));
+                                                        fds.size(), options_.max_send_frame_size));
   return SendBytes(frame, fds)
       .WithContext("sending " + MsgTypeName(type) + " to " + options_.label);
 }

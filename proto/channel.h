@@ -59,7 +59,8 @@ struct ReceivedMessage {
 };
 
 struct ChannelOptions {
-  size_t max_frame_size = kDefaultMaxFrameSize;
+  size_t max_frame_size = kDefaultMaxFrameSize;       // the largest frame received
+  size_t max_send_frame_size = kDefaultMaxFrameSize;  // the largest frame sent
   Duration send_timeout = std::chrono::seconds(5);
   std::string label = "unix peer";  // names the connection in logs and errors
   Clock* clock = nullptr;           // for timeouts; RealClock when null

@@ -35,6 +35,10 @@ inline constexpr uint32_t kFrameMagic = 0x4E544142u;
 inline constexpr uint16_t kFrameVersion = 1;
 // The largest payload a decoder accepts unless configured otherwise.
 inline constexpr size_t kDefaultMaxFrameSize = size_t{1} << 20;
+// The largest frame the controller sends and an engine accepts from it: a RegisterAck carries
+// the whole tensor table, and MoE checkpoints have tens of thousands of tensors (about 100
+// bytes each). Frames from engines and other peers stay within kDefaultMaxFrameSize.
+inline constexpr size_t kControllerMaxFrameSize = size_t{64} << 20;
 // The most file descriptors one frame may carry.
 inline constexpr size_t kMaxFdsPerFrame = 16;
 

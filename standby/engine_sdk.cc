@@ -93,7 +93,8 @@ EngineSession::Impl::~Impl() { Shutdown(); }
 
 Status EngineSession::Impl::Handshake() {
   if (options_.launch.socket_path.empty()) return InvalidArgument("no controller socket path");
-  proto::ChannelOptions channel_options{.label = "controller", .clock = clock_};
+  proto::ChannelOptions channel_options{
+      .max_frame_size = proto::kControllerMaxFrameSize, .label = "controller", .clock = clock_};
   const TimePoint deadline = clock_->Now() + options_.connect_timeout;
   Result<proto::Channel> channel = Unavailable("not tried");
   while (true) {

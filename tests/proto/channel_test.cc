@@ -142,6 +142,38 @@ TEST_F(ChannelTest, LargeFrameWithFdsWhileThePeerReadsSlowly) {
   reader.join();
 }
 
+// A RegisterAck carries the whole tensor table: a DeepSeek-V3-sized one (90 000 tensors, about
+// 8 MB) goes from the controller to an engine, whose channels allow kControllerMaxFrameSize.
+TEST(ControllerFrameTest, AMoeSizedTensorTableFits) {
+  boost::asio::io_context io;
+  auto pair = Channel::Pair(io, ChannelOptions{.max_frame_size = kControllerMaxFrameSize,
+                                               .max_send_frame_size = kControllerMaxFrameSize,
+                                               .label = "controller"});
+  ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+  TensorTable table{.model = "moe", .arena_size = 0, .tensors = {}};
+  for (int i = 0; i < 90000; ++i) {
+    table.tensors.push_back({.name = "model.layers." + std::to_string(i / 768) + ".mlp.experts." +
+                                     std::to_string(i % 256) + ".down_proj.weight" +
+                                     std::to_string(i % 3),
+                             .dtype = 4,
+                             .shape = {7168, 2048},
+                             .offset = uint64_t(i) << 20,
+                             .size = 1 << 20});
+  }
+  Result<std::string> payload = Encode(table);
+  ASSERT_TRUE(payload.ok());
+  ASSERT_GT(payload->size(), kDefaultMaxFrameSize);
+  std::thread reader([&] {
+    Result<ReceivedMessage> msg = pair->second.Receive(30s);
+    ASSERT_TRUE(msg.ok()) << msg.status().ToString();
+    Result<TensorTable> back = msg->As<TensorTable>();
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    EXPECT_EQ(back->tensors.size(), 90000u);
+  });
+  EXPECT_TRUE(pair->first.Send(table).ok());
+  reader.join();
+}
+
 TEST_F(ChannelTest, OversizedSendIsRefusedLocally) {
   HelloReject big{.reason = std::string(kDefaultMaxFrameSize, 'r')};
   const Status s = a().Send(big);
