@@ -62,13 +62,18 @@ void RoutePublisher::Watch(uint64_t id) {
       subscribers_.erase(sub);
       return;
     }
-    if (msg->type == proto::MsgType::kSubscribe) {
-      SendTo(id);  // a repeated Subscribe asks for the current table again
-    } else {
-      (void)sub->second.channel->Send(proto::ErrorMsg::FromStatus(FailedPrecondition(
-          "a router connection only sends Subscribe, not " + proto::MsgTypeName(msg->type))));
+    if (msg->type != proto::MsgType::kSubscribe) {
+      // Told why, then closed: a peer that keeps sending without reading would otherwise
+      // hold the controller's thread for send_timeout per reply.
+      const std::string why =
+          "a router connection only sends Subscribe, not " + proto::MsgTypeName(msg->type);
+      BATON_LOG(WARN, "routes") << "dropping subscriber " << sub->second.name << ": " << why;
+      (void)sub->second.channel->Send(proto::ErrorMsg::FromStatus(FailedPrecondition(why)));
+      subscribers_.erase(sub);
+      return;
     }
-    Watch(id);
+    SendTo(id);  // a repeated Subscribe asks for the current table again
+    if (subscribers_.count(id) != 0) Watch(id);
   });
 }
 

@@ -122,6 +122,33 @@ TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
   ExpectPrimaryUnaffected(before, cluster.Status());
 }
 
+// A router connection that sends anything but Subscribe is told why and closed, so a peer
+// that writes without reading cannot hold the controller's thread reply after reply.
+TEST(ChaosMisbehavior, RouterConnectionSendingOtherMessagesIsClosed) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  boost::asio::io_context io;
+  Result<proto::Channel> router = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(router.ok());
+  ASSERT_TRUE(
+      proto::ClientHello(*router, {.peer_name = "r", .role = "router", .launch_token = ""}).ok());
+  ASSERT_TRUE(router->Send(proto::Subscribe{.subscriber = "test"}).ok());
+  Result<proto::ReceivedMessage> table = router->Receive(std::chrono::seconds(5));
+  ASSERT_TRUE(table.ok()) << table.status().ToString();
+  ASSERT_TRUE(table->As<proto::RouteTable>().ok());
+  ASSERT_TRUE(router->Send(proto::Heartbeat{.epoch = 0, .seq = 1}).ok());
+  Result<proto::ReceivedMessage> reply = router->Receive(std::chrono::seconds(5));
+  while (reply.ok() && reply->type == proto::MsgType::kRouteTable) {  // tables published since
+    reply = router->Receive(std::chrono::seconds(5));
+  }
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  EXPECT_NE(reply->As<proto::RouteTable>().status().message().find("only sends Subscribe"),
+            std::string::npos);
+  EXPECT_FALSE(router->Receive(std::chrono::seconds(5)).ok()) << "the connection is closed";
+  EXPECT_TRUE(cluster.ControllerAlive());
+  ExpectPrimaryUnaffected(before, cluster.Status());
+}
+
 TEST(ChaosMisbehavior, StaleEpochIsRefusedAndTheSenderStopped) {
   ChaosCluster cluster;
   const json before = RogueStandby(cluster, "stale-epoch");
