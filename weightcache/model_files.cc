@@ -13,6 +13,7 @@
 #include <unordered_set>
 
 #include "base/unique_fd.h"
+#include "weightcache/json_events.h"
 
 namespace baton {
 namespace {
@@ -106,7 +107,7 @@ Status ParseIndexJson(const std::string& file, const std::string& text, Json* ou
     return true;
   };
   try {
-    *out = Json::parse(text, on_event);
+    *out = ParseJsonWithEvents(text, on_event);
   } catch (const ParseStop& stop) {
     return stop.status;
   } catch (const std::exception& e) {

@@ -5,6 +5,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "weightcache/json_events.h"
 #include "weightcache/safetensors_index.h"
 
 namespace baton {
@@ -111,10 +112,9 @@ bool OnParseEvent(std::string_view file, KeyTracker& keys, int depth, Json::pars
 Status ParseJson(std::string_view file, std::string_view text, Json* out) {
   KeyTracker keys;
   try {
-    *out = Json::parse(text.begin(), text.end(),
-                       [&](int depth, Json::parse_event_t event, Json& parsed) {
-                         return OnParseEvent(file, keys, depth, event, parsed);
-                       });
+    *out = ParseJsonWithEvents(text, [&](int depth, Json::parse_event_t event, Json& parsed) {
+      return OnParseEvent(file, keys, depth, event, parsed);
+    });
   } catch (const ParseStop& stop) {
     return stop.status;
   } catch (const Json::exception& e) {
