@@ -10,7 +10,8 @@
 // Completions are answered 503 unless serving. Each completion is a CompletionSession that
 // submits one generation to the loop and turns the loop's token events (posted from the
 // compute thread to the session's strand) into the response or stream events; a client
-// that goes away cancels its generation.
+// that goes away, streamed or not, cancels its generation (the HTTP server reads on while
+// a request is handled and aborts the exchange at end of stream).
 //
 // Threads: routes run on the HTTP io_context; StartServing/SetState may be called from any
 // thread. The loop set by StartServing must outlive the io_context's handlers.

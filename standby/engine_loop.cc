@@ -163,7 +163,11 @@ void EngineLoop::Run() {
   std::vector<Command> commands;
   while (WaitForWork(&commands)) {
     Apply(&commands);
-    if (!generator_->idle()) StepOnce();
+    if (!generator_->idle()) {
+      StepOnce();
+    } else {  // cancellations emptied the batch: the gauges say so before the loop sleeps
+      metrics_->SetQueue(0, static_cast<int64_t>(generator_->waiting()));
+    }
   }
   Apply(&commands);  // requests that came with the stop are failed below
   FailPending(Unavailable("the engine is shutting down"));

@@ -1,5 +1,6 @@
 #include "standby/http_server.h"
 
+#include <array>
 #include <boost/asio/ip/address.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -48,6 +49,9 @@ std::string HttpErrorJson(int status, std::string_view message) {
 namespace {
 
 constexpr std::chrono::milliseconds kAcceptRetry{100};
+// Bytes of pipelined requests read ahead while one is handled; past this the watch for a
+// departing client stops until the next request.
+constexpr size_t kMaxPipelinedBytes = 64 * 1024;
 
 std::string ChunkFrame(std::string_view data) {
   char size[24];
@@ -251,8 +255,47 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     writes_.pop_front();
     if (!ends) return WriteNext();
     exchange_.reset();
+    if (watching_) {  // one read at a time: the next one starts when the watch has ended
+      resume_after_watch_ = true;
+      beast::error_code ignored;
+      stream_.socket().cancel(ignored);
+      return;
+    }
+    Resume();
+  }
+
+  void Resume() {
     if (keep_alive_) return ReadHeader();
     LingerThenClose();
+  }
+
+  // While a request is handled nothing else reads the socket, so a client that leaves would
+  // go unnoticed until a write failed: for a response that is not streamed, after the whole
+  // generation. The watch reads on; end of stream or an error aborts the exchange. Bytes of
+  // a pipelined next request are kept for it.
+  void Watch() {
+    watching_ = true;
+    stream_.socket().async_read_some(
+        net::buffer(watch_buf_),
+        [self = shared_from_this()](beast::error_code ec, size_t n) { self->OnWatch(ec, n); });
+  }
+
+  void OnWatch(beast::error_code ec, size_t n) {
+    watching_ = false;
+    if (n > 0) {
+      net::buffer_copy(buffer_.prepare(n), net::buffer(watch_buf_.data(), n));
+      buffer_.commit(n);
+    }
+    if (phase_ == Phase::kClosed) return;
+    if (std::exchange(resume_after_watch_, false)) return Resume();
+    if (ec == net::error::operation_aborted) return;
+    if (ec) {
+      // Once answered, the reply's own write (or the next read) sees the end.
+      if (phase_ != Phase::kHandling && phase_ != Phase::kStreaming) return;
+      BATON_LOG(DEBUG, "http") << "client left during its request: " << ec.message();
+      return Close();
+    }
+    if (buffer_.size() < kMaxPipelinedBytes) Watch();
   }
 
   // After a reply that ends the connection (413, 431, 400, Connection: close) the client may
@@ -305,6 +348,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   bool writing_ = false;
   std::deque<std::pair<std::string, bool>> writes_;
   std::vector<char> linger_buf_;  // discarded input while lingering before close
+  bool watching_ = false;         // a Watch() read is pending
+  bool resume_after_watch_ = false;
+  std::array<char, 4096> watch_buf_{};
 };
 
 void HttpConnection::Dispatch() {
@@ -317,6 +363,7 @@ void HttpConnection::Dispatch() {
   phase_ = Phase::kHandling;
   std::shared_ptr<HttpExchange> ex(new HttpExchange(shared_from_this(), seq_, std::move(request)));
   exchange_ = ex;
+  Watch();
   auto it = routes_->table.find(ex->path());
   if (it == routes_->table.end()) {
     return ex->RespondError(404, "no route for " + std::string(ex->path()));

@@ -35,6 +35,10 @@ class HttpServerTest : public ::testing::Test {
       std::thread([ex] { ex->RespondJson(202, R"({"from":"thread"})"); }).detach();
     });
     server_->Route(http::verb::get, "/dropped", [](std::shared_ptr<HttpExchange>) {});
+    server_->Route(http::verb::get, "/held", [this](std::shared_ptr<HttpExchange> ex) {
+      ex->OnAbort([this] { aborted_.set_value(); });
+      held_.set_value(ex);  // answered by the test, or never
+    });
     server_->Route(http::verb::get, "/stream", [this](std::shared_ptr<HttpExchange> ex) {
       ex->OnAbort([this] { aborted_.set_value(); });
       ex->BeginStream(200, "text/event-stream");
@@ -62,6 +66,7 @@ class HttpServerTest : public ::testing::Test {
   std::map<int, int> responses_;
   std::promise<std::shared_ptr<HttpExchange>> streams_;
   std::promise<void> aborted_;
+  std::promise<std::shared_ptr<HttpExchange>> held_;
 };
 
 TEST_F(HttpServerTest, KeepAliveServesSeveralRequestsOnOneConnection) {
@@ -164,6 +169,33 @@ TEST_F(HttpServerTest, ClientGoingAwayAbortsTheStream) {
   bool late = false;
   ex->OnAbort([&] { late = true; });  // registered after the abort: runs at once
   EXPECT_TRUE(late);
+}
+
+// A client that leaves while its (not streamed) request is handled aborts it at once: the
+// engine stops generating instead of finishing work nobody will read.
+TEST_F(HttpServerTest, ClientLeavingDuringAPlainRequestAbortsIt) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.Send(http::verb::get, "/held", ""));
+  std::shared_ptr<HttpExchange> ex = held_.get_future().get();
+  client.Close();
+  ASSERT_EQ(aborted_.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_TRUE(ex->aborted());
+}
+
+// Pipelined requests read ahead by the watch are answered in order.
+TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(
+      client.SendRaw("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n"
+                     "GET /later HTTP/1.1\r\nHost: x\r\n\r\n"
+                     "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+  const std::string all = client.ReadRawUntil(std::string(1, '\0'));  // until closed
+  const size_t first = all.find("hello /hello");
+  const size_t second = all.find(R"({"from":"thread"})");
+  ASSERT_NE(first, std::string::npos) << all;
+  ASSERT_NE(second, std::string::npos) << all;
+  EXPECT_LT(first, second);
+  EXPECT_NE(all.find("hello /hello", second), std::string::npos) << all;
 }
 
 TEST(HttpServerListenTest, RefusesAnUnresolvableHost) {
