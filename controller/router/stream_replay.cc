@@ -190,6 +190,7 @@ StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
     return out;
   }
   const size_t before = sent_ids_.size();
+  if (auto usage = j.find("usage"); usage != j.end() && !usage->is_null()) usage_sent_ = true;
   Learn(j);
   out.first_token = before == 0 && !sent_ids_.empty();
   out.to_client = resume_tokens_ > 0 ? Rewrite(std::move(j)) : event;
@@ -198,7 +199,7 @@ StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
 
 std::string StreamReplay::FinishingEvents() const {
   std::string out;
-  if (include_usage_) {
+  if (include_usage_ && !usage_sent_) {
     Json j;
     j["id"] = id_;
     j["object"] = "text_completion";

@@ -80,6 +80,7 @@ class StreamReplay {
   bool ids_known_ = true;  // every event sent carried its token ids
   bool single_ = true;     // one sequence: n = 1, best_of = 1, one prompt, no echo
   bool finished_ = false;
+  bool usage_sent_ = false;  // the stream's usage event reached the client
   int events_sent_ = 0;
   int attempts_ = 0;
   size_t resume_tokens_ = 0;  // tokens sent before the current attempt

@@ -193,6 +193,13 @@ TEST(StreamReplayTest, FinishedStreamOnlyNeedsItsTail) {
   EXPECT_EQ(usage["id"], "first");
   EXPECT_EQ(usage["usage"]["completion_tokens"], 1);
   EXPECT_NE(tail.find("data: [DONE]\n\n"), std::string::npos);
+  // Cut after the usage event: only [DONE] is missing.
+  Json usage_event;
+  usage_event["id"] = "first";
+  usage_event["choices"] = Json::array();
+  usage_event["usage"] = {{"prompt_tokens", 1}, {"completion_tokens", 1}, {"total_tokens", 2}};
+  r.OnEvent("data: " + usage_event.dump() + "\n\n");
+  EXPECT_EQ(r.FinishingEvents(), "data: [DONE]\n\n");
 }
 
 TEST(StreamReplayTest, NonJsonBodyIsForwardedUnchanged) {
