@@ -34,6 +34,16 @@ void ExpectPrimaryUnaffected(const json& before, const json& after) {
   EXPECT_EQ(after["epoch"]["durable"], before["epoch"]["durable"]);
 }
 
+// A connection to the controller past a Hello as `role` (the Hello's refusal, if refused).
+Result<proto::Channel> ConnectAs(boost::asio::io_context& io, const ChaosCluster& cluster,
+                                 const std::string& role) {
+  BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, cluster.socket()));
+  BATON_RETURN_IF_ERROR(
+      proto::ClientHello(channel, {.peer_name = "test", .role = role, .launch_token = ""})
+          .status());
+  return channel;
+}
+
 // Replaces the standby with one that misbehaves as `mode`.
 json RogueStandby(ChaosCluster& cluster, const std::string& mode) {
   const json before = cluster.Status();
@@ -83,10 +93,8 @@ TEST(ChaosMisbehavior, WrongLaunchTokenIsRefused) {
 TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
   ChaosCluster cluster;
   boost::asio::io_context io;
-  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
-  ASSERT_TRUE(raw.ok());
-  ASSERT_TRUE(
-      proto::ClientHello(*raw, {.peer_name = "sneaky", .role = "cli", .launch_token = ""}).ok());
+  Result<proto::Channel> raw = ConnectAs(io, cluster, "cli");
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
   ASSERT_TRUE(
       raw->Send(proto::Register{.engine_id = 1, .engine_version = "x", .http_address = ""}).ok());
   Result<proto::ReceivedMessage> reply = raw->Receive(std::chrono::seconds(5));
@@ -102,14 +110,9 @@ TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   boost::asio::io_context io;
-  Result<proto::Channel> rogue = proto::Connect(io, cluster.socket());
-  ASSERT_TRUE(rogue.ok());
-  EXPECT_FALSE(
-      proto::ClientHello(*rogue, {.peer_name = "x", .role = "\xfe", .launch_token = ""}).ok());
-  Result<proto::Channel> cli = proto::Connect(io, cluster.socket());
-  ASSERT_TRUE(cli.ok());
-  ASSERT_TRUE(
-      proto::ClientHello(*cli, {.peer_name = "cli", .role = "cli", .launch_token = ""}).ok());
+  EXPECT_FALSE(ConnectAs(io, cluster, "\xfe").ok());
+  Result<proto::Channel> cli = ConnectAs(io, cluster, "cli");
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString();
   ASSERT_TRUE(cli->Send(proto::CtlRequest{.command = "\xff", .args = {}}).ok());
   Result<proto::ReceivedMessage> reply = cli->Receive(std::chrono::seconds(5));
   ASSERT_TRUE(reply.ok()) << reply.status().ToString();
@@ -128,10 +131,8 @@ TEST(ChaosMisbehavior, RouterConnectionSendingOtherMessagesIsClosed) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   boost::asio::io_context io;
-  Result<proto::Channel> router = proto::Connect(io, cluster.socket());
-  ASSERT_TRUE(router.ok());
-  ASSERT_TRUE(
-      proto::ClientHello(*router, {.peer_name = "r", .role = "router", .launch_token = ""}).ok());
+  Result<proto::Channel> router = ConnectAs(io, cluster, "router");
+  ASSERT_TRUE(router.ok()) << router.status().ToString();
   ASSERT_TRUE(router->Send(proto::Subscribe{.subscriber = "test"}).ok());
   Result<proto::ReceivedMessage> table = router->Receive(std::chrono::seconds(5));
   ASSERT_TRUE(table.ok()) << table.status().ToString();

@@ -25,6 +25,18 @@ struct Stream {
   std::vector<int32_t> ids;
 };
 
+// A started router whose only backend is 127.0.0.1:`port`.
+std::unique_ptr<Router> RouterTo(uint16_t port, int migration_limit = 3) {
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(port);
+  options.migration_limit = migration_limit;
+  auto router = std::make_unique<Router>(std::move(options));
+  Status st = router->Start();
+  EXPECT_TRUE(st.ok()) << st.ToString();
+  return router;
+}
+
 class ReplayTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { engine_ = new TinyEngine("baton-replay"); }
@@ -33,17 +45,6 @@ class ReplayTest : public ::testing::Test {
     engine_ = nullptr;
   }
   void SetUp() override { ASSERT_NE(engine_->port(), 0); }
-
-  static std::unique_ptr<Router> RouterTo(uint16_t port, int migration_limit = 3) {
-    RouterOptions options;
-    options.listen_port = 0;
-    options.backend = "127.0.0.1:" + std::to_string(port);
-    options.migration_limit = migration_limit;
-    auto router = std::make_unique<Router>(std::move(options));
-    Status st = router->Start();
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    return router;
-  }
 
   static Stream StreamOf(uint16_t port, Json body) {
     body["stream"] = true;
@@ -193,20 +194,11 @@ TEST_F(ReplayTest, ResumeTokensOutOfRangeIsRefused) {
 // stream that ended without [DONE] and re-run.
 TEST(ReplayScriptTest, ChunkedJsonResponseIsRelayedOnce) {
   const std::string body = R"({"id":"c","choices":[{"text":"hi","finish_reason":"length"}]})";
-  char size[32];
-  std::snprintf(size, sizeof(size), "%zx\r\n", body.size());
-  const std::string response =
-      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
-      "Connection: close\r\n\r\n" +
-      std::string(size) + body + "\r\n0\r\n\r\n";
+  const std::string response = ScriptedBackend::Chunked("application/json", {body});
   ScriptedBackend backend({response, response, response, response});
   ASSERT_NE(backend.port(), 0);
-  RouterOptions options;
-  options.listen_port = 0;
-  options.backend = "127.0.0.1:" + std::to_string(backend.port());
-  Router router(std::move(options));
-  ASSERT_TRUE(router.Start().ok());
-  TestHttpClient client(router.port());
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  TestHttpClient client(router->port());
   const HttpReply r = client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})");
   EXPECT_EQ(r.status, 200);
   EXPECT_EQ(Json::parse(r.body), Json::parse(body)) << r.body;
@@ -240,12 +232,8 @@ TEST(ReplayScriptTest, ServerErrorFollowedByDoneIsReplayed) {
                                 error, "data: [DONE]\n\n"}),
        ScriptedBackend::Stream({TokenEvent(12, "length", false), "data: [DONE]\n\n"})});
   ASSERT_NE(backend.port(), 0);
-  RouterOptions options;
-  options.listen_port = 0;
-  options.backend = "127.0.0.1:" + std::to_string(backend.port());
-  Router router(std::move(options));
-  ASSERT_TRUE(router.Start().ok());
-  TestHttpClient client(router.port());
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  TestHttpClient client(router->port());
   const Json request = {{"prompt", {1, 2}}, {"max_tokens", 3}, {"seed", 5}, {"stream", true}};
   ASSERT_TRUE(client.Send(http::verb::post, "/v1/completions", request.dump()));
   ASSERT_EQ(client.ReadHeader(), 200);

@@ -36,10 +36,14 @@ class ScriptedBackend {
   // A chunked text/event-stream response carrying `events` (each "data: ...\n\n"), one
   // chunk per event as an engine writes them.
   static std::string Stream(const std::vector<std::string>& events) {
-    std::string out =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-        "Connection: close\r\n\r\n";
-    for (const std::string& e : events) {
+    return Chunked("text/event-stream", events);
+  }
+  // A 200 response of `content_type` sent with chunked encoding, one chunk per piece.
+  static std::string Chunked(const std::string& content_type,
+                             const std::vector<std::string>& pieces) {
+    std::string out = "HTTP/1.1 200 OK\r\nContent-Type: " + content_type +
+                      "\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    for (const std::string& e : pieces) {
       char size[32];
       std::snprintf(size, sizeof(size), "%zx\r\n", e.size());
       out += size + e + "\r\n";
