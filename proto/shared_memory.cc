@@ -58,7 +58,8 @@ Result<SharedMemory> SharedMemory::Create(const SharedMemoryOptions& options) {
   SharedMemory shm;
   if (options.try_huge_pages) {
     const size_t size = RoundUp(options.size, kHugePageSize);
-    auto fd = CreateMemfd(options.name, MFD_CLOEXEC | MFD_HUGETLB | MFD_HUGE_2MB);
+    auto fd =
+        CreateMemfd(options.name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
     if (fd.ok() && ::ftruncate(fd->get(), static_cast<off_t>(size)) == 0) {
       shm.fd_ = std::move(fd).value();
       shm.size_ = size;
@@ -68,7 +69,7 @@ Result<SharedMemory> SharedMemory::Create(const SharedMemoryOptions& options) {
     shm.fallback_reason_ = fd.ok() ? ErrnoStatus("ftruncate of hugetlb memfd", errno).message()
                                    : fd.status().message();
   }
-  BATON_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(options.name, MFD_CLOEXEC));
+  BATON_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(options.name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   const size_t size = RoundUp(options.size, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     return ErrnoStatus("ftruncate memfd '" + options.name + "'", errno);
@@ -111,6 +112,19 @@ Result<UniqueFd> SharedMemory::Dup() const {
   int fd = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus("dup of shared memory fd", errno);
   return UniqueFd(fd);
+}
+
+Status SharedMemory::Seal(Sealing sealing) {
+  unsigned seals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+  if (sealing == Sealing::kReadOnly) seals |= F_SEAL_FUTURE_WRITE;
+  if (::fcntl(fd_.get(), F_ADD_SEALS, seals) != 0) return ErrnoStatus("sealing memfd", errno);
+  return OkStatus();
+}
+
+Result<unsigned> SharedMemory::seals() const {
+  const int seals = ::fcntl(fd_.get(), F_GET_SEALS);
+  if (seals < 0) return ErrnoStatus("F_GET_SEALS", errno);
+  return static_cast<unsigned>(seals);
 }
 
 }  // namespace baton

@@ -4,7 +4,9 @@
 // otherwise; which one is reported by huge_pages()). The fd travels to another process over
 // a proto::Channel (SCM_RIGHTS); the receiver wraps it with Import() and maps it. Mapping
 // owns one mmap'd range and unmaps it on destruction. Both are move-only. Sizes of hugetlb
-// memfds are rounded up to the huge page size. Thread-compatible.
+// memfds are rounded up to the huge page size. Objects are created sealable; the owner seals
+// them once set up (Seal) so that a peer cannot resize them, or write to read-only ones.
+// Thread-compatible.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +23,13 @@ inline constexpr size_t kHugePageSize = 2u << 20;
 inline constexpr size_t kPageTableShareSize = size_t{1} << 30;
 
 enum class Protection { kReadOnly, kReadWrite };
+
+// Seals (memfd_create(2), fcntl F_ADD_SEALS) fixed on an object once it is set up. Both
+// forbid resizing (a peer's ftruncate would otherwise take pages from under every other
+// mapper, which then dies of SIGBUS) and adding further seals. kReadOnly also forbids every
+// later write: write(2), fallocate holes, and any new writable mapping (F_SEAL_FUTURE_WRITE).
+// Mappings that already exist keep their protection.
+enum class Sealing { kFixedSize, kReadOnly };
 
 class Mapping {
  public:
@@ -64,6 +73,11 @@ class SharedMemory {
   Result<Mapping> Map(Protection prot, bool populate = false) const;
   // A new fd for the same memory, for sending to another process.
   Result<UniqueFd> Dup() const;
+  // Applies `sealing` (F_SEAL_SEAL included, so it is final). Fails on an object that is
+  // already sealed or was not created sealable (an imported fd from an older controller).
+  Status Seal(Sealing sealing);
+  // The seals set on the object (F_GET_SEALS bits).
+  Result<unsigned> seals() const;
 
   int fd() const { return fd_.get(); }
   size_t size() const { return size_; }

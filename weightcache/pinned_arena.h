@@ -50,6 +50,9 @@ class PinnedArena {
   const std::string& numa_source() const { return numa_source_; }
   // Human-readable notes on whatever fell back (huge pages, mbind, mlock).
   const std::vector<std::string>& warnings() const { return warnings_; }
+  // Seals the memfd read-only (Sealing::kReadOnly) once it is filled: engines can then
+  // neither map it writable nor resize it; this arena's own mapping stays writable.
+  Status SealReadOnly() { return memory_.Seal(Sealing::kReadOnly); }
 
  private:
   SharedMemory memory_;

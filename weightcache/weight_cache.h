@@ -5,7 +5,8 @@
 // it with UringLoader. Each file's data section is placed at a 4096-aligned arena offset
 // plus the data section's own misalignment within its first page, so O_DIRECT reads go
 // straight from the file into the arena; tensor offsets in the table are absolute arena
-// offsets. The cache is immutable once loaded; engines map it read-only. Move-only.
+// offsets. The cache is immutable once loaded: its memfd is then sealed read-only, so
+// engines can map it read-only and in no other way. Move-only.
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,12 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
 
 #include "proto/hello.h"
 #include "proto/listener.h"
@@ -201,6 +206,31 @@ TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
   WaitRefusal(cluster, "launch token belongs to engine");
   const json after = cluster.WaitReady("a well-behaved standby again");
   ExpectPrimaryUnaffected(before, after);
+}
+
+// An engine may not resize the shared memory nor write the weights: a truncated pool would
+// take the pages from under the primary (SIGBUS), a written arena would corrupt the weights
+// that the standby maps. The kernel refuses each attempt (memfd seals).
+TEST(ChaosMisbehavior, AnEngineCannotResizeSharedMemoryNorWriteTheWeights) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "tamper-memory");
+  const std::string report_glob = cluster.dir() + "/tamper-";
+  std::string report;
+  cluster.WaitFor(
+      [&](const json&) {
+        for (const auto& entry : std::filesystem::directory_iterator(cluster.dir())) {
+          if (entry.path().string().rfind(report_glob, 0) != 0) continue;
+          std::ifstream in(entry.path());
+          report.assign(std::istreambuf_iterator<char>(in), {});
+        }
+        return std::count(report.begin(), report.end(), '\n') == 7;
+      },
+      "the tampering engine's report");
+  EXPECT_EQ(report.find("succeeded"), std::string::npos) << report;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the primary keeps stamping
+  const json after = cluster.WaitReady();
+  ExpectPrimaryUnaffected(before, after);
+  cluster.CheckFencing();
 }
 
 TEST(ChaosMisbehavior, BatonctlUsageAndRefusals) {

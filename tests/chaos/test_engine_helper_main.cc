@@ -11,7 +11,11 @@
 //   --violations-dir DIR     where a violation is written down
 //   --rogue-file PATH        if PATH exists, claim it (rename) and misbehave as its content
 //                            says: bad-frame, stale-epoch, foreign-return, foreign-lease,
-//                            wrong-id (speaking the raw protocol instead of the SDK)
+//                            wrong-id, tamper-memory (speaking the raw protocol instead of
+//                            the SDK). tamper-memory tries to resize the pool and the weight
+//                            arena and to write the arena; it writes what happened to
+//                            <violations-dir>/../tamper-<id>.txt, and a violation file if any
+//                            attempt got through
 //   --crash-if-id-above N    exit(3) at once when this engine's id is above N
 //   --busy-ms N              after promotion, the compute thread spins N ms per round
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
@@ -20,10 +24,14 @@
 //                            weights' device copy equals the host arena, and stamp the
 //                            block headers in the device pool instead of the host pool, through
 //                            the driver's copies (a GPU, or the fake driver's emulated device)
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -119,7 +127,47 @@ void KeepBeating(proto::Channel& channel) {
   }
 }
 
-int RunRogue(const std::string& mode, const EngineLaunchInfo& info) {
+// One line per attempt on the memory the controller shares; true if every one was refused.
+bool TamperWith(const proto::ReceivedMessage& ack, std::string* report) {
+  if (ack.fds.size() < 2) return *report = "RegisterAck without two fds\n", false;
+  const int arena = ack.fds[0].get();
+  const int pool = ack.fds[1].get();
+  bool all_refused = true;
+  // `err`: 0 when the call succeeded, its errno otherwise.
+  auto attempt = [&](const char* what, int err) {
+    all_refused = all_refused && err != 0;
+    *report +=
+        std::string(what) +
+        (err == 0 ? ": succeeded\n" : ": refused (" + std::string(std::strerror(err)) + ")\n");
+  };
+  auto call = [](bool ok) { return ok ? 0 : errno; };
+  attempt("ftruncate pool to 0", call(::ftruncate(pool, 0) == 0));
+  attempt("ftruncate arena to 0", call(::ftruncate(arena, 0) == 0));
+  struct stat st {};
+  ::fstat(pool, &st);
+  attempt("grow pool", call(::ftruncate(pool, st.st_size + (4 << 20)) == 0));
+  void* w = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, arena, 0);
+  attempt("map arena writable", call(w != MAP_FAILED));
+  if (w != MAP_FAILED) ::munmap(w, 4096);
+  const char byte = 1;
+  attempt("pwrite arena", call(::pwrite(arena, &byte, 1, 0) == 1));
+  attempt("punch a hole in the arena",
+          call(::fallocate(arena, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == 0));
+  attempt("seal the pool read-only", call(::fcntl(pool, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0));
+  return all_refused;
+}
+
+void WriteTamperReport(const Flags& flags, uint64_t id, const std::string& report, bool refused) {
+  if (flags.violations_dir.empty()) return;
+  std::ofstream(flags.violations_dir + "/../tamper-" + std::to_string(id) + ".txt") << report;
+  if (!refused) {
+    std::ofstream(flags.violations_dir + "/violation-" + std::to_string(id) + ".txt")
+        << "a peer changed shared memory it may only read:\n"
+        << report;
+  }
+}
+
+int RunRogue(const std::string& mode, const Flags& flags, const EngineLaunchInfo& info) {
   BATON_LOG(WARN, "test-engine") << "engine " << info.engine_id << " misbehaves: " << mode;
   boost::asio::io_context io;
   Result<proto::Channel> channel = proto::Connect(io, info.socket_path);
@@ -147,6 +195,11 @@ int RunRogue(const std::string& mode, const EngineLaunchInfo& info) {
     (void)channel->Send(proto::ReturnExtents{.epoch = 0, .extents = {{0, 1}}});
   } else if (mode == "foreign-lease") {
     (void)channel->Send(proto::LeaseRequest{.epoch = 0, .blocks = 4});
+  } else if (mode == "tamper-memory") {
+    std::string report;
+    const bool refused = TamperWith(*ack, &report);
+    BATON_LOG(WARN, "test-engine") << "tampering:\n" << report;
+    WriteTamperReport(flags, info.engine_id, report, refused);
   }
   KeepBeating(*channel);
   return 2;
@@ -356,6 +409,6 @@ int main(int argc, char** argv) {
   }
   if (flags.crash_if_id_above != 0 && info->engine_id > flags.crash_if_id_above) return 3;
   const std::string rogue = baton::ClaimRogueMode(flags.rogue_file);
-  if (!rogue.empty()) return baton::RunRogue(rogue, *info);
+  if (!rogue.empty()) return baton::RunRogue(rogue, flags, *info);
   return baton::RunEngine(flags, *info);
 }

@@ -1,7 +1,9 @@
 // Two real processes share a memfd passed over a proto Channel, and each sees the other's
 // writes. The child is build/bin/baton_memfd_peer_helper (tests/proto/memfd_peer_helper_main.cc).
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -138,6 +140,60 @@ TEST(SharedMemoryTest, GibHugetlbMappingsStartOnAGibBoundary) {
   Result<Mapping> again = memory->Map(Protection::kReadOnly, /*populate=*/true);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->data()[kPageTableShareSize - 1], 42) << "the same memory";
+}
+
+// A read-only seal leaves the owner's mapping writable and refuses every later write by
+// anyone holding an fd: writable mappings, write(2), holes, resizing, more seals.
+TEST(SharedMemoryTest, ReadOnlySealRefusesEveryLaterWrite) {
+  for (bool huge : {false, true}) {
+    Result<SharedMemory> memory =
+        SharedMemory::Create({.name = "baton-seal-test", .size = 4u << 20, .try_huge_pages = huge});
+    ASSERT_TRUE(memory.ok()) << memory.status().ToString();
+    Result<Mapping> owner = memory->Map(Protection::kReadWrite);
+    ASSERT_TRUE(owner.ok());
+    ASSERT_TRUE(memory->Seal(Sealing::kReadOnly).ok());
+    owner->data()[7] = 42;
+
+    Result<UniqueFd> fd = memory->Dup();
+    ASSERT_TRUE(fd.ok());
+    Result<SharedMemory> peer = SharedMemory::Import(std::move(fd).value());
+    ASSERT_TRUE(peer.ok());
+    Result<Mapping> write = peer->Map(Protection::kReadWrite);
+    EXPECT_FALSE(write.ok()) << "huge=" << huge;
+    Result<Mapping> read = peer->Map(Protection::kReadOnly);
+    ASSERT_TRUE(read.ok()) << read.status().ToString();
+    EXPECT_EQ(read->data()[7], 42) << "the owner's write is visible";
+    EXPECT_NE(::mprotect(read->data(), 4096, PROT_READ | PROT_WRITE), 0);
+    const char byte = 1;
+    EXPECT_NE(::pwrite(peer->fd(), &byte, 1, 0), 1);
+    EXPECT_NE(::fallocate(peer->fd(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096), 0);
+    EXPECT_NE(::ftruncate(peer->fd(), 0), 0);
+    EXPECT_FALSE(peer->Seal(Sealing::kFixedSize).ok()) << "sealed for good";
+    Result<unsigned> seals = peer->seals();
+    ASSERT_TRUE(seals.ok());
+    EXPECT_EQ(*seals & F_SEAL_FUTURE_WRITE, unsigned{F_SEAL_FUTURE_WRITE});
+    EXPECT_EQ(read->data()[7], 42);
+  }
+}
+
+// A fixed-size seal keeps the memory writable for every mapper but refuses resizing, which
+// would take pages from under the other mappers (SIGBUS), and refuses further seals.
+TEST(SharedMemoryTest, FixedSizeSealKeepsWritesAndRefusesResizing) {
+  Result<SharedMemory> memory =
+      SharedMemory::Create({.name = "baton-seal-test", .size = 1u << 20, .try_huge_pages = false});
+  ASSERT_TRUE(memory.ok());
+  ASSERT_TRUE(memory->Seal(Sealing::kFixedSize).ok());
+  Result<UniqueFd> fd = memory->Dup();
+  ASSERT_TRUE(fd.ok());
+  Result<SharedMemory> peer = SharedMemory::Import(std::move(fd).value());
+  ASSERT_TRUE(peer.ok());
+  Result<Mapping> write = peer->Map(Protection::kReadWrite);
+  ASSERT_TRUE(write.ok()) << write.status().ToString();
+  write->data()[0] = 9;
+  EXPECT_NE(::ftruncate(peer->fd(), 0), 0);
+  EXPECT_NE(::ftruncate(peer->fd(), 2 << 20), 0);
+  EXPECT_NE(::fcntl(peer->fd(), F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+  EXPECT_EQ(write->data()[0], 9);
 }
 
 }  // namespace

@@ -168,6 +168,7 @@ TEST(WeightCacheTest, SharesTheArenaReadOnlyWithAnotherProcess) {
     if (!shm.ok()) ::_exit(10);
     auto view = shm->Map(Protection::kReadOnly);
     if (!view.ok()) ::_exit(11);
+    if (shm->Map(Protection::kReadWrite).ok()) ::_exit(13);  // sealed read-only
     const std::string& want = tensors[4].bytes;
     ::_exit(std::memcmp(view->data() + t->offset, want.data(), want.size()) == 0 ? 0 : 12);
   }
