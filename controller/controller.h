@@ -115,6 +115,7 @@ class Controller {
   const std::string& invariants() const { return invariants_; }
   uint64_t launches() const { return launches_; }
   uint64_t failovers() const { return failovers_; }
+  uint64_t called_off_switchovers() const { return called_off_switchovers_; }
   uint64_t ticks() const { return ticks_; }
   uint64_t refusal_count() const { return refusal_count_; }
   TimePoint started_at() const { return started_at_; }
@@ -175,6 +176,9 @@ class Controller {
   void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
   void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);
   void OnDrained(EngineRecord& e, const proto::Drained& msg);
+  // controller_ops.cc: the standby of a switch-over failed while the primary drained; the
+  // primary serves again (Resume) if it speaks a protocol that can.
+  void CallOffSwitchover(EngineRecord& standby);
   void OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg);
   Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode);
   Result<std::unique_ptr<DeviceOwner>> MakeDeviceOwner() const;
@@ -264,6 +268,7 @@ class Controller {
   std::string invariants_ = "ok";
   uint64_t launches_ = 0;
   uint64_t failovers_ = 0;
+  uint64_t called_off_switchovers_ = 0;
   uint64_t ticks_ = 0;  // runs of OnTick
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;

@@ -126,7 +126,9 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
     }
     if (failover_.has_value() && failover_->successor == id) failover_->successor = kNoEngine;
     FenceInLedger(*e);
+    const bool switching_over = pair_.state() == PairState::kSwitchingOver;
     if (pair_.Allows(PairEvent::kStandbyDied)) ApplyPair(PairEvent::kStandbyDied);
+    if (switching_over) CallOffSwitchover(*e);
   }
   PublishRoutes();
   CheckInvariants();
@@ -408,6 +410,12 @@ void Controller::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
 
 void Controller::OnDrained(EngineRecord& e, const proto::Drained& msg) {
   if (!CheckEpoch(e, msg.epoch, "Drained")) return;
+  if (e.called_off_drains > 0) {  // Drains are answered in order, each exactly once
+    --e.called_off_drains;
+    BATON_LOG(INFO, kLog) << "engine " << e.id << " answered its called-off drain ("
+                          << msg.unfinished << " requests were unfinished)";
+    return;
+  }
   if (!e.is(EngineState::kDraining)) {
     return RefuseEngine(e, FailedPrecondition("Drained without a Drain request"));
   }

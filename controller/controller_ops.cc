@@ -45,6 +45,29 @@ Status Controller::RequestSwitchover() {
   return OkStatus();
 }
 
+void Controller::CallOffSwitchover(EngineRecord& standby) {
+  EngineRecord* p = Find(primary_);
+  if (p == nullptr || !p->live() || !p->is(EngineState::kDraining)) return;
+  const std::string why = "engine " + std::to_string(standby.id) + ", the standby, failed (" +
+                          standby.fail_reason + ")";
+  if (p->channel == nullptr || p->channel->version() < proto::kProtocolVersionResume) {
+    BATON_LOG(WARN, kLog) << "switch-over: " << why << "; engine " << p->id << " speaks protocol "
+                          << (p->channel != nullptr ? p->channel->version() : 0)
+                          << ", which cannot call a drain off: it is retired once drained";
+    return;
+  }
+  (void)p->machine.Apply(EngineEvent::kDrainCancelled);
+  p->serving = true;
+  p->deadline.reset();
+  ++p->called_off_drains;
+  ++called_off_switchovers_;
+  Status sent = p->channel->Send(proto::Resume{.epoch = ledger_->engine(p->id)->epoch});
+  if (!sent.ok()) return Fail(p->id, FailCause::kEof, "sending Resume: " + sent.message());
+  timelines_.Close("called off: " + why + "; engine " + std::to_string(p->id) + " serves on");
+  BATON_LOG(INFO, kLog) << "switch-over called off: " << why << "; engine " << p->id
+                        << " serves again";
+}
+
 Status Controller::RequestDrain() {
   if (stopping_) return Unavailable("the controller is shutting down");
   Result<PairState> applied = pair_.Apply(PairEvent::kDrain);

@@ -227,6 +227,7 @@ json StatusJson(const Controller& c) {
             {"uptime_s", AgoMs(c, c.started_at()) / 1000.0},
             {"launches", c.launches()},
             {"failovers", c.failovers()},
+            {"switchovers_called_off", c.called_off_switchovers()},
             {"refusals", c.refusal_count()}}},
           {"pair", {{"state", ToString(c.pair().state())}, {"primary", c.primary()}}},
           {"epoch",
@@ -349,6 +350,9 @@ std::string MetricsText(const Controller& c) {
   counter("baton_engine_launches_total", "Engine processes launched",
           static_cast<double>(c.launches()));
   counter("baton_failovers_total", "Primaries lost or retired", static_cast<double>(c.failovers()));
+  counter("baton_switchovers_called_off_total",
+          "Switch-overs whose standby failed while the primary drained; the primary served on",
+          static_cast<double>(c.called_off_switchovers()));
   counter("baton_engine_failures_total", "Engine failures seen by the crash-loop guard",
           static_cast<double>(c.guard().total_failures()));
   counter("baton_refusals_total", "Refused messages and connections",

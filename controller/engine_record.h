@@ -64,6 +64,7 @@ struct EngineRecord {
   std::optional<TimePoint> ready_at;  // StandbyReady
   std::optional<TimePoint> deadline;  // register, promote or drain deadline for its state
   bool serving = false;               // PromoteAck received and not draining
+  uint32_t called_off_drains = 0;     // Drains called off (Resume sent) whose Drained is due
 
   std::optional<FailCause> failed;
   std::string fail_reason;

@@ -29,7 +29,9 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 2;
+inline constexpr uint16_t kProtocolVersionMax = 3;
+// The first version with Resume (a drain called off); a version-2 engine is never sent one.
+inline constexpr uint16_t kProtocolVersionResume = 3;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -59,7 +61,8 @@ inline constexpr uint16_t kProtocolVersionMax = 2;
   X(Subscribe, 47)              \
   X(RouteTable, 48)             \
   X(CtlRequest, 49)             \
-  X(CtlReply, 50)
+  X(CtlReply, 50)               \
+  X(Resume, 51)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,
@@ -362,6 +365,18 @@ struct Drained {
   template <class A>
   void serialize(A& ar) {
     ar(epoch, unfinished);
+  }
+};
+
+// Controller -> engine (protocol 3 and up): the drain is called off, admit requests again.
+// Every Drain is still answered by exactly one Drained, sent before the engine resumes; an
+// engine still waiting for its requests when Resume arrives may answer at once.
+struct Resume {
+  static constexpr MsgType kType = MsgType::kResume;
+  uint64_t epoch = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch);
   }
 };
 

@@ -5,7 +5,7 @@
  *   baton_engine_connect_env()    connect + register + map weights read-only + reserve pool
  *   baton_engine_wait_promotion() block until promoted; extents are mapped writable
  *   baton_engine_mark_serving()   tell the controller this engine serves
- *   baton_engine_next_event()     later grants, reclaim, drain and stop requests
+ *   baton_engine_next_event()     later grants, reclaim, drain, resume and stop requests
  *   baton_engine_report_error()   an asynchronous device error: the controller fences at once
  *   baton_engine_close()          shut down cleanly and free the handle
  * and for GPU engines (docs/gpu.md):
@@ -33,7 +33,8 @@
 extern "C" {
 #endif
 
-#define BATON_ENGINE_ABI_VERSION 2
+/* 3: BATON_EVENT_RESUME and baton_engine_resume_pending(). */
+#define BATON_ENGINE_ABI_VERSION 3
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -88,7 +89,8 @@ typedef enum baton_event_kind {
   BATON_EVENT_RECLAIM = 3,
   BATON_EVENT_DRAIN = 4,
   BATON_EVENT_STOP = 5,
-  BATON_EVENT_DISCONNECTED = 6
+  BATON_EVENT_DISCONNECTED = 6,
+  BATON_EVENT_RESUME = 7 /* the drain is called off: admit requests again */
 } baton_event_kind;
 
 #define BATON_EVENT_MAX_EXTENTS 64
@@ -173,7 +175,11 @@ BATON_ENGINE_API int baton_engine_request_blocks(baton_engine* engine, uint32_t 
 /* Returns `count` extents ({first, count}; data and bytes are ignored). */
 BATON_ENGINE_API int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents,
                                                 size_t count);
+/* Answers a DRAIN event: exactly one call per drain, also when a RESUME follows it. */
 BATON_ENGINE_API int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished);
+/* 1 from the moment the controller calls the drain off until the RESUME event is taken: an
+ * engine still waiting for its requests can stop waiting and report drained at once. */
+BATON_ENGINE_API int baton_engine_resume_pending(const baton_engine* engine);
 /* Reports an asynchronous error (`code` a StatusCode value, 0 means internal). */
 BATON_ENGINE_API int baton_engine_report_error(baton_engine* engine, int code, const char* message);
 

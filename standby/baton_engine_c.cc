@@ -62,6 +62,8 @@ baton_event_kind KindToC(baton::SessionEventKind kind) {
       return BATON_EVENT_RECLAIM;
     case baton::SessionEventKind::kDrain:
       return BATON_EVENT_DRAIN;
+    case baton::SessionEventKind::kResume:
+      return BATON_EVENT_RESUME;
     case baton::SessionEventKind::kStop:
       return BATON_EVENT_STOP;
     case baton::SessionEventKind::kDisconnected:
@@ -259,6 +261,11 @@ int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents
     list.push_back(baton::MappedExtent{.first = extents[i].first, .count = extents[i].count});
   }
   return Done(engine->session->ReturnBlocks(list));
+}
+
+int baton_engine_resume_pending(const baton_engine* engine) {
+  return engine != nullptr && engine->session != nullptr && engine->session->resume_pending() ? 1
+                                                                                              : 0;
 }
 
 int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished) {

@@ -84,6 +84,10 @@ Status ControllerLink::Pump(const std::atomic<bool>& stop_requested) {
       case SessionEventKind::kDrain:
         OnDrain(event->timeout, stop_requested);
         break;
+      case SessionEventKind::kResume:
+        api_->SetState(ServeState::kServing);
+        BATON_LOG(INFO, "engine") << "the drain was called off: serving again";
+        break;
       case SessionEventKind::kStop:
         BATON_LOG(INFO, "engine") << "the controller asked this engine to stop: " << event->reason;
         return OkStatus();
@@ -123,7 +127,8 @@ void ControllerLink::OnReclaim(uint32_t blocks) {
 void ControllerLink::OnDrain(Duration timeout, const std::atomic<bool>& stop_requested) {
   api_->SetState(ServeState::kStopping);
   const TimePoint deadline = clock_.Now() + timeout;
-  while (loop_->pending() > 0 && clock_.Now() < deadline && !stop_requested.load()) {
+  while (loop_->pending() > 0 && clock_.Now() < deadline && !stop_requested.load() &&
+         !session_->resume_pending()) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   const auto unfinished = static_cast<uint32_t>(loop_->pending());

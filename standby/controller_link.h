@@ -7,8 +7,9 @@
 //
 // ControllerLink handles the session's events once the engine serves: grants add blocks
 // to the cache and reclaims take free ones back out (both on the compute thread, between
-// steps), a drain stops admitting and reports when the in-flight requests are done, a stop
-// or a lost connection ends the engine.
+// steps), a drain stops admitting and reports when the in-flight requests are done (or at
+// once when the controller calls the drain off), a resume admits requests again, a stop or a
+// lost connection ends the engine.
 //
 // Threads: the memory's cache methods run on the compute thread; Pump() runs on the
 // engine's control thread (main). The session, memory, cache, loop and api must outlive

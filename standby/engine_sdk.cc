@@ -48,6 +48,8 @@ const char* ToString(SessionEventKind kind) {
       return "reclaim";
     case SessionEventKind::kDrain:
       return "drain";
+    case SessionEventKind::kResume:
+      return "resume";
     case SessionEventKind::kStop:
       return "stop";
     case SessionEventKind::kDisconnected:
@@ -270,6 +272,7 @@ Status EngineSession::ReturnBlocks(std::span<const MappedExtent> extents) {
 Status EngineSession::ReportDrained(uint32_t unfinished) {
   return impl_->ReportDrained(unfinished);
 }
+bool EngineSession::resume_pending() const { return impl_->resume_pending(); }
 Status EngineSession::ReportError(const Status& error) { return impl_->ReportError(error); }
 uint64_t EngineSession::epoch() const { return impl_->epoch(); }
 Status EngineSession::CheckEpoch() const { return impl_->CheckEpoch(); }

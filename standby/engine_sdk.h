@@ -122,6 +122,7 @@ enum class SessionEventKind {
   kGranted,       // epoch + extents: more extents mapped
   kReclaim,       // blocks: return that many blocks with ReturnBlocks()
   kDrain,         // timeout: stop admitting, finish in-flight work, then call ReportDrained()
+  kResume,        // the drain is called off (the switch-over failed): admit requests again
   kStop,          // reason: the controller wants this engine to exit
   kDisconnected,  // reason: the controller connection is gone (or this session failed)
 };
@@ -168,8 +169,11 @@ class EngineSession {
   Status RequestBlocks(uint32_t blocks);
   // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller.
   Status ReturnBlocks(std::span<const MappedExtent> extents);
-  // Answer to a kDrain event.
+  // Answer to a kDrain event: exactly one per drain, also when the drain is called off.
   Status ReportDrained(uint32_t unfinished);
+  // True from the moment a Resume arrives until its kResume event is taken: an engine still
+  // waiting for its in-flight requests to finish can stop waiting and report drained at once.
+  bool resume_pending() const;
   // Reports an asynchronous error; the controller fences this engine at once. The engine
   // should stop writing to the pool and expect to be killed.
   Status ReportError(const Status& error);

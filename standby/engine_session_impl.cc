@@ -113,6 +113,12 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
                                  .timeout = std::chrono::milliseconds(m->timeout_ms)});
       }
       break;
+    case MsgType::kResume:
+      if (auto m = msg.As<proto::Resume>(); m.ok()) {
+        resume_pending_ = true;
+        return Push(SessionEvent{.kind = SessionEventKind::kResume, .epoch = m->epoch});
+      }
+      break;
     case MsgType::kStop:
       if (auto m = msg.As<proto::Stop>(); m.ok()) {
         return OnStop(m->reason);
@@ -308,6 +314,7 @@ std::optional<SessionEvent> EngineSession::Impl::NextEvent(std::optional<Duratio
   }
   SessionEvent event = std::move(events_.front());
   events_.pop_front();
+  if (event.kind == SessionEventKind::kResume) resume_pending_ = false;
   return event;
 }
 

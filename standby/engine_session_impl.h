@@ -54,6 +54,7 @@ class EngineSession::Impl {
   Status ReportDrained(uint32_t unfinished);
   Status ReportError(const Status& error);
   uint64_t epoch() const { return epoch_.load(); }
+  bool resume_pending() const { return resume_pending_.load(); }
   Status CheckEpoch() const;
   std::vector<MappedExtent> extents() const;
   uint64_t heartbeats_sent() const { return heartbeat_seq_.load(); }
@@ -118,6 +119,7 @@ class EngineSession::Impl {
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> heartbeat_seq_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> resume_pending_{false};
   UniqueFd wake_fd_;  // eventfd: wakes the heartbeat thread for shutdown
   std::thread thread_;
 };

@@ -226,6 +226,45 @@ TEST(ChaosFailover, GracefulSwitchover) {
   cluster.CheckFencing();
 }
 
+// The standby dies while the primary drains for a switch-over: the switch-over is called
+// off and the same primary serves on (same pid, same epoch) instead of being retired with
+// no one to take over; a new standby is launched as after any standby failure.
+TEST(ChaosFailover, SwitchoverWhoseStandbyDiesIsCalledOff) {
+  ClusterOptions options;
+  options.engine_args = {"--drain-ms", "60000"};  // the drain outlasts every wait below
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
+  cluster.WaitFor([](const json& s) { return !EngineWithRole(s, "draining").is_null(); },
+                  "the primary to drain");
+  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        const json p = EngineWithRole(s, "primary");
+        return IsReady(s) && !p.is_null() && p["id"] == primary["id"] &&
+               s["controller"]["switchovers_called_off"] == 1;
+      },
+      "the same primary serving again beside a new standby");
+  const json p = EngineWithRole(after, "primary");
+  EXPECT_EQ(p["pid"], primary["pid"]);
+  EXPECT_EQ(p["epoch"], primary["epoch"]);
+  EXPECT_EQ(after["epoch"]["durable"], before["epoch"]["durable"]) << "no fence, no new epoch";
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_EQ(t["kind"], "switchover");
+  EXPECT_NE(t["outcome"].get<std::string>().find("called off"), std::string::npos) << t.dump();
+  // The Drained that answers the called-off drain (sent at once on Resume) is not taken as
+  // the end of a drain: the primary stays.
+  cluster.WaitFor(
+      [&](const json&) {
+        return cluster.Log().find("answered its called-off drain") != std::string::npos;
+      },
+      "the called-off drain's answer");
+  EXPECT_EQ(PrimaryId(cluster.Status()), primary["id"].get<uint64_t>());
+  cluster.CheckFencing();
+}
+
 TEST(ChaosFailover, SlowEngineUnderLoadIsNotKilled) {
   // The test engine's compute thread spins 400 ms at a time, longer than the 300 ms a silent
   // engine may go unnoticed; its heartbeats come from the SDK's own thread.

@@ -20,6 +20,7 @@
 //   --busy-ms N              after promotion, the compute thread spins N ms per round
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
 //   --promote-delay-ms N     wait N ms between the promotion and MarkServing (a slow start)
+//   --drain-ms N             a drain takes N ms (requests finishing), unless it is called off
 //   --device-memory          take a CUDA-backend controller's device memory: check that the
 //                            weights' device copy equals the host arena, and stamp the
 //                            block headers in the device pool instead of the host pool, through
@@ -68,6 +69,7 @@ struct Flags {
   bool exit_after_promote = false;
   bool device_memory = false;
   int promote_delay_ms = 0;
+  int drain_ms = 0;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -92,6 +94,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--promote-delay-ms") {
       if (!value(&v)) return false;
       f->promote_delay_ms = std::stoi(v);
+    } else if (a == "--drain-ms") {
+      if (!value(&v)) return false;
+      f->drain_ms = std::stoi(v);
     } else if (a == "--exit-after-promote") {
       f->exit_after_promote = true;
     } else if (a == "--device-memory") {
@@ -311,7 +316,7 @@ class StampWriter {
 };
 
 // Handles controller events until a stop or a lost connection.
-void ServeEvents(EngineSession& session, StampWriter& writer) {
+void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags) {
   while (true) {
     std::optional<SessionEvent> event = session.NextEvent(std::chrono::milliseconds(100));
     if (!event.has_value()) continue;
@@ -330,9 +335,18 @@ void ServeEvents(EngineSession& session, StampWriter& writer) {
         (void)session.ReturnBlocks(give);
         break;
       }
-      case SessionEventKind::kDrain:
-        (void)session.ReportDrained(0);
+      case SessionEventKind::kResume:
+        BATON_LOG(INFO, "test-engine") << "drain called off: serving again";
         break;
+      case SessionEventKind::kDrain: {
+        const auto until =
+            std::chrono::steady_clock::now() + std::chrono::milliseconds(flags.drain_ms);
+        while (std::chrono::steady_clock::now() < until && !session.resume_pending()) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        (void)session.ReportDrained(session.resume_pending() ? 1 : 0);
+        break;
+      }
       case SessionEventKind::kStop:
       case SessionEventKind::kDisconnected:
         return;
@@ -389,7 +403,7 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
   StampWriter writer(&s, flags, device);
   std::atomic<bool> stop{false};
   std::thread compute([&] { writer.Run(stop); });
-  ServeEvents(s, writer);
+  ServeEvents(s, writer, flags);
   stop = true;
   compute.join();
   s.Shutdown();

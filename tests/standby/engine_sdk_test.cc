@@ -203,6 +203,32 @@ TEST(EngineSdk, StopAndDisconnectAreEvents) {
   s->Shutdown();  // idempotent
 }
 
+// A drain called off: resume_pending() says so as soon as the Resume arrives (an engine
+// waiting for its requests stops waiting), until the kResume event is taken.
+TEST(EngineSdk, ACalledOffDrainIsAResumeEvent) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(fake.channel().Send(proto::Drain{.epoch = 0, .timeout_ms = 60000}).ok());
+  std::optional<SessionEvent> drain = s->NextEvent(seconds(5));
+  ASSERT_TRUE(drain.has_value());
+  EXPECT_EQ(drain->kind, SessionEventKind::kDrain);
+  EXPECT_FALSE(s->resume_pending());
+  ASSERT_TRUE(fake.channel().Send(proto::Resume{.epoch = 0}).ok());
+  for (int i = 0; i < 500 && !s->resume_pending(); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  EXPECT_TRUE(s->resume_pending());
+  ASSERT_TRUE(s->ReportDrained(3).ok());
+  EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 3u);
+  std::optional<SessionEvent> resume = s->NextEvent(seconds(5));
+  ASSERT_TRUE(resume.has_value());
+  EXPECT_EQ(resume->kind, SessionEventKind::kResume);
+  EXPECT_FALSE(s->resume_pending());
+  EXPECT_TRUE(s->CheckEpoch().ok()) << "a resumed engine keeps its epoch";
+  s->Shutdown();
+}
+
 TEST(EngineSdk, ShutdownUnmapsEveryExtent) {
   FakeController fake;
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);

@@ -198,6 +198,16 @@ TEST_F(RefEngineControllerTest, StandbyServesOncePromotedWithTheControllersMemor
   ctl.Send(proto::Drain{.epoch = 3, .timeout_ms = 5000});
   EXPECT_EQ(ctl.Expect<proto::Drained>().unfinished, 0u);
   EXPECT_EQ(client.Get("/health").body, R"({"status":"stopping"})");
+  EXPECT_EQ(Complete(engine.port(), request).status, 503) << "a drained engine admits nothing";
+  // The drain is called off (the switch-over's standby failed): the engine serves again.
+  ctl.Send(proto::Resume{.epoch = 3});
+  EXPECT_TRUE(engine.WaitForLog("serving again")) << engine.log();
+  EXPECT_EQ(client.Get("/health").status, 200);
+  HttpReply resumed = client.Post("/v1/completions", request.dump());
+  ASSERT_EQ(resumed.status, 200) << resumed.body;
+  EXPECT_EQ(Json::parse(resumed.body)["choices"][0]["token_ids"].dump(), expected);
+  ctl.Send(proto::Drain{.epoch = 3, .timeout_ms = 5000});
+  EXPECT_EQ(ctl.Expect<proto::Drained>().unfinished, 0u);
   ctl.Send(proto::Stop{.reason = "test over"});
   EXPECT_EQ(engine.WaitForExit(), 0) << engine.log();
 }
