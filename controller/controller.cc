@@ -119,8 +119,11 @@ Status Controller::Init() {
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
                         << " bytes, huge_pages=" << pool_.huge_pages();
 
+  // Sends never block the io thread: a peer that stops reading falls behind in its own queue
+  // and is dropped once it takes nothing for a second or is a frame limit behind.
   proto::ChannelOptions copts{.max_send_frame_size = proto::kControllerMaxFrameSize,
                               .send_timeout = std::chrono::seconds(1),
+                              .max_queued_send_bytes = proto::kControllerMaxFrameSize,
                               .label = "unidentified peer",
                               .clock = &clock_};
   BATON_ASSIGN_OR_RETURN(proto::Listener listener,
@@ -306,6 +309,8 @@ void Controller::ReadCli(uint64_t conn) {
     if (it == conns_.end()) return;
     Status sent = it->second.channel->Send(reply);
     if (!sent.ok()) {
+      BATON_LOG(WARN, kLog) << "dropping client " << it->second.channel->label() << ": "
+                            << sent.message();
       conns_.erase(it);
       return;
     }

@@ -1,5 +1,6 @@
 #include "proto/channel.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -84,52 +85,36 @@ Status Channel::SendFrame(MsgType type, std::string_view payload, std::span<cons
   if (!is_open()) return Unavailable(options_.label + ": channel closed " + closed_reason_);
   BATON_ASSIGN_OR_RETURN(std::string frame, EncodeFrame(static_cast<uint16_t>(type), payload,
                                                         fds.size(), options_.max_send_frame_size));
-  return SendBytes(frame, fds)
-      .WithContext("sending " + MsgTypeName(type) + " to " + options_.label);
+  Status sent = options_.max_queued_send_bytes > 0 ? SendQueued(std::move(frame), fds)
+                                                   : SendBytes(frame, fds);
+  return sent.WithContext("sending " + MsgTypeName(type) + " to " + options_.label);
 }
 
-Status Channel::SendBytes(std::string_view bytes, std::span<const int> fds) {
-  const TimePoint deadline = Now() + options_.send_timeout;
+Result<size_t> Channel::SendSome(std::string_view bytes, std::span<const int> fds) {
   alignas(cmsghdr) char control[kFdControlSpace];
-  size_t sent = 0;
-  bool fds_pending = !fds.empty();
-  while (sent < bytes.size()) {
-    iovec iov{.iov_base = const_cast<char*>(bytes.data() + sent), .iov_len = bytes.size() - sent};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    if (fds_pending) {
-      std::memset(control, 0, sizeof(control));
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-      cmsg->cmsg_level = SOL_SOCKET;
-      cmsg->cmsg_type = SCM_RIGHTS;
-      cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-      std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
-    }
+  iovec iov{.iov_base = const_cast<char*>(bytes.data()), .iov_len = bytes.size()};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (!fds.empty()) {
+    std::memset(control, 0, sizeof(control));
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(cmsg), fds.data(), sizeof(int) * fds.size());
+  }
+  while (true) {
+    // The kernel attaches the fds to the first bytes it takes.
     const ssize_t n = ::sendmsg(socket_.native_handle(), &msg, MSG_NOSIGNAL);
-    if (n >= 0) {
-      sent += static_cast<size_t>(n);
-      fds_pending = false;  // the kernel attaches the fds to the first bytes it takes
-      continue;
-    }
+    if (n >= 0) return static_cast<size_t>(n);
     const int err = errno;
     if (err == EINTR) continue;
-    if (err == EAGAIN || err == EWOULDBLOCK) {
-      Status waited = WaitFor(POLLOUT, deadline);
-      if (waited.ok()) continue;
-      if (sent == 0 && waited.code() == StatusCode::kDeadlineExceeded) {
-        return DeadlineExceeded("peer did not read for " + MillisText(options_.send_timeout));
-      }
-      // Part of a frame is out: the stream can no longer be continued.
-      Close();
-      closed_reason_ = "after a partial send";
-      return waited.code() == StatusCode::kDeadlineExceeded
-                 ? DeadlineExceeded("peer stopped reading mid-frame for " +
-                                    MillisText(options_.send_timeout) + "; connection closed")
-                 : waited;
-    }
+    if (err == EAGAIN || err == EWOULDBLOCK) return size_t{0};
+    out_queue_.clear();
+    out_bytes_ = 0;
     Close();
     if (err == EPIPE || err == ECONNRESET) {
       closed_reason_ = "by the peer";
@@ -138,7 +123,102 @@ Status Channel::SendBytes(std::string_view bytes, std::span<const int> fds) {
     closed_reason_ = "after a send error";
     return ErrnoStatus("sendmsg", err);
   }
+}
+
+Status Channel::SendBytes(std::string_view bytes, std::span<const int> fds) {
+  const TimePoint deadline = Now() + options_.send_timeout;
+  size_t sent = 0;
+  while (sent < bytes.size()) {
+    BATON_ASSIGN_OR_RETURN(size_t n,
+                           SendSome(bytes.substr(sent), sent == 0 ? fds : std::span<const int>()));
+    sent += n;
+    if (n > 0) continue;
+    Status waited = WaitFor(POLLOUT, deadline);
+    if (waited.ok()) continue;
+    if (sent == 0 && waited.code() == StatusCode::kDeadlineExceeded) {
+      return DeadlineExceeded("peer did not read for " + MillisText(options_.send_timeout));
+    }
+    // Part of a frame is out: the stream can no longer be continued.
+    Close();
+    closed_reason_ = "after a partial send";
+    return waited.code() == StatusCode::kDeadlineExceeded
+               ? DeadlineExceeded("peer stopped reading mid-frame for " +
+                                  MillisText(options_.send_timeout) + "; connection closed")
+               : waited;
+  }
   return OkStatus();
+}
+
+Status Channel::SendQueued(std::string frame, std::span<const int> fds) {
+  if (!FlushQueue()) return Unavailable("channel closed " + closed_reason_);
+  size_t sent = 0;
+  if (out_queue_.empty()) {
+    while (sent < frame.size()) {
+      BATON_ASSIGN_OR_RETURN(size_t n, SendSome(std::string_view(frame).substr(sent),
+                                                sent == 0 ? fds : std::span<const int>()));
+      if (n == 0) break;
+      sent += n;
+    }
+    if (sent == frame.size()) return OkStatus();
+    out_progress_ = Now();
+  } else if (Now() - out_progress_ >= options_.send_timeout) {
+    const size_t queued = out_bytes_;
+    Close();
+    closed_reason_ = "after the peer stopped reading";
+    return DeadlineExceeded("peer took nothing for " + MillisText(options_.send_timeout) +
+                            " with " + std::to_string(queued) + " bytes queued; connection closed");
+  } else if (out_bytes_ + frame.size() > options_.max_queued_send_bytes) {
+    const size_t queued = out_bytes_;
+    Close();
+    closed_reason_ = "after the peer fell too far behind";
+    return ResourceExhausted("peer is " + std::to_string(queued) + " bytes behind (limit " +
+                             std::to_string(options_.max_queued_send_bytes) +
+                             "); connection closed");
+  }
+  OutFrame out{.bytes = std::move(frame), .sent = sent, .fds = {}};
+  if (sent == 0) {
+    for (int fd : fds) {
+      const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (copy < 0) return ErrnoStatus("dup of an fd to send", errno);
+      out.fds.emplace_back(copy);
+    }
+  }
+  out_bytes_ += out.bytes.size() - sent;
+  out_queue_.push_back(std::move(out));
+  ArmWriteWait();
+  return OkStatus();
+}
+
+bool Channel::FlushQueue() {
+  while (!out_queue_.empty()) {
+    OutFrame& f = out_queue_.front();
+    std::vector<int> raw;
+    if (f.sent == 0) {
+      for (const UniqueFd& fd : f.fds) raw.push_back(fd.get());
+    }
+    Result<size_t> n = SendSome(std::string_view(f.bytes).substr(f.sent), raw);
+    if (!n.ok()) return false;  // closed
+    if (*n == 0) return true;
+    f.sent += *n;
+    f.fds.clear();
+    out_bytes_ -= *n;
+    out_progress_ = Now();
+    if (f.sent == f.bytes.size()) out_queue_.pop_front();
+  }
+  return true;
+}
+
+void Channel::ArmWriteWait() {
+  if (write_wait_armed_ || !is_open()) return;
+  write_wait_armed_ = true;
+  std::weak_ptr<bool> alive = alive_;
+  socket_.async_wait(Socket::wait_write, [this, alive](const boost::system::error_code& ec) {
+    if (alive.expired()) return;
+    write_wait_armed_ = false;
+    if (ec || !is_open()) return;
+    // A failed write closes the channel; a pending AsyncReceive then reports it.
+    if (FlushQueue() && !out_queue_.empty()) ArmWriteWait();
+  });
 }
 
 Result<Channel::ReadOutcome> Channel::ReadSome() {
@@ -289,7 +369,8 @@ void Channel::CloseWithError(const Status& reason) {
   BATON_LOG(WARN, "proto") << "closing connection to " << options_.label << ": "
                            << reason.ToString();
   Result<std::string> payload = Encode(ErrorMsg::FromStatus(reason));
-  if (payload.ok()) {
+  // Queued frames go first; if some stay queued, the reason cannot follow them.
+  if (payload.ok() && FlushQueue() && out_queue_.empty()) {
     Result<std::string> frame =
         EncodeFrame(static_cast<uint16_t>(MsgType::kErrorMsg), *payload, 0, kDefaultMaxFrameSize);
     // One attempt, never blocking: a peer that does not read does not get the reason.
@@ -305,6 +386,10 @@ void Channel::CloseWithError(const Status& reason) {
 
 void Channel::Close() {
   if (closed_reason_.empty()) closed_reason_ = "by this side";
+  // Queued frames get one more non-blocking chance (a reply or a Stop sent just before).
+  if (socket_.is_open()) (void)FlushQueue();
+  out_queue_.clear();
+  out_bytes_ = 0;
   boost::system::error_code ec;
   socket_.cancel(ec);
   socket_.close(ec);

@@ -10,6 +10,11 @@
 // The socket is a Boost.Asio local stream socket in non-blocking mode. Receive() blocks (with
 // an optional timeout); AsyncReceive() completes on the socket's io_context. Send() writes the
 // whole frame before returning, waiting for the socket to drain for at most send_timeout.
+// In queued mode (max_queued_send_bytes > 0, for a daemon's single io thread) Send() never
+// waits: what the socket does not take at once is queued, fds included, and written on the
+// io_context as the peer reads. A peer that takes nothing for send_timeout while bytes are
+// queued, or whose backlog would pass max_queued_send_bytes, has its connection closed by
+// the next Send(), which fails; a pending AsyncReceive then completes with Unavailable.
 // A Channel owns its socket and every fd received and not yet handed out. It is used by one
 // thread at a time (the io_context thread of its owner); it must not be moved while an
 // AsyncReceive is pending. Destroying it drops a pending AsyncReceive without calling it.
@@ -62,8 +67,9 @@ struct ChannelOptions {
   size_t max_frame_size = kDefaultMaxFrameSize;       // the largest frame received
   size_t max_send_frame_size = kDefaultMaxFrameSize;  // the largest frame sent
   Duration send_timeout = std::chrono::seconds(5);
-  std::string label = "unix peer";  // names the connection in logs and errors
-  Clock* clock = nullptr;           // for timeouts; RealClock when null
+  size_t max_queued_send_bytes = 0;  // > 0: queued mode (see above); the backlog limit
+  std::string label = "unix peer";   // names the connection in logs and errors
+  Clock* clock = nullptr;            // for timeouts; RealClock when null
 };
 
 // The credentials of the process at the other end, as the kernel saw them at connect time.
@@ -117,6 +123,8 @@ class Channel {
   int native_handle() { return socket_.native_handle(); }
   const std::string& label() const { return options_.label; }
   void set_label(std::string label) { options_.label = std::move(label); }
+  // Queued mode: bytes accepted by Send() that the peer has not taken yet.
+  size_t queued_send_bytes() const { return out_bytes_; }
   // The protocol version agreed by Hello (0 before).
   uint16_t version() const { return version_; }
   void set_version(uint16_t version) { version_ = version; }
@@ -129,8 +137,21 @@ class Channel {
     std::vector<UniqueFd> fds;
   };
   enum class ReadOutcome { kData, kWouldBlock, kEof };
+  // A frame accepted in queued mode; its fds leave with its first byte.
+  struct OutFrame {
+    std::string bytes;
+    size_t sent = 0;
+    std::vector<UniqueFd> fds;
+  };
 
   Status SendBytes(std::string_view bytes, std::span<const int> fds);
+  // One sendmsg (retried on EINTR): bytes the kernel took, 0 when it would block. An error
+  // closes the channel.
+  Result<size_t> SendSome(std::string_view bytes, std::span<const int> fds);
+  Status SendQueued(std::string frame, std::span<const int> fds);
+  // Writes queued frames until the socket would block; false if that failed (then closed).
+  bool FlushQueue();
+  void ArmWriteWait();
   Result<ReadOutcome> ReadSome();
   Result<std::optional<ReceivedMessage>> TakeFrame();
   Status OnEof();
@@ -148,6 +169,10 @@ class Channel {
   std::string closed_reason_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   std::vector<char> recv_buf_;
+  std::deque<OutFrame> out_queue_;
+  size_t out_bytes_ = 0;
+  TimePoint out_progress_{};  // when the peer last took queued bytes (or the queue began)
+  bool write_wait_armed_ = false;
 };
 
 }  // namespace baton::proto

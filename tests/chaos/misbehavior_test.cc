@@ -233,6 +233,31 @@ TEST(ChaosMisbehavior, AnEngineCannotResizeSharedMemoryNorWriteTheWeights) {
   cluster.CheckFencing();
 }
 
+// A client that sends requests and never reads the replies: the controller's sends never
+// wait on it (its replies queue), and once it has taken nothing for a second it is dropped.
+TEST(ChaosMisbehavior, AClientThatNeverReadsIsDroppedWithoutStallingTheController) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  boost::asio::io_context io;
+  Result<proto::Channel> cli = ConnectAs(io, cluster, "cli");
+  ASSERT_TRUE(cli.ok()) << cli.status().ToString();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  Status sent = OkStatus();
+  int requests = 0;
+  while (sent.ok() && std::chrono::steady_clock::now() < give_up) {
+    sent = cli->Send(proto::CtlRequest{.command = "status", .args = {}});
+    ++requests;
+    if (requests % 64 == 0) {
+      // The pair is looked after meanwhile: batonctl gets its answers.
+      EXPECT_EQ(cluster.Ctl({"status"}).exit_code, 0);
+    }
+  }
+  EXPECT_FALSE(sent.ok()) << "the controller never dropped a client that reads nothing";
+  EXPECT_NE(cluster.Log().find("bytes queued; connection closed"), std::string::npos);
+  EXPECT_TRUE(cluster.ControllerAlive());
+  ExpectPrimaryUnaffected(before, cluster.Status());
+}
+
 TEST(ChaosMisbehavior, BatonctlUsageAndRefusals) {
   ChaosCluster cluster;
   const CtlResult unknown = cluster.Ctl({"frobnicate"});

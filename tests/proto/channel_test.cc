@@ -8,9 +8,11 @@
 
 #include <boost/asio/io_context.hpp>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
+#include "base/clock.h"
 #include "proto/listener.h"
 #include "tests/proto/proto_test_util.h"
 
@@ -140,6 +142,93 @@ TEST_F(ChannelTest, LargeFrameWithFdsWhileThePeerReadsSlowly) {
   });
   EXPECT_TRUE(a().Send(table, std::vector<int>{pipe.write_end.get()}).ok());
   reader.join();
+}
+
+// Queued mode (a daemon's io thread): sends never wait for the peer; what the socket does not
+// take is queued, fds with it, and written on the io_context as the peer reads.
+class QueuedChannelTest : public ::testing::Test {
+ protected:
+  void Open(size_t limit) {
+    auto pair = Channel::Pair(io_, ChannelOptions{.send_timeout = 1s,
+                                                  .max_queued_send_bytes = limit,
+                                                  .label = "queued",
+                                                  .clock = &clock_});
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    a_.emplace(std::move(pair->first));
+    b_.emplace(std::move(pair->second));
+  }
+  // Sends 256 KiB frames until one is queued (the socket is full); returns how many.
+  int FillSocket() {
+    for (int i = 0; i < 1000; ++i) {
+      EXPECT_TRUE(a_->Send(Stop{.reason = Reason(i)}).ok());
+      if (a_->queued_send_bytes() > 0) return i + 1;
+    }
+    ADD_FAILURE() << "the socket never filled";
+    return 0;
+  }
+  static std::string Reason(int i) { return std::to_string(i) + std::string(256 << 10, 'x'); }
+
+  boost::asio::io_context io_;
+  FakeClock clock_;
+  std::optional<Channel> a_, b_;
+};
+
+TEST_F(QueuedChannelTest, SendsNeverWaitAndArriveInOrderWithTheirFds) {
+  Open(64 << 20);
+  Pipe pipe;
+  const int filled = FillSocket();
+  ASSERT_GT(filled, 0);
+  // The peer reads nothing yet: these are queued, one with an fd.
+  ASSERT_TRUE(
+      a_->Send(Stop{.reason = Reason(filled)}, std::vector<int>{pipe.write_end.get()}).ok());
+  const int total = filled + 8;
+  for (int i = filled + 1; i < total; ++i) ASSERT_TRUE(a_->Send(Stop{.reason = Reason(i)}).ok());
+  EXPECT_GT(a_->queued_send_bytes(), size_t{7} << 18);
+  pipe.write_end.Reset();  // the queue holds its own copy of the fd
+  int received = 0;
+  for (int spin = 0; spin < 100000 && received < total; ++spin) {
+    io_.poll();  // the write wait flushes as the reader makes room
+    io_.restart();
+    Result<std::optional<ReceivedMessage>> msg = b_->TryReceive();
+    ASSERT_TRUE(msg.ok()) << msg.status().ToString();
+    if (!msg->has_value()) continue;
+    Result<Stop> stop = (*msg)->As<Stop>();
+    ASSERT_TRUE(stop.ok());
+    EXPECT_EQ(stop->reason, Reason(received)) << "frame " << received << " out of order";
+    if (received == filled) {
+      ASSERT_EQ((*msg)->fds.size(), 1u);
+      ASSERT_EQ(::write((*msg)->fds[0].get(), "k", 1), 1);
+      char c = 0;
+      EXPECT_EQ(::read(pipe.read_end.get(), &c, 1), 1);
+      EXPECT_EQ(c, 'k');
+    } else {
+      EXPECT_TRUE((*msg)->fds.empty());
+    }
+    ++received;
+  }
+  EXPECT_EQ(received, total);
+  EXPECT_EQ(a_->queued_send_bytes(), 0u);
+}
+
+TEST_F(QueuedChannelTest, APeerTooFarBehindIsDropped) {
+  Open(1 << 20);
+  ASSERT_GT(FillSocket(), 0);
+  Status sent = OkStatus();
+  for (int i = 0; i < 10 && sent.ok(); ++i) sent = a_->Send(Stop{.reason = Reason(i)});
+  EXPECT_EQ(sent.code(), StatusCode::kResourceExhausted) << sent.ToString();
+  EXPECT_FALSE(a_->is_open());
+  EXPECT_EQ(a_->queued_send_bytes(), 0u);
+}
+
+TEST_F(QueuedChannelTest, APeerThatTakesNothingForTheSendTimeoutIsDropped) {
+  Open(64 << 20);
+  ASSERT_GT(FillSocket(), 0);
+  clock_.Advance(900ms);
+  EXPECT_TRUE(a_->Send(Heartbeat{.epoch = 0, .seq = 1}).ok()) << "still within the timeout";
+  clock_.Advance(200ms);
+  Status sent = a_->Send(Heartbeat{.epoch = 0, .seq = 2});
+  EXPECT_EQ(sent.code(), StatusCode::kDeadlineExceeded) << sent.ToString();
+  EXPECT_FALSE(a_->is_open());
 }
 
 // A RegisterAck carries the whole tensor table: a DeepSeek-V3-sized one (90 000 tensors, about
