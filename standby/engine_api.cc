@@ -103,9 +103,9 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
     token_ids_.push_back(e.token.token);
     std::string piece = text_.Append(deps_.tokenizer->DecodeToken(e.token.token));
     FinishReason finish = e.token.finish;
-    if (text_.stopped() && finish == FinishReason::kNone) {
+    if (text_.stopped()) {  // a stop string wins over the length limit of the same token
+      if (finish == FinishReason::kNone) deps_.loop->Cancel(id_);
       finish = FinishReason::kStop;
-      deps_.loop->Cancel(id_);
     }
     if (finish != FinishReason::kNone) {
       piece += text_.Finish();

@@ -220,6 +220,11 @@ TEST_F(RefEngineTest, StopStringEndsTheCompletion) {
   EXPECT_EQ(cut["choices"][0]["text"], LenientUtf8(bytes));
   EXPECT_EQ(Ids(cut["choices"][0]["token_ids"]),
             std::vector<int32_t>(ids.begin(), ids.begin() + end + 1));
+  // The stop string completes on the last token max_tokens allows: a stop, as in vLLM.
+  Json last =
+      Complete({{"prompt", "stop here"}, {"max_tokens", end + 1}, {"seed", 8}, {"stop", stop}});
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(last["choices"][0]["text"], LenientUtf8(bytes));
 }
 
 TEST_F(RefEngineTest, BadRequestsGetJsonErrorsAndTheServerStaysUp) {
