@@ -12,7 +12,8 @@
 //      pool().base + b x block_bytes) and their block headers scrubbed.
 //   3. MarkServing(): the engine accepts traffic; the controller publishes its route.
 //   4. While serving: NextEvent() delivers later grants, reclaim requests (answer with
-//      ReturnBlocks), drain and stop requests; RequestBlocks() asks for more;
+//      ReturnBlocks), drain requests (answer with ReportDrained), resumes (a drain called
+//      off: serve again) and stop requests; RequestBlocks() asks for more;
 //      ReportError() reports an asynchronous device error (the controller fences at once);
 //      CheckEpoch() says whether this engine still holds a current epoch.
 //   5. Shutdown() (or the destructor): stops the heartbeat thread, unmaps every extent and
