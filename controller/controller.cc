@@ -113,7 +113,10 @@ Status Controller::Init() {
                           << pool_.fallback_reason();
   }
   BATON_ASSIGN_OR_RETURN(pool_map_, pool_.Map(Protection::kReadWrite, /*populate=*/true));
-  BATON_RETURN_IF_ERROR(pool_.Seal(Sealing::kFixedSize));
+  if (Status sealed = pool_.Seal(Sealing::kFixedSize); !sealed.ok()) {
+    BATON_LOG(WARN, kLog) << "pool: not sealed against resizing (" << sealed.message()
+                          << "): an engine's ftruncate could take its pages from the others";
+  }
   BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, *ParseBackendMode(config_.gpu_backend)));
   ledger_ = std::make_unique<PoolLedger>(config_.block_count, *journal_);
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes

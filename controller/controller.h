@@ -179,6 +179,9 @@ class Controller {
   // controller_ops.cc: the standby of a switch-over failed while the primary drained; the
   // primary serves again (Resume) if it speaks a protocol that can.
   void CallOffSwitchover(EngineRecord& standby);
+  // Unavailable while `primary` has not answered a called-off drain: a new drain's deadline
+  // would start while it still finishes the old one.
+  Status CheckNoCalledOffDrain(const EngineRecord& primary) const;
   void OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg);
   Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode);
   Result<std::unique_ptr<DeviceOwner>> MakeDeviceOwner() const;

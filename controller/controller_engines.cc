@@ -374,8 +374,8 @@ void Controller::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
 void Controller::RefuseEngine(EngineRecord& e, const Status& status) {
   Refused(Name(e), status.message());
   if (e.channel == nullptr) return;
-  // An engine that does not read its socket for send_timeout holds the controller's thread:
-  // it is fenced, as for any other message it cannot be sent.
+  // An engine that took nothing for send_timeout, or fell too far behind, cannot be sent
+  // this: it is fenced, as for any other message it cannot be sent.
   Status sent = e.channel->Send(proto::ErrorMsg::FromStatus(status));
   if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending ErrorMsg: " + sent.message());
 }

@@ -26,6 +26,7 @@ Status Controller::RequestSwitchover() {
     return FailedPrecondition("no serving primary to switch over from (pair is " + pair + ")");
   }
   if (s == nullptr) return FailedPrecondition("no ready standby to promote (pair is " + pair + ")");
+  BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
   Result<PairState> applied = pair_.Apply(PairEvent::kGracefulPromoteRequested);
   if (!applied.ok()) return applied.status();
   (void)p->machine.Apply(EngineEvent::kDrain);
@@ -43,6 +44,12 @@ Status Controller::RequestSwitchover() {
   if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
   PublishRoutes();
   return OkStatus();
+}
+
+Status Controller::CheckNoCalledOffDrain(const EngineRecord& primary) const {
+  if (primary.called_off_drains == 0) return OkStatus();
+  return Unavailable("engine " + std::to_string(primary.id) +
+                     " still finishes the drain that was called off; try again in a moment");
 }
 
 void Controller::CallOffSwitchover(EngineRecord& standby) {
@@ -70,6 +77,9 @@ void Controller::CallOffSwitchover(EngineRecord& standby) {
 
 Status Controller::RequestDrain() {
   if (stopping_) return Unavailable("the controller is shutting down");
+  if (EngineRecord* p = Find(primary_); p != nullptr) {
+    BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
+  }
   Result<PairState> applied = pair_.Apply(PairEvent::kDrain);
   if (!applied.ok()) return applied.status();
   std::vector<EngineId> others;

@@ -173,18 +173,21 @@ json RematStep(const PrimaryContext& ctx, const GpuCheckOptions& o) {
     }
   }
   {
-    // The fallback: a memfd arena, as weightcache/pinned_arena.h makes it, registered in chunks.
+    // The fallback: a memfd arena, as weightcache/pinned_arena.h makes it (filled, then
+    // sealed read-only as the weight cache does), registered in chunks.
     Result<SharedMemory> shm =
         SharedMemory::Create({.name = "gpu-check-arena", .size = bytes, .try_huge_pages = true});
     if (!shm.ok()) return Error(shm.status());
     Result<Mapping> map = shm->Map(Protection::kReadWrite, /*populate=*/true);
     if (!map.ok()) return Error(map.status());
     FillHost(map->data(), bytes, kRematSeed);
+    const Status sealed = shm->Seal(Sealing::kReadOnly);
     Result<PinnedHostCache> reg = PinnedHostCache::Register(ctx, map->data(), bytes, chunk);
     Result<json> r = reg.ok() ? CompareCopies(ctx, *reg, *baseline, view->base(), o)
                               : Result<json>(reg.status());
     out["registered"] = r.ok() ? *r : Error(r.status());
     out["registered"]["huge_pages"] = shm->huge_pages();
+    out["registered"]["sealed"] = sealed.ok() ? json(true) : json(sealed.message());
   }
   // The headline: the host-NUMA cache where there is one, else the registered arena.
   const json main = out["host_numa"].value("ok", false) ? out["host_numa"] : out["registered"];

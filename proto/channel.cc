@@ -46,7 +46,9 @@ Channel::Channel(Socket socket, ChannelOptions options)
   }
 }
 
-Channel::~Channel() = default;
+Channel::~Channel() {
+  if (socket_.is_open() && !out_queue_.empty()) (void)FlushQueue();
+}
 Channel::Channel(Channel&& other) noexcept = default;
 Channel& Channel::operator=(Channel&& other) noexcept = default;
 
@@ -113,6 +115,7 @@ Result<size_t> Channel::SendSome(std::string_view bytes, std::span<const int> fd
     const int err = errno;
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) return size_t{0};
+    // Emptied first: Close() flushes the queue, which would call this again.
     out_queue_.clear();
     out_bytes_ = 0;
     Close();
@@ -167,7 +170,9 @@ Status Channel::SendQueued(std::string frame, std::span<const int> fds) {
     closed_reason_ = "after the peer stopped reading";
     return DeadlineExceeded("peer took nothing for " + MillisText(options_.send_timeout) +
                             " with " + std::to_string(queued) + " bytes queued; connection closed");
-  } else if (out_bytes_ + frame.size() > options_.max_queued_send_bytes) {
+  } else if (out_bytes_ - (out_queue_.front().bytes.size() - out_queue_.front().sent) +
+                 frame.size() >
+             options_.max_queued_send_bytes) {
     const size_t queued = out_bytes_;
     Close();
     closed_reason_ = "after the peer fell too far behind";
@@ -186,7 +191,29 @@ Status Channel::SendQueued(std::string frame, std::span<const int> fds) {
   out_bytes_ += out.bytes.size() - sent;
   out_queue_.push_back(std::move(out));
   ArmWriteWait();
+  ArmStallTimer();
   return OkStatus();
+}
+
+void Channel::ArmStallTimer() {
+  if (stall_timer_armed_ || !is_open()) return;
+  if (stall_timer_ == nullptr) {
+    stall_timer_ = std::make_unique<boost::asio::steady_timer>(socket_.get_executor());
+  }
+  stall_timer_armed_ = true;
+  stall_timer_->expires_after(options_.send_timeout);
+  std::weak_ptr<bool> alive = alive_;
+  stall_timer_->async_wait([this, alive](const boost::system::error_code& ec) {
+    if (alive.expired()) return;
+    stall_timer_armed_ = false;
+    if (ec || !is_open() || out_queue_.empty()) return;
+    if (Now() - out_progress_ < options_.send_timeout) return ArmStallTimer();
+    BATON_LOG(WARN, "proto") << "closing connection to " << options_.label << ": peer took "
+                             << "nothing for " << MillisText(options_.send_timeout) << " with "
+                             << out_bytes_ << " bytes queued";
+    Close();
+    closed_reason_ = "after the peer stopped reading";
+  });
 }
 
 bool Channel::FlushQueue() {
@@ -393,6 +420,7 @@ void Channel::Close() {
   boost::system::error_code ec;
   socket_.cancel(ec);
   socket_.close(ec);
+  if (stall_timer_ != nullptr) stall_timer_->cancel();
   fd_batches_.clear();
   pending_fds_ = 0;
 }

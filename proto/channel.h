@@ -13,17 +13,22 @@
 // In queued mode (max_queued_send_bytes > 0, for a daemon's single io thread) Send() never
 // waits: what the socket does not take at once is queued, fds included, and written on the
 // io_context as the peer reads. A peer that takes nothing for send_timeout while bytes are
-// queued, or whose backlog would pass max_queued_send_bytes, has its connection closed by
-// the next Send(), which fails; a pending AsyncReceive then completes with Unavailable.
+// queued is cut off (by a timer, or by the next Send(), which fails); so is one whose backlog
+// behind the frame being written would pass max_queued_send_bytes. A pending AsyncReceive
+// then completes with Unavailable. Close() and the destructor give queued frames one more
+// non-blocking chance to leave.
 // A Channel owns its socket and every fd received and not yet handed out. It is used by one
 // thread at a time (the io_context thread of its owner); it must not be moved while an
-// AsyncReceive is pending. Destroying it drops a pending AsyncReceive without calling it.
+// AsyncReceive is pending, nor in queued mode while frames are queued (queued_send_bytes()
+// > 0: a write wait and a timer refer to it). Destroying it drops a pending AsyncReceive
+// without calling it.
 #pragma once
 
 #include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -152,6 +157,8 @@ class Channel {
   // Writes queued frames until the socket would block; false if that failed (then closed).
   bool FlushQueue();
   void ArmWriteWait();
+  // Cuts off a peer that took nothing for send_timeout while frames are queued.
+  void ArmStallTimer();
   Result<ReadOutcome> ReadSome();
   Result<std::optional<ReceivedMessage>> TakeFrame();
   Status OnEof();
@@ -173,6 +180,8 @@ class Channel {
   size_t out_bytes_ = 0;
   TimePoint out_progress_{};  // when the peer last took queued bytes (or the queue began)
   bool write_wait_armed_ = false;
+  bool stall_timer_armed_ = false;
+  std::unique_ptr<boost::asio::steady_timer> stall_timer_;
 };
 
 }  // namespace baton::proto

@@ -37,6 +37,10 @@ namespace {
 
 Result<UniqueFd> CreateMemfd(const std::string& name, unsigned flags) {
   int fd = ::memfd_create(name.c_str(), flags);
+  if (fd < 0 && errno == EINVAL && (flags & MFD_HUGETLB) != 0) {
+    // Kernels before 4.16 cannot seal hugetlb memfds: huge pages matter more than seals.
+    fd = ::memfd_create(name.c_str(), flags & ~MFD_ALLOW_SEALING);
+  }
   if (fd < 0) return ErrnoStatus("memfd_create(" + name + ")", errno);
   return UniqueFd(fd);
 }

@@ -120,6 +120,10 @@ typedef struct baton_device_region {
 /* baton_engine_connect_flags(): take the device memory of a CUDA-backend controller (an
  * engine that computes on the GPU). Without it the engine declines the device regions. */
 #define BATON_ENGINE_USE_DEVICE_MEMORY 1u
+/* baton_engine_connect_flags(): the engine handles BATON_EVENT_RESUME (admits requests again
+ * after a drain is called off). Without it the controller never calls its drain off: a
+ * switch-over whose standby fails retires it once drained. */
+#define BATON_ENGINE_HANDLES_RESUME 2u
 
 /* The ABI version this library implements (BATON_ENGINE_ABI_VERSION). */
 BATON_ENGINE_API int baton_engine_abi_version(void);
@@ -129,7 +133,8 @@ BATON_ENGINE_API const char* baton_engine_last_error(void);
 /* Connects, registers and becomes a half-started standby. `options` may be NULL (all from
  * the environment). On success *out is the handle. */
 BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
-/* baton_engine_connect() with flags (BATON_ENGINE_USE_DEVICE_MEMORY). With device memory on
+/* baton_engine_connect() with flags (BATON_ENGINE_USE_DEVICE_MEMORY,
+ * BATON_ENGINE_HANDLES_RESUME). With device memory on
  * a CUDA-backend controller, the weights' device copy is mapped read-only and the device pool's
  * range reserved before this returns; a device that cannot be used fails the call. */
 BATON_ENGINE_API int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,

@@ -122,13 +122,14 @@ int baton_engine_connect_flags(const baton_engine_options* options, unsigned fla
                                baton_engine** out) {
   if (out == nullptr) return BadArgument("baton_engine_connect: out is NULL");
   *out = nullptr;
-  if ((flags & ~BATON_ENGINE_USE_DEVICE_MEMORY) != 0) {
+  if ((flags & ~(BATON_ENGINE_USE_DEVICE_MEMORY | BATON_ENGINE_HANDLES_RESUME)) != 0) {
     return Fail(baton::InvalidArgument("baton_engine_connect_flags: unknown flags " +
                                        std::to_string(flags)));
   }
   baton::Result<baton::EngineSessionOptions> parsed = OptionsFromC(options);
   if (!parsed.ok()) return Fail(parsed.status());
   parsed->use_device_memory = (flags & BATON_ENGINE_USE_DEVICE_MEMORY) != 0;
+  parsed->handles_resume = (flags & BATON_ENGINE_HANDLES_RESUME) != 0;
   auto session = baton::EngineSession::Connect(*parsed);
   if (!session.ok()) return Fail(session.status());
   *out = new baton_engine{std::move(session).value()};

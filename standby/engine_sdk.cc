@@ -109,6 +109,7 @@ Status EngineSession::Impl::Handshake() {
   proto::ClientHelloOptions hello{.peer_name = options_.peer_name,
                                   .role = "engine",
                                   .launch_token = options_.launch.launch_token};
+  if (!options_.handles_resume) hello.max_version = proto::kProtocolVersionResume - 1;
   BATON_RETURN_IF_ERROR(proto::ClientHello(*channel_, hello).status());
   BATON_RETURN_IF_ERROR(channel_->Send(proto::Register{
       .engine_id = options_.launch.engine_id,

@@ -71,6 +71,9 @@ struct EngineSessionOptions {
   // On a CUDA-backend controller: take the device copy of the weights and the device pool
   // (an engine that computes on the GPU), or decline them and use the host arena and pool.
   bool use_device_memory = false;
+  // The engine handles kResume (serves again after a drain is called off). Without it the
+  // session speaks protocol 2, and the controller retires it once drained instead.
+  bool handles_resume = false;
   Duration connect_timeout = std::chrono::seconds(10);
   Clock* clock = nullptr;  // RealClock when null
 };

@@ -303,6 +303,7 @@ Status Engine::ServeUnderController() {
   EngineSessionOptions options;
   options.launch = launch;
   options.engine_version = "baton-refengine";
+  options.handles_resume = true;  // ControllerLink serves again on kResume
   options.http_address = flags_.host + ":" + std::to_string(server_->port());
   BATON_ASSIGN_OR_RETURN(session_, EngineSession::Connect(options));
   EngineSession* session = session_.get();

@@ -181,4 +181,28 @@ void PinnedArena::Lock() {
   warnings_.push_back(note.str());
 }
 
+void PinnedArena::SealReadOnly() {
+  const Status sealed = memory_.Seal(Sealing::kReadOnly);
+  if (!sealed.ok()) {
+    // F_ADD_SEALS is all or nothing: a kernel without F_SEAL_FUTURE_WRITE (before Linux 5.1)
+    // still takes the size seals.
+    const bool sized = memory_.Seal(Sealing::kFixedSize).ok();
+    warnings_.push_back("the weights are not sealed read-only (" + sealed.message() +
+                        (sized ? "; sealed against resizing only" : "") +
+                        "): an engine could map them writable");
+    return;
+  }
+  Result<UniqueFd> fd = memory_.Dup();
+  Result<SharedMemory> peer =
+      fd.ok() ? SharedMemory::Import(std::move(fd).value()) : Result<SharedMemory>(fd.status());
+  if (peer.ok() && peer->Map(Protection::kReadWrite).ok()) {
+    warnings_.push_back(
+        "this kernel does not refuse writable mappings of the sealed weights "
+        "(F_SEAL_FUTURE_WRITE)" +
+        std::string(huge_pages() ? " on hugetlb memory" : "") + ": an engine could write them");
+    return;
+  }
+  sealed_read_only_ = true;
+}
+
 }  // namespace baton

@@ -51,8 +51,12 @@ class PinnedArena {
   // Human-readable notes on whatever fell back (huge pages, mbind, mlock).
   const std::vector<std::string>& warnings() const { return warnings_; }
   // Seals the memfd read-only (Sealing::kReadOnly) once it is filled: engines can then
-  // neither map it writable nor resize it; this arena's own mapping stays writable.
-  Status SealReadOnly() { return memory_.Seal(Sealing::kReadOnly); }
+  // neither map it writable nor resize it; this arena's own mapping stays writable. Then
+  // checks that the kernel refuses a writable mapping. Where it cannot seal or the kernel
+  // does not enforce the seal, the arena works unprotected and warnings() says so.
+  void SealReadOnly();
+  // True once the kernel refuses writable mappings of the arena to everyone but its owner.
+  bool sealed_read_only() const { return sealed_read_only_; }
 
  private:
   SharedMemory memory_;
@@ -66,6 +70,7 @@ class PinnedArena {
   std::string numa_source_;
   bool numa_bound_ = false;
   bool locked_ = false;
+  bool sealed_read_only_ = false;
   std::vector<std::string> warnings_;
 };
 

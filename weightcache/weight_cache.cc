@@ -88,7 +88,7 @@ Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions
   if (!stats.ok()) return stats.status().WithContext("loading " + dir);
   cache.stats_ = std::move(stats).value();
   BATON_RETURN_IF_ERROR(CheckComplete(files, places, cache.stats_.bytes));
-  BATON_RETURN_IF_ERROR(cache.arena_.SealReadOnly());
+  cache.arena_.SealReadOnly();
 
   const PinnedArena& a = cache.arena_;
   BATON_LOG(INFO, kComponent) << "loaded " << dir << ": " << cache.tensors_.size() << " tensors, "

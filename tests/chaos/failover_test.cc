@@ -265,6 +265,28 @@ TEST(ChaosFailover, SwitchoverWhoseStandbyDiesIsCalledOff) {
   cluster.CheckFencing();
 }
 
+// An engine that does not handle Resume (protocol 2) is never sent one: its switch-over goes
+// on, it is retired once drained, and with no standby left a fresh pair is started.
+TEST(ChaosFailover, SwitchoverOfAnEngineThatCannotResumeGoesOn) {
+  ClusterOptions options;
+  options.engine_args = {"--drain-ms", "300", "--protocol-2"};
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
+  cluster.WaitFor([](const json& s) { return !EngineWithRole(s, "draining").is_null(); },
+                  "the primary to drain");
+  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  const json after = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && PrimaryId(s) > standby["id"].get<uint64_t>(); },
+      "a fresh pair");
+  EXPECT_EQ(after["controller"]["switchovers_called_off"], 0);
+  EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  EXPECT_NE(cluster.Log().find("which cannot call a drain off"), std::string::npos);
+  cluster.CheckFencing();
+}
+
 TEST(ChaosFailover, SlowEngineUnderLoadIsNotKilled) {
   // The test engine's compute thread spins 400 ms at a time, longer than the 300 ms a silent
   // engine may go unnoticed; its heartbeats come from the SDK's own thread.

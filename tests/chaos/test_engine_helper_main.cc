@@ -21,6 +21,7 @@
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
 //   --promote-delay-ms N     wait N ms between the promotion and MarkServing (a slow start)
 //   --drain-ms N             a drain takes N ms (requests finishing), unless it is called off
+//   --protocol-2             an engine that does not handle Resume (speaks protocol 2)
 //   --device-memory          take a CUDA-backend controller's device memory: check that the
 //                            weights' device copy equals the host arena, and stamp the
 //                            block headers in the device pool instead of the host pool, through
@@ -70,6 +71,7 @@ struct Flags {
   bool device_memory = false;
   int promote_delay_ms = 0;
   int drain_ms = 0;
+  bool protocol_2 = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -97,6 +99,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--drain-ms") {
       if (!value(&v)) return false;
       f->drain_ms = std::stoi(v);
+    } else if (a == "--protocol-2") {
+      f->protocol_2 = true;
     } else if (a == "--exit-after-promote") {
       f->exit_after_promote = true;
     } else if (a == "--device-memory") {
@@ -379,6 +383,7 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
   options.engine_version = "test-engine/1";
   options.http_address = "127.0.0.1:" + std::to_string(info.http_port);
   options.use_device_memory = flags.device_memory;
+  options.handles_resume = !flags.protocol_2;
   Result<std::unique_ptr<EngineSession>> session = EngineSession::Connect(options);
   if (!session.ok()) {
     BATON_LOG(ERROR, "test-engine") << session.status().ToString();

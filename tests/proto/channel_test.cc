@@ -148,8 +148,8 @@ TEST_F(ChannelTest, LargeFrameWithFdsWhileThePeerReadsSlowly) {
 // take is queued, fds with it, and written on the io_context as the peer reads.
 class QueuedChannelTest : public ::testing::Test {
  protected:
-  void Open(size_t limit) {
-    auto pair = Channel::Pair(io_, ChannelOptions{.send_timeout = 1s,
+  void Open(size_t limit, Duration send_timeout = 1s) {
+    auto pair = Channel::Pair(io_, ChannelOptions{.send_timeout = send_timeout,
                                                   .max_queued_send_bytes = limit,
                                                   .label = "queued",
                                                   .clock = &clock_});
@@ -229,6 +229,38 @@ TEST_F(QueuedChannelTest, APeerThatTakesNothingForTheSendTimeoutIsDropped) {
   Status sent = a_->Send(Heartbeat{.epoch = 0, .seq = 2});
   EXPECT_EQ(sent.code(), StatusCode::kDeadlineExceeded) << sent.ToString();
   EXPECT_FALSE(a_->is_open());
+}
+
+// With nothing more to send, a peer that stopped reading is still cut off (by a timer), and
+// the owner learns it from its pending receive.
+TEST_F(QueuedChannelTest, APeerThatStopsReadingIsDroppedWithNothingMoreToSend) {
+  Open(64 << 20, 50ms);
+  std::optional<Status> received;
+  a_->AsyncReceive([&](Result<ReceivedMessage> msg) { received = msg.status(); });
+  ASSERT_GT(FillSocket(), 0);
+  clock_.Advance(60ms);  // the channel's clock: the peer has taken nothing for 60 ms
+  for (int i = 0; i < 200 && a_->is_open(); ++i) io_.run_for(20ms);
+  EXPECT_FALSE(a_->is_open());
+  EXPECT_EQ(a_->queued_send_bytes(), 0u);
+  for (int i = 0; i < 50 && !received.has_value(); ++i) io_.run_for(20ms);
+  ASSERT_TRUE(received.has_value());
+  EXPECT_EQ(received->code(), StatusCode::kUnavailable) << received->ToString();
+}
+
+// The backlog limit counts what waits behind the frame being written: one frame as large as
+// the limit (a RegisterAck's tensor table) does not cut off the message after it.
+TEST_F(QueuedChannelTest, AFrameAsLargeAsTheLimitLeavesRoomBehindIt) {
+  Open(1 << 20);
+  // Larger than the socket buffer: most of it stays queued, as the frame being written.
+  ASSERT_TRUE(a_->Send(Stop{.reason = std::string(1000 << 10, 'L')}).ok());
+  ASSERT_GT(a_->queued_send_bytes(), size_t{512} << 10);
+  for (int i = 0; i < 3; ++i) {
+    const Status sent = a_->Send(Stop{.reason = Reason(i)});
+    ASSERT_TRUE(sent.ok()) << sent.ToString();
+  }
+  EXPECT_TRUE(a_->is_open());
+  EXPECT_EQ(a_->Send(Stop{.reason = Reason(3)}).code(), StatusCode::kResourceExhausted)
+      << "four frames of 256 KiB behind it pass the limit";
 }
 
 // A RegisterAck carries the whole tensor table: a DeepSeek-V3-sized one (90 000 tensors, about

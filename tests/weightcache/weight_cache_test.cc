@@ -155,6 +155,10 @@ TEST(WeightCacheTest, SharesTheArenaReadOnlyWithAnotherProcess) {
   const std::vector<TestTensor> tensors = WriteShardedModel(dir.path());
   auto cache = WeightCache::Load(dir.path(), {});
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  EXPECT_TRUE(cache->arena().sealed_read_only());
+  for (const std::string& w : cache->arena().warnings()) {
+    EXPECT_EQ(w.find("seal"), std::string::npos) << w;
+  }
   auto fd = cache->arena().memory().Dup();
   ASSERT_TRUE(fd.ok());
   const int raw = fd->get();
