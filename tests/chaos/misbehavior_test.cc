@@ -253,7 +253,9 @@ TEST(ChaosMisbehavior, AClientThatNeverReadsIsDroppedWithoutStallingTheControlle
     }
   }
   EXPECT_FALSE(sent.ok()) << "the controller never dropped a client that reads nothing";
-  EXPECT_NE(cluster.Log().find("bytes queued; connection closed"), std::string::npos);
+  cluster.WaitFor(
+      [&](const json&) { return cluster.Log().find("bytes queued") != std::string::npos; },
+      "the controller's reason for dropping the client (" + sent.ToString() + ")");
   EXPECT_TRUE(cluster.ControllerAlive());
   ExpectPrimaryUnaffected(before, cluster.Status());
 }
