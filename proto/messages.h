@@ -401,65 +401,11 @@ struct InjectFault {
   }
 };
 
-// Router -> controller: send me the route table now and on every change.
-struct Subscribe {
-  static constexpr MsgType kType = MsgType::kSubscribe;
-  std::string subscriber = {};
-  template <class A>
-  void serialize(A& ar) {
-    ar(subscriber);
-  }
-};
+}  // namespace baton::proto
 
-struct RouteEntry {
-  uint64_t engine_id = 0;
-  std::string role = {};  // "primary", "standby", "draining"
-  std::string http_address = {};
-  bool ready = false;   // accepts traffic now
-  uint32_t weight = 0;  // share of traffic in percent
-  std::string engine_version = {};
-  template <class A>
-  void serialize(A& ar) {
-    ar(engine_id, role, http_address, ready, weight, engine_version);
-  }
-  bool operator==(const RouteEntry&) const = default;
-};
+#include "proto/control_messages.h"  // IWYU pragma: export
 
-// Controller -> subscriber: which engine serves. `version` increases with every table.
-struct RouteTable {
-  static constexpr MsgType kType = MsgType::kRouteTable;
-  uint64_t version = 0;
-  uint64_t epoch = 0;
-  std::string pair_state = {};
-  std::vector<RouteEntry> entries = {};
-  template <class A>
-  void serialize(A& ar) {
-    ar(version, epoch, pair_state, entries);
-  }
-};
-
-// batonctl -> controller: one command (`status`, `promote`, `drain`, `drill`, `timeline`).
-struct CtlRequest {
-  static constexpr MsgType kType = MsgType::kCtlRequest;
-  std::string command = {};
-  std::vector<std::string> args = {};
-  template <class A>
-  void serialize(A& ar) {
-    ar(command, args);
-  }
-};
-
-// Controller -> batonctl: exit_code 0 done, 1 refused (text says why), 2 bad usage.
-struct CtlReply {
-  static constexpr MsgType kType = MsgType::kCtlReply;
-  uint32_t exit_code = 0;
-  std::string text = {};
-  std::string json = {};  // one JSON object
-  template <class A>
-  void serialize(A& ar) {
-    ar(exit_code, text, json);
-  }
-};
+namespace baton::proto {
 
 // Any message of this build.
 using AnyMessage = std::variant<

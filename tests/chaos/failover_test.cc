@@ -226,6 +226,14 @@ TEST(ChaosFailover, GracefulSwitchover) {
   cluster.CheckFencing();
 }
 
+// batonctl promote, then SIGKILL of `standby` once the primary drains.
+void KillTheStandbyWhileThePrimaryDrains(ChaosCluster& cluster, const json& standby) {
+  ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
+  cluster.WaitFor([](const json& s) { return !EngineWithRole(s, "draining").is_null(); },
+                  "the primary to drain");
+  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+}
+
 // The standby dies while the primary drains for a switch-over: the switch-over is called
 // off and the same primary serves on (same pid, same epoch) instead of being retired with
 // no one to take over; a new standby is launched as after any standby failure.
@@ -236,10 +244,7 @@ TEST(ChaosFailover, SwitchoverWhoseStandbyDiesIsCalledOff) {
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
   const json standby = EngineWithRole(before, "standby");
-  ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
-  cluster.WaitFor([](const json& s) { return !EngineWithRole(s, "draining").is_null(); },
-                  "the primary to drain");
-  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  KillTheStandbyWhileThePrimaryDrains(cluster, standby);
   const json after = cluster.WaitFor(
       [&](const json& s) {
         const json p = EngineWithRole(s, "primary");
@@ -274,10 +279,7 @@ TEST(ChaosFailover, SwitchoverOfAnEngineThatCannotResumeGoesOn) {
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
   const json standby = EngineWithRole(before, "standby");
-  ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
-  cluster.WaitFor([](const json& s) { return !EngineWithRole(s, "draining").is_null(); },
-                  "the primary to drain");
-  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  KillTheStandbyWhileThePrimaryDrains(cluster, standby);
   const json after = cluster.WaitFor(
       [&](const json& s) { return IsReady(s) && PrimaryId(s) > standby["id"].get<uint64_t>(); },
       "a fresh pair");
