@@ -5,6 +5,16 @@
 namespace baton {
 namespace {
 
+// Adds `e`'s counters to sum[e.engine_id].
+void AddTo(std::map<uint64_t, proto::EngineOutcome>* sum, const proto::EngineOutcome& e) {
+  proto::EngineOutcome& s = (*sum)[e.engine_id];
+  s.engine_id = e.engine_id;
+  s.requests += e.requests;
+  s.errors += e.errors;
+  s.duration_ms += e.duration_ms;
+  s.succeeded += e.succeeded;
+}
+
 bool SameRoutes(const proto::RouteTable& a, const proto::RouteTable& b) {
   return a.epoch == b.epoch && a.pair_state == b.pair_state && a.entries == b.entries;
 }
@@ -14,7 +24,7 @@ bool SameRoutes(const proto::RouteTable& a, const proto::RouteTable& b) {
 void RoutePublisher::AddSubscriber(std::unique_ptr<proto::Channel> channel,
                                    const std::string& name) {
   const uint64_t id = next_id_++;
-  subscribers_[id] = Subscriber{std::move(channel), name};
+  subscribers_[id] = Subscriber{.channel = std::move(channel), .name = name};
   BATON_LOG(INFO, "routes") << "subscriber " << name << " added (" << subscribers_.size()
                             << " now)";
   SendTo(id);
@@ -39,6 +49,14 @@ bool RoutePublisher::Publish(proto::RouteTable table) {
   return true;
 }
 
+std::map<uint64_t, proto::EngineOutcome> RoutePublisher::Outcomes() const {
+  std::map<uint64_t, proto::EngineOutcome> sum;
+  for (const auto& [router, report] : reports_) {
+    for (const proto::EngineOutcome& e : report.engines) AddTo(&sum, e);
+  }
+  return sum;
+}
+
 void RoutePublisher::SendTo(uint64_t id) {
   auto it = subscribers_.find(id);
   if (it == subscribers_.end() || !published_) return;
@@ -46,8 +64,31 @@ void RoutePublisher::SendTo(uint64_t id) {
   if (!sent.ok()) {
     BATON_LOG(WARN, "routes") << "dropping subscriber " << it->second.name << ": "
                               << sent.ToString();
-    subscribers_.erase(it);
+    Drop(it);
   }
+}
+
+void RoutePublisher::Drop(SubscriberMap::iterator it) { subscribers_.erase(it); }
+
+void RoutePublisher::Store(uint64_t id, proto::RouterReport report) {
+  const std::string key =
+      report.router.empty() ? "connection " + std::to_string(id) : "router " + report.router;
+  reports_[key] = Report{std::move(report.engines), ++heard_};
+  while (reports_.size() > kMaxRouters) {
+    auto oldest = reports_.begin();
+    for (auto it = reports_.begin(); it != reports_.end(); ++it) {
+      if (it->second.heard < oldest->second.heard) oldest = it;
+    }
+    reports_.erase(oldest);
+  }
+}
+
+void RoutePublisher::Refuse(SubscriberMap::iterator it, const std::string& why) {
+  // Told why, then closed: a peer that keeps sending without reading would otherwise hold the
+  // controller's thread for send_timeout per reply.
+  BATON_LOG(WARN, "routes") << "dropping subscriber " << it->second.name << ": " << why;
+  (void)it->second.channel->Send(proto::ErrorMsg::FromStatus(FailedPrecondition(why)));
+  Drop(it);
 }
 
 void RoutePublisher::Watch(uint64_t id) {
@@ -59,20 +100,19 @@ void RoutePublisher::Watch(uint64_t id) {
     if (!msg.ok()) {
       BATON_LOG(INFO, "routes") << "subscriber " << sub->second.name
                                 << " left: " << msg.status().message();
-      subscribers_.erase(sub);
+      Drop(sub);
       return;
     }
-    if (msg->type != proto::MsgType::kSubscribe) {
-      // Told why, then closed: a peer that keeps sending without reading would otherwise
-      // hold the controller's thread for send_timeout per reply.
-      const std::string why =
-          "a router connection only sends Subscribe, not " + proto::MsgTypeName(msg->type);
-      BATON_LOG(WARN, "routes") << "dropping subscriber " << sub->second.name << ": " << why;
-      (void)sub->second.channel->Send(proto::ErrorMsg::FromStatus(FailedPrecondition(why)));
-      subscribers_.erase(sub);
-      return;
+    if (msg->type == proto::MsgType::kRouterReport) {
+      Result<proto::RouterReport> report = msg->As<proto::RouterReport>();
+      if (!report.ok()) return Refuse(sub, "bad RouterReport: " + report.status().message());
+      Store(id, std::move(report).value());
+    } else if (msg->type == proto::MsgType::kSubscribe) {
+      SendTo(id);  // a repeated Subscribe asks for the current table again
+    } else {
+      return Refuse(sub, "a router connection only sends Subscribe and RouterReport, not " +
+                             proto::MsgTypeName(msg->type));
     }
-    SendTo(id);  // a repeated Subscribe asks for the current table again
     if (subscribers_.count(id) != 0) Watch(id);
   });
 }

@@ -5,6 +5,15 @@
 // entries, the epoch or the pair state differ from the last table, and each table sent has a
 // higher version. A subscriber whose send fails is dropped (its connection is closed).
 //
+// A subscriber may send Subscribe again (it gets the current table) or, from protocol 4, a
+// RouterReport: what that router saw of each engine, cumulative since the router started.
+// The latest report of each router (by the report's `router` name; a report without one is
+// keyed by its connection) is kept, also after its connection closes, so a sum never goes
+// down while routers come and go, and a router that reconnects replaces its own report
+// rather than adding to it. Outcomes() sums them by engine. The reports of the
+// kMaxRouters routers heard from most recently are kept. Anything else, or a report that
+// does not decode, drops the subscriber with the reason logged and sent in an ErrorMsg.
+//
 // Ownership: the publisher owns the subscriber channels. Thread: io_context thread only.
 #pragma once
 
@@ -29,21 +38,38 @@ class RoutePublisher {
   // Returns true if a new table was made.
   bool Publish(proto::RouteTable table);
 
+  // Per engine id, the sum over every subscriber's latest RouterReport and the retired total.
+  std::map<uint64_t, proto::EngineOutcome> Outcomes() const;
+
   const proto::RouteTable& current() const { return current_; }
   size_t subscriber_count() const { return subscribers_.size(); }
 
  private:
   void Watch(uint64_t id);
-  void SendTo(uint64_t id);
-
   struct Subscriber {
     std::unique_ptr<proto::Channel> channel;
     std::string name;
   };
+  struct Report {
+    std::vector<proto::EngineOutcome> engines;
+    uint64_t heard = 0;  // order of arrival, for pruning
+  };
+  static constexpr size_t kMaxRouters = 64;
+  using SubscriberMap = std::map<uint64_t, Subscriber>;
+
+  void SendTo(uint64_t id);
+  // Forgets the subscriber (closing its channel); its last report stays.
+  void Drop(SubscriberMap::iterator it);
+  void Store(uint64_t id, proto::RouterReport report);
+  // Drops the subscriber after telling it why (a FailedPrecondition ErrorMsg).
+  void Refuse(SubscriberMap::iterator it, const std::string& why);
+
   proto::RouteTable current_;
   bool published_ = false;
   uint64_t next_id_ = 1;
-  std::map<uint64_t, Subscriber> subscribers_;
+  SubscriberMap subscribers_;
+  std::map<std::string, Report> reports_;  // by router name
+  uint64_t heard_ = 0;
 };
 
 }  // namespace baton

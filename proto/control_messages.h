@@ -21,7 +21,7 @@ struct Subscribe {
 
 struct RouteEntry {
   uint64_t engine_id = 0;
-  std::string role = {};  // "primary", "standby", "draining"
+  std::string role = {};  // "primary", "standby", "draining", "promoting", "canary"
   std::string http_address = {};
   bool ready = false;   // accepts traffic now
   uint32_t weight = 0;  // share of traffic in percent
@@ -43,6 +43,35 @@ struct RouteTable {
   template <class A>
   void serialize(A& ar) {
     ar(version, epoch, pair_state, entries);
+  }
+};
+
+// What one router saw of one engine since the router started: cumulative counters.
+struct EngineOutcome {
+  uint64_t engine_id = 0;
+  uint64_t requests = 0;     // attempts on this engine that ended (well or not)
+  uint64_t errors = 0;       // attempts that failed: HTTP 5xx, connection lost, bad stream
+  uint64_t duration_ms = 0;  // sum over the attempts that succeeded, arrival to last byte
+  uint64_t succeeded = 0;    // attempts counted in duration_ms
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, requests, errors, duration_ms, succeeded);
+  }
+  bool operator==(const EngineOutcome&) const = default;
+};
+
+// Router -> controller, on its subscription (protocol 4 and up), a few times a second: what
+// the router saw of each engine. The controller judges a canary on these numbers.
+// `router` names the router process (random, fixed for its life): a router that reconnects
+// replaces its own earlier report instead of adding to it.
+struct RouterReport {
+  static constexpr MsgType kType = MsgType::kRouterReport;
+  uint64_t seq = 0;
+  std::vector<EngineOutcome> engines = {};
+  std::string router = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(seq, engines, router);
   }
 };
 

@@ -29,9 +29,12 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 3;
+inline constexpr uint16_t kProtocolVersionMax = 4;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
+// The first version with RouterReport (a router's per-engine outcomes, for canary judging);
+// a router sends none on an older connection.
+inline constexpr uint16_t kProtocolVersionRouterReport = 4;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -62,7 +65,8 @@ inline constexpr uint16_t kProtocolVersionResume = 3;
   X(RouteTable, 48)             \
   X(CtlRequest, 49)             \
   X(CtlReply, 50)               \
-  X(Resume, 51)
+  X(Resume, 51)                 \
+  X(RouterReport, 52)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,

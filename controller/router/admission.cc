@@ -16,14 +16,23 @@ void Admission::SetTable(const proto::RouteTable& table) {
   Ready ready;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    std::vector<Target> canaries;  // ready canaries with a weight: they carry traffic now
+    for (const proto::RouteEntry& e : table.entries) {
+      if (e.ready && !e.http_address.empty() && e.role == "canary" && e.weight > 0) {
+        canaries.push_back({e.http_address, e.engine_id});
+      }
+    }
     std::vector<Candidate> next;
     std::optional<Target> primary;
     for (const proto::RouteEntry& e : table.entries) {
       if (!e.ready || e.http_address.empty()) continue;
       const bool is_primary = e.role == "primary";
       if (!is_primary && e.role != "canary") continue;
-      const int weight = e.weight > 0 ? static_cast<int>(e.weight) : (is_primary ? 100 : 0);
-      if (weight == 0) continue;
+      // A weightless primary takes everything, unless a canary took its traffic: then it
+      // stays listed with weight 0, for replays only.
+      const int weight =
+          e.weight > 0 ? static_cast<int>(e.weight) : (is_primary && canaries.empty() ? 100 : 0);
+      if (weight == 0 && !is_primary) continue;
       Candidate c{.target = {e.http_address, e.engine_id}, .weight = weight};
       for (const Candidate& old : candidates_) {
         if (old.target == c.target) c.current = old.current;
@@ -35,16 +44,36 @@ void Admission::SetTable(const proto::RouteTable& table) {
     ++generation_;
     if (primary && primary_ && *primary != *primary_) {
       ++failovers_;
-      ramp_target_ = primary;
-      ramp_start_ = clock_.Now();
-      ramp_base_ = std::max<size_t>(1, peak_in_flight_);
+      const size_t peak_before = peak_in_flight_;
       peak_in_flight_ = total_in_flight_;
-      BATON_LOG(INFO, "router") << "new primary " << primary->address << " (engine "
-                                << primary->engine_id << "): ramping over "
-                                << options_.ramp_duration.count() << " ms from a base of "
-                                << ramp_base_ << " in flight";
+      const bool was_canary =
+          std::find(canaries_.begin(), canaries_.end(), *primary) != canaries_.end();
+      if (was_canary) {
+        // The canary already carries traffic: taking over is not a cold start.
+        BATON_LOG(INFO, "router") << "canary " << primary->address << " (engine "
+                                  << primary->engine_id << ") is the primary now: no ramp";
+        ramp_target_.reset();
+      } else {
+        ramp_target_ = primary;
+        ramp_start_ = clock_.Now();
+        ramp_base_ = std::max<size_t>(1, peak_before);
+        BATON_LOG(INFO, "router") << "new primary " << primary->address << " (engine "
+                                  << primary->engine_id << "): ramping over "
+                                  << options_.ramp_duration.count() << " ms from a base of "
+                                  << ramp_base_ << " in flight";
+      }
     }
     if (primary) primary_ = primary;
+    canaries_ = std::move(canaries);
+    // An engine stays a canary (for IsCanary) until it leaves the table or becomes the
+    // primary: a canary rolled back (draining) may still answer attempts sent before.
+    std::set<uint64_t> listed;
+    for (const proto::RouteEntry& e : table.entries) {
+      listed.insert(e.engine_id);
+      if (e.role == "canary") canary_ids_.insert(e.engine_id);
+      if (e.role == "primary") canary_ids_.erase(e.engine_id);
+    }
+    std::erase_if(canary_ids_, [&](uint64_t id) { return listed.count(id) == 0; });
     Drain(clock_.Now(), &ready);
   }
   Run(&ready);
@@ -136,15 +165,25 @@ std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   int total = 0;
   Candidate* best = nullptr;
   for (Candidate& c : candidates_) {
+    if (c.weight == 0) continue;
     if (avoid_failed && c.target == *w.failed) continue;
     if (!w.replay && !UnderRampCap(c.target, now)) continue;
     total += c.weight;
     c.current += c.weight;
     if (best == nullptr || c.current > best->current) best = &c;
   }
-  if (best == nullptr) return std::nullopt;
-  best->current -= total;
-  return best->target;
+  if (best != nullptr) {
+    best->current -= total;
+    return best->target;
+  }
+  // Only weightless targets left (a primary whose traffic a canary took): a replay may go
+  // there rather than wait.
+  if (!w.replay) return std::nullopt;
+  for (const Candidate& c : candidates_) {
+    if (avoid_failed && c.target == *w.failed) continue;
+    return c.target;
+  }
+  return std::nullopt;
 }
 
 double Admission::RampShare(TimePoint now) const {
@@ -173,6 +212,11 @@ void Admission::Take(const Target& t) {
 
 void Admission::Run(Ready* ready) {
   for (auto& [grant, result] : *ready) grant(std::move(result));
+}
+
+bool Admission::IsCanary(const Target& target) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return canary_ids_.count(target.engine_id) != 0;
 }
 
 size_t Admission::queued() const {

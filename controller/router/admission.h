@@ -1,8 +1,10 @@
 // Admission: which engine a request goes to, and when.
 //
 // Targets come from the route table: ready entries whose role is "primary" or "canary", each
-// with its weight (a primary with weight 0 counts as 100), picked by smooth weighted
-// round-robin. A request that finds no target waits in a bounded FIFO queue; past
+// with its weight, picked by smooth weighted round-robin. A primary with weight 0 counts as
+// 100 unless a ready canary with a weight is listed: then (a canary at 100 %) it takes no new
+// requests, but a replay that finds no weighted target may still go to it. A canary with
+// weight 0 takes nothing. A request that finds no target waits in a bounded FIFO queue; past
 // `max_queue_wait`, or when the queue already holds `max_queue` requests, it is refused
 // (ResourceExhausted: the router answers 429 with Retry-After).
 //
@@ -10,6 +12,8 @@
 // (`ramp_steps`, default 30 %, 60 %, 100 %, spread over `ramp_duration`): its requests in
 // flight are capped at the step's share of the peak concurrency seen before the promotion
 // (at least 1); the rest wait in the queue, which drains as requests end and steps rise.
+// A new primary that was a ready canary with a weight in the previous table already carries
+// traffic: it takes over at once, without a ramp (still counted in failovers()).
 //
 // Replays (requests already admitted that lost their engine) skip the ramp and the cap and
 // go ahead of the queue. A replay may name the target that just failed: it is not chosen
@@ -28,6 +32,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,6 +77,9 @@ class Admission {
   void Release(const Target& target);
   void Tick();
 
+  // True when `target` is a canary: listed as one since it entered the table, and not the
+  // primary since (a rolled-back canary still draining stays one).
+  bool IsCanary(const Target& target) const;
   size_t queued() const;
   size_t in_flight() const;
   uint64_t failovers() const;
@@ -106,7 +114,9 @@ class Admission {
   const Clock& clock_;
   AdmissionOptions options_;
   mutable std::mutex mu_;
-  std::vector<Candidate> candidates_;
+  std::vector<Candidate> candidates_;  // weight 0 only for a primary a canary displaced
+  std::vector<Target> canaries_;       // ready canaries with a weight in the last table
+  std::set<uint64_t> canary_ids_;      // engines that are canaries (IsCanary)
   uint64_t generation_ = 0;
   std::optional<Target> primary_;
   std::deque<Waiter> queue_;

@@ -114,7 +114,9 @@ void RelayedRequest::OnHead(int status, const std::string& content_type, bool st
       exchange_->BeginStream(status, content_type.empty() ? "text/event-stream" : content_type);
       client_header_sent_ = true;
     }
-  } else if (Retryable(status)) {
+  } else if (Retryable(status) || (status >= 500 && deps_.admission->IsCanary(*target_))) {
+    // An engine that is going away (502-504), or a canary's 5xx: a canary's failures are
+    // judged against it, never passed to the client, so the attempt goes to another engine.
     mode_ = Mode::kRefused;
   } else {
     mode_ = client_header_sent_ ? Mode::kErrorInStream : Mode::kBuffer;
@@ -155,6 +157,7 @@ void RelayedRequest::OnData(std::string_view bytes) {
 void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
   call_.reset();
   if (client_gone_) {
+    CountAttempt(AttemptEnd::kEnded);
     ReleaseTarget();
     return Finish(499, "client_gone");
   }
@@ -163,12 +166,14 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
       return OnStreamEnd(error, message);
     case Mode::kBuffer:
       if (body_too_large_) {
+        CountAttempt(AttemptEnd::kEnded);
         ReleaseTarget();
         return GiveUp(502, "response_too_large",
                       "the engine's response is larger than " +
                           std::to_string(kMaxBufferedBody >> 20) + " MiB");
       }
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
+      CountAttempt(status_ / 100 == 5 ? AttemptEnd::kFailed : AttemptEnd::kSucceeded);
       ReleaseTarget();
       exchange_->Respond(status_, content_type_.empty() ? "application/json" : content_type_,
                          std::move(body_));
@@ -177,6 +182,7 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
       return AttemptFailed(UpstreamError::kConnect,
                            "the engine answered " + std::to_string(status_));
     case Mode::kErrorInStream:
+      CountAttempt(status_ / 100 == 5 ? AttemptEnd::kFailed : AttemptEnd::kEnded);
       ReleaseTarget();
       return GiveUp(status_, "replay_refused",
                     "the engine refused the replay: " + ErrorMessage(body_));
@@ -187,11 +193,13 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
 
 void RelayedRequest::OnStreamEnd(UpstreamError error, const std::string& message) {
   if (done_seen_) {
+    CountAttempt(AttemptEnd::kSucceeded);
     ReleaseTarget();
     exchange_->EndStream();
     return Finish(200, "");
   }
   if (replay_.finished()) {  // every token was sent; only the tail was lost
+    CountAttempt(AttemptEnd::kSucceeded);
     ReleaseTarget();
     exchange_->Write(replay_.FinishingEvents());
     exchange_->EndStream();
@@ -206,6 +214,7 @@ void RelayedRequest::OnStreamEnd(UpstreamError error, const std::string& message
 
 void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message) {
   const Target failed = *target_;
+  CountAttempt(AttemptEnd::kFailed);
   ReleaseTarget();
   deps_.metrics->RecordUpstreamError(UpstreamErrorName(error));
   const bool timeout =
@@ -260,6 +269,18 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
     exchange_->RespondError(status, message);
   }
   Finish(status, kind);
+}
+
+void RelayedRequest::CountAttempt(AttemptEnd end) {
+  if (deps_.outcomes == nullptr || !target_) return;
+  switch (end) {
+    case AttemptEnd::kSucceeded:
+      return deps_.outcomes->RecordSucceeded(target_->engine_id, deps_.clock->Now() - arrival_);
+    case AttemptEnd::kFailed:
+      return deps_.outcomes->RecordFailed(target_->engine_id);
+    case AttemptEnd::kEnded:
+      return deps_.outcomes->RecordEnded(target_->engine_id);
+  }
 }
 
 void RelayedRequest::ReleaseTarget() {

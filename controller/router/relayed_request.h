@@ -4,13 +4,17 @@
 // It asks Admission for an engine, runs an UpstreamCall there and relays the answer: a
 // stream event by event (through StreamReplay, which records what the client got), any
 // other response whole. When the attempt fails (the engine refused the connection, reset
-// it, stalled past a timeout, answered 502/503/504 or sent a `server_error` event), the
+// it, stalled past a timeout, answered 502/503/504 (a canary: any 5xx, so that a canary's
+// failures are judged but never seen by the client) or sent a `server_error` event), the
 // request goes back to Admission as a replay and continues on the next engine: a whole
 // retry when nothing was sent yet, a replay on token ids otherwise. Attempts that reached an
 // engine count against `migration_limit`; connection refusals do not (they are bounded by
 // `unreachable_limit`, the queue wait). When the request cannot go on, a stream ends with an
 // explicit error event and [DONE]; a response not yet begun gets 502 (or 429 with Retry-After when
-// no engine came in time). Engine answers 4xx and 500 go to the client unchanged.
+// no engine came in time). Engine answers 4xx, and 500 from a primary, go to the client
+// unchanged.
+// Each attempt's end is counted against its engine in EngineOutcomes: failed (what is replayed
+// above, and an answer 5xx), succeeded (a whole answer relayed), or just ended.
 //
 // Ownership: keeps itself alive (shared_ptr) until the client's exchange ends.
 // Thread: everything runs on the request's strand; Admission's grants are posted to it.
@@ -23,6 +27,7 @@
 
 #include "base/clock.h"
 #include "controller/router/admission.h"
+#include "controller/router/engine_outcomes.h"
 #include "controller/router/router_metrics.h"
 #include "controller/router/sse_splitter.h"
 #include "controller/router/stream_replay.h"
@@ -39,7 +44,8 @@ struct RelayDeps {
   int migration_limit = 3;
   // How long attempts that never reach an engine (refused, answered 502/503/504) go on.
   std::chrono::milliseconds unreachable_limit{5000};
-  UpstreamPool* pool = nullptr;  // keep-alive connections to engines (may be null)
+  UpstreamPool* pool = nullptr;        // keep-alive connections to engines (may be null)
+  EngineOutcomes* outcomes = nullptr;  // each attempt's end, by engine (may be null)
 };
 
 class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
@@ -61,6 +67,9 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   void OnStreamEnd(UpstreamError error, const std::string& message);
   void AttemptFailed(UpstreamError error, const std::string& message);
   void GiveUp(int status, const std::string& kind, const std::string& message);
+  enum class AttemptEnd { kSucceeded, kFailed, kEnded };
+  // Counts the current attempt's end against its engine; call before ReleaseTarget().
+  void CountAttempt(AttemptEnd end);
   void ReleaseTarget();
   void Finish(int status, const std::string& upstream_error);
 

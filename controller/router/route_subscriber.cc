@@ -1,6 +1,11 @@
 #include "controller/router/route_subscriber.h"
 
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
+#include <cstdio>
 
 #include "base/log.h"
 #include "proto/channel.h"
@@ -8,6 +13,23 @@
 #include "proto/listener.h"
 
 namespace baton {
+namespace {
+
+// 16 random hex digits (getrandom; the pid and the time where it fails).
+std::string NewInstanceName() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+    v = static_cast<uint64_t>(::getpid()) << 32 ^
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+RouteSubscriber::RouteSubscriber() : instance_(NewInstanceName()) {}
 
 void RouteSubscriber::SetStatic(const std::string& address) {
   proto::RouteTable table;
@@ -95,9 +117,31 @@ void RouteSubscriber::Subscribe() {
     return;
   }
   connected_ = true;
-  BATON_LOG(INFO, "router") << "subscribed to the route table at " << socket_path_;
+  const bool reports = on_report_ && ack->version >= proto::kProtocolVersionRouterReport;
+  BATON_LOG(INFO, "router") << "subscribed to the route table at " << socket_path_ << " (protocol "
+                            << ack->version << (reports ? ", reporting outcomes)" : ")");
+  using SteadyClock = std::chrono::steady_clock;
+  SteadyClock::time_point next_report = SteadyClock::now();
   while (Wait(std::chrono::milliseconds(0))) {
-    Result<proto::ReceivedMessage> msg = channel->Receive(std::chrono::milliseconds(200));
+    std::chrono::milliseconds wait(200);
+    if (reports) {
+      const SteadyClock::time_point now = SteadyClock::now();
+      if (now >= next_report) {
+        next_report = now + kReportInterval;
+        proto::RouterReport report{
+            .seq = report_seq_.load() + 1, .engines = on_report_(), .router = instance_};
+        if (Status st = channel->Send(report); !st.ok()) {
+          BATON_LOG(WARN, "router")
+              << "controller connection lost sending a report, keeping the last route table: "
+              << st.ToString();
+          return;
+        }
+        report_seq_ = report.seq;
+      }
+      wait = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(next_report - now),
+                        std::chrono::milliseconds(1), wait);
+    }
+    Result<proto::ReceivedMessage> msg = channel->Receive(wait);
     if (!msg.ok() && msg.status().code() == StatusCode::kDeadlineExceeded) continue;
     Result<proto::RouteTable> table =
         msg.ok() ? msg->As<proto::RouteTable>() : Result<proto::RouteTable>(msg.status());

@@ -5,8 +5,14 @@
 // away the last table is kept and the thread reconnects with a doubling backoff (50 ms up to
 // `max_backoff`). A router with a static backend uses SetStatic() and starts no thread.
 //
+// Reports: when the agreed protocol version has RouterReport (proto::kProtocolVersionRouterReport)
+// and OnReport() gave a source, the thread sends a RouterReport right after Subscribe and then
+// every kReportInterval, its `seq` rising across subscriptions. A failed send ends the
+// subscription as a failed receive does (reconnect with backoff).
+//
 // Ownership: owns its thread and the channel (which lives on that thread). Thread: Primary(),
-// table() and connected() are safe from any thread; Stop() joins.
+// table(), connected() and reports_sent() are safe from any thread; Stop() joins. The
+// OnChange and OnReport callbacks run on the subscription thread.
 #pragma once
 
 #include <atomic>
@@ -17,6 +23,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "proto/messages.h"
 
@@ -24,7 +31,10 @@ namespace baton {
 
 class RouteSubscriber {
  public:
-  RouteSubscriber() = default;
+  // Pacing only, on the steady clock (no logic depends on it).
+  static constexpr std::chrono::milliseconds kReportInterval{250};
+
+  RouteSubscriber();
   ~RouteSubscriber() { Stop(); }
   RouteSubscriber(const RouteSubscriber&) = delete;
   RouteSubscriber& operator=(const RouteSubscriber&) = delete;
@@ -32,6 +42,10 @@ class RouteSubscriber {
   // Called with every table stored (static or received), on the storing thread. Set it
   // before SetStatic()/Start().
   void OnChange(std::function<void(const proto::RouteTable&)> fn) { on_change_ = std::move(fn); }
+  // The engines' outcomes for each RouterReport (see above). Set it before Start().
+  void OnReport(std::function<std::vector<proto::EngineOutcome>()> fn) {
+    on_report_ = std::move(fn);
+  }
   // A fixed table with one ready primary at `address`.
   void SetStatic(const std::string& address);
   // Starts the subscription thread.
@@ -42,6 +56,8 @@ class RouteSubscriber {
   std::optional<std::string> Primary() const;
   proto::RouteTable table() const;
   bool connected() const { return connected_.load(); }
+  // RouterReports sent, over every subscription.
+  uint64_t reports_sent() const { return report_seq_.load(); }
 
  private:
   void Run();
@@ -58,7 +74,10 @@ class RouteSubscriber {
   proto::RouteTable table_;
   std::atomic<bool> connected_{false};
   std::function<void(const proto::RouteTable&)> on_change_;
+  std::function<std::vector<proto::EngineOutcome>()> on_report_;
+  std::atomic<uint64_t> report_seq_{0};  // the last RouterReport's seq
   std::thread thread_;
+  const std::string instance_;  // this router's name in its RouterReports: random hex
 };
 
 }  // namespace baton

@@ -66,6 +66,7 @@ Status Router::Start() {
                  [this](std::shared_ptr<HttpExchange> ex) { Metrics(std::move(ex)); });
   BATON_RETURN_IF_ERROR(server_->Listen());
   routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
+  routes_.OnReport([this] { return outcomes_.Snapshot(); });
   if (!options_.backend.empty()) {
     routes_.SetStatic(options_.backend);
     BATON_LOG(INFO, "router") << "static backend " << options_.backend;
@@ -150,7 +151,8 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                               .idle = options_.stream_idle_timeout},
                  .migration_limit = options_.migration_limit,
                  .unreachable_limit = options_.max_queue_wait,
-                 .pool = &pool_};
+                 .pool = &pool_,
+                 .outcomes = &outcomes_};
   std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
       ->Start();
 }
@@ -175,7 +177,8 @@ void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
                  .queued = admission_.queued(),
                  .in_flight = admission_.in_flight(),
                  .failovers = admission_.failovers(),
-                 .weights = admission_.Weights()};
+                 .weights = admission_.Weights(),
+                 .outcomes = outcomes_.Snapshot()};
   exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(g));
 }
 

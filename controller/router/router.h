@@ -3,7 +3,8 @@
 // Routes: POST /v1/completions and /v1/chat/completions and GET /v1/models go to an engine
 // chosen by Admission from the route table, each as a RelayedRequest (queued while no engine
 // is ready, replayed on the next engine when its engine fails, streams relayed event by
-// event); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
+// event, each attempt's end counted by engine in EngineOutcomes and reported to the
+// controller); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
 // are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY` (401
 // otherwise). Client limits (body, header, connections, idle and request timeouts) are the
 // HttpServer's. The route table comes from the controller (RouteSubscriber) or is one
@@ -25,6 +26,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/router/admission.h"
+#include "controller/router/engine_outcomes.h"
 #include "controller/router/route_subscriber.h"
 #include "controller/router/router_metrics.h"
 #include "controller/router/router_options.h"
@@ -48,6 +50,7 @@ class Router {
   uint16_t port() const { return server_ ? server_->port() : 0; }
   const RouteSubscriber& routes() const { return routes_; }
   const Admission& admission() const { return admission_; }
+  const EngineOutcomes& outcomes() const { return outcomes_; }
 
  private:
   void Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange);
@@ -65,6 +68,7 @@ class Router {
   std::unique_ptr<HttpServer> server_;
   Admission admission_;
   UpstreamPool pool_;
+  EngineOutcomes outcomes_;  // before routes_: its thread reads them
   RouteSubscriber routes_;
   RouterMetrics metrics_;
   std::vector<std::thread> threads_;

@@ -144,6 +144,19 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
            "\",address=\"" + Escape(w.target.address) + "\",role=\"" + Escape(w.role) + "\"} " +
            Num(w.weight) + "\n";
   }
+  Header("baton_router_engine_requests_total", "counter",
+         "Engine attempts that ended, by engine (failed, succeeded or abandoned).", &out);
+  for (const proto::EngineOutcome& o : g.outcomes) {
+    out += "baton_router_engine_requests_total{engine_id=\"" + std::to_string(o.engine_id) +
+           "\"} " + std::to_string(o.requests) + "\n";
+  }
+  Header("baton_router_engine_errors_total", "counter",
+         "Engine attempts that failed (connection lost, stream broken, answer 5xx), by engine.",
+         &out);
+  for (const proto::EngineOutcome& o : g.outcomes) {
+    out += "baton_router_engine_errors_total{engine_id=\"" + std::to_string(o.engine_id) + "\"} " +
+           std::to_string(o.errors) + "\n";
+  }
   std::string primary;
   uint64_t primary_id = 0;
   for (const proto::RouteEntry& e : g.table.entries) {

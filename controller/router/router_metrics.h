@@ -9,8 +9,10 @@
 //                                                        sent, continued on ids), "retry"
 //                                                        (nothing sent, sent again whole)
 //   baton_router_replay_failures_total                   counter: streams ended with an error
-//   plus gauges set at render time: queue length, requests in flight, failovers seen,
-//   each engine's current weight, the primary, the route table version and epoch.
+//   plus, set at render time: queue length, requests in flight, failovers seen, each
+//   engine's current weight, the primary, the route table version and epoch, and each
+//   engine's outcomes (EngineOutcomes): baton_router_engine_requests_total{engine_id} and
+//   baton_router_engine_errors_total{engine_id} (attempts ended, attempts failed).
 //
 // Thread-safe (one mutex; observations are a few additions).
 #pragma once
@@ -49,6 +51,7 @@ struct RouterGauges {
   size_t in_flight = 0;
   uint64_t failovers = 0;
   std::vector<TargetWeight> weights;
+  std::vector<proto::EngineOutcome> outcomes;
 };
 
 class RouterMetrics {

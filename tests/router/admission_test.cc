@@ -1,5 +1,6 @@
 // Admission with the fake clock: the queue and its 429s, the ramp onto a new primary,
-// weighted picking, and replays that skip the queue and avoid the engine that failed.
+// weighted picking, canary weights, and replays that skip the queue and avoid the engine
+// that failed.
 #include "controller/router/admission.h"
 
 #include <gtest/gtest.h>
@@ -171,6 +172,136 @@ TEST(AdmissionTest, WeightsSplitTrafficSmoothly) {
   std::vector<TargetWeight> w = a.Weights();
   ASSERT_EQ(w.size(), 2u);
   EXPECT_DOUBLE_EQ(w[0].weight + w[1].weight, 100.0);
+}
+
+proto::RouteEntry Canary(uint64_t id, const std::string& address, uint32_t weight) {
+  return {.engine_id = id,
+          .role = "canary",
+          .http_address = address,
+          .ready = true,
+          .weight = weight,
+          .engine_version = "new"};
+}
+
+// Grants `n` new requests, each released at once; counts them by engine id.
+std::map<uint64_t, int> Spread(Admission& a, int n) {
+  std::map<uint64_t, int> count;
+  for (int i = 0; i < n; ++i) {
+    a.Request(false, std::nullopt, [&](Result<Target> t) {
+      ASSERT_TRUE(t.ok()) << t.status().ToString();
+      ++count[t->engine_id];
+      a.Release(*t);
+    });
+  }
+  return count;
+}
+
+TEST(AdmissionTest, CanaryWeightsSplitExactly) {
+  FakeClock clock;
+  Admission a(clock, {});
+  proto::RouteEntry primary = Primary(1, "127.0.0.1:1");
+  primary.weight = 90;
+  a.SetTable(Table({primary, Canary(2, "127.0.0.1:2", 10)}));
+  std::map<uint64_t, int> count = Spread(a, 100);
+  EXPECT_EQ(count[1], 90);
+  EXPECT_EQ(count[2], 10);
+
+  primary.weight = 50;  // the canary's next step
+  a.SetTable(Table({primary, Canary(2, "127.0.0.1:2", 50)}));
+  count = Spread(a, 100);
+  EXPECT_EQ(count[1], 50);
+  EXPECT_EQ(count[2], 50);
+  EXPECT_EQ(a.failovers(), 0u);
+}
+
+TEST(AdmissionTest, WeightlessPrimaryCountsAsFullOnlyWithoutAWeightedCanary) {
+  FakeClock clock;
+  Admission a(clock, {});
+  // No canary, or one with weight 0: the primary's weight 0 reads as 100.
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 0)}));
+  std::map<uint64_t, int> count = Spread(a, 10);
+  EXPECT_EQ(count[1], 10);
+  EXPECT_EQ(count[2], 0);
+}
+
+TEST(AdmissionTest, PrimaryGetsNoNewRequestsWithACanaryAtFull) {
+  FakeClock clock;
+  Admission a(clock, {});
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 100)}));
+  std::map<uint64_t, int> count = Spread(a, 50);
+  EXPECT_EQ(count[1], 0);
+  EXPECT_EQ(count[2], 50);
+  std::vector<TargetWeight> w = a.Weights();
+  ASSERT_EQ(w.size(), 2u);
+  for (const TargetWeight& t : w) {
+    EXPECT_DOUBLE_EQ(t.weight, t.target.engine_id == 1 ? 0.0 : 100.0);
+    EXPECT_EQ(t.role, t.target.engine_id == 1 ? "primary" : "canary");
+  }
+
+  // A replay that failed on the canary may still go to the primary, the only other target.
+  Grants replay;
+  a.Request(true, Target{"127.0.0.1:2", 2}, replay.Next());
+  ASSERT_EQ(replay.got.size(), 1u);
+  ASSERT_TRUE(replay.got[0].ok());
+  EXPECT_EQ(replay.got[0]->engine_id, 1u);
+  // A replay from elsewhere goes by the weights: to the canary.
+  Grants other;
+  a.Request(true, Target{"127.0.0.1:9", 9}, other.Next());
+  ASSERT_EQ(other.got.size(), 1u);
+  ASSERT_TRUE(other.got[0].ok());
+  EXPECT_EQ(other.got[0]->engine_id, 2u);
+}
+
+TEST(AdmissionTest, NoRampWhenAWeightedCanaryBecomesThePrimary) {
+  FakeClock clock;
+  Admission a(clock, {.ramp_steps = {0.3, 0.6, 1.0}, .ramp_duration = milliseconds(3000)});
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 100)}));
+  Grants before;
+  for (int i = 0; i < 10; ++i) a.Request(false, std::nullopt, before.Next());
+  ASSERT_EQ(before.ok(), 10u);  // peak concurrency 10, all on the canary
+  for (const auto& t : before.got) a.Release(*t);
+  a.SetTable(Table({Primary(2, "127.0.0.1:2")}));  // the canary takes over
+  Grants after;
+  for (int i = 0; i < 10; ++i) a.Request(false, std::nullopt, after.Next());
+  EXPECT_EQ(after.ok(), 10u);  // no 30 % cap
+  EXPECT_EQ(a.queued(), 0u);
+  for (const TargetWeight& t : a.Weights()) EXPECT_DOUBLE_EQ(t.weight, 100.0);
+}
+
+TEST(AdmissionTest, RampWhenTheNewPrimaryWasNotAWeightedCanary) {
+  FakeClock clock;
+  Admission a(clock, {.ramp_steps = {0.3, 0.6, 1.0}, .ramp_duration = milliseconds(3000)});
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 0)}));
+  Grants before;
+  for (int i = 0; i < 10; ++i) a.Request(false, std::nullopt, before.Next());
+  ASSERT_EQ(before.ok(), 10u);
+  for (const auto& t : before.got) a.Release(*t);
+  a.SetTable(Table({Primary(2, "127.0.0.1:2")}));  // a canary at weight 0 carried nothing
+  Grants after;
+  for (int i = 0; i < 10; ++i) a.Request(false, std::nullopt, after.Next());
+  EXPECT_EQ(after.ok(), 3u);
+}
+
+// A canary stays one while it drains after a rollback (its late 5xx are retried elsewhere),
+// and stops being one when it becomes the primary or leaves the table.
+TEST(AdmissionTest, ACanaryStaysOneUntilPrimaryOrGone) {
+  FakeClock clock;
+  Admission a(clock, {});
+  const Target canary{"127.0.0.1:2", 2};
+  EXPECT_FALSE(a.IsCanary(canary));
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 10)}));
+  EXPECT_TRUE(a.IsCanary(canary));
+  EXPECT_FALSE(a.IsCanary({"127.0.0.1:1", 1}));
+  proto::RouteEntry draining = Canary(2, "127.0.0.1:2", 0);
+  draining.role = "draining";
+  draining.ready = false;
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), draining}));  // rolled back
+  EXPECT_TRUE(a.IsCanary(canary));
+  a.SetTable(Table({Primary(1, "127.0.0.1:1")}));  // reaped
+  EXPECT_FALSE(a.IsCanary(canary));
+  a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 100)}));
+  a.SetTable(Table({Primary(2, "127.0.0.1:2")}));  // took over
+  EXPECT_FALSE(a.IsCanary(canary));
 }
 
 }  // namespace
