@@ -218,6 +218,12 @@ void EngineApi::HandleCompletions(const std::shared_ptr<HttpExchange>& ex) {
                                        : "this engine is stopping");
     return ex->Respond(503, "application/json", ErrorBody(e), {{"Retry-After", "1"}});
   }
+  if (fail_percent_ > 0) {
+    const uint64_t n = completions_seen_.fetch_add(1);
+    if ((n + 1) * fail_percent_ / 100 > n * fail_percent_ / 100) {
+      return RespondApiError(ex.get(), MakeApiError(500, "injected failure (--fail-percent)"));
+    }
+  }
   CompletionContext ctx{&config_, &tokenizer_, model_name_, RandomSeed()};
   ParsedCompletion parsed = ParseCompletionRequest(ex->request().body(), ctx);
   if (parsed.error) return RespondApiError(ex.get(), *parsed.error);

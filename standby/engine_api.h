@@ -45,6 +45,9 @@ class EngineApi {
   // Serves completions through `loop` from now on.
   void StartServing(EngineLoop* loop);
   void SetState(ServeState state);
+  // Drill: answer `percent` % of completion requests with HTTP 500 (spread evenly: request n
+  // fails when floor((n+1)p/100) > floor(np/100)), as a broken build would. 0: none.
+  void SetFailPercent(uint32_t percent) { fail_percent_ = percent; }
   ServeState state() const { return state_.load(); }
 
  private:
@@ -63,6 +66,8 @@ class EngineApi {
   const Clock& clock_;
   const int64_t created_;  // unix seconds at start, for /v1/models
   std::atomic<EngineLoop*> loop_{nullptr};
+  uint32_t fail_percent_ = 0;
+  std::atomic<uint64_t> completions_seen_{0};
   std::atomic<ServeState> state_{ServeState::kStandby};
   std::mutex rng_mu_;
   std::mt19937_64 rng_;

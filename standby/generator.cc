@@ -44,6 +44,13 @@ Status Generator::Add(GenerationRequest request) {
       std::min<int64_t>(static_cast<int64_t>(request.prompt.size()) + request.max_tokens,
                         config.max_position_embeddings);
   const int64_t blocks = cache_->BlocksFor(longest);
+  if (blocks > static_cast<int64_t>(cache_->total_blocks()) &&
+      blocks <= static_cast<int64_t>(cache_->reachable_blocks())) {
+    // It fits in the blocks this cache may hold (the pool's share of another engine, a
+    // canary's, or blocks it returned): another engine may take it now.
+    return Unavailable(where + "needs " + std::to_string(blocks) + " kv blocks, the cache has " +
+                       std::to_string(cache_->total_blocks()) + " now");
+  }
   if (blocks > static_cast<int64_t>(cache_->total_blocks())) {
     return ResourceExhausted(where + "needs " + std::to_string(blocks) +
                              " kv blocks, the cache has " + std::to_string(cache_->total_blocks()));

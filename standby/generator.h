@@ -65,7 +65,8 @@ class Generator {
   Generator& operator=(const Generator&) = delete;
 
   // Queues a request. Refuses bad ids, parameters or a duplicate id (InvalidArgument), and
-  // a request that could not fit in the whole cache (ResourceExhausted).
+  // a request that could not fit in the whole cache (ResourceExhausted), or not in the cache
+  // as it is now but in PagedKvCache::reachable_blocks() (Unavailable: try another engine).
   Status Add(GenerationRequest request);
   // Drops a waiting or running request without an event; false when unknown.
   bool Cancel(uint64_t id);

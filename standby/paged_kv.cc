@@ -46,6 +46,7 @@ Status PagedKvCache::AddBlock(KvBlockId id, void* data, size_t bytes) {
   state_[id] = State::kFree;
   free_.push_back(id);
   ++total_;
+  peak_ = std::max(peak_, total_);
   return OkStatus();
 }
 

@@ -14,6 +14,7 @@
 // compute thread (Row() may be read by the ComputePool's workers during a step).
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -67,6 +68,10 @@ class PagedKvCache {
   Status RemoveBlock(KvBlockId id);
 
   size_t total_blocks() const { return total_; }
+  // The most blocks the cache may hold: the most it ever held, or what SetReachableBlocks
+  // said (a pool shared with other engines: blocks may be granted later or come back).
+  size_t reachable_blocks() const { return std::max(peak_, reachable_); }
+  void SetReachableBlocks(size_t blocks) { reachable_ = blocks; }
   size_t free_blocks() const { return free_.size(); }
   // Blocks a sequence of `tokens` tokens occupies.
   int64_t BlocksFor(int64_t tokens) const;
@@ -95,6 +100,8 @@ class PagedKvCache {
   std::vector<State> state_;    // indexed by block id
   std::deque<KvBlockId> free_;  // handed out in the order they were added or released
   size_t total_ = 0;
+  size_t peak_ = 0;
+  size_t reachable_ = 0;
 };
 
 }  // namespace baton

@@ -40,6 +40,7 @@ constexpr char kUsage[] =
     "usage: baton-refengine --model DIR [--host H] [--port N] [--port-file F]\n"
     "                       [--kv-blocks N] [--block-tokens T] [--threads K] [--max-batch B]\n"
     "                       [--max-step-tokens S] [--served-model-name NAME]\n"
+    "                       [--engine-version LABEL] [--fail-percent P]\n"
     "                       [--controller SOCKET --token T --role primary|standby\n"
     "                        --engine-id ID]\n"
     "  --model              model directory (config.json; safetensors when standalone)\n"
@@ -52,6 +53,10 @@ constexpr char kUsage[] =
     "  --max-batch          sequences per step (default 64)\n"
     "  --max-step-tokens    tokens per step, prefill chunks included (default 512)\n"
     "  --served-model-name  the model's name in the API (default: the --model argument)\n"
+    "  --engine-version     the version reported to the controller (default\n"
+    "                       baton-refengine); shown by batonctl status during upgrades\n"
+    "  --fail-percent       drill: answer P percent of completion requests with HTTP 500, as a\n"
+    "                       broken build would (canary rollback drills); default 0\n"
     "  --controller ...     run under baton-controller (values it fills in; missing ones\n"
     "                       are read from BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID)\n";
 
@@ -70,6 +75,8 @@ struct Flags {
   std::string token;
   std::string role;
   std::string engine_id;
+  std::string engine_version = "baton-refengine";
+  int fail_percent = 0;
 };
 
 template <typename T>
@@ -117,6 +124,10 @@ std::string ApplyFlag(std::string_view arg, std::string_view v, Flags* f) {
     f->role = v;
   else if (arg == "--engine-id")
     f->engine_id = v;
+  else if (arg == "--engine-version")
+    f->engine_version = v;
+  else if (arg == "--fail-percent")
+    return ParseInt(arg, v, 0, 100, &f->fail_percent);
   else
     return "unknown argument: " + std::string(arg);
   return "";
@@ -222,6 +233,7 @@ Status Engine::StartHttp(const LlamaConfig& config) {
   server_ = std::make_unique<HttpServer>(io_, options);
   api_ = std::make_unique<EngineApi>(io_, config, std::move(tokenizer), flags_.served_name,
                                      &metrics_, clock_);
+  api_->SetFailPercent(static_cast<uint32_t>(flags_.fail_percent));
   api_->Register(server_.get());
   BATON_RETURN_IF_ERROR(server_->Listen());
   io_thread_ = std::thread([this] { io_.run(); });
@@ -302,7 +314,7 @@ Status Engine::ServeUnderController() {
   BATON_RETURN_IF_ERROR(PublishPort());  // a standby answers 503 until it is promoted
   EngineSessionOptions options;
   options.launch = launch;
-  options.engine_version = "baton-refengine";
+  options.engine_version = flags_.engine_version;
   options.handles_resume = true;  // ControllerLink serves again on kResume
   options.http_address = flags_.host + ":" + std::to_string(server_->port());
   BATON_ASSIGN_OR_RETURN(session_, EngineSession::Connect(options));
@@ -312,6 +324,7 @@ Status Engine::ServeUnderController() {
   SessionModelMemory* memory = created.get();
   memory_ = std::move(created);
   BATON_RETURN_IF_ERROR(BuildModel(memory));
+  cache_->SetReachableBlocks(session->pool().block_count);  // a canary's share is a part of it
   BATON_LOG(INFO, "refengine") << "standby ready as " << launch.role << " engine "
                                << launch.engine_id << " (" << SinceStart() << " ms since start)";
   Result<SessionEvent> promoted = WaitForPromotion(session);

@@ -166,6 +166,18 @@ TEST(GeneratorTest, AddRefusesBadRequests) {
   EXPECT_TRUE(h.gen().idle() == false);
 }
 
+// A cache that shares a pool (a canary's share, or blocks returned to the controller) refuses
+// what fits the pool but not the cache now as Unavailable: another engine may take it.
+TEST(GeneratorTest, TooBigForNowButNotForThePoolIsUnavailable) {
+  std::unique_ptr<TestModel> m = MakeTestModel(TinySpec());
+  Harness h(*m, 4, 4);
+  h.cache().SetReachableBlocks(8);
+  Status later = h.gen().Add(Request(1, {1, 2, 3}, 20));  // 6 blocks: more than 4, within 8
+  EXPECT_EQ(later.code(), StatusCode::kUnavailable) << later.ToString();
+  Status never = h.gen().Add(Request(2, {1, 2, 3}, 36));  // 10 blocks: more than the pool
+  EXPECT_EQ(never.code(), StatusCode::kResourceExhausted) << never.ToString();
+}
+
 TEST(GeneratorTest, CancelReleasesBlocks) {
   std::unique_ptr<TestModel> m = MakeTestModel(TinySpec());
   Harness h(*m, 16, 4);
