@@ -332,6 +332,13 @@ Result<std::vector<Extent>> PoolLedger::ReleaseAfterBarrier(EngineId id, EngineI
   }
   std::vector<Extent> moved = Reassign(id, new_holder, to ? to->epoch : 0);
   if (to != nullptr) to->blocks += e->blocks;
+  if (to == nullptr) {
+    // Freed past the barrier: no predecessor is left to wait for, so any holder may take
+    // these blocks, one older than `id` too (a rolled-back canary's go back to the primary).
+    for (const Extent& x : moved) {
+      for (uint32_t b = x.first; b < x.end(); ++b) fenced_from_[b] = kNoEngine;
+    }
+  }
   BATON_LOG(INFO, "ledger") << "released " << EngineName(id) << ": " << e->blocks << " blocks "
                             << (to ? "handed to " + EngineName(new_holder) : "freed");
   e->blocks = 0;

@@ -191,8 +191,9 @@ class PoolLedger {
   LeaseMap leases_;
   std::map<uint32_t, uint32_t> free_;  // first -> count, coalesced
   std::map<EngineId, LedgerEngine> engines_;
-  // Per block: the engine whose fence last quarantined it (kNoEngine: none). A granted
-  // block's entry must name a released engine (rule 2).
+  // Per block: the engine whose fence last quarantined it (kNoEngine: none, or freed after
+  // that engine's barrier). A granted block's entry must name a released engine whose epoch
+  // is below the lease's: it was handed over to its successor (rule 2).
   std::vector<EngineId> fenced_from_;
   Mutation mutation_ = Mutation::kNone;
 };

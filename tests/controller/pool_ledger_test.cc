@@ -200,6 +200,28 @@ TEST(PoolLedgerRecoveryTest, NewPromotionsAfterRestartUseAFreshEpoch) {
   ASSERT_TRUE(ledger.Promote(1, *epochs.Advance()).ok());
 }
 
+// A canary: a second holder at a newer epoch next to the primary. Its blocks come from the
+// primary's returns; when it is rolled back they go back to the older primary, but only once
+// it is reaped and past the barrier.
+TEST_F(PoolLedgerTest, ACanaryHoldsBlocksNextToThePrimaryAndGivesThemBack) {
+  ASSERT_TRUE(ledger_.Grant(1, 16, 1).ok());
+  ASSERT_TRUE(ledger_.Return(1, Extent{8, 8}, 1).ok());
+  const uint64_t e2 = *epochs_.Advance();
+  ASSERT_TRUE(ledger_.Promote(2, e2).ok());
+  ASSERT_TRUE(ledger_.Grant(2, 8, e2).ok());
+  EXPECT_TRUE(ledger_.CheckMessage(1, 1).ok()) << "the primary keeps its epoch";
+  EXPECT_TRUE(ledger_.CheckMessage(2, e2).ok());
+  EXPECT_TRUE(ledger_.CheckInvariants().ok()) << ledger_.CheckInvariants().ToString();
+
+  ASSERT_TRUE(ledger_.Fence(2, *epochs_.Advance()).ok());  // rolled back
+  ExpectRefused(ledger_.Grant(1, 1, 1).status(), "0 free");
+  Result<std::vector<Extent>> freed = ledger_.ReleaseAfterBarrier(2);
+  ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+  Result<std::vector<Extent>> back = ledger_.Grant(1, 8, 1);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(ledger_.engine(1)->blocks, 16u);
+}
+
 // Each deliberate fault is caught by CheckInvariants under the rule it breaks.
 TEST(PoolLedgerMutationTest, SkippedQuarantineBreaksRule2) {
   CounterEpochs epochs;
