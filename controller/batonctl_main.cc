@@ -1,6 +1,7 @@
 // batonctl: the operator's command line for a running baton-controller. It talks only to
 // the controller's Unix socket (Hello role "cli", one CtlRequest, one CtlReply).
 // Exit status: 0 done, 1 refused or unreachable (the reason is printed), 2 bad usage.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,6 +13,7 @@
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/ctl_service.h"
+#include "controller/ctl_upgrade.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
 
@@ -53,6 +55,16 @@ int ParseArgs(int argc, char** argv, Args* args) {
   auto usage = [json](const std::string& why) { return Usage(why, json); };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (args->command == "upgrade" || args->command == "rollback") {  // options pass through
+      const bool in_command =
+          std::find(args->rest.begin(), args->rest.end(), "--") != args->rest.end();
+      if (a == "--json" && !in_command) {
+        args->json = true;
+      } else {
+        args->rest.push_back(a);
+      }
+      continue;
+    }
     if (a == "--help" || a == "-h") return Usage("");
     if (a == "--json") {
       args->json = true;
@@ -78,14 +90,22 @@ int ParseArgs(int argc, char** argv, Args* args) {
       args->rest.push_back(a);
     }
   }
-  static const std::set<std::string> kCommands = {"status", "promote", "drain", "drill",
-                                                  "timeline"};
+  static const std::set<std::string> kCommands = {"status",   "promote", "drain",   "drill",
+                                                  "timeline", "upgrade", "rollback"};
   if (args->command.empty()) return usage("no command given");
   if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
   if (args->command == "drill") {
     if (args->rest.size() != 1 ||
         (args->rest[0] != "kill" && args->rest[0] != "hang" && args->rest[0] != "error")) {
       return usage("drill needs one of: kill, hang, error");
+    }
+  } else if (args->command == "upgrade") {
+    if (Result<UpgradeRequest> r = ParseUpgradeArgs(args->rest); !r.ok()) {
+      return usage(r.status().message());
+    }
+  } else if (args->command == "rollback") {
+    if (Result<UpgradeRequest> r = ParseRollbackArgs(args->rest); !r.ok()) {
+      return usage(r.status().message());
     }
   } else if (!args->rest.empty()) {
     return usage(args->command + " takes no arguments");

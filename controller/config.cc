@@ -125,6 +125,59 @@ Setter Command(std::vector<std::string>* out) {
   };
 }
 
+// A number in [lo, hi]: a TOML float or integer, or (from a flag) its text.
+Setter Number(double* out, double lo, double hi) {
+  return [=](const toml::value& v) -> Status {
+    double x = 0;
+    if (v.is_floating()) {
+      x = v.as_floating();
+    } else if (v.is_integer()) {
+      x = static_cast<double>(v.as_integer());
+    } else if (v.is_string()) {
+      char* end = nullptr;
+      x = std::strtod(v.as_string().str.c_str(), &end);
+      if (v.as_string().str.empty() || *end != '\0') return WrongType(v, "a number");
+    } else {
+      return WrongType(v, "a number");
+    }
+    if (!(x >= lo && x <= hi)) {
+      return InvalidArgument("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                             "], got " + std::to_string(x));
+    }
+    *out = x;
+    return OkStatus();
+  };
+}
+
+// Canary steps: an array of percentages, or their text "10,50,100".
+Setter Steps(std::vector<uint32_t>* out) {
+  return [=](const toml::value& v) -> Status {
+    std::string text;
+    if (v.is_string()) {
+      text = v.as_string().str;
+    } else if (v.is_integer()) {
+      text = std::to_string(v.as_integer());
+    } else if (v.is_array()) {
+      for (const toml::value& item : v.as_array()) {
+        if (!item.is_integer()) return WrongType(item, "an integer percentage");
+        text += (text.empty() ? "" : ",") + std::to_string(item.as_integer());
+      }
+    } else {
+      return WrongType(v, "an array of percentages");
+    }
+    BATON_ASSIGN_OR_RETURN(*out, ParseCanarySteps(text));
+    return OkStatus();
+  };
+}
+
+Setter U64(uint64_t* out, int64_t lo, int64_t hi) {
+  return [=](const toml::value& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t x, AsInt(v, lo, hi));
+    *out = static_cast<uint64_t>(x);
+    return OkStatus();
+  };
+}
+
 using Millis = std::chrono::milliseconds;
 using Seconds = std::chrono::seconds;
 
@@ -167,6 +220,11 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"policy.max_backoff_ms", Time<Millis>(&c->crash_max_backoff, 1, kDay)},
       {"policy.quiet_period_s", Time<Seconds>(&c->crash_quiet_period, 1, kDay)},
       {"policy.standby_relaunch_delay_ms", Time<Millis>(&c->standby_relaunch_delay, 0, 60'000)},
+      {"upgrade.steps", Steps(&c->canary.steps)},
+      {"upgrade.step_duration_ms", Time<Millis>(&c->canary.step_duration, 0, kDay)},
+      {"upgrade.min_requests", U64(&c->canary.min_requests, 1, 1'000'000'000)},
+      {"upgrade.max_error_rate_excess", Number(&c->canary.max_error_rate_excess, 0, 1)},
+      {"upgrade.max_latency_ratio", Number(&c->canary.max_latency_ratio, 1, 1000)},
   };
 }
 
@@ -176,7 +234,7 @@ Status ApplyTable(const toml::value& root, const std::string& source, Controller
   for (const auto& [section, body] : root.as_table()) {
     if (!body.is_table()) {
       return InvalidArgument(source + ": '" + section + "' must be a [section] (one of " +
-                             "controller, model, engine, pool, gpu, health, policy)");
+                             "controller, model, engine, pool, gpu, health, policy, upgrade)");
     }
     for (const auto& [key, value] : body.as_table()) {
       const std::string name = section + "." + key;

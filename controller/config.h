@@ -16,6 +16,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "controller/canary.h"
 
 namespace baton {
 
@@ -74,6 +75,9 @@ struct ControllerConfig {
   // the weights) does not compete with the new primary's first steps: the requests the
   // router replays. Zero launches it at once.
   Duration standby_relaunch_delay = std::chrono::milliseconds(100);
+
+  // [upgrade]: how `batonctl upgrade` walks a canary (controller/canary.h).
+  CanaryPolicy canary;
 
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }

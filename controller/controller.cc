@@ -393,6 +393,8 @@ void Controller::ReplenishEpochs() {
 
 void Controller::OnTick() {
   ++ticks_;
+  TickUpgrade();
+  GiveFreeBlocksToPrimary();
   CheckDevice();
   ReplenishEpochs();
   PollGpuRelease();

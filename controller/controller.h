@@ -39,6 +39,7 @@
 #include "controller/promotion.h"
 #include "controller/route_publisher.h"
 #include "controller/supervisor.h"
+#include "controller/upgrade.h"
 #include "cuda/device_owner.h"
 #include "cuda/device_session.h"
 #include "cuda/gpu_backend.h"
@@ -88,6 +89,13 @@ class Controller {
   Status RequestDrain();
   // kind: "kill" (SIGKILL the primary), "hang" (SIGSTOP it), "error" (make it report one).
   Status Drill(const std::string& kind);
+  // Starts a canary upgrade to `request.command` (controller_upgrade.cc; see upgrade.h):
+  // needs a serving primary and a ready standby, and no upgrade in flight.
+  Status RequestUpgrade(UpgradeRequest request);
+  // During an upgrade: rolls its canary back (lossless: it drains). Otherwise: upgrades back
+  // to the command that the last promoted upgrade replaced, by the same canary.
+  // `overrides` may set the steps and limits, as for an upgrade (its command is ignored).
+  Status RequestRollback(UpgradeRequest overrides = {});
 
   // --- views for status, timeline and metrics ------------------------------------------------
   const ControllerConfig& config() const { return config_; }
@@ -116,6 +124,14 @@ class Controller {
   uint64_t launches() const { return launches_; }
   uint64_t failovers() const { return failovers_; }
   uint64_t called_off_switchovers() const { return called_off_switchovers_; }
+  const std::optional<Upgrade>& upgrade() const { return upgrade_; }
+  const std::deque<UpgradeResult>& upgrade_history() const { return upgrade_history_; }
+  // The engine command standbys are launched with now (the configured one until an upgrade
+  // is promoted), and the one it replaced (empty: none).
+  const std::vector<std::string>& active_command() const;
+  const std::vector<std::string>& previous_command() const { return previous_command_; }
+  uint64_t upgrades_promoted() const { return upgrades_promoted_; }
+  uint64_t upgrades_rolled_back() const { return upgrades_rolled_back_; }
   uint64_t ticks() const { return ticks_; }
   uint64_t refusal_count() const { return refusal_count_; }
   TimePoint started_at() const { return started_at_; }
@@ -176,6 +192,29 @@ class Controller {
   void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
   void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);
   void OnDrained(EngineRecord& e, const proto::Drained& msg);
+  // controller_upgrade.cc: the canary upgrade.
+  // The command to launch engine `id` with; the candidate's launch marks it the canary.
+  std::vector<std::string> CommandFor(EngineId id, const std::string& role);
+  void SetPhase(Upgrade::Phase phase);
+  void StartCanary(EngineRecord& e);
+  void OnPrimaryReturned();
+  void PromoteCanary();
+  void OnCanaryPromoted(EngineRecord& e, uint64_t epoch);
+  void TickUpgrade();
+  void FinishUpgrade();
+  void RollBackCanary(const std::string& reason);
+  // The canary failed or was fenced: the upgrade is rolled back.
+  void OnCanaryGone(EngineRecord& e);
+  // The primary `old` failed or drained during an upgrade: a serving (or draining) canary
+  // becomes the primary at once. False when there is none.
+  bool CanaryTakesOver(EngineRecord& old);
+  void EndUpgrade(const std::string& outcome, const std::string& reason);
+  uint32_t CanaryTarget(uint32_t weight) const;
+  void ReclaimFromPrimary(uint32_t weight);
+  void GrantFreeToCanary();
+  void GiveFreeBlocksToPrimary();
+  bool IsCanary(EngineId id) const { return upgrade_.has_value() && upgrade_->canary == id; }
+
   // controller_ops.cc: the standby of a switch-over failed while the primary drained; the
   // primary serves again (Resume) if it speaks a protocol that can.
   void CallOffSwitchover(EngineRecord& standby);
@@ -257,6 +296,13 @@ class Controller {
     TimePoint at;
   };
   std::optional<DrillRecord> drill_;
+  std::optional<Upgrade> upgrade_;
+  std::deque<UpgradeResult> upgrade_history_;
+  std::vector<std::string> active_command_;    // empty: config_.engine_command
+  std::vector<std::string> previous_command_;  // what the last promoted upgrade replaced
+  uint64_t upgrades_promoted_ = 0;
+  uint64_t upgrades_rolled_back_ = 0;
+  bool give_back_blocks_ = false;  // a canary is gone: free blocks return to the primary
 
   struct Connection {
     std::unique_ptr<proto::Channel> channel;

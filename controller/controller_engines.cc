@@ -82,13 +82,16 @@ void Controller::Launch(const std::string& role) {
   rec->launched_at = now;
   rec->deadline = now + config_.register_timeout;
   ++launches_;
-  Result<ChildProcess> child = supervisor_.Launch({id, role, *token, rec->port});
+  Result<ChildProcess> child =
+      supervisor_.Launch({id, role, *token, rec->port, CommandFor(id, role)});
   if (!child.ok()) {
     BATON_LOG(ERROR, kLog) << "engine " << id << " (" << role
                            << ") failed to launch: " << child.status().ToString();
     exits_.push_back(EngineExit{now, id, 0, role, "launch failed", child.status().message()});
     if (exits_.size() > 20) exits_.pop_front();
     (void)guard_.RecordFailure();
+    if (IsCanary(id))
+      EndUpgrade("rolled_back", "the canary failed to launch: " + child.status().message());
     return;
   }
   rec->process = std::move(child).value();
@@ -326,6 +329,7 @@ void Controller::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg)
     r->standby_ready = clock_.Now();
   }
   MaybePromote();
+  if (IsCanary(e.id) && Find(primary_) != nullptr && Find(primary_)->serving) StartCanary(e);
   PublishRoutes();
   MaybeLaunch();
 }
@@ -369,6 +373,7 @@ void Controller::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
   }
   BATON_LOG(INFO, kLog) << Name(e) << " returned " << msg.extents.size() << " extents";
   CheckInvariants();
+  if (e.id == primary_) OnPrimaryReturned();
 }
 
 void Controller::RefuseEngine(EngineRecord& e, const Status& status) {

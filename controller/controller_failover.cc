@@ -129,6 +129,7 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
     const bool switching_over = pair_.state() == PairState::kSwitchingOver;
     if (pair_.Allows(PairEvent::kStandbyDied)) ApplyPair(PairEvent::kStandbyDied);
     if (switching_over) CallOffSwitchover(*e);
+    if (IsCanary(id)) OnCanaryGone(*e);
   }
   PublishRoutes();
   CheckInvariants();
@@ -140,7 +141,7 @@ void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detecte
   ++failovers_;
   const PairState before = pair_.state();
   PromotionRecord* r = timelines_.current();
-  if (r == nullptr || r->kind != "switchover") {
+  if (r == nullptr || (r->kind != "switchover" && r->kind != "upgrade")) {
     const char* kind = before == PairState::kDraining ? "drain" : "failover";
     r = &timelines_.Open(kind, std::string(ToString(cause)) + ": " + e.fail_reason);
   }
@@ -165,6 +166,7 @@ void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detecte
   }
   r->epoch = *epoch;
   r->epoch_durable = clock_.Now();
+  if (CanaryTakesOver(e)) return;
   EngineRecord* successor = pair_.state() == PairState::kStopped ? nullptr : Standby();
   failover_ = PendingFailover{e.id, *epoch, successor != nullptr ? successor->id : kNoEngine};
   r->new_engine = failover_->successor;
@@ -202,6 +204,7 @@ void Controller::OnProcessExit(EngineId id) {
   BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->process.pid() << ") reaped: " << how;
   FinishFence(*e);
   MaybePromote();
+  GiveFreeBlocksToPrimary();
   MaybeLaunch();
   PublishRoutes();
   CheckInvariants();
@@ -380,9 +383,13 @@ void Controller::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
     return RefuseEngine(
         e, FailedPrecondition(std::string("PromoteAck in state ") + ToString(e.machine.state())));
   }
+  if (IsCanary(e.id) && promoting_ != e.id) return OnCanaryPromoted(e, msg.epoch);
   (void)e.machine.Apply(EngineEvent::kPromoteDone);
   promoting_ = kNoEngine;
   primary_ = e.id;
+  if (IsCanary(e.id)) {
+    EndUpgrade("promoted", "the primary failed before the canary served; the failover promoted it");
+  }
   e.serving = true;
   e.deadline.reset();
   ApplyPair(PairEvent::kPromoteDone);

@@ -25,6 +25,9 @@ Status Controller::RequestSwitchover() {
   if (p == nullptr || !p->serving) {
     return FailedPrecondition("no serving primary to switch over from (pair is " + pair + ")");
   }
+  if (upgrade_.has_value()) {
+    return FailedPrecondition("an upgrade is in progress; `batonctl rollback` ends it");
+  }
   if (s == nullptr) return FailedPrecondition("no ready standby to promote (pair is " + pair + ")");
   BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
   Result<PairState> applied = pair_.Apply(PairEvent::kGracefulPromoteRequested);
@@ -188,10 +191,21 @@ void Controller::PublishRoutes() {
       entry.role = "promoting";
     } else if (e->is(EngineState::kStandby)) {
       entry.role = "standby";
+    } else if (IsCanary(id)) {
+      entry.role = e->is(EngineState::kPromoting) ? "promoting"
+                   : e->serving                   ? "canary"
+                                                  : "draining";
+      entry.weight = e->serving && upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0;
     } else {
       continue;
     }
     table.entries.push_back(std::move(entry));
+  }
+  for (proto::RouteEntry& entry : table.entries) {  // the primary serves what the canary does not
+    if (entry.engine_id != primary_ || !upgrade_.has_value()) continue;
+    for (const proto::RouteEntry& c : table.entries) {
+      if (c.role == "canary" && c.ready) entry.weight = 100 - c.weight;
+    }
   }
   if (!routes_.Publish(std::move(table))) return;
   PromotionRecord* r = timelines_.current();

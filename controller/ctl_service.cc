@@ -5,6 +5,8 @@
 
 #include <sstream>
 
+#include "controller/ctl_upgrade.h"
+
 namespace baton {
 namespace {
 
@@ -15,6 +17,12 @@ double AgoMs(const Controller& c, TimePoint t) { return MillisBetween(t, c.clock
 std::string RoleOf(const Controller& c, const EngineRecord& e) {
   if (e.failed.has_value()) return "fencing";
   if (e.id == c.primary()) return e.is(EngineState::kDraining) ? "draining" : "primary";
+  if (c.upgrade().has_value() && c.upgrade()->canary == e.id && !e.is(EngineState::kLaunching) &&
+      !e.is(EngineState::kStandby)) {
+    return e.is(EngineState::kPromoting)  ? "promoting"
+           : e.is(EngineState::kDraining) ? "draining"
+                                          : "canary";
+  }
   if (e.is(EngineState::kPromoting)) return "promoting";
   if (e.is(EngineState::kStandby)) return "standby";
   return "launching";
@@ -243,6 +251,7 @@ json StatusJson(const Controller& c) {
           {"transitions", TransitionsJson(c)},
           {"last_promotion", last != nullptr ? c.timelines().ToJson(*last) : json(nullptr)},
           {"history", HistoryJson(c)},
+          {"upgrade", UpgradeJson(c)},
           {"invariants", c.invariants()}};
 }
 
@@ -273,6 +282,7 @@ std::string StatusText(const Controller& c) {
     out << "device losses: " << c.device_losses() << ", rebuilds: " << c.device_rebuilds()
         << ", last: " << c.device_lost_reason() << "\n";
   }
+  out << UpgradeText(c);
   const json& g = s["crash_loop"];
   out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
       << (g["in_backoff"].get<bool>() ? ", in backoff" : "") << "\n";
@@ -301,6 +311,24 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     Status status = c.RequestDrain();
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "draining: the primary finishes its requests, then the pair stops", c);
+  }
+  if (cmd == "upgrade") {
+    Result<UpgradeRequest> req = ParseUpgradeArgs(args);
+    if (!req.ok()) return Usage(req.status().message());
+    Status status = c.RequestUpgrade(std::move(req).value());
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd, "upgrade started: the standby makes way for a canary of the new command", c);
+  }
+  if (cmd == "rollback") {
+    Result<UpgradeRequest> req = ParseRollbackArgs(args);
+    if (!req.ok()) return Usage(req.status().message());
+    const bool canary = c.upgrade().has_value();
+    Status status = c.RequestRollback(std::move(req).value());
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd,
+                canary ? "rolling back: the canary drains and the primary takes its share"
+                       : "rollback started: a canary of the previous command",
+                c);
   }
   if (cmd == "drill") {
     if (args.size() != 1) return Usage("drill needs one of: kill, hang, error");
@@ -370,6 +398,7 @@ std::string MetricsText(const Controller& c) {
     counter("baton_device_rebuilds_total", "Times the device memory was rebuilt",
             static_cast<double>(c.device_rebuilds()));
   }
+  out << UpgradeMetrics(c);
   if (const PromotionRecord* r = c.timelines().last(); r != nullptr) {
     const PhaseTimes p = PhasesOf(*r);
     if (p.ready_ms.has_value()) {
@@ -388,6 +417,13 @@ commands:
   promote                graceful switch-over: drain the primary, promote the standby
   drain                  take the pair out of service (the primary finishes its requests)
   drill kill|hang|error  kill -9 the primary, SIGSTOP it, or make it report an error
+  upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- CMD ARGS...
+                         canary upgrade to a new engine command (same placeholders as
+                         engine.command; or --engine-cmd "CMD"): it takes the standby's
+                         place, serves a growing share, and is promoted or rolled back
+  rollback [--steps ...] [--step-ms N] [--min-requests N]
+                         roll the canary back; with no upgrade running, upgrade back to
+                         the command the last promoted upgrade replaced (by a canary)
   timeline               the last failover, phase by phase
 
 options:

@@ -237,7 +237,8 @@ std::map<std::string, std::string> Supervisor::Placeholders(const LaunchRequest&
 std::vector<std::string> Supervisor::Expand(const LaunchRequest& request) const {
   const auto values = Placeholders(request);
   std::vector<std::string> argv;
-  for (const std::string& arg : command_) argv.push_back(ExpandPlaceholders(arg, values));
+  const std::vector<std::string>& command = request.command.empty() ? command_ : request.command;
+  for (const std::string& arg : command) argv.push_back(ExpandPlaceholders(arg, values));
   return argv;
 }
 

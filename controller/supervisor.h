@@ -77,6 +77,9 @@ struct LaunchRequest {
   std::string role;   // "primary" or "standby"
   std::string token;  // launch token checked in Hello
   int port = 0;
+  // The command line to expand instead of the configured one (an upgrade's candidate);
+  // empty: the configured command.
+  std::vector<std::string> command = {};
 };
 
 class Supervisor {

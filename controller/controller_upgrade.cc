@@ -1,0 +1,399 @@
+// Controller: engine-version upgrades by lossless canary (see upgrade.h).
+#include "base/log.h"
+#include "controller/controller.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "upgrade";
+// How long the primary has to answer the Reclaim of the canary's first blocks; after it the
+// canary is promoted with the blocks that are free.
+constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
+constexpr size_t kKeepUpgrades = 10;
+
+std::vector<proto::BlockRange> Ranges(const std::vector<Extent>& extents) {
+  std::vector<proto::BlockRange> out;
+  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
+  return out;
+}
+
+std::string Joined(const std::vector<std::string>& args) {
+  std::string out;
+  for (const std::string& a : args) out += (out.empty() ? "" : " ") + a;
+  return out;
+}
+
+uint32_t Millis(Duration d) {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
+
+}  // namespace
+
+const char* ToString(Upgrade::Phase phase) {
+  switch (phase) {
+    case Upgrade::Phase::kLaunching:
+      return "launching";
+    case Upgrade::Phase::kReclaiming:
+      return "reclaiming";
+    case Upgrade::Phase::kPromoting:
+      return "promoting";
+    case Upgrade::Phase::kCanary:
+      return "canary";
+    case Upgrade::Phase::kFinishing:
+      return "finishing";
+    case Upgrade::Phase::kRollingBack:
+      return "rolling_back";
+  }
+  return "unknown";
+}
+
+const std::vector<std::string>& Controller::active_command() const {
+  return active_command_.empty() ? config_.engine_command : active_command_;
+}
+
+// --- operator commands --------------------------------------------------------------------------
+
+Status Controller::RequestUpgrade(UpgradeRequest request) {
+  if (stopping_) return Unavailable("the controller is shutting down");
+  if (upgrade_.has_value()) {
+    return FailedPrecondition(std::string("an upgrade is already in progress (phase ") +
+                              ToString(upgrade_->phase) + "); roll it back or let it finish");
+  }
+  if (request.command.empty()) return InvalidArgument("upgrade: no engine command given");
+  EngineRecord* p = Find(primary_);
+  EngineRecord* s = Standby();
+  if (pair_.state() != PairState::kReady || p == nullptr || !p->serving || s == nullptr) {
+    return FailedPrecondition(std::string("an upgrade needs a serving primary and a ready "
+                                          "standby (pair is ") +
+                              ToString(pair_.state()) + ")");
+  }
+  BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
+  Upgrade u;
+  u.policy = config_.canary;
+  if (request.steps.has_value()) u.policy.steps = *request.steps;
+  if (request.step_duration.has_value()) u.policy.step_duration = *request.step_duration;
+  if (request.min_requests.has_value()) u.policy.min_requests = *request.min_requests;
+  BATON_RETURN_IF_ERROR(ValidateCanaryPolicy(u.policy));
+  u.command = std::move(request.command);
+  u.previous = active_command();
+  u.primary = p->id;
+  u.started = clock_.Now();
+  u.phase_since = u.started;
+  upgrade_ = std::move(u);
+  BATON_LOG(INFO, kLog) << "upgrade: engine " << s->id
+                        << " (the standby) makes way for a canary of: "
+                        << Joined(upgrade_->command);
+  Fail(s->id, FailCause::kShutdown, "replaced by the canary of an upgrade");
+  ArmTick();
+  return OkStatus();
+}
+
+Status Controller::RequestRollback(UpgradeRequest overrides) {
+  if (stopping_) return Unavailable("the controller is shutting down");
+  if (upgrade_.has_value()) {
+    if (upgrade_->phase == Upgrade::Phase::kRollingBack) {
+      return FailedPrecondition("the canary is already being rolled back");
+    }
+    if (upgrade_->phase == Upgrade::Phase::kFinishing) {
+      return FailedPrecondition(
+          "the canary already takes over as primary; roll back once it serves");
+    }
+    RollBackCanary("batonctl rollback");
+    return OkStatus();
+  }
+  if (previous_command_.empty()) {
+    return FailedPrecondition("nothing to roll back: no upgrade has been promoted");
+  }
+  overrides.command = previous_command_;
+  Status started = RequestUpgrade(std::move(overrides));
+  if (started.ok()) upgrade_->kind = "rollback";
+  return started;
+}
+
+// --- phases -------------------------------------------------------------------------------------
+
+std::vector<std::string> Controller::CommandFor(EngineId id, const std::string& role) {
+  if (upgrade_.has_value() && upgrade_->phase == Upgrade::Phase::kLaunching &&
+      upgrade_->canary == kNoEngine && role == "standby") {
+    upgrade_->canary = id;
+    BATON_LOG(INFO, kLog) << "engine " << id << " is the canary";
+    return upgrade_->command;
+  }
+  return active_command();
+}
+
+void Controller::SetPhase(Upgrade::Phase phase) {
+  BATON_LOG(INFO, kLog) << upgrade_->kind << ": " << ToString(upgrade_->phase) << " -> "
+                        << ToString(phase) << " (engine " << upgrade_->canary << ")";
+  upgrade_->phase = phase;
+  upgrade_->phase_since = clock_.Now();
+  upgrade_->deadline.reset();
+}
+
+// The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
+// requests in flight finish there, and the canary's failed attempts are retried there.
+uint32_t Controller::CanaryTarget(uint32_t weight) const {
+  const uint64_t blocks = config_.block_count;
+  const uint64_t share = std::min(blocks * weight / 100, blocks - blocks / 10);
+  return std::max<uint32_t>(1, static_cast<uint32_t>(share));
+}
+
+void Controller::ReclaimFromPrimary(uint32_t weight) {
+  EngineRecord* p = Find(primary_);
+  const LedgerEngine* c = ledger_->engine(upgrade_->canary);
+  const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
+  const uint32_t target = CanaryTarget(weight);
+  const uint32_t free = ledger_->Snapshot().free_blocks;
+  if (p == nullptr || p->channel == nullptr || held + free >= target) return;
+  const uint32_t want = target - held - free;
+  BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
+                        << " blocks for the canary's " << weight << " % step";
+  Status sent =
+      p->channel->Send(proto::Reclaim{.epoch = ledger_->engine(p->id)->epoch, .blocks = want});
+  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Reclaim: " + sent.message());
+}
+
+void Controller::StartCanary(EngineRecord& e) {
+  if (!e.is(EngineState::kStandby)) return;  // a failover promoted it instead
+  SetPhase(Upgrade::Phase::kReclaiming);
+  upgrade_->deadline = clock_.Now() + kReclaimTimeout;
+  ReclaimFromPrimary(upgrade_->policy.steps.front());
+  if (upgrade_.has_value() &&
+      ledger_->Snapshot().free_blocks >= CanaryTarget(upgrade_->policy.steps.front())) {
+    PromoteCanary();
+  }
+}
+
+void Controller::OnPrimaryReturned() {
+  if (!upgrade_.has_value()) return;
+  if (upgrade_->phase == Upgrade::Phase::kReclaiming) return PromoteCanary();
+  if (upgrade_->phase == Upgrade::Phase::kCanary) GrantFreeToCanary();
+}
+
+void Controller::PromoteCanary() {
+  EngineRecord* c = Find(upgrade_->canary);
+  if (c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
+  Result<uint64_t> epoch = AdvanceEpoch();
+  if (!epoch.ok()) return RollBackCanary("no durable epoch: " + epoch.status().message());
+  if (Status promoted = ledger_->Promote(c->id, *epoch); !promoted.ok()) {
+    return RollBackCanary("promoting the canary: " + promoted.message());
+  }
+  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t want = std::min(free, CanaryTarget(upgrade_->policy.steps.front()));
+  std::vector<Extent> extents;
+  if (want > 0) {
+    Result<std::vector<Extent>> granted = ledger_->Grant(c->id, want, *epoch);
+    if (granted.ok()) extents = std::move(granted).value();
+  }
+  SetPhase(Upgrade::Phase::kPromoting);
+  (void)c->machine.Apply(EngineEvent::kPromoteStarted);
+  c->deadline = clock_.Now() + config_.promote_timeout;
+  BATON_LOG(INFO, kLog) << "promoting engine " << c->id << " as the canary at epoch " << *epoch
+                        << " with " << want << " blocks";
+  Status sent = c->channel->Send(proto::Promote{.epoch = *epoch, .extents = Ranges(extents)});
+  if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Promote: " + sent.message());
+  CheckInvariants();
+}
+
+void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
+  (void)e.machine.Apply(EngineEvent::kPromoteDone);
+  e.serving = true;
+  e.deadline.reset();
+  if (primary_ == kNoEngine) {  // the primary failed while the canary was promoted
+    primary_ = e.id;
+    if (pair_.Allows(PairEvent::kPromoteDone)) ApplyPair(PairEvent::kPromoteDone);
+    give_back_blocks_ = true;
+    EndUpgrade("promoted", "the primary failed while the canary was promoted; it serves alone");
+    PublishRoutes();
+    MaybeLaunch();
+    return;
+  }
+  SetPhase(Upgrade::Phase::kCanary);
+  upgrade_->judge.emplace(clock_, upgrade_->policy, primary_, e.id, routes_.Outcomes());
+  BATON_LOG(INFO, kLog) << "engine " << e.id << " (version " << e.version
+                        << ") serves as the canary at epoch " << epoch << ": "
+                        << upgrade_->judge->weight() << " % of new requests";
+  PublishRoutes();
+}
+
+void Controller::TickUpgrade() {
+  if (!upgrade_.has_value()) return;
+  if (upgrade_->phase == Upgrade::Phase::kReclaiming && upgrade_->deadline.has_value() &&
+      clock_.Now() >= *upgrade_->deadline) {
+    BATON_LOG(WARN, kLog) << "the primary did not return blocks in time; the canary starts with "
+                          << ledger_->Snapshot().free_blocks << " free blocks";
+    return PromoteCanary();
+  }
+  if (upgrade_->phase != Upgrade::Phase::kCanary) return;
+  const OutcomeMap now = routes_.Outcomes();
+  const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
+  upgrade_->judgement = j.reason;
+  switch (j.verdict) {
+    case CanaryJudge::Verdict::kHold:
+      return;
+    case CanaryJudge::Verdict::kRollback:
+      return RollBackCanary(j.reason);
+    case CanaryJudge::Verdict::kPromote:
+      return FinishUpgrade();
+    case CanaryJudge::Verdict::kAdvance:
+      upgrade_->judge->Advance(now);
+      BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary << " passed its step: now "
+                            << upgrade_->judge->weight() << " % of new requests";
+      ReclaimFromPrimary(upgrade_->judge->weight());
+      PublishRoutes();
+      return;
+  }
+}
+
+void Controller::GrantFreeToCanary() {
+  EngineRecord* c = Find(upgrade_->canary);
+  const LedgerEngine* le = ledger_->engine(upgrade_->canary);
+  if (c == nullptr || !c->serving || le == nullptr || le->role != LedgerRole::kHolder) return;
+  const uint32_t target = CanaryTarget(upgrade_->judge->weight());
+  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
+  if (want == 0) return;
+  Result<std::vector<Extent>> granted = ledger_->Grant(c->id, want, le->epoch);
+  if (!granted.ok()) {
+    BATON_LOG(ERROR, kLog) << "granting the canary blocks: " << granted.status().ToString();
+    return;
+  }
+  BATON_LOG(INFO, kLog) << "granted " << want << " blocks to engine " << c->id << " (the canary)";
+  Status sent = c->channel->Send(proto::Grant{.epoch = le->epoch, .extents = Ranges(*granted)});
+  if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Grant: " + sent.message());
+  CheckInvariants();
+}
+
+void Controller::FinishUpgrade() {
+  EngineRecord* p = Find(primary_);
+  if (p == nullptr || !p->serving || !pair_.Allows(PairEvent::kGracefulPromoteRequested)) {
+    upgrade_->judgement = "waiting for the pair to settle before the canary takes over";
+    return;
+  }
+  if (!CheckNoCalledOffDrain(*p).ok()) return;
+  SetPhase(Upgrade::Phase::kFinishing);
+  ApplyPair(PairEvent::kGracefulPromoteRequested);
+  (void)p->machine.Apply(EngineEvent::kDrain);
+  p->serving = false;
+  p->deadline = clock_.Now() + config_.drain_timeout;
+  PromotionRecord& r = timelines_.Open("upgrade", "canary passed every step");
+  r.injected = clock_.Now();
+  r.old_engine = p->id;
+  r.old_pid = p->process.pid();
+  r.new_engine = upgrade_->canary;
+  BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary
+                        << " passed every step: draining engine " << p->id
+                        << ", the old primary; the canary takes over";
+  Status sent = p->channel->Send(proto::Drain{.epoch = ledger_->engine(p->id)->epoch,
+                                              .timeout_ms = Millis(config_.drain_timeout)});
+  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
+  PublishRoutes();
+}
+
+void Controller::RollBackCanary(const std::string& reason) {
+  upgrade_->rollback_reason = reason;
+  EngineRecord* c = Find(upgrade_->canary);
+  BATON_LOG(WARN, kLog) << "rolling back canary engine " << upgrade_->canary << ": " << reason;
+  if (c == nullptr || !c->live()) return EndUpgrade("rolled_back", reason);
+  if (!c->serving) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
+  SetPhase(Upgrade::Phase::kRollingBack);
+  (void)c->machine.Apply(EngineEvent::kDrain);
+  c->serving = false;
+  c->deadline = clock_.Now() + config_.drain_timeout;
+  Status sent = c->channel->Send(proto::Drain{.epoch = ledger_->engine(c->id)->epoch,
+                                              .timeout_ms = Millis(config_.drain_timeout)});
+  if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Drain: " + sent.message());
+  PublishRoutes();
+}
+
+void Controller::OnCanaryGone(EngineRecord& e) {
+  const std::string why =
+      !upgrade_->rollback_reason.empty()
+          ? upgrade_->rollback_reason
+          : "the canary failed: " + std::string(ToString(*e.failed)) + ": " + e.fail_reason;
+  give_back_blocks_ = true;
+  EndUpgrade("rolled_back", why);
+}
+
+bool Controller::CanaryTakesOver(EngineRecord& old) {
+  if (!upgrade_.has_value()) return false;
+  EngineRecord* c = Find(upgrade_->canary);
+  if (c == nullptr || !c->live()) return false;
+  if (c->is(EngineState::kDraining) && c->channel != nullptr &&
+      c->channel->version() >= proto::kProtocolVersionResume) {
+    (void)c->machine.Apply(EngineEvent::kDrainCancelled);  // a rollback is called off
+    c->serving = true;
+    c->deadline.reset();
+    ++c->called_off_drains;
+    (void)c->channel->Send(proto::Resume{.epoch = ledger_->engine(c->id)->epoch});
+  }
+  if (!c->serving) return false;
+  primary_ = c->id;
+  if (pair_.Allows(PairEvent::kPromoteDone)) ApplyPair(PairEvent::kPromoteDone);
+  give_back_blocks_ = true;
+  const bool planned = upgrade_->phase == Upgrade::Phase::kFinishing;
+  if (PromotionRecord* r = timelines_.current()) {
+    r->new_engine = c->id;
+    r->promote_acked = clock_.Now();
+  }
+  BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old.id
+                        << " is " << (planned ? "drained" : "lost: " + old.fail_reason);
+  EndUpgrade("promoted", planned ? "passed every step"
+                                 : "the primary failed during the canary: " + old.fail_reason);
+  PublishRoutes();
+  if (PromotionRecord* r = timelines_.current()) {
+    r->route_published = clock_.Now();
+    timelines_.Close("serving");
+  }
+  relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
+  return true;
+}
+
+void Controller::EndUpgrade(const std::string& outcome, const std::string& reason) {
+  UpgradeResult res{.kind = upgrade_->kind,
+                    .outcome = outcome,
+                    .reason = reason,
+                    .canary = upgrade_->canary,
+                    .version = "",
+                    .last_weight = upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0,
+                    .started = upgrade_->started,
+                    .ended = clock_.Now()};
+  if (const EngineRecord* c = Find(upgrade_->canary)) res.version = c->version;
+  if (outcome == "promoted") {
+    previous_command_ = upgrade_->previous;
+    active_command_ = upgrade_->command;
+    ++upgrades_promoted_;
+  } else {
+    ++upgrades_rolled_back_;
+  }
+  BATON_LOG(INFO, kLog) << upgrade_->kind << " " << outcome << " (engine " << res.canary
+                        << "): " << reason << "; standbys now run: " << Joined(active_command());
+  upgrade_history_.push_back(std::move(res));
+  if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
+  upgrade_.reset();
+}
+
+void Controller::GiveFreeBlocksToPrimary() {
+  if (!give_back_blocks_ || upgrade_.has_value() || config_.initial_grant_blocks != 0) return;
+  EngineRecord* p = Find(primary_);
+  const LedgerEngine* le = ledger_->engine(primary_);
+  if (p == nullptr || !p->serving || p->channel == nullptr || le == nullptr ||
+      le->role != LedgerRole::kHolder || BlocksAwaitBarrier()) {
+    return;
+  }
+  give_back_blocks_ = false;
+  const uint32_t free = ledger_->Snapshot().free_blocks;
+  if (free == 0) return;
+  Result<std::vector<Extent>> granted = ledger_->Grant(p->id, free, le->epoch);
+  if (!granted.ok()) {
+    BATON_LOG(ERROR, kLog) << "returning blocks to the primary: " << granted.status().ToString();
+    return;
+  }
+  BATON_LOG(INFO, kLog) << "granted the " << free << " free blocks to engine " << p->id
+                        << " (the primary)";
+  Status sent = p->channel->Send(proto::Grant{.epoch = le->epoch, .extents = Ranges(*granted)});
+  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Grant: " + sent.message());
+  CheckInvariants();
+}
+
+}  // namespace baton

@@ -1,0 +1,30 @@
+// CtlUpgrade: `batonctl upgrade` and `batonctl rollback` on the controller's side, and the
+// upgrade's part of the status (JSON, text, metrics).
+//
+//   upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- ENGINE COMMAND...
+//   upgrade [...] --engine-cmd "ENGINE COMMAND"
+//   rollback [--steps 10,50,100] [--step-ms N] [--min-requests N]
+// The command takes the same placeholders as engine.command. Thread: io_context thread.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "controller/controller.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+// Parses `args` of `batonctl upgrade` (`rollback`: no command allowed) into a request;
+// InvalidArgument names what is wrong.
+Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args);
+Result<UpgradeRequest> ParseRollbackArgs(const std::vector<std::string>& args);
+
+// The upgrade in flight (null when none), the last ones, and the commands in use.
+nlohmann::json UpgradeJson(const Controller& controller);
+// One or two lines for `batonctl status`; empty when no upgrade ever ran.
+std::string UpgradeText(const Controller& controller);
+// Prometheus lines: baton_upgrades_total{outcome}, baton_canary_weight_percent.
+std::string UpgradeMetrics(const Controller& controller);
+
+}  // namespace baton

@@ -1,0 +1,184 @@
+// Canary upgrades of a real pair of reference engines behind baton-router, under load.
+//
+//  * `batonctl upgrade` to a new engine command (the reference engine reporting another
+//    version) walks the canary through its steps and promotes it; `batonctl rollback` then
+//    canaries the previous command back. Every request sent meanwhile gets 200 and the output
+//    of its reference.
+//  * A broken build (every completion answered 500) is rolled back on its error rate; the
+//    router retries what the canary failed on the primary, so no client sees an error.
+//  * A canary killed with kill -9 mid-canary is rolled back; its requests are replayed.
+//  * batonctl's refusals: no command, one upgrade at a time, nothing to roll back, no
+//    switch-over during an upgrade; a candidate that cannot start is rolled back.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/router_load.h"
+#include "tests/chaos/router_stream_support.h"
+
+namespace baton::chaos {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// batonctl upgrade with short steps: the tiny model answers in milliseconds.
+std::vector<std::string> UpgradeArgs(const std::vector<std::string>& extra) {
+  std::vector<std::string> args = {"upgrade", "--steps",        "50,100", "--step-ms",
+                                   "300",     "--min-requests", "5",      "--"};
+  std::vector<std::string> command = RefenginePair().engine_command;
+  args.insert(args.end(), command.begin(), command.end());
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// Waits until the upgrade in flight has ended; returns its result.
+json WaitUpgradeEnded(const ChaosCluster& cluster, size_t ended_before) {
+  const json s = cluster.WaitFor(
+      [&](const json& st) { return st["upgrade"]["history"].size() > ended_before; },
+      "the upgrade ended", seconds(60));
+  return s["upgrade"]["history"].empty() ? json() : s["upgrade"]["history"].back();
+}
+
+std::string EngineSeries(const char* what, uint64_t engine) {
+  return std::string("baton_router_engine_") + what + "_total{engine_id=\"" +
+         std::to_string(engine) + "\"}";
+}
+
+class UpgradeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(router_.ready()) << router_.Log();
+    References(router_.port(), "Upgrade", 32, &requests_, &want_);
+  }
+
+  ChaosCluster cluster_{RefenginePair()};
+  RouterProcess router_{cluster_.socket(), cluster_.dir()};
+  std::vector<json> requests_;
+  std::vector<StreamOutput> want_;
+};
+
+TEST_F(UpgradeTest, CanaryIsPromotedThenRolledBackUnderLoadLosingNoRequest) {
+  json promoted, rolled_back;
+  const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
+    const CtlResult up = cluster_.Ctl(UpgradeArgs({"--engine-version", "refengine-v2"}));
+    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+    promoted = WaitUpgradeEnded(cluster_, 0);
+    cluster_.WaitReady("the pair after the upgrade");
+    const CtlResult back =
+        cluster_.Ctl({"rollback", "--steps", "50,100", "--step-ms", "300", "--min-requests", "5"});
+    ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
+    rolled_back = WaitUpgradeEnded(cluster_, 1);
+    cluster_.WaitReady("the pair after the rollback");
+  });
+  ExpectNoFailure(r, router_);
+  EXPECT_EQ(promoted["outcome"], "promoted") << promoted.dump();
+  EXPECT_EQ(promoted["version"], "refengine-v2") << promoted.dump();
+  EXPECT_EQ(promoted["last_weight"], 100) << promoted.dump();
+  EXPECT_EQ(rolled_back["kind"], "rollback") << rolled_back.dump();
+  EXPECT_EQ(rolled_back["outcome"], "promoted") << rolled_back.dump();
+  EXPECT_EQ(rolled_back["version"], "baton-refengine") << rolled_back.dump();
+  const json s = cluster_.Status();
+  EXPECT_EQ(EngineWithRole(s, "primary")["version"], "baton-refengine");
+  EXPECT_EQ(EngineWithRole(s, "standby")["version"], "baton-refengine");
+  EXPECT_EQ(s["upgrade"]["promoted"], 2);
+  EXPECT_GT(MetricValue(router_.port(), EngineSeries("requests", promoted["canary"])), 0);
+  cluster_.CheckFencing();
+}
+
+TEST_F(UpgradeTest, BrokenCanaryIsRolledBackAndNoClientSeesItsErrors) {
+  const uint64_t primary = cluster_.Status()["pair"]["primary"].get<uint64_t>();
+  json ended;
+  const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
+    const CtlResult up = cluster_.Ctl(UpgradeArgs({"--fail-percent", "100"}));
+    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+    ended = WaitUpgradeEnded(cluster_, 0);
+    cluster_.WaitReady("the pair after the rollback");
+  });
+  ExpectNoFailure(r, router_);
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  EXPECT_NE(ended["reason"].get<std::string>().find("error rate"), std::string::npos)
+      << ended.dump();
+  const json s = cluster_.Status();
+  EXPECT_EQ(s["pair"]["primary"], primary) << "the primary serves on";
+  EXPECT_EQ(EngineWithRole(s, "standby")["version"], "baton-refengine");
+  EXPECT_EQ(s["upgrade"]["rolled_back"], 1);
+  EXPECT_GE(MetricValue(router_.port(), EngineSeries("errors", ended["canary"])), 5);
+  cluster_.CheckFencing();
+}
+
+TEST_F(UpgradeTest, KilledCanaryIsRolledBackLosingNoRequest) {
+  json ended;
+  const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
+    std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
+    args[4] = "60000";  // --step-ms: the canary stays at 50 % until killed
+    const CtlResult up = cluster_.Ctl(args);
+    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+    const json s = cluster_.WaitFor(
+        [](const json& st) {
+          return !st["upgrade"]["current"].is_null() &&
+                 st["upgrade"]["current"]["phase"] == "canary";
+        },
+        "the canary serves");
+    const json canary = EngineWithRole(s, "canary");
+    ASSERT_FALSE(canary.is_null()) << s.dump();
+    std::this_thread::sleep_for(milliseconds(300));
+    EXPECT_EQ(::kill(PidOf(canary), SIGKILL), 0);
+    ended = WaitUpgradeEnded(cluster_, 0);
+    cluster_.WaitReady("the pair after the rollback");
+  });
+  ExpectNoFailure(r, router_);
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  EXPECT_NE(ended["reason"].get<std::string>().find("the canary failed"), std::string::npos)
+      << ended.dump();
+  cluster_.CheckFencing();
+}
+
+TEST(UpgradeCtlTest, RefusalsSayWhy) {
+  ChaosCluster cluster(RefenginePair());
+  const CtlResult none = cluster.Ctl({"upgrade"});
+  EXPECT_EQ(none.exit_code, 2) << none.stdout_text;
+  const CtlResult bad_steps = cluster.Ctl({"upgrade", "--steps", "50,20", "--", "x"});
+  EXPECT_EQ(bad_steps.exit_code, 2) << bad_steps.stdout_text;
+  const CtlResult nothing = cluster.Ctl({"rollback"});
+  EXPECT_EQ(nothing.exit_code, 1) << nothing.stdout_text;
+  EXPECT_NE(nothing.stdout_text.find("nothing to roll back"), std::string::npos);
+  std::vector<std::string> args = UpgradeArgs({});
+  args[4] = "60000";
+  const CtlResult up = cluster.Ctl(args);
+  ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+  const CtlResult again = cluster.Ctl(args);
+  EXPECT_EQ(again.exit_code, 1) << again.stdout_text;
+  EXPECT_NE(again.stdout_text.find("already in progress"), std::string::npos);
+  const CtlResult promote = cluster.Ctl({"promote"});
+  EXPECT_EQ(promote.exit_code, 1) << promote.stdout_text;
+  const CtlResult back = cluster.Ctl({"rollback"});
+  EXPECT_EQ(back.exit_code, 0) << back.stdout_text;
+  const json ended = WaitUpgradeEnded(cluster, 0);
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  EXPECT_EQ(ended["reason"], "batonctl rollback") << ended.dump();
+  cluster.WaitReady("the pair after the rollback");
+  cluster.CheckFencing();
+}
+
+// A candidate that cannot start (here: exits at once) is rolled back; the previous command's
+// standby comes back.
+TEST(UpgradeCtlTest, ACandidateThatCannotStartIsRolledBack) {
+  ChaosCluster cluster(RefenginePair());
+  const CtlResult up = cluster.Ctl({"upgrade", "--", "/bin/false"});
+  ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+  const json ended = WaitUpgradeEnded(cluster, 0);
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  EXPECT_NE(ended["reason"].get<std::string>().find("the canary failed"), std::string::npos)
+      << ended.dump();
+  const json s = cluster.WaitReady("the pair after the rollback");
+  EXPECT_EQ(EngineWithRole(s, "standby")["version"], "baton-refengine");
+  EXPECT_EQ(s["upgrade"]["active_command"][0], RefenginePair().engine_command[0]);
+  cluster.CheckFencing();
+}
+
+}  // namespace
+}  // namespace baton::chaos
