@@ -13,6 +13,8 @@ void AddTo(std::map<uint64_t, proto::EngineOutcome>* sum, const proto::EngineOut
   s.errors += e.errors;
   s.duration_ms += e.duration_ms;
   s.succeeded += e.succeeded;
+  s.compared += e.compared;
+  s.disagreed += e.disagreed;
 }
 
 bool SameRoutes(const proto::RouteTable& a, const proto::RouteTable& b) {

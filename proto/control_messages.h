@@ -53,9 +53,13 @@ struct EngineOutcome {
   uint64_t errors = 0;       // attempts that failed: HTTP 5xx, connection lost, bad stream
   uint64_t duration_ms = 0;  // sum over the attempts that succeeded, arrival to last byte
   uint64_t succeeded = 0;    // attempts counted in duration_ms
+  // Shadow comparison (a canary's engine id only): seeded or greedy answers of this canary
+  // compared with the primary's answer to the same request, and those whose token ids differed.
+  uint64_t compared = 0;
+  uint64_t disagreed = 0;
   template <class A>
   void serialize(A& ar) {
-    ar(engine_id, requests, errors, duration_ms, succeeded);
+    ar(engine_id, requests, errors, duration_ms, succeeded, compared, disagreed);
   }
   bool operator==(const EngineOutcome&) const = default;
 };

@@ -64,6 +64,7 @@ void Admission::SetTable(const proto::RouteTable& table) {
       }
     }
     if (primary) primary_ = primary;
+    listed_primary_ = primary;
     canaries_ = std::move(canaries);
     // An engine stays a canary (for IsCanary) until it leaves the table or becomes the
     // primary: a canary rolled back (draining) may still answer attempts sent before.
@@ -217,6 +218,11 @@ void Admission::Run(Ready* ready) {
 bool Admission::IsCanary(const Target& target) const {
   std::lock_guard<std::mutex> lock(mu_);
   return canary_ids_.count(target.engine_id) != 0;
+}
+
+std::optional<Target> Admission::Primary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return listed_primary_;
 }
 
 size_t Admission::queued() const {

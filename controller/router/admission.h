@@ -80,6 +80,8 @@ class Admission {
   // True when `target` is a canary: listed as one since it entered the table, and not the
   // primary since (a rolled-back canary still draining stays one).
   bool IsCanary(const Target& target) const;
+  // The ready primary of the last table (listed even at weight 0), if it has one.
+  std::optional<Target> Primary() const;
   size_t queued() const;
   size_t in_flight() const;
   uint64_t failovers() const;
@@ -118,7 +120,8 @@ class Admission {
   std::vector<Target> canaries_;       // ready canaries with a weight in the last table
   std::set<uint64_t> canary_ids_;      // engines that are canaries (IsCanary)
   uint64_t generation_ = 0;
-  std::optional<Target> primary_;
+  std::optional<Target> primary_;         // the last primary seen (kept while none is listed)
+  std::optional<Target> listed_primary_;  // the ready primary of the last table
   std::deque<Waiter> queue_;
   std::map<std::string, size_t> in_flight_;  // by address
   size_t total_in_flight_ = 0;

@@ -31,6 +31,13 @@ void EngineOutcomes::RecordEnded(uint64_t engine_id) {
   ++At(engine_id).requests;
 }
 
+void EngineOutcomes::RecordComparison(uint64_t canary_engine_id, bool agreed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  proto::EngineOutcome& o = At(canary_engine_id);
+  ++o.compared;
+  if (!agreed) ++o.disagreed;
+}
+
 std::vector<proto::EngineOutcome> EngineOutcomes::Snapshot() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<proto::EngineOutcome> out;

@@ -7,6 +7,9 @@
 // answer 5xx), RecordEnded() for one that ended neither way (the client left, an answer the
 // router could not relay, a refused replay). Each call adds one to `requests`; counters never
 // go down, and an engine id stays once seen (a few per failover or upgrade).
+// ShadowComparer records, on a canary's engine id, each of its answers compared with the
+// primary's (RecordComparison: `compared`, and `disagreed` when the token ids differed); a
+// comparison is not an attempt and leaves `requests` alone.
 //
 // Thread-safe (one mutex; each record is a few additions).
 #pragma once
@@ -26,6 +29,7 @@ class EngineOutcomes {
   void RecordSucceeded(uint64_t engine_id, Duration arrival_to_last_byte);
   void RecordFailed(uint64_t engine_id);
   void RecordEnded(uint64_t engine_id);
+  void RecordComparison(uint64_t canary_engine_id, bool agreed);
 
   // Every engine seen, by engine id ascending.
   std::vector<proto::EngineOutcome> Snapshot() const;

@@ -173,11 +173,7 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
                           std::to_string(kMaxBufferedBody >> 20) + " MiB");
       }
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
-      CountAttempt(status_ / 100 == 5 ? AttemptEnd::kFailed : AttemptEnd::kSucceeded);
-      ReleaseTarget();
-      exchange_->Respond(status_, content_type_.empty() ? "application/json" : content_type_,
-                         std::move(body_));
-      return Finish(status_, "");
+      return EndBuffered();
     case Mode::kRefused:
       return AttemptFailed(UpstreamError::kConnect,
                            "the engine answered " + std::to_string(status_));
@@ -192,24 +188,32 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
 }
 
 void RelayedRequest::OnStreamEnd(UpstreamError error, const std::string& message) {
-  if (done_seen_) {
+  // With [DONE], or without it once every token was sent (only the tail was lost).
+  if (done_seen_ || replay_.finished()) {
     CountAttempt(AttemptEnd::kSucceeded);
+    const std::optional<uint64_t> canary = ShadowCanary();
     ReleaseTarget();
+    if (!done_seen_) exchange_->Write(replay_.FinishingEvents());
     exchange_->EndStream();
-    return Finish(200, "");
-  }
-  if (replay_.finished()) {  // every token was sent; only the tail was lost
-    CountAttempt(AttemptEnd::kSucceeded);
-    ReleaseTarget();
-    exchange_->Write(replay_.FinishingEvents());
-    exchange_->EndStream();
-    return Finish(200, UpstreamErrorName(error));
+    if (canary) StartShadow(*canary, replay_.sent_ids());
+    return Finish(200, done_seen_ ? "" : UpstreamErrorName(error));
   }
   if (engine_failed_event_) return AttemptFailed(UpstreamError::kBroken, "a server_error event");
   if (error == UpstreamError::kNone) {
     return AttemptFailed(UpstreamError::kBroken, "the stream ended without [DONE]");
   }
   AttemptFailed(error, message);
+}
+
+void RelayedRequest::EndBuffered() {
+  CountAttempt(status_ / 100 == 5 ? AttemptEnd::kFailed : AttemptEnd::kSucceeded);
+  const std::optional<uint64_t> canary = status_ / 100 == 2 ? ShadowCanary() : std::nullopt;
+  std::string answer = canary ? body_ : std::string();  // parsed once the client has it
+  ReleaseTarget();
+  exchange_->Respond(status_, content_type_.empty() ? "application/json" : content_type_,
+                     std::move(body_));
+  if (canary) StartShadow(*canary, AnswerTokenIds(answer));
+  Finish(status_, "");
 }
 
 void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message) {
@@ -281,6 +285,25 @@ void RelayedRequest::CountAttempt(AttemptEnd end) {
     case AttemptEnd::kEnded:
       return deps_.outcomes->RecordEnded(target_->engine_id);
   }
+}
+
+std::optional<uint64_t> RelayedRequest::ShadowCanary() {
+  if (deps_.shadow == nullptr || !target_ || !replay_.reproducible()) return std::nullopt;
+  if (mode_ == Mode::kStream && !replay_.ids_known()) return std::nullopt;
+  if (!deps_.admission->IsCanary(*target_) || !deps_.shadow->Sample()) return std::nullopt;
+  return target_->engine_id;
+}
+
+void RelayedRequest::StartShadow(uint64_t canary, std::optional<std::vector<int32_t>> canary_ids) {
+  if (!canary_ids) {
+    BATON_LOG(DEBUG, "router") << route_ << " on canary engine " << canary
+                               << ": no token ids in its answer, nothing compared";
+    return;
+  }
+  deps_.shadow->Start({.route = route_,
+                       .body = exchange_->request().body(),
+                       .engine_id = canary,
+                       .token_ids = std::move(*canary_ids)});
 }
 
 void RelayedRequest::ReleaseTarget() {

@@ -15,6 +15,9 @@
 // unchanged.
 // Each attempt's end is counted against its engine in EngineOutcomes: failed (what is replayed
 // above, and an answer 5xx), succeeded (a whole answer relayed), or just ended.
+// A canary's successful answer to a reproducible request (StreamReplay::reproducible()) is
+// offered to the ShadowComparer once the client's answer is finished: its token ids (those sent
+// in the stream, or those of the whole body) are compared with the primary's.
 //
 // Ownership: keeps itself alive (shared_ptr) until the client's exchange ends.
 // Thread: everything runs on the request's strand; Admission's grants are posted to it.
@@ -29,6 +32,7 @@
 #include "controller/router/admission.h"
 #include "controller/router/engine_outcomes.h"
 #include "controller/router/router_metrics.h"
+#include "controller/router/shadow_comparer.h"
 #include "controller/router/sse_splitter.h"
 #include "controller/router/stream_replay.h"
 #include "controller/router/upstream_call.h"
@@ -46,6 +50,7 @@ struct RelayDeps {
   std::chrono::milliseconds unreachable_limit{5000};
   UpstreamPool* pool = nullptr;        // keep-alive connections to engines (may be null)
   EngineOutcomes* outcomes = nullptr;  // each attempt's end, by engine (may be null)
+  ShadowComparer* shadow = nullptr;    // canaries' answers compared (may be null)
 };
 
 class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
@@ -65,11 +70,17 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   void OnData(std::string_view bytes);
   void OnEnd(UpstreamError error, const std::string& message);
   void OnStreamEnd(UpstreamError error, const std::string& message);
+  void EndBuffered();
   void AttemptFailed(UpstreamError error, const std::string& message);
   void GiveUp(int status, const std::string& kind, const std::string& message);
   enum class AttemptEnd { kSucceeded, kFailed, kEnded };
   // Counts the current attempt's end against its engine; call before ReleaseTarget().
   void CountAttempt(AttemptEnd end);
+  // The canary's engine id when the current attempt, a success, is to be compared with the
+  // primary (ShadowComparer::Sample()); call before ReleaseTarget().
+  std::optional<uint64_t> ShadowCanary();
+  // After the client's answer: compares `canary_ids` (none: the answer had no token ids).
+  void StartShadow(uint64_t canary, std::optional<std::vector<int32_t>> canary_ids);
   void ReleaseTarget();
   void Finish(int status, const std::string& upstream_error);
 

@@ -23,6 +23,12 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   return diff == 0;
 }
 
+UpstreamTimeouts TimeoutsFrom(const RouterOptions& o) {
+  return {.connect = o.connect_timeout,
+          .first_byte = o.first_byte_timeout,
+          .idle = o.stream_idle_timeout};
+}
+
 AdmissionOptions AdmissionFrom(const RouterOptions& o) {
   return {.max_queue = o.max_queue,
           .max_queue_wait = o.max_queue_wait,
@@ -38,7 +44,9 @@ Router::Router(RouterOptions options, const Clock& clock)
       work_(boost::asio::make_work_guard(io_)),
       tick_(io_),
       admission_(clock_, AdmissionFrom(options_)),
-      pool_(clock_) {}
+      pool_(clock_),
+      shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), &admission_,
+              &outcomes_, &pool_) {}
 
 Router::~Router() { Stop(); }
 
@@ -146,13 +154,12 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
   RelayDeps deps{.admission = &admission_,
                  .metrics = &metrics_,
                  .clock = &clock_,
-                 .timeouts = {.connect = options_.connect_timeout,
-                              .first_byte = options_.first_byte_timeout,
-                              .idle = options_.stream_idle_timeout},
+                 .timeouts = TimeoutsFrom(options_),
                  .migration_limit = options_.migration_limit,
                  .unreachable_limit = options_.max_queue_wait,
                  .pool = &pool_,
-                 .outcomes = &outcomes_};
+                 .outcomes = &outcomes_,
+                 .shadow = &shadow_};
   std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
       ->Start();
 }
@@ -178,7 +185,8 @@ void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
                  .in_flight = admission_.in_flight(),
                  .failovers = admission_.failovers(),
                  .weights = admission_.Weights(),
-                 .outcomes = outcomes_.Snapshot()};
+                 .outcomes = outcomes_.Snapshot(),
+                 .shadows = shadow_.stats()};
   exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(g));
 }
 

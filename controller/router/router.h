@@ -4,7 +4,8 @@
 // chosen by Admission from the route table, each as a RelayedRequest (queued while no engine
 // is ready, replayed on the next engine when its engine fails, streams relayed event by
 // event, each attempt's end counted by engine in EngineOutcomes and reported to the
-// controller); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
+// controller, a canary's reproducible answers compared with the primary's by the
+// ShadowComparer); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
 // are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY` (401
 // otherwise). Client limits (body, header, connections, idle and request timeouts) are the
 // HttpServer's. The route table comes from the controller (RouteSubscriber) or is one
@@ -30,6 +31,7 @@
 #include "controller/router/route_subscriber.h"
 #include "controller/router/router_metrics.h"
 #include "controller/router/router_options.h"
+#include "controller/router/shadow_comparer.h"
 #include "controller/router/upstream_pool.h"
 #include "standby/http_server.h"
 
@@ -51,6 +53,7 @@ class Router {
   const RouteSubscriber& routes() const { return routes_; }
   const Admission& admission() const { return admission_; }
   const EngineOutcomes& outcomes() const { return outcomes_; }
+  ShadowStats shadows() const { return shadow_.stats(); }
 
  private:
   void Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange);
@@ -69,6 +72,7 @@ class Router {
   Admission admission_;
   UpstreamPool pool_;
   EngineOutcomes outcomes_;  // before routes_: its thread reads them
+  ShadowComparer shadow_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;
   std::vector<std::thread> threads_;

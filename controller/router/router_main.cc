@@ -18,7 +18,7 @@ constexpr char kUsage[] =
     "                    [--max-queue N] [--max-queue-wait-ms N] [--ramp-steps 30,60,100]\n"
     "                    [--ramp-duration-ms N] [--migration-limit N] [--max-connections N]\n"
     "                    [--max-header-bytes N] [--request-timeout-ms N]\n"
-    "                    [--client-idle-timeout-ms N]\n";
+    "                    [--client-idle-timeout-ms N] [--shadow-every N]\n";
 
 }  // namespace
 

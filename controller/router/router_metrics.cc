@@ -35,6 +35,17 @@ void Gauge(const char* name, const char* help, double value, std::string* out) {
   *out += std::string(name) + " " + Num(value) + "\n";
 }
 
+// A counter by engine id: `field` of each outcome.
+void EngineCounter(const char* name, const char* help,
+                   const std::vector<proto::EngineOutcome>& outcomes,
+                   uint64_t proto::EngineOutcome::*field, std::string* out) {
+  Header(name, "counter", help, out);
+  for (const proto::EngineOutcome& o : outcomes) {
+    *out += std::string(name) + "{engine_id=\"" + std::to_string(o.engine_id) + "\"} " +
+            std::to_string(o.*field) + "\n";
+  }
+}
+
 }  // namespace
 
 void Histogram::Observe(double seconds) {
@@ -157,6 +168,19 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
     out += "baton_router_engine_errors_total{engine_id=\"" + std::to_string(o.engine_id) + "\"} " +
            std::to_string(o.errors) + "\n";
   }
+  EngineCounter("baton_router_engine_compared_total",
+                "A canary's reproducible answers compared with the primary's, by canary engine.",
+                g.outcomes, &proto::EngineOutcome::compared, &out);
+  EngineCounter("baton_router_engine_disagreed_total",
+                "Compared answers whose token ids differed from the primary's, by canary engine.",
+                g.outcomes, &proto::EngineOutcome::disagreed, &out);
+  Header("baton_router_shadows_total", "counter",
+         "Shadow requests to the primary: compared, failed, or skipped as busy.", &out);
+  out += "baton_router_shadows_total{outcome=\"compared\"} " + std::to_string(g.shadows.compared) +
+         "\n";
+  out +=
+      "baton_router_shadows_total{outcome=\"failed\"} " + std::to_string(g.shadows.failed) + "\n";
+  out += "baton_router_shadows_total{outcome=\"busy\"} " + std::to_string(g.shadows.busy) + "\n";
   std::string primary;
   uint64_t primary_id = 0;
   for (const proto::RouteEntry& e : g.table.entries) {

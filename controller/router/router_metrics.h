@@ -12,7 +12,11 @@
 //   plus, set at render time: queue length, requests in flight, failovers seen, each
 //   engine's current weight, the primary, the route table version and epoch, and each
 //   engine's outcomes (EngineOutcomes): baton_router_engine_requests_total{engine_id} and
-//   baton_router_engine_errors_total{engine_id} (attempts ended, attempts failed).
+//   baton_router_engine_errors_total{engine_id} (attempts ended, attempts failed),
+//   baton_router_engine_compared_total{engine_id} and
+//   baton_router_engine_disagreed_total{engine_id} (a canary's answers compared with the
+//   primary's, and those that differed), and baton_router_shadows_total{outcome} (shadow
+//   requests: compared, failed, busy).
 //
 // Thread-safe (one mutex; observations are a few additions).
 #pragma once
@@ -25,6 +29,7 @@
 #include <vector>
 
 #include "controller/router/admission.h"
+#include "controller/router/shadow_comparer.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -52,6 +57,7 @@ struct RouterGauges {
   uint64_t failovers = 0;
   std::vector<TargetWeight> weights;
   std::vector<proto::EngineOutcome> outcomes;
+  ShadowStats shadows;
 };
 
 class RouterMetrics {

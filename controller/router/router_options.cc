@@ -110,6 +110,11 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
     o->migration_limit = static_cast<int>(n);
     return OkStatus();
   };
+  s["shadow-every"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("shadow-every", v, 0, 1000000));
+    o->shadow_every = static_cast<int>(n);
+    return OkStatus();
+  };
   s["ramp-duration-ms"] = [o](const std::string& v) -> Status {
     BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("ramp-duration-ms", v, 0, 600000));
     o->ramp_duration = std::chrono::milliseconds(n);

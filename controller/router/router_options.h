@@ -38,6 +38,9 @@ struct RouterOptions {
   std::vector<double> ramp_steps{0.3, 0.6, 1.0};
   std::chrono::milliseconds ramp_duration{2000};
   int migration_limit = 3;
+  // Canary output agreement (shadow_comparer.h): compare 1 of every N reproducible canary
+  // answers with the primary's; 0: never.
+  int shadow_every = 1;
 };
 
 // $BATON_RUNTIME_DIR, or /tmp/baton-<uid>.

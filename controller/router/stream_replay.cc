@@ -75,6 +75,9 @@ StreamReplay::StreamReplay(std::string route, const std::string& body)
     max_tokens_ = it->get<int64_t>();
   }
   if (auto it = body_.find("seed"); it != body_.end()) seed_ = SeedOf(*it);
+  auto temperature = body_.find("temperature");
+  reproducible_ = seed_.has_value() || (temperature != body_.end() && temperature->is_number() &&
+                                        temperature->get<double>() == 0);
   if (auto it = body_.find("prompt"); it != body_.end()) prompt_ids_ = PromptIds(*it);
   single_ = SingleSequence(body_);
   if (!single_) ids_known_ = false;  // choices interleave; a replay continues one sequence only

@@ -62,6 +62,11 @@ class StreamReplay {
 
   size_t tokens_sent() const { return sent_ids_.size(); }
   const std::vector<int32_t>& sent_ids() const { return sent_ids_; }
+  // Whether sent_ids() is every token id sent: each event carried its ids, one sequence.
+  bool ids_known() const { return ids_known_; }
+  // Whether the client's body fixes its answer: an integer `seed`, or `temperature` 0
+  // (greedy). Two engines of one model must then generate the same token ids.
+  bool reproducible() const { return reproducible_; }
 
  private:
   void Learn(const nlohmann::ordered_json& event);
@@ -79,6 +84,7 @@ class StreamReplay {
   std::vector<int32_t> sent_ids_;
   bool ids_known_ = true;  // every event sent carried its token ids
   bool single_ = true;     // one sequence: n = 1, best_of = 1, one prompt, no echo
+  bool reproducible_ = false;
   bool finished_ = false;
   bool usage_sent_ = false;  // the stream's usage event reached the client
   int events_sent_ = 0;

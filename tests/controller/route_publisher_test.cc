@@ -80,6 +80,21 @@ TEST_F(RoutePublisherTest, SumsTheLatestReportOfEverySubscriber) {
   EXPECT_EQ(publisher_.subscriber_count(), 2u);
 }
 
+// A canary's shadow comparisons travel in the report and are summed like the other counters.
+TEST_F(RoutePublisherTest, SumsComparisonsAcrossRouters) {
+  proto::Channel a = Subscribe("router-a");
+  proto::Channel b = Subscribe("router-b");
+  proto::EngineOutcome canary = Outcome(2, 10, 0, 100, 10);
+  canary.compared = 4;
+  canary.disagreed = 1;
+  Report(a, {.seq = 1, .engines = {canary}}, 2, 10);
+  canary.compared = 3;
+  canary.disagreed = 0;
+  Report(b, {.seq = 1, .engines = {canary}}, 2, 20);
+  EXPECT_EQ(Total(2).compared, 7u);
+  EXPECT_EQ(Total(2).disagreed, 1u);
+}
+
 TEST_F(RoutePublisherTest, KeepsTheLastReportOfASubscriberThatLeft) {
   proto::Channel a = Subscribe("router-a");
   std::optional<proto::Channel> b = Subscribe("router-b");

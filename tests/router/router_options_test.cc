@@ -13,6 +13,19 @@ TEST(RouterOptions, Defaults) {
   EXPECT_EQ(o->listen_port, 8000);
   EXPECT_NE(o->controller_socket.find("controller.sock"), std::string::npos);
   EXPECT_TRUE(o->backend.empty());
+  EXPECT_EQ(o->shadow_every, 1);
+}
+
+TEST(RouterOptions, ShadowEvery) {
+  Result<RouterOptions> o = ParseRouterFlags({"--shadow-every", "0"});
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->shadow_every, 0);
+  RouterOptions t;
+  ASSERT_TRUE(ParseRouterToml("[router]\nshadow_every = 10\n", "r.toml", &t).ok());
+  EXPECT_EQ(t.shadow_every, 10);
+  o = ParseRouterFlags({"--shadow-every", "-1"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("shadow-every"), std::string::npos);
 }
 
 TEST(RouterOptions, Flags) {
