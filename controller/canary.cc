@@ -56,6 +56,9 @@ Status ValidateCanaryPolicy(const CanaryPolicy& p) {
     return InvalidArgument("canary max_error_rate_excess: must be in [0, 1]");
   }
   if (p.max_latency_ratio < 1) return InvalidArgument("canary max_latency_ratio: must be >= 1");
+  if (p.max_disagreement_rate < 0 || p.max_disagreement_rate > 1) {
+    return InvalidArgument("canary max_disagreement_rate: must be in [0, 1]");
+  }
   return OkStatus();
 }
 
@@ -102,6 +105,8 @@ proto::EngineOutcome CanaryJudge::Delta(const OutcomeMap& now, const OutcomeMap&
   d.errors = sub(it->second.errors, base.errors);
   d.duration_ms = sub(it->second.duration_ms, base.duration_ms);
   d.succeeded = sub(it->second.succeeded, base.succeeded);
+  d.compared = sub(it->second.compared, base.compared);
+  d.disagreed = sub(it->second.disagreed, base.disagreed);
   return d;
 }
 
@@ -109,9 +114,19 @@ proto::EngineOutcome CanaryJudge::Seen(uint64_t engine, const OutcomeMap& now) c
   return Delta(now, at_start_, engine);
 }
 
+std::string CanaryJudge::CheckAgreement(const proto::EngineOutcome& c) const {
+  const double limit = policy_.max_disagreement_rate;
+  if (c.disagreed == 0 || (limit > 0 && c.compared < policy_.min_requests)) return "";
+  const double rate = Rate(c.disagreed, c.compared);
+  if (rate <= limit) return "";
+  return "outputs differ from the primary's on " + std::to_string(c.disagreed) + " of " +
+         std::to_string(c.compared) + " compared requests; the limit is " + Fixed(limit, 3);
+}
+
 std::string CanaryJudge::CheckHealth(const OutcomeMap& now) const {
   const proto::EngineOutcome c = Seen(canary_, now);
   const proto::EngineOutcome p = Seen(primary_, now);
+  if (std::string bad = CheckAgreement(c); !bad.empty()) return bad;
   if (c.requests < policy_.min_requests) return "";
   const double c_err = Rate(c.errors, c.requests);
   const double p_err = Rate(p.errors, p.requests);

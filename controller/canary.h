@@ -10,7 +10,11 @@
 //   * its error rate exceeds the primary's by more than `max_error_rate_excess`, or
 //   * its mean request duration exceeds the primary's by more than `max_latency_ratio`
 //     times (both sides need `min_requests` successful attempts; means under 1 ms count as
-//     1 ms, so sub-millisecond noise never decides).
+//     1 ms, so sub-millisecond noise never decides), or
+//   * its outputs differ from the primary's on more than `max_disagreement_rate` of the
+//     reproducible requests the routers compared (seeded or greedy, sent again to the
+//     primary in the background). At 0 (the default) one disagreement is enough, whatever the
+//     number of attempts; above 0 the rate is judged from `min_requests` comparisons on.
 // A canary without enough traffic holds its step: it is never promoted on no evidence.
 //
 // Inputs are the cumulative per-engine counters of proto::EngineOutcome (summed over every
@@ -35,6 +39,7 @@ struct CanaryPolicy {
   uint64_t min_requests = 20;
   double max_error_rate_excess = 0.05;
   double max_latency_ratio = 2.0;
+  double max_disagreement_rate = 0.0;
 };
 
 // Checks the steps (1..100, strictly ascending, ending at 100) and the limits.
@@ -75,6 +80,7 @@ class CanaryJudge {
  private:
   static proto::EngineOutcome Delta(const OutcomeMap& now, const OutcomeMap& then, uint64_t engine);
   std::string CheckHealth(const OutcomeMap& now) const;
+  std::string CheckAgreement(const proto::EngineOutcome& canary) const;
 
   const Clock* clock_;
   CanaryPolicy policy_;

@@ -17,6 +17,8 @@ json CommandJson(const std::vector<std::string>& command) {
 json SeenJson(const proto::EngineOutcome& o) {
   return {{"requests", o.requests},
           {"errors", o.errors},
+          {"compared", o.compared},
+          {"disagreed", o.disagreed},
           {"mean_ms", o.succeeded == 0 ? 0.0 : static_cast<double>(o.duration_ms) / o.succeeded}};
 }
 

@@ -228,6 +228,7 @@ void EngineApi::HandleCompletions(const std::shared_ptr<HttpExchange>& ex) {
   ParsedCompletion parsed = ParseCompletionRequest(ex->request().body(), ctx);
   if (parsed.error) return RespondApiError(ex.get(), *parsed.error);
   CompletionHeader header{NextCompletionId(), UnixSeconds(), model_name_, parsed.request.seed};
+  parsed.request.seed += seed_offset_;
   auto session = std::make_shared<CompletionSession>(
       io_, ex, std::move(parsed.request), std::move(header),
       CompletionSession::Deps{loop, &tokenizer_, metrics_, &clock_});

@@ -48,6 +48,9 @@ class EngineApi {
   // Drill: answer `percent` % of completion requests with HTTP 500 (spread evenly: request n
   // fails when floor((n+1)p/100) > floor(np/100)), as a broken build would. 0: none.
   void SetFailPercent(uint32_t percent) { fail_percent_ = percent; }
+  // Drill: sample every request with its seed plus `offset` (the answer still names the
+  // client's seed), as a build whose sampling changed would: outputs differ. 0: none.
+  void SetSeedOffset(uint64_t offset) { seed_offset_ = offset; }
   ServeState state() const { return state_.load(); }
 
  private:
@@ -67,6 +70,7 @@ class EngineApi {
   const int64_t created_;  // unix seconds at start, for /v1/models
   std::atomic<EngineLoop*> loop_{nullptr};
   uint32_t fail_percent_ = 0;
+  uint64_t seed_offset_ = 0;
   std::atomic<uint64_t> completions_seen_{0};
   std::atomic<ServeState> state_{ServeState::kStandby};
   std::mutex rng_mu_;

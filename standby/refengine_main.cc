@@ -40,7 +40,7 @@ constexpr char kUsage[] =
     "usage: baton-refengine --model DIR [--host H] [--port N] [--port-file F]\n"
     "                       [--kv-blocks N] [--block-tokens T] [--threads K] [--max-batch B]\n"
     "                       [--max-step-tokens S] [--served-model-name NAME]\n"
-    "                       [--engine-version LABEL] [--fail-percent P]\n"
+    "                       [--engine-version LABEL] [--fail-percent P] [--seed-offset N]\n"
     "                       [--controller SOCKET --token T --role primary|standby\n"
     "                        --engine-id ID]\n"
     "  --model              model directory (config.json; safetensors when standalone)\n"
@@ -57,6 +57,8 @@ constexpr char kUsage[] =
     "                       baton-refengine); shown by batonctl status during upgrades\n"
     "  --fail-percent       drill: answer P percent of completion requests with HTTP 500, as a\n"
     "                       broken build would (canary rollback drills); default 0\n"
+    "  --seed-offset        drill: sample with each request's seed plus N, as a build whose\n"
+    "                       sampling changed would (outputs differ); default 0\n"
     "  --controller ...     run under baton-controller (values it fills in; missing ones\n"
     "                       are read from BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID)\n";
 
@@ -77,6 +79,7 @@ struct Flags {
   std::string engine_id;
   std::string engine_version = "baton-refengine";
   int fail_percent = 0;
+  int seed_offset = 0;
 };
 
 template <typename T>
@@ -128,6 +131,8 @@ std::string ApplyFlag(std::string_view arg, std::string_view v, Flags* f) {
     f->engine_version = v;
   else if (arg == "--fail-percent")
     return ParseInt(arg, v, 0, 100, &f->fail_percent);
+  else if (arg == "--seed-offset")
+    return ParseInt(arg, v, 0, 1 << 30, &f->seed_offset);
   else
     return "unknown argument: " + std::string(arg);
   return "";
@@ -234,6 +239,7 @@ Status Engine::StartHttp(const LlamaConfig& config) {
   api_ = std::make_unique<EngineApi>(io_, config, std::move(tokenizer), flags_.served_name,
                                      &metrics_, clock_);
   api_->SetFailPercent(static_cast<uint32_t>(flags_.fail_percent));
+  api_->SetSeedOffset(static_cast<uint64_t>(flags_.seed_offset));
   api_->Register(server_.get());
   BATON_RETURN_IF_ERROR(server_->Listen());
   io_thread_ = std::thread([this] { io_.run(); });

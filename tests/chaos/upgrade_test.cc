@@ -6,6 +6,8 @@
 //    of its reference.
 //  * A broken build (every completion answered 500) is rolled back on its error rate; the
 //    router retries what the canary failed on the primary, so no client sees an error.
+//  * A build whose outputs differ from the primary's (its sampling changed) is rolled back
+//    on the routers' shadow comparison.
 //  * A canary killed with kill -9 mid-canary is rolled back; its requests are replayed.
 //  * batonctl's refusals: no command, one upgrade at a time, nothing to roll back, no
 //    switch-over during an upgrade; a candidate that cannot start is rolled back.
@@ -107,6 +109,30 @@ TEST_F(UpgradeTest, BrokenCanaryIsRolledBackAndNoClientSeesItsErrors) {
   EXPECT_EQ(EngineWithRole(s, "standby")["version"], "baton-refengine");
   EXPECT_EQ(s["upgrade"]["rolled_back"], 1);
   EXPECT_GE(MetricValue(router_.port(), EngineSeries("errors", ended["canary"])), 5);
+  cluster_.CheckFencing();
+}
+
+// A build whose sampling changed answers every request, fast and without errors, but not
+// what the primary answers: the routers' shadow comparison catches it.
+TEST_F(UpgradeTest, CanaryThatDisagreesWithThePrimaryIsRolledBack) {
+  json ended;
+  const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
+    const CtlResult up = cluster_.Ctl(UpgradeArgs({"--seed-offset", "1"}));
+    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+    ended = WaitUpgradeEnded(cluster_, 0);
+    cluster_.WaitReady("the pair after the rollback");
+  });
+  // The canary's answers are what it sampled: the clients it served saw other outputs than
+  // the reference, which is what a canary risks and why its share starts small.
+  for (const std::string& f : r.failures) {
+    EXPECT_NE(f.find("HTTP 200"), std::string::npos) << "every request was answered: " << f;
+  }
+  EXPECT_GT(r.after_fault, 0);
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  EXPECT_NE(ended["reason"].get<std::string>().find("outputs differ"), std::string::npos)
+      << ended.dump();
+  EXPECT_GE(MetricValue(router_.port(), EngineSeries("disagreed", ended["canary"])), 1);
+  EXPECT_TRUE(router_.Running());
   cluster_.CheckFencing();
 }
 

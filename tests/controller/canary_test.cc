@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "controller/ctl_upgrade.h"
+
 namespace baton {
 namespace {
 
@@ -115,6 +117,34 @@ TEST(CanaryJudgeTest, SlowCanaryRollsBack) {
   EXPECT_NE(j.reason.find("mean request duration"), std::string::npos) << j.reason;
 }
 
+TEST(CanaryJudgeTest, OneDisagreementRollsBackByDefault) {
+  FakeClock clock;
+  OutcomeMap m;
+  CanaryJudge judge(clock, Policy(), kPrimary, kCanary, m);
+  m[kCanary].compared = 3;
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold);
+  m[kCanary].disagreed = 1;
+  const CanaryJudge::Judgement j = judge.Judge(m);
+  EXPECT_EQ(j.verdict, Verdict::kRollback) << "even before min_requests attempts";
+  EXPECT_NE(j.reason.find("outputs differ from the primary's on 1 of 3"), std::string::npos)
+      << j.reason;
+}
+
+TEST(CanaryJudgeTest, ADisagreementRateIsJudgedFromMinRequestsOn) {
+  FakeClock clock;
+  OutcomeMap m;
+  CanaryPolicy p = Policy();
+  p.max_disagreement_rate = 0.1;
+  CanaryJudge judge(clock, p, kPrimary, kCanary, m);
+  m[kCanary].compared = 5;
+  m[kCanary].disagreed = 2;  // 40 %, but only 5 of 10 comparisons
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold);
+  m[kCanary].compared = 20;  // 10 %: at the limit
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold);
+  m[kCanary].disagreed = 3;  // 15 %
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kRollback);
+}
+
 TEST(CanaryJudgeTest, SubMillisecondMeansNeverDecide) {
   FakeClock clock;
   OutcomeMap m;
@@ -134,6 +164,30 @@ TEST(CanaryJudgeTest, ARestartedRouterNeverCountsBelowNothing) {
   Add(&restarted, kCanary, 3, 3, 0);
   EXPECT_EQ(judge.Seen(kCanary, restarted).requests, 0u);
   EXPECT_EQ(judge.Judge(restarted).verdict, Verdict::kHold);
+}
+
+TEST(UpgradeArgsTest, ParsesOptionsAndTheCommand) {
+  Result<UpgradeRequest> r = ParseUpgradeArgs(
+      {"--steps", "20,100", "--step-ms", "500", "--min-requests", "3", "--", "eng", "--x", "1"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->command, (std::vector<std::string>{"eng", "--x", "1"}));
+  EXPECT_EQ(*r->steps, (std::vector<uint32_t>{20, 100}));
+  EXPECT_EQ(*r->step_duration, milliseconds(500));
+  EXPECT_EQ(*r->min_requests, 3u);
+  r = ParseUpgradeArgs({"--engine-cmd", "eng --name 'a b'"});
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->command, (std::vector<std::string>{"eng", "--name", "a b"}));
+  EXPECT_FALSE(r->steps.has_value());
+  EXPECT_FALSE(ParseUpgradeArgs({}).ok());                     // no command
+  EXPECT_FALSE(ParseUpgradeArgs({"--steps", "20,100"}).ok());  // no command
+  EXPECT_FALSE(ParseUpgradeArgs({"--steps", "100,20", "--", "e"}).ok());
+  EXPECT_FALSE(ParseUpgradeArgs({"--min-requests", "0", "--", "e"}).ok());
+  EXPECT_FALSE(ParseUpgradeArgs({"--step-ms", "soon", "--", "e"}).ok());
+  EXPECT_FALSE(ParseUpgradeArgs({"--frob", "1", "--", "e"}).ok());
+  EXPECT_FALSE(ParseUpgradeArgs({"--step-ms"}).ok());  // no value
+  EXPECT_TRUE(ParseRollbackArgs({}).ok());
+  EXPECT_TRUE(ParseRollbackArgs({"--steps", "100"}).ok());
+  EXPECT_FALSE(ParseRollbackArgs({"--", "eng"}).ok());
 }
 
 }  // namespace

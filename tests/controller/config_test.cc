@@ -53,6 +53,14 @@ initial_backoff_ms = 500
 max_backoff_ms = 8000
 quiet_period_s = 90
 standby_relaunch_delay_ms = 250
+
+[upgrade]
+steps = [5, 25, 100]
+step_duration_ms = 60000
+min_requests = 50
+max_error_rate_excess = 0.02
+max_latency_ratio = 1.5
+max_disagreement_rate = 0.01
 )";
 
 TEST(Config, ParsesEveryKey) {
@@ -90,6 +98,12 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->crash_max_backoff, seconds(8));
   EXPECT_EQ(c->crash_quiet_period, seconds(90));
   EXPECT_EQ(c->standby_relaunch_delay, milliseconds(250));
+  EXPECT_EQ(c->canary.steps, (std::vector<uint32_t>{5, 25, 100}));
+  EXPECT_EQ(c->canary.step_duration, seconds(60));
+  EXPECT_EQ(c->canary.min_requests, 50u);
+  EXPECT_DOUBLE_EQ(c->canary.max_error_rate_excess, 0.02);
+  EXPECT_DOUBLE_EQ(c->canary.max_latency_ratio, 1.5);
+  EXPECT_DOUBLE_EQ(c->canary.max_disagreement_rate, 0.01);
   ControllerConfig done = *c;
   EXPECT_TRUE(FinishConfig(&done).ok());
 }
@@ -103,6 +117,9 @@ TEST(Config, DefaultsMatchTheDesign) {
   EXPECT_TRUE(c->pool_huge_pages);
   EXPECT_TRUE(c->weights_huge_pages);
   EXPECT_EQ(c->standby_relaunch_delay, milliseconds(100));
+  EXPECT_EQ(c->canary.steps, (std::vector<uint32_t>{10, 50, 100}));
+  EXPECT_EQ(c->canary.step_duration, seconds(30));
+  EXPECT_EQ(c->canary.min_requests, 20u);
 }
 
 // Each bad config is refused with an error that names the key and the rule.
@@ -118,6 +135,10 @@ TEST(Config, BadConfigsAreRefusedWithTheKey) {
       {"pool = 3\n", "'pool' must be a [section]"},
       {"[pool\nblocks = 1\n", "malformed TOML"},
       {"[controller]\nmetrics_port = 70000\n", "controller.metrics_port: must be in [0, 65535]"},
+      {"[upgrade]\nsteps = [10, 50]\n", "upgrade.steps: canary steps: the last step must be 100"},
+      {"[upgrade]\nsteps = [50, 10, 100]\n", "upgrade.steps: canary steps: must rise strictly"},
+      {"[upgrade]\nmax_error_rate_excess = 2.0\n", "upgrade.max_error_rate_excess: must be in"},
+      {"[upgrade]\nmax_latency_ratio = \"fast\"\n", "upgrade.max_latency_ratio: expected a number"},
   };
   for (const auto& [text, want] : cases) {
     Result<ControllerConfig> c = ParseConfigToml(text, "bad.toml");
@@ -168,6 +189,8 @@ TEST(Config, FlagsOverrideTheFile) {
                                    "--engine-cmd",
                                    "eng --socket {socket} --name 'a b'",
                                    "--health.heartbeat_interval_ms=25",
+                                   "--upgrade.steps=20,100",
+                                   "--upgrade.max_error_rate_excess=0.1",
                                    "--no-huge-pages"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -181,6 +204,8 @@ TEST(Config, FlagsOverrideTheFile) {
   EXPECT_FALSE(c.weights_huge_pages);
   ASSERT_EQ(c.engine_command.size(), 5u);
   EXPECT_EQ(c.engine_command[4], "a b");
+  EXPECT_EQ(c.canary.steps, (std::vector<uint32_t>{20, 100}));
+  EXPECT_DOUBLE_EQ(c.canary.max_error_rate_excess, 0.1);
   std::remove(path.c_str());
 }
 
