@@ -160,7 +160,10 @@ json Summarize(const std::vector<LoadRequest>& requests, const std::vector<Ledge
   }
   json per_fault = json::array();
   for (const Fault& f : faults) {
-    json x = {{"kind", f.kind},           {"signal", f.kind == "kill" ? "SIGKILL" : "SIGSTOP"},
+    const char* signal = f.kind == "kill"   ? "SIGKILL"
+                         : f.kind == "hang" ? "SIGSTOP"
+                                            : "batonctl upgrade";
+    json x = {{"kind", f.kind},           {"signal", signal},
               {"at_s", f.at_s},           {"pid", f.pid},
               {"engine_id", f.engine_id}, {"stream_in_flight", f.stream_in_flight}};
     if (!f.error.empty()) x["error"] = f.error;
@@ -185,6 +188,7 @@ json Summarize(const std::vector<LoadRequest>& requests, const std::vector<Ledge
               {"p99_ms", Percentile(lat, 99)},
               {"max_ms", Percentile(lat, 100)},
               {"promotion", f.promotion}});
+    if (!f.upgrade.is_null()) x["upgrade"] = f.upgrade;
     if (f.probe >= 0 && static_cast<size_t>(f.probe) < entries.size()) {
       const LedgerEntry& e = entries[f.probe];
       x["probe"] = {{"index", f.probe},
@@ -269,7 +273,10 @@ Result<std::string> PlotLatency(const std::string& dir, const std::vector<LoadRe
      << "set logscale y\nset grid\nset key inside bottom right opaque box\n";
   for (const Fault& f : faults) {
     if (f.at_s < 0) continue;
-    const char* what = f.kind == "kill" ? "kill -9 primary" : "SIGSTOP primary";
+    const char* what = f.kind == "kill"      ? "kill -9 primary"
+                       : f.kind == "hang"    ? "SIGSTOP primary"
+                       : f.kind == "upgrade" ? "batonctl upgrade"
+                                             : "batonctl upgrade (broken build)";
     gp << "set arrow from " << f.at_s << ", graph 0 to " << f.at_s
        << ", graph 1 nohead lw 2 dt 2 lc rgb 'red'\n"
        << "set label '" << what << " (pid " << f.pid << ")' at " << f.at_s

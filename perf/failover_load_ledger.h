@@ -70,7 +70,9 @@ bool RepeatsTokens(const std::vector<int32_t>& got, const std::vector<int32_t>& 
 void CompareWithReference(const std::vector<Reference>& refs, std::vector<LedgerEntry>* entries);
 
 struct Fault {
-  std::string kind;               // "kill" (SIGKILL) or "hang" (SIGSTOP)
+  // "kill" (SIGKILL), "hang" (SIGSTOP), "upgrade" (batonctl upgrade to the same engine with
+  // another version label) or "bad_upgrade" (to one that answers every completion 500)
+  std::string kind;
   double at_s = -1;               // when the signal was sent; < 0 if it was not
   int probe = -1;                 // index of its probe request
   bool stream_in_flight = false;  // the probe had sent tokens and not ended when it was sent
@@ -78,6 +80,7 @@ struct Fault {
   uint64_t engine_id = 0;
   std::string error;
   nlohmann::json promotion;  // the controller's timeline of the failover that followed
+  nlohmann::json upgrade;    // upgrades: the controller's record of how it ended
 };
 
 // The summary JSON: ledger counts, latencies, per-fault detail. A request belongs to a

@@ -4,6 +4,7 @@
 //
 //   baton-perf-failover-load [--duration-s S] [--rps R] [--kill-at-s K] [--hang-at-s H]
 //                            [--window-s W] [--min-tokens A] [--max-tokens B] [--clients C]
+//                            [--upgrade-at-s U] [--bad-upgrade-at-s B]
 //                            [--bin DIR] [--model-dir DIR] [--out DIR]
 //
 // Stack: baton-controller with a primary and a standby baton-refengine on baton-mkmodel's
@@ -15,8 +16,11 @@
 // seeds, temperature 0.8, max_tokens from A to B (default 16..32).
 // First the reference: the same request list through the same stack with no fault. Then the
 // load, with kill -9 of the primary at K s (default S/3) and SIGSTOP of the next primary at
-// H s (default 2S/3); "none" skips a fault. Each signal is sent with kill(2) to the pid that
-// `batonctl --json status` names, in the middle of the fault's probe: one more streaming
+// H s (default 2S/3); "none" skips a fault. Upgrade faults, off unless asked: at U s
+// `batonctl upgrade` to the same engine with another version label (it must be promoted), at
+// B s to one that answers every completion 500 (it must be rolled back); canary steps 10, 50
+// and 100 % of 2 s each, at least 20 requests a step. Each signal is sent with kill(2) to the pid
+// that `batonctl --json status` names, in the middle of the fault's probe: one more streaming
 // request (max_tokens 384, a seed that runs long) sent at the fault's time, signalled once its
 // first events have reached the client (failover_load_run.h). A tiny-model request takes a few ms,
 // and a fault that lands between requests would test nothing but the queue.
@@ -28,7 +32,8 @@
 // The last line of stdout is one JSON object with these, the per-fault detail (the probe's
 // fate, the controller's promotion timeline) and router_replays (the router's own
 // baton_router_replays_total by kind, when it has one); meets_targets checks lost,
-// duplicated and mismatched are 0 and failover_p99_ms <= steady_p99_ms + 1000. DIR
+// duplicated and mismatched are 0, failover_p99_ms <= steady_p99_ms + 1000, and that each
+// upgrade ended as it should (the controller's record is in the fault's `upgrade`). DIR
 // (default: a new directory under /tmp, named in the JSON as `out`) keeps the logs,
 // ledger.jsonl, router_metrics.txt, failover_load.json and the plot failover_load.png.
 #include <unistd.h>
@@ -61,13 +66,15 @@ using std::chrono::milliseconds;
 constexpr char kUsage[] =
     "usage: baton-perf-failover-load [--duration-s S] [--rps R] [--kill-at-s K|none]\n"
     "                                [--hang-at-s H|none] [--window-s W] [--min-tokens A]\n"
-    "                                [--max-tokens B] [--clients C] [--bin DIR]\n"
+    "                                [--max-tokens B] [--clients C] [--upgrade-at-s U|none]\n"
+    "                                [--bad-upgrade-at-s U|none] [--bin DIR]\n"
     "                                [--model-dir DIR] [--out DIR]\n";
 constexpr char kServedName[] = "tiny";
 constexpr double kFailoverSlackMs = 1000;
 
 struct Flags {
   double duration_s = 30, rps = 50, kill_at_s = -2, hang_at_s = -2, window_s = 2;
+  double upgrade_at_s = -1, bad_upgrade_at_s = -1;  // none unless asked
   int min_tokens = 16, max_tokens = 32, clients = 160;
   std::string bin, model_dir, out;
 };
@@ -77,9 +84,11 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     const std::string_view arg = argv[i];
     if (i + 1 >= argc) return "unknown or incomplete argument: " + std::string(arg);
     const std::string_view v = argv[++i];
-    double* fault = arg == "--kill-at-s"   ? &f->kill_at_s
-                    : arg == "--hang-at-s" ? &f->hang_at_s
-                                           : nullptr;
+    double* fault = arg == "--kill-at-s"          ? &f->kill_at_s
+                    : arg == "--hang-at-s"        ? &f->hang_at_s
+                    : arg == "--upgrade-at-s"     ? &f->upgrade_at_s
+                    : arg == "--bad-upgrade-at-s" ? &f->bad_upgrade_at_s
+                                                  : nullptr;
     if (fault != nullptr) {
       if (v == "none") {
         *fault = -1;
@@ -129,6 +138,23 @@ void AttachTimelines(const ControllerPair& pair, std::vector<Fault>* faults) {
   }
 }
 
+// Each upgrade fault's end as the controller recorded it (the upgrade history, in order);
+// true when every good build was promoted and every broken one rolled back.
+bool AttachUpgrades(const ControllerPair& pair, std::vector<Fault>* faults) {
+  Result<json> s = pair.Ctl({"status"});
+  const json history =
+      s.ok() ? s->value("upgrade", json::object()).value("history", json::array()) : json::array();
+  bool ok = true;
+  size_t next = 0;
+  for (Fault& f : *faults) {
+    if (f.kind != "upgrade" && f.kind != "bad_upgrade") continue;
+    if (next < history.size()) f.upgrade = history[next++];
+    const char* want = f.kind == "upgrade" ? "promoted" : "rolled_back";
+    ok = ok && !f.upgrade.is_null() && f.upgrade.value("outcome", "") == want;
+  }
+  return ok;
+}
+
 // The router's own count of attempts after an engine failed, by kind (from
 // baton_router_replays_total in its /metrics, which is kept in `keep`); null if absent.
 json RouterReplays(const std::string& router, const std::string& keep) {
@@ -164,7 +190,10 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
       ServingProcess router,
       StartRouterProcess(flags.bin, {"--controller", pair.socket()}, work + "/router.log"));
   std::vector<Fault> faults;
-  for (const auto& [kind, at] : {std::pair{"kill", flags.kill_at_s}, {"hang", flags.hang_at_s}}) {
+  for (const auto& [kind, at] :
+       {std::pair{"kill", flags.kill_at_s}, std::pair{"hang", flags.hang_at_s},
+        std::pair{"upgrade", flags.upgrade_at_s},
+        std::pair{"bad_upgrade", flags.bad_upgrade_at_s}}) {
     if (at < 0) continue;
     Fault f;
     f.kind = kind;
@@ -196,6 +225,7 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
   RunLoad(router.address, requests, count, flags.clients, pair, &faults, &entries);
   const bool ready_after = pair.WaitReady(milliseconds(60000)).ok();
   AttachTimelines(pair, &faults);
+  const bool upgrades_ok = AttachUpgrades(pair, &faults);
   const json replays = RouterReplays(router.address, work + "/router_metrics.txt");
   CompareWithReference(refs, &entries);
   json result = Summarize(requests, entries, faults, flags.window_s);
@@ -230,8 +260,9 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
                   {"duplicated", result["duplicated"] == 0},
                   {"mismatched", result["mismatched"] == 0},
                   {"failover_p99_within_steady_plus_1000", failover <= steady + kFailoverSlackMs}};
+  targets["upgrades_as_expected"] = upgrades_ok;
   targets["all"] = targets["lost"] && targets["duplicated"] && targets["mismatched"] &&
-                   targets["failover_p99_within_steady_plus_1000"];
+                   targets["failover_p99_within_steady_plus_1000"] && upgrades_ok;
   result["meets_targets"] = targets;
   router.process.Stop(std::chrono::seconds(5));
   const int code = pair.Stop();

@@ -52,6 +52,23 @@ Result<PrimaryInfo> ServingPrimary(const ControllerPair& pair) {
   return last;
 }
 
+bool IsUpgrade(const Fault& f) { return f.kind == "upgrade" || f.kind == "bad_upgrade"; }
+
+// `batonctl upgrade` to the pair's own engine command with another version label (a good
+// build) or with every completion answered 500 (a broken one): steps 10, 50, 100 % of 2 s.
+Status StartUpgrade(const ControllerPair& pair, const Fault& fault) {
+  BATON_ASSIGN_OR_RETURN(json status, pair.Ctl({"status"}));
+  std::vector<std::string> args = {"upgrade", "--steps",        "10,50,100", "--step-ms",
+                                   "2000",    "--min-requests", "20",        "--"};
+  for (const json& a : status["upgrade"]["active_command"]) args.push_back(a.get<std::string>());
+  if (fault.kind == "upgrade") {
+    args.insert(args.end(), {"--engine-version", "perf-upgrade"});
+  } else {
+    args.insert(args.end(), {"--fail-percent", "100"});
+  }
+  return pair.Ctl(args).status();
+}
+
 // Injects `fault` at its time, in the middle of its probe's stream.
 void InjectFault(const ControllerPair& pair, const std::string& router,
                  const std::vector<LoadRequest>& requests, TimePoint t0, Fault* fault,
@@ -77,6 +94,15 @@ void InjectFault(const ControllerPair& pair, const std::string& router,
   while (!*started && !*done && RealClock::Get().Now() < deadline) std::this_thread::yield();
   fault->stream_in_flight = *started && !*done;
   const double at = SecondsSince(t0);
+  if (IsUpgrade(*fault)) {
+    if (Status s = StartUpgrade(pair, *fault); !s.ok()) {
+      fault->error = s.ToString();
+      return;
+    }
+    fault->at_s = at;
+    std::fprintf(stderr, "  %.3f s: batonctl upgrade (%s)\n", at, fault->kind.c_str());
+    return;
+  }
   if (::kill(primary->pid, fault->kind == "kill" ? SIGKILL : SIGSTOP) != 0) {
     fault->error = ErrnoStatus("kill " + std::to_string(primary->pid), errno).ToString();
     return;
