@@ -55,14 +55,14 @@ int ParseArgs(int argc, char** argv, Args* args) {
   auto usage = [json](const std::string& why) { return Usage(why, json); };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (args->command == "upgrade" || args->command == "rollback") {  // options pass through
-      const bool in_command =
-          std::find(args->rest.begin(), args->rest.end(), "--") != args->rest.end();
-      if (a == "--json" && !in_command) {
-        args->json = true;
-      } else {
-        args->rest.push_back(a);
-      }
+    // upgrade's and rollback's own options, and the engine command after "--", pass through;
+    // batonctl's options before "--" are batonctl's.
+    const bool batonctl_option =
+        a == "--json" || a == "--socket" || a == "--timeout-ms" || a == "--help" || a == "-h";
+    const bool passing = args->command == "upgrade" || args->command == "rollback";
+    if (passing && (!batonctl_option ||
+                    std::find(args->rest.begin(), args->rest.end(), "--") != args->rest.end())) {
+      args->rest.push_back(a);
       continue;
     }
     if (a == "--help" || a == "-h") return Usage("");

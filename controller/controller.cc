@@ -395,6 +395,7 @@ void Controller::OnTick() {
   ++ticks_;
   TickUpgrade();
   GiveFreeBlocksToPrimary();
+  RetireStaleStandbys();
   CheckDevice();
   ReplenishEpochs();
   PollGpuRelease();

@@ -213,6 +213,9 @@ class Controller {
   void ReclaimFromPrimary(uint32_t weight);
   void GrantFreeToCanary();
   void GiveFreeBlocksToPrimary();
+  // After an upgrade: a standby still running the command it replaced (launched by a failover
+  // during the upgrade) is stopped, so that the pair runs one version.
+  void RetireStaleStandbys();
   bool IsCanary(EngineId id) const { return upgrade_.has_value() && upgrade_->canary == id; }
 
   // controller_ops.cc: the standby of a switch-over failed while the primary drained; the

@@ -82,8 +82,8 @@ void Controller::Launch(const std::string& role) {
   rec->launched_at = now;
   rec->deadline = now + config_.register_timeout;
   ++launches_;
-  Result<ChildProcess> child =
-      supervisor_.Launch({id, role, *token, rec->port, CommandFor(id, role)});
+  rec->command = CommandFor(id, role);
+  Result<ChildProcess> child = supervisor_.Launch({id, role, *token, rec->port, rec->command});
   if (!child.ok()) {
     BATON_LOG(ERROR, kLog) << "engine " << id << " (" << role
                            << ") failed to launch: " << child.status().ToString();

@@ -157,16 +157,20 @@ void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detecte
   if (cause == FailCause::kHung) r->last_heartbeat = e.last_heartbeat;
   ApplyPair(PrimaryEventFor(cause, before));
   Result<uint64_t> epoch = AdvanceEpoch();
+  if (epoch.ok()) {
+    if (Status fenced = ledger_->Fence(e.id, *epoch); !fenced.ok()) {
+      BATON_LOG(ERROR, kLog) << "fencing engine " << e.id << ": " << fenced.ToString();
+    }
+    r->epoch = *epoch;
+    r->epoch_durable = clock_.Now();
+  }
+  // A serving canary needs no new epoch (it has its own); the old primary's fence is retried
+  // at its reap when the journal failed here.
+  if (CanaryTakesOver(e)) return;
   if (!epoch.ok()) {
     r->outcome = "down: " + epoch.status().message();
     return;
   }
-  if (Status fenced = ledger_->Fence(e.id, *epoch); !fenced.ok()) {
-    BATON_LOG(ERROR, kLog) << "fencing engine " << e.id << ": " << fenced.ToString();
-  }
-  r->epoch = *epoch;
-  r->epoch_durable = clock_.Now();
-  if (CanaryTakesOver(e)) return;
   EngineRecord* successor = pair_.state() == PairState::kStopped ? nullptr : Standby();
   failover_ = PendingFailover{e.id, *epoch, successor != nullptr ? successor->id : kNoEngine};
   r->new_engine = failover_->successor;
@@ -383,7 +387,9 @@ void Controller::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
     return RefuseEngine(
         e, FailedPrecondition(std::string("PromoteAck in state ") + ToString(e.machine.state())));
   }
-  if (IsCanary(e.id) && promoting_ != e.id) return OnCanaryPromoted(e, msg.epoch);
+  if (IsCanary(e.id) && upgrade_->phase == Upgrade::Phase::kPromoting) {
+    return OnCanaryPromoted(e, msg.epoch);
+  }
   (void)e.machine.Apply(EngineEvent::kPromoteDone);
   promoting_ = kNoEngine;
   primary_ = e.id;

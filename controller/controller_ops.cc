@@ -80,6 +80,9 @@ void Controller::CallOffSwitchover(EngineRecord& standby) {
 
 Status Controller::RequestDrain() {
   if (stopping_) return Unavailable("the controller is shutting down");
+  if (upgrade_.has_value()) {
+    return FailedPrecondition("an upgrade is in progress; `batonctl rollback` ends it first");
+  }
   if (EngineRecord* p = Find(primary_); p != nullptr) {
     BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
   }
@@ -105,6 +108,9 @@ Status Controller::RequestDrain() {
 
 Status Controller::Drill(const std::string& kind) {
   if (stopping_) return Unavailable("the controller is shutting down");
+  if (upgrade_.has_value()) {
+    return FailedPrecondition("an upgrade is in progress; drill once it has ended");
+  }
   EngineRecord* p = Find(primary_);
   if (p == nullptr || !p->serving) {
     return FailedPrecondition(std::string("no serving primary to drill (pair is ") +

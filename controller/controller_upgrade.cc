@@ -68,6 +68,14 @@ Status Controller::RequestUpgrade(UpgradeRequest request) {
                               ToString(pair_.state()) + ")");
   }
   BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
+  if (device_ != nullptr) {
+    // Device pool chunks hold many blocks and are mapped whole: a canary granted some
+    // blocks of a chunk the primary maps would map the primary's blocks writable too.
+    return FailedPrecondition(
+        "canary upgrades are not available on the CUDA backend: the device pool is mapped in "
+        "chunks of many blocks, so a canary given some blocks of a chunk would map the "
+        "primary's blocks in it writable too");
+  }
   Upgrade u;
   u.policy = config_.canary;
   if (request.steps.has_value()) u.policy.steps = *request.steps;
@@ -134,7 +142,8 @@ void Controller::SetPhase(Upgrade::Phase phase) {
 // requests in flight finish there, and the canary's failed attempts are retried there.
 uint32_t Controller::CanaryTarget(uint32_t weight) const {
   const uint64_t blocks = config_.block_count;
-  const uint64_t share = std::min(blocks * weight / 100, blocks - blocks / 10);
+  const uint64_t share =
+      std::min(blocks * weight / 100, blocks - std::max<uint64_t>(1, blocks / 10));
   return std::max<uint32_t>(1, static_cast<uint32_t>(share));
 }
 
@@ -154,7 +163,7 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
 }
 
 void Controller::StartCanary(EngineRecord& e) {
-  if (!e.is(EngineState::kStandby)) return;  // a failover promoted it instead
+  if (stopping_ || !e.is(EngineState::kStandby)) return;  // a failover promoted it instead
   SetPhase(Upgrade::Phase::kReclaiming);
   upgrade_->deadline = clock_.Now() + kReclaimTimeout;
   ReclaimFromPrimary(upgrade_->policy.steps.front());
@@ -165,14 +174,14 @@ void Controller::StartCanary(EngineRecord& e) {
 }
 
 void Controller::OnPrimaryReturned() {
-  if (!upgrade_.has_value()) return;
+  if (!upgrade_.has_value() || stopping_) return;
   if (upgrade_->phase == Upgrade::Phase::kReclaiming) return PromoteCanary();
   if (upgrade_->phase == Upgrade::Phase::kCanary) GrantFreeToCanary();
 }
 
 void Controller::PromoteCanary() {
   EngineRecord* c = Find(upgrade_->canary);
-  if (c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
+  if (stopping_ || c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
   Result<uint64_t> epoch = AdvanceEpoch();
   if (!epoch.ok()) return RollBackCanary("no durable epoch: " + epoch.status().message());
   if (Status promoted = ledger_->Promote(c->id, *epoch); !promoted.ok()) {
@@ -187,6 +196,7 @@ void Controller::PromoteCanary() {
   }
   SetPhase(Upgrade::Phase::kPromoting);
   (void)c->machine.Apply(EngineEvent::kPromoteStarted);
+  promoting_ = c->id;  // as for any promotion: no other engine is launched or promoted meanwhile
   c->deadline = clock_.Now() + config_.promote_timeout;
   BATON_LOG(INFO, kLog) << "promoting engine " << c->id << " as the canary at epoch " << *epoch
                         << " with " << want << " blocks";
@@ -197,6 +207,7 @@ void Controller::PromoteCanary() {
 
 void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
   (void)e.machine.Apply(EngineEvent::kPromoteDone);
+  promoting_ = kNoEngine;
   e.serving = true;
   e.deadline.reset();
   if (primary_ == kNoEngine) {  // the primary failed while the canary was promoted
@@ -205,6 +216,12 @@ void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
     give_back_blocks_ = true;
     EndUpgrade("promoted", "the primary failed while the canary was promoted; it serves alone");
     PublishRoutes();
+    if (PromotionRecord* r = timelines_.current()) {
+      r->new_engine = e.id;
+      r->promote_acked = r->route_published = clock_.Now();
+      timelines_.Close("serving: the canary took over");
+    }
+    relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
     MaybeLaunch();
     return;
   }
@@ -217,14 +234,26 @@ void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
 }
 
 void Controller::TickUpgrade() {
-  if (!upgrade_.has_value()) return;
+  if (!upgrade_.has_value() || stopping_) return;
+  EngineRecord* c = Find(upgrade_->canary);
+  const EngineRecord* p = Find(primary_);
+  const bool primary_serves = p != nullptr && p->serving;
+  if (upgrade_->phase == Upgrade::Phase::kLaunching && c != nullptr && c->live() &&
+      c->is(EngineState::kStandby) && primary_serves) {
+    return StartCanary(*c);  // it became ready while the primary could not lend it blocks
+  }
   if (upgrade_->phase == Upgrade::Phase::kReclaiming && upgrade_->deadline.has_value() &&
-      clock_.Now() >= *upgrade_->deadline) {
+      clock_.Now() >= *upgrade_->deadline && c != nullptr && c->is(EngineState::kStandby)) {
     BATON_LOG(WARN, kLog) << "the primary did not return blocks in time; the canary starts with "
                           << ledger_->Snapshot().free_blocks << " free blocks";
     return PromoteCanary();
   }
   if (upgrade_->phase != Upgrade::Phase::kCanary) return;
+  GrantFreeToCanary();
+  if (clock_.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
+    upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
+    ReclaimFromPrimary(upgrade_->judge->weight());
+  }
   const OutcomeMap now = routes_.Outcomes();
   const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
   upgrade_->judgement = j.reason;
@@ -239,7 +268,9 @@ void Controller::TickUpgrade() {
       upgrade_->judge->Advance(now);
       BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary << " passed its step: now "
                             << upgrade_->judge->weight() << " % of new requests";
+      upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
       ReclaimFromPrimary(upgrade_->judge->weight());
+      GrantFreeToCanary();
       PublishRoutes();
       return;
   }
@@ -394,6 +425,19 @@ void Controller::GiveFreeBlocksToPrimary() {
   Status sent = p->channel->Send(proto::Grant{.epoch = le->epoch, .extents = Ranges(*granted)});
   if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Grant: " + sent.message());
   CheckInvariants();
+}
+
+void Controller::RetireStaleStandbys() {
+  if (upgrade_.has_value() || stopping_) return;
+  std::vector<EngineId> stale;
+  for (const auto& [id, e] : engines_) {
+    if (id == primary_ || !e->live() || e->command == active_command()) continue;
+    if (e->is(EngineState::kLaunching) || e->is(EngineState::kStandby)) stale.push_back(id);
+  }
+  for (EngineId id : stale) {
+    BATON_LOG(INFO, kLog) << "engine " << id << " runs the command an upgrade replaced: stopped";
+    Fail(id, FailCause::kShutdown, "runs the engine command an upgrade replaced");
+  }
 }
 
 }  // namespace baton

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "controller/failure_detector.h"
@@ -56,6 +57,7 @@ struct EngineRecord {
   uint64_t probes = 0;
   TimePoint last_heartbeat{};
 
+  std::vector<std::string> command;  // the command line it was launched with (unexpanded)
   std::string version;
   std::string http_address;
   uint64_t prefault_us = 0;

@@ -42,6 +42,7 @@ struct Upgrade {
   TimePoint started{};
   TimePoint phase_since{};
   std::optional<TimePoint> deadline;  // reclaiming: promote with what is free by then
+  TimePoint next_reclaim{};           // canary: when to ask the primary for blocks again
   std::optional<CanaryJudge> judge;   // from the canary phase on
   std::string judgement;              // the judge's last word, for status
   std::string rollback_reason;

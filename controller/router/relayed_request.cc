@@ -79,6 +79,7 @@ void RelayedRequest::OnGrant(Result<Target> target) {
 }
 
 void RelayedRequest::StartAttempt() {
+  attempt_started_ = deps_.clock->Now();
   replay_.BeginAttempt();
   const HttpRequest& in = exchange_->request();
   UpstreamRequest req;
@@ -279,7 +280,8 @@ void RelayedRequest::CountAttempt(AttemptEnd end) {
   if (deps_.outcomes == nullptr || !target_) return;
   switch (end) {
     case AttemptEnd::kSucceeded:
-      return deps_.outcomes->RecordSucceeded(target_->engine_id, deps_.clock->Now() - arrival_);
+      return deps_.outcomes->RecordSucceeded(target_->engine_id,
+                                             deps_.clock->Now() - attempt_started_);
     case AttemptEnd::kFailed:
       return deps_.outcomes->RecordFailed(target_->engine_id);
     case AttemptEnd::kEnded:

@@ -90,6 +90,7 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   RelayDeps deps_;
   StreamReplay replay_;
   const TimePoint arrival_;
+  TimePoint attempt_started_;  // the current attempt's start: its engine's latency counts from here
   TimePoint queued_at_;
   std::optional<Target> target_;
   std::shared_ptr<UpstreamCall> call_;

@@ -8,7 +8,8 @@
 //    router retries what the canary failed on the primary, so no client sees an error.
 //  * A build whose outputs differ from the primary's (its sampling changed) is rolled back
 //    on the routers' shadow comparison.
-//  * A canary killed with kill -9 mid-canary is rolled back; its requests are replayed.
+//  * A canary killed with kill -9 mid-canary is rolled back; its requests are replayed. A
+//    primary killed mid-canary hands the service to the canary.
 //  * batonctl's refusals: no command, one upgrade at a time, nothing to roll back, no
 //    switch-over during an upgrade; a candidate that cannot start is rolled back.
 #include <gtest/gtest.h>
@@ -136,6 +137,39 @@ TEST_F(UpgradeTest, CanaryThatDisagreesWithThePrimaryIsRolledBack) {
   cluster_.CheckFencing();
 }
 
+// The primary dies mid-canary: the canary already serves, so it becomes the primary at once;
+// the upgrade ends promoted, and the new standby runs the new command.
+TEST_F(UpgradeTest, PrimaryKilledMidCanaryHandsOverToTheCanary) {
+  json ended;
+  uint64_t canary_id = 0;
+  const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
+    std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
+    args[4] = "60000";  // --step-ms: the canary stays at 50 % until the primary dies
+    const CtlResult up = cluster_.Ctl(args);
+    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+    const json s = cluster_.WaitFor(
+        [](const json& st) {
+          return !st["upgrade"]["current"].is_null() &&
+                 st["upgrade"]["current"]["phase"] == "canary";
+        },
+        "the canary serves");
+    canary_id = EngineWithRole(s, "canary")["id"].get<uint64_t>();
+    std::this_thread::sleep_for(milliseconds(300));
+    EXPECT_EQ(::kill(PidOf(EngineWithRole(s, "primary")), SIGKILL), 0);
+    ended = WaitUpgradeEnded(cluster_, 0);
+    cluster_.WaitReady("the pair after the hand-over");
+  });
+  ExpectNoFailure(r, router_);
+  EXPECT_EQ(ended["outcome"], "promoted") << ended.dump();
+  EXPECT_NE(ended["reason"].get<std::string>().find("the primary failed"), std::string::npos)
+      << ended.dump();
+  const json s = cluster_.Status();
+  EXPECT_EQ(s["pair"]["primary"], canary_id);
+  EXPECT_EQ(EngineWithRole(s, "standby")["version"], "refengine-v2");
+  EXPECT_EQ(s["pool"]["free"], 0) << "the dead primary's blocks went to the canary";
+  cluster_.CheckFencing();
+}
+
 TEST_F(UpgradeTest, KilledCanaryIsRolledBackLosingNoRequest) {
   json ended;
   const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
@@ -169,7 +203,7 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   EXPECT_EQ(none.exit_code, 2) << none.stdout_text;
   const CtlResult bad_steps = cluster.Ctl({"upgrade", "--steps", "50,20", "--", "x"});
   EXPECT_EQ(bad_steps.exit_code, 2) << bad_steps.stdout_text;
-  const CtlResult nothing = cluster.Ctl({"rollback"});
+  const CtlResult nothing = cluster.Ctl({"rollback", "--timeout-ms", "5000"});  // batonctl's
   EXPECT_EQ(nothing.exit_code, 1) << nothing.stdout_text;
   EXPECT_NE(nothing.stdout_text.find("nothing to roll back"), std::string::npos);
   std::vector<std::string> args = UpgradeArgs({});
@@ -181,6 +215,10 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   EXPECT_NE(again.stdout_text.find("already in progress"), std::string::npos);
   const CtlResult promote = cluster.Ctl({"promote"});
   EXPECT_EQ(promote.exit_code, 1) << promote.stdout_text;
+  const CtlResult drain = cluster.Ctl({"drain"});
+  EXPECT_EQ(drain.exit_code, 1) << drain.stdout_text;
+  const CtlResult drill = cluster.Ctl({"drill", "kill"});
+  EXPECT_EQ(drill.exit_code, 1) << drill.stdout_text;
   const CtlResult back = cluster.Ctl({"rollback"});
   EXPECT_EQ(back.exit_code, 0) << back.stdout_text;
   const json ended = WaitUpgradeEnded(cluster, 0);

@@ -52,6 +52,18 @@ TEST(DevicePairTest, EnginesTakeTheDeviceMemoryAndAFailoverKeepsItFenced) {
   EXPECT_NE(cluster.Log().find("device memory: device 0: weights"), std::string::npos);
 }
 
+// A canary shares the pool by blocks, the device pool is mapped by chunks: the controller
+// refuses an upgrade rather than let a canary map the primary's blocks.
+TEST(DevicePairTest, AnUpgradeIsRefusedOnTheDevicePool) {
+  ChaosCluster cluster(CudaCluster({"--device-memory"}));
+  const CtlResult up = cluster.Ctl({"upgrade", "--", "/bin/true"});
+  EXPECT_EQ(up.exit_code, 1) << up.stdout_text;
+  EXPECT_NE(up.stdout_text.find("not available on the CUDA backend"), std::string::npos)
+      << up.stdout_text;
+  EXPECT_TRUE(cluster.Status()["upgrade"]["current"].is_null());
+  cluster.CheckFencing();
+}
+
 // Sets an environment variable for the processes started while it lives.
 class ScopedEnv {
  public:
