@@ -257,6 +257,9 @@ void Controller::TickUpgrade() {
   const OutcomeMap now = routes_.Outcomes();
   const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
   upgrade_->judgement = j.reason;
+  if (j.verdict == CanaryJudge::Verdict::kHold && routes_.subscriber_count() == 0) {
+    upgrade_->judgement += " (no router is subscribed: nothing is seen, so nothing is judged)";
+  }
   switch (j.verdict) {
     case CanaryJudge::Verdict::kHold:
       return;
