@@ -81,6 +81,7 @@ struct ControllerConfig {
 
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }
+  std::string command_record_path() const { return state_dir + "/engine_command.json"; }
 };
 
 // $BATON_RUNTIME_DIR, else /tmp/baton-<uid>.

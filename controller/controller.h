@@ -216,6 +216,9 @@ class Controller {
   // After an upgrade: a standby still running the command it replaced (launched by a failover
   // during the upgrade) is stopped, so that the pair runs one version.
   void RetireStaleStandbys();
+  // Start-up: the command a promoted upgrade put in place, if engine.command is unchanged.
+  void LoadUpgradedCommand();
+  void SaveUpgradedCommand();
   bool IsCanary(EngineId id) const { return upgrade_.has_value() && upgrade_->canary == id; }
 
   // controller_ops.cc: the standby of a switch-over failed while the primary drained; the

@@ -1,5 +1,6 @@
 // Controller: engine-version upgrades by lossless canary (see upgrade.h).
 #include "base/log.h"
+#include "controller/command_record.h"
 #include "controller/controller.h"
 
 namespace baton {
@@ -397,6 +398,7 @@ void Controller::EndUpgrade(const std::string& outcome, const std::string& reaso
     previous_command_ = upgrade_->previous;
     active_command_ = upgrade_->command;
     ++upgrades_promoted_;
+    SaveUpgradedCommand();
   } else {
     ++upgrades_rolled_back_;
   }
@@ -441,6 +443,34 @@ void Controller::RetireStaleStandbys() {
     BATON_LOG(INFO, kLog) << "engine " << id << " runs the command an upgrade replaced: stopped";
     Fail(id, FailCause::kShutdown, "runs the engine command an upgrade replaced");
   }
+}
+
+void Controller::SaveUpgradedCommand() {
+  const CommandRecord record{config_.engine_command, active_command_, previous_command_};
+  if (Status saved = SaveCommandRecord(config_.command_record_path(), record); !saved.ok()) {
+    BATON_LOG(ERROR, kLog) << "the upgraded command is not saved (a restart would launch "
+                              "engine.command): "
+                           << saved.ToString();
+  }
+}
+
+void Controller::LoadUpgradedCommand() {
+  const std::string path = config_.command_record_path();
+  Result<std::optional<CommandRecord>> record = LoadCommandRecord(path);
+  if (!record.ok()) {
+    BATON_LOG(WARN, kLog) << "ignoring the saved upgrade: " << record.status().message();
+    return;
+  }
+  if (!record->has_value()) return;
+  if ((*record)->configured != config_.engine_command) {
+    BATON_LOG(WARN, kLog) << "engine.command changed since the upgrade saved in " << path
+                          << ": engines run engine.command";
+    return;
+  }
+  active_command_ = (*record)->active;
+  previous_command_ = (*record)->previous;
+  BATON_LOG(INFO, kLog) << "engines run the command of the last promoted upgrade (" << path
+                        << "): " << Joined(active_command_);
 }
 
 }  // namespace baton

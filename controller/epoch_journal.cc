@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/small_file.h"
 #include "proto/crc32c.h"
 
 namespace baton {
@@ -30,40 +31,6 @@ uint64_t GetLe(const std::string& in, size_t offset, size_t bytes) {
     value |= static_cast<uint64_t>(static_cast<uint8_t>(in[offset + i])) << (8 * i);
   }
   return value;
-}
-
-std::string ParentDir(const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-Status WriteAll(int fd, const std::string& bytes, const std::string& what) {
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("write " + what, errno);
-    done += static_cast<size_t>(n);
-  }
-  return OkStatus();
-}
-
-// Reads the whole file (up to kMaxReadBytes + 1 bytes, enough to tell "too long").
-Result<std::string> ReadSmallFile(const std::string& path) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) return ErrnoStatus("open " + path, errno);
-  std::string bytes;
-  char buf[512];
-  while (bytes.size() <= kMaxReadBytes) {
-    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoStatus("read " + path, errno);
-    if (n == 0) break;
-    bytes.append(buf, static_cast<size_t>(n));
-  }
-  return bytes;
 }
 
 Result<UniqueFd> LockJournal(const std::string& path) {
@@ -132,7 +99,7 @@ Result<EpochJournal> EpochJournal::Open(const std::string& path) {
     BATON_LOG(INFO, "journal") << "created " << path << " at epoch 0";
     return journal;
   }
-  BATON_ASSIGN_OR_RETURN(std::string bytes, ReadSmallFile(path));
+  BATON_ASSIGN_OR_RETURN(std::string bytes, ReadSmallFile(path, kMaxReadBytes));
   BATON_ASSIGN_OR_RETURN(uint64_t epoch, DecodeRecord(bytes, path));
   journal.current_ = epoch;
   journal.reserved_ = epoch;

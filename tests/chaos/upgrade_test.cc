@@ -197,6 +197,35 @@ TEST_F(UpgradeTest, KilledCanaryIsRolledBackLosingNoRequest) {
   cluster_.CheckFencing();
 }
 
+// A promoted upgrade is kept in the state directory: a restarted controller (its engines die
+// with it) launches the upgraded command, and rollback still knows the previous one.
+TEST(UpgradeCtlTest, APromotedUpgradeSurvivesAControllerRestart) {
+  ChaosCluster cluster(RefenginePair());
+  std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
+  args[2] = "100";  // --steps: one step,
+  args[6] = "1";    // --min-requests: one attempt (sent below)
+  const CtlResult up = cluster.Ctl(args);
+  ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  cluster.WaitFor(
+      [&](const json& st) {
+        (void)Fetch(
+            router.port(), http::verb::post, "/v1/completions",
+            json({{"model", kRouterTestModel}, {"prompt", "up"}, {"max_tokens", 2}}).dump());
+        return !st["upgrade"]["history"].empty();
+      },
+      "the upgrade ended", seconds(60));
+  cluster.WaitReady("the upgraded pair");
+  cluster.KillController();
+  cluster.RestartController();
+  const json s = cluster.WaitReady("the pair after the restart");
+  EXPECT_EQ(EngineWithRole(s, "primary")["version"], "refengine-v2") << s.dump();
+  EXPECT_EQ(EngineWithRole(s, "standby")["version"], "refengine-v2") << s.dump();
+  EXPECT_EQ(s["upgrade"]["previous_command"], json(RefenginePair().engine_command));
+  cluster.CheckFencing();
+}
+
 TEST(UpgradeCtlTest, RefusalsSayWhy) {
   ChaosCluster cluster(RefenginePair());
   const CtlResult none = cluster.Ctl({"upgrade"});

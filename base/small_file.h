@@ -1,0 +1,27 @@
+// Small files written whole and read whole: state that must survive a crash (the epoch
+// journal, the engine command a promoted upgrade put in place).
+//
+// WriteFileAtomically() writes `bytes` to PATH.tmp, fsyncs it, renames it over PATH and
+// fsyncs the directory: after a crash PATH holds either the old or the new contents.
+// ReadSmallFile() reads at most `limit` + 1 bytes, enough for the caller to tell a file that
+// is too long. Thread-compatible; plain functions.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "base/status.h"
+
+namespace baton {
+
+// Writes all of `bytes` to `fd`, retrying short writes and EINTR; `what` names it in errors.
+Status WriteAll(int fd, const std::string& bytes, const std::string& what);
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+Result<std::string> ReadSmallFile(const std::string& path, size_t limit);
+
+// The directory part of `path` ("." when it has none).
+std::string ParentDir(const std::string& path);
+
+}  // namespace baton

@@ -1,0 +1,54 @@
+#include "controller/command_record.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <nlohmann/json.hpp>
+
+#include "base/json_depth.h"
+#include "base/small_file.h"
+
+namespace baton {
+namespace {
+
+using nlohmann::json;
+constexpr size_t kMaxBytes = 1 << 20;
+
+Result<std::vector<std::string>> Strings(const json& j, const char* key, const std::string& path) {
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) {
+    return InvalidArgument(path + ": '" + key + "' is not an array of strings");
+  }
+  std::vector<std::string> out;
+  for (const json& s : *it) {
+    if (!s.is_string()) return InvalidArgument(path + ": '" + key + "' holds a non-string");
+    out.push_back(s.get<std::string>());
+  }
+  return out;
+}
+
+}  // namespace
+
+Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
+  const json j = {
+      {"configured", record.configured}, {"active", record.active}, {"previous", record.previous}};
+  return WriteFileAtomically(path, j.dump(2) + "\n");
+}
+
+Result<std::optional<CommandRecord>> LoadCommandRecord(const std::string& path) {
+  if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) return std::optional<CommandRecord>();
+  BATON_ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path, kMaxBytes));
+  const std::string* bytes = &text;
+  if (bytes->size() > kMaxBytes) return InvalidArgument(path + ": larger than 1 MiB");
+  if (JsonNestingDepth(*bytes) > kMaxJsonDepth) return InvalidArgument(path + ": nested too deep");
+  const json j = json::parse(*bytes, nullptr, false);
+  if (!j.is_object()) return InvalidArgument(path + ": not a JSON object");
+  CommandRecord r;
+  BATON_ASSIGN_OR_RETURN(r.configured, Strings(j, "configured", path));
+  BATON_ASSIGN_OR_RETURN(r.active, Strings(j, "active", path));
+  BATON_ASSIGN_OR_RETURN(r.previous, Strings(j, "previous", path));
+  if (r.active.empty()) return InvalidArgument(path + ": 'active' is empty");
+  return std::optional<CommandRecord>(std::move(r));
+}
+
+}  // namespace baton

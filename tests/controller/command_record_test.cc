@@ -1,0 +1,64 @@
+#include "controller/command_record.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace baton {
+namespace {
+
+class CommandRecordTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/baton-command-record-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/engine_command.json";
+  }
+  void TearDown() override {
+    ::unlink(path_.c_str());
+    ::rmdir(dir_.c_str());
+  }
+  void Write(const std::string& text) { std::ofstream(path_) << text; }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(CommandRecordTest, NoFileIsNoRecord) {
+  Result<std::optional<CommandRecord>> r = LoadCommandRecord(path_);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_FALSE(r->has_value());
+}
+
+TEST_F(CommandRecordTest, SavedThenLoaded) {
+  const CommandRecord want{{"eng", "--v", "1"}, {"eng", "--v", "2"}, {"eng", "--v", "1"}};
+  ASSERT_TRUE(SaveCommandRecord(path_, want).ok());
+  Result<std::optional<CommandRecord>> got = LoadCommandRecord(path_);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ(**got, want);
+  EXPECT_NE(::access((path_ + ".tmp").c_str(), F_OK), 0) << "the temporary file is renamed";
+}
+
+TEST_F(CommandRecordTest, BrokenFilesAreRefusedWithTheReason) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"not json", "not a JSON object"},
+      {"[1, 2]", "not a JSON object"},
+      {R"({"configured": ["a"], "active": "b", "previous": []})", "'active' is not an array"},
+      {R"({"configured": ["a"], "active": [1], "previous": []})", "'active' holds a non-string"},
+      {R"({"configured": ["a"], "active": [], "previous": []})", "'active' is empty"},
+      {R"({"configured": ["a"], "active": ["b"]})", "'previous' is not an array"},
+  };
+  for (const auto& [text, want] : cases) {
+    Write(text);
+    Result<std::optional<CommandRecord>> r = LoadCommandRecord(path_);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(want), std::string::npos) << r.status().ToString();
+    EXPECT_NE(r.status().message().find(path_), std::string::npos) << "names the file";
+  }
+}
+
+}  // namespace
+}  // namespace baton
