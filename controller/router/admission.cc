@@ -175,16 +175,21 @@ std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   }
   if (best != nullptr) {
     best->current -= total;
-    return best->target;
+    return Marked(best->target);
   }
   // Only weightless targets left (a primary whose traffic a canary took): a replay may go
   // there rather than wait.
   if (!w.replay) return std::nullopt;
   for (const Candidate& c : candidates_) {
     if (avoid_failed && c.target == *w.failed) continue;
-    return c.target;
+    return Marked(c.target);
   }
   return std::nullopt;
+}
+
+Target Admission::Marked(Target t) const {
+  t.canary = canary_ids_.count(t.engine_id) != 0;
+  return t;
 }
 
 double Admission::RampShare(TimePoint now) const {

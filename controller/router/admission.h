@@ -53,7 +53,13 @@ struct AdmissionOptions {
 struct Target {
   std::string address;  // HOST:PORT
   uint64_t engine_id = 0;
-  bool operator==(const Target&) const = default;
+  // Set by Request(): the engine was a canary when it was picked. An answer it gives after a
+  // rollback took it out of the table is still a canary's (its 5xx is retried elsewhere).
+  bool canary = false;
+  // The same engine (`canary` is what was known when picked, not part of its identity).
+  bool operator==(const Target& o) const {
+    return address == o.address && engine_id == o.engine_id;
+  }
 };
 
 struct TargetWeight {
@@ -109,6 +115,7 @@ class Admission {
   void Drain(TimePoint now, Ready* ready);
   std::optional<Target> Pick(const Waiter& w, TimePoint now);
   bool UnderRampCap(const Target& t, TimePoint now) const;
+  Target Marked(Target t) const;  // with `canary` set from canary_ids_
   double RampShare(TimePoint now) const;
   void Take(const Target& t);
   static void Run(Ready* ready);

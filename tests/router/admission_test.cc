@@ -292,6 +292,19 @@ TEST(AdmissionTest, ACanaryStaysOneUntilPrimaryOrGone) {
   a.SetTable(Table({Primary(1, "127.0.0.1:1"), Canary(2, "127.0.0.1:2", 10)}));
   EXPECT_TRUE(a.IsCanary(canary));
   EXPECT_FALSE(a.IsCanary({"127.0.0.1:1", 1}));
+  proto::RouteEntry primary = Primary(1, "127.0.0.1:1");
+  primary.weight = 90;
+  a.SetTable(Table({primary, Canary(2, "127.0.0.1:2", 10)}));
+  Grants picked;  // a pick says what it was picked as: the table may change before the answer
+  for (int i = 0; i < 10; ++i) a.Request(false, std::nullopt, picked.Next());
+  ASSERT_EQ(picked.ok(), 10u);
+  size_t canaries = 0;
+  for (const auto& t : picked.got) {
+    EXPECT_EQ(t->canary, t->engine_id == 2) << t->address;
+    canaries += t->canary ? 1 : 0;
+    a.Release(*t);
+  }
+  EXPECT_EQ(canaries, 1u);
   proto::RouteEntry draining = Canary(2, "127.0.0.1:2", 0);
   draining.role = "draining";
   draining.ready = false;
