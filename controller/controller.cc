@@ -21,6 +21,8 @@ constexpr Duration kMaxTickInterval = std::chrono::milliseconds(250);
 // How often the barrier asks NVML whether a reaped holder's GPU context is gone.
 constexpr Duration kGpuReleasePoll = std::chrono::milliseconds(1);
 constexpr size_t kKeepRefusals = 20;
+// What the clients' connections may hold unsent together (proto/send_budget.h).
+constexpr size_t kClientSendBudget = size_t{256} << 20;
 
 Status MakeDir(const std::string& path) {
   std::error_code ec;
@@ -124,10 +126,14 @@ Status Controller::Init() {
                         << " bytes, huge_pages=" << pool_.huge_pages();
 
   // Sends never block the io thread: a peer that stops reading falls behind in its own queue
-  // and is dropped once it takes nothing for a second or is a frame limit behind.
+  // and is dropped once it takes nothing for a second or is a frame limit behind. Clients
+  // (batonctl, routers) also share one budget, so many of them cannot make the controller
+  // hold a frame limit each; engines are taken off it once they are known (AttachEngine).
+  client_send_budget_ = std::make_shared<proto::SendBudget>(kClientSendBudget);
   proto::ChannelOptions copts{.max_send_frame_size = proto::kControllerMaxFrameSize,
                               .send_timeout = std::chrono::seconds(1),
                               .max_queued_send_bytes = proto::kControllerMaxFrameSize,
+                              .send_budget = client_send_budget_,
                               .label = "unidentified peer",
                               .clock = &clock_};
   BATON_ASSIGN_OR_RETURN(proto::Listener listener,

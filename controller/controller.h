@@ -134,6 +134,10 @@ class Controller {
   uint64_t upgrades_rolled_back() const { return upgrades_rolled_back_; }
   uint64_t ticks() const { return ticks_; }
   uint64_t refusal_count() const { return refusal_count_; }
+  // Bytes the clients' connections (batonctl, routers) hold unsent together.
+  size_t client_send_queued_bytes() const {
+    return client_send_budget_ != nullptr ? client_send_budget_->used() : 0;
+  }
   TimePoint started_at() const { return started_at_; }
   bool backoff() const;
 
@@ -260,6 +264,7 @@ class Controller {
   uint64_t rebuild_failures_ = 0;      // in a row: the rebuild's backoff
   std::unique_ptr<NvmlLibrary> nvml_;  // CUDA backend, where NVML loads: the barrier's check
   std::optional<proto::Listener> listener_;
+  std::shared_ptr<proto::SendBudget> client_send_budget_;
   Supervisor supervisor_;
   PairMachine pair_;
   CrashLoopGuard guard_;

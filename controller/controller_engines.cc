@@ -127,6 +127,7 @@ void Controller::AttachEngine(EngineId id, std::unique_ptr<proto::Channel> chann
   if (e == nullptr) return;
   e->channel = std::move(channel);
   e->channel->set_label("engine " + std::to_string(id));
+  e->channel->SetSendBudget(nullptr);  // the clients' budget is not the engines' to spend
   ++e->channel_gen;
   ReadEngine(id);
 }

@@ -390,6 +390,9 @@ std::string MetricsText(const Controller& c) {
           static_cast<double>(c.ticks()));
   gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
         static_cast<double>(c.reserved_epoch()));
+  gauge("baton_client_send_queued_bytes",
+        "Bytes the connections of batonctl and routers hold unsent together",
+        static_cast<double>(c.client_send_queued_bytes()));
   if (c.cuda_backend()) {
     gauge("baton_device_lost", "1 while the device memory is lost and being rebuilt",
           c.device() == nullptr ? 1 : 0);

@@ -48,6 +48,19 @@ Channel::Channel(Socket socket, ChannelOptions options)
 
 Channel::~Channel() {
   if (socket_.is_open() && !out_queue_.empty()) (void)FlushQueue();
+  if (options_.send_budget != nullptr) options_.send_budget->Give(out_bytes_);
+}
+
+void Channel::SetSendBudget(std::shared_ptr<SendBudget> budget) {
+  if (options_.send_budget != nullptr) options_.send_budget->Give(out_bytes_);
+  options_.send_budget = std::move(budget);
+  if (options_.send_budget != nullptr) (void)options_.send_budget->TryTake(out_bytes_);
+}
+
+void Channel::DropQueue() {
+  if (options_.send_budget != nullptr) options_.send_budget->Give(out_bytes_);
+  out_queue_.clear();
+  out_bytes_ = 0;
 }
 Channel::Channel(Channel&& other) noexcept = default;
 Channel& Channel::operator=(Channel&& other) noexcept = default;
@@ -116,8 +129,7 @@ Result<size_t> Channel::SendSome(std::string_view bytes, std::span<const int> fd
     if (err == EINTR) continue;
     if (err == EAGAIN || err == EWOULDBLOCK) return size_t{0};
     // Emptied first: Close() flushes the queue, which would call this again.
-    out_queue_.clear();
-    out_bytes_ = 0;
+    DropQueue();
     Close();
     if (err == EPIPE || err == ECONNRESET) {
       closed_reason_ = "by the peer";
@@ -180,6 +192,17 @@ Status Channel::SendQueued(std::string frame, std::span<const int> fds) {
                              std::to_string(options_.max_queued_send_bytes) +
                              "); connection closed");
   }
+  const std::shared_ptr<SendBudget>& budget = options_.send_budget;
+  if (budget != nullptr && !budget->TryTake(frame.size() - sent)) {
+    const size_t shared = budget->used();
+    const size_t mine = out_bytes_;
+    const size_t limit = budget->limit();
+    Close();
+    closed_reason_ = "after the peers together fell too far behind";
+    return ResourceExhausted("the connections of this daemon hold " + std::to_string(shared) +
+                             " bytes unsent together (limit " + std::to_string(limit) +
+                             "); this one, " + std::to_string(mine) + " bytes behind, closed");
+  }
   OutFrame out{.bytes = std::move(frame), .sent = sent, .fds = {}};
   if (sent == 0) {
     for (int fd : fds) {
@@ -229,6 +252,7 @@ bool Channel::FlushQueue() {
     f.sent += *n;
     f.fds.clear();
     out_bytes_ -= *n;
+    if (options_.send_budget != nullptr) options_.send_budget->Give(*n);
     out_progress_ = Now();
     if (f.sent == f.bytes.size()) out_queue_.pop_front();
   }
@@ -415,8 +439,7 @@ void Channel::Close() {
   if (closed_reason_.empty()) closed_reason_ = "by this side";
   // Queued frames get one more non-blocking chance (a reply or a Stop sent just before).
   if (socket_.is_open()) (void)FlushQueue();
-  out_queue_.clear();
-  out_bytes_ = 0;
+  DropQueue();
   boost::system::error_code ec;
   socket_.cancel(ec);
   socket_.close(ec);

@@ -45,6 +45,7 @@
 #include "base/unique_fd.h"
 #include "proto/frame.h"
 #include "proto/messages.h"
+#include "proto/send_budget.h"
 
 namespace baton::proto {
 
@@ -73,8 +74,11 @@ struct ChannelOptions {
   size_t max_send_frame_size = kDefaultMaxFrameSize;  // the largest frame sent
   Duration send_timeout = std::chrono::seconds(5);
   size_t max_queued_send_bytes = 0;  // > 0: queued mode (see above); the backlog limit
-  std::string label = "unix peer";   // names the connection in logs and errors
-  Clock* clock = nullptr;            // for timeouts; RealClock when null
+  // Queued mode: a limit shared with other channels on what they queue together (may be
+  // null: none); see send_budget.h.
+  std::shared_ptr<SendBudget> send_budget = nullptr;
+  std::string label = "unix peer";  // names the connection in logs and errors
+  Clock* clock = nullptr;           // for timeouts; RealClock when null
 };
 
 // The credentials of the process at the other end, as the kernel saw them at connect time.
@@ -130,6 +134,9 @@ class Channel {
   void set_label(std::string label) { options_.label = std::move(label); }
   // Queued mode: bytes accepted by Send() that the peer has not taken yet.
   size_t queued_send_bytes() const { return out_bytes_; }
+  // Moves what this channel has queued from its send budget to `budget` (null: none), and
+  // takes later sends from it.
+  void SetSendBudget(std::shared_ptr<SendBudget> budget);
   // The protocol version agreed by Hello (0 before).
   uint16_t version() const { return version_; }
   void set_version(uint16_t version) { version_ = version; }
@@ -156,6 +163,8 @@ class Channel {
   Status SendQueued(std::string frame, std::span<const int> fds);
   // Writes queued frames until the socket would block; false if that failed (then closed).
   bool FlushQueue();
+  // Forgets the send queue and gives its bytes back to the send budget.
+  void DropQueue();
   void ArmWriteWait();
   // Cuts off a peer that took nothing for send_timeout while frames are queued.
   void ArmStallTimer();
