@@ -231,6 +231,14 @@ class Controller {
   // Unavailable while `primary` has not answered a called-off drain: a new drain's deadline
   // would start while it still finishes the old one.
   Status CheckNoCalledOffDrain(const EngineRecord& primary) const;
+  // Tells `e` to drain (a switch-over, a pair drain, an upgrade's either side): it takes no
+  // new requests, has drain_timeout to finish, and is fenced if Drain cannot be sent.
+  void DrainEngine(EngineRecord& e);
+  // The timeline of a planned hand-over from `old` to `next` (switch-over, upgrade).
+  PromotionRecord& OpenPlannedTimeline(const std::string& kind, const std::string& cause,
+                                       const EngineRecord& old, EngineId next);
+  // Grants `blocks` free blocks to holder `e` at its epoch and sends them (`who` for logs).
+  void GrantFree(EngineRecord& e, uint32_t blocks, const char* who);
   void OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg);
   Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode);
   Result<std::unique_ptr<DeviceOwner>> MakeDeviceOwner() const;

@@ -10,12 +10,6 @@ namespace {
 
 constexpr const char* kLog = "controller";
 
-std::vector<proto::BlockRange> ToRanges(const std::vector<Extent>& extents) {
-  std::vector<proto::BlockRange> out;
-  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
-  return out;
-}
-
 std::string Name(const EngineRecord& e) { return "engine " + std::to_string(e.id); }
 
 }  // namespace

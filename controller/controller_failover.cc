@@ -45,12 +45,6 @@ PairEvent PrimaryEventFor(FailCause cause, PairState state) {
   }
 }
 
-std::vector<proto::BlockRange> ToRanges(const std::vector<Extent>& extents) {
-  std::vector<proto::BlockRange> out;
-  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
-  return out;
-}
-
 uint32_t BlocksIn(const std::vector<Extent>& extents) {
   uint32_t n = 0;
   for (const Extent& e : extents) n += e.count;

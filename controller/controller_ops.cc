@@ -32,21 +32,46 @@ Status Controller::RequestSwitchover() {
   BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
   Result<PairState> applied = pair_.Apply(PairEvent::kGracefulPromoteRequested);
   if (!applied.ok()) return applied.status();
-  (void)p->machine.Apply(EngineEvent::kDrain);
-  p->serving = false;
-  p->deadline = clock_.Now() + config_.drain_timeout;
-  PromotionRecord& r = timelines_.Open("switchover", "batonctl promote");
-  r.injected = clock_.Now();
-  r.old_engine = p->id;
-  r.old_pid = p->process.pid();
-  r.new_engine = s->id;
+  OpenPlannedTimeline("switchover", "batonctl promote", *p, s->id);
   BATON_LOG(INFO, kLog) << "switch-over: draining engine " << p->id << ", then promoting engine "
                         << s->id;
-  Status sent = p->channel->Send(proto::Drain{.epoch = ledger_->engine(p->id)->epoch,
-                                              .timeout_ms = Millis(config_.drain_timeout)});
-  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
+  DrainEngine(*p);
   PublishRoutes();
   return OkStatus();
+}
+
+PromotionRecord& Controller::OpenPlannedTimeline(const std::string& kind, const std::string& cause,
+                                                 const EngineRecord& old, EngineId next) {
+  PromotionRecord& r = timelines_.Open(kind, cause);
+  r.injected = clock_.Now();
+  r.old_engine = old.id;
+  r.old_pid = old.process.pid();
+  r.new_engine = next;
+  return r;
+}
+
+void Controller::DrainEngine(EngineRecord& e) {
+  if (e.machine.Allows(EngineEvent::kDrain)) (void)e.machine.Apply(EngineEvent::kDrain);
+  e.serving = false;
+  e.deadline = clock_.Now() + config_.drain_timeout;
+  Status sent = e.channel->Send(proto::Drain{.epoch = ledger_->engine(e.id)->epoch,
+                                             .timeout_ms = Millis(config_.drain_timeout)});
+  if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending Drain: " + sent.message());
+}
+
+void Controller::GrantFree(EngineRecord& e, uint32_t blocks, const char* who) {
+  const uint64_t epoch = ledger_->engine(e.id)->epoch;
+  Result<std::vector<Extent>> granted = ledger_->Grant(e.id, blocks, epoch);
+  if (!granted.ok()) {
+    BATON_LOG(ERROR, kLog) << "granting " << blocks << " blocks to engine " << e.id << " (" << who
+                           << "): " << granted.status().ToString();
+    return;
+  }
+  BATON_LOG(INFO, kLog) << "granted " << blocks << " free blocks to engine " << e.id << " (" << who
+                        << ")";
+  Status sent = e.channel->Send(proto::Grant{.epoch = epoch, .extents = ToRanges(*granted)});
+  if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending Grant: " + sent.message());
+  CheckInvariants();
 }
 
 Status Controller::CheckNoCalledOffDrain(const EngineRecord& primary) const {
@@ -93,14 +118,7 @@ Status Controller::RequestDrain() {
     if (e->live() && id != primary_) others.push_back(id);
   }
   for (EngineId id : others) Fail(id, FailCause::kShutdown, "the pair is being drained");
-  if (EngineRecord* p = Find(primary_); p != nullptr && p->live()) {
-    if (p->is(EngineState::kPrimary)) (void)p->machine.Apply(EngineEvent::kDrain);
-    p->serving = false;
-    p->deadline = clock_.Now() + config_.drain_timeout;
-    Status sent = p->channel->Send(proto::Drain{.epoch = ledger_->engine(p->id)->epoch,
-                                                .timeout_ms = Millis(config_.drain_timeout)});
-    if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
-  }
+  if (EngineRecord* p = Find(primary_); p != nullptr && p->live()) DrainEngine(*p);
   BATON_LOG(INFO, kLog) << "drain: the pair is taken out of service";
   PublishRoutes();
   return OkStatus();

@@ -12,20 +12,10 @@ constexpr const char* kLog = "upgrade";
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
 constexpr size_t kKeepUpgrades = 10;
 
-std::vector<proto::BlockRange> Ranges(const std::vector<Extent>& extents) {
-  std::vector<proto::BlockRange> out;
-  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
-  return out;
-}
-
 std::string Joined(const std::vector<std::string>& args) {
   std::string out;
   for (const std::string& a : args) out += (out.empty() ? "" : " ") + a;
   return out;
-}
-
-uint32_t Millis(Duration d) {
-  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
 }
 
 }  // namespace
@@ -201,7 +191,7 @@ void Controller::PromoteCanary() {
   c->deadline = clock_.Now() + config_.promote_timeout;
   BATON_LOG(INFO, kLog) << "promoting engine " << c->id << " as the canary at epoch " << *epoch
                         << " with " << want << " blocks";
-  Status sent = c->channel->Send(proto::Promote{.epoch = *epoch, .extents = Ranges(extents)});
+  Status sent = c->channel->Send(proto::Promote{.epoch = *epoch, .extents = ToRanges(extents)});
   if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Promote: " + sent.message());
   CheckInvariants();
 }
@@ -287,16 +277,7 @@ void Controller::GrantFreeToCanary() {
   const uint32_t target = CanaryTarget(upgrade_->judge->weight());
   const uint32_t free = ledger_->Snapshot().free_blocks;
   const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
-  if (want == 0) return;
-  Result<std::vector<Extent>> granted = ledger_->Grant(c->id, want, le->epoch);
-  if (!granted.ok()) {
-    BATON_LOG(ERROR, kLog) << "granting the canary blocks: " << granted.status().ToString();
-    return;
-  }
-  BATON_LOG(INFO, kLog) << "granted " << want << " blocks to engine " << c->id << " (the canary)";
-  Status sent = c->channel->Send(proto::Grant{.epoch = le->epoch, .extents = Ranges(*granted)});
-  if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Grant: " + sent.message());
-  CheckInvariants();
+  if (want > 0) GrantFree(*c, want, "the canary");
 }
 
 void Controller::FinishUpgrade() {
@@ -308,20 +289,11 @@ void Controller::FinishUpgrade() {
   if (!CheckNoCalledOffDrain(*p).ok()) return;
   SetPhase(Upgrade::Phase::kFinishing);
   ApplyPair(PairEvent::kGracefulPromoteRequested);
-  (void)p->machine.Apply(EngineEvent::kDrain);
-  p->serving = false;
-  p->deadline = clock_.Now() + config_.drain_timeout;
-  PromotionRecord& r = timelines_.Open("upgrade", "canary passed every step");
-  r.injected = clock_.Now();
-  r.old_engine = p->id;
-  r.old_pid = p->process.pid();
-  r.new_engine = upgrade_->canary;
+  OpenPlannedTimeline("upgrade", "canary passed every step", *p, upgrade_->canary);
   BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary
                         << " passed every step: draining engine " << p->id
                         << ", the old primary; the canary takes over";
-  Status sent = p->channel->Send(proto::Drain{.epoch = ledger_->engine(p->id)->epoch,
-                                              .timeout_ms = Millis(config_.drain_timeout)});
-  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Drain: " + sent.message());
+  DrainEngine(*p);
   PublishRoutes();
 }
 
@@ -332,12 +304,7 @@ void Controller::RollBackCanary(const std::string& reason) {
   if (c == nullptr || !c->live()) return EndUpgrade("rolled_back", reason);
   if (!c->serving) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
   SetPhase(Upgrade::Phase::kRollingBack);
-  (void)c->machine.Apply(EngineEvent::kDrain);
-  c->serving = false;
-  c->deadline = clock_.Now() + config_.drain_timeout;
-  Status sent = c->channel->Send(proto::Drain{.epoch = ledger_->engine(c->id)->epoch,
-                                              .timeout_ms = Millis(config_.drain_timeout)});
-  if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Drain: " + sent.message());
+  DrainEngine(*c);
   PublishRoutes();
 }
 
@@ -419,17 +386,7 @@ void Controller::GiveFreeBlocksToPrimary() {
   }
   give_back_blocks_ = false;
   const uint32_t free = ledger_->Snapshot().free_blocks;
-  if (free == 0) return;
-  Result<std::vector<Extent>> granted = ledger_->Grant(p->id, free, le->epoch);
-  if (!granted.ok()) {
-    BATON_LOG(ERROR, kLog) << "returning blocks to the primary: " << granted.status().ToString();
-    return;
-  }
-  BATON_LOG(INFO, kLog) << "granted the " << free << " free blocks to engine " << p->id
-                        << " (the primary)";
-  Status sent = p->channel->Send(proto::Grant{.epoch = le->epoch, .extents = Ranges(*granted)});
-  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Grant: " + sent.message());
-  CheckInvariants();
+  if (free > 0) GrantFree(*p, free, "the primary");
 }
 
 void Controller::RetireStaleStandbys() {

@@ -37,6 +37,13 @@ enum class FailCause {
 };
 const char* ToString(FailCause cause);
 
+// Ledger extents as the protocol's block ranges (Promote, Grant).
+inline std::vector<proto::BlockRange> ToRanges(const std::vector<Extent>& extents) {
+  std::vector<proto::BlockRange> out;
+  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
+  return out;
+}
+
 struct EngineRecord {
   EngineRecord(EngineId engine_id, const Clock& clock)
       : id(engine_id), machine(NewEngineMachine(engine_id, clock)) {}

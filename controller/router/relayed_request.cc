@@ -115,8 +115,7 @@ void RelayedRequest::OnHead(int status, const std::string& content_type, bool st
       exchange_->BeginStream(status, content_type.empty() ? "text/event-stream" : content_type);
       client_header_sent_ = true;
     }
-  } else if (Retryable(status) ||
-             (status >= 500 && (target_->canary || deps_.admission->IsCanary(*target_)))) {
+  } else if (Retryable(status) || (status >= 500 && target_->canary)) {
     // An engine that is going away (502-504), or a canary's 5xx: a canary's failures are
     // judged against it, never passed to the client, so the attempt goes to another engine.
     mode_ = Mode::kRefused;
@@ -293,9 +292,7 @@ void RelayedRequest::CountAttempt(AttemptEnd end) {
 std::optional<uint64_t> RelayedRequest::ShadowCanary() {
   if (deps_.shadow == nullptr || !target_ || !replay_.reproducible()) return std::nullopt;
   if (mode_ == Mode::kStream && !replay_.ids_known()) return std::nullopt;
-  if (!(target_->canary || deps_.admission->IsCanary(*target_)) || !deps_.shadow->Sample()) {
-    return std::nullopt;
-  }
+  if (!target_->canary || !deps_.shadow->Sample()) return std::nullopt;
   return target_->engine_id;
 }
 

@@ -46,6 +46,31 @@ json WaitUpgradeEnded(const ChaosCluster& cluster, size_t ended_before) {
   return s["upgrade"]["history"].empty() ? json() : s["upgrade"]["history"].back();
 }
 
+// `batonctl upgrade` (UpgradeArgs with `extra`), then waits until it has ended and the pair
+// is ready again; returns how it ended.
+json UpgradeToTheEnd(const ChaosCluster& cluster, const std::vector<std::string>& extra) {
+  const CtlResult up = cluster.Ctl(UpgradeArgs(extra));
+  EXPECT_EQ(up.exit_code, 0) << up.stdout_text;
+  if (up.exit_code != 0) return json();
+  const json ended = WaitUpgradeEnded(cluster, 0);
+  cluster.WaitReady("the pair after the upgrade");
+  return ended;
+}
+
+// `batonctl upgrade` to the reference engine as "refengine-v2" with steps too long to pass,
+// so the canary stays at 50 %; returns the status once the canary serves.
+json StartACanaryThatStays(const ChaosCluster& cluster) {
+  std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
+  args[4] = "60000";  // --step-ms
+  const CtlResult up = cluster.Ctl(args);
+  EXPECT_EQ(up.exit_code, 0) << up.stdout_text;
+  return cluster.WaitFor(
+      [](const json& st) {
+        return !st["upgrade"]["current"].is_null() && st["upgrade"]["current"]["phase"] == "canary";
+      },
+      "the canary serves");
+}
+
 std::string EngineSeries(const char* what, uint64_t engine) {
   return std::string("baton_router_engine_") + what + "_total{engine_id=\"" +
          std::to_string(engine) + "\"}";
@@ -67,10 +92,7 @@ class UpgradeTest : public ::testing::Test {
 TEST_F(UpgradeTest, CanaryIsPromotedThenRolledBackUnderLoadLosingNoRequest) {
   json promoted, rolled_back;
   const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
-    const CtlResult up = cluster_.Ctl(UpgradeArgs({"--engine-version", "refengine-v2"}));
-    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
-    promoted = WaitUpgradeEnded(cluster_, 0);
-    cluster_.WaitReady("the pair after the upgrade");
+    promoted = UpgradeToTheEnd(cluster_, {"--engine-version", "refengine-v2"});
     const CtlResult back =
         cluster_.Ctl({"rollback", "--steps", "50,100", "--step-ms", "300", "--min-requests", "5"});
     ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
@@ -96,10 +118,7 @@ TEST_F(UpgradeTest, BrokenCanaryIsRolledBackAndNoClientSeesItsErrors) {
   const uint64_t primary = cluster_.Status()["pair"]["primary"].get<uint64_t>();
   json ended;
   const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
-    const CtlResult up = cluster_.Ctl(UpgradeArgs({"--fail-percent", "100"}));
-    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
-    ended = WaitUpgradeEnded(cluster_, 0);
-    cluster_.WaitReady("the pair after the rollback");
+    ended = UpgradeToTheEnd(cluster_, {"--fail-percent", "100"});
   });
   ExpectNoFailure(r, router_);
   EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
@@ -118,10 +137,7 @@ TEST_F(UpgradeTest, BrokenCanaryIsRolledBackAndNoClientSeesItsErrors) {
 TEST_F(UpgradeTest, CanaryThatDisagreesWithThePrimaryIsRolledBack) {
   json ended;
   const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
-    const CtlResult up = cluster_.Ctl(UpgradeArgs({"--seed-offset", "1"}));
-    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
-    ended = WaitUpgradeEnded(cluster_, 0);
-    cluster_.WaitReady("the pair after the rollback");
+    ended = UpgradeToTheEnd(cluster_, {"--seed-offset", "1"});
   });
   // The canary's answers are what it sampled: the clients it served saw other outputs than
   // the reference, which is what a canary risks and why its share starts small.
@@ -143,16 +159,7 @@ TEST_F(UpgradeTest, PrimaryKilledMidCanaryHandsOverToTheCanary) {
   json ended;
   uint64_t canary_id = 0;
   const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
-    std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
-    args[4] = "60000";  // --step-ms: the canary stays at 50 % until the primary dies
-    const CtlResult up = cluster_.Ctl(args);
-    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
-    const json s = cluster_.WaitFor(
-        [](const json& st) {
-          return !st["upgrade"]["current"].is_null() &&
-                 st["upgrade"]["current"]["phase"] == "canary";
-        },
-        "the canary serves");
+    const json s = StartACanaryThatStays(cluster_);  // at 50 % until the primary dies
     canary_id = EngineWithRole(s, "canary")["id"].get<uint64_t>();
     std::this_thread::sleep_for(milliseconds(300));
     EXPECT_EQ(::kill(PidOf(EngineWithRole(s, "primary")), SIGKILL), 0);
@@ -173,16 +180,7 @@ TEST_F(UpgradeTest, PrimaryKilledMidCanaryHandsOverToTheCanary) {
 TEST_F(UpgradeTest, KilledCanaryIsRolledBackLosingNoRequest) {
   json ended;
   const LoadResult r = LoadAround(router_.port(), requests_, want_, [&] {
-    std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
-    args[4] = "60000";  // --step-ms: the canary stays at 50 % until killed
-    const CtlResult up = cluster_.Ctl(args);
-    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
-    const json s = cluster_.WaitFor(
-        [](const json& st) {
-          return !st["upgrade"]["current"].is_null() &&
-                 st["upgrade"]["current"]["phase"] == "canary";
-        },
-        "the canary serves");
+    const json s = StartACanaryThatStays(cluster_);  // at 50 % until killed
     const json canary = EngineWithRole(s, "canary");
     ASSERT_FALSE(canary.is_null()) << s.dump();
     std::this_thread::sleep_for(milliseconds(300));

@@ -12,6 +12,7 @@
 #include "proto/hello.h"
 #include "proto/listener.h"
 #include "tests/proto/proto_test_util.h"
+#include "tests/router/wait_for.h"
 
 namespace baton {
 namespace {
@@ -48,16 +49,6 @@ proto::RouteTable OnePrimary(uint64_t version) {
                            .weight = 100,
                            .engine_version = "ref"});
   return table;
-}
-
-// Polls (up to 20 s) until `done` is true.
-template <typename F>
-bool WaitFor(F done) {
-  for (int i = 0; i < 2000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return done();
 }
 
 class RouteSubscriberTest : public ::testing::Test {

@@ -18,6 +18,7 @@
 #include "proto/listener.h"
 #include "tests/proto/proto_test_util.h"
 #include "tests/router/scripted_backend.h"
+#include "tests/router/wait_for.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
@@ -108,16 +109,6 @@ std::vector<std::string> StreamEvents(const std::vector<int32_t>& ids) {
   }
   events.push_back("data: [DONE]\n\n");
   return events;
-}
-
-// Polls (up to 20 s) until `done` is true.
-template <typename F>
-bool WaitFor(F done) {
-  for (int i = 0; i < 2000; ++i) {
-    if (done()) return true;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return done();
 }
 
 class ShadowRouterTest : public ::testing::Test {
