@@ -321,7 +321,8 @@ class Controller {
   std::vector<std::string> previous_command_;  // what the last promoted upgrade replaced
   uint64_t upgrades_promoted_ = 0;
   uint64_t upgrades_rolled_back_ = 0;
-  bool give_back_blocks_ = false;  // a canary is gone: free blocks return to the primary
+  bool give_back_blocks_ = false;        // a canary is gone: free blocks return to the primary
+  EngineId reclaimed_from_ = kNoEngine;  // the primary a Reclaim went to, until it answers
 
   struct Connection {
     std::unique_ptr<proto::Channel> channel;

@@ -1,4 +1,6 @@
 // Controller: engine-version upgrades by lossless canary (see upgrade.h).
+#include <utility>
+
 #include "base/log.h"
 #include "controller/command_record.h"
 #include "controller/controller.h"
@@ -150,7 +152,8 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
                         << " blocks for the canary's " << weight << " % step";
   Status sent =
       p->channel->Send(proto::Reclaim{.epoch = ledger_->engine(p->id)->epoch, .blocks = want});
-  if (!sent.ok()) Fail(p->id, FailCause::kEof, "sending Reclaim: " + sent.message());
+  if (!sent.ok()) return Fail(p->id, FailCause::kEof, "sending Reclaim: " + sent.message());
+  reclaimed_from_ = p->id;
 }
 
 void Controller::StartCanary(EngineRecord& e) {
@@ -165,7 +168,16 @@ void Controller::StartCanary(EngineRecord& e) {
 }
 
 void Controller::OnPrimaryReturned() {
-  if (!upgrade_.has_value() || stopping_) return;
+  const bool answers_reclaim = std::exchange(reclaimed_from_, kNoEngine) == primary_;
+  if (stopping_) return;
+  if (!upgrade_.has_value()) {
+    // The answer to a Reclaim came after the upgrade ended: nobody else wants the blocks.
+    if (answers_reclaim) {
+      give_back_blocks_ = true;
+      GiveFreeBlocksToPrimary();
+    }
+    return;
+  }
   if (upgrade_->phase == Upgrade::Phase::kReclaiming) return PromoteCanary();
   if (upgrade_->phase == Upgrade::Phase::kCanary) GrantFreeToCanary();
 }

@@ -21,6 +21,7 @@
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
 //   --promote-delay-ms N     wait N ms between the promotion and MarkServing (a slow start)
 //   --drain-ms N             a drain takes N ms (requests finishing), unless it is called off
+//   --reclaim-delay-ms N     answer a Reclaim N ms late (a busy engine)
 //   --protocol-2             an engine that does not handle Resume (speaks protocol 2)
 //   --device-memory          take a CUDA-backend controller's device memory: check that the
 //                            weights' device copy equals the host arena, and stamp the
@@ -71,6 +72,7 @@ struct Flags {
   bool device_memory = false;
   int promote_delay_ms = 0;
   int drain_ms = 0;
+  int reclaim_delay_ms = 0;
   bool protocol_2 = false;
 };
 
@@ -99,6 +101,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--drain-ms") {
       if (!value(&v)) return false;
       f->drain_ms = std::stoi(v);
+    } else if (a == "--reclaim-delay-ms") {
+      if (!value(&v)) return false;
+      f->reclaim_delay_ms = std::stoi(v);
     } else if (a == "--protocol-2") {
       f->protocol_2 = true;
     } else if (a == "--exit-after-promote") {
@@ -326,6 +331,7 @@ void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags
     if (!event.has_value()) continue;
     switch (event->kind) {
       case SessionEventKind::kReclaim: {
+        std::this_thread::sleep_for(std::chrono::milliseconds(flags.reclaim_delay_ms));
         std::lock_guard<std::mutex> lock(writer.mu());
         std::vector<MappedExtent> mapped = session.extents();
         std::vector<MappedExtent> give;

@@ -271,5 +271,40 @@ TEST(UpgradeCtlTest, ACandidateThatCannotStartIsRolledBack) {
   cluster.CheckFencing();
 }
 
+// The primary answers a Reclaim only after the upgrade ended (the canary was rolled back
+// while the primary took its time): the blocks it returned go back to it, and are not left
+// free until the next promotion.
+TEST(UpgradeCtlTest, BlocksReturnedAfterARollbackGoBackToThePrimary) {
+  ClusterOptions options;
+  options.engine_args = {"--reclaim-delay-ms", "1500"};
+  ChaosCluster cluster(options);
+  std::vector<std::string> args = {"upgrade", "--steps", "50,100", "--step-ms", "60000", "--"};
+  const json status = cluster.Status();
+  for (const json& part : status["upgrade"]["active_command"]) {
+    args.push_back(part.get<std::string>());
+  }
+  const CtlResult up = cluster.Ctl(args);
+  ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+  cluster.WaitFor(
+      [](const json& st) {
+        return !st["upgrade"]["current"].is_null() &&
+               st["upgrade"]["current"]["phase"] == "reclaiming";
+      },
+      "the primary is asked for blocks");
+  const CtlResult back = cluster.Ctl({"rollback"});
+  ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
+  EXPECT_EQ(WaitUpgradeEnded(cluster, 0)["outcome"], "rolled_back");
+  const json s = cluster.WaitFor(
+      [&](const json& st) {
+        const std::string log = cluster.Log();
+        return log.find(" returned ") != std::string::npos &&
+               log.find(" extents") != std::string::npos && st["pool"]["free"] == 0 &&
+               EngineWithRole(st, "primary")["blocks"] == options.blocks;
+      },
+      "the returned blocks are the primary's again");
+  EXPECT_EQ(s["pool"]["free"], 0) << s.dump();
+  cluster.CheckFencing();
+}
+
 }  // namespace
 }  // namespace baton::chaos
