@@ -211,6 +211,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"gpu.device", Int(&c->gpu_device, 0, 1023)},
       {"gpu.release_timeout_ms", Time<Millis>(&c->gpu_release_timeout, 1, kDay)},
       {"gpu.probe_interval_ms", Time<Millis>(&c->gpu_probe_interval, 0, kDay)},
+      {"gpu.pool_chunk_bytes", Size(&c->gpu_pool_chunk_bytes)},
       {"health.heartbeat_interval_ms", Time<Millis>(&c->heartbeat_interval, 1, 60'000)},
       {"health.heartbeat_misses", Int(&c->heartbeat_misses, 1, 1000)},
       {"health.probe_timeout_ms", Time<Millis>(&c->probe_timeout, 1, 60'000)},
@@ -361,6 +362,9 @@ Status FinishConfig(ControllerConfig* c) {
   if (c->block_bytes % 4096 != 0) {
     return InvalidArgument("pool.block_bytes: must be a multiple of 4096, got " +
                            std::to_string(c->block_bytes));
+  }
+  if (c->gpu_pool_chunk_bytes == 0) {
+    return InvalidArgument("gpu.pool_chunk_bytes: must be positive (the most a chunk holds)");
   }
   if (c->initial_grant_blocks > c->block_count) {
     return InvalidArgument("pool.initial_grant_blocks " + std::to_string(c->initial_grant_blocks) +

@@ -58,6 +58,9 @@ struct ControllerConfig {
   Duration gpu_release_timeout = std::chrono::seconds(5);
   // CUDA backend: how often the controller checks that its device still works (0: never).
   Duration gpu_probe_interval = std::chrono::seconds(1);
+  // CUDA backend: the most a device pool chunk holds. The driver maps whole chunks, so this
+  // is also the unit a canary's share of the pool is counted in (docs/gpu.md).
+  uint64_t gpu_pool_chunk_bytes = 256ull << 20;
 
   // [health]
   Duration heartbeat_interval = std::chrono::milliseconds(100);

@@ -122,6 +122,10 @@ Status Controller::Init() {
   }
   BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, *ParseBackendMode(config_.gpu_backend)));
   ledger_ = std::make_unique<PoolLedger>(config_.block_count, *journal_);
+  if (device_ != nullptr) {  // engines map the device pool by whole chunks
+    BATON_RETURN_IF_ERROR(ledger_->SetBlocksPerChunk(
+        static_cast<uint32_t>(device_->stats().pool_chunk_bytes / config_.block_bytes)));
+  }
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
                         << " bytes, huge_pages=" << pool_.huge_pages();
 

@@ -214,6 +214,8 @@ class Controller {
   bool CanaryTakesOver(EngineRecord& old);
   void EndUpgrade(const std::string& outcome, const std::string& reason);
   uint32_t CanaryTarget(uint32_t weight) const;
+  uint32_t PrimaryKeeps() const;                // the least of the pool a primary keeps
+  uint32_t WholeChunks(uint32_t blocks) const;  // rounded up to whole device pool chunks
   void ReclaimFromPrimary(uint32_t weight);
   void GrantFreeToCanary();
   void GiveFreeBlocksToPrimary();

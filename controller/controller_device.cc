@@ -20,7 +20,8 @@ Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode m
   if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();
   device_options_ = DeviceOwnerOptions{.device = backend.device,
                                        .block_count = config_.block_count,
-                                       .block_bytes = config_.block_bytes};
+                                       .block_bytes = config_.block_bytes,
+                                       .pool_chunk_bytes = config_.gpu_pool_chunk_bytes};
   Result<std::unique_ptr<DeviceOwner>> owner = MakeDeviceOwner();
   if (!owner.ok()) {
     const Status why = owner.status().WithContext("device memory on CUDA device " +

@@ -344,7 +344,7 @@ void Controller::MaybePromote() {
     BATON_LOG(ERROR, kLog) << "promoting engine " << e->id << ": " << promoted.ToString();
     return;
   }
-  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t free = ledger_->GrantableTo(e->id);
   const uint32_t want =
       config_.initial_grant_blocks == 0 ? free : std::min(free, config_.initial_grant_blocks);
   std::vector<Extent> extents;

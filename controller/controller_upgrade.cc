@@ -61,13 +61,13 @@ Status Controller::RequestUpgrade(UpgradeRequest request) {
                               ToString(pair_.state()) + ")");
   }
   BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
-  if (device_ != nullptr) {
-    // Device pool chunks hold many blocks and are mapped whole: a canary granted some
-    // blocks of a chunk the primary maps would map the primary's blocks writable too.
+  if (const uint32_t chunk = ledger_->blocks_per_chunk();
+      (config_.block_count - PrimaryKeeps()) / chunk == 0) {
+    // Engines map the device pool by whole chunks: the canary needs one of its own.
     return FailedPrecondition(
-        "canary upgrades are not available on the CUDA backend: the device pool is mapped in "
-        "chunks of many blocks, so a canary given some blocks of a chunk would map the "
-        "primary's blocks in it writable too");
+        "the device pool is " + std::to_string(config_.block_count) + " blocks in chunks of " +
+        std::to_string(chunk) + ": a canary needs a chunk of its own while the primary keeps " +
+        std::to_string(PrimaryKeeps()) + " blocks; make gpu.pool_chunk_bytes smaller");
   }
   Upgrade u;
   u.policy = config_.canary;
@@ -132,12 +132,26 @@ void Controller::SetPhase(Upgrade::Phase phase) {
 }
 
 // The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
-// requests in flight finish there, and the canary's failed attempts are retried there.
+// requests in flight finish there, and the canary's failed attempts are retried there. On a
+// device pool the share is whole chunks (the unit engines map), at most those that leave the
+// primary its tenth.
 uint32_t Controller::CanaryTarget(uint32_t weight) const {
   const uint64_t blocks = config_.block_count;
-  const uint64_t share =
-      std::min(blocks * weight / 100, blocks - std::max<uint64_t>(1, blocks / 10));
+  const uint64_t most = blocks - PrimaryKeeps();
+  uint64_t share = std::min(blocks * weight / 100, most);
+  const uint64_t chunk = ledger_->blocks_per_chunk();
+  if (chunk > 1)
+    share = std::min<uint64_t>(WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
   return std::max<uint32_t>(1, static_cast<uint32_t>(share));
+}
+
+uint32_t Controller::PrimaryKeeps() const {
+  return std::max<uint32_t>(1, config_.block_count / 10);
+}
+
+uint32_t Controller::WholeChunks(uint32_t blocks) const {
+  const uint32_t chunk = ledger_->blocks_per_chunk();
+  return (blocks + chunk - 1) / chunk * chunk;
 }
 
 void Controller::ReclaimFromPrimary(uint32_t weight) {
@@ -145,9 +159,9 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
   const LedgerEngine* c = ledger_->engine(upgrade_->canary);
   const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
   const uint32_t target = CanaryTarget(weight);
-  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t free = ledger_->GrantableTo(upgrade_->canary);
   if (p == nullptr || p->channel == nullptr || held + free >= target) return;
-  const uint32_t want = target - held - free;
+  const uint32_t want = WholeChunks(target - held - free);
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " blocks for the canary's " << weight << " % step";
   Status sent =
@@ -162,7 +176,7 @@ void Controller::StartCanary(EngineRecord& e) {
   upgrade_->deadline = clock_.Now() + kReclaimTimeout;
   ReclaimFromPrimary(upgrade_->policy.steps.front());
   if (upgrade_.has_value() &&
-      ledger_->Snapshot().free_blocks >= CanaryTarget(upgrade_->policy.steps.front())) {
+      ledger_->GrantableTo(upgrade_->canary) >= CanaryTarget(upgrade_->policy.steps.front())) {
     PromoteCanary();
   }
 }
@@ -190,7 +204,7 @@ void Controller::PromoteCanary() {
   if (Status promoted = ledger_->Promote(c->id, *epoch); !promoted.ok()) {
     return RollBackCanary("promoting the canary: " + promoted.message());
   }
-  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t free = ledger_->GrantableTo(c->id);
   const uint32_t want = std::min(free, CanaryTarget(upgrade_->policy.steps.front()));
   std::vector<Extent> extents;
   if (want > 0) {
@@ -248,7 +262,7 @@ void Controller::TickUpgrade() {
   if (upgrade_->phase == Upgrade::Phase::kReclaiming && upgrade_->deadline.has_value() &&
       clock_.Now() >= *upgrade_->deadline && c != nullptr && c->is(EngineState::kStandby)) {
     BATON_LOG(WARN, kLog) << "the primary did not return blocks in time; the canary starts with "
-                          << ledger_->Snapshot().free_blocks << " free blocks";
+                          << ledger_->GrantableTo(upgrade_->canary) << " free blocks";
     return PromoteCanary();
   }
   if (upgrade_->phase != Upgrade::Phase::kCanary) return;
@@ -287,7 +301,7 @@ void Controller::GrantFreeToCanary() {
   const LedgerEngine* le = ledger_->engine(upgrade_->canary);
   if (c == nullptr || !c->serving || le == nullptr || le->role != LedgerRole::kHolder) return;
   const uint32_t target = CanaryTarget(upgrade_->judge->weight());
-  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t free = ledger_->GrantableTo(c->id);
   const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
   if (want > 0) GrantFree(*c, want, "the canary");
 }
@@ -397,7 +411,7 @@ void Controller::GiveFreeBlocksToPrimary() {
     return;
   }
   give_back_blocks_ = false;
-  const uint32_t free = ledger_->Snapshot().free_blocks;
+  const uint32_t free = ledger_->GrantableTo(p->id);
   if (free > 0) GrantFree(*p, free, "the primary");
 }
 

@@ -45,6 +45,11 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
             {"health_probes", e.probes},
             {"uptime_s", AgoMs(c, e.launched_at) / 1000.0},
             {"prefault_ms", static_cast<double>(e.prefault_us) / 1000.0}};
+  json extents = json::array();  // [first, count] of each lease, granted or quarantined
+  for (const Lease& l : c.ledger().LeasesOf(e.id)) {
+    extents.push_back({l.extent.first, l.extent.count});
+  }
+  j["extents"] = std::move(extents);
   if (c.cuda_backend()) j["device_memory"] = e.device_memory;
   if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
   if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());

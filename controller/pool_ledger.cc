@@ -111,33 +111,28 @@ void PoolLedger::NoteAccepted(EngineId id, uint64_t epoch) {
   e->accepted_epoch = epoch;
 }
 
-// Best fit: the smallest free run holding all `blocks`; else the largest runs first.
-std::vector<Extent> PoolLedger::TakeFree(uint32_t blocks) {
-  auto best = free_.end();
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
-    if (it->second >= blocks && (best == free_.end() || it->second < best->second)) best = it;
+// Best fit: the smallest of `runs` holding all `blocks`; else the largest runs first. `runs`
+// lie inside free runs and hold at least `blocks` blocks.
+std::vector<Extent> PoolLedger::TakeFree(uint32_t blocks, const std::vector<Extent>& runs) {
+  auto best = runs.end();
+  for (auto it = runs.begin(); it != runs.end(); ++it) {
+    if (it->count >= blocks && (best == runs.end() || it->count < best->count)) best = it;
   }
-  std::vector<std::pair<uint32_t, uint32_t>> picks;  // (first, count)
-  if (best != free_.end()) {
-    picks.emplace_back(best->first, blocks);
+  std::vector<Extent> out;
+  if (best != runs.end()) {
+    out.push_back(Extent{best->first, blocks});
   } else {
-    std::vector<std::pair<uint32_t, uint32_t>> runs(free_.begin(), free_.end());
-    std::stable_sort(runs.begin(), runs.end(),
-                     [](const auto& a, const auto& b) { return a.second > b.second; });
-    for (const auto& [first, count] : runs) {
+    std::vector<Extent> largest = runs;
+    std::stable_sort(largest.begin(), largest.end(),
+                     [](const Extent& a, const Extent& b) { return a.count > b.count; });
+    for (const Extent& run : largest) {
       if (blocks == 0) break;
-      const uint32_t take = std::min(count, blocks);
-      picks.emplace_back(first, take);
+      const uint32_t take = std::min(run.count, blocks);
+      out.push_back(Extent{run.first, take});
       blocks -= take;
     }
   }
-  std::vector<Extent> out;
-  for (const auto& [first, take] : picks) {
-    const uint32_t count = free_[first];
-    free_.erase(first);
-    if (take < count) free_[first + take] = count - take;
-    out.push_back(Extent{first, take});
-  }
+  for (const Extent& extent : out) RemoveFree(extent);
   std::sort(out.begin(), out.end(),
             [](const Extent& a, const Extent& b) { return a.first < b.first; });
   return out;
@@ -367,13 +362,19 @@ Result<std::vector<Extent>> PoolLedger::Grant(EngineId id, uint32_t blocks, uint
   }
   if (blocks == 0) return InvalidArgument("grant: zero blocks requested");
   NoteAccepted(id, epoch);
-  uint32_t free_blocks = 0;
-  for (const auto& [first, count] : free_) free_blocks += count;
-  if (free_blocks < blocks) {
-    return ResourceExhausted("grant: " + EngineName(id) + " asked for " + std::to_string(blocks) +
-                             " blocks, " + std::to_string(free_blocks) + " free");
+  const std::vector<Extent> runs = FreeRunsFor(id);
+  uint32_t grantable = 0;
+  for (const Extent& run : runs) grantable += run.count;
+  if (grantable < blocks) {
+    const uint32_t free_blocks = Snapshot().free_blocks;
+    return ResourceExhausted(
+        "grant: " + EngineName(id) + " asked for " + std::to_string(blocks) + " blocks, " +
+        std::to_string(free_blocks) + " free" +
+        (grantable < free_blocks
+             ? " (" + std::to_string(grantable) + " in device pool chunks no other engine maps)"
+             : ""));
   }
-  std::vector<Extent> extents = TakeFree(blocks);
+  std::vector<Extent> extents = TakeFree(blocks, runs);
   for (const Extent& extent : extents) {
     InsertLease(Lease{id, extent, e->epoch, LeaseState::kGranted});
   }

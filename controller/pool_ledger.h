@@ -129,6 +129,17 @@ class PoolLedger {
   // Takes back `extent`, which must lie inside granted leases of `id` at `epoch`.
   Status Return(EngineId id, Extent extent, uint64_t epoch);
 
+  // --- device pools -------------------------------------------------------------------------
+  // A device pool is mapped by chunks of `blocks_per_chunk` blocks (block b in chunk
+  // b / blocks_per_chunk), and an engine maps a whole chunk as soon as it holds one of its
+  // blocks. From now on Grant gives an engine only free blocks of chunks in which no other
+  // engine holds or waits on blocks, so no two engines map one chunk (rule 1, checked by
+  // CheckInvariants). 1, the default, places no constraint. InvalidArgument for 0.
+  Status SetBlocksPerChunk(uint32_t blocks_per_chunk);
+  uint32_t blocks_per_chunk() const { return blocks_per_chunk_; }
+  // Free blocks that Grant could give `id` now.
+  uint32_t GrantableTo(EngineId id) const;
+
   // --- recovery ---------------------------------------------------------------------------
   // A holder reconnecting after a controller restart claims `extents` at `epoch`, which must
   // be the durable epoch the ledger started at; the blocks must still be unclaimed.
@@ -165,8 +176,16 @@ class PoolLedger {
   Status CheckNewEpoch(uint64_t epoch, const char* what) const;
   void NoteAccepted(EngineId id, uint64_t epoch);
 
-  std::vector<Extent> TakeFree(uint32_t blocks);
+  std::vector<Extent> TakeFree(uint32_t blocks, const std::vector<Extent>& runs);
   void AddFree(Extent extent);
+  void RemoveFree(Extent extent);  // `extent` lies inside one free run
+  // The free runs Grant may take for `id`: all of them, or on a chunked pool those in chunks
+  // no other engine leases, in block order.
+  std::vector<Extent> FreeRunsFor(EngineId id) const;
+  // Per chunk: its only leaseholder, kNoEngine if none, kMixedChunk if several. Blocks of
+  // kPreviousIncarnation count only when `count_previous`.
+  static constexpr EngineId kMixedChunk = UINT64_MAX - 1;
+  std::vector<EngineId> ChunkHolders(bool count_previous) const;
   void InsertLease(Lease lease);
   LeaseMap::iterator SplitAt(uint32_t block);
   bool CoveredBy(Extent extent, EngineId holder, LeaseState state, uint64_t epoch) const;
@@ -180,8 +199,10 @@ class PoolLedger {
   Status CheckEpochs() const;
   Status CheckMessages() const;
   Status CheckStandbys() const;
+  Status CheckChunks() const;
 
   uint32_t block_count_;
+  uint32_t blocks_per_chunk_ = 1;
   const EpochStore* epochs_;
   uint64_t floor_;         // the durable epoch at construction: earlier epochs are not reissued
   uint64_t issued_;        // highest epoch in use or reserved

@@ -23,6 +23,7 @@ constexpr const char* kStandby = "standby maps nothing writable";
 
 Status PoolLedger::CheckInvariants() const {
   BATON_RETURN_IF_ERROR(CheckTiling());
+  BATON_RETURN_IF_ERROR(CheckChunks());
   BATON_RETURN_IF_ERROR(CheckLeaseHolders());
   BATON_RETURN_IF_ERROR(CheckBarrier());
   BATON_RETURN_IF_ERROR(CheckEpochs());

@@ -259,6 +259,12 @@ std::optional<DeviceRegionView> EngineSession::device_weights() const {
   return impl_->device_weights();
 }
 std::optional<DeviceRegionView> EngineSession::device_pool() const { return impl_->device_pool(); }
+uint32_t EngineSession::reclaim_chunk_blocks() const {
+  const std::optional<DeviceRegionView> device = impl_->device_pool();
+  const uint64_t block_bytes = pool().block_bytes;
+  if (!device.has_value() || block_bytes == 0 || device->chunk_bytes < block_bytes) return 1;
+  return static_cast<uint32_t>(device->chunk_bytes / block_bytes);
+}
 Result<SessionEvent> EngineSession::WaitForPromotion(std::optional<Duration> timeout) {
   return impl_->WaitForPromotion(timeout);
 }

@@ -124,7 +124,8 @@ inline constexpr uint64_t kBlockHeaderBytes = 64;
 enum class SessionEventKind {
   kPromoted,      // epoch + extents: this engine is now the primary (extents mapped)
   kGranted,       // epoch + extents: more extents mapped
-  kReclaim,       // blocks: return that many blocks with ReturnBlocks()
+  kReclaim,       // blocks: return that many blocks with ReturnBlocks() (whole chunks on a
+                  // device pool: see reclaim_chunk_blocks())
   kDrain,         // timeout: stop admitting, finish in-flight work, then call ReportDrained()
   kResume,        // the drain is called off (the switch-over failed): admit requests again
   kStop,          // reason: the controller wants this engine to exit
@@ -158,6 +159,11 @@ class EngineSession {
   // holds blocks in them; headers scrubbed like the host blocks'). nullopt otherwise.
   std::optional<DeviceRegionView> device_weights() const;
   std::optional<DeviceRegionView> device_pool() const;
+  // Blocks per device pool chunk when device_pool() is mapped, else 1. The driver maps whole
+  // chunks, so the controller can lend a returned block to another engine (a canary) only
+  // once every block of its chunk is returned: answer a kReclaim with whole chunks (blocks
+  // [c x n, (c + 1) x n)); blocks of a chunk this engine keeps come back only to it.
+  uint32_t reclaim_chunk_blocks() const;
 
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
   // than a stop or a disconnect, which fail the wait) stay queued for NextEvent().

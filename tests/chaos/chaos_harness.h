@@ -43,9 +43,10 @@ struct ClusterOptions {
   int promote_timeout_ms = 10'000;
   std::string first_engine_rogue;  // the first engine misbehaves as this rogue mode when set
   int metrics_port = 0;
-  bool wait_ready = true;   // the constructor waits for primary + standby
-  std::string gpu_backend;  // [gpu] backend when set (auto | host | cuda)
-  int gpu_probe_ms = 0;     // [gpu] probe_interval_ms when set
+  bool wait_ready = true;             // the constructor waits for primary + standby
+  std::string gpu_backend;            // [gpu] backend when set (auto | host | cuda)
+  int gpu_probe_ms = 0;               // [gpu] probe_interval_ms when set
+  uint64_t gpu_pool_chunk_bytes = 0;  // [gpu] pool_chunk_bytes when set
 };
 
 struct CtlResult {
@@ -72,7 +73,8 @@ class ChaosCluster {
   // Pair ready: a serving primary and a registered standby.
   json WaitReady(const std::string& what = "pair ready") const;
 
-  // Fencing checks (see above); records failures with the status attached.
+  // Fencing checks (see above), once the pair is ready or a canary serves; records failures
+  // with the status attached.
   void CheckFencing() const;
 
   bool ControllerAlive() const;

@@ -324,6 +324,40 @@ class StampWriter {
   bool violated_ = false;
 };
 
+// What to return for a Reclaim of `blocks`: whole chunks of the device pool (single blocks on
+// the host), the highest first, at least `blocks` of them where this engine holds that many;
+// as pieces of its mapped extents, as ReturnBlocks() takes them.
+std::vector<MappedExtent> ReclaimWholeChunks(const EngineSession& session, uint32_t blocks) {
+  const uint32_t per_chunk = session.reclaim_chunk_blocks();
+  const std::vector<MappedExtent> mapped = session.extents();
+  std::vector<bool> held(session.pool().block_count, false);
+  for (const MappedExtent& e : mapped) {
+    for (uint32_t b = e.first; b < e.first + e.count; ++b) held[b] = true;
+  }
+  std::vector<bool> give(held.size(), false);
+  uint32_t left = blocks;
+  for (uint32_t end = static_cast<uint32_t>(held.size()); end > 0 && left > 0;) {
+    const uint32_t first = (end - 1) / per_chunk * per_chunk;
+    bool whole = true;
+    for (uint32_t b = first; b < end; ++b) whole = whole && held[b];
+    for (uint32_t b = first; whole && b < end; ++b) give[b] = true;
+    if (whole) left -= std::min(left, end - first);
+    end = first;
+  }
+  std::vector<MappedExtent> out;
+  for (const MappedExtent& e : mapped) {
+    for (uint32_t b = e.first; b < e.first + e.count; ++b) {
+      if (!give[b]) continue;
+      if (!out.empty() && out.back().first + out.back().count == b && b != e.first) {
+        ++out.back().count;
+      } else {
+        out.push_back(MappedExtent{.first = b, .count = 1});
+      }
+    }
+  }
+  return out;
+}
+
 // Handles controller events until a stop or a lost connection.
 void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags) {
   while (true) {
@@ -333,16 +367,7 @@ void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags
       case SessionEventKind::kReclaim: {
         std::this_thread::sleep_for(std::chrono::milliseconds(flags.reclaim_delay_ms));
         std::lock_guard<std::mutex> lock(writer.mu());
-        std::vector<MappedExtent> mapped = session.extents();
-        std::vector<MappedExtent> give;
-        uint32_t left = event->blocks;
-        for (const MappedExtent& e : mapped) {
-          if (left == 0) break;
-          const uint32_t n = std::min(left, e.count);
-          give.push_back(MappedExtent{.first = e.first + e.count - n, .count = n});
-          left -= n;
-        }
-        (void)session.ReturnBlocks(give);
+        (void)session.ReturnBlocks(ReclaimWholeChunks(session, event->blocks));
         break;
       }
       case SessionEventKind::kResume:

@@ -61,6 +61,9 @@ min_requests = 50
 max_error_rate_excess = 0.02
 max_latency_ratio = 1.5
 max_disagreement_rate = 0.01
+
+[gpu]
+pool_chunk_bytes = "64MiB"
 )";
 
 TEST(Config, ParsesEveryKey) {
@@ -89,6 +92,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->block_bytes, 2u << 20);
   EXPECT_FALSE(c->pool_huge_pages);
   EXPECT_EQ(c->initial_grant_blocks, 64u);
+  EXPECT_EQ(c->gpu_pool_chunk_bytes, 64u << 20);
   EXPECT_EQ(c->heartbeat_interval, milliseconds(50));
   EXPECT_EQ(c->heartbeat_misses, 4);
   EXPECT_EQ(c->probe_timeout, milliseconds(80));
@@ -120,6 +124,7 @@ TEST(Config, DefaultsMatchTheDesign) {
   EXPECT_EQ(c->canary.steps, (std::vector<uint32_t>{10, 50, 100}));
   EXPECT_EQ(c->canary.step_duration, seconds(30));
   EXPECT_EQ(c->canary.min_requests, 20u);
+  EXPECT_EQ(c->gpu_pool_chunk_bytes, 256u << 20);
 }
 
 // Each bad config is refused with an error that names the key and the rule.
@@ -162,6 +167,10 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   s = FinishConfig(&c);
   EXPECT_NE(s.message().find("multiple of 4096"), std::string::npos) << s.ToString();
   c.block_bytes = 4096;
+  c.gpu_pool_chunk_bytes = 0;
+  s = FinishConfig(&c);
+  EXPECT_NE(s.message().find("gpu.pool_chunk_bytes"), std::string::npos) << s.ToString();
+  c.gpu_pool_chunk_bytes = 64u << 20;
   ASSERT_TRUE(FinishConfig(&c).ok());
   EXPECT_FALSE(c.runtime_dir.empty());
   EXPECT_EQ(c.state_dir, c.runtime_dir + "/state");

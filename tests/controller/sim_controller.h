@@ -27,6 +27,7 @@ namespace baton::sim {
 
 struct SimOptions {
   uint32_t blocks = 32;
+  uint32_t blocks_per_chunk = 1;  // > 1: a device pool mapped by chunks
   FailureDetector::Options detector;
   CrashLoopGuard::Options guard;
   Duration register_timeout = std::chrono::seconds(1);
@@ -48,6 +49,7 @@ class SimController {
         pair_(NewPairMachine("pair", world.clock())),
         guard_(world.clock(), options.guard) {
     ledger_.SetMutationForTesting(options.mutation);
+    (void)ledger_.SetBlocksPerChunk(options.blocks_per_chunk);
     if (!restarted) return;
     for (EngineId id : world_.Roster()) recovery_[id] = Recovery{Now() + options.reconnect_timeout};
   }

@@ -51,11 +51,15 @@ struct Fault {
   bool skip_fsync = false;
   bool skip_barrier = false;
   bool release_at_once = false;
+  // Not a fault: the pool's shape, a device pool mapped by chunks when above 1.
+  uint32_t blocks = 32;
+  uint32_t blocks_per_chunk = 1;
 };
 
 SimOptions Options(const Fault& fault) {
   SimOptions o;
-  o.blocks = 32;
+  o.blocks = fault.blocks;
+  o.blocks_per_chunk = fault.blocks_per_chunk;
   o.guard.max_failures = 3;
   o.guard.window = std::chrono::seconds(2);
   o.guard.initial_backoff = milliseconds(200);
@@ -369,6 +373,22 @@ TEST(Simulation, EverySeedKeepsTheFencingRules) {
   EXPECT_GT(total.refused_stale, 0u);
   EXPECT_GT(total.refused_forged, 0u);
   EXPECT_GT(total.backoff_steps, 0u);
+}
+
+// The same on a device pool of 4-block chunks (blocks 30 and 31 in a short last chunk):
+// grants never put two engines in one chunk, across promotions and controller restarts.
+TEST(Simulation, ChunkedPoolSeedsKeepTheFencingRules) {
+  QuietLogs quiet;
+  const Fault chunked{.blocks = 30, .blocks_per_chunk = 4};
+  const uint64_t seeds = EnvOr("BATON_SIM_SEEDS", 10000) / 5;
+  Stats total;
+  for (uint64_t seed = 1; seed <= seeds; ++seed) {
+    Outcome out = RunSeed(seed, chunked);
+    total.Add(out.stats);
+    if (!out.ok) FAIL() << Report(seed, RunSeed(seed, chunked, /*verbose=*/true));
+  }
+  EXPECT_GT(total.promotions, seeds);
+  EXPECT_GT(total.readopts, 0u);
 }
 
 TEST(Simulation, SameSeedReplaysIdentically) {

@@ -4,6 +4,7 @@
 // headers in the device pool; kill -9 of the primary promotes the standby onto the same
 // device pool, which finds every header scrubbed or its own (fencing rules 1 and 2).
 // Engines that compute on the host decline the device memory and the pair runs as before.
+// Canary upgrades on the device pool: device_upgrade_test.cc.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -50,18 +51,6 @@ TEST(DevicePairTest, EnginesTakeTheDeviceMemoryAndAFailoverKeepsItFenced) {
                   "the new primary to run a while");
   cluster.CheckFencing();
   EXPECT_NE(cluster.Log().find("device memory: device 0: weights"), std::string::npos);
-}
-
-// A canary shares the pool by blocks, the device pool is mapped by chunks: the controller
-// refuses an upgrade rather than let a canary map the primary's blocks.
-TEST(DevicePairTest, AnUpgradeIsRefusedOnTheDevicePool) {
-  ChaosCluster cluster(CudaCluster({"--device-memory"}));
-  const CtlResult up = cluster.Ctl({"upgrade", "--", "/bin/true"});
-  EXPECT_EQ(up.exit_code, 1) << up.stdout_text;
-  EXPECT_NE(up.stdout_text.find("not available on the CUDA backend"), std::string::npos)
-      << up.stdout_text;
-  EXPECT_TRUE(cluster.Status()["upgrade"]["current"].is_null());
-  cluster.CheckFencing();
 }
 
 // Sets an environment variable for the processes started while it lives.

@@ -1,0 +1,128 @@
+// Canary upgrades on the CUDA backend, between real processes on the emulated device. The
+// driver maps the device pool by whole chunks, so the controller lends the canary whole
+// chunks only, which the primary returns whole: both engines stamp the block headers of what
+// they hold in the device pool, and any header written by the other engine in a block one of
+// them holds (a chunk both map) is a violation they write down, which CheckFencing looks for.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "tests/chaos/chaos_harness.h"
+#include "tests/cuda_emulated/emulated_device.h"
+
+namespace baton::chaos {
+namespace {
+
+using std::chrono::seconds;
+
+// 16 blocks of 1 MiB in chunks of 2 MiB: 8 chunks of 2 blocks.
+ClusterOptions ChunkedCluster(uint64_t chunk_bytes) {
+  ClusterOptions o;
+  o.gpu_backend = "cuda";
+  o.blocks = 16;
+  o.block_bytes = 1 << 20;
+  o.gpu_pool_chunk_bytes = chunk_bytes;
+  o.engine_args = {"--device-memory"};
+  return o;
+}
+
+// `batonctl upgrade` to the test engine's own command with a step too long to pass; returns
+// the status once the canary serves.
+json StartACanary(const ChaosCluster& cluster) {
+  const json before = cluster.Status();
+  std::vector<std::string> args = {"upgrade", "--steps", "50,100", "--step-ms", "600000", "--"};
+  for (const json& part : before["upgrade"]["active_command"]) {
+    args.push_back(part.get<std::string>());
+  }
+  const CtlResult up = cluster.Ctl(args);
+  EXPECT_EQ(up.exit_code, 0) << up.stdout_text;
+  return cluster.WaitFor(
+      [](const json& st) {
+        return !st["upgrade"]["current"].is_null() &&
+               st["upgrade"]["current"]["phase"] == "canary" &&
+               EngineWithRole(st, "canary")["blocks"] == 8;
+      },
+      "the canary serves with half the pool", seconds(30));
+}
+
+// The chunks (of two blocks) that `engine`'s leases touch.
+std::vector<int> ChunksOf(const json& engine) {
+  std::vector<int> chunks;
+  for (const json& x : engine["extents"]) {
+    const int first = x[0].get<int>();
+    for (int b = first; b < first + x[1].get<int>(); ++b) {
+      if (chunks.empty() || chunks.back() != b / 2) chunks.push_back(b / 2);
+    }
+  }
+  return chunks;
+}
+
+TEST(DeviceUpgradeTest, TheCanaryGetsWholeChunksAndARollbackGivesThemBack) {
+  ChaosCluster cluster(ChunkedCluster(2 << 20));
+  ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 8);
+  const json s = StartACanary(cluster);
+  const json primary = EngineWithRole(s, "primary");
+  const json canary = EngineWithRole(s, "canary");
+  EXPECT_EQ(primary["blocks"], 8) << s.dump();
+  EXPECT_EQ(canary["device_memory"], "mapped") << canary.dump();
+  const std::vector<int> mine = ChunksOf(primary);
+  ASSERT_EQ(ChunksOf(canary).size(), 4u) << canary.dump();
+  for (int c : ChunksOf(canary)) {
+    EXPECT_EQ(std::count(mine.begin(), mine.end(), c), 0) << "chunk " << c << " is shared";
+  }
+  // Both engines stamp their device blocks a while: a chunk mapped by both would show.
+  const uint64_t beats = canary["heartbeats"].get<uint64_t>();
+  cluster.WaitFor(
+      [&](const json& st) { return EngineWithRole(st, "canary")["heartbeats"] > beats + 10; },
+      "the canary to run a while");
+  cluster.CheckFencing();
+
+  const CtlResult back = cluster.Ctl({"rollback"});
+  ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
+  const json after = cluster.WaitFor(
+      [](const json& st) {
+        return !st["upgrade"]["history"].empty() && IsReady(st) && st["pool"]["free"] == 0 &&
+               EngineWithRole(st, "primary")["blocks"] == 16;
+      },
+      "the rollback, the canary's chunks back with the primary", seconds(30));
+  EXPECT_EQ(after["upgrade"]["history"][0]["outcome"], "rolled_back");
+  cluster.CheckFencing();
+}
+
+TEST(DeviceUpgradeTest, APrimaryKilledMidCanaryHandsItsChunksToTheCanary) {
+  ChaosCluster cluster(ChunkedCluster(2 << 20));
+  const json s = StartACanary(cluster);
+  const json primary = EngineWithRole(s, "primary");
+  const uint64_t canary = EngineWithRole(s, "canary")["id"];
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const json after = cluster.WaitFor(
+      [&](const json& st) {
+        return IsReady(st) && PrimaryId(st) == canary &&
+               EngineWithRole(st, "primary")["blocks"] == 16;
+      },
+      "the canary to take over the whole device pool", seconds(30));
+  EXPECT_EQ(after["upgrade"]["history"][0]["outcome"], "promoted") << after.dump();
+  // The dead primary's chunks are scrubbed for the canary: a header of the dead primary
+  // found in one would be a violation.
+  cluster.WaitFor([&](const json& st) { return EngineWithRole(st, "primary")["heartbeats"] > 40; },
+                  "the new primary to run a while");
+  cluster.CheckFencing();
+}
+
+TEST(DeviceUpgradeTest, APoolOfOneChunkRefusesAnUpgradeAndSaysWhy) {
+  ChaosCluster cluster(ChunkedCluster(0));  // the default: one chunk holds this small pool
+  ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 1);
+  const CtlResult up = cluster.Ctl({"upgrade", "--", "/bin/true"});
+  EXPECT_EQ(up.exit_code, 1) << up.stdout_text;
+  EXPECT_NE(up.stdout_text.find("a canary needs a chunk of its own"), std::string::npos)
+      << up.stdout_text;
+  EXPECT_NE(up.stdout_text.find("gpu.pool_chunk_bytes"), std::string::npos) << up.stdout_text;
+  EXPECT_TRUE(cluster.Status()["upgrade"]["current"].is_null());
+  cluster.CheckFencing();
+}
+
+}  // namespace
+}  // namespace baton::chaos
