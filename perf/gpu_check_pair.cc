@@ -79,8 +79,9 @@ class Pair {
     }
     out << "]\n";
     if (o_.promote_timeout_ms > 0) out << "promote_timeout_ms = " << o_.promote_timeout_ms << "\n";
+    // 16 MiB chunks: the pool is 8 chunks, so a canary can have chunks of its own.
     out << "[pool]\nblocks = 64\nblock_bytes = 2097152\n"
-        << "[gpu]\nbackend = \"cuda\"\ndevice = " << o_.device << "\n";
+        << "[gpu]\nbackend = \"cuda\"\ndevice = " << o_.device << "\npool_chunk_bytes = 16777216\n";
     return out.good();
   }
 
@@ -144,6 +145,59 @@ json Fail(json r, const std::string& error) {
   return r;
 }
 
+size_t CountFiles(const std::string& dir) {
+  std::error_code ec;
+  size_t n = 0;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+// A canary of the engines' own command beside the primary on the device pool, at 50 % for
+// long enough that both stamp their blocks, then rolled back: whole chunks each (no chunk
+// leased to both, which the controller's invariant check would name), no header of the
+// other engine found in a block (the violation files), and the chunks back with the primary.
+json CanaryStep(const Pair& pair, const json& ready, const std::string& dir) {
+  json r;
+  std::string command;
+  for (const json& arg : ready["upgrade"].value("active_command", json::array())) {
+    command += " '" + arg.get<std::string>() + "'";
+  }
+  const json up = pair.Ctl("upgrade --steps 50,100 --step-ms 600000 --" + command);
+  if (!up.is_object() || !up.value("ok", false)) return Fail(r, "upgrade refused: " + up.dump());
+  bool held = false;
+  const json canary = pair.WaitFor(
+      [](const json& s) {
+        return s.contains("upgrade") && s["upgrade"]["current"].is_object() &&
+               s["upgrade"]["current"].value("phase", "") == "canary" &&
+               EngineWithRole(s, "canary").value("blocks", 0) > 0;
+      },
+      &held);
+  if (!held) return Fail(r, "the canary never served; see controller.log");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // both stamp their blocks
+  r["canary_blocks"] = EngineWithRole(canary, "canary")["blocks"];
+  r["primary_blocks"] = EngineWithRole(canary, "primary")["blocks"];
+  r["canary_extents"] = EngineWithRole(canary, "canary")["extents"];
+  r["primary_extents"] = EngineWithRole(canary, "primary")["extents"];
+  r["canary_device_memory"] = EngineWithRole(canary, "canary").value("device_memory", "");
+  r["invariants_during"] = pair.Ctl("status").value("invariants", "");
+  if (!pair.Ctl("rollback").value("ok", false)) return Fail(r, "rollback refused");
+  const json after = pair.WaitFor(
+      [](const json& s) {
+        return IsReady(s) && !s["upgrade"]["history"].empty() && s["pool"]["free"] == 0;
+      },
+      &held);
+  if (!held) return Fail(r, "the rollback did not end with a ready pair; see controller.log");
+  r["outcome"] = after["upgrade"]["history"].back().value("outcome", "");
+  r["invariants"] = after.value("invariants", "");
+  r["violations"] = CountFiles(dir + "/violations");
+  r["ok"] = r["canary_device_memory"] == "mapped" && r["invariants_during"] == "ok" &&
+            r["invariants"] == "ok" && r["violations"] == 0 && r["outcome"] == "rolled_back";
+  return r;
+}
+
 }  // namespace
 
 // The engines' reports in dir/reports once there are `want` of them (null at the deadline).
@@ -203,6 +257,7 @@ json PairStep(const PairStepOptions& o) {
     ++violations;
   }
   r["violations"] = violations;
+  if (o.engine_command.empty()) r["canary"] = CanaryStep(pair, after, dir);
   bool reports_ok = true;
   if (o.reports > 0) {
     r["engines"] = WaitForReports(dir, o.reports, o.timeout_s);
@@ -221,8 +276,9 @@ json PairStep(const PairStepOptions& o) {
   // controller resolves either way); an engine whose device copies failed reports an error.
   const std::string cause = r["timeline"].is_object() ? r["timeline"].value("cause", "") : "";
   const bool killed = cause.rfind("died", 0) == 0 || cause.rfind("connection lost", 0) == 0;
+  const bool canary_ok = !r.contains("canary") || r["canary"].value("ok", false);
   r["ok"] = mapped && violations == 0 && r["invariants"] == "ok" &&
-            r["device"].value("backend", "") == "cuda" && killed && reports_ok;
+            r["device"].value("backend", "") == "cuda" && killed && reports_ok && canary_ok;
   return r;
 }
 

@@ -8,7 +8,11 @@
 // device memory (`batonctl status`), each engine's `device_memory`, the failover timeline's
 // phases from `batonctl timeline`, the violation files the engines wrote (a header left by
 // the dead primary), the controller's invariant check, and "ok". Every wait has a deadline;
-// the controller is stopped (SIGTERM, then SIGKILL) on every path. Needs no CUDA header:
+// the controller is stopped (SIGTERM, then SIGKILL) on every path. Then ("canary"): an
+// upgrade to the same command runs a canary beside the new primary on the device pool (the
+// pool in 16 MiB chunks, so each gets whole chunks of its own) until both have stamped their
+// blocks, and is rolled back; the JSON has each side's blocks and extents, the invariant
+// check during and after, the violation files and the outcome. Needs no CUDA header:
 // the controller and the engines talk to the driver. Blocking.
 //
 // With another engine command (TorchStep: perf/gpu_check_torch_engine.py, PyTorch on the C
