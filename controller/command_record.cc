@@ -27,11 +27,36 @@ Result<std::vector<std::string>> Strings(const json& j, const char* key, const s
   return out;
 }
 
+Result<std::optional<InFlightUpgrade>> InFlight(const json& j, const std::string& path) {
+  auto it = j.find("in_flight");
+  if (it == j.end() || it->is_null()) return std::optional<InFlightUpgrade>();
+  const json& u = *it;
+  if (!u.is_object() || !u.value("kind", json()).is_string() ||
+      !u.value("phase", json()).is_string() || !u.value("canary", json()).is_number_unsigned() ||
+      !u.value("weight", json()).is_number_unsigned()) {
+    return InvalidArgument(path + ": 'in_flight' needs kind, phase, canary and weight");
+  }
+  InFlightUpgrade out{.kind = u["kind"].get<std::string>(),
+                      .command = {},
+                      .phase = u["phase"].get<std::string>(),
+                      .canary = u["canary"].get<uint64_t>(),
+                      .weight = u["weight"].get<uint32_t>()};
+  BATON_ASSIGN_OR_RETURN(out.command, Strings(u, "command", path));
+  return std::optional<InFlightUpgrade>(std::move(out));
+}
+
 }  // namespace
 
 Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
-  const json j = {
+  json j = {
       {"configured", record.configured}, {"active", record.active}, {"previous", record.previous}};
+  if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value()) {
+    j["in_flight"] = {{"kind", u->kind},
+                      {"command", u->command},
+                      {"phase", u->phase},
+                      {"canary", u->canary},
+                      {"weight", u->weight}};
+  }
   return WriteFileAtomically(path, j.dump(2) + "\n");
 }
 
@@ -48,6 +73,7 @@ Result<std::optional<CommandRecord>> LoadCommandRecord(const std::string& path) 
   BATON_ASSIGN_OR_RETURN(r.active, Strings(j, "active", path));
   BATON_ASSIGN_OR_RETURN(r.previous, Strings(j, "previous", path));
   if (r.active.empty()) return InvalidArgument(path + ": 'active' is empty");
+  BATON_ASSIGN_OR_RETURN(r.in_flight, InFlight(j, path));
   return std::optional<CommandRecord>(std::move(r));
 }
 

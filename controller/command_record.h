@@ -1,6 +1,8 @@
 // CommandRecord: the engine command that a promoted upgrade put in place, kept in the state
 // directory (<state_dir>/engine_command.json) so that a restarted controller launches the
-// upgraded engines rather than the configured ones.
+// upgraded engines rather than the configured ones; and the upgrade in flight, if any, so
+// that a controller restarted during one (its engines died with the old one, the canary
+// too) records it as rolled back rather than forgetting it.
 //
 // The record names the configured command it was made against. LoadCommandRecord() returns
 // it only while engine.command is still that one: an operator who changed the config since
@@ -16,10 +18,20 @@
 
 namespace baton {
 
+struct InFlightUpgrade {
+  std::string kind;                  // "upgrade" or "rollback"
+  std::vector<std::string> command;  // the candidate
+  std::string phase;                 // the last phase it reached
+  uint64_t canary = 0;               // its engine id (0: not launched yet)
+  uint32_t weight = 0;               // the canary's share of new requests, %
+  bool operator==(const InFlightUpgrade&) const = default;
+};
+
 struct CommandRecord {
-  std::vector<std::string> configured;  // engine.command when the upgrade was promoted
+  std::vector<std::string> configured;  // engine.command when the record was written
   std::vector<std::string> active;      // what standbys are launched with
   std::vector<std::string> previous;    // what `batonctl rollback` returns to
+  std::optional<InFlightUpgrade> in_flight = std::nullopt;
   bool operator==(const CommandRecord&) const = default;
 };
 

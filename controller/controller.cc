@@ -87,7 +87,7 @@ Status Controller::Init() {
   BATON_ASSIGN_OR_RETURN(BackendChoice backend, ChooseBackend(config_));
   BATON_ASSIGN_OR_RETURN(EpochJournal journal, EpochJournal::Open(config_.journal_path()));
   journal_.emplace(std::move(journal));
-  LoadUpgradedCommand();
+  LoadCommands();
   BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "
                         << journal_->current();
   ReplenishEpochs();

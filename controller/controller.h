@@ -223,8 +223,10 @@ class Controller {
   // during the upgrade) is stopped, so that the pair runs one version.
   void RetireStaleStandbys();
   // Start-up: the command a promoted upgrade put in place, if engine.command is unchanged.
-  void LoadUpgradedCommand();
-  void SaveUpgradedCommand();
+  // <state_dir>/engine_command.json (controller/command_record.h): the promoted command and
+  // the upgrade in flight. Load runs once at start-up.
+  void LoadCommands();
+  void SaveCommands();
   bool IsCanary(EngineId id) const { return upgrade_.has_value() && upgrade_->canary == id; }
 
   // controller_ops.cc: the standby of a switch-over failed while the primary drained; the

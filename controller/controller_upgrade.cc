@@ -2,7 +2,6 @@
 #include <utility>
 
 #include "base/log.h"
-#include "controller/command_record.h"
 #include "controller/controller.h"
 
 namespace baton {
@@ -12,15 +11,13 @@ constexpr const char* kLog = "upgrade";
 // How long the primary has to answer the Reclaim of the canary's first blocks; after it the
 // canary is promoted with the blocks that are free.
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
-constexpr size_t kKeepUpgrades = 10;
+}  // namespace
 
 std::string Joined(const std::vector<std::string>& args) {
   std::string out;
   for (const std::string& a : args) out += (out.empty() ? "" : " ") + a;
   return out;
 }
-
-}  // namespace
 
 const char* ToString(Upgrade::Phase phase) {
   switch (phase) {
@@ -81,6 +78,7 @@ Status Controller::RequestUpgrade(UpgradeRequest request) {
   u.started = clock_.Now();
   u.phase_since = u.started;
   upgrade_ = std::move(u);
+  SaveCommands();
   BATON_LOG(INFO, kLog) << "upgrade: engine " << s->id
                         << " (the standby) makes way for a canary of: "
                         << Joined(upgrade_->command);
@@ -107,7 +105,10 @@ Status Controller::RequestRollback(UpgradeRequest overrides) {
   }
   overrides.command = previous_command_;
   Status started = RequestUpgrade(std::move(overrides));
-  if (started.ok()) upgrade_->kind = "rollback";
+  if (started.ok()) {
+    upgrade_->kind = "rollback";
+    SaveCommands();
+  }
   return started;
 }
 
@@ -129,6 +130,7 @@ void Controller::SetPhase(Upgrade::Phase phase) {
   upgrade_->phase = phase;
   upgrade_->phase_since = clock_.Now();
   upgrade_->deadline.reset();
+  SaveCommands();
 }
 
 // The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
@@ -244,6 +246,7 @@ void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
   }
   SetPhase(Upgrade::Phase::kCanary);
   upgrade_->judge.emplace(clock_, upgrade_->policy, primary_, e.id, routes_.Outcomes());
+  SaveCommands();  // with the first step's weight
   BATON_LOG(INFO, kLog) << "engine " << e.id << " (version " << e.version
                         << ") serves as the canary at epoch " << epoch << ": "
                         << upgrade_->judge->weight() << " % of new requests";
@@ -286,6 +289,7 @@ void Controller::TickUpgrade() {
       return FinishUpgrade();
     case CanaryJudge::Verdict::kAdvance:
       upgrade_->judge->Advance(now);
+      SaveCommands();
       BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary << " passed its step: now "
                             << upgrade_->judge->weight() << " % of new requests";
       upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
@@ -391,7 +395,6 @@ void Controller::EndUpgrade(const std::string& outcome, const std::string& reaso
     previous_command_ = upgrade_->previous;
     active_command_ = upgrade_->command;
     ++upgrades_promoted_;
-    SaveUpgradedCommand();
   } else {
     ++upgrades_rolled_back_;
   }
@@ -400,6 +403,7 @@ void Controller::EndUpgrade(const std::string& outcome, const std::string& reaso
   upgrade_history_.push_back(std::move(res));
   if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
   upgrade_.reset();
+  SaveCommands();
 }
 
 void Controller::GiveFreeBlocksToPrimary() {
@@ -426,34 +430,6 @@ void Controller::RetireStaleStandbys() {
     BATON_LOG(INFO, kLog) << "engine " << id << " runs the command an upgrade replaced: stopped";
     Fail(id, FailCause::kShutdown, "runs the engine command an upgrade replaced");
   }
-}
-
-void Controller::SaveUpgradedCommand() {
-  const CommandRecord record{config_.engine_command, active_command_, previous_command_};
-  if (Status saved = SaveCommandRecord(config_.command_record_path(), record); !saved.ok()) {
-    BATON_LOG(ERROR, kLog) << "the upgraded command is not saved (a restart would launch "
-                              "engine.command): "
-                           << saved.ToString();
-  }
-}
-
-void Controller::LoadUpgradedCommand() {
-  const std::string path = config_.command_record_path();
-  Result<std::optional<CommandRecord>> record = LoadCommandRecord(path);
-  if (!record.ok()) {
-    BATON_LOG(WARN, kLog) << "ignoring the saved upgrade: " << record.status().message();
-    return;
-  }
-  if (!record->has_value()) return;
-  if ((*record)->configured != config_.engine_command) {
-    BATON_LOG(WARN, kLog) << "engine.command changed since the upgrade saved in " << path
-                          << ": engines run engine.command";
-    return;
-  }
-  active_command_ = (*record)->active;
-  previous_command_ = (*record)->previous;
-  BATON_LOG(INFO, kLog) << "engines run the command of the last promoted upgrade (" << path
-                        << "): " << Joined(active_command_);
 }
 
 }  // namespace baton

@@ -69,5 +69,9 @@ struct UpgradeRequest {
 };
 
 const char* ToString(Upgrade::Phase phase);
+// A command line as one string, its arguments separated by spaces (for logs).
+std::string Joined(const std::vector<std::string>& args);
+// How many ended upgrades `batonctl status` keeps.
+inline constexpr size_t kKeepUpgrades = 10;
 
 }  // namespace baton

@@ -224,6 +224,35 @@ TEST(UpgradeCtlTest, APromotedUpgradeSurvivesAControllerRestart) {
   cluster.CheckFencing();
 }
 
+// A controller killed mid-canary: its engines die with it, the canary too. The restarted
+// controller launches the command the upgrade would have replaced and records the upgrade as
+// rolled back, saying why.
+TEST(UpgradeCtlTest, AnUpgradeInterruptedByAControllerRestartIsRecordedAsRolledBack) {
+  ChaosCluster cluster(RefenginePair());
+  const json s = StartACanaryThatStays(cluster);
+  const uint64_t canary = EngineWithRole(s, "canary")["id"];
+  cluster.KillController();
+  cluster.RestartController();
+  const json after = cluster.WaitReady("the pair after the restart");
+  ASSERT_EQ(after["upgrade"]["history"].size(), 1u) << after["upgrade"].dump();
+  const json ended = after["upgrade"]["history"][0];
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  EXPECT_EQ(ended["canary"], canary) << ended.dump();
+  EXPECT_EQ(ended["last_weight"], 50) << ended.dump();
+  EXPECT_NE(ended["reason"].get<std::string>().find("the controller restarted during the upgrade "
+                                                    "(phase canary)"),
+            std::string::npos)
+      << ended.dump();
+  EXPECT_TRUE(after["upgrade"]["current"].is_null());
+  EXPECT_EQ(after["upgrade"]["rolled_back"], 1);
+  EXPECT_EQ(EngineWithRole(after, "primary")["version"], "baton-refengine");
+  EXPECT_EQ(EngineWithRole(after, "standby")["version"], "baton-refengine");
+  cluster.KillController();  // recorded once: a second restart does not record it again
+  cluster.RestartController();
+  EXPECT_EQ(cluster.WaitReady("the pair after a second restart")["upgrade"]["history"].size(), 0u);
+  cluster.CheckFencing();
+}
+
 TEST(UpgradeCtlTest, RefusalsSayWhy) {
   ChaosCluster cluster(RefenginePair());
   const CtlResult none = cluster.Ctl({"upgrade"});

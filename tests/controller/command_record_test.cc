@@ -42,6 +42,20 @@ TEST_F(CommandRecordTest, SavedThenLoaded) {
   EXPECT_NE(::access((path_ + ".tmp").c_str(), F_OK), 0) << "the temporary file is renamed";
 }
 
+TEST_F(CommandRecordTest, AnUpgradeInFlightIsSavedThenLoaded) {
+  CommandRecord want{{"eng", "--v", "1"}, {"eng", "--v", "1"}, {}};
+  want.in_flight = InFlightUpgrade{.kind = "upgrade",
+                                   .command = {"eng", "--v", "2"},
+                                   .phase = "canary",
+                                   .canary = 7,
+                                   .weight = 50};
+  ASSERT_TRUE(SaveCommandRecord(path_, want).ok());
+  Result<std::optional<CommandRecord>> got = LoadCommandRecord(path_);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  EXPECT_EQ(**got, want);
+}
+
 TEST_F(CommandRecordTest, BrokenFilesAreRefusedWithTheReason) {
   const std::pair<const char*, const char*> cases[] = {
       {"not json", "not a JSON object"},
@@ -50,6 +64,11 @@ TEST_F(CommandRecordTest, BrokenFilesAreRefusedWithTheReason) {
       {R"({"configured": ["a"], "active": [1], "previous": []})", "'active' holds a non-string"},
       {R"({"configured": ["a"], "active": [], "previous": []})", "'active' is empty"},
       {R"({"configured": ["a"], "active": ["b"]})", "'previous' is not an array"},
+      {R"({"configured": ["a"], "active": ["b"], "previous": [], "in_flight": 3})",
+       "'in_flight' needs kind, phase, canary and weight"},
+      {R"({"configured": ["a"], "active": ["b"], "previous": [], "in_flight": {"kind": "upgrade",
+          "phase": "canary", "canary": 2, "weight": 10, "command": "x"}})",
+       "'command' is not an array"},
   };
   for (const auto& [text, want] : cases) {
     Write(text);
