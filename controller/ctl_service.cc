@@ -12,6 +12,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr size_t kMaxExtentsShown = 64;  // per engine in `status`; extent_count has them all
+
 double AgoMs(const Controller& c, TimePoint t) { return MillisBetween(t, c.clock().Now()); }
 
 std::string RoleOf(const Controller& c, const EngineRecord& e) {
@@ -45,11 +47,14 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
             {"health_probes", e.probes},
             {"uptime_s", AgoMs(c, e.launched_at) / 1000.0},
             {"prefault_ms", static_cast<double>(e.prefault_us) / 1000.0}};
-  json extents = json::array();  // [first, count] of each lease, granted or quarantined
-  for (const Lease& l : c.ledger().LeasesOf(e.id)) {
-    extents.push_back({l.extent.first, l.extent.count});
+  // [first, count] of each lease, granted or quarantined: the first kMaxExtentsShown of them.
+  const std::vector<Lease> leases = c.ledger().LeasesOf(e.id);
+  json extents = json::array();
+  for (size_t i = 0; i < leases.size() && i < kMaxExtentsShown; ++i) {
+    extents.push_back({leases[i].extent.first, leases[i].extent.count});
   }
   j["extents"] = std::move(extents);
+  j["extent_count"] = leases.size();
   if (c.cuda_backend()) j["device_memory"] = e.device_memory;
   if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
   if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
