@@ -3,6 +3,8 @@
 // chunks only, which the primary returns whole: both engines stamp the block headers of what
 // they hold in the device pool, and any header written by the other engine in a block one of
 // them holds (a chunk both map) is a violation they write down, which CheckFencing looks for.
+// A pair of reference engines behind the router also goes through a whole upgrade on chunks,
+// under load.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -11,6 +13,8 @@
 #include <vector>
 
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/router_load.h"
+#include "tests/chaos/upgrade_support.h"
 #include "tests/cuda_emulated/emulated_device.h"
 
 namespace baton::chaos {
@@ -121,6 +125,34 @@ TEST(DeviceUpgradeTest, APoolOfOneChunkRefusesAnUpgradeAndSaysWhy) {
       << up.stdout_text;
   EXPECT_NE(up.stdout_text.find("gpu.pool_chunk_bytes"), std::string::npos) << up.stdout_text;
   EXPECT_TRUE(cluster.Status()["upgrade"]["current"].is_null());
+  cluster.CheckFencing();
+}
+
+// The whole upgrade on a chunked device pool, with reference engines behind the router under
+// load: the canary passes its steps on whole chunks, the old primary drains, and the canary
+// takes over the pool; no request is lost. (The reference engine computes on the host and
+// declines the device regions; the ledger lends by chunks all the same.)
+TEST(DeviceUpgradeTest, AReferencePairUpgradesInWholeChunksUnderLoadLosingNoRequest) {
+  ClusterOptions options = RefenginePair();
+  options.gpu_backend = "cuda";
+  options.gpu_pool_chunk_bytes = 2 << 20;  // 16 chunks of 32 blocks
+  ChaosCluster cluster(options);
+  ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 16);
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  std::vector<json> requests;
+  std::vector<StreamOutput> want;
+  References(router.port(), "DeviceUpgrade", 32, &requests, &want);
+  json promoted;
+  const LoadResult r = LoadAround(router.port(), requests, want, [&] {
+    promoted = UpgradeToTheEnd(cluster, {"--engine-version", "refengine-v2"});
+  });
+  ExpectNoFailure(r, router);
+  EXPECT_EQ(promoted["outcome"], "promoted") << promoted.dump();
+  const json s =
+      cluster.WaitFor([](const json& st) { return IsReady(st) && st["pool"]["free"] == 0; },
+                      "the new primary to hold the whole pool");
+  EXPECT_EQ(EngineWithRole(s, "primary")["version"], "refengine-v2") << s.dump();
   cluster.CheckFencing();
 }
 
