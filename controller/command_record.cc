@@ -73,7 +73,12 @@ Result<std::optional<CommandRecord>> LoadCommandRecord(const std::string& path) 
   BATON_ASSIGN_OR_RETURN(r.active, Strings(j, "active", path));
   BATON_ASSIGN_OR_RETURN(r.previous, Strings(j, "previous", path));
   if (r.active.empty()) return InvalidArgument(path + ": 'active' is empty");
-  BATON_ASSIGN_OR_RETURN(r.in_flight, InFlight(j, path));
+  Result<std::optional<InFlightUpgrade>> in_flight = InFlight(j, path);
+  if (in_flight.ok()) {
+    r.in_flight = std::move(in_flight).value();
+  } else {
+    r.ignored = in_flight.status().message();
+  }
   return std::optional<CommandRecord>(std::move(r));
 }
 

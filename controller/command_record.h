@@ -32,12 +32,16 @@ struct CommandRecord {
   std::vector<std::string> active;      // what standbys are launched with
   std::vector<std::string> previous;    // what `batonctl rollback` returns to
   std::optional<InFlightUpgrade> in_flight = std::nullopt;
+  // Set by LoadCommandRecord: an `in_flight` entry it could not read, and why (the commands
+  // are kept all the same).
+  std::string ignored = {};
   bool operator==(const CommandRecord&) const = default;
 };
 
 // Written atomically (base/small_file.h).
 Status SaveCommandRecord(const std::string& path, const CommandRecord& record);
-// nullopt when there is no file; InvalidArgument naming the file when it does not parse.
+// nullopt when there is no file; InvalidArgument naming the file when its commands do not
+// parse.
 Result<std::optional<CommandRecord>> LoadCommandRecord(const std::string& path);
 
 }  // namespace baton

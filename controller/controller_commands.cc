@@ -39,6 +39,10 @@ void Controller::LoadCommands() {
   }
   if (!loaded->has_value()) return;
   const CommandRecord& record = **loaded;
+  if (!record.ignored.empty()) {
+    BATON_LOG(WARN, kLog) << "ignoring the upgrade in flight saved in " << path << ": "
+                          << record.ignored;
+  }
   if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value()) {
     const std::string reason = "the controller restarted during the " + u->kind + " (phase " +
                                u->phase + "); its engines died with it";

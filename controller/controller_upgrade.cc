@@ -118,6 +118,7 @@ std::vector<std::string> Controller::CommandFor(EngineId id, const std::string& 
   if (upgrade_.has_value() && upgrade_->phase == Upgrade::Phase::kLaunching &&
       upgrade_->canary == kNoEngine && role == "standby") {
     upgrade_->canary = id;
+    SaveCommands();
     BATON_LOG(INFO, kLog) << "engine " << id << " is the canary";
     return upgrade_->command;
   }
@@ -162,8 +163,13 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
   const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
   const uint32_t target = CanaryTarget(weight);
   const uint32_t free = ledger_->GrantableTo(upgrade_->canary);
-  if (p == nullptr || p->channel == nullptr || held + free >= target) return;
-  const uint32_t want = WholeChunks(target - held - free);
+  const LedgerEngine* pl = p != nullptr ? ledger_->engine(p->id) : nullptr;
+  if (p == nullptr || p->channel == nullptr || pl == nullptr || held + free >= target) return;
+  // Whole chunks, and never into what the primary keeps (a short last chunk included).
+  const uint32_t chunk = ledger_->blocks_per_chunk();
+  const uint32_t spare = pl->blocks > PrimaryKeeps() ? pl->blocks - PrimaryKeeps() : 0;
+  const uint32_t want = std::min(WholeChunks(target - held - free), spare / chunk * chunk);
+  if (want == 0) return;
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " blocks for the canary's " << weight << " % step";
   Status sent =
@@ -194,8 +200,15 @@ void Controller::OnPrimaryReturned() {
     }
     return;
   }
-  if (upgrade_->phase == Upgrade::Phase::kReclaiming) return PromoteCanary();
-  if (upgrade_->phase == Upgrade::Phase::kCanary) GrantFreeToCanary();
+  if (upgrade_->phase == Upgrade::Phase::kReclaiming) {
+    PromoteCanary();  // may end the upgrade
+  } else if (upgrade_->phase == Upgrade::Phase::kCanary) {
+    GrantFreeToCanary();
+  }
+  // Returned blocks of chunks the primary keeps can go to no other engine: they go back.
+  EngineRecord* p = Find(primary_);
+  const uint32_t kept = ledger_->FreeBesideHeld(primary_);
+  if (p != nullptr && p->serving && kept > 0) GrantFree(*p, kept, "the primary (its own chunks)");
 }
 
 void Controller::PromoteCanary() {

@@ -111,18 +111,24 @@ void PoolLedger::NoteAccepted(EngineId id, uint64_t epoch) {
   e->accepted_epoch = epoch;
 }
 
-// Best fit: the smallest of `runs` holding all `blocks`; else the largest runs first. `runs`
-// lie inside free runs and hold at least `blocks` blocks.
-std::vector<Extent> PoolLedger::TakeFree(uint32_t blocks, const std::vector<Extent>& runs) {
-  auto best = runs.end();
-  for (auto it = runs.begin(); it != runs.end(); ++it) {
-    if (it->count >= blocks && (best == runs.end() || it->count < best->count)) best = it;
-  }
+// Blocks beside the engine's own first (they keep whole chunks free for others), in block
+// order; then best fit: the smallest clear run holding the rest, else the largest runs first.
+std::vector<Extent> PoolLedger::TakeFree(uint32_t blocks, const FreeRuns& runs) {
   std::vector<Extent> out;
-  if (best != runs.end()) {
+  for (const Extent& run : runs.beside) {
+    if (blocks == 0) break;
+    const uint32_t take = std::min(run.count, blocks);
+    out.push_back(Extent{run.first, take});
+    blocks -= take;
+  }
+  auto best = runs.clear.end();
+  for (auto it = runs.clear.begin(); blocks > 0 && it != runs.clear.end(); ++it) {
+    if (it->count >= blocks && (best == runs.clear.end() || it->count < best->count)) best = it;
+  }
+  if (best != runs.clear.end()) {
     out.push_back(Extent{best->first, blocks});
   } else {
-    std::vector<Extent> largest = runs;
+    std::vector<Extent> largest = runs.clear;
     std::stable_sort(largest.begin(), largest.end(),
                      [](const Extent& a, const Extent& b) { return a.count > b.count; });
     for (const Extent& run : largest) {
@@ -248,7 +254,7 @@ void PoolLedger::PruneTombstones() {
 // Engines
 
 Status PoolLedger::AddStandby(EngineId id) {
-  if (id == kNoEngine || id == kPreviousIncarnation) {
+  if (id == kNoEngine || id == kPreviousIncarnation || id == kMixedChunk) {
     return InvalidArgument("engine id " + std::to_string(id) + " is reserved");
   }
   if (engine(id) != nullptr) return Status(StatusCode::kAlreadyExists, EngineName(id) + " exists");
@@ -362,9 +368,8 @@ Result<std::vector<Extent>> PoolLedger::Grant(EngineId id, uint32_t blocks, uint
   }
   if (blocks == 0) return InvalidArgument("grant: zero blocks requested");
   NoteAccepted(id, epoch);
-  const std::vector<Extent> runs = FreeRunsFor(id);
-  uint32_t grantable = 0;
-  for (const Extent& run : runs) grantable += run.count;
+  const FreeRuns runs = FreeRunsFor(id);
+  const uint32_t grantable = runs.blocks();
   if (grantable < blocks) {
     const uint32_t free_blocks = Snapshot().free_blocks;
     return ResourceExhausted(

@@ -139,6 +139,9 @@ class PoolLedger {
   uint32_t blocks_per_chunk() const { return blocks_per_chunk_; }
   // Free blocks that Grant could give `id` now.
   uint32_t GrantableTo(EngineId id) const;
+  // Of those, the blocks in chunks `id` already holds blocks of: only `id` may have them, and
+  // Grant gives them first (0 on an unchunked pool).
+  uint32_t FreeBesideHeld(EngineId id) const;
 
   // --- recovery ---------------------------------------------------------------------------
   // A holder reconnecting after a controller restart claims `extents` at `epoch`, which must
@@ -176,12 +179,17 @@ class PoolLedger {
   Status CheckNewEpoch(uint64_t epoch, const char* what) const;
   void NoteAccepted(EngineId id, uint64_t epoch);
 
-  std::vector<Extent> TakeFree(uint32_t blocks, const std::vector<Extent>& runs);
+  // The free runs Grant may take for `id`, in block order: `beside` in chunks `id` holds
+  // blocks of, `clear` in chunks nobody leases (every free run on an unchunked pool).
+  struct FreeRuns {
+    std::vector<Extent> beside;
+    std::vector<Extent> clear;
+    uint32_t blocks() const;
+  };
+  std::vector<Extent> TakeFree(uint32_t blocks, const FreeRuns& runs);
   void AddFree(Extent extent);
   void RemoveFree(Extent extent);  // `extent` lies inside one free run
-  // The free runs Grant may take for `id`: all of them, or on a chunked pool those in chunks
-  // no other engine leases, in block order.
-  std::vector<Extent> FreeRunsFor(EngineId id) const;
+  FreeRuns FreeRunsFor(EngineId id) const;
   // Per chunk: its only leaseholder, kNoEngine if none, kMixedChunk if several. Blocks of
   // kPreviousIncarnation count only when `count_previous`.
   static constexpr EngineId kMixedChunk = UINT64_MAX - 1;

@@ -14,10 +14,19 @@ Status PoolLedger::SetBlocksPerChunk(uint32_t blocks_per_chunk) {
   return OkStatus();
 }
 
-uint32_t PoolLedger::GrantableTo(EngineId id) const {
-  uint32_t blocks = 0;
-  for (const Extent& run : FreeRunsFor(id)) blocks += run.count;
-  return blocks;
+uint32_t PoolLedger::FreeRuns::blocks() const {
+  uint32_t n = 0;
+  for (const Extent& run : beside) n += run.count;
+  for (const Extent& run : clear) n += run.count;
+  return n;
+}
+
+uint32_t PoolLedger::GrantableTo(EngineId id) const { return FreeRunsFor(id).blocks(); }
+
+uint32_t PoolLedger::FreeBesideHeld(EngineId id) const {
+  uint32_t n = 0;
+  for (const Extent& run : FreeRunsFor(id).beside) n += run.count;
+  return n;
 }
 
 void PoolLedger::RemoveFree(Extent extent) {
@@ -30,12 +39,12 @@ void PoolLedger::RemoveFree(Extent extent) {
 }
 
 std::vector<EngineId> PoolLedger::ChunkHolders(bool count_previous) const {
-  const uint32_t chunks = (block_count_ + blocks_per_chunk_ - 1) / blocks_per_chunk_;
-  std::vector<EngineId> holders(chunks, kNoEngine);
+  const uint64_t per = blocks_per_chunk_;
+  std::vector<EngineId> holders((uint64_t{block_count_} + per - 1) / per, kNoEngine);
   for (const auto& [first, lease] : leases_) {
     if (lease.holder == kPreviousIncarnation && !count_previous) continue;
-    const uint32_t last = (lease.extent.end() - 1) / blocks_per_chunk_;
-    for (uint32_t c = first / blocks_per_chunk_; c <= last; ++c) {
+    const uint64_t last = (uint64_t{lease.extent.end()} - 1) / per;
+    for (uint64_t c = first / per; c <= last; ++c) {
       if (holders[c] == kNoEngine) {
         holders[c] = lease.holder;
       } else if (holders[c] != lease.holder) {
@@ -46,24 +55,30 @@ std::vector<EngineId> PoolLedger::ChunkHolders(bool count_previous) const {
   return holders;
 }
 
-std::vector<Extent> PoolLedger::FreeRunsFor(EngineId id) const {
-  std::vector<Extent> runs;
+PoolLedger::FreeRuns PoolLedger::FreeRunsFor(EngineId id) const {
+  FreeRuns runs;
   if (blocks_per_chunk_ <= 1) {
-    for (const auto& [first, count] : free_) runs.push_back(Extent{first, count});
+    for (const auto& [first, count] : free_) runs.clear.push_back(Extent{first, count});
     return runs;
   }
+  auto append = [](std::vector<Extent>& to, uint32_t first, uint32_t end) {
+    if (!to.empty() && to.back().end() == first) {
+      to.back().count += end - first;
+    } else {
+      to.push_back(Extent{first, end - first});
+    }
+  };
+  const uint64_t per = blocks_per_chunk_;
   const std::vector<EngineId> holders = ChunkHolders(/*count_previous=*/true);
   for (const auto& [first, count] : free_) {
-    const uint32_t end = first + count;
-    for (uint32_t b = first; b < end;) {
-      const uint32_t chunk = b / blocks_per_chunk_;
-      const uint32_t piece_end = std::min(end, (chunk + 1) * blocks_per_chunk_);
-      if (holders[chunk] == kNoEngine || holders[chunk] == id) {
-        if (!runs.empty() && runs.back().end() == b) {
-          runs.back().count += piece_end - b;
-        } else {
-          runs.push_back(Extent{b, piece_end - b});
-        }
+    const uint64_t end = uint64_t{first} + count;
+    for (uint64_t b = first; b < end;) {
+      const uint64_t chunk = b / per;
+      const uint64_t piece_end = std::min(end, (chunk + 1) * per);
+      if (holders[chunk] == id) {
+        append(runs.beside, static_cast<uint32_t>(b), static_cast<uint32_t>(piece_end));
+      } else if (holders[chunk] == kNoEngine) {
+        append(runs.clear, static_cast<uint32_t>(b), static_cast<uint32_t>(piece_end));
       }
       b = piece_end;
     }
@@ -81,8 +96,8 @@ Status PoolLedger::CheckChunks() const {
     if (holders[c] != kMixedChunk) continue;
     std::string who;
     for (const auto& [first, lease] : leases_) {
-      const uint32_t lo = first / blocks_per_chunk_;
-      const uint32_t hi = (lease.extent.end() - 1) / blocks_per_chunk_;
+      const uint64_t lo = first / blocks_per_chunk_;
+      const uint64_t hi = (uint64_t{lease.extent.end()} - 1) / blocks_per_chunk_;
       if (lo <= c && c <= hi && lease.holder != kPreviousIncarnation) {
         who += (who.empty() ? "" : ", ") + EngineName(lease.holder) + " " + ToString(lease.extent);
       }

@@ -177,10 +177,11 @@ BATON_ENGINE_API int baton_engine_next_event(baton_engine* engine, int64_t timeo
                                              baton_event* out);
 
 BATON_ENGINE_API int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks);
-/* Returns `count` extents ({first, count}; data and bytes are ignored). With the device
- * pool mapped, answer a RECLAIM with whole chunks (chunk_bytes / block_bytes blocks each,
- * chunk-aligned): the controller lends a block to another engine only once its chunk is
- * wholly returned. */
+/* Returns `count` extents ({first, count}; data and bytes are ignored); count 0 answers a
+ * RECLAIM with nothing to give. A RECLAIM asks for up to `blocks` blocks. With the device
+ * pool mapped, answer it with whole chunks (chunk_bytes / block_bytes blocks each,
+ * chunk-aligned, the last one possibly shorter): the controller lends a block to another
+ * engine only once its chunk is wholly returned. */
 BATON_ENGINE_API int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents,
                                                 size_t count);
 /* Answers a DRAIN event: exactly one call per drain, also when a RESUME follows it. */

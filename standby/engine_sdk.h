@@ -124,8 +124,8 @@ inline constexpr uint64_t kBlockHeaderBytes = 64;
 enum class SessionEventKind {
   kPromoted,      // epoch + extents: this engine is now the primary (extents mapped)
   kGranted,       // epoch + extents: more extents mapped
-  kReclaim,       // blocks: return that many blocks with ReturnBlocks() (whole chunks on a
-                  // device pool: see reclaim_chunk_blocks())
+  kReclaim,       // blocks: return up to that many blocks with ReturnBlocks() (whole chunks
+                  // on a device pool: see reclaim_chunk_blocks())
   kDrain,         // timeout: stop admitting, finish in-flight work, then call ReportDrained()
   kResume,        // the drain is called off (the switch-over failed): admit requests again
   kStop,          // reason: the controller wants this engine to exit
@@ -162,7 +162,8 @@ class EngineSession {
   // Blocks per device pool chunk when device_pool() is mapped, else 1. The driver maps whole
   // chunks, so the controller can lend a returned block to another engine (a canary) only
   // once every block of its chunk is returned: answer a kReclaim with whole chunks (blocks
-  // [c x n, (c + 1) x n)); blocks of a chunk this engine keeps come back only to it.
+  // [c x n, (c + 1) x n), the last chunk may be shorter), at most the blocks asked for;
+  // blocks of a chunk this engine keeps come back only to it.
   uint32_t reclaim_chunk_blocks() const;
 
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
@@ -177,7 +178,8 @@ class EngineSession {
   // Asks for `blocks` more blocks; the answer arrives as a kGranted event (or the request
   // is refused with a reason).
   Status RequestBlocks(uint32_t blocks);
-  // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller.
+  // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller;
+  // an empty list is sent too, as the answer to a kReclaim with nothing to give.
   Status ReturnBlocks(std::span<const MappedExtent> extents);
   // Answer to a kDrain event: exactly one per drain, also when the drain is called off.
   Status ReportDrained(uint32_t unfinished);

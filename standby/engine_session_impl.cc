@@ -333,8 +333,7 @@ Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) 
       msg.extents.push_back(proto::BlockRange{.first = e.first, .count = e.count});
     }
   }
-  if (msg.extents.empty()) return OkStatus();
-  return Send(msg);
+  return Send(msg);  // empty too: the answer to a Reclaim with nothing to give
 }
 
 Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {

@@ -325,8 +325,8 @@ class StampWriter {
 };
 
 // What to return for a Reclaim of `blocks`: whole chunks of the device pool (single blocks on
-// the host), the highest first, at least `blocks` of them where this engine holds that many;
-// as pieces of its mapped extents, as ReturnBlocks() takes them.
+// the host), the highest first, at most `blocks` in all; as pieces of its mapped extents, as
+// ReturnBlocks() takes them.
 std::vector<MappedExtent> ReclaimWholeChunks(const EngineSession& session, uint32_t blocks) {
   const uint32_t per_chunk = session.reclaim_chunk_blocks();
   const std::vector<MappedExtent> mapped = session.extents();
@@ -340,8 +340,10 @@ std::vector<MappedExtent> ReclaimWholeChunks(const EngineSession& session, uint3
     const uint32_t first = (end - 1) / per_chunk * per_chunk;
     bool whole = true;
     for (uint32_t b = first; b < end; ++b) whole = whole && held[b];
-    for (uint32_t b = first; whole && b < end; ++b) give[b] = true;
-    if (whole) left -= std::min(left, end - first);
+    if (whole && end - first <= left) {
+      for (uint32_t b = first; b < end; ++b) give[b] = true;
+      left -= end - first;
+    }
     end = first;
   }
   std::vector<MappedExtent> out;

@@ -56,6 +56,28 @@ TEST_F(CommandRecordTest, AnUpgradeInFlightIsSavedThenLoaded) {
   EXPECT_EQ(**got, want);
 }
 
+// A broken upgrade-in-flight entry does not cost the promoted command: it is ignored, and
+// the record says why.
+TEST_F(CommandRecordTest, ABrokenInFlightEntryIsIgnoredWithTheReason) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"configured": ["a"], "active": ["b"], "previous": ["a"], "in_flight": 3})",
+       "'in_flight' needs kind, phase, canary and weight"},
+      {R"({"configured": ["a"], "active": ["b"], "previous": ["a"], "in_flight": {"kind":
+          "upgrade", "phase": "canary", "canary": 2, "weight": 10, "command": "x"}})",
+       "'command' is not an array"},
+  };
+  for (const auto& [text, want] : cases) {
+    Write(text);
+    Result<std::optional<CommandRecord>> r = LoadCommandRecord(path_);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    ASSERT_TRUE(r->has_value());
+    EXPECT_EQ((*r)->active, std::vector<std::string>{"b"});
+    EXPECT_EQ((*r)->previous, std::vector<std::string>{"a"});
+    EXPECT_FALSE((*r)->in_flight.has_value());
+    EXPECT_NE((*r)->ignored.find(want), std::string::npos) << (*r)->ignored;
+  }
+}
+
 TEST_F(CommandRecordTest, BrokenFilesAreRefusedWithTheReason) {
   const std::pair<const char*, const char*> cases[] = {
       {"not json", "not a JSON object"},
@@ -64,11 +86,6 @@ TEST_F(CommandRecordTest, BrokenFilesAreRefusedWithTheReason) {
       {R"({"configured": ["a"], "active": [1], "previous": []})", "'active' holds a non-string"},
       {R"({"configured": ["a"], "active": [], "previous": []})", "'active' is empty"},
       {R"({"configured": ["a"], "active": ["b"]})", "'previous' is not an array"},
-      {R"({"configured": ["a"], "active": ["b"], "previous": [], "in_flight": 3})",
-       "'in_flight' needs kind, phase, canary and weight"},
-      {R"({"configured": ["a"], "active": ["b"], "previous": [], "in_flight": {"kind": "upgrade",
-          "phase": "canary", "canary": 2, "weight": 10, "command": "x"}})",
-       "'command' is not an array"},
   };
   for (const auto& [text, want] : cases) {
     Write(text);

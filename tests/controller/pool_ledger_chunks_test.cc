@@ -67,6 +67,20 @@ TEST_F(ChunkedLedgerTest, AChunkIsFreeForOthersOnceItsLastBlockIsReturned) {
   EXPECT_EQ((*canary)[0], (Extent{4, 4}));
 }
 
+// Free blocks beside an engine's own are granted to it first, so whole free chunks stay
+// free for another engine.
+TEST_F(ChunkedLedgerTest, AGrantTakesBlocksBesideTheEnginesOwnFirst) {
+  ASSERT_TRUE(ledger_.Grant(1, 10, 1).ok());             // [0, 10)
+  ASSERT_TRUE(ledger_.Return(1, Extent{5, 3}, 1).ok());  // holds [0, 5) and [8, 10)
+  EXPECT_EQ(ledger_.FreeBesideHeld(1), 5u);              // [5, 8) and [10, 12)
+  EXPECT_EQ(ledger_.GrantableTo(2), 4u);                 // chunk 3 only
+  Result<std::vector<Extent>> more = ledger_.Grant(1, 4, 1);
+  ASSERT_TRUE(more.ok()) << more.status().ToString();
+  EXPECT_EQ(*more, (std::vector<Extent>{{5, 3}, {10, 1}}));
+  EXPECT_EQ(ledger_.GrantableTo(2), 4u) << "chunk 3 is still whole";
+  EXPECT_EQ(ledger_.FreeBesideHeld(2), 0u);
+}
+
 TEST_F(ChunkedLedgerTest, QuarantinedBlocksKeepTheirChunkFromOthersUntilTheBarrier) {
   ASSERT_TRUE(ledger_.Grant(1, 2, 1).ok());  // [0, 2)
   ASSERT_TRUE(ledger_.Fence(1, *epochs_.Advance()).ok());
@@ -107,6 +121,7 @@ TEST(ChunkedLedgerCheckTest, AChunkSharedByTwoEnginesBreaksRuleOne) {
             0u)
       << status.ToString();
   EXPECT_FALSE(ledger.SetBlocksPerChunk(0).ok());
+  EXPECT_FALSE(ledger.AddStandby(UINT64_MAX - 1).ok()) << "reserved for the chunk check";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/chaos/chaos_harness.h"
@@ -22,34 +23,35 @@ namespace {
 
 using std::chrono::seconds;
 
-// 16 blocks of 1 MiB in chunks of 2 MiB: 8 chunks of 2 blocks.
-ClusterOptions ChunkedCluster(uint64_t chunk_bytes) {
+// `blocks` blocks of 1 MiB in chunks of `chunk_bytes`, engines that take the device memory.
+ClusterOptions ChunkedCluster(uint64_t chunk_bytes, int blocks = 16) {
   ClusterOptions o;
   o.gpu_backend = "cuda";
-  o.blocks = 16;
+  o.blocks = blocks;
   o.block_bytes = 1 << 20;
   o.gpu_pool_chunk_bytes = chunk_bytes;
   o.engine_args = {"--device-memory"};
   return o;
 }
 
-// `batonctl upgrade` to the test engine's own command with a step too long to pass; returns
-// the status once the canary serves.
-json StartACanary(const ChaosCluster& cluster) {
+// `batonctl upgrade` to the test engine's own command with `steps` too long to pass; returns
+// the status once the canary serves with `blocks`.
+json StartACanary(const ChaosCluster& cluster, const std::string& steps = "50,100",
+                  int blocks = 8) {
   const json before = cluster.Status();
-  std::vector<std::string> args = {"upgrade", "--steps", "50,100", "--step-ms", "600000", "--"};
+  std::vector<std::string> args = {"upgrade", "--steps", steps, "--step-ms", "600000", "--"};
   for (const json& part : before["upgrade"]["active_command"]) {
     args.push_back(part.get<std::string>());
   }
   const CtlResult up = cluster.Ctl(args);
   EXPECT_EQ(up.exit_code, 0) << up.stdout_text;
   return cluster.WaitFor(
-      [](const json& st) {
+      [&](const json& st) {
         return !st["upgrade"]["current"].is_null() &&
                st["upgrade"]["current"]["phase"] == "canary" &&
-               EngineWithRole(st, "canary")["blocks"] == 8;
+               EngineWithRole(st, "canary")["blocks"] == blocks;
       },
-      "the canary serves with half the pool", seconds(30));
+      "the canary serves with " + std::to_string(blocks) + " blocks", seconds(30));
 }
 
 // The chunks (of two blocks) that `engine`'s leases touch.
@@ -64,6 +66,7 @@ std::vector<int> ChunksOf(const json& engine) {
   return chunks;
 }
 
+// 16 blocks in 8 chunks of 2: the canary's half is 4 whole chunks.
 TEST(DeviceUpgradeTest, TheCanaryGetsWholeChunksAndARollbackGivesThemBack) {
   ChaosCluster cluster(ChunkedCluster(2 << 20));
   ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 8);
@@ -113,6 +116,21 @@ TEST(DeviceUpgradeTest, APrimaryKilledMidCanaryHandsItsChunksToTheCanary) {
   // found in one would be a violation.
   cluster.WaitFor([&](const json& st) { return EngineWithRole(st, "primary")["heartbeats"] > 40; },
                   "the new primary to run a while");
+  cluster.CheckFencing();
+}
+
+// 18 blocks in chunks of 4, the last one short ([16, 18)), and a single 100 % step: the
+// primary returns whole chunks, the short one first, but never more than asked, and is never
+// asked for what it keeps: it serves on with its last chunk, the canary has the other 14.
+TEST(DeviceUpgradeTest, AtAFullShareThePrimaryKeepsAChunk) {
+  ChaosCluster cluster(ChunkedCluster(4 << 20, 18));
+  ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 5);
+  const json s = StartACanary(cluster, "100", 14);
+  EXPECT_EQ(EngineWithRole(s, "primary")["blocks"], 4) << s.dump();
+  std::this_thread::sleep_for(seconds(3));  // past the next Reclaim (every 2 s while short)
+  const json later = cluster.Status();
+  EXPECT_EQ(EngineWithRole(later, "primary")["blocks"], 4) << later.dump();
+  EXPECT_EQ(EngineWithRole(later, "canary")["blocks"], 14) << later.dump();
   cluster.CheckFencing();
 }
 
