@@ -379,6 +379,13 @@ std::string MetricsText(const Controller& c) {
   gauge("baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
   gauge("baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
   gauge("baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
+  out << "# HELP baton_engine_blocks Pool blocks leased to each engine\n"
+         "# TYPE baton_engine_blocks gauge\n";
+  for (const auto& [id, e] : c.engines()) {
+    const LedgerEngine* le = c.ledger().engine(id);
+    out << "baton_engine_blocks{engine_id=\"" << id << "\",role=\"" << RoleOf(c, *e) << "\"} "
+        << (le != nullptr ? le->blocks : 0) << "\n";
+  }
   gauge("baton_weights_bytes", "Weight arena bytes resident",
         static_cast<double>(c.weights().arena().size()));
   gauge("baton_crash_loop_backoff", "1 while restarts are held back",

@@ -103,6 +103,11 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
   EXPECT_NE(metrics.find("baton_pair_ready 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("baton_epoch 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("# TYPE baton_failovers_total counter"), std::string::npos);
+  const std::string primary = std::to_string(PrimaryId(cluster.Status()));
+  EXPECT_NE(metrics.find("baton_engine_blocks{engine_id=\"" + primary + "\",role=\"primary\"} " +
+                         std::to_string(options.blocks) + "\n"),
+            std::string::npos)
+      << metrics;
   EXPECT_NE(HttpGet(options.metrics_port, "/nope").find("404"), std::string::npos);
 }
 
