@@ -325,8 +325,14 @@ class Controller {
   std::vector<std::string> previous_command_;  // what the last promoted upgrade replaced
   uint64_t upgrades_promoted_ = 0;
   uint64_t upgrades_rolled_back_ = 0;
-  bool give_back_blocks_ = false;        // a canary is gone: free blocks return to the primary
-  EngineId reclaimed_from_ = kNoEngine;  // the primary a Reclaim went to, until it answers
+  bool give_back_blocks_ = false;  // a canary is gone: free blocks return to the primary
+  // The Reclaim sent to the primary and not answered yet: to whom, how many blocks, when.
+  struct PendingReclaim {
+    EngineId from = kNoEngine;
+    uint32_t blocks = 0;
+    TimePoint sent{};
+  };
+  PendingReclaim reclaim_;
 
   struct Connection {
     std::unique_ptr<proto::Channel> channel;

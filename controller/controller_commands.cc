@@ -68,7 +68,8 @@ void Controller::LoadCommands() {
   } else {
     previous_command_ = record.previous;
   }
-  if (record.in_flight.has_value()) SaveCommands();  // the interrupted upgrade is recorded
+  // The interrupted upgrade is recorded (or its unreadable entry reported) once.
+  if (record.in_flight.has_value() || !record.ignored.empty()) SaveCommands();
 }
 
 }  // namespace baton

@@ -1,6 +1,4 @@
 // Controller: engine-version upgrades by lossless canary (see upgrade.h).
-#include <utility>
-
 #include "base/log.h"
 #include "controller/controller.h"
 
@@ -11,6 +9,9 @@ constexpr const char* kLog = "upgrade";
 // How long the primary has to answer the Reclaim of the canary's first blocks; after it the
 // canary is promoted with the blocks that are free.
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
+// A Reclaim the primary has not answered in this long is asked again (the first one still
+// counts against what the primary keeps).
+constexpr Duration kReclaimAnswerTimeout = std::chrono::seconds(30);
 }  // namespace
 
 std::string Joined(const std::vector<std::string>& args) {
@@ -165,9 +166,14 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
   const uint32_t free = ledger_->GrantableTo(upgrade_->canary);
   const LedgerEngine* pl = p != nullptr ? ledger_->engine(p->id) : nullptr;
   if (p == nullptr || p->channel == nullptr || pl == nullptr || held + free >= target) return;
+  // One at a time: two answers to the same holdings could give away what the primary keeps.
+  const bool pending = reclaim_.from == p->id;
+  if (pending && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
+  const uint32_t asked = pending ? reclaim_.blocks : 0;
   // Whole chunks, and never into what the primary keeps (a short last chunk included).
   const uint32_t chunk = ledger_->blocks_per_chunk();
-  const uint32_t spare = pl->blocks > PrimaryKeeps() ? pl->blocks - PrimaryKeeps() : 0;
+  const uint32_t keep = PrimaryKeeps() + asked;
+  const uint32_t spare = pl->blocks > keep ? pl->blocks - keep : 0;
   const uint32_t want = std::min(WholeChunks(target - held - free), spare / chunk * chunk);
   if (want == 0) return;
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
@@ -175,7 +181,7 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
   Status sent =
       p->channel->Send(proto::Reclaim{.epoch = ledger_->engine(p->id)->epoch, .blocks = want});
   if (!sent.ok()) return Fail(p->id, FailCause::kEof, "sending Reclaim: " + sent.message());
-  reclaimed_from_ = p->id;
+  reclaim_ = PendingReclaim{.from = p->id, .blocks = asked + want, .sent = clock_.Now()};
 }
 
 void Controller::StartCanary(EngineRecord& e) {
@@ -190,7 +196,8 @@ void Controller::StartCanary(EngineRecord& e) {
 }
 
 void Controller::OnPrimaryReturned() {
-  const bool answers_reclaim = std::exchange(reclaimed_from_, kNoEngine) == primary_;
+  const bool answers_reclaim = reclaim_.from == primary_;
+  if (answers_reclaim) reclaim_ = PendingReclaim{};
   if (stopping_) return;
   if (!upgrade_.has_value()) {
     // The answer to a Reclaim came after the upgrade ended: nobody else wants the blocks.
@@ -205,9 +212,10 @@ void Controller::OnPrimaryReturned() {
   } else if (upgrade_->phase == Upgrade::Phase::kCanary) {
     GrantFreeToCanary();
   }
-  // Returned blocks of chunks the primary keeps can go to no other engine: they go back.
+  // Blocks it returned of chunks it keeps can go to no other engine: they go back (only for
+  // an answer to a Reclaim: blocks an engine gives up of its own accord stay free).
   EngineRecord* p = Find(primary_);
-  const uint32_t kept = ledger_->FreeBesideHeld(primary_);
+  const uint32_t kept = answers_reclaim ? ledger_->FreeBesideHeld(primary_) : 0;
   if (p != nullptr && p->serving && kept > 0) GrantFree(*p, kept, "the primary (its own chunks)");
 }
 
@@ -286,6 +294,7 @@ void Controller::TickUpgrade() {
   if (clock_.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
     upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
     ReclaimFromPrimary(upgrade_->judge->weight());
+    if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
   }
   const OutcomeMap now = routes_.Outcomes();
   const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
@@ -307,6 +316,7 @@ void Controller::TickUpgrade() {
                             << upgrade_->judge->weight() << " % of new requests";
       upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
       ReclaimFromPrimary(upgrade_->judge->weight());
+      if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
       GrantFreeToCanary();
       PublishRoutes();
       return;

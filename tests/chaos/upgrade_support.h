@@ -57,4 +57,24 @@ inline json StartACanaryThatStays(const ChaosCluster& cluster) {
       "the canary serves");
 }
 
+// `batonctl upgrade` to the engines' own command (a canary that changes nothing) with `steps` too
+// long to pass; returns the status once the canary serves with `blocks`.
+inline json CanaryOfTheSameCommand(const ChaosCluster& cluster, const std::string& steps = "50,100",
+                                   int blocks = 8) {
+  const json before = cluster.Status();
+  std::vector<std::string> args = {"upgrade", "--steps", steps, "--step-ms", "600000", "--"};
+  for (const json& part : before["upgrade"]["active_command"]) {
+    args.push_back(part.get<std::string>());
+  }
+  const CtlResult up = cluster.Ctl(args);
+  EXPECT_EQ(up.exit_code, 0) << up.stdout_text;
+  return cluster.WaitFor(
+      [&](const json& st) {
+        return !st["upgrade"]["current"].is_null() &&
+               st["upgrade"]["current"]["phase"] == "canary" &&
+               EngineWithRole(st, "canary")["blocks"] == blocks;
+      },
+      "the canary serves with " + std::to_string(blocks) + " blocks", std::chrono::seconds(30));
+}
+
 }  // namespace baton::chaos

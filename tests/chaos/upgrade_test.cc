@@ -16,6 +16,7 @@
 #include <signal.h>
 
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/chaos/chaos_harness.h"
@@ -208,6 +209,29 @@ TEST(UpgradeCtlTest, AnUpgradeInterruptedByAControllerRestartIsRecordedAsRolledB
   cluster.KillController();  // recorded once: a second restart does not record it again
   cluster.RestartController();
   EXPECT_EQ(cluster.WaitReady("the pair after a second restart")["upgrade"]["history"].size(), 0u);
+  cluster.CheckFencing();
+}
+
+// A primary slow to answer a Reclaim is not asked again meanwhile: two answers to the same
+// holdings could give away the blocks it keeps. (It answers after the canary was promoted
+// with nothing, and the canary gets its share then.)
+TEST(UpgradeCtlTest, ASlowPrimaryIsAskedForBlocksOnceAtATime) {
+  ClusterOptions options;
+  options.engine_args = {"--reclaim-delay-ms", "3000"};
+  ChaosCluster cluster(options);
+  const json s = CanaryOfTheSameCommand(cluster, "50,100", 8);
+  EXPECT_EQ(EngineWithRole(s, "primary")["blocks"], 8) << s.dump();
+  std::this_thread::sleep_for(seconds(5));  // past two more Reclaim periods (every 2 s)
+  const json later = cluster.Status();
+  EXPECT_EQ(EngineWithRole(later, "primary")["blocks"], 8) << later.dump();
+  EXPECT_EQ(EngineWithRole(later, "canary")["blocks"], 8) << later.dump();
+  const std::string log = cluster.Log();
+  size_t asks = 0;
+  for (size_t at = log.find("(the primary) to return"); at != std::string::npos;
+       at = log.find("(the primary) to return", at + 1)) {
+    ++asks;
+  }
+  EXPECT_EQ(asks, 1u) << log;
   cluster.CheckFencing();
 }
 

@@ -34,26 +34,6 @@ ClusterOptions ChunkedCluster(uint64_t chunk_bytes, int blocks = 16) {
   return o;
 }
 
-// `batonctl upgrade` to the test engine's own command with `steps` too long to pass; returns
-// the status once the canary serves with `blocks`.
-json StartACanary(const ChaosCluster& cluster, const std::string& steps = "50,100",
-                  int blocks = 8) {
-  const json before = cluster.Status();
-  std::vector<std::string> args = {"upgrade", "--steps", steps, "--step-ms", "600000", "--"};
-  for (const json& part : before["upgrade"]["active_command"]) {
-    args.push_back(part.get<std::string>());
-  }
-  const CtlResult up = cluster.Ctl(args);
-  EXPECT_EQ(up.exit_code, 0) << up.stdout_text;
-  return cluster.WaitFor(
-      [&](const json& st) {
-        return !st["upgrade"]["current"].is_null() &&
-               st["upgrade"]["current"]["phase"] == "canary" &&
-               EngineWithRole(st, "canary")["blocks"] == blocks;
-      },
-      "the canary serves with " + std::to_string(blocks) + " blocks", seconds(30));
-}
-
 // The chunks (of two blocks) that `engine`'s leases touch.
 std::vector<int> ChunksOf(const json& engine) {
   std::vector<int> chunks;
@@ -70,7 +50,7 @@ std::vector<int> ChunksOf(const json& engine) {
 TEST(DeviceUpgradeTest, TheCanaryGetsWholeChunksAndARollbackGivesThemBack) {
   ChaosCluster cluster(ChunkedCluster(2 << 20));
   ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 8);
-  const json s = StartACanary(cluster);
+  const json s = CanaryOfTheSameCommand(cluster);
   const json primary = EngineWithRole(s, "primary");
   const json canary = EngineWithRole(s, "canary");
   EXPECT_EQ(primary["blocks"], 8) << s.dump();
@@ -101,7 +81,7 @@ TEST(DeviceUpgradeTest, TheCanaryGetsWholeChunksAndARollbackGivesThemBack) {
 
 TEST(DeviceUpgradeTest, APrimaryKilledMidCanaryHandsItsChunksToTheCanary) {
   ChaosCluster cluster(ChunkedCluster(2 << 20));
-  const json s = StartACanary(cluster);
+  const json s = CanaryOfTheSameCommand(cluster);
   const json primary = EngineWithRole(s, "primary");
   const uint64_t canary = EngineWithRole(s, "canary")["id"];
   ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
@@ -125,7 +105,7 @@ TEST(DeviceUpgradeTest, APrimaryKilledMidCanaryHandsItsChunksToTheCanary) {
 TEST(DeviceUpgradeTest, AtAFullShareThePrimaryKeepsAChunk) {
   ChaosCluster cluster(ChunkedCluster(4 << 20, 18));
   ASSERT_EQ(cluster.Status()["device"]["pool_chunks"], 5);
-  const json s = StartACanary(cluster, "100", 14);
+  const json s = CanaryOfTheSameCommand(cluster, "100", 14);
   EXPECT_EQ(EngineWithRole(s, "primary")["blocks"], 4) << s.dump();
   std::this_thread::sleep_for(seconds(3));  // past the next Reclaim (every 2 s while short)
   const json later = cluster.Status();
