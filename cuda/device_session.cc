@@ -21,15 +21,17 @@ struct DeviceSession::Impl {};
 DeviceSession::DeviceSession() : impl_(std::make_unique<Impl>()) {}
 DeviceSession::~DeviceSession() = default;
 
-Status DeviceSession::Decline(proto::Channel& channel, uint32_t regions, const std::string& why,
-                              Duration timeout) {
+Result<uint64_t> DeviceSession::Decline(proto::Channel& channel, uint32_t regions,
+                                        const std::string& why, Duration timeout) {
+  uint64_t pool_chunk_bytes = 0;
   for (uint32_t i = 0; i < regions; ++i) {
     BATON_ASSIGN_OR_RETURN(ReceivedVmmRegion region, ReceiveVmmRegion(channel, timeout));
     BATON_RETURN_IF_ERROR(
         AckVmmRegion(channel, region.info.name, FailedPrecondition("declined: " + why)));
     BATON_LOG(INFO, "engine-sdk") << "declined device region '" << region.info.name << "': " << why;
+    if (region.info.name == kDevicePoolRegion) pool_chunk_bytes = region.info.chunk_bytes;
   }
-  return OkStatus();
+  return pool_chunk_bytes;
 }
 
 #ifdef BATON_HAVE_CUDA_HEADERS
@@ -56,7 +58,7 @@ Result<std::unique_ptr<DeviceSession>> DeviceSession::Accept(proto::Channel& cha
   Result<std::unique_ptr<DeviceBorrower>> borrower = OpenDevice(device);
   if (!borrower.ok()) {
     const Status why = borrower.status().WithContext("CUDA device " + std::to_string(device));
-    BATON_RETURN_IF_ERROR(Decline(channel, regions, why.message(), timeout));
+    BATON_RETURN_IF_ERROR(Decline(channel, regions, why.message(), timeout).status());
     return why;
   }
   std::unique_ptr<DeviceSession> s(new DeviceSession());
@@ -97,7 +99,7 @@ Status DeviceSession::UnmapBlocks(uint32_t first, uint32_t count) {
 Result<std::unique_ptr<DeviceSession>> DeviceSession::Accept(proto::Channel& channel, int,
                                                              uint32_t regions, Duration timeout) {
   const Status why = Unimplemented("CUDA backend not compiled into this engine");
-  BATON_RETURN_IF_ERROR(Decline(channel, regions, why.message(), timeout));
+  BATON_RETURN_IF_ERROR(Decline(channel, regions, why.message(), timeout).status());
   return why;
 }
 

@@ -9,7 +9,9 @@
 //             rule 5). Where the device cannot be used (no driver, build without CUDA) it
 //             refuses every region with the reason and returns that reason.
 //   Decline() receives every region and refuses it: an engine that computes on the host uses
-//             the host arena and pool it already has.
+//             the host arena and pool it already has. It returns the pool region's chunk size
+//             (0 when none came): the ledger lends that pool by whole chunks all the same, so
+//             the engine answers a Reclaim with whole chunks too.
 // MapBlocks()/UnmapBlocks() follow the engine's leases: whole chunks are mapped for held
 // blocks and unmapped when none is left (cuda/chunk_cover.h); the granted blocks' headers are
 // scrubbed on the engine's stream before MapBlocks returns.
@@ -44,8 +46,8 @@ class DeviceSession {
  public:
   static Result<std::unique_ptr<DeviceSession>> Accept(proto::Channel& channel, int device,
                                                        uint32_t regions, Duration timeout);
-  static Status Decline(proto::Channel& channel, uint32_t regions, const std::string& why,
-                        Duration timeout);
+  static Result<uint64_t> Decline(proto::Channel& channel, uint32_t regions, const std::string& why,
+                                  Duration timeout);
   ~DeviceSession();
   DeviceSession(const DeviceSession&) = delete;
   DeviceSession& operator=(const DeviceSession&) = delete;

@@ -1,5 +1,6 @@
 #include "standby/controller_link.h"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -49,20 +50,46 @@ Status SessionModelMemory::AddExtents(PagedKvCache* cache, std::span<const Mappe
   return OkStatus();
 }
 
-std::vector<MappedExtent> SessionModelMemory::TakeFreeBlocks(PagedKvCache* cache, uint32_t blocks) {
+std::vector<uint32_t> SessionModelMemory::TakeWhole(PagedKvCache* cache, uint32_t first,
+                                                    uint32_t end) {
+  for (uint32_t b = first; b < end; ++b) {
+    if (added_.count(b) == 0) return {};
+  }
   std::vector<uint32_t> taken;
-  for (auto it = added_.rbegin(); it != added_.rend() && taken.size() < blocks; ++it) {
-    if (cache->RemoveBlock(*it).ok()) taken.push_back(*it);  // refused while a sequence holds it
+  for (uint32_t b = first; b < end; ++b) {
+    if (cache->RemoveBlock(b).ok()) {
+      taken.push_back(b);
+      continue;
+    }
+    // A sequence holds this one: the range stays whole in the cache.
+    const PoolView& pool = session_->pool();
+    for (uint32_t t : taken) {
+      (void)cache->AddBlock(t, pool.BlockData(t) + kBlockHeaderBytes,
+                            pool.block_bytes - kBlockHeaderBytes);
+    }
+    return {};
   }
   for (uint32_t b : taken) added_.erase(b);
+  return taken;
+}
+
+std::vector<MappedExtent> SessionModelMemory::TakeFreeBlocks(PagedKvCache* cache, uint32_t blocks) {
+  std::vector<uint32_t> taken;
+  (void)TakeWholeChunks(session_->pool().block_count, session_->reclaim_chunk_blocks(), blocks,
+                        [&](uint32_t first, uint32_t end) {
+                          const std::vector<uint32_t> chunk = TakeWhole(cache, first, end);
+                          taken.insert(taken.end(), chunk.begin(), chunk.end());
+                          return !chunk.empty();
+                        });
+  std::sort(taken.begin(), taken.end());
   std::vector<MappedExtent> extents;
   const PoolView& pool = session_->pool();
-  for (auto it = taken.rbegin(); it != taken.rend(); ++it) {  // ascending block order
-    if (!extents.empty() && extents.back().first + extents.back().count == *it) {
+  for (uint32_t b : taken) {
+    if (!extents.empty() && extents.back().first + extents.back().count == b) {
       ++extents.back().count;
       extents.back().bytes += pool.block_bytes;
     } else {
-      extents.push_back({*it, 1, pool.BlockData(*it), pool.block_bytes});
+      extents.push_back({b, 1, pool.BlockData(b), pool.block_bytes});
     }
   }
   return extents;

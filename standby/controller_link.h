@@ -43,12 +43,18 @@ class SessionModelMemory final : public ModelMemory {
   // Adds every mapped extent's blocks not yet in the cache.
   Status AddKvBlocks(PagedKvCache* cache) override;
   Status AddExtents(PagedKvCache* cache, std::span<const MappedExtent> extents);
-  // Takes up to `blocks` free blocks out of the cache; returns them as extents.
+  // Takes up to `blocks` free blocks out of the cache, the highest first, in whole device pool
+  // chunks (EngineSession::reclaim_chunk_blocks(); single blocks on the host backend): a
+  // chunk goes only when every block of it is in the cache and no sequence holds one.
+  // Returns them as extents.
   std::vector<MappedExtent> TakeFreeBlocks(PagedKvCache* cache, uint32_t blocks);
 
  private:
   SessionModelMemory(EngineSession* session, const LlamaConfig& config)
       : session_(session), config_(config) {}
+
+  // Blocks [first, end) out of the cache if all are in it and free; else none (nothing moves).
+  std::vector<uint32_t> TakeWhole(PagedKvCache* cache, uint32_t first, uint32_t end);
 
   EngineSession* session_;
   LlamaConfig config_;

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <thread>
 
@@ -37,6 +38,18 @@ Result<uint64_t> ParseUnsigned(const std::string& text, const char* what) {
 }
 
 }  // namespace
+
+uint32_t TakeWholeChunks(uint32_t block_count, uint32_t per_chunk, uint32_t blocks,
+                         const std::function<bool(uint32_t first, uint32_t end)>& take) {
+  const uint32_t per = std::max<uint32_t>(1, per_chunk);
+  uint32_t left = blocks;
+  for (uint32_t end = block_count; end > 0 && left > 0;) {
+    const uint32_t first = (end - 1) / per * per;
+    if (end - first <= left && take(first, end)) left -= end - first;
+    end = first;
+  }
+  return blocks - left;
+}
 
 const char* ToString(SessionEventKind kind) {
   switch (kind) {
@@ -144,8 +157,11 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
 Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack) {
   if (ack.device_regions == 0) return OkStatus();
   if (!options_.use_device_memory) {
-    return DeviceSession::Decline(*channel_, ack.device_regions, "this engine computes on the host",
-                                  options_.connect_timeout);
+    BATON_ASSIGN_OR_RETURN(
+        declined_pool_chunk_bytes_,
+        DeviceSession::Decline(*channel_, ack.device_regions, "this engine computes on the host",
+                               options_.connect_timeout));
+    return OkStatus();
   }
   Result<std::unique_ptr<DeviceSession>> device =
       DeviceSession::Accept(*channel_, ack.device, ack.device_regions, options_.connect_timeout);
@@ -261,9 +277,11 @@ std::optional<DeviceRegionView> EngineSession::device_weights() const {
 std::optional<DeviceRegionView> EngineSession::device_pool() const { return impl_->device_pool(); }
 uint32_t EngineSession::reclaim_chunk_blocks() const {
   const std::optional<DeviceRegionView> device = impl_->device_pool();
+  const uint64_t chunk_bytes =
+      device.has_value() ? device->chunk_bytes : impl_->declined_pool_chunk_bytes();
   const uint64_t block_bytes = pool().block_bytes;
-  if (!device.has_value() || block_bytes == 0 || device->chunk_bytes < block_bytes) return 1;
-  return static_cast<uint32_t>(device->chunk_bytes / block_bytes);
+  if (block_bytes == 0 || chunk_bytes < block_bytes) return 1;
+  return static_cast<uint32_t>(chunk_bytes / block_bytes);
 }
 Result<SessionEvent> EngineSession::WaitForPromotion(std::optional<Duration> timeout) {
   return impl_->WaitForPromotion(timeout);

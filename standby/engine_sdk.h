@@ -33,6 +33,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -133,6 +134,13 @@ enum class SessionEventKind {
 };
 const char* ToString(SessionEventKind kind);
 
+// The answer to a kReclaim in whole chunks: walks a pool of `block_count` blocks in chunks of
+// `per_chunk` (the last may be shorter; 1 on the host backend) from the highest, and offers
+// each chunk [first, end) that still fits in what is left of `blocks` to `take`, which
+// returns whether it gave that chunk up (all of it, or nothing). Returns the blocks given up.
+uint32_t TakeWholeChunks(uint32_t block_count, uint32_t per_chunk, uint32_t blocks,
+                         const std::function<bool(uint32_t first, uint32_t end)>& take);
+
 struct SessionEvent {
   SessionEventKind kind = SessionEventKind::kStop;
   uint64_t epoch = 0;
@@ -159,8 +167,10 @@ class EngineSession {
   // holds blocks in them; headers scrubbed like the host blocks'). nullopt otherwise.
   std::optional<DeviceRegionView> device_weights() const;
   std::optional<DeviceRegionView> device_pool() const;
-  // Blocks per device pool chunk when device_pool() is mapped, else 1. The driver maps whole
-  // chunks, so the controller can lend a returned block to another engine (a canary) only
+  // Blocks per device pool chunk on a CUDA-backend controller (whether this engine took the
+  // device memory or declined it), else 1. The ledger lends that pool by whole chunks (the
+  // driver maps whole chunks), so the controller can lend a returned block to another engine
+  // (a canary) only
   // once every block of its chunk is returned: answer a kReclaim with whole chunks (blocks
   // [c x n, (c + 1) x n), the last chunk may be shorter), at most the blocks asked for;
   // blocks of a chunk this engine keeps come back only to it.

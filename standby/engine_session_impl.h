@@ -46,6 +46,7 @@ class EngineSession::Impl {
   // Copies, under mu_ (Shutdown() drops the device session).
   std::optional<DeviceRegionView> device_weights() const;
   std::optional<DeviceRegionView> device_pool() const;
+  uint64_t declined_pool_chunk_bytes() const { return declined_pool_chunk_bytes_; }
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout);
   Status MarkServing();
   std::optional<SessionEvent> NextEvent(std::optional<Duration> timeout);
@@ -109,7 +110,8 @@ class EngineSession::Impl {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   PoolMapping pool_;
-  std::unique_ptr<DeviceSession> device_;  // set before the thread starts
+  std::unique_ptr<DeviceSession> device_;   // set before the thread starts
+  uint64_t declined_pool_chunk_bytes_ = 0;  // the device pool's chunk, when declined
   std::deque<SessionEvent> events_;
   bool promoted_ = false;
   std::string stopped_;       // non-empty once told to stop

@@ -335,17 +335,14 @@ std::vector<MappedExtent> ReclaimWholeChunks(const EngineSession& session, uint3
     for (uint32_t b = e.first; b < e.first + e.count; ++b) held[b] = true;
   }
   std::vector<bool> give(held.size(), false);
-  uint32_t left = blocks;
-  for (uint32_t end = static_cast<uint32_t>(held.size()); end > 0 && left > 0;) {
-    const uint32_t first = (end - 1) / per_chunk * per_chunk;
-    bool whole = true;
-    for (uint32_t b = first; b < end; ++b) whole = whole && held[b];
-    if (whole && end - first <= left) {
-      for (uint32_t b = first; b < end; ++b) give[b] = true;
-      left -= end - first;
-    }
-    end = first;
-  }
+  (void)TakeWholeChunks(static_cast<uint32_t>(held.size()), per_chunk, blocks,
+                        [&](uint32_t first, uint32_t end) {
+                          for (uint32_t b = first; b < end; ++b) {
+                            if (!held[b]) return false;
+                          }
+                          for (uint32_t b = first; b < end; ++b) give[b] = true;
+                          return true;
+                        });
   std::vector<MappedExtent> out;
   for (const MappedExtent& e : mapped) {
     for (uint32_t b = e.first; b < e.first + e.count; ++b) {

@@ -153,8 +153,10 @@ TEST_F(DeviceMemoryTest, AHostEngineDeclinesAndTheOwnerHearsWhy) {
   auto pair = proto::Channel::Pair(io_);
   ASSERT_TRUE(pair.ok());
   ASSERT_TRUE(owner_->Share(pair->first).ok());
-  ASSERT_TRUE(
-      DeviceSession::Decline(pair->second, kDeviceRegionCount, "computes on the host", 5s).ok());
+  Result<uint64_t> chunk =
+      DeviceSession::Decline(pair->second, kDeviceRegionCount, "computes on the host", 5s);
+  ASSERT_TRUE(chunk.ok()) << chunk.status().ToString();
+  EXPECT_EQ(*chunk, owner_->stats().pool_chunk_bytes) << "the pool's chunk, to reclaim by";
   for (int i = 0; i < 2; ++i) {
     Result<proto::ReceivedMessage> msg = pair->first.Receive(5s);
     ASSERT_TRUE(msg.ok());

@@ -39,6 +39,25 @@ bool AnyWritable(const std::vector<std::string>& perms) {
   return false;
 }
 
+// 18 blocks in chunks of 4 (the last, [16, 18), short): whole chunks from the highest, each
+// only if it fits in what is left, and only those `take` gives up.
+TEST(EngineSdk, TakeWholeChunksOffersChunksFromTheHighestThatFit) {
+  std::vector<std::pair<uint32_t, uint32_t>> offered;
+  auto all_but_8 = [&](uint32_t first, uint32_t end) {
+    offered.emplace_back(first, end);
+    return first != 8;  // a sequence holds a block of [8, 12)
+  };
+  EXPECT_EQ(TakeWholeChunks(18, 4, 11, all_but_8), 10u);
+  EXPECT_EQ(offered,
+            (std::vector<std::pair<uint32_t, uint32_t>>{{16, 18}, {12, 16}, {8, 12}, {4, 8}}))
+      << "[0, 4) does not fit in the 1 block left";
+  offered.clear();
+  EXPECT_EQ(TakeWholeChunks(18, 1, 3, all_but_8), 3u);
+  EXPECT_EQ(offered, (std::vector<std::pair<uint32_t, uint32_t>>{{17, 18}, {16, 17}, {15, 16}}));
+  EXPECT_EQ(TakeWholeChunks(18, 4, 0, all_but_8), 0u);
+  EXPECT_EQ(TakeWholeChunks(0, 4, 5, all_but_8), 0u);
+}
+
 TEST(EngineSdk, RegistersAsAHalfStartedStandby) {
   FakeController fake;
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 100);
