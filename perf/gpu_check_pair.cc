@@ -251,11 +251,7 @@ json PairStep(const PairStepOptions& o) {
   r["timeline"] = pair.Ctl("timeline").value("timeline", json());
   r["invariants"] = after.value("invariants", "");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the new primary stamp
-  size_t violations = 0;
-  for (const auto& f : std::filesystem::directory_iterator(dir + "/violations", ec)) {
-    (void)f;
-    ++violations;
-  }
+  const size_t violations = CountFiles(dir + "/violations");
   r["violations"] = violations;
   if (o.engine_command.empty()) r["canary"] = CanaryStep(pair, after, dir);
   bool reports_ok = true;
