@@ -106,6 +106,48 @@ Result<json> CompareCopies(const PrimaryContext& ctx, const PinnedHostCache& cac
               {"verified", true}};
 }
 
+// The preferred cache: host-NUMA VMM memory, filled from `baseline`, against it.
+json HostNumaRemat(const PrimaryContext& ctx, const GpuCheckOptions& o,
+                   const PinnedHostBuffer& baseline, CUdeviceptr device) {
+  const uint64_t bytes = o.remat_gib * kGiB;
+  Result<PinnedHostCache> numa = PinnedHostCache::CreateHostNuma(
+      ctx, {.bytes = bytes, .chunk_bytes = o.weight_chunk_mib * kMiB});
+  if (!numa.ok()) return json{{"ok", false}, {"skipped", numa.status().message()}};
+  // Filled by a copy, not by the CPU: a driver that maps the chunks for the GPU only fails
+  // this copy with an error where CPU stores would kill the whole run.
+  Status filled =
+      PlainPinnedCopy(ctx, reinterpret_cast<CUdeviceptr>(numa->data()), baseline.data(), bytes)
+          .status()
+          .WithContext("filling the host-NUMA cache");
+  if (!filled.ok()) return Error(filled);
+  Result<json> r = CompareCopies(ctx, *numa, baseline, device, o);
+  return r.ok() ? *r : Error(r.status());
+}
+
+// The fallback: a memfd arena, as weightcache/pinned_arena.h makes it (huge pages where
+// they can be reserved, filled, then sealed read-only as the weight cache does), registered
+// in chunks. A failure here is this cache's result, not the step's end.
+json RegisteredRemat(const PrimaryContext& ctx, const GpuCheckOptions& o,
+                     const PinnedHostBuffer& baseline, CUdeviceptr device) {
+  const uint64_t bytes = o.remat_gib * kGiB;
+  Result<SharedMemory> shm =
+      SharedMemory::Create({.name = "gpu-check-arena", .size = bytes, .try_huge_pages = true});
+  if (!shm.ok()) return Error(shm.status());
+  Result<Mapping> map = shm->Map(Protection::kReadWrite, /*populate=*/true);
+  if (!map.ok()) return Error(map.status());
+  FillHost(map->data(), bytes, kRematSeed);
+  const Status sealed = shm->Seal(Sealing::kReadOnly);
+  Result<PinnedHostCache> reg =
+      PinnedHostCache::Register(ctx, map->data(), bytes, o.weight_chunk_mib * kMiB);
+  Result<json> r =
+      reg.ok() ? CompareCopies(ctx, *reg, baseline, device, o) : Result<json>(reg.status());
+  json out = r.ok() ? *r : Error(r.status());
+  out["huge_pages"] = shm->huge_pages();
+  if (!shm->huge_pages()) out["huge_pages_note"] = shm->fallback_reason();
+  out["sealed"] = sealed.ok() ? json(true) : json(sealed.message());
+  return out;
+}
+
 }  // namespace
 
 json DeviceInfo(const PrimaryContext& ctx) {
@@ -154,41 +196,8 @@ json RematStep(const PrimaryContext& ctx, const GpuCheckOptions& o) {
   FillHost(baseline->data(), bytes, kRematSeed);
 
   json out{{"ok", true}};
-  {
-    // The preferred cache: host-NUMA VMM memory.
-    Result<PinnedHostCache> numa =
-        PinnedHostCache::CreateHostNuma(ctx, {.bytes = bytes, .chunk_bytes = chunk});
-    if (numa.ok()) {
-      // Filled by a copy, not by the CPU: a driver that maps the chunks for the GPU only
-      // fails this copy with an error where CPU stores would kill the whole run.
-      Status filled =
-          PlainPinnedCopy(ctx, reinterpret_cast<CUdeviceptr>(numa->data()), baseline->data(), bytes)
-              .status()
-              .WithContext("filling the host-NUMA cache");
-      Result<json> r = filled.ok() ? CompareCopies(ctx, *numa, *baseline, view->base(), o)
-                                   : Result<json>(filled);
-      out["host_numa"] = r.ok() ? *r : Error(r.status());
-    } else {
-      out["host_numa"] = json{{"ok", false}, {"skipped", numa.status().message()}};
-    }
-  }
-  {
-    // The fallback: a memfd arena, as weightcache/pinned_arena.h makes it (filled, then
-    // sealed read-only as the weight cache does), registered in chunks.
-    Result<SharedMemory> shm =
-        SharedMemory::Create({.name = "gpu-check-arena", .size = bytes, .try_huge_pages = true});
-    if (!shm.ok()) return Error(shm.status());
-    Result<Mapping> map = shm->Map(Protection::kReadWrite, /*populate=*/true);
-    if (!map.ok()) return Error(map.status());
-    FillHost(map->data(), bytes, kRematSeed);
-    const Status sealed = shm->Seal(Sealing::kReadOnly);
-    Result<PinnedHostCache> reg = PinnedHostCache::Register(ctx, map->data(), bytes, chunk);
-    Result<json> r = reg.ok() ? CompareCopies(ctx, *reg, *baseline, view->base(), o)
-                              : Result<json>(reg.status());
-    out["registered"] = r.ok() ? *r : Error(r.status());
-    out["registered"]["huge_pages"] = shm->huge_pages();
-    out["registered"]["sealed"] = sealed.ok() ? json(true) : json(sealed.message());
-  }
+  out["host_numa"] = HostNumaRemat(ctx, o, *baseline, view->base());
+  out["registered"] = RegisteredRemat(ctx, o, *baseline, view->base());
   // The headline: the host-NUMA cache where there is one, else the registered arena.
   const json main = out["host_numa"].value("ok", false) ? out["host_numa"] : out["registered"];
   out["ok"] = main.value("ok", false);

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
 #include <utility>
 
 #include "base/align.h"
@@ -55,6 +56,24 @@ void* FindAligned(size_t size, size_t align) {
   return reinterpret_cast<void*>(RoundUp(reinterpret_cast<uintptr_t>(raw), align));
 }
 
+// Sizes a hugetlb memfd and reserves its pages. ftruncate takes no pages: a shared hugetlb
+// mapping reserves them when it is made, and the reservation stays with the file after
+// munmap (until the file is gone). One mapping made here therefore turns "too few free huge
+// pages" into this error, where otherwise every later Map of the object would fail (ENOMEM).
+Status ReserveHugePages(int fd, size_t size) {
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    return ErrnoStatus("ftruncate of hugetlb memfd", errno);
+  }
+  void* probe = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
+  if (probe == MAP_FAILED) {
+    return ErrnoStatus("cannot reserve " + std::to_string(size / kHugePageSize) +
+                           " huge pages of 2 MiB (raise vm.nr_hugepages)",
+                       errno);
+  }
+  ::munmap(probe, size);
+  return OkStatus();
+}
+
 }  // namespace
 
 Result<SharedMemory> SharedMemory::Create(const SharedMemoryOptions& options) {
@@ -64,14 +83,14 @@ Result<SharedMemory> SharedMemory::Create(const SharedMemoryOptions& options) {
     const size_t size = RoundUp(options.size, kHugePageSize);
     auto fd =
         CreateMemfd(options.name, MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_HUGETLB | MFD_HUGE_2MB);
-    if (fd.ok() && ::ftruncate(fd->get(), static_cast<off_t>(size)) == 0) {
+    Status reserved = fd.ok() ? ReserveHugePages(fd->get(), size) : fd.status();
+    if (reserved.ok()) {
       shm.fd_ = std::move(fd).value();
       shm.size_ = size;
       shm.huge_pages_ = true;
       return shm;
     }
-    shm.fallback_reason_ = fd.ok() ? ErrnoStatus("ftruncate of hugetlb memfd", errno).message()
-                                   : fd.status().message();
+    shm.fallback_reason_ = reserved.message();
   }
   BATON_ASSIGN_OR_RETURN(UniqueFd fd, CreateMemfd(options.name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   const size_t size = RoundUp(options.size, static_cast<size_t>(::sysconf(_SC_PAGESIZE)));

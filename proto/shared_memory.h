@@ -59,8 +59,10 @@ struct SharedMemoryOptions {
 
 class SharedMemory {
  public:
-  // Creates a memfd of at least options.size bytes. When huge pages were asked for but could
-  // not be had, fallback_reason() says why.
+  // Creates a memfd of at least options.size bytes. Huge pages count as had only once the
+  // object's pages are reserved, so that a later Map cannot fail for want of them; when they
+  // were asked for but could not be had (no hugetlb support, too few free huge pages),
+  // fallback_reason() says why.
   static Result<SharedMemory> Create(const SharedMemoryOptions& options);
   // Takes ownership of a memfd received from another process; the size comes from fstat.
   static Result<SharedMemory> Import(UniqueFd fd);

@@ -101,28 +101,16 @@ Status PinnedArena::ChooseNode(const ArenaOptions& options) {
 
 Status PinnedArena::MapMemory(const ArenaOptions& options) {
   SharedMemoryOptions shm{options.name, options.size, options.huge_pages};
+  // Huge pages count as had only once reserved (SharedMemory::Create): too few free ones
+  // fall back to 4 KiB pages here, never to ENOMEM at the Map below or SIGBUS later.
   BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create(shm));
-  if (memory_.huge_pages()) {
-    // A shared hugetlb mapping reserves its pages at mmap time: too few free pages fail here
-    // (ENOMEM) rather than later with SIGBUS.
-    auto mapped = memory_.Map(Protection::kReadWrite, /*populate=*/false);
-    if (mapped.ok()) {
-      mapping_ = std::move(mapped).value();
-      return OkStatus();
-    }
-    const uint64_t wanted = memory_.size() / kHugePageSize;
+  if (options.huge_pages && !memory_.huge_pages()) {
     std::ostringstream note;
-    note << "cannot reserve " << wanted << " huge pages of 2 MiB (" << mapped.status().message()
+    note << "huge pages unavailable (" << memory_.fallback_reason()
          << "; HugePages_Free=" << MeminfoValue("HugePages_Free")
-         << "): using 4 KiB pages, which are much slower to fault in; reserve more with "
-            "`sysctl vm.nr_hugepages=N`";
+         << "): using 4 KiB pages, which are much slower to fault in; reserve them with "
+            "`sysctl vm.nr_hugepages=N` (N = bytes / 2 MiB)";
     warnings_.push_back(note.str());
-    shm.try_huge_pages = false;
-    BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create(shm));
-  } else if (options.huge_pages) {
-    warnings_.push_back("huge pages unavailable (" + memory_.fallback_reason() +
-                        "): using 4 KiB pages, which are much slower to fault in; reserve "
-                        "them with `sysctl vm.nr_hugepages=N` (N = bytes / 2 MiB)");
   }
   BATON_ASSIGN_OR_RETURN(mapping_, memory_.Map(Protection::kReadWrite, /*populate=*/false));
   return OkStatus();
