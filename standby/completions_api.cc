@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/json_depth.h"
+#include "standby/chat_api.h"
 
 namespace baton {
 namespace {
@@ -77,6 +78,18 @@ std::optional<ApiError> ReadIds(const Json& array, const CompletionContext& ctx,
   return std::nullopt;
 }
 
+std::optional<ApiError> CheckPromptLength(const std::vector<int32_t>& ids,
+                                          const CompletionContext& ctx, const char* param) {
+  if (ids.empty()) return ParamError(param, "'prompt' is empty");
+  const int64_t limit = ctx.config->max_position_embeddings;
+  if (static_cast<int64_t>(ids.size()) >= limit) {
+    return ParamError(param, "the prompt is " + std::to_string(ids.size()) +
+                                 " tokens; this model's maximum context length is " +
+                                 std::to_string(limit) + " tokens");
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> ReadPrompt(const Json& body, const CompletionContext& ctx,
                                    std::vector<int32_t>* out) {
   auto it = body.find("prompt");
@@ -97,34 +110,37 @@ std::optional<ApiError> ReadPrompt(const Json& body, const CompletionContext& ct
   } else {
     return ParamError("prompt", "'prompt' must be a string or an array of token ids");
   }
-  if (out->empty()) return ParamError("prompt", "'prompt' is empty");
-  const int64_t limit = ctx.config->max_position_embeddings;
-  if (static_cast<int64_t>(out->size()) >= limit) {
-    return ParamError("prompt", "the prompt is " + std::to_string(out->size()) +
-                                    " tokens; this model's maximum context length is " +
-                                    std::to_string(limit) + " tokens");
-  }
-  return std::nullopt;
+  return CheckPromptLength(*out, ctx, "prompt");
 }
 
+// The length limit: `max_tokens`, or for chat `max_completion_tokens` first. Absent, it is
+// 16 (OpenAI's default for completions) cut to the room left in the context; for chat, and
+// for a router's replay of a chat stream (`baton_resume_tokens` without a limit), the room.
 std::optional<ApiError> ReadMaxTokens(const Json& body, const CompletionContext& ctx,
                                       CompletionRequest* req) {
   const int64_t room =
       ctx.config->max_position_embeddings - static_cast<int64_t>(req->prompt_ids.size());
   int64_t value = 16;
   bool present = false;
-  if (auto e = ReadInt(body, "max_tokens", &value, &present)) return e;
+  const char* name = "max_tokens";
+  if (req->chat) {
+    if (auto e = ReadInt(body, "max_completion_tokens", &value, &present)) return e;
+    if (present) name = "max_completion_tokens";
+  }
   if (!present) {
-    req->max_tokens = static_cast<int>(std::min<int64_t>(16, room));
+    if (auto e = ReadInt(body, "max_tokens", &value, &present)) return e;
+  }
+  if (!present) {
+    const bool whole_room = req->chat || body.contains("baton_resume_tokens");
+    req->max_tokens = static_cast<int>(whole_room ? room : std::min<int64_t>(16, room));
     return std::nullopt;
   }
-  if (value < 1) return ParamError("max_tokens", "'max_tokens' must be at least 1");
+  if (value < 1) return ParamError(name, std::string("'") + name + "' must be at least 1");
   if (value > room) {
-    return ParamError("max_tokens", "this model's maximum context length is " +
-                                        std::to_string(ctx.config->max_position_embeddings) +
-                                        " tokens; " + std::to_string(req->prompt_ids.size()) +
-                                        " in the prompt and " + std::to_string(value) +
-                                        " in max_tokens exceed it");
+    return ParamError(name, "this model's maximum context length is " +
+                                std::to_string(ctx.config->max_position_embeddings) + " tokens; " +
+                                std::to_string(req->prompt_ids.size()) + " in the prompt and " +
+                                std::to_string(value) + " in " + name + " exceed it");
   }
   req->max_tokens = static_cast<int>(value);
   return std::nullopt;
@@ -218,10 +234,24 @@ std::optional<ApiError> ReadResume(const Json& body, CompletionRequest* req) {
   return std::nullopt;
 }
 
+// The prompt of a chat request: its messages through the chat template (chat_api.h).
+std::optional<ApiError> ReadMessages(const Json& body, const CompletionContext& ctx,
+                                     std::vector<int32_t>* out) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) return ParamError("messages", "'messages' is required");
+  Result<std::string> text = RenderChatPrompt(*it);
+  if (!text.ok()) return ParamError("messages", text.status().message());
+  *out = ctx.tokenizer->Encode(*text, ctx.tokenizer->bos_token_id().has_value());
+  return CheckPromptLength(*out, ctx, "messages");
+}
+
 std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& ctx,
                                     CompletionRequest* req) {
   if (auto e = ReadModel(body, ctx, req)) return e;
-  if (auto e = ReadPrompt(body, ctx, &req->prompt_ids)) return e;
+  if (auto e = req->chat ? ReadMessages(body, ctx, &req->prompt_ids)
+                         : ReadPrompt(body, ctx, &req->prompt_ids)) {
+    return e;
+  }
   if (auto e = ReadMaxTokens(body, ctx, req)) return e;
   if (auto e = ReadSampling(body, ctx, req)) return e;
   if (auto e = ReadStreaming(body, req)) return e;
@@ -229,35 +259,6 @@ std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& c
   if (auto e = ReadResume(body, req)) return e;
   return ReadUnsupported(body);
 }
-
-// Length of the valid UTF-8 sequence at s[p], or 0 when none starts there. *truncated is
-// set when the bytes up to the end of s are the beginning of a valid sequence.
-int Utf8SequenceAt(std::string_view s, size_t p, bool* truncated) {
-  *truncated = false;
-  const uint8_t b = static_cast<uint8_t>(s[p]);
-  int len = 0;
-  uint8_t lo = 0x80, hi = 0xBF;  // the range of the second byte
-  if (b < 0x80) return 1;
-  if (b >= 0xC2 && b <= 0xDF) len = 2;
-  if (b >= 0xE0 && b <= 0xEF) len = 3;
-  if (b >= 0xF0 && b <= 0xF4) len = 4;
-  if (len == 0) return 0;
-  if (b == 0xE0) lo = 0xA0;
-  if (b == 0xED) hi = 0x9F;
-  if (b == 0xF0) lo = 0x90;
-  if (b == 0xF4) hi = 0x8F;
-  for (int i = 1; i < len; ++i) {
-    if (p + i >= s.size()) {
-      *truncated = true;
-      return 0;
-    }
-    const uint8_t c = static_cast<uint8_t>(s[p + i]);
-    if (i == 1 ? (c < lo || c > hi) : (c < 0x80 || c > 0xBF)) return 0;
-  }
-  return len;
-}
-
-constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
 
 }  // namespace
 
@@ -295,8 +296,11 @@ ApiError ApiErrorFromStatus(const Status& status) {
   }
 }
 
-ParsedCompletion ParseCompletionRequest(std::string_view body, const CompletionContext& context) {
+namespace {
+
+ParsedCompletion ParseRequest(std::string_view body, const CompletionContext& context, bool chat) {
   ParsedCompletion out;
+  out.request.chat = chat;
   if (JsonNestingDepth(body) > kMaxJsonDepth) {
     out.error = MakeApiError(
         400, "the request body nests deeper than " + std::to_string(kMaxJsonDepth) + " levels");
@@ -317,81 +321,15 @@ ParsedCompletion ParseCompletionRequest(std::string_view body, const CompletionC
   return out;
 }
 
-std::string LenientUtf8(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size());
-  for (size_t p = 0; p < bytes.size();) {
-    bool truncated = false;
-    const int len = Utf8SequenceAt(bytes, p, &truncated);
-    if (len == 0) {
-      out += kReplacement;
-      ++p;
-    } else {
-      out.append(bytes.substr(p, len));
-      p += len;
-    }
-  }
-  return out;
+}  // namespace
+
+ParsedCompletion ParseCompletionRequest(std::string_view body, const CompletionContext& context) {
+  return ParseRequest(body, context, /*chat=*/false);
 }
 
-CompletionText::CompletionText(std::vector<std::string> stop) : stop_(std::move(stop)) {
-  std::erase_if(stop_, [](const std::string& s) { return s.empty(); });
-}
-
-std::string CompletionText::Append(std::string_view bytes) {
-  if (stopped_) return "";
-  raw_.append(bytes);
-  size_t match = std::string::npos;
-  for (const std::string& s : stop_) match = std::min(match, raw_.find(s, released_));
-  if (match != std::string::npos) {
-    stopped_ = true;
-    raw_.resize(match);
-    return Finish();
-  }
-  return Release(raw_.size() - StopHoldBack());
-}
-
-std::string CompletionText::Finish() {
-  std::string out = LenientUtf8(std::string_view(raw_).substr(released_));
-  released_ = raw_.size();
-  text_ += out;
-  return out;
-}
-
-// Releases raw_[released_, end) as far as complete sequences go.
-std::string CompletionText::Release(size_t end) {
-  std::string out;
-  size_t p = released_;
-  while (p < end) {
-    bool truncated = false;
-    const int len = Utf8SequenceAt(raw_, p, &truncated);
-    if (truncated || p + std::max(len, 1) > end) break;
-    if (len == 0) {
-      out += kReplacement;
-      ++p;
-    } else {
-      out.append(raw_, p, len);
-      p += len;
-    }
-  }
-  released_ = p;
-  text_ += out;
-  return out;
-}
-
-// The longest unreleased suffix of raw_ that begins some stop string.
-size_t CompletionText::StopHoldBack() const {
-  const std::string_view pending = std::string_view(raw_).substr(released_);
-  size_t hold = 0;
-  for (const std::string& s : stop_) {
-    for (size_t k = std::min(s.size() - 1, pending.size()); k > hold; --k) {
-      if (pending.substr(pending.size() - k) == std::string_view(s).substr(0, k)) {
-        hold = k;
-        break;
-      }
-    }
-  }
-  return hold;
+ParsedCompletion ParseChatCompletionRequest(std::string_view body,
+                                            const CompletionContext& context) {
+  return ParseRequest(body, context, /*chat=*/true);
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "standby/chat_api.h"
 #include "standby/completions_api.h"
 
 namespace baton {
@@ -113,9 +114,11 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
     }
     if (req_.stream) return StreamToken(e.token.token, piece, finish);
     if (finished_) {
-      ex_->RespondJson(
-          200, CompletionBody(header_, text_.text().substr(resumed_text_), FinishName(finish),
-                              token_ids_, original_prompt_, Usage()));
+      const std::string text = text_.text().substr(resumed_text_);
+      ex_->RespondJson(200, req_.chat ? ChatBody(header_, text, FinishName(finish), token_ids_,
+                                                 original_prompt_, Usage())
+                                      : CompletionBody(header_, text, FinishName(finish),
+                                                       token_ids_, original_prompt_, Usage()));
     }
   }
 
@@ -125,10 +128,15 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
       ex_->BeginStream(200, "text/event-stream");
       streaming_ = true;
     }
-    ex_->Write(SseEvent(CompletionChunk(header_, piece, FinishName(finish), {token},
-                                        first ? &original_prompt_ : nullptr)));
+    const std::vector<int32_t>* prompt = first ? &original_prompt_ : nullptr;
+    ex_->Write(
+        SseEvent(req_.chat ? ChatChunk(header_, piece, FinishName(finish), {token}, prompt)
+                           : CompletionChunk(header_, piece, FinishName(finish), {token}, prompt)));
     if (finish == FinishReason::kNone) return;
-    if (req_.include_usage) ex_->Write(SseEvent(UsageChunk(header_, Usage())));
+    if (req_.include_usage) {
+      ex_->Write(
+          SseEvent(req_.chat ? ChatUsageChunk(header_, Usage()) : UsageChunk(header_, Usage())));
+    }
     ex_->Write(SseDone());
     ex_->EndStream();
   }
@@ -179,7 +187,9 @@ EngineApi::EngineApi(net::io_context& io, const LlamaConfig& config, ByteTokeniz
 
 void EngineApi::Register(HttpServer* server) {
   server->Route(http::verb::post, "/v1/completions",
-                [this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex); });
+                [this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex, false); });
+  server->Route(http::verb::post, "/v1/chat/completions",
+                [this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex, true); });
   server->Route(http::verb::get, "/v1/models",
                 [this](std::shared_ptr<HttpExchange> ex) { HandleModels(ex); });
   server->Route(http::verb::get, "/health",
@@ -203,14 +213,15 @@ uint64_t EngineApi::RandomSeed() {
   return rng_() >> 1;  // fits in a JSON integer of any signedness
 }
 
-std::string EngineApi::NextCompletionId() {
+std::string EngineApi::NextCompletionId(bool chat) {
   char buf[48];
-  std::snprintf(buf, sizeof(buf), "cmpl-%08llx%08llx", static_cast<unsigned long long>(id_prefix_),
+  std::snprintf(buf, sizeof(buf), "%s-%08llx%08llx", chat ? "chatcmpl" : "cmpl",
+                static_cast<unsigned long long>(id_prefix_),
                 static_cast<unsigned long long>(next_id_.fetch_add(1)));
   return buf;
 }
 
-void EngineApi::HandleCompletions(const std::shared_ptr<HttpExchange>& ex) {
+void EngineApi::HandleCompletions(const std::shared_ptr<HttpExchange>& ex, bool chat) {
   EngineLoop* loop = loop_.load();
   if (state_.load() != ServeState::kServing || loop == nullptr) {
     ApiError e = MakeApiError(503, state_.load() == ServeState::kStandby
@@ -225,9 +236,10 @@ void EngineApi::HandleCompletions(const std::shared_ptr<HttpExchange>& ex) {
     }
   }
   CompletionContext ctx{&config_, &tokenizer_, model_name_, RandomSeed()};
-  ParsedCompletion parsed = ParseCompletionRequest(ex->request().body(), ctx);
+  ParsedCompletion parsed = chat ? ParseChatCompletionRequest(ex->request().body(), ctx)
+                                 : ParseCompletionRequest(ex->request().body(), ctx);
   if (parsed.error) return RespondApiError(ex.get(), *parsed.error);
-  CompletionHeader header{NextCompletionId(), UnixSeconds(), model_name_, parsed.request.seed};
+  CompletionHeader header{NextCompletionId(chat), UnixSeconds(), model_name_, parsed.request.seed};
   parsed.request.seed += seed_offset_;
   auto session = std::make_shared<CompletionSession>(
       io_, ex, std::move(parsed.request), std::move(header),

@@ -2,6 +2,7 @@
 //
 //   POST /v1/completions  OpenAI completions (completions_api.h), streamed as server-sent
 //                         events when asked; every choice carries its token ids
+//   POST /v1/chat/completions  the same for chat messages (chat_api.h)
 //   GET  /v1/models       the served model
 //   GET  /health          200 {"status":"ok"} while serving; 503 {"status":"standby"} before
 //                         promotion, {"status":"stopping"} once stopping
@@ -54,12 +55,13 @@ class EngineApi {
   ServeState state() const { return state_.load(); }
 
  private:
-  void HandleCompletions(const std::shared_ptr<HttpExchange>& ex);
+  // /v1/completions (`chat` false) and /v1/chat/completions (`chat` true).
+  void HandleCompletions(const std::shared_ptr<HttpExchange>& ex, bool chat);
   void HandleHealth(const std::shared_ptr<HttpExchange>& ex) const;
   void HandleModels(const std::shared_ptr<HttpExchange>& ex) const;
   void HandleMetrics(const std::shared_ptr<HttpExchange>& ex) const;
   uint64_t RandomSeed();
-  std::string NextCompletionId();
+  std::string NextCompletionId(bool chat);
 
   boost::asio::io_context& io_;
   const LlamaConfig config_;
