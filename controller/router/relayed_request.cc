@@ -84,7 +84,7 @@ void RelayedRequest::StartAttempt() {
   const HttpRequest& in = exchange_->request();
   UpstreamRequest req;
   req.method = in.method();
-  req.target = std::string(in.target());
+  req.target = replay_.AttemptTarget(std::string(in.target()));
   req.body = in.method() == http::verb::post ? replay_.AttemptBody() : in.body();
   if (auto it = in.find(http::field::content_type); it != in.end()) {
     req.content_type = std::string(it->value());

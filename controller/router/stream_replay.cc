@@ -11,6 +11,35 @@ using Json = nlohmann::ordered_json;
 constexpr int64_t kDefaultMaxTokens = 16;  // OpenAI's default for /v1/completions
 
 bool IsCompletions(const std::string& route) { return route == "/v1/completions"; }
+bool IsChat(const std::string& route) { return route == "/v1/chat/completions"; }
+
+// Fields of a chat request that a continuation on /v1/completions carries over unchanged:
+// sampling, as OpenAI and vLLM spell it on both routes.
+constexpr const char* kCarriedSamplingFields[] = {"model",
+                                                  "temperature",
+                                                  "top_p",
+                                                  "top_k",
+                                                  "min_p",
+                                                  "frequency_penalty",
+                                                  "presence_penalty",
+                                                  "repetition_penalty",
+                                                  "stop",
+                                                  "stop_token_ids",
+                                                  "logit_bias",
+                                                  "ignore_eos",
+                                                  "stream",
+                                                  "stream_options",
+                                                  "skip_special_tokens"};
+
+// Whether a chat answer is plain text that a completion of the same ids continues: no tool
+// calls, no structured output, no log probabilities.
+bool PlainTextChat(const Json& body) {
+  for (const char* key : {"tools", "functions", "response_format", "logprobs", "top_logprobs"}) {
+    auto it = body.find(key);
+    if (it != body.end() && !it->is_null() && *it != false) return false;
+  }
+  return true;
+}
 
 std::optional<uint64_t> SeedOf(const Json& j) {
   if (j.is_number_unsigned()) return j.get<uint64_t>();
@@ -71,15 +100,19 @@ StreamReplay::StreamReplay(std::string route, const std::string& body)
     auto u = it->find("include_usage");
     include_usage_ = u != it->end() && u->is_boolean() && u->get<bool>();
   }
-  if (auto it = body_.find("max_tokens"); it != body_.end() && it->is_number_integer()) {
-    max_tokens_ = it->get<int64_t>();
+  for (const char* key : {"max_completion_tokens", "max_tokens"}) {
+    if (!IsChat(route_) && std::string_view(key) != "max_tokens") continue;
+    if (auto it = body_.find(key); it != body_.end() && it->is_number_integer()) {
+      max_tokens_ = it->get<int64_t>();
+      break;
+    }
   }
   if (auto it = body_.find("seed"); it != body_.end()) seed_ = SeedOf(*it);
   auto temperature = body_.find("temperature");
   reproducible_ = seed_.has_value() || (temperature != body_.end() && temperature->is_number() &&
                                         temperature->get<double>() == 0);
   if (auto it = body_.find("prompt"); it != body_.end()) prompt_ids_ = PromptIds(*it);
-  single_ = SingleSequence(body_);
+  single_ = SingleSequence(body_) && (!IsChat(route_) || PlainTextChat(body_));
   if (!single_) ids_known_ = false;  // choices interleave; a replay continues one sequence only
 }
 
@@ -88,12 +121,21 @@ void StreamReplay::BeginAttempt() {
   resume_tokens_ = sent_ids_.size();
 }
 
+bool StreamReplay::replaying_chat() const {
+  return IsChat(route_) && resume_tokens_ > 0 && body_.is_object();
+}
+
+std::string StreamReplay::AttemptTarget(const std::string& target) const {
+  return replaying_chat() ? "/v1/completions" : target;
+}
+
 std::string StreamReplay::AttemptBody() const {
   if (!body_.is_object()) return raw_body_;
-  if (!IsCompletions(route_)) return raw_body_;
+  if (!IsCompletions(route_) && !IsChat(route_)) return raw_body_;
   Json j = body_;
   if (!j.contains("return_token_ids")) j["return_token_ids"] = true;
   if (resume_tokens_ == 0) return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (IsChat(route_)) return ChatReplayBody();
   std::vector<int32_t> prompt = *prompt_ids_;
   prompt.insert(prompt.end(), sent_ids_.begin(), sent_ids_.end());
   j["prompt"] = prompt;
@@ -103,9 +145,31 @@ std::string StreamReplay::AttemptBody() const {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
+// A chat stream continues on /v1/completions: the prompt's ids (the chat template applied by
+// the engine) and the ids sent, the same sampling, the client's limit less what was sent (none
+// when the client gave none: the engine then allows the context's room, as for the chat).
+std::string StreamReplay::ChatReplayBody() const {
+  Json j = Json::object();
+  for (const char* key : kCarriedSamplingFields) {
+    if (auto it = body_.find(key); it != body_.end()) j[key] = *it;
+  }
+  std::vector<int32_t> prompt = *prompt_ids_;
+  prompt.insert(prompt.end(), sent_ids_.begin(), sent_ids_.end());
+  j["prompt"] = prompt;
+  if (max_tokens_) j["max_tokens"] = *max_tokens_ - static_cast<int64_t>(resume_tokens_);
+  j["seed"] = *seed_;
+  j["return_token_ids"] = true;
+  j["baton_resume_tokens"] = resume_tokens_;
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 bool StreamReplay::CanContinue() const {
   if (finished_ || events_sent_ == 0) return true;
-  if (!stream_ || !IsCompletions(route_) || !ids_known_ || !prompt_ids_ || !seed_) return false;
+  if (!stream_ || !(IsCompletions(route_) || IsChat(route_)) || !ids_known_ || !prompt_ids_ ||
+      !seed_) {
+    return false;
+  }
+  if (IsChat(route_) && !max_tokens_) return true;
   return max_tokens_.value_or(kDefaultMaxTokens) > static_cast<int64_t>(sent_ids_.size());
 }
 
@@ -121,10 +185,14 @@ void StreamReplay::Learn(const Json& j) {
   auto choices = j.find("choices");
   if (choices == j.end() || !choices->is_array() || choices->empty()) return;
   const Json& c = (*choices)[0];
-  if (resume_tokens_ == 0) {
+  if (resume_tokens_ == 0) {  // per choice on completions; at the top level on chat (vLLM)
+    const Json* ids = nullptr;
     if (auto it = c.find("prompt_token_ids"); it != c.end() && !it->is_null()) {
-      prompt_ids_ = PromptIds(*it);
+      ids = &*it;
+    } else if (auto top = j.find("prompt_token_ids"); top != j.end() && !top->is_null()) {
+      ids = &*top;
     }
+    if (ids != nullptr) prompt_ids_ = PromptIds(*ids);
   }
   auto ids = c.find("token_ids");
   if (ids != c.end() && ids->is_array()) {
@@ -141,6 +209,7 @@ void StreamReplay::Learn(const Json& j) {
 }
 
 std::string StreamReplay::Rewrite(Json j) const {
+  if (IsChat(route_)) j = ChatChunkOf(j);
   j["id"] = id_;
   j["created"] = created_;
   if (auto choices = j.find("choices"); choices != j.end() && choices->is_array()) {
@@ -150,6 +219,32 @@ std::string StreamReplay::Rewrite(Json j) const {
   }
   if (auto usage = j.find("usage"); usage != j.end() && !usage->is_null()) *usage = UsageJson();
   return Event(j);
+}
+
+// A completions event of a chat stream's continuation, as the chat chunk the client expects:
+// each choice's text becomes its delta's content, the token ids stay.
+Json StreamReplay::ChatChunkOf(const Json& event) const {
+  Json j;
+  j["id"] = id_;
+  j["object"] = "chat.completion.chunk";
+  j["created"] = created_;
+  j["model"] = model_;
+  if (seed_) j["seed"] = *seed_;
+  j["choices"] = Json::array();
+  if (auto choices = event.find("choices"); choices != event.end() && choices->is_array()) {
+    for (const Json& c : *choices) {
+      if (!c.is_object()) continue;
+      Json chunk;
+      chunk["index"] = c.value("index", Json(0));
+      chunk["delta"] = Json{{"content", c.value("text", Json(""))}};
+      chunk["logprobs"] = nullptr;
+      chunk["finish_reason"] = c.value("finish_reason", Json());
+      if (auto ids = c.find("token_ids"); ids != c.end()) chunk["token_ids"] = *ids;
+      j["choices"].push_back(std::move(chunk));
+    }
+  }
+  if (auto usage = event.find("usage"); usage != event.end()) j["usage"] = *usage;
+  return j;
 }
 
 Json StreamReplay::UsageJson() const {
@@ -205,7 +300,7 @@ std::string StreamReplay::FinishingEvents() const {
   if (include_usage_ && !usage_sent_) {
     Json j;
     j["id"] = id_;
-    j["object"] = "text_completion";
+    j["object"] = IsChat(route_) ? "chat.completion.chunk" : "text_completion";
     j["created"] = created_;
     j["model"] = model_;
     if (seed_) j["seed"] = *seed_;

@@ -16,9 +16,16 @@
 // `prompt_token_ids`, and `usage` counted over the whole request. An error event of type
 // `server_error` (an engine failing) is not forwarded: the attempt failed and is replayed.
 //
-// A streamed request can be replayed once something was sent only on /v1/completions with
-// token ids in every event; otherwise CanContinue() is false and the stream must end with an
-// explicit error (EndingEvents()). Plain value; used on one request's strand.
+// A streamed request can be replayed once something was sent only with token ids in every
+// event, on /v1/completions or on /v1/chat/completions. A chat stream is continued on
+// /v1/completions (AttemptTarget()): prompt = the prompt's ids as the engine reported them
+// (`prompt_token_ids`, the chat template applied) + the ids sent, the chat body's sampling
+// fields, `max_tokens` = the client's `max_completion_tokens` (or `max_tokens`) less the ids
+// sent, or none when it gave none; the continuation's completions events are rewritten as
+// chat chunks (`delta.content`). Chat answers that are not plain text (tools, structured
+// output, log probabilities) are not continued. Otherwise CanContinue() is false and the
+// stream must end with an explicit error (EndingEvents()). Plain value; used on one
+// request's strand.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +44,9 @@ class StreamReplay {
   bool streaming() const { return stream_; }
   // The body of the next attempt (see above). Call BeginAttempt() first.
   std::string AttemptBody() const;
+  // The request target of the next attempt: the client's `target`, except for a chat stream
+  // continued after tokens were sent, which goes to /v1/completions (see above).
+  std::string AttemptTarget(const std::string& target) const;
   // Starts an attempt: a replay when tokens were already sent.
   void BeginAttempt();
   int attempts() const { return attempts_; }
@@ -69,8 +79,11 @@ class StreamReplay {
   bool reproducible() const { return reproducible_; }
 
  private:
+  bool replaying_chat() const;
   void Learn(const nlohmann::ordered_json& event);
   std::string Rewrite(nlohmann::ordered_json event) const;
+  std::string ChatReplayBody() const;
+  nlohmann::ordered_json ChatChunkOf(const nlohmann::ordered_json& event) const;
   nlohmann::ordered_json UsageJson() const;
 
   const std::string route_;

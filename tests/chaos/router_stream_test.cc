@@ -1,11 +1,11 @@
 // baton-router in front of a real pair of reference engines (ChaosCluster with
 // baton-refengine as the engine command), subscribed to the cluster's controller socket.
 //
-//  * The official `openai` npm client (tests/chaos/node/stream_completion.mjs) and curl each
-//    stream a completion through the router, once with no failure and once while the primary
-//    is killed with kill -9 after the first chunks: the client must see one uninterrupted
-//    stream, with no error, equal to the no-failure output in text and token ids, under one
-//    chunk id.
+//  * The official `openai` npm client (tests/chaos/node/stream_completion.mjs; a completion
+//    and a chat completion) and curl each stream through the router, once with no failure
+//    and once while the primary is killed with kill -9 after the first chunks: the client
+//    must see one uninterrupted stream, with no error, equal to the no-failure output in
+//    text and token ids, under one chunk id.
 //  * The controller is killed (its engines die with it) and restarted, and, in another test,
 //    `batonctl promote` switches the pair over, while requests flow through the router: every
 //    request must get 200 and the output of its reference.
@@ -48,7 +48,7 @@ const json kStreamRequest = {{"model", kRouterTestModel},
                              {"temperature", 0.9},
                              {"max_tokens", 48}};
 
-std::vector<std::string> NodeArgv(const RouterProcess& router, int signal_after) {
+std::vector<std::string> NodeArgv(const RouterProcess& router, int signal_after, bool chat) {
   const json& r = kStreamRequest;
   return {FindInPath("node"), NodeDir() + "/stream_completion.mjs",
           "--base-url",       router.url(),
@@ -57,7 +57,8 @@ std::vector<std::string> NodeArgv(const RouterProcess& router, int signal_after)
           "--seed",           std::to_string(r["seed"].get<int>()),
           "--temperature",    std::to_string(r["temperature"].get<double>()),
           "--max-tokens",     std::to_string(r["max_tokens"].get<int>()),
-          "--signal-after",   std::to_string(signal_after)};
+          "--signal-after",   std::to_string(signal_after),
+          "--chat",           chat ? "1" : "0"};
 }
 
 // The node client's last line, parsed ("done" or "error"), after the stream ends.
@@ -71,14 +72,17 @@ json FinishNode(Child& node) {
   return j;
 }
 
-TEST(RouterStreamTest, OpenAiClientStreamSurvivesPrimaryKill) {
+// The official client streams through the router while the primary is killed after the
+// first chunks; it must see the stream it sees without a failure. A chat stream is continued
+// on the new primary's /v1/completions from its token ids and rewritten as chat chunks.
+void OpenAiClientStreamSurvivesPrimaryKill(bool chat) {
   const std::string node_problem = NodeSetup();
   ASSERT_TRUE(node_problem.empty()) << node_problem;
   ChaosCluster cluster(RefenginePair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
 
-  Child plain(NodeArgv(router, 0), cluster.dir() + "/node-reference.log", /*piped=*/true);
+  Child plain(NodeArgv(router, 0, chat), cluster.dir() + "/node-reference.log", /*piped=*/true);
   ASSERT_TRUE(plain.started());
   const json want = FinishNode(plain);
   ASSERT_EQ(want["event"], "done")
@@ -87,7 +91,7 @@ TEST(RouterStreamTest, OpenAiClientStreamSurvivesPrimaryKill) {
 
   Ballast ballast(PrimaryAddress(cluster), 8);
   std::this_thread::sleep_for(milliseconds(300));
-  Child node(NodeArgv(router, kSignalAfterChunks), cluster.dir() + "/node.log", true);
+  Child node(NodeArgv(router, kSignalAfterChunks, chat), cluster.dir() + "/node.log", true);
   ASSERT_TRUE(node.started());
   const std::optional<std::string> line = node.ReadLine(seconds(60));
   ASSERT_TRUE(line.has_value()) << "no chunks from the node client\n"
@@ -108,9 +112,18 @@ TEST(RouterStreamTest, OpenAiClientStreamSurvivesPrimaryKill) {
   EXPECT_EQ(got["token_ids"], want["token_ids"]);
   EXPECT_EQ(got["ids"].size(), 1u) << "chunk ids changed mid-stream: " << got["ids"];
   EXPECT_EQ(got["created"].size(), 1u) << got["created"];
+  EXPECT_EQ(got["objects"], json::array({chat ? "chat.completion.chunk" : "text_completion"}));
   EXPECT_GE(MetricValue(router.port(), kReplays), 1) << "the router replayed nothing";
   cluster.WaitReady("the pair after the kill");
   EXPECT_TRUE(router.Running());
+}
+
+TEST(RouterStreamTest, OpenAiClientStreamSurvivesPrimaryKill) {
+  OpenAiClientStreamSurvivesPrimaryKill(/*chat=*/false);
+}
+
+TEST(RouterStreamTest, OpenAiClientChatStreamSurvivesPrimaryKill) {
+  OpenAiClientStreamSurvivesPrimaryKill(/*chat=*/true);
 }
 
 TEST(RouterStreamTest, CurlStreamSurvivesPrimaryKill) {

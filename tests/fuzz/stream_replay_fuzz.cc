@@ -7,7 +7,8 @@
 // the router does. Checked:
 //   - cutting a stream into events gives the same events whole and in small reads;
 //   - a replay's body is a JSON object whose prompt ends with every token id already sent,
-//     with max_tokens at least 1, the same seed and baton_resume_tokens = the ids sent;
+//     with max_tokens at least 1 (or none, for a chat stream with no limit), the same seed
+//     and baton_resume_tokens = the ids sent, sent to /v1/completions;
 //   - every event rewritten for the client (an engine's event whose data is a JSON object,
 //     on a replay), and the finishing and ending events, are whole SSE events whose data is
 //     JSON (or [DONE]).
@@ -62,7 +63,7 @@ void CheckWholeEvents(const std::string& text) {
   }
 }
 
-void CheckReplayBody(const std::string& body, const baton::StreamReplay& replay) {
+void CheckReplayBody(const std::string& body, const baton::StreamReplay& replay, bool chat) {
   const Json j = Json::parse(body, nullptr, false);
   if (!j.is_object() || !j["prompt"].is_array() || !j["seed"].is_number_integer()) std::abort();
   const std::vector<int32_t>& sent = replay.sent_ids();
@@ -71,7 +72,12 @@ void CheckReplayBody(const std::string& body, const baton::StreamReplay& replay)
   for (size_t i = 0; i < sent.size(); ++i) {
     if (prompt[prompt.size() - sent.size() + i] != sent[i]) std::abort();
   }
-  if (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() < 1) std::abort();
+  // A chat stream whose client set no limit is continued without one.
+  if (!(chat && !j.contains("max_tokens")) &&
+      (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() < 1)) {
+    std::abort();
+  }
+  if (chat && j.contains("messages")) std::abort();
   if (j["baton_resume_tokens"] != sent.size()) std::abort();
 }
 
@@ -89,7 +95,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     replay.BeginAttempt();
     const std::string body = replay.AttemptBody();
     const bool resumed = replay.tokens_sent() > 0;
-    if (resumed) CheckReplayBody(body, replay);
+    if (resumed) {
+      CheckReplayBody(body, replay, route != "/v1/completions");
+      // A chat stream is continued on /v1/completions.
+      if (replay.AttemptTarget(route) != "/v1/completions") std::abort();
+    }
     size_t pending_whole = 0, pending_pieces = 0;
     const std::vector<std::string> events =
         Events(parts[attempt], parts[attempt].size() + 1, &pending_whole);

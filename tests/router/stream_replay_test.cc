@@ -1,6 +1,6 @@
 // SseSplitter and StreamReplay as pure functions: events cut at every byte offset, the
-// bodies of whole retries and replays, the rewrite of replayed events, and the cases that
-// cannot be continued.
+// bodies of whole retries and replays (chat streams continued on /v1/completions), the
+// rewrite of replayed events, and the cases that cannot be continued.
 #include "controller/router/stream_replay.h"
 
 #include <gtest/gtest.h>
@@ -121,7 +121,7 @@ TEST(StreamReplayTest, WhatCannotBeContinued) {
   no_ids.OnEvent(R"(data: {"id":"a","choices":[{"text":"t","finish_reason":null}]})"
                  "\n\n");
   EXPECT_FALSE(no_ids.CanContinue());
-  // Chat: replayed whole only while nothing was sent.
+  // Chat without token ids: replayed whole only while nothing was sent.
   StreamReplay chat("/v1/chat/completions", R"({"messages":[],"stream":true})");
   chat.BeginAttempt();
   EXPECT_TRUE(chat.CanContinue());
@@ -206,6 +206,100 @@ TEST(StreamReplayTest, NonJsonBodyIsForwardedUnchanged) {
   StreamReplay r("/v1/completions", "not json");
   r.BeginAttempt();
   EXPECT_EQ(r.AttemptBody(), "not json");
+}
+
+std::string ChatEvent(std::vector<int32_t> ids, const std::string& content,
+                      const std::vector<int32_t>* prompt = nullptr) {
+  Json c;
+  c["index"] = 0;
+  c["delta"] = prompt != nullptr ? Json{{"role", "assistant"}, {"content", content}}
+                                 : Json{{"content", content}};
+  c["finish_reason"] = nullptr;
+  c["token_ids"] = ids;
+  Json j;
+  j["id"] = "chatcmpl-first";
+  j["object"] = "chat.completion.chunk";
+  j["created"] = 100;
+  j["model"] = "m";
+  j["seed"] = 9;
+  j["choices"] = Json::array({c});
+  if (prompt != nullptr) j["prompt_token_ids"] = *prompt;
+  return "data: " + j.dump() + "\n\n";
+}
+
+TEST(StreamReplayChatTest, AChatStreamContinuesOnCompletionsAsChatChunks) {
+  StreamReplay r("/v1/chat/completions",
+                 R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,
+                     "temperature":0.5,"stop":["\n"],"max_completion_tokens":10,
+                     "stream_options":{"include_usage":true}})");
+  r.BeginAttempt();
+  EXPECT_EQ(r.AttemptTarget("/v1/chat/completions"), "/v1/chat/completions");
+  EXPECT_EQ(Json::parse(r.AttemptBody())["return_token_ids"], true);
+  const std::vector<int32_t> prompt = {256, 1, 2};
+  const std::string first = ChatEvent({7}, "a", &prompt);
+  EXPECT_EQ(r.OnEvent(first).to_client, first);  // the first attempt passes through
+  r.OnEvent(ChatEvent({8}, "b"));
+  ASSERT_TRUE(r.CanContinue());
+
+  r.BeginAttempt();
+  EXPECT_EQ(r.AttemptTarget("/v1/chat/completions"), "/v1/completions");
+  Json body = Json::parse(r.AttemptBody());
+  EXPECT_EQ(body["prompt"], Json({256, 1, 2, 7, 8}));
+  EXPECT_EQ(body["max_tokens"], 8);
+  EXPECT_EQ(body["seed"], 9);
+  EXPECT_EQ(body["baton_resume_tokens"], 2);
+  EXPECT_EQ(body["temperature"], 0.5);
+  EXPECT_EQ(body["stop"], Json::array({"\n"}));
+  EXPECT_EQ(body["model"], "m");
+  EXPECT_EQ(body["stream"], true);
+  EXPECT_FALSE(body.contains("messages"));
+  EXPECT_FALSE(body.contains("max_completion_tokens"));
+
+  // The continuation's completions events reach the client as chat chunks of the first id.
+  StreamReplay::Outcome o = r.OnEvent(Chunk("second", {9}, "c", "length"));
+  Json chunk = DataOf(o.to_client);
+  EXPECT_EQ(chunk["id"], "chatcmpl-first");
+  EXPECT_EQ(chunk["object"], "chat.completion.chunk");
+  EXPECT_EQ(chunk["created"], 100);
+  EXPECT_EQ(chunk["choices"][0]["delta"], (Json{{"content", "c"}}));
+  EXPECT_EQ(chunk["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(chunk["choices"][0]["token_ids"], Json({9}));
+  EXPECT_FALSE(chunk["choices"][0].contains("text"));
+  EXPECT_EQ(r.sent_ids(), (std::vector<int32_t>{7, 8, 9}));
+  Json usage = DataOf(r.FinishingEvents().substr(0, r.FinishingEvents().find("\n\n") + 2));
+  EXPECT_EQ(usage["object"], "chat.completion.chunk");
+  EXPECT_EQ(usage["usage"]["prompt_tokens"], 3);
+  EXPECT_EQ(usage["usage"]["completion_tokens"], 3);
+}
+
+TEST(StreamReplayChatTest, WithoutALimitTheContinuationSetsNone) {
+  StreamReplay r("/v1/chat/completions", R"({"messages":[],"stream":true,"seed":3})");
+  r.BeginAttempt();
+  const std::vector<int32_t> prompt = {256};
+  r.OnEvent(ChatEvent({7}, "a", &prompt));
+  ASSERT_TRUE(r.CanContinue());
+  r.BeginAttempt();
+  Json body = Json::parse(r.AttemptBody());
+  EXPECT_FALSE(body.contains("max_tokens"));
+  EXPECT_EQ(body["seed"], 3);
+}
+
+TEST(StreamReplayChatTest, AnswersThatAreNotPlainTextAreNotContinued) {
+  for (const char* extra :
+       {R"("tools":[{"type":"function"}])", R"("response_format":{"type":"json_object"})",
+        R"("logprobs":true)", R"("n":2)"}) {
+    StreamReplay r("/v1/chat/completions",
+                   std::string(R"({"messages":[],"stream":true,"seed":3,)") + extra + "}");
+    r.BeginAttempt();
+    const std::vector<int32_t> prompt = {256};
+    r.OnEvent(ChatEvent({7}, "a", &prompt));
+    EXPECT_FALSE(r.CanContinue()) << extra;
+  }
+  StreamReplay no_ids("/v1/chat/completions", R"({"messages":[],"stream":true,"seed":3})");
+  no_ids.BeginAttempt();
+  no_ids.OnEvent(R"(data: {"choices":[{"delta":{"content":"a"}}]})"
+                 "\n\n");
+  EXPECT_FALSE(no_ids.CanContinue()) << "an engine that sends no token ids";
 }
 
 }  // namespace

@@ -2,12 +2,16 @@
 // client, for tests/chaos/router_stream_test.cc.
 //
 //   node stream_completion.mjs --base-url URL --model M --prompt P --seed S
-//                              --temperature T --max-tokens N [--signal-after K]
+//                              --temperature T --max-tokens N [--signal-after K] [--chat 1]
+//
+// With --chat 1 it streams a chat completion instead: one user message with the prompt, the
+// text read from each chunk's delta.content, max_completion_tokens N.
 //
 // Prints JSON lines on stdout:
 //   {"event":"chunks","count":K}   once, after the K-th chunk (with --signal-after K)
 //   {"event":"done", ...}          at the end: the text and token ids of the whole stream,
-//                                  the chunk count, the chunk ids and `created` values seen,
+//                                  the chunk count, the chunk ids, `created` and `object`
+//                                  values seen,
 //                                  and, when the test wrote a line to stdin, how many
 //                                  chunks came after it
 //   {"event":"error", ...}         instead of "done" when the client raised an error
@@ -19,7 +23,7 @@ import readline from 'node:readline';
 
 function parseArgs(argv) {
   const want = ['base-url', 'model', 'prompt', 'seed', 'temperature', 'max-tokens'];
-  const args = {'signal-after': '0'};
+  const args = {'signal-after': '0', 'chat': '0'};
   for (let i = 2; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '');
     if (!argv[i].startsWith('--') || i + 1 >= argv.length) {
@@ -52,6 +56,7 @@ let text = '';
 const tokenIds = [];
 const ids = new Set();
 const created = new Set();
+const objects = new Set();
 let finishReason = null;
 
 readline.createInterface({input: process.stdin}).on('line', () => {
@@ -67,6 +72,7 @@ function summary() {
     chunks_after_signal: signalledAt >= 0 ? chunks - signalledAt : 0,
     ids: [...ids],
     created: [...created],
+    objects: [...objects],
     finish_reason: finishReason,
   };
 }
@@ -79,21 +85,29 @@ const client = new OpenAI({
 });
 
 try {
-  const stream = await client.completions.create({
+  const chat = args.chat === '1';
+  const common = {
     model: args.model,
-    prompt: args.prompt,
     seed: Number(args.seed),
     temperature: Number(args.temperature),
-    max_tokens: Number(args['max-tokens']),
     stream: true,
-  });
+  };
+  const stream = chat
+      ? await client.chat.completions.create({
+          ...common,
+          messages: [{role: 'user', content: args.prompt}],
+          max_completion_tokens: Number(args['max-tokens']),
+        })
+      : await client.completions.create(
+            {...common, prompt: args.prompt, max_tokens: Number(args['max-tokens'])});
   for await (const chunk of stream) {
     chunks += 1;
     ids.add(chunk.id);
     created.add(chunk.created);
+    objects.add(chunk.object);
     const choice = chunk.choices?.[0];
     if (choice) {
-      text += choice.text ?? '';
+      text += (chat ? choice.delta?.content : choice.text) ?? '';
       for (const id of choice.token_ids ?? []) tokenIds.push(id);
       if (choice.finish_reason) finishReason = choice.finish_reason;
     }
