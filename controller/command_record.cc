@@ -7,6 +7,7 @@
 
 #include "base/json_depth.h"
 #include "base/small_file.h"
+#include "base/utf8.h"
 
 namespace baton {
 namespace {
@@ -47,7 +48,24 @@ Result<std::optional<InFlightUpgrade>> InFlight(const json& j, const std::string
 
 }  // namespace
 
+Status CheckRecordableCommand(const std::vector<std::string>& command, const std::string& what) {
+  for (size_t i = 0; i < command.size(); ++i) {
+    if (std::optional<size_t> bad = FirstInvalidUtf8(command[i])) {
+      return InvalidArgument(what + ": word " + std::to_string(i + 1) +
+                             " is not valid UTF-8 (byte " + std::to_string(*bad + 1) + ")");
+    }
+  }
+  return OkStatus();
+}
+
 Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
+  BATON_RETURN_IF_ERROR(CheckRecordableCommand(record.configured, "engine.command"));
+  BATON_RETURN_IF_ERROR(CheckRecordableCommand(record.active, "the active engine command"));
+  BATON_RETURN_IF_ERROR(CheckRecordableCommand(record.previous, "the previous engine command"));
+  if (record.in_flight.has_value()) {
+    BATON_RETURN_IF_ERROR(
+        CheckRecordableCommand(record.in_flight->command, "the upgrade's engine command"));
+  }
   json j = {
       {"configured", record.configured}, {"active", record.active}, {"previous", record.previous}};
   if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value()) {
@@ -57,7 +75,8 @@ Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
                       {"canary", u->canary},
                       {"weight", u->weight}};
   }
-  return WriteFileAtomically(path, j.dump(2) + "\n");
+  // Strict printing cannot throw now; the other strings (kind, phase) are the controller's.
+  return WriteFileAtomically(path, j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");
 }
 
 Result<std::optional<CommandRecord>> LoadCommandRecord(const std::string& path) {

@@ -38,7 +38,13 @@ struct CommandRecord {
   bool operator==(const CommandRecord&) const = default;
 };
 
-// Written atomically (base/small_file.h).
+// Whether `command` can be kept in the record byte for byte: JSON holds UTF-8 text only.
+// InvalidArgument naming `what`, the word and the byte otherwise. Commands are checked where
+// they come in (the configuration, batonctl upgrade), so that saving never meets one.
+Status CheckRecordableCommand(const std::vector<std::string>& command, const std::string& what);
+
+// Written atomically (base/small_file.h). A command that is not UTF-8 is refused with
+// InvalidArgument, nothing written.
 Status SaveCommandRecord(const std::string& path, const CommandRecord& record);
 // nullopt when there is no file; InvalidArgument naming the file when its commands do not
 // parse.

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "controller/command_record.h"
 #include "cuda/gpu_backend.h"
 
 namespace baton {
@@ -359,6 +360,7 @@ Status FinishConfig(ControllerConfig* c) {
   if (c->engine_command.empty()) {
     return InvalidArgument("engine.command (--engine-cmd) is required");
   }
+  BATON_RETURN_IF_ERROR(CheckRecordableCommand(c->engine_command, "engine.command"));
   if (c->block_bytes % 4096 != 0) {
     return InvalidArgument("pool.block_bytes: must be a multiple of 4096, got " +
                            std::to_string(c->block_bytes));

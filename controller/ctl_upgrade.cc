@@ -3,6 +3,8 @@
 #include <charconv>
 #include <sstream>
 
+#include "controller/command_record.h"
+
 namespace baton {
 namespace {
 
@@ -60,10 +62,13 @@ Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args) {
   if (r.command.empty()) {
     return InvalidArgument("upgrade needs the new engine command: -- CMD ARGS... or --engine-cmd");
   }
+  BATON_RETURN_IF_ERROR(CheckRecordableCommand(r.command, "the engine command"));
   return r;
 }
 
 namespace {
+
+constexpr uint64_t kMaxStepMs = 86'400'000;  // as upgrade.step_duration_ms allows
 
 Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
   UpgradeRequest r;
@@ -81,6 +86,9 @@ Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
       BATON_ASSIGN_OR_RETURN(r.steps, ParseCanarySteps(v));
     } else if (a == "--step-ms") {
       BATON_ASSIGN_OR_RETURN(uint64_t ms, ParseCount(a, v));
+      if (ms > kMaxStepMs) {
+        return InvalidArgument("--step-ms: at most " + std::to_string(kMaxStepMs) + " (a day)");
+      }
       r.step_duration = std::chrono::milliseconds(ms);
     } else if (a == "--min-requests") {
       BATON_ASSIGN_OR_RETURN(uint64_t n, ParseCount(a, v));

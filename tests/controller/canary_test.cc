@@ -185,6 +185,17 @@ TEST(UpgradeArgsTest, ParsesOptionsAndTheCommand) {
   EXPECT_FALSE(ParseUpgradeArgs({"--step-ms", "soon", "--", "e"}).ok());
   EXPECT_FALSE(ParseUpgradeArgs({"--frob", "1", "--", "e"}).ok());
   EXPECT_FALSE(ParseUpgradeArgs({"--step-ms"}).ok());  // no value
+  // Past a day (as upgrade.step_duration_ms); 2^64/1000 ms would wrap in the clock's math.
+  EXPECT_TRUE(ParseUpgradeArgs({"--step-ms", "86400000", "--", "e"}).ok());
+  EXPECT_FALSE(ParseUpgradeArgs({"--step-ms", "86400001", "--", "e"}).ok());
+  EXPECT_FALSE(ParseUpgradeArgs({"--step-ms", "18446744073710", "--", "e"}).ok());
+  // A command the record cannot keep byte for byte (JSON is UTF-8) is refused here, where a
+  // refusal is an answer to the operator, not later when the controller saves it.
+  Result<UpgradeRequest> latin1 = ParseUpgradeArgs({"--", "/opt/eng", "--name", "caf\xE9"});
+  ASSERT_FALSE(latin1.ok());
+  EXPECT_NE(latin1.status().message().find("word 3 is not valid UTF-8"), std::string::npos)
+      << latin1.status().ToString();
+  EXPECT_FALSE(ParseUpgradeArgs({"--engine-cmd", "eng \xFF"}).ok());
   EXPECT_TRUE(ParseRollbackArgs({}).ok());
   EXPECT_TRUE(ParseRollbackArgs({"--steps", "100"}).ok());
   EXPECT_FALSE(ParseRollbackArgs({"--", "eng"}).ok());

@@ -42,6 +42,28 @@ TEST_F(CommandRecordTest, SavedThenLoaded) {
   EXPECT_NE(::access((path_ + ".tmp").c_str(), F_OK), 0) << "the temporary file is renamed";
 }
 
+// JSON holds UTF-8 only: a command of other bytes is refused, and the saved record stays.
+TEST_F(CommandRecordTest, ACommandThatIsNotUtf8IsRefusedAndTheRecordKept) {
+  const CommandRecord kept{{"eng"}, {"eng"}, {}};
+  ASSERT_TRUE(SaveCommandRecord(path_, kept).ok());
+  CommandRecord bad = kept;
+  bad.in_flight = InFlightUpgrade{.kind = "upgrade",
+                                  .command = {"eng", "caf\xE9"},
+                                  .phase = "canary",
+                                  .canary = 2,
+                                  .weight = 0};
+  Status s = SaveCommandRecord(path_, bad);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("word 2"), std::string::npos) << s.ToString();
+  bad = kept;
+  bad.active = {"\xC0\xAF"};
+  EXPECT_FALSE(SaveCommandRecord(path_, bad).ok());
+  Result<std::optional<CommandRecord>> got = LoadCommandRecord(path_);
+  ASSERT_TRUE(got.ok() && got->has_value()) << got.status().ToString();
+  EXPECT_EQ(**got, kept);
+  EXPECT_TRUE(CheckRecordableCommand({"caf\xC3\xA9"}, "x").ok());
+}
+
 TEST_F(CommandRecordTest, AnUpgradeInFlightIsSavedThenLoaded) {
   CommandRecord want{{"eng", "--v", "1"}, {"eng", "--v", "1"}, {}};
   want.in_flight = InFlightUpgrade{.kind = "upgrade",

@@ -162,6 +162,9 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   c.model_dir = "/m";
   s = FinishConfig(&c);
   EXPECT_NE(s.message().find("engine.command"), std::string::npos) << s.ToString();
+  c.engine_command = {"/bin/true", "--name", "caf\xE9"};
+  s = FinishConfig(&c);
+  EXPECT_NE(s.message().find("not valid UTF-8"), std::string::npos) << s.ToString();
   c.engine_command = {"/bin/true"};
   c.block_bytes = 1000;
   s = FinishConfig(&c);

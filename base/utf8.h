@@ -1,0 +1,22 @@
+// UTF-8 validity of byte strings.
+//
+// JSON text is UTF-8: nlohmann-json refuses (throws on) a string with other bytes when it
+// prints it strictly. Text that a daemon stores as JSON and must keep byte for byte (an
+// engine command line in the command record) is checked when it comes in, and refused with
+// the position of the first bad byte.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string_view>
+
+namespace baton {
+
+// The offset of the first byte of `text` that does not start a complete, valid UTF-8
+// sequence (overlong forms, surrogates and code points past U+10FFFF included), or nullopt
+// when all of it is valid.
+std::optional<size_t> FirstInvalidUtf8(std::string_view text);
+
+inline bool IsValidUtf8(std::string_view text) { return !FirstInvalidUtf8(text).has_value(); }
+
+}  // namespace baton
