@@ -3,6 +3,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <nlohmann/json.hpp>
 
 #include "base/log.h"
 
@@ -20,31 +21,53 @@ class Session : public std::enable_shared_from_this<Session> {
       : stream_(std::move(socket)), render_(std::move(render)) {}
 
   void Run() {
-    parser_.body_limit(8192);
-    parser_.header_limit(8192);
+    parser_.body_limit(kLimit);
+    parser_.header_limit(kLimit);
     stream_.expires_after(std::chrono::seconds(5));
-    http::async_read(stream_, buffer_, parser_,
-                     [self = shared_from_this()](beast::error_code ec, size_t) {
-                       if (!ec) self->Answer();
-                     });
+    http::async_read(
+        stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, size_t) {
+          if (!ec) return self->Answer();
+          if (ec == beast::error::timeout || ec == http::error::end_of_stream ||
+              ec == boost::asio::error::eof) {
+            return;  // nothing to answer
+          }
+          const bool big = ec == http::error::body_limit || ec == http::error::header_limit ||
+                           ec == http::error::buffer_overflow;
+          self->Reply(big ? http::status::payload_too_large : http::status::bad_request,
+                      ErrorJson(big ? "the request exceeds 8192 bytes"
+                                    : "malformed HTTP request: " + ec.message()),
+                      "application/json", 11);
+        });
   }
 
  private:
+  static constexpr size_t kLimit = 8192;
+
+  static std::string ErrorJson(const std::string& message) {
+    nlohmann::json j = {{"error", {{"message", message}, {"type", "invalid_request_error"}}}};
+    return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  }
+
   void Answer() {
     const auto& req = parser_.get();
-    response_.version(req.version());
-    response_.keep_alive(false);
-    response_.set(http::field::content_type, "text/plain; version=0.0.4");
+    const std::string_view target(req.target().data(), req.target().size());
     if (req.method() != http::verb::get) {
-      response_.result(http::status::method_not_allowed);
-      response_.body() = "only GET\n";
-    } else if (req.target() != "/metrics") {
-      response_.result(http::status::not_found);
-      response_.body() = "try /metrics\n";
-    } else {
-      response_.result(http::status::ok);
-      response_.body() = render_();
+      return Reply(http::status::method_not_allowed, ErrorJson("only GET /metrics is served"),
+                   "application/json", req.version());
     }
+    if (target.substr(0, target.find('?')) != "/metrics") {
+      return Reply(http::status::not_found, ErrorJson("only GET /metrics is served"),
+                   "application/json", req.version());
+    }
+    Reply(http::status::ok, render_(), "text/plain; version=0.0.4", req.version());
+  }
+
+  void Reply(http::status status, std::string body, const char* content_type, unsigned version) {
+    response_.version(version);
+    response_.keep_alive(false);
+    response_.result(status);
+    response_.set(http::field::content_type, content_type);
+    response_.body() = std::move(body);
     response_.prepare_payload();
     http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
       beast::error_code ignored;
@@ -53,7 +76,7 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
   beast::tcp_stream stream_;
-  beast::flat_buffer buffer_;
+  beast::flat_buffer buffer_{4 * kLimit};  // bounded: chunk lines are not (Beast 1.74)
   http::request_parser<http::string_body> parser_;
   http::response<http::string_body> response_;
   MetricsServer::Render render_;

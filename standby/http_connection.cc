@@ -26,6 +26,11 @@ namespace {
 // Bytes of pipelined requests read ahead while one is handled; past this the watch for a
 // departing client stops until the next request.
 constexpr size_t kMaxPipelinedBytes = 64 * 1024;
+// Beyond the header limit, what the read buffer may hold of bytes not yet parsed: pipelined
+// requests and one read. Bodies leave the buffer as they are parsed, but a chunk-size line,
+// its extensions and the trailers stay in it until their CRLF, and Beast bounds none of
+// them: without this cap one client sending an endless chunk line grows it without end.
+constexpr size_t kReadSlackBytes = kMaxPipelinedBytes + 64 * 1024;
 
 std::string ChunkFrame(std::string_view data) {
   char size[24];
@@ -50,7 +55,9 @@ std::string Serialize(const Message& message) {
 class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
  public:
   HttpConnection(tcp::socket socket, std::shared_ptr<const HttpRoutes> routes)
-      : stream_(std::move(socket)), routes_(std::move(routes)) {
+      : stream_(std::move(socket)),
+        routes_(std::move(routes)),
+        buffer_(routes_->options.header_limit + kReadSlackBytes) {
     ++routes_->connections;
   }
   ~HttpConnection() { --routes_->connections; }
@@ -192,6 +199,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     if (ec == http::error::header_limit) {
       return SendError(431, "the request header exceeds the limit of " +
                                 std::to_string(routes_->options.header_limit) + " bytes");
+    }
+    if (ec == http::error::buffer_overflow) {
+      return SendError(413, "a chunk line or the trailers of the request exceed " +
+                                std::to_string(buffer_.max_size()) + " bytes");
     }
     BATON_LOG(DEBUG, "http") << "bad request: " << ec.message();
     SendError(400, "malformed HTTP request: " + ec.message());

@@ -17,6 +17,10 @@ namespace beast = boost::beast;
 namespace http = beast::http;
 using tcp = asio::ip::tcp;
 
+// What the read buffer may hold of a response not yet parsed: the header (Beast's default
+// limit for responses, 8 KiB) and a read, with room to spare. Body bytes leave it as parsed.
+constexpr size_t kMaxUnparsedBytes = 256 * 1024;
+
 class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
  public:
   Call(asio::any_io_executor ex, std::string address, UpstreamRequest request,
@@ -189,7 +193,8 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
   std::unique_ptr<beast::tcp_stream> stream_;
   http::request<http::string_body> req_;
   std::optional<http::response_parser<http::buffer_body>> parser_;
-  beast::flat_buffer buffer_;
+  // Bounded: an engine's endless chunk-size line or trailers must not grow the router.
+  beast::flat_buffer buffer_{kMaxUnparsedBytes};
   char chunk_[16384];
   bool reused_ = false;  // stream_ came from the pool and no response byte has arrived
   bool ended_ = false;

@@ -56,6 +56,26 @@ TEST(ChaosRoutes, SubscriberSeesTheNewPrimary) {
   EXPECT_GT(next->epoch, first->epoch);
 }
 
+// `request` sent raw over plain TCP (its send may be cut short when the server answers and
+// closes first); the whole response.
+std::string HttpRaw(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string response;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    (void)::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+    ::shutdown(fd, SHUT_WR);
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) response.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return response;
+}
+
 // GET /metrics over plain TCP.
 std::string HttpGet(int port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -108,7 +128,18 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
                          std::to_string(options.blocks) + "\n"),
             std::string::npos)
       << metrics;
-  EXPECT_NE(HttpGet(options.metrics_port, "/nope").find("404"), std::string::npos);
+  // Bad requests get 4xx JSON errors; a chunk line that never ends cannot grow the daemon.
+  const std::string nope = HttpGet(options.metrics_port, "/nope");
+  EXPECT_NE(nope.find("404"), std::string::npos) << nope;
+  EXPECT_NE(nope.find("{\"error\":{\"message\""), std::string::npos) << nope;
+  EXPECT_NE(HttpGet(options.metrics_port, "/metrics?name=x").find("200 OK"), std::string::npos);
+  const std::string endless =
+      HttpRaw(options.metrics_port,
+              "POST /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;" +
+                  std::string(1 << 20, 'a'));
+  EXPECT_EQ(endless.rfind("HTTP/1.1 413", 0), 0u) << endless.substr(0, 300);
+  EXPECT_EQ(HttpRaw(options.metrics_port, "NOT HTTP\r\n\r\n").rfind("HTTP/1.1 400", 0), 0u);
+  EXPECT_NE(HttpGet(options.metrics_port, "/metrics").find("200 OK"), std::string::npos);
 }
 
 uint64_t CounterValue(const std::string& metrics, const std::string& name) {

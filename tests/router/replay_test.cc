@@ -205,6 +205,22 @@ TEST(ReplayScriptTest, ChunkedJsonResponseIsRelayedOnce) {
   EXPECT_EQ(backend.bodies().size(), 1u);
 }
 
+// An engine that never ends a chunk-size line cannot grow the router: the attempt ends once
+// the read buffer is full (1 MiB sent here, four times the router's bound).
+TEST(ReplayScriptTest, AnEndlessChunkLineFromAnEngineEndsTheAttempt) {
+  const std::string endless =
+      "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "1;" +
+      std::string(1 << 20, 'a');
+  ScriptedBackend backend({endless, endless, endless, endless});
+  ASSERT_NE(backend.port(), 0);
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  TestHttpClient client(router->port());
+  const HttpReply r =
+      client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1,"stream":true})");
+  EXPECT_NE(r.body.find("buffer overflow"), std::string::npos) << r.status << " " << r.body;
+}
+
 }  // namespace
 }  // namespace baton
 

@@ -106,6 +106,21 @@ TEST_F(HttpServerTest, OversizedBodyIs413AndServerStaysUp) {
   EXPECT_EQ(Responses(413), 1);
 }
 
+// Beast bounds neither a chunk-size line nor the trailers: a client that never ends one must
+// get 413 once the read buffer is full, not grow the server until the request times out.
+TEST_F(HttpServerTest, AnEndlessChunkLineIs413) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(
+      client.SendRaw("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n1;"));
+  const std::string line(1 << 20, 'a');
+  client.SendRaw(line);  // the server may close before all of it is taken
+  std::string reply = client.ReadRawUntil("}}");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 413", 0), 0u) << reply.substr(0, 300);
+  EXPECT_NE(reply.find("chunk line"), std::string::npos) << reply.substr(0, 300);
+  TestHttpClient again(server_->port());
+  EXPECT_EQ(again.Get("/hello").status, 200);
+}
+
 TEST_F(HttpServerTest, MalformedRequestIs400) {
   TestHttpClient client(server_->port());
   ASSERT_TRUE(client.SendRaw("NOT A REQUEST\r\n\r\n"));
