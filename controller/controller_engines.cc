@@ -2,7 +2,12 @@
 #include <fcntl.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <charconv>
+#include <utility>
+
 #include "base/log.h"
+#include "base/utf8.h"
 #include "controller/controller.h"
 
 namespace baton {
@@ -155,6 +160,39 @@ void Controller::ReadEngine(EngineId id) {
 namespace {
 
 // Decodes `msg` as a T; a payload that does not decode closes the connection (protocol error).
+// What an engine registers is copied into every route table: bounded, and an address a
+// router can dial (HOST:PORT; empty, or port 0, for an engine that serves no HTTP).
+constexpr size_t kMaxRegisterString = 256;
+
+Status CheckRegisterFields(const proto::Register& reg) {
+  for (const auto& [name, value] :
+       {std::pair<const char*, const std::string*>{"engine_version", &reg.engine_version},
+        {"http_address", &reg.http_address}}) {
+    if (value->size() > kMaxRegisterString) {
+      return InvalidArgument(std::string("Register: ") + name + " is " +
+                             std::to_string(value->size()) + " bytes; at most " +
+                             std::to_string(kMaxRegisterString));
+    }
+    if (!IsValidUtf8(*value)) {
+      return InvalidArgument(std::string("Register: ") + name + " is not valid UTF-8");
+    }
+  }
+  const std::string& a = reg.http_address;
+  if (a.empty()) return OkStatus();
+  const size_t colon = a.rfind(':');
+  unsigned port = 0;
+  const char* end = a.data() + a.size();
+  const bool port_ok = colon != std::string::npos && colon + 1 < a.size() &&
+                       std::from_chars(a.data() + colon + 1, end, port).ptr == end && port <= 65535;
+  const bool host_ok = colon != std::string::npos && colon > 0 &&
+                       std::none_of(a.begin(), a.begin() + static_cast<std::ptrdiff_t>(colon),
+                                    [](unsigned char c) { return c <= ' ' || c == '/'; });
+  if (!port_ok || !host_ok) {
+    return InvalidArgument("Register: http_address '" + a + "' is not HOST:PORT");
+  }
+  return OkStatus();
+}
+
 template <typename T>
 std::optional<T> DecodeOrClose(proto::Channel& channel, const proto::ReceivedMessage& msg,
                                std::string* error) {
@@ -244,6 +282,11 @@ void Controller::OnRegister(EngineRecord& e, const proto::ReceivedMessage& msg) 
     Refused(Name(e), why);
     (void)e.channel->Send(proto::Stop{.reason = why});
     return Fail(e.id, FailCause::kMisbehaved, why);
+  }
+  if (Status fields = CheckRegisterFields(*reg); !fields.ok()) {
+    Refused(Name(e), fields.message());
+    (void)e.channel->Send(proto::Stop{.reason = fields.message()});
+    return Fail(e.id, FailCause::kMisbehaved, fields.message());
   }
   if (Status added = ledger_->AddStandby(e.id); !added.ok()) {
     return Fail(e.id, FailCause::kMisbehaved, added.message());

@@ -208,6 +208,20 @@ TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
   ExpectPrimaryUnaffected(before, after);
 }
 
+// What an engine registers goes into every route table the routers receive: a version of
+// 600 KB (two such engines would exceed the router's frame limit and cut it off from route
+// updates) or an address a router cannot dial is refused, and the engine replaced.
+TEST(ChaosMisbehavior, RegisterWithAHugeVersionOrABadAddressIsRefused) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "huge-register");
+  WaitRefusal(cluster, "engine_version is 600005 bytes");
+  const json after = cluster.WaitReady("a well-behaved standby again");
+  ExpectPrimaryUnaffected(before, after);
+  RogueStandby(cluster, "bad-address");
+  WaitRefusal(cluster, "http_address '127.0.0.1:99999'");
+  cluster.WaitReady("a well-behaved standby again");
+}
+
 // An engine may not resize the shared memory nor write the weights: a truncated pool would
 // take the pages from under the primary (SIGBUS), a written arena would corrupt the weights
 // that the standby maps. The kernel refuses each attempt (memfd seals).

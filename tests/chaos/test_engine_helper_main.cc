@@ -190,8 +190,10 @@ int RunRogue(const std::string& mode, const Flags& flags, const EngineLaunchInfo
       .peer_name = "rogue", .role = "engine", .launch_token = info.launch_token};
   if (!proto::ClientHello(*channel, hello).ok()) return 1;
   const uint64_t id = mode == "wrong-id" ? info.engine_id + 1000 : info.engine_id;
-  (void)channel->Send(
-      proto::Register{.engine_id = id, .engine_version = "rogue", .http_address = ""});
+  proto::Register reg{.engine_id = id, .engine_version = "rogue", .http_address = ""};
+  if (mode == "huge-register") reg.engine_version = "rogue" + std::string(600'000, 'v');
+  if (mode == "bad-address") reg.http_address = "127.0.0.1:99999";
+  (void)channel->Send(reg);
   Result<proto::ReceivedMessage> ack = channel->Receive(std::chrono::seconds(10));
   if (!ack.ok() || ack->type != proto::MsgType::kRegisterAck) {
     KeepBeating(*channel);
