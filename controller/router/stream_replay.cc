@@ -1,5 +1,8 @@
 #include "controller/router/stream_replay.h"
 
+#include <algorithm>
+#include <span>
+
 #include "base/json_depth.h"
 #include "controller/router/sse_splitter.h"
 
@@ -31,14 +34,58 @@ constexpr const char* kCarriedSamplingFields[] = {"model",
                                                   "stream_options",
                                                   "skip_special_tokens"};
 
-// Whether a chat answer is plain text that a completion of the same ids continues: no tool
-// calls, no structured output, no log probabilities.
+// Fields a continuation needs no copy of: the prompt and limit (rebuilt), the seed (set),
+// bookkeeping that does not change what is generated.
+constexpr const char* kRebuiltOrInertFields[] = {
+    "messages", "max_tokens", "max_completion_tokens", "seed", "n", "return_token_ids", "user",
+    "metadata", "store",      "service_tier"};
+
+bool Listed(const std::string& key, std::span<const char* const> list) {
+  return std::any_of(list.begin(), list.end(), [&](const char* k) { return key == k; });
+}
+
+// Whether a chat answer is plain text that a completion of the same ids, with the carried
+// fields, continues exactly: every field of the body is carried, rebuilt or inert (or null /
+// false). Anything else (tools, structured output such as response_format or guided_json,
+// log probabilities, min_tokens, ...) would be dropped or answered differently, so such a
+// stream is ended explicitly rather than continued wrongly.
 bool PlainTextChat(const Json& body) {
-  for (const char* key : {"tools", "functions", "response_format", "logprobs", "top_logprobs"}) {
-    auto it = body.find(key);
-    if (it != body.end() && !it->is_null() && *it != false) return false;
+  for (const auto& [key, value] : body.items()) {
+    if (value.is_null() || value == false) continue;
+    if (!Listed(key, kCarriedSamplingFields) && !Listed(key, kRebuiltOrInertFields)) return false;
   }
   return true;
+}
+
+// A chat delta that is not plain answer text: reasoning or tool calls.
+bool OtherThanContent(const Json& choice) {
+  auto delta = choice.find("delta");
+  if (delta == choice.end() || !delta->is_object()) return false;
+  for (const char* key : {"reasoning", "reasoning_content", "tool_calls", "function_call"}) {
+    auto it = delta->find(key);
+    if (it != delta->end() && !it->is_null() &&
+        !(it->is_string() && it->get_ref<const std::string&>().empty()) &&
+        !(it->is_array() && it->empty())) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// A choice that carries no token: no ids, no text, not the last (vLLM's first chat chunk,
+// which has only the role).
+bool CarriesNoToken(const Json& choice) {
+  auto finish = choice.find("finish_reason");
+  if (finish != choice.end() && !finish->is_null()) return false;
+  auto text = choice.find("text");
+  if (text != choice.end() && !(text->is_string() && text->get_ref<const std::string&>().empty())) {
+    return false;
+  }
+  auto delta = choice.find("delta");
+  if (delta == choice.end() || !delta->is_object()) return text != choice.end();
+  auto content = delta->find("content");
+  return content == delta->end() || content->is_null() ||
+         (content->is_string() && content->get_ref<const std::string&>().empty());
 }
 
 std::optional<uint64_t> SeedOf(const Json& j) {
@@ -111,7 +158,9 @@ StreamReplay::StreamReplay(std::string route, const std::string& body)
   auto temperature = body_.find("temperature");
   reproducible_ = seed_.has_value() || (temperature != body_.end() && temperature->is_number() &&
                                         temperature->get<double>() == 0);
-  if (auto it = body_.find("prompt"); it != body_.end()) prompt_ids_ = PromptIds(*it);
+  if (auto it = body_.find("prompt"); it != body_.end() && !IsChat(route_)) {
+    prompt_ids_ = PromptIds(*it);
+  }
   single_ = SingleSequence(body_) && (!IsChat(route_) || PlainTextChat(body_));
   if (!single_) ids_known_ = false;  // choices interleave; a replay continues one sequence only
 }
@@ -199,9 +248,10 @@ void StreamReplay::Learn(const Json& j) {
     for (const Json& v : *ids) {
       if (v.is_number_integer()) sent_ids_.push_back(v.get<int32_t>());
     }
-  } else {
+  } else if (!(c.is_object() && CarriesNoToken(c))) {
     ids_known_ = false;
   }
+  if (c.is_object() && OtherThanContent(c)) ids_known_ = false;  // not continued as text
   // With several sequences one finishing says nothing of the others: only [DONE] ends.
   if (auto it = c.find("finish_reason"); it != c.end() && !it->is_null() && single_) {
     finished_ = true;

@@ -272,6 +272,28 @@ TEST(StreamReplayChatTest, AChatStreamContinuesOnCompletionsAsChatChunks) {
   EXPECT_EQ(usage["usage"]["completion_tokens"], 3);
 }
 
+// vLLM's first chat chunk has only the role: no token ids, no content. It carries no token,
+// so the stream stays continuable; the prompt's ids come only from the engine. A stray
+// `prompt` in a chat body is no chat field: that stream is not continued at all.
+TEST(StreamReplayChatTest, AFirstChunkWithOnlyTheRoleKeepsTheStreamContinuable) {
+  StreamReplay r("/v1/chat/completions", R"({"messages":[],"stream":true,"seed":3})");
+  r.BeginAttempt();
+  r.OnEvent(R"(data: {"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""},)"
+            R"("logprobs":null,"finish_reason":null}],"prompt_token_ids":[256,1]})"
+            "\n\n");
+  r.OnEvent(ChatEvent({7}, "a"));
+  ASSERT_TRUE(r.CanContinue());
+  r.BeginAttempt();
+  EXPECT_EQ(Json::parse(r.AttemptBody())["prompt"], Json({256, 1, 7}));
+
+  StreamReplay stray("/v1/chat/completions",
+                     R"({"messages":[],"stream":true,"seed":3,"prompt":[5,5,5]})");
+  stray.BeginAttempt();
+  const std::vector<int32_t> prompt = {256};
+  stray.OnEvent(ChatEvent({7}, "a", &prompt));
+  EXPECT_FALSE(stray.CanContinue());
+}
+
 TEST(StreamReplayChatTest, WithoutALimitTheContinuationSetsNone) {
   StreamReplay r("/v1/chat/completions", R"({"messages":[],"stream":true,"seed":3})");
   r.BeginAttempt();
@@ -287,7 +309,8 @@ TEST(StreamReplayChatTest, WithoutALimitTheContinuationSetsNone) {
 TEST(StreamReplayChatTest, AnswersThatAreNotPlainTextAreNotContinued) {
   for (const char* extra :
        {R"("tools":[{"type":"function"}])", R"("response_format":{"type":"json_object"})",
-        R"("logprobs":true)", R"("n":2)"}) {
+        R"("logprobs":true)", R"("n":2)", R"("guided_json":{"type":"object"})", R"("min_tokens":4)",
+        R"("some_new_field":1)"}) {
     StreamReplay r("/v1/chat/completions",
                    std::string(R"({"messages":[],"stream":true,"seed":3,)") + extra + "}");
     r.BeginAttempt();
@@ -295,6 +318,25 @@ TEST(StreamReplayChatTest, AnswersThatAreNotPlainTextAreNotContinued) {
     r.OnEvent(ChatEvent({7}, "a", &prompt));
     EXPECT_FALSE(r.CanContinue()) << extra;
   }
+  // A delta of reasoning or tool calls is not answer text.
+  for (const char* delta : {R"({"reasoning_content":"hmm"})", R"({"tool_calls":[{"id":"t"}]})"}) {
+    StreamReplay r("/v1/chat/completions", R"({"messages":[],"stream":true,"seed":3})");
+    r.BeginAttempt();
+    const std::vector<int32_t> prompt = {256};
+    r.OnEvent(ChatEvent({7}, "a", &prompt));
+    r.OnEvent(std::string(R"(data: {"choices":[{"index":0,"delta":)") + delta +
+              R"(,"token_ids":[8],"finish_reason":null}]})"
+              "\n\n");
+    EXPECT_FALSE(r.CanContinue()) << delta;
+  }
+  // Inert fields and null or false ones do not stop a continuation.
+  StreamReplay inert("/v1/chat/completions",
+                     R"({"messages":[],"stream":true,"seed":3,"user":"u","tools":null,
+                         "logprobs":false,"n":1,"max_tokens":9})");
+  inert.BeginAttempt();
+  const std::vector<int32_t> prompt = {256};
+  inert.OnEvent(ChatEvent({7}, "a", &prompt));
+  EXPECT_TRUE(inert.CanContinue());
   StreamReplay no_ids("/v1/chat/completions", R"({"messages":[],"stream":true,"seed":3})");
   no_ids.BeginAttempt();
   no_ids.OnEvent(R"(data: {"choices":[{"delta":{"content":"a"}}]})"
