@@ -115,7 +115,8 @@ std::optional<ApiError> ReadPrompt(const Json& body, const CompletionContext& ct
 
 // The length limit: `max_tokens`, or for chat `max_completion_tokens` first. Absent, it is
 // 16 (OpenAI's default for completions) cut to the room left in the context; for chat, and
-// for a router's replay of a chat stream (`baton_resume_tokens` without a limit), the room.
+// for a router's replay of a chat stream (`baton_resume_tokens` > 0 without a limit), the
+// room.
 std::optional<ApiError> ReadMaxTokens(const Json& body, const CompletionContext& ctx,
                                       CompletionRequest* req) {
   const int64_t room =
@@ -131,7 +132,9 @@ std::optional<ApiError> ReadMaxTokens(const Json& body, const CompletionContext&
     if (auto e = ReadInt(body, "max_tokens", &value, &present)) return e;
   }
   if (!present) {
-    const bool whole_room = req->chat || body.contains("baton_resume_tokens");
+    auto resume = body.find("baton_resume_tokens");
+    const bool replay = resume != body.end() && IsInteger(*resume) && *resume > 0;
+    const bool whole_room = req->chat || replay;
     req->max_tokens = static_cast<int>(whole_room ? room : std::min<int64_t>(16, room));
     return std::nullopt;
   }

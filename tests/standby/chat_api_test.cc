@@ -104,6 +104,12 @@ TEST_F(ChatApiTest, AReplayWithoutALimitMayUseTheWholeRoom) {
   ParsedCompletion p = ParseCompletionRequest(replay.dump(), ctx_);
   ASSERT_FALSE(p.error) << p.error->message;
   EXPECT_EQ(p.request.max_tokens, config_.max_position_embeddings - static_cast<int>(ids.size()));
+  for (const Json& none : {Json(nullptr), Json(0)}) {
+    replay["baton_resume_tokens"] = none;
+    ParsedCompletion zero = ParseCompletionRequest(replay.dump(), ctx_);
+    ASSERT_FALSE(zero.error) << zero.error->message;
+    EXPECT_EQ(zero.request.max_tokens, 16) << none;
+  }
   replay.erase("baton_resume_tokens");
   ParsedCompletion plain = ParseCompletionRequest(replay.dump(), ctx_);
   ASSERT_FALSE(plain.error) << plain.error->message;
