@@ -159,7 +159,6 @@ void Controller::ReadEngine(EngineId id) {
 
 namespace {
 
-// Decodes `msg` as a T; a payload that does not decode closes the connection (protocol error).
 // What an engine registers is copied into every route table: bounded, and an address a
 // router can dial (HOST:PORT; empty, or port 0, for an engine that serves no HTTP).
 constexpr size_t kMaxRegisterString = 256;
@@ -193,6 +192,7 @@ Status CheckRegisterFields(const proto::Register& reg) {
   return OkStatus();
 }
 
+// Decodes `msg` as a T; a payload that does not decode closes the connection (protocol error).
 template <typename T>
 std::optional<T> DecodeOrClose(proto::Channel& channel, const proto::ReceivedMessage& msg,
                                std::string* error) {

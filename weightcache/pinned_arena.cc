@@ -99,12 +99,35 @@ Status PinnedArena::ChooseNode(const ArenaOptions& options) {
   return OkStatus();
 }
 
+// Free 2 MiB huge pages on `node` (sysfs), or -1 when the kernel does not say.
+long FreeHugePagesOnNode(const std::string& sysfs_root, int node) {
+  std::ifstream in(sysfs_root + "/devices/system/node/node" + std::to_string(node) +
+                   "/hugepages/hugepages-2048kB/free_hugepages");
+  long value = -1;
+  return in >> value ? value : -1;
+}
+
 Status PinnedArena::MapMemory(const ArenaOptions& options) {
   SharedMemoryOptions shm{options.name, options.size, options.huge_pages};
+  // The kernel reserves huge pages globally, but the arena is bound to one node: pages free
+  // only on other nodes would pass the reservation and fail the population (or fault with
+  // SIGBUS). Too few on the node means normal pages from the start.
+  const long needed = static_cast<long>((options.size + kHugePageSize - 1) / kHugePageSize);
+  const long free_on_node = FreeHugePagesOnNode(options.sysfs_root, numa_node_);
+  if (shm.try_huge_pages && free_on_node >= 0 && free_on_node < needed) {
+    warnings_.push_back("NUMA node " + std::to_string(numa_node_) + " has " +
+                        std::to_string(free_on_node) + " free 2 MiB huge pages of the " +
+                        std::to_string(needed) +
+                        " the arena needs: using 4 KiB pages, which are much slower to fault "
+                        "in; reserve them with `sysctl vm.nr_hugepages=N`, or on this node "
+                        "with /sys/devices/system/node/node" +
+                        std::to_string(numa_node_) + "/hugepages/hugepages-2048kB/nr_hugepages");
+    shm.try_huge_pages = false;
+  }
   // Huge pages count as had only once reserved (SharedMemory::Create): too few free ones
   // fall back to 4 KiB pages here, never to ENOMEM at the Map below or SIGBUS later.
   BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create(shm));
-  if (options.huge_pages && !memory_.huge_pages()) {
+  if (shm.try_huge_pages && !memory_.huge_pages()) {
     std::ostringstream note;
     note << "huge pages unavailable (" << memory_.fallback_reason()
          << "; HugePages_Free=" << MeminfoValue("HugePages_Free")

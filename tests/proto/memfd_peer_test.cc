@@ -143,28 +143,20 @@ TEST(SharedMemoryTest, GibHugetlbMappingsStartOnAGibBoundary) {
   EXPECT_EQ(again->data()[kPageTableShareSize - 1], 42) << "the same memory";
 }
 
-long MeminfoValue(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
-  std::string name;
-  long value = 0;
-  while (in >> name >> value) {
-    if (name == key + ":") return value;
-    in.ignore(256, '\n');
-  }
-  return -1;
-}
-
 // Huge pages count as had only once reserved: an object larger than every huge page this
 // machine has falls back to normal pages at Create, saying why, and maps. (Without the
 // reservation, Create said "huge pages" and every Map failed with ENOMEM.)
 TEST(SharedMemoryTest, MoreHugePagesThanTheMachineHasFallsBackAtCreate) {
-  std::ifstream overcommit("/proc/sys/vm/nr_overcommit_hugepages");
+  // The 2 MiB pool, whatever the default huge page size.
+  const std::string pool = "/sys/kernel/mm/hugepages/hugepages-2048kB/";
+  std::ifstream overcommit(pool + "nr_overcommit_hugepages");
   long surplus = 0;
   if (overcommit >> surplus && surplus > 0) {
-    GTEST_SKIP() << "vm.nr_overcommit_hugepages=" << surplus << " can grow the pool";
+    GTEST_SKIP() << "nr_overcommit_hugepages=" << surplus << " can grow the pool";
   }
-  const long total = MeminfoValue("HugePages_Total");
-  ASSERT_GE(total, 0) << "no HugePages_Total in /proc/meminfo";
+  std::ifstream nr(pool + "nr_hugepages");
+  long total = 0;
+  if (!(nr >> total)) total = 0;  // no 2 MiB pool: nothing can be reserved
   const size_t size = (static_cast<size_t>(total) + 1) * kHugePageSize;
   Result<SharedMemory> memory = SharedMemory::Create({.name = "baton-reserve-test", .size = size});
   ASSERT_TRUE(memory.ok()) << memory.status().ToString();

@@ -218,6 +218,23 @@ TEST(PinnedArenaTest, GpuOnAnOfflineNodeFallsBackWithAWarning) {
   EXPECT_TRUE(AnyWarningContains(*arena, "NUMA node 3 (from gpu 0000:17:00.0) is not online"));
 }
 
+// Huge pages are reserved globally but the arena is bound to one node: too few free on
+// that node mean normal pages from the start, with the reason, not a failed population.
+TEST(PinnedArenaTest, TooFewHugePagesOnTheNodeMeanNormalPages) {
+  FakeSysfs sysfs;
+  sysfs.Write("devices/system/node/online", "0\n");
+  sysfs.Write("devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages", "1\n");
+  ArenaOptions options;
+  options.size = 3 * kHugePageSize;
+  options.numa_node = 0;
+  options.sysfs_root = sysfs.root();
+  auto arena = PinnedArena::Create(options);
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  EXPECT_FALSE(arena->huge_pages());
+  EXPECT_TRUE(AnyWarningContains(*arena, "NUMA node 0 has 1 free 2 MiB huge pages of the 3"))
+      << ::testing::PrintToString(arena->warnings());
+}
+
 TEST(NumaTest, ChoosesRequestedThenGpuThenLocal) {
   FakeSysfs sysfs;
   sysfs.AddGpu("0000:17:00.0", "1");
