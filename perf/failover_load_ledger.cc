@@ -38,12 +38,19 @@ std::vector<LoadRequest> MakeLoadRequests(int count, double rps, int min_tokens,
     LoadRequest r;
     r.index = i;
     r.stream = i % 2 == 1;
+    r.chat = (i / 2) % 2 == 1;
     r.at_s = i / rps;
-    json body = {{"model", model},
-                 {"prompt", std::string(kPrompts[i % 8]) + " #" + std::to_string(i)},
-                 {"max_tokens", min_tokens + (i * 7) % span},
-                 {"temperature", 0.8},
-                 {"seed", 1000 + i}};
+    const std::string prompt = std::string(kPrompts[i % 8]) + " #" + std::to_string(i);
+    const int limit = min_tokens + (i * 7) % span;
+    json body = {{"model", model}, {"temperature", 0.8}, {"seed", 1000 + i}};
+    if (r.chat) {
+      r.path = "/v1/chat/completions";
+      body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
+      body["max_completion_tokens"] = limit;
+    } else {
+      body["prompt"] = prompt;
+      body["max_tokens"] = limit;
+    }
     if (r.stream) body["stream"] = true;
     r.body = body.dump();
     out.push_back(std::move(r));
@@ -51,19 +58,24 @@ std::vector<LoadRequest> MakeLoadRequests(int count, double rps, int min_tokens,
   return out;
 }
 
-LoadRequest MakeProbeRequest(int index, double at_s, uint64_t seed, const std::string& model) {
+LoadRequest MakeProbeRequest(int index, double at_s, uint64_t seed, const std::string& model,
+                             bool chat) {
   LoadRequest r;
   r.index = index;
   r.stream = true;
+  r.chat = chat;
   r.at_s = at_s;
-  r.body = json{
-      {"model", model},
-      {"prompt", "A long stream, cut by a fault."},
-      {"max_tokens", kProbeMaxTokens},
-      {"temperature", 0.8},
-      {"seed", seed},
-      {"stream",
-       true}}.dump();
+  json body = {{"model", model}, {"temperature", 0.8}, {"seed", seed}, {"stream", true}};
+  const std::string prompt = "A long stream, cut by a fault.";
+  if (chat) {
+    r.path = "/v1/chat/completions";
+    body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
+    body["max_completion_tokens"] = kProbeMaxTokens;
+  } else {
+    body["prompt"] = prompt;
+    body["max_tokens"] = kProbeMaxTokens;
+  }
+  r.body = body.dump();
   return r;
 }
 
@@ -192,6 +204,7 @@ json Summarize(const std::vector<LoadRequest>& requests, const std::vector<Ledge
     if (f.probe >= 0 && static_cast<size_t>(f.probe) < entries.size()) {
       const LedgerEntry& e = entries[f.probe];
       x["probe"] = {{"index", f.probe},
+                    {"route", requests[f.probe].path},
                     {"outcome", OutcomeName(e.outcome)},
                     {"reason", e.reason},
                     {"tokens", e.output.token_ids.size()},

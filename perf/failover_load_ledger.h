@@ -26,18 +26,23 @@ namespace baton::perf {
 struct LoadRequest {
   int index = 0;
   bool stream = false;
-  double at_s = 0;  // scheduled start, seconds after the load starts
+  bool chat = false;  // a /v1/chat/completions request
+  double at_s = 0;    // scheduled start, seconds after the load starts
   std::string body;
+  std::string path = "/v1/completions";
 };
 
-// `count` requests at `rps` a second: every other one streams, fixed prompts and seeds,
-// temperature 0.8, max_tokens from `min_tokens` to `max_tokens`.
+// `count` requests at `rps` a second: every other one streams, and of each kind every other
+// pair is a chat completion (one user message); fixed prompts and seeds, temperature 0.8,
+// max_tokens (max_completion_tokens for chat) from `min_tokens` to `max_tokens`.
 std::vector<LoadRequest> MakeLoadRequests(int count, double rps, int min_tokens, int max_tokens,
                                           const std::string& model);
 
-// The probe of a fault (failover_load_run.h): a stream of up to 384 tokens, scheduled at
-// `at_s`; `seed` picks how long it runs before its end of sequence (ProbeSeeds).
-LoadRequest MakeProbeRequest(int index, double at_s, uint64_t seed, const std::string& model);
+// The probe of a fault (failover_load_run.h): a stream of up to 384 tokens, a completion or
+// a chat completion, scheduled at `at_s`; `seed` picks how long it runs before its end of
+// sequence (ProbeSeeds).
+LoadRequest MakeProbeRequest(int index, double at_s, uint64_t seed, const std::string& model,
+                             bool chat);
 
 enum class Outcome { kOk, kRejected, kLost };
 const char* OutcomeName(Outcome o);

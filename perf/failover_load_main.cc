@@ -12,8 +12,9 @@
 // blocks of 64 KiB, and a baton-router subscribed to the controller's socket.
 // Requests: S x R of them (default 30 s x 50/s), started on a fixed schedule (open loop:
 // request i at i/R s, whatever the others are doing) by up to C concurrent clients (default
-// 160, each with one keep-alive connection); every other one streams; fixed prompts and
-// seeds, temperature 0.8, max_tokens from A to B (default 16..32).
+// 160, each with one keep-alive connection); every other one streams, and of each kind every
+// other pair is a chat completion (`chat` in the JSON counts them); fixed prompts and seeds,
+// temperature 0.8, max_tokens from A to B (default 16..32).
 // First the reference: the same request list through the same stack with no fault. Then the
 // load, with kill -9 of the primary at K s (default S/3) and SIGSTOP of the next primary at
 // H s (default 2S/3); "none" skips a fault. Upgrade faults, off unless asked: at U s
@@ -21,7 +22,8 @@
 // B s to one that answers every completion 500 (it must be rolled back); canary steps 10, 50
 // and 100 % of 2 s each, at least 20 requests a step. Each signal is sent with kill(2) to the pid
 // that `batonctl --json status` names, in the middle of the fault's probe: one more streaming
-// request (max_tokens 384, a seed that runs long) sent at the fault's time, signalled once its
+// request (max_tokens 384, a seed that runs long; a chat completion for every other fault,
+// the hang's by default) sent at the fault's time, signalled once its
 // first events have reached the client (failover_load_run.h). A tiny-model request takes a few ms,
 // and a fault that lands between requests would test nothing but the queue.
 //
@@ -175,6 +177,19 @@ json RouterReplays(const std::string& router, const std::string& keep) {
   return out;
 }
 
+// The chat completions of the load: how many, and their outcomes.
+json ChatCounts(const std::vector<LoadRequest>& requests, const std::vector<LedgerEntry>& entries) {
+  int n = 0, ok = 0, lost = 0, mismatched = 0;
+  for (size_t i = 0; i < requests.size() && i < entries.size(); ++i) {
+    if (!requests[i].chat || !entries[i].invoked) continue;
+    ++n;
+    ok += entries[i].outcome == Outcome::kOk;
+    lost += entries[i].outcome == Outcome::kLost;
+    mismatched += entries[i].mismatched;
+  }
+  return {{"requests", n}, {"ok", ok}, {"lost", lost}, {"mismatched", mismatched}};
+}
+
 Result<json> Measure(const Flags& flags, const std::string& work) {
   std::error_code ec;  // this run's logs start empty (the processes append to them)
   for (const char* old : {"controller.log", "router.log", "engines", "gnuplot.log"}) {
@@ -209,8 +224,8 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
                          ProbeSeeds(router.address, kServedName, static_cast<int>(faults.size())));
   for (size_t k = 0; k < faults.size(); ++k) {
     faults[k].probe = static_cast<int>(requests.size());
-    requests.push_back(
-        MakeProbeRequest(faults[k].probe, faults[k].at_s, probe_seeds[k], kServedName));
+    requests.push_back(MakeProbeRequest(faults[k].probe, faults[k].at_s, probe_seeds[k],
+                                        kServedName, ProbeIsChat(static_cast<int>(k))));
   }
   std::fprintf(stderr, "router %s, controller %s; reference run of %zu requests\n",
                router.address.c_str(), pair.socket().c_str(), requests.size());
@@ -248,6 +263,8 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
        {"model", "tiny"},
        {"max_tokens", {flags.min_tokens, flags.max_tokens}},
        {"stream_fraction", 0.5},
+       {"chat_fraction", 0.5},
+       {"chat", ChatCounts(requests, entries)},
        {"reference", {{"requests", requests.size()}, {"repeat_mismatches", repeat_mismatches}}},
        {"probes", faults.size()},
        {"pair_ready_after", ready_after},

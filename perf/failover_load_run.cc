@@ -34,7 +34,7 @@ void Send(LoadClient* client, const LoadRequest& r, TimePoint t0, LedgerEntry* e
           std::atomic<bool>* body_started = nullptr) {
   e->invoked = true;
   e->sent_s = SecondsSince(t0);
-  LoadReply reply = client->Post("/v1/completions", r.body, body_started);
+  LoadReply reply = client->Post(r.path, r.body, body_started);
   e->end_s = SecondsSince(t0);
   Classify(reply, r.stream, e);
 }
@@ -118,23 +118,43 @@ void InjectFault(const ControllerPair& pair, const std::string& router,
 
 }  // namespace
 
-Result<std::vector<uint64_t>> ProbeSeeds(const std::string& router, const std::string& model,
-                                         int count) {
+namespace {
+
+// Candidate seeds of one kind of probe, the longest-running first.
+Result<std::vector<uint64_t>> LongestSeeds(LoadClient* client, const std::string& model,
+                                           bool chat) {
   constexpr uint64_t kFirstSeed = 9000;
   constexpr int kCandidates = 32;
   std::vector<std::pair<size_t, uint64_t>> lengths;  // (tokens, seed)
-  LoadClient client(router, kClientTimeout);
   for (int k = 0; k < kCandidates; ++k) {
-    const LoadRequest probe = MakeProbeRequest(0, 0, kFirstSeed + k, model);
+    const LoadRequest probe = MakeProbeRequest(0, 0, kFirstSeed + k, model, chat);
     LedgerEntry e;
-    Classify(client.Post("/v1/completions", probe.body), /*stream=*/true, &e);
+    Classify(client->Post(probe.path, probe.body), /*stream=*/true, &e);
     if (e.outcome != Outcome::kOk) return Internal("probe seed run failed: " + e.reason);
     lengths.emplace_back(e.output.token_ids.size(), kFirstSeed + k);
   }
   std::stable_sort(lengths.begin(), lengths.end(),
                    [](const auto& a, const auto& b) { return a.first > b.first; });
   std::vector<uint64_t> seeds;
-  for (int i = 0; i < count; ++i) seeds.push_back(lengths[i % kCandidates].second);
+  for (const auto& [tokens, seed] : lengths) seeds.push_back(seed);
+  return seeds;
+}
+
+}  // namespace
+
+Result<std::vector<uint64_t>> ProbeSeeds(const std::string& router, const std::string& model,
+                                         int count) {
+  LoadClient client(router, kClientTimeout);
+  BATON_ASSIGN_OR_RETURN(std::vector<uint64_t> text, LongestSeeds(&client, model, false));
+  std::vector<uint64_t> chat;
+  if (count > 1) {
+    BATON_ASSIGN_OR_RETURN(chat, LongestSeeds(&client, model, true));
+  }
+  std::vector<uint64_t> seeds;
+  for (int i = 0; i < count; ++i) {
+    const std::vector<uint64_t>& kind = ProbeIsChat(i) ? chat : text;
+    seeds.push_back(kind[static_cast<size_t>(i / 2) % kind.size()]);
+  }
   return seeds;
 }
 
@@ -148,7 +168,7 @@ Result<std::vector<Reference>> ReferenceRun(const std::string& router,
     threads.emplace_back([&] {
       LoadClient client(router, kClientTimeout);
       for (int i = next++; i < static_cast<int>(requests.size()); i = next++) {
-        Classify(client.Post("/v1/completions", requests[i].body), requests[i].stream, &entries[i]);
+        Classify(client.Post(requests[i].path, requests[i].body), requests[i].stream, &entries[i]);
       }
     });
   }
@@ -167,7 +187,7 @@ Result<std::vector<Reference>> ReferenceRun(const std::string& router,
   *repeat_mismatches = 0;
   for (size_t i = 0; i < std::min(kRepeatChecks, requests.size()); ++i) {
     LedgerEntry again;
-    Classify(client.Post("/v1/completions", requests[i].body), requests[i].stream, &again);
+    Classify(client.Post(requests[i].path, requests[i].body), requests[i].stream, &again);
     if (again.outcome != Outcome::kOk || again.output.token_ids != refs[i].token_ids ||
         again.output.text != refs[i].text) {
       ++*repeat_mismatches;

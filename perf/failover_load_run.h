@@ -21,8 +21,13 @@
 
 namespace baton::perf {
 
+// Whether the probe of the fault numbered `k` is a chat completion: every other one (the
+// hang's by default), so that a chat stream is cut mid-way and continued too.
+inline bool ProbeIsChat(int k) { return k % 2 == 1; }
+
 // `count` seeds for probes, the ones whose probe streams run longest (of 32 tried through
-// `router`): the longer the stream, the surer the fault lands while its engine generates.
+// `router` for each kind, ProbeIsChat): the longer the stream, the surer the fault lands
+// while its engine generates.
 Result<std::vector<uint64_t>> ProbeSeeds(const std::string& router, const std::string& model,
                                          int count);
 

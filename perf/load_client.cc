@@ -58,6 +58,14 @@ void FoldChoice(const json& j, CompletionOutput* out) {
   if (!j.contains("choices") || !j["choices"].is_array() || j["choices"].empty()) return;
   const json& c = j["choices"][0];
   if (c.contains("text") && c["text"].is_string()) out->text += c["text"].get<std::string>();
+  // Chat: a stream chunk's delta, a whole answer's message; the prompt's ids at the top.
+  for (const char* part : {"delta", "message"}) {
+    if (c.contains(part) && c[part].is_object() && c[part].contains("content") &&
+        c[part]["content"].is_string()) {
+      out->text += c[part]["content"].get<std::string>();
+    }
+  }
+  if (j.contains("prompt_token_ids")) AppendIds(j["prompt_token_ids"], &out->prompt_token_ids);
   if (c.contains("token_ids") && !AppendIds(c["token_ids"], &out->token_ids)) {
     out->error = "token_ids is not an array of integers";
   }

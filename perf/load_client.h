@@ -5,9 +5,10 @@
 // body; the response read whole, framed by Content-Length or chunked encoding. Every read and
 // write has a timeout.
 //
-// ParseCompletion() turns a completion body (one JSON object, or a server-sent-event stream
-// of chunks) into its text, token ids and stream facts (chunk count, [DONE], error events,
-// the chunk ids and `created` values seen), to compare outputs with a reference.
+// ParseCompletion() turns a completion or chat completion body (one JSON object, or a
+// server-sent-event stream of chunks) into its text, token ids and stream facts (chunk count,
+// [DONE], error events, the chunk ids and `created` values seen), to compare outputs with a
+// reference.
 //
 // Ownership: the client owns its socket (UniqueFd). Thread: one thread at a time.
 #pragma once
