@@ -26,6 +26,23 @@ constexpr const char* kPrompts[] = {"The primary fails and the standby takes ove
 
 constexpr int kProbeMaxTokens = 384;
 
+// The body and path of `r` (a completion, or a chat completion of one user message, as
+// r->chat says; streamed as r->stream says): temperature 0.8, `limit` tokens at most.
+void SetBody(const std::string& prompt, int limit, uint64_t seed, const std::string& model,
+             LoadRequest* r) {
+  json body = {{"model", model}, {"temperature", 0.8}, {"seed", seed}};
+  if (r->chat) {
+    r->path = "/v1/chat/completions";
+    body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
+    body["max_completion_tokens"] = limit;
+  } else {
+    body["prompt"] = prompt;
+    body["max_tokens"] = limit;
+  }
+  if (r->stream) body["stream"] = true;
+  r->body = body.dump();
+}
+
 double LatencyMs(const LoadRequest& r, const LedgerEntry& e) { return (e.end_s - r.at_s) * 1000; }
 
 }  // namespace
@@ -40,19 +57,8 @@ std::vector<LoadRequest> MakeLoadRequests(int count, double rps, int min_tokens,
     r.stream = i % 2 == 1;
     r.chat = (i / 2) % 2 == 1;
     r.at_s = i / rps;
-    const std::string prompt = std::string(kPrompts[i % 8]) + " #" + std::to_string(i);
-    const int limit = min_tokens + (i * 7) % span;
-    json body = {{"model", model}, {"temperature", 0.8}, {"seed", 1000 + i}};
-    if (r.chat) {
-      r.path = "/v1/chat/completions";
-      body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
-      body["max_completion_tokens"] = limit;
-    } else {
-      body["prompt"] = prompt;
-      body["max_tokens"] = limit;
-    }
-    if (r.stream) body["stream"] = true;
-    r.body = body.dump();
+    SetBody(std::string(kPrompts[i % 8]) + " #" + std::to_string(i), min_tokens + (i * 7) % span,
+            1000 + i, model, &r);
     out.push_back(std::move(r));
   }
   return out;
@@ -65,17 +71,7 @@ LoadRequest MakeProbeRequest(int index, double at_s, uint64_t seed, const std::s
   r.stream = true;
   r.chat = chat;
   r.at_s = at_s;
-  json body = {{"model", model}, {"temperature", 0.8}, {"seed", seed}, {"stream", true}};
-  const std::string prompt = "A long stream, cut by a fault.";
-  if (chat) {
-    r.path = "/v1/chat/completions";
-    body["messages"] = json::array({{{"role", "user"}, {"content", prompt}}});
-    body["max_completion_tokens"] = kProbeMaxTokens;
-  } else {
-    body["prompt"] = prompt;
-    body["max_tokens"] = kProbeMaxTokens;
-  }
-  r.body = body.dump();
+  SetBody("A long stream, cut by a fault.", kProbeMaxTokens, seed, model, &r);
   return r;
 }
 

@@ -2,15 +2,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "standby/completion_json.h"
+
 namespace baton {
 namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
-
-std::string Dump(const OrderedJson& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 bool KnownRole(const std::string& role) {
   for (const char* r : {"system", "developer", "user", "assistant", "tool"}) {
@@ -39,26 +37,16 @@ Result<std::string> ContentText(const Json& content, const std::string& where) {
   return text;
 }
 
-OrderedJson HeaderJson(const CompletionHeader& h, const char* object) {
-  OrderedJson j;
-  j["id"] = h.id;
-  j["object"] = object;
-  j["created"] = h.created;
-  j["model"] = h.model;
-  j["seed"] = h.seed;
-  return j;
-}
-
-OrderedJson UsageJson(const CompletionUsage& u) {
-  OrderedJson j;
-  j["prompt_tokens"] = u.prompt_tokens;
-  j["completion_tokens"] = u.completion_tokens;
-  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
-  return j;
-}
-
-OrderedJson FinishJson(std::string_view finish_reason) {
-  return finish_reason.empty() ? OrderedJson(nullptr) : OrderedJson(std::string(finish_reason));
+// One choice of a chat answer: `part` ("message" or "delta") holds `body`.
+OrderedJson ChatChoice(const char* part, OrderedJson body, std::string_view finish_reason,
+                       const std::vector<int32_t>& token_ids) {
+  OrderedJson c;
+  c["index"] = 0;
+  c[part] = std::move(body);
+  c["logprobs"] = nullptr;
+  c["finish_reason"] = FinishReasonJson(finish_reason);
+  c["token_ids"] = token_ids;
+  return c;
 }
 
 }  // namespace
@@ -90,17 +78,12 @@ std::string ChatBody(const CompletionHeader& header, std::string_view text,
   OrderedJson message;
   message["role"] = "assistant";
   message["content"] = std::string(text);
-  OrderedJson c;
-  c["index"] = 0;
-  c["message"] = std::move(message);
-  c["logprobs"] = nullptr;
-  c["finish_reason"] = FinishJson(finish_reason);
-  c["token_ids"] = token_ids;
-  OrderedJson j = HeaderJson(header, "chat.completion");
-  j["choices"] = OrderedJson::array({std::move(c)});
-  j["usage"] = UsageJson(usage);
+  OrderedJson j = ResponseHeaderJson(header, "chat.completion");
+  j["choices"] =
+      OrderedJson::array({ChatChoice("message", std::move(message), finish_reason, token_ids)});
+  j["usage"] = ResponseUsageJson(usage);
   j["prompt_token_ids"] = prompt_ids;
-  return Dump(j);
+  return DumpJson(j);
 }
 
 std::string ChatChunk(const CompletionHeader& header, std::string_view text,
@@ -109,23 +92,18 @@ std::string ChatChunk(const CompletionHeader& header, std::string_view text,
   OrderedJson delta;
   if (prompt_ids != nullptr) delta["role"] = "assistant";
   delta["content"] = std::string(text);
-  OrderedJson c;
-  c["index"] = 0;
-  c["delta"] = std::move(delta);
-  c["logprobs"] = nullptr;
-  c["finish_reason"] = FinishJson(finish_reason);
-  c["token_ids"] = token_ids;
-  OrderedJson j = HeaderJson(header, "chat.completion.chunk");
-  j["choices"] = OrderedJson::array({std::move(c)});
+  OrderedJson j = ResponseHeaderJson(header, "chat.completion.chunk");
+  j["choices"] =
+      OrderedJson::array({ChatChoice("delta", std::move(delta), finish_reason, token_ids)});
   if (prompt_ids != nullptr) j["prompt_token_ids"] = *prompt_ids;
-  return Dump(j);
+  return DumpJson(j);
 }
 
 std::string ChatUsageChunk(const CompletionHeader& header, const CompletionUsage& usage) {
-  OrderedJson j = HeaderJson(header, "chat.completion.chunk");
+  OrderedJson j = ResponseHeaderJson(header, "chat.completion.chunk");
   j["choices"] = OrderedJson::array();
-  j["usage"] = UsageJson(usage);
-  return Dump(j);
+  j["usage"] = ResponseUsageJson(usage);
+  return DumpJson(j);
 }
 
 }  // namespace baton

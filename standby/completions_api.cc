@@ -5,16 +5,13 @@
 
 #include "base/json_depth.h"
 #include "standby/chat_api.h"
+#include "standby/completion_json.h"
 
 namespace baton {
 namespace {
 
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
-
-std::string Dump(const OrderedJson& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
 
 ApiError ParamError(std::string param, std::string message) {
   return MakeApiError(400, std::move(message), std::move(param));
@@ -132,9 +129,7 @@ std::optional<ApiError> ReadMaxTokens(const Json& body, const CompletionContext&
     if (auto e = ReadInt(body, "max_tokens", &value, &present)) return e;
   }
   if (!present) {
-    auto resume = body.find("baton_resume_tokens");
-    const bool replay = resume != body.end() && IsInteger(*resume) && *resume > 0;
-    const bool whole_room = req->chat || replay;
+    const bool whole_room = req->chat || req->resume_tokens > 0;  // ReadResume ran first
     req->max_tokens = static_cast<int>(whole_room ? room : std::min<int64_t>(16, room));
     return std::nullopt;
   }
@@ -255,11 +250,11 @@ std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& c
                          : ReadPrompt(body, ctx, &req->prompt_ids)) {
     return e;
   }
+  if (auto e = ReadResume(body, req)) return e;
   if (auto e = ReadMaxTokens(body, ctx, req)) return e;
   if (auto e = ReadSampling(body, ctx, req)) return e;
   if (auto e = ReadStreaming(body, req)) return e;
   if (auto e = ReadStop(body, &req->stop)) return e;
-  if (auto e = ReadResume(body, req)) return e;
   return ReadUnsupported(body);
 }
 
@@ -273,7 +268,7 @@ std::string ErrorBody(const ApiError& error) {
   inner["code"] = error.code.empty() ? OrderedJson(nullptr) : OrderedJson(error.code);
   OrderedJson j;
   j["error"] = std::move(inner);
-  return Dump(j);
+  return DumpJson(j);
 }
 
 ApiError MakeApiError(int http_status, std::string message, std::string param) {
@@ -337,24 +332,6 @@ ParsedCompletion ParseChatCompletionRequest(std::string_view body,
 
 namespace {
 
-OrderedJson HeaderJson(const CompletionHeader& h) {
-  OrderedJson j;
-  j["id"] = h.id;
-  j["object"] = "text_completion";
-  j["created"] = h.created;
-  j["model"] = h.model;
-  j["seed"] = h.seed;
-  return j;
-}
-
-OrderedJson UsageJson(const CompletionUsage& u) {
-  OrderedJson j;
-  j["prompt_tokens"] = u.prompt_tokens;
-  j["completion_tokens"] = u.completion_tokens;
-  j["total_tokens"] = u.prompt_tokens + u.completion_tokens;
-  return j;
-}
-
 OrderedJson ChoiceJson(std::string_view text, std::string_view finish_reason,
                        const std::vector<int32_t>& token_ids,
                        const std::vector<int32_t>* prompt_ids) {
@@ -362,8 +339,7 @@ OrderedJson ChoiceJson(std::string_view text, std::string_view finish_reason,
   c["index"] = 0;
   c["text"] = std::string(text);
   c["logprobs"] = nullptr;
-  c["finish_reason"] =
-      finish_reason.empty() ? OrderedJson(nullptr) : OrderedJson(std::string(finish_reason));
+  c["finish_reason"] = FinishReasonJson(finish_reason);
   c["token_ids"] = token_ids;
   if (prompt_ids != nullptr) c["prompt_token_ids"] = *prompt_ids;
   return c;
@@ -374,25 +350,25 @@ OrderedJson ChoiceJson(std::string_view text, std::string_view finish_reason,
 std::string CompletionBody(const CompletionHeader& header, std::string_view text,
                            std::string_view finish_reason, const std::vector<int32_t>& token_ids,
                            const std::vector<int32_t>& prompt_ids, const CompletionUsage& usage) {
-  OrderedJson j = HeaderJson(header);
+  OrderedJson j = ResponseHeaderJson(header, "text_completion");
   j["choices"] = OrderedJson::array({ChoiceJson(text, finish_reason, token_ids, &prompt_ids)});
-  j["usage"] = UsageJson(usage);
-  return Dump(j);
+  j["usage"] = ResponseUsageJson(usage);
+  return DumpJson(j);
 }
 
 std::string CompletionChunk(const CompletionHeader& header, std::string_view text,
                             std::string_view finish_reason, const std::vector<int32_t>& token_ids,
                             const std::vector<int32_t>* prompt_ids) {
-  OrderedJson j = HeaderJson(header);
+  OrderedJson j = ResponseHeaderJson(header, "text_completion");
   j["choices"] = OrderedJson::array({ChoiceJson(text, finish_reason, token_ids, prompt_ids)});
-  return Dump(j);
+  return DumpJson(j);
 }
 
 std::string UsageChunk(const CompletionHeader& header, const CompletionUsage& usage) {
-  OrderedJson j = HeaderJson(header);
+  OrderedJson j = ResponseHeaderJson(header, "text_completion");
   j["choices"] = OrderedJson::array();
-  j["usage"] = UsageJson(usage);
-  return Dump(j);
+  j["usage"] = ResponseUsageJson(usage);
+  return DumpJson(j);
 }
 
 std::string SseEvent(std::string_view json) {

@@ -76,25 +76,9 @@ std::string HttpRaw(int port, const std::string& request) {
   return response;
 }
 
-// GET /metrics over plain TCP.
+// GET `path` over plain TCP.
 std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n";
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) > 0) {
-      char buf[4096];
-      ssize_t n;
-      while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0)
-        response.append(buf, static_cast<size_t>(n));
-    }
-  }
-  ::close(fd);
-  return response;
+  return HttpRaw(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
 }
 
 // A loopback TCP port that was free a moment ago.

@@ -4,32 +4,18 @@
 
 #include <nlohmann/json.hpp>
 
-#include "standby/model_presets.h"
+#include "tests/standby/completion_context_test_base.h"
 
 namespace baton {
 namespace {
 
 using Json = nlohmann::json;
 
-class ChatApiTest : public ::testing::Test {
+class ChatApiTest : public CompletionContextTest {
  protected:
-  void SetUp() override {
-    Result<LlamaConfig> config = ParseLlamaConfig(ConfigJson(PresetSpec("tiny")));
-    ASSERT_TRUE(config.ok()) << config.status().ToString();
-    config_ = *config;
-    Result<ByteTokenizer> tokenizer = ByteTokenizer::Create(config_);
-    ASSERT_TRUE(tokenizer.ok());
-    tokenizer_.emplace(*tokenizer);
-    ctx_ = {&config_, &*tokenizer_, "tiny", 777};
-  }
-
   ParsedCompletion Parse(const Json& body) { return ParseChatCompletionRequest(body.dump(), ctx_); }
 
   std::vector<int32_t> Ids(const std::string& text) { return tokenizer_->Encode(text, true); }
-
-  LlamaConfig config_;
-  std::optional<ByteTokenizer> tokenizer_;
-  CompletionContext ctx_;
 };
 
 TEST_F(ChatApiTest, TemplateRendersEachMessageThenTheAnswersStart) {

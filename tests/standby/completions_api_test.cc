@@ -4,25 +4,15 @@
 
 #include <nlohmann/json.hpp>
 
-#include "standby/model_presets.h"
+#include "tests/standby/completion_context_test_base.h"
 
 namespace baton {
 namespace {
 
 using Json = nlohmann::json;
 
-class CompletionsApiTest : public ::testing::Test {
+class CompletionsApiTest : public CompletionContextTest {
  protected:
-  void SetUp() override {
-    Result<LlamaConfig> config = ParseLlamaConfig(ConfigJson(PresetSpec("tiny")));
-    ASSERT_TRUE(config.ok()) << config.status().ToString();
-    config_ = *config;
-    Result<ByteTokenizer> tokenizer = ByteTokenizer::Create(config_);
-    ASSERT_TRUE(tokenizer.ok());
-    tokenizer_.emplace(*tokenizer);
-    ctx_ = {&config_, &*tokenizer_, "tiny", 777};
-  }
-
   ParsedCompletion Parse(const std::string& body) { return ParseCompletionRequest(body, ctx_); }
 
   // The refusal's status and param; fails the test when the body is accepted.
@@ -32,10 +22,6 @@ class CompletionsApiTest : public ::testing::Test {
     if (!p.error) return {0, ""};
     return {p.error->http_status, p.error->param};
   }
-
-  LlamaConfig config_;
-  std::optional<ByteTokenizer> tokenizer_;
-  CompletionContext ctx_;
 };
 
 TEST_F(CompletionsApiTest, TextPromptIsBytesAfterBos) {

@@ -8,7 +8,7 @@
 
 #include "standby/chat_api.h"
 #include "standby/model_writer.h"
-#include "tests/standby/http_test_client.h"
+#include "tests/standby/engine_http.h"
 #include "tests/standby/tiny_engine.h"
 
 namespace baton {
@@ -30,29 +30,12 @@ class RefEngineChatTest : public ::testing::Test {
   void SetUp() override { ASSERT_NE(engine_->port(), 0); }
 
   static Json Post(const std::string& route, const Json& body, int want = 200) {
-    TestHttpClient client(engine_->port());
-    HttpReply reply = client.Post(route, body.dump());
-    EXPECT_EQ(reply.status, want) << reply.body << reply.error;
-    Json j = Json::parse(reply.body, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << reply.body;
-    return j;
+    return PostJson(engine_->port(), route, body, want);
   }
 
-  // The stream's JSON events (without the final [DONE], which is checked).
-  static std::vector<Json> Stream(const std::string& route, Json body) {
-    body["stream"] = true;
+  static std::vector<Json> Stream(const std::string& route, const Json& body) {
     TestHttpClient client(engine_->port());
-    EXPECT_TRUE(client.Send(http::verb::post, route, body.dump()));
-    EXPECT_EQ(client.ReadHeader(), 200);
-    while (client.ReadMore()) {
-    }
-    std::vector<std::string> raw = TestHttpClient::SplitEvents(client.body());
-    EXPECT_FALSE(raw.empty());
-    if (raw.empty()) return {};
-    EXPECT_EQ(raw.back(), "[DONE]");
-    std::vector<Json> events;
-    for (size_t i = 0; i + 1 < raw.size(); ++i) events.push_back(Json::parse(raw[i]));
-    return events;
+    return StreamJson(&client, route, body);
   }
 
   static TinyEngine* engine_;

@@ -9,6 +9,7 @@
 
 #include "standby/completions_api.h"
 #include "standby/model_writer.h"
+#include "tests/standby/engine_http.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
@@ -33,34 +34,14 @@ class RefEngineTest : public ::testing::Test {
 
   static uint16_t port() { return engine_->port(); }
 
-  static Json Complete(const Json& body) {
-    TestHttpClient client(port());
-    HttpReply reply = client.Post("/v1/completions", body.dump());
-    EXPECT_EQ(reply.status, 200) << reply.body << reply.error;
-    Json j = Json::parse(reply.body, nullptr, false);
-    EXPECT_FALSE(j.is_discarded()) << reply.body;
-    return j;
-  }
+  static Json Complete(const Json& body) { return PostJson(port(), "/v1/completions", body); }
 
   // The stream's JSON events; checks the framing and the [DONE] terminator.
-  static std::vector<Json> Stream(TestHttpClient* client, Json body) {
-    body["stream"] = true;
-    EXPECT_TRUE(client->Send(http::verb::post, "/v1/completions", body.dump()));
-    EXPECT_EQ(client->ReadHeader(), 200);
-    while (client->ReadMore()) {
-    }
-    return ParseEvents(client->body());
+  static std::vector<Json> Stream(TestHttpClient* client, const Json& body) {
+    return StreamJson(client, "/v1/completions", body);
   }
 
-  static std::vector<Json> ParseEvents(const std::string& body) {
-    std::vector<std::string> raw = TestHttpClient::SplitEvents(body);
-    EXPECT_FALSE(raw.empty());
-    if (raw.empty()) return {};
-    EXPECT_EQ(raw.back(), "[DONE]");
-    std::vector<Json> events;
-    for (size_t i = 0; i + 1 < raw.size(); ++i) events.push_back(Json::parse(raw[i]));
-    return events;
-  }
+  static std::vector<Json> ParseEvents(const std::string& body) { return ParseSseJson(body); }
 
   static std::string Metrics() {
     TestHttpClient client(port());
