@@ -36,4 +36,9 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Marks `fd` close-on-exec, so that processes the caller later starts (engines) do not
+// inherit it. For descriptors made by libraries that open them without O_CLOEXEC (Asio's
+// socket(), accept() and socketpair()). Returns false with errno set on failure.
+bool SetCloseOnExec(int fd);
+
 }  // namespace baton

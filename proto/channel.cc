@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/unique_fd.h"
 
 namespace baton::proto {
 namespace {
@@ -38,11 +39,15 @@ Channel::Channel(Socket socket, ChannelOptions options)
       recv_buf_(kRecvChunk) {
   boost::system::error_code ec;
   socket_.non_blocking(true, ec);
+  if (!ec && socket_.is_open() && !SetCloseOnExec(socket_.native_handle())) {
+    ec = boost::system::error_code(errno, boost::system::system_category());
+  }
   if (ec) {
     BATON_LOG(WARN, "proto") << options_.label
-                             << ": cannot make socket non-blocking: " << ec.message();
+                             << ": cannot make socket non-blocking and close-on-exec: "
+                             << ec.message();
     socket_.close(ec);
-    closed_reason_ = "socket could not be made non-blocking";
+    closed_reason_ = "socket could not be made non-blocking and close-on-exec";
   }
 }
 
@@ -67,14 +72,18 @@ Channel& Channel::operator=(Channel&& other) noexcept = default;
 
 Result<std::pair<Channel, Channel>> Channel::Pair(boost::asio::io_context& io,
                                                   ChannelOptions options) {
-  Socket a(io), b(io);
-  boost::system::error_code ec;
-  boost::asio::local::connect_pair(a, b, ec);
-  if (ec) return Status(StatusCode::kIoError, "socketpair: " + ec.message());
-  ChannelOptions oa = options, ob = options;
-  oa.label = options.label + " (a)";
-  ob.label = options.label + " (b)";
-  return std::make_pair(Channel(std::move(a), oa), Channel(std::move(b), ob));
+  try {
+    Socket a(io), b(io);
+    boost::system::error_code ec;
+    boost::asio::local::connect_pair(a, b, ec);
+    if (ec) return Status(StatusCode::kIoError, "socketpair: " + ec.message());
+    ChannelOptions oa = options, ob = options;
+    oa.label = options.label + " (a)";
+    ob.label = options.label + " (b)";
+    return std::make_pair(Channel(std::move(a), oa), Channel(std::move(b), ob));
+  } catch (const boost::system::system_error& e) {
+    return Status(StatusCode::kResourceExhausted, std::string("socketpair: ") + e.what());
+  }
 }
 
 TimePoint Channel::Now() const {
@@ -192,6 +201,16 @@ Status Channel::SendQueued(std::string frame, std::span<const int> fds) {
                              std::to_string(options_.max_queued_send_bytes) +
                              "); connection closed");
   }
+  // The fds are copied before the budget is taken, so that a failed copy (EMFILE) leaves
+  // the shared budget as it was.
+  std::vector<UniqueFd> fd_copies;
+  if (sent == 0) {
+    for (int fd : fds) {
+      const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+      if (copy < 0) return ErrnoStatus("dup of an fd to send", errno);
+      fd_copies.emplace_back(copy);
+    }
+  }
   const std::shared_ptr<SendBudget>& budget = options_.send_budget;
   if (budget != nullptr && !budget->TryTake(frame.size() - sent)) {
     const size_t shared = budget->used();
@@ -203,14 +222,7 @@ Status Channel::SendQueued(std::string frame, std::span<const int> fds) {
                              " bytes unsent together (limit " + std::to_string(limit) +
                              "); this one, " + std::to_string(mine) + " bytes behind, closed");
   }
-  OutFrame out{.bytes = std::move(frame), .sent = sent, .fds = {}};
-  if (sent == 0) {
-    for (int fd : fds) {
-      const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
-      if (copy < 0) return ErrnoStatus("dup of an fd to send", errno);
-      out.fds.emplace_back(copy);
-    }
-  }
+  OutFrame out{.bytes = std::move(frame), .sent = sent, .fds = std::move(fd_copies)};
   out_bytes_ += out.bytes.size() - sent;
   out_queue_.push_back(std::move(out));
   ArmWriteWait();

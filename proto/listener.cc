@@ -94,10 +94,20 @@ Result<Listener> Listener::Bind(boost::asio::io_context& io, const std::string& 
                                 ChannelOptions options, mode_t mode) {
   BATON_RETURN_IF_ERROR(CheckPathLength(path));
   BATON_RETURN_IF_ERROR(ClearStaleSocket(path));
+  try {
+    return BindChecked(io, path, std::move(options), mode);
+  } catch (const boost::system::system_error& e) {
+    return Status(StatusCode::kResourceExhausted, "listening on " + path + ": " + e.what());
+  }
+}
+
+Result<Listener> Listener::BindChecked(boost::asio::io_context& io, const std::string& path,
+                                       ChannelOptions options, mode_t mode) {
   Acceptor acceptor(io);
   boost::system::error_code ec;
   acceptor.open(boost::asio::local::stream_protocol(), ec);
   if (ec) return AsioStatus("socket for " + path, ec);
+  if (!SetCloseOnExec(acceptor.native_handle())) return ErrnoStatus("FD_CLOEXEC on " + path, errno);
   acceptor.bind(Endpoint(path), ec);
   if (ec) return AsioStatus("bind " + path, ec);
   // Permissions are set before listen(), so nobody can connect in between.
@@ -169,13 +179,17 @@ void Listener::Close() {
 Result<Channel> Connect(boost::asio::io_context& io, const std::string& path,
                         ChannelOptions options) {
   BATON_RETURN_IF_ERROR(CheckPathLength(path));
-  Channel::Socket socket(io);
-  boost::system::error_code ec;
-  socket.connect(Endpoint(path), ec);
-  if (ec) {
-    return Unavailable("connect to " + path + ": " + ec.message());
+  try {
+    Channel::Socket socket(io);  // the first socket of `io` makes its reactor: may throw
+    boost::system::error_code ec;
+    socket.connect(Endpoint(path), ec);
+    if (ec) {
+      return Unavailable("connect to " + path + ": " + ec.message());
+    }
+    return Channel(std::move(socket), std::move(options));
+  } catch (const boost::system::system_error& e) {
+    return Status(StatusCode::kResourceExhausted, "connect to " + path + ": " + e.what());
   }
-  return Channel(std::move(socket), std::move(options));
 }
 
 }  // namespace baton::proto

@@ -50,6 +50,9 @@ class Listener {
 
  private:
   Listener(Acceptor acceptor, std::string path, ChannelOptions options);
+  // Bind's work after the path checks; may throw Asio's system_error (no reactor).
+  static Result<Listener> BindChecked(boost::asio::io_context& io, const std::string& path,
+                                      ChannelOptions options, mode_t mode);
 
   Acceptor acceptor_;
   std::string path_;

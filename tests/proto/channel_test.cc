@@ -440,6 +440,14 @@ TEST(ListenerTest, ConnectAcceptAndCredentials) {
   ASSERT_TRUE(msg.ok());
   EXPECT_EQ(msg->As<Heartbeat>()->epoch, 3u);
   EXPECT_EQ(listener->Accept(10ms).status().code(), StatusCode::kDeadlineExceeded);
+  // Neither end reaches a process the holder starts (the controller starts engines).
+  EXPECT_NE(::fcntl(client->native_handle(), F_GETFD) & FD_CLOEXEC, 0);
+  EXPECT_NE(::fcntl(server->native_handle(), F_GETFD) & FD_CLOEXEC, 0);
+  boost::asio::io_context pair_io;
+  auto pair = Channel::Pair(pair_io, ChannelOptions{.label = "pair"});
+  ASSERT_TRUE(pair.ok());
+  EXPECT_NE(::fcntl(pair->first.native_handle(), F_GETFD) & FD_CLOEXEC, 0);
+  EXPECT_NE(::fcntl(pair->second.native_handle(), F_GETFD) & FD_CLOEXEC, 0);
 }
 
 TEST(ListenerTest, RefusesALivePathAndReplacesAStaleOne) {
