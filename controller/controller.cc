@@ -365,7 +365,7 @@ void Controller::ArmTick() {
   if (const std::optional<TimePoint> launch = NextLaunchAt(); launch.has_value()) {
     when = std::min(when, *launch);
   }
-  if (!gpu_release_.empty()) when = std::min(when, now + kGpuReleasePoll);
+  if (!barrier_waits_.empty()) when = std::min(when, now + kGpuReleasePoll);
   if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
     when = std::min(when, std::max(now, next_device_probe_));
   }
@@ -382,7 +382,7 @@ void Controller::ArmTick() {
 // Keeps a batch of epochs durable ahead of the next promotion, at a moment when no failover
 // is in flight; a journal that cannot be written is logged once until it can again.
 void Controller::ReplenishEpochs() {
-  if (failover_.has_value() || promoting_ != kNoEngine || !gpu_release_.empty()) return;
+  if (failover_.has_value() || promoting_ != kNoEngine || !barrier_waits_.empty()) return;
   if (clock_.Now() < next_replenish_) return;
   const uint64_t before = journal_->reserved();
   Status s = journal_->Replenish();
@@ -409,7 +409,8 @@ void Controller::OnTick() {
   RetireStaleStandbys();
   CheckDevice();
   ReplenishEpochs();
-  PollGpuRelease();
+  RetryUnfencedHolders();
+  PollBarrierWaits();
   PollEngines();
   MaybePromote();
   MaybeLaunch();

@@ -297,22 +297,32 @@ class Controller {
     EngineId successor = kNoEngine;
   };
   std::optional<PendingFailover> failover_;
-  // CUDA backend: reaped holders whose blocks wait until NVML no longer lists their pid on
-  // the GPU (the barrier's second half); each one's hand-over runs once it passes.
-  struct GpuRelease {
+  // Reaped holders whose blocks wait for the rest of the barrier: the other processes of the
+  // engine's process group (workers, or the engine under a wrapper script) to be gone, and on
+  // the CUDA backend NVML to no longer list any of them on the GPU. Each one's hand-over runs
+  // once it passes, or at the deadline ([gpu] release_timeout_ms).
+  struct BarrierWait {
     EngineId old = kNoEngine;
-    pid_t pid = 0;
+    pid_t pid = 0;                  // the reaped leader; its process group id too
+    std::vector<pid_t> group_pids;  // the group's members when it was fenced (CUDA backend)
     std::optional<PendingFailover> failover;
     TimePoint deadline;
     bool still_listed = false;  // set when the wait ends: true if it ended by the timeout
   };
-  std::map<EngineId, GpuRelease> gpu_release_;  // by reaped engine
+  std::map<EngineId, BarrierWait> barrier_waits_;  // by reaped engine
   // The fenced holder `old`'s blocks move on: to `failover`'s successor, or back to free.
   void HandOverBlocks(EngineId old, const std::optional<PendingFailover>& failover);
-  // True when NVML still lists `pid` on the GPU (false without NVML or on an NVML error).
-  bool GpuStillLists(pid_t pid);
-  void PollGpuRelease();
-  void FinishGpuRelease(const GpuRelease& g);
+  // True when NVML lists any of `pids` on the GPU (false without NVML or on an NVML error).
+  bool GpuStillLists(const std::vector<pid_t>& pids);
+  // What still holds `w`'s barrier ("another process of its group lives on", "NVML still
+  // lists it on GPU ..."), or "" once it has passed.
+  std::string BarrierHeldBy(const BarrierWait& w);
+  void PollBarrierWaits();
+  // Reaped holders not fenced for want of a durable epoch (pid by engine), retried on ticks.
+  std::map<EngineId, pid_t> unfenced_reaped_;
+  TimePoint next_unfenced_retry_;
+  void RetryUnfencedHolders();
+  void FinishBarrierWait(const BarrierWait& g);
   struct DrillRecord {
     std::string kind;
     EngineId engine = kNoEngine;

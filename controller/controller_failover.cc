@@ -91,7 +91,9 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
   e->detector.reset();
   e->deadline.reset();
   e->serving = false;
-  // Killing is the only revocation of a mapping: every fenced engine is killed and reaped.
+  // Killing is the only revocation of a mapping: every fenced engine is killed and reaped,
+  // with every process of its group (its workers; the engine itself under a wrapper script).
+  if (nvml_ != nullptr) e->group_pids = ProcessGroupMembers(e->process.pid());
   Result<std::optional<ExitInfo>> exited = e->process.TryReap();
   const bool alive = exited.ok() && !exited->has_value();
   const TimePoint killed_at = clock_.Now();
@@ -99,6 +101,9 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
     if (Status killed = e->process.Signal(SIGKILL); !killed.ok()) {
       BATON_LOG(ERROR, kLog) << killed.ToString();
     }
+  }
+  if (Status killed = e->process.SignalGroup(SIGKILL); !killed.ok()) {
+    BATON_LOG(ERROR, kLog) << killed.ToString();
   }
   if (e->channel != nullptr) e->channel->Close();
   e->channel.reset();
@@ -221,6 +226,12 @@ void Controller::FinishFence(EngineRecord& e) {
   // A holder whose fence could not get a durable epoch earlier is fenced now.
   if (le != nullptr && le->role == LedgerRole::kHolder) FenceInLedger(e);
   le = ledger_->engine(id);
+  if (le != nullptr && le->role == LedgerRole::kHolder) {
+    unfenced_reaped_[id] = e.process.pid();
+    BATON_LOG(ERROR, kLog) << "engine " << id << " is reaped but has no durable epoch to be "
+                           << "fenced at: its " << le->blocks
+                           << " blocks wait until the epoch journal can be written";
+  }
   const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
   std::optional<PendingFailover> failover;
   if (failover_.has_value() && failover_->old == id) {
@@ -230,14 +241,17 @@ void Controller::FinishFence(EngineRecord& e) {
   }
   // Only blocks wait for the driver: an engine that held none (a standby) has nothing to hand on.
   const bool held_blocks = fenced && le->blocks > 0;
-  if ((held_blocks || failover.has_value()) && GpuStillLists(e.process.pid())) {
-    gpu_release_[id] = GpuRelease{.old = id,
-                                  .pid = e.process.pid(),
-                                  .failover = failover,
-                                  .deadline = now + config_.gpu_release_timeout};
-    BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e.process.pid()
-                          << ") is reaped but NVML still lists it on GPU " << device_->pci_bus_id()
-                          << ": its blocks wait until the driver releases its context";
+  BarrierWait wait{.old = id,
+                   .pid = e.process.pid(),
+                   .group_pids = e.group_pids,
+                   .failover = failover,
+                   .deadline = now + config_.gpu_release_timeout};
+  const std::string held_by =
+      held_blocks || failover.has_value() ? BarrierHeldBy(wait) : std::string();
+  if (!held_by.empty()) {
+    BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e.process.pid() << ") is reaped but "
+                          << held_by << ": its blocks wait for the barrier";
+    barrier_waits_[id] = std::move(wait);
   } else if (failover.has_value() || fenced) {
     HandOverBlocks(id, failover);
   }
@@ -271,44 +285,90 @@ void Controller::HandOverBlocks(EngineId id, const std::optional<PendingFailover
   }
 }
 
-bool Controller::GpuStillLists(pid_t pid) {
-  if (nvml_ == nullptr || device_ == nullptr) return false;
-  Result<std::vector<pid_t>> pids = nvml_->ComputePids(device_->pci_bus_id());
-  if (!pids.ok()) {
-    BATON_LOG(WARN, kLog) << "barrier: " << pids.status().message()
+bool Controller::GpuStillLists(const std::vector<pid_t>& pids) {
+  if (nvml_ == nullptr || device_ == nullptr || pids.empty()) return false;
+  Result<std::vector<pid_t>> listed = nvml_->ComputePids(device_->pci_bus_id());
+  if (!listed.ok()) {
+    BATON_LOG(WARN, kLog) << "barrier: " << listed.status().message()
                           << "; going on with the reap as the barrier";
     return false;
   }
-  return std::find(pids->begin(), pids->end(), pid) != pids->end();
+  for (pid_t pid : pids) {
+    if (std::find(listed->begin(), listed->end(), pid) != listed->end()) return true;
+  }
+  return false;
 }
 
-void Controller::PollGpuRelease() {
-  std::vector<GpuRelease> ready;
-  for (auto it = gpu_release_.begin(); it != gpu_release_.end();) {
-    const bool listed = GpuStillLists(it->second.pid);
-    if (listed && clock_.Now() < it->second.deadline) {
+std::string Controller::BarrierHeldBy(const BarrierWait& w) {
+  if (ProcessGroupAlive(w.pid)) return "another process of its group lives on";
+  std::vector<pid_t> pids = w.group_pids;
+  if (std::find(pids.begin(), pids.end(), w.pid) == pids.end()) pids.push_back(w.pid);
+  if (GpuStillLists(pids)) return "NVML still lists it on GPU " + device_->pci_bus_id();
+  return "";
+}
+
+// Reaped holders whose fence found no durable epoch, tried again (at most once a second, as
+// each failed try spends a batch of epochs): fenced at a new epoch, then past the barrier
+// like any other, so that their blocks return to the pool.
+void Controller::RetryUnfencedHolders() {
+  const TimePoint now = clock_.Now();
+  if (unfenced_reaped_.empty() || now < next_unfenced_retry_) return;
+  next_unfenced_retry_ = now + std::chrono::seconds(1);
+  while (!unfenced_reaped_.empty()) {
+    const auto [id, pid] = *unfenced_reaped_.begin();
+    Result<uint64_t> epoch = AdvanceEpoch();
+    if (!epoch.ok()) return;
+    unfenced_reaped_.erase(unfenced_reaped_.begin());
+    if (Status fenced = ledger_->Fence(id, *epoch); !fenced.ok()) {
+      BATON_LOG(ERROR, kLog) << "fencing reaped engine " << id << ": " << fenced.ToString();
+      continue;
+    }
+    BATON_LOG(INFO, kLog) << "reaped engine " << id << " fenced at epoch " << *epoch;
+    BarrierWait wait{.old = id,
+                     .pid = pid,
+                     .group_pids = {},
+                     .failover = std::nullopt,
+                     .deadline = now + config_.gpu_release_timeout};
+    if (!BarrierHeldBy(wait).empty()) {
+      barrier_waits_[id] = std::move(wait);
+    } else {
+      HandOverBlocks(id, std::nullopt);
+    }
+  }
+}
+
+void Controller::PollBarrierWaits() {
+  std::vector<BarrierWait> ready;
+  for (auto it = barrier_waits_.begin(); it != barrier_waits_.end();) {
+    const bool holds = !BarrierHeldBy(it->second).empty();
+    if (holds && clock_.Now() < it->second.deadline) {
       ++it;
       continue;
     }
     ready.push_back(it->second);
-    ready.back().still_listed = listed;
-    it = gpu_release_.erase(it);
+    ready.back().still_listed = holds;
+    it = barrier_waits_.erase(it);
   }
-  for (const GpuRelease& g : ready) FinishGpuRelease(g);
+  for (const BarrierWait& g : ready) FinishBarrierWait(g);
 }
 
-void Controller::FinishGpuRelease(const GpuRelease& g) {
+void Controller::FinishBarrierWait(const BarrierWait& g) {
   const bool listed = g.still_listed;
   const TimePoint now = clock_.Now();
   if (listed) {
-    BATON_LOG(ERROR, kLog) << "barrier: NVML still lists pid " << g.pid << " after "
+    BATON_LOG(ERROR, kLog) << "barrier: engine " << g.old << " (pid " << g.pid
+                           << "): another process of its group is alive, or the GPU lists one, "
+                           << "after "
                            << std::chrono::duration_cast<std::chrono::milliseconds>(
                                   config_.gpu_release_timeout)
                                   .count()
-                           << " ms; the process is reaped, so its blocks move on";
-  } else {
+                           << " ms; every one was sent SIGKILL, so its blocks move on";
+  } else if (nvml_ != nullptr) {
     BATON_LOG(INFO, kLog) << "barrier: NVML no longer lists pid " << g.pid
-                          << " on the GPU; its blocks move on";
+                          << " on the GPU and no process of its group is left; its blocks move on";
+  } else {
+    BATON_LOG(INFO, kLog) << "barrier: no process of engine " << g.old << "'s group (pid " << g.pid
+                          << ") is left; its blocks move on";
   }
   if (PromotionRecord* r = timelines_.current(); r != nullptr && g.failover.has_value()) {
     r->gpu_released = now;
@@ -322,7 +382,7 @@ void Controller::FinishGpuRelease(const GpuRelease& g) {
 // PromoteAck, or a primary whose fence found no durable epoch): a promotion now would start
 // without them, and the reap would free them rather than hand them over.
 bool Controller::BlocksAwaitBarrier() const {
-  if (ledger_->Snapshot().quarantined_blocks > 0) return true;
+  if (ledger_->Snapshot().quarantined_blocks > 0 || !unfenced_reaped_.empty()) return true;
   for (const auto& [id, e] : engines_) {
     const LedgerEngine* le = ledger_->engine(id);
     if (e->failed.has_value() && le != nullptr && le->role == LedgerRole::kHolder) return true;
@@ -332,7 +392,7 @@ bool Controller::BlocksAwaitBarrier() const {
 
 void Controller::MaybePromote() {
   if (stopping_ || primary_ != kNoEngine || promoting_ != kNoEngine || failover_.has_value() ||
-      !gpu_release_.empty() || BlocksAwaitBarrier()) {
+      !barrier_waits_.empty() || BlocksAwaitBarrier()) {
     return;
   }
   if (!pair_.Allows(PairEvent::kPromoteDone)) return;

@@ -138,7 +138,7 @@ Status Controller::Drill(const std::string& kind) {
   if (kind == "kill") {
     status = p->process.Signal(SIGKILL);
   } else if (kind == "hang") {
-    status = p->process.Signal(SIGSTOP);
+    status = p->process.SignalGroup(SIGSTOP);  // the engine's workers, or the engine a wrapper ran
   } else if (kind == "error") {
     status = p->channel->Send(proto::InjectFault{.kind = "error", .message = "batonctl drill"});
   } else {

@@ -53,6 +53,9 @@ struct EngineRecord {
   std::string token;
   int port = 0;
   ChildProcess process;
+  // The members of the engine's process group when it was fenced (CUDA backend only: the
+  // barrier asks NVML about each of them, dead ones included).
+  std::vector<pid_t> group_pids;
   std::unique_ptr<boost::asio::posix::stream_descriptor> pid_watch;
   EngineMachine machine;
 

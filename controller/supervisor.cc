@@ -1,15 +1,19 @@
 #include "controller/supervisor.h"
 
 #include <fcntl.h>
+#include <linux/close_range.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "base/log.h"
@@ -70,6 +74,23 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   return out;
 }
 
+// In the child: the engine inherits stdin, stdout and stderr only. Every other descriptor
+// of the controller (its listening socket, other engines' and batonctl's connections, the
+// metrics server) is marked close-on-exec, so that a live engine cannot keep a peer's
+// connection open after the controller closed it. `keep` is the exec-error pipe, which is
+// close-on-exec already. Async-signal-safe.
+void CloseInheritedFds(int keep) {
+  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  rlimit limit{};
+  int max_fd = 65536;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < static_cast<rlim_t>(max_fd)) {
+    max_fd = static_cast<int>(limit.rlim_cur);
+  }
+  for (int fd = 3; fd < max_fd; ++fd) {
+    if (fd != keep) ::close(fd);
+  }
+}
+
 // In the child, between fork and exec: async-signal-safe calls only.
 [[noreturn]] void ExecChild(const char* path, char** argv, char** envp, int log_fd, int error_fd,
                             pid_t parent) {
@@ -84,6 +105,7 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
     ::dup2(log_fd, STDOUT_FILENO);
     ::dup2(log_fd, STDERR_FILENO);
   }
+  CloseInheritedFds(error_fd);
   ::execve(path, argv, envp);
   const int err = errno;
   ssize_t unused = ::write(error_fd, &err, sizeof(err));
@@ -173,6 +195,50 @@ Status ChildProcess::Signal(int sig) {
   return OkStatus();
 }
 
+Status ChildProcess::SignalGroup(int sig) {
+  if (pid_ <= 0) return OkStatus();
+  if (::kill(-pid_, sig) != 0 && errno != ESRCH) {
+    return ErrnoStatus("kill of process group " + std::to_string(pid_), errno);
+  }
+  return OkStatus();
+}
+
+bool ProcessGroupAlive(pid_t pgid) {
+  if (pgid <= 0) return false;
+  while (::waitpid(-pgid, nullptr, WNOHANG) > 0) {
+  }
+  if (::kill(-pgid, 0) != 0 && errno == ESRCH) return false;
+  // Members are left; zombies among them (orphans whose reaper is slow) hold no memory.
+  return !ProcessGroupMembers(pgid).empty();
+}
+
+std::vector<pid_t> ProcessGroupMembers(pid_t pgid) {
+  std::vector<pid_t> members;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // /proc/PID/stat: "pid (comm) state ppid pgrp ...", comm may hold spaces and parentheses.
+    char buf[512];
+    const int fd = ::open((entry.path() / "stat").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    const char* paren = std::strrchr(buf, ')');
+    char state = 0;
+    long ppid = 0, group = 0;
+    if (paren == nullptr || std::sscanf(paren + 1, " %c %ld %ld", &state, &ppid, &group) != 3) {
+      continue;
+    }
+    if (group == pgid && state != 'Z' && state != 'X') {
+      members.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return members;
+}
+
 Result<std::optional<ExitInfo>> ChildProcess::TryReap() {
   if (exit_.has_value()) return exit_;
   if (!pidfd_) return FailedPrecondition("no child process");
@@ -190,6 +256,7 @@ Result<std::optional<ExitInfo>> ChildProcess::TryReap() {
 void ChildProcess::KillAndReap() {
   if (!pidfd_ || exit_.has_value()) return;
   (void)Signal(SIGKILL);
+  (void)SignalGroup(SIGKILL);  // the leader is not reaped yet: the group id is still its own
   siginfo_t info;
   std::memset(&info, 0, sizeof(info));
   int rc;

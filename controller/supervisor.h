@@ -61,6 +61,10 @@ class ChildProcess {
 
   // pidfd_send_signal. A child that has exited but is not reaped yet is not an error.
   Status Signal(int sig);
+  // Sends `sig` to the child's whole process group (the child leads its own group: an
+  // engine's workers and anything a wrapper script started are in it). No member left is
+  // not an error.
+  Status SignalGroup(int sig);
   // waitid(P_PIDFD, WEXITED | WNOHANG): the exit once the child has exited, else nullopt.
   Result<std::optional<ExitInfo>> TryReap();
   // SIGKILL and a blocking reap (for shutdown and destruction).
@@ -81,6 +85,14 @@ struct LaunchRequest {
   // empty: the configured command.
   std::vector<std::string> command = {};
 };
+
+// True while process group `pgid` has a member that is not a zombie (a zombie's memory is
+// released). Zombies of the group that are the caller's own children are reaped first. Once
+// the leader is reaped, this is how a fence knows the engine's other processes are gone too.
+bool ProcessGroupAlive(pid_t pgid);
+// The pids of process group `pgid`'s members that are not zombies, read from /proc (empty
+// when /proc is absent).
+std::vector<pid_t> ProcessGroupMembers(pid_t pgid);
 
 class Supervisor {
  public:

@@ -32,6 +32,7 @@ using nlohmann::json;
 struct ClusterOptions {
   std::vector<std::string> engine_args;     // appended to the test engine's command line
   std::vector<std::string> engine_command;  // replaces the whole engine command when set
+  std::vector<std::string> engine_wrapper;  // put before the engine command (a shell, say)
   int blocks = 16;
   int block_bytes = 65536;  // 2 MiB multiples use a hugetlb pool when huge pages are reserved
   int heartbeat_ms = 100;

@@ -75,6 +75,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
                violations_dir_, "--rogue-file", rogue_file_};
     command.insert(command.end(), o.engine_args.begin(), o.engine_args.end());
   }
+  command.insert(command.begin(), o.engine_wrapper.begin(), o.engine_wrapper.end());
   std::ofstream out(dir_ + "/controller.toml");
   out << "[controller]\nruntime_dir = " << Quote(dir_ + "/run") << "\n"
       << "metrics_port = " << o.metrics_port << "\n"

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
+#include <vector>
 
 #include "tests/chaos/chaos_harness.h"
 
@@ -150,6 +154,55 @@ TEST(ChaosFailover, DrillHangThroughBatonctl) {
   ASSERT_EQ(drill.exit_code, 0) << drill.stdout_text;
   WaitNewPrimary(cluster, primary["id"], "drill hang to fail over");
   EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  cluster.CheckFencing();
+}
+
+// The processes of `pgid`'s group, from /proc (zombies left out: they hold no memory).
+std::vector<pid_t> LiveGroupMembers(pid_t pgid) {
+  std::vector<pid_t> out;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream rest(line.substr(paren + 2));
+    char state = 0;
+    long ppid = 0, group = 0;
+    rest >> state >> ppid >> group;
+    if (group == pgid && state != 'Z') out.push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  return out;
+}
+
+// An engine started by a wrapper script (as `sh -c 'source venv/bin/activate; python ...'`
+// does) is a grandchild of the controller. A fence kills its whole process group and the
+// blocks move only once the group is empty; a hang drill stops the whole group.
+TEST(ChaosFailover, AWrappedEngineIsFencedWithItsWholeProcessGroup) {
+  ClusterOptions options;
+  options.engine_wrapper = {"/bin/sh", "-c", "\"$@\"; exit $?", "engine-wrapper"};
+  ChaosCluster cluster(options);
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  const pid_t wrapper = PidOf(primary);
+  const std::vector<pid_t> group = LiveGroupMembers(wrapper);
+  ASSERT_EQ(group.size(), 2u) << "the shell and the engine it started";
+
+  // The wrapper dies; the engine it started would live on with the pool mapped.
+  ASSERT_EQ(::kill(wrapper, SIGKILL), 0);
+  const json after = WaitNewPrimary(cluster, primary["id"], "the standby to take over");
+  EXPECT_TRUE(LiveGroupMembers(wrapper).empty()) << "the wrapped engine outlived its fence";
+  cluster.CheckFencing();
+
+  // A hang drill stops the engine itself, not only its wrapper: the pair fails over.
+  const json second = EngineWithRole(after, "primary");
+  const std::vector<pid_t> second_group = LiveGroupMembers(PidOf(second));
+  ASSERT_EQ(second_group.size(), 2u);
+  ASSERT_EQ(cluster.Ctl({"drill", "hang"}).exit_code, 0);
+  WaitNewPrimary(cluster, second["id"], "drill hang on a wrapped engine to fail over");
+  EXPECT_TRUE(LiveGroupMembers(PidOf(second)).empty())
+      << "a process of the group outlived its fence";
   cluster.CheckFencing();
 }
 

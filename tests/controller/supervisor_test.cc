@@ -80,6 +80,29 @@ TEST(Supervisor, EnvironmentAndLogFile) {
   std::remove(log.c_str());
 }
 
+TEST(Supervisor, EngineInheritsNoDescriptorButStdio) {
+  // A descriptor the controller opened without O_CLOEXEC (as Asio opens its sockets) must not
+  // reach an engine: an engine holding a peer's connection keeps it open after the controller
+  // closed it. The shell lists the fds it has besides 0, 1 and 2 (its own for the listing
+  // aside, it prints nothing when none is inherited).
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string log = "/tmp/baton-supervisor-fds-" + std::to_string(::getpid()) + ".log";
+  Result<ChildProcess> child = ChildProcess::Spawn(
+      {"/bin/sh", "-c",
+       "test -e /proc/self/fd/" + std::to_string(fds[0]) + " && echo leaked; true"},
+      {}, log);
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  EXPECT_EQ(WaitExit(*child).code, 0);
+  ::close(fds[0]);
+  ::close(fds[1]);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_EQ(text.str(), "") << "the engine inherited the controller's fd " << fds[0];
+  std::remove(log.c_str());
+}
+
 TEST(Supervisor, ExecFailureIsAnErrorNamingTheCommand) {
   Result<ChildProcess> missing = ChildProcess::Spawn({"/nonexistent/engine"}, {}, "");
   ASSERT_FALSE(missing.ok());
