@@ -98,6 +98,12 @@ Status Controller::RequestRollback(UpgradeRequest overrides) {
       return FailedPrecondition(
           "the canary already takes over as primary; roll back once it serves");
     }
+    if (primary_ == kNoEngine) {
+      // Stopping the canary now would leave no engine at all: a cold start.
+      return FailedPrecondition(
+          "the primary failed during the upgrade and no engine serves yet; roll back once one "
+          "does");
+    }
     RollBackCanary("batonctl rollback");
     return OkStatus();
   }

@@ -266,6 +266,43 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   cluster.CheckFencing();
 }
 
+// The primary dies while the candidate is still starting: until an engine serves again a
+// rollback is refused (stopping the candidate then could leave no engine at all). Engines
+// launched after the first pair start 2 s late, so the wait is long enough to see it.
+TEST(UpgradeCtlTest, NoRollbackWhileNoEngineServes) {
+  ClusterOptions options = RefenginePair();
+  options.engine_wrapper = {"/bin/sh", "-c",
+                            "if [ \"$BATON_ENGINE_ID\" -gt 2 ]; then sleep 2; fi; exec \"$@\"",
+                            "slow-replacement"};
+  ChaosCluster cluster(options);
+  // (Ctl runs batonctl through the shell: the candidate's script is quoted for it.)
+  std::vector<std::string> args = {"upgrade",   "--steps", "50,100",
+                                   "--step-ms", "60000",   "--",
+                                   "/bin/sh",   "-c",      "'sleep 2; exec \"$@\"'",
+                                   "slow-start"};
+  const std::vector<std::string> command = RefenginePair().engine_command;
+  args.insert(args.end(), command.begin(), command.end());
+  const json before = cluster.Status();
+  const CtlResult up = cluster.Ctl(args);
+  ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+  cluster.WaitFor(
+      [](const json& st) {
+        const json current =
+            st.contains("upgrade") ? st["upgrade"].value("current", json()) : json();
+        return current.is_object() && current.value("canary", uint64_t{0}) != 0;
+      },
+      "the candidate to be launched");
+  ASSERT_EQ(::kill(PidOf(EngineWithRole(before, "primary")), SIGKILL), 0);
+  cluster.WaitFor([](const json& st) { return PrimaryId(st) == 0; },
+                  "the primary's failure to be seen");
+  const CtlResult back = cluster.Ctl({"rollback"});
+  EXPECT_EQ(back.exit_code, 1) << back.stdout_text;
+  EXPECT_NE(back.stdout_text.find("no engine serves yet"), std::string::npos) << back.stdout_text;
+  WaitUpgradeEnded(cluster, 0);
+  cluster.WaitReady("the pair after the failover");
+  cluster.CheckFencing();
+}
+
 // A candidate that cannot start (here: exits at once) is rolled back; the previous command's
 // standby comes back.
 TEST(UpgradeCtlTest, ACandidateThatCannotStartIsRolledBack) {
