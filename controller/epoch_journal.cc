@@ -1,8 +1,10 @@
 #include "controller/epoch_journal.h"
 
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -31,6 +33,24 @@ uint64_t GetLe(const std::string& in, size_t offset, size_t bytes) {
     value |= static_cast<uint64_t>(static_cast<uint8_t>(in[offset + i])) << (8 * i);
   }
   return value;
+}
+
+Status SyncDirectory(const std::string& path) {
+  UniqueFd dir(::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir) return ErrnoStatus("open directory " + path, errno);
+  if (::fsync(dir.get()) != 0) return ErrnoStatus("fsync directory " + path, errno);
+  return OkStatus();
+}
+
+// A journal in memory-backed storage (tmpfs: /tmp on many systems, /run) is lost at reboot,
+// and epochs then start again from 0.
+void WarnIfVolatile(const std::string& dir) {
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) == 0 && fs.f_type == TMPFS_MAGIC) {
+    BATON_LOG(WARN, "journal") << "the epoch journal's directory " << dir
+                               << " is on tmpfs: epochs restart at 0 after a reboot; set "
+                                  "controller.state_dir to persistent storage";
+  }
 }
 
 Result<UniqueFd> LockJournal(const std::string& path) {
@@ -85,8 +105,11 @@ Result<EpochJournal> EpochJournal::Open(const std::string& path) {
   const std::string dir_path = ParentDir(path);
   UniqueFd dir(::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir) return ErrnoStatus("open epoch journal directory " + dir_path, errno);
+  struct stat lock_st;
+  const bool lock_existed = ::stat((path + ".lock").c_str(), &lock_st) == 0;
   BATON_ASSIGN_OR_RETURN(UniqueFd lock, LockJournal(path));
   EpochJournal journal(path, std::move(dir), std::move(lock));
+  WarnIfVolatile(dir_path);
 
   const std::string tmp = path + ".tmp";
   if (::unlink(tmp.c_str()) == 0) {
@@ -95,7 +118,14 @@ Result<EpochJournal> EpochJournal::Open(const std::string& path) {
   struct stat st;
   if (::stat(path.c_str(), &st) != 0) {
     if (errno != ENOENT) return ErrnoStatus("stat " + path, errno);
+    if (lock_existed) {
+      BATON_LOG(ERROR, "journal") << path << " is missing but its lock file is there: a "
+                                  << "controller ran with this state directory before; epochs "
+                                  << "restart at 0 (engines of that run must all be gone)";
+    }
     BATON_RETURN_IF_ERROR(journal.Commit(0));
+    // The state directory itself may be new: its entry in its parent is made durable too.
+    BATON_RETURN_IF_ERROR(SyncDirectory(ParentDir(dir_path)));
     BATON_LOG(INFO, "journal") << "created " << path << " at epoch 0";
     return journal;
   }
