@@ -20,8 +20,10 @@
  * ...); baton_engine_last_error() then returns the message (thread-local, valid until the
  * next call on the same thread). Pointers returned (tensor data, names, block memory) stay
  * valid until baton_engine_close(), block memory until its extent is returned. Timeouts are
- * in milliseconds; a negative timeout waits forever. Every function is thread-safe on one
- * handle, except baton_engine_close(), which must be the last call.
+ * in milliseconds; a negative timeout, or one over a year, waits forever. No C++ exception
+ * leaves a function: one inside (out of memory, no thread or descriptor left) is returned
+ * as 10 (internal) with its text. Every function is thread-safe on one handle, except
+ * baton_engine_close(), which must be the last call.
  */
 #ifndef BATON_STANDBY_BATON_ENGINE_H_
 #define BATON_STANDBY_BATON_ENGINE_H_

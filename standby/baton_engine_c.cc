@@ -32,10 +32,30 @@ int Done(const baton::Status& status) {
 
 int BadArgument(const char* what) { return Fail(baton::InvalidArgument(what)); }
 
+// Runs one entry point's body. An exception (std::bad_alloc, a std::system_error from a
+// thread or a socket that could not be made) becomes error code kInternal with its text:
+// the caller may be C, ctypes or cgo, where an unwinding C++ exception ends the process.
+template <typename F>
+auto Guarded(const char* function, F&& body) -> decltype(body()) {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    return static_cast<decltype(body())>(
+        Fail(baton::Internal(std::string(function) + ": " + e.what())));
+  } catch (...) {
+    return static_cast<decltype(body())>(
+        Fail(baton::Internal(std::string(function) + ": unknown exception")));
+  }
+}
+
 std::chrono::milliseconds Millis(int64_t ms) { return std::chrono::milliseconds(ms); }
 
+// Longer than this waits forever: a larger count of milliseconds would overflow the clock's
+// nanoseconds and return at once.
+constexpr int64_t kForeverMs = int64_t{365} * 24 * 3600 * 1000;
+
 std::optional<baton::Duration> Timeout(int64_t ms) {
-  if (ms < 0) return std::nullopt;
+  if (ms < 0 || ms > kForeverMs) return std::nullopt;
   return Millis(ms);
 }
 
@@ -120,25 +140,31 @@ int baton_engine_connect(const baton_engine_options* options, baton_engine** out
 
 int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,
                                baton_engine** out) {
-  if (out == nullptr) return BadArgument("baton_engine_connect: out is NULL");
-  *out = nullptr;
-  if ((flags & ~(BATON_ENGINE_USE_DEVICE_MEMORY | BATON_ENGINE_HANDLES_RESUME)) != 0) {
-    return Fail(baton::InvalidArgument("baton_engine_connect_flags: unknown flags " +
-                                       std::to_string(flags)));
-  }
-  baton::Result<baton::EngineSessionOptions> parsed = OptionsFromC(options);
-  if (!parsed.ok()) return Fail(parsed.status());
-  parsed->use_device_memory = (flags & BATON_ENGINE_USE_DEVICE_MEMORY) != 0;
-  parsed->handles_resume = (flags & BATON_ENGINE_HANDLES_RESUME) != 0;
-  auto session = baton::EngineSession::Connect(*parsed);
-  if (!session.ok()) return Fail(session.status());
-  *out = new baton_engine{std::move(session).value()};
-  return Done(baton::OkStatus());
+  return Guarded("baton_engine_connect_flags", [&]() -> int {
+    if (out == nullptr) return BadArgument("baton_engine_connect: out is NULL");
+    *out = nullptr;
+    if ((flags & ~(BATON_ENGINE_USE_DEVICE_MEMORY | BATON_ENGINE_HANDLES_RESUME)) != 0) {
+      return Fail(baton::InvalidArgument("baton_engine_connect_flags: unknown flags " +
+                                         std::to_string(flags)));
+    }
+    baton::Result<baton::EngineSessionOptions> parsed = OptionsFromC(options);
+    if (!parsed.ok()) return Fail(parsed.status());
+    parsed->use_device_memory = (flags & BATON_ENGINE_USE_DEVICE_MEMORY) != 0;
+    parsed->handles_resume = (flags & BATON_ENGINE_HANDLES_RESUME) != 0;
+    auto session = baton::EngineSession::Connect(*parsed);
+    if (!session.ok()) return Fail(session.status());
+    *out = new baton_engine{std::move(session).value()};
+    return Done(baton::OkStatus());
+  });
 }
 
 void baton_engine_close(baton_engine* engine) {
   if (engine == nullptr) return;
-  engine->session->Shutdown();
+  try {
+    engine->session->Shutdown();
+  } catch (...) {
+    // Shutdown only stops threads and unmaps; the session is freed either way.
+  }
   delete engine;
 }
 
@@ -151,8 +177,10 @@ uint64_t baton_engine_epoch(const baton_engine* engine) {
 }
 
 int baton_engine_check_epoch(const baton_engine* engine) {
-  if (engine == nullptr) return BadArgument("engine is NULL");
-  return Done(engine->session->CheckEpoch());
+  return Guarded("baton_engine_check_epoch", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    return Done(engine->session->CheckEpoch());
+  });
 }
 
 size_t baton_engine_tensor_count(const baton_engine* engine) {
@@ -224,44 +252,54 @@ int baton_engine_device_pool(const baton_engine* engine, baton_device_region* ou
 }
 
 int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms, baton_event* out) {
-  if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
-  auto event = engine->session->WaitForPromotion(Timeout(timeout_ms));
-  if (!event.ok()) return Fail(event.status());
-  FillEvent(*event, out);
-  return Done(baton::OkStatus());
+  return Guarded("baton_engine_wait_promotion", [&]() -> int {
+    if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
+    auto event = engine->session->WaitForPromotion(Timeout(timeout_ms));
+    if (!event.ok()) return Fail(event.status());
+    FillEvent(*event, out);
+    return Done(baton::OkStatus());
+  });
 }
 
 int baton_engine_mark_serving(baton_engine* engine) {
-  if (engine == nullptr) return BadArgument("engine is NULL");
-  return Done(engine->session->MarkServing());
+  return Guarded("baton_engine_mark_serving", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    return Done(engine->session->MarkServing());
+  });
 }
 
 int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms, baton_event* out) {
-  if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
-  std::optional<baton::SessionEvent> event = engine->session->NextEvent(Timeout(timeout_ms));
-  if (!event.has_value()) {
-    std::memset(out, 0, sizeof(*out));
-    out->kind = BATON_EVENT_NONE;
+  return Guarded("baton_engine_next_event", [&]() -> int {
+    if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
+    std::optional<baton::SessionEvent> event = engine->session->NextEvent(Timeout(timeout_ms));
+    if (!event.has_value()) {
+      std::memset(out, 0, sizeof(*out));
+      out->kind = BATON_EVENT_NONE;
+      return Done(baton::OkStatus());
+    }
+    FillEvent(*event, out);
     return Done(baton::OkStatus());
-  }
-  FillEvent(*event, out);
-  return Done(baton::OkStatus());
+  });
 }
 
 int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks) {
-  if (engine == nullptr) return BadArgument("engine is NULL");
-  return Done(engine->session->RequestBlocks(blocks));
+  return Guarded("baton_engine_request_blocks", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    return Done(engine->session->RequestBlocks(blocks));
+  });
 }
 
 int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents, size_t count) {
-  if (engine == nullptr || (extents == nullptr && count != 0)) {
-    return BadArgument("engine or extents is NULL");
-  }
-  std::vector<baton::MappedExtent> list;
-  for (size_t i = 0; i < count; ++i) {
-    list.push_back(baton::MappedExtent{.first = extents[i].first, .count = extents[i].count});
-  }
-  return Done(engine->session->ReturnBlocks(list));
+  return Guarded("baton_engine_return_blocks", [&]() -> int {
+    if (engine == nullptr || (extents == nullptr && count != 0)) {
+      return BadArgument("engine or extents is NULL");
+    }
+    std::vector<baton::MappedExtent> list;
+    for (size_t i = 0; i < count; ++i) {
+      list.push_back(baton::MappedExtent{.first = extents[i].first, .count = extents[i].count});
+    }
+    return Done(engine->session->ReturnBlocks(list));
+  });
 }
 
 int baton_engine_resume_pending(const baton_engine* engine) {
@@ -270,22 +308,32 @@ int baton_engine_resume_pending(const baton_engine* engine) {
 }
 
 int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished) {
-  if (engine == nullptr) return BadArgument("engine is NULL");
-  return Done(engine->session->ReportDrained(unfinished));
+  return Guarded("baton_engine_report_drained", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    return Done(engine->session->ReportDrained(unfinished));
+  });
 }
 
 int baton_engine_report_error(baton_engine* engine, int code, const char* message) {
-  if (engine == nullptr) return BadArgument("engine is NULL");
-  const int max_code = static_cast<int>(baton::StatusCode::kIoError);
-  const auto status_code = (code <= 0 || code > max_code) ? baton::StatusCode::kInternal
-                                                          : static_cast<baton::StatusCode>(code);
-  return Done(engine->session->ReportError(
-      baton::Status(status_code, message == nullptr ? "unspecified error" : message)));
+  return Guarded("baton_engine_report_error", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    const int max_code = static_cast<int>(baton::StatusCode::kIoError);
+    const auto status_code = (code <= 0 || code > max_code) ? baton::StatusCode::kInternal
+                                                            : static_cast<baton::StatusCode>(code);
+    return Done(engine->session->ReportError(
+        baton::Status(status_code, message == nullptr ? "unspecified error" : message)));
+  });
 }
 
 size_t baton_engine_extents(const baton_engine* engine, baton_extent* out, size_t capacity) {
   if (engine == nullptr) return 0;
-  std::vector<baton::MappedExtent> extents = engine->session->extents();
+  std::vector<baton::MappedExtent> extents;
+  try {
+    extents = engine->session->extents();
+  } catch (const std::exception& e) {
+    Fail(baton::Internal(std::string("baton_engine_extents: ") + e.what()));
+    return 0;
+  }
   for (size_t i = 0; i < extents.size() && i < capacity && out != nullptr; ++i) {
     out[i] = ToC(extents[i]);
   }
@@ -293,18 +341,24 @@ size_t baton_engine_extents(const baton_engine* engine, baton_extent* out, size_
 }
 
 int baton_engine_register_nccl_comm(baton_engine* engine, void* comm, const char* label) {
-  if (engine == nullptr || comm == nullptr) return BadArgument("engine or comm is NULL");
-  return Done(engine->session->WatchNcclComm(comm, label == nullptr ? "" : label));
+  return Guarded("baton_engine_register_nccl_comm", [&]() -> int {
+    if (engine == nullptr || comm == nullptr) return BadArgument("engine or comm is NULL");
+    return Done(engine->session->WatchNcclComm(comm, label == nullptr ? "" : label));
+  });
 }
 
 int baton_engine_unregister_nccl_comm(baton_engine* engine, void* comm) {
-  if (engine == nullptr || comm == nullptr) return BadArgument("engine or comm is NULL");
-  return Done(engine->session->UnwatchNcclComm(comm));
+  return Guarded("baton_engine_unregister_nccl_comm", [&]() -> int {
+    if (engine == nullptr || comm == nullptr) return BadArgument("engine or comm is NULL");
+    return Done(engine->session->UnwatchNcclComm(comm));
+  });
 }
 
 int baton_engine_report_cuda_error(baton_engine* engine, int cuda_result, const char* where) {
-  if (engine == nullptr) return BadArgument("engine is NULL");
-  return Done(engine->session->ReportCudaError(cuda_result, where == nullptr ? "CUDA" : where));
+  return Guarded("baton_engine_report_cuda_error", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    return Done(engine->session->ReportCudaError(cuda_result, where == nullptr ? "CUDA" : where));
+  });
 }
 
 }  // extern "C"

@@ -189,7 +189,8 @@ class EngineSession {
   // is refused with a reason).
   Status RequestBlocks(uint32_t blocks);
   // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller;
-  // an empty list is sent too, as the answer to a kReclaim with nothing to give.
+  // an empty list is sent too, as the answer to a kReclaim with nothing to give. A list with
+  // a block that is not mapped, or a block listed twice, is refused whole (nothing unmapped).
   Status ReturnBlocks(std::span<const MappedExtent> extents);
   // Answer to a kDrain event: exactly one per drain, also when the drain is called off.
   Status ReportDrained(uint32_t unfinished);
@@ -226,7 +227,9 @@ class EngineSession {
   // described. Returns the error as a Status ("where: CUDA_ERROR_ILLEGAL_ADDRESS (...)").
   Status ReportCudaError(int cuda_result, const std::string& where);
 
-  // Step 5 above. Idempotent.
+  // Step 5 above. Idempotent. A thread blocked in WaitForPromotion() or NextEvent() returns
+  // (kDisconnected, "the session was shut down"); join such threads before destroying the
+  // session.
   void Shutdown();
 
   class Impl;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <map>
+#include <system_error>
 
 #include "base/log.h"
 
@@ -19,6 +21,29 @@ int MillisUntil(TimePoint now, TimePoint when) {
   return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
 }
 
+// Checks that every extent lies inside the mapped blocks and that no block is listed twice,
+// so that ReturnBlocks unmaps all of a list or none of it.
+Status CheckReturnable(std::map<uint32_t, uint32_t> left, std::span<const MappedExtent> extents) {
+  for (const MappedExtent& e : extents) {
+    auto it = left.upper_bound(e.first);
+    const bool inside =
+        e.count > 0 && it != left.begin() &&
+        e.first + uint64_t{e.count} <= std::prev(it)->first + uint64_t{std::prev(it)->second};
+    if (!inside) {
+      return FailedPrecondition("ReturnBlocks: blocks [" + std::to_string(e.first) + ", " +
+                                std::to_string(uint64_t{e.first} + e.count) +
+                                ") are not all mapped, or are listed twice; nothing returned");
+    }
+    --it;
+    const uint32_t run_first = it->first;
+    const uint32_t run_end = it->first + it->second;
+    left.erase(it);
+    if (e.first > run_first) left[run_first] = e.first - run_first;
+    if (e.first + e.count < run_end) left[e.first + e.count] = run_end - (e.first + e.count);
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 // --- heartbeat thread ---------------------------------------------------------------------------
@@ -27,7 +52,12 @@ Status EngineSession::Impl::StartThread() {
   const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return ErrnoStatus("eventfd", errno);
   wake_fd_ = UniqueFd(fd);
-  thread_ = std::thread([this] { Run(); });
+  try {
+    thread_ = std::thread([this] { Run(); });
+  } catch (const std::system_error& e) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("starting the heartbeat thread: ") + e.what());
+  }
   return OkStatus();
 }
 
@@ -326,14 +356,18 @@ Status EngineSession::Impl::RequestBlocks(uint32_t blocks) {
 
 Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) {
   proto::ReturnExtents msg{.epoch = epoch_.load(), .extents = {}};
+  Status unmapped = OkStatus();
   {
     std::lock_guard<std::mutex> lock(mu_);
+    BATON_RETURN_IF_ERROR(CheckReturnable(pool_.mapped(), extents));
     for (const MappedExtent& e : extents) {
-      BATON_RETURN_IF_ERROR(UnmapBlocksLocked(e.first, e.count).WithContext("ReturnBlocks"));
+      unmapped = UnmapBlocksLocked(e.first, e.count).WithContext("ReturnBlocks");
+      if (!unmapped.ok()) break;  // what is unmapped already is still told to the controller
       msg.extents.push_back(proto::BlockRange{.first = e.first, .count = e.count});
     }
   }
-  return Send(msg);  // empty too: the answer to a Reclaim with nothing to give
+  BATON_RETURN_IF_ERROR(Send(msg));  // empty too: the answer to a Reclaim with nothing to give
+  return unmapped;
 }
 
 Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
@@ -392,7 +426,11 @@ void EngineSession::Impl::Shutdown() {
     std::lock_guard<std::mutex> lock(mu_);
     pool_.UnmapAll();
     device_.reset();
+    if (disconnected_.empty()) disconnected_ = "the session was shut down";
+    events_.push_back(SessionEvent{.kind = SessionEventKind::kDisconnected,
+                                   .reason = "the session was shut down"});
   }
+  cv_.notify_all();  // a thread in WaitForPromotion or NextEvent returns
   std::lock_guard<std::mutex> lock(channel_mu_);
   if (channel_.has_value()) channel_->Close();
   channel_.reset();

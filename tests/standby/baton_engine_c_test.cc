@@ -1,6 +1,10 @@
 // The C ABI (baton_engine.h) against the in-process fake controller.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <climits>
 #include <future>
 
 #include "standby/baton_engine.h"
@@ -90,6 +94,58 @@ TEST(EngineCAbi, ConnectWithoutEnvironmentSaysWhatIsMissing) {
   EXPECT_NE(std::string(baton_engine_last_error()).find("BATON_SOCKET"), std::string::npos);
   EXPECT_EQ(baton_engine_connect(nullptr, nullptr), static_cast<int>(StatusCode::kInvalidArgument));
   baton_engine_close(nullptr);
+}
+
+// A timeout too long for the clock waits (as a negative one does) instead of returning at once.
+TEST(EngineCAbi, AHugeTimeoutWaitsForTheEvent) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine_options options{};
+  options.socket_path = socket.c_str();
+  options.launch_token = kToken;
+  options.engine_id = kEngineId;
+  options.engine_version = "sdk-test";
+  baton_engine* engine = nullptr;
+  auto connected =
+      std::async(std::launch::async, [&] { return baton_engine_connect(&options, &engine); });
+  fake.ServeRegistration(fake.Ack(50));
+  ASSERT_EQ(connected.get(), 0) << baton_engine_last_error();
+  baton_event event{};
+  auto next = std::async(std::launch::async,
+                         [&] { return baton_engine_next_event(engine, INT64_MAX, &event); });
+  EXPECT_EQ(next.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "returned at once: the timeout overflowed";
+  ASSERT_TRUE(fake.channel().Send(proto::Stop{.reason = "test"}).ok());
+  ASSERT_EQ(next.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(next.get(), 0);
+  EXPECT_EQ(event.kind, BATON_EVENT_STOP);
+  baton_engine_close(engine);
+}
+
+// With no descriptor left, connecting fails with a code: no C++ exception reaches the caller
+// (a C, ctypes or cgo caller would end in std::terminate).
+TEST(EngineCAbi, ConnectWithoutFreeDescriptorsReturnsAnError) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    const rlimit none{.rlim_cur = static_cast<rlim_t>(lowest_free),
+                      .rlim_max = static_cast<rlim_t>(lowest_free)};
+    if (::setrlimit(RLIMIT_NOFILE, &none) != 0) ::_exit(100);
+    baton_engine_options options{};
+    options.socket_path = "/tmp/baton-no-such-controller.sock";
+    options.connect_timeout_ms = 100;
+    options.launch_token = kToken;
+    options.engine_id = kEngineId;
+    baton_engine* engine = nullptr;
+    const int rc = baton_engine_connect(&options, &engine);
+    ::_exit(rc == 0 || engine != nullptr ? 101 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
 }
 
 }  // namespace

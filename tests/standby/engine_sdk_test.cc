@@ -170,6 +170,52 @@ TEST(EngineSdk, GrantsReturnsAndRefusals) {
   EXPECT_EQ(reclaim->blocks, 1u);
 }
 
+// A list with a block listed twice (or one not mapped) is refused whole: nothing is unmapped
+// and nothing sent, so the controller's ledger and the engine's mappings stay in step.
+TEST(EngineSdk, AReturnListThatCannotBeDoneWholeUnmapsNothing) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 3, .extents = {{0, 8}}}).ok());
+  ASSERT_TRUE(s->WaitForPromotion(seconds(5)).ok());
+  const MappedExtent twice[] = {{.first = 0, .count = 4}, {.first = 0, .count = 4}};
+  Status refused = s->ReturnBlocks(twice);
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  const MappedExtent outside[] = {{.first = 2, .count = 2}, {.first = 6, .count = 4}};
+  EXPECT_FALSE(s->ReturnBlocks(outside).ok()) << "blocks 8 and 9 are not mapped";
+  const MappedExtent empty_extent[] = {{.first = 1, .count = 0}};
+  EXPECT_FALSE(s->ReturnBlocks(empty_extent).ok());
+  EXPECT_TRUE(AnyWritable(MappingsIn(s->pool().BlockData(0), kFakeBlockBytes)));
+  EXPECT_TRUE(AnyWritable(MappingsIn(s->pool().BlockData(2), kFakeBlockBytes)));
+  ASSERT_EQ(s->extents().size(), 1u);
+  EXPECT_EQ(s->extents()[0].count, 8u);
+
+  const MappedExtent split[] = {{.first = 4, .count = 2}, {.first = 1, .count = 1}};
+  ASSERT_TRUE(s->ReturnBlocks(split).ok());
+  proto::ReturnExtents ret = fake.Expect<proto::ReturnExtents>();
+  ASSERT_EQ(ret.extents.size(), 2u) << "the refused lists sent nothing";
+  EXPECT_EQ(ret.extents[0], (proto::BlockRange{4, 2}));
+  EXPECT_EQ(ret.extents[1], (proto::BlockRange{1, 1}));
+}
+
+// Shutdown() from another thread (a signal handler's thread, say) wakes a thread blocked
+// waiting for promotion or for the next event.
+TEST(EngineSdk, ShutdownWakesThreadsThatWait) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
+  ASSERT_NE(s, nullptr);
+  auto promoted = std::async(std::launch::async, [&] { return s->WaitForPromotion(std::nullopt); });
+  auto event = std::async(std::launch::async, [&] { return s->NextEvent(std::nullopt); });
+  std::this_thread::sleep_for(milliseconds(50));
+  s->Shutdown();
+  ASSERT_EQ(promoted.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(promoted.get().status().code(), StatusCode::kFailedPrecondition);
+  ASSERT_EQ(event.wait_for(seconds(10)), std::future_status::ready);
+  std::optional<SessionEvent> got = event.get();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->kind, SessionEventKind::kDisconnected);
+}
+
 TEST(EngineSdk, ErrorReportStopsTheEngineWriting) {
   FakeController fake;
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
