@@ -100,8 +100,12 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     res.set(http::field::content_type, type);
     res.set(http::field::cache_control, "no-cache");
     for (auto& [name, value] : headers) res.set(name, value);
+    if (http10_) {
+      keep_alive_ = false;  // HTTP/1.0 has no chunked encoding: the stream ends with the close
+    } else {
+      res.chunked(true);
+    }
     res.keep_alive(keep_alive_);
-    res.chunked(true);
     routes_->Count(status);
     phase_ = Phase::kStreaming;
     Enqueue(Serialize(res.base()), false);
@@ -109,13 +113,13 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   void DoWrite(uint64_t seq, std::string chunk) {
     if (seq != seq_ || phase_ != Phase::kStreaming || chunk.empty()) return;
-    Enqueue(ChunkFrame(chunk), false);
+    Enqueue(http10_ ? std::move(chunk) : ChunkFrame(chunk), false);
   }
 
   void DoEnd(uint64_t seq) {
     if (seq != seq_ || phase_ != Phase::kStreaming) return;
     phase_ = Phase::kFinishing;
-    Enqueue("0\r\n\r\n", true);
+    Enqueue(http10_ ? std::string() : std::string("0\r\n\r\n"), true);
   }
 
  private:
@@ -327,6 +331,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   uint64_t seq_ = 0;
   Phase phase_ = Phase::kReading;
   bool keep_alive_ = false;
+  bool http10_ = false;  // the request is HTTP/1.0: a stream is sent unchunked, then closed
   bool request_started_ = false;  // the current request's first byte has arrived
   bool request_timed_out_ = false;
   net::steady_timer request_timer_{stream_.get_executor()};
@@ -344,6 +349,7 @@ void HttpConnection::Dispatch() {
   request_timer_.cancel();
   HttpRequest request = parser_->release();
   keep_alive_ = request.keep_alive();
+  http10_ = request.version() < 11;
   ++seq_;
   phase_ = Phase::kHandling;
   std::shared_ptr<HttpExchange> ex(new HttpExchange(shared_from_this(), seq_, std::move(request)));

@@ -167,6 +167,23 @@ TEST_F(HttpServerTest, StreamChunksArriveBeforeTheEnd) {
   EXPECT_EQ(client.Get("/hello").status, 200);  // keep-alive after a chunked response
 }
 
+// HTTP/1.0 has no chunked encoding (RFC 9112 6.1): a stream to a 1.0 client is sent as it
+// is and ends when the connection closes.
+TEST_F(HttpServerTest, AStreamToAnHttp10ClientIsUnchunkedAndEndsWithTheClose) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.SendRaw("GET /stream HTTP/1.0\r\nHost: x\r\n\r\n"));
+  std::shared_ptr<HttpExchange> ex = streams_.get_future().get();
+  ex->Write("two");
+  ex->EndStream();
+  const std::string all = client.ReadRawUntil(std::string(1, '\0'));  // until closed
+  const size_t head_end = all.find("\r\n\r\n");
+  ASSERT_NE(head_end, std::string::npos) << all;
+  const std::string head = all.substr(0, head_end);
+  EXPECT_EQ(head.find("Transfer-Encoding"), std::string::npos) << head;
+  EXPECT_NE(head.find("Connection: close"), std::string::npos) << head;
+  EXPECT_EQ(all.substr(head_end + 4), "onetwo");
+}
+
 TEST_F(HttpServerTest, ClientGoingAwayAbortsTheStream) {
   TestHttpClient client(server_->port());
   ASSERT_TRUE(client.Send(http::verb::get, "/stream", ""));
