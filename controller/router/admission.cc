@@ -42,7 +42,7 @@ void Admission::SetTable(const proto::RouteTable& table) {
     }
     candidates_ = std::move(next);
     ++generation_;
-    if (primary && primary_ && *primary != *primary_) {
+    if (primary && primary_ && (*primary != *primary_ || primary_stale_)) {
       ++failovers_;
       const size_t peak_before = peak_in_flight_;
       peak_in_flight_ = total_in_flight_;
@@ -63,7 +63,10 @@ void Admission::SetTable(const proto::RouteTable& table) {
                                   << ramp_base_ << " in flight";
       }
     }
-    if (primary) primary_ = primary;
+    if (primary) {
+      primary_ = primary;
+      primary_stale_ = false;
+    }
     listed_primary_ = primary;
     canaries_ = std::move(canaries);
     // An engine stays a canary (for IsCanary) until it leaves the table or becomes the
@@ -80,29 +83,50 @@ void Admission::SetTable(const proto::RouteTable& table) {
   Run(&ready);
 }
 
-void Admission::Request(bool replay, std::optional<Target> failed, Grant grant) {
+uint64_t Admission::Request(bool replay, std::optional<Target> failed, Grant grant) {
   Ready ready;
+  uint64_t ticket;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const TimePoint now = clock_.Now();
-    if (!replay && queue_.size() >= options_.max_queue) {
-      ready.emplace_back(std::move(grant),
+    ticket = next_ticket_++;
+    Waiter w{.ticket = ticket,
+             .replay = replay,
+             .failed = std::move(failed),
+             .failed_generation = generation_,
+             .failed_at = now,
+             .deadline = now + options_.max_queue_wait,
+             .grant = std::move(grant)};
+    auto pos = queue_.end();
+    if (replay) {
+      pos = std::find_if(queue_.begin(), queue_.end(), [](const Waiter& q) { return !q.replay; });
+    }
+    queue_.insert(pos, std::move(w));
+    Drain(now, &ready);
+    // A new request that could not go at once waits only if the queue had room for it.
+    if (!replay && queue_.size() > options_.max_queue && !queue_.empty() &&
+        queue_.back().ticket == ticket) {
+      ready.emplace_back(std::move(queue_.back().grant),
                          ResourceExhausted("the router's queue is full (" +
                                            std::to_string(options_.max_queue) + " requests)"));
-    } else {
-      Waiter w{.replay = replay,
-               .failed = std::move(failed),
-               .failed_generation = generation_,
-               .failed_at = now,
-               .deadline = now + options_.max_queue_wait,
-               .grant = std::move(grant)};
-      auto pos = queue_.end();
-      if (replay) {
-        pos = std::find_if(queue_.begin(), queue_.end(), [](const Waiter& q) { return !q.replay; });
-      }
-      queue_.insert(pos, std::move(w));
-      Drain(now, &ready);
+      queue_.pop_back();
     }
+  }
+  Run(&ready);
+  return ticket;
+}
+
+void Admission::Cancel(uint64_t ticket) {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = std::find_if(queue_.begin(), queue_.end(),
+                           [ticket](const Waiter& w) { return w.ticket == ticket; });
+    if (it == queue_.end()) return;
+    ready.emplace_back(std::move(it->grant), Unavailable("the client went away while queued"));
+    queue_.erase(it);
+    // A new request that was first in line held later ones behind it.
+    Drain(clock_.Now(), &ready);
   }
   Run(&ready);
 }
@@ -133,6 +157,11 @@ void Admission::Tick() {
     Drain(now, &ready);
   }
   Run(&ready);
+}
+
+void Admission::ControllerRestarted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  primary_stale_ = primary_.has_value();
 }
 
 void Admission::Drain(TimePoint now, Ready* ready) {

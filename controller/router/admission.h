@@ -6,7 +6,8 @@
 // requests, but a replay that finds no weighted target may still go to it. A canary with
 // weight 0 takes nothing. A request that finds no target waits in a bounded FIFO queue; past
 // `max_queue_wait`, or when the queue already holds `max_queue` requests, it is refused
-// (ResourceExhausted: the router answers 429 with Retry-After).
+// (ResourceExhausted: the router answers 429 with Retry-After). A waiter whose client went
+// away leaves the queue at once (Cancel).
 //
 // Ramp: when the primary changes (a promotion), the new primary takes traffic in steps
 // (`ramp_steps`, default 30 %, 60 %, 100 %, spread over `ramp_duration`): its requests in
@@ -77,11 +78,21 @@ class Admission {
   // A new route table. A changed primary starts a ramp. Waiters that can go now are granted.
   void SetTable(const proto::RouteTable& table);
   // Asks for a target; `grant` is called once, now or later. A replay passes the target
-  // that failed it (if any) in `failed`.
-  void Request(bool replay, std::optional<Target> failed, Grant grant);
+  // that failed it (if any) in `failed`. A new request that can go now always goes; one that
+  // would wait is refused when `max_queue` requests already wait. Returns a ticket for
+  // Cancel().
+  uint64_t Request(bool replay, std::optional<Target> failed, Grant grant);
+  // The client of a waiting request went away: it leaves the queue at once (its place is
+  // not held until its deadline) and its grant is called with Unavailable. Nothing happens
+  // when the request is no longer waiting.
+  void Cancel(uint64_t ticket);
   // A granted request ended (or its attempt did): frees its place on `target`.
   void Release(const Target& target);
   void Tick();
+  // The controller was restarted (its engines died with the old one): the next primary is a
+  // new engine even if its address and id are the old primary's, so it ramps up and counts
+  // as a failover.
+  void ControllerRestarted();
 
   // True when `target` is a canary: listed as one since it entered the table, and not the
   // primary since (a rolled-back canary still draining stays one).
@@ -98,6 +109,7 @@ class Admission {
 
  private:
   struct Waiter {
+    uint64_t ticket = 0;
     bool replay = false;
     std::optional<Target> failed;
     uint64_t failed_generation = 0;
@@ -128,8 +140,10 @@ class Admission {
   std::set<uint64_t> canary_ids_;      // engines that are canaries (IsCanary)
   uint64_t generation_ = 0;
   std::optional<Target> primary_;         // the last primary seen (kept while none is listed)
+  bool primary_stale_ = false;            // primary_ belonged to a previous controller
   std::optional<Target> listed_primary_;  // the ready primary of the last table
   std::deque<Waiter> queue_;
+  uint64_t next_ticket_ = 1;
   std::map<std::string, size_t> in_flight_;  // by address
   size_t total_in_flight_ = 0;
   size_t peak_in_flight_ = 0;  // since the last promotion

@@ -14,6 +14,9 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 
 constexpr size_t kMaxBufferedBody = 64u << 20;
+// An SSE event of a completion is a few hundred bytes; one past this is a broken stream
+// (no blank line ever comes), not one to hold in memory.
+constexpr size_t kMaxStreamEvent = 4u << 20;
 
 bool Retryable(int status) { return status == 502 || status == 503 || status == 504; }
 
@@ -49,7 +52,11 @@ void RelayedRequest::Start() {
     if (auto r = weak.lock()) {
       asio::post(r->strand_, [r] {
         r->client_gone_ = true;
-        if (r->call_) r->call_->Cancel();
+        if (r->waiting_ticket_) {
+          r->deps_.admission->Cancel(*r->waiting_ticket_);  // frees its place in the queue
+        } else if (r->call_) {
+          r->call_->Cancel();
+        }
       });
     }
   });
@@ -59,14 +66,17 @@ void RelayedRequest::Start() {
 void RelayedRequest::Admit(std::optional<Target> failed) {
   queued_at_ = deps_.clock->Now();
   const bool replay = failed.has_value();
-  deps_.admission->Request(replay, std::move(failed), [self = shared_from_this()](auto target) {
-    asio::post(self->strand_,
-               [self, t = std::move(target)]() mutable { self->OnGrant(std::move(t)); });
-  });
+  waiting_ticket_ =
+      deps_.admission->Request(replay, std::move(failed), [self = shared_from_this()](auto target) {
+        asio::post(self->strand_,
+                   [self, t = std::move(target)]() mutable { self->OnGrant(std::move(t)); });
+      });
 }
 
 void RelayedRequest::OnGrant(Result<Target> target) {
+  waiting_ticket_.reset();
   deps_.metrics->ObserveQueueWait(MillisBetween(queued_at_, deps_.clock->Now()) / 1e3);
+  if (!target.ok() && client_gone_) return Finish(499, "client_gone");
   if (!target.ok()) {
     return GiveUp(429, "queue_timeout", target.status().message());
   }
@@ -95,7 +105,7 @@ void RelayedRequest::StartAttempt() {
   body_.clear();
   body_too_large_ = false;
   splitter_ = SseSplitter();
-  engine_failed_event_ = false;
+  stream_broken_.clear();
   done_seen_ = false;
   auto self = shared_from_this();
   UpstreamSink sink{.on_head = [self](int status, const std::string& ct,
@@ -125,7 +135,7 @@ void RelayedRequest::OnHead(int status, const std::string& content_type, bool st
 }
 
 void RelayedRequest::OnData(std::string_view bytes) {
-  if (engine_failed_event_) return;  // the attempt failed: nothing after the error goes out
+  if (!stream_broken_.empty()) return;  // the attempt failed: nothing after the error goes out
   if (mode_ != Mode::kStream) {
     if (mode_ == Mode::kRefused || body_too_large_) return;
     if (body_.size() + bytes.size() > kMaxBufferedBody) {
@@ -139,10 +149,16 @@ void RelayedRequest::OnData(std::string_view bytes) {
   }
   std::vector<std::string> events;
   splitter_.Feed(bytes, &events);
+  if (splitter_.pending() > kMaxStreamEvent) {
+    stream_broken_ = "an event larger than " + std::to_string(kMaxStreamEvent >> 20) + " MiB";
+    BATON_LOG(WARN, "router") << "engine " << target_->address << ": " << stream_broken_;
+    if (call_) call_->Cancel();
+    return;
+  }
   for (const std::string& e : events) {
     StreamReplay::Outcome o = replay_.OnEvent(e);
     if (o.engine_failed) {
-      engine_failed_event_ = true;
+      stream_broken_ = "a server_error event";
       if (call_) call_->Cancel();
       return;
     }
@@ -199,7 +215,7 @@ void RelayedRequest::OnStreamEnd(UpstreamError error, const std::string& message
     if (canary) StartShadow(*canary, replay_.sent_ids());
     return Finish(200, done_seen_ ? "" : UpstreamErrorName(error));
   }
-  if (engine_failed_event_) return AttemptFailed(UpstreamError::kBroken, "a server_error event");
+  if (!stream_broken_.empty()) return AttemptFailed(UpstreamError::kBroken, stream_broken_);
   if (error == UpstreamError::kNone) {
     return AttemptFailed(UpstreamError::kBroken, "the stream ended without [DONE]");
   }

@@ -92,6 +92,7 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   const TimePoint arrival_;
   TimePoint attempt_started_;  // the current attempt's start: its engine's latency counts from here
   TimePoint queued_at_;
+  std::optional<uint64_t> waiting_ticket_;  // while in the admission queue
   std::optional<Target> target_;
   std::shared_ptr<UpstreamCall> call_;
   Mode mode_ = Mode::kNone;
@@ -99,7 +100,7 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   std::string content_type_;
   std::string body_;
   SseSplitter splitter_;
-  bool engine_failed_event_ = false;
+  std::string stream_broken_;  // why the engine's stream is broken (a server_error event, ...)
   bool done_seen_ = false;
   bool body_too_large_ = false;  // a buffered response past kMaxBufferedBody
   bool client_header_sent_ = false;

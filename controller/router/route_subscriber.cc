@@ -117,6 +117,14 @@ void RouteSubscriber::Subscribe() {
     return;
   }
   connected_ = true;
+  if (Result<proto::PeerCredentials> peer = channel->peer_credentials(); peer.ok()) {
+    if (controller_pid_ != 0 && peer->pid != controller_pid_) {
+      BATON_LOG(INFO, "router") << "a new controller (pid " << peer->pid << ", was "
+                                << controller_pid_ << "): its primary is a new engine";
+      if (on_new_controller_) on_new_controller_();
+    }
+    controller_pid_ = peer->pid;
+  }
   const bool reports = on_report_ && ack->version >= proto::kProtocolVersionRouterReport;
   BATON_LOG(INFO, "router") << "subscribed to the route table at " << socket_path_ << " (protocol "
                             << ack->version << (reports ? ", reporting outcomes)" : ")");

@@ -15,6 +15,8 @@
 // OnChange and OnReport callbacks run on the subscription thread.
 #pragma once
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -46,6 +48,10 @@ class RouteSubscriber {
   void OnReport(std::function<std::vector<proto::EngineOutcome>()> fn) {
     on_report_ = std::move(fn);
   }
+  // Called (on the subscription thread) when a subscription finds another controller
+  // process than the last one did: a restarted controller, whose engines are new. Set it
+  // before Start().
+  void OnNewController(std::function<void()> fn) { on_new_controller_ = std::move(fn); }
   // A fixed table with one ready primary at `address`.
   void SetStatic(const std::string& address);
   // Starts the subscription thread.
@@ -75,6 +81,8 @@ class RouteSubscriber {
   std::atomic<bool> connected_{false};
   std::function<void(const proto::RouteTable&)> on_change_;
   std::function<std::vector<proto::EngineOutcome>()> on_report_;
+  std::function<void()> on_new_controller_;
+  pid_t controller_pid_ = 0;  // the controller of the last subscription (subscription thread)
   std::atomic<uint64_t> report_seq_{0};  // the last RouterReport's seq
   std::thread thread_;
   const std::string instance_;  // this router's name in its RouterReports: random hex

@@ -75,6 +75,7 @@ Status Router::Start() {
   BATON_RETURN_IF_ERROR(server_->Listen());
   routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
   routes_.OnReport([this] { return outcomes_.Snapshot(); });
+  routes_.OnNewController([this] { admission_.ControllerRestarted(); });
   if (!options_.backend.empty()) {
     routes_.SetStatic(options_.backend);
     BATON_LOG(INFO, "router") << "static backend " << options_.backend;

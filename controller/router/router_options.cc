@@ -185,13 +185,22 @@ Status ParseRouterToml(const std::string& text, const std::string& source, Route
 
 Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
   RouterOptions options;
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] != "--config") continue;
-    std::ifstream in(args[i + 1]);
-    if (!in) return InvalidArgument("--config: cannot read " + args[i + 1]);
+  // The file first, so that flags override it wherever they stand: "--config FILE" or
+  // "--config=FILE".
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string path;
+    if (args[i] == "--config" && i + 1 < args.size()) {
+      path = args[i + 1];
+    } else if (args[i].rfind("--config=", 0) == 0) {
+      path = args[i].substr(9);
+    } else {
+      continue;
+    }
+    std::ifstream in(path);
+    if (path.empty() || !in) return InvalidArgument("--config: cannot read \"" + path + "\"");
     std::stringstream ss;
     ss << in.rdbuf();
-    BATON_RETURN_IF_ERROR(ParseRouterToml(ss.str(), args[i + 1], &options));
+    BATON_RETURN_IF_ERROR(ParseRouterToml(ss.str(), path, &options));
   }
   std::map<std::string, Setter> setters = Setters(&options);
   for (size_t i = 0; i < args.size(); ++i) {

@@ -37,8 +37,16 @@ constexpr const char* kCarriedSamplingFields[] = {"model",
 // Fields a continuation needs no copy of: the prompt and limit (rebuilt), the seed (set),
 // bookkeeping that does not change what is generated.
 constexpr const char* kRebuiltOrInertFields[] = {
-    "messages", "max_tokens", "max_completion_tokens", "seed", "n", "return_token_ids", "user",
+    "messages", "max_tokens", "max_completion_tokens", "min_tokens",
+    "seed",     "n",          "return_token_ids",      "user",
     "metadata", "store",      "service_tier"};
+
+// Fields of a completions request whose answer a continuation cannot give: structured output
+// (the grammar would start again at the cut), prompt log probabilities (they would be sent a
+// second time, for the longer prompt), a suffix (inserted after the continuation only).
+constexpr const char* kNotContinuedCompletionFields[] = {
+    "guided_json",     "guided_regex",       "guided_choice",   "guided_grammar",
+    "response_format", "structured_outputs", "prompt_logprobs", "suffix"};
 
 bool Listed(const std::string& key, std::span<const char* const> list) {
   return std::any_of(list.begin(), list.end(), [&](const char* k) { return key == k; });
@@ -55,6 +63,22 @@ bool PlainTextChat(const Json& body) {
     if (!Listed(key, kCarriedSamplingFields) && !Listed(key, kRebuiltOrInertFields)) return false;
   }
   return true;
+}
+
+// Whether a completions request's stream can be continued on token ids (see above).
+bool ContinuableCompletion(const Json& body) {
+  for (const auto& [key, value] : body.items()) {
+    if (value.is_null() || value == false) continue;
+    if (Listed(key, kNotContinuedCompletionFields)) return false;
+  }
+  return true;
+}
+
+// `min_tokens` less the tokens already sent (they count towards it), when the body has one.
+void ReduceMinTokens(const Json& body, size_t sent, Json* out) {
+  auto it = body.find("min_tokens");
+  if (it == body.end() || !it->is_number_integer()) return;
+  (*out)["min_tokens"] = std::max<int64_t>(0, it->get<int64_t>() - static_cast<int64_t>(sent));
 }
 
 // A chat delta that is not plain answer text: reasoning or tool calls.
@@ -161,7 +185,8 @@ StreamReplay::StreamReplay(std::string route, const std::string& body)
   if (auto it = body_.find("prompt"); it != body_.end() && !IsChat(route_)) {
     prompt_ids_ = PromptIds(*it);
   }
-  single_ = SingleSequence(body_) && (!IsChat(route_) || PlainTextChat(body_));
+  single_ = SingleSequence(body_) &&
+            (IsChat(route_) ? PlainTextChat(body_) : ContinuableCompletion(body_));
   if (!single_) ids_known_ = false;  // choices interleave; a replay continues one sequence only
 }
 
@@ -190,6 +215,7 @@ std::string StreamReplay::AttemptBody() const {
   j["prompt"] = prompt;
   j["max_tokens"] = max_tokens_.value_or(kDefaultMaxTokens) - static_cast<int64_t>(resume_tokens_);
   j["seed"] = *seed_;
+  ReduceMinTokens(body_, resume_tokens_, &j);
   j["baton_resume_tokens"] = resume_tokens_;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -207,6 +233,7 @@ std::string StreamReplay::ChatReplayBody() const {
   j["prompt"] = prompt;
   if (max_tokens_) j["max_tokens"] = *max_tokens_ - static_cast<int64_t>(resume_tokens_);
   j["seed"] = *seed_;
+  ReduceMinTokens(body_, resume_tokens_, &j);
   j["return_token_ids"] = true;
   j["baton_resume_tokens"] = resume_tokens_;
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);

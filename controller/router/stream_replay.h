@@ -1,5 +1,5 @@
 // StreamReplay: what the router keeps of one client request so that it can be replayed on
-// another engine without the client noticing (DESIGN.md, Lossless requests).
+// another engine without the client noticing (docs/architecture.md, Lossless requests).
 //
 // It holds the client's body and learns, from the engine's stream, the request's seed, its
 // prompt as token ids and every token id sent to the client. AttemptBody() gives the body of
@@ -8,8 +8,11 @@
 //     /v1/completions), a whole retry;
 //   - tokens sent: a replay on token ids: `prompt` = prompt ids + ids sent, `max_tokens`
 //     reduced by their number (16, OpenAI's default, when the client gave none), the same
-//     `seed`, and `baton_resume_tokens` = their number, so an engine that knows it continues
-//     the text exactly (held-back bytes of a split UTF-8 sequence or a possible stop string).
+//     `seed`, `min_tokens` reduced by their number, and `baton_resume_tokens` = their number,
+//     so an engine that knows it continues the text exactly (held-back bytes of a split UTF-8
+//     sequence or a possible stop string, and the ids that count as output for penalties).
+//     A completions stream with structured output (guided_*, response_format,
+//     structured_outputs), prompt_logprobs or a suffix is not continued.
 // OnEvent() takes each whole SSE event of an attempt and says what goes to the client. On the
 // first attempt events pass through byte for byte. On a replay each event is rewritten so the
 // client's stream reads as one: the first attempt's `id` and `created`, no second

@@ -6,6 +6,8 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 #include <limits>
+#include <optional>
+#include <utility>
 
 #include "controller/router/router_options.h"
 
@@ -78,6 +80,12 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     stream_->expires_after(timeouts_.connect);
     stream_->async_connect(
         endpoint_, Bound([self = shared_from_this()](beast::error_code ec) {
+          if (ec && self->silent_retry_of_.has_value() && !self->cancelled_) {
+            // The pooled connection broke and the engine is not there any more: it may have
+            // had the request (it crashed on it), so this is the broken attempt, not a refusal.
+            return self->End(self->silent_retry_of_->first,
+                             self->silent_retry_of_->second + "; reconnecting: " + ec.message());
+          }
           if (ec) {
             return self->End(self->cancelled_ ? UpstreamError::kCancelled : UpstreamError::kConnect,
                              "cannot connect to the engine: " + ec.message());
@@ -159,6 +167,7 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     if (reused_ && !cancelled_) {
       // A pooled connection the engine had closed: once more on a fresh one.
       reused_ = false;
+      silent_retry_of_.emplace(kind, what + ": " + ec.message());
       buffer_.clear();
       beast::error_code ignored;
       stream_->socket().close(ignored);
@@ -197,6 +206,9 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
   beast::flat_buffer buffer_{kMaxUnparsedBytes};
   char chunk_[16384];
   bool reused_ = false;  // stream_ came from the pool and no response byte has arrived
+  // Set when a pooled connection broke and the call reconnects silently: the error it broke
+  // with, reported if the reconnection fails.
+  std::optional<std::pair<UpstreamError, std::string>> silent_retry_of_;
   bool ended_ = false;
   bool cancelled_ = false;
 };

@@ -11,7 +11,9 @@
 // With a pool, the call first takes an idle keep-alive connection to the address and puts
 // its connection back after a clean keep-alive response. When a connection from the pool
 // fails before any byte of the response (the engine had closed it), the call retries once
-// on a fresh connection, unseen by the owner.
+// on a fresh connection, unseen by the owner. If that connection cannot be made (the engine
+// is gone, and may have had the request), the call ends with the first failure (broken), not
+// as a refused connection.
 //
 // Ownership: the call owns its socket and keeps itself alive (shared_ptr) until OnEnd.
 // Thread: runs on the executor it is given (the request's strand); callbacks run there, and

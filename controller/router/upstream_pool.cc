@@ -19,10 +19,18 @@ std::unique_ptr<UpstreamPool::Stream> UpstreamPool::Take(const std::string& addr
 
 void UpstreamPool::Put(const std::string& address, std::unique_ptr<Stream> stream) {
   std::lock_guard<std::mutex> lock(mu_);
+  DropExpired(clock_.Now());
   std::vector<Idle>& list = idle_[address];
   if (list.size() >= max_per_address_) return;  // `stream` closes as it goes
   stream->expires_never();
   list.push_back({std::move(stream), clock_.Now()});
+}
+
+void UpstreamPool::DropExpired(TimePoint now) {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    std::erase_if(it->second, [&](const Idle& idle) { return now - idle.since >= max_idle_; });
+    it = it->second.empty() ? idle_.erase(it) : std::next(it);
+  }
 }
 
 size_t UpstreamPool::idle() const {

@@ -3,7 +3,8 @@
 //
 // An UpstreamCall takes an idle connection to its engine's address if one is there and puts
 // it back once a response has ended cleanly with keep-alive. Connections idle longer than
-// `max_idle` are dropped when met; at most `max_per_address` wait per address. A connection
+// `max_idle` are dropped when met, and on every Put() for any address (an engine that is gone,
+// on a port never used again, keeps none); at most `max_per_address` wait per address. A connection
 // taken from the pool may have been closed by the engine meanwhile: the call then retries
 // once on a fresh connection (see upstream_call.h).
 //
@@ -41,6 +42,7 @@ class UpstreamPool {
     std::unique_ptr<Stream> stream;
     TimePoint since;
   };
+  void DropExpired(TimePoint now);  // mu_ held
   const Clock& clock_;
   const size_t max_per_address_;
   const std::chrono::milliseconds max_idle_;

@@ -73,6 +73,63 @@ TEST(AdmissionTest, QueuesWithoutPrimaryThenRefusesPastTheWait) {
   EXPECT_EQ(a.RetryAfterSeconds(), 5);
 }
 
+// max_queue bounds the requests that wait, not the ones that can go at once: with no room
+// to queue, a ready primary still takes new requests.
+TEST(AdmissionTest, ARequestThatCanGoNowIsNeverRefusedForAFullQueue) {
+  FakeClock clock;
+  Admission a(clock, {.max_queue = 0});
+  a.SetTable(Table({Primary(1, "127.0.0.1:1")}));
+  Grants g;
+  a.Request(false, std::nullopt, g.Next());
+  a.Request(false, std::nullopt, g.Next());
+  EXPECT_EQ(g.ok(), 2u);
+  Admission none(clock, {.max_queue = 0});
+  Grants refused;
+  none.Request(false, std::nullopt, refused.Next());
+  ASSERT_EQ(refused.got.size(), 1u);
+  EXPECT_EQ(refused.got[0].status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(none.queued(), 0u);
+}
+
+// A waiter whose client went away gives its place up at once: the next client queues
+// instead of getting 429, and the cancelled grant is called once, with an error.
+TEST(AdmissionTest, ACancelledWaiterLeavesTheQueueAtOnce) {
+  FakeClock clock;
+  Admission a(clock, {.max_queue = 1, .max_queue_wait = milliseconds(5000)});
+  Grants gone, next;
+  const uint64_t ticket = a.Request(false, std::nullopt, gone.Next());
+  EXPECT_EQ(a.queued(), 1u);
+  a.Cancel(ticket);
+  ASSERT_EQ(gone.got.size(), 1u);
+  EXPECT_EQ(gone.got[0].status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(a.queued(), 0u);
+  a.Request(false, std::nullopt, next.Next());
+  EXPECT_TRUE(next.got.empty()) << "queued, not refused";
+  a.Cancel(ticket);  // no longer waiting: nothing happens
+  EXPECT_EQ(gone.got.size(), 1u);
+  a.SetTable(Table({Primary(1, "127.0.0.1:1")}));
+  EXPECT_EQ(next.ok(), 1u);
+}
+
+// A restarted controller starts engine 1 on the same fixed port again: a new, cold engine,
+// which ramps up like any new primary.
+TEST(AdmissionTest, ThePrimaryOfARestartedControllerRampsUpThoughItsAddressIsTheSame) {
+  FakeClock clock;
+  Admission a(clock, {.ramp_steps = {0.5, 1.0}, .ramp_duration = milliseconds(1000)});
+  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}));
+  a.SetTable(Table({}));
+  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}));
+  EXPECT_EQ(a.failovers(), 0u) << "the same engine, listed again";
+  a.ControllerRestarted();
+  a.SetTable(Table({}));
+  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}));
+  EXPECT_EQ(a.failovers(), 1u);
+  ASSERT_EQ(a.Weights().size(), 1u);
+  EXPECT_DOUBLE_EQ(a.Weights()[0].weight, 50.0) << "ramping";
+  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}));
+  EXPECT_EQ(a.failovers(), 1u) << "counted once";
+}
+
 TEST(AdmissionTest, QueueDrainsInOrderWhenAPrimaryAppears) {
   FakeClock clock;
   Admission a(clock, {});

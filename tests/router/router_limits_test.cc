@@ -8,11 +8,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <string>
 #include <thread>
 
 #include "base/unique_fd.h"
 #include "controller/router/router.h"
+#include "tests/router/loopback_listener.h"
 
 namespace baton {
 namespace {
@@ -140,6 +142,46 @@ TEST_F(RouterLimitsTest, QueueFullIs429WithRetryAfter) {
   EXPECT_EQ(StatusOf(response), 429) << response;
   EXPECT_NE(response.find("Retry-After: 1"), std::string::npos) << response;
   ExpectServing();
+}
+
+// An engine whose stream never ends an event (no blank line) does not make the router hold
+// its bytes: past 4 MiB the attempt is broken and the client is told, while the engine still
+// holds the connection open.
+TEST_F(RouterLimitsTest, AnEndlessStreamEventBreaksTheAttempt) {
+  LoopbackListener engine;
+  ASSERT_NE(engine.port(), 0);
+  std::thread serve([&] {
+    UniqueFd conn(::accept(engine.fd(), nullptr, nullptr));
+    if (!conn.valid()) return;
+    char buf[4096];
+    (void)!::recv(conn.get(), buf, sizeof(buf), 0);
+    const std::string head =
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n";
+    const std::string piece = "data: " + std::string(1 << 20, 'x');
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", piece.size());
+    bool sent = Put(conn.get(), head);
+    for (int i = 0; i < 5 && sent; ++i) sent = Put(conn.get(), size + piece + "\r\n");
+    while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {  // open until the router closes it
+    }
+  });
+  RouterOptions options;
+  options.backend = "127.0.0.1:" + std::to_string(engine.port());
+  options.migration_limit = 0;
+  Start(options);
+  UniqueFd fd = Connect(router_->port());
+  const std::string body = R"({"prompt":"x","max_tokens":4,"stream":true})";
+  ASSERT_TRUE(Put(fd.get(),
+                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                  "Content-Type: application/json\r\nContent-Length: " +
+                      std::to_string(body.size()) + "\r\n\r\n" + body));
+  const std::string response = ReadAll(fd.get());
+  EXPECT_NE(response.find("error"), std::string::npos) << response.substr(0, 400);
+  EXPECT_LT(response.size(), 64u << 10) << "the engine's bytes reached the client";
+  engine.Shutdown();
+  router_.reset();
+  serve.join();
 }
 
 TEST_F(RouterLimitsTest, DeeplyNestedBodyIs400) {

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 namespace baton {
 namespace {
 
@@ -51,6 +54,29 @@ TEST(RouterOptions, BadFlagsNameTheFlag) {
   ASSERT_FALSE(o.ok());
   EXPECT_NE(o.status().message().find("frobnicate"), std::string::npos);
   EXPECT_FALSE(ParseRouterFlags({"--api-key"}).ok());
+}
+
+// "--config FILE" and "--config=FILE" both read the file, and a flag overrides it wherever
+// it stands; a file that cannot be read is an error, never silently the defaults.
+TEST(RouterOptions, ConfigFileInBothFlagForms) {
+  const std::string path = ::testing::TempDir() + "/router-options-test.toml";
+  {
+    std::ofstream out(path);
+    out << "[router]\nlisten = \"127.0.0.1:9100\"\nmax_body_bytes = 42\n";
+  }
+  for (const std::string& form : {std::string("--config=") + path, std::string("--config")}) {
+    std::vector<std::string> args = {"--max-body-bytes", "7", form};
+    if (form == "--config") args.push_back(path);
+    Result<RouterOptions> o = ParseRouterFlags(args);
+    ASSERT_TRUE(o.ok()) << form << ": " << o.status().ToString();
+    EXPECT_EQ(o->listen_port, 9100) << form;
+    EXPECT_EQ(o->max_body_bytes, 7u) << form << ": the flag wins";
+  }
+  Result<RouterOptions> missing = ParseRouterFlags({"--config=/nonexistent/router.toml"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("/nonexistent/router.toml"), std::string::npos);
+  EXPECT_FALSE(ParseRouterFlags({"--config="}).ok());
+  std::remove(path.c_str());
 }
 
 TEST(RouterOptions, Toml) {

@@ -138,6 +138,35 @@ TEST(StreamReplayTest, WhatCannotBeContinued) {
   EXPECT_FALSE(n2.CanContinue());
 }
 
+// min_tokens counts the tokens already sent; answers whose shape a continuation cannot keep
+// (structured output, prompt log probabilities, a suffix) are ended explicitly instead.
+TEST(StreamReplayTest, MinTokensShrinksAndStructuredOutputIsNotContinued) {
+  StreamReplay r("/v1/completions",
+                 R"({"prompt":"hi","stream":true,"seed":1,"max_tokens":64,"min_tokens":3})");
+  r.BeginAttempt();
+  const std::vector<int32_t> prompt = {104, 105};
+  r.OnEvent(Chunk("first", {7}, "a", nullptr, &prompt));
+  r.OnEvent(Chunk("first", {8}, "b"));
+  ASSERT_TRUE(r.CanContinue());
+  r.BeginAttempt();
+  Json body = Json::parse(r.AttemptBody());
+  EXPECT_EQ(body["min_tokens"], 1);
+  r.OnEvent(Chunk("second", {9}, "c"));
+  r.OnEvent(Chunk("second", {10}, "d"));
+  r.BeginAttempt();
+  EXPECT_EQ(Json::parse(r.AttemptBody())["min_tokens"], 0) << "never below zero";
+  for (const char* extra : {R"("guided_json":{"type":"object"})", R"("guided_regex":"a+")",
+                            R"("response_format":{"type":"json_object"})", R"("prompt_logprobs":1)",
+                            R"("suffix":"end")"}) {
+    StreamReplay s("/v1/completions",
+                   std::string(R"({"prompt":"hi","stream":true,"seed":1,)") + extra + "}");
+    s.BeginAttempt();
+    EXPECT_TRUE(s.CanContinue()) << extra << ": a whole retry while nothing was sent";
+    s.OnEvent(Chunk("first", {7}, "a", nullptr, &prompt));
+    EXPECT_FALSE(s.CanContinue()) << extra;
+  }
+}
+
 TEST(StreamReplayTest, OnlyOneSequenceIsContinued) {
   for (const char* body : {R"({"prompt":["a","b"],"stream":true,"seed":1})",
                            R"({"prompt":[[1],[2]],"stream":true,"seed":1})",
@@ -309,8 +338,8 @@ TEST(StreamReplayChatTest, WithoutALimitTheContinuationSetsNone) {
 TEST(StreamReplayChatTest, AnswersThatAreNotPlainTextAreNotContinued) {
   for (const char* extra :
        {R"("tools":[{"type":"function"}])", R"("response_format":{"type":"json_object"})",
-        R"("logprobs":true)", R"("n":2)", R"("guided_json":{"type":"object"})", R"("min_tokens":4)",
-        R"("some_new_field":1)"}) {
+        R"("logprobs":true)", R"("n":2)", R"("guided_json":{"type":"object"})",
+        R"("top_logprobs":2)", R"("some_new_field":1)"}) {
     StreamReplay r("/v1/chat/completions",
                    std::string(R"({"messages":[],"stream":true,"seed":3,)") + extra + "}");
     r.BeginAttempt();
@@ -342,6 +371,18 @@ TEST(StreamReplayChatTest, AnswersThatAreNotPlainTextAreNotContinued) {
   no_ids.OnEvent(R"(data: {"choices":[{"delta":{"content":"a"}}]})"
                  "\n\n");
   EXPECT_FALSE(no_ids.CanContinue()) << "an engine that sends no token ids";
+}
+
+TEST(StreamReplayChatTest, MinTokensShrinksOnAChatContinuation) {
+  StreamReplay chat("/v1/chat/completions",
+                    R"({"messages":[],"stream":true,"seed":1,"min_tokens":5})");
+  chat.BeginAttempt();
+  const std::vector<int32_t> chat_prompt = {256};
+  chat.OnEvent(ChatEvent({7}, "a", &chat_prompt));
+  chat.OnEvent(ChatEvent({8}, "b"));
+  ASSERT_TRUE(chat.CanContinue()) << "min_tokens alone keeps a chat continuable";
+  chat.BeginAttempt();
+  EXPECT_EQ(Json::parse(chat.AttemptBody())["min_tokens"], 3);
 }
 
 }  // namespace
