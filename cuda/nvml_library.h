@@ -3,8 +3,8 @@
 //
 // After the controller reaps a fenced holder, the driver tears its context down; the barrier
 // waits until NVML no longer lists the dead pid on the device before the blocks move on
-// (DESIGN, "Memory backends": sync barrier). The NVML types used are declared here (the
-// toolkit's nvml.h is not needed): nvmlInit_v2, nvmlErrorString,
+// (docs/architecture.md, "Memory backends"; docs/gpu.md). The NVML types used are declared
+// here (the toolkit's nvml.h is not needed): nvmlInit_v2, nvmlErrorString,
 // nvmlDeviceGetHandleByPciBusId_v2 and nvmlDeviceGetComputeRunningProcesses_v3 with its
 // four-field process record, an ABI stable since NVML 11.
 // Load() uses $BATON_NVML_LIBRARY when set (tests point it at a fake), else

@@ -1,4 +1,5 @@
-// Router: baton-router's HTTP front door (DESIGN.md, Lossless requests; docs/router.md).
+// Router: baton-router's HTTP front door (docs/architecture.md, Lossless requests;
+// docs/router.md).
 //
 // Routes: POST /v1/completions and /v1/chat/completions and GET /v1/models go to an engine
 // chosen by Admission from the route table, each as a RelayedRequest (queued while no engine

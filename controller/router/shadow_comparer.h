@@ -1,5 +1,5 @@
-// ShadowComparer: a canary judged on output agreement (DESIGN.md; docs/router.md, Shadow
-// comparison).
+// ShadowComparer: a canary judged on output agreement (docs/architecture.md, An upgrade;
+// docs/router.md, Shadow comparison).
 //
 // Sampling in the reference engine is a pure function of (seed, position, logits), so a request
 // that fixes its answer (an explicit `seed`, or `temperature` 0) must get the same token ids
