@@ -30,9 +30,10 @@ struct Args {
 
 constexpr long kMaxTimeoutMs = 24L * 3600 * 1000;
 
-// With --json anywhere on the line, bad usage also prints its JSON object on stdout.
+// With --json on the line (before "--": after it, it belongs to an engine command), bad usage
+// and --help also print a JSON object on stdout.
 bool WantsJson(int argc, char** argv) {
-  for (int i = 1; i < argc; ++i) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
     if (std::strcmp(argv[i], "--json") == 0) return true;
   }
   return false;
@@ -41,10 +42,11 @@ bool WantsJson(int argc, char** argv) {
 int Usage(const std::string& why, bool json = false) {
   if (!why.empty()) std::fprintf(stderr, "batonctl: %s\n\n", why.c_str());
   std::fputs(CtlUsage(), why.empty() ? stdout : stderr);
-  if (json && !why.empty()) {
-    std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", why}}
-                            .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                            .c_str());
+  if (json) {
+    const nlohmann::json line = why.empty() ? nlohmann::json{{"ok", true}, {"usage", CtlUsage()}}
+                                            : nlohmann::json{{"ok", false}, {"error", why}};
+    std::printf("%s\n",
+                line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
   }
   return why.empty() ? 0 : 2;
 }
@@ -65,7 +67,7 @@ int ParseArgs(int argc, char** argv, Args* args) {
       args->rest.push_back(a);
       continue;
     }
-    if (a == "--help" || a == "-h") return Usage("");
+    if (a == "--help" || a == "-h") return Usage("", json);
     if (a == "--json") {
       args->json = true;
     } else if (a == "--socket" || a == "--timeout-ms") {
@@ -148,6 +150,10 @@ int Run(int argc, char** argv) {
   }
   if (args.json) {
     if (reply->exit_code != 0) std::fprintf(stderr, "batonctl: %s\n", reply->text.c_str());
+    if (reply->json.empty()) {  // a reply without its object (a request the controller refused)
+      reply->json = nlohmann::json{{"ok", reply->exit_code == 0}, {"error", reply->text}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
     std::printf("%s\n", reply->json.c_str());
   } else {
     std::FILE* out = reply->exit_code == 0 ? stdout : stderr;

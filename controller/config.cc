@@ -290,7 +290,12 @@ Status ApplyFlag(const std::string& name, const std::string& text, ControllerCon
   const std::map<std::string, Setter> keys = Keys(c);
   auto it = keys.find(key);
   if (it == keys.end()) return InvalidArgument("unknown flag --" + name + " (see --help)");
-  Status set = it->second(FlagValue(text));
+  const toml::value typed = FlagValue(text);
+  Status set = it->second(typed);
+  // A string key given a value that reads as a number or boolean (--controller.name=42).
+  if (!set.ok() && !typed.is_string()) {
+    if (Status as_text = it->second(toml::value(text)); as_text.ok()) return OkStatus();
+  }
   if (!set.ok()) return InvalidArgument("--" + name + ": " + set.message());
   return OkStatus();
 }
@@ -434,6 +439,7 @@ flags (each overrides the config file; every config key is also --section.key=VA
   --heartbeat-ms N       engine heartbeat interval (default 100)
   --heartbeat-misses N   missed heartbeats before a health probe (default 3)
   --base-port N          first {port} handed to engines (0: none)
+  --engine-log-dir DIR   each engine's stdout and stderr in DIR/engine-<id>.log  [engine.log_dir]
   --max-failures N       crash-loop threshold within policy.failure_window_s
   --metrics-port N       serve Prometheus /metrics on this port (0: off)
   --no-huge-pages        use normal pages for weights and pool

@@ -265,6 +265,32 @@ json StatusJson(const Controller& c) {
           {"invariants", c.invariants()}};
 }
 
+// The route table, then the last refusals and engine exits (five of each), for StatusText.
+void RoutesAndHistoryText(const json& s, std::ostringstream& out) {
+  const json& r = s["routes"];
+  out << "routes v" << r["version"] << " epoch " << r["epoch"] << ", " << r["subscribers"]
+      << " subscribers:";
+  for (const json& e : r["entries"]) {
+    out << " engine " << e["engine_id"] << "=" << e["role"].get<std::string>()
+        << (e["ready"].get<bool>() ? "(ready " : "(not ready ") << e["weight"] << "%)";
+  }
+  out << (r["entries"].empty() ? " none\n" : "\n");
+  const json& h = s["history"];
+  const size_t refusals = h["refusals"].size(), exits = h["exits"].size();
+  for (size_t i = refusals > 5 ? refusals - 5 : 0; i < refusals; ++i) {
+    const json& x = h["refusals"][i];
+    out << "refused " << x["who"].get<std::string>() << ": " << x["reason"].get<std::string>()
+        << " (" << static_cast<int64_t>(x["ms_ago"].get<double>()) << " ms ago)\n";
+  }
+  for (size_t i = exits > 5 ? exits - 5 : 0; i < exits; ++i) {
+    const json& x = h["exits"][i];
+    out << "exit: engine " << x["id"] << " pid " << x["pid"] << " ("
+        << x["launched_as"].get<std::string>() << "): " << x["cause"].get<std::string>() << ", "
+        << x["exit"].get<std::string>() << " (" << static_cast<int64_t>(x["ms_ago"].get<double>())
+        << " ms ago)\n";
+  }
+}
+
 std::string StatusText(const Controller& c) {
   const json s = StatusJson(c);
   std::ostringstream out;
@@ -283,7 +309,9 @@ std::string StatusText(const Controller& c) {
   out << "weights " << w["model_dir"].get<std::string>() << ": " << w["tensors"] << " tensors, "
       << w["resident_bytes"] << " of " << w["arena_bytes"] << " B resident, numa node "
       << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
-      << (w["locked"].get<bool>() ? ", locked" : ", not locked") << "\n";
+      << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
+      << " GB/s\n";
+  RoutesAndHistoryText(s, out);
   if (c.device() != nullptr) out << "device memory: " << c.device()->Describe() << "\n";
   if (c.cuda_backend() && c.device() == nullptr) {
     out << "device memory: LOST (" << c.device_lost_reason() << "), rebuilding; engines held\n";
@@ -430,13 +458,14 @@ std::string MetricsText(const Controller& c) {
 }
 
 const char* CtlUsage() {
-  return R"(usage: batonctl [--json] [--socket PATH] COMMAND [ARGS]
+  return R"(usage: batonctl [--json] [--socket PATH] [--timeout-ms N] COMMAND [ARGS]
 
 commands:
   status                 pair, roles, pids, epochs, versions, pool use, weights, transitions
   promote                graceful switch-over: drain the primary, promote the standby
   drain                  take the pair out of service (the primary finishes its requests)
-  drill kill|hang|error  kill -9 the primary, SIGSTOP it, or make it report an error
+  drill kill|hang|error  kill -9 the primary, SIGSTOP its process group, or make it
+                         report an error
   upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- CMD ARGS...
                          canary upgrade to a new engine command (same placeholders as
                          engine.command; or --engine-cmd "CMD"): it takes the standby's

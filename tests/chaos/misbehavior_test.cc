@@ -284,6 +284,10 @@ TEST(ChaosMisbehavior, BatonctlUsageAndRefusals) {
   EXPECT_NE(huge.out["error"].get<std::string>().find("--timeout-ms"), std::string::npos);
   EXPECT_EQ(cluster.Ctl({"drill"}).exit_code, 2);
   EXPECT_EQ(cluster.Ctl({"drill", "explode"}).exit_code, 2);
+  const CtlResult help = cluster.Ctl({"--help"});  // Ctl passes --json
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_EQ(help.out["ok"], true) << help.stdout_text;
+  EXPECT_NE(help.out["usage"].get<std::string>().find("--timeout-ms"), std::string::npos);
   const CtlResult status = cluster.Ctl({"status"});
   EXPECT_EQ(status.exit_code, 0);
   EXPECT_EQ(status.out["ok"], true);

@@ -2,6 +2,7 @@
 // metrics, and `batonctl` with no flags (the default runtime directory).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -169,6 +170,26 @@ TEST(ChaosCli, BatonctlFindsTheDefaultSocket) {
   const std::string unreachable = "BATON_RUNTIME_DIR=/nonexistent " + std::string(BATON_BIN_DIR) +
                                   "/batonctl status > /dev/null 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(unreachable.c_str())), 1);
+}
+
+// Plain `batonctl status` shows what operations.md promises: the pair, each engine, the pool,
+// the weights with their load speed, the route table, and recent exits.
+TEST(ChaosCli, PlainStatusShowsRoutesAndExits) {
+  ChaosCluster cluster;
+  ASSERT_EQ(::kill(PidOf(EngineWithRole(cluster.Status(), "primary")), SIGKILL), 0);
+  cluster.WaitReady("the pair after the failover");
+  const std::string cmd =
+      std::string(BATON_BIN_DIR) + "/batonctl --socket " + cluster.socket() + " status 2>&1";
+  std::FILE* pipe = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string text;
+  char buf[4096];
+  while (std::fgets(buf, sizeof(buf), pipe) != nullptr) text += buf;
+  EXPECT_EQ(::pclose(pipe), 0) << text;
+  for (const char* want : {"pair ready", "pool ", "GB/s", "routes v", "=primary(ready",
+                           "exit: engine 1", "killed by SIGKILL", "recent transitions"}) {
+    EXPECT_NE(text.find(want), std::string::npos) << want << " in:\n" << text;
+  }
 }
 
 }  // namespace

@@ -203,6 +203,7 @@ TEST(Config, FlagsOverrideTheFile) {
                                    "--health.heartbeat_interval_ms=25",
                                    "--upgrade.steps=20,100",
                                    "--upgrade.max_error_rate_excess=0.1",
+                                   "--controller.name=42",
                                    "--no-huge-pages"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -218,6 +219,7 @@ TEST(Config, FlagsOverrideTheFile) {
   EXPECT_EQ(c.engine_command[4], "a b");
   EXPECT_EQ(c.canary.steps, (std::vector<uint32_t>{20, 100}));
   EXPECT_DOUBLE_EQ(c.canary.max_error_rate_excess, 0.1);
+  EXPECT_EQ(c.name, "42") << "a string key takes a value that reads as a number";
   std::remove(path.c_str());
 }
 
@@ -235,6 +237,8 @@ TEST(Config, BadFlagsAreRefused) {
   EXPECT_NE(parse({"x", "--config", "/nonexistent.toml"}).message().find("/nonexistent.toml"),
             std::string::npos);
   EXPECT_EQ(parse({"x", "--help"}).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(parse({"x", "--health.heartbeat_interval_ms=soon"}).ok())
+      << "a number key still refuses text";
 }
 
 TEST(Config, SplitCommandLine) {
