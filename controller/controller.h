@@ -113,6 +113,9 @@ class Controller {
   uint64_t device_losses() const { return device_losses_; }
   uint64_t device_rebuilds() const { return device_rebuilds_; }
   const std::string& device_lost_reason() const { return device_lost_reason_; }
+  // Whether NVML listed the last engine that mapped device memory (nullopt: none checked yet);
+  // once it has listed one, it stays true.
+  std::optional<bool> nvml_lists_engines() const { return nvml_lists_engines_; }
   const RoutePublisher& routes() const { return routes_; }
   uint64_t durable_epoch() const { return journal_->current(); }
   // The journal's reservation: the highest epoch that may ever have been handed out.
@@ -320,6 +323,8 @@ class Controller {
   void PollBarrierWaits();
   // Reaped holders not fenced for want of a durable epoch (pid by engine), retried on ticks.
   std::map<EngineId, pid_t> unfenced_reaped_;
+  std::optional<bool> nvml_lists_engines_;
+  void CheckNvmlSeesEngine(const EngineRecord& e);
   TimePoint next_unfenced_retry_;
   void RetryUnfencedHolders();
   void FinishBarrierWait(const BarrierWait& g);

@@ -362,6 +362,7 @@ void Controller::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg)
                         << " weight bytes mapped read-only (pre-faulted in "
                         << msg.prefault_us / 1000.0 << " ms), " << msg.reserved_bytes
                         << " bytes of pool range reserved";
+  CheckNvmlSeesEngine(e);
   if (pair_.Allows(PairEvent::kStandbyReady)) ApplyPair(PairEvent::kStandbyReady);
   if (PromotionRecord* r = timelines_.awaiting_standby(); r != nullptr) {
     r->standby_ready = clock_.Now();
@@ -370,6 +371,30 @@ void Controller::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg)
   if (IsCanary(e.id) && Find(primary_) != nullptr && Find(primary_)->serving) StartCanary(e);
   PublishRoutes();
   MaybeLaunch();
+}
+
+// The barrier's GPU half asks NVML whether a reaped engine's pids are still on the GPU. An
+// engine that mapped device memory has a context, so NVML must list it now; if it does not
+// (the controller in another PID namespace than the pids NVML reports, a container without
+// --pid=host), that half cannot see anything: said once, loudly, and in `status`.
+void Controller::CheckNvmlSeesEngine(const EngineRecord& e) {
+  if (nvml_ == nullptr || device_ == nullptr || e.device_memory != "mapped") return;
+  if (nvml_lists_engines_.value_or(false)) return;
+  std::vector<pid_t> pids = ProcessGroupMembers(e.process.pid());
+  pids.push_back(e.process.pid());
+  const bool listed = GpuStillLists(pids);
+  if (listed) {
+    BATON_LOG(INFO, kLog) << "barrier: NVML lists " << Name(e) << "'s process on GPU "
+                          << device_->pci_bus_id() << ": the barrier waits for its release";
+  } else if (!nvml_lists_engines_.has_value()) {
+    BATON_LOG(ERROR, kLog) << "barrier: NVML does not list " << Name(e) << " (pid "
+                           << e.process.pid() << ") on GPU " << device_->pci_bus_id()
+                           << " although it mapped device memory; the controller may run in "
+                              "another PID namespace than NVML reports (a container without "
+                              "--pid=host): blocks move on at the reap, without the driver's "
+                              "release";
+  }
+  nvml_lists_engines_ = listed;
 }
 
 bool Controller::CheckEpoch(EngineRecord& e, uint64_t epoch, const char* what) {

@@ -111,7 +111,9 @@ json DeviceJson(const Controller& c) {
             {"lost", c.device() == nullptr},
             {"losses", c.device_losses()},
             {"rebuilds", c.device_rebuilds()},
-            {"last_loss", c.device_lost_reason()}};
+            {"last_loss", c.device_lost_reason()},
+            {"nvml_lists_engines",
+             c.nvml_lists_engines().has_value() ? json(*c.nvml_lists_engines()) : json()}};
   const DeviceOwner* d = c.device();
   if (d == nullptr) return j;
   const DeviceOwnerStats& s = d->stats();

@@ -118,6 +118,19 @@ TEST(DevicePairTest, BlocksWaitUntilNvmlNoLongerListsTheReapedPrimary) {
   std::remove(pids.c_str());
 }
 
+// NVML that lists no engine although each mapped device memory (the controller in another
+// PID namespace than the pids NVML reports) makes the barrier's GPU half blind: the
+// controller says so in its log and in `status`.
+TEST(DevicePairTest, AnNvmlThatCannotSeeTheEnginesIsReported) {
+  const std::string pids = "/tmp/baton-nvml-blind-" + std::to_string(::getpid()) + ".pids";
+  std::ofstream(pids).close();
+  ScopedEnv env("BATON_FAKE_NVML_PIDS", pids);
+  ChaosCluster cluster(CudaCluster({"--device-memory"}));
+  EXPECT_TRUE(WaitForLog(cluster, "barrier: NVML does not list engine")) << cluster.Log();
+  EXPECT_EQ(cluster.Status()["device"]["nvml_lists_engines"], false);
+  std::remove(pids.c_str());
+}
+
 TEST(DevicePairTest, ALostDeviceFencesTheEnginesAndIsRebuiltFromThePinnedCache) {
   const std::string lost = "/tmp/baton-lost-" + std::to_string(::getpid());
   std::remove(lost.c_str());
