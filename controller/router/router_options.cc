@@ -131,6 +131,22 @@ std::string Dashes(std::string key) {
   return key;
 }
 
+// A TOML value as its flag text: a string, an integer, or an array of integers joined with
+// commas (ramp_steps = [30, 60, 100], as the controller's upgrade.steps is written).
+Result<std::string> TomlText(const toml::value& v) {
+  if (v.is_string()) return std::string(v.as_string());
+  if (v.is_integer()) return std::to_string(v.as_integer());
+  if (v.is_array()) {
+    std::string joined;
+    for (const toml::value& item : v.as_array()) {
+      if (!item.is_integer()) return InvalidArgument("want an array of integers");
+      joined += (joined.empty() ? "" : ",") + std::to_string(item.as_integer());
+    }
+    return joined;
+  }
+  return InvalidArgument("want a string, an integer or an array of integers");
+}
+
 }  // namespace
 
 std::string RouterDefaultRuntimeDir() {
@@ -164,16 +180,14 @@ Status ParseRouterToml(const std::string& text, const std::string& source, Route
       for (const auto& [key, v] : value.as_table()) {
         auto it = setters.find(Dashes(key));
         if (it == setters.end()) return InvalidArgument(source + ": unknown key router." + key);
-        std::string s;
-        if (v.is_string()) {
-          s = v.as_string();
-        } else if (v.is_integer()) {
-          s = std::to_string(v.as_integer());
-        } else {
-          return InvalidArgument(source + ": router." + key + ": want a string or an integer");
-        }
-        if (Status st = it->second(s); !st.ok()) {
-          return InvalidArgument(source + ": router." + st.message());
+        Result<std::string> text = TomlText(v);
+        if (!text.ok())
+          return InvalidArgument(source + ": router." + key + ": " + text.status().message());
+        if (Status st = it->second(*text); !st.ok()) {
+          // The setter names the flag (max-queue-wait-ms); the file's reader wrote the key.
+          std::string message = st.message();
+          if (message.rfind(Dashes(key), 0) == 0) message = key + message.substr(key.size());
+          return InvalidArgument(source + ": router." + message);
         }
       }
     }

@@ -79,6 +79,20 @@ TEST(RouterOptions, ConfigFileInBothFlagForms) {
   std::remove(path.c_str());
 }
 
+// The file's errors name the key as written; ramp_steps may be an array, as the controller's
+// upgrade.steps is.
+TEST(RouterOptions, TomlKeysAsWrittenAndRampStepsAsAnArray) {
+  RouterOptions o;
+  ASSERT_TRUE(ParseRouterToml("[router]\nramp_steps = [20, 50, 100]\n", "r.toml", &o).ok());
+  EXPECT_EQ(o.ramp_steps, (std::vector<double>{0.2, 0.5, 1.0}));
+  ASSERT_TRUE(ParseRouterToml("[router]\nramp_steps = \"40,100\"\n", "r.toml", &o).ok());
+  EXPECT_EQ(o.ramp_steps, (std::vector<double>{0.4, 1.0}));
+  Status st = ParseRouterToml("[router]\nmax_queue_wait_ms = -5\n", "r.toml", &o);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("router.max_queue_wait_ms"), std::string::npos) << st.ToString();
+  EXPECT_FALSE(ParseRouterToml("[router]\nramp_steps = [\"a\"]\n", "r.toml", &o).ok());
+}
+
 TEST(RouterOptions, Toml) {
   RouterOptions o;
   ASSERT_TRUE(ParseRouterToml("[router]\nlisten = \"0.0.0.0:8100\"\nmax_body_bytes = 42\n"
