@@ -62,16 +62,22 @@ Status EngineSession::Impl::StartThread() {
 }
 
 void EngineSession::Impl::Run() {
-  int socket_fd;
-  {
-    std::lock_guard<std::mutex> lock(channel_mu_);
-    socket_fd = channel_->native_handle();
-  }
   TimePoint next_beat = clock_->Now();
   while (!stopping_.load()) {
     if (clock_->Now() >= next_beat) {
       SendHeartbeat();
       next_beat = clock_->Now() + heartbeat_interval_;
+    }
+    // Read each round: a send that failed on another thread closes the channel, and its fd
+    // number may already belong to another socket of the engine.
+    int socket_fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(channel_mu_);
+      if (channel_.has_value() && channel_->is_open()) socket_fd = channel_->native_handle();
+    }
+    if (socket_fd < 0) {
+      OnDisconnected("the connection to the controller is closed");
+      return;
     }
     pollfd fds[2] = {{.fd = socket_fd, .events = POLLIN, .revents = 0},
                      {.fd = wake_fd_.get(), .events = POLLIN, .revents = 0}};
