@@ -198,6 +198,12 @@ TEST(RouterStreamTest, ControllerRestartUnderLoadLosesNoRequest) {
     cluster.RestartController();
   });
   ExpectNoFailure(r, router);
+  // The restarted controller's primary is a new engine, even on an address seen before: the
+  // router says so, ramps onto it and counts a failover.
+  EXPECT_NE(ReadFile(cluster.dir() + "/router.log").find("a new controller (pid"),
+            std::string::npos)
+      << router.Log();
+  EXPECT_GE(MetricValue(router.port(), "baton_router_failovers_total"), 1);
 }
 
 // batonctl promote under load: the primary drains (finishes what it has), the standby takes
