@@ -2,8 +2,8 @@
 // metrics, and `batonctl` with no flags (the default runtime directory).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 
 #include <boost/asio/io_context.hpp>

@@ -13,14 +13,20 @@
 namespace baton::testing {
 namespace {
 
-TEST(EngineCAbi, ConnectPromoteAndReport) {
-  FakeController fake;
-  const std::string socket = fake.socket_path();
+// Options naming `fake`'s socket (`socket` must outlive them), token and engine id.
+baton_engine_options OptionsFor(const std::string& socket) {
   baton_engine_options options{};
   options.socket_path = socket.c_str();
   options.launch_token = kToken;
   options.engine_id = kEngineId;
   options.engine_version = "sdk-test";
+  return options;
+}
+
+TEST(EngineCAbi, ConnectPromoteAndReport) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine_options options = OptionsFor(socket);
   options.http_address = "127.0.0.1:1";
   options.prefault_weights = 1;
   baton_engine* engine = nullptr;
@@ -100,11 +106,7 @@ TEST(EngineCAbi, ConnectWithoutEnvironmentSaysWhatIsMissing) {
 TEST(EngineCAbi, AHugeTimeoutWaitsForTheEvent) {
   FakeController fake;
   const std::string socket = fake.socket_path();
-  baton_engine_options options{};
-  options.socket_path = socket.c_str();
-  options.launch_token = kToken;
-  options.engine_id = kEngineId;
-  options.engine_version = "sdk-test";
+  baton_engine_options options = OptionsFor(socket);
   baton_engine* engine = nullptr;
   auto connected =
       std::async(std::launch::async, [&] { return baton_engine_connect(&options, &engine); });
