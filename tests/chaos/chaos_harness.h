@@ -48,6 +48,10 @@ struct ClusterOptions {
   std::string gpu_backend;            // [gpu] backend when set (auto | host | cuda)
   int gpu_probe_ms = 0;               // [gpu] probe_interval_ms when set
   uint64_t gpu_pool_chunk_bytes = 0;  // [gpu] pool_chunk_bytes when set
+  // [upgrade] max_latency_ratio. Canary latency is not judged in chaos tests: they run in
+  // parallel on small CI machines, where a fresh engine's first requests can take twice as long
+  // as the warm primary's. tests/controller/canary_test.cc covers the latency rule.
+  double max_latency_ratio = 1000;
 };
 
 struct CtlResult {

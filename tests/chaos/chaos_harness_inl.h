@@ -94,6 +94,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
   if (o.standby_relaunch_delay_ms >= 0) {
     out << "standby_relaunch_delay_ms = " << o.standby_relaunch_delay_ms << "\n";
   }
+  out << "[upgrade]\nmax_latency_ratio = " << o.max_latency_ratio << "\n";
   if (!o.gpu_backend.empty()) {
     out << "[gpu]\nbackend = " << Quote(o.gpu_backend) << "\n";
     if (o.gpu_probe_ms > 0) out << "probe_interval_ms = " << o.gpu_probe_ms << "\n";
