@@ -123,7 +123,24 @@ std::string CanaryJudge::CheckAgreement(const proto::EngineOutcome& c) const {
          std::to_string(c.compared) + " compared requests; the limit is " + Fixed(limit, 3);
 }
 
-std::string CanaryJudge::CheckHealth(const OutcomeMap& now) const {
+std::string CanaryJudge::CheckLatency(const OutcomeMap& now) {
+  if (!at_warm_.has_value()) {
+    if (Seen(canary_, now).succeeded < policy_.latency_warmup_requests) return "";
+    at_warm_ = policy_.latency_warmup_requests == 0 ? at_start_ : now;
+  }
+  const proto::EngineOutcome c = Delta(now, *at_warm_, canary_);
+  const proto::EngineOutcome p = Delta(now, *at_warm_, primary_);
+  if (c.succeeded < policy_.min_requests || p.succeeded < policy_.min_requests) return "";
+  const double c_ms = std::max(1.0, MeanMs(c));
+  const double p_ms = std::max(1.0, MeanMs(p));
+  if (c_ms <= p_ms * policy_.max_latency_ratio) return "";
+  return "mean request duration " + Fixed(MeanMs(c), 1) + " ms on the canary against " +
+         Fixed(MeanMs(p), 1) + " ms on the primary (after the canary's first " +
+         std::to_string(policy_.latency_warmup_requests) + " requests); the limit is " +
+         Fixed(policy_.max_latency_ratio, 2) + "x";
+}
+
+std::string CanaryJudge::CheckHealth(const OutcomeMap& now) {
   const proto::EngineOutcome c = Seen(canary_, now);
   const proto::EngineOutcome p = Seen(primary_, now);
   if (std::string bad = CheckAgreement(c); !bad.empty()) return bad;
@@ -135,19 +152,10 @@ std::string CanaryJudge::CheckHealth(const OutcomeMap& now) const {
            " of " + std::to_string(c.requests) + ") against " + Fixed(p_err, 3) +
            " on the primary; the limit is +" + Fixed(policy_.max_error_rate_excess, 3);
   }
-  if (c.succeeded >= policy_.min_requests && p.succeeded >= policy_.min_requests) {
-    const double c_ms = std::max(1.0, MeanMs(c));
-    const double p_ms = std::max(1.0, MeanMs(p));
-    if (c_ms > p_ms * policy_.max_latency_ratio) {
-      return "mean request duration " + Fixed(MeanMs(c), 1) + " ms on the canary against " +
-             Fixed(MeanMs(p), 1) + " ms on the primary; the limit is " +
-             Fixed(policy_.max_latency_ratio, 2) + "x";
-    }
-  }
-  return "";
+  return CheckLatency(now);
 }
 
-CanaryJudge::Judgement CanaryJudge::Judge(const OutcomeMap& now) const {
+CanaryJudge::Judgement CanaryJudge::Judge(const OutcomeMap& now) {
   if (std::string bad = CheckHealth(now); !bad.empty()) return {Verdict::kRollback, bad};
   const proto::EngineOutcome in_step = Delta(now, at_step_, canary_);
   const Duration held = clock_->Now() - step_started_;

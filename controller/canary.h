@@ -10,7 +10,10 @@
 //   * its error rate exceeds the primary's by more than `max_error_rate_excess`, or
 //   * its mean request duration exceeds the primary's by more than `max_latency_ratio`
 //     times (both sides need `min_requests` successful attempts; means under 1 ms count as
-//     1 ms, so sub-millisecond noise never decides), or
+//     1 ms, so sub-millisecond noise never decides). Latency is counted, on both sides, from
+//     the first judgement that sees the canary past `latency_warmup_requests` successful
+//     attempts (at 0, from the canary's start): a new engine's first requests pay for kernel
+//     compilation, graph capture and cold caches, which says nothing of the version's speed. Or
 //   * its outputs differ from the primary's on more than `max_disagreement_rate` of the
 //     reproducible requests the routers compared (seeded or greedy, sent again to the
 //     primary in the background). At 0 (the default) one disagreement is enough, whatever the
@@ -24,6 +27,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +43,7 @@ struct CanaryPolicy {
   uint64_t min_requests = 20;
   double max_error_rate_excess = 0.05;
   double max_latency_ratio = 2.0;
+  uint64_t latency_warmup_requests = 10;
   double max_disagreement_rate = 0.0;
 };
 
@@ -62,8 +67,9 @@ class CanaryJudge {
               const OutcomeMap& at_start);
 
   // Judges the counters `now`. kAdvance and kPromote are only advice: the caller moves on
-  // with Advance() (kPromote: the last step is done).
-  Judgement Judge(const OutcomeMap& now) const;
+  // with Advance() (kPromote: the last step is done). The first call that sees the canary
+  // past its warm-up keeps `now` as the start of the latency window.
+  Judgement Judge(const OutcomeMap& now);
   // Moves to the next step, from now.
   void Advance(const OutcomeMap& now);
 
@@ -79,7 +85,8 @@ class CanaryJudge {
 
  private:
   static proto::EngineOutcome Delta(const OutcomeMap& now, const OutcomeMap& then, uint64_t engine);
-  std::string CheckHealth(const OutcomeMap& now) const;
+  std::string CheckHealth(const OutcomeMap& now);
+  std::string CheckLatency(const OutcomeMap& now);
   std::string CheckAgreement(const proto::EngineOutcome& canary) const;
 
   const Clock* clock_;
@@ -88,6 +95,7 @@ class CanaryJudge {
   uint64_t canary_;
   OutcomeMap at_start_;
   OutcomeMap at_step_;
+  std::optional<OutcomeMap> at_warm_;  // where latency counts from, once the canary warmed up
   size_t step_ = 0;
   TimePoint step_started_;
 };

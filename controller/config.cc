@@ -227,6 +227,8 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"upgrade.min_requests", U64(&c->canary.min_requests, 1, 1'000'000'000)},
       {"upgrade.max_error_rate_excess", Number(&c->canary.max_error_rate_excess, 0, 1)},
       {"upgrade.max_latency_ratio", Number(&c->canary.max_latency_ratio, 1, 1000)},
+      {"upgrade.latency_warmup_requests",
+       U64(&c->canary.latency_warmup_requests, 0, 1'000'000'000)},
       {"upgrade.max_disagreement_rate", Number(&c->canary.max_disagreement_rate, 0, 1)},
   };
 }

@@ -106,7 +106,9 @@ TEST(CanaryJudgeTest, ErrorsNoWorseThanThePrimarysPass) {
 TEST(CanaryJudgeTest, SlowCanaryRollsBack) {
   FakeClock clock;
   OutcomeMap m;
-  CanaryJudge judge(clock, Policy(), kPrimary, kCanary, m);
+  CanaryPolicy p = Policy();
+  p.latency_warmup_requests = 0;
+  CanaryJudge judge(clock, p, kPrimary, kCanary, m);
   Add(&m, kPrimary, 50, 0, 40);
   Add(&m, kCanary, 10, 0, 79);  // within 2x
   clock.Advance(milliseconds(1000));
@@ -115,6 +117,34 @@ TEST(CanaryJudgeTest, SlowCanaryRollsBack) {
   const CanaryJudge::Judgement j = judge.Judge(m);
   EXPECT_EQ(j.verdict, Verdict::kRollback);
   EXPECT_NE(j.reason.find("mean request duration"), std::string::npos) << j.reason;
+}
+
+// A new engine's first requests are slow (compilation, cold caches): they are not judged.
+// Latency counts, on both sides, from the judgement that saw the warm-up done.
+TEST(CanaryJudgeTest, WarmUpRequestsAreNotJudgedForLatency) {
+  FakeClock clock;
+  OutcomeMap m;
+  CanaryPolicy p = Policy();
+  p.latency_warmup_requests = 10;
+  CanaryJudge judge(clock, p, kPrimary, kCanary, m);
+  Add(&m, kPrimary, 50, 0, 4);
+  Add(&m, kCanary, 9, 0, 50);  // still warming up
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold);
+  Add(&m, kCanary, 3, 0, 50);  // 12: this judgement ends the warm-up
+  clock.Advance(milliseconds(1000));
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kAdvance) << "12 slow requests, all warm-up";
+  judge.Advance(m);
+  Add(&m, kPrimary, 10, 0, 4);
+  Add(&m, kCanary, 10, 0, 6);  // 6 ms against 4 ms since the warm-up: within 2x
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold);
+  Add(&m, kPrimary, 10, 0, 4);
+  Add(&m, kCanary, 10, 0, 20);  // mean 13 ms against 4 ms
+  const CanaryJudge::Judgement j = judge.Judge(m);
+  EXPECT_EQ(j.verdict, Verdict::kRollback);
+  EXPECT_NE(j.reason.find("mean request duration 13.0 ms on the canary against 4.0 ms"),
+            std::string::npos)
+      << j.reason;
+  EXPECT_NE(j.reason.find("after the canary's first 10 requests"), std::string::npos) << j.reason;
 }
 
 TEST(CanaryJudgeTest, OneDisagreementRollsBackByDefault) {

@@ -60,6 +60,7 @@ step_duration_ms = 60000
 min_requests = 50
 max_error_rate_excess = 0.02
 max_latency_ratio = 1.5
+latency_warmup_requests = 25
 max_disagreement_rate = 0.01
 
 [gpu]
@@ -107,6 +108,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->canary.min_requests, 50u);
   EXPECT_DOUBLE_EQ(c->canary.max_error_rate_excess, 0.02);
   EXPECT_DOUBLE_EQ(c->canary.max_latency_ratio, 1.5);
+  EXPECT_EQ(c->canary.latency_warmup_requests, 25u);
   EXPECT_DOUBLE_EQ(c->canary.max_disagreement_rate, 0.01);
   ControllerConfig done = *c;
   EXPECT_TRUE(FinishConfig(&done).ok());
