@@ -198,6 +198,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"model.lock", Bool(&c->weights_lock)},
       {"engine.command", Command(&c->engine_command)},
       {"engine.log_dir", Str(&c->engine_log_dir)},
+      {"engine.cgroup", Str(&c->engine_cgroup)},
       {"engine.base_port", Int(&c->base_port, 0, 65535)},
       {"engine.port_count", Int(&c->port_count, 1, 1024)},
       {"engine.register_timeout_ms", Time<Millis>(&c->register_timeout, 100, kDay)},

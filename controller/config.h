@@ -38,7 +38,10 @@ struct ControllerConfig {
   // [engine]
   std::vector<std::string> engine_command;
   std::string engine_log_dir;  // empty: engines inherit the controller's stdout/stderr
-  int base_port = 0;           // {port} is base_port + k, k < port_count, free at launch
+  // "auto" | "off" | a cgroup v2 directory: where each engine gets a cgroup that fencing
+  // kills whole (controller/engine_cgroup.h).
+  std::string engine_cgroup = "auto";
+  int base_port = 0;  // {port} is base_port + k, k < port_count, free at launch
   int port_count = 4;
   Duration register_timeout = std::chrono::seconds(60);
   Duration promote_timeout = std::chrono::seconds(5);

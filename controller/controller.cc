@@ -84,6 +84,17 @@ Status Controller::Init() {
   BATON_RETURN_IF_ERROR(MakeDir(config_.runtime_dir));
   BATON_RETURN_IF_ERROR(MakeDir(config_.state_dir));
   if (!config_.engine_log_dir.empty()) BATON_RETURN_IF_ERROR(MakeDir(config_.engine_log_dir));
+  BATON_ASSIGN_OR_RETURN(cgroups_, EngineCgroups::Open(config_.engine_cgroup, config_.runtime_dir,
+                                                       &cgroups_off_reason_));
+  if (cgroups_ != nullptr) {
+    BATON_LOG(INFO, kLog) << "engine cgroups under " << cgroups_->base()
+                          << ": a fence kills every process an engine started";
+  } else if (config_.engine_cgroup == "off") {
+    cgroups_off_reason_ = "engine.cgroup is \"off\"";
+  } else {
+    BATON_LOG(WARN, kLog) << "engine cgroups unavailable (" << cgroups_off_reason_
+                          << "): a fence kills each engine's process group only";
+  }
   BATON_ASSIGN_OR_RETURN(BackendChoice backend, ChooseBackend(config_));
   BATON_ASSIGN_OR_RETURN(EpochJournal journal, EpochJournal::Open(config_.journal_path()));
   journal_.emplace(std::move(journal));

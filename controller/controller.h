@@ -116,6 +116,10 @@ class Controller {
   // Whether NVML listed the last engine that mapped device memory (nullopt: none checked yet);
   // once it has listed one, it stays true.
   std::optional<bool> nvml_lists_engines() const { return nvml_lists_engines_; }
+  // Where engine cgroups are made; nullptr when fencing uses process groups only, for
+  // `cgroups_off_reason()`.
+  const EngineCgroups* cgroups() const { return cgroups_.get(); }
+  const std::string& cgroups_off_reason() const { return cgroups_off_reason_; }
   const RoutePublisher& routes() const { return routes_; }
   uint64_t durable_epoch() const { return journal_->current(); }
   // The journal's reservation: the highest epoch that may ever have been handed out.
@@ -281,6 +285,14 @@ class Controller {
   std::optional<proto::Listener> listener_;
   std::shared_ptr<proto::SendBudget> client_send_budget_;
   Supervisor supervisor_;
+  // Declared before every holder of an EngineCgroup (engines, barrier waits): destroyed last.
+  std::unique_ptr<EngineCgroups> cgroups_;
+  std::string cgroups_off_reason_;
+  // The engine's cgroup (null when cgroups are off), or why it could not be made.
+  Result<std::shared_ptr<EngineCgroup>> MakeCgroup(EngineId id);
+  // Every process of the engine that a fence must see gone: its process group's members and
+  // its cgroup's, the leader included.
+  std::vector<pid_t> EnginePids(const EngineRecord& e) const;
   PairMachine pair_;
   CrashLoopGuard guard_;
   TimelineLog timelines_;
@@ -306,8 +318,9 @@ class Controller {
   // once it passes, or at the deadline ([gpu] release_timeout_ms).
   struct BarrierWait {
     EngineId old = kNoEngine;
-    pid_t pid = 0;                  // the reaped leader; its process group id too
-    std::vector<pid_t> group_pids;  // the group's members when it was fenced (CUDA backend)
+    pid_t pid = 0;                         // the reaped leader; its process group id too
+    std::vector<pid_t> group_pids;         // the group's members when it was fenced (CUDA backend)
+    std::shared_ptr<EngineCgroup> cgroup;  // the engine's cgroup, or null
     std::optional<PendingFailover> failover;
     TimePoint deadline;
     bool still_listed = false;  // set when the wait ends: true if it ended by the timeout
@@ -321,8 +334,12 @@ class Controller {
   // lists it on GPU ..."), or "" once it has passed.
   std::string BarrierHeldBy(const BarrierWait& w);
   void PollBarrierWaits();
-  // Reaped holders not fenced for want of a durable epoch (pid by engine), retried on ticks.
-  std::map<EngineId, pid_t> unfenced_reaped_;
+  // Reaped holders not fenced for want of a durable epoch, retried on ticks.
+  struct UnfencedHolder {
+    pid_t pid = 0;
+    std::shared_ptr<EngineCgroup> cgroup;
+  };
+  std::map<EngineId, UnfencedHolder> unfenced_reaped_;
   std::optional<bool> nvml_lists_engines_;
   void CheckNvmlSeesEngine(const EngineRecord& e);
   TimePoint next_unfenced_retry_;

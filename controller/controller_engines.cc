@@ -82,7 +82,15 @@ void Controller::Launch(const std::string& role) {
   rec->deadline = now + config_.register_timeout;
   ++launches_;
   rec->command = CommandFor(id, role);
-  Result<ChildProcess> child = supervisor_.Launch({id, role, *token, rec->port, rec->command});
+  Result<std::shared_ptr<EngineCgroup>> cgroup = MakeCgroup(id);
+  Result<ChildProcess> child =
+      cgroup.ok() ? supervisor_.Launch({.engine_id = id,
+                                        .role = role,
+                                        .token = *token,
+                                        .port = rec->port,
+                                        .command = rec->command,
+                                        .cgroup_procs_fd = *cgroup ? (*cgroup)->procs_fd() : -1})
+                  : Result<ChildProcess>(cgroup.status());
   if (!child.ok()) {
     BATON_LOG(ERROR, kLog) << "engine " << id << " (" << role
                            << ") failed to launch: " << child.status().ToString();
@@ -93,6 +101,7 @@ void Controller::Launch(const std::string& role) {
       EndUpgrade("rolled_back", "the canary failed to launch: " + child.status().message());
     return;
   }
+  rec->cgroup = std::move(cgroup).value();
   rec->process = std::move(child).value();
   BATON_LOG(INFO, kLog) << "launched engine " << id << " as " << role << ": pid "
                         << rec->process.pid() << ", port " << rec->port;
@@ -380,9 +389,7 @@ void Controller::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg)
 void Controller::CheckNvmlSeesEngine(const EngineRecord& e) {
   if (nvml_ == nullptr || device_ == nullptr || e.device_memory != "mapped") return;
   if (nvml_lists_engines_.value_or(false)) return;
-  std::vector<pid_t> pids = ProcessGroupMembers(e.process.pid());
-  pids.push_back(e.process.pid());
-  const bool listed = GpuStillLists(pids);
+  const bool listed = GpuStillLists(EnginePids(e));
   if (listed) {
     BATON_LOG(INFO, kLog) << "barrier: NVML lists " << Name(e) << "'s process on GPU "
                           << device_->pci_bus_id() << ": the barrier waits for its release";

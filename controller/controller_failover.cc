@@ -92,8 +92,9 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
   e->deadline.reset();
   e->serving = false;
   // Killing is the only revocation of a mapping: every fenced engine is killed and reaped,
-  // with every process of its group (its workers; the engine itself under a wrapper script).
-  if (nvml_ != nullptr) e->group_pids = ProcessGroupMembers(e->process.pid());
+  // with every process of its group (its workers; the engine itself under a wrapper script)
+  // and of its cgroup (any process it started, even one that left the group).
+  if (nvml_ != nullptr) e->group_pids = EnginePids(*e);
   Result<std::optional<ExitInfo>> exited = e->process.TryReap();
   const bool alive = exited.ok() && !exited->has_value();
   const TimePoint killed_at = clock_.Now();
@@ -104,6 +105,11 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
   }
   if (Status killed = e->process.SignalGroup(SIGKILL); !killed.ok()) {
     BATON_LOG(ERROR, kLog) << killed.ToString();
+  }
+  if (e->cgroup != nullptr) {
+    if (Status killed = e->cgroup->Kill(); !killed.ok()) {
+      BATON_LOG(ERROR, kLog) << killed.ToString();
+    }
   }
   if (e->channel != nullptr) e->channel->Close();
   e->channel.reset();
@@ -227,7 +233,7 @@ void Controller::FinishFence(EngineRecord& e) {
   if (le != nullptr && le->role == LedgerRole::kHolder) FenceInLedger(e);
   le = ledger_->engine(id);
   if (le != nullptr && le->role == LedgerRole::kHolder) {
-    unfenced_reaped_[id] = e.process.pid();
+    unfenced_reaped_[id] = {.pid = e.process.pid(), .cgroup = e.cgroup};
     BATON_LOG(ERROR, kLog) << "engine " << id << " is reaped but has no durable epoch to be "
                            << "fenced at: its " << le->blocks
                            << " blocks wait until the epoch journal can be written";
@@ -244,6 +250,7 @@ void Controller::FinishFence(EngineRecord& e) {
   BarrierWait wait{.old = id,
                    .pid = e.process.pid(),
                    .group_pids = e.group_pids,
+                   .cgroup = e.cgroup,
                    .failover = failover,
                    .deadline = now + config_.gpu_release_timeout};
   const std::string held_by =
@@ -258,122 +265,6 @@ void Controller::FinishFence(EngineRecord& e) {
   (void)e.machine.Apply(EngineEvent::kFenceDone);
   if (pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
   engines_.erase(id);
-}
-
-void Controller::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
-  const LedgerEngine* le = ledger_->engine(id);
-  const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
-  if (failover.has_value()) {
-    EngineRecord* s = Find(failover->successor);
-    if (s != nullptr && s->live() && s->is(EngineState::kStandby)) {
-      Status promoted = ledger_->Promote(s->id, failover->epoch);
-      Result<std::vector<Extent>> moved = promoted.ok() ? ledger_->ReleaseAfterBarrier(id, s->id)
-                                                        : Result<std::vector<Extent>>(promoted);
-      if (moved.ok()) {
-        SendPromote(*s, failover->epoch, *moved);
-      } else {
-        BATON_LOG(ERROR, kLog) << "handing blocks to engine " << s->id << ": "
-                               << moved.status().ToString();
-      }
-    } else if (fenced) {
-      (void)ledger_->ReleaseAfterBarrier(id);
-    }
-  } else if (fenced) {
-    Result<std::vector<Extent>> freed = ledger_->ReleaseAfterBarrier(id);
-    if (!freed.ok())
-      BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
-  }
-}
-
-bool Controller::GpuStillLists(const std::vector<pid_t>& pids) {
-  if (nvml_ == nullptr || device_ == nullptr || pids.empty()) return false;
-  Result<std::vector<pid_t>> listed = nvml_->ComputePids(device_->pci_bus_id());
-  if (!listed.ok()) {
-    BATON_LOG(WARN, kLog) << "barrier: " << listed.status().message()
-                          << "; going on with the reap as the barrier";
-    return false;
-  }
-  for (pid_t pid : pids) {
-    if (std::find(listed->begin(), listed->end(), pid) != listed->end()) return true;
-  }
-  return false;
-}
-
-std::string Controller::BarrierHeldBy(const BarrierWait& w) {
-  if (ProcessGroupAlive(w.pid)) return "another process of its group lives on";
-  std::vector<pid_t> pids = w.group_pids;
-  if (std::find(pids.begin(), pids.end(), w.pid) == pids.end()) pids.push_back(w.pid);
-  if (GpuStillLists(pids)) return "NVML still lists it on GPU " + device_->pci_bus_id();
-  return "";
-}
-
-// Reaped holders whose fence found no durable epoch, tried again (at most once a second, as
-// each failed try spends a batch of epochs): fenced at a new epoch, then past the barrier
-// like any other, so that their blocks return to the pool.
-void Controller::RetryUnfencedHolders() {
-  const TimePoint now = clock_.Now();
-  if (unfenced_reaped_.empty() || now < next_unfenced_retry_) return;
-  next_unfenced_retry_ = now + std::chrono::seconds(1);
-  while (!unfenced_reaped_.empty()) {
-    const auto [id, pid] = *unfenced_reaped_.begin();
-    Result<uint64_t> epoch = AdvanceEpoch();
-    if (!epoch.ok()) return;
-    unfenced_reaped_.erase(unfenced_reaped_.begin());
-    if (Status fenced = ledger_->Fence(id, *epoch); !fenced.ok()) {
-      BATON_LOG(ERROR, kLog) << "fencing reaped engine " << id << ": " << fenced.ToString();
-      continue;
-    }
-    BATON_LOG(INFO, kLog) << "reaped engine " << id << " fenced at epoch " << *epoch;
-    BarrierWait wait{.old = id,
-                     .pid = pid,
-                     .group_pids = {},
-                     .failover = std::nullopt,
-                     .deadline = now + config_.gpu_release_timeout};
-    if (!BarrierHeldBy(wait).empty()) {
-      barrier_waits_[id] = std::move(wait);
-    } else {
-      HandOverBlocks(id, std::nullopt);
-    }
-  }
-}
-
-void Controller::PollBarrierWaits() {
-  std::vector<BarrierWait> ready;
-  for (auto it = barrier_waits_.begin(); it != barrier_waits_.end();) {
-    const bool holds = !BarrierHeldBy(it->second).empty();
-    if (holds && clock_.Now() < it->second.deadline) {
-      ++it;
-      continue;
-    }
-    ready.push_back(it->second);
-    ready.back().still_listed = holds;
-    it = barrier_waits_.erase(it);
-  }
-  for (const BarrierWait& g : ready) FinishBarrierWait(g);
-}
-
-void Controller::FinishBarrierWait(const BarrierWait& g) {
-  const bool listed = g.still_listed;
-  const TimePoint now = clock_.Now();
-  if (listed) {
-    BATON_LOG(ERROR, kLog) << "barrier: engine " << g.old << " (pid " << g.pid
-                           << "): another process of its group is alive, or the GPU lists one, "
-                           << "after "
-                           << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  config_.gpu_release_timeout)
-                                  .count()
-                           << " ms; every one was sent SIGKILL, so its blocks move on";
-  } else if (nvml_ != nullptr) {
-    BATON_LOG(INFO, kLog) << "barrier: NVML no longer lists pid " << g.pid
-                          << " on the GPU and no process of its group is left; its blocks move on";
-  } else {
-    BATON_LOG(INFO, kLog) << "barrier: no process of engine " << g.old << "'s group (pid " << g.pid
-                          << ") is left; its blocks move on";
-  }
-  if (PromotionRecord* r = timelines_.current(); r != nullptr && g.failover.has_value()) {
-    r->gpu_released = now;
-  }
-  HandOverBlocks(g.old, g.failover);
 }
 
 // --- promotion ----------------------------------------------------------------------------------

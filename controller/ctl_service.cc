@@ -59,7 +59,17 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
   if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
   if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
   if (e.failed.has_value()) j["fence_reason"] = e.fail_reason;
+  j["cgroup"] = e.cgroup != nullptr ? json(e.cgroup->path()) : json();
   return j;
+}
+
+// How a fence finds an engine's processes: a cgroup per engine, or its process group only.
+json FencingJson(const Controller& c) {
+  const EngineCgroups* g = c.cgroups();
+  return {{"by", g != nullptr ? "cgroup" : "process_group"},
+          {"cgroup_base", g != nullptr ? json(g->base()) : json()},
+          {"cgroup_off_reason", c.cgroups_off_reason()},
+          {"leftovers_killed", g != nullptr ? g->leftovers_killed() : 0}};
 }
 
 json PoolJson(const Controller& c) {
@@ -258,6 +268,7 @@ json StatusJson(const Controller& c) {
           {"pool", PoolJson(c)},
           {"weights", WeightsJson(c)},
           {"device", DeviceJson(c)},
+          {"fencing", FencingJson(c)},
           {"crash_loop", GuardJson(c)},
           {"routes", RoutesJson(c)},
           {"transitions", TransitionsJson(c)},
@@ -323,6 +334,10 @@ std::string StatusText(const Controller& c) {
         << ", last: " << c.device_lost_reason() << "\n";
   }
   out << UpgradeText(c);
+  out << "fencing: "
+      << (c.cgroups() != nullptr ? "a cgroup per engine under " + c.cgroups()->base()
+                                 : "process groups only (" + c.cgroups_off_reason() + ")")
+      << "\n";
   const json& g = s["crash_loop"];
   out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
       << (g["in_backoff"].get<bool>() ? ", in backoff" : "") << "\n";

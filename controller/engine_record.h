@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "controller/engine_cgroup.h"
 #include "controller/failure_detector.h"
 #include "controller/pair_state.h"
 #include "controller/pool_ledger.h"
@@ -52,6 +53,10 @@ struct EngineRecord {
   std::string launch_role;  // "primary" or "standby": what it was launched as
   std::string token;
   int port = 0;
+  // The engine's cgroup (null when cgroups are off): declared before `process`, so that the
+  // leader is reaped before the cgroup kills what is left and is removed. Shared with the
+  // barrier, which waits for it to empty.
+  std::shared_ptr<EngineCgroup> cgroup;
   ChildProcess process;
   // The members of the engine's process group when it was fenced (CUDA backend only: the
   // barrier asks NVML about each of them, dead ones included).

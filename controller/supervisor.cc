@@ -91,12 +91,28 @@ void CloseInheritedFds(int keep) {
   }
 }
 
+// What the child reports on the exec-error pipe when it cannot run the engine.
+struct ChildError {
+  int stage;  // kJoinCgroup or kExec
+  int err;    // errno
+};
+constexpr int kJoinCgroup = 1;
+constexpr int kExec = 2;
+
+[[noreturn]] void ChildFails(int error_fd, int stage) {
+  const ChildError e{.stage = stage, .err = errno};
+  ssize_t unused = ::write(error_fd, &e, sizeof(e));
+  (void)unused;
+  ::_exit(127);
+}
+
 // In the child, between fork and exec: async-signal-safe calls only.
 [[noreturn]] void ExecChild(const char* path, char** argv, char** envp, int log_fd, int error_fd,
-                            pid_t parent) {
+                            int cgroup_fd, pid_t parent) {
   ::prctl(PR_SET_PDEATHSIG, SIGKILL);
   if (::getppid() != parent) ::_exit(126);  // the controller died before prctl
-  ::setpgid(0, 0);                          // terminal signals go to the controller only
+  if (cgroup_fd >= 0 && ::write(cgroup_fd, "0", 1) != 1) ChildFails(error_fd, kJoinCgroup);
+  ::setpgid(0, 0);  // terminal signals go to the controller only
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
@@ -107,10 +123,7 @@ void CloseInheritedFds(int keep) {
   }
   CloseInheritedFds(error_fd);
   ::execve(path, argv, envp);
-  const int err = errno;
-  ssize_t unused = ::write(error_fd, &err, sizeof(err));
-  (void)unused;
-  ::_exit(127);
+  ChildFails(error_fd, kExec);
 }
 
 }  // namespace
@@ -143,7 +156,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
 
 Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
                                          const std::map<std::string, std::string>& env,
-                                         const std::string& log_path) {
+                                         const std::string& log_path, int cgroup_procs_fd) {
   if (argv.empty()) return InvalidArgument("empty engine command");
   BATON_ASSIGN_OR_RETURN(std::string path, ResolveExecutable(argv[0]));
   std::vector<std::string> args = argv;
@@ -163,7 +176,8 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
   const pid_t pid = ::fork();
   if (pid < 0) return ErrnoStatus("fork", errno);
   if (pid == 0) {
-    ExecChild(path.c_str(), c_args.data(), c_envs.data(), log_fd.get(), error_write.get(), parent);
+    ExecChild(path.c_str(), c_args.data(), c_envs.data(), log_fd.get(), error_write.get(),
+              cgroup_procs_fd, parent);
   }
   error_write.Reset();
   UniqueFd pidfd(PidfdOpen(pid));
@@ -175,14 +189,15 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
     child.pid_ = 0;
     return ErrnoStatus("pidfd_open", open_errno);
   }
-  int exec_errno = 0;
+  ChildError failed{};
   ssize_t n;
   do {
-    n = ::read(error_read.get(), &exec_errno, sizeof(exec_errno));
+    n = ::read(error_read.get(), &failed, sizeof(failed));
   } while (n < 0 && errno == EINTR);
-  if (n == sizeof(exec_errno)) {
+  if (n == sizeof(failed)) {
     child.KillAndReap();
-    return ErrnoStatus("executing engine command " + path, exec_errno);
+    if (failed.stage == kJoinCgroup) return ErrnoStatus("joining the engine's cgroup", failed.err);
+    return ErrnoStatus("executing engine command " + path, failed.err);
   }
   return child;
 }
@@ -321,7 +336,7 @@ Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
   std::string log_path;
   if (!log_dir_.empty())
     log_path = log_dir_ + "/engine-" + std::to_string(request.engine_id) + ".log";
-  return ChildProcess::Spawn(Expand(request), env, log_path);
+  return ChildProcess::Spawn(Expand(request), env, log_path, request.cgroup_procs_fd);
 }
 
 Result<std::string> Supervisor::NewToken() {

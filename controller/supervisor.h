@@ -49,10 +49,11 @@ class ChildProcess {
   ChildProcess& operator=(const ChildProcess&) = delete;
 
   // fork + exec `argv` with `env` added to the environment. stdout/stderr go to `log_path`
-  // (appended) unless it is empty.
+  // (appended) unless it is empty. With `cgroup_procs_fd` (a cgroup's cgroup.procs open for
+  // writing) the child joins that cgroup before exec; failing to is an error.
   static Result<ChildProcess> Spawn(const std::vector<std::string>& argv,
                                     const std::map<std::string, std::string>& env,
-                                    const std::string& log_path);
+                                    const std::string& log_path, int cgroup_procs_fd = -1);
 
   pid_t pid() const { return pid_; }
   int pidfd() const { return pidfd_.get(); }
@@ -84,6 +85,7 @@ struct LaunchRequest {
   // The command line to expand instead of the configured one (an upgrade's candidate);
   // empty: the configured command.
   std::vector<std::string> command = {};
+  int cgroup_procs_fd = -1;  // the engine's cgroup (EngineCgroup::procs_fd), or -1
 };
 
 // True while process group `pgid` has a member that is not a zombie (a zombie's memory is

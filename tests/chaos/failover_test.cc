@@ -206,6 +206,44 @@ TEST(ChaosFailover, AWrappedEngineIsFencedWithItsWholeProcessGroup) {
   cluster.CheckFencing();
 }
 
+// A worker that left the engine's process group (setsid, as a daemonizing helper does) is
+// out of reach of a process-group kill; the engine's cgroup still holds it, and the fence
+// kills it with the engine. Skipped where the controller runs without engine cgroups.
+TEST(ChaosFailover, AWorkerThatLeftItsGroupIsFencedThroughTheCgroup) {
+  char tmpl[] = "/tmp/baton-escape-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ClusterOptions options;
+  // The wrapper starts a worker in a new session, which writes its pid to escaped-<engine pid>
+  // (the wrapper's pid: it execs the engine), then runs the engine.
+  options.engine_wrapper = {
+      "/bin/sh", "-c",
+      "setsid sh -c 'echo $$ > \"$0\"; exec sleep 600' \"" + dir + "/escaped-$$\" & exec \"$@\"",
+      "engine-wrapper"};
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  if (before["fencing"]["by"] != "cgroup") {
+    GTEST_SKIP() << "no engine cgroups: " << before["fencing"].dump();
+  }
+  const json primary = EngineWithRole(before, "primary");
+  EXPECT_FALSE(primary["cgroup"].is_null()) << primary.dump();
+  const std::string file = dir + "/escaped-" + std::to_string(PidOf(primary));
+  pid_t escaped = 0;
+  for (int i = 0; i < 500 && escaped == 0; ++i) {
+    std::ifstream(file) >> escaped;
+    if (escaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GT(escaped, 0) << "the worker never wrote " << file;
+  ASSERT_FALSE(LiveGroupMembers(escaped).empty());
+  EXPECT_NE(::getpgid(escaped), PidOf(primary)) << "the worker is outside the engine's group";
+
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  WaitNewPrimary(cluster, primary["id"], "the standby to take over");
+  EXPECT_TRUE(LiveGroupMembers(escaped).empty()) << "the escaped worker outlived its fence";
+  cluster.CheckFencing();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(ChaosFailover, ErrorReportFencesAtOnce) {
   ChaosCluster cluster;
   const json before = cluster.Status();

@@ -191,7 +191,8 @@ TEST(ChaosCli, PlainStatusShowsRoutesAndExits) {
   for (const std::string& want :
        {std::string("pair ready"), std::string("pool "), std::string("GB/s"),
         std::string("routes v"), std::string("=primary(ready"), exit,
-        std::string("killed by SIGKILL"), std::string("recent transitions")}) {
+        std::string("killed by SIGKILL"), std::string("recent transitions"),
+        std::string("fencing: ")}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << " in:\n" << text;
   }
 }

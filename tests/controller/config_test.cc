@@ -28,6 +28,7 @@ lock = false
 [engine]
 command = ["build/bin/baton-refengine", "--socket", "{socket}", "--port", "{port}"]
 log_dir = "/tmp/baton-test-logs"
+cgroup = "off"
 base_port = 8101
 port_count = 2
 register_timeout_ms = 30000
@@ -83,6 +84,7 @@ TEST(Config, ParsesEveryKey) {
   ASSERT_EQ(c->engine_command.size(), 5u);
   EXPECT_EQ(c->engine_command[2], "{socket}");
   EXPECT_EQ(c->engine_log_dir, "/tmp/baton-test-logs");
+  EXPECT_EQ(c->engine_cgroup, "off");
   EXPECT_EQ(c->base_port, 8101);
   EXPECT_EQ(c->port_count, 2);
   EXPECT_EQ(c->register_timeout, seconds(30));

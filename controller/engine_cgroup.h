@@ -1,0 +1,94 @@
+// EngineCgroup and EngineCgroups: a cgroup v2 directory per engine, so that a fence reaches
+// every process an engine started, including one that left its process group (`setsid`, a
+// daemonized worker), and so that the barrier knows when the last of them is gone.
+//
+// Layout: <base>/engine-<id>. With the setting "auto", base is
+// "<cgroup2 mount><the controller's own cgroup>/baton-<key>", where key names the controller's
+// runtime directory (one controller per runtime directory); otherwise base is the configured
+// directory. The child joins its cgroup between fork and exec by writing "0" to the
+// cgroup.procs descriptor opened here (ChildProcess::Spawn), before any engine code runs, so
+// nothing the engine starts is outside it. No controller is enabled in base's
+// cgroup.subtree_control: the cgroups only group, they limit nothing.
+//
+// Kill() writes "1" to cgroup.kill (Linux 5.14): the kernel sends SIGKILL to every member,
+// forks in flight included. Populated() reads cgroup.events: zombies do not count (a zombie
+// holds no memory). Both are plain file writes and reads (a few µs), fit for the io thread.
+//
+// RAII: ~EngineCgroup kills what is left and removes the directory; ~EngineCgroups removes
+// base. Opening EngineCgroups kills and removes every engine-* cgroup an earlier controller
+// of the same runtime directory left behind (its engines died with it, by PR_SET_PDEATHSIG;
+// processes those engines had started did not).
+//
+// Thread: io_context thread only.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/unique_fd.h"
+
+namespace baton {
+
+class EngineCgroup {
+ public:
+  EngineCgroup(std::string path, UniqueFd procs)
+      : path_(std::move(path)), procs_(std::move(procs)) {}
+  ~EngineCgroup();
+  EngineCgroup(const EngineCgroup&) = delete;
+  EngineCgroup& operator=(const EngineCgroup&) = delete;
+
+  const std::string& path() const { return path_; }
+  // cgroup.procs opened for writing: the child writes "0" to it to join.
+  int procs_fd() const { return procs_.get(); }
+  // SIGKILL to every member (cgroup.kill).
+  Status Kill();
+  // True while a member that is not a zombie is left (also when cgroup.events cannot be read
+  // while the directory exists: the barrier then waits for its deadline).
+  bool Populated() const;
+  // The members' pids (cgroup.procs); empty on error.
+  std::vector<pid_t> Members() const;
+
+ private:
+  std::string path_;
+  UniqueFd procs_;
+};
+
+class EngineCgroups {
+ public:
+  // `setting`: "off" -> nullptr (process groups only); "auto" -> under the controller's own
+  // cgroup, or nullptr with `*why_not` set when cgroup v2 cannot be used here (no cgroup2
+  // mount, no cgroup.kill, no permission); an absolute path -> that directory, which must
+  // work (an error otherwise). `runtime_dir` gives the key of "auto".
+  static Result<std::unique_ptr<EngineCgroups>> Open(const std::string& setting,
+                                                     const std::string& runtime_dir,
+                                                     std::string* why_not);
+  ~EngineCgroups();
+  EngineCgroups(const EngineCgroups&) = delete;
+  EngineCgroups& operator=(const EngineCgroups&) = delete;
+
+  // Makes <base>/engine-<id> (a leftover of that name is killed and removed first).
+  Result<std::shared_ptr<EngineCgroup>> Create(uint64_t engine_id);
+
+  const std::string& base() const { return base_; }
+  // Processes found and killed in leftover cgroups when this was opened.
+  size_t leftovers_killed() const { return leftovers_killed_; }
+
+ private:
+  EngineCgroups(std::string base, bool owned) : base_(std::move(base)), owned_(owned) {}
+  Status ClearLeftovers();
+
+  std::string base_;
+  bool owned_;  // made by Open: removed on destruction
+  size_t leftovers_killed_ = 0;
+};
+
+// The cgroup2 directory the calling process belongs to ("" when there is none), from
+// /proc/self/mountinfo and /proc/self/cgroup.
+std::string OwnCgroup2Dir();
+
+}  // namespace baton
