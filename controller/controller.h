@@ -333,6 +333,9 @@ class Controller {
   // What still holds `w`'s barrier ("another process of its group lives on", "NVML still
   // lists it on GPU ..."), or "" once it has passed.
   std::string BarrierHeldBy(const BarrierWait& w);
+  // Hands `wait.old`'s blocks on at once when nothing holds its barrier, else keeps the wait
+  // (PollBarrierWaits ends it).
+  void PassBarrierOrWait(BarrierWait wait);
   void PollBarrierWaits();
   // Reaped holders not fenced for want of a durable epoch, retried on ticks.
   struct UnfencedHolder {

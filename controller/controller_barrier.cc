@@ -70,6 +70,14 @@ bool Controller::GpuStillLists(const std::vector<pid_t>& pids) {
   return false;
 }
 
+void Controller::PassBarrierOrWait(BarrierWait wait) {
+  const std::string held_by = BarrierHeldBy(wait);
+  if (held_by.empty()) return HandOverBlocks(wait.old, wait.failover);
+  BATON_LOG(WARN, kLog) << "engine " << wait.old << " (pid " << wait.pid << ") is reaped but "
+                        << held_by << ": its blocks wait for the barrier";
+  barrier_waits_[wait.old] = std::move(wait);
+}
+
 std::string Controller::BarrierHeldBy(const BarrierWait& w) {
   if (ProcessGroupAlive(w.pid)) return "another process of its group lives on";
   if (w.cgroup != nullptr && w.cgroup->Populated()) {
@@ -104,11 +112,7 @@ void Controller::RetryUnfencedHolders() {
                      .cgroup = holder.cgroup,
                      .failover = std::nullopt,
                      .deadline = now + config_.gpu_release_timeout};
-    if (!BarrierHeldBy(wait).empty()) {
-      barrier_waits_[id] = std::move(wait);
-    } else {
-      HandOverBlocks(id, std::nullopt);
-    }
+    PassBarrierOrWait(std::move(wait));
   }
 }
 

@@ -253,14 +253,10 @@ void Controller::FinishFence(EngineRecord& e) {
                    .cgroup = e.cgroup,
                    .failover = failover,
                    .deadline = now + config_.gpu_release_timeout};
-  const std::string held_by =
-      held_blocks || failover.has_value() ? BarrierHeldBy(wait) : std::string();
-  if (!held_by.empty()) {
-    BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e.process.pid() << ") is reaped but "
-                          << held_by << ": its blocks wait for the barrier";
-    barrier_waits_[id] = std::move(wait);
-  } else if (failover.has_value() || fenced) {
-    HandOverBlocks(id, failover);
+  if (held_blocks || failover.has_value()) {
+    PassBarrierOrWait(std::move(wait));
+  } else if (fenced) {
+    HandOverBlocks(id, std::nullopt);
   }
   (void)e.machine.Apply(EngineEvent::kFenceDone);
   if (pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
