@@ -120,6 +120,8 @@ class Controller {
   // `cgroups_off_reason()`.
   const EngineCgroups* cgroups() const { return cgroups_.get(); }
   const std::string& cgroups_off_reason() const { return cgroups_off_reason_; }
+  // Reaped holders whose blocks wait for the barrier now.
+  size_t barrier_waits() const { return barrier_waits_.size(); }
   const RoutePublisher& routes() const { return routes_; }
   uint64_t durable_epoch() const { return journal_->current(); }
   // The journal's reservation: the highest epoch that may ever have been handed out.

@@ -16,24 +16,10 @@ constexpr size_t kMaxExtentsShown = 64;  // per engine in `status`; extent_count
 
 double AgoMs(const Controller& c, TimePoint t) { return MillisBetween(t, c.clock().Now()); }
 
-std::string RoleOf(const Controller& c, const EngineRecord& e) {
-  if (e.failed.has_value()) return "fencing";
-  if (e.id == c.primary()) return e.is(EngineState::kDraining) ? "draining" : "primary";
-  if (c.upgrade().has_value() && c.upgrade()->canary == e.id && !e.is(EngineState::kLaunching) &&
-      !e.is(EngineState::kStandby)) {
-    return e.is(EngineState::kPromoting)  ? "promoting"
-           : e.is(EngineState::kDraining) ? "draining"
-                                          : "canary";
-  }
-  if (e.is(EngineState::kPromoting)) return "promoting";
-  if (e.is(EngineState::kStandby)) return "standby";
-  return "launching";
-}
-
 json EngineJson(const Controller& c, const EngineRecord& e) {
   const LedgerEngine* le = c.ledger().engine(e.id);
   json j = {{"id", e.id},
-            {"role", RoleOf(c, e)},
+            {"role", EngineRole(c, e)},
             {"state", ToString(e.machine.state())},
             {"launched_as", e.launch_role},
             {"pid", e.process.pid()},
@@ -69,7 +55,8 @@ json FencingJson(const Controller& c) {
   return {{"by", g != nullptr ? "cgroup" : "process_group"},
           {"cgroup_base", g != nullptr ? json(g->base()) : json()},
           {"cgroup_off_reason", c.cgroups_off_reason()},
-          {"leftovers_killed", g != nullptr ? g->leftovers_killed() : 0}};
+          {"leftovers_killed", g != nullptr ? g->leftovers_killed() : 0},
+          {"barrier_waits", c.barrier_waits()}};
 }
 
 json PoolJson(const Controller& c) {
@@ -245,6 +232,20 @@ proto::CtlReply Done(const std::string& command, const std::string& text, const 
 
 }  // namespace
 
+std::string EngineRole(const Controller& c, const EngineRecord& e) {
+  if (e.failed.has_value()) return "fencing";
+  if (e.id == c.primary()) return e.is(EngineState::kDraining) ? "draining" : "primary";
+  if (c.upgrade().has_value() && c.upgrade()->canary == e.id && !e.is(EngineState::kLaunching) &&
+      !e.is(EngineState::kStandby)) {
+    return e.is(EngineState::kPromoting)  ? "promoting"
+           : e.is(EngineState::kDraining) ? "draining"
+                                          : "canary";
+  }
+  if (e.is(EngineState::kPromoting)) return "promoting";
+  if (e.is(EngineState::kStandby)) return "standby";
+  return "launching";
+}
+
 json StatusJson(const Controller& c) {
   json engines = json::array();
   for (const auto& [id, e] : c.engines()) engines.push_back(EngineJson(c, *e));
@@ -403,75 +404,6 @@ proto::CtlReply HandleCtlRequest(Controller& c, const proto::CtlRequest& request
     return Reply(1, std::string("refused: internal error: ") + e.what(),
                  {{"ok", false}, {"command", request.command}, {"error", e.what()}});
   }
-}
-
-std::string MetricsText(const Controller& c) {
-  const LedgerSnapshot s = c.ledger().Snapshot();
-  std::ostringstream out;
-  auto gauge = [&](const char* name, const char* help, double v) {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
-        << name << " " << v << "\n";
-  };
-  auto counter = [&](const char* name, const char* help, double v) {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
-        << name << " " << v << "\n";
-  };
-  gauge("baton_epoch", "Durable fencing epoch", static_cast<double>(c.durable_epoch()));
-  gauge("baton_pair_ready", "1 when the pair has a serving primary and a ready standby",
-        c.pair().state() == PairState::kReady ? 1 : 0);
-  gauge("baton_pair_serving", "1 when a primary serves", PairServes(c.pair().state()) ? 1 : 0);
-  gauge("baton_engines", "Engines not being fenced", static_cast<double>(c.engines().size()));
-  gauge("baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
-  gauge("baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
-  gauge("baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
-  out << "# HELP baton_engine_blocks Pool blocks leased to each engine\n"
-         "# TYPE baton_engine_blocks gauge\n";
-  for (const auto& [id, e] : c.engines()) {
-    const LedgerEngine* le = c.ledger().engine(id);
-    out << "baton_engine_blocks{engine_id=\"" << id << "\",role=\"" << RoleOf(c, *e) << "\"} "
-        << (le != nullptr ? le->blocks : 0) << "\n";
-  }
-  gauge("baton_weights_bytes", "Weight arena bytes resident",
-        static_cast<double>(c.weights().arena().size()));
-  gauge("baton_crash_loop_backoff", "1 while restarts are held back",
-        c.guard().InBackoff() ? 1 : 0);
-  gauge("baton_invariants_ok", "1 while no fencing invariant is violated",
-        c.invariants() == "ok" ? 1 : 0);
-  counter("baton_engine_launches_total", "Engine processes launched",
-          static_cast<double>(c.launches()));
-  counter("baton_failovers_total", "Primaries lost or retired", static_cast<double>(c.failovers()));
-  counter("baton_switchovers_called_off_total",
-          "Switch-overs whose standby failed while the primary drained; the primary served on",
-          static_cast<double>(c.called_off_switchovers()));
-  counter("baton_engine_failures_total", "Engine failures seen by the crash-loop guard",
-          static_cast<double>(c.guard().total_failures()));
-  counter("baton_refusals_total", "Refused messages and connections",
-          static_cast<double>(c.refusal_count()));
-  counter("baton_controller_ticks_total",
-          "Runs of the controller's housekeeping timer (deadlines, restarts, probes)",
-          static_cast<double>(c.ticks()));
-  gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
-        static_cast<double>(c.reserved_epoch()));
-  gauge("baton_client_send_queued_bytes",
-        "Bytes the connections of batonctl and routers hold unsent together",
-        static_cast<double>(c.client_send_queued_bytes()));
-  if (c.cuda_backend()) {
-    gauge("baton_device_lost", "1 while the device memory is lost and being rebuilt",
-          c.device() == nullptr ? 1 : 0);
-    counter("baton_device_losses_total", "Times the GPU was found lost",
-            static_cast<double>(c.device_losses()));
-    counter("baton_device_rebuilds_total", "Times the device memory was rebuilt",
-            static_cast<double>(c.device_rebuilds()));
-  }
-  out << UpgradeMetrics(c);
-  if (const PromotionRecord* r = c.timelines().last(); r != nullptr) {
-    const PhaseTimes p = PhasesOf(*r);
-    if (p.ready_ms.has_value()) {
-      gauge("baton_last_failover_ready_ms", "Detection to route published, last promotion",
-            *p.ready_ms);
-    }
-  }
-  return out.str();
 }
 
 const char* CtlUsage() {

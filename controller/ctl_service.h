@@ -25,6 +25,10 @@ std::string StatusText(const Controller& controller);
 // Prometheus text exposition of the controller's gauges and counters.
 std::string MetricsText(const Controller& controller);
 
+// The engine's role as status and metrics show it: primary, standby, canary, promoting,
+// draining, fencing or launching.
+std::string EngineRole(const Controller& controller, const EngineRecord& engine);
+
 // The usage text of batonctl's commands.
 const char* CtlUsage();
 

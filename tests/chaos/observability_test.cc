@@ -108,6 +108,11 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
   EXPECT_NE(metrics.find("baton_pair_ready 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("baton_epoch 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("# TYPE baton_failovers_total counter"), std::string::npos);
+  EXPECT_NE(metrics.find("baton_barrier_waits 0"), std::string::npos) << metrics;
+  const bool cgroups = cluster.Status()["fencing"]["by"] == "cgroup";
+  EXPECT_NE(metrics.find(cgroups ? "baton_engine_cgroups 1" : "baton_engine_cgroups 0"),
+            std::string::npos)
+      << metrics;
   const std::string primary = std::to_string(PrimaryId(cluster.Status()));
   EXPECT_NE(metrics.find("baton_engine_blocks{engine_id=\"" + primary + "\",role=\"primary\"} " +
                          std::to_string(options.blocks) + "\n"),
