@@ -206,34 +206,55 @@ TEST(ChaosFailover, AWrappedEngineIsFencedWithItsWholeProcessGroup) {
   cluster.CheckFencing();
 }
 
-// A worker that left the engine's process group (setsid, as a daemonizing helper does) is
-// out of reach of a process-group kill; the engine's cgroup still holds it, and the fence
-// kills it with the engine. Skipped where the controller runs without engine cgroups.
+// Engines whose wrapper first starts a worker in a new session (setsid, as a daemonizing
+// helper does): out of reach of a process-group kill, and without PR_SET_PDEATHSIG. Each
+// worker writes its pid to escaped-<engine pid> (the wrapper's pid: it execs the engine).
+class EscapingWorkers {
+ public:
+  EscapingWorkers() {
+    char tmpl[] = "/tmp/baton-escape-XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  ~EscapingWorkers() { std::filesystem::remove_all(dir_); }
+
+  ClusterOptions Options() const {
+    ClusterOptions options;
+    options.engine_wrapper = {
+        "/bin/sh", "-c",
+        "setsid sh -c 'echo $$ > \"$0\"; exec sleep 600' \"" + dir_ + "/escaped-$$\" & exec \"$@\"",
+        "engine-wrapper"};
+    return options;
+  }
+
+  // The worker of the engine with pid `engine` (0 if it never wrote its pid).
+  pid_t WorkerOf(pid_t engine) const {
+    const std::string file = dir_ + "/escaped-" + std::to_string(engine);
+    pid_t worker = 0;
+    for (int i = 0; i < 500 && worker == 0; ++i) {
+      std::ifstream(file) >> worker;
+      if (worker == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return worker;
+  }
+
+ private:
+  std::string dir_;
+};
+
+// The engine's cgroup holds the escaped worker, and the fence kills it with the engine.
+// Skipped where the controller runs without engine cgroups.
 TEST(ChaosFailover, AWorkerThatLeftItsGroupIsFencedThroughTheCgroup) {
-  char tmpl[] = "/tmp/baton-escape-XXXXXX";
-  ASSERT_NE(::mkdtemp(tmpl), nullptr);
-  const std::string dir = tmpl;
-  ClusterOptions options;
-  // The wrapper starts a worker in a new session, which writes its pid to escaped-<engine pid>
-  // (the wrapper's pid: it execs the engine), then runs the engine.
-  options.engine_wrapper = {
-      "/bin/sh", "-c",
-      "setsid sh -c 'echo $$ > \"$0\"; exec sleep 600' \"" + dir + "/escaped-$$\" & exec \"$@\"",
-      "engine-wrapper"};
-  ChaosCluster cluster(options);
+  EscapingWorkers workers;
+  ChaosCluster cluster(workers.Options());
   const json before = cluster.Status();
   if (before["fencing"]["by"] != "cgroup") {
     GTEST_SKIP() << "no engine cgroups: " << before["fencing"].dump();
   }
   const json primary = EngineWithRole(before, "primary");
   EXPECT_FALSE(primary["cgroup"].is_null()) << primary.dump();
-  const std::string file = dir + "/escaped-" + std::to_string(PidOf(primary));
-  pid_t escaped = 0;
-  for (int i = 0; i < 500 && escaped == 0; ++i) {
-    std::ifstream(file) >> escaped;
-    if (escaped == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ASSERT_GT(escaped, 0) << "the worker never wrote " << file;
+  const pid_t escaped = workers.WorkerOf(PidOf(primary));
+  ASSERT_GT(escaped, 0) << "the worker never wrote its pid";
   ASSERT_FALSE(LiveGroupMembers(escaped).empty());
   EXPECT_NE(::getpgid(escaped), PidOf(primary)) << "the worker is outside the engine's group";
 
@@ -241,7 +262,34 @@ TEST(ChaosFailover, AWorkerThatLeftItsGroupIsFencedThroughTheCgroup) {
   WaitNewPrimary(cluster, primary["id"], "the standby to take over");
   EXPECT_TRUE(LiveGroupMembers(escaped).empty()) << "the escaped worker outlived its fence";
   cluster.CheckFencing();
-  std::filesystem::remove_all(dir);
+}
+
+// A controller killed with kill -9 takes its engines along (PR_SET_PDEATHSIG), not their
+// escaped workers; the next controller of the same runtime directory finds them in the
+// engines' cgroups and kills them before it starts a pair.
+TEST(ChaosFailover, ARestartedControllerKillsWhatTheEarlierOnesEnginesLeft) {
+  EscapingWorkers workers;
+  ChaosCluster cluster(workers.Options());
+  const json before = cluster.Status();
+  if (before["fencing"]["by"] != "cgroup") {
+    GTEST_SKIP() << "no engine cgroups: " << before["fencing"].dump();
+  }
+  std::vector<pid_t> escaped;
+  for (const json& e : before["engines"]) {
+    escaped.push_back(workers.WorkerOf(PidOf(e)));
+    ASSERT_GT(escaped.back(), 0) << "engine " << e["id"] << "'s worker never wrote its pid";
+  }
+  cluster.KillController();
+  for (pid_t w : escaped) {
+    EXPECT_FALSE(LiveGroupMembers(w).empty()) << "worker " << w << " outlives the controller";
+  }
+  cluster.RestartController();
+  const json after = cluster.Status();
+  EXPECT_GE(after["fencing"]["leftovers_killed"].get<size_t>(), escaped.size()) << after.dump();
+  for (pid_t w : escaped) {
+    EXPECT_TRUE(LiveGroupMembers(w).empty()) << "worker " << w << " outlived the restart";
+  }
+  cluster.CheckFencing();
 }
 
 TEST(ChaosFailover, ErrorReportFencesAtOnce) {
