@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 
 #include "base/clock.h"
 #include "proto/listener.h"
+#include "proto/send_budget.h"
 #include "tests/proto/proto_test_util.h"
 
 namespace baton::proto {
@@ -261,6 +263,31 @@ TEST_F(QueuedChannelTest, AFrameAsLargeAsTheLimitLeavesRoomBehindIt) {
   EXPECT_TRUE(a_->is_open());
   EXPECT_EQ(a_->Send(Stop{.reason = Reason(3)}).code(), StatusCode::kResourceExhausted)
       << "four frames of 256 KiB behind it pass the limit";
+}
+
+// A queued frame whose fds cannot be copied (the process is out of descriptors) is refused
+// before it takes any of the shared send budget, and the channel stays usable.
+TEST_F(QueuedChannelTest, AnFdCopyThatFailsTakesNothingFromTheSharedBudget) {
+  auto budget = std::make_shared<SendBudget>(size_t{64} << 20);
+  Open(64 << 20);
+  a_->SetSendBudget(budget);
+  ASSERT_GT(FillSocket(), 0);  // the next frame is queued, with copies of its fds
+  const size_t used = budget->used();
+  ASSERT_GT(used, 0u);
+  Pipe pipe;
+  rlimit saved{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &saved), 0);
+  rlimit none = saved;
+  none.rlim_cur = 1;  // no descriptor number is free below 1: every copy fails with EMFILE
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &none), 0);
+  const Status sent = a_->Send(Stop{.reason = "fd"}, std::vector<int>{pipe.write_end.get()});
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &saved), 0);
+  EXPECT_FALSE(sent.ok());
+  EXPECT_NE(sent.message().find("dup of an fd to send"), std::string::npos) << sent.ToString();
+  EXPECT_EQ(budget->used(), used) << "the failed frame took nothing";
+  EXPECT_TRUE(a_->is_open());
+  EXPECT_TRUE(a_->Send(Stop{.reason = "after"}, std::vector<int>{pipe.write_end.get()}).ok());
+  EXPECT_GT(budget->used(), used);
 }
 
 // A RegisterAck carries the whole tensor table: a DeepSeek-V3-sized one (90 000 tensors, about
