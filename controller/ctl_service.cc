@@ -46,6 +46,7 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
   if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
   if (e.failed.has_value()) j["fence_reason"] = e.fail_reason;
   j["cgroup"] = e.cgroup != nullptr ? json(e.cgroup->path()) : json();
+  j["cpu_s"] = e.cgroup != nullptr ? json(e.cgroup->CpuSeconds()) : json();
   return j;
 }
 

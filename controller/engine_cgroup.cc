@@ -131,6 +131,18 @@ bool EngineCgroup::Populated() const { return IsPopulated(path_); }
 
 std::vector<pid_t> EngineCgroup::Members() const { return ReadMembers(path_); }
 
+double EngineCgroup::CpuSeconds() const {
+  Result<std::string> stat = ReadSmallFile(path_ + "/cpu.stat");
+  if (!stat.ok()) return -1;
+  std::istringstream in(*stat);
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "usage_usec") return static_cast<double>(value) / 1e6;
+  }
+  return -1;
+}
+
 Result<std::unique_ptr<EngineCgroups>> EngineCgroups::Open(const std::string& setting,
                                                            const std::string& runtime_dir,
                                                            std::string* why_not) {
@@ -161,7 +173,7 @@ Result<std::unique_ptr<EngineCgroups>> EngineCgroups::Open(const std::string& se
                   "/cgroup.kill is missing or not writable (Linux 5.14 or newer and a "
                   "delegated cgroup are needed)");
   }
-  if (Status cleared = c->ClearLeftovers(); !cleared.ok()) return refuse(cleared.message());
+  c->ClearLeftovers();
   return c;
 }
 
@@ -171,21 +183,23 @@ EngineCgroups::~EngineCgroups() {
   }
 }
 
-Status EngineCgroups::ClearLeftovers() {
+void EngineCgroups::ClearLeftovers() {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(base_, ec)) {
     const std::string name = entry.path().filename().string();
     if (!entry.is_directory() || name.rfind("engine-", 0) != 0) continue;
     size_t killed = 0;
-    BATON_RETURN_IF_ERROR(KillAndRemove(entry.path().string(), std::chrono::seconds(2), &killed));
+    const Status removed = KillAndRemove(entry.path().string(), std::chrono::seconds(2), &killed);
     leftovers_killed_ += killed;
+    if (!removed.ok()) {  // an engine of that id will be refused its cgroup, not the others
+      BATON_LOG(WARN, kLog) << "leftover cgroup: " << removed.ToString();
+    }
     if (killed > 0) {
       BATON_LOG(WARN, kLog) << "killed " << killed << " processes left in " << entry.path().string()
                             << " by an earlier controller's engine";
     }
   }
-  if (ec) return ErrnoStatus("listing " + base_, ec.value());
-  return OkStatus();
+  if (ec) BATON_LOG(WARN, kLog) << "listing " << base_ << ": " << ec.message();
 }
 
 Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) {

@@ -16,7 +16,8 @@
 //
 // RAII: ~EngineCgroup kills what is left and removes the directory; ~EngineCgroups removes
 // base. Opening EngineCgroups kills and removes every engine-* cgroup an earlier controller
-// of the same runtime directory left behind (its engines died with it, by PR_SET_PDEATHSIG;
+// of the same runtime directory left behind (one that cannot be removed is logged, and only
+// an engine of its id is refused a cgroup) (its engines died with it, by PR_SET_PDEATHSIG;
 // processes those engines had started did not).
 //
 // Thread: io_context thread only.
@@ -52,6 +53,9 @@ class EngineCgroup {
   bool Populated() const;
   // The members' pids (cgroup.procs); empty on error.
   std::vector<pid_t> Members() const;
+  // CPU time used by every process of the cgroup, the dead included (cpu.stat usage_usec,
+  // present without any controller enabled); -1 when it cannot be read.
+  double CpuSeconds() const;
 
  private:
   std::string path_;
@@ -80,7 +84,8 @@ class EngineCgroups {
 
  private:
   EngineCgroups(std::string base, bool owned) : base_(std::move(base)), owned_(owned) {}
-  Status ClearLeftovers();
+  // Kills and removes every engine-* cgroup under base; one that cannot be removed is logged.
+  void ClearLeftovers();
 
   std::string base_;
   bool owned_;  // made by Open: removed on destruction

@@ -253,6 +253,7 @@ TEST(ChaosFailover, AWorkerThatLeftItsGroupIsFencedThroughTheCgroup) {
   }
   const json primary = EngineWithRole(before, "primary");
   EXPECT_FALSE(primary["cgroup"].is_null()) << primary.dump();
+  EXPECT_GT(primary["cpu_s"].get<double>(), 0.0) << "it mapped the weights and registered";
   const pid_t escaped = workers.WorkerOf(PidOf(primary));
   ASSERT_GT(escaped, 0) << "the worker never wrote its pid";
   ASSERT_FALSE(LiveGroupMembers(escaped).empty());

@@ -106,6 +106,21 @@ TEST_F(EngineCgroupTest, AProcessThatLeftItsGroupIsKilledWithTheCgroup) {
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the cgroup is removed with its owner";
 }
 
+// The CPU time of every process that ran in the cgroup, those that exited included.
+TEST_F(EngineCgroupTest, CpuTimeCountsEveryProcessTheDeadIncluded) {
+  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(2);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  EXPECT_EQ((*cg)->CpuSeconds(), 0.0) << "nothing ran in it yet";
+  Result<ChildProcess> child =
+      ChildProcess::Spawn({"/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"},
+                          {}, "", (*cg)->procs_fd());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
+  child->KillAndReap();
+  EXPECT_EQ(child->exit_info()->code, 0);
+  EXPECT_GT((*cg)->CpuSeconds(), 0.0);
+}
+
 // A controller that died left processes in its engines' cgroups (its engines died with it;
 // what they started did not). The next controller of the same runtime directory kills them.
 TEST_F(EngineCgroupTest, LeftoversOfAnEarlierControllerAreKilled) {
