@@ -111,10 +111,20 @@ TEST(ChaosFailover, BlocksOfAPromotionThatNeverAckedMoveOn) {
   options.promote_timeout_ms = 1500;
   options.first_engine_rogue = "mute";  // registers, then never answers its Promote
   ChaosCluster cluster(options);
+  // Either engine may register first. When the other one did, the mute engine waits as the
+  // standby: losing the primary gets it promoted.
+  const json first = cluster.Status();
+  if (EngineWithRole(first, "standby")["version"] == "rogue") {
+    ASSERT_EQ(::kill(PidOf(EngineWithRole(first, "primary")), SIGKILL), 0);
+  }
   const json after = cluster.WaitFor(
       [&](const json& s) {
         const json p = EngineWithRole(s, "primary");
-        return IsReady(s) && !p.is_null() && p["version"] != "rogue";
+        bool mute_gone = false;
+        for (const json& e : s["history"]["exits"]) {
+          mute_gone |= e["cause"].get<std::string>().find("promotion") != std::string::npos;
+        }
+        return IsReady(s) && !p.is_null() && p["version"] != "rogue" && mute_gone;
       },
       "a primary after the mute engine's promotion timed out");
   const json primary = EngineWithRole(after, "primary");
