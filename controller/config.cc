@@ -11,7 +11,7 @@
 #include <sstream>
 #include <toml.hpp>
 
-#include "controller/command_record.h"
+#include "controller/upgrade/command_record.h"
 #include "cuda/gpu_backend.h"
 
 namespace baton {

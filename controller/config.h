@@ -16,7 +16,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "controller/canary.h"
+#include "controller/upgrade/canary.h"
 
 namespace baton {
 
@@ -39,7 +39,7 @@ struct ControllerConfig {
   std::vector<std::string> engine_command;
   std::string engine_log_dir;  // empty: engines inherit the controller's stdout/stderr
   // "auto" | "off" | a cgroup v2 directory: where each engine gets a cgroup that fencing
-  // kills whole (controller/engine_cgroup.h).
+  // kills whole (controller/engines/engine_cgroup.h).
   std::string engine_cgroup = "auto";
   int base_port = 0;  // {port} is base_port + k, k < port_count, free at launch
   int port_count = 4;
@@ -82,7 +82,7 @@ struct ControllerConfig {
   // router replays. Zero launches it at once.
   Duration standby_relaunch_delay = std::chrono::milliseconds(100);
 
-  // [upgrade]: how `batonctl upgrade` walks a canary (controller/canary.h).
+  // [upgrade]: how `batonctl upgrade` walks a canary (controller/upgrade/canary.h).
   CanaryPolicy canary;
 
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }

@@ -8,7 +8,7 @@
 #include <filesystem>
 
 #include "base/log.h"
-#include "controller/ctl_service.h"
+#include "controller/ctl/ctl_service.h"
 #include "cuda/gpu_backend.h"
 #include "proto/hello.h"
 

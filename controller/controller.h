@@ -31,15 +31,15 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/config.h"
-#include "controller/crash_loop_guard.h"
-#include "controller/engine_record.h"
-#include "controller/epoch_journal.h"
-#include "controller/pair_state.h"
-#include "controller/pool_ledger.h"
+#include "controller/core/crash_loop_guard.h"
+#include "controller/core/epoch_journal.h"
+#include "controller/core/pair_state.h"
+#include "controller/core/pool_ledger.h"
+#include "controller/engines/engine_record.h"
+#include "controller/engines/supervisor.h"
 #include "controller/promotion.h"
 #include "controller/route_publisher.h"
-#include "controller/supervisor.h"
-#include "controller/upgrade.h"
+#include "controller/upgrade/upgrade.h"
 #include "cuda/device_owner.h"
 #include "cuda/device_session.h"
 #include "cuda/gpu_backend.h"
@@ -232,7 +232,7 @@ class Controller {
   // during the upgrade) is stopped, so that the pair runs one version.
   void RetireStaleStandbys();
   // Start-up: the command a promoted upgrade put in place, if engine.command is unchanged.
-  // <state_dir>/engine_command.json (controller/command_record.h): the promoted command and
+  // <state_dir>/engine_command.json (controller/upgrade/command_record.h): the promoted command and
   // the upgrade in flight. Load runs once at start-up.
   void LoadCommands();
   void SaveCommands();

@@ -1,9 +1,9 @@
-// Controller: the engine command record (controller/command_record.h). A promoted upgrade's
+// Controller: the engine command record (controller/upgrade/command_record.h). A promoted upgrade's
 // command outlives a controller restart; an upgrade the restart interrupted is recorded as
 // rolled back (its engines, the canary too, died with the old controller).
 #include "base/log.h"
-#include "controller/command_record.h"
 #include "controller/controller.h"
+#include "controller/upgrade/command_record.h"
 
 namespace baton {
 namespace {

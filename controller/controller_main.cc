@@ -9,8 +9,8 @@
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/controller.h"
-#include "controller/ctl_service.h"
-#include "controller/metrics_server.h"
+#include "controller/ctl/ctl_service.h"
+#include "controller/ctl/metrics_server.h"
 
 namespace baton {
 namespace {

@@ -1,5 +1,5 @@
 // DeviceSession: an engine's device memory on the CUDA backend, as the engine SDK
-// (standby/engine_sdk.h) uses it, in types that need no CUDA header.
+// (standby/sdk/engine_sdk.h) uses it, in types that need no CUDA header.
 //
 // On a CUDA-backend controller, RegisterAck says which device holds the memory and how many
 // VMM regions follow it on the channel (cuda/vmm_share.h): "weights", the device copy of the

@@ -2,7 +2,7 @@
 
 #include <cmath>
 
-#include "standby/model_presets.h"
+#include "standby/mkmodel/model_presets.h"
 
 namespace baton::perf {
 namespace {

@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "base/status.h"
-#include "standby/model_writer.h"
+#include "standby/mkmodel/model_writer.h"
 
 namespace baton::perf {
 

@@ -17,7 +17,7 @@
 #include "perf/failover_http.h"
 #include "perf/weightload_contenders.h"
 #include "proto/shared_memory.h"
-#include "standby/llama_config.h"
+#include "standby/model/llama_config.h"
 #include "weightcache/model_files.h"
 
 namespace baton::perf {

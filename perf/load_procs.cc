@@ -10,7 +10,7 @@
 
 #include "base/clock.h"
 #include "perf/load_client.h"
-#include "standby/model_presets.h"
+#include "standby/mkmodel/model_presets.h"
 
 namespace baton::perf {
 namespace {

@@ -17,7 +17,7 @@
 
 #include "base/status.h"
 #include "perf/failover_procs.h"
-#include "standby/model_writer.h"
+#include "standby/mkmodel/model_writer.h"
 
 namespace baton::perf {
 

@@ -29,13 +29,13 @@
 
 #include "base/log.h"
 #include "base/status.h"
-#include "controller/epoch_journal.h"
-#include "controller/pool_ledger.h"
+#include "controller/core/epoch_journal.h"
+#include "controller/core/pool_ledger.h"
 #include "controller/router/sse_splitter.h"
 #include "controller/router/stream_replay.h"
 #include "proto/frame.h"
 #include "proto/messages.h"
-#include "standby/completions_api.h"
+#include "standby/http/completions_api.h"
 #include "weightcache/safetensors_index.h"
 
 namespace baton {

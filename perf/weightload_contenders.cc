@@ -26,7 +26,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "base/unique_fd.h"
-#include "standby/model_layout.h"
+#include "standby/mkmodel/model_layout.h"
 #include "weightcache/model_files.h"
 #include "weightcache/weight_cache.h"
 

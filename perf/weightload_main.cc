@@ -50,7 +50,7 @@
 #include "base/unique_fd.h"
 #include "perf/driver_main.h"
 #include "perf/weightload_contenders.h"
-#include "standby/model_layout.h"
+#include "standby/mkmodel/model_layout.h"
 #include "weightcache/model_files.h"
 #include "weightcache/weight_cache.h"
 

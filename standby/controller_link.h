@@ -27,7 +27,7 @@
 #include "base/status.h"
 #include "standby/engine_api.h"
 #include "standby/engine_loop.h"
-#include "standby/engine_sdk.h"
+#include "standby/sdk/engine_sdk.h"
 
 namespace baton {
 

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
-#include "standby/chat_api.h"
-#include "standby/completions_api.h"
+#include "standby/http/chat_api.h"
+#include "standby/http/completions_api.h"
 
 namespace baton {
 namespace {

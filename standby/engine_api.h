@@ -27,11 +27,11 @@
 #include <string>
 
 #include "base/clock.h"
-#include "standby/byte_tokenizer.h"
 #include "standby/engine_loop.h"
 #include "standby/engine_metrics.h"
-#include "standby/http_server.h"
-#include "standby/llama_config.h"
+#include "standby/http/http_server.h"
+#include "standby/model/byte_tokenizer.h"
+#include "standby/model/llama_config.h"
 
 namespace baton {
 

@@ -28,11 +28,11 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "standby/engine_metrics.h"
-#include "standby/generator.h"
-#include "standby/llama_config.h"
-#include "standby/llama_model.h"
-#include "standby/paged_kv.h"
-#include "standby/weight_table.h"
+#include "standby/model/generator.h"
+#include "standby/model/llama_config.h"
+#include "standby/model/llama_model.h"
+#include "standby/model/paged_kv.h"
+#include "standby/model/weight_table.h"
 
 namespace baton {
 

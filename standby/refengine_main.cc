@@ -30,8 +30,8 @@
 #include "standby/controller_link.h"
 #include "standby/engine_api.h"
 #include "standby/engine_loop.h"
-#include "standby/engine_sdk.h"
-#include "standby/http_server.h"
+#include "standby/http/http_server.h"
+#include "standby/sdk/engine_sdk.h"
 
 namespace baton {
 namespace {

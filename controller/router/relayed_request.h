@@ -36,7 +36,7 @@
 #include "controller/router/sse_splitter.h"
 #include "controller/router/stream_replay.h"
 #include "controller/router/upstream_call.h"
-#include "standby/http_server.h"
+#include "standby/http/http_server.h"
 
 namespace baton {
 

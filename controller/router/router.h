@@ -34,7 +34,7 @@
 #include "controller/router/router_options.h"
 #include "controller/router/shadow_comparer.h"
 #include "controller/router/upstream_pool.h"
-#include "standby/http_server.h"
+#include "standby/http/http_server.h"
 
 namespace baton {
 

@@ -28,7 +28,7 @@
 #include <string_view>
 
 #include "controller/router/upstream_pool.h"
-#include "standby/http_server.h"
+#include "standby/http/http_server.h"
 
 namespace baton {
 

@@ -15,8 +15,8 @@
 #include <sstream>
 #include <thread>
 
-#include "standby/model_presets.h"
-#include "standby/model_writer.h"
+#include "standby/mkmodel/model_presets.h"
+#include "standby/mkmodel/model_writer.h"
 #include "tests/chaos/chaos_harness.h"
 
 extern char** environ;

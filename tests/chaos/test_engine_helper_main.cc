@@ -47,7 +47,7 @@
 #include "base/log.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
-#include "standby/engine_sdk.h"
+#include "standby/sdk/engine_sdk.h"
 #include "tests/chaos/device_access.h"
 
 namespace baton {

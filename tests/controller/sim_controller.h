@@ -17,10 +17,10 @@
 #include <set>
 #include <string>
 
-#include "controller/crash_loop_guard.h"
-#include "controller/failure_detector.h"
-#include "controller/pair_state.h"
-#include "controller/pool_ledger.h"
+#include "controller/core/crash_loop_guard.h"
+#include "controller/core/failure_detector.h"
+#include "controller/core/pair_state.h"
+#include "controller/core/pool_ledger.h"
 #include "tests/controller/sim_world.h"
 
 namespace baton::sim {

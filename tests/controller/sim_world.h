@@ -20,8 +20,8 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "controller/epoch_journal.h"
-#include "controller/pool_ledger.h"
+#include "controller/core/epoch_journal.h"
+#include "controller/core/pool_ledger.h"
 
 namespace baton::sim {
 

@@ -5,8 +5,8 @@
 #include <gtest/gtest.h>
 
 #include "cuda/nccl_library.h"
-#include "standby/baton_engine.h"
-#include "standby/engine_sdk.h"
+#include "standby/sdk/baton_engine.h"
+#include "standby/sdk/engine_sdk.h"
 #include "tests/cuda/cuda_test_util.h"
 #include "tests/standby/fake_controller.h"
 

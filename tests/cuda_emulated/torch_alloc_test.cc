@@ -12,7 +12,7 @@
 
 #include "cuda/device_owner.h"
 #include "cuda/device_session.h"
-#include "standby/baton_torch_alloc.h"
+#include "standby/sdk/baton_torch_alloc.h"
 #include "tests/cuda_emulated/emulated_device.h"
 #include "tests/standby/fake_controller.h"
 

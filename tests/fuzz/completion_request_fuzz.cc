@@ -17,9 +17,9 @@
 #include <string>
 #include <string_view>
 
-#include "standby/byte_tokenizer.h"
-#include "standby/completions_api.h"
-#include "standby/llama_config.h"
+#include "standby/http/completions_api.h"
+#include "standby/model/byte_tokenizer.h"
+#include "standby/model/llama_config.h"
 
 namespace {
 

@@ -15,7 +15,7 @@
 #include <string>
 
 #include "controller/router/router.h"
-#include "standby/model_presets.h"
+#include "standby/mkmodel/model_presets.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 

@@ -7,8 +7,8 @@
 
 #include <optional>
 
-#include "standby/completions_api.h"
-#include "standby/model_presets.h"
+#include "standby/http/completions_api.h"
+#include "standby/mkmodel/model_presets.h"
 
 namespace baton {
 

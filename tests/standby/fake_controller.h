@@ -20,7 +20,7 @@
 #include "proto/hello.h"
 #include "proto/listener.h"
 #include "proto/shared_memory.h"
-#include "standby/engine_sdk.h"
+#include "standby/sdk/engine_sdk.h"
 #include "tests/proto/proto_test_util.h"
 
 namespace baton::testing {

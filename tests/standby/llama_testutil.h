@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
-#include "standby/half.h"
-#include "standby/llama_config.h"
-#include "standby/model_layout.h"
-#include "standby/model_presets.h"
-#include "standby/weight_table.h"
+#include "standby/kernels/half.h"
+#include "standby/mkmodel/model_layout.h"
+#include "standby/mkmodel/model_presets.h"
+#include "standby/model/llama_config.h"
+#include "standby/model/weight_table.h"
 
 namespace baton {
 

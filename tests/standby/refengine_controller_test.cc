@@ -12,7 +12,7 @@
 #include "proto/listener.h"
 #include "proto/messages.h"
 #include "proto/shared_memory.h"
-#include "standby/model_writer.h"
+#include "standby/mkmodel/model_writer.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/refengine_testutil.h"
 #include "weightcache/model_files.h"

@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "standby/completions_api.h"
-#include "standby/model_writer.h"
+#include "standby/http/completions_api.h"
+#include "standby/mkmodel/model_writer.h"
 #include "tests/standby/engine_http.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"

@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "standby/model_presets.h"
-#include "standby/model_writer.h"
+#include "standby/mkmodel/model_presets.h"
+#include "standby/mkmodel/model_writer.h"
 #include "tests/standby/refengine_testutil.h"
 
 namespace baton {

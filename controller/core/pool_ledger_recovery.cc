@@ -1,0 +1,81 @@
+// PoolLedger's restart path: a ledger whose blocks all belong to the previous controller
+// incarnation until reconnecting engines re-adopt theirs and the caller ends the recovery.
+#include <algorithm>
+
+#include "base/log.h"
+#include "controller/core/pool_ledger.h"
+
+namespace baton {
+
+PoolLedger PoolLedger::Recovering(uint32_t block_count, const EpochStore& epochs) {
+  PoolLedger ledger(block_count, epochs);
+  ledger.recovering_ = true;
+  ledger.free_.clear();
+  if (block_count > 0) {
+    ledger.leases_[0] = Lease{kPreviousIncarnation, Extent{0, block_count}, ledger.floor_,
+                              LeaseState::kQuarantined};
+  }
+  std::fill(ledger.fenced_from_.begin(), ledger.fenced_from_.end(), kPreviousIncarnation);
+  return ledger;
+}
+
+Status PoolLedger::Readopt(EngineId id, uint64_t epoch, const std::vector<Extent>& extents) {
+  if (!recovering_) return FailedPrecondition("readopt: the ledger is not recovering");
+  if (id == kNoEngine || id == kPreviousIncarnation) {
+    return InvalidArgument("readopt: engine id " + std::to_string(id) + " is reserved");
+  }
+  if (engine(id) != nullptr) {
+    return Refuse(id, FailedPrecondition("readopt: " + EngineName(id) + " is known"));
+  }
+  if (epoch == 0 || epoch != floor_) {
+    return Refuse(
+        id, FailedPrecondition("readopt: claims epoch " + std::to_string(epoch) +
+                               " but the durable epoch is " + std::to_string(floor_) + "; stale"));
+  }
+  for (const auto& [other, e] : engines_) {
+    if (e.epoch == epoch) {
+      return Refuse(id, FailedPrecondition("readopt: epoch " + std::to_string(epoch) +
+                                           " already held by " + EngineName(other)));
+    }
+  }
+  std::vector<Extent> sorted = extents;
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Extent& a, const Extent& b) { return a.first < b.first; });
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const Extent& x = sorted[i];
+    const bool in_pool = x.count > 0 && x.first < block_count_ && x.count <= block_count_ - x.first;
+    if (!in_pool || (i > 0 && sorted[i - 1].end() > x.first) ||
+        !CoveredBy(x, kPreviousIncarnation, LeaseState::kQuarantined, kAnyEpoch)) {
+      return Refuse(id,
+                    FailedPrecondition("readopt: claimed blocks " + ToString(x) +
+                                       " are outside the pool, overlap, or are already claimed"));
+    }
+  }
+  LedgerEngine& e = engines_[id];
+  e.role = LedgerRole::kHolder;
+  e.epoch = epoch;
+  e.promoted_seq = ++seq_;
+  for (const Extent& x : sorted) {
+    SplitAt(x.first);
+    auto end = SplitAt(x.end());
+    for (auto cur = leases_.lower_bound(x.first); cur != end;) cur = leases_.erase(cur);
+    InsertLease(Lease{id, x, epoch, LeaseState::kGranted});
+    for (uint32_t b = x.first; b < x.end(); ++b) fenced_from_[b] = kNoEngine;
+    e.blocks += x.count;
+  }
+  BATON_LOG(INFO, "ledger") << "re-adopted " << EngineName(id) << " at epoch " << epoch << " with "
+                            << e.blocks << " blocks";
+  return OkStatus();
+}
+
+Status PoolLedger::EndRecovery() {
+  if (!recovering_) return FailedPrecondition("end recovery: the ledger is not recovering");
+  std::vector<Extent> freed = Reassign(kPreviousIncarnation, kNoEngine, 0);
+  uint32_t blocks = 0;
+  for (const Extent& x : freed) blocks += x.count;
+  recovering_ = false;
+  BATON_LOG(INFO, "ledger") << "recovery ended: " << blocks << " unclaimed blocks freed";
+  return OkStatus();
+}
+
+}  // namespace baton

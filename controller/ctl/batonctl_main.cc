@@ -1,0 +1,169 @@
+// batonctl: the operator's command line for a running baton-controller. It talks only to
+// the controller's Unix socket (Hello role "cli", one CtlRequest, one CtlReply).
+// Exit status: 0 done, 1 refused or unreachable (the reason is printed), 2 bad usage.
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/log.h"
+#include "controller/config.h"
+#include "controller/ctl/ctl_service.h"
+#include "controller/upgrade/ctl_upgrade.h"
+#include "proto/hello.h"
+#include "proto/listener.h"
+
+namespace baton {
+namespace {
+
+struct Args {
+  bool json = false;
+  std::string socket;
+  int timeout_ms = 10'000;
+  std::string command;
+  std::vector<std::string> rest;
+};
+
+constexpr long kMaxTimeoutMs = 24L * 3600 * 1000;
+
+// With --json on the line (before "--": after it, it belongs to an engine command), bad usage
+// and --help also print a JSON object on stdout.
+bool WantsJson(int argc, char** argv) {
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  }
+  return false;
+}
+
+int Usage(const std::string& why, bool json = false) {
+  if (!why.empty()) std::fprintf(stderr, "batonctl: %s\n\n", why.c_str());
+  std::fputs(CtlUsage(), why.empty() ? stdout : stderr);
+  if (json) {
+    const nlohmann::json line = why.empty() ? nlohmann::json{{"ok", true}, {"usage", CtlUsage()}}
+                                            : nlohmann::json{{"ok", false}, {"error", why}};
+    std::printf("%s\n",
+                line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  }
+  return why.empty() ? 0 : 2;
+}
+
+// Returns -1 when the arguments are good, else the exit status.
+int ParseArgs(int argc, char** argv, Args* args) {
+  const bool json = WantsJson(argc, argv);
+  auto usage = [json](const std::string& why) { return Usage(why, json); };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    // upgrade's and rollback's own options, and the engine command after "--", pass through;
+    // batonctl's options before "--" are batonctl's.
+    const bool batonctl_option =
+        a == "--json" || a == "--socket" || a == "--timeout-ms" || a == "--help" || a == "-h";
+    const bool passing = args->command == "upgrade" || args->command == "rollback";
+    if (passing && (!batonctl_option ||
+                    std::find(args->rest.begin(), args->rest.end(), "--") != args->rest.end())) {
+      args->rest.push_back(a);
+      continue;
+    }
+    if (a == "--help" || a == "-h") return Usage("", json);
+    if (a == "--json") {
+      args->json = true;
+    } else if (a == "--socket" || a == "--timeout-ms") {
+      if (i + 1 >= argc) return usage(a + " needs a value");
+      const std::string v = argv[++i];
+      if (a == "--socket") {
+        args->socket = v;
+      } else {
+        char* end = nullptr;
+        const long ms = std::strtol(v.c_str(), &end, 10);
+        if (v.empty() || *end != '\0' || ms <= 0 || ms > kMaxTimeoutMs) {
+          return usage("--timeout-ms needs a number of milliseconds from 1 to " +
+                       std::to_string(kMaxTimeoutMs));
+        }
+        args->timeout_ms = static_cast<int>(ms);
+      }
+    } else if (a.rfind("--", 0) == 0) {
+      return usage("unknown option " + a);
+    } else if (args->command.empty()) {
+      args->command = a;
+    } else {
+      args->rest.push_back(a);
+    }
+  }
+  static const std::set<std::string> kCommands = {"status",   "promote", "drain",   "drill",
+                                                  "timeline", "upgrade", "rollback"};
+  if (args->command.empty()) return usage("no command given");
+  if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
+  if (args->command == "drill") {
+    if (args->rest.size() != 1 ||
+        (args->rest[0] != "kill" && args->rest[0] != "hang" && args->rest[0] != "error")) {
+      return usage("drill needs one of: kill, hang, error");
+    }
+  } else if (args->command == "upgrade") {
+    if (Result<UpgradeRequest> r = ParseUpgradeArgs(args->rest); !r.ok()) {
+      return usage(r.status().message());
+    }
+  } else if (args->command == "rollback") {
+    if (Result<UpgradeRequest> r = ParseRollbackArgs(args->rest); !r.ok()) {
+      return usage(r.status().message());
+    }
+  } else if (!args->rest.empty()) {
+    return usage(args->command + " takes no arguments");
+  }
+  if (args->socket.empty()) args->socket = DefaultRuntimeDir() + "/controller.sock";
+  return -1;
+}
+
+Result<proto::CtlReply> Ask(const Args& args) {
+  boost::asio::io_context io;
+  proto::ChannelOptions options{.label = "controller at " + args.socket};
+  BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, args.socket, options));
+  proto::ClientHelloOptions hello{.peer_name = "batonctl", .role = "cli", .launch_token = ""};
+  hello.timeout = std::chrono::milliseconds(args.timeout_ms);
+  BATON_RETURN_IF_ERROR(proto::ClientHello(channel, hello).status());
+  BATON_RETURN_IF_ERROR(
+      channel.Send(proto::CtlRequest{.command = args.command, .args = args.rest}));
+  BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg,
+                         channel.Receive(std::chrono::milliseconds(args.timeout_ms)));
+  return msg.As<proto::CtlReply>();
+}
+
+int Run(int argc, char** argv) {
+  if (const char* level = std::getenv("BATON_LOG_LEVEL"); level == nullptr) {
+    SetLogLevel(LogLevel::kError);  // a CLI prints its own errors
+  }
+  Args args;
+  if (const int code = ParseArgs(argc, argv, &args); code >= 0) return code;
+  Result<proto::CtlReply> reply = Ask(args);
+  if (!reply.ok()) {
+    const std::string why =
+        "cannot reach the controller at " + args.socket + ": " + reply.status().message();
+    std::fprintf(stderr, "batonctl: %s\n", why.c_str());
+    if (args.json) {
+      std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", why}}
+                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                              .c_str());
+    }
+    return 1;
+  }
+  if (args.json) {
+    if (reply->exit_code != 0) std::fprintf(stderr, "batonctl: %s\n", reply->text.c_str());
+    if (reply->json.empty()) {  // a reply without its object (a request the controller refused)
+      reply->json = nlohmann::json{{"ok", reply->exit_code == 0}, {"error", reply->text}}.dump(
+          -1, ' ', false, nlohmann::json::error_handler_t::replace);
+    }
+    std::printf("%s\n", reply->json.c_str());
+  } else {
+    std::FILE* out = reply->exit_code == 0 ? stdout : stderr;
+    std::fprintf(out, "%s%s", reply->text.c_str(),
+                 !reply->text.empty() && reply->text.back() == '\n' ? "" : "\n");
+  }
+  return reply->exit_code <= 2 ? static_cast<int>(reply->exit_code) : 1;
+}
+
+}  // namespace
+}  // namespace baton
+
+int main(int argc, char** argv) { return baton::Run(argc, argv); }

@@ -1,0 +1,220 @@
+#include "controller/engines/engine_cgroup.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "base/log.h"
+
+namespace baton {
+namespace {
+
+constexpr char kLog[] = "cgroup";
+
+Result<std::string> ReadSmallFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus("reading " + path, errno);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+Status WriteSmallFile(const std::string& path, const std::string& text) {
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd) return ErrnoStatus("opening " + path, errno);
+  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+    return ErrnoStatus("writing " + path, errno);
+  }
+  return OkStatus();
+}
+
+bool IsPopulated(const std::string& dir) {
+  Result<std::string> events = ReadSmallFile(dir + "/cgroup.events");
+  if (!events.ok()) return ::access(dir.c_str(), F_OK) == 0;
+  return events->find("populated 1") != std::string::npos;
+}
+
+std::vector<pid_t> ReadMembers(const std::string& dir) {
+  std::vector<pid_t> pids;
+  Result<std::string> procs = ReadSmallFile(dir + "/cgroup.procs");
+  if (!procs.ok()) return pids;
+  std::istringstream in(*procs);
+  long pid = 0;
+  while (in >> pid) pids.push_back(static_cast<pid_t>(pid));
+  return pids;
+}
+
+// Kills every member of `dir`, waits up to `wait` for them to go, removes it. `killed` gets
+// the number of members found.
+Status KillAndRemove(const std::string& dir, std::chrono::milliseconds wait, size_t* killed) {
+  const std::vector<pid_t> members = ReadMembers(dir);
+  if (killed != nullptr) *killed = members.size();
+  if (IsPopulated(dir)) BATON_RETURN_IF_ERROR(WriteSmallFile(dir + "/cgroup.kill", "1"));
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (IsPopulated(dir) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return ErrnoStatus("removing " + dir, errno);
+  return OkStatus();
+}
+
+// FNV-1a: a stable name for a runtime directory.
+std::string Key(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  char out[17];
+  std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+std::vector<std::string> Split(const std::string& line) {
+  std::vector<std::string> fields;
+  std::istringstream in(line);
+  std::string f;
+  while (in >> f) fields.push_back(f);
+  return fields;
+}
+
+}  // namespace
+
+std::string OwnCgroup2Dir() {
+  std::string mount, root;
+  std::ifstream mounts("/proc/self/mountinfo");
+  for (std::string line; std::getline(mounts, line);) {
+    const std::vector<std::string> f = Split(line);
+    for (size_t i = 6; i + 1 < f.size(); ++i) {
+      if (f[i] == "-" && f[i + 1] == "cgroup2") {
+        root = f[3];
+        mount = f[4];
+      }
+    }
+    if (!mount.empty()) break;
+  }
+  if (mount.empty()) return "";
+  std::string own;
+  std::ifstream cgroups("/proc/self/cgroup");
+  for (std::string line; std::getline(cgroups, line);) {
+    if (line.rfind("0::", 0) == 0) own = line.substr(3);
+  }
+  if (own.empty() || own.find(" (deleted)") != std::string::npos) return "";
+  if (root != "/" && own.rfind(root, 0) == 0) own = own.substr(root.size());
+  if (own.empty() || own == "/") return mount;
+  return mount + own;
+}
+
+EngineCgroup::~EngineCgroup() {
+  if (Status removed = KillAndRemove(path_, std::chrono::milliseconds(200), nullptr);
+      !removed.ok()) {
+    BATON_LOG(WARN, kLog) << removed.ToString();
+  }
+}
+
+Status EngineCgroup::Kill() {
+  Status s = WriteSmallFile(path_ + "/cgroup.kill", "1");
+  if (!s.ok() && ::access(path_.c_str(), F_OK) != 0) return OkStatus();  // already gone
+  return s;
+}
+
+bool EngineCgroup::Populated() const { return IsPopulated(path_); }
+
+std::vector<pid_t> EngineCgroup::Members() const { return ReadMembers(path_); }
+
+double EngineCgroup::CpuSeconds() const {
+  Result<std::string> stat = ReadSmallFile(path_ + "/cpu.stat");
+  if (!stat.ok()) return -1;
+  std::istringstream in(*stat);
+  std::string key;
+  uint64_t value = 0;
+  while (in >> key >> value) {
+    if (key == "usage_usec") return static_cast<double>(value) / 1e6;
+  }
+  return -1;
+}
+
+Result<std::unique_ptr<EngineCgroups>> EngineCgroups::Open(const std::string& setting,
+                                                           const std::string& runtime_dir,
+                                                           std::string* why_not) {
+  if (setting == "off") return std::unique_ptr<EngineCgroups>();
+  const bool automatic = setting == "auto";
+  if (!automatic && (setting.empty() || setting[0] != '/')) {
+    return InvalidArgument("engine.cgroup: want \"auto\", \"off\" or an absolute path, got '" +
+                           setting + "'");
+  }
+  auto refuse = [&](const std::string& why) -> Result<std::unique_ptr<EngineCgroups>> {
+    if (!automatic) return FailedPrecondition("engine.cgroup " + setting + ": " + why);
+    *why_not = why;
+    return std::unique_ptr<EngineCgroups>();
+  };
+  std::string base = setting;
+  if (automatic) {
+    const std::string own = OwnCgroup2Dir();
+    if (own.empty()) return refuse("no cgroup v2 hierarchy is mounted");
+    base = own + "/baton-" + Key(runtime_dir);
+  }
+  const bool made = ::mkdir(base.c_str(), 0755) == 0;
+  if (!made && errno != EEXIST) {
+    return refuse(ErrnoStatus("making " + base, errno).message());
+  }
+  std::unique_ptr<EngineCgroups> c(new EngineCgroups(base, made || automatic));
+  if (::access((base + "/cgroup.kill").c_str(), W_OK) != 0) {
+    return refuse(base +
+                  "/cgroup.kill is missing or not writable (Linux 5.14 or newer and a "
+                  "delegated cgroup are needed)");
+  }
+  c->ClearLeftovers();
+  return c;
+}
+
+EngineCgroups::~EngineCgroups() {
+  if (owned_ && ::rmdir(base_.c_str()) != 0 && errno != ENOENT) {
+    BATON_LOG(WARN, kLog) << "removing " << base_ << ": " << std::strerror(errno);
+  }
+}
+
+void EngineCgroups::ClearLeftovers() {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(base_, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("engine-", 0) != 0) continue;
+    size_t killed = 0;
+    const Status removed = KillAndRemove(entry.path().string(), std::chrono::seconds(2), &killed);
+    leftovers_killed_ += killed;
+    if (!removed.ok()) {  // an engine of that id will be refused its cgroup, not the others
+      BATON_LOG(WARN, kLog) << "leftover cgroup: " << removed.ToString();
+    }
+    if (killed > 0) {
+      BATON_LOG(WARN, kLog) << "killed " << killed << " processes left in " << entry.path().string()
+                            << " by an earlier controller's engine";
+    }
+  }
+  if (ec) BATON_LOG(WARN, kLog) << "listing " << base_ << ": " << ec.message();
+}
+
+Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) {
+  const std::string path = base_ + "/engine-" + std::to_string(engine_id);
+  if (::access(path.c_str(), F_OK) == 0) {
+    BATON_RETURN_IF_ERROR(KillAndRemove(path, std::chrono::seconds(1), nullptr));
+  }
+  if (::mkdir(path.c_str(), 0755) != 0) return ErrnoStatus("making cgroup " + path, errno);
+  UniqueFd procs(::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+  if (!procs) {
+    const int err = errno;
+    ::rmdir(path.c_str());
+    return ErrnoStatus("opening " + path + "/cgroup.procs", err);
+  }
+  return std::make_shared<EngineCgroup>(path, std::move(procs));
+}
+
+}  // namespace baton

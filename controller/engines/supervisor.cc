@@ -1,0 +1,360 @@
+#include "controller/engines/supervisor.h"
+
+#include <fcntl.h>
+#include <linux/close_range.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include "base/log.h"
+
+extern char** environ;
+
+namespace baton {
+namespace {
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+int PidfdSendSignal(int pidfd, int sig) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+
+ExitInfo FromSiginfo(const siginfo_t& info) {
+  ExitInfo exit;
+  if (info.si_code == CLD_EXITED) {
+    exit.code = info.si_status;
+  } else {
+    exit.signal = info.si_status;
+    exit.dumped = info.si_code == CLD_DUMPED;
+  }
+  return exit;
+}
+
+// argv[0] resolved against PATH in the parent (the child must not allocate before exec).
+Result<std::string> ResolveExecutable(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::string candidate = dirs.substr(start, end - start) + "/" + name;
+    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = end + 1;
+  }
+  return NotFound("engine command '" + name + "' is not on PATH");
+}
+
+std::vector<std::string> BuildEnv(const std::map<std::string, std::string>& extra) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string entry = *e;
+    const std::string key = entry.substr(0, entry.find('='));
+    if (extra.count(key) == 0) env.push_back(std::move(entry));
+  }
+  for (const auto& [k, v] : extra) env.push_back(k + "=" + v);
+  return env;
+}
+
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (std::string& s : strings) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// In the child: the engine inherits stdin, stdout and stderr only. Every other descriptor
+// of the controller (its listening socket, other engines' and batonctl's connections, the
+// metrics server) is marked close-on-exec, so that a live engine cannot keep a peer's
+// connection open after the controller closed it. `keep` is the exec-error pipe, which is
+// close-on-exec already. Async-signal-safe.
+void CloseInheritedFds(int keep) {
+  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
+  rlimit limit{};
+  int max_fd = 65536;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < static_cast<rlim_t>(max_fd)) {
+    max_fd = static_cast<int>(limit.rlim_cur);
+  }
+  for (int fd = 3; fd < max_fd; ++fd) {
+    if (fd != keep) ::close(fd);
+  }
+}
+
+// What the child reports on the exec-error pipe when it cannot run the engine.
+struct ChildError {
+  int stage;  // kJoinCgroup or kExec
+  int err;    // errno
+};
+constexpr int kJoinCgroup = 1;
+constexpr int kExec = 2;
+
+[[noreturn]] void ChildFails(int error_fd, int stage) {
+  const ChildError e{.stage = stage, .err = errno};
+  ssize_t unused = ::write(error_fd, &e, sizeof(e));
+  (void)unused;
+  ::_exit(127);
+}
+
+// In the child, between fork and exec: async-signal-safe calls only.
+[[noreturn]] void ExecChild(const char* path, char** argv, char** envp, int log_fd, int error_fd,
+                            int cgroup_fd, pid_t parent) {
+  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (::getppid() != parent) ::_exit(126);  // the controller died before prctl
+  if (cgroup_fd >= 0 && ::write(cgroup_fd, "0", 1) != 1) ChildFails(error_fd, kJoinCgroup);
+  ::setpgid(0, 0);  // terminal signals go to the controller only
+  sigset_t all;
+  sigemptyset(&all);
+  ::sigprocmask(SIG_SETMASK, &all, nullptr);
+  ::signal(SIGPIPE, SIG_DFL);
+  if (log_fd >= 0) {
+    ::dup2(log_fd, STDOUT_FILENO);
+    ::dup2(log_fd, STDERR_FILENO);
+  }
+  CloseInheritedFds(error_fd);
+  ::execve(path, argv, envp);
+  ChildFails(error_fd, kExec);
+}
+
+}  // namespace
+
+std::string ExitInfo::ToString() const {
+  if (signal != 0) {
+    const char* name = ::sigabbrev_np(signal);
+    return std::string("killed by SIG") + (name != nullptr ? name : std::to_string(signal)) +
+           (dumped ? " (core dumped)" : "");
+  }
+  return "exited with status " + std::to_string(code);
+}
+
+ChildProcess::~ChildProcess() { KillAndReap(); }
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(std::exchange(other.pid_, 0)),
+      pidfd_(std::move(other.pidfd_)),
+      exit_(std::move(other.exit_)) {}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+  if (this != &other) {
+    KillAndReap();
+    pid_ = std::exchange(other.pid_, 0);
+    pidfd_ = std::move(other.pidfd_);
+    exit_ = std::move(other.exit_);
+  }
+  return *this;
+}
+
+Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
+                                         const std::map<std::string, std::string>& env,
+                                         const std::string& log_path, int cgroup_procs_fd) {
+  if (argv.empty()) return InvalidArgument("empty engine command");
+  BATON_ASSIGN_OR_RETURN(std::string path, ResolveExecutable(argv[0]));
+  std::vector<std::string> args = argv;
+  std::vector<std::string> envs = BuildEnv(env);
+  std::vector<char*> c_args = CStrings(args);
+  std::vector<char*> c_envs = CStrings(envs);
+  UniqueFd log_fd;
+  if (!log_path.empty()) {
+    log_fd = UniqueFd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+    if (!log_fd) return ErrnoStatus("opening engine log " + log_path, errno);
+  }
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", errno);
+  UniqueFd error_read(pipe_fds[0]);
+  UniqueFd error_write(pipe_fds[1]);
+  const pid_t parent = ::getpid();
+  const pid_t pid = ::fork();
+  if (pid < 0) return ErrnoStatus("fork", errno);
+  if (pid == 0) {
+    ExecChild(path.c_str(), c_args.data(), c_envs.data(), log_fd.get(), error_write.get(),
+              cgroup_procs_fd, parent);
+  }
+  error_write.Reset();
+  UniqueFd pidfd(PidfdOpen(pid));
+  const int open_errno = errno;
+  ChildProcess child(pid, std::move(pidfd));
+  if (!child.pidfd_) {
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, nullptr, 0);
+    child.pid_ = 0;
+    return ErrnoStatus("pidfd_open", open_errno);
+  }
+  ChildError failed{};
+  ssize_t n;
+  do {
+    n = ::read(error_read.get(), &failed, sizeof(failed));
+  } while (n < 0 && errno == EINTR);
+  if (n == sizeof(failed)) {
+    child.KillAndReap();
+    if (failed.stage == kJoinCgroup) return ErrnoStatus("joining the engine's cgroup", failed.err);
+    return ErrnoStatus("executing engine command " + path, failed.err);
+  }
+  return child;
+}
+
+Status ChildProcess::Signal(int sig) {
+  if (!pidfd_ || exit_.has_value()) return OkStatus();
+  if (PidfdSendSignal(pidfd_.get(), sig) != 0 && errno != ESRCH) {
+    return ErrnoStatus("pidfd_send_signal to pid " + std::to_string(pid_), errno);
+  }
+  return OkStatus();
+}
+
+Status ChildProcess::SignalGroup(int sig) {
+  if (pid_ <= 0) return OkStatus();
+  if (::kill(-pid_, sig) != 0 && errno != ESRCH) {
+    return ErrnoStatus("kill of process group " + std::to_string(pid_), errno);
+  }
+  return OkStatus();
+}
+
+bool ProcessGroupAlive(pid_t pgid) {
+  if (pgid <= 0) return false;
+  while (::waitpid(-pgid, nullptr, WNOHANG) > 0) {
+  }
+  if (::kill(-pgid, 0) != 0 && errno == ESRCH) return false;
+  // Members are left; zombies among them (orphans whose reaper is slow) hold no memory.
+  return !ProcessGroupMembers(pgid).empty();
+}
+
+std::vector<pid_t> ProcessGroupMembers(pid_t pgid) {
+  std::vector<pid_t> members;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    // /proc/PID/stat: "pid (comm) state ppid pgrp ...", comm may hold spaces and parentheses.
+    char buf[512];
+    const int fd = ::open((entry.path() / "stat").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+    ::close(fd);
+    if (n <= 0) continue;
+    buf[n] = '\0';
+    const char* paren = std::strrchr(buf, ')');
+    char state = 0;
+    long ppid = 0, group = 0;
+    if (paren == nullptr || std::sscanf(paren + 1, " %c %ld %ld", &state, &ppid, &group) != 3) {
+      continue;
+    }
+    if (group == pgid && state != 'Z' && state != 'X') {
+      members.push_back(static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  return members;
+}
+
+Result<std::optional<ExitInfo>> ChildProcess::TryReap() {
+  if (exit_.has_value()) return exit_;
+  if (!pidfd_) return FailedPrecondition("no child process");
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info,
+               WEXITED | WNOHANG) != 0) {
+    return ErrnoStatus("waitid on pid " + std::to_string(pid_), errno);
+  }
+  if (info.si_pid == 0) return std::optional<ExitInfo>();
+  exit_ = FromSiginfo(info);
+  return exit_;
+}
+
+void ChildProcess::KillAndReap() {
+  if (!pidfd_ || exit_.has_value()) return;
+  (void)Signal(SIGKILL);
+  (void)SignalGroup(SIGKILL);  // the leader is not reaped yet: the group id is still its own
+  siginfo_t info;
+  std::memset(&info, 0, sizeof(info));
+  int rc;
+  do {
+    rc = ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info, WEXITED);
+  } while (rc != 0 && errno == EINTR);
+  exit_ = rc == 0 ? FromSiginfo(info) : ExitInfo{.code = -1, .signal = SIGKILL, .dumped = false};
+}
+
+std::string ExpandPlaceholders(const std::string& text,
+                               const std::map<std::string, std::string>& values) {
+  std::string out;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const size_t open = text.find('{', pos);
+    const size_t close = open == std::string::npos ? open : text.find('}', open);
+    if (close == std::string::npos) break;
+    auto it = values.find(text.substr(open + 1, close - open - 1));
+    out += text.substr(pos, open - pos);
+    out += it != values.end() ? it->second : text.substr(open, close - open + 1);
+    pos = close + 1;
+  }
+  out += text.substr(pos);
+  return out;
+}
+
+Supervisor::Supervisor(std::vector<std::string> command, std::string socket_path,
+                       std::string model_dir, std::string runtime_dir, std::string log_dir)
+    : command_(std::move(command)),
+      socket_path_(std::move(socket_path)),
+      model_dir_(std::move(model_dir)),
+      runtime_dir_(std::move(runtime_dir)),
+      log_dir_(std::move(log_dir)) {}
+
+std::map<std::string, std::string> Supervisor::Placeholders(const LaunchRequest& r) const {
+  return {{"socket", socket_path_},
+          {"token", r.token},
+          {"role", r.role},
+          {"engine_id", std::to_string(r.engine_id)},
+          {"port", std::to_string(r.port)},
+          {"model_dir", model_dir_},
+          {"runtime_dir", runtime_dir_}};
+}
+
+std::vector<std::string> Supervisor::Expand(const LaunchRequest& request) const {
+  const auto values = Placeholders(request);
+  std::vector<std::string> argv;
+  const std::vector<std::string>& command = request.command.empty() ? command_ : request.command;
+  for (const std::string& arg : command) argv.push_back(ExpandPlaceholders(arg, values));
+  return argv;
+}
+
+Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
+  const std::map<std::string, std::string> env = {
+      {"BATON_SOCKET", socket_path_},
+      {"BATON_LAUNCH_TOKEN", request.token},
+      {"BATON_ENGINE_ID", std::to_string(request.engine_id)},
+      {"BATON_ROLE", request.role},
+      {"BATON_HTTP_PORT", std::to_string(request.port)},
+      {"BATON_MODEL_DIR", model_dir_},
+  };
+  std::string log_path;
+  if (!log_dir_.empty())
+    log_path = log_dir_ + "/engine-" + std::to_string(request.engine_id) + ".log";
+  return ChildProcess::Spawn(Expand(request), env, log_path, request.cgroup_procs_fd);
+}
+
+Result<std::string> Supervisor::NewToken() {
+  uint8_t bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {
+    const ssize_t n = ::getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("getrandom", errno);
+    got += static_cast<size_t>(n);
+  }
+  static const char kHex[] = "0123456789abcdef";
+  std::string token;
+  for (uint8_t b : bytes) {
+    token += kHex[b >> 4];
+    token += kHex[b & 15];
+  }
+  return token;
+}
+
+}  // namespace baton

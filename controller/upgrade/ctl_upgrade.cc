@@ -1,0 +1,171 @@
+#include "controller/upgrade/ctl_upgrade.h"
+
+#include <charconv>
+#include <sstream>
+
+#include "controller/upgrade/command_record.h"
+
+namespace baton {
+namespace {
+
+using nlohmann::json;
+
+json CommandJson(const std::vector<std::string>& command) {
+  json out = json::array();
+  for (const std::string& a : command) out.push_back(a);
+  return out;
+}
+
+json SeenJson(const proto::EngineOutcome& o) {
+  return {{"requests", o.requests},
+          {"errors", o.errors},
+          {"compared", o.compared},
+          {"disagreed", o.disagreed},
+          {"mean_ms", o.succeeded == 0 ? 0.0 : static_cast<double>(o.duration_ms) / o.succeeded}};
+}
+
+json ResultJson(const Controller& c, const UpgradeResult& r) {
+  return {{"kind", r.kind},
+          {"outcome", r.outcome},
+          {"reason", r.reason},
+          {"canary", r.canary},
+          {"version", r.version},
+          {"last_weight", r.last_weight},
+          {"duration_ms", MillisBetween(r.started, r.ended)},
+          {"ended_ago_ms", MillisBetween(r.ended, c.clock().Now())}};
+}
+
+Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args);
+
+Result<uint64_t> ParseCount(const std::string& flag, const std::string& text) {
+  uint64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || ptr != text.data() + text.size()) {
+    return InvalidArgument(flag + ": not a number: '" + text + "'");
+  }
+  return v;
+}
+
+}  // namespace
+
+Result<UpgradeRequest> ParseRollbackArgs(const std::vector<std::string>& args) {
+  for (const std::string& a : args) {
+    if (a == "--" || a == "--engine-cmd") {
+      return InvalidArgument("rollback takes no engine command: it returns to the previous one");
+    }
+  }
+  return ParseOptions(args);
+}
+
+Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args) {
+  BATON_ASSIGN_OR_RETURN(UpgradeRequest r, ParseOptions(args));
+  if (r.command.empty()) {
+    return InvalidArgument("upgrade needs the new engine command: -- CMD ARGS... or --engine-cmd");
+  }
+  BATON_RETURN_IF_ERROR(CheckRecordableCommand(r.command, "the engine command"));
+  return r;
+}
+
+namespace {
+
+constexpr uint64_t kMaxStepMs = 86'400'000;  // as upgrade.step_duration_ms allows
+
+Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
+  UpgradeRequest r;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (a == "--") {
+      r.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      break;
+    }
+    if (i + 1 >= args.size()) return InvalidArgument(a + " needs a value");
+    const std::string& v = args[++i];
+    if (a == "--engine-cmd") {
+      BATON_ASSIGN_OR_RETURN(r.command, SplitCommandLine(v));
+    } else if (a == "--steps") {
+      BATON_ASSIGN_OR_RETURN(r.steps, ParseCanarySteps(v));
+    } else if (a == "--step-ms") {
+      BATON_ASSIGN_OR_RETURN(uint64_t ms, ParseCount(a, v));
+      if (ms > kMaxStepMs) {
+        return InvalidArgument("--step-ms: at most " + std::to_string(kMaxStepMs) + " (a day)");
+      }
+      r.step_duration = std::chrono::milliseconds(ms);
+    } else if (a == "--min-requests") {
+      BATON_ASSIGN_OR_RETURN(uint64_t n, ParseCount(a, v));
+      if (n == 0) return InvalidArgument("--min-requests: must be at least 1");
+      r.min_requests = n;
+    } else {
+      return InvalidArgument("unknown option '" + a + "'");
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+json UpgradeJson(const Controller& c) {
+  json history = json::array();
+  for (const UpgradeResult& r : c.upgrade_history()) history.push_back(ResultJson(c, r));
+  json current = nullptr;
+  if (const std::optional<Upgrade>& u = c.upgrade(); u.has_value()) {
+    current = {{"kind", u->kind},
+               {"phase", ToString(u->phase)},
+               {"primary", u->primary},
+               {"canary", u->canary},
+               {"command", CommandJson(u->command)},
+               {"steps", u->policy.steps},
+               {"step", u->judge.has_value() ? u->judge->step() : 0},
+               {"weight", u->judge.has_value() ? u->judge->weight() : 0},
+               {"judgement", u->judgement},
+               {"rollback_reason", u->rollback_reason},
+               {"phase_ms", MillisBetween(u->phase_since, c.clock().Now())},
+               {"elapsed_ms", MillisBetween(u->started, c.clock().Now())}};
+    if (u->judge.has_value()) {
+      const OutcomeMap now = c.routes().Outcomes();
+      current["canary_seen"] = SeenJson(u->judge->Seen(u->canary, now));
+      current["primary_seen"] = SeenJson(u->judge->Seen(u->judge->primary(), now));
+    }
+  }
+  return {{"current", current},
+          {"history", history},
+          {"active_command", CommandJson(c.active_command())},
+          {"previous_command", CommandJson(c.previous_command())},
+          {"promoted", c.upgrades_promoted()},
+          {"rolled_back", c.upgrades_rolled_back()}};
+}
+
+std::string UpgradeText(const Controller& c) {
+  std::ostringstream out;
+  if (const std::optional<Upgrade>& u = c.upgrade(); u.has_value()) {
+    out << u->kind << " in progress: phase " << ToString(u->phase) << ", canary engine "
+        << u->canary;
+    if (u->judge.has_value()) out << " at " << u->judge->weight() << " %";
+    if (!u->judgement.empty()) out << " (" << u->judgement << ")";
+    out << "\n";
+  }
+  if (!c.upgrade_history().empty()) {
+    const UpgradeResult& r = c.upgrade_history().back();
+    out << "last " << r.kind << ": " << r.outcome << " (engine " << r.canary << ", " << r.reason
+        << ")\n";
+  }
+  return out.str();
+}
+
+std::string UpgradeMetrics(const Controller& c) {
+  std::ostringstream out;
+  out << "# HELP baton_upgrades_total Canary upgrades and rollbacks that ended, by outcome\n"
+      << "# TYPE baton_upgrades_total counter\n"
+      << "baton_upgrades_total{outcome=\"promoted\"} " << c.upgrades_promoted() << "\n"
+      << "baton_upgrades_total{outcome=\"rolled_back\"} " << c.upgrades_rolled_back() << "\n";
+  const std::optional<Upgrade>& u = c.upgrade();
+  out << "# HELP baton_canary_weight_percent Share of new requests the canary gets (0: none)\n"
+      << "# TYPE baton_canary_weight_percent gauge\n"
+      << "baton_canary_weight_percent "
+      << (u.has_value() && u->judge.has_value() && u->phase == Upgrade::Phase::kCanary
+              ? u->judge->weight()
+              : 0)
+      << "\n";
+  return out.str();
+}
+
+}  // namespace baton

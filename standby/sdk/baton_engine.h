@@ -1,0 +1,228 @@
+/* baton_engine.h: the C ABI of the Baton engine SDK, for engines written in other languages
+ * (Python through ctypes, Go through cgo, Rust through bindgen).
+ *
+ * It wraps baton::EngineSession (standby/sdk/engine_sdk.h) one to one:
+ *   baton_engine_connect_env()    connect + register + map weights read-only + reserve pool
+ *   baton_engine_wait_promotion() block until promoted; extents are mapped writable
+ *   baton_engine_mark_serving()   tell the controller this engine serves
+ *   baton_engine_next_event()     later grants, reclaim, drain, resume and stop requests
+ *   baton_engine_report_error()   an asynchronous device error: the controller fences at once
+ *   baton_engine_close()          shut down cleanly and free the handle
+ * and for GPU engines (docs/gpu.md):
+ *   baton_engine_register_nccl_comm()  watch an NCCL communicator for asynchronous errors
+ *   baton_engine_report_cuda_error()   a CUDA error code; sticky ones fence the engine
+ *   baton_engine_connect_flags()       connect with BATON_ENGINE_USE_DEVICE_MEMORY
+ *   baton_engine_device_weights()      the controller's device copy of the weights
+ *   baton_engine_device_pool()         the device KV pool
+ *
+ * Conventions: functions return 0 on success and a positive baton::StatusCode value on
+ * failure (1 invalid argument, 4 failed precondition, 6 unavailable, 8 deadline exceeded,
+ * ...); baton_engine_last_error() then returns the message (thread-local, valid until the
+ * next call on the same thread). Pointers returned (tensor data, names, block memory) stay
+ * valid until baton_engine_close(), block memory until its extent is returned. Timeouts are
+ * in milliseconds; a negative timeout, or one over a year, waits forever. No C++ exception
+ * leaves a function: one inside (out of memory, no thread or descriptor left) is returned
+ * as 10 (internal) with its text. Every function is thread-safe on one handle, except
+ * baton_engine_close(), which must be the last call.
+ */
+#ifndef BATON_STANDBY_BATON_ENGINE_H_
+#define BATON_STANDBY_BATON_ENGINE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 3: BATON_EVENT_RESUME and baton_engine_resume_pending(). */
+#define BATON_ENGINE_ABI_VERSION 3
+
+/* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
+ * exports these alone. */
+#if defined(__GNUC__)
+#define BATON_ENGINE_API __attribute__((visibility("default")))
+#else
+#define BATON_ENGINE_API
+#endif
+
+typedef struct baton_engine baton_engine;
+
+typedef struct baton_engine_options {
+  /* NULL or "" for each of the first three: taken from BATON_SOCKET, BATON_LAUNCH_TOKEN and
+   * BATON_ENGINE_ID in the environment. */
+  const char* socket_path;
+  const char* launch_token;
+  uint64_t engine_id;
+  const char* engine_version; /* shown by `batonctl status`; may be NULL */
+  const char* http_address;   /* published in the route table; may be NULL */
+  int prefault_weights;       /* nonzero: touch every arena page before reporting ready */
+  int connect_timeout_ms;     /* <= 0: 10000 */
+} baton_engine_options;
+
+typedef struct baton_tensor {
+  const char* name;
+  uint8_t dtype; /* weightcache/dtype.h value: 1 F64, 2 F32, 3 F16, 4 BF16, ... */
+  size_t ndim;
+  const int64_t* shape;
+  const void* data; /* read-only */
+  uint64_t size;    /* bytes */
+} baton_tensor;
+
+typedef struct baton_pool_info {
+  uint32_t block_count;
+  uint64_t block_bytes;
+  void* base; /* reserved range: block b at base + b * block_bytes */
+  uint64_t reserved_bytes;
+  int huge_pages;
+} baton_pool_info;
+
+typedef struct baton_extent {
+  uint32_t first;
+  uint32_t count;
+  void* data; /* first block's memory, mapped read-write */
+  uint64_t bytes;
+} baton_extent;
+
+typedef enum baton_event_kind {
+  BATON_EVENT_NONE = 0, /* no event within the timeout */
+  BATON_EVENT_PROMOTED = 1,
+  BATON_EVENT_GRANTED = 2,
+  BATON_EVENT_RECLAIM = 3,
+  BATON_EVENT_DRAIN = 4,
+  BATON_EVENT_STOP = 5,
+  BATON_EVENT_DISCONNECTED = 6,
+  BATON_EVENT_RESUME = 7 /* the drain is called off: admit requests again */
+} baton_event_kind;
+
+#define BATON_EVENT_MAX_EXTENTS 64
+#define BATON_EVENT_REASON_BYTES 256
+
+typedef struct baton_event {
+  baton_event_kind kind;
+  uint64_t epoch;
+  uint32_t extent_count; /* PROMOTED, GRANTED: extents[0..extent_count) */
+  int extents_truncated; /* nonzero if more than BATON_EVENT_MAX_EXTENTS arrived; the rest
+                            are listed by baton_engine_extents() */
+  baton_extent extents[BATON_EVENT_MAX_EXTENTS];
+  uint32_t blocks;                       /* RECLAIM */
+  int64_t timeout_ms;                    /* DRAIN */
+  char reason[BATON_EVENT_REASON_BYTES]; /* STOP, DISCONNECTED; NUL-terminated */
+} baton_event;
+
+/* A device region on the CUDA backend (CUdeviceptr values). */
+typedef struct baton_device_region {
+  int device;       /* CUDA device ordinal */
+  uint64_t address; /* start of the range in this process */
+  uint64_t bytes;
+  uint64_t chunk_bytes; /* the pool is mapped in whole chunks */
+  uint32_t chunks;
+} baton_device_region;
+
+/* baton_engine_connect_flags(): take the device memory of a CUDA-backend controller (an
+ * engine that computes on the GPU). Without it the engine declines the device regions. */
+#define BATON_ENGINE_USE_DEVICE_MEMORY 1u
+/* baton_engine_connect_flags(): the engine handles BATON_EVENT_RESUME (admits requests again
+ * after a drain is called off). Without it the controller never calls its drain off: a
+ * switch-over whose standby fails retires it once drained. */
+#define BATON_ENGINE_HANDLES_RESUME 2u
+
+/* The ABI version this library implements (BATON_ENGINE_ABI_VERSION). */
+BATON_ENGINE_API int baton_engine_abi_version(void);
+/* The message of this thread's last failed call ("" if none). */
+BATON_ENGINE_API const char* baton_engine_last_error(void);
+
+/* Connects, registers and becomes a half-started standby. `options` may be NULL (all from
+ * the environment). On success *out is the handle. */
+BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
+/* baton_engine_connect() with flags (BATON_ENGINE_USE_DEVICE_MEMORY,
+ * BATON_ENGINE_HANDLES_RESUME). With device memory on
+ * a CUDA-backend controller, the weights' device copy is mapped read-only and the device pool's
+ * range reserved before this returns; a device that cannot be used fails the call. */
+BATON_ENGINE_API int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,
+                                                baton_engine** out);
+/* The device copy of the weights (tensor t at address + (t.data - baton_engine_weights_base()),
+ * the host arena's offsets) and the device pool (block b at address + b * block_bytes; the
+ * chunks holding granted blocks are mapped read-write, their headers scrubbed). 5 (not
+ * found) when this engine has no device memory: a host-backend controller, or connected
+ * without BATON_ENGINE_USE_DEVICE_MEMORY. */
+BATON_ENGINE_API int baton_engine_device_weights(const baton_engine* engine,
+                                                 baton_device_region* out);
+BATON_ENGINE_API int baton_engine_device_pool(const baton_engine* engine, baton_device_region* out);
+/* Shuts the session down (unmaps everything, closes the connection) and frees the handle. */
+BATON_ENGINE_API void baton_engine_close(baton_engine* engine);
+
+BATON_ENGINE_API uint64_t baton_engine_id(const baton_engine* engine);
+BATON_ENGINE_API uint64_t baton_engine_epoch(const baton_engine* engine);
+/* 0 while this engine may keep writing to its blocks. */
+BATON_ENGINE_API int baton_engine_check_epoch(const baton_engine* engine);
+
+BATON_ENGINE_API size_t baton_engine_tensor_count(const baton_engine* engine);
+/* Fills *out with tensor `index` (0-based, sorted by name). */
+BATON_ENGINE_API int baton_engine_tensor(const baton_engine* engine, size_t index,
+                                         baton_tensor* out);
+/* Fills *out with the tensor called `name`; 2 (not found) if there is none. */
+BATON_ENGINE_API int baton_engine_find_tensor(const baton_engine* engine, const char* name,
+                                              baton_tensor* out);
+BATON_ENGINE_API int baton_engine_pool(const baton_engine* engine, baton_pool_info* out);
+/* The start of the read-only weight arena every tensor's data lies in (NULL for a NULL
+ * engine): a tensor's offset in the arena, and so in the device copy of the weights, is
+ * (const char*)t.data - (const char*)baton_engine_weights_base(engine). */
+BATON_ENGINE_API const void* baton_engine_weights_base(const baton_engine* engine);
+
+/* Waits to be promoted; *out gets the PROMOTED event. */
+BATON_ENGINE_API int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms,
+                                                 baton_event* out);
+BATON_ENGINE_API int baton_engine_mark_serving(baton_engine* engine);
+/* The next event; out->kind is BATON_EVENT_NONE when none came within the timeout. */
+BATON_ENGINE_API int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms,
+                                             baton_event* out);
+
+BATON_ENGINE_API int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks);
+/* Returns `count` extents ({first, count}; data and bytes are ignored); count 0 answers a
+ * RECLAIM with nothing to give. A RECLAIM asks for up to `blocks` blocks. With the device
+ * pool mapped, answer it with whole chunks (chunk_bytes / block_bytes blocks each,
+ * chunk-aligned, the last one possibly shorter): the controller lends a block to another
+ * engine only once its chunk is wholly returned. */
+BATON_ENGINE_API int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents,
+                                                size_t count);
+/* Answers a DRAIN event: exactly one call per drain, also when a RESUME follows it. */
+BATON_ENGINE_API int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished);
+/* 1 from the moment the controller calls the drain off until the RESUME event is taken: an
+ * engine still waiting for its requests can stop waiting and report drained at once. */
+BATON_ENGINE_API int baton_engine_resume_pending(const baton_engine* engine);
+/* Reports an asynchronous error (`code` a StatusCode value, 0 means internal). */
+BATON_ENGINE_API int baton_engine_report_error(baton_engine* engine, int code, const char* message);
+
+/* Copies up to `capacity` currently mapped extents to `out`; returns how many are mapped. */
+BATON_ENGINE_API size_t baton_engine_extents(const baton_engine* engine, baton_extent* out,
+                                             size_t capacity);
+
+/* --- GPU engines ---------------------------------------------------------------------------- */
+
+/* Watches `comm` (an ncclComm_t the engine created) from an SDK thread that polls
+ * ncclCommGetAsyncError: an asynchronous error is reported to the controller (which fences
+ * this engine at once) and the communicator aborted with ncclCommAbort; once the engine is
+ * fenced (told to stop, disconnected, or it reported an error) every watched communicator is
+ * aborted, so collectives blocked on a dead peer return. An aborted communicator must not be
+ * used or destroyed. `label` (may be NULL) names it in reports. 6 (unavailable) where
+ * libnccl.so.2 cannot be loaded. */
+BATON_ENGINE_API int baton_engine_register_nccl_comm(baton_engine* engine, void* comm,
+                                                     const char* label);
+/* Stops watching `comm`; call it before ncclCommDestroy. 2 (not found) if the watcher has
+ * already aborted it. */
+BATON_ENGINE_API int baton_engine_unregister_nccl_comm(baton_engine* engine, void* comm);
+/* A CUDA error the engine saw at `where` (may be NULL): a CUresult or cudaError_t value (the
+ * two agree on every sticky error). A sticky error (illegal address, launch failure,
+ * uncorrectable ECC, ...: the context is lost) is reported to the controller, which fences
+ * this engine. Returns 0 for cuda_result 0, else the error's StatusCode (10 internal for a
+ * sticky error), with its description ("where: CUDA_ERROR_ILLEGAL_ADDRESS (an illegal memory
+ * access was encountered)") in baton_engine_last_error(). */
+BATON_ENGINE_API int baton_engine_report_cuda_error(baton_engine* engine, int cuda_result,
+                                                    const char* where);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* BATON_STANDBY_BATON_ENGINE_H_ */

@@ -1,0 +1,350 @@
+#include "standby/sdk/engine_sdk.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <thread>
+
+#include "base/log.h"
+#include "cuda/cuda_errors.h"
+#include "cuda/gpu_backend.h"
+#include "cuda/nccl_watcher.h"
+#include "proto/hello.h"
+#include "proto/listener.h"
+#include "standby/sdk/engine_session_impl.h"
+
+namespace baton {
+namespace {
+
+Result<std::string> RequiredEnv(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') {
+    return InvalidArgument(std::string("environment variable ") + name +
+                           " is not set (is this engine started by baton-controller?)");
+  }
+  return std::string(value);
+}
+
+Result<uint64_t> ParseUnsigned(const std::string& text, const char* what) {
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (text.empty() || end == nullptr || *end != '\0' || errno != 0 || text[0] == '-') {
+    return InvalidArgument(std::string(what) + " is not an unsigned number: '" + text + "'");
+  }
+  return static_cast<uint64_t>(v);
+}
+
+}  // namespace
+
+uint32_t TakeWholeChunks(uint32_t block_count, uint32_t per_chunk, uint32_t blocks,
+                         const std::function<bool(uint32_t first, uint32_t end)>& take) {
+  const uint32_t per = std::max<uint32_t>(1, per_chunk);
+  uint32_t left = blocks;
+  for (uint32_t end = block_count; end > 0 && left > 0;) {
+    const uint32_t first = (end - 1) / per * per;
+    if (end - first <= left && take(first, end)) left -= end - first;
+    end = first;
+  }
+  return blocks - left;
+}
+
+const char* ToString(SessionEventKind kind) {
+  switch (kind) {
+    case SessionEventKind::kPromoted:
+      return "promoted";
+    case SessionEventKind::kGranted:
+      return "granted";
+    case SessionEventKind::kReclaim:
+      return "reclaim";
+    case SessionEventKind::kDrain:
+      return "drain";
+    case SessionEventKind::kResume:
+      return "resume";
+    case SessionEventKind::kStop:
+      return "stop";
+    case SessionEventKind::kDisconnected:
+      return "disconnected";
+  }
+  return "unknown";
+}
+
+Result<EngineLaunchInfo> LaunchInfoFromEnv() {
+  EngineLaunchInfo info;
+  BATON_ASSIGN_OR_RETURN(info.socket_path, RequiredEnv("BATON_SOCKET"));
+  BATON_ASSIGN_OR_RETURN(info.launch_token, RequiredEnv("BATON_LAUNCH_TOKEN"));
+  BATON_ASSIGN_OR_RETURN(std::string id_text, RequiredEnv("BATON_ENGINE_ID"));
+  BATON_ASSIGN_OR_RETURN(info.engine_id, ParseUnsigned(id_text, "BATON_ENGINE_ID"));
+  if (const char* role = std::getenv("BATON_ROLE"); role != nullptr) info.role = role;
+  if (const char* port = std::getenv("BATON_HTTP_PORT"); port != nullptr && *port != '\0') {
+    BATON_ASSIGN_OR_RETURN(uint64_t p, ParseUnsigned(port, "BATON_HTTP_PORT"));
+    if (p > 65535)
+      return InvalidArgument("BATON_HTTP_PORT " + std::string(port) + " is not a port");
+    info.http_port = static_cast<int>(p);
+  }
+  return info;
+}
+
+const MappedTensor* MappedWeights::Find(std::string_view name) const {
+  for (const MappedTensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// --- start-up -------------------------------------------------------------------------------
+
+EngineSession::Impl::Impl(EngineSessionOptions options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : &RealClock::Get()) {
+  if (options_.peer_name.empty()) {
+    options_.peer_name = "engine-" + std::to_string(options_.launch.engine_id);
+  }
+}
+
+EngineSession::Impl::~Impl() { Shutdown(); }
+
+Status EngineSession::Impl::Handshake() {
+  if (options_.launch.socket_path.empty()) return InvalidArgument("no controller socket path");
+  proto::ChannelOptions channel_options{
+      .max_frame_size = proto::kControllerMaxFrameSize, .label = "controller", .clock = clock_};
+  const TimePoint deadline = clock_->Now() + options_.connect_timeout;
+  Result<proto::Channel> channel = Unavailable("not tried");
+  while (true) {
+    channel = proto::Connect(io_, options_.launch.socket_path, channel_options);
+    if (channel.ok() || clock_->Now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!channel.ok()) return channel.status().WithContext("connecting to the controller");
+  channel_.emplace(std::move(channel).value());
+  proto::ClientHelloOptions hello{.peer_name = options_.peer_name,
+                                  .role = "engine",
+                                  .launch_token = options_.launch.launch_token};
+  if (!options_.handles_resume) hello.max_version = proto::kProtocolVersionResume - 1;
+  BATON_RETURN_IF_ERROR(proto::ClientHello(*channel_, hello).status());
+  BATON_RETURN_IF_ERROR(channel_->Send(proto::Register{
+      .engine_id = options_.launch.engine_id,
+      .engine_version = options_.engine_version,
+      .http_address = options_.http_address,
+  }));
+  return ReceiveRegisterAck();
+}
+
+Status EngineSession::Impl::ReceiveRegisterAck() {
+  BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel_->Receive(options_.connect_timeout));
+  if (msg.type == proto::MsgType::kStop) {
+    BATON_ASSIGN_OR_RETURN(proto::Stop stop, msg.As<proto::Stop>());
+    return FailedPrecondition("the controller refused the registration: " + stop.reason);
+  }
+  BATON_ASSIGN_OR_RETURN(proto::RegisterAck ack, msg.As<proto::RegisterAck>());
+  if (msg.fds.size() != 2) {
+    return InvalidArgument("RegisterAck carries " + std::to_string(msg.fds.size()) +
+                           " fds; expected 2 (arena, pool)");
+  }
+  if (ack.engine_id != options_.launch.engine_id) {
+    return InvalidArgument("RegisterAck names engine " + std::to_string(ack.engine_id) +
+                           ", this is engine " + std::to_string(options_.launch.engine_id));
+  }
+  if (ack.heartbeat_interval_ms == 0) return InvalidArgument("RegisterAck: heartbeat interval 0");
+  heartbeat_interval_ = std::chrono::milliseconds(ack.heartbeat_interval_ms);
+  BATON_RETURN_IF_ERROR(MapWeights(ack, std::move(msg.fds[0])));
+  BATON_RETURN_IF_ERROR(ReservePool(ack, std::move(msg.fds[1])));
+  return TakeDeviceRegions(ack);
+}
+
+Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack) {
+  if (ack.device_regions == 0) return OkStatus();
+  if (!options_.use_device_memory) {
+    BATON_ASSIGN_OR_RETURN(
+        declined_pool_chunk_bytes_,
+        DeviceSession::Decline(*channel_, ack.device_regions, "this engine computes on the host",
+                               options_.connect_timeout));
+    return OkStatus();
+  }
+  Result<std::unique_ptr<DeviceSession>> device =
+      DeviceSession::Accept(*channel_, ack.device, ack.device_regions, options_.connect_timeout);
+  if (!device.ok()) return device.status().WithContext("taking the device memory");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    device_ = std::move(device).value();
+  }
+  BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped read-only at 0x"
+                                << std::hex << device_->weights().address << ", pool reserved at 0x"
+                                << device_->pool().address << std::dec << " ("
+                                << device_->pool().chunks << " chunks of "
+                                << device_->pool().chunk_bytes << " bytes)";
+  return OkStatus();
+}
+
+Status EngineSession::Impl::MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd) {
+  BATON_ASSIGN_OR_RETURN(arena_, SharedMemory::Import(std::move(arena_fd)));
+  if (arena_.size() < ack.arena_size) {
+    return InvalidArgument("weight arena fd holds " + std::to_string(arena_.size()) +
+                           " bytes, the table says " + std::to_string(ack.arena_size));
+  }
+  BATON_ASSIGN_OR_RETURN(arena_map_, arena_.Map(Protection::kReadOnly));
+  weights_.model = ack.model;
+  weights_.base = arena_map_.data();
+  weights_.size = ack.arena_size;
+  weights_.huge_pages = ack.arena_huge_pages;
+  for (const proto::TensorEntry& e : ack.tensors) {
+    if (!IsValidDType(e.dtype)) {
+      return InvalidArgument("tensor " + e.name + ": unknown dtype " + std::to_string(e.dtype));
+    }
+    if (e.offset > ack.arena_size || e.size > ack.arena_size - e.offset) {
+      return InvalidArgument("tensor " + e.name + " lies outside the arena");
+    }
+    weights_.tensors.push_back(MappedTensor{.name = e.name,
+                                            .dtype = static_cast<DType>(e.dtype),
+                                            .shape = e.shape,
+                                            .data = weights_.base + e.offset,
+                                            .size = e.size});
+  }
+  return OkStatus();
+}
+
+Status EngineSession::Impl::ReservePool(const proto::RegisterAck& ack, UniqueFd pool_fd) {
+  PoolGeometryArgs args{.block_count = ack.block_count,
+                        .block_bytes = ack.block_bytes,
+                        .reserve_bytes = ack.reserve_bytes,
+                        .huge_pages = ack.pool_huge_pages};
+  BATON_ASSIGN_OR_RETURN(PoolMapping pool, PoolMapping::Reserve(std::move(pool_fd), args));
+  std::lock_guard<std::mutex> lock(mu_);
+  pool_ = std::move(pool);
+  pool_view_ = PoolView{.block_count = pool_.block_count(),
+                        .block_bytes = pool_.block_bytes(),
+                        .huge_pages = pool_.huge_pages(),
+                        .base = pool_.base(),
+                        .reserved_bytes = pool_.reserved_bytes()};
+  return OkStatus();
+}
+
+Status EngineSession::Impl::Prefault() {
+  if (!options_.prefault_weights || arena_map_.size() == 0) return OkStatus();
+  const TimePoint start = clock_->Now();
+#ifdef MADV_POPULATE_READ
+  if (::madvise(arena_map_.data(), arena_map_.size(), MADV_POPULATE_READ) == 0) {
+    weights_.prefault_ms = MillisBetween(start, clock_->Now());
+    return OkStatus();
+  }
+#endif
+  // Older kernels: read one byte of every page.
+  const size_t page = arena_.huge_pages() ? kHugePageSize : static_cast<size_t>(getpagesize());
+  const volatile uint8_t* bytes = arena_map_.data();
+  uint8_t sum = 0;
+  for (size_t off = 0; off < arena_map_.size(); off += page) sum = sum ^ bytes[off];
+  touched_ = sum;
+  weights_.prefault_ms = MillisBetween(start, clock_->Now());
+  return OkStatus();
+}
+
+Status EngineSession::Impl::SendReady() {
+  return Send(proto::StandbyReady{
+      .arena_mapped_bytes = arena_map_.size(),
+      .reserved_bytes = pool_view_.reserved_bytes,
+      .prefault_us = static_cast<uint64_t>(weights_.prefault_ms * 1000.0),
+  });
+}
+
+// --- EngineSession ----------------------------------------------------------------------------
+
+Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessionOptions& options) {
+  auto impl = std::make_unique<Impl>(options);
+  const std::string who = "engine " + std::to_string(options.launch.engine_id);
+  BATON_RETURN_IF_ERROR(impl->Handshake().WithContext(who + " registering"));
+  BATON_RETURN_IF_ERROR(impl->StartThread());
+  BATON_RETURN_IF_ERROR(impl->Prefault());
+  BATON_RETURN_IF_ERROR(impl->SendReady().WithContext(who + " reporting ready"));
+  BATON_LOG(INFO, "engine-sdk") << who << " registered: " << impl->weights().tensors.size()
+                                << " tensors mapped read-only (" << impl->weights().size
+                                << " bytes, pre-faulted in " << impl->weights().prefault_ms
+                                << " ms), pool range of " << impl->pool().block_count
+                                << " blocks reserved";
+  return std::unique_ptr<EngineSession>(new EngineSession(std::move(impl)));
+}
+
+EngineSession::EngineSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EngineSession::~EngineSession() { Shutdown(); }
+
+uint64_t EngineSession::engine_id() const { return impl_->engine_id(); }
+const MappedWeights& EngineSession::weights() const { return impl_->weights(); }
+const PoolView& EngineSession::pool() const { return impl_->pool(); }
+std::optional<DeviceRegionView> EngineSession::device_weights() const {
+  return impl_->device_weights();
+}
+std::optional<DeviceRegionView> EngineSession::device_pool() const { return impl_->device_pool(); }
+uint32_t EngineSession::reclaim_chunk_blocks() const {
+  const std::optional<DeviceRegionView> device = impl_->device_pool();
+  const uint64_t chunk_bytes =
+      device.has_value() ? device->chunk_bytes : impl_->declined_pool_chunk_bytes();
+  const uint64_t block_bytes = pool().block_bytes;
+  if (block_bytes == 0 || chunk_bytes < block_bytes) return 1;
+  return static_cast<uint32_t>(chunk_bytes / block_bytes);
+}
+Result<SessionEvent> EngineSession::WaitForPromotion(std::optional<Duration> timeout) {
+  return impl_->WaitForPromotion(timeout);
+}
+Status EngineSession::MarkServing() { return impl_->MarkServing(); }
+std::optional<SessionEvent> EngineSession::NextEvent(std::optional<Duration> timeout) {
+  return impl_->NextEvent(timeout);
+}
+Status EngineSession::RequestBlocks(uint32_t blocks) { return impl_->RequestBlocks(blocks); }
+Status EngineSession::ReturnBlocks(std::span<const MappedExtent> extents) {
+  return impl_->ReturnBlocks(extents);
+}
+Status EngineSession::ReportDrained(uint32_t unfinished) {
+  return impl_->ReportDrained(unfinished);
+}
+bool EngineSession::resume_pending() const { return impl_->resume_pending(); }
+Status EngineSession::ReportError(const Status& error) { return impl_->ReportError(error); }
+uint64_t EngineSession::epoch() const { return impl_->epoch(); }
+Status EngineSession::CheckEpoch() const { return impl_->CheckEpoch(); }
+std::vector<MappedExtent> EngineSession::extents() const { return impl_->extents(); }
+uint64_t EngineSession::heartbeats_sent() const { return impl_->heartbeats_sent(); }
+void EngineSession::Shutdown() {
+  {
+    // The watcher calls into the session: it goes first. Watched communicators stay the
+    // engine's (a clean shutdown is no fence).
+    std::lock_guard<std::mutex> lock(nccl_mu_);
+    nccl_.reset();
+  }
+  if (impl_) impl_->Shutdown();
+}
+
+// --- GPU engines --------------------------------------------------------------------------------
+
+Status EngineSession::WatchNcclComm(void* comm, const std::string& label) {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  if (nccl_ == nullptr) {
+    BATON_ASSIGN_OR_RETURN(const NcclLibrary* nccl, NcclLibrary::Get());
+    BATON_LOG(INFO, "engine-sdk") << "watching NCCL communicators (NCCL " << nccl->version_string()
+                                  << ")";
+    nccl_ = std::make_unique<NcclWatcher>(
+        NcclApi::FromLibrary(*nccl),
+        NcclWatcherOptions{.report = [this](const Status& error) { (void)ReportError(error); },
+                           .fenced = [this] { return CheckEpoch(); }});
+  }
+  return nccl_->Register(comm, label);
+}
+
+Status EngineSession::UnwatchNcclComm(void* comm) {
+  std::lock_guard<std::mutex> lock(nccl_mu_);
+  if (nccl_ == nullptr) return NotFound("no NCCL communicator is watched");
+  return nccl_->Unregister(comm);
+}
+
+Status EngineSession::ReportCudaError(int cuda_result, const std::string& where) {
+  if (cuda_result == 0) return OkStatus();
+  const Status error(CudaStatusCode(cuda_result), where + ": " + DescribeCudaError(cuda_result));
+  if (!IsStickyCudaError(cuda_result)) return error;
+  const Status reported = ReportError(error.WithContext("sticky CUDA error"));
+  if (!reported.ok()) {
+    BATON_LOG(ERROR, "engine-sdk")
+        << "could not report " << error.message() << ": " << reported.message();
+  }
+  return error;
+}
+
+}  // namespace baton

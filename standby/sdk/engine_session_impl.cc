@@ -1,0 +1,445 @@
+#include "standby/sdk/engine_session_impl.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <system_error>
+
+#include "base/log.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "engine-sdk";
+
+int MillisUntil(TimePoint now, TimePoint when) {
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(when - now).count();
+  return static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+}
+
+// Checks that every extent lies inside the mapped blocks and that no block is listed twice,
+// so that ReturnBlocks unmaps all of a list or none of it.
+Status CheckReturnable(std::map<uint32_t, uint32_t> left, std::span<const MappedExtent> extents) {
+  for (const MappedExtent& e : extents) {
+    auto it = left.upper_bound(e.first);
+    const bool inside =
+        e.count > 0 && it != left.begin() &&
+        e.first + uint64_t{e.count} <= std::prev(it)->first + uint64_t{std::prev(it)->second};
+    if (!inside) {
+      return FailedPrecondition("ReturnBlocks: blocks [" + std::to_string(e.first) + ", " +
+                                std::to_string(uint64_t{e.first} + e.count) +
+                                ") are not all mapped, or are listed twice; nothing returned");
+    }
+    --it;
+    const uint32_t run_first = it->first;
+    const uint32_t run_end = it->first + it->second;
+    left.erase(it);
+    if (e.first > run_first) left[run_first] = e.first - run_first;
+    if (e.first + e.count < run_end) left[e.first + e.count] = run_end - (e.first + e.count);
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+// --- heartbeat thread ---------------------------------------------------------------------------
+
+Status EngineSession::Impl::StartThread() {
+  const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (fd < 0) return ErrnoStatus("eventfd", errno);
+  wake_fd_ = UniqueFd(fd);
+  try {
+    thread_ = std::thread([this] { Run(); });
+  } catch (const std::system_error& e) {
+    return Status(StatusCode::kResourceExhausted,
+                  std::string("starting the heartbeat thread: ") + e.what());
+  }
+  return OkStatus();
+}
+
+void EngineSession::Impl::Run() {
+  TimePoint next_beat = clock_->Now();
+  while (!stopping_.load()) {
+    if (clock_->Now() >= next_beat) {
+      SendHeartbeat();
+      next_beat = clock_->Now() + heartbeat_interval_;
+    }
+    // Read each round: a send that failed on another thread closes the channel, and its fd
+    // number may already belong to another socket of the engine.
+    int socket_fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(channel_mu_);
+      if (channel_.has_value() && channel_->is_open()) socket_fd = channel_->native_handle();
+    }
+    if (socket_fd < 0) {
+      OnDisconnected("the connection to the controller is closed");
+      return;
+    }
+    pollfd fds[2] = {{.fd = socket_fd, .events = POLLIN, .revents = 0},
+                     {.fd = wake_fd_.get(), .events = POLLIN, .revents = 0}};
+    const int n = ::poll(fds, 2, MillisUntil(clock_->Now(), next_beat));
+    if (n < 0 && errno != EINTR) {
+      OnDisconnected(ErrnoStatus("poll", errno).message());
+      return;
+    }
+    if (n <= 0) continue;
+    if (fds[1].revents != 0) {
+      uint64_t drained;
+      ssize_t unused = ::read(wake_fd_.get(), &drained, sizeof(drained));
+      (void)unused;
+    }
+    if (fds[0].revents != 0 && !PumpMessages()) return;
+  }
+}
+
+bool EngineSession::Impl::PumpMessages() {
+  while (true) {
+    Result<std::optional<proto::ReceivedMessage>> next = Unavailable("no channel");
+    {
+      std::lock_guard<std::mutex> lock(channel_mu_);
+      if (channel_.has_value()) next = channel_->TryReceive();
+    }
+    if (!next.ok()) {
+      OnDisconnected(next.status().message());
+      return false;
+    }
+    if (!next->has_value()) return true;
+    Handle(**next);
+  }
+}
+
+void EngineSession::Impl::SendHeartbeat() {
+  const uint64_t seq = heartbeat_seq_.fetch_add(1) + 1;
+  Status sent = Send(proto::Heartbeat{.epoch = epoch_.load(), .seq = seq});
+  if (!sent.ok()) {
+    BATON_LOG(DEBUG, kLog) << "heartbeat " << seq << ": " << sent.ToString();
+  }
+}
+
+void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
+  using proto::MsgType;
+  switch (msg.type) {
+    case MsgType::kHealthRequest:
+      SendHeartbeat();
+      return;
+    case MsgType::kPromote:
+      if (auto m = msg.As<proto::Promote>(); m.ok()) {
+        return OnPromote(*m);
+      }
+      break;
+    case MsgType::kGrant:
+      if (auto m = msg.As<proto::Grant>(); m.ok()) {
+        return OnGrant(*m);
+      }
+      break;
+    case MsgType::kReclaim:
+      if (auto m = msg.As<proto::Reclaim>(); m.ok()) {
+        return Push(SessionEvent{
+            .kind = SessionEventKind::kReclaim, .epoch = m->epoch, .blocks = m->blocks});
+      }
+      break;
+    case MsgType::kDrain:
+      if (auto m = msg.As<proto::Drain>(); m.ok()) {
+        return Push(SessionEvent{.kind = SessionEventKind::kDrain,
+                                 .epoch = m->epoch,
+                                 .timeout = std::chrono::milliseconds(m->timeout_ms)});
+      }
+      break;
+    case MsgType::kResume:
+      if (auto m = msg.As<proto::Resume>(); m.ok()) {
+        resume_pending_ = true;
+        return Push(SessionEvent{.kind = SessionEventKind::kResume, .epoch = m->epoch});
+      }
+      break;
+    case MsgType::kStop:
+      if (auto m = msg.As<proto::Stop>(); m.ok()) {
+        return OnStop(m->reason);
+      }
+      break;
+    case MsgType::kInjectFault:
+      if (auto m = msg.As<proto::InjectFault>(); m.ok()) {
+        (void)ReportError(Internal("injected fault (" + m->kind + "): " + m->message));
+        return;
+      }
+      break;
+    case MsgType::kErrorMsg: {
+      auto m = msg.As<proto::ErrorMsg>();
+      BATON_LOG(WARN, kLog) << "controller refused a request: "
+                            << (m.ok() ? m->message : m.status().message());
+      return;
+    }
+    default:
+      BATON_LOG(WARN, kLog) << "ignoring unexpected " << proto::MsgTypeName(msg.type)
+                            << " from the controller";
+      return;
+  }
+  BATON_LOG(WARN, kLog) << "ignoring malformed " << proto::MsgTypeName(msg.type)
+                        << " from the controller";
+}
+
+MappedExtent EngineSession::Impl::ExtentOf(uint32_t first, uint32_t count) const {
+  return MappedExtent{.first = first,
+                      .count = count,
+                      .data = pool_.BlockData(first),
+                      .bytes = uint64_t{count} * pool_.block_bytes()};
+}
+
+Result<std::vector<MappedExtent>> EngineSession::Impl::MapRangesLocked(
+    const std::vector<proto::BlockRange>& ranges) {
+  std::vector<MappedExtent> mapped;
+  for (const proto::BlockRange& r : ranges) {
+    Status status = MapBlocksLocked(r.first, r.count);
+    if (!status.ok()) {
+      for (const MappedExtent& m : mapped) (void)UnmapBlocksLocked(m.first, m.count);
+      return status;
+    }
+    mapped.push_back(ExtentOf(r.first, r.count));
+  }
+  return mapped;
+}
+
+Status EngineSession::Impl::MapBlocksLocked(uint32_t first, uint32_t count) {
+  BATON_RETURN_IF_ERROR(pool_.MapExtent(first, count));
+  pool_.ScrubHeaders(first, count, kBlockHeaderBytes);
+  if (device_ == nullptr) return OkStatus();
+  Status mapped = device_->MapBlocks(first, count, pool_.block_bytes(), pool_.block_count(),
+                                     kBlockHeaderBytes, std::chrono::seconds(10));
+  if (!mapped.ok()) (void)pool_.UnmapExtent(first, count);
+  return mapped;
+}
+
+Status EngineSession::Impl::UnmapBlocksLocked(uint32_t first, uint32_t count) {
+  BATON_RETURN_IF_ERROR(pool_.UnmapExtent(first, count));
+  return device_ == nullptr ? OkStatus() : device_->UnmapBlocks(first, count);
+}
+
+void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
+  const TimePoint start = clock_->Now();
+  Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (promoted_ || msg.epoch == 0 || !failed_.empty()) {
+      mapped = FailedPrecondition("Promote at epoch " + std::to_string(msg.epoch) +
+                                  " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
+    } else {
+      mapped = MapRangesLocked(msg.extents);
+      if (mapped.ok()) {
+        promoted_ = true;
+        epoch_.store(msg.epoch);
+      }
+    }
+  }
+  if (!mapped.ok()) {
+    (void)ReportError(mapped.status().WithContext("promotion"));
+    return;
+  }
+  uint32_t blocks = 0;
+  for (const MappedExtent& e : *mapped) blocks += e.count;
+  BATON_LOG(INFO, kLog) << "promoted at epoch " << msg.epoch << ": " << blocks
+                        << " blocks mapped writable and scrubbed in "
+                        << MillisBetween(start, clock_->Now()) << " ms";
+  Push(SessionEvent{.kind = SessionEventKind::kPromoted,
+                    .epoch = msg.epoch,
+                    .extents = std::move(mapped).value()});
+}
+
+void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
+  Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!promoted_ || msg.epoch != epoch_.load()) {
+      mapped =
+          FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +
+                             " refused: this engine holds epoch " + std::to_string(epoch_.load()));
+    } else {
+      mapped = MapRangesLocked(msg.extents);
+    }
+  }
+  if (!mapped.ok()) {
+    Refuse(mapped.status());
+    return;
+  }
+  Push(SessionEvent{.kind = SessionEventKind::kGranted,
+                    .epoch = msg.epoch,
+                    .extents = std::move(mapped).value()});
+}
+
+void EngineSession::Impl::OnStop(const std::string& reason) {
+  BATON_LOG(WARN, kLog) << "the controller asks this engine to stop: " << reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = reason.empty() ? "stop requested" : reason;
+  }
+  Push(SessionEvent{.kind = SessionEventKind::kStop, .reason = reason});
+}
+
+void EngineSession::Impl::OnDisconnected(const std::string& reason) {
+  if (stopping_.load()) return;
+  BATON_LOG(WARN, kLog) << "lost the controller: " << reason;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    disconnected_ = reason;
+  }
+  Push(SessionEvent{.kind = SessionEventKind::kDisconnected, .reason = reason});
+}
+
+void EngineSession::Impl::Refuse(const Status& status) {
+  BATON_LOG(WARN, kLog) << status.message();
+  (void)Send(proto::ErrorMsg::FromStatus(status));
+}
+
+void EngineSession::Impl::Push(SessionEvent event) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.push_back(std::move(event));
+  }
+  cv_.notify_all();
+}
+
+// --- public API ---------------------------------------------------------------------------------
+
+Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duration> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
+  while (true) {
+    for (auto it = events_.begin(); it != events_.end(); ++it) {
+      if (it->kind == SessionEventKind::kPromoted) {
+        SessionEvent event = std::move(*it);
+        events_.erase(it);
+        return event;
+      }
+      if (it->kind == SessionEventKind::kStop || it->kind == SessionEventKind::kDisconnected) {
+        return FailedPrecondition("not promoted: " + std::string(ToString(it->kind)) + ": " +
+                                  it->reason);
+      }
+    }
+    if (!failed_.empty()) return FailedPrecondition("not promoted: " + failed_);
+    if (!stopped_.empty()) return FailedPrecondition("not promoted: told to stop: " + stopped_);
+    if (!disconnected_.empty()) {
+      return FailedPrecondition("not promoted: controller connection lost: " + disconnected_);
+    }
+    if (!timeout.has_value()) {
+      cv_.wait(lock);
+    } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return DeadlineExceeded("not promoted within the timeout");
+    }
+  }
+}
+
+Status EngineSession::Impl::MarkServing() {
+  uint32_t blocks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!promoted_) return FailedPrecondition("MarkServing before promotion");
+    blocks = pool_.mapped_blocks();
+  }
+  return Send(proto::PromoteAck{.epoch = epoch_.load(), .blocks_mapped = blocks});
+}
+
+std::optional<SessionEvent> EngineSession::Impl::NextEvent(std::optional<Duration> timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto ready = [this] { return !events_.empty(); };
+  if (!timeout.has_value()) {
+    cv_.wait(lock, ready);
+  } else if (!cv_.wait_for(lock, *timeout, ready)) {
+    return std::nullopt;
+  }
+  SessionEvent event = std::move(events_.front());
+  events_.pop_front();
+  if (event.kind == SessionEventKind::kResume) resume_pending_ = false;
+  return event;
+}
+
+Status EngineSession::Impl::RequestBlocks(uint32_t blocks) {
+  BATON_RETURN_IF_ERROR(CheckEpoch());
+  if (blocks == 0) return InvalidArgument("RequestBlocks(0)");
+  return Send(proto::LeaseRequest{.epoch = epoch_.load(), .blocks = blocks});
+}
+
+Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) {
+  proto::ReturnExtents msg{.epoch = epoch_.load(), .extents = {}};
+  Status unmapped = OkStatus();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    BATON_RETURN_IF_ERROR(CheckReturnable(pool_.mapped(), extents));
+    for (const MappedExtent& e : extents) {
+      unmapped = UnmapBlocksLocked(e.first, e.count).WithContext("ReturnBlocks");
+      if (!unmapped.ok()) break;  // what is unmapped already is still told to the controller
+      msg.extents.push_back(proto::BlockRange{.first = e.first, .count = e.count});
+    }
+  }
+  BATON_RETURN_IF_ERROR(Send(msg));  // empty too: the answer to a Reclaim with nothing to give
+  return unmapped;
+}
+
+Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
+  return Send(proto::Drained{.epoch = epoch_.load(), .unfinished = unfinished});
+}
+
+Status EngineSession::Impl::ReportError(const Status& error) {
+  const Status reported = error.ok() ? Internal("error reported without a status") : error;
+  BATON_LOG(ERROR, kLog) << "reporting an error to the controller: " << reported.ToString();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_.empty()) failed_ = "reported an error: " + reported.message();
+  }
+  cv_.notify_all();
+  return Send(proto::ErrorReport{.epoch = epoch_.load(),
+                                 .code = static_cast<uint32_t>(reported.code()),
+                                 .message = reported.message()});
+}
+
+Status EngineSession::Impl::CheckEpoch() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!disconnected_.empty()) return Unavailable("controller connection lost: " + disconnected_);
+  if (!stopped_.empty()) return FailedPrecondition("told to stop: " + stopped_);
+  if (!failed_.empty()) return FailedPrecondition(failed_);
+  return OkStatus();
+}
+
+std::optional<DeviceRegionView> EngineSession::Impl::device_weights() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_ == nullptr) return std::nullopt;
+  return device_->weights();
+}
+
+std::optional<DeviceRegionView> EngineSession::Impl::device_pool() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (device_ == nullptr) return std::nullopt;
+  return device_->pool();
+}
+
+std::vector<MappedExtent> EngineSession::Impl::extents() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<MappedExtent> out;
+  for (const auto& [first, count] : pool_.mapped()) out.push_back(ExtentOf(first, count));
+  return out;
+}
+
+void EngineSession::Impl::Shutdown() {
+  if (stopping_.exchange(true)) return;
+  if (wake_fd_) {
+    const uint64_t one = 1;
+    ssize_t unused = ::write(wake_fd_.get(), &one, sizeof(one));
+    (void)unused;
+  }
+  if (thread_.joinable()) thread_.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pool_.UnmapAll();
+    device_.reset();
+    if (disconnected_.empty()) disconnected_ = "the session was shut down";
+    events_.push_back(SessionEvent{.kind = SessionEventKind::kDisconnected,
+                                   .reason = "the session was shut down"});
+  }
+  cv_.notify_all();  // a thread in WaitForPromotion or NextEvent returns
+  std::lock_guard<std::mutex> lock(channel_mu_);
+  if (channel_.has_value()) channel_->Close();
+  channel_.reset();
+}
+
+}  // namespace baton

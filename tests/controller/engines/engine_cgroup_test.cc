@@ -1,0 +1,157 @@
+// Real cgroup v2 directories and real processes. The tests that need cgroups are skipped,
+// with the reason, where this machine gives none (no cgroup2 mount, no permission, a kernel
+// without cgroup.kill).
+#include "controller/engines/engine_cgroup.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+#include "controller/engines/supervisor.h"
+
+namespace baton {
+namespace {
+
+// True while `pid` runs and is not a zombie.
+bool Running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+// Polls `done` for up to five seconds.
+template <typename F>
+bool Eventually(F done) {
+  for (int i = 0; i < 500; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+std::string TestKey() {
+  return "/engine-cgroup-test-" + std::to_string(::getpid()) + "-" +
+         ::testing::UnitTest::GetInstance()->current_test_info()->name();
+}
+
+class EngineCgroupTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string why_not;
+    Result<std::unique_ptr<EngineCgroups>> c = EngineCgroups::Open("auto", TestKey(), &why_not);
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    if (*c == nullptr) GTEST_SKIP() << "no engine cgroups on this machine: " << why_not;
+    cgroups_ = std::move(c).value();
+  }
+
+  std::unique_ptr<EngineCgroups> cgroups_;
+};
+
+TEST(EngineCgroupSettingTest, OffAndBadSettings) {
+  std::string why_not;
+  Result<std::unique_ptr<EngineCgroups>> off = EngineCgroups::Open("off", "/run/x", &why_not);
+  ASSERT_TRUE(off.ok());
+  EXPECT_EQ(*off, nullptr);
+  Result<std::unique_ptr<EngineCgroups>> relative = EngineCgroups::Open("baton", "/x", &why_not);
+  ASSERT_FALSE(relative.ok());
+  EXPECT_NE(relative.status().message().find("absolute path"), std::string::npos)
+      << relative.status().ToString();
+  // A configured directory must work: no silent fallback to process groups.
+  Result<std::unique_ptr<EngineCgroups>> missing =
+      EngineCgroups::Open("/nonexistent-baton-dir/engines", "/x", &why_not);
+  EXPECT_FALSE(missing.ok());
+}
+
+TEST(EngineCgroupSettingTest, AChildThatCannotJoinItsCgroupIsAnError) {
+  UniqueFd read_only(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(read_only);
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "30"}, {}, "", read_only.get());
+  ASSERT_FALSE(child.ok());
+  EXPECT_NE(child.status().message().find("joining the engine's cgroup"), std::string::npos)
+      << child.status().ToString();
+}
+
+// The escape a process group cannot see: a worker that called setsid. The cgroup holds it,
+// and one write to cgroup.kill ends it with the engine.
+TEST_F(EngineCgroupTest, AProcessThatLeftItsGroupIsKilledWithTheCgroup) {
+  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(1);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  Result<ChildProcess> child = ChildProcess::Spawn(
+      {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", (*cg)->procs_fd());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return (*cg)->Members().size() == 2; }));
+  pid_t escaped = 0;
+  for (pid_t pid : (*cg)->Members()) {
+    if (pid != child->pid()) escaped = pid;
+  }
+  ASSERT_NE(escaped, 0);
+  EXPECT_TRUE(Eventually([&] { return ::getpgid(escaped) == escaped; }))
+      << "the worker leads a session of its own, out of the engine's process group";
+  EXPECT_TRUE((*cg)->Populated());
+
+  ASSERT_TRUE((*cg)->Kill().ok());
+  child->KillAndReap();
+  EXPECT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
+  EXPECT_FALSE(Running(escaped));
+  EXPECT_TRUE((*cg)->Members().empty());
+  const std::string path = (*cg)->path();
+  cg->reset();
+  EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the cgroup is removed with its owner";
+}
+
+// The CPU time of every process that ran in the cgroup, those that exited included.
+TEST_F(EngineCgroupTest, CpuTimeCountsEveryProcessTheDeadIncluded) {
+  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(2);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  EXPECT_EQ((*cg)->CpuSeconds(), 0.0) << "nothing ran in it yet";
+  Result<ChildProcess> child =
+      ChildProcess::Spawn({"/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"},
+                          {}, "", (*cg)->procs_fd());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
+  child->KillAndReap();
+  EXPECT_EQ(child->exit_info()->code, 0);
+  EXPECT_GT((*cg)->CpuSeconds(), 0.0);
+}
+
+// A controller that died left processes in its engines' cgroups (its engines died with it;
+// what they started did not). The next controller of the same runtime directory kills them.
+TEST_F(EngineCgroupTest, LeftoversOfAnEarlierControllerAreKilled) {
+  const std::string leftover = cgroups_->base() + "/engine-9";
+  ASSERT_EQ(::mkdir(leftover.c_str(), 0755), 0);
+  UniqueFd procs(::open((leftover + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
+  ASSERT_TRUE(procs);
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", procs.get());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+
+  std::string why_not;
+  Result<std::unique_ptr<EngineCgroups>> next = EngineCgroups::Open("auto", TestKey(), &why_not);
+  ASSERT_TRUE(next.ok() && *next != nullptr) << why_not;
+  EXPECT_EQ((*next)->base(), cgroups_->base()) << "the same runtime directory, the same base";
+  EXPECT_EQ((*next)->leftovers_killed(), 1u);
+  EXPECT_NE(::access(leftover.c_str(), F_OK), 0);
+  child->KillAndReap();
+  EXPECT_EQ(child->exit_info()->signal, SIGKILL);
+}
+
+TEST_F(EngineCgroupTest, CreateReplacesAStaleCgroupOfTheSameName) {
+  Result<std::shared_ptr<EngineCgroup>> first = cgroups_->Create(3);
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", (*first)->procs_fd());
+  ASSERT_TRUE(child.ok());
+  Result<std::shared_ptr<EngineCgroup>> second = cgroups_->Create(3);
+  ASSERT_TRUE(second.ok()) << second.status().ToString();
+  child->KillAndReap();
+  EXPECT_EQ(child->exit_info()->signal, SIGKILL) << "the stale cgroup's member was killed";
+  EXPECT_FALSE((*second)->Populated());
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,154 @@
+// The C ABI (baton_engine.h) against the in-process fake controller.
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <future>
+
+#include "standby/sdk/baton_engine.h"
+#include "tests/standby/fake_controller.h"
+
+namespace baton::testing {
+namespace {
+
+// Options naming `fake`'s socket (`socket` must outlive them), token and engine id.
+baton_engine_options OptionsFor(const std::string& socket) {
+  baton_engine_options options{};
+  options.socket_path = socket.c_str();
+  options.launch_token = kToken;
+  options.engine_id = kEngineId;
+  options.engine_version = "sdk-test";
+  return options;
+}
+
+TEST(EngineCAbi, ConnectPromoteAndReport) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine_options options = OptionsFor(socket);
+  options.http_address = "127.0.0.1:1";
+  options.prefault_weights = 1;
+  baton_engine* engine = nullptr;
+  auto connected =
+      std::async(std::launch::async, [&] { return baton_engine_connect(&options, &engine); });
+  fake.ServeRegistration(fake.Ack(50));
+  ASSERT_EQ(connected.get(), 0) << baton_engine_last_error();
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(baton_engine_abi_version(), BATON_ENGINE_ABI_VERSION);
+  EXPECT_EQ(baton_engine_id(engine), kEngineId);
+
+  ASSERT_EQ(baton_engine_tensor_count(engine), 2u);
+  baton_tensor t{};
+  ASSERT_EQ(baton_engine_find_tensor(engine, "a", &t), 0);
+  EXPECT_STREQ(t.name, "a");
+  EXPECT_EQ(t.ndim, 2u);
+  EXPECT_EQ(t.shape[1], 8);
+  EXPECT_EQ(baton_engine_find_tensor(engine, "zzz", &t), static_cast<int>(StatusCode::kNotFound));
+  EXPECT_NE(std::string(baton_engine_last_error()).find("zzz"), std::string::npos);
+  EXPECT_EQ(baton_engine_tensor(engine, 5, &t), static_cast<int>(StatusCode::kNotFound));
+  // Tensor "b" lies at offset 4096 of the arena (the fake controller's table).
+  ASSERT_EQ(baton_engine_find_tensor(engine, "b", &t), 0);
+  EXPECT_EQ(static_cast<const char*>(t.data) -
+                static_cast<const char*>(baton_engine_weights_base(engine)),
+            4096);
+  EXPECT_EQ(baton_engine_weights_base(nullptr), nullptr);
+
+  baton_pool_info pool{};
+  ASSERT_EQ(baton_engine_pool(engine, &pool), 0);
+  EXPECT_EQ(pool.block_count, kFakeBlocks);
+  EXPECT_EQ(pool.block_bytes, kFakeBlockBytes);
+
+  baton_event event{};
+  EXPECT_EQ(baton_engine_wait_promotion(engine, 10, &event),
+            static_cast<int>(StatusCode::kDeadlineExceeded));
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 9, .extents = {{2, 3}}}).ok());
+  ASSERT_EQ(baton_engine_wait_promotion(engine, 5000, &event), 0) << baton_engine_last_error();
+  EXPECT_EQ(event.kind, BATON_EVENT_PROMOTED);
+  EXPECT_EQ(event.epoch, 9u);
+  ASSERT_EQ(event.extent_count, 1u);
+  EXPECT_EQ(event.extents[0].first, 2u);
+  EXPECT_EQ(event.extents[0].count, 3u);
+  static_cast<uint8_t*>(event.extents[0].data)[kBlockHeaderBytes] = 0x11;
+  EXPECT_EQ(fake.block(2)[kBlockHeaderBytes], 0x11);
+  EXPECT_EQ(baton_engine_epoch(engine), 9u);
+  EXPECT_EQ(baton_engine_check_epoch(engine), 0);
+  ASSERT_EQ(baton_engine_mark_serving(engine), 0);
+  EXPECT_EQ(fake.Expect<proto::PromoteAck>().blocks_mapped, 3u);
+
+  baton_extent mapped[4];
+  EXPECT_EQ(baton_engine_extents(engine, mapped, 4), 1u);
+  baton_extent give{.first = 4, .count = 1, .data = nullptr, .bytes = 0};
+  ASSERT_EQ(baton_engine_return_blocks(engine, &give, 1), 0);
+  EXPECT_EQ(fake.Expect<proto::ReturnExtents>().extents.size(), 1u);
+
+  ASSERT_EQ(baton_engine_next_event(engine, 0, &event), 0);
+  EXPECT_EQ(event.kind, BATON_EVENT_NONE);
+  ASSERT_EQ(baton_engine_report_error(engine, 999, "device lost"), 0);
+  proto::ErrorReport report = fake.Expect<proto::ErrorReport>();
+  EXPECT_EQ(report.code, static_cast<uint32_t>(StatusCode::kInternal));
+  EXPECT_EQ(report.message, "device lost");
+  EXPECT_NE(baton_engine_check_epoch(engine), 0);
+  baton_engine_close(engine);
+}
+
+TEST(EngineCAbi, ConnectWithoutEnvironmentSaysWhatIsMissing) {
+  ::unsetenv("BATON_SOCKET");
+  baton_engine* engine = reinterpret_cast<baton_engine*>(0x1);
+  EXPECT_EQ(baton_engine_connect(nullptr, &engine), static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(engine, nullptr);
+  EXPECT_NE(std::string(baton_engine_last_error()).find("BATON_SOCKET"), std::string::npos);
+  EXPECT_EQ(baton_engine_connect(nullptr, nullptr), static_cast<int>(StatusCode::kInvalidArgument));
+  baton_engine_close(nullptr);
+}
+
+// A timeout too long for the clock waits (as a negative one does) instead of returning at once.
+TEST(EngineCAbi, AHugeTimeoutWaitsForTheEvent) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine_options options = OptionsFor(socket);
+  baton_engine* engine = nullptr;
+  auto connected =
+      std::async(std::launch::async, [&] { return baton_engine_connect(&options, &engine); });
+  fake.ServeRegistration(fake.Ack(50));
+  ASSERT_EQ(connected.get(), 0) << baton_engine_last_error();
+  baton_event event{};
+  auto next = std::async(std::launch::async,
+                         [&] { return baton_engine_next_event(engine, INT64_MAX, &event); });
+  EXPECT_EQ(next.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout)
+      << "returned at once: the timeout overflowed";
+  ASSERT_TRUE(fake.channel().Send(proto::Stop{.reason = "test"}).ok());
+  ASSERT_EQ(next.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  EXPECT_EQ(next.get(), 0);
+  EXPECT_EQ(event.kind, BATON_EVENT_STOP);
+  baton_engine_close(engine);
+}
+
+// With no descriptor left, connecting fails with a code: no C++ exception reaches the caller
+// (a C, ctypes or cgo caller would end in std::terminate).
+TEST(EngineCAbi, ConnectWithoutFreeDescriptorsReturnsAnError) {
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    const rlimit none{.rlim_cur = static_cast<rlim_t>(lowest_free),
+                      .rlim_max = static_cast<rlim_t>(lowest_free)};
+    if (::setrlimit(RLIMIT_NOFILE, &none) != 0) ::_exit(100);
+    baton_engine_options options{};
+    options.socket_path = "/tmp/baton-no-such-controller.sock";
+    options.connect_timeout_ms = 100;
+    options.launch_token = kToken;
+    options.engine_id = kEngineId;
+    baton_engine* engine = nullptr;
+    const int rc = baton_engine_connect(&options, &engine);
+    ::_exit(rc == 0 || engine != nullptr ? 101 : 0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace baton::testing
