@@ -2,6 +2,8 @@
 // (to put malformed frames and mismatched fds on the wire), and hand-built frame headers.
 #pragma once
 
+#include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -13,10 +15,23 @@
 #include <string_view>
 #include <vector>
 
+#include "base/unique_fd.h"
 #include "proto/crc32c.h"
 #include "proto/frame.h"
 
 namespace baton::proto::testing {
+
+// A pipe (close-on-exec); each end closes on destruction.
+struct Pipe {
+  Pipe() {
+    int fds[2];
+    EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    read_end.Reset(fds[0]);
+    write_end.Reset(fds[1]);
+  }
+  UniqueFd read_end;
+  UniqueFd write_end;
+};
 
 // A fresh directory under /tmp (short enough for sun_path), removed on destruction.
 class TempDir {
