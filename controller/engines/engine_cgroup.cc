@@ -14,38 +14,35 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/small_file.h"
 
 namespace baton {
 namespace {
 
 constexpr char kLog[] = "cgroup";
 
-Result<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus("reading " + path, errno);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+// Enough for the cgroup.procs of an engine with thousands of processes.
+constexpr size_t kCgroupFileLimit = size_t{1} << 20;
+
+Result<std::string> ReadCgroupFile(const std::string& path) {
+  return ReadSmallFile(path, kCgroupFileLimit);
 }
 
-Status WriteSmallFile(const std::string& path, const std::string& text) {
+Status WriteCgroupFile(const std::string& path, const std::string& text) {
   UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CLOEXEC));
   if (!fd) return ErrnoStatus("opening " + path, errno);
-  if (::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
-    return ErrnoStatus("writing " + path, errno);
-  }
-  return OkStatus();
+  return WriteAll(fd.get(), text, path);
 }
 
 bool IsPopulated(const std::string& dir) {
-  Result<std::string> events = ReadSmallFile(dir + "/cgroup.events");
+  Result<std::string> events = ReadCgroupFile(dir + "/cgroup.events");
   if (!events.ok()) return ::access(dir.c_str(), F_OK) == 0;
   return events->find("populated 1") != std::string::npos;
 }
 
 std::vector<pid_t> ReadMembers(const std::string& dir) {
   std::vector<pid_t> pids;
-  Result<std::string> procs = ReadSmallFile(dir + "/cgroup.procs");
+  Result<std::string> procs = ReadCgroupFile(dir + "/cgroup.procs");
   if (!procs.ok()) return pids;
   std::istringstream in(*procs);
   long pid = 0;
@@ -58,7 +55,7 @@ std::vector<pid_t> ReadMembers(const std::string& dir) {
 Status KillAndRemove(const std::string& dir, std::chrono::milliseconds wait, size_t* killed) {
   const std::vector<pid_t> members = ReadMembers(dir);
   if (killed != nullptr) *killed = members.size();
-  if (IsPopulated(dir)) BATON_RETURN_IF_ERROR(WriteSmallFile(dir + "/cgroup.kill", "1"));
+  if (IsPopulated(dir)) BATON_RETURN_IF_ERROR(WriteCgroupFile(dir + "/cgroup.kill", "1"));
   const auto until = std::chrono::steady_clock::now() + wait;
   while (IsPopulated(dir) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -122,7 +119,7 @@ EngineCgroup::~EngineCgroup() {
 }
 
 Status EngineCgroup::Kill() {
-  Status s = WriteSmallFile(path_ + "/cgroup.kill", "1");
+  Status s = WriteCgroupFile(path_ + "/cgroup.kill", "1");
   if (!s.ok() && ::access(path_.c_str(), F_OK) != 0) return OkStatus();  // already gone
   return s;
 }
@@ -132,7 +129,7 @@ bool EngineCgroup::Populated() const { return IsPopulated(path_); }
 std::vector<pid_t> EngineCgroup::Members() const { return ReadMembers(path_); }
 
 double EngineCgroup::CpuSeconds() const {
-  Result<std::string> stat = ReadSmallFile(path_ + "/cpu.stat");
+  Result<std::string> stat = ReadCgroupFile(path_ + "/cpu.stat");
   if (!stat.ok()) return -1;
   std::istringstream in(*stat);
   std::string key;
