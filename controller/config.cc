@@ -12,7 +12,7 @@
 #include <toml.hpp>
 
 #include "controller/upgrade/command_record.h"
-#include "cuda/gpu_backend.h"
+#include "cuda/driver/gpu_backend.h"
 
 namespace baton {
 namespace {

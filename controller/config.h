@@ -55,7 +55,7 @@ struct ControllerConfig {
   uint32_t initial_grant_blocks = 0;  // blocks granted at a promotion from free; 0: all free
 
   // [gpu]
-  std::string gpu_backend = "auto";  // auto | host | cuda (cuda/gpu_backend.h)
+  std::string gpu_backend = "auto";  // auto | host | cuda (cuda/driver/gpu_backend.h)
   int gpu_device = 0;                // CUDA device ordinal
   // CUDA backend: how long the barrier waits for NVML to stop listing a reaped holder.
   Duration gpu_release_timeout = std::chrono::seconds(5);

@@ -9,7 +9,7 @@
 
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
-#include "cuda/gpu_backend.h"
+#include "cuda/driver/gpu_backend.h"
 #include "proto/hello.h"
 
 namespace baton {

@@ -3,7 +3,7 @@
 #ifdef BATON_HAVE_CUDA_HEADERS
 
 #include "base/log.h"
-#include "cuda/vmm_share.h"
+#include "cuda/memory/vmm_share.h"
 
 namespace baton {
 namespace {

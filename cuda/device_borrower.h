@@ -2,7 +2,7 @@
 //
 // At start-up (a half-started standby) it retains the device's primary context, loads the
 // kernels, creates its stream, and takes the regions the owner sends over the channel
-// (cuda/vmm_share.h): a read-only region (the weights) is imported and mapped with READ
+// (cuda/memory/vmm_share.h): a read-only region (the weights) is imported and mapped with READ
 // access at once; a writable region (the KV pool) is imported and its address range reserved,
 // but nothing is mapped (fencing rule 5: a standby maps nothing writable). Promote() is the
 // whole device-side promotion: map the pool's chunks (one cuMemMap per chunk), grant
@@ -22,10 +22,10 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "cuda/chunk_cover.h"
-#include "cuda/cuda_handles.h"
-#include "cuda/kernels.h"
-#include "cuda/vmm.h"
+#include "cuda/driver/cuda_handles.h"
+#include "cuda/kernels/kernels.h"
+#include "cuda/memory/chunk_cover.h"
+#include "cuda/memory/vmm.h"
 #include "proto/channel.h"
 
 namespace baton {

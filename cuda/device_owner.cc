@@ -6,13 +6,13 @@
 
 #include "base/log.h"
 #include "cuda/device_session.h"
-#include "cuda/vmm_share.h"
+#include "cuda/memory/vmm_share.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
-#include "cuda/cuda_driver.h"
-#include "cuda/pinned_host.h"
-#include "cuda/rematerializer.h"
-#include "cuda/vmm.h"
+#include "cuda/driver/cuda_driver.h"
+#include "cuda/memory/pinned_host.h"
+#include "cuda/memory/rematerializer.h"
+#include "cuda/memory/vmm.h"
 #endif
 
 namespace baton {

@@ -2,8 +2,8 @@
 //
 // Create() (at start-up, never on the promotion path) retains the device's primary context,
 // page-locks the host weight arena with cuMemHostRegister in chunks (the pinned host cache;
-// cuda/pinned_host.h), creates the "weights" VMM region and fills it from the arena with
-// the multi-stream rematerializer (cuda/rematerializer.h), and creates the "pool" VMM region
+// cuda/memory/pinned_host.h), creates the "weights" VMM region and fills it from the arena with
+// the multi-stream rematerializer (cuda/memory/rematerializer.h), and creates the "pool" VMM region
 // with the host pool's geometry: block b at offset b x block_bytes. Pool chunks hold whole
 // blocks and are a multiple of the allocation granularity, as large as `pool_chunk_bytes`
 // allows, so mapping the pool is a few hundred cuMemMap calls at most.

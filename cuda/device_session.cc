@@ -1,11 +1,11 @@
 #include "cuda/device_session.h"
 
 #include "base/log.h"
-#include "cuda/vmm_share.h"
+#include "cuda/memory/vmm_share.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
-#include "cuda/cuda_driver.h"
 #include "cuda/device_borrower.h"
+#include "cuda/driver/cuda_driver.h"
 #endif
 
 namespace baton {

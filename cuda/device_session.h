@@ -2,7 +2,7 @@
 // (standby/sdk/engine_sdk.h) uses it, in types that need no CUDA header.
 //
 // On a CUDA-backend controller, RegisterAck says which device holds the memory and how many
-// VMM regions follow it on the channel (cuda/vmm_share.h): "weights", the device copy of the
+// VMM regions follow it on the channel (cuda/memory/vmm_share.h): "weights", the device copy of the
 // weight arena, and "pool", the device KV pool with the host pool's block geometry.
 //   Accept()  takes them with a DeviceBorrower (cuda/device_borrower.h): the weights are
 //             imported and mapped READ at once, the pool's range is only reserved (fencing
@@ -13,11 +13,10 @@
 //             (0 when none came): the ledger lends that pool by whole chunks all the same, so
 //             the engine answers a Reclaim with whole chunks too.
 // MapBlocks()/UnmapBlocks() follow the engine's leases: whole chunks are mapped for held
-// blocks and unmapped when none is left (cuda/chunk_cover.h); the granted blocks' headers are
-// scrubbed on the engine's stream before MapBlocks returns.
-// Addresses are CUdeviceptr values: tensor t of the weights is at weights().address +
-// (t.data - host arena base), the same offsets as in the host arena.
-// Thread-compatible: one thread at a time (the SDK calls it under its lock).
+// blocks and unmapped when none is left (cuda/memory/chunk_cover.h); the granted blocks' headers
+// are scrubbed on the engine's stream before MapBlocks returns. Addresses are CUdeviceptr values:
+// tensor t of the weights is at weights().address + (t.data - host arena base), the same offsets as
+// in the host arena. Thread-compatible: one thread at a time (the SDK calls it under its lock).
 #pragma once
 
 #include <cstdint>

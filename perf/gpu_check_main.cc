@@ -9,7 +9,7 @@
 // Prints one JSON object as the last line of stdout and writes it to DIR/gpu_check.json.
 // Without a usable GPU that object is {"gpu": false, "reason": ...} and the exit code is 0.
 // With one: device facts, rematerialization against the plain pinned copy, and the promotion
-// drill (cuda/device_drill.h) for each weight set, and the real controller's pair on the
+// drill (cuda/drill/device_drill.h) for each weight set, and the real controller's pair on the
 // device with a kill -9 failover (perf/gpu_check_pair.h), and that pair once more with
 // PyTorch engines on the C ABI (--torch-engine: perf/gpu_check_torch_engine.py; the step is
 // skipped without it); `--steps` picks a subset. Exit 0
@@ -34,12 +34,12 @@
 
 #include "base/log.h"
 #include "base/self_exe.h"
-#include "cuda/gpu_backend.h"
+#include "cuda/driver/gpu_backend.h"
 #include "perf/gpu_check_pair.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
-#include "cuda/cuda_driver.h"
-#include "cuda/device_drill.h"
+#include "cuda/drill/device_drill.h"
+#include "cuda/driver/cuda_driver.h"
 #include "perf/gpu_check_steps.h"
 #endif
 

@@ -8,11 +8,11 @@
 #include <thread>
 
 #include "base/log.h"
-#include "cuda/device_drill.h"
-#include "cuda/kernels_ptx.h"
-#include "cuda/pinned_host.h"
-#include "cuda/rematerializer.h"
-#include "cuda/vmm.h"
+#include "cuda/drill/device_drill.h"
+#include "cuda/kernels/kernels_ptx.h"
+#include "cuda/memory/pinned_host.h"
+#include "cuda/memory/rematerializer.h"
+#include "cuda/memory/vmm.h"
 #include "proto/shared_memory.h"
 
 namespace baton {

@@ -4,7 +4,7 @@
 //   RematStep    rebuilding a device copy from the pinned host cache with chunked copies on
 //                several streams, against one plain pinned cuMemcpyHtoD in the same run, for
 //                the host-NUMA cache and for a registered memfd arena
-//   DrillStep    the promotion drill of cuda/device_drill.h with a weight set of N GiB
+//   DrillStep    the promotion drill of cuda/drill/device_drill.h with a weight set of N GiB
 // Blocking; one thread (the context current on it).
 #pragma once
 
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/cuda_handles.h"
+#include "cuda/driver/cuda_handles.h"
 
 namespace baton {
 

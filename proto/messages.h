@@ -237,7 +237,8 @@ struct RegisterAck {
   uint64_t reserve_bytes = 0;  // address space to reserve (PROT_NONE) for the pool
   uint32_t heartbeat_interval_ms = 100;
   // CUDA backend: the device that holds the weights' device copy and the device pool, and
-  // how many VMM regions (cuda/vmm_share.h) follow this message; -1 and 0 on the host backend.
+  // how many VMM regions (cuda/memory/vmm_share.h) follow this message; -1 and 0 on the host
+  // backend.
   int32_t device = -1;
   uint32_t device_regions = 0;
   template <class A>

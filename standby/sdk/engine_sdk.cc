@@ -8,9 +8,9 @@
 #include <thread>
 
 #include "base/log.h"
-#include "cuda/cuda_errors.h"
-#include "cuda/gpu_backend.h"
-#include "cuda/nccl_watcher.h"
+#include "cuda/driver/cuda_errors.h"
+#include "cuda/driver/gpu_backend.h"
+#include "cuda/nccl/nccl_watcher.h"
 #include "proto/hello.h"
 #include "proto/listener.h"
 #include "standby/sdk/engine_session_impl.h"

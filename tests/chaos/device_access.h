@@ -11,8 +11,8 @@
 #include "base/status.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
-#include "cuda/cuda_driver.h"
-#include "cuda/cuda_handles.h"
+#include "cuda/driver/cuda_driver.h"
+#include "cuda/driver/cuda_handles.h"
 #endif
 
 namespace baton::testing {

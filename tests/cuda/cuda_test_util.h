@@ -16,8 +16,8 @@
 #include "base/self_exe.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
-#include "cuda/cuda_driver.h"
-#include "cuda/cuda_handles.h"
+#include "cuda/driver/cuda_driver.h"
+#include "cuda/driver/cuda_handles.h"
 
 #define BATON_CUDA_OR_SKIP(ctx)                                                          \
   ::baton::Result<const ::baton::CudaDriver*> ctx##_driver = ::baton::CudaDriver::Get(); \

@@ -4,7 +4,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
-#include "cuda/nccl_library.h"
+#include "cuda/nccl/nccl_library.h"
 #include "standby/sdk/baton_engine.h"
 #include "standby/sdk/engine_sdk.h"
 #include "tests/cuda/cuda_test_util.h"

@@ -6,7 +6,7 @@
 // imported the fd sees the same bytes) and cuMemSetAccess sets the protection (READ or
 // READ|WRITE), so a write through a read-only mapping faults as it would on the GPU. Copies
 // and memsets are memcpy and loops; events complete at once; the kernels of
-// cuda/kernels_ptx.h run on the host by name, baton_spin on a host thread of its stream
+// cuda/kernels/kernels_ptx.h run on the host by name, baton_spin on a host thread of its stream
 // (joined by cuStreamSynchronize) so that it runs on while the process goes on.
 // It is a test double for the protocol and the bookkeeping, not a model of the GPU's timing.
 #ifdef BATON_HAVE_CUDA_HEADERS
@@ -30,7 +30,7 @@
 #include <thread>
 #include <vector>
 
-#include "cuda/kernels_ptx.h"
+#include "cuda/kernels/kernels_ptx.h"
 
 namespace {
 

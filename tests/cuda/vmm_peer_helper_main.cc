@@ -1,4 +1,4 @@
-// The peer of the GPU promotion drill (cuda/device_drill.h), as a process of its own:
+// The peer of the GPU promotion drill (cuda/drill/device_drill.h), as a process of its own:
 //
 //   baton_vmm_peer_helper primary|standby SOCKET REPORT DEVICE HEADER_BYTES
 //
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cuda/device_drill.h"
+#include "cuda/drill/device_drill.h"
 
 int main(int argc, char** argv) {
   ::alarm(300);  // never outlive a wedged test

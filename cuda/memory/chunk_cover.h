@@ -1,0 +1,54 @@
+// ChunkCover: which chunks of a device pool an engine must have mapped for the blocks it
+// holds.
+//
+// On the CUDA backend the pool is made of VMM chunks (cuda/memory/vmm.h) and the driver maps whole
+// chunks only, while the ledger lends blocks. A chunk holds `blocks_per_chunk` whole blocks
+// (the owner picks the chunk size as a multiple of the block size). ChunkCover counts, per
+// chunk, the blocks this engine holds: Add() returns the chunks that went from none to some
+// (map them), Remove() the chunks that went back to none (unmap them). Blocks of a mapped chunk
+// that the engine does not hold stay unleased: no other engine maps them writable, because
+// only the primary maps the pool (fencing rules 1 and 5).
+// Pure bookkeeping, no CUDA. Thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "base/status.h"
+
+namespace baton {
+
+struct ChunkSpan {
+  uint32_t first = 0;  // chunk index
+  uint32_t count = 0;
+  bool operator==(const ChunkSpan&) const = default;
+};
+
+class ChunkCover {
+ public:
+  ChunkCover() = default;
+  // InvalidArgument unless blocks_per_chunk > 0 and chunk_count covers block_count blocks.
+  static Result<ChunkCover> Create(uint32_t block_count, uint32_t blocks_per_chunk,
+                                   uint32_t chunk_count);
+
+  // Blocks [first, first + count) are now held; each must not be held already.
+  Result<std::vector<ChunkSpan>> Add(uint32_t first, uint32_t count);
+  // Blocks [first, first + count) are given back; each must be held.
+  Result<std::vector<ChunkSpan>> Remove(uint32_t first, uint32_t count);
+
+  uint32_t blocks_per_chunk() const { return blocks_per_chunk_; }
+  uint32_t mapped_chunks() const;
+  uint32_t held_blocks() const;
+
+ private:
+  Status CheckRange(uint32_t first, uint32_t count) const;
+  // Consecutive chunk indices as spans.
+  static std::vector<ChunkSpan> Spans(const std::vector<uint32_t>& chunks);
+
+  uint32_t block_count_ = 0;
+  uint32_t blocks_per_chunk_ = 0;
+  std::vector<uint32_t> held_per_chunk_;
+  std::vector<bool> held_;  // per block
+};
+
+}  // namespace baton
