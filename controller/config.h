@@ -31,7 +31,7 @@ struct ControllerConfig {
 
   // [model]
   std::string model_dir;
-  int numa_node = -1;  // -1: automatic (see weightcache/pinned_arena.h)
+  int numa_node = -1;  // -1: automatic (see weightcache/io/pinned_arena.h)
   bool weights_huge_pages = true;
   bool weights_lock = true;
 

@@ -21,7 +21,7 @@ constexpr Duration kMaxTickInterval = std::chrono::milliseconds(250);
 // How often the barrier asks NVML whether a reaped holder's GPU context is gone.
 constexpr Duration kGpuReleasePoll = std::chrono::milliseconds(1);
 constexpr size_t kKeepRefusals = 20;
-// What the clients' connections may hold unsent together (proto/send_budget.h).
+// What the clients' connections may hold unsent together (proto/transport/send_budget.h).
 constexpr size_t kClientSendBudget = size_t{256} << 20;
 
 Status MakeDir(const std::string& path) {

@@ -44,8 +44,8 @@
 #include "cuda/device_session.h"
 #include "cuda/driver/gpu_backend.h"
 #include "cuda/driver/nvml_library.h"
-#include "proto/listener.h"
-#include "proto/shared_memory.h"
+#include "proto/transport/listener.h"
+#include "proto/transport/shared_memory.h"
 #include "weightcache/weight_cache.h"
 
 namespace baton {

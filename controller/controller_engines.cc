@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "base/log.h"
-#include "base/utf8.h"
+#include "base/text/utf8.h"
 #include "controller/controller.h"
 
 namespace baton {

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "proto/channel.h"
 #include "proto/messages.h"
+#include "proto/transport/channel.h"
 
 namespace baton {
 

@@ -26,7 +26,7 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/memory/chunk_cover.h"
 #include "cuda/memory/vmm.h"
-#include "proto/channel.h"
+#include "proto/transport/channel.h"
 
 namespace baton {
 

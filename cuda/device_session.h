@@ -25,7 +25,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "proto/channel.h"
+#include "proto/transport/channel.h"
 
 namespace baton {
 

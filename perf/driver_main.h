@@ -24,7 +24,7 @@
 #include <string>
 #include <string_view>
 
-#include "base/self_exe.h"
+#include "base/io/self_exe.h"
 #include "base/status.h"
 
 namespace baton::perf {

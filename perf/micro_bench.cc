@@ -31,12 +31,12 @@
 #include "base/status.h"
 #include "controller/core/epoch_journal.h"
 #include "controller/core/pool_ledger.h"
-#include "controller/router/sse_splitter.h"
-#include "controller/router/stream_replay.h"
-#include "proto/frame.h"
+#include "controller/router/stream/sse_splitter.h"
+#include "controller/router/stream/stream_replay.h"
 #include "proto/messages.h"
+#include "proto/wire/frame.h"
 #include "standby/http/completions_api.h"
-#include "weightcache/safetensors_index.h"
+#include "weightcache/safetensors/safetensors_index.h"
 
 namespace baton {
 namespace {

@@ -14,8 +14,8 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "proto/channel.h"
 #include "proto/messages.h"
+#include "proto/transport/channel.h"
 
 namespace baton::proto {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "proto/payload_archive.h"
+#include "proto/wire/payload_archive.h"
 
 namespace baton::proto {
 

@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "base/io/unique_fd.h"
 #include "base/log.h"
-#include "base/unique_fd.h"
 #include "weightcache/model_files.h"
 
 namespace baton {

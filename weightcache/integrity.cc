@@ -13,7 +13,7 @@
 #include <sstream>
 #include <thread>
 
-#include "base/unique_fd.h"
+#include "base/io/unique_fd.h"
 
 namespace baton {
 namespace {

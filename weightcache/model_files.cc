@@ -12,8 +12,8 @@
 #include <set>
 #include <unordered_set>
 
-#include "base/unique_fd.h"
-#include "weightcache/json_events.h"
+#include "base/io/unique_fd.h"
+#include "weightcache/safetensors/json_events.h"
 
 namespace baton {
 namespace {

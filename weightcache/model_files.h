@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "weightcache/safetensors_index.h"
+#include "weightcache/safetensors/safetensors_index.h"
 
 namespace baton {
 

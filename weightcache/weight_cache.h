@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "base/status.h"
-#include "weightcache/dtype.h"
+#include "weightcache/io/pinned_arena.h"
+#include "weightcache/io/uring_loader.h"
 #include "weightcache/model_files.h"
-#include "weightcache/pinned_arena.h"
-#include "weightcache/uring_loader.h"
+#include "weightcache/safetensors/dtype.h"
 
 namespace baton {
 

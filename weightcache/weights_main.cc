@@ -24,7 +24,7 @@
 #include "base/log.h"
 #include "weightcache/integrity.h"
 #include "weightcache/model_files.h"
-#include "weightcache/safetensors_index.h"
+#include "weightcache/safetensors/safetensors_index.h"
 #include "weightcache/weight_cache.h"
 
 namespace baton {

@@ -11,9 +11,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/io/small_file.h"
 #include "base/log.h"
-#include "base/small_file.h"
-#include "proto/crc32c.h"
+#include "proto/wire/crc32c.h"
 
 namespace baton {
 namespace {

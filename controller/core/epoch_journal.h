@@ -22,8 +22,8 @@
 #include <cstdint>
 #include <string>
 
+#include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "base/unique_fd.h"
 
 namespace baton {
 

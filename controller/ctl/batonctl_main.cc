@@ -15,7 +15,7 @@
 #include "controller/ctl/ctl_service.h"
 #include "controller/upgrade/ctl_upgrade.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 
 namespace baton {
 namespace {

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <thread>
 
+#include "base/io/small_file.h"
 #include "base/log.h"
-#include "base/small_file.h"
 
 namespace baton {
 namespace {

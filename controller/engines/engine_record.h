@@ -21,7 +21,7 @@
 #include "controller/core/pool_ledger.h"
 #include "controller/engines/engine_cgroup.h"
 #include "controller/engines/supervisor.h"
-#include "proto/channel.h"
+#include "proto/transport/channel.h"
 
 namespace baton {
 

@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "base/unique_fd.h"
 
 namespace baton {
 

@@ -8,9 +8,9 @@
 #include <cstdio>
 
 #include "base/log.h"
-#include "proto/channel.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/channel.h"
+#include "proto/transport/listener.h"
 
 namespace baton {
 namespace {

@@ -5,9 +5,9 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
-#include "base/json_depth.h"
 #include "base/log.h"
-#include "controller/router/relayed_request.h"
+#include "base/text/json_depth.h"
+#include "controller/router/upstream/relayed_request.h"
 
 namespace baton {
 namespace {

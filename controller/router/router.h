@@ -28,12 +28,12 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/router/admission.h"
-#include "controller/router/engine_outcomes.h"
+#include "controller/router/canary/engine_outcomes.h"
+#include "controller/router/canary/shadow_comparer.h"
 #include "controller/router/route_subscriber.h"
 #include "controller/router/router_metrics.h"
 #include "controller/router/router_options.h"
-#include "controller/router/shadow_comparer.h"
-#include "controller/router/upstream_pool.h"
+#include "controller/router/upstream/upstream_pool.h"
 #include "standby/http/http_server.h"
 
 namespace baton {

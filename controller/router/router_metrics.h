@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "controller/router/admission.h"
-#include "controller/router/shadow_comparer.h"
+#include "controller/router/canary/shadow_comparer.h"
 #include "proto/messages.h"
 
 namespace baton {

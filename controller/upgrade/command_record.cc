@@ -5,9 +5,9 @@
 #include <cerrno>
 #include <nlohmann/json.hpp>
 
-#include "base/json_depth.h"
-#include "base/small_file.h"
-#include "base/utf8.h"
+#include "base/io/small_file.h"
+#include "base/text/json_depth.h"
+#include "base/text/utf8.h"
 
 namespace baton {
 namespace {

@@ -43,7 +43,7 @@ struct CommandRecord {
 // they come in (the configuration, batonctl upgrade), so that saving never meets one.
 Status CheckRecordableCommand(const std::vector<std::string>& command, const std::string& what);
 
-// Written atomically (base/small_file.h). A command that is not UTF-8 is refused with
+// Written atomically (base/io/small_file.h). A command that is not UTF-8 is refused with
 // InvalidArgument, nothing written.
 Status SaveCommandRecord(const std::string& path, const CommandRecord& record);
 // nullopt when there is no file; InvalidArgument naming the file when its commands do not

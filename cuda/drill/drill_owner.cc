@@ -18,7 +18,7 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/memory/vmm_share.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 
 namespace baton {
 namespace {

@@ -12,7 +12,7 @@
 #include "cuda/device_borrower.h"
 #include "cuda/kernels/kernels_ptx.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 
 namespace baton {
 namespace {

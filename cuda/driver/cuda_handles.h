@@ -21,8 +21,8 @@
 #include <utility>
 
 #include "base/clock.h"
+#include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "base/unique_fd.h"
 #include "cuda/driver/cuda_driver.h"
 
 namespace baton {

@@ -6,7 +6,7 @@
 //              (CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID), mapped with device and CPU access: pinned
 //              by construction, on the right node, exportable like a device region. Needs
 //              CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (CUDA 12.2+).
-//   registered an existing host range (the memfd arena of weightcache/pinned_arena.h)
+//   registered an existing host range (the memfd arena of weightcache/io/pinned_arena.h)
 //              page-locked with cuMemHostRegister in chunks (one call per chunk keeps each
 //              registration bounded and lets a failure name the chunk).
 // Move-only; owns the allocation, mappings or registrations. The context passed in must

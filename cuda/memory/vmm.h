@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
+#include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "base/unique_fd.h"
 #include "cuda/driver/cuda_handles.h"
 
 namespace baton {

@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "base/unique_fd.h"
-#include "proto/channel.h"
+#include "proto/transport/channel.h"
 
 namespace baton {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "base/utf8.h"
+#include "base/text/utf8.h"
 
 namespace baton {
 namespace {

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "base/json_depth.h"
+#include "base/text/json_depth.h"
 #include "standby/http/chat_api.h"
 #include "standby/http/completion_json.h"
 

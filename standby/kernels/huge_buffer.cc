@@ -6,7 +6,7 @@
 #include <new>
 
 #include "base/align.h"
-#include "proto/shared_memory.h"
+#include "proto/transport/shared_memory.h"
 
 namespace baton {
 namespace {

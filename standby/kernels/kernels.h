@@ -13,7 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "weightcache/dtype.h"
+#include "weightcache/safetensors/dtype.h"
 
 namespace baton {
 

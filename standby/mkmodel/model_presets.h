@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "weightcache/dtype.h"
+#include "weightcache/safetensors/dtype.h"
 
 namespace baton {
 

@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "base/io/unique_fd.h"
 #include "base/log.h"
-#include "base/unique_fd.h"
 
 namespace baton {
 namespace {

@@ -62,7 +62,7 @@ typedef struct baton_engine_options {
 
 typedef struct baton_tensor {
   const char* name;
-  uint8_t dtype; /* weightcache/dtype.h value: 1 F64, 2 F32, 3 F16, 4 BF16, ... */
+  uint8_t dtype; /* weightcache/safetensors/dtype.h value: 1 F64, 2 F32, 3 F16, 4 BF16, ... */
   size_t ndim;
   const int64_t* shape;
   const void* data; /* read-only */

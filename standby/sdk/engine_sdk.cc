@@ -12,7 +12,7 @@
 #include "cuda/driver/gpu_backend.h"
 #include "cuda/nccl/nccl_watcher.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 #include "standby/sdk/engine_session_impl.h"
 
 namespace baton {

@@ -44,7 +44,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "cuda/device_session.h"
-#include "weightcache/dtype.h"
+#include "weightcache/safetensors/dtype.h"
 
 namespace baton {
 

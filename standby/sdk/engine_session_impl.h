@@ -20,9 +20,9 @@
 #include <string>
 #include <thread>
 
-#include "base/unique_fd.h"
-#include "proto/channel.h"
-#include "proto/shared_memory.h"
+#include "base/io/unique_fd.h"
+#include "proto/transport/channel.h"
+#include "proto/transport/shared_memory.h"
 #include "standby/sdk/engine_sdk.h"
 #include "standby/sdk/pool_mapping.h"
 

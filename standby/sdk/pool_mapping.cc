@@ -10,7 +10,7 @@
 #include <utility>
 
 #include "base/align.h"
-#include "proto/shared_memory.h"
+#include "proto/transport/shared_memory.h"
 
 namespace baton {
 namespace {

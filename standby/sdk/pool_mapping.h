@@ -18,8 +18,8 @@
 #include <map>
 #include <vector>
 
+#include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "base/unique_fd.h"
 
 namespace baton {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 #include "tests/chaos/chaos_harness.h"
 
 namespace baton::chaos {

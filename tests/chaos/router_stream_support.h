@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/unique_fd.h"
+#include "base/io/unique_fd.h"
 #include "tests/chaos/chaos_harness.h"
 
 namespace baton::chaos {

@@ -46,7 +46,7 @@
 
 #include "base/log.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 #include "standby/sdk/engine_sdk.h"
 #include "tests/chaos/device_access.h"
 

@@ -13,7 +13,7 @@
 #include <filesystem>
 #include <string>
 
-#include "base/self_exe.h"
+#include "base/io/self_exe.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 #include "cuda/driver/cuda_driver.h"

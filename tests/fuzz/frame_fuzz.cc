@@ -14,8 +14,8 @@
 #include <variant>
 #include <vector>
 
-#include "proto/frame.h"
 #include "proto/messages.h"
+#include "proto/wire/frame.h"
 
 namespace {
 

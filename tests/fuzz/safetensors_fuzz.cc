@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string_view>
 
-#include "weightcache/safetensors_index.h"
+#include "weightcache/safetensors/safetensors_index.h"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "controller/router/sse_splitter.h"
-#include "controller/router/stream_replay.h"
+#include "controller/router/stream/sse_splitter.h"
+#include "controller/router/stream/stream_replay.h"
 
 namespace {
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "proto/hello.h"
-#include "proto/listener.h"
-#include "proto/shared_memory.h"
+#include "proto/transport/listener.h"
+#include "proto/transport/shared_memory.h"
 
 namespace baton::proto {
 namespace {

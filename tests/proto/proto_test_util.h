@@ -15,9 +15,9 @@
 #include <string_view>
 #include <vector>
 
-#include "base/unique_fd.h"
-#include "proto/crc32c.h"
-#include "proto/frame.h"
+#include "base/io/unique_fd.h"
+#include "proto/wire/crc32c.h"
+#include "proto/wire/frame.h"
 
 namespace baton::proto::testing {
 

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "base/unique_fd.h"
+#include "base/io/unique_fd.h"
 
 namespace baton {
 

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 #include "tests/proto/proto_test_util.h"
 #include "tests/router/wait_for.h"
 

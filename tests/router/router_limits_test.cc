@@ -12,7 +12,7 @@
 #include <string>
 #include <thread>
 
-#include "base/unique_fd.h"
+#include "base/io/unique_fd.h"
 #include "controller/router/router.h"
 #include "tests/router/loopback_listener.h"
 

@@ -15,9 +15,9 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "base/unique_fd.h"
+#include "base/io/unique_fd.h"
 #include "proto/hello.h"
-#include "proto/listener.h"
+#include "proto/transport/listener.h"
 #include "tests/router/loopback_listener.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "base/unique_fd.h"
+#include "base/io/unique_fd.h"
 #include "tests/router/loopback_listener.h"
 
 namespace baton {

@@ -18,8 +18,8 @@
 #include <string>
 
 #include "proto/hello.h"
-#include "proto/listener.h"
-#include "proto/shared_memory.h"
+#include "proto/transport/listener.h"
+#include "proto/transport/shared_memory.h"
 #include "standby/sdk/engine_sdk.h"
 #include "tests/proto/proto_test_util.h"
 

@@ -9,9 +9,9 @@
 #include <nlohmann/json.hpp>
 
 #include "proto/hello.h"
-#include "proto/listener.h"
 #include "proto/messages.h"
-#include "proto/shared_memory.h"
+#include "proto/transport/listener.h"
+#include "proto/transport/shared_memory.h"
 #include "standby/mkmodel/model_writer.h"
 #include "tests/standby/http_test_client.h"
 #include "tests/standby/refengine_testutil.h"

@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "weightcache/dtype.h"
+#include "weightcache/safetensors/dtype.h"
 
 namespace baton::testutil {
 

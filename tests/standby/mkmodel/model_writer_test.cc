@@ -13,7 +13,7 @@
 
 #include "standby/kernels/half.h"
 #include "weightcache/model_files.h"
-#include "weightcache/safetensors_index.h"
+#include "weightcache/safetensors/safetensors_index.h"
 
 namespace baton {
 namespace {

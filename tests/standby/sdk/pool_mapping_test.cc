@@ -2,7 +2,7 @@
 
 #include <gtest/gtest.h>
 
-#include "proto/shared_memory.h"
+#include "proto/transport/shared_memory.h"
 
 namespace baton {
 namespace {

@@ -1,0 +1,193 @@
+// Keep-alive connections from the router to its engines: requests reuse one connection, and
+// a pooled connection the engine closed meanwhile is replaced unseen by the client.
+#include "controller/router/upstream/upstream_pool.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "base/io/unique_fd.h"
+#include "controller/router/router.h"
+#include "tests/router/loopback_listener.h"
+#include "tests/standby/http_test_client.h"
+
+namespace baton {
+namespace {
+
+// A raw HTTP backend: answers every request with a small JSON body, keeps the connection for
+// more requests, or (with `close_after_each`) closes it after each answer without saying so,
+// as an engine whose idle timeout fired would.
+class CountingBackend {
+ public:
+  explicit CountingBackend(bool close_after_each) : close_after_each_(close_after_each) {
+    if (listener_.port() == 0) return;
+    thread_ = std::thread([this] { Serve(); });
+  }
+  ~CountingBackend() {
+    listener_.Shutdown();
+    if (thread_.joinable()) thread_.join();
+  }
+  uint16_t port() const { return listener_.port(); }
+  int connections() const { return connections_.load(); }
+
+ private:
+  // One connection at a time is enough: the router sends one request at a time here.
+  void Serve() {
+    while (true) {
+      UniqueFd conn(::accept(listener_.fd(), nullptr, nullptr));
+      if (!conn.valid()) return;
+      ++connections_;
+      std::string in;
+      char buf[4096];
+      while (true) {
+        const size_t end = in.find("\r\n\r\n");
+        if (end != std::string::npos) {
+          const size_t body = BodyLength(in.substr(0, end));
+          if (in.size() >= end + 4 + body) {
+            in.erase(0, end + 4 + body);
+            const std::string answer = R"({"ok":true})";
+            const std::string reply =
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
+                std::to_string(answer.size()) + "\r\n\r\n" + answer;
+            (void)!::send(conn.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
+            if (close_after_each_) break;
+            continue;
+          }
+        }
+        const ssize_t n = ::recv(conn.get(), buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        in.append(buf, static_cast<size_t>(n));
+      }
+    }
+  }
+  static size_t BodyLength(const std::string& head) {
+    const size_t at = head.find("Content-Length: ");
+    return at == std::string::npos ? 0 : std::stoul(head.substr(at + 16));
+  }
+
+  const bool close_after_each_;
+  LoopbackListener listener_;
+  std::atomic<int> connections_{0};
+  std::thread thread_;
+};
+
+std::unique_ptr<Router> RouterTo(uint16_t port) {
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(port);
+  auto router = std::make_unique<Router>(std::move(options));
+  EXPECT_TRUE(router->Start().ok());
+  return router;
+}
+
+TEST(UpstreamPoolTest, RequestsReuseOneEngineConnection) {
+  CountingBackend backend(/*close_after_each=*/false);
+  ASSERT_NE(backend.port(), 0);
+  auto router = RouterTo(backend.port());
+  for (int i = 0; i < 5; ++i) {
+    TestHttpClient client(router->port());
+    HttpReply r = client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})");
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(backend.connections(), 1);
+}
+
+TEST(UpstreamPoolTest, ConnectionClosedByTheEngineIsReplacedUnseen) {
+  CountingBackend backend(/*close_after_each=*/true);
+  ASSERT_NE(backend.port(), 0);
+  auto router = RouterTo(backend.port());
+  for (int i = 0; i < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the close arrives first
+    TestHttpClient client(router->port());
+    HttpReply r = client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})");
+    EXPECT_EQ(r.status, 200) << r.body;
+  }
+  EXPECT_EQ(backend.connections(), 5);
+  TestHttpClient metrics(router->port());
+  EXPECT_EQ(metrics.Get("/metrics").body.find("baton_router_upstream_errors_total{"),
+            std::string::npos);
+}
+
+// Reads from `fd` until one whole request (headers and Content-Length body) is in; false if
+// the peer closed first.
+bool ReadRequest(int fd) {
+  std::string in;
+  char buf[4096];
+  while (true) {
+    const size_t end = in.find("\r\n\r\n");
+    if (end != std::string::npos) {
+      const size_t at = in.find("Content-Length: ");
+      const size_t body = at == std::string::npos || at > end ? 0 : std::stoul(in.substr(at + 16));
+      if (in.size() >= end + 4 + body) return true;
+    }
+    const ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return false;
+    in.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// The engine dies holding the request (it read it from a kept-alive connection, then is
+// gone, its port closed): the attempt broke, it was not refused. It counts against the
+// migration limit (here 0: the client gets 502 at once) and is counted as "broken".
+TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttempt) {
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener.get(), 8), 0);
+  ASSERT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::thread engine([&] {
+    UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
+    if (!conn.valid() || !ReadRequest(conn.get())) return;
+    const std::string reply =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+        R"({"ok":true})";
+    (void)!::send(conn.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
+    if (!ReadRequest(conn.get())) return;
+    listener.Reset();  // the engine is gone: its port refuses connections
+  });
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  options.migration_limit = 0;
+  auto router = std::make_unique<Router>(std::move(options));
+  ASSERT_TRUE(router->Start().ok());
+  TestHttpClient client(router->port());
+  EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})").status, 200);
+  HttpReply second = client.Post("/v1/completions", R"({"prompt":"y","max_tokens":1})");
+  engine.join();
+  EXPECT_EQ(second.status, 502) << second.body;
+  const std::string metrics = TestHttpClient(router->port()).Get("/metrics").body;
+  EXPECT_NE(metrics.find(R"(baton_router_upstream_errors_total{kind="broken"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find(R"(baton_router_upstream_errors_total{kind="connect"})"),
+            std::string::npos)
+      << metrics;
+}
+
+// Engines on ports never used again (each failover's new engine gets a fresh port) leave no
+// idle connections behind: a Put for any address drops every expired one.
+TEST(UpstreamPoolTest, ExpiredConnectionsOfAnyAddressAreDroppedOnPut) {
+  boost::asio::io_context io;
+  FakeClock clock;
+  UpstreamPool pool(clock, 32, std::chrono::seconds(30));
+  pool.Put("127.0.0.1:1", std::make_unique<UpstreamPool::Stream>(io));
+  pool.Put("127.0.0.1:1", std::make_unique<UpstreamPool::Stream>(io));
+  EXPECT_EQ(pool.idle(), 2u);
+  clock.Advance(std::chrono::seconds(31));
+  pool.Put("127.0.0.1:2", std::make_unique<UpstreamPool::Stream>(io));
+  EXPECT_EQ(pool.idle(), 1u) << "the dead engine's connections were kept";
+  EXPECT_EQ(pool.Take("127.0.0.1:1"), nullptr);
+  EXPECT_NE(pool.Take("127.0.0.1:2"), nullptr);
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,82 @@
+// PinnedArena: the weight cache's host memory: a memfd (2 MiB hugetlb pages when the
+// system has them reserved), bound to one NUMA node with mbind, locked with mlock, and
+// shareable with engines by fd.
+//
+// The NUMA node is, in order: options.numa_node when >= 0; the node of the GPU whose PCI bus
+// id is options.gpu_pci_bus_id (from /sys/bus/pci/devices/<id>/numa_node); the node of the
+// CPU the caller runs on. Binding happens before the first touch, so pages land on that
+// node. When huge pages, mbind or mlock are unavailable the arena still works and says so
+// (warnings() and the log), with the way to fix it (e.g. raise `ulimit -l`, or reserve
+// pages with `sysctl vm.nr_hugepages=N`). Move-only; owns the memfd and the mapping.
+//
+// Order at creation: memfd, mapping (without pre-faulting), mbind, pre-fault with
+// MADV_POPULATE_WRITE (a page walk on kernels without it), mlock. A hugetlb memfd whose
+// pages cannot be reserved (too few free in vm.nr_hugepages) falls back to normal pages.
+// Engines receive memory().Dup() and map it read-only with SharedMemory::Import.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "proto/transport/shared_memory.h"
+
+namespace baton {
+
+struct ArenaOptions {
+  std::string name = "baton-weights";
+  uint64_t size = 0;
+  int numa_node = -1;          // -1: choose as described above
+  std::string gpu_pci_bus_id;  // e.g. "0000:17:00.0"; empty when none
+  bool huge_pages = true;
+  bool lock = true;                 // mlock
+  bool populate = true;             // pre-fault at creation, never on a later hot path
+  std::string sysfs_root = "/sys";  // where NUMA topology is read (tests point it elsewhere)
+};
+
+class PinnedArena {
+ public:
+  static Result<PinnedArena> Create(const ArenaOptions& options);
+
+  uint8_t* data() const { return mapping_.data(); }
+  uint64_t size() const { return mapping_.size(); }
+  const SharedMemory& memory() const { return memory_; }
+  bool huge_pages() const { return memory_.huge_pages(); }
+  bool locked() const { return locked_; }
+  int numa_node() const { return numa_node_; }
+  bool numa_bound() const { return numa_bound_; }
+  // Where the node came from: "config", "gpu dddd:bb:dd.f", "local cpu".
+  const std::string& numa_source() const { return numa_source_; }
+  // Human-readable notes on whatever fell back (huge pages, mbind, mlock).
+  const std::vector<std::string>& warnings() const { return warnings_; }
+  // Seals the memfd read-only (Sealing::kReadOnly) once it is filled: engines can then
+  // neither map it writable nor resize it; this arena's own mapping stays writable. Then
+  // checks that the kernel refuses a writable mapping. Where it cannot seal or the kernel
+  // does not enforce the seal, the arena works unprotected and warnings() says so.
+  void SealReadOnly();
+  // True once the kernel refuses writable mappings of the arena to everyone but its owner.
+  bool sealed_read_only() const { return sealed_read_only_; }
+
+ private:
+  SharedMemory memory_;
+  Mapping mapping_;
+  Status MapMemory(const ArenaOptions& options);
+  Status ChooseNode(const ArenaOptions& options);
+  Status Populate();
+  void Lock();
+
+  int numa_node_ = 0;
+  std::string numa_source_;
+  bool numa_bound_ = false;
+  bool locked_ = false;
+  bool sealed_read_only_ = false;
+  std::vector<std::string> warnings_;
+};
+
+// The NUMA node that ArenaOptions would choose (exposed for tests and `baton-weights`).
+int ChooseNumaNode(int requested, const std::string& gpu_pci_bus_id);
+// The same, reading topology under `sysfs_root` instead of /sys.
+int ChooseNumaNode(int requested, const std::string& gpu_pci_bus_id, const std::string& sysfs_root);
+
+}  // namespace baton
