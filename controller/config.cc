@@ -188,6 +188,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
   return {
       {"controller.runtime_dir", Str(&c->runtime_dir)},
       {"controller.state_dir", Str(&c->state_dir)},
+      {"controller.epoch_reserve", U64(&c->epoch_reserve, 1, 1 << 20)},
       {"controller.log_level", Str(&c->log_level)},
       {"controller.metrics_port", Int(&c->metrics_port, 0, 65535)},
       {"controller.metrics_host", Str(&c->metrics_host)},

@@ -24,6 +24,8 @@ struct ControllerConfig {
   // [controller]
   std::string runtime_dir;  // socket controller.sock lives here; default DefaultRuntimeDir()
   std::string state_dir;    // the epoch journal; default <runtime_dir>/state
+  // Epochs each journal write reserves (controller/core/epoch_journal.h); 1: a write per epoch.
+  uint64_t epoch_reserve = 64;
   std::string log_level = "info";
   int metrics_port = 0;  // 0: no /metrics endpoint
   std::string metrics_host = "127.0.0.1";

@@ -96,7 +96,8 @@ Status Controller::Init() {
                           << "): a fence kills each engine's process group only";
   }
   BATON_ASSIGN_OR_RETURN(BackendChoice backend, ChooseBackend(config_));
-  BATON_ASSIGN_OR_RETURN(EpochJournal journal, EpochJournal::Open(config_.journal_path()));
+  BATON_ASSIGN_OR_RETURN(EpochJournal journal,
+                         EpochJournal::Open(config_.journal_path(), config_.epoch_reserve));
   journal_.emplace(std::move(journal));
   LoadCommands();
   BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "

@@ -27,6 +27,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
@@ -126,6 +127,10 @@ class Controller {
   uint64_t durable_epoch() const { return journal_->current(); }
   // The journal's reservation: the highest epoch that may ever have been handed out.
   uint64_t reserved_epoch() const { return journal_->reserved(); }
+  const EpochJournal& journal() const { return *journal_; }
+  // Reaped engines that still hold blocks because no epoch could be made durable to fence
+  // them at; retried once a second.
+  std::vector<EngineId> unfenced_reaped() const;
   EngineId primary() const { return primary_; }
   const std::deque<Refusal>& refusals() const { return refusals_; }
   const std::deque<EngineExit>& exits() const { return exits_; }

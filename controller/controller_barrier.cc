@@ -89,6 +89,12 @@ std::string Controller::BarrierHeldBy(const BarrierWait& w) {
   return "";
 }
 
+std::vector<EngineId> Controller::unfenced_reaped() const {
+  std::vector<EngineId> ids;
+  for (const auto& [id, holder] : unfenced_reaped_) ids.push_back(id);
+  return ids;
+}
+
 // Reaped holders whose fence found no durable epoch, tried again (at most once a second, as
 // each failed try spends a batch of epochs): fenced at a new epoch, then past the barrier
 // like any other, so that their blocks return to the pool.

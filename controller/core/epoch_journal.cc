@@ -100,15 +100,16 @@ Result<uint64_t> EpochJournal::DecodeRecord(const std::string& bytes, const std:
   return GetLe(bytes, 8, 8);
 }
 
-Result<EpochJournal> EpochJournal::Open(const std::string& path) {
+Result<EpochJournal> EpochJournal::Open(const std::string& path, uint64_t reserve_batch) {
   if (path.empty()) return InvalidArgument("epoch journal path is empty");
+  if (reserve_batch == 0) return InvalidArgument("epoch journal: a reserve batch of 0 epochs");
   const std::string dir_path = ParentDir(path);
   UniqueFd dir(::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir) return ErrnoStatus("open epoch journal directory " + dir_path, errno);
   struct stat lock_st;
   const bool lock_existed = ::stat((path + ".lock").c_str(), &lock_st) == 0;
   BATON_ASSIGN_OR_RETURN(UniqueFd lock, LockJournal(path));
-  EpochJournal journal(path, std::move(dir), std::move(lock));
+  EpochJournal journal(path, std::move(dir), std::move(lock), reserve_batch);
   WarnIfVolatile(dir_path);
 
   const std::string tmp = path + ".tmp";
@@ -139,6 +140,12 @@ Result<EpochJournal> EpochJournal::Open(const std::string& path) {
 }
 
 Status EpochJournal::Commit(uint64_t epoch) {
+  last_write_ = WriteRecord(epoch);
+  if (!last_write_.ok()) ++write_failures_;
+  return last_write_;
+}
+
+Status EpochJournal::WriteRecord(uint64_t epoch) {
   const std::string tmp = path_ + ".tmp";
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
@@ -155,10 +162,10 @@ Status EpochJournal::Commit(uint64_t epoch) {
 
 Status EpochJournal::Reserve(uint64_t through) {
   const uint64_t base = std::max({attempted_, current_, through - 1});
-  if (base > UINT64_MAX - kReserveBatch) {
+  if (base > UINT64_MAX - reserve_batch_) {
     return Internal("epoch journal " + path_ + ": epoch space exhausted");
   }
-  const uint64_t target = base + kReserveBatch;
+  const uint64_t target = base + reserve_batch_;
   attempted_ = target;
   BATON_RETURN_IF_ERROR(
       Commit(target).WithContext("reserving epochs through " + std::to_string(target)));
@@ -176,7 +183,7 @@ Result<uint64_t> EpochJournal::Advance() {
 }
 
 Status EpochJournal::Replenish() {
-  if (reserved_ - current_ >= kReserveBatch / 2) return OkStatus();
+  if (reserved_ - current_ >= reserve_batch_ / 2) return OkStatus();
   return Reserve(current_ + 1);
 }
 

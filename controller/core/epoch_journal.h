@@ -45,16 +45,19 @@ class EpochJournal final : public EpochStore {
   // Size of the on-disk record in bytes.
   static constexpr size_t kRecordSize = 24;
 
+  // Epochs reserved per journal write unless told otherwise.
+  static constexpr uint64_t kDefaultReserveBatch = 64;
+
   // Opens the journal at `path`, creating it at epoch 0 if it does not exist. The parent
-  // directory must exist. Fails with DataLoss if the record is short, has a bad magic,
-  // version or CRC; with Unavailable if another process holds the journal.
-  static Result<EpochJournal> Open(const std::string& path);
+  // directory must exist. Each write reserves `reserve_batch` epochs (>= 1; 1: every epoch is
+  // its own write). Fails with DataLoss if the record is short, has a bad magic, version or
+  // CRC; with Unavailable if another process holds the journal; with InvalidArgument for a
+  // batch of 0.
+  static Result<EpochJournal> Open(const std::string& path,
+                                   uint64_t reserve_batch = kDefaultReserveBatch);
 
   EpochJournal(EpochJournal&&) = default;
   EpochJournal& operator=(EpochJournal&&) = default;
-
-  // Epochs reserved per journal write.
-  static constexpr uint64_t kReserveBatch = 64;
 
   // The last epoch handed out (after Open: the reservation found on disk).
   uint64_t current() const override { return current_; }
@@ -62,22 +65,31 @@ class EpochJournal final : public EpochStore {
   Result<uint64_t> Advance() override;
   // The highest epoch durable on disk; current() <= reserved().
   uint64_t reserved() const { return reserved_; }
-  // Extends the reservation by a batch when less than half a batch is left. For quiet
-  // moments (the controller's tick), so that promotions find their epoch already durable.
+  // Extends the reservation by a batch when less than half a batch (rounded down) is left;
+  // with a batch of 1, never (every Advance writes). For quiet moments (the controller's
+  // tick), so that promotions find their epoch already durable.
   Status Replenish();
 
   const std::string& path() const { return path_; }
+  uint64_t reserve_batch() const { return reserve_batch_; }
+  // The outcome of the latest write (OK before the first), and how many writes failed.
+  const Status& last_write() const { return last_write_; }
+  uint64_t write_failures() const { return write_failures_; }
 
   // Encodes/decodes one record (exposed for tests and tools).
   static std::string EncodeRecord(uint64_t epoch);
   static Result<uint64_t> DecodeRecord(const std::string& bytes, const std::string& where);
 
  private:
-  EpochJournal(std::string path, UniqueFd dir, UniqueFd lock)
-      : path_(std::move(path)), dir_(std::move(dir)), lock_(std::move(lock)) {}
+  EpochJournal(std::string path, UniqueFd dir, UniqueFd lock, uint64_t reserve_batch)
+      : path_(std::move(path)),
+        dir_(std::move(dir)),
+        lock_(std::move(lock)),
+        reserve_batch_(reserve_batch) {}
 
-  // Durably replaces the record with `epoch`.
+  // Durably replaces the record with `epoch`; records the outcome (last_write()).
   Status Commit(uint64_t epoch);
+  Status WriteRecord(uint64_t epoch);
   // Durably reserves a batch past max(attempted, current) and at least through `through`.
   Status Reserve(uint64_t through);
 
@@ -87,6 +99,9 @@ class EpochJournal final : public EpochStore {
   uint64_t current_ = 0;
   uint64_t reserved_ = 0;
   uint64_t attempted_ = 0;  // highest reservation ever written or attempted
+  uint64_t reserve_batch_;
+  Status last_write_;
+  uint64_t write_failures_ = 0;
 };
 
 }  // namespace baton

@@ -251,33 +251,39 @@ json StatusJson(const Controller& c) {
   json engines = json::array();
   for (const auto& [id, e] : c.engines()) engines.push_back(EngineJson(c, *e));
   const PromotionRecord* last = c.timelines().last();
-  return {{"ok", true},
-          {"controller",
-           {{"pid", ::getpid()},
-            {"name", c.config().name},
-            {"socket", c.config().socket_path()},
-            {"uptime_s", AgoMs(c, c.started_at()) / 1000.0},
-            {"launches", c.launches()},
-            {"failovers", c.failovers()},
-            {"switchovers_called_off", c.called_off_switchovers()},
-            {"refusals", c.refusal_count()}}},
-          {"pair", {{"state", ToString(c.pair().state())}, {"primary", c.primary()}}},
-          {"epoch",
-           {{"durable", c.durable_epoch()},
-            {"issued", c.ledger().issued_epoch()},
-            {"reserved", c.reserved_epoch()}}},
-          {"engines", engines},
-          {"pool", PoolJson(c)},
-          {"weights", WeightsJson(c)},
-          {"device", DeviceJson(c)},
-          {"fencing", FencingJson(c)},
-          {"crash_loop", GuardJson(c)},
-          {"routes", RoutesJson(c)},
-          {"transitions", TransitionsJson(c)},
-          {"last_promotion", last != nullptr ? c.timelines().ToJson(*last) : json(nullptr)},
-          {"history", HistoryJson(c)},
-          {"upgrade", UpgradeJson(c)},
-          {"invariants", c.invariants()}};
+  return {
+      {"ok", true},
+      {"controller",
+       {{"pid", ::getpid()},
+        {"name", c.config().name},
+        {"socket", c.config().socket_path()},
+        {"uptime_s", AgoMs(c, c.started_at()) / 1000.0},
+        {"launches", c.launches()},
+        {"failovers", c.failovers()},
+        {"switchovers_called_off", c.called_off_switchovers()},
+        {"refusals", c.refusal_count()}}},
+      {"pair", {{"state", ToString(c.pair().state())}, {"primary", c.primary()}}},
+      {"epoch",
+       {{"durable", c.durable_epoch()},
+        {"issued", c.ledger().issued_epoch()},
+        {"reserved", c.reserved_epoch()},
+        {"reserve_batch", c.journal().reserve_batch()},
+        {"journal_error",
+         c.journal().last_write().ok() ? json(nullptr) : json(c.journal().last_write().ToString())},
+        {"journal_write_failures", c.journal().write_failures()},
+        {"unfenced_reaped", c.unfenced_reaped()}}},
+      {"engines", engines},
+      {"pool", PoolJson(c)},
+      {"weights", WeightsJson(c)},
+      {"device", DeviceJson(c)},
+      {"fencing", FencingJson(c)},
+      {"crash_loop", GuardJson(c)},
+      {"routes", RoutesJson(c)},
+      {"transitions", TransitionsJson(c)},
+      {"last_promotion", last != nullptr ? c.timelines().ToJson(*last) : json(nullptr)},
+      {"history", HistoryJson(c)},
+      {"upgrade", UpgradeJson(c)},
+      {"invariants", c.invariants()}};
 }
 
 // The route table, then the last refusals and engine exits (five of each), for StatusText.
@@ -334,6 +340,12 @@ std::string StatusText(const Controller& c) {
   if (c.device_losses() > 0) {
     out << "device losses: " << c.device_losses() << ", rebuilds: " << c.device_rebuilds()
         << ", last: " << c.device_lost_reason() << "\n";
+  }
+  if (!c.journal().last_write().ok()) {
+    out << "epoch journal: CANNOT WRITE (" << c.journal().last_write().ToString()
+        << "); new epochs are held";
+    for (EngineId id : c.unfenced_reaped()) out << "; engine " << id << " waits to be fenced";
+    out << "\n";
   }
   out << UpgradeText(c);
   out << "fencing: "

@@ -57,6 +57,13 @@ std::string MetricsText(const Controller& c) {
           static_cast<double>(c.ticks()));
   gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
         static_cast<double>(c.reserved_epoch()));
+  gauge("baton_epoch_journal_ok", "1 while the latest write of the epoch journal succeeded",
+        c.journal().last_write().ok() ? 1 : 0);
+  counter("baton_epoch_journal_write_failures_total", "Failed writes of the epoch journal",
+          static_cast<double>(c.journal().write_failures()));
+  gauge("baton_unfenced_reaped",
+        "Reaped engines whose blocks wait for a durable epoch to be fenced at",
+        static_cast<double>(c.unfenced_reaped().size()));
   gauge("baton_client_send_queued_bytes",
         "Bytes the connections of batonctl and routers hold unsent together",
         static_cast<double>(c.client_send_queued_bytes()));

@@ -44,6 +44,7 @@ struct ClusterOptions {
   int promote_timeout_ms = 10'000;
   std::string first_engine_rogue;  // the first engine misbehaves as this rogue mode when set
   int metrics_port = 0;
+  uint64_t epoch_reserve = 0;         // [controller] epoch_reserve when > 0
   bool wait_ready = true;             // the constructor waits for primary + standby
   std::string gpu_backend;            // [gpu] backend when set (auto | host | cuda)
   int gpu_probe_ms = 0;               // [gpu] probe_interval_ms when set
@@ -69,6 +70,8 @@ class ChaosCluster {
 
   // `batonctl --json --socket S args...`.
   CtlResult Ctl(const std::vector<std::string>& args) const;
+  // `batonctl --socket S args... 2>&1`: what an operator reads (`out` is null).
+  CtlResult CtlPlain(const std::vector<std::string>& args) const;
   json Status() const;
 
   // Polls status until `pred` holds; on timeout records a failure naming `what` and returns
@@ -100,6 +103,7 @@ class ChaosCluster {
 
  private:
   void WriteConfig(const ClusterOptions& options) const;
+  CtlResult RunCtl(bool json_output, const std::vector<std::string>& args) const;
   void StartController();
 
   std::string dir_;
@@ -115,6 +119,8 @@ class ChaosCluster {
 json EngineWithRole(const json& status, const std::string& role);
 uint64_t PrimaryId(const json& status);
 pid_t PidOf(const json& engine);
+// The durable epoch.
+uint64_t Epoch(const json& status);
 bool IsReady(const json& status);
 // True if a process with this pid exists (a zombie counts).
 bool ProcessExists(pid_t pid);

@@ -79,6 +79,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
   std::ofstream out(dir_ + "/controller.toml");
   out << "[controller]\nruntime_dir = " << Quote(dir_ + "/run") << "\n"
       << "metrics_port = " << o.metrics_port << "\n"
+      << (o.epoch_reserve > 0 ? "epoch_reserve = " + std::to_string(o.epoch_reserve) + "\n" : "")
       << "[model]\ndir = " << Quote(TinyModelDir()) << "\nlock = false\n"
       << "[engine]\ncommand = [";
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
@@ -154,9 +155,19 @@ inline int ChaosCluster::StopController() {
 }
 
 inline CtlResult ChaosCluster::Ctl(const std::vector<std::string>& args) const {
-  std::string cmd = std::string(BATON_BIN_DIR) + "/batonctl --json --socket " + socket_;
+  return RunCtl(/*json_output=*/true, args);
+}
+
+inline CtlResult ChaosCluster::CtlPlain(const std::vector<std::string>& args) const {
+  return RunCtl(/*json_output=*/false, args);
+}
+
+inline CtlResult ChaosCluster::RunCtl(bool json_output,
+                                      const std::vector<std::string>& args) const {
+  std::string cmd = std::string(BATON_BIN_DIR) + "/batonctl" + (json_output ? " --json" : "") +
+                    " --socket " + socket_;
   for (const std::string& a : args) cmd += " " + a;
-  cmd += " 2>/dev/null";
+  cmd += json_output ? " 2>/dev/null" : " 2>&1";
   CtlResult result;
   std::FILE* pipe = ::popen(cmd.c_str(), "r");
   if (pipe == nullptr) return result;
@@ -167,7 +178,7 @@ inline CtlResult ChaosCluster::Ctl(const std::vector<std::string>& args) const {
   std::string last = result.stdout_text;
   while (!last.empty() && last.back() == '\n') last.pop_back();
   last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
-  result.out = json::parse(last, nullptr, /*allow_exceptions=*/false);
+  if (json_output) result.out = json::parse(last, nullptr, /*allow_exceptions=*/false);
   return result;
 }
 
@@ -318,6 +329,8 @@ inline uint64_t PrimaryId(const json& status) {
 }
 
 inline pid_t PidOf(const json& engine) { return engine["pid"].get<pid_t>(); }
+
+inline uint64_t Epoch(const json& status) { return status["epoch"]["durable"].get<uint64_t>(); }
 
 inline bool IsReady(const json& status) {
   if (!status.contains("pair") || status["pair"]["state"] != "ready") return false;

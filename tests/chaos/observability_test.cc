@@ -109,6 +109,9 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
   EXPECT_NE(metrics.find("baton_epoch 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("# TYPE baton_failovers_total counter"), std::string::npos);
   EXPECT_NE(metrics.find("baton_barrier_waits 0"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("baton_epoch_journal_ok 1"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("baton_unfenced_reaped 0"), std::string::npos) << metrics;
+  EXPECT_NE(metrics.find("baton_epoch_journal_write_failures_total 0"), std::string::npos);
   const bool cgroups = cluster.Status()["fencing"]["by"] == "cgroup";
   EXPECT_NE(metrics.find(cgroups ? "baton_engine_cgroups 1" : "baton_engine_cgroups 0"),
             std::string::npos)
@@ -185,14 +188,9 @@ TEST(ChaosCli, PlainStatusShowsRoutesAndExits) {
   ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
   cluster.WaitReady("the pair after the failover");
   const std::string exit = "exit: engine " + std::to_string(primary["id"].get<uint64_t>()) + " ";
-  const std::string cmd =
-      std::string(BATON_BIN_DIR) + "/batonctl --socket " + cluster.socket() + " status 2>&1";
-  std::FILE* pipe = ::popen(cmd.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string text;
-  char buf[4096];
-  while (std::fgets(buf, sizeof(buf), pipe) != nullptr) text += buf;
-  EXPECT_EQ(::pclose(pipe), 0) << text;
+  const CtlResult plain = cluster.CtlPlain({"status"});
+  const std::string& text = plain.stdout_text;
+  EXPECT_EQ(plain.exit_code, 0) << text;
   for (const std::string& want :
        {std::string("pair ready"), std::string("pool "), std::string("GB/s"),
         std::string("routes v"), std::string("=primary(ready"), exit,

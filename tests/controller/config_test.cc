@@ -14,6 +14,7 @@ constexpr char kFull[] = R"(
 [controller]
 runtime_dir = "/tmp/baton-test-run"
 state_dir = "/tmp/baton-test-state"
+epoch_reserve = 8
 log_level = "debug"
 metrics_port = 9100
 metrics_host = "0.0.0.0"
@@ -73,6 +74,7 @@ TEST(Config, ParsesEveryKey) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_EQ(c->runtime_dir, "/tmp/baton-test-run");
   EXPECT_EQ(c->state_dir, "/tmp/baton-test-state");
+  EXPECT_EQ(c->epoch_reserve, 8u);
   EXPECT_EQ(c->log_level, "debug");
   EXPECT_EQ(c->metrics_port, 9100);
   EXPECT_EQ(c->metrics_host, "0.0.0.0");
@@ -144,6 +146,7 @@ TEST(Config, BadConfigsAreRefusedWithTheKey) {
       {"pool = 3\n", "'pool' must be a [section]"},
       {"[pool\nblocks = 1\n", "malformed TOML"},
       {"[controller]\nmetrics_port = 70000\n", "controller.metrics_port: must be in [0, 65535]"},
+      {"[controller]\nepoch_reserve = 0\n", "controller.epoch_reserve: must be in [1, 1048576]"},
       {"[upgrade]\nsteps = [10, 50]\n", "upgrade.steps: canary steps: the last step must be 100"},
       {"[upgrade]\nsteps = [50, 10, 100]\n", "upgrade.steps: canary steps: must rise strictly"},
       {"[upgrade]\nmax_error_rate_excess = 2.0\n", "upgrade.max_error_rate_excess: must be in"},

@@ -50,7 +50,7 @@ TEST_F(EpochJournalTest, CreatesAtZeroAndAdvancesDurably) {
     // Durable before it is returned: the committed reservation already covers it.
     EXPECT_GE(*EpochJournal::DecodeRecord(ReadFile(path_), path_), want);
   }
-  EXPECT_EQ(*EpochJournal::DecodeRecord(ReadFile(path_), path_), EpochJournal::kReserveBatch)
+  EXPECT_EQ(*EpochJournal::DecodeRecord(ReadFile(path_), path_), EpochJournal::kDefaultReserveBatch)
       << "one write for the whole batch";
 }
 
@@ -58,23 +58,23 @@ TEST_F(EpochJournalTest, ABatchIsOneWriteAndReplenishKeepsItAhead) {
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok());
   ASSERT_TRUE(journal->Replenish().ok());
-  EXPECT_EQ(journal->reserved(), EpochJournal::kReserveBatch);
+  EXPECT_EQ(journal->reserved(), EpochJournal::kDefaultReserveBatch);
   // With every write failing (the temporary path is a directory), the reservation still
   // hands out its epochs: they need no write.
   ASSERT_EQ(::mkdir((path_ + ".tmp").c_str(), 0700), 0);
-  for (uint64_t want = 1; want <= EpochJournal::kReserveBatch; ++want) {
+  for (uint64_t want = 1; want <= EpochJournal::kDefaultReserveBatch; ++want) {
     Result<uint64_t> next = journal->Advance();
     ASSERT_TRUE(next.ok()) << "epoch " << want << ": " << next.status().ToString();
     ASSERT_EQ(*next, want);
   }
   EXPECT_FALSE(journal->Advance().ok()) << "past the reservation it must write";
   ASSERT_EQ(::rmdir((path_ + ".tmp").c_str()), 0);
-  ASSERT_EQ(*journal->Advance(), EpochJournal::kReserveBatch + 1);
+  ASSERT_EQ(*journal->Advance(), EpochJournal::kDefaultReserveBatch + 1);
   const uint64_t reserved = journal->reserved();
-  EXPECT_GE(reserved - journal->current(), EpochJournal::kReserveBatch / 2);
+  EXPECT_GE(reserved - journal->current(), EpochJournal::kDefaultReserveBatch / 2);
   ASSERT_TRUE(journal->Replenish().ok());
   EXPECT_EQ(journal->reserved(), reserved) << "half a batch or more was left: no write";
-  while (journal->reserved() - journal->current() >= EpochJournal::kReserveBatch / 2) {
+  while (journal->reserved() - journal->current() >= EpochJournal::kDefaultReserveBatch / 2) {
     ASSERT_TRUE(journal->Advance().ok());
   }
   ASSERT_TRUE(journal->Replenish().ok());
@@ -91,10 +91,10 @@ TEST_F(EpochJournalTest, ReopenSeesLastEpochAndNeverRepeats) {
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok()) << journal.status().ToString();
   // A restart starts after the whole reservation: 8..64 may be skipped, none repeats.
-  EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
+  EXPECT_EQ(journal->current(), EpochJournal::kDefaultReserveBatch);
   auto next = journal->Advance();
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, EpochJournal::kReserveBatch + 1);
+  EXPECT_EQ(*next, EpochJournal::kDefaultReserveBatch + 1);
 }
 
 TEST_F(EpochJournalTest, SecondOpenWhileHeldIsRefused) {
@@ -152,32 +152,66 @@ TEST_F(EpochJournalTest, TornTemporaryFileDoesNotAffectCommittedEpoch) {
   {
     auto journal = EpochJournal::Open(path_);
     ASSERT_TRUE(journal.ok()) << journal.status().ToString();
-    EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
+    EXPECT_EQ(journal->current(), EpochJournal::kDefaultReserveBatch);
     EXPECT_FALSE(std::filesystem::exists(path_ + ".tmp"));
   }
   WriteFile(path_ + ".tmp", std::string(EpochJournal::kRecordSize, '\xff'));
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok());
-  EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
-  EXPECT_EQ(*journal->Advance(), EpochJournal::kReserveBatch + 1);
+  EXPECT_EQ(journal->current(), EpochJournal::kDefaultReserveBatch);
+  EXPECT_EQ(*journal->Advance(), EpochJournal::kDefaultReserveBatch + 1);
 }
 
 TEST_F(EpochJournalTest, FailedCommitNeverReusesTheAttemptedEpoch) {
   auto journal = EpochJournal::Open(path_);
   ASSERT_TRUE(journal.ok());
-  for (uint64_t i = 1; i <= EpochJournal::kReserveBatch; ++i) ASSERT_EQ(*journal->Advance(), i);
+  for (uint64_t i = 1; i <= EpochJournal::kDefaultReserveBatch; ++i)
+    ASSERT_EQ(*journal->Advance(), i);
   // Make the temporary path unusable: a directory cannot be opened for writing.
   ASSERT_EQ(::mkdir((path_ + ".tmp").c_str(), 0700), 0);
   auto failed = journal->Advance();
   ASSERT_FALSE(failed.ok()) << "the next epoch needs a new reservation, which cannot be written";
-  EXPECT_EQ(journal->current(), EpochJournal::kReserveBatch);
+  EXPECT_EQ(journal->current(), EpochJournal::kDefaultReserveBatch);
   EXPECT_FALSE(journal->Replenish().ok());
   ASSERT_EQ(::rmdir((path_ + ".tmp").c_str()), 0);
   auto next = journal->Advance();
   ASSERT_TRUE(next.ok());
-  EXPECT_EQ(*next, EpochJournal::kReserveBatch + 1);
+  EXPECT_EQ(*next, EpochJournal::kDefaultReserveBatch + 1);
   // The failed reservations may be on disk somewhere; the next one lies past all of them.
-  EXPECT_GT(journal->reserved(), 3 * EpochJournal::kReserveBatch);
+  EXPECT_GT(journal->reserved(), 3 * EpochJournal::kDefaultReserveBatch);
+}
+
+TEST_F(EpochJournalTest, ABatchOfOneWritesEveryEpochAndCountsFailedWrites) {
+  auto journal = EpochJournal::Open(path_, 1);
+  ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+  EXPECT_EQ(journal->reserve_batch(), 1u);
+  EXPECT_TRUE(journal->last_write().ok());
+  ASSERT_TRUE(journal->Replenish().ok());
+  EXPECT_EQ(journal->reserved(), 0u) << "a batch of 1 keeps nothing ahead";
+  for (uint64_t want = 1; want <= 3; ++want) {
+    ASSERT_EQ(*journal->Advance(), want);
+    EXPECT_EQ(*EpochJournal::DecodeRecord(ReadFile(path_), path_), want) << "one write each";
+  }
+  ASSERT_EQ(::mkdir((path_ + ".tmp").c_str(), 0700), 0);
+  EXPECT_FALSE(journal->Advance().ok()) << "with no reservation ahead, a failed write fails it";
+  EXPECT_FALSE(journal->last_write().ok());
+  EXPECT_NE(journal->last_write().message().find(".tmp"), std::string::npos)
+      << journal->last_write().ToString();
+  EXPECT_FALSE(journal->Advance().ok());
+  EXPECT_EQ(journal->write_failures(), 2u);
+  ASSERT_EQ(::rmdir((path_ + ".tmp").c_str()), 0);
+  const Result<uint64_t> next = journal->Advance();
+  ASSERT_TRUE(next.ok()) << next.status().ToString();
+  EXPECT_EQ(*next, 4u) << "no epoch was handed out by the failed tries";
+  EXPECT_EQ(journal->reserved(), 6u) << "past both attempted reservations, 4 and 5";
+  EXPECT_TRUE(journal->last_write().ok()) << "a good write clears the error";
+  EXPECT_EQ(journal->write_failures(), 2u);
+}
+
+TEST_F(EpochJournalTest, ABatchOfZeroIsRefused) {
+  const auto journal = EpochJournal::Open(path_, 0);
+  ASSERT_FALSE(journal.ok());
+  EXPECT_EQ(journal.status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(EpochJournalTest, MissingDirectoryIsNamed) {
