@@ -124,6 +124,24 @@ Status Controller::RequestDrain() {
   return OkStatus();
 }
 
+namespace {
+
+// Stops everything `e` started, as a whole engine that hangs would: its cgroup frozen, or its
+// process group (its workers, or the engine a wrapper ran) stopped where it has no cgroup or
+// the freeze fails. Returns how, for the log.
+Result<std::string> HangEngine(EngineRecord& e) {
+  if (e.cgroup != nullptr) {
+    Status frozen = e.cgroup->Freeze();
+    if (frozen.ok()) return std::string(" by freezing its cgroup");
+    BATON_LOG(WARN, kLog) << "engine " << e.id << ": " << frozen.ToString()
+                          << "; stopping its process group instead";
+  }
+  BATON_RETURN_IF_ERROR(e.process.SignalGroup(SIGSTOP));
+  return std::string(" by stopping its process group");
+}
+
+}  // namespace
+
 Status Controller::Drill(const std::string& kind) {
   if (stopping_) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
@@ -135,10 +153,13 @@ Status Controller::Drill(const std::string& kind) {
                               ToString(pair_.state()) + ")");
   }
   Status status = OkStatus();
+  std::string how;
   if (kind == "kill") {
     status = p->process.Signal(SIGKILL);
   } else if (kind == "hang") {
-    status = p->process.SignalGroup(SIGSTOP);  // the engine's workers, or the engine a wrapper ran
+    Result<std::string> hung = HangEngine(*p);
+    status = hung.status();
+    if (hung.ok()) how = *hung;
   } else if (kind == "error") {
     status = p->channel->Send(proto::InjectFault{.kind = "error", .message = "batonctl drill"});
   } else {
@@ -147,7 +168,7 @@ Status Controller::Drill(const std::string& kind) {
   if (!status.ok()) return status;
   drill_ = DrillRecord{kind, p->id, clock_.Now()};
   BATON_LOG(INFO, kLog) << "drill " << kind << " on engine " << p->id << " (pid "
-                        << p->process.pid() << ")";
+                        << p->process.pid() << ")" << how;
   return OkStatus();
 }
 

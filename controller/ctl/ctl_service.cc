@@ -426,7 +426,7 @@ commands:
   status                 pair, roles, pids, epochs, versions, pool use, weights, transitions
   promote                graceful switch-over: drain the primary, promote the standby
   drain                  take the pair out of service (the primary finishes its requests)
-  drill kill|hang|error  kill -9 the primary, SIGSTOP its process group, or make it
+  drill kill|hang|error  kill -9 the primary, freeze its cgroup (else SIGSTOP its group), or make it
                          report an error
   upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- CMD ARGS...
                          canary upgrade to a new engine command (same placeholders as

@@ -124,6 +124,13 @@ Status EngineCgroup::Kill() {
   return s;
 }
 
+Status EngineCgroup::Freeze() { return WriteCgroupFile(path_ + "/cgroup.freeze", "1"); }
+
+bool EngineCgroup::Frozen() const {
+  Result<std::string> events = ReadCgroupFile(path_ + "/cgroup.events");
+  return events.ok() && events->find("frozen 1") != std::string::npos;
+}
+
 bool EngineCgroup::Populated() const { return IsPopulated(path_); }
 
 std::vector<pid_t> EngineCgroup::Members() const { return ReadMembers(path_); }

@@ -48,6 +48,12 @@ class EngineCgroup {
   int procs_fd() const { return procs_.get(); }
   // SIGKILL to every member (cgroup.kill).
   Status Kill();
+  // Freezes every member, present and future (cgroup.freeze): they stop where they are, as a
+  // whole engine that hangs would, until killed (a fatal signal still ends a frozen process).
+  // For the hang drill.
+  Status Freeze();
+  // True once every member is frozen (cgroup.events: "frozen 1").
+  bool Frozen() const;
   // True while a member that is not a zombie is left (also when cgroup.events cannot be read
   // while the directory exists: the barrier then waits for its deadline).
   bool Populated() const;

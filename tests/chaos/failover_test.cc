@@ -162,6 +162,10 @@ TEST(ChaosFailover, DrillHangThroughBatonctl) {
   ASSERT_EQ(drill.exit_code, 0) << drill.stdout_text;
   WaitNewPrimary(cluster, primary["id"], "drill hang to fail over");
   EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  const bool cgroup = primary["cgroup"].is_string() && !primary["cgroup"].empty();
+  EXPECT_NE(cluster.Log().find(cgroup ? "by freezing its cgroup" : "by stopping its process group"),
+            std::string::npos)
+      << cluster.Log();
   cluster.CheckFencing();
 }
 
@@ -187,7 +191,8 @@ std::vector<pid_t> LiveGroupMembers(pid_t pgid) {
 
 // An engine started by a wrapper script (as `sh -c 'source venv/bin/activate; python ...'`
 // does) is a grandchild of the controller. A fence kills its whole process group and the
-// blocks move only once the group is empty; a hang drill stops the whole group.
+// blocks move only once the group is empty; a hang drill stops all of it (its cgroup frozen,
+// or the group stopped).
 TEST(ChaosFailover, AWrappedEngineIsFencedWithItsWholeProcessGroup) {
   ClusterOptions options;
   options.engine_wrapper = {"/bin/sh", "-c", "\"$@\"; exit $?", "engine-wrapper"};

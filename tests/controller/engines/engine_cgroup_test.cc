@@ -106,6 +106,30 @@ TEST_F(EngineCgroupTest, AProcessThatLeftItsGroupIsKilledWithTheCgroup) {
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the cgroup is removed with its owner";
 }
 
+// The hang drill freezes the cgroup: the worker that left the engine's group stops too, and
+// the fence's cgroup.kill still ends every frozen member.
+TEST_F(EngineCgroupTest, AFrozenCgroupStopsEveryMemberAndIsStillKilled) {
+  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(3);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  Result<ChildProcess> child = ChildProcess::Spawn(
+      {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", (*cg)->procs_fd());
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_TRUE(Eventually([&] { return (*cg)->Members().size() == 2; }));
+  const std::vector<pid_t> members = (*cg)->Members();
+  EXPECT_FALSE((*cg)->Frozen());
+
+  ASSERT_TRUE((*cg)->Freeze().ok());
+  EXPECT_TRUE(Eventually([&] { return (*cg)->Frozen(); })) << "every member stops";
+  Result<std::optional<ExitInfo>> still = child->TryReap();
+  ASSERT_TRUE(still.ok());
+  EXPECT_FALSE(still->has_value()) << "frozen, not dead";
+
+  ASSERT_TRUE((*cg)->Kill().ok());
+  child->KillAndReap();
+  EXPECT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
+  for (pid_t pid : members) EXPECT_FALSE(Running(pid)) << pid;
+}
+
 // The CPU time of every process that ran in the cgroup, those that exited included.
 TEST_F(EngineCgroupTest, CpuTimeCountsEveryProcessTheDeadIncluded) {
   Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(2);
