@@ -88,7 +88,8 @@ class Controller {
   // --- operator commands (batonctl) --------------------------------------------------------
   Status RequestSwitchover();
   Status RequestDrain();
-  // kind: "kill" (SIGKILL the primary), "hang" (SIGSTOP it), "error" (make it report one).
+  // kind: "kill" (SIGKILL the primary), "hang" (freeze its cgroup, else SIGSTOP its process
+  // group), "error" (make it report one).
   Status Drill(const std::string& kind);
   // Starts a canary upgrade to `request.command` (controller_upgrade.cc; see upgrade.h):
   // needs a serving primary and a ready standby, and no upgrade in flight.
@@ -395,6 +396,7 @@ class Controller {
   bool stopping_ = false;
   bool replenish_failing_ = false;
   TimePoint next_replenish_{};       // backoff while the journal cannot be written
+  TimePoint next_promote_epoch_{};   // a promotion that found no epoch tries again then
   TimePoint relaunch_not_before_{};  // the replacement standby waits (standby_relaunch_delay)
   std::shared_ptr<boost::asio::steady_timer> stop_timer_;
   std::function<void()> stop_done_;
