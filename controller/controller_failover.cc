@@ -284,9 +284,13 @@ void Controller::MaybePromote() {
   }
   if (!pair_.Allows(PairEvent::kPromoteDone)) return;
   EngineRecord* e = Standby();
-  if (e == nullptr) return;
+  if (e == nullptr || clock_.Now() < next_promote_epoch_) return;
   Result<uint64_t> epoch = AdvanceEpoch();
-  if (!epoch.ok()) return;
+  if (!epoch.ok()) {
+    // Each failed try is a journal write and a log line: once a second, not on every tick.
+    next_promote_epoch_ = clock_.Now() + std::chrono::seconds(1);
+    return;
+  }
   if (Status promoted = ledger_->Promote(e->id, *epoch); !promoted.ok()) {
     BATON_LOG(ERROR, kLog) << "promoting engine " << e->id << ": " << promoted.ToString();
     return;

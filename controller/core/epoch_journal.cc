@@ -167,8 +167,10 @@ Status EpochJournal::Reserve(uint64_t through) {
   }
   const uint64_t target = base + reserve_batch_;
   attempted_ = target;
-  BATON_RETURN_IF_ERROR(
-      Commit(target).WithContext("reserving epochs through " + std::to_string(target)));
+  if (Status s = Commit(target); !s.ok()) {
+    last_write_ = s.WithContext("reserving epochs through " + std::to_string(target));
+    return last_write_;
+  }
   reserved_ = target;
   BATON_LOG(DEBUG, "journal") << "epochs reserved through " << target;
   return OkStatus();
@@ -183,7 +185,7 @@ Result<uint64_t> EpochJournal::Advance() {
 }
 
 Status EpochJournal::Replenish() {
-  if (reserved_ - current_ >= reserve_batch_ / 2) return OkStatus();
+  if (reserved_ - current_ >= reserve_batch_ / 2 && last_write_.ok()) return OkStatus();
   return Reserve(current_ + 1);
 }
 

@@ -65,9 +65,10 @@ class EpochJournal final : public EpochStore {
   Result<uint64_t> Advance() override;
   // The highest epoch durable on disk; current() <= reserved().
   uint64_t reserved() const { return reserved_; }
-  // Extends the reservation by a batch when less than half a batch (rounded down) is left;
-  // with a batch of 1, never (every Advance writes). For quiet moments (the controller's
-  // tick), so that promotions find their epoch already durable.
+  // Extends the reservation by a batch when less than half a batch (rounded down) is left
+  // (with a batch of 1: never, every Advance writes), or when the latest write failed, so
+  // that a journal that can be written again is seen to be. For quiet moments (the
+  // controller's tick), so that promotions find their epoch already durable.
   Status Replenish();
 
   const std::string& path() const { return path_; }

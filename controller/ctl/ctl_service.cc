@@ -342,8 +342,10 @@ std::string StatusText(const Controller& c) {
         << ", last: " << c.device_lost_reason() << "\n";
   }
   if (!c.journal().last_write().ok()) {
-    out << "epoch journal: CANNOT WRITE (" << c.journal().last_write().ToString()
-        << "); new epochs are held";
+    const uint64_t left = c.reserved_epoch() - c.durable_epoch();
+    out << "epoch journal: CANNOT WRITE (" << c.journal().last_write().ToString() << "); "
+        << (left == 0 ? std::string("new epochs are held")
+                      : std::to_string(left) + " reserved epochs left");
     for (EngineId id : c.unfenced_reaped()) out << "; engine " << id << " waits to be fenced";
     out << "\n";
   }

@@ -55,17 +55,20 @@ TEST(ChaosJournal, AReapedPrimaryWaitsForADurableEpochAndItsBlocksMoveOnceThereI
   const CtlResult plain = cluster.CtlPlain({"status"});
   EXPECT_NE(plain.stdout_text.find("epoch journal: CANNOT WRITE"), std::string::npos)
       << plain.stdout_text;
+  EXPECT_NE(plain.stdout_text.find("new epochs are held"), std::string::npos) << plain.stdout_text;
   EXPECT_NE(plain.stdout_text.find("engine " + std::to_string(old_id) + " waits to be fenced"),
             std::string::npos)
       << plain.stdout_text;
 
-  // The retry runs once a second: after two more tries the blocks still wait.
-  ::sleep(2);
-  const json still = cluster.Status();
+  // The fence is retried (once a second), and fails again: the blocks still wait.
+  const uint64_t failures = held["epoch"]["journal_write_failures"].get<uint64_t>();
+  const json still = cluster.WaitFor(
+      [&](const json& s) {
+        return s["epoch"]["journal_write_failures"].get<uint64_t>() > failures;
+      },
+      "the fence to be retried");
   EXPECT_TRUE(EngineWithRole(still, "primary").is_null());
-  EXPECT_GT(still["epoch"]["journal_write_failures"].get<uint64_t>(),
-            held["epoch"]["journal_write_failures"].get<uint64_t>())
-      << "the fence is retried";
+  EXPECT_TRUE(Contains(still["epoch"]["unfenced_reaped"], old_id));
 
   ASSERT_EQ(::rmdir(tmp.c_str()), 0);
   const json after =

@@ -208,6 +208,27 @@ TEST_F(EpochJournalTest, ABatchOfOneWritesEveryEpochAndCountsFailedWrites) {
   EXPECT_EQ(journal->write_failures(), 2u);
 }
 
+// After a failed write Replenish tries again, even with a batch of 1 (which otherwise reserves
+// nothing ahead), so that the error clears once the journal can be written again.
+TEST_F(EpochJournalTest, ReplenishClearsTheErrorOfAFailedWrite) {
+  for (uint64_t batch : {uint64_t{1}, uint64_t{64}}) {
+    std::filesystem::remove(path_);
+    auto journal = EpochJournal::Open(path_, batch);
+    ASSERT_TRUE(journal.ok()) << journal.status().ToString();
+    ASSERT_EQ(::mkdir((path_ + ".tmp").c_str(), 0700), 0);
+    while (journal->Advance().ok()) {
+    }
+    ASSERT_FALSE(journal->last_write().ok());
+    EXPECT_NE(journal->last_write().message().find("reserving epochs through"), std::string::npos)
+        << journal->last_write().ToString();
+    EXPECT_FALSE(journal->Replenish().ok()) << "batch " << batch;
+    ASSERT_EQ(::rmdir((path_ + ".tmp").c_str()), 0);
+    ASSERT_TRUE(journal->Replenish().ok()) << "batch " << batch;
+    EXPECT_TRUE(journal->last_write().ok()) << "batch " << batch;
+    EXPECT_GT(journal->reserved(), journal->current()) << "batch " << batch;
+  }
+}
+
 TEST_F(EpochJournalTest, ABatchOfZeroIsRefused) {
   const auto journal = EpochJournal::Open(path_, 0);
   ASSERT_FALSE(journal.ok());
