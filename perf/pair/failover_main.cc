@@ -3,6 +3,7 @@
 //
 //   baton-perf-failover --small DIR --large DIR [--generate] [--trials N] [--bin DIR]
 //                       [--threads K] [--pool-blocks B] [--prompt-tokens P] [--out DIR]
+//                       [--epoch-reserve E]
 //
 // --generate writes the two models (failover_models.h) into those directories first, or
 // keeps them when they match.
@@ -33,7 +34,9 @@
 // cold_over_baton_large_ready = cold (warm cache) listening / Baton ready; and
 // baton_large_over_small = Baton ready, large / small (medians). Percentiles are
 // nearest-rank: with fewer than 100 trials p99 is the maximum. The last line of stdout is
-// one JSON object; meets_targets checks each acceptance target. Single-threaded driver.
+// one JSON object; meets_targets checks each acceptance target. --epoch-reserve sets the
+// controllers' controller.epoch_reserve (default 64; 1 puts a journal fsync into every fence
+// and promotion). Single-threaded driver.
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,7 +66,7 @@ using nlohmann::json;
 constexpr char kUsage[] =
     "usage: baton-perf-failover --small DIR --large DIR [--generate] [--trials N] [--bin DIR]\n"
     "                           [--threads K] [--pool-blocks B] [--prompt-tokens P]\n"
-    "                           [--out DIR]\n";
+    "                           [--out DIR] [--epoch-reserve E]\n";
 // The acceptance targets.
 constexpr double kReadyP50Ms = 50, kReadyP99Ms = 100;
 constexpr double kLargeOverSmallMax = 1.5, kColdOverBatonMin = 10;
@@ -71,7 +74,7 @@ constexpr int kForwardPasses = 5;
 
 struct Flags {
   std::string small, large, bin, out;
-  int trials = 10, pool_blocks = 64, prompt_tokens = 1;
+  int trials = 10, pool_blocks = 64, prompt_tokens = 1, epoch_reserve = 64;
   int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 256u));
   bool generate = false;
 };
@@ -102,6 +105,9 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     } else if (arg == "--prompt-tokens") {
       if (!perf::ParseFlagNumber<int>(v, 1, 1024, &f->prompt_tokens))
         return "--prompt-tokens: not a number in [1, 1024]";
+    } else if (arg == "--epoch-reserve") {
+      if (!perf::ParseFlagNumber<int>(v, 1, 1 << 20, &f->epoch_reserve))
+        return "--epoch-reserve: not a number in [1, 1048576]";
     } else if (arg == "--pool-blocks") {
       if (!perf::ParseFlagNumber<int>(v, 2, 1 << 20, &f->pool_blocks))
         return "--pool-blocks: not a number >= 2";
@@ -191,14 +197,15 @@ Result<json> RunModel(const Flags& flags, const std::string& name, const std::st
   std::fprintf(stderr, "%s model %s: %zu files, %llu bytes, %llu KV bytes a token\n", name.c_str(),
                dir.c_str(), model.files.size(), static_cast<unsigned long long>(model.file_bytes),
                static_cast<unsigned long long>(model.kv_bytes_per_token));
-  PairOptions opts{flags.bin, work + "/" + name, flags.threads, flags.pool_blocks,
-                   flags.prompt_tokens};
+  PairOptions opts{flags.bin,         work + "/" + name,   flags.threads,
+                   flags.pool_blocks, flags.prompt_tokens, flags.epoch_reserve};
   std::filesystem::create_directories(opts.work_dir);
   json info = {{"model_dir", dir},
                {"model_bytes", model.file_bytes},
                {"trials", flags.trials},
                {"engine_threads", flags.threads},
-               {"prompt_tokens", flags.prompt_tokens}};
+               {"prompt_tokens", flags.prompt_tokens},
+               {"epoch_reserve", flags.epoch_reserve}};
   Series series;
   int kv_tokens = 0;
   BATON_RETURN_IF_ERROR(RunBaton(flags, model, opts, &kv_tokens, &series, &info));

@@ -120,7 +120,8 @@ int BatonPair::Stop() {
 Status BatonPair::WriteConfig() {
   const std::string& b = opts_.bin_dir;
   std::ofstream out(opts_.work_dir + "/controller.toml");
-  out << "[controller]\nruntime_dir = \"" << opts_.work_dir << "\"\n\n"
+  out << "[controller]\nruntime_dir = \"" << opts_.work_dir
+      << "\"\nepoch_reserve = " << opts_.epoch_reserve << "\n\n"
       << "[model]\ndir = \"" << model_.dir << "\"\n\n"
       << "[engine]\ncommand = [\"" << b << "/baton-refengine\", \"--model\", \"{model_dir}\", "
       << "\"--port\", \"{port}\", \"--controller\", \"{socket}\", \"--token\", \"{token}\", "

@@ -40,7 +40,8 @@ struct PairOptions {
   std::string work_dir;  // runtime directory of the controller, and logs
   int engine_threads = 1;
   int pool_blocks = 64;
-  int prompt_tokens = 1;  // the first-token request's prompt length (FirstTokenRequest)
+  int prompt_tokens = 1;   // the first-token request's prompt length (FirstTokenRequest)
+  int epoch_reserve = 64;  // the controller's controller.epoch_reserve
 };
 
 struct FailoverSample {
