@@ -84,6 +84,52 @@ TEST(ChaosJournal, AReapedPrimaryWaitsForADurableEpochAndItsBlocksMoveOnceThereI
   cluster.CheckFencing();
 }
 
+// With a batch of 2 the fence finds its epoch reserved, but with both engines gone the
+// promotion of the next standby needs a write: it is held, and retried, until the journal can
+// be written. The crash-loop guard trips at each failure, so that no replacement standby
+// registers before the primary's fence (it would be promoted at the reserved epoch).
+TEST(ChaosJournal, APromotionThatFindsNoDurableEpochWaitsForOne) {
+  ClusterOptions options;
+  options.epoch_reserve = 2;
+  options.max_failures = 1;
+  options.initial_backoff_ms = 1000;
+  ChaosCluster cluster(options);
+  const json before = cluster.WaitFor(
+      [](const json& s) { return IsReady(s) && s["epoch"]["reserved"].get<uint64_t>() > Epoch(s); },
+      "an epoch reserved ahead");
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_FALSE(primary.is_null());
+  ASSERT_FALSE(standby.is_null());
+
+  const std::string tmp = cluster.dir() + "/run/state/epoch.journal.tmp";
+  ASSERT_EQ(::mkdir(tmp.c_str(), 0700), 0) << tmp;
+  ASSERT_EQ(::kill(PidOf(standby), SIGKILL), 0);
+  cluster.WaitFor([](const json& s) { return EngineWithRole(s, "standby").is_null(); },
+                  "the standby's death to be seen");
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const json held = cluster.WaitFor(
+      [&](const json& s) {
+        return !s["epoch"]["journal_error"].is_null() && !EngineWithRole(s, "standby").is_null();
+      },
+      "a new standby, and a promotion that cannot get an epoch");
+  EXPECT_TRUE(EngineWithRole(held, "primary").is_null());
+  EXPECT_TRUE(held["epoch"]["unfenced_reaped"].empty()) << "the fence found its epoch reserved";
+  EXPECT_EQ(held["epoch"]["reserved"], held["epoch"]["durable"]) << "the reservation is used up";
+  const CtlResult plain = cluster.CtlPlain({"status"});
+  EXPECT_NE(plain.stdout_text.find("new epochs are held"), std::string::npos) << plain.stdout_text;
+
+  ASSERT_EQ(::rmdir(tmp.c_str()), 0);
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && PrimaryId(s) != primary["id"] && PrimaryId(s) != standby["id"];
+      },
+      "the new standby to be promoted once the journal can be written");
+  EXPECT_TRUE(after["epoch"]["journal_error"].is_null());
+  EXPECT_GT(Epoch(after), Epoch(before));
+  cluster.CheckFencing();
+}
+
 TEST(ChaosJournal, EnginesDieWithTheControllerAndEpochsSurviveARestart) {
   ChaosCluster cluster;
   ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);  // move the epoch past 1
