@@ -398,6 +398,7 @@ void Controller::ReplenishEpochs() {
   if (clock_.Now() < next_replenish_) return;
   const uint64_t before = journal_->reserved();
   Status s = journal_->Replenish();
+  NoteJournalState();
   if (!s.ok()) {
     next_replenish_ = clock_.Now() + std::chrono::seconds(5);  // each try spends a batch
     if (!replenish_failing_) {

@@ -269,6 +269,8 @@ class Controller {
   void ApplyPair(PairEvent event);
   Result<uint64_t> AdvanceEpoch();
   void ReplenishEpochs();
+  // After each journal write: logs once when the journal can be written again.
+  void NoteJournalState();
 
   boost::asio::io_context& io_;
   ControllerConfig config_;
@@ -395,6 +397,7 @@ class Controller {
   uint64_t refusal_count_ = 0;
   bool stopping_ = false;
   bool replenish_failing_ = false;
+  bool journal_failing_ = false;     // the latest journal write failed (NoteJournalState)
   TimePoint next_replenish_{};       // backoff while the journal cannot be written
   TimePoint next_promote_epoch_{};   // a promotion that found no epoch tries again then
   TimePoint relaunch_not_before_{};  // the replacement standby waits (standby_relaunch_delay)

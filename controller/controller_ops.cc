@@ -275,7 +275,17 @@ Result<uint64_t> Controller::AdvanceEpoch() {
     BATON_LOG(ERROR, kLog) << "cannot make a new epoch durable, promotions are held: "
                            << epoch.status().ToString();
   }
+  NoteJournalState();
   return epoch;
+}
+
+void Controller::NoteJournalState() {
+  const bool failing = !journal_->last_write().ok();
+  if (journal_failing_ && !failing) {
+    BATON_LOG(INFO, kLog) << "epoch journal can be written again (" << journal_->write_failures()
+                          << " writes failed since the start)";
+  }
+  journal_failing_ = failing;
 }
 
 }  // namespace baton

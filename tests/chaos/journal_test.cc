@@ -16,6 +16,12 @@
 namespace baton::chaos {
 namespace {
 
+size_t Occurrences(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 bool Contains(const json& ids, uint64_t id) {
   for (const json& x : ids) {
     if (x.get<uint64_t>() == id) return true;
@@ -81,6 +87,8 @@ TEST(ChaosJournal, AReapedPrimaryWaitsForADurableEpochAndItsBlocksMoveOnceThereI
   EXPECT_EQ(after["pool"]["quarantined"], 0);
   EXPECT_NE(cluster.Log().find("reaped engine " + std::to_string(old_id) + " fenced at epoch"),
             std::string::npos);
+  EXPECT_EQ(Occurrences(cluster.Log(), "epoch journal can be written again"), 1u)
+      << "one log line for the change";
   cluster.CheckFencing();
 }
 
@@ -126,6 +134,7 @@ TEST(ChaosJournal, APromotionThatFindsNoDurableEpochWaitsForOne) {
       },
       "the new standby to be promoted once the journal can be written");
   EXPECT_TRUE(after["epoch"]["journal_error"].is_null());
+  EXPECT_EQ(Occurrences(cluster.Log(), "epoch journal can be written again"), 1u);
   EXPECT_GT(Epoch(after), Epoch(before));
   cluster.CheckFencing();
 }
