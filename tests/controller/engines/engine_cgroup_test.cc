@@ -10,6 +10,8 @@
 
 #include <chrono>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <thread>
 
 #include "controller/engines/supervisor.h"
@@ -51,7 +53,22 @@ class EngineCgroupTest : public ::testing::Test {
     cgroups_ = std::move(c).value();
   }
 
+  // An engine in cgroup `id` (cg_, child_) that started a worker with setsid; returns once
+  // both are members.
+  void StartEngineWithEscapedWorker(uint64_t id) {
+    Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(id);
+    ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+    cg_ = std::move(cg).value();
+    Result<ChildProcess> child = ChildProcess::Spawn(
+        {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", cg_->procs_fd());
+    ASSERT_TRUE(child.ok()) << child.status().ToString();
+    child_.emplace(std::move(child).value());
+    ASSERT_TRUE(Eventually([&] { return cg_->Members().size() == 2; }));
+  }
+
   std::unique_ptr<EngineCgroups> cgroups_;
+  std::shared_ptr<EngineCgroup> cg_;
+  std::optional<ChildProcess> child_;
 };
 
 TEST(EngineCgroupSettingTest, OffAndBadSettings) {
@@ -81,49 +98,39 @@ TEST(EngineCgroupSettingTest, AChildThatCannotJoinItsCgroupIsAnError) {
 // The escape a process group cannot see: a worker that called setsid. The cgroup holds it,
 // and one write to cgroup.kill ends it with the engine.
 TEST_F(EngineCgroupTest, AProcessThatLeftItsGroupIsKilledWithTheCgroup) {
-  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(1);
-  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
-  Result<ChildProcess> child = ChildProcess::Spawn(
-      {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", (*cg)->procs_fd());
-  ASSERT_TRUE(child.ok()) << child.status().ToString();
-  ASSERT_TRUE(Eventually([&] { return (*cg)->Members().size() == 2; }));
+  ASSERT_NO_FATAL_FAILURE(StartEngineWithEscapedWorker(1));
   pid_t escaped = 0;
-  for (pid_t pid : (*cg)->Members()) {
-    if (pid != child->pid()) escaped = pid;
+  for (pid_t pid : cg_->Members()) {
+    if (pid != child_->pid()) escaped = pid;
   }
   ASSERT_NE(escaped, 0);
   EXPECT_TRUE(Eventually([&] { return ::getpgid(escaped) == escaped; }))
       << "the worker leads a session of its own, out of the engine's process group";
-  EXPECT_TRUE((*cg)->Populated());
+  EXPECT_TRUE(cg_->Populated());
 
-  ASSERT_TRUE((*cg)->Kill().ok());
-  child->KillAndReap();
-  EXPECT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
+  ASSERT_TRUE(cg_->Kill().ok());
+  child_->KillAndReap();
+  EXPECT_TRUE(Eventually([&] { return !cg_->Populated(); }));
   EXPECT_FALSE(Running(escaped));
-  EXPECT_TRUE((*cg)->Members().empty());
-  const std::string path = (*cg)->path();
-  cg->reset();
+  EXPECT_TRUE(cg_->Members().empty());
+  const std::string path = cg_->path();
+  cg_.reset();
   EXPECT_NE(::access(path.c_str(), F_OK), 0) << "the cgroup is removed with its owner";
 }
 
 // The hang drill freezes the cgroup: the worker that left the engine's group stops too, and
 // the fence's cgroup.kill still ends every frozen member.
 TEST_F(EngineCgroupTest, AFrozenCgroupStopsEveryMemberAndIsStillKilled) {
-  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(3);
-  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
-  Result<ChildProcess> child = ChildProcess::Spawn(
-      {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", (*cg)->procs_fd());
-  ASSERT_TRUE(child.ok()) << child.status().ToString();
-  ASSERT_TRUE(Eventually([&] { return (*cg)->Members().size() == 2; }));
-  const std::vector<pid_t> members = (*cg)->Members();
-  EXPECT_FALSE((*cg)->Frozen());
+  ASSERT_NO_FATAL_FAILURE(StartEngineWithEscapedWorker(3));
+  const std::vector<pid_t> members = cg_->Members();
+  EXPECT_FALSE(cg_->Frozen());
 
-  ASSERT_TRUE((*cg)->Freeze().ok());
-  EXPECT_TRUE(Eventually([&] { return (*cg)->Frozen(); })) << "every member stops";
+  ASSERT_TRUE(cg_->Freeze().ok());
+  EXPECT_TRUE(Eventually([&] { return cg_->Frozen(); })) << "every member stops";
 
-  ASSERT_TRUE((*cg)->Kill().ok());
-  child->KillAndReap();
-  EXPECT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
+  ASSERT_TRUE(cg_->Kill().ok());
+  child_->KillAndReap();
+  EXPECT_TRUE(Eventually([&] { return !cg_->Populated(); }));
   for (pid_t pid : members) EXPECT_FALSE(Running(pid)) << pid;
 }
 
