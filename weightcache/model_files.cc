@@ -180,13 +180,15 @@ Result<std::vector<std::string>> ListShards(const std::string& dir) {
 
 }  // namespace
 
-ModelFiles::ModelFiles(const ModelFiles& other) : dir_(other.dir_), shards_(other.shards_) {
+ModelFiles::ModelFiles(const ModelFiles& other)
+    : dir_(other.dir_), index_path_(other.index_path_), shards_(other.shards_) {
   Reindex(other);
 }
 
 ModelFiles& ModelFiles::operator=(const ModelFiles& other) {
   if (this != &other) {
     dir_ = other.dir_;
+    index_path_ = other.index_path_;
     shards_ = other.shards_;
     locations_.clear();
     Reindex(other);
@@ -237,6 +239,7 @@ Status ModelFiles::AddShard(const std::string& name) {
 Status ModelFiles::OpenIndexed(const std::string& index_path) {
   std::map<std::string, std::string> weight_map;
   BATON_RETURN_IF_ERROR(ReadWeightMap(index_path, &weight_map));
+  index_path_ = index_path;
   // Each shard file once, in name order, with the first tensor mapped to it for messages.
   std::map<std::string, std::string> first_tensor;
   for (const auto& [tensor, file] : weight_map) first_tensor.emplace(file, tensor);

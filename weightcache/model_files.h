@@ -42,6 +42,8 @@ class ModelFiles {
   ModelFiles& operator=(ModelFiles&&) = default;
 
   const std::string& dir() const { return dir_; }
+  // The index file that was read (model.safetensors.index.json); empty when none was.
+  const std::string& index_path() const { return index_path_; }
   const std::vector<SafetensorsIndex>& shards() const { return shards_; }
   uint64_t total_file_bytes() const;
   uint64_t total_tensor_bytes() const;
@@ -61,6 +63,7 @@ class ModelFiles {
   void Reindex(const ModelFiles& other);
 
   std::string dir_;
+  std::string index_path_;
   std::vector<SafetensorsIndex> shards_;
   std::unordered_map<std::string, Location> locations_;
 };

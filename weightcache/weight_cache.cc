@@ -3,8 +3,11 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <tuple>
 
 #include "base/align.h"
+#include "base/clock.h"
 #include "base/log.h"
 
 namespace baton {
@@ -59,15 +62,61 @@ Status CheckComplete(const ModelFiles& files, const std::vector<ShardPlace>& pla
                   " changed size after it was validated; load the model again");
 }
 
+std::string FileName(const std::string& path) {
+  return std::filesystem::path(path).filename().string();
+}
+
+// A manifest made in code (not decoded) may hold anything: every tensor inside the arena.
+Status CheckTable(const WeightManifest& m) {
+  for (const CachedTensor& t : m.tensors) {
+    if (t.offset > m.arena_size || t.size > m.arena_size - t.offset) {
+      return InvalidArgument("the manifest puts tensor '" + t.name + "' outside the arena");
+    }
+  }
+  return OkStatus();
+}
+
+ArenaRecord RecordOf(const WeightManifest& m) {
+  return ArenaRecord{.size = m.arena_size,
+                     .inode = m.arena_inode,
+                     .device = m.arena_device,
+                     .huge_pages = m.huge_pages,
+                     .numa_node = m.numa_node,
+                     .numa_bound = m.numa_bound,
+                     .numa_source = m.numa_source,
+                     .sealed_read_only = m.sealed_read_only};
+}
+
 }  // namespace
+
+// Stats every file ModelFiles read, right after it validated them.
+Status WeightCache::NoteSources(const ModelFiles& files) {
+  BATON_ASSIGN_OR_RETURN(canonical_dir_, CanonicalPath(dir_));
+  BATON_ASSIGN_OR_RETURN(dir_entries_, ListModelEntries(dir_));
+  if (!files.index_path().empty()) {
+    BATON_ASSIGN_OR_RETURN(FileIdentity index,
+                           StatFileIdentity(dir_, FileName(files.index_path())));
+    files_.push_back(std::move(index));
+  }
+  for (const SafetensorsIndex& shard : files.shards()) {
+    BATON_ASSIGN_OR_RETURN(FileIdentity id, StatFileIdentity(dir_, FileName(shard.path())));
+    if (id.size != shard.file_size()) {
+      return DataLoss(shard.path() + " changed size after it was validated (" +
+                      std::to_string(shard.file_size()) + " -> " + std::to_string(id.size) +
+                      "); load the model again");
+    }
+    files_.push_back(std::move(id));
+  }
+  return OkStatus();
+}
 
 Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions options) {
   BATON_ASSIGN_OR_RETURN(ModelFiles files, ModelFiles::Open(dir));
-  std::vector<ShardPlace> places;
-  options.arena.size = Layout(files, &places);
-
   WeightCache cache;
   cache.dir_ = dir;
+  BATON_RETURN_IF_ERROR(cache.NoteSources(files));
+  std::vector<ShardPlace> places;
+  options.arena.size = Layout(files, &places);
   BATON_ASSIGN_OR_RETURN(cache.arena_, PinnedArena::Create(options.arena));
 
   std::vector<ReadJob> jobs;
@@ -88,6 +137,10 @@ Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions
   if (!stats.ok()) return stats.status().WithContext("loading " + dir);
   cache.stats_ = std::move(stats).value();
   BATON_RETURN_IF_ERROR(CheckComplete(files, places, cache.stats_.bytes));
+  if (std::string why = FirstChangedFile(dir, cache.files_, "while the model was loaded");
+      !why.empty()) {
+    return DataLoss(why + "; load the model again");
+  }
   cache.arena_.SealReadOnly();
 
   const PinnedArena& a = cache.arena_;
@@ -98,6 +151,56 @@ Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions
                               << " huge_pages=" << a.huge_pages() << " numa_node=" << a.numa_node()
                               << " locked=" << a.locked();
   return cache;
+}
+
+Result<WeightCache> WeightCache::Adopt(SharedMemory arena, const WeightManifest& manifest,
+                                       const AdoptOptions& options) {
+  const TimePoint start = RealClock::Get().Now();
+  if (options.model_dir.empty()) {
+    return InvalidArgument("adopting a weight arena: AdoptOptions.model_dir is empty");
+  }
+  BATON_RETURN_IF_ERROR(CheckManifestMatches(manifest, options.model_dir));
+  BATON_RETURN_IF_ERROR(CheckTable(manifest));
+  WeightCache cache;
+  BATON_ASSIGN_OR_RETURN(cache.arena_,
+                         PinnedArena::Adopt(std::move(arena), RecordOf(manifest), options.lock));
+  cache.dir_ = options.model_dir;
+  cache.canonical_dir_ = manifest.canonical_model_dir;
+  cache.files_ = manifest.files;
+  cache.dir_entries_ = manifest.dir_entries;
+  cache.tensors_ = manifest.tensors;
+  std::sort(cache.tensors_.begin(), cache.tensors_.end(),
+            [](const CachedTensor& a, const CachedTensor& b) { return a.name < b.name; });
+  cache.stats_.method = "adopted";
+  cache.stats_.seconds = MillisBetween(start, RealClock::Get().Now()) / 1000.0;
+  BATON_LOG(INFO, kComponent) << "adopted the arena of " << options.model_dir << ": "
+                              << cache.tensors_.size() << " tensors, " << cache.arena_.size()
+                              << " bytes in " << cache.stats_.seconds * 1000
+                              << " ms, no file read, huge_pages=" << cache.arena_.huge_pages()
+                              << " numa_node=" << cache.arena_.numa_node()
+                              << " sealed=" << cache.arena_.sealed_read_only()
+                              << " (mlock in the background)";
+  return cache;
+}
+
+WeightManifest WeightCache::Manifest(uint64_t generation) const {
+  WeightManifest m;
+  m.generation = generation;
+  m.complete = true;
+  m.model_dir = dir_;
+  m.canonical_model_dir = canonical_dir_;
+  m.files = files_;
+  m.dir_entries = dir_entries_;
+  m.tensors = tensors_;
+  m.arena_size = arena_.size();
+  std::tie(m.arena_inode, m.arena_device) = arena_.identity();
+  m.huge_pages = arena_.huge_pages();
+  m.numa_node = arena_.numa_node();
+  m.numa_bound = arena_.numa_bound();
+  m.numa_source = arena_.numa_source();
+  m.sealed_read_only = arena_.sealed_read_only();
+  m.load = stats_;
+  return m;
 }
 
 const CachedTensor* WeightCache::Find(const std::string& name) const {

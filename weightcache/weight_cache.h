@@ -6,7 +6,15 @@
 // plus the data section's own misalignment within its first page, so O_DIRECT reads go
 // straight from the file into the arena; tensor offsets in the table are absolute arena
 // offsets. The cache is immutable once loaded: its memfd is then sealed read-only, so
-// engines can map it read-only and in no other way. Move-only.
+// engines can map it read-only and in no other way. Load() stats every file it reads right
+// after validating it (FileIdentity) and refuses the load (DataLoss) when one changed by the
+// time the load is done.
+//
+// Manifest() describes a loaded cache (WeightManifest) so that a later controller can take
+// its memfd over with Adopt() instead of reading the model again: Adopt() checks the model
+// directory against the manifest (CheckManifestMatches: stat and readdir, no read), checks
+// the memfd (PinnedArena::Adopt: size, page kind, seals, inode), maps it read-only and
+// rebuilds the tensor table from the manifest. Move-only; one thread at a time (the controller's).
 #pragma once
 
 #include <cstdint>
@@ -14,29 +22,41 @@
 #include <vector>
 
 #include "base/status.h"
+#include "weightcache/file_identity.h"
 #include "weightcache/io/pinned_arena.h"
 #include "weightcache/io/uring_loader.h"
 #include "weightcache/model_files.h"
 #include "weightcache/safetensors/dtype.h"
+#include "weightcache/weight_manifest.h"
 
 namespace baton {
-
-struct CachedTensor {
-  std::string name;
-  DType dtype = DType::kF32;
-  std::vector<int64_t> shape;
-  uint64_t offset = 0;  // in the arena
-  uint64_t size = 0;    // bytes
-};
 
 struct WeightCacheOptions {
   ArenaOptions arena;  // size is computed by Load()
   LoadOptions load;
 };
 
+struct AdoptOptions {
+  // The configured model directory; it must be the manifest's, unchanged.
+  std::string model_dir;
+  // mlock the new mapping, in the arena's background thread (the old controller's lock went
+  // with its mapping).
+  bool lock = true;
+};
+
 class WeightCache {
  public:
   static Result<WeightCache> Load(const std::string& dir, WeightCacheOptions options);
+  // Takes over `arena`, the memfd of a cache that `manifest` describes, reading no model file.
+  // Refused with FailedPrecondition naming the first thing that differs: the model directory
+  // or its files (CheckManifestMatches), the memfd's size, page kind, seals or identity.
+  // The tensor table is the manifest's; load_stats() says method "adopted", bytes 0, and how
+  // long the adoption took; arena().locked() turns true once the background mlock is done.
+  static Result<WeightCache> Adopt(SharedMemory arena, const WeightManifest& manifest,
+                                   const AdoptOptions& options);
+
+  // What Adopt() needs to take this cache's memfd over; complete, with `generation`.
+  WeightManifest Manifest(uint64_t generation) const;
 
   const std::string& dir() const { return dir_; }
   // Sorted by name.
@@ -48,7 +68,12 @@ class WeightCache {
   const LoadStats& load_stats() const { return stats_; }
 
  private:
+  Status NoteSources(const ModelFiles& files);
+
   std::string dir_;
+  std::string canonical_dir_;
+  std::vector<FileIdentity> files_;
+  std::vector<std::string> dir_entries_;
   PinnedArena arena_;
   std::vector<CachedTensor> tensors_;
   LoadStats stats_;

@@ -5,6 +5,8 @@
 //   baton-weights inspect FILE_OR_DIR [--json]
 //   baton-weights hash DIR [load flags] [--json]     writes DIR/baton-integrity.json
 //   baton-weights verify DIR [load flags] [--json]   checks the cache against it
+//   baton-weights adopt DIR [load flags] [--json]    loads, then adopts the arena as a
+//                                                    restarted controller would, and times it
 //
 // Exit status: 0 ok, 1 refused or failed (the reason on stderr), 2 bad usage. With --json
 // the last line of standard output is one JSON object.
@@ -43,6 +45,8 @@ constexpr char kUsage[] =
     "  inspect FILE_OR_DIR [--json]\n"
     "  hash DIR [load flags] [--json]     write DIR/baton-integrity.json\n"
     "  verify DIR [load flags] [--json]   check the weights against it\n"
+    "  adopt DIR [load flags] [--json]    load, then time adopting the arena (as a restarted\n"
+    "                                     controller would) and check the adopted bytes\n"
     "exit: 0 ok, 1 refused or failed, 2 bad usage\n";
 
 struct Args {
@@ -69,8 +73,8 @@ std::optional<T> ParseNumber(const std::string& text) {
 std::string ParseArgs(int argc, char** argv, Args* args) {
   if (argc < 2) return "missing command";
   args->command = argv[1];
-  const bool loads =
-      args->command == "load" || args->command == "hash" || args->command == "verify";
+  const bool loads = args->command == "load" || args->command == "hash" ||
+                     args->command == "verify" || args->command == "adopt";
   if (!loads && args->command != "inspect") return "unknown command '" + args->command + "'";
   LoadOptions& load = args->options.load;
   ArenaOptions& arena = args->options.arena;
@@ -324,6 +328,59 @@ int RunVerify(Args& args) {
   return report.ok() ? kExitOk : kExitFailed;
 }
 
+double MillisSince(TimePoint start) { return MillisBetween(start, RealClock::Get().Now()); }
+
+// What a restarted controller does with what baton-keeper held for it: the manifest's JSON
+// and a dup of the arena's memfd, the loading cache gone.
+int RunAdopt(Args& args) {
+  auto loaded = LoadCache(args);
+  if (!loaded.ok()) return Fail(loaded.status());
+  std::optional<WeightCache> cache(std::move(loaded).value());
+  const IntegrityManifest hashes = HashTensors(*cache);
+  const std::string text = EncodeWeightManifest(cache->Manifest(1));
+  auto fd = cache->arena().memory().Dup();
+  if (!fd.ok()) return Fail(fd.status());
+  Json j = LoadJson(*cache);
+  cache.reset();  // the loading controller is gone; the dup keeps the memory
+
+  const TimePoint start = RealClock::Get().Now();
+  auto manifest = DecodeWeightManifest(text, "the manifest");
+  if (!manifest.ok()) return Fail(manifest.status());
+  const double decode_ms = MillisSince(start);
+  auto memory = SharedMemory::Import(std::move(fd).value());
+  if (!memory.ok()) return Fail(memory.status());
+  const TimePoint adopt_start = RealClock::Get().Now();
+  auto adopted = WeightCache::Adopt(std::move(memory).value(), *manifest,
+                                    {args.path, args.options.arena.lock});
+  if (!adopted.ok()) return Fail(adopted.status());
+  const double adopt_ms = MillisSince(adopt_start);
+  adopted->arena().AwaitLock();
+  const double locked_ms = MillisSince(adopt_start);
+  const TimePoint verify_start = RealClock::Get().Now();
+  const IntegrityReport report = Verify(*adopted, hashes);
+  j["manifest_bytes"] = text.size();
+  j["decode_ms"] = decode_ms;
+  j["adopt_ms"] = adopt_ms;
+  j["adopt_read_bytes"] = adopted->load_stats().bytes;
+  j["adopt_locked"] = adopted->arena().locked();
+  j["adopt_locked_ms"] = locked_ms;  // from the start of Adopt until the background mlock ended
+  j["verify_s"] = MillisSince(verify_start) / 1000.0;
+  j["verified"] = report.ok();
+  j["adopt_warnings"] = adopted->arena().warnings();
+  if (args.json) {
+    std::cout << j.dump() << std::endl;
+  } else {
+    std::printf(
+        "adopted      %zu tensors, %llu bytes in %.3f ms (manifest %zu bytes, decoded "
+        "in %.3f ms); mlock done %.1f ms after: %s\n",
+        adopted->tensors().size(), static_cast<unsigned long long>(adopted->arena().size()),
+        adopt_ms, text.size(), decode_ms, locked_ms,
+        adopted->arena().locked() ? "locked" : "not locked");
+    std::printf("verified     %s\n", report.Summary().c_str());
+  }
+  return report.ok() ? kExitOk : kExitFailed;
+}
+
 int Main(int argc, char** argv) {
   if (std::getenv("BATON_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kError);
   if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "help")) {
@@ -337,6 +394,7 @@ int Main(int argc, char** argv) {
   if (args.command == "load") return RunLoad(args);
   if (args.command == "inspect") return RunInspect(args);
   if (args.command == "hash") return RunHash(args);
+  if (args.command == "adopt") return RunAdopt(args);
   return RunVerify(args);
 }
 

@@ -1,100 +1,30 @@
 #include "weightcache/weight_cache.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/inotify.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
-#include <nlohmann/json.hpp>
-#include <random>
+#include <optional>
+
+#include "tests/weightcache/sharded_model_testutil.h"
 
 namespace baton {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A tensor to write: name, safetensors dtype, shape; the bytes are generated.
-struct TestTensor {
-  std::string name;
-  std::string dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-TestTensor MakeTensor(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
-                      size_t elem_size, uint32_t seed) {
-  size_t n = elem_size;
-  for (int64_t d : shape) n *= static_cast<size_t>(d);
-  std::mt19937 rng(seed);
-  std::string bytes(n, '\0');
-  for (char& c : bytes) c = static_cast<char>(rng());
-  return {name, dtype, std::move(shape), std::move(bytes)};
-}
-
-// Writes a safetensors file; `pad` goes into __metadata__ to move the data section's start.
-void WriteSafetensors(const std::string& path, const std::vector<TestTensor>& tensors,
-                      const std::string& pad) {
-  nlohmann::ordered_json header;
-  if (!pad.empty()) header["__metadata__"] = {{"pad", pad}};
-  uint64_t offset = 0;
-  for (const TestTensor& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
-  }
-  const std::string json = header.dump();
-  std::ofstream out(path, std::ios::binary);
-  uint64_t n = json.size();
-  char len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<char>(n >> (8 * i));
-  out.write(len, 8);
-  out << json;
-  for (const TestTensor& t : tensors) out << t.bytes;
-}
-
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = ::testing::TempDir() + "baton-cache-XXXXXX";
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-// Three shards whose data sections start at different page offsets, with an index.
-std::vector<TestTensor> WriteShardedModel(const std::string& dir) {
-  std::vector<std::vector<TestTensor>> shards = {
-      {MakeTensor("embed.weight", "BF16", {33, 17}, 2, 1),
-       MakeTensor("layers.0.attn.q.weight", "F32", {64, 65}, 4, 2)},
-      {MakeTensor("layers.0.mlp.up.weight", "F16", {129, 31}, 2, 3),
-       MakeTensor("layers.0.norm.weight", "F32", {7}, 4, 4),
-       MakeTensor("layers.0.scale", "U8", {4099}, 1, 5)},
-      {MakeTensor("lm_head.weight", "BF16", {1000, 3}, 2, 6),
-       MakeTensor("empty", "F32", {0, 5}, 4, 7)},
-  };
-  const std::vector<std::string> pads = {"", std::string(4000, 'x'), std::string(1234, 'y')};
-  nlohmann::json index;
-  index["metadata"] = {{"total_size", 0}};
-  std::vector<TestTensor> all;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string file = "model-0000" + std::to_string(i + 1) + "-of-00003.safetensors";
-    WriteSafetensors(dir + "/" + file, shards[i], pads[i]);
-    for (const TestTensor& t : shards[i]) {
-      index["weight_map"][t.name] = file;
-      all.push_back(t);
-    }
-  }
-  std::ofstream(dir + "/model.safetensors.index.json") << index.dump();
-  return all;
-}
+using cachetest::MakeTensor;
+using cachetest::TempDir;
+using cachetest::TestTensor;
+using cachetest::WriteSafetensors;
+using cachetest::WriteShardedModel;
 
 void ExpectHolds(const WeightCache& cache, const std::vector<TestTensor>& tensors) {
   ASSERT_EQ(cache.tensors().size(), tensors.size());
@@ -239,109 +169,204 @@ TEST(WeightCacheTest, RefusesMissingAndMalformedModels) {
       << bad.status().message();
 }
 
-struct ToolRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
+constexpr char kShard2[] = "model-00002-of-00003.safetensors";
+
+// What a controller leaves with baton-keeper: the manifest (through its JSON) and a dup of
+// the arena's memfd.
+struct Kept {
+  WeightManifest manifest;
+  SharedMemory memory;
 };
 
-// Runs build/bin/baton-weights with `args`; stdout and stderr are captured.
-ToolRun RunTool(const std::string& args) {
-  const std::string err_path =
-      ::testing::TempDir() + "baton-weights-stderr-" + std::to_string(::getpid());
-  const std::string cmd = std::string(BATON_BIN_DIR) + "/baton-weights " + args + " 2>" + err_path;
-  ToolRun run;
-  FILE* p = ::popen(cmd.c_str(), "r");
-  if (p == nullptr) return run;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) run.out.append(buf, n);
-  const int status = ::pclose(p);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  std::ifstream in(err_path);
-  run.err.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  fs::remove(err_path);
-  return run;
+Kept Keep(const WeightCache& cache) {
+  auto manifest = DecodeWeightManifest(EncodeWeightManifest(cache.Manifest(77)), "kept");
+  EXPECT_TRUE(manifest.ok()) << manifest.status().ToString();
+  auto fd = cache.arena().memory().Dup();
+  EXPECT_TRUE(fd.ok());
+  auto memory = SharedMemory::Import(std::move(fd).value());
+  EXPECT_TRUE(memory.ok());
+  return Kept{std::move(manifest).value(), std::move(memory).value()};
 }
 
-nlohmann::json LastLineJson(const std::string& out) {
-  std::string text = out;
-  while (!text.empty() && text.back() == '\n') text.pop_back();
-  return nlohmann::json::parse(text.substr(text.rfind('\n') + 1));
+// Overwrites `path` in place with garbage and puts its mtime back: size, mtime, inode and
+// device are what they were, the bytes are not.
+void ScrambleKeepingIdentity(const std::string& path) {
+  struct stat st {};
+  ASSERT_EQ(::stat(path.c_str(), &st), 0);
+  const std::string garbage(static_cast<size_t>(st.st_size), '\x5a');
+  UniqueFd fd(::open(path.c_str(), O_WRONLY));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(::pwrite(fd.get(), garbage.data(), garbage.size(), 0),
+            static_cast<ssize_t>(garbage.size()));
+  const struct timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::futimens(fd.get(), times), 0);
+  std::ifstream in(path, std::ios::binary);
+  ASSERT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), garbage);
 }
 
-class WeightsToolTest : public ::testing::Test {
+// The names of the files in `dir` that were opened or read while `fn` ran (inotify).
+std::vector<std::string> FilesTouchedDuring(const std::string& dir,
+                                            const std::function<void()>& fn) {
+  UniqueFd in(::inotify_init1(IN_NONBLOCK | IN_CLOEXEC));
+  EXPECT_TRUE(in.valid());
+  EXPECT_GE(::inotify_add_watch(in.get(), dir.c_str(), IN_OPEN | IN_ACCESS), 0);
+  fn();
+  std::vector<std::string> names;
+  alignas(inotify_event) char buf[4096];
+  ssize_t n;
+  while ((n = ::read(in.get(), buf, sizeof(buf))) > 0) {
+    for (char* p = buf; p < buf + n;
+         p += sizeof(inotify_event) + reinterpret_cast<inotify_event*>(p)->len) {
+      const auto* e = reinterpret_cast<const inotify_event*>(p);
+      if (e->len > 0) names.push_back(e->name);  // unnamed: the directory itself (readdir)
+    }
+  }
+  return names;
+}
+
+class WeightCacheAdoptTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(WeightCacheAdoptTest, AdoptsTheSameTableAndBytesWithoutReadingAFile) {
+  TempDir dir;
+  const std::vector<TestTensor> tensors = WriteShardedModel(dir.path());
+  WeightCacheOptions options;
+  options.arena.huge_pages = GetParam();
+  auto load = WeightCache::Load(dir.path(), options);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  std::optional<WeightCache> loaded(std::move(load).value());
+  const std::vector<CachedTensor> table = loaded->tensors();
+  const bool huge = loaded->arena().huge_pages();
+  Kept kept = Keep(*loaded);
+  loaded.reset();  // the old controller is gone; the dup keeps the memory
+  for (const auto& e : fs::directory_iterator(dir.path())) ScrambleKeepingIdentity(e.path());
+  ASSERT_FALSE(WeightCache::Load(dir.path(), {}).ok()) << "the files still hold a model";
+
+  std::optional<Result<WeightCache>> result;
+  const std::vector<std::string> touched = FilesTouchedDuring(dir.path(), [&] {
+    result.emplace(WeightCache::Adopt(std::move(kept.memory), kept.manifest, {dir.path()}));
+  });
+  EXPECT_TRUE(touched.empty()) << ::testing::PrintToString(touched);
+  EXPECT_FALSE(FilesTouchedDuring(dir.path(), [&] { (void)ModelFiles::Open(dir.path()); }).empty())
+      << "inotify saw nothing of an open";
+  Result<WeightCache>& adopted = *result;
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  EXPECT_EQ(adopted->tensors(), table);
+  ExpectHolds(*adopted, tensors);  // the original bytes, not the garbage now in the files
+  EXPECT_EQ(adopted->load_stats().bytes, 0u);
+  EXPECT_EQ(adopted->load_stats().method, "adopted");
+  EXPECT_TRUE(adopted->arena().adopted());
+  EXPECT_TRUE(adopted->arena().sealed_read_only());
+  EXPECT_EQ(adopted->arena().huge_pages(), huge);
+  adopted->arena().AwaitLock();
+  const std::vector<std::string> warnings = adopted->arena().warnings();
+  EXPECT_TRUE(adopted->arena().locked() ||
+              (!warnings.empty() && warnings.back().find("ulimit -l") != std::string::npos));
+
+  // The adopted cache can be kept again, and adopted again.
+  Kept again = Keep(*adopted);
+  EXPECT_EQ(again.manifest.files, kept.manifest.files);
+  auto twice = WeightCache::Adopt(std::move(again.memory), again.manifest, {dir.path(), false});
+  ASSERT_TRUE(twice.ok()) << twice.status().ToString();
+  ExpectHolds(*twice, tensors);
+}
+
+INSTANTIATE_TEST_SUITE_P(HugePages, WeightCacheAdoptTest, ::testing::Bool());
+
+// Refusals of Adopt over a small normal-page arena, one fresh load each.
+class WeightCacheAdoptRefusalTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!fs::exists(std::string(BATON_BIN_DIR) + "/baton-weights")) {
-      GTEST_SKIP() << "baton-weights is not built";
+    WriteShardedModel(dir_.path());
+    WeightCacheOptions options;
+    options.arena.huge_pages = false;
+    auto cache = WeightCache::Load(dir_.path(), options);
+    ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+    kept_ = Keep(*cache);
+  }
+  void ExpectRefused(const std::string& mention, const std::string& model_dir = "") {
+    auto r = WeightCache::Adopt(std::move(kept_.memory), kept_.manifest,
+                                {model_dir.empty() ? dir_.path() : model_dir});
+    ASSERT_FALSE(r.ok()) << "adopted, wanted a refusal naming " << mention;
+    EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(r.status().message().find(mention), std::string::npos) << r.status().message();
+  }
+  SharedMemory Memfd(size_t size, bool seal) {
+    auto shm = SharedMemory::Create({"other", size, false});
+    EXPECT_TRUE(shm.ok());
+    if (seal) {
+      EXPECT_TRUE(shm->Seal(Sealing::kReadOnly).ok());
     }
-    tensors_ = WriteShardedModel(dir_.path());
+    return std::move(shm).value();
   }
   TempDir dir_;
-  std::vector<TestTensor> tensors_;
+  Kept kept_;
 };
 
-TEST_F(WeightsToolTest, LoadPrintsWhatTheCacheHolds) {
-  ToolRun run = RunTool("load " + dir_.path() + " --json --queue-depth 8 --chunk-mib 1");
-  ASSERT_EQ(run.exit_code, 0) << run.err;
-  nlohmann::json j = LastLineJson(run.out);
-  EXPECT_EQ(j["tensors"], tensors_.size());
-  EXPECT_GT(j["arena_bytes"].get<uint64_t>(), j["tensor_bytes"].get<uint64_t>());
-  EXPECT_TRUE(j["load_s"].is_number());
-  EXPECT_TRUE(j["load_gbps"].is_number());
-  EXPECT_TRUE(j["huge_pages"].is_boolean());
-  EXPECT_EQ(j["numa_node"], 0);
-  EXPECT_TRUE(j["warnings"].is_array());
-
-  ToolRun plain = RunTool("load " + dir_.path() + " --no-uring --no-direct --numa 0");
-  ASSERT_EQ(plain.exit_code, 0) << plain.err;
-  EXPECT_NE(plain.out.find("pread"), std::string::npos) << plain.out;
+TEST_F(WeightCacheAdoptRefusalTest, AShardWithANewMtime) {
+  const struct timespec times[2] = {{0, UTIME_OMIT}, {1000, 0}};
+  ASSERT_EQ(::utimensat(AT_FDCWD, (dir_.path() + "/" + kShard2).c_str(), times, 0), 0);
+  ExpectRefused(std::string(kShard2) + " changed since the arena was loaded (mtime_ns ");
 }
 
-TEST_F(WeightsToolTest, InspectShowsTheHeaderAndRefusesMalformedFiles) {
-  ToolRun run = RunTool("inspect " + dir_.path() + " --json");
-  ASSERT_EQ(run.exit_code, 0) << run.err;
-  nlohmann::json j = LastLineJson(run.out);
-  EXPECT_EQ(j["files"].size(), 3u);
-  EXPECT_EQ(j["tensors"], tensors_.size());
-  EXPECT_EQ(j["files"][0]["tensors"][0]["name"], "embed.weight");
-  EXPECT_EQ(j["files"][0]["tensors"][0]["dtype"], "BF16");
-
-  const std::string bad = dir_.path() + "/bad.bin";
-  std::ofstream(bad, std::ios::binary) << std::string("\x05\0\0\0\0\0\0\0{\"a\"", 12);
-  ToolRun refused = RunTool("inspect " + bad);
-  EXPECT_EQ(refused.exit_code, 1);
-  EXPECT_NE(refused.err.find("bad.bin"), std::string::npos) << refused.err;
+TEST_F(WeightCacheAdoptRefusalTest, ARewrittenShard) {
+  std::ofstream(dir_.path() + "/" + kShard2, std::ios::app) << "more";
+  ExpectRefused(std::string(kShard2) + " changed since the arena was loaded (size ");
 }
 
-TEST_F(WeightsToolTest, BadUsageExitsTwo) {
-  EXPECT_EQ(RunTool("").exit_code, 2);
-  EXPECT_EQ(RunTool("frobnicate x").exit_code, 2);
-  EXPECT_EQ(RunTool("load").exit_code, 2);
-  EXPECT_EQ(RunTool("load " + dir_.path() + " --queue-depth").exit_code, 2);
-  EXPECT_EQ(RunTool("load " + dir_.path() + " --chunk-mib 0").exit_code, 2);
-  EXPECT_EQ(RunTool("inspect " + dir_.path() + " --no-direct").exit_code, 2);
-  EXPECT_EQ(RunTool("load " + dir_.path() + "/absent").exit_code, 1);
+TEST_F(WeightCacheAdoptRefusalTest, AnAddedShard) {
+  WriteSafetensors(dir_.path() + "/extra.safetensors", {MakeTensor("x", "F32", {2}, 4, 9)}, "");
+  ExpectRefused("extra.safetensors was added to " + dir_.path());
 }
 
-TEST_F(WeightsToolTest, HashThenVerifyCatchesAFlippedByte) {
-  EXPECT_EQ(RunTool("verify " + dir_.path()).exit_code, 1);  // no manifest yet
-  ToolRun hash = RunTool("hash " + dir_.path());
-  ASSERT_EQ(hash.exit_code, 0) << hash.err;
-  EXPECT_TRUE(fs::exists(dir_.path() + "/baton-integrity.json"));
-  ToolRun ok = RunTool("verify " + dir_.path() + " --json");
-  ASSERT_EQ(ok.exit_code, 0) << ok.err << ok.out;
-  EXPECT_EQ(LastLineJson(ok.out)["checked"], tensors_.size());
+TEST_F(WeightCacheAdoptRefusalTest, AnotherModelDirectory) {
+  TempDir other;
+  WriteShardedModel(other.path());
+  ExpectRefused("is not the one the arena was loaded from", other.path());
+}
 
-  const std::string shard = dir_.path() + "/model-00002-of-00003.safetensors";
-  std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekp(-10, std::ios::end);  // inside layers.0.scale, the shard's last tensor
-  f.put('\x7f');
-  f.close();
-  ToolRun bad = RunTool("verify " + dir_.path());
-  EXPECT_EQ(bad.exit_code, 1);
-  EXPECT_NE(bad.out.find("layers.0.scale"), std::string::npos) << bad.out;
+TEST_F(WeightCacheAdoptRefusalTest, AMemfdOfAnotherSize) {
+  kept_.memory = Memfd(kept_.manifest.arena_size + 4096, true);
+  ExpectRefused("the memfd holds " + std::to_string(kept_.manifest.arena_size + 4096) +
+                " bytes, the record says " + std::to_string(kept_.manifest.arena_size));
+}
+
+TEST_F(WeightCacheAdoptRefusalTest, AnUnsealedMemfdWhereTheManifestSaysSealed) {
+  ASSERT_TRUE(kept_.manifest.sealed_read_only);
+  kept_.memory = Memfd(kept_.manifest.arena_size, false);
+  ExpectRefused("lacks the seals F_SEAL_FUTURE_WRITE, F_SEAL_SHRINK, F_SEAL_GROW");
+}
+
+TEST_F(WeightCacheAdoptRefusalTest, AnotherMemfdOfTheSameKind) {
+  kept_.memory = Memfd(kept_.manifest.arena_size, true);
+  ExpectRefused("the memfd is another object than the recorded one");
+}
+
+TEST_F(WeightCacheAdoptRefusalTest, AnIncompleteManifestOrNoModelDirectory) {
+  auto none = WeightCache::Adopt(Memfd(4096, true), kept_.manifest, {});
+  EXPECT_EQ(none.status().code(), StatusCode::kInvalidArgument);
+  kept_.manifest.complete = false;
+  ExpectRefused("not complete");
+}
+
+TEST(WeightCacheTest, RefusesAShardWhoseMtimeChangesWhileItLoads) {
+  TempDir dir;
+  const std::string path = dir.path() + "/model.safetensors";
+  WriteSafetensors(path, {MakeTensor("w", "F32", {3, 100000}, 4, 11)}, "z");
+  WeightCacheOptions options;
+  options.load.chunk_size = 4096;
+  options.load.queue_depth = 1;
+  options.load.progress = [&, done = false](uint64_t, uint64_t) mutable {
+    if (std::exchange(done, true)) return;
+    const struct timespec times[2] = {{0, UTIME_OMIT}, {1000, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path.c_str(), times, 0), 0);
+  };
+  auto cache = WeightCache::Load(dir.path(), options);
+  ASSERT_FALSE(cache.ok()) << "a shard touched during its load was kept";
+  EXPECT_EQ(cache.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(cache.status().message().find("model.safetensors changed while the model was loaded "
+                                          "(mtime_ns "),
+            std::string::npos)
+      << cache.status().message();
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "weightcache/io/pinned_arena.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -43,7 +45,103 @@ std::string JoinNodes(const std::vector<int>& nodes) {
   return out;
 }
 
+std::string MlockFailure(size_t size, int err, bool huge_pages) {
+  std::ostringstream note;
+  note << "mlock of " << size << " bytes failed (" << std::strerror(err) << "; RLIMIT_MEMLOCK is "
+       << MemlockLimitText() << "): "
+       << (huge_pages ? "huge pages are never swapped, but the memory is not "
+                        "accounted as locked"
+                      : "the weights may be swapped out")
+       << "; raise the limit with `ulimit -l unlimited`, LimitMEMLOCK=infinity in the "
+          "systemd unit, or grant CAP_IPC_LOCK";
+  return note.str();
+}
+
+// Why `memory` lacks the seals `record` says it has; empty when it does not.
+std::string SealMismatch(const SharedMemory& memory, const ArenaRecord& record) {
+  if (!record.sealed_read_only) return "";
+  Result<unsigned> seals = memory.seals();
+  if (!seals.ok()) return "the record says sealed read-only, but " + seals.status().message();
+  std::string missing;
+  for (const auto& [bit, name] :
+       {std::pair{F_SEAL_FUTURE_WRITE, "F_SEAL_FUTURE_WRITE"},
+        std::pair{F_SEAL_SHRINK, "F_SEAL_SHRINK"}, std::pair{F_SEAL_GROW, "F_SEAL_GROW"}}) {
+    if ((*seals & static_cast<unsigned>(bit)) == 0) {
+      missing += (missing.empty() ? "" : ", ") + std::string(name);
+    }
+  }
+  if (!missing.empty()) {
+    return "the record says sealed read-only, but the memfd lacks the seals " + missing;
+  }
+  return "";
+}
+
+// Why `memory` is not the arena `record` describes; empty when it is.
+std::string AdoptMismatch(const SharedMemory& memory, const ArenaRecord& record) {
+  if (memory.size() != record.size) {
+    return "the memfd holds " + std::to_string(memory.size()) + " bytes, the record says " +
+           std::to_string(record.size);
+  }
+  if (memory.huge_pages() != record.huge_pages) {
+    return std::string("the memfd has ") + (memory.huge_pages() ? "2 MiB" : "4 KiB") +
+           " pages, the record says " + (record.huge_pages ? "2 MiB" : "4 KiB");
+  }
+  if (const std::string seals = SealMismatch(memory, record); !seals.empty()) return seals;
+  struct stat st {};
+  if (::fstat(memory.fd(), &st) != 0) return ErrnoStatus("fstat of the memfd", errno).message();
+  if (st.st_ino != record.inode || st.st_dev != record.device) {
+    return "the memfd is another object than the recorded one (inode " + std::to_string(st.st_ino) +
+           ", recorded " + std::to_string(record.inode) + ")";
+  }
+  return "";
+}
+
 }  // namespace
+
+PinnedArena::~PinnedArena() { background_lock_.reset(); }
+
+Result<PinnedArena> PinnedArena::Adopt(SharedMemory memory, const ArenaRecord& record, bool lock) {
+  if (const std::string why = AdoptMismatch(memory, record); !why.empty()) {
+    return FailedPrecondition("adopting the weight arena: " + why);
+  }
+  PinnedArena arena;
+  arena.memory_ = std::move(memory);
+  BATON_ASSIGN_OR_RETURN(arena.mapping_,
+                         arena.memory_.Map(Protection::kReadOnly, /*populate=*/false));
+  arena.adopted_ = true;
+  arena.numa_node_ = record.numa_node;
+  arena.numa_bound_ = record.numa_bound;
+  arena.numa_source_ = record.numa_source;
+  arena.sealed_read_only_ = record.sealed_read_only;
+  if (!record.sealed_read_only) {
+    arena.warnings_.push_back(
+        "the adopted weights are not sealed read-only (they were not when loaded): an engine "
+        "could map them writable");
+  }
+  if (lock) {
+    arena.background_lock_ =
+        std::make_unique<BackgroundLock>(arena.mapping_.data(), arena.mapping_.size());
+  }
+  return arena;
+}
+
+std::pair<uint64_t, uint64_t> PinnedArena::identity() const {
+  struct stat st {};
+  if (::fstat(memory_.fd(), &st) != 0) return {0, 0};
+  return {static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+}
+
+void PinnedArena::AwaitLock() const {
+  if (background_lock_) background_lock_->Wait();
+}
+
+std::vector<std::string> PinnedArena::warnings() const {
+  std::vector<std::string> out = warnings_;
+  if (background_lock_ && background_lock_->done() && background_lock_->error() != 0) {
+    out.push_back(MlockFailure(size(), background_lock_->error(), huge_pages()));
+  }
+  return out;
+}
 
 int ChooseNumaNode(int requested, const std::string& gpu_pci_bus_id) {
   return ChooseNumaNode(requested, gpu_pci_bus_id, std::string(kDefaultSysfsRoot));
@@ -180,19 +278,11 @@ void PinnedArena::Lock() {
     locked_ = true;
     return;
   }
-  const int err = errno;
-  std::ostringstream note;
-  note << "mlock of " << mapping_.size() << " bytes failed (" << std::strerror(err)
-       << "; RLIMIT_MEMLOCK is " << MemlockLimitText() << "): "
-       << (memory_.huge_pages() ? "huge pages are never swapped, but the memory is not "
-                                  "accounted as locked"
-                                : "the weights may be swapped out")
-       << "; raise the limit with `ulimit -l unlimited`, LimitMEMLOCK=infinity in the "
-          "systemd unit, or grant CAP_IPC_LOCK";
-  warnings_.push_back(note.str());
+  warnings_.push_back(MlockFailure(mapping_.size(), errno, memory_.huge_pages()));
 }
 
 void PinnedArena::SealReadOnly() {
+  if (adopted_) return;  // Adopt() checked the seals; they are final
   const Status sealed = memory_.Seal(Sealing::kReadOnly);
   if (!sealed.ok()) {
     // F_ADD_SEALS is all or nothing: a kernel without F_SEAL_FUTURE_WRITE (before Linux 5.1)

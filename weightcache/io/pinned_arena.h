@@ -13,14 +13,24 @@
 // MADV_POPULATE_WRITE (a page walk on kernels without it), mlock. A hugetlb memfd whose
 // pages cannot be reserved (too few free in vm.nr_hugepages) falls back to normal pages.
 // Engines receive memory().Dup() and map it read-only with SharedMemory::Import.
+//
+// Adopt() wraps a memfd that an earlier process created and filled (a controller's arena kept
+// alive by baton-keeper across its restart): it checks the memfd against what that process
+// recorded, maps it read-only without pre-faulting and locks the new mapping in a background
+// thread (BackgroundLock, owned by the arena and joined when it is destroyed), so adopting
+// costs no page walk. All methods run on the owner's thread; locked() and warnings() may also
+// be read while the background lock runs.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
 #include "proto/transport/shared_memory.h"
+#include "weightcache/io/background_lock.h"
 
 namespace baton {
 
@@ -35,30 +45,66 @@ struct ArenaOptions {
   std::string sysfs_root = "/sys";  // where NUMA topology is read (tests point it elsewhere)
 };
 
+// What the creator of an arena recorded about it (WeightManifest keeps it), for Adopt().
+struct ArenaRecord {
+  uint64_t size = 0;
+  uint64_t inode = 0;  // of the memfd (fstat): which object it is
+  uint64_t device = 0;
+  bool huge_pages = false;
+  int numa_node = 0;
+  bool numa_bound = false;
+  std::string numa_source;
+  bool sealed_read_only = false;
+};
+
 class PinnedArena {
  public:
   static Result<PinnedArena> Create(const ArenaOptions& options);
+  // Takes over `memory`, an arena another process created and filled. Refused
+  // (FailedPrecondition) unless its size and page kind are the record's, when the record says
+  // sealed_read_only its seals include F_SEAL_FUTURE_WRITE, F_SEAL_SHRINK and F_SEAL_GROW,
+  // and it is the very object recorded (inode and device). The memory is mapped READ-ONLY and not
+  // pre-faulted: data() points into that mapping, and writing through it faults (SIGSEGV). The NUMA
+  // node, binding and seal state are the record's (the pages were placed when the memory was
+  // created). With `lock`, the mapping is mlock'd by a background thread: locked() turns true when
+  // it is done, and a failure is added to warnings(); AwaitLock() waits for it.
+  static Result<PinnedArena> Adopt(SharedMemory memory, const ArenaRecord& record, bool lock);
 
+  PinnedArena() = default;
+  ~PinnedArena();
+  PinnedArena(PinnedArena&&) noexcept = default;
+  PinnedArena& operator=(PinnedArena&&) noexcept = default;
+
+  // Writable for an arena made by Create(); read-only (a write faults) for an adopted one.
   uint8_t* data() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
   const SharedMemory& memory() const { return memory_; }
+  // The memfd's inode and device (fstat), for ArenaRecord; {0, 0} if fstat fails.
+  std::pair<uint64_t, uint64_t> identity() const;
   bool huge_pages() const { return memory_.huge_pages(); }
-  bool locked() const { return locked_; }
+  bool locked() const { return locked_ || (background_lock_ && background_lock_->locked()); }
+  bool adopted() const { return adopted_; }
+  // Blocks until an adopted arena's background mlock has finished; returns at once otherwise.
+  void AwaitLock() const;
   int numa_node() const { return numa_node_; }
   bool numa_bound() const { return numa_bound_; }
   // Where the node came from: "config", "gpu dddd:bb:dd.f", "local cpu".
   const std::string& numa_source() const { return numa_source_; }
-  // Human-readable notes on whatever fell back (huge pages, mbind, mlock).
-  const std::vector<std::string>& warnings() const { return warnings_; }
+  // Human-readable notes on whatever fell back (huge pages, mbind, mlock); a copy, since the
+  // background lock of an adopted arena may add one.
+  std::vector<std::string> warnings() const;
   // Seals the memfd read-only (Sealing::kReadOnly) once it is filled: engines can then
   // neither map it writable nor resize it; this arena's own mapping stays writable. Then
   // checks that the kernel refuses a writable mapping. Where it cannot seal or the kernel
   // does not enforce the seal, the arena works unprotected and warnings() says so.
-  void SealReadOnly();
+  void SealReadOnly();  // not for an adopted arena, whose seals are checked by Adopt()
   // True once the kernel refuses writable mappings of the arena to everyone but its owner.
   bool sealed_read_only() const { return sealed_read_only_; }
 
  private:
+  // Declared before mapping_: a move-assignment stops (joins) the old background lock before
+  // the old mapping is unmapped; the destructor stops it first explicitly.
+  std::unique_ptr<BackgroundLock> background_lock_;
   SharedMemory memory_;
   Mapping mapping_;
   Status MapMemory(const ArenaOptions& options);
@@ -71,6 +117,7 @@ class PinnedArena {
   bool numa_bound_ = false;
   bool locked_ = false;
   bool sealed_read_only_ = false;
+  bool adopted_ = false;
   std::vector<std::string> warnings_;
 };
 

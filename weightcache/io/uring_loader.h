@@ -57,6 +57,7 @@ struct LoadStats {
   double gbps = 0;              // bytes / seconds / 1e9
   std::string method;           // "io_uring+O_DIRECT", "io_uring", "pread+O_DIRECT", "pread"
   std::string fallback_reason;  // empty when the preferred method ran
+  bool operator==(const LoadStats&) const = default;
 };
 
 class UringLoader {

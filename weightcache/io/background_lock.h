@@ -1,0 +1,57 @@
+// BackgroundLock: mlock(2) of one mapped range, done by a thread of its own, so that whoever
+// maps the range (a controller adopting a kept weight arena) does not wait for the page walk
+// that mlock makes: 2 GiB of 4 KiB pages is half a million page-table entries.
+//
+// The thread starts in the constructor and locks the range in pieces of kPiece bytes, in
+// order. When every piece is locked, locked() turns true; when one fails, what was locked is
+// unlocked again and error() holds mlock's errno. The range must stay mapped until the object
+// is destroyed: the destructor asks the thread to stop after the piece in progress and joins
+// it (at most one piece of waiting). The lock itself ends with the mapping (munmap), not with
+// this object. Not movable (the thread refers to it); its owner holds it by unique_ptr.
+// locked(), done(), error() and Wait() may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <stop_token>
+#include <thread>
+
+namespace baton {
+
+class BackgroundLock {
+ public:
+  static constexpr size_t kPiece = size_t{64} << 20;
+
+  BackgroundLock(const uint8_t* data, size_t size);
+  ~BackgroundLock();
+  BackgroundLock(const BackgroundLock&) = delete;
+  BackgroundLock& operator=(const BackgroundLock&) = delete;
+
+  // True once the whole range is locked.
+  bool locked() const;
+  // True once the thread has finished, locked or not.
+  bool done() const;
+  // mlock's errno when it failed; 0 otherwise.
+  int error() const;
+  // Seconds the thread took, once done (0 before).
+  double seconds() const;
+  // Blocks until done().
+  void Wait() const;
+
+ private:
+  void Run(const std::stop_token& stop);
+
+  const uint8_t* const data_;
+  const size_t size_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable finished_;
+  bool done_ = false;    // guarded by mu_
+  bool locked_ = false;  // guarded by mu_
+  int error_ = 0;        // guarded by mu_
+  double seconds_ = 0;   // guarded by mu_
+  std::jthread thread_;  // last: starts once the members above exist
+};
+
+}  // namespace baton
