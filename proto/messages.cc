@@ -23,6 +23,22 @@ std::string MsgTypeName(uint16_t type) {
   return "unknown type " + std::to_string(type);
 }
 
+const char* ToString(ReattachRole role) {
+  switch (role) {
+    case ReattachRole::kStandby:
+      return "standby";
+    case ReattachRole::kPromoted:
+      return "promoted";
+    case ReattachRole::kServing:
+      return "serving";
+    case ReattachRole::kDraining:
+      return "draining";
+    case ReattachRole::kDrained:
+      return "drained";
+  }
+  return "unknown";
+}
+
 ErrorMsg ErrorMsg::FromStatus(const Status& status) {
   return ErrorMsg{.code = static_cast<uint32_t>(status.code()), .message = status.message()};
 }

@@ -29,12 +29,15 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 4;
+inline constexpr uint16_t kProtocolVersionMax = 5;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
 // a router sends none on an older connection.
 inline constexpr uint16_t kProtocolVersionRouterReport = 4;
+// The first version with Reattach: an engine that outlived its controller registers again
+// with what it holds. An older engine exits when its controller goes away.
+inline constexpr uint16_t kProtocolVersionReattach = 5;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -66,7 +69,13 @@ inline constexpr uint16_t kProtocolVersionRouterReport = 4;
   X(CtlRequest, 49)             \
   X(CtlReply, 50)               \
   X(Resume, 51)                 \
-  X(RouterReport, 52)
+  X(RouterReport, 52)           \
+  X(Reattach, 53)               \
+  X(ReattachAck, 54)            \
+  X(KeepMemory, 55)             \
+  X(FetchMemory, 56)            \
+  X(KeptMemory, 57)             \
+  X(ReleaseMemory, 58)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,
@@ -406,9 +415,57 @@ struct InjectFault {
   }
 };
 
+// What an engine that reattaches was doing when its controller went away.
+enum class ReattachRole : uint8_t {
+  kStandby = 0,   // a half-started standby (StandbyReady was sent)
+  kPromoted = 1,  // promoted at `epoch` and its extents mapped; not serving yet
+  kServing = 2,   // serving (PromoteAck was sent)
+  kDraining = 3,  // told to drain; Drained not reported yet
+  kDrained = 4,   // drained (Drained reported); waiting to be stopped
+};
+
+// "standby", "promoted", "serving", "draining", "drained".
+const char* ToString(ReattachRole role);
+
+// Engine -> controller, instead of Register, on the connection an engine makes to a
+// controller that started after it (protocol 5): who it is and everything it holds, so that
+// the controller can check it against its roster and journal. `arena_*` and `pool_*` name
+// the memory it maps (st_dev and st_ino of the memfds it was given).
+struct Reattach {
+  static constexpr MsgType kType = MsgType::kReattach;
+  uint64_t engine_id = 0;
+  std::string engine_version = {};
+  std::string http_address = {};
+  uint8_t role = 0;  // ReattachRole
+  uint64_t epoch = 0;
+  std::vector<BlockRange> extents = {};  // mapped writable now
+  uint64_t arena_dev = 0;
+  uint64_t arena_ino = 0;
+  uint64_t pool_dev = 0;
+  uint64_t pool_ino = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, engine_version, http_address, role, epoch, extents, arena_dev, arena_ino,
+       pool_dev, pool_ino);
+  }
+};
+
+// Controller -> engine: the Reattach is accepted; the engine goes on as it was. A refused
+// Reattach gets a Stop instead.
+struct ReattachAck {
+  static constexpr MsgType kType = MsgType::kReattachAck;
+  uint64_t engine_id = 0;
+  uint32_t heartbeat_interval_ms = 100;
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, heartbeat_interval_ms);
+  }
+};
+
 }  // namespace baton::proto
 
 #include "proto/control_messages.h"  // IWYU pragma: export
+#include "proto/keeper_messages.h"   // IWYU pragma: export
 
 namespace baton::proto {
 

@@ -119,7 +119,15 @@ Status ControllerLink::Pump(const std::atomic<bool>& stop_requested) {
         BATON_LOG(INFO, "engine") << "the controller asked this engine to stop: " << event->reason;
         return OkStatus();
       case SessionEventKind::kDisconnected:
-        return Unavailable("lost the controller: " + event->reason);
+        return Unavailable("the session with the controller ended: " + event->reason);
+      case SessionEventKind::kControllerLost:
+        BATON_LOG(WARN, "engine") << "the controller is away (" << event->reason
+                                  << "): serving on at epoch " << session_->epoch()
+                                  << " while the SDK reconnects";
+        break;
+      case SessionEventKind::kControllerBack:
+        BATON_LOG(INFO, "engine") << "the controller is back: " << event->reason;
+        break;
     }
   }
   return OkStatus();

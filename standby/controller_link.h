@@ -9,7 +9,9 @@
 // to the cache and reclaims take free ones back out (both on the compute thread, between
 // steps), a drain stops admitting and reports when the in-flight requests are done (or at
 // once when the controller calls the drain off), a resume admits requests again, a stop or a
-// lost connection ends the engine.
+// session that ended (kDisconnected: it gave up on the controller, or could not reattach)
+// ends the engine. A controller that goes away (kControllerLost) and comes back
+// (kControllerBack) is logged; the engine serves on meanwhile with the blocks it holds.
 //
 // Threads: the memory's cache methods run on the compute thread; Pump() runs on the
 // engine's control thread (main). The session, memory, cache, loop and api must outlive
@@ -68,8 +70,8 @@ class ControllerLink {
                  EngineLoop* loop, EngineApi* api, const Clock& clock)
       : session_(session), memory_(memory), cache_(cache), loop_(loop), api_(api), clock_(clock) {}
 
-  // Handles events until a stop, a lost connection, or `stop_requested`. OK for an orderly
-  // stop; the reason otherwise.
+  // Handles events until a stop, the session's end (kDisconnected), or `stop_requested`. OK
+  // for an orderly stop; the reason otherwise.
   Status Pump(const std::atomic<bool>& stop_requested);
 
  private:

@@ -60,7 +60,11 @@ constexpr char kUsage[] =
     "  --seed-offset        drill: sample with each request's seed plus N, as a build whose\n"
     "                       sampling changed would (outputs differ); default 0\n"
     "  --controller ...     run under baton-controller (values it fills in; missing ones\n"
-    "                       are read from BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID)\n";
+    "                       are read from BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID)\n"
+    "                       If the controller goes away the engine serves on and reattaches\n"
+    "                       to the next one; BATON_ON_CONTROLLER_ABSENT=stop with\n"
+    "                       BATON_CONTROLLER_ABSENT_TIMEOUT_MS=N makes it exit after N ms\n"
+    "                       without one (default: serve on for as long as it takes)\n";
 
 struct Flags {
   std::string model;
@@ -323,6 +327,9 @@ Status Engine::ServeUnderController() {
   options.engine_version = flags_.engine_version;
   options.handles_resume = true;  // ControllerLink serves again on kResume
   options.http_address = flags_.host + ":" + std::to_string(server_->port());
+  // Serves on while the controller is away, unless BATON_ON_CONTROLLER_ABSENT=stop says to
+  // give up after BATON_CONTROLLER_ABSENT_TIMEOUT_MS.
+  BATON_RETURN_IF_ERROR(ControllerAbsenceFromEnv(&options));
   BATON_ASSIGN_OR_RETURN(session_, EngineSession::Connect(options));
   EngineSession* session = session_.get();
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<SessionModelMemory> created,
@@ -348,13 +355,19 @@ Status Engine::ServeUnderController() {
 }
 
 // The promotion; an empty event when told to stop first (by a signal, or by the
-// controller's Stop, an orderly end for a standby).
+// controller's Stop, an orderly end for a standby). A controller that goes away and comes
+// back meanwhile is logged: the standby waits on, half-started.
 Result<SessionEvent> Engine::WaitForPromotion(EngineSession* session) {
   while (!stop_requested_.load()) {
     Result<SessionEvent> promoted = session->WaitForPromotion(std::chrono::milliseconds(100));
     if (promoted.ok()) return promoted;
     if (promoted.status().code() == StatusCode::kDeadlineExceeded) continue;
     std::optional<SessionEvent> event = session->NextEvent();
+    while (event && (event->kind == SessionEventKind::kControllerLost ||
+                     event->kind == SessionEventKind::kControllerBack)) {
+      BATON_LOG(INFO, "refengine") << "standby: " << ToString(event->kind) << ": " << event->reason;
+      event = session->NextEvent();
+    }
     if (!event || event->kind != SessionEventKind::kStop) return promoted.status();
     BATON_LOG(INFO, "refengine") << "stopped by the controller before promotion: " << event->reason;
     stop_requested_.store(true);

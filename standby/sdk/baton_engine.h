@@ -7,6 +7,7 @@
  *   baton_engine_mark_serving()   tell the controller this engine serves
  *   baton_engine_next_event()     later grants, reclaim, drain, resume and stop requests
  *   baton_engine_report_error()   an asynchronous device error: the controller fences at once
+ *   baton_engine_set_controller_absent()  what to do when the controller stays away
  *   baton_engine_close()          shut down cleanly and free the handle
  * and for GPU engines (docs/gpu.md):
  *   baton_engine_register_nccl_comm()  watch an NCCL communicator for asynchronous errors
@@ -24,6 +25,16 @@
  * leaves a function: one inside (out of memory, no thread or descriptor left) is returned
  * as 10 (internal) with its text. Every function is thread-safe on one handle, except
  * baton_engine_close(), which must be the last call.
+ *
+ * When the controller goes away (it crashed, or a newer version replaces it), an engine
+ * connected with BATON_ENGINE_HANDLES_RESUME keeps its weights and blocks and serves on
+ * (baton_engine_check_epoch() stays 0) while the SDK reconnects and reattaches to the next
+ * controller (engine_sdk.h, step 5). Meanwhile request_blocks and report_error return 6
+ * (unavailable); return_blocks, mark_serving and report_drained return 0 (the next
+ * controller is told what is mapped and what the engine is doing). The session ends with
+ * STOP when the next controller refuses the engine, and with DISCONNECTED when it gives up
+ * waiting (baton_engine_set_controller_absent()): exit then. Without BATON_ENGINE_HANDLES_RESUME
+ * (protocol 2, which cannot reattach) a lost controller is DISCONNECTED at once.
  */
 #ifndef BATON_STANDBY_BATON_ENGINE_H_
 #define BATON_STANDBY_BATON_ENGINE_H_
@@ -35,8 +46,10 @@
 extern "C" {
 #endif
 
-/* 3: BATON_EVENT_RESUME and baton_engine_resume_pending(). */
-#define BATON_ENGINE_ABI_VERSION 3
+/* 3: BATON_EVENT_RESUME and baton_engine_resume_pending().
+ * 4: reattaching to a restarted controller, BATON_EVENT_CONTROLLER_LOST / _BACK (with
+ *    BATON_ENGINE_CONTROLLER_EVENTS), baton_engine_set_controller_absent(). */
+#define BATON_ENGINE_ABI_VERSION 4
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -92,7 +105,10 @@ typedef enum baton_event_kind {
   BATON_EVENT_DRAIN = 4,
   BATON_EVENT_STOP = 5,
   BATON_EVENT_DISCONNECTED = 6,
-  BATON_EVENT_RESUME = 7 /* the drain is called off: admit requests again */
+  BATON_EVENT_RESUME = 7, /* the drain is called off: admit requests again */
+  /* Only with BATON_ENGINE_CONTROLLER_EVENTS (an engine built for ABI 3 never sees them): */
+  BATON_EVENT_CONTROLLER_LOST = 8, /* the controller went away (reason): serve on */
+  BATON_EVENT_CONTROLLER_BACK = 9  /* a controller took this engine back (reason) */
 } baton_event_kind;
 
 #define BATON_EVENT_MAX_EXTENTS 64
@@ -107,7 +123,7 @@ typedef struct baton_event {
   baton_extent extents[BATON_EVENT_MAX_EXTENTS];
   uint32_t blocks;                       /* RECLAIM */
   int64_t timeout_ms;                    /* DRAIN */
-  char reason[BATON_EVENT_REASON_BYTES]; /* STOP, DISCONNECTED; NUL-terminated */
+  char reason[BATON_EVENT_REASON_BYTES]; /* STOP, DISCONNECTED, CONTROLLER_*; NUL-terminated */
 } baton_event;
 
 /* A device region on the CUDA backend (CUdeviceptr values). */
@@ -126,6 +142,13 @@ typedef struct baton_device_region {
  * after a drain is called off). Without it the controller never calls its drain off: a
  * switch-over whose standby fails retires it once drained. */
 #define BATON_ENGINE_HANDLES_RESUME 2u
+/* baton_engine_connect_flags(): baton_engine_next_event() delivers BATON_EVENT_CONTROLLER_LOST
+ * and BATON_EVENT_CONTROLLER_BACK (for the engine's logs). Without it they are skipped. */
+#define BATON_ENGINE_CONTROLLER_EVENTS 4u
+
+/* baton_engine_set_controller_absent() actions. */
+#define BATON_ON_CONTROLLER_ABSENT_SERVE 0 /* keep serving and keep reconnecting */
+#define BATON_ON_CONTROLLER_ABSENT_STOP 1  /* end the session: DISCONNECTED, check_epoch fails */
 
 /* The ABI version this library implements (BATON_ENGINE_ABI_VERSION). */
 BATON_ENGINE_API int baton_engine_abi_version(void);
@@ -133,7 +156,10 @@ BATON_ENGINE_API int baton_engine_abi_version(void);
 BATON_ENGINE_API const char* baton_engine_last_error(void);
 
 /* Connects, registers and becomes a half-started standby. `options` may be NULL (all from
- * the environment). On success *out is the handle. */
+ * the environment). What to do when the controller stays away is read from
+ * BATON_CONTROLLER_ABSENT_TIMEOUT_MS and BATON_ON_CONTROLLER_ABSENT ("serve" or "stop") when
+ * set (a malformed value fails the call, naming the variable); by default the engine serves
+ * on for as long as the controller is away. On success *out is the handle. */
 BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
 /* baton_engine_connect() with flags (BATON_ENGINE_USE_DEVICE_MEMORY,
  * BATON_ENGINE_HANDLES_RESUME). With device memory on
@@ -141,6 +167,13 @@ BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, b
  * range reserved before this returns; a device that cannot be used fails the call. */
 BATON_ENGINE_API int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,
                                                 baton_engine** out);
+/* After `timeout_ms` without a controller (0: never decide), `action`
+ * (BATON_ON_CONTROLLER_ABSENT_SERVE or _STOP) decides; replaces what the environment said,
+ * also during an absence already under way. A setter rather than a field of
+ * baton_engine_options, whose size ABI 3 engines fix. 1 (invalid argument) for a negative
+ * timeout or an unknown action. */
+BATON_ENGINE_API int baton_engine_set_controller_absent(baton_engine* engine, int64_t timeout_ms,
+                                                        int action);
 /* The device copy of the weights (tensor t at address + (t.data - baton_engine_weights_base()),
  * the host arena's offsets) and the device pool (block b at address + b * block_bytes; the
  * chunks holding granted blocks are mapped read-write, their headers scrubbed). 5 (not

@@ -1,7 +1,10 @@
 // The C ABI of baton_engine.h over baton::EngineSession. No exception and no C++ type
 // crosses it; every failure is a StatusCode value plus a thread-local message.
+#include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,6 +13,7 @@
 
 struct baton_engine {
   std::unique_ptr<baton::EngineSession> session;
+  bool controller_events = false;  // BATON_ENGINE_CONTROLLER_EVENTS
 };
 
 namespace {
@@ -88,8 +92,34 @@ baton_event_kind KindToC(baton::SessionEventKind kind) {
       return BATON_EVENT_STOP;
     case baton::SessionEventKind::kDisconnected:
       return BATON_EVENT_DISCONNECTED;
+    case baton::SessionEventKind::kControllerLost:
+      return BATON_EVENT_CONTROLLER_LOST;
+    case baton::SessionEventKind::kControllerBack:
+      return BATON_EVENT_CONTROLLER_BACK;
   }
   return BATON_EVENT_NONE;
+}
+
+bool IsControllerPresence(baton::SessionEventKind kind) {
+  return kind == baton::SessionEventKind::kControllerLost ||
+         kind == baton::SessionEventKind::kControllerBack;
+}
+
+// The next event the engine asked for: CONTROLLER_LOST and _BACK only with
+// BATON_ENGINE_CONTROLLER_EVENTS (an ABI 3 engine does not know them), within `timeout`.
+std::optional<baton::SessionEvent> NextWanted(baton_engine* engine,
+                                              std::optional<baton::Duration> timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(baton::Duration{});
+  while (true) {
+    std::optional<baton::SessionEvent> event = engine->session->NextEvent(timeout);
+    if (!event.has_value() || engine->controller_events || !IsControllerPresence(event->kind)) {
+      return event;
+    }
+    if (timeout.has_value()) {
+      timeout = std::max<baton::Duration>(deadline - std::chrono::steady_clock::now(),
+                                          baton::Duration::zero());
+    }
+  }
 }
 
 void FillEvent(const baton::SessionEvent& e, baton_event* out) {
@@ -143,7 +173,9 @@ int baton_engine_connect_flags(const baton_engine_options* options, unsigned fla
   return Guarded("baton_engine_connect_flags", [&]() -> int {
     if (out == nullptr) return BadArgument("baton_engine_connect: out is NULL");
     *out = nullptr;
-    if ((flags & ~(BATON_ENGINE_USE_DEVICE_MEMORY | BATON_ENGINE_HANDLES_RESUME)) != 0) {
+    constexpr unsigned kKnown = BATON_ENGINE_USE_DEVICE_MEMORY | BATON_ENGINE_HANDLES_RESUME |
+                                BATON_ENGINE_CONTROLLER_EVENTS;
+    if ((flags & ~kKnown) != 0) {
       return Fail(baton::InvalidArgument("baton_engine_connect_flags: unknown flags " +
                                          std::to_string(flags)));
     }
@@ -151,9 +183,29 @@ int baton_engine_connect_flags(const baton_engine_options* options, unsigned fla
     if (!parsed.ok()) return Fail(parsed.status());
     parsed->use_device_memory = (flags & BATON_ENGINE_USE_DEVICE_MEMORY) != 0;
     parsed->handles_resume = (flags & BATON_ENGINE_HANDLES_RESUME) != 0;
+    if (baton::Status env = baton::ControllerAbsenceFromEnv(&*parsed); !env.ok()) return Fail(env);
     auto session = baton::EngineSession::Connect(*parsed);
     if (!session.ok()) return Fail(session.status());
-    *out = new baton_engine{std::move(session).value()};
+    *out =
+        new baton_engine{std::move(session).value(), (flags & BATON_ENGINE_CONTROLLER_EVENTS) != 0};
+    return Done(baton::OkStatus());
+  });
+}
+
+int baton_engine_set_controller_absent(baton_engine* engine, int64_t timeout_ms, int action) {
+  return Guarded("baton_engine_set_controller_absent", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    if (timeout_ms < 0 || timeout_ms > kForeverMs) {
+      return BadArgument("baton_engine_set_controller_absent: timeout_ms out of range");
+    }
+    if (action != BATON_ON_CONTROLLER_ABSENT_SERVE && action != BATON_ON_CONTROLLER_ABSENT_STOP) {
+      return Fail(baton::InvalidArgument("baton_engine_set_controller_absent: unknown action " +
+                                         std::to_string(action)));
+    }
+    engine->session->SetControllerAbsence(Millis(timeout_ms),
+                                          action == BATON_ON_CONTROLLER_ABSENT_STOP
+                                              ? baton::ControllerAbsentAction::kStop
+                                              : baton::ControllerAbsentAction::kServe);
     return Done(baton::OkStatus());
   });
 }
@@ -271,7 +323,7 @@ int baton_engine_mark_serving(baton_engine* engine) {
 int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms, baton_event* out) {
   return Guarded("baton_engine_next_event", [&]() -> int {
     if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
-    std::optional<baton::SessionEvent> event = engine->session->NextEvent(Timeout(timeout_ms));
+    std::optional<baton::SessionEvent> event = NextWanted(engine, Timeout(timeout_ms));
     if (!event.has_value()) {
       std::memset(out, 0, sizeof(*out));
       out->kind = BATON_EVENT_NONE;

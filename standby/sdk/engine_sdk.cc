@@ -1,6 +1,7 @@
 #include "standby/sdk/engine_sdk.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,8 +68,49 @@ const char* ToString(SessionEventKind kind) {
       return "stop";
     case SessionEventKind::kDisconnected:
       return "disconnected";
+    case SessionEventKind::kControllerLost:
+      return "controller_lost";
+    case SessionEventKind::kControllerBack:
+      return "controller_back";
   }
   return "unknown";
+}
+
+const char* ToString(ControllerAbsentAction action) {
+  switch (action) {
+    case ControllerAbsentAction::kServe:
+      return "serve";
+    case ControllerAbsentAction::kStop:
+      return "stop";
+  }
+  return "unknown";
+}
+
+Status ControllerAbsenceFromEnv(EngineSessionOptions* options) {
+  constexpr const char* kTimeout = "BATON_CONTROLLER_ABSENT_TIMEOUT_MS";
+  constexpr const char* kAction = "BATON_ON_CONTROLLER_ABSENT";
+  Duration timeout = options->controller_absent_timeout;
+  ControllerAbsentAction action = options->on_controller_absent;
+  if (const char* text = std::getenv(kTimeout); text != nullptr && *text != '\0') {
+    BATON_ASSIGN_OR_RETURN(uint64_t ms, ParseUnsigned(text, kTimeout));
+    if (ms > uint64_t{365} * 24 * 3600 * 1000) {
+      return InvalidArgument(std::string(kTimeout) + " " + text + " is more than a year");
+    }
+    timeout = std::chrono::milliseconds(ms);
+  }
+  if (const char* text = std::getenv(kAction); text != nullptr && *text != '\0') {
+    const std::string_view value = text;
+    if (value == "serve") {
+      action = ControllerAbsentAction::kServe;
+    } else if (value == "stop") {
+      action = ControllerAbsentAction::kStop;
+    } else {
+      return InvalidArgument(std::string(kAction) + " is '" + text + "'; expected serve or stop");
+    }
+  }
+  options->controller_absent_timeout = timeout;
+  options->on_controller_absent = action;
+  return OkStatus();
 }
 
 Result<EngineLaunchInfo> LaunchInfoFromEnv() {
@@ -102,14 +144,26 @@ EngineSession::Impl::Impl(EngineSessionOptions options)
   if (options_.peer_name.empty()) {
     options_.peer_name = "engine-" + std::to_string(options_.launch.engine_id);
   }
+  SetControllerAbsence(options_.controller_absent_timeout, options_.on_controller_absent);
+}
+
+Result<EngineSession::Impl::FileIdentity> EngineSession::Impl::IdentityOf(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return ErrnoStatus("fstat of a memfd from the controller", errno);
+  return FileIdentity{.dev = static_cast<uint64_t>(st.st_dev),
+                      .ino = static_cast<uint64_t>(st.st_ino)};
+}
+
+proto::ChannelOptions EngineSession::Impl::ChannelOptionsForController() const {
+  return proto::ChannelOptions{
+      .max_frame_size = proto::kControllerMaxFrameSize, .label = "controller", .clock = clock_};
 }
 
 EngineSession::Impl::~Impl() { Shutdown(); }
 
 Status EngineSession::Impl::Handshake() {
   if (options_.launch.socket_path.empty()) return InvalidArgument("no controller socket path");
-  proto::ChannelOptions channel_options{
-      .max_frame_size = proto::kControllerMaxFrameSize, .label = "controller", .clock = clock_};
+  const proto::ChannelOptions channel_options = ChannelOptionsForController();
   const TimePoint deadline = clock_->Now() + options_.connect_timeout;
   Result<proto::Channel> channel = Unavailable("not tried");
   while (true) {
@@ -149,6 +203,9 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
   }
   if (ack.heartbeat_interval_ms == 0) return InvalidArgument("RegisterAck: heartbeat interval 0");
   heartbeat_interval_ = std::chrono::milliseconds(ack.heartbeat_interval_ms);
+  // Which memory this engine maps: a Reattach names it to the next controller.
+  BATON_ASSIGN_OR_RETURN(arena_id_, IdentityOf(msg.fds[0].get()));
+  BATON_ASSIGN_OR_RETURN(pool_id_, IdentityOf(msg.fds[1].get()));
   BATON_RETURN_IF_ERROR(MapWeights(ack, std::move(msg.fds[0])));
   BATON_RETURN_IF_ERROR(ReservePool(ack, std::move(msg.fds[1])));
   return TakeDeviceRegions(ack);
@@ -257,6 +314,7 @@ Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessio
   BATON_RETURN_IF_ERROR(impl->StartThread());
   BATON_RETURN_IF_ERROR(impl->Prefault());
   BATON_RETURN_IF_ERROR(impl->SendReady().WithContext(who + " reporting ready"));
+  impl->MarkRegistered();
   BATON_LOG(INFO, "engine-sdk") << who << " registered: " << impl->weights().tensors.size()
                                 << " tensors mapped read-only (" << impl->weights().size
                                 << " bytes, pre-faulted in " << impl->weights().prefault_ms
@@ -303,6 +361,9 @@ uint64_t EngineSession::epoch() const { return impl_->epoch(); }
 Status EngineSession::CheckEpoch() const { return impl_->CheckEpoch(); }
 std::vector<MappedExtent> EngineSession::extents() const { return impl_->extents(); }
 uint64_t EngineSession::heartbeats_sent() const { return impl_->heartbeats_sent(); }
+void EngineSession::SetControllerAbsence(Duration timeout, ControllerAbsentAction action) {
+  impl_->SetControllerAbsence(timeout, action);
+}
 void EngineSession::Shutdown() {
   {
     // The watcher calls into the session: it goes first. Watched communicators stay the

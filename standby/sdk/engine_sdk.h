@@ -16,14 +16,33 @@
 //      off: serve again) and stop requests; RequestBlocks() asks for more;
 //      ReportError() reports an asynchronous device error (the controller fences at once);
 //      CheckEpoch() says whether this engine still holds a current epoch.
-//   5. Shutdown() (or the destructor): stops the heartbeat thread, unmaps every extent and
+//   5. The controller goes away (it crashed, or is being replaced by a newer version) at any
+//      time after Connect() returned: kControllerLost. The engine keeps what it has: a primary
+//      keeps serving and its blocks (CheckEpoch() stays OK), a standby stays half-started.
+//      The heartbeat thread reconnects to the same socket path with a doubling backoff
+//      (reconnect_backoff_initial .. reconnect_backoff_max), says Hello with the same launch
+//      token and sends Reattach (protocol 5) with what it holds: its role (standby, promoted,
+//      serving, draining, drained), its epoch, the extents it maps writable and the identity
+//      (st_dev, st_ino) of the arena and pool memfds it maps. A ReattachAck: kControllerBack,
+//      and the session goes on as in 4. A HelloReject, a Stop, or a controller too old to
+//      take a Reattach: kStop. No controller within controller_absent_timeout and
+//      on_controller_absent is kStop: kDisconnected (the session gave up; CheckEpoch fails).
+//      Only a session that speaks protocol 5 (handles_resume) reattaches; without it a lost
+//      connection is kDisconnected at once, as is one lost after a Stop.
+//   6. Shutdown() (or the destructor): stops the heartbeat thread, unmaps every extent and
 //      closes the connection.
 //
+// While the controller is away: RequestBlocks() and ReportError() return Unavailable (an
+// error reported then is sent again to the controller the session reattaches to, and
+// CheckEpoch() fails at once); ReturnBlocks() unmaps and returns OK (the blocks are not
+// reported: the Reattach lists only what is mapped); MarkServing() and ReportDrained() return
+// OK and change the role the Reattach reports; no heartbeats are sent.
+//
 // Threads: the session runs its own thread ("heartbeat thread") that sends heartbeats every
-// interval, answers health requests and maps/unmaps extents as messages arrive; it never
-// waits for the engine's compute thread, so a slow engine under load is never declared hung.
-// Every public method is thread-safe. Events are queued for the engine and taken with
-// NextEvent()/WaitForPromotion() from any one thread.
+// interval, answers health requests, maps/unmaps extents as messages arrive and reconnects
+// after the controller went away; it never waits for the engine's compute thread, so a slow
+// engine under load is never declared hung. Every public method is thread-safe. Events are
+// queued for the engine and taken with NextEvent()/WaitForPromotion() from any one thread.
 //
 // Ownership: the session owns the socket, the arena mapping, the reserved range and every
 // extent mapping. Weight pointers stay valid until the session is destroyed; block memory
@@ -63,6 +82,14 @@ struct EngineLaunchInfo {
 // Reads the BATON_* variables above; names the first one missing or malformed.
 Result<EngineLaunchInfo> LaunchInfoFromEnv();
 
+// What the session does when no controller has come back for controller_absent_timeout.
+enum class ControllerAbsentAction {
+  kServe,  // keep serving (a primary keeps its blocks) and keep reconnecting
+  kStop,   // give up: kDisconnected, CheckEpoch() fails, and the engine should exit
+};
+// "serve", "stop".
+const char* ToString(ControllerAbsentAction action);
+
 struct EngineSessionOptions {
   EngineLaunchInfo launch;
   std::string engine_version = "unknown";  // shown by `batonctl status`
@@ -73,11 +100,27 @@ struct EngineSessionOptions {
   // (an engine that computes on the GPU), or decline them and use the host arena and pool.
   bool use_device_memory = false;
   // The engine handles kResume (serves again after a drain is called off). Without it the
-  // session speaks protocol 2, and the controller retires it once drained instead.
+  // session speaks protocol 2, and the controller retires it once drained instead; such a
+  // session cannot reattach either (Reattach is protocol 5): a lost controller ends it.
   bool handles_resume = false;
   Duration connect_timeout = std::chrono::seconds(10);
+  // After the controller went away: the wait before the second reconnect attempt (the first
+  // is made at once), doubled after each failed one up to the maximum.
+  Duration reconnect_backoff_initial = std::chrono::milliseconds(5);
+  Duration reconnect_backoff_max = std::chrono::milliseconds(50);
+  // How long the controller may stay away before on_controller_absent decides (measured on
+  // `clock` from the moment the connection broke); zero: never decide (keep serving).
+  Duration controller_absent_timeout = Duration::zero();
+  ControllerAbsentAction on_controller_absent = ControllerAbsentAction::kServe;
   Clock* clock = nullptr;  // RealClock when null
 };
+
+// Sets options->controller_absent_timeout from BATON_CONTROLLER_ABSENT_TIMEOUT_MS (an
+// unsigned count of milliseconds; 0: never decide) and options->on_controller_absent from
+// BATON_ON_CONTROLLER_ABSENT ("serve" or "stop"), as the controller or the operator set them
+// for the engine. A variable that is unset or empty leaves its field as it is; a malformed
+// one is InvalidArgument naming it, and changes nothing.
+Status ControllerAbsenceFromEnv(EngineSessionOptions* options);
 
 // One tensor of the model, in the read-only arena mapping.
 struct MappedTensor {
@@ -123,14 +166,19 @@ struct MappedExtent {
 inline constexpr uint64_t kBlockHeaderBytes = 64;
 
 enum class SessionEventKind {
-  kPromoted,      // epoch + extents: this engine is now the primary (extents mapped)
-  kGranted,       // epoch + extents: more extents mapped
-  kReclaim,       // blocks: return up to that many blocks with ReturnBlocks() (whole chunks
-                  // on a device pool: see reclaim_chunk_blocks())
-  kDrain,         // timeout: stop admitting, finish in-flight work, then call ReportDrained()
-  kResume,        // the drain is called off (the switch-over failed): admit requests again
-  kStop,          // reason: the controller wants this engine to exit
-  kDisconnected,  // reason: the controller connection is gone (or this session failed)
+  kPromoted,        // epoch + extents: this engine is now the primary (extents mapped)
+  kGranted,         // epoch + extents: more extents mapped
+  kReclaim,         // blocks: return up to that many blocks with ReturnBlocks() (whole chunks
+                    // on a device pool: see reclaim_chunk_blocks())
+  kDrain,           // timeout: stop admitting, finish in-flight work, then call ReportDrained()
+  kResume,          // the drain is called off (the switch-over failed): admit requests again
+  kStop,            // reason: the controller wants this engine to exit (also: it refused
+                    // this engine's Hello or Reattach after a reconnect)
+  kDisconnected,    // reason: the session ended without a controller (it gave up waiting for
+                    // one, could not reattach, or was shut down): the engine should exit
+  kControllerLost,  // reason: the connection broke; the session keeps what it holds and
+                    // reconnects (see step 5): keep serving
+  kControllerBack,  // reason: a controller took this engine's Reattach; heartbeats resume
 };
 const char* ToString(SessionEventKind kind);
 
@@ -147,12 +195,12 @@ struct SessionEvent {
   std::vector<MappedExtent> extents = {};  // kPromoted, kGranted
   uint32_t blocks = 0;                     // kReclaim
   Duration timeout = {};                   // kDrain
-  std::string reason = {};                 // kStop, kDisconnected
+  std::string reason = {};                 // kStop, kDisconnected, kControllerLost/Back
 };
 
 class EngineSession {
  public:
-  // Steps 1 above; returns once the engine is a registered, half-started standby.
+  // Step 1 above; returns once the engine is a registered, half-started standby.
   static Result<std::unique_ptr<EngineSession>> Connect(const EngineSessionOptions& options);
   ~EngineSession();
   EngineSession(const EngineSession&) = delete;
@@ -179,7 +227,8 @@ class EngineSession {
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
   // than a stop or a disconnect, which fail the wait) stay queued for NextEvent().
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout = std::nullopt);
-  // Tells the controller this engine serves traffic now (sends PromoteAck).
+  // Tells the controller this engine serves traffic now (sends PromoteAck). While the
+  // controller is away: OK, and the next Reattach says the engine serves.
   Status MarkServing();
 
   // The next event, waiting at most `timeout` (nullopt: forever; zero: just a look).
@@ -191,24 +240,33 @@ class EngineSession {
   // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller;
   // an empty list is sent too, as the answer to a kReclaim with nothing to give. A list with
   // a block that is not mapped, or a block listed twice, is refused whole (nothing unmapped).
+  // While the controller is away: unmapped and OK, the blocks not reported to anyone (the
+  // next Reattach lists only what is still mapped).
   Status ReturnBlocks(std::span<const MappedExtent> extents);
   // Answer to a kDrain event: exactly one per drain, also when the drain is called off.
+  // While the controller is away: OK, and the next Reattach says the engine is drained.
   Status ReportDrained(uint32_t unfinished);
   // True from the moment a Resume arrives until its kResume event is taken: an engine still
   // waiting for its in-flight requests to finish can stop waiting and report drained at once.
   bool resume_pending() const;
   // Reports an asynchronous error; the controller fences this engine at once. The engine
-  // should stop writing to the pool and expect to be killed.
+  // should stop writing to the pool and expect to be killed. While the controller is away:
+  // Unavailable, and the error is reported to the controller the session reattaches to.
   Status ReportError(const Status& error);
 
   // The epoch this engine holds (0 while a standby).
   uint64_t epoch() const;
-  // OK while this engine may keep writing: connected, not told to stop, not failed.
+  // OK while this engine may keep writing: not told to stop, no error reported, and the
+  // session has not ended (it stays OK while the controller is away and the session waits
+  // for the next one).
   Status CheckEpoch() const;
   // Extents currently mapped writable.
   std::vector<MappedExtent> extents() const;
   // Heartbeats sent so far (for tests and diagnostics).
   uint64_t heartbeats_sent() const;
+  // Changes controller_absent_timeout and on_controller_absent of the options; takes effect
+  // at the heartbeat thread's next look (also during an absence that has already begun).
+  void SetControllerAbsence(Duration timeout, ControllerAbsentAction action);
 
   // --- GPU engines (cuda/): NCCL communicators and CUDA errors -------------------------------
   // Watches an NCCL communicator the engine created (an ncclComm_t): a thread polls
@@ -227,7 +285,7 @@ class EngineSession {
   // described. Returns the error as a Status ("where: CUDA_ERROR_ILLEGAL_ADDRESS (...)").
   Status ReportCudaError(int cuda_result, const std::string& where);
 
-  // Step 5 above. Idempotent. A thread blocked in WaitForPromotion() or NextEvent() returns
+  // Step 6 above. Idempotent. A thread blocked in WaitForPromotion() or NextEvent() returns
   // (kDisconnected, "the session was shut down"); join such threads before destroying the
   // session.
   void Shutdown();

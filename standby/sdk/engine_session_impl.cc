@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -61,7 +62,9 @@ Status EngineSession::Impl::StartThread() {
   return OkStatus();
 }
 
-void EngineSession::Impl::Run() {
+Status EngineSession::Impl::ServeAttached() {
+  // Frames that came in with the last handshake reply are buffered: take them first.
+  BATON_RETURN_IF_ERROR(PumpMessages());
   TimePoint next_beat = clock_->Now();
   while (!stopping_.load()) {
     if (clock_->Now() >= next_beat) {
@@ -75,39 +78,31 @@ void EngineSession::Impl::Run() {
       std::lock_guard<std::mutex> lock(channel_mu_);
       if (channel_.has_value() && channel_->is_open()) socket_fd = channel_->native_handle();
     }
-    if (socket_fd < 0) {
-      OnDisconnected("the connection to the controller is closed");
-      return;
-    }
+    if (socket_fd < 0) return Unavailable("the connection to the controller is closed");
     pollfd fds[2] = {{.fd = socket_fd, .events = POLLIN, .revents = 0},
                      {.fd = wake_fd_.get(), .events = POLLIN, .revents = 0}};
     const int n = ::poll(fds, 2, MillisUntil(clock_->Now(), next_beat));
-    if (n < 0 && errno != EINTR) {
-      OnDisconnected(ErrnoStatus("poll", errno).message());
-      return;
-    }
+    if (n < 0 && errno != EINTR) return ErrnoStatus("poll", errno);
     if (n <= 0) continue;
     if (fds[1].revents != 0) {
       uint64_t drained;
       ssize_t unused = ::read(wake_fd_.get(), &drained, sizeof(drained));
       (void)unused;
     }
-    if (fds[0].revents != 0 && !PumpMessages()) return;
+    if (fds[0].revents != 0) BATON_RETURN_IF_ERROR(PumpMessages());
   }
+  return OkStatus();
 }
 
-bool EngineSession::Impl::PumpMessages() {
+Status EngineSession::Impl::PumpMessages() {
   while (true) {
     Result<std::optional<proto::ReceivedMessage>> next = Unavailable("no channel");
     {
       std::lock_guard<std::mutex> lock(channel_mu_);
       if (channel_.has_value()) next = channel_->TryReceive();
     }
-    if (!next.ok()) {
-      OnDisconnected(next.status().message());
-      return false;
-    }
-    if (!next->has_value()) return true;
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return OkStatus();
     Handle(**next);
   }
 }
@@ -144,6 +139,7 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
       break;
     case MsgType::kDrain:
       if (auto m = msg.As<proto::Drain>(); m.ok()) {
+        SetDrain(DrainState::kDraining);
         return Push(SessionEvent{.kind = SessionEventKind::kDrain,
                                  .epoch = m->epoch,
                                  .timeout = std::chrono::milliseconds(m->timeout_ms)});
@@ -151,6 +147,7 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
       break;
     case MsgType::kResume:
       if (auto m = msg.As<proto::Resume>(); m.ok()) {
+        SetDrain(DrainState::kNone);  // serving again (also after Drained was reported)
         resume_pending_ = true;
         return Push(SessionEvent{.kind = SessionEventKind::kResume, .epoch = m->epoch});
       }
@@ -279,7 +276,7 @@ void EngineSession::Impl::OnStop(const std::string& reason) {
 
 void EngineSession::Impl::OnDisconnected(const std::string& reason) {
   if (stopping_.load()) return;
-  BATON_LOG(WARN, kLog) << "lost the controller: " << reason;
+  BATON_LOG(WARN, kLog) << "the session ends without a controller: " << reason;
   {
     std::lock_guard<std::mutex> lock(mu_);
     disconnected_ = reason;
@@ -335,9 +332,10 @@ Status EngineSession::Impl::MarkServing() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!promoted_) return FailedPrecondition("MarkServing before promotion");
+    serving_ = true;
     blocks = pool_.mapped_blocks();
   }
-  return Send(proto::PromoteAck{.epoch = epoch_.load(), .blocks_mapped = blocks});
+  return SendOrDefer(proto::PromoteAck{.epoch = epoch_.load(), .blocks_mapped = blocks});
 }
 
 std::optional<SessionEvent> EngineSession::Impl::NextEvent(std::optional<Duration> timeout) {
@@ -372,25 +370,40 @@ Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) 
       msg.extents.push_back(proto::BlockRange{.first = e.first, .count = e.count});
     }
   }
-  BATON_RETURN_IF_ERROR(Send(msg));  // empty too: the answer to a Reclaim with nothing to give
+  // Empty too: the answer to a Reclaim with nothing to give. While the controller is away the
+  // blocks are simply not reported: the Reattach lists only what is mapped.
+  BATON_RETURN_IF_ERROR(SendOrDefer(msg));
   return unmapped;
 }
 
 Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
-  return Send(proto::Drained{.epoch = epoch_.load(), .unfinished = unfinished});
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A drain called off before this answer (Resume) leaves the engine serving.
+    if (drain_ == DrainState::kDraining) drain_ = DrainState::kDrained;
+    drained_unfinished_ = unfinished;
+  }
+  return SendOrDefer(proto::Drained{.epoch = epoch_.load(), .unfinished = unfinished});
+}
+
+void EngineSession::Impl::SetDrain(DrainState state) {
+  std::lock_guard<std::mutex> lock(mu_);
+  drain_ = state;
 }
 
 Status EngineSession::Impl::ReportError(const Status& error) {
   const Status reported = error.ok() ? Internal("error reported without a status") : error;
   BATON_LOG(ERROR, kLog) << "reporting an error to the controller: " << reported.ToString();
+  const proto::ErrorReport report{.epoch = epoch_.load(),
+                                  .code = static_cast<uint32_t>(reported.code()),
+                                  .message = reported.message()};
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (failed_.empty()) failed_ = "reported an error: " + reported.message();
+    if (!error_.has_value()) error_ = report;  // the first: sent again after a reattach
   }
   cv_.notify_all();
-  return Send(proto::ErrorReport{.epoch = epoch_.load(),
-                                 .code = static_cast<uint32_t>(reported.code()),
-                                 .message = reported.message()});
+  return Send(report);
 }
 
 Status EngineSession::Impl::CheckEpoch() const {
@@ -426,6 +439,11 @@ void EngineSession::Impl::Shutdown() {
     const uint64_t one = 1;
     ssize_t unused = ::write(wake_fd_.get(), &one, sizeof(one));
     (void)unused;
+  }
+  {
+    // A reconnect waiting for the controller's answer: its Receive returns at once.
+    std::lock_guard<std::mutex> lock(channel_mu_);
+    if (handshake_fd_ >= 0) ::shutdown(handshake_fd_, SHUT_RDWR);
   }
   if (thread_.joinable()) thread_.join();
   {

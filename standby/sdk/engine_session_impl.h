@@ -1,14 +1,24 @@
 // EngineSession::Impl: the state and the heartbeat thread behind EngineSession.
 //
 // Connect() runs Handshake() (connect, Hello, Register, RegisterAck with the arena and pool
-// fds, read-only arena mapping, pool reservation), StartThread(), Prefault() and SendReady()
-// on the caller's thread. From then on the heartbeat thread (Run) owns the receiving side of
-// the channel: it sends a Heartbeat every interval, answers HealthRequest at once, maps
-// promotion and grant extents, and queues events for the engine. The engine's threads send
-// through the same channel under channel_mu_.
+// fds, read-only arena mapping, pool reservation), StartThread(), Prefault(), SendReady() and
+// MarkRegistered() on the caller's thread. From then on the heartbeat thread (Run) owns the
+// receiving side of the channel: it sends a Heartbeat every interval, answers HealthRequest at
+// once, maps promotion and grant extents, and queues events for the engine. The engine's
+// threads send through the same channel under channel_mu_.
 //
-// Locks: channel_mu_ guards channel_; mu_ guards the pool mapping, the event queue and the
-// session state. When both are held, mu_ is taken first. Internal to the SDK.
+// When the connection breaks (engine_session_reconnect.cc), the heartbeat thread drops the
+// channel (sends then fail with Unavailable: "the controller is away"), pushes
+// kControllerLost and reconnects with backoff. It makes the new connection and says Hello and
+// Reattach on a channel of its own; only once the ReattachAck has arrived does it install that
+// channel as channel_, and then it sends what changed between the Reattach and the install
+// (CatchUp: blocks returned, PromoteAck, Drained, the ErrorReport of an engine that failed).
+// Shutdown() interrupts a reconnect that waits for the controller's answer by shutting the
+// socket of that connection down (handshake_fd_).
+//
+// Locks: channel_mu_ guards channel_ and handshake_fd_; mu_ guards the pool mapping, the event
+// queue and the session state (promoted_, serving_, drain_, stopped_, failed_, ...). When both
+// are held, mu_ is taken first. Internal to the SDK.
 #pragma once
 
 #include <atomic>
@@ -19,6 +29,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/io/unique_fd.h"
 #include "proto/transport/channel.h"
@@ -38,6 +49,8 @@ class EngineSession::Impl {
   Status StartThread();
   Status Prefault();
   Status SendReady();
+  // Connect() has finished: from now on a lost connection is reconnected (if protocol 5).
+  void MarkRegistered() { registered_.store(true); }
 
   // --- the public API ------------------------------------------------------------------------
   uint64_t engine_id() const { return options_.launch.engine_id; }
@@ -59,9 +72,33 @@ class EngineSession::Impl {
   Status CheckEpoch() const;
   std::vector<MappedExtent> extents() const;
   uint64_t heartbeats_sent() const { return heartbeat_seq_.load(); }
+  void SetControllerAbsence(Duration timeout, ControllerAbsentAction action);
   void Shutdown();
 
  private:
+  // Where the session stands with a drain, for the role a Reattach reports.
+  enum class DrainState { kNone, kDraining, kDrained };
+  // The (st_dev, st_ino) of a memfd: which memory this engine maps.
+  struct FileIdentity {
+    uint64_t dev = 0;
+    uint64_t ino = 0;
+  };
+  // What a Reattach told the controller; compared after the ack (CatchUp).
+  struct Reported {
+    proto::ReattachRole role = proto::ReattachRole::kStandby;
+    std::vector<proto::BlockRange> extents;
+  };
+  // One reconnect attempt's outcome: attached again, refused (the session ends as told to
+  // stop), or failed (try again after the backoff).
+  enum class AttemptOutcome { kAttached, kRefused, kFailed };
+  struct Attempt {
+    AttemptOutcome outcome = AttemptOutcome::kFailed;
+    std::string reason;
+  };
+  class HandshakeWatch;  // RAII: lets Shutdown() interrupt a reconnect's handshake
+
+  static Result<FileIdentity> IdentityOf(int fd);
+  proto::ChannelOptions ChannelOptionsForController() const;
   Status ReceiveRegisterAck();
   Status MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd);
   Status ReservePool(const proto::RegisterAck& ack, UniqueFd pool_fd);
@@ -74,19 +111,53 @@ class EngineSession::Impl {
   template <typename T>
   Status Send(const T& msg) {
     std::lock_guard<std::mutex> lock(channel_mu_);
-    if (!channel_.has_value()) return Unavailable("the session is shut down");
+    if (!channel_.has_value()) {
+      return Unavailable(stopping_.load() ? "the session is shut down"
+                                          : "no connection to the controller (it is away)");
+    }
     return channel_->Send(msg);
   }
+  // Send() for a message whose content a Reattach also carries (the role, the mapped
+  // extents): when it cannot go because the connection is gone and the session will
+  // reattach, OK (the next Reattach says it).
+  template <typename T>
+  Status SendOrDefer(const T& msg) {
+    Status sent = Send(msg);
+    if (sent.ok() || !ConnectionGone() || !CanReattach()) return sent;
+    return OkStatus();
+  }
+  bool ConnectionGone();                   // takes channel_mu_
+  bool CanReattach() const;                // takes mu_
+  proto::ReattachRole RoleLocked() const;  // caller holds mu_
 
-  // Heartbeat thread.
+  // Heartbeat thread (engine_session_reconnect.cc: Run and the reconnect).
   void Run();
-  bool PumpMessages();  // false once the connection is gone
+  // Serves the current connection until it breaks (the reason) or the session stops (OK).
+  Status ServeAttached();
+  Status PumpMessages();  // an error once the connection is gone
   void SendHeartbeat();
   void Handle(const proto::ReceivedMessage& msg);
   void OnPromote(const proto::Promote& msg);
   void OnGrant(const proto::Grant& msg);
   void OnStop(const std::string& reason);
   void OnDisconnected(const std::string& reason);
+  void SetDrain(DrainState state);  // takes mu_
+  void OnControllerLost(const std::string& reason);
+  // Reconnects until attached again (true) or the session ends (false: shut down, refused,
+  // or given up by on_controller_absent). The controller went away at `lost_at`.
+  bool AwaitController(TimePoint lost_at);
+  // Whether the absence since `lost_at` ends the session; logs the decision once.
+  bool GiveUpAfterAbsence(TimePoint lost_at, bool* logged);
+  // One attempt: connect, Hello, Reattach, the answer; installs the channel once attached.
+  Attempt TryReattach();
+  Attempt SayReattach(proto::Channel& channel, Reported* reported, proto::ReattachAck* ack);
+  // The Reattach for what this engine holds now (takes mu_), which `reported` records.
+  proto::Reattach ReattachMessage(Reported* reported) const;
+  Attempt ReadReattachAnswer(proto::Channel& channel, proto::ReattachAck* ack);
+  // Sends what changed between the Reattach and the install of its channel.
+  void CatchUp(const Reported& reported);
+  // Waits `d` (real time) or until Shutdown(); false on shutdown.
+  bool WaitBackoff(Duration d);
   // Maps and scrubs `ranges`; on failure unmaps what it mapped. Caller holds mu_.
   Result<std::vector<MappedExtent>> MapRangesLocked(const std::vector<proto::BlockRange>& ranges);
   void Push(SessionEvent event);
@@ -104,8 +175,12 @@ class EngineSession::Impl {
   Mapping arena_map_;
   MappedWeights weights_;
   PoolView pool_view_;
-  Duration heartbeat_interval_ = std::chrono::milliseconds(100);
+  Duration heartbeat_interval_ = std::chrono::milliseconds(100);  // the heartbeat thread's
   uint8_t touched_ = 0;  // keeps the pre-fault reads from being optimized away
+
+  FileIdentity arena_id_;  // set by Handshake()
+  FileIdentity pool_id_;
+  int handshake_fd_ = -1;  // guarded by channel_mu_: the socket of a reconnect in progress
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -114,14 +189,21 @@ class EngineSession::Impl {
   uint64_t declined_pool_chunk_bytes_ = 0;  // the device pool's chunk, when declined
   std::deque<SessionEvent> events_;
   bool promoted_ = false;
-  std::string stopped_;       // non-empty once told to stop
+  bool serving_ = false;  // MarkServing() was called
+  DrainState drain_ = DrainState::kNone;
+  uint32_t drained_unfinished_ = 0;          // what ReportDrained() said
+  std::optional<proto::ErrorReport> error_;  // the error reported, sent again after a reattach
+  std::string stopped_;                      // non-empty once told to stop
   std::string failed_;        // non-empty once an error was reported or a promotion failed
-  std::string disconnected_;  // non-empty once the connection is gone
+  std::string disconnected_;  // non-empty once the session ended without a controller
 
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> heartbeat_seq_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> resume_pending_{false};
+  std::atomic<bool> registered_{false};
+  std::atomic<int64_t> absent_timeout_ns_{0};
+  std::atomic<ControllerAbsentAction> absent_action_{ControllerAbsentAction::kServe};
   UniqueFd wake_fd_;  // eventfd: wakes the heartbeat thread for shutdown
   std::thread thread_;
 };

@@ -5,10 +5,17 @@
 // answers Hello/Register with the real messages. Every call blocks with a timeout; the
 // engine session under test runs its Connect on another thread.
 //
+// A controller that crashes or is replaced: GoAway() closes the connection and the listener
+// (the socket path is removed); a second FakeController made with the first one's
+// socket_path() then listens there and takes the engine's reconnect (AcceptReattach()). The
+// first must outlive the second (the path lies in its temporary directory); its memfds are
+// the memory the engine still maps (arena_identity(), pool_identity()).
+//
 // Header-only test support; used from the test's main thread.
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <chrono>
 #include <cstring>
@@ -40,9 +47,19 @@ T Take(Result<T> r) {
   return std::move(r).value();
 }
 
+// (st_dev, st_ino) of `fd`, as a Reattach reports it.
+inline std::pair<uint64_t, uint64_t> FileIdentityOf(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
 class FakeController {
  public:
-  FakeController() {
+  FakeController() : FakeController(std::string()) {}
+  // Listens on `socket_path` (another fake's, after it went away); "" for a new one.
+  explicit FakeController(std::string socket_path)
+      : socket_path_(socket_path.empty() ? dir_.File("controller.sock") : std::move(socket_path)) {
     arena_ =
         Take(SharedMemory::Create({.name = "fake-weights", .size = 8192, .try_huge_pages = false}));
     Mapping arena_rw = Take(arena_.Map(Protection::kReadWrite));
@@ -50,10 +67,10 @@ class FakeController {
     pool_ = Take(SharedMemory::Create(
         {.name = "baton-pool", .size = kFakeBlocks * kFakeBlockBytes, .try_huge_pages = false}));
     pool_map_ = Take(pool_.Map(Protection::kReadWrite));
-    listener_.emplace(Take(proto::Listener::Bind(io_, dir_.File("controller.sock"))));
+    listener_.emplace(Take(proto::Listener::Bind(io_, socket_path_)));
   }
 
-  std::string socket_path() const { return dir_.File("controller.sock"); }
+  std::string socket_path() const { return socket_path_; }
   uint8_t* block(uint32_t b) const { return pool_map_.data() + uint64_t{b} * kFakeBlockBytes; }
   proto::Channel& channel() { return *channel_; }
 
@@ -67,6 +84,12 @@ class FakeController {
     o.engine_version = "sdk-test";
     o.http_address = "127.0.0.1:1";
     o.connect_timeout = std::chrono::seconds(5);
+    return o;
+  }
+  // Options() of an engine that speaks protocol 5 and so reattaches after a lost controller.
+  EngineSessionOptions ReattachingOptions() const {
+    EngineSessionOptions o = Options();
+    o.handles_resume = true;
     return o;
   }
 
@@ -89,15 +112,7 @@ class FakeController {
   // Serves Hello, Register and RegisterAck (`ack`, with `fds` fds) on the next connection;
   // waits for StandbyReady when `expect_ready`.
   void ServeRegistration(const proto::RegisterAck& ack, int fds = 2, bool expect_ready = true) {
-    Result<proto::Channel> accepted = listener_->Accept(std::chrono::seconds(5));
-    ASSERT_TRUE(accepted.ok()) << accepted.status().ToString();
-    channel_.emplace(std::move(accepted).value());
-    proto::ServerHelloOptions hello{.server_name = "fake-controller"};
-    hello.admit = [](const proto::Hello& h) {
-      return h.launch_token == kToken ? OkStatus() : FailedPrecondition("wrong launch token");
-    };
-    Result<proto::AcceptedHello> said = proto::ServerHello(*channel_, hello);
-    if (!said.ok()) return;
+    if (!AcceptHello()) return;
     proto::Register reg = Expect<proto::Register>();
     EXPECT_EQ(reg.engine_id, kEngineId);
     EXPECT_EQ(reg.engine_version, "sdk-test");
@@ -105,6 +120,45 @@ class FakeController {
     ASSERT_TRUE(channel_->Send(ack, std::span<const int>(all, static_cast<size_t>(fds))).ok());
     if (expect_ready) Expect<proto::StandbyReady>();
   }
+
+  // Accepts the next connection and answers its Hello, speaking protocol versions up to
+  // `max_version`; refuses the engine's launch token when `admit_token` is false. Whether the
+  // Hello was accepted.
+  bool AcceptHello(bool admit_token = true, uint16_t max_version = proto::kProtocolVersionMax) {
+    Result<proto::Channel> accepted = listener_->Accept(std::chrono::seconds(10));
+    EXPECT_TRUE(accepted.ok()) << accepted.status().ToString();
+    if (!accepted.ok()) return false;
+    channel_.emplace(std::move(accepted).value());
+    proto::ServerHelloOptions hello{.server_name = "fake-controller", .max_version = max_version};
+    hello.admit = [admit_token](const proto::Hello& h) {
+      if (!admit_token) return FailedPrecondition("unknown launch token");
+      return h.launch_token == kToken ? OkStatus() : FailedPrecondition("wrong launch token");
+    };
+    return proto::ServerHello(*channel_, hello).ok();
+  }
+
+  // A reconnecting engine's Hello, then its Reattach (left unanswered).
+  proto::Reattach AcceptReattach() {
+    if (!AcceptHello()) {
+      ADD_FAILURE() << "the reconnecting engine's Hello was refused";
+      return proto::Reattach{};
+    }
+    EXPECT_EQ(channel_->version(), proto::kProtocolVersionReattach);
+    return Expect<proto::Reattach>();
+  }
+
+  // Whether anything connects within `wait` (the connection is dropped).
+  bool AnyConnectionWithin(std::chrono::milliseconds wait) { return listener_->Accept(wait).ok(); }
+
+  // The controller crashes: the engine's connection and the listening socket close.
+  void GoAway() {
+    if (channel_.has_value()) channel_->Close();
+    channel_.reset();
+    if (listener_.has_value()) listener_->Close();
+  }
+
+  std::pair<uint64_t, uint64_t> arena_identity() const { return FileIdentityOf(arena_.fd()); }
+  std::pair<uint64_t, uint64_t> pool_identity() const { return FileIdentityOf(pool_.fd()); }
 
   // The next message other than a Heartbeat (heartbeats are counted).
   template <typename T>
@@ -135,6 +189,7 @@ class FakeController {
 
  private:
   proto::testing::TempDir dir_;
+  std::string socket_path_;
   boost::asio::io_context io_;
   SharedMemory arena_;
   SharedMemory pool_;
@@ -145,14 +200,18 @@ class FakeController {
   int heartbeats_ = 0;
 };
 
-// Connects an engine session to `fake` (registration served on this thread).
-inline std::unique_ptr<EngineSession> ConnectSession(FakeController& fake, uint32_t heartbeat_ms) {
-  auto session =
-      std::async(std::launch::async, [&] { return EngineSession::Connect(fake.Options()); });
+// Connects an engine session with `options` to `fake` (registration served on this thread).
+inline std::unique_ptr<EngineSession> ConnectSession(FakeController& fake, uint32_t heartbeat_ms,
+                                                     const EngineSessionOptions& options) {
+  auto session = std::async(std::launch::async, [&] { return EngineSession::Connect(options); });
   fake.ServeRegistration(fake.Ack(heartbeat_ms));
   Result<std::unique_ptr<EngineSession>> connected = session.get();
   EXPECT_TRUE(connected.ok()) << connected.status().ToString();
   return connected.ok() ? std::move(connected).value() : nullptr;
+}
+
+inline std::unique_ptr<EngineSession> ConnectSession(FakeController& fake, uint32_t heartbeat_ms) {
+  return ConnectSession(fake, heartbeat_ms, fake.Options());
 }
 
 }  // namespace baton::testing

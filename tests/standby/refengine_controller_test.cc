@@ -1,7 +1,9 @@
 // Runs the real baton-refengine binary under a scripted controller: the test listens on the
 // controller socket, registers the engine with a weight arena and a pool of its own, and
-// drives it through standby, promotion, grants, a reclaim, a drain and a stop.
+// drives it through standby, promotion, grants, a reclaim, a drain and a stop, and through a
+// controller restart (the engine serves on and reattaches to the next one).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -84,6 +86,40 @@ class ScriptedController {
     BATON_RETURN_IF_ERROR(channel_->Send(ack, fds));
     (void)Expect<proto::StandbyReady>();
     return reg;
+  }
+
+  // Hello and the Reattach of an engine that outlived the previous controller.
+  Result<proto::Reattach> AcceptReattach() {
+    BATON_ASSIGN_OR_RETURN(proto::Channel channel, listener_->Accept(std::chrono::seconds(60)));
+    channel_.emplace(std::move(channel));
+    BATON_RETURN_IF_ERROR(
+        proto::ServerHello(*channel_, {.server_name = "next-test-controller"}).status());
+    Result<proto::ReceivedMessage> msg = channel_->Receive(std::chrono::seconds(30));
+    if (!msg.ok()) return msg.status();
+    return msg->As<proto::Reattach>();
+  }
+
+  // The next message, which must be a Heartbeat.
+  proto::Heartbeat NextHeartbeat() {
+    Result<proto::ReceivedMessage> msg = channel_->Receive(std::chrono::seconds(30));
+    EXPECT_TRUE(msg.ok()) << msg.status().ToString();
+    Result<proto::Heartbeat> beat =
+        msg.ok() ? msg->As<proto::Heartbeat>() : Result<proto::Heartbeat>(msg.status());
+    EXPECT_TRUE(beat.ok()) << beat.status().ToString();
+    return beat.ok() ? *beat : proto::Heartbeat{};
+  }
+
+  // The controller crashes: the connection and the listening socket close.
+  void GoAway() {
+    if (channel_.has_value()) channel_->Close();
+    if (listener_.has_value()) listener_->Close();
+  }
+
+  // (st_dev, st_ino) of the arena's memfd, as a Reattach names it.
+  std::pair<uint64_t, uint64_t> arena_identity() const {
+    struct stat st {};
+    EXPECT_EQ(::fstat(arena_->fd(), &st), 0);
+    return {st.st_dev, st.st_ino};
   }
 
   template <typename T>
@@ -209,6 +245,40 @@ TEST_F(RefEngineControllerTest, StandbyServesOncePromotedWithTheControllersMemor
   ctl.Send(proto::Drain{.epoch = 3, .timeout_ms = 5000});
   EXPECT_EQ(ctl.Expect<proto::Drained>().unfinished, 0u);
   ctl.Send(proto::Stop{.reason = "test over"});
+  EXPECT_EQ(engine.WaitForExit(), 0) << engine.log();
+}
+
+// The controller crashes: the primary serves on with its blocks, and reattaches to the next
+// controller as serving, at its epoch, with its blocks and the same memory.
+TEST_F(RefEngineControllerTest, APrimaryServesOnThroughAControllerRestart) {
+  const Json request = {{"prompt", "through a restart"}, {"max_tokens", 8}, {"seed", 3}};
+  ScriptedController first(dir_ + "/ctl.sock");
+  first.LoadArena(dir_ + "/model");
+  EngineProcess engine(dir_ + "/engine", EngineArgs());
+  ASSERT_NE(engine.port(), 0);
+  ASSERT_TRUE(first.AcceptEngine().ok());
+  first.Send(proto::Promote{.epoch = 4, .extents = {{0, 32}}});
+  EXPECT_EQ(first.Expect<proto::PromoteAck>().epoch, 4u);
+  ASSERT_EQ(Complete(engine.port(), request).status, 200);
+
+  first.GoAway();
+  EXPECT_TRUE(engine.WaitForLog("the controller is away")) << engine.log();
+  HttpReply away = Complete(engine.port(), request);
+  EXPECT_EQ(away.status, 200) << "serves on while no controller listens: " << away.body;
+
+  ScriptedController second(dir_ + "/ctl.sock");
+  Result<proto::Reattach> r = second.AcceptReattach();
+  ASSERT_TRUE(r.ok()) << r.status().ToString() << "\n" << engine.log();
+  EXPECT_EQ(r->engine_id, 7u);
+  EXPECT_EQ(r->role, static_cast<uint8_t>(proto::ReattachRole::kServing));
+  EXPECT_EQ(r->epoch, 4u);
+  EXPECT_EQ(r->extents, (std::vector<proto::BlockRange>{{0, 32}}));
+  EXPECT_EQ(std::make_pair(r->arena_dev, r->arena_ino), first.arena_identity());
+  second.Send(proto::ReattachAck{.engine_id = 7, .heartbeat_interval_ms = 100});
+  EXPECT_TRUE(engine.WaitForLog("the controller is back")) << engine.log();
+  EXPECT_EQ(second.NextHeartbeat().epoch, 4u) << "heartbeats resume";
+  EXPECT_EQ(Complete(engine.port(), request).status, 200);
+  second.Send(proto::Stop{.reason = "test over"});
   EXPECT_EQ(engine.WaitForExit(), 0) << engine.log();
 }
 

@@ -124,6 +124,81 @@ TEST(EngineCAbi, AHugeTimeoutWaitsForTheEvent) {
   baton_engine_close(engine);
 }
 
+// Connects through the C ABI with `flags`; `fake` serves the registration.
+baton_engine* ConnectWithFlags(FakeController& fake, const std::string& socket, unsigned flags) {
+  baton_engine_options options = OptionsFor(socket);
+  baton_engine* engine = nullptr;
+  auto connected = std::async(std::launch::async,
+                              [&] { return baton_engine_connect_flags(&options, flags, &engine); });
+  fake.ServeRegistration(fake.Ack(50));
+  EXPECT_EQ(connected.get(), 0) << baton_engine_last_error();
+  return engine;
+}
+
+// ABI 4: an engine that asks for them sees the controller go; the session serves on until
+// baton_engine_set_controller_absent() says to give up.
+TEST(EngineCAbi, ControllerEventsAndGivingUpOnAnAbsentController) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine* engine =
+      ConnectWithFlags(fake, socket, BATON_ENGINE_HANDLES_RESUME | BATON_ENGINE_CONTROLLER_EVENTS);
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 2, .extents = {{0, 1}}}).ok());
+  baton_event event{};
+  ASSERT_EQ(baton_engine_wait_promotion(engine, 10000, &event), 0) << baton_engine_last_error();
+  fake.GoAway();
+  ASSERT_EQ(baton_engine_next_event(engine, 10000, &event), 0);
+  EXPECT_EQ(event.kind, BATON_EVENT_CONTROLLER_LOST);
+  EXPECT_EQ(baton_engine_check_epoch(engine), 0) << "serving on";
+  EXPECT_EQ(baton_engine_request_blocks(engine, 1), static_cast<int>(StatusCode::kUnavailable));
+  EXPECT_EQ(baton_engine_mark_serving(engine), 0);
+  const int bad = static_cast<int>(StatusCode::kInvalidArgument);
+  EXPECT_EQ(baton_engine_set_controller_absent(engine, -1, BATON_ON_CONTROLLER_ABSENT_STOP), bad);
+  EXPECT_EQ(baton_engine_set_controller_absent(engine, 0, 7), bad);
+  EXPECT_EQ(baton_engine_set_controller_absent(nullptr, 0, BATON_ON_CONTROLLER_ABSENT_SERVE), bad);
+  ASSERT_EQ(baton_engine_set_controller_absent(engine, 1, BATON_ON_CONTROLLER_ABSENT_STOP), 0);
+  ASSERT_EQ(baton_engine_next_event(engine, 10000, &event), 0);
+  EXPECT_EQ(event.kind, BATON_EVENT_DISCONNECTED);
+  EXPECT_NE(std::string(event.reason).find("no controller came back"), std::string::npos)
+      << event.reason;
+  EXPECT_NE(baton_engine_check_epoch(engine), 0);
+  baton_engine_close(engine);
+}
+
+// An engine built for ABI 3 knows no CONTROLLER_* kinds: it is never given one.
+TEST(EngineCAbi, AnEngineThatDidNotAskSeesNoControllerEvents) {
+  FakeController first;
+  const std::string socket = first.socket_path();
+  baton_engine* engine = ConnectWithFlags(first, socket, BATON_ENGINE_HANDLES_RESUME);
+  ASSERT_NE(engine, nullptr);
+  first.GoAway();
+  FakeController second(socket);
+  EXPECT_EQ(second.AcceptReattach().engine_id, kEngineId);
+  ASSERT_TRUE(second.channel()
+                  .Send(proto::ReattachAck{.engine_id = kEngineId, .heartbeat_interval_ms = 50})
+                  .ok());
+  ASSERT_TRUE(second.channel().Send(proto::Stop{.reason = "bye"}).ok());
+  baton_event event{};
+  ASSERT_EQ(baton_engine_next_event(engine, 10000, &event), 0);
+  EXPECT_EQ(event.kind, BATON_EVENT_STOP) << "CONTROLLER_LOST and _BACK are skipped";
+  EXPECT_STREQ(event.reason, "bye");
+  baton_engine_close(engine);
+}
+
+TEST(EngineCAbi, AMalformedAbsencePolicyFailsTheConnect) {
+  ::setenv("BATON_ON_CONTROLLER_ABSENT", "exit", 1);
+  const std::string socket = "/tmp/baton-no-such-controller.sock";
+  baton_engine_options options = OptionsFor(socket);
+  baton_engine* engine = reinterpret_cast<baton_engine*>(0x1);
+  EXPECT_EQ(baton_engine_connect(&options, &engine),
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(engine, nullptr);
+  EXPECT_NE(std::string(baton_engine_last_error()).find("BATON_ON_CONTROLLER_ABSENT"),
+            std::string::npos)
+      << baton_engine_last_error();
+  ::unsetenv("BATON_ON_CONTROLLER_ABSENT");
+}
+
 // With no descriptor left, connecting fails with a code: no C++ exception reaches the caller
 // (a C, ctypes or cgo caller would end in std::terminate).
 TEST(EngineCAbi, ConnectWithoutFreeDescriptorsReturnsAnError) {

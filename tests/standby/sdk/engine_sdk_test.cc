@@ -9,35 +9,13 @@
 #include <thread>
 
 #include "tests/standby/fake_controller.h"
+#include "tests/standby/sdk/mappings_testutil.h"
 
 namespace baton::testing {
 namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-
-// Permissions of this process's mappings that overlap [lo, hi), e.g. {"---p", "rw-s"}.
-std::vector<std::string> MappingsIn(const void* lo_ptr, uint64_t bytes) {
-  const auto lo = reinterpret_cast<uintptr_t>(lo_ptr);
-  const uintptr_t hi = lo + bytes;
-  std::ifstream maps("/proc/self/maps");
-  std::vector<std::string> perms;
-  std::string line;
-  while (std::getline(maps, line)) {
-    unsigned long long a = 0, b = 0;
-    char p[8] = {};
-    if (std::sscanf(line.c_str(), "%llx-%llx %7s", &a, &b, p) != 3) continue;
-    if (a < hi && lo < b) perms.push_back(p);
-  }
-  return perms;
-}
-
-bool AnyWritable(const std::vector<std::string>& perms) {
-  for (const std::string& p : perms) {
-    if (p[1] == 'w') return true;
-  }
-  return false;
-}
 
 // 18 blocks in chunks of 4 (the last, [16, 18), short): whole chunks from the highest, each
 // only if it fits in what is left, and only those `take` gives up.
