@@ -27,17 +27,31 @@ std::string ParentDir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+namespace {
+
+// Writes PATH.tmp and renames it over PATH; with `sync`, fsyncs the file before the rename.
+Status WriteAndRename(const std::string& path, const std::string& bytes, bool sync) {
   const std::string tmp = path + ".tmp";
   {
     UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
     if (!fd) return ErrnoStatus("create " + tmp, errno);
     BATON_RETURN_IF_ERROR(WriteAll(fd.get(), bytes, tmp));
-    if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
+    if (sync && ::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     return ErrnoStatus("rename " + tmp + " to " + path, errno);
   }
+  return OkStatus();
+}
+
+}  // namespace
+
+Status ReplaceFile(const std::string& path, const std::string& bytes) {
+  return WriteAndRename(path, bytes, /*sync=*/false);
+}
+
+Status WriteFileAtomically(const std::string& path, const std::string& bytes) {
+  BATON_RETURN_IF_ERROR(WriteAndRename(path, bytes, /*sync=*/true));
   const std::string dir = ParentDir(path);
   UniqueFd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (!dir_fd) return ErrnoStatus("open directory " + dir, errno);

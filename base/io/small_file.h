@@ -3,6 +3,7 @@
 //
 // WriteFileAtomically() writes `bytes` to PATH.tmp, fsyncs it, renames it over PATH and
 // fsyncs the directory: after a crash PATH holds either the old or the new contents.
+// ReplaceFile() does the same without the fsyncs.
 // ReadSmallFile() reads at most `limit` + 1 bytes, enough for the caller to tell a file that
 // is too long. Thread-compatible; plain functions.
 #pragma once
@@ -18,6 +19,11 @@ namespace baton {
 Status WriteAll(int fd, const std::string& bytes, const std::string& what);
 
 Status WriteFileAtomically(const std::string& path, const std::string& bytes);
+
+// The same without the fsyncs: after a crash of this process PATH holds the old or the new
+// contents, after a crash of the machine possibly neither. For state that a reboot voids
+// anyway (which processes run), written on hot paths.
+Status ReplaceFile(const std::string& path, const std::string& bytes);
 
 Result<std::string> ReadSmallFile(const std::string& path, size_t limit);
 

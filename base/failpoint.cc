@@ -1,0 +1,86 @@
+#include "base/failpoint.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace baton {
+namespace {
+
+struct Points {
+  std::mutex mu;
+  std::map<std::string, int> fire_at;  // name -> the hit that fires it
+  std::map<std::string, int> hits;
+};
+
+Points& Get() {
+  static Points* points = new Points;
+  return *points;
+}
+
+void Load() {
+  Points& p = Get();
+  std::lock_guard<std::mutex> lock(p.mu);
+  p.fire_at.clear();
+  p.hits.clear();
+  const char* env = std::getenv("BATON_FAILPOINTS");
+  const std::string spec = env != nullptr ? env : "";
+  size_t start = 0;
+  while (start < spec.size()) {
+    size_t end = spec.find(',', start);
+    if (end == std::string::npos) end = spec.size();
+    std::string item = spec.substr(start, end - start);
+    int at = 1;
+    if (const size_t colon = item.find(':'); colon != std::string::npos) {
+      at = std::max(1, std::atoi(item.c_str() + colon + 1));
+      item.resize(colon);
+    }
+    if (!item.empty()) p.fire_at[item] = at;
+    start = end + 1;
+  }
+  failpoint_internal::enabled.store(!p.fire_at.empty());
+}
+
+// Set before main() runs: a daemon reads its failpoints once, from its start.
+const bool kLoaded = (Load(), true);
+
+}  // namespace
+
+namespace failpoint_internal {
+
+std::atomic<bool> enabled{false};
+
+void Hit(const char* name) {
+  Points& p = Get();
+  int hit = 0;
+  bool fire = false;
+  {
+    std::lock_guard<std::mutex> lock(p.mu);
+    hit = ++p.hits[name];
+    auto it = p.fire_at.find(name);
+    fire = it != p.fire_at.end() && it->second == hit;
+  }
+  if (!fire) return;
+  const std::string line =
+      std::string("failpoint ") + name + ": dying here (hit " + std::to_string(hit) + ")\n";
+  ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());
+  (void)unused;
+  ::raise(SIGKILL);
+}
+
+}  // namespace failpoint_internal
+
+void ReloadFailpointsForTesting() { Load(); }
+
+int FailpointHits(const char* name) {
+  Points& p = Get();
+  std::lock_guard<std::mutex> lock(p.mu);
+  auto it = p.hits.find(name);
+  return it == p.hits.end() ? 0 : it->second;
+}
+
+}  // namespace baton
