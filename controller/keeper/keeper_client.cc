@@ -1,0 +1,124 @@
+#include "controller/keeper/keeper_client.h"
+
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <thread>
+
+#include "base/io/self_exe.h"
+#include "base/log.h"
+#include "proto/hello.h"
+#include "proto/transport/listener.h"
+
+namespace baton {
+namespace {
+
+constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
+
+proto::ChannelOptions ClientOptions() {
+  return proto::ChannelOptions{.max_frame_size = proto::kControllerMaxFrameSize,
+                               .max_send_frame_size = proto::kControllerMaxFrameSize,
+                               .label = "baton-keeper"};
+}
+
+// The answer to the request just sent: a KeptMemory, or the keeper's ErrorMsg as a Status.
+Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Answer(proto::Channel& channel) {
+  BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(kAnswerTimeout));
+  BATON_ASSIGN_OR_RETURN(proto::KeptMemory kept, msg.As<proto::KeptMemory>());
+  return std::make_pair(std::move(kept), std::move(msg.fds));
+}
+
+}  // namespace
+
+std::string KeeperClient::DefaultBinary() {
+  const std::string dir = SelfExeDir();
+  if (dir.empty()) return "";
+  const std::string path = dir + "/baton-keeper";
+  return ::access(path.c_str(), X_OK) == 0 ? path : "";
+}
+
+Status StartDetachedKeeper(const std::string& binary, const std::string& socket_path,
+                           const std::string& log_path) {
+  const std::string log = log_path.empty() ? "/dev/null" : log_path;
+  const pid_t child = ::fork();
+  if (child < 0) return ErrnoStatus("fork", errno);
+  if (child == 0) {
+    // In the child: a session of its own, then a grandchild that the init process (or the
+    // nearest subreaper) adopts once this child exits. Async-signal-safe calls only.
+    ::setsid();
+    const pid_t grandchild = ::fork();
+    if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+    }
+    const int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null_in >= 0) ::dup2(null_in, STDIN_FILENO);
+    for (int i = 3; i < 1024; ++i) ::close(i);
+    const char* argv[] = {binary.c_str(), "--socket", socket_path.c_str(), nullptr};
+    ::execv(binary.c_str(), const_cast<char* const*>(argv));
+    ::_exit(127);
+  }
+  int status = 0;
+  while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return Internal("starting " + binary + ": its launcher failed");
+  }
+  return OkStatus();
+}
+
+Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path) {
+  auto io = std::make_unique<boost::asio::io_context>();
+  BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(*io, socket_path, ClientOptions()));
+  BATON_RETURN_IF_ERROR(
+      proto::ClientHello(channel, {.peer_name = "baton-controller",
+                                   .role = "controller",
+                                   .launch_token = "",
+                                   .min_version = proto::kProtocolVersionReattach})
+          .status());
+  return KeeperClient(std::move(io), std::move(channel));
+}
+
+Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
+                                           const std::string& keeper_binary,
+                                           const std::string& log_path, Duration wait) {
+  Result<KeeperClient> client = TryConnect(socket_path);
+  if (client.ok() || keeper_binary.empty()) return client;
+  BATON_LOG(INFO, "keeper") << "no baton-keeper at " << socket_path << " ("
+                            << client.status().message() << "): starting " << keeper_binary;
+  BATON_RETURN_IF_ERROR(StartDetachedKeeper(keeper_binary, socket_path, log_path));
+  const auto until = std::chrono::steady_clock::now() + wait;
+  while (std::chrono::steady_clock::now() < until) {
+    client = TryConnect(socket_path);
+    if (client.ok()) return client;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return client.status().WithContext("baton-keeper did not answer after it was started");
+}
+
+Status KeeperClient::Keep(const std::string& name, const std::string& manifest,
+                          const std::vector<int>& fds) {
+  BATON_RETURN_IF_ERROR(channel_->Send(proto::KeepMemory{.name = name, .manifest = manifest}, fds));
+  BATON_ASSIGN_OR_RETURN(auto answer, Answer(*channel_));
+  if (!answer.first.found) return Internal("baton-keeper did not keep '" + name + "'");
+  return OkStatus();
+}
+
+Result<std::optional<KeptItem>> KeeperClient::Fetch(const std::string& name) {
+  BATON_RETURN_IF_ERROR(channel_->Send(proto::FetchMemory{.name = name}));
+  BATON_ASSIGN_OR_RETURN(auto answer, Answer(*channel_));
+  if (!answer.first.found) return std::optional<KeptItem>();
+  return std::optional<KeptItem>(
+      KeptItem{.manifest = std::move(answer.first.manifest), .fds = std::move(answer.second)});
+}
+
+Status KeeperClient::Release(const std::string& name) {
+  BATON_RETURN_IF_ERROR(channel_->Send(proto::ReleaseMemory{.name = name}));
+  return Answer(*channel_).status();
+}
+
+}  // namespace baton

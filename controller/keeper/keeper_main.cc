@@ -1,0 +1,41 @@
+// baton-keeper: keeps the controller's memory alive while no controller runs
+// (controller/keeper/memory_keeper.h). Started by the controller, detached from it.
+//   baton-keeper --socket PATH [--empty-exit-s N]
+// Exit status: 0 when told to release everything or when idle and empty, 1 when it cannot
+// bind, 2 on bad usage.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "base/log.h"
+#include "controller/keeper/memory_keeper.h"
+
+int main(int argc, char** argv) {
+  baton::KeeperOptions options;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--socket" && i + 1 < argc) {
+      options.socket_path = argv[++i];
+    } else if (a == "--empty-exit-s" && i + 1 < argc) {
+      options.empty_exit = std::chrono::seconds(std::strtoll(argv[++i], nullptr, 10));
+    } else {
+      std::fprintf(stderr, "usage: baton-keeper --socket PATH [--empty-exit-s N]\n");
+      return 2;
+    }
+  }
+  if (options.socket_path.empty()) {
+    std::fprintf(stderr, "baton-keeper: --socket is required\n");
+    return 2;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  ::signal(SIGINT, SIG_IGN);  // a Ctrl-C meant for the controller's terminal is not for it
+  baton::Result<baton::MemoryKeeper> keeper = baton::MemoryKeeper::Bind(options);
+  if (!keeper.ok()) {
+    BATON_LOG(ERROR, "keeper") << "cannot start: " << keeper.status().ToString();
+    return 1;
+  }
+  keeper->Run();
+  return 0;
+}

@@ -1,0 +1,120 @@
+// baton-keeper in a thread of the test, and its client: memory kept across "controllers"
+// (connections), handed back as the same memory, and let go on request.
+#include "controller/keeper/memory_keeper.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "controller/keeper/keeper_client.h"
+#include "proto/hello.h"
+#include "proto/transport/shared_memory.h"
+
+namespace baton {
+namespace {
+
+class MemoryKeeperTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/baton-keeper-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    socket_ = dir_ + "/keeper.sock";
+    Result<MemoryKeeper> keeper = MemoryKeeper::Bind({.socket_path = socket_});
+    ASSERT_TRUE(keeper.ok()) << keeper.status().ToString();
+    thread_ =
+        std::thread([k = std::make_shared<MemoryKeeper>(std::move(keeper).value())] { k->Run(); });
+  }
+  void TearDown() override {
+    if (thread_.joinable()) {
+      Result<KeeperClient> c = KeeperClient::Connect(socket_, "", "");
+      if (c.ok()) (void)c->Release("");
+      thread_.join();
+    }
+    std::string cmd = "rm -rf " + dir_;
+    EXPECT_EQ(std::system(cmd.c_str()), 0);
+  }
+
+  std::string dir_;
+  std::string socket_;
+  std::thread thread_;
+};
+
+ino_t Inode(int fd) {
+  struct stat st {};
+  EXPECT_EQ(::fstat(fd, &st), 0);
+  return st.st_ino;
+}
+
+TEST_F(MemoryKeeperTest, KeepsMemoryAcrossControllersAndHandsBackTheSameMemory) {
+  Result<SharedMemory> memory =
+      SharedMemory::Create({.name = "kept", .size = 8192, .try_huge_pages = false});
+  ASSERT_TRUE(memory.ok());
+  Result<Mapping> map = memory->Map(Protection::kReadWrite);
+  ASSERT_TRUE(map.ok());
+  std::memcpy(map->data(), "weights!", 8);
+  const ino_t inode = Inode(memory->fd());
+  {
+    Result<KeeperClient> first = KeeperClient::Connect(socket_, "", "");
+    ASSERT_TRUE(first.ok()) << first.status().ToString();
+    ASSERT_TRUE(first->Keep("weights", "{\"generation\": 7}", {memory->fd()}).ok());
+  }
+  memory = Unavailable("the controller that made it is gone");
+  *map = Mapping();
+  Result<KeeperClient> next = KeeperClient::Connect(socket_, "", "");
+  ASSERT_TRUE(next.ok());
+  Result<std::optional<KeptItem>> item = next->Fetch("weights");
+  ASSERT_TRUE(item.ok()) << item.status().ToString();
+  ASSERT_TRUE(item->has_value());
+  EXPECT_EQ((*item)->manifest, "{\"generation\": 7}");
+  ASSERT_EQ((*item)->fds.size(), 1u);
+  EXPECT_EQ(Inode((*item)->fds[0].get()), inode) << "the same memfd, not a copy";
+  Result<SharedMemory> back = SharedMemory::Import(std::move((*item)->fds[0]));
+  ASSERT_TRUE(back.ok());
+  Result<Mapping> again = back->Map(Protection::kReadOnly);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(std::memcmp(again->data(), "weights!", 8), 0) << "its contents outlived the maker";
+  Result<std::optional<KeptItem>> none = next->Fetch("pool");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(next->Release("weights").ok());
+  Result<std::optional<KeptItem>> gone = next->Fetch("weights");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
+}
+
+TEST_F(MemoryKeeperTest, ServesTheControllerOnly) {
+  boost::asio::io_context io;
+  Result<proto::Channel> c = proto::Connect(io, socket_);
+  ASSERT_TRUE(c.ok());
+  Result<proto::HelloAck> ack = proto::ClientHello(*c, {.peer_name = "x", .role = "engine"});
+  ASSERT_FALSE(ack.ok());
+  EXPECT_NE(ack.status().message().find("serves the controller only"), std::string::npos);
+  // The keeper goes on serving.
+  Result<KeeperClient> controller = KeeperClient::Connect(socket_, "", "");
+  ASSERT_TRUE(controller.ok()) << controller.status().ToString();
+  EXPECT_TRUE(controller->Fetch("weights").ok());
+}
+
+TEST_F(MemoryKeeperTest, ReleasingEverythingEndsTheKeeper) {
+  Result<KeeperClient> c = KeeperClient::Connect(socket_, "", "");
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(c->Release("").ok());
+  thread_.join();
+  EXPECT_FALSE(KeeperClient::Connect(socket_, "", "").ok()) << "nobody listens any more";
+}
+
+TEST_F(MemoryKeeperTest, ANewControllerStartsTheKeeperWhenNoneAnswers) {
+  const std::string other = dir_ + "/other.sock";
+  const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
+  Result<KeeperClient> started = KeeperClient::Connect(other, binary, dir_ + "/keeper.log");
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  ASSERT_TRUE(started->Keep("pool", "{}", {}).ok());
+  ASSERT_TRUE(started->Release("").ok());
+}
+
+}  // namespace
+}  // namespace baton
