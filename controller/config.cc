@@ -193,6 +193,8 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"controller.metrics_port", Int(&c->metrics_port, 0, 65535)},
       {"controller.metrics_host", Str(&c->metrics_host)},
       {"controller.name", Str(&c->name)},
+      {"controller.readopt_timeout_ms", Time<Millis>(&c->readopt_timeout, 1, kDay)},
+      {"controller.keep_memory", Bool(&c->keep_memory)},
       {"model.dir", Str(&c->model_dir)},
       {"model.numa_node", Int(&c->numa_node, -1, 1023)},
       {"model.huge_pages", Bool(&c->weights_huge_pages)},
@@ -206,6 +208,8 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"engine.promote_timeout_ms", Time<Millis>(&c->promote_timeout, 10, kDay)},
       {"engine.drain_timeout_ms", Time<Millis>(&c->drain_timeout, 0, kDay)},
       {"engine.stop_grace_ms", Time<Millis>(&c->stop_grace, 0, kDay)},
+      {"engine.controller_absent_timeout_ms", Time<Millis>(&c->controller_absent_timeout, 0, kDay)},
+      {"engine.on_controller_absent", Str(&c->on_controller_absent)},
       {"pool.blocks", U32(&c->block_count, 1, 1 << 24)},
       {"pool.block_bytes", Size(&c->block_bytes)},
       {"pool.huge_pages", Bool(&c->pool_huge_pages)},
@@ -390,6 +394,10 @@ Status FinishConfig(ControllerConfig* c) {
   }
   if (c->crash_max_backoff < c->crash_initial_backoff) {
     return InvalidArgument("policy.max_backoff_ms is below policy.initial_backoff_ms");
+  }
+  if (c->on_controller_absent != "serve" && c->on_controller_absent != "stop") {
+    return InvalidArgument("engine.on_controller_absent: \"serve\" or \"stop\", got \"" +
+                           c->on_controller_absent + "\"");
   }
   return OkStatus();
 }

@@ -30,6 +30,12 @@ struct ControllerConfig {
   int metrics_port = 0;  // 0: no /metrics endpoint
   std::string metrics_host = "127.0.0.1";
   std::string name = "baton-controller";
+  // A restarted controller waits this long for the previous one's engines to register
+  // again; those that do not are fenced (controller/core/coordinator_recovery.cc).
+  Duration readopt_timeout = std::chrono::seconds(2);
+  // Keep the weight arena and the pool in baton-keeper, so that a restarted controller
+  // adopts them instead of loading the model again (controller/keeper/).
+  bool keep_memory = true;
 
   // [model]
   std::string model_dir;
@@ -49,6 +55,12 @@ struct ControllerConfig {
   Duration promote_timeout = std::chrono::seconds(5);
   Duration drain_timeout = std::chrono::seconds(10);
   Duration stop_grace = std::chrono::seconds(2);  // shutdown: Stop, then SIGKILL after this
+  // What an engine does when its controller is gone this long (0: never decide): "serve"
+  // (the primary keeps serving, the standby stays half-started, both keep reconnecting) or
+  // "stop" (it exits). Passed to engines in BATON_CONTROLLER_ABSENT_TIMEOUT_MS and
+  // BATON_ON_CONTROLLER_ABSENT.
+  Duration controller_absent_timeout = std::chrono::seconds(0);
+  std::string on_controller_absent = "serve";
 
   // [pool]
   uint32_t block_count = 256;
@@ -90,6 +102,9 @@ struct ControllerConfig {
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }
   std::string command_record_path() const { return state_dir + "/engine_command.json"; }
+  std::string roster_path() const { return state_dir + "/roster.json"; }
+  std::string memory_record_path() const { return state_dir + "/memory.json"; }
+  std::string keeper_socket_path() const { return runtime_dir + "/keeper.sock"; }
 };
 
 // $BATON_RUNTIME_DIR, else /tmp/baton-<uid>.

@@ -1,7 +1,7 @@
 #include "controller/controller.h"
 
-#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -9,7 +9,6 @@
 
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
-#include "cuda/driver/gpu_backend.h"
 #include "proto/hello.h"
 
 namespace baton {
@@ -17,11 +16,7 @@ namespace {
 
 constexpr const char* kLog = "controller";
 constexpr Duration kHelloTimeout = std::chrono::seconds(5);
-constexpr Duration kMaxTickInterval = std::chrono::milliseconds(250);
-// How often the barrier asks NVML whether a reaped holder's GPU context is gone.
-constexpr Duration kGpuReleasePoll = std::chrono::milliseconds(1);
-constexpr size_t kKeepRefusals = 20;
-// What the clients' connections may hold unsent together (proto/transport/send_budget.h).
+// What the clients' connections (batonctl, routers) may hold unsent together.
 constexpr size_t kClientSendBudget = size_t{256} << 20;
 
 Status MakeDir(const std::string& path) {
@@ -34,18 +29,7 @@ Status MakeDir(const std::string& path) {
 
 int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
-CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
-  CrashLoopGuard::Options o;
-  o.max_failures = c.crash_max_failures;
-  o.window = c.crash_window;
-  o.initial_backoff = c.crash_initial_backoff;
-  o.max_backoff = c.crash_max_backoff;
-  o.quiet_period = c.crash_quiet_period;
-  return o;
-}
-
-// Logs which memory backend this controller runs on and why. A configured "cuda" that cannot
-// be used stops the start-up; "auto" falls back to the host backend with the reason.
+// Logs which memory backend this controller runs on and why.
 Result<BackendChoice> ChooseBackend(const ControllerConfig& c) {
   BATON_ASSIGN_OR_RETURN(BackendMode mode, ParseBackendMode(c.gpu_backend));
   BATON_ASSIGN_OR_RETURN(BackendChoice backend,
@@ -63,14 +47,16 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
       started_at_(clock.Now()),
       supervisor_(config_.engine_command, config_.socket_path(), config_.model_dir,
                   config_.runtime_dir, config_.engine_log_dir),
-      pair_(NewPairMachine("pair", clock)),
-      guard_(clock, GuardOptions(config_)),
-      timelines_(clock),
       tick_(io),
-      accept_retry_(io) {}
+      accept_retry_(io) {
+  supervisor_.SetEngineEnvironment({{"BATON_CONTROLLER_ABSENT_TIMEOUT_MS",
+                                     std::to_string(Ms(config_.controller_absent_timeout))},
+                                    {"BATON_ON_CONTROLLER_ABSENT", config_.on_controller_absent}});
+}
 
 Controller::~Controller() {
-  for (auto& [id, e] : engines_) e->process.KillAndReap();
+  coord_.reset();
+  for (auto& [id, h] : handles_) h.process.KillAndReap();
 }
 
 Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& io,
@@ -99,47 +85,17 @@ Status Controller::Init() {
   BATON_ASSIGN_OR_RETURN(EpochJournal journal,
                          EpochJournal::Open(config_.journal_path(), config_.epoch_reserve));
   journal_.emplace(std::move(journal));
-  LoadCommands();
   BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "
                         << journal_->current();
-  ReplenishEpochs();
-
-  WeightCacheOptions wopts;
-  wopts.arena.numa_node = config_.numa_node;
-  wopts.arena.huge_pages = config_.weights_huge_pages;
-  wopts.arena.lock = config_.weights_lock;
-  BATON_ASSIGN_OR_RETURN(WeightCache cache, WeightCache::Load(config_.model_dir, wopts));
-  weights_.emplace(std::move(cache));
-  for (const std::string& w : weights_->arena().warnings()) {
-    BATON_LOG(WARN, kLog) << "weight arena: " << w;
+  Result<std::optional<CommandRecord>> commands = LoadCommandRecord(config_.command_record_path());
+  if (commands.ok()) {
+    found_.commands = *commands;
+  } else {
+    found_.commands_error = commands.status().message();
   }
-
-  const bool huge_blocks = config_.block_bytes % kHugePageSize == 0;
-  if (config_.pool_huge_pages && !huge_blocks) {
-    BATON_LOG(WARN, kLog) << "pool: block_bytes " << config_.block_bytes
-                          << " is not a multiple of 2 MiB; using normal pages";
-  }
-  SharedMemoryOptions popts{.name = "baton-pool",
-                            .size = uint64_t{config_.block_count} * config_.block_bytes,
-                            .try_huge_pages = config_.pool_huge_pages && huge_blocks};
-  BATON_ASSIGN_OR_RETURN(pool_, SharedMemory::Create(popts));
-  if (!pool_.fallback_reason().empty()) {
-    BATON_LOG(WARN, kLog) << "pool: huge pages unavailable, using normal pages: "
-                          << pool_.fallback_reason();
-  }
-  BATON_ASSIGN_OR_RETURN(pool_map_, pool_.Map(Protection::kReadWrite, /*populate=*/true));
-  if (Status sealed = pool_.Seal(Sealing::kFixedSize); !sealed.ok()) {
-    BATON_LOG(WARN, kLog) << "pool: not sealed against resizing (" << sealed.message()
-                          << "): an engine's ftruncate could take its pages from the others";
-  }
-  BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, *ParseBackendMode(config_.gpu_backend)));
-  ledger_ = std::make_unique<PoolLedger>(config_.block_count, *journal_);
-  if (device_ != nullptr) {  // engines map the device pool by whole chunks
-    BATON_RETURN_IF_ERROR(ledger_->SetBlocksPerChunk(
-        static_cast<uint32_t>(device_->stats().pool_chunk_bytes / config_.block_bytes)));
-  }
-  BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
-                        << " bytes, huge_pages=" << pool_.huge_pages();
+  FindPrevious();
+  BATON_RETURN_IF_ERROR(SetUpMemory(backend, *ParseBackendMode(config_.gpu_backend)));
+  coord_ = std::make_unique<Coordinator>(config_, clock_, *journal_, static_cast<Effects&>(*this));
 
   // Sends never block the io thread: a peer that stops reading falls behind in its own queue
   // and is dropped once it takes nothing for a second or is a frame limit behind. Clients
@@ -161,9 +117,11 @@ Status Controller::Init() {
 void Controller::Start() {
   BATON_LOG(INFO, kLog) << "listening on " << config_.socket_path()
                         << "; engine command: " << config_.engine_command.front();
+  for (auto& [id, h] : handles_) {
+    if (h.process.pid() != 0) WatchPid(id);
+  }
   Accept();
-  PublishRoutes();
-  MaybeLaunch();
+  coord_->Start(found_);
   ArmTick();
 }
 
@@ -171,68 +129,52 @@ void Controller::Shutdown(std::function<void()> done) {
   if (stopping_) return;
   stopping_ = true;
   stop_done_ = std::move(done);
-  BATON_LOG(INFO, kLog) << "shutting down: stopping " << engines_.size() << " engines (grace "
-                        << Ms(config_.stop_grace) << " ms)";
+  BATON_LOG(INFO, kLog) << "shutting down: stopping " << coord_->Remaining().size()
+                        << " engines (grace " << Ms(config_.stop_grace) << " ms)";
   tick_.cancel();
   accept_retry_.cancel();
   if (listener_.has_value()) listener_->Close();
-  for (auto& [id, e] : engines_) StopEngine(*e);
+  coord_->BeginShutdown();
   stop_timer_ = std::make_shared<boost::asio::steady_timer>(io_);
-  stop_timer_->expires_after(engines_.empty() ? Duration::zero() : config_.stop_grace);
-  // Runs at the end of the grace, or at once when the last engine has been reaped (cancel).
+  stop_timer_->expires_after(coord_->Remaining().empty() ? Duration::zero() : config_.stop_grace);
+  // Runs at the end of the grace, or at once when the last engine has exited (cancel).
   stop_timer_->async_wait([this](const boost::system::error_code&) { FinishShutdown(); });
-}
-
-void Controller::StopEngine(EngineRecord& e) {
-  if (e.failed.has_value()) return;  // already killed: its reap is on the way
-  Status sent = Unavailable("not connected");
-  if (e.channel != nullptr)
-    sent = e.channel->Send(proto::Stop{.reason = "the controller is shutting down"});
-  // An engine that cannot be told (not connected yet, or its connection broke) gets SIGTERM.
-  if (!sent.ok()) (void)e.process.Signal(SIGTERM);
-}
-
-void Controller::OnStoppedExit(EngineRecord& e, const ExitInfo& exit, bool killed) {
-  if (killed) {
-    BATON_LOG(WARN, kLog) << "engine " << e.id << " (pid " << e.process.pid() << ") still running "
-                          << Ms(config_.stop_grace) << " ms after Stop: SIGKILL sent; "
-                          << exit.ToString();
-  } else {
-    BATON_LOG(INFO, kLog) << "engine " << e.id << " (pid " << e.process.pid() << ") "
-                          << (e.failed.has_value() ? "reaped" : "exited after Stop") << ": "
-                          << exit.ToString();
-  }
-  exits_.push_back(EngineExit{clock_.Now(), e.id, e.process.pid(), e.launch_role,
-                              e.failed.has_value() ? ToString(*e.failed) : "stopped",
-                              exit.ToString()});
-  if (exits_.size() > 20) exits_.pop_front();
-  const EngineId id = e.id;
-  engines_.erase(id);
-  if (engines_.empty() && stop_timer_ != nullptr) stop_timer_->cancel();
 }
 
 void Controller::FinishShutdown() {
   if (!stop_done_) return;
-  while (!engines_.empty()) {
-    EngineRecord& e = *engines_.begin()->second;
-    Result<std::optional<ExitInfo>> exited = e.process.TryReap();
-    if (exited.ok() && exited->has_value()) {  // exited just before its pidfd wakeup ran
-      OnStoppedExit(e, **exited, /*killed=*/false);
+  for (EngineId id : coord_->Remaining()) {
+    EngineHandle* h = Handle(id);
+    if (h == nullptr) {
+      coord_->OnExited(id, "never started");
       continue;
     }
-    e.process.KillAndReap();
-    OnStoppedExit(e, *e.process.exit_info(), /*killed=*/true);
+    Result<std::optional<ExitInfo>> exited = h->process.TryReap();
+    if (exited.ok() && exited->has_value()) {  // exited just before its pidfd wakeup ran
+      coord_->OnExited(id, (*exited)->ToString());
+      continue;
+    }
+    h->process.KillAndReap();
+    BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << h->pid << ") still running "
+                          << Ms(config_.stop_grace) << " ms after Stop: SIGKILL sent; "
+                          << h->process.exit_info()->ToString();
+    coord_->OnExited(id, h->process.exit_info()->ToString());
   }
   conns_.clear();
   listener_.reset();
+  ReleaseKeptMemory();  // a clean stop leaves nothing for a successor
   BATON_LOG(INFO, kLog) << "engines stopped at epoch " << journal_->current();
   std::function<void()> done = std::move(stop_done_);
   stop_done_ = nullptr;
   done();
 }
 
-bool Controller::backoff() const {
-  return pair_.state() == PairState::kDegradedBackoff || pair_.state() == PairState::kDownBackoff;
+void Controller::HandOver(const std::string& why) {
+  BATON_LOG(WARN, kLog) << "handing over to the next controller (" << why
+                        << "): " << handles_.size()
+                        << " engines, the weights and the pool stay; exiting now";
+  // As a crash would: no destructor runs, so nothing is killed or unmapped.
+  std::_Exit(0);
 }
 
 // --- connections ------------------------------------------------------------------------------
@@ -275,13 +217,13 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
                                     .admit = [this](const proto::Hello& h) { return Admit(h); }};
   Result<proto::AcceptedHello> accepted = proto::AnswerHello(*channel, *msg, options);
   if (!accepted.ok()) {
-    Refused(channel->label(), accepted.status().message());
+    coord_->NoteRefusal(channel->label(), accepted.status().message());
     return;
   }
   const proto::Hello& hello = accepted->hello;
   channel->set_label(hello.peer_name.empty() ? hello.role : hello.peer_name);
   if (hello.role == "engine") {
-    AttachEngine(FindByToken(hello.launch_token)->id, std::move(channel));
+    AttachEngine(*coord_->Admit(hello.launch_token), std::move(channel));
   } else if (hello.role == "router") {
     routes_.AddSubscriber(std::move(channel), hello.peer_name);
   } else {
@@ -300,17 +242,7 @@ Status Controller::Admit(const proto::Hello& hello) {
   if (hello.role != "engine") {
     return FailedPrecondition("unknown role '" + hello.role + "' (engine, cli or router)");
   }
-  EngineRecord* e = FindByToken(hello.launch_token);
-  if (e == nullptr) {
-    return FailedPrecondition("wrong launch token: engines must be launched by this controller");
-  }
-  if (e->failed.has_value()) {
-    return FailedPrecondition("engine " + std::to_string(e->id) + " is being fenced");
-  }
-  if (e->channel != nullptr || e->registered) {
-    return FailedPrecondition("engine " + std::to_string(e->id) + " is already connected");
-  }
-  return OkStatus();
+  return coord_->Admit(hello.launch_token).status();
 }
 
 void Controller::ReadCli(uint64_t conn) {
@@ -329,7 +261,7 @@ void Controller::ReadCli(uint64_t conn) {
       reply = HandleCtlRequest(*this, *request);
     } else {
       reply.text = "refused: " + request.status().message();
-      Refused(it->second.channel->label(), request.status().message());
+      coord_->NoteRefusal(it->second.channel->label(), request.status().message());
     }
     it = conns_.find(conn);
     if (it == conns_.end()) return;
@@ -345,18 +277,11 @@ void Controller::ReadCli(uint64_t conn) {
   });
 }
 
-void Controller::Refused(const std::string& who, const std::string& reason) {
-  BATON_LOG(WARN, kLog) << "refused " << who << ": " << reason;
-  refusals_.push_back(Refusal{clock_.Now(), who, reason});
-  if (refusals_.size() > kKeepRefusals) refusals_.pop_front();
-  ++refusal_count_;
-}
-
 void Controller::CloseIdleConnections() {
   const TimePoint now = clock_.Now();
   for (auto it = conns_.begin(); it != conns_.end();) {
     if (!it->second.cli && now - it->second.accepted_at > kHelloTimeout) {
-      Refused(it->second.channel->label(), "no Hello within 5 s");
+      coord_->NoteRefusal(it->second.channel->label(), "no Hello within 5 s");
       it = conns_.erase(it);
     } else {
       ++it;
@@ -369,18 +294,7 @@ void Controller::CloseIdleConnections() {
 void Controller::ArmTick() {
   if (stopping_) return;
   const TimePoint now = clock_.Now();
-  TimePoint when = now + kMaxTickInterval;
-  for (const auto& [id, e] : engines_) {
-    if (e->detector.has_value()) when = std::min(when, e->detector->NextDeadline());
-    if (e->deadline.has_value()) when = std::min(when, *e->deadline);
-  }
-  if (const std::optional<TimePoint> launch = NextLaunchAt(); launch.has_value()) {
-    when = std::min(when, *launch);
-  }
-  if (!barrier_waits_.empty()) when = std::min(when, now + kGpuReleasePoll);
-  if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
-    when = std::min(when, std::max(now, next_device_probe_));
-  }
+  const TimePoint when = coord_->NextWakeup();
   if (tick_at_.has_value() && *tick_at_ <= when && *tick_at_ > now) return;
   tick_at_ = when;
   tick_.expires_after(std::max(Duration::zero(), when - now));
@@ -391,42 +305,8 @@ void Controller::ArmTick() {
   });
 }
 
-// Keeps a batch of epochs durable ahead of the next promotion, at a moment when no failover
-// is in flight; a journal that cannot be written is logged once until it can again.
-void Controller::ReplenishEpochs() {
-  if (failover_.has_value() || promoting_ != kNoEngine || !barrier_waits_.empty()) return;
-  if (clock_.Now() < next_replenish_) return;
-  const uint64_t before = journal_->reserved();
-  Status s = journal_->Replenish();
-  NoteJournalState();
-  if (!s.ok()) {
-    next_replenish_ = clock_.Now() + std::chrono::seconds(5);  // each try spends a batch
-    if (!replenish_failing_) {
-      BATON_LOG(ERROR, kLog) << "cannot reserve epochs ahead (promotions will write the journal "
-                                "themselves): "
-                             << s.ToString();
-    }
-    replenish_failing_ = true;
-    return;
-  }
-  replenish_failing_ = false;
-  if (journal_->reserved() != before) {
-    BATON_LOG(INFO, kLog) << "epochs reserved through " << journal_->reserved();
-  }
-}
-
 void Controller::OnTick() {
-  ++ticks_;
-  TickUpgrade();
-  GiveFreeBlocksToPrimary();
-  RetireStaleStandbys();
-  CheckDevice();
-  ReplenishEpochs();
-  RetryUnfencedHolders();
-  PollBarrierWaits();
-  PollEngines();
-  MaybePromote();
-  MaybeLaunch();
+  coord_->OnTick();
   CloseIdleConnections();
   ArmTick();
 }

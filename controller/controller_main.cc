@@ -46,7 +46,7 @@ int Run(int argc, char** argv) {
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_port != 0) {
     auto started = MetricsServer::Start(io, config.metrics_host, config.metrics_port,
-                                        [c] { return MetricsText(*c); });
+                                        [c] { return MetricsText(c->Snapshot()); });
     if (!started.ok()) {
       BATON_LOG(ERROR, "controller") << "cannot start: " << started.status().ToString();
       return 1;

@@ -93,8 +93,7 @@ void TimelineLog::Close(std::string outcome) {
   open_ = false;
 }
 
-nlohmann::json TimelineLog::ToJson(const PromotionRecord& r) const {
-  const TimePoint now = clock_->Now();
+nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
   const std::optional<TimePoint> first = FirstStamp(r);
   nlohmann::json stamps = nlohmann::json::object();
   for (const auto& [name, stamp] : Stamps(r)) {
@@ -120,9 +119,8 @@ nlohmann::json TimelineLog::ToJson(const PromotionRecord& r) const {
       {"stamps", stamps},       {"phases", phases}};
 }
 
-std::string TimelineLog::ToText(const PromotionRecord& r) const {
+std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   std::ostringstream out;
-  const TimePoint now = clock_->Now();
   const std::optional<TimePoint> first = FirstStamp(r);
   out << r.kind << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine;
   if (r.old_pid != 0) out << " (pid " << r.old_pid << ")";

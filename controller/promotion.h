@@ -71,11 +71,6 @@ class TimelineLog {
   const std::deque<PromotionRecord>& records() const { return records_; }
   TimePoint Now() const { return clock_->Now(); }
 
-  // JSON of one record: every stamp as milliseconds after the record's first stamp, the
-  // phase durations, and the wall-clock time of its first stamp.
-  nlohmann::json ToJson(const PromotionRecord& record) const;
-  // A few lines, one per phase, for `batonctl timeline`.
-  std::string ToText(const PromotionRecord& record) const;
   // One log line summarizing a record.
   static std::string Summary(const PromotionRecord& record);
 
@@ -86,6 +81,12 @@ class TimelineLog {
   bool open_ = false;
   std::deque<PromotionRecord> records_;
 };
+
+// JSON of one record: every stamp as milliseconds after the record's first stamp, the phase
+// durations, and the wall-clock time of its first stamp (`now` is the steady clock's now).
+nlohmann::json TimelineJson(const PromotionRecord& record, TimePoint now);
+// A few lines, one per phase, for `batonctl timeline`.
+std::string TimelineText(const PromotionRecord& record, TimePoint now);
 
 // Wall-clock text ("2024-05-01T12:00:00.123Z") of a steady time point `t`, by its distance
 // from `now`.

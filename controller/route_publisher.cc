@@ -29,7 +29,9 @@ void RoutePublisher::AddSubscriber(std::unique_ptr<proto::Channel> channel,
   subscribers_[id] = Subscriber{.channel = std::move(channel), .name = name};
   BATON_LOG(INFO, "routes") << "subscriber " << name << " added (" << subscribers_.size()
                             << " now)";
-  SendTo(id);
+  // Before the first table (a restarted controller re-adopting its engines) the router keeps
+  // the table it has.
+  if (published_) SendTo(id);
   Watch(id);
 }
 
@@ -110,7 +112,7 @@ void RoutePublisher::Watch(uint64_t id) {
       if (!report.ok()) return Refuse(sub, "bad RouterReport: " + report.status().message());
       Store(id, std::move(report).value());
     } else if (msg->type == proto::MsgType::kSubscribe) {
-      SendTo(id);  // a repeated Subscribe asks for the current table again
+      if (published_) SendTo(id);  // a repeated Subscribe asks for the current table again
     } else {
       return Refuse(sub, "a router connection only sends Subscribe and RouterReport, not " +
                              proto::MsgTypeName(msg->type));

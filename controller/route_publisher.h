@@ -1,7 +1,9 @@
 // RoutePublisher: tells subscribers (the router) which engine serves.
 //
 // A subscriber is a connection that said Hello with role "router" and sent Subscribe. It gets
-// the current RouteTable at once and a new one on every change; Publish() sends only when the
+// the current RouteTable at once (once one was published: a restarted controller publishes
+// none until it has re-adopted its primary, and the router keeps its last table meanwhile)
+// and a new one on every change; Publish() sends only when the
 // entries, the epoch or the pair state differ from the last table, and each table sent has a
 // higher version. A subscriber whose send fails is dropped (its connection is closed).
 //

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/failpoint.h"
 #include "base/io/small_file.h"
 #include "base/log.h"
 #include "proto/wire/crc32c.h"
@@ -153,6 +154,7 @@ Status EpochJournal::WriteRecord(uint64_t epoch) {
     BATON_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeRecord(epoch), tmp));
     if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
   }
+  BATON_FAILPOINT("mid_journal_write");  // the new record written, not yet renamed over
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
     return ErrnoStatus("rename " + tmp + " to " + path_, errno);
   }

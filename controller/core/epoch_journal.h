@@ -38,6 +38,12 @@ class EpochStore {
   // attempted, durable and returns it. On error nothing was committed that current() shows,
   // but the attempted number is never returned later either (it may be on disk).
   virtual Result<uint64_t> Advance() = 0;
+
+  // Makes epochs durable ahead of need, at a quiet moment (a store that reserves none: OK).
+  virtual Status Replenish() { return OkStatus(); }
+  // The outcome of the latest write (OK before the first), and how many writes failed.
+  virtual Status last_write() const { return OkStatus(); }
+  virtual uint64_t write_failures() const { return 0; }
 };
 
 class EpochJournal final : public EpochStore {
@@ -69,13 +75,13 @@ class EpochJournal final : public EpochStore {
   // (with a batch of 1: never, every Advance writes), or when the latest write failed, so
   // that a journal that can be written again is seen to be. For quiet moments (the
   // controller's tick), so that promotions find their epoch already durable.
-  Status Replenish();
+  Status Replenish() override;
 
   const std::string& path() const { return path_; }
   uint64_t reserve_batch() const { return reserve_batch_; }
   // The outcome of the latest write (OK before the first), and how many writes failed.
-  const Status& last_write() const { return last_write_; }
-  uint64_t write_failures() const { return write_failures_; }
+  Status last_write() const override { return last_write_; }
+  uint64_t write_failures() const override { return write_failures_; }
 
   // Encodes/decodes one record (exposed for tests and tools).
   static std::string EncodeRecord(uint64_t epoch);

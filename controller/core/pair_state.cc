@@ -10,11 +10,27 @@ using PE = PairEvent;
 
 // clang-format off
 constexpr Transition<ES, EE> kEngineTable[] = {
-    {ES::kLaunching, EE::kRegistered,     ES::kStandby},
+    {ES::kLaunching, EE::kRegisterAccepted, ES::kRegistering},
     {ES::kLaunching, EE::kDied,           ES::kFencing},
     {ES::kLaunching, EE::kHungConfirmed,  ES::kFencing},
     {ES::kLaunching, EE::kErrorReported,  ES::kFencing},
     {ES::kLaunching, EE::kFenceStarted,   ES::kFencing},
+
+    {ES::kRegistering, EE::kRegistered,    ES::kStandby},
+    {ES::kRegistering, EE::kDied,          ES::kFencing},
+    {ES::kRegistering, EE::kHungConfirmed, ES::kFencing},
+    {ES::kRegistering, EE::kErrorReported, ES::kFencing},
+    {ES::kRegistering, EE::kFenceStarted,  ES::kFencing},
+
+    {ES::kAdopting,  EE::kRegisterAccepted,   ES::kRegistering},
+    {ES::kAdopting,  EE::kReadoptedStandby,   ES::kStandby},
+    {ES::kAdopting,  EE::kReadoptedPromoting, ES::kPromoting},
+    {ES::kAdopting,  EE::kReadoptedServing,   ES::kPrimary},
+    {ES::kAdopting,  EE::kReadoptedDraining,  ES::kDraining},
+    {ES::kAdopting,  EE::kDied,               ES::kFencing},
+    {ES::kAdopting,  EE::kHungConfirmed,      ES::kFencing},
+    {ES::kAdopting,  EE::kErrorReported,      ES::kFencing},
+    {ES::kAdopting,  EE::kFenceStarted,       ES::kFencing},
 
     {ES::kStandby,   EE::kPromoteStarted, ES::kPromoting},
     {ES::kStandby,   EE::kDied,           ES::kFencing},
@@ -125,6 +141,28 @@ constexpr Transition<PS, PE> kPairTable[] = {
     {PS::kStopped,         PE::kPrimaryHung,              PS::kStopped},
     {PS::kStopped,         PE::kErrorReported,            PS::kStopped},
     {PS::kStopped,         PE::kFenceDone,                PS::kStopped},
+
+    // A restarted controller: the previous one's engines register again or are fenced.
+    {PS::kRecovering,      PE::kStandbyReady,             PS::kRecovering},
+    {PS::kRecovering,      PE::kStandbyDied,              PS::kRecovering},
+    {PS::kRecovering,      PE::kPromoteDone,              PS::kDegraded},
+    {PS::kRecovering,      PE::kPrimaryDied,              PS::kFailingOver},
+    {PS::kRecovering,      PE::kPrimaryHung,              PS::kFailingOver},
+    {PS::kRecovering,      PE::kErrorReported,            PS::kFailingOver},
+    {PS::kRecovering,      PE::kFenceDone,                PS::kRecovering},
+    {PS::kRecovering,      PE::kRecoveryDone,             PS::kStarting},
+    {PS::kRecovering,      PE::kCrashLoopTripped,         PS::kDownBackoff},
+    // A primary re-adopted while another engine is still awaited, or a failover that ends
+    // while it is: recovery ending changes nothing more.
+    {PS::kDegraded,        PE::kRecoveryDone,             PS::kDegraded},
+    {PS::kReady,           PE::kRecoveryDone,             PS::kReady},
+    {PS::kFailingOver,     PE::kRecoveryDone,             PS::kFailingOver},
+    {PS::kDown,            PE::kRecoveryDone,             PS::kDown},
+    {PS::kDegradedBackoff, PE::kRecoveryDone,             PS::kDegradedBackoff},
+    {PS::kDownBackoff,     PE::kRecoveryDone,             PS::kDownBackoff},
+    {PS::kDraining,        PE::kRecoveryDone,             PS::kDraining},
+    {PS::kStopped,         PE::kRecoveryDone,             PS::kStopped},
+    {PS::kSwitchingOver,   PE::kRecoveryDone,             PS::kSwitchingOver},
 };
 // clang-format on
 
@@ -134,6 +172,10 @@ const char* ToString(EngineState state) {
   switch (state) {
     case ES::kLaunching:
       return "launching";
+    case ES::kRegistering:
+      return "registering";
+    case ES::kAdopting:
+      return "adopting";
     case ES::kStandby:
       return "standby";
     case ES::kPromoting:
@@ -152,8 +194,18 @@ const char* ToString(EngineState state) {
 
 const char* ToString(EngineEvent event) {
   switch (event) {
+    case EE::kRegisterAccepted:
+      return "register_accepted";
     case EE::kRegistered:
       return "registered";
+    case EE::kReadoptedStandby:
+      return "readopted_standby";
+    case EE::kReadoptedPromoting:
+      return "readopted_promoting";
+    case EE::kReadoptedServing:
+      return "readopted_serving";
+    case EE::kReadoptedDraining:
+      return "readopted_draining";
     case EE::kPromoteStarted:
       return "promote_started";
     case EE::kPromoteDone:
@@ -200,6 +252,8 @@ const char* ToString(PairState state) {
       return "draining";
     case PS::kStopped:
       return "stopped";
+    case PS::kRecovering:
+      return "recovering";
   }
   return "unknown";
 }
@@ -230,6 +284,8 @@ const char* ToString(PairEvent event) {
       return "crash_loop_tripped";
     case PE::kBackoffElapsed:
       return "backoff_elapsed";
+    case PE::kRecoveryDone:
+      return "recovery_done";
   }
   return "unknown";
 }
@@ -242,8 +298,14 @@ EngineMachine NewEngineMachine(uint64_t engine_id, const Clock& clock) {
                        EngineState::kLaunching, clock);
 }
 
-PairMachine NewPairMachine(std::string name, const Clock& clock) {
-  return PairMachine(std::move(name), PairTable(), PairState::kStarting, clock);
+PairMachine NewPairMachine(std::string name, const Clock& clock, bool recovering) {
+  return PairMachine(std::move(name), PairTable(),
+                     recovering ? PairState::kRecovering : PairState::kStarting, clock);
+}
+
+EngineMachine AdoptedEngineMachine(uint64_t engine_id, const Clock& clock) {
+  return EngineMachine("engine " + std::to_string(engine_id), EngineTable(), EngineState::kAdopting,
+                       clock);
 }
 
 bool PairServes(PairState state) {

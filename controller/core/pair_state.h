@@ -6,12 +6,15 @@
 // is kept, with its time from the injected Clock, in a bounded history for `batonctl status`.
 //
 // Engine states follow one engine process from launch to death:
-//   launching -> standby -> promoting -> primary -> draining -> fencing -> dead
+//   launching -> registering -> standby -> promoting -> primary -> draining -> fencing -> dead
+// An engine a previous controller launched starts in adopting (its process found alive, not
+// registered again yet) and goes to the state it reports, or to fencing.
 // Pair states describe what the service can do:
 //   starting, ready (primary + standby), degraded (primary, no standby),
 //   failing_over (primary lost, standby being promoted), switching_over (planned promotion),
 //   down (no primary, no standby to promote), degraded_backoff / down_backoff (the crash-loop
-//   guard holds restarts back), draining, stopped.
+//   guard holds restarts back), draining, stopped, and recovering (a restarted controller
+//   waits for a previous controller's engines to register again).
 //
 // Ownership: the controller owns one PairMachine per pair and one EngineMachine per engine;
 // the Clock must outlive them. Thread: io_context thread only.
@@ -30,6 +33,8 @@ namespace baton {
 
 enum class EngineState {
   kLaunching,
+  kRegistering,  // Register accepted; mapping the weights, reserving the pool range
+  kAdopting,     // launched by a previous controller; not registered with this one yet
   kStandby,
   kPromoting,
   kPrimary,
@@ -39,17 +44,22 @@ enum class EngineState {
 };
 
 enum class EngineEvent {
-  kRegistered,      // connected, weights mapped, pool range reserved
-  kPromoteStarted,  // the controller began promoting it
-  kPromoteDone,     // it serves as primary
-  kDrain,           // stop taking new requests (planned switch-over)
-  kDrainCancelled,  // the switch-over was abandoned; serve again
-  kDrained,         // in-flight requests finished
-  kDied,            // the process exited (pidfd) or its socket closed
-  kHungConfirmed,   // missed heartbeats and no answer to the health request
-  kErrorReported,   // the SDK reported an async device error
-  kFenceStarted,    // the controller revokes it (planned, stale after restart, misbehaving)
-  kFenceDone,       // reaped and past the barrier; its blocks have moved
+  kRegisterAccepted,    // Register checked and answered (RegisterAck sent)
+  kRegistered,          // StandbyReady: weights mapped, pool range reserved
+  kReadoptedStandby,    // a previous controller's engine reattached as a standby
+  kReadoptedPromoting,  // ... promoted, not serving yet
+  kReadoptedServing,    // ... serving
+  kReadoptedDraining,   // ... draining
+  kPromoteStarted,      // the controller began promoting it
+  kPromoteDone,         // it serves as primary
+  kDrain,               // stop taking new requests (planned switch-over)
+  kDrainCancelled,      // the switch-over was abandoned; serve again
+  kDrained,             // in-flight requests finished
+  kDied,                // the process exited (pidfd) or its socket closed
+  kHungConfirmed,       // missed heartbeats and no answer to the health request
+  kErrorReported,       // the SDK reported an async device error
+  kFenceStarted,        // the controller revokes it (planned, stale after restart, misbehaving)
+  kFenceDone,           // reaped and past the barrier; its blocks have moved
 };
 
 enum class PairState {
@@ -63,6 +73,7 @@ enum class PairState {
   kDownBackoff,
   kDraining,
   kStopped,
+  kRecovering,
 };
 
 enum class PairEvent {
@@ -78,6 +89,7 @@ enum class PairEvent {
   kDrained,
   kCrashLoopTripped,  // a restart is due but the crash-loop guard holds it back
   kBackoffElapsed,
+  kRecoveryDone,  // every previous controller's engine is re-adopted or fenced
 };
 
 const char* ToString(EngineState state);
@@ -166,8 +178,10 @@ std::span<const Transition<PairState, PairEvent>> PairTable();
 
 // An engine machine in kLaunching, named "engine <id>".
 EngineMachine NewEngineMachine(uint64_t engine_id, const Clock& clock);
-// A pair machine in kStarting.
-PairMachine NewPairMachine(std::string name, const Clock& clock);
+// A pair machine in kStarting (kRecovering when `recovering`).
+PairMachine NewPairMachine(std::string name, const Clock& clock, bool recovering = false);
+// An engine machine in kAdopting, named "engine <id>".
+EngineMachine AdoptedEngineMachine(uint64_t engine_id, const Clock& clock);
 
 // True for the pair states in which a primary serves traffic.
 bool PairServes(PairState state);

@@ -11,9 +11,9 @@
 // first one violated.
 //
 // After a controller restart the ledger starts in recovery: every block is quarantined to
-// the previous incarnation; engines that reconnect at the current durable epoch re-adopt the
-// blocks they hold (Readopt); EndRecovery frees the rest once the caller has seen every
-// previous-incarnation process reaped and the barrier passed.
+// the previous incarnation; a holder that reattaches re-adopts the blocks it holds at the
+// epoch a previous controller gave it (Readopt); EndRecovery frees the rest once the caller
+// has seen every previous-incarnation process not re-adopted exit and pass the barrier.
 //
 // Ownership: the controller owns the ledger; the ledger keeps a reference to the EpochStore,
 // which must outlive it. Thread: io_context thread only.
@@ -73,6 +73,9 @@ struct LedgerEngine {
   uint64_t accepted_epoch = 0;
   uint64_t promoted_seq = 0;
   uint64_t fenced_seq = 0;
+  // Re-adopted after a restart: its epoch was issued by a previous controller, below the
+  // floor of this one.
+  bool readopted = false;
 };
 
 struct LedgerSnapshot {
@@ -144,8 +147,10 @@ class PoolLedger {
   uint32_t FreeBesideHeld(EngineId id) const;
 
   // --- recovery ---------------------------------------------------------------------------
-  // A holder reconnecting after a controller restart claims `extents` at `epoch`, which must
-  // be the durable epoch the ledger started at; the blocks must still be unclaimed.
+  // A holder reattaching after a controller restart claims `extents` at `epoch`: issued by a
+  // previous controller (0 < epoch <= the durable epoch the ledger started at), held by no
+  // other holder; the blocks must still be unclaimed. The caller has checked the claim
+  // against what the previous controller recorded (controller/core/roster.h).
   Status Readopt(EngineId id, uint64_t epoch, const std::vector<Extent>& extents);
   // The caller states every previous-incarnation process not re-adopted is reaped and past
   // the barrier. Unclaimed blocks become free.

@@ -54,12 +54,15 @@ Status PoolLedger::CheckTiling() const {
   }
   uint32_t pos = 0;
   for (const Piece& p : pieces) {
-    const std::string what =
-        p.holder == kNoEngine ? "a free run" : "a lease of " + EngineName(p.holder);
-    if (p.count == 0) return Violation(1, kOneWriter, what + " is empty");
+    // Named only when broken: this runs after every controller event.
+    auto what = [&p] {
+      return p.holder == kNoEngine ? std::string("a free run")
+                                   : "a lease of " + EngineName(p.holder);
+    };
+    if (p.count == 0) return Violation(1, kOneWriter, what() + " is empty");
     if (p.first < pos) {
       return Violation(1, kOneWriter,
-                       "block " + std::to_string(p.first) + " is in two records (" + what + ")");
+                       "block " + std::to_string(p.first) + " is in two records (" + what() + ")");
     }
     if (p.first > pos) {
       return Violation(1, kOneWriter, "block " + std::to_string(pos) + " is in no record");
@@ -80,23 +83,25 @@ Status PoolLedger::CheckLeaseHolders() const {
   std::map<EngineId, uint32_t> counted;
   for (const auto& [first, lease] : leases_) {
     counted[lease.holder] += lease.extent.count;
-    const std::string where =
-        "blocks " + ToString(lease.extent) + " of " + EngineName(lease.holder);
+    auto where = [&lease] {
+      return "blocks " + ToString(lease.extent) + " of " + EngineName(lease.holder);
+    };
     if (lease.holder == kPreviousIncarnation) {
       if (lease.state != LeaseState::kQuarantined || !recovering_) {
-        return Violation(2, kBarrier, where + " outlive the recovery");
+        return Violation(2, kBarrier, where() + " outlive the recovery");
       }
       continue;
     }
     const LedgerEngine* e = engine(lease.holder);
-    if (e == nullptr) return Violation(1, kOneWriter, where + ": the holder is unknown");
+    if (e == nullptr) return Violation(1, kOneWriter, where() + ": the holder is unknown");
     if (lease.state == LeaseState::kGranted && e->role != LedgerRole::kHolder &&
         e->role != LedgerRole::kStandby) {
-      return Violation(1, kOneWriter, where + " are granted to a " + ToString(e->role) + " engine");
+      return Violation(1, kOneWriter,
+                       where() + " are granted to a " + ToString(e->role) + " engine");
     }
     if (lease.state == LeaseState::kQuarantined && e->role != LedgerRole::kFenced) {
       return Violation(2, kBarrier,
-                       where + " are quarantined under a " + ToString(e->role) + " engine");
+                       where() + " are quarantined under a " + ToString(e->role) + " engine");
     }
   }
   for (const auto& [id, e] : engines_) {
@@ -118,24 +123,25 @@ Status PoolLedger::CheckBarrier() const {
     for (uint32_t b = first; b < lease.extent.end(); ++b) {
       const EngineId from = fenced_from_[b];
       if (from == kNoEngine || from == lease.holder) continue;
-      const std::string where = "block " + std::to_string(b) + " granted to " +
-                                EngineName(lease.holder) + " at epoch " +
-                                std::to_string(lease.epoch);
+      auto where = [&lease, b] {
+        return "block " + std::to_string(b) + " granted to " + EngineName(lease.holder) +
+               " at epoch " + std::to_string(lease.epoch);
+      };
       if (from == kPreviousIncarnation) {
-        if (recovering_) return Violation(2, kBarrier, where + " before recovery ended");
+        if (recovering_) return Violation(2, kBarrier, where() + " before recovery ended");
         continue;
       }
       const LedgerEngine* old = engine(from);
       if (old == nullptr) continue;  // pruned tombstones were released
       if (old->role != LedgerRole::kReleased) {
         return Violation(2, kBarrier,
-                         where + " while " + EngineName(from) + " (" + ToString(old->role) +
+                         where() + " while " + EngineName(from) + " (" + ToString(old->role) +
                              ") is not reaped and past the barrier");
       }
       if (old->epoch >= lease.epoch) {
-        return Violation(
-            2, kBarrier,
-            where + " is not above " + EngineName(from) + "'s epoch " + std::to_string(old->epoch));
+        return Violation(2, kBarrier,
+                         where() + " is not above " + EngineName(from) + "'s epoch " +
+                             std::to_string(old->epoch));
       }
     }
   }
@@ -165,7 +171,7 @@ Status PoolLedger::CheckEpochs() const {
                            " above the issued " + std::to_string(issued_));
     }
     if (e.role != LedgerRole::kHolder) continue;
-    if (e.epoch < floor_) {
+    if (e.epoch < floor_ && !e.readopted) {
       return Violation(3, kMonotonic,
                        EngineName(id) + " holds epoch " + std::to_string(e.epoch) +
                            " from before the restart at " + std::to_string(floor_));

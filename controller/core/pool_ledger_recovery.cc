@@ -27,10 +27,10 @@ Status PoolLedger::Readopt(EngineId id, uint64_t epoch, const std::vector<Extent
   if (engine(id) != nullptr) {
     return Refuse(id, FailedPrecondition("readopt: " + EngineName(id) + " is known"));
   }
-  if (epoch == 0 || epoch != floor_) {
-    return Refuse(
-        id, FailedPrecondition("readopt: claims epoch " + std::to_string(epoch) +
-                               " but the durable epoch is " + std::to_string(floor_) + "; stale"));
+  if (epoch == 0 || epoch > floor_) {
+    return Refuse(id, FailedPrecondition("readopt: claims epoch " + std::to_string(epoch) +
+                                         ", which no previous controller issued (durable " +
+                                         std::to_string(floor_) + ")"));
   }
   for (const auto& [other, e] : engines_) {
     if (e.epoch == epoch) {
@@ -55,6 +55,7 @@ Status PoolLedger::Readopt(EngineId id, uint64_t epoch, const std::vector<Extent
   e.role = LedgerRole::kHolder;
   e.epoch = epoch;
   e.promoted_seq = ++seq_;
+  e.readopted = true;
   for (const Extent& x : sorted) {
     SplitAt(x.first);
     auto end = SplitAt(x.end());

@@ -92,8 +92,8 @@ int ParseArgs(int argc, char** argv, Args* args) {
       args->rest.push_back(a);
     }
   }
-  static const std::set<std::string> kCommands = {"status",   "promote", "drain",   "drill",
-                                                  "timeline", "upgrade", "rollback"};
+  static const std::set<std::string> kCommands = {"status",   "promote", "drain",    "drill",
+                                                  "timeline", "upgrade", "rollback", "controller"};
   if (args->command.empty()) return usage("no command given");
   if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
   if (args->command == "drill") {
@@ -108,6 +108,10 @@ int ParseArgs(int argc, char** argv, Args* args) {
   } else if (args->command == "rollback") {
     if (Result<UpgradeRequest> r = ParseRollbackArgs(args->rest); !r.ok()) {
       return usage(r.status().message());
+    }
+  } else if (args->command == "controller") {
+    if (args->rest.size() != 1 || args->rest[0] != "restart") {
+      return usage("controller needs: restart");
     }
   } else if (!args->rest.empty()) {
     return usage(args->command + " takes no arguments");

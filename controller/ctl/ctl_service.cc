@@ -1,8 +1,5 @@
 #include "controller/ctl/ctl_service.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <sstream>
 
 #include "controller/upgrade/ctl_upgrade.h"
@@ -14,17 +11,17 @@ using nlohmann::json;
 
 constexpr size_t kMaxExtentsShown = 64;  // per engine in `status`; extent_count has them all
 
-double AgoMs(const Controller& c, TimePoint t) { return MillisBetween(t, c.clock().Now()); }
+double AgoMs(const ControllerStatus& c, TimePoint t) { return MillisBetween(t, c.core.now); }
 
-json EngineJson(const Controller& c, const EngineRecord& e) {
-  const LedgerEngine* le = c.ledger().engine(e.id);
+json EngineJson(const ControllerStatus& c, const EngineStatus& e) {
   json j = {{"id", e.id},
-            {"role", EngineRole(c, e)},
-            {"state", ToString(e.machine.state())},
+            {"role", e.role},
+            {"state", ToString(e.state)},
             {"launched_as", e.launch_role},
-            {"pid", e.process.pid()},
-            {"epoch", le != nullptr ? le->epoch : 0},
-            {"blocks", le != nullptr ? le->blocks : 0},
+            {"pid", e.pid},
+            {"adopted", e.adopted},
+            {"epoch", e.ledger.epoch},
+            {"blocks", e.ledger.blocks},
             {"version", e.version},
             {"http_address", e.http_address},
             {"port", e.port},
@@ -34,88 +31,79 @@ json EngineJson(const Controller& c, const EngineRecord& e) {
             {"uptime_s", AgoMs(c, e.launched_at) / 1000.0},
             {"prefault_ms", static_cast<double>(e.prefault_us) / 1000.0}};
   // [first, count] of each lease, granted or quarantined: the first kMaxExtentsShown of them.
-  const std::vector<Lease> leases = c.ledger().LeasesOf(e.id);
   json extents = json::array();
-  for (size_t i = 0; i < leases.size() && i < kMaxExtentsShown; ++i) {
-    extents.push_back({leases[i].extent.first, leases[i].extent.count});
+  for (size_t i = 0; i < e.leases.size() && i < kMaxExtentsShown; ++i) {
+    extents.push_back({e.leases[i].extent.first, e.leases[i].extent.count});
   }
   j["extents"] = std::move(extents);
-  j["extent_count"] = leases.size();
-  if (c.cuda_backend()) j["device_memory"] = e.device_memory;
+  j["extent_count"] = e.leases.size();
+  if (c.core.cuda_backend) j["device_memory"] = e.device_memory;
   if (e.registered) j["last_heartbeat_ms_ago"] = AgoMs(c, e.last_heartbeat);
-  if (e.detector.has_value()) j["detector"] = ToString(e.detector->state());
-  if (e.failed.has_value()) j["fence_reason"] = e.fail_reason;
-  j["cgroup"] = e.cgroup != nullptr ? json(e.cgroup->path()) : json();
-  j["cpu_s"] = e.cgroup != nullptr ? json(e.cgroup->CpuSeconds()) : json();
+  if (e.detector.has_value()) j["detector"] = ToString(*e.detector);
+  if (e.fence_reason.has_value()) j["fence_reason"] = *e.fence_reason;
+  auto cg = c.engine_cgroups.find(e.id);
+  auto cpu = c.engine_cpu_s.find(e.id);
+  j["cgroup"] = cg != c.engine_cgroups.end() ? json(cg->second) : json();
+  j["cpu_s"] = cpu != c.engine_cpu_s.end() ? json(cpu->second) : json();
   return j;
 }
 
 // How a fence finds an engine's processes: a cgroup per engine, or its process group only.
-json FencingJson(const Controller& c) {
-  const EngineCgroups* g = c.cgroups();
-  return {{"by", g != nullptr ? "cgroup" : "process_group"},
-          {"cgroup_base", g != nullptr ? json(g->base()) : json()},
-          {"cgroup_off_reason", c.cgroups_off_reason()},
-          {"leftovers_killed", g != nullptr ? g->leftovers_killed() : 0},
-          {"barrier_waits", c.barrier_waits()}};
+json FencingJson(const ControllerStatus& c) {
+  const bool by_cgroup = !c.cgroup_base.empty();
+  return {{"by", by_cgroup ? "cgroup" : "process_group"},
+          {"cgroup_base", by_cgroup ? json(c.cgroup_base) : json()},
+          {"cgroup_off_reason", c.cgroups_off_reason},
+          {"leftovers_killed", c.leftovers_killed},
+          {"barrier_waits", c.core.barrier_waits}};
 }
 
-json PoolJson(const Controller& c) {
-  const LedgerSnapshot s = c.ledger().Snapshot();
+json PoolJson(const ControllerStatus& c) {
+  const LedgerSnapshot& s = c.core.ledger;
   return {{"blocks", s.block_count},
-          {"block_bytes", c.config().block_bytes},
-          {"bytes", c.pool().size()},
+          {"block_bytes", c.config->block_bytes},
+          {"bytes", c.pool.bytes},
           {"free", s.free_blocks},
           {"granted", s.granted_blocks},
           {"quarantined", s.quarantined_blocks},
           {"leases", s.leases},
-          {"huge_pages", c.pool().huge_pages()},
-          {"huge_pages_fallback", c.pool().fallback_reason()}};
+          {"huge_pages", c.pool.huge_pages},
+          {"huge_pages_fallback", c.pool.huge_pages_fallback},
+          {"adopted", c.pool.adopted}};
 }
 
-// Bytes of [data, data + size) resident in memory now (mincore), or -1 if unknown.
-int64_t ResidentBytes(const uint8_t* data, uint64_t size) {
-  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  if (data == nullptr || size == 0) return 0;
-  std::vector<unsigned char> pages((size + page - 1) / page);
-  if (::mincore(const_cast<uint8_t*>(data), size, pages.data()) != 0) return -1;
-  uint64_t resident = 0;
-  for (unsigned char p : pages) resident += (p & 1) != 0 ? page : 0;
-  return static_cast<int64_t>(std::min(resident, size));
+json WeightsJson(const ControllerStatus& c) {
+  const WeightsStatus& w = c.weights;
+  return {{"model_dir", w.model_dir},
+          {"tensors", w.tensors},
+          {"tensor_bytes", w.tensor_bytes},
+          {"arena_bytes", w.arena_bytes},
+          {"resident_bytes", w.resident_bytes},
+          {"huge_pages", w.huge_pages},
+          {"numa_node", w.numa_node},
+          {"numa_bound", w.numa_bound},
+          {"numa_source", w.numa_source},
+          {"locked", w.locked},
+          {"load_method", w.load_method},
+          {"load_s", w.load_s},
+          {"load_gbps", w.load_gbps},
+          {"bytes_read", w.bytes_read},
+          {"warnings", w.warnings}};
 }
 
-json WeightsJson(const Controller& c) {
-  const WeightCache& w = c.weights();
-  const PinnedArena& a = w.arena();
-  return {{"model_dir", w.dir()},
-          {"tensors", w.tensors().size()},
-          {"tensor_bytes", w.tensor_bytes()},
-          {"arena_bytes", a.size()},
-          {"resident_bytes", ResidentBytes(a.data(), a.size())},
-          {"huge_pages", a.huge_pages()},
-          {"numa_node", a.numa_node()},
-          {"numa_bound", a.numa_bound()},
-          {"numa_source", a.numa_source()},
-          {"locked", a.locked()},
-          {"load_method", w.load_stats().method},
-          {"load_s", w.load_stats().seconds},
-          {"load_gbps", w.load_stats().gbps},
-          {"warnings", a.warnings()}};
-}
-
-json DeviceJson(const Controller& c) {
-  if (!c.cuda_backend()) return {{"backend", "host"}};
+json DeviceJson(const ControllerStatus& c) {
+  if (!c.core.cuda_backend) return {{"backend", "host"}};
+  const DeviceStatus& d = c.device;
   json j = {{"backend", "cuda"},
-            {"lost", c.device() == nullptr},
-            {"losses", c.device_losses()},
-            {"rebuilds", c.device_rebuilds()},
-            {"last_loss", c.device_lost_reason()},
+            {"lost", !d.present},
+            {"losses", c.core.device_losses},
+            {"rebuilds", c.core.device_rebuilds},
+            {"last_loss", c.core.device_lost_reason},
             {"nvml_lists_engines",
-             c.nvml_lists_engines().has_value() ? json(*c.nvml_lists_engines()) : json()}};
-  const DeviceOwner* d = c.device();
-  if (d == nullptr) return j;
-  const DeviceOwnerStats& s = d->stats();
-  j.update(json{{"device", d->device()},
+             d.nvml_lists_engines.has_value() ? json(*d.nvml_lists_engines) : json()}};
+  if (!d.present) return j;
+  const DeviceOwnerStats& s = d.stats;
+  j.update(json{{"device", d.device},
                 {"weights_bytes", s.weights_bytes},
                 {"weights_chunks", s.weights_chunks},
                 {"pinned", s.pinned},
@@ -128,31 +116,30 @@ json DeviceJson(const Controller& c) {
   return j;
 }
 
-json GuardJson(const Controller& c) {
-  const CrashLoopGuard& g = c.guard();
-  json j = {{"in_backoff", g.InBackoff()},
-            {"level", g.level()},
-            {"recent_failures", g.recent_failures()},
-            {"total_failures", g.total_failures()},
-            {"max_failures", c.config().crash_max_failures},
-            {"window_s", std::chrono::duration<double>(c.config().crash_window).count()}};
-  if (g.InBackoff()) j["next_restart_in_ms"] = MillisBetween(c.clock().Now(), g.NextRestartAt());
+json GuardJson(const ControllerStatus& c) {
+  const CoordinatorStatus& g = c.core;
+  json j = {{"in_backoff", g.guard_in_backoff},
+            {"level", g.guard_level},
+            {"recent_failures", g.guard_recent_failures},
+            {"total_failures", g.guard_total_failures},
+            {"max_failures", c.config->crash_max_failures},
+            {"window_s", std::chrono::duration<double>(c.config->crash_window).count()}};
+  if (g.guard_in_backoff) j["next_restart_in_ms"] = MillisBetween(g.now, g.guard_next_restart_at);
   return j;
 }
 
 template <typename Record>
-json TransitionJson(const Controller& c, const std::string& machine, const Record& r) {
-  return {{"machine", machine},         {"from", ToString(r.from)},
-          {"event", ToString(r.event)}, {"to", ToString(r.to)},
-          {"ms_ago", AgoMs(c, r.at)},   {"at", WallTime(r.at, c.clock().Now())}};
+json TransitionJson(const ControllerStatus& c, const std::string& machine, const Record& r) {
+  return {{"machine", machine},   {"from", ToString(r.from)}, {"event", ToString(r.event)},
+          {"to", ToString(r.to)}, {"ms_ago", AgoMs(c, r.at)}, {"at", WallTime(r.at, c.core.now)}};
 }
 
-json TransitionsJson(const Controller& c) {
+json TransitionsJson(const ControllerStatus& c) {
   std::vector<std::pair<TimePoint, json>> all;
-  for (const auto& r : c.pair().history()) all.emplace_back(r.at, TransitionJson(c, "pair", r));
-  for (const auto& [id, e] : c.engines()) {
-    for (const auto& r : e->machine.history()) {
-      all.emplace_back(r.at, TransitionJson(c, e->machine.name(), r));
+  for (const auto& r : c.core.pair_history) all.emplace_back(r.at, TransitionJson(c, "pair", r));
+  for (const EngineStatus& e : c.core.engines) {
+    for (const auto& r : e.history) {
+      all.emplace_back(r.at, TransitionJson(c, "engine " + std::to_string(e.id), r));
     }
   }
   std::stable_sort(all.begin(), all.end(),
@@ -163,13 +150,13 @@ json TransitionsJson(const Controller& c) {
   return out;
 }
 
-json HistoryJson(const Controller& c) {
+json HistoryJson(const ControllerStatus& c) {
   json refusals = json::array();
-  for (const Refusal& r : c.refusals()) {
+  for (const Refusal& r : c.core.refusals) {
     refusals.push_back({{"who", r.who}, {"reason", r.reason}, {"ms_ago", AgoMs(c, r.at)}});
   }
   json exits = json::array();
-  for (const EngineExit& x : c.exits()) {
+  for (const EngineExit& x : c.core.exits) {
     exits.push_back({{"id", x.id},
                      {"pid", x.pid},
                      {"launched_as", x.launch_role},
@@ -180,8 +167,8 @@ json HistoryJson(const Controller& c) {
   return {{"refusals", refusals}, {"exits", exits}};
 }
 
-json RoutesJson(const Controller& c) {
-  const proto::RouteTable& t = c.routes().current();
+json RoutesJson(const ControllerStatus& c) {
+  const proto::RouteTable& t = c.routes;
   json entries = json::array();
   for (const proto::RouteEntry& e : t.entries) {
     entries.push_back({{"engine_id", e.engine_id},
@@ -192,8 +179,25 @@ json RoutesJson(const Controller& c) {
   }
   return {{"version", t.version},
           {"epoch", t.epoch},
-          {"subscribers", c.routes().subscriber_count()},
+          {"subscribers", c.route_subscribers},
           {"entries", entries}};
+}
+
+// What a restarted controller found and re-adopted.
+json RecoveryJson(const ControllerStatus& c) {
+  const RecoveryStatus& r = c.core.recovery;
+  json fenced = json::array();
+  for (const RecoveryStatus::Fenced& f : r.fenced) {
+    fenced.push_back({{"id", f.id}, {"reason", f.reason}});
+  }
+  return {{"restarted", r.restarted},
+          {"in_progress", r.in_progress},
+          {"roster", r.roster},
+          {"memory", r.memory},
+          {"readopted", r.readopted},
+          {"fenced", fenced},
+          {"readopt_ms", r.readopt_ms.has_value() ? json(*r.readopt_ms) : json()},
+          {"upgrade", r.upgrade.has_value() ? json(*r.upgrade) : json()}};
 }
 
 // Strings in replies come from peers (roles, versions, error texts) and may hold invalid
@@ -214,76 +218,70 @@ proto::CtlReply Usage(const std::string& why) {
   return Reply(2, why + "\n" + CtlUsage(), {{"ok", false}, {"error", why}});
 }
 
-proto::CtlReply Timeline(const Controller& c) {
-  const PromotionRecord* r = c.timelines().last();
-  if (r == nullptr) {
+proto::CtlReply Timeline(const ControllerStatus& c) {
+  const std::deque<PromotionRecord>& records = c.core.timelines;
+  if (records.empty()) {
     return Reply(0, "no promotion yet",
                  {{"ok", true}, {"timeline", nullptr}, {"history", json::array()}});
   }
   json history = json::array();
-  for (const PromotionRecord& x : c.timelines().records())
-    history.push_back(c.timelines().ToJson(x));
-  return Reply(0, c.timelines().ToText(*r),
-               {{"ok", true}, {"timeline", c.timelines().ToJson(*r)}, {"history", history}});
+  for (const PromotionRecord& x : records) history.push_back(TimelineJson(x, c.core.now));
+  return Reply(
+      0, TimelineText(records.back(), c.core.now),
+      {{"ok", true}, {"timeline", TimelineJson(records.back(), c.core.now)}, {"history", history}});
 }
 
-proto::CtlReply Done(const std::string& command, const std::string& text, const Controller& c) {
-  return Reply(0, text, {{"ok", true}, {"command", command}, {"pair", ToString(c.pair().state())}});
+proto::CtlReply Done(const std::string& command, const std::string& text, Controller& c) {
+  return Reply(
+      0, text,
+      {{"ok", true}, {"command", command}, {"pair", ToString(c.coordinator().pair_state())}});
 }
 
 }  // namespace
 
-std::string EngineRole(const Controller& c, const EngineRecord& e) {
-  if (e.failed.has_value()) return "fencing";
-  if (e.id == c.primary()) return e.is(EngineState::kDraining) ? "draining" : "primary";
-  if (c.upgrade().has_value() && c.upgrade()->canary == e.id && !e.is(EngineState::kLaunching) &&
-      !e.is(EngineState::kStandby)) {
-    return e.is(EngineState::kPromoting)  ? "promoting"
-           : e.is(EngineState::kDraining) ? "draining"
-                                          : "canary";
-  }
-  if (e.is(EngineState::kPromoting)) return "promoting";
-  if (e.is(EngineState::kStandby)) return "standby";
-  return "launching";
-}
-
-json StatusJson(const Controller& c) {
+json StatusJson(const ControllerStatus& c) {
+  const CoordinatorStatus& core = c.core;
   json engines = json::array();
-  for (const auto& [id, e] : c.engines()) engines.push_back(EngineJson(c, *e));
-  const PromotionRecord* last = c.timelines().last();
-  return {
-      {"ok", true},
-      {"controller",
-       {{"pid", ::getpid()},
-        {"name", c.config().name},
-        {"socket", c.config().socket_path()},
-        {"uptime_s", AgoMs(c, c.started_at()) / 1000.0},
-        {"launches", c.launches()},
-        {"failovers", c.failovers()},
-        {"switchovers_called_off", c.called_off_switchovers()},
-        {"refusals", c.refusal_count()}}},
-      {"pair", {{"state", ToString(c.pair().state())}, {"primary", c.primary()}}},
-      {"epoch",
-       {{"durable", c.durable_epoch()},
-        {"issued", c.ledger().issued_epoch()},
-        {"reserved", c.reserved_epoch()},
-        {"reserve_batch", c.journal().reserve_batch()},
-        {"journal_error",
-         c.journal().last_write().ok() ? json(nullptr) : json(c.journal().last_write().ToString())},
-        {"journal_write_failures", c.journal().write_failures()},
-        {"unfenced_reaped", c.unfenced_reaped()}}},
-      {"engines", engines},
-      {"pool", PoolJson(c)},
-      {"weights", WeightsJson(c)},
-      {"device", DeviceJson(c)},
-      {"fencing", FencingJson(c)},
-      {"crash_loop", GuardJson(c)},
-      {"routes", RoutesJson(c)},
-      {"transitions", TransitionsJson(c)},
-      {"last_promotion", last != nullptr ? c.timelines().ToJson(*last) : json(nullptr)},
-      {"history", HistoryJson(c)},
-      {"upgrade", UpgradeJson(c)},
-      {"invariants", c.invariants()}};
+  for (const EngineStatus& e : core.engines) engines.push_back(EngineJson(c, e));
+  return {{"ok", true},
+          {"controller",
+           {{"pid", c.pid},
+            {"name", c.config->name},
+            {"socket", c.config->socket_path()},
+            {"uptime_s", AgoMs(c, c.started_at) / 1000.0},
+            {"started_at", WallTime(c.started_at, core.now)},
+            {"incarnation", core.incarnation},
+            {"restarts", c.restarts},
+            {"keeper", c.keeper},
+            {"launches", core.launches},
+            {"failovers", core.failovers},
+            {"switchovers_called_off", core.called_off_switchovers},
+            {"refusals", core.refusal_count},
+            {"refused_transitions", core.refused_transitions},
+            {"recovery", RecoveryJson(c)}}},
+          {"pair", {{"state", ToString(core.pair_state)}, {"primary", core.primary}}},
+          {"epoch",
+           {{"durable", c.journal.durable},
+            {"issued", core.ledger.issued_epoch},
+            {"reserved", c.journal.reserved},
+            {"reserve_batch", c.journal.reserve_batch},
+            {"journal_error",
+             c.journal.last_write.ok() ? json(nullptr) : json(c.journal.last_write.ToString())},
+            {"journal_write_failures", c.journal.write_failures},
+            {"unfenced_reaped", core.unfenced_reaped}}},
+          {"engines", engines},
+          {"pool", PoolJson(c)},
+          {"weights", WeightsJson(c)},
+          {"device", DeviceJson(c)},
+          {"fencing", FencingJson(c)},
+          {"crash_loop", GuardJson(c)},
+          {"routes", RoutesJson(c)},
+          {"transitions", TransitionsJson(c)},
+          {"last_promotion",
+           core.timelines.empty() ? json(nullptr) : TimelineJson(core.timelines.back(), core.now)},
+          {"history", HistoryJson(c)},
+          {"upgrade", UpgradeJson(c)},
+          {"invariants", core.invariants}};
 }
 
 // The route table, then the last refusals and engine exits (five of each), for StatusText.
@@ -312,11 +310,28 @@ void RoutesAndHistoryText(const json& s, std::ostringstream& out) {
   }
 }
 
-std::string StatusText(const Controller& c) {
+// The controller's own line: its incarnation and what its start re-adopted.
+void ControllerText(const ControllerStatus& c, std::ostringstream& out) {
+  const RecoveryStatus& r = c.core.recovery;
+  out << "controller pid " << c.pid << ", up " << static_cast<int64_t>(AgoMs(c, c.started_at))
+      << " ms, incarnation " << c.core.incarnation << " (" << c.restarts << " restarts)";
+  if (r.restarted) {
+    out << (r.in_progress ? "; re-adopting: " : "; re-adopted ") << r.readopted.size()
+        << " engines, fenced " << r.fenced.size() << ", weights and pool " << r.memory;
+    if (r.readopt_ms.has_value()) out << ", pair ready in " << *r.readopt_ms << " ms";
+  }
+  out << "\n";
+  for (const RecoveryStatus::Fenced& f : r.fenced) {
+    out << "  fenced at restart: engine " << f.id << ": " << f.reason << "\n";
+  }
+}
+
+std::string StatusText(const ControllerStatus& c) {
   const json s = StatusJson(c);
   std::ostringstream out;
   out << "pair " << s["pair"]["state"].get<std::string>() << ", epoch " << s["epoch"]["durable"]
-      << ", invariants " << c.invariants() << "\n";
+      << ", invariants " << c.core.invariants << "\n";
+  ControllerText(c, out);
   for (const json& e : s["engines"]) {
     out << "  engine " << e["id"] << " " << e["role"].get<std::string>() << " pid " << e["pid"]
         << " epoch " << e["epoch"] << " blocks " << e["blocks"] << " version "
@@ -333,26 +348,30 @@ std::string StatusText(const Controller& c) {
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
       << " GB/s\n";
   RoutesAndHistoryText(s, out);
-  if (c.device() != nullptr) out << "device memory: " << c.device()->Describe() << "\n";
-  if (c.cuda_backend() && c.device() == nullptr) {
-    out << "device memory: LOST (" << c.device_lost_reason() << "), rebuilding; engines held\n";
+  const CoordinatorStatus& core = c.core;
+  if (c.device.present) out << "device memory: " << c.device.describe << "\n";
+  if (core.cuda_backend && !c.device.present) {
+    out << "device memory: LOST (" << core.device_lost_reason << "), rebuilding; engines held\n";
   }
-  if (c.device_losses() > 0) {
-    out << "device losses: " << c.device_losses() << ", rebuilds: " << c.device_rebuilds()
-        << ", last: " << c.device_lost_reason() << "\n";
+  if (core.device_losses > 0) {
+    out << "device losses: " << core.device_losses << ", rebuilds: " << core.device_rebuilds
+        << ", last: " << core.device_lost_reason << "\n";
   }
-  if (!c.journal().last_write().ok()) {
-    const uint64_t left = c.reserved_epoch() - c.durable_epoch();
-    out << "epoch journal: CANNOT WRITE (" << c.journal().last_write().ToString() << "); "
+  if (!c.journal.last_write.ok()) {
+    const uint64_t left = c.journal.reserved - c.journal.durable;
+    out << "epoch journal: CANNOT WRITE (" << c.journal.last_write.ToString() << "); "
         << (left == 0 ? std::string("new epochs are held")
                       : std::to_string(left) + " reserved epochs left");
-    for (EngineId id : c.unfenced_reaped()) out << "; engine " << id << " waits to be fenced";
+    for (EngineId id : core.unfenced_reaped) out << "; engine " << id << " waits to be fenced";
     out << "\n";
+  }
+  if (core.refused_transitions > 0) {
+    out << "BUG: " << core.refused_transitions << " state transitions were refused (see the log)\n";
   }
   out << UpgradeText(c);
   out << "fencing: "
-      << (c.cgroups() != nullptr ? "a cgroup per engine under " + c.cgroups()->base()
-                                 : "process groups only (" + c.cgroups_off_reason() + ")")
+      << (!c.cgroup_base.empty() ? "a cgroup per engine under " + c.cgroup_base
+                                 : "process groups only (" + c.cgroups_off_reason + ")")
       << "\n";
   const json& g = s["crash_loop"];
   out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
@@ -368,33 +387,44 @@ std::string StatusText(const Controller& c) {
 
 namespace {
 
+Result<DrillKind> ParseDrill(const std::string& kind) {
+  if (kind == "kill") return DrillKind::kKill;
+  if (kind == "hang") return DrillKind::kHang;
+  if (kind == "error") return DrillKind::kError;
+  return InvalidArgument("unknown drill '" + kind + "' (kill, hang or error)");
+}
+
 proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   const std::string& cmd = request.command;
   const auto& args = request.args;
-  if (cmd == "status") return Reply(0, StatusText(c), StatusJson(c));
-  if (cmd == "timeline") return Timeline(c);
+  Coordinator& co = c.coordinator();
+  if (cmd == "status") {
+    const ControllerStatus s = c.Snapshot();
+    return Reply(0, StatusText(s), StatusJson(s));
+  }
+  if (cmd == "timeline") return Timeline(c.Snapshot());
   if (cmd == "promote") {
-    Status status = c.RequestSwitchover();
+    Status status = co.RequestSwitchover();
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "switch-over started: the primary drains, then the standby is promoted", c);
   }
   if (cmd == "drain") {
-    Status status = c.RequestDrain();
+    Status status = co.RequestDrain();
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "draining: the primary finishes its requests, then the pair stops", c);
   }
   if (cmd == "upgrade") {
     Result<UpgradeRequest> req = ParseUpgradeArgs(args);
     if (!req.ok()) return Usage(req.status().message());
-    Status status = c.RequestUpgrade(std::move(req).value());
+    Status status = co.RequestUpgrade(std::move(req).value());
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "upgrade started: the standby makes way for a canary of the new command", c);
   }
   if (cmd == "rollback") {
     Result<UpgradeRequest> req = ParseRollbackArgs(args);
     if (!req.ok()) return Usage(req.status().message());
-    const bool canary = c.upgrade().has_value();
-    Status status = c.RequestRollback(std::move(req).value());
+    const bool canary = co.Snapshot().upgrade.has_value();
+    Status status = co.RequestRollback(std::move(req).value());
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd,
                 canary ? "rolling back: the canary drains and the primary takes its share"
@@ -403,9 +433,21 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   }
   if (cmd == "drill") {
     if (args.size() != 1) return Usage("drill needs one of: kill, hang, error");
-    Status status = c.Drill(args[0]);
+    Result<DrillKind> kind = ParseDrill(args[0]);
+    if (!kind.ok()) return Refuse(cmd, kind.status());
+    Status status = co.Drill(*kind);
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "drill " + args[0] + " sent to the primary", c);
+  }
+  if (cmd == "controller") {
+    if (args.size() != 1 || args[0] != "restart") return Usage("controller needs: restart");
+    if (co.stopping()) return Refuse(cmd, Unavailable("the controller is shutting down"));
+    // After the reply is sent: the next controller re-adopts the engines and the memory.
+    c.ScheduleHandOver("batonctl controller restart");
+    return Done(cmd,
+                "the controller exits now; the service manager starts the next one, which "
+                "re-adopts the engines, the weights and the pool",
+                c);
   }
   return Usage("unknown command '" + cmd + "'");
 }
@@ -438,6 +480,9 @@ commands:
                          roll the canary back; with no upgrade running, upgrade back to
                          the command the last promoted upgrade replaced (by a canary)
   timeline               the last failover, phase by phase
+  controller restart     the controller exits and hands the engines, the weights and the pool
+                         to the next one (started by systemd or `make serve`): an upgrade of
+                         Baton itself, without an outage
 
 options:
   --json                 print one JSON object as the last line

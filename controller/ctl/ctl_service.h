@@ -2,9 +2,9 @@
 // read: text, JSON, and Prometheus metrics.
 //
 // HandleCtlRequest() runs one command (status, promote, drain, drill kill|hang|error,
-// timeline) against the controller and returns the reply: exit code 0 done, 1 refused (the
-// text says why), 2 bad usage; `json` is always one JSON object ({"ok": false, "error": ...}
-// on failure). Thread: the controller's io_context thread.
+// timeline, upgrade, rollback, controller restart) against the controller and returns the reply:
+// exit code 0 done, 1 refused (the text says why), 2 bad usage; `json` is always one JSON object
+// ({"ok": false, "error": ...} on failure). Thread: the controller's io_context thread.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -19,15 +19,11 @@ proto::CtlReply HandleCtlRequest(Controller& controller, const proto::CtlRequest
 
 // The whole status (pair, engines, epochs, pool, weights, crash-loop guard, transitions,
 // refusals, recent exits, invariants).
-nlohmann::json StatusJson(const Controller& controller);
-std::string StatusText(const Controller& controller);
+nlohmann::json StatusJson(const ControllerStatus& status);
+std::string StatusText(const ControllerStatus& status);
 
 // Prometheus text exposition of the controller's gauges and counters.
-std::string MetricsText(const Controller& controller);
-
-// The engine's role as status and metrics show it: primary, standby, canary, promoting,
-// draining, fencing or launching.
-std::string EngineRole(const Controller& controller, const EngineRecord& engine);
+std::string MetricsText(const ControllerStatus& status);
 
 // The usage text of batonctl's commands.
 const char* CtlUsage();

@@ -6,8 +6,9 @@
 
 namespace baton {
 
-std::string MetricsText(const Controller& c) {
-  const LedgerSnapshot s = c.ledger().Snapshot();
+std::string MetricsText(const ControllerStatus& c) {
+  const CoordinatorStatus& core = c.core;
+  const LedgerSnapshot& s = core.ledger;
   std::ostringstream out;
   auto gauge = [&](const char* name, const char* help, double v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
@@ -17,67 +18,89 @@ std::string MetricsText(const Controller& c) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
         << name << " " << v << "\n";
   };
-  gauge("baton_epoch", "Durable fencing epoch", static_cast<double>(c.durable_epoch()));
+  gauge("baton_epoch", "Durable fencing epoch", static_cast<double>(c.journal.durable));
   gauge("baton_pair_ready", "1 when the pair has a serving primary and a ready standby",
-        c.pair().state() == PairState::kReady ? 1 : 0);
-  gauge("baton_pair_serving", "1 when a primary serves", PairServes(c.pair().state()) ? 1 : 0);
-  gauge("baton_engines", "Engines not being fenced", static_cast<double>(c.engines().size()));
+        core.pair_state == PairState::kReady ? 1 : 0);
+  gauge("baton_pair_serving", "1 when a primary serves", PairServes(core.pair_state) ? 1 : 0);
+  gauge("baton_engines", "Engines not being fenced", static_cast<double>(core.engines.size()));
   gauge("baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
   gauge("baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
   gauge("baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
   out << "# HELP baton_engine_blocks Pool blocks leased to each engine\n"
          "# TYPE baton_engine_blocks gauge\n";
-  for (const auto& [id, e] : c.engines()) {
-    const LedgerEngine* le = c.ledger().engine(id);
-    out << "baton_engine_blocks{engine_id=\"" << id << "\",role=\"" << EngineRole(c, *e) << "\"} "
-        << (le != nullptr ? le->blocks : 0) << "\n";
+  for (const EngineStatus& e : core.engines) {
+    out << "baton_engine_blocks{engine_id=\"" << e.id << "\",role=\"" << e.role << "\"} "
+        << e.ledger.blocks << "\n";
   }
   gauge("baton_weights_bytes", "Weight arena bytes resident",
-        static_cast<double>(c.weights().arena().size()));
+        static_cast<double>(c.weights.arena_bytes));
   gauge("baton_crash_loop_backoff", "1 while restarts are held back",
-        c.guard().InBackoff() ? 1 : 0);
+        core.guard_in_backoff ? 1 : 0);
   gauge("baton_engine_cgroups", "1 while each engine runs in a cgroup that a fence kills whole",
-        c.cgroups() != nullptr ? 1 : 0);
+        !c.cgroup_base.empty() ? 1 : 0);
   gauge("baton_barrier_waits", "Reaped holders whose blocks wait for the fencing barrier",
-        static_cast<double>(c.barrier_waits()));
+        static_cast<double>(core.barrier_waits));
   gauge("baton_invariants_ok", "1 while no fencing invariant is violated",
-        c.invariants() == "ok" ? 1 : 0);
+        core.invariants == "ok" ? 1 : 0);
   counter("baton_engine_launches_total", "Engine processes launched",
-          static_cast<double>(c.launches()));
-  counter("baton_failovers_total", "Primaries lost or retired", static_cast<double>(c.failovers()));
+          static_cast<double>(core.launches));
+  counter("baton_failovers_total", "Primaries lost or retired",
+          static_cast<double>(core.failovers));
   counter("baton_switchovers_called_off_total",
           "Switch-overs whose standby failed while the primary drained; the primary served on",
-          static_cast<double>(c.called_off_switchovers()));
+          static_cast<double>(core.called_off_switchovers));
   counter("baton_engine_failures_total", "Engine failures seen by the crash-loop guard",
-          static_cast<double>(c.guard().total_failures()));
+          static_cast<double>(core.guard_total_failures));
   counter("baton_refusals_total", "Refused messages and connections",
-          static_cast<double>(c.refusal_count()));
+          static_cast<double>(core.refusal_count));
   counter("baton_controller_ticks_total",
           "Runs of the controller's housekeeping timer (deadlines, restarts, probes)",
-          static_cast<double>(c.ticks()));
+          static_cast<double>(core.ticks));
   gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
-        static_cast<double>(c.reserved_epoch()));
+        static_cast<double>(c.journal.reserved));
   gauge("baton_epoch_journal_ok", "1 while the latest write of the epoch journal succeeded",
-        c.journal().last_write().ok() ? 1 : 0);
+        c.journal.last_write.ok() ? 1 : 0);
   counter("baton_epoch_journal_write_failures_total", "Failed writes of the epoch journal",
-          static_cast<double>(c.journal().write_failures()));
+          static_cast<double>(c.journal.write_failures));
   gauge("baton_unfenced_reaped",
         "Reaped engines whose blocks wait for a durable epoch to be fenced at",
-        static_cast<double>(c.unfenced_reaped().size()));
+        static_cast<double>(core.unfenced_reaped.size()));
   gauge("baton_client_send_queued_bytes",
         "Bytes the connections of batonctl and routers hold unsent together",
-        static_cast<double>(c.client_send_queued_bytes()));
-  if (c.cuda_backend()) {
+        static_cast<double>(c.client_send_queued_bytes));
+  if (core.cuda_backend) {
     gauge("baton_device_lost", "1 while the device memory is lost and being rebuilt",
-          c.device() == nullptr ? 1 : 0);
+          !c.device.present ? 1 : 0);
     counter("baton_device_losses_total", "Times the GPU was found lost",
-            static_cast<double>(c.device_losses()));
+            static_cast<double>(core.device_losses));
     counter("baton_device_rebuilds_total", "Times the device memory was rebuilt",
-            static_cast<double>(c.device_rebuilds()));
+            static_cast<double>(core.device_rebuilds));
   }
+  counter("baton_refused_transitions_total",
+          "State transitions the tables refused: each one is a bug in the controller",
+          static_cast<double>(core.refused_transitions));
+  counter("baton_controller_restarts_total",
+          "Controllers started on this state directory before this one",
+          static_cast<double>(c.restarts));
+  gauge("baton_controller_recovering",
+        "1 while a restarted controller waits for the previous one's engines",
+        core.recovery.in_progress ? 1 : 0);
+  gauge("baton_controller_readopted_engines",
+        "Engines of the previous controller this one re-adopted at its start",
+        static_cast<double>(core.recovery.readopted.size()));
+  gauge("baton_controller_unaccounted_engines",
+        "Engines of the previous controller this one fenced at its start",
+        static_cast<double>(core.recovery.fenced.size()));
+  if (core.recovery.readopt_ms.has_value()) {
+    gauge("baton_controller_readopt_ms",
+          "Process start to the pair ready again with the same engines, at this start",
+          *core.recovery.readopt_ms);
+  }
+  gauge("baton_weights_adopted", "1 when the weights were taken over from a previous controller",
+        c.weights.load_method == "adopted" ? 1 : 0);
   out << UpgradeMetrics(c);
-  if (const PromotionRecord* r = c.timelines().last(); r != nullptr) {
-    const PhaseTimes p = PhasesOf(*r);
+  if (!core.timelines.empty()) {
+    const PhaseTimes p = PhasesOf(core.timelines.back());
     if (p.ready_ms.has_value()) {
       gauge("baton_last_failover_ready_ms", "Detection to route published, last promotion",
             *p.ready_ms);

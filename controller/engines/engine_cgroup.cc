@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -177,7 +178,6 @@ Result<std::unique_ptr<EngineCgroups>> EngineCgroups::Open(const std::string& se
                   "/cgroup.kill is missing or not writable (Linux 5.14 or newer and a "
                   "delegated cgroup are needed)");
   }
-  c->ClearLeftovers();
   return c;
 }
 
@@ -187,11 +187,13 @@ EngineCgroups::~EngineCgroups() {
   }
 }
 
-void EngineCgroups::ClearLeftovers() {
+void EngineCgroups::ClearLeftovers(const std::set<uint64_t>& keep) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(base_, ec)) {
     const std::string name = entry.path().filename().string();
     if (!entry.is_directory() || name.rfind("engine-", 0) != 0) continue;
+    uint64_t id = 0;
+    if (std::sscanf(name.c_str(), "engine-%" SCNu64, &id) == 1 && keep.count(id) != 0) continue;
     size_t killed = 0;
     const Status removed = KillAndRemove(entry.path().string(), std::chrono::seconds(2), &killed);
     leftovers_killed_ += killed;
@@ -204,6 +206,16 @@ void EngineCgroups::ClearLeftovers() {
     }
   }
   if (ec) BATON_LOG(WARN, kLog) << "listing " << base_ << ": " << ec.message();
+}
+
+Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Adopt(const std::string& path) {
+  if (path.rfind(base_ + "/engine-", 0) != 0) {
+    return InvalidArgument("cgroup " + path + " is not an engine cgroup under " + base_);
+  }
+  if (::access((path + "/cgroup.kill").c_str(), W_OK) != 0) {
+    return ErrnoStatus("adopting cgroup " + path, errno);
+  }
+  return std::make_shared<EngineCgroup>(path, UniqueFd());
 }
 
 Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) {

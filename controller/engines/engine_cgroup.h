@@ -15,10 +15,10 @@
 // holds no memory). Both are plain file writes and reads (a few µs), fit for the io thread.
 //
 // RAII: ~EngineCgroup kills what is left and removes the directory; ~EngineCgroups removes
-// base. Opening EngineCgroups kills and removes every engine-* cgroup an earlier controller
-// of the same runtime directory left behind (one that cannot be removed is logged, and only
-// an engine of its id is refused a cgroup) (its engines died with it, by PR_SET_PDEATHSIG;
-// processes those engines had started did not).
+// base. A controller restarted on the same runtime directory finds the engine-* cgroups of
+// the engines it re-adopts (Adopt) and kills and removes every other one an earlier
+// controller left behind (ClearLeftovers; one that cannot be removed is logged, and only an
+// engine of its id is refused a cgroup).
 //
 // Thread: io_context thread only.
 #pragma once
@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,11 @@ class EngineCgroups {
 
   // Makes <base>/engine-<id> (a leftover of that name is killed and removed first).
   Result<std::shared_ptr<EngineCgroup>> Create(uint64_t engine_id);
+  // The cgroup `path` (an engine-* directory under base) of an engine a previous controller
+  // launched; its members are not touched.
+  Result<std::shared_ptr<EngineCgroup>> Adopt(const std::string& path);
+  // Kills and removes every engine-* cgroup under base but those of the engines in `keep`.
+  void ClearLeftovers(const std::set<uint64_t>& keep);
 
   const std::string& base() const { return base_; }
   // Processes found and killed in leftover cgroups when this was opened.
@@ -90,8 +96,6 @@ class EngineCgroups {
 
  private:
   EngineCgroups(std::string base, bool owned) : base_(std::move(base)), owned_(owned) {}
-  // Kills and removes every engine-* cgroup under base; one that cannot be removed is logged.
-  void ClearLeftovers();
 
   std::string base_;
   bool owned_;  // made by Open: removed on destruction

@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <linux/close_range.h>
+#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/random.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -108,9 +108,8 @@ constexpr int kExec = 2;
 
 // In the child, between fork and exec: async-signal-safe calls only.
 [[noreturn]] void ExecChild(const char* path, char** argv, char** envp, int log_fd, int error_fd,
-                            int cgroup_fd, pid_t parent) {
-  ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (::getppid() != parent) ::_exit(126);  // the controller died before prctl
+                            int cgroup_fd) {
+  // No parent-death signal: an engine outlives its controller and is re-adopted by the next.
   if (cgroup_fd >= 0 && ::write(cgroup_fd, "0", 1) != 1) ChildFails(error_fd, kJoinCgroup);
   ::setpgid(0, 0);  // terminal signals go to the controller only
   sigset_t all;
@@ -129,6 +128,7 @@ constexpr int kExec = 2;
 }  // namespace
 
 std::string ExitInfo::ToString() const {
+  if (unknown) return "exited (not this controller's child: how is not known)";
   if (signal != 0) {
     const char* name = ::sigabbrev_np(signal);
     return std::string("killed by SIG") + (name != nullptr ? name : std::to_string(signal)) +
@@ -142,7 +142,8 @@ ChildProcess::~ChildProcess() { KillAndReap(); }
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept
     : pid_(std::exchange(other.pid_, 0)),
       pidfd_(std::move(other.pidfd_)),
-      exit_(std::move(other.exit_)) {}
+      exit_(std::move(other.exit_)),
+      adopted_(std::exchange(other.adopted_, false)) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   if (this != &other) {
@@ -150,8 +151,53 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     pid_ = std::exchange(other.pid_, 0);
     pidfd_ = std::move(other.pidfd_);
     exit_ = std::move(other.exit_);
+    adopted_ = std::exchange(other.adopted_, false);
   }
   return *this;
+}
+
+uint64_t ChildProcess::StartTime(pid_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  char buf[1024];
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  if (n <= 0) return 0;
+  buf[n] = '\0';
+  // After "pid (comm)": state is field 3, starttime field 22, so 19 fields after the state.
+  const char* p = std::strrchr(buf, ')');
+  if (p == nullptr) return 0;
+  ++p;
+  for (int field = 3; field < 22 && *p != '\0'; ++field) {
+    while (*p == ' ') ++p;
+    while (*p != ' ' && *p != '\0') ++p;
+  }
+  unsigned long long start = 0;
+  return std::sscanf(p, " %llu", &start) == 1 ? start : 0;
+}
+
+Result<ChildProcess> ChildProcess::Adopt(pid_t pid, uint64_t start_time) {
+  if (pid <= 0) return InvalidArgument("adopting pid " + std::to_string(pid));
+  UniqueFd pidfd(PidfdOpen(pid));
+  if (!pidfd) {
+    if (errno == ESRCH) return NotFound("pid " + std::to_string(pid) + " has exited");
+    return ErrnoStatus("pidfd_open of pid " + std::to_string(pid), errno);
+  }
+  // Checked after the pidfd is open: from here on the pid cannot be recycled under us.
+  const uint64_t now = StartTime(pid);
+  if (start_time != 0 && now != start_time) {
+    return NotFound("pid " + std::to_string(pid) + " is another process now (started at tick " +
+                    std::to_string(now) + ", not " + std::to_string(start_time) + ")");
+  }
+  ChildProcess process(pid, std::move(pidfd));
+  process.adopted_ = true;
+  return process;
+}
+
+void ChildProcess::Release() {
+  pidfd_.Reset();
+  pid_ = 0;
 }
 
 Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
@@ -172,12 +218,11 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", errno);
   UniqueFd error_read(pipe_fds[0]);
   UniqueFd error_write(pipe_fds[1]);
-  const pid_t parent = ::getpid();
   const pid_t pid = ::fork();
   if (pid < 0) return ErrnoStatus("fork", errno);
   if (pid == 0) {
     ExecChild(path.c_str(), c_args.data(), c_envs.data(), log_fd.get(), error_write.get(),
-              cgroup_procs_fd, parent);
+              cgroup_procs_fd);
   }
   error_write.Reset();
   UniqueFd pidfd(PidfdOpen(pid));
@@ -257,6 +302,13 @@ std::vector<pid_t> ProcessGroupMembers(pid_t pgid) {
 Result<std::optional<ExitInfo>> ChildProcess::TryReap() {
   if (exit_.has_value()) return exit_;
   if (!pidfd_) return FailedPrecondition("no child process");
+  if (adopted_) {  // not our child: waitid cannot reap it, its pidfd says whether it exited
+    pollfd p{.fd = pidfd_.get(), .events = POLLIN, .revents = 0};
+    if (::poll(&p, 1, 0) < 0) return ErrnoStatus("poll on pid " + std::to_string(pid_), errno);
+    if ((p.revents & (POLLIN | POLLHUP)) == 0) return std::optional<ExitInfo>();
+    exit_ = ExitInfo{.code = -1, .signal = 0, .dumped = false, .unknown = true};
+    return exit_;
+  }
   siginfo_t info;
   std::memset(&info, 0, sizeof(info));
   if (::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info,
@@ -272,6 +324,13 @@ void ChildProcess::KillAndReap() {
   if (!pidfd_ || exit_.has_value()) return;
   (void)Signal(SIGKILL);
   (void)SignalGroup(SIGKILL);  // the leader is not reaped yet: the group id is still its own
+  if (adopted_) {
+    pollfd p{.fd = pidfd_.get(), .events = POLLIN, .revents = 0};
+    while (::poll(&p, 1, 5000) < 0 && errno == EINTR) {
+    }
+    exit_ = ExitInfo{.code = -1, .signal = SIGKILL, .dumped = false, .unknown = true};
+    return;
+  }
   siginfo_t info;
   std::memset(&info, 0, sizeof(info));
   int rc;
@@ -279,6 +338,17 @@ void ChildProcess::KillAndReap() {
     rc = ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info, WEXITED);
   } while (rc != 0 && errno == EINTR);
   exit_ = rc == 0 ? FromSiginfo(info) : ExitInfo{.code = -1, .signal = SIGKILL, .dumped = false};
+}
+
+std::string BootId() {
+  char buf[64] = {};
+  const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  std::string id(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
 }
 
 std::string ExpandPlaceholders(const std::string& text,
@@ -325,14 +395,13 @@ std::vector<std::string> Supervisor::Expand(const LaunchRequest& request) const 
 }
 
 Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
-  const std::map<std::string, std::string> env = {
-      {"BATON_SOCKET", socket_path_},
-      {"BATON_LAUNCH_TOKEN", request.token},
-      {"BATON_ENGINE_ID", std::to_string(request.engine_id)},
-      {"BATON_ROLE", request.role},
-      {"BATON_HTTP_PORT", std::to_string(request.port)},
-      {"BATON_MODEL_DIR", model_dir_},
-  };
+  std::map<std::string, std::string> env = extra_env_;
+  env.insert({{"BATON_SOCKET", socket_path_},
+              {"BATON_LAUNCH_TOKEN", request.token},
+              {"BATON_ENGINE_ID", std::to_string(request.engine_id)},
+              {"BATON_ROLE", request.role},
+              {"BATON_HTTP_PORT", std::to_string(request.port)},
+              {"BATON_MODEL_DIR", model_dir_}});
   std::string log_path;
   if (!log_dir_.empty())
     log_path = log_dir_ + "/engine-" + std::to_string(request.engine_id) + ".log";

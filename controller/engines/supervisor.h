@@ -10,9 +10,11 @@
 // Supervisor expands the configured engine command line ({socket} {token} {role}
 // {engine_id} {port} {model_dir} {runtime_dir}), puts the same values in the environment
 // (BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID, BATON_ROLE, BATON_HTTP_PORT,
-// BATON_MODEL_DIR), and forks/execs. The child sets PR_SET_PDEATHSIG(SIGKILL) before exec, so
-// engines die with the controller; its stdout/stderr go to <log_dir>/engine-<id>.log when a
-// log directory is configured. Launch tokens are 128 random bits from getrandom().
+// BATON_MODEL_DIR, and what SetEngineEnvironment adds), and forks/execs. The child leads its
+// own process group and has no parent-death signal: engines outlive the controller, and a
+// restarted controller re-adopts them (ChildProcess::Adopt). Its stdout/stderr go to
+// <log_dir>/engine-<id>.log when a log directory is configured. Launch tokens are 128 random
+// bits from getrandom().
 //
 // Thread: io_context thread only (fork happens there; the child calls only
 // async-signal-safe functions before exec).
@@ -35,6 +37,7 @@ struct ExitInfo {
   int code = 0;    // exit status, when exited normally
   int signal = 0;  // the signal that killed it, else 0
   bool dumped = false;
+  bool unknown = false;  // an adopted process (not our child): it exited, nobody told us how
   std::string ToString() const;  // "exited with status 3", "killed by SIGKILL"
 };
 
@@ -48,6 +51,11 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
+  // A process this controller did not start (an engine a previous controller launched, now
+  // reparented): pidfd_open(pid), refused with NotFound when it is gone or when its start
+  // time (field 22 of /proc/<pid>/stat; 0: not checked) says the pid was reused. It is
+  // signalled like a child; TryReap only sees that it exited (poll on the pidfd), not how.
+  static Result<ChildProcess> Adopt(pid_t pid, uint64_t start_time);
   // fork + exec `argv` with `env` added to the environment. stdout/stderr go to `log_path`
   // (appended) unless it is empty. With `cgroup_procs_fd` (a cgroup's cgroup.procs open for
   // writing) the child joins that cgroup before exec; failing to is an error.
@@ -70,11 +78,19 @@ class ChildProcess {
   Result<std::optional<ExitInfo>> TryReap();
   // SIGKILL and a blocking reap (for shutdown and destruction).
   void KillAndReap();
+  // Lets the process go without killing it (a controller that hands its engines to the next
+  // one): the pidfd is closed, the process runs on.
+  void Release();
+  bool adopted() const { return adopted_; }
+
+  // Field 22 of /proc/<pid>/stat (clock ticks after boot), 0 when it cannot be read.
+  static uint64_t StartTime(pid_t pid);
 
  private:
   pid_t pid_ = 0;
   UniqueFd pidfd_;
   std::optional<ExitInfo> exit_;
+  bool adopted_ = false;
 };
 
 struct LaunchRequest {
@@ -102,6 +118,8 @@ class Supervisor {
              std::string runtime_dir, std::string log_dir);
 
   Result<ChildProcess> Launch(const LaunchRequest& request) const;
+  // More variables for every engine's environment (the absent-controller policy).
+  void SetEngineEnvironment(std::map<std::string, std::string> env) { extra_env_ = std::move(env); }
 
   // The command line `Launch` would run.
   std::vector<std::string> Expand(const LaunchRequest& request) const;
@@ -117,7 +135,12 @@ class Supervisor {
   std::string model_dir_;
   std::string runtime_dir_;
   std::string log_dir_;
+  std::map<std::string, std::string> extra_env_;
 };
+
+// This boot's id (/proc/sys/kernel/random/boot_id): a roster of another boot lists no live
+// process.
+std::string BootId();
 
 // Replaces each {name} in `text` by values.at(name); unknown {names} are kept as they are.
 std::string ExpandPlaceholders(const std::string& text,

@@ -42,7 +42,11 @@ void Admission::SetTable(const proto::RouteTable& table) {
     }
     candidates_ = std::move(next);
     ++generation_;
-    if (primary && primary_ && (*primary != *primary_ || primary_stale_)) {
+    // After a controller restart the same engine at the same epoch is the same primary,
+    // re-adopted: no failover. Another engine, or a new epoch, is a new primary.
+    const bool readopted =
+        primary && primary_ && *primary == *primary_ && table.epoch == primary_epoch_;
+    if (primary && primary_ && (*primary != *primary_ || (primary_stale_ && !readopted))) {
       ++failovers_;
       const size_t peak_before = peak_in_flight_;
       peak_in_flight_ = total_in_flight_;
@@ -64,7 +68,13 @@ void Admission::SetTable(const proto::RouteTable& table) {
       }
     }
     if (primary) {
+      if (primary_stale_ && readopted) {
+        BATON_LOG(INFO, "router") << "the new controller re-adopted primary " << primary->address
+                                  << " (engine " << primary->engine_id << ", epoch " << table.epoch
+                                  << "): no failover";
+      }
       primary_ = primary;
+      primary_epoch_ = table.epoch;
       primary_stale_ = false;
     }
     listed_primary_ = primary;

@@ -140,6 +140,7 @@ class Admission {
   std::set<uint64_t> canary_ids_;      // engines that are canaries (IsCanary)
   uint64_t generation_ = 0;
   std::optional<Target> primary_;         // the last primary seen (kept while none is listed)
+  uint64_t primary_epoch_ = 0;            // the table epoch it was last listed at
   bool primary_stale_ = false;            // primary_ belonged to a previous controller
   std::optional<Target> listed_primary_;  // the ready primary of the last table
   std::deque<Waiter> queue_;

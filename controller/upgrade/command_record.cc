@@ -43,6 +43,24 @@ Result<std::optional<InFlightUpgrade>> InFlight(const json& j, const std::string
                       .canary = u["canary"].get<uint64_t>(),
                       .weight = u["weight"].get<uint32_t>()};
   BATON_ASSIGN_OR_RETURN(out.command, Strings(u, "command", path));
+  // Added later: absent in an older controller's record.
+  if (u.contains("primary") && u["primary"].is_number_unsigned()) {
+    out.primary = u["primary"].get<uint64_t>();
+  }
+  if (u.contains("steps") && u["steps"].is_array()) {
+    for (const json& step : u["steps"]) {
+      if (!step.is_number_unsigned() || step.get<uint64_t>() > 100) {
+        return InvalidArgument(path + ": 'in_flight.steps' holds a value that is not 0..100");
+      }
+      out.steps.push_back(step.get<uint32_t>());
+    }
+  }
+  if (u.contains("step_duration_ms") && u["step_duration_ms"].is_number_unsigned()) {
+    out.step_duration_ms = u["step_duration_ms"].get<uint64_t>();
+  }
+  if (u.contains("min_requests") && u["min_requests"].is_number_unsigned()) {
+    out.min_requests = u["min_requests"].get<uint64_t>();
+  }
   return std::optional<InFlightUpgrade>(std::move(out));
 }
 
@@ -73,7 +91,11 @@ Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
                       {"command", u->command},
                       {"phase", u->phase},
                       {"canary", u->canary},
-                      {"weight", u->weight}};
+                      {"weight", u->weight},
+                      {"primary", u->primary},
+                      {"steps", u->steps},
+                      {"step_duration_ms", u->step_duration_ms},
+                      {"min_requests", u->min_requests}};
   }
   // Strict printing cannot throw now; the other strings (kind, phase) are the controller's.
   return WriteFileAtomically(path, j.dump(2, ' ', false, json::error_handler_t::replace) + "\n");

@@ -24,7 +24,7 @@ json SeenJson(const proto::EngineOutcome& o) {
           {"mean_ms", o.succeeded == 0 ? 0.0 : static_cast<double>(o.duration_ms) / o.succeeded}};
 }
 
-json ResultJson(const Controller& c, const UpgradeResult& r) {
+json ResultJson(const ControllerStatus& c, const UpgradeResult& r) {
   return {{"kind", r.kind},
           {"outcome", r.outcome},
           {"reason", r.reason},
@@ -32,7 +32,7 @@ json ResultJson(const Controller& c, const UpgradeResult& r) {
           {"version", r.version},
           {"last_weight", r.last_weight},
           {"duration_ms", MillisBetween(r.started, r.ended)},
-          {"ended_ago_ms", MillisBetween(r.ended, c.clock().Now())}};
+          {"ended_ago_ms", MillisBetween(r.ended, c.core.now)}};
 }
 
 Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args);
@@ -103,67 +103,66 @@ Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
 
 }  // namespace
 
-json UpgradeJson(const Controller& c) {
+json UpgradeJson(const ControllerStatus& s) {
+  const CoordinatorStatus& c = s.core;
   json history = json::array();
-  for (const UpgradeResult& r : c.upgrade_history()) history.push_back(ResultJson(c, r));
+  for (const UpgradeResult& r : c.upgrade_history) history.push_back(ResultJson(s, r));
   json current = nullptr;
-  if (const std::optional<Upgrade>& u = c.upgrade(); u.has_value()) {
+  if (const std::optional<UpgradeStatus>& u = c.upgrade; u.has_value()) {
     current = {{"kind", u->kind},
                {"phase", ToString(u->phase)},
                {"primary", u->primary},
                {"canary", u->canary},
                {"command", CommandJson(u->command)},
-               {"steps", u->policy.steps},
-               {"step", u->judge.has_value() ? u->judge->step() : 0},
-               {"weight", u->judge.has_value() ? u->judge->weight() : 0},
+               {"steps", u->steps},
+               {"step", u->step.value_or(0)},
+               {"weight", u->weight},
                {"judgement", u->judgement},
                {"rollback_reason", u->rollback_reason},
-               {"phase_ms", MillisBetween(u->phase_since, c.clock().Now())},
-               {"elapsed_ms", MillisBetween(u->started, c.clock().Now())}};
-    if (u->judge.has_value()) {
-      const OutcomeMap now = c.routes().Outcomes();
-      current["canary_seen"] = SeenJson(u->judge->Seen(u->canary, now));
-      current["primary_seen"] = SeenJson(u->judge->Seen(u->judge->primary(), now));
-    }
+               {"phase_ms", MillisBetween(u->phase_since, c.now)},
+               {"elapsed_ms", MillisBetween(u->started, c.now)}};
+    if (u->canary_seen.has_value()) current["canary_seen"] = SeenJson(*u->canary_seen);
+    if (u->primary_seen.has_value()) current["primary_seen"] = SeenJson(*u->primary_seen);
   }
   return {{"current", current},
           {"history", history},
-          {"active_command", CommandJson(c.active_command())},
-          {"previous_command", CommandJson(c.previous_command())},
-          {"promoted", c.upgrades_promoted()},
-          {"rolled_back", c.upgrades_rolled_back()}};
+          {"active_command", CommandJson(c.active_command)},
+          {"previous_command", CommandJson(c.previous_command)},
+          {"promoted", c.upgrades_promoted},
+          {"rolled_back", c.upgrades_rolled_back}};
 }
 
-std::string UpgradeText(const Controller& c) {
+std::string UpgradeText(const ControllerStatus& s) {
+  const CoordinatorStatus& c = s.core;
   std::ostringstream out;
-  if (const std::optional<Upgrade>& u = c.upgrade(); u.has_value()) {
+  if (const std::optional<UpgradeStatus>& u = c.upgrade; u.has_value()) {
     out << u->kind << " in progress: phase " << ToString(u->phase) << ", canary engine "
         << u->canary;
-    if (u->judge.has_value()) out << " at " << u->judge->weight() << " %";
+    if (u->step.has_value()) out << " at " << u->weight << " %";
     if (!u->judgement.empty()) out << " (" << u->judgement << ")";
     out << "\n";
   }
-  if (!c.upgrade_history().empty()) {
-    const UpgradeResult& r = c.upgrade_history().back();
+  if (!c.upgrade_history.empty()) {
+    const UpgradeResult& r = c.upgrade_history.back();
     out << "last " << r.kind << ": " << r.outcome << " (engine " << r.canary << ", " << r.reason
         << ")\n";
   }
   return out.str();
 }
 
-std::string UpgradeMetrics(const Controller& c) {
+std::string UpgradeMetrics(const ControllerStatus& s) {
+  const CoordinatorStatus& c = s.core;
   std::ostringstream out;
   out << "# HELP baton_upgrades_total Canary upgrades and rollbacks that ended, by outcome\n"
       << "# TYPE baton_upgrades_total counter\n"
-      << "baton_upgrades_total{outcome=\"promoted\"} " << c.upgrades_promoted() << "\n"
-      << "baton_upgrades_total{outcome=\"rolled_back\"} " << c.upgrades_rolled_back() << "\n";
-  const std::optional<Upgrade>& u = c.upgrade();
+      << "baton_upgrades_total{outcome=\"promoted\"} " << c.upgrades_promoted << "\n"
+      << "baton_upgrades_total{outcome=\"rolled_back\"} " << c.upgrades_rolled_back << "\n";
+  const std::optional<UpgradeStatus>& u = c.upgrade;
   out << "# HELP baton_canary_weight_percent Share of new requests the canary gets (0: none)\n"
       << "# TYPE baton_canary_weight_percent gauge\n"
       << "baton_canary_weight_percent "
-      << (u.has_value() && u->judge.has_value() && u->phase == Upgrade::Phase::kCanary
-              ? u->judge->weight()
-              : 0)
+      << (u.has_value() && u->step.has_value() && u->phase == Upgrade::Phase::kCanary ? u->weight
+                                                                                      : 0)
       << "\n";
   return out.str();
 }

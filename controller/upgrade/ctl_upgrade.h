@@ -10,7 +10,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "controller/controller.h"
+#include "controller/controller_status.h"
+#include "controller/upgrade/upgrade.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -21,10 +22,10 @@ Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args);
 Result<UpgradeRequest> ParseRollbackArgs(const std::vector<std::string>& args);
 
 // The upgrade in flight (null when none), the last ones, and the commands in use.
-nlohmann::json UpgradeJson(const Controller& controller);
+nlohmann::json UpgradeJson(const ControllerStatus& status);
 // One or two lines for `batonctl status`; empty when no upgrade ever ran.
-std::string UpgradeText(const Controller& controller);
+std::string UpgradeText(const ControllerStatus& status);
 // Prometheus lines: baton_upgrades_total{outcome}, baton_canary_weight_percent.
-std::string UpgradeMetrics(const Controller& controller);
+std::string UpgradeMetrics(const ControllerStatus& status);
 
 }  // namespace baton

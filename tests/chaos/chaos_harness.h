@@ -1,12 +1,14 @@
 // ChaosCluster: a real baton-controller with real engine processes, for the chaos tests.
 //
 // Each cluster gets its own directory under /tmp (config, socket, journal, controller log,
-// violation files, rogue file), starts build/bin/baton-controller with
+// violation files, rogue file), starts build/bin/baton-controller (its log appended across
+// restarts) with
 // build/bin/baton_test_engine_helper as the engine command, and talks to it only through
 // build/bin/batonctl --json (so every check also exercises the CLI contract). Waits poll
 // `batonctl status` until a condition holds, with generous deadlines: nothing asserts on how
 // long anything took. The destructor stops the controller (SIGTERM, then SIGKILL) and checks
-// that no engine outlived it.
+// that no engine and no baton-keeper outlived it; when a test left the controller killed, it
+// kills what the roster lists and the keeper.
 //
 // CheckFencing() verifies the fencing invariants from outside: the controller's own ledger
 // check, the test engines' block-header checks (violation files), and the kernel's view of
@@ -53,6 +55,11 @@ struct ClusterOptions {
   // parallel on small CI machines, where a fresh engine's first requests can take twice as long
   // as the warm primary's. tests/controller/upgrade/canary_test.cc covers the latency rule.
   double max_latency_ratio = 1000;
+  // [controller] readopt_timeout_ms when > 0: how long a restarted controller waits for the
+  // previous one's engines.
+  int readopt_timeout_ms = 0;
+  // The first controller's extra environment ("NAME=value": BATON_FAILPOINTS=...).
+  std::vector<std::string> controller_env;
 };
 
 struct CtlResult {
@@ -86,12 +93,20 @@ class ChaosCluster {
   void CheckFencing() const;
 
   bool ControllerAlive() const;
-  // kill -9 the controller and reap it (its engines die with it: PDEATHSIG).
+  // kill -9 the controller and reap it. Its engines and baton-keeper live on.
   void KillController();
-  // Starts a controller again on the same directory (journal, socket) and waits for a pair.
+  // Starts a controller again on the same directory (journal, socket, roster, keeper) and
+  // waits for a pair.
   void RestartController();
+  // Starts a controller again without waiting; `env` ("NAME=value") goes into its
+  // environment only (BATON_FAILPOINTS=...).
+  void StartControllerAgain(const std::vector<std::string>& env = {}) { StartController(env); }
+  // Waits for the controller to exit by itself (a failpoint, `batonctl controller restart`)
+  // and reaps it; returns its waitpid status (-1 and a failure after `timeout`).
+  int WaitControllerExit(std::chrono::seconds timeout = std::chrono::seconds(20));
   // SIGTERM the controller, wait for it (SIGKILL after 20 s, a failure) and check that no
-  // engine outlived it. Returns its waitpid status (-1 if it was not running).
+  // engine and no baton-keeper outlived it. Returns its waitpid status (-1 if it was not
+  // running).
   int StopController();
   std::string Log() const;
   const std::string& dir() const { return dir_; }
@@ -100,11 +115,16 @@ class ChaosCluster {
   pid_t controller_pid() const { return controller_pid_; }
   // Writes the rogue file: the next engine to start misbehaves as `mode`.
   void ArmRogue(const std::string& mode) const;
+  // The engine pids the roster lists, and baton-keeper's pid (0: not running).
+  std::vector<pid_t> RosterPids() const;
+  pid_t KeeperPid() const;
+  // SIGKILL to every process the roster lists (with its group) and to baton-keeper.
+  void KillLeftovers();
 
  private:
   void WriteConfig(const ClusterOptions& options) const;
   CtlResult RunCtl(bool json_output, const std::vector<std::string>& args) const;
-  void StartController();
+  void StartController(const std::vector<std::string>& env = {});
 
   std::string dir_;
   std::string socket_;

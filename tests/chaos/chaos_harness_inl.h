@@ -58,12 +58,16 @@ inline ChaosCluster::ChaosCluster(ClusterOptions options) {
   std::filesystem::create_directories(violations_dir_);
   WriteConfig(options);
   if (!options.first_engine_rogue.empty()) ArmRogue(options.first_engine_rogue);
-  StartController();
+  StartController(options.controller_env);
   if (options.wait_ready) WaitReady("the pair to start");
 }
 
 inline ChaosCluster::~ChaosCluster() {
-  StopController();
+  if (controller_pid_ > 0) {
+    StopController();
+  } else {
+    KillLeftovers();  // a test that killed the controller last: its engines outlive it
+  }
   std::error_code ec;
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(dir_, ec);
 }
@@ -80,6 +84,9 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
   out << "[controller]\nruntime_dir = " << Quote(dir_ + "/run") << "\n"
       << "metrics_port = " << o.metrics_port << "\n"
       << (o.epoch_reserve > 0 ? "epoch_reserve = " + std::to_string(o.epoch_reserve) + "\n" : "")
+      << (o.readopt_timeout_ms > 0
+              ? "readopt_timeout_ms = " + std::to_string(o.readopt_timeout_ms) + "\n"
+              : "")
       << "[model]\ndir = " << Quote(TinyModelDir()) << "\nlock = false\n"
       << "[engine]\ncommand = [";
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
@@ -103,21 +110,26 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
   }
 }
 
-inline void ChaosCluster::StartController() {
+inline void ChaosCluster::StartController(const std::vector<std::string>& env) {
   const std::string bin = std::string(BATON_BIN_DIR) + "/baton-controller";
   const std::string config = dir_ + "/controller.toml";
   const std::string log = dir_ + "/controller.log";
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(),
-                                   O_WRONLY | O_CREAT | O_TRUNC, 0644);
+                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   std::vector<std::string> args = {bin, "--config", config};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> envs(env.begin(), env.end());
+  for (char** e = environ; *e != nullptr; ++e) envs.push_back(*e);
+  std::vector<char*> envp;
+  for (std::string& e : envs) envp.push_back(e.data());
+  envp.push_back(nullptr);
   const int rc =
-      ::posix_spawn(&controller_pid_, bin.c_str(), &actions, nullptr, argv.data(), environ);
+      ::posix_spawn(&controller_pid_, bin.c_str(), &actions, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&actions);
   ASSERT_EQ(rc, 0) << "spawning " << bin << ": " << std::strerror(rc);
 }
@@ -145,6 +157,10 @@ inline int ChaosCluster::StopController() {
     controller_pid_ = 0;
   }
   EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "controller status " << wstatus;
+  for (int i = 0; i < 50 && KeeperPid() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(KeeperPid(), 0) << "baton-keeper outlived a clean stop";
   for (pid_t pid : engines) {
     for (int i = 0; i < 50 && ProcessExists(pid); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -206,11 +222,55 @@ inline json ChaosCluster::WaitReady(const std::string& what) const {
   return WaitFor(IsReady, what);
 }
 
+inline std::vector<pid_t> ChaosCluster::RosterPids() const {
+  std::vector<pid_t> pids;
+  std::ifstream in(dir_ + "/run/state/roster.json");
+  std::stringstream text;
+  text << in.rdbuf();
+  const json roster = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!roster.is_object() || !roster.contains("engines")) return pids;
+  for (const json& e : roster["engines"]) pids.push_back(e.value("pid", 0));
+  return pids;
+}
+
+inline pid_t ChaosCluster::KeeperPid() const {
+  std::ifstream in(dir_ + "/run/keeper.sock.pid");
+  pid_t pid = 0;
+  in >> pid;
+  if (pid <= 0) return 0;
+  std::ifstream cmdline("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string name;
+  std::getline(cmdline, name, '\0');
+  return name.find("baton-keeper") != std::string::npos ? pid : 0;
+}
+
+inline void ChaosCluster::KillLeftovers() {
+  for (pid_t pid : RosterPids()) {
+    if (pid > 0) ::kill(-pid, SIGKILL), ::kill(pid, SIGKILL);
+  }
+  if (const pid_t keeper = KeeperPid(); keeper > 0) ::kill(keeper, SIGKILL);
+}
+
 inline void ChaosCluster::KillController() {
   ASSERT_GT(controller_pid_, 0);
   ::kill(controller_pid_, SIGKILL);
   ::waitpid(controller_pid_, nullptr, 0);
   controller_pid_ = 0;
+}
+
+inline int ChaosCluster::WaitControllerExit(std::chrono::seconds timeout) {
+  if (controller_pid_ <= 0) return -1;
+  int wstatus = 0;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (::waitpid(controller_pid_, &wstatus, WNOHANG) == controller_pid_) {
+      controller_pid_ = 0;
+      return wstatus;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "the controller did not exit within " << timeout.count() << " s\n" << Log();
+  return -1;
 }
 
 inline void ChaosCluster::RestartController() {

@@ -278,9 +278,9 @@ TEST(ChaosFailover, AWorkerThatLeftItsGroupIsFencedThroughTheCgroup) {
   cluster.CheckFencing();
 }
 
-// A controller killed with kill -9 takes its engines along (PR_SET_PDEATHSIG), not their
-// escaped workers; the next controller of the same runtime directory finds them in the
-// engines' cgroups and kills them before it starts a pair.
+// Engines that died while no controller ran leave their escaped workers; the next controller
+// of the same runtime directory finds them in the dead engines' cgroups and kills them before
+// it starts a pair. The workers of engines it re-adopts stay (they are part of them).
 TEST(ChaosFailover, ARestartedControllerKillsWhatTheEarlierOnesEnginesLeft) {
   EscapingWorkers workers;
   ChaosCluster cluster(workers.Options());
@@ -294,8 +294,14 @@ TEST(ChaosFailover, ARestartedControllerKillsWhatTheEarlierOnesEnginesLeft) {
     ASSERT_GT(escaped.back(), 0) << "engine " << e["id"] << "'s worker never wrote its pid";
   }
   cluster.KillController();
+  cluster.RestartController();
   for (pid_t w : escaped) {
-    EXPECT_FALSE(LiveGroupMembers(w).empty()) << "worker " << w << " outlives the controller";
+    EXPECT_FALSE(LiveGroupMembers(w).empty()) << "worker " << w << " of a re-adopted engine";
+  }
+  cluster.KillController();
+  for (const json& e : before["engines"]) ::kill(PidOf(e), SIGKILL);
+  for (pid_t w : escaped) {
+    EXPECT_FALSE(LiveGroupMembers(w).empty()) << "worker " << w << " outlives its engine";
   }
   cluster.RestartController();
   const json after = cluster.Status();

@@ -183,32 +183,70 @@ TEST(UpgradeCtlTest, APromotedUpgradeSurvivesAControllerRestart) {
   cluster.CheckFencing();
 }
 
-// A controller killed mid-canary: its engines die with it, the canary too. The restarted
-// controller launches the command the upgrade would have replaced and records the upgrade as
-// rolled back, saying why.
-TEST(UpgradeCtlTest, AnUpgradeInterruptedByAControllerRestartIsRecordedAsRolledBack) {
+// A controller killed mid-canary: the primary and the canary serve on, and the restarted
+// controller re-adopts both and resumes the upgrade at the canary's step, with the policy the
+// upgrade was started with.
+TEST(UpgradeCtlTest, AnUpgradeInterruptedByAControllerRestartResumesAtItsStep) {
   ChaosCluster cluster(RefenginePair());
   const json s = StartACanaryThatStays(cluster);
-  const uint64_t canary = EngineWithRole(s, "canary")["id"];
+  const json canary = EngineWithRole(s, "canary");
+  const json primary = EngineWithRole(s, "primary");
   cluster.KillController();
+  cluster.StartControllerAgain();
+  const json after = cluster.WaitFor(
+      [&](const json& st) {
+        return !st["upgrade"]["current"].is_null() &&
+               st["upgrade"]["current"]["phase"] == "canary" &&
+               !st["controller"]["recovery"]["in_progress"].get<bool>();
+      },
+      "the upgrade resumed");
+  const json& current = after["upgrade"]["current"];
+  EXPECT_EQ(current["canary"], canary["id"]) << current.dump();
+  EXPECT_EQ(current["weight"], 50) << current.dump();
+  EXPECT_EQ(current["steps"], json::array({50, 100})) << "the policy it was started with";
+  EXPECT_EQ(EngineWithRole(after, "canary")["pid"], canary["pid"]) << "the same canary process";
+  EXPECT_EQ(EngineWithRole(after, "primary")["pid"], primary["pid"]);
+  EXPECT_TRUE(after["upgrade"]["history"].empty()) << after["upgrade"].dump();
+  EXPECT_NE(after["controller"]["recovery"]["upgrade"].get<std::string>().find("resumed at 50"),
+            std::string::npos)
+      << after["controller"].dump();
+  // The resumed canary can be rolled back as any other.
+  ASSERT_EQ(cluster.Ctl({"rollback"}).exit_code, 0);
+  const json ended = WaitUpgradeEnded(cluster, 0);
+  EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
+  const json rolled = cluster.WaitReady("the pair after the rollback");
+  EXPECT_EQ(rolled["upgrade"]["rolled_back"], 1);
+  EXPECT_EQ(EngineWithRole(rolled, "primary")["pid"], primary["pid"]) << "the primary served on";
+  EXPECT_EQ(EngineWithRole(rolled, "primary")["version"], "baton-refengine");
+  EXPECT_EQ(EngineWithRole(rolled, "standby")["version"], "baton-refengine");
+  cluster.CheckFencing();
+}
+
+// Killed with its canary: the restarted controller records the upgrade as rolled back, once,
+// and the pair heals with the command the upgrade would have replaced.
+TEST(UpgradeCtlTest, AnUpgradeWhoseCanaryDiedWithTheControllerIsRolledBackOnce) {
+  ChaosCluster cluster(RefenginePair());
+  const json s = StartACanaryThatStays(cluster);
+  const json canary = EngineWithRole(s, "canary");
+  cluster.KillController();
+  ASSERT_EQ(::kill(PidOf(canary), SIGKILL), 0);
   cluster.RestartController();
   const json after = cluster.WaitReady("the pair after the restart");
   ASSERT_EQ(after["upgrade"]["history"].size(), 1u) << after["upgrade"].dump();
   const json ended = after["upgrade"]["history"][0];
   EXPECT_EQ(ended["outcome"], "rolled_back") << ended.dump();
-  EXPECT_EQ(ended["canary"], canary) << ended.dump();
+  EXPECT_EQ(ended["canary"], canary["id"]) << ended.dump();
   EXPECT_EQ(ended["last_weight"], 50) << ended.dump();
   EXPECT_NE(ended["reason"].get<std::string>().find("the controller restarted during the upgrade "
                                                     "(phase canary)"),
             std::string::npos)
       << ended.dump();
   EXPECT_TRUE(after["upgrade"]["current"].is_null());
-  EXPECT_EQ(after["upgrade"]["rolled_back"], 1);
-  EXPECT_EQ(EngineWithRole(after, "primary")["version"], "baton-refengine");
   EXPECT_EQ(EngineWithRole(after, "standby")["version"], "baton-refengine");
   cluster.KillController();  // recorded once: a second restart does not record it again
   cluster.RestartController();
-  EXPECT_EQ(cluster.WaitReady("the pair after a second restart")["upgrade"]["history"].size(), 0u);
+  EXPECT_EQ(cluster.WaitReady("the pair after a second restart")["upgrade"]["history"].size(), 0u)
+      << "recorded once (the history itself is not kept across restarts)";
   cluster.CheckFencing();
 }
 

@@ -26,12 +26,12 @@ TEST(Timeline, PhasesFromStamps) {
   EXPECT_DOUBLE_EQ(*p.promote_ms, 14);
   EXPECT_DOUBLE_EQ(*p.ready_ms, 21);
   EXPECT_DOUBLE_EQ(*p.total_ms, 421);
-  nlohmann::json j = log.ToJson(r);
+  nlohmann::json j = TimelineJson(r, clock.Now());
   EXPECT_EQ(j["kind"], "failover");
   EXPECT_DOUBLE_EQ(j["stamps"]["reaped_ms"].get<double>(), 406);
   EXPECT_DOUBLE_EQ(j["phases"]["fence_ms"].get<double>(), 6);
   EXPECT_FALSE(j["stamps"].contains("injected_ms"));
-  EXPECT_NE(log.ToText(r).find("reaped"), std::string::npos);
+  EXPECT_NE(TimelineText(r, clock.Now()).find("reaped"), std::string::npos);
   EXPECT_NE(TimelineLog::Summary(r).find("fence 6.00 ms"), std::string::npos);
 }
 

@@ -1,13 +1,18 @@
 // SimWorld: the ground truth of the controller simulation (simulation_test.cc).
 //
-// It models what the controller cannot see directly: which engine processes are alive,
-// hung, killed, exited, reaped; when a dead process's device work has drained (the barrier);
-// which pool blocks each process really has mapped writable; which epochs were durable when
-// they were sent. The simulated controller acts on it only through the calls an operating
-// system or a socket would offer (launch, kill, reap, barrier query, deliver a message), and
-// every delivery is checked here against fencing rules 1-5 independently of the ledger.
+// It models what the Coordinator cannot see directly: which engine processes are alive,
+// hung, killed, exited; when a dead process's device work has drained (the barrier); which
+// pool blocks each process really has mapped writable; which epochs were durable when they
+// were sent. It also plays the engines: what each does with a controller message (map a
+// Promote's or a Grant's extents, answer a health request, drain, stop) and what it tells
+// a restarted controller (Register, or a Reattach with its own role, epoch and extents).
+// Engines' replies, their connections closing and their exits are queued here with a small
+// random delay; the driver (sim_driver.h) pops them and delivers them to the Coordinator as
+// events, so nothing here calls into the Coordinator. Everything the controller sends is
+// checked here against fencing rules 1-5 independently of the ledger.
 //
-// Header-only test support; single-threaded; deterministic for a given seed.
+// Ownership: the driver owns the world, its clock, store and Rng. Header-only test support;
+// single-threaded; deterministic for a given seed.
 #pragma once
 
 #include <algorithm>
@@ -20,255 +25,284 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "controller/core/epoch_journal.h"
+#include "controller/core/coordinator.h"
 #include "controller/core/pool_ledger.h"
+#include "tests/controller/sim_engine.h"
 
 namespace baton::sim {
 
-using std::chrono::milliseconds;
-
-// splitmix64: small, fast, and the same on every platform.
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : state_(seed) {}
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [lo, hi].
-  uint64_t Range(uint64_t lo, uint64_t hi) { return lo + Next() % (hi - lo + 1); }
-  bool Chance(unsigned percent) { return Next() % 100 < percent; }
-
- private:
-  uint64_t state_;
-};
-
-// An epoch store whose durable part survives a simulated controller restart. With
-// skip_fsync set (a deliberate fault) Advance returns epochs that never become durable.
-class SimEpochStore final : public EpochStore {
- public:
-  uint64_t current() const override { return value_; }
-  Result<uint64_t> Advance() override {
-    ++value_;
-    if (!skip_fsync) durable_ = value_;
-    return value_;
-  }
-  void Restart() { value_ = durable_; }
-  uint64_t durable() const { return durable_; }
-  bool skip_fsync = false;
-
- private:
-  uint64_t value_ = 0;
-  uint64_t durable_ = 0;
-};
-
-enum class MsgKind { kHeartbeat, kGrant, kReturn, kError };
-
-struct SimMessage {
-  MsgKind kind = MsgKind::kHeartbeat;
-  uint64_t epoch = 0;
-  uint32_t blocks = 0;  // kGrant
-  Extent extent;        // kReturn
-};
-
-inline SimMessage Msg(MsgKind kind, uint64_t epoch, uint32_t blocks = 0, Extent extent = {}) {
-  SimMessage m;
-  m.kind = kind;
-  m.epoch = epoch;
-  m.blocks = blocks;
-  m.extent = extent;
-  return m;
-}
-
-struct SimEngine {
-  EngineId id = kNoEngine;
-  bool alive = true;  // process running (a killed process runs until exit_at)
-  bool hung = false;
-  bool killed = false;
-  bool reaped = false;
-  bool registered = false;
-  bool promoted = false;
-  uint64_t epoch = 0;
-  TimePoint register_at, exit_at, release_at;
-  std::set<uint32_t> mapped;  // writable, until reaped and past the barrier
-  std::optional<SimMessage> last_sent;
-};
-
-// What an engine tells a restarted controller when it reconnects.
-struct Claim {
-  bool promoted = false;
-  uint64_t epoch = 0;
-  std::vector<Extent> extents;
-};
-
 class SimWorld {
  public:
-  SimWorld(FakeClock& clock, SimEpochStore& store, Rng& rng, uint32_t blocks)
-      : clock_(clock), store_(store), rng_(rng), blocks_(blocks) {}
+  SimWorld(FakeClock& clock, SimEpochStore& store, Rng& rng, uint32_t blocks,
+           uint32_t blocks_per_chunk)
+      : clock_(clock),
+        store_(store),
+        rng_(rng),
+        blocks_(blocks),
+        blocks_per_chunk_(std::max<uint32_t>(1, blocks_per_chunk)) {}
 
   // --- operating system ---------------------------------------------------------------
-  EngineId Launch() {
-    SimEngine& e = engines_[next_id_];
-    e.id = next_id_++;
-    e.register_at = clock_.Now() + milliseconds(rng_.Range(10, 150));
-    roster_.insert(e.id);
-    Trace("controller launches engine " + std::to_string(e.id));
-    return e.id;
-  }
-  // SIGKILL through the pidfd. `for_hang`: the detector declared the engine hung.
-  void Kill(EngineId id, bool for_hang) {
-    SimEngine& e = engines_.at(id);
-    hang_kills += for_hang;
-    if (for_hang && !e.hung && e.alive && !e.killed) {
-      Flag("model: a live, answering engine " + std::to_string(id) + " was killed as hung");
+  // Starts the engine process the controller asked for, with the id and token it chose.
+  bool Launch(EngineId id, const std::string& token, int port) {
+    if (engines_.count(id) != 0) {
+      Flag("model: engine id " + std::to_string(id) + " launched twice");
+      return false;
     }
-    if (!e.alive || e.killed) return;
-    Trace("controller kills engine " + std::to_string(id) + (for_hang ? " (hung)" : ""));
-    e.killed = true;
-    e.exit_at = clock_.Now() + milliseconds(rng_.Range(0, 20));
-    Settle();
-  }
-  bool Exited(EngineId id) const { return !engines_.at(id).alive; }
-  bool Reap(EngineId id) {
-    SimEngine& e = engines_.at(id);
-    if (e.alive) return false;
-    e.reaped = true;
-    Settle();
+    SimEngine& e = engines_[id];
+    e.id = id;
+    e.token = token;
+    e.port = port;
+    e.connect_at = now() + rng_.Millis(10, 150);
+    Queue(WorldEvent{WorldEvent::Kind::kConnect, id, {}, ""}, e.connect_at);
+    if (tracing()) Trace("controller launches engine " + std::to_string(id));
     return true;
   }
-  bool BarrierPassed(EngineId id) const {
-    const SimEngine& e = engines_.at(id);
-    return e.reaped && clock_.Now() >= e.release_at;
+  // SIGKILL through the pidfd; closes its connection. Returns whether it was running.
+  bool Kill(EngineId id) {
+    SimEngine* e = Find(id);
+    if (e == nullptr || !e->alive) return false;
+    e->connected = e->attached = false;
+    if (e->killed) return true;
+    if (tracing()) Trace("controller kills engine " + std::to_string(id));
+    e->killed = true;
+    e->exit_at = std::min(e->exiting ? e->exit_at : TimePoint::max(), now() + rng_.Millis(0, 20));
+    return true;
   }
-  // Processes launched by any controller incarnation and not yet forgotten (the daemon
-  // keeps this list in its runtime directory).
-  std::vector<EngineId> Roster() const { return {roster_.begin(), roster_.end()}; }
-  void ForgetRoster(EngineId id) { roster_.erase(id); }
-
-  // --- controller -> engine messages -------------------------------------------------------
-  void DeliverPromote(EngineId id, uint64_t epoch) {
-    CheckDurable(epoch, "promotion of engine " + std::to_string(id));
-    if (epoch <= max_promoted_epoch_) {
-      Flag("invariant 3 (epochs monotonic): engine " + std::to_string(id) + " promoted at epoch " +
-           std::to_string(epoch) + " after epoch " + std::to_string(max_promoted_epoch_) +
-           " was already used");
-    }
-    max_promoted_epoch_ = std::max(max_promoted_epoch_, epoch);
-    ++promotions;
+  // SIGTERM, or the engine obeying a Stop: it exits on its own shortly.
+  void Stop(EngineId id) {
+    SimEngine* e = Find(id);
+    if (e == nullptr || !e->alive || e->exiting || e->killed) return;
+    e->exiting = true;
+    e->exit_at = now() + rng_.Millis(0, 10);
+  }
+  // Its exit is reported to the controller after `delay` (its pidfd became readable).
+  void ReportExit(EngineId id, const std::string& how, Duration delay) {
     SimEngine& e = engines_.at(id);
-    e.promoted = true;
-    e.epoch = epoch;
-    Trace("controller promotes engine " + std::to_string(id) + " at epoch " +
-          std::to_string(epoch));
+    e.exit_reported = true;
+    Queue(WorldEvent{WorldEvent::Kind::kExited, id, {}, how}, now() + delay);
   }
-  void DeliverGrant(EngineId id, const std::vector<Extent>& extents, uint64_t epoch) {
-    CheckDurable(epoch, "grant to engine " + std::to_string(id));
-    SimEngine& e = engines_.at(id);
-    if (!e.alive) return;
-    std::string what;
-    for (const Extent& x : extents) what += " " + ToString(x);
-    Trace("engine " + std::to_string(id) + " maps" + what + " at epoch " + std::to_string(epoch));
-    for (const Extent& x : extents) {
-      for (uint32_t b = x.first; b < x.end(); ++b) e.mapped.insert(b);
-    }
-  }
-  // Health request; true if answered.
-  bool Probe(EngineId id) const {
-    const SimEngine& e = engines_.at(id);
-    return e.alive && !e.hung;
+  // What still holds the barrier of engine `id` ("" once its process is gone and its device
+  // work drained).
+  std::string BarrierHeldBy(EngineId id) const {
+    auto it = engines_.find(id);
+    if (it == engines_.end()) return "";
+    if (it->second.alive) return "its process is still running";
+    if (now() < it->second.release_at) return "its device work has not drained";
+    return "";
   }
 
-  // --- engine -> controller messages ---------------------------------------------------
-  // Ground truth: a message is stale if its sender is dead or killed, or it does not carry
-  // the sender's own epoch.
-  bool IsStale(EngineId id, const SimMessage& m) const {
-    const SimEngine& e = engines_.at(id);
-    return !e.alive || e.killed || m.epoch != e.epoch;
-  }
-  // Records the controller's verdict on a message and checks it; `stale` is IsStale()
-  // taken before the controller saw the message.
-  void Judge(EngineId id, const SimMessage& m, bool stale, const Status& verdict) {
-    SimEngine& e = engines_.at(id);
-    if (verdict.ok() && stale) {
-      Flag("invariant 4 (stale messages refused): accepted a stale message from engine " +
-           std::to_string(id) + " at epoch " + std::to_string(m.epoch));
+  // --- controller -> engine ------------------------------------------------------------
+  // The engine's side of Effects::Send: checks, then does what the engine would.
+  Status Receive(EngineId id, const ToEngine& message) {
+    SimEngine* e = Find(id);
+    if (e == nullptr || !e->alive || !e->connected) {
+      return Unavailable("engine " + std::to_string(id) + " is not connected");
     }
-    if (verdict.ok() && m.kind == MsgKind::kReturn) {
-      for (uint32_t b = m.extent.first; b < m.extent.end(); ++b) {
-        if (!e.mapped.count(b)) {
-          Flag("refusal: engine " + std::to_string(id) + " returned block " + std::to_string(b) +
-               " it does not hold and it was accepted");
+    if (const auto* p = std::get_if<proto::Promote>(&message)) {
+      CheckDurable(p->epoch, "promotion of engine " + std::to_string(id));
+      if (p->epoch <= max_promoted_epoch_) {
+        Flag("invariant 3 (epochs monotonic): engine " + std::to_string(id) +
+             " promoted at epoch " + std::to_string(p->epoch) + " after epoch " +
+             std::to_string(max_promoted_epoch_) + " was already used");
+      }
+      max_promoted_epoch_ = std::max(max_promoted_epoch_, p->epoch);
+      e->promote_epoch = p->epoch;
+      ++promotions;
+    } else if (const auto* g = std::get_if<proto::Grant>(&message)) {
+      ++e->grants;
+      if (g->epoch != e->promote_epoch) {
+        Flag("invariant 4 (stale messages refused): engine " + std::to_string(id) +
+             " was granted blocks at epoch " + std::to_string(g->epoch) + " but holds epoch " +
+             std::to_string(e->promote_epoch) + ": a message at another epoch was acted on");
+      }
+      CheckDurable(g->epoch, "grant to engine " + std::to_string(id));
+    } else if (std::holds_alternative<proto::Stop>(message)) {
+      e->stop_received = true;
+    }
+    if (!e->Working()) return OkStatus();  // frozen or on its way out: it reads nothing
+    std::visit([&](const auto& m) { Handle(*e, m); }, message);
+    return OkStatus();
+  }
+  void Disconnect(EngineId id) {
+    if (SimEngine* e = Find(id)) e->connected = e->attached = false;
+  }
+
+  // --- engine -> controller ------------------------------------------------------------
+  // A message the engine sends now, delivered after `delay`; one engine's messages arrive
+  // in the order sent.
+  void Send(SimEngine& e, const FromEngine& m, Duration delay) {
+    Note(e, m);
+    TimePoint at = std::max(now() + delay, last_message_at_[e.id]);
+    last_message_at_[e.id] = at;
+    Queue(WorldEvent{WorldEvent::Kind::kMessage, e.id, m, ""}, at);
+  }
+  // Records `m` as sent by `e` (for stale replays later).
+  void Note(SimEngine& e, const FromEngine& m) {
+    e.last_sent = m;
+    if (!e.promoted && CarriesEpoch(m)) e.standby_sent = m;
+  }
+  // What the engine says first on a new connection: Register, or what it holds.
+  FromEngine Opening(const SimEngine& e) const {
+    if (!e.registered) {
+      return proto::Register{
+          .engine_id = e.id, .engine_version = kEngineVersion, .http_address = Address(e)};
+    }
+    proto::ReattachRole role = proto::ReattachRole::kStandby;
+    if (e.drained) {
+      role = proto::ReattachRole::kDrained;
+    } else if (e.draining) {
+      role = proto::ReattachRole::kDraining;
+    } else if (e.serving) {
+      role = proto::ReattachRole::kServing;
+    } else if (e.promoted) {
+      role = proto::ReattachRole::kPromoted;
+    }
+    return proto::Reattach{.engine_id = e.id,
+                           .engine_version = kEngineVersion,
+                           .http_address = Address(e),
+                           .role = static_cast<uint8_t>(role),
+                           .epoch = e.epoch,
+                           .extents = Runs(e.mapped),
+                           .arena_dev = kArenaDev,
+                           .arena_ino = kArenaIno,
+                           .pool_dev = kPoolDev,
+                           .pool_ino = kPoolIno};
+  }
+
+  // --- faults and time -----------------------------------------------------------------
+  // The process dies on its own (a crash, an OOM kill): its socket closes, its pidfd fires.
+  void Crash(EngineId id) {
+    SimEngine* e = Find(id);
+    if (e == nullptr || !e->alive) return;
+    e->exit_at = now();
+    Die(*e, "killed by signal 9");
+  }
+  void Hang(EngineId id) {
+    if (SimEngine* e = Find(id)) e->hung = true;
+  }
+  // The controller is gone: its connections and pidfds with it, and what was in flight.
+  // Engines that were registered reconnect (after their weights are mapped) and reattach,
+  // those launched but not registered yet register; frozen ones never come back.
+  void ControllerRestarted() {
+    queue_.clear();
+    last_message_at_.clear();
+    for (auto& [id, e] : engines_) {
+      e.connected = e.attached = false;
+      e.exit_reported = !e.alive;  // the new controller finds the dead gone, awaits the others
+      if (!e.Working()) continue;
+      if (rng_.Chance(4)) {
+        e.hung = true;  // frozen across the restart: it never reattaches
+        continue;
+      }
+      TimePoint at = now() + (rng_.Chance(5) ? rng_.Millis(250, 500) : rng_.Millis(5, 120));
+      if (e.ready_at.has_value()) at = std::max(at, *e.ready_at);
+      if (!e.registered) at = std::max(at, e.connect_at);
+      e.connect_at = at;
+      Queue(WorldEvent{WorldEvent::Kind::kConnect, id, {}, ""}, at);
+    }
+  }
+  // Applies what time did: engines' own timers, exits of killed and stopping processes, and
+  // mappings cleared once a dead process's device work drained.
+  void Settle() {
+    const TimePoint t = now();
+    for (auto& [id, e] : engines_) {
+      if (e.alive && (e.killed || e.exiting) && t >= e.exit_at) {
+        Die(e, e.killed ? "killed by signal 9" : "exited with status 0");
+      }
+      if (!e.alive && !e.mapped.empty() && t >= e.release_at) e.mapped.clear();
+      if (!e.Working()) continue;
+      if (e.ready_at.has_value() && t >= *e.ready_at) {
+        e.ready_at.reset();
+        if (e.attached) {
+          Send(e, proto::StandbyReady{.arena_mapped_bytes = 1 << 20, .reserved_bytes = 1 << 20},
+               rng_.Millis(0, 3));
         }
       }
-    }
-    if (!stale) e.last_sent = m;
-  }
-
-  // --- faults and time ---------------------------------------------------------------------
-  void Crash(EngineId id) {
-    SimEngine& e = engines_.at(id);
-    if (!e.alive) return;
-    e.alive = false;
-    e.release_at = clock_.Now() + milliseconds(rng_.Range(0, 60));
-  }
-  void Advance(Duration d) {
-    clock_.Advance(d);
-    Settle();
-  }
-  // Applies exits of killed processes and clears mappings of reaped, drained ones.
-  void Settle() {
-    const TimePoint now = clock_.Now();
-    for (auto& [id, e] : engines_) {
-      if (e.alive && e.killed && now >= e.exit_at) {
-        e.alive = false;
-        e.release_at = now + milliseconds(rng_.Range(0, 60));
+      if (e.serve_at.has_value() && t >= *e.serve_at) {
+        e.serve_at.reset();
+        e.serving = true;
+        if (e.attached) {
+          Send(e,
+               proto::PromoteAck{.epoch = e.epoch,
+                                 .blocks_mapped = static_cast<uint32_t>(e.mapped.size())},
+               rng_.Millis(0, 3));
+        }
       }
-      if (!e.alive && e.reaped && now >= e.release_at) e.mapped.clear();
+      if (e.drained_at.has_value() && t >= *e.drained_at) SendDrained(e);
     }
     if (store_.durable() < last_durable_) Flag("invariant 3 (epochs monotonic): journal went back");
     last_durable_ = store_.durable();
   }
+  // The earliest queued event due now, if any.
+  std::optional<WorldEvent> PopDue() {
+    if (queue_.empty() || queue_.begin()->first > now()) return std::nullopt;
+    WorldEvent ev = std::move(queue_.begin()->second);
+    queue_.erase(queue_.begin());
+    return ev;
+  }
+  // When the world next changes on its own (a queued event, an engine's timer, an exit).
+  TimePoint NextEventAt() const {
+    TimePoint at = queue_.empty() ? TimePoint::max() : queue_.begin()->first;
+    for (const auto& [id, e] : engines_) {
+      if (e.alive && (e.killed || e.exiting)) at = std::min(at, e.exit_at);
+      if (!e.Working()) continue;
+      for (const std::optional<TimePoint>& timer : {e.ready_at, e.serve_at, e.drained_at}) {
+        if (timer.has_value()) at = std::min(at, *timer);
+      }
+    }
+    return at;
+  }
 
   // --- checks ---------------------------------------------------------------------------
+  // Rules 1, 2 and 5 from what the processes map (by chunk on a device pool: an engine maps
+  // the whole chunk of any block it holds), and the first violation flagged on the way.
   Status Check() const {
     if (!violation_.empty()) return Internal(violation_);
-    std::vector<int> live(blocks_, 0), mappers(blocks_, 0);
+    const uint32_t chunks = (blocks_ + blocks_per_chunk_ - 1) / blocks_per_chunk_;
+    std::vector<int> live(chunks, 0), mappers(chunks, 0);
+    std::vector<uint32_t> seen;
     for (const auto& [id, e] : engines_) {
-      if (!e.promoted && !e.mapped.empty()) {
+      if (e.mapped.empty()) continue;
+      if (!e.promoted) {
         return Internal("invariant 5 (standby maps nothing writable): engine " +
                         std::to_string(id) + " maps block " + std::to_string(*e.mapped.begin()) +
                         " without being promoted");
       }
+      seen.clear();
       for (uint32_t b : e.mapped) {
-        ++mappers[b];
-        live[b] += e.alive;
+        const uint32_t c = b / blocks_per_chunk_;
+        if (!seen.empty() && seen.back() == c) continue;
+        seen.push_back(c);
+        ++mappers[c];
+        live[c] += e.alive;
       }
     }
-    for (uint32_t b = 0; b < blocks_; ++b) {
-      if (live[b] > 1) {
-        return Internal("invariant 1 (one writer per block): block " + std::to_string(b) +
-                        " is mapped writable by " + std::to_string(live[b]) + " live engines");
+    const std::string unit = blocks_per_chunk_ > 1 ? "chunk " : "block ";
+    for (uint32_t c = 0; c < chunks; ++c) {
+      if (live[c] > 1) {
+        return Internal("invariant 1 (one writer per block): " + unit + std::to_string(c) +
+                        " is mapped writable by " + std::to_string(live[c]) + " live engines");
       }
-      if (mappers[b] > 1) {
-        return Internal("invariant 2 (no use before reap and barrier): block " + std::to_string(b) +
-                        " was handed on before its old holder was reaped "
-                        "and past the barrier");
+      if (mappers[c] > 1) {
+        return Internal("invariant 2 (no use before reap and barrier): " + unit +
+                        std::to_string(c) +
+                        " was handed on before its old holder was reaped and past the barrier");
       }
     }
     return OkStatus();
   }
-  // Appends controller actions to `log` (verbose runs only).
-  void SetTrace(std::vector<std::string>* log) { trace_ = log; }
-  void Trace(const std::string& what) {
-    if (trace_ == nullptr) return;
-    trace_->push_back("t=" + std::to_string(clock_.Now().time_since_epoch().count() / 1000000) +
-                      "ms   " + what);
-  }
-
   void Flag(const std::string& what) {
     if (violation_.empty()) violation_ = what;
+  }
+  // Appends world events to `log` (verbose runs only).
+  void SetTrace(std::vector<std::string>* log) { trace_ = log; }
+  bool tracing() const { return trace_ != nullptr; }
+  void Trace(const std::string& what) {
+    if (trace_ == nullptr) return;
+    trace_->push_back("t=" + std::to_string(Millis()) + "ms   " + what);
+  }
+  int64_t Millis() const {
+    return std::chrono::duration_cast<milliseconds>(now().time_since_epoch()).count();
   }
 
   std::map<EngineId, SimEngine>& engines() { return engines_; }
@@ -277,19 +311,17 @@ class SimWorld {
     return it == engines_.end() ? nullptr : &it->second;
   }
   TimePoint now() const { return clock_.Now(); }
-  uint64_t promotions = 0;
-  uint64_t hang_kills = 0;
-  FakeClock& clock() { return clock_; }
   Rng& rng() { return rng_; }
+  uint64_t promotions = 0;
 
-  // Forgets long-gone engines beyond the last few (their stale messages stay replayable
-  // while kept).
+  // Forgets engines the controller released, beyond the last few (their stale messages stay
+  // replayable while kept).
   void Prune() {
     size_t gone = 0;
-    for (const auto& [id, e] : engines_) gone += !e.alive && e.mapped.empty();
-    for (auto it = engines_.begin(); gone > 8 && it != engines_.end();) {
-      const bool done = !it->second.alive && it->second.mapped.empty() && !roster_.count(it->first);
-      if (done) {
+    for (const auto& [id, e] : engines_) gone += Forgettable(e);
+    for (auto it = engines_.begin(); gone > 6 && it != engines_.end();) {
+      if (Forgettable(it->second)) {
+        last_message_at_.erase(it->first);
         it = engines_.erase(it);
         --gone;
       } else {
@@ -299,6 +331,83 @@ class SimWorld {
   }
 
  private:
+  static bool Forgettable(const SimEngine& e) { return !e.alive && e.mapped.empty() && e.released; }
+  static std::string Address(const SimEngine& e) { return "127.0.0.1:" + std::to_string(e.port); }
+  void Queue(WorldEvent ev, TimePoint at) { queue_.emplace(at, std::move(ev)); }
+  void Die(SimEngine& e, const std::string& how) {
+    e.alive = false;
+    e.release_at = now() + rng_.Millis(0, 60);
+    if (tracing()) Trace("engine " + std::to_string(e.id) + " is dead: " + how);
+    if (e.connected) {
+      e.connected = e.attached = false;
+      Queue(WorldEvent{WorldEvent::Kind::kDisconnected, e.id, {}, "end of file"},
+            now() + rng_.Millis(0, 3));
+    }
+    if (!e.exit_reported) ReportExit(e.id, how, rng_.Millis(0, 5));
+  }
+  void SendDrained(SimEngine& e) {
+    e.drained_at.reset();
+    e.drained = true;
+    if (e.attached) Send(e, proto::Drained{.epoch = e.epoch, .unfinished = 0}, rng_.Millis(0, 3));
+  }
+  void Map(SimEngine& e, const std::vector<proto::BlockRange>& extents, uint64_t epoch) {
+    std::string what;
+    for (const proto::BlockRange& r : extents) {
+      if (r.count == 0 || r.first >= blocks_ || r.count > blocks_ - r.first) {
+        Flag("model: engine " + std::to_string(e.id) + " was sent blocks outside the pool");
+        return;
+      }
+      for (uint32_t b = r.first; b < r.first + r.count; ++b) e.mapped.insert(b);
+      if (trace_ != nullptr) what += " " + ToString(Extent{r.first, r.count});
+    }
+    if (tracing()) {
+      Trace("engine " + std::to_string(e.id) + " maps" + what + " at epoch " +
+            std::to_string(epoch));
+    }
+  }
+
+  // What a working engine does with each controller message.
+  void Handle(SimEngine& e, const SendRegisterAck&) {
+    e.registered = e.attached = true;
+    e.ready_at = now() + rng_.Millis(5, 60);
+  }
+  void Handle(SimEngine& e, const proto::Promote& m) {
+    e.promoted = true;
+    e.epoch = m.epoch;
+    Map(e, m.extents, m.epoch);
+    e.serve_at = now() + rng_.Millis(1, 30);
+  }
+  void Handle(SimEngine& e, const proto::Grant& m) { Map(e, m.extents, m.epoch); }
+  void Handle(SimEngine& e, const proto::Reclaim& m) {
+    std::set<uint32_t> give;
+    for (auto it = e.mapped.rbegin(); it != e.mapped.rend() && give.size() < m.blocks; ++it) {
+      give.insert(*it);
+    }
+    for (uint32_t b : give) e.mapped.erase(b);
+    Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, rng_.Millis(1, 20));
+  }
+  void Handle(SimEngine& e, const proto::Drain&) {
+    e.draining = true;
+    e.drained_at = now() + rng_.Millis(5, 80);
+  }
+  void Handle(SimEngine& e, const proto::Resume&) {
+    // Every Drain is answered by one Drained, sent before the engine serves again.
+    if (e.drained_at.has_value()) SendDrained(e);
+    e.draining = e.drained = false;
+  }
+  void Handle(SimEngine& e, const proto::Stop&) { Stop(e.id); }
+  void Handle(SimEngine&, const proto::ErrorMsg&) {}
+  void Handle(SimEngine& e, const proto::HealthRequest&) {
+    if (e.attached)
+      Send(e, proto::Heartbeat{.epoch = e.epoch, .seq = ++e.heartbeat_seq}, rng_.Millis(0, 20));
+  }
+  void Handle(SimEngine& e, const proto::InjectFault& m) {
+    Send(e, proto::ErrorReport{.epoch = e.epoch, .code = 13, .message = m.message},
+         rng_.Millis(0, 5));
+  }
+  // A promoted engine that had not acknowledged yet does once it serves (serve_at).
+  void Handle(SimEngine& e, const proto::ReattachAck&) { e.attached = true; }
+
   void CheckDurable(uint64_t epoch, const std::string& what) {
     if (epoch > store_.durable()) {
       Flag("invariant 3 (epochs monotonic): " + what + " carries epoch " + std::to_string(epoch) +
@@ -310,9 +419,10 @@ class SimWorld {
   SimEpochStore& store_;
   Rng& rng_;
   uint32_t blocks_;
-  EngineId next_id_ = 1;
+  uint32_t blocks_per_chunk_;
   std::map<EngineId, SimEngine> engines_;
-  std::set<EngineId> roster_;
+  std::multimap<TimePoint, WorldEvent> queue_;
+  std::map<EngineId, TimePoint> last_message_at_;
   uint64_t max_promoted_epoch_ = 0;
   uint64_t last_durable_ = 0;
   std::string violation_;

@@ -12,10 +12,11 @@ namespace {
 
 using std::chrono::milliseconds;
 
-proto::RouteTable Table(std::vector<proto::RouteEntry> entries) {
+proto::RouteTable Table(std::vector<proto::RouteEntry> entries, uint64_t epoch = 1) {
   static uint64_t version = 0;
   proto::RouteTable t;
   t.version = ++version;
+  t.epoch = epoch;
   t.entries = std::move(entries);
   return t;
 }
@@ -122,12 +123,25 @@ TEST(AdmissionTest, ThePrimaryOfARestartedControllerRampsUpThoughItsAddressIsThe
   EXPECT_EQ(a.failovers(), 0u) << "the same engine, listed again";
   a.ControllerRestarted();
   a.SetTable(Table({}));
-  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}));
-  EXPECT_EQ(a.failovers(), 1u);
+  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}, /*epoch=*/5));
+  EXPECT_EQ(a.failovers(), 1u) << "another epoch: a new engine";
   ASSERT_EQ(a.Weights().size(), 1u);
   EXPECT_DOUBLE_EQ(a.Weights()[0].weight, 50.0) << "ramping";
-  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}));
+  a.SetTable(Table({Primary(1, "127.0.0.1:8101")}, 5));
   EXPECT_EQ(a.failovers(), 1u) << "counted once";
+}
+
+// A restarted controller that re-adopted its primary lists the same engine at the same
+// epoch: it is not a failover, and the primary keeps its whole share at once.
+TEST(AdmissionTest, APrimaryReadoptedByARestartedControllerIsNoFailover) {
+  FakeClock clock;
+  Admission a(clock, {.ramp_steps = {0.5, 1.0}, .ramp_duration = milliseconds(1000)});
+  a.SetTable(Table({Primary(3, "127.0.0.1:8101")}, 7));
+  a.ControllerRestarted();
+  a.SetTable(Table({Primary(3, "127.0.0.1:8101")}, 7));
+  EXPECT_EQ(a.failovers(), 0u);
+  ASSERT_EQ(a.Weights().size(), 1u);
+  EXPECT_DOUBLE_EQ(a.Weights()[0].weight, 100.0) << "no ramp";
 }
 
 TEST(AdmissionTest, QueueDrainsInOrderWhenAPrimaryAppears) {

@@ -49,13 +49,15 @@ TEST(EngineMachineTest, LifeOfAPrimary) {
   FakeClock clock;
   EngineMachine engine = NewEngineMachine(7, clock);
   EXPECT_EQ(engine.state(), EngineState::kLaunching);
+  EXPECT_FALSE(engine.Allows(EngineEvent::kRegistered)) << "StandbyReady before Register";
+  ExpectApply(engine, EngineEvent::kRegisterAccepted, EngineState::kRegistering);
   ExpectApply(engine, EngineEvent::kRegistered, EngineState::kStandby);
   ExpectApply(engine, EngineEvent::kPromoteStarted, EngineState::kPromoting);
   ExpectApply(engine, EngineEvent::kPromoteDone, EngineState::kPrimary);
   ExpectApply(engine, EngineEvent::kHungConfirmed, EngineState::kFencing);
   ExpectApply(engine, EngineEvent::kDied, EngineState::kFencing);  // the SIGKILL landed
   ExpectApply(engine, EngineEvent::kFenceDone, EngineState::kDead);
-  EXPECT_EQ(engine.history().size(), 6u);
+  EXPECT_EQ(engine.history().size(), 7u);
 }
 
 TEST(EngineMachineTest, RefusedTransitionNamesMachineStateAndEvent) {

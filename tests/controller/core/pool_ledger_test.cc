@@ -168,13 +168,14 @@ TEST_F(PoolLedgerTest, TombstonesArePruned) {
   EXPECT_FALSE(ledger_.CheckMessage(209, 0).ok());
 }
 
-TEST(PoolLedgerRecoveryTest, ReadoptsCurrentEpochAndFreesTheRestAfterRecovery) {
+TEST(PoolLedgerRecoveryTest, ReadoptsIssuedEpochsAndFreesTheRestAfterRecovery) {
   CounterEpochs epochs(7);
   PoolLedger ledger = PoolLedger::Recovering(16, epochs);
   EXPECT_TRUE(ledger.recovering());
   EXPECT_EQ(ledger.Snapshot().quarantined_blocks, 16u);
   ASSERT_TRUE(ledger.CheckInvariants().ok());
-  ExpectRefused(ledger.Readopt(5, 6, {{0, 2}}), "durable epoch is 7; stale");
+  ExpectRefused(ledger.Readopt(5, 8, {{0, 2}}), "which no previous controller issued");
+  ExpectRefused(ledger.Readopt(5, 0, {{0, 2}}), "which no previous controller issued");
   ExpectRefused(ledger.Readopt(5, 7, {{0, 2}, {1, 2}}), "overlap");
   ExpectRefused(ledger.Readopt(5, 7, {{15, 2}}), "outside the pool");
   ASSERT_TRUE(ledger.Readopt(5, 7, {{3, 2}, {8, 1}}).ok());
@@ -190,6 +191,24 @@ TEST(PoolLedgerRecoveryTest, ReadoptsCurrentEpochAndFreesTheRestAfterRecovery) {
   ASSERT_TRUE(ledger.Grant(5, 14, 7).ok());
   ASSERT_TRUE(ledger.CheckInvariants().ok());
   ExpectRefused(ledger.Readopt(6, 7, {}), "not recovering");
+}
+
+// A canary and a primary both outlive their controller: each is re-adopted at the epoch a
+// previous controller gave it, below the new floor, and a fence later uses a fresh epoch.
+TEST(PoolLedgerRecoveryTest, TwoHoldersAtOlderEpochsAreReadopted) {
+  CounterEpochs epochs(64);
+  PoolLedger ledger = PoolLedger::Recovering(16, epochs);
+  ASSERT_TRUE(ledger.Readopt(1, 3, {{0, 8}}).ok());
+  ASSERT_TRUE(ledger.Readopt(2, 5, {{8, 4}}).ok());
+  ExpectRefused(ledger.Readopt(3, 5, {{12, 1}}), "already held by engine 2");
+  ASSERT_TRUE(ledger.CheckInvariants().ok()) << ledger.CheckInvariants().ToString();
+  EXPECT_TRUE(ledger.CheckMessage(1, 3).ok());
+  EXPECT_FALSE(ledger.CheckMessage(1, 5).ok());
+  ASSERT_TRUE(ledger.EndRecovery().ok());
+  ASSERT_TRUE(ledger.Fence(2, *epochs.Advance()).ok());
+  ASSERT_TRUE(ledger.ReleaseAfterBarrier(2).ok());
+  ASSERT_TRUE(ledger.CheckInvariants().ok()) << ledger.CheckInvariants().ToString();
+  EXPECT_EQ(ledger.Snapshot().free_blocks, 8u);
 }
 
 TEST(PoolLedgerRecoveryTest, NewPromotionsAfterRestartUseAFreshEpoch) {

@@ -163,6 +163,13 @@ TEST_F(EngineCgroupTest, LeftoversOfAnEarlierControllerAreKilled) {
   Result<std::unique_ptr<EngineCgroups>> next = EngineCgroups::Open("auto", TestKey(), &why_not);
   ASSERT_TRUE(next.ok() && *next != nullptr) << why_not;
   EXPECT_EQ((*next)->base(), cgroups_->base()) << "the same runtime directory, the same base";
+  EXPECT_EQ(::access(leftover.c_str(), F_OK), 0) << "opening touches no leftover";
+  (*next)->ClearLeftovers({9});  // a re-adopted engine's cgroup stays
+  EXPECT_EQ((*next)->leftovers_killed(), 0u);
+  EXPECT_EQ(::access(leftover.c_str(), F_OK), 0);
+  Result<std::optional<ExitInfo>> running = child->TryReap();
+  ASSERT_TRUE(running.ok() && !running->has_value()) << "the re-adopted engine runs on";
+  (*next)->ClearLeftovers({});
   EXPECT_EQ((*next)->leftovers_killed(), 1u);
   EXPECT_NE(::access(leftover.c_str(), F_OK), 0);
   child->KillAndReap();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/wait.h>
 
 #include <chrono>
 #include <fstream>
@@ -142,6 +143,49 @@ TEST(Supervisor, EngineRunsInItsOwnProcessGroup) {
   EXPECT_TRUE(found_pgid) << "the engine runs in its own process group";
   child->KillAndReap();
   EXPECT_TRUE(child->reaped());
+}
+
+// A previous controller's engine is found again by its pid and start time: signalled like a
+// child, its exit seen through the pidfd, a recycled pid refused.
+TEST(Supervisor, AdoptFindsTheProcessByPidAndStartTime) {
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "30"}, {}, "");
+  ASSERT_TRUE(child.ok());
+  const uint64_t start = ChildProcess::StartTime(child->pid());
+  ASSERT_GT(start, 0u);
+  Result<ChildProcess> wrong = ChildProcess::Adopt(child->pid(), start + 1);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kNotFound) << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("another process"), std::string::npos);
+
+  Result<ChildProcess> adopted = ChildProcess::Adopt(child->pid(), start);
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  EXPECT_TRUE(adopted->adopted());
+  Result<std::optional<ExitInfo>> running = adopted->TryReap();
+  ASSERT_TRUE(running.ok() && !running->has_value());
+  ASSERT_TRUE(adopted->Signal(SIGKILL).ok());
+  pollfd p{.fd = adopted->pidfd(), .events = POLLIN, .revents = 0};
+  ASSERT_EQ(::poll(&p, 1, 5000), 1);
+  Result<std::optional<ExitInfo>> gone = adopted->TryReap();
+  ASSERT_TRUE(gone.ok() && gone->has_value());
+  EXPECT_TRUE((*gone)->unknown) << "not our child: how it ended is not known";
+  child->KillAndReap();  // the real parent reaps it
+  EXPECT_EQ(child->exit_info()->signal, SIGKILL);
+  Result<ChildProcess> vanished = ChildProcess::Adopt(child->pid(), start);
+  EXPECT_EQ(vanished.status().code(), StatusCode::kNotFound);
+}
+
+// A controller that hands its engines over lets them run.
+TEST(Supervisor, ReleaseLetsTheProcessRun) {
+  pid_t pid = 0;
+  {
+    Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "30"}, {}, "");
+    ASSERT_TRUE(child.ok());
+    pid = child->pid();
+    child->Release();
+  }
+  EXPECT_EQ(::kill(pid, 0), 0) << "released, not killed";
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
 }
 
 }  // namespace

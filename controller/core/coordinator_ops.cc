@@ -1,8 +1,7 @@
-// Controller: operator commands, periodic checks, routes and invariants.
-#include <signal.h>
-
+// Coordinator: operator commands, periodic checks, routes, epochs and invariants.
+#include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/controller.h"
+#include "controller/core/coordinator.h"
 
 namespace baton {
 namespace {
@@ -17,12 +16,12 @@ uint32_t Millis(Duration d) {
 
 // --- operator commands --------------------------------------------------------------------------
 
-Status Controller::RequestSwitchover() {
+Status Coordinator::RequestSwitchover() {
   if (stopping_) return Unavailable("the controller is shutting down");
   EngineRecord* p = Find(primary_);
   EngineRecord* s = Standby();
   const std::string pair = ToString(pair_.state());
-  if (p == nullptr || !p->serving) {
+  if (p == nullptr || !p->serving()) {
     return FailedPrecondition("no serving primary to switch over from (pair is " + pair + ")");
   }
   if (upgrade_.has_value()) {
@@ -36,30 +35,49 @@ Status Controller::RequestSwitchover() {
   BATON_LOG(INFO, kLog) << "switch-over: draining engine " << p->id << ", then promoting engine "
                         << s->id;
   DrainEngine(*p);
+  BATON_FAILPOINT("mid_switchover");  // the primary told to drain
   PublishRoutes();
   return OkStatus();
 }
 
-PromotionRecord& Controller::OpenPlannedTimeline(const std::string& kind, const std::string& cause,
-                                                 const EngineRecord& old, EngineId next) {
+PromotionRecord& Coordinator::OpenPlannedTimeline(const std::string& kind, const std::string& cause,
+                                                  const EngineRecord& old, EngineId next) {
   PromotionRecord& r = timelines_.Open(kind, cause);
   r.injected = clock_.Now();
   r.old_engine = old.id;
-  r.old_pid = old.process.pid();
+  r.old_pid = old.pid;
   r.new_engine = next;
   return r;
 }
 
-void Controller::DrainEngine(EngineRecord& e) {
-  if (e.machine.Allows(EngineEvent::kDrain)) (void)e.machine.Apply(EngineEvent::kDrain);
-  e.serving = false;
+void Coordinator::DrainEngine(EngineRecord& e) {
+  Step(e.machine, EngineEvent::kDrain);
   e.deadline = clock_.Now() + config_.drain_timeout;
-  Status sent = e.channel->Send(proto::Drain{.epoch = ledger_->engine(e.id)->epoch,
-                                             .timeout_ms = Millis(config_.drain_timeout)});
-  if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending Drain: " + sent.message());
+  SaveRoster();
+  SendOrFail(e, proto::Drain{.epoch = ledger_->engine(e.id)->epoch,
+                             .timeout_ms = Millis(config_.drain_timeout)});
 }
 
-void Controller::GrantFree(EngineRecord& e, uint32_t blocks, const char* who) {
+bool Coordinator::ResumeEngine(EngineRecord& e) {
+  if (!e.is(EngineState::kDraining) || !e.connected || e.protocol < proto::kProtocolVersionResume) {
+    return false;
+  }
+  Step(e.machine, EngineEvent::kDrainCancelled);
+  e.deadline.reset();
+  ++e.called_off_drains;
+  SaveRoster();
+  return SendOrFail(e, proto::Resume{.epoch = ledger_->engine(e.id)->epoch});
+}
+
+bool Coordinator::SendOrFail(EngineRecord& e, const ToEngine& message) {
+  const Status sent = effects_.Send(e.id, message);
+  if (sent.ok()) return true;
+  Fail(e.id, FailCause::kEof,
+       std::string("sending ") + ToEngineName(message) + ": " + sent.message());
+  return false;
+}
+
+void Coordinator::GrantFree(EngineRecord& e, uint32_t blocks, const char* who) {
   const uint64_t epoch = ledger_->engine(e.id)->epoch;
   Result<std::vector<Extent>> granted = ledger_->Grant(e.id, blocks, epoch);
   if (!granted.ok()) {
@@ -67,43 +85,39 @@ void Controller::GrantFree(EngineRecord& e, uint32_t blocks, const char* who) {
                            << "): " << granted.status().ToString();
     return;
   }
+  SaveRoster();                    // before the engine can map them
+  BATON_FAILPOINT("after_grant");  // granted and in the roster, not sent
   BATON_LOG(INFO, kLog) << "granted " << blocks << " free blocks to engine " << e.id << " (" << who
                         << ")";
-  Status sent = e.channel->Send(proto::Grant{.epoch = epoch, .extents = ToRanges(*granted)});
-  if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending Grant: " + sent.message());
+  SendOrFail(e, proto::Grant{.epoch = epoch, .extents = ToRanges(*granted)});
   CheckInvariants();
 }
 
-Status Controller::CheckNoCalledOffDrain(const EngineRecord& primary) const {
+Status Coordinator::CheckNoCalledOffDrain(const EngineRecord& primary) const {
   if (primary.called_off_drains == 0) return OkStatus();
   return Unavailable("engine " + std::to_string(primary.id) +
                      " still finishes the drain that was called off; try again in a moment");
 }
 
-void Controller::CallOffSwitchover(EngineRecord& standby) {
+void Coordinator::CallOffSwitchover(EngineRecord& standby) {
   EngineRecord* p = Find(primary_);
   if (p == nullptr || !p->live() || !p->is(EngineState::kDraining)) return;
   const std::string why = "engine " + std::to_string(standby.id) + ", the standby, failed (" +
                           standby.fail_reason + ")";
-  if (p->channel == nullptr || p->channel->version() < proto::kProtocolVersionResume) {
+  if (!p->connected || p->protocol < proto::kProtocolVersionResume) {
     BATON_LOG(WARN, kLog) << "switch-over: " << why << "; engine " << p->id << " speaks protocol "
-                          << (p->channel != nullptr ? p->channel->version() : 0)
+                          << p->protocol
                           << ", which cannot call a drain off: it is retired once drained";
     return;
   }
-  (void)p->machine.Apply(EngineEvent::kDrainCancelled);
-  p->serving = true;
-  p->deadline.reset();
-  ++p->called_off_drains;
   ++called_off_switchovers_;
-  Status sent = p->channel->Send(proto::Resume{.epoch = ledger_->engine(p->id)->epoch});
-  if (!sent.ok()) return Fail(p->id, FailCause::kEof, "sending Resume: " + sent.message());
+  if (!ResumeEngine(*p)) return;
   timelines_.Close("called off: " + why + "; engine " + std::to_string(p->id) + " serves on");
   BATON_LOG(INFO, kLog) << "switch-over called off: " << why << "; engine " << p->id
                         << " serves again";
 }
 
-Status Controller::RequestDrain() {
+Status Coordinator::RequestDrain() {
   if (stopping_) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
     return FailedPrecondition("an upgrade is in progress; `batonctl rollback` ends it first");
@@ -120,62 +134,35 @@ Status Controller::RequestDrain() {
   for (EngineId id : others) Fail(id, FailCause::kShutdown, "the pair is being drained");
   if (EngineRecord* p = Find(primary_); p != nullptr && p->live()) DrainEngine(*p);
   BATON_LOG(INFO, kLog) << "drain: the pair is taken out of service";
+  SaveRoster();
   PublishRoutes();
   return OkStatus();
 }
 
-namespace {
-
-// Stops everything `e` started, as a whole engine that hangs would: its cgroup frozen, or its
-// process group (its workers, or the engine a wrapper ran) stopped where it has no cgroup or
-// the freeze fails. Returns how, for the log.
-Result<std::string> HangEngine(EngineRecord& e) {
-  if (e.cgroup != nullptr) {
-    Status frozen = e.cgroup->Freeze();
-    if (frozen.ok()) return std::string(" by freezing its cgroup");
-    BATON_LOG(WARN, kLog) << "engine " << e.id << ": " << frozen.ToString()
-                          << "; stopping its process group instead";
-  }
-  BATON_RETURN_IF_ERROR(e.process.SignalGroup(SIGSTOP));
-  return std::string(" by stopping its process group");
-}
-
-}  // namespace
-
-Status Controller::Drill(const std::string& kind) {
+Status Coordinator::Drill(DrillKind kind) {
   if (stopping_) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
     return FailedPrecondition("an upgrade is in progress; drill once it has ended");
   }
+  if (recovery_.has_value()) {
+    return FailedPrecondition("the controller is re-adopting its engines; drill once it is done");
+  }
   EngineRecord* p = Find(primary_);
-  if (p == nullptr || !p->serving) {
+  if (p == nullptr || !p->serving()) {
     return FailedPrecondition(std::string("no serving primary to drill (pair is ") +
                               ToString(pair_.state()) + ")");
   }
-  Status status = OkStatus();
-  std::string how;
-  if (kind == "kill") {
-    status = p->process.Signal(SIGKILL);
-  } else if (kind == "hang") {
-    Result<std::string> hung = HangEngine(*p);
-    status = hung.status();
-    if (hung.ok()) how = *hung;
-  } else if (kind == "error") {
-    status = p->channel->Send(proto::InjectFault{.kind = "error", .message = "batonctl drill"});
-  } else {
-    return InvalidArgument("unknown drill '" + kind + "' (kill, hang or error)");
-  }
-  if (!status.ok()) return status;
+  BATON_ASSIGN_OR_RETURN(std::string how, effects_.Drill(p->id, kind));
   drill_ = DrillRecord{kind, p->id, clock_.Now()};
-  BATON_LOG(INFO, kLog) << "drill " << kind << " on engine " << p->id << " (pid "
-                        << p->process.pid() << ")" << how;
+  static constexpr const char* kDrills[] = {"kill", "hang", "error"};
+  BATON_LOG(INFO, kLog) << "drill " << kDrills[static_cast<int>(kind)] << " on engine " << p->id
+                        << " (pid " << p->pid << ")" << how;
   return OkStatus();
 }
 
-// --- periodic checks
-// ------------------------------------------------------------------------------
+// --- periodic checks ----------------------------------------------------------------------------
 
-void Controller::PollEngines() {
+void Coordinator::PollEngines() {
   const TimePoint now = clock_.Now();
   struct Failure {
     EngineId id;
@@ -183,10 +170,11 @@ void Controller::PollEngines() {
     std::string detail;
   };
   std::vector<Failure> failures;
+  std::vector<EngineId> probes;
   for (auto& [id, e] : engines_) {
     if (!e->live()) continue;
     if (e->deadline.has_value() && now >= *e->deadline) {
-      if (e->is(EngineState::kLaunching)) {
+      if (e->is(EngineState::kLaunching) || e->is(EngineState::kRegistering)) {
         failures.push_back({id, FailCause::kTimeout, "did not register in time"});
       } else if (e->is(EngineState::kPromoting)) {
         failures.push_back({id, FailCause::kTimeout, "did not acknowledge its promotion in time"});
@@ -202,7 +190,7 @@ void Controller::PollEngines() {
         BATON_LOG(WARN, kLog) << "engine " << id << " silent for "
                               << MillisBetween(e->last_heartbeat, now)
                               << " ms: health request sent";
-        if (e->channel != nullptr) (void)e->channel->Send(proto::HealthRequest{.seq = e->probes});
+        probes.push_back(id);
         break;
       case FailureDetector::Action::kDeclareHung:
         failures.push_back(
@@ -215,19 +203,26 @@ void Controller::PollEngines() {
         break;
     }
   }
+  for (EngineId id : probes) {
+    const EngineRecord& e = Get(id);
+    if (e.connected) (void)effects_.Send(id, proto::HealthRequest{.seq = e.probes});
+  }
   for (const Failure& f : failures) Fail(f.id, f.cause, f.detail);
 }
 
-void Controller::PublishRoutes() {
+void Coordinator::PublishRoutes() {
+  if (recovery_.has_value() && primary_ == kNoEngine) {
+    return;  // the routers keep the previous controller's table until its primary is back
+  }
   proto::RouteTable table;
   table.pair_state = ToString(pair_.state());
   for (const auto& [id, e] : engines_) {
-    if (!e->live()) continue;
+    if (!e->live() || !e->registered()) continue;
     proto::RouteEntry entry{.engine_id = id,
                             .role = "",
                             .http_address = e->http_address,
-                            .ready = e->serving,
-                            .weight = e->serving ? 100u : 0u,
+                            .ready = e->serving(),
+                            .weight = e->serving() ? 100u : 0u,
                             .engine_version = e->version};
     if (id == primary_) {
       entry.role = e->is(EngineState::kDraining) ? "draining" : "primary";
@@ -238,9 +233,9 @@ void Controller::PublishRoutes() {
       entry.role = "standby";
     } else if (IsCanary(id)) {
       entry.role = e->is(EngineState::kPromoting) ? "promoting"
-                   : e->serving                   ? "canary"
+                   : e->serving()                 ? "canary"
                                                   : "draining";
-      entry.weight = e->serving && upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0;
+      entry.weight = e->serving() && upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0;
     } else {
       continue;
     }
@@ -252,14 +247,14 @@ void Controller::PublishRoutes() {
       if (c.role == "canary" && c.ready) entry.weight = 100 - c.weight;
     }
   }
-  if (!routes_.Publish(std::move(table))) return;
+  if (!effects_.PublishRoutes(std::move(table))) return;
   PromotionRecord* r = timelines_.current();
   if (r != nullptr && r->promote_acked.has_value() && !r->route_published.has_value()) {
     r->route_published = clock_.Now();
   }
 }
 
-void Controller::CheckInvariants() {
+void Coordinator::CheckInvariants() {
   if (invariants_ != "ok") return;  // the first violation stays for `batonctl status`
   Status status = ledger_->CheckInvariants();
   if (status.ok()) return;
@@ -267,10 +262,10 @@ void Controller::CheckInvariants() {
   BATON_LOG(ERROR, kLog) << "fencing invariant violated: " << invariants_;
 }
 
-void Controller::ApplyPair(PairEvent event) { (void)pair_.Apply(event); }
+// --- epochs -------------------------------------------------------------------------------------
 
-Result<uint64_t> Controller::AdvanceEpoch() {
-  Result<uint64_t> epoch = journal_->Advance();
+Result<uint64_t> Coordinator::AdvanceEpoch() {
+  Result<uint64_t> epoch = epochs_.Advance();
   if (!epoch.ok()) {
     BATON_LOG(ERROR, kLog) << "cannot make a new epoch durable, promotions are held: "
                            << epoch.status().ToString();
@@ -279,13 +274,87 @@ Result<uint64_t> Controller::AdvanceEpoch() {
   return epoch;
 }
 
-void Controller::NoteJournalState() {
-  const bool failing = !journal_->last_write().ok();
+// Keeps a batch of epochs durable ahead of the next promotion, at a moment when no failover
+// is in flight; a journal that cannot be written is logged once until it can again.
+void Coordinator::ReplenishEpochs() {
+  if (failover_.has_value() || promoting_ != kNoEngine || !barrier_waits_.empty()) return;
+  if (clock_.Now() < next_replenish_) return;
+  Status s = epochs_.Replenish();
+  NoteJournalState();
+  if (!s.ok()) {
+    next_replenish_ = clock_.Now() + std::chrono::seconds(5);  // each try spends a batch
+    if (!replenish_failing_) {
+      BATON_LOG(ERROR, kLog) << "cannot reserve epochs ahead (promotions will write the journal "
+                                "themselves): "
+                             << s.ToString();
+    }
+    replenish_failing_ = true;
+    return;
+  }
+  replenish_failing_ = false;
+}
+
+void Coordinator::NoteJournalState() {
+  const bool failing = !epochs_.last_write().ok();
   if (journal_failing_ && !failing) {
-    BATON_LOG(INFO, kLog) << "epoch journal can be written again (" << journal_->write_failures()
+    BATON_LOG(INFO, kLog) << "epoch journal can be written again (" << epochs_.write_failures()
                           << " writes failed since the start)";
   }
   journal_failing_ = failing;
+}
+
+// --- the CUDA backend's device ------------------------------------------------------------------
+
+// Every gpu.probe_interval_ms: a lost device (a GPU reset, an uncorrectable error: the
+// controller's own context fails) fences every engine, whose imports are of lost memory,
+// and the device memory is made again from the pinned cache before engines start again.
+void Coordinator::CheckDevice() {
+  if (!cuda_backend_ || config_.gpu_probe_interval == Duration::zero()) return;
+  const TimePoint now = clock_.Now();
+  if (now < next_device_probe_) return;
+  next_device_probe_ = now + config_.gpu_probe_interval;
+  if (!effects_.DeviceMemoryPresent()) return RebuildDevice();
+  Status probe = effects_.ProbeDevice();
+  if (probe.ok()) return;
+  device_lost_reason_ = probe.message();
+  ++device_losses_;
+  BATON_LOG(ERROR, kLog) << "device lost: " << device_lost_reason_
+                         << "; fencing every engine and rebuilding the device memory";
+  std::vector<EngineId> ids;
+  for (const auto& [id, e] : engines_) {
+    if (e->live()) ids.push_back(id);
+  }
+  // The standby first, so that the primary's blocks are not handed to an engine that is
+  // about to be fenced too.
+  std::stable_partition(ids.begin(), ids.end(), [this](EngineId id) { return id != primary_; });
+  for (EngineId id : ids) Fail(id, FailCause::kError, "device lost: " + device_lost_reason_);
+  effects_.DropDevice();
+  RebuildDevice();
+}
+
+void Coordinator::RebuildDevice() {
+  Status rebuilt = effects_.RebuildDevice();
+  if (!rebuilt.ok()) {
+    // A rebuild pins the arena and copies the weights on this thread: retried with an
+    // exponential backoff (the probe interval doubled per failure, up to a minute), logged
+    // when the reason changes.
+    ++rebuild_failures_;
+    const Duration wait = std::min<Duration>(
+        config_.gpu_probe_interval * (int64_t{1} << std::min<uint64_t>(rebuild_failures_, 10)),
+        std::chrono::minutes(1));
+    next_device_probe_ = clock_.Now() + wait;
+    if (rebuilt.message() != rebuild_error_) {
+      rebuild_error_ = rebuilt.message();
+      BATON_LOG(WARN, kLog) << "device memory not rebuilt yet (retried with backoff, next in "
+                            << std::chrono::duration_cast<std::chrono::milliseconds>(wait).count()
+                            << " ms): " << rebuild_error_;
+    }
+    return;
+  }
+  rebuild_error_.clear();
+  rebuild_failures_ = 0;
+  ++device_rebuilds_;
+  MaybeLaunch();
 }
 
 }  // namespace baton

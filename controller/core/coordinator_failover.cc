@@ -1,8 +1,7 @@
-// Controller: failures, fences, promotions, operator commands, routes.
-#include <signal.h>
-
+// Coordinator: failures, fences, promotions.
+#include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/controller.h"
+#include "controller/core/coordinator.h"
 
 namespace baton {
 namespace {
@@ -24,6 +23,7 @@ EngineEvent EventFor(FailCause cause) {
     case FailCause::kStale:
     case FailCause::kMisbehaved:
     case FailCause::kShutdown:
+    case FailCause::kUnaccounted:
       return EngineEvent::kFenceStarted;
   }
   return EngineEvent::kFenceStarted;
@@ -43,12 +43,6 @@ PairEvent PrimaryEventFor(FailCause cause, PairState state) {
     default:
       return PairEvent::kPrimaryDied;
   }
-}
-
-uint32_t BlocksIn(const std::vector<Extent>& extents) {
-  uint32_t n = 0;
-  for (const Extent& e : extents) n += e.count;
-  return n;
 }
 
 }  // namespace
@@ -73,52 +67,56 @@ const char* ToString(FailCause cause) {
       return "drained";
     case FailCause::kShutdown:
       return "stopped";
+    case FailCause::kUnaccounted:
+      return "unaccounted for";
   }
   return "unknown";
 }
 
+std::vector<proto::BlockRange> ToRanges(const std::vector<Extent>& extents) {
+  std::vector<proto::BlockRange> out;
+  for (const Extent& e : extents) out.push_back(proto::BlockRange{e.first, e.count});
+  return out;
+}
+
+std::vector<Extent> ToExtents(const std::vector<proto::BlockRange>& ranges) {
+  std::vector<Extent> out;
+  for (const proto::BlockRange& r : ranges) out.push_back(Extent{r.first, r.count});
+  return out;
+}
+
+uint32_t BlocksIn(const std::vector<Extent>& extents) {
+  uint32_t n = 0;
+  for (const Extent& e : extents) n += e.count;
+  return n;
+}
+
 // --- failures -----------------------------------------------------------------------------------
 
-void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
+void Coordinator::Fail(EngineId id, FailCause cause, const std::string& detail) {
   EngineRecord* e = Find(id);
-  if (e == nullptr || e->failed.has_value()) return;
+  if (e == nullptr || !e->live()) return;
   const TimePoint detected_at = clock_.Now();
-  e->failed = cause;
+  e->fail_cause = cause;
   e->fail_reason = detail;
-  const std::string state = ToString(e->machine.state());
+  const std::string state = ToString(e->state());
   const EngineEvent event = EventFor(cause);
-  (void)e->machine.Apply(e->machine.Allows(event) ? event : EngineEvent::kFenceStarted);
+  Step(e->machine, e->machine.Allows(event) ? event : EngineEvent::kFenceStarted);
   e->detector.reset();
   e->deadline.reset();
-  e->serving = false;
   // Killing is the only revocation of a mapping: every fenced engine is killed and reaped,
-  // with every process of its group (its workers; the engine itself under a wrapper script)
-  // and of its cgroup (any process it started, even one that left the group).
-  if (nvml_ != nullptr) e->group_pids = EnginePids(*e);
-  Result<std::optional<ExitInfo>> exited = e->process.TryReap();
-  const bool alive = exited.ok() && !exited->has_value();
+  // with every process of its group and of its cgroup.
+  const bool alive = effects_.Kill(id);
   const TimePoint killed_at = clock_.Now();
-  if (alive) {
-    if (Status killed = e->process.Signal(SIGKILL); !killed.ok()) {
-      BATON_LOG(ERROR, kLog) << killed.ToString();
-    }
-  }
-  if (Status killed = e->process.SignalGroup(SIGKILL); !killed.ok()) {
-    BATON_LOG(ERROR, kLog) << killed.ToString();
-  }
-  if (e->cgroup != nullptr) {
-    if (Status killed = e->cgroup->Kill(); !killed.ok()) {
-      BATON_LOG(ERROR, kLog) << killed.ToString();
-    }
-  }
-  if (e->channel != nullptr) e->channel->Close();
-  e->channel.reset();
-  BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e->process.pid() << ", " << state
+  e->connected = false;
+  BATON_LOG(WARN, kLog) << "engine " << id << " (pid " << e->pid << ", " << state
                         << ") fenced: " << ToString(cause) << ": " << detail
                         << (alive ? "; SIGKILL sent" : "; already exited");
   // While the controller stops, the pool goes with it: killing is enough, no epoch is spent.
   if (stopping_) return;
-  if (cause != FailCause::kPlanned && cause != FailCause::kShutdown && guard_.RecordFailure()) {
+  const bool counts = cause != FailCause::kPlanned && cause != FailCause::kShutdown &&
+                      cause != FailCause::kUnaccounted;
+  if (counts && guard_.RecordFailure()) {
     BATON_LOG(WARN, kLog) << "crash-loop guard tripped: " << guard_.recent_failures()
                           << " failures within the window";
   }
@@ -132,16 +130,17 @@ void Controller::Fail(EngineId id, FailCause cause, const std::string& detail) {
     if (failover_.has_value() && failover_->successor == id) failover_->successor = kNoEngine;
     FenceInLedger(*e);
     const bool switching_over = pair_.state() == PairState::kSwitchingOver;
-    if (pair_.Allows(PairEvent::kStandbyDied)) ApplyPair(PairEvent::kStandbyDied);
+    StepPairIfAllowed(PairEvent::kStandbyDied);
     if (switching_over) CallOffSwitchover(*e);
     if (IsCanary(id)) OnCanaryGone(*e);
   }
+  SaveRoster();
   PublishRoutes();
   CheckInvariants();
 }
 
-void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detected_at,
-                             std::optional<TimePoint> killed_at) {
+void Coordinator::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detected_at,
+                              std::optional<TimePoint> killed_at) {
   primary_ = kNoEngine;
   ++failovers_;
   const PairState before = pair_.state();
@@ -151,16 +150,17 @@ void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detecte
     r = &timelines_.Open(kind, std::string(ToString(cause)) + ": " + e.fail_reason);
   }
   r->old_engine = e.id;
-  r->old_pid = e.process.pid();
+  r->old_pid = e.pid;
   r->detected = detected_at;
   r->killed = killed_at;
   if (drill_.has_value() && drill_->engine == e.id) {
+    static constexpr const char* kDrills[] = {"kill", "hang", "error"};
     r->injected = drill_->at;
-    r->cause = "drill " + drill_->kind + ": " + r->cause;
+    r->cause = std::string("drill ") + kDrills[static_cast<int>(drill_->kind)] + ": " + r->cause;
     drill_.reset();
   }
   if (cause == FailCause::kHung) r->last_heartbeat = e.last_heartbeat;
-  ApplyPair(PrimaryEventFor(cause, before));
+  StepPair(PrimaryEventFor(cause, before));
   Result<uint64_t> epoch = AdvanceEpoch();
   if (epoch.ok()) {
     if (Status fenced = ledger_->Fence(e.id, *epoch); !fenced.ok()) {
@@ -168,9 +168,10 @@ void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detecte
     }
     r->epoch = *epoch;
     r->epoch_durable = clock_.Now();
+    BATON_FAILPOINT("after_fence");  // killed, fenced at a durable epoch, nothing handed on
   }
   // A serving canary needs no new epoch (it has its own); the old primary's fence is retried
-  // at its reap when the journal failed here.
+  // at its exit when the journal failed here.
   if (CanaryTakesOver(e)) return;
   if (!epoch.ok()) {
     r->outcome = "down: " + epoch.status().message();
@@ -184,7 +185,7 @@ void Controller::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detecte
   }
 }
 
-void Controller::FenceInLedger(EngineRecord& e) {
+void Coordinator::FenceInLedger(EngineRecord& e) {
   const LedgerEngine* le = ledger_->engine(e.id);
   if (le == nullptr) return;
   Status status = OkStatus();
@@ -198,42 +199,16 @@ void Controller::FenceInLedger(EngineRecord& e) {
     BATON_LOG(ERROR, kLog) << "fencing engine " << e.id << ": " << status.ToString();
 }
 
-void Controller::OnProcessExit(EngineId id) {
-  EngineRecord* e = Find(id);
-  if (e == nullptr) return;
-  Result<std::optional<ExitInfo>> exited = e->process.TryReap();
-  if (!exited.ok()) {
-    BATON_LOG(ERROR, kLog) << "reaping engine " << id << ": " << exited.status().ToString();
-    return;
-  }
-  if (!exited->has_value()) return WatchPid(id);  // not yet: wait again
-  if (stopping_) return OnStoppedExit(*e, **exited, /*killed=*/false);
-  const std::string how = (*exited)->ToString();
-  if (!e->failed.has_value()) Fail(id, FailCause::kDied, how);
-  BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->process.pid() << ") reaped: " << how;
-  FinishFence(*e);
-  MaybePromote();
-  GiveFreeBlocksToPrimary();
-  MaybeLaunch();
-  PublishRoutes();
-  CheckInvariants();
-  ArmTick();
-}
-
-// The engine is reaped: on the host backend that is the sync barrier. Its blocks move on.
-void Controller::FinishFence(EngineRecord& e) {
+// The engine's process is gone: its blocks move on once the barrier has passed.
+void Coordinator::FinishFence(EngineRecord& e) {
   const TimePoint now = clock_.Now();
   const EngineId id = e.id;
-  exits_.push_back(EngineExit{now, id, e.process.pid(), e.launch_role,
-                              std::string(ToString(*e.failed)) + ": " + e.fail_reason,
-                              e.process.exit_info()->ToString()});
-  if (exits_.size() > 20) exits_.pop_front();
   const LedgerEngine* le = ledger_->engine(id);
   // A holder whose fence could not get a durable epoch earlier is fenced now.
   if (le != nullptr && le->role == LedgerRole::kHolder) FenceInLedger(e);
   le = ledger_->engine(id);
   if (le != nullptr && le->role == LedgerRole::kHolder) {
-    unfenced_reaped_[id] = {.pid = e.process.pid(), .cgroup = e.cgroup};
+    unfenced_reaped_[id] = e.pid;
     BATON_LOG(ERROR, kLog) << "engine " << id << " is reaped but has no durable epoch to be "
                            << "fenced at: its " << le->blocks
                            << " blocks wait until the epoch journal can be written";
@@ -245,41 +220,39 @@ void Controller::FinishFence(EngineRecord& e) {
     failover_.reset();
     if (PromotionRecord* r = timelines_.current()) r->reaped = now;
   }
-  // Only blocks wait for the driver: an engine that held none (a standby) has nothing to hand on.
+  // Only blocks wait for the barrier: an engine that held none (a standby) hands on nothing.
   const bool held_blocks = fenced && le->blocks > 0;
-  BarrierWait wait{.old = id,
-                   .pid = e.process.pid(),
-                   .group_pids = e.group_pids,
-                   .cgroup = e.cgroup,
-                   .failover = failover,
-                   .deadline = now + config_.gpu_release_timeout};
+  BarrierWait wait{
+      .old = id, .pid = e.pid, .failover = failover, .deadline = now + config_.gpu_release_timeout};
   if (held_blocks || failover.has_value()) {
     PassBarrierOrWait(std::move(wait));
   } else if (fenced) {
     HandOverBlocks(id, std::nullopt);
   }
-  (void)e.machine.Apply(EngineEvent::kFenceDone);
-  if (pair_.Allows(PairEvent::kFenceDone)) ApplyPair(PairEvent::kFenceDone);
+  Step(e.machine, EngineEvent::kFenceDone);
+  StepPairIfAllowed(PairEvent::kFenceDone);
   engines_.erase(id);
+  ReleaseIfDone(id);
+  SaveRoster();
 }
 
 // --- promotion ----------------------------------------------------------------------------------
 
 // Blocks of a failed holder not yet past the barrier (a promoted engine that died before its
 // PromoteAck, or a primary whose fence found no durable epoch): a promotion now would start
-// without them, and the reap would free them rather than hand them over.
-bool Controller::BlocksAwaitBarrier() const {
+// without them, and the exit would free them rather than hand them over.
+bool Coordinator::BlocksAwaitBarrier() const {
   if (ledger_->Snapshot().quarantined_blocks > 0 || !unfenced_reaped_.empty()) return true;
   for (const auto& [id, e] : engines_) {
     const LedgerEngine* le = ledger_->engine(id);
-    if (e->failed.has_value() && le != nullptr && le->role == LedgerRole::kHolder) return true;
+    if (!e->live() && le != nullptr && le->role == LedgerRole::kHolder) return true;
   }
   return false;
 }
 
-void Controller::MaybePromote() {
+void Coordinator::MaybePromote() {
   if (stopping_ || primary_ != kNoEngine || promoting_ != kNoEngine || failover_.has_value() ||
-      !barrier_waits_.empty() || BlocksAwaitBarrier()) {
+      !barrier_waits_.empty() || recovery_.has_value() || BlocksAwaitBarrier()) {
     return;
   }
   if (!pair_.Allows(PairEvent::kPromoteDone)) return;
@@ -311,62 +284,67 @@ void Controller::MaybePromote() {
   SendPromote(*e, *epoch, extents);
 }
 
-void Controller::SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents) {
-  (void)e.machine.Apply(EngineEvent::kPromoteStarted);
-  promoting_ = e.id;
+void Coordinator::SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents) {
+  const bool canary_step = IsCanary(e.id) && upgrade_->phase == Upgrade::Phase::kPromoting;
+  Step(e.machine, EngineEvent::kPromoteStarted);
+  promoting_ = e.id;  // no other engine is launched or promoted meanwhile
   e.deadline = clock_.Now() + config_.promote_timeout;
-  if (PromotionRecord* r = timelines_.current()) {
+  if (PromotionRecord* r = timelines_.current(); r != nullptr && !canary_step) {
     r->promote_sent = clock_.Now();
     r->new_engine = e.id;
   }
-  BATON_LOG(INFO, kLog) << "promoting engine " << e.id << " at epoch " << epoch << " with "
-                        << BlocksIn(extents) << " blocks in " << extents.size() << " extents";
-  Status sent = e.channel->Send(proto::Promote{.epoch = epoch, .extents = ToRanges(extents)});
-  if (!sent.ok()) Fail(e.id, FailCause::kEof, "sending Promote: " + sent.message());
+  BATON_LOG(INFO, kLog) << "promoting engine " << e.id << (canary_step ? " as the canary" : "")
+                        << " at epoch " << epoch << " with " << BlocksIn(extents) << " blocks in "
+                        << extents.size() << " extents";
+  BATON_FAILPOINT("before_promote");  // granted in the ledger, not in the roster, not sent
+  SaveRoster();                       // before the engine can map them
+  SendOrFail(e, proto::Promote{.epoch = epoch, .extents = ToRanges(extents)});
+  BATON_FAILPOINT("after_promote");  // sent, not acknowledged
   CheckInvariants();
 }
 
-void Controller::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
+void Coordinator::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
   if (!CheckEpoch(e, msg.epoch, "PromoteAck")) return;
   if (!e.is(EngineState::kPromoting) || msg.epoch == 0) {
     return RefuseEngine(
-        e, FailedPrecondition(std::string("PromoteAck in state ") + ToString(e.machine.state())));
+        e, FailedPrecondition(std::string("PromoteAck in state ") + ToString(e.state())));
   }
   if (IsCanary(e.id) && upgrade_->phase == Upgrade::Phase::kPromoting) {
     return OnCanaryPromoted(e, msg.epoch);
   }
-  (void)e.machine.Apply(EngineEvent::kPromoteDone);
+  Step(e.machine, EngineEvent::kPromoteDone);
   promoting_ = kNoEngine;
   primary_ = e.id;
   if (IsCanary(e.id)) {
     EndUpgrade("promoted", "the primary failed before the canary served; the failover promoted it");
   }
-  e.serving = true;
   e.deadline.reset();
-  ApplyPair(PairEvent::kPromoteDone);
-  if (Standby() != nullptr && pair_.Allows(PairEvent::kStandbyReady)) {
-    ApplyPair(PairEvent::kStandbyReady);
-  }
+  StepPair(PairEvent::kPromoteDone);
+  if (Standby() != nullptr) StepPairIfAllowed(PairEvent::kStandbyReady);
   PromotionRecord* r = timelines_.current();
   if (r != nullptr) r->promote_acked = clock_.Now();
   BATON_LOG(INFO, kLog) << "engine " << e.id << " is the primary at epoch " << msg.epoch << " ("
                         << msg.blocks_mapped << " blocks mapped)";
+  SaveRoster();
   PublishRoutes();
-  if (r != nullptr) {
-    BATON_LOG(INFO, kLog) << TimelineLog::Summary(*r);
-    timelines_.Close("serving");
-    relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
-    if (config_.standby_relaunch_delay > Duration::zero() && LiveEngines() < 2) {
-      BATON_LOG(INFO, kLog) << "the replacement standby starts in "
-                            << MillisBetween(clock_.Now(), relaunch_not_before_)
-                            << " ms (policy.standby_relaunch_delay_ms)";
-    }
-  }
+  if (r != nullptr) ClosePromotionTimeline();
   MaybeLaunch();
-  ArmTick();
 }
 
-void Controller::OnDrained(EngineRecord& e, const proto::Drained& msg) {
+void Coordinator::ClosePromotionTimeline() {
+  PromotionRecord* r = timelines_.current();
+  if (r == nullptr) return;
+  BATON_LOG(INFO, kLog) << TimelineLog::Summary(*r);
+  timelines_.Close("serving");
+  relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
+  if (config_.standby_relaunch_delay > Duration::zero() && LiveEngines() < 2) {
+    BATON_LOG(INFO, kLog) << "the replacement standby starts in "
+                          << MillisBetween(clock_.Now(), relaunch_not_before_)
+                          << " ms (policy.standby_relaunch_delay_ms)";
+  }
+}
+
+void Coordinator::OnDrained(EngineRecord& e, const proto::Drained& msg) {
   if (!CheckEpoch(e, msg.epoch, "Drained")) return;
   if (e.called_off_drains > 0) {  // Drains are answered in order, each exactly once
     --e.called_off_drains;

@@ -1,6 +1,7 @@
-// Controller: engine-version upgrades by lossless canary (see upgrade.h).
+// Coordinator: engine-version upgrades by lossless canary (controller/upgrade/upgrade.h).
+#include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/controller.h"
+#include "controller/core/coordinator.h"
 
 namespace baton {
 namespace {
@@ -12,39 +13,16 @@ constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
 // A Reclaim the primary has not answered in this long is asked again (the first one still
 // counts against what the primary keeps).
 constexpr Duration kReclaimAnswerTimeout = std::chrono::seconds(30);
+
 }  // namespace
 
-std::string Joined(const std::vector<std::string>& args) {
-  std::string out;
-  for (const std::string& a : args) out += (out.empty() ? "" : " ") + a;
-  return out;
-}
-
-const char* ToString(Upgrade::Phase phase) {
-  switch (phase) {
-    case Upgrade::Phase::kLaunching:
-      return "launching";
-    case Upgrade::Phase::kReclaiming:
-      return "reclaiming";
-    case Upgrade::Phase::kPromoting:
-      return "promoting";
-    case Upgrade::Phase::kCanary:
-      return "canary";
-    case Upgrade::Phase::kFinishing:
-      return "finishing";
-    case Upgrade::Phase::kRollingBack:
-      return "rolling_back";
-  }
-  return "unknown";
-}
-
-const std::vector<std::string>& Controller::active_command() const {
+const std::vector<std::string>& Coordinator::active_command() const {
   return active_command_.empty() ? config_.engine_command : active_command_;
 }
 
 // --- operator commands --------------------------------------------------------------------------
 
-Status Controller::RequestUpgrade(UpgradeRequest request) {
+Status Coordinator::RequestUpgrade(UpgradeRequest request) {
   if (stopping_) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
     return FailedPrecondition(std::string("an upgrade is already in progress (phase ") +
@@ -53,7 +31,7 @@ Status Controller::RequestUpgrade(UpgradeRequest request) {
   if (request.command.empty()) return InvalidArgument("upgrade: no engine command given");
   EngineRecord* p = Find(primary_);
   EngineRecord* s = Standby();
-  if (pair_.state() != PairState::kReady || p == nullptr || !p->serving || s == nullptr) {
+  if (pair_.state() != PairState::kReady || p == nullptr || !p->serving() || s == nullptr) {
     return FailedPrecondition(std::string("an upgrade needs a serving primary and a ready "
                                           "standby (pair is ") +
                               ToString(pair_.state()) + ")");
@@ -84,11 +62,10 @@ Status Controller::RequestUpgrade(UpgradeRequest request) {
                         << " (the standby) makes way for a canary of: "
                         << Joined(upgrade_->command);
   Fail(s->id, FailCause::kShutdown, "replaced by the canary of an upgrade");
-  ArmTick();
   return OkStatus();
 }
 
-Status Controller::RequestRollback(UpgradeRequest overrides) {
+Status Coordinator::RequestRollback(UpgradeRequest overrides) {
   if (stopping_) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
     if (upgrade_->phase == Upgrade::Phase::kRollingBack) {
@@ -121,7 +98,7 @@ Status Controller::RequestRollback(UpgradeRequest overrides) {
 
 // --- phases -------------------------------------------------------------------------------------
 
-std::vector<std::string> Controller::CommandFor(EngineId id, const std::string& role) {
+std::vector<std::string> Coordinator::CommandFor(EngineId id, const std::string& role) {
   if (upgrade_.has_value() && upgrade_->phase == Upgrade::Phase::kLaunching &&
       upgrade_->canary == kNoEngine && role == "standby") {
     upgrade_->canary = id;
@@ -132,7 +109,7 @@ std::vector<std::string> Controller::CommandFor(EngineId id, const std::string& 
   return active_command();
 }
 
-void Controller::SetPhase(Upgrade::Phase phase) {
+void Coordinator::SetPhase(Upgrade::Phase phase) {
   BATON_LOG(INFO, kLog) << upgrade_->kind << ": " << ToString(upgrade_->phase) << " -> "
                         << ToString(phase) << " (engine " << upgrade_->canary << ")";
   upgrade_->phase = phase;
@@ -145,7 +122,7 @@ void Controller::SetPhase(Upgrade::Phase phase) {
 // requests in flight finish there, and the canary's failed attempts are retried there. On a
 // device pool the share is whole chunks (the unit engines map), at most those that leave the
 // primary its tenth.
-uint32_t Controller::CanaryTarget(uint32_t weight) const {
+uint32_t Coordinator::CanaryTarget(uint32_t weight) const {
   const uint64_t blocks = config_.block_count;
   const uint64_t most = blocks - PrimaryKeeps();
   uint64_t share = std::min(blocks * weight / 100, most);
@@ -155,23 +132,23 @@ uint32_t Controller::CanaryTarget(uint32_t weight) const {
   return std::max<uint32_t>(1, static_cast<uint32_t>(share));
 }
 
-uint32_t Controller::PrimaryKeeps() const {
+uint32_t Coordinator::PrimaryKeeps() const {
   return std::max<uint32_t>(1, config_.block_count / 10);
 }
 
-uint32_t Controller::WholeChunks(uint32_t blocks) const {
+uint32_t Coordinator::WholeChunks(uint32_t blocks) const {
   const uint32_t chunk = ledger_->blocks_per_chunk();
   return (blocks + chunk - 1) / chunk * chunk;
 }
 
-void Controller::ReclaimFromPrimary(uint32_t weight) {
+void Coordinator::ReclaimFromPrimary(uint32_t weight) {
   EngineRecord* p = Find(primary_);
   const LedgerEngine* c = ledger_->engine(upgrade_->canary);
   const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
   const uint32_t target = CanaryTarget(weight);
   const uint32_t free = ledger_->GrantableTo(upgrade_->canary);
   const LedgerEngine* pl = p != nullptr ? ledger_->engine(p->id) : nullptr;
-  if (p == nullptr || p->channel == nullptr || pl == nullptr || held + free >= target) return;
+  if (p == nullptr || !p->connected || pl == nullptr || held + free >= target) return;
   // One at a time: two answers to the same holdings could give away what the primary keeps.
   const bool pending = reclaim_.from == p->id;
   if (pending && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
@@ -184,13 +161,11 @@ void Controller::ReclaimFromPrimary(uint32_t weight) {
   if (want == 0) return;
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " blocks for the canary's " << weight << " % step";
-  Status sent =
-      p->channel->Send(proto::Reclaim{.epoch = ledger_->engine(p->id)->epoch, .blocks = want});
-  if (!sent.ok()) return Fail(p->id, FailCause::kEof, "sending Reclaim: " + sent.message());
+  if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
   reclaim_ = PendingReclaim{.from = p->id, .blocks = asked + want, .sent = clock_.Now()};
 }
 
-void Controller::StartCanary(EngineRecord& e) {
+void Coordinator::StartCanary(EngineRecord& e) {
   if (stopping_ || !e.is(EngineState::kStandby)) return;  // a failover promoted it instead
   SetPhase(Upgrade::Phase::kReclaiming);
   upgrade_->deadline = clock_.Now() + kReclaimTimeout;
@@ -201,7 +176,7 @@ void Controller::StartCanary(EngineRecord& e) {
   }
 }
 
-void Controller::OnPrimaryReturned() {
+void Coordinator::OnPrimaryReturned() {
   const bool answers_reclaim = reclaim_.from == primary_;
   if (answers_reclaim) reclaim_ = PendingReclaim{};
   if (stopping_) return;
@@ -222,10 +197,12 @@ void Controller::OnPrimaryReturned() {
   // an answer to a Reclaim: blocks an engine gives up of its own accord stay free).
   EngineRecord* p = Find(primary_);
   const uint32_t kept = answers_reclaim ? ledger_->FreeBesideHeld(primary_) : 0;
-  if (p != nullptr && p->serving && kept > 0) GrantFree(*p, kept, "the primary (its own chunks)");
+  if (p != nullptr && p->serving() && kept > 0) {
+    GrantFree(*p, kept, "the primary (its own chunks)");
+  }
 }
 
-void Controller::PromoteCanary() {
+void Coordinator::PromoteCanary() {
   EngineRecord* c = Find(upgrade_->canary);
   if (stopping_ || c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
   Result<uint64_t> epoch = AdvanceEpoch();
@@ -241,26 +218,21 @@ void Controller::PromoteCanary() {
     if (granted.ok()) extents = std::move(granted).value();
   }
   SetPhase(Upgrade::Phase::kPromoting);
-  (void)c->machine.Apply(EngineEvent::kPromoteStarted);
-  promoting_ = c->id;  // as for any promotion: no other engine is launched or promoted meanwhile
-  c->deadline = clock_.Now() + config_.promote_timeout;
-  BATON_LOG(INFO, kLog) << "promoting engine " << c->id << " as the canary at epoch " << *epoch
-                        << " with " << want << " blocks";
-  Status sent = c->channel->Send(proto::Promote{.epoch = *epoch, .extents = ToRanges(extents)});
-  if (!sent.ok()) Fail(c->id, FailCause::kEof, "sending Promote: " + sent.message());
-  CheckInvariants();
+  BATON_FAILPOINT("canary_promoting");  // the canary's blocks granted, its Promote not sent
+  SendPromote(*c, *epoch, extents);
 }
 
-void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
-  (void)e.machine.Apply(EngineEvent::kPromoteDone);
+void Coordinator::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
+  Step(e.machine, EngineEvent::kPromoteDone);
   promoting_ = kNoEngine;
-  e.serving = true;
   e.deadline.reset();
+  SaveRoster();
   if (primary_ == kNoEngine) {  // the primary failed while the canary was promoted
     primary_ = e.id;
-    if (pair_.Allows(PairEvent::kPromoteDone)) ApplyPair(PairEvent::kPromoteDone);
+    StepPairIfAllowed(PairEvent::kPromoteDone);
     give_back_blocks_ = true;
     EndUpgrade("promoted", "the primary failed while the canary was promoted; it serves alone");
+    SaveRoster();
     PublishRoutes();
     if (PromotionRecord* r = timelines_.current()) {
       r->new_engine = e.id;
@@ -272,19 +244,20 @@ void Controller::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
     return;
   }
   SetPhase(Upgrade::Phase::kCanary);
-  upgrade_->judge.emplace(clock_, upgrade_->policy, primary_, e.id, routes_.Outcomes());
-  SaveCommands();  // with the first step's weight
+  upgrade_->judge.emplace(clock_, upgrade_->policy, primary_, e.id, effects_.RouterOutcomes());
+  SaveCommands();                       // with the first step's weight
+  BATON_FAILPOINT("mid_upgrade_step");  // the step recorded, the canary's blocks not moved
   BATON_LOG(INFO, kLog) << "engine " << e.id << " (version " << e.version
                         << ") serves as the canary at epoch " << epoch << ": "
                         << upgrade_->judge->weight() << " % of new requests";
   PublishRoutes();
 }
 
-void Controller::TickUpgrade() {
-  if (!upgrade_.has_value() || stopping_) return;
+void Coordinator::TickUpgrade() {
+  if (!upgrade_.has_value() || stopping_ || recovery_.has_value()) return;
   EngineRecord* c = Find(upgrade_->canary);
   const EngineRecord* p = Find(primary_);
-  const bool primary_serves = p != nullptr && p->serving;
+  const bool primary_serves = p != nullptr && p->serving();
   if (upgrade_->phase == Upgrade::Phase::kLaunching && c != nullptr && c->live() &&
       c->is(EngineState::kStandby) && primary_serves) {
     return StartCanary(*c);  // it became ready while the primary could not lend it blocks
@@ -295,17 +268,20 @@ void Controller::TickUpgrade() {
                           << ledger_->GrantableTo(upgrade_->canary) << " free blocks";
     return PromoteCanary();
   }
-  if (upgrade_->phase != Upgrade::Phase::kCanary) return;
+  if (upgrade_->phase == Upgrade::Phase::kCanary) TickCanary();
+}
+
+void Coordinator::TickCanary() {
   GrantFreeToCanary();
   if (clock_.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
     upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
     ReclaimFromPrimary(upgrade_->judge->weight());
     if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
   }
-  const OutcomeMap now = routes_.Outcomes();
+  const OutcomeMap now = effects_.RouterOutcomes();
   const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
   upgrade_->judgement = j.reason;
-  if (j.verdict == CanaryJudge::Verdict::kHold && routes_.subscriber_count() == 0) {
+  if (j.verdict == CanaryJudge::Verdict::kHold && effects_.RouterCount() == 0) {
     upgrade_->judgement += " (no router is subscribed: nothing is seen, so nothing is judged)";
   }
   switch (j.verdict) {
@@ -318,6 +294,7 @@ void Controller::TickUpgrade() {
     case CanaryJudge::Verdict::kAdvance:
       upgrade_->judge->Advance(now);
       SaveCommands();
+      BATON_FAILPOINT("mid_upgrade_step");  // the step recorded, the canary's blocks not moved
       BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary << " passed its step: now "
                             << upgrade_->judge->weight() << " % of new requests";
       upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
@@ -329,25 +306,25 @@ void Controller::TickUpgrade() {
   }
 }
 
-void Controller::GrantFreeToCanary() {
+void Coordinator::GrantFreeToCanary() {
   EngineRecord* c = Find(upgrade_->canary);
   const LedgerEngine* le = ledger_->engine(upgrade_->canary);
-  if (c == nullptr || !c->serving || le == nullptr || le->role != LedgerRole::kHolder) return;
+  if (c == nullptr || !c->serving() || le == nullptr || le->role != LedgerRole::kHolder) return;
   const uint32_t target = CanaryTarget(upgrade_->judge->weight());
   const uint32_t free = ledger_->GrantableTo(c->id);
   const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
   if (want > 0) GrantFree(*c, want, "the canary");
 }
 
-void Controller::FinishUpgrade() {
+void Coordinator::FinishUpgrade() {
   EngineRecord* p = Find(primary_);
-  if (p == nullptr || !p->serving || !pair_.Allows(PairEvent::kGracefulPromoteRequested)) {
+  if (p == nullptr || !p->serving() || !pair_.Allows(PairEvent::kGracefulPromoteRequested)) {
     upgrade_->judgement = "waiting for the pair to settle before the canary takes over";
     return;
   }
   if (!CheckNoCalledOffDrain(*p).ok()) return;
   SetPhase(Upgrade::Phase::kFinishing);
-  ApplyPair(PairEvent::kGracefulPromoteRequested);
+  StepPair(PairEvent::kGracefulPromoteRequested);
   OpenPlannedTimeline("upgrade", "canary passed every step", *p, upgrade_->canary);
   BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary
                         << " passed every step: draining engine " << p->id
@@ -356,41 +333,34 @@ void Controller::FinishUpgrade() {
   PublishRoutes();
 }
 
-void Controller::RollBackCanary(const std::string& reason) {
+void Coordinator::RollBackCanary(const std::string& reason) {
   upgrade_->rollback_reason = reason;
   EngineRecord* c = Find(upgrade_->canary);
   BATON_LOG(WARN, kLog) << "rolling back canary engine " << upgrade_->canary << ": " << reason;
   if (c == nullptr || !c->live()) return EndUpgrade("rolled_back", reason);
-  if (!c->serving) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
+  if (!c->serving()) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
   SetPhase(Upgrade::Phase::kRollingBack);
   DrainEngine(*c);
   PublishRoutes();
 }
 
-void Controller::OnCanaryGone(EngineRecord& e) {
+void Coordinator::OnCanaryGone(EngineRecord& e) {
   const std::string why =
       !upgrade_->rollback_reason.empty()
           ? upgrade_->rollback_reason
-          : "the canary failed: " + std::string(ToString(*e.failed)) + ": " + e.fail_reason;
+          : "the canary failed: " + std::string(ToString(*e.fail_cause)) + ": " + e.fail_reason;
   give_back_blocks_ = true;
   EndUpgrade("rolled_back", why);
 }
 
-bool Controller::CanaryTakesOver(EngineRecord& old) {
+bool Coordinator::CanaryTakesOver(EngineRecord& old) {
   if (!upgrade_.has_value()) return false;
   EngineRecord* c = Find(upgrade_->canary);
   if (c == nullptr || !c->live()) return false;
-  if (c->is(EngineState::kDraining) && c->channel != nullptr &&
-      c->channel->version() >= proto::kProtocolVersionResume) {
-    (void)c->machine.Apply(EngineEvent::kDrainCancelled);  // a rollback is called off
-    c->serving = true;
-    c->deadline.reset();
-    ++c->called_off_drains;
-    (void)c->channel->Send(proto::Resume{.epoch = ledger_->engine(c->id)->epoch});
-  }
-  if (!c->serving) return false;
+  (void)ResumeEngine(*c);  // a rollback in progress is called off
+  if (!c->serving()) return false;
   primary_ = c->id;
-  if (pair_.Allows(PairEvent::kPromoteDone)) ApplyPair(PairEvent::kPromoteDone);
+  StepPairIfAllowed(PairEvent::kPromoteDone);
   give_back_blocks_ = true;
   const bool planned = upgrade_->phase == Upgrade::Phase::kFinishing;
   if (PromotionRecord* r = timelines_.current()) {
@@ -401,6 +371,7 @@ bool Controller::CanaryTakesOver(EngineRecord& old) {
                         << " is " << (planned ? "drained" : "lost: " + old.fail_reason);
   EndUpgrade("promoted", planned ? "passed every step"
                                  : "the primary failed during the canary: " + old.fail_reason);
+  SaveRoster();
   PublishRoutes();
   if (PromotionRecord* r = timelines_.current()) {
     r->route_published = clock_.Now();
@@ -410,7 +381,7 @@ bool Controller::CanaryTakesOver(EngineRecord& old) {
   return true;
 }
 
-void Controller::EndUpgrade(const std::string& outcome, const std::string& reason) {
+void Coordinator::EndUpgrade(const std::string& outcome, const std::string& reason) {
   UpgradeResult res{.kind = upgrade_->kind,
                     .outcome = outcome,
                     .reason = reason,
@@ -435,11 +406,11 @@ void Controller::EndUpgrade(const std::string& outcome, const std::string& reaso
   SaveCommands();
 }
 
-void Controller::GiveFreeBlocksToPrimary() {
+void Coordinator::GiveFreeBlocksToPrimary() {
   if (!give_back_blocks_ || upgrade_.has_value() || config_.initial_grant_blocks != 0) return;
   EngineRecord* p = Find(primary_);
   const LedgerEngine* le = ledger_->engine(primary_);
-  if (p == nullptr || !p->serving || p->channel == nullptr || le == nullptr ||
+  if (p == nullptr || !p->serving() || !p->connected || le == nullptr ||
       le->role != LedgerRole::kHolder || BlocksAwaitBarrier()) {
     return;
   }
@@ -448,12 +419,15 @@ void Controller::GiveFreeBlocksToPrimary() {
   if (free > 0) GrantFree(*p, free, "the primary");
 }
 
-void Controller::RetireStaleStandbys() {
-  if (upgrade_.has_value() || stopping_) return;
+void Coordinator::RetireStaleStandbys() {
+  if (upgrade_.has_value() || stopping_ || recovery_.has_value()) return;
   std::vector<EngineId> stale;
   for (const auto& [id, e] : engines_) {
     if (id == primary_ || !e->live() || e->command == active_command()) continue;
-    if (e->is(EngineState::kLaunching) || e->is(EngineState::kStandby)) stale.push_back(id);
+    if (e->is(EngineState::kLaunching) || e->is(EngineState::kRegistering) ||
+        e->is(EngineState::kStandby)) {
+      stale.push_back(id);
+    }
   }
   for (EngineId id : stale) {
     BATON_LOG(INFO, kLog) << "engine " << id << " runs the command an upgrade replaced: stopped";

@@ -1,0 +1,210 @@
+// Controller: the Coordinator's Effects, carried out on real processes, channels and files.
+#include <fcntl.h>
+#include <signal.h>
+
+#include <algorithm>
+
+#include "base/io/small_file.h"
+#include "base/log.h"
+#include "controller/controller.h"
+#include "cuda/device_session.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "controller";
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+}  // namespace
+
+// --- processes ----------------------------------------------------------------------------------
+
+Result<std::string> Controller::NewToken() { return Supervisor::NewToken(); }
+
+Result<pid_t> Controller::Launch(const LaunchSpec& spec) {
+  Result<std::shared_ptr<EngineCgroup>> cgroup =
+      cgroups_ != nullptr ? cgroups_->Create(spec.id) : std::shared_ptr<EngineCgroup>();
+  if (!cgroup.ok()) return cgroup.status();
+  BATON_ASSIGN_OR_RETURN(
+      ChildProcess child,
+      supervisor_.Launch({.engine_id = spec.id,
+                          .role = spec.role,
+                          .token = spec.token,
+                          .port = spec.port,
+                          .command = spec.command,
+                          .cgroup_procs_fd = *cgroup != nullptr ? (*cgroup)->procs_fd() : -1}));
+  EngineHandle& h = handles_[spec.id];
+  h.id = spec.id;
+  h.cgroup = std::move(cgroup).value();
+  h.pid = child.pid();
+  h.start_time = ChildProcess::StartTime(child.pid());
+  h.process = std::move(child);
+  WatchPid(spec.id);
+  return h.pid;
+}
+
+bool Controller::Kill(EngineId id) {
+  EngineHandle* h = Handle(id);
+  if (h == nullptr) return false;
+  // Killing is the only revocation of a mapping: every process of its group (its workers;
+  // the engine itself under a wrapper script) and of its cgroup (any process it started).
+  if (nvml_ != nullptr) h->group_pids = EnginePids(*h);
+  bool alive = false;
+  if (h->process.pidfd() >= 0) {
+    Result<std::optional<ExitInfo>> exited = h->process.TryReap();
+    alive = exited.ok() && !exited->has_value();
+    if (alive) {
+      if (Status killed = h->process.Signal(SIGKILL); !killed.ok()) {
+        BATON_LOG(ERROR, kLog) << killed.ToString();
+      }
+    }
+  }
+  if (h->pid > 0 && ::kill(-h->pid, SIGKILL) != 0 && errno != ESRCH) {
+    BATON_LOG(ERROR, kLog)
+        << ErrnoStatus("kill of process group " + std::to_string(h->pid), errno).ToString();
+  }
+  if (h->cgroup != nullptr) {
+    if (Status killed = h->cgroup->Kill(); !killed.ok()) {
+      BATON_LOG(ERROR, kLog) << killed.ToString();
+    }
+  }
+  if (h->channel != nullptr) h->channel->Close();
+  h->channel.reset();
+  // An adopted engine found gone at start-up has no pidfd: its exit is known already.
+  if (h->process.pidfd() < 0 && !h->exited) h->exited = true;
+  return alive;
+}
+
+void Controller::Terminate(EngineId id) {
+  EngineHandle* h = Handle(id);
+  if (h != nullptr) (void)h->process.Signal(SIGTERM);
+}
+
+Result<std::string> Controller::Drill(EngineId id, DrillKind kind) {
+  EngineHandle* h = Handle(id);
+  if (h == nullptr) return FailedPrecondition("engine " + std::to_string(id) + " is not running");
+  switch (kind) {
+    case DrillKind::kKill:
+      BATON_RETURN_IF_ERROR(h->process.Signal(SIGKILL));
+      return std::string();
+    case DrillKind::kHang:
+      // Stops everything the engine started, as a whole engine that hangs would: its cgroup
+      // frozen, or its process group stopped where it has no cgroup or the freeze fails.
+      if (h->cgroup != nullptr) {
+        Status frozen = h->cgroup->Freeze();
+        if (frozen.ok()) return std::string(" by freezing its cgroup");
+        BATON_LOG(WARN, kLog) << "engine " << id << ": " << frozen.ToString()
+                              << "; stopping its process group instead";
+      }
+      BATON_RETURN_IF_ERROR(h->process.SignalGroup(SIGSTOP));
+      return std::string(" by stopping its process group");
+    case DrillKind::kError:
+      if (h->channel == nullptr) return FailedPrecondition("the primary is not connected");
+      BATON_RETURN_IF_ERROR(
+          h->channel->Send(proto::InjectFault{.kind = "error", .message = "batonctl drill"}));
+      return std::string();
+  }
+  return InvalidArgument("unknown drill");
+}
+
+std::string Controller::BarrierHeldBy(EngineId id) {
+  EngineHandle* h = Handle(id);
+  if (h == nullptr) return "";
+  if (ProcessGroupAlive(h->pid)) return "another process of its group lives on";
+  if (h->cgroup != nullptr && h->cgroup->Populated()) {
+    return "another process of its cgroup lives on (" + h->cgroup->path() + ")";
+  }
+  std::vector<pid_t> pids = h->group_pids;
+  if (h->pid > 0 && std::find(pids.begin(), pids.end(), h->pid) == pids.end()) {
+    pids.push_back(h->pid);
+  }
+  if (GpuStillLists(pids)) return "NVML still lists it on GPU " + device_->pci_bus_id();
+  return "";
+}
+
+void Controller::Release(EngineId id) { handles_.erase(id); }
+
+// --- channels -----------------------------------------------------------------------------------
+
+Status Controller::Send(EngineId id, const ToEngine& message) {
+  EngineHandle* h = Handle(id);
+  if (h == nullptr || h->channel == nullptr) return Unavailable("not connected");
+  return std::visit(Overloaded{
+                        [&](const ::baton::SendRegisterAck&) { return SendRegisterAck(*h); },
+                        [&](const auto& m) { return h->channel->Send(m); },
+                    },
+                    message);
+}
+
+Status Controller::SendRegisterAck(EngineHandle& h) {
+  proto::RegisterAck ack{
+      .engine_id = h.id,
+      .model = weights_->dir(),
+      .arena_size = weights_->arena().size(),
+      .arena_huge_pages = weights_->arena().huge_pages(),
+      .tensors = {},
+      .block_count = config_.block_count,
+      .block_bytes = config_.block_bytes,
+      .pool_huge_pages = pool_.huge_pages(),
+      .reserve_bytes = uint64_t{config_.block_count} * config_.block_bytes,
+      .heartbeat_interval_ms = static_cast<uint32_t>(
+          std::chrono::duration_cast<std::chrono::milliseconds>(config_.heartbeat_interval)
+              .count()),
+      .device = device_ != nullptr ? device_->device() : -1,
+      .device_regions = device_ != nullptr ? kDeviceRegionCount : 0};
+  for (const CachedTensor& t : weights_->tensors()) {
+    ack.tensors.push_back(
+        proto::TensorEntry{t.name, static_cast<uint8_t>(t.dtype), t.shape, t.offset, t.size});
+  }
+  BATON_ASSIGN_OR_RETURN(UniqueFd arena_fd, weights_->arena().memory().Dup());
+  BATON_ASSIGN_OR_RETURN(UniqueFd pool_fd, pool_.Dup());
+  BATON_RETURN_IF_ERROR(h.channel->Send(ack, std::vector<int>{arena_fd.get(), pool_fd.get()}));
+  if (device_ != nullptr) {
+    BATON_RETURN_IF_ERROR(device_->Share(*h.channel).WithContext("sending the device regions"));
+  }
+  return OkStatus();
+}
+
+void Controller::Disconnect(EngineId id) {
+  EngineHandle* h = Handle(id);
+  if (h == nullptr || h->channel == nullptr) return;
+  h->channel->Close();
+  h->channel.reset();
+}
+
+bool Controller::PublishRoutes(proto::RouteTable table) {
+  return routes_.Publish(std::move(table));
+}
+
+std::map<uint64_t, proto::EngineOutcome> Controller::RouterOutcomes() const {
+  return routes_.Outcomes();
+}
+
+size_t Controller::RouterCount() const { return routes_.subscriber_count(); }
+
+// --- state on disk ------------------------------------------------------------------------------
+
+Status Controller::SaveRoster(const Roster& roster) {
+  Roster r = roster;
+  r.boot_id = BootId();
+  for (RosterEngine& e : r.engines) {
+    if (const EngineHandle* h = Handle(e.id); h != nullptr) {
+      e.start_time = h->start_time;
+      if (h->cgroup != nullptr) e.cgroup = h->cgroup->path();
+    }
+  }
+  // Not fsynced: it lists processes, which a reboot ends, and it is written before grants.
+  return ReplaceFile(config_.roster_path(), EncodeRoster(r));
+}
+
+Status Controller::SaveCommandRecord(const CommandRecord& record) {
+  return baton::SaveCommandRecord(config_.command_record_path(), record);
+}
+
+}  // namespace baton

@@ -1,0 +1,296 @@
+// Controller: the weights, the pool and, on the CUDA backend, the device memory.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "base/log.h"
+#include "controller/controller.h"
+#include "controller/keeper/keeper_client.h"
+#include "controller/kept_memory.h"
+#include "weightcache/weight_manifest.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "controller";
+// A device that does not finish a 4-byte copy in this long is taken as lost (hung).
+constexpr Duration kDeviceProbeTimeout = std::chrono::seconds(2);
+
+}  // namespace
+
+Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
+  std::optional<KeeperClient> keeper = ConnectKeeper();
+  std::optional<MemoryRecord> record;
+  if (keeper.has_value()) {
+    Result<std::optional<MemoryRecord>> loaded = LoadMemoryRecord(config_.memory_record_path());
+    if (loaded.ok()) {
+      record = *loaded;
+    } else {
+      BATON_LOG(WARN, kLog) << "ignoring the memory record: " << loaded.status().message();
+    }
+  }
+  MemoryRecord kept = record.value_or(MemoryRecord{});
+  const std::string weights_why = AdoptWeights(keeper, record);
+  if (!weights_why.empty()) {
+    if (keeper.has_value()) BATON_LOG(INFO, kLog) << "weights: loading (" << weights_why << ")";
+    BATON_RETURN_IF_ERROR(LoadWeights());
+  }
+  const std::string pool_why = AdoptPool(keeper, record);
+  if (!pool_why.empty()) {
+    if (keeper.has_value()) BATON_LOG(INFO, kLog) << "pool: made anew (" << pool_why << ")";
+    BATON_RETURN_IF_ERROR(MakePool());
+  }
+  if (keeper.has_value()) KeepMemory(*keeper, weights_why.empty(), pool_why.empty(), &kept);
+  BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, mode));
+  found_.cuda_backend = cuda_backend_;
+  if (device_ != nullptr) {  // engines map the device pool by whole chunks
+    found_.blocks_per_chunk =
+        static_cast<uint32_t>(device_->stats().pool_chunk_bytes / config_.block_bytes);
+  }
+  NoteMemoryIdentity(weights_why, pool_why);
+  BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
+                        << " bytes, huge_pages=" << pool_.huge_pages()
+                        << (pool_adopted_ ? ", adopted" : "");
+  return OkStatus();
+}
+
+std::optional<KeeperClient> Controller::ConnectKeeper() {
+  if (!config_.keep_memory) {
+    keeper_state_ = "off (controller.keep_memory = false)";
+    return std::nullopt;
+  }
+  Result<KeeperClient> keeper =
+      KeeperClient::Connect(config_.keeper_socket_path(), KeeperClient::DefaultBinary(),
+                            config_.runtime_dir + "/keeper.log");
+  if (!keeper.ok()) {
+    keeper_state_ = "unavailable: " + keeper.status().message();
+    BATON_LOG(WARN, kLog) << "baton-keeper " << keeper_state_
+                          << ": the weights and the pool die with this controller";
+    return std::nullopt;
+  }
+  keeper_state_ = "kept";
+  return std::move(keeper).value();
+}
+
+std::string Controller::AdoptPool(std::optional<KeeperClient>& keeper,
+                                  const std::optional<MemoryRecord>& record) {
+  if (!keeper.has_value()) return keeper_state_;
+  Result<std::optional<KeptItem>> item = keeper->Fetch("pool");
+  if (!item.ok()) return "fetching the kept pool: " + item.status().message();
+  if (!item->has_value()) return "no pool is kept";
+  if (!record.has_value()) return "no memory record in the state directory";
+  Result<PoolManifest> manifest = DecodePoolManifest((*item)->manifest, "the kept pool's manifest");
+  if (!manifest.ok()) return manifest.status().message();
+  if (manifest->generation != record->pool_generation) {
+    return "the kept pool is not the one the memory record names";
+  }
+  if ((*item)->fds.size() != 1) return "the kept pool has no memfd";
+  Result<SharedMemory> pool = SharedMemory::Import(std::move((*item)->fds[0]));
+  if (!pool.ok()) return pool.status().message();
+  if (const std::string why =
+          PoolMismatch(*manifest, config_.block_count, config_.block_bytes, pool->size());
+      !why.empty()) {
+    return why;
+  }
+  pool_ = std::move(pool).value();
+  pool_adopted_ = true;
+  pool_generation_ = manifest->generation;
+  return "";
+}
+
+void Controller::KeepMemory(KeeperClient& keeper, bool weights_adopted, bool pool_adopted,
+                            MemoryRecord* record) {
+  const MemoryRecord before = *record;
+  if (!weights_adopted) {
+    Result<uint64_t> generation = NewGeneration();
+    Status kept = generation.status();
+    if (generation.ok()) {
+      Result<UniqueFd> fd = weights_->arena().memory().Dup();
+      kept = fd.ok() ? keeper.Keep("weights", EncodeWeightManifest(weights_->Manifest(*generation)),
+                                   {fd->get()})
+                     : fd.status();
+    }
+    record->weights_generation = kept.ok() ? *generation : 0;
+    if (!kept.ok()) BATON_LOG(WARN, kLog) << "weights not kept: " << kept.ToString();
+  }
+  if (!pool_adopted) {
+    Result<uint64_t> generation = NewGeneration();
+    Status kept = generation.status();
+    if (generation.ok()) {
+      const PoolManifest m{.block_count = config_.block_count,
+                           .block_bytes = config_.block_bytes,
+                           .bytes = pool_.size(),
+                           .huge_pages = pool_.huge_pages(),
+                           .generation = *generation};
+      Result<UniqueFd> fd = pool_.Dup();
+      kept = fd.ok() ? keeper.Keep("pool", EncodePoolManifest(m), {fd->get()}) : fd.status();
+    }
+    record->pool_generation = kept.ok() ? *generation : 0;
+    if (!kept.ok()) BATON_LOG(WARN, kLog) << "pool not kept: " << kept.ToString();
+  }
+  if (*record == before) return;
+  if (Status saved = SaveMemoryRecord(config_.memory_record_path(), *record); !saved.ok()) {
+    BATON_LOG(WARN, kLog) << "the memory record is not saved (a restarted controller will load "
+                             "the model again): "
+                          << saved.ToString();
+  }
+}
+
+std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
+                                     const std::optional<MemoryRecord>& record) {
+  if (!keeper.has_value()) return keeper_state_;
+  Result<std::optional<KeptItem>> item = keeper->Fetch("weights");
+  if (!item.ok()) return "fetching the kept weights: " + item.status().message();
+  if (!item->has_value()) return "no weights are kept";
+  if (!record.has_value()) return "no memory record in the state directory";
+  Result<WeightManifest> manifest =
+      DecodeWeightManifest((*item)->manifest, "the kept weights' manifest");
+  if (!manifest.ok()) return manifest.status().message();
+  if (manifest->generation != record->weights_generation) {
+    return "the kept weights are not the ones the memory record names";
+  }
+  if (Status same = CheckManifestMatches(*manifest, config_.model_dir); !same.ok()) {
+    return same.message();
+  }
+  if ((*item)->fds.size() != 1) return "the kept weights have no memfd";
+  Result<SharedMemory> arena = SharedMemory::Import(std::move((*item)->fds[0]));
+  if (!arena.ok()) return arena.status().message();
+  Result<WeightCache> cache = WeightCache::Adopt(
+      std::move(arena).value(), *manifest,
+      AdoptOptions{.model_dir = config_.model_dir, .lock = config_.weights_lock});
+  if (!cache.ok()) return cache.status().message();
+  weights_.emplace(std::move(cache).value());
+  BATON_LOG(INFO, kLog) << "weights adopted from baton-keeper: " << weights_->tensors().size()
+                        << " tensors, " << weights_->arena().size()
+                        << " bytes; not one byte read from the model files";
+  return "";
+}
+
+void Controller::ReleaseKeptMemory() {
+  if (!config_.keep_memory) return;
+  Result<KeeperClient> keeper = KeeperClient::Connect(config_.keeper_socket_path(), "", "");
+  Status released = keeper.ok() ? keeper->Release("") : keeper.status();
+  if (!released.ok()) {
+    BATON_LOG(WARN, kLog) << "baton-keeper did not let the memory go: " << released.ToString();
+  }
+  if (::unlink(config_.memory_record_path().c_str()) != 0 && errno != ENOENT) {
+    BATON_LOG(WARN, kLog) << "removing " << config_.memory_record_path() << ": "
+                          << std::strerror(errno);
+  }
+}
+
+// What the engines map, as the Coordinator checks their Reattach against it.
+void Controller::NoteMemoryIdentity(const std::string& weights_why, const std::string& pool_why) {
+  struct stat arena {
+  }, pool{};
+  if (::fstat(weights_->arena().memory().fd(), &arena) == 0) {
+    found_.arena_dev = arena.st_dev;
+    found_.arena_ino = arena.st_ino;
+  }
+  if (::fstat(pool_.fd(), &pool) == 0) {
+    found_.pool_dev = pool.st_dev;
+    found_.pool_ino = pool.st_ino;
+  }
+  found_.memory_adopted = weights_why.empty() && pool_why.empty() && !cuda_backend_;
+  if (!weights_why.empty()) {
+    found_.memory_reason = "weights loaded afresh: " + weights_why;
+  } else if (!pool_why.empty()) {
+    found_.memory_reason = "pool made afresh: " + pool_why;
+  } else if (cuda_backend_) {
+    found_.memory_reason =
+        "CUDA backend: the device weights and pool are made anew at each start (the host "
+        "weights were adopted)";
+  }
+}
+
+Status Controller::LoadWeights() {
+  WeightCacheOptions wopts;
+  wopts.arena.numa_node = config_.numa_node;
+  wopts.arena.huge_pages = config_.weights_huge_pages;
+  wopts.arena.lock = config_.weights_lock;
+  BATON_ASSIGN_OR_RETURN(WeightCache cache, WeightCache::Load(config_.model_dir, wopts));
+  weights_.emplace(std::move(cache));
+  for (const std::string& w : weights_->arena().warnings()) {
+    BATON_LOG(WARN, kLog) << "weight arena: " << w;
+  }
+  return OkStatus();
+}
+
+Status Controller::MakePool() {
+  const bool huge_blocks = config_.block_bytes % kHugePageSize == 0;
+  if (config_.pool_huge_pages && !huge_blocks) {
+    BATON_LOG(WARN, kLog) << "pool: block_bytes " << config_.block_bytes
+                          << " is not a multiple of 2 MiB; using normal pages";
+  }
+  SharedMemoryOptions popts{.name = "baton-pool",
+                            .size = uint64_t{config_.block_count} * config_.block_bytes,
+                            .try_huge_pages = config_.pool_huge_pages && huge_blocks};
+  BATON_ASSIGN_OR_RETURN(pool_, SharedMemory::Create(popts));
+  if (!pool_.fallback_reason().empty()) {
+    BATON_LOG(WARN, kLog) << "pool: huge pages unavailable, using normal pages: "
+                          << pool_.fallback_reason();
+  }
+  BATON_ASSIGN_OR_RETURN(pool_map_, pool_.Map(Protection::kReadWrite, /*populate=*/true));
+  if (Status sealed = pool_.Seal(Sealing::kFixedSize); !sealed.ok()) {
+    BATON_LOG(WARN, kLog) << "pool: not sealed against resizing (" << sealed.message()
+                          << "): an engine's ftruncate could take its pages from the others";
+  }
+  return OkStatus();
+}
+
+// On the CUDA backend: the device copy of the weights and the device pool, made once here.
+// Where they cannot be made, "auto" goes on with the host backend and says why.
+Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode) {
+  if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();
+  device_options_ = DeviceOwnerOptions{.device = backend.device,
+                                       .block_count = config_.block_count,
+                                       .block_bytes = config_.block_bytes,
+                                       .pool_chunk_bytes = config_.gpu_pool_chunk_bytes};
+  Result<std::unique_ptr<DeviceOwner>> owner = MakeDeviceOwner();
+  if (!owner.ok()) {
+    const Status why = owner.status().WithContext("device memory on CUDA device " +
+                                                  std::to_string(backend.device));
+    if (mode == BackendMode::kCuda) return why;
+    BATON_LOG(WARN, kLog) << "backend: host (" << why.message() << ")";
+    return OkStatus();
+  }
+  device_ = std::move(owner).value();
+  cuda_backend_ = true;
+  BATON_LOG(INFO, kLog) << "device memory: " << device_->Describe();
+  Result<std::unique_ptr<NvmlLibrary>> nvml = NvmlLibrary::Load();
+  if (nvml.ok()) {
+    nvml_ = std::move(nvml).value();
+    BATON_LOG(INFO, kLog) << "barrier: reap, then NVML (" << nvml_->library()
+                          << ") no longer lists the holder on GPU " << device_->pci_bus_id()
+                          << ", then the new holder's scrub";
+  } else {
+    BATON_LOG(WARN, kLog) << "barrier: NVML unavailable (" << nvml.status().message()
+                          << "): the reap, then the new holder's scrub";
+  }
+  return OkStatus();
+}
+
+Result<std::unique_ptr<DeviceOwner>> Controller::MakeDeviceOwner() const {
+  const PinnedArena& arena = weights_->arena();
+  return DeviceOwner::Create(device_options_, std::span<uint8_t>(arena.data(), arena.size()));
+}
+
+bool Controller::DeviceMemoryPresent() const { return !cuda_backend_ || device_ != nullptr; }
+
+Status Controller::ProbeDevice() {
+  if (device_ == nullptr) return Unavailable("no device memory");
+  return device_->Probe(kDeviceProbeTimeout);
+}
+
+void Controller::DropDevice() { device_.reset(); }
+
+// Pins the arena and copies the weights on this thread; the Coordinator retries with backoff.
+Status Controller::RebuildDevice() {
+  BATON_ASSIGN_OR_RETURN(device_, MakeDeviceOwner());
+  BATON_LOG(INFO, kLog) << "device memory rebuilt from the pinned cache: " << device_->Describe();
+  return OkStatus();
+}
+
+}  // namespace baton

@@ -1,0 +1,332 @@
+// The controller outlives itself: kill -9 of baton-controller (at random, or at a failpoint
+// in the middle of a fence, a promotion, a barrier, a journal write, an upgrade step, its own
+// recovery) leaves the engines serving and the weights and the pool in baton-keeper; the
+// next controller re-adopts what it can account for and fences the rest. Real processes, real
+// kill -9; every check goes through batonctl.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "proto/hello.h"
+#include "proto/transport/listener.h"
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+std::set<pid_t> EnginePids(const json& status) {
+  std::set<pid_t> pids;
+  for (const json& e : status["engines"]) pids.insert(PidOf(e));
+  return pids;
+}
+
+// The same primary and standby as `before` (ids and pids), ready again.
+bool SamePair(const json& before, const json& s) {
+  return IsReady(s) && PrimaryId(s) == PrimaryId(before) &&
+         EngineWithRole(s, "standby")["id"] == EngineWithRole(before, "standby")["id"] &&
+         EnginePids(s) == EnginePids(before);
+}
+
+void ExpectAdoptedMemory(const json& s) {
+  EXPECT_EQ(s["weights"]["load_method"], "adopted") << s["weights"].dump();
+  EXPECT_EQ(s["weights"]["bytes_read"], 0) << "not a byte of the model files read again";
+  EXPECT_TRUE(s["pool"]["adopted"].get<bool>()) << s["pool"].dump();
+  EXPECT_EQ(s["controller"]["recovery"]["memory"], "adopted") << s["controller"].dump();
+}
+
+// Alive and not a zombie (an orphan's zombie waits for its reaper, not for us).
+bool Running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'Z' &&
+         text[paren + 2] != 'X';
+}
+
+void ExpectHealthy(const ChaosCluster& cluster, const json& s) {
+  EXPECT_EQ(s["invariants"], "ok") << s.dump();
+  EXPECT_EQ(s["controller"]["refused_transitions"], 0) << s["controller"].dump();
+  cluster.CheckFencing();
+}
+
+TEST(ControllerRestart, EnginesWeightsAndPoolSurviveKillMinusNine) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  cluster.KillController();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  for (pid_t pid : EnginePids(before)) {
+    EXPECT_TRUE(ProcessExists(pid)) << "engine pid " << pid << " died with its controller";
+  }
+  EXPECT_GT(cluster.KeeperPid(), 0) << "baton-keeper holds the memory meanwhile";
+  cluster.RestartController();
+  const json after = cluster.WaitFor([&](const json& s) { return SamePair(before, s); },
+                                     "the same pair, re-adopted");
+  const json& recovery = after["controller"]["recovery"];
+  EXPECT_TRUE(recovery["restarted"].get<bool>());
+  EXPECT_FALSE(recovery["in_progress"].get<bool>());
+  EXPECT_EQ(recovery["readopted"].size(), 2u) << recovery.dump();
+  EXPECT_TRUE(recovery["fenced"].empty()) << recovery.dump();
+  EXPECT_TRUE(recovery["readopt_ms"].is_number()) << recovery.dump();
+  EXPECT_EQ(after["controller"]["restarts"], 1);
+  ExpectAdoptedMemory(after);
+  EXPECT_EQ(EngineWithRole(after, "primary")["epoch"], primary["epoch"])
+      << "the primary keeps its epoch and its blocks";
+  EXPECT_EQ(EngineWithRole(after, "primary")["blocks"], primary["blocks"]);
+  EXPECT_TRUE(EngineWithRole(after, "primary")["adopted"].get<bool>());
+  EXPECT_NE(cluster.Log().find("re-adopted as serving"), std::string::npos) << cluster.Log();
+  ExpectHealthy(cluster, after);
+  // Epochs never repeat: the next failover uses one above everything issued before.
+  ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
+  const json failed_over = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && PrimaryId(s) != PrimaryId(before); },
+      "a failover after the restart");
+  EXPECT_GT(Epoch(failed_over), Epoch(before));
+  ExpectHealthy(cluster, failed_over);
+}
+
+TEST(ControllerRestart, BatonctlControllerRestartHandsOver) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const CtlResult r = cluster.Ctl({"controller", "restart"});
+  EXPECT_EQ(r.exit_code, 0) << r.stdout_text;
+  const int status = cluster.WaitControllerExit();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  cluster.RestartController();
+  const json after = cluster.WaitFor([&](const json& s) { return SamePair(before, s); },
+                                     "the same pair after a hand-over");
+  ExpectAdoptedMemory(after);
+  ExpectHealthy(cluster, after);
+}
+
+TEST(ControllerRestart, APrimaryKilledWhileNoControllerRunsIsFencedAndTheStandbyPromoted) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  cluster.KillController();
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  cluster.RestartController();
+  const json after =
+      cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) == standby["id"]; },
+                      "the re-adopted standby to take over");
+  EXPECT_GT(Epoch(after), Epoch(before));
+  EXPECT_TRUE(EngineWithRole(after, "primary")["adopted"].get<bool>());
+  ExpectAdoptedMemory(after);
+  ExpectHealthy(cluster, after);
+}
+
+TEST(ControllerRestart, ControllerAndPrimaryKilledTogether) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ::kill(PidOf(primary), SIGKILL);
+  cluster.KillController();
+  cluster.RestartController();
+  const json after =
+      cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) == standby["id"]; },
+                      "the standby to take over");
+  ExpectHealthy(cluster, after);
+}
+
+TEST(ControllerRestart, AStandbyThatHangsAcrossTheRestartIsFencedAndReplaced) {
+  ClusterOptions options;
+  options.readopt_timeout_ms = 500;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const json standby = EngineWithRole(before, "standby");
+  cluster.KillController();
+  ASSERT_EQ(::kill(PidOf(standby), SIGSTOP), 0);
+  cluster.RestartController();
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) &&
+               EngineWithRole(s, "standby")["id"] != standby["id"];
+      },
+      "a new standby in place of the silent one");
+  const json& fenced = after["controller"]["recovery"]["fenced"];
+  ASSERT_EQ(fenced.size(), 1u) << after["controller"].dump();
+  EXPECT_EQ(fenced[0]["id"], standby["id"]);
+  EXPECT_NE(fenced[0]["reason"].get<std::string>().find("did not register again"),
+            std::string::npos);
+  EXPECT_FALSE(Running(PidOf(standby))) << "the silent standby was killed";
+  ExpectHealthy(cluster, after);
+}
+
+// A process that connects while no controller listens, with a token of its own making: the
+// restarted controller refuses it and keeps its own engines.
+TEST(ControllerRestart, AStrangerWaitingForTheControllerIsRefused) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  cluster.KillController();
+  std::atomic<bool> refused{false};
+  std::thread stranger([&] {
+    for (int i = 0; i < 400 && !refused; ++i) {
+      boost::asio::io_context io;
+      Result<proto::Channel> c = proto::Connect(io, cluster.socket());
+      if (c.ok()) {
+        Result<proto::HelloAck> ack = proto::ClientHello(
+            *c,
+            {.peer_name = "stranger", .role = "engine", .launch_token = "00112233445566778899"});
+        refused =
+            !ack.ok() && ack.status().message().find("wrong launch token") != std::string::npos;
+        if (refused) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  cluster.RestartController();
+  stranger.join();
+  EXPECT_TRUE(refused.load()) << "the stranger was not refused";
+  const json after = cluster.WaitFor([&](const json& s) { return SamePair(before, s); },
+                                     "the same pair, the stranger refused");
+  ExpectHealthy(cluster, after);
+}
+
+// A roster that does not parse: nothing the previous controller ran can be accounted for, so
+// its engines are fenced (killed) before a new pair starts.
+TEST(ControllerRestart, ACorruptRosterIsRefusedAndItsEnginesFenced) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  cluster.KillController();
+  std::ofstream(cluster.dir() + "/run/state/roster.json") << "{\"format\": 1, \"engines\": [tr";
+  cluster.RestartController();
+  const json after = cluster.WaitReady("a new pair");
+  EXPECT_NE(after["controller"]["recovery"]["roster"].get<std::string>().find("refused"),
+            std::string::npos)
+      << after["controller"].dump();
+  for (pid_t pid : EnginePids(before)) {
+    EXPECT_EQ(EnginePids(after).count(pid), 0u) << "an unaccounted engine was kept";
+  }
+  ExpectHealthy(cluster, after);
+}
+
+// A memory record that names other memory than the keeper holds: the weights are loaded
+// afresh, and the engines, which map the old memory, are fenced.
+TEST(ControllerRestart, KeptMemoryThatCannotBeProvenIsLoadedAfreshAndItsEnginesFenced) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  cluster.KillController();
+  std::ofstream(cluster.dir() + "/run/state/memory.json")
+      << "{\"weights_generation\": 1, \"pool_generation\": 2}\n";
+  cluster.RestartController();
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && s["controller"]["recovery"]["fenced"].size() == 2;
+      },
+      "a new pair, the old engines fenced");
+  EXPECT_NE(after["weights"]["load_method"], "adopted");
+  EXPECT_NE(after["controller"]["recovery"]["memory"].get<std::string>().find("not the ones"),
+            std::string::npos)
+      << after["controller"].dump();
+  for (pid_t pid : EnginePids(before)) EXPECT_EQ(EnginePids(after).count(pid), 0u);
+  ExpectHealthy(cluster, after);
+}
+
+// An upgrade in flight in its canary phase.
+bool CanaryPhase(const json& s) {
+  const json& current = s["upgrade"]["current"];
+  return current.is_object() && current["phase"] == "canary";
+}
+
+// `batonctl upgrade` to a canary of the engines' own command, with steps too long to pass.
+std::vector<std::string> SameCommandUpgrade(const ChaosCluster& cluster) {
+  std::vector<std::string> args = {"upgrade", "--steps", "50,100", "--step-ms", "600000", "--"};
+  const json status = cluster.Status();
+  for (const json& part : status["upgrade"]["active_command"]) {
+    args.push_back(part.get<std::string>());
+  }
+  return args;
+}
+
+// The controller dies exactly at a failpoint; the next one (without failpoints) brings the
+// pair back, and the fencing rules hold.
+struct FailpointCase {
+  const char* failpoint;
+  // What makes the controller pass the failpoint once it runs with it.
+  enum class Trigger {
+    kDrillKill,  // batonctl drill kill
+    kPromote,    // batonctl promote
+    kStart,      // the first start
+    kRestart,    // a restart that re-adopts
+    kJournal,    // a failover that writes the journal (epoch_reserve = 1)
+    kUpgrade,    // batonctl upgrade to a canary of the same command
+    kRollback,   // an upgrade, then batonctl rollback once the canary serves
+  } trigger;
+};
+
+class ControllerKilledAtAFailpoint : public ::testing::TestWithParam<FailpointCase> {};
+
+TEST_P(ControllerKilledAtAFailpoint, TheNextControllerBringsThePairBack) {
+  const FailpointCase& c = GetParam();
+  ClusterOptions options;
+  options.readopt_timeout_ms = 1000;
+  if (c.trigger == FailpointCase::Trigger::kJournal) options.epoch_reserve = 1;
+  const std::string env = std::string("BATON_FAILPOINTS=") + c.failpoint;
+  if (c.trigger == FailpointCase::Trigger::kStart) {
+    options.controller_env = {env};
+    options.wait_ready = false;
+  }
+  ChaosCluster cluster(options);
+  if (c.trigger == FailpointCase::Trigger::kRestart) {
+    cluster.WaitReady("the first pair");
+    cluster.KillController();
+    cluster.StartControllerAgain({env});  // it dies while re-adopting
+  } else if (c.trigger != FailpointCase::Trigger::kStart) {
+    cluster.WaitReady("the first pair");
+    cluster.KillController();
+    cluster.StartControllerAgain({env});  // the same engines, under a controller that dies
+    cluster.WaitReady("the pair under the controller with the failpoint");
+    const CtlResult r = c.trigger == FailpointCase::Trigger::kPromote ? cluster.Ctl({"promote"})
+                        : c.trigger == FailpointCase::Trigger::kUpgrade ||
+                                c.trigger == FailpointCase::Trigger::kRollback
+                            ? cluster.Ctl(SameCommandUpgrade(cluster))
+                            : cluster.Ctl({"drill", "kill"});
+    EXPECT_NE(r.exit_code, 2) << r.stdout_text;
+    if (c.trigger == FailpointCase::Trigger::kRollback) {
+      cluster.WaitFor(CanaryPhase, "the canary serves");
+      EXPECT_EQ(cluster.Ctl({"rollback"}).exit_code, 0);
+    }
+  }
+  const int status = cluster.WaitControllerExit();
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the controller did not die at " << c.failpoint << " (status " << status << ")\n"
+      << cluster.Log();
+  EXPECT_NE(cluster.Log().find(std::string("failpoint ") + c.failpoint + ": dying here"),
+            std::string::npos);
+  cluster.StartControllerAgain();
+  // Ready, or serving a resumed canary next to its primary.
+  const json after = cluster.WaitFor(
+      [](const json& s) {
+        return !s["controller"]["recovery"]["in_progress"].get<bool>() &&
+               (IsReady(s) || (CanaryPhase(s) && !EngineWithRole(s, "canary").is_null()));
+      },
+      "the pair after dying at the failpoint");
+  ExpectHealthy(cluster, after);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Failpoints, ControllerKilledAtAFailpoint,
+    ::testing::Values(FailpointCase{"after_fence", FailpointCase::Trigger::kDrillKill},
+                      FailpointCase{"before_promote", FailpointCase::Trigger::kDrillKill},
+                      FailpointCase{"after_promote", FailpointCase::Trigger::kDrillKill},
+                      FailpointCase{"mid_barrier", FailpointCase::Trigger::kDrillKill},
+                      FailpointCase{"mid_journal_write", FailpointCase::Trigger::kJournal},
+                      FailpointCase{"mid_switchover", FailpointCase::Trigger::kPromote},
+                      FailpointCase{"after_launch", FailpointCase::Trigger::kStart},
+                      FailpointCase{"mid_recovery", FailpointCase::Trigger::kRestart},
+                      FailpointCase{"canary_promoting", FailpointCase::Trigger::kUpgrade},
+                      FailpointCase{"mid_upgrade_step", FailpointCase::Trigger::kUpgrade},
+                      FailpointCase{"after_grant", FailpointCase::Trigger::kRollback}),
+    [](const ::testing::TestParamInfo<FailpointCase>& info) {
+      return std::string(info.param.failpoint);
+    });
+
+}  // namespace
+}  // namespace baton::chaos

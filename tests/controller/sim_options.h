@@ -1,0 +1,79 @@
+// What one run of the controller simulation (sim_driver.h) is given, and what it returns:
+// the deliberate fault it carries (if any) and the pool's shape, the ControllerConfig its
+// Coordinator runs with, what it counted and whether a rule broke, with its step log.
+// Plain values; header-only test support.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "controller/config.h"
+#include "controller/core/pool_ledger.h"
+
+namespace baton::sim {
+
+// A deliberate fault, for the tests that prove the checks catch one: in the ledger, in the
+// epoch store (epochs handed out before they are durable), or in the effects (sim_effects.h).
+struct Fault {
+  PoolLedger::Mutation mutation = PoolLedger::Mutation::kNone;
+  bool skip_fsync = false;       // SimEpochStore::skip_fsync
+  bool skip_barrier = false;     // SimFaults::skip_barrier
+  bool release_at_once = false;  // SimFaults::release_at_once
+  // Not a fault: the pool's shape, a device pool mapped by chunks when above 1.
+  uint32_t blocks = 32;
+  uint32_t blocks_per_chunk = 1;
+};
+
+// What a run reached (the test requires the interesting paths to be reached at all).
+struct Stats {
+  uint64_t steps = 0, promotions = 0, restarts = 0, readopts = 0;
+  uint64_t refused_stale = 0, refused_forged = 0, switchovers = 0, backoff_steps = 0;
+  uint64_t hang_kills = 0;
+  void Add(const Stats& o) {
+    steps += o.steps, promotions += o.promotions, restarts += o.restarts;
+    readopts += o.readopts;
+    refused_stale += o.refused_stale, refused_forged += o.refused_forged;
+    switchovers += o.switchovers, backoff_steps += o.backoff_steps, hang_kills += o.hang_kills;
+  }
+};
+
+// A run's verdict: the first rule broken, at which step, with the step log (verbose runs).
+struct Outcome {
+  bool ok = true;
+  int step = -1;  // -1: the final settling phase
+  std::string violation;
+  std::vector<std::string> log;
+  Stats stats;
+};
+
+// The configuration the simulated controller runs with: what the Coordinator reads, with
+// timeouts short enough for a run of 200 steps to cross each of them many times.
+inline ControllerConfig SimConfig(const Fault& fault) {
+  using std::chrono::milliseconds;
+  using std::chrono::seconds;
+  ControllerConfig c;
+  c.block_count = fault.blocks;
+  c.initial_grant_blocks = 0;
+  c.engine_command = {"sim-engine"};
+  c.base_port = 8100;
+  c.heartbeat_interval = milliseconds(100);
+  c.heartbeat_misses = 3;
+  c.probe_timeout = milliseconds(100);
+  c.register_timeout = seconds(1);
+  c.promote_timeout = milliseconds(500);
+  c.drain_timeout = seconds(1);
+  c.crash_max_failures = 3;
+  c.crash_window = seconds(2);
+  c.crash_initial_backoff = milliseconds(200);
+  c.crash_max_backoff = seconds(2);
+  c.crash_quiet_period = seconds(5);
+  c.readopt_timeout = milliseconds(300);
+  c.standby_relaunch_delay = milliseconds(100);
+  c.gpu_release_timeout = seconds(2);
+  c.gpu_probe_interval = Duration::zero();
+  return c;
+}
+
+}  // namespace baton::sim
