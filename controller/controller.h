@@ -190,6 +190,10 @@ class Controller final : private Effects {
   bool stopping_ = false;
   std::shared_ptr<boost::asio::steady_timer> stop_timer_;
   std::function<void()> stop_done_;
+  // The weights' resident bytes as status shows them, computed at most every 2 s.
+  int64_t Resident(const PinnedArena& arena) const;
+  mutable int64_t resident_bytes_ = -1;
+  mutable TimePoint resident_at_{};
   // Last: destroyed first, before the handles and memory its Effects reach.
   std::unique_ptr<Coordinator> coord_;
 };

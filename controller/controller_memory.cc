@@ -43,13 +43,25 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
     BATON_RETURN_IF_ERROR(MakePool());
   }
   if (keeper.has_value()) KeepMemory(*keeper, weights_why.empty(), pool_why.empty(), &kept);
-  BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, mode));
+  Status device = SetUpDeviceMemory(backend, mode);
+  std::string weights_note = weights_why;
+  if (backend.kind == MemoryBackendKind::kCuda && device_ == nullptr && weights_why.empty()) {
+    // The adopted arena is mapped read-only: a driver that will not pin it for the device
+    // copy gets the weights loaded afresh (and pinned as at a first start).
+    BATON_LOG(WARN, kLog) << "device memory over the adopted weights failed ("
+                          << (device.ok() ? "fell back to the host backend" : device.message())
+                          << "): loading the weights afresh";
+    BATON_RETURN_IF_ERROR(LoadWeights());
+    weights_note = "the device copy could not be made over the adopted arena";
+    device = SetUpDeviceMemory(backend, mode);
+  }
+  BATON_RETURN_IF_ERROR(device);
   found_.cuda_backend = cuda_backend_;
   if (device_ != nullptr) {  // engines map the device pool by whole chunks
     found_.blocks_per_chunk =
         static_cast<uint32_t>(device_->stats().pool_chunk_bytes / config_.block_bytes);
   }
-  NoteMemoryIdentity(weights_why, pool_why);
+  NoteMemoryIdentity(weights_note, pool_why);
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
                         << " bytes, huge_pages=" << pool_.huge_pages()
                         << (pool_adopted_ ? ", adopted" : "");

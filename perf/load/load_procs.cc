@@ -1,5 +1,6 @@
 #include "perf/load/load_procs.h"
 
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -128,9 +129,24 @@ Result<ControllerPair> ControllerPair::Start(const std::string& bin_dir,
   BATON_ASSIGN_OR_RETURN(
       ChildProcess child,
       ChildProcess::Spawn({bin_dir + "/baton-controller", "--config", toml}, log));
-  ControllerPair pair(std::move(child), bin_dir, work_dir + "/controller.sock", log);
+  ControllerPair pair(std::move(child), bin_dir, work_dir + "/controller.sock", log, toml);
   BATON_RETURN_IF_ERROR(pair.WaitReady(milliseconds(120000)).status());
   return pair;
+}
+
+void ControllerPair::Kill() {
+  if (!controller_.has_value()) return;
+  ::kill(controller_->pid(), SIGKILL);
+  controller_.reset();  // reaps it
+}
+
+Status ControllerPair::Respawn() {
+  Kill();
+  BATON_ASSIGN_OR_RETURN(
+      ChildProcess child,
+      ChildProcess::Spawn({bin_dir_ + "/baton-controller", "--config", config_}, log_));
+  controller_.emplace(std::move(child));
+  return OkStatus();
 }
 
 Result<json> ControllerPair::Ctl(const std::vector<std::string>& args) const {
@@ -141,7 +157,9 @@ Result<json> ControllerPair::WaitReady(milliseconds limit) {
   const auto deadline = RealClock::Get().Now() + limit;
   std::string last = "no answer";
   while (RealClock::Get().Now() < deadline) {
-    if (!controller_.Running()) return Unavailable("baton-controller exited; see " + log_);
+    if (!controller_.has_value() || !controller_->Running()) {
+      return Unavailable("baton-controller exited; see " + log_);
+    }
     Result<json> s = Ctl({"status"});
     if (s.ok()) {
       int standbys = 0;

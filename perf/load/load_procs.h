@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,22 +67,31 @@ class ControllerPair {
   // Polls status until the pair is ready (a serving primary and a standby); the status.
   Result<nlohmann::json> WaitReady(std::chrono::milliseconds limit);
   // SIGTERM (SIGKILL after 15 s); the exit status.
-  int Stop() { return controller_.Stop(std::chrono::seconds(15)); }
+  int Stop() { return controller_.has_value() ? controller_->Stop(std::chrono::seconds(15)) : -1; }
+  // kill -9 of the controller, reaped; its engines and baton-keeper live on.
+  void Kill();
+  // Starts baton-controller again on the same configuration, as systemd's Restart=always
+  // would after a crash; does not wait for it.
+  Status Respawn();
+  pid_t pid() const { return controller_.has_value() ? controller_->pid() : 0; }
 
   const std::string& socket() const { return socket_; }
   const std::string& log() const { return log_; }
 
  private:
-  ControllerPair(ChildProcess controller, std::string bin_dir, std::string socket, std::string log)
+  ControllerPair(ChildProcess controller, std::string bin_dir, std::string socket, std::string log,
+                 std::string config)
       : controller_(std::move(controller)),
         bin_dir_(std::move(bin_dir)),
         socket_(std::move(socket)),
-        log_(std::move(log)) {}
+        log_(std::move(log)),
+        config_(std::move(config)) {}
 
-  ChildProcess controller_;
+  std::optional<ChildProcess> controller_;
   std::string bin_dir_;
   std::string socket_;
   std::string log_;
+  std::string config_;  // the controller's TOML
 };
 
 // The ready primary in a `batonctl status` object: its engine id, pid and HTTP address.

@@ -105,9 +105,11 @@ struct EngineSessionOptions {
   bool handles_resume = false;
   Duration connect_timeout = std::chrono::seconds(10);
   // After the controller went away: the wait before the second reconnect attempt (the first
-  // is made at once), doubled after each failed one up to the maximum.
-  Duration reconnect_backoff_initial = std::chrono::milliseconds(5);
-  Duration reconnect_backoff_max = std::chrono::milliseconds(50);
+  // is made at once), doubled after each failed one up to the maximum. A failed attempt is
+  // one connect(2) to a socket nobody listens on: a 10 ms cap costs nothing, and a restarted
+  // controller finds its engines within 10 ms of listening.
+  Duration reconnect_backoff_initial = std::chrono::milliseconds(2);
+  Duration reconnect_backoff_max = std::chrono::milliseconds(10);
   // How long the controller may stay away before on_controller_absent decides (measured on
   // `clock` from the moment the connection broke); zero: never decide (keep serving).
   Duration controller_absent_timeout = Duration::zero();

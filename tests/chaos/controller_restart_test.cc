@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "controller/keeper/keeper_client.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 #include "tests/chaos/chaos_harness.h"
@@ -243,6 +244,51 @@ std::vector<std::string> SameCommandUpgrade(const ChaosCluster& cluster) {
     args.push_back(part.get<std::string>());
   }
   return args;
+}
+
+// A kept arena whose manifest does not parse (here: written by a stranger that spoke to the
+// keeper while no controller ran) is refused with the reason; the weights are loaded afresh
+// and the engines, which map the old arena, are fenced.
+TEST(ControllerRestart, ACorruptArenaManifestIsRefusedAndTheWeightsLoadedAfresh) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  cluster.KillController();
+  {
+    Result<KeeperClient> keeper = KeeperClient::Connect(cluster.dir() + "/run/keeper.sock", "", "");
+    ASSERT_TRUE(keeper.ok()) << keeper.status().ToString();
+    Result<std::optional<KeptItem>> item = keeper->Fetch("weights");
+    ASSERT_TRUE(item.ok() && item->has_value());
+    ASSERT_TRUE(
+        keeper->Keep("weights", "{\"format\": 1, \"generation\": [", {(*item)->fds[0].get()}).ok());
+  }
+  cluster.RestartController();
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && s["controller"]["recovery"]["fenced"].size() == 2;
+      },
+      "a new pair, the old engines fenced");
+  EXPECT_NE(after["weights"]["load_method"], "adopted");
+  EXPECT_GT(after["weights"]["bytes_read"].get<uint64_t>(), 0u) << "loaded afresh";
+  EXPECT_NE(after["controller"]["recovery"]["memory"].get<std::string>().find(
+                "the kept weights' manifest"),
+            std::string::npos)
+      << after["controller"].dump();
+  for (pid_t pid : EnginePids(before)) EXPECT_EQ(EnginePids(after).count(pid), 0u);
+  ExpectHealthy(cluster, after);
+}
+
+// A corrupt epoch journal: no epoch can be trusted, so the controller refuses to start and
+// says why; the engines it would have re-adopted are not touched (they keep serving).
+TEST(ControllerRestart, ACorruptJournalStopsTheControllerAndTouchesNoEngine) {
+  ChaosCluster cluster;
+  const json before = cluster.Status();
+  cluster.KillController();
+  std::ofstream(cluster.dir() + "/run/state/epoch.journal", std::ios::trunc) << "not a journal";
+  cluster.StartControllerAgain();
+  const int status = cluster.WaitControllerExit();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
+  EXPECT_NE(cluster.Log().find("epoch.journal"), std::string::npos) << cluster.Log();
+  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(Running(pid)) << "engine " << pid;
 }
 
 // The controller dies exactly at a failpoint; the next one (without failpoints) brings the

@@ -1,5 +1,6 @@
 #include "weightcache/io/background_lock.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -18,6 +19,11 @@ BackgroundLock::~BackgroundLock() {
 }
 
 void BackgroundLock::Run(const std::stop_token& stop) {
+  // The page walk of a large arena of 4 KiB pages takes a CPU for hundreds of milliseconds:
+  // it runs only when nothing else wants the CPU (a restarted controller re-adopting its
+  // engines, the engines themselves), never in their way.
+  sched_param idle{};
+  (void)::sched_setscheduler(0, SCHED_IDLE, &idle);
   const TimePoint start = RealClock::Get().Now();
   size_t at = 0;
   int err = 0;

@@ -2,8 +2,8 @@
 // maps the range (a controller adopting a kept weight arena) does not wait for the page walk
 // that mlock makes: 2 GiB of 4 KiB pages is half a million page-table entries.
 //
-// The thread starts in the constructor and locks the range in pieces of kPiece bytes, in
-// order. When every piece is locked, locked() turns true; when one fails, what was locked is
+// The thread starts in the constructor, runs at SCHED_IDLE (only when no other thread wants a
+// CPU) and locks the range in pieces of kPiece bytes, in order. When every piece is locked, locked() turns true; when one fails, what was locked is
 // unlocked again and error() holds mlock's errno. The range must stay mapped until the object
 // is destroyed: the destructor asks the thread to stop after the piece in progress and joins
 // it (at most one piece of waiting). The lock itself ends with the mapping (munmap), not with
