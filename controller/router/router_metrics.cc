@@ -49,8 +49,8 @@ void EngineCounter(const char* name, const char* help,
 }  // namespace
 
 void Histogram::Observe(double seconds) {
-  for (size_t i = 0; i < kBounds.size(); ++i) {
-    if (seconds <= kBounds[i]) ++buckets_[i];
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    if (seconds <= bounds_[i]) ++buckets_[i];
   }
   ++count_;
   sum_ += seconds;
@@ -58,8 +58,8 @@ void Histogram::Observe(double seconds) {
 
 void Histogram::Render(const std::string& name, const std::string& labels, std::string* out) const {
   const std::string sep = labels.empty() ? "" : ",";
-  for (size_t i = 0; i < kBounds.size(); ++i) {
-    *out += name + "_bucket{" + labels + sep + "le=\"" + Num(kBounds[i]) + "\"} " +
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    *out += name + "_bucket{" + labels + sep + "le=\"" + Num(bounds_[i]) + "\"} " +
             std::to_string(buckets_[i]) + "\n";
   }
   *out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
@@ -103,6 +103,11 @@ void RouterMetrics::RecordReplayFailure() {
   ++replay_failures_;
 }
 
+void RouterMetrics::ObserveFailoverNextToken(double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  failover_next_token_.Observe(seconds);
+}
+
 std::string RouterMetrics::Render(const RouterGauges& g) const {
   std::string out;
   {
@@ -140,6 +145,10 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
     Header("baton_router_replay_failures_total", "counter",
            "Streams ended with an explicit error because they could not be continued.", &out);
     out += "baton_router_replay_failures_total " + std::to_string(replay_failures_) + "\n";
+    Header("baton_router_failover_next_token_seconds", "histogram",
+           "An attempt that had sent tokens failed, to the first new token of its continuation.",
+           &out);
+    failover_next_token_.Render("baton_router_failover_next_token_seconds", "", &out);
   }
   Gauge("baton_router_queue_length", "Requests waiting for an engine.",
         static_cast<double>(g.queued), &out);

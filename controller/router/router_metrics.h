@@ -9,6 +9,9 @@
 //                                                        sent, continued on ids), "retry"
 //                                                        (nothing sent, sent again whole)
 //   baton_router_replay_failures_total                   counter: streams ended with an error
+//   baton_router_failover_next_token_seconds             histogram: an attempt that had sent
+//                                                        tokens failed, to the first new token
+//                                                        of its continuation (1 ms .. 60 s)
 //   plus, set at render time: queue length, requests in flight, failovers seen, each
 //   engine's current weight, the primary, the route table version and epoch, and each
 //   engine's outcomes (EngineOutcomes): baton_router_engine_requests_total{engine_id} and
@@ -25,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -37,14 +41,23 @@ namespace baton {
 // A fixed-bucket histogram in seconds.
 class Histogram {
  public:
+  // Request latencies: 0.5 ms .. 10 s.
   static constexpr std::array<double, 14> kBounds = {
       0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+  // Failover gaps (detection, promotion, the next engine's prefill): 1 ms .. 60 s.
+  static constexpr std::array<double, 15> kFailoverBounds = {
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+
+  // `bounds` (ascending) must outlive the histogram: one of the arrays above.
+  explicit Histogram(std::span<const double> bounds = kBounds)
+      : bounds_(bounds), buckets_(bounds.size()) {}
   void Observe(double seconds);
   // The sample lines of `name` with extra `labels` ("" or `route="x"`).
   void Render(const std::string& name, const std::string& labels, std::string* out) const;
 
  private:
-  std::array<uint64_t, kBounds.size()> buckets_{};
+  std::span<const double> bounds_;
+  std::vector<uint64_t> buckets_;
   uint64_t count_ = 0;
   double sum_ = 0;
 };
@@ -69,6 +82,7 @@ class RouterMetrics {
   void ObserveQueueWait(double seconds);
   void RecordReplay(bool tokens_sent);
   void RecordReplayFailure();
+  void ObserveFailoverNextToken(double seconds);
 
   std::string Render(const RouterGauges& gauges) const;
 
@@ -79,6 +93,7 @@ class RouterMetrics {
   std::map<std::string, Histogram> first_token_;
   std::map<std::string, Histogram> duration_;
   Histogram queue_wait_;
+  Histogram failover_next_token_{Histogram::kFailoverBounds};
   uint64_t replays_ = 0;
   uint64_t retries_ = 0;
   uint64_t replay_failures_ = 0;

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "controller/router/router.h"
+#include "controller/router/upstream/request_key.h"
 #include "tests/router/breaking_proxy.h"
 #include "tests/router/scripted_backend.h"
 #include "tests/standby/http_test_client.h"
@@ -272,6 +273,158 @@ TEST(ReplayScriptTest, ServerErrorFollowedByDoneIsReplayed) {
   EXPECT_EQ(replay["max_tokens"], 1);
   EXPECT_EQ(replay["baton_resume_tokens"], 2);
   EXPECT_EQ(replay["seed"], 5);
+}
+
+// An engine killed mid-answer: the stream's bytes so far, no last chunk, the connection closed.
+std::string Killed(const std::vector<std::string>& events) {
+  const std::string whole = ScriptedBackend::Stream(events);
+  return whole.substr(0, whole.size() - std::string("0\r\n\r\n").size());
+}
+
+std::string ChatTokenEvent(int token, bool prompt) {
+  Json c = {{"index", 0},
+            {"delta", {{"content", std::string(1, static_cast<char>('a' + token % 26))}}},
+            {"finish_reason", nullptr},
+            {"token_ids", {token}}};
+  Json j = {{"id", "chat-x"}, {"object", "chat.completion.chunk"},
+            {"created", 1},   {"model", "m"},
+            {"seed", 5},      {"choices", {c}}};
+  if (prompt) j["prompt_token_ids"] = {1, 2};
+  return "data: " + j.dump() + "\n\n";
+}
+
+// The token ids of a stream through the router, which must end with [DONE].
+std::vector<int> StreamIds(uint16_t port, const std::string& route, const Json& body) {
+  TestHttpClient client(port);
+  EXPECT_TRUE(client.Send(http::verb::post, route, body.dump()));
+  EXPECT_EQ(client.ReadHeader(), 200);
+  while (client.ReadMore()) {
+  }
+  std::vector<int> ids;
+  const std::vector<std::string> events = TestHttpClient::SplitEvents(client.body());
+  EXPECT_FALSE(events.empty());
+  if (events.empty()) return ids;
+  EXPECT_EQ(events.back(), "[DONE]");
+  for (const std::string& e : events) {
+    if (e == "[DONE]") continue;
+    const Json j = Json::parse(e);
+    EXPECT_FALSE(j.contains("error")) << e;
+    for (const Json& id : j["choices"][0]["token_ids"]) ids.push_back(id.get<int>());
+  }
+  return ids;
+}
+
+std::string KeyOf(const std::string& body) {
+  const Json j = Json::parse(body);
+  auto key = j.find("baton_request_key");
+  return key != j.end() && key->is_string() ? key->get<std::string>() : "";
+}
+
+// How many observations the failover histogram holds.
+std::string FailoverCount(uint16_t port) {
+  TestHttpClient client(port);
+  const std::string metrics = client.Get("/metrics").body;
+  const std::string name = "baton_router_failover_next_token_seconds_count ";
+  const size_t at = metrics.find(name);
+  if (at == std::string::npos) return "missing";
+  return metrics.substr(at + name.size(), metrics.find('\n', at) - at - name.size());
+}
+
+const Json kSeededStream = {{"prompt", {1, 2}}, {"max_tokens", 3}, {"seed", 5}, {"stream", true}};
+const std::string kDone = "data: [DONE]\n\n";
+
+TEST(RequestKeyReplayTest, OneKeyOnEveryAttemptOfARequestAnotherForTheNext) {
+  ScriptedBackend backend(
+      {Killed({TokenEvent(10, nullptr, true), TokenEvent(11, nullptr, false)}),
+       ScriptedBackend::Stream({TokenEvent(12, "length", false), kDone}),
+       ScriptedBackend::Stream({TokenEvent(10, nullptr, true), TokenEvent(11, nullptr, false),
+                                TokenEvent(12, "length", false), kDone})});
+  ASSERT_NE(backend.port(), 0);
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  EXPECT_EQ(StreamIds(router->port(), "/v1/completions", kSeededStream),
+            (std::vector<int>{10, 11, 12}));
+  EXPECT_EQ(StreamIds(router->port(), "/v1/completions", kSeededStream),
+            (std::vector<int>{10, 11, 12}));
+  const std::vector<std::string> bodies = backend.bodies();
+  ASSERT_EQ(bodies.size(), 3u);
+  const std::string key = KeyOf(bodies[0]);
+  EXPECT_TRUE(IsRequestKey(key)) << bodies[0];
+  EXPECT_EQ(Json::parse(bodies[1])["baton_resume_tokens"], 2) << "the second is the replay";
+  EXPECT_EQ(KeyOf(bodies[1]), key);
+  EXPECT_TRUE(IsRequestKey(KeyOf(bodies[2]))) << bodies[2];
+  EXPECT_NE(KeyOf(bodies[2]), key) << "each client request has its own key";
+}
+
+TEST(RequestKeyReplayTest, AChatStreamContinuedOnCompletionsKeepsItsKey) {
+  ScriptedBackend backend({Killed({ChatTokenEvent(10, true), ChatTokenEvent(11, false)}),
+                           ScriptedBackend::Stream({TokenEvent(12, "length", false), kDone})});
+  ASSERT_NE(backend.port(), 0);
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  const Json chat = {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                     {"max_tokens", 3},
+                     {"seed", 5},
+                     {"stream", true}};
+  EXPECT_EQ(StreamIds(router->port(), "/v1/chat/completions", chat),
+            (std::vector<int>{10, 11, 12}));
+  const std::vector<std::string> bodies = backend.bodies();
+  ASSERT_EQ(bodies.size(), 2u);
+  EXPECT_TRUE(IsRequestKey(KeyOf(bodies[0]))) << bodies[0];
+  EXPECT_EQ(Json::parse(bodies[1])["prompt"], Json({1, 2, 10, 11})) << "on /v1/completions";
+  EXPECT_EQ(KeyOf(bodies[1]), KeyOf(bodies[0]));
+}
+
+TEST(RequestKeyReplayTest, AKeyInTheClientsBodyIsReplaced) {
+  const std::string answer = ScriptedBackend::Chunked(
+      "application/json", {R"({"id":"c","choices":[{"text":"a","finish_reason":"length"}]})"});
+  ScriptedBackend backend(
+      {ScriptedBackend::Stream({TokenEvent(10, "length", true), kDone}), answer});
+  ASSERT_NE(backend.port(), 0);
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  const std::string client_key = "0123456789abcdef0123456789abcdef";
+  Json streamed = kSeededStream;
+  streamed["baton_request_key"] = client_key;
+  EXPECT_EQ(StreamIds(router->port(), "/v1/completions", streamed), std::vector<int>{10});
+  TestHttpClient client(router->port());
+  EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","baton_request_key":42})").status, 200);
+  const std::vector<std::string> bodies = backend.bodies();
+  ASSERT_EQ(bodies.size(), 2u);
+  for (const std::string& body : bodies) {
+    EXPECT_TRUE(IsRequestKey(KeyOf(body))) << body;
+    EXPECT_NE(KeyOf(body), client_key) << body;
+  }
+}
+
+// One observation for the request whose stream broke after two tokens and went on; none for
+// the request that did not fail before it.
+TEST(FailoverNextTokenTest, ObservedOnceAfterAMidStreamFailure) {
+  ScriptedBackend backend({ScriptedBackend::Stream({TokenEvent(10, nullptr, true),
+                                                    TokenEvent(11, "length", false), kDone}),
+                           Killed({TokenEvent(10, nullptr, true), TokenEvent(11, nullptr, false)}),
+                           ScriptedBackend::Stream({TokenEvent(12, "length", false), kDone})});
+  ASSERT_NE(backend.port(), 0);
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  EXPECT_EQ(StreamIds(router->port(), "/v1/completions", kSeededStream),
+            (std::vector<int>{10, 11}));
+  EXPECT_EQ(FailoverCount(router->port()), "0") << "no failure, no observation";
+  EXPECT_EQ(StreamIds(router->port(), "/v1/completions", kSeededStream),
+            (std::vector<int>{10, 11, 12}));
+  EXPECT_EQ(FailoverCount(router->port()), "1");
+}
+
+// A failure before any token was sent is a whole retry, not a continuation: nothing observed.
+TEST(FailoverNextTokenTest, NotObservedForAWholeRetry) {
+  const std::string error =
+      R"(data: {"error":{"message":"the engine is shutting down","type":"server_error"}})"
+      "\n\n";
+  ScriptedBackend backend({ScriptedBackend::Stream({error, kDone}),
+                           ScriptedBackend::Stream({TokenEvent(10, nullptr, true),
+                                                    TokenEvent(11, "length", false), kDone})});
+  ASSERT_NE(backend.port(), 0);
+  std::unique_ptr<Router> router = RouterTo(backend.port());
+  EXPECT_EQ(StreamIds(router->port(), "/v1/completions", kSeededStream),
+            (std::vector<int>{10, 11}));
+  EXPECT_EQ(backend.bodies().size(), 2u);
+  EXPECT_EQ(FailoverCount(router->port()), "0");
 }
 
 }  // namespace

@@ -193,6 +193,8 @@ std::optional<std::string> ShadowBody(std::string_view request) {
   j["stream"] = false;
   j["return_token_ids"] = true;
   j.erase("stream_options");
+  // A shadow must never claim the KV cache of a request (the client's body may name a key).
+  j.erase("baton_request_key");
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

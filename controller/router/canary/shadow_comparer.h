@@ -93,7 +93,9 @@ class ShadowComparer {
 std::optional<std::vector<int32_t>> AnswerTokenIds(std::string_view body);
 
 // The shadow's body: `request` (a JSON object) with "stream": false and "return_token_ids":
-// true, without `stream_options`; nullopt when `request` is not a JSON object.
+// true, without `stream_options` and without `baton_request_key` (a shadow carries no request
+// key: it must never claim another request's KV cache); nullopt when `request` is not a JSON
+// object.
 std::optional<std::string> ShadowBody(std::string_view request);
 
 // The first position where `a` and `b` differ (the shorter one's length when one is a prefix

@@ -34,12 +34,12 @@ constexpr const char* kCarriedSamplingFields[] = {"model",
                                                   "stream_options",
                                                   "skip_special_tokens"};
 
-// Fields a continuation needs no copy of: the prompt and limit (rebuilt), the seed (set),
-// bookkeeping that does not change what is generated.
+// Fields a continuation needs no copy of: the prompt and limit (rebuilt), the seed and the
+// request key (set), bookkeeping that does not change what is generated.
 constexpr const char* kRebuiltOrInertFields[] = {
     "messages", "max_tokens", "max_completion_tokens", "min_tokens",
     "seed",     "n",          "return_token_ids",      "user",
-    "metadata", "store",      "service_tier"};
+    "metadata", "store",      "service_tier",          "baton_request_key"};
 
 // Fields of a completions request whose answer a continuation cannot give: structured output
 // (the grammar would start again at the cut), prompt log probabilities (they would be sent a
@@ -161,8 +161,8 @@ Json ParseBounded(std::string_view text) {
 
 }  // namespace
 
-StreamReplay::StreamReplay(std::string route, const std::string& body)
-    : route_(std::move(route)), raw_body_(body) {
+StreamReplay::StreamReplay(std::string route, const std::string& body, std::string request_key)
+    : route_(std::move(route)), raw_body_(body), request_key_(std::move(request_key)) {
   Json j = ParseBounded(body);
   if (!j.is_object()) return;
   body_ = std::move(j);
@@ -208,7 +208,7 @@ std::string StreamReplay::AttemptBody() const {
   if (!IsCompletions(route_) && !IsChat(route_)) return raw_body_;
   Json j = body_;
   if (!j.contains("return_token_ids")) j["return_token_ids"] = true;
-  if (resume_tokens_ == 0) return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  if (resume_tokens_ == 0) return Dump(std::move(j));
   if (IsChat(route_)) return ChatReplayBody();
   std::vector<int32_t> prompt = *prompt_ids_;
   prompt.insert(prompt.end(), sent_ids_.begin(), sent_ids_.end());
@@ -217,7 +217,7 @@ std::string StreamReplay::AttemptBody() const {
   j["seed"] = *seed_;
   ReduceMinTokens(body_, resume_tokens_, &j);
   j["baton_resume_tokens"] = resume_tokens_;
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return Dump(std::move(j));
 }
 
 // A chat stream continues on /v1/completions: the prompt's ids (the chat template applied by
@@ -236,7 +236,18 @@ std::string StreamReplay::ChatReplayBody() const {
   ReduceMinTokens(body_, resume_tokens_, &j);
   j["return_token_ids"] = true;
   j["baton_resume_tokens"] = resume_tokens_;
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return Dump(std::move(j));
+}
+
+// The router's key replaces any the client gave: keys name KV caches on the engines, so a
+// client must not pick one (nor claim another request's).
+std::string StreamReplay::Dump(Json body) const {
+  if (request_key_.empty()) {
+    body.erase("baton_request_key");
+  } else {
+    body["baton_request_key"] = request_key_;
+  }
+  return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 bool StreamReplay::CanContinue() const {
@@ -368,6 +379,7 @@ StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
   if (auto usage = j.find("usage"); usage != j.end() && !usage->is_null()) usage_sent_ = true;
   Learn(j);
   out.first_token = before == 0 && !sent_ids_.empty();
+  out.new_tokens = sent_ids_.size() > before;
   out.to_client = resume_tokens_ > 0 ? Rewrite(std::move(j)) : event;
   return out;
 }

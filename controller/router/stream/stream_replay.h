@@ -3,7 +3,9 @@
 //
 // It holds the client's body and learns, from the engine's stream, the request's seed, its
 // prompt as token ids and every token id sent to the client. AttemptBody() gives the body of
-// the next attempt:
+// the next attempt, each with the request's key as `baton_request_key` (the same on every
+// attempt; one the client put in its body is replaced), by which an engine finds the KV cache
+// a failed attempt left:
 //   - nothing sent yet: the client's body (with `return_token_ids: true` added on
 //     /v1/completions), a whole retry;
 //   - tokens sent: a replay on token ids: `prompt` = prompt ids + ids sent, `max_tokens`
@@ -41,8 +43,9 @@ namespace baton {
 
 class StreamReplay {
  public:
-  // `route` is the path ("/v1/completions", "/v1/chat/completions", ...).
-  StreamReplay(std::string route, const std::string& body);
+  // `route` is the path ("/v1/completions", "/v1/chat/completions", ...); `request_key`
+  // (NewRequestKey()) goes into every attempt's body, none when empty.
+  StreamReplay(std::string route, const std::string& body, std::string request_key = "");
 
   bool streaming() const { return stream_; }
   // The body of the next attempt (see above). Call BeginAttempt() first.
@@ -59,6 +62,7 @@ class StreamReplay {
     bool done = false;           // the stream's [DONE] was seen
     bool engine_failed = false;  // a server_error event: the attempt failed
     bool first_token = false;    // this event carried the request's first token
+    bool new_tokens = false;     // this event carried token ids not sent before
   };
   Outcome OnEvent(const std::string& event);
 
@@ -88,9 +92,11 @@ class StreamReplay {
   std::string ChatReplayBody() const;
   nlohmann::ordered_json ChatChunkOf(const nlohmann::ordered_json& event) const;
   nlohmann::ordered_json UsageJson() const;
+  std::string Dump(nlohmann::ordered_json body) const;  // with the request key
 
   const std::string route_;
   const std::string raw_body_;
+  const std::string request_key_;
   nlohmann::ordered_json body_;  // null when the body is not a JSON object
   bool stream_ = false;
   bool include_usage_ = false;

@@ -2,10 +2,12 @@
 
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
 #include "base/text/json_depth.h"
+#include "controller/router/upstream/request_key.h"
 
 namespace baton {
 namespace {
@@ -19,6 +21,12 @@ constexpr size_t kMaxBufferedBody = 64u << 20;
 constexpr size_t kMaxStreamEvent = 4u << 20;
 
 bool Retryable(int status) { return status == 502 || status == 503 || status == 504; }
+
+// A request key for the routes that generate (their bodies carry it), none for the others.
+std::string RequestKeyFor(const std::string& route) {
+  if (route != "/v1/completions" && route != "/v1/chat/completions") return "";
+  return NewRequestKey();
+}
 
 // The message of an OpenAI-shaped error body, or the body itself.
 std::string ErrorMessage(const std::string& body) {
@@ -42,7 +50,7 @@ RelayedRequest::RelayedRequest(asio::any_io_executor strand, std::string route,
       route_(std::move(route)),
       exchange_(std::move(exchange)),
       deps_(deps),
-      replay_(route_, exchange_->request().body()),
+      replay_(route_, exchange_->request().body(), RequestKeyFor(route_)),
       arrival_(deps.clock->Now()) {}
 
 void RelayedRequest::Start() {
@@ -156,19 +164,33 @@ void RelayedRequest::OnData(std::string_view bytes) {
     return;
   }
   for (const std::string& e : events) {
-    StreamReplay::Outcome o = replay_.OnEvent(e);
-    if (o.engine_failed) {
-      stream_broken_ = "a server_error event";
-      if (call_) call_->Cancel();
-      return;
-    }
-    if (!o.to_client.empty()) exchange_->Write(std::move(o.to_client));
-    if (o.first_token && !first_token_seen_) {
-      first_token_seen_ = true;
-      deps_.metrics->ObserveFirstToken(route_, MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
-    }
-    if (o.done) done_seen_ = true;
+    if (!RelayEvent(e)) return;
   }
+}
+
+bool RelayedRequest::RelayEvent(const std::string& event) {
+  StreamReplay::Outcome o = replay_.OnEvent(event);
+  if (o.engine_failed) {
+    stream_broken_ = "a server_error event";
+    if (call_) call_->Cancel();
+    return false;
+  }
+  if (!o.to_client.empty()) exchange_->Write(std::move(o.to_client));
+  if (o.first_token && !first_token_seen_) {
+    first_token_seen_ = true;
+    deps_.metrics->ObserveFirstToken(route_, MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
+  }
+  if (o.new_tokens && failed_at_) ObserveContinued();
+  if (o.done) done_seen_ = true;
+  return true;
+}
+
+void RelayedRequest::ObserveContinued() {
+  const double ms = MillisBetween(*failed_at_, deps_.clock->Now());
+  failed_at_.reset();
+  deps_.metrics->ObserveFailoverNextToken(ms / 1e3);
+  BATON_LOG(INFO, "router") << route_ << " continued on " << target_->address << ": next token "
+                            << std::round(ms * 10) / 10 << " ms after the failure";
 }
 
 void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
@@ -234,6 +256,7 @@ void RelayedRequest::EndBuffered() {
 }
 
 void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message) {
+  const TimePoint now = deps_.clock->Now();
   const Target failed = *target_;
   CountAttempt(AttemptEnd::kFailed);
   ReleaseTarget();
@@ -252,7 +275,6 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
   }
   // A refused connection never reached the engine; anything else may have done work there.
   if (error == UpstreamError::kConnect) {
-    const TimePoint now = deps_.clock->Now();
     if (!unreachable_since_) unreachable_since_ = now;
     if (now - *unreachable_since_ >= deps_.unreachable_limit) {
       return GiveUp(502, "unreachable",
@@ -272,6 +294,8 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
   BATON_LOG(INFO, "router") << route_ << " on " << failed.address << " failed (" << message
                             << "): " << (tokens ? "replaying after " : "retrying, ")
                             << replay_.tokens_sent() << " tokens sent";
+  // The client's wait for its next token runs from the first failure it did not see end.
+  if (tokens && !failed_at_) failed_at_ = now;
   Admit(failed);
 }
 

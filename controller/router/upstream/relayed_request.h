@@ -13,6 +13,10 @@
 // explicit error event and [DONE]; a response not yet begun gets 502 (or 429 with Retry-After when
 // no engine came in time). Engine answers 4xx, and 500 from a primary, go to the client
 // unchanged.
+// Every attempt's body carries the request's key (NewRequestKey(), drawn once here) as
+// `baton_request_key`, by which the next engine finds the KV cache a failed one left. After a
+// failure with tokens sent, the time to the continuation's first new token is observed
+// (baton_router_failover_next_token_seconds) and logged.
 // Each attempt's end is counted against its engine in EngineOutcomes: failed (what is replayed
 // above, and an answer 5xx), succeeded (a whole answer relayed), or just ended.
 // A canary's successful answer to a reproducible request (StreamReplay::reproducible()) is
@@ -68,6 +72,10 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   void StartAttempt();
   void OnHead(int status, const std::string& content_type, bool streaming);
   void OnData(std::string_view bytes);
+  // One whole SSE event of a stream to the client; false when it failed the attempt.
+  bool RelayEvent(const std::string& event);
+  // The continuation's first new token after a failure: the failover's gap, measured.
+  void ObserveContinued();
   void OnEnd(UpstreamError error, const std::string& message);
   void OnStreamEnd(UpstreamError error, const std::string& message);
   void EndBuffered();
@@ -109,6 +117,8 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   bool first_token_seen_ = false;
   int migrations_ = 0;
   std::optional<TimePoint> unreachable_since_;  // first of the current run of refusals
+  // When an attempt that had sent tokens failed, until the continuation's next token.
+  std::optional<TimePoint> failed_at_;
 };
 
 }  // namespace baton

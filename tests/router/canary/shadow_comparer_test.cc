@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "controller/router/router.h"
+#include "controller/router/upstream/request_key.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 #include "tests/proto/proto_test_util.h"
@@ -53,6 +54,9 @@ TEST(ShadowHelpersTest, ShadowBodyAsksForOneWholeAnswerWithIds) {
   EXPECT_EQ(j["return_token_ids"], true);
   EXPECT_FALSE(j.contains("stream_options"));
   EXPECT_FALSE(ShadowBody("[1,2]"));
+  const std::string keyed =
+      R"({"prompt":"x","baton_request_key":"0123456789abcdef0123456789abcdef"})";
+  EXPECT_FALSE(Json::parse(*ShadowBody(keyed)).contains("baton_request_key"));
 }
 
 TEST(ShadowHelpersTest, FirstDifference) {
@@ -211,6 +215,24 @@ TEST_F(ShadowRouterTest, SameIdsAgreeAndTheClientGetsTheCanarysAnswer) {
   EXPECT_NE(metrics.find("baton_router_engine_disagreed_total{engine_id=\"2\"} 0\n"),
             std::string::npos)
       << metrics;
+}
+
+// The canary's attempt carries the router's request key (not the one the client wrote); the
+// shadow to the primary carries none: it must never claim that request's KV cache.
+TEST_F(ShadowRouterTest, TheShadowCarriesNoRequestKey) {
+  ScriptedBackend canary({Answer({5, 6, 7})});
+  ScriptedBackend primary({Answer({5, 6, 7})});
+  StartRouter(primary.port(), canary.port());
+  Json body = kSeeded;
+  const std::string client_key(32, 'c');
+  body["baton_request_key"] = client_key;
+  ASSERT_EQ(Post(body).status, 200);
+  ASSERT_TRUE(WaitFor([&] { return Ended() == 1; }));
+  const Json attempt = Json::parse(canary.bodies().at(0));
+  ASSERT_TRUE(attempt["baton_request_key"].is_string()) << attempt;
+  EXPECT_TRUE(IsRequestKey(attempt["baton_request_key"].get<std::string>())) << attempt;
+  EXPECT_NE(attempt["baton_request_key"], client_key);
+  EXPECT_FALSE(Json::parse(primary.bodies().at(0)).contains("baton_request_key"));
 }
 
 TEST_F(ShadowRouterTest, DifferentIdsDisagree) {

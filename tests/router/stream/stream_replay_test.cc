@@ -385,5 +385,51 @@ TEST(StreamReplayChatTest, MinTokensShrinksOnAChatContinuation) {
   EXPECT_EQ(Json::parse(chat.AttemptBody())["min_tokens"], 3);
 }
 
+// Every attempt carries the router's key, the same one; a key in the client's body is
+// replaced (or dropped when the router gives none): clients never choose keys.
+TEST(StreamReplayKeyTest, EveryAttemptCarriesTheRouterKeyNotTheClients) {
+  const std::string key(32, 'a');
+  StreamReplay r("/v1/completions",
+                 R"({"prompt":"hi","stream":true,"max_tokens":5,
+                     "baton_request_key":"00000000000000000000000000000000"})",
+                 key);
+  r.BeginAttempt();
+  EXPECT_EQ(Json::parse(r.AttemptBody())["baton_request_key"], key);
+  const std::vector<int32_t> prompt = {104, 105};
+  EXPECT_TRUE(r.OnEvent(Chunk("first", {7}, "a", nullptr, &prompt)).new_tokens);
+  ASSERT_TRUE(r.CanContinue());
+  r.BeginAttempt();
+  Json replay = Json::parse(r.AttemptBody());
+  EXPECT_EQ(replay["baton_resume_tokens"], 1);
+  EXPECT_EQ(replay["baton_request_key"], key);
+  StreamReplay keyless("/v1/completions", R"({"prompt":"hi","baton_request_key":"x"})");
+  keyless.BeginAttempt();
+  EXPECT_FALSE(Json::parse(keyless.AttemptBody()).contains("baton_request_key"));
+}
+
+// A chat stream continued on /v1/completions keeps its key; a key in the chat body does not
+// stop the continuation (it is replaced, not carried).
+TEST(StreamReplayKeyTest, AChatContinuationCarriesTheSameKey) {
+  const std::string key(32, 'b');
+  StreamReplay r("/v1/chat/completions",
+                 R"({"messages":[],"stream":true,"seed":3,"baton_request_key":"mine"})", key);
+  r.BeginAttempt();
+  EXPECT_EQ(Json::parse(r.AttemptBody())["baton_request_key"], key);
+  const std::vector<int32_t> prompt = {256};
+  r.OnEvent(ChatEvent({7}, "a", &prompt));
+  ASSERT_TRUE(r.CanContinue());
+  r.BeginAttempt();
+  ASSERT_EQ(r.AttemptTarget("/v1/chat/completions"), "/v1/completions");
+  EXPECT_EQ(Json::parse(r.AttemptBody())["baton_request_key"], key);
+}
+
+TEST(StreamReplayKeyTest, NewTokensOnlyForEventsWithIdsNotSentBefore) {
+  StreamReplay r("/v1/completions", R"({"prompt":[1],"stream":true,"seed":3})", "k");
+  r.BeginAttempt();
+  EXPECT_TRUE(r.OnEvent(Chunk("first", {5}, "a")).new_tokens);
+  EXPECT_FALSE(r.OnEvent(Chunk("first", {}, "")).new_tokens);
+  EXPECT_FALSE(r.OnEvent("data: [DONE]\n\n").new_tokens);
+}
+
 }  // namespace
 }  // namespace baton
