@@ -103,6 +103,9 @@ void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg)
     case MsgType::kErrorMsg:
       error = DecodeInto<proto::ErrorMsg>(*h.channel, msg, &decoded);
       break;
+    case MsgType::kKvAdopted:
+      error = DecodeInto<proto::KvAdopted>(*h.channel, msg, &decoded);
+      break;
     default:
       return coord_->OnUnexpectedMessage(id, proto::MsgTypeName(msg.type));
   }

@@ -26,6 +26,7 @@ std::vector<Stamp> Stamps(const PromotionRecord& r) {
           {"gpu_released", &r.gpu_released},
           {"promote_sent", &r.promote_sent},
           {"promote_acked", &r.promote_acked},
+          {"kv_adopted", &r.kv_adopted},
           {"route_published", &r.route_published},
           {"standby_launched", &r.standby_launched},
           {"standby_ready", &r.standby_ready}};
@@ -80,6 +81,13 @@ const PromotionRecord* TimelineLog::last() const {
   return records_.empty() ? nullptr : &records_.back();
 }
 
+PromotionRecord* TimelineLog::Promoted(uint64_t engine, uint64_t epoch) {
+  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
+    if (it->new_engine == engine && it->epoch == epoch) return &*it;
+  }
+  return nullptr;
+}
+
 PromotionRecord* TimelineLog::awaiting_standby() {
   if (records_.empty()) return nullptr;
   PromotionRecord& r = records_.back();
@@ -110,13 +118,36 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
   put("promote_ms", p.promote_ms);
   put("ready_ms", p.ready_ms);
   put("total_ms", p.total_ms);
-  return nlohmann::json{
+  nlohmann::json j{
       {"seq", r.seq},           {"kind", r.kind},
       {"cause", r.cause},       {"old_engine", r.old_engine},
       {"old_pid", r.old_pid},   {"new_engine", r.new_engine},
       {"epoch", r.epoch},       {"outcome", r.outcome},
       {"complete", r.complete}, {"started_at", first.has_value() ? WallTime(*first, now) : ""},
       {"stamps", stamps},       {"phases", phases}};
+  if (r.kv.has_value()) {
+    j["kv"] = {{"adopted", r.kv->adopted},
+               {"tokens", r.kv->tokens},
+               {"dropped", r.kv->dropped},
+               {"read_ms", r.kv->read_ms}};
+  }
+  return j;
+}
+
+std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv) {
+  std::ostringstream out;
+  uint32_t dropped = 0;
+  for (const auto& [reason, n] : kv.dropped) dropped += n;
+  out << "adopted " << kv.adopted << " sequences (" << kv.tokens << " tokens not prefilled again), "
+      << "dropped " << dropped;
+  const char* sep = " (";
+  for (const auto& [reason, n] : kv.dropped) {
+    out << sep << reason << " " << n;
+    sep = ", ";
+  }
+  if (!kv.dropped.empty()) out << ")";
+  out << ", records read in " << Fixed(kv.read_ms) << " ms";
+  return out.str();
 }
 
 std::string TimelineText(const PromotionRecord& r, TimePoint now) {
@@ -142,6 +173,7 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   put("ready", p.ready_ms);
   put("total", p.total_ms);
   out << "\n";
+  if (r.kv.has_value()) out << "  kv: " << KvAdoptionText(*r.kv) << "\n";
   return out.str();
 }
 

@@ -13,6 +13,7 @@
 //                   poll that no longer did (or gave up after gpu.release_timeout_ms)
 //   promote_sent    Promote with the scrubbed blocks sent to the standby
 //   promote_acked   the new primary mapped its blocks and serves
+//   kv_adopted      the new primary said what it adopted of the old one's KV (KvAdopted)
 //   route_published the route table names the new primary
 //   standby_launched / standby_ready  the replacement standby
 // Phase durations: detect (evidence -> detected), fence (detected -> reaped),
@@ -26,6 +27,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -46,7 +48,17 @@ struct PromotionRecord {
   bool complete = false;
 
   std::optional<TimePoint> injected, last_heartbeat, detected, killed, epoch_durable, reaped,
-      gpu_released, promote_sent, promote_acked, route_published, standby_launched, standby_ready;
+      gpu_released, promote_sent, promote_acked, kv_adopted, route_published, standby_launched,
+      standby_ready;
+
+  // What the new primary adopted of the old one's KV (KV-warm failover), once it said.
+  struct KvAdoption {
+    uint32_t adopted = 0;                     // sequences
+    uint64_t tokens = 0;                      // tokens not prefilled again
+    std::map<std::string, uint32_t> dropped;  // reason -> sequences
+    double read_ms = 0;                       // the engine's time to read the records
+  };
+  std::optional<KvAdoption> kv;
 };
 
 // Phase durations in milliseconds (absent when a phase has not happened).
@@ -65,6 +77,8 @@ class TimelineLog {
   PromotionRecord* current();
   // The most recent record (open or not), or nullptr.
   const PromotionRecord* last() const;
+  // The most recent record that promoted `engine` at `epoch`, open or not; nullptr if none.
+  PromotionRecord* Promoted(uint64_t engine, uint64_t epoch);
   // The last record that is waiting for its replacement standby, or nullptr.
   PromotionRecord* awaiting_standby();
   void Close(std::string outcome);
@@ -85,6 +99,8 @@ class TimelineLog {
 // JSON of one record: every stamp as milliseconds after the record's first stamp, the phase
 // durations, and the wall-clock time of its first stamp (`now` is the steady clock's now).
 nlohmann::json TimelineJson(const PromotionRecord& record, TimePoint now);
+// "adopted 4 sequences (2400 tokens not prefilled again), dropped 0, records read in 0.3 ms".
+std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv);
 // A few lines, one per phase, for `batonctl timeline`.
 std::string TimelineText(const PromotionRecord& record, TimePoint now);
 

@@ -29,7 +29,7 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 5;
+inline constexpr uint16_t kProtocolVersionMax = 6;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
@@ -38,6 +38,8 @@ inline constexpr uint16_t kProtocolVersionRouterReport = 4;
 // The first version with Reattach: an engine that outlived its controller registers again
 // with what it holds. An older engine exits when its controller goes away.
 inline constexpr uint16_t kProtocolVersionReattach = 5;
+// The first version with KvAdopted: a promoted engine says what KV it adopted.
+inline constexpr uint16_t kProtocolVersionKvAdopted = 6;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -75,7 +77,8 @@ inline constexpr uint16_t kProtocolVersionReattach = 5;
   X(KeepMemory, 55)             \
   X(FetchMemory, 56)            \
   X(KeptMemory, 57)             \
-  X(ReleaseMemory, 58)
+  X(ReleaseMemory, 58)          \
+  X(KvAdopted, 59)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,
@@ -466,6 +469,7 @@ struct ReattachAck {
 
 #include "proto/control_messages.h"  // IWYU pragma: export
 #include "proto/keeper_messages.h"   // IWYU pragma: export
+#include "proto/kv_messages.h"       // IWYU pragma: export
 
 namespace baton::proto {
 

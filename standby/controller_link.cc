@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <sstream>
 #include <thread>
 
 #include "base/log.h"
@@ -24,12 +25,35 @@ Result<std::unique_ptr<SessionModelMemory>> SessionModelMemory::Create(EngineSes
 }
 
 Result<KvLayout> SessionModelMemory::KvLayoutFor(const LlamaModel& model) const {
+  static_assert(kKvRecordHeaderBytes == kBlockHeaderBytes);
   const uint64_t block_bytes = session_->pool().block_bytes;
-  if (block_bytes <= kBlockHeaderBytes) {
+  const uint64_t per_token = model.MakeKvLayout(1).block_bytes();
+  const int tokens = KvBlockTokensFor(block_bytes, per_token);
+  if (tokens < 1) {
     return InvalidArgument("pool blocks of " + std::to_string(block_bytes) +
-                           " bytes leave no room after the block header");
+                           " bytes hold no token after the block header and token ids; one "
+                           "token needs " +
+                           std::to_string(per_token + sizeof(int32_t)) + " bytes");
   }
-  return model.KvLayoutForBlockBytes(block_bytes - kBlockHeaderBytes);
+  return model.MakeKvLayout(tokens);
+}
+
+Status SessionModelMemory::AddTo(PagedKvCache* cache, uint32_t block, bool held) {
+  const PoolView& pool = session_->pool();
+  const uint64_t offset = KvDataOffset(cache->layout().block_tokens);
+  uint8_t* data = pool.BlockData(block) + offset;
+  const uint64_t bytes = pool.block_bytes - offset;
+  BATON_RETURN_IF_ERROR(held ? cache->AddHeldBlock(block, data, bytes)
+                             : cache->AddBlock(block, data, bytes));
+  added_.insert(block);
+  return OkStatus();
+}
+
+Status SessionModelMemory::AddHeldBlock(PagedKvCache* cache, uint32_t block) {
+  if (added_.count(block) > 0) {
+    return FailedPrecondition("block " + std::to_string(block) + " is already in the cache");
+  }
+  return AddTo(cache, block, /*held=*/true);
 }
 
 Status SessionModelMemory::AddKvBlocks(PagedKvCache* cache) {
@@ -38,13 +62,9 @@ Status SessionModelMemory::AddKvBlocks(PagedKvCache* cache) {
 }
 
 Status SessionModelMemory::AddExtents(PagedKvCache* cache, std::span<const MappedExtent> extents) {
-  const PoolView& pool = session_->pool();
   for (const MappedExtent& e : extents) {
     for (uint32_t b = e.first; b < e.first + e.count; ++b) {
-      if (added_.count(b) > 0) continue;
-      BATON_RETURN_IF_ERROR(cache->AddBlock(b, pool.BlockData(b) + kBlockHeaderBytes,
-                                            pool.block_bytes - kBlockHeaderBytes));
-      added_.insert(b);
+      if (added_.count(b) == 0) BATON_RETURN_IF_ERROR(AddTo(cache, b, /*held=*/false));
     }
   }
   return OkStatus();
@@ -62,10 +82,9 @@ std::vector<uint32_t> SessionModelMemory::TakeWhole(PagedKvCache* cache, uint32_
       continue;
     }
     // A sequence holds this one: the range stays whole in the cache.
-    const PoolView& pool = session_->pool();
     for (uint32_t t : taken) {
-      (void)cache->AddBlock(t, pool.BlockData(t) + kBlockHeaderBytes,
-                            pool.block_bytes - kBlockHeaderBytes);
+      added_.erase(t);
+      (void)AddTo(cache, t, /*held=*/false);
     }
     return {};
   }
@@ -93,6 +112,42 @@ std::vector<MappedExtent> SessionModelMemory::TakeFreeBlocks(PagedKvCache* cache
     }
   }
   return extents;
+}
+
+uint64_t KvIdentityFor(std::string_view format, const EngineSession& session,
+                       const LlamaConfig& config, const KvLayout& layout) {
+  std::ostringstream d;
+  d << format << "|model=" << session.weights().model << "|layers=" << layout.layers
+    << "|kv_heads=" << layout.kv_heads << "|head_dim=" << layout.head_dim
+    << "|block_tokens=" << layout.block_tokens << "|block_bytes=" << session.pool().block_bytes
+    << "|data_offset=" << KvDataOffset(layout.block_tokens) << "|hidden=" << config.hidden_size
+    << "|heads=" << config.num_attention_heads << "|rope_theta=" << config.rope_theta
+    << "|rope_scaling=" << static_cast<int>(config.rope_scaling.type) << ","
+    << config.rope_scaling.factor << "|eps=" << config.rms_norm_eps;
+  for (const MappedTensor& t : session.weights().tensors) {
+    d << "|" << t.name << ":" << static_cast<int>(t.dtype) << ":" << t.size;
+  }
+  return KvIdentityOf(d.str());
+}
+
+Result<KvAdoptionReport> AdoptPromotedBlocks(const SessionEvent& promoted, EngineSession* session,
+                                             SessionModelMemory* memory, PagedKvCache* cache,
+                                             KvHandoff* handoff) {
+  KvAdoptionReport report;
+  if (handoff != nullptr) {
+    std::vector<KvBlockRun> runs;
+    for (const MappedExtent& e : promoted.extents) runs.push_back({e.first, e.count});
+    report = handoff->Adopt(runs, promoted.inherited_headers,
+                            [&](uint32_t block) { return memory->AddHeldBlock(cache, block); });
+    BATON_LOG(INFO, "kv") << "epoch " << promoted.epoch << ": " << report.Summary();
+  }
+  BATON_RETURN_IF_ERROR(memory->AddExtents(cache, promoted.extents));
+  if (handoff != nullptr) {
+    Status told =
+        session->ReportKvAdoption({report.adopted, report.tokens, report.dropped, report.ms});
+    if (!told.ok()) BATON_LOG(WARN, "kv") << "adoption not reported: " << told.ToString();
+  }
+  return report;
 }
 
 Status ControllerLink::Pump(const std::atomic<bool>& stop_requested) {
@@ -161,6 +216,11 @@ void ControllerLink::OnReclaim(uint32_t blocks) {
 
 void ControllerLink::OnDrain(Duration timeout, const std::atomic<bool>& stop_requested) {
   api_->SetState(ServeState::kStopping);
+  if (handoff_ != nullptr) {
+    // The next primary continues them from their KV: no need to wait for them to finish.
+    const size_t handed = loop_->HandOver();
+    BATON_LOG(INFO, "engine") << "handed " << handed << " keyed requests over to the next primary";
+  }
   const TimePoint deadline = clock_.Now() + timeout;
   while (loop_->pending() > 0 && clock_.Now() < deadline && !stop_requested.load() &&
          !session_->resume_pending()) {

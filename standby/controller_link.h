@@ -2,13 +2,16 @@
 //
 // SessionModelMemory is the ModelMemory of an engine whose weights are the controller's
 // arena, mapped read-only by the EngineSession, and whose KV blocks are the pool blocks the
-// controller granted: pool block b is KV block b, its KV data after the first
-// kBlockHeaderBytes (the block header the SDK scrubs for each new holder).
+// controller granted: pool block b is KV block b, laid out as kv_record.h says (the record
+// header, which is the block header the SDK scrubs for each new holder, the token ids of its
+// slots, then the KV data).
 //
 // ControllerLink handles the session's events once the engine serves: grants add blocks
 // to the cache and reclaims take free ones back out (both on the compute thread, between
 // steps), a drain stops admitting and reports when the in-flight requests are done (or at
-// once when the controller calls the drain off), a resume admits requests again, a stop or a
+// once when the controller calls the drain off; with a KvHandoff it first hands the keyed
+// requests over: their sequences are parked with their records, and the router replays them
+// on the next primary, which adopts their KV), a resume admits requests again, a stop or a
 // session that ended (kDisconnected: it gave up on the controller, or could not reattach)
 // ends the engine. A controller that goes away (kControllerLost) and comes back
 // (kControllerBack) is logged; the engine serves on meanwhile with the blocks it holds.
@@ -29,6 +32,7 @@
 #include "base/status.h"
 #include "standby/engine_api.h"
 #include "standby/engine_loop.h"
+#include "standby/kv/kv_handoff.h"
 #include "standby/sdk/engine_sdk.h"
 
 namespace baton {
@@ -45,6 +49,9 @@ class SessionModelMemory final : public ModelMemory {
   // Adds every mapped extent's blocks not yet in the cache.
   Status AddKvBlocks(PagedKvCache* cache) override;
   Status AddExtents(PagedKvCache* cache, std::span<const MappedExtent> extents);
+  // Adds one block to the cache as held (its KV is kept for a sequence).
+  Status AddHeldBlock(PagedKvCache* cache, uint32_t block);
+  uint8_t* Block(uint32_t block) const { return session_->pool().BlockData(block); }
   // Takes up to `blocks` free blocks out of the cache, the highest first, in whole device pool
   // chunks (EngineSession::reclaim_chunk_blocks(); single blocks on the host backend): a
   // chunk goes only when every block of it is in the cache and no sequence holds one.
@@ -57,6 +64,7 @@ class SessionModelMemory final : public ModelMemory {
 
   // Blocks [first, end) out of the cache if all are in it and free; else none (nothing moves).
   std::vector<uint32_t> TakeWhole(PagedKvCache* cache, uint32_t first, uint32_t end);
+  Status AddTo(PagedKvCache* cache, uint32_t block, bool held);
 
   EngineSession* session_;
   LlamaConfig config_;
@@ -64,11 +72,31 @@ class SessionModelMemory final : public ModelMemory {
   std::set<uint32_t> added_;  // pool blocks in the cache
 };
 
+// The identity of this engine's KV records: `format` (the engine's KV format name), the
+// model's shape and weights as the session maps them, the layout and the block geometry. A
+// successor adopts only records of its own identity.
+uint64_t KvIdentityFor(std::string_view format, const EngineSession& session,
+                       const LlamaConfig& config, const KvLayout& layout);
+
+// Adopts what the predecessor left in the promoted blocks (`promoted`, a kPromoted event),
+// then adds every promoted block to the cache (the adopted ones held), and tells the
+// controller. Without a handoff the blocks are only added.
+Result<KvAdoptionReport> AdoptPromotedBlocks(const SessionEvent& promoted, EngineSession* session,
+                                             SessionModelMemory* memory, PagedKvCache* cache,
+                                             KvHandoff* handoff);
+
 class ControllerLink {
  public:
+  // `handoff` may be null (no KV handoff: a drain waits for every request).
   ControllerLink(EngineSession* session, SessionModelMemory* memory, PagedKvCache* cache,
-                 EngineLoop* loop, EngineApi* api, const Clock& clock)
-      : session_(session), memory_(memory), cache_(cache), loop_(loop), api_(api), clock_(clock) {}
+                 EngineLoop* loop, EngineApi* api, KvHandoff* handoff, const Clock& clock)
+      : session_(session),
+        memory_(memory),
+        cache_(cache),
+        loop_(loop),
+        api_(api),
+        handoff_(handoff),
+        clock_(clock) {}
 
   // Handles events until a stop, the session's end (kDisconnected), or `stop_requested`. OK
   // for an orderly stop; the reason otherwise.
@@ -84,6 +112,7 @@ class ControllerLink {
   PagedKvCache* cache_;
   EngineLoop* loop_;
   EngineApi* api_;
+  KvHandoff* handoff_;
   const Clock& clock_;
 };
 

@@ -79,6 +79,7 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
     gen.max_tokens = req_.max_tokens;
     gen.sampling = {req_.temperature, req_.top_p, req_.seed};
     gen.stop_at_eos = true;
+    gen.key = req_.key;
     id_ = deps_.loop->Submit(std::move(gen), [self = shared_from_this()](const EngineEvent& e) {
       net::post(self->strand_, [self, e] { self->OnEvent(e); });
     });

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <future>
 
 #include "base/io/unique_fd.h"
 #include "base/log.h"
@@ -158,11 +159,33 @@ bool EngineLoop::RunOnLoop(std::function<void()> fn) {
   return Push(&c);
 }
 
+size_t EngineLoop::HandOver() {
+  auto done = std::make_shared<std::promise<size_t>>();
+  std::future<size_t> count = done->get_future();
+  if (!RunOnLoop([this, done] {
+        const std::vector<uint64_t> ids = generator_->HandOver();
+        const Status handed = Unavailable("handed over to the next primary");
+        for (uint64_t id : ids) {
+          auto it = sinks_.find(id);
+          if (it == sinks_.end()) continue;
+          --pending_;
+          it->second({{id, -1, 0, 0, FinishReason::kError}, handed});
+          sinks_.erase(it);
+        }
+        metrics_->SetQueue(0, 0);
+        done->set_value(ids.size());
+      })) {
+    return 0;
+  }
+  return count.get();
+}
+
 void EngineLoop::Run() {
   BATON_LOG(INFO, "engine") << "compute thread started";
   std::vector<Command> commands;
   while (WaitForWork(&commands)) {
     Apply(&commands);
+    if (hooks_.between_steps) hooks_.between_steps();
     if (!generator_->idle()) {
       StepOnce();
     } else {  // cancellations emptied the batch: the gauges say so before the loop sleeps
@@ -177,7 +200,12 @@ void EngineLoop::Run() {
 // Takes the inbox; blocks while there is nothing to do. False once stopping.
 bool EngineLoop::WaitForWork(std::vector<Command>* commands) {
   std::unique_lock lock(mu_);
-  cv_.wait(lock, [&] { return stop_ || !inbox_.empty() || !generator_->idle(); });
+  auto ready = [&] { return stop_ || !inbox_.empty() || !generator_->idle(); };
+  if (hooks_.between_steps) {
+    cv_.wait_for(lock, std::chrono::seconds(1), ready);
+  } else {
+    cv_.wait(lock, ready);
+  }
   commands->clear();
   commands->swap(inbox_);
   return !stop_;

@@ -103,6 +103,8 @@ struct EngineLoopHooks {
   std::function<Status()> guard;
   // A compute step failed.
   std::function<void(const Status&)> on_step_error;
+  // Called between steps, and at least once a second while idle (expiry of kept KV).
+  std::function<void()> between_steps;
 };
 
 class EngineLoop {
@@ -127,6 +129,12 @@ class EngineLoop {
   // Runs `fn` on the compute thread between two steps (to change the cache's blocks).
   // False when the loop has stopped and `fn` will not run. Thread-safe.
   bool RunOnLoop(std::function<void()> fn);
+  // Hands every keyed request (one the router sent) over to the next engine: the Generator
+  // parks the running sequences (GeneratorOptions::kv_hooks keeps their KV) and each such
+  // request ends with an Unavailable error, which the router replays. Blocks until done; returns
+  // how many requests ended (0 when the loop has stopped). Thread-safe; not from the compute
+  // thread.
+  size_t HandOver();
   // Requests submitted and not yet finished. Thread-safe.
   size_t pending() const { return pending_.load(); }
 

@@ -87,6 +87,69 @@ void EngineMetrics::SetServing(bool serving) {
   serving_ = serving;
 }
 
+void EngineMetrics::AddKvAdoption(uint32_t adopted,
+                                  const std::map<std::string, uint32_t>& dropped) {
+  std::lock_guard lock(mu_);
+  kv_.adopted += adopted;
+  for (const auto& [reason, n] : dropped) kv_.dropped[reason] += n;
+}
+
+void EngineMetrics::AddKvContinued(int64_t tokens_not_recomputed) {
+  std::lock_guard lock(mu_);
+  ++kv_.continued;
+  kv_.tokens_not_recomputed += static_cast<uint64_t>(tokens_not_recomputed);
+}
+
+void EngineMetrics::CountKvKeptFreed(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  ++kv_.kept_freed[reason];
+}
+
+void EngineMetrics::SetKvKept(size_t sequences) {
+  std::lock_guard lock(mu_);
+  kv_.kept = sequences;
+}
+
+void EngineMetrics::AddKvHandedOver(uint32_t sequences) {
+  std::lock_guard lock(mu_);
+  kv_.handed_over += sequences;
+}
+
+EngineMetrics::KvCounters EngineMetrics::kv() const {
+  std::lock_guard lock(mu_);
+  return kv_;
+}
+
+void EngineMetrics::RenderKv(std::string* out) const {
+  Scalar("baton_engine_kv_adopted_sequences_total", "counter",
+         "Sequences adopted from the blocks of the engine this one replaced.",
+         static_cast<double>(kv_.adopted), out);
+  Header("baton_engine_kv_dropped_sequences_total", "counter",
+         "Inherited sequences not adopted, by reason (their requests are prefilled again).", out);
+  for (const auto& [reason, n] : kv_.dropped) {
+    *out += "baton_engine_kv_dropped_sequences_total{reason=\"" + reason + "\"} " +
+            std::to_string(n) + "\n";
+  }
+  Scalar("baton_engine_kv_continued_requests_total", "counter",
+         "Requests that continued from kept KV instead of a full prefill.",
+         static_cast<double>(kv_.continued), out);
+  Scalar("baton_engine_kv_tokens_not_recomputed_total", "counter",
+         "Tokens whose K and V were taken from kept KV instead of prefilled again.",
+         static_cast<double>(kv_.tokens_not_recomputed), out);
+  Header("baton_engine_kv_kept_freed_total", "counter",
+         "Kept sequences freed unclaimed, by reason (expired, evicted, mismatch, replaced).", out);
+  for (const auto& [reason, n] : kv_.kept_freed) {
+    *out +=
+        "baton_engine_kv_kept_freed_total{reason=\"" + reason + "\"} " + std::to_string(n) + "\n";
+  }
+  Scalar("baton_engine_kv_kept_sequences", "gauge",
+         "Sequences whose KV is kept for their request to come back.",
+         static_cast<double>(kv_.kept), out);
+  Scalar("baton_engine_kv_handed_over_sequences_total", "counter",
+         "Running sequences handed over to the next primary by a switch-over.",
+         static_cast<double>(kv_.handed_over), out);
+}
+
 std::string EngineMetrics::Render() const {
   std::lock_guard lock(mu_);
   std::string out;
@@ -113,6 +176,7 @@ std::string EngineMetrics::Render() const {
   Header("baton_engine_time_to_first_token_seconds", "histogram",
          "Time from a request's arrival to its first generated token.", &out);
   ttft_seconds_.Render("baton_engine_time_to_first_token_seconds", &out);
+  RenderKv(&out);
   return out;
 }
 

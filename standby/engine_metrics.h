@@ -3,8 +3,11 @@
 //
 // Counters of HTTP responses by status code, prompt and generated tokens; gauges of running
 // and waiting requests and of whether the engine serves; histograms of the batch size and
-// duration of each compute step and of the time to first token. The compute thread and the
-// HTTP thread both update it; every method is thread-safe (one mutex, held briefly).
+// duration of each compute step and of the time to first token; counters of KV-warm failover
+// (sequences adopted, dropped by reason, continued, tokens not recomputed, kept KV freed by
+// reason, sequences handed over) and a gauge of the sequences kept for a request to return. The
+// compute thread and the HTTP thread both update it; every method is thread-safe (one mutex, held
+// briefly).
 #pragma once
 
 #include <cstdint>
@@ -42,10 +45,29 @@ class EngineMetrics {
   void ObserveTimeToFirstToken(double seconds);
   void SetQueue(int64_t running, int64_t waiting);
   void SetServing(bool serving);
+  // KV-warm failover (standby/kv/kv_handoff.h).
+  void AddKvAdoption(uint32_t adopted, const std::map<std::string, uint32_t>& dropped);
+  void AddKvContinued(int64_t tokens_not_recomputed);
+  void CountKvKeptFreed(const std::string& reason);
+  void SetKvKept(size_t sequences);
+  void AddKvHandedOver(uint32_t sequences);
+
+  struct KvCounters {
+    uint64_t adopted = 0;
+    std::map<std::string, uint64_t> dropped;  // by reason
+    uint64_t continued = 0;
+    uint64_t tokens_not_recomputed = 0;
+    std::map<std::string, uint64_t> kept_freed;  // by reason
+    uint64_t kept = 0;
+    uint64_t handed_over = 0;
+  };
+  KvCounters kv() const;
 
   std::string Render() const;
 
  private:
+  void RenderKv(std::string* out) const;
+
   mutable std::mutex mu_;
   std::map<int, uint64_t> responses_;  // by HTTP status
   uint64_t prompt_tokens_ = 0;
@@ -56,6 +78,7 @@ class EngineMetrics {
   Histogram batch_size_;
   Histogram step_seconds_;
   Histogram ttft_seconds_;
+  KvCounters kv_;
 };
 
 }  // namespace baton

@@ -41,6 +41,7 @@ constexpr char kUsage[] =
     "                       [--kv-blocks N] [--block-tokens T] [--threads K] [--max-batch B]\n"
     "                       [--max-step-tokens S] [--served-model-name NAME]\n"
     "                       [--engine-version LABEL] [--fail-percent P] [--seed-offset N]\n"
+    "                       [--kv-handoff on|off] [--kv-format NAME] [--kv-keep-ms N]\n"
     "                       [--controller SOCKET --token T --role primary|standby\n"
     "                        --engine-id ID]\n"
     "  --model              model directory (config.json; safetensors when standalone)\n"
@@ -59,6 +60,13 @@ constexpr char kUsage[] =
     "                       broken build would (canary rollback drills); default 0\n"
     "  --seed-offset        drill: sample with each request's seed plus N, as a build whose\n"
     "                       sampling changed would (outputs differ); default 0\n"
+    "  --kv-handoff         under a controller: leave a record of each sequence in its KV\n"
+    "                       blocks, and on promotion continue the predecessor's sequences\n"
+    "                       from theirs (KV-warm failover); default on\n"
+    "  --kv-format          the KV format name in the records' identity (default\n"
+    "                       baton-refengine-kv/1); engines of other names adopt nothing\n"
+    "  --kv-keep-ms         how long adopted KV waits for its request to come back\n"
+    "                       (default 30000)\n"
     "  --controller ...     run under baton-controller (values it fills in; missing ones\n"
     "                       are read from BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID)\n"
     "                       If the controller goes away the engine serves on and reattaches\n"
@@ -84,6 +92,9 @@ struct Flags {
   std::string engine_version = "baton-refengine";
   int fail_percent = 0;
   int seed_offset = 0;
+  bool kv_handoff = true;
+  std::string kv_format = "baton-refengine-kv/1";
+  int kv_keep_ms = 30000;
 };
 
 template <typename T>
@@ -137,6 +148,14 @@ std::string ApplyFlag(std::string_view arg, std::string_view v, Flags* f) {
     return ParseInt(arg, v, 0, 100, &f->fail_percent);
   else if (arg == "--seed-offset")
     return ParseInt(arg, v, 0, 1 << 30, &f->seed_offset);
+  else if (arg == "--kv-handoff" && (v == "on" || v == "off"))
+    f->kv_handoff = v == "on";
+  else if (arg == "--kv-handoff")
+    return "--kv-handoff must be on or off";
+  else if (arg == "--kv-format" && !v.empty())
+    f->kv_format = v;
+  else if (arg == "--kv-keep-ms")
+    return ParseInt(arg, v, 0, 1 << 30, &f->kv_keep_ms);
   else
     return "unknown argument: " + std::string(arg);
   return "";
@@ -197,6 +216,7 @@ class Engine {
   Status ServeUnderController();
   Result<SessionEvent> WaitForPromotion(EngineSession* session);
   Status BuildModel(ModelMemory* memory);
+  void MakeHandoff(EngineSession* session, SessionModelMemory* memory);
   void StartLoop(EngineLoopHooks hooks);
   void WaitForSignal() const;
   void StopHttp();
@@ -215,6 +235,7 @@ class Engine {
   std::unique_ptr<ModelMemory> memory_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<PagedKvCache> cache_;
+  std::unique_ptr<KvHandoff> handoff_;
   std::unique_ptr<EngineLoop> loop_;
 };
 
@@ -280,9 +301,24 @@ void Engine::StartLoop(EngineLoopHooks hooks) {
   GeneratorOptions options;
   options.max_batch_sequences = flags_.max_batch;
   options.max_step_tokens = flags_.max_step_tokens;
+  options.kv_hooks = handoff_.get();
+  if (handoff_) hooks.between_steps = [h = handoff_.get()] { h->Expire(); };
   loop_ = std::make_unique<EngineLoop>(model_.get(), cache_.get(), options, &metrics_, clock_,
                                        std::move(hooks));
   loop_->Start();
+}
+
+void Engine::MakeHandoff(EngineSession* session, SessionModelMemory* memory) {
+  if (!flags_.kv_handoff) return;
+  KvHandoffOptions options;
+  options.identity = KvIdentityFor(flags_.kv_format, *session, memory->config(), cache_->layout());
+  options.block_tokens = cache_->layout().block_tokens;
+  options.block = [memory](uint32_t block) { return memory->Block(block); };
+  options.epoch = [session] { return session->epoch(); };
+  options.keep_for = std::chrono::milliseconds(flags_.kv_keep_ms);
+  options.clock = &clock_;
+  options.metrics = &metrics_;
+  handoff_ = std::make_unique<KvHandoff>(cache_.get(), std::move(options));
 }
 
 void Engine::WaitForSignal() const {
@@ -340,17 +376,21 @@ Status Engine::ServeUnderController() {
   cache_->SetReachableBlocks(session->pool().block_count);  // a canary's share is a part of it
   BATON_LOG(INFO, "refengine") << "standby ready as " << launch.role << " engine "
                                << launch.engine_id << " (" << SinceStart() << " ms since start)";
+  MakeHandoff(session, memory);
   Result<SessionEvent> promoted = WaitForPromotion(session);
   if (!promoted.ok() || stop_requested_.load()) return promoted.status();
-  BATON_RETURN_IF_ERROR(memory->AddExtents(cache_.get(), promoted->extents));
-  StartLoop({[session] { return session->CheckEpoch(); },
-             [session](const Status& error) { (void)session->ReportError(error); }});
+  BATON_RETURN_IF_ERROR(
+      AdoptPromotedBlocks(*promoted, session, memory, cache_.get(), handoff_.get()).status());
+  StartLoop({.guard = [session] { return session->CheckEpoch(); },
+             .on_step_error = [session](const Status& error) { (void)session->ReportError(error); },
+             .between_steps = nullptr});
   api_->StartServing(loop_.get());  // before the controller routes traffic here
   BATON_RETURN_IF_ERROR(session->MarkServing());
   BATON_LOG(INFO, "refengine") << "promoted in epoch " << promoted->epoch << ": serving with "
                                << cache_->total_blocks() << " kv blocks (" << SinceStart()
                                << " ms since start)";
-  ControllerLink link(session, memory, cache_.get(), loop_.get(), api_.get(), clock_);
+  ControllerLink link(session, memory, cache_.get(), loop_.get(), api_.get(), handoff_.get(),
+                      clock_);
   return link.Pump(stop_requested_);
 }
 

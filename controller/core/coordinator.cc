@@ -25,7 +25,8 @@ const char* FromEngineName(const FromEngine& m) {
   static constexpr const char* kNames[] = {"Register",       "Reattach",     "StandbyReady",
                                            "Heartbeat",      "LeaseRequest", "ReturnExtents",
                                            "ErrorReport",    "PromoteAck",   "Drained",
-                                           "ShareMemoryAck", "ErrorMsg"};
+                                           "ShareMemoryAck", "ErrorMsg",     "KvAdopted"};
+  static_assert(std::size(kNames) == std::variant_size_v<FromEngine>);
   return kNames[m.index()];
 }
 
@@ -153,6 +154,7 @@ void Coordinator::OnMessage(EngineId id, const FromEngine& m) {
                  [&](const proto::PromoteAck& r) { OnPromoteAck(e, r); },
                  [&](const proto::Drained& r) { OnDrained(e, r); },
                  [&](const proto::ShareMemoryAck& r) { OnShareMemoryAck(e, r); },
+                 [&](const proto::KvAdopted& r) { OnKvAdopted(e, r); },
                  [&](const proto::ErrorMsg& r) {
                    BATON_LOG(WARN, kLog)
                        << "engine " << id << " refused a controller message: " << r.message;

@@ -66,7 +66,7 @@ Status CheckEngineFields(const std::string& version, const std::string& address,
 using FromEngine =
     std::variant<proto::Register, proto::Reattach, proto::StandbyReady, proto::Heartbeat,
                  proto::LeaseRequest, proto::ReturnExtents, proto::ErrorReport, proto::PromoteAck,
-                 proto::Drained, proto::ShareMemoryAck, proto::ErrorMsg>;
+                 proto::Drained, proto::ShareMemoryAck, proto::ErrorMsg, proto::KvAdopted>;
 
 // What the daemon found when it started.
 struct StartState {
@@ -237,6 +237,8 @@ class Coordinator {
   void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
   void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);
   void OnDrained(EngineRecord& e, const proto::Drained& msg);
+  // What a promoted engine adopted of its predecessor's KV: into the promotion's timeline.
+  void OnKvAdopted(EngineRecord& e, const proto::KvAdopted& msg);
   void ClosePromotionTimeline();
 
   // coordinator_barrier.cc: when a fenced holder's blocks move on.

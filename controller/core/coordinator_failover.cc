@@ -1,4 +1,6 @@
 // Coordinator: failures, fences, promotions.
+#include <algorithm>
+
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator.h"
@@ -356,6 +358,35 @@ void Coordinator::OnDrained(EngineRecord& e, const proto::Drained& msg) {
     return RefuseEngine(e, FailedPrecondition("Drained without a Drain request"));
   }
   Fail(e.id, FailCause::kPlanned, std::to_string(msg.unfinished) + " requests unfinished");
+}
+
+void Coordinator::OnKvAdopted(EngineRecord& e, const proto::KvAdopted& msg) {
+  if (!CheckEpoch(e, msg.epoch, "KvAdopted")) return;
+  constexpr size_t kMaxReasons = 16;
+  constexpr size_t kMaxReasonBytes = 32;
+  bool sane = msg.epoch != 0 && msg.dropped_reasons.size() == msg.dropped_counts.size() &&
+              msg.dropped_reasons.size() <= kMaxReasons;
+  for (const std::string& reason : msg.dropped_reasons) {
+    sane = sane && !reason.empty() && reason.size() <= kMaxReasonBytes &&
+           std::all_of(reason.begin(), reason.end(),
+                       [](char c) { return (c >= 'a' && c <= 'z') || c == '_'; });
+  }
+  if (!sane) {  // a report, not a claim on memory: refused, nothing else changes
+    return Refused("engine " + std::to_string(e.id), "malformed KvAdopted");
+  }
+  PromotionRecord::KvAdoption kv;
+  kv.adopted = msg.adopted;
+  kv.tokens = msg.tokens;
+  kv.read_ms = msg.micros / 1e3;
+  for (size_t i = 0; i < msg.dropped_reasons.size(); ++i) {
+    kv.dropped[msg.dropped_reasons[i]] += msg.dropped_counts[i];
+  }
+  BATON_LOG(INFO, kLog) << "engine " << e.id << " at epoch " << msg.epoch << " "
+                        << KvAdoptionText(kv);
+  if (PromotionRecord* r = timelines_.Promoted(e.id, msg.epoch); r != nullptr) {
+    r->kv_adopted = clock_.Now();
+    r->kv = std::move(kv);
+  }
 }
 
 }  // namespace baton

@@ -229,6 +229,15 @@ std::optional<ApiError> ReadResume(const Json& body, CompletionRequest* req) {
                           std::to_string(req->prompt_ids.size()) + " tokens");
   }
   req->resume_tokens = static_cast<int>(k);
+  auto key = body.find("baton_request_key");
+  if (key == body.end() || key->is_null()) return std::nullopt;
+  std::optional<KvRequestKey> parsed;
+  if (key->is_string()) parsed = KvRequestKey::FromHex(key->get<std::string>());
+  if (!parsed) {
+    return ParamError("baton_request_key",
+                      "'baton_request_key' must be 32 hex digits, not all zero");
+  }
+  req->key = *parsed;
   return std::nullopt;
 }
 

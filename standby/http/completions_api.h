@@ -13,7 +13,10 @@
 // by another engine (a router's replay). They are fed through the text builder without being
 // sent, so held-back bytes (a split UTF-8 sequence, a possible stop string) come out exactly
 // as in an uninterrupted run, and they count as completion tokens in `usage`, not as prompt.
-// Other fields are ignored. A refusal is an ApiError naming the parameter.
+// `baton_request_key` (32 hex digits) is the router's key of the client request, the same on
+// every attempt: an engine that kept the KV of that request (a failover, a switch-over)
+// continues from it instead of prefilling the prompt again. Other fields are ignored. A refusal is
+// an ApiError naming the parameter.
 //
 // Responses carry the request's seed, each choice's generated `token_ids` and the
 // `prompt_token_ids`, so that a router can replay an interrupted request on token ids.
@@ -29,6 +32,7 @@
 #include "base/status.h"
 #include "standby/http/completion_text.h"
 #include "standby/model/byte_tokenizer.h"
+#include "standby/model/kv_hooks.h"
 #include "standby/model/llama_config.h"
 
 namespace baton {
@@ -62,6 +66,7 @@ struct CompletionRequest {
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;
   int resume_tokens = 0;  // baton_resume_tokens: the trailing prompt ids already generated
+  KvRequestKey key;       // baton_request_key; empty when absent
   bool chat = false;      // a /v1/chat/completions request (chat_api.h)
 };
 

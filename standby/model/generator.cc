@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "base/failpoint.h"
 #include "base/log.h"
 
 namespace baton {
@@ -14,7 +15,13 @@ Generator::Generator(LlamaModel* model, PagedKvCache* cache, GeneratorOptions op
 }
 
 Generator::~Generator() {
-  for (SeqPtr& seq : running_) cache_->Release(&seq->kv);
+  for (SeqPtr& seq : running_) ReleaseKv(&seq->kv);
+  for (SeqPtr& seq : waiting_) ReleaseKv(&seq->kv);
+}
+
+void Generator::ReleaseKv(KvSequence* kv) {
+  if (options_.kv_hooks != nullptr && !kv->blocks.empty()) options_.kv_hooks->Releasing(*kv);
+  cache_->Release(kv);
 }
 
 Status Generator::Add(GenerationRequest request) {
@@ -65,23 +72,55 @@ Status Generator::Add(GenerationRequest request) {
 bool Generator::Cancel(uint64_t id) {
   auto same_id = [&](const SeqPtr& s) { return s->request.id == id; };
   if (auto it = std::find_if(waiting_.begin(), waiting_.end(), same_id); it != waiting_.end()) {
+    ReleaseKv(&(*it)->kv);
     waiting_.erase(it);
     return true;
   }
   if (auto it = std::find_if(running_.begin(), running_.end(), same_id); it != running_.end()) {
-    cache_->Release(&(*it)->kv);
+    ReleaseKv(&(*it)->kv);
     running_.erase(it);
     return true;
   }
   return false;
 }
 
+std::vector<uint64_t> Generator::HandOver() {
+  std::vector<uint64_t> ids;
+  auto hand = [&](SeqPtr& seq, bool park) {
+    if (seq->request.key.empty()) return false;
+    ids.push_back(seq->request.id);
+    if (park && options_.kv_hooks != nullptr && seq->kv.length > 0) {
+      options_.kv_hooks->Park(seq->request, &seq->kv,
+                              std::span<const int32_t>(seq->tokens).first(seq->kv.length));
+    }
+    ReleaseKv(&seq->kv);  // nothing left after a Park
+    return true;
+  };
+  std::erase_if(running_, [&](SeqPtr& seq) { return hand(seq, true); });
+  std::erase_if(waiting_, [&](SeqPtr& seq) { return hand(seq, false); });
+  return ids;
+}
+
+void Generator::ContinueFromKept(Sequence* seq) {
+  if (seq->continued || options_.kv_hooks == nullptr || seq->request.key.empty()) return;
+  seq->continued = true;
+  if (seq->kv.length != 0 || !seq->kv.blocks.empty()) return;
+  const int64_t kept = options_.kv_hooks->Continue(seq->request, seq->tokens, &seq->kv);
+  seq->kv.length = std::clamp<int64_t>(kept, 0, static_cast<int64_t>(seq->tokens.size()) - 1);
+}
+
 void Generator::Admit() {
   while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_batch_sequences) {
     Sequence& seq = *waiting_.front();
+    ContinueFromKept(&seq);
     // The sequence's whole input plus one token, and a block of headroom per running one.
-    const int64_t need = cache_->BlocksFor(static_cast<int64_t>(seq.tokens.size()) + 1) +
+    const int64_t need = cache_->BlocksFor(static_cast<int64_t>(seq.tokens.size()) + 1) -
+                         static_cast<int64_t>(seq.kv.blocks.size()) +
                          static_cast<int64_t>(running_.size());
+    const int64_t free = static_cast<int64_t>(cache_->free_blocks());
+    if (need > free && options_.kv_hooks != nullptr) {
+      options_.kv_hooks->Evict(static_cast<size_t>(need - free));
+    }
     if (need > static_cast<int64_t>(cache_->free_blocks())) break;
     running_.push_back(std::move(waiting_.front()));
     waiting_.pop_front();
@@ -112,7 +151,7 @@ bool Generator::PreemptYoungest() {
   if (running_.size() <= 1) return false;
   SeqPtr seq = std::move(running_.back());
   running_.pop_back();
-  cache_->Release(&seq->kv);
+  ReleaseKv(&seq->kv);
   BATON_LOG(DEBUG, "generator") << "preempted request " << seq->request.id
                                 << " for recompute (kv cache full)";
   waiting_.push_front(std::move(seq));
@@ -120,8 +159,10 @@ bool Generator::PreemptYoungest() {
 }
 
 Status Generator::RunForward(std::vector<SequenceInput>* batch, std::vector<Sequence*>* members,
-                             std::vector<float>* logits) {
+                             std::vector<int64_t>* before, std::vector<float>* logits) {
   while (true) {
+    before->clear();
+    for (const Sequence* seq : *members) before->push_back(seq->kv.length);
     Status s = model_->Forward(cache_, *batch, logits);
     if (s.ok() || s.code() != StatusCode::kResourceExhausted || !PreemptYoungest()) return s;
     *batch = BuildBatch(members);
@@ -138,8 +179,18 @@ FinishReason Generator::CheckFinished(const Sequence& seq, int32_t token) const 
   return FinishReason::kNone;
 }
 
+void Generator::CommitKv(const std::vector<Sequence*>& members,
+                         const std::vector<int64_t>& before) {
+  if (options_.kv_hooks == nullptr) return;
+  BATON_FAILPOINT("kv_before_commit");
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Sequence& seq = *members[i];
+    options_.kv_hooks->Committed(seq.request, seq.kv, seq.tokens, before[i]);
+  }
+}
+
 void Generator::Finish(Sequence* seq) {
-  cache_->Release(&seq->kv);
+  ReleaseKv(&seq->kv);
   std::erase_if(running_, [&](const SeqPtr& s) { return s.get() == seq; });
 }
 
@@ -175,10 +226,12 @@ Result<int> Generator::Step() {
   if (running_.empty()) return 0;
   std::vector<Sequence*> members;
   std::vector<SequenceInput> batch = BuildBatch(&members);
+  std::vector<int64_t> before;
   std::vector<float> logits;
   std::vector<TokenEvent> events;
-  Status status = RunForward(&batch, &members, &logits);
+  Status status = RunForward(&batch, &members, &before, &logits);
   if (status.ok()) {
+    CommitKv(members, before);
     SampleAndEmit(members, logits, &events);
   } else {
     BATON_LOG(ERROR, "generator") << "step failed: " << status.ToString();

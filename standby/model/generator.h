@@ -13,6 +13,13 @@
 // recomputed from prompt + generated tokens, which yields the same tokens because every
 // token's computation and sampling depend only on the tokens before it and the seed.
 //
+// With KvHooks (GeneratorOptions::kv_hooks) the engine keeps each sequence's KV for a
+// successor: the hooks see every step's new K and V (Committed, after the forward and before
+// sampling), every release of a sequence's blocks (Releasing, before the blocks are free),
+// and a request with a key may be admitted with blocks that already hold the K and V of its
+// first tokens (Continue): only the rest is prefilled. HandOver() stops every keyed request
+// and gives the running sequences' blocks to the hooks (Park) instead of freeing them.
+//
 // Thread model: one compute thread owns the Generator and calls Add, Cancel and Step.
 // Callbacks run on that thread after the step's state is settled; they may call Add or
 // Cancel. The model and the cache must outlive the Generator, which releases every block it
@@ -26,6 +33,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "standby/model/kv_hooks.h"
 #include "standby/model/llama_model.h"
 #include "standby/model/paged_kv.h"
 #include "standby/model/sampler.h"
@@ -38,6 +46,7 @@ struct GenerationRequest {
   int max_tokens = 16;          // at least 1
   SamplingParams sampling;
   bool stop_at_eos = true;  // eos is emitted, then the request finishes
+  KvRequestKey key;         // the router's key (empty: none); see KvHooks::Continue
 };
 
 enum class FinishReason { kNone, kLength, kStop, kError };
@@ -53,6 +62,7 @@ struct TokenEvent {
 struct GeneratorOptions {
   int max_batch_sequences = 64;  // running sequences at once
   int max_step_tokens = 512;     // tokens per Forward (prefill is cut in chunks to fit)
+  KvHooks* kv_hooks = nullptr;   // optional; must outlive the Generator
 };
 
 class Generator {
@@ -70,6 +80,10 @@ class Generator {
   Status Add(GenerationRequest request);
   // Drops a waiting or running request without an event; false when unknown.
   bool Cancel(uint64_t id);
+  // Drops every request that has a key, without an event: the running ones go to
+  // KvHooks::Park (their blocks kept), the waiting ones are freed. Requests without a key
+  // stay. Returns the ids dropped.
+  std::vector<uint64_t> HandOver();
   // One batched forward step; returns the number of events emitted (0 when idle). A model
   // error fails the step's sequences with kError events and is returned.
   Result<int> Step();
@@ -84,13 +98,19 @@ class Generator {
     std::vector<int32_t> tokens;  // prompt, then generated tokens
     int generated = 0;
     KvSequence kv;
+    bool continued = false;  // KvHooks::Continue was asked
   };
   using SeqPtr = std::unique_ptr<Sequence>;
 
   void Admit();
+  // Gives a waiting sequence the kept KV of its first tokens, once.
+  void ContinueFromKept(Sequence* seq);
   std::vector<SequenceInput> BuildBatch(std::vector<Sequence*>* members) const;
+  // Runs the step; `before` gets each member's kv length before it.
   Status RunForward(std::vector<SequenceInput>* batch, std::vector<Sequence*>* members,
-                    std::vector<float>* logits);
+                    std::vector<int64_t>* before, std::vector<float>* logits);
+  void CommitKv(const std::vector<Sequence*>& members, const std::vector<int64_t>& before);
+  void ReleaseKv(KvSequence* kv);
   bool PreemptYoungest();
   void SampleAndEmit(const std::vector<Sequence*>& members, const std::vector<float>& logits,
                      std::vector<TokenEvent>* events);

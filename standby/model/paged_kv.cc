@@ -28,6 +28,14 @@ Result<PagedKvCache> PagedKvCache::Create(const KvLayout& layout) {
 }
 
 Status PagedKvCache::AddBlock(KvBlockId id, void* data, size_t bytes) {
+  return Insert(id, data, bytes, State::kFree);
+}
+
+Status PagedKvCache::AddHeldBlock(KvBlockId id, void* data, size_t bytes) {
+  return Insert(id, data, bytes, State::kUsed);
+}
+
+Status PagedKvCache::Insert(KvBlockId id, void* data, size_t bytes, State state) {
   const std::string name = "kv block " + std::to_string(id);
   if (id > kMaxBlockId) return InvalidArgument(name + ": id above " + std::to_string(kMaxBlockId));
   if (data == nullptr || reinterpret_cast<uintptr_t>(data) % alignof(float) != 0) {
@@ -43,8 +51,8 @@ Status PagedKvCache::AddBlock(KvBlockId id, void* data, size_t bytes) {
   }
   if (state_[id] != State::kAbsent) return InvalidArgument(name + ": added twice");
   data_[id] = static_cast<float*>(data);
-  state_[id] = State::kFree;
-  free_.push_back(id);
+  state_[id] = state;
+  if (state == State::kFree) free_.push_back(id);
   ++total_;
   peak_ = std::max(peak_, total_);
   return OkStatus();

@@ -62,6 +62,9 @@ class PagedKvCache {
   // Adds a free block of `bytes` (at least layout().block_bytes()) at `data` (4-byte
   // aligned). Refuses a known id or an id above kMaxBlockId.
   Status AddBlock(KvBlockId id, void* data, size_t bytes);
+  // The same for a block that already holds data a sequence will take: it is counted as used
+  // (not free) until a Release of a KvSequence that lists it (KvHooks: KV kept for a request).
+  Status AddHeldBlock(KvBlockId id, void* data, size_t bytes);
   // Adds `count` blocks with ids first_id.. laid out `stride` bytes apart from `base`.
   Status AddRegion(KvBlockId first_id, void* base, size_t stride, size_t count);
   // Forgets a free block; refuses one that a sequence holds.
@@ -94,6 +97,7 @@ class PagedKvCache {
  private:
   explicit PagedKvCache(const KvLayout& layout) : layout_(layout) {}
   enum class State : uint8_t { kAbsent, kFree, kUsed };
+  Status Insert(KvBlockId id, void* data, size_t bytes, State state);
 
   KvLayout layout_;
   std::vector<float*> data_;    // indexed by block id

@@ -177,7 +177,8 @@ Status EngineSession::Impl::Handshake() {
                                   .role = "engine",
                                   .launch_token = options_.launch.launch_token};
   if (!options_.handles_resume) hello.max_version = proto::kProtocolVersionResume - 1;
-  BATON_RETURN_IF_ERROR(proto::ClientHello(*channel_, hello).status());
+  BATON_ASSIGN_OR_RETURN(proto::HelloAck said, proto::ClientHello(*channel_, hello));
+  protocol_.store(said.version);
   BATON_RETURN_IF_ERROR(channel_->Send(proto::Register{
       .engine_id = options_.launch.engine_id,
       .engine_version = options_.engine_version,
@@ -354,6 +355,9 @@ Status EngineSession::ReturnBlocks(std::span<const MappedExtent> extents) {
 }
 Status EngineSession::ReportDrained(uint32_t unfinished) {
   return impl_->ReportDrained(unfinished);
+}
+Status EngineSession::ReportKvAdoption(const KvAdoptionSummary& summary) {
+  return impl_->ReportKvAdoption(summary);
 }
 bool EngineSession::resume_pending() const { return impl_->resume_pending(); }
 Status EngineSession::ReportError(const Status& error) { return impl_->ReportError(error); }

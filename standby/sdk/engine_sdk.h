@@ -53,6 +53,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -198,6 +199,19 @@ struct SessionEvent {
   uint32_t blocks = 0;                     // kReclaim
   Duration timeout = {};                   // kDrain
   std::string reason = {};                 // kStop, kDisconnected, kControllerLost/Back
+  // kPromoted: the header of every block of `extents` (kBlockHeaderBytes each, in extent
+  // order) as its previous holder left it, read before the scrub. A failover hands the new
+  // primary the blocks the old one wrote (their KV data is not scrubbed): an engine that keeps
+  // per-block metadata there can continue the old primary's sequences from their KV.
+  std::vector<uint8_t> inherited_headers = {};
+};
+
+// What an engine adopted of its predecessor's KV (KV-warm failover).
+struct KvAdoptionSummary {
+  uint32_t adopted = 0;                     // sequences
+  uint64_t tokens = 0;                      // tokens whose K and V they hold
+  std::map<std::string, uint32_t> dropped;  // reason -> sequences not adopted
+  double ms = 0;                            // time spent reading the records
 };
 
 class EngineSession {
@@ -248,6 +262,10 @@ class EngineSession {
   // Answer to a kDrain event: exactly one per drain, also when the drain is called off.
   // While the controller is away: OK, and the next Reattach says the engine is drained.
   Status ReportDrained(uint32_t unfinished);
+  // After the promotion: tells the controller what this engine adopted of the KV its
+  // predecessor left in the promoted blocks (shown in `batonctl timeline`). OK without
+  // sending anything to a controller older than protocol 6.
+  Status ReportKvAdoption(const KvAdoptionSummary& summary);
   // True from the moment a Resume arrives until its kResume event is taken: an engine still
   // waiting for its in-flight requests to finish can stop waiting and report drained at once.
   bool resume_pending() const;

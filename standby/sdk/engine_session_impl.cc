@@ -186,10 +186,10 @@ MappedExtent EngineSession::Impl::ExtentOf(uint32_t first, uint32_t count) const
 }
 
 Result<std::vector<MappedExtent>> EngineSession::Impl::MapRangesLocked(
-    const std::vector<proto::BlockRange>& ranges) {
+    const std::vector<proto::BlockRange>& ranges, std::vector<uint8_t>* inherited) {
   std::vector<MappedExtent> mapped;
   for (const proto::BlockRange& r : ranges) {
-    Status status = MapBlocksLocked(r.first, r.count);
+    Status status = MapBlocksLocked(r.first, r.count, inherited);
     if (!status.ok()) {
       for (const MappedExtent& m : mapped) (void)UnmapBlocksLocked(m.first, m.count);
       return status;
@@ -199,8 +199,10 @@ Result<std::vector<MappedExtent>> EngineSession::Impl::MapRangesLocked(
   return mapped;
 }
 
-Status EngineSession::Impl::MapBlocksLocked(uint32_t first, uint32_t count) {
+Status EngineSession::Impl::MapBlocksLocked(uint32_t first, uint32_t count,
+                                            std::vector<uint8_t>* inherited) {
   BATON_RETURN_IF_ERROR(pool_.MapExtent(first, count));
+  if (inherited != nullptr) pool_.CopyHeaders(first, count, kBlockHeaderBytes, inherited);
   pool_.ScrubHeaders(first, count, kBlockHeaderBytes);
   if (device_ == nullptr) return OkStatus();
   Status mapped = device_->MapBlocks(first, count, pool_.block_bytes(), pool_.block_count(),
@@ -217,13 +219,14 @@ Status EngineSession::Impl::UnmapBlocksLocked(uint32_t first, uint32_t count) {
 void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   const TimePoint start = clock_->Now();
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
+  std::vector<uint8_t> inherited;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (promoted_ || msg.epoch == 0 || !failed_.empty()) {
       mapped = FailedPrecondition("Promote at epoch " + std::to_string(msg.epoch) +
                                   " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
     } else {
-      mapped = MapRangesLocked(msg.extents);
+      mapped = MapRangesLocked(msg.extents, &inherited);
       if (mapped.ok()) {
         promoted_ = true;
         epoch_.store(msg.epoch);
@@ -241,7 +244,8 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
                         << MillisBetween(start, clock_->Now()) << " ms";
   Push(SessionEvent{.kind = SessionEventKind::kPromoted,
                     .epoch = msg.epoch,
-                    .extents = std::move(mapped).value()});
+                    .extents = std::move(mapped).value(),
+                    .inherited_headers = std::move(inherited)});
 }
 
 void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
@@ -384,6 +388,19 @@ Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
     drained_unfinished_ = unfinished;
   }
   return SendOrDefer(proto::Drained{.epoch = epoch_.load(), .unfinished = unfinished});
+}
+
+Status EngineSession::Impl::ReportKvAdoption(const KvAdoptionSummary& summary) {
+  if (protocol_.load() < proto::kProtocolVersionKvAdopted) return OkStatus();
+  proto::KvAdopted msg{.epoch = epoch_.load(),
+                       .adopted = summary.adopted,
+                       .tokens = summary.tokens,
+                       .micros = static_cast<uint32_t>(std::clamp(summary.ms * 1e3, 0.0, 4e9))};
+  for (const auto& [reason, count] : summary.dropped) {
+    msg.dropped_reasons.push_back(reason);
+    msg.dropped_counts.push_back(count);
+  }
+  return SendOrDefer(msg);
 }
 
 void EngineSession::Impl::SetDrain(DrainState state) {

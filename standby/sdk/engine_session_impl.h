@@ -66,6 +66,7 @@ class EngineSession::Impl {
   Status RequestBlocks(uint32_t blocks);
   Status ReturnBlocks(std::span<const MappedExtent> extents);
   Status ReportDrained(uint32_t unfinished);
+  Status ReportKvAdoption(const KvAdoptionSummary& summary);
   Status ReportError(const Status& error);
   uint64_t epoch() const { return epoch_.load(); }
   bool resume_pending() const { return resume_pending_.load(); }
@@ -105,7 +106,8 @@ class EngineSession::Impl {
   Status TakeDeviceRegions(const proto::RegisterAck& ack);
   // Maps (or unmaps) blocks in the host pool and, with device memory, the device pool.
   // Caller holds mu_.
-  Status MapBlocksLocked(uint32_t first, uint32_t count);
+  // `inherited`, when given, gets each block's header as it was before the scrub.
+  Status MapBlocksLocked(uint32_t first, uint32_t count, std::vector<uint8_t>* inherited = nullptr);
   Status UnmapBlocksLocked(uint32_t first, uint32_t count);
 
   template <typename T>
@@ -159,7 +161,8 @@ class EngineSession::Impl {
   // Waits `d` (real time) or until Shutdown(); false on shutdown.
   bool WaitBackoff(Duration d);
   // Maps and scrubs `ranges`; on failure unmaps what it mapped. Caller holds mu_.
-  Result<std::vector<MappedExtent>> MapRangesLocked(const std::vector<proto::BlockRange>& ranges);
+  Result<std::vector<MappedExtent>> MapRangesLocked(const std::vector<proto::BlockRange>& ranges,
+                                                    std::vector<uint8_t>* inherited = nullptr);
   void Push(SessionEvent event);
   void Refuse(const Status& status);
   MappedExtent ExtentOf(uint32_t first, uint32_t count) const;
@@ -192,6 +195,7 @@ class EngineSession::Impl {
   bool serving_ = false;  // MarkServing() was called
   DrainState drain_ = DrainState::kNone;
   uint32_t drained_unfinished_ = 0;          // what ReportDrained() said
+  std::atomic<uint16_t> protocol_{0};        // the version the last Hello agreed on
   std::optional<proto::ErrorReport> error_;  // the error reported, sent again after a reattach
   std::string stopped_;                      // non-empty once told to stop
   std::string failed_;        // non-empty once an error was reported or a promotion failed

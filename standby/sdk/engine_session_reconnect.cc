@@ -199,6 +199,8 @@ EngineSession::Impl::Attempt EngineSession::Impl::SayReattach(proto::Channel& ch
     const bool refused = said.status().code() == StatusCode::kFailedPrecondition;
     return Attempt{refused ? AttemptOutcome::kRefused : AttemptOutcome::kFailed,
                    said.status().message()};
+  } else {
+    protocol_.store(said->version);
   }
   const proto::Reattach msg = ReattachMessage(reported);
   if (Status sent = channel.Send(msg); !sent.ok()) {

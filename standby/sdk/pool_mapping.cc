@@ -156,6 +156,16 @@ Status PoolMapping::UnmapExtent(uint32_t first, uint32_t count) {
   return OkStatus();
 }
 
+void PoolMapping::CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
+                              std::vector<uint8_t>* out) const {
+  const uint64_t n = std::min(header_bytes, args_.block_bytes);
+  for (uint32_t b = first; b < first + count; ++b) {
+    const size_t at = out->size();
+    out->resize(at + header_bytes, 0);
+    if (IsMapped(b)) std::memcpy(out->data() + at, BlockData(b), n);
+  }
+}
+
 void PoolMapping::ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_bytes) {
   const uint64_t n = std::min(header_bytes, args_.block_bytes);
   for (uint32_t b = first; b < first + count; ++b) {

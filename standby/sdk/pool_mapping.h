@@ -46,6 +46,10 @@ class PoolMapping {
   Status MapExtent(uint32_t first, uint32_t count);
   // Unmaps blocks [first, first + count), which must lie inside mapped extents.
   Status UnmapExtent(uint32_t first, uint32_t count);
+  // Appends the header bytes of each block in [first, first + count) to `out` (zeros for a
+  // block not mapped).
+  void CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
+                   std::vector<uint8_t>* out) const;
   // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
   void ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_bytes);
   // Unmaps every extent.

@@ -135,7 +135,8 @@ inline const char* NameOf(const FromEngine& m) {
   static constexpr const char* kNames[] = {"Register",       "Reattach",     "StandbyReady",
                                            "Heartbeat",      "LeaseRequest", "ReturnExtents",
                                            "ErrorReport",    "PromoteAck",   "Drained",
-                                           "ShareMemoryAck", "ErrorMsg"};
+                                           "ShareMemoryAck", "ErrorMsg",     "KvAdopted"};
+  static_assert(std::size(kNames) == std::variant_size_v<FromEngine>);
   return kNames[m.index()];
 }
 

@@ -213,6 +213,11 @@ TEST_F(RefEngineControllerTest, StandbyServesOncePromotedWithTheControllersMemor
   EXPECT_TRUE(Json::parse(refused.body).contains("error"));
 
   ctl.Send(proto::Promote{.epoch = 3, .extents = {{0, 32}}});
+  // It reads the inherited blocks' KV records first: fresh blocks hold none.
+  const proto::KvAdopted adopted = ctl.Expect<proto::KvAdopted>();
+  EXPECT_EQ(adopted.epoch, 3u);
+  EXPECT_EQ(adopted.adopted, 0u);
+  EXPECT_TRUE(adopted.dropped_reasons.empty());
   proto::PromoteAck ack = ctl.Expect<proto::PromoteAck>();
   EXPECT_EQ(ack.epoch, 3u);
   EXPECT_EQ(ack.blocks_mapped, 32u);
@@ -258,6 +263,7 @@ TEST_F(RefEngineControllerTest, APrimaryServesOnThroughAControllerRestart) {
   ASSERT_NE(engine.port(), 0);
   ASSERT_TRUE(first.AcceptEngine().ok());
   first.Send(proto::Promote{.epoch = 4, .extents = {{0, 32}}});
+  EXPECT_EQ(first.Expect<proto::KvAdopted>().epoch, 4u);
   EXPECT_EQ(first.Expect<proto::PromoteAck>().epoch, 4u);
   ASSERT_EQ(Complete(engine.port(), request).status, 200);
 

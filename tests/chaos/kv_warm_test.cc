@@ -1,0 +1,232 @@
+// KV-warm failover end to end: baton-router in front of a pair of reference engines, a
+// stream cut by the primary's death, and the new primary continuing it from the KV the dead
+// one left in the pool (docs/architecture.md, "KV-warm failover"):
+//
+//  * kill -9 mid-stream: the new primary adopts the sequence and continues it; the client's
+//    stream equals an undisturbed one, token for token;
+//  * the primary killed inside a record's commit (failpoint kv_mid_commit): the record is
+//    torn, the sequence is dropped, and the replay prefills; the stream is still the same;
+//  * the primary killed after a step's KV writes and before their commit (failpoint
+//    kv_before_commit): the successor adopts the step before and continues;
+//  * a standby of another KV format (another engine version) adopts nothing;
+//  * `batonctl promote` mid-stream hands the running sequence over without a prefill.
+//
+// A failpoint is armed in the engine launched as the primary only, by a shell wrapper.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/router_stream_support.h"
+
+namespace baton::chaos {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+constexpr int kCutAfterChunks = 4;
+
+json StreamRequest() {
+  return {{"model", kRouterTestModel},
+          {"prompt", "A stream whose KV outlives its engine:"},
+          {"seed", 777},
+          {"temperature", 0.9},
+          {"max_tokens", 64},
+          {"stream", true}};
+}
+
+std::vector<std::string> CurlArgv(const RouterProcess& router) {
+  return {FindInPath("curl"),
+          "-sS",
+          "-N",
+          "--fail-with-body",
+          "-H",
+          "Content-Type: application/json",
+          "--data-binary",
+          StreamRequest().dump(),
+          router.url() + "/completions"};
+}
+
+size_t Events(const std::string& body) {
+  size_t n = 0;
+  for (size_t pos = 0; (pos = body.find("\n\n", pos)) != std::string::npos; pos += 2) ++n;
+  return n;
+}
+
+// Streams the request through the router; `cut` runs once kCutAfterChunks events arrived
+// (none when null). Returns the stream as the client saw it.
+StreamOutput Stream(const ChaosCluster& cluster, const RouterProcess& router,
+                    const std::string& tag, const std::function<void()>& cut) {
+  Child curl(CurlArgv(router), cluster.dir() + "/curl-" + tag + ".log", /*piped=*/true);
+  EXPECT_TRUE(curl.started());
+  if (cut) {
+    while (Events(curl.buffer()) < kCutAfterChunks && curl.ReadMore(seconds(60))) {
+    }
+    EXPECT_EQ(curl.buffer().find("[DONE]"), std::string::npos)
+        << tag << ": the stream ended before the cut";
+    cut();
+  }
+  while (curl.ReadMore(seconds(90))) {
+  }
+  EXPECT_EQ(curl.Wait(seconds(10)), 0) << tag << ": " << curl.buffer();
+  StreamOutput out = ParseStream(curl.buffer());
+  EXPECT_TRUE(out.error.empty()) << tag << ": " << out.error << "\n" << curl.buffer();
+  return out;
+}
+
+uint16_t PortOf(const json& engine) {
+  const std::string address = engine.value("http_address", "");
+  return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
+}
+
+// A counter of the primary; 0 for a labelled series not rendered yet.
+double EngineMetric(const ChaosCluster& cluster, const std::string& series) {
+  return std::max(0.0, MetricValue(PortOf(EngineWithRole(cluster.Status(), "primary")), series));
+}
+
+// The kv part of the latest promotion's timeline (null until the engine reported).
+json LastTimelineKv(const ChaosCluster& cluster) {
+  for (int i = 0; i < 100; ++i) {
+    const CtlResult t = cluster.Ctl({"timeline"});
+    if (t.out.is_object() && t.out["timeline"].is_object() && t.out["timeline"].contains("kv")) {
+      return t.out["timeline"]["kv"];
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return nullptr;
+}
+
+// The engine launched as the primary (BATON_ROLE, set by the controller) gets `failpoint`.
+ClusterOptions PairWithPrimaryFailpoint(const std::string& failpoint) {
+  ClusterOptions o = RefenginePair();
+  o.engine_wrapper = {"/bin/sh", "-c",
+                      "if [ \"$BATON_ROLE\" = primary ]; then export BATON_FAILPOINTS=" +
+                          failpoint + "; fi; exec \"$@\"",
+                      "engine-wrapper"};
+  return o;
+}
+
+// The first ready standby is promoted, which may be the engine launched as the standby; a
+// switch-over then makes the one launched as the primary serve (the wrappers key on that).
+void ServeFromTheEngineLaunchedAsPrimary(const ChaosCluster& cluster) {
+  if (EngineWithRole(cluster.Status(), "primary").value("launched_as", "") == "primary") return;
+  const CtlResult promote = cluster.Ctl({"promote"});
+  ASSERT_EQ(promote.exit_code, 0) << promote.stdout_text;
+  const json ready = cluster.WaitReady("the pair after the switch-over");
+  ASSERT_EQ(EngineWithRole(ready, "primary").value("launched_as", ""), "primary") << ready.dump();
+}
+
+// The primary dies by itself at a failpoint mid-stream; the stream must equal an
+// undisturbed one streamed afterwards on the new pair.
+void StreamSurvivesFailpoint(const std::string& tag, const std::string& failpoint, double adopted,
+                             double dropped_torn) {
+  ChaosCluster cluster(PairWithPrimaryFailpoint(failpoint));
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
+  const uint64_t first = PrimaryId(cluster.Status());
+  const StreamOutput got = Stream(cluster, router, tag, nullptr);
+  const json after = cluster.WaitReady("the pair after the failpoint");
+  ASSERT_NE(PrimaryId(after), first) << "the failpoint did not fire mid-stream\n" << cluster.Log();
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), adopted);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_dropped_sequences_total{reason=\"torn\"}"),
+            dropped_torn);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), adopted);
+  const StreamOutput want = Stream(cluster, router, tag + "-reference", nullptr);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.text, want.text);
+  cluster.CheckFencing();
+}
+
+TEST(KvWarmFailover, KillMidStreamContinuesFromTheDeadPrimarysKv) {
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  const StreamOutput want = Stream(cluster, router, "reference", nullptr);
+  Ballast ballast(PrimaryAddress(cluster), 8);  // slows the tiny model so the kill lands
+  std::this_thread::sleep_for(milliseconds(300));
+  const StreamOutput got = Stream(cluster, router, "kill", [&] {
+    const CtlResult kill = cluster.Ctl({"drill", "kill"});
+    EXPECT_EQ(kill.exit_code, 0) << kill.stdout_text;
+    ballast.Stop();
+  });
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.text, want.text);
+  cluster.WaitReady("the pair after the kill");
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
+  EXPECT_GT(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"), 0);
+  const json kv = LastTimelineKv(cluster);
+  ASSERT_TRUE(kv.is_object()) << cluster.Ctl({"timeline"}).stdout_text;
+  EXPECT_EQ(kv["adopted"], 1);
+  EXPECT_GT(kv["tokens"].get<int>(), 0);
+  EXPECT_GE(MetricValue(router.port(), "baton_router_failover_next_token_seconds_count"), 1);
+  cluster.CheckFencing();
+}
+
+TEST(KvWarmFailover, TornRecordIsDroppedAndTheReplayPrefills) {
+  StreamSurvivesFailpoint("torn", "kv_mid_commit:12", /*adopted=*/0, /*dropped_torn=*/1);
+}
+
+TEST(KvWarmFailover, DeathBetweenKvWriteAndCommitAdoptsTheStepBefore) {
+  StreamSurvivesFailpoint("uncommitted", "kv_before_commit:12", /*adopted=*/1,
+                          /*dropped_torn=*/0);
+}
+
+TEST(KvWarmFailover, StandbyOfAnotherKvFormatAdoptsNothing) {
+  ClusterOptions o = RefenginePair();
+  // Every engine launched as a standby says it writes another KV format (an engine upgrade
+  // that changed its layout): the promoted one must not adopt the first primary's records.
+  o.engine_wrapper = {"/bin/sh", "-c",
+                      "if [ \"$BATON_ROLE\" = primary ]; then exec \"$@\"; fi; "
+                      "exec \"$@\" --kv-format other-kv/2",
+                      "engine-wrapper"};
+  ChaosCluster cluster(o);
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
+  const StreamOutput want = Stream(cluster, router, "reference", nullptr);
+  Ballast ballast(PrimaryAddress(cluster), 8);
+  std::this_thread::sleep_for(milliseconds(300));
+  const StreamOutput got = Stream(cluster, router, "kill", [&] {
+    EXPECT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
+    ballast.Stop();
+  });
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  cluster.WaitReady("the pair after the kill");
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 0);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_dropped_sequences_total{reason=\"identity\"}"),
+            1);
+}
+
+TEST(KvWarmFailover, PromoteHandsTheRunningSequenceOver) {
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  const StreamOutput want = Stream(cluster, router, "reference", nullptr);
+  const uint64_t before = PrimaryId(cluster.Status());
+  Ballast ballast(PrimaryAddress(cluster), 8);
+  std::this_thread::sleep_for(milliseconds(300));
+  const StreamOutput got = Stream(cluster, router, "promote", [&] {
+    // The ballast (sent straight to the engine, without a key) is drained as before; the
+    // router's keyed stream is handed over.
+    const CtlResult promote = cluster.Ctl({"promote"});
+    EXPECT_EQ(promote.exit_code, 0) << promote.stdout_text;
+    ballast.Stop();
+  });
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.text, want.text);
+  const json after = cluster.WaitReady("the pair after the switch-over");
+  EXPECT_NE(PrimaryId(after), before);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
+  cluster.CheckFencing();
+}
+
+}  // namespace
+}  // namespace baton::chaos
