@@ -7,9 +7,11 @@
 // crashes, hangs, error reports, drills, stale replays, forged epochs, returns of unheld
 // blocks, a standby asking for blocks, planned switch-overs, and controller crashes: the
 // Coordinator is destroyed and a new one started from what the SimDisk and the world hold,
-// whose engines then reattach. After every step fencing rules 1-5 are checked twice, against
-// the world and by the ledger's CheckInvariants, and the Coordinator must have refused no
-// transition and seen no violation. A final calm phase checks liveness.
+// whose engines then reattach. Serving engines generate into their KV and a promoted engine
+// adopts what its predecessor left (sim_kv.h). After every step fencing rules 1-5 are checked
+// twice, against the world and by the ledger's CheckInvariants, rule 6 (KV adoption) against
+// the world, and the Coordinator must have refused no transition and seen no violation. A
+// final calm phase checks liveness.
 //
 // Ownership: a Simulation owns its clock, world, disk, effects and Coordinator. Header-only
 // test support; single-threaded; deterministic for a given seed.
@@ -89,6 +91,10 @@ class Simulation {
     }
     out_.stats.promotions = world_.promotions;
     out_.stats.readopts = effects_.reattach_acks();
+    const Stats& kv = world_.kv_stats;
+    out_.stats.kv_adopted = kv.kv_adopted, out_.stats.kv_dropped = kv.kv_dropped;
+    out_.stats.kv_torn = kv.kv_torn, out_.stats.kv_continued = kv.kv_continued;
+    out_.stats.kv_malformed = kv.kv_malformed;
     return std::move(out_);
   }
 
@@ -279,6 +285,9 @@ class Simulation {
       return Fail(step, "recovery: an engine reattached with the truth and was refused: " +
                             effects_.refused_reattach());
     }
+    if (Status st = CheckAdoptedHeld(world_.engines(), *coord_); !st.ok()) {
+      return Fail(step, st.message());
+    }
     if (s == PairState::kReady && !HasStandby()) {
       return Fail(step, "model: pair ready without a ready standby");
     }
@@ -351,6 +360,7 @@ class Simulation {
   // Time passes; then every engine that talks to the controller sends a heartbeat (a slow
   // one sometimes misses it).
   void AdvanceTime(Duration d, bool slow) {
+    world_.Generate();
     RunFor(d);
     if (verbose_) Note("time +" + std::to_string(d.count() / 1000000) + "ms");
     for (auto& [id, e] : world_.engines()) {
@@ -380,6 +390,7 @@ class Simulation {
     const uint32_t want = static_cast<uint32_t>(rng_.Range(1, 6));
     while (give.size() < want && e.mapped.count(*give.rbegin() + 1))
       give.insert(*give.rbegin() + 1);
+    e.kv->Give(give);
     for (uint32_t b : give) e.mapped.erase(b);  // unmapped before it says so
     const proto::ReturnExtents m{.epoch = e.epoch, .extents = Runs(give)};
     world_.Note(e, m);

@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -25,6 +26,8 @@
 namespace baton::sim {
 
 using std::chrono::milliseconds;
+
+class SimEngineKv;  // sim_kv.h
 
 // splitmix64: small, fast, and the same on every platform.
 class Rng {
@@ -100,9 +103,11 @@ struct SimEngine {
   uint64_t promote_epoch = 0;  // the epoch of the last Promote sent to it (even if frozen)
   uint64_t grants = 0;         // Grants sent to it
   uint64_t heartbeat_seq = 0;
-  std::set<uint32_t> mapped;               // writable, until dead and past the barrier
-  std::optional<FromEngine> last_sent;     // for stale replays once it is gone
-  std::optional<FromEngine> standby_sent;  // a message with its epoch (0) sent as a standby
+  std::set<uint32_t> mapped;                  // writable, until dead and past the barrier
+  std::optional<FromEngine> last_sent;        // for stale replays once it is gone
+  std::optional<FromEngine> standby_sent;     // a message with its epoch (0) sent as a standby
+  std::shared_ptr<SimEngineKv> kv;            // its KV cache and records (sim_kv.h)
+  std::optional<proto::KvAdopted> kv_report;  // adopted at its Promote, sent when it serves
 
   bool Working() const { return alive && !hung && !killed && !exiting; }
 };

@@ -31,11 +31,16 @@ struct Stats {
   uint64_t steps = 0, promotions = 0, restarts = 0, readopts = 0;
   uint64_t refused_stale = 0, refused_forged = 0, switchovers = 0, backoff_steps = 0;
   uint64_t hang_kills = 0;
+  // KV-warm failover (sim_kv.h): sequences adopted, dropped (torn among them), requests
+  // continued from adopted KV, adoption reports sent malformed.
+  uint64_t kv_adopted = 0, kv_dropped = 0, kv_torn = 0, kv_continued = 0, kv_malformed = 0;
   void Add(const Stats& o) {
     steps += o.steps, promotions += o.promotions, restarts += o.restarts;
     readopts += o.readopts;
     refused_stale += o.refused_stale, refused_forged += o.refused_forged;
     switchovers += o.switchovers, backoff_steps += o.backoff_steps, hang_kills += o.hang_kills;
+    kv_adopted += o.kv_adopted, kv_dropped += o.kv_dropped, kv_torn += o.kv_torn;
+    kv_continued += o.kv_continued, kv_malformed += o.kv_malformed;
   }
 };
 

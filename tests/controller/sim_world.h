@@ -28,6 +28,8 @@
 #include "controller/core/coordinator.h"
 #include "controller/core/pool_ledger.h"
 #include "tests/controller/sim_engine.h"
+#include "tests/controller/sim_kv.h"
+#include "tests/controller/sim_options.h"
 
 namespace baton::sim {
 
@@ -39,7 +41,8 @@ class SimWorld {
         store_(store),
         rng_(rng),
         blocks_(blocks),
-        blocks_per_chunk_(std::max<uint32_t>(1, blocks_per_chunk)) {}
+        blocks_per_chunk_(std::max<uint32_t>(1, blocks_per_chunk)),
+        kv_pool_(blocks) {}
 
   // --- operating system ---------------------------------------------------------------
   // Starts the engine process the controller asked for, with the id and token it chose.
@@ -52,6 +55,7 @@ class SimWorld {
     e.id = id;
     e.token = token;
     e.port = port;
+    e.kv = std::make_shared<SimEngineKv>(kv_pool_, clock_, id, &e.epoch);
     e.connect_at = now() + rng_.Millis(10, 150);
     Queue(WorldEvent{WorldEvent::Kind::kConnect, id, {}, ""}, e.connect_at);
     if (tracing()) Trace("controller launches engine " + std::to_string(id));
@@ -221,6 +225,7 @@ class SimWorld {
       if (e.serve_at.has_value() && t >= *e.serve_at) {
         e.serve_at.reset();
         e.serving = true;
+        if (e.attached && e.kv_report.has_value()) SendKvReport(e);
         if (e.attached) {
           Send(e,
                proto::PromoteAck{.epoch = e.epoch,
@@ -232,6 +237,14 @@ class SimWorld {
     }
     if (store_.durable() < last_durable_) Flag("invariant 3 (epochs monotonic): journal went back");
     last_durable_ = store_.durable();
+  }
+  // Every serving engine runs a step of generation on its KV.
+  void Generate() {
+    for (auto& [id, e] : engines_) {
+      if (e.Working() && e.serving && !e.drained) {
+        e.kv->Step(rng_, &kv_stats.kv_continued, [this](const std::string& s) { Flag(s); });
+      }
+    }
   }
   // The earliest queued event due now, if any.
   std::optional<WorldEvent> PopDue() {
@@ -313,6 +326,7 @@ class SimWorld {
   TimePoint now() const { return clock_.Now(); }
   Rng& rng() { return rng_; }
   uint64_t promotions = 0;
+  Stats kv_stats;  // its kv_* counters
 
   // Forgets engines the controller released, beyond the last few (their stale messages stay
   // replayable while kept).
@@ -338,6 +352,8 @@ class SimWorld {
     e.alive = false;
     e.release_at = now() + rng_.Millis(0, 60);
     if (tracing()) Trace("engine " + std::to_string(e.id) + " is dead: " + how);
+    // Killed or crashed, it may have died inside a record's commit.
+    if (e.kv && !(e.exiting && !e.killed)) e.kv->Die(rng_.Chance(30));
     if (e.connected) {
       e.connected = e.attached = false;
       Queue(WorldEvent{WorldEvent::Kind::kDisconnected, e.id, {}, "end of file"},
@@ -372,17 +388,27 @@ class SimWorld {
     e.ready_at = now() + rng_.Millis(5, 60);
   }
   void Handle(SimEngine& e, const proto::Promote& m) {
+    const bool first = !e.promoted;
     e.promoted = true;
     e.epoch = m.epoch;
     Map(e, m.extents, m.epoch);
+    if (first) {
+      AdoptKv(e, m.extents);
+    } else {
+      e.kv->Map(m.extents);
+    }
     e.serve_at = now() + rng_.Millis(1, 30);
   }
-  void Handle(SimEngine& e, const proto::Grant& m) { Map(e, m.extents, m.epoch); }
+  void Handle(SimEngine& e, const proto::Grant& m) {
+    Map(e, m.extents, m.epoch);
+    e.kv->Map(m.extents);
+  }
   void Handle(SimEngine& e, const proto::Reclaim& m) {
     std::set<uint32_t> give;
     for (auto it = e.mapped.rbegin(); it != e.mapped.rend() && give.size() < m.blocks; ++it) {
       give.insert(*it);
     }
+    e.kv->Give(give);
     for (uint32_t b : give) e.mapped.erase(b);
     Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, rng_.Millis(1, 20));
   }
@@ -408,6 +434,37 @@ class SimWorld {
   // A promoted engine that had not acknowledged yet does once it serves (serve_at).
   void Handle(SimEngine& e, const proto::ReattachAck&) { e.attached = true; }
 
+  // Its first Promote: it reads the records of the blocks handed over (rule 6 checked on
+  // every block it adopts) and reports once it serves.
+  void AdoptKv(SimEngine& e, const std::vector<proto::BlockRange>& extents) {
+    auto fenced = [this](EngineId writer) {
+      const SimEngine* w = Find(writer);
+      return w == nullptr || (!w->alive && w->mapped.empty());
+    };
+    const KvAdoptionReport r =
+        e.kv->Adopt(extents, fenced, [this](const std::string& s) { Flag(s); });
+    proto::KvAdopted report{.epoch = e.epoch, .adopted = r.adopted, .tokens = r.tokens};
+    for (const auto& [reason, count] : r.dropped) {
+      report.dropped_reasons.push_back(reason);
+      report.dropped_counts.push_back(count);
+    }
+    kv_stats.kv_adopted += r.adopted;
+    kv_stats.kv_dropped += r.dropped_total();
+    if (auto it = r.dropped.find("torn"); it != r.dropped.end()) kv_stats.kv_torn += it->second;
+    e.kv_report = std::move(report);
+  }
+  // The adoption report, now and then malformed (a reason the controller must refuse).
+  void SendKvReport(SimEngine& e) {
+    proto::KvAdopted m = std::move(*e.kv_report);
+    e.kv_report.reset();
+    if (rng_.Chance(10)) {
+      m.dropped_reasons.push_back("Not A Reason!");
+      m.dropped_counts.push_back(1);
+      ++kv_stats.kv_malformed;
+    }
+    Send(e, m, rng_.Millis(0, 3));
+  }
+
   void CheckDurable(uint64_t epoch, const std::string& what) {
     if (epoch > store_.durable()) {
       Flag("invariant 3 (epochs monotonic): " + what + " carries epoch " + std::to_string(epoch) +
@@ -420,6 +477,7 @@ class SimWorld {
   Rng& rng_;
   uint32_t blocks_;
   uint32_t blocks_per_chunk_;
+  SimKvPool kv_pool_;
   std::map<EngineId, SimEngine> engines_;
   std::multimap<TimePoint, WorldEvent> queue_;
   std::map<EngineId, TimePoint> last_message_at_;

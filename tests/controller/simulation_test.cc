@@ -79,7 +79,9 @@ TEST(Simulation, EverySeedKeepsTheFencingRules) {
             << " re-adoptions, " << total.switchovers << " switch-overs, " << total.refused_stale
             << " stale and " << total.refused_forged << " forged messages refused, "
             << total.hang_kills << " hung engines killed, " << total.backoff_steps
-            << " steps in backoff\n";
+            << " steps in backoff; kv: " << total.kv_adopted << " sequences adopted, "
+            << total.kv_dropped << " dropped (" << total.kv_torn << " torn), " << total.kv_continued
+            << " requests continued, " << total.kv_malformed << " malformed reports\n";
   // The run must actually reach the interesting paths.
   EXPECT_GT(total.restarts, seeds / 2);
   EXPECT_GT(total.readopts, seeds / 2);
@@ -89,6 +91,10 @@ TEST(Simulation, EverySeedKeepsTheFencingRules) {
   EXPECT_GT(total.refused_stale, 0u);
   EXPECT_GT(total.refused_forged, 0u);
   EXPECT_GT(total.backoff_steps, 0u);
+  EXPECT_GT(total.kv_adopted, seeds / 10);
+  EXPECT_GT(total.kv_torn, 0u);
+  EXPECT_GT(total.kv_continued, 0u);
+  EXPECT_GT(total.kv_malformed, 0u);
 }
 
 // The same on a device pool of 4-block chunks (blocks 28 and 29 in a short last chunk):
