@@ -185,12 +185,15 @@ bool LoadClient::ReadBody(const std::string& head, LoadReply* reply) {
       if (!ReadMore(&reply->error)) return false;
     }
     reply->body.append(buffer_, eol + 2, size);
+    if (on_chunk_) on_chunk_(std::string_view(buffer_).substr(eol + 2, size));
     buffer_.erase(0, eol + 2 + size + 2);
   }
 }
 
-LoadReply LoadClient::RoundTrip(const std::string& request, std::atomic<bool>* body_started) {
+LoadReply LoadClient::RoundTrip(const std::string& request, std::atomic<bool>* body_started,
+                                std::function<void(std::string_view)> on_chunk) {
   LoadReply reply;
+  on_chunk_ = std::move(on_chunk);
   body_started_ = nullptr;
   if (!EnsureConnected(&reply.error)) return reply;
   size_t sent = 0;
@@ -226,6 +229,7 @@ LoadReply LoadClient::RoundTrip(const std::string& request, std::atomic<bool>* b
   if (body_started_ != nullptr && !buffer_.empty()) body_started_->store(true);
   const bool complete = ReadBody(head, &reply);
   body_started_ = nullptr;
+  on_chunk_ = nullptr;
   if (!complete) {
     fd_.Reset();
     return reply;  // status stays 0: the response is incomplete
@@ -236,13 +240,14 @@ LoadReply LoadClient::RoundTrip(const std::string& request, std::atomic<bool>* b
 }
 
 LoadReply LoadClient::Post(std::string_view path, std::string_view json_body,
-                           std::atomic<bool>* body_started) {
+                           std::atomic<bool>* body_started,
+                           std::function<void(std::string_view chunk)> on_chunk) {
   std::string request;
   request.reserve(160 + path.size() + json_body.size());
   request.append("POST ").append(path).append(" HTTP/1.1\r\nHost: ").append(address_);
   request.append("\r\nContent-Type: application/json\r\nContent-Length: ");
   request.append(std::to_string(json_body.size())).append("\r\n\r\n").append(json_body);
-  return RoundTrip(request, body_started);
+  return RoundTrip(request, body_started, std::move(on_chunk));
 }
 
 LoadReply LoadClient::Get(std::string_view path) {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <set>
 #include <string>
 #include <string_view>
@@ -41,15 +42,19 @@ class LoadClient {
 
   // POSTs `json_body` to `path`, reconnecting first when needed. With `body_started`, sets it
   // once the first bytes of the response body have arrived (a stream's first events).
+  // With `on_chunk`, calls it with each chunk of a chunked body as it arrives (a stream
+  // relayed whole event by event gives one event per chunk).
   LoadReply Post(std::string_view path, std::string_view json_body,
-                 std::atomic<bool>* body_started = nullptr);
+                 std::atomic<bool>* body_started = nullptr,
+                 std::function<void(std::string_view chunk)> on_chunk = {});
   // GETs `path`.
   LoadReply Get(std::string_view path);
   // Closes the connection (the next call opens a new one).
   void Close() { fd_.Reset(); }
 
  private:
-  LoadReply RoundTrip(const std::string& request, std::atomic<bool>* body_started);
+  LoadReply RoundTrip(const std::string& request, std::atomic<bool>* body_started,
+                      std::function<void(std::string_view)> on_chunk = {});
   bool EnsureConnected(std::string* error);
   bool ReadMore(std::string* error);
   bool ReadBody(const std::string& head, LoadReply* reply);
@@ -57,7 +62,8 @@ class LoadClient {
   std::string address_;
   std::chrono::milliseconds timeout_;
   UniqueFd fd_;
-  std::string buffer_;                         // bytes read past the last response
+  std::string buffer_;  // bytes read past the last response
+  std::function<void(std::string_view)> on_chunk_;
   std::atomic<bool>* body_started_ = nullptr;  // set by ReadMore while a body is read
 };
 

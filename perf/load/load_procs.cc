@@ -119,8 +119,9 @@ Result<ControllerPair> ControllerPair::Start(const std::string& bin_dir,
       << ", \"--model\", \"{model_dir}\", \"--port\", \"{port}\", \"--controller\", "
          "\"{socket}\", \"--token\", \"{token}\", \"--role\", \"{role}\", \"--engine-id\", "
          "\"{engine_id}\", \"--threads\", \""
-      << config.engine_threads << "\", \"--served-model-name\", " << Quote(config.served_name)
-      << "]\nlog_dir = " << Quote(engines) << "\nbase_port = 0\n\n"
+      << config.engine_threads << "\", \"--served-model-name\", " << Quote(config.served_name);
+  for (const std::string& arg : config.engine_args) out << ", " << Quote(arg);
+  out << "]\nlog_dir = " << Quote(engines) << "\nbase_port = 0\n\n"
       << "[pool]\nblocks = " << config.pool_blocks << "\nblock_bytes = " << config.block_bytes
       << "\n\n[policy]\nmax_failures = 1000\n";
   out.close();

@@ -54,6 +54,7 @@ struct PairConfig {
   int pool_blocks = 1024;
   int block_bytes = 64 << 10;
   int engine_threads = 1;
+  std::vector<std::string> engine_args = {};  // appended to the reference engine's command
 };
 
 class ControllerPair {
