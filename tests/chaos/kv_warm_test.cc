@@ -2,8 +2,9 @@
 // stream cut by the primary's death, and the new primary continuing it from the KV the dead
 // one left in the pool (docs/architecture.md, "KV-warm failover"):
 //
-//  * kill -9 mid-stream: the new primary adopts the sequence and continues it; the client's
-//    stream equals an undisturbed one, token for token;
+//  * kill -9 mid-stream, or a hang (SIGSTOP: killed and reaped before anything is read): the
+//    new primary adopts the sequence and continues it; the client's stream equals an
+//    undisturbed one, token for token;
 //  * the primary killed inside a record's commit (failpoint kv_mid_commit): the record is
 //    torn, the sequence is dropped, and the replay prefills; the stream is still the same;
 //  * the primary killed after a step's KV writes and before their commit (failpoint
@@ -143,21 +144,23 @@ void StreamSurvivesFailpoint(const std::string& tag, const std::string& failpoin
   cluster.CheckFencing();
 }
 
-TEST(KvWarmFailover, KillMidStreamContinuesFromTheDeadPrimarysKv) {
+// `batonctl drill DRILL` mid-stream; the new primary must continue from the KV the old one
+// left (a hung one is killed and reaped before anything is read).
+void DrillMidStreamContinuesFromTheKv(const std::string& drill) {
   ChaosCluster cluster(RefenginePair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   const StreamOutput want = Stream(cluster, router, "reference", nullptr);
-  Ballast ballast(PrimaryAddress(cluster), 8);  // slows the tiny model so the kill lands
+  Ballast ballast(PrimaryAddress(cluster), 8);  // slows the tiny model so the drill lands
   std::this_thread::sleep_for(milliseconds(300));
-  const StreamOutput got = Stream(cluster, router, "kill", [&] {
-    const CtlResult kill = cluster.Ctl({"drill", "kill"});
-    EXPECT_EQ(kill.exit_code, 0) << kill.stdout_text;
+  const StreamOutput got = Stream(cluster, router, drill, [&] {
+    const CtlResult done = cluster.Ctl({"drill", drill});
+    EXPECT_EQ(done.exit_code, 0) << done.stdout_text;
     ballast.Stop();
   });
   EXPECT_EQ(got.token_ids, want.token_ids);
   EXPECT_EQ(got.text, want.text);
-  cluster.WaitReady("the pair after the kill");
+  cluster.WaitReady("the pair after the drill");
   EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1);
   EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
   EXPECT_GT(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"), 0);
@@ -167,6 +170,14 @@ TEST(KvWarmFailover, KillMidStreamContinuesFromTheDeadPrimarysKv) {
   EXPECT_GT(kv["tokens"].get<int>(), 0);
   EXPECT_GE(MetricValue(router.port(), "baton_router_failover_next_token_seconds_count"), 1);
   cluster.CheckFencing();
+}
+
+TEST(KvWarmFailover, KillMidStreamContinuesFromTheDeadPrimarysKv) {
+  DrillMidStreamContinuesFromTheKv("kill");
+}
+
+TEST(KvWarmFailover, HangMidStreamContinuesFromTheHungPrimarysKv) {
+  DrillMidStreamContinuesFromTheKv("hang");
 }
 
 TEST(KvWarmFailover, TornRecordIsDroppedAndTheReplayPrefills) {
