@@ -1,0 +1,169 @@
+#include "fleet/etcd_client.h"
+
+#include <charconv>
+
+#include "base/text/base64.h"
+
+namespace baton {
+namespace {
+
+using nlohmann::json;
+
+// etcd's gateway writes int64 fields as strings ("42"), some as numbers; absent means 0.
+Result<int64_t> Int64Field(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return int64_t{0};
+  if (it->is_number_integer()) return it->get<int64_t>();
+  if (it->is_string()) {
+    const std::string& s = it->get_ref<const std::string&>();
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec == std::errc() && end == s.data() + s.size()) return v;
+  }
+  return Internal(std::string("etcd answer: field ") + name + " is not an integer");
+}
+
+Result<std::string> BytesField(const json& j, const char* name) {
+  auto it = j.find(name);
+  if (it == j.end() || it->is_null()) return std::string();
+  if (!it->is_string()) return Internal(std::string("etcd answer: field ") + name + " is not text");
+  std::optional<std::string> bytes = Base64Decode(it->get_ref<const std::string&>());
+  if (!bytes) return Internal(std::string("etcd answer: field ") + name + " is not base64");
+  return *bytes;
+}
+
+Result<EtcdKeyValue> KeyValueOf(const json& j) {
+  if (!j.is_object()) return Internal("etcd answer: a key-value is not an object");
+  EtcdKeyValue kv;
+  BATON_ASSIGN_OR_RETURN(kv.key, BytesField(j, "key"));
+  BATON_ASSIGN_OR_RETURN(kv.value, BytesField(j, "value"));
+  BATON_ASSIGN_OR_RETURN(kv.create_revision, Int64Field(j, "create_revision"));
+  BATON_ASSIGN_OR_RETURN(kv.mod_revision, Int64Field(j, "mod_revision"));
+  BATON_ASSIGN_OR_RETURN(kv.version, Int64Field(j, "version"));
+  BATON_ASSIGN_OR_RETURN(kv.lease, Int64Field(j, "lease"));
+  return kv;
+}
+
+Result<int64_t> HeaderRevision(const json& j) {
+  auto it = j.find("header");
+  if (it == j.end() || !it->is_object()) return Internal("etcd answer: no header");
+  return Int64Field(*it, "revision");
+}
+
+}  // namespace
+
+std::string EtcdPrefixEnd(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    if (static_cast<uint8_t>(end.back()) < 0xFF) {
+      end.back() = static_cast<char>(static_cast<uint8_t>(end.back()) + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+EtcdClient::EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members)
+    : members_(std::move(members)) {}
+
+Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& options) {
+  if (options.endpoints.empty()) return InvalidArgument("etcd: no endpoints");
+  std::vector<std::unique_ptr<JsonHttpClient>> members;
+  for (const std::string& e : options.endpoints) {
+    BATON_ASSIGN_OR_RETURN(std::unique_ptr<JsonHttpClient> c,
+                           JsonHttpClient::Create(e, options.timeout));
+    members.push_back(std::move(c));
+  }
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(members)));
+}
+
+std::string EtcdClient::endpoint() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return members_[current_]->endpoint();
+}
+
+Result<json> EtcdClient::Call(const std::string& path, const json& body) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Status last = OkStatus();
+  for (size_t tried = 0; tried < members_.size(); ++tried) {
+    const size_t i = (current_ + tried) % members_.size();
+    Result<json> r = members_[i]->Post(path, body);
+    if (r.ok() || (r.status().code() != StatusCode::kUnavailable &&
+                   r.status().code() != StatusCode::kDeadlineExceeded)) {
+      if (r.ok()) current_ = i;
+      return r;
+    }
+    last = r.status();
+  }
+  return Unavailable("etcd: no endpoint answered; last: " + last.message());
+}
+
+Result<int64_t> EtcdClient::Put(std::string_view key, std::string_view value, int64_t lease) {
+  json body = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+  if (lease != 0) body["lease"] = std::to_string(lease);
+  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/kv/put", body));
+  return HeaderRevision(r);
+}
+
+Result<EtcdRange> EtcdClient::Range(json body) {
+  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/kv/range", body));
+  EtcdRange out;
+  BATON_ASSIGN_OR_RETURN(out.revision, HeaderRevision(r));
+  if (auto it = r.find("kvs"); it != r.end()) {
+    if (!it->is_array()) return Internal("etcd answer: kvs is not an array");
+    for (const json& kv : *it) {
+      BATON_ASSIGN_OR_RETURN(EtcdKeyValue v, KeyValueOf(kv));
+      out.kvs.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+Result<std::optional<EtcdKeyValue>> EtcdClient::Get(std::string_view key) {
+  BATON_ASSIGN_OR_RETURN(EtcdRange r, Range({{"key", Base64Encode(key)}}));
+  if (r.kvs.empty()) return std::optional<EtcdKeyValue>();
+  return std::optional<EtcdKeyValue>(std::move(r.kvs.front()));
+}
+
+Result<EtcdRange> EtcdClient::GetPrefix(std::string_view prefix) {
+  return Range({{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(EtcdPrefixEnd(prefix))}});
+}
+
+Result<int64_t> EtcdClient::Delete(std::string_view key) {
+  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/kv/deleterange", {{"key", Base64Encode(key)}}));
+  return Int64Field(r, "deleted");
+}
+
+Result<int64_t> EtcdClient::DeletePrefix(std::string_view prefix) {
+  BATON_ASSIGN_OR_RETURN(
+      json r, Call("/v3/kv/deleterange", {{"key", Base64Encode(prefix)},
+                                          {"range_end", Base64Encode(EtcdPrefixEnd(prefix))}}));
+  return Int64Field(r, "deleted");
+}
+
+Result<int64_t> EtcdClient::GrantLease(std::chrono::seconds ttl) {
+  if (ttl.count() < 1) return InvalidArgument("etcd lease: the TTL must be at least 1 s");
+  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}}));
+  if (r.contains("error") && r["error"].is_string() && !r["error"].get<std::string>().empty()) {
+    return FailedPrecondition("etcd lease grant: " + r["error"].get<std::string>());
+  }
+  BATON_ASSIGN_OR_RETURN(int64_t id, Int64Field(r, "ID"));
+  if (id == 0) return Internal("etcd lease grant: no lease id in the answer");
+  return id;
+}
+
+Result<int64_t> EtcdClient::KeepAlive(int64_t lease) {
+  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}}));
+  auto it = r.find("result");
+  if (it == r.end() || !it->is_object()) return Internal("etcd keepalive: no result");
+  BATON_ASSIGN_OR_RETURN(int64_t ttl, Int64Field(*it, "TTL"));
+  if (ttl <= 0) return NotFound("etcd lease " + std::to_string(lease) + " has expired");
+  return ttl;
+}
+
+Status EtcdClient::RevokeLease(int64_t lease) {
+  return Call("/v3/lease/revoke", {{"ID", std::to_string(lease)}}).status();
+}
+
+}  // namespace baton

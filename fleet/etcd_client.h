@@ -1,0 +1,83 @@
+// EtcdClient: the part of etcd's v3 API that a Baton fleet uses (keys, prefixes, leases),
+// spoken as JSON over HTTP through etcd's gRPC gateway (`/v3/...`), which every etcd v3
+// server serves on its client port. No gRPC stack is needed: one Beast connection per
+// endpoint (fleet/json_http_client.h).
+//
+// A call goes to the endpoint that answered last; when it cannot be reached or does not
+// answer in time (Unavailable, DeadlineExceeded) the next endpoint is tried, each at most
+// once per call. An answer of etcd (an error code, an expired lease) ends the call as it is.
+// A call retried on another endpoint may have been applied by the first one: Put is
+// idempotent, a lease granted twice leaves one that expires on its own.
+//
+// Keys and values are bytes (base64 on the wire). Thread-safe: calls are serialized.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "fleet/json_http_client.h"
+
+namespace baton {
+
+struct EtcdOptions {
+  std::vector<std::string> endpoints;       // "host:port" or "http://host:port", at least one
+  std::chrono::milliseconds timeout{1000};  // per request, per endpoint
+};
+
+struct EtcdKeyValue {
+  std::string key;
+  std::string value;
+  int64_t create_revision = 0;
+  int64_t mod_revision = 0;
+  int64_t version = 0;
+  int64_t lease = 0;  // 0: none
+};
+
+struct EtcdRange {
+  std::vector<EtcdKeyValue> kvs;
+  int64_t revision = 0;  // the store's revision when it was read
+};
+
+// The end of the range of keys that start with `prefix` (etcd's `range_end`).
+std::string EtcdPrefixEnd(std::string_view prefix);
+
+class EtcdClient {
+ public:
+  static Result<std::unique_ptr<EtcdClient>> Create(const EtcdOptions& options);
+
+  // Returns the revision of the write. lease 0: the key outlives every lease.
+  Result<int64_t> Put(std::string_view key, std::string_view value, int64_t lease = 0);
+  Result<std::optional<EtcdKeyValue>> Get(std::string_view key);
+  Result<EtcdRange> GetPrefix(std::string_view prefix);
+  // Return how many keys were deleted.
+  Result<int64_t> Delete(std::string_view key);
+  Result<int64_t> DeletePrefix(std::string_view prefix);
+
+  // A lease of `ttl` (at least 1 s; etcd may grant more); returns its id.
+  Result<int64_t> GrantLease(std::chrono::seconds ttl);
+  // Renews the lease; returns the seconds it has left. NotFound when it expired or was revoked.
+  Result<int64_t> KeepAlive(int64_t lease);
+  Status RevokeLease(int64_t lease);
+
+  // The endpoint calls go to first (the last one that answered).
+  std::string endpoint() const;
+
+ private:
+  explicit EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members);
+  Result<nlohmann::json> Call(const std::string& path, const nlohmann::json& body);
+  Result<EtcdRange> Range(nlohmann::json body);
+
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<JsonHttpClient>> members_;
+  size_t current_ = 0;
+};
+
+}  // namespace baton

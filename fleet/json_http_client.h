@@ -1,0 +1,44 @@
+// JsonHttpClient: POSTs JSON to one HTTP/1.1 server and reads a JSON answer, over one
+// keep-alive connection, every call bounded by a timeout. It is how Baton speaks to etcd's
+// v3 JSON API (fleet/etcd_client.h).
+//
+// Post() connects when no connection is open, sends, and reads one whole response (at most
+// kMaxResponseBytes); on any transport error or timeout the connection is closed and the
+// error returned (Unavailable, DeadlineExceeded), and the next call connects again. An answer
+// whose status is not 2xx is returned as an error carrying the server's message: NotFound
+// for 404, Unavailable for 5xx, FailedPrecondition for the others. Not
+// thread-safe: one caller at a time.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "base/status.h"
+
+namespace baton {
+
+class JsonHttpClient {
+ public:
+  static constexpr size_t kMaxResponseBytes = 64u << 20;
+
+  // `endpoint`: "host:port" or "http://host:port" (host a name or an IPv4 address).
+  static Result<std::unique_ptr<JsonHttpClient>> Create(const std::string& endpoint,
+                                                        std::chrono::milliseconds timeout);
+  ~JsonHttpClient();
+  JsonHttpClient(const JsonHttpClient&) = delete;
+  JsonHttpClient& operator=(const JsonHttpClient&) = delete;
+
+  Result<nlohmann::json> Post(const std::string& path, const nlohmann::json& body);
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  struct Impl;
+  JsonHttpClient(std::string endpoint, std::unique_ptr<Impl> impl);
+
+  std::string endpoint_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace baton

@@ -1,0 +1,119 @@
+#include "fleet/node_registrar.h"
+
+#include <algorithm>
+
+#include "base/log.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "fleet";
+constexpr std::chrono::milliseconds kRetry{200};
+
+std::chrono::seconds LeaseSeconds(std::chrono::milliseconds ttl) {
+  return std::chrono::seconds(std::max<int64_t>(1, (ttl.count() + 999) / 1000));
+}
+
+}  // namespace
+
+NodeRegistrar::NodeRegistrar(EtcdClient* etcd, NodeRegistrarOptions options)
+    : etcd_(etcd), options_(std::move(options)), thread_([this] { Run(); }) {}
+
+NodeRegistrar::~NodeRegistrar() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void NodeRegistrar::Publish(std::string record) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record_ = std::move(record);
+    has_record_ = true;
+    record_written_ = false;
+    published_ = true;
+  }
+  wake_.notify_all();
+}
+
+NodeRegistration NodeRegistrar::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+void NodeRegistrar::Failed(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++state_.failures;
+  if (state_.last_error.empty()) {
+    BATON_LOG(WARN, kLog) << options_.key << ": etcd: " << status.ToString();
+  }
+  state_.last_error = status.ToString();
+}
+
+std::chrono::milliseconds NodeRegistrar::Round() {
+  std::unique_lock<std::mutex> lock(mu_);
+  published_ = false;
+  if (!has_record_) return options_.ttl;
+  int64_t lease = state_.lease;
+  lock.unlock();
+  if (lease == 0) {
+    Result<int64_t> granted = etcd_->GrantLease(LeaseSeconds(options_.ttl));
+    if (!granted.ok()) {
+      Failed(granted.status());
+      return kRetry;
+    }
+    lease = *granted;
+    lock.lock();
+    state_.lease = lease;
+    ++state_.leases;
+    record_written_ = false;
+    lock.unlock();
+  } else if (Result<int64_t> ttl = etcd_->KeepAlive(lease); !ttl.ok()) {
+    Failed(ttl.status());
+    if (ttl.status().code() == StatusCode::kNotFound) {  // expired: register again
+      BATON_LOG(WARN, kLog) << options_.key << ": lease " << lease << " lost; registering again";
+      lock.lock();
+      state_.lease = 0;
+      state_.registered = false;
+    }
+    return kRetry;
+  }
+  lock.lock();
+  if (!record_written_) {
+    const std::string record = record_;
+    lock.unlock();
+    Result<int64_t> put = etcd_->Put(options_.key, record, lease);
+    if (!put.ok()) {
+      Failed(put.status());
+      return kRetry;
+    }
+    lock.lock();
+    record_written_ = record == record_;
+    ++state_.writes;
+    if (!state_.registered) {
+      BATON_LOG(INFO, kLog) << options_.key << ": registered under lease " << lease << " (TTL "
+                            << LeaseSeconds(options_.ttl).count() << " s)";
+    }
+    state_.registered = true;
+  }
+  if (!state_.last_error.empty()) {
+    BATON_LOG(INFO, kLog) << options_.key << ": etcd answers again";
+    state_.last_error.clear();
+  }
+  return record_written_ ? options_.ttl / 3 : std::chrono::milliseconds(0);
+}
+
+void NodeRegistrar::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    const std::chrono::milliseconds wait = Round();
+    lock.lock();
+    wake_.wait_for(lock, wait, [&] { return stop_ || published_; });
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,156 @@
+// EtcdClient against a real 3-member etcd cluster on loopback (tests/fleet/etcd_cluster.h):
+// keys and prefixes, leases that expire and take their keys, a client that moves to another
+// member when its member dies, and the errors of an unreachable cluster.
+#include "fleet/etcd_client.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "tests/fleet/etcd_cluster.h"
+
+namespace baton {
+namespace {
+
+using fleet_test::EtcdCluster;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class EtcdClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
+    cluster_ = std::make_unique<EtcdCluster>(3);
+    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up; logs in " << cluster_->dir();
+    auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = milliseconds(500)});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    client_ = std::move(*c);
+  }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+  std::unique_ptr<EtcdClient> client_;
+};
+
+TEST_F(EtcdClientTest, KeysAndPrefixes) {
+  const std::string binary("v\0\xff\x01", 4);
+  ASSERT_TRUE(client_->Put("/baton/nodes/a", "alpha").ok());
+  ASSERT_TRUE(client_->Put("/baton/nodes/b", binary).ok());
+  ASSERT_TRUE(client_->Put("/baton/other", "x").ok());
+  Result<std::optional<EtcdKeyValue>> a = client_->Get("/baton/nodes/a");
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(a->has_value());
+  EXPECT_EQ((*a)->value, "alpha");
+  EXPECT_EQ((*a)->version, 1);
+  Result<EtcdRange> nodes = client_->GetPrefix("/baton/nodes/");
+  ASSERT_TRUE(nodes.ok()) << nodes.status().ToString();
+  ASSERT_EQ(nodes->kvs.size(), 2u);
+  EXPECT_EQ(nodes->kvs[0].key, "/baton/nodes/a");
+  EXPECT_EQ(nodes->kvs[1].value, binary);
+  EXPECT_GE(nodes->revision, nodes->kvs[1].mod_revision);
+  EXPECT_FALSE(client_->Get("/baton/nodes/none")->has_value());
+  EXPECT_EQ(*client_->DeletePrefix("/baton/nodes/"), 2);
+  EXPECT_TRUE(client_->GetPrefix("/baton/nodes/")->kvs.empty());
+  EXPECT_EQ(*client_->Delete("/baton/other"), 1);
+}
+
+TEST_F(EtcdClientTest, ALeaseKeptAliveKeepsItsKeyAndAnExpiredOneTakesIt) {
+  Result<int64_t> lease = client_->GrantLease(seconds(1));
+  ASSERT_TRUE(lease.ok()) << lease.status().ToString();
+  ASSERT_TRUE(client_->Put("/baton/leased", "here", *lease).ok());
+  EXPECT_EQ((*client_->Get("/baton/leased"))->lease, *lease);
+  for (int i = 0; i < 6; ++i) {  // 1.5 s of renewals: longer than the TTL
+    Result<int64_t> ttl = client_->KeepAlive(*lease);
+    ASSERT_TRUE(ttl.ok()) << ttl.status().ToString();
+    EXPECT_GE(*ttl, 1);
+    std::this_thread::sleep_for(milliseconds(250));
+  }
+  EXPECT_TRUE(client_->Get("/baton/leased")->has_value());
+  // No more renewals: etcd expires the lease and deletes its key.
+  bool gone = false;
+  for (int i = 0; i < 200 && !gone; ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    gone = !client_->Get("/baton/leased")->has_value();
+  }
+  EXPECT_TRUE(gone);
+  EXPECT_EQ(client_->KeepAlive(*lease).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(client_->RevokeLease(*lease).code(), StatusCode::kNotFound);
+}
+
+TEST_F(EtcdClientTest, ARevokedLeaseTakesItsKeysAtOnce) {
+  Result<int64_t> lease = client_->GrantLease(seconds(30));
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(client_->Put("/baton/r", "x", *lease).ok());
+  ASSERT_TRUE(client_->RevokeLease(*lease).ok());
+  EXPECT_FALSE(client_->Get("/baton/r")->has_value());
+}
+
+TEST_F(EtcdClientTest, TheClientMovesToAnotherMemberWhenItsMemberDies) {
+  ASSERT_TRUE(client_->Put("/baton/k", "1").ok());
+  const std::string first = client_->endpoint();
+  int dead = -1;
+  for (int i = 0; i < cluster_->size(); ++i) {
+    if (cluster_->member(i).client_url() == first) dead = i;
+  }
+  ASSERT_GE(dead, 0);
+  cluster_->Kill(dead);
+  // The two left are a quorum: writes go on, through another member.
+  Status put = Unavailable("not tried");
+  for (int i = 0; i < 100 && !put.ok(); ++i) {
+    put = client_->Put("/baton/k", "2").status();
+    if (!put.ok()) std::this_thread::sleep_for(milliseconds(50));
+  }
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  EXPECT_NE(client_->endpoint(), first);
+  EXPECT_EQ((*client_->Get("/baton/k"))->value, "2");
+  // The member comes back on its data and catches up.
+  cluster_->Start(dead);
+  ASSERT_TRUE(cluster_->WaitHealthy());
+  auto only = EtcdClient::Create({.endpoints = {first}, .timeout = milliseconds(500)});
+  ASSERT_TRUE(only.ok());
+  Result<std::optional<EtcdKeyValue>> again = (*only)->Get("/baton/k");
+  for (int i = 0; i < 100 && !(again.ok() && again->has_value() && (*again)->value == "2"); ++i) {
+    std::this_thread::sleep_for(milliseconds(50));
+    again = (*only)->Get("/baton/k");
+  }
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->value, "2");
+}
+
+TEST_F(EtcdClientTest, AFrozenMemberIsPassedOverAfterTheTimeout) {
+  const std::string first = client_->endpoint();
+  int frozen = 0;
+  for (int i = 0; i < cluster_->size(); ++i) {
+    if (cluster_->member(i).client_url() == first) frozen = i;
+  }
+  cluster_->Freeze(frozen);
+  Status put = Unavailable("not tried");
+  for (int i = 0; i < 20 && !put.ok(); ++i) put = client_->Put("/baton/f", "1").status();
+  cluster_->Thaw(frozen);
+  ASSERT_TRUE(put.ok()) << put.ToString();
+  EXPECT_NE(client_->endpoint(), first);
+}
+
+TEST(EtcdClientErrors, NoMemberListeningIsUnavailable) {
+  const int port = fleet_test::FreePort("127.0.0.1");
+  auto c = EtcdClient::Create(
+      {.endpoints = {"127.0.0.1:" + std::to_string(port)}, .timeout = milliseconds(300)});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)->Put("k", "v").status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ((*c)->GrantLease(seconds(0)).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(EtcdClientErrors, BadEndpointsAreRefused) {
+  EXPECT_FALSE(EtcdClient::Create({.endpoints = {}}).ok());
+  EXPECT_FALSE(EtcdClient::Create({.endpoints = {"no-port"}}).ok());
+  EXPECT_FALSE(EtcdClient::Create({.endpoints = {"https://127.0.0.1:2379"}}).ok());
+}
+
+TEST(EtcdPrefixEnd, IsThePrefixWithItsLastByteRaised) {
+  EXPECT_EQ(EtcdPrefixEnd("/baton/"), "/baton0");
+  EXPECT_EQ(EtcdPrefixEnd(std::string("a\xff", 2)), "b");
+  EXPECT_EQ(EtcdPrefixEnd(""), std::string(1, '\0'));
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,167 @@
+// EtcdCluster: a real etcd cluster for tests (Debian's etcd-server), its members on their own
+// loopback addresses (127.0.0.11, .12, ...), each with a data directory under a temporary
+// directory that the cluster removes. Members can be killed, frozen (SIGSTOP), thawed and
+// started again on their data; the destructor kills every member.
+//
+// Header-only test support; one thread.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fleet/etcd_client.h"
+
+extern char** environ;
+
+namespace baton::fleet_test {
+
+inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
+
+// A TCP port free on `ip` now (bound and released).
+inline int FreePort(const std::string& ip) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+class EtcdCluster {
+ public:
+  struct Member {
+    std::string name, ip, data_dir, log;
+    int client_port = 0, peer_port = 0;
+    pid_t pid = 0;
+    std::string client_url() const { return "http://" + ip + ":" + std::to_string(client_port); }
+    std::string peer_url() const { return "http://" + ip + ":" + std::to_string(peer_port); }
+  };
+
+  explicit EtcdCluster(int members) {
+    char tmpl[] = "/tmp/baton-etcd-XXXXXX";
+    dir_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
+    for (int i = 0; i < members; ++i) {
+      Member m;
+      m.name = "m" + std::to_string(i);
+      m.ip = "127.0.0." + std::to_string(11 + i);
+      m.data_dir = dir_ + "/" + m.name;
+      m.log = dir_ + "/" + m.name + ".log";
+      m.client_port = FreePort(m.ip);
+      m.peer_port = FreePort(m.ip);
+      members_.push_back(m);
+    }
+    for (int i = 0; i < members; ++i) Start(i, /*existing=*/false);
+  }
+  ~EtcdCluster() {
+    for (int i = 0; i < size(); ++i) Kill(i);
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+
+  static bool Installed() { return ::access(kEtcdBinary, X_OK) == 0; }
+
+  int size() const { return static_cast<int>(members_.size()); }
+  const Member& member(int i) const { return members_[i]; }
+  std::vector<std::string> endpoints() const {
+    std::vector<std::string> out;
+    for (const Member& m : members_) out.push_back(m.client_url());
+    return out;
+  }
+  std::string dir() const { return dir_; }
+
+  // Waits until every running member answers a read (a quorum formed); false after `wait`.
+  bool WaitHealthy(std::chrono::seconds wait = std::chrono::seconds(30)) const {
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    for (int i = 0; i < size(); ++i) {
+      if (members_[i].pid == 0) continue;
+      auto c = EtcdClient::Create(
+          {.endpoints = {members_[i].client_url()}, .timeout = std::chrono::milliseconds(500)});
+      while (!c.ok() || !(*c)->Get("health").ok()) {
+        if (std::chrono::steady_clock::now() > deadline) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+    return true;
+  }
+
+  // Starts member i: a new cluster's first start, or again on its data (`existing`).
+  void Start(int i, bool existing = true) {
+    Member& m = members_[i];
+    if (m.pid != 0) return;
+    std::string initial;
+    for (const Member& o : members_) {
+      initial += (initial.empty() ? "" : ",") + o.name + "=" + o.peer_url();
+    }
+    std::vector<std::string> argv = {kEtcdBinary,
+                                     "--name",
+                                     m.name,
+                                     "--data-dir",
+                                     m.data_dir,
+                                     "--listen-client-urls",
+                                     m.client_url(),
+                                     "--advertise-client-urls",
+                                     m.client_url(),
+                                     "--listen-peer-urls",
+                                     m.peer_url(),
+                                     "--initial-advertise-peer-urls",
+                                     m.peer_url(),
+                                     "--initial-cluster",
+                                     initial,
+                                     "--initial-cluster-state",
+                                     existing ? "existing" : "new",
+                                     "--initial-cluster-token",
+                                     "baton-" + dir_,
+                                     "--heartbeat-interval",
+                                     "50",
+                                     "--election-timeout",
+                                     "500"};
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, m.log.c_str(),
+                                     O_WRONLY | O_CREAT | O_APPEND, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    if (::posix_spawn(&m.pid, args[0], &actions, nullptr, args.data(), environ) != 0) m.pid = 0;
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  // kill -9 and reap.
+  void Kill(int i) {
+    Member& m = members_[i];
+    if (m.pid == 0) return;
+    ::kill(m.pid, SIGCONT);
+    ::kill(m.pid, SIGKILL);
+    ::waitpid(m.pid, nullptr, 0);
+    m.pid = 0;
+  }
+  void Freeze(int i) { ::kill(members_[i].pid, SIGSTOP); }
+  void Thaw(int i) { ::kill(members_[i].pid, SIGCONT); }
+
+ private:
+  std::string dir_;
+  std::vector<Member> members_;
+};
+
+}  // namespace baton::fleet_test

@@ -1,0 +1,117 @@
+// NodeRegistrar against a real 3-member etcd cluster: the record is kept past its TTL, is
+// replaced when published again, comes back under a new lease when its lease is lost,
+// survives the whole cluster going away and coming back, and outlives the registrar by its
+// TTL only.
+#include "fleet/node_registrar.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <functional>
+#include <thread>
+
+#include "tests/fleet/etcd_cluster.h"
+
+namespace baton {
+namespace {
+
+using fleet_test::EtcdCluster;
+using std::chrono::milliseconds;
+
+constexpr const char* kKey = "/baton/nodes/node-a";
+
+bool Eventually(const std::function<bool()>& done, milliseconds wait = milliseconds(15000)) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return true;
+}
+
+class NodeRegistrarTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
+    cluster_ = std::make_unique<EtcdCluster>(3);
+    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up; logs in " << cluster_->dir();
+    registrar_etcd_ = Client();
+    reader_ = Client();
+  }
+  std::unique_ptr<EtcdClient> Client() {
+    auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = milliseconds(300)});
+    EXPECT_TRUE(c.ok()) << c.status().ToString();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+  std::optional<EtcdKeyValue> Read() {
+    Result<std::optional<EtcdKeyValue>> r = reader_->Get(kKey);
+    return r.ok() ? *r : std::nullopt;
+  }
+  bool Holds(const std::string& value) {
+    const std::optional<EtcdKeyValue> kv = Read();
+    return kv.has_value() && kv->value == value;
+  }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+  std::unique_ptr<EtcdClient> registrar_etcd_, reader_;
+};
+
+TEST_F(NodeRegistrarTest, TheRecordIsKeptPastItsTtlAndReplacedWhenPublished) {
+  NodeRegistrar registrar(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(2000)});
+  registrar.Publish("r1");
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  const int64_t lease = Read()->lease;
+  EXPECT_NE(lease, 0);
+  std::this_thread::sleep_for(milliseconds(3000));  // one and a half TTLs of renewals
+  ASSERT_TRUE(Holds("r1"));
+  EXPECT_EQ(Read()->lease, lease);
+  registrar.Publish("r2");
+  ASSERT_TRUE(Eventually([&] { return Holds("r2"); }));
+  const NodeRegistration s = registrar.state();
+  EXPECT_TRUE(s.registered);
+  EXPECT_EQ(s.leases, 1u);
+  EXPECT_EQ(s.writes, 2u);
+  EXPECT_EQ(s.last_error, "");
+}
+
+TEST_F(NodeRegistrarTest, ALostLeaseIsReplacedAndTheRecordWrittenAgain) {
+  NodeRegistrar registrar(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(1000)});
+  registrar.Publish("r1");
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  const int64_t lease = Read()->lease;
+  ASSERT_TRUE(reader_->RevokeLease(lease).ok());  // the key goes with it
+  ASSERT_TRUE(Eventually([&] {
+    const std::optional<EtcdKeyValue> kv = Read();
+    return kv.has_value() && kv->lease != lease && kv->value == "r1";
+  }));
+  EXPECT_EQ(registrar.state().leases, 2u);
+}
+
+TEST_F(NodeRegistrarTest, TheWholeClusterGoneAndBackIsWaitedOut) {
+  NodeRegistrar registrar(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(1000)});
+  registrar.Publish("r1");
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Kill(i);
+  ASSERT_TRUE(Eventually([&] { return !registrar.state().last_error.empty(); }));
+  registrar.Publish("r2");  // while etcd is away
+  std::this_thread::sleep_for(milliseconds(1500));
+  for (int i = 0; i < cluster_->size(); ++i) cluster_->Start(i);
+  ASSERT_TRUE(cluster_->WaitHealthy());
+  ASSERT_TRUE(Eventually([&] { return Holds("r2"); }));
+  ASSERT_TRUE(Eventually([&] { return registrar.state().last_error.empty(); }));
+  EXPECT_TRUE(registrar.state().registered);
+  EXPECT_GT(registrar.state().failures, 0u);
+}
+
+TEST_F(NodeRegistrarTest, TheRecordOutlivesTheRegistrarByItsTtlOnly) {
+  {
+    NodeRegistrar registrar(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(1000)});
+    registrar.Publish("r1");
+    ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  }
+  EXPECT_TRUE(Holds("r1"));  // not revoked: the node's engines may still serve
+  EXPECT_TRUE(Eventually([&] { return !Read().has_value(); }));
+}
+
+}  // namespace
+}  // namespace baton
