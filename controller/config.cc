@@ -2,9 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -89,6 +91,34 @@ Setter Bool(bool* out) {
   return [=](const toml::value& v) -> Status {
     if (!v.is_boolean()) return WrongType(v, "true or false");
     *out = v.as_boolean();
+    return OkStatus();
+  };
+}
+
+// A list of endpoints: a TOML array of strings, or one string of comma-separated ones (blanks
+// around each trimmed, empty ones dropped).
+Setter Endpoints(std::vector<std::string>* out) {
+  return [=](const toml::value& v) -> Status {
+    std::vector<std::string> list;
+    if (v.is_string()) {
+      std::string text = v.as_string().str;
+      for (size_t start = 0; start <= text.size();) {
+        const size_t comma = std::min(text.find(',', start), text.size());
+        std::string item = text.substr(start, comma - start);
+        item.erase(0, item.find_first_not_of(" \t"));
+        item.erase(item.find_last_not_of(" \t") + 1);
+        if (!item.empty()) list.push_back(std::move(item));
+        start = comma + 1;
+      }
+    } else if (v.is_array()) {
+      for (const toml::value& e : v.as_array()) {
+        if (!e.is_string()) return WrongType(e, "a string");
+        list.push_back(e.as_string().str);
+      }
+    } else {
+      return WrongType(v, "an array of strings or a comma-separated string");
+    }
+    *out = std::move(list);
     return OkStatus();
   };
 }
@@ -236,6 +266,12 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"upgrade.latency_warmup_requests",
        U64(&c->canary.latency_warmup_requests, 0, 1'000'000'000)},
       {"upgrade.max_disagreement_rate", Number(&c->canary.max_disagreement_rate, 0, 1)},
+      {"fleet.etcd", Endpoints(&c->fleet_etcd)},
+      {"fleet.prefix", Str(&c->fleet_prefix)},
+      {"fleet.node", Str(&c->fleet_node)},
+      {"fleet.model", Str(&c->fleet_model)},
+      {"fleet.lease_ttl_ms", Time<Millis>(&c->fleet_lease_ttl, 1000, 3'600'000)},
+      {"fleet.etcd_timeout_ms", Time<Millis>(&c->fleet_etcd_timeout, 10, 60'000)},
   };
 }
 
@@ -244,8 +280,9 @@ Status ApplyTable(const toml::value& root, const std::string& source, Controller
   const std::map<std::string, Setter> keys = Keys(c);
   for (const auto& [section, body] : root.as_table()) {
     if (!body.is_table()) {
-      return InvalidArgument(source + ": '" + section + "' must be a [section] (one of " +
-                             "controller, model, engine, pool, gpu, health, policy, upgrade)");
+      return InvalidArgument(
+          source + ": '" + section + "' must be a [section] (one of " +
+          "controller, model, engine, pool, gpu, health, policy, upgrade, fleet)");
     }
     for (const auto& [key, value] : body.as_table()) {
       const std::string name = section + "." + key;
@@ -366,6 +403,44 @@ Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config) {
   return OkStatus();
 }
 
+namespace {
+
+// A key part: printable ASCII without '/', so that a node is one key under the prefix.
+bool IsKeyPart(const std::string& s) {
+  return !s.empty() && s.size() <= 128 &&
+         std::all_of(s.begin(), s.end(), [](char ch) { return ch > ' ' && ch < 127 && ch != '/'; });
+}
+
+Status FinishFleet(ControllerConfig* c) {
+  if (c->fleet_etcd.empty()) return OkStatus();
+  if (c->fleet_prefix.size() < 2 || c->fleet_prefix.front() != '/' ||
+      c->fleet_prefix.back() != '/') {
+    return InvalidArgument("fleet.prefix: must start and end with '/', got \"" + c->fleet_prefix +
+                           "\"");
+  }
+  if (c->fleet_node.empty()) {
+    char host[256] = {};
+    if (::gethostname(host, sizeof(host) - 1) != 0) {
+      return InvalidArgument("fleet.node: not set, and the host name cannot be read");
+    }
+    c->fleet_node = host;
+  }
+  if (c->fleet_model.empty()) {
+    c->fleet_model = std::filesystem::path(c->model_dir).lexically_normal().filename().string();
+    if (c->fleet_model.empty()) {
+      c->fleet_model = std::filesystem::path(c->model_dir).parent_path().filename().string();
+    }
+  }
+  if (!IsKeyPart(c->fleet_node)) {
+    return InvalidArgument("fleet.node: printable ASCII without spaces or '/', got \"" +
+                           c->fleet_node + "\"");
+  }
+  if (c->fleet_model.empty()) return InvalidArgument("fleet.model: must not be empty");
+  return OkStatus();
+}
+
+}  // namespace
+
 Status FinishConfig(ControllerConfig* c) {
   if (c->runtime_dir.empty()) c->runtime_dir = DefaultRuntimeDir();
   if (c->state_dir.empty()) c->state_dir = c->runtime_dir + "/state";
@@ -399,7 +474,7 @@ Status FinishConfig(ControllerConfig* c) {
     return InvalidArgument("engine.on_controller_absent: \"serve\" or \"stop\", got \"" +
                            c->on_controller_absent + "\"");
   }
-  return OkStatus();
+  return FinishFleet(c);
 }
 
 Result<std::vector<std::string>> SplitCommandLine(const std::string& line) {

@@ -99,6 +99,16 @@ struct ControllerConfig {
   // [upgrade]: how `batonctl upgrade` walks a canary (controller/upgrade/canary.h).
   CanaryPolicy canary;
 
+  // [fleet]: the node's record in etcd (docs/fleet.md); off while fleet_etcd is empty.
+  std::vector<std::string> fleet_etcd;  // member endpoints ("host:port" or "http://host:port")
+  std::string fleet_prefix = "/baton/";
+  std::string fleet_node;   // default: the host name
+  std::string fleet_model;  // the served model's name; default: the model directory's name
+  Duration fleet_lease_ttl = std::chrono::seconds(2);
+  Duration fleet_etcd_timeout = std::chrono::seconds(1);
+  // The node's key: <prefix>nodes/<node>.
+  std::string fleet_key() const { return fleet_prefix + "nodes/" + fleet_node; }
+
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }
   std::string command_record_path() const { return state_dir + "/engine_command.json"; }

@@ -95,6 +95,7 @@ Status Controller::Init() {
   }
   FindPrevious();
   BATON_RETURN_IF_ERROR(SetUpMemory(backend, *ParseBackendMode(config_.gpu_backend)));
+  BATON_ASSIGN_OR_RETURN(fleet_, FleetMember::Create(config_));
   coord_ = std::make_unique<Coordinator>(config_, clock_, *journal_, static_cast<Effects&>(*this));
 
   // Sends never block the io thread: a peer that stops reading falls behind in its own queue

@@ -39,6 +39,7 @@
 #include "controller/core/epoch_journal.h"
 #include "controller/engines/engine_handle.h"
 #include "controller/engines/supervisor.h"
+#include "controller/fleet_member.h"
 #include "controller/keeper/keeper_client.h"
 #include "controller/kept_memory.h"
 #include "controller/route_publisher.h"
@@ -175,6 +176,7 @@ class Controller final : private Effects {
   std::unique_ptr<EngineCgroups> cgroups_;
   std::string cgroups_off_reason_;
   RoutePublisher routes_;
+  std::unique_ptr<FleetMember> fleet_;  // the node's record in etcd; null without [fleet]
   boost::asio::steady_timer tick_;
   boost::asio::steady_timer accept_retry_;
   std::optional<TimePoint> tick_at_;

@@ -179,6 +179,7 @@ void Controller::Disconnect(EngineId id) {
 }
 
 bool Controller::PublishRoutes(proto::RouteTable table) {
+  if (fleet_ != nullptr) fleet_->Publish(table);
   return routes_.Publish(std::move(table));
 }
 

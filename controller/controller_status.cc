@@ -90,6 +90,10 @@ ControllerStatus Controller::Snapshot() const {
   s.route_subscribers = routes_.subscriber_count();
   s.client_send_queued_bytes = client_send_budget_ != nullptr ? client_send_budget_->used() : 0;
   s.keeper = keeper_state_;
+  if (fleet_ != nullptr) {
+    s.fleet_key = fleet_->key();
+    s.fleet = fleet_->state();
+  }
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "controller/config.h"
 #include "controller/core/coordinator_status.h"
 #include "cuda/device_owner.h"
+#include "fleet/node_registrar.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -81,6 +82,9 @@ struct ControllerStatus {
   size_t route_subscribers = 0;
   size_t client_send_queued_bytes = 0;
   std::string keeper;  // "kept", "off", or why the memory is not kept
+  // [fleet]: the node's key in etcd and its registration; no key without [fleet].
+  std::string fleet_key;
+  NodeRegistration fleet;
 };
 
 }  // namespace baton

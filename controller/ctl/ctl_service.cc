@@ -167,6 +167,21 @@ json HistoryJson(const ControllerStatus& c) {
   return {{"refusals", refusals}, {"exits", exits}};
 }
 
+// The node's registration in etcd; null without [fleet].
+json FleetJson(const ControllerStatus& c) {
+  if (c.fleet_key.empty()) return nullptr;
+  const NodeRegistration& f = c.fleet;
+  return {{"key", c.fleet_key},
+          {"node", c.config->fleet_node},
+          {"model", c.config->fleet_model},
+          {"registered", f.registered},
+          {"lease", f.lease},
+          {"writes", f.writes},
+          {"leases", f.leases},
+          {"etcd_failures", f.failures},
+          {"etcd_error", f.last_error.empty() ? json(nullptr) : json(f.last_error)}};
+}
+
 json RoutesJson(const ControllerStatus& c) {
   const proto::RouteTable& t = c.routes;
   json entries = json::array();
@@ -276,6 +291,7 @@ json StatusJson(const ControllerStatus& c) {
           {"fencing", FencingJson(c)},
           {"crash_loop", GuardJson(c)},
           {"routes", RoutesJson(c)},
+          {"fleet", FleetJson(c)},
           {"transitions", TransitionsJson(c)},
           {"last_promotion",
            core.timelines.empty() ? json(nullptr) : TimelineJson(core.timelines.back(), core.now)},
@@ -364,6 +380,12 @@ std::string StatusText(const ControllerStatus& c) {
                       : std::to_string(left) + " reserved epochs left");
     for (EngineId id : core.unfenced_reaped) out << "; engine " << id << " waits to be fenced";
     out << "\n";
+  }
+  if (!c.fleet_key.empty()) {
+    out << "fleet: node " << c.config->fleet_node << " as " << c.fleet_key << ": "
+        << (c.fleet.registered ? "registered, lease " + std::to_string(c.fleet.lease)
+                               : std::string("NOT registered"))
+        << (c.fleet.last_error.empty() ? "" : "; etcd: " + c.fleet.last_error) << "\n";
   }
   if (core.refused_transitions > 0) {
     out << "BUG: " << core.refused_transitions << " state transitions were refused (see the log)\n";

@@ -60,6 +60,8 @@ struct ClusterOptions {
   int readopt_timeout_ms = 0;
   // The first controller's extra environment ("NAME=value": BATON_FAILPOINTS=...).
   std::vector<std::string> controller_env;
+  // TOML appended to the controller's configuration (whole sections: "[fleet]\n...").
+  std::string extra_toml;
 };
 
 struct CtlResult {

@@ -108,6 +108,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
     if (o.gpu_probe_ms > 0) out << "probe_interval_ms = " << o.gpu_probe_ms << "\n";
     if (o.gpu_pool_chunk_bytes > 0) out << "pool_chunk_bytes = " << o.gpu_pool_chunk_bytes << "\n";
   }
+  out << o.extra_toml;
 }
 
 inline void ChaosCluster::StartController(const std::vector<std::string>& env) {

@@ -187,6 +187,38 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   EXPECT_EQ(c.socket_path(), c.runtime_dir + "/controller.sock");
 }
 
+TEST(Config, FleetKeysAndTheirDefaults) {
+  const std::string base =
+      "[model]\ndir = \"/models/llama-8b/\"\n[engine]\ncommand = [\"/bin/true\"]\n";
+  Result<ControllerConfig> off = ParseConfigToml(base, "t");
+  ASSERT_TRUE(off.ok());
+  ASSERT_TRUE(FinishConfig(&*off).ok());
+  EXPECT_TRUE(off->fleet_etcd.empty());
+  Result<ControllerConfig> c = ParseConfigToml(
+      base + "[fleet]\netcd = \"127.0.0.1:2379, ,http://127.0.0.2:2379\"\nlease_ttl_ms = 3000\n",
+      "t");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(FinishConfig(&*c).ok());
+  EXPECT_EQ(c->fleet_etcd, (std::vector<std::string>{"127.0.0.1:2379", "http://127.0.0.2:2379"}));
+  EXPECT_EQ(c->fleet_lease_ttl, std::chrono::milliseconds(3000));
+  EXPECT_EQ(c->fleet_model, "llama-8b");
+  EXPECT_FALSE(c->fleet_node.empty());  // the host name
+  EXPECT_EQ(c->fleet_key(), "/baton/nodes/" + c->fleet_node);
+  Result<ControllerConfig> list =
+      ParseConfigToml(base + "[fleet]\netcd = [\"a:1\", \"b:2\"]\nnode = \"n1\"\n", "t");
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->fleet_etcd, (std::vector<std::string>{"a:1", "b:2"}));
+  for (const char* bad :
+       {"prefix = \"baton\"", "prefix = \"/\"", "node = \"a b\"", "node = \"a/b\""}) {
+    Result<ControllerConfig> r =
+        ParseConfigToml(base + "[fleet]\netcd = \"a:1\"\n" + bad + "\n", "t");
+    ASSERT_TRUE(r.ok());
+    EXPECT_FALSE(FinishConfig(&*r).ok()) << bad;
+  }
+  EXPECT_FALSE(ParseConfigToml(base + "[fleet]\nlease_ttl_ms = 10\n", "t").ok());
+  EXPECT_FALSE(ParseConfigToml(base + "[fleet]\netcd = 5\n", "t").ok());
+}
+
 TEST(Config, RuntimeDirComesFromTheEnvironment) {
   ::setenv("BATON_RUNTIME_DIR", "/tmp/baton-env-dir", 1);
   EXPECT_EQ(DefaultRuntimeDir(), "/tmp/baton-env-dir");
