@@ -2,6 +2,9 @@
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 
+#include <fcntl.h>
+
+#include <cerrno>
 #include <chrono>
 
 #include "base/align.h"
@@ -66,9 +69,50 @@ Result<VmmRegion> VmmRegion::Create(const PrimaryContext& ctx, const VmmRegionSp
   return region;
 }
 
+Result<VmmRegion> VmmRegion::Import(const PrimaryContext& ctx, std::string name,
+                                    uint64_t chunk_bytes, std::vector<UniqueFd> fds,
+                                    VmmLocation location, int numa_node) {
+  if (fds.empty() || chunk_bytes == 0) {
+    return InvalidArgument("VMM region '" + name + "': no chunks to import");
+  }
+  BATON_RETURN_IF_ERROR(ctx.MakeCurrent());
+  VmmRegion region;
+  region.name_ = std::move(name);
+  region.location_ = location;
+  region.numa_node_ = numa_node;
+  BATON_ASSIGN_OR_RETURN(region.granularity_, VmmGranularity(ctx, location, numa_node));
+  if (chunk_bytes % region.granularity_ != 0) {
+    return InvalidArgument("VMM region '" + region.name_ + "': chunk_bytes " +
+                           std::to_string(chunk_bytes) + " is not a multiple of the granularity " +
+                           std::to_string(region.granularity_));
+  }
+  region.chunk_bytes_ = chunk_bytes;
+  region.chunks_.reserve(fds.size());
+  for (size_t i = 0; i < fds.size(); ++i) {
+    Result<AllocationHandle> chunk = AllocationHandle::Import(ctx.driver(), fds[i].get());
+    if (!chunk.ok()) {
+      return chunk.status().WithContext("importing VMM region '" + region.name_ + "' chunk " +
+                                        std::to_string(i) + " of " + std::to_string(fds.size()));
+    }
+    region.chunks_.push_back(std::move(chunk).value());
+  }
+  region.imported_fds_ = std::move(fds);
+  return region;
+}
+
 Result<std::vector<UniqueFd>> VmmRegion::ExportAll() const {
   std::vector<UniqueFd> fds;
   fds.reserve(chunks_.size());
+  if (!imported_fds_.empty()) {
+    for (size_t i = 0; i < imported_fds_.size(); ++i) {
+      const int fd = ::fcntl(imported_fds_[i].get(), F_DUPFD_CLOEXEC, 0);
+      if (fd < 0) {
+        return ErrnoStatus("dup of '" + name_ + "' chunk " + std::to_string(i), errno);
+      }
+      fds.emplace_back(fd);
+    }
+    return fds;
+  }
   for (size_t i = 0; i < chunks_.size(); ++i) {
     Result<UniqueFd> fd = chunks_[i].Export();
     if (!fd.ok()) {

@@ -53,6 +53,14 @@ class VmmRegion {
  public:
   VmmRegion() = default;
   static Result<VmmRegion> Create(const PrimaryContext& ctx, const VmmRegionSpec& spec);
+  // A region another owner made and exported (one fd per chunk, in order, each an allocation
+  // of `chunk_bytes`, a multiple of the granularity): a restarted controller taking back what
+  // baton-keeper kept. The region keeps the fds; ExportAll() returns dups of them (the
+  // driver is not asked to export an imported allocation again). That each allocation holds
+  // chunk_bytes is proven by mapping it (VmmView::Map), not here.
+  static Result<VmmRegion> Import(const PrimaryContext& ctx, std::string name, uint64_t chunk_bytes,
+                                  std::vector<UniqueFd> fds,
+                                  VmmLocation location = VmmLocation::kDevice, int numa_node = 0);
 
   // One new fd per chunk, in order, for sending to a borrower.
   Result<std::vector<UniqueFd>> ExportAll() const;
@@ -73,6 +81,7 @@ class VmmRegion {
   VmmLocation location_ = VmmLocation::kDevice;
   int numa_node_ = 0;
   std::vector<AllocationHandle> chunks_;
+  std::vector<UniqueFd> imported_fds_;  // Import(): the fds the chunks came from
 };
 
 struct VmmMapStats {
