@@ -1,9 +1,11 @@
 #include "cuda/device_owner.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <sstream>
 
+#include "base/align.h"
 #include "base/log.h"
 #include "cuda/device_session.h"
 #include "cuda/memory/vmm_share.h"
@@ -65,8 +67,8 @@ Status ShareRegion(proto::Channel& channel, const VmmRegion& region, bool writab
 
 }  // namespace
 
-Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOptions& options,
-                                                         std::span<uint8_t> arena) {
+Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Begin(const DeviceOwnerOptions& options,
+                                                        std::span<uint8_t> arena) {
   if (arena.empty() || options.block_count == 0 || options.block_bytes == 0) {
     return InvalidArgument("device memory: an empty weight arena or pool");
   }
@@ -85,17 +87,36 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
                          PinnedHostCache::Register(m.ctx, arena.data(), arena.size(), 1ull << 30));
   o->stats_.pinned = m.pinned.note();
   o->stats_.pin_ms = m.pinned.setup_ms();
-  // Small weight sets take one chunk of their own size (rounded up to the granularity).
-  const uint64_t weights_chunk = std::min<uint64_t>(options.weights_chunk_bytes, arena.size());
-  BATON_ASSIGN_OR_RETURN(m.weights, VmmRegion::Create(m.ctx, {.name = kDeviceWeightsRegion,
-                                                              .bytes = arena.size(),
-                                                              .chunk_bytes = weights_chunk}));
+  return o;
+}
+
+Status DeviceOwner::Finish() {
+  Impl& m = *impl_;
   BATON_ASSIGN_OR_RETURN(m.weights_view,
                          VmmView::Reserve(m.ctx, m.weights.chunk_bytes(), m.weights.chunk_count(),
                                           m.weights.granularity()));
   BATON_RETURN_IF_ERROR(m.weights_view.Borrow(m.weights));
   BATON_RETURN_IF_ERROR(m.weights_view.MapAll({.access = VmmAccess::kReadWrite}).status());
-  BATON_RETURN_IF_ERROR(o->Rematerialize());
+  BATON_ASSIGN_OR_RETURN(m.probe_stream, Stream::Create(m.ctx.driver()));
+  BATON_ASSIGN_OR_RETURN(m.probe_word,
+                         PinnedHostBuffer::Allocate(m.ctx.driver(), sizeof(uint32_t)));
+  stats_.weights_bytes = m.weights.bytes();
+  stats_.weights_chunks = static_cast<uint32_t>(m.weights.chunk_count());
+  stats_.pool_bytes = m.pool.bytes();
+  stats_.pool_chunk_bytes = m.pool.chunk_bytes();
+  stats_.pool_chunks = static_cast<uint32_t>(m.pool.chunk_count());
+  return OkStatus();
+}
+
+Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOptions& options,
+                                                         std::span<uint8_t> arena) {
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOwner> o, Begin(options, arena));
+  Impl& m = *o->impl_;
+  // Small weight sets take one chunk of their own size (rounded up to the granularity).
+  const uint64_t weights_chunk = std::min<uint64_t>(options.weights_chunk_bytes, arena.size());
+  BATON_ASSIGN_OR_RETURN(m.weights, VmmRegion::Create(m.ctx, {.name = kDeviceWeightsRegion,
+                                                              .bytes = arena.size(),
+                                                              .chunk_bytes = weights_chunk}));
   BATON_ASSIGN_OR_RETURN(size_t granularity, VmmGranularity(m.ctx, VmmLocation::kDevice, 0));
   const uint64_t pool_bytes = uint64_t{options.block_count} * options.block_bytes;
   BATON_ASSIGN_OR_RETURN(uint64_t chunk, PoolChunkBytes(options.block_bytes, granularity,
@@ -110,14 +131,85 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
                             << " have a large common multiple); a block size that is a multiple "
                                "of the granularity wastes nothing";
   }
-  BATON_ASSIGN_OR_RETURN(m.probe_stream, Stream::Create(*driver));
-  BATON_ASSIGN_OR_RETURN(m.probe_word, PinnedHostBuffer::Allocate(*driver, sizeof(uint32_t)));
-  o->stats_.weights_bytes = m.weights.bytes();
-  o->stats_.weights_chunks = static_cast<uint32_t>(m.weights.chunk_count());
-  o->stats_.pool_bytes = m.pool.bytes();
-  o->stats_.pool_chunk_bytes = m.pool.chunk_bytes();
-  o->stats_.pool_chunks = static_cast<uint32_t>(m.pool.chunk_count());
+  BATON_RETURN_IF_ERROR(o->Finish());
+  BATON_RETURN_IF_ERROR(o->Rematerialize());
   return o;
+}
+
+Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Adopt(const DeviceOwnerOptions& options,
+                                                        std::span<uint8_t> arena,
+                                                        KeptDeviceMemory kept,
+                                                        uint32_t verify_samples) {
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<DeviceOwner> o, Begin(options, arena));
+  Impl& m = *o->impl_;
+  BATON_ASSIGN_OR_RETURN(size_t granularity, VmmGranularity(m.ctx, VmmLocation::kDevice, 0));
+  const uint64_t weights_chunk =
+      RoundUp(std::min<uint64_t>(options.weights_chunk_bytes, arena.size()), uint64_t{granularity});
+  const uint64_t pool_bytes = uint64_t{options.block_count} * options.block_bytes;
+  BATON_ASSIGN_OR_RETURN(uint64_t pool_chunk, PoolChunkBytes(options.block_bytes, granularity,
+                                                             pool_bytes, options.pool_chunk_bytes));
+  const auto chunks = [](uint64_t bytes, uint64_t chunk) { return (bytes + chunk - 1) / chunk; };
+  if (kept.weights.chunk_bytes != weights_chunk ||
+      kept.weights.fds.size() != chunks(arena.size(), weights_chunk)) {
+    return FailedPrecondition(
+        "the kept device weights are " + std::to_string(kept.weights.fds.size()) + " chunks of " +
+        std::to_string(kept.weights.chunk_bytes) + " bytes, this arena takes " +
+        std::to_string(chunks(arena.size(), weights_chunk)) + " of " +
+        std::to_string(weights_chunk));
+  }
+  if (kept.pool.chunk_bytes != pool_chunk ||
+      kept.pool.fds.size() != chunks(pool_bytes, pool_chunk)) {
+    return FailedPrecondition(
+        "the kept device pool is " + std::to_string(kept.pool.fds.size()) + " chunks of " +
+        std::to_string(kept.pool.chunk_bytes) + " bytes, this pool takes " +
+        std::to_string(chunks(pool_bytes, pool_chunk)) + " of " + std::to_string(pool_chunk));
+  }
+  BATON_ASSIGN_OR_RETURN(m.weights, VmmRegion::Import(m.ctx, kDeviceWeightsRegion, weights_chunk,
+                                                      std::move(kept.weights.fds)));
+  BATON_ASSIGN_OR_RETURN(
+      m.pool, VmmRegion::Import(m.ctx, kDevicePoolRegion, pool_chunk, std::move(kept.pool.fds)));
+  BATON_RETURN_IF_ERROR(o->Finish().WithContext("mapping the kept device weights"));
+  {  // every pool chunk maps at its size; the owner keeps no mapping of the pool
+    BATON_ASSIGN_OR_RETURN(VmmView pool_view, VmmView::Reserve(m.ctx, m.pool.chunk_bytes(),
+                                                               m.pool.chunk_count(), granularity));
+    BATON_RETURN_IF_ERROR(pool_view.Borrow(m.pool));
+    BATON_RETURN_IF_ERROR(pool_view.MapAll({.access = VmmAccess::kReadWrite})
+                              .status()
+                              .WithContext("mapping the kept device pool"));
+  }
+  BATON_RETURN_IF_ERROR(o->VerifyWeights(verify_samples));
+  BATON_RETURN_IF_ERROR(o->Probe(std::chrono::seconds(2)));
+  o->stats_.adopted = true;
+  return o;
+}
+
+Status DeviceOwner::VerifyWeights(uint32_t samples) const {
+  const Impl& m = *impl_;
+  const size_t window = std::min<size_t>(4096, m.arena.size());
+  BATON_ASSIGN_OR_RETURN(PinnedHostBuffer buffer,
+                         PinnedHostBuffer::Allocate(m.ctx.driver(), window));
+  const uint64_t last = m.arena.size() - window;
+  const uint32_t n = std::max<uint32_t>(samples, 2);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint64_t at = last * i / (n - 1);
+    BATON_RETURN_IF_ERROR(BATON_CU(m.ctx.driver(), cuMemcpyDtoHAsync, buffer.data(),
+                                   m.weights_view.base() + at, window, m.probe_stream.get()));
+    BATON_RETURN_IF_ERROR(m.probe_stream.Synchronize(std::chrono::seconds(2)));
+    if (std::memcmp(buffer.data(), m.arena.data() + at, window) != 0) {
+      return FailedPrecondition("the kept device weights differ from the arena at byte " +
+                                std::to_string(at));
+    }
+  }
+  return OkStatus();
+}
+
+Result<KeptDeviceMemory> DeviceOwner::ExportForKeeping() const {
+  KeptDeviceMemory kept;
+  kept.weights.chunk_bytes = impl_->weights.chunk_bytes();
+  BATON_ASSIGN_OR_RETURN(kept.weights.fds, impl_->weights.ExportAll());
+  kept.pool.chunk_bytes = impl_->pool.chunk_bytes();
+  BATON_ASSIGN_OR_RETURN(kept.pool.fds, impl_->pool.ExportAll());
+  return kept;
 }
 
 Status DeviceOwner::Rematerialize() {
@@ -155,6 +247,14 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Create(const DeviceOwnerOption
                                                          std::span<uint8_t>) {
   return Unimplemented("CUDA backend not compiled (built without the CUDA toolkit headers)");
 }
+Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Adopt(const DeviceOwnerOptions&,
+                                                        std::span<uint8_t>, KeptDeviceMemory,
+                                                        uint32_t) {
+  return Unimplemented("CUDA backend not compiled (built without the CUDA toolkit headers)");
+}
+Result<KeptDeviceMemory> DeviceOwner::ExportForKeeping() const {
+  return Unimplemented("no device memory");
+}
 
 Status DeviceOwner::Share(proto::Channel&) const { return Unimplemented("no device memory"); }
 Status DeviceOwner::Rematerialize() { return Unimplemented("no device memory"); }
@@ -167,9 +267,14 @@ std::string DeviceOwner::Describe() const {
   out.precision(3);
   out << "device " << device_ << ": weights " << stats_.weights_bytes << " bytes in "
       << stats_.weights_chunks << " chunks (host cache pinned by " << stats_.pinned << " in "
-      << stats_.pin_ms << " ms, copied in " << stats_.remat_ms << " ms at " << stats_.remat_gbps
-      << " GB/s), pool " << stats_.pool_bytes << " bytes in " << stats_.pool_chunks << " chunks of "
-      << stats_.pool_chunk_bytes << " bytes";
+      << stats_.pin_ms << " ms, ";
+  if (stats_.adopted) {
+    out << "adopted from baton-keeper, not copied";
+  } else {
+    out << "copied in " << stats_.remat_ms << " ms at " << stats_.remat_gbps << " GB/s";
+  }
+  out << "), pool " << stats_.pool_bytes << " bytes in " << stats_.pool_chunks << " chunks of "
+      << stats_.pool_chunk_bytes << " bytes" << (stats_.adopted ? ", adopted" : "");
   return out.str();
 }
 

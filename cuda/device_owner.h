@@ -12,6 +12,10 @@
 // Rematerialize() rebuilds the device copy from the pinned cache (after a GPU reset).
 // The region fds are exported per Share(); the owner keeps the allocations for its whole
 // life, so engines that die and come back map the same device memory.
+// ExportForKeeping() hands both regions' chunk fds to baton-keeper, so that they outlive the
+// controller; Adopt() is the restarted controller's Create(): it imports those fds instead of
+// allocating and copying, proves the chunks (geometry, each one mapped at its size, a sample
+// of the weights equal to the arena, a probe) and refuses anything else with the reason.
 // Header-independent: without the CUDA toolkit Create() is Unimplemented. Thread-compatible.
 #pragma once
 
@@ -19,8 +23,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
+#include "base/io/unique_fd.h"
 #include "base/status.h"
 #include "proto/transport/channel.h"
 
@@ -45,6 +51,17 @@ struct DeviceOwnerStats {
   uint64_t pool_bytes = 0;
   uint64_t pool_chunk_bytes = 0;
   uint32_t pool_chunks = 0;
+  bool adopted = false;  // Adopt(): kept device memory taken back, nothing copied
+};
+
+// One region's chunks as baton-keeper keeps them: one fd per chunk, in order.
+struct KeptDeviceRegion {
+  uint64_t chunk_bytes = 0;
+  std::vector<UniqueFd> fds;
+};
+struct KeptDeviceMemory {
+  KeptDeviceRegion weights;
+  KeptDeviceRegion pool;
 };
 
 // The pool chunk size: the largest multiple of lcm(block_bytes, granularity) that is at most
@@ -57,12 +74,23 @@ class DeviceOwner {
  public:
   static Result<std::unique_ptr<DeviceOwner>> Create(const DeviceOwnerOptions& options,
                                                      std::span<uint8_t> arena);
+  // Takes back the regions an earlier owner exported (ExportForKeeping) over the same
+  // `arena` contents: pins the arena, imports both regions, checks that their chunk geometry
+  // is what Create() would make with `options` for this arena, maps every chunk (the
+  // driver refuses a smaller allocation), compares `verify_samples` 4 KiB windows of the
+  // device weights (the first and last included) with the arena and probes the device.
+  // Nothing is copied. FailedPrecondition (with the reason) when the kept memory does not fit.
+  static Result<std::unique_ptr<DeviceOwner>> Adopt(const DeviceOwnerOptions& options,
+                                                    std::span<uint8_t> arena, KeptDeviceMemory kept,
+                                                    uint32_t verify_samples = 64);
   ~DeviceOwner();
   DeviceOwner(const DeviceOwner&) = delete;
   DeviceOwner& operator=(const DeviceOwner&) = delete;
 
   // Sends the "weights" and "pool" regions (kDeviceRegionCount of them) on `channel`.
   Status Share(proto::Channel& channel) const;
+  // Dups of both regions' chunk fds, in order, for baton-keeper.
+  Result<KeptDeviceMemory> ExportForKeeping() const;
   // Copies the arena into the device weights again.
   Status Rematerialize();
   // A 4-byte read of the device weights on the owner's context, into pinned memory on a
@@ -81,6 +109,12 @@ class DeviceOwner {
  private:
   struct Impl;
   DeviceOwner();
+  // Create() and Adopt(): the context, the PCI id and the pinned cache.
+  static Result<std::unique_ptr<DeviceOwner>> Begin(const DeviceOwnerOptions& options,
+                                                    std::span<uint8_t> arena);
+  // After both regions are there: the weights view, the probe's stream and buffer, stats.
+  Status Finish();
+  Status VerifyWeights(uint32_t samples) const;
 
   std::unique_ptr<Impl> impl_;
   int device_ = -1;
