@@ -6,6 +6,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
 
+#include "base/io/fd_limit.h"
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/controller.h"
@@ -35,6 +36,7 @@ int Run(int argc, char** argv) {
   }
   if (std::getenv("BATON_LOG_LEVEL") == nullptr) SetLogLevel(level);
   ::signal(SIGPIPE, SIG_IGN);  // engines reset it before exec
+  RaiseFdLimit();              // the CUDA backend holds one fd per adopted device memory chunk
 
   boost::asio::io_context io;
   Result<std::unique_ptr<Controller>> controller = Controller::Create(io, config, RealClock::Get());

@@ -121,4 +121,11 @@ Status KeeperClient::Release(const std::string& name) {
   return Answer(*channel_).status();
 }
 
+Result<bool> KeeperClient::Forget(const std::string& name) {
+  if (name.empty()) return InvalidArgument("Forget(\"\") would end the keeper");
+  BATON_RETURN_IF_ERROR(channel_->Send(proto::ReleaseMemory{.name = name}));
+  BATON_ASSIGN_OR_RETURN(auto answer, Answer(*channel_));
+  return answer.first.found;
+}
+
 }  // namespace baton

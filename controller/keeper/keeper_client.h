@@ -42,6 +42,8 @@ class KeeperClient {
   Result<std::optional<KeptItem>> Fetch(const std::string& name);
   // Closes what is kept under `name`; "" closes everything and the keeper exits.
   Status Release(const std::string& name);
+  // Closes what is kept under `name` (not ""); whether anything was.
+  Result<bool> Forget(const std::string& name);
 
   // The path of baton-keeper beside the running program ("" when it is not there).
   static std::string DefaultBinary();

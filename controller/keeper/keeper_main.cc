@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/io/fd_limit.h"
 #include "base/log.h"
 #include "controller/keeper/memory_keeper.h"
 
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  baton::RaiseFdLimit();      // one fd per kept device memory chunk
   ::signal(SIGINT, SIG_IGN);  // a Ctrl-C meant for the controller's terminal is not for it
   baton::Result<baton::MemoryKeeper> keeper = baton::MemoryKeeper::Bind(options);
   if (!keeper.ok()) {

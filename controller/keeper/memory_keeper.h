@@ -34,7 +34,9 @@ struct KeeperOptions {
   std::string socket_path;
   Duration idle_timeout = std::chrono::seconds(10);  // an open connection without a request
   Duration empty_exit = std::chrono::seconds(60);    // keeping nothing, nobody connected
-  size_t max_items = 16;
+  // The host weights and pool, and on the CUDA backend the device memory in parts of 16
+  // chunk fds each (a few hundred chunks of 256 MiB on a large GPU).
+  size_t max_items = 1024;
 };
 
 class MemoryKeeper {

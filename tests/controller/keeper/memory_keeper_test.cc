@@ -86,6 +86,40 @@ TEST_F(MemoryKeeperTest, KeepsMemoryAcrossControllersAndHandsBackTheSameMemory) 
   EXPECT_FALSE(gone->has_value());
 }
 
+// The CUDA backend's device memory: a manifest without fds, and more items than a frame
+// carries fds (one part of 16 chunk fds each).
+TEST_F(MemoryKeeperTest, KeepsManifestsWithoutFdsAndManyParts) {
+  Result<KeeperClient> c = KeeperClient::Connect(socket_, "", "");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(c->Keep("device", "{\"generation\": 3}", {}).ok());
+  Result<SharedMemory> memory =
+      SharedMemory::Create({.name = "chunk", .size = 4096, .try_huge_pages = false});
+  ASSERT_TRUE(memory.ok());
+  const std::vector<int> fds(16, memory->fd());
+  constexpr int kParts = 40;
+  for (int k = 0; k < kParts; ++k) {
+    ASSERT_TRUE(c->Keep("device.pool." + std::to_string(k), "{}", fds).ok()) << k;
+  }
+  Result<KeeperClient> next = KeeperClient::Connect(socket_, "", "");
+  ASSERT_TRUE(next.ok());
+  c = Unavailable("the controller is gone");
+  Result<std::optional<KeptItem>> manifest = next->Fetch("device");
+  ASSERT_TRUE(manifest.ok() && manifest->has_value());
+  EXPECT_EQ((*manifest)->manifest, "{\"generation\": 3}");
+  EXPECT_TRUE((*manifest)->fds.empty());
+  Result<std::optional<KeptItem>> last = next->Fetch("device.pool." + std::to_string(kParts - 1));
+  ASSERT_TRUE(last.ok() && last->has_value());
+  ASSERT_EQ((*last)->fds.size(), 16u);
+  EXPECT_EQ(Inode((*last)->fds[15].get()), Inode(memory->fd()));
+  Result<bool> forgot = next->Forget("device.pool.0");
+  ASSERT_TRUE(forgot.ok());
+  EXPECT_TRUE(*forgot);
+  forgot = next->Forget("device.pool.0");
+  ASSERT_TRUE(forgot.ok());
+  EXPECT_FALSE(*forgot) << "nothing is kept there any more";
+  EXPECT_FALSE(next->Forget("").ok()) << "\"\" would end the keeper";
+}
+
 TEST_F(MemoryKeeperTest, ServesTheControllerOnly) {
   boost::asio::io_context io;
   Result<proto::Channel> c = proto::Connect(io, socket_);
