@@ -101,8 +101,22 @@ class Controller final : private Effects {
   void ReleaseKeptMemory();
   Status LoadWeights();
   Status MakePool();
-  Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode);
+  // `keeper`: where the device memory is kept (null: not kept); `host_adopted`: the weights
+  // and the pool are the previous controller's, so its device memory may be adopted too.
+  Status SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode, KeeperClient* keeper,
+                           bool host_adopted);
   Result<std::unique_ptr<DeviceOwner>> MakeDeviceOwner() const;
+  // controller_device_keep.cc: the device memory that baton-keeper keeps.
+  // The device memory memory_record_ names, proven and imported; the reason when refused.
+  Result<std::unique_ptr<DeviceOwner>> AdoptDevice(KeeperClient& keeper);
+  // Gives baton-keeper device_'s chunks (in parts) and its manifest, and records them.
+  void KeepDevice(KeeperClient& keeper);
+  // Lets baton-keeper close every kept device item (before device memory is made anew: a
+  // GPU has no room for two copies) and records that none is kept.
+  void ForgetKeptDevice(KeeperClient& keeper);
+  // A connection to a running keeper (none is started), or nullopt when memory is not kept.
+  std::optional<KeeperClient> RunningKeeper();
+  void SaveRecord();
   // controller_start.cc: what the previous controller left.
   void FindPrevious();
   void AdoptHandle(const RosterEngine& r);
@@ -167,6 +181,9 @@ class Controller final : private Effects {
   std::unique_ptr<DeviceOwner> device_;  // CUDA backend: device weights and pool (null: lost)
   bool cuda_backend_ = false;
   DeviceOwnerOptions device_options_;
+  bool device_adopted_ = false;        // device_ is the previous controller's, from baton-keeper
+  std::string device_why_;             // why not, when device_ was made anew
+  MemoryRecord memory_record_;         // what <state>/memory.json says baton-keeper keeps
   std::unique_ptr<NvmlLibrary> nvml_;  // CUDA backend, where NVML loads: the barrier's check
   std::optional<bool> nvml_lists_engines_;
   std::optional<proto::Listener> listener_;

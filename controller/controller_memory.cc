@@ -43,7 +43,10 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
     BATON_RETURN_IF_ERROR(MakePool());
   }
   if (keeper.has_value()) KeepMemory(*keeper, weights_why.empty(), pool_why.empty(), &kept);
-  Status device = SetUpDeviceMemory(backend, mode);
+  memory_record_ = kept;
+  KeeperClient* keeping = keeper.has_value() ? &*keeper : nullptr;
+  Status device =
+      SetUpDeviceMemory(backend, mode, keeping, weights_why.empty() && pool_why.empty());
   std::string weights_note = weights_why;
   if (backend.kind == MemoryBackendKind::kCuda && device_ == nullptr && weights_why.empty()) {
     // The adopted arena is mapped read-only: a driver that will not pin it for the device
@@ -53,7 +56,10 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
                           << "): loading the weights afresh";
     BATON_RETURN_IF_ERROR(LoadWeights());
     weights_note = "the device copy could not be made over the adopted arena";
-    device = SetUpDeviceMemory(backend, mode);
+    if (keeper.has_value()) {  // the kept weights are not these: keep the ones the copy is of
+      KeepMemory(*keeper, /*weights_adopted=*/false, /*pool_adopted=*/true, &memory_record_);
+    }
+    device = SetUpDeviceMemory(backend, mode, keeping, /*host_adopted=*/false);
   }
   BATON_RETURN_IF_ERROR(device);
   found_.cuda_backend = cuda_backend_;
@@ -205,15 +211,14 @@ void Controller::NoteMemoryIdentity(const std::string& weights_why, const std::s
     found_.pool_dev = pool.st_dev;
     found_.pool_ino = pool.st_ino;
   }
-  found_.memory_adopted = weights_why.empty() && pool_why.empty() && !cuda_backend_;
+  found_.memory_adopted =
+      weights_why.empty() && pool_why.empty() && (!cuda_backend_ || device_adopted_);
   if (!weights_why.empty()) {
     found_.memory_reason = "weights loaded afresh: " + weights_why;
   } else if (!pool_why.empty()) {
     found_.memory_reason = "pool made afresh: " + pool_why;
-  } else if (cuda_backend_) {
-    found_.memory_reason =
-        "CUDA backend: the device weights and pool are made anew at each start (the host "
-        "weights were adopted)";
+  } else if (cuda_backend_ && !device_adopted_) {
+    found_.memory_reason = "device memory made afresh: " + device_why_;
   }
 }
 
@@ -254,13 +259,31 @@ Status Controller::MakePool() {
 
 // On the CUDA backend: the device copy of the weights and the device pool, made once here.
 // Where they cannot be made, "auto" goes on with the host backend and says why.
-Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode) {
+Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode,
+                                     KeeperClient* keeper, bool host_adopted) {
   if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();
   device_options_ = DeviceOwnerOptions{.device = backend.device,
                                        .block_count = config_.block_count,
                                        .block_bytes = config_.block_bytes,
                                        .pool_chunk_bytes = config_.gpu_pool_chunk_bytes};
-  Result<std::unique_ptr<DeviceOwner>> owner = MakeDeviceOwner();
+  Result<std::unique_ptr<DeviceOwner>> owner = Unavailable("not adopted");
+  device_adopted_ = false;
+  if (keeper == nullptr) {
+    device_why_ = keeper_state_;
+  } else if (!host_adopted) {
+    device_why_ = "the host weights or pool were not adopted";
+  } else {
+    owner = AdoptDevice(*keeper);
+    device_adopted_ = owner.ok();
+    device_why_ = owner.ok() ? "" : owner.status().message();
+  }
+  if (!device_adopted_) {
+    if (keeper != nullptr) {
+      BATON_LOG(INFO, kLog) << "device memory: made anew (" << device_why_ << ")";
+      ForgetKeptDevice(*keeper);  // before the new copy: a GPU has no room for two
+    }
+    owner = MakeDeviceOwner();
+  }
   if (!owner.ok()) {
     const Status why = owner.status().WithContext("device memory on CUDA device " +
                                                   std::to_string(backend.device));
@@ -271,6 +294,7 @@ Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode m
   device_ = std::move(owner).value();
   cuda_backend_ = true;
   BATON_LOG(INFO, kLog) << "device memory: " << device_->Describe();
+  if (keeper != nullptr && !device_adopted_) KeepDevice(*keeper);
   Result<std::unique_ptr<NvmlLibrary>> nvml = NvmlLibrary::Load();
   if (nvml.ok()) {
     nvml_ = std::move(nvml).value();
@@ -296,12 +320,25 @@ Status Controller::ProbeDevice() {
   return device_->Probe(kDeviceProbeTimeout);
 }
 
-void Controller::DropDevice() { device_.reset(); }
+// The lost device memory goes, and what baton-keeper keeps of it: a successor must not adopt
+// it, and the rebuilt copy needs the room.
+void Controller::DropDevice() {
+  device_.reset();
+  device_adopted_ = false;
+  device_why_ = "the device memory was lost and is made anew from the pinned cache";
+  if (std::optional<KeeperClient> keeper = RunningKeeper(); keeper.has_value()) {
+    ForgetKeptDevice(*keeper);
+  }
+}
 
 // Pins the arena and copies the weights on this thread; the Coordinator retries with backoff.
 Status Controller::RebuildDevice() {
   BATON_ASSIGN_OR_RETURN(device_, MakeDeviceOwner());
   BATON_LOG(INFO, kLog) << "device memory rebuilt from the pinned cache: " << device_->Describe();
+  if (std::optional<KeeperClient> keeper = RunningKeeper(); keeper.has_value()) {
+    ForgetKeptDevice(*keeper);  // a Drop that could not reach the keeper
+    KeepDevice(*keeper);
+  }
   return OkStatus();
 }
 

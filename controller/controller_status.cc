@@ -71,6 +71,8 @@ ControllerStatus Controller::Snapshot() const {
                             .write_failures = journal_->write_failures()};
   s.device.present = device_ != nullptr;
   s.device.nvml_lists_engines = nvml_lists_engines_;
+  s.device.adopted = device_ != nullptr && device_adopted_;
+  s.device.made_anew = device_why_;
   if (device_ != nullptr) {
     s.device.device = device_->device();
     s.device.describe = device_->Describe();

@@ -60,6 +60,8 @@ struct DeviceStatus {
   std::string describe;
   DeviceOwnerStats stats;
   std::optional<bool> nvml_lists_engines;
+  bool adopted = false;   // the device memory is the previous controller's (baton-keeper)
+  std::string made_anew;  // why not, when it is not
 };
 
 struct ControllerStatus {

@@ -100,7 +100,9 @@ json DeviceJson(const ControllerStatus& c) {
             {"rebuilds", c.core.device_rebuilds},
             {"last_loss", c.core.device_lost_reason},
             {"nvml_lists_engines",
-             d.nvml_lists_engines.has_value() ? json(*d.nvml_lists_engines) : json()}};
+             d.nvml_lists_engines.has_value() ? json(*d.nvml_lists_engines) : json()},
+            {"adopted", d.adopted},
+            {"adopted_reason", d.adopted ? "" : d.made_anew}};
   if (!d.present) return j;
   const DeviceOwnerStats& s = d.stats;
   j.update(json{{"device", d.device},
