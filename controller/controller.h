@@ -2,8 +2,8 @@
 // (controller/core/coordinator.h) makes every decision; the daemon owns what it decides about
 // and carries its decisions out (it is the Coordinator's Effects):
 //   * the memory: the weight cache, the pool memfd and, on the CUDA backend, the device
-//     memory (controller_memory.cc), kept by baton-keeper so that a restarted controller
-//     adopts them instead of loading the model again;
+//     memory (controller_memory.cc, controller_device_keep.cc), kept by baton-keeper so that
+//     a restarted controller adopts them instead of loading the model again;
 //   * the engine processes (pidfds, cgroups, launch, kill, the barrier's checks) and their
 //     control channels (controller_effects.cc);
 //   * the epoch journal, the roster and the command record on disk;

@@ -257,8 +257,9 @@ Status Controller::MakePool() {
   return OkStatus();
 }
 
-// On the CUDA backend: the device copy of the weights and the device pool, made once here.
-// Where they cannot be made, "auto" goes on with the host backend and says why.
+// On the CUDA backend: the device copy of the weights and the device pool, adopted from
+// baton-keeper (controller_device_keep.cc) or else made here, then kept. Where they cannot be
+// made, "auto" goes on with the host backend and says why.
 Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode mode,
                                      KeeperClient* keeper, bool host_adopted) {
   if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();

@@ -2,7 +2,7 @@
 // successor adopts the weights and the pool instead of loading the model again, and how the
 // successor proves that what it finds is complete and is the configured model's.
 //
-// Two items are kept: "weights" (the arena memfd, with a WeightManifest written after the
+// Two host items are kept: "weights" (the arena memfd, with a WeightManifest written after the
 // load finished and the arena was sealed: weightcache/weight_manifest.h) and "pool" (the pool
 // memfd, with a PoolManifest of its geometry). Each manifest carries a random generation; the
 // controller writes both generations to <state_dir>/memory.json once the keeper holds them

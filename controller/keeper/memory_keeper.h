@@ -1,5 +1,6 @@
 // MemoryKeeper: the `baton-keeper` process. It holds file descriptors (the weight arena's and
-// the pool's memfds) and a manifest for each, under a name, so that their memory outlives the
+// the pool's memfds; on the CUDA backend the device memory's chunk fds too) and a manifest for
+// each, under a name, so that their memory outlives the
 // controller that made it: a memfd lives while any process holds it or maps it. A controller
 // that starts finds the keeper at <runtime_dir>/keeper.sock and takes the memory back
 // (FetchMemory) instead of loading the model again; what it takes is its own to prove (the
