@@ -65,6 +65,46 @@ TEST(VmmTest, ExportedChunksImportAndShowTheSameMemory) {
   }
 }
 
+// What baton-keeper relies on across a controller restart: the creator's handles and
+// mappings all released, only exported fds held, the allocations live on; a region imported
+// from them shows the same memory and hands out dups of its fds (mapped again here).
+TEST(VmmTest, AnImportedRegionOutlivesItsCreatorAndHandsOutItsFds) {
+  BATON_CUDA_OR_SKIP(ctx);
+  std::vector<UniqueFd> kept;
+  uint64_t chunk_bytes = 0;
+  {
+    Result<VmmRegion> region =
+        VmmRegion::Create(ctx, {.name = "pool", .bytes = 4 * kMiB, .chunk_bytes = 2 * kMiB});
+    ASSERT_TRUE(region.ok()) << region.status().ToString();
+    chunk_bytes = region->chunk_bytes();
+    Result<VmmView> view =
+        VmmView::Reserve(ctx, chunk_bytes, region->chunk_count(), region->granularity());
+    ASSERT_TRUE(view.ok());
+    ASSERT_TRUE(view->Borrow(*region).ok());
+    ASSERT_TRUE(view->MapAll({.access = VmmAccess::kReadWrite}).ok());
+    const uint32_t word = 0xC0FFEE;
+    ASSERT_TRUE(
+        BATON_CU(ctx.driver(), cuMemcpyHtoD, view->base() + chunk_bytes + 8, &word, 4).ok());
+    Result<std::vector<UniqueFd>> fds = region->ExportAll();
+    ASSERT_TRUE(fds.ok()) << fds.status().ToString();
+    kept = std::move(fds).value();
+  }  // the creator's mapping, reservation and handles are gone
+  EXPECT_FALSE(VmmRegion::Import(ctx, "pool", chunk_bytes + 1, {}).ok()) << "no chunks";
+  Result<VmmRegion> imported = VmmRegion::Import(ctx, "pool", chunk_bytes, std::move(kept));
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  ASSERT_EQ(imported->chunk_count(), 2u);
+  Result<std::vector<UniqueFd>> again = imported->ExportAll();
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  Result<VmmView> view =
+      VmmView::Reserve(ctx, chunk_bytes, imported->chunk_count(), imported->granularity());
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(view->Import(std::move(again).value()).ok());
+  ASSERT_TRUE(view->MapAll({.access = VmmAccess::kRead}).ok());
+  Result<uint32_t> w = ReadWord(ctx, view->base() + chunk_bytes + 8);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  EXPECT_EQ(*w, 0xC0FFEEu) << "the allocation outlived its creator's handles";
+}
+
 // A driver that refuses read-only access (the fake driver told to) gets a read-write mapping,
 // and the stats say so.
 TEST(VmmTest, ARefusedReadOnlyMappingIsMappedReadWrite) {
