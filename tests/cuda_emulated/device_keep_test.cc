@@ -126,8 +126,7 @@ TEST_F(DeviceKeepTest, MemoryOfAnotherGeometryIsRefused) {
     kept.pool.fds.pop_back();
     Result<std::unique_ptr<DeviceOwner>> short_pool = Adopt(std::move(kept));
     ASSERT_FALSE(short_pool.ok());
-    EXPECT_NE(short_pool.status().message().find("kept device pool is 3 chunks"),
-              std::string::npos)
+    EXPECT_NE(short_pool.status().message().find("kept device pool is 3 chunks"), std::string::npos)
         << short_pool.status().ToString();
   }
   {
