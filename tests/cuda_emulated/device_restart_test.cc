@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "tests/chaos/chaos_harness.h"
 #include "tests/cuda_emulated/emulated_device.h"
@@ -29,6 +31,16 @@ std::set<pid_t> Pids(const json& status) {
   std::set<pid_t> pids;
   for (const json& e : status["engines"]) pids.insert(PidOf(e));
   return pids;
+}
+
+// The device generation <state_dir>/memory.json names (0: none kept).
+uint64_t KeptDeviceGeneration(const ChaosCluster& cluster) {
+  std::stringstream text;
+  text << std::ifstream(cluster.dir() + "/run/state/memory.json").rdbuf();
+  const json record = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  return record.is_object() && record.contains("device_generation")
+             ? record["device_generation"].get<uint64_t>()
+             : 0;
 }
 
 TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
@@ -93,6 +105,38 @@ TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEngi
       cluster.WaitFor([&](const json& s) { return IsReady(s) && Pids(s) == Pids(after); },
                       "the new pair, re-adopted");
   EXPECT_TRUE(again["device"]["adopted"].get<bool>()) << again["device"].dump();
+}
+
+// A lost device's kept memory is let go (a successor must not adopt it, and the rebuild needs
+// the room); the rebuilt memory is kept, and the next controller adopts that.
+TEST(DeviceRestartTest, ALostDevicesMemoryIsLetGoAndTheRebuiltOneKept) {
+  const std::string lost = "/tmp/baton-keep-lost-" + std::to_string(::getpid());
+  std::remove(lost.c_str());
+  ::setenv("BATON_FAKE_CUDA_LOST", lost.c_str(), 1);
+  ClusterOptions options = CudaCluster();
+  options.gpu_probe_ms = 50;
+  ChaosCluster cluster(options);
+  const uint64_t first = KeptDeviceGeneration(cluster);
+  EXPECT_NE(first, 0u);
+  std::ofstream(lost).close();
+  cluster.WaitFor([](const json& s) { return s["device"]["lost"] == true; }, "the device lost");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_EQ(KeptDeviceGeneration(cluster), 0u) << "the lost device memory is still recorded";
+  std::remove(lost.c_str());
+  const json rebuilt =
+      cluster.WaitFor([](const json& s) { return IsReady(s) && s["device"]["rebuilds"] == 1; },
+                      "the device memory rebuilt and a new pair on it");
+  const uint64_t second = KeptDeviceGeneration(cluster);
+  EXPECT_NE(second, 0u);
+  EXPECT_NE(second, first);
+  cluster.KillController();
+  cluster.RestartController();
+  const json after =
+      cluster.WaitFor([&](const json& s) { return IsReady(s) && Pids(s) == Pids(rebuilt); },
+                      "the pair on the rebuilt memory, re-adopted");
+  EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
+  cluster.CheckFencing();
+  ::unsetenv("BATON_FAKE_CUDA_LOST");
 }
 
 }  // namespace
