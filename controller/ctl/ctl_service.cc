@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "controller/ctl/ctl_fleet.h"
 #include "controller/upgrade/ctl_upgrade.h"
 
 namespace baton {
@@ -167,21 +168,6 @@ json HistoryJson(const ControllerStatus& c) {
                      {"ms_ago", AgoMs(c, x.at)}});
   }
   return {{"refusals", refusals}, {"exits", exits}};
-}
-
-// The node's registration in etcd; null without [fleet].
-json FleetJson(const ControllerStatus& c) {
-  if (c.fleet_key.empty()) return nullptr;
-  const NodeRegistration& f = c.fleet;
-  return {{"key", c.fleet_key},
-          {"node", c.config->fleet_node},
-          {"model", c.config->fleet_model},
-          {"registered", f.registered},
-          {"lease", f.lease},
-          {"writes", f.writes},
-          {"leases", f.leases},
-          {"etcd_failures", f.failures},
-          {"etcd_error", f.last_error.empty() ? json(nullptr) : json(f.last_error)}};
 }
 
 json RoutesJson(const ControllerStatus& c) {
@@ -383,12 +369,7 @@ std::string StatusText(const ControllerStatus& c) {
     for (EngineId id : core.unfenced_reaped) out << "; engine " << id << " waits to be fenced";
     out << "\n";
   }
-  if (!c.fleet_key.empty()) {
-    out << "fleet: node " << c.config->fleet_node << " as " << c.fleet_key << ": "
-        << (c.fleet.registered ? "registered, lease " + std::to_string(c.fleet.lease)
-                               : std::string("NOT registered"))
-        << (c.fleet.last_error.empty() ? "" : "; etcd: " + c.fleet.last_error) << "\n";
-  }
+  out << FleetText(c);
   if (core.refused_transitions > 0) {
     out << "BUG: " << core.refused_transitions << " state transitions were refused (see the log)\n";
   }
