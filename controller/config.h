@@ -130,6 +130,9 @@ Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config);
 
 // Fills defaults (runtime_dir, state_dir) and checks cross-field rules.
 Status FinishConfig(ControllerConfig* config);
+// Its [fleet] part (config_fleet.cc): with etcd set, the node defaults to the host name and
+// the model to the model directory's name; the prefix and the node must fit in a key.
+Status FinishFleetConfig(ControllerConfig* config);
 
 // The usage text of baton-controller.
 const char* ControllerUsage();

@@ -332,8 +332,8 @@ inline Status CheckAdoptedHeld(const std::map<EngineId, SimEngine>& engines,
     for (uint32_t b : e.kv->adopted()) {
       const EngineId holder = coord.ledger().UsedBy(b);
       if (holder == id) continue;
-      return Internal("invariant 6 (adoption reads only fenced KV): engine " +
-                      std::to_string(id) + " adopted block " + std::to_string(b) +
+      return Internal("invariant 6 (adoption reads only fenced KV): engine " + std::to_string(id) +
+                      " adopted block " + std::to_string(b) +
                       ", which the ledger gives to engine " + std::to_string(holder));
     }
   }
