@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <filesystem>
 
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
+#include "fleet/fleet_records.h"
 #include "proto/hello.h"
 
 namespace baton {
@@ -55,8 +57,23 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
 }
 
 Controller::~Controller() {
+  fleet_reports_.reset();  // its thread posts to the io thread: stopped first
   coord_.reset();
   for (auto& [id, h] : handles_) h.process.KillAndReap();
+}
+
+Status Controller::StartFleetReports() {
+  if (fleet_ == nullptr) return OkStatus();
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
+                         EtcdClient::Create(FleetMember::EtcdOptionsOf(config_)));
+  fleet_reports_ = std::make_unique<FleetReportReader>(
+      std::move(etcd), FleetReportsPrefix(config_.fleet_prefix, config_.fleet_node),
+      [this](proto::RouterReport report) {
+        boost::asio::post(io_, [this, r = std::move(report)]() mutable {
+          routes_.StoreFleetReport(std::move(r));
+        });
+      });
+  return OkStatus();
 }
 
 Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& io,
@@ -96,6 +113,7 @@ Status Controller::Init() {
   FindPrevious();
   BATON_RETURN_IF_ERROR(SetUpMemory(backend, *ParseBackendMode(config_.gpu_backend)));
   BATON_ASSIGN_OR_RETURN(fleet_, FleetMember::Create(config_));
+  BATON_RETURN_IF_ERROR(StartFleetReports());
   coord_ = std::make_unique<Coordinator>(config_, clock_, *journal_, static_cast<Effects&>(*this));
 
   // Sends never block the io thread: a peer that stops reading falls behind in its own queue

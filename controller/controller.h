@@ -40,6 +40,7 @@
 #include "controller/engines/engine_handle.h"
 #include "controller/engines/supervisor.h"
 #include "controller/fleet_member.h"
+#include "controller/fleet_reports.h"
 #include "controller/keeper/keeper_client.h"
 #include "controller/kept_memory.h"
 #include "controller/route_publisher.h"
@@ -119,6 +120,8 @@ class Controller final : private Effects {
   void SaveRecord();
   // controller_start.cc: what the previous controller left.
   void FindPrevious();
+  // With [fleet]: reads the fleet routers' reports from etcd into routes_ (fleet_reports.h).
+  Status StartFleetReports();
   void AdoptHandle(const RosterEngine& r);
 
   // controller.cc: connections and the timer.
@@ -194,6 +197,7 @@ class Controller final : private Effects {
   std::string cgroups_off_reason_;
   RoutePublisher routes_;
   std::unique_ptr<FleetMember> fleet_;  // the node's record in etcd; null without [fleet]
+  std::unique_ptr<FleetReportReader> fleet_reports_;  // the fleet routers' reports; with fleet_
   boost::asio::steady_timer tick_;
   boost::asio::steady_timer accept_retry_;
   std::optional<TimePoint> tick_at_;

@@ -26,16 +26,19 @@ FleetMember::FleetMember(const ControllerConfig& config, std::unique_ptr<EtcdCli
 
 Result<std::unique_ptr<FleetMember>> FleetMember::Create(const ControllerConfig& config) {
   if (config.fleet_etcd.empty()) return std::unique_ptr<FleetMember>();
-  BATON_ASSIGN_OR_RETURN(
-      std::unique_ptr<EtcdClient> etcd,
-      EtcdClient::Create({.endpoints = config.fleet_etcd,
-                          .timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-                              config.fleet_etcd_timeout)}));
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
+                         EtcdClient::Create(EtcdOptionsOf(config)));
   BATON_LOG(INFO, "fleet") << "node " << config.fleet_node << " (model " << config.fleet_model
                            << ") registers as " << config.fleet_key() << " in etcd "
                            << config.fleet_etcd.front()
                            << (config.fleet_etcd.size() > 1 ? " and others" : "");
   return std::unique_ptr<FleetMember>(new FleetMember(config, std::move(etcd)));
+}
+
+EtcdOptions FleetMember::EtcdOptionsOf(const ControllerConfig& config) {
+  return {
+      .endpoints = config.fleet_etcd,
+      .timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.fleet_etcd_timeout)};
 }
 
 std::string FleetMember::RecordOf(const ControllerConfig& config, const proto::RouteTable& routes,

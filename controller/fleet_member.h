@@ -32,6 +32,9 @@ class FleetMember {
   NodeRegistration state() const { return registrar_->state(); }
   const std::string& key() const { return key_; }
 
+  // The etcd client settings of [fleet].
+  static EtcdOptions EtcdOptionsOf(const ControllerConfig& config);
+
   // The record's JSON text (what Publish writes).
   static std::string RecordOf(const ControllerConfig& config, const proto::RouteTable& routes,
                               int64_t pid, int64_t started_at_unix_s);

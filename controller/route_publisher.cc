@@ -74,6 +74,11 @@ void RoutePublisher::SendTo(uint64_t id) {
 
 void RoutePublisher::Drop(SubscriberMap::iterator it) { subscribers_.erase(it); }
 
+void RoutePublisher::StoreFleetReport(proto::RouterReport report) {
+  report.router = "fleet " + report.router;
+  Store(0, std::move(report));
+}
+
 void RoutePublisher::Store(uint64_t id, proto::RouterReport report) {
   const std::string key =
       report.router.empty() ? "connection " + std::to_string(id) : "router " + report.router;

@@ -40,6 +40,10 @@ class RoutePublisher {
   // Returns true if a new table was made.
   bool Publish(proto::RouteTable table);
 
+  // A fleet router's report, read from etcd (controller/fleet_reports.h): kept as a
+  // subscriber's, by its router name.
+  void StoreFleetReport(proto::RouterReport report);
+
   // Per engine id, the sum over every subscriber's latest RouterReport and the retired total.
   std::map<uint64_t, proto::EngineOutcome> Outcomes() const;
 

@@ -7,8 +7,8 @@
 
 namespace baton {
 
-Admission::Admission(const Clock& clock, AdmissionOptions options)
-    : clock_(clock), options_(std::move(options)) {
+Admission::Admission(const Clock& clock, AdmissionOptions options, std::string node)
+    : clock_(clock), options_(std::move(options)), node_(std::move(node)) {
   if (options_.ramp_steps.empty()) options_.ramp_steps.push_back(1.0);
 }
 
@@ -19,7 +19,7 @@ void Admission::SetTable(const proto::RouteTable& table) {
     std::vector<Target> canaries;  // ready canaries with a weight: they carry traffic now
     for (const proto::RouteEntry& e : table.entries) {
       if (e.ready && !e.http_address.empty() && e.role == "canary" && e.weight > 0) {
-        canaries.push_back({e.http_address, e.engine_id});
+        canaries.push_back({.address = e.http_address, .engine_id = e.engine_id, .node = node_});
       }
     }
     std::vector<Candidate> next;
@@ -33,7 +33,8 @@ void Admission::SetTable(const proto::RouteTable& table) {
       const int weight =
           e.weight > 0 ? static_cast<int>(e.weight) : (is_primary && canaries.empty() ? 100 : 0);
       if (weight == 0 && !is_primary) continue;
-      Candidate c{.target = {e.http_address, e.engine_id}, .weight = weight};
+      Candidate c{.target = {.address = e.http_address, .engine_id = e.engine_id, .node = node_},
+                  .weight = weight};
       for (const Candidate& old : candidates_) {
         if (old.target == c.target) c.current = old.current;
       }
@@ -165,6 +166,22 @@ void Admission::Tick() {
       ramp_target_.reset();
     }
     Drain(now, &ready);
+  }
+  Run(&ready);
+}
+
+void Admission::Evict() {
+  Ready ready;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Waiter& w : queue_) {
+      ready.emplace_back(std::move(w.grant), Unavailable("node " + node_ + " left the route"));
+    }
+    queue_.clear();
+    candidates_.clear();
+    canaries_.clear();
+    listed_primary_.reset();
+    ++generation_;
   }
   Run(&ready);
 }

@@ -39,6 +39,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "controller/router/admitter.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -51,29 +52,10 @@ struct AdmissionOptions {
   std::chrono::milliseconds retry_same_after{250};
 };
 
-struct Target {
-  std::string address;  // HOST:PORT
-  uint64_t engine_id = 0;
-  // Set by Request(): the engine was a canary when it was picked. An answer it gives after a
-  // rollback took it out of the table is still a canary's (its 5xx is retried elsewhere).
-  bool canary = false;
-  // The same engine (`canary` is what was known when picked, not part of its identity).
-  bool operator==(const Target& o) const {
-    return address == o.address && engine_id == o.engine_id;
-  }
-};
-
-struct TargetWeight {
-  Target target;
-  double weight = 0;  // percent of new requests, the ramp included
-  std::string role;
-};
-
-class Admission {
+class Admission : public Admitter {
  public:
-  using Grant = std::function<void(Result<Target>)>;
-
-  Admission(const Clock& clock, AdmissionOptions options);
+  // `node` is stamped on every target (Target::node): a fleet node's name, or "".
+  Admission(const Clock& clock, AdmissionOptions options, std::string node = "");
 
   // A new route table. A changed primary starts a ramp. Waiters that can go now are granted.
   void SetTable(const proto::RouteTable& table);
@@ -82,13 +64,20 @@ class Admission {
   // would wait is refused when `max_queue` requests already wait. Returns a ticket for
   // Cancel().
   uint64_t Request(bool replay, std::optional<Target> failed, Grant grant);
+  // The same; `request.model` is not looked at (one controller serves one model).
+  uint64_t Request(AdmitRequest request, Grant grant) override {
+    return Request(request.replay, std::move(request.failed), std::move(grant));
+  }
   // The client of a waiting request went away: it leaves the queue at once (its place is
   // not held until its deadline) and its grant is called with Unavailable. Nothing happens
   // when the request is no longer waiting.
-  void Cancel(uint64_t ticket);
+  void Cancel(uint64_t ticket) override;
   // A granted request ended (or its attempt did): frees its place on `target`.
-  void Release(const Target& target);
+  void Release(const Target& target) override;
   void Tick();
+  // The route is gone (a fleet node left): every waiter's grant is called with Unavailable, and
+  // no target is listed until the next SetTable().
+  void Evict();
   // The controller was restarted (its engines died with the old one): the next primary is a
   // new engine even if its address and id are the old primary's, so it ramps up and counts
   // as a failover.
@@ -96,16 +85,20 @@ class Admission {
 
   // True when `target` is a canary: listed as one since it entered the table, and not the
   // primary since (a rolled-back canary still draining stays one).
-  bool IsCanary(const Target& target) const;
+  bool IsCanary(const Target& target) const override;
   // The ready primary of the last table (listed even at weight 0), if it has one.
   std::optional<Target> Primary() const;
+  std::optional<Target> PrimaryFor(const Target&) const override { return Primary(); }
+  // One controller's engines leave the route through its tables: nothing to watch.
+  uint64_t WatchLoss(const Target&, std::function<void()>) override { return 0; }
+  void Unwatch(uint64_t) override {}
   size_t queued() const;
   size_t in_flight() const;
   uint64_t failovers() const;
   // The current share of each target (the ramp applied), for /metrics.
   std::vector<TargetWeight> Weights() const;
   // Seconds a refused client should wait before retrying.
-  int RetryAfterSeconds() const;
+  int RetryAfterSeconds() const override;
 
  private:
   struct Waiter {
@@ -134,6 +127,7 @@ class Admission {
 
   const Clock& clock_;
   AdmissionOptions options_;
+  const std::string node_;
   mutable std::mutex mu_;
   std::vector<Candidate> candidates_;  // weight 0 only for a primary a canary displaced
   std::vector<Target> canaries_;       // ready canaries with a weight in the last table

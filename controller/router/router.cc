@@ -1,5 +1,7 @@
 #include "controller/router/router.h"
 
+#include <unistd.h>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
 #include <future>
@@ -44,8 +46,11 @@ Router::Router(RouterOptions options, const Clock& clock)
       work_(boost::asio::make_work_guard(io_)),
       tick_(io_),
       admission_(clock_, AdmissionFrom(options_)),
+      fleet_(options_.etcd.empty() ? nullptr
+                                   : std::make_unique<FleetAdmission>(
+                                         clock_, AdmissionFrom(options_), options_.fleet_suspect)),
       pool_(clock_),
-      shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), &admission_,
+      shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), admitter(),
               &outcomes_, &pool_) {}
 
 Router::~Router() { Stop(); }
@@ -73,6 +78,20 @@ Status Router::Start() {
   server_->Route(http::verb::get, "/metrics",
                  [this](std::shared_ptr<HttpExchange> ex) { Metrics(std::move(ex)); });
   BATON_RETURN_IF_ERROR(server_->Listen());
+  if (fleet_) {
+    BATON_RETURN_IF_ERROR(StartFleet());
+  } else {
+    StartRoutes();
+  }
+  ScheduleTick();
+  for (int i = 0; i < options_.threads; ++i) {
+    threads_.emplace_back([this] { Run(); });
+  }
+  BATON_LOG(INFO, "router") << "listening on " << options_.listen_host << ":" << server_->port();
+  return OkStatus();
+}
+
+void Router::StartRoutes() {
   routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
   routes_.OnReport([this] { return outcomes_.Snapshot(); });
   routes_.OnNewController([this] { admission_.ControllerRestarted(); });
@@ -82,11 +101,28 @@ Status Router::Start() {
   } else {
     routes_.Start(options_.controller_socket, options_.resubscribe_max_backoff);
   }
-  ScheduleTick();
-  for (int i = 0; i < options_.threads; ++i) {
-    threads_.emplace_back([this] { Run(); });
+}
+
+Status Router::StartFleet() {
+  std::string name = options_.fleet_router_name;
+  if (name.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    name = std::string(host) + "-" + std::to_string(::getpid());
   }
-  BATON_LOG(INFO, "router") << "listening on " << options_.listen_host << ":" << server_->port();
+  BATON_ASSIGN_OR_RETURN(
+      view_,
+      FleetView::Create({.etcd = {.endpoints = options_.etcd, .timeout = options_.etcd_timeout},
+                         .prefix = options_.etcd_prefix,
+                         .poll = options_.fleet_poll,
+                         .router = name}));
+  view_->OnChange([this](const std::vector<FleetNode>& nodes) { fleet_->SetNodes(nodes); });
+  view_->OnReport([this] {
+    FleetView::Reports reports;
+    for (const std::string& node : outcomes_.Nodes()) reports[node] = outcomes_.Snapshot(node);
+    return reports;
+  });
+  view_->Start();
   return OkStatus();
 }
 
@@ -107,6 +143,7 @@ void Router::ScheduleTick() {
   tick_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
     admission_.Tick();
+    if (fleet_) fleet_->Tick();
     ScheduleTick();
   });
 }
@@ -122,6 +159,7 @@ void Router::Stop() {
     closed.get_future().wait();
   }
   routes_.Stop();
+  if (view_) view_->Stop();
   work_.reset();
   io_.stop();
   for (std::thread& t : threads_) t.join();
@@ -152,7 +190,7 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                                              std::to_string(kMaxJsonDepth) + " levels"));
     return;
   }
-  RelayDeps deps{.admission = &admission_,
+  RelayDeps deps{.admission = admitter(),
                  .metrics = &metrics_,
                  .clock = &clock_,
                  .timeouts = TimeoutsFrom(options_),
@@ -167,19 +205,68 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
 
 void Router::Health(std::shared_ptr<HttpExchange> exchange) {
   std::optional<std::string> primary = routes_.Primary();
+  if (fleet_) {
+    std::optional<Target> any = fleet_->AnyPrimary();
+    primary = any ? std::optional<std::string>(any->address) : std::nullopt;
+  }
   const int status = primary ? 200 : 503;
   metrics_.Record("/health", status);
   nlohmann::json body = {{"status", primary ? "ok" : "no_primary"},
                          {"primary", primary.value_or("")},
                          {"controller_connected", routes_.connected()},
-                         {"queued", admission_.queued()},
-                         {"in_flight", admission_.in_flight()}};
+                         {"queued", fleet_ ? fleet_->queued() : admission_.queued()},
+                         {"in_flight", fleet_ ? fleet_->in_flight() : admission_.in_flight()}};
+  if (fleet_) body["fleet"] = FleetHealth();
   exchange->RespondJson(status,
                         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }
 
+nlohmann::json Router::FleetHealth() const {
+  const FleetViewState view = view_->state();
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const FleetNodeView& n : fleet_->Nodes()) {
+    nodes.push_back({{"node", n.name},
+                     {"model", n.model},
+                     {"listed", n.listed},
+                     {"suspect", n.suspect},
+                     {"primary", n.primary ? n.primary->address : ""},
+                     {"in_flight", n.in_flight},
+                     {"queued", n.queued}});
+  }
+  return {
+      {"etcd_connected", view.etcd_connected}, {"etcd_error", view.last_error}, {"nodes", nodes}};
+}
+
+RouterGauges Router::FleetGauges() const {
+  RouterGauges g{.controller_connected = false,
+                 .queued = fleet_->queued(),
+                 .in_flight = fleet_->in_flight(),
+                 .failovers = fleet_->failovers(),
+                 .weights = fleet_->Weights(),
+                 .shadows = shadow_.stats(),
+                 .fleet = true,
+                 .fleet_nodes = fleet_->Nodes(),
+                 .fleet_view = view_->state()};
+  if (std::optional<Target> any = fleet_->AnyPrimary()) {
+    g.table.entries.push_back({.engine_id = any->engine_id,
+                               .role = "primary",
+                               .http_address = any->address,
+                               .ready = true});
+  }
+  for (const std::string& node : outcomes_.Nodes()) {
+    for (const proto::EngineOutcome& o : outcomes_.Snapshot(node)) {
+      g.fleet_outcomes.emplace_back(node, o);
+    }
+  }
+  return g;
+}
+
 void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
   metrics_.Record("/metrics", 200);
+  if (fleet_) {
+    exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(FleetGauges()));
+    return;
+  }
   RouterGauges g{.table = routes_.table(),
                  .controller_connected = routes_.connected(),
                  .queued = admission_.queued(),

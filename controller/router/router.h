@@ -10,7 +10,8 @@
 // are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY` (401
 // otherwise). Client limits (body, header, connections, idle and request timeouts) are the
 // HttpServer's. The route table comes from the controller (RouteSubscriber) or is one
-// static backend.
+// static backend; with etcd set, the router follows the whole fleet instead (FleetView,
+// FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines there.
 //
 // Ownership: owns the io_context, its threads, the HTTP server, the subscriber and the
 // admission state. Thread: Start() and Stop() from one owning thread; handlers run on the
@@ -21,6 +22,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +32,8 @@
 #include "controller/router/admission.h"
 #include "controller/router/canary/engine_outcomes.h"
 #include "controller/router/canary/shadow_comparer.h"
+#include "controller/router/fleet/fleet_admission.h"
+#include "controller/router/fleet/fleet_view.h"
 #include "controller/router/route_subscriber.h"
 #include "controller/router/router_metrics.h"
 #include "controller/router/router_options.h"
@@ -53,6 +57,8 @@ class Router {
   uint16_t port() const { return server_ ? server_->port() : 0; }
   const RouteSubscriber& routes() const { return routes_; }
   const Admission& admission() const { return admission_; }
+  // Null without etcd.
+  const FleetAdmission* fleet() const { return fleet_.get(); }
   const EngineOutcomes& outcomes() const { return outcomes_; }
   ShadowStats shadows() const { return shadow_.stats(); }
 
@@ -60,7 +66,13 @@ class Router {
   void Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange);
   void Health(std::shared_ptr<HttpExchange> exchange);
   void Metrics(std::shared_ptr<HttpExchange> exchange);
+  nlohmann::json FleetHealth() const;  // the `fleet` object of /health
+  RouterGauges FleetGauges() const;
   bool Authorized(const HttpExchange& exchange) const;
+  void StartRoutes();
+  Status StartFleet();
+  // The admission requests go through: the fleet's, or the controller's.
+  Admitter* admitter() { return fleet_ ? static_cast<Admitter*>(fleet_.get()) : &admission_; }
   void Run();  // io_.run() on one thread, surviving a handler that throws
   void ScheduleTick();
 
@@ -71,11 +83,13 @@ class Router {
   boost::asio::steady_timer tick_;
   std::unique_ptr<HttpServer> server_;
   Admission admission_;
+  std::unique_ptr<FleetAdmission> fleet_;  // with etcd
   UpstreamPool pool_;
   EngineOutcomes outcomes_;  // before routes_: its thread reads them
   ShadowComparer shadow_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;
+  std::unique_ptr<FleetView> view_;  // with etcd; stopped before fleet_ goes
   std::vector<std::thread> threads_;
 };
 

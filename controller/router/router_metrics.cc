@@ -211,7 +211,43 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
         static_cast<double>(g.table.epoch), &out);
   Gauge("baton_router_controller_connected", "1 while subscribed to the controller.",
         g.controller_connected ? 1 : 0, &out);
+  if (g.fleet) RenderFleet(g, &out);
   return out;
+}
+
+void RouterMetrics::RenderFleet(const RouterGauges& g, std::string* out) {
+  size_t listed = 0;
+  for (const FleetNodeView& n : g.fleet_nodes) listed += n.listed ? 1 : 0;
+  Gauge("baton_router_fleet_nodes", "Fleet nodes listed in etcd now.", static_cast<double>(listed),
+        out);
+  Gauge("baton_router_fleet_etcd_connected", "1 while the last read of etcd answered.",
+        g.fleet_view.etcd_connected ? 1 : 0, out);
+  Header("baton_router_fleet_etcd_failures_total", "counter", "Calls to etcd that failed.", out);
+  *out += "baton_router_fleet_etcd_failures_total " + std::to_string(g.fleet_view.failures) + "\n";
+  Header("baton_router_fleet_node_up", "gauge",
+         "By node seen: 1 while listed with a ready primary and not passed over.", out);
+  for (const FleetNodeView& n : g.fleet_nodes) {
+    const bool up = n.listed && n.primary && !n.suspect;
+    *out += "baton_router_fleet_node_up{node=\"" + Escape(n.name) + "\",model=\"" +
+            Escape(n.model) + "\"} " + (up ? "1" : "0") + "\n";
+  }
+  Header("baton_router_fleet_node_in_flight", "gauge", "Requests on a node's engines now.", out);
+  for (const FleetNodeView& n : g.fleet_nodes) {
+    *out += "baton_router_fleet_node_in_flight{node=\"" + Escape(n.name) + "\"} " +
+            std::to_string(n.in_flight) + "\n";
+  }
+  Header("baton_router_fleet_engine_requests_total", "counter",
+         "Engine attempts that ended, by node and engine.", out);
+  for (const auto& [node, o] : g.fleet_outcomes) {
+    *out += "baton_router_fleet_engine_requests_total{node=\"" + Escape(node) + "\",engine_id=\"" +
+            std::to_string(o.engine_id) + "\"} " + std::to_string(o.requests) + "\n";
+  }
+  Header("baton_router_fleet_engine_errors_total", "counter",
+         "Engine attempts that failed, by node and engine.", out);
+  for (const auto& [node, o] : g.fleet_outcomes) {
+    *out += "baton_router_fleet_engine_errors_total{node=\"" + Escape(node) + "\",engine_id=\"" +
+            std::to_string(o.engine_id) + "\"} " + std::to_string(o.errors) + "\n";
+  }
 }
 
 }  // namespace baton

@@ -34,6 +34,8 @@
 
 #include "controller/router/admission.h"
 #include "controller/router/canary/shadow_comparer.h"
+#include "controller/router/fleet/fleet_admission.h"
+#include "controller/router/fleet/fleet_view.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -63,14 +65,19 @@ class Histogram {
 };
 
 struct RouterGauges {
-  proto::RouteTable table;
+  proto::RouteTable table = {};
   bool controller_connected = false;
   size_t queued = 0;
   size_t in_flight = 0;
   uint64_t failovers = 0;
-  std::vector<TargetWeight> weights;
-  std::vector<proto::EngineOutcome> outcomes;
-  ShadowStats shadows;
+  std::vector<TargetWeight> weights = {};
+  std::vector<proto::EngineOutcome> outcomes = {};
+  ShadowStats shadows = {};
+  // A fleet router's view (docs/fleet.md): set only with etcd.
+  bool fleet = false;
+  std::vector<FleetNodeView> fleet_nodes = {};
+  FleetViewState fleet_view = {};
+  std::vector<std::pair<std::string, proto::EngineOutcome>> fleet_outcomes = {};  // by node
 };
 
 class RouterMetrics {
@@ -85,6 +92,8 @@ class RouterMetrics {
   void ObserveFailoverNextToken(double seconds);
 
   std::string Render(const RouterGauges& gauges) const;
+  // The baton_router_fleet_* lines (a part of Render()).
+  static void RenderFleet(const RouterGauges& gauges, std::string* out);
 
  private:
   mutable std::mutex mu_;

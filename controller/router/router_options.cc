@@ -62,6 +62,40 @@ Status ParseRampSteps(const std::string& text, std::vector<double>* out) {
   return OkStatus();
 }
 
+// --etcd A,B,C and the fleet's other flags.
+void AddFleetSetters(RouterOptions* o, std::map<std::string, Setter>* s) {
+  (*s)["etcd"] = [o](const std::string& v) -> Status {
+    std::vector<std::string> endpoints;
+    std::stringstream in(v);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      if (item.empty()) return InvalidArgument("etcd: an empty endpoint in \"" + v + "\"");
+      endpoints.push_back(item);
+    }
+    if (endpoints.empty()) return InvalidArgument("etcd: want host:port[,host:port...]");
+    o->etcd = std::move(endpoints);
+    return OkStatus();
+  };
+  (*s)["etcd-prefix"] = [o](const std::string& v) -> Status {
+    if (v.size() < 2 || v.front() != '/' || v.back() != '/') {
+      return InvalidArgument("etcd-prefix: want a prefix that begins and ends with '/', got \"" +
+                             v + "\"");
+    }
+    o->etcd_prefix = v;
+    return OkStatus();
+  };
+  (*s)["etcd-timeout-ms"] = Millis("etcd-timeout-ms", &o->etcd_timeout);
+  (*s)["fleet-poll-ms"] = Millis("fleet-poll-ms", &o->fleet_poll);
+  (*s)["fleet-suspect-ms"] = Millis("fleet-suspect-ms", &o->fleet_suspect);
+  (*s)["fleet-router-name"] = [o](const std::string& v) -> Status {
+    if (v.empty() || v.find_first_of("/ \t\n") != std::string::npos) {
+      return InvalidArgument("fleet-router-name: want a name without '/' or spaces");
+    }
+    o->fleet_router_name = v;
+    return OkStatus();
+  };
+}
+
 std::map<std::string, Setter> Setters(RouterOptions* o) {
   std::map<std::string, Setter> s;
   s["listen"] = [o](const std::string& v) {
@@ -121,6 +155,7 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
     return OkStatus();
   };
   s["ramp-steps"] = [o](const std::string& v) { return ParseRampSteps(v, &o->ramp_steps); };
+  AddFleetSetters(o, &s);
   return s;
 }
 
@@ -237,6 +272,11 @@ Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
   }
   if (options.controller_socket.empty()) {
     options.controller_socket = RouterDefaultRuntimeDir() + "/controller.sock";
+  }
+  if (!options.etcd.empty() && !options.backend.empty()) {
+    return InvalidArgument(
+        "--etcd and --backend exclude each other: a router follows a fleet or "
+        "one static backend");
   }
   return options;
 }

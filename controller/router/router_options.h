@@ -41,6 +41,15 @@ struct RouterOptions {
   // Canary output agreement (shadow_comparer.h): compare 1 of every N reproducible canary
   // answers with the primary's; 0: never.
   int shadow_every = 1;
+  // The fleet (docs/fleet.md, Routers): with etcd set, the router routes across every node
+  // registered under `etcd_prefix` instead of following one controller.
+  std::vector<std::string> etcd;  // member endpoints, "host:port" or "http://host:port"
+  std::string etcd_prefix = "/baton/";
+  std::chrono::milliseconds etcd_timeout{1000};  // per request, per member
+  std::chrono::milliseconds fleet_poll{100};     // how often the node records are read
+  std::chrono::milliseconds fleet_suspect{
+      1000};                      // new requests pass over a node a replay failed on
+  std::string fleet_router_name;  // in its report keys; default <host>-<pid>
 };
 
 // $BATON_RUNTIME_DIR, or /tmp/baton-<uid>.

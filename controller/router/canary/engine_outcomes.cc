@@ -4,45 +4,58 @@
 
 namespace baton {
 
-proto::EngineOutcome& EngineOutcomes::At(uint64_t engine_id) {
-  proto::EngineOutcome& o = engines_[engine_id];
+proto::EngineOutcome& EngineOutcomes::At(const std::string& node, uint64_t engine_id) {
+  proto::EngineOutcome& o = engines_[{node, engine_id}];
   o.engine_id = engine_id;
   return o;
 }
 
-void EngineOutcomes::RecordSucceeded(uint64_t engine_id, Duration arrival_to_last_byte) {
+void EngineOutcomes::RecordSucceeded(const std::string& node, uint64_t engine_id,
+                                     Duration arrival_to_last_byte) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(arrival_to_last_byte);
   std::lock_guard<std::mutex> lock(mu_);
-  proto::EngineOutcome& o = At(engine_id);
+  proto::EngineOutcome& o = At(node, engine_id);
   ++o.requests;
   ++o.succeeded;
   o.duration_ms += static_cast<uint64_t>(std::max<int64_t>(0, ms.count()));
 }
 
-void EngineOutcomes::RecordFailed(uint64_t engine_id) {
+void EngineOutcomes::RecordFailed(const std::string& node, uint64_t engine_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  proto::EngineOutcome& o = At(engine_id);
+  proto::EngineOutcome& o = At(node, engine_id);
   ++o.requests;
   ++o.errors;
 }
 
-void EngineOutcomes::RecordEnded(uint64_t engine_id) {
+void EngineOutcomes::RecordEnded(const std::string& node, uint64_t engine_id) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++At(engine_id).requests;
+  ++At(node, engine_id).requests;
 }
 
-void EngineOutcomes::RecordComparison(uint64_t canary_engine_id, bool agreed) {
+void EngineOutcomes::RecordComparison(const std::string& node, uint64_t canary_engine_id,
+                                      bool agreed) {
   std::lock_guard<std::mutex> lock(mu_);
-  proto::EngineOutcome& o = At(canary_engine_id);
+  proto::EngineOutcome& o = At(node, canary_engine_id);
   ++o.compared;
   if (!agreed) ++o.disagreed;
 }
 
-std::vector<proto::EngineOutcome> EngineOutcomes::Snapshot() const {
+std::vector<proto::EngineOutcome> EngineOutcomes::Snapshot(const std::string& node) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<proto::EngineOutcome> out;
-  out.reserve(engines_.size());
-  for (const auto& [id, o] : engines_) out.push_back(o);
+  for (auto it = engines_.lower_bound({node, 0}); it != engines_.end() && it->first.first == node;
+       ++it) {
+    out.push_back(it->second);
+  }
+  return out;
+}
+
+std::vector<std::string> EngineOutcomes::Nodes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [key, o] : engines_) {
+    if (out.empty() || out.back() != key.first) out.push_back(key.first);
+  }
   return out;
 }
 

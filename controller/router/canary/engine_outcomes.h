@@ -11,12 +11,17 @@
 // primary's (RecordComparison: `compared`, and `disagreed` when the token ids differed); a
 // comparison is not an attempt and leaves `requests` alone.
 //
+// A fleet router keeps them by node as well (engine ids are a node's own): the overloads
+// with `node`; those without are node "" (the router's own controller).
+//
 // Thread-safe (one mutex; each record is a few additions).
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "base/clock.h"
@@ -26,19 +31,25 @@ namespace baton {
 
 class EngineOutcomes {
  public:
-  void RecordSucceeded(uint64_t engine_id, Duration arrival_to_last_byte);
-  void RecordFailed(uint64_t engine_id);
-  void RecordEnded(uint64_t engine_id);
-  void RecordComparison(uint64_t canary_engine_id, bool agreed);
+  void RecordSucceeded(const std::string& node, uint64_t engine_id, Duration arrival_to_last_byte);
+  void RecordFailed(const std::string& node, uint64_t engine_id);
+  void RecordEnded(const std::string& node, uint64_t engine_id);
+  void RecordComparison(const std::string& node, uint64_t canary_engine_id, bool agreed);
+  void RecordSucceeded(uint64_t engine_id, Duration d) { RecordSucceeded("", engine_id, d); }
+  void RecordFailed(uint64_t engine_id) { RecordFailed("", engine_id); }
+  void RecordEnded(uint64_t engine_id) { RecordEnded("", engine_id); }
+  void RecordComparison(uint64_t id, bool agreed) { RecordComparison("", id, agreed); }
 
-  // Every engine seen, by engine id ascending.
-  std::vector<proto::EngineOutcome> Snapshot() const;
+  // Every engine of `node` seen, by engine id ascending.
+  std::vector<proto::EngineOutcome> Snapshot(const std::string& node = "") const;
+  // The nodes with an engine seen, by name.
+  std::vector<std::string> Nodes() const;
 
  private:
-  proto::EngineOutcome& At(uint64_t engine_id);  // mu_ held
+  proto::EngineOutcome& At(const std::string& node, uint64_t engine_id);  // mu_ held
 
   mutable std::mutex mu_;
-  std::map<uint64_t, proto::EngineOutcome> engines_;
+  std::map<std::pair<std::string, uint64_t>, proto::EngineOutcome> engines_;
 };
 
 }  // namespace baton

@@ -95,7 +95,7 @@ class ShadowComparer::Call : public std::enable_shared_from_this<ShadowComparer:
 };
 
 ShadowComparer::ShadowComparer(boost::asio::any_io_executor executor, int every,
-                               UpstreamTimeouts timeouts, const Admission* admission,
+                               UpstreamTimeouts timeouts, const Admitter* admission,
                                EngineOutcomes* outcomes, UpstreamPool* pool)
     : executor_(std::move(executor)),
       every_(every),
@@ -118,7 +118,8 @@ bool ShadowComparer::TakeSlot() {
 }
 
 void ShadowComparer::Start(CanaryAnswer answer) {
-  const std::optional<Target> primary = admission_->Primary();
+  const std::optional<Target> primary =
+      admission_->PrimaryFor({.engine_id = answer.engine_id, .node = answer.node});
   if (!primary || primary->engine_id == answer.engine_id) {
     ++failed_;
     BATON_LOG(DEBUG, "router") << "shadow of engine " << answer.engine_id
@@ -148,7 +149,8 @@ void ShadowComparer::Finish(const CanaryAnswer& answer,
                                << " failed, nothing compared: " << primary_ids.status().message();
   } else {
     const std::optional<size_t> diff = FirstDifference(answer.token_ids, *primary_ids);
-    if (outcomes_ != nullptr) outcomes_->RecordComparison(answer.engine_id, !diff.has_value());
+    if (outcomes_ != nullptr)
+      outcomes_->RecordComparison(answer.node, answer.engine_id, !diff.has_value());
     ++compared_;
     if (diff) {
       ++disagreed_;

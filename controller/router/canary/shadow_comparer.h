@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-#include "controller/router/admission.h"
+#include "controller/router/admitter.h"
 #include "controller/router/canary/engine_outcomes.h"
 #include "controller/router/upstream/upstream_call.h"
 #include "controller/router/upstream/upstream_pool.h"
@@ -42,6 +42,7 @@ struct CanaryAnswer {
   std::string route;  // "/v1/completions", ...
   std::string body;   // the client's request body
   uint64_t engine_id = 0;
+  std::string node;  // the canary's fleet node ("" without a fleet)
   std::vector<int32_t> token_ids;
 };
 
@@ -58,9 +59,9 @@ class ShadowComparer {
   static constexpr size_t kMaxInFlight = 4;
 
   // `every`: compare 1 of every `every` reproducible canary successes, 0 for none.
-  // `admission` names the primary; `outcomes` takes the comparisons; `pool` may be null.
+  // `admission` names the canary's primary; `outcomes` takes the comparisons; `pool` may be null.
   ShadowComparer(boost::asio::any_io_executor executor, int every, UpstreamTimeouts timeouts,
-                 const Admission* admission, EngineOutcomes* outcomes, UpstreamPool* pool);
+                 const Admitter* admission, EngineOutcomes* outcomes, UpstreamPool* pool);
   ShadowComparer(const ShadowComparer&) = delete;
   ShadowComparer& operator=(const ShadowComparer&) = delete;
 
@@ -80,7 +81,7 @@ class ShadowComparer {
   const boost::asio::any_io_executor executor_;
   const int every_;
   const UpstreamTimeouts timeouts_;
-  const Admission* const admission_;
+  const Admitter* const admission_;
   EngineOutcomes* const outcomes_;
   UpstreamPool* const pool_;
   std::atomic<uint64_t> sampled_{0};  // reproducible canary successes seen

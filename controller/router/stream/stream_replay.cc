@@ -203,6 +203,12 @@ std::string StreamReplay::AttemptTarget(const std::string& target) const {
   return replaying_chat() ? "/v1/completions" : target;
 }
 
+std::string StreamReplay::model() const {
+  if (!body_.is_object()) return "";
+  auto it = body_.find("model");
+  return it != body_.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
 std::string StreamReplay::AttemptBody() const {
   if (!body_.is_object()) return raw_body_;
   if (!IsCompletions(route_) && !IsChat(route_)) return raw_body_;

@@ -48,6 +48,8 @@ class StreamReplay {
   StreamReplay(std::string route, const std::string& body, std::string request_key = "");
 
   bool streaming() const { return stream_; }
+  // The request's `model` ("" when it names none, or is not a JSON object).
+  std::string model() const;
   // The body of the next attempt (see above). Call BeginAttempt() first.
   std::string AttemptBody() const;
   // The request target of the next attempt: the client's `target`, except for a chat stream

@@ -74,8 +74,9 @@ void RelayedRequest::Start() {
 void RelayedRequest::Admit(std::optional<Target> failed) {
   queued_at_ = deps_.clock->Now();
   const bool replay = failed.has_value();
+  AdmitRequest request{.replay = replay, .failed = std::move(failed), .model = replay_.model()};
   waiting_ticket_ =
-      deps_.admission->Request(replay, std::move(failed), [self = shared_from_this()](auto target) {
+      deps_.admission->Request(std::move(request), [self = shared_from_this()](auto target) {
         asio::post(self->strand_,
                    [self, t = std::move(target)]() mutable { self->OnGrant(std::move(t)); });
       });
@@ -85,6 +86,9 @@ void RelayedRequest::OnGrant(Result<Target> target) {
   waiting_ticket_.reset();
   deps_.metrics->ObserveQueueWait(MillisBetween(queued_at_, deps_.clock->Now()) / 1e3);
   if (!target.ok() && client_gone_) return Finish(499, "client_gone");
+  if (!target.ok() && target.status().code() == StatusCode::kNotFound) {
+    return GiveUp(404, "model_not_found", target.status().message());
+  }
   if (!target.ok()) {
     return GiveUp(429, "queue_timeout", target.status().message());
   }
@@ -94,6 +98,21 @@ void RelayedRequest::OnGrant(Result<Target> target) {
     return Finish(499, "client_gone");
   }
   StartAttempt();
+  WatchTarget();
+}
+
+void RelayedRequest::WatchTarget() {
+  std::weak_ptr<RelayedRequest> weak = shared_from_this();
+  const Target watched = *target_;
+  loss_watch_ = deps_.admission->WatchLoss(watched, [weak, watched] {
+    auto r = weak.lock();
+    if (!r) return;
+    asio::post(r->strand_, [r, watched] {
+      if (!r->call_ || !r->target_ || !(*r->target_ == watched)) return;
+      r->target_lost_ = true;
+      r->call_->Cancel();
+    });
+  });
 }
 
 void RelayedRequest::StartAttempt() {
@@ -193,8 +212,10 @@ void RelayedRequest::ObserveContinued() {
                             << std::round(ms * 10) / 10 << " ms after the failure";
 }
 
-void RelayedRequest::OnEnd(UpstreamError error, const std::string& message) {
+void RelayedRequest::OnEnd(UpstreamError error, const std::string& cause) {
   call_.reset();
+  const std::string message = target_lost_ ? "node " + target_->node + " left the fleet" : cause;
+  target_lost_ = false;
   if (client_gone_) {
     CountAttempt(AttemptEnd::kEnded);
     ReleaseTarget();
@@ -320,12 +341,12 @@ void RelayedRequest::CountAttempt(AttemptEnd end) {
   if (deps_.outcomes == nullptr || !target_) return;
   switch (end) {
     case AttemptEnd::kSucceeded:
-      return deps_.outcomes->RecordSucceeded(target_->engine_id,
+      return deps_.outcomes->RecordSucceeded(target_->node, target_->engine_id,
                                              deps_.clock->Now() - attempt_started_);
     case AttemptEnd::kFailed:
-      return deps_.outcomes->RecordFailed(target_->engine_id);
+      return deps_.outcomes->RecordFailed(target_->node, target_->engine_id);
     case AttemptEnd::kEnded:
-      return deps_.outcomes->RecordEnded(target_->engine_id);
+      return deps_.outcomes->RecordEnded(target_->node, target_->engine_id);
   }
 }
 
@@ -333,6 +354,7 @@ std::optional<uint64_t> RelayedRequest::ShadowCanary() {
   if (deps_.shadow == nullptr || !target_ || !replay_.reproducible()) return std::nullopt;
   if (mode_ == Mode::kStream && !replay_.ids_known()) return std::nullopt;
   if (!target_->canary || !deps_.shadow->Sample()) return std::nullopt;
+  shadow_node_ = target_->node;
   return target_->engine_id;
 }
 
@@ -345,10 +367,13 @@ void RelayedRequest::StartShadow(uint64_t canary, std::optional<std::vector<int3
   deps_.shadow->Start({.route = route_,
                        .body = exchange_->request().body(),
                        .engine_id = canary,
+                       .node = shadow_node_,
                        .token_ids = std::move(*canary_ids)});
 }
 
 void RelayedRequest::ReleaseTarget() {
+  if (loss_watch_ != 0) deps_.admission->Unwatch(loss_watch_);
+  loss_watch_ = 0;
   if (target_) deps_.admission->Release(*target_);
   target_.reset();
 }

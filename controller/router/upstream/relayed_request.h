@@ -17,6 +17,9 @@
 // `baton_request_key`, by which the next engine finds the KV cache a failed one left. After a
 // failure with tokens sent, the time to the continuation's first new token is observed
 // (baton_router_failover_next_token_seconds) and logged.
+// In a fleet (FleetAdmission) the request goes to a node serving its `model` (404 when none
+// ever did), and an attempt whose node leaves the fleet (Admitter::WatchLoss) is cut and
+// replayed on another node like any failed attempt.
 // Each attempt's end is counted against its engine in EngineOutcomes: failed (what is replayed
 // above, and an answer 5xx), succeeded (a whole answer relayed), or just ended.
 // A canary's successful answer to a reproducible request (StreamReplay::reproducible()) is
@@ -33,7 +36,7 @@
 #include <string>
 
 #include "base/clock.h"
-#include "controller/router/admission.h"
+#include "controller/router/admitter.h"
 #include "controller/router/canary/engine_outcomes.h"
 #include "controller/router/canary/shadow_comparer.h"
 #include "controller/router/router_metrics.h"
@@ -45,7 +48,7 @@
 namespace baton {
 
 struct RelayDeps {
-  Admission* admission = nullptr;
+  Admitter* admission = nullptr;
   RouterMetrics* metrics = nullptr;
   const Clock* clock = nullptr;
   UpstreamTimeouts timeouts;
@@ -70,6 +73,8 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   void Admit(std::optional<Target> failed);
   void OnGrant(Result<Target> target);
   void StartAttempt();
+  // Hears, for the current attempt, that its node left the fleet: cuts it (replayed).
+  void WatchTarget();
   void OnHead(int status, const std::string& content_type, bool streaming);
   void OnData(std::string_view bytes);
   // One whole SSE event of a stream to the client; false when it failed the attempt.
@@ -102,6 +107,9 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   TimePoint queued_at_;
   std::optional<uint64_t> waiting_ticket_;  // while in the admission queue
   std::optional<Target> target_;
+  uint64_t loss_watch_ = 0;   // Admitter::WatchLoss() of target_, 0 when none
+  bool target_lost_ = false;  // the current attempt was cut because its node left
+  std::string shadow_node_;   // the node of the canary ShadowCanary() chose
   std::shared_ptr<UpstreamCall> call_;
   Mode mode_ = Mode::kNone;
   int status_ = 0;

@@ -1,0 +1,57 @@
+#include "controller/fleet_reports.h"
+
+#include "base/log.h"
+#include "fleet/fleet_records.h"
+
+namespace baton {
+
+FleetReportReader::FleetReportReader(std::unique_ptr<EtcdClient> etcd, std::string prefix,
+                                     std::function<void(proto::RouterReport)> deliver,
+                                     std::chrono::milliseconds every)
+    : etcd_(std::move(etcd)),
+      prefix_(std::move(prefix)),
+      deliver_(std::move(deliver)),
+      every_(every),
+      thread_([this] { Run(); }) {}
+
+FleetReportReader::~FleetReportReader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+uint64_t FleetReportReader::delivered() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return delivered_;
+}
+
+void FleetReportReader::Run() {
+  for (;;) {
+    ReadOnce();
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, every_, [this] { return stopping_; })) return;
+  }
+}
+
+void FleetReportReader::ReadOnce() {
+  Result<EtcdRange> range = etcd_->GetPrefix(prefix_);
+  if (!range.ok()) return;  // the registrar logs etcd's absence; the last reports stay
+  for (const EtcdKeyValue& kv : range->kvs) {
+    auto [it, fresh] = seen_.try_emplace(kv.key, kv.mod_revision);
+    if (!fresh && it->second == kv.mod_revision) continue;
+    it->second = kv.mod_revision;
+    Result<proto::RouterReport> report = ParseRouterReport(kv.key, kv.value);
+    if (!report.ok()) {
+      BATON_LOG(WARN, "fleet") << "router report skipped: " << report.status().message();
+      continue;
+    }
+    deliver_(std::move(*report));
+    std::lock_guard<std::mutex> lock(mu_);
+    ++delivered_;
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,56 @@
+// FleetReportReader: brings the reports of the fleet's routers to this node's controller
+// (docs/fleet.md, Routers). A router that follows the fleet through etcd does not subscribe
+// to this controller's socket; it writes what it saw of this node's engines under
+// <prefix>reports/<node>/<router> (fleet/fleet_records.h). This reader reads that prefix every
+// `every` and hands each report that parses, and changed, to `deliver`, which the controller
+// stores as it stores a RouterReport from its socket (RoutePublisher::StoreFleetReport), so the
+// canary judge counts the traffic of every router. A report that does not parse is skipped with
+// one log line per version; etcd not answering changes nothing (the last reports stay).
+//
+// Ownership: owns its EtcdClient and thread. Thread: `deliver` runs on the reader's thread
+// (the controller posts it to its io thread); Stop() joins.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fleet/etcd_client.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+class FleetReportReader {
+ public:
+  FleetReportReader(std::unique_ptr<EtcdClient> etcd, std::string prefix,
+                    std::function<void(proto::RouterReport)> deliver,
+                    std::chrono::milliseconds every = std::chrono::milliseconds(250));
+  ~FleetReportReader();
+  FleetReportReader(const FleetReportReader&) = delete;
+  FleetReportReader& operator=(const FleetReportReader&) = delete;
+
+  uint64_t delivered() const;
+
+ private:
+  void Run();
+  void ReadOnce();
+
+  std::unique_ptr<EtcdClient> etcd_;
+  const std::string prefix_;  // <prefix>reports/<node>/
+  const std::function<void(proto::RouterReport)> deliver_;
+  const std::chrono::milliseconds every_;
+  std::map<std::string, int64_t> seen_;  // key -> mod_revision delivered or refused
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  uint64_t delivered_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace baton

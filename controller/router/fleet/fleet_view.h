@@ -1,0 +1,105 @@
+// FleetView: a router's view of the fleet in etcd (docs/fleet.md, Routers), and its reports
+// to the fleet's controllers.
+//
+// A thread of its own reads every node record under <prefix>nodes/ every `poll` (one range
+// request; the records are small), and calls OnChange with every node whose record parses
+// when the set of records changed (a key added, rewritten or gone). A record that does not
+// parse is left out, with one log line per version of it. When etcd cannot be reached the
+// last view is kept and nothing else changes: a router keeps serving the nodes it knew; one
+// line is logged when etcd stops answering and one when it answers again.
+//
+// Every `report_every`, what this router saw of each node's engines (OnReport) is written
+// under <prefix>reports/<node>/<router> (fleet/fleet_records.h) when it changed, under a
+// lease of this router (`report_ttl`, renewed every third of it and granted again when
+// lost), so a node's controller judges its canaries on the traffic of every router and a
+// gone router's reports expire.
+//
+// Ownership: owns its EtcdClient and thread. Thread: the callbacks run on the view's thread;
+// the accessors are safe from any thread; Stop() joins.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fleet/etcd_client.h"
+#include "fleet/fleet_records.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+struct FleetViewOptions {
+  EtcdOptions etcd;
+  std::string prefix = "/baton/";
+  std::chrono::milliseconds poll{100};
+  std::chrono::milliseconds report_every{250};
+  std::chrono::milliseconds report_ttl{10000};
+  std::string router;  // this router's name in its report keys
+};
+
+struct FleetViewState {
+  bool etcd_connected = false;  // the last read answered
+  size_t nodes = 0;             // in the last view
+  uint64_t reads = 0;           // range requests that answered
+  uint64_t failures = 0;        // calls to etcd that failed
+  uint64_t reports_written = 0;
+  std::string last_error;
+};
+
+class FleetView {
+ public:
+  using Reports = std::map<std::string, std::vector<proto::EngineOutcome>>;  // by node
+
+  static Result<std::unique_ptr<FleetView>> Create(FleetViewOptions options);
+  ~FleetView() { Stop(); }
+  FleetView(const FleetView&) = delete;
+  FleetView& operator=(const FleetView&) = delete;
+
+  // Set both before Start().
+  void OnChange(std::function<void(const std::vector<FleetNode>&)> fn) {
+    on_change_ = std::move(fn);
+  }
+  void OnReport(std::function<Reports()> fn) { on_report_ = std::move(fn); }
+  void Start();
+  void Stop();
+
+  FleetViewState state() const;
+
+ private:
+  FleetView(FleetViewOptions options, std::unique_ptr<EtcdClient> etcd);
+  void Run();
+  // Reads the nodes; calls OnChange when the records changed.
+  void Read();
+  // Writes the reports that changed (and keeps the lease).
+  void Report();
+  void Failed(const Status& status);
+  void Answered();
+
+  const FleetViewOptions options_;
+  std::unique_ptr<EtcdClient> etcd_;
+  std::function<void(const std::vector<FleetNode>&)> on_change_;
+  std::function<Reports()> on_report_;
+  // View thread only.
+  std::map<std::string, int64_t> seen_;  // key -> mod_revision of the last view
+  std::map<std::string, int64_t> refused_;  // key -> mod_revision logged as not parsing
+  std::map<std::string, std::string> written_;  // report key -> the value written last
+  int64_t lease_ = 0;
+  std::chrono::steady_clock::time_point lease_renewed_;
+  uint64_t seq_ = 0;
+  bool down_logged_ = false;  // "etcd does not answer" was logged, "answers again" not yet
+  // Shared.
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  FleetViewState state_;
+  std::thread thread_;
+};
+
+}  // namespace baton

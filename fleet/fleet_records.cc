@@ -1,0 +1,136 @@
+#include "fleet/fleet_records.h"
+
+#include <nlohmann/json.hpp>
+
+#include "base/text/json_depth.h"
+
+namespace baton {
+namespace {
+
+using nlohmann::json;
+
+constexpr int kMaxDepth = 16;
+
+Result<json> ParseObject(std::string_view key, std::string_view value) {
+  json j = JsonNestingDepth(value) > kMaxDepth ? json(json::value_t::discarded)
+                                               : json::parse(value, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return InvalidArgument(std::string(key) + ": the record is not a JSON object");
+  }
+  return j;
+}
+
+// The field `name` of `j` as T; InvalidArgument naming the key and the field otherwise.
+template <class T>
+Result<T> Field(std::string_view key, const json& j, const char* name) {
+  auto it = j.find(name);
+  const bool ok = it != j.end() && (std::is_same_v<T, std::string> ? it->is_string()
+                                    : std::is_same_v<T, bool>      ? it->is_boolean()
+                                                                   : it->is_number_integer());
+  if (!ok) return InvalidArgument(std::string(key) + ": field '" + name + "' is missing or wrong");
+  if constexpr (std::is_unsigned_v<T>) {
+    if (it->template get<int64_t>() < 0) {
+      return InvalidArgument(std::string(key) + ": field '" + name + "' is negative");
+    }
+  }
+  return it->template get<T>();
+}
+
+Result<proto::RouteEntry> ParseEntry(std::string_view key, const json& e) {
+  if (!e.is_object()) return InvalidArgument(std::string(key) + ": a route entry is not an object");
+  proto::RouteEntry r;
+  BATON_ASSIGN_OR_RETURN(r.engine_id, Field<uint64_t>(key, e, "engine_id"));
+  BATON_ASSIGN_OR_RETURN(r.role, Field<std::string>(key, e, "role"));
+  BATON_ASSIGN_OR_RETURN(r.http_address, Field<std::string>(key, e, "http_address"));
+  BATON_ASSIGN_OR_RETURN(r.ready, Field<bool>(key, e, "ready"));
+  BATON_ASSIGN_OR_RETURN(r.weight, Field<uint32_t>(key, e, "weight"));
+  if (e.contains("engine_version") && e["engine_version"].is_string()) {
+    r.engine_version = e["engine_version"].get<std::string>();
+  }
+  return r;
+}
+
+}  // namespace
+
+std::string FleetNodesPrefix(const std::string& prefix) { return prefix + "nodes/"; }
+
+std::string FleetReportsPrefix(const std::string& prefix, const std::string& node) {
+  return prefix + "reports/" + node + "/";
+}
+
+std::string FleetReportKey(const std::string& prefix, const std::string& node,
+                           const std::string& router) {
+  return FleetReportsPrefix(prefix, node) + router;
+}
+
+Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value) {
+  BATON_ASSIGN_OR_RETURN(json j, ParseObject(key, value));
+  FleetNode n;
+  BATON_ASSIGN_OR_RETURN(n.name, Field<std::string>(key, j, "node"));
+  BATON_ASSIGN_OR_RETURN(n.model, Field<std::string>(key, j, "model"));
+  if (n.name.empty()) return InvalidArgument(std::string(key) + ": field 'node' is empty");
+  if (j.contains("controller") && j["controller"].is_object()) {
+    const json& c = j["controller"];
+    if (c.contains("pid") && c["pid"].is_number_integer()) n.controller_pid = c["pid"];
+    if (c.contains("started_at") && c["started_at"].is_number_integer()) {
+      n.controller_started_at = c["started_at"];
+    }
+  }
+  auto routes = j.find("routes");
+  if (routes == j.end() || !routes->is_object()) {
+    return InvalidArgument(std::string(key) + ": field 'routes' is missing or wrong");
+  }
+  BATON_ASSIGN_OR_RETURN(n.routes.version, Field<uint64_t>(key, *routes, "version"));
+  BATON_ASSIGN_OR_RETURN(n.routes.epoch, Field<uint64_t>(key, *routes, "epoch"));
+  BATON_ASSIGN_OR_RETURN(n.routes.pair_state, Field<std::string>(key, *routes, "pair_state"));
+  auto entries = routes->find("entries");
+  if (entries == routes->end() || !entries->is_array()) {
+    return InvalidArgument(std::string(key) + ": field 'routes.entries' is missing or wrong");
+  }
+  for (const json& e : *entries) {
+    BATON_ASSIGN_OR_RETURN(proto::RouteEntry entry, ParseEntry(key, e));
+    n.routes.entries.push_back(std::move(entry));
+  }
+  return n;
+}
+
+std::string RouterReportJson(const proto::RouterReport& report) {
+  json engines = json::array();
+  for (const proto::EngineOutcome& o : report.engines) {
+    engines.push_back({{"engine_id", o.engine_id},
+                       {"requests", o.requests},
+                       {"errors", o.errors},
+                       {"duration_ms", o.duration_ms},
+                       {"succeeded", o.succeeded},
+                       {"compared", o.compared},
+                       {"disagreed", o.disagreed}});
+  }
+  const json j = {{"router", report.router}, {"seq", report.seq}, {"engines", engines}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value) {
+  BATON_ASSIGN_OR_RETURN(json j, ParseObject(key, value));
+  proto::RouterReport r;
+  BATON_ASSIGN_OR_RETURN(r.router, Field<std::string>(key, j, "router"));
+  BATON_ASSIGN_OR_RETURN(r.seq, Field<uint64_t>(key, j, "seq"));
+  auto engines = j.find("engines");
+  if (engines == j.end() || !engines->is_array()) {
+    return InvalidArgument(std::string(key) + ": field 'engines' is missing or wrong");
+  }
+  for (const json& e : *engines) {
+    if (!e.is_object()) return InvalidArgument(std::string(key) + ": an engine is not an object");
+    proto::EngineOutcome o;
+    BATON_ASSIGN_OR_RETURN(o.engine_id, Field<uint64_t>(key, e, "engine_id"));
+    BATON_ASSIGN_OR_RETURN(o.requests, Field<uint64_t>(key, e, "requests"));
+    BATON_ASSIGN_OR_RETURN(o.errors, Field<uint64_t>(key, e, "errors"));
+    BATON_ASSIGN_OR_RETURN(o.duration_ms, Field<uint64_t>(key, e, "duration_ms"));
+    BATON_ASSIGN_OR_RETURN(o.succeeded, Field<uint64_t>(key, e, "succeeded"));
+    BATON_ASSIGN_OR_RETURN(o.compared, Field<uint64_t>(key, e, "compared"));
+    BATON_ASSIGN_OR_RETURN(o.disagreed, Field<uint64_t>(key, e, "disagreed"));
+    r.engines.push_back(o);
+  }
+  return r;
+}
+
+}  // namespace baton

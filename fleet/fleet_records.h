@@ -1,0 +1,46 @@
+// The fleet's records in etcd, read and written as JSON (docs/fleet.md, Keys):
+//
+//   <prefix>nodes/<node>             a node's record (controller/fleet_member.h), under the
+//                                    node's lease
+//   <prefix>reports/<node>/<router>  what one router saw of that node's engines (the
+//                                    RouterReport a router on the node's own socket sends),
+//                                    under the router's lease:
+//     {"router": NAME, "seq": N, "engines": [{"engine_id", "requests", "errors",
+//      "duration_ms", "succeeded", "compared", "disagreed"}...]}
+//
+// A record that does not parse, or lacks a field, is refused with InvalidArgument naming the
+// key and the field; unknown fields are ignored (a newer controller may add some).
+// Plain functions; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "base/status.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+// A node as its record describes it.
+struct FleetNode {
+  std::string name = {};
+  std::string model = {};
+  int64_t controller_pid = 0;
+  int64_t controller_started_at = 0;
+  proto::RouteTable routes = {};
+};
+
+// The node of `key` (<prefix>nodes/<node>) from its record `value`.
+Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value);
+
+std::string FleetNodesPrefix(const std::string& prefix);  // <prefix>nodes/
+// <prefix>reports/<node>/ and <prefix>reports/<node>/<router>.
+std::string FleetReportsPrefix(const std::string& prefix, const std::string& node);
+std::string FleetReportKey(const std::string& prefix, const std::string& node,
+                           const std::string& router);
+
+std::string RouterReportJson(const proto::RouterReport& report);
+Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value);
+
+}  // namespace baton
