@@ -59,8 +59,9 @@ void FleetAdmission::SetNodes(const std::vector<FleetNode>& nodes) {
         lost.push_back(std::move(it->second.lost));
         it = watches_.erase(it);
       }
-      BATON_LOG(WARN, "router") << "fleet node " << name << " left (its lease expired): "
-                                << lost.size() << " attempts in flight replayed elsewhere";
+      BATON_LOG(WARN, "router") << "fleet node " << name
+                                << " left (its lease expired): " << lost.size()
+                                << " attempts in flight replayed elsewhere";
     }
   }
   for (auto& a : restarted) a->ControllerRestarted();
@@ -266,10 +267,10 @@ void FleetAdmission::DrainQueue() {
     const TimePoint now = clock_.Now();
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (now >= it->deadline) {
-        expired.emplace_back(std::move(it->grant),
-                             ResourceExhausted("no node of the fleet could take the request within " +
-                                               std::to_string(options_.max_queue_wait.count()) +
-                                               " ms"));
+        expired.emplace_back(
+            std::move(it->grant),
+            ResourceExhausted("no node of the fleet could take the request within " +
+                              std::to_string(options_.max_queue_wait.count()) + " ms"));
         tickets_.erase(it->ticket);
         it = queue_.erase(it);
       } else if (PickNode(it->request, now)) {

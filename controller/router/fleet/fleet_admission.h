@@ -44,7 +44,7 @@ namespace baton {
 struct FleetNodeView {
   std::string name;
   std::string model;
-  bool listed = false;  // in etcd now
+  bool listed = false;   // in etcd now
   bool suspect = false;  // a replay failed there recently
   std::optional<Target> primary;
   size_t in_flight = 0;
@@ -109,7 +109,7 @@ class FleetAdmission : public Admitter {
   // The inner grant: a waiter of a node that left is dispatched again.
   Grant Wrap(uint64_t ticket, AdmitRequest request, Grant grant, TimePoint deadline);
   std::optional<std::string> PickNode(const AdmitRequest& request, TimePoint now);  // mu_ held
-  bool KnownModel(const std::string& model) const;                                 // mu_ held
+  bool KnownModel(const std::string& model) const;                                  // mu_ held
   std::shared_ptr<Admission> AdmissionOf(const std::string& node) const;
   // Dispatches the fleet queue's waiters that can go, refuses the expired.
   void DrainQueue();

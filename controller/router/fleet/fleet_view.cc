@@ -87,8 +87,9 @@ void FleetView::Report() {
     }
   }
   if (lease_ == 0) {
-    const auto ttl = std::max(std::chrono::seconds(1),
-                              std::chrono::duration_cast<std::chrono::seconds>(options_.report_ttl));
+    const auto ttl =
+        std::max(std::chrono::seconds(1),
+                 std::chrono::duration_cast<std::chrono::seconds>(options_.report_ttl));
     Result<int64_t> lease = etcd_->GrantLease(ttl);
     if (!lease.ok()) return Failed(lease.status());
     lease_ = *lease;

@@ -87,8 +87,8 @@ class FleetView {
   std::function<void(const std::vector<FleetNode>&)> on_change_;
   std::function<Reports()> on_report_;
   // View thread only.
-  std::map<std::string, int64_t> seen_;  // key -> mod_revision of the last view
-  std::map<std::string, int64_t> refused_;  // key -> mod_revision logged as not parsing
+  std::map<std::string, int64_t> seen_;         // key -> mod_revision of the last view
+  std::map<std::string, int64_t> refused_;      // key -> mod_revision logged as not parsing
   std::map<std::string, std::string> written_;  // report key -> the value written last
   int64_t lease_ = 0;
   std::chrono::steady_clock::time_point lease_renewed_;

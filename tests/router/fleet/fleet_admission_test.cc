@@ -201,8 +201,11 @@ TEST(FleetAdmissionTest, CanariesAreJudgedAgainstTheirOwnNodesPrimary) {
   FakeClock clock;
   FleetAdmission f(clock, {});
   FleetNode a = Node("a", "tiny", 1, "127.0.2.1:1");
-  a.routes.entries.push_back(
-      {.engine_id = 3, .role = "canary", .http_address = "127.0.2.1:3", .ready = true, .weight = 50});
+  a.routes.entries.push_back({.engine_id = 3,
+                              .role = "canary",
+                              .http_address = "127.0.2.1:3",
+                              .ready = true,
+                              .weight = 50});
   f.SetNodes({a, Node("b", "tiny", 3, "127.0.2.2:1")});
   const Target canary{.address = "127.0.2.1:3", .engine_id = 3, .node = "a"};
   const Target b_primary{.address = "127.0.2.2:1", .engine_id = 3, .node = "b"};
