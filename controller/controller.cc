@@ -50,7 +50,8 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
       supervisor_(config_.engine_command, config_.socket_path(), config_.model_dir,
                   config_.runtime_dir, config_.engine_log_dir),
       tick_(io),
-      accept_retry_(io) {
+      accept_retry_(io),
+      fleet_load_(io) {
   supervisor_.SetEngineEnvironment({{"BATON_CONTROLLER_ABSENT_TIMEOUT_MS",
                                      std::to_string(Ms(config_.controller_absent_timeout))},
                                     {"BATON_ON_CONTROLLER_ABSENT", config_.on_controller_absent}});
@@ -112,7 +113,7 @@ Status Controller::Init() {
   }
   FindPrevious();
   BATON_RETURN_IF_ERROR(SetUpMemory(backend, *ParseBackendMode(config_.gpu_backend)));
-  BATON_ASSIGN_OR_RETURN(fleet_, FleetMember::Create(config_));
+  BATON_ASSIGN_OR_RETURN(fleet_, FleetMember::Create(config_, FleetFacts()));
   BATON_RETURN_IF_ERROR(StartFleetReports());
   coord_ = std::make_unique<Coordinator>(config_, clock_, *journal_, static_cast<Effects&>(*this));
 
@@ -142,6 +143,7 @@ void Controller::Start() {
   Accept();
   coord_->Start(found_);
   ArmTick();
+  ArmFleetLoad();
 }
 
 void Controller::Shutdown(std::function<void()> done) {
@@ -152,6 +154,7 @@ void Controller::Shutdown(std::function<void()> done) {
                         << " engines (grace " << Ms(config_.stop_grace) << " ms)";
   tick_.cancel();
   accept_retry_.cancel();
+  fleet_load_.cancel();
   if (listener_.has_value()) listener_->Close();
   coord_->BeginShutdown();
   stop_timer_ = std::make_shared<boost::asio::steady_timer>(io_);

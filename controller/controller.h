@@ -133,6 +133,9 @@ class Controller final : private Effects {
   void CloseIdleConnections();
   void ArmTick();
   void OnTick();
+  // With [fleet]: every FleetMember::kLoadInterval, the pool's use into the node's record.
+  void ArmFleetLoad();
+  NodeFacts FleetFacts() const;
   void FinishShutdown();
   // controller_engines.cc: engine channels and pidfds.
   void AttachEngine(EngineId id, std::unique_ptr<proto::Channel> channel);
@@ -200,6 +203,7 @@ class Controller final : private Effects {
   std::unique_ptr<FleetReportReader> fleet_reports_;  // the fleet routers' reports; with fleet_
   boost::asio::steady_timer tick_;
   boost::asio::steady_timer accept_retry_;
+  boost::asio::steady_timer fleet_load_;  // with fleet_: the pool's use into the node's record
   std::optional<TimePoint> tick_at_;
   std::map<EngineId, EngineHandle> handles_;
 

@@ -183,6 +183,26 @@ bool Controller::PublishRoutes(proto::RouteTable table) {
   return routes_.Publish(std::move(table));
 }
 
+NodeFacts Controller::FleetFacts() const {
+  return {.weights_id = WeightsId(weights_->tensors()),
+          .tensors = weights_->tensors().size(),
+          .tensor_bytes = weights_->tensor_bytes(),
+          .pool_blocks = config_.block_count,
+          .block_bytes = config_.block_bytes};
+}
+
+void Controller::ArmFleetLoad() {
+  if (fleet_ == nullptr || stopping_) return;
+  fleet_load_.expires_after(FleetMember::kLoadInterval);
+  fleet_load_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec || stopping_) return;
+    const LedgerSnapshot s = coord_->ledger().Snapshot();
+    fleet_->NoteLoad({.granted_blocks = s.granted_blocks, .leases = s.leases},
+                     std::chrono::steady_clock::now());
+    ArmFleetLoad();
+  });
+}
+
 std::map<uint64_t, proto::EngineOutcome> Controller::RouterOutcomes() const {
   return routes_.Outcomes();
 }

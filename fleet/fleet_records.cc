@@ -63,6 +63,27 @@ std::string FleetReportKey(const std::string& prefix, const std::string& node,
   return FleetReportsPrefix(prefix, node) + router;
 }
 
+namespace {
+
+// The record's weights, capacity and load: optional (older records have none), and a field of
+// the wrong type is read as absent.
+void ParseNodeUse(const json& j, FleetNode* n) {
+  auto number = [&j](const char* object, const char* field) -> uint64_t {
+    const auto o = j.find(object);
+    if (o == j.end() || !o->is_object()) return 0;
+    const auto f = o->find(field);
+    return f != o->end() && f->is_number_unsigned() ? f->get<uint64_t>() : 0;
+  };
+  if (const auto w = j.find("weights"); w != j.end() && w->is_object()) {
+    const auto id = w->find("id");
+    if (id != w->end() && id->is_string()) n->weights_id = id->get<std::string>();
+  }
+  n->pool_blocks = number("capacity", "pool_blocks");
+  n->pool_granted_blocks = number("load", "pool_granted_blocks");
+}
+
+}  // namespace
+
 Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value) {
   BATON_ASSIGN_OR_RETURN(json j, ParseObject(key, value));
   FleetNode n;
@@ -76,6 +97,7 @@ Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value) 
       n.controller_started_at = c["started_at"];
     }
   }
+  ParseNodeUse(j, &n);
   auto routes = j.find("routes");
   if (routes == j.end() || !routes->is_object()) {
     return InvalidArgument(std::string(key) + ": field 'routes' is missing or wrong");

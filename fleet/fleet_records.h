@@ -13,6 +13,7 @@
 // Plain functions; thread-compatible.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -29,6 +30,15 @@ struct FleetNode {
   int64_t controller_pid = 0;
   int64_t controller_started_at = 0;
   proto::RouteTable routes = {};
+  std::string weights_id = {};  // "" when the record has none
+  uint64_t pool_blocks = 0;     // the record's capacity; 0 when it has none
+  uint64_t pool_granted_blocks = 0;
+  // Granted over total pool blocks, in [0, 1]; 0 when the record carries no capacity.
+  double Load() const {
+    return pool_blocks == 0 ? 0
+                            : std::min(1.0, static_cast<double>(pool_granted_blocks) /
+                                                static_cast<double>(pool_blocks));
+  }
 };
 
 // The node of `key` (<prefix>nodes/<node>) from its record `value`.

@@ -46,6 +46,7 @@ void FleetAdmission::SetNodes(const std::vector<FleetNode>& nodes) {
       node.controller_pid = n.controller_pid;
       node.controller_started_at = n.controller_started_at;
       node.routes = n.routes;
+      node.load = n.Load();
     }
     for (auto& [name, node] : nodes_) {
       if (!node.listed || now_listed.count(name) != 0) continue;
@@ -149,6 +150,7 @@ std::optional<std::string> FleetAdmission::PickNode(const AdmitRequest& request,
   struct Choice {
     const std::string* name;
     size_t in_flight;
+    double load;
     bool suspect;
     bool failed_here;
   };
@@ -156,7 +158,7 @@ std::optional<std::string> FleetAdmission::PickNode(const AdmitRequest& request,
   for (const auto& [name, node] : nodes_) {
     if (!node.listed || (!request.model.empty() && node.model != request.model)) continue;
     if (!node.admission->Primary()) continue;
-    choices.push_back({&name, node.admission->in_flight(), now < node.suspect_until,
+    choices.push_back({&name, node.admission->in_flight(), node.load, now < node.suspect_until,
                        request.failed && request.failed->node == name});
   }
   if (choices.empty()) return std::nullopt;
@@ -171,6 +173,9 @@ std::optional<std::string> FleetAdmission::PickNode(const AdmitRequest& request,
   size_t least = choices.front().in_flight;
   for (const Choice& c : choices) least = std::min(least, c.in_flight);
   std::erase_if(choices, [least](const Choice& c) { return c.in_flight != least; });
+  double lightest = choices.front().load;
+  for (const Choice& c : choices) lightest = std::min(lightest, c.load);
+  std::erase_if(choices, [lightest](const Choice& c) { return c.load > lightest + kLoadBand; });
   return *choices[turn_++ % choices.size()].name;
 }
 

@@ -4,7 +4,11 @@
 // Each node listed in etcd keeps an Admission of its own, fed with that node's route table,
 // so a node's ramp after a failover and its canary weights apply as they do on one machine.
 // A request goes to a node that serves its model (`model` "" matches any) and lists a ready
-// primary: the one with the fewest requests in flight through this router (ties in turn).
+// primary: the one with the fewest requests in flight through this router; among those, a
+// node whose record reports its KV pool fuller than the emptiest one's by more than
+// kLoadBand (a fraction of its blocks granted) is passed over; the rest take turns. The band
+// keeps every router from sending all of its requests to the one emptiest node between two
+// load reports (one a second).
 // A replay leaves the node that failed it when another serves the model, and a node a replay
 // failed on is passed over by new requests for `suspect_for` (a node whose processes all
 // died refuses connections until its lease runs out). A request for a model no node ever
@@ -53,6 +57,8 @@ struct FleetNodeView {
 
 class FleetAdmission : public Admitter {
  public:
+  static constexpr double kLoadBand = 0.1;
+
   FleetAdmission(const Clock& clock, AdmissionOptions options,
                  std::chrono::milliseconds suspect_for = std::chrono::milliseconds(1000));
 
@@ -87,6 +93,7 @@ class FleetAdmission : public Admitter {
     int64_t controller_pid = 0;
     int64_t controller_started_at = 0;
     proto::RouteTable routes;
+    double load = 0;  // the pool use its record reports (FleetNode::Load)
   };
   struct Ticket {
     std::string node;  // "" while in the fleet's queue

@@ -1,8 +1,8 @@
 // FleetAdmission with the fake clock: requests spread over the nodes that serve their model
-// (least in flight), replays leave the node that failed them, a node a replay failed on is
-// passed over for a while, a node that leaves hands its waiters to another node and tells the
-// attempts watched on it, an unknown model is refused, and requests wait while no node has a
-// primary.
+// (least in flight, then the pool use their records report), replays leave the node that failed
+// them, a node a replay failed on is passed over for a while, a node that leaves hands its waiters
+// to another node and tells the attempts watched on it, an unknown model is refused, and requests
+// wait while no node has a primary.
 #include "controller/router/fleet/fleet_admission.h"
 
 #include <gtest/gtest.h>
@@ -56,6 +56,34 @@ TEST(FleetAdmissionTest, SpreadsNewRequestsOverTheNodesByLeastInFlight) {
   EXPECT_EQ(next.got[0]->node, "a");
   EXPECT_EQ(next.got[1]->node, "a");
   EXPECT_EQ(f.in_flight(), 9u);
+}
+
+TEST(FleetAdmissionTest, ANodeReportingAFullerPoolIsPassedOverAtEqualInFlight) {
+  FakeClock clock;
+  FleetAdmission f(clock, {});
+  FleetNode a = Node("a", "tiny", 1, "127.0.2.1:1");
+  FleetNode b = Node("b", "tiny", 1, "127.0.2.2:1");
+  FleetNode c = Node("c", "tiny", 1, "127.0.2.3:1");
+  a.pool_blocks = b.pool_blocks = c.pool_blocks = 100;
+  a.pool_granted_blocks = 80;  // fuller than b by more than the band
+  b.pool_granted_blocks = 10;
+  c.pool_granted_blocks = 15;  // within the band of b: takes turns with it
+  f.SetNodes({a, b, c});
+  Grants g;
+  for (int i = 0; i < 4; ++i) {
+    f.Request(New(), g.Next());
+    f.Release(*g.got.back());  // in flight stays equal (0) everywhere
+  }
+  std::map<std::string, int> by_node;
+  for (const auto& t : g.got) ++by_node[t->node];
+  EXPECT_EQ(by_node, (std::map<std::string, int>{{"b", 2}, {"c", 2}}));
+  // In flight comes first: with b and c busy, a takes the next request.
+  Grants busy;
+  f.Request(New(), busy.Next());
+  f.Request(New(), busy.Next());
+  f.Request(New(), busy.Next());
+  ASSERT_EQ(busy.got.size(), 3u);
+  EXPECT_EQ(busy.got[2]->node, "a");
 }
 
 TEST(FleetAdmissionTest, RoutesByModelAndRefusesAModelNoNodeServes) {
