@@ -105,9 +105,9 @@ struct JsonHttpClient::Impl {
           why = "the server's certificate is refused: " + refused;
         }
         Close();
-        if (ec == beast::error::timeout)
-          return DeadlineExceeded("TLS handshake " + what() + ": " + why);
-        return Unavailable("TLS handshake " + what() + ": " + why);
+        const std::string message = "TLS handshake " + what() + ": " + why;
+        if (ec == beast::error::timeout) return DeadlineExceeded(message);
+        return Unavailable(message);
       }
     }
     buffer.clear();
