@@ -271,6 +271,9 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"fleet.model", Str(&c->fleet_model)},
       {"fleet.lease_ttl_ms", Time<Millis>(&c->fleet_lease_ttl, 1000, 3'600'000)},
       {"fleet.etcd_timeout_ms", Time<Millis>(&c->fleet_etcd_timeout, 10, 60'000)},
+      {"fleet.etcd_ca_file", Str(&c->fleet_etcd_ca_file)},
+      {"fleet.etcd_cert_file", Str(&c->fleet_etcd_cert_file)},
+      {"fleet.etcd_key_file", Str(&c->fleet_etcd_key_file)},
   };
 }
 

@@ -100,12 +100,17 @@ struct ControllerConfig {
   CanaryPolicy canary;
 
   // [fleet]: the node's record in etcd (docs/fleet.md); off while fleet_etcd is empty.
-  std::vector<std::string> fleet_etcd;  // member endpoints ("host:port" or "http://host:port")
+  std::vector<std::string> fleet_etcd;  // member endpoints ("host:port", "http://", "https://")
   std::string fleet_prefix = "/baton/";
   std::string fleet_node;   // default: the host name
   std::string fleet_model;  // the served model's name; default: the model directory's name
   Duration fleet_lease_ttl = std::chrono::seconds(2);
   Duration fleet_etcd_timeout = std::chrono::seconds(1);
+  // TLS to etcd (docs/fleet.md, Security): with a CA file every member is reached over https;
+  // the client certificate and its key are set together, or neither.
+  std::string fleet_etcd_ca_file;
+  std::string fleet_etcd_cert_file;
+  std::string fleet_etcd_key_file;
   // The node's key: <prefix>nodes/<node>.
   std::string fleet_key() const { return fleet_prefix + "nodes/" + fleet_node; }
 
@@ -131,7 +136,8 @@ Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config);
 // Fills defaults (runtime_dir, state_dir) and checks cross-field rules.
 Status FinishConfig(ControllerConfig* config);
 // Its [fleet] part (config_fleet.cc): with etcd set, the node defaults to the host name and
-// the model to the model directory's name; the prefix and the node must fit in a key.
+// the model to the model directory's name; the prefix and the node must fit in a key; the TLS
+// files must be readable, and https endpoints need the CA file.
 Status FinishFleetConfig(ControllerConfig* config);
 
 // The usage text of baton-controller.

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "controller/config.h"
+#include "fleet/tls_client_context.h"
 
 namespace baton {
 namespace {
@@ -16,10 +17,41 @@ bool IsKeyPart(const std::string& s) {
          std::all_of(s.begin(), s.end(), [](char ch) { return ch > ' ' && ch < 127 && ch != '/'; });
 }
 
+// The TLS keys: readable files, a certificate with its key, and https only with a CA.
+Status CheckFleetTls(const ControllerConfig& c) {
+  const bool tls = !c.fleet_etcd_ca_file.empty();
+  if (c.fleet_etcd_cert_file.empty() != c.fleet_etcd_key_file.empty()) {
+    return InvalidArgument(c.fleet_etcd_cert_file.empty()
+                               ? "fleet.etcd_cert_file: not set, but etcd_key_file is"
+                               : "fleet.etcd_key_file: not set, but etcd_cert_file is");
+  }
+  if (!tls && !c.fleet_etcd_cert_file.empty()) {
+    return InvalidArgument(
+        "fleet.etcd_ca_file: not set, but etcd_cert_file is (TLS to etcd needs the CA that "
+        "signs the members' certificates)");
+  }
+  for (const std::string& e : c.fleet_etcd) {
+    if (!tls && e.rfind("https://", 0) == 0) {
+      return InvalidArgument("fleet.etcd_ca_file: not set, but the endpoint " + e +
+                             " is https (the members' certificates must be verified)");
+    }
+    if (tls && e.rfind("http://", 0) == 0) {
+      return InvalidArgument("fleet.etcd: " + e +
+                             " is plain http while etcd_ca_file is set (write https://)");
+    }
+  }
+  if (!tls) return OkStatus();
+  BATON_RETURN_IF_ERROR(CheckReadableFile("fleet.etcd_ca_file", c.fleet_etcd_ca_file));
+  if (c.fleet_etcd_cert_file.empty()) return OkStatus();
+  BATON_RETURN_IF_ERROR(CheckReadableFile("fleet.etcd_cert_file", c.fleet_etcd_cert_file));
+  return CheckReadableFile("fleet.etcd_key_file", c.fleet_etcd_key_file);
+}
+
 }  // namespace
 
 Status FinishFleetConfig(ControllerConfig* c) {
   if (c->fleet_etcd.empty()) return OkStatus();
+  BATON_RETURN_IF_ERROR(CheckFleetTls(*c));
   if (c->fleet_prefix.size() < 2 || c->fleet_prefix.front() != '/' ||
       c->fleet_prefix.back() != '/') {
     return InvalidArgument("fleet.prefix: must start and end with '/', got \"" + c->fleet_prefix +

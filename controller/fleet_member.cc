@@ -59,7 +59,10 @@ Result<std::unique_ptr<FleetMember>> FleetMember::Create(const ControllerConfig&
 EtcdOptions FleetMember::EtcdOptionsOf(const ControllerConfig& config) {
   return {
       .endpoints = config.fleet_etcd,
-      .timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.fleet_etcd_timeout)};
+      .timeout = std::chrono::duration_cast<std::chrono::milliseconds>(config.fleet_etcd_timeout),
+      .tls = {.ca_file = config.fleet_etcd_ca_file,
+              .cert_file = config.fleet_etcd_cert_file,
+              .key_file = config.fleet_etcd_key_file}};
 }
 
 std::string FleetMember::RecordOf(const ControllerConfig& config, const NodeFacts& facts,

@@ -69,10 +69,29 @@ EtcdClient::EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members)
 
 Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& options) {
   if (options.endpoints.empty()) return InvalidArgument("etcd: no endpoints");
+  std::shared_ptr<TlsClientContext> tls;
+  for (const std::string& e : options.endpoints) {
+    if (options.tls.empty() && e.rfind("https://", 0) == 0) {
+      return InvalidArgument("etcd: endpoint " + e +
+                             ": https needs a CA file to verify the members' certificates");
+    }
+    if (!options.tls.empty() && e.rfind("http://", 0) == 0) {
+      return InvalidArgument("etcd: endpoint " + e +
+                             ": plain http while TLS is configured; every member is reached "
+                             "with TLS (write https://)");
+    }
+  }
+  if (!options.tls.empty()) {
+    Result<std::shared_ptr<TlsClientContext>> context = TlsClientContext::Create(options.tls);
+    if (!context.ok()) return context.status().WithContext("etcd");
+    tls = std::move(*context);
+  }
   std::vector<std::unique_ptr<JsonHttpClient>> members;
   for (const std::string& e : options.endpoints) {
+    const std::string endpoint =
+        tls != nullptr && e.find("://") == std::string::npos ? "https://" + e : e;
     BATON_ASSIGN_OR_RETURN(std::unique_ptr<JsonHttpClient> c,
-                           JsonHttpClient::Create(e, options.timeout));
+                           JsonHttpClient::Create(endpoint, options.timeout, tls));
     members.push_back(std::move(c));
   }
   return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(members)));

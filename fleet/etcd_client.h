@@ -9,6 +9,12 @@
 // A call retried on another endpoint may have been applied by the first one: Put is
 // idempotent, a lease granted twice leaves one that expires on its own.
 //
+// With `tls` set every member is reached over TLS (fleet/tls_client_context.h): endpoints
+// "https://host:port" or "host:port", the server's certificate verified against the CA file
+// and the endpoint's host or IP address, the client certificate presented when set. Without
+// it, members are reached in plain HTTP. Create() refuses a mix: an "https://" endpoint with
+// no CA file, an "http://" one with TLS set.
+//
 // Keys and values are bytes (base64 on the wire). Thread-safe: calls are serialized.
 #pragma once
 
@@ -24,12 +30,14 @@
 
 #include "base/status.h"
 #include "fleet/json_http_client.h"
+#include "fleet/tls_client_context.h"
 
 namespace baton {
 
 struct EtcdOptions {
-  std::vector<std::string> endpoints;       // "host:port" or "http://host:port", at least one
+  std::vector<std::string> endpoints;       // "host:port", "http://" or "https://host:port"
   std::chrono::milliseconds timeout{1000};  // per request, per endpoint
+  TlsClientOptions tls{};                   // empty: plain HTTP
 };
 
 struct EtcdKeyValue {

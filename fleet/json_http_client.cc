@@ -3,9 +3,12 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ssl/error.hpp>
+#include <boost/asio/ssl/stream.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <optional>
 
 #include "base/text/json_depth.h"
@@ -22,29 +25,46 @@ constexpr int kMaxDepth = 64;
 
 struct HostPort {
   std::string host, port;
+  bool tls = false;
 };
 
 Result<HostPort> ParseEndpoint(std::string endpoint) {
-  if (endpoint.rfind("http://", 0) == 0) endpoint.erase(0, 7);
-  if (endpoint.rfind("https://", 0) == 0) {
-    return InvalidArgument("endpoint " + endpoint + ": TLS is not supported by this client");
+  bool tls = false;
+  if (endpoint.rfind("http://", 0) == 0) {
+    endpoint.erase(0, 7);
+  } else if (endpoint.rfind("https://", 0) == 0) {
+    endpoint.erase(0, 8);
+    tls = true;
   }
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   const size_t colon = endpoint.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
     return InvalidArgument("endpoint '" + endpoint + "': want host:port");
   }
-  return HostPort{endpoint.substr(0, colon), endpoint.substr(colon + 1)};
+  return HostPort{endpoint.substr(0, colon), endpoint.substr(colon + 1), tls};
 }
 
 }  // namespace
 
 struct JsonHttpClient::Impl {
+  using TlsStream = beast::ssl_stream<beast::tcp_stream>;
+
   HostPort where;
   std::chrono::milliseconds timeout;
+  std::shared_ptr<TlsClientContext> tls;
   asio::io_context io;
-  std::optional<beast::tcp_stream> stream;
+  // At most one is open: `plain` for http, `secure` for https.
+  std::optional<beast::tcp_stream> plain;
+  std::optional<TlsStream> secure;
   beast::flat_buffer buffer;
+
+  std::string what() const { return where.host + ":" + where.port; }
+  bool open() const { return plain.has_value() || secure.has_value(); }
+  void Close() {
+    plain.reset();
+    secure.reset();
+  }
+  beast::tcp_stream& tcp() { return secure ? beast::get_lowest_layer(*secure) : *plain; }
 
   // Runs the queued operations to their end (each bounded by the stream's expiry).
   void Run() {
@@ -57,38 +77,78 @@ struct JsonHttpClient::Impl {
     tcp::resolver resolver(io);
     const auto results = resolver.resolve(where.host, where.port, ec);
     if (ec) return Unavailable("resolve " + where.host + ": " + ec.message());
-    stream.emplace(io);
-    stream->expires_after(timeout);
-    stream->async_connect(results, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
+    if (where.tls) {
+      secure.emplace(io, tls->native());
+      if (Status st = TlsClientContext::PrepareConnection(secure->native_handle(), where.host);
+          !st.ok()) {
+        Close();
+        return st;
+      }
+    } else {
+      plain.emplace(io);
+    }
+    tcp().expires_after(timeout);
+    tcp().async_connect(results, [&](beast::error_code e, const tcp::endpoint&) { ec = e; });
     Run();
     if (ec) {
-      stream.reset();
-      return Unavailable("connect " + where.host + ":" + where.port + ": " + ec.message());
+      Close();
+      return Unavailable("connect " + what() + ": " + ec.message());
+    }
+    if (where.tls) {
+      tcp().expires_after(timeout);
+      secure->async_handshake(asio::ssl::stream_base::client, [&](beast::error_code e) { ec = e; });
+      Run();
+      if (ec) {
+        std::string why = ec.message();
+        if (const std::string refused = TlsClientContext::VerifyFailure(secure->native_handle());
+            !refused.empty()) {
+          why = "the server's certificate is refused: " + refused;
+        }
+        Close();
+        const std::string message = "TLS handshake " + what() + ": " + why;
+        if (ec == beast::error::timeout) return DeadlineExceeded(message);
+        return Unavailable(message);
+      }
     }
     buffer.clear();
     return OkStatus();
   }
 
-  Result<http::response<http::string_body>> Exchange(const http::request<http::string_body>& req) {
-    if (!stream) BATON_RETURN_IF_ERROR(Connect());
+  template <class Stream>
+  beast::error_code Transfer(Stream& stream, const http::request<http::string_body>& req,
+                             http::response_parser<http::string_body>* parser) {
     beast::error_code ec;
-    stream->expires_after(timeout);
-    http::async_write(*stream, req, [&](beast::error_code e, size_t) { ec = e; });
+    http::async_write(stream, req, [&](beast::error_code e, size_t) { ec = e; });
     Run();
-    http::response_parser<http::string_body> parser;
-    parser.body_limit(kMaxResponseBytes);
     if (!ec) {
-      http::async_read(*stream, buffer, parser, [&](beast::error_code e, size_t) { ec = e; });
+      http::async_read(stream, buffer, *parser, [&](beast::error_code e, size_t) { ec = e; });
       Run();
     }
+    return ec;
+  }
+
+  Result<http::response<http::string_body>> Exchange(const http::request<http::string_body>& req) {
+    if (!open()) BATON_RETURN_IF_ERROR(Connect());
+    tcp().expires_after(timeout);
+    http::response_parser<http::string_body> parser;
+    parser.body_limit(kMaxResponseBytes);
+    const beast::error_code ec =
+        secure ? Transfer(*secure, req, &parser) : Transfer(*plain, req, &parser);
     if (ec) {
-      stream.reset();
-      const std::string what = where.host + ":" + where.port + ": " + ec.message();
-      if (ec == beast::error::timeout) return DeadlineExceeded(what);
-      return Unavailable(what);
+      Close();
+      // With TLS 1.3 a server that refuses this client's certificate says so on the first read.
+      std::string detail = ec.message();
+      if (ec.category() == asio::error::get_ssl_category()) {
+        detail = "TLS: " + detail;
+        if (tls->options().cert_file.empty()) {
+          detail += " (this client presents no certificate; the server may require one)";
+        }
+      }
+      if (ec == beast::error::timeout) return DeadlineExceeded(what() + ": " + detail);
+      return Unavailable(what() + ": " + detail);
     }
     http::response<http::string_body> res = parser.release();
-    if (!res.keep_alive()) stream.reset();
+    if (!res.keep_alive()) Close();
     return res;
   }
 };
@@ -97,12 +157,18 @@ JsonHttpClient::JsonHttpClient(std::string endpoint, std::unique_ptr<Impl> impl)
     : endpoint_(std::move(endpoint)), impl_(std::move(impl)) {}
 JsonHttpClient::~JsonHttpClient() = default;
 
-Result<std::unique_ptr<JsonHttpClient>> JsonHttpClient::Create(const std::string& endpoint,
-                                                               std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<JsonHttpClient>> JsonHttpClient::Create(
+    const std::string& endpoint, std::chrono::milliseconds timeout,
+    std::shared_ptr<TlsClientContext> tls) {
   BATON_ASSIGN_OR_RETURN(HostPort where, ParseEndpoint(endpoint));
+  if (where.tls && tls == nullptr) {
+    return InvalidArgument("endpoint " + endpoint +
+                           ": https needs a CA file to verify the server's certificate");
+  }
   auto impl = std::make_unique<Impl>();
   impl->where = std::move(where);
   impl->timeout = timeout;
+  if (impl->where.tls) impl->tls = std::move(tls);
   return std::unique_ptr<JsonHttpClient>(new JsonHttpClient(endpoint, std::move(impl)));
 }
 

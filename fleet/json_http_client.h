@@ -2,6 +2,12 @@
 // keep-alive connection, every call bounded by a timeout. It is how Baton speaks to etcd's
 // v3 JSON API (fleet/etcd_client.h).
 //
+// An "https://" endpoint is reached over TLS with the given TlsClientContext
+// (fleet/tls_client_context.h): the server's certificate must chain to its CAs and name the
+// endpoint's host or IP address, and the client presents its certificate when it has one. A
+// TLS failure (a refused certificate, on either side) is Unavailable with the reason, like
+// any transport error.
+//
 // Post() connects when no connection is open, sends, and reads one whole response (at most
 // kMaxResponseBytes); on any transport error or timeout the connection is closed and the
 // error returned (Unavailable, DeadlineExceeded), and the next call connects again. An answer
@@ -16,6 +22,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "fleet/tls_client_context.h"
 
 namespace baton {
 
@@ -23,9 +30,12 @@ class JsonHttpClient {
  public:
   static constexpr size_t kMaxResponseBytes = 64u << 20;
 
-  // `endpoint`: "host:port" or "http://host:port" (host a name or an IPv4 address).
-  static Result<std::unique_ptr<JsonHttpClient>> Create(const std::string& endpoint,
-                                                        std::chrono::milliseconds timeout);
+  // `endpoint`: "host:port" or "http://host:port" (host a name or an IPv4 address), spoken in
+  // plain HTTP; or "https://host:port", which needs `tls` (InvalidArgument without it). `tls`
+  // is shared, and is not used for a plain endpoint.
+  static Result<std::unique_ptr<JsonHttpClient>> Create(
+      const std::string& endpoint, std::chrono::milliseconds timeout,
+      std::shared_ptr<TlsClientContext> tls = nullptr);
   ~JsonHttpClient();
   JsonHttpClient(const JsonHttpClient&) = delete;
   JsonHttpClient& operator=(const JsonHttpClient&) = delete;

@@ -110,12 +110,15 @@ Status Router::StartFleet() {
     ::gethostname(host, sizeof(host) - 1);
     name = std::string(host) + "-" + std::to_string(::getpid());
   }
-  BATON_ASSIGN_OR_RETURN(
-      view_,
-      FleetView::Create({.etcd = {.endpoints = options_.etcd, .timeout = options_.etcd_timeout},
-                         .prefix = options_.etcd_prefix,
-                         .poll = options_.fleet_poll,
-                         .router = name}));
+  BATON_ASSIGN_OR_RETURN(view_,
+                         FleetView::Create({.etcd = {.endpoints = options_.etcd,
+                                                     .timeout = options_.etcd_timeout,
+                                                     .tls = {.ca_file = options_.etcd_ca_file,
+                                                             .cert_file = options_.etcd_cert_file,
+                                                             .key_file = options_.etcd_key_file}},
+                                            .prefix = options_.etcd_prefix,
+                                            .poll = options_.fleet_poll,
+                                            .router = name}));
   view_->OnChange([this](const std::vector<FleetNode>& nodes) { fleet_->SetNodes(nodes); });
   view_->OnReport([this] {
     FleetView::Reports reports;

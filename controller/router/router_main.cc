@@ -18,7 +18,11 @@ constexpr char kUsage[] =
     "                    [--max-queue N] [--max-queue-wait-ms N] [--ramp-steps 30,60,100]\n"
     "                    [--ramp-duration-ms N] [--migration-limit N] [--max-connections N]\n"
     "                    [--max-header-bytes N] [--request-timeout-ms N]\n"
-    "                    [--client-idle-timeout-ms N] [--shadow-every N]\n";
+    "                    [--client-idle-timeout-ms N] [--shadow-every N]\n"
+    "                    [--etcd HOST:PORT,... [--etcd-prefix /baton/] [--etcd-timeout-ms N]\n"
+    "                     [--etcd-ca-file FILE] [--etcd-cert-file FILE --etcd-key-file FILE]\n"
+    "                     [--fleet-poll-ms N] [--fleet-suspect-ms N]\n"
+    "                     [--fleet-router-name NAME]]\n";
 
 }  // namespace
 

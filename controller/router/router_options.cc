@@ -9,6 +9,8 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "fleet/tls_client_context.h"
+
 namespace baton {
 namespace {
 
@@ -85,6 +87,15 @@ void AddFleetSetters(RouterOptions* o, std::map<std::string, Setter>* s) {
     return OkStatus();
   };
   (*s)["etcd-timeout-ms"] = Millis("etcd-timeout-ms", &o->etcd_timeout);
+  for (auto [flag, out] : {std::pair{"etcd-ca-file", &o->etcd_ca_file},
+                           std::pair{"etcd-cert-file", &o->etcd_cert_file},
+                           std::pair{"etcd-key-file", &o->etcd_key_file}}) {
+    (*s)[flag] = [flag, out](const std::string& v) -> Status {
+      BATON_RETURN_IF_ERROR(CheckReadableFile(flag, v));
+      *out = v;
+      return OkStatus();
+    };
+  }
   (*s)["fleet-poll-ms"] = Millis("fleet-poll-ms", &o->fleet_poll);
   (*s)["fleet-suspect-ms"] = Millis("fleet-suspect-ms", &o->fleet_suspect);
   (*s)["fleet-router-name"] = [o](const std::string& v) -> Status {
@@ -94,6 +105,31 @@ void AddFleetSetters(RouterOptions* o, std::map<std::string, Setter>* s) {
     o->fleet_router_name = v;
     return OkStatus();
   };
+}
+
+// The rules across the etcd flags, once every flag is read.
+Status CheckEtcdTls(const RouterOptions& o) {
+  const bool tls = !o.etcd_ca_file.empty();
+  if (o.etcd_cert_file.empty() != o.etcd_key_file.empty()) {
+    return InvalidArgument(o.etcd_cert_file.empty() ? "--etcd-key-file needs --etcd-cert-file"
+                                                    : "--etcd-cert-file needs --etcd-key-file");
+  }
+  if (!tls && !o.etcd_cert_file.empty()) {
+    return InvalidArgument(
+        "--etcd-cert-file needs --etcd-ca-file (the CA that signs the members' certificates)");
+  }
+  for (const std::string& e : o.etcd) {
+    if (!tls && e.rfind("https://", 0) == 0) {
+      return InvalidArgument("--etcd " + e +
+                             " is https: --etcd-ca-file must name the CA that signs the "
+                             "members' certificates");
+    }
+    if (tls && e.rfind("http://", 0) == 0) {
+      return InvalidArgument("--etcd " + e +
+                             " is plain http while --etcd-ca-file is set (write https://)");
+    }
+  }
+  return OkStatus();
 }
 
 std::map<std::string, Setter> Setters(RouterOptions* o) {
@@ -273,6 +309,7 @@ Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
   if (options.controller_socket.empty()) {
     options.controller_socket = RouterDefaultRuntimeDir() + "/controller.sock";
   }
+  BATON_RETURN_IF_ERROR(CheckEtcdTls(options));
   if (!options.etcd.empty() && !options.backend.empty()) {
     return InvalidArgument(
         "--etcd and --backend exclude each other: a router follows a fleet or "

@@ -43,10 +43,15 @@ struct RouterOptions {
   int shadow_every = 1;
   // The fleet (docs/fleet.md, Routers): with etcd set, the router routes across every node
   // registered under `etcd_prefix` instead of following one controller.
-  std::vector<std::string> etcd;  // member endpoints, "host:port" or "http://host:port"
+  std::vector<std::string> etcd;  // member endpoints: "host:port", "http://" or "https://"
   std::string etcd_prefix = "/baton/";
   std::chrono::milliseconds etcd_timeout{1000};  // per request, per member
-  std::chrono::milliseconds fleet_poll{100};     // how often the node records are read
+  // TLS to etcd (docs/fleet.md, Security): with a CA file every member is reached over https;
+  // the client certificate and its key are set together, or neither.
+  std::string etcd_ca_file;
+  std::string etcd_cert_file;
+  std::string etcd_key_file;
+  std::chrono::milliseconds fleet_poll{100};  // how often the node records are read
   std::chrono::milliseconds fleet_suspect{
       1000};                      // new requests pass over a node a replay failed on
   std::string fleet_router_name;  // in its report keys; default <host>-<pid>

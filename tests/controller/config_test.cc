@@ -1,8 +1,13 @@
 #include "controller/config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
+
+#include "controller/fleet_member.h"
 
 namespace baton {
 namespace {
@@ -217,6 +222,48 @@ TEST(Config, FleetKeysAndTheirDefaults) {
   }
   EXPECT_FALSE(ParseConfigToml(base + "[fleet]\nlease_ttl_ms = 10\n", "t").ok());
   EXPECT_FALSE(ParseConfigToml(base + "[fleet]\netcd = 5\n", "t").ok());
+}
+
+TEST(Config, FleetTlsKeysNameWhatIsWrong) {
+  const std::string dir = "/tmp/baton-config-tls-" + std::to_string(::getpid());
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  for (const char* f : {"/ca.pem", "/node.pem", "/node.key"}) std::ofstream(dir + f) << "x\n";
+  const std::string base =
+      "[model]\ndir = \"/models/llama-8b/\"\n[engine]\ncommand = [\"/bin/true\"]\n[fleet]\n";
+  const std::string ca = "etcd_ca_file = \"" + dir + "/ca.pem\"\n";
+  const std::string pair =
+      "etcd_cert_file = \"" + dir + "/node.pem\"\netcd_key_file = \"" + dir + "/node.key\"\n";
+  auto finish = [&](const std::string& fleet) -> std::string {
+    Result<ControllerConfig> c = ParseConfigToml(base + fleet, "t");
+    if (!c.ok()) return c.status().message();
+    Status st = FinishConfig(&*c);
+    return st.ok() ? "ok" : st.message();
+  };
+  Result<ControllerConfig> c =
+      ParseConfigToml(base + "etcd = \"https://10.0.0.1:2379,10.0.0.2:2379\"\n" + ca + pair, "t");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(FinishConfig(&*c).ok());
+  EXPECT_EQ(c->fleet_etcd_ca_file, dir + "/ca.pem");
+  EXPECT_EQ(c->fleet_etcd_cert_file, dir + "/node.pem");
+  EXPECT_EQ(c->fleet_etcd_key_file, dir + "/node.key");
+  EtcdOptions etcd = FleetMember::EtcdOptionsOf(*c);
+  EXPECT_EQ(etcd.tls.ca_file, dir + "/ca.pem");
+  EXPECT_EQ(etcd.tls.key_file, dir + "/node.key");
+  EXPECT_EQ(finish("etcd = \"https://a:1\"\n" + ca), "ok");
+
+  EXPECT_EQ(finish("etcd = \"a:1\"\netcd_ca_file = \"" + dir + "/none.pem\"\n"),
+            "fleet.etcd_ca_file: cannot read \"" + dir + "/none.pem\": No such file or directory");
+  EXPECT_EQ(finish("etcd = \"a:1\"\n" + ca + "etcd_cert_file = \"" + dir + "/node.pem\"\n"),
+            "fleet.etcd_key_file: not set, but etcd_cert_file is");
+  EXPECT_EQ(finish("etcd = \"a:1\"\n" + ca + "etcd_key_file = \"" + dir + "/node.key\"\n"),
+            "fleet.etcd_cert_file: not set, but etcd_key_file is");
+  EXPECT_EQ(finish("etcd = \"a:1\"\n" + ca + "etcd_cert_file = \"" + dir +
+                   "/node.pem\"\netcd_key_file = \"" + dir + "/none.key\"\n"),
+            "fleet.etcd_key_file: cannot read \"" + dir + "/none.key\": No such file or directory");
+  EXPECT_EQ(finish("etcd = \"a:1\"\n" + pair).rfind("fleet.etcd_ca_file: not set", 0), 0u);
+  EXPECT_EQ(finish("etcd = \"https://a:1\"\n").rfind("fleet.etcd_ca_file: not set", 0), 0u);
+  EXPECT_EQ(finish("etcd = \"http://a:1\"\n" + ca).rfind("fleet.etcd: http://a:1 is plain", 0), 0u);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Config, RuntimeDirComesFromTheEnvironment) {

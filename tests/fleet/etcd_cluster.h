@@ -3,6 +3,11 @@
 // directory that the cluster removes. Members can be killed, frozen (SIGSTOP), thawed and
 // started again on their data; the destructor kills every member.
 //
+// With `tls` the members serve their client port over TLS only (https://), with a server
+// certificate of a test CA (tests/fleet/test_certificates.h) and --client-cert-auth: a client
+// must present a certificate of that CA (client_tls()). Peers speak plain HTTP among
+// themselves.
+//
 // Header-only test support; one thread.
 #pragma once
 
@@ -17,11 +22,13 @@
 
 #include <chrono>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "fleet/etcd_client.h"
+#include "tests/fleet/test_certificates.h"
 
 extern char** environ;
 
@@ -49,18 +56,33 @@ class EtcdCluster {
  public:
   struct Member {
     std::string name, ip, data_dir, log;
+    std::string scheme = "http";  // of the client port
     int client_port = 0, peer_port = 0;
     pid_t pid = 0;
-    std::string client_url() const { return "http://" + ip + ":" + std::to_string(client_port); }
+    std::string client_url() const {
+      return scheme + "://" + ip + ":" + std::to_string(client_port);
+    }
     std::string peer_url() const { return "http://" + ip + ":" + std::to_string(peer_port); }
   };
 
-  explicit EtcdCluster(int members) {
+  // `server_sans`: the server certificate's subjectAltName with `tls`; empty: every member's
+  // IP address.
+  explicit EtcdCluster(int members, bool tls = false, std::string server_sans = "") {
     char tmpl[] = "/tmp/baton-etcd-XXXXXX";
     dir_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
+    if (tls) {
+      if (server_sans.empty()) {
+        for (int i = 0; i < members; ++i) {
+          server_sans += (i == 0 ? "IP:127.0.0." : ",IP:127.0.0.") + std::to_string(11 + i);
+        }
+      }
+      std::filesystem::create_directories(dir_ + "/pki");
+      certs_ = TestCertificates::Make(dir_ + "/pki", server_sans);
+    }
     for (int i = 0; i < members; ++i) {
       Member m;
       m.name = "m" + std::to_string(i);
+      m.scheme = tls ? "https" : "http";
       m.ip = "127.0.0." + std::to_string(11 + i);
       m.data_dir = dir_ + "/" + m.name;
       m.log = dir_ + "/" + m.name + ".log";
@@ -80,6 +102,15 @@ class EtcdCluster {
 
   static bool Installed() { return ::access(kEtcdBinary, X_OK) == 0; }
 
+  // With `tls`: the certificates were made (nullopt otherwise; see <dir>/pki/openssl.log).
+  const std::optional<TestCertificates>& certs() const { return certs_; }
+  // What a client needs to be let in: the CA and the client certificate; empty without `tls`.
+  TlsClientOptions client_tls() const {
+    if (!certs_) return {};
+    return {
+        .ca_file = certs_->ca, .cert_file = certs_->client_cert, .key_file = certs_->client_key};
+  }
+
   int size() const { return static_cast<int>(members_.size()); }
   const Member& member(int i) const { return members_[i]; }
   std::vector<std::string> endpoints() const {
@@ -94,8 +125,9 @@ class EtcdCluster {
     const auto deadline = std::chrono::steady_clock::now() + wait;
     for (int i = 0; i < size(); ++i) {
       if (members_[i].pid == 0) continue;
-      auto c = EtcdClient::Create(
-          {.endpoints = {members_[i].client_url()}, .timeout = std::chrono::milliseconds(500)});
+      auto c = EtcdClient::Create({.endpoints = {members_[i].client_url()},
+                                   .timeout = std::chrono::milliseconds(500),
+                                   .tls = client_tls()});
       while (!c.ok() || !(*c)->Get("health").ok()) {
         if (std::chrono::steady_clock::now() > deadline) return false;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -135,6 +167,14 @@ class EtcdCluster {
                                      "50",
                                      "--election-timeout",
                                      "500"};
+    if (certs_) {
+      for (const std::string& a :
+           {std::string("--cert-file"), certs_->server_cert, std::string("--key-file"),
+            certs_->server_key, std::string("--trusted-ca-file"), certs_->ca,
+            std::string("--client-cert-auth")}) {
+        argv.push_back(a);
+      }
+    }
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
@@ -161,6 +201,7 @@ class EtcdCluster {
 
  private:
   std::string dir_;
+  std::optional<TestCertificates> certs_;
   std::vector<Member> members_;
 };
 
