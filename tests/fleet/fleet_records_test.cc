@@ -1,0 +1,134 @@
+// The node record as a controller writes it (FleetMember::RecordOf) read back as a router
+// reads it (ParseNodeRecord): every field survives, the optional weights, capacity and load
+// are read when present, and a record that is wrong in any field is refused with the field
+// named, never thrown on.
+#include "fleet/fleet_records.h"
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "controller/fleet_member.h"
+
+namespace baton {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kKey[] = "/baton/nodes/node-a";
+
+proto::RouteTable Routes() {
+  proto::RouteTable t;
+  t.version = 7;
+  t.epoch = 2;
+  t.pair_state = "ready";
+  t.entries.push_back({.engine_id = 2,
+                       .role = "primary",
+                       .http_address = "127.0.2.1:8001",
+                       .ready = true,
+                       .weight = 100,
+                       .engine_version = "refengine-1.0"});
+  t.entries.push_back({.engine_id = 3,
+                       .role = "standby",
+                       .http_address = "127.0.2.1:8002",
+                       .ready = false,
+                       .weight = 0,
+                       .engine_version = "refengine-1.0"});
+  return t;
+}
+
+TEST(FleetRecords, TheControllersRecordReadsBackWhole) {
+  ControllerConfig config;
+  config.fleet_node = "node-a";
+  config.fleet_model = "tiny";
+  const NodeFacts facts{.weights_id = "00112233aabbccdd",
+                        .tensors = 9,
+                        .tensor_bytes = 4096,
+                        .pool_blocks = 512,
+                        .block_bytes = 65536};
+  const std::string text =
+      FleetMember::RecordOf(config, facts, {.granted_blocks = 128, .leases = 3}, Routes(), 42, 7);
+  Result<FleetNode> n = ParseNodeRecord(kKey, text);
+  ASSERT_TRUE(n.ok()) << n.status().ToString() << "\n" << text;
+  EXPECT_EQ(n->name, "node-a");
+  EXPECT_EQ(n->model, "tiny");
+  EXPECT_EQ(n->controller_pid, 42);
+  EXPECT_EQ(n->controller_started_at, 7);
+  EXPECT_EQ(n->routes.version, 7u);
+  EXPECT_EQ(n->routes.epoch, 2u);
+  ASSERT_EQ(n->routes.entries.size(), 2u);
+  EXPECT_TRUE(n->routes.entries[0].ready);
+  EXPECT_FALSE(n->routes.entries[1].ready);
+  EXPECT_EQ(n->routes.entries[0].weight, 100u);
+  EXPECT_EQ(n->routes.entries[0].engine_version, "refengine-1.0");
+  EXPECT_EQ(n->weights_id, "00112233aabbccdd");
+  EXPECT_EQ(n->pool_blocks, 512u);
+  EXPECT_EQ(n->pool_granted_blocks, 128u);
+  EXPECT_DOUBLE_EQ(n->Load(), 0.25);
+}
+
+TEST(FleetRecords, ARecordWithoutUseFieldsReadsAsEmpty) {
+  const json record = {
+      {"node", "node-b"},
+      {"model", "tiny"},
+      {"routes",
+       {{"version", 1}, {"epoch", 1}, {"pair_state", "ready"}, {"entries", json::array()}}}};
+  Result<FleetNode> n = ParseNodeRecord(kKey, record.dump());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n->weights_id, "");
+  EXPECT_EQ(n->pool_blocks, 0u);
+  EXPECT_DOUBLE_EQ(n->Load(), 0);
+}
+
+TEST(FleetRecords, WrongFieldsAreRefusedByName) {
+  const json entry = {{"engine_id", 2},
+                      {"role", "primary"},
+                      {"http_address", "h:1"},
+                      {"ready", true},
+                      {"weight", 100}};
+  const json good = {
+      {"node", "node-a"},
+      {"model", "tiny"},
+      {"routes",
+       {{"version", 1}, {"epoch", 1}, {"pair_state", "ready"}, {"entries", json::array({entry})}}}};
+  ASSERT_TRUE(ParseNodeRecord(kKey, good.dump()).ok());
+  struct Case {
+    const char* field;
+    json record;
+  };
+  std::vector<Case> cases;
+  auto with_entry = [&](const char* field, json value) {
+    json r = good;
+    r["routes"]["entries"][0][field] = std::move(value);
+    cases.push_back({field, r});
+  };
+  with_entry("ready", 1);
+  with_entry("weight", true);
+  with_entry("weight", -5);
+  with_entry("engine_id", "two");
+  json r = good;
+  r["routes"]["epoch"] = false;
+  cases.push_back({"epoch", r});
+  r = good;
+  r.erase("model");
+  cases.push_back({"model", r});
+  for (const Case& c : cases) {
+    Result<FleetNode> n = ParseNodeRecord(kKey, c.record.dump());
+    ASSERT_FALSE(n.ok()) << c.record.dump();
+    EXPECT_NE(n.status().message().find(c.field), std::string::npos) << n.status().ToString();
+  }
+  // Use fields of the wrong type are read as absent, not refused.
+  r = good;
+  r["capacity"] = {{"pool_blocks", "many"}};
+  r["load"] = true;
+  r["weights"] = {{"id", 5}};
+  Result<FleetNode> n = ParseNodeRecord(kKey, r.dump());
+  ASSERT_TRUE(n.ok()) << n.status().ToString();
+  EXPECT_EQ(n->pool_blocks, 0u);
+  EXPECT_EQ(n->weights_id, "");
+  EXPECT_FALSE(ParseNodeRecord(kKey, "[1,2]").ok());
+  EXPECT_FALSE(ParseNodeRecord(kKey, "{not json").ok());
+}
+
+}  // namespace
+}  // namespace baton
