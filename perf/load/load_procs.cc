@@ -123,7 +123,8 @@ Result<ControllerPair> ControllerPair::Start(const std::string& bin_dir,
   for (const std::string& arg : config.engine_args) out << ", " << Quote(arg);
   out << "]\nlog_dir = " << Quote(engines) << "\nbase_port = 0\n\n"
       << "[pool]\nblocks = " << config.pool_blocks << "\nblock_bytes = " << config.block_bytes
-      << "\n\n[policy]\nmax_failures = 1000\n";
+      << "\n\n[policy]\nmax_failures = 1000\n"
+      << config.extra_toml;
   out.close();
   if (!out) return ErrnoStatus("write " + toml, errno);
   const std::string log = work_dir + "/controller.log";

@@ -55,6 +55,7 @@ struct PairConfig {
   int block_bytes = 64 << 10;
   int engine_threads = 1;
   std::vector<std::string> engine_args = {};  // appended to the reference engine's command
+  std::string extra_toml = {};                // whole sections appended ("[fleet]\n...")
 };
 
 class ControllerPair {

@@ -45,9 +45,10 @@ struct LoadResult {
   std::vector<std::string> failures;
 };
 
-// 4 clients send `requests` round-robin through the router for 500 ms, while `fault` runs,
-// and for 1.5 s after; every answer must be 200 and equal its reference.
-inline LoadResult LoadAround(uint16_t port, const std::vector<json>& requests,
+// 4 clients send `requests` round-robin through the routers on `ports` (client c through
+// ports[c % size]) for 500 ms, while `fault` runs, and for 1.5 s after; every answer must be
+// 200 and equal its reference.
+inline LoadResult LoadAround(const std::vector<uint16_t>& ports, const std::vector<json>& requests,
                              const std::vector<StreamOutput>& want,
                              const std::function<void()>& fault) {
   using Clock = std::chrono::steady_clock;
@@ -58,7 +59,8 @@ inline LoadResult LoadAround(uint16_t port, const std::vector<json>& requests,
   LoadResult result;
   std::vector<std::thread> clients;
   for (int c = 0; c < 4; ++c) {
-    clients.emplace_back([&] {
+    const uint16_t port = ports[c % ports.size()];
+    clients.emplace_back([&, port] {
       while (!stop) {
         const int i = next++ % static_cast<int>(requests.size());
         const Clock::rep start = Clock::now().time_since_epoch().count();
@@ -96,6 +98,12 @@ inline LoadResult LoadAround(uint16_t port, const std::vector<json>& requests,
   result.spanning_fault = spanning;
   result.after_fault = after;
   return result;
+}
+
+inline LoadResult LoadAround(uint16_t port, const std::vector<json>& requests,
+                             const std::vector<StreamOutput>& want,
+                             const std::function<void()>& fault) {
+  return LoadAround(std::vector<uint16_t>{port}, requests, want, fault);
 }
 
 inline void ExpectNoFailure(const LoadResult& r, RouterProcess& router) {

@@ -258,17 +258,22 @@ inline double MetricValue(uint16_t port, const std::string& series) {
   return -1;
 }
 
-// build/bin/baton-router on a free loopback port, subscribed to `socket`; the constructor
-// waits until it knows a primary (/health 200).
+// build/bin/baton-router on a free loopback port, subscribed to `socket`, or started with
+// `args` (`--etcd ...` for a router that follows a fleet) and logging to DIR/`log_name`; the
+// constructor waits until it knows a primary (/health 200).
 class RouterProcess {
  public:
-  RouterProcess(const std::string& socket, const std::string& dir) : log_(dir + "/router.log") {
+  RouterProcess(const std::string& socket, const std::string& dir)
+      : RouterProcess(std::vector<std::string>{"--controller", socket}, dir, "router.log") {}
+  RouterProcess(const std::vector<std::string>& args, const std::string& dir,
+                const std::string& log_name)
+      : log_(dir + "/" + log_name) {
     for (int attempt = 0; attempt < 3 && !ready_; ++attempt) {
       port_ = FreePort();
-      child_ = std::make_unique<Child>(
-          std::vector<std::string>{std::string(BATON_BIN_DIR) + "/baton-router", "--listen",
-                                   "127.0.0.1:" + std::to_string(port_), "--controller", socket},
-          log_, /*piped=*/false);
+      std::vector<std::string> argv = {std::string(BATON_BIN_DIR) + "/baton-router", "--listen",
+                                       "127.0.0.1:" + std::to_string(port_)};
+      argv.insert(argv.end(), args.begin(), args.end());
+      child_ = std::make_unique<Child>(argv, log_, /*piped=*/false);
       for (int i = 0; i < 2000 && child_->Running() && !ready_; ++i) {
         ready_ =
             Fetch(port_, http::verb::get, "/health", "", std::chrono::seconds(2)).status == 200;
