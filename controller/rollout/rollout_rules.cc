@@ -81,7 +81,7 @@ std::optional<Rollout> AdvanceRollout(const Rollout& rollout, const std::set<std
 NodeDecision DecideNode(const Rollout& r, const std::string& node, const LocalUpgrade& local,
                         int64_t now_ms) {
   const NodeRollout* me = r.Find(node);
-  if (me == nullptr) return {};
+  if (me == nullptr || local.recovering) return {};
   NodeDecision d{.step = Step::kNone, .entry = *me};
   NodeRollout& e = d.entry;
   const bool ours = local.in_flight && local.kind == "upgrade" && local.command == r.command;

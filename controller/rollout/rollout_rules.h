@@ -49,6 +49,9 @@ std::optional<Rollout> AdvanceRollout(const Rollout& rollout, const std::set<std
 
 // What a node's controller reports of its own upgrades.
 struct LocalUpgrade {
+  // A restarted controller still re-adopts its engines: the upgrade it resumes is not known
+  // yet, so nothing is decided.
+  bool recovering = false;
   bool in_flight = false;
   std::string kind = {};                  // of the one in flight: "upgrade" or "rollback"
   std::string phase = {};                 // of the one in flight (Upgrade::Phase as text)
@@ -71,7 +74,7 @@ struct NodeDecision {
   NodeRollout entry = {};  // the entry once the step is done
 };
 
-// `node`'s step in `rollout` (nodes not in it: none).
+// `node`'s step in `rollout` (nodes not in it, or recovering: none).
 NodeDecision DecideNode(const Rollout& rollout, const std::string& node, const LocalUpgrade& local,
                         int64_t now_ms);
 

@@ -172,6 +172,16 @@ TEST(RolloutNode, UpgradingStartsTheCanaryOnceAndReadsItsEnd) {
   EXPECT_EQ(d.entry.reason, "error rate 1.00");
 }
 
+TEST(RolloutNode, ARestartedControllerDecidesNothingUntilItHasReadoptedItsEngines) {
+  Rollout r = Advance(Fresh());
+  r.Find("a")->started = true;
+  LocalUpgrade recovering = Idle(kOld);
+  recovering.recovering = true;
+  EXPECT_EQ(DecideNode(r, "a", recovering, 200).step, Step::kNone)
+      << "its canary is not resumed yet: it has not ended";
+  EXPECT_EQ(DecideNode(r, "a", Idle(kOld), 200).entry.state, NS::kRolledBack);
+}
+
 TEST(RolloutNode, ANodeThatAlreadyRunsTheCommandIsPromotedAtOnce) {
   const Rollout r = Advance(Fresh());
   const NodeDecision d = DecideNode(r, "a", Idle(kNew), 200);
