@@ -28,7 +28,7 @@ Result<T> Field(std::string_view key, const json& j, const char* name) {
                                     : std::is_same_v<T, bool>      ? it->is_boolean()
                                                                    : it->is_number_integer());
   if (!ok) return InvalidArgument(std::string(key) + ": field '" + name + "' is missing or wrong");
-  if constexpr (std::is_unsigned_v<T>) {
+  if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {  // bool is unsigned too
     if (it->template get<int64_t>() < 0) {
       return InvalidArgument(std::string(key) + ": field '" + name + "' is negative");
     }
