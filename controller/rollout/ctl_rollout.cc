@@ -122,8 +122,12 @@ proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>
       ctx.etcd->CompareAndPut(FleetRolloutKey(ctx.prefix), RolloutRecord(r), revision);
   if (!put.ok()) return Refuse("upgrade", put.status());
   if (!put->has_value()) {
-    return Refuse("upgrade", FailedPrecondition("the rollout record changed meanwhile (another "
-                                                "batonctl?); look at `batonctl fleet rollout`"));
+    // A write retried on another etcd member finds the key moved on by its own first try.
+    Result<std::pair<std::optional<Rollout>, int64_t>> now = ReadRollout(ctx);
+    if (!now.ok() || !now->first.has_value() || now->first->id != r.id) {
+      return Refuse("upgrade", FailedPrecondition("the rollout record changed meanwhile (another "
+                                                  "batonctl?); look at `batonctl fleet rollout`"));
+    }
   }
   json j = RolloutReplyJson(r);
   j["command"] = "fleet upgrade";
@@ -134,16 +138,25 @@ proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>
 }
 
 // Reads the rollout, lets `change` refuse or change it, and writes it by compare-and-put,
-// reading again on a conflict.
+// reading again on a conflict. A conflict may be this very write, applied by an etcd member
+// that did not answer in time and found moved on when retried on another: a record read
+// again that is what the write made counts as written.
 proto::CtlReply Mutate(const FleetCtlContext& ctx, const std::string& what,
                        const std::function<Status(Rollout&)>& change) {
+  std::optional<Rollout> tried;
   for (int attempt = 0; attempt < kCasTries; ++attempt) {
     Result<std::pair<std::optional<Rollout>, int64_t>> read = ReadRollout(ctx);
     if (!read.ok()) return Refuse(what, read.status());
     if (!read->first.has_value()) return Refuse(what, FailedPrecondition("there is no rollout"));
     Rollout r = *read->first;
+    if (tried.has_value() && r == *tried) {
+      json j = RolloutReplyJson(r);
+      j["command"] = "fleet " + what;
+      return Reply(0, RolloutText(r), j);
+    }
     if (Status s = change(r); !s.ok()) return Refuse(what, s);
     r.updated_ms = UnixMillisNow();
+    tried = r;
     Result<std::optional<int64_t>> put =
         ctx.etcd->CompareAndPut(FleetRolloutKey(ctx.prefix), RolloutRecord(r), read->second);
     if (!put.ok()) return Refuse(what, put.status());
