@@ -58,7 +58,10 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
 }
 
 Controller::~Controller() {
-  fleet_reports_.reset();  // its thread posts to the io thread: stopped first
+  // Their threads post to the io thread: stopped first.
+  if (local_upgrades_ != nullptr) local_upgrades_->Close();
+  rollout_.reset();
+  fleet_reports_.reset();
   coord_.reset();
   for (auto& [id, h] : handles_) h.process.KillAndReap();
 }
@@ -74,6 +77,18 @@ Status Controller::StartFleetReports() {
           routes_.StoreFleetReport(std::move(r));
         });
       });
+  return OkStatus();
+}
+
+Status Controller::StartFleetRollout() {
+  if (fleet_ == nullptr) return OkStatus();
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
+                         EtcdClient::Create(FleetMember::EtcdOptionsOf(config_)));
+  local_upgrades_ = std::make_unique<CoordinatorUpgrades>(io_, *coord_);
+  rollout_ = std::make_unique<FleetRollout>(
+      std::move(etcd),
+      FleetRolloutOptions{.prefix = config_.fleet_prefix, .node = config_.fleet_node},
+      local_upgrades_.get());
   return OkStatus();
 }
 
@@ -116,6 +131,7 @@ Status Controller::Init() {
   BATON_ASSIGN_OR_RETURN(fleet_, FleetMember::Create(config_, FleetFacts()));
   BATON_RETURN_IF_ERROR(StartFleetReports());
   coord_ = std::make_unique<Coordinator>(config_, clock_, *journal_, static_cast<Effects&>(*this));
+  BATON_RETURN_IF_ERROR(StartFleetRollout());
 
   // Sends never block the io thread: a peer that stops reading falls behind in its own queue
   // and is dropped once it takes nothing for a second or is a frame limit behind. Clients
@@ -279,24 +295,35 @@ void Controller::ReadCli(uint64_t conn) {
     }
     proto::CtlReply reply{.exit_code = 2, .text = "", .json = ""};
     Result<proto::CtlRequest> request = msg->As<proto::CtlRequest>();
+    if (request.ok() && request->command == "fleet" && rollout_ != nullptr) {
+      // etcd calls block: the rollout's thread answers, the reply comes back here.
+      rollout_->Submit(std::move(request).value(), [this, conn](proto::CtlReply r) {
+        boost::asio::post(io_, [this, conn, r = std::move(r)] { AnswerCli(conn, r); });
+      });
+      return;
+    }
     if (request.ok()) {
       reply = HandleCtlRequest(*this, *request);
     } else {
       reply.text = "refused: " + request.status().message();
       coord_->NoteRefusal(it->second.channel->label(), request.status().message());
     }
-    it = conns_.find(conn);
-    if (it == conns_.end()) return;
-    Status sent = it->second.channel->Send(reply);
-    if (!sent.ok()) {
-      BATON_LOG(WARN, kLog) << "dropping client " << it->second.channel->label() << ": "
-                            << sent.message();
-      conns_.erase(it);
-      return;
-    }
-    ReadCli(conn);
-    ArmTick();
+    AnswerCli(conn, reply);
   });
+}
+
+void Controller::AnswerCli(uint64_t conn, const proto::CtlReply& reply) {
+  auto it = conns_.find(conn);
+  if (it == conns_.end()) return;
+  Status sent = it->second.channel->Send(reply);
+  if (!sent.ok()) {
+    BATON_LOG(WARN, kLog) << "dropping client " << it->second.channel->label() << ": "
+                          << sent.message();
+    conns_.erase(it);
+    return;
+  }
+  ReadCli(conn);
+  ArmTick();
 }
 
 void Controller::CloseIdleConnections() {

@@ -43,6 +43,8 @@
 #include "controller/fleet_reports.h"
 #include "controller/keeper/keeper_client.h"
 #include "controller/kept_memory.h"
+#include "controller/rollout/coordinator_upgrades.h"
+#include "controller/rollout/fleet_rollout.h"
 #include "controller/route_publisher.h"
 #include "cuda/device_owner.h"
 #include "cuda/driver/gpu_backend.h"
@@ -122,6 +124,8 @@ class Controller final : private Effects {
   void FindPrevious();
   // With [fleet]: reads the fleet routers' reports from etcd into routes_ (fleet_reports.h).
   Status StartFleetReports();
+  // With [fleet]: this node's part in fleet-wide upgrades (rollout/fleet_rollout.h).
+  Status StartFleetRollout();
   void AdoptHandle(const RosterEngine& r);
 
   // controller.cc: connections and the timer.
@@ -130,6 +134,8 @@ class Controller final : private Effects {
   void OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> msg);
   Status Admit(const proto::Hello& hello);
   void ReadCli(uint64_t conn);
+  // Sends `reply` to the batonctl on `conn` (if it is still there) and reads its next request.
+  void AnswerCli(uint64_t conn, const proto::CtlReply& reply);
   void CloseIdleConnections();
   void ArmTick();
   void OnTick();
@@ -200,7 +206,9 @@ class Controller final : private Effects {
   std::string cgroups_off_reason_;
   RoutePublisher routes_;
   std::unique_ptr<FleetMember> fleet_;  // the node's record in etcd; null without [fleet]
-  std::unique_ptr<FleetReportReader> fleet_reports_;  // the fleet routers' reports; with fleet_
+  std::unique_ptr<FleetReportReader> fleet_reports_;     // the fleet routers' reports; with fleet_
+  std::unique_ptr<CoordinatorUpgrades> local_upgrades_;  // the rollout's way to the Coordinator
+  std::unique_ptr<FleetRollout> rollout_;                // fleet-wide upgrades; with fleet_
   boost::asio::steady_timer tick_;
   boost::asio::steady_timer accept_retry_;
   boost::asio::steady_timer fleet_load_;  // with fleet_: the pool's use into the node's record

@@ -96,6 +96,7 @@ ControllerStatus Controller::Snapshot() const {
     s.fleet_key = fleet_->key();
     s.fleet = fleet_->state();
   }
+  if (rollout_ != nullptr) s.rollout = rollout_->snapshot();
   return s;
 }
 

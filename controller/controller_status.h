@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "controller/config.h"
 #include "controller/core/coordinator_status.h"
+#include "controller/rollout/rollout_record.h"
 #include "cuda/device_owner.h"
 #include "fleet/node_registrar.h"
 #include "proto/messages.h"
@@ -87,6 +88,7 @@ struct ControllerStatus {
   // [fleet]: the node's key in etcd and its registration; no key without [fleet].
   std::string fleet_key;
   NodeRegistration fleet;
+  RolloutSnapshot rollout;  // what this node saw of fleet-wide upgrades ([fleet] only)
 };
 
 }  // namespace baton

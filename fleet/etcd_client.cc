@@ -161,6 +161,39 @@ Result<int64_t> EtcdClient::DeletePrefix(std::string_view prefix) {
   return Int64Field(r, "deleted");
 }
 
+Result<json> EtcdClient::Txn(std::string_view key, int64_t mod_revision, json then) {
+  if (mod_revision < 0) return InvalidArgument("etcd txn: a mod revision is never negative");
+  const json body = {{"compare", json::array({{{"key", Base64Encode(key)},
+                                               {"target", "MOD"},
+                                               {"result", "EQUAL"},
+                                               {"mod_revision", std::to_string(mod_revision)}}})},
+                     {"success", json::array({std::move(then)})},
+                     {"failure", json::array()}};
+  return Call("/v3/kv/txn", body);
+}
+
+Result<std::optional<int64_t>> EtcdClient::CompareAndPut(std::string_view key,
+                                                         std::string_view value,
+                                                         int64_t expected_mod_revision,
+                                                         int64_t lease) {
+  json put = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  BATON_ASSIGN_OR_RETURN(json r, Txn(key, expected_mod_revision, {{"request_put", put}}));
+  // proto3 JSON leaves a false `succeeded` out.
+  auto ok = r.find("succeeded");
+  if (ok == r.end() || !ok->is_boolean() || !ok->get<bool>()) return std::optional<int64_t>();
+  BATON_ASSIGN_OR_RETURN(int64_t revision, HeaderRevision(r));
+  return std::optional<int64_t>(revision);
+}
+
+Result<bool> EtcdClient::CompareAndDelete(std::string_view key, int64_t expected_mod_revision) {
+  if (expected_mod_revision == 0) return false;  // a key that does not exist is not deleted
+  BATON_ASSIGN_OR_RETURN(json r, Txn(key, expected_mod_revision,
+                                     {{"request_delete_range", {{"key", Base64Encode(key)}}}}));
+  auto ok = r.find("succeeded");
+  return ok != r.end() && ok->is_boolean() && ok->get<bool>();
+}
+
 Result<int64_t> EtcdClient::GrantLease(std::chrono::seconds ttl) {
   if (ttl.count() < 1) return InvalidArgument("etcd lease: the TTL must be at least 1 s");
   BATON_ASSIGN_OR_RETURN(json r, Call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}}));

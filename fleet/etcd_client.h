@@ -7,7 +7,9 @@
 // answer in time (Unavailable, DeadlineExceeded) the next endpoint is tried, each at most
 // once per call. An answer of etcd (an error code, an expired lease) ends the call as it is.
 // A call retried on another endpoint may have been applied by the first one: Put is
-// idempotent, a lease granted twice leaves one that expires on its own.
+// idempotent, a lease granted twice leaves one that expires on its own. A compare-and-put
+// retried that way finds the key moved on (by its own first write) and reports a conflict:
+// its callers read the key again, as after any conflict.
 //
 // With `tls` set every member is reached over TLS (fleet/tls_client_context.h): endpoints
 // "https://host:port" or "host:port", the server's certificate verified against the CA file
@@ -69,6 +71,16 @@ class EtcdClient {
   Result<int64_t> Delete(std::string_view key);
   Result<int64_t> DeletePrefix(std::string_view prefix);
 
+  // Writes `value` under `key` only while the key's mod revision is `expected_mod_revision`
+  // (0: only while the key does not exist), in one etcd transaction (`/v3/kv/txn`). Returns
+  // the revision of the write, or nullopt when the key had moved on (nothing written): the
+  // caller reads it again and decides anew. lease 0: the key outlives every lease.
+  Result<std::optional<int64_t>> CompareAndPut(std::string_view key, std::string_view value,
+                                               int64_t expected_mod_revision, int64_t lease = 0);
+  // Deletes `key` only while its mod revision is `expected_mod_revision`; false when it had
+  // moved on or was gone.
+  Result<bool> CompareAndDelete(std::string_view key, int64_t expected_mod_revision);
+
   // A lease of `ttl` (at least 1 s; etcd may grant more); returns its id.
   Result<int64_t> GrantLease(std::chrono::seconds ttl);
   // Renews the lease; returns the seconds it has left. NotFound when it expired or was revoked.
@@ -82,6 +94,8 @@ class EtcdClient {
   explicit EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members);
   Result<nlohmann::json> Call(const std::string& path, const nlohmann::json& body);
   Result<EtcdRange> Range(nlohmann::json body);
+  // One transaction: `then` runs when the key's mod revision is `mod_revision`.
+  Result<nlohmann::json> Txn(std::string_view key, int64_t mod_revision, nlohmann::json then);
 
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<JsonHttpClient>> members_;

@@ -8,11 +8,13 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/rollout/ctl_rollout.h"
 #include "controller/upgrade/ctl_upgrade.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
@@ -61,7 +63,8 @@ int ParseArgs(int argc, char** argv, Args* args) {
     // batonctl's options before "--" are batonctl's.
     const bool batonctl_option =
         a == "--json" || a == "--socket" || a == "--timeout-ms" || a == "--help" || a == "-h";
-    const bool passing = args->command == "upgrade" || args->command == "rollback";
+    const bool passing =
+        args->command == "upgrade" || args->command == "rollback" || args->command == "fleet";
     if (passing && (!batonctl_option ||
                     std::find(args->rest.begin(), args->rest.end(), "--") != args->rest.end())) {
       args->rest.push_back(a);
@@ -92,8 +95,9 @@ int ParseArgs(int argc, char** argv, Args* args) {
       args->rest.push_back(a);
     }
   }
-  static const std::set<std::string> kCommands = {"status",   "promote", "drain",    "drill",
-                                                  "timeline", "upgrade", "rollback", "controller"};
+  static const std::set<std::string> kCommands = {"status",   "promote",  "drain",
+                                                  "drill",    "timeline", "upgrade",
+                                                  "rollback", "fleet",    "controller"};
   if (args->command.empty()) return usage("no command given");
   if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
   if (args->command == "drill") {
@@ -109,6 +113,8 @@ int ParseArgs(int argc, char** argv, Args* args) {
     if (Result<UpgradeRequest> r = ParseRollbackArgs(args->rest); !r.ok()) {
       return usage(r.status().message());
     }
+  } else if (args->command == "fleet") {
+    if (Status s = CheckFleetArgs(args->rest); !s.ok()) return usage(s.message());
   } else if (args->command == "controller") {
     if (args->rest.size() != 1 || args->rest[0] != "restart") {
       return usage("controller needs: restart");
@@ -134,6 +140,60 @@ Result<proto::CtlReply> Ask(const Args& args) {
   return msg.As<proto::CtlReply>();
 }
 
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// `fleet upgrade --wait`: whether --wait is among fleet upgrade's own options.
+bool WaitsForRollout(const Args& args) {
+  if (args.command != "fleet" || args.rest.empty() || args.rest[0] != "upgrade") return false;
+  const auto end = std::find(args.rest.begin(), args.rest.end(), "--");
+  return std::find(args.rest.begin(), end, "--wait") != end;
+}
+
+// Polls `fleet rollout` until the rollout settles, printing it whenever it changes (text), or
+// its last state as the JSON line. The state lives in etcd: a controller that restarts
+// meanwhile, or a batonctl killed and started again, loses nothing. Exit 0 when every node was
+// promoted, 1 otherwise.
+int WaitRollout(const Args& args) {
+  constexpr int kMaxMisses = 120;  // a minute of unanswered polls
+  Args poll = args;
+  poll.rest = {"rollout"};
+  std::string shown;
+  int misses = 0;
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    Result<proto::CtlReply> reply = Ask(poll);
+    nlohmann::json j;
+    if (reply.ok() && reply->exit_code == 0) j = nlohmann::json::parse(reply->json, nullptr, false);
+    if (!j.is_object() || !j.contains("settled")) {
+      const std::string why = !reply.ok() ? reply.status().message() : reply->text;
+      if (++misses == 1 || misses % 20 == 0) {
+        std::fprintf(stderr, "batonctl: waiting for the rollout: %s\n", why.c_str());
+      }
+      if (misses < kMaxMisses) continue;
+      if (args.json) std::printf("%s\n", Dump({{"ok", false}, {"error", why}}).c_str());
+      return 1;
+    }
+    misses = 0;
+    if (!args.json && reply->text != shown) {
+      shown = reply->text;
+      std::printf("%s%s", shown.c_str(), !shown.empty() && shown.back() == '\n' ? "" : "\n");
+      std::fflush(stdout);
+    }
+    if (!j["settled"].get<bool>()) continue;
+    const bool done = j["rollout"].is_object() && j["rollout"]["state"] == "done";
+    if (!done) j["ok"] = false;
+    if (args.json) std::printf("%s\n", Dump(j).c_str());
+    if (!done) {
+      std::fprintf(stderr, "batonctl: the rollout did not promote every node: %s\n",
+                   j["rollout"].is_object() ? j["rollout"]["reason"].get<std::string>().c_str()
+                                            : "its record is gone");
+    }
+    return done ? 0 : 1;
+  }
+}
+
 int Run(int argc, char** argv) {
   if (const char* level = std::getenv("BATON_LOG_LEVEL"); level == nullptr) {
     SetLogLevel(LogLevel::kError);  // a CLI prints its own errors
@@ -151,6 +211,10 @@ int Run(int argc, char** argv) {
                               .c_str());
     }
     return 1;
+  }
+  if (reply->exit_code == 0 && WaitsForRollout(args)) {
+    if (!args.json) std::printf("%s", reply->text.c_str());
+    return WaitRollout(args);
   }
   if (args.json) {
     if (reply->exit_code != 0) std::fprintf(stderr, "batonctl: %s\n", reply->text.c_str());

@@ -444,6 +444,10 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "drill " + args[0] + " sent to the primary", c);
   }
+  if (cmd == "fleet") {
+    // With [fleet], the rollout's thread answers these (controller.cc); here there is none.
+    return Refuse(cmd, FailedPrecondition("this controller has no [fleet] etcd configured"));
+  }
   if (cmd == "controller") {
     if (args.size() != 1 || args[0] != "restart") return Usage("controller needs: restart");
     if (co.stopping()) return Refuse(cmd, Unavailable("the controller is shutting down"));
@@ -485,6 +489,16 @@ commands:
                          roll the canary back; with no upgrade running, upgrade back to
                          the command the last promoted upgrade replaced (by a canary)
   timeline               the last failover, phase by phase
+  fleet status           every node of the fleet ([fleet]): its pair, versions, load, rollout
+  fleet upgrade [--batch N | --fraction F] [--keep-upgraded] [--wait]
+        [--steps ...] [--step-ms N] [--min-requests N] -- CMD ARGS...
+                         roll a new engine command across the fleet's nodes, N (or
+                         ceil(F x nodes)) at a time, each through its canary; a rollback on
+                         any node stops it and rolls back the nodes already upgraded (unless
+                         --keep-upgraded); --wait follows it until it settles
+  fleet rollout          the fleet-wide upgrade: its state and every node's
+  fleet pause|resume|abort
+                         hold the rollout, go on, or stop it (canaries in flight roll back)
   controller restart     the controller exits and hands the engines, the weights and the pool
                          to the next one (started by systemd or `make serve`): an upgrade of
                          Baton itself, without an outage

@@ -1,6 +1,7 @@
 // MetricsText: the controller's gauges and counters in Prometheus text (ctl_service.h).
 #include <sstream>
 
+#include "controller/ctl/ctl_fleet.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/upgrade/ctl_upgrade.h"
 
@@ -65,14 +66,7 @@ std::string MetricsText(const ControllerStatus& c) {
   gauge("baton_unfenced_reaped",
         "Reaped engines whose blocks wait for a durable epoch to be fenced at",
         static_cast<double>(core.unfenced_reaped.size()));
-  if (!c.fleet_key.empty()) {
-    gauge("baton_fleet_registered", "1 while the node's record is in etcd under a live lease",
-          c.fleet.registered ? 1 : 0);
-    counter("baton_fleet_etcd_failures_total", "Calls to etcd that failed",
-            static_cast<double>(c.fleet.failures));
-    counter("baton_fleet_leases_total", "Leases the node was granted (more than one: one was lost)",
-            static_cast<double>(c.fleet.leases));
-  }
+  out << FleetMetrics(c);
   gauge("baton_client_send_queued_bytes",
         "Bytes the connections of batonctl and routers hold unsent together",
         static_cast<double>(c.client_send_queued_bytes));

@@ -54,6 +54,39 @@ TEST_F(EtcdClientTest, KeysAndPrefixes) {
   EXPECT_EQ(*client_->Delete("/baton/other"), 1);
 }
 
+// Compare-and-put writes only over the revision it read: of two writers that read the same
+// revision, one wins and the other is told, with nothing written, and reads again.
+TEST_F(EtcdClientTest, CompareAndPutWritesOnlyOverTheRevisionItRead) {
+  Result<std::optional<int64_t>> created = client_->CompareAndPut("/baton/rollout", "one", 0);
+  ASSERT_TRUE(created.ok()) << created.status().ToString();
+  ASSERT_TRUE(created->has_value()) << "0: the key must not exist, and it did not";
+  Result<std::optional<int64_t>> again = client_->CompareAndPut("/baton/rollout", "other", 0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->has_value()) << "the key exists now";
+  Result<std::optional<EtcdKeyValue>> read = client_->Get("/baton/rollout");
+  ASSERT_TRUE(read.ok() && read->has_value());
+  EXPECT_EQ((*read)->value, "one");
+  EXPECT_EQ((*read)->mod_revision, **created);
+
+  const int64_t seen = (*read)->mod_revision;
+  Result<std::optional<int64_t>> first = client_->CompareAndPut("/baton/rollout", "two", seen);
+  Result<std::optional<int64_t>> second = client_->CompareAndPut("/baton/rollout", "three", seen);
+  ASSERT_TRUE(first.ok() && second.ok());
+  ASSERT_TRUE(first->has_value());
+  EXPECT_GT(**first, seen);
+  EXPECT_FALSE(second->has_value()) << "the second writer read a revision that moved on";
+  EXPECT_EQ((*client_->Get("/baton/rollout"))->value, "two");
+
+  Result<bool> stale = client_->CompareAndDelete("/baton/rollout", seen);
+  ASSERT_TRUE(stale.ok());
+  EXPECT_FALSE(*stale);
+  Result<bool> deleted = client_->CompareAndDelete("/baton/rollout", **first);
+  ASSERT_TRUE(deleted.ok());
+  EXPECT_TRUE(*deleted);
+  EXPECT_FALSE(client_->Get("/baton/rollout")->has_value());
+  EXPECT_FALSE(*client_->CompareAndDelete("/baton/rollout", **first)) << "gone already";
+}
+
 TEST_F(EtcdClientTest, ALeaseKeptAliveKeepsItsKeyAndAnExpiredOneTakesIt) {
   Result<int64_t> lease = client_->GrantLease(seconds(1));
   ASSERT_TRUE(lease.ok()) << lease.status().ToString();

@@ -1,0 +1,227 @@
+#include "controller/rollout/fleet_rollout.h"
+
+#include <set>
+
+#include "base/log.h"
+#include "controller/rollout/ctl_rollout.h"
+#include "fleet/fleet_records.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "rollout";
+
+UpgradeRequest RequestOf(const Rollout& r) {
+  UpgradeRequest req;
+  req.command = r.command;
+  if (!r.steps.empty()) req.steps = r.steps;
+  if (r.step_ms > 0) req.step_duration = std::chrono::milliseconds(r.step_ms);
+  if (r.min_requests > 0) req.min_requests = r.min_requests;
+  return req;
+}
+
+// One line per change between `before` and `after` (the rollout, then each node).
+void LogChanges(const Rollout* before, const Rollout& after, const std::string& writer) {
+  if (before == nullptr || before->id != after.id) {
+    BATON_LOG(INFO, kLog) << "rollout " << after.id << " " << ToString(after.state) << " over "
+                          << after.nodes.size() << " nodes, " << after.batch
+                          << " at a time: " << Joined(after.command) << " (written by " << writer
+                          << ")";
+  } else if (before->state != after.state) {
+    BATON_LOG(INFO, kLog) << "rollout " << after.id << ": " << ToString(before->state) << " -> "
+                          << ToString(after.state)
+                          << (after.reason.empty() ? "" : " (" + after.reason + ")")
+                          << " (written by " << writer << ")";
+  }
+  for (const NodeRollout& n : after.nodes) {
+    const NodeRollout* was = before == nullptr ? nullptr : before->Find(n.node);
+    if (was != nullptr && was->state == n.state) continue;
+    if (was == nullptr && n.state == NodeRolloutState::kPending) continue;
+    BATON_LOG(INFO, kLog) << "rollout " << after.id << ": node " << n.node << " "
+                          << (was == nullptr ? "" : std::string(ToString(was->state)) + " -> ")
+                          << ToString(n.state) << (n.reason.empty() ? "" : " (" + n.reason + ")")
+                          << " (written by " << writer << ")";
+  }
+}
+
+}  // namespace
+
+FleetRollout::FleetRollout(std::unique_ptr<EtcdClient> etcd, FleetRolloutOptions options,
+                           LocalUpgrades* local)
+    : etcd_(std::move(etcd)),
+      options_(std::move(options)),
+      key_(FleetRolloutKey(options_.prefix)),
+      local_(local),
+      thread_([this] { Run(); }) {}
+
+FleetRollout::~FleetRollout() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  thread_.join();
+}
+
+void FleetRollout::Submit(proto::CtlRequest request, std::function<void(proto::CtlReply)> reply) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    requests_.push_back({std::move(request), std::move(reply)});
+  }
+  wake_.notify_all();
+}
+
+RolloutSnapshot FleetRollout::snapshot() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return snapshot_;
+}
+
+void FleetRollout::Run() {
+  bool again = false;
+  for (;;) {
+    std::deque<Pending> requests;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!again) {
+        wake_.wait_for(lock, options_.poll, [this] { return stop_ || !requests_.empty(); });
+      }
+      if (stop_) return;
+      requests.swap(requests_);
+    }
+    for (Pending& p : requests) {
+      const FleetCtlContext ctx{
+          .etcd = etcd_.get(), .prefix = options_.prefix, .node = options_.node};
+      p.reply(HandleFleetCommand(ctx, p.request.args));
+    }
+    again = Round();
+  }
+}
+
+void FleetRollout::Failed(const Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++snapshot_.etcd_failures;
+  snapshot_.last_error = status.message();
+  if (!etcd_down_) {
+    etcd_down_ = true;
+    BATON_LOG(WARN, kLog) << "cannot read the rollout in etcd: " << status.message()
+                          << "; nothing changes until etcd answers";
+  }
+}
+
+void FleetRollout::Note(const Rollout& r) {
+  std::lock_guard<std::mutex> lock(mu_);
+  snapshot_.seen = true;
+  snapshot_.id = r.id;
+  snapshot_.state = r.state;
+  snapshot_.settled = RolloutSettled(r);
+  const NodeRollout* me = r.Find(options_.node);
+  snapshot_.node_state = me == nullptr ? std::nullopt : std::optional(me->state);
+  for (size_t& n : snapshot_.nodes) n = 0;
+  for (const NodeRollout& n : r.nodes) ++snapshot_.nodes[static_cast<int>(n.state)];
+}
+
+bool FleetRollout::Round() {
+  Result<std::optional<EtcdKeyValue>> kv = etcd_->Get(key_);
+  if (!kv.ok()) {
+    Failed(kv.status());
+    return false;
+  }
+  if (etcd_down_) {
+    BATON_LOG(INFO, kLog) << "etcd answers again";
+    std::lock_guard<std::mutex> lock(mu_);
+    etcd_down_ = false;
+    snapshot_.last_error.clear();
+  }
+  if (!kv->has_value()) return false;
+  Result<Rollout> read = ParseRolloutRecord((*kv)->value);
+  if (!read.ok()) {
+    const std::string revision = std::to_string((*kv)->mod_revision);
+    if (refused_revision_ != revision) {
+      refused_revision_ = revision;
+      BATON_LOG(WARN, kLog) << key_ << " skipped: " << read.status().message();
+    }
+    return false;
+  }
+  const Rollout& before = *read;
+  Note(before);
+  if (RolloutSettled(before)) return false;
+  const int64_t now = UnixMillisNow();
+  Rollout next = before;
+  std::set<std::string> listed;
+  if (!RolloutEnded(before.state)) {
+    Result<EtcdRange> nodes = etcd_->GetPrefix(FleetNodesPrefix(options_.prefix));
+    if (!nodes.ok()) {
+      Failed(nodes.status());
+      return false;
+    }
+    for (const EtcdKeyValue& n : nodes->kvs) {
+      listed.insert(n.key.substr(FleetNodesPrefix(options_.prefix).size()));
+    }
+    if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {
+      next = std::move(*advanced);
+    }
+  }
+  if (next.Find(options_.node) != nullptr) {
+    Result<LocalUpgrade> local = local_->View();
+    if (local.ok()) {
+      const NodeDecision d = DecideNode(next, options_.node, *local, now);
+      if (std::optional<NodeRollout> entry = TakeStep(next, d)) {
+        *next.Find(options_.node) = std::move(*entry);
+        next.updated_ms = now;
+        // What this node's result means for the rollout goes in the same write.
+        if (std::optional<Rollout> advanced = AdvanceRollout(next, listed, now)) {
+          next = std::move(*advanced);
+        }
+      }
+    }
+  }
+  if (next == before) return false;
+  Result<std::optional<int64_t>> put =
+      etcd_->CompareAndPut(key_, RolloutRecord(next), (*kv)->mod_revision);
+  if (!put.ok()) {
+    Failed(put.status());
+    return false;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!put->has_value()) {
+    ++snapshot_.conflicts;
+    return true;  // someone wrote meanwhile: read it again
+  }
+  ++snapshot_.writes;
+  LogChanges(&before, next, options_.node);
+  return true;
+}
+
+std::optional<NodeRollout> FleetRollout::TakeStep(const Rollout& r, const NodeDecision& d) {
+  using Step = NodeDecision::Step;
+  Status done = OkStatus();
+  switch (d.step) {
+    case Step::kNone:
+      return std::nullopt;
+    case Step::kRecord:
+      return d.entry;
+    case Step::kStartUpgrade:
+      BATON_LOG(INFO, kLog) << "rollout " << r.id << ": node " << options_.node
+                            << " starts its canary of " << Joined(r.command);
+      done = local_->StartUpgrade(RequestOf(r));
+      break;
+    case Step::kRollBackCanary:
+    case Step::kStartRollback:
+      BATON_LOG(INFO, kLog) << "rollout " << r.id << ": node " << options_.node
+                            << (d.step == Step::kRollBackCanary
+                                    ? " rolls its canary back"
+                                    : " upgrades back to its previous command");
+      done = local_->StartRollback(RequestOf(r));
+      break;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++snapshot_.steps;
+  }
+  if (done.ok()) return d.entry;
+  BATON_LOG(WARN, kLog) << "rollout " << r.id << ": node " << options_.node << " "
+                        << ToString(d.step) << " refused: " << done.message();
+  return AfterRefusedStep(d, done, UnixMillisNow());
+}
+
+}  // namespace baton

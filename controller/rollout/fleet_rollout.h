@@ -1,0 +1,93 @@
+// FleetRollout: this controller's part in fleet-wide upgrades (docs/fleet.md, Fleet-wide
+// upgrades). Beside the FleetMember of a controller with [fleet], it reads the rollout record
+// (<prefix>rollout, rollout_record.h) every `poll`, applies the fleet-level rules
+// (AdvanceRollout) and its own node's step (DecideNode, rollout_rules.h): when its node's turn
+// comes it starts the node's canary upgrade of the rollout's command, watches its end and
+// writes the node's result; asked to go back, it rolls the canary back or upgrades back to
+// the previous command. Every write is a compare-and-put on the revision read, so writers on
+// other nodes never lose an update; a conflict is read again at once. The rollout's state
+// lives in etcd only: a controller that crashes and comes back, or batonctl killed while it
+// waits, loses nothing; a controller that cannot reach etcd changes nothing.
+//
+// It also runs `batonctl fleet ...` (ctl_rollout.h) off the controller's io thread, since
+// etcd calls block: Submit() queues a request and its reply comes through `reply` on this
+// object's thread. Logs one line per change it writes.
+//
+// Ownership: owns its EtcdClient and thread; `local` (the node's upgrades, on the io thread)
+// must outlive it. Thread: its own; Submit() and snapshot() from any thread. The destructor
+// stops and joins the thread (queued requests are dropped, unanswered).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "controller/rollout/rollout_rules.h"
+#include "controller/upgrade/upgrade.h"
+#include "fleet/etcd_client.h"
+#include "proto/messages.h"
+
+namespace baton {
+
+// The node's own upgrades as the rollout drives them (the controller posts each call to its
+// io thread and waits for the answer).
+class LocalUpgrades {
+ public:
+  virtual ~LocalUpgrades() = default;
+  virtual Result<LocalUpgrade> View() = 0;
+  virtual Status StartUpgrade(UpgradeRequest request) = 0;
+  // Rolls the canary in flight back, or upgrades back to the previous command under the
+  // canary policy of `overrides` (its command is not used).
+  virtual Status StartRollback(UpgradeRequest overrides) = 0;
+};
+
+struct FleetRolloutOptions {
+  std::string prefix;  // the fleet's, e.g. "/baton/"
+  std::string node;    // this node's name
+  std::chrono::milliseconds poll{200};
+};
+
+class FleetRollout {
+ public:
+  FleetRollout(std::unique_ptr<EtcdClient> etcd, FleetRolloutOptions options, LocalUpgrades* local);
+  ~FleetRollout();
+  FleetRollout(const FleetRollout&) = delete;
+  FleetRollout& operator=(const FleetRollout&) = delete;
+
+  void Submit(proto::CtlRequest request, std::function<void(proto::CtlReply)> reply);
+  RolloutSnapshot snapshot() const;
+
+ private:
+  struct Pending {
+    proto::CtlRequest request;
+    std::function<void(proto::CtlReply)> reply;
+  };
+  void Run();
+  // One reading of the record and what follows; true when it should be read again at once.
+  bool Round();
+  // Takes this node's step; returns the entry to write (nullopt: nothing).
+  std::optional<NodeRollout> TakeStep(const Rollout& rollout, const NodeDecision& decision);
+  void Note(const Rollout& rollout);
+  void Failed(const Status& status);
+
+  std::unique_ptr<EtcdClient> etcd_;
+  const FleetRolloutOptions options_;
+  const std::string key_;
+  LocalUpgrades* local_;
+  mutable std::mutex mu_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::deque<Pending> requests_;
+  RolloutSnapshot snapshot_;
+  bool etcd_down_ = false;
+  std::string refused_revision_;  // the record that did not parse (logged once)
+  std::thread thread_;
+};
+
+}  // namespace baton
