@@ -1,0 +1,47 @@
+// CtlUsage (ctl_service.h): the usage text of batonctl's commands, printed by `batonctl --help`
+// and after a usage error.
+#include "controller/ctl/ctl_service.h"
+
+namespace baton {
+
+const char* CtlUsage() {
+  return R"(usage: batonctl [--json] [--socket PATH] [--timeout-ms N] COMMAND [ARGS]
+
+commands:
+  status                 pair, roles, pids, epochs, versions, pool use, weights, transitions
+  promote                graceful switch-over: drain the primary, promote the standby
+  drain                  take the pair out of service (the primary finishes its requests)
+  drill kill|hang|error  kill -9 the primary, freeze its cgroup (else SIGSTOP its group), or make it
+                         report an error
+  upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- CMD ARGS...
+                         canary upgrade to a new engine command (same placeholders as
+                         engine.command; or --engine-cmd "CMD"): it takes the standby's
+                         place, serves a growing share, and is promoted or rolled back
+  rollback [--steps ...] [--step-ms N] [--min-requests N]
+                         roll the canary back; with no upgrade running, upgrade back to
+                         the command the last promoted upgrade replaced (by a canary)
+  timeline               the last failover, phase by phase
+  fleet status           every node of the fleet ([fleet]): its pair, versions, load, rollout
+  fleet upgrade [--batch N | --fraction F] [--keep-upgraded] [--wait]
+        [--steps ...] [--step-ms N] [--min-requests N] -- CMD ARGS...
+                         roll a new engine command across the fleet's nodes, N (or
+                         ceil(F x nodes)) at a time, each through its canary; a rollback on
+                         any node stops it and rolls back the nodes already upgraded (unless
+                         --keep-upgraded); --wait follows it until it settles
+  fleet rollout          the fleet-wide upgrade: its state and every node's
+  fleet pause|resume|abort
+                         hold the rollout, go on, or stop it (canaries in flight roll back)
+  controller restart     the controller exits and hands the engines, the weights and the pool
+                         to the next one (started by systemd or `make serve`): an upgrade of
+                         Baton itself, without an outage
+
+options:
+  --json                 print one JSON object as the last line
+  --socket PATH          controller socket (default $BATON_RUNTIME_DIR/controller.sock,
+                         or /tmp/baton-<uid>/controller.sock)
+  --timeout-ms N         how long to wait for the controller (default 10000)
+exit status: 0 done, 1 refused (the reason is printed), 2 bad usage
+)";
+}
+
+}  // namespace baton
