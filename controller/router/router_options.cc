@@ -90,7 +90,7 @@ void AddFleetSetters(RouterOptions* o, std::map<std::string, Setter>* s) {
   for (auto [flag, out] : {std::pair{"etcd-ca-file", &o->etcd_ca_file},
                            std::pair{"etcd-cert-file", &o->etcd_cert_file},
                            std::pair{"etcd-key-file", &o->etcd_key_file}}) {
-    (*s)[flag] = [flag, out](const std::string& v) -> Status {
+    (*s)[flag] = [flag = flag, out = out](const std::string& v) -> Status {
       BATON_RETURN_IF_ERROR(CheckReadableFile(flag, v));
       *out = v;
       return OkStatus();
