@@ -410,6 +410,8 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
     up.phase = Upgrade::Phase::kFinishing;
     upgrade_ = std::move(up);
     OpenPlannedTimeline("upgrade", "canary passed every step", *p, u.canary);
+    // The canary stands in for the standby, as its StandbyReady did before the restart.
+    StepPairIfAllowed(PairEvent::kStandbyReady);
     StepPairIfAllowed(PairEvent::kGracefulPromoteRequested);
     outcome = "resumed: the canary takes over once the old primary drained";
   } else {
@@ -418,6 +420,7 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
     const OutcomeMap now = effects_.RouterOutcomes();
     while (up.judge->weight() < u.weight && !up.judge->last_step()) up.judge->Advance(now);
     upgrade_ = std::move(up);
+    StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
     outcome = "resumed at " + std::to_string(upgrade_->judge->weight()) + " %";
   }
   last_recovery_.upgrade = u.kind + " " + outcome;

@@ -9,6 +9,8 @@
 //    is rolled back on its error rate, the rollout stops, node-a (already upgraded) goes back
 //    to the previous command through a canary of its own, and node-c never upgrades.
 //  * A paused rollout starts no node; resumed from another node, it goes on and ends done.
+//  * A node's controller killed with kill -9 during its canary: the next one resumes the canary
+//    and the rollout ends done.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
@@ -260,6 +262,36 @@ TEST_F(FleetUpgrade, APausedRolloutStartsNoNodeAndResumesFromAnotherNode) {
     EXPECT_EQ(EngineWithRole(s, "primary")["version"], "refengine-v2");
     node->CheckFencing();
   }
+  EXPECT_EQ(load_->failed(), 0) << "of " << load_->done() << " requests";
+}
+
+// kill -9 of node-b's controller while node-b's canary serves: the next controller re-adopts
+// the primary and the canary and resumes the canary, which is promoted; the rollout, which
+// waited on node-b meanwhile, goes on to node-c and ends done. No client sees an error.
+TEST_F(FleetUpgrade, AControllerKilledDuringItsCanaryResumesItAndTheRolloutEndsDone) {
+  std::vector<std::string> args = UpgradeArgs();
+  args.erase(args.begin() + 2);  // no --wait
+  args[5] = "3000";              // --step-ms: time to kill the controller within a step
+  const CtlResult up = nodes_[0]->Ctl(args);
+  ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+  nodes_[1]->WaitFor(
+      [](const json& st) {
+        return !st["upgrade"]["current"].is_null() && st["upgrade"]["current"]["phase"] == "canary";
+      },
+      "node-b's canary serves", seconds(90));
+  nodes_[1]->KillController();
+  nodes_[1]->StartControllerAgain();
+  const json r = WaitRollout(
+      2, [](const json& x) { return x["state"] == "done"; }, "the rollout to end done",
+      seconds(120));
+  for (const char* node : kNodes) EXPECT_EQ(NodeEntry(r, node)["state"], "promoted") << r.dump();
+  const json b = nodes_[1]->WaitReady("node-b after its resumed canary");
+  EXPECT_EQ(EngineWithRole(b, "primary")["version"], "refengine-v2") << b.dump();
+  EXPECT_EQ(EngineWithRole(b, "standby")["version"], "refengine-v2") << b.dump();
+  EXPECT_NE(b["controller"]["recovery"]["upgrade"].get<std::string>().find("resumed at"),
+            std::string::npos)
+      << b["controller"].dump();
+  for (const auto& node : nodes_) node->CheckFencing();
   EXPECT_EQ(load_->failed(), 0) << "of " << load_->done() << " requests";
 }
 

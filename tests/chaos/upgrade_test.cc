@@ -222,6 +222,43 @@ TEST(UpgradeCtlTest, AnUpgradeInterruptedByAControllerRestartResumesAtItsStep) {
   cluster.CheckFencing();
 }
 
+// A controller killed mid-canary, its upgrade left to run: the resumed canary passes its last
+// step and is promoted (the pair was ready again with the canary standing in for the standby).
+TEST(UpgradeCtlTest, ACanaryResumedAfterAControllerRestartIsPromoted) {
+  ChaosCluster cluster(RefenginePair());
+  std::vector<std::string> args = UpgradeArgs({"--engine-version", "refengine-v2"});
+  args[4] = "3000";  // --step-ms: long enough to kill the controller within the first step
+  args[6] = "1";     // --min-requests
+  ASSERT_EQ(cluster.Ctl(args).exit_code, 0);
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  const auto send = [&] {
+    (void)Fetch(router.port(), http::verb::post, "/v1/completions",
+                json({{"model", kRouterTestModel}, {"prompt", "up"}, {"max_tokens", 2}}).dump());
+  };
+  cluster.WaitFor(
+      [&](const json& st) {
+        return !st["upgrade"]["current"].is_null() && st["upgrade"]["current"]["phase"] == "canary";
+      },
+      "the canary serves");
+  cluster.KillController();
+  cluster.StartControllerAgain();
+  const json ended = cluster.WaitFor(
+      [&](const json& st) {
+        send();
+        return !st["upgrade"]["history"].empty();
+      },
+      "the resumed upgrade ended", seconds(60));
+  EXPECT_EQ(ended["upgrade"]["history"].back()["outcome"], "promoted") << ended["upgrade"].dump();
+  EXPECT_NE(ended["controller"]["recovery"]["upgrade"].get<std::string>().find("resumed at 50"),
+            std::string::npos)
+      << ended["controller"].dump();
+  const json s = cluster.WaitReady("the upgraded pair");
+  EXPECT_EQ(EngineWithRole(s, "primary")["version"], "refengine-v2") << s.dump();
+  EXPECT_EQ(EngineWithRole(s, "standby")["version"], "refengine-v2") << s.dump();
+  cluster.CheckFencing();
+}
+
 // Killed with its canary: the restarted controller records the upgrade as rolled back, once,
 // and the pair heals with the command the upgrade would have replaced.
 TEST(UpgradeCtlTest, AnUpgradeWhoseCanaryDiedWithTheControllerIsRolledBackOnce) {
