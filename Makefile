@@ -3,9 +3,11 @@ BUILD_DIR ?= build
 FUZZ_DIR ?= build-fuzz
 JOBS ?= $(shell nproc)
 FUZZ_SECONDS ?= 30
-CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
+# The project's own checks (`make test`, CI) treat warnings as errors; a plain build does not.
+CHECK_FLAGS = -DBATON_WERROR=ON
 
-.PHONY: all deps build test unit fuzz fuzz-build demo serve perf format clean
+.PHONY: all deps build checked-build test unit fuzz fuzz-build demo serve perf format clean
 
 all: build
 
@@ -18,12 +20,17 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
+# The build with warnings as errors.
+checked-build: deps
+	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS) $(CHECK_FLAGS)
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
 # Every unit and integration test, then each fuzzer for FUZZ_SECONDS.
-test: build
+test: checked-build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory fuzz
 
-unit: build
+unit: checked-build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
 $(FUZZ_DIR)/CMakeCache.txt:
@@ -31,6 +38,7 @@ $(FUZZ_DIR)/CMakeCache.txt:
 	  -DCMAKE_CXX_COMPILER=clang++ -DBATON_BUILD_FUZZERS=ON -DBATON_ENABLE_CUDA=OFF
 
 fuzz-build: deps $(FUZZ_DIR)/CMakeCache.txt
+	cmake -S . -B $(FUZZ_DIR) $(CHECK_FLAGS)
 	cmake --build $(FUZZ_DIR) -j $(JOBS) --target baton_fuzzers
 
 # Runs each libFuzzer target (ASan + UBSan) for FUZZ_SECONDS over a scratch copy of its seed

@@ -31,11 +31,11 @@
 #include "base/status.h"
 #include "controller/core/epoch_journal.h"
 #include "controller/core/pool_ledger.h"
-#include "controller/router/stream/sse_splitter.h"
-#include "controller/router/stream/stream_replay.h"
 #include "proto/messages.h"
 #include "proto/wire/frame.h"
-#include "standby/http/completions_api.h"
+#include "router/stream/sse_splitter.h"
+#include "router/stream/stream_replay.h"
+#include "standby/openai/completions_api.h"
 #include "weightcache/safetensors/safetensors_index.h"
 
 namespace baton {

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
-#include "standby/http/chat_api.h"
-#include "standby/http/completions_api.h"
+#include "standby/openai/chat_api.h"
+#include "standby/openai/completions_api.h"
 
 namespace baton {
 namespace {

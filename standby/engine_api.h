@@ -27,9 +27,9 @@
 #include <string>
 
 #include "base/clock.h"
+#include "proto/http/http_server.h"
 #include "standby/engine_loop.h"
 #include "standby/engine_metrics.h"
-#include "standby/http/http_server.h"
 #include "standby/model/byte_tokenizer.h"
 #include "standby/model/llama_config.h"
 

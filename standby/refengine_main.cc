@@ -27,10 +27,10 @@
 
 #include "base/clock.h"
 #include "base/log.h"
+#include "proto/http/http_server.h"
 #include "standby/controller_link.h"
 #include "standby/engine_api.h"
 #include "standby/engine_loop.h"
-#include "standby/http/http_server.h"
 #include "standby/sdk/engine_sdk.h"
 
 namespace baton {

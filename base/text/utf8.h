@@ -4,7 +4,7 @@
 // prints it strictly. Text that a daemon stores as JSON and must keep byte for byte (an
 // engine command line in the command record) is checked when it comes in, and refused with
 // the position of the first bad byte. The reference engine builds its output text from
-// byte-level tokens with the same sequence rule (standby/http/completion_text.h).
+// byte-level tokens with the same sequence rule (standby/openai/completion_text.h).
 #pragma once
 
 #include <cstddef>

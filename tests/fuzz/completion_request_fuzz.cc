@@ -17,9 +17,9 @@
 #include <string>
 #include <string_view>
 
-#include "standby/http/completions_api.h"
 #include "standby/model/byte_tokenizer.h"
 #include "standby/model/llama_config.h"
+#include "standby/openai/completions_api.h"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <string_view>
 #include <vector>
 
-#include "controller/router/stream/sse_splitter.h"
-#include "controller/router/stream/stream_replay.h"
+#include "router/stream/sse_splitter.h"
+#include "router/stream/stream_replay.h"
 
 namespace {
 

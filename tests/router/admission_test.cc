@@ -1,7 +1,7 @@
 // Admission with the fake clock: the queue and its 429s, the ramp onto a new primary,
 // weighted picking, canary weights, and replays that skip the queue and avoid the engine
 // that failed.
-#include "controller/router/admission.h"
+#include "router/admission.h"
 
 #include <gtest/gtest.h>
 

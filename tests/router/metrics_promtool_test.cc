@@ -14,9 +14,9 @@
 #include <sstream>
 #include <string>
 
-#include "controller/router/router.h"
+#include "router/router.h"
 #include "standby/mkmodel/model_presets.h"
-#include "tests/standby/http_test_client.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
 namespace baton {

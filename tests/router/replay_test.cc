@@ -7,11 +7,11 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
-#include "controller/router/router.h"
-#include "controller/router/upstream/request_key.h"
+#include "router/router.h"
+#include "router/upstream/request_key.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/router/breaking_proxy.h"
 #include "tests/router/scripted_backend.h"
-#include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
 namespace baton {

@@ -1,7 +1,7 @@
 // RouteSubscriber against a fake controller (a real proto::Listener): RouterReports on a
 // protocol-4 subscription, none on protocol 3, and a report that cannot be sent ending the
 // subscription like a failed receive.
-#include "controller/router/route_subscriber.h"
+#include "router/route_subscriber.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "base/io/unique_fd.h"
-#include "controller/router/router.h"
+#include "router/router.h"
 #include "tests/router/loopback_listener.h"
 
 namespace baton {

@@ -1,5 +1,5 @@
 // RouterOptions: flags, the TOML file, and the errors that name what broke.
-#include "controller/router/router_options.h"
+#include "router/router_options.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

@@ -1,7 +1,7 @@
 // baton-router's Router in process, in front of a real baton-refengine (standalone, tiny
 // model) used as a static backend: forwarding, streaming, authentication, limits and the
 // errors when no engine answers.
-#include "controller/router/router.h"
+#include "router/router.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -18,8 +18,8 @@
 #include "base/io/unique_fd.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/router/loopback_listener.h"
-#include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
 namespace baton {

@@ -7,8 +7,8 @@
 
 #include <optional>
 
-#include "standby/http/completions_api.h"
 #include "standby/mkmodel/model_presets.h"
+#include "standby/openai/completions_api.h"
 
 namespace baton {
 

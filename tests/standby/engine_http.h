@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/standby/http_test_client.h"
+#include "tests/proto/http/http_test_client.h"
 
 namespace baton {
 

@@ -6,8 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "standby/http/chat_api.h"
 #include "standby/mkmodel/model_writer.h"
+#include "standby/openai/chat_api.h"
 #include "tests/standby/engine_http.h"
 #include "tests/standby/tiny_engine.h"
 

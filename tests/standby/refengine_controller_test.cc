@@ -15,7 +15,7 @@
 #include "proto/transport/listener.h"
 #include "proto/transport/shared_memory.h"
 #include "standby/mkmodel/model_writer.h"
-#include "tests/standby/http_test_client.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/standby/refengine_testutil.h"
 #include "weightcache/model_files.h"
 

@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "standby/http/completions_api.h"
 #include "standby/mkmodel/model_writer.h"
+#include "standby/openai/completions_api.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/standby/engine_http.h"
-#include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
 namespace baton {

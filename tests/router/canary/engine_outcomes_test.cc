@@ -1,15 +1,15 @@
 // EngineOutcomes: the counters by engine, alone and as a router in front of a scripted backend
 // fills them (a refusal that is retried, a success, a final 500) and shows them in /metrics.
-#include "controller/router/canary/engine_outcomes.h"
+#include "router/canary/engine_outcomes.h"
 
 #include <gtest/gtest.h>
 
 #include <thread>
 #include <vector>
 
-#include "controller/router/router.h"
+#include "router/router.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/router/scripted_backend.h"
-#include "tests/standby/http_test_client.h"
 
 namespace baton {
 namespace {

@@ -4,7 +4,7 @@
 // primary once the client has its answer, and the token ids are compared on the canary's
 // engine id. The client always gets the canary's answer unchanged. Last, two real
 // baton-refengines of one model as canary and primary: their seeded answers agree.
-#include "controller/router/canary/shadow_comparer.h"
+#include "router/canary/shadow_comparer.h"
 
 #include <gtest/gtest.h>
 
@@ -13,14 +13,14 @@
 #include <optional>
 #include <thread>
 
-#include "controller/router/router.h"
-#include "controller/router/upstream/request_key.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
+#include "router/router.h"
+#include "router/upstream/request_key.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/proto/proto_test_util.h"
 #include "tests/router/scripted_backend.h"
 #include "tests/router/wait_for.h"
-#include "tests/standby/http_test_client.h"
 #include "tests/standby/tiny_engine.h"
 
 namespace baton {

@@ -3,7 +3,7 @@
 // them, a node a replay failed on is passed over for a while, a node that leaves hands its waiters
 // to another node and tells the attempts watched on it, an unknown model is refused, and requests
 // wait while no node has a primary.
-#include "controller/router/fleet/fleet_admission.h"
+#include "router/fleet/fleet_admission.h"
 
 #include <gtest/gtest.h>
 

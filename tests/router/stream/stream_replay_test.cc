@@ -1,11 +1,11 @@
 // SseSplitter and StreamReplay as pure functions: events cut at every byte offset, the
 // bodies of whole retries and replays (chat streams continued on /v1/completions), the
 // rewrite of replayed events, and the cases that cannot be continued.
-#include "controller/router/stream/stream_replay.h"
+#include "router/stream/stream_replay.h"
 
 #include <gtest/gtest.h>
 
-#include "controller/router/stream/sse_splitter.h"
+#include "router/stream/sse_splitter.h"
 
 namespace baton {
 namespace {

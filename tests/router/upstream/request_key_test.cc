@@ -1,6 +1,6 @@
 // NewRequestKey: 128 random bits as 32 lowercase hex digits, a different key every call, on
 // every thread.
-#include "controller/router/upstream/request_key.h"
+#include "router/upstream/request_key.h"
 
 #include <gtest/gtest.h>
 

@@ -1,6 +1,6 @@
 // Keep-alive connections from the router to its engines: requests reuse one connection, and
 // a pooled connection the engine closed meanwhile is replaced unseen by the client.
-#include "controller/router/upstream/upstream_pool.h"
+#include "router/upstream/upstream_pool.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -12,9 +12,9 @@
 #include <thread>
 
 #include "base/io/unique_fd.h"
-#include "controller/router/router.h"
+#include "router/router.h"
+#include "tests/proto/http/http_test_client.h"
 #include "tests/router/loopback_listener.h"
-#include "tests/standby/http_test_client.h"
 
 namespace baton {
 namespace {

@@ -1,0 +1,33 @@
+// Internal to the HTTP server (proto/http/http_server.h): the route table every connection
+// shares, and serving one accepted socket.
+#pragma once
+
+#include <atomic>
+#include <boost/asio/ip/tcp.hpp>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "proto/http/http_server.h"
+
+namespace baton {
+
+struct HttpRoutes {
+  HttpServerOptions options;
+  std::map<std::string, std::vector<std::pair<boost::beast::http::verb, HttpHandler>>, std::less<>>
+      table;
+  mutable std::atomic<size_t> connections{0};
+
+  void Count(int status) const {
+    if (options.on_response) options.on_response(status);
+  }
+};
+
+// Serves `socket` on its own strand until it closes: reads requests, hands each to its route
+// as an HttpExchange and writes the answer. Past `max_connections` open connections it
+// answers 503 and closes instead.
+void ServeConnection(boost::asio::ip::tcp::socket socket, std::shared_ptr<const HttpRoutes> routes);
+
+}  // namespace baton

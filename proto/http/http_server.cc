@@ -1,0 +1,102 @@
+#include "proto/http/http_server.h"
+
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/strand.hpp>
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "proto/http/http_connection.h"
+
+namespace baton {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+using tcp = net::ip::tcp;
+
+std::string HttpErrorJson(int status, std::string_view message) {
+  nlohmann::ordered_json inner;
+  inner["message"] = std::string(message);
+  inner["type"] = status >= 500 ? "server_error" : "invalid_request_error";
+  inner["param"] = nullptr;
+  inner["code"] = nullptr;
+  nlohmann::ordered_json j;
+  j["error"] = std::move(inner);
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+namespace {
+
+constexpr std::chrono::milliseconds kAcceptRetry{100};
+
+}  // namespace
+
+HttpServer::HttpServer(net::io_context& io, HttpServerOptions options)
+    : io_(io),
+      options_(options),
+      routes_(std::make_shared<HttpRoutes>()),
+      acceptor_(net::make_strand(io)),
+      accept_retry_(io) {
+  routes_->options = std::move(options);
+}
+
+HttpServer::~HttpServer() {
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+  accept_retry_.cancel();
+}
+
+void HttpServer::Route(http::verb method, std::string path, HttpHandler handler) {
+  routes_->table[std::move(path)].emplace_back(method, std::move(handler));
+}
+
+Status HttpServer::Listen() {
+  beast::error_code ec;
+  tcp::resolver resolver(io_);
+  auto results =
+      resolver.resolve(options_.host, std::to_string(options_.port), tcp::resolver::passive, ec);
+  if (ec || results.empty()) {
+    return InvalidArgument("cannot resolve listen address '" + options_.host +
+                           "': " + ec.message());
+  }
+  const tcp::endpoint endpoint = results.begin()->endpoint();
+  const std::string where = options_.host + ":" + std::to_string(options_.port);
+  if (acceptor_.open(endpoint.protocol(), ec)) return Unavailable(where + ": " + ec.message());
+  if (acceptor_.set_option(net::socket_base::reuse_address(true), ec) ||
+      acceptor_.bind(endpoint, ec) ||
+      acceptor_.listen(net::socket_base::max_listen_connections, ec)) {
+    return Unavailable("cannot listen on " + where + ": " + ec.message());
+  }
+  port_ = acceptor_.local_endpoint(ec).port();
+  Accept();
+  return OkStatus();
+}
+
+void HttpServer::Close() {
+  beast::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+void HttpServer::Accept() {
+  acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket s) {
+    if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+    if (ec) {
+      BATON_LOG(WARN, "http") << "accept failed: " << ec.message() << "; retrying in "
+                              << kAcceptRetry.count() << " ms";
+      accept_retry_.expires_after(kAcceptRetry);
+      accept_retry_.async_wait([this](beast::error_code wait_ec) {
+        if (!wait_ec && acceptor_.is_open()) Accept();
+      });
+      return;
+    } else {
+      // Small writes (SSE events) go out at once: Nagle's algorithm would hold one back until
+      // the previous is acknowledged, and a delayed ACK makes that 40 ms.
+      beast::error_code ignored;
+      s.set_option(tcp::no_delay(true), ignored);
+      ServeConnection(std::move(s), routes_);
+    }
+    Accept();
+  });
+}
+
+}  // namespace baton

@@ -1,0 +1,142 @@
+#include "router/fleet/fleet_view.h"
+
+#include <algorithm>
+
+#include "base/log.h"
+
+namespace baton {
+
+Result<std::unique_ptr<FleetView>> FleetView::Create(FleetViewOptions options) {
+  BATON_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd, EtcdClient::Create(options.etcd));
+  return std::unique_ptr<FleetView>(new FleetView(std::move(options), std::move(etcd)));
+}
+
+FleetView::FleetView(FleetViewOptions options, std::unique_ptr<EtcdClient> etcd)
+    : options_(std::move(options)), etcd_(std::move(etcd)) {}
+
+void FleetView::Start() {
+  BATON_LOG(INFO, "router") << "following the fleet under " << options_.prefix << " in etcd "
+                            << etcd_->endpoint() << " as router " << options_.router;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void FleetView::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+FleetViewState FleetView::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+void FleetView::Run() {
+  auto next_report = std::chrono::steady_clock::now();
+  for (;;) {
+    Read();
+    if (std::chrono::steady_clock::now() >= next_report) {
+      Report();
+      next_report = std::chrono::steady_clock::now() + options_.report_every;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, options_.poll, [this] { return stopping_; })) return;
+  }
+}
+
+void FleetView::Read() {
+  Result<EtcdRange> range = etcd_->GetPrefix(FleetNodesPrefix(options_.prefix));
+  if (!range.ok()) return Failed(range.status());
+  Answered();
+  std::map<std::string, int64_t> seen;
+  for (const EtcdKeyValue& kv : range->kvs) seen[kv.key] = kv.mod_revision;
+  if (seen == seen_) return;
+  seen_ = std::move(seen);
+  std::vector<FleetNode> nodes;
+  for (const EtcdKeyValue& kv : range->kvs) {
+    Result<FleetNode> node = ParseNodeRecord(kv.key, kv.value);
+    if (node.ok()) {
+      nodes.push_back(std::move(*node));
+      continue;
+    }
+    if (refused_[kv.key] != kv.mod_revision) {
+      refused_[kv.key] = kv.mod_revision;
+      BATON_LOG(WARN, "router") << "fleet record left out: " << node.status().message();
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.nodes = nodes.size();
+  }
+  if (on_change_) on_change_(nodes);
+}
+
+void FleetView::Report() {
+  if (!on_report_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (lease_ != 0 && now - lease_renewed_ >= options_.report_ttl / 3) {
+    Result<int64_t> left = etcd_->KeepAlive(lease_);
+    if (!left.ok() && left.status().code() != StatusCode::kNotFound) return Failed(left.status());
+    if (left.ok()) lease_renewed_ = now;
+    if (!left.ok()) {  // expired: every report is written again under a new lease
+      lease_ = 0;
+      written_.clear();
+    }
+  }
+  if (lease_ == 0) {
+    const auto ttl =
+        std::max(std::chrono::seconds(1),
+                 std::chrono::duration_cast<std::chrono::seconds>(options_.report_ttl));
+    Result<int64_t> lease = etcd_->GrantLease(ttl);
+    if (!lease.ok()) return Failed(lease.status());
+    lease_ = *lease;
+    lease_renewed_ = now;
+  }
+  for (auto& [node, engines] : on_report_()) {
+    if (node.empty()) continue;
+    const std::string key = FleetReportKey(options_.prefix, node, options_.router);
+    proto::RouterReport report{.seq = seq_ + 1, .engines = engines, .router = options_.router};
+    proto::RouterReport unchanged = report;
+    unchanged.seq = 0;
+    const std::string text = RouterReportJson(unchanged);
+    if (written_[key] == text) continue;
+    Result<int64_t> put = etcd_->Put(key, RouterReportJson(report), lease_);
+    if (!put.ok()) return Failed(put.status());
+    ++seq_;
+    written_[key] = text;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++state_.reports_written;
+  }
+}
+
+void FleetView::Failed(const Status& status) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.etcd_connected = false;
+    ++state_.failures;
+    state_.last_error = status.message();
+  }
+  if (!down_logged_) {
+    down_logged_ = true;
+    BATON_LOG(WARN, "router") << "etcd does not answer (" << status.message()
+                              << "): routing on the last view of the fleet";
+  }
+}
+
+void FleetView::Answered() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state_.etcd_connected = true;
+    ++state_.reads;
+    state_.last_error.clear();
+  }
+  if (down_logged_) {
+    down_logged_ = false;
+    BATON_LOG(INFO, "router") << "etcd answers again: following the fleet";
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,171 @@
+#include "router/route_subscriber.h"
+
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <boost/asio/io_context.hpp>
+#include <cstdio>
+
+#include "base/log.h"
+#include "proto/hello.h"
+#include "proto/transport/channel.h"
+#include "proto/transport/listener.h"
+
+namespace baton {
+namespace {
+
+// 16 random hex digits (getrandom; the pid and the time where it fails).
+std::string NewInstanceName() {
+  uint64_t v = 0;
+  if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+    v = static_cast<uint64_t>(::getpid()) << 32 ^
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+}  // namespace
+
+RouteSubscriber::RouteSubscriber() : instance_(NewInstanceName()) {}
+
+void RouteSubscriber::SetStatic(const std::string& address) {
+  proto::RouteTable table;
+  table.version = 1;
+  table.pair_state = "static";
+  table.entries.push_back(proto::RouteEntry{.engine_id = 0,
+                                            .role = "primary",
+                                            .http_address = address,
+                                            .ready = true,
+                                            .weight = 100,
+                                            .engine_version = ""});
+  Store(std::move(table));
+}
+
+void RouteSubscriber::Start(std::string socket_path, std::chrono::milliseconds max_backoff) {
+  socket_path_ = std::move(socket_path);
+  max_backoff_ = max_backoff;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void RouteSubscriber::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+std::optional<std::string> RouteSubscriber::Primary() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const proto::RouteEntry& e : table_.entries) {
+    if (e.role == "primary" && e.ready && !e.http_address.empty()) return e.http_address;
+  }
+  return std::nullopt;
+}
+
+proto::RouteTable RouteSubscriber::table() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return table_;
+}
+
+void RouteSubscriber::Store(proto::RouteTable table) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    table_ = table;
+  }
+  if (on_change_) on_change_(table);
+}
+
+bool RouteSubscriber::Wait(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, d, [this] { return stopping_; });
+  return !stopping_;
+}
+
+void RouteSubscriber::Run() {
+  std::chrono::milliseconds backoff(50);
+  while (Wait(std::chrono::milliseconds(0))) {
+    const bool was_connected = connected_.load();
+    Subscribe();
+    if (connected_.exchange(false) || was_connected) backoff = std::chrono::milliseconds(50);
+    if (!Wait(backoff)) return;
+    backoff = std::min(backoff * 2, max_backoff_);
+  }
+}
+
+// One subscription: connect, Hello, Subscribe, then tables until the channel fails.
+void RouteSubscriber::Subscribe() {
+  boost::asio::io_context io;
+  Result<proto::Channel> channel = proto::Connect(io, socket_path_);
+  if (!channel.ok()) {
+    BATON_LOG(DEBUG, "router") << "controller unreachable at " << socket_path_ << ": "
+                               << channel.status().ToString();
+    return;
+  }
+  Result<proto::HelloAck> ack = proto::ClientHello(
+      *channel, {.peer_name = "baton-router", .role = "router", .launch_token = ""});
+  if (!ack.ok()) {
+    BATON_LOG(WARN, "router") << "controller refused the router: " << ack.status().ToString();
+    return;
+  }
+  if (Status st = channel->Send(proto::Subscribe{.subscriber = "baton-router"}); !st.ok()) {
+    BATON_LOG(WARN, "router") << "subscribe failed: " << st.ToString();
+    return;
+  }
+  connected_ = true;
+  if (Result<proto::PeerCredentials> peer = channel->peer_credentials(); peer.ok()) {
+    if (controller_pid_ != 0 && peer->pid != controller_pid_) {
+      BATON_LOG(INFO, "router") << "a new controller (pid " << peer->pid << ", was "
+                                << controller_pid_ << "): its primary is a new engine";
+      if (on_new_controller_) on_new_controller_();
+    }
+    controller_pid_ = peer->pid;
+  }
+  const bool reports = on_report_ && ack->version >= proto::kProtocolVersionRouterReport;
+  BATON_LOG(INFO, "router") << "subscribed to the route table at " << socket_path_ << " (protocol "
+                            << ack->version << (reports ? ", reporting outcomes)" : ")");
+  using SteadyClock = std::chrono::steady_clock;
+  SteadyClock::time_point next_report = SteadyClock::now();
+  while (Wait(std::chrono::milliseconds(0))) {
+    std::chrono::milliseconds wait(200);
+    if (reports) {
+      const SteadyClock::time_point now = SteadyClock::now();
+      if (now >= next_report) {
+        next_report = now + kReportInterval;
+        proto::RouterReport report{
+            .seq = report_seq_.load() + 1, .engines = on_report_(), .router = instance_};
+        if (Status st = channel->Send(report); !st.ok()) {
+          BATON_LOG(WARN, "router")
+              << "controller connection lost sending a report, keeping the last route table: "
+              << st.ToString();
+          return;
+        }
+        report_seq_ = report.seq;
+      }
+      wait = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(next_report - now),
+                        std::chrono::milliseconds(1), wait);
+    }
+    Result<proto::ReceivedMessage> msg = channel->Receive(wait);
+    if (!msg.ok() && msg.status().code() == StatusCode::kDeadlineExceeded) continue;
+    Result<proto::RouteTable> table =
+        msg.ok() ? msg->As<proto::RouteTable>() : Result<proto::RouteTable>(msg.status());
+    if (!table.ok()) {
+      BATON_LOG(WARN, "router") << "controller connection lost, keeping the last route table: "
+                                << table.status().ToString();
+      return;
+    }
+    std::string primary = "none";
+    for (const proto::RouteEntry& e : table->entries) {
+      if (e.role == "primary" && e.ready) primary = e.http_address;
+    }
+    BATON_LOG(INFO, "router") << "route table v" << table->version << " epoch " << table->epoch
+                              << " state " << table->pair_state << " primary " << primary;
+    Store(std::move(*table));
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,284 @@
+#include "router/router.h"
+
+#include <unistd.h>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/strand.hpp>
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "base/log.h"
+#include "base/text/json_depth.h"
+#include "router/upstream/relayed_request.h"
+
+namespace baton {
+namespace {
+
+namespace http = boost::beast::http;
+
+constexpr std::chrono::milliseconds kTickInterval{5};
+
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+UpstreamTimeouts TimeoutsFrom(const RouterOptions& o) {
+  return {.connect = o.connect_timeout,
+          .first_byte = o.first_byte_timeout,
+          .idle = o.stream_idle_timeout};
+}
+
+AdmissionOptions AdmissionFrom(const RouterOptions& o) {
+  return {.max_queue = o.max_queue,
+          .max_queue_wait = o.max_queue_wait,
+          .ramp_steps = o.ramp_steps,
+          .ramp_duration = o.ramp_duration};
+}
+
+}  // namespace
+
+Router::Router(RouterOptions options, const Clock& clock)
+    : options_(std::move(options)),
+      clock_(clock),
+      work_(boost::asio::make_work_guard(io_)),
+      tick_(io_),
+      admission_(clock_, AdmissionFrom(options_)),
+      fleet_(options_.etcd.empty() ? nullptr
+                                   : std::make_unique<FleetAdmission>(
+                                         clock_, AdmissionFrom(options_), options_.fleet_suspect)),
+      pool_(clock_),
+      shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), admitter(),
+              &outcomes_, &pool_) {}
+
+Router::~Router() { Stop(); }
+
+Status Router::Start() {
+  HttpServerOptions http;
+  http.host = options_.listen_host;
+  http.port = options_.listen_port;
+  http.body_limit = options_.max_body_bytes;
+  http.header_limit = options_.max_header_bytes;
+  http.idle_timeout = options_.client_idle_timeout;
+  http.request_timeout = options_.request_timeout;
+  http.max_connections = options_.max_connections;
+  server_ = std::make_unique<HttpServer>(io_, http);
+  for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
+    server_->Route(http::verb::post, route, [this, route](std::shared_ptr<HttpExchange> ex) {
+      Forward(route, std::move(ex));
+    });
+  }
+  server_->Route(http::verb::get, "/v1/models", [this](std::shared_ptr<HttpExchange> ex) {
+    Forward("/v1/models", std::move(ex));
+  });
+  server_->Route(http::verb::get, "/health",
+                 [this](std::shared_ptr<HttpExchange> ex) { Health(std::move(ex)); });
+  server_->Route(http::verb::get, "/metrics",
+                 [this](std::shared_ptr<HttpExchange> ex) { Metrics(std::move(ex)); });
+  BATON_RETURN_IF_ERROR(server_->Listen());
+  if (fleet_) {
+    BATON_RETURN_IF_ERROR(StartFleet());
+  } else {
+    StartRoutes();
+  }
+  ScheduleTick();
+  for (int i = 0; i < options_.threads; ++i) {
+    threads_.emplace_back([this] { Run(); });
+  }
+  BATON_LOG(INFO, "router") << "listening on " << options_.listen_host << ":" << server_->port();
+  return OkStatus();
+}
+
+void Router::StartRoutes() {
+  routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
+  routes_.OnReport([this] { return outcomes_.Snapshot(); });
+  routes_.OnNewController([this] { admission_.ControllerRestarted(); });
+  if (!options_.backend.empty()) {
+    routes_.SetStatic(options_.backend);
+    BATON_LOG(INFO, "router") << "static backend " << options_.backend;
+  } else {
+    routes_.Start(options_.controller_socket, options_.resubscribe_max_backoff);
+  }
+}
+
+Status Router::StartFleet() {
+  std::string name = options_.fleet_router_name;
+  if (name.empty()) {
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    name = std::string(host) + "-" + std::to_string(::getpid());
+  }
+  BATON_ASSIGN_OR_RETURN(view_,
+                         FleetView::Create({.etcd = {.endpoints = options_.etcd,
+                                                     .timeout = options_.etcd_timeout,
+                                                     .tls = {.ca_file = options_.etcd_ca_file,
+                                                             .cert_file = options_.etcd_cert_file,
+                                                             .key_file = options_.etcd_key_file}},
+                                            .prefix = options_.etcd_prefix,
+                                            .poll = options_.fleet_poll,
+                                            .router = name}));
+  view_->OnChange([this](const std::vector<FleetNode>& nodes) { fleet_->SetNodes(nodes); });
+  view_->OnReport([this] {
+    FleetView::Reports reports;
+    for (const std::string& node : outcomes_.Nodes()) reports[node] = outcomes_.Snapshot(node);
+    return reports;
+  });
+  view_->Start();
+  return OkStatus();
+}
+
+void Router::Run() {
+  for (;;) {
+    try {
+      io_.run();
+      return;
+    } catch (const std::exception& e) {
+      // One request's handler failed; the others, and the router, keep going.
+      BATON_LOG(ERROR, "router") << "a request handler threw: " << e.what();
+    }
+  }
+}
+
+void Router::ScheduleTick() {
+  tick_.expires_after(kTickInterval);
+  tick_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    admission_.Tick();
+    if (fleet_) fleet_->Tick();
+    ScheduleTick();
+  });
+}
+
+void Router::Stop() {
+  if (server_ != nullptr && !threads_.empty()) {
+    std::promise<void> closed;
+    boost::asio::post(io_, [this, &closed] {
+      server_->Close();
+      tick_.cancel();
+      closed.set_value();
+    });
+    closed.get_future().wait();
+  }
+  routes_.Stop();
+  if (view_) view_->Stop();
+  work_.reset();
+  io_.stop();
+  for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+bool Router::Authorized(const HttpExchange& exchange) const {
+  if (options_.api_key.empty()) return true;
+  const HttpRequest& req = exchange.request();
+  auto it = req.find(http::field::authorization);
+  if (it == req.end()) return false;
+  return ConstantTimeEquals(std::string_view(it->value().data(), it->value().size()),
+                            "Bearer " + options_.api_key);
+}
+
+void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange) {
+  if (!Authorized(*exchange)) {
+    metrics_.Record(route, 401);
+    exchange->Respond(401, "application/json",
+                      HttpErrorJson(401, "missing or wrong API key (Authorization: Bearer KEY)"),
+                      {{"WWW-Authenticate", "Bearer"}});
+    return;
+  }
+  if (JsonNestingDepth(exchange->request().body()) > kMaxJsonDepth) {
+    metrics_.Record(route, 400);
+    exchange->Respond(400, "application/json",
+                      HttpErrorJson(400, "the request body nests deeper than " +
+                                             std::to_string(kMaxJsonDepth) + " levels"));
+    return;
+  }
+  RelayDeps deps{.admission = admitter(),
+                 .metrics = &metrics_,
+                 .clock = &clock_,
+                 .timeouts = TimeoutsFrom(options_),
+                 .migration_limit = options_.migration_limit,
+                 .unreachable_limit = options_.max_queue_wait,
+                 .pool = &pool_,
+                 .outcomes = &outcomes_,
+                 .shadow = &shadow_};
+  std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
+      ->Start();
+}
+
+void Router::Health(std::shared_ptr<HttpExchange> exchange) {
+  std::optional<std::string> primary = routes_.Primary();
+  if (fleet_) {
+    std::optional<Target> any = fleet_->AnyPrimary();
+    primary = any ? std::optional<std::string>(any->address) : std::nullopt;
+  }
+  const int status = primary ? 200 : 503;
+  metrics_.Record("/health", status);
+  nlohmann::json body = {{"status", primary ? "ok" : "no_primary"},
+                         {"primary", primary.value_or("")},
+                         {"controller_connected", routes_.connected()},
+                         {"queued", fleet_ ? fleet_->queued() : admission_.queued()},
+                         {"in_flight", fleet_ ? fleet_->in_flight() : admission_.in_flight()}};
+  if (fleet_) body["fleet"] = FleetHealth();
+  exchange->RespondJson(status,
+                        body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+nlohmann::json Router::FleetHealth() const {
+  const FleetViewState view = view_->state();
+  nlohmann::json nodes = nlohmann::json::array();
+  for (const FleetNodeView& n : fleet_->Nodes()) {
+    nodes.push_back({{"node", n.name},
+                     {"model", n.model},
+                     {"listed", n.listed},
+                     {"suspect", n.suspect},
+                     {"primary", n.primary ? n.primary->address : ""},
+                     {"in_flight", n.in_flight},
+                     {"queued", n.queued}});
+  }
+  return {
+      {"etcd_connected", view.etcd_connected}, {"etcd_error", view.last_error}, {"nodes", nodes}};
+}
+
+RouterGauges Router::FleetGauges() const {
+  RouterGauges g{.controller_connected = false,
+                 .queued = fleet_->queued(),
+                 .in_flight = fleet_->in_flight(),
+                 .failovers = fleet_->failovers(),
+                 .weights = fleet_->Weights(),
+                 .shadows = shadow_.stats(),
+                 .fleet = true,
+                 .fleet_nodes = fleet_->Nodes(),
+                 .fleet_view = view_->state()};
+  if (std::optional<Target> any = fleet_->AnyPrimary()) {
+    g.table.entries.push_back({.engine_id = any->engine_id,
+                               .role = "primary",
+                               .http_address = any->address,
+                               .ready = true});
+  }
+  for (const std::string& node : outcomes_.Nodes()) {
+    for (const proto::EngineOutcome& o : outcomes_.Snapshot(node)) {
+      g.fleet_outcomes.emplace_back(node, o);
+    }
+  }
+  return g;
+}
+
+void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
+  metrics_.Record("/metrics", 200);
+  if (fleet_) {
+    exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(FleetGauges()));
+    return;
+  }
+  RouterGauges g{.table = routes_.table(),
+                 .controller_connected = routes_.connected(),
+                 .queued = admission_.queued(),
+                 .in_flight = admission_.in_flight(),
+                 .failovers = admission_.failovers(),
+                 .weights = admission_.Weights(),
+                 .outcomes = outcomes_.Snapshot(),
+                 .shadows = shadow_.stats()};
+  exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(g));
+}
+
+}  // namespace baton

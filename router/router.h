@@ -1,0 +1,96 @@
+// Router: baton-router's HTTP front door (docs/architecture.md, Lossless requests;
+// docs/router.md).
+//
+// Routes: POST /v1/completions and /v1/chat/completions and GET /v1/models go to an engine
+// chosen by Admission from the route table, each as a RelayedRequest (queued while no engine
+// is ready, replayed on the next engine when its engine fails, streams relayed event by
+// event, each attempt's end counted by engine in EngineOutcomes and reported to the
+// controller, a canary's reproducible answers compared with the primary's by the
+// ShadowComparer); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
+// are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY` (401
+// otherwise). Client limits (body, header, connections, idle and request timeouts) are the
+// HttpServer's. The route table comes from the controller (RouteSubscriber) or is one
+// static backend; with etcd set, the router follows the whole fleet instead (FleetView,
+// FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines there.
+//
+// Ownership: owns the io_context, its threads, the HTTP server, the subscriber and the
+// admission state. Thread: Start() and Stop() from one owning thread; handlers run on the
+// io_context threads.
+#pragma once
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "base/status.h"
+#include "proto/http/http_server.h"
+#include "router/admission.h"
+#include "router/canary/engine_outcomes.h"
+#include "router/canary/shadow_comparer.h"
+#include "router/fleet/fleet_admission.h"
+#include "router/fleet/fleet_view.h"
+#include "router/route_subscriber.h"
+#include "router/router_metrics.h"
+#include "router/router_options.h"
+#include "router/upstream/upstream_pool.h"
+
+namespace baton {
+
+class Router {
+ public:
+  // `clock` drives queue waits and the ramp; it must outlive the router.
+  explicit Router(RouterOptions options, const Clock& clock = RealClock::Get());
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  // Binds the listen address, starts the route table and the io_context threads.
+  Status Start();
+  void Stop();
+
+  uint16_t port() const { return server_ ? server_->port() : 0; }
+  const RouteSubscriber& routes() const { return routes_; }
+  const Admission& admission() const { return admission_; }
+  // Null without etcd.
+  const FleetAdmission* fleet() const { return fleet_.get(); }
+  const EngineOutcomes& outcomes() const { return outcomes_; }
+  ShadowStats shadows() const { return shadow_.stats(); }
+
+ private:
+  void Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange);
+  void Health(std::shared_ptr<HttpExchange> exchange);
+  void Metrics(std::shared_ptr<HttpExchange> exchange);
+  nlohmann::json FleetHealth() const;  // the `fleet` object of /health
+  RouterGauges FleetGauges() const;
+  bool Authorized(const HttpExchange& exchange) const;
+  void StartRoutes();
+  Status StartFleet();
+  // The admission requests go through: the fleet's, or the controller's.
+  Admitter* admitter() { return fleet_ ? static_cast<Admitter*>(fleet_.get()) : &admission_; }
+  void Run();  // io_.run() on one thread, surviving a handler that throws
+  void ScheduleTick();
+
+  RouterOptions options_;
+  const Clock& clock_;
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
+  boost::asio::steady_timer tick_;
+  std::unique_ptr<HttpServer> server_;
+  Admission admission_;
+  std::unique_ptr<FleetAdmission> fleet_;  // with etcd
+  UpstreamPool pool_;
+  EngineOutcomes outcomes_;  // before routes_: its thread reads them
+  ShadowComparer shadow_;
+  RouteSubscriber routes_;
+  RouterMetrics metrics_;
+  std::unique_ptr<FleetView> view_;  // with etcd; stopped before fleet_ goes
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace baton

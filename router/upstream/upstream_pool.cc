@@ -1,0 +1,43 @@
+#include "router/upstream/upstream_pool.h"
+
+namespace baton {
+
+std::unique_ptr<UpstreamPool::Stream> UpstreamPool::Take(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = idle_.find(address);
+  if (it == idle_.end()) return nullptr;
+  const TimePoint now = clock_.Now();
+  std::unique_ptr<Stream> out;
+  while (!it->second.empty() && out == nullptr) {
+    Idle idle = std::move(it->second.back());
+    it->second.pop_back();
+    if (now - idle.since < max_idle_) out = std::move(idle.stream);
+  }
+  if (it->second.empty()) idle_.erase(it);
+  return out;
+}
+
+void UpstreamPool::Put(const std::string& address, std::unique_ptr<Stream> stream) {
+  std::lock_guard<std::mutex> lock(mu_);
+  DropExpired(clock_.Now());
+  std::vector<Idle>& list = idle_[address];
+  if (list.size() >= max_per_address_) return;  // `stream` closes as it goes
+  stream->expires_never();
+  list.push_back({std::move(stream), clock_.Now()});
+}
+
+void UpstreamPool::DropExpired(TimePoint now) {
+  for (auto it = idle_.begin(); it != idle_.end();) {
+    std::erase_if(it->second, [&](const Idle& idle) { return now - idle.since >= max_idle_; });
+    it = it->second.empty() ? idle_.erase(it) : std::next(it);
+  }
+}
+
+size_t UpstreamPool::idle() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& [address, list] : idle_) n += list.size();
+  return n;
+}
+
+}  // namespace baton
