@@ -1,5 +1,7 @@
 #include "base/status.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace baton {
@@ -72,5 +74,15 @@ Status ErrnoStatus(std::string_view what, int err) {
   msg += std::strerror(err);
   return Status(StatusCode::kIoError, std::move(msg));
 }
+
+namespace internal {
+
+void DieOfValueOnError(const Status& status) {
+  std::fprintf(stderr, "Result::value() taken of an error: %s\n", status.ToString().c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+}  // namespace internal
 
 }  // namespace baton

@@ -66,8 +66,14 @@ Status DeadlineExceeded(std::string message);
 // An OS error: `what` failed with errno `err`; the message ends with strerror(err).
 Status ErrnoStatus(std::string_view what, int err);
 
+namespace internal {
+// Reports `value()` (or `*`, `->`) taken of a Result that holds `status`, and aborts.
+[[noreturn]] void DieOfValueOnError(const Status& status);
+}  // namespace internal
+
 // Holds either a value or a non-OK Status. Constructing from an OK Status is a bug and
-// yields an Internal error instead.
+// yields an Internal error instead. Taking the value of an error is a bug too: it aborts,
+// naming the error (check ok() first, or use BATON_ASSIGN_OR_RETURN).
 template <typename T>
 class [[nodiscard]] Result {
  public:
@@ -79,15 +85,26 @@ class [[nodiscard]] Result {
   bool ok() const { return value_.has_value(); }
   const Status& status() const { return status_; }
 
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return std::move(*value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
+  T& value() & { return Checked(); }
+  const T& value() const& { return Checked(); }
+  T&& value() && { return std::move(Checked()); }
+  T* operator->() { return &Checked(); }
+  const T* operator->() const { return &Checked(); }
+  T& operator*() & { return Checked(); }
+  const T& operator*() const& { return Checked(); }
 
  private:
+  T& Checked() {
+    if (!value_.has_value()) [[unlikely]]
+      internal::DieOfValueOnError(status_);
+    return *value_;
+  }
+  const T& Checked() const {
+    if (!value_.has_value()) [[unlikely]]
+      internal::DieOfValueOnError(status_);
+    return *value_;
+  }
+
   std::optional<T> value_;
   Status status_;
 };

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "base/check.h"
 #include "base/log.h"
 #include "controller/controller.h"
 
@@ -65,7 +66,9 @@ void Controller::ReadEngine(EngineId id) {
 }
 
 void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg) {
-  EngineHandle& h = *Handle(id);
+  EngineHandle* handle = Handle(id);
+  BATON_CHECK(handle != nullptr) << "a message read for engine " << id << ", which has no handle";
+  EngineHandle& h = *handle;
   using proto::MsgType;
   std::optional<FromEngine> decoded;
   std::string error;
