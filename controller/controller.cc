@@ -51,7 +51,8 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
                   config_.runtime_dir, config_.engine_log_dir),
       tick_(io),
       accept_retry_(io),
-      fleet_load_(io) {
+      fleet_load_(io),
+      cgroup_sweep_(io) {
   supervisor_.SetEngineEnvironment({{"BATON_CONTROLLER_ABSENT_TIMEOUT_MS",
                                      std::to_string(Ms(config_.controller_absent_timeout))},
                                     {"BATON_ON_CONTROLLER_ABSENT", config_.on_controller_absent}});

@@ -141,6 +141,8 @@ class Controller final : private Effects {
   void OnTick();
   // With [fleet]: every FleetMember::kLoadInterval, the pool's use into the node's record.
   void ArmFleetLoad();
+  // While cgroups of gone engines wait for their members to exit: sweeps them every 10 ms.
+  void ArmCgroupSweep();
   NodeFacts FleetFacts() const;
   void FinishShutdown();
   // controller_engines.cc: engine channels and pidfds.
@@ -211,7 +213,9 @@ class Controller final : private Effects {
   std::unique_ptr<FleetRollout> rollout_;                // fleet-wide upgrades; with fleet_
   boost::asio::steady_timer tick_;
   boost::asio::steady_timer accept_retry_;
-  boost::asio::steady_timer fleet_load_;  // with fleet_: the pool's use into the node's record
+  boost::asio::steady_timer fleet_load_;    // with fleet_: the pool's use into the node's record
+  boost::asio::steady_timer cgroup_sweep_;  // while cgroups of gone engines wait for removal
+  bool cgroup_sweep_armed_ = false;
   std::optional<TimePoint> tick_at_;
   std::map<EngineId, EngineHandle> handles_;
 

@@ -128,7 +128,22 @@ std::string Controller::BarrierHeldBy(EngineId id) {
   return "";
 }
 
-void Controller::Release(EngineId id) { handles_.erase(id); }
+void Controller::Release(EngineId id) {
+  handles_.erase(id);  // its cgroup is killed, and removed now or by the sweep
+  ArmCgroupSweep();
+}
+
+void Controller::ArmCgroupSweep() {
+  if (cgroups_ == nullptr || cgroups_->retired().pending() == 0 || cgroup_sweep_armed_) return;
+  cgroup_sweep_armed_ = true;
+  cgroup_sweep_.expires_after(std::chrono::milliseconds(10));
+  cgroup_sweep_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    cgroup_sweep_armed_ = false;
+    cgroups_->retired().Sweep();
+    ArmCgroupSweep();
+  });
+}
 
 // --- channels -----------------------------------------------------------------------------------
 

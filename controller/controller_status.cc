@@ -81,6 +81,7 @@ ControllerStatus Controller::Snapshot() const {
   if (cgroups_ != nullptr) {
     s.cgroup_base = cgroups_->base();
     s.leftovers_killed = cgroups_->leftovers_killed();
+    s.cgroups_awaiting_removal = cgroups_->retired().pending();
   }
   s.cgroups_off_reason = cgroups_off_reason_;
   for (const auto& [id, h] : handles_) {

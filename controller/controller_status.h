@@ -79,6 +79,7 @@ struct ControllerStatus {
   std::string cgroup_base;  // "" when fencing uses process groups only
   std::string cgroups_off_reason;
   size_t leftovers_killed = 0;
+  size_t cgroups_awaiting_removal = 0;  // of gone engines, swept every 10 ms (RetiredCgroups)
   std::map<EngineId, std::string> engine_cgroups;
   std::map<EngineId, double> engine_cpu_s;
   proto::RouteTable routes;

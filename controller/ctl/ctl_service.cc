@@ -56,6 +56,7 @@ json FencingJson(const ControllerStatus& c) {
           {"cgroup_base", by_cgroup ? json(c.cgroup_base) : json()},
           {"cgroup_off_reason", c.cgroups_off_reason},
           {"leftovers_killed", c.leftovers_killed},
+          {"cgroups_awaiting_removal", c.cgroups_awaiting_removal},
           {"barrier_waits", c.core.barrier_waits}};
 }
 

@@ -39,6 +39,9 @@ std::string MetricsText(const ControllerStatus& c) {
         core.guard_in_backoff ? 1 : 0);
   gauge("baton_engine_cgroups", "1 while each engine runs in a cgroup that a fence kills whole",
         !c.cgroup_base.empty() ? 1 : 0);
+  gauge("baton_cgroups_awaiting_removal",
+        "Cgroups of gone engines whose removal waits for their last members to exit",
+        static_cast<double>(c.cgroups_awaiting_removal));
   gauge("baton_barrier_waits", "Reaped holders whose blocks wait for the fencing barrier",
         static_cast<double>(core.barrier_waits));
   gauge("baton_invariants_ok", "1 while no fencing invariant is violated",

@@ -65,6 +65,22 @@ Status KillAndRemove(const std::string& dir, std::chrono::milliseconds wait, siz
   return OkStatus();
 }
 
+// Kills what is left in `dir` and removes it if its members are gone, without waiting.
+// Returns false while it must be tried again (members still exiting, or a cgroup below it).
+bool TryRemove(const std::string& dir) {
+  if (IsPopulated(dir)) {
+    if (Status killed = WriteCgroupFile(dir + "/cgroup.kill", "1"); !killed.ok()) {
+      if (::access(dir.c_str(), F_OK) != 0) return true;  // gone meanwhile
+      BATON_LOG(WARN, kLog) << killed.ToString();
+    }
+    return false;
+  }
+  if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return true;
+  if (errno == EBUSY) return false;
+  BATON_LOG(WARN, kLog) << ErrnoStatus("removing " + dir, errno).ToString();
+  return true;
+}
+
 // FNV-1a: a stable name for a runtime directory.
 std::string Key(const std::string& text) {
   uint64_t h = 1469598103934665603ULL;
@@ -112,11 +128,32 @@ std::string OwnCgroup2Dir() {
   return mount + own;
 }
 
-EngineCgroup::~EngineCgroup() {
-  if (Status removed = KillAndRemove(path_, std::chrono::milliseconds(200), nullptr);
-      !removed.ok()) {
-    BATON_LOG(WARN, kLog) << removed.ToString();
+RetiredCgroups::~RetiredCgroups() {
+  for (const Entry& e : entries_) {
+    if (Status removed = KillAndRemove(e.path, std::chrono::milliseconds(200), nullptr);
+        !removed.ok()) {
+      BATON_LOG(WARN, kLog) << removed.ToString();
+    }
   }
+}
+
+void RetiredCgroups::Retire(const std::string& path) {
+  if (!TryRemove(path)) entries_.push_back(Entry{path});
+}
+
+size_t RetiredCgroups::Sweep() {
+  std::erase_if(entries_, [](Entry& e) {
+    if (TryRemove(e.path)) return true;
+    if (++e.sweeps < kMaxSweeps) return false;
+    BATON_LOG(WARN, kLog) << e.path << " is still in use " << kMaxSweeps
+                          << " sweeps after its engine went; left for the next start";
+    return true;
+  });
+  return entries_.size();
+}
+
+EngineCgroup::~EngineCgroup() {
+  if (retired_ != nullptr) retired_->Retire(path_);
 }
 
 Status EngineCgroup::Kill() {
@@ -215,7 +252,7 @@ Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Adopt(const std::string& pa
   if (::access((path + "/cgroup.kill").c_str(), W_OK) != 0) {
     return ErrnoStatus("adopting cgroup " + path, errno);
   }
-  return std::make_shared<EngineCgroup>(path, UniqueFd());
+  return std::make_shared<EngineCgroup>(path, UniqueFd(), retired_);
 }
 
 Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) {
@@ -230,7 +267,7 @@ Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) 
     ::rmdir(path.c_str());
     return ErrnoStatus("opening " + path + "/cgroup.procs", err);
   }
-  return std::make_shared<EngineCgroup>(path, std::move(procs));
+  return std::make_shared<EngineCgroup>(path, std::move(procs), retired_);
 }
 
 }  // namespace baton

@@ -14,11 +14,13 @@
 // forks in flight included. Populated() reads cgroup.events: zombies do not count (a zombie
 // holds no memory). Both are plain file writes and reads (a few µs), fit for the io thread.
 //
-// RAII: ~EngineCgroup kills what is left and removes the directory; ~EngineCgroups removes
-// base. A controller restarted on the same runtime directory finds the engine-* cgroups of
-// the engines it re-adopts (Adopt) and kills and removes every other one an earlier
-// controller left behind (ClearLeftovers; one that cannot be removed is logged, and only an
-// engine of its id is refused a cgroup).
+// RAII: ~EngineCgroup kills what is left and hands the directory to RetiredCgroups, which
+// removes it at once when its members are gone and otherwise on a later Sweep: nothing waits
+// for a process to exit on the thread that let the cgroup go. ~EngineCgroups removes base. A
+// controller restarted on the same runtime directory finds the engine-* cgroups of the engines it
+// re-adopts (Adopt) and kills and removes every other one an earlier controller left behind
+// (ClearLeftovers; one that cannot be removed is logged, and only an engine of its id is refused a
+// cgroup).
 //
 // Thread: io_context thread only.
 #pragma once
@@ -36,10 +38,39 @@
 
 namespace baton {
 
+// The cgroups of engines that are gone, until their directories could be removed. Each call
+// is a few file operations and never waits.
+class RetiredCgroups {
+ public:
+  // Sweeps before a cgroup still populated is given up (logged; the next controller's
+  // ClearLeftovers removes it): 5 s at the controller's 10 ms sweep period.
+  static constexpr int kMaxSweeps = 500;
+
+  RetiredCgroups() = default;
+  // The last removals (shutdown): waits up to 200 ms for each cgroup's members to go.
+  ~RetiredCgroups();
+  RetiredCgroups(const RetiredCgroups&) = delete;
+  RetiredCgroups& operator=(const RetiredCgroups&) = delete;
+
+  // Kills what is left in the cgroup `path` and removes it if nothing is left; otherwise
+  // keeps it for Sweep.
+  void Retire(const std::string& path);
+  // Tries each kept cgroup once more. Returns how many are still kept.
+  size_t Sweep();
+  size_t pending() const { return entries_.size(); }
+
+ private:
+  struct Entry {
+    std::string path;
+    int sweeps = 0;
+  };
+  std::vector<Entry> entries_;
+};
+
 class EngineCgroup {
  public:
-  EngineCgroup(std::string path, UniqueFd procs)
-      : path_(std::move(path)), procs_(std::move(procs)) {}
+  EngineCgroup(std::string path, UniqueFd procs, std::shared_ptr<RetiredCgroups> retired)
+      : path_(std::move(path)), procs_(std::move(procs)), retired_(std::move(retired)) {}
   ~EngineCgroup();
   EngineCgroup(const EngineCgroup&) = delete;
   EngineCgroup& operator=(const EngineCgroup&) = delete;
@@ -67,6 +98,7 @@ class EngineCgroup {
  private:
   std::string path_;
   UniqueFd procs_;
+  std::shared_ptr<RetiredCgroups> retired_;
 };
 
 class EngineCgroups {
@@ -93,12 +125,17 @@ class EngineCgroups {
   const std::string& base() const { return base_; }
   // Processes found and killed in leftover cgroups when this was opened.
   size_t leftovers_killed() const { return leftovers_killed_; }
+  // The cgroups of gone engines whose removal waits for their members to exit: the owner
+  // calls Sweep() on them (every 10 ms while any is pending).
+  RetiredCgroups& retired() { return *retired_; }
 
  private:
-  EngineCgroups(std::string base, bool owned) : base_(std::move(base)), owned_(owned) {}
+  EngineCgroups(std::string base, bool owned)
+      : base_(std::move(base)), owned_(owned), retired_(std::make_shared<RetiredCgroups>()) {}
 
   std::string base_;
   bool owned_;  // made by Open: removed on destruction
+  std::shared_ptr<RetiredCgroups> retired_;
   size_t leftovers_killed_ = 0;
 };
 

@@ -3,6 +3,7 @@
 // for it to return to primary + standby, and checks the fencing invariants.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -275,6 +276,13 @@ TEST(ChaosFailover, AWorkerThatLeftItsGroupIsFencedThroughTheCgroup) {
   ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
   WaitNewPrimary(cluster, primary["id"], "the standby to take over");
   EXPECT_TRUE(LiveGroupMembers(escaped).empty()) << "the escaped worker outlived its fence";
+  // The dead engine's cgroup is removed, at once or by a later sweep.
+  const std::string path = primary["cgroup"].get<std::string>();
+  cluster.WaitFor(
+      [&](const json& st) {
+        return st["fencing"]["cgroups_awaiting_removal"] == 0 && ::access(path.c_str(), F_OK) != 0;
+      },
+      "the dead engine's cgroup removed");
   cluster.CheckFencing();
 }
 

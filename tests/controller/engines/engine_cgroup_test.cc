@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -174,6 +176,33 @@ TEST_F(EngineCgroupTest, LeftoversOfAnEarlierControllerAreKilled) {
   EXPECT_NE(::access(leftover.c_str(), F_OK), 0);
   child->KillAndReap();
   EXPECT_EQ(child->exit_info()->signal, SIGKILL);
+}
+
+// Letting a cgroup go never waits: one that cannot be removed yet (here a cgroup below it, as
+// members still exiting would) is kept and removed by a later sweep, or given up after
+// kMaxSweeps and left for the next start.
+TEST_F(EngineCgroupTest, ACgroupThatCannotBeRemovedYetIsRemovedByALaterSweep) {
+  for (uint64_t id : {5, 6}) {
+    Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(id);
+    ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+    const std::string path = (*cg)->path();
+    ASSERT_EQ(::mkdir((path + "/busy").c_str(), 0755), 0) << std::strerror(errno);
+    cg = NotFound("released");  // the engine's handle goes
+    EXPECT_EQ(::access(path.c_str(), F_OK), 0) << "kept while it cannot be removed";
+    EXPECT_EQ(cgroups_->retired().pending(), 1u);
+    EXPECT_EQ(cgroups_->retired().Sweep(), 1u);
+    if (id == 5) {
+      ASSERT_EQ(::rmdir((path + "/busy").c_str()), 0);
+      EXPECT_EQ(cgroups_->retired().Sweep(), 0u);
+      EXPECT_NE(::access(path.c_str(), F_OK), 0) << "removed by the sweep once it could be";
+    } else {
+      for (int i = 1; i < RetiredCgroups::kMaxSweeps; ++i) cgroups_->retired().Sweep();
+      EXPECT_EQ(cgroups_->retired().pending(), 0u) << "given up";
+      EXPECT_EQ(::access(path.c_str(), F_OK), 0);
+      ::rmdir((path + "/busy").c_str());
+      ::rmdir(path.c_str());
+    }
+  }
 }
 
 TEST_F(EngineCgroupTest, CreateReplacesAStaleCgroupOfTheSameName) {
