@@ -10,6 +10,16 @@ namespace {
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
+ApiError Invalid(const std::string& param, std::string message) {
+  return MakeApiError(400, std::move(message), param);
+}
+
+ApiError Missing(const std::string& param) {
+  ApiError e = MakeApiError(400, "Missing required parameter: '" + param + "'.", param);
+  e.code = "missing_required_parameter";
+  return e;
+}
+
 bool KnownRole(const std::string& role) {
   for (const char* r : {"system", "developer", "user", "assistant", "tool"}) {
     if (role == r) return true;
@@ -17,24 +27,73 @@ bool KnownRole(const std::string& role) {
   return false;
 }
 
-// The text of one message's `content`, or an error naming what is not text.
-Result<std::string> ContentText(const Json& content, const std::string& where) {
-  if (content.is_null()) return std::string();
-  if (content.is_string()) return content.get<std::string>();
+// The text of one message's `content` (at `where`, present and not null), or what is wrong.
+std::optional<ApiError> ContentText(const Json& content, const std::string& where,
+                                    std::string* text) {
+  if (content.is_string()) {
+    *text = content.get<std::string>();
+    return std::nullopt;
+  }
   if (!content.is_array()) {
-    return InvalidArgument(where + ".content must be a string or an array of text parts");
+    return Invalid(where, "'" + where + "' must be a string or an array of text parts");
   }
-  std::string text;
-  for (const Json& part : content) {
-    const auto type = part.is_object() ? part.find("type") : part.end();
-    const auto value = part.is_object() ? part.find("text") : part.end();
-    if (type == part.end() || *type != "text" || value == part.end() || !value->is_string()) {
-      return InvalidArgument(where + ": only text parts ({\"type\": \"text\", \"text\": ...}) " +
-                             "are supported");
+  if (content.empty()) {
+    return Invalid(where, "'" + where + "' is an empty array: give at least one text part");
+  }
+  for (size_t j = 0; j < content.size(); ++j) {
+    const Json& part = content[j];
+    const std::string at = where + "[" + std::to_string(j) + "]";
+    if (!part.is_object()) return Invalid(at, "'" + at + "' must be an object");
+    const auto type = part.find("type");
+    if (type == part.end()) return Missing(at + ".type");
+    if (*type != "text") {
+      return Invalid(at + ".type", "'" + at + ".type' " + type->dump() +
+                                       " is not supported: only text parts "
+                                       "({\"type\": \"text\", \"text\": ...})");
     }
-    text += value->get<std::string>();
+    const auto value = part.find("text");
+    if (value == part.end()) return Missing(at + ".text");
+    if (!value->is_string()) return Invalid(at + ".text", "'" + at + ".text' must be a string");
+    *text += value->get<std::string>();
   }
-  return text;
+  return std::nullopt;
+}
+
+// One message, as OpenAI checks it: an object with a known `role`; `content` required (an
+// assistant's may be left out only beside tool calls, which this template cannot render);
+// a tool's `tool_call_id` and any `name` strings.
+std::optional<ApiError> MessageText(const Json& m, const std::string& where, std::string* role,
+                                    std::string* text) {
+  if (!m.is_object()) return Invalid(where, "'" + where + "' must be an object");
+  const auto r = m.find("role");
+  if (r == m.end() || r->is_null()) return Missing(where + ".role");
+  if (!r->is_string() || !KnownRole(r->get<std::string>())) {
+    return Invalid(where + ".role", "Invalid value for '" + where + ".role': " + r->dump() +
+                                        ". Supported values are: 'system', 'developer', "
+                                        "'user', 'assistant' and 'tool'.");
+  }
+  *role = r->get<std::string>();
+  for (const char* key : {"tool_calls", "function_call"}) {
+    const auto calls = m.find(key);
+    if (calls != m.end() && !calls->is_null()) {
+      return Invalid(where + "." + key,
+                     "'" + where + "." + key + "' is not supported: this model has no tool calls");
+    }
+  }
+  const auto name = m.find("name");
+  if (name != m.end() && !name->is_string()) {
+    return Invalid(where + ".name", "'" + where + ".name' must be a string");
+  }
+  if (*role == "tool") {
+    const auto id = m.find("tool_call_id");
+    if (id == m.end() || id->is_null()) return Missing(where + ".tool_call_id");
+    if (!id->is_string()) {
+      return Invalid(where + ".tool_call_id", "'" + where + ".tool_call_id' must be a string");
+    }
+  }
+  const auto content = m.find("content");
+  if (content == m.end() || content->is_null()) return Missing(where + ".content");
+  return ContentText(*content, where + ".content", text);
 }
 
 // One choice of a chat answer: `part` ("message" or "delta") holds `body`.
@@ -51,25 +110,25 @@ OrderedJson ChatChoice(const char* part, OrderedJson body, std::string_view fini
 
 }  // namespace
 
-Result<std::string> RenderChatPrompt(const Json& messages) {
+std::optional<ApiError> RenderChatPrompt(const Json& messages, std::string* prompt) {
   if (!messages.is_array() || messages.empty()) {
-    return InvalidArgument("'messages' must be a non-empty array of messages");
+    return Invalid("messages", "'messages' must be a non-empty array of messages");
   }
-  std::string prompt;
+  prompt->clear();
   for (size_t i = 0; i < messages.size(); ++i) {
+    std::string role, text;
     const std::string where = "messages[" + std::to_string(i) + "]";
-    const Json& m = messages[i];
-    const auto role = m.is_object() ? m.find("role") : m.end();
-    if (role == m.end() || !role->is_string() || !KnownRole(role->get<std::string>())) {
-      return InvalidArgument(where + ".role must be one of system, developer, user, " +
-                             "assistant, tool");
-    }
-    const auto content = m.find("content");
-    Result<std::string> text = ContentText(content == m.end() ? Json() : *content, where);
-    if (!text.ok()) return text.status();
-    prompt += "<|" + role->get<std::string>() + "|>\n" + *text + "\n";
+    if (auto e = MessageText(messages[i], where, &role, &text)) return e;
+    *prompt += "<|" + role + "|>\n" + text + "\n";
   }
-  return prompt + "<|assistant|>\n";
+  *prompt += "<|assistant|>\n";
+  return std::nullopt;
+}
+
+Result<std::string> RenderChatPrompt(const Json& messages) {
+  std::string prompt;
+  if (auto e = RenderChatPrompt(messages, &prompt)) return InvalidArgument(e->message);
+  return prompt;
 }
 
 std::string ChatBody(const CompletionHeader& header, std::string_view text,

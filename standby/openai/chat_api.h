@@ -6,8 +6,8 @@
 //
 // The chat template of Baton's byte-level models: the bos id, then for each message
 // "<|ROLE|>\n" CONTENT "\n", then "<|assistant|>\n", the start of the answer. Roles are
-// system, developer, user, assistant and tool; content is a string, null, or an array of
-// text parts ({"type": "text", "text": ...}). Other parts (images, audio) are refused.
+// system, developer, user, assistant and tool; content is a string or an array of text parts
+// ({"type": "text", "text": ...}). Other parts (images, audio) and tool calls are refused.
 //
 // Responses have OpenAI's chat shapes (`chat.completion`, `chat.completion.chunk` with a
 // `delta`) plus, as vLLM returns them when asked, the prompt's ids (`prompt_token_ids`, top
@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,8 +28,14 @@
 
 namespace baton {
 
-// The prompt text of `messages` (the request's JSON value), or InvalidArgument saying what
-// is wrong with which message.
+// The prompt text of `messages` (the request's JSON value) into *prompt, or the 400 that
+// OpenAI's API answers, naming the field: `param` is its path ("messages[2].content[0].type"),
+// `code` "missing_required_parameter" when it is absent. Checked: each message an object; a
+// known role; content present (null only for an assistant with tool calls, which are
+// refused: the template has none), a string or a non-empty array of text parts; a tool's
+// tool_call_id and any name strings.
+std::optional<ApiError> RenderChatPrompt(const nlohmann::json& messages, std::string* prompt);
+// The same, the error as InvalidArgument with its message.
 Result<std::string> RenderChatPrompt(const nlohmann::json& messages);
 
 // The non-streamed response body.

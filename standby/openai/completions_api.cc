@@ -179,6 +179,63 @@ std::optional<ApiError> ReadUnsupported(const Json& body) {
   return std::nullopt;
 }
 
+ApiError NotSupported(const std::string& name, const std::string& only) {
+  return ParamError(name, "'" + name + "' is not supported by this engine (only " + only + ")");
+}
+
+// Parameters of OpenAI's API that this engine does not implement: each is checked for its
+// type and range, and any value but the one that changes nothing is refused, never ignored.
+std::optional<ApiError> ReadUnimplemented(const Json& body, bool chat) {
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    float v = 0;
+    if (auto e = ReadNumber(body, name, -2, 2, false, "[-2, 2]", &v)) return e;
+    if (v != 0) return NotSupported(name, "0");
+  }
+  auto it = body.find("logit_bias");
+  if (it != body.end() && !it->is_null()) {
+    if (!it->is_object()) return ParamError("logit_bias", "'logit_bias' must be an object");
+    if (!it->empty()) return NotSupported("logit_bias", "{}");
+  }
+  for (const char* name : {"tools", "functions"}) {
+    it = body.find(name);
+    if (it == body.end() || it->is_null()) continue;
+    if (!it->is_array()) return ParamError(name, std::string("'") + name + "' must be an array");
+    if (!it->empty()) return NotSupported(name, "[]");
+  }
+  it = body.find("tool_choice");
+  if (it != body.end() && !it->is_null() && *it != "none")
+    return NotSupported("tool_choice", "\"none\"");
+  it = body.find("response_format");
+  if (it != body.end() && !it->is_null()) {
+    if (!it->is_object())
+      return ParamError("response_format", "'response_format' must be an object");
+    if (it->value("type", Json()) != "text")
+      return NotSupported("response_format", "{\"type\": \"text\"}");
+  }
+  it = body.find("user");
+  if (it != body.end() && !it->is_null() && !it->is_string()) {
+    return ParamError("user", "'user' must be a string");
+  }
+  int64_t v = 0;
+  bool present = false;
+  if (chat) {
+    if (auto e = ReadInt(body, "top_logprobs", &v, &present)) return e;
+    if (v < 0 || v > 20) return ParamError("top_logprobs", "'top_logprobs' must be in [0, 20]");
+    if (v != 0) return NotSupported("top_logprobs", "0");
+    return std::nullopt;
+  }
+  v = 1;
+  if (auto e = ReadInt(body, "best_of", &v, &present)) return e;
+  if (v < 1) return ParamError("best_of", "'best_of' must be at least 1");
+  if (v != 1) return NotSupported("best_of", "1");
+  it = body.find("suffix");
+  if (it != body.end() && !it->is_null()) {
+    if (!it->is_string()) return ParamError("suffix", "'suffix' must be a string");
+    if (!it->get_ref<const std::string&>().empty()) return NotSupported("suffix", "\"\"");
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> ReadModel(const Json& body, const CompletionContext& ctx,
                                   CompletionRequest* req) {
   req->model = ctx.served_model_name;
@@ -245,10 +302,14 @@ std::optional<ApiError> ReadResume(const Json& body, CompletionRequest* req) {
 std::optional<ApiError> ReadMessages(const Json& body, const CompletionContext& ctx,
                                      std::vector<int32_t>* out) {
   auto it = body.find("messages");
-  if (it == body.end() || it->is_null()) return ParamError("messages", "'messages' is required");
-  Result<std::string> text = RenderChatPrompt(*it);
-  if (!text.ok()) return ParamError("messages", text.status().message());
-  *out = ctx.tokenizer->Encode(*text, ctx.tokenizer->bos_token_id().has_value());
+  if (it == body.end() || it->is_null()) {
+    ApiError e = ParamError("messages", "Missing required parameter: 'messages'.");
+    e.code = "missing_required_parameter";
+    return e;
+  }
+  std::string text;
+  if (auto e = RenderChatPrompt(*it, &text)) return e;
+  *out = ctx.tokenizer->Encode(text, ctx.tokenizer->bos_token_id().has_value());
   return CheckPromptLength(*out, ctx, "messages");
 }
 
@@ -264,6 +325,7 @@ std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& c
   if (auto e = ReadSampling(body, ctx, req)) return e;
   if (auto e = ReadStreaming(body, req)) return e;
   if (auto e = ReadStop(body, &req->stop)) return e;
+  if (auto e = ReadUnimplemented(body, req->chat)) return e;
   return ReadUnsupported(body);
 }
 

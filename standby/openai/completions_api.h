@@ -15,8 +15,14 @@
 // as in an uninterrupted run, and they count as completion tokens in `usage`, not as prompt.
 // `baton_request_key` (32 hex digits) is the router's key of the client request, the same on
 // every attempt: an engine that kept the KV of that request (a failover, a switch-over)
-// continues from it instead of prefilling the prompt again. Other fields are ignored. A refusal is
-// an ApiError naming the parameter.
+// continues from it instead of prefilling the prompt again. OpenAI's fields this engine does
+// not implement are checked for type and range as OpenAI checks them, and refused unless they
+// change nothing: presence_penalty and frequency_penalty (only 0), logit_bias (only {}), tools
+// and functions (only []), tool_choice (only "none"), response_format (only type "text"),
+// user (any string), best_of (only 1) and suffix (only "") for completions, top_logprobs
+// (only 0) for chat. Fields OpenAI does not define are ignored, as vLLM ignores them. A
+// refusal is an ApiError: 400 with `param` naming the field (a path such as
+// "messages[1].content" for chat) and `code` "missing_required_parameter" when it is absent.
 //
 // Responses carry the request's seed, each choice's generated `token_ids` and the
 // `prompt_token_ids`, so that a router can replay an interrupted request on token ids.

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 #include "tests/standby/completion_context_test_base.h"
 
@@ -22,7 +24,7 @@ TEST_F(ChatApiTest, TemplateRendersEachMessageThenTheAnswersStart) {
   Result<std::string> prompt = RenderChatPrompt(Json::parse(R"([
       {"role": "system", "content": "Be brief."},
       {"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]},
-      {"role": "assistant", "content": null},
+      {"role": "assistant", "content": ""},
       {"role": "user", "content": "Again"}])"));
   ASSERT_TRUE(prompt.ok()) << prompt.status().ToString();
   EXPECT_EQ(*prompt,
@@ -30,26 +32,77 @@ TEST_F(ChatApiTest, TemplateRendersEachMessageThenTheAnswersStart) {
             "<|assistant|>\n");
 }
 
-TEST_F(ChatApiTest, MessagesThatAreNotTextAreRefusedNamingTheMessage) {
-  for (const char* bad :
-       {R"([])", R"("hi")", R"([{"content": "x"}])", R"([{"role": "wizard", "content": "x"}])",
-        R"([{"role": "user", "content": 7}])",
-        R"([{"role": "user", "content": [{"type": "image_url"}]}])"}) {
-    Result<std::string> prompt = RenderChatPrompt(Json::parse(bad));
-    EXPECT_FALSE(prompt.ok()) << bad;
+TEST_F(ChatApiTest, MessagesThatAreNotTextAreRefusedNamingTheField) {
+  const std::vector<std::pair<const char*, const char*>> cases = {
+      {R"([])", "messages"},
+      {R"("hi")", "messages"},
+      {R"(["hi"])", "messages[0]"},
+      {R"([{"role": "wizard", "content": "x"}])", "messages[0].role"},
+      {R"([{"role": 3, "content": "x"}])", "messages[0].role"},
+      {R"([{"role": "user", "content": 7}])", "messages[0].content"},
+      {R"([{"role": "user", "content": []}])", "messages[0].content"},
+      {R"([{"role": "user", "content": ["x"]}])", "messages[0].content[0]"},
+      {R"([{"role": "user", "content": [{"type": "image_url"}]}])", "messages[0].content[0].type"},
+      {R"([{"role": "user", "content": [{"type": "text", "text": 1}]}])",
+       "messages[0].content[0].text"},
+      {R"([{"role": "user", "content": "a", "name": 5}])", "messages[0].name"},
+      {R"([{"role": "user", "content": "a"}, {"role": "tool", "content": "r", "tool_call_id": 9}])",
+       "messages[1].tool_call_id"},
+      {R"([{"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}])",
+       "messages[0].tool_calls"},
+  };
+  for (const auto& [bad, param] : cases) {
+    EXPECT_FALSE(RenderChatPrompt(Json::parse(bad)).ok()) << bad;
     ParsedCompletion p = Parse({{"messages", Json::parse(bad)}});
     ASSERT_TRUE(p.error.has_value()) << bad;
-    EXPECT_EQ(p.error->http_status, 400);
-    EXPECT_EQ(p.error->param, "messages");
+    EXPECT_EQ(p.error->http_status, 400) << bad;
+    EXPECT_EQ(p.error->param, param) << bad;
+    EXPECT_EQ(p.error->code, "") << bad;
   }
-  EXPECT_NE(RenderChatPrompt(Json::parse(R"([{"role":"user"},{"role":"user","content":1}])"))
+  EXPECT_NE(RenderChatPrompt(
+                Json::parse(R"([{"role":"user","content":"a"},{"role":"user","content":1}])"))
                 .status()
                 .message()
                 .find("messages[1]"),
             std::string::npos);
-  ParsedCompletion none = Parse({{"prompt", "x"}});
-  ASSERT_TRUE(none.error.has_value());
-  EXPECT_EQ(none.error->param, "messages");
+}
+
+// What OpenAI's API answers 400 "Missing required parameter" to, with the parameter's path
+// and the code missing_required_parameter: never a silent default.
+TEST_F(ChatApiTest, AMissingFieldIsA400NamingIt) {
+  const std::vector<std::pair<Json, const char*>> cases = {
+      {Json{{"model", "tiny"}}, "messages"},
+      {Json{{"messages", Json::parse(R"([{"content": "x"}])")}}, "messages[0].role"},
+      {Json{{"messages", Json::parse(R"([{"role": "user"}])")}}, "messages[0].content"},
+      {Json{{"messages", Json::parse(R"([{"role": "user", "content": null}])")}},
+       "messages[0].content"},
+      {Json{{"messages", Json::parse(R"([{"role": "user", "content": "a"},
+                                          {"role": "assistant"}])")}},
+       "messages[1].content"},
+      {Json{{"messages", Json::parse(R"([{"role": "tool", "content": "r"}])")}},
+       "messages[0].tool_call_id"},
+      {Json{{"messages", Json::parse(R"([{"role": "user", "content": [{"text": "a"}]}])")}},
+       "messages[0].content[0].type"},
+  };
+  for (const auto& [body, param] : cases) {
+    ParsedCompletion p = Parse(body);
+    ASSERT_TRUE(p.error.has_value()) << body.dump();
+    EXPECT_EQ(p.error->http_status, 400) << body.dump();
+    EXPECT_EQ(p.error->param, param) << body.dump();
+    EXPECT_EQ(p.error->code, "missing_required_parameter") << body.dump();
+    EXPECT_EQ(p.error->message, std::string("Missing required parameter: '") + param + "'.");
+  }
+  ParsedCompletion tool = Parse({{"messages", Json::parse(R"([{"role": "user", "content": "a"},
+      {"role": "tool", "content": "r", "tool_call_id": "c1", "name": "f"}])")}});
+  EXPECT_FALSE(tool.error.has_value()) << ErrorBody(*tool.error);
+  const Json hi = Json::parse(R"([{"role": "user", "content": "hi"}])");
+  ParsedCompletion top = Parse({{"messages", hi}, {"top_logprobs", 5}});
+  ASSERT_TRUE(top.error.has_value());
+  EXPECT_EQ(top.error->param, "top_logprobs");
+  ParsedCompletion range = Parse({{"messages", hi}, {"top_logprobs", 21}});
+  ASSERT_TRUE(range.error.has_value());
+  EXPECT_EQ(range.error->param, "top_logprobs");
+  EXPECT_FALSE(Parse({{"messages", hi}, {"top_logprobs", 0}}).error.has_value());
 }
 
 TEST_F(ChatApiTest, PromptIsTheTemplateAndTheLimitDefaultsToTheContextsRoom) {

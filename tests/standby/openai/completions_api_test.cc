@@ -102,6 +102,28 @@ TEST_F(CompletionsApiTest, RefusesParametersOutOfRange) {
                    .error);
 }
 
+// OpenAI parameters this engine does not implement: a wrong type or range is a 400 as on
+// OpenAI's API, and so is any value that would change the answer, rather than be ignored.
+TEST_F(CompletionsApiTest, ParametersItDoesNotImplementAreRefusedUnlessTheyChangeNothing) {
+  for (const char* bad :
+       {R"("presence_penalty":0.5)", R"("presence_penalty":3)", R"("presence_penalty":"x")",
+        R"("frequency_penalty":-2.5)", R"("frequency_penalty":1)", R"("logit_bias":[1])",
+        R"("logit_bias":{"65":5})", R"("tools":{})", R"("tools":[{"type":"function"}])",
+        R"("functions":[{}])", R"("tool_choice":"auto")", R"("response_format":"json")",
+        R"("response_format":{"type":"json_object"})", R"("user":7)", R"("best_of":0)",
+        R"("best_of":2)", R"("suffix":3)", R"("suffix":"end")"}) {
+    const std::string body = std::string(R"({"prompt":"a",)") + bad + "}";
+    const std::pair<int, std::string> r = Refusal(body);
+    EXPECT_EQ(r.first, 400) << body;
+    const std::string name = Json::parse("{" + std::string(bad) + "}").begin().key();
+    EXPECT_EQ(r.second, name) << body;
+  }
+  EXPECT_FALSE(Parse(R"({"prompt":"a","presence_penalty":0,"frequency_penalty":0.0,
+                         "logit_bias":{},"tools":[],"tool_choice":"none","user":"u1",
+                         "response_format":{"type":"text"},"best_of":1,"suffix":""})")
+                   .error);
+}
+
 TEST_F(CompletionsApiTest, ContextLengthBoundsPromptAndMaxTokens) {
   const int limit = config_.max_position_embeddings;  // 512 for tiny
   Json ids = Json::array();
