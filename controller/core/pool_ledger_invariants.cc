@@ -81,7 +81,8 @@ Status PoolLedger::CheckTiling() const {
 // Rule 2: a quarantined lease belongs to an engine not yet released.
 Status PoolLedger::CheckLeaseHolders() const {
   std::map<EngineId, uint32_t> counted;
-  for (const auto& [first, lease] : leases_) {
+  for (const auto& entry : leases_) {
+    const auto& lease = entry.second;  // a named variable: clang 14 captures no binding
     counted[lease.holder] += lease.extent.count;
     auto where = [&lease] {
       return "blocks " + ToString(lease.extent) + " of " + EngineName(lease.holder);
@@ -118,7 +119,9 @@ Status PoolLedger::CheckLeaseHolders() const {
 // Rule 2: every granted block last quarantined by a fence names an engine that has been
 // released (reaped, barrier passed), and the new lease's epoch is above the fenced one's.
 Status PoolLedger::CheckBarrier() const {
-  for (const auto& [first, lease] : leases_) {
+  for (const auto& entry : leases_) {
+    const uint32_t first = entry.first;
+    const auto& lease = entry.second;  // a named variable: clang 14 captures no binding
     if (lease.state != LeaseState::kGranted) continue;
     for (uint32_t b = first; b < lease.extent.end(); ++b) {
       const EngineId from = fenced_from_[b];
