@@ -5,16 +5,17 @@
 
 #include <cstdlib>
 #include <map>
-#include <mutex>
 #include <string>
+
+#include "base/mutex.h"
 
 namespace baton {
 namespace {
 
 struct Points {
-  std::mutex mu;
-  std::map<std::string, int> fire_at;  // name -> the hit that fires it
-  std::map<std::string, int> hits;
+  Mutex mu;
+  std::map<std::string, int> fire_at BATON_GUARDED_BY(mu);  // name -> the hit that fires it
+  std::map<std::string, int> hits BATON_GUARDED_BY(mu);
 };
 
 Points& Get() {
@@ -24,7 +25,7 @@ Points& Get() {
 
 void Load() {
   Points& p = Get();
-  std::lock_guard<std::mutex> lock(p.mu);
+  MutexLock lock(p.mu);
   p.fire_at.clear();
   p.hits.clear();
   const char* env = std::getenv("BATON_FAILPOINTS");
@@ -59,7 +60,7 @@ void Hit(const char* name) {
   int hit = 0;
   bool fire = false;
   {
-    std::lock_guard<std::mutex> lock(p.mu);
+    MutexLock lock(p.mu);
     hit = ++p.hits[name];
     auto it = p.fire_at.find(name);
     fire = it != p.fire_at.end() && it->second == hit;
@@ -78,7 +79,7 @@ void ReloadFailpointsForTesting() { Load(); }
 
 int FailpointHits(const char* name) {
   Points& p = Get();
-  std::lock_guard<std::mutex> lock(p.mu);
+  MutexLock lock(p.mu);
   auto it = p.hits.find(name);
   return it == p.hits.end() ? 0 : it->second;
 }

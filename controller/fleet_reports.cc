@@ -16,23 +16,27 @@ FleetReportReader::FleetReportReader(std::unique_ptr<EtcdClient> etcd, std::stri
 
 FleetReportReader::~FleetReportReader() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   thread_.join();
 }
 
 uint64_t FleetReportReader::delivered() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return delivered_;
 }
 
 void FleetReportReader::Run() {
   for (;;) {
     ReadOnce();
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, every_, [this] { return stopping_; })) return;
+    MutexLock lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + every_;
+    while (!stopping_) {
+      if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) break;
+    }
+    if (stopping_) return;
   }
 }
 
@@ -49,7 +53,7 @@ void FleetReportReader::ReadOnce() {
       continue;
     }
     deliver_(std::move(*report));
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++delivered_;
   }
 }

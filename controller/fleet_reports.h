@@ -12,15 +12,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "fleet/etcd_client.h"
 #include "proto/messages.h"
 
@@ -46,10 +45,10 @@ class FleetReportReader {
   const std::function<void(proto::RouterReport)> deliver_;
   const std::chrono::milliseconds every_;
   std::map<std::string, int64_t> seen_;  // key -> mod_revision delivered or refused
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  uint64_t delivered_ = 0;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ BATON_GUARDED_BY(mu_) = false;
+  uint64_t delivered_ BATON_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

@@ -98,12 +98,12 @@ Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& option
 }
 
 std::string EtcdClient::endpoint() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return members_[current_]->endpoint();
 }
 
 Result<json> EtcdClient::Call(const std::string& path, const json& body) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Status last = OkStatus();
   for (size_t tried = 0; tried < members_.size(); ++tried) {
     const size_t i = (current_ + tried) % members_.size();

@@ -23,13 +23,13 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
@@ -97,9 +97,9 @@ class EtcdClient {
   // One transaction: `then` runs when the key's mod revision is `mod_revision`.
   Result<nlohmann::json> Txn(std::string_view key, int64_t mod_revision, nlohmann::json then);
 
-  mutable std::mutex mu_;
+  mutable Mutex mu_;
   std::vector<std::unique_ptr<JsonHttpClient>> members_;
-  size_t current_ = 0;
+  size_t current_ BATON_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton

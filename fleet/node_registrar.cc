@@ -21,31 +21,31 @@ NodeRegistrar::NodeRegistrar(EtcdClient* etcd, NodeRegistrarOptions options)
 
 NodeRegistrar::~NodeRegistrar() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   thread_.join();
 }
 
 void NodeRegistrar::Publish(std::string record) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     record_ = std::move(record);
     has_record_ = true;
     record_written_ = false;
     published_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
 }
 
 NodeRegistration NodeRegistrar::state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return state_;
 }
 
 void NodeRegistrar::Failed(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++state_.failures;
   if (state_.last_error.empty()) {
     BATON_LOG(WARN, kLog) << options_.key << ": etcd: " << status.ToString();
@@ -54,11 +54,11 @@ void NodeRegistrar::Failed(const Status& status) {
 }
 
 std::chrono::milliseconds NodeRegistrar::Round() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   published_ = false;
   if (!has_record_) return options_.ttl;
   int64_t lease = state_.lease;
-  lock.unlock();
+  lock.Unlock();
   if (lease == 0) {
     Result<int64_t> granted = etcd_->GrantLease(LeaseSeconds(options_.ttl));
     if (!granted.ok()) {
@@ -66,31 +66,31 @@ std::chrono::milliseconds NodeRegistrar::Round() {
       return kRetry;
     }
     lease = *granted;
-    lock.lock();
+    lock.Lock();
     state_.lease = lease;
     ++state_.leases;
     record_written_ = false;
-    lock.unlock();
+    lock.Unlock();
   } else if (Result<int64_t> ttl = etcd_->KeepAlive(lease); !ttl.ok()) {
     Failed(ttl.status());
     if (ttl.status().code() == StatusCode::kNotFound) {  // expired: register again
       BATON_LOG(WARN, kLog) << options_.key << ": lease " << lease << " lost; registering again";
-      lock.lock();
+      lock.Lock();
       state_.lease = 0;
       state_.registered = false;
     }
     return kRetry;
   }
-  lock.lock();
+  lock.Lock();
   if (!record_written_) {
     const std::string record = record_;
-    lock.unlock();
+    lock.Unlock();
     Result<int64_t> put = etcd_->Put(options_.key, record, lease);
     if (!put.ok()) {
       Failed(put.status());
       return kRetry;
     }
-    lock.lock();
+    lock.Lock();
     record_written_ = record == record_;
     ++state_.writes;
     if (!state_.registered) {
@@ -107,12 +107,15 @@ std::chrono::milliseconds NodeRegistrar::Round() {
 }
 
 void NodeRegistrar::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_) {
-    lock.unlock();
+    lock.Unlock();
     const std::chrono::milliseconds wait = Round();
-    lock.lock();
-    wake_.wait_for(lock, wait, [&] { return stop_ || published_; });
+    lock.Lock();
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    while (!stop_ && !published_) {
+      if (wake_.WaitUntil(mu_, deadline) == std::cv_status::timeout) break;
+    }
   }
 }
 

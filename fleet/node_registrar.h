@@ -13,12 +13,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "fleet/etcd_client.h"
 
 namespace baton {
@@ -56,14 +55,14 @@ class NodeRegistrar {
 
   EtcdClient* etcd_;
   const NodeRegistrarOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::string record_;
-  bool record_written_ = false;  // record_ is in etcd under lease_
-  bool has_record_ = false;
-  bool published_ = false;  // a record came since the round began
-  NodeRegistration state_;
+  mutable Mutex mu_;
+  CondVar wake_;
+  bool stop_ BATON_GUARDED_BY(mu_) = false;
+  std::string record_ BATON_GUARDED_BY(mu_);
+  bool record_written_ BATON_GUARDED_BY(mu_) = false;  // record_ is in etcd under lease_
+  bool has_record_ BATON_GUARDED_BY(mu_) = false;
+  bool published_ BATON_GUARDED_BY(mu_) = false;  // a record came since the round began
+  NodeRegistration state_ BATON_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

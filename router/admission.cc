@@ -15,7 +15,7 @@ Admission::Admission(const Clock& clock, AdmissionOptions options, std::string n
 void Admission::SetTable(const proto::RouteTable& table) {
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::vector<Target> canaries;  // ready canaries with a weight: they carry traffic now
     for (const proto::RouteEntry& e : table.entries) {
       if (e.ready && !e.http_address.empty() && e.role == "canary" && e.weight > 0) {
@@ -98,7 +98,7 @@ uint64_t Admission::Request(bool replay, std::optional<Target> failed, Grant gra
   Ready ready;
   uint64_t ticket;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const TimePoint now = clock_.Now();
     ticket = next_ticket_++;
     Waiter w{.ticket = ticket,
@@ -130,7 +130,7 @@ uint64_t Admission::Request(bool replay, std::optional<Target> failed, Grant gra
 void Admission::Cancel(uint64_t ticket) {
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = std::find_if(queue_.begin(), queue_.end(),
                            [ticket](const Waiter& w) { return w.ticket == ticket; });
     if (it == queue_.end()) return;
@@ -145,7 +145,7 @@ void Admission::Cancel(uint64_t ticket) {
 void Admission::Release(const Target& target) {
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = in_flight_.find(target.address);
     if (it != in_flight_.end() && it->second > 0) {
       if (--it->second == 0) in_flight_.erase(it);
@@ -159,7 +159,7 @@ void Admission::Release(const Target& target) {
 void Admission::Tick() {
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const TimePoint now = clock_.Now();
     if (ramp_target_ && now - ramp_start_ >= options_.ramp_duration) {
       BATON_LOG(INFO, "router") << "ramp onto " << ramp_target_->address << " complete";
@@ -173,7 +173,7 @@ void Admission::Tick() {
 void Admission::Evict() {
   Ready ready;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (Waiter& w : queue_) {
       ready.emplace_back(std::move(w.grant), Unavailable("node " + node_ + " left the route"));
     }
@@ -187,7 +187,7 @@ void Admission::Evict() {
 }
 
 void Admission::ControllerRestarted() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   primary_stale_ = primary_.has_value();
 }
 
@@ -277,32 +277,32 @@ void Admission::Run(Ready* ready) {
 }
 
 bool Admission::IsCanary(const Target& target) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return canary_ids_.count(target.engine_id) != 0;
 }
 
 std::optional<Target> Admission::Primary() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return listed_primary_;
 }
 
 size_t Admission::queued() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return queue_.size();
 }
 
 size_t Admission::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return total_in_flight_;
 }
 
 uint64_t Admission::failovers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return failovers_;
 }
 
 std::vector<TargetWeight> Admission::Weights() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const TimePoint now = clock_.Now();
   int total = 0;
   for (const Candidate& c : candidates_) total += c.weight;

@@ -31,13 +31,13 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "proto/messages.h"
 #include "router/admitter.h"
@@ -117,36 +117,40 @@ class Admission : public Admitter {
   };
   using Ready = std::vector<std::pair<Grant, Result<Target>>>;
 
-  void Drain(TimePoint now, Ready* ready);
-  std::optional<Target> Pick(const Waiter& w, TimePoint now);
-  bool UnderRampCap(const Target& t, TimePoint now) const;
-  Target Marked(Target t) const;  // with `canary` set from canary_ids_
-  double RampShare(TimePoint now) const;
-  void Take(const Target& t);
+  void Drain(TimePoint now, Ready* ready) BATON_REQUIRES(mu_);
+  std::optional<Target> Pick(const Waiter& w, TimePoint now) BATON_REQUIRES(mu_);
+  bool UnderRampCap(const Target& t, TimePoint now) const BATON_REQUIRES(mu_);
+  Target Marked(Target t) const BATON_REQUIRES(mu_);  // with `canary` set from canary_ids_
+  double RampShare(TimePoint now) const BATON_REQUIRES(mu_);
+  void Take(const Target& t) BATON_REQUIRES(mu_);
   static void Run(Ready* ready);
 
   const Clock& clock_;
   AdmissionOptions options_;
   const std::string node_;
-  mutable std::mutex mu_;
-  std::vector<Candidate> candidates_;  // weight 0 only for a primary a canary displaced
-  std::vector<Target> canaries_;       // ready canaries with a weight in the last table
-  std::set<uint64_t> canary_ids_;      // engines that are canaries (IsCanary)
-  uint64_t generation_ = 0;
-  std::optional<Target> primary_;         // the last primary seen (kept while none is listed)
-  uint64_t primary_epoch_ = 0;            // the table epoch it was last listed at
-  bool primary_stale_ = false;            // primary_ belonged to a previous controller
-  std::optional<Target> listed_primary_;  // the ready primary of the last table
-  std::deque<Waiter> queue_;
-  uint64_t next_ticket_ = 1;
-  std::map<std::string, size_t> in_flight_;  // by address
-  size_t total_in_flight_ = 0;
-  size_t peak_in_flight_ = 0;  // since the last promotion
-  uint64_t failovers_ = 0;
+  mutable Mutex mu_;
+  std::vector<Candidate> candidates_
+      BATON_GUARDED_BY(mu_);  // weight 0 only for a primary a canary displaced
+  std::vector<Target> canaries_
+      BATON_GUARDED_BY(mu_);  // ready canaries with a weight in the last table
+  std::set<uint64_t> canary_ids_ BATON_GUARDED_BY(mu_);  // engines that are canaries (IsCanary)
+  uint64_t generation_ BATON_GUARDED_BY(mu_) = 0;
+  std::optional<Target> primary_
+      BATON_GUARDED_BY(mu_);  // the last primary seen (kept while none is listed)
+  uint64_t primary_epoch_ BATON_GUARDED_BY(mu_) = 0;  // the table epoch it was last listed at
+  bool primary_stale_ BATON_GUARDED_BY(mu_) = false;  // primary_ belonged to a previous controller
+  std::optional<Target> listed_primary_
+      BATON_GUARDED_BY(mu_);  // the ready primary of the last table
+  std::deque<Waiter> queue_ BATON_GUARDED_BY(mu_);
+  uint64_t next_ticket_ BATON_GUARDED_BY(mu_) = 1;
+  std::map<std::string, size_t> in_flight_ BATON_GUARDED_BY(mu_);  // by address
+  size_t total_in_flight_ BATON_GUARDED_BY(mu_) = 0;
+  size_t peak_in_flight_ BATON_GUARDED_BY(mu_) = 0;  // since the last promotion
+  uint64_t failovers_ BATON_GUARDED_BY(mu_) = 0;
   // The ramp onto a new primary.
-  std::optional<Target> ramp_target_;
-  TimePoint ramp_start_;
-  size_t ramp_base_ = 1;
+  std::optional<Target> ramp_target_ BATON_GUARDED_BY(mu_);
+  TimePoint ramp_start_ BATON_GUARDED_BY(mu_);
+  size_t ramp_base_ BATON_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace baton

@@ -52,15 +52,15 @@ void RouteSubscriber::Start(std::string socket_path, std::chrono::milliseconds m
 
 void RouteSubscriber::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 std::optional<std::string> RouteSubscriber::Primary() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const proto::RouteEntry& e : table_.entries) {
     if (e.role == "primary" && e.ready && !e.http_address.empty()) return e.http_address;
   }
@@ -68,21 +68,24 @@ std::optional<std::string> RouteSubscriber::Primary() const {
 }
 
 proto::RouteTable RouteSubscriber::table() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return table_;
 }
 
 void RouteSubscriber::Store(proto::RouteTable table) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     table_ = table;
   }
   if (on_change_) on_change_(table);
 }
 
 bool RouteSubscriber::Wait(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [this] { return stopping_; });
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + d;
+  while (!stopping_) {
+    if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) break;
+  }
   return !stopping_;
 }
 

@@ -19,14 +19,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -74,10 +73,10 @@ class RouteSubscriber {
 
   std::string socket_path_;
   std::chrono::milliseconds max_backoff_{2000};
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  proto::RouteTable table_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ BATON_GUARDED_BY(mu_) = false;
+  proto::RouteTable table_ BATON_GUARDED_BY(mu_);
   std::atomic<bool> connected_{false};
   std::function<void(const proto::RouteTable&)> on_change_;
   std::function<std::vector<proto::EngineOutcome>()> on_report_;

@@ -69,49 +69,49 @@ void Histogram::Render(const std::string& name, const std::string& labels, std::
 }
 
 void RouterMetrics::Record(const std::string& route, int status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++requests_[{route, status}];
 }
 
 void RouterMetrics::RecordUpstreamError(const std::string& kind) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++upstream_errors_[kind];
 }
 
 void RouterMetrics::ObserveFirstToken(const std::string& route, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   first_token_[route].Observe(seconds);
 }
 
 void RouterMetrics::ObserveDuration(const std::string& route, double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   duration_[route].Observe(seconds);
 }
 
 void RouterMetrics::ObserveQueueWait(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   queue_wait_.Observe(seconds);
 }
 
 void RouterMetrics::RecordReplay(bool tokens_sent) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++(tokens_sent ? replays_ : retries_);
 }
 
 void RouterMetrics::RecordReplayFailure() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++replay_failures_;
 }
 
 void RouterMetrics::ObserveFailoverNextToken(double seconds) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   failover_next_token_.Observe(seconds);
 }
 
 std::string RouterMetrics::Render(const RouterGauges& g) const {
   std::string out;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Header("baton_router_requests_total", "counter", "Requests answered, by route and status.",
            &out);
     for (const auto& [key, n] : requests_) {

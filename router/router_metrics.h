@@ -27,11 +27,11 @@
 #include <array>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "proto/messages.h"
 #include "router/admission.h"
 #include "router/canary/shadow_comparer.h"
@@ -96,16 +96,16 @@ class RouterMetrics {
   static void RenderFleet(const RouterGauges& gauges, std::string* out);
 
  private:
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, int>, uint64_t> requests_;
-  std::map<std::string, uint64_t> upstream_errors_;
-  std::map<std::string, Histogram> first_token_;
-  std::map<std::string, Histogram> duration_;
-  Histogram queue_wait_;
-  Histogram failover_next_token_{Histogram::kFailoverBounds};
-  uint64_t replays_ = 0;
-  uint64_t retries_ = 0;
-  uint64_t replay_failures_ = 0;
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_ BATON_GUARDED_BY(mu_);
+  std::map<std::string, uint64_t> upstream_errors_ BATON_GUARDED_BY(mu_);
+  std::map<std::string, Histogram> first_token_ BATON_GUARDED_BY(mu_);
+  std::map<std::string, Histogram> duration_ BATON_GUARDED_BY(mu_);
+  Histogram queue_wait_ BATON_GUARDED_BY(mu_);
+  Histogram failover_next_token_ BATON_GUARDED_BY(mu_){Histogram::kFailoverBounds};
+  uint64_t replays_ BATON_GUARDED_BY(mu_) = 0;
+  uint64_t retries_ BATON_GUARDED_BY(mu_) = 0;
+  uint64_t replay_failures_ BATON_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton

@@ -210,7 +210,7 @@ void EngineApi::SetState(ServeState state) {
 }
 
 uint64_t EngineApi::RandomSeed() {
-  std::lock_guard lock(rng_mu_);
+  MutexLock lock(rng_mu_);
   return rng_() >> 1;  // fits in a JSON integer of any signedness
 }
 

@@ -22,11 +22,11 @@
 #include <boost/asio/io_context.hpp>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "proto/http/http_server.h"
 #include "standby/engine_loop.h"
 #include "standby/engine_metrics.h"
@@ -75,8 +75,8 @@ class EngineApi {
   uint64_t seed_offset_ = 0;
   std::atomic<uint64_t> completions_seen_{0};
   std::atomic<ServeState> state_{ServeState::kStandby};
-  std::mutex rng_mu_;
-  std::mt19937_64 rng_;
+  Mutex rng_mu_;
+  std::mt19937_64 rng_ BATON_GUARDED_BY(rng_mu_);
   const uint64_t id_prefix_;
   std::atomic<uint64_t> next_id_{1};
 };

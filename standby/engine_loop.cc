@@ -104,35 +104,35 @@ EngineLoop::EngineLoop(LlamaModel* model, PagedKvCache* cache, GeneratorOptions 
 EngineLoop::~EngineLoop() { Stop(); }
 
 void EngineLoop::Start() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   if (thread_.joinable() || stop_) return;
   thread_ = std::thread([this] { Run(); });
 }
 
 void EngineLoop::Stop() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 // Queues `c`; false (and `c` untouched) once stopped.
 bool EngineLoop::Push(Command* c) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     if (stop_) return false;
     inbox_.push_back(std::move(*c));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return true;
 }
 
 uint64_t EngineLoop::Submit(GenerationRequest request, Sink sink) {
   uint64_t id;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     id = next_id_++;
   }
   request.id = id;
@@ -199,12 +199,14 @@ void EngineLoop::Run() {
 
 // Takes the inbox; blocks while there is nothing to do. False once stopping.
 bool EngineLoop::WaitForWork(std::vector<Command>* commands) {
-  std::unique_lock lock(mu_);
-  auto ready = [&] { return stop_ || !inbox_.empty() || !generator_->idle(); };
-  if (hooks_.between_steps) {
-    cv_.wait_for(lock, std::chrono::seconds(1), ready);
-  } else {
-    cv_.wait(lock, ready);
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  while (!stop_ && inbox_.empty() && generator_->idle()) {
+    if (!hooks_.between_steps) {
+      cv_.Wait(mu_);
+    } else if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) {
+      break;
+    }
   }
   commands->clear();
   commands->swap(inbox_);

@@ -15,17 +15,16 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "standby/engine_metrics.h"
 #include "standby/model/generator.h"
@@ -163,11 +162,11 @@ class EngineLoop {
   std::unique_ptr<Generator> generator_;
   std::atomic<size_t> pending_{0};
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Command> inbox_;
-  uint64_t next_id_ = 1;
-  bool stop_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<Command> inbox_ BATON_GUARDED_BY(mu_);
+  uint64_t next_id_ BATON_GUARDED_BY(mu_) = 1;
+  bool stop_ BATON_GUARDED_BY(mu_) = false;
   std::thread thread_;
 
   // Compute thread only.

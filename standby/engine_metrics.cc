@@ -51,72 +51,72 @@ EngineMetrics::EngineMetrics()
       ttft_seconds_({0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}) {}
 
 void EngineMetrics::CountResponse(int http_status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++responses_[http_status];
 }
 
 void EngineMetrics::AddPromptTokens(int64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   prompt_tokens_ += static_cast<uint64_t>(n);
 }
 
 void EngineMetrics::AddGeneratedTokens(int64_t n) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   generated_tokens_ += static_cast<uint64_t>(n);
 }
 
 void EngineMetrics::ObserveStep(int batch_size, double seconds) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   batch_size_.Observe(batch_size);
   step_seconds_.Observe(seconds);
 }
 
 void EngineMetrics::ObserveTimeToFirstToken(double seconds) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ttft_seconds_.Observe(seconds);
 }
 
 void EngineMetrics::SetQueue(int64_t running, int64_t waiting) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   running_ = running;
   waiting_ = waiting;
 }
 
 void EngineMetrics::SetServing(bool serving) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   serving_ = serving;
 }
 
 void EngineMetrics::AddKvAdoption(uint32_t adopted,
                                   const std::map<std::string, uint32_t>& dropped) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   kv_.adopted += adopted;
   for (const auto& [reason, n] : dropped) kv_.dropped[reason] += n;
 }
 
 void EngineMetrics::AddKvContinued(int64_t tokens_not_recomputed) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++kv_.continued;
   kv_.tokens_not_recomputed += static_cast<uint64_t>(tokens_not_recomputed);
 }
 
 void EngineMetrics::CountKvKeptFreed(const std::string& reason) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   ++kv_.kept_freed[reason];
 }
 
 void EngineMetrics::SetKvKept(size_t sequences) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   kv_.kept = sequences;
 }
 
 void EngineMetrics::AddKvHandedOver(uint32_t sequences) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   kv_.handed_over += sequences;
 }
 
 EngineMetrics::KvCounters EngineMetrics::kv() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return kv_;
 }
 
@@ -151,7 +151,7 @@ void EngineMetrics::RenderKv(std::string* out) const {
 }
 
 std::string EngineMetrics::Render() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::string out;
   Header("baton_engine_http_responses_total", "counter", "HTTP responses sent, by status code.",
          &out);

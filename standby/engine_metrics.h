@@ -12,9 +12,10 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "base/mutex.h"
 
 namespace baton {
 
@@ -66,19 +67,19 @@ class EngineMetrics {
   std::string Render() const;
 
  private:
-  void RenderKv(std::string* out) const;
+  void RenderKv(std::string* out) const BATON_REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::map<int, uint64_t> responses_;  // by HTTP status
-  uint64_t prompt_tokens_ = 0;
-  uint64_t generated_tokens_ = 0;
-  int64_t running_ = 0;
-  int64_t waiting_ = 0;
-  bool serving_ = false;
-  Histogram batch_size_;
-  Histogram step_seconds_;
-  Histogram ttft_seconds_;
-  KvCounters kv_;
+  mutable Mutex mu_;
+  std::map<int, uint64_t> responses_ BATON_GUARDED_BY(mu_);  // by HTTP status
+  uint64_t prompt_tokens_ BATON_GUARDED_BY(mu_) = 0;
+  uint64_t generated_tokens_ BATON_GUARDED_BY(mu_) = 0;
+  int64_t running_ BATON_GUARDED_BY(mu_) = 0;
+  int64_t waiting_ BATON_GUARDED_BY(mu_) = 0;
+  bool serving_ BATON_GUARDED_BY(mu_) = false;
+  Histogram batch_size_ BATON_GUARDED_BY(mu_);
+  Histogram step_seconds_ BATON_GUARDED_BY(mu_);
+  Histogram ttft_seconds_ BATON_GUARDED_BY(mu_);
+  KvCounters kv_ BATON_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

@@ -56,23 +56,23 @@ FleetRollout::FleetRollout(std::unique_ptr<EtcdClient> etcd, FleetRolloutOptions
 
 FleetRollout::~FleetRollout() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   thread_.join();
 }
 
 void FleetRollout::Submit(proto::CtlRequest request, std::function<void(proto::CtlReply)> reply) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     requests_.push_back({std::move(request), std::move(reply)});
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
 }
 
 RolloutSnapshot FleetRollout::snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return snapshot_;
 }
 
@@ -81,9 +81,12 @@ void FleetRollout::Run() {
   for (;;) {
     std::deque<Pending> requests;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       if (!again) {
-        wake_.wait_for(lock, options_.poll, [this] { return stop_ || !requests_.empty(); });
+        const auto deadline = std::chrono::steady_clock::now() + options_.poll;
+        while (!stop_ && requests_.empty()) {
+          if (wake_.WaitUntil(mu_, deadline) == std::cv_status::timeout) break;
+        }
       }
       if (stop_) return;
       requests.swap(requests_);
@@ -98,7 +101,7 @@ void FleetRollout::Run() {
 }
 
 void FleetRollout::Failed(const Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++snapshot_.etcd_failures;
   snapshot_.last_error = status.message();
   if (!etcd_down_) {
@@ -109,7 +112,7 @@ void FleetRollout::Failed(const Status& status) {
 }
 
 void FleetRollout::Note(const Rollout& r) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   snapshot_.seen = true;
   snapshot_.id = r.id;
   snapshot_.state = r.state;
@@ -126,11 +129,13 @@ bool FleetRollout::Round() {
     Failed(kv.status());
     return false;
   }
-  if (etcd_down_) {
-    BATON_LOG(INFO, kLog) << "etcd answers again";
-    std::lock_guard<std::mutex> lock(mu_);
-    etcd_down_ = false;
-    snapshot_.last_error.clear();
+  {
+    MutexLock lock(mu_);
+    if (etcd_down_) {
+      BATON_LOG(INFO, kLog) << "etcd answers again";
+      etcd_down_ = false;
+      snapshot_.last_error.clear();
+    }
   }
   if (!kv->has_value()) return false;
   Result<Rollout> read = ParseRolloutRecord((*kv)->value);
@@ -182,7 +187,7 @@ bool FleetRollout::Round() {
     Failed(put.status());
     return false;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!put->has_value()) {
     ++snapshot_.conflicts;
     return true;  // someone wrote meanwhile: read it again
@@ -215,7 +220,7 @@ std::optional<NodeRollout> FleetRollout::TakeStep(const Rollout& r, const NodeDe
       break;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++snapshot_.steps;
   }
   if (done.ok()) return d.entry;

@@ -19,15 +19,14 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "base/mutex.h"
 #include "controller/rollout/rollout_rules.h"
 #include "controller/upgrade/upgrade.h"
 #include "fleet/etcd_client.h"
@@ -80,12 +79,12 @@ class FleetRollout {
   const FleetRolloutOptions options_;
   const std::string key_;
   LocalUpgrades* local_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  std::deque<Pending> requests_;
-  RolloutSnapshot snapshot_;
-  bool etcd_down_ = false;
+  mutable Mutex mu_;
+  CondVar wake_;
+  bool stop_ BATON_GUARDED_BY(mu_) = false;
+  std::deque<Pending> requests_ BATON_GUARDED_BY(mu_);
+  RolloutSnapshot snapshot_ BATON_GUARDED_BY(mu_);
+  bool etcd_down_ BATON_GUARDED_BY(mu_) = false;
   std::string refused_revision_;  // the record that did not parse (logged once)
   std::thread thread_;
 };

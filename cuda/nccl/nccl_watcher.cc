@@ -34,16 +34,16 @@ NcclWatcher::NcclWatcher(NcclApi api, NcclWatcherOptions options)
 
 NcclWatcher::~NcclWatcher() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  wake_.notify_all();
+  wake_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 Status NcclWatcher::Register(NcclComm comm, std::string label) {
   if (comm == nullptr) return InvalidArgument("cannot watch a NULL NCCL communicator");
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (fenced_) return FailedPrecondition("the engine is fenced: no new NCCL communicators");
   if (!comms_.emplace(comm, std::move(label)).second) {
     return FailedPrecondition(Describe(comm, "") + " is already watched");
@@ -52,7 +52,7 @@ Status NcclWatcher::Register(NcclComm comm, std::string label) {
 }
 
 Status NcclWatcher::Unregister(NcclComm comm) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (comms_.erase(comm) == 0) {
     return NotFound(Describe(comm, "") + " is not watched (never registered, or aborted)");
   }
@@ -74,7 +74,7 @@ void NcclWatcher::AbortLocked(NcclComm comm, const std::string& why) {
 }
 
 void NcclWatcher::AbortAll(const std::string& why) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   fenced_ = true;
   while (!comms_.empty()) AbortLocked(comms_.begin()->first, why);
 }
@@ -82,7 +82,7 @@ void NcclWatcher::AbortAll(const std::string& why) {
 void NcclWatcher::PollOnce() {
   std::vector<Status> reports;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++polls_;
     if (!fenced_ && options_.fenced) {
       Status fence = options_.fenced();
@@ -114,18 +114,21 @@ void NcclWatcher::PollOnce() {
 }
 
 size_t NcclWatcher::watched() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return comms_.size();
 }
 
 void NcclWatcher::Run() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_) {
-    wake_.wait_for(lock, options_.interval, [this] { return stop_; });
+    const auto deadline = std::chrono::steady_clock::now() + options_.interval;
+    while (!stop_) {
+      if (wake_.WaitUntil(mu_, deadline) == std::cv_status::timeout) break;
+    }
     if (stop_) break;
-    lock.unlock();
+    lock.Unlock();
     PollOnce();
-    lock.lock();
+    lock.Lock();
   }
 }
 

@@ -16,14 +16,13 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "cuda/nccl/nccl_library.h"
 
@@ -65,17 +64,17 @@ class NcclWatcher {
   uint64_t aborted() const { return aborted_.load(); }
 
  private:
-  void Run();
-  // Aborts and forgets comm; mu_ held.
-  void AbortLocked(NcclComm comm, const std::string& why);
+  void Run() BATON_EXCLUDES(mu_);
+  // Aborts and forgets comm.
+  void AbortLocked(NcclComm comm, const std::string& why) BATON_REQUIRES(mu_);
 
   NcclApi api_;
   NcclWatcherOptions options_;
-  mutable std::mutex mu_;
-  std::condition_variable wake_;
-  bool stop_ = false;
-  bool fenced_ = false;
-  std::map<NcclComm, std::string> comms_;
+  mutable Mutex mu_;
+  CondVar wake_;
+  bool stop_ BATON_GUARDED_BY(mu_) = false;
+  bool fenced_ BATON_GUARDED_BY(mu_) = false;
+  std::map<NcclComm, std::string> comms_ BATON_GUARDED_BY(mu_);
   std::atomic<uint64_t> polls_{0};
   std::atomic<uint64_t> aborted_{0};
   std::thread thread_;

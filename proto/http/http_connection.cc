@@ -421,19 +421,19 @@ void HttpExchange::EndStream() {
 }
 
 void HttpExchange::OnAbort(std::function<void()> fn) {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   if (!aborted_.load()) {
     on_abort_ = std::move(fn);
     return;
   }
-  lock.unlock();
+  lock.Unlock();
   if (fn) fn();
 }
 
 void HttpExchange::NotifyAbort() {
   std::function<void()> fn;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     aborted_.store(true);
     fn = std::move(on_abort_);
   }

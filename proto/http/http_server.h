@@ -28,12 +28,12 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace baton {
@@ -85,8 +85,8 @@ class HttpExchange {
   const HttpRequest request_;
   std::atomic<bool> answered_{false};
   std::atomic<bool> aborted_{false};
-  std::mutex mu_;
-  std::function<void()> on_abort_;
+  Mutex mu_;
+  std::function<void()> on_abort_ BATON_GUARDED_BY(mu_);
 };
 
 using HttpHandler = std::function<void(std::shared_ptr<HttpExchange>)>;

@@ -13,7 +13,7 @@ proto::EngineOutcome& EngineOutcomes::At(const std::string& node, uint64_t engin
 void EngineOutcomes::RecordSucceeded(const std::string& node, uint64_t engine_id,
                                      Duration arrival_to_last_byte) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(arrival_to_last_byte);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   proto::EngineOutcome& o = At(node, engine_id);
   ++o.requests;
   ++o.succeeded;
@@ -21,27 +21,27 @@ void EngineOutcomes::RecordSucceeded(const std::string& node, uint64_t engine_id
 }
 
 void EngineOutcomes::RecordFailed(const std::string& node, uint64_t engine_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   proto::EngineOutcome& o = At(node, engine_id);
   ++o.requests;
   ++o.errors;
 }
 
 void EngineOutcomes::RecordEnded(const std::string& node, uint64_t engine_id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++At(node, engine_id).requests;
 }
 
 void EngineOutcomes::RecordComparison(const std::string& node, uint64_t canary_engine_id,
                                       bool agreed) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   proto::EngineOutcome& o = At(node, canary_engine_id);
   ++o.compared;
   if (!agreed) ++o.disagreed;
 }
 
 std::vector<proto::EngineOutcome> EngineOutcomes::Snapshot(const std::string& node) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<proto::EngineOutcome> out;
   for (auto it = engines_.lower_bound({node, 0}); it != engines_.end() && it->first.first == node;
        ++it) {
@@ -51,7 +51,7 @@ std::vector<proto::EngineOutcome> EngineOutcomes::Snapshot(const std::string& no
 }
 
 std::vector<std::string> EngineOutcomes::Nodes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<std::string> out;
   for (const auto& [key, o] : engines_) {
     if (out.empty() || out.back() != key.first) out.push_back(key.first);

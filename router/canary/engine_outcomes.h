@@ -19,12 +19,12 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -46,10 +46,10 @@ class EngineOutcomes {
   std::vector<std::string> Nodes() const;
 
  private:
-  proto::EngineOutcome& At(const std::string& node, uint64_t engine_id);  // mu_ held
+  proto::EngineOutcome& At(const std::string& node, uint64_t engine_id) BATON_REQUIRES(mu_);
 
-  mutable std::mutex mu_;
-  std::map<std::pair<std::string, uint64_t>, proto::EngineOutcome> engines_;
+  mutable Mutex mu_;
+  std::map<std::pair<std::string, uint64_t>, proto::EngineOutcome> engines_ BATON_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

@@ -22,7 +22,7 @@ void FleetAdmission::SetNodes(const std::vector<FleetNode>& nodes) {
   std::vector<std::shared_ptr<Admission>> restarted, left;
   std::vector<std::function<void()>> lost;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::map<std::string, bool> now_listed;
     for (const FleetNode& n : nodes) {
       now_listed[n.name] = true;
@@ -75,7 +75,7 @@ void FleetAdmission::SetNodes(const std::vector<FleetNode>& nodes) {
 uint64_t FleetAdmission::Request(AdmitRequest request, Grant grant) {
   uint64_t ticket;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ticket = next_ticket_++;
   }
   Dispatch(ticket, std::move(request), std::move(grant), clock_.Now() + options_.max_queue_wait);
@@ -89,7 +89,7 @@ void FleetAdmission::Dispatch(uint64_t ticket, AdmitRequest request, Grant grant
   uint64_t dispatch = 0;
   std::optional<Status> refused;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const TimePoint now = clock_.Now();
     if (request.replay && request.failed && !request.failed->node.empty()) {
       auto it = nodes_.find(request.failed->node);
@@ -120,7 +120,7 @@ void FleetAdmission::Dispatch(uint64_t ticket, AdmitRequest request, Grant grant
   const bool here = request.failed && request.failed->node == node;
   const uint64_t inner = chosen->Request(request.replay, here ? request.failed : std::nullopt,
                                          Wrap(ticket, request, std::move(grant), deadline));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = tickets_.find(ticket);
   if (it != tickets_.end() && it->second.dispatch == dispatch) it->second.inner = inner;
 }
@@ -131,7 +131,7 @@ Admitter::Grant FleetAdmission::Wrap(uint64_t ticket, AdmitRequest request, Gran
           deadline](Result<Target> result) mutable {
     bool again = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       auto it = tickets_.find(ticket);
       if (it != tickets_.end()) {
         auto node = nodes_.find(it->second.node);
@@ -185,7 +185,7 @@ bool FleetAdmission::KnownModel(const std::string& model) const {
 }
 
 std::shared_ptr<Admission> FleetAdmission::AdmissionOf(const std::string& node) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = nodes_.find(node);
   return it == nodes_.end() ? nullptr : it->second.admission;
 }
@@ -195,7 +195,7 @@ void FleetAdmission::Cancel(uint64_t ticket) {
   uint64_t inner_ticket = 0;
   Grant queued;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = tickets_.find(ticket);
     if (it == tickets_.end()) return;
     if (it->second.node.empty()) {
@@ -232,7 +232,7 @@ std::optional<Target> FleetAdmission::PrimaryFor(const Target& canary) const {
 
 uint64_t FleetAdmission::WatchLoss(const Target& target, std::function<void()> lost) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = nodes_.find(target.node);
     if (it != nodes_.end() && it->second.listed) {
       const uint64_t id = next_watch_++;
@@ -245,7 +245,7 @@ uint64_t FleetAdmission::WatchLoss(const Target& target, std::function<void()> l
 }
 
 void FleetAdmission::Unwatch(uint64_t watch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   watches_.erase(watch);
 }
 
@@ -257,7 +257,7 @@ int FleetAdmission::RetryAfterSeconds() const {
 void FleetAdmission::Tick() {
   std::vector<std::shared_ptr<Admission>> all;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (const auto& [name, node] : nodes_) all.push_back(node.admission);
   }
   for (auto& a : all) a->Tick();
@@ -268,7 +268,7 @@ void FleetAdmission::DrainQueue() {
   std::vector<Waiter> go;
   std::vector<std::pair<Grant, Status>> expired;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     const TimePoint now = clock_.Now();
     for (auto it = queue_.begin(); it != queue_.end();) {
       if (now >= it->deadline) {
@@ -291,7 +291,7 @@ void FleetAdmission::DrainQueue() {
 }
 
 std::vector<FleetNodeView> FleetAdmission::Nodes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const TimePoint now = clock_.Now();
   std::vector<FleetNodeView> out;
   for (const auto& [name, node] : nodes_) {
@@ -316,7 +316,7 @@ std::optional<Target> FleetAdmission::AnyPrimary() const {
 size_t FleetAdmission::queued() const {
   size_t total = 0;
   for (const FleetNodeView& n : Nodes()) total += n.queued;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return total + queue_.size();
 }
 
@@ -327,14 +327,14 @@ size_t FleetAdmission::in_flight() const {
 }
 
 uint64_t FleetAdmission::failovers() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t total = 0;
   for (const auto& [name, node] : nodes_) total += node.admission->failovers();
   return total;
 }
 
 std::vector<TargetWeight> FleetAdmission::Weights() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<TargetWeight> out;
   for (const auto& [name, node] : nodes_) {
     if (!node.listed) continue;

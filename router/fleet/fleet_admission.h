@@ -31,12 +31,12 @@
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "fleet/fleet_records.h"
 #include "proto/messages.h"
 #include "router/admission.h"
@@ -115,8 +115,9 @@ class FleetAdmission : public Admitter {
   void Dispatch(uint64_t ticket, AdmitRequest request, Grant grant, TimePoint deadline);
   // The inner grant: a waiter of a node that left is dispatched again.
   Grant Wrap(uint64_t ticket, AdmitRequest request, Grant grant, TimePoint deadline);
-  std::optional<std::string> PickNode(const AdmitRequest& request, TimePoint now);  // mu_ held
-  bool KnownModel(const std::string& model) const;                                  // mu_ held
+  std::optional<std::string> PickNode(const AdmitRequest& request, TimePoint now)
+      BATON_REQUIRES(mu_);
+  bool KnownModel(const std::string& model) const BATON_REQUIRES(mu_);
   std::shared_ptr<Admission> AdmissionOf(const std::string& node) const;
   // Dispatches the fleet queue's waiters that can go, refuses the expired.
   void DrainQueue();
@@ -124,15 +125,16 @@ class FleetAdmission : public Admitter {
   const Clock& clock_;
   const AdmissionOptions options_;
   const std::chrono::milliseconds suspect_for_;
-  mutable std::mutex mu_;
-  std::map<std::string, Node> nodes_;  // every node seen; those that left stay, unlisted
-  std::map<uint64_t, Ticket> tickets_;
-  std::deque<Waiter> queue_;
-  std::map<uint64_t, Watch> watches_;
-  uint64_t next_ticket_ = 1;
-  uint64_t next_watch_ = 1;
-  uint64_t next_dispatch_ = 1;
-  size_t turn_ = 0;  // breaks ties between equally loaded nodes
+  mutable Mutex mu_;
+  std::map<std::string, Node> nodes_
+      BATON_GUARDED_BY(mu_);  // every node seen; those that left stay, unlisted
+  std::map<uint64_t, Ticket> tickets_ BATON_GUARDED_BY(mu_);
+  std::deque<Waiter> queue_ BATON_GUARDED_BY(mu_);
+  std::map<uint64_t, Watch> watches_ BATON_GUARDED_BY(mu_);
+  uint64_t next_ticket_ BATON_GUARDED_BY(mu_) = 1;
+  uint64_t next_watch_ BATON_GUARDED_BY(mu_) = 1;
+  uint64_t next_dispatch_ BATON_GUARDED_BY(mu_) = 1;
+  size_t turn_ BATON_GUARDED_BY(mu_) = 0;  // breaks ties between equally loaded nodes
 };
 
 }  // namespace baton

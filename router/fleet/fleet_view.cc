@@ -22,15 +22,15 @@ void FleetView::Start() {
 
 void FleetView::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 FleetViewState FleetView::state() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return state_;
 }
 
@@ -42,8 +42,12 @@ void FleetView::Run() {
       Report();
       next_report = std::chrono::steady_clock::now() + options_.report_every;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, options_.poll, [this] { return stopping_; })) return;
+    MutexLock lock(mu_);
+    const auto deadline = std::chrono::steady_clock::now() + options_.poll;
+    while (!stopping_) {
+      if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) break;
+    }
+    if (stopping_) return;
   }
 }
 
@@ -68,7 +72,7 @@ void FleetView::Read() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     state_.nodes = nodes.size();
   }
   if (on_change_) on_change_(nodes);
@@ -107,14 +111,14 @@ void FleetView::Report() {
     if (!put.ok()) return Failed(put.status());
     ++seq_;
     written_[key] = text;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     ++state_.reports_written;
   }
 }
 
 void FleetView::Failed(const Status& status) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     state_.etcd_connected = false;
     ++state_.failures;
     state_.last_error = status.message();
@@ -128,7 +132,7 @@ void FleetView::Failed(const Status& status) {
 
 void FleetView::Answered() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     state_.etcd_connected = true;
     ++state_.reads;
     state_.last_error.clear();

@@ -20,15 +20,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "fleet/etcd_client.h"
 #include "fleet/fleet_records.h"
 #include "proto/messages.h"
@@ -95,10 +94,10 @@ class FleetView {
   uint64_t seq_ = 0;
   bool down_logged_ = false;  // "etcd does not answer" was logged, "answers again" not yet
   // Shared.
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;
-  FleetViewState state_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool stopping_ BATON_GUARDED_BY(mu_) = false;
+  FleetViewState state_ BATON_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -3,7 +3,7 @@
 namespace baton {
 
 std::unique_ptr<UpstreamPool::Stream> UpstreamPool::Take(const std::string& address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = idle_.find(address);
   if (it == idle_.end()) return nullptr;
   const TimePoint now = clock_.Now();
@@ -18,7 +18,7 @@ std::unique_ptr<UpstreamPool::Stream> UpstreamPool::Take(const std::string& addr
 }
 
 void UpstreamPool::Put(const std::string& address, std::unique_ptr<Stream> stream) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   DropExpired(clock_.Now());
   std::vector<Idle>& list = idle_[address];
   if (list.size() >= max_per_address_) return;  // `stream` closes as it goes
@@ -34,7 +34,7 @@ void UpstreamPool::DropExpired(TimePoint now) {
 }
 
 size_t UpstreamPool::idle() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   size_t n = 0;
   for (const auto& [address, list] : idle_) n += list.size();
   return n;

@@ -15,11 +15,11 @@
 #include <chrono>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 
 namespace baton {
 
@@ -42,12 +42,12 @@ class UpstreamPool {
     std::unique_ptr<Stream> stream;
     TimePoint since;
   };
-  void DropExpired(TimePoint now);  // mu_ held
+  void DropExpired(TimePoint now) BATON_REQUIRES(mu_);
   const Clock& clock_;
   const size_t max_per_address_;
   const std::chrono::milliseconds max_idle_;
-  mutable std::mutex mu_;
-  std::map<std::string, std::vector<Idle>> idle_;
+  mutable Mutex mu_;
+  std::map<std::string, std::vector<Idle>> idle_ BATON_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

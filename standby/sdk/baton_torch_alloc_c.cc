@@ -1,9 +1,9 @@
 // libbaton_torch_alloc.so: standby/sdk/baton_torch_alloc.h over libbaton_engine.so's C ABI.
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "standby/sdk/baton_torch_alloc.h"
 #include "standby/sdk/block_allocator.h"
@@ -16,8 +16,8 @@ struct Attached {
   std::unique_ptr<baton::BlockAllocator> blocks;
 };
 
-std::mutex g_mu;
-Attached g_attached;  // guarded by g_mu
+baton::Mutex g_mu;
+Attached g_attached BATON_GUARDED_BY(g_mu);
 thread_local std::string g_error;
 
 int Fail(const baton::Status& s) {
@@ -25,8 +25,8 @@ int Fail(const baton::Status& s) {
   return static_cast<int>(s.code());
 }
 
-// The engine's held extents, as the allocator takes them. Caller holds g_mu.
-baton::Status RefreshLocked() {
+// The engine's held extents, as the allocator takes them.
+baton::Status RefreshLocked() BATON_REQUIRES(g_mu) {
   if (g_attached.engine == nullptr) return baton::FailedPrecondition("not attached");
   std::vector<baton_extent> extents(baton_engine_extents(g_attached.engine, nullptr, 0) + 16);
   const size_t n = baton_engine_extents(g_attached.engine, extents.data(), extents.size());
@@ -49,7 +49,7 @@ int baton_torch_alloc_attach(baton_engine* engine) {
   if (int rc = baton_engine_pool(engine, &info); rc != 0) {
     return Fail(baton::Status(static_cast<baton::StatusCode>(rc), baton_engine_last_error()));
   }
-  std::lock_guard<std::mutex> lock(g_mu);
+  baton::MutexLock lock(g_mu);
   g_attached.engine = engine;
   g_attached.device = pool.device;
   g_attached.blocks =
@@ -59,13 +59,13 @@ int baton_torch_alloc_attach(baton_engine* engine) {
 }
 
 int baton_torch_alloc_refresh(void) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  baton::MutexLock lock(g_mu);
   baton::Status s = RefreshLocked();
   return s.ok() ? 0 : Fail(s);
 }
 
 void* baton_torch_malloc(ssize_t size, int device, void*) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  baton::MutexLock lock(g_mu);
   if (g_attached.blocks == nullptr || device != g_attached.device || size <= 0) {
     g_error = "baton_torch_malloc: not attached, another device, or a size <= 0";
     return nullptr;
@@ -80,14 +80,14 @@ void* baton_torch_malloc(ssize_t size, int device, void*) {
 
 void baton_torch_free(void* ptr, ssize_t, int, void*) {
   if (ptr == nullptr) return;
-  std::lock_guard<std::mutex> lock(g_mu);
+  baton::MutexLock lock(g_mu);
   if (g_attached.blocks == nullptr) return;
   baton::Status s = g_attached.blocks->Free(reinterpret_cast<uintptr_t>(ptr));
   if (!s.ok()) g_error = s.message();
 }
 
 uint64_t baton_torch_alloc_free_bytes(void) {
-  std::lock_guard<std::mutex> lock(g_mu);
+  baton::MutexLock lock(g_mu);
   return g_attached.blocks == nullptr ? 0 : g_attached.blocks->free_bytes();
 }
 

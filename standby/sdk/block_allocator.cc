@@ -8,7 +8,7 @@ BlockAllocator::BlockAllocator(uint64_t base, uint64_t block_bytes, uint32_t blo
     : base_(base), block_bytes_(block_bytes), blocks_(block_count, Block::kNotHeld) {}
 
 Status BlockAllocator::Reset(const std::vector<HeldExtent>& held) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<bool> is_held(blocks_.size(), false);
   for (const HeldExtent& e : held) {
     if (e.first >= blocks_.size() || e.count > blocks_.size() - e.first) {
@@ -38,7 +38,7 @@ Status BlockAllocator::Reset(const std::vector<HeldExtent>& held) {
 Result<uint64_t> BlockAllocator::Allocate(uint64_t bytes) {
   if (bytes == 0 || block_bytes_ == 0) return InvalidArgument("allocation of 0 bytes");
   const uint64_t want = bytes / block_bytes_ + (bytes % block_bytes_ != 0 ? 1 : 0);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (want > blocks_.size()) {
     return ResourceExhausted(std::to_string(bytes) + " bytes is more than the whole pool");
   }
@@ -57,7 +57,7 @@ Result<uint64_t> BlockAllocator::Allocate(uint64_t bytes) {
 }
 
 Status BlockAllocator::Free(uint64_t address) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = allocations_.find(address);
   if (it == allocations_.end()) {
     return NotFound("address " + std::to_string(address) + " is not an allocation");
@@ -69,14 +69,14 @@ Status BlockAllocator::Free(uint64_t address) {
 }
 
 uint64_t BlockAllocator::free_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t n = 0;
   for (Block b : blocks_) n += b == Block::kFree ? 1 : 0;
   return n * block_bytes_;
 }
 
 uint64_t BlockAllocator::allocated_bytes() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   uint64_t n = 0;
   for (const auto& [address, run] : allocations_) n += run.second;
   return n * block_bytes_;

@@ -15,9 +15,9 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 
 namespace baton {
@@ -46,9 +46,10 @@ class BlockAllocator {
 
   const uint64_t base_;
   const uint64_t block_bytes_;
-  mutable std::mutex mu_;
-  std::vector<Block> blocks_;
-  std::map<uint64_t, std::pair<uint32_t, uint32_t>> allocations_;  // address -> first, count
+  mutable Mutex mu_;
+  std::vector<Block> blocks_ BATON_GUARDED_BY(mu_);
+  // address -> first, count
+  std::map<uint64_t, std::pair<uint32_t, uint32_t>> allocations_ BATON_GUARDED_BY(mu_);
 };
 
 }  // namespace baton

@@ -225,7 +225,7 @@ Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack) {
       DeviceSession::Accept(*channel_, ack.device, ack.device_regions, options_.connect_timeout);
   if (!device.ok()) return device.status().WithContext("taking the device memory");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     device_ = std::move(device).value();
   }
   BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped read-only at 0x"
@@ -269,7 +269,7 @@ Status EngineSession::Impl::ReservePool(const proto::RegisterAck& ack, UniqueFd 
                         .reserve_bytes = ack.reserve_bytes,
                         .huge_pages = ack.pool_huge_pages};
   BATON_ASSIGN_OR_RETURN(PoolMapping pool, PoolMapping::Reserve(std::move(pool_fd), args));
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   pool_ = std::move(pool);
   pool_view_ = PoolView{.block_count = pool_.block_count(),
                         .block_bytes = pool_.block_bytes(),
@@ -372,7 +372,7 @@ void EngineSession::Shutdown() {
   {
     // The watcher calls into the session: it goes first. Watched communicators stay the
     // engine's (a clean shutdown is no fence).
-    std::lock_guard<std::mutex> lock(nccl_mu_);
+    MutexLock lock(nccl_mu_);
     nccl_.reset();
   }
   if (impl_) impl_->Shutdown();
@@ -381,7 +381,7 @@ void EngineSession::Shutdown() {
 // --- GPU engines --------------------------------------------------------------------------------
 
 Status EngineSession::WatchNcclComm(void* comm, const std::string& label) {
-  std::lock_guard<std::mutex> lock(nccl_mu_);
+  MutexLock lock(nccl_mu_);
   if (nccl_ == nullptr) {
     BATON_ASSIGN_OR_RETURN(const NcclLibrary* nccl, NcclLibrary::Get());
     BATON_LOG(INFO, "engine-sdk") << "watching NCCL communicators (NCCL " << nccl->version_string()
@@ -395,7 +395,7 @@ Status EngineSession::WatchNcclComm(void* comm, const std::string& label) {
 }
 
 Status EngineSession::UnwatchNcclComm(void* comm) {
-  std::lock_guard<std::mutex> lock(nccl_mu_);
+  MutexLock lock(nccl_mu_);
   if (nccl_ == nullptr) return NotFound("no NCCL communicator is watched");
   return nccl_->Unregister(comm);
 }

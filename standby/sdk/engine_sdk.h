@@ -55,13 +55,13 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "base/clock.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "cuda/device_session.h"
 #include "weightcache/safetensors/dtype.h"
@@ -315,8 +315,9 @@ class EngineSession {
  private:
   explicit EngineSession(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
-  std::mutex nccl_mu_;
-  std::unique_ptr<NcclWatcher> nccl_;  // created by the first WatchNcclComm()
+  Mutex nccl_mu_;
+  std::unique_ptr<NcclWatcher> nccl_
+      BATON_GUARDED_BY(nccl_mu_);  // created by the first WatchNcclComm()
 };
 
 }  // namespace baton

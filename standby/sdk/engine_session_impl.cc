@@ -75,7 +75,7 @@ Status EngineSession::Impl::ServeAttached() {
     // number may already belong to another socket of the engine.
     int socket_fd = -1;
     {
-      std::lock_guard<std::mutex> lock(channel_mu_);
+      MutexLock lock(channel_mu_);
       if (channel_.has_value() && channel_->is_open()) socket_fd = channel_->native_handle();
     }
     if (socket_fd < 0) return Unavailable("the connection to the controller is closed");
@@ -98,7 +98,7 @@ Status EngineSession::Impl::PumpMessages() {
   while (true) {
     Result<std::optional<proto::ReceivedMessage>> next = Unavailable("no channel");
     {
-      std::lock_guard<std::mutex> lock(channel_mu_);
+      MutexLock lock(channel_mu_);
       if (channel_.has_value()) next = channel_->TryReceive();
     }
     if (!next.ok()) return next.status();
@@ -221,7 +221,7 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
   std::vector<uint8_t> inherited;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (promoted_ || msg.epoch == 0 || !failed_.empty()) {
       mapped = FailedPrecondition("Promote at epoch " + std::to_string(msg.epoch) +
                                   " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
@@ -251,7 +251,7 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
 void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!promoted_ || msg.epoch != epoch_.load()) {
       mapped =
           FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +
@@ -272,7 +272,7 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
 void EngineSession::Impl::OnStop(const std::string& reason) {
   BATON_LOG(WARN, kLog) << "the controller asks this engine to stop: " << reason;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopped_ = reason.empty() ? "stop requested" : reason;
   }
   Push(SessionEvent{.kind = SessionEventKind::kStop, .reason = reason});
@@ -282,7 +282,7 @@ void EngineSession::Impl::OnDisconnected(const std::string& reason) {
   if (stopping_.load()) return;
   BATON_LOG(WARN, kLog) << "the session ends without a controller: " << reason;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     disconnected_ = reason;
   }
   Push(SessionEvent{.kind = SessionEventKind::kDisconnected, .reason = reason});
@@ -295,16 +295,16 @@ void EngineSession::Impl::Refuse(const Status& status) {
 
 void EngineSession::Impl::Push(SessionEvent event) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     events_.push_back(std::move(event));
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 // --- public API ---------------------------------------------------------------------------------
 
 Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duration> timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
   while (true) {
     for (auto it = events_.begin(); it != events_.end(); ++it) {
@@ -324,8 +324,8 @@ Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duratio
       return FailedPrecondition("not promoted: controller connection lost: " + disconnected_);
     }
     if (!timeout.has_value()) {
-      cv_.wait(lock);
-    } else if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      cv_.Wait(mu_);
+    } else if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) {
       return DeadlineExceeded("not promoted within the timeout");
     }
   }
@@ -334,7 +334,7 @@ Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duratio
 Status EngineSession::Impl::MarkServing() {
   uint32_t blocks;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!promoted_) return FailedPrecondition("MarkServing before promotion");
     serving_ = true;
     blocks = pool_.mapped_blocks();
@@ -343,12 +343,14 @@ Status EngineSession::Impl::MarkServing() {
 }
 
 std::optional<SessionEvent> EngineSession::Impl::NextEvent(std::optional<Duration> timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto ready = [this] { return !events_.empty(); };
-  if (!timeout.has_value()) {
-    cv_.wait(lock, ready);
-  } else if (!cv_.wait_for(lock, *timeout, ready)) {
-    return std::nullopt;
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
+  while (events_.empty()) {
+    if (!timeout.has_value()) {
+      cv_.Wait(mu_);
+    } else if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) {
+      if (events_.empty()) return std::nullopt;
+    }
   }
   SessionEvent event = std::move(events_.front());
   events_.pop_front();
@@ -366,7 +368,7 @@ Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) 
   proto::ReturnExtents msg{.epoch = epoch_.load(), .extents = {}};
   Status unmapped = OkStatus();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     BATON_RETURN_IF_ERROR(CheckReturnable(pool_.mapped(), extents));
     for (const MappedExtent& e : extents) {
       unmapped = UnmapBlocksLocked(e.first, e.count).WithContext("ReturnBlocks");
@@ -382,7 +384,7 @@ Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) 
 
 Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     // A drain called off before this answer (Resume) leaves the engine serving.
     if (drain_ == DrainState::kDraining) drain_ = DrainState::kDrained;
     drained_unfinished_ = unfinished;
@@ -404,7 +406,7 @@ Status EngineSession::Impl::ReportKvAdoption(const KvAdoptionSummary& summary) {
 }
 
 void EngineSession::Impl::SetDrain(DrainState state) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   drain_ = state;
 }
 
@@ -415,16 +417,16 @@ Status EngineSession::Impl::ReportError(const Status& error) {
                                   .code = static_cast<uint32_t>(reported.code()),
                                   .message = reported.message()};
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (failed_.empty()) failed_ = "reported an error: " + reported.message();
     if (!error_.has_value()) error_ = report;  // the first: sent again after a reattach
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return Send(report);
 }
 
 Status EngineSession::Impl::CheckEpoch() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (!disconnected_.empty()) return Unavailable("controller connection lost: " + disconnected_);
   if (!stopped_.empty()) return FailedPrecondition("told to stop: " + stopped_);
   if (!failed_.empty()) return FailedPrecondition(failed_);
@@ -432,19 +434,19 @@ Status EngineSession::Impl::CheckEpoch() const {
 }
 
 std::optional<DeviceRegionView> EngineSession::Impl::device_weights() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (device_ == nullptr) return std::nullopt;
   return device_->weights();
 }
 
 std::optional<DeviceRegionView> EngineSession::Impl::device_pool() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (device_ == nullptr) return std::nullopt;
   return device_->pool();
 }
 
 std::vector<MappedExtent> EngineSession::Impl::extents() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<MappedExtent> out;
   for (const auto& [first, count] : pool_.mapped()) out.push_back(ExtentOf(first, count));
   return out;
@@ -459,20 +461,20 @@ void EngineSession::Impl::Shutdown() {
   }
   {
     // A reconnect waiting for the controller's answer: its Receive returns at once.
-    std::lock_guard<std::mutex> lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     if (handshake_fd_ >= 0) ::shutdown(handshake_fd_, SHUT_RDWR);
   }
   if (thread_.joinable()) thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     pool_.UnmapAll();
     device_.reset();
     if (disconnected_.empty()) disconnected_ = "the session was shut down";
     events_.push_back(SessionEvent{.kind = SessionEventKind::kDisconnected,
                                    .reason = "the session was shut down"});
   }
-  cv_.notify_all();  // a thread in WaitForPromotion or NextEvent returns
-  std::lock_guard<std::mutex> lock(channel_mu_);
+  cv_.NotifyAll();  // a thread in WaitForPromotion or NextEvent returns
+  MutexLock lock(channel_mu_);
   if (channel_.has_value()) channel_->Close();
   channel_.reset();
 }

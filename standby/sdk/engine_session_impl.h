@@ -16,22 +16,21 @@
 // Shutdown() interrupts a reconnect that waits for the controller's answer by shutting the
 // socket of that connection down (handshake_fd_).
 //
-// Locks: channel_mu_ guards channel_ and handshake_fd_; mu_ guards the pool mapping, the event
-// queue and the session state (promoted_, serving_, drain_, stopped_, failed_, ...). When both
-// are held, mu_ is taken first. Internal to the SDK.
+// Locks (annotated, base/thread_annotations.h): channel_mu_ guards channel_ and handshake_fd_;
+// mu_ guards the pool mapping, the event queue and the session state (promoted_, serving_,
+// drain_, stopped_, failed_, ...). When both are held, mu_ is taken first. Internal to the SDK.
 #pragma once
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "base/io/unique_fd.h"
+#include "base/mutex.h"
 #include "proto/transport/channel.h"
 #include "proto/transport/shared_memory.h"
 #include "standby/sdk/engine_sdk.h"
@@ -45,7 +44,9 @@ class EngineSession::Impl {
   ~Impl();
 
   // --- start-up, on the caller's thread ----------------------------------------------------
-  Status Handshake();
+  // Handshake() and what it calls run before the heartbeat thread exists, so they use
+  // channel_ and device_ without the locks; the analysis is off for them.
+  Status Handshake() BATON_NO_THREAD_SAFETY_ANALYSIS;
   Status StartThread();
   Status Prefault();
   Status SendReady();
@@ -100,19 +101,19 @@ class EngineSession::Impl {
 
   static Result<FileIdentity> IdentityOf(int fd);
   proto::ChannelOptions ChannelOptionsForController() const;
-  Status ReceiveRegisterAck();
+  Status ReceiveRegisterAck() BATON_NO_THREAD_SAFETY_ANALYSIS;
   Status MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd);
   Status ReservePool(const proto::RegisterAck& ack, UniqueFd pool_fd);
-  Status TakeDeviceRegions(const proto::RegisterAck& ack);
+  Status TakeDeviceRegions(const proto::RegisterAck& ack) BATON_NO_THREAD_SAFETY_ANALYSIS;
   // Maps (or unmaps) blocks in the host pool and, with device memory, the device pool.
-  // Caller holds mu_.
   // `inherited`, when given, gets each block's header as it was before the scrub.
-  Status MapBlocksLocked(uint32_t first, uint32_t count, std::vector<uint8_t>* inherited = nullptr);
-  Status UnmapBlocksLocked(uint32_t first, uint32_t count);
+  Status MapBlocksLocked(uint32_t first, uint32_t count, std::vector<uint8_t>* inherited = nullptr)
+      BATON_REQUIRES(mu_);
+  Status UnmapBlocksLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
 
   template <typename T>
-  Status Send(const T& msg) {
-    std::lock_guard<std::mutex> lock(channel_mu_);
+  Status Send(const T& msg) BATON_EXCLUDES(channel_mu_) {
+    MutexLock lock(channel_mu_);
     if (!channel_.has_value()) {
       return Unavailable(stopping_.load() ? "the session is shut down"
                                           : "no connection to the controller (it is away)");
@@ -128,9 +129,9 @@ class EngineSession::Impl {
     if (sent.ok() || !ConnectionGone() || !CanReattach()) return sent;
     return OkStatus();
   }
-  bool ConnectionGone();                   // takes channel_mu_
-  bool CanReattach() const;                // takes mu_
-  proto::ReattachRole RoleLocked() const;  // caller holds mu_
+  bool ConnectionGone() BATON_EXCLUDES(channel_mu_);
+  bool CanReattach() const BATON_EXCLUDES(mu_);
+  proto::ReattachRole RoleLocked() const BATON_REQUIRES(mu_);
 
   // Heartbeat thread (engine_session_reconnect.cc: Run and the reconnect).
   void Run();
@@ -143,7 +144,7 @@ class EngineSession::Impl {
   void OnGrant(const proto::Grant& msg);
   void OnStop(const std::string& reason);
   void OnDisconnected(const std::string& reason);
-  void SetDrain(DrainState state);  // takes mu_
+  void SetDrain(DrainState state) BATON_EXCLUDES(mu_);
   void OnControllerLost(const std::string& reason);
   // Reconnects until attached again (true) or the session ends (false: shut down, refused,
   // or given up by on_controller_absent). The controller went away at `lost_at`.
@@ -153,26 +154,27 @@ class EngineSession::Impl {
   // One attempt: connect, Hello, Reattach, the answer; installs the channel once attached.
   Attempt TryReattach();
   Attempt SayReattach(proto::Channel& channel, Reported* reported, proto::ReattachAck* ack);
-  // The Reattach for what this engine holds now (takes mu_), which `reported` records.
-  proto::Reattach ReattachMessage(Reported* reported) const;
+  // The Reattach for what this engine holds now, which `reported` records.
+  proto::Reattach ReattachMessage(Reported* reported) const BATON_EXCLUDES(mu_);
   Attempt ReadReattachAnswer(proto::Channel& channel, proto::ReattachAck* ack);
   // Sends what changed between the Reattach and the install of its channel.
   void CatchUp(const Reported& reported);
   // Waits `d` (real time) or until Shutdown(); false on shutdown.
   bool WaitBackoff(Duration d);
-  // Maps and scrubs `ranges`; on failure unmaps what it mapped. Caller holds mu_.
+  // Maps and scrubs `ranges`; on failure unmaps what it mapped.
   Result<std::vector<MappedExtent>> MapRangesLocked(const std::vector<proto::BlockRange>& ranges,
-                                                    std::vector<uint8_t>* inherited = nullptr);
-  void Push(SessionEvent event);
+                                                    std::vector<uint8_t>* inherited = nullptr)
+      BATON_REQUIRES(mu_);
+  void Push(SessionEvent event) BATON_EXCLUDES(mu_);
   void Refuse(const Status& status);
-  MappedExtent ExtentOf(uint32_t first, uint32_t count) const;
+  MappedExtent ExtentOf(uint32_t first, uint32_t count) const BATON_REQUIRES(mu_);
 
   EngineSessionOptions options_;
   Clock* clock_;
   boost::asio::io_context io_;  // owns the socket's service; never run
 
-  std::mutex channel_mu_;
-  std::optional<proto::Channel> channel_;
+  Mutex channel_mu_;
+  std::optional<proto::Channel> channel_ BATON_GUARDED_BY(channel_mu_);
 
   SharedMemory arena_;
   Mapping arena_map_;
@@ -183,23 +185,26 @@ class EngineSession::Impl {
 
   FileIdentity arena_id_;  // set by Handshake()
   FileIdentity pool_id_;
-  int handshake_fd_ = -1;  // guarded by channel_mu_: the socket of a reconnect in progress
+  int handshake_fd_ BATON_GUARDED_BY(channel_mu_) = -1;  // the socket of a reconnect in progress
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  PoolMapping pool_;
-  std::unique_ptr<DeviceSession> device_;   // set before the thread starts
+  mutable Mutex mu_ BATON_ACQUIRED_BEFORE(channel_mu_);
+  CondVar cv_;
+  PoolMapping pool_ BATON_GUARDED_BY(mu_);
+  std::unique_ptr<DeviceSession> device_ BATON_GUARDED_BY(mu_);  // set before the thread starts
   uint64_t declined_pool_chunk_bytes_ = 0;  // the device pool's chunk, when declined
-  std::deque<SessionEvent> events_;
-  bool promoted_ = false;
-  bool serving_ = false;  // MarkServing() was called
-  DrainState drain_ = DrainState::kNone;
-  uint32_t drained_unfinished_ = 0;          // what ReportDrained() said
-  std::atomic<uint16_t> protocol_{0};        // the version the last Hello agreed on
-  std::optional<proto::ErrorReport> error_;  // the error reported, sent again after a reattach
-  std::string stopped_;                      // non-empty once told to stop
-  std::string failed_;        // non-empty once an error was reported or a promotion failed
-  std::string disconnected_;  // non-empty once the session ended without a controller
+  std::deque<SessionEvent> events_ BATON_GUARDED_BY(mu_);
+  bool promoted_ BATON_GUARDED_BY(mu_) = false;
+  bool serving_ BATON_GUARDED_BY(mu_) = false;  // MarkServing() was called
+  DrainState drain_ BATON_GUARDED_BY(mu_) = DrainState::kNone;
+  uint32_t drained_unfinished_ BATON_GUARDED_BY(mu_) = 0;  // what ReportDrained() said
+  std::atomic<uint16_t> protocol_{0};                      // the version the last Hello agreed on
+  // The error reported, sent again after a reattach.
+  std::optional<proto::ErrorReport> error_ BATON_GUARDED_BY(mu_);
+  std::string stopped_ BATON_GUARDED_BY(mu_);  // non-empty once told to stop
+  // Non-empty once an error was reported or a promotion failed.
+  std::string failed_ BATON_GUARDED_BY(mu_);
+  // Non-empty once the session ended without a controller.
+  std::string disconnected_ BATON_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> heartbeat_seq_{0};

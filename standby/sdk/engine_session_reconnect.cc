@@ -44,13 +44,13 @@ std::vector<proto::BlockRange> NoLongerMapped(const std::vector<proto::BlockRang
 class EngineSession::Impl::HandshakeWatch {
  public:
   HandshakeWatch(Impl* impl, int fd) : impl_(impl) {
-    std::lock_guard<std::mutex> lock(impl_->channel_mu_);
+    MutexLock lock(impl_->channel_mu_);
     impl_->handshake_fd_ = fd;
     // Shutdown() sets stopping_ before it looks at handshake_fd_: one of them sees the other.
     if (impl_->stopping_.load()) ::shutdown(fd, SHUT_RDWR);
   }
   ~HandshakeWatch() {
-    std::lock_guard<std::mutex> lock(impl_->channel_mu_);
+    MutexLock lock(impl_->channel_mu_);
     impl_->handshake_fd_ = -1;
   }
   HandshakeWatch(const HandshakeWatch&) = delete;
@@ -78,12 +78,12 @@ void EngineSession::Impl::Run() {
 bool EngineSession::Impl::CanReattach() const {
   // Reattach is protocol 5; a session without handles_resume speaks 2.
   if (!registered_.load() || !options_.handles_resume || stopping_.load()) return false;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return stopped_.empty() && disconnected_.empty();
 }
 
 bool EngineSession::Impl::ConnectionGone() {
-  std::lock_guard<std::mutex> lock(channel_mu_);
+  MutexLock lock(channel_mu_);
   return !channel_.has_value() || !channel_->is_open();
 }
 
@@ -104,7 +104,7 @@ void EngineSession::Impl::OnControllerLost(const std::string& reason) {
   BATON_LOG(WARN, kLog) << "lost the controller (" << reason << "): keeping epoch " << epoch_.load()
                         << " and its blocks, reconnecting to " << options_.launch.socket_path;
   {
-    std::lock_guard<std::mutex> lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     if (channel_.has_value()) channel_->Close();
     channel_.reset();
   }
@@ -173,7 +173,7 @@ EngineSession::Impl::Attempt EngineSession::Impl::TryReattach() {
   if (said.outcome != AttemptOutcome::kAttached) return said;
   heartbeat_interval_ = std::chrono::milliseconds(ack.heartbeat_interval_ms);
   {
-    std::lock_guard<std::mutex> lock(channel_mu_);
+    MutexLock lock(channel_mu_);
     if (stopping_.load()) return Attempt{AttemptOutcome::kFailed, "the session is shut down"};
     channel_.emplace(std::move(channel).value());
   }
@@ -211,7 +211,7 @@ EngineSession::Impl::Attempt EngineSession::Impl::SayReattach(proto::Channel& ch
 
 proto::Reattach EngineSession::Impl::ReattachMessage(Reported* reported) const {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     reported->role = RoleLocked();
     for (const auto& [first, count] : pool_.mapped()) {
       reported->extents.push_back(proto::BlockRange{.first = first, .count = count});
@@ -260,7 +260,7 @@ void EngineSession::Impl::CatchUp(const Reported& reported) {
   uint32_t blocks = 0;
   std::optional<proto::ErrorReport> error;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     returned = NoLongerMapped(reported.extents, pool_);
     role = RoleLocked();
     unfinished = drained_unfinished_;

@@ -37,37 +37,37 @@ void BackgroundLock::Run(const std::stop_token& stop) {
   }
   // All or nothing: a range locked in part is reported, and left, as not locked.
   if (at < size_ && at > 0) ::munlock(data_, at);
-  std::lock_guard<std::mutex> hold(mu_);
+  MutexLock hold(mu_);
   done_ = true;
   locked_ = at == size_;
   error_ = err;
   seconds_ = MillisBetween(start, RealClock::Get().Now()) / 1000.0;
-  finished_.notify_all();
+  finished_.NotifyAll();
 }
 
 bool BackgroundLock::locked() const {
-  std::lock_guard<std::mutex> hold(mu_);
+  MutexLock hold(mu_);
   return locked_;
 }
 
 bool BackgroundLock::done() const {
-  std::lock_guard<std::mutex> hold(mu_);
+  MutexLock hold(mu_);
   return done_;
 }
 
 int BackgroundLock::error() const {
-  std::lock_guard<std::mutex> hold(mu_);
+  MutexLock hold(mu_);
   return error_;
 }
 
 double BackgroundLock::seconds() const {
-  std::lock_guard<std::mutex> hold(mu_);
+  MutexLock hold(mu_);
   return seconds_;
 }
 
 void BackgroundLock::Wait() const {
-  std::unique_lock<std::mutex> hold(mu_);
-  finished_.wait(hold, [this] { return done_; });
+  MutexLock hold(mu_);
+  while (!done_) finished_.Wait(mu_);
 }
 
 }  // namespace baton

@@ -3,20 +3,20 @@
 // that mlock makes: 2 GiB of 4 KiB pages is half a million page-table entries.
 //
 // The thread starts in the constructor, runs at SCHED_IDLE (only when no other thread wants a
-// CPU) and locks the range in pieces of kPiece bytes, in order. When every piece is locked, locked() turns true; when one fails, what was locked is
-// unlocked again and error() holds mlock's errno. The range must stay mapped until the object
-// is destroyed: the destructor asks the thread to stop after the piece in progress and joins
-// it (at most one piece of waiting). The lock itself ends with the mapping (munmap), not with
-// this object. Not movable (the thread refers to it); its owner holds it by unique_ptr.
-// locked(), done(), error() and Wait() may be called from any thread.
+// CPU) and locks the range in pieces of kPiece bytes, in order. When every piece is locked,
+// locked() turns true; when one fails, what was locked is unlocked again and error() holds mlock's
+// errno. The range must stay mapped until the object is destroyed: the destructor asks the thread
+// to stop after the piece in progress and joins it (at most one piece of waiting). The lock itself
+// ends with the mapping (munmap), not with this object. Not movable (the thread refers to it); its
+// owner holds it by unique_ptr. locked(), done(), error() and Wait() may be called from any thread.
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <mutex>
 #include <stop_token>
 #include <thread>
+
+#include "base/mutex.h"
 
 namespace baton {
 
@@ -45,12 +45,12 @@ class BackgroundLock {
 
   const uint8_t* const data_;
   const size_t size_;
-  mutable std::mutex mu_;
-  mutable std::condition_variable finished_;
-  bool done_ = false;    // guarded by mu_
-  bool locked_ = false;  // guarded by mu_
-  int error_ = 0;        // guarded by mu_
-  double seconds_ = 0;   // guarded by mu_
+  mutable Mutex mu_;
+  mutable CondVar finished_;
+  bool done_ BATON_GUARDED_BY(mu_) = false;
+  bool locked_ BATON_GUARDED_BY(mu_) = false;
+  int error_ BATON_GUARDED_BY(mu_) = 0;
+  double seconds_ BATON_GUARDED_BY(mu_) = 0;
   std::jthread thread_;  // last: starts once the members above exist
 };
 
