@@ -8,7 +8,7 @@
 // one log line per version; etcd not answering changes nothing (the last reports stay).
 //
 // Ownership: owns its EtcdClient and thread. Thread: `deliver` runs on the reader's thread
-// (the controller posts it to its io thread); Stop() joins.
+// (the controller posts it to its io thread); the destructor stops the thread and joins it.
 #pragma once
 
 #include <chrono>

@@ -3,7 +3,7 @@
 //     (cereal payload + header + CRC32C), and a frame fed to a connection's FrameDecoder and
 //     decoded back, as the channel does; one item is one message;
 //   - the router on a streamed completion: the stream of a 64-token /v1/completions answer as
-//     the reference engine writes it (completions_api.h: a first event with the 200 prompt
+//     the reference engine writes it (standby/openai/completions_api.h: a first event with the 200 prompt
 //     token ids, one event per token with its id, finish_reason on the last, a usage event,
 //     [DONE]);
 //     - SseSplitter fed that stream in reads of 64 bytes (an event split across reads) and of

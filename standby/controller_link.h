@@ -2,7 +2,7 @@
 //
 // SessionModelMemory is the ModelMemory of an engine whose weights are the controller's
 // arena, mapped read-only by the EngineSession, and whose KV blocks are the pool blocks the
-// controller granted: pool block b is KV block b, laid out as kv_record.h says (the record
+// controller granted: pool block b is KV block b, laid out as kv/kv_record.h says (the record
 // header, which is the block header the SDK scrubs for each new holder, the token ids of its
 // slots, then the KV data).
 //

@@ -1,8 +1,8 @@
 // EngineApi: the reference engine's HTTP routes, bound to its EngineLoop.
 //
-//   POST /v1/completions  OpenAI completions (completions_api.h), streamed as server-sent
+//   POST /v1/completions  OpenAI completions (openai/completions_api.h), streamed as server-sent
 //                         events when asked; every choice carries its token ids
-//   POST /v1/chat/completions  the same for chat messages (chat_api.h)
+//   POST /v1/chat/completions  the same for chat messages (openai/chat_api.h)
 //   GET  /v1/models       the served model
 //   GET  /health          200 {"status":"ok"} while serving; 503 {"status":"standby"} before
 //                         promotion, {"status":"stopping"} once stopping

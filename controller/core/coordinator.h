@@ -24,7 +24,7 @@
 // every engine it cannot account for (coordinator_recovery.cc).
 //
 // The pair and engine state machines are the state. A transition the tables refuse is a bug:
-// it is logged, counted (Status::refused_transitions, the metric
+// it is logged, counted (CoordinatorStatus::refused_transitions, the metric
 // baton_refused_transitions_total) and fails every test that checks the status.
 //
 // Thread: one (the controller's io_context thread, or the simulation's); never blocks but in

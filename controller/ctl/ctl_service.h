@@ -1,5 +1,5 @@
-// CtlService: the controller's side of `batonctl`, and its status in the forms operators
-// read: text, JSON, and Prometheus metrics.
+// The controller's side of `batonctl` (HandleCtlRequest), and its status in the forms
+// operators read: text, JSON and Prometheus metrics (StatusText, StatusJson, MetricsText).
 //
 // HandleCtlRequest() runs one command (status, promote, drain, drill kill|hang|error,
 // timeline, upgrade, rollback, controller restart) against the controller and returns the reply:

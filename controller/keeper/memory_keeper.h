@@ -4,7 +4,7 @@
 // controller that made it: a memfd lives while any process holds it or maps it. A controller
 // that starts finds the keeper at <runtime_dir>/keeper.sock and takes the memory back
 // (FetchMemory) instead of loading the model again; what it takes is its own to prove (the
-// manifest says what the memory is; controller/keeper/kept_memory.h checks it).
+// manifest says what the memory is; controller/kept_memory.h checks it).
 //
 // Protocol (proto/messages.h): Hello with role "controller", then any number of KeepMemory
 // (with fds: replaces what is kept under the name), FetchMemory (answered with the fds, dups

@@ -14,7 +14,7 @@
 //                      no new batch starts / they start again / the rollout stops and the
 //                      canaries in flight are rolled back (nodes already promoted stay)
 // Each reads and writes etcd (every write a compare-and-put, retried on a conflict): run off
-// the io thread (FleetRollout). Replies follow CtlService's: 0 done, 1 refused, 2 bad usage,
+// the io thread (FleetRollout). Replies follow HandleCtlRequest's: 0 done, 1 refused, 2 bad usage,
 // one JSON object. Plain functions.
 #pragma once
 

@@ -1,5 +1,6 @@
-// CtlUpgrade: `batonctl upgrade` and `batonctl rollback` on the controller's side, and the
-// upgrade's part of the status (JSON, text, metrics).
+// `batonctl upgrade` and `batonctl rollback` on the controller's side (ParseUpgradeArgs,
+// ParseRollbackArgs), and the upgrade's part of the status (UpgradeJson, UpgradeText,
+// UpgradeMetrics).
 //
 //   upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- ENGINE COMMAND...
 //   upgrade [...] --engine-cmd "ENGINE COMMAND"

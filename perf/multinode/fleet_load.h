@@ -2,7 +2,7 @@
 // connection to one router (client c to routers[c % R]), send the request list round-robin
 // back to back (a closed loop) until Stop(). Every call becomes a FleetSample: when it was
 // sent and ended, when each chunk of its body arrived (a stream is relayed one event per
-// chunk), and its ledger entry (failover_load_ledger.h: status, outcome, output).
+// chunk), and its ledger entry (perf/load/failover_load_ledger.h: status, outcome, output).
 //
 // GapAfter() is what a fault costs one request: from `at_s` (or the request's start, if
 // later) to the next bytes it received. A request served elsewhere at once waits a token's

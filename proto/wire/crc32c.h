@@ -1,7 +1,7 @@
 // CRC32C (Castagnoli, reflected polynomial 0x82F63B78): the checksum of every frame payload.
 //
 // Same parameters as iSCSI, ext4 and leveldb's crc32c: init 0xFFFFFFFF, reflected input and
-// output, final xor 0xFFFFFFFF; Crc32c("123456789") == 0xE3069283. Extend() continues a
+// output, final xor 0xFFFFFFFF; Crc32c("123456789") == 0xE3069283. Crc32cExtend() continues a
 // checksum over data that arrives in pieces. Pure functions; thread-safe.
 #pragma once
 

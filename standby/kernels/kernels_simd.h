@@ -1,4 +1,4 @@
-// Internal to the compute core (standby/kernels*.cc): the AVX2 target attribute and the
+// Internal to the compute core (standby/kernels/kernels.cc, kernels_gemm.cc): the AVX2 target attribute and the
 // horizontal sum every AVX2 dot product ends with, shared so that every kernel reduces in
 // the same order (the bitwise-identical results of standby/kernels/kernels.h depend on it).
 #pragma once

@@ -1,4 +1,4 @@
-// Sampler: picks the next token from a row of logits as a pure function of
+// SampleToken: picks the next token from a row of logits as a pure function of
 // (logits, sampling parameters, seed, position).
 //
 // temperature == 0 is greedy (the highest logit, the lowest id on a tie). Otherwise the

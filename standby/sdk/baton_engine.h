@@ -2,7 +2,7 @@
  * (Python through ctypes, Go through cgo, Rust through bindgen).
  *
  * It wraps baton::EngineSession (standby/sdk/engine_sdk.h) one to one:
- *   baton_engine_connect_env()    connect + register + map weights read-only + reserve pool
+ *   baton_engine_connect()        connect + register + map weights read-only + reserve pool
  *   baton_engine_wait_promotion() block until promoted; extents are mapped writable
  *   baton_engine_mark_serving()   tell the controller this engine serves
  *   baton_engine_next_event()     later grants, reclaim, drain, resume and stop requests
