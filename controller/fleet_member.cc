@@ -71,7 +71,7 @@ std::string FleetMember::RecordOf(const ControllerConfig& config, const NodeFact
   json entries = json::array();
   for (const proto::RouteEntry& e : routes.entries) {
     entries.push_back({{"engine_id", e.engine_id},
-                       {"role", e.role},
+                       {"role", proto::ToString(e.role)},
                        {"http_address", e.http_address},
                        {"ready", e.ready},
                        {"weight", e.weight},

@@ -2,6 +2,7 @@
 
 #include <ctime>
 #include <sstream>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -61,13 +62,37 @@ PhaseTimes PhasesOf(const PromotionRecord& r) {
   return p;
 }
 
+const char* ToString(PromotionKind kind) {
+  switch (kind) {
+    case PromotionKind::kFailover:
+      return "failover";
+    case PromotionKind::kDrain:
+      return "drain";
+    case PromotionKind::kSwitchover:
+      return "switchover";
+    case PromotionKind::kUpgrade:
+      return "upgrade";
+    case PromotionKind::kPromotion:
+      return "promotion";
+  }
+  return "unknown";
+}
+
+Result<PromotionKind> ParsePromotionKind(std::string_view text) {
+  for (PromotionKind kind : kPromotionKinds) {
+    if (text == ToString(kind)) return kind;
+  }
+  return InvalidArgument("unknown promotion kind '" + std::string(text) +
+                         "' (failover, drain, switchover, upgrade or promotion)");
+}
+
 TimelineLog::TimelineLog(const Clock& clock, size_t limit) : clock_(&clock), limit_(limit) {}
 
-PromotionRecord& TimelineLog::Open(std::string kind, std::string cause) {
+PromotionRecord& TimelineLog::Open(PromotionKind kind, std::string cause) {
   if (open_) Close("superseded");
   PromotionRecord record;
   record.seq = next_seq_++;
-  record.kind = std::move(kind);
+  record.kind = kind;
   record.cause = std::move(cause);
   records_.push_back(std::move(record));
   if (records_.size() > limit_) records_.pop_front();
@@ -119,7 +144,7 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
   put("ready_ms", p.ready_ms);
   put("total_ms", p.total_ms);
   nlohmann::json j{
-      {"seq", r.seq},           {"kind", r.kind},
+      {"seq", r.seq},           {"kind", ToString(r.kind)},
       {"cause", r.cause},       {"old_engine", r.old_engine},
       {"old_pid", r.old_pid},   {"new_engine", r.new_engine},
       {"epoch", r.epoch},       {"outcome", r.outcome},
@@ -153,7 +178,7 @@ std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv) {
 std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   std::ostringstream out;
   const std::optional<TimePoint> first = FirstStamp(r);
-  out << r.kind << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine;
+  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine;
   if (r.old_pid != 0) out << " (pid " << r.old_pid << ")";
   out << " -> engine " << r.new_engine << " at epoch " << r.epoch << "; " << r.outcome;
   if (first.has_value()) out << "; started " << WallTime(*first, now);
@@ -180,8 +205,8 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
 std::string TimelineLog::Summary(const PromotionRecord& r) {
   const PhaseTimes p = PhasesOf(r);
   std::ostringstream out;
-  out << r.kind << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine << " -> engine "
-      << r.new_engine << " at epoch " << r.epoch;
+  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine
+      << " -> engine " << r.new_engine << " at epoch " << r.epoch;
   auto put = [&](const char* name, const std::optional<double>& v) {
     if (v.has_value()) out << ", " << name << " " << Fixed(*v) << " ms";
   };

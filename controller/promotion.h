@@ -31,14 +31,33 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "base/clock.h"
+#include "base/status.h"
 
 namespace baton {
 
+// What a timeline records. Its name is written only by the timeline's JSON, text and log line.
+enum class PromotionKind : uint8_t {
+  kFailover,    // the primary failed and the standby takes over
+  kDrain,       // the primary failed while it drained
+  kSwitchover,  // batonctl promote: the standby takes over from a live primary
+  kUpgrade,     // a canary that passed every step takes over from the old primary
+  kPromotion,   // the first engine becomes primary (there was none)
+};
+inline constexpr PromotionKind kPromotionKinds[] = {
+    PromotionKind::kFailover, PromotionKind::kDrain, PromotionKind::kSwitchover,
+    PromotionKind::kUpgrade, PromotionKind::kPromotion};
+
+// "failover", "drain", "switchover", "upgrade", "promotion".
+const char* ToString(PromotionKind kind);
+// The kind named `text`; InvalidArgument naming it when it names none.
+Result<PromotionKind> ParsePromotionKind(std::string_view text);
+
 struct PromotionRecord {
   uint64_t seq = 0;
-  std::string kind;   // "failover", "switchover", "promotion"
+  PromotionKind kind = PromotionKind::kFailover;
   std::string cause;  // e.g. "died: killed by SIGKILL", "hung: ...", "error: ..."
   uint64_t old_engine = 0;
   pid_t old_pid = 0;
@@ -72,7 +91,7 @@ class TimelineLog {
   explicit TimelineLog(const Clock& clock, size_t limit = 16);
 
   // Opens a record; the previous one, if still open, is closed as superseded.
-  PromotionRecord& Open(std::string kind, std::string cause);
+  PromotionRecord& Open(PromotionKind kind, std::string cause);
   // The open record, or nullptr.
   PromotionRecord* current();
   // The most recent record (open or not), or nullptr.

@@ -42,7 +42,8 @@ bool RoutePublisher::Publish(proto::RouteTable table) {
   published_ = true;
   std::string summary;
   for (const proto::RouteEntry& e : current_.entries) {
-    summary += " engine " + std::to_string(e.engine_id) + "=" + e.role + (e.ready ? "(ready)" : "");
+    summary += " engine " + std::to_string(e.engine_id) + "=" + proto::ToString(e.role) +
+               (e.ready ? "(ready)" : "");
   }
   BATON_LOG(INFO, "routes") << "route table v" << current_.version << " epoch " << current_.epoch
                             << " pair " << current_.pair_state << ":"

@@ -40,7 +40,10 @@ Result<proto::RouteEntry> ParseEntry(std::string_view key, const json& e) {
   if (!e.is_object()) return InvalidArgument(std::string(key) + ": a route entry is not an object");
   proto::RouteEntry r;
   BATON_ASSIGN_OR_RETURN(r.engine_id, Field<uint64_t>(key, e, "engine_id"));
-  BATON_ASSIGN_OR_RETURN(r.role, Field<std::string>(key, e, "role"));
+  BATON_ASSIGN_OR_RETURN(const std::string role, Field<std::string>(key, e, "role"));
+  Result<proto::EngineRole> parsed = proto::ParseEngineRole(role);
+  if (!parsed.ok()) return InvalidArgument(std::string(key) + ": " + parsed.status().message());
+  r.role = *parsed;
   BATON_ASSIGN_OR_RETURN(r.http_address, Field<std::string>(key, e, "http_address"));
   BATON_ASSIGN_OR_RETURN(r.ready, Field<bool>(key, e, "ready"));
   BATON_ASSIGN_OR_RETURN(r.weight, Field<uint32_t>(key, e, "weight"));

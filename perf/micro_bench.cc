@@ -3,8 +3,8 @@
 //     (cereal payload + header + CRC32C), and a frame fed to a connection's FrameDecoder and
 //     decoded back, as the channel does; one item is one message;
 //   - the router on a streamed completion: the stream of a 64-token /v1/completions answer as
-//     the reference engine writes it (standby/openai/completions_api.h: a first event with the 200 prompt
-//     token ids, one event per token with its id, finish_reason on the last, a usage event,
+//     the reference engine writes it (standby/openai/completions_api.h: a first event with the 200
+//     prompt token ids, one event per token with its id, finish_reason on the last, a usage event,
 //     [DONE]);
 //     - SseSplitter fed that stream in reads of 64 bytes (an event split across reads) and of
 //       1460 bytes (one TCP segment, several events); one item is one event;
@@ -54,7 +54,7 @@ proto::Heartbeat SampleMessage<proto::Heartbeat>() {
   return m;
 }
 
-proto::RouteEntry Route(uint64_t engine_id, const char* role, const char* address, bool ready,
+proto::RouteEntry Route(uint64_t engine_id, proto::EngineRole role, const char* address, bool ready,
                         uint32_t weight, const char* version) {
   proto::RouteEntry e;
   e.engine_id = engine_id;
@@ -73,9 +73,10 @@ proto::RouteTable SampleMessage<proto::RouteTable>() {
   m.version = 42;
   m.epoch = 7;
   m.pair_state = "canary";
-  m.entries = {Route(1, "primary", "127.0.0.1:8101", true, 90, "refengine-1.4.2"),
-               Route(3, "canary", "127.0.0.1:8103", true, 10, "refengine-1.5.0"),
-               Route(2, "standby", "127.0.0.1:8102", false, 0, "refengine-1.4.2")};
+  m.entries = {
+      Route(1, proto::EngineRole::kPrimary, "127.0.0.1:8101", true, 90, "refengine-1.4.2"),
+      Route(3, proto::EngineRole::kCanary, "127.0.0.1:8103", true, 10, "refengine-1.5.0"),
+      Route(2, proto::EngineRole::kStandby, "127.0.0.1:8102", false, 0, "refengine-1.4.2")};
   return m;
 }
 

@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "proto/roles.h"
 
 namespace baton::proto {
 
@@ -19,16 +22,25 @@ struct Subscribe {
   }
 };
 
+// On the wire the role is its name (proto/roles.h); a name that is no role fails the decode.
 struct RouteEntry {
   uint64_t engine_id = 0;
-  std::string role = {};  // "primary", "standby", "draining", "promoting", "canary"
+  EngineRole role = EngineRole::kStandby;  // primary, standby, draining, promoting or canary
   std::string http_address = {};
   bool ready = false;   // accepts traffic now
   uint32_t weight = 0;  // share of traffic in percent
   std::string engine_version = {};
   template <class A>
-  void serialize(A& ar) {
-    ar(engine_id, role, http_address, ready, weight, engine_version);
+  void save(A& ar) const {
+    ar(engine_id, std::string(ToString(role)), http_address, ready, weight, engine_version);
+  }
+  template <class A>
+  void load(A& ar) {
+    std::string name;
+    ar(engine_id, name, http_address, ready, weight, engine_version);
+    Result<EngineRole> parsed = ParseEngineRole(name);
+    if (!parsed.ok()) throw std::invalid_argument(parsed.status().message());
+    role = *parsed;
   }
   bool operator==(const RouteEntry&) const = default;
 };

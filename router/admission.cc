@@ -18,7 +18,8 @@ void Admission::SetTable(const proto::RouteTable& table) {
     MutexLock lock(mu_);
     std::vector<Target> canaries;  // ready canaries with a weight: they carry traffic now
     for (const proto::RouteEntry& e : table.entries) {
-      if (e.ready && !e.http_address.empty() && e.role == "canary" && e.weight > 0) {
+      if (e.ready && !e.http_address.empty() && e.role == proto::EngineRole::kCanary &&
+          e.weight > 0) {
         canaries.push_back({.address = e.http_address, .engine_id = e.engine_id, .node = node_});
       }
     }
@@ -26,8 +27,8 @@ void Admission::SetTable(const proto::RouteTable& table) {
     std::optional<Target> primary;
     for (const proto::RouteEntry& e : table.entries) {
       if (!e.ready || e.http_address.empty()) continue;
-      const bool is_primary = e.role == "primary";
-      if (!is_primary && e.role != "canary") continue;
+      const bool is_primary = e.role == proto::EngineRole::kPrimary;
+      if (!is_primary && e.role != proto::EngineRole::kCanary) continue;
       // A weightless primary takes everything, unless a canary took its traffic: then it
       // stays listed with weight 0, for replays only.
       const int weight =
@@ -85,8 +86,8 @@ void Admission::SetTable(const proto::RouteTable& table) {
     std::set<uint64_t> listed;
     for (const proto::RouteEntry& e : table.entries) {
       listed.insert(e.engine_id);
-      if (e.role == "canary") canary_ids_.insert(e.engine_id);
-      if (e.role == "primary") canary_ids_.erase(e.engine_id);
+      if (e.role == proto::EngineRole::kCanary) canary_ids_.insert(e.engine_id);
+      if (e.role == proto::EngineRole::kPrimary) canary_ids_.erase(e.engine_id);
     }
     std::erase_if(canary_ids_, [&](uint64_t id) { return listed.count(id) == 0; });
     Drain(clock_.Now(), &ready);
@@ -310,7 +311,9 @@ std::vector<TargetWeight> Admission::Weights() const {
   for (const Candidate& c : candidates_) {
     double share = total > 0 ? 100.0 * c.weight / total : 0;
     if (ramp_target_ && c.target == *ramp_target_) share *= RampShare(now);
-    out.push_back({c.target, share, primary_ && c.target == *primary_ ? "primary" : "canary"});
+    out.push_back({c.target, share,
+                   primary_ && c.target == *primary_ ? proto::EngineRole::kPrimary
+                                                     : proto::EngineRole::kCanary});
   }
   return out;
 }

@@ -1,6 +1,6 @@
 // Admission: which engine a request goes to, and when.
 //
-// Targets come from the route table: ready entries whose role is "primary" or "canary", each
+// Targets come from the route table: ready entries whose role is primary or canary, each
 // with its weight, picked by smooth weighted round-robin. A primary with weight 0 counts as
 // 100 unless a ready canary with a weight is listed: then (a canary at 100 %) it takes no new
 // requests, but a replay that finds no weighted target may still go to it. A canary with

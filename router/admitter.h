@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "proto/roles.h"
 
 namespace baton {
 
@@ -35,7 +36,7 @@ struct Target {
 struct TargetWeight {
   Target target;
   double weight = 0;  // percent of new requests, the ramp included
-  std::string role;
+  proto::EngineRole role = proto::EngineRole::kPrimary;  // kPrimary or kCanary
 };
 
 // What a request asks for.

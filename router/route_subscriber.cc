@@ -36,7 +36,7 @@ void RouteSubscriber::SetStatic(const std::string& address) {
   table.version = 1;
   table.pair_state = "static";
   table.entries.push_back(proto::RouteEntry{.engine_id = 0,
-                                            .role = "primary",
+                                            .role = proto::EngineRole::kPrimary,
                                             .http_address = address,
                                             .ready = true,
                                             .weight = 100,
@@ -62,7 +62,8 @@ void RouteSubscriber::Stop() {
 std::optional<std::string> RouteSubscriber::Primary() const {
   MutexLock lock(mu_);
   for (const proto::RouteEntry& e : table_.entries) {
-    if (e.role == "primary" && e.ready && !e.http_address.empty()) return e.http_address;
+    if (e.role == proto::EngineRole::kPrimary && e.ready && !e.http_address.empty())
+      return e.http_address;
   }
   return std::nullopt;
 }
@@ -163,7 +164,7 @@ void RouteSubscriber::Subscribe() {
     }
     std::string primary = "none";
     for (const proto::RouteEntry& e : table->entries) {
-      if (e.role == "primary" && e.ready) primary = e.http_address;
+      if (e.role == proto::EngineRole::kPrimary && e.ready) primary = e.http_address;
     }
     BATON_LOG(INFO, "router") << "route table v" << table->version << " epoch " << table->epoch
                               << " state " << table->pair_state << " primary " << primary;

@@ -252,7 +252,7 @@ RouterGauges Router::FleetGauges() const {
                  .fleet_view = view_->state()};
   if (std::optional<Target> any = fleet_->AnyPrimary()) {
     g.table.entries.push_back({.engine_id = any->engine_id,
-                               .role = "primary",
+                               .role = proto::EngineRole::kPrimary,
                                .http_address = any->address,
                                .ready = true});
   }

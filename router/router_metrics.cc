@@ -161,8 +161,8 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
          "Share of new requests each engine takes now, the ramp applied.", &out);
   for (const TargetWeight& w : g.weights) {
     out += "baton_router_engine_weight_percent{engine_id=\"" + std::to_string(w.target.engine_id) +
-           "\",address=\"" + Escape(w.target.address) + "\",role=\"" + Escape(w.role) + "\"} " +
-           Num(w.weight) + "\n";
+           "\",address=\"" + Escape(w.target.address) + "\",role=\"" +
+           Escape(proto::ToString(w.role)) + "\"} " + Num(w.weight) + "\n";
   }
   Header("baton_router_engine_requests_total", "counter",
          "Engine attempts that ended, by engine (failed, succeeded or abandoned).", &out);
@@ -193,7 +193,7 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
   std::string primary;
   uint64_t primary_id = 0;
   for (const proto::RouteEntry& e : g.table.entries) {
-    if (e.role == "primary" && e.ready) {
+    if (e.role == proto::EngineRole::kPrimary && e.ready) {
       primary = e.http_address;
       primary_id = e.engine_id;
     }

@@ -28,6 +28,7 @@
 #include "base/clock.h"
 #include "base/log.h"
 #include "proto/http/http_server.h"
+#include "proto/roles.h"
 #include "standby/controller_link.h"
 #include "standby/engine_api.h"
 #include "standby/engine_loop.h"
@@ -169,7 +170,7 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
   }
   if (f->model.empty()) return "--model DIR is required";
   if (f->served_name.empty()) f->served_name = f->model;
-  if (!f->role.empty() && f->role != "primary" && f->role != "standby") {
+  if (!f->role.empty() && !proto::ParseLaunchRole(f->role).ok()) {
     return "--role must be primary or standby";
   }
   return "";

@@ -210,7 +210,7 @@ class Coordinator {
   // coordinator_engines.cc: launching and engine messages.
   std::optional<TimePoint> NextLaunchAt() const;
   void MaybeLaunch();
-  void Launch(const std::string& role);
+  void Launch(proto::LaunchRole role);
   int PickPort() const;
   void OnRegister(EngineRecord& e, const proto::Register& reg);
   void OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg);
@@ -256,7 +256,7 @@ class Coordinator {
   void DrainEngine(EngineRecord& e);
   // Sends Resume to a draining `e` that speaks a protocol that has it; false otherwise.
   bool ResumeEngine(EngineRecord& e);
-  PromotionRecord& OpenPlannedTimeline(const std::string& kind, const std::string& cause,
+  PromotionRecord& OpenPlannedTimeline(PromotionKind kind, const std::string& cause,
                                        const EngineRecord& old, EngineId next);
   void GrantFree(EngineRecord& e, uint32_t blocks, const char* who);
   // Sends to `e`; a send that fails fences it (`what` names the message in the reason).
@@ -271,7 +271,7 @@ class Coordinator {
   void RebuildDevice();
 
   // coordinator_upgrade.cc: the canary upgrade.
-  std::vector<std::string> CommandFor(EngineId id, const std::string& role);
+  std::vector<std::string> CommandFor(EngineId id, proto::LaunchRole role);
   void SetPhase(Upgrade::Phase phase);
   void StartCanary(EngineRecord& e);
   void OnPrimaryReturned();
@@ -283,7 +283,7 @@ class Coordinator {
   void RollBackCanary(const std::string& reason);
   void OnCanaryGone(EngineRecord& e);
   bool CanaryTakesOver(EngineRecord& old);
-  void EndUpgrade(const std::string& outcome, const std::string& reason);
+  void EndUpgrade(UpgradeOutcome outcome, const std::string& reason);
   uint32_t CanaryTarget(uint32_t weight) const;
   uint32_t PrimaryKeeps() const;
   uint32_t WholeChunks(uint32_t blocks) const;
@@ -314,7 +314,7 @@ class Coordinator {
 
   // coordinator_status.cc
   EngineStatus EngineStatusOf(const EngineRecord& e) const;
-  std::string RoleOf(const EngineRecord& e) const;
+  proto::EngineRole RoleOf(const EngineRecord& e) const;
 
   const ControllerConfig& config_;
   const Clock& clock_;

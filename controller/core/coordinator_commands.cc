@@ -62,17 +62,19 @@ void Coordinator::LoadCommands(const StartState& found) {
   }
   const bool engines_left = found.roster.has_value() && !found.roster->engines.empty();
   if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value() && !engines_left) {
-    RecordInterruptedUpgrade(*u, "the controller restarted during the " + u->kind + " (phase " +
-                                     u->phase + "); its engines were gone");
+    RecordInterruptedUpgrade(*u, std::string("the controller restarted during the ") +
+                                     ToString(u->kind) + " (phase " + u->phase +
+                                     "); its engines were gone");
   } else if (!record.ignored.empty()) {
     SaveCommands();
   }
 }
 
 void Coordinator::RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::string& reason) {
-  BATON_LOG(WARN, kLog) << u.kind << " rolled_back (engine " << u.canary << "): " << reason;
+  BATON_LOG(WARN, kLog) << ToString(u.kind) << " " << ToString(UpgradeOutcome::kRolledBack)
+                        << " (engine " << u.canary << "): " << reason;
   upgrade_history_.push_back(UpgradeResult{.kind = u.kind,
-                                           .outcome = "rolled_back",
+                                           .outcome = UpgradeOutcome::kRolledBack,
                                            .reason = reason,
                                            .canary = u.canary,
                                            .version = "",

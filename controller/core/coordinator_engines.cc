@@ -88,7 +88,8 @@ void Coordinator::MaybeLaunch() {
   }
   if (backoff()) StepPair(PairEvent::kBackoffElapsed);
   if (!guard_.TryStartRestart()) return;
-  Launch(primary_ != kNoEngine || LiveEngines() > 0 ? "standby" : "primary");
+  Launch(primary_ != kNoEngine || LiveEngines() > 0 ? proto::LaunchRole::kStandby
+                                                    : proto::LaunchRole::kPrimary);
 }
 
 int Coordinator::PickPort() const {
@@ -102,7 +103,7 @@ int Coordinator::PickPort() const {
   return config_.base_port;
 }
 
-void Coordinator::Launch(const std::string& role) {
+void Coordinator::Launch(proto::LaunchRole role) {
   const TimePoint now = clock_.Now();
   const EngineId id = next_engine_id_++;
   Result<std::string> token = effects_.NewToken();
@@ -124,14 +125,15 @@ void Coordinator::Launch(const std::string& role) {
   Result<pid_t> pid = effects_.Launch(
       LaunchSpec{.id = id, .role = role, .token = e.token, .port = e.port, .command = e.command});
   if (!pid.ok()) {
-    BATON_LOG(ERROR, kLog) << "engine " << id << " (" << role
+    BATON_LOG(ERROR, kLog) << "engine " << id << " (" << proto::ToString(role)
                            << ") failed to launch: " << pid.status().ToString();
     RecordExit(e, "launch failed", pid.status().message());
     engines_.erase(id);
     effects_.Release(id);
     (void)guard_.RecordFailure();
     if (IsCanary(id))
-      EndUpgrade("rolled_back", "the canary failed to launch: " + pid.status().message());
+      EndUpgrade(UpgradeOutcome::kRolledBack,
+                 "the canary failed to launch: " + pid.status().message());
     return;
   }
   e.pid = *pid;
@@ -139,8 +141,8 @@ void Coordinator::Launch(const std::string& role) {
   // Written before the engine can say Hello: a controller restarted from here on knows
   // its token.
   SaveRoster();
-  BATON_LOG(INFO, kLog) << "launched engine " << id << " as " << role << ": pid " << e.pid
-                        << ", port " << e.port;
+  BATON_LOG(INFO, kLog) << "launched engine " << id << " as " << proto::ToString(role) << ": pid "
+                        << e.pid << ", port " << e.port;
   if (PromotionRecord* r = timelines_.awaiting_standby(); r != nullptr && !r->standby_launched) {
     r->standby_launched = now;
   }

@@ -147,8 +147,10 @@ void Coordinator::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detect
   ++failovers_;
   const PairState before = pair_.state();
   PromotionRecord* r = timelines_.current();
-  if (r == nullptr || (r->kind != "switchover" && r->kind != "upgrade")) {
-    const char* kind = before == PairState::kDraining ? "drain" : "failover";
+  if (r == nullptr ||
+      (r->kind != PromotionKind::kSwitchover && r->kind != PromotionKind::kUpgrade)) {
+    const PromotionKind kind =
+        before == PairState::kDraining ? PromotionKind::kDrain : PromotionKind::kFailover;
     r = &timelines_.Open(kind, std::string(ToString(cause)) + ": " + e.fail_reason);
   }
   r->old_engine = e.id;
@@ -279,7 +281,7 @@ void Coordinator::MaybePromote() {
     if (granted.ok()) extents = std::move(granted).value();
   }
   PromotionRecord* r = timelines_.current();
-  if (r == nullptr) r = &timelines_.Open("promotion", "no primary");
+  if (r == nullptr) r = &timelines_.Open(PromotionKind::kPromotion, "no primary");
   r->epoch = *epoch;
   r->epoch_durable = clock_.Now();
   r->new_engine = e->id;
@@ -318,7 +320,8 @@ void Coordinator::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
   promoting_ = kNoEngine;
   primary_ = e.id;
   if (IsCanary(e.id)) {
-    EndUpgrade("promoted", "the primary failed before the canary served; the failover promoted it");
+    EndUpgrade(UpgradeOutcome::kPromoted,
+               "the primary failed before the canary served; the failover promoted it");
   }
   e.deadline.reset();
   StepPair(PairEvent::kPromoteDone);

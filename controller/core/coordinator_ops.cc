@@ -31,7 +31,7 @@ Status Coordinator::RequestSwitchover() {
   BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
   Result<PairState> applied = pair_.Apply(PairEvent::kGracefulPromoteRequested);
   if (!applied.ok()) return applied.status();
-  OpenPlannedTimeline("switchover", "batonctl promote", *p, s->id);
+  OpenPlannedTimeline(PromotionKind::kSwitchover, "batonctl promote", *p, s->id);
   BATON_LOG(INFO, kLog) << "switch-over: draining engine " << p->id << ", then promoting engine "
                         << s->id;
   DrainEngine(*p);
@@ -40,7 +40,7 @@ Status Coordinator::RequestSwitchover() {
   return OkStatus();
 }
 
-PromotionRecord& Coordinator::OpenPlannedTimeline(const std::string& kind, const std::string& cause,
+PromotionRecord& Coordinator::OpenPlannedTimeline(PromotionKind kind, const std::string& cause,
                                                   const EngineRecord& old, EngineId next) {
   PromotionRecord& r = timelines_.Open(kind, cause);
   r.injected = clock_.Now();
@@ -219,22 +219,23 @@ void Coordinator::PublishRoutes() {
   for (const auto& [id, e] : engines_) {
     if (!e->live() || !e->registered()) continue;
     proto::RouteEntry entry{.engine_id = id,
-                            .role = "",
+                            .role = proto::EngineRole::kStandby,
                             .http_address = e->http_address,
                             .ready = e->serving(),
                             .weight = e->serving() ? 100u : 0u,
                             .engine_version = e->version};
     if (id == primary_) {
-      entry.role = e->is(EngineState::kDraining) ? "draining" : "primary";
+      entry.role = e->is(EngineState::kDraining) ? proto::EngineRole::kDraining
+                                                 : proto::EngineRole::kPrimary;
       if (const LedgerEngine* le = ledger_->engine(id)) table.epoch = le->epoch;
     } else if (id == promoting_) {
-      entry.role = "promoting";
+      entry.role = proto::EngineRole::kPromoting;
     } else if (e->is(EngineState::kStandby)) {
-      entry.role = "standby";
+      entry.role = proto::EngineRole::kStandby;
     } else if (IsCanary(id)) {
-      entry.role = e->is(EngineState::kPromoting) ? "promoting"
-                   : e->serving()                 ? "canary"
-                                                  : "draining";
+      entry.role = e->is(EngineState::kPromoting) ? proto::EngineRole::kPromoting
+                   : e->serving()                 ? proto::EngineRole::kCanary
+                                                  : proto::EngineRole::kDraining;
       entry.weight = e->serving() && upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0;
     } else {
       continue;
@@ -244,7 +245,7 @@ void Coordinator::PublishRoutes() {
   for (proto::RouteEntry& entry : table.entries) {  // the primary serves what the canary does not
     if (entry.engine_id != primary_ || !upgrade_.has_value()) continue;
     for (const proto::RouteEntry& c : table.entries) {
-      if (c.role == "canary" && c.ready) entry.weight = 100 - c.weight;
+      if (c.role == proto::EngineRole::kCanary && c.ready) entry.weight = 100 - c.weight;
     }
   }
   if (!effects_.PublishRoutes(std::move(table))) return;

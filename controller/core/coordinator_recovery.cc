@@ -142,8 +142,8 @@ void Coordinator::FenceUnaccounted(EngineRecord& e, const std::string& why) {
   if (recovery_.has_value()) {
     recovery_->status.fenced.push_back(RecoveryStatus::Fenced{e.id, why});
     if (e.id == recovery_->roster.primary && primary_ == kNoEngine) {
-      timelines_.Open("failover", "the previous primary is unaccounted for: " + why).old_engine =
-          e.id;
+      timelines_.Open(PromotionKind::kFailover, "the previous primary is unaccounted for: " + why)
+          .old_engine = e.id;
       StepPairIfAllowed(PairEvent::kPrimaryDied);
     }
   }
@@ -156,7 +156,7 @@ void Coordinator::NoteGone(EngineRecord& e, const std::string& how) {
   recovery_->gone[e.id] = clock_.Now() + config_.gpu_release_timeout;
   if (e.id == recovery_->roster.primary && primary_ == kNoEngine &&
       pair_.state() == PairState::kRecovering) {
-    PromotionRecord& r = timelines_.Open("failover", "the previous primary " + how);
+    PromotionRecord& r = timelines_.Open(PromotionKind::kFailover, "the previous primary " + how);
     r.old_engine = e.id;
     r.old_pid = e.pid;
     r.detected = clock_.Now();
@@ -388,8 +388,8 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
       c != nullptr && c->live() &&
       (c->serving() || c->is(EngineState::kDraining) || c->is(EngineState::kPromoting));
   std::string outcome;
-  const std::string interrupted =
-      "the controller restarted during the " + u.kind + " (phase " + u.phase + ")";
+  const std::string interrupted = "the controller restarted during the " +
+                                  std::string(ToString(u.kind)) + " (phase " + u.phase + ")";
   if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
     outcome = "rolled back: its canary or its primary did not come back";
     if (c != nullptr && c->live()) {
@@ -409,7 +409,7 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
   } else if (p->is(EngineState::kDraining)) {
     up.phase = Upgrade::Phase::kFinishing;
     upgrade_ = std::move(up);
-    OpenPlannedTimeline("upgrade", "canary passed every step", *p, u.canary);
+    OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p, u.canary);
     // The canary stands in for the standby, as its StandbyReady did before the restart.
     StepPairIfAllowed(PairEvent::kStandbyReady);
     StepPairIfAllowed(PairEvent::kGracefulPromoteRequested);
@@ -423,8 +423,9 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
     StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
     outcome = "resumed at " + std::to_string(upgrade_->judge->weight()) + " %";
   }
-  last_recovery_.upgrade = u.kind + " " + outcome;
-  BATON_LOG(INFO, "upgrade") << u.kind << " " << outcome << " (engine " << u.canary << ")";
+  last_recovery_.upgrade = ToString(u.kind) + (" " + outcome);
+  BATON_LOG(INFO, "upgrade") << ToString(u.kind) << " " << outcome << " (engine " << u.canary
+                             << ")";
   SaveCommands();
 }
 

@@ -10,19 +10,22 @@ const EngineStatus* CoordinatorStatus::Find(EngineId id) const {
   return nullptr;
 }
 
-std::string Coordinator::RoleOf(const EngineRecord& e) const {
-  if (!e.live()) return "fencing";
-  if (e.id == primary_) return e.is(EngineState::kDraining) ? "draining" : "primary";
+proto::EngineRole Coordinator::RoleOf(const EngineRecord& e) const {
+  using proto::EngineRole;
+  if (!e.live()) return EngineRole::kFencing;
+  if (e.id == primary_) {
+    return e.is(EngineState::kDraining) ? EngineRole::kDraining : EngineRole::kPrimary;
+  }
   if (IsCanary(e.id) && !e.is(EngineState::kLaunching) && !e.is(EngineState::kRegistering) &&
       !e.is(EngineState::kStandby)) {
-    return e.is(EngineState::kPromoting)  ? "promoting"
-           : e.is(EngineState::kDraining) ? "draining"
-                                          : "canary";
+    return e.is(EngineState::kPromoting)  ? EngineRole::kPromoting
+           : e.is(EngineState::kDraining) ? EngineRole::kDraining
+                                          : EngineRole::kCanary;
   }
-  if (e.is(EngineState::kPromoting)) return "promoting";
-  if (e.is(EngineState::kStandby)) return "standby";
-  if (e.is(EngineState::kAdopting)) return "adopting";
-  return "launching";
+  if (e.is(EngineState::kPromoting)) return EngineRole::kPromoting;
+  if (e.is(EngineState::kStandby)) return EngineRole::kStandby;
+  if (e.is(EngineState::kAdopting)) return EngineRole::kAdopting;
+  return EngineRole::kLaunching;
 }
 
 EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {

@@ -17,6 +17,7 @@
 #include "controller/core/pool_ledger.h"
 #include "controller/promotion.h"
 #include "controller/upgrade/upgrade.h"
+#include "proto/roles.h"
 
 namespace baton {
 
@@ -32,16 +33,16 @@ struct EngineExit {
   TimePoint at;
   EngineId id = 0;
   pid_t pid = 0;
-  std::string launch_role;
+  proto::LaunchRole launch_role = proto::LaunchRole::kStandby;
   std::string cause;
   std::string exit;
 };
 
 struct EngineStatus {
   EngineId id = kNoEngine;
-  std::string role;  // primary, standby, canary, promoting, draining, fencing, launching
+  proto::EngineRole role = proto::EngineRole::kLaunching;
   EngineState state = EngineState::kLaunching;
-  std::string launch_role;
+  proto::LaunchRole launch_role = proto::LaunchRole::kStandby;
   pid_t pid = 0;
   bool adopted = false;  // launched by a previous controller and re-adopted
   LedgerEngine ledger;   // role kStandby, epoch 0, no blocks when the ledger does not know it
@@ -64,7 +65,7 @@ struct EngineStatus {
 };
 
 struct UpgradeStatus {
-  std::string kind;
+  UpgradeKind kind = UpgradeKind::kUpgrade;
   Upgrade::Phase phase = Upgrade::Phase::kLaunching;
   EngineId primary = kNoEngine;
   EngineId canary = kNoEngine;

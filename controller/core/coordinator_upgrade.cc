@@ -90,7 +90,7 @@ Status Coordinator::RequestRollback(UpgradeRequest overrides) {
   overrides.command = previous_command_;
   Status started = RequestUpgrade(std::move(overrides));
   if (started.ok()) {
-    upgrade_->kind = "rollback";
+    upgrade_->kind = UpgradeKind::kRollback;
     SaveCommands();
   }
   return started;
@@ -98,9 +98,9 @@ Status Coordinator::RequestRollback(UpgradeRequest overrides) {
 
 // --- phases -------------------------------------------------------------------------------------
 
-std::vector<std::string> Coordinator::CommandFor(EngineId id, const std::string& role) {
+std::vector<std::string> Coordinator::CommandFor(EngineId id, proto::LaunchRole role) {
   if (upgrade_.has_value() && upgrade_->phase == Upgrade::Phase::kLaunching &&
-      upgrade_->canary == kNoEngine && role == "standby") {
+      upgrade_->canary == kNoEngine && role == proto::LaunchRole::kStandby) {
     upgrade_->canary = id;
     SaveCommands();
     BATON_LOG(INFO, kLog) << "engine " << id << " is the canary";
@@ -110,7 +110,7 @@ std::vector<std::string> Coordinator::CommandFor(EngineId id, const std::string&
 }
 
 void Coordinator::SetPhase(Upgrade::Phase phase) {
-  BATON_LOG(INFO, kLog) << upgrade_->kind << ": " << ToString(upgrade_->phase) << " -> "
+  BATON_LOG(INFO, kLog) << ToString(upgrade_->kind) << ": " << ToString(upgrade_->phase) << " -> "
                         << ToString(phase) << " (engine " << upgrade_->canary << ")";
   upgrade_->phase = phase;
   upgrade_->phase_since = clock_.Now();
@@ -231,7 +231,8 @@ void Coordinator::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
     primary_ = e.id;
     StepPairIfAllowed(PairEvent::kPromoteDone);
     give_back_blocks_ = true;
-    EndUpgrade("promoted", "the primary failed while the canary was promoted; it serves alone");
+    EndUpgrade(UpgradeOutcome::kPromoted,
+               "the primary failed while the canary was promoted; it serves alone");
     SaveRoster();
     PublishRoutes();
     if (PromotionRecord* r = timelines_.current()) {
@@ -325,7 +326,7 @@ void Coordinator::FinishUpgrade() {
   if (!CheckNoCalledOffDrain(*p).ok()) return;
   SetPhase(Upgrade::Phase::kFinishing);
   StepPair(PairEvent::kGracefulPromoteRequested);
-  OpenPlannedTimeline("upgrade", "canary passed every step", *p, upgrade_->canary);
+  OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p, upgrade_->canary);
   BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary
                         << " passed every step: draining engine " << p->id
                         << ", the old primary; the canary takes over";
@@ -337,7 +338,7 @@ void Coordinator::RollBackCanary(const std::string& reason) {
   upgrade_->rollback_reason = reason;
   EngineRecord* c = Find(upgrade_->canary);
   BATON_LOG(WARN, kLog) << "rolling back canary engine " << upgrade_->canary << ": " << reason;
-  if (c == nullptr || !c->live()) return EndUpgrade("rolled_back", reason);
+  if (c == nullptr || !c->live()) return EndUpgrade(UpgradeOutcome::kRolledBack, reason);
   if (!c->serving()) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
   SetPhase(Upgrade::Phase::kRollingBack);
   DrainEngine(*c);
@@ -350,7 +351,7 @@ void Coordinator::OnCanaryGone(EngineRecord& e) {
           ? upgrade_->rollback_reason
           : "the canary failed: " + std::string(ToString(*e.fail_cause)) + ": " + e.fail_reason;
   give_back_blocks_ = true;
-  EndUpgrade("rolled_back", why);
+  EndUpgrade(UpgradeOutcome::kRolledBack, why);
 }
 
 bool Coordinator::CanaryTakesOver(EngineRecord& old) {
@@ -369,8 +370,9 @@ bool Coordinator::CanaryTakesOver(EngineRecord& old) {
   }
   BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old.id
                         << " is " << (planned ? "drained" : "lost: " + old.fail_reason);
-  EndUpgrade("promoted", planned ? "passed every step"
-                                 : "the primary failed during the canary: " + old.fail_reason);
+  EndUpgrade(
+      UpgradeOutcome::kPromoted,
+      planned ? "passed every step" : "the primary failed during the canary: " + old.fail_reason);
   SaveRoster();
   PublishRoutes();
   if (PromotionRecord* r = timelines_.current()) {
@@ -381,7 +383,7 @@ bool Coordinator::CanaryTakesOver(EngineRecord& old) {
   return true;
 }
 
-void Coordinator::EndUpgrade(const std::string& outcome, const std::string& reason) {
+void Coordinator::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) {
   UpgradeResult res{.kind = upgrade_->kind,
                     .outcome = outcome,
                     .reason = reason,
@@ -391,15 +393,16 @@ void Coordinator::EndUpgrade(const std::string& outcome, const std::string& reas
                     .started = upgrade_->started,
                     .ended = clock_.Now()};
   if (const EngineRecord* c = Find(upgrade_->canary)) res.version = c->version;
-  if (outcome == "promoted") {
+  if (outcome == UpgradeOutcome::kPromoted) {
     previous_command_ = upgrade_->previous;
     active_command_ = upgrade_->command;
     ++upgrades_promoted_;
   } else {
     ++upgrades_rolled_back_;
   }
-  BATON_LOG(INFO, kLog) << upgrade_->kind << " " << outcome << " (engine " << res.canary
-                        << "): " << reason << "; standbys now run: " << Joined(active_command());
+  BATON_LOG(INFO, kLog) << ToString(upgrade_->kind) << " " << ToString(outcome) << " (engine "
+                        << res.canary << "): " << reason
+                        << "; standbys now run: " << Joined(active_command());
   upgrade_history_.push_back(std::move(res));
   if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
   upgrade_.reset();

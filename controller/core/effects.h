@@ -41,7 +41,7 @@ const char* ToEngineName(const ToEngine& message);
 
 struct LaunchSpec {
   EngineId id = kNoEngine;
-  std::string role;  // "primary" or "standby": what it is launched as
+  proto::LaunchRole role = proto::LaunchRole::kStandby;  // what it is launched as
   std::string token;
   int port = 0;
   std::vector<std::string> command;  // unexpanded (placeholders)

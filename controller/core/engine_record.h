@@ -50,7 +50,7 @@ struct EngineRecord {
         adopted(adopted_from_previous) {}
 
   EngineId id;
-  std::string launch_role;  // "primary" or "standby": what it was launched as
+  proto::LaunchRole launch_role = proto::LaunchRole::kStandby;  // what it was launched as
   std::string token;
   int port = 0;
   pid_t pid = 0;

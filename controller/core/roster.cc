@@ -23,7 +23,7 @@ json EngineJson(const RosterEngine& e) {
           {"pid", e.pid},
           {"start_time", e.start_time},
           {"token", e.token},
-          {"launch_role", e.launch_role},
+          {"launch_role", proto::ToString(e.launch_role)},
           {"port", e.port},
           {"command", e.command},
           {"cgroup", e.cgroup},
@@ -59,11 +59,15 @@ Result<RosterEngine> EngineFrom(const json& j, const std::string& where) {
   if (!j.is_object()) return InvalidArgument(where + " is not an object");
   RosterEngine e;
   std::string role;
+  std::string launch_role;
   BATON_RETURN_IF_ERROR(JsonField(j, "id", where, &e.id));
   BATON_RETURN_IF_ERROR(JsonField(j, "pid", where, &e.pid));
   BATON_RETURN_IF_ERROR(JsonField(j, "start_time", where, &e.start_time));
   BATON_RETURN_IF_ERROR(JsonField(j, "token", where, &e.token));
-  BATON_RETURN_IF_ERROR(JsonField(j, "launch_role", where, &e.launch_role));
+  BATON_RETURN_IF_ERROR(JsonField(j, "launch_role", where, &launch_role));
+  Result<proto::LaunchRole> launched = proto::ParseLaunchRole(launch_role);
+  if (!launched.ok()) return InvalidArgument(where + ": " + launched.status().message());
+  e.launch_role = *launched;
   BATON_RETURN_IF_ERROR(JsonField(j, "port", where, &e.port));
   BATON_RETURN_IF_ERROR(JsonField(j, "command", where, &e.command));
   BATON_RETURN_IF_ERROR(JsonField(j, "cgroup", where, &e.cgroup));

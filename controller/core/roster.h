@@ -24,6 +24,7 @@
 
 #include "base/status.h"
 #include "controller/core/pool_ledger.h"
+#include "proto/roles.h"
 
 namespace baton {
 
@@ -44,7 +45,7 @@ struct RosterEngine {
   pid_t pid = 0;
   uint64_t start_time = 0;  // clock ticks after boot (/proc/<pid>/stat); 0: unknown
   std::string token;
-  std::string launch_role;  // "primary" or "standby"
+  proto::LaunchRole launch_role = proto::LaunchRole::kStandby;
   int port = 0;
   std::vector<std::string> command;
   std::string cgroup;  // the engine's cgroup directory, or ""

@@ -16,9 +16,9 @@ double AgoMs(const ControllerStatus& c, TimePoint t) { return MillisBetween(t, c
 
 json EngineJson(const ControllerStatus& c, const EngineStatus& e) {
   json j = {{"id", e.id},
-            {"role", e.role},
+            {"role", proto::ToString(e.role)},
             {"state", ToString(e.state)},
-            {"launched_as", e.launch_role},
+            {"launched_as", proto::ToString(e.launch_role)},
             {"pid", e.pid},
             {"adopted", e.adopted},
             {"epoch", e.ledger.epoch},
@@ -163,7 +163,7 @@ json HistoryJson(const ControllerStatus& c) {
   for (const EngineExit& x : c.core.exits) {
     exits.push_back({{"id", x.id},
                      {"pid", x.pid},
-                     {"launched_as", x.launch_role},
+                     {"launched_as", proto::ToString(x.launch_role)},
                      {"cause", x.cause},
                      {"exit", x.exit},
                      {"ms_ago", AgoMs(c, x.at)}});
@@ -176,7 +176,7 @@ json RoutesJson(const ControllerStatus& c) {
   json entries = json::array();
   for (const proto::RouteEntry& e : t.entries) {
     entries.push_back({{"engine_id", e.engine_id},
-                       {"role", e.role},
+                       {"role", proto::ToString(e.role)},
                        {"http_address", e.http_address},
                        {"ready", e.ready},
                        {"weight", e.weight}});

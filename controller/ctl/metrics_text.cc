@@ -30,8 +30,8 @@ std::string MetricsText(const ControllerStatus& c) {
   out << "# HELP baton_engine_blocks Pool blocks leased to each engine\n"
          "# TYPE baton_engine_blocks gauge\n";
   for (const EngineStatus& e : core.engines) {
-    out << "baton_engine_blocks{engine_id=\"" << e.id << "\",role=\"" << e.role << "\"} "
-        << e.ledger.blocks << "\n";
+    out << "baton_engine_blocks{engine_id=\"" << e.id << "\",role=\"" << proto::ToString(e.role)
+        << "\"} " << e.ledger.blocks << "\n";
   }
   gauge("baton_weights_bytes", "Weight arena bytes resident",
         static_cast<double>(c.weights.arena_bytes));

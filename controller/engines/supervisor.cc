@@ -377,12 +377,9 @@ Supervisor::Supervisor(std::vector<std::string> command, std::string socket_path
       log_dir_(std::move(log_dir)) {}
 
 std::map<std::string, std::string> Supervisor::Placeholders(const LaunchRequest& r) const {
-  return {{"socket", socket_path_},
-          {"token", r.token},
-          {"role", r.role},
-          {"engine_id", std::to_string(r.engine_id)},
-          {"port", std::to_string(r.port)},
-          {"model_dir", model_dir_},
+  return {{"socket", socket_path_},          {"token", r.token},
+          {"role", proto::ToString(r.role)}, {"engine_id", std::to_string(r.engine_id)},
+          {"port", std::to_string(r.port)},  {"model_dir", model_dir_},
           {"runtime_dir", runtime_dir_}};
 }
 
@@ -399,7 +396,7 @@ Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
   env.insert({{"BATON_SOCKET", socket_path_},
               {"BATON_LAUNCH_TOKEN", request.token},
               {"BATON_ENGINE_ID", std::to_string(request.engine_id)},
-              {"BATON_ROLE", request.role},
+              {"BATON_ROLE", proto::ToString(request.role)},
               {"BATON_HTTP_PORT", std::to_string(request.port)},
               {"BATON_MODEL_DIR", model_dir_}});
   std::string log_path;

@@ -30,6 +30,7 @@
 
 #include "base/io/unique_fd.h"
 #include "base/status.h"
+#include "proto/roles.h"
 
 namespace baton {
 
@@ -95,7 +96,7 @@ class ChildProcess {
 
 struct LaunchRequest {
   uint64_t engine_id = 0;
-  std::string role;   // "primary" or "standby"
+  proto::LaunchRole role = proto::LaunchRole::kStandby;
   std::string token;  // launch token checked in Hello
   int port = 0;
   // The command line to expand instead of the configured one (an upgrade's candidate);

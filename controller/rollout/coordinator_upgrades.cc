@@ -41,7 +41,7 @@ LocalUpgrade CoordinatorUpgrades::ViewOf(const CoordinatorStatus& s) {
   if (s.upgrade.has_value()) {
     v.in_flight = true;
     v.kind = s.upgrade->kind;
-    v.phase = ToString(s.upgrade->phase);
+    v.phase = s.upgrade->phase;
     v.command = s.upgrade->command;
   }
   v.active = s.active_command;

@@ -73,12 +73,12 @@ proto::CtlReply FleetStatusReply(EtcdClient& etcd, const std::string& prefix) {
     out << "  " << n->name << " (" << n->model << "): pair " << n->routes.pair_state;
     for (const proto::RouteEntry& e : n->routes.entries) {
       engines.push_back({{"engine_id", e.engine_id},
-                         {"role", e.role},
+                         {"role", proto::ToString(e.role)},
                          {"version", e.engine_version},
                          {"ready", e.ready},
                          {"weight", e.weight}});
-      if (e.role == "primary") primary_version = e.engine_version;
-      out << ", " << e.role << " " << e.engine_id << " " << e.engine_version
+      if (e.role == proto::EngineRole::kPrimary) primary_version = e.engine_version;
+      out << ", " << proto::ToString(e.role) << " " << e.engine_id << " " << e.engine_version
           << (e.ready ? "" : " (not ready)")
           << (e.weight > 0 && e.weight < 100 ? " at " + std::to_string(e.weight) + " %" : "");
     }

@@ -84,7 +84,8 @@ NodeDecision DecideNode(const Rollout& r, const std::string& node, const LocalUp
   if (me == nullptr || local.recovering) return {};
   NodeDecision d{.step = Step::kNone, .entry = *me};
   NodeRollout& e = d.entry;
-  const bool ours = local.in_flight && local.kind == "upgrade" && local.command == r.command;
+  const bool ours =
+      local.in_flight && local.kind == UpgradeKind::kUpgrade && local.command == r.command;
   const bool runs_new = local.active == r.command;
   auto record = [&](Step step) {
     d.step = step;
@@ -99,7 +100,8 @@ NodeDecision DecideNode(const Rollout& r, const std::string& node, const LocalUp
         return record(Step::kRecord);
       }
       if (me->started) return d;  // the canary ended and a rollback runs: wait for its end
-      Move(e, NS::kFailed, "another " + local.kind + " is in progress on the node", now_ms);
+      Move(e, NS::kFailed,
+           "another " + std::string(ToString(local.kind)) + " is in progress on the node", now_ms);
       return record(Step::kRecord);
     }
     if (runs_new) {
@@ -109,7 +111,7 @@ NodeDecision DecideNode(const Rollout& r, const std::string& node, const LocalUp
     }
     if (me->started) {
       Move(e, NS::kRolledBack,
-           local.last_outcome == "rolled_back" && !local.last_reason.empty()
+           local.last_outcome == UpgradeOutcome::kRolledBack && !local.last_reason.empty()
                ? local.last_reason
                : "the canary ended without being promoted",
            now_ms);
@@ -121,11 +123,14 @@ NodeDecision DecideNode(const Rollout& r, const std::string& node, const LocalUp
   if (me->state == NS::kRollingBack) {
     if (local.in_flight) {
       if (ours) {
-        if (local.phase == "rolling_back" || local.phase == "finishing") return d;
+        if (local.phase == Upgrade::Phase::kRollingBack ||
+            local.phase == Upgrade::Phase::kFinishing) {
+          return d;
+        }
         e.started = true;
         return record(Step::kRollBackCanary);
       }
-      if (!me->started && local.kind == "rollback") {
+      if (!me->started && local.kind == UpgradeKind::kRollback) {
         e.started = true;
         return record(Step::kRecord);
       }

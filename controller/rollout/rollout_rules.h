@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "controller/rollout/rollout_record.h"
+#include "controller/upgrade/upgrade.h"
 
 namespace baton {
 
@@ -53,11 +54,11 @@ struct LocalUpgrade {
   // yet, so nothing is decided.
   bool recovering = false;
   bool in_flight = false;
-  std::string kind = {};                  // of the one in flight: "upgrade" or "rollback"
-  std::string phase = {};                 // of the one in flight (Upgrade::Phase as text)
-  std::vector<std::string> command = {};  // of the one in flight
-  std::vector<std::string> active = {};   // the command standbys are launched with now
-  std::string last_outcome = {};          // of the last ended upgrade: promoted, rolled_back
+  UpgradeKind kind = UpgradeKind::kUpgrade;           // of the one in flight
+  Upgrade::Phase phase = Upgrade::Phase::kLaunching;  // of the one in flight
+  std::vector<std::string> command = {};              // of the one in flight
+  std::vector<std::string> active = {};               // the command standbys are launched with now
+  std::optional<UpgradeOutcome> last_outcome = {};    // of the last ended upgrade, if any
   std::string last_reason = {};
   std::string last_version = {};
 };

@@ -37,7 +37,9 @@ Result<std::optional<InFlightUpgrade>> InFlight(const json& j, const std::string
       !u.value("weight", json()).is_number_unsigned()) {
     return InvalidArgument(path + ": 'in_flight' needs kind, phase, canary and weight");
   }
-  InFlightUpgrade out{.kind = u["kind"].get<std::string>(),
+  Result<UpgradeKind> kind = ParseUpgradeKind(u["kind"].get<std::string>());
+  if (!kind.ok()) return InvalidArgument(path + ": 'in_flight': " + kind.status().message());
+  InFlightUpgrade out{.kind = *kind,
                       .command = {},
                       .phase = u["phase"].get<std::string>(),
                       .canary = u["canary"].get<uint64_t>(),
@@ -87,7 +89,7 @@ Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
   json j = {
       {"configured", record.configured}, {"active", record.active}, {"previous", record.previous}};
   if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value()) {
-    j["in_flight"] = {{"kind", u->kind},
+    j["in_flight"] = {{"kind", ToString(u->kind)},
                       {"command", u->command},
                       {"phase", u->phase},
                       {"canary", u->canary},

@@ -15,13 +15,14 @@
 #include <vector>
 
 #include "base/status.h"
+#include "controller/upgrade/upgrade_kind.h"
 
 namespace baton {
 
 using EngineIdValue = uint64_t;
 
 struct InFlightUpgrade {
-  std::string kind;                  // "upgrade" or "rollback"
+  UpgradeKind kind = UpgradeKind::kUpgrade;
   std::vector<std::string> command;  // the candidate
   std::string phase;                 // the last phase it reached
   uint64_t canary = 0;               // its engine id (0: not launched yet)

@@ -25,8 +25,8 @@ json SeenJson(const proto::EngineOutcome& o) {
 }
 
 json ResultJson(const ControllerStatus& c, const UpgradeResult& r) {
-  return {{"kind", r.kind},
-          {"outcome", r.outcome},
+  return {{"kind", ToString(r.kind)},
+          {"outcome", ToString(r.outcome)},
           {"reason", r.reason},
           {"canary", r.canary},
           {"version", r.version},
@@ -109,7 +109,7 @@ json UpgradeJson(const ControllerStatus& s) {
   for (const UpgradeResult& r : c.upgrade_history) history.push_back(ResultJson(s, r));
   json current = nullptr;
   if (const std::optional<UpgradeStatus>& u = c.upgrade; u.has_value()) {
-    current = {{"kind", u->kind},
+    current = {{"kind", ToString(u->kind)},
                {"phase", ToString(u->phase)},
                {"primary", u->primary},
                {"canary", u->canary},
@@ -136,7 +136,7 @@ std::string UpgradeText(const ControllerStatus& s) {
   const CoordinatorStatus& c = s.core;
   std::ostringstream out;
   if (const std::optional<UpgradeStatus>& u = c.upgrade; u.has_value()) {
-    out << u->kind << " in progress: phase " << ToString(u->phase) << ", canary engine "
+    out << ToString(u->kind) << " in progress: phase " << ToString(u->phase) << ", canary engine "
         << u->canary;
     if (u->step.has_value()) out << " at " << u->weight << " %";
     if (!u->judgement.empty()) out << " (" << u->judgement << ")";
@@ -144,8 +144,8 @@ std::string UpgradeText(const ControllerStatus& s) {
   }
   if (!c.upgrade_history.empty()) {
     const UpgradeResult& r = c.upgrade_history.back();
-    out << "last " << r.kind << ": " << r.outcome << " (engine " << r.canary << ", " << r.reason
-        << ")\n";
+    out << "last " << ToString(r.kind) << ": " << ToString(r.outcome) << " (engine " << r.canary
+        << ", " << r.reason << ")\n";
   }
   return out.str();
 }

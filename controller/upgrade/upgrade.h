@@ -26,13 +26,14 @@
 #include "base/clock.h"
 #include "controller/core/pool_ledger.h"
 #include "controller/upgrade/canary.h"
+#include "controller/upgrade/upgrade_kind.h"
 
 namespace baton {
 
 struct Upgrade {
   enum class Phase { kLaunching, kReclaiming, kPromoting, kCanary, kFinishing, kRollingBack };
 
-  std::string kind = "upgrade";       // "upgrade" or "rollback" (back to the previous command)
+  UpgradeKind kind = UpgradeKind::kUpgrade;
   std::vector<std::string> command;   // the candidate engine command
   std::vector<std::string> previous;  // the command the pair ran before
   CanaryPolicy policy;
@@ -50,8 +51,8 @@ struct Upgrade {
 
 // The end of an upgrade, kept for `batonctl status`.
 struct UpgradeResult {
-  std::string kind;
-  std::string outcome;  // "promoted" or "rolled_back"
+  UpgradeKind kind = UpgradeKind::kUpgrade;
+  UpgradeOutcome outcome = UpgradeOutcome::kPromoted;
   std::string reason;
   EngineId canary = kNoEngine;
   std::string version;  // what the canary reported at Register

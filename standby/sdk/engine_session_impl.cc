@@ -222,7 +222,7 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   std::vector<uint8_t> inherited;
   {
     MutexLock lock(mu_);
-    if (promoted_ || msg.epoch == 0 || !failed_.empty()) {
+    if (promoted_ || msg.epoch == 0 || failed_.has_value()) {
       mapped = FailedPrecondition("Promote at epoch " + std::to_string(msg.epoch) +
                                   " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
     } else {
@@ -318,10 +318,10 @@ Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duratio
                                   it->reason);
       }
     }
-    if (!failed_.empty()) return FailedPrecondition("not promoted: " + failed_);
-    if (!stopped_.empty()) return FailedPrecondition("not promoted: told to stop: " + stopped_);
-    if (!disconnected_.empty()) {
-      return FailedPrecondition("not promoted: controller connection lost: " + disconnected_);
+    if (failed_.has_value()) return FailedPrecondition("not promoted: " + *failed_);
+    if (stopped_.has_value()) return FailedPrecondition("not promoted: told to stop: " + *stopped_);
+    if (disconnected_.has_value()) {
+      return FailedPrecondition("not promoted: controller connection lost: " + *disconnected_);
     }
     if (!timeout.has_value()) {
       cv_.Wait(mu_);
@@ -418,7 +418,7 @@ Status EngineSession::Impl::ReportError(const Status& error) {
                                   .message = reported.message()};
   {
     MutexLock lock(mu_);
-    if (failed_.empty()) failed_ = "reported an error: " + reported.message();
+    if (!failed_.has_value()) failed_ = "reported an error: " + reported.message();
     if (!error_.has_value()) error_ = report;  // the first: sent again after a reattach
   }
   cv_.NotifyAll();
@@ -427,9 +427,10 @@ Status EngineSession::Impl::ReportError(const Status& error) {
 
 Status EngineSession::Impl::CheckEpoch() const {
   MutexLock lock(mu_);
-  if (!disconnected_.empty()) return Unavailable("controller connection lost: " + disconnected_);
-  if (!stopped_.empty()) return FailedPrecondition("told to stop: " + stopped_);
-  if (!failed_.empty()) return FailedPrecondition(failed_);
+  if (disconnected_.has_value())
+    return Unavailable("controller connection lost: " + *disconnected_);
+  if (stopped_.has_value()) return FailedPrecondition("told to stop: " + *stopped_);
+  if (failed_.has_value()) return FailedPrecondition(*failed_);
   return OkStatus();
 }
 
@@ -469,7 +470,7 @@ void EngineSession::Impl::Shutdown() {
     MutexLock lock(mu_);
     pool_.UnmapAll();
     device_.reset();
-    if (disconnected_.empty()) disconnected_ = "the session was shut down";
+    if (!disconnected_.has_value()) disconnected_ = "the session was shut down";
     events_.push_back(SessionEvent{.kind = SessionEventKind::kDisconnected,
                                    .reason = "the session was shut down"});
   }

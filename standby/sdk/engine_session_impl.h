@@ -200,11 +200,11 @@ class EngineSession::Impl {
   std::atomic<uint16_t> protocol_{0};                      // the version the last Hello agreed on
   // The error reported, sent again after a reattach.
   std::optional<proto::ErrorReport> error_ BATON_GUARDED_BY(mu_);
-  std::string stopped_ BATON_GUARDED_BY(mu_);  // non-empty once told to stop
-  // Non-empty once an error was reported or a promotion failed.
-  std::string failed_ BATON_GUARDED_BY(mu_);
-  // Non-empty once the session ended without a controller.
-  std::string disconnected_ BATON_GUARDED_BY(mu_);
+  std::optional<std::string> stopped_ BATON_GUARDED_BY(mu_);  // why, once told to stop
+  // Why, once an error was reported or a promotion failed.
+  std::optional<std::string> failed_ BATON_GUARDED_BY(mu_);
+  // Why, once the session ended without a controller.
+  std::optional<std::string> disconnected_ BATON_GUARDED_BY(mu_);
 
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> heartbeat_seq_{0};

@@ -79,7 +79,7 @@ bool EngineSession::Impl::CanReattach() const {
   // Reattach is protocol 5; a session without handles_resume speaks 2.
   if (!registered_.load() || !options_.handles_resume || stopping_.load()) return false;
   MutexLock lock(mu_);
-  return stopped_.empty() && disconnected_.empty();
+  return !stopped_.has_value() && !disconnected_.has_value();
 }
 
 bool EngineSession::Impl::ConnectionGone() {

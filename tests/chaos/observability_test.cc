@@ -24,7 +24,8 @@ Result<proto::RouteTable> NextTableWithPrimary(proto::Channel& router, uint64_t 
     BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, router.Receive(std::chrono::seconds(20)));
     BATON_ASSIGN_OR_RETURN(proto::RouteTable table, msg.As<proto::RouteTable>());
     for (const proto::RouteEntry& e : table.entries) {
-      if (e.role == "primary" && e.ready && e.engine_id != not_primary) return table;
+      if (e.role == proto::EngineRole::kPrimary && e.ready && e.engine_id != not_primary)
+        return table;
     }
   }
   return DeadlineExceeded("no route table with a new primary");
@@ -44,7 +45,7 @@ TEST(ChaosRoutes, SubscriberSeesTheNewPrimary) {
   EXPECT_EQ(first->pair_state, "ready");
   uint64_t primary = 0;
   for (const proto::RouteEntry& e : first->entries) {
-    if (e.role == "primary") primary = e.engine_id;
+    if (e.role == proto::EngineRole::kPrimary) primary = e.engine_id;
   }
   const json status = cluster.Status();
   EXPECT_EQ(primary, PrimaryId(status));

@@ -10,7 +10,7 @@ using std::chrono::milliseconds;
 TEST(Timeline, PhasesFromStamps) {
   FakeClock clock;
   TimelineLog log(clock, 2);
-  PromotionRecord& r = log.Open("failover", "hung: silent");
+  PromotionRecord& r = log.Open(PromotionKind::kFailover, "hung: silent");
   const TimePoint t0 = clock.Now();
   r.last_heartbeat = t0;
   r.detected = t0 + milliseconds(400);
@@ -38,7 +38,7 @@ TEST(Timeline, PhasesFromStamps) {
 TEST(Timeline, InjectionIsTheEvidenceForADrill) {
   FakeClock clock;
   TimelineLog log(clock);
-  PromotionRecord& r = log.Open("failover", "drill kill");
+  PromotionRecord& r = log.Open(PromotionKind::kFailover, "drill kill");
   r.injected = clock.Now();
   r.last_heartbeat = clock.Now() - milliseconds(50);
   r.detected = clock.Now() + milliseconds(2);
@@ -51,13 +51,13 @@ TEST(Timeline, BoundedAndClosed) {
   TimelineLog log(clock, 2);
   EXPECT_EQ(log.current(), nullptr);
   EXPECT_EQ(log.last(), nullptr);
-  log.Open("promotion", "a");
-  log.Open("failover", "b");  // supersedes a
+  log.Open(PromotionKind::kPromotion, "a");
+  log.Open(PromotionKind::kFailover, "b");  // supersedes a
   EXPECT_EQ(log.records().front().outcome, "superseded");
   log.Close("serving");
   EXPECT_EQ(log.current(), nullptr);
   EXPECT_EQ(log.last()->outcome, "serving");
-  log.Open("failover", "c");
+  log.Open(PromotionKind::kFailover, "c");
   EXPECT_EQ(log.records().size(), 2u);
   EXPECT_EQ(log.records().front().cause, "b");
   EXPECT_EQ(log.records().back().seq, 3u);
@@ -66,7 +66,7 @@ TEST(Timeline, BoundedAndClosed) {
 TEST(Timeline, AwaitingStandbyAfterPromotion) {
   FakeClock clock;
   TimelineLog log(clock);
-  PromotionRecord& r = log.Open("failover", "x");
+  PromotionRecord& r = log.Open(PromotionKind::kFailover, "x");
   EXPECT_EQ(log.awaiting_standby(), nullptr);
   r.promote_acked = clock.Now();
   log.Close("serving");
@@ -81,6 +81,18 @@ TEST(Timeline, WallTimeIsIso8601) {
   ASSERT_EQ(t.size(), 24u) << t;
   EXPECT_EQ(t[10], 'T');
   EXPECT_EQ(t.back(), 'Z');
+}
+
+TEST(Timeline, EveryKindRoundTrips) {
+  for (PromotionKind kind : kPromotionKinds) {
+    Result<PromotionKind> back = ParsePromotionKind(ToString(kind));
+    ASSERT_TRUE(back.ok()) << ToString(kind) << ": " << back.status().ToString();
+    EXPECT_EQ(*back, kind) << ToString(kind);
+  }
+  Result<PromotionKind> bad = ParsePromotionKind("takeover");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("unknown promotion kind 'takeover'"), std::string::npos)
+      << bad.status().message();
 }
 
 }  // namespace

@@ -59,8 +59,10 @@ TEST_F(RoutePublisherTest, SumsTheLatestReportOfEverySubscriber) {
   proto::Channel a = Subscribe("router-a");
   proto::Channel b = Subscribe("router-b");
   proto::RouteTable table{.version = 0, .epoch = 1, .pair_state = "ready"};
-  table.entries.push_back(
-      {.engine_id = 1, .role = "primary", .http_address = "127.0.0.1:1", .ready = true});
+  table.entries.push_back({.engine_id = 1,
+                           .role = proto::EngineRole::kPrimary,
+                           .http_address = "127.0.0.1:1",
+                           .ready = true});
   ASSERT_TRUE(publisher_.Publish(table));
   for (proto::Channel* c : {&a, &b}) {
     Result<proto::ReceivedMessage> msg = c->Receive(seconds(5));

@@ -69,12 +69,13 @@ class Simulation {
     }
     // The routers were told: the last table sends traffic to the primary.
     const std::optional<proto::RouteTable>& routes = effects_.routes();
-    const bool routed = routes.has_value() &&
-                        std::any_of(routes->entries.begin(), routes->entries.end(),
-                                    [this](const proto::RouteEntry& r) {
-                                      return r.engine_id == coord_->primary() &&
-                                             r.role == "primary" && r.ready && r.weight == 100;
-                                    });
+    const bool routed =
+        routes.has_value() && std::any_of(routes->entries.begin(), routes->entries.end(),
+                                          [this](const proto::RouteEntry& r) {
+                                            return r.engine_id == coord_->primary() &&
+                                                   r.role == proto::EngineRole::kPrimary &&
+                                                   r.ready && r.weight == 100;
+                                          });
     if (out_.ok && !routed) {
       Fail(-1, "liveness: the last route table does not send traffic to primary engine " +
                    std::to_string(coord_->primary()));

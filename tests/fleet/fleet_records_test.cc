@@ -23,13 +23,13 @@ proto::RouteTable Routes() {
   t.epoch = 2;
   t.pair_state = "ready";
   t.entries.push_back({.engine_id = 2,
-                       .role = "primary",
+                       .role = proto::EngineRole::kPrimary,
                        .http_address = "127.0.2.1:8001",
                        .ready = true,
                        .weight = 100,
                        .engine_version = "refengine-1.0"});
   t.entries.push_back({.engine_id = 3,
-                       .role = "standby",
+                       .role = proto::EngineRole::kStandby,
                        .http_address = "127.0.2.1:8002",
                        .ready = false,
                        .weight = 0,

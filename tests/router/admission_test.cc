@@ -22,7 +22,8 @@ proto::RouteTable Table(std::vector<proto::RouteEntry> entries, uint64_t epoch =
 }
 
 proto::RouteEntry Primary(uint64_t id, const std::string& address) {
-  return {.engine_id = id, .role = "primary", .http_address = address, .ready = true};
+  return {
+      .engine_id = id, .role = proto::EngineRole::kPrimary, .http_address = address, .ready = true};
 }
 
 // Records each grant.
@@ -225,8 +226,11 @@ TEST(AdmissionTest, ReplayAvoidsTheFailedEngineUntilTheTableChanges) {
 TEST(AdmissionTest, WeightsSplitTrafficSmoothly) {
   FakeClock clock;
   Admission a(clock, {});
-  proto::RouteEntry canary{
-      .engine_id = 2, .role = "canary", .http_address = "127.0.0.1:2", .ready = true, .weight = 25};
+  proto::RouteEntry canary{.engine_id = 2,
+                           .role = proto::EngineRole::kCanary,
+                           .http_address = "127.0.0.1:2",
+                           .ready = true,
+                           .weight = 25};
   proto::RouteEntry primary = Primary(1, "127.0.0.1:1");
   primary.weight = 75;
   a.SetTable(Table({primary, canary}));
@@ -247,7 +251,7 @@ TEST(AdmissionTest, WeightsSplitTrafficSmoothly) {
 
 proto::RouteEntry Canary(uint64_t id, const std::string& address, uint32_t weight) {
   return {.engine_id = id,
-          .role = "canary",
+          .role = proto::EngineRole::kCanary,
           .http_address = address,
           .ready = true,
           .weight = weight,
@@ -306,7 +310,8 @@ TEST(AdmissionTest, PrimaryGetsNoNewRequestsWithACanaryAtFull) {
   ASSERT_EQ(w.size(), 2u);
   for (const TargetWeight& t : w) {
     EXPECT_DOUBLE_EQ(t.weight, t.target.engine_id == 1 ? 0.0 : 100.0);
-    EXPECT_EQ(t.role, t.target.engine_id == 1 ? "primary" : "canary");
+    EXPECT_EQ(t.role,
+              t.target.engine_id == 1 ? proto::EngineRole::kPrimary : proto::EngineRole::kCanary);
   }
 
   // A replay that failed on the canary may still go to the primary, the only other target.
@@ -377,7 +382,7 @@ TEST(AdmissionTest, ACanaryStaysOneUntilPrimaryOrGone) {
   }
   EXPECT_EQ(canaries, 1u);
   proto::RouteEntry draining = Canary(2, "127.0.0.1:2", 0);
-  draining.role = "draining";
+  draining.role = proto::EngineRole::kDraining;
   draining.ready = false;
   a.SetTable(Table({Primary(1, "127.0.0.1:1"), draining}));  // rolled back
   EXPECT_TRUE(a.IsCanary(canary));

@@ -43,7 +43,7 @@ Result<proto::RouterReport> NextReport(proto::Channel& channel) {
 proto::RouteTable OnePrimary(uint64_t version) {
   proto::RouteTable table{.version = version, .epoch = 1, .pair_state = "ready"};
   table.entries.push_back({.engine_id = 1,
-                           .role = "primary",
+                           .role = proto::EngineRole::kPrimary,
                            .http_address = "127.0.0.1:1",
                            .ready = true,
                            .weight = 100,

@@ -375,13 +375,13 @@ Result<proto::Channel> AcceptSubscriber(proto::Listener& listener) {
 proto::RouteTable TableWith(uint64_t version, const std::string& address, bool ready) {
   proto::RouteTable table{.version = version, .epoch = version, .pair_state = "ready"};
   table.entries.push_back({.engine_id = 1,
-                           .role = "primary",
+                           .role = proto::EngineRole::kPrimary,
                            .http_address = address,
                            .ready = ready,
                            .weight = 100,
                            .engine_version = "ref"});
   table.entries.push_back({.engine_id = 2,
-                           .role = "standby",
+                           .role = proto::EngineRole::kStandby,
                            .http_address = "127.0.0.1:1",
                            .ready = false,
                            .weight = 0,

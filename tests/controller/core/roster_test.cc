@@ -15,7 +15,7 @@ Roster TwoEngines() {
                                    .pid = 4242,
                                    .start_time = 1234567,
                                    .token = "00ff",
-                                   .launch_role = "primary",
+                                   .launch_role = proto::LaunchRole::kPrimary,
                                    .port = 8101,
                                    .command = {"engine", "--port", "{port}"},
                                    .cgroup = "/sys/fs/cgroup/x/engine-7",

@@ -30,7 +30,7 @@ TEST(Supervisor, ExpandsPlaceholders) {
                   "{runtime_dir}"},
                  "/run/c.sock", "/m", "/run", "");
   EXPECT_EQ(
-      sup.Expand({.engine_id = 7, .role = "standby", .token = "tok", .port = 9}),
+      sup.Expand({.engine_id = 7, .role = proto::LaunchRole::kStandby, .token = "tok", .port = 9}),
       (std::vector<std::string>{"eng", "/run/c.sock", "tok", "standby", "7", "9", "/m", "/run"}));
 }
 

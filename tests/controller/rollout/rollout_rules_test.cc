@@ -37,9 +37,12 @@ Rollout Advance(const Rollout& r, const std::set<std::string>& listed = kAll) {
 
 LocalUpgrade Idle(const std::vector<std::string>& active) { return LocalUpgrade{.active = active}; }
 
-LocalUpgrade Canary(const std::string& phase = "canary") {
-  return LocalUpgrade{
-      .in_flight = true, .kind = "upgrade", .phase = phase, .command = kNew, .active = kOld};
+LocalUpgrade Canary(Upgrade::Phase phase = Upgrade::Phase::kCanary) {
+  return LocalUpgrade{.in_flight = true,
+                      .kind = UpgradeKind::kUpgrade,
+                      .phase = phase,
+                      .command = kNew,
+                      .active = kOld};
 }
 
 TEST(RolloutRules, OneNodeAtATimeInTheRecordsOrderUntilDone) {
@@ -157,7 +160,7 @@ TEST(RolloutNode, UpgradingStartsTheCanaryOnceAndReadsItsEnd) {
   EXPECT_EQ(DecideNode(r, "a", Canary(), 400).step, Step::kNone);
   // Promoted: standbys launch with the new command.
   LocalUpgrade promoted = Idle(kNew);
-  promoted.last_outcome = "promoted";
+  promoted.last_outcome = UpgradeOutcome::kPromoted;
   promoted.last_version = "engine-2";
   d = DecideNode(r, "a", promoted, 500);
   EXPECT_EQ(d.step, Step::kRecord);
@@ -165,7 +168,7 @@ TEST(RolloutNode, UpgradingStartsTheCanaryOnceAndReadsItsEnd) {
   EXPECT_EQ(d.entry.version, "engine-2");
   // Or rolled back by its judge.
   LocalUpgrade rolled = Idle(kOld);
-  rolled.last_outcome = "rolled_back";
+  rolled.last_outcome = UpgradeOutcome::kRolledBack;
   rolled.last_reason = "error rate 1.00";
   d = DecideNode(r, "a", rolled, 500);
   EXPECT_EQ(d.entry.state, NS::kRolledBack);
@@ -204,14 +207,17 @@ TEST(RolloutNode, RollingBackRollsTheCanaryBackOrUpgradesBack) {
   // A canary in flight: rolled back, unless it already rolls back or takes over.
   NodeDecision d = DecideNode(r, "a", Canary(), 200);
   EXPECT_EQ(d.step, Step::kRollBackCanary);
-  EXPECT_EQ(DecideNode(r, "a", Canary("rolling_back"), 200).step, Step::kNone);
-  EXPECT_EQ(DecideNode(r, "a", Canary("finishing"), 200).step, Step::kNone);
+  EXPECT_EQ(DecideNode(r, "a", Canary(Upgrade::Phase::kRollingBack), 200).step, Step::kNone);
+  EXPECT_EQ(DecideNode(r, "a", Canary(Upgrade::Phase::kFinishing), 200).step, Step::kNone);
   // Promoted already: it upgrades back to the previous command.
   d = DecideNode(r, "a", Idle(kNew), 200);
   ASSERT_EQ(d.step, Step::kStartRollback);
   *r.Find("a") = d.entry;
-  LocalUpgrade back{
-      .in_flight = true, .kind = "rollback", .phase = "canary", .command = kOld, .active = kNew};
+  LocalUpgrade back{.in_flight = true,
+                    .kind = UpgradeKind::kRollback,
+                    .phase = Upgrade::Phase::kCanary,
+                    .command = kOld,
+                    .active = kNew};
   EXPECT_EQ(DecideNode(r, "a", back, 300).step, Step::kNone);
   d = DecideNode(r, "a", Idle(kOld), 400);
   EXPECT_EQ(d.step, Step::kRecord);

@@ -47,7 +47,7 @@ TEST_F(CommandRecordTest, ACommandThatIsNotUtf8IsRefusedAndTheRecordKept) {
   const CommandRecord kept{{"eng"}, {"eng"}, {}};
   ASSERT_TRUE(SaveCommandRecord(path_, kept).ok());
   CommandRecord bad = kept;
-  bad.in_flight = InFlightUpgrade{.kind = "upgrade",
+  bad.in_flight = InFlightUpgrade{.kind = UpgradeKind::kUpgrade,
                                   .command = {"eng", "caf\xE9"},
                                   .phase = "canary",
                                   .canary = 2,
@@ -66,7 +66,7 @@ TEST_F(CommandRecordTest, ACommandThatIsNotUtf8IsRefusedAndTheRecordKept) {
 
 TEST_F(CommandRecordTest, AnUpgradeInFlightIsSavedThenLoaded) {
   CommandRecord want{{"eng", "--v", "1"}, {"eng", "--v", "1"}, {}};
-  want.in_flight = InFlightUpgrade{.kind = "upgrade",
+  want.in_flight = InFlightUpgrade{.kind = UpgradeKind::kUpgrade,
                                    .command = {"eng", "--v", "2"},
                                    .phase = "canary",
                                    .canary = 7,

@@ -130,8 +130,8 @@ class ShadowRouterTest : public ::testing::Test {
     ASSERT_TRUE(router_->Start().ok());
     ASSERT_TRUE(AcceptRouter());
     proto::RouteTable table{.version = 1, .epoch = 1, .pair_state = "canary"};
-    table.entries.push_back(Entry(kPrimaryId, "primary", primary_port, 0));
-    table.entries.push_back(Entry(kCanaryId, "canary", canary_port, 100));
+    table.entries.push_back(Entry(kPrimaryId, proto::EngineRole::kPrimary, primary_port, 0));
+    table.entries.push_back(Entry(kCanaryId, proto::EngineRole::kCanary, canary_port, 100));
     ASSERT_TRUE(controller_->Send(table).ok());
     ASSERT_TRUE(WaitFor([&] {
       return router_->admission().Primary().has_value() &&
@@ -140,14 +140,14 @@ class ShadowRouterTest : public ::testing::Test {
   }
 
   static std::string Address(uint16_t port) { return "127.0.0.1:" + std::to_string(port); }
-  static proto::RouteEntry Entry(uint64_t id, const std::string& role, uint16_t port,
+  static proto::RouteEntry Entry(uint64_t id, proto::EngineRole role, uint16_t port,
                                  uint32_t weight) {
     return {.engine_id = id,
             .role = role,
             .http_address = Address(port),
             .ready = true,
             .weight = weight,
-            .engine_version = role};
+            .engine_version = proto::ToString(role)};
   }
 
   bool AcceptRouter() {

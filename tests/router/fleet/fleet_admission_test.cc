@@ -18,8 +18,10 @@ FleetNode Node(const std::string& name, const std::string& model, uint64_t engin
                const std::string& address, bool ready = true) {
   FleetNode n{.name = name, .model = model, .controller_pid = 100, .controller_started_at = 1};
   n.routes.epoch = 1;
-  n.routes.entries.push_back(
-      {.engine_id = engine, .role = "primary", .http_address = address, .ready = ready});
+  n.routes.entries.push_back({.engine_id = engine,
+                              .role = proto::EngineRole::kPrimary,
+                              .http_address = address,
+                              .ready = ready});
   return n;
 }
 
@@ -230,7 +232,7 @@ TEST(FleetAdmissionTest, CanariesAreJudgedAgainstTheirOwnNodesPrimary) {
   FleetAdmission f(clock, {});
   FleetNode a = Node("a", "tiny", 1, "127.0.2.1:1");
   a.routes.entries.push_back({.engine_id = 3,
-                              .role = "canary",
+                              .role = proto::EngineRole::kCanary,
                               .http_address = "127.0.2.1:3",
                               .ready = true,
                               .weight = 50});
