@@ -5,8 +5,8 @@
 // that names the key (e.g. "pool.block_bytes: must be a multiple of 4096, got 1000");
 // ParseControllerFlags() does the same for flags. docs/operations.md lists every key.
 // The engine command is a list of arguments with placeholders {socket} {token} {role}
-// {engine_id} {port} {model_dir} {runtime_dir}, expanded per launch (see controller/engines/supervisor.h).
-// Plain values; thread-compatible.
+// {engine_id} {port} {model_dir} {runtime_dir}, expanded per launch (see
+// controller/engines/supervisor.h). Plain values; thread-compatible.
 #pragma once
 
 #include <chrono>

@@ -1,6 +1,7 @@
-// Internal to the compute core (standby/kernels/kernels.cc, kernels_gemm.cc): the AVX2 target attribute and the
-// horizontal sum every AVX2 dot product ends with, shared so that every kernel reduces in
-// the same order (the bitwise-identical results of standby/kernels/kernels.h depend on it).
+// Internal to the compute core (standby/kernels/kernels.cc, kernels_gemm.cc): the AVX2 target
+// attribute and the horizontal sum every AVX2 dot product ends with, shared so that every kernel
+// reduces in the same order (the bitwise-identical results of standby/kernels/kernels.h depend on
+// it).
 #pragma once
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

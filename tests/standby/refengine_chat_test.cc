@@ -120,8 +120,7 @@ TEST_F(RefEngineChatTest, BadChatRequestsGetJsonErrors) {
       Post("/v1/chat/completions",
            {{"messages", {{{"role", "user"}, {"content", {{{"type", "image_url"}}}}}}}}, 400);
   EXPECT_EQ(image["error"]["param"], "messages[0].content[0].type");
-  Json no_content =
-      Post("/v1/chat/completions", {{"messages", {{{"role", "user"}}}}}, 400);
+  Json no_content = Post("/v1/chat/completions", {{"messages", {{{"role", "user"}}}}}, 400);
   EXPECT_EQ(no_content["error"]["param"], "messages[0].content");
   Json too_long = Post(
       "/v1/chat/completions",

@@ -1,5 +1,6 @@
 // The same write as unguarded_write.cc with its lock held: the clang build accepts it, so the
-// other test fails for the missing lock and nothing else (ctest thread_safety_accepts_a_guarded_write).
+// other test fails for the missing lock and nothing else (ctest
+// thread_safety_accepts_a_guarded_write).
 #include "base/mutex.h"
 
 namespace {
