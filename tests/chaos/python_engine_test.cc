@@ -1,0 +1,114 @@
+// The chaos drills with engines written in Python on Baton's Python SDK (python/baton_engine,
+// a ctypes binding of libbaton_engine.so): python/tests/sdk_engine.py registers, waits as a
+// standby, and once promoted stamps its blocks' headers, checking that none was written by
+// another engine. Each drill breaks the pair of two such engines and waits for it to be whole
+// again; the fencing checks run as for the C++ test engine.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "tests/chaos/chaos_harness.h"
+
+namespace baton::chaos {
+namespace {
+
+constexpr const char* kPython = "/usr/bin/python3";
+
+bool TorchInstalled() {
+  return std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) == 0;
+}
+
+ClusterOptions PythonPair() {
+  ClusterOptions o;
+  const std::string src = BATON_SOURCE_DIR;
+  o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib"};
+  o.engine_command = {kPython, src + "/python/tests/sdk_engine.py", "--violations-dir",
+                      "{runtime_dir}/../violations"};
+  return o;
+}
+
+json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
+  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
+                         what);
+}
+
+class PythonEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is missing";
+  }
+};
+
+TEST_F(PythonEngineTest, APairOfPythonEnginesServesAndReportsItsVersion) {
+  ChaosCluster cluster(PythonPair());
+  const json status = cluster.Status();
+  const json primary = EngineWithRole(status, "primary");
+  ASSERT_FALSE(primary.is_null()) << status.dump(2);
+  EXPECT_EQ(primary["version"], "python-sdk-engine/1") << primary.dump(2);
+  EXPECT_EQ(status["pool"]["granted"], status["pool"]["blocks"]);
+  cluster.CheckFencing();
+}
+
+TEST_F(PythonEngineTest, KillPrimary) {
+  ChaosCluster cluster(PythonPair());
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const json after = WaitNewPrimary(cluster, primary["id"], "the Python standby to take over");
+  EXPECT_EQ(PrimaryId(after), standby["id"].get<uint64_t>());
+  EXPECT_GT(Epoch(after), Epoch(before));
+  EXPECT_EQ(after["pool"]["granted"], after["pool"]["blocks"]) << "its blocks moved on";
+  cluster.CheckFencing();
+}
+
+TEST_F(PythonEngineTest, HangIsDetectedAndFenced) {
+  ChaosCluster cluster(PythonPair());
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  ASSERT_EQ(cluster.Ctl({"drill", "hang"}).exit_code, 0);
+  WaitNewPrimary(cluster, primary["id"], "the hung Python primary to be replaced");
+  EXPECT_FALSE(ProcessExists(PidOf(primary)));
+  cluster.CheckFencing();
+}
+
+TEST_F(PythonEngineTest, ErrorReportFencesAtOnce) {
+  ChaosCluster cluster(PythonPair());
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  ASSERT_EQ(cluster.Ctl({"drill", "error"}).exit_code, 0);
+  WaitNewPrimary(cluster, primary["id"], "the Python primary's error report to fail over");
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_NE(t["cause"].get<std::string>().find("error"), std::string::npos) << t.dump(2);
+  cluster.CheckFencing();
+}
+
+TEST_F(PythonEngineTest, GracefulSwitchoverDrainsThroughTheSdk) {
+  ChaosCluster cluster(PythonPair());
+  const json before = cluster.Status();
+  const json primary = EngineWithRole(before, "primary");
+  const json standby = EngineWithRole(before, "standby");
+  const CtlResult promote = cluster.Ctl({"promote"});
+  ASSERT_EQ(promote.exit_code, 0) << promote.stdout_text;
+  const json after = WaitNewPrimary(cluster, primary["id"], "the switch-over");
+  EXPECT_EQ(PrimaryId(after), standby["id"].get<uint64_t>());
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_EQ(t["kind"], "switchover");
+  EXPECT_EQ(after["crash_loop"]["total_failures"], 0) << "a switch-over is not a failure";
+  cluster.CheckFencing();
+}
+
+TEST_F(PythonEngineTest, TorchViewsOfTheWeightsAndBlocksAreBatonsMemory) {
+  if (!TorchInstalled()) GTEST_SKIP() << "PyTorch is missing for " << kPython;
+  ClusterOptions o = PythonPair();
+  o.engine_command.insert(o.engine_command.end(), {"--torch-model-dir", "{model_dir}"});
+  ChaosCluster cluster(o);
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  WaitNewPrimary(cluster, primary["id"], "the Python standby, its views checked, to take over");
+  cluster.CheckFencing();  // a view that was not the arena or the block is a violation file
+}
+
+}  // namespace
+}  // namespace baton::chaos
