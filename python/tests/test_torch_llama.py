@@ -1,0 +1,144 @@
+"""The PyTorch Llama (baton_torch_engine) against the reference engine on the same generated
+models: the same greedy tokens for 64 steps, and the same seeded samples (temperature and
+nucleus) until the reference engine stops at an end-of-sequence token, on F32 and BF16
+weights. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
+says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
+baton-refengine)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+try:
+    import torch
+    from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, Sequence_
+    from baton_torch_engine.safetensors_files import read_model
+    from baton_torch_engine.sampler import sample_token, sample_uniform
+    MISSING = ""
+except ImportError as e:  # PyTorch is not installed for this interpreter
+    MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
+
+BIN = os.environ.get("BATON_BIN_DIR",
+                     os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                  "build", "bin"))
+PROMPT = list(b"The quick brown fox")
+STEPS = 64
+
+
+def start_refengine(model_dir):
+    port_file = os.path.join(model_dir, "ref.port")
+    if os.path.exists(port_file):
+        os.remove(port_file)
+    proc = subprocess.Popen([os.path.join(BIN, "baton-refengine"), "--model", model_dir,
+                             "--port-file", port_file], stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        text = ""
+        if os.path.exists(port_file):
+            with open(port_file) as f:
+                text = f.read().strip()
+        if text:
+            return proc, int(text)
+        if proc.poll() is not None:
+            raise RuntimeError(f"baton-refengine exited with {proc.returncode}")
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("baton-refengine never wrote its port")
+
+
+def complete(port, model_dir, **params):
+    body = {"model": model_dir, "prompt": PROMPT, "max_tokens": STEPS, **params}
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())["choices"][0]
+
+
+@unittest.skipIf(MISSING, MISSING)
+class TorchLlamaTest(unittest.TestCase):
+    models = {}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="baton-torch-llama-")
+        for dtype in ("f32", "bf16"):
+            out = os.path.join(cls.tmp.name, dtype)
+            subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", out, "--preset", "tiny",
+                            "--seed", "3", "--dtype", dtype], check=True,
+                           stdout=subprocess.DEVNULL)
+            cls.models[dtype] = out
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def generate(self, model_dir, temperature=0.0, top_p=1.0, seed=0):
+        config = LlamaConfig.load(model_dir)
+        weights, maps = read_model(model_dir)
+        model = LlamaModel(config, weights)
+        kv = KvBlocks(config, 1 << 16)
+        memory = [torch.zeros(1 << 16, dtype=torch.uint8) for _ in range(8)]
+        for b, m in enumerate(memory):
+            kv.add(b, m)
+        seq, out = Sequence_(), []
+        logits = model.forward(kv, seq, PROMPT)
+        for i in range(STEPS):
+            token = sample_token(logits.tolist(), temperature, top_p, seed, len(PROMPT) + i)
+            out.append(token)
+            logits = model.forward(kv, seq, [token])
+        # The KV really lives in the given memory: the first block is no longer all zero.
+        self.assertTrue(bool(memory[seq.blocks[0]][64:].any()))
+        del maps
+        return out, config
+
+    def check_against_reference(self, dtype, **sampling):
+        model_dir = self.models[dtype]
+        proc, port = start_refengine(model_dir)
+        try:
+            ref = complete(port, model_dir, return_token_ids=True, seed=sampling.get("seed", 0),
+                           temperature=sampling.get("temperature", 0.0),
+                           top_p=sampling.get("top_p", 1.0))
+        finally:
+            proc.terminate()
+            proc.wait()
+        mine, config = self.generate(model_dir, **sampling)
+        ids = ref["token_ids"]
+        self.assertEqual(mine[:len(ids)], ids, f"{dtype} {sampling}")
+        if ref["finish_reason"] == "stop":  # the reference stopped at an end-of-sequence id
+            self.assertIn(mine[len(ids)], config.eos_token_ids)
+        else:
+            self.assertEqual(len(ids), STEPS)
+
+    def test_greedy_tokens_match_the_reference_engine_f32(self):
+        self.check_against_reference("f32")
+
+    def test_greedy_tokens_match_the_reference_engine_bf16(self):
+        self.check_against_reference("bf16")
+
+    def test_seeded_samples_match_the_reference_engine(self):
+        self.check_against_reference("f32", temperature=0.8, seed=7)
+        self.check_against_reference("f32", temperature=1.3, top_p=0.9, seed=12345)
+
+    def test_the_uniform_numbers_are_the_reference_engines(self):
+        # standby/model/sampler.cc: SplitMix64 keyed by (seed, position), 53 bits.
+        u = [sample_uniform(7, p) for p in range(100)]
+        self.assertTrue(all(0 <= x < 1 for x in u))
+        self.assertEqual(len(set(u)), 100)
+        self.assertEqual(sample_uniform(7, 3), sample_uniform(7, 3))
+
+    def test_a_block_too_small_for_one_token_is_refused(self):
+        config = LlamaConfig.load(self.models["f32"])
+        with self.assertRaises(ValueError):
+            KvBlocks(config, 64 + config.kv_bytes_per_token - 1)
+
+
+if __name__ == "__main__":
+    if MISSING:
+        print(MISSING)
+    unittest.main()
