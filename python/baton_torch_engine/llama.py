@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
@@ -120,25 +121,38 @@ class KvBlocks:
         self.block_tokens = min(self.block_tokens, config.max_position_embeddings)
         self.blocks: dict[int, torch.Tensor] = {}
         self.free: list[int] = []
+        self._lock = threading.Lock()  # blocks come and go on another thread than compute's
 
     def add(self, block: int, memory: torch.Tensor) -> None:
         """Takes a block whose memory is the uint8 tensor `memory` (one pool block)."""
         c = self.config
         floats = c.kv_bytes_per_token // 4 * self.block_tokens
         data = memory[HEADER_BYTES:HEADER_BYTES + floats * 4].view(torch.float32)
-        self.blocks[block] = data.view(c.num_hidden_layers, 2, c.num_key_value_heads,
-                                       self.block_tokens, c.head_dim)
-        self.free.append(block)
+        with self._lock:
+            self.blocks[block] = data.view(c.num_hidden_layers, 2, c.num_key_value_heads,
+                                           self.block_tokens, c.head_dim)
+            self.free.append(block)
 
     def take(self, count: int) -> list[int]:
         """`count` free blocks, or MemoryError with none taken."""
-        if count > len(self.free):
-            raise MemoryError(f"the KV cache needs {count} more blocks, {len(self.free)} free")
-        taken, self.free = self.free[:count], self.free[count:]
-        return taken
+        with self._lock:
+            if count > len(self.free):
+                raise MemoryError(f"the KV cache needs {count} more blocks, "
+                                  f"{len(self.free)} free")
+            taken, self.free = self.free[:count], self.free[count:]
+            return taken
 
     def give_back(self, blocks: Sequence[int]) -> None:
-        self.free.extend(blocks)
+        with self._lock:
+            self.free.extend(blocks)
+
+    def remove_free(self, count: int) -> list[int]:
+        """Up to `count` free blocks, removed from the cache (to be returned to the pool)."""
+        with self._lock:
+            gone, self.free = self.free[:count], self.free[count:]
+            for b in gone:
+                del self.blocks[b]
+            return gone
 
 
 @dataclass

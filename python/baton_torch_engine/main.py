@@ -1,0 +1,167 @@
+"""baton-torch-engine: the Llama-style models of the reference engine, in PyTorch.
+
+Under a controller (--controller, or BATON_SOCKET in the environment, as the controller
+launches it) it connects through baton_engine and stands by half-started: the weights are the
+controller's arena, wrapped as tensors without a copy; the HTTP server already listens and
+answers 503. Promoted, it keeps its KV cache in the granted blocks, marks itself serving, and
+follows the controller's events (grants, reclaims, drains, resume, stop). Standalone
+(--standalone) it reads the weights from the model's safetensors files itself: the cold start
+Baton is measured against.
+
+    baton-torch-engine --model DIR [--host H] [--port N] [--port-file F]
+                       [--served-model-name NAME] [--engine-version LABEL] [--threads K]
+                       [--standalone [--kv-blocks N] [--block-bytes B]]
+                       [--controller SOCKET --token T --engine-id ID]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="baton-torch-engine", description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="model directory (config.json)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port-file", default="")
+    p.add_argument("--served-model-name", default="")
+    p.add_argument("--engine-version", default="baton-torch-engine")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--standalone", action="store_true")
+    p.add_argument("--kv-blocks", type=int, default=64)
+    p.add_argument("--block-bytes", type=int, default=1 << 20)
+    p.add_argument("--controller", default="")
+    p.add_argument("--token", default="")
+    p.add_argument("--engine-id", type=int, default=0)
+    p.add_argument("--role", default="", help="accepted for the engine command's {role}")
+    return p.parse_args(argv)
+
+
+def log(text: str) -> None:
+    print(f"baton-torch-engine[{os.getpid()}]: {text}", file=sys.stderr, flush=True)
+
+
+def write_port(path: str, port: int) -> None:
+    if path:
+        with open(path + ".tmp", "w") as f:
+            f.write(f"{port}\n")
+        os.rename(path + ".tmp", path)
+
+
+def build_state(args):
+    """The model's config and the HTTP state (the parser), before any weight is there."""
+    from .llama import LlamaConfig
+    from .requests import Parser
+    from .server import State
+    config = LlamaConfig.load(args.model)
+    name = args.served_model_name or args.model
+    state = State(Parser(name, config.vocab_size, config.max_position_embeddings,
+                         config.bos_token_id), config.max_position_embeddings)
+    return config, state
+
+
+def run_standalone(args) -> int:
+    import torch
+    from .generation import Generator
+    from .llama import KvBlocks, LlamaModel
+    from .safetensors_files import read_model
+    from .server import serve
+    weights, maps = read_model(args.model)
+    config, state = build_state(args)
+    model = LlamaModel(config, weights)
+    kv = KvBlocks(config, args.block_bytes)
+    for b in range(args.kv_blocks):
+        kv.add(b, torch.zeros(args.block_bytes, dtype=torch.uint8))
+    state.generator = Generator(model, kv, config.eos_token_ids)
+    state.serving = True
+    serve(state, args.host, args.port, lambda port: write_port(args.port_file, port))
+    log(f"serving {args.model} standalone")
+    threading.Event().wait()
+    return 0
+
+
+def run_under_controller(args) -> int:
+    from baton_engine import Engine, EventKind, FailedPrecondition
+    from baton_engine.tensors import weight_tensors
+    from .server import serve
+    from .llama import LlamaModel
+    started = time.monotonic()
+    config, state = build_state(args)
+    bound = {}
+    serve(state, args.host, args.port, lambda port: bound.update(port=port))  # 503 for now
+    engine = Engine.connect(socket_path=args.controller or None,
+                            launch_token=args.token or None, engine_id=args.engine_id,
+                            engine_version=args.engine_version,
+                            http_address=f"{args.host}:{bound['port']}")
+    with engine:
+        model = LlamaModel(config, weight_tensors(engine))
+        write_port(args.port_file, bound["port"])
+        log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
+        try:
+            promoted = engine.wait_promotion()
+        except FailedPrecondition as e:
+            log(f"stopped as a standby: {e}")
+            return 0
+        from .pool_kv import PoolKv
+        kv = PoolKv(engine, config)
+        kv.take(promoted.extents)
+        state.generator = kv.generator(model)
+        state.serving = True
+        engine.mark_serving()
+        log(f"engine {engine.id} serving at epoch {engine.epoch} with {len(kv.blocks.blocks)} "
+            "KV blocks")
+        for event in engine.events():
+            if event.kind == EventKind.GRANTED:
+                kv.take(event.extents)
+            elif event.kind == EventKind.RECLAIM:
+                engine.return_blocks(kv.give(event.blocks))
+            elif event.kind == EventKind.DRAIN:
+                with engine.drain(event) as d:
+                    state.stopping = True
+                    d.unfinished = wait_idle(state, event.timeout_ms, engine)
+            elif event.kind == EventKind.RESUME:
+                state.stopping = False
+            elif event.kind in (EventKind.STOP, EventKind.DISCONNECTED):
+                state.stopping = True
+                log(f"{event.kind.name.lower()}: {event.reason}")
+    return 0
+
+
+def wait_idle(state, timeout_ms: int, engine) -> int:
+    """Waits for the requests in flight to end (or the drain to be called off); returns how
+    many are left."""
+    deadline = time.monotonic() + max(timeout_ms, 0) / 1e3
+    while time.monotonic() < deadline and not engine.resume_pending():
+        with state.lock:
+            if state.in_flight == 0:
+                return 0
+        time.sleep(0.005)
+    with state.lock:
+        return state.in_flight
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        import torch
+    except ImportError as e:
+        log(f"PyTorch is missing ({e}); on Debian: apt-get install python3-torch")
+        return 2
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    try:
+        if args.standalone:
+            return run_standalone(args)
+        return run_under_controller(args)
+    except Exception as e:  # one line that says why, not a traceback, for the controller's log
+        log(f"failed: {type(e).__name__}: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The OpenAI requests baton-torch-engine accepts, parsed and validated as the reference
+engine validates them (standby/openai/completions_api.h): a refusal is an ApiError, a 400
+whose `param` names the field, never a silent default.
+
+Fields: model, prompt (a string, token ids, or a one-element list of either), max_tokens,
+temperature, top_p, seed, stream, stream_options.include_usage, stop (a string or up to 4),
+n (only 1), return_token_ids (token ids are always returned), and Baton's
+baton_resume_tokens (the last K prompt ids were already sent to the client by another
+engine: a router's replay) and baton_request_key. Chat requests bring `messages` instead of
+`prompt`, rendered with the reference engine's template.
+"""
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Optional
+
+MAX_STOP_STRINGS = 4
+MAX_STOP_BYTES = 256
+UNSUPPORTED_UNLESS_DEFAULT = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
+                              "tools": [], "functions": [], "best_of": 1, "suffix": "",
+                              "echo": False, "logprobs": None}
+
+
+class ApiError(Exception):
+    """{"error": {"message", "type", "param", "code"}} with an HTTP status."""
+
+    def __init__(self, message: str, param: Optional[str] = None, status: int = 400,
+                 code: Optional[str] = None, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def body(self) -> bytes:
+        return json.dumps({"error": {"message": str(self), "type": self.kind,
+                                     "param": self.param, "code": self.code}}).encode()
+
+
+@dataclass
+class Completion:
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    stream: bool = False
+    include_usage: bool = False
+    stop: list[str] = field(default_factory=list)
+    resume_tokens: int = 0
+    chat: bool = False
+    model: str = ""
+
+
+def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ApiError(f"'{name}' must be a number", name)
+    if not lo <= v <= hi:
+        raise ApiError(f"'{name}' must be in [{lo}, {hi}]", name)
+    return float(v)
+
+
+def _int(body: dict, name: str, default: Optional[int]) -> Optional[int]:
+    v = body.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ApiError(f"'{name}' must be an integer", name)
+    return v
+
+
+def _bool(body: dict, name: str) -> bool:
+    v = body.get(name, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise ApiError(f"'{name}' must be a boolean", name)
+    return v
+
+
+def _unsupported(body: dict) -> None:
+    for name, default in UNSUPPORTED_UNLESS_DEFAULT.items():
+        v = body.get(name)
+        if v is None or v == default or (name == "logprobs" and v in (False, 0)):
+            continue
+        raise ApiError(f"'{name}' is not supported", name)
+    choice = body.get("tool_choice")
+    if choice not in (None, "none"):
+        raise ApiError("'tool_choice' is not supported", "tool_choice")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise ApiError("'response_format' is not supported", "response_format")
+
+
+def _stop(body: dict) -> list[str]:
+    v = body.get("stop")
+    if v is None:
+        return []
+    stops = [v] if isinstance(v, str) else v
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise ApiError("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ApiError(f"'stop' takes at most {MAX_STOP_STRINGS} strings", "stop")
+    if any(not s or len(s.encode()) > MAX_STOP_BYTES for s in stops):
+        raise ApiError(f"each 'stop' string must be 1 to {MAX_STOP_BYTES} bytes", "stop")
+    return stops
+
+
+class Parser:
+    """Parses request bodies for one served model."""
+
+    def __init__(self, served_name: str, vocab_size: int, max_positions: int,
+                 bos: Optional[int]):
+        self.served_name, self.vocab, self.max_positions, self.bos = \
+            served_name, vocab_size, max_positions, bos
+
+    def _body(self, raw: bytes) -> dict:
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ApiError(f"the body is not JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise ApiError("the body must be a JSON object")
+        model = body.get("model")
+        if model is not None and model != self.served_name:
+            raise ApiError(f"the model '{model}' does not exist", "model", 404,
+                           "model_not_found")
+        return body
+
+    def encode(self, text: str) -> list[int]:
+        return ([self.bos] if self.bos is not None else []) + list(text.encode())
+
+    def _prompt(self, body: dict) -> list[int]:
+        if "prompt" not in body:
+            raise ApiError("'prompt' is required", "prompt", code="missing_required_parameter")
+        p = body["prompt"]
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]
+        if isinstance(p, str):
+            return self.encode(p)
+        if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool)
+                                             for t in p):
+            if any(t < 0 or t >= self.vocab for t in p):
+                raise ApiError(f"a prompt token id is outside the vocabulary of {self.vocab}",
+                               "prompt")
+            return list(p)
+        raise ApiError("'prompt' must be a string or a non-empty array of token ids", "prompt")
+
+    def completion(self, raw: bytes, chat_messages: Optional[list] = None) -> Completion:
+        body = self._body(raw)
+        _unsupported(body)
+        if _int(body, "n", 1) != 1:
+            raise ApiError("only 'n' = 1 is supported", "n")
+        prompt = self._prompt(body) if chat_messages is None else chat_messages
+        resume = _int(body, "baton_resume_tokens", 0)
+        if resume < 0 or resume > len(prompt):
+            raise ApiError("'baton_resume_tokens' must be in [0, the prompt's length]",
+                           "baton_resume_tokens")
+        room = self.max_positions - len(prompt)
+        if room < 1:
+            raise ApiError(f"the prompt's {len(prompt)} tokens leave no room under "
+                           f"{self.max_positions}", "prompt")
+        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+        max_tokens = _int(body, name, None)
+        if max_tokens is None:
+            max_tokens = room if resume or chat_messages is not None else min(16, room)
+        if max_tokens < 1 or max_tokens > room:
+            raise ApiError(f"'{name}' must be in [1, {room}] for this prompt", name)
+        seed = _int(body, "seed", None)
+        options = body.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise ApiError("'stream_options' must be an object", "stream_options")
+        return Completion(prompt_ids=prompt, max_tokens=max_tokens,
+                          temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
+                          top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+                          seed=seed if seed is not None else random.getrandbits(63),
+                          stream=_bool(body, "stream"),
+                          include_usage=bool(options.get("include_usage", False)),
+                          stop=_stop(body), resume_tokens=resume,
+                          chat=chat_messages is not None, model=self.served_name)
+
+    def chat(self, raw: bytes) -> Completion:
+        body = self._body(raw)
+        return self.completion(raw, self.encode(render_chat(body)))
+
+
+def render_chat(body: dict) -> str:
+    """The reference engine's chat template (standby/openai/chat_api.h): each message as
+    "<|role|>\\ncontent\\n", then "<|assistant|>\\n"; refusals name the path."""
+    messages = body.get("messages")
+    if messages is None:
+        raise ApiError("'messages' is required", "messages", code="missing_required_parameter")
+    if not isinstance(messages, list) or not messages:
+        raise ApiError("'messages' must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise ApiError(f"'{where}' must be an object", where)
+        role = m.get("role")
+        if role is None:
+            raise ApiError(f"'{where}.role' is required", f"{where}.role",
+                           code="missing_required_parameter")
+        if role not in ("system", "developer", "user", "assistant", "tool"):
+            raise ApiError(f"'{where}.role' must be system, developer, user, assistant or tool",
+                           f"{where}.role")
+        content = m.get("content")
+        if content is None:
+            raise ApiError(f"'{where}.content' is required", f"{where}.content",
+                           code="missing_required_parameter")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or \
+                        not isinstance(part.get("text"), str):
+                    raise ApiError(f"'{where}.content[{j}].type' must be text",
+                                   f"{where}.content[{j}].type")
+                parts.append(part["text"])
+            content = "".join(parts)
+        if not isinstance(content, str):
+            raise ApiError(f"'{where}.content' must be a string or text parts",
+                           f"{where}.content")
+        out.append(f"<|{role}|>\n{content}\n")
+    return "".join(out) + "<|assistant|>\n"
+

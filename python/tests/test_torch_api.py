@@ -1,0 +1,98 @@
+"""baton-torch-engine's request parsing and text building, without PyTorch: refusals name the
+param as the reference engine's do, a replay's resumed tokens count as output, and text that
+may start a stop string is held back until it is known not to be one."""
+import json
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from baton_torch_engine.requests import ApiError, Parser, render_chat  # noqa: E402
+from baton_torch_engine.text import TextBuilder  # noqa: E402
+
+PARSER = Parser("tiny", vocab_size=260, max_positions=512, bos=256)
+
+
+def parse(body, chat=False):
+    raw = json.dumps(body).encode()
+    return PARSER.chat(raw) if chat else PARSER.completion(raw)
+
+
+class ParserTest(unittest.TestCase):
+    def refused(self, body, param, chat=False, status=400):
+        with self.assertRaises(ApiError) as ctx:
+            parse(body, chat)
+        self.assertEqual(ctx.exception.param, param, str(ctx.exception))
+        self.assertEqual(ctx.exception.status, status)
+        self.assertEqual(json.loads(ctx.exception.body())["error"]["param"], param)
+
+    def test_a_text_prompt_gets_the_bos_and_its_bytes(self):
+        r = parse({"prompt": "Hi", "max_tokens": 3, "seed": 5})
+        self.assertEqual(r.prompt_ids, [256, 72, 105])
+        self.assertEqual((r.max_tokens, r.seed, r.stream), (3, 5, False))
+
+    def test_token_ids_and_a_replay(self):
+        r = parse({"prompt": [256, 1, 2, 3], "baton_resume_tokens": 2, "seed": 1})
+        self.assertEqual(r.resume_tokens, 2)
+        self.assertEqual(r.max_tokens, 512 - 4)  # a replay without max_tokens: the room left
+
+    def test_refusals_name_the_param(self):
+        self.refused({}, "prompt")
+        self.refused({"prompt": [999]}, "prompt")
+        self.refused({"prompt": "x", "max_tokens": 0}, "max_tokens")
+        self.refused({"prompt": "x", "temperature": -1}, "temperature")
+        self.refused({"prompt": "x", "top_p": 0}, "top_p")
+        self.refused({"prompt": "x", "n": 2}, "n")
+        self.refused({"prompt": "x", "stop": ["a"] * 5}, "stop")
+        self.refused({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty")
+        self.refused({"prompt": "x", "logit_bias": {"1": 2}}, "logit_bias")
+        self.refused({"prompt": "x", "baton_resume_tokens": 5}, "baton_resume_tokens")
+        self.refused({"prompt": "x", "model": "other"}, "model", status=404)
+
+    def test_a_default_that_changes_nothing_is_accepted(self):
+        parse({"prompt": "x", "presence_penalty": 0, "logit_bias": {}, "tools": [],
+               "tool_choice": "none", "response_format": {"type": "text"}})
+
+    def test_chat_messages_are_checked_and_rendered_as_the_reference_engine_does(self):
+        self.refused({"messages": [{"role": "user"}]}, "messages[0].content", chat=True)
+        self.refused({"messages": [{"content": "x"}]}, "messages[0].role", chat=True)
+        self.refused({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+                     "messages[0].content[0].type", chat=True)
+        self.assertEqual(render_chat({"messages": [{"role": "user", "content": "hey"}]}),
+                         "<|user|>\nhey\n<|assistant|>\n")
+        r = parse({"messages": [{"role": "user", "content": "hey"}], "max_tokens": 4}, chat=True)
+        self.assertTrue(r.chat)
+        self.assertEqual(bytes(r.prompt_ids[1:]), b"<|user|>\nhey\n<|assistant|>\n")
+
+
+class TextBuilderTest(unittest.TestCase):
+    def test_a_split_character_comes_out_whole(self):
+        t = TextBuilder([])
+        self.assertEqual([t.push(b) for b in "é".encode()], ["", "é"])
+
+    def test_an_invalid_byte_is_a_replacement_character(self):
+        self.assertEqual(TextBuilder([]).push(163), "\ufffd")
+
+    def test_a_possible_stop_string_is_held_back_then_let_out(self):
+        t = TextBuilder(["END"])
+        self.assertEqual([t.push(b) for b in b"aEN"], ["a", "", ""])
+        self.assertEqual(t.push(ord("x")), "ENx")
+
+    def test_a_stop_string_ends_the_text_before_it(self):
+        t = TextBuilder(["END"])
+        out = "".join(t.push(b) for b in b"abcEND")
+        self.assertEqual(out, "abc")
+        self.assertTrue(t.stopped)
+
+    def test_each_byte_of_a_broken_sequence_is_one_replacement_as_in_the_reference(self):
+        t = TextBuilder([])
+        out = "".join(t.push(b) for b in [168, 109, 39, 242, 177, 118]) + t.finish()
+        self.assertEqual(out, "\ufffdm'\ufffd\ufffdv")
+
+    def test_special_ids_have_no_text(self):
+        self.assertEqual(TextBuilder([]).push(257), "")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,140 @@
+// baton-torch-engine (python/baton_torch_engine: the PyTorch engine on Baton's Python SDK) as
+// a pair's engine under the real controller and router: a stream through the router survives
+// kill -9 of the primary token for token, and the pair goes through the drills (kill, hang,
+// error report, batonctl promote) with the fencing checks. Skipped, saying why, where
+// Debian's python3-torch is missing.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tests/chaos/router_load.h"
+#include "tests/chaos/router_stream_support.h"
+#include "tests/chaos/upgrade_support.h"
+
+namespace baton::chaos {
+namespace {
+
+using std::chrono::seconds;
+
+bool TorchInstalled() {
+  return std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0;
+}
+
+ClusterOptions TorchPair() {
+  ClusterOptions o;
+  o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib"};
+  o.engine_command = {std::string(BATON_SOURCE_DIR) + "/python/bin/baton-torch-engine",
+                      "--model", "{model_dir}", "--port", "{port}", "--controller", "{socket}",
+                      "--token", "{token}", "--role", "{role}", "--engine-id", "{engine_id}",
+                      "--served-model-name", kRouterTestModel, "--threads", "1",
+                      "--engine-version", "torch-1"};
+  o.blocks = 512;
+  o.register_timeout_ms = 60'000;  // importing torch takes seconds on a busy CI machine
+  return o;
+}
+
+json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
+  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
+                         what, seconds(60));
+}
+
+class TorchEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!TorchInstalled()) GTEST_SKIP() << "PyTorch is missing for /usr/bin/python3";
+  }
+};
+
+TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
+  ChaosCluster cluster(TorchPair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  const json request = {{"model", kRouterTestModel}, {"prompt", "Through the router:"},
+                        {"seed", 4242},              {"temperature", 0.9},
+                        {"max_tokens", 300},         {"stream", true}};
+  const std::vector<std::string> argv = {FindInPath("curl"), "-sS", "-N", "--fail-with-body",
+                                         "-H", "Content-Type: application/json",
+                                         "--data-binary", request.dump(),
+                                         router.url() + "/completions"};
+  Child plain(argv, cluster.dir() + "/curl-reference.log", /*piped=*/true);
+  while (plain.ReadMore(seconds(120))) {
+  }
+  ASSERT_EQ(plain.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl-reference.log");
+  const StreamOutput want = ParseStream(plain.buffer());
+  ASSERT_TRUE(want.error.empty()) << want.error << "\n" << plain.buffer();
+  ASSERT_FALSE(want.token_ids.empty());
+
+  const json primary = EngineWithRole(cluster.Status(), "primary");
+  Child cut(argv, cluster.dir() + "/curl.log", true);
+  while (cut.buffer().find("\n\n") == std::string::npos && cut.ReadMore(seconds(60))) {
+  }
+  ASSERT_EQ(cut.buffer().find("[DONE]"), std::string::npos) << "the stream ended before the kill";
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  while (cut.ReadMore(seconds(120))) {
+  }
+  EXPECT_EQ(cut.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl.log") << router.Log();
+  const StreamOutput got = ParseStream(cut.buffer());
+  EXPECT_TRUE(got.error.empty()) << got.error << "\n" << cut.buffer();
+  EXPECT_EQ(got.token_ids, want.token_ids) << "a repeated or missing token";
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_EQ(got.ids.size(), 1u);
+  EXPECT_GE(MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}"), 1)
+      << "the kill landed after the stream: nothing was replayed";
+  WaitNewPrimary(cluster, primary["id"], "the torch standby to take over");
+  cluster.CheckFencing();
+}
+
+TEST_F(TorchEngineTest, ThePairGoesThroughEveryDrill) {
+  ChaosCluster cluster(TorchPair());
+  EXPECT_EQ(EngineWithRole(cluster.Status(), "primary")["version"], "torch-1");
+  for (const std::vector<std::string>& drill :
+       {std::vector<std::string>{"drill", "kill"}, {"drill", "hang"}, {"drill", "error"},
+        {"promote"}}) {
+    const json primary = EngineWithRole(cluster.WaitReady(), "primary");
+    const CtlResult r = cluster.Ctl(drill);
+    ASSERT_EQ(r.exit_code, 0) << drill.back() << ": " << r.stdout_text;
+    WaitNewPrimary(cluster, primary["id"], "a new torch primary after " + drill.back());
+    cluster.CheckFencing();
+  }
+}
+
+// batonctl upgrade moves a pair of reference engines to the torch engine and rollback moves it
+// back, each through the canary judge, under load through the router: every answer is the
+// reference engine's (the two sample alike on this model), none is lost.
+TEST_F(TorchEngineTest, AnUpgradeMovesThePairToTheTorchEngineAndARollbackMovesItBack) {
+  ChaosCluster cluster(RefenginePair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  std::vector<json> requests;
+  std::vector<StreamOutput> want;
+  References(router.port(), "Torch", 16, &requests, &want);
+  json promoted, rolled_back;
+  const LoadResult r = LoadAround(router.port(), requests, want, [&] {
+    std::vector<std::string> args = {"upgrade", "--steps", "50,100", "--step-ms", "300",
+                                     "--min-requests", "5", "--"};
+    const std::vector<std::string> torch = TorchPair().engine_command;
+    args.insert(args.end(), torch.begin(), torch.end());
+    const CtlResult up = cluster.Ctl(args);
+    ASSERT_EQ(up.exit_code, 0) << up.stdout_text;
+    promoted = WaitUpgradeEnded(cluster, 0);
+    cluster.WaitReady("the torch pair after the upgrade");
+    const CtlResult back =
+        cluster.Ctl({"rollback", "--steps", "50,100", "--step-ms", "300", "--min-requests", "5"});
+    ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
+    rolled_back = WaitUpgradeEnded(cluster, 1);
+    cluster.WaitReady("the reference pair after the rollback");
+  });
+  ExpectNoFailure(r, router);
+  EXPECT_EQ(promoted["outcome"], "promoted") << promoted.dump();
+  EXPECT_EQ(promoted["version"], "torch-1") << promoted.dump();
+  EXPECT_EQ(rolled_back["outcome"], "promoted") << rolled_back.dump();
+  EXPECT_EQ(rolled_back["version"], "baton-refengine") << rolled_back.dump();
+  cluster.CheckFencing();
+}
+
+}  // namespace
+}  // namespace baton::chaos
