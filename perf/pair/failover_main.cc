@@ -3,7 +3,7 @@
 //
 //   baton-perf-failover --small DIR --large DIR [--generate] [--trials N] [--bin DIR]
 //                       [--threads K] [--pool-blocks B] [--prompt-tokens P] [--out DIR]
-//                       [--epoch-reserve E]
+//                       [--epoch-reserve E] [--engine PROGRAM]
 //
 // --generate writes the two models (failover_models.h) into those directories first, or
 // keeps them when they match.
@@ -36,7 +36,8 @@
 // nearest-rank: with fewer than 100 trials p99 is the maximum. The last line of stdout is
 // one JSON object; meets_targets checks each acceptance target. --epoch-reserve sets the
 // controllers' controller.epoch_reserve (default 64; 1 puts a journal fsync into every fence
-// and promotion). Single-threaded driver.
+// and promotion). --engine runs another engine program in both kinds, with the reference
+// engine's flags (perf/failover_torch runs baton-torch-engine). Single-threaded driver.
 #include <unistd.h>
 
 #include <algorithm>
@@ -66,14 +67,14 @@ using nlohmann::json;
 constexpr char kUsage[] =
     "usage: baton-perf-failover --small DIR --large DIR [--generate] [--trials N] [--bin DIR]\n"
     "                           [--threads K] [--pool-blocks B] [--prompt-tokens P]\n"
-    "                           [--out DIR] [--epoch-reserve E]\n";
+    "                           [--out DIR] [--epoch-reserve E] [--engine PROGRAM]\n";
 // The acceptance targets.
 constexpr double kReadyP50Ms = 50, kReadyP99Ms = 100;
 constexpr double kLargeOverSmallMax = 1.5, kColdOverBatonMin = 10;
 constexpr int kForwardPasses = 5;
 
 struct Flags {
-  std::string small, large, bin, out;
+  std::string small, large, bin, out, engine;
   int trials = 10, pool_blocks = 64, prompt_tokens = 1, epoch_reserve = 64;
   int threads = static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 256u));
   bool generate = false;
@@ -96,6 +97,8 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->bin = v;
     } else if (arg == "--out") {
       f->out = v;
+    } else if (arg == "--engine") {
+      f->engine = v;
     } else if (arg == "--trials") {
       if (!perf::ParseFlagNumber<int>(v, 1, 10000, &f->trials))
         return "--trials: not a number in [1, 10000]";
@@ -198,14 +201,15 @@ Result<json> RunModel(const Flags& flags, const std::string& name, const std::st
                dir.c_str(), model.files.size(), static_cast<unsigned long long>(model.file_bytes),
                static_cast<unsigned long long>(model.kv_bytes_per_token));
   PairOptions opts{flags.bin,         work + "/" + name,   flags.threads,
-                   flags.pool_blocks, flags.prompt_tokens, flags.epoch_reserve};
+                   flags.pool_blocks, flags.prompt_tokens, flags.epoch_reserve, flags.engine};
   std::filesystem::create_directories(opts.work_dir);
   json info = {{"model_dir", dir},
                {"model_bytes", model.file_bytes},
                {"trials", flags.trials},
                {"engine_threads", flags.threads},
                {"prompt_tokens", flags.prompt_tokens},
-               {"epoch_reserve", flags.epoch_reserve}};
+               {"epoch_reserve", flags.epoch_reserve},
+               {"engine", EngineProgram(opts)}};
   Series series;
   int kv_tokens = 0;
   BATON_RETURN_IF_ERROR(RunBaton(flags, model, opts, &kv_tokens, &series, &info));

@@ -21,6 +21,11 @@
 #include "weightcache/model_files.h"
 
 namespace baton::perf {
+
+std::string EngineProgram(const PairOptions& opts) {
+  return opts.engine.empty() ? opts.bin_dir + "/baton-refengine" : opts.engine;
+}
+
 namespace {
 
 using nlohmann::json;
@@ -118,12 +123,11 @@ int BatonPair::Stop() {
 }
 
 Status BatonPair::WriteConfig() {
-  const std::string& b = opts_.bin_dir;
   std::ofstream out(opts_.work_dir + "/controller.toml");
   out << "[controller]\nruntime_dir = \"" << opts_.work_dir
       << "\"\nepoch_reserve = " << opts_.epoch_reserve << "\n\n"
       << "[model]\ndir = \"" << model_.dir << "\"\n\n"
-      << "[engine]\ncommand = [\"" << b << "/baton-refengine\", \"--model\", \"{model_dir}\", "
+      << "[engine]\ncommand = [\"" << EngineProgram(opts_) << "\", \"--model\", \"{model_dir}\", "
       << "\"--port\", \"{port}\", \"--controller\", \"{socket}\", \"--token\", \"{token}\", "
       << "\"--role\", \"{role}\", \"--engine-id\", \"{engine_id}\", \"--threads\", \""
       << opts_.engine_threads << "\", \"--served-model-name\", \"" << kServedName << "\"]\n"
@@ -266,7 +270,7 @@ Result<ColdSample> ColdTrial(const ModelInfo& model, const PairOptions& opts, bo
   BATON_ASSIGN_OR_RETURN(
       ChildProcess engine,
       ChildProcess::Spawn(
-          {opts.bin_dir + "/baton-refengine", "--model", model.dir, "--port", "0", "--port-file",
+          {EngineProgram(opts), "--model", model.dir, "--port", "0", "--port-file",
            port_file, "--kv-blocks", std::to_string(kv_blocks), "--threads",
            std::to_string(opts.engine_threads), "--served-model-name", kServedName},
           opts.work_dir + "/cold-" + tag + ".log"));

@@ -42,7 +42,13 @@ struct PairOptions {
   int pool_blocks = 64;
   int prompt_tokens = 1;   // the first-token request's prompt length (FirstTokenRequest)
   int epoch_reserve = 64;  // the controller's controller.epoch_reserve
+  // The engine program, run with the reference engine's flags (--model, --port, --controller,
+  // --threads, --kv-blocks, ...); empty: bin_dir/baton-refengine.
+  std::string engine = {};
 };
+
+// opts.engine, or the reference engine of opts.bin_dir.
+std::string EngineProgram(const PairOptions& opts);
 
 struct FailoverSample {
   double ready_ms = 0;              // kill -> the promoted standby's /health answers 200

@@ -5,8 +5,8 @@ launches it) it connects through baton_engine and stands by half-started: the we
 controller's arena, wrapped as tensors without a copy; the HTTP server already listens and
 answers 503. Promoted, it keeps its KV cache in the granted blocks, marks itself serving, and
 follows the controller's events (grants, reclaims, drains, resume, stop). Standalone
-(--standalone) it reads the weights from the model's safetensors files itself: the cold start
-Baton is measured against.
+(--standalone, or neither --controller nor BATON_SOCKET) it reads the weights from the
+model's safetensors files itself: the cold start Baton is measured against.
 
     baton-torch-engine --model DIR [--host H] [--port N] [--port-file F]
                        [--served-model-name NAME] [--engine-version LABEL] [--threads K]
@@ -31,7 +31,9 @@ def parse(argv):
     p.add_argument("--served-model-name", default="")
     p.add_argument("--engine-version", default="baton-torch-engine")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
-    p.add_argument("--standalone", action="store_true")
+    p.add_argument("--standalone", action="store_true",
+                   help="read the weights from the model's files (the default without "
+                   "--controller or BATON_SOCKET)")
     p.add_argument("--kv-blocks", type=int, default=64)
     p.add_argument("--block-bytes", type=int, default=1 << 20)
     p.add_argument("--controller", default="")
@@ -42,7 +44,9 @@ def parse(argv):
 
 
 def log(text: str) -> None:
-    print(f"baton-torch-engine[{os.getpid()}]: {text}", file=sys.stderr, flush=True)
+    now = time.time()
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
+    print(f"{stamp} INFO baton-torch-engine[{os.getpid()}]: {text}", file=sys.stderr, flush=True)
 
 
 def write_port(path: str, port: int) -> None:
@@ -87,6 +91,7 @@ def run_standalone(args) -> int:
 def run_under_controller(args) -> int:
     from baton_engine import Engine, EventKind, FailedPrecondition
     from baton_engine.tensors import weight_tensors
+    from .pool_kv import PoolKv
     from .server import serve
     from .llama import LlamaModel
     started = time.monotonic()
@@ -106,14 +111,14 @@ def run_under_controller(args) -> int:
         except FailedPrecondition as e:
             log(f"stopped as a standby: {e}")
             return 0
-        from .pool_kv import PoolKv
+        at = time.monotonic()
         kv = PoolKv(engine, config)
         kv.take(promoted.extents)
         state.generator = kv.generator(model)
         state.serving = True
         engine.mark_serving()
         log(f"engine {engine.id} serving at epoch {engine.epoch} with {len(kv.blocks.blocks)} "
-            "KV blocks")
+            f"KV blocks, {(time.monotonic() - at) * 1e3:.2f} ms after its promotion")
         for event in engine.events():
             if event.kind == EventKind.GRANTED:
                 kv.take(event.extents)
@@ -155,7 +160,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     try:
-        if args.standalone:
+        if args.standalone or not (args.controller or os.environ.get("BATON_SOCKET")):
             return run_standalone(args)
         return run_under_controller(args)
     except Exception as e:  # one line that says why, not a traceback, for the controller's log

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -77,6 +78,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, fmt, *args):  # one line per request is the router's to log
         pass
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out as separate writes: without TCP_NODELAY, Nagle's algorithm
+        # holds the body back for the peer's delayed ACK (40 ms and more on loopback).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def _send(self, status: int, body: bytes, ctype: str = "application/json",
               extra: Optional[dict] = None) -> None:
