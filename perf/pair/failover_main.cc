@@ -200,8 +200,8 @@ Result<json> RunModel(const Flags& flags, const std::string& name, const std::st
   std::fprintf(stderr, "%s model %s: %zu files, %llu bytes, %llu KV bytes a token\n", name.c_str(),
                dir.c_str(), model.files.size(), static_cast<unsigned long long>(model.file_bytes),
                static_cast<unsigned long long>(model.kv_bytes_per_token));
-  PairOptions opts{flags.bin,         work + "/" + name,   flags.threads,
-                   flags.pool_blocks, flags.prompt_tokens, flags.epoch_reserve, flags.engine};
+  PairOptions opts{flags.bin,           work + "/" + name,   flags.threads, flags.pool_blocks,
+                   flags.prompt_tokens, flags.epoch_reserve, flags.engine};
   std::filesystem::create_directories(opts.work_dir);
   json info = {{"model_dir", dir},
                {"model_bytes", model.file_bytes},

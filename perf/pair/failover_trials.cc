@@ -269,11 +269,10 @@ Result<ColdSample> ColdTrial(const ModelInfo& model, const PairOptions& opts, bo
   const TimePoint start = RealClock::Get().Now();
   BATON_ASSIGN_OR_RETURN(
       ChildProcess engine,
-      ChildProcess::Spawn(
-          {EngineProgram(opts), "--model", model.dir, "--port", "0", "--port-file",
-           port_file, "--kv-blocks", std::to_string(kv_blocks), "--threads",
-           std::to_string(opts.engine_threads), "--served-model-name", kServedName},
-          opts.work_dir + "/cold-" + tag + ".log"));
+      ChildProcess::Spawn({EngineProgram(opts), "--model", model.dir, "--port", "0", "--port-file",
+                           port_file, "--kv-blocks", std::to_string(kv_blocks), "--threads",
+                           std::to_string(opts.engine_threads), "--served-model-name", kServedName},
+                          opts.work_dir + "/cold-" + tag + ".log"));
   BATON_ASSIGN_OR_RETURN(const uint16_t port,
                          WaitForPortFile(port_file, engine, std::chrono::minutes(10), kProbePause,
                                          opts.work_dir + "/cold-" + tag + ".log"));

@@ -20,18 +20,30 @@ namespace {
 
 using std::chrono::seconds;
 
-bool TorchInstalled() {
-  return std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0;
-}
+bool TorchInstalled() { return std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0; }
 
 ClusterOptions TorchPair() {
   ClusterOptions o;
   o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib"};
   o.engine_command = {std::string(BATON_SOURCE_DIR) + "/python/bin/baton-torch-engine",
-                      "--model", "{model_dir}", "--port", "{port}", "--controller", "{socket}",
-                      "--token", "{token}", "--role", "{role}", "--engine-id", "{engine_id}",
-                      "--served-model-name", kRouterTestModel, "--threads", "1",
-                      "--engine-version", "torch-1"};
+                      "--model",
+                      "{model_dir}",
+                      "--port",
+                      "{port}",
+                      "--controller",
+                      "{socket}",
+                      "--token",
+                      "{token}",
+                      "--role",
+                      "{role}",
+                      "--engine-id",
+                      "{engine_id}",
+                      "--served-model-name",
+                      kRouterTestModel,
+                      "--threads",
+                      "1",
+                      "--engine-version",
+                      "torch-1"};
   o.blocks = 512;
   o.register_timeout_ms = 60'000;  // importing torch takes seconds on a busy CI machine
   return o;
@@ -53,13 +65,16 @@ TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
   ChaosCluster cluster(TorchPair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
-  const json request = {{"model", kRouterTestModel}, {"prompt", "Through the router:"},
-                        {"seed", 4242},              {"temperature", 0.9},
-                        {"max_tokens", 300},         {"stream", true}};
-  const std::vector<std::string> argv = {FindInPath("curl"), "-sS", "-N", "--fail-with-body",
-                                         "-H", "Content-Type: application/json",
-                                         "--data-binary", request.dump(),
-                                         router.url() + "/completions"};
+  const json request = {{"model", kRouterTestModel},
+                        {"prompt", "Through the router:"},
+                        {"seed", 4242},
+                        {"temperature", 0.9},
+                        {"max_tokens", 300},
+                        {"stream", true}};
+  const std::vector<std::string> argv = {
+      FindInPath("curl"), "-sS",          "-N",
+      "--fail-with-body", "-H",           "Content-Type: application/json",
+      "--data-binary",    request.dump(), router.url() + "/completions"};
   Child plain(argv, cluster.dir() + "/curl-reference.log", /*piped=*/true);
   while (plain.ReadMore(seconds(120))) {
   }
@@ -91,9 +106,10 @@ TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
 TEST_F(TorchEngineTest, ThePairGoesThroughEveryDrill) {
   ChaosCluster cluster(TorchPair());
   EXPECT_EQ(EngineWithRole(cluster.Status(), "primary")["version"], "torch-1");
-  for (const std::vector<std::string>& drill :
-       {std::vector<std::string>{"drill", "kill"}, {"drill", "hang"}, {"drill", "error"},
-        {"promote"}}) {
+  for (const std::vector<std::string>& drill : {std::vector<std::string>{"drill", "kill"},
+                                                {"drill", "hang"},
+                                                {"drill", "error"},
+                                                {"promote"}}) {
     const json primary = EngineWithRole(cluster.WaitReady(), "primary");
     const CtlResult r = cluster.Ctl(drill);
     ASSERT_EQ(r.exit_code, 0) << drill.back() << ": " << r.stdout_text;
@@ -114,8 +130,8 @@ TEST_F(TorchEngineTest, AnUpgradeMovesThePairToTheTorchEngineAndARollbackMovesIt
   References(router.port(), "Torch", 16, &requests, &want);
   json promoted, rolled_back;
   const LoadResult r = LoadAround(router.port(), requests, want, [&] {
-    std::vector<std::string> args = {"upgrade", "--steps", "50,100", "--step-ms", "300",
-                                     "--min-requests", "5", "--"};
+    std::vector<std::string> args = {"upgrade", "--steps",        "50,100", "--step-ms",
+                                     "300",     "--min-requests", "5",      "--"};
     const std::vector<std::string> torch = TorchPair().engine_command;
     args.insert(args.end(), torch.begin(), torch.end());
     const CtlResult up = cluster.Ctl(args);
