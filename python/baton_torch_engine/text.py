@@ -37,18 +37,22 @@ def sequence_at(data: bytes, p: int) -> tuple[int, bool]:
     return n, False
 
 
+def decode(data: bytes, begin: int, end: int, whole: bool) -> tuple[str, int]:
+    """data[begin:end) as text, each byte that starts no valid sequence as U+FFFD, and where
+    it stopped: at `end`, or, unless `whole`, before a sequence that is not complete yet."""
+    out, p = [], begin
+    while p < end:
+        n, truncated = sequence_at(data, p)
+        if not whole and (truncated or p + max(n, 1) > end):
+            break
+        out.append(REPLACEMENT if n == 0 else data[p:p + n].decode())
+        p += max(n, 1)
+    return "".join(out), p
+
+
 def lenient(data: bytes) -> str:
     """`data` as text, each byte that starts no valid sequence as U+FFFD."""
-    out, p = [], 0
-    while p < len(data):
-        n, _ = sequence_at(data, p)
-        if n == 0:
-            out.append(REPLACEMENT)
-            p += 1
-        else:
-            out.append(data[p:p + n].decode())
-            p += n
-    return "".join(out)
+    return decode(data, 0, len(data), whole=True)[0]
 
 
 class TextBuilder:
@@ -81,19 +85,8 @@ class TextBuilder:
         return out
 
     def _release(self, end: int) -> str:
-        out, p, data = [], self.released, bytes(self.raw)
-        while p < end:
-            n, truncated = sequence_at(data, p)
-            if truncated or p + max(n, 1) > end:
-                break
-            if n == 0:
-                out.append(REPLACEMENT)
-                p += 1
-            else:
-                out.append(data[p:p + n].decode())
-                p += n
-        self.released = p
-        return "".join(out)
+        out, self.released = decode(bytes(self.raw), self.released, end, whole=False)
+        return out
 
     def _hold_back(self) -> int:
         pending = bytes(self.raw[self.released:])
