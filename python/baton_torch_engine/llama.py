@@ -5,7 +5,8 @@ rotate-half RoPE (linear and llama3 scaling), grouped-query attention, SwiGLU ML
 head (tied to the embeddings when config.json says so and there is no lm_head.weight). It
 computes in fp32 on the CPU. Weights are the tensors of baton_engine.tensors.weight_tensors():
 F32 weights are used in place; F16 and BF16 ones are widened to fp32 one matrix at a time,
-inside each product, so no fp32 copy of the model is ever kept.
+inside each product, a slice of rows at a time into one small scratch buffer, so no fp32 copy
+of the model is ever kept and no product allocates (scratch.py says why that matters).
 
 The KV cache lives in whatever memory `KvBlocks` is given: each pool block holds
 `block_tokens` positions of every layer, after a 64-byte header the SDK scrubs for each new
@@ -22,6 +23,8 @@ from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
 import torch
+
+from .scratch import WideningScratch
 
 HEADER_BYTES = 64  # the block header the SDK scrubs (kBlockHeaderBytes)
 
@@ -176,6 +179,9 @@ class LlamaModel:
             if not config.tie_word_embeddings:
                 raise ValueError("model weights: tensor 'lm_head.weight' is missing")
             self.lm_head = weights["model.embed_tokens.weight"]
+        narrow = [t for t in weights.values() if t.dtype != torch.float32 and t.dim() == 2]
+        self.scratch = WideningScratch(max((t.numel() for t in narrow), default=0),
+                                       max((t.shape[1] for t in narrow), default=0))
 
     def _check(self) -> None:
         c = self.c
@@ -206,7 +212,7 @@ class LlamaModel:
         return t if t.dtype == torch.float32 else t.float()
 
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
-        return torch.nn.functional.linear(x, self._f32(name))
+        return self.scratch.linear(x, self.w[name])
 
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         variance = x.pow(2).mean(-1, keepdim=True)
@@ -242,14 +248,13 @@ class LlamaModel:
         self.reserve(kv, seq, start + n)
         ids = torch.tensor(tokens, dtype=torch.long)
         positions = torch.arange(start, start + n)
-        x = self._f32("model.embed_tokens.weight")[ids]
+        x = self.w["model.embed_tokens.weight"][ids].to(torch.float32)
         for layer in range(c.num_hidden_layers):
             x = x + self._attention(kv, seq, layer, x, positions)
             x = x + self._mlp(layer, x)
         last = self._norm(x[-1:], "model.norm.weight")
         seq.length = start + n
-        lm = self.lm_head if self.lm_head.dtype == torch.float32 else self.lm_head.float()
-        return torch.nn.functional.linear(last, lm)[0]
+        return self.scratch.linear(last, self.lm_head)[0]
 
     def _attention(self, kv: KvBlocks, seq: Sequence_, layer: int, x: torch.Tensor,
                    positions: torch.Tensor) -> torch.Tensor:
