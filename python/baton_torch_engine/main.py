@@ -6,11 +6,12 @@ controller's arena, wrapped as tensors without a copy; the HTTP server already l
 answers 503. Promoted, it keeps its KV cache in the granted blocks, marks itself serving, and
 follows the controller's events (grants, reclaims, drains, resume, stop). Standalone
 (--standalone, or neither --controller nor BATON_SOCKET) it reads the weights from the
-model's safetensors files itself: the cold start Baton is measured against.
+model's safetensors files into its own memory before it listens, as vLLM's and SGLang's
+loaders do: the cold start Baton is measured against (--map-weights maps them instead).
 
     baton-torch-engine --model DIR [--host H] [--port N] [--port-file F]
                        [--served-model-name NAME] [--engine-version LABEL] [--threads K]
-                       [--standalone [--kv-blocks N] [--block-bytes B]]
+                       [--standalone [--map-weights] [--kv-blocks N] [--block-bytes B]]
                        [--controller SOCKET --token T --engine-id ID]
 """
 from __future__ import annotations
@@ -34,6 +35,9 @@ def parse(argv):
     p.add_argument("--standalone", action="store_true",
                    help="read the weights from the model's files (the default without "
                    "--controller or BATON_SOCKET)")
+    p.add_argument("--map-weights", action="store_true",
+                   help="standalone: map the safetensors files instead of reading them into "
+                   "memory (the first forward pass then pages them in)")
     p.add_argument("--kv-blocks", type=int, default=64)
     p.add_argument("--block-bytes", type=int, default=1 << 20)
     p.add_argument("--controller", default="")
@@ -74,7 +78,10 @@ def run_standalone(args) -> int:
     from .llama import KvBlocks, LlamaModel
     from .safetensors_files import read_model
     from .server import serve
-    weights, maps = read_model(args.model)
+    started = time.monotonic()
+    weights, buffers = read_model(args.model, mapped=args.map_weights)
+    log(f"{'mapped' if args.map_weights else 'read'} the weights of {args.model} in "
+        f"{(time.monotonic() - started) * 1e3:.1f} ms")
     config, state = build_state(args)
     model = LlamaModel(config, weights)
     kv = KvBlocks(config, args.block_bytes)

@@ -1,7 +1,9 @@
 """The PyTorch Llama (baton_torch_engine) against the reference engine on the same generated
 models: the same greedy tokens for 64 steps, and the same seeded samples (temperature and
 nucleus) until the reference engine stops at an end-of-sequence token, on F32 and BF16
-weights. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
+weights (BF16 also with products sliced into many row slices); the widening scratch gives the
+values of an fp32 product; the model's files read or mapped give the same tensors, and a
+broken file is refused either way. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
 says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
 baton-refengine)."""
 import json
@@ -20,6 +22,7 @@ try:
     from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, Sequence_
     from baton_torch_engine.safetensors_files import read_model
     from baton_torch_engine.sampler import sample_token, sample_uniform
+    from baton_torch_engine.scratch import WideningScratch
     MISSING = ""
 except ImportError as e:  # PyTorch is not installed for this interpreter
     MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
@@ -78,9 +81,9 @@ class TorchLlamaTest(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def generate(self, model_dir, temperature=0.0, top_p=1.0, seed=0):
+    def generate(self, model_dir, temperature=0.0, top_p=1.0, seed=0, mapped=False):
         config = LlamaConfig.load(model_dir)
-        weights, maps = read_model(model_dir)
+        weights, maps = read_model(model_dir, mapped=mapped)
         model = LlamaModel(config, weights)
         kv = KvBlocks(config, 1 << 16)
         memory = [torch.zeros(1 << 16, dtype=torch.uint8) for _ in range(8)]
@@ -97,7 +100,7 @@ class TorchLlamaTest(unittest.TestCase):
         del maps
         return out, config
 
-    def check_against_reference(self, dtype, **sampling):
+    def check_against_reference(self, dtype, mapped=False, **sampling):
         model_dir = self.models[dtype]
         proc, port = start_refengine(model_dir)
         try:
@@ -107,7 +110,7 @@ class TorchLlamaTest(unittest.TestCase):
         finally:
             proc.terminate()
             proc.wait()
-        mine, config = self.generate(model_dir, **sampling)
+        mine, config = self.generate(model_dir, mapped=mapped, **sampling)
         ids = ref["token_ids"]
         self.assertEqual(mine[:len(ids)], ids, f"{dtype} {sampling}")
         if ref["finish_reason"] == "stop":  # the reference stopped at an end-of-sequence id
@@ -120,6 +123,14 @@ class TorchLlamaTest(unittest.TestCase):
 
     def test_greedy_tokens_match_the_reference_engine_bf16(self):
         self.check_against_reference("bf16")
+
+    def test_greedy_tokens_match_with_many_row_slices_and_mapped_files(self):
+        budget = WideningScratch.BUDGET
+        WideningScratch.BUDGET = 1000  # each product of the tiny model in many slices
+        try:
+            self.check_against_reference("bf16", mapped=True)
+        finally:
+            WideningScratch.BUDGET = budget
 
     def test_seeded_samples_match_the_reference_engine(self):
         self.check_against_reference("f32", temperature=0.8, seed=7)
@@ -136,6 +147,68 @@ class TorchLlamaTest(unittest.TestCase):
         config = LlamaConfig.load(self.models["f32"])
         with self.assertRaises(ValueError):
             KvBlocks(config, 64 + config.kv_bytes_per_token - 1)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class WideningScratchTest(unittest.TestCase):
+    def test_sliced_products_equal_the_fp32_product(self):
+        torch.manual_seed(1)
+        x = torch.randn(3, 1024)
+        for dtype in (torch.bfloat16, torch.float16):
+            w = torch.randn(700, 1024).to(dtype)  # 716,800 values: three slices of the budget
+            scratch = WideningScratch(w.numel(), w.shape[1])
+            want = torch.nn.functional.linear(x, w.float())
+            self.assertTrue(torch.equal(scratch.linear(x, w), want), dtype)
+            self.assertTrue(torch.equal(WideningScratch(0, 1024).linear(x, w), want), dtype)
+
+    def test_fp32_weights_are_used_in_place_and_a_too_long_row_is_refused(self):
+        w = torch.randn(8, 16)
+        self.assertTrue(torch.equal(WideningScratch(0, 0).linear(torch.ones(1, 16), w),
+                                    torch.ones(1, 16) @ w.T))
+        scratch = WideningScratch(0, 16)
+        scratch.elements = 8  # as if sized for another model
+        with self.assertRaises(ValueError):
+            scratch.linear(torch.ones(1, 16), w.bfloat16())
+
+
+@unittest.skipIf(MISSING, MISSING)
+class ReadModelTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="baton-torch-read-")
+        cls.model = os.path.join(cls.tmp.name, "bf16")
+        subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", cls.model, "--preset",
+                        "tiny", "--seed", "3", "--dtype", "bf16"], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_read_and_mapped_give_the_same_tensors(self):
+        read, buffers = read_model(self.model)
+        mapped, maps = read_model(self.model, mapped=True)
+        self.assertEqual(sorted(read), sorted(mapped))
+        for name, t in read.items():
+            self.assertEqual(t.dtype, mapped[name].dtype, name)
+            self.assertTrue(torch.equal(t, mapped[name]), name)
+        del maps, buffers
+
+    def test_a_broken_file_is_refused_naming_it_either_way(self):
+        bad = os.path.join(self.tmp.name, "bad")
+        os.makedirs(bad, exist_ok=True)
+        path = os.path.join(bad, "model.safetensors")
+        header = json.dumps({"w": {"dtype": "BF16", "shape": [4, 4], "data_offsets": [0, 32]}})
+        cases = [b"\x01\x00", (len(header)).to_bytes(8, "little") + header.encode() + b"\0" * 8,
+                 (999).to_bytes(8, "little") + b"{}", (2).to_bytes(8, "little") + b"[]",
+                 (len(header)).to_bytes(8, "little") + header.replace("BF16", "Q9").encode()]
+        for raw in cases:
+            with open(path, "wb") as f:
+                f.write(raw)
+            for mapped in (False, True):
+                with self.assertRaises(ValueError) as ctx:
+                    read_model(bad, mapped=mapped)
+                self.assertIn(path, str(ctx.exception), raw)
 
 
 if __name__ == "__main__":
