@@ -3,7 +3,8 @@ models: the same greedy tokens for 64 steps, and the same seeded samples (temper
 nucleus) until the reference engine stops at an end-of-sequence token, on F32 and BF16
 weights (BF16 also with products sliced into many row slices); the widening scratch gives the
 values of an fp32 product; the model's files read or mapped give the same tensors, and a
-broken file is refused either way. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
+broken file is refused either way; the engine runs itself again on a huge-page heap, keeping
+its pid, unless GLIBC_TUNABLES already says otherwise. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
 says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
 baton-refengine)."""
 import json
@@ -209,6 +210,34 @@ class ReadModelTest(unittest.TestCase):
                 with self.assertRaises(ValueError) as ctx:
                     read_model(bad, mapped=mapped)
                 self.assertIn(path, str(ctx.exception), raw)
+
+    def environ_of_a_standalone_engine(self, env):
+        port_file = os.path.join(self.tmp.name, "engine.port")
+        if os.path.exists(port_file):
+            os.remove(port_file)
+        engine = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bin",
+                              "baton-torch-engine")
+        proc = subprocess.Popen([engine, "--model", self.model, "--standalone", "--port-file",
+                                 port_file], env=env, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(port_file) and time.monotonic() < deadline:
+                self.assertIsNone(proc.poll(), "the engine exited")
+                time.sleep(0.05)
+            self.assertTrue(os.path.exists(port_file), "the engine never listened")
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:  # the pid it was started as
+                return dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        finally:
+            proc.kill()
+            proc.wait()
+
+    def test_the_engine_runs_again_on_a_huge_page_heap_unless_told_otherwise(self):
+        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+        self.assertEqual(self.environ_of_a_standalone_engine(env).get(b"GLIBC_TUNABLES"),
+                         b"glibc.malloc.hugetlb=1")
+        env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=0"
+        self.assertEqual(self.environ_of_a_standalone_engine(env).get(b"GLIBC_TUNABLES"),
+                         b"glibc.malloc.hugetlb=0")
 
 
 if __name__ == "__main__":
