@@ -156,27 +156,32 @@ def wait_idle(state, timeout_ms: int, engine) -> int:
         return state.in_flight
 
 
-HUGE_PAGE_HEAP = "glibc.malloc.hugetlb=1"
+# The heap on transparent huge pages: glibc's malloc asks for them, every thread allocates
+# from the one (main) arena that does, and Python's objects come from malloc too.
+HUGE_PAGE_HEAP = {"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1",
+                  "PYTHONMALLOC": "malloc"}
 
 
 def reexec_with_huge_page_heap() -> None:
-    """Runs this same command again, once, with glibc's malloc on transparent huge pages,
-    unless GLIBC_TUNABLES already says how (glibc.malloc.hugetlb=0 turns it off).
+    """Runs this same command again, once, with its heap on transparent huge pages
+    (HUGE_PAGE_HEAP), unless GLIBC_TUNABLES already sets glibc.malloc.hugetlb
+    (glibc.malloc.hugetlb=0 turns all of it off). A PYTHONMALLOC of the caller's is kept.
 
     A killed engine's death is seen when the kernel has torn its memory down and closed its
-    sockets; PyTorch's heap in 4 KiB pages is most of that teardown. On the 2-core VM the
-    tunable takes the teardown of a process that has imported torch from 23-26 ms to 14-15 ms
-    (median of 10 kills), and with it the controller's detect time. glibc 2.35 and later
-    read it; an older glibc ignores it."""
+    sockets, and for a process that has imported PyTorch most of that teardown is its heap in
+    4 KiB pages. On the 2-core VM, medians of 10 kills of such a process: 23-26 ms as it is,
+    13-16 ms with glibc.malloc.hugetlb=1, 11 ms with all three settings. glibc 2.35 and later
+    read the tunables; an older glibc ignores them."""
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if "glibc.malloc.hugetlb" in tunables:
         return
-    env = dict(os.environ, GLIBC_TUNABLES=f"{tunables}:{HUGE_PAGE_HEAP}" if tunables
-               else HUGE_PAGE_HEAP)
+    glibc = HUGE_PAGE_HEAP["GLIBC_TUNABLES"]
+    env = dict(os.environ, GLIBC_TUNABLES=f"{tunables}:{glibc}" if tunables else glibc)
+    env.setdefault("PYTHONMALLOC", HUGE_PAGE_HEAP["PYTHONMALLOC"])
     try:
         os.execve(sys.executable, [sys.executable] + sys.orig_argv[1:], env)
     except OSError as e:  # the engine still runs, on 4 KiB pages
-        log(f"not re-executed with {HUGE_PAGE_HEAP}: {e}")
+        log(f"not re-executed with its heap on huge pages: {e}")
 
 
 def main(argv=None) -> int:

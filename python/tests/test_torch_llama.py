@@ -225,19 +225,25 @@ class ReadModelTest(unittest.TestCase):
                 self.assertIsNone(proc.poll(), "the engine exited")
                 time.sleep(0.05)
             self.assertTrue(os.path.exists(port_file), "the engine never listened")
-            with open(f"/proc/{proc.pid}/environ", "rb") as f:  # the pid it was started as
-                return dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            # The pid it was started as. glibc splits GLIBC_TUNABLES in place at each ':', so
+            # the NULs are put back between tunables.
+            with open(f"/proc/{proc.pid}/environ", "rb") as f:
+                raw = f.read().replace(b"\0glibc.", b":glibc.")
+            return dict(v.split(b"=", 1) for v in raw.split(b"\0") if b"=" in v)
         finally:
             proc.kill()
             proc.wait()
 
     def test_the_engine_runs_again_on_a_huge_page_heap_unless_told_otherwise(self):
-        env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
-        self.assertEqual(self.environ_of_a_standalone_engine(env).get(b"GLIBC_TUNABLES"),
-                         b"glibc.malloc.hugetlb=1")
+        env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "PYTHONMALLOC")}
+        seen = self.environ_of_a_standalone_engine(env)
+        self.assertEqual(seen.get(b"GLIBC_TUNABLES"),
+                         b"glibc.malloc.hugetlb=1:glibc.malloc.arena_max=1")
+        self.assertEqual(seen.get(b"PYTHONMALLOC"), b"malloc")
         env["GLIBC_TUNABLES"] = "glibc.malloc.hugetlb=0"
-        self.assertEqual(self.environ_of_a_standalone_engine(env).get(b"GLIBC_TUNABLES"),
-                         b"glibc.malloc.hugetlb=0")
+        seen = self.environ_of_a_standalone_engine(env)
+        self.assertEqual(seen.get(b"GLIBC_TUNABLES"), b"glibc.malloc.hugetlb=0")
+        self.assertNotIn(b"PYTHONMALLOC", seen)
 
 
 if __name__ == "__main__":
