@@ -13,6 +13,7 @@ loaders do: the cold start Baton is measured against (--map-weights maps them in
                        [--served-model-name NAME] [--engine-version LABEL] [--threads K]
                        [--standalone [--map-weights] [--kv-blocks N] [--block-bytes B]]
                        [--controller SOCKET --token T --engine-id ID]
+                       [--keep-library-pages]
 """
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ def parse(argv):
     p.add_argument("--token", default="")
     p.add_argument("--engine-id", type=int, default=0)
     p.add_argument("--role", default="", help="accepted for the engine command's {role}")
+    p.add_argument("--keep-library-pages", action="store_true",
+                   help="under a controller: keep the standby's library page-table entries "
+                   "(see baton_engine.libmaps)")
     return p.parse_args(argv)
 
 
@@ -101,6 +105,7 @@ def run_under_controller(args) -> int:
     from .pool_kv import PoolKv
     from .server import serve
     from .llama import LlamaModel
+    from .rehearsal import rehearse
     started = time.monotonic()
     config, state = build_state(args)
     bound = {}
@@ -111,6 +116,11 @@ def run_under_controller(args) -> int:
                             http_address=f"{args.host}:{bound['port']}")
     with engine:
         model = LlamaModel(config, weight_tensors(engine))
+        if not args.keep_library_pages:
+            drop_library_pages()
+        at = time.monotonic()
+        rehearse(config, model.w, engine.pool().block_bytes)
+        log(f"rehearsed a promotion and a decode step in {(time.monotonic() - at) * 1e3:.1f} ms")
         write_port(args.port_file, bound["port"])
         log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
         try:
@@ -141,6 +151,20 @@ def run_under_controller(args) -> int:
                 state.stopping = True
                 log(f"{event.kind.name.lower()}: {event.reason}")
     return 0
+
+
+def drop_library_pages() -> None:
+    """Sheds what importing PyTorch left mapped (baton_engine.libmaps), so that a kill of this
+    engine is seen sooner; logs what it dropped, or why it dropped nothing."""
+    from baton_engine.libmaps import drop_library_pages as drop
+    at = time.monotonic()
+    try:
+        dropped = drop()
+    except OSError as e:
+        log(f"library pages kept: {e}")
+        return
+    log(f"dropped the page-table entries of {dropped.kib // 1024} MiB of library pages "
+        f"({dropped.mappings} mappings) in {(time.monotonic() - at) * 1e3:.1f} ms")
 
 
 def wait_idle(state, timeout_ms: int, engine) -> int:

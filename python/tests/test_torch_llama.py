@@ -3,9 +3,10 @@ models: the same greedy tokens for 64 steps, and the same seeded samples (temper
 nucleus) until the reference engine stops at an end-of-sequence token, on F32 and BF16
 weights (BF16 also with products sliced into many row slices); the widening scratch gives the
 values of an fp32 product; the model's files read or mapped give the same tensors, and a
-broken file is refused either way; the engine runs itself again on a huge-page heap, keeping
-its pid, unless GLIBC_TUNABLES already says otherwise. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
-says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
+broken file is refused either way; a standby's rehearsal runs a step and changes no weight;
+the engine runs itself again on a huge-page heap, keeping its pid, unless GLIBC_TUNABLES
+already says otherwise. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without
+it every test says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
 baton-refengine)."""
 import json
 import os
@@ -21,6 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 try:
     import torch
     from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, Sequence_
+    from baton_torch_engine.rehearsal import rehearse
     from baton_torch_engine.safetensors_files import read_model
     from baton_torch_engine.sampler import sample_token, sample_uniform
     from baton_torch_engine.scratch import WideningScratch
@@ -194,6 +196,17 @@ class ReadModelTest(unittest.TestCase):
             self.assertEqual(t.dtype, mapped[name].dtype, name)
             self.assertTrue(torch.equal(t, mapped[name]), name)
         del maps, buffers
+
+    def test_the_rehearsal_runs_a_step_and_changes_no_weight(self):
+        weights, buffers = read_model(self.model)
+        before = {n: t.clone() for n, t in weights.items()}
+        config = LlamaConfig.load(self.model)
+        rehearse(config, weights, 1 << 16)
+        for name, t in weights.items():
+            self.assertTrue(torch.equal(t, before[name]), name)
+        with self.assertRaisesRegex(ValueError, "holds no token"):
+            rehearse(config, weights, 64)
+        del buffers
 
     def test_a_broken_file_is_refused_naming_it_either_way(self):
         bad = os.path.join(self.tmp.name, "bad")
