@@ -10,6 +10,11 @@
 // (rule 4). CheckInvariants() re-derives rules 1-5 from redundant bookkeeping and names the
 // first one violated.
 //
+// A promotion reserve (SetPromotionReserve) keeps free blocks out of Grant, so that a standby
+// promoted while its predecessor's blocks are still quarantined starts on blocks the
+// predecessor does not hold (GrantReserve); the quarantined blocks move only after the barrier,
+// as for any fence.
+//
 // After a controller restart the ledger starts in recovery: every block is quarantined to
 // the previous incarnation; a holder that reattaches re-adopts the blocks it holds at the
 // epoch a previous controller gave it (Readopt); EndRecovery frees the rest once the caller
@@ -95,9 +100,10 @@ class PoolLedger {
   // Deliberate faults, for tests that prove the invariant checks catch them.
   enum class Mutation {
     kNone,
-    kSkipQuarantine,  // Fence frees the holder's blocks at once
-    kAcceptStale,     // epoch and fence checks on engine messages are skipped
-    kGrantToStandby,  // Grant does not check that the engine was promoted
+    kSkipQuarantine,     // Fence frees the holder's blocks at once
+    kAcceptStale,        // epoch and fence checks on engine messages are skipped
+    kGrantToStandby,     // Grant does not check that the engine was promoted
+    kHandOnQuarantined,  // GrantReserve also hands on a block still quarantined for its barrier
   };
 
   // A ledger for a fresh pool, all blocks free. `epochs` must outlive the ledger.
@@ -140,11 +146,27 @@ class PoolLedger {
   // CheckInvariants). 1, the default, places no constraint. InvalidArgument for 0.
   Status SetBlocksPerChunk(uint32_t blocks_per_chunk);
   uint32_t blocks_per_chunk() const { return blocks_per_chunk_; }
-  // Free blocks that Grant could give `id` now.
+  // Free blocks that Grant could give `id` now (the promotion reserve left out).
   uint32_t GrantableTo(EngineId id) const;
   // Of those, the blocks in chunks `id` already holds blocks of: only `id` may have them, and
   // Grant gives them first (0 on an unchunked pool).
   uint32_t FreeBesideHeld(EngineId id) const;
+
+  // --- the promotion reserve -----------------------------------------------------------------
+  // Holds `blocks` free blocks back from Grant for the next promotion: whole chunks nobody
+  // leases on a device pool (at least `blocks` of them, the highest first), the highest free
+  // blocks otherwise. A count, not a set: the reserve is whatever such blocks are free when it
+  // is asked for. FailedPrecondition (and no reserve) when the reserve in whole chunks would be
+  // more than half the pool: such a pool is too small for one, and promotions wait for the
+  // barrier. 0: no reserve.
+  Status SetPromotionReserve(uint32_t blocks);
+  // The target in blocks (whole chunks), 0 when none.
+  uint32_t promotion_reserve() const { return reserve_; }
+  // The free blocks held back now: the target, or fewer while the pool has fewer to spare.
+  uint32_t ReserveAvailable() const;
+  // Grants the whole reserve to `id`, a holder at `epoch` (promoted, its predecessor fenced):
+  // FailedPrecondition, nothing granted, unless ReserveAvailable() is the whole target.
+  Result<std::vector<Extent>> GrantReserve(EngineId id, uint64_t epoch);
 
   // --- recovery ---------------------------------------------------------------------------
   // A holder reattaching after a controller restart claims `extents` at `epoch`: issued by a
@@ -185,16 +207,24 @@ class PoolLedger {
   void NoteAccepted(EngineId id, uint64_t epoch);
 
   // The free runs Grant may take for `id`, in block order: `beside` in chunks `id` holds
-  // blocks of, `clear` in chunks nobody leases (every free run on an unchunked pool).
+  // blocks of, `clear` in chunks nobody leases (every free run on an unchunked pool), and
+  // `reserve` the part of the clear runs held back for a promotion (pool_ledger_reserve.cc).
   struct FreeRuns {
     std::vector<Extent> beside;
     std::vector<Extent> clear;
-    uint32_t blocks() const;
+    std::vector<Extent> reserve;
+    uint32_t blocks() const;  // beside and clear: what Grant may take
   };
   std::vector<Extent> TakeFree(uint32_t blocks, const FreeRuns& runs);
   void AddFree(Extent extent);
   void RemoveFree(Extent extent);  // `extent` lies inside one free run
   FreeRuns FreeRunsFor(EngineId id) const;
+  // Moves the promotion reserve out of `runs->clear` into `runs->reserve`.
+  void HoldBackReserve(FreeRuns* runs) const;
+  // Rounds `blocks` up to whole chunks (the short last chunk counts whole).
+  uint32_t InWholeChunks(uint32_t blocks) const;
+  // kHandOnQuarantined: moves one quarantined block of a fenced engine to `id` at `epoch`.
+  void HandOnQuarantinedForTesting(EngineId id, uint64_t epoch, std::vector<Extent>* extents);
   // Per chunk: its only leaseholder, kNoEngine if none, kMixedChunk if several. Blocks of
   // kPreviousIncarnation count only when `count_previous`.
   static constexpr EngineId kMixedChunk = UINT64_MAX - 1;
@@ -220,6 +250,7 @@ class PoolLedger {
   uint64_t floor_;         // the durable epoch at construction: earlier epochs are not reissued
   uint64_t issued_;        // highest epoch in use or reserved
   uint64_t reserved_ = 0;  // epoch reserved by the last Fence for a successor (0: none)
+  uint32_t reserve_ = 0;   // blocks held back for the next promotion
   bool recovering_ = false;
   uint64_t seq_ = 0;
   LeaseMap leases_;

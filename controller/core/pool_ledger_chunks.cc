@@ -59,6 +59,7 @@ PoolLedger::FreeRuns PoolLedger::FreeRunsFor(EngineId id) const {
   FreeRuns runs;
   if (blocks_per_chunk_ <= 1) {
     for (const auto& [first, count] : free_) runs.clear.push_back(Extent{first, count});
+    HoldBackReserve(&runs);
     return runs;
   }
   auto append = [](std::vector<Extent>& to, uint32_t first, uint32_t end) {
@@ -75,7 +76,7 @@ PoolLedger::FreeRuns PoolLedger::FreeRunsFor(EngineId id) const {
     for (uint64_t b = first; b < end;) {
       const uint64_t chunk = b / per;
       const uint64_t piece_end = std::min(end, (chunk + 1) * per);
-      if (holders[chunk] == id) {
+      if (holders[chunk] == id && id != kNoEngine) {
         append(runs.beside, static_cast<uint32_t>(b), static_cast<uint32_t>(piece_end));
       } else if (holders[chunk] == kNoEngine) {
         append(runs.clear, static_cast<uint32_t>(b), static_cast<uint32_t>(piece_end));
@@ -83,6 +84,7 @@ PoolLedger::FreeRuns PoolLedger::FreeRunsFor(EngineId id) const {
       b = piece_end;
     }
   }
+  HoldBackReserve(&runs);
   return runs;
 }
 
