@@ -29,7 +29,7 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 6;
+inline constexpr uint16_t kProtocolVersionMax = 7;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
@@ -40,6 +40,11 @@ inline constexpr uint16_t kProtocolVersionRouterReport = 4;
 inline constexpr uint16_t kProtocolVersionReattach = 5;
 // The first version with KvAdopted: a promoted engine says what KV it adopted.
 inline constexpr uint16_t kProtocolVersionKvAdopted = 6;
+// The first version with Quarantined and KvInherited: a standby is promoted before its
+// predecessor's barrier, on blocks that predecessor does not hold, and told which of its
+// blocks wait in quarantine (it may copy committed KV out of them, read-only). An older
+// engine's promotion waits for the barrier.
+inline constexpr uint16_t kProtocolVersionQuarantine = 7;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -78,7 +83,9 @@ inline constexpr uint16_t kProtocolVersionKvAdopted = 6;
   X(FetchMemory, 56)            \
   X(KeptMemory, 57)             \
   X(ReleaseMemory, 58)          \
-  X(KvAdopted, 59)
+  X(KvAdopted, 59)              \
+  X(Quarantined, 60)            \
+  X(KvInherited, 61)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -130,16 +131,112 @@ uint64_t KvIdentityFor(std::string_view format, const EngineSession& session,
   return KvIdentityOf(d.str());
 }
 
+namespace {
+
+void Merge(const KvAdoptionReport& more, KvAdoptionReport* report) {
+  report->adopted += more.adopted;
+  report->tokens += more.tokens;
+  for (const auto& [reason, n] : more.dropped) report->dropped[reason] += n;
+  report->ms += more.ms;
+}
+
+std::vector<KvBlockRun> RunsOf(std::span<const MappedExtent> extents) {
+  std::vector<KvBlockRun> runs;
+  for (const MappedExtent& e : extents) runs.push_back({e.first, e.count});
+  return runs;
+}
+
+// The quarantined blocks' committed KV: copied now, or adopted in place after the barrier.
+void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
+                        SessionModelMemory* memory, PagedKvCache* cache, KvHandoff* handoff,
+                        double copy_gbps, KvAdoptionReport* report) {
+  const TimePoint start = RealClock::Get().Now();
+  std::vector<MappedExtent> readable;
+  for (const MappedExtent& e : promoted.quarantined) {
+    if (e.data != nullptr) readable.push_back(e);
+  }
+  const KvCopyPlan plan = handoff->PlanCopy(RunsOf(readable), promoted.quarantined_headers);
+  KvInheritanceSummary summary{.mode = KvInheritMode::kNone,
+                               .blocks = plan.blocks,
+                               .bytes = plan.bytes,
+                               .ms = 0,
+                               .estimate_ms = copy_gbps > 0 ? plan.bytes / (copy_gbps * 1e6) : 0};
+  const double wait_ms =
+      std::chrono::duration<double, std::milli>(promoted.barrier_estimate).count();
+  if (!plan.sequences.empty() && summary.estimate_ms <= wait_ms) {
+    summary.mode = KvInheritMode::kCopied;
+    std::vector<uint32_t> own;
+    for (const MappedExtent& e : promoted.extents) {
+      for (uint32_t b = e.first; b < e.first + e.count; ++b) {
+        if (!memory->InCache(b)) own.push_back(b);
+      }
+    }
+    size_t next = 0;
+    auto take = [&]() -> Result<uint32_t> {
+      if (next == own.size()) return ResourceExhausted("no promoted block left to copy into");
+      const uint32_t b = own[next++];
+      BATON_RETURN_IF_ERROR(memory->AddHeldBlock(cache, b));
+      return b;
+    };
+    Merge(handoff->CopyIn(plan, take), report);
+  } else if (!plan.sequences.empty()) {
+    summary.mode = KvInheritMode::kWaited;
+    Result<SessionEvent> granted = session->WaitForInheritedBlocks(promoted.wait_limit);
+    if (granted.ok()) {
+      Merge(handoff->Adopt(RunsOf(granted->extents), granted->inherited_headers,
+                           [&](uint32_t block) { return memory->AddHeldBlock(cache, block); }),
+            report);
+      if (Status added = memory->AddExtents(cache, granted->extents); !added.ok()) {
+        BATON_LOG(WARN, "kv") << "inherited blocks not added: " << added.ToString();
+      }
+    } else {
+      BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is replayed: "
+                            << granted.status().ToString();
+    }
+  }
+  session->ReleaseQuarantined();
+  summary.ms = MillisBetween(start, RealClock::Get().Now());
+  BATON_LOG(INFO, "kv") << "epoch " << promoted.epoch << ": " << plan.blocks
+                        << " quarantined blocks hold committed kv (" << plan.bytes << " bytes, a "
+                        << summary.estimate_ms << " ms copy against a " << wait_ms
+                        << " ms barrier): "
+                        << (summary.mode == KvInheritMode::kCopied   ? "copied"
+                            : summary.mode == KvInheritMode::kWaited ? "waited for the barrier"
+                                                                     : "nothing to take")
+                        << " in " << summary.ms << " ms";
+  if (Status told = session->ReportKvInheritance(summary); !told.ok()) {
+    BATON_LOG(WARN, "kv") << "inheritance not reported: " << told.ToString();
+  }
+}
+
+}  // namespace
+
+double MeasureCopyGbps() {
+  constexpr size_t kBytes = 16u << 20;
+  std::vector<uint8_t> from(kBytes, 1), to(kBytes, 0);
+  double best = 0;
+  for (int i = 0; i < 3; ++i) {
+    const TimePoint start = RealClock::Get().Now();
+    std::memcpy(to.data(), from.data(), kBytes);
+    const double ms = MillisBetween(start, RealClock::Get().Now());
+    if (ms > 0) best = std::max(best, kBytes / (ms * 1e6));
+  }
+  return best;
+}
+
 Result<KvAdoptionReport> AdoptPromotedBlocks(const SessionEvent& promoted, EngineSession* session,
                                              SessionModelMemory* memory, PagedKvCache* cache,
-                                             KvHandoff* handoff) {
+                                             KvHandoff* handoff, double copy_gbps) {
   KvAdoptionReport report;
   if (handoff != nullptr) {
-    std::vector<KvBlockRun> runs;
-    for (const MappedExtent& e : promoted.extents) runs.push_back({e.first, e.count});
-    report = handoff->Adopt(runs, promoted.inherited_headers,
+    report = handoff->Adopt(RunsOf(promoted.extents), promoted.inherited_headers,
                             [&](uint32_t block) { return memory->AddHeldBlock(cache, block); });
+    if (!promoted.quarantined.empty()) {
+      InheritQuarantined(promoted, session, memory, cache, handoff, copy_gbps, &report);
+    }
     BATON_LOG(INFO, "kv") << "epoch " << promoted.epoch << ": " << report.Summary();
+  } else if (!promoted.quarantined.empty()) {
+    session->ReleaseQuarantined();
   }
   BATON_RETURN_IF_ERROR(memory->AddExtents(cache, promoted.extents));
   if (handoff != nullptr) {

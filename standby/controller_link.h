@@ -51,6 +51,7 @@ class SessionModelMemory final : public ModelMemory {
   Status AddExtents(PagedKvCache* cache, std::span<const MappedExtent> extents);
   // Adds one block to the cache as held (its KV is kept for a sequence).
   Status AddHeldBlock(PagedKvCache* cache, uint32_t block);
+  bool InCache(uint32_t block) const { return added_.count(block) != 0; }
   uint8_t* Block(uint32_t block) const { return session_->pool().BlockData(block); }
   // Takes up to `blocks` free blocks out of the cache, the highest first, in whole device pool
   // chunks (EngineSession::reclaim_chunk_blocks(); single blocks on the host backend): a
@@ -80,10 +81,18 @@ uint64_t KvIdentityFor(std::string_view format, const EngineSession& session,
 
 // Adopts what the predecessor left in the promoted blocks (`promoted`, a kPromoted event),
 // then adds every promoted block to the cache (the adopted ones held), and tells the
-// controller. Without a handoff the blocks are only added.
+// controller. A promotion before the predecessor's barrier also lists its quarantined blocks:
+// their committed KV is copied into promoted blocks when the copy is estimated (at
+// `copy_gbps`, measured) to take no longer than the barrier is expected to, and otherwise
+// adopted in place once they come after the barrier (the wait holds MarkServing back, at most
+// the controller's wait limit). Without a handoff the blocks are only added.
 Result<KvAdoptionReport> AdoptPromotedBlocks(const SessionEvent& promoted, EngineSession* session,
                                              SessionModelMemory* memory, PagedKvCache* cache,
-                                             KvHandoff* handoff);
+                                             KvHandoff* handoff, double copy_gbps);
+
+// This machine's memory copy rate in GB/s (the best of a few copies of 16 MiB), for the
+// choice between copying a predecessor's KV and waiting for its barrier.
+double MeasureCopyGbps();
 
 class ControllerLink {
  public:

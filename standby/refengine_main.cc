@@ -237,6 +237,7 @@ class Engine {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<PagedKvCache> cache_;
   std::unique_ptr<KvHandoff> handoff_;
+  double copy_gbps_ = 0;  // MeasureCopyGbps(), with a handoff
   std::unique_ptr<EngineLoop> loop_;
 };
 
@@ -316,10 +317,13 @@ void Engine::MakeHandoff(EngineSession* session, SessionModelMemory* memory) {
   options.block_tokens = cache_->layout().block_tokens;
   options.block = [memory](uint32_t block) { return memory->Block(block); };
   options.epoch = [session] { return session->epoch(); };
+  options.block_bytes = session->pool().block_bytes;
   options.keep_for = std::chrono::milliseconds(flags_.kv_keep_ms);
   options.clock = &clock_;
   options.metrics = &metrics_;
   handoff_ = std::make_unique<KvHandoff>(cache_.get(), std::move(options));
+  copy_gbps_ =
+      MeasureCopyGbps();  // a standby's start-up: a copy of a predecessor's kv is timed by it
 }
 
 void Engine::WaitForSignal() const {
@@ -381,7 +385,8 @@ Status Engine::ServeUnderController() {
   Result<SessionEvent> promoted = WaitForPromotion(session);
   if (!promoted.ok() || stop_requested_.load()) return promoted.status();
   BATON_RETURN_IF_ERROR(
-      AdoptPromotedBlocks(*promoted, session, memory, cache_.get(), handoff_.get()).status());
+      AdoptPromotedBlocks(*promoted, session, memory, cache_.get(), handoff_.get(), copy_gbps_)
+          .status());
   StartLoop({.guard = [session] { return session->CheckEpoch(); },
              .on_step_error = [session](const Status& error) { (void)session->ReportError(error); },
              .between_steps = nullptr});

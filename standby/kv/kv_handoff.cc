@@ -7,11 +7,6 @@
 
 namespace baton {
 
-struct KvHandoff::Chain {
-  std::vector<KvRecordRead> records;
-  std::string bad;  // the first reason found while reading, if any
-};
-
 uint32_t KvAdoptionReport::dropped_total() const {
   uint32_t n = 0;
   for (const auto& [reason, count] : dropped) n += count;
@@ -113,16 +108,9 @@ std::string KvHandoff::Refusal(Chain* chain, const std::vector<bool>& granted) c
   return "";
 }
 
-KvAdoptionReport KvHandoff::Adopt(std::span<const KvBlockRun> runs,
-                                  std::span<const uint8_t> headers,
-                                  const std::function<Status(uint32_t block)>& hold) {
-  const TimePoint start = options_.clock->Now();
+std::map<KvRequestKey, KvHandoff::Chain> KvHandoff::ReadChains(
+    std::span<const KvBlockRun> runs, std::span<const uint8_t> headers) const {
   const uint64_t epoch = options_.epoch ? options_.epoch() : 0;
-  std::vector<bool> granted;
-  for (const KvBlockRun& run : runs) {
-    granted.resize(std::max<size_t>(granted.size(), size_t{run.first} + run.count), false);
-    for (uint32_t b = run.first; b < run.first + run.count; ++b) granted[b] = true;
-  }
   std::map<KvRequestKey, Chain> chains;
   size_t at = 0;
   for (const KvBlockRun& run : runs) {
@@ -146,6 +134,24 @@ KvAdoptionReport KvHandoff::Adopt(std::span<const KvBlockRun> runs,
       chain.records.push_back(std::move(read));
     }
   }
+  return chains;
+}
+
+std::vector<bool> KvHandoff::BlocksOf(std::span<const KvBlockRun> runs) {
+  std::vector<bool> granted;
+  for (const KvBlockRun& run : runs) {
+    granted.resize(std::max<size_t>(granted.size(), size_t{run.first} + run.count), false);
+    for (uint32_t b = run.first; b < run.first + run.count; ++b) granted[b] = true;
+  }
+  return granted;
+}
+
+KvAdoptionReport KvHandoff::Adopt(std::span<const KvBlockRun> runs,
+                                  std::span<const uint8_t> headers,
+                                  const std::function<Status(uint32_t block)>& hold) {
+  const TimePoint start = options_.clock->Now();
+  const std::vector<bool> granted = BlocksOf(runs);
+  std::map<KvRequestKey, Chain> chains = ReadChains(runs, headers);
   KvAdoptionReport report;
   for (auto& [key, chain] : chains) {
     std::string reason = chain.bad.empty() ? Refusal(&chain, granted) : chain.bad;
@@ -166,16 +172,30 @@ KvAdoptionReport KvHandoff::Adopt(std::span<const KvBlockRun> runs,
       BATON_LOG(INFO, "kv") << "not adopting request " << key.ToHex() << ": " << reason;
       continue;
     }
-    CommitBlocks(key, kept.kv, kept.tokens, 0, kept.kv.blocks.size() - 1);
-    kept.since = options_.clock->Now();
-    ++report.adopted;
-    report.tokens += static_cast<uint64_t>(kept.kv.length);
-    kept_[key] = std::move(kept);
+    Keep(key, std::move(kept), &report);
   }
   report.ms = MillisBetween(start, options_.clock->Now());
   if (options_.metrics != nullptr) options_.metrics->AddKvAdoption(report.adopted, report.dropped);
   UpdateGauge();
   return report;
+}
+
+void KvHandoff::Keep(const KvRequestKey& key, Kept kept, KvAdoptionReport* report) {
+  // One request's KV found twice (an old record in a promoted block, the newer one in the
+  // predecessor's): the longer is kept.
+  if (auto it = kept_.find(key); it != kept_.end()) {
+    if (it->second.kv.length >= kept.kv.length) {
+      Free(&kept.kv);
+      ++report->dropped["duplicate"];
+      return;
+    }
+    FreeKept(it, "replaced");
+  }
+  CommitBlocks(key, kept.kv, kept.tokens, 0, kept.kv.blocks.size() - 1);
+  kept.since = options_.clock->Now();
+  ++report->adopted;
+  report->tokens += static_cast<uint64_t>(kept.kv.length);
+  kept_[key] = std::move(kept);
 }
 
 int64_t KvHandoff::Continue(const GenerationRequest& request, std::span<const int32_t> tokens,

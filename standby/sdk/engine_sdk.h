@@ -9,7 +9,10 @@
 //      StandbyReady. The engine is now a half-started standby: nothing is mapped writable.
 //   2. WaitForPromotion(): blocks until the controller promotes this engine. The granted
 //      extents are then mapped writable into the reserved range (block b at
-//      pool().base + b x block_bytes) and their block headers scrubbed.
+//      pool().base + b x block_bytes) and their block headers scrubbed. A promotion that does
+//      not wait for the old primary's barrier (protocol 7) also maps the old primary's
+//      quarantined blocks read-only, for a copy of the KV they hold; they come writable in a
+//      Grant once the barrier has passed.
 //   3. MarkServing(): the engine accepts traffic; the controller publishes its route.
 //   4. While serving: NextEvent() delivers later grants, reclaim requests (answer with
 //      ReturnBlocks), drain requests (answer with ReportDrained), resumes (a drain called
@@ -199,11 +202,39 @@ struct SessionEvent {
   uint32_t blocks = 0;                     // kReclaim
   Duration timeout = {};                   // kDrain
   std::string reason = {};                 // kStop, kDisconnected, kControllerLost/Back
-  // kPromoted: the header of every block of `extents` (kBlockHeaderBytes each, in extent
-  // order) as its previous holder left it, read before the scrub. A failover hands the new
-  // primary the blocks the old one wrote (their KV data is not scrubbed): an engine that keeps
-  // per-block metadata there can continue the old primary's sequences from their KV.
+  // kPromoted, and kGranted of blocks that were quarantined (below): the header of every block
+  // of `extents` (kBlockHeaderBytes each, in extent order) as its previous holder left it, read
+  // before the scrub. A failover hands the new primary the blocks the old one wrote (their KV
+  // data is not scrubbed): an engine that keeps per-block metadata there can continue the old
+  // primary's sequences from their KV.
   std::vector<uint8_t> inherited_headers = {};
+  // kPromoted before the predecessor's barrier (protocol 7): the predecessor's blocks,
+  // quarantined until that barrier has passed, mapped READ-ONLY at their place in the pool
+  // range (`data`; nullptr on a device pool, which the SDK does not map for this), their
+  // headers as they were at the promotion (kBlockHeaderBytes each, in extent order), how long
+  // the controller expects the barrier to take still, and the longest the engine may wait for
+  // it before MarkServing(). A write of the dead engine may still land in them: copy what they
+  // hold into blocks of `extents` and check it again after the copy (standby/kv/kv_handoff.h),
+  // or wait for them (WaitForInheritedBlocks); then ReleaseQuarantined().
+  std::vector<MappedExtent> quarantined = {};
+  std::vector<uint8_t> quarantined_headers = {};
+  Duration barrier_estimate = {};
+  Duration wait_limit = {};
+};
+
+// How a promoted engine took the KV of its predecessor's quarantined blocks.
+enum class KvInheritMode {
+  kNone,    // nothing committed in them
+  kCopied,  // copied into its own blocks before the barrier
+  kWaited,  // a copy would have cost more than the barrier: adopted in place after it
+};
+
+struct KvInheritanceSummary {
+  KvInheritMode mode = KvInheritMode::kNone;
+  uint32_t blocks = 0;     // blocks holding committed KV
+  uint64_t bytes = 0;      // their bytes
+  double ms = 0;           // the copy, or the wait for the barrier
+  double estimate_ms = 0;  // the copy as estimated
 };
 
 // What an engine adopted of its predecessor's KV (KV-warm failover).
@@ -266,6 +297,18 @@ class EngineSession {
   // predecessor left in the promoted blocks (shown in `batonctl timeline`). OK without
   // sending anything to a controller older than protocol 6.
   Status ReportKvAdoption(const KvAdoptionSummary& summary);
+  // After a promotion before the barrier (SessionEvent::quarantined): waits at most `timeout`
+  // for the Grant of the quarantined blocks, which comes once their barrier has passed, and
+  // returns that kGranted event (with inherited_headers); other events stay queued.
+  // DeadlineExceeded after the timeout; FailedPrecondition when told to stop or disconnected.
+  Result<SessionEvent> WaitForInheritedBlocks(Duration timeout);
+  // Unmaps the read-only view of the quarantined blocks (those not granted yet). Call it once
+  // done reading them: after a copy, or after the wait.
+  void ReleaseQuarantined();
+  // After a promotion before the barrier: how the engine took the quarantined blocks' KV
+  // (shown in `batonctl timeline`). OK without sending anything to a controller older than
+  // protocol 7.
+  Status ReportKvInheritance(const KvInheritanceSummary& summary);
   // True from the moment a Resume arrives until its kResume event is taken: an engine still
   // waiting for its in-flight requests to finish can stop waiting and report drained at once.
   bool resume_pending() const;

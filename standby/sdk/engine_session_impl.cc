@@ -131,6 +131,13 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
         return OnGrant(*m);
       }
       break;
+    case MsgType::kQuarantined:
+      if (auto m = msg.As<proto::Quarantined>(); m.ok()) {
+        MutexLock lock(mu_);
+        quarantined_ = *std::move(m);
+        return;
+      }
+      break;
     case MsgType::kReclaim:
       if (auto m = msg.As<proto::Reclaim>(); m.ok()) {
         return Push(SessionEvent{
@@ -219,17 +226,18 @@ Status EngineSession::Impl::UnmapBlocksLocked(uint32_t first, uint32_t count) {
 void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   const TimePoint start = clock_->Now();
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
-  std::vector<uint8_t> inherited;
+  SessionEvent event{.kind = SessionEventKind::kPromoted, .epoch = msg.epoch};
   {
     MutexLock lock(mu_);
     if (promoted_ || msg.epoch == 0 || failed_.has_value()) {
       mapped = FailedPrecondition("Promote at epoch " + std::to_string(msg.epoch) +
                                   " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
     } else {
-      mapped = MapRangesLocked(msg.extents, &inherited);
+      mapped = MapRangesLocked(msg.extents, &event.inherited_headers);
       if (mapped.ok()) {
         promoted_ = true;
         epoch_.store(msg.epoch);
+        MapQuarantinedLocked(msg.epoch, &event);
       }
     }
   }
@@ -239,17 +247,21 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   }
   uint32_t blocks = 0;
   for (const MappedExtent& e : *mapped) blocks += e.count;
+  uint32_t quarantined = 0;
+  for (const MappedExtent& e : event.quarantined) quarantined += e.count;
   BATON_LOG(INFO, kLog) << "promoted at epoch " << msg.epoch << ": " << blocks
                         << " blocks mapped writable and scrubbed in "
-                        << MillisBetween(start, clock_->Now()) << " ms";
-  Push(SessionEvent{.kind = SessionEventKind::kPromoted,
-                    .epoch = msg.epoch,
-                    .extents = std::move(mapped).value(),
-                    .inherited_headers = std::move(inherited)});
+                        << MillisBetween(start, clock_->Now()) << " ms"
+                        << (quarantined > 0 ? "; " + std::to_string(quarantined) +
+                                                  " blocks of the old primary mapped read-only"
+                                            : std::string());
+  event.extents = std::move(mapped).value();
+  Push(std::move(event));
 }
 
 void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
+  std::vector<uint8_t> inherited;
   {
     MutexLock lock(mu_);
     if (!promoted_ || msg.epoch != epoch_.load()) {
@@ -257,7 +269,11 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
           FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +
                              " refused: this engine holds epoch " + std::to_string(epoch_.load()));
     } else {
-      mapped = MapRangesLocked(msg.extents);
+      // Blocks that were quarantined come with the headers the dead engine left.
+      const bool inherits = std::any_of(msg.extents.begin(), msg.extents.end(), [&](const auto& r) {
+        return r.count > 0 && r.first < pool_.block_count() && pool_.IsReadOnly(r.first);
+      });
+      mapped = MapRangesLocked(msg.extents, inherits ? &inherited : nullptr);
     }
   }
   if (!mapped.ok()) {
@@ -266,7 +282,8 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
   }
   Push(SessionEvent{.kind = SessionEventKind::kGranted,
                     .epoch = msg.epoch,
-                    .extents = std::move(mapped).value()});
+                    .extents = std::move(mapped).value(),
+                    .inherited_headers = std::move(inherited)});
 }
 
 void EngineSession::Impl::OnStop(const std::string& reason) {

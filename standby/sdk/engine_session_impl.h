@@ -68,6 +68,9 @@ class EngineSession::Impl {
   Status ReturnBlocks(std::span<const MappedExtent> extents);
   Status ReportDrained(uint32_t unfinished);
   Status ReportKvAdoption(const KvAdoptionSummary& summary);
+  Result<SessionEvent> WaitForInheritedBlocks(Duration timeout);
+  void ReleaseQuarantined();
+  Status ReportKvInheritance(const KvInheritanceSummary& summary);
   Status ReportError(const Status& error);
   uint64_t epoch() const { return epoch_.load(); }
   bool resume_pending() const { return resume_pending_.load(); }
@@ -141,6 +144,9 @@ class EngineSession::Impl {
   void SendHeartbeat();
   void Handle(const proto::ReceivedMessage& msg);
   void OnPromote(const proto::Promote& msg);
+  // Maps the quarantined blocks of a Quarantined that came with this Promote read-only into
+  // `event` (the host pool only), with their headers.
+  void MapQuarantinedLocked(uint64_t epoch, SessionEvent* event) BATON_REQUIRES(mu_);
   void OnGrant(const proto::Grant& msg);
   void OnStop(const std::string& reason);
   void OnDisconnected(const std::string& reason);
@@ -194,6 +200,8 @@ class EngineSession::Impl {
   uint64_t declined_pool_chunk_bytes_ = 0;  // the device pool's chunk, when declined
   std::deque<SessionEvent> events_ BATON_GUARDED_BY(mu_);
   bool promoted_ BATON_GUARDED_BY(mu_) = false;
+  // The Quarantined that precedes a Promote, until the Promote comes.
+  std::optional<proto::Quarantined> quarantined_ BATON_GUARDED_BY(mu_);
   bool serving_ BATON_GUARDED_BY(mu_) = false;  // MarkServing() was called
   DrainState drain_ BATON_GUARDED_BY(mu_) = DrainState::kNone;
   uint32_t drained_unfinished_ BATON_GUARDED_BY(mu_) = 0;  // what ReportDrained() said

@@ -84,6 +84,8 @@ PoolMapping& PoolMapping::operator=(PoolMapping&& other) noexcept {
   reserved_ = std::exchange(other.reserved_, 0);
   mapped_ = std::move(other.mapped_);
   other.mapped_.clear();
+  read_only_ = std::move(other.read_only_);
+  other.read_only_.clear();
   return *this;
 }
 
@@ -92,6 +94,7 @@ void PoolMapping::Release() {
   region_ = nullptr;
   base_ = nullptr;
   mapped_.clear();
+  read_only_.clear();
   fd_.Reset();
 }
 
@@ -117,6 +120,7 @@ Status PoolMapping::MapExtent(uint32_t first, uint32_t count) {
   void* got = ::mmap(base_ + offset, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                      fd_.get(), static_cast<off_t>(offset));
   if (got == MAP_FAILED) return ErrnoStatus("mapping pool " + BlockText(first, count), errno);
+  read_only_.erase(read_only_.lower_bound(first), read_only_.lower_bound(first + count));
   mapped_[first] = count;
   // Coalesce with neighbours so that mapped() stays a list of maximal runs.
   auto it = mapped_.find(first);
@@ -156,13 +160,39 @@ Status PoolMapping::UnmapExtent(uint32_t first, uint32_t count) {
   return OkStatus();
 }
 
+Status PoolMapping::MapReadOnly(uint32_t first, uint32_t count) {
+  BATON_RETURN_IF_ERROR(CheckRange(first, count));
+  for (uint32_t b = first; b < first + count; ++b) {
+    if (IsMapped(b)) {
+      return FailedPrecondition(BlockText(first, count) + " overlap block " + std::to_string(b) +
+                                ", mapped writable");
+    }
+  }
+  const uint64_t offset = uint64_t{first} * args_.block_bytes;
+  const uint64_t bytes = uint64_t{count} * args_.block_bytes;
+  void* got = ::mmap(base_ + offset, bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fd_.get(),
+                     static_cast<off_t>(offset));
+  if (got == MAP_FAILED) {
+    return ErrnoStatus("mapping pool " + BlockText(first, count) + " read-only", errno);
+  }
+  for (uint32_t b = first; b < first + count; ++b) read_only_.insert(b);
+  return OkStatus();
+}
+
+void PoolMapping::UnmapReadOnly() {
+  for (uint32_t b : read_only_) {
+    (void)::mmap(BlockData(b), args_.block_bytes, PROT_NONE, kReserveFlags | MAP_FIXED, -1, 0);
+  }
+  read_only_.clear();
+}
+
 void PoolMapping::CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
                               std::vector<uint8_t>* out) const {
   const uint64_t n = std::min(header_bytes, args_.block_bytes);
   for (uint32_t b = first; b < first + count; ++b) {
     const size_t at = out->size();
     out->resize(at + header_bytes, 0);
-    if (IsMapped(b)) std::memcpy(out->data() + at, BlockData(b), n);
+    if (IsMapped(b) || IsReadOnly(b)) std::memcpy(out->data() + at, BlockData(b), n);
   }
 }
 
@@ -174,6 +204,7 @@ void PoolMapping::ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_b
 }
 
 void PoolMapping::UnmapAll() {
+  UnmapReadOnly();
   while (!mapped_.empty()) {
     auto [first, count] = *mapped_.begin();
     if (!UnmapExtent(first, count).ok()) {

@@ -8,7 +8,9 @@
 // PROT_NONE reservation back over them (mmap MAP_FIXED anonymous), so no page of the pool
 // stays reachable and the range stays reserved. Nothing is writable until MapExtent: a
 // standby's range is all PROT_NONE (fencing rule 5). ScrubHeaders() zeroes the first
-// kBlockHeaderBytes of every block of an extent.
+// kBlockHeaderBytes of every block of an extent. MapReadOnly() maps blocks PROT_READ (a
+// predecessor's quarantined blocks, to copy KV out of); MapExtent() over them makes them
+// writable (they were granted), UnmapReadOnly() puts PROT_NONE back over the rest.
 //
 // Ownership: owns the pool fd, the reservation and its extent mappings; the destructor
 // unmaps the whole range. Move-only. Thread-compatible: the engine session guards it.
@@ -16,6 +18,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <vector>
 
 #include "base/io/unique_fd.h"
@@ -46,8 +49,14 @@ class PoolMapping {
   Status MapExtent(uint32_t first, uint32_t count);
   // Unmaps blocks [first, first + count), which must lie inside mapped extents.
   Status UnmapExtent(uint32_t first, uint32_t count);
+  // Maps blocks [first, first + count) read-only. Refuses a range outside the pool or one that
+  // overlaps a writable extent.
+  Status MapReadOnly(uint32_t first, uint32_t count);
+  // Unmaps every block mapped read-only (not since mapped writable).
+  void UnmapReadOnly();
+  bool IsReadOnly(uint32_t block) const { return read_only_.count(block) != 0; }
   // Appends the header bytes of each block in [first, first + count) to `out` (zeros for a
-  // block not mapped).
+  // block mapped neither writable nor read-only).
   void CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
                    std::vector<uint8_t>* out) const;
   // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
@@ -78,6 +87,7 @@ class PoolMapping {
   uint8_t* base_ = nullptr;  // 2 MiB-aligned start inside region_
   uint64_t reserved_ = 0;
   std::map<uint32_t, uint32_t> mapped_;  // first -> count
+  std::set<uint32_t> read_only_;         // blocks mapped PROT_READ
 };
 
 }  // namespace baton

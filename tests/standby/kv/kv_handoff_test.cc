@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -48,6 +50,7 @@ class Engine {
     options.block_tokens = kBlockTokens;
     options.block = [this](uint32_t b) { return Block(b); };
     options.epoch = [this] { return epoch_; };
+    options.block_bytes = BlockBytes(m);
     options.keep_for = std::chrono::seconds(30);
     options.clock = clock;
     options.metrics = &metrics;
@@ -91,7 +94,7 @@ class Engine {
 
   // What a promotion does: the SDK copies the headers of `runs` and scrubs them; the
   // handoff adopts; the other blocks become free.
-  KvAdoptionReport Inherit(const std::vector<KvBlockRun>& runs) {
+  KvAdoptionReport Inherit(const std::vector<KvBlockRun>& runs, bool add_rest = true) {
     std::vector<uint8_t> headers;
     for (const KvBlockRun& r : runs) {
       for (uint32_t b = r.first; b < r.first + r.count; ++b) {
@@ -103,7 +106,34 @@ class Engine {
       added_.insert(b);
       return Add(b, true);
     });
-    for (const KvBlockRun& r : runs) AddFree(r.first, r.first + r.count);
+    if (add_rest) {
+      for (const KvBlockRun& r : runs) AddFree(r.first, r.first + r.count);
+    }
+    return report;
+  }
+
+  // A promotion before the barrier: the quarantined `runs` (read-only, headers not scrubbed)
+  // are planned and copied into the free blocks of [first, end), `between` run after each
+  // sequence's copy (a dying writer); the rest of [first, end) becomes free.
+  KvAdoptionReport Copy(const std::vector<KvBlockRun>& runs, uint32_t first, uint32_t end,
+                        const std::function<void()>& between = nullptr) {
+    std::vector<uint8_t> headers;
+    for (const KvBlockRun& r : runs) {
+      for (uint32_t b = r.first; b < r.first + r.count; ++b) {
+        headers.insert(headers.end(), Block(b), Block(b) + kKvRecordHeaderBytes);
+      }
+    }
+    const KvCopyPlan plan = handoff_->PlanCopy(runs, headers);
+    uint32_t next = first;
+    auto take = [&]() -> Result<uint32_t> {
+      while (next < end && added_.count(next) != 0) ++next;
+      if (next == end) return ResourceExhausted("no block left to copy into");
+      added_.insert(next);
+      BATON_RETURN_IF_ERROR(Add(next, true));
+      return next++;
+    };
+    KvAdoptionReport report = handoff_->CopyIn(plan, take, between);
+    AddFree(first, end);
     return report;
   }
 
@@ -151,11 +181,15 @@ class KvHandoffTest : public ::testing::Test {
     }
   }
 
-  // Runs request 1 on a primary for `steps` steps, then "kills" it.
+  // Runs request 1 on a primary for `steps` steps, then "kills" it. The primary holds blocks
+  // [0, `held`) of `pool` (a fresh one when empty).
   std::vector<uint64_t> PrimaryKilledAfter(int steps, std::vector<int32_t>* sent,
-                                           int max_step_tokens = 512) {
-    Engine primary(*model_, Engine::FreshPool(*model_), 1, &clock_, kIdentity, max_step_tokens);
-    primary.AddFree(0, kBlocks);
+                                           int max_step_tokens = 512, uint32_t first = 0,
+                                           uint32_t held = kBlocks,
+                                           std::vector<uint64_t> pool = {}) {
+    if (pool.empty()) pool = Engine::FreshPool(*model_);
+    Engine primary(*model_, std::move(pool), 1, &clock_, kIdentity, max_step_tokens);
+    primary.AddFree(first, held);
     EXPECT_TRUE(primary.gen().Add(Request(1, kPrompt, kTokens)).ok());
     for (int i = 0; i < steps; ++i) primary.Step();
     *sent = primary.tokens[1];
@@ -330,6 +364,71 @@ TEST_F(KvHandoffTest, HandOverParksForTheNextPrimaryOrForItself) {
   primary.tokens.clear();
   Replay(&primary, sent);
   EXPECT_EQ(primary.metrics.kv().continued, 1u);
+}
+
+// Promoted before the primary's barrier: the sequence is copied out of the quarantined
+// blocks into the successor's own, which continue it bitwise the same; the quarantined
+// blocks are only read.
+TEST_F(KvHandoffTest, CopyBeforeTheBarrierContinuesBitwiseTheSame) {
+  for (int steps : {2, 7, 15}) {
+    std::vector<int32_t> sent;
+    std::vector<uint64_t> pool = PrimaryKilledAfter(steps, &sent, 512, 0, kBlocks / 2);
+    Engine successor(*model_, pool, 2, &clock_);
+    const std::vector<uint8_t> before(successor.Block(0), successor.Block(kBlocks / 2));
+    const KvAdoptionReport report = successor.Copy({{0, kBlocks / 2}}, kBlocks / 2, kBlocks);
+    EXPECT_EQ(report.adopted, 1u) << steps;
+    EXPECT_EQ(report.dropped_total(), 0u) << steps;
+    EXPECT_EQ(report.tokens, kPrompt.size() + sent.size() - 1) << steps;
+    EXPECT_TRUE(std::equal(before.begin(), before.end(), successor.Block(0)))
+        << "the quarantined blocks are not written";
+    Replay(&successor, sent);
+    EXPECT_EQ(successor.metrics.kv().continued, 1u);
+    EXPECT_EQ(successor.metrics.kv().tokens_not_recomputed, kPrompt.size() + sent.size() - 1);
+  }
+}
+
+// The dying writer moves on while the copy is made (it frees the sequence and its record is
+// cleared, or it commits another step): the copy is dropped and its blocks are free again.
+TEST_F(KvHandoffTest, ARecordThatChangesDuringTheCopyDropsTheCopy) {
+  std::vector<int32_t> sent;
+  std::vector<uint64_t> pool = PrimaryKilledAfter(7, &sent, 512, 0, kBlocks / 2);
+  for (bool clear : {true, false}) {
+    Engine successor(*model_, pool, 2, &clock_);
+    uint32_t source = kBlocks;
+    for (uint32_t b = 0; b < kBlocks / 2 && source == kBlocks; ++b) {
+      if (ReadKvRecord(successor.Block(b), successor.Block(b) + 64, kBlockTokens).state ==
+          KvRecordState::kValid) {
+        source = b;
+      }
+    }
+    ASSERT_LT(source, static_cast<uint32_t>(kBlocks));
+    const KvAdoptionReport report = successor.Copy({{0, kBlocks / 2}}, kBlocks / 2, kBlocks, [&] {
+      if (clear) return ClearKvRecord(successor.Block(source));
+      reinterpret_cast<uint32_t*>(successor.Block(source))[1] += 2;  // a later commit
+    });
+    EXPECT_EQ(report.adopted, 0u) << clear;
+    EXPECT_EQ(report.dropped.at("changed"), 1u) << clear;
+    EXPECT_EQ(successor.cache().free_blocks(), successor.cache().total_blocks());
+    Replay(&successor, sent);  // replayed: prefilled whole
+    EXPECT_EQ(successor.metrics.kv().continued, 0u);
+  }
+}
+
+// One request found twice (an older, shorter commit in a promoted block, the newer one in the
+// quarantine): the longer is kept, the other freed.
+TEST_F(KvHandoffTest, OfTwoKeptCopiesOfOneRequestTheLongerStays) {
+  std::vector<int32_t> early, late;
+  std::vector<uint64_t> pool = PrimaryKilledAfter(2, &early, 512, kBlocks / 2, kBlocks);
+  pool = PrimaryKilledAfter(9, &late, 512, 0, kBlocks / 2, std::move(pool));
+  Engine successor(*model_, pool, 2, &clock_);
+  // The shorter, in place in promoted blocks; the others of them are copied into.
+  ASSERT_EQ(successor.Inherit({{kBlocks / 2, kBlocks / 2}}, /*add_rest=*/false).adopted, 1u);
+  const KvAdoptionReport copied = successor.Copy({{0, kBlocks / 2}}, kBlocks / 2, kBlocks);
+  EXPECT_EQ(copied.adopted, 1u);
+  EXPECT_EQ(successor.handoff().kept(), 1u);
+  EXPECT_EQ(successor.metrics.kv().kept_freed.at("replaced"), 1u);
+  Replay(&successor, late);
+  EXPECT_EQ(successor.metrics.kv().tokens_not_recomputed, kPrompt.size() + late.size() - 1);
 }
 
 }  // namespace

@@ -1,0 +1,125 @@
+// The engine SDK's side of a promotion before the old primary's barrier (protocol 7): the
+// Quarantined blocks mapped read-only with their headers, never writable, until their Grant
+// maps them writable with the headers the dead engine left; the wait for that Grant; the
+// report of how the engine took their KV.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "standby/sdk/engine_sdk.h"
+#include "tests/standby/fake_controller.h"
+#include "tests/standby/sdk/mappings_testutil.h"
+
+namespace baton::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+bool AllReadOnly(const std::vector<std::string>& perms) {
+  if (perms.empty()) return false;
+  for (const std::string& p : perms) {
+    if (p[0] != 'r' || p[1] == 'w') return false;
+  }
+  return true;
+}
+
+TEST(EngineQuarantine, QuarantinedBlocksAreReadOnlyUntilTheirGrant) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, fake.ReattachingOptions());
+  ASSERT_NE(s, nullptr);
+  std::memset(fake.block(1), 0xAB, kFakeBlockBytes);  // the dying primary's blocks
+  std::memset(fake.block(2), 0xCD, kFakeBlockBytes);
+  ASSERT_TRUE(
+      fake.channel()
+          .Send(proto::Quarantined{
+              .epoch = 7, .extents = {{1, 2}}, .barrier_estimate_us = 1500, .wait_limit_ms = 200})
+          .ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 7, .extents = {{5, 2}}}).ok());
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  ASSERT_EQ(promoted->quarantined.size(), 1u);
+  const MappedExtent& q = promoted->quarantined[0];
+  EXPECT_EQ(q.first, 1u);
+  EXPECT_EQ(q.count, 2u);
+  EXPECT_EQ(q.data, s->pool().BlockData(1));
+  EXPECT_EQ(promoted->barrier_estimate, std::chrono::microseconds(1500));
+  EXPECT_EQ(promoted->wait_limit, milliseconds(200));
+  // Their headers as the dead engine left them, nothing scrubbed: they are not this engine's.
+  ASSERT_EQ(promoted->quarantined_headers.size(), 2 * kBlockHeaderBytes);
+  EXPECT_EQ(promoted->quarantined_headers[0], 0xAB);
+  EXPECT_EQ(promoted->quarantined_headers[kBlockHeaderBytes], 0xCD);
+  EXPECT_EQ(fake.block(1)[0], 0xAB);
+  EXPECT_TRUE(AllReadOnly(MappingsIn(s->pool().BlockData(1), 2 * kFakeBlockBytes)))
+      << "a quarantined block is mapped read-only, never writable";
+  EXPECT_EQ(q.data[kBlockHeaderBytes + 1], 0xAB) << "and readable";
+  fake.block(1)[200] = 0x11;  // a stale write of the dying engine lands: the view sees it
+  EXPECT_EQ(q.data[200], 0x11);
+  EXPECT_TRUE(AllWritable(MappingsIn(s->pool().BlockData(5), 2 * kFakeBlockBytes)));
+
+  // Once past the barrier: the Grant maps them writable and hands over their headers.
+  ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 7, .extents = {{1, 2}}}).ok());
+  Result<SessionEvent> inherited = s->WaitForInheritedBlocks(seconds(5));
+  ASSERT_TRUE(inherited.ok()) << inherited.status().ToString();
+  EXPECT_EQ(inherited->kind, SessionEventKind::kGranted);
+  ASSERT_EQ(inherited->inherited_headers.size(), 2 * kBlockHeaderBytes);
+  EXPECT_EQ(inherited->inherited_headers[0], 0xAB);
+  EXPECT_EQ(fake.block(1)[0], 0) << "scrubbed once this engine's";
+  EXPECT_TRUE(AllWritable(MappingsIn(s->pool().BlockData(1), 2 * kFakeBlockBytes)));
+  s->ReleaseQuarantined();  // nothing left read-only: the granted blocks stay mapped
+  EXPECT_TRUE(AllWritable(MappingsIn(s->pool().BlockData(1), 2 * kFakeBlockBytes)));
+
+  ASSERT_TRUE(s->ReportKvInheritance({.mode = KvInheritMode::kWaited,
+                                      .blocks = 2,
+                                      .bytes = 2 * kFakeBlockBytes,
+                                      .ms = 1.5,
+                                      .estimate_ms = 3})
+                  .ok());
+  const proto::KvInherited report = fake.Expect<proto::KvInherited>();
+  EXPECT_EQ(report.epoch, 7u);
+  EXPECT_EQ(report.mode, static_cast<uint8_t>(proto::KvInheritMode::kWaited));
+  EXPECT_EQ(report.blocks, 2u);
+  EXPECT_EQ(report.micros, 1500u);
+  EXPECT_EQ(report.estimate_us, 3000u);
+}
+
+TEST(EngineQuarantine, ReleasedBeforeTheGrantTheBlocksAreUnmapped) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, fake.ReattachingOptions());
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 3, .extents = {{0, 2}}}).ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 3, .extents = {{6, 1}}}).ok());
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  ASSERT_TRUE(promoted.ok());
+  ASSERT_EQ(promoted->quarantined.size(), 1u);
+  s->ReleaseQuarantined();  // the engine copied what it wanted
+  const std::vector<std::string> perms = MappingsIn(s->pool().BlockData(0), 2 * kFakeBlockBytes);
+  ASSERT_FALSE(perms.empty());
+  for (const std::string& p : perms) EXPECT_EQ(p.substr(0, 3), "---") << "back to PROT_NONE";
+  // A wait for them that ends before their Grant says so.
+  Result<SessionEvent> none = s->WaitForInheritedBlocks(milliseconds(50));
+  EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
+  // A plain grant later carries no inherited headers.
+  ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 3, .extents = {{0, 2}}}).ok());
+  std::optional<SessionEvent> granted = s->NextEvent(seconds(5));
+  ASSERT_TRUE(granted.has_value());
+  EXPECT_TRUE(granted->inherited_headers.empty());
+}
+
+TEST(EngineQuarantine, AQuarantineForAnotherEpochIsIgnored) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, fake.ReattachingOptions());
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 4, .extents = {{0, 2}}}).ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 5, .extents = {{6, 1}}}).ok());
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  ASSERT_TRUE(promoted.ok());
+  EXPECT_TRUE(promoted->quarantined.empty());
+  EXPECT_FALSE(AnyWritable(MappingsIn(s->pool().BlockData(0), 2 * kFakeBlockBytes)));
+  for (const std::string& p : MappingsIn(s->pool().BlockData(0), 2 * kFakeBlockBytes)) {
+    EXPECT_EQ(p.substr(0, 3), "---");
+  }
+}
+
+}  // namespace
+}  // namespace baton::testing
