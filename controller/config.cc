@@ -65,6 +65,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"pool.block_bytes", Size(&c->block_bytes)},
       {"pool.huge_pages", Bool(&c->pool_huge_pages)},
       {"pool.initial_grant_blocks", U32(&c->initial_grant_blocks, 0, 1 << 24)},
+      {"pool.promotion_reserve_blocks", Int(&c->promotion_reserve_blocks, 0, 1 << 24)},
       {"gpu.backend", Str(&c->gpu_backend)},
       {"gpu.device", Int(&c->gpu_device, 0, 1023)},
       {"gpu.release_timeout_ms", Time<Millis>(&c->gpu_release_timeout, 1, kDay)},

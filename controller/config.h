@@ -67,6 +67,11 @@ struct ControllerConfig {
   uint64_t block_bytes = 2u << 20;
   bool pool_huge_pages = true;
   uint32_t initial_grant_blocks = 0;  // blocks granted at a promotion from free; 0: all free
+  // Free blocks kept back from the primary so that a failover's promotion starts on them at
+  // once, while the dead primary's blocks wait in quarantine for its barrier (whole chunks on
+  // a device pool; at most half the pool, else there is none). -1: a sixteenth of the pool
+  // (at least 1); 0: none (every promotion waits for the barrier).
+  int promotion_reserve_blocks = -1;
 
   // [gpu]
   std::string gpu_backend = "auto";  // auto | host | cuda (cuda/driver/gpu_backend.h)

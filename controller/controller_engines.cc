@@ -109,6 +109,9 @@ void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg)
     case MsgType::kKvAdopted:
       error = DecodeInto<proto::KvAdopted>(*h.channel, msg, &decoded);
       break;
+    case MsgType::kKvInherited:
+      error = DecodeInto<proto::KvInherited>(*h.channel, msg, &decoded);
+      break;
     default:
       return coord_->OnUnexpectedMessage(id, proto::MsgTypeName(msg.type));
   }

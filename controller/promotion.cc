@@ -25,6 +25,7 @@ std::vector<Stamp> Stamps(const PromotionRecord& r) {
           {"epoch_durable", &r.epoch_durable},
           {"reaped", &r.reaped},
           {"gpu_released", &r.gpu_released},
+          {"barrier_passed", &r.barrier_passed},
           {"promote_sent", &r.promote_sent},
           {"promote_acked", &r.promote_acked},
           {"kv_adopted", &r.kv_adopted},
@@ -56,9 +57,12 @@ PhaseTimes PhasesOf(const PromotionRecord& r) {
   const std::optional<TimePoint>& evidence = r.injected.has_value() ? r.injected : r.last_heartbeat;
   p.detect_ms = Between(evidence.has_value() ? evidence : r.detected, r.detected);
   p.fence_ms = Between(r.detected, r.reaped);
-  p.promote_ms = Between(r.reaped.has_value() ? r.reaped : r.promote_sent, r.promote_acked);
+  const bool reaped_first =
+      r.reaped.has_value() && (!r.promote_sent.has_value() || *r.reaped <= *r.promote_sent);
+  p.promote_ms = Between(reaped_first ? r.reaped : r.promote_sent, r.promote_acked);
   p.ready_ms = Between(r.detected.has_value() ? r.detected : r.promote_sent, r.route_published);
   p.total_ms = Between(FirstStamp(r), r.route_published);
+  p.teardown_ms = Between(r.detected, r.barrier_passed);
   return p;
 }
 
@@ -113,6 +117,13 @@ PromotionRecord* TimelineLog::Promoted(uint64_t engine, uint64_t epoch) {
   return nullptr;
 }
 
+PromotionRecord* TimelineLog::Fenced(uint64_t old_engine, uint64_t epoch) {
+  for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
+    if (it->old_engine == old_engine && it->epoch == epoch) return &*it;
+  }
+  return nullptr;
+}
+
 PromotionRecord* TimelineLog::awaiting_standby() {
   if (records_.empty()) return nullptr;
   PromotionRecord& r = records_.back();
@@ -143,6 +154,7 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
   put("promote_ms", p.promote_ms);
   put("ready_ms", p.ready_ms);
   put("total_ms", p.total_ms);
+  put("teardown_ms", p.teardown_ms);
   nlohmann::json j{
       {"seq", r.seq},           {"kind", ToString(r.kind)},
       {"cause", r.cause},       {"old_engine", r.old_engine},
@@ -150,6 +162,17 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
       {"epoch", r.epoch},       {"outcome", r.outcome},
       {"complete", r.complete}, {"started_at", first.has_value() ? WallTime(*first, now) : ""},
       {"stamps", stamps},       {"phases", phases}};
+  j["promotion"] = {{"before_barrier", r.promote_sent.has_value() && r.waited.empty()},
+                    {"waited", r.waited},
+                    {"quarantined_blocks", r.quarantined_blocks},
+                    {"reserve_blocks", r.reserve_blocks}};
+  if (r.kv_inherited.has_value()) {
+    j["kv_inherited"] = {{"mode", ToString(r.kv_inherited->mode)},
+                         {"blocks", r.kv_inherited->blocks},
+                         {"bytes", r.kv_inherited->bytes},
+                         {"ms", r.kv_inherited->ms},
+                         {"estimate_ms", r.kv_inherited->estimate_ms}};
+  }
   if (r.kv.has_value()) {
     j["kv"] = {{"adopted", r.kv->adopted},
                {"tokens", r.kv->tokens},
@@ -175,6 +198,39 @@ std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv) {
   return out.str();
 }
 
+std::string PromotionText(const PromotionRecord& r) {
+  std::ostringstream out;
+  if (r.waited.empty()) {
+    out << "before the barrier, on a reserve of " << r.reserve_blocks << " blocks; "
+        << r.quarantined_blocks << " blocks quarantined until it passed";
+  } else {
+    out << "waited for the barrier (" << r.waited << "); " << r.quarantined_blocks
+        << " blocks quarantined";
+  }
+  return out.str();
+}
+
+const char* ToString(proto::KvInheritMode mode) {
+  switch (mode) {
+    case proto::KvInheritMode::kNone:
+      return "none";
+    case proto::KvInheritMode::kCopied:
+      return "copied";
+    case proto::KvInheritMode::kWaited:
+      return "waited";
+  }
+  return "unknown";
+}
+
+std::string InheritanceText(const PromotionRecord::KvInheritance& kv) {
+  std::ostringstream out;
+  if (kv.mode == proto::KvInheritMode::kNone) return "no committed kv in the quarantined blocks";
+  out << (kv.mode == proto::KvInheritMode::kCopied ? "copied " : "waited for the barrier for ")
+      << kv.blocks << " blocks (" << kv.bytes << " bytes) in " << Fixed(kv.ms)
+      << " ms; a copy was estimated at " << Fixed(kv.estimate_ms) << " ms";
+  return out.str();
+}
+
 std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   std::ostringstream out;
   const std::optional<TimePoint> first = FirstStamp(r);
@@ -197,7 +253,11 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   put("promote", p.promote_ms);
   put("ready", p.ready_ms);
   put("total", p.total_ms);
+  put("teardown", p.teardown_ms);
   out << "\n";
+  if (r.promote_sent.has_value()) out << "  promotion: " << PromotionText(r) << "\n";
+  if (r.kv_inherited.has_value())
+    out << "  kv inherited: " << InheritanceText(*r.kv_inherited) << "\n";
   if (r.kv.has_value()) out << "  kv: " << KvAdoptionText(*r.kv) << "\n";
   return out.str();
 }
@@ -214,6 +274,7 @@ std::string TimelineLog::Summary(const PromotionRecord& r) {
   put("fence", p.fence_ms);
   put("promote", p.promote_ms);
   put("ready", p.ready_ms);
+  put("teardown", p.teardown_ms);
   return out.str();
 }
 

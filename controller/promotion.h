@@ -8,16 +8,22 @@
 //   detected        pidfd readable, socket EOF, hang confirmed, error report, drained
 //   killed          SIGKILL sent through the pidfd (absent when it was already dead)
 //   epoch_durable   the new epoch is fsynced in the journal
-//   reaped          waitid(P_PIDFD) returned; on the host backend this is the barrier
+//   reaped          waitid(P_PIDFD) returned
 //   gpu_released    CUDA backend, when NVML still listed the reaped holder on the GPU: the
 //                   poll that no longer did (or gave up after gpu.release_timeout_ms)
-//   promote_sent    Promote with the scrubbed blocks sent to the standby
+//   barrier_passed  no process of the old primary's group or cgroup is left (and NVML lists
+//                   none): its quarantined blocks move on
+//   promote_sent    Promote sent to the standby: on the promotion reserve, before the
+//                   barrier, or with the old primary's blocks after it (`waited` says why)
 //   promote_acked   the new primary mapped its blocks and serves
 //   kv_adopted      the new primary said what it adopted of the old one's KV (KvAdopted)
 //   route_published the route table names the new primary
 //   standby_launched / standby_ready  the replacement standby
-// Phase durations: detect (evidence -> detected), fence (detected -> reaped),
-// promote (reaped -> promote_acked), ready (detected -> route_published).
+// A promotion before the barrier is acknowledged before the old primary's teardown ends: the
+// record is closed then and still takes reaped, gpu_released and barrier_passed.
+// Phase durations: detect (evidence -> detected), fence (detected -> reaped), promote
+// (reaped -> promote_acked, or promote_sent -> promote_acked when the promotion did not wait
+// for the reap), ready (detected -> route_published), teardown (detected -> barrier_passed).
 //
 // Ownership: the controller owns one TimelineLog (bounded). Thread: io_context thread only.
 #pragma once
@@ -35,6 +41,7 @@
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "proto/messages.h"
 
 namespace baton {
 
@@ -67,8 +74,25 @@ struct PromotionRecord {
   bool complete = false;
 
   std::optional<TimePoint> injected, last_heartbeat, detected, killed, epoch_durable, reaped,
-      gpu_released, promote_sent, promote_acked, kv_adopted, route_published, standby_launched,
-      standby_ready;
+      gpu_released, barrier_passed, promote_sent, promote_acked, kv_adopted, route_published,
+      standby_launched, standby_ready;
+
+  // Why the promotion waited for the old primary's barrier ("" when it did not: it started on
+  // the promotion reserve), the old primary's blocks quarantined at its fence, and the
+  // reserve the new primary started on.
+  std::string waited;
+  uint32_t quarantined_blocks = 0;
+  uint32_t reserve_blocks = 0;
+
+  // How the new primary took the committed KV of the quarantined blocks (KvInherited).
+  struct KvInheritance {
+    proto::KvInheritMode mode = proto::KvInheritMode::kNone;
+    uint32_t blocks = 0;
+    uint64_t bytes = 0;
+    double ms = 0;           // the copy, or the wait for the barrier
+    double estimate_ms = 0;  // the copy as the engine estimated it
+  };
+  std::optional<KvInheritance> kv_inherited;
 
   // What the new primary adopted of the old one's KV (KV-warm failover), once it said.
   struct KvAdoption {
@@ -82,7 +106,7 @@ struct PromotionRecord {
 
 // Phase durations in milliseconds (absent when a phase has not happened).
 struct PhaseTimes {
-  std::optional<double> detect_ms, fence_ms, promote_ms, ready_ms, total_ms;
+  std::optional<double> detect_ms, fence_ms, promote_ms, ready_ms, total_ms, teardown_ms;
 };
 PhaseTimes PhasesOf(const PromotionRecord& record);
 
@@ -98,6 +122,8 @@ class TimelineLog {
   const PromotionRecord* last() const;
   // The most recent record that promoted `engine` at `epoch`, open or not; nullptr if none.
   PromotionRecord* Promoted(uint64_t engine, uint64_t epoch);
+  // The most recent record that fenced `old_engine` at `epoch`, open or not; nullptr if none.
+  PromotionRecord* Fenced(uint64_t old_engine, uint64_t epoch);
   // The last record that is waiting for its replacement standby, or nullptr.
   PromotionRecord* awaiting_standby();
   void Close(std::string outcome);
@@ -120,6 +146,13 @@ class TimelineLog {
 nlohmann::json TimelineJson(const PromotionRecord& record, TimePoint now);
 // "adopted 4 sequences (2400 tokens not prefilled again), dropped 0, records read in 0.3 ms".
 std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv);
+// "before the barrier, on a reserve of 16 blocks; 240 blocks quarantined until it passed", or
+// "waited for the barrier (why); 240 blocks quarantined".
+std::string PromotionText(const PromotionRecord& record);
+// "copied", "waited", "none".
+const char* ToString(proto::KvInheritMode mode);
+// "copied 12 blocks (25165824 bytes) in 3.10 ms; a copy was estimated at 2.90 ms".
+std::string InheritanceText(const PromotionRecord::KvInheritance& kv);
 // A few lines, one per phase, for `batonctl timeline`.
 std::string TimelineText(const PromotionRecord& record, TimePoint now);
 

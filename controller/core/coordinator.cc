@@ -22,10 +22,10 @@ template <class... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
 
 const char* FromEngineName(const FromEngine& m) {
-  static constexpr const char* kNames[] = {"Register",       "Reattach",     "StandbyReady",
-                                           "Heartbeat",      "LeaseRequest", "ReturnExtents",
-                                           "ErrorReport",    "PromoteAck",   "Drained",
-                                           "ShareMemoryAck", "ErrorMsg",     "KvAdopted"};
+  static constexpr const char* kNames[] = {
+      "Register",      "Reattach",    "StandbyReady", "Heartbeat", "LeaseRequest",
+      "ReturnExtents", "ErrorReport", "PromoteAck",   "Drained",   "ShareMemoryAck",
+      "ErrorMsg",      "KvAdopted",   "KvInherited"};
   static_assert(std::size(kNames) == std::variant_size_v<FromEngine>);
   return kNames[m.index()];
 }
@@ -71,6 +71,7 @@ void Coordinator::Start(const StartState& found) {
       BATON_LOG(ERROR, kLog) << "pool chunks: " << s.ToString();
     }
   }
+  SetUpReserve(/*announce=*/true);
   LoadCommands(found);
   ReplenishEpochs();
   if (found.roster.has_value() && !found.roster->engines.empty()) {
@@ -155,6 +156,7 @@ void Coordinator::OnMessage(EngineId id, const FromEngine& m) {
                  [&](const proto::Drained& r) { OnDrained(e, r); },
                  [&](const proto::ShareMemoryAck& r) { OnShareMemoryAck(e, r); },
                  [&](const proto::KvAdopted& r) { OnKvAdopted(e, r); },
+                 [&](const proto::KvInherited& r) { OnKvInherited(e, r); },
                  [&](const proto::ErrorMsg& r) {
                    BATON_LOG(WARN, kLog)
                        << "engine " << id << " refused a controller message: " << r.message;
@@ -229,6 +231,7 @@ void Coordinator::OnTick() {
   PollBarrierWaits();
   PollEngines();
   MaybePromote();
+  RefillReserve();
   MaybeLaunch();
   CheckInvariants();
 }
@@ -417,9 +420,10 @@ void Coordinator::SaveRoster() {
 namespace baton {
 
 const char* ToEngineName(const ToEngine& message) {
-  static constexpr const char* kNames[] = {"RegisterAck",   "Promote",     "Grant",      "Reclaim",
-                                           "Drain",         "Resume",      "Stop",       "ErrorMsg",
-                                           "HealthRequest", "InjectFault", "ReattachAck"};
+  static constexpr const char* kNames[] = {
+      "RegisterAck", "Promote",  "Grant",         "Reclaim",     "Drain",       "Resume",
+      "Stop",        "ErrorMsg", "HealthRequest", "InjectFault", "ReattachAck", "Quarantined"};
+  static_assert(std::size(kNames) == std::variant_size_v<ToEngine>);
   return kNames[message.index()];
 }
 

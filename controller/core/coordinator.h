@@ -7,13 +7,17 @@
 // the randomized simulation (tests/controller/simulation_test.cc) drives this same class
 // against a model of the world, so what the simulation proves is what runs.
 //
-// Failover, in order (coordinator_failover.cc):
+// Failover, in order (coordinator_failover.cc, coordinator_barrier.cc):
 //   detect (exit, lost connection, hang confirmed by a health probe, error report)
-//   -> Kill -> new epoch made durable -> ledger fence -> exit seen -> barrier (Effects::
-//   BarrierHeldBy: the process group and cgroup empty, NVML no longer listing it)
-//   -> quarantined blocks granted to the standby at the new epoch -> roster written
-//   -> Promote sent (SendPromote, the only place that sends one) -> PromoteAck
-//   -> route table published -> replacement standby launched.
+//   -> Kill -> new epoch made durable -> ledger fence (the old primary's blocks quarantined)
+//   -> the promotion reserve granted to the standby at the new epoch -> roster written
+//   -> Quarantined (the old blocks, read-only) and Promote sent (SendPromote, the only place
+//   that sends one) -> PromoteAck -> route table published -> replacement standby launched;
+//   and meanwhile: exit seen -> barrier (Effects::BarrierHeldBy: the process group and cgroup
+//   empty, NVML no longer listing it) -> the quarantined blocks granted to the new primary
+//   -> the reserve refilled (a Reclaim). Without a full reserve (a pool too small for one, one
+//   used by a promotion whose barrier has not passed) or with an engine older than protocol
+//   7, the promotion waits for the barrier and takes the quarantined blocks with its Promote.
 // No block is granted before its old holder is reaped and past the barrier (rule 2); every
 // grant's epoch is durable before it is sent (rule 3); the standby maps nothing writable
 // until Promote (rule 5); a stale epoch is refused, the sender told to stop and fenced (rule 4).
@@ -66,7 +70,8 @@ Status CheckEngineFields(const std::string& version, const std::string& address,
 using FromEngine =
     std::variant<proto::Register, proto::Reattach, proto::StandbyReady, proto::Heartbeat,
                  proto::LeaseRequest, proto::ReturnExtents, proto::ErrorReport, proto::PromoteAck,
-                 proto::Drained, proto::ShareMemoryAck, proto::ErrorMsg, proto::KvAdopted>;
+                 proto::Drained, proto::ShareMemoryAck, proto::ErrorMsg, proto::KvAdopted,
+                 proto::KvInherited>;
 
 // What the daemon found when it started.
 struct StartState {
@@ -153,11 +158,13 @@ class Coordinator {
   void SetLedgerMutationForTesting(PoolLedger::Mutation mutation);
 
  private:
-  // A fenced primary whose blocks go to `successor` once it is past the barrier.
+  // A fenced primary whose blocks go to `successor` once it is past the barrier: with its
+  // Promote, or, when it was promoted at once on the reserve (`promoted`), in a Grant.
   struct PendingFailover {
     EngineId old = kNoEngine;
     uint64_t epoch = 0;
     EngineId successor = kNoEngine;
+    bool promoted = false;
   };
   // A reaped holder whose blocks wait for the rest of the barrier (its group, its cgroup,
   // NVML), until `deadline`.
@@ -172,6 +179,7 @@ class Coordinator {
     EngineId from = kNoEngine;
     uint32_t blocks = 0;
     TimePoint sent{};
+    bool for_reserve = false;  // RefillReserve's, not a canary's
   };
   // A restarted controller's wait for the previous controller's engines.
   struct Recovery {
@@ -232,17 +240,38 @@ class Coordinator {
   void FinishFence(EngineRecord& e);
   bool BlocksAwaitBarrier() const;
   void MaybePromote();
+  // Promotes `s` now on the promotion reserve while `failover_`'s old primary waits for its
+  // barrier; false (and why, in the log and the timeline) when the promotion must wait.
+  bool PromoteBeforeBarrier(EngineRecord& s);
+  // Why a promotion of `s` cannot start before the barrier ("" when it can).
+  std::string WhyPromotionWaits(const EngineRecord& s) const;
+  // The promotion reserve from the configuration, or why there is none (logged with
+  // `announce`).
+  void SetUpReserve(bool announce);
   // The one place a Promote is sent: `e` becomes a holder at `epoch` with `extents` (already
-  // granted in the ledger); the roster is written first.
-  void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents);
+  // granted in the ledger); the roster is written first. `quarantined`: the blocks of the
+  // predecessor that wait for its barrier (sent first, in Quarantined).
+  void SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents,
+                   const std::vector<Extent>& quarantined = {});
   void OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg);
   void OnDrained(EngineRecord& e, const proto::Drained& msg);
   // What a promoted engine adopted of its predecessor's KV: into the promotion's timeline.
   void OnKvAdopted(EngineRecord& e, const proto::KvAdopted& msg);
+  // How it took the KV of its predecessor's quarantined blocks: into the timeline.
+  void OnKvInherited(EngineRecord& e, const proto::KvInherited& msg);
   void ClosePromotionTimeline();
 
   // coordinator_barrier.cc: when a fenced holder's blocks move on.
   void HandOverBlocks(EngineId old, const std::optional<PendingFailover>& failover);
+  // The blocks of `old`, past its barrier, to the engine promoted before it (a Grant).
+  void GrantToPromoted(EngineId old, const PendingFailover& failover);
+  // The timeline of the failover that fenced `old`: its barrier passed now.
+  void NoteBarrierPassed(EngineId old, const std::optional<PendingFailover>& failover);
+  // How long the barrier of the failover of now is expected to take still, from the last
+  // teardowns (detected -> barrier passed).
+  Duration BarrierEstimate() const;
+  // Asks the primary to return free blocks while the promotion reserve is short.
+  void RefillReserve();
   void PassBarrierOrWait(BarrierWait wait);
   void PollBarrierWaits();
   void FinishBarrierWait(const BarrierWait& wait, bool timed_out);
@@ -343,6 +372,9 @@ class Coordinator {
   uint64_t upgrades_rolled_back_ = 0;
   bool give_back_blocks_ = false;  // a canary is gone: free blocks return to the primary
   PendingReclaim reclaim_;
+  std::string reserve_note_;          // why the pool keeps no promotion reserve ("" if it does)
+  std::deque<Duration> teardowns_;    // the last failovers' detected -> barrier passed
+  TimePoint next_reserve_reclaim_{};  // RefillReserve's next Reclaim, not before
   std::optional<Recovery> recovery_;
   RecoveryStatus last_recovery_;  // kept for status once recovery ends
 

@@ -1,6 +1,11 @@
 // Coordinator: the barrier a fenced holder's blocks wait behind before they move on (to the
-// successor, or back to free): every process of the engine gone, and on the CUDA backend
-// NVML no longer listing any of them (docs/architecture.md, "Fencing rules").
+// engine promoted before it, to the successor with its Promote, or back to free): every
+// process of the engine gone, and on the CUDA backend NVML no longer listing any of them
+// (docs/architecture.md, "Fencing rules"); and the promotion reserve, refilled once a
+// promotion before the barrier used it.
+#include <algorithm>
+#include <vector>
+
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator.h"
@@ -9,13 +14,22 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "controller";
+// Teardowns remembered for the barrier's estimate, and the estimate before there is one.
+constexpr size_t kTeardownsKept = 8;
+constexpr Duration kTypicalHostTeardown = std::chrono::milliseconds(2);
+constexpr Duration kTypicalDeviceTeardown = std::chrono::milliseconds(100);
+// The least time between two Reclaims for the reserve.
+constexpr Duration kReserveReclaimTimeout = std::chrono::seconds(1);
 
 }  // namespace
 
 void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
+  NoteBarrierPassed(id, failover);
   const LedgerEngine* le = ledger_->engine(id);
   const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
-  if (failover.has_value()) {
+  if (failover.has_value() && failover->promoted) {
+    if (fenced) GrantToPromoted(id, *failover);
+  } else if (failover.has_value()) {
     EngineRecord* s = Find(failover->successor);
     if (s != nullptr && s->live() && s->is(EngineState::kStandby)) {
       Status promoted = ledger_->Promote(s->id, failover->epoch);
@@ -38,6 +52,82 @@ void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailove
       BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
   }
   SaveRoster();
+  RefillReserve();
+}
+
+// The engine promoted on the reserve takes the old primary's blocks now that nothing can
+// write them any more; the SDK keeps their headers, so an engine that waited for them adopts
+// the KV they hold in place. Freed instead if that engine is gone or fenced meanwhile.
+void Coordinator::GrantToPromoted(EngineId id, const PendingFailover& failover) {
+  EngineRecord* s = Find(failover.successor);
+  const LedgerEngine* sl = ledger_->engine(failover.successor);
+  const bool holds = s != nullptr && s->live() && sl != nullptr &&
+                     sl->role == LedgerRole::kHolder && sl->epoch == failover.epoch;
+  Result<std::vector<Extent>> moved = ledger_->ReleaseAfterBarrier(id, holds ? s->id : kNoEngine);
+  if (!moved.ok()) {
+    BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << moved.status().ToString();
+    return;
+  }
+  if (!holds || moved->empty()) return;
+  SaveRoster();  // before the engine can map them
+  BATON_LOG(INFO, kLog) << "engine " << id << "'s " << BlocksIn(*moved)
+                        << " blocks, past its barrier, granted to engine " << s->id << " at epoch "
+                        << failover.epoch;
+  SendOrFail(*s, proto::Grant{.epoch = failover.epoch, .extents = ToRanges(*moved)});
+}
+
+void Coordinator::NoteBarrierPassed(EngineId id, const std::optional<PendingFailover>& failover) {
+  if (!failover.has_value()) return;
+  PromotionRecord* r = timelines_.Fenced(id, failover->epoch);
+  if (r == nullptr) return;
+  r->barrier_passed = clock_.Now();
+  if (!r->detected.has_value()) return;
+  teardowns_.push_back(*r->barrier_passed - *r->detected);
+  if (teardowns_.size() > kTeardownsKept) teardowns_.pop_front();
+  BATON_LOG(INFO, kLog) << "engine " << id << "'s teardown took "
+                        << MillisBetween(*r->detected, *r->barrier_passed)
+                        << " ms (detected -> barrier passed)";
+}
+
+// The median of the last teardowns, less the time since this failover's detection.
+Duration Coordinator::BarrierEstimate() const {
+  Duration typical = cuda_backend_ ? kTypicalDeviceTeardown : kTypicalHostTeardown;
+  if (!teardowns_.empty()) {
+    std::vector<Duration> sorted(teardowns_.begin(), teardowns_.end());
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    typical = sorted[sorted.size() / 2];
+  }
+  const PromotionRecord* r = timelines_.last();
+  const Duration since =
+      r != nullptr && r->detected.has_value() ? clock_.Now() - *r->detected : Duration::zero();
+  return std::max(Duration::zero(), typical - since);
+}
+
+// While the reserve is short (a promotion took it and the blocks that came back past the
+// barrier went to the new primary), the primary is asked for free blocks, whole chunks, one
+// Reclaim at a time; GiveFreeBlocksToPrimary leaves the reserve out of what it grants back.
+void Coordinator::RefillReserve() {
+  const uint32_t target = ledger_->promotion_reserve();
+  if (target == 0 || stopping_ || upgrade_.has_value() || recovery_.has_value()) return;
+  const uint32_t have = ledger_->ReserveAvailable();
+  EngineRecord* p = Find(primary_);
+  const LedgerEngine* pl = ledger_->engine(primary_);
+  if (have >= target || p == nullptr || !p->is(EngineState::kPrimary) || !p->connected ||
+      pl == nullptr || pl->role != LedgerRole::kHolder) {
+    return;
+  }
+  // One at a time, and at most one a kReserveReclaimTimeout: what the primary can spare may
+  // not make whole chunks, and what comes back past the reserve is granted back.
+  if (clock_.Now() < next_reserve_reclaim_) return;
+  const uint32_t chunk = ledger_->blocks_per_chunk();
+  const uint32_t want = WholeChunks(target - have);
+  if (pl->blocks < want + chunk) return;  // the primary keeps a chunk at least
+  BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
+                        << " free blocks: the promotion reserve holds " << have << " of " << target;
+  next_reserve_reclaim_ = clock_.Now() + kReserveReclaimTimeout;
+  if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
+  reclaim_ =
+      PendingReclaim{.from = p->id, .blocks = want, .sent = clock_.Now(), .for_reserve = true};
 }
 
 void Coordinator::PassBarrierOrWait(BarrierWait wait) {
@@ -105,8 +195,9 @@ void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
     BATON_LOG(INFO, kLog) << "barrier: no process of engine " << g.old << "'s group (pid " << g.pid
                           << ") or cgroup is left; its blocks move on";
   }
-  if (PromotionRecord* r = timelines_.current(); r != nullptr && g.failover.has_value()) {
-    r->gpu_released = clock_.Now();
+  if (g.failover.has_value()) {
+    if (PromotionRecord* r = timelines_.Fenced(g.old, g.failover->epoch))
+      r->gpu_released = clock_.Now();
   }
   HandOverBlocks(g.old, g.failover);
   ReleaseIfDone(g.old);

@@ -184,9 +184,13 @@ void Coordinator::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detect
   EngineRecord* successor = pair_.state() == PairState::kStopped ? nullptr : Standby();
   failover_ = PendingFailover{e.id, *epoch, successor != nullptr ? successor->id : kNoEngine};
   r->new_engine = failover_->successor;
+  if (const LedgerEngine* le = ledger_->engine(e.id); le != nullptr) {
+    r->quarantined_blocks = le->blocks;
+  }
   if (successor == nullptr && pair_.state() != PairState::kStopped) {
     BATON_LOG(WARN, kLog) << "no standby is ready: the pair is down until one registers";
   }
+  if (successor != nullptr) PromoteBeforeBarrier(*successor);
 }
 
 void Coordinator::FenceInLedger(EngineRecord& e) {
@@ -222,7 +226,7 @@ void Coordinator::FinishFence(EngineRecord& e) {
   if (failover_.has_value() && failover_->old == id) {
     failover = *failover_;
     failover_.reset();
-    if (PromotionRecord* r = timelines_.current()) r->reaped = now;
+    if (PromotionRecord* r = timelines_.Fenced(id, failover->epoch)) r->reaped = now;
   }
   // Only blocks wait for the barrier: an engine that held none (a standby) hands on nothing.
   const bool held_blocks = fenced && le->blocks > 0;
@@ -288,7 +292,76 @@ void Coordinator::MaybePromote() {
   SendPromote(*e, *epoch, extents);
 }
 
-void Coordinator::SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents) {
+// --- promotion before the barrier ---------------------------------------------------------------
+
+void Coordinator::SetUpReserve(bool announce) {
+  const int configured = config_.promotion_reserve_blocks;
+  const uint32_t want = configured >= 0 ? static_cast<uint32_t>(configured)
+                                        : std::max<uint32_t>(1, config_.block_count / 16);
+  reserve_note_.clear();
+  if (want == 0) {
+    reserve_note_ = "the pool keeps no promotion reserve (pool.promotion_reserve_blocks = 0)";
+  } else if (Status set = ledger_->SetPromotionReserve(want); !set.ok()) {
+    reserve_note_ = "the pool is too small for a promotion reserve: " + set.message();
+  }
+  if (!announce) return;
+  if (!reserve_note_.empty()) {
+    BATON_LOG(WARN, kLog) << reserve_note_ << "; a promotion waits for the old primary's barrier";
+    return;
+  }
+  BATON_LOG(INFO, kLog) << "promotion reserve: " << ledger_->promotion_reserve()
+                        << " blocks kept free for a promotion before the old primary's barrier";
+}
+
+std::string Coordinator::WhyPromotionWaits(const EngineRecord& s) const {
+  if (s.protocol < proto::kProtocolVersionQuarantine) {
+    return "engine " + std::to_string(s.id) + " speaks protocol " + std::to_string(s.protocol) +
+           ", which has no promotion before the barrier (" +
+           std::to_string(proto::kProtocolVersionQuarantine) + ")";
+  }
+  if (!reserve_note_.empty()) return reserve_note_;
+  if (recovery_.has_value()) return "the controller is re-adopting its engines";
+  const uint32_t have = ledger_->ReserveAvailable();
+  if (have < ledger_->promotion_reserve()) {
+    return "the promotion reserve holds " + std::to_string(have) + " of " +
+           std::to_string(ledger_->promotion_reserve()) +
+           " blocks (it comes back once the last promotion's barrier has passed)";
+  }
+  return "";
+}
+
+// The standby starts now on the reserve, at the epoch the fence reserved for it; the old
+// primary's blocks stay quarantined until its barrier, then follow in a Grant (HandOverBlocks).
+bool Coordinator::PromoteBeforeBarrier(EngineRecord& s) {
+  PromotionRecord* r = timelines_.current();
+  if (const std::string why = WhyPromotionWaits(s); !why.empty()) {
+    if (r != nullptr) r->waited = why;
+    BATON_LOG(INFO, kLog) << "engine " << s.id << " is promoted once engine " << failover_->old
+                          << " is past its barrier: " << why;
+    return false;
+  }
+  const uint64_t epoch = failover_->epoch;
+  if (Status promoted = ledger_->Promote(s.id, epoch); !promoted.ok()) {
+    BATON_LOG(ERROR, kLog) << "promoting engine " << s.id << ": " << promoted.ToString();
+    if (r != nullptr) r->waited = promoted.message();
+    return false;
+  }
+  Result<std::vector<Extent>> reserve = ledger_->GrantReserve(s.id, epoch);
+  if (!reserve.ok()) {  // checked above: its blocks come after the barrier
+    BATON_LOG(ERROR, kLog) << "bug: the reserve for engine " << s.id << ": "
+                           << reserve.status().ToString();
+    reserve = std::vector<Extent>{};
+  }
+  failover_->promoted = true;
+  std::vector<Extent> quarantined;
+  for (const Lease& l : ledger_->LeasesOf(failover_->old)) quarantined.push_back(l.extent);
+  if (r != nullptr) r->reserve_blocks = BlocksIn(*reserve);
+  SendPromote(s, epoch, *reserve, quarantined);
+  return true;
+}
+
+void Coordinator::SendPromote(EngineRecord& e, uint64_t epoch, const std::vector<Extent>& extents,
+                              const std::vector<Extent>& quarantined) {
   const bool canary_step = IsCanary(e.id) && upgrade_->phase == Upgrade::Phase::kPromoting;
   Step(e.machine, EngineEvent::kPromoteStarted);
   promoting_ = e.id;  // no other engine is launched or promoted meanwhile
@@ -302,6 +375,17 @@ void Coordinator::SendPromote(EngineRecord& e, uint64_t epoch, const std::vector
                         << extents.size() << " extents";
   BATON_FAILPOINT("before_promote");  // granted in the ledger, not in the roster, not sent
   SaveRoster();                       // before the engine can map them
+  if (!quarantined.empty()) {
+    const Duration wait_limit = config_.promote_timeout / 2;
+    const proto::Quarantined q{
+        .epoch = epoch,
+        .extents = ToRanges(quarantined),
+        .barrier_estimate_us = static_cast<uint32_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(BarrierEstimate()).count()),
+        .wait_limit_ms = static_cast<uint32_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(wait_limit).count())};
+    if (!SendOrFail(e, q)) return;
+  }
   SendOrFail(e, proto::Promote{.epoch = epoch, .extents = ToRanges(extents)});
   BATON_FAILPOINT("after_promote");  // sent, not acknowledged
   CheckInvariants();
@@ -333,6 +417,7 @@ void Coordinator::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
   SaveRoster();
   PublishRoutes();
   if (r != nullptr) ClosePromotionTimeline();
+  RefillReserve();
   MaybeLaunch();
 }
 
@@ -389,6 +474,23 @@ void Coordinator::OnKvAdopted(EngineRecord& e, const proto::KvAdopted& msg) {
   if (PromotionRecord* r = timelines_.Promoted(e.id, msg.epoch); r != nullptr) {
     r->kv_adopted = clock_.Now();
     r->kv = std::move(kv);
+  }
+}
+
+void Coordinator::OnKvInherited(EngineRecord& e, const proto::KvInherited& msg) {
+  if (!CheckEpoch(e, msg.epoch, "KvInherited")) return;
+  if (msg.epoch == 0 || msg.mode > static_cast<uint8_t>(proto::KvInheritMode::kWaited)) {
+    return Refused("engine " + std::to_string(e.id), "malformed KvInherited");
+  }
+  const PromotionRecord::KvInheritance kv{.mode = static_cast<proto::KvInheritMode>(msg.mode),
+                                          .blocks = msg.blocks,
+                                          .bytes = msg.bytes,
+                                          .ms = msg.micros / 1e3,
+                                          .estimate_ms = msg.estimate_us / 1e3};
+  BATON_LOG(INFO, kLog) << "engine " << e.id << " at epoch " << msg.epoch
+                        << ", the quarantined kv: " << InheritanceText(kv);
+  if (PromotionRecord* r = timelines_.Promoted(e.id, msg.epoch); r != nullptr) {
+    r->kv_inherited = kv;
   }
 }
 

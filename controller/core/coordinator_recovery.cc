@@ -71,6 +71,7 @@ void Coordinator::BeginRecovery(const StartState& found) {
     ledger_ = std::make_unique<PoolLedger>(PoolLedger::Recovering(config_.block_count, epochs_));
     if (found.blocks_per_chunk > 1) (void)ledger_->SetBlocksPerChunk(found.blocks_per_chunk);
     ledger_->SetMutationForTesting(ledger_mutation_);
+    SetUpReserve(/*announce=*/false);  // the new ledger's, as the start's
   }
   pair_ = NewPairMachine("pair", clock_, /*recovering=*/true);
   recovery_ = Recovery{.deadline = now + config_.readopt_timeout,

@@ -111,6 +111,9 @@ CoordinatorStatus Coordinator::Snapshot() const {
   s.upgrades_rolled_back = upgrades_rolled_back_;
   for (const auto& [id, pid] : unfenced_reaped_) s.unfenced_reaped.push_back(id);
   s.barrier_waits = barrier_waits_.size();
+  s.reserve_target = ledger_->promotion_reserve();
+  s.reserve_available = ledger_->ReserveAvailable();
+  s.reserve_note = reserve_note_;
   s.journal_failing = journal_failing_;
   s.cuda_backend = cuda_backend_;
   s.device_memory_present = effects_.DeviceMemoryPresent();

@@ -133,6 +133,11 @@ struct CoordinatorStatus {
 
   std::vector<EngineId> unfenced_reaped;
   size_t barrier_waits = 0;
+  // The promotion reserve: its target (0: none), the blocks it holds now, and why there is
+  // none ("" when there is one): a failover's promotion starts on it before the barrier.
+  uint32_t reserve_target = 0;
+  uint32_t reserve_available = 0;
+  std::string reserve_note;
   bool journal_failing = false;
 
   bool cuda_backend = false;

@@ -178,8 +178,10 @@ void Coordinator::StartCanary(EngineRecord& e) {
 
 void Coordinator::OnPrimaryReturned() {
   const bool answers_reclaim = reclaim_.from == primary_;
+  // The answer to RefillReserve's Reclaim: the reserve keeps what came back, the rest stays free.
+  const bool for_reserve = answers_reclaim && reclaim_.for_reserve;
   if (answers_reclaim) reclaim_ = PendingReclaim{};
-  if (stopping_) return;
+  if (stopping_ || for_reserve) return;
   if (!upgrade_.has_value()) {
     // The answer to a Reclaim came after the upgrade ended: nobody else wants the blocks.
     if (answers_reclaim) {

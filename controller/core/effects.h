@@ -33,9 +33,10 @@ namespace baton {
 // What the controller sends an engine. RegisterAck is built by the daemon (it holds the
 // weights, the pool and the device memory whose fds go with it).
 struct SendRegisterAck {};
-using ToEngine = std::variant<SendRegisterAck, proto::Promote, proto::Grant, proto::Reclaim,
-                              proto::Drain, proto::Resume, proto::Stop, proto::ErrorMsg,
-                              proto::HealthRequest, proto::InjectFault, proto::ReattachAck>;
+using ToEngine =
+    std::variant<SendRegisterAck, proto::Promote, proto::Grant, proto::Reclaim, proto::Drain,
+                 proto::Resume, proto::Stop, proto::ErrorMsg, proto::HealthRequest,
+                 proto::InjectFault, proto::ReattachAck, proto::Quarantined>;
 // "Promote", "Grant", ... for logs.
 const char* ToEngineName(const ToEngine& message);
 

@@ -68,6 +68,11 @@ json PoolJson(const ControllerStatus& c) {
           {"free", s.free_blocks},
           {"granted", s.granted_blocks},
           {"quarantined", s.quarantined_blocks},
+          {"promotion_reserve",
+           {{"target", c.core.reserve_target},
+            {"available", c.core.reserve_available},
+            {"before_barrier", c.core.reserve_target > 0},
+            {"note", c.core.reserve_note}}},
           {"leases", s.leases},
           {"huge_pages", c.pool.huge_pages},
           {"huge_pages_fallback", c.pool.huge_pages_fallback},
@@ -346,6 +351,17 @@ std::string StatusText(const ControllerStatus& c) {
   out << "pool " << p["blocks"] << " blocks x " << p["block_bytes"] << " B: " << p["granted"]
       << " granted, " << p["quarantined"] << " quarantined, " << p["free"] << " free"
       << (p["huge_pages"].get<bool>() ? " (huge pages)" : " (normal pages)") << "\n";
+  const json& reserve = p["promotion_reserve"];
+  if (c.core.reserve_target > 0) {
+    out << "promotion reserve " << reserve["available"] << " of " << reserve["target"]
+        << " blocks: a failover promotes the standby before the old primary's barrier"
+        << (c.core.reserve_available < c.core.reserve_target
+                ? " once the reserve is whole again (until then it waits for the barrier)"
+                : "")
+        << "\n";
+  } else {
+    out << "no promotion reserve: " << c.core.reserve_note << "\n";
+  }
   const json& w = s["weights"];
   out << "weights " << w["model_dir"].get<std::string>() << ": " << w["tensors"] << " tensors, "
       << w["resident_bytes"] << " of " << w["arena_bytes"] << " B resident, numa node "

@@ -27,6 +27,12 @@ std::string MetricsText(const ControllerStatus& c) {
   gauge("baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
   gauge("baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
   gauge("baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
+  gauge("baton_promotion_reserve_blocks",
+        "Free blocks kept for a promotion before the old primary's barrier",
+        core.reserve_available);
+  gauge("baton_promotion_reserve_target_blocks",
+        "The promotion reserve's size (0: none, every promotion waits for the barrier)",
+        core.reserve_target);
   out << "# HELP baton_engine_blocks Pool blocks leased to each engine\n"
          "# TYPE baton_engine_blocks gauge\n";
   for (const EngineStatus& e : core.engines) {
@@ -111,6 +117,30 @@ std::string MetricsText(const ControllerStatus& c) {
             *p.ready_ms);
     }
   }
+  // Per failover kept in the timeline (the last 16): ready and teardown side by side.
+  auto per_failover = [&](const char* name, const char* help, auto value) {
+    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+    for (const PromotionRecord& r : core.timelines) {
+      const std::optional<double> v = value(r);
+      if (!v.has_value()) continue;
+      out << name << "{seq=\"" << r.seq << "\",kind=\"" << ToString(r.kind)
+          << "\",before_barrier=\""
+          << (r.promote_sent.has_value() && r.waited.empty() ? "true" : "false") << "\"} " << *v
+          << "\n";
+    }
+  };
+  per_failover("baton_failover_ready_ms", "Detection to route published, per promotion kept",
+               [](const PromotionRecord& r) { return PhasesOf(r).ready_ms; });
+  per_failover("baton_failover_teardown_ms",
+               "Detection to the old primary's barrier passed (its blocks out of quarantine), per "
+               "promotion kept",
+               [](const PromotionRecord& r) { return PhasesOf(r).teardown_ms; });
+  per_failover("baton_failover_quarantined_blocks",
+               "Blocks of the old primary quarantined at its fence, per promotion kept",
+               [](const PromotionRecord& r) -> std::optional<double> {
+                 if (r.old_engine == 0) return std::nullopt;
+                 return r.quarantined_blocks;
+               });
   return out.str();
 }
 

@@ -43,6 +43,8 @@ class Simulation {
         steps_(steps),
         verbose_(verbose) {
     store_.skip_fsync = fault.skip_fsync;
+    config_.promotion_reserve_blocks =
+        fault.reserve != Fault::kRandomReserve ? fault.reserve : PickReserve();
     if (verbose_) world_.SetTrace(&out_.log);
     StartController(/*restart=*/false);
   }
@@ -96,10 +98,24 @@ class Simulation {
     out_.stats.kv_adopted = kv.kv_adopted, out_.stats.kv_dropped = kv.kv_dropped;
     out_.stats.kv_torn = kv.kv_torn, out_.stats.kv_continued = kv.kv_continued;
     out_.stats.kv_malformed = kv.kv_malformed;
+    out_.stats.before_barrier = kv.before_barrier, out_.stats.after_barrier = kv.after_barrier;
+    out_.stats.inherit_copied = kv.inherit_copied, out_.stats.inherit_waited = kv.inherit_waited;
+    out_.stats.kv_copied = kv.kv_copied, out_.stats.kv_changed = kv.kv_changed;
+    for (const auto& [id, e] : world_.engines()) out_.stats.ghost_steps += e.kv->ghost_steps();
     return std::move(out_);
   }
 
  private:
+  // The seed's promotion reserve: mostly a small one (the default among them), now and then
+  // none or one too large for the pool (promotions then wait for the barrier).
+  int PickReserve() {
+    const uint64_t r = rng_.Range(0, 9);
+    if (r == 0) return 0;
+    if (r == 1) return static_cast<int>(fault_.blocks);  // more than half: no reserve
+    if (r < 5) return -1;
+    return static_cast<int>(rng_.Range(1, fault_.blocks / 4));
+  }
+
   // --- the controller ---------------------------------------------------------------------
   void StartController(bool restart) {
     StartState s{.incarnation = ++disk_.incarnation,
@@ -457,7 +473,10 @@ class Simulation {
     if (id == kNoEngine) return;
     SimEngine& e = *world_.Find(id);
     proto::BlockRange x{static_cast<uint32_t>(rng_.Range(0, fault_.blocks - 1)), 1};
-    if (e.mapped.count(x.first)) x = proto::BlockRange{fault_.blocks - 1, 3};  // past the end
+    const bool returning = clock_.Now() < e.returning_until && e.returning.count(x.first) != 0;
+    if (e.mapped.count(x.first) || returning) {
+      x = proto::BlockRange{fault_.blocks - 1, 3};  // past the end
+    }
     const bool accepted = Deliver(id, proto::ReturnExtents{.epoch = e.epoch, .extents = {x}}, false,
                                   "returns unheld blocks:");
     out_.stats.refused_forged += !accepted;

@@ -103,11 +103,21 @@ struct SimEngine {
   uint64_t promote_epoch = 0;  // the epoch of the last Promote sent to it (even if frozen)
   uint64_t grants = 0;         // Grants sent to it
   uint64_t heartbeat_seq = 0;
-  std::set<uint32_t> mapped;                  // writable, until dead and past the barrier
+  std::set<uint32_t> mapped;     // writable, until dead and past the barrier
+  std::set<uint32_t> returning;  // given back in a ReturnExtents still on its way
+  TimePoint returning_until{};
   std::optional<FromEngine> last_sent;        // for stale replays once it is gone
   std::optional<FromEngine> standby_sent;     // a message with its epoch (0) sent as a standby
   std::shared_ptr<SimEngineKv> kv;            // its KV cache and records (sim_kv.h)
   std::optional<proto::KvAdopted> kv_report;  // adopted at its Promote, sent when it serves
+  // A promotion before the barrier: the predecessor's quarantined blocks (read-only), until it
+  // copied them or they came in a Grant; whether it waits for that Grant (its PromoteAck held
+  // back), and what it tells the controller of it when it serves.
+  std::vector<proto::BlockRange> quarantined;
+  Duration wait_limit{};
+  bool awaiting_inherited = false;
+  std::optional<proto::KvInherited> inherit_report;
+  bool clean_exit = false;  // it exited on its own after a Stop: it wrote nothing more
 
   bool Working() const { return alive && !hung && !killed && !exiting; }
 };
@@ -137,10 +147,10 @@ inline std::vector<proto::BlockRange> Runs(const std::set<uint32_t>& blocks) {
 // What engines send: its type's name, whether it carries an epoch and which, and a line for
 // the step log.
 inline const char* NameOf(const FromEngine& m) {
-  static constexpr const char* kNames[] = {"Register",       "Reattach",     "StandbyReady",
-                                           "Heartbeat",      "LeaseRequest", "ReturnExtents",
-                                           "ErrorReport",    "PromoteAck",   "Drained",
-                                           "ShareMemoryAck", "ErrorMsg",     "KvAdopted"};
+  static constexpr const char* kNames[] = {
+      "Register",      "Reattach",    "StandbyReady", "Heartbeat", "LeaseRequest",
+      "ReturnExtents", "ErrorReport", "PromoteAck",   "Drained",   "ShareMemoryAck",
+      "ErrorMsg",      "KvAdopted",   "KvInherited"};
   static_assert(std::size(kNames) == std::variant_size_v<FromEngine>);
   return kNames[m.index()];
 }

@@ -5,13 +5,21 @@
 // reference engine does (Committed after each step, Releasing before a block is freed);
 // an engine that dies may die inside a commit (a torn record). A promoted engine reads the
 // records of the blocks its Promote hands it (KvHandoff::Adopt) and continues some of the
-// adopted requests (KvHandoff::Continue). The pool remembers, apart from the records, who
-// last committed each block, at which epoch, and whether the commit was torn: the ground
-// truth against which rule 6 is checked when a block is adopted:
+// adopted requests (KvHandoff::Continue). An engine promoted before its predecessor's barrier
+// plans a copy of the predecessor's quarantined blocks (KvHandoff::PlanCopy) and copies them
+// into blocks of its own (KvHandoff::CopyIn) while the dying predecessor still writes them
+// (GhostStep, before and during the copy), or waits for them and adopts them in place. The
+// pool remembers, apart from the records, who last committed each block, at which epoch, and
+// whether the commit was torn: the ground truth against which rule 6 is checked when a block
+// is adopted or copied:
 //
-//   6. adoption reads only fenced KV: an adopted block is in the adopter's Promote, holds a
-//      whole commit (not a torn one) of an engine that is dead and past its barrier, at an
-//      epoch below the adopter's.
+//   6. adoption reads only fenced KV: an adopted block is in the adopter's Promote or the
+//      Grant of its predecessor's blocks after their barrier, and holds a whole commit (not a
+//      torn one) of an engine that is dead and past its barrier, at an epoch below the
+//      adopter's; a copied block was copied from a block of the predecessor's quarantine
+//      into one of the adopter's own, and holds the whole commit (by a fenced engine, at an
+//      epoch below the adopter's) that the source held, unchanged, from the plan to the end of
+//      the copy; and a request continues only from KV that is its own tokens'.
 //
 // Ownership: the world owns the pool and one SimEngineKv per engine (through SimEngine);
 // a SimEngineKv keeps a reference to the pool and the clock. Header-only test support;
@@ -51,6 +59,7 @@ class SimKvPool {
     EngineId writer = kNoEngine;
     uint64_t epoch = 0;
     bool torn = false;
+    uint64_t serial = 0;  // which write: any later one changes it
   };
 
   explicit SimKvPool(uint32_t blocks)
@@ -58,14 +67,17 @@ class SimKvPool {
         bytes_(size_t{blocks} * stride_) {}
 
   uint8_t* block(uint32_t b) { return bytes_.data() + size_t{b} * stride_; }
+  size_t stride() const { return stride_; }
   void* data(uint32_t b) { return block(b) + KvDataOffset(kSimBlockTokens); }
   size_t data_bytes() const { return kSimKvLayout.block_bytes(); }
 
   // The blocks of `kv` from index `first` were committed by `writer` at `epoch`.
   void Wrote(const KvSequence& kv, size_t first, EngineId writer, uint64_t epoch) {
-    for (size_t i = first; i < kv.blocks.size(); ++i) written_[kv.blocks[i]] = {writer, epoch};
+    for (size_t i = first; i < kv.blocks.size(); ++i) Wrote(kv.blocks[i], writer, epoch);
   }
-  void Wrote(uint32_t b, EngineId writer, uint64_t epoch) { written_[b] = {writer, epoch}; }
+  void Wrote(uint32_t b, EngineId writer, uint64_t epoch) {
+    written_[b] = {writer, epoch, false, ++serial_};
+  }
   // Its writer dies inside the commit of block `b` (its commit counter left odd).
   void Tear(uint32_t b) {
     uint32_t commit = 0;
@@ -95,6 +107,7 @@ class SimKvPool {
   size_t stride_;
   std::vector<uint8_t> bytes_;
   std::map<uint32_t, Written> written_;
+  uint64_t serial_ = 0;
   std::map<KvRequestKey, std::vector<int32_t>> generated_;
   std::vector<KvRequestKey> order_;
 };
@@ -113,26 +126,128 @@ class SimEngineKv {
                                            .block_tokens = kSimBlockTokens,
                                            .block = [this](uint32_t b) { return pool_.block(b); },
                                            .epoch = [this] { return *epoch_; },
+                                           .block_bytes = pool.stride(),
                                            .keep_for = std::chrono::seconds(1),
                                            .clock = &clock,
                                            .metrics = nullptr}) {}
   SimEngineKv(const SimEngineKv&) = delete;
   SimEngineKv& operator=(const SimEngineKv&) = delete;
 
-  // The blocks of a Grant (or the rest of a Promote) join the cache as free.
+  // The blocks of a Grant (or the rest of a Promote) join the cache as free, their headers
+  // scrubbed as the SDK scrubs them.
   void Map(const std::vector<proto::BlockRange>& extents) {
     for (const proto::BlockRange& r : extents) {
       for (uint32_t b = r.first; b < r.first + r.count; ++b) {
-        if (known_.insert(b).second) (void)cache_.AddBlock(b, pool_.data(b), pool_.data_bytes());
+        if (!known_.insert(b).second) continue;
+        std::memset(pool_.block(b), 0, kKvRecordHeaderBytes);
+        (void)cache_.AddBlock(b, pool_.data(b), pool_.data_bytes());
       }
     }
   }
 
+  // A promotion before the barrier: the sequences of the predecessor's `quarantined` blocks
+  // that a copy would keep, and the truth of their blocks at this moment.
+  KvCopyPlan Plan(const std::vector<proto::BlockRange>& quarantined) {
+    std::vector<KvBlockRun> runs;
+    std::vector<uint8_t> headers;
+    for (const proto::BlockRange& r : quarantined) {
+      runs.push_back(KvBlockRun{r.first, r.count});
+      for (uint32_t b = r.first; b < r.first + r.count; ++b) {
+        headers.insert(headers.end(), pool_.block(b), pool_.block(b) + kKvRecordHeaderBytes);
+        planned_[b] = pool_.WrittenBy(b);
+      }
+    }
+    return handoff_.PlanCopy(runs, headers);
+  }
+
+  // Copies `plan` into the blocks of `own` it does not use yet, with `ghost` (the dying
+  // writer) run before the copy and after each sequence's copy; checks rule 6 on every copy
+  // kept. `is_fenced(writer)`: the writer was killed or is dead.
+  KvAdoptionReport CopyIn(const KvCopyPlan& plan, const std::vector<proto::BlockRange>& quarantined,
+                          const std::vector<proto::BlockRange>& own,
+                          const std::function<void()>& ghost,
+                          const std::function<bool(EngineId)>& is_fenced, const Flag& flag) {
+    std::vector<uint32_t> free;
+    for (const proto::BlockRange& r : own) {
+      for (uint32_t b = r.first; b < r.first + r.count; ++b) {
+        if (known_.count(b) == 0) free.push_back(b);
+      }
+    }
+    size_t next = 0;
+    auto take = [&]() -> Result<uint32_t> {
+      if (next == free.size()) return ResourceExhausted("no free block to copy into");
+      const uint32_t b = free[next++];
+      BATON_RETURN_IF_ERROR(cache_.AddHeldBlock(b, pool_.data(b), pool_.data_bytes()));
+      known_.insert(b);
+      return b;
+    };
+    std::set<uint32_t> from;
+    for (const proto::BlockRange& r : quarantined) {
+      for (uint32_t b = r.first; b < r.first + r.count; ++b) from.insert(b);
+    }
+    // The truth of the sources when each sequence is checked (after its `ghost`).
+    std::vector<std::map<uint32_t, std::optional<SimKvPool::Written>>> at_check;
+    auto between = [&] {
+      ghost();
+      std::map<uint32_t, std::optional<SimKvPool::Written>> now;
+      for (uint32_t b : from) now[b] = pool_.WrittenBy(b);
+      at_check.push_back(std::move(now));
+    };
+    ghost();
+    std::vector<std::pair<uint32_t, uint32_t>> kept;
+    const KvAdoptionReport report = handoff_.CopyIn(plan, take, between, &kept);
+    std::map<uint32_t, size_t> sequence_of;
+    for (size_t i = 0; i < plan.sequences.size(); ++i) {
+      for (const KvRecordRead& r : plan.sequences[i].records) sequence_of[r.record.block] = i;
+    }
+    for (const auto& [src, dst] : kept) {
+      const size_t i = sequence_of.count(src) ? sequence_of[src] : 0;
+      CheckCopied(src, dst, from, free, i < at_check.size() ? at_check[i][src] : std::nullopt,
+                  is_fenced, flag);
+      adopted_.insert(dst);
+      pool_.Wrote(dst, id_, *epoch_);  // its record, rewritten at this epoch
+    }
+    planned_.clear();
+    return report;
+  }
+
+  // A step of an engine that was killed, or whose device work runs on after its death: its
+  // sequences grow (each step's records committed) and some finish (their records cleared,
+  // their blocks reused by a new sequence). Nobody sees its tokens.
+  void GhostStep(Rng& rng) {
+    for (auto it = seqs_.begin(); it != seqs_.end();) {
+      it->tokens.push_back(static_cast<int32_t>(rng.Range(1, 1000)));
+      if (!Grow(*it, /*seen=*/false) || rng.Chance(25)) {
+        Finish(*it);
+        it = seqs_.erase(it);
+        continue;
+      }
+      ++it;
+    }
+    if (seqs_.size() < 3 && rng.Chance(50)) {
+      Seq s;
+      s.request.id = ++next_request_;
+      s.request.key = KvRequestKey{rng.Next() | 1, rng.Next()};
+      s.tokens.resize(rng.Range(1, 9));
+      for (int32_t& t : s.tokens) t = static_cast<int32_t>(rng.Range(1, 1000));
+      if (Grow(s, /*seen=*/false)) {
+        seqs_.push_back(std::move(s));
+      } else {
+        Finish(s);
+      }
+    }
+    ++ghost_steps_;
+  }
+  uint64_t ghost_steps() const { return ghost_steps_; }
+
   // A Promote at `*epoch_` hands over `extents`: their records are read (from header copies,
-  // as the SDK takes them) and what passes is kept. `is_fenced(writer)` says whether an
-  // engine is dead and past its barrier. Returns the report the engine sends.
+  // as the SDK takes them) and what passes is kept; the other blocks join the cache free
+  // (`map_rest`; a copy of the predecessor's quarantine takes them first otherwise).
+  // `is_fenced(writer)` says whether an engine is dead and past its barrier. Returns the
+  // report the engine sends.
   KvAdoptionReport Adopt(const std::vector<proto::BlockRange>& extents,
-                         const std::function<bool(EngineId)>& is_fenced, const Flag& flag) {
+                         const std::function<bool(EngineId)>& is_fenced, const Flag& flag,
+                         bool map_rest = true) {
     std::vector<KvBlockRun> runs;
     std::vector<uint8_t> headers;
     std::set<uint32_t> granted;
@@ -150,9 +265,12 @@ class SimEngineKv {
       adopted_.insert(b);
       return OkStatus();
     };
+    std::set<uint32_t> before = adopted_;
     KvAdoptionReport report = handoff_.Adopt(runs, headers, hold);
-    for (uint32_t b : adopted_) pool_.Wrote(b, id_, *epoch_);  // the kept records, rewritten
-    Map(extents);
+    for (uint32_t b : adopted_) {
+      if (before.count(b) == 0) pool_.Wrote(b, id_, *epoch_);  // the kept records, rewritten
+    }
+    if (map_rest) Map(extents);
     return report;
   }
 
@@ -232,6 +350,33 @@ class SimEngineKv {
     }
   }
 
+  void CheckCopied(uint32_t src, uint32_t dst, const std::set<uint32_t>& quarantined,
+                   const std::vector<uint32_t>& own, const std::optional<SimKvPool::Written>& now,
+                   const std::function<bool(EngineId)>& is_fenced, const Flag& flag) const {
+    const std::string where = "invariant 6 (adoption reads only fenced KV): engine " +
+                              std::to_string(id_) + " at epoch " + std::to_string(*epoch_) +
+                              " kept a copy of block " + std::to_string(src) + " in block " +
+                              std::to_string(dst);
+    if (quarantined.count(src) == 0)
+      return flag(where + ", which is not in its predecessor's quarantine");
+    if (std::find(own.begin(), own.end(), dst) == own.end()) {
+      return flag(where + ", which is not a free block of its own");
+    }
+    auto it = planned_.find(src);
+    const std::optional<SimKvPool::Written> then = it != planned_.end() ? it->second : std::nullopt;
+    if (!then.has_value()) return flag(where + ", which no engine wrote");
+    if (then->torn) return flag(where + ", whose record was torn");
+    if (then->writer == id_ || !is_fenced(then->writer)) {
+      return flag(where + " while its writer, engine " + std::to_string(then->writer) +
+                  ", was not fenced");
+    }
+    if (then->epoch >= *epoch_) return flag(where + ", written at an epoch not below its own");
+    if (!now.has_value() || now->writer != then->writer || now->epoch != then->epoch || now->torn ||
+        now->serial != then->serial) {
+      return flag(where + ", which its writer wrote again during the copy");
+    }
+  }
+
   void Start(Rng& rng, uint64_t* continued, const Flag& flag) {
     Seq s;
     s.request.id = ++next_request_;
@@ -281,7 +426,7 @@ class SimEngineKv {
 
   // The sequence's KV now holds every token: blocks reserved (kept KV yielding if short),
   // its K and V written, then the step's records committed.
-  bool Grow(Seq& s) {
+  bool Grow(Seq& s, bool seen = true) {
     const int64_t before = s.kv.length;
     const auto want = static_cast<int64_t>(s.tokens.size());
     if (!cache_.Reserve(&s.kv, want).ok()) {
@@ -298,7 +443,7 @@ class SimEngineKv {
     const size_t first = static_cast<size_t>(before / kSimBlockTokens);
     pool_.Wrote(s.kv, first, id_, *epoch_);
     last_written_ = s.kv.blocks.back();
-    pool_.Generated(s.request.key, s.tokens);
+    if (seen) pool_.Generated(s.request.key, s.tokens);
     return true;
   }
 
@@ -317,6 +462,8 @@ class SimEngineKv {
   std::vector<Seq> seqs_;
   std::optional<uint32_t> last_written_;
   uint64_t next_request_ = 0;
+  std::map<uint32_t, std::optional<SimKvPool::Written>> planned_;  // the truth at PlanCopy
+  uint64_t ghost_steps_ = 0;
 };
 
 // Adopted blocks count as their adopter's in the ledger (rule 6), while it serves, talks to

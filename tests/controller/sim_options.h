@@ -21,9 +21,12 @@ struct Fault {
   bool skip_fsync = false;       // SimEpochStore::skip_fsync
   bool skip_barrier = false;     // SimFaults::skip_barrier
   bool release_at_once = false;  // SimFaults::release_at_once
-  // Not a fault: the pool's shape, a device pool mapped by chunks when above 1.
+  // Not a fault: the pool's shape, a device pool mapped by chunks when above 1, and its
+  // promotion reserve (pool.promotion_reserve_blocks; kRandomReserve: chosen per seed).
   uint32_t blocks = 32;
   uint32_t blocks_per_chunk = 1;
+  int reserve = kRandomReserve;
+  static constexpr int kRandomReserve = -2;
 };
 
 // What a run reached (the test requires the interesting paths to be reached at all).
@@ -34,7 +37,15 @@ struct Stats {
   // KV-warm failover (sim_kv.h): sequences adopted, dropped (torn among them), requests
   // continued from adopted KV, adoption reports sent malformed.
   uint64_t kv_adopted = 0, kv_dropped = 0, kv_torn = 0, kv_continued = 0, kv_malformed = 0;
+  // Promotions before the old primary's barrier (on the reserve) and after it; of those
+  // before, how the quarantined KV was taken (copied, waited for); sequences copied and
+  // copies dropped because the dying writer changed their records; steps that writer made.
+  uint64_t before_barrier = 0, after_barrier = 0, inherit_copied = 0, inherit_waited = 0;
+  uint64_t kv_copied = 0, kv_changed = 0, ghost_steps = 0;
   void Add(const Stats& o) {
+    before_barrier += o.before_barrier, after_barrier += o.after_barrier;
+    inherit_copied += o.inherit_copied, inherit_waited += o.inherit_waited;
+    kv_copied += o.kv_copied, kv_changed += o.kv_changed, ghost_steps += o.ghost_steps;
     steps += o.steps, promotions += o.promotions, restarts += o.restarts;
     readopts += o.readopts;
     refused_stale += o.refused_stale, refused_forged += o.refused_forged;

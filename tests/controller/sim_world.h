@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -122,6 +123,16 @@ class SimWorld {
       CheckDurable(g->epoch, "grant to engine " + std::to_string(id));
     } else if (std::holds_alternative<proto::Stop>(message)) {
       e->stop_received = true;
+    } else if (const auto* q = std::get_if<proto::Quarantined>(&message)) {
+      CheckDurable(q->epoch, "the quarantine sent to engine " + std::to_string(id));
+      for (const proto::BlockRange& r : q->extents) {
+        for (uint32_t b = r.first; b < r.first + r.count; ++b) {
+          if (e->mapped.count(b) != 0) {
+            Flag("model: engine " + std::to_string(id) + " was told its own block " +
+                 std::to_string(b) + " is quarantined");
+          }
+        }
+      }
     }
     if (!e->Working()) return OkStatus();  // frozen or on its way out: it reads nothing
     std::visit([&](const auto& m) { Handle(*e, m); }, message);
@@ -225,6 +236,9 @@ class SimWorld {
       if (e.serve_at.has_value() && t >= *e.serve_at) {
         e.serve_at.reset();
         e.serving = true;
+        e.awaiting_inherited = false;  // the wait limit: what did not come is replayed
+        e.quarantined.clear();
+        if (e.attached && e.inherit_report.has_value()) SendInheritReport(e);
         if (e.attached && e.kv_report.has_value()) SendKvReport(e);
         if (e.attached) {
           Send(e,
@@ -238,12 +252,21 @@ class SimWorld {
     if (store_.durable() < last_durable_) Flag("invariant 3 (epochs monotonic): journal went back");
     last_durable_ = store_.durable();
   }
-  // Every serving engine runs a step of generation on its KV.
+  // Every serving engine runs a step of generation on its KV, and every engine killed or dead
+  // whose work has not drained yet writes on into the blocks it mapped.
   void Generate() {
     for (auto& [id, e] : engines_) {
       if (e.Working() && e.serving && !e.drained) {
         e.kv->Step(rng_, &kv_stats.kv_continued, [this](const std::string& s) { Flag(s); });
       }
+    }
+    GhostWrites();
+  }
+  void GhostWrites() {
+    for (auto& [id, e] : engines_) {
+      const bool tearing = e.alive ? e.killed : now() < e.release_at;
+      if (!tearing || e.hung || e.clean_exit || !e.serving || e.mapped.empty()) continue;
+      if (rng_.Chance(60)) e.kv->GhostStep(rng_);
     }
   }
   // The earliest queued event due now, if any.
@@ -350,6 +373,7 @@ class SimWorld {
   void Queue(WorldEvent ev, TimePoint at) { queue_.emplace(at, std::move(ev)); }
   void Die(SimEngine& e, const std::string& how) {
     e.alive = false;
+    e.clean_exit = e.exiting && !e.killed;
     e.release_at = now() + rng_.Millis(0, 60);
     if (tracing()) Trace("engine " + std::to_string(e.id) + " is dead: " + how);
     // Killed or crashed, it may have died inside a record's commit.
@@ -392,16 +416,36 @@ class SimWorld {
     e.promoted = true;
     e.epoch = m.epoch;
     Map(e, m.extents, m.epoch);
-    if (first) {
-      AdoptKv(e, m.extents);
-    } else {
-      e.kv->Map(m.extents);
-    }
     e.serve_at = now() + rng_.Millis(1, 30);
+    if (!first) return e.kv->Map(m.extents);
+    const bool before_barrier = !e.quarantined.empty();
+    AdoptKv(e, m.extents, /*map_rest=*/!before_barrier);
+    if (!before_barrier) {
+      ++kv_stats.after_barrier;
+      return;
+    }
+    ++kv_stats.before_barrier;
+    InheritKv(e, m.extents);
+    e.kv->Map(m.extents);
+  }
+  void Handle(SimEngine& e, const proto::Quarantined& m) {
+    e.quarantined = m.extents;
+    e.wait_limit = std::chrono::milliseconds(m.wait_limit_ms);
   }
   void Handle(SimEngine& e, const proto::Grant& m) {
     Map(e, m.extents, m.epoch);
-    e.kv->Map(m.extents);
+    if (!e.awaiting_inherited || !Overlaps(m.extents, e.quarantined)) return e.kv->Map(m.extents);
+    // The quarantined blocks, past their barrier: adopted in place, then it serves.
+    const KvAdoptionReport r =
+        e.kv->Adopt(m.extents, Fenced(), [this](const std::string& s) { Flag(s); });
+    Count(r);
+    if (e.kv_report.has_value()) {
+      e.kv_report->adopted += r.adopted;
+      e.kv_report->tokens += r.tokens;
+    }
+    e.awaiting_inherited = false;
+    e.quarantined.clear();
+    e.serve_at = now() + rng_.Millis(1, 10);
   }
   void Handle(SimEngine& e, const proto::Reclaim& m) {
     std::set<uint32_t> give;
@@ -410,7 +454,11 @@ class SimWorld {
     }
     e.kv->Give(give);
     for (uint32_t b : give) e.mapped.erase(b);
-    Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, rng_.Millis(1, 20));
+    const Duration delay = rng_.Millis(1, 20);
+    Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, delay);
+    if (now() >= e.returning_until) e.returning.clear();
+    e.returning.insert(give.begin(), give.end());
+    e.returning_until = std::max(e.returning_until, now() + delay);
   }
   void Handle(SimEngine& e, const proto::Drain&) {
     e.draining = true;
@@ -434,36 +482,15 @@ class SimWorld {
   // A promoted engine that had not acknowledged yet does once it serves (serve_at).
   void Handle(SimEngine& e, const proto::ReattachAck&) { e.attached = true; }
 
-  // Its first Promote: it reads the records of the blocks handed over (rule 6 checked on
-  // every block it adopts) and reports once it serves.
-  void AdoptKv(SimEngine& e, const std::vector<proto::BlockRange>& extents) {
-    auto fenced = [this](EngineId writer) {
-      const SimEngine* w = Find(writer);
-      return w == nullptr || (!w->alive && w->mapped.empty());
-    };
-    const KvAdoptionReport r =
-        e.kv->Adopt(extents, fenced, [this](const std::string& s) { Flag(s); });
-    proto::KvAdopted report{.epoch = e.epoch, .adopted = r.adopted, .tokens = r.tokens};
-    for (const auto& [reason, count] : r.dropped) {
-      report.dropped_reasons.push_back(reason);
-      report.dropped_counts.push_back(count);
-    }
-    kv_stats.kv_adopted += r.adopted;
-    kv_stats.kv_dropped += r.dropped_total();
-    if (auto it = r.dropped.find("torn"); it != r.dropped.end()) kv_stats.kv_torn += it->second;
-    e.kv_report = std::move(report);
-  }
-  // The adoption report, now and then malformed (a reason the controller must refuse).
-  void SendKvReport(SimEngine& e) {
-    proto::KvAdopted m = std::move(*e.kv_report);
-    e.kv_report.reset();
-    if (rng_.Chance(10)) {
-      m.dropped_reasons.push_back("Not A Reason!");
-      m.dropped_counts.push_back(1);
-      ++kv_stats.kv_malformed;
-    }
-    Send(e, m, rng_.Millis(0, 3));
-  }
+  // KV-warm failover in the world (sim_world_kv.h).
+  std::function<bool(EngineId)> Fenced();
+  void Count(const KvAdoptionReport& r);
+  static bool Overlaps(const std::vector<proto::BlockRange>& a,
+                       const std::vector<proto::BlockRange>& b);
+  void AdoptKv(SimEngine& e, const std::vector<proto::BlockRange>& extents, bool map_rest);
+  void InheritKv(SimEngine& e, const std::vector<proto::BlockRange>& own);
+  void SendInheritReport(SimEngine& e);
+  void SendKvReport(SimEngine& e);
 
   void CheckDurable(uint64_t epoch, const std::string& what) {
     if (epoch > store_.durable()) {
@@ -488,3 +515,5 @@ class SimWorld {
 };
 
 }  // namespace baton::sim
+
+#include "tests/controller/sim_world_kv.h"  // IWYU pragma: export

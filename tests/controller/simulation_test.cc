@@ -81,7 +81,12 @@ TEST(Simulation, EverySeedKeepsTheFencingRules) {
             << total.hang_kills << " hung engines killed, " << total.backoff_steps
             << " steps in backoff; kv: " << total.kv_adopted << " sequences adopted, "
             << total.kv_dropped << " dropped (" << total.kv_torn << " torn), " << total.kv_continued
-            << " requests continued, " << total.kv_malformed << " malformed reports\n";
+            << " requests continued, " << total.kv_malformed << " malformed reports; promotions "
+            << total.before_barrier << " before the barrier, " << total.after_barrier
+            << " after it; quarantined kv copied " << total.inherit_copied << " times ("
+            << total.kv_copied << " sequences, " << total.kv_changed
+            << " dropped as changed), waited for " << total.inherit_waited << " times; "
+            << total.ghost_steps << " steps of dying engines\n";
   // The run must actually reach the interesting paths.
   EXPECT_GT(total.restarts, seeds / 2);
   EXPECT_GT(total.readopts, seeds / 2);
@@ -95,6 +100,13 @@ TEST(Simulation, EverySeedKeepsTheFencingRules) {
   EXPECT_GT(total.kv_torn, 0u);
   EXPECT_GT(total.kv_continued, 0u);
   EXPECT_GT(total.kv_malformed, 0u);
+  EXPECT_GT(total.before_barrier, seeds);
+  EXPECT_GT(total.after_barrier, seeds);
+  EXPECT_GT(total.inherit_copied, 0u);
+  EXPECT_GT(total.inherit_waited, 0u);
+  EXPECT_GT(total.kv_copied, 0u);
+  EXPECT_GT(total.kv_changed, 0u);
+  EXPECT_GT(total.ghost_steps, seeds);
 }
 
 // The same on a device pool of 4-block chunks (blocks 28 and 29 in a short last chunk):
@@ -156,20 +168,27 @@ TEST_P(SimulationMutants, AreCaught) {
 
 INSTANTIATE_TEST_SUITE_P(
     Faults, SimulationMutants,
-    ::testing::Values(MutantCase{"ledger fence frees blocks at once",
-                                 {.mutation = PoolLedger::Mutation::kSkipQuarantine},
-                                 {"invariant 1", "invariant 2"}},
-                      MutantCase{"ledger accepts stale epochs",
-                                 {.mutation = PoolLedger::Mutation::kAcceptStale},
-                                 {"invariant 4"}},
-                      MutantCase{"ledger grants to a standby",
-                                 {.mutation = PoolLedger::Mutation::kGrantToStandby},
-                                 {"invariant 5"}},
-                      MutantCase{"epoch used before fsync", {.skip_fsync = true}, {"invariant 3"}},
-                      MutantCase{"barrier skipped", {.skip_barrier = true}, {"invariant 2"}},
-                      MutantCase{"release before reaping",
-                                 {.release_at_once = true},
-                                 {"invariant 1", "invariant 2"}}),
+    // Blocks handed on before their barrier are caught as a second writer (rule 1), a use
+    // before the barrier (rule 2), or KV read from a writer not past it (rule 6), whichever
+    // the seed meets first.
+    ::testing::Values(
+        MutantCase{"ledger fence frees blocks at once",
+                   {.mutation = PoolLedger::Mutation::kSkipQuarantine},
+                   {"invariant 1", "invariant 2", "invariant 6"}},
+        MutantCase{"ledger accepts stale epochs",
+                   {.mutation = PoolLedger::Mutation::kAcceptStale},
+                   {"invariant 4"}},
+        MutantCase{"ledger grants to a standby",
+                   {.mutation = PoolLedger::Mutation::kGrantToStandby},
+                   {"invariant 5"}},
+        MutantCase{"epoch used before fsync", {.skip_fsync = true}, {"invariant 3"}},
+        MutantCase{"barrier skipped", {.skip_barrier = true}, {"invariant 2", "invariant 6"}},
+        MutantCase{"release before reaping",
+                   {.release_at_once = true},
+                   {"invariant 1", "invariant 2", "invariant 6"}},
+        MutantCase{"quarantined block handed on before its barrier",
+                   {.mutation = PoolLedger::Mutation::kHandOnQuarantined, .reserve = -1},
+                   {"invariant 1", "invariant 2"}}),
     [](const ::testing::TestParamInfo<MutantCase>& info) {
       std::string name = info.param.name;
       for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
