@@ -313,6 +313,8 @@ class Coordinator {
   void OnCanaryGone(EngineRecord& e);
   bool CanaryTakesOver(EngineRecord& old);
   void EndUpgrade(UpgradeOutcome outcome, const std::string& reason);
+  // The promotion reserve is counted in the canary's share until the upgrade ends.
+  void LendReserveToCanary();
   uint32_t CanaryTarget(uint32_t weight) const;
   uint32_t PrimaryKeeps() const;
   uint32_t WholeChunks(uint32_t blocks) const;

@@ -320,6 +320,7 @@ std::string Coordinator::WhyPromotionWaits(const EngineRecord& s) const {
            std::to_string(proto::kProtocolVersionQuarantine) + ")";
   }
   if (!reserve_note_.empty()) return reserve_note_;
+  if (ledger_->promotion_reserve() == 0) return "the promotion reserve is lent to an upgrade";
   if (recovery_.has_value()) return "the controller is re-adopting its engines";
   const uint32_t have = ledger_->ReserveAvailable();
   if (have < ledger_->promotion_reserve()) {

@@ -427,6 +427,7 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
   last_recovery_.upgrade = ToString(u.kind) + (" " + outcome);
   BATON_LOG(INFO, "upgrade") << ToString(u.kind) << " " << outcome << " (engine " << u.canary
                              << ")";
+  if (upgrade_.has_value()) LendReserveToCanary();
   SaveCommands();
 }
 

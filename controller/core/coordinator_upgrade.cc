@@ -57,6 +57,7 @@ Status Coordinator::RequestUpgrade(UpgradeRequest request) {
   u.started = clock_.Now();
   u.phase_since = u.started;
   upgrade_ = std::move(u);
+  LendReserveToCanary();
   SaveCommands();
   BATON_LOG(INFO, kLog) << "upgrade: engine " << s->id
                         << " (the standby) makes way for a canary of: "
@@ -408,7 +409,18 @@ void Coordinator::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) 
   upgrade_history_.push_back(std::move(res));
   if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
   upgrade_.reset();
+  SetUpReserve(/*announce=*/false);  // back, and refilled from the primary (RefillReserve)
   SaveCommands();
+}
+
+// While a canary runs beside the primary there is no standby to promote (a failing primary
+// is replaced by the canary, which holds blocks of its own): the reserve's blocks are part of
+// what the canary's share is counted from.
+void Coordinator::LendReserveToCanary() {
+  if (ledger_->promotion_reserve() == 0) return;
+  BATON_LOG(INFO, kLog) << "the promotion reserve's " << ledger_->promotion_reserve()
+                        << " blocks are lent to the upgrade until it ends";
+  (void)ledger_->SetPromotionReserve(0);
 }
 
 void Coordinator::GiveFreeBlocksToPrimary() {
