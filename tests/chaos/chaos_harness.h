@@ -37,6 +37,7 @@ struct ClusterOptions {
   std::vector<std::string> engine_wrapper;  // put before the engine command (a shell, say)
   int blocks = 16;
   int block_bytes = 65536;  // 2 MiB multiples use a hugetlb pool when huge pages are reserved
+  int promotion_reserve_blocks = -1;  // [pool] promotion_reserve_blocks when >= 0
   int heartbeat_ms = 100;
   int heartbeat_misses = 3;
   int max_failures = 5;
@@ -144,6 +145,11 @@ pid_t PidOf(const json& engine);
 // The durable epoch.
 uint64_t Epoch(const json& status);
 bool IsReady(const json& status);
+// Ready, with nothing quarantined and the promotion reserve whole again: a failover's old
+// primary is past its barrier and its blocks have moved on.
+bool Settled(const json& status);
+// The pool's blocks less the promotion reserve: what a primary holds once settled.
+int BlocksBesideTheReserve(const json& status);
 // True if a process with this pid exists (a zombie counts).
 bool ProcessExists(pid_t pid);
 // The tiny model shared by every test in the binary (written once).

@@ -94,6 +94,9 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "promote_timeout_ms = " << o.promote_timeout_ms
       << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
       << "[pool]\nblocks = " << o.blocks << "\nblock_bytes = " << o.block_bytes << "\n"
+      << (o.promotion_reserve_blocks >= 0
+              ? "promotion_reserve_blocks = " + std::to_string(o.promotion_reserve_blocks) + "\n"
+              : "")
       << "[health]\nheartbeat_interval_ms = " << o.heartbeat_ms
       << "\nheartbeat_misses = " << o.heartbeat_misses << "\nprobe_timeout_ms = 100\n"
       << "[policy]\nmax_failures = " << o.max_failures
@@ -397,6 +400,17 @@ inline bool IsReady(const json& status) {
   if (!status.contains("pair") || status["pair"]["state"] != "ready") return false;
   const json p = EngineWithRole(status, "primary");
   return !p.is_null() && p["serving"].get<bool>() && !EngineWithRole(status, "standby").is_null();
+}
+
+inline bool Settled(const json& status) {
+  if (!IsReady(status) || status["pool"]["quarantined"] != 0) return false;
+  const json& reserve = status["pool"]["promotion_reserve"];
+  return reserve["available"] == reserve["target"];
+}
+
+inline int BlocksBesideTheReserve(const json& status) {
+  return status["pool"]["blocks"].get<int>() -
+         status["pool"]["promotion_reserve"]["target"].get<int>();
 }
 
 inline bool ProcessExists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }

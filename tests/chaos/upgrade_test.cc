@@ -129,10 +129,11 @@ TEST_F(UpgradeTest, PrimaryKilledMidCanaryHandsOverToTheCanary) {
   EXPECT_EQ(ended["outcome"], "promoted") << ended.dump();
   EXPECT_NE(ended["reason"].get<std::string>().find("the primary failed"), std::string::npos)
       << ended.dump();
-  const json s = cluster_.Status();
+  const json s = cluster_.WaitFor(Settled, "the dead primary's blocks to move on");
   EXPECT_EQ(s["pair"]["primary"], canary_id);
   EXPECT_EQ(EngineWithRole(s, "standby")["version"], "refengine-v2");
-  EXPECT_EQ(s["pool"]["free"], 0) << "the dead primary's blocks went to the canary";
+  EXPECT_EQ(s["pool"]["free"], s["pool"]["promotion_reserve"]["target"])
+      << "the dead primary's blocks went to the canary, but the promotion reserve's";
   cluster_.CheckFencing();
 }
 
@@ -421,11 +422,12 @@ TEST(UpgradeCtlTest, BlocksReturnedAfterARollbackGoBackToThePrimary) {
       [&](const json& st) {
         const std::string log = cluster.Log();
         return log.find(" returned ") != std::string::npos &&
-               log.find(" extents") != std::string::npos && st["pool"]["free"] == 0 &&
-               EngineWithRole(st, "primary")["blocks"] == options.blocks;
+               log.find(" extents") != std::string::npos &&
+               st["pool"]["free"] == st["pool"]["promotion_reserve"]["target"] &&
+               EngineWithRole(st, "primary")["blocks"] == BlocksBesideTheReserve(st);
       },
-      "the returned blocks are the primary's again");
-  EXPECT_EQ(s["pool"]["free"], 0) << s.dump();
+      "the returned blocks are the primary's again, but the promotion reserve's");
+  EXPECT_EQ(s["pool"]["free"], s["pool"]["promotion_reserve"]["target"]) << s.dump();
   cluster.CheckFencing();
 }
 
