@@ -181,6 +181,9 @@ class Coordinator {
     TimePoint sent{};
     bool for_reserve = false;  // RefillReserve's, not a canary's
   };
+  // A Reclaim the primary has not answered in this long is asked again (the first one still
+  // counts against what the primary keeps).
+  static constexpr Duration kReclaimAnswerTimeout = std::chrono::seconds(30);
   // A restarted controller's wait for the previous controller's engines.
   struct Recovery {
     TimePoint deadline;  // for the awaited to reattach; the silent are fenced then

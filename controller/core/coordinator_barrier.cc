@@ -116,9 +116,10 @@ void Coordinator::RefillReserve() {
       pl == nullptr || pl->role != LedgerRole::kHolder) {
     return;
   }
-  // One at a time, and at most one a kReserveReclaimTimeout: what the primary can spare may
-  // not make whole chunks, and what comes back past the reserve is granted back.
+  // One at a time (an engine slow to answer is not asked twice for the same blocks), and at
+  // most one a kReserveReclaimTimeout: what the primary can spare may not make whole chunks.
   if (clock_.Now() < next_reserve_reclaim_) return;
+  if (reclaim_.from == p->id && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
   const uint32_t chunk = ledger_->blocks_per_chunk();
   const uint32_t want = WholeChunks(target - have);
   if (pl->blocks < want + chunk) return;  // the primary keeps a chunk at least

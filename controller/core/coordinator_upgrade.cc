@@ -10,9 +10,6 @@ constexpr const char* kLog = "upgrade";
 // How long the primary has to answer the Reclaim of the canary's first blocks; after it the
 // canary is promoted with the blocks that are free.
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
-// A Reclaim the primary has not answered in this long is asked again (the first one still
-// counts against what the primary keeps).
-constexpr Duration kReclaimAnswerTimeout = std::chrono::seconds(30);
 
 }  // namespace
 
