@@ -27,6 +27,12 @@
 //                            weights' device copy equals the host arena, and stamp the
 //                            block headers in the device pool instead of the host pool, through
 //                            the driver's copies (a GPU, or the fake driver's emulated device)
+//   --fill-blocks            fill every block it holds whole with words of its own and check
+//                            them every few rounds: a foreign word is a violation (engine_worker.h)
+//   --worker-mb N            after its promotion, fork a worker that holds N MiB and writes into
+//                            its blocks until it is killed (engine_worker.h); on the Grant of
+//                            blocks another engine held, a worker of that engine still running
+//                            is a violation
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -49,6 +55,8 @@
 #include "proto/transport/listener.h"
 #include "standby/sdk/engine_sdk.h"
 #include "tests/chaos/device_access.h"
+#include "tests/chaos/engine_worker.h"
+#include "tests/chaos/rogue_engine.h"
 
 namespace baton {
 namespace {
@@ -74,6 +82,8 @@ struct Flags {
   int drain_ms = 0;
   int reclaim_delay_ms = 0;
   bool protocol_2 = false;
+  bool fill_blocks = false;
+  int worker_mb = -1;  // no worker
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -106,6 +116,11 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->reclaim_delay_ms = std::stoi(v);
     } else if (a == "--protocol-2") {
       f->protocol_2 = true;
+    } else if (a == "--fill-blocks") {
+      f->fill_blocks = true;
+    } else if (a == "--worker-mb") {
+      if (!value(&v)) return false;
+      f->worker_mb = std::stoi(v);
     } else if (a == "--exit-after-promote") {
       f->exit_after_promote = true;
     } else if (a == "--device-memory") {
@@ -129,110 +144,22 @@ std::string ClaimRogueMode(const std::string& path) {
   return mode;
 }
 
-// --- misbehaving over the raw protocol ------------------------------------------------------
-
-void KeepBeating(proto::Channel& channel) {
-  uint64_t seq = 0;
-  while (channel.is_open()) {
-    if (!channel.Send(proto::Heartbeat{.epoch = 0, .seq = ++seq}).ok()) return;
-    Result<proto::ReceivedMessage> msg = channel.Receive(std::chrono::milliseconds(50));
-    if (!msg.ok() && msg.status().code() != StatusCode::kDeadlineExceeded) return;
-    if (msg.ok() && msg->type == proto::MsgType::kStop) return;
-  }
-}
-
-// One line per attempt on the memory the controller shares; true if every one was refused.
-bool TamperWith(const proto::ReceivedMessage& ack, std::string* report) {
-  if (ack.fds.size() < 2) return *report = "RegisterAck without two fds\n", false;
-  const int arena = ack.fds[0].get();
-  const int pool = ack.fds[1].get();
-  bool all_refused = true;
-  // `err`: 0 when the call succeeded, its errno otherwise.
-  auto attempt = [&](const char* what, int err) {
-    all_refused = all_refused && err != 0;
-    *report +=
-        std::string(what) +
-        (err == 0 ? ": succeeded\n" : ": refused (" + std::string(std::strerror(err)) + ")\n");
-  };
-  auto call = [](bool ok) { return ok ? 0 : errno; };
-  attempt("ftruncate pool to 0", call(::ftruncate(pool, 0) == 0));
-  attempt("ftruncate arena to 0", call(::ftruncate(arena, 0) == 0));
-  struct stat st {};
-  ::fstat(pool, &st);
-  attempt("grow pool", call(::ftruncate(pool, st.st_size + (4 << 20)) == 0));
-  void* w = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, arena, 0);
-  attempt("map arena writable", call(w != MAP_FAILED));
-  if (w != MAP_FAILED) ::munmap(w, 4096);
-  const char byte = 1;
-  attempt("pwrite arena", call(::pwrite(arena, &byte, 1, 0) == 1));
-  attempt("punch a hole in the arena",
-          call(::fallocate(arena, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, 4096) == 0));
-  attempt("seal the pool read-only", call(::fcntl(pool, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0));
-  return all_refused;
-}
-
-void WriteTamperReport(const Flags& flags, uint64_t id, const std::string& report, bool refused) {
-  if (flags.violations_dir.empty()) return;
-  std::ofstream(flags.violations_dir + "/../tamper-" + std::to_string(id) + ".txt") << report;
-  if (!refused) {
-    std::ofstream(flags.violations_dir + "/violation-" + std::to_string(id) + ".txt")
-        << "a peer changed shared memory it may only read:\n"
-        << report;
-  }
-}
-
-int RunRogue(const std::string& mode, const Flags& flags, const EngineLaunchInfo& info) {
-  BATON_LOG(WARN, "test-engine") << "engine " << info.engine_id << " misbehaves: " << mode;
-  boost::asio::io_context io;
-  Result<proto::Channel> channel = proto::Connect(io, info.socket_path);
-  if (!channel.ok()) return 1;
-  proto::ClientHelloOptions hello{
-      .peer_name = "rogue", .role = "engine", .launch_token = info.launch_token};
-  if (!proto::ClientHello(*channel, hello).ok()) return 1;
-  const uint64_t id = mode == "wrong-id" ? info.engine_id + 1000 : info.engine_id;
-  proto::Register reg{.engine_id = id, .engine_version = "rogue", .http_address = ""};
-  if (mode == "huge-register") reg.engine_version = "rogue" + std::string(600'000, 'v');
-  if (mode == "bad-address") reg.http_address = "127.0.0.1:99999";
-  (void)channel->Send(reg);
-  Result<proto::ReceivedMessage> ack = channel->Receive(std::chrono::seconds(10));
-  if (!ack.ok() || ack->type != proto::MsgType::kRegisterAck) {
-    KeepBeating(*channel);
-    return 2;
-  }
-  (void)channel->Send(proto::StandbyReady{});
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  if (mode == "bad-frame") {
-    const char garbage[] = "this is not a Baton frame at all";
-    ssize_t unused = ::send(channel->native_handle(), garbage, sizeof(garbage), MSG_NOSIGNAL);
-    (void)unused;
-  } else if (mode == "stale-epoch") {
-    (void)channel->Send(proto::Heartbeat{.epoch = 999'999, .seq = 1});
-  } else if (mode == "foreign-return") {
-    (void)channel->Send(proto::ReturnExtents{.epoch = 0, .extents = {{0, 1}}});
-  } else if (mode == "foreign-lease") {
-    (void)channel->Send(proto::LeaseRequest{.epoch = 0, .blocks = 4});
-  } else if (mode == "tamper-memory") {
-    std::string report;
-    const bool refused = TamperWith(*ack, &report);
-    BATON_LOG(WARN, "test-engine") << "tampering:\n" << report;
-    WriteTamperReport(flags, info.engine_id, report, refused);
-  }
-  KeepBeating(*channel);
-  return 2;
-}
-
 // --- the well-behaved engine ------------------------------------------------------------------
 
 class StampWriter {
  public:
   StampWriter(EngineSession* session, const Flags& flags,
               const std::optional<testing::DeviceAccess>& device)
-      : session_(session), flags_(flags), device_(device) {}
+      : session_(session),
+        flags_(flags),
+        device_(device),
+        fill_(session->engine_id(), session->pool().block_bytes, kBlockHeaderBytes) {}
 
   void Run(const std::atomic<bool>& stop) {
     while (!stop.load() && !violated_) {
       if (session_->CheckEpoch().ok()) {
         std::lock_guard<std::mutex> lock(mu_);
+        check_fill_ = flags_.fill_blocks && !device_.has_value() && ++rounds_ % 25 == 0;
         for (const MappedExtent& e : session_->extents()) StampExtent(e);
       }
       Spin();
@@ -242,6 +169,12 @@ class StampWriter {
 
   // Serializes block returns with the writer.
   std::mutex& mu() { return mu_; }
+
+  // A violation found outside the writer (the events' thread).
+  void Report(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Violate(what);
+  }
 
  private:
   void StampExtent(const MappedExtent& e) {
@@ -254,6 +187,7 @@ class StampWriter {
       const bool scrubbed = seen.magic == 0 && seen.engine_id == 0 && seen.epoch == 0;
       const bool mine = seen.magic == kStampMagic && seen.engine_id == me && seen.epoch == epoch;
       if (!scrubbed && !mine) return Violation(b, seen);
+      if (!FillOrCheck(b, scrubbed)) return;
       if (!WriteStamp(b, BlockStamp{kStampMagic, me, epoch, ++counter_})) return;
     }
   }
@@ -295,13 +229,36 @@ class StampWriter {
     return session_->device_pool()->address + uint64_t{b} * session_->pool().block_bytes;
   }
 
+  // --fill-blocks (host pool): a block new to this engine is filled whole; one it filled
+  // before is checked whole now and then.
+  bool FillOrCheck(uint32_t b, bool fresh) {
+    if (!flags_.fill_blocks || device_.has_value()) return true;
+    uint8_t* data = session_->pool().BlockData(b);
+    if (fresh) {
+      fill_.Fill(b, data);
+      return true;
+    }
+    if (!check_fill_) return true;
+    const std::optional<testing::ForeignWord> foreign = fill_.Check(b, data);
+    if (!foreign.has_value()) return true;
+    Violate("invariant violation: block " + std::to_string(b) + " holds a foreign word at byte " +
+            std::to_string(foreign->offset) + ": " + std::to_string(foreign->word) + " (engine " +
+            std::to_string(foreign->word >> 32) + "'s), this is engine " +
+            std::to_string(session_->engine_id()) + " at epoch " +
+            std::to_string(session_->epoch()));
+    return false;
+  }
+
   void Violation(uint32_t block, const BlockStamp& seen) {
+    Violate("invariant violation: block " + std::to_string(block) + " holds a header of engine " +
+            std::to_string(seen.engine_id) + " epoch " + std::to_string(seen.epoch) + " (magic " +
+            std::to_string(seen.magic) + "), this is engine " +
+            std::to_string(session_->engine_id()) + " at epoch " +
+            std::to_string(session_->epoch()));
+  }
+
+  void Violate(const std::string& what) {
     violated_ = true;
-    const std::string what =
-        "invariant violation: block " + std::to_string(block) + " holds a header of engine " +
-        std::to_string(seen.engine_id) + " epoch " + std::to_string(seen.epoch) + " (magic " +
-        std::to_string(seen.magic) + "), this is engine " + std::to_string(session_->engine_id()) +
-        " at epoch " + std::to_string(session_->epoch());
     BATON_LOG(ERROR, "test-engine") << what;
     if (!flags_.violations_dir.empty()) {
       std::ofstream out(flags_.violations_dir + "/violation-" +
@@ -324,6 +281,9 @@ class StampWriter {
   std::mutex mu_;
   uint64_t counter_ = 0;
   bool violated_ = false;
+  testing::BlockFill fill_;
+  uint64_t rounds_ = 0;
+  bool check_fill_ = false;
 };
 
 // What to return for a Reclaim of `blocks`: whole chunks of the device pool (single blocks on
@@ -359,8 +319,26 @@ std::vector<MappedExtent> ReclaimWholeChunks(const EngineSession& session, uint3
   return out;
 }
 
+// The blocks of a fenced engine, granted once past its barrier: no worker of another engine
+// may still run (the cgroup it shared with that engine is empty).
+void OnInherited(EngineSession& session, StampWriter& writer, const Flags& flags,
+                 const SessionEvent& event) {
+  uint32_t blocks = 0;
+  for (const MappedExtent& e : event.extents) blocks += e.count;
+  const std::string dir = flags.violations_dir + "/..";
+  const std::vector<pid_t> running = testing::OthersStillRunning(dir, session.engine_id());
+  std::ofstream(dir + "/inherited-" + std::to_string(session.engine_id()) + ".txt")
+      << blocks << " blocks; workers of other engines still running: " << running.size() << "\n";
+  for (pid_t pid : running) {
+    writer.Report("invariant violation: granted " + std::to_string(blocks) +
+                  " blocks of a fenced engine while its worker " + std::to_string(pid) +
+                  " still runs");
+  }
+}
+
 // Handles controller events until a stop or a lost connection.
-void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags) {
+void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags,
+                 testing::EngineWorker* worker) {
   while (true) {
     std::optional<SessionEvent> event = session.NextEvent(std::chrono::milliseconds(100));
     if (!event.has_value()) continue;
@@ -368,11 +346,22 @@ void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags
       case SessionEventKind::kReclaim: {
         std::this_thread::sleep_for(std::chrono::milliseconds(flags.reclaim_delay_ms));
         std::lock_guard<std::mutex> lock(writer.mu());
-        (void)session.ReturnBlocks(ReclaimWholeChunks(session, event->blocks));
+        const std::vector<MappedExtent> give = ReclaimWholeChunks(session, event->blocks);
+        if (worker != nullptr) {
+          std::vector<uint32_t> blocks;
+          for (const MappedExtent& e : give) {
+            for (uint32_t b = e.first; b < e.first + e.count; ++b) blocks.push_back(b);
+          }
+          worker->Withdraw(blocks);
+        }
+        (void)session.ReturnBlocks(give);
         break;
       }
       case SessionEventKind::kResume:
         BATON_LOG(INFO, "test-engine") << "drain called off: serving again";
+        break;
+      case SessionEventKind::kGranted:
+        if (!event->inherited_headers.empty()) OnInherited(session, writer, flags, *event);
         break;
       case SessionEventKind::kDrain: {
         const auto until =
@@ -440,7 +429,22 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
   StampWriter writer(&s, flags, device);
   std::atomic<bool> stop{false};
   std::thread compute([&] { writer.Run(stop); });
-  ServeEvents(s, writer, flags);
+  std::unique_ptr<testing::EngineWorker> worker;
+  if (flags.worker_mb >= 0 && !flags.violations_dir.empty()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its blocks filled first
+    std::vector<std::pair<uint32_t, uint8_t*>> blocks;
+    for (const MappedExtent& e : s.extents()) {
+      for (uint32_t b = e.first; b < e.first + e.count; ++b) {
+        blocks.emplace_back(b, s.pool().BlockData(b));
+      }
+    }
+    worker = testing::EngineWorker::Start(flags.violations_dir + "/..", s.engine_id(), blocks,
+                                          s.pool().block_bytes, flags.worker_mb);
+    BATON_LOG(INFO, "test-engine") << "worker " << (worker ? worker->pid() : -1) << " writes into "
+                                   << blocks.size() << " blocks";
+  }
+  ServeEvents(s, writer, flags, worker.get());
+  worker.reset();
   stop = true;
   compute.join();
   s.Shutdown();
@@ -460,6 +464,6 @@ int main(int argc, char** argv) {
   }
   if (flags.crash_if_id_above != 0 && info->engine_id > flags.crash_if_id_above) return 3;
   const std::string rogue = baton::ClaimRogueMode(flags.rogue_file);
-  if (!rogue.empty()) return baton::RunRogue(rogue, flags, *info);
+  if (!rogue.empty()) return baton::testing::RunRogue(rogue, flags.violations_dir, *info);
   return baton::RunEngine(flags, *info);
 }
