@@ -163,8 +163,9 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
                                .estimate_ms = copy_gbps > 0 ? plan.bytes / (copy_gbps * 1e6) : 0};
   const double wait_ms =
       std::chrono::duration<double, std::milli>(promoted.barrier_estimate).count();
-  if (!plan.sequences.empty() && summary.estimate_ms <= wait_ms) {
-    summary.mode = KvInheritMode::kCopied;
+  if (plan.sequences.empty() || summary.estimate_ms <= wait_ms) {
+    // Nothing to copy is a copy of nothing: what was dropped is still counted.
+    if (!plan.sequences.empty()) summary.mode = KvInheritMode::kCopied;
     std::vector<uint32_t> own;
     for (const MappedExtent& e : promoted.extents) {
       for (uint32_t b = e.first; b < e.first + e.count; ++b) {
@@ -179,7 +180,7 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
       return b;
     };
     Merge(handoff->CopyIn(plan, take), report);
-  } else if (!plan.sequences.empty()) {
+  } else {
     summary.mode = KvInheritMode::kWaited;
     Result<SessionEvent> granted = session->WaitForInheritedBlocks(promoted.wait_limit);
     if (granted.ok()) {
