@@ -146,6 +146,25 @@ std::vector<KvBlockRun> RunsOf(std::span<const MappedExtent> extents) {
   return runs;
 }
 
+// The quarantined blocks, granted once past their barrier (within the wait limit), adopted
+// in place; their KV is replayed if they do not come.
+void AdoptOnceGranted(const SessionEvent& promoted, EngineSession* session,
+                      SessionModelMemory* memory, PagedKvCache* cache, KvHandoff* handoff,
+                      KvAdoptionReport* report) {
+  Result<SessionEvent> granted = session->WaitForInheritedBlocks(promoted.wait_limit);
+  if (!granted.ok()) {
+    BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is replayed: "
+                          << granted.status().ToString();
+    return;
+  }
+  Merge(handoff->Adopt(RunsOf(granted->extents), granted->inherited_headers,
+                       [&](uint32_t block) { return memory->AddHeldBlock(cache, block); }),
+        report);
+  if (Status added = memory->AddExtents(cache, granted->extents); !added.ok()) {
+    BATON_LOG(WARN, "kv") << "inherited blocks not added: " << added.ToString();
+  }
+}
+
 // The quarantined blocks' committed KV: copied now, or adopted in place after the barrier.
 void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
                         SessionModelMemory* memory, PagedKvCache* cache, KvHandoff* handoff,
@@ -179,21 +198,24 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
       BATON_RETURN_IF_ERROR(memory->AddHeldBlock(cache, b));
       return b;
     };
-    Merge(handoff->CopyIn(plan, take), report);
+    KvAdoptionReport copied = handoff->CopyIn(plan, take);
+    const auto changed = copied.dropped.find("changed");
+    if (changed != copied.dropped.end() && changed->second > 0) {
+      // A source record changed under the copy: the dying writer, or the Grant of these
+      // blocks (their barrier passed while the copy ran) scrubbing their headers. Either way
+      // they are adopted in place once granted, within the wait limit, rather than replayed.
+      BATON_LOG(INFO, "kv") << changed->second << " sequences changed under the copy: "
+                            << "waiting for the quarantined blocks to adopt them in place";
+      copied.dropped.erase(changed);
+      Merge(copied, report);
+      summary.mode = KvInheritMode::kWaited;
+      AdoptOnceGranted(promoted, session, memory, cache, handoff, report);
+    } else {
+      Merge(copied, report);
+    }
   } else {
     summary.mode = KvInheritMode::kWaited;
-    Result<SessionEvent> granted = session->WaitForInheritedBlocks(promoted.wait_limit);
-    if (granted.ok()) {
-      Merge(handoff->Adopt(RunsOf(granted->extents), granted->inherited_headers,
-                           [&](uint32_t block) { return memory->AddHeldBlock(cache, block); }),
-            report);
-      if (Status added = memory->AddExtents(cache, granted->extents); !added.ok()) {
-        BATON_LOG(WARN, "kv") << "inherited blocks not added: " << added.ToString();
-      }
-    } else {
-      BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is replayed: "
-                            << granted.status().ToString();
-    }
+    AdoptOnceGranted(promoted, session, memory, cache, handoff, report);
   }
   session->ReleaseQuarantined();
   summary.ms = MillisBetween(start, RealClock::Get().Now());
