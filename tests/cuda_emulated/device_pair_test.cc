@@ -118,6 +118,54 @@ TEST(DevicePairTest, BlocksWaitUntilNvmlNoLongerListsTheReapedPrimary) {
   std::remove(pids.c_str());
 }
 
+// With a pool of several chunks the standby is promoted at once on the promotion reserve (a
+// chunk the dead primary never held) while NVML still lists the primary: its chunks stay
+// quarantined until NVML lets go, and only then are they granted to the new primary.
+TEST(DevicePairTest, APromotionBeforeNvmlLetsGoKeepsTheOldChunksQuarantined) {
+  const std::string pids = "/tmp/baton-nvml-q-" + std::to_string(::getpid()) + ".pids";
+  std::ofstream(pids).close();
+  ScopedEnv env("BATON_FAKE_NVML_PIDS", pids);
+  ClusterOptions options = CudaCluster({"--device-memory"});
+  options.gpu_pool_chunk_bytes = 2 << 20;  // 4 chunks of 2 blocks
+  options.promotion_reserve_blocks = 2;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  ASSERT_EQ(before["device"]["pool_chunks"], 4) << before.dump(2);
+  EXPECT_EQ(before["pool"]["promotion_reserve"]["available"], 2) << before["pool"].dump(2);
+  const json primary = EngineWithRole(before, "primary");
+  EXPECT_EQ(primary["blocks"], 6);
+  const uint64_t standby = EngineWithRole(before, "standby")["id"];
+  std::ofstream(pids) << PidOf(primary) << "\n";  // the driver has not let go of it yet
+
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const json early = cluster.WaitFor(
+      [&](const json& s) {
+        const json p = EngineWithRole(s, "primary");
+        return !p.is_null() && p["id"] == standby && p["serving"] == true;
+      },
+      "the standby to serve on the reserve while NVML lists the old primary");
+  EXPECT_EQ(EngineWithRole(early, "primary")["blocks"], 2) << early.dump(2);
+  EXPECT_EQ(early["pool"]["quarantined"], 6) << "the old primary's chunks wait for NVML";
+  ASSERT_TRUE(WaitForLog(cluster, "but NVML still lists it on GPU 0000:00:00.0")) << cluster.Log();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(cluster.Status()["pool"]["quarantined"], 6) << "nothing moves while NVML lists it";
+
+  std::ofstream(pids).close();  // the driver released it
+  const json after = cluster.WaitFor(Settled, "the old chunks to reach the new primary");
+  EXPECT_EQ(EngineWithRole(after, "primary")["blocks"], 6) << after.dump(2);
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  EXPECT_TRUE(t["promotion"]["before_barrier"].get<bool>()) << t.dump(2);
+  EXPECT_LT(t["stamps"]["promote_acked_ms"].get<double>(),
+            t["stamps"]["gpu_released_ms"].get<double>());
+  EXPECT_LE(t["stamps"]["gpu_released_ms"].get<double>(),
+            t["stamps"]["barrier_passed_ms"].get<double>());
+  EXPECT_GT(t["phases"]["teardown_ms"].get<double>(), t["phases"]["ready_ms"].get<double>());
+  cluster.WaitFor([](const json& s) { return EngineWithRole(s, "primary")["heartbeats"] > 20; },
+                  "the new primary stamps its blocks");
+  cluster.CheckFencing();
+  std::remove(pids.c_str());
+}
+
 // NVML that lists no engine although each mapped device memory (the controller in another
 // PID namespace than the pids NVML reports) makes the barrier's GPU half blind: the
 // controller says so in its log and in `status`.

@@ -71,10 +71,12 @@ TEST(DeviceUpgradeTest, TheCanaryGetsWholeChunksAndARollbackGivesThemBack) {
   ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
   const json after = cluster.WaitFor(
       [](const json& st) {
-        return !st["upgrade"]["history"].empty() && IsReady(st) && st["pool"]["free"] == 0 &&
-               EngineWithRole(st, "primary")["blocks"] == 16;
+        return !st["upgrade"]["history"].empty() && Settled(st) &&
+               st["pool"]["free"] == st["pool"]["promotion_reserve"]["target"] &&
+               EngineWithRole(st, "primary")["blocks"] == BlocksBesideTheReserve(st);
       },
-      "the rollback, the canary's chunks back with the primary", seconds(30));
+      "the rollback, the canary's chunks back with the primary (the reserve's chunk kept free)",
+      seconds(30));
   EXPECT_EQ(after["upgrade"]["history"][0]["outcome"], "rolled_back");
   cluster.CheckFencing();
 }
@@ -87,10 +89,10 @@ TEST(DeviceUpgradeTest, APrimaryKilledMidCanaryHandsItsChunksToTheCanary) {
   ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
   const json after = cluster.WaitFor(
       [&](const json& st) {
-        return IsReady(st) && PrimaryId(st) == canary &&
-               EngineWithRole(st, "primary")["blocks"] == 16;
+        return Settled(st) && PrimaryId(st) == canary &&
+               EngineWithRole(st, "primary")["blocks"] == BlocksBesideTheReserve(st);
       },
-      "the canary to take over the whole device pool", seconds(30));
+      "the canary to take over the device pool but the reserve's chunk", seconds(30));
   EXPECT_EQ(after["upgrade"]["history"][0]["outcome"], "promoted") << after.dump();
   // The dead primary's chunks are scrubbed for the canary: a header of the dead primary
   // found in one would be a violation.
@@ -147,9 +149,11 @@ TEST(DeviceUpgradeTest, AReferencePairUpgradesInWholeChunksUnderLoadLosingNoRequ
   });
   ExpectNoFailure(r, router);
   EXPECT_EQ(promoted["outcome"], "promoted") << promoted.dump();
-  const json s =
-      cluster.WaitFor([](const json& st) { return IsReady(st) && st["pool"]["free"] == 0; },
-                      "the new primary to hold the whole pool");
+  const json s = cluster.WaitFor(
+      [](const json& st) {
+        return Settled(st) && st["pool"]["free"] == st["pool"]["promotion_reserve"]["target"];
+      },
+      "the new primary to hold the whole pool but the promotion reserve");
   EXPECT_EQ(EngineWithRole(s, "primary")["version"], "refengine-v2") << s.dump();
   cluster.CheckFencing();
 }
