@@ -77,6 +77,13 @@ class PeerProcess {
     }
   }
   pid_t pid() const { return pid_; }
+  // Whether the process has exited (a zombie not reaped yet counts), without reaping it.
+  bool Exited() const {
+    siginfo_t info{};
+    return pid_ > 0 &&
+           ::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+           info.si_pid == pid_;
+  }
 
  private:
   pid_t pid_ = -1;
@@ -111,9 +118,9 @@ struct Peer {
 Status StartPeer(proto::Listener& listener, const DrillConfig& config, const std::string& role,
                  const VmmRegion& weights, const VmmRegion& pool, Peer* peer) {
   std::vector<std::string> argv = config.peer_command;
-  for (const std::string& a :
-       {role, listener.path(), config.work_dir + "/" + role + ".report",
-        std::to_string(config.device), std::to_string(config.header_bytes)}) {
+  for (const std::string& a : {role, listener.path(), config.work_dir + "/" + role + ".report",
+                               std::to_string(config.device), std::to_string(config.header_bytes),
+                               std::to_string(config.block_bytes)}) {
     argv.push_back(a);
   }
   BATON_RETURN_IF_ERROR(peer->process.Spawn(argv));
@@ -129,12 +136,11 @@ Status StartPeer(proto::Listener& listener, const DrillConfig& config, const std
   return ready.As<proto::StandbyReady>().status();
 }
 
-Status Promote(Peer& peer, uint64_t epoch, uint32_t blocks, Duration timeout) {
-  BATON_RETURN_IF_ERROR(peer.channel->Send(
-      proto::Promote{.epoch = epoch, .extents = {proto::BlockRange{.first = 0, .count = blocks}}}));
+Status Promote(Peer& peer, uint64_t epoch, proto::BlockRange extent, Duration timeout) {
+  BATON_RETURN_IF_ERROR(peer.channel->Send(proto::Promote{.epoch = epoch, .extents = {extent}}));
   BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, peer.channel->Receive(timeout));
   BATON_ASSIGN_OR_RETURN(proto::PromoteAck ack, msg.As<proto::PromoteAck>());
-  if (ack.epoch != epoch || ack.blocks_mapped != blocks) {
+  if (ack.epoch != epoch || ack.blocks_mapped != extent.count) {
     return InvalidArgument("PromoteAck for epoch " + std::to_string(ack.epoch) + " with " +
                            std::to_string(ack.blocks_mapped) + " blocks");
   }
@@ -152,10 +158,15 @@ std::map<std::string, double> ReadReport(const std::string& path) {
   return out;
 }
 
-// The steps after both peers are standbys: promote, kill, promote, verify.
+// The steps after both peers are standbys: promote, kill, promote before the reap, reap,
+// grant the dead primary's blocks, verify.
 Status Drill(const PrimaryContext& ctx, const DrillConfig& config, CUdeviceptr counter,
-             CUdeviceptr header, uint32_t blocks, Peer& primary, Peer& standby, DrillResult* r) {
-  BATON_RETURN_IF_ERROR(Promote(primary, 1, blocks, config.step_timeout).WithContext("primary"));
+             CUdeviceptr header, uint32_t blocks, uint32_t reserve, Peer& primary, Peer& standby,
+             DrillResult* r) {
+  const proto::BlockRange old_blocks{.first = 0, .count = blocks - reserve};
+  const proto::BlockRange reserved{.first = blocks - reserve, .count = reserve};
+  BATON_RETURN_IF_ERROR(
+      Promote(primary, 1, old_blocks, config.step_timeout).WithContext("primary"));
   BATON_ASSIGN_OR_RETURN(uint64_t c1, ReadU64(ctx, counter));
   std::this_thread::sleep_for(20ms);
   BATON_ASSIGN_OR_RETURN(uint64_t c2, ReadU64(ctx, counter));
@@ -163,27 +174,38 @@ Status Drill(const PrimaryContext& ctx, const DrillConfig& config, CUdeviceptr c
 
   const TimePoint killed = RealClock::Get().Now();
   BATON_RETURN_IF_ERROR(primary.process.Kill());
-  BATON_RETURN_IF_ERROR(primary.process.Reap(config.step_timeout).status());
-  r->kill_reap_ms = MsSince(killed);
+  BATON_RETURN_IF_ERROR(
+      standby.channel->Send(proto::Quarantined{.epoch = 2, .extents = {old_blocks}}));
   const TimePoint sent = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(Promote(standby, 2, blocks, config.step_timeout).WithContext("standby"));
+  BATON_RETURN_IF_ERROR(Promote(standby, 2, reserved, config.step_timeout).WithContext("standby"));
   r->promote_rtt_ms = MsSince(sent);
   r->promotion_ms = MsSince(killed);
-
+  BATON_ASSIGN_OR_RETURN(uint64_t at_ack, ReadU64(ctx, counter));
+  r->promoted_before_exit = !primary.process.Exited();  // not reaped either way
+  BATON_RETURN_IF_ERROR(primary.process.Reap(config.step_timeout).status());
+  r->kill_reap_ms = MsSince(killed);
   BATON_ASSIGN_OR_RETURN(r->counter_at_kill, ReadU64(ctx, counter));
+  r->writes_after_promotion = r->counter_at_kill > at_ack;
+  // The barrier has passed (the reap; a GPU host's controller also waits for NVML): only now
+  // do the dead primary's blocks go to the standby.
+  r->reused_after_barrier = true;
+  BATON_RETURN_IF_ERROR(standby.channel->Send(proto::Grant{.epoch = 2, .extents = {old_blocks}}));
+
   std::this_thread::sleep_for(20ms);
   BATON_ASSIGN_OR_RETURN(uint64_t after, ReadU64(ctx, counter));
   r->stale_writes_stopped = after == r->counter_at_kill && after >= c2;
   uint64_t head[8] = {};
   const size_t head_bytes = std::min<size_t>(sizeof(head), config.header_bytes);
-  BATON_RETURN_IF_ERROR(BATON_CU(ctx.driver(), cuMemcpyDtoH, head, header, head_bytes));
-  r->headers_scrubbed = true;
-  for (size_t i = 0; i < head_bytes / 8; ++i) r->headers_scrubbed &= head[i] == 0;
-  // The standby checks on its own after its ack, then says its report is written.
+  // The standby checks on its own after the Grant, then says its report is written.
   BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage done,
                          standby.channel->Receive(config.step_timeout));
   BATON_RETURN_IF_ERROR(done.As<proto::Heartbeat>().status().WithContext("standby's own checks"));
+  BATON_RETURN_IF_ERROR(BATON_CU(ctx.driver(), cuMemcpyDtoH, head, header, head_bytes));
+  r->headers_scrubbed = true;
+  for (size_t i = 0; i < head_bytes / 8; ++i) r->headers_scrubbed &= head[i] == 0;
   r->standby = ReadReport(config.work_dir + "/standby.report");
+  r->no_foreign_byte = r->standby["own_blocks_clean"] == 1 && r->standby["clean_after_grant"] == 1;
+  r->kv_copy_ok = r->standby["kv_copy_ok"] == 1;
   (void)standby.channel->Send(proto::Stop{.reason = "drill done"});
   if (!standby.process.Reap(10s).ok()) (void)standby.process.Kill();
   return OkStatus();
@@ -250,11 +272,19 @@ Result<DrillResult> RunPromotionDrill(const PrimaryContext& ctx, const VmmRegion
                             .WithContext("starting the standby"));
   r.standby_ready_ms = MsSince(standby_start);
   const uint32_t blocks = static_cast<uint32_t>(pool.bytes() / config.block_bytes);
+  // The promotion reserve: the last chunk, which the primary never holds.
+  r.reserve_blocks = static_cast<uint32_t>(pool.chunk_bytes() / config.block_bytes);
+  if (pool.chunk_count() < 2 || pool.chunk_bytes() % config.block_bytes != 0 ||
+      r.reserve_blocks < 2) {
+    return InvalidArgument("drill: the pool needs two chunks or more, each of two blocks or more");
+  }
   BATON_RETURN_IF_ERROR(Drill(ctx, config, own.base() + kDrillCounterOffset, own.base(), blocks,
-                              primary, standby, &r));
+                              r.reserve_blocks, primary, standby, &r));
   BATON_LOG(INFO, "drill") << "promotion with " << r.weight_bytes
-                           << " bytes of weights: " << r.promotion_ms << " ms (kill+reap "
-                           << r.kill_reap_ms << " ms, promote " << r.promote_rtt_ms << " ms)";
+                           << " bytes of weights: " << r.promotion_ms
+                           << " ms, before the exit: " << (r.promoted_before_exit ? "yes" : "no")
+                           << " (kill+reap " << r.kill_reap_ms << " ms, promote "
+                           << r.promote_rtt_ms << " ms)";
   return r;
 }
 

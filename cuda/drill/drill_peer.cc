@@ -8,10 +8,12 @@
 #include <fstream>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "cuda/device_borrower.h"
 #include "cuda/kernels/kernels_ptx.h"
 #include "proto/hello.h"
+#include "proto/messages.h"
 #include "proto/transport/listener.h"
 
 namespace baton {
@@ -28,6 +30,7 @@ struct PeerArgs {
   std::string report;
   int device = 0;
   uint32_t header_bytes = 64;
+  uint64_t block_bytes = 0;
 };
 
 double MsSince(TimePoint start) { return MillisBetween(start, RealClock::Get().Now()); }
@@ -58,15 +61,46 @@ Status CheckWeights(const DeviceBorrower& b, const VmmView& w) {
   return OkStatus();
 }
 
+// A Promote, with the Quarantined that came before it (the standby's).
+struct Promotion {
+  proto::Promote promote;
+  std::optional<proto::Quarantined> quarantined;
+  proto::BlockRange extent() const { return promote.extents[0]; }
+};
+
 // The next Promote, or nullopt when the owner says Stop instead.
-Result<std::optional<proto::Promote>> WaitPromote(proto::Channel& channel) {
-  BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(kPromoteWait));
-  if (msg.type == proto::MsgType::kStop) return std::optional<proto::Promote>();
-  BATON_ASSIGN_OR_RETURN(proto::Promote p, msg.As<proto::Promote>());
-  if (p.extents.size() != 1 || p.extents[0].first != 0 || p.extents[0].count == 0) {
-    return InvalidArgument("the drill's Promote must grant one extent from block 0");
+Result<std::optional<Promotion>> WaitPromote(proto::Channel& channel) {
+  Promotion p;
+  while (true) {
+    BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(kPromoteWait));
+    if (msg.type == proto::MsgType::kStop) return std::optional<Promotion>();
+    if (msg.type == proto::MsgType::kQuarantined) {
+      BATON_ASSIGN_OR_RETURN(p.quarantined, msg.As<proto::Quarantined>());
+      continue;
+    }
+    BATON_ASSIGN_OR_RETURN(p.promote, msg.As<proto::Promote>());
+    if (p.promote.extents.size() != 1 || p.promote.extents[0].count == 0) {
+      return InvalidArgument("the drill's Promote must grant one extent");
+    }
+    return std::optional<Promotion>(std::move(p));
   }
-  return std::optional<proto::Promote>(std::move(p));
+}
+
+// A device range back on the host, as 32-bit words.
+Result<std::vector<uint32_t>> ReadWords(const DeviceBorrower& b, CUdeviceptr at, uint64_t bytes) {
+  std::vector<uint32_t> words(bytes / 4);
+  const CudaDriver& cu = b.context().driver();
+  BATON_RETURN_IF_ERROR(BATON_CU(cu, cuMemcpyDtoHAsync, words.data(), at, bytes, b.stream().get()));
+  BATON_RETURN_IF_ERROR(b.stream().Synchronize(kStepTimeout));
+  return words;
+}
+
+// Whether the words hold FillPatternWord(i, seed) from word `from` on.
+bool HoldsPattern(const std::vector<uint32_t>& words, size_t from, size_t count, uint32_t seed) {
+  for (size_t i = 0; i < count; ++i) {
+    if (words[from + i] != FillPatternWord(i, seed)) return false;
+  }
+  return true;
 }
 
 // Primary: the pool is mapped; start the spin kernel on block 0 and wait until it runs.
@@ -110,6 +144,45 @@ Status CheckBarrier(const DeviceBorrower& b, const VmmView& pool, uint32_t heade
   return OkStatus();
 }
 
+// The standby's own blocks: all but the last hold its pattern, the last the copy of block 1.
+Status CheckOwnBlocks(const DeviceBorrower& b, const VmmView& pool, proto::BlockRange own,
+                      uint64_t block_bytes, bool with_copy, bool* clean, bool* copy_ok) {
+  BATON_ASSIGN_OR_RETURN(
+      std::vector<uint32_t> words,
+      ReadWords(b, pool.base() + own.first * block_bytes, uint64_t{own.count} * block_bytes));
+  const size_t per_block = block_bytes / 4;
+  const size_t filled = (own.count - (with_copy ? 1 : 0)) * per_block;
+  *clean = HoldsPattern(words, 0, filled, kDrillStandbySeed);
+  *copy_ok = with_copy && HoldsPattern(words, filled, per_block, kDrillKvSeed);
+  return OkStatus();
+}
+
+// Standby, before the barrier: its blocks filled with its pattern, the quarantined block 1
+// copied device to device out of a READ mapping of the quarantined chunks into its last block.
+Status TakeOver(const DeviceBorrower& b, VmmView& pool, const Promotion& p, uint64_t block_bytes,
+                std::ofstream& report) {
+  const proto::BlockRange own = p.extent();
+  const CudaDriver& cu = b.context().driver();
+  BATON_RETURN_IF_ERROR(b.kernels().Fill(b.stream(), pool.base() + own.first * block_bytes,
+                                         (own.count - (p.quarantined ? 1 : 0)) * block_bytes / 4,
+                                         kDrillStandbySeed));
+  if (p.quarantined.has_value() && !p.quarantined->extents.empty()) {
+    const proto::BlockRange q = p.quarantined->extents[0];
+    const uint64_t bytes = (q.first + uint64_t{q.count}) * block_bytes;
+    const uint64_t mapped =
+        (bytes + pool.chunk_bytes() - 1) / pool.chunk_bytes() * pool.chunk_bytes();
+    const TimePoint start = RealClock::Get().Now();
+    BATON_RETURN_IF_ERROR(pool.Map(0, mapped, {.access = VmmAccess::kRead}).status());
+    BATON_RETURN_IF_ERROR(BATON_CU(cu, cuMemcpyDtoDAsync,
+                                   pool.base() + (own.first + own.count - 1) * block_bytes,
+                                   pool.base() + block_bytes, block_bytes, b.stream().get()));
+    BATON_RETURN_IF_ERROR(b.stream().Synchronize(kStepTimeout));
+    BATON_RETURN_IF_ERROR(pool.Unmap(0, mapped));
+    report << "kv_copy_ms=" << MsSince(start) << "\n";
+  }
+  return b.stream().Synchronize(kStepTimeout);
+}
+
 Status Session(proto::Channel& channel, const PeerArgs& args) {
   const TimePoint start = RealClock::Get().Now();
   BATON_RETURN_IF_ERROR(
@@ -130,52 +203,82 @@ Status Session(proto::Channel& channel, const PeerArgs& args) {
                                        .reserved_bytes = p.bytes,
                                        .prefault_us = static_cast<uint64_t>(ready_ms * 1000)}));
 
-  BATON_ASSIGN_OR_RETURN(std::optional<proto::Promote> promote, WaitPromote(channel));
-  if (!promote.has_value()) return OkStatus();
+  BATON_ASSIGN_OR_RETURN(std::optional<Promotion> promotion, WaitPromote(channel));
+  if (!promotion.has_value()) return OkStatus();
   const TimePoint promoted = RealClock::Get().Now();
   VmmView& pool = *b->view(p.name);
-  const uint32_t blocks = promote->extents[0].count;
-  if (pool.bytes() % blocks != 0) return InvalidArgument("blocks do not divide the pool");
-  BATON_ASSIGN_OR_RETURN(PromotionPhases phases, b->Promote(p.name, pool.bytes() / blocks,
-                                                            args.header_bytes, kStepTimeout));
+  const proto::BlockRange own = promotion->extent();
+  const uint64_t block_bytes = args.block_bytes;
+  const uint32_t blocks = static_cast<uint32_t>(pool.bytes() / block_bytes);
+  BATON_ASSIGN_OR_RETURN(PromotionPhases phases,
+                         b->MapBlocks(p.name, own.first, own.count, block_bytes, blocks,
+                                      args.header_bytes, kStepTimeout));
+  std::ofstream report(args.report, std::ios::trunc);
+  if (args.role == "standby") {
+    BATON_RETURN_IF_ERROR(TakeOver(*b, pool, *promotion, block_bytes, report));
+  }
   const double promote_ms = MsSince(promoted);
-  const proto::PromoteAck ack{.epoch = promote->epoch, .blocks_mapped = blocks};
+  const proto::PromoteAck ack{.epoch = promotion->promote.epoch, .blocks_mapped = own.count};
   // The standby acks as soon as it could serve; its checks come after and end with a
   // Heartbeat (seq 1) that says the report is written. The primary acks once its kernel runs.
   if (args.role == "standby") BATON_RETURN_IF_ERROR(channel.Send(ack));
-  std::ofstream report(args.report, std::ios::trunc);
   report << "ready_ms=" << ready_ms << "\nimport_ms=" << w.import_ms + p.import_ms
          << "\nweights_map_ms=" << w.map_ms << "\nweights_read_only=" << (w.read_only ? 1 : 0)
          << "\nmap_calls=" << phases.map_calls << "\nmap_ms=" << phases.map_ms
          << "\naccess_ms=" << phases.access_ms << "\nscrub_ms=" << phases.scrub_ms
          << "\npromote_ms=" << promote_ms << "\nblocks=" << phases.blocks << "\n";
   if (args.role == "primary") {
+    BATON_RETURN_IF_ERROR(b->kernels().Fill(b->stream(), pool.base() + block_bytes, block_bytes / 4,
+                                            kDrillKvSeed));  // block 1: "KV"
+    BATON_RETURN_IF_ERROR(b->stream().Synchronize(kStepTimeout));
     BATON_RETURN_IF_ERROR(StartSpinning(*b, pool, args.header_bytes));
-  } else {
-    BATON_RETURN_IF_ERROR(CheckBarrier(*b, pool, args.header_bytes, report));
-    BATON_RETURN_IF_ERROR(CheckWeights(*b, *b->view(w.name)).WithContext("after the promotion"));
+    report.close();
+    BATON_RETURN_IF_ERROR(channel.Send(ack));
+    return channel.Receive(kPromoteWait).status();  // SIGKILL, with its kernel running
   }
+  // While the dead primary may still be tearing down: nothing foreign in the standby's blocks.
+  const bool with_copy = promotion->quarantined.has_value();
+  bool clean = false, copy_ok = false;
+  BATON_RETURN_IF_ERROR(CheckOwnBlocks(*b, pool, own, block_bytes, with_copy, &clean, &copy_ok));
+  report << "own_blocks_clean=" << (clean ? 1 : 0) << "\nkv_copy_ok=" << (copy_ok ? 1 : 0) << "\n";
+  // The dead primary's blocks, granted once it is reaped: mapped, scrubbed, checked.
+  BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(kPromoteWait));
+  BATON_ASSIGN_OR_RETURN(proto::Grant grant, msg.As<proto::Grant>());
+  if (grant.extents.size() != 1) return InvalidArgument("the drill's Grant must be one extent");
+  BATON_RETURN_IF_ERROR(b->MapBlocks(p.name, grant.extents[0].first, grant.extents[0].count,
+                                     block_bytes, blocks, args.header_bytes, kStepTimeout)
+                            .status());
+  BATON_RETURN_IF_ERROR(CheckBarrier(*b, pool, args.header_bytes, report));
+  bool still_clean = false, unused = false;
+  BATON_RETURN_IF_ERROR(
+      CheckOwnBlocks(*b, pool, own, block_bytes, with_copy, &still_clean, &unused));
+  report << "clean_after_grant=" << (still_clean ? 1 : 0) << "\n";
+  BATON_RETURN_IF_ERROR(CheckWeights(*b, *b->view(w.name)).WithContext("after the promotion"));
   report.close();
   if (!report) return Status(StatusCode::kIoError, "writing the report " + args.report);
-  if (args.role == "primary") {
-    BATON_RETURN_IF_ERROR(channel.Send(ack));
-  } else {
-    BATON_RETURN_IF_ERROR(channel.Send(proto::Heartbeat{.epoch = promote->epoch, .seq = 1}));
-  }
-  // Wait for Stop (the standby) or for SIGKILL (the primary, with its kernel running).
-  return channel.Receive(kPromoteWait).status();
+  if (!clean || !still_clean) return DataLoss("a foreign byte in the standby's own blocks");
+  if (with_copy && !copy_ok) return DataLoss("the copy of the quarantined block 1 does not check");
+  BATON_RETURN_IF_ERROR(
+      channel.Send(proto::Heartbeat{.epoch = promotion->promote.epoch, .seq = 1}));
+  return channel.Receive(kPromoteWait).status();  // Stop
 }
 
 }  // namespace
 
 int RunDrillPeer(const std::vector<std::string>& argv) {
-  if (argv.size() != 5 || (argv[0] != "primary" && argv[0] != "standby")) {
-    std::fprintf(stderr, "drill peer: arguments are primary|standby SOCKET REPORT DEVICE HEADER\n");
+  if (argv.size() != 6 || (argv[0] != "primary" && argv[0] != "standby")) {
+    std::fprintf(stderr,
+                 "drill peer: arguments are primary|standby SOCKET REPORT DEVICE HEADER BLOCK\n");
     return 2;
   }
   PeerArgs args{.role = argv[0], .socket = argv[1], .report = argv[2]};
   args.device = std::atoi(argv[3].c_str());
   args.header_bytes = static_cast<uint32_t>(std::strtoul(argv[4].c_str(), nullptr, 10));
+  args.block_bytes = std::strtoull(argv[5].c_str(), nullptr, 10);
+  if (args.block_bytes == 0 || args.block_bytes % 4 != 0) {
+    std::fprintf(stderr, "drill peer: BLOCK must be a positive multiple of 4 bytes\n");
+    return 2;
+  }
   boost::asio::io_context io;
   Result<proto::Channel> channel =
       proto::Connect(io, args.socket, proto::ChannelOptions{.label = "drill owner"});

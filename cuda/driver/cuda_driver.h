@@ -73,6 +73,7 @@ namespace baton {
   X(cuMemcpyHtoDAsync, 3020)               \
   X(cuMemcpyDtoH, 3020)                    \
   X(cuMemcpyDtoHAsync, 3020)               \
+  X(cuMemcpyDtoDAsync, 3020)               \
   X(cuMemsetD32Async, 3020)                \
   X(cuMemHostRegister, 6050)               \
   X(cuMemHostUnregister, 4000)             \

@@ -265,6 +265,11 @@ CUresult DtoH(void* dst, CUdeviceptr src, size_t n) {
   return CUDA_SUCCESS;
 }
 CUresult DtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) { return DtoH(dst, src, n); }
+CUresult DtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
+  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
+  std::memcpy(At(dst), At(src), n);
+  return CUDA_SUCCESS;
+}
 CUresult MemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
   auto* words = static_cast<uint32_t*>(At(dst));
   for (size_t i = 0; i < n; ++i) words[i] = value;
@@ -376,6 +381,7 @@ const Entry kVmmEntries[] = {
     BATON_FAKE("cuMemcpyHtoDAsync", HtoDAsync),
     BATON_FAKE("cuMemcpyDtoH", DtoH),
     BATON_FAKE("cuMemcpyDtoHAsync", DtoHAsync),
+    BATON_FAKE("cuMemcpyDtoDAsync", DtoDAsync),
     BATON_FAKE("cuMemsetD32Async", MemsetD32Async),
     BATON_FAKE("cuMemHostRegister", HostRegister),
     BATON_FAKE("cuMemHostUnregister", HostUnregister),

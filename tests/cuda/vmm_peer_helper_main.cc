@@ -1,6 +1,6 @@
 // The peer of the GPU promotion drill (cuda/drill/device_drill.h), as a process of its own:
 //
-//   baton_vmm_peer_helper primary|standby SOCKET REPORT DEVICE HEADER_BYTES
+//   baton_vmm_peer_helper primary|standby SOCKET REPORT DEVICE HEADER_BYTES BLOCK_BYTES
 //
 // Exit 0 on success, 1 on failure (the reason on stderr), 2 on bad arguments. Built
 // everywhere; without the CUDA toolkit's headers it says so and exits 2.

@@ -1,6 +1,8 @@
 // The GPU promotion drill between real processes (cuda/drill/device_drill.h) at small sizes: a
 // pool exported and imported across processes, a primary killed in the middle of a kernel,
-// the standby promoted onto memory already there. Skipped without a GPU.
+// the standby promoted at once onto the pool's reserve chunk, before the reap, and granted
+// the dead primary's chunks after it. Skipped without a GPU; make test runs it on the emulated
+// device too (cuda_gpu_tests_on_emulated_device).
 #include <gtest/gtest.h>
 
 #include "cuda/drill/device_drill.h"
@@ -32,7 +34,15 @@ TEST(DrillTest, KillThePrimaryMidKernelAndPromoteTheStandby) {
   EXPECT_TRUE(r->stale_writes_stopped);
   EXPECT_TRUE(r->headers_scrubbed);
   EXPECT_GT(r->counter_at_kill, 0u);
-  EXPECT_EQ(r->standby["map_calls"], 8);
+  // Promoted on the reserve (the last chunk) before the reap: one chunk mapped, its blocks
+  // free of any foreign byte while the primary died and after its blocks were granted; the
+  // primary's committed block copied device to device out of a read-only mapping.
+  EXPECT_EQ(r->reserve_blocks, 16u);
+  EXPECT_EQ(r->standby["map_calls"], 1);
+  EXPECT_TRUE(r->no_foreign_byte) << "own_blocks_clean " << r->standby["own_blocks_clean"]
+                                  << ", clean_after_grant " << r->standby["clean_after_grant"];
+  EXPECT_TRUE(r->kv_copy_ok);
+  EXPECT_TRUE(r->reused_after_barrier);
   EXPECT_EQ(r->standby["header_zero"], 1);
   EXPECT_EQ(r->standby["counter_stable"], 1);
   EXPECT_GT(r->promotion_ms, 0);
