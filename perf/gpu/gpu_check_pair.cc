@@ -186,7 +186,8 @@ json CanaryStep(const Pair& pair, const json& ready, const std::string& dir) {
   if (!pair.Ctl("rollback").value("ok", false)) return Fail(r, "rollback refused");
   const json after = pair.WaitFor(
       [](const json& s) {
-        return IsReady(s) && !s["upgrade"]["history"].empty() && s["pool"]["free"] == 0;
+        return IsReady(s) && !s["upgrade"]["history"].empty() &&
+               s["pool"]["free"] == s["pool"]["promotion_reserve"]["target"];
       },
       &held);
   if (!held) return Fail(r, "the rollback did not end with a ready pair; see controller.log");
@@ -248,7 +249,18 @@ json PairStep(const PairStepOptions& o) {
   json memory = json::array();
   for (const json& e : after["engines"]) memory.push_back(e.value("device_memory", ""));
   r["engines_device_memory"] = memory;
+  // The promotion did not wait for the old primary's teardown; its blocks left quarantine
+  // once its context was gone (the reap, NVML): the timeline has both, side by side.
+  bool drained = false;
+  pair.WaitFor([](const json& s) { return s["pool"].value("quarantined", -1) == 0; }, &drained);
   r["timeline"] = pair.Ctl("timeline").value("timeline", json());
+  const json phases =
+      r["timeline"].is_object() ? r["timeline"].value("phases", json::object()) : json::object();
+  r["ready_ms"] = phases.value("ready_ms", -1.0);
+  r["teardown_ms"] = phases.value("teardown_ms", -1.0);
+  r["promoted_before_barrier"] =
+      r["timeline"].is_object() &&
+      r["timeline"].value("promotion", json::object()).value("before_barrier", false);
   r["invariants"] = after.value("invariants", "");
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the new primary stamp
   const size_t violations = CountFiles(dir + "/violations");
@@ -274,7 +286,8 @@ json PairStep(const PairStepOptions& o) {
   const bool killed = cause.rfind("died", 0) == 0 || cause.rfind("connection lost", 0) == 0;
   const bool canary_ok = !r.contains("canary") || r["canary"].value("ok", false);
   r["ok"] = mapped && violations == 0 && r["invariants"] == "ok" &&
-            r["device"].value("backend", "") == "cuda" && killed && reports_ok && canary_ok;
+            r["device"].value("backend", "") == "cuda" && killed && reports_ok && canary_ok &&
+            drained && r["promoted_before_barrier"].get<bool>();
   return r;
 }
 

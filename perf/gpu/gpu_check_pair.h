@@ -4,10 +4,13 @@
 // `[gpu] backend = "cuda"` and two baton_test_engine_helper engines with --device-memory
 // (each checks its device copy of the weights against the arena and stamps its blocks'
 // headers in the device pool through the driver); once the pair is ready the primary gets
-// SIGKILL and the standby is promoted onto the device pool. The JSON carries the controller's
-// device memory (`batonctl status`), each engine's `device_memory`, the failover timeline's
-// phases from `batonctl timeline`, the violation files the engines wrote (a header left by
-// the dead primary), the controller's invariant check, and "ok". Every wait has a deadline;
+// SIGKILL and the standby is promoted onto the device pool's promotion reserve (a chunk of
+// its own) without waiting for the dead context's teardown. The JSON carries the controller's
+// device memory (`batonctl status`), each engine's `device_memory`, the failover timeline
+// from `batonctl timeline` once the dead primary's blocks have left quarantine, with
+// `ready_ms` and `teardown_ms` (detected -> its barrier passed) side by side and
+// `promoted_before_barrier`, the violation files the engines wrote (a header left by the dead
+// primary), the controller's invariant check, and "ok". Every wait has a deadline;
 // the controller is stopped (SIGTERM, then SIGKILL) on every path. Then ("canary"): an
 // upgrade to the same command runs a canary beside the new primary on the device pool (the
 // pool in 16 MiB chunks, so each gets whole chunks of its own) until both have stamped their

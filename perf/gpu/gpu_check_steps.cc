@@ -251,11 +251,19 @@ json DrillStep(const PrimaryContext& ctx, const GpuCheckOptions& o, uint64_t wei
     }
     json phases = json::object();
     for (const auto& [k, v] : d->standby) phases[k] = Round(v);
-    const bool checks = d->writes_crossed && d->stale_writes_stopped && d->headers_scrubbed;
+    const bool checks = d->writes_crossed && d->stale_writes_stopped && d->headers_scrubbed &&
+                        d->no_foreign_byte && d->kv_copy_ok && d->reused_after_barrier;
     all_ok = all_ok && checks;
     worst = std::max(worst, d->promotion_ms);
     runs.push_back(json{{"promotion_ms", Round(d->promotion_ms)},
                         {"kill_reap_ms", Round(d->kill_reap_ms)},
+                        {"teardown_ms", Round(d->kill_reap_ms)},
+                        {"promoted_before_exit", d->promoted_before_exit},
+                        {"writes_after_promotion", d->writes_after_promotion},
+                        {"no_foreign_byte", d->no_foreign_byte},
+                        {"kv_copy_ok", d->kv_copy_ok},
+                        {"reused_after_barrier", d->reused_after_barrier},
+                        {"reserve_blocks", d->reserve_blocks},
                         {"promote_rtt_ms", Round(d->promote_rtt_ms)},
                         {"standby_ready_ms", Round(d->standby_ready_ms)},
                         {"standby", phases},

@@ -3,7 +3,8 @@
 
 The controller launches it as its engine command. It does what a vLLM or SGLang worker would:
 start CUDA and PyTorch before it connects (the standby's half start), connect with
-BATON_ENGINE_USE_DEVICE_MEMORY, read the device copy of the weights as tensors without
+BATON_ENGINE_USE_DEVICE_MEMORY and BATON_ENGINE_HANDLES_RESUME (the current protocol, so that
+its promotion need not wait for a dead primary's teardown), read the device copy of the weights as tensors without
 copying them and compare them with the host arena, wait to be promoted, mark itself serving,
 then put a KV tensor in Baton's device pool through libbaton_torch_alloc.so as PyTorch's
 pluggable allocator and compute on it. Once promoted it writes REPORT_DIR/engine-<id>.json,
@@ -22,6 +23,7 @@ import sys
 import time
 
 USE_DEVICE_MEMORY = 1
+HANDLES_RESUME = 2
 DEADLINE_EXCEEDED = 8
 EVENT_STOP, EVENT_DISCONNECTED, EVENT_DRAIN = 5, 6, 4
 
@@ -242,6 +244,7 @@ def serve(lib, engine):
             return
         if ev.kind == EVENT_DRAIN:
             lib.baton_engine_report_drained(engine, 0)
+        # RESUME (a drain called off) needs nothing: this engine admits no requests of its own.
 
 
 def write_report(report_dir, report):
@@ -262,7 +265,8 @@ def run(args, report):
     lib, path = load(args.lib)
     opts = Options(engine_version=b"torch-engine/1")
     engine = ctypes.c_void_p()
-    check(lib, lib.baton_engine_connect_flags(ctypes.byref(opts), USE_DEVICE_MEMORY,
+    check(lib, lib.baton_engine_connect_flags(ctypes.byref(opts),
+                                              USE_DEVICE_MEMORY | HANDLES_RESUME,
                                               ctypes.byref(engine)), "connect")
     report["engine_id"] = lib.baton_engine_id(engine)
     try:
