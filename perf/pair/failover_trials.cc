@@ -189,8 +189,11 @@ Result<json> BatonPair::TimelineOf(pid_t old_pid) {
   while (MsSince(start) < 10000) {
     Result<json> t = BatonctlJson(opts_.bin_dir + "/batonctl", socket_, {"timeline"});
     if (t.ok() && t->contains("history")) {
-      for (const json& r : t->at("history")) {
-        if (r.value("old_pid", 0) == old_pid && r.at("phases").contains("ready_ms")) return r;
+      for (const json& r : t->at("history")) {  // ready first, the old primary's barrier after
+        if (r.value("old_pid", 0) == old_pid && r.at("phases").contains("ready_ms") &&
+            r.at("phases").contains("teardown_ms")) {
+          return r;
+        }
       }
     }
     std::this_thread::sleep_for(milliseconds(10));
@@ -243,6 +246,8 @@ Result<FailoverSample> BatonPair::Trial() {
   s.fence_ms = phases.value("fence_ms", 0.0);
   s.promote_ms = phases.value("promote_ms", 0.0);
   s.controller_ready_ms = phases.value("ready_ms", 0.0);
+  s.teardown_ms = phases.value("teardown_ms", 0.0);
+  s.before_barrier = record.at("promotion").value("before_barrier", false);
   const std::string fenced =
       FindLine(log_, {"(pid " + std::to_string(e.primary_pid) + ", ", ") fenced: "});
   if (std::optional<int64_t> at = LogLineMicros(fenced); at.has_value()) {

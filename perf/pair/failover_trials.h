@@ -55,7 +55,11 @@ struct FailoverSample {
   double first_token_ms = 0;        // kill -> the answer of a max_tokens=1 completion
   std::optional<double> detect_ms;  // kill -> the controller's "fenced" log line
   double fence_ms = 0, promote_ms = 0, controller_ready_ms = 0;  // the controller's timeline
-  int probes = 0;                                                // /health requests sent until 200
+  // The controller's timeline: detected -> the old primary's barrier passed (its blocks out
+  // of quarantine); whether the promotion started before it, on the promotion reserve.
+  double teardown_ms = 0;
+  bool before_barrier = false;
+  int probes = 0;              // /health requests sent until 200
   double next_request_ms = 0;  // the same request again on the new primary: a forward pass
   double before_kill_ms = 0;   // the same request on the primary before the kill (idle before)
 };
