@@ -377,9 +377,10 @@ class Coordinator {
   uint64_t upgrades_rolled_back_ = 0;
   bool give_back_blocks_ = false;  // a canary is gone: free blocks return to the primary
   PendingReclaim reclaim_;
-  std::string reserve_note_;          // why the pool keeps no promotion reserve ("" if it does)
-  std::deque<Duration> teardowns_;    // the last failovers' detected -> barrier passed
-  TimePoint next_reserve_reclaim_{};  // RefillReserve's next Reclaim, not before
+  std::string reserve_note_;            // why the pool keeps no promotion reserve ("" if it does)
+  std::deque<Duration> teardowns_;      // the last failovers' detected -> barrier passed
+  TimePoint next_reserve_reclaim_{};    // RefillReserve's next Reclaim, not before
+  EngineId reserve_asked_ = kNoEngine;  // the primary RefillReserve asked last
   std::optional<Recovery> recovery_;
   RecoveryStatus last_recovery_;  // kept for status once recovery ends
 

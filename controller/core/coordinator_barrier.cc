@@ -117,8 +117,10 @@ void Coordinator::RefillReserve() {
     return;
   }
   // One at a time (an engine slow to answer is not asked twice for the same blocks), and at
-  // most one a kReserveReclaimTimeout: what the primary can spare may not make whole chunks.
-  if (clock_.Now() < next_reserve_reclaim_) return;
+  // most one a kReserveReclaimTimeout from the same primary: what it can spare may not make
+  // whole chunks. A primary promoted since is asked at once: failovers a second apart would
+  // otherwise find the reserve empty and wait for the barrier.
+  if (p->id == reserve_asked_ && clock_.Now() < next_reserve_reclaim_) return;
   if (reclaim_.from == p->id && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
   const uint32_t chunk = ledger_->blocks_per_chunk();
   const uint32_t want = WholeChunks(target - have);
@@ -126,6 +128,7 @@ void Coordinator::RefillReserve() {
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " free blocks: the promotion reserve holds " << have << " of " << target;
   next_reserve_reclaim_ = clock_.Now() + kReserveReclaimTimeout;
+  reserve_asked_ = p->id;
   if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
   reclaim_ =
       PendingReclaim{.from = p->id, .blocks = want, .sent = clock_.Now(), .for_reserve = true};
