@@ -119,7 +119,7 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
       << metrics;
   const std::string primary = std::to_string(PrimaryId(cluster.Status()));
   EXPECT_NE(metrics.find("baton_engine_blocks{engine_id=\"" + primary + "\",role=\"primary\"} " +
-                         std::to_string(options.blocks) + "\n"),
+                         std::to_string(BlocksBesideTheReserve(cluster.Status())) + "\n"),
             std::string::npos)
       << metrics;
   // Bad requests get 4xx JSON errors; a chunk line that never ends cannot grow the daemon.
@@ -164,6 +164,51 @@ TEST(ChaosMetrics, ControllerIdlesWhileAPromotionIsInFlight) {
   const uint64_t after =
       CounterValue(HttpGet(options.metrics_port, "/metrics"), "baton_controller_ticks_total");
   EXPECT_LT(after - before, 100u) << "ticks during a 500 ms promotion";
+  cluster.CheckFencing();
+}
+
+// The line of `metrics` that starts with `prefix` ("" if none).
+std::string MetricLine(const std::string& metrics, const std::string& prefix) {
+  const size_t at = metrics.find("\n" + prefix);
+  if (at == std::string::npos) return "";
+  return metrics.substr(at + 1, metrics.find('\n', at + 1) - at - 1);
+}
+
+// A failover on the promotion reserve: /metrics, `batonctl timeline` and `batonctl status`
+// show its ready and teardown times side by side, the blocks it quarantined and the reserve.
+TEST(ChaosMetrics, AFailoverShowsReadyBesideTeardownAndTheReserve) {
+  ClusterOptions options;
+  options.metrics_port = FreeTcpPort();
+  options.promotion_reserve_blocks = 4;
+  ASSERT_GT(options.metrics_port, 0);
+  ChaosCluster cluster(options);
+  const uint64_t old_primary = PrimaryId(cluster.Status());
+  ASSERT_EQ(::kill(PidOf(EngineWithRole(cluster.Status(), "primary")), SIGKILL), 0);
+  cluster.WaitFor([&](const json& s) { return Settled(s) && PrimaryId(s) != old_primary; },
+                  "the failover to settle, the reserve whole again");
+  const std::string metrics = HttpGet(options.metrics_port, "/metrics");
+  EXPECT_EQ(MetricLine(metrics, "baton_promotion_reserve_blocks "),
+            "baton_promotion_reserve_blocks 4")
+      << metrics;
+  EXPECT_EQ(MetricLine(metrics, "baton_promotion_reserve_target_blocks "),
+            "baton_promotion_reserve_target_blocks 4");
+  const std::string labels = "{seq=\"2\",kind=\"failover\",before_barrier=\"true\"} ";
+  EXPECT_NE(MetricLine(metrics, "baton_failover_ready_ms" + labels), "") << metrics;
+  EXPECT_NE(MetricLine(metrics, "baton_failover_teardown_ms" + labels), "") << metrics;
+  EXPECT_EQ(MetricLine(metrics, "baton_failover_quarantined_blocks" + labels),
+            "baton_failover_quarantined_blocks" + labels + "12")
+      << metrics;
+  const CtlResult timeline = cluster.CtlPlain({"timeline"});
+  ASSERT_EQ(timeline.exit_code, 0) << timeline.stdout_text;
+  EXPECT_NE(timeline.stdout_text.find(" teardown "), std::string::npos) << timeline.stdout_text;
+  EXPECT_NE(timeline.stdout_text.find("  barrier_passed"), std::string::npos);
+  EXPECT_NE(timeline.stdout_text.find("promotion: before the barrier, on a reserve of 4 blocks; "
+                                      "12 blocks quarantined until it passed"),
+            std::string::npos)
+      << timeline.stdout_text;
+  const CtlResult status = cluster.CtlPlain({"status"});
+  EXPECT_NE(status.stdout_text.find("promotion reserve 4 of 4 blocks"), std::string::npos)
+      << status.stdout_text;
   cluster.CheckFencing();
 }
 
