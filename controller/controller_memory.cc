@@ -89,6 +89,8 @@ std::optional<KeeperClient> Controller::ConnectKeeper() {
     return std::nullopt;
   }
   keeper_state_ = "kept";
+  Result<pid_t> pid = keeper->KeeperPid();
+  keeper_pid_ = pid.ok() ? *pid : 0;
   return std::move(keeper).value();
 }
 

@@ -256,7 +256,11 @@ json StatusJson(const ControllerStatus& c) {
             {"started_at", WallTime(c.started_at, core.now)},
             {"incarnation", core.incarnation},
             {"restarts", c.restarts},
-            {"keeper", c.keeper},
+            {"keeper",
+             {{"state", ToString(c.keeper.state)},
+              {"pid", c.keeper.pid},
+              {"restarts", c.keeper.restarts},
+              {"detail", c.keeper.detail}}},
             {"launches", core.launches},
             {"failovers", core.failovers},
             {"switchovers_called_off", core.called_off_switchovers},
@@ -352,6 +356,12 @@ std::string StatusText(const ControllerStatus& c) {
       << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
       << " GB/s\n";
+  const json& k = s["controller"]["keeper"];
+  out << "keeper: " << k["state"].get<std::string>();
+  if (k["pid"].get<int>() > 0) out << " (pid " << k["pid"] << ")";
+  if (k["restarts"].get<uint64_t>() > 0) out << ", restarted " << k["restarts"] << " times";
+  if (!k["detail"].get<std::string>().empty()) out << ": " << k["detail"].get<std::string>();
+  out << "\n";
   RoutesAndHistoryText(s, out);
   const CoordinatorStatus& core = c.core;
   if (c.device.present) out << "device memory: " << c.device.describe << "\n";

@@ -35,6 +35,7 @@
 #include "base/io/self_exe.h"
 #include "base/log.h"
 #include "cuda/driver/gpu_backend.h"
+#include "perf/driver_main.h"
 #include "perf/gpu/gpu_check_pair.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
@@ -81,7 +82,8 @@ void Snapshot(const json& result) {
 }
 
 // Prints `object` as the last line and writes it to the out folder.
-void Emit(const json& object) {
+void Emit(json object) {
+  if (!perf::StaleProcessesJson().is_null()) object["stale_processes"] = perf::StaleProcessesJson();
   const std::string line = object.dump();
   std::ofstream(g_out_file, std::ios::trunc) << line << "\n";
   std::printf("%s\n", line.c_str());
@@ -109,6 +111,7 @@ void StartWatchdog(int seconds) {
       ::close(fd);
     }
     (void)!::write(STDOUT_FILENO, line.data(), line.size());
+    RunGuard::Finish();  // the steps' processes go with the run
     ::_exit(3);
   }).detach();
 }
@@ -293,6 +296,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\nsee the header of perf/gpu/gpu_check_main.cc for the flags\n",
                  error == "help" ? "usage: baton-perf-gpu-check [flags]" : error.c_str());
     return 2;
+  }
+  if (const int started = baton::perf::StartPerfRun("baton-perf-gpu-check", argc, argv);
+      started != 0) {
+    return started;
   }
   return baton::Run(flags);
 }

@@ -4,6 +4,7 @@
 // same pair, fencing nobody. Kept device memory that the memory record does not name is let
 // go and made anew, and the engines that map the old memory are fenced with the reason.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -68,6 +69,39 @@ TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
                   "the re-adopted primary to run a while");
   cluster.CheckFencing();
   EXPECT_EQ(after["invariants"], "ok") << after.dump();
+}
+
+// baton-keeper killed: the controller gives a new keeper the device chunks again (with the
+// host memory) and names them in the record, so that a controller killed afterwards is
+// followed by one that adopts the device memory and the same pair.
+TEST(DeviceRestartTest, ADeadKeeperIsGivenTheDeviceMemoryAgain) {
+  ChaosCluster cluster(CudaCluster());
+  const json before = cluster.Status();
+  const uint64_t generation = KeptDeviceGeneration(cluster);
+  ASSERT_NE(generation, 0u) << "the first controller keeps its device memory";
+  const pid_t keeper = cluster.KeeperPid();
+  ASSERT_GT(keeper, 0);
+  ASSERT_EQ(::kill(keeper, SIGKILL), 0);
+  cluster.WaitFor(
+      [&](const json& s) {
+        const json& k = s["controller"]["keeper"];
+        return k["state"] == "keeping" && k["restarts"] == 1 && k["pid"] != keeper;
+      },
+      "a new baton-keeper keeping the memory");
+  const uint64_t again = KeptDeviceGeneration(cluster);
+  EXPECT_NE(again, 0u) << "the device memory is kept again";
+  EXPECT_NE(again, generation) << "under a new generation, named by the record";
+  cluster.KillController();
+  cluster.RestartController();
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) && Pids(s) == Pids(before);
+      },
+      "the same pair, re-adopted on the device memory the new keeper kept");
+  EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
+  EXPECT_EQ(after["controller"]["recovery"]["memory"], "adopted") << after["controller"].dump();
+  EXPECT_TRUE(after["controller"]["recovery"]["fenced"].empty()) << after["controller"].dump();
+  cluster.CheckFencing();
 }
 
 TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEnginesFenced) {
