@@ -144,6 +144,10 @@ pid_t PidOf(const json& engine);
 // The durable epoch.
 uint64_t Epoch(const json& status);
 bool IsReady(const json& status);
+// Waits for a ready pair whose primary is not `old_primary` (a kill is seen asynchronously:
+// right after it the status may still show the old primary ready).
+json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what,
+                    std::chrono::seconds timeout = std::chrono::seconds(20));
 // True if a process with this pid exists (a zombie counts).
 bool ProcessExists(pid_t pid);
 // The tiny model shared by every test in the binary (written once).

@@ -389,6 +389,12 @@ inline uint64_t PrimaryId(const json& status) {
   return p.is_null() ? 0 : p["id"].get<uint64_t>();
 }
 
+inline json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary,
+                           const std::string& what, std::chrono::seconds timeout) {
+  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
+                         what, timeout);
+}
+
 inline pid_t PidOf(const json& engine) { return engine["pid"].get<pid_t>(); }
 
 inline uint64_t Epoch(const json& status) { return status["epoch"]["durable"].get<uint64_t>(); }
