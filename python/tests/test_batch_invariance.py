@@ -31,6 +31,9 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, HERE)
+
+from engine_process import start_engine  # noqa: E402
 
 try:
     import torch
@@ -290,25 +293,6 @@ class SchedulerTest(unittest.TestCase):
         with self.assertRaises(ApiError) as ctx:  # more than the whole cache: at once
             s.submit(completion([256] * 10, 400))
         self.assertEqual(ctx.exception.status, 429)
-
-
-def start_engine(argv, port_file):
-    if os.path.exists(port_file):
-        os.remove(port_file)
-    proc = subprocess.Popen(argv + ["--port-file", port_file], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if os.path.exists(port_file):
-            with open(port_file) as f:
-                text = f.read().strip()
-            if text:
-                return proc, int(text)
-        if proc.poll() is not None:
-            raise RuntimeError(f"{argv[0]} exited with {proc.returncode}")
-        time.sleep(0.05)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"{argv[0]} never wrote its port")
 
 
 def post(port, body):

@@ -7,7 +7,9 @@ scratch widens exactly, and its sliced products are within the rounding bound of
 product; the model's files read or mapped give the same tensors, and a broken file is
 refused either way; a standby's rehearsal runs a step and changes no weight; the engine runs
 itself again on a huge-page heap, keeping its pid, unless GLIBC_TUNABLES already says
-otherwise. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
+otherwise; --device is parsed, and cuda without CUDA refused saying why; a RECLAIM gives
+whole free chunks back as the SDK's TakeWholeChunks walks them, and the KV view lays blocks
+out as the reference engine. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
 says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
 baton-refengine).
 
@@ -31,6 +33,9 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from engine_process import start_engine  # noqa: E402
 
 try:
     import torch
@@ -67,24 +72,8 @@ def near_tie(logits, temperature, top_p, seed, position):
 
 
 def start_refengine(model_dir):
-    port_file = os.path.join(model_dir, "ref.port")
-    if os.path.exists(port_file):
-        os.remove(port_file)
-    proc = subprocess.Popen([os.path.join(BIN, "baton-refengine"), "--model", model_dir,
-                             "--port-file", port_file], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = ""
-        if os.path.exists(port_file):
-            with open(port_file) as f:
-                text = f.read().strip()
-        if text:
-            return proc, int(text)
-        if proc.poll() is not None:
-            raise RuntimeError(f"baton-refengine exited with {proc.returncode}")
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("baton-refengine never wrote its port")
+    return start_engine([os.path.join(BIN, "baton-refengine"), "--model", model_dir],
+                        os.path.join(model_dir, "ref.port"))
 
 
 def complete(port, model_dir, **params):
@@ -190,6 +179,34 @@ class TorchLlamaTest(unittest.TestCase):
         config = LlamaConfig.load(self.models["f32"])
         with self.assertRaises(ValueError):
             KvBlocks(config, 64 + config.kv_bytes_per_token - 1)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class DeviceTest(unittest.TestCase):
+    def test_devices_parse_and_bad_ones_are_refused(self):
+        self.assertEqual(ComputeDevice.parse("cpu"), ComputeDevice("cpu", None, 1, 1))
+        cuda = ComputeDevice.parse("cuda:1")
+        self.assertEqual((cuda.index, cuda.tile_rows, cuda.attention_rows), (1, 128, 8))
+        self.assertTrue(cuda.batch_invariant)
+        self.assertFalse(ComputeDevice.parse("cuda", 0).batch_invariant)
+        for text, tiles in (("gpu", None), ("cuda:x", None), ("cpu", 4), ("cuda", -1)):
+            with self.assertRaises(ValueError):
+                ComputeDevice.parse(text, tiles)
+
+    @unittest.skipIf(not MISSING and torch.cuda.is_available(), "this PyTorch has CUDA")
+    def test_cuda_without_cuda_is_refused_saying_why(self):
+        with self.assertRaisesRegex(RuntimeError, "no usable CUDA"):
+            ComputeDevice.parse("cuda").start()
+        engine = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bin",
+                              "baton-torch-engine")
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "m")
+            subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", model, "--preset",
+                            "tiny", "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
+            r = subprocess.run([engine, "--model", model, "--standalone", "--device", "cuda"],
+                               capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("no usable CUDA", r.stderr)
 
 
 @unittest.skipIf(MISSING, MISSING)
