@@ -16,7 +16,7 @@ number of rows, padded, and each row's result is then a function of that row alo
   calls, on the same shapes, as it would alone; this is what makes the CPU engine
   batch-invariant, bit for bit, on any x86-64 (python/tests/test_batch_invariance.py).
 * CUDA: products on tiles of 128 rows (the GEMM a library picks for a fixed problem is the
-  same every time, and a GEMM treats its rows alike), attention on tiles of 8 rows; TF32 and
+  same every time, and a GEMM treats its rows alike), attention on tiles of 32 rows; TF32 and
   reduced-precision split-K reductions are turned off, so products accumulate in fp32. A
   decode step's products read the weights once either way (128 rows keep an H200's GEMM
   memory-bound); a prefill of T tokens reads them T / 128 times. `--tile-rows 0` hands the
@@ -35,7 +35,7 @@ from typing import Any, Optional
 import torch
 
 CUDA_TILE_ROWS = 128
-CUDA_ATTENTION_ROWS = 8
+CUDA_ATTENTION_ROWS = 32
 
 
 class DeviceError(RuntimeError):

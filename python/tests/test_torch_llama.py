@@ -186,7 +186,7 @@ class DeviceTest(unittest.TestCase):
     def test_devices_parse_and_bad_ones_are_refused(self):
         self.assertEqual(ComputeDevice.parse("cpu"), ComputeDevice("cpu", None, 1, 1))
         cuda = ComputeDevice.parse("cuda:1")
-        self.assertEqual((cuda.index, cuda.tile_rows, cuda.attention_rows), (1, 128, 8))
+        self.assertEqual((cuda.index, cuda.tile_rows, cuda.attention_rows), (1, 128, 32))
         self.assertTrue(cuda.batch_invariant)
         self.assertFalse(ComputeDevice.parse("cuda", 0).batch_invariant)
         for text, tiles in (("gpu", None), ("cuda:x", None), ("cpu", 4), ("cuda", -1)):
