@@ -110,6 +110,7 @@ json DeviceJson(const ControllerStatus& c) {
   j.update(json{{"device", d.device},
                 {"weights_bytes", s.weights_bytes},
                 {"weights_chunks", s.weights_chunks},
+                {"pin", ToString(s.pin)},
                 {"pinned", s.pinned},
                 {"pin_ms", s.pin_ms},
                 {"remat_ms", s.remat_ms},

@@ -49,14 +49,6 @@ CUresult Register(const PrimaryContext& ctx, void* p, size_t bytes, unsigned fla
   return ctx.driver()->cuMemHostRegister(p, bytes, flags);
 }
 
-bool ReadOnlyRegisterSupported(const PrimaryContext& ctx) {
-  int supported = 0;
-  return ctx.driver()->cuDeviceGetAttribute(&supported,
-                                            CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED,
-                                            ctx.device()) == CUDA_SUCCESS &&
-         supported != 0;
-}
-
 TEST(VmmDriverRulesTest, HostRegisterRefusesBadArgumentsAndOverlaps) {
   BATON_CUDA_OR_SKIP(ctx);
   HostMap host(8 * kMiB);
@@ -118,6 +110,14 @@ TEST(VmmDriverRulesTest, ACopyMayNotRunPastItsRegistration) {
   Result<CopyStats> pieces =
       PlainPinnedCopy(ctx, view->base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
   EXPECT_TRUE(pieces.ok()) << pieces.status().ToString();
+  Result<Rematerializer> remat =
+      Rematerializer::Create(ctx, {.streams = 2, .chunk_bytes = 3 * kMiB});
+  ASSERT_TRUE(remat.ok());
+  Result<CopyStats> copied =
+      remat->Copy(view->base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
+  ASSERT_TRUE(copied.ok()) << "3 MiB chunks cut at the registrations' ends: "
+                           << copied.status().ToString();
+  EXPECT_EQ(copied->copies, 4u);  // [0,3) [3,4) [4,7) [7,8)
 }
 
 TEST(VmmDriverRulesTest, VmmCallsRefuseMisalignedOverlappingAndUnexportable) {
