@@ -261,6 +261,7 @@ Status DeviceOwner::Rematerialize() {
                                                       m.arena.size(), m.pinned.copy_unit()));
   stats_.remat_ms = copied.ms;
   stats_.remat_gbps = copied.gbps;
+  stats_.copied_bytes += copied.bytes;
   return OkStatus();
 }
 

@@ -65,6 +65,7 @@ struct DeviceOwnerStats {
   uint32_t weights_chunks = 0;
   double remat_ms = 0;
   double remat_gbps = 0;
+  uint64_t copied_bytes = 0;  // host-to-device bytes this owner copied (0 when adopted)
   uint64_t pool_bytes = 0;
   uint64_t pool_chunk_bytes = 0;
   uint32_t pool_chunks = 0;

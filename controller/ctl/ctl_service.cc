@@ -115,6 +115,7 @@ json DeviceJson(const ControllerStatus& c) {
                 {"pin_ms", s.pin_ms},
                 {"remat_ms", s.remat_ms},
                 {"remat_gbps", s.remat_gbps},
+                {"copied_bytes", s.copied_bytes},
                 {"pool_bytes", s.pool_bytes},
                 {"pool_chunk_bytes", s.pool_chunk_bytes},
                 {"pool_chunks", s.pool_chunks}});
