@@ -129,12 +129,6 @@ CUresult MemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
   return CUDA_SUCCESS;
 }
 
-struct Entry {
-  const char* name;
-  void* fn;
-};
-#define BATON_FAKE(name, fn) \
-  { name, reinterpret_cast<void*>(&fn) }
 const Entry kHostEntries[] = {
     BATON_FAKE("cuMemcpyHtoD", HtoD),
     BATON_FAKE("cuMemcpyHtoDAsync", HtoDAsync),
@@ -146,16 +140,10 @@ const Entry kHostEntries[] = {
     BATON_FAKE("cuMemAllocHost", AllocHost),
     BATON_FAKE("cuMemFreeHost", FreeHost),
 };
-#undef BATON_FAKE
 
 }  // namespace
 
-void* HostFunction(const char* symbol) {
-  for (const Entry& e : kHostEntries) {
-    if (std::strcmp(e.name, symbol) == 0) return e.fn;
-  }
-  return nullptr;
-}
+void* HostFunction(const char* symbol) { return FindEntry(kHostEntries, symbol); }
 
 }  // namespace baton::fake_cuda
 

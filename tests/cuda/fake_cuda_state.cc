@@ -5,8 +5,27 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <iterator>
 
 namespace baton::fake_cuda {
+namespace {
+
+// Whether [at, at + size) overlaps one of `ranges` (start -> a value; size_of gives its length).
+template <typename Map, typename SizeOf>
+bool Overlaps(const Map& ranges, uintptr_t at, size_t size, SizeOf size_of) {
+  auto next = ranges.lower_bound(at);
+  if (next != ranges.end() && next->first < at + size) return true;
+  return next != ranges.begin() && std::prev(next)->first + size_of(std::prev(next)->second) > at;
+}
+
+// The range of `ranges` (start -> value) that starts at or before `at`, or end().
+template <typename Map>
+auto AtOrBefore(Map& ranges, uintptr_t at) {
+  auto it = ranges.upper_bound(at);
+  return it == ranges.begin() ? ranges.end() : std::prev(it);
+}
+
+}  // namespace
 
 State& State::Get() {
   static State* state = new State();  // never destroyed: driver calls may outlive main()
@@ -32,15 +51,12 @@ CUresult State::RemoveReservation(uintptr_t at, size_t size) {
 
 CUresult State::AddMapping(uintptr_t at, size_t size, bool host_numa) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto r = reservations_.upper_bound(at);
-  if (r == reservations_.begin()) return CUDA_ERROR_INVALID_VALUE;
-  --r;
-  if (at + size > r->first + r->second) return CUDA_ERROR_INVALID_VALUE;  // not inside one
-  auto next = mappings_.lower_bound(at);
-  if (next != mappings_.end() && next->first < at + size) return CUDA_ERROR_INVALID_VALUE;
-  if (next != mappings_.begin()) {
-    auto prev = std::prev(next);
-    if (prev->first + prev->second.size > at) return CUDA_ERROR_INVALID_VALUE;  // mapped already
+  auto r = AtOrBefore(reservations_, at);
+  if (r == reservations_.end() || at + size > r->first + r->second) {
+    return CUDA_ERROR_INVALID_VALUE;  // not inside one reservation
+  }
+  if (Overlaps(mappings_, at, size, [](const Mapping& m) { return m.size; })) {
+    return CUDA_ERROR_INVALID_VALUE;  // mapped already
   }
   mappings_.emplace(at, Mapping{size, host_numa});
   return CUDA_SUCCESS;
@@ -63,9 +79,7 @@ CUresult State::RemoveMappings(uintptr_t at, size_t size) {
 
 bool State::Mapped(uintptr_t at, size_t size, bool host_numa) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = mappings_.upper_bound(at);
-  if (it == mappings_.begin()) return false;
-  --it;
+  auto it = AtOrBefore(mappings_, at);
   uintptr_t covered = at;
   while (it != mappings_.end() && it->first <= covered && covered < at + size) {
     if (it->first + it->second.size <= covered) return false;
@@ -78,11 +92,7 @@ bool State::Mapped(uintptr_t at, size_t size, bool host_numa) {
 
 CUresult State::AddPinned(uintptr_t at, size_t size, bool allocated) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto next = pinned_.lower_bound(at);
-  if (next != pinned_.end() && next->first < at + size) {
-    return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
-  }
-  if (next != pinned_.begin() && std::prev(next)->first + std::prev(next)->second.size > at) {
+  if (Overlaps(pinned_, at, size, [](const PinnedHost& p) { return p.size; })) {
     return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
   }
   pinned_.emplace(at, PinnedHost{size, allocated});
@@ -101,12 +111,9 @@ CUresult State::RemovePinned(uintptr_t at, bool allocated) {
 
 bool State::HostSideFits(uintptr_t at, size_t size) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = pinned_.upper_bound(at);
-  if (it == pinned_.begin()) return true;
-  --it;
-  const uintptr_t end = it->first + it->second.size;
-  if (at >= end) return true;  // pageable
-  return at + size <= end;
+  auto it = AtOrBefore(pinned_, at);
+  if (it == pinned_.end() || at >= it->first + it->second.size) return true;  // pageable
+  return at + size <= it->first + it->second.size;
 }
 
 bool DeviceLost() {

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -80,6 +81,22 @@ bool DeviceLost();
 // (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED): yes unless
 // $BATON_FAKE_CUDA_NO_READ_ONLY_REGISTER is set.
 bool ReadOnlyRegisterSupported();
+
+// A driver function this library implements, under the name cuGetProcAddress asks for.
+struct Entry {
+  const char* name;
+  void* fn;
+};
+#define BATON_FAKE(name, fn) \
+  { name, reinterpret_cast<void*>(&fn) }
+// The function of `entries` named `symbol`, or nullptr.
+template <size_t N>
+void* FindEntry(const Entry (&entries)[N], const char* symbol) {
+  for (const Entry& e : entries) {
+    if (std::strcmp(e.name, symbol) == 0) return e.fn;
+  }
+  return nullptr;
+}
 
 // The vmm mode's host-memory functions (fake_cuda_host.cc) by name, or nullptr.
 void* HostFunction(const char* symbol);

@@ -47,6 +47,7 @@ namespace {
 namespace fake_cuda = baton::fake_cuda;
 using fake_cuda::Allocation;
 using fake_cuda::DeviceLost;
+using fake_cuda::Entry;
 using fake_cuda::kGranularity;
 using fake_cuda::State;
 
@@ -401,12 +402,6 @@ CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsi
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-struct Entry {
-  const char* name;
-  void* fn;
-};
-#define BATON_FAKE(name, fn) \
-  { name, reinterpret_cast<void*>(&fn) }
 const Entry kVmmEntries[] = {
     BATON_FAKE("cuDeviceGet", DeviceGet),
     BATON_FAKE("cuDeviceGetCount", DeviceGetCount),
@@ -442,16 +437,13 @@ const Entry kVmmEntries[] = {
     BATON_FAKE("cuModuleGetFunction", ModuleGetFunction),
     BATON_FAKE("cuLaunchKernel", LaunchKernel),
 };
-#undef BATON_FAKE
 
 }  // namespace
 
 // The vmm mode's implementation of `symbol`, or nullptr (then the caller decides).
 void* FakeVmmFunction(const char* symbol) {
-  for (const Entry& e : kVmmEntries) {
-    if (std::strcmp(e.name, symbol) == 0) return e.fn;
-  }
-  return baton::fake_cuda::HostFunction(symbol);
+  void* fn = fake_cuda::FindEntry(kVmmEntries, symbol);
+  return fn != nullptr ? fn : fake_cuda::HostFunction(symbol);
 }
 
 // NVML for the emulated device (BATON_NVML_LIBRARY pointed at this library): the processes
