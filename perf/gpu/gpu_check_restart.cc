@@ -25,7 +25,7 @@ constexpr int kProbeTimeoutMs = 100;
 std::string Model(const RestartStepOptions& o) {
   const std::string dir = o.work_dir + "/model-" + o.preset + "-" + o.dtype;
   const std::string mk = o.bin_dir + "/baton-mkmodel --reuse --out " + dir + " --preset " +
-                         o.preset + " --dtype " + o.dtype + " > " + dir + ".log 2>&1";
+                         o.preset + " --dtype " + o.dtype + " --threads 8 > " + dir + ".log 2>&1";
   return std::system(mk.c_str()) == 0 ? dir : "";
 }
 
