@@ -110,10 +110,12 @@ json DeviceJson(const ControllerStatus& c) {
   j.update(json{{"device", d.device},
                 {"weights_bytes", s.weights_bytes},
                 {"weights_chunks", s.weights_chunks},
+                {"pin", ToString(s.pin)},
                 {"pinned", s.pinned},
                 {"pin_ms", s.pin_ms},
                 {"remat_ms", s.remat_ms},
                 {"remat_gbps", s.remat_gbps},
+                {"copied_bytes", s.copied_bytes},
                 {"pool_bytes", s.pool_bytes},
                 {"pool_chunk_bytes", s.pool_chunk_bytes},
                 {"pool_chunks", s.pool_chunks}});

@@ -39,6 +39,9 @@ struct ClusterOptions {
   int block_bytes = 65536;  // 2 MiB multiples use a hugetlb pool when huge pages are reserved
   int heartbeat_ms = 100;
   int heartbeat_misses = 3;
+  int probe_timeout_ms = 100;
+  std::string model_dir;           // the model; empty: the tiny one (TinyModelDir)
+  bool weights_huge_pages = true;  // [model] huge_pages: false puts the arena on 4 KiB pages
   int max_failures = 5;
   int initial_backoff_ms = 1000;
   int standby_relaunch_delay_ms = -1;  // [policy] standby_relaunch_delay_ms when >= 0
