@@ -80,7 +80,7 @@ def write_port(path: str, port: int) -> None:
 def build_state(args):
     """The model's config and the HTTP state (the parser), before any weight is there."""
     from .llama import LlamaConfig
-    from .requests import Parser
+    from .openai_requests import Parser
     from .server import State
     config = LlamaConfig.load(args.model)
     name = args.served_model_name or args.model
