@@ -30,7 +30,7 @@ import unittest
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 sys.path.insert(0, HERE)
 
 from engine_process import start_engine  # noqa: E402

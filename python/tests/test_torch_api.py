@@ -6,7 +6,7 @@ import os
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
 from baton_torch_engine.openai_requests import ApiError, Parser, render_chat  # noqa: E402
 from baton_torch_engine.text import TextBuilder  # noqa: E402

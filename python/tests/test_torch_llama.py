@@ -32,7 +32,7 @@ import time
 import unittest
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine_process import start_engine  # noqa: E402

@@ -309,7 +309,6 @@ def main(argv=None) -> int:
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     try:
         if args.standalone or not (args.controller or os.environ.get("BATON_SOCKET")):
             return run_standalone(args)
