@@ -25,11 +25,6 @@ constexpr int kBlocks = 16;
 constexpr int kReserve = 4;
 constexpr uint64_t kWorkerMb = 1024;
 
-json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
-  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
-                         what);
-}
-
 uint64_t MonotonicNs() {
   timespec now{};
   ::clock_gettime(CLOCK_MONOTONIC, &now);

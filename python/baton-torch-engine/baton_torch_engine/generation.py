@@ -1,0 +1,72 @@
+"""The HTTP threads' side of generation: a request becomes a job of the Scheduler (continuous
+batching on the compute thread, batching.py), and its tokens come back as Steps, each chosen
+by the reference engine's sampler at its absolute position, with the text built as the
+reference engine builds it. Closing the iterator (a client gone) cancels the job; its KV
+blocks go back to the cache."""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional
+
+from .batching import Job, Scheduler, Step
+from .kv_blocks import KvBlocks
+from .llama import LlamaModel
+from .openai_requests import ApiError, Completion
+
+__all__ = ["Generator", "Step", "usage"]
+
+
+class Generator:
+    def __init__(self, model: LlamaModel, kv: KvBlocks, eos: list[int],
+                 may_compute: Callable[[], bool] = lambda: True, max_batch: int = 16,
+                 max_step_tokens: int = 256,
+                 on_error: Optional[Callable[[BaseException], int]] = None,
+                 log: Callable[[str], None] = lambda text: None):
+        self.model = model
+        self.scheduler = Scheduler(model, kv, eos, may_compute, max_batch, max_step_tokens,
+                                   on_error, log)
+        device = model.device
+        self.scheduler.start(on_thread=lambda: _use_device(device))
+
+    @property
+    def generated_total(self) -> int:
+        return self.scheduler.generated_total
+
+    @property
+    def prompt_total(self) -> int:
+        return self.scheduler.prompt_total
+
+    def run(self, req: Completion) -> Iterator[Step]:
+        """Yields a Step per generated token; raises ApiError 503 when the engine may no
+        longer compute (fenced) and 429 when the KV cache has no room."""
+        yield from self._steps(self.scheduler.submit(req))
+
+    def _steps(self, job: Job) -> Iterator[Step]:
+        try:
+            while True:
+                item = job.steps.get()
+                if isinstance(item, ApiError):
+                    raise item
+                yield item
+                if item.finish_reason:
+                    return
+        finally:
+            if not job.done:
+                try:
+                    self.scheduler.cancel(job)
+                except ApiError:  # stopping: the scheduler fails it anyway
+                    pass
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+
+def _use_device(device) -> None:
+    if device.is_cuda:
+        import torch
+        torch.cuda.set_device(device.torch)
+
+
+def usage(req: Completion, generated: int) -> dict:
+    return {"prompt_tokens": len(req.prompt_ids) - req.resume_tokens,
+            "completion_tokens": generated + req.resume_tokens,
+            "total_tokens": len(req.prompt_ids) + generated}

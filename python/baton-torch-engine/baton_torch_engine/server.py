@@ -1,0 +1,275 @@
+"""baton-torch-engine's HTTP API, as the router expects of an engine (the reference
+engine's, standby/engine_api.h):
+
+    POST /v1/completions, /v1/chat/completions  OpenAI-compatible, streamed as server-sent
+                 events when asked; every choice carries its token ids, the first event (or
+                 the answer) the prompt's, and each response its seed, so that a router can
+                 replay an interrupted request on token ids
+    GET  /health   200 {"status":"ok"} while serving; 503 while a standby or stopping
+    GET  /v1/models  the served model
+    GET  /metrics  Prometheus text
+
+A standby answers the completion routes 503 with Retry-After. Each connection has its own
+thread (keep-alive, HTTP/1.1); the requests of all of them are batched on the compute thread
+(the Generator's scheduler).
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+from .generation import Generator, Step, usage
+from .openai_requests import ApiError, Completion, Parser
+
+MAX_BODY_BYTES = 4 << 20
+
+
+class State:
+    """What the API needs to know: the parser, the generator once there is one, and whether
+    the engine serves (set by the engine's main thread)."""
+
+    def __init__(self, parser: Parser, max_positions: int):
+        self.parser = parser
+        self.max_positions = max_positions
+        self.generator: Optional[Generator] = None
+        self.serving = False
+        self.stopping = False
+        self.responses: dict[int, int] = {}
+        self.in_flight = 0
+        self.lock = threading.Lock()
+        self.next_id = 1
+
+    def count(self, status: int) -> None:
+        with self.lock:
+            self.responses[status] = self.responses.get(status, 0) + 1
+
+    def new_id(self) -> str:
+        with self.lock:
+            self.next_id += 1
+            return f"cmpl-{os.getpid():08x}{self.next_id:08x}"
+
+
+def header(state: State, req: Completion, rid: str, created: int, obj: str) -> dict:
+    return {"id": rid, "object": obj, "created": created, "model": req.model, "seed": req.seed}
+
+
+def choice(req: Completion, text: str, finish: str, ids: list[int], first: bool) -> dict:
+    part = "delta" if req.chat else "text"
+    c: dict = {"index": 0}
+    if req.chat:
+        c["delta"] = ({"role": "assistant"} if first else {}) | {"content": text}
+    else:
+        c[part] = text
+    c["logprobs"] = None
+    c["finish_reason"] = finish or None
+    c["token_ids"] = ids
+    if first and not req.chat:
+        c["prompt_token_ids"] = req.prompt_ids
+    return c
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: State  # set on the subclass made by serve()
+
+    def log_message(self, fmt, *args):  # one line per request is the router's to log
+        pass
+
+    def setup(self) -> None:
+        super().setup()
+        # Headers and body go out as separate writes: without TCP_NODELAY, Nagle's algorithm
+        # holds the body back for the peer's delayed ACK (40 ms and more on loopback).
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _send(self, status: int, body: bytes, ctype: str = "application/json",
+              extra: Optional[dict] = None) -> None:
+        self.state.count(status)
+        self.send_response(status)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        for k, v in (extra or {}).items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _error(self, e: ApiError) -> None:
+        extra = {"Retry-After": "1"} if e.status == 503 else None
+        self._send(e.status, e.body(), extra=extra)
+
+    def do_GET(self):
+        s = self.state
+        if self.path == "/health":
+            status = "ok" if s.serving and not s.stopping else (
+                "stopping" if s.stopping else "standby")
+            return self._send(200 if status == "ok" else 503,
+                              json.dumps({"status": status}).encode())
+        if self.path == "/v1/models":
+            return self._send(200, json.dumps({"object": "list", "data": [
+                {"id": s.parser.served_name, "object": "model", "created": int(time.time()),
+                 "owned_by": "baton", "max_model_len": s.max_positions}]}).encode())
+        if self.path == "/metrics":
+            return self._send(200, metrics_text(s).encode(), "text/plain; version=0.0.4")
+        self._error(ApiError(f"no route {self.path}", status=404, kind="not_found_error"))
+
+    def do_POST(self):
+        s = self.state
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
+        raw = self.rfile.read(length)
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            return self._error(ApiError(f"no route {self.path}", status=404,
+                                        kind="not_found_error"))
+        try:
+            if not s.serving or s.generator is None or s.stopping:
+                raise ApiError("this engine is a standby and does not serve yet", status=503,
+                               kind="server_error")
+            req = s.parser.chat(raw) if self.path.endswith("chat/completions") else \
+                s.parser.completion(raw)
+        except ApiError as e:
+            return self._error(e)
+        with s.lock:
+            s.in_flight += 1
+        try:
+            (self._stream if req.stream else self._whole)(req)
+        finally:
+            with s.lock:
+                s.in_flight -= 1
+
+    def _whole(self, req: Completion) -> None:
+        ids, text, finish = [], [], ""
+        try:
+            for step in self.state.generator.run(req):
+                ids.append(step.token)
+                text.append(step.text)
+                finish = step.finish_reason
+        except ApiError as e:
+            return self._error(e)
+        created, rid = int(time.time()), self.state.new_id()
+        obj = "chat.completion" if req.chat else "text_completion"
+        body = header(self.state, req, rid, created, obj)
+        if req.chat:
+            body["choices"] = [{"index": 0, "message": {"role": "assistant",
+                                                        "content": "".join(text)},
+                                "logprobs": None, "finish_reason": finish, "token_ids": ids}]
+        else:
+            body["choices"] = [choice(req, "".join(text), finish, ids, True)]
+        body["usage"] = usage(req, len(ids))
+        if req.chat:
+            body["prompt_token_ids"] = req.prompt_ids
+        self._send(200, json.dumps(body).encode())
+
+    def _stream(self, req: Completion) -> None:
+        created, rid = int(time.time()), self.state.new_id()
+        obj = "chat.completion.chunk" if req.chat else "text_completion"
+        steps = self.state.generator.run(req)
+        try:
+            first_step: Optional[Step] = next(steps, None)
+        except ApiError as e:
+            steps.close()
+            return self._error(e)
+        self.state.count(200)
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            self._events(req, steps, first_step, rid, created, obj)
+        finally:
+            steps.close()  # a client gone mid-stream: the generation ends, its blocks freed
+
+    def _events(self, req, steps, step, rid, created, obj) -> None:
+        generated, first = 0, True
+        try:
+            while step is not None:
+                generated += 1
+                event = header(self.state, req, rid, created, obj)
+                event["choices"] = [choice(req, step.text, step.finish_reason, [step.token],
+                                           first)]
+                if first and req.chat:
+                    event["prompt_token_ids"] = req.prompt_ids
+                self._chunk(event)
+                first = False
+                step = next(steps, None)
+        except ApiError as e:  # fenced mid-stream: an error event the router replays
+            self._chunk({"error": {"message": str(e), "type": "server_error", "param": None,
+                                   "code": None}})
+            self._end()
+            return
+        if req.include_usage:
+            event = header(self.state, req, rid, created, obj)
+            event["choices"] = []
+            event["usage"] = usage(req, generated)
+            self._chunk(event)
+        self._raw(b"data: [DONE]\n\n")
+        self._end()
+
+    def _chunk(self, event: dict) -> None:
+        self._raw(b"data: " + json.dumps(event).encode() + b"\n\n")
+
+    def _raw(self, data: bytes) -> None:
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _end(self) -> None:
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+
+def metrics_text(s: State) -> str:
+    g = s.generator
+    lines = ["# HELP baton_engine_http_responses_total HTTP responses sent, by status code.",
+             "# TYPE baton_engine_http_responses_total counter"]
+    with s.lock:
+        for code, n in sorted(s.responses.items()):
+            lines.append(f'baton_engine_http_responses_total{{code="{code}"}} {n}')
+        running = s.in_flight
+    sch = g.scheduler if g else None
+    invariant = bool(g and g.model.batch_invariant)
+    for name, kind, text, value in [
+            ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+             sch.prompt_total if sch else 0),
+            ("generated_tokens_total", "counter", "Tokens generated.",
+             sch.generated_total if sch else 0),
+            ("running_requests", "gauge", "Requests being answered.", running),
+            ("batch_sequences", "gauge", "Sequences in the compute thread's batch.",
+             len(sch.running) if sch else 0),
+            ("waiting_requests", "gauge", "Requests waiting for room in the batch.",
+             len(sch.waiting) if sch else 0),
+            ("steps_total", "counter", "Batched forward steps computed.",
+             sch.steps_total if sch else 0),
+            ("preemptions_total", "counter",
+             "Sequences preempted for recompute when the KV cache was full.",
+             sch.preempted_total if sch else 0),
+            ("batch_invariant", "gauge",
+             "1 when a row's logits do not depend on the batch it is computed in.",
+             int(invariant)),
+            ("serving", "gauge", "1 while the engine serves, 0 while it stands by.",
+             1 if s.serving and not s.stopping else 0)]:
+        lines += [f"# HELP baton_engine_{name} {text}", f"# TYPE baton_engine_{name} {kind}",
+                  f"baton_engine_{name} {value}"]
+    lines += ["# HELP baton_engine_resumed_requests_total Replays admitted "
+              "(baton_resume_tokens > 0); batch_invariant=\"false\": their continuation may "
+              "differ from the interrupted run's.",
+              "# TYPE baton_engine_resumed_requests_total counter",
+              f'baton_engine_resumed_requests_total{{batch_invariant="{str(invariant).lower()}"}} '
+              f"{sch.resumed_total if sch else 0}"]
+    return "\n".join(lines) + "\n"
+
+
+def serve(state: State, host: str, port: int,
+          on_bound: Callable[[int], None]) -> ThreadingHTTPServer:
+    """Binds, calls on_bound(port) and serves on a daemon thread; returns the server."""
+    handler = type("BoundHandler", (Handler,), {"state": state})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    on_bound(server.server_address[1])
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
