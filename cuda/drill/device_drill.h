@@ -15,12 +15,12 @@
 //      the counter moves. The owner reads the counter through its own mapping.
 //   2. SIGKILL the primary in the middle of that kernel, and at once, without reaping it,
 //      Quarantined(the primary's blocks) and Promote(epoch 2, the reserve's blocks) to the
-//      standby: it maps the reserve chunk, scrubs its headers, fills its blocks with its own
-//      pattern (kDrillStandbySeed), maps the quarantined chunks READ, copies block 1 device to
-//      device into its last block and checks the copy, unmaps them, and acks. While the dead
-//      kernel may still be writing (a GPU tears the context down for tens of milliseconds; the
-//      emulated device's spin thread dies with the process), it reads its chunk back: no word
-//      but its own pattern and the copy (no foreign byte).
+//      standby: it maps the reserve chunk, scrubs its headers, maps the quarantined chunks
+//      READ, copies block 1 device to device into its last block, unmaps them, and acks. Then,
+//      while the dead kernel may still be writing (a GPU tears the context down for tens of
+//      milliseconds; the emulated device's spin thread dies with the process), it fills its
+//      other blocks with its own pattern (kDrillStandbySeed) and reads its chunk back: no word
+//      but its own pattern and the checked copy (no foreign byte).
 //   3. The owner reaps the primary (the barrier), then Grant(epoch 2, the primary's blocks):
 //      the standby maps them, scrubs their headers and checks that block 0's header is zero,
 //      that the counter no longer moves, that its own chunk is still clean and the weights

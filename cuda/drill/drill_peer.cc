@@ -157,15 +157,23 @@ Status CheckOwnBlocks(const DeviceBorrower& b, const VmmView& pool, proto::Block
   return OkStatus();
 }
 
-// Standby, before the barrier: its blocks filled with its pattern, the quarantined block 1
-// copied device to device out of a READ mapping of the quarantined chunks into its last block.
+// Standby, after its ack: its blocks but the copy's filled with its pattern (what it serves
+// with), while the dead primary may still tear down.
+Status FillOwn(const DeviceBorrower& b, const VmmView& pool, const Promotion& p,
+               uint64_t block_bytes) {
+  const proto::BlockRange own = p.extent();
+  BATON_RETURN_IF_ERROR(b.kernels().Fill(b.stream(), pool.base() + own.first * block_bytes,
+                                         (own.count - (p.quarantined ? 1 : 0)) * block_bytes / 4,
+                                         kDrillStandbySeed));
+  return b.stream().Synchronize(kStepTimeout);
+}
+
+// Standby, before the barrier and its ack: the quarantined block 1 copied device to device
+// out of a READ mapping of the quarantined chunks into its last block.
 Status TakeOver(const DeviceBorrower& b, VmmView& pool, const Promotion& p, uint64_t block_bytes,
                 std::ofstream& report) {
   const proto::BlockRange own = p.extent();
   const CudaDriver& cu = b.context().driver();
-  BATON_RETURN_IF_ERROR(b.kernels().Fill(b.stream(), pool.base() + own.first * block_bytes,
-                                         (own.count - (p.quarantined ? 1 : 0)) * block_bytes / 4,
-                                         kDrillStandbySeed));
   if (p.quarantined.has_value() && !p.quarantined->extents.empty()) {
     const proto::BlockRange q = p.quarantined->extents[0];
     const uint64_t bytes = (q.first + uint64_t{q.count}) * block_bytes;
@@ -237,6 +245,7 @@ Status Session(proto::Channel& channel, const PeerArgs& args) {
     return channel.Receive(kPromoteWait).status();  // SIGKILL, with its kernel running
   }
   // While the dead primary may still be tearing down: nothing foreign in the standby's blocks.
+  BATON_RETURN_IF_ERROR(FillOwn(*b, pool, *promotion, block_bytes));
   const bool with_copy = promotion->quarantined.has_value();
   bool clean = false, copy_ok = false;
   BATON_RETURN_IF_ERROR(CheckOwnBlocks(*b, pool, own, block_bytes, with_copy, &clean, &copy_ok));
