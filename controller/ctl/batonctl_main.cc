@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/build_info.h"
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/ctl/ctl_service.h"
@@ -197,6 +198,10 @@ int WaitRollout(const Args& args) {
 int Run(int argc, char** argv) {
   if (const char* level = std::getenv("BATON_LOG_LEVEL"); level == nullptr) {
     SetLogLevel(LogLevel::kError);  // a CLI prints its own errors
+  }
+  if (WantsVersion(argc, argv)) {
+    std::printf("%s\n", VersionLine("batonctl").c_str());
+    return 0;
   }
   Args args;
   if (const int code = ParseArgs(argc, argv, &args); code >= 0) return code;

@@ -6,3 +6,6 @@ cold-start weight reader; `main` the engine, with its HTTP API in `server`, `req
 `text`, its generation loop in `generation` and its KV cache in the granted blocks in
 `pool_kv`.
 """
+
+# Baton's version (project() in CMakeLists.txt, python/pyproject.toml): --version prints it.
+__version__ = "0.1.0"
