@@ -52,7 +52,10 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"model.lock", Bool(&c->weights_lock)},
       {"engine.command", Command(&c->engine_command)},
       {"engine.log_dir", Str(&c->engine_log_dir)},
+      {"engine.log_max_bytes", config_values::SizeOrZero(&c->engine_log_max_bytes)},
+      {"engine.log_keep", Int(&c->engine_log_keep, 1, 100'000)},
       {"engine.cgroup", Str(&c->engine_cgroup)},
+      {"engine.host", Str(&c->engine_host)},
       {"engine.base_port", Int(&c->base_port, 0, 65535)},
       {"engine.port_count", Int(&c->port_count, 1, 1024)},
       {"engine.register_timeout_ms", Time<Millis>(&c->register_timeout, 100, kDay)},
@@ -255,6 +258,10 @@ Status FinishConfig(ControllerConfig* c) {
   }
   if (c->crash_max_backoff < c->crash_initial_backoff) {
     return InvalidArgument("policy.max_backoff_ms is below policy.initial_backoff_ms");
+  }
+  if (c->engine_host.empty() || c->engine_host.find_first_of(" \t/") != std::string::npos) {
+    return InvalidArgument("engine.host: want a host name or address engines listen on, got \"" +
+                           c->engine_host + "\"");
   }
   if (c->on_controller_absent != "serve" && c->on_controller_absent != "stop") {
     return InvalidArgument("engine.on_controller_absent: \"serve\" or \"stop\", got \"" +
