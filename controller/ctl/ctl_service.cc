@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "controller/ctl/ctl_fleet.h"
+#include "controller/ctl/degradations.h"
 #include "controller/upgrade/ctl_upgrade.h"
 
 namespace baton {
@@ -276,6 +277,7 @@ json StatusJson(const ControllerStatus& c) {
           {"engines", engines},
           {"pool", PoolJson(c)},
           {"weights", WeightsJson(c)},
+          {"degraded", DegradationJson(c)},
           {"device", DeviceJson(c)},
           {"fencing", FencingJson(c)},
           {"crash_loop", GuardJson(c)},
@@ -352,6 +354,7 @@ std::string StatusText(const ControllerStatus& c) {
       << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
       << " GB/s\n";
+  out << DegradationText(c);
   RoutesAndHistoryText(s, out);
   const CoordinatorStatus& core = c.core;
   if (c.device.present) out << "device memory: " << c.device.describe << "\n";
