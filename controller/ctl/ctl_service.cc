@@ -422,6 +422,11 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "draining: the primary finishes its requests, then the pair stops", c);
   }
+  if (cmd == "resume") {
+    Status status = co.RequestResume();
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd, "resuming: the pair serves again (a drain undone)", c);
+  }
   if (cmd == "upgrade") {
     Result<UpgradeRequest> req = ParseUpgradeArgs(args);
     if (!req.ok()) return Usage(req.status().message());
