@@ -302,15 +302,19 @@ Result<std::vector<std::string>> SplitCommandLine(const std::string& line) {
 
 const char* ControllerUsage() {
   return R"(usage: baton-controller [--config FILE] [flags]
+       baton-controller --check-config [--config FILE] [flags]
+       baton-controller --version
 
 Owns the model weights and the KV-cache pool, runs a primary and a standby engine, and
 promotes the standby when the primary dies, hangs or reports an error.
 
 flags (each overrides the config file; every config key is also --section.key=VALUE):
   --config FILE          TOML config (see docs/operations.md)
+  --check-config         check the config and flags, print where they lead, and exit: 0 when
+                         valid, 2 naming the key that is not
   --model DIR            model directory (config.json + safetensors)          [model.dir]
   --engine-cmd "CMD"     engine command line; placeholders {socket} {token} {role}
-                         {engine_id} {port} {model_dir} {runtime_dir}         [engine.command]
+                         {engine_id} {host} {port} {model_dir} {runtime_dir}  [engine.command]
   --runtime-dir DIR      socket directory (default $BATON_RUNTIME_DIR or /tmp/baton-<uid>)
   --state-dir DIR        epoch journal directory (default <runtime-dir>/state)
   --numa-node N          NUMA node of the weights (-1: automatic)
