@@ -25,13 +25,14 @@ checked-build: deps
 	cmake -S . -B $(BUILD_DIR) $(CMAKE_FLAGS) $(CHECK_FLAGS)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# Every unit and integration test, then each fuzzer for FUZZ_SECONDS.
+# Every unit and integration test, then each fuzzer for FUZZ_SECONDS. BATON_TEST_RUN tags
+# every process of this run, for the suite's last test (tests/support/suite_tag.h).
 test: checked-build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_DIR) && BATON_TEST_RUN=make-test.$$$$.$$(date +%s%N) ctest --output-on-failure -j $(JOBS)
 	$(MAKE) --no-print-directory fuzz
 
 unit: checked-build
-	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(BUILD_DIR) && BATON_TEST_RUN=make-unit.$$$$.$$(date +%s%N) ctest --output-on-failure -j $(JOBS)
 
 $(FUZZ_DIR)/CMakeCache.txt:
 	cmake -S . -B $(FUZZ_DIR) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang \

@@ -161,6 +161,7 @@ void Controller::Start() {
     if (h.process.pid() != 0) WatchPid(id);
   }
   Accept();
+  StartKeeperWatch();
   coord_->Start(found_);
   ArmTick();
   ArmFleetLoad();
@@ -205,6 +206,7 @@ void Controller::FinishShutdown() {
   }
   conns_.clear();
   listener_.reset();
+  if (keeper_watch_ != nullptr) keeper_watch_->Stop();  // the keeper's exit is no death now
   ReleaseKeptMemory();  // a clean stop leaves nothing for a successor
   BATON_LOG(INFO, kLog) << "engines stopped at epoch " << journal_->current();
   std::function<void()> done = std::move(stop_done_);

@@ -43,6 +43,7 @@
 #include "controller/fleet_member.h"
 #include "controller/fleet_reports.h"
 #include "controller/keeper/keeper_client.h"
+#include "controller/keeper/keeper_watch.h"
 #include "controller/kept_memory.h"
 #include "controller/rollout/coordinator_upgrades.h"
 #include "controller/rollout/fleet_rollout.h"
@@ -121,6 +122,11 @@ class Controller final : private Effects {
   // A connection to a running keeper (none is started), or nullopt when memory is not kept.
   std::optional<KeeperClient> RunningKeeper();
   void SaveRecord();
+  // controller_keeper.cc: baton-keeper's death (keeper_watch.h). Watches the keeper that
+  // start-up handed the memory to.
+  void StartKeeperWatch();
+  // Keeps the memory in a new keeper (new generations, the record rewritten).
+  Status HandMemoryTo(KeeperClient& keeper);
   // controller_start.cc: what the previous controller left.
   void FindPrevious();
   // With [fleet]: reads the fleet routers' reports from etcd into routes_ (fleet_reports.h).
@@ -193,7 +199,9 @@ class Controller final : private Effects {
   bool pool_adopted_ = false;
   uint64_t pool_generation_ = 0;
   std::string keeper_state_ = "off";
-  std::unique_ptr<DeviceOwner> device_;  // CUDA backend: device weights and pool (null: lost)
+  pid_t keeper_pid_ = 0;                       // the keeper start-up handed the memory to
+  std::unique_ptr<KeeperWatch> keeper_watch_;  // made by Start()
+  std::unique_ptr<DeviceOwner> device_;        // CUDA backend: device weights and pool (null: lost)
   bool cuda_backend_ = false;
   DeviceOwnerOptions device_options_;
   bool device_adopted_ = false;        // device_ is the previous controller's, from baton-keeper

@@ -50,8 +50,9 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
       SetUpDeviceMemory(backend, mode, keeping, weights_why.empty() && pool_why.empty());
   std::string weights_note = weights_why;
   if (backend.kind == MemoryBackendKind::kCuda && device_ == nullptr && weights_why.empty()) {
-    // The adopted arena is mapped read-only: a driver that will not pin it for the device
-    // copy gets the weights loaded afresh (and pinned as at a first start).
+    // The device copy could not be made over the adopted arena (which this controller maps
+    // read-only and pins READ_ONLY, or copies from pageable memory where it cannot): the
+    // weights are loaded afresh and the copy made as at a first start.
     BATON_LOG(WARN, kLog) << "device memory over the adopted weights failed ("
                           << (device.ok() ? "fell back to the host backend" : device.message())
                           << "): loading the weights afresh";
@@ -92,6 +93,8 @@ std::optional<KeeperClient> Controller::ConnectKeeper() {
     return std::nullopt;
   }
   keeper_state_ = "kept";
+  Result<pid_t> pid = keeper->KeeperPid();
+  keeper_pid_ = pid.ok() ? *pid : 0;
   return std::move(keeper).value();
 }
 
@@ -267,6 +270,7 @@ Status Controller::SetUpDeviceMemory(const BackendChoice& backend, BackendMode m
                                      KeeperClient* keeper, bool host_adopted) {
   if (backend.kind != MemoryBackendKind::kCuda) return OkStatus();
   device_options_ = DeviceOwnerOptions{.device = backend.device,
+                                       .arena_read_only = weights_->arena().adopted(),
                                        .block_count = config_.block_count,
                                        .block_bytes = config_.block_bytes,
                                        .pool_chunk_bytes = config_.gpu_pool_chunk_bytes};

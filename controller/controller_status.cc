@@ -93,7 +93,12 @@ ControllerStatus Controller::Snapshot() const {
   s.routes = routes_.current();
   s.route_subscribers = routes_.subscriber_count();
   s.client_send_queued_bytes = client_send_budget_ != nullptr ? client_send_budget_->used() : 0;
-  s.keeper = keeper_state_;
+  if (keeper_watch_ != nullptr) {
+    s.keeper = keeper_watch_->status();
+  } else {
+    s.keeper.state = config_.keep_memory ? KeeperState::kUnavailable : KeeperState::kOff;
+    s.keeper.detail = keeper_state_;
+  }
   if (fleet_ != nullptr) {
     s.fleet_key = fleet_->key();
     s.fleet = fleet_->state();

@@ -15,6 +15,7 @@
 #include "base/clock.h"
 #include "controller/config.h"
 #include "controller/core/coordinator_status.h"
+#include "controller/keeper/keeper_watch.h"
 #include "controller/rollout/rollout_record.h"
 #include "cuda/device_owner.h"
 #include "fleet/node_registrar.h"
@@ -86,7 +87,7 @@ struct ControllerStatus {
   proto::RouteTable routes;
   size_t route_subscribers = 0;
   size_t client_send_queued_bytes = 0;
-  std::string keeper;  // "kept", "off", or why the memory is not kept
+  KeeperStatus keeper;  // baton-keeper: keeping, restarting, unavailable or off
   // [fleet]: the node's key in etcd and its registration; no key without [fleet].
   std::string fleet_key;
   NodeRegistration fleet;

@@ -28,6 +28,13 @@ DeviceBorrower::~DeviceBorrower() {
 
 Result<AcceptedRegion> DeviceBorrower::AcceptRegion(proto::Channel& channel, Duration timeout) {
   BATON_ASSIGN_OR_RETURN(ReceivedVmmRegion received, ReceiveVmmRegion(channel, timeout));
+  const std::string name = received.info.name;
+  Result<AcceptedRegion> taken = TakeRegion(std::move(received));
+  BATON_RETURN_IF_ERROR(AckVmmRegion(channel, name, taken.status()));
+  return taken;
+}
+
+Result<AcceptedRegion> DeviceBorrower::TakeRegion(ReceivedVmmRegion received) {
   const VmmRegionInfo info = received.info;
   AcceptedRegion out{.name = info.name,
                      .writable = info.writable,
@@ -54,10 +61,7 @@ Result<AcceptedRegion> DeviceBorrower::AcceptRegion(proto::Channel& channel, Dur
     views_.emplace(info.name, std::move(view));
     return OkStatus();
   };
-  Status taken = take();
-  Status acked = AckVmmRegion(channel, info.name, taken);
-  BATON_RETURN_IF_ERROR(taken.WithContext("region '" + info.name + "'"));
-  BATON_RETURN_IF_ERROR(acked);
+  BATON_RETURN_IF_ERROR(take().WithContext("region '" + info.name + "'"));
   BATON_LOG(INFO, "cuda") << "region '" << info.name << "': " << info.chunk_count << " chunks of "
                           << info.chunk_bytes << " bytes imported in " << out.import_ms << " ms"
                           << (info.writable   ? ", range reserved"

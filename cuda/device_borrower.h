@@ -26,6 +26,7 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/memory/chunk_cover.h"
 #include "cuda/memory/vmm.h"
+#include "cuda/memory/vmm_share.h"
 #include "proto/transport/channel.h"
 
 namespace baton {
@@ -62,6 +63,8 @@ class DeviceBorrower {
   // Receives one region, imports it (and maps it READ if read-only), and acks it to the
   // owner: a failure is acked with its reason and returned.
   Result<AcceptedRegion> AcceptRegion(proto::Channel& channel, Duration timeout);
+  // AcceptRegion's import and mapping of a region already received; the caller acks it.
+  Result<AcceptedRegion> TakeRegion(ReceivedVmmRegion received);
 
   // Maps writable region `name` READWRITE and scrubs the first `header_bytes` of each
   // `block_bytes` block, waiting at most `timeout` for the scrub.

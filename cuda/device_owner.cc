@@ -29,6 +29,20 @@ Result<uint64_t> PoolChunkBytes(uint64_t block_bytes, uint64_t granularity, uint
   return std::min(std::max<uint64_t>(1, limit / unit) * unit, whole_pool);
 }
 
+const char* ToString(HostPin pin) {
+  switch (pin) {
+    case HostPin::kNotNeeded:
+      return "not_needed";
+    case HostPin::kPinned:
+      return "registered";
+    case HostPin::kReadOnly:
+      return "registered_read_only";
+    case HostPin::kPageable:
+      return "pageable";
+  }
+  return "?";
+}
+
 #ifdef BATON_HAVE_CUDA_HEADERS
 
 struct DeviceOwner::Impl {
@@ -41,8 +55,15 @@ struct DeviceOwner::Impl {
   Stream probe_stream;          // the health probe's own stream
   PinnedHostBuffer probe_word;  // where it copies to, pinned so the copy is asynchronous
   std::span<uint8_t> arena;
+  bool arena_read_only = false;
   int remat_streams = 4;
 };
+
+namespace {
+// The arena is registered in pieces of this size: each registration stays bounded, and the
+// copies from it are cut at their ends.
+constexpr uint64_t kPinChunkBytes = 1ull << 30;
+}  // namespace
 
 DeviceOwner::DeviceOwner() : impl_(std::make_unique<Impl>()) {}
 // The context is made current first: unregistering host memory and freeing pinned buffers
@@ -77,17 +98,32 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Begin(const DeviceOwnerOptions
   Impl& m = *o->impl_;
   o->device_ = options.device;
   m.arena = arena;
+  m.arena_read_only = options.arena_read_only;
   m.remat_streams = options.remat_streams;
   BATON_ASSIGN_OR_RETURN(m.ctx, PrimaryContext::Retain(*driver, options.device));
   char bus_id[32] = {};
   BATON_RETURN_IF_ERROR(
       BATON_CU(*driver, cuDeviceGetPCIBusId, bus_id, sizeof(bus_id) - 1, m.ctx.device()));
   o->pci_bus_id_ = bus_id;
-  BATON_ASSIGN_OR_RETURN(m.pinned,
-                         PinnedHostCache::Register(m.ctx, arena.data(), arena.size(), 1ull << 30));
-  o->stats_.pinned = m.pinned.note();
-  o->stats_.pin_ms = m.pinned.setup_ms();
   return o;
+}
+
+void DeviceOwner::PinArena() {
+  Impl& m = *impl_;
+  if (m.pinned.data() != nullptr) return;
+  Result<PinnedHostCache> pinned = PinnedHostCache::Register(m.ctx, m.arena.data(), m.arena.size(),
+                                                             kPinChunkBytes, m.arena_read_only);
+  if (pinned.ok()) {
+    m.pinned = std::move(pinned).value();
+    stats_.pin = m.arena_read_only ? HostPin::kReadOnly : HostPin::kPinned;
+  } else {
+    BATON_LOG(WARN, "cuda") << "the weight arena is not pinned (" << pinned.status().message()
+                            << "): the device copy is made from pageable memory, more slowly";
+    m.pinned = PinnedHostCache::Pageable(m.arena.data(), m.arena.size(), pinned.status().message());
+    stats_.pin = HostPin::kPageable;
+  }
+  stats_.pinned = m.pinned.note();
+  stats_.pin_ms = m.pinned.setup_ms();
 }
 
 Status DeviceOwner::Finish() {
@@ -180,6 +216,10 @@ Result<std::unique_ptr<DeviceOwner>> DeviceOwner::Adopt(const DeviceOwnerOptions
   BATON_RETURN_IF_ERROR(o->VerifyWeights(verify_samples));
   BATON_RETURN_IF_ERROR(o->Probe(std::chrono::seconds(2)));
   o->stats_.adopted = true;
+  o->stats_.pin = HostPin::kNotNeeded;
+  o->stats_.pinned =
+      "not pinned: the device copy was adopted and nothing is copied (a lost device copy is "
+      "rebuilt by a new owner, which pins the arena then)";
   return o;
 }
 
@@ -214,12 +254,14 @@ Result<KeptDeviceMemory> DeviceOwner::ExportForKeeping() const {
 
 Status DeviceOwner::Rematerialize() {
   Impl& m = *impl_;
+  PinArena();
   BATON_ASSIGN_OR_RETURN(Rematerializer remat,
                          Rematerializer::Create(m.ctx, {.streams = m.remat_streams}));
-  BATON_ASSIGN_OR_RETURN(CopyStats copied,
-                         remat.Copy(m.weights_view.base(), m.pinned.data(), m.arena.size()));
+  BATON_ASSIGN_OR_RETURN(CopyStats copied, remat.Copy(m.weights_view.base(), m.pinned.data(),
+                                                      m.arena.size(), m.pinned.copy_unit()));
   stats_.remat_ms = copied.ms;
   stats_.remat_gbps = copied.gbps;
+  stats_.copied_bytes += copied.bytes;
   return OkStatus();
 }
 
@@ -266,11 +308,12 @@ std::string DeviceOwner::Describe() const {
   std::ostringstream out;
   out.precision(3);
   out << "device " << device_ << ": weights " << stats_.weights_bytes << " bytes in "
-      << stats_.weights_chunks << " chunks (host cache pinned by " << stats_.pinned << " in "
-      << stats_.pin_ms << " ms, ";
+      << stats_.weights_chunks << " chunks (";
   if (stats_.adopted) {
-    out << "adopted from baton-keeper, not copied";
+    out << "adopted from baton-keeper, not copied; host cache " << stats_.pinned;
   } else {
+    out << "host cache " << (stats_.pin == HostPin::kPageable ? "" : "pinned by ") << stats_.pinned
+        << " in " << stats_.pin_ms << " ms, ";
     out << "copied in " << stats_.remat_ms << " ms at " << stats_.remat_gbps << " GB/s";
   }
   out << "), pool " << stats_.pool_bytes << " bytes in " << stats_.pool_chunks << " chunks of "

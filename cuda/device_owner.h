@@ -2,7 +2,9 @@
 //
 // Create() (at start-up, never on the promotion path) retains the device's primary context,
 // page-locks the host weight arena with cuMemHostRegister in chunks (the pinned host cache;
-// cuda/memory/pinned_host.h), creates the "weights" VMM region and fills it from the arena with
+// cuda/memory/pinned_host.h: READ_ONLY for an arena the process maps read-only; where the
+// driver refuses, the arena is copied from pageable memory, slower, and stats say why),
+// creates the "weights" VMM region and fills it from the arena with
 // the multi-stream rematerializer (cuda/memory/rematerializer.h), and creates the "pool" VMM region
 // with the host pool's geometry: block b at offset b x block_bytes. Pool chunks hold whole
 // blocks and are a multiple of the allocation granularity, as large as `pool_chunk_bytes`
@@ -15,7 +17,9 @@
 // ExportForKeeping() hands both regions' chunk fds to baton-keeper, so that they outlive the
 // controller; Adopt() is the restarted controller's Create(): it imports those fds instead of
 // allocating and copying, proves the chunks (geometry, each one mapped at its size, a sample
-// of the weights equal to the arena, a probe) and refuses anything else with the reason.
+// of the weights equal to the arena, a probe) and refuses anything else with the reason. It
+// does not pin the arena: nothing is copied, and the pinned cache serves only a rebuild,
+// which a lost device gets from a new owner (Create) that pins then.
 // Header-independent: without the CUDA toolkit Create() is Unimplemented. Thread-compatible.
 #pragma once
 
@@ -34,6 +38,9 @@ namespace baton {
 
 struct DeviceOwnerOptions {
   int device = 0;
+  // The process maps the arena read-only (an adopted arena): it is pinned with
+  // CU_MEMHOSTREGISTER_READ_ONLY, which the driver requires for such memory.
+  bool arena_read_only = false;
   uint32_t block_count = 0;
   uint64_t block_bytes = 0;
   uint64_t weights_chunk_bytes = 256ull << 20;
@@ -41,13 +48,24 @@ struct DeviceOwnerOptions {
   int remat_streams = 4;
 };
 
+// How the arena, the source of the device copy, is pinned for the copy.
+enum class HostPin {
+  kNotNeeded,  // adopted device memory: nothing copied, so nothing pinned
+  kPinned,     // cuMemHostRegister
+  kReadOnly,   // cuMemHostRegister with CU_MEMHOSTREGISTER_READ_ONLY (a read-only mapping)
+  kPageable,   // pinning refused (DeviceOwnerStats::pinned says why): copies staged by the driver
+};
+const char* ToString(HostPin pin);
+
 struct DeviceOwnerStats {
-  std::string pinned;  // how the host cache was pinned
+  HostPin pin = HostPin::kNotNeeded;
+  std::string pinned;  // how the host cache was pinned, or why it is not
   double pin_ms = 0;
   uint64_t weights_bytes = 0;
   uint32_t weights_chunks = 0;
   double remat_ms = 0;
   double remat_gbps = 0;
+  uint64_t copied_bytes = 0;  // host-to-device bytes this owner copied (0 when adopted)
   uint64_t pool_bytes = 0;
   uint64_t pool_chunk_bytes = 0;
   uint32_t pool_chunks = 0;
@@ -109,12 +127,15 @@ class DeviceOwner {
  private:
   struct Impl;
   DeviceOwner();
-  // Create() and Adopt(): the context, the PCI id and the pinned cache.
+  // Create() and Adopt(): the context and the PCI id.
   static Result<std::unique_ptr<DeviceOwner>> Begin(const DeviceOwnerOptions& options,
                                                     std::span<uint8_t> arena);
   // After both regions are there: the weights view, the probe's stream and buffer, stats.
   Status Finish();
   Status VerifyWeights(uint32_t samples) const;
+  // Pins the arena for the copy once; where the driver refuses, the copy reads pageable
+  // memory (logged, and stats say why). Never fails.
+  void PinArena();
 
   std::unique_ptr<Impl> impl_;
   int device_ = -1;

@@ -21,17 +21,49 @@ struct DeviceSession::Impl {};
 DeviceSession::DeviceSession() : impl_(std::make_unique<Impl>()) {}
 DeviceSession::~DeviceSession() = default;
 
-Result<uint64_t> DeviceSession::Decline(proto::Channel& channel, uint32_t regions,
-                                        const std::string& why, Duration timeout) {
-  uint64_t pool_chunk_bytes = 0;
+Result<std::vector<ReceivedVmmRegion>> DeviceSession::Receive(proto::Channel& channel,
+                                                              uint32_t regions, Duration timeout) {
+  std::vector<ReceivedVmmRegion> received;
   for (uint32_t i = 0; i < regions; ++i) {
     BATON_ASSIGN_OR_RETURN(ReceivedVmmRegion region, ReceiveVmmRegion(channel, timeout));
-    BATON_RETURN_IF_ERROR(
-        AckVmmRegion(channel, region.info.name, FailedPrecondition("declined: " + why)));
+    received.push_back(std::move(region));
+  }
+  return received;
+}
+
+Result<uint64_t> DeviceSession::Refuse(const std::vector<ReceivedVmmRegion>& regions,
+                                       const std::string& why, const AckFn& ack) {
+  uint64_t pool_chunk_bytes = 0;
+  for (const ReceivedVmmRegion& region : regions) {
+    BATON_RETURN_IF_ERROR(ack(region.info.name, FailedPrecondition("declined: " + why)));
     BATON_LOG(INFO, "engine-sdk") << "declined device region '" << region.info.name << "': " << why;
     if (region.info.name == kDevicePoolRegion) pool_chunk_bytes = region.info.chunk_bytes;
   }
   return pool_chunk_bytes;
+}
+
+namespace {
+
+DeviceSession::AckFn AckOn(proto::Channel& channel) {
+  return [&channel](const std::string& region, const Status& outcome) {
+    return AckVmmRegion(channel, region, outcome);
+  };
+}
+
+}  // namespace
+
+Result<uint64_t> DeviceSession::Decline(proto::Channel& channel, uint32_t regions,
+                                        const std::string& why, Duration timeout) {
+  BATON_ASSIGN_OR_RETURN(std::vector<ReceivedVmmRegion> received,
+                         Receive(channel, regions, timeout));
+  return Refuse(received, why, AckOn(channel));
+}
+
+Result<std::unique_ptr<DeviceSession>> DeviceSession::Accept(proto::Channel& channel, int device,
+                                                             uint32_t regions, Duration timeout) {
+  BATON_ASSIGN_OR_RETURN(std::vector<ReceivedVmmRegion> received,
+                         Receive(channel, regions, timeout));
+  return Take(device, std::move(received), AckOn(channel));
 }
 
 #ifdef BATON_HAVE_CUDA_HEADERS
@@ -53,18 +85,22 @@ Result<std::unique_ptr<DeviceBorrower>> OpenDevice(int device) {
 
 }  // namespace
 
-Result<std::unique_ptr<DeviceSession>> DeviceSession::Accept(proto::Channel& channel, int device,
-                                                             uint32_t regions, Duration timeout) {
+Result<std::unique_ptr<DeviceSession>> DeviceSession::Take(int device,
+                                                           std::vector<ReceivedVmmRegion> regions,
+                                                           const AckFn& ack) {
   Result<std::unique_ptr<DeviceBorrower>> borrower = OpenDevice(device);
   if (!borrower.ok()) {
     const Status why = borrower.status().WithContext("CUDA device " + std::to_string(device));
-    BATON_RETURN_IF_ERROR(Decline(channel, regions, why.message(), timeout).status());
+    BATON_RETURN_IF_ERROR(Refuse(regions, why.message(), ack).status());
     return why;
   }
   std::unique_ptr<DeviceSession> s(new DeviceSession());
   s->impl_->borrower = std::move(borrower).value();
-  for (uint32_t i = 0; i < regions; ++i) {
-    BATON_RETURN_IF_ERROR(s->impl_->borrower->AcceptRegion(channel, timeout).status());
+  for (ReceivedVmmRegion& region : regions) {
+    const std::string name = region.info.name;
+    Result<AcceptedRegion> taken = s->impl_->borrower->TakeRegion(std::move(region));
+    BATON_RETURN_IF_ERROR(ack(name, taken.status()));
+    BATON_RETURN_IF_ERROR(taken.status());
   }
   VmmView* weights = s->impl_->borrower->view(kDeviceWeightsRegion);
   VmmView* pool = s->impl_->borrower->view(kDevicePoolRegion);
@@ -96,10 +132,11 @@ Status DeviceSession::UnmapBlocks(uint32_t first, uint32_t count) {
 
 #else  // !BATON_HAVE_CUDA_HEADERS
 
-Result<std::unique_ptr<DeviceSession>> DeviceSession::Accept(proto::Channel& channel, int,
-                                                             uint32_t regions, Duration timeout) {
+Result<std::unique_ptr<DeviceSession>> DeviceSession::Take(int,
+                                                           std::vector<ReceivedVmmRegion> regions,
+                                                           const AckFn& ack) {
   const Status why = Unimplemented("CUDA backend not compiled into this engine");
-  BATON_RETURN_IF_ERROR(Decline(channel, regions, why.message(), timeout).status());
+  BATON_RETURN_IF_ERROR(Refuse(regions, why.message(), ack).status());
   return why;
 }
 

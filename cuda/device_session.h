@@ -12,6 +12,10 @@
 //             the host arena and pool it already has. It returns the pool region's chunk size
 //             (0 when none came): the ledger lends that pool by whole chunks all the same, so
 //             the engine answers a Reclaim with whole chunks too.
+// Each of them also comes in two halves, so that an engine heartbeats while it takes the
+// memory (CUDA context creation and mapping take long on a GPU): Receive() takes the regions
+// off the channel and nothing more; Take() (Accept's work) and Refuse() (Decline's) then
+// run off the channel and answer each region through `ack`, which the caller sends.
 // MapBlocks()/UnmapBlocks() follow the engine's leases: whole chunks are mapped for held
 // blocks and unmapped when none is left (cuda/memory/chunk_cover.h); the granted blocks' headers
 // are scrubbed on the engine's stream before MapBlocks returns. Addresses are CUdeviceptr values:
@@ -20,11 +24,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
+#include "cuda/memory/vmm_share.h"
 #include "proto/transport/channel.h"
 
 namespace baton {
@@ -47,6 +54,16 @@ class DeviceSession {
                                                        uint32_t regions, Duration timeout);
   static Result<uint64_t> Decline(proto::Channel& channel, uint32_t regions, const std::string& why,
                                   Duration timeout);
+
+  // Sends the owner the answer for one region (a ShareMemoryAck).
+  using AckFn = std::function<Status(const std::string& region, const Status& outcome)>;
+  static Result<std::vector<ReceivedVmmRegion>> Receive(proto::Channel& channel, uint32_t regions,
+                                                        Duration timeout);
+  static Result<std::unique_ptr<DeviceSession>> Take(int device,
+                                                     std::vector<ReceivedVmmRegion> regions,
+                                                     const AckFn& ack);
+  static Result<uint64_t> Refuse(const std::vector<ReceivedVmmRegion>& regions,
+                                 const std::string& why, const AckFn& ack);
   ~DeviceSession();
   DeviceSession(const DeviceSession&) = delete;
   DeviceSession& operator=(const DeviceSession&) = delete;

@@ -2,7 +2,11 @@
 // RunPerfDriver: the main() every perf driver shares: `--help`, flag parsing (a bad flag
 // prints the message and the usage and exits 2), the directory of the running binary as the
 // default `bin` (where the other Baton binaries are), `--out` created and made absolute, then
-// the driver's Run. `Flags` has std::string members `bin` and `out`; `parse` returns "" or
+// the driver's Run. Before the run: a RunGuard (base/process/run_guard.h: whatever the run
+// starts is killed when it ends, however it ends) and the check for stale Baton processes
+// (stale_processes.h; the models it looks for are the flags' values that are model folders,
+// with a config.json), whose report EmitResult and FailRun add as `stale_processes`.
+// `Flags` has std::string members `bin` and `out`; `parse` returns "" or
 // the error; `run` returns the exit status. Used from main() only.
 //
 // WorkDir: where a driver keeps its logs: `--out DIR` when given (always kept), else a fresh
@@ -23,9 +27,12 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/io/self_exe.h"
+#include "base/process/run_guard.h"
 #include "base/status.h"
+#include "perf/stale_processes.h"
 
 namespace baton::perf {
 
@@ -65,16 +72,47 @@ class WorkDir {
   bool remove_ = false;
 };
 
+// The stale-process report of this run, set by StartPerfRun (null before).
+inline nlohmann::json& StaleProcessesJson() {
+  static nlohmann::json report;
+  return report;
+}
+
+// The guard and the stale check every driver starts with: the folders among `args` that hold
+// a model (a config.json) are the models the check looks for. Returns 1 (with the reason on
+// stderr) when the guard cannot start, else 0.
+inline int StartPerfRun(const char* name, int argc, char** argv) {
+  if (Status guarded = RunGuard::Install(name); !guarded.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name, guarded.ToString().c_str());
+    return 1;
+  }
+  std::vector<std::string> model_dirs;
+  for (int i = 1; i < argc; ++i) {
+    std::error_code ec;
+    if (std::filesystem::exists(std::filesystem::path(argv[i]) / "config.json", ec)) {
+      model_dirs.push_back(std::filesystem::absolute(argv[i], ec).lexically_normal().string());
+    }
+  }
+  const StaleReport report = FindStaleProcesses(model_dirs);
+  WarnAboutStaleProcesses(name, report);
+  StaleProcessesJson() = StaleReportJson(report);
+  return 0;
+}
+
 inline int FailRun(const std::string& name, const Status& status, WorkDir& work) {
   work.Keep();
   std::fprintf(stderr, "%s: %s; logs in %s\n", name.c_str(), status.ToString().c_str(),
                work.path().c_str());
-  std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", status.ToString()}}.dump().c_str());
+  nlohmann::json failed{{"ok", false}, {"error", status.ToString()}};
+  if (!StaleProcessesJson().is_null()) failed["stale_processes"] = StaleProcessesJson();
+  std::printf("%s\n", failed.dump().c_str());
   return 1;
 }
 
-inline void EmitResult(const nlohmann::json& result, const std::string& dir,
-                       const std::string& file) {
+inline void EmitResult(nlohmann::json result, const std::string& dir, const std::string& file) {
+  if (!StaleProcessesJson().is_null() && result.is_object()) {
+    result["stale_processes"] = StaleProcessesJson();
+  }
   const std::string line = result.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (!dir.empty()) {
     std::error_code ec;
@@ -96,6 +134,7 @@ int RunPerfDriver(int argc, char** argv, const char* name, const char* usage, Pa
     std::fprintf(stderr, "%s: %s\n%s", name, error.c_str(), usage);
     return 2;
   }
+  if (const int started = StartPerfRun(name, argc, argv); started != 0) return started;
   if (flags.bin.empty()) {
     flags.bin = SelfExeDir();
   }

@@ -187,7 +187,9 @@ void EngineLoop::Run() {
     Apply(&commands);
     if (hooks_.between_steps) hooks_.between_steps();
     if (!generator_->idle()) {
+      const TimePoint start = clock_.Now();
       StepOnce();
+      Pace(start);
     } else {  // cancellations emptied the batch: the gauges say so before the loop sleeps
       metrics_->SetQueue(0, static_cast<int64_t>(generator_->waiting()));
     }
@@ -270,6 +272,24 @@ void EngineLoop::StepOnce() {
   if (batch > 0) metrics_->ObserveStep(batch, seconds);
   metrics_->SetQueue(static_cast<int64_t>(generator_->running()),
                      static_cast<int64_t>(generator_->waiting()));
+}
+
+// Until step_interval_ after `step_start` on clock_ (polled, so a FakeClock drives it too),
+// applying the commands that arrive meanwhile; returns early when stopping.
+void EngineLoop::Pace(TimePoint step_start) {
+  if (step_interval_ <= Duration::zero()) return;
+  constexpr auto kPoll = std::chrono::milliseconds(1);
+  const TimePoint due = step_start + step_interval_;
+  std::vector<Command> commands;
+  while (clock_.Now() < due) {
+    {
+      MutexLock lock(mu_);
+      if (stop_) return;
+      if (inbox_.empty()) cv_.WaitFor(mu_, kPoll);
+      commands.swap(inbox_);
+    }
+    Apply(&commands);
+  }
 }
 
 void EngineLoop::OnToken(const TokenEvent& event) {

@@ -116,6 +116,11 @@ class EngineLoop {
   EngineLoop(const EngineLoop&) = delete;
   EngineLoop& operator=(const EngineLoop&) = delete;
 
+  // Paces decoding: a step starts at least `interval` (on the loop's clock) after the
+  // previous one, so each stream gets at most one token per interval, as from a model far
+  // larger than the one loaded; commands are still applied in between. Zero (the default)
+  // steps as fast as the model computes. Call before Start().
+  void SetStepInterval(Duration interval) { step_interval_ = interval; }
   void Start();
   void Stop();
 
@@ -149,6 +154,7 @@ class EngineLoop {
   bool WaitForWork(std::vector<Command>* commands);
   void Apply(std::vector<Command>* commands);
   void StepOnce();
+  void Pace(TimePoint step_start);
   void OnToken(const TokenEvent& event);
   void FailPending(const Status& status);
   void Fail(Command* c, const Status& status);
@@ -170,6 +176,7 @@ class EngineLoop {
   std::thread thread_;
 
   // Compute thread only.
+  Duration step_interval_{0};
   std::unordered_map<uint64_t, Sink> sinks_;
   int finished_in_step_ = 0;
   Status refusal_;  // set once the guard failed

@@ -44,6 +44,7 @@ constexpr char kUsage[] =
     "                       [--max-step-tokens S] [--served-model-name NAME]\n"
     "                       [--engine-version LABEL] [--fail-percent P] [--seed-offset N]\n"
     "                       [--kv-handoff on|off] [--kv-format NAME] [--kv-keep-ms N]\n"
+    "                       [--step-interval-ms N]\n"
     "                       [--controller SOCKET --token T --role primary|standby\n"
     "                        --engine-id ID]\n"
     "  --model              model directory (config.json; safetensors when standalone)\n"
@@ -69,6 +70,10 @@ constexpr char kUsage[] =
     "                       baton-refengine-kv/1); engines of other names adopt nothing\n"
     "  --kv-keep-ms         how long adopted KV waits for its request to come back\n"
     "                       (default 30000)\n"
+    "  --step-interval-ms   pace: a decoding step at most every N ms, so a stream gets one\n"
+    "                       token per N ms, as from a far larger model (demos, drills: a\n"
+    "                       stream of a small model lasts long enough to be killed in the\n"
+    "                       middle); default 0, as fast as the model computes\n"
     "  --controller ...     run under baton-controller (values it fills in; missing ones\n"
     "                       are read from BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID)\n"
     "                       If the controller goes away the engine serves on and reattaches\n"
@@ -97,6 +102,7 @@ struct Flags {
   bool kv_handoff = true;
   std::string kv_format = "baton-refengine-kv/1";
   int kv_keep_ms = 30000;
+  int step_interval_ms = 0;
 };
 
 template <typename T>
@@ -158,6 +164,8 @@ std::string ApplyFlag(std::string_view arg, std::string_view v, Flags* f) {
     f->kv_format = v;
   else if (arg == "--kv-keep-ms")
     return ParseInt(arg, v, 0, 1 << 30, &f->kv_keep_ms);
+  else if (arg == "--step-interval-ms")
+    return ParseInt(arg, v, 0, 60000, &f->step_interval_ms);
   else
     return "unknown argument: " + std::string(arg);
   return "";
@@ -307,6 +315,7 @@ void Engine::StartLoop(EngineLoopHooks hooks) {
   if (handoff_) hooks.between_steps = [h = handoff_.get()] { h->Expire(); };
   loop_ = std::make_unique<EngineLoop>(model_.get(), cache_.get(), options, &metrics_, clock_,
                                        std::move(hooks));
+  loop_->SetStepInterval(std::chrono::milliseconds(flags_.step_interval_ms));
   loop_->Start();
 }
 

@@ -111,10 +111,12 @@ json DeviceJson(const ControllerStatus& c) {
   j.update(json{{"device", d.device},
                 {"weights_bytes", s.weights_bytes},
                 {"weights_chunks", s.weights_chunks},
+                {"pin", ToString(s.pin)},
                 {"pinned", s.pinned},
                 {"pin_ms", s.pin_ms},
                 {"remat_ms", s.remat_ms},
                 {"remat_gbps", s.remat_gbps},
+                {"copied_bytes", s.copied_bytes},
                 {"pool_bytes", s.pool_bytes},
                 {"pool_chunk_bytes", s.pool_chunk_bytes},
                 {"pool_chunks", s.pool_chunks}});
@@ -257,7 +259,11 @@ json StatusJson(const ControllerStatus& c) {
             {"started_at", WallTime(c.started_at, core.now)},
             {"incarnation", core.incarnation},
             {"restarts", c.restarts},
-            {"keeper", c.keeper},
+            {"keeper",
+             {{"state", ToString(c.keeper.state)},
+              {"pid", c.keeper.pid},
+              {"restarts", c.keeper.restarts},
+              {"detail", c.keeper.detail}}},
             {"launches", core.launches},
             {"failovers", core.failovers},
             {"switchovers_called_off", core.called_off_switchovers},
@@ -354,6 +360,12 @@ std::string StatusText(const ControllerStatus& c) {
       << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
       << " GB/s\n";
+  const json& k = s["controller"]["keeper"];
+  out << "keeper: " << k["state"].get<std::string>();
+  if (k["pid"].get<int>() > 0) out << " (pid " << k["pid"] << ")";
+  if (k["restarts"].get<uint64_t>() > 0) out << ", restarted " << k["restarts"] << " times";
+  if (!k["detail"].get<std::string>().empty()) out << ": " << k["detail"].get<std::string>();
+  out << "\n";
   out << DegradationText(c);
   RoutesAndHistoryText(s, out);
   const CoordinatorStatus& core = c.core;

@@ -45,10 +45,11 @@ std::vector<Degradation> Degradations(const ControllerStatus& c) {
                                           ? "the pool is on normal pages"
                                           : c.pool.huge_pages_fallback});
   }
-  if (config.keep_memory && c.keeper != "kept") {
-    out.push_back({"keeper", "baton-keeper " + c.keeper +
-                                 ": a controller restart reloads the weights and fences the "
-                                 "engines"});
+  if (config.keep_memory && c.keeper.state != KeeperState::kKeeping) {
+    std::string why = "baton-keeper " + std::string(ToString(c.keeper.state));
+    if (!c.keeper.detail.empty()) why += " (" + c.keeper.detail + ")";
+    out.push_back({"keeper", why + ": a controller restart now reloads the weights and fences "
+                                   "the engines"});
   }
   return out;
 }
@@ -74,7 +75,7 @@ std::string DegradationMetrics(const ControllerStatus& c) {
         c.pool.huge_pages);
   gauge("baton_memory_kept",
         "1 while baton-keeper keeps the weights and the pool for the next controller",
-        c.keeper == "kept");
+        c.keeper.state == KeeperState::kKeeping);
   return out.str();
 }
 

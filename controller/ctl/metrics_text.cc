@@ -102,6 +102,16 @@ std::string MetricsText(const ControllerStatus& c) {
           "Process start to the pair ready again with the same engines, at this start",
           *core.recovery.readopt_ms);
   }
+  counter("baton_keeper_restarts_total",
+          "baton-keeper processes started after the one keeping the memory died",
+          static_cast<double>(c.keeper.restarts));
+  out << "# HELP baton_keeper_state 1 for baton-keeper's state now (keeping, restarting, "
+         "unavailable, off)\n# TYPE baton_keeper_state gauge\n";
+  for (KeeperState k : {KeeperState::kKeeping, KeeperState::kRestarting, KeeperState::kUnavailable,
+                        KeeperState::kOff}) {
+    out << "baton_keeper_state{state=\"" << ToString(k) << "\"} " << (c.keeper.state == k ? 1 : 0)
+        << "\n";
+  }
   gauge("baton_weights_adopted", "1 when the weights were taken over from a previous controller",
         c.weights.load_method == "adopted" ? 1 : 0);
   out << UpgradeMetrics(c);

@@ -16,6 +16,9 @@ namespace baton {
 namespace {
 
 constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
+// Tries of one request: the first, and on a new connection after the keeper closed one (a
+// process that stalls right after connecting may find even the new one closed).
+constexpr int kAttempts = 3;
 
 proto::ChannelOptions ClientOptions() {
   return proto::ChannelOptions{.max_frame_size = proto::kControllerMaxFrameSize,
@@ -80,7 +83,28 @@ Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path) {
                                    .launch_token = "",
                                    .min_version = proto::kProtocolVersionReattach})
           .status());
-  return KeeperClient(std::move(io), std::move(channel));
+  return KeeperClient(socket_path, std::move(io), std::move(channel));
+}
+
+template <typename Msg>
+Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> KeeperClient::Request(
+    const Msg& msg, const std::vector<int>& fds) {
+  using Answered = Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>>;
+  Status sent = channel_->Send(msg, fds);
+  Answered answer = sent.ok() ? Answer(*channel_) : Answered(sent);
+  for (int attempt = 1; attempt < kAttempts; ++attempt) {
+    // A keeper that does not answer in time is not asked again; anything else may be a
+    // connection the keeper closed (idle for its timeout, or a keeper started anew).
+    if (answer.ok() || answer.status().code() == StatusCode::kDeadlineExceeded) return answer;
+    BATON_LOG(INFO, "keeper") << "the connection to baton-keeper is closed ("
+                              << answer.status().message() << "): connecting again";
+    BATON_ASSIGN_OR_RETURN(KeeperClient fresh, TryConnect(socket_path_));
+    io_ = std::move(fresh.io_);
+    channel_ = std::move(fresh.channel_);
+    sent = channel_->Send(msg, fds);
+    answer = sent.ok() ? Answer(*channel_) : Answered(sent);
+  }
+  return answer;
 }
 
 Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
@@ -100,31 +124,33 @@ Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
   return client.status().WithContext("baton-keeper did not answer after it was started");
 }
 
+Result<pid_t> KeeperClient::KeeperPid() {
+  BATON_ASSIGN_OR_RETURN(proto::PeerCredentials peer, channel_->peer_credentials());
+  return peer.pid;
+}
+
 Status KeeperClient::Keep(const std::string& name, const std::string& manifest,
                           const std::vector<int>& fds) {
-  BATON_RETURN_IF_ERROR(channel_->Send(proto::KeepMemory{.name = name, .manifest = manifest}, fds));
-  BATON_ASSIGN_OR_RETURN(auto answer, Answer(*channel_));
+  BATON_ASSIGN_OR_RETURN(auto answer,
+                         Request(proto::KeepMemory{.name = name, .manifest = manifest}, fds));
   if (!answer.first.found) return Internal("baton-keeper did not keep '" + name + "'");
   return OkStatus();
 }
 
 Result<std::optional<KeptItem>> KeeperClient::Fetch(const std::string& name) {
-  BATON_RETURN_IF_ERROR(channel_->Send(proto::FetchMemory{.name = name}));
-  BATON_ASSIGN_OR_RETURN(auto answer, Answer(*channel_));
+  BATON_ASSIGN_OR_RETURN(auto answer, Request(proto::FetchMemory{.name = name}, {}));
   if (!answer.first.found) return std::optional<KeptItem>();
   return std::optional<KeptItem>(
       KeptItem{.manifest = std::move(answer.first.manifest), .fds = std::move(answer.second)});
 }
 
 Status KeeperClient::Release(const std::string& name) {
-  BATON_RETURN_IF_ERROR(channel_->Send(proto::ReleaseMemory{.name = name}));
-  return Answer(*channel_).status();
+  return Request(proto::ReleaseMemory{.name = name}, {}).status();
 }
 
 Result<bool> KeeperClient::Forget(const std::string& name) {
   if (name.empty()) return InvalidArgument("Forget(\"\") would end the keeper");
-  BATON_RETURN_IF_ERROR(channel_->Send(proto::ReleaseMemory{.name = name}));
-  BATON_ASSIGN_OR_RETURN(auto answer, Answer(*channel_));
+  BATON_ASSIGN_OR_RETURN(auto answer, Request(proto::ReleaseMemory{.name = name}, {}));
   return answer.first.found;
 }
 

@@ -2,7 +2,10 @@
 // keeper at the socket path, or starts one: `baton-keeper` beside the controller's own
 // binary, detached (its own session, reparented away from the controller, no parent-death
 // signal), so that it outlives the controller. Each call is one request and its answer over a
-// blocking channel; all of them are short (a local socket, no disk).
+// blocking channel; all of them are short (a local socket, no disk). The keeper closes a
+// connection idle for its idle timeout (memory_keeper.h), and a controller may hold one across
+// a long weight load: a request that finds its connection closed connects again and is sent
+// again, up to three tries in all (every request is idempotent).
 //
 // Ownership: the client owns its channel and an io_context that is never run. Thread: the
 // caller's (the controller's io thread, at start-up and shutdown only).
@@ -45,14 +48,26 @@ class KeeperClient {
   // Closes what is kept under `name` (not ""); whether anything was.
   Result<bool> Forget(const std::string& name);
 
+  // The keeper's pid, as the kernel saw it when this client connected.
+  Result<pid_t> KeeperPid();
+
   // The path of baton-keeper beside the running program ("" when it is not there).
   static std::string DefaultBinary();
 
  private:
-  KeeperClient(std::unique_ptr<boost::asio::io_context> io, proto::Channel channel)
-      : io_(std::move(io)), channel_(std::make_unique<proto::Channel>(std::move(channel))) {}
+  KeeperClient(std::string socket_path, std::unique_ptr<boost::asio::io_context> io,
+               proto::Channel channel)
+      : socket_path_(std::move(socket_path)),
+        io_(std::move(io)),
+        channel_(std::make_unique<proto::Channel>(std::move(channel))) {}
   static Result<KeeperClient> TryConnect(const std::string& socket_path);
+  // Sends `msg` with `fds` and returns the answer; again on a new connection when the keeper
+  // had closed this one.
+  template <typename Msg>
+  Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Request(const Msg& msg,
+                                                                      const std::vector<int>& fds);
 
+  std::string socket_path_;
   std::unique_ptr<boost::asio::io_context> io_;
   std::unique_ptr<proto::Channel> channel_;
 };

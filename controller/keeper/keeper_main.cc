@@ -2,6 +2,8 @@
 // (controller/keeper/memory_keeper.h). Started by the controller, detached from it.
 //   baton-keeper --socket PATH [--empty-exit-s N]
 //   baton-keeper --version
+// BATON_KEEPER_IDLE_TIMEOUT_MS in the environment (the controller's, which starts it) changes
+// how long a connection may stay idle before the keeper closes it (default 10000).
 // Exit status: 0 when told to release everything or when idle and empty, 1 when it cannot
 // bind, 2 on bad usage.
 #include <signal.h>
@@ -31,6 +33,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: baton-keeper --socket PATH [--empty-exit-s N]\n");
       return 2;
     }
+  }
+  if (const char* idle = std::getenv("BATON_KEEPER_IDLE_TIMEOUT_MS"); idle != nullptr) {
+    const long long ms = std::strtoll(idle, nullptr, 10);
+    if (ms <= 0) {
+      std::fprintf(stderr, "baton-keeper: BATON_KEEPER_IDLE_TIMEOUT_MS: want milliseconds > 0\n");
+      return 2;
+    }
+    options.idle_timeout = std::chrono::milliseconds(ms);
   }
   if (options.socket_path.empty()) {
     std::fprintf(stderr, "baton-keeper: --socket is required\n");

@@ -7,7 +7,23 @@
 namespace baton {
 
 const char* ToString(PinnedHostKind kind) {
-  return kind == PinnedHostKind::kHostNuma ? "host_numa" : "registered";
+  switch (kind) {
+    case PinnedHostKind::kHostNuma:
+      return "host_numa";
+    case PinnedHostKind::kRegistered:
+      return "registered";
+    case PinnedHostKind::kPageable:
+      return "pageable";
+  }
+  return "?";
+}
+
+bool ReadOnlyRegisterSupported(const PrimaryContext& ctx) {
+  int supported = 0;
+  return BATON_CU(ctx.driver(), cuDeviceGetAttribute, &supported,
+                  CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED, ctx.device())
+             .ok() &&
+         supported != 0;
 }
 
 HostNumaSupport QueryHostNuma(const PrimaryContext& ctx) {
@@ -63,18 +79,26 @@ Result<PinnedHostCache> PinnedHostCache::CreateHostNuma(const PrimaryContext& ct
 }
 
 Result<PinnedHostCache> PinnedHostCache::Register(const PrimaryContext& ctx, uint8_t* data,
-                                                  uint64_t bytes, uint64_t chunk_bytes) {
+                                                  uint64_t bytes, uint64_t chunk_bytes,
+                                                  bool read_only) {
   if (data == nullptr || bytes == 0 || chunk_bytes == 0) {
     return InvalidArgument("pinned host cache: nothing to register");
   }
   BATON_RETURN_IF_ERROR(ctx.MakeCurrent());
+  if (read_only && !ReadOnlyRegisterSupported(ctx)) {
+    return FailedPrecondition(
+        "the range is mapped read-only and the device cannot register read-only host memory "
+        "(CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED is 0)");
+  }
+  const unsigned flags =
+      CU_MEMHOSTREGISTER_PORTABLE | (read_only ? CU_MEMHOSTREGISTER_READ_ONLY : 0u);
   const TimePoint start = RealClock::Get().Now();
   PinnedHostCache cache;
   cache.kind_ = PinnedHostKind::kRegistered;
+  cache.read_only_ = read_only;
   for (uint64_t at = 0; at < bytes; at += chunk_bytes) {
     const uint64_t n = std::min(chunk_bytes, bytes - at);
-    Result<HostRegistration> r =
-        HostRegistration::Register(ctx.driver(), data + at, n, CU_MEMHOSTREGISTER_PORTABLE);
+    Result<HostRegistration> r = HostRegistration::Register(ctx.driver(), data + at, n, flags);
     if (!r.ok()) {
       return r.status().WithContext("registering host bytes [" + std::to_string(at) + ", +" +
                                     std::to_string(n) + ")");
@@ -84,8 +108,20 @@ Result<PinnedHostCache> PinnedHostCache::Register(const PrimaryContext& ctx, uin
   cache.data_ = data;
   cache.bytes_ = bytes;
   cache.copy_unit_ = std::min(chunk_bytes, bytes);
-  cache.note_ = "cuMemHostRegister in " + std::to_string(cache.registrations_.size()) + " chunks";
+  cache.note_ =
+      std::string(read_only ? "cuMemHostRegister (read-only) in " : "cuMemHostRegister in ") +
+      std::to_string(cache.registrations_.size()) + " chunks";
   cache.setup_ms_ = MillisBetween(start, RealClock::Get().Now());
+  return cache;
+}
+
+PinnedHostCache PinnedHostCache::Pageable(uint8_t* data, uint64_t bytes, const std::string& why) {
+  PinnedHostCache cache;
+  cache.kind_ = PinnedHostKind::kPageable;
+  cache.data_ = data;
+  cache.bytes_ = bytes;
+  cache.copy_unit_ = bytes;
+  cache.note_ = "not pinned (" + why + "): copied from pageable memory, staged by the driver";
   return cache;
 }
 

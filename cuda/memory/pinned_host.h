@@ -8,7 +8,16 @@
 //              CU_DEVICE_ATTRIBUTE_HOST_NUMA_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED (CUDA 12.2+).
 //   registered an existing host range (the memfd arena of weightcache/io/pinned_arena.h)
 //              page-locked with cuMemHostRegister in chunks (one call per chunk keeps each
-//              registration bounded and lets a failure name the chunk).
+//              registration bounded and lets a failure name the chunk). A range the process
+//              maps read-only (an adopted, sealed arena) is registered with
+//              CU_MEMHOSTREGISTER_READ_ONLY, which the driver requires for it on hosts whose
+//              GPU does not use the host's page tables (x86), and only where the device has
+//              CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED.
+//   pageable   not pinned (where pinning was refused): the same range, copied from pageable
+//              memory, which the driver stages through its own pinned buffers at a fraction of
+//              the speed. note() says why.
+// A copy from data() must not run past the end of the registration it starts in (the driver
+// refuses it): copy in pieces that stay within copy_unit().
 // Move-only; owns the allocation, mappings or registrations. The context passed in must
 // outlive it. Thread-compatible.
 #pragma once
@@ -26,7 +35,7 @@
 
 namespace baton {
 
-enum class PinnedHostKind { kHostNuma, kRegistered };
+enum class PinnedHostKind { kHostNuma, kRegistered, kPageable };
 const char* ToString(PinnedHostKind kind);
 
 struct PinnedHostOptions {
@@ -43,14 +52,21 @@ struct HostNumaSupport {
 };
 // Whether the device can allocate host-NUMA VMM memory, and on which node.
 HostNumaSupport QueryHostNuma(const PrimaryContext& ctx);
+// CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED: whether cuMemHostRegister takes
+// CU_MEMHOSTREGISTER_READ_ONLY on this device (false where the driver does not answer).
+bool ReadOnlyRegisterSupported(const PrimaryContext& ctx);
 
 class PinnedHostCache {
  public:
   PinnedHostCache() = default;
   static Result<PinnedHostCache> CreateHostNuma(const PrimaryContext& ctx,
                                                 const PinnedHostOptions& options);
+  // `read_only`: the process maps the range read-only; registered with
+  // CU_MEMHOSTREGISTER_READ_ONLY (FailedPrecondition where the device does not support it).
   static Result<PinnedHostCache> Register(const PrimaryContext& ctx, uint8_t* data, uint64_t bytes,
-                                          uint64_t chunk_bytes);
+                                          uint64_t chunk_bytes, bool read_only = false);
+  // The range as it is, not pinned, because of `why`.
+  static PinnedHostCache Pageable(uint8_t* data, uint64_t bytes, const std::string& why);
   // Host-NUMA where supported and allowed; otherwise registers `fallback` (which must hold
   // options.bytes). note() says which and why.
   static Result<PinnedHostCache> Create(const PrimaryContext& ctx, const PinnedHostOptions& options,
@@ -62,6 +78,7 @@ class PinnedHostCache {
   // chunk size when registered, bytes() for host-NUMA memory (one mapping).
   uint64_t copy_unit() const { return copy_unit_; }
   PinnedHostKind kind() const { return kind_; }
+  bool read_only() const { return read_only_; }
   int numa_node() const { return numa_node_; }
   const std::string& note() const { return note_; }
   double setup_ms() const { return setup_ms_; }
@@ -71,6 +88,7 @@ class PinnedHostCache {
   uint64_t bytes_ = 0;
   uint64_t copy_unit_ = 0;
   PinnedHostKind kind_ = PinnedHostKind::kRegistered;
+  bool read_only_ = false;
   int numa_node_ = -1;
   std::string note_;
   double setup_ms_ = 0;

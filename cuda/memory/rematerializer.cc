@@ -30,7 +30,8 @@ Result<Rematerializer> Rematerializer::Create(const PrimaryContext& ctx,
   return r;
 }
 
-Result<CopyStats> Rematerializer::Copy(CUdeviceptr dst, const uint8_t* src, uint64_t bytes) const {
+Result<CopyStats> Rematerializer::Copy(CUdeviceptr dst, const uint8_t* src, uint64_t bytes,
+                                       uint64_t unit) const {
   if (ctx_ == nullptr) return FailedPrecondition("rematerializer not created");
   BATON_RETURN_IF_ERROR(ctx_->MakeCurrent());
   const CudaDriver& cu = ctx_->driver();
@@ -38,8 +39,9 @@ Result<CopyStats> Rematerializer::Copy(CUdeviceptr dst, const uint8_t* src, uint
                   .streams = static_cast<int>(streams_.size()),
                   .chunk_bytes = options_.chunk_bytes};
   const TimePoint start = RealClock::Get().Now();
-  for (uint64_t at = 0; at < bytes; at += options_.chunk_bytes) {
-    const uint64_t n = std::min(options_.chunk_bytes, bytes - at);
+  for (uint64_t at = 0, n = 0; at < bytes; at += n) {
+    n = std::min(options_.chunk_bytes, bytes - at);
+    if (unit > 0) n = std::min(n, unit - at % unit);
     const Stream& s = streams_[stats.copies % streams_.size()];
     BATON_RETURN_IF_ERROR(BATON_CU(cu, cuMemcpyHtoDAsync, dst + at, src + at, n, s.get())
                               .WithContext("rematerializing bytes [" + std::to_string(at) + ", +" +

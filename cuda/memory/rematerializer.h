@@ -3,9 +3,10 @@
 // copy engines stay busy; PlainPinnedCopy() is the baseline it is measured against (one
 // synchronous cuMemcpyHtoD of the whole range, or of each `piece` bytes of it). The source
 // must be pinned (PinnedHostCache) or the driver stages it through bounce buffers at a
-// fraction of the speed; a copy that spans two cuMemHostRegister registrations may be staged
-// too, so a registered cache is copied in pieces that each lie in one registration
-// (PinnedHostCache::copy_unit(); the rematerializer's chunks must divide it).
+// fraction of the speed; a copy whose host side starts in one cuMemHostRegister registration
+// and runs past its end is refused by the driver (CUDA_ERROR_INVALID_VALUE), so a registered
+// cache is copied in pieces that each lie in one registration (PinnedHostCache::copy_unit():
+// Copy's `unit`, PlainPinnedCopy's `piece`).
 // Move-only; owns its streams. Thread-compatible (the context must be current).
 #pragma once
 
@@ -41,8 +42,11 @@ class Rematerializer {
  public:
   Rematerializer() = default;
   static Result<Rematerializer> Create(const PrimaryContext& ctx, const RematOptions& options);
-  // Copies [src, src + bytes) to dst and waits for it.
-  Result<CopyStats> Copy(CUdeviceptr dst, const uint8_t* src, uint64_t bytes) const;
+  // Copies [src, src + bytes) to dst and waits for it. `unit` > 0: no copy crosses a multiple
+  // of `unit` bytes from src (the source's registrations: PinnedHostCache::copy_unit()), so a
+  // chunk that would is cut there.
+  Result<CopyStats> Copy(CUdeviceptr dst, const uint8_t* src, uint64_t bytes,
+                         uint64_t unit = 0) const;
 
  private:
   const PrimaryContext* ctx_ = nullptr;

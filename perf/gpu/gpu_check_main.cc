@@ -3,7 +3,8 @@
 //   baton-perf-gpu-check [--out DIR] [--device N] [--weights-gib 16,64] [--pool-gib 32]
 //       [--pool-chunk-mib 256] [--weight-chunk-mib 1024] [--remat-gib 16] [--remat-streams 4]
 //       [--remat-chunk-mib 64] [--reps 3] [--drill-runs 2] [--deadline-s 420]
-//       [--steps remat,drill,pair,torch] [--torch-engine PATH]
+//       [--steps remat,drill,pair,torch,restart,registration] [--torch-engine PATH]
+//       [--restart-model 4g] [--restart-dtype bf16] [--restart-ready-ms 50]
 //       [--unit-tests PASSED,FAILED,SKIPPED,RC]
 //
 // Prints one JSON object as the last line of stdout and writes it to DIR/gpu_check.json.
@@ -12,7 +13,9 @@
 // drill (cuda/drill/device_drill.h) for each weight set, and the real controller's pair on the
 // device with a kill -9 failover (perf/gpu/gpu_check_pair.h), and that pair once more with
 // PyTorch engines on the C ABI (--torch-engine: perf/gpu/gpu_check_torch_engine.py; the step is
-// skipped without it); `--steps` picks a subset. Exit 0
+// skipped without it), the controller killed and restarted on a large model with the device
+// memory adopted, and an engine registering on a 4 KiB-page arena without being taken for hung
+// (perf/gpu/gpu_check_restart.h); `--steps` picks a subset. Exit 0
 // when every step passed (promotion at most 1000 ms, rematerialization at least 90 % of the
 // baseline, every check true), 1
 // when a step failed or missed its target, 3 when the deadline passed (the JSON says where).
@@ -35,7 +38,9 @@
 #include "base/io/self_exe.h"
 #include "base/log.h"
 #include "cuda/driver/gpu_backend.h"
+#include "perf/driver_main.h"
 #include "perf/gpu/gpu_check_pair.h"
+#include "perf/gpu/gpu_check_restart.h"
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 #include "cuda/drill/device_drill.h"
@@ -61,8 +66,11 @@ struct Flags {
   int reps = 3;
   int drill_runs = 2;
   int deadline_s = 420;
-  std::string steps = "remat,drill,pair,torch";
+  std::string steps = "remat,drill,pair,torch,restart,registration";
   std::string torch_engine;
+  std::string restart_model = "4g";
+  std::string restart_dtype = "bf16";
+  double restart_ready_ms = 50;
   std::string unit_tests;
   bool Runs(const std::string& step) const {
     return ("," + steps + ",").find("," + step + ",") != std::string::npos;
@@ -81,7 +89,8 @@ void Snapshot(const json& result) {
 }
 
 // Prints `object` as the last line and writes it to the out folder.
-void Emit(const json& object) {
+void Emit(json object) {
+  if (!perf::StaleProcessesJson().is_null()) object["stale_processes"] = perf::StaleProcessesJson();
   const std::string line = object.dump();
   std::ofstream(g_out_file, std::ios::trunc) << line << "\n";
   std::printf("%s\n", line.c_str());
@@ -109,6 +118,7 @@ void StartWatchdog(int seconds) {
       ::close(fd);
     }
     (void)!::write(STDOUT_FILENO, line.data(), line.size());
+    RunGuard::Finish();  // the steps' processes go with the run
     ::_exit(3);
   }).detach();
 }
@@ -158,6 +168,12 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->steps = v;
     else if (arg == "--torch-engine")
       f->torch_engine = v;
+    else if (arg == "--restart-model")
+      f->restart_model = v;
+    else if (arg == "--restart-dtype")
+      f->restart_dtype = v;
+    else if (arg == "--restart-ready-ms")
+      f->restart_ready_ms = std::strtod(v.c_str(), nullptr);
     else
       return "unknown flag " + arg;
   }
@@ -235,8 +251,28 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     result["torch"] = TorchStep(pair, f.torch_engine);
     ok = ok && result["torch"].value("ok", false);
   }
-  result["targets"] =
-      json{{"promotion_ms_max", 1000}, {"promotion_ms_aim", 250}, {"remat_ratio_min", 0.9}};
+  RestartStepOptions restart{.bin_dir = pair.bin_dir,
+                             .work_dir = f.out,
+                             .device = f.device,
+                             .preset = f.restart_model,
+                             .dtype = f.restart_dtype,
+                             .ready_target_ms = f.restart_ready_ms};
+  if (f.Runs("restart")) {
+    g_step = "controller restarts on the device";
+    result["restart"] = RestartStep(restart);
+    ok = ok && result["restart"].value("ok", false);
+    Snapshot(result);
+  }
+  if (f.Runs("registration")) {
+    g_step = "registration on a 4 KiB-page arena";
+    result["registration"] = RegistrationStep(restart);
+    ok = ok && result["registration"].value("ok", false);
+    Snapshot(result);
+  }
+  result["targets"] = json{{"promotion_ms_max", 1000},
+                           {"promotion_ms_aim", 250},
+                           {"remat_ratio_min", 0.9},
+                           {"restart_ready_ms_max", f.restart_ready_ms}};
   result["ok"] = ok && result["unit_tests"].value("ok", true);
   return ok ? 0 : 1;
 }
@@ -293,6 +329,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "%s\nsee the header of perf/gpu/gpu_check_main.cc for the flags\n",
                  error == "help" ? "usage: baton-perf-gpu-check [flags]" : error.c_str());
     return 2;
+  }
+  if (const int started = baton::perf::StartPerfRun("baton-perf-gpu-check", argc, argv);
+      started != 0) {
+    return started;
   }
   return baton::Run(flags);
 }

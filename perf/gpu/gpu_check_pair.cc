@@ -1,172 +1,58 @@
 #include "perf/gpu/gpu_check_pair.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <functional>
+#include <sstream>
 #include <thread>
 #include <vector>
+
+#include "perf/gpu/gpu_check_daemon.h"
 
 namespace baton {
 namespace {
 
 using json = nlohmann::json;
-using Clock = std::chrono::steady_clock;
 
-// The last line of `command`'s stdout parsed as JSON (null when it is not JSON).
-json RunJson(const std::string& command) {
-  FILE* p = ::popen((command + " 2>/dev/null").c_str(), "r");
-  if (p == nullptr) return nullptr;
-  std::string out, last;
-  char buf[4096];
-  while (std::fgets(buf, sizeof(buf), p) != nullptr) out += buf;
-  ::pclose(p);
-  size_t end = out.find_last_not_of('\n');
-  if (end == std::string::npos) return nullptr;
-  size_t begin = out.rfind('\n', end);
-  const size_t from = begin == std::string::npos ? 0 : begin + 1;
-  last = out.substr(from, end + 1 - from);
-  return json::parse(last, nullptr, /*allow_exceptions=*/false);
-}
-
-json EngineWithRole(const json& status, const std::string& role) {
-  if (!status.is_object() || !status.contains("engines")) return nullptr;
-  for (const json& e : status["engines"]) {
-    if (e.value("role", "") == role) return e;
+// The pair's configuration: the test engines (or `engine_command`) taking the device memory,
+// the tiny model in DIR/model, a pool of 8 chunks of 16 MiB (so a canary can have chunks of
+// its own).
+std::string PairConfig(const PairStepOptions& o, const std::string& dir) {
+  std::vector<std::string> command = o.engine_command;
+  if (command.empty()) {
+    command = {o.bin_dir + "/baton_test_engine_helper", "--device-memory", "--violations-dir",
+               "{dir}/violations"};
   }
-  return nullptr;
-}
-
-bool IsReady(const json& s) {
-  if (!s.is_object() || !s.contains("pair") || s["pair"].value("state", "") != "ready") {
-    return false;
+  std::ostringstream out;
+  out << "[model]\ndir = " << json(dir + "/model") << "\nlock = false\n"
+      << "[engine]\ncommand = [";
+  for (size_t i = 0; i < command.size(); ++i) {
+    std::string arg = command[i];
+    if (size_t at = arg.find("{dir}"); at != std::string::npos) arg.replace(at, 5, dir);
+    out << (i == 0 ? "" : ", ") << json(arg);  // a JSON string is a TOML basic string
   }
-  const json p = EngineWithRole(s, "primary");
-  return !p.is_null() && p.value("serving", false) && !EngineWithRole(s, "standby").is_null();
-}
-
-class Pair {
- public:
-  Pair(const PairStepOptions& o, std::string dir) : o_(o), dir_(std::move(dir)) {}
-  ~Pair() { Stop(); }
-
-  std::string Socket() const { return dir_ + "/run/controller.sock"; }
-  json Ctl(const std::string& args) const {
-    return RunJson(o_.bin_dir + "/batonctl --json --socket " + Socket() + " " + args);
-  }
-
-  bool WriteConfig() const {
-    std::vector<std::string> command = o_.engine_command;
-    if (command.empty()) {
-      command = {o_.bin_dir + "/baton_test_engine_helper", "--device-memory", "--violations-dir",
-                 "{dir}/violations"};
-    }
-    std::ofstream out(dir_ + "/controller.toml");
-    out << "[controller]\nruntime_dir = " << json(dir_ + "/run") << "\n"
-        << "[model]\ndir = " << json(dir_ + "/model") << "\nlock = false\n"
-        << "[engine]\ncommand = [";
-    for (size_t i = 0; i < command.size(); ++i) {
-      std::string arg = command[i];
-      if (size_t at = arg.find("{dir}"); at != std::string::npos) arg.replace(at, 5, dir_);
-      out << (i == 0 ? "" : ", ") << json(arg);  // a JSON string is a TOML basic string
-    }
-    out << "]\n";
-    if (o_.promote_timeout_ms > 0) out << "promote_timeout_ms = " << o_.promote_timeout_ms << "\n";
-    // 16 MiB chunks: the pool is 8 chunks, so a canary can have chunks of its own.
-    out << "[pool]\nblocks = 64\nblock_bytes = 2097152\n"
-        << "[gpu]\nbackend = \"cuda\"\ndevice = " << o_.device << "\npool_chunk_bytes = 16777216\n";
-    return out.good();
-  }
-
-  bool Start() {
-    const std::string bin = o_.bin_dir + "/baton-controller";
-    const std::string config = dir_ + "/controller.toml", log = dir_ + "/controller.log";
-    pid_ = ::fork();
-    if (pid_ < 0) return false;
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (fd >= 0) {
-        ::dup2(fd, STDOUT_FILENO);
-        ::dup2(fd, STDERR_FILENO);
-      }
-      ::execl(bin.c_str(), bin.c_str(), "--config", config.c_str(), nullptr);
-      ::_exit(127);
-    }
-    return true;
-  }
-
-  // Polls status until `pred` holds or the timeout passes; the last status seen.
-  json WaitFor(const std::function<bool(const json&)>& pred, bool* held) const {
-    const auto deadline = Clock::now() + std::chrono::seconds(o_.timeout_s);
-    json s;
-    while (Clock::now() < deadline) {
-      s = Ctl("status");
-      if (pred(s)) {
-        *held = true;
-        return s;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    *held = false;
-    return s;
-  }
-
-  void Stop() {
-    if (pid_ <= 0) return;
-    ::kill(pid_, SIGTERM);
-    for (int i = 0; i < 200; ++i) {
-      if (::waitpid(pid_, nullptr, WNOHANG) == pid_) {
-        pid_ = -1;
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  const PairStepOptions& o_;
-  std::string dir_;
-  pid_t pid_ = -1;
-};
-
-json Fail(json r, const std::string& error) {
-  r["ok"] = false;
-  r["error"] = error;
-  return r;
-}
-
-size_t CountFiles(const std::string& dir) {
-  std::error_code ec;
-  size_t n = 0;
-  for (auto it = std::filesystem::directory_iterator(dir, ec);
-       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
-    ++n;
-  }
-  return n;
+  out << "]\n";
+  if (o.promote_timeout_ms > 0) out << "promote_timeout_ms = " << o.promote_timeout_ms << "\n";
+  out << "[pool]\nblocks = 64\nblock_bytes = 2097152\n"
+      << "[gpu]\nbackend = \"cuda\"\ndevice = " << o.device << "\npool_chunk_bytes = 16777216\n";
+  return out.str();
 }
 
 // A canary of the engines' own command beside the primary on the device pool, at 50 % for
 // long enough that both stamp their blocks, then rolled back: whole chunks each (no chunk
 // leased to both, which the controller's invariant check would name), no header of the
 // other engine found in a block (the violation files), and the chunks back with the primary.
-json CanaryStep(const Pair& pair, const json& ready, const std::string& dir) {
+json CanaryStep(const StepController& pair, const json& ready, const std::string& dir) {
   json r;
   std::string command;
   for (const json& arg : ready["upgrade"].value("active_command", json::array())) {
     command += " '" + arg.get<std::string>() + "'";
   }
   const json up = pair.Ctl("upgrade --steps 50,100 --step-ms 600000 --" + command);
-  if (!up.is_object() || !up.value("ok", false)) return Fail(r, "upgrade refused: " + up.dump());
+  if (!up.is_object() || !up.value("ok", false))
+    return FailStep(r, "upgrade refused: " + up.dump());
   bool held = false;
   const json canary = pair.WaitFor(
       [](const json& s) {
@@ -175,7 +61,7 @@ json CanaryStep(const Pair& pair, const json& ready, const std::string& dir) {
                EngineWithRole(s, "canary").value("blocks", 0) > 0;
       },
       &held);
-  if (!held) return Fail(r, "the canary never served; see controller.log");
+  if (!held) return FailStep(r, "the canary never served; see controller.log");
   std::this_thread::sleep_for(std::chrono::milliseconds(500));  // both stamp their blocks
   r["canary_blocks"] = EngineWithRole(canary, "canary")["blocks"];
   r["primary_blocks"] = EngineWithRole(canary, "primary")["blocks"];
@@ -183,13 +69,13 @@ json CanaryStep(const Pair& pair, const json& ready, const std::string& dir) {
   r["primary_extents"] = EngineWithRole(canary, "primary")["extents"];
   r["canary_device_memory"] = EngineWithRole(canary, "canary").value("device_memory", "");
   r["invariants_during"] = pair.Ctl("status").value("invariants", "");
-  if (!pair.Ctl("rollback").value("ok", false)) return Fail(r, "rollback refused");
+  if (!pair.Ctl("rollback").value("ok", false)) return FailStep(r, "rollback refused");
   const json after = pair.WaitFor(
       [](const json& s) {
         return IsReady(s) && !s["upgrade"]["history"].empty() && s["pool"]["free"] == 0;
       },
       &held);
-  if (!held) return Fail(r, "the rollback did not end with a ready pair; see controller.log");
+  if (!held) return FailStep(r, "the rollback did not end with a ready pair; see controller.log");
   r["outcome"] = after["upgrade"]["history"].back().value("outcome", "");
   r["invariants"] = after.value("invariants", "");
   r["violations"] = CountFiles(dir + "/violations");
@@ -200,23 +86,6 @@ json CanaryStep(const Pair& pair, const json& ready, const std::string& dir) {
 
 }  // namespace
 
-// The engines' reports in dir/reports once there are `want` of them (null at the deadline).
-json WaitForReports(const std::string& dir, int want, int timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::seconds(timeout_s);
-  while (true) {
-    json reports = json::array();
-    std::error_code ec;
-    for (const auto& f : std::filesystem::directory_iterator(dir + "/reports", ec)) {
-      if (f.path().extension() != ".json") continue;
-      std::ifstream in(f.path());
-      reports.push_back(json::parse(in, nullptr, /*allow_exceptions=*/false));
-    }
-    if (static_cast<int>(reports.size()) >= want) return reports;
-    if (Clock::now() >= deadline) return nullptr;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-}
-
 json PairStep(const PairStepOptions& o) {
   const std::string dir = o.work_dir + "/" + o.name;
   std::error_code ec;
@@ -225,26 +94,29 @@ json PairStep(const PairStepOptions& o) {
   json r{{"dir", dir}};
   const std::string mk = o.bin_dir + "/baton-mkmodel --out " + dir + "/model --preset tiny";
   if (std::system((mk + " > " + dir + "/mkmodel.log 2>&1").c_str()) != 0) {
-    return Fail(r, "baton-mkmodel failed; see mkmodel.log");
+    return FailStep(r, "baton-mkmodel failed; see mkmodel.log");
   }
-  Pair pair(o, dir);
-  if (!pair.WriteConfig() || !pair.Start()) return Fail(r, "could not start baton-controller");
+  StepController pair(o.bin_dir, dir, o.timeout_s);
+  if (!pair.WriteConfig(PairConfig(o, dir)) || !pair.Start()) {
+    return FailStep(r, "could not start baton-controller");
+  }
   bool held = false;
   const json before = pair.WaitFor(IsReady, &held);
-  if (!held) return Fail(r, "no ready pair; see controller.log");
+  if (!held) return FailStep(r, "no ready pair; see controller.log");
   r["device"] = before["device"];
   const json primary = EngineWithRole(before, "primary");
   const uint64_t old_id = primary.value("id", uint64_t{0});
   if (o.reports > 0 && WaitForReports(dir, 1, o.timeout_s).is_null()) {
-    return Fail(r, "the primary wrote no report; see controller.log");
+    return FailStep(r, "the primary wrote no report; see controller.log");
   }
-  if (::kill(primary.value("pid", 0), SIGKILL) != 0) return Fail(r, "could not kill the primary");
+  if (::kill(primary.value("pid", 0), SIGKILL) != 0)
+    return FailStep(r, "could not kill the primary");
   const json after = pair.WaitFor(
       [old_id](const json& s) {
         return IsReady(s) && EngineWithRole(s, "primary").value("id", uint64_t{0}) != old_id;
       },
       &held);
-  if (!held) return Fail(r, "the standby was not promoted; see controller.log");
+  if (!held) return FailStep(r, "the standby was not promoted; see controller.log");
   json memory = json::array();
   for (const json& e : after["engines"]) memory.push_back(e.value("device_memory", ""));
   r["engines_device_memory"] = memory;

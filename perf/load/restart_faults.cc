@@ -62,6 +62,19 @@ uint64_t ReadBytesOf(int pid) {
   return 0;
 }
 
+// What a status says of the recovery: the pair's state, the engines' pids, and what the new
+// controller did with the memory and the previous engines (a pair that is ready with other
+// engines than before is not recovered).
+std::string Describe(const json& s) {
+  std::string pids;
+  for (int pid : EnginePids(s)) pids += (pids.empty() ? "" : ",") + std::to_string(pid);
+  const json& r = s["controller"]["recovery"];
+  return s["pair"].value("state", "?") + ", engines " + pids +
+         ", memory: " + r.value("memory", std::string("?")) +
+         ", fenced: " + std::to_string(r.value("fenced", json::array()).size()) +
+         (r.value("in_progress", false) ? ", in progress" : "");
+}
+
 // Polls the fast status every millisecond until `done` holds; the status, or an error.
 template <typename Pred>
 Result<json> PollUntil(const std::string& socket, Pred done, Duration limit) {
@@ -70,7 +83,7 @@ Result<json> PollUntil(const std::string& socket, Pred done, Duration limit) {
   while (RealClock::Get().Now() < deadline) {
     Result<json> s = FastStatus(socket);
     if (s.ok() && s->contains("pair") && done(*s)) return s;
-    last = s.ok() ? s->at("pair").value("state", "?") : s.status().message();
+    last = s.ok() ? Describe(*s) : s.status().message();
     std::this_thread::sleep_for(milliseconds(1));
   }
   return DeadlineExceeded("not recovered in time (last: " + last + ")");

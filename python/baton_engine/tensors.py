@@ -7,8 +7,10 @@ Nothing is copied and no model file is read: each tensor's storage is the contro
 memory, mapped into this process. PyTorch has no read-only tensors; the weight arena is mapped
 read-only, so writing a weight tensor kills the process with SIGSEGV rather than change what
 the other engine of the pair reads. On a CUDA-backend controller, `device_weight_tensors`
-wraps the device copy the same way (no host memory involved); the device KV pool is served to
-PyTorch by libbaton_torch_alloc.so as a pluggable allocator (docs/gpu.md).
+wraps the device copy the same way (no host memory involved), and `device_block_region`
+wraps the device KV pool's blocks for an engine that lays out its own cache in them
+(baton-torch-engine); a framework that allocates its cache itself gets the pool's blocks
+through libbaton_torch_alloc.so as a pluggable allocator (docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -69,15 +71,38 @@ def weight_tensors(engine: "Engine") -> dict[str, Any]:
 def device_weight_tensors(engine: "Engine") -> dict[str, Any]:
     """Every weight as a CUDA tensor over the controller's device copy (no copy); needs
     Engine.connect(use_device_memory=True) on a CUDA-backend controller."""
-    torch = _torch()
     region = engine.device_weights()
     out = {}
     for t in engine.tensors():
-        holder = _DeviceBytes(region.address + t.offset, t.nbytes)
-        raw = torch.as_tensor(holder, device=f"cuda:{region.device}")
+        raw = device_bytes_tensor(region.device, region.address + t.offset, t.nbytes)
         dtype = torch_dtype(t.dtype)
         out[t.name] = raw if dtype is None else raw.view(dtype).reshape(t.shape)
     return out
+
+
+def device_bytes_tensor(device: int, address: int, nbytes: int) -> Any:
+    """A uint8 CUDA tensor over `nbytes` of device memory at `address` on CUDA device
+    `device` (no copy). The first byte must be mapped: PyTorch asks the driver which device
+    the address is on."""
+    torch = _torch()
+    return torch.as_tensor(_DeviceBytes(address, nbytes), device=f"cuda:{device}")
+
+
+def device_block_region(engine: "Engine", first: int) -> Any:
+    """The device pool from block `first` (held, so mapped) to its end, as one uint8 CUDA
+    tensor: block b at [(b - first) * block_bytes, ...). Blocks this engine does not hold lie
+    in it unmapped and must not be touched."""
+    region, pool = engine.device_pool(), engine.pool()
+    start = first * pool.block_bytes
+    return device_bytes_tensor(region.device, region.address + start,
+                               pool.block_count * pool.block_bytes - start)
+
+
+def host_block_region(engine: "Engine") -> Any:
+    """The host pool's whole reserved range as one uint8 CPU tensor (block b at
+    b * block_bytes): only granted blocks are mapped; the rest must not be touched."""
+    pool = engine.pool()
+    return bytes_tensor(pool.base, pool.block_count * pool.block_bytes)
 
 
 class _DeviceBytes:

@@ -1,85 +1,72 @@
-"""One request's generation on the LlamaModel: prefill, then a token at a time, each chosen
+"""The HTTP threads' side of generation: a request becomes a job of the Scheduler (continuous
+batching on the compute thread, batching.py), and its tokens come back as Steps, each chosen
 by the reference engine's sampler at its absolute position, with the text built as the
-reference engine builds it. Requests run one at a time on the engine's compute thread (one
-lock); their KV blocks go back to the cache when they end."""
+reference engine builds it. Closing the iterator (a client gone) cancels the job; its KV
+blocks go back to the cache."""
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
-from .llama import KvBlocks, LlamaModel, Sequence_
+from .batching import Job, Scheduler, Step
+from .kv_blocks import KvBlocks
+from .llama import LlamaModel
 from .requests import ApiError, Completion
-from .sampler import sample_token
-from .text import TextBuilder
 
-
-@dataclass
-class Step:
-    """What one generated token lets out: its id, its text, and the finish reason once the
-    generation ends ("" while it goes on)."""
-    token: int
-    text: str
-    finish_reason: str = ""
+__all__ = ["Generator", "Step", "usage"]
 
 
 class Generator:
     def __init__(self, model: LlamaModel, kv: KvBlocks, eos: list[int],
-                 may_compute: Callable[[], bool] = lambda: True):
-        self.model, self.kv, self.eos = model, kv, set(eos)
-        self.may_compute = may_compute
-        self.lock = threading.Lock()
-        self.generated_total = 0
-        self.prompt_total = 0
+                 may_compute: Callable[[], bool] = lambda: True, max_batch: int = 16,
+                 max_step_tokens: int = 256,
+                 on_error: Optional[Callable[[BaseException], int]] = None,
+                 log: Callable[[str], None] = lambda text: None):
+        self.model = model
+        self.scheduler = Scheduler(model, kv, eos, may_compute, max_batch, max_step_tokens,
+                                   on_error, log)
+        device = model.device
+        self.scheduler.start(on_thread=lambda: _use_device(device))
+
+    @property
+    def generated_total(self) -> int:
+        return self.scheduler.generated_total
+
+    @property
+    def prompt_total(self) -> int:
+        return self.scheduler.prompt_total
 
     def run(self, req: Completion) -> Iterator[Step]:
         """Yields a Step per generated token; raises ApiError 503 when the engine may no
         longer compute (fenced) and 429 when the KV cache has no room."""
-        with self.lock:
-            yield from self._run(req)
+        yield from self._steps(self.scheduler.submit(req))
 
-    def _run(self, req: Completion) -> Iterator[Step]:
-        seq = Sequence_()
-        text = TextBuilder(req.stop)
-        fresh = len(req.prompt_ids) - req.resume_tokens
-        for t in req.prompt_ids[fresh:]:  # already sent by another engine: text only
-            text.push(t)
+    def _steps(self, job: Job) -> Iterator[Step]:
         try:
-            logits = self._forward(seq, req.prompt_ids)
-            self.prompt_total += fresh
-            position = len(req.prompt_ids)
-            for n in range(req.max_tokens):
-                token = sample_token(logits.tolist(), req.temperature, req.top_p, req.seed,
-                                     position)
-                position += 1
-                self.generated_total += 1
-                if token in self.eos:
-                    yield Step(token, text.finish(), "stop")
+            while True:
+                item = job.steps.get()
+                if isinstance(item, ApiError):
+                    raise item
+                yield item
+                if item.finish_reason:
                     return
-                out = text.push(token)
-                if text.stopped:
-                    yield Step(token, out, "stop")
-                    return
-                if n + 1 == req.max_tokens:
-                    yield Step(token, out + text.finish(), "length")
-                    return
-                yield Step(token, out)
-                logits = self._forward(seq, [token])
         finally:
-            self.kv.give_back(seq.blocks)
+            if not job.done:
+                try:
+                    self.scheduler.cancel(job)
+                except ApiError:  # stopping: the scheduler fails it anyway
+                    pass
 
-    def _forward(self, seq: Sequence_, tokens: list[int]):
-        if not self.may_compute():
-            raise ApiError("the engine was fenced", status=503, kind="server_error")
-        try:
-            return self.model.forward(self.kv, seq, tokens)
-        except MemoryError as e:
-            raise ApiError(str(e), status=429, kind="server_error") from e
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+
+def _use_device(device) -> None:
+    if device.is_cuda:
+        import torch
+        torch.cuda.set_device(device.torch)
 
 
 def usage(req: Completion, generated: int) -> dict:
     return {"prompt_tokens": len(req.prompt_ids) - req.resume_tokens,
             "completion_tokens": generated + req.resume_tokens,
             "total_tokens": len(req.prompt_ids) + generated}
-
-

@@ -2,15 +2,19 @@
 
 Under a controller (--controller, or BATON_SOCKET in the environment, as the controller
 launches it) it connects through baton_engine and stands by half-started: the weights are the
-controller's arena, wrapped as tensors without a copy; the HTTP server already listens and
-answers 503. Promoted, it keeps its KV cache in the granted blocks, marks itself serving, and
-follows the controller's events (grants, reclaims, drains, resume, stop). Standalone
-(--standalone, or neither --controller nor BATON_SOCKET) it reads the weights from the
-model's safetensors files into its own memory before it listens, as vLLM's and SGLang's
-loaders do: the cold start Baton is measured against (--map-weights maps them instead).
+controller's arena (--device cuda: its device copy), wrapped as tensors without a copy; the
+HTTP server already listens and answers 503; a step is rehearsed on the compute thread.
+Promoted, it keeps its KV cache in the granted blocks (on CUDA the device pool's), marks
+itself serving, batches its requests (batching.py), and follows the controller's events
+(grants, reclaims, drains, resume, stop). Standalone (--standalone, or neither --controller
+nor BATON_SOCKET) it reads the weights from the model's safetensors files into its own memory
+before it listens, as vLLM's and SGLang's loaders do: the cold start Baton is measured
+against (--map-weights maps them instead).
 
     baton-torch-engine --model DIR [--host H] [--port N] [--port-file F]
                        [--served-model-name NAME] [--engine-version LABEL] [--threads K]
+                       [--device cpu|cuda|cuda:N] [--tile-rows R]
+                       [--max-batch S] [--max-step-tokens T]
                        [--standalone [--map-weights] [--kv-blocks N] [--block-bytes B]]
                        [--controller SOCKET --token T --engine-id ID]
                        [--keep-library-pages]
@@ -35,6 +39,15 @@ def parse(argv):
     p.add_argument("--served-model-name", default="")
     p.add_argument("--engine-version", default="baton-torch-engine")
     p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's)")
+    p.add_argument("--device", default="cpu",
+                   help="cpu (default), cuda or cuda:N: where the model computes; under a "
+                   "controller, cuda takes its device weights and device pool")
+    p.add_argument("--tile-rows", type=int, default=None,
+                   help="cuda: rows per product tile (default 128; 0: the batch as it comes, "
+                   "not batch-invariant)")
+    p.add_argument("--max-batch", type=int, default=16, help="sequences per step")
+    p.add_argument("--max-step-tokens", type=int, default=256,
+                   help="tokens per step (prompts are prefilled in chunks to fit)")
     p.add_argument("--standalone", action="store_true",
                    help="read the weights from the model's files (the default without "
                    "--controller or BATON_SOCKET)")
@@ -78,22 +91,55 @@ def build_state(args):
     return config, state
 
 
+def start_device(args):
+    from .device import ComputeDevice
+    device = ComputeDevice.parse(args.device, args.tile_rows)
+    log(device.start())
+    return device
+
+
+def generator_options(args, device, engine=None) -> dict:
+    return dict(max_batch=args.max_batch, max_step_tokens=args.max_step_tokens, log=log,
+                on_error=lambda e: on_step_error(e, device, engine))
+
+
+def on_step_error(error: BaseException, device, engine) -> int:
+    """A failed step's status for its requests: a CUDA error is reported through the SDK (a
+    sticky one fences this engine, and the router replays on the next primary): 503."""
+    if not device.is_cuda:
+        return 500
+    from .device import cuda_error_code
+    code = cuda_error_code(error)
+    if code == 0:
+        return 500
+    if engine is not None:
+        from baton_engine import BatonError
+        try:
+            engine.report_cuda_error(code, "baton-torch-engine forward step")
+        except BatonError as e:
+            log(f"CUDA error reported: {e}")
+    return 503
+
+
 def run_standalone(args) -> int:
-    import torch
     from .generation import Generator
-    from .llama import KvBlocks, LlamaModel
+    from .kv_blocks import KvBlocks
+    from .llama import LlamaModel
     from .safetensors_files import read_model
     from .server import serve
+    device = start_device(args)
     started = time.monotonic()
     weights, buffers = read_model(args.model, mapped=args.map_weights)
+    if device.is_cuda:  # a cold start's own copy on the device
+        weights = {n: t.to(device.torch) for n, t in weights.items()}
     log(f"{'mapped' if args.map_weights else 'read'} the weights of {args.model} in "
         f"{(time.monotonic() - started) * 1e3:.1f} ms")
     config, state = build_state(args)
-    model = LlamaModel(config, weights)
-    kv = KvBlocks(config, args.block_bytes)
-    for b in range(args.kv_blocks):
-        kv.add(b, torch.zeros(args.block_bytes, dtype=torch.uint8))
-    state.generator = Generator(model, kv, config.eos_token_ids)
+    model = LlamaModel(config, weights, device)
+    kv = KvBlocks.private(config, args.block_bytes, args.kv_blocks, model.kv_dtype,
+                          device.torch)
+    state.generator = Generator(model, kv, config.eos_token_ids,
+                                **generator_options(args, device))
     state.serving = True
     serve(state, args.host, args.port, lambda port: write_port(args.port_file, port))
     log(f"serving {args.model} standalone")
@@ -101,58 +147,102 @@ def run_standalone(args) -> int:
     return 0
 
 
-def run_under_controller(args) -> int:
-    from baton_engine import Engine, EventKind, FailedPrecondition
-    from baton_engine.tensors import weight_tensors
-    from .pool_kv import PoolKv
-    from .server import serve
-    from .llama import LlamaModel
-    from .rehearsal import rehearse
-    started = time.monotonic()
-    config, state = build_state(args)
-    bound = {}
-    serve(state, args.host, args.port, lambda port: bound.update(port=port))  # 503 for now
+def connect(args, device, bound):
+    """The half start: connected and registered, the weights (and on CUDA the device pool)
+    mapped; returns (engine, weights, device on the controller's GPU)."""
+    from baton_engine import Engine, NotFound
+    from baton_engine.tensors import device_weight_tensors, weight_tensors
     engine = Engine.connect(socket_path=args.controller or None,
                             launch_token=args.token or None, engine_id=args.engine_id,
                             engine_version=args.engine_version,
-                            http_address=f"{args.host}:{bound['port']}")
+                            http_address=f"{args.host}:{bound['port']}",
+                            use_device_memory=device.is_cuda)
+    if not device.is_cuda:
+        return engine, weight_tensors(engine), device
+    try:
+        region = engine.device_weights()
+    except NotFound as e:
+        engine.close()
+        raise RuntimeError("--device cuda needs a controller with device memory ([gpu] backend "
+                           f"= \"cuda\"): {e.reason}") from e
+    if device.index is not None and device.index != region.device:
+        engine.close()
+        raise RuntimeError(f"--device {device.name}: the controller's device memory is on "
+                           f"cuda:{region.device}")
+    if device.index is None:
+        device = device.with_index(region.device)
+        log(device.start())
+    return engine, device_weight_tensors(engine), device
+
+
+def run_under_controller(args) -> int:
+    from .llama import LlamaModel
+    from .pool_kv import PoolKv
+    from .server import serve
+    started = time.monotonic()
+    device = start_device(args)
+    config, state = build_state(args)
+    bound = {}
+    serve(state, args.host, args.port, lambda port: bound.update(port=port))  # 503 for now
+    engine, weights, device = connect(args, device, bound)
     with engine:
-        model = LlamaModel(config, weight_tensors(engine))
-        if not args.keep_library_pages:
-            drop_library_pages()
-        at = time.monotonic()
-        rehearse(config, model.w, engine.pool().block_bytes)
-        log(f"rehearsed a promotion and a decode step in {(time.monotonic() - at) * 1e3:.1f} ms")
-        write_port(args.port_file, bound["port"])
-        log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
+        model = LlamaModel(config, weights, device)
+        kv = PoolKv(engine, model)
+        generator = kv.generator(**generator_options(args, device, engine))
         try:
-            promoted = engine.wait_promotion()
-        except FailedPrecondition as e:
-            log(f"stopped as a standby: {e}")
-            return 0
-        at = time.monotonic()
-        kv = PoolKv(engine, config)
-        kv.take(promoted.extents)
-        state.generator = kv.generator(model)
-        state.serving = True
-        engine.mark_serving()
-        log(f"engine {engine.id} serving at epoch {engine.epoch} with {len(kv.blocks.blocks)} "
-            f"KV blocks, {(time.monotonic() - at) * 1e3:.2f} ms after its promotion")
-        for event in engine.events():
-            if event.kind == EventKind.GRANTED:
-                kv.take(event.extents)
-            elif event.kind == EventKind.RECLAIM:
-                engine.return_blocks(kv.give(event.blocks))
-            elif event.kind == EventKind.DRAIN:
-                with engine.drain(event) as d:
-                    state.stopping = True
-                    d.unfinished = wait_idle(state, event.timeout_ms, engine)
-            elif event.kind == EventKind.RESUME:
-                state.stopping = False
-            elif event.kind in (EventKind.STOP, EventKind.DISCONNECTED):
-                state.stopping = True
-                log(f"{event.kind.name.lower()}: {event.reason}")
+            promoted_at = stand_by(args, engine, model, kv, generator, bound["port"], started)
+            if promoted_at is not None:
+                serve_events(engine, state, kv, generator, promoted_at)
+        finally:
+            generator.stop()  # no step may touch the pool once the session unmaps it
     return 0
+
+
+def stand_by(args, engine, model, kv, generator, port: int, started: float):
+    """The standby's wait: library pages dropped, a step rehearsed on the compute thread,
+    then the promotion, whose blocks the cache takes. Returns when the promotion came (its
+    monotonic time), None when told to stop first."""
+    from baton_engine import FailedPrecondition
+    from .rehearsal import rehearse
+    if not args.keep_library_pages:
+        drop_library_pages()
+    at = time.monotonic()
+    generator.scheduler.call(lambda: rehearse(model, kv.block_bytes))
+    log(f"rehearsed a promotion and a decode step in {(time.monotonic() - at) * 1e3:.1f} ms")
+    write_port(args.port_file, port)
+    log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
+    try:
+        promoted = engine.wait_promotion()
+    except FailedPrecondition as e:
+        log(f"stopped as a standby: {e}")
+        return None
+    at = time.monotonic()
+    kv.take(promoted.extents)
+    return at
+
+
+def serve_events(engine, state, kv, generator, at: float) -> None:
+    """Promoted: serves, and follows the controller's events until told to stop."""
+    from baton_engine import EventKind
+    state.generator = generator
+    state.serving = True
+    engine.mark_serving()
+    log(f"engine {engine.id} serving at epoch {engine.epoch} with {kv.blocks.total} KV blocks, "
+        f"{(time.monotonic() - at) * 1e3:.2f} ms after its promotion")
+    for event in engine.events():
+        if event.kind == EventKind.GRANTED:
+            kv.take(event.extents)
+        elif event.kind == EventKind.RECLAIM:
+            engine.return_blocks(kv.give(event.blocks))
+        elif event.kind == EventKind.DRAIN:
+            with engine.drain(event) as d:
+                state.stopping = True
+                d.unfinished = wait_idle(state, event.timeout_ms, engine)
+        elif event.kind == EventKind.RESUME:
+            state.stopping = False
+        elif event.kind in (EventKind.STOP, EventKind.DISCONNECTED):
+            state.stopping = True
+            log(f"{event.kind.name.lower()}: {event.reason}")
 
 
 def drop_library_pages() -> None:

@@ -1,33 +1,53 @@
-"""The torch engine's KV cache in the pool blocks the controller granted: each granted block
-becomes a KvBlocks block through baton_engine.tensors.block_tensor (no copy); a RECLAIM is
-answered with free blocks only, which leave the cache before they are returned."""
+"""The torch engine's KV cache in the pool blocks the controller grants: on the CPU the host
+pool, on CUDA the device pool (the engine connected with use_device_memory), each wrapped as
+one tensor (baton_engine.tensors host_block_region / device_block_region, no copy) that the
+KvBlocks view indexes by block. A RECLAIM is answered with free blocks only, in whole chunks
+of the device pool (one block each on the host), which leave the cache before they are
+returned."""
 from __future__ import annotations
 
 from baton_engine import Extent
-from baton_engine.tensors import block_tensor
+from baton_engine.tensors import device_block_region, host_block_region
 
 from .generation import Generator
-from .llama import KvBlocks, LlamaConfig
+from .llama import LlamaModel
 
 
 class PoolKv:
-    def __init__(self, engine, config: LlamaConfig):
-        self.engine = engine
-        self.block_bytes = engine.pool().block_bytes
-        self.blocks = KvBlocks(config, self.block_bytes)
-        self.config = config
+    def __init__(self, engine, model: LlamaModel):
+        self.engine, self.model = engine, model
+        pool = engine.pool()
+        self.block_bytes, self.pool_blocks = pool.block_bytes, pool.block_count
+        self.blocks = model.new_kv(self.block_bytes)
+        self.per_chunk = 1
+        if model.device.is_cuda:
+            self.per_chunk = max(1, engine.device_pool().chunk_bytes // self.block_bytes)
+        else:
+            self.blocks.set_region(host_block_region(engine), 0)
 
     def take(self, extents) -> None:
-        for e in extents:
-            rows = block_tensor(self.engine, e)
-            for i in range(e.count):
-                if e.first + i not in self.blocks.blocks:
-                    self.blocks.add(e.first + i, rows[i])
+        """Adds granted blocks (on CUDA the region grows down to the lowest one first)."""
+        granted = [e.first + i for e in extents for i in range(e.count)]
+        if not granted:
+            return
+        if self.model.device.is_cuda:
+            lowest = min(granted + list(self.blocks.blocks))
+            if not self.blocks.covers(lowest):
+                self.blocks.set_region(device_block_region(self.engine, lowest), lowest)
+        for b in granted:
+            self.blocks.add(b)
 
     def give(self, count: int) -> list[Extent]:
-        """Up to `count` free blocks, removed from the cache, as extents of one block."""
-        return [Extent(first=b, count=1) for b in self.blocks.remove_free(count)]
+        """Up to `count` free blocks, in whole chunks, removed from the cache."""
+        gone = self.blocks.remove_free(count, self.per_chunk, self.pool_blocks)
+        out: list[Extent] = []
+        for b in gone:
+            if out and out[-1].first + out[-1].count == b:
+                out[-1] = Extent(first=out[-1].first, count=out[-1].count + 1)
+            else:
+                out.append(Extent(first=b, count=1))
+        return out
 
-    def generator(self, model) -> Generator:
-        return Generator(model, self.blocks, self.config.eos_token_ids,
-                         may_compute=self.engine.may_write)
+    def generator(self, **options) -> Generator:
+        return Generator(self.model, self.blocks, self.model.c.eos_token_ids,
+                         may_compute=self.engine.may_write, **options)

@@ -10,7 +10,8 @@ engine's, standby/engine_api.h):
     GET  /metrics  Prometheus text
 
 A standby answers the completion routes 503 with Retry-After. Each connection has its own
-thread (keep-alive, HTTP/1.1); generation is serialized by the Generator.
+thread (keep-alive, HTTP/1.1); the requests of all of them are batched on the compute thread
+(the Generator's scheduler).
 """
 from __future__ import annotations
 
@@ -230,18 +231,36 @@ def metrics_text(s: State) -> str:
         for code, n in sorted(s.responses.items()):
             lines.append(f'baton_engine_http_responses_total{{code="{code}"}} {n}')
         running = s.in_flight
-    lines += ["# HELP baton_engine_prompt_tokens_total Prompt tokens of admitted requests.",
-              "# TYPE baton_engine_prompt_tokens_total counter",
-              f"baton_engine_prompt_tokens_total {g.prompt_total if g else 0}",
-              "# HELP baton_engine_generated_tokens_total Tokens generated.",
-              "# TYPE baton_engine_generated_tokens_total counter",
-              f"baton_engine_generated_tokens_total {g.generated_total if g else 0}",
-              "# HELP baton_engine_running_requests Requests being answered.",
-              "# TYPE baton_engine_running_requests gauge",
-              f"baton_engine_running_requests {running}",
-              "# HELP baton_engine_serving 1 while the engine serves, 0 while it stands by.",
-              "# TYPE baton_engine_serving gauge",
-              f"baton_engine_serving {1 if s.serving and not s.stopping else 0}"]
+    sch = g.scheduler if g else None
+    invariant = bool(g and g.model.batch_invariant)
+    for name, kind, text, value in [
+            ("prompt_tokens_total", "counter", "Prompt tokens of admitted requests.",
+             sch.prompt_total if sch else 0),
+            ("generated_tokens_total", "counter", "Tokens generated.",
+             sch.generated_total if sch else 0),
+            ("running_requests", "gauge", "Requests being answered.", running),
+            ("batch_sequences", "gauge", "Sequences in the compute thread's batch.",
+             len(sch.running) if sch else 0),
+            ("waiting_requests", "gauge", "Requests waiting for room in the batch.",
+             len(sch.waiting) if sch else 0),
+            ("steps_total", "counter", "Batched forward steps computed.",
+             sch.steps_total if sch else 0),
+            ("preemptions_total", "counter",
+             "Sequences preempted for recompute when the KV cache was full.",
+             sch.preempted_total if sch else 0),
+            ("batch_invariant", "gauge",
+             "1 when a row's logits do not depend on the batch it is computed in.",
+             int(invariant)),
+            ("serving", "gauge", "1 while the engine serves, 0 while it stands by.",
+             1 if s.serving and not s.stopping else 0)]:
+        lines += [f"# HELP baton_engine_{name} {text}", f"# TYPE baton_engine_{name} {kind}",
+                  f"baton_engine_{name} {value}"]
+    lines += ["# HELP baton_engine_resumed_requests_total Replays admitted "
+              "(baton_resume_tokens > 0); batch_invariant=\"false\": their continuation may "
+              "differ from the interrupted run's.",
+              "# TYPE baton_engine_resumed_requests_total counter",
+              f'baton_engine_resumed_requests_total{{batch_invariant="{str(invariant).lower()}"}} '
+              f"{sch.resumed_total if sch else 0}"]
     return "\n".join(lines) + "\n"
 
 

@@ -1,13 +1,28 @@
 """The PyTorch Llama (baton_torch_engine) against the reference engine on the same generated
 models: the same greedy tokens for 64 steps, and the same seeded samples (temperature and
 nucleus) until the reference engine stops at an end-of-sequence token, on F32 and BF16
-weights (BF16 also with products sliced into many row slices); the widening scratch gives the
-values of an fp32 product; the model's files read or mapped give the same tensors, and a
-broken file is refused either way; a standby's rehearsal runs a step and changes no weight;
-the engine runs itself again on a huge-page heap, keeping its pid, unless GLIBC_TUNABLES
-already says otherwise. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without
-it every test says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
-baton-refengine)."""
+weights (BF16 also with products sliced into many row slices), except where the two engines'
+logits are too close to a tie for two fp32 computations to agree on (below); the widening
+scratch widens exactly, and its sliced products are within the rounding bound of the exact
+product; the model's files read or mapped give the same tensors, and a broken file is
+refused either way; a standby's rehearsal runs a step and changes no weight; the engine runs
+itself again on a huge-page heap, keeping its pid, unless GLIBC_TUNABLES already says
+otherwise; --device is parsed, and cuda without CUDA refused saying why; a RECLAIM gives
+whole free chunks back as the SDK's TakeWholeChunks walks them, and the KV view lays blocks
+out as the reference engine. Needs PyTorch (Debian's python3-torch for /usr/bin/python3); without it every test
+says so and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel,
+baton-refengine).
+
+The two engines compute the same fp32 operations in different orders (the reference engine's
+kernels against PyTorch's, whichever BLAS and vector width this CPU gives it), so their logits
+agree to a rounding error, not to the bit. For the tiny model (width 64 to 192, two layers)
+each fp32 dot product of length K <= 192 is within K * 2^-24 ~ 1.1e-5 of the sum of its
+terms' magnitudes, which here are of the order of the result; through two layers, the
+normalized activations and the softmax, the logits of the two engines differ by a few 1e-5
+(LOGIT_TOLERANCE leaves a margin of ten). A step where this engine's choice would change under
+a shift of every logit by at most LOGIT_TOLERANCE is a near-tie: the engines may choose
+differently there and the comparison stops at it (it says so); a difference anywhere else
+fails."""
 import json
 import os
 import subprocess
@@ -18,10 +33,15 @@ import unittest
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from engine_process import start_engine  # noqa: E402
 
 try:
     import torch
     from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, Sequence_
+    from baton_torch_engine.products import Products
+    from baton_torch_engine.device import ComputeDevice
     from baton_torch_engine.rehearsal import rehearse
     from baton_torch_engine.safetensors_files import read_model
     from baton_torch_engine.sampler import sample_token, sample_uniform
@@ -35,27 +55,25 @@ BIN = os.environ.get("BATON_BIN_DIR",
                                   "build", "bin"))
 PROMPT = list(b"The quick brown fox")
 STEPS = 64
+LOGIT_TOLERANCE = 1e-3
+
+
+def near_tie(logits, temperature, top_p, seed, position):
+    """Whether the sampled token changes when every logit moves by at most LOGIT_TOLERANCE:
+    the chosen token's logit down and all others up, and the reverse, and a few random
+    shifts in between."""
+    chosen = sample_token(logits, temperature, top_p, seed, position)
+    shifts = [[-1.0 if i == chosen else 1.0 for i in range(len(logits))],
+              [1.0 if i == chosen else -1.0 for i in range(len(logits))]]
+    g = torch.Generator().manual_seed(position)
+    shifts += [(torch.rand(len(logits), generator=g) * 2 - 1).tolist() for _ in range(8)]
+    return any(sample_token([v + LOGIT_TOLERANCE * d for v, d in zip(logits, shift)],
+                            temperature, top_p, seed, position) != chosen for shift in shifts)
 
 
 def start_refengine(model_dir):
-    port_file = os.path.join(model_dir, "ref.port")
-    if os.path.exists(port_file):
-        os.remove(port_file)
-    proc = subprocess.Popen([os.path.join(BIN, "baton-refengine"), "--model", model_dir,
-                             "--port-file", port_file], stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        text = ""
-        if os.path.exists(port_file):
-            with open(port_file) as f:
-                text = f.read().strip()
-        if text:
-            return proc, int(text)
-        if proc.poll() is not None:
-            raise RuntimeError(f"baton-refengine exited with {proc.returncode}")
-        time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("baton-refengine never wrote its port")
+    return start_engine([os.path.join(BIN, "baton-refengine"), "--model", model_dir],
+                        os.path.join(model_dir, "ref.port"))
 
 
 def complete(port, model_dir, **params):
@@ -85,23 +103,28 @@ class TorchLlamaTest(unittest.TestCase):
         cls.tmp.cleanup()
 
     def generate(self, model_dir, temperature=0.0, top_p=1.0, seed=0, mapped=False):
+        """The tokens, and for each whether it was a near-tie."""
         config = LlamaConfig.load(model_dir)
         weights, maps = read_model(model_dir, mapped=mapped)
         model = LlamaModel(config, weights)
         kv = KvBlocks(config, 1 << 16)
-        memory = [torch.zeros(1 << 16, dtype=torch.uint8) for _ in range(8)]
-        for b, m in enumerate(memory):
-            kv.add(b, m)
-        seq, out = Sequence_(), []
+        memory = torch.zeros(8 << 16, dtype=torch.uint8)
+        kv.set_region(memory, 0)
+        for b in range(8):
+            kv.add(b)
+        seq, out, ties = Sequence_(), [], []
         logits = model.forward(kv, seq, PROMPT)
         for i in range(STEPS):
-            token = sample_token(logits.tolist(), temperature, top_p, seed, len(PROMPT) + i)
+            values = logits.tolist()
+            token = sample_token(values, temperature, top_p, seed, len(PROMPT) + i)
             out.append(token)
+            ties.append(near_tie(values, temperature, top_p, seed, len(PROMPT) + i))
             logits = model.forward(kv, seq, [token])
         # The KV really lives in the given memory: the first block is no longer all zero.
-        self.assertTrue(bool(memory[seq.blocks[0]][64:].any()))
+        first = seq.blocks[0] << 16
+        self.assertTrue(bool(memory[first + 64:first + (1 << 16)].any()))
         del maps
-        return out, config
+        return out, ties, config
 
     def check_against_reference(self, dtype, mapped=False, **sampling):
         model_dir = self.models[dtype]
@@ -113,11 +136,17 @@ class TorchLlamaTest(unittest.TestCase):
         finally:
             proc.terminate()
             proc.wait()
-        mine, config = self.generate(model_dir, mapped=mapped, **sampling)
+        mine, ties, config = self.generate(model_dir, mapped=mapped, **sampling)
         ids = ref["token_ids"]
-        self.assertEqual(mine[:len(ids)], ids, f"{dtype} {sampling}")
+        for i, want in enumerate(ids + [None]):
+            if i == len(mine) or want is None:
+                break
+            if mine[i] != want and ties[i]:
+                print(f"{dtype} {sampling}: step {i} is a near-tie; compared up to it")
+                return
+            self.assertEqual(mine[i], want, f"{dtype} {sampling}: step {i} of {mine} {ids}")
         if ref["finish_reason"] == "stop":  # the reference stopped at an end-of-sequence id
-            self.assertIn(mine[len(ids)], config.eos_token_ids)
+            self.assertTrue(mine[len(ids)] in config.eos_token_ids or ties[len(ids)])
         else:
             self.assertEqual(len(ids), STEPS)
 
@@ -153,25 +182,109 @@ class TorchLlamaTest(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
+class DeviceTest(unittest.TestCase):
+    def test_devices_parse_and_bad_ones_are_refused(self):
+        self.assertEqual(ComputeDevice.parse("cpu"), ComputeDevice("cpu", None, 1, 1))
+        cuda = ComputeDevice.parse("cuda:1")
+        self.assertEqual((cuda.index, cuda.tile_rows, cuda.attention_rows), (1, 128, 32))
+        self.assertTrue(cuda.batch_invariant)
+        self.assertFalse(ComputeDevice.parse("cuda", 0).batch_invariant)
+        for text, tiles in (("gpu", None), ("cuda:x", None), ("cpu", 4), ("cuda", -1)):
+            with self.assertRaises(ValueError):
+                ComputeDevice.parse(text, tiles)
+
+    @unittest.skipIf(not MISSING and torch.cuda.is_available(), "this PyTorch has CUDA")
+    def test_cuda_without_cuda_is_refused_saying_why(self):
+        with self.assertRaisesRegex(RuntimeError, "no usable CUDA"):
+            ComputeDevice.parse("cuda").start()
+        engine = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bin",
+                              "baton-torch-engine")
+        with tempfile.TemporaryDirectory() as tmp:
+            model = os.path.join(tmp, "m")
+            subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", model, "--preset",
+                            "tiny", "--dtype", "bf16"], check=True, stdout=subprocess.DEVNULL)
+            r = subprocess.run([engine, "--model", model, "--standalone", "--device", "cuda"],
+                               capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertIn("no usable CUDA", r.stderr)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class KvBlocksTest(unittest.TestCase):
+    def config(self):
+        return LlamaConfig(hidden_size=8, intermediate_size=8, num_attention_heads=2,
+                           num_key_value_heads=1, num_hidden_layers=1, vocab_size=4, head_dim=4)
+
+    def test_a_reclaim_gives_whole_free_chunks_from_the_highest_as_the_sdk_does(self):
+        # The SDK's TakeWholeChunks(18, 4, 11, every block but 8) gives back 10 blocks.
+        kv = KvBlocks(self.config(), 4096)
+        kv.set_region(torch.zeros(18 * 4096, dtype=torch.uint8), 0)
+        for b in range(18):
+            if b != 8:
+                kv.add(b)
+        self.assertEqual(kv.remove_free(11, 4, 18), [4, 5, 6, 7, 12, 13, 14, 15, 16, 17])
+        self.assertEqual(sorted(kv.free), [0, 1, 2, 3, 9, 10, 11])
+        self.assertEqual(kv.take(1), [0])  # a block in use keeps its chunk
+        self.assertEqual(kv.remove_free(8, 4, 18), [])
+        self.assertEqual(kv.remove_free(2, 1, 18), [10, 11])
+
+    def test_the_view_lays_blocks_out_as_the_reference_engine_after_the_header(self):
+        kv = KvBlocks(self.config(), 4096)
+        memory = torch.zeros(3 * 4096, dtype=torch.uint8)
+        kv.set_region(memory[4096:], 1)  # blocks 1 and 2 of a pool
+        self.assertTrue(kv.covers(2) and not kv.covers(0))
+        view, first = kv.region()
+        view[kv.index(2), 0, 1, 0, 3, 2] = 1.5  # block 2, layer 0, V, head 0, slot 3, dim 2
+        floats = memory[2 * 4096 + 64:].view(torch.float32)
+        self.assertEqual(float(floats[kv.block_tokens * 4 + 3 * 4 + 2]), 1.5)
+        with self.assertRaises(ValueError):
+            kv.add(0)
+
+
+def rounding_bound(x, w):
+    """How far any fp32 evaluation of x @ w.T may be from the exact product, per element:
+    a dot product of K terms, summed in any order (with or without FMA, in blocks or a tree),
+    is within gamma_K * sum_i |x_i w_i| of the exact sum, gamma_K = K u / (1 - K u), u = 2^-24
+    (Higham, Accuracy and Stability of Numerical Algorithms, 3.1); the inputs are fp32 values
+    (widened F16 and BF16 weights are exact), so the products' only errors are the sum's."""
+    k = x.shape[1]
+    u = 2.0 ** -24
+    return (k * u / (1 - k * u)) * (x.double().abs() @ w.double().abs().T)
+
+
+@unittest.skipIf(MISSING, MISSING)
 class WideningScratchTest(unittest.TestCase):
-    def test_sliced_products_equal_the_fp32_product(self):
+    def test_widened_slices_are_the_weights_exactly(self):
         torch.manual_seed(1)
-        x = torch.randn(3, 1024)
         for dtype in (torch.bfloat16, torch.float16):
             w = torch.randn(700, 1024).to(dtype)  # 716,800 values: three slices of the budget
             scratch = WideningScratch(w.numel(), w.shape[1])
-            want = torch.nn.functional.linear(x, w.float())
-            self.assertTrue(torch.equal(scratch.linear(x, w), want), dtype)
-            self.assertTrue(torch.equal(WideningScratch(0, 1024).linear(x, w), want), dtype)
+            ends = []
+            for first, end, wide in scratch.slices(w):
+                # A conversion, no arithmetic: bit for bit.
+                self.assertTrue(torch.equal(wide, w[first:end].float()), dtype)
+                ends.append(end)
+            self.assertEqual(ends, [256, 512, 700])
+
+    def test_sliced_products_are_within_the_rounding_bound_of_the_exact_product(self):
+        torch.manual_seed(1)
+        x = torch.randn(3, 1024)
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            w = torch.randn(700, 1024).to(dtype)
+            exact = x.double() @ w.double().T
+            bound = rounding_bound(x, w.float())
+            products = Products(ComputeDevice("cpu"), [w], torch.float32)
+            for got in (products.linear(x, w), torch.nn.functional.linear(x, w.float())):
+                self.assertTrue(bool(((got.double() - exact).abs() <= bound).all()), dtype)
 
     def test_fp32_weights_are_used_in_place_and_a_too_long_row_is_refused(self):
         w = torch.randn(8, 16)
-        self.assertTrue(torch.equal(WideningScratch(0, 0).linear(torch.ones(1, 16), w),
-                                    torch.ones(1, 16) @ w.T))
+        for _, _, view in WideningScratch(0, 16).slices(w):
+            self.assertEqual(view.data_ptr(), w.data_ptr())
         scratch = WideningScratch(0, 16)
         scratch.elements = 8  # as if sized for another model
         with self.assertRaises(ValueError):
-            scratch.linear(torch.ones(1, 16), w.bfloat16())
+            list(scratch.slices(w.bfloat16()))
 
 
 @unittest.skipIf(MISSING, MISSING)
@@ -201,11 +314,12 @@ class ReadModelTest(unittest.TestCase):
         weights, buffers = read_model(self.model)
         before = {n: t.clone() for n, t in weights.items()}
         config = LlamaConfig.load(self.model)
-        rehearse(config, weights, 1 << 16)
+        model = LlamaModel(config, weights)
+        rehearse(model, 1 << 16)
         for name, t in weights.items():
-            self.assertTrue(torch.equal(t, before[name]), name)
+            self.assertTrue(torch.equal(t, before[name]), name)  # unchanged: no arithmetic
         with self.assertRaisesRegex(ValueError, "holds no token"):
-            rehearse(config, weights, 64)
+            rehearse(model, 64)
         del buffers
 
     def test_a_broken_file_is_refused_naming_it_either_way(self):

@@ -207,22 +207,42 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
   // Which memory this engine maps: a Reattach names it to the next controller.
   BATON_ASSIGN_OR_RETURN(arena_id_, IdentityOf(msg.fds[0].get()));
   BATON_ASSIGN_OR_RETURN(pool_id_, IdentityOf(msg.fds[1].get()));
-  BATON_RETURN_IF_ERROR(MapWeights(ack, std::move(msg.fds[0])));
-  BATON_RETURN_IF_ERROR(ReservePool(ack, std::move(msg.fds[1])));
-  return TakeDeviceRegions(ack);
+  // The device regions follow the ack on the channel: taken off it now, mapped later, while
+  // the heartbeat thread owns the channel.
+  BATON_ASSIGN_OR_RETURN(
+      std::vector<ReceivedVmmRegion> regions,
+      DeviceSession::Receive(*channel_, ack.device_regions, options_.connect_timeout));
+  pending_ = PendingMemory{.ack = std::move(ack),
+                           .arena_fd = std::move(msg.fds[0]),
+                           .pool_fd = std::move(msg.fds[1]),
+                           .device_regions = std::move(regions)};
+  return OkStatus();
 }
 
-Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack) {
-  if (ack.device_regions == 0) return OkStatus();
+Status EngineSession::Impl::TakeMemory() {
+  if (!pending_.has_value()) return FailedPrecondition("no RegisterAck to take the memory of");
+  PendingMemory pending = std::move(*pending_);
+  pending_.reset();
+  BATON_RETURN_IF_ERROR(MapWeights(pending.ack, std::move(pending.arena_fd)));
+  BATON_RETURN_IF_ERROR(ReservePool(pending.ack, std::move(pending.pool_fd)));
+  return TakeDeviceRegions(pending.ack, std::move(pending.device_regions));
+}
+
+Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack,
+                                              std::vector<ReceivedVmmRegion> regions) {
+  if (regions.empty()) return OkStatus();
+  const DeviceSession::AckFn send_ack = [this](const std::string& region, const Status& outcome) {
+    return Send(proto::ShareMemoryAck{
+        .name = region, .mapped = outcome.ok(), .detail = outcome.ok() ? "" : outcome.ToString()});
+  };
   if (!options_.use_device_memory) {
     BATON_ASSIGN_OR_RETURN(
         declined_pool_chunk_bytes_,
-        DeviceSession::Decline(*channel_, ack.device_regions, "this engine computes on the host",
-                               options_.connect_timeout));
+        DeviceSession::Refuse(regions, "this engine computes on the host", send_ack));
     return OkStatus();
   }
   Result<std::unique_ptr<DeviceSession>> device =
-      DeviceSession::Accept(*channel_, ack.device, ack.device_regions, options_.connect_timeout);
+      DeviceSession::Take(ack.device, std::move(regions), send_ack);
   if (!device.ok()) return device.status().WithContext("taking the device memory");
   {
     MutexLock lock(mu_);
@@ -279,11 +299,21 @@ Status EngineSession::Impl::ReservePool(const proto::RegisterAck& ack, UniqueFd 
   return OkStatus();
 }
 
+// In slices: MADV_POPULATE_READ holds the process's mmap lock for the whole range it is given,
+// and the heartbeat thread waits for that lock whenever it maps memory (its first malloc
+// makes its arena with mmap): one call over a large arena on 4 KiB pages silences the
+// heartbeats for as long as the pre-fault takes, and the controller fences the engine as
+// hung. Between slices the lock is let go, so the heartbeat thread waits one slice at most.
 Status EngineSession::Impl::Prefault() {
   if (!options_.prefault_weights || arena_map_.size() == 0) return OkStatus();
   const TimePoint start = clock_->Now();
 #ifdef MADV_POPULATE_READ
-  if (::madvise(arena_map_.data(), arena_map_.size(), MADV_POPULATE_READ) == 0) {
+  bool populated = true;
+  for (size_t at = 0; at < arena_map_.size() && populated; at += kPrefaultSliceBytes) {
+    const size_t n = std::min(kPrefaultSliceBytes, arena_map_.size() - at);
+    populated = ::madvise(arena_map_.data() + at, n, MADV_POPULATE_READ) == 0;
+  }
+  if (populated) {
     weights_.prefault_ms = MillisBetween(start, clock_->Now());
     return OkStatus();
   }
@@ -312,7 +342,10 @@ Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessio
   auto impl = std::make_unique<Impl>(options);
   const std::string who = "engine " + std::to_string(options.launch.engine_id);
   BATON_RETURN_IF_ERROR(impl->Handshake().WithContext(who + " registering"));
+  // Heartbeats from here on: the controller's hang detection covers the registration, and
+  // mapping and pre-faulting a large arena, or making a CUDA context, takes what it takes.
   BATON_RETURN_IF_ERROR(impl->StartThread());
+  BATON_RETURN_IF_ERROR(impl->TakeMemory().WithContext(who + " registering"));
   BATON_RETURN_IF_ERROR(impl->Prefault());
   BATON_RETURN_IF_ERROR(impl->SendReady().WithContext(who + " reporting ready"));
   impl->MarkRegistered();

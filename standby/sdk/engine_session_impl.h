@@ -1,11 +1,14 @@
 // EngineSession::Impl: the state and the heartbeat thread behind EngineSession.
 //
 // Connect() runs Handshake() (connect, Hello, Register, RegisterAck with the arena and pool
-// fds, read-only arena mapping, pool reservation), StartThread(), Prefault(), SendReady() and
-// MarkRegistered() on the caller's thread. From then on the heartbeat thread (Run) owns the
-// receiving side of the channel: it sends a Heartbeat every interval, answers HealthRequest at
-// once, maps promotion and grant extents, and queues events for the engine. The engine's
-// threads send through the same channel under channel_mu_.
+// fds, and the device regions' messages that follow it, taken off the channel but not
+// mapped), StartThread(), TakeMemory() (read-only arena mapping, pool reservation, the device
+// regions taken and acked), Prefault(), SendReady() and MarkRegistered() on the caller's
+// thread. From StartThread() on the heartbeat thread (Run) owns the receiving side of the
+// channel, so that the engine heartbeats while it maps and pre-faults however much memory: it
+// sends a Heartbeat every interval, answers HealthRequest at once, maps promotion and grant
+// extents, and queues events for the engine. The engine's threads (and TakeMemory's acks)
+// send through the same channel under channel_mu_.
 //
 // When the connection breaks (engine_session_reconnect.cc), the heartbeat thread drops the
 // channel (sends then fail with Unavailable: "the controller is away"), pushes
@@ -31,6 +34,7 @@
 
 #include "base/io/unique_fd.h"
 #include "base/mutex.h"
+#include "cuda/memory/vmm_share.h"
 #include "proto/transport/channel.h"
 #include "proto/transport/shared_memory.h"
 #include "standby/sdk/engine_sdk.h"
@@ -48,6 +52,7 @@ class EngineSession::Impl {
   // channel_ and device_ without the locks; the analysis is off for them.
   Status Handshake() BATON_NO_THREAD_SAFETY_ANALYSIS;
   Status StartThread();
+  Status TakeMemory();
   Status Prefault();
   Status SendReady();
   // Connect() has finished: from now on a lost connection is reconnected (if protocol 5).
@@ -104,7 +109,7 @@ class EngineSession::Impl {
   Status ReceiveRegisterAck() BATON_NO_THREAD_SAFETY_ANALYSIS;
   Status MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd);
   Status ReservePool(const proto::RegisterAck& ack, UniqueFd pool_fd);
-  Status TakeDeviceRegions(const proto::RegisterAck& ack) BATON_NO_THREAD_SAFETY_ANALYSIS;
+  Status TakeDeviceRegions(const proto::RegisterAck& ack, std::vector<ReceivedVmmRegion> regions);
   // Maps (or unmaps) blocks in the host pool and, with device memory, the device pool.
   // `inherited`, when given, gets each block's header as it was before the scrub.
   Status MapBlocksLocked(uint32_t first, uint32_t count, std::vector<uint8_t>* inherited = nullptr)
@@ -176,6 +181,18 @@ class EngineSession::Impl {
   Mutex channel_mu_;
   std::optional<proto::Channel> channel_ BATON_GUARDED_BY(channel_mu_);
 
+  // What the RegisterAck brought, from Handshake() to TakeMemory().
+  struct PendingMemory {
+    proto::RegisterAck ack;
+    UniqueFd arena_fd;
+    UniqueFd pool_fd;
+    std::vector<ReceivedVmmRegion> device_regions;
+  };
+  // MADV_POPULATE_READ calls cover at most this much (Prefault): the longest the mmap lock is
+  // held at once, about 15 ms at 2 GB/s.
+  static constexpr size_t kPrefaultSliceBytes = 32u << 20;
+
+  std::optional<PendingMemory> pending_;
   SharedMemory arena_;
   Mapping arena_map_;
   MappedWeights weights_;

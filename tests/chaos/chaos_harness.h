@@ -39,6 +39,9 @@ struct ClusterOptions {
   int block_bytes = 65536;  // 2 MiB multiples use a hugetlb pool when huge pages are reserved
   int heartbeat_ms = 100;
   int heartbeat_misses = 3;
+  int probe_timeout_ms = 100;
+  std::string model_dir;           // the model; empty: the tiny one (TinyModelDir)
+  bool weights_huge_pages = true;  // [model] huge_pages: false puts the arena on 4 KiB pages
   int max_failures = 5;
   int initial_backoff_ms = 1000;
   int standby_relaunch_delay_ms = -1;  // [policy] standby_relaunch_delay_ms when >= 0
@@ -145,6 +148,10 @@ pid_t PidOf(const json& engine);
 // The durable epoch.
 uint64_t Epoch(const json& status);
 bool IsReady(const json& status);
+// Waits for a ready pair whose primary is not `old_primary` (a kill is seen asynchronously:
+// right after it the status may still show the old primary ready).
+json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what,
+                    std::chrono::seconds timeout = std::chrono::seconds(20));
 // True if a process with this pid exists (a zombie counts).
 bool ProcessExists(pid_t pid);
 // The tiny model shared by every test in the binary (written once).

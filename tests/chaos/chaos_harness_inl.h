@@ -87,8 +87,9 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << (o.readopt_timeout_ms > 0
               ? "readopt_timeout_ms = " + std::to_string(o.readopt_timeout_ms) + "\n"
               : "")
-      << "[model]\ndir = " << Quote(TinyModelDir()) << "\nlock = false\n"
-      << "[engine]\ncommand = [";
+      << "[model]\ndir = " << Quote(o.model_dir.empty() ? TinyModelDir() : o.model_dir)
+      << "\nlock = false\n"
+      << (o.weights_huge_pages ? "" : "huge_pages = false\n") << "[engine]\ncommand = [";
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
   out << "]\nbase_port = " << o.base_port << "\nregister_timeout_ms = " << o.register_timeout_ms
       << "\n"
@@ -96,7 +97,8 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
       << "[pool]\nblocks = " << o.blocks << "\nblock_bytes = " << o.block_bytes << "\n"
       << "[health]\nheartbeat_interval_ms = " << o.heartbeat_ms
-      << "\nheartbeat_misses = " << o.heartbeat_misses << "\nprobe_timeout_ms = 100\n"
+      << "\nheartbeat_misses = " << o.heartbeat_misses
+      << "\nprobe_timeout_ms = " << o.probe_timeout_ms << "\n"
       << "[policy]\nmax_failures = " << o.max_failures
       << "\nfailure_window_s = 60\ninitial_backoff_ms = " << o.initial_backoff_ms
       << "\nmax_backoff_ms = 60000\n";
@@ -388,6 +390,12 @@ inline json EngineWithRole(const json& status, const std::string& role) {
 inline uint64_t PrimaryId(const json& status) {
   const json p = EngineWithRole(status, "primary");
   return p.is_null() ? 0 : p["id"].get<uint64_t>();
+}
+
+inline json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary,
+                           const std::string& what, std::chrono::seconds timeout) {
+  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
+                         what, timeout);
 }
 
 inline pid_t PidOf(const json& engine) { return engine["pid"].get<pid_t>(); }

@@ -16,12 +16,6 @@
 namespace baton::chaos {
 namespace {
 
-// Waits for a ready pair whose primary is not `old_primary`.
-json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
-  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
-                         what);
-}
-
 TEST(ChaosFailover, KillPrimary) {
   ChaosCluster cluster;
   const json before = cluster.Status();

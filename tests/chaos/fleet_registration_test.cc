@@ -83,8 +83,7 @@ TEST_F(FleetRegistration, TheRecordNamesThePairAndFollowsAFailover) {
             std::string::npos);
 
   ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
-  const json after = cluster.WaitReady("the pair after the kill");
-  ASSERT_NE(PrimaryId(after), first);
+  const json after = WaitNewPrimary(cluster, first, "the pair after the kill");
   WaitRecordPrimary(PrimaryId(after));
   cluster.CheckFencing();
 }

@@ -60,8 +60,7 @@ TEST(FleetTlsRegistration, AControllerWithTheTlsKeysRegistersItsNode) {
   EXPECT_TRUE(fleet["etcd_error"].is_null());
 
   ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
-  const json after = cluster.WaitReady("the pair after the kill");
-  ASSERT_NE(PrimaryId(after), first);
+  const json after = WaitNewPrimary(cluster, first, "the pair after the kill");
   record_primary(PrimaryId(after));
   cluster.CheckFencing();
 }

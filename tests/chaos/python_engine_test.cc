@@ -30,11 +30,6 @@ ClusterOptions PythonPair() {
   return o;
 }
 
-json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
-  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
-                         what);
-}
-
 class PythonEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {

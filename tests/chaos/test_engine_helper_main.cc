@@ -23,11 +23,15 @@
 //   --drain-ms N             a drain takes N ms (requests finishing), unless it is called off
 //   --reclaim-delay-ms N     answer a Reclaim N ms late (a busy engine)
 //   --protocol-2             an engine that does not handle Resume (speaks protocol 2)
+//   --hang-registering-id N  engine N stops itself (SIGSTOP, every thread) once the SDK has
+//                            mapped the weight arena, before the registration ends: a hang
+//                            while registering
 //   --device-memory          take a CUDA-backend controller's device memory: check that the
 //                            weights' device copy equals the host arena, and stamp the
 //                            block headers in the device pool instead of the host pool, through
 //                            the driver's copies (a GPU, or the fake driver's emulated device)
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -67,6 +71,7 @@ struct Flags {
   std::string violations_dir;
   std::string rogue_file;
   uint64_t crash_if_id_above = 0;
+  uint64_t hang_registering_id = 0;
   int busy_ms = 0;
   bool exit_after_promote = false;
   bool device_memory = false;
@@ -92,6 +97,9 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
     } else if (a == "--crash-if-id-above") {
       if (!value(&v)) return false;
       f->crash_if_id_above = std::stoull(v);
+    } else if (a == "--hang-registering-id") {
+      if (!value(&v)) return false;
+      f->hang_registering_id = std::stoull(v);
     } else if (a == "--busy-ms") {
       if (!value(&v)) return false;
       f->busy_ms = std::stoi(v);
@@ -409,7 +417,26 @@ bool CheckDeviceWeights(const EngineSession& s, const testing::DeviceAccess& acc
   return true;
 }
 
+// Stops the whole process as soon as the weight arena shows up in its mappings (the SDK maps
+// it while registering, before it pre-faults and reports ready).
+void HangOnceTheArenaIsMapped() {
+  std::thread([] {
+    while (true) {
+      std::ifstream maps("/proc/self/maps");
+      std::string line;
+      while (std::getline(maps, line)) {
+        if (line.find("memfd:baton-weights") != std::string::npos) {
+          ::kill(::getpid(), SIGSTOP);
+          return;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }).detach();
+}
+
 int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
+  if (info.engine_id == flags.hang_registering_id) HangOnceTheArenaIsMapped();
   EngineSessionOptions options;
   options.launch = info;
   options.engine_version = "test-engine/1";

@@ -49,9 +49,8 @@ ClusterOptions TorchPair() {
   return o;
 }
 
-json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
-  return cluster.WaitFor([&](const json& s) { return IsReady(s) && PrimaryId(s) != old_primary; },
-                         what, seconds(60));
+json WaitTorchPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std::string& what) {
+  return WaitNewPrimary(cluster, old_primary, what, seconds(60));
 }
 
 class TorchEngineTest : public ::testing::Test {
@@ -99,7 +98,7 @@ TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
   EXPECT_EQ(got.ids.size(), 1u);
   EXPECT_GE(MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}"), 1)
       << "the kill landed after the stream: nothing was replayed";
-  WaitNewPrimary(cluster, primary["id"], "the torch standby to take over");
+  WaitTorchPrimary(cluster, primary["id"], "the torch standby to take over");
   cluster.CheckFencing();
 }
 
@@ -113,7 +112,7 @@ TEST_F(TorchEngineTest, ThePairGoesThroughEveryDrill) {
     const json primary = EngineWithRole(cluster.WaitReady(), "primary");
     const CtlResult r = cluster.Ctl(drill);
     ASSERT_EQ(r.exit_code, 0) << drill.back() << ": " << r.stdout_text;
-    WaitNewPrimary(cluster, primary["id"], "a new torch primary after " + drill.back());
+    WaitTorchPrimary(cluster, primary["id"], "a new torch primary after " + drill.back());
     cluster.CheckFencing();
   }
 }

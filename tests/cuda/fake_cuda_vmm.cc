@@ -8,7 +8,15 @@
 // and memsets are memcpy and loops; events complete at once; the kernels of
 // cuda/kernels/kernels_ptx.h run on the host by name, baton_spin on a host thread of its stream
 // (joined by cuStreamSynchronize) so that it runs on while the process goes on.
-// It is a test double for the protocol and the bookkeeping, not a model of the GPU's timing.
+// It is a test double for the protocol and the bookkeeping, not a model of the GPU's timing,
+// and it refuses what the real driver refuses for the calls Baton makes (fake_cuda_state.h;
+// docs/gpu.md lists each refusal): cuMemCreate of a size that is not a multiple of the
+// granularity or with properties the device does not have, an export of an allocation made
+// without POSIX_FILE_DESCRIPTOR requested, an import of an fd that is not one of its exports,
+// a reservation of a size that is not a multiple of the page, cuMemMap outside one reservation,
+// over a mapping or not granularity-aligned, cuMemUnmap of part of a mapping, cuMemSetAccess
+// over memory that is not mapped, and a reservation freed with mappings in it. Host memory
+// (registrations, pinned buffers and copies) is in fake_cuda_host.cc.
 #ifdef BATON_HAVE_CUDA_HEADERS
 
 #include <cuda.h>
@@ -17,6 +25,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -31,15 +40,17 @@
 #include <vector>
 
 #include "cuda/kernels/kernels_ptx.h"
+#include "tests/cuda/fake_cuda_state.h"
 
 namespace {
 
-constexpr size_t kGranularity = 2u << 20;
+namespace fake_cuda = baton::fake_cuda;
+using fake_cuda::Allocation;
+using fake_cuda::DeviceLost;
+using fake_cuda::Entry;
+using fake_cuda::kGranularity;
+using fake_cuda::State;
 
-struct Allocation {
-  int fd = -1;
-  size_t size = 0;
-};
 struct FakeEvent {
   std::chrono::steady_clock::time_point at;
 };
@@ -47,12 +58,6 @@ struct FakeFunction {
   std::string name;
 };
 
-// While the file named by $BATON_FAKE_CUDA_LOST exists the device is lost (as after an
-// uncorrectable error, until a reset): copies, kernels, allocations and context retains fail.
-bool Lost() {
-  const char* path = std::getenv("BATON_FAKE_CUDA_LOST");
-  return path != nullptr && ::access(path, F_OK) == 0;
-}
 // While the file named by $BATON_FAKE_CUDA_HUNG exists the device accepts work but never
 // finishes it: every stream reports CUDA_ERROR_NOT_READY.
 bool Hung() {
@@ -67,6 +72,7 @@ Allocation* AllocationOf(CUmemGenericAllocationHandle h) {
   return reinterpret_cast<Allocation*>(static_cast<uintptr_t>(h));
 }
 void* At(CUdeviceptr p) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p)); }
+bool Multiple(size_t n, size_t unit) { return n % unit == 0; }
 
 CUresult DeviceGet(CUdevice* d, int ordinal) {
   if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
@@ -96,8 +102,13 @@ CUresult DeviceGetAttribute(int* v, CUdevice_attribute attr, CUdevice) {
     case CU_DEVICE_ATTRIBUTE_HOST_NUMA_ID:
       *v = HostNuma() ? 0 : -1;
       return CUDA_SUCCESS;
+    case CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED:
+      *v = fake_cuda::ReadOnlyRegisterSupported() ? 1 : 0;
+      return CUDA_SUCCESS;
     default:
-      *v = 0;  // compute mode default, no host-NUMA VMM, ...
+      // compute mode default, no pageable access through the host's page tables (an x86
+      // host: read-only host memory needs CU_MEMHOSTREGISTER_READ_ONLY), ...
+      *v = 0;
       return CUDA_SUCCESS;
   }
 }
@@ -110,7 +121,7 @@ CUresult DeviceGetPCIBusId(char* id, int len, CUdevice) {
   return CUDA_SUCCESS;
 }
 CUresult PrimaryCtxRetain(CUcontext* ctx, CUdevice) {
-  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
+  if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   static int context;
   *ctx = reinterpret_cast<CUcontext>(&context);
   return CUDA_SUCCESS;
@@ -121,48 +132,101 @@ CUresult MemGetInfo(size_t* free, size_t* total) {
   *free = *total;
   return CUDA_SUCCESS;
 }
-CUresult Granularity(size_t* g, const CUmemAllocationProp*, CUmemAllocationGranularity_flags) {
+// The allocation properties cuMemCreate takes: pinned memory on device 0, or on host NUMA node
+// 0 where the device has host-NUMA VMM; handle types POSIX_FD or none (none for plain HOST).
+bool ValidProp(const CUmemAllocationProp* prop) {
+  if (prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return false;
+  if ((prop->requestedHandleTypes & ~CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) != 0) return false;
+  switch (prop->location.type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+      return prop->location.id == 0;
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+      return HostNuma() && prop->location.id == 0;
+    default:
+      return false;
+  }
+}
+CUresult Granularity(size_t* g, const CUmemAllocationProp* prop,
+                     CUmemAllocationGranularity_flags option) {
+  if (!ValidProp(prop) || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+                           option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   *g = kGranularity;
   return CUDA_SUCCESS;
 }
-CUresult MemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp*,
-                   unsigned long long) {
-  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
-  if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
-  const int fd = ::memfd_create("fake-vmm", MFD_CLOEXEC);
+// The memfd's name says what the allocation is, so that an import in another process knows.
+constexpr char kDeviceMemfd[] = "fake-vmm-device";
+constexpr char kHostNumaMemfd[] = "fake-vmm-host-numa";
+CUresult MemCreate(CUmemGenericAllocationHandle* h, size_t size, const CUmemAllocationProp* prop,
+                   unsigned long long flags) {
+  if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
+  if (!ValidProp(prop) || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (size == 0 || !Multiple(size, kGranularity)) return CUDA_ERROR_INVALID_VALUE;
+  const bool host_numa = prop->location.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  const int fd = ::memfd_create(host_numa ? kHostNumaMemfd : kDeviceMemfd, MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
     ::close(fd);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  *h = HandleOf(new Allocation{fd, size});
+  const bool exportable = prop->requestedHandleTypes == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  *h = HandleOf(new Allocation{fd, size, host_numa, exportable});
   return CUDA_SUCCESS;
 }
 CUresult MemRelease(CUmemGenericAllocationHandle h) {
+  if (h == 0) return CUDA_ERROR_INVALID_VALUE;
   Allocation* a = AllocationOf(h);
   ::close(a->fd);
   delete a;
   return CUDA_SUCCESS;
 }
-CUresult MemExport(void* out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType,
-                   unsigned long long) {
+// Only an allocation made with POSIX_FILE_DESCRIPTOR requested (or imported from one) exports
+// one.
+CUresult MemExport(void* out, CUmemGenericAllocationHandle h, CUmemAllocationHandleType type,
+                   unsigned long long flags) {
+  if (h == 0 || out == nullptr || flags != 0 || type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+      !AllocationOf(h)->exportable) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   const int fd = ::fcntl(AllocationOf(h)->fd, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   *static_cast<int*>(out) = fd;
   return CUDA_SUCCESS;
 }
-CUresult MemImport(CUmemGenericAllocationHandle* h, void* os_handle, CUmemAllocationHandleType) {
+// What the fd is: one of this driver's exports (a memfd it named), and which kind.
+bool ExportedMemfd(int fd, bool* host_numa) {
+  char link[256] = {};
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const ssize_t n = ::readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n <= 0) return false;
+  const std::string name(link, static_cast<size_t>(n));
+  *host_numa = name.rfind(std::string("/memfd:") + kHostNumaMemfd, 0) == 0;
+  return *host_numa || name.rfind(std::string("/memfd:") + kDeviceMemfd, 0) == 0;
+}
+CUresult MemImport(CUmemGenericAllocationHandle* h, void* os_handle,
+                   CUmemAllocationHandleType type) {
+  if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_INVALID_VALUE;
   const int given = static_cast<int>(reinterpret_cast<uintptr_t>(os_handle));
   struct stat st;
-  if (::fstat(given, &st) != 0) return CUDA_ERROR_INVALID_VALUE;
+  bool host_numa = false;
+  if (::fstat(given, &st) != 0 || !ExportedMemfd(given, &host_numa)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   const int fd = ::fcntl(given, F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
-  *h = HandleOf(new Allocation{fd, static_cast<size_t>(st.st_size)});
+  *h = HandleOf(new Allocation{fd, static_cast<size_t>(st.st_size), host_numa, true});
   return CUDA_SUCCESS;
 }
+// Size a multiple of the host page, alignment a power of two or 0, flags 0; the address is a
+// hint, which this driver ignores.
 CUresult AddressReserve(CUdeviceptr* p, size_t size, size_t alignment, CUdeviceptr,
-                        unsigned long long) {
-  const size_t align = alignment == 0 ? kGranularity : alignment;
+                        unsigned long long flags) {
+  const size_t page = static_cast<size_t>(::getpagesize());
+  if (size == 0 || !Multiple(size, page) || flags != 0 || (alignment & (alignment - 1)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const size_t align = std::max(alignment == 0 ? kGranularity : alignment, page);
   void* raw =
       ::mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -171,32 +235,63 @@ CUresult AddressReserve(CUdeviceptr* p, size_t size, size_t alignment, CUdevicep
   if (aligned > start) ::munmap(raw, aligned - start);
   if (start + align > aligned) ::munmap(At(aligned + size), start + align - aligned);
   *p = aligned;
-  return CUDA_SUCCESS;
+  return State::Get().AddReservation(aligned, size);
 }
+// Exactly a reservation, with nothing mapped in it any more.
 CUresult AddressFree(CUdeviceptr p, size_t size) {
+  if (CUresult r = State::Get().RemoveReservation(p, size); r != CUDA_SUCCESS) return r;
   return ::munmap(At(p), size) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
+// Address, size (and offset, which must be 0) multiples of the granularity, the size within the
+// allocation, the range inside one reservation and not mapped yet, flags 0.
 CUresult MemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
-                unsigned long long) {
-  if (offset != 0 || size > AllocationOf(h)->size) return CUDA_ERROR_INVALID_VALUE;
+                unsigned long long flags) {
+  if (h == 0 || offset != 0 || flags != 0 || size == 0 || size > AllocationOf(h)->size ||
+      !Multiple(p, kGranularity) || !Multiple(size, kGranularity)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (CUresult r = State::Get().AddMapping(p, size, AllocationOf(h)->host_numa);
+      r != CUDA_SUCCESS) {
+    return r;
+  }
   void* m = ::mmap(At(p), size, PROT_NONE, MAP_SHARED | MAP_FIXED, AllocationOf(h)->fd, 0);
-  return m == MAP_FAILED ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+  if (m != MAP_FAILED) return CUDA_SUCCESS;
+  (void)State::Get().RemoveMappings(p, size);
+  return CUDA_ERROR_OUT_OF_MEMORY;
 }
+// Whole mappings only (a run of them), never a part of one.
 CUresult MemUnmap(CUdeviceptr p, size_t size) {
+  if (CUresult r = State::Get().RemoveMappings(p, size); r != CUDA_SUCCESS) return r;
   void* m = ::mmap(At(p), size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                    -1, 0);
   return m == MAP_FAILED ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
-// $BATON_FAKE_CUDA_NO_READ_ONLY set: read-only access is refused, as a driver may.
+// A fully mapped range; locations the device (0) or, for host-NUMA allocations only, a host
+// NUMA node; flags none, READ or READWRITE. The last descriptor decides the CPU-visible
+// protection here. $BATON_FAKE_CUDA_NO_READ_ONLY set: read-only access is refused, as a
+// driver may.
 CUresult MemSetAccess(CUdeviceptr p, size_t size, const CUmemAccessDesc* desc, size_t count) {
-  if (count == 0) return CUDA_ERROR_INVALID_VALUE;
-  if (desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ &&
-      std::getenv("BATON_FAKE_CUDA_NO_READ_ONLY") != nullptr) {
-    return CUDA_ERROR_NOT_SUPPORTED;
+  if (count == 0 || desc == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (size_t i = 0; i < count; ++i) {
+    const CUmemLocation& where = desc[i].location;
+    const bool device = where.type == CU_MEM_LOCATION_TYPE_DEVICE && where.id == 0;
+    const bool numa = where.type == CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    if (!device && !numa) return CUDA_ERROR_INVALID_DEVICE;
+    if (desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_NONE &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        desc[i].flags != CU_MEM_ACCESS_FLAGS_PROT_READWRITE) {
+      return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!State::Get().Mapped(p, size, /*host_numa=*/numa)) return CUDA_ERROR_INVALID_VALUE;
+    if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_READ &&
+        std::getenv("BATON_FAKE_CUDA_NO_READ_ONLY") != nullptr) {
+      return CUDA_ERROR_NOT_SUPPORTED;
+    }
   }
-  const int prot = desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
-                   : desc[0].flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
-                                                                       : PROT_NONE;
+  const CUmemAccess_flags flags = desc[count - 1].flags;
+  const int prot = flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
+                   : flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
+                                                               : PROT_NONE;
   return ::mprotect(At(p), size, prot) == 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 // A stream runs its long kernels (baton_spin) on host threads, as a GPU runs them while the
@@ -251,35 +346,6 @@ CUresult EventElapsed(float* ms, CUevent start, CUevent end) {
             .count();
   return CUDA_SUCCESS;
 }
-CUresult HtoD(CUdeviceptr dst, const void* src, size_t n) {
-  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
-  std::memcpy(At(dst), src, n);
-  return CUDA_SUCCESS;
-}
-CUresult HtoDAsync(CUdeviceptr dst, const void* src, size_t n, CUstream) {
-  return HtoD(dst, src, n);
-}
-CUresult DtoH(void* dst, CUdeviceptr src, size_t n) {
-  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
-  std::memcpy(dst, At(src), n);
-  return CUDA_SUCCESS;
-}
-CUresult DtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) { return DtoH(dst, src, n); }
-CUresult MemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
-  auto* words = static_cast<uint32_t*>(At(dst));
-  for (size_t i = 0; i < n; ++i) words[i] = value;
-  return CUDA_SUCCESS;
-}
-CUresult HostRegister(void*, size_t, unsigned) { return CUDA_SUCCESS; }
-CUresult HostUnregister(void*) { return CUDA_SUCCESS; }
-CUresult AllocHost(void** p, size_t n) {
-  *p = std::malloc(n);
-  return *p == nullptr ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
-}
-CUresult FreeHost(void* p) {
-  std::free(p);
-  return CUDA_SUCCESS;
-}
 CUresult ModuleLoad(CUmodule* m, const void*, unsigned, CUjit_option*, void**) {
   static int module;
   *m = reinterpret_cast<CUmodule>(&module);
@@ -296,7 +362,7 @@ CUresult ModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
 }
 CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                       unsigned, CUstream stream, void** args, void**) {
-  if (Lost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
+  if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   const std::string& name = reinterpret_cast<FakeFunction*>(f)->name;
   if (name != baton::kSpinKernel) StreamSynchronize(stream);  // stream order
   if (name == baton::kScrubHeadersKernel) {
@@ -336,12 +402,6 @@ CUresult LaunchKernel(CUfunction f, unsigned, unsigned, unsigned, unsigned, unsi
   return CUDA_ERROR_NOT_SUPPORTED;
 }
 
-struct Entry {
-  const char* name;
-  void* fn;
-};
-#define BATON_FAKE(name, fn) \
-  { name, reinterpret_cast<void*>(&fn) }
 const Entry kVmmEntries[] = {
     BATON_FAKE("cuDeviceGet", DeviceGet),
     BATON_FAKE("cuDeviceGetCount", DeviceGetCount),
@@ -372,30 +432,18 @@ const Entry kVmmEntries[] = {
     BATON_FAKE("cuEventRecord", EventRecord),
     BATON_FAKE("cuEventQuery", Succeed),
     BATON_FAKE("cuEventElapsedTime", EventElapsed),
-    BATON_FAKE("cuMemcpyHtoD", HtoD),
-    BATON_FAKE("cuMemcpyHtoDAsync", HtoDAsync),
-    BATON_FAKE("cuMemcpyDtoH", DtoH),
-    BATON_FAKE("cuMemcpyDtoHAsync", DtoHAsync),
-    BATON_FAKE("cuMemsetD32Async", MemsetD32Async),
-    BATON_FAKE("cuMemHostRegister", HostRegister),
-    BATON_FAKE("cuMemHostUnregister", HostUnregister),
-    BATON_FAKE("cuMemAllocHost", AllocHost),
-    BATON_FAKE("cuMemFreeHost", FreeHost),
     BATON_FAKE("cuModuleLoadDataEx", ModuleLoad),
     BATON_FAKE("cuModuleUnload", Succeed),
     BATON_FAKE("cuModuleGetFunction", ModuleGetFunction),
     BATON_FAKE("cuLaunchKernel", LaunchKernel),
 };
-#undef BATON_FAKE
 
 }  // namespace
 
 // The vmm mode's implementation of `symbol`, or nullptr (then the caller decides).
 void* FakeVmmFunction(const char* symbol) {
-  for (const Entry& e : kVmmEntries) {
-    if (std::strcmp(e.name, symbol) == 0) return e.fn;
-  }
-  return nullptr;
+  void* fn = fake_cuda::FindEntry(kVmmEntries, symbol);
+  return fn != nullptr ? fn : fake_cuda::HostFunction(symbol);
 }
 
 // NVML for the emulated device (BATON_NVML_LIBRARY pointed at this library): the processes

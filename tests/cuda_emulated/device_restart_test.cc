@@ -4,6 +4,8 @@
 // same pair, fencing nobody. Kept device memory that the memory record does not name is let
 // go and made anew, and the engines that map the old memory are fenced with the reason.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,6 +45,19 @@ uint64_t KeptDeviceGeneration(const ChaosCluster& cluster) {
              : 0;
 }
 
+// Points the memory record at device memory baton-keeper does not keep, so that the next
+// controller adopts the host memory and makes the device memory anew.
+void MisnameKeptDevice(const ChaosCluster& cluster) {
+  const std::string path = cluster.dir() + "/run/state/memory.json";
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  json record = json::parse(text.str());
+  ASSERT_TRUE(record.contains("device_generation")) << record.dump();
+  ASSERT_NE(record["device_generation"], 0) << "the first controller kept its device memory";
+  record["device_generation"] = record["device_generation"].get<uint64_t>() ^ 1;
+  std::ofstream(path) << record.dump() << "\n";
+}
+
 TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
   ChaosCluster cluster(CudaCluster());
   const json before = cluster.Status();
@@ -58,6 +73,9 @@ TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
       "the same pair, re-adopted on the kept device memory");
   EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
   EXPECT_EQ(after["device"]["pool_chunks"], before["device"]["pool_chunks"]);
+  // Nothing is copied, so the adopted (read-only) arena is not pinned at all.
+  EXPECT_EQ(before["device"]["pin"], "registered") << before["device"].dump();
+  EXPECT_EQ(after["device"]["pin"], "not_needed") << after["device"].dump();
   const json& recovery = after["controller"]["recovery"];
   EXPECT_EQ(recovery["memory"], "adopted") << recovery.dump();
   EXPECT_TRUE(recovery["fenced"].empty()) << recovery.dump();
@@ -70,18 +88,44 @@ TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
   EXPECT_EQ(after["invariants"], "ok") << after.dump();
 }
 
+// baton-keeper killed: the controller gives a new keeper the device chunks again (with the
+// host memory) and names them in the record, so that a controller killed afterwards is
+// followed by one that adopts the device memory and the same pair.
+TEST(DeviceRestartTest, ADeadKeeperIsGivenTheDeviceMemoryAgain) {
+  ChaosCluster cluster(CudaCluster());
+  const json before = cluster.Status();
+  const uint64_t generation = KeptDeviceGeneration(cluster);
+  ASSERT_NE(generation, 0u) << "the first controller keeps its device memory";
+  const pid_t keeper = cluster.KeeperPid();
+  ASSERT_GT(keeper, 0);
+  ASSERT_EQ(::kill(keeper, SIGKILL), 0);
+  cluster.WaitFor(
+      [&](const json& s) {
+        const json& k = s["controller"]["keeper"];
+        return k["state"] == "keeping" && k["restarts"] == 1 && k["pid"] != keeper;
+      },
+      "a new baton-keeper keeping the memory");
+  const uint64_t again = KeptDeviceGeneration(cluster);
+  EXPECT_NE(again, 0u) << "the device memory is kept again";
+  EXPECT_NE(again, generation) << "under a new generation, named by the record";
+  cluster.KillController();
+  cluster.RestartController();
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) && Pids(s) == Pids(before);
+      },
+      "the same pair, re-adopted on the device memory the new keeper kept");
+  EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
+  EXPECT_EQ(after["controller"]["recovery"]["memory"], "adopted") << after["controller"].dump();
+  EXPECT_TRUE(after["controller"]["recovery"]["fenced"].empty()) << after["controller"].dump();
+  cluster.CheckFencing();
+}
+
 TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEnginesFenced) {
   ChaosCluster cluster(CudaCluster());
   const json before = cluster.Status();
   cluster.KillController();
-  const std::string path = cluster.dir() + "/run/state/memory.json";
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  json record = json::parse(text.str());
-  ASSERT_TRUE(record.contains("device_generation")) << record.dump();
-  ASSERT_NE(record["device_generation"], 0) << "the first controller kept its device memory";
-  record["device_generation"] = record["device_generation"].get<uint64_t>() ^ 1;
-  std::ofstream(path) << record.dump() << "\n";
+  MisnameKeptDevice(cluster);
   cluster.RestartController();
   const json after = cluster.WaitFor(
       [&](const json& s) {
@@ -96,6 +140,8 @@ TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEngi
             std::string::npos)
       << after["controller"].dump();
   EXPECT_EQ(after["weights"]["load_method"], "adopted") << "the host memory was still proven";
+  // The new device copy is made from the adopted arena, which this controller maps read-only.
+  EXPECT_EQ(after["device"]["pin"], "registered_read_only") << after["device"].dump();
   for (pid_t pid : Pids(before)) EXPECT_EQ(Pids(after).count(pid), 0u);
   cluster.CheckFencing();
   // The new device memory is kept in its turn: the next restart adopts it.
@@ -105,6 +151,28 @@ TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEngi
       cluster.WaitFor([&](const json& s) { return IsReady(s) && Pids(s) == Pids(after); },
                       "the new pair, re-adopted");
   EXPECT_TRUE(again["device"]["adopted"].get<bool>()) << again["device"].dump();
+}
+
+// A driver without read-only host registration cannot pin the adopted arena: the device copy
+// is made from pageable memory instead, and the weights stay adopted.
+TEST(DeviceRestartTest, WithoutReadOnlyRegistrationTheCopyIsMadeFromPageableMemory) {
+  ChaosCluster cluster(CudaCluster());
+  cluster.KillController();
+  MisnameKeptDevice(cluster);
+  ::setenv("BATON_FAKE_CUDA_NO_READ_ONLY_REGISTER", "1", 1);
+  cluster.RestartController();
+  ::unsetenv("BATON_FAKE_CUDA_NO_READ_ONLY_REGISTER");
+  const json after = cluster.WaitFor(
+      [](const json& s) { return IsReady(s) && s["controller"]["recovery"]["fenced"].size() == 2; },
+      "a new pair on device memory made from the pageable arena");
+  EXPECT_FALSE(after["device"]["adopted"].get<bool>());
+  EXPECT_EQ(after["weights"]["load_method"], "adopted") << "not loaded afresh";
+  EXPECT_EQ(after["device"]["pin"], "pageable") << after["device"].dump();
+  EXPECT_NE(after["device"]["pinned"].get<std::string>().find("READ_ONLY_HOST_REGISTER_SUPPORTED"),
+            std::string::npos)
+      << after["device"].dump();
+  EXPECT_NE(cluster.Log().find("the weight arena is not pinned"), std::string::npos);
+  cluster.CheckFencing();
 }
 
 // A lost device's kept memory is let go (a successor must not adopt it, and the rebuild needs

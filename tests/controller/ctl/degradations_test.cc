@@ -14,7 +14,7 @@ ControllerStatus Healthy(const ControllerConfig& config) {
   s.weights.huge_pages = true;
   s.weights.locked = true;
   s.pool.huge_pages = true;
-  s.keeper = "kept";
+  s.keeper.state = KeeperState::kKeeping;
   return s;
 }
 
@@ -43,7 +43,10 @@ TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   s.weights.locked = false;
   s.pool.huge_pages = false;
   s.pool.huge_pages_fallback = "no free huge pages for the pool";
-  s.keeper = "unavailable: no executable baton-keeper beside /x/baton-controller";
+  s.keeper = {.state = KeeperState::kUnavailable,
+              .pid = 0,
+              .restarts = 0,
+              .detail = "no executable baton-keeper beside /x/baton-controller"};
   const std::string m = DegradationMetrics(s);
   for (const std::string& kind : DegradationKinds()) {
     EXPECT_TRUE(Has(m, "baton_degraded{what=\"" + kind + "\"} 1\n")) << m;
@@ -52,8 +55,15 @@ TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   EXPECT_TRUE(Has(text, "degraded: weights_huge_pages: 2018 free 2 MiB huge pages")) << text;
   EXPECT_TRUE(Has(text, "degraded: weights_mlock: ")) << text;
   EXPECT_TRUE(Has(text, "degraded: pool_huge_pages: no free huge pages for the pool")) << text;
-  EXPECT_TRUE(Has(text, "degraded: keeper: baton-keeper unavailable: no executable")) << text;
+  EXPECT_TRUE(Has(text, "degraded: keeper: baton-keeper unavailable (no executable")) << text;
   EXPECT_EQ(DegradationJson(s).size(), 4u);
+
+  // A keeper that died and is being started again keeps nothing meanwhile.
+  ControllerStatus restarting = Healthy(config);
+  restarting.keeper = {.state = KeeperState::kRestarting, .pid = 0, .restarts = 1, .detail = ""};
+  ASSERT_EQ(Degradations(restarting).size(), 1u);
+  EXPECT_EQ(Degradations(restarting)[0].what, "keeper");
+  EXPECT_TRUE(Has(DegradationMetrics(restarting), "baton_memory_kept 0\n"));
 }
 
 // What the operator turned off is not a degradation; neither is an adopted arena whose mlock
@@ -66,7 +76,10 @@ TEST(Degradations, SettingsTurnedOffAndAPendingLockAreNot) {
   ControllerStatus s = Healthy(config);
   s.weights.huge_pages = false;
   s.pool.huge_pages = false;
-  s.keeper = "off (controller.keep_memory = false)";
+  s.keeper = {.state = KeeperState::kOff,
+              .pid = 0,
+              .restarts = 0,
+              .detail = "controller.keep_memory = false"};
   s.weights.locked = false;
   s.weights.lock_pending = true;
   EXPECT_TRUE(Degradations(s).empty()) << DegradationText(s);

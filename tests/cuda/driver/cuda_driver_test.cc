@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <string>
+
 #include "cuda/driver/cuda_errors.h"
 #include "cuda/driver/dl_library.h"
 #include "tests/cuda/cuda_test_util.h"
@@ -49,12 +51,19 @@ TEST(CudaErrorsTest, StickyErrorsAndCodes) {
 
 #ifdef BATON_HAVE_CUDA_HEADERS
 
-// Loads the fake driver with $BATON_FAKE_CUDA set to `mode`.
+// Loads the fake driver with $BATON_FAKE_CUDA set to `mode`, then puts back what it was: the
+// tests that follow may run on the emulated device, which reads it at every call.
 Result<std::unique_ptr<CudaDriver>> LoadFake(const char* mode) {
+  const char* was = ::getenv("BATON_FAKE_CUDA");
+  const std::string before = was != nullptr ? was : "";
   ::setenv("BATON_FAKE_CUDA", mode, 1);
   Result<std::unique_ptr<CudaDriver>> driver = CudaDriver::Load(
       CudaDriverOptions{.library = testing::LibDir() + "/libbaton_fake_cuda_driver.so"});
-  ::unsetenv("BATON_FAKE_CUDA");
+  if (was != nullptr) {
+    ::setenv("BATON_FAKE_CUDA", before.c_str(), 1);
+  } else {
+    ::unsetenv("BATON_FAKE_CUDA");
+  }
   return driver;
 }
 

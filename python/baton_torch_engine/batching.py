@@ -1,0 +1,268 @@
+"""Scheduler: continuous batching of generation requests on one compute thread, as the
+reference engine's Generator (standby/model/generator.h) does it.
+
+    s = Scheduler(model, kv, eos, may_compute=engine.may_write)
+    s.start()
+    job = s.submit(completion)         # from any thread; job.steps is a queue of Steps
+    s.cancel(job)                      # the client went away
+    s.call(fn)                         # fn() on the compute thread between steps
+
+Each step first takes new requests and cancellations, then admits waiting requests while the
+KV cache has room (the whole input plus one token, and a block of headroom per running
+sequence), then runs one LlamaModel.step over every running sequence: one token for each
+that is decoding, and chunks of prompts for those still in prefill (decodes first, then
+prefill, within max_step_tokens). Each sequence whose input is complete gets its next token
+sampled at its absolute position (seed, position) and its text built; one that stops (an
+end-of-sequence id, a stop string, max_tokens, the context's end) gives its blocks back. When
+the cache cannot hold a step, the most recently admitted sequence is preempted: its blocks
+are freed and it waits at the head of the queue, to be computed again from prompt + generated
+tokens, which gives the same tokens because a row's logits do not depend on the batch.
+
+Before each step, may_compute() (the engine's epoch check) must hold, or every request fails
+with 503 (a fenced engine's blocks may already be another's). A step that raises fails its
+requests: on_error(exc) decides the status (503 for a device fault it has reported).
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from .kv_blocks import KvBlocks, Sequence_
+from .llama import LlamaModel
+from .requests import ApiError, Completion
+from .sampler import sample_token
+from .text import TextBuilder
+
+
+@dataclass
+class Step:
+    """What one generated token lets out: its id, its text, and the finish reason once the
+    generation ends ("" while it goes on)."""
+    token: int
+    text: str
+    finish_reason: str = ""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request in the scheduler: its tokens (prompt, then generated) and KV sequence.
+    `steps` receives a Step per token, or an ApiError, and nothing after the last."""
+    req: Completion
+    tokens: list[int]
+    text: TextBuilder
+    steps: "queue.Queue" = field(default_factory=queue.Queue)
+    seq: Sequence_ = field(default_factory=Sequence_)
+    generated: int = 0
+    done: bool = False
+
+
+class Scheduler:
+    def __init__(self, model: LlamaModel, kv: KvBlocks, eos: list[int],
+                 may_compute: Callable[[], bool] = lambda: True, max_batch: int = 16,
+                 max_step_tokens: int = 256,
+                 on_error: Optional[Callable[[BaseException], int]] = None,
+                 log: Callable[[str], None] = lambda text: None):
+        self.model, self.kv, self.eos = model, kv, set(eos)
+        self.may_compute, self.on_error, self.log = may_compute, on_error, log
+        self.max_batch, self.max_step_tokens = max(1, max_batch), max(1, max_step_tokens)
+        self.waiting: collections.deque[Job] = collections.deque()
+        self.running: list[Job] = []
+        self._inbox: list[tuple[str, Any]] = []
+        self._cv = threading.Condition()
+        self._stop = False
+        self._thread: Optional[threading.Thread] = None
+        self.generated_total = self.prompt_total = self.steps_total = 0
+        self.preempted_total = self.resumed_total = 0
+
+    # --- any thread --------------------------------------------------------------------------
+
+    def start(self, on_thread: Callable[[], None] = lambda: None) -> None:
+        """Starts the compute thread; on_thread() runs first on it (a CUDA device's
+        selection is per thread)."""
+        def run():
+            on_thread()
+            self._loop()
+        self._thread = threading.Thread(target=run, name="compute", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    def submit(self, req: Completion) -> Job:
+        """Queues `req`; ApiError 429 when it could never fit the KV cache as it is now."""
+        longest = min(len(req.prompt_ids) + req.max_tokens, self.model.c.max_position_embeddings)
+        need, total = self.kv.blocks_for(longest), self.kv.total
+        if need > total:
+            raise ApiError(f"the request needs {need} KV blocks, the cache has {total}",
+                           status=429, kind="server_error")
+        job = Job(req, list(req.prompt_ids), TextBuilder(req.stop))
+        for t in req.prompt_ids[len(req.prompt_ids) - req.resume_tokens:]:
+            job.text.push(t)  # already sent by another engine: text only
+        self._post("submit", job)
+        return job
+
+    def cancel(self, job: Job) -> None:
+        self._post("cancel", job)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        """fn() run on the compute thread between steps (a standby's rehearsal, which must
+        make the thread's own device state); returns its result or raises its exception."""
+        done: queue.Queue = queue.Queue()
+        self._post("call", (fn, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value
+
+    def _post(self, what: str, payload: Any) -> None:
+        with self._cv:
+            if self._stop:
+                raise ApiError("the engine is stopping", status=503, kind="server_error")
+            self._inbox.append((what, payload))
+            self._cv.notify()
+
+    # --- the compute thread ------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._inbox and not self.running and \
+                        not self.waiting:
+                    self._cv.wait()
+                if self._stop:
+                    break
+                inbox, self._inbox = self._inbox, []
+            self._apply(inbox)
+            if not self.may_compute():
+                self._fail(list(self.running) + list(self.waiting),
+                           ApiError("the engine was fenced", status=503, kind="server_error"))
+                continue
+            self._admit()
+            if self.running:
+                self._step()
+        stopping = ApiError("the engine is stopping", status=503, kind="server_error")
+        for what, payload in self._inbox:
+            if what == "call":
+                payload[1].put((False, stopping))
+        self._fail(list(self.running) + list(self.waiting) +
+                   [j for what, j in self._inbox if what == "submit"], stopping)
+
+    def _apply(self, inbox: list[tuple[str, Any]]) -> None:
+        for what, payload in inbox:
+            if what == "submit":
+                self.waiting.append(payload)
+                self.prompt_total += len(payload.req.prompt_ids) - payload.req.resume_tokens
+                self.resumed_total += 1 if payload.req.resume_tokens else 0
+            elif what == "cancel":
+                self._finish(payload)
+            else:
+                fn, done = payload
+                try:
+                    done.put((True, fn()))
+                except BaseException as e:  # raised on the caller's thread
+                    done.put((False, e))
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch:
+            job = self.waiting[0]
+            need = self.kv.blocks_for(len(job.tokens) + 1) - len(job.seq.blocks) + \
+                len(self.running)
+            if need > self.kv.free_count:
+                if not self.running:  # nothing will free blocks: the cache shrank under it
+                    self._fail([job], ApiError("the KV cache has no room for the request",
+                                               status=429, kind="server_error"))
+                    continue
+                return
+            self.running.append(self.waiting.popleft())
+
+    def _batch(self) -> list[tuple[Job, int]]:
+        """(job, tokens to compute) for this step: decodes first, then prefill chunks."""
+        out, budget = [], self.max_step_tokens
+        for job in self.running:
+            if len(job.tokens) - job.seq.length == 1:
+                out.append((job, 1))
+                budget -= 1
+        for job in self.running:
+            left = len(job.tokens) - job.seq.length
+            if left > 1 and budget > 0:
+                out.append((job, min(left, budget)))
+                budget -= min(left, budget)
+        return out
+
+    def _step(self) -> None:
+        while True:
+            batch = self._batch()
+            items = [(j.seq, j.tokens[j.seq.length:j.seq.length + n]) for j, n in batch]
+            want = [j.seq.length + n == len(j.tokens) for j, n in batch]
+            try:
+                logits = self.model.step(self.kv, items, want)
+                break
+            except MemoryError as e:
+                if len(self.running) > 1:
+                    self._preempt_youngest()
+                    continue
+                self._fail(list(self.running), ApiError(str(e), status=429, kind="server_error"))
+                return
+            except Exception as e:  # a device fault, or a bug: the step's requests fail
+                status = self.on_error(e) if self.on_error else 500
+                self.log(f"a step failed ({type(e).__name__}: {e}): {len(batch)} requests "
+                         f"answered {status}")
+                self._fail([j for j, _ in batch], ApiError(f"the engine failed: {e}",
+                                                           status=status, kind="server_error"))
+                return
+        self.steps_total += 1
+        for (job, _), row in zip(batch, logits):
+            if row is not None:
+                self._emit(job, sample_token(row.tolist(), job.req.temperature, job.req.top_p,
+                                             job.req.seed, len(job.tokens)))
+
+    def _emit(self, job: Job, token: int) -> None:
+        job.tokens.append(token)
+        job.generated += 1
+        self.generated_total += 1
+        if token in self.eos:
+            return self._end(job, Step(token, job.text.finish(), "stop"))
+        out = job.text.push(token)
+        if job.text.stopped:
+            return self._end(job, Step(token, out, "stop"))
+        if job.generated == job.req.max_tokens or \
+                len(job.tokens) >= self.model.c.max_position_embeddings:
+            return self._end(job, Step(token, out + job.text.finish(), "length"))
+        job.steps.put(Step(token, out))
+
+    def _end(self, job: Job, last: Step) -> None:
+        job.steps.put(last)
+        self._finish(job)
+
+    def _preempt_youngest(self) -> None:
+        job = self.running.pop()
+        self.kv.give_back(job.seq.blocks)
+        job.seq = Sequence_()
+        self.waiting.appendleft(job)
+        self.preempted_total += 1
+        self.log(f"preempted a request of {len(job.tokens)} tokens for recompute "
+                 "(the KV cache is full)")
+
+    def _finish(self, job: Job) -> None:
+        if job.done:
+            return
+        job.done = True
+        self.kv.give_back(job.seq.blocks)
+        job.seq = Sequence_()
+        if job in self.running:
+            self.running.remove(job)
+        elif job in self.waiting:
+            self.waiting.remove(job)
+
+    def _fail(self, jobs: list[Job], error: ApiError) -> None:
+        for job in jobs:
+            if not job.done:
+                job.steps.put(error)
+                self._finish(job)

@@ -1,0 +1,155 @@
+// RunGuard and the /proc helpers: a process the run started, detached from it on purpose (its
+// own session, re-parented away, as baton-keeper is), is gone once the run ends, whether the
+// run exits, is stopped by SIGINT or is killed with kill -9; a process of another run is
+// never touched. Each run here is a forked child of the test that installs its own guard.
+#include "base/process/run_guard.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "base/process/proc_table.h"
+
+namespace baton {
+namespace {
+
+// Alive and not a zombie.
+bool Running(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text;
+  std::getline(stat, text);
+  const size_t paren = text.rfind(')');
+  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'Z' &&
+         text[paren + 2] != 'X';
+}
+
+bool GoneWithin(pid_t pid, std::chrono::seconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (Running(pid) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return !Running(pid);
+}
+
+// Starts `sleep 600` detached from the caller (a session of its own, its parent gone at once:
+// init or the nearest subreaper adopts it); its pid.
+pid_t StartDetachedSleeper() {
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::setsid();
+    const pid_t grandchild = ::fork();
+    if (grandchild == 0) {
+      ::close(fds[0]);
+      ::close(fds[1]);
+      ::execl("/bin/sleep", "sleep", "600", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    (void)!::write(fds[1], &grandchild, sizeof(grandchild));
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t pid = -1;
+  if (::read(fds[0], &pid, sizeof(pid)) != sizeof(pid)) pid = -1;
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  return pid;
+}
+
+enum class End { kExit, kWait };
+
+// Forks a run: it installs a guard, starts a detached sleeper, reports its pid on a pipe,
+// then exits (kExit) or waits to be signalled (kWait). The run's pid and the sleeper's.
+std::pair<pid_t, pid_t> StartRun(End end) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {-1, -1};
+  const pid_t run = ::fork();
+  if (run == 0) {
+    ::close(fds[0]);
+    ::signal(SIGINT, SIG_DFL);
+    if (!RunGuard::Install("run-guard-test").ok()) ::_exit(3);
+    const pid_t sleeper = StartDetachedSleeper();
+    (void)!::write(fds[1], &sleeper, sizeof(sleeper));
+    ::close(fds[1]);
+    if (end == End::kExit) std::exit(0);
+    while (true) ::pause();
+  }
+  ::close(fds[1]);
+  pid_t sleeper = -1;
+  if (::read(fds[0], &sleeper, sizeof(sleeper)) != sizeof(sleeper)) sleeper = -1;
+  ::close(fds[0]);
+  return {run, sleeper};
+}
+
+TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunExits) {
+  const auto [run, sleeper] = StartRun(End::kExit);
+  ASSERT_GT(sleeper, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(run, &status, 0), run);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  EXPECT_FALSE(Running(sleeper)) << "the run waited for the sweep before it ended";
+}
+
+TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsInterrupted) {
+  const auto [run, sleeper] = StartRun(End::kWait);
+  ASSERT_GT(sleeper, 0);
+  ASSERT_TRUE(Running(sleeper));
+  ASSERT_EQ(::kill(run, SIGINT), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(run, &status, 0), run);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "it dies of the signal";
+  EXPECT_FALSE(Running(sleeper)) << "the run waited for the sweep before it ended";
+}
+
+TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsKilled) {
+  const auto [run, sleeper] = StartRun(End::kWait);
+  ASSERT_GT(sleeper, 0);
+  ASSERT_EQ(::kill(run, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(run, &status, 0), run);
+  EXPECT_TRUE(GoneWithin(sleeper, RunGuard::kSweepLimit)) << "the reaper swept after the kill";
+}
+
+TEST(RunGuardTest, AProcessOfAnotherRunIsNotTouched) {
+  const pid_t other = ::fork();
+  if (other == 0) {
+    ::setenv(kRunGuardVariable, "another-run.1.0", 1);
+    ::execl("/bin/sleep", "sleep", "600", static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // exec'd
+  EXPECT_EQ(KillTaggedProcesses("another-run.1", std::chrono::seconds(1)), 0) << "a prefix";
+  EXPECT_EQ(KillTaggedProcesses("mine.1.0", std::chrono::seconds(1)), 0);
+  EXPECT_TRUE(Running(other));
+  EXPECT_EQ(KillTaggedProcesses("another-run.1.0", std::chrono::seconds(1)), 1);  // our zombie
+  int status = 0;
+  ASSERT_EQ(::waitpid(other, &status, 0), other);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
+TEST(ProcTableTest, TokensAndTheStartEnvironment) {
+  EXPECT_TRUE(HasToken("a:b.1:c", "b.1"));
+  EXPECT_TRUE(HasToken("a", "a"));
+  EXPECT_FALSE(HasToken("a:b.12", "b.1"));
+  EXPECT_FALSE(HasToken("", ""));
+  // This process was started with PATH; a variable set since is not in /proc/PID/environ.
+  EXPECT_TRUE(StartEnvironValue(::getpid(), "PATH").has_value());
+  ::setenv("BATON_PROC_TABLE_TEST", "x", 1);
+  EXPECT_FALSE(StartEnvironValue(::getpid(), "BATON_PROC_TABLE_TEST").has_value());
+  const std::vector<pid_t> up = Ancestors(::getpid());
+  ASSERT_FALSE(up.empty());
+  EXPECT_EQ(up.front(), ::getppid());
+  EXPECT_FALSE(ProcessName(::getpid()).empty());
+}
+
+}  // namespace
+}  // namespace baton

@@ -1,0 +1,101 @@
+// baton-keeper may die (kill -9, the OOM killer): the controller still holds every fd of the
+// memory, starts a new keeper and hands it the memory again, and rewrites the memory record,
+// so that a later kill -9 of the controller is survived as before: the same engine processes,
+// nothing loaded from disk again, no request lost. Real processes, real kill -9, load through
+// baton-router.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <set>
+#include <thread>
+
+#include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/router_load.h"
+
+namespace baton::chaos {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::set<pid_t> EnginePids(const json& status) {
+  std::set<pid_t> pids;
+  for (const json& e : status["engines"]) pids.insert(PidOf(e));
+  return pids;
+}
+
+const json& Keeper(const json& status) { return status["controller"]["keeper"]; }
+
+// A new keeper, not `dead`, keeps the memory after `restarts` deaths.
+bool KeptAgain(const json& s, pid_t dead, int restarts) {
+  const json& k = Keeper(s);
+  return k.value("state", "") == "keeping" && k.value("pid", 0) > 0 && k.value("pid", 0) != dead &&
+         k.value("restarts", 0) == restarts;
+}
+
+TEST(KeeperDeath, KeeperThenControllerKilledUnderLoadLosesNothing) {
+  ClusterOptions options = RefenginePair();
+  options.metrics_port = FreePort();
+  ChaosCluster cluster(options);
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  std::vector<json> requests;
+  std::vector<StreamOutput> want;
+  References(router.port(), "Keeper death", 48, &requests, &want);
+  const json before = cluster.Status();
+  ASSERT_EQ(Keeper(before)["state"], "keeping") << before["controller"].dump();
+  const pid_t keeper = cluster.KeeperPid();
+  ASSERT_GT(keeper, 0);
+  ASSERT_EQ(Keeper(before)["pid"], keeper);
+
+  const LoadResult r = LoadAround(router.port(), requests, want, [&] {
+    ASSERT_EQ(::kill(keeper, SIGKILL), 0);
+    cluster.WaitFor([&](const json& s) { return KeptAgain(s, keeper, 1); },
+                    "a new baton-keeper keeping the memory");
+    cluster.KillController();
+    std::this_thread::sleep_for(milliseconds(300));
+    cluster.RestartController();
+  });
+  ExpectNoFailure(r, router);
+
+  const json after = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(before); },
+      "the same engines, re-adopted");
+  EXPECT_EQ(EnginePids(after), EnginePids(before)) << "no engine replaced";
+  const json& recovery = after["controller"]["recovery"];
+  EXPECT_EQ(recovery["memory"], "adopted") << recovery.dump();
+  EXPECT_TRUE(recovery["fenced"].empty()) << recovery.dump();
+  EXPECT_EQ(after["weights"]["load_method"], "adopted") << after["weights"].dump();
+  EXPECT_EQ(after["weights"]["bytes_read"], 0) << "nothing loaded from disk again";
+  EXPECT_TRUE(after["pool"]["adopted"].get<bool>()) << after["pool"].dump();
+  EXPECT_EQ(after["invariants"], "ok");
+  EXPECT_NE(cluster.KeeperPid(), keeper);
+  EXPECT_EQ(Keeper(after)["state"], "keeping") << after["controller"].dump();
+  cluster.CheckFencing();
+  const std::string log = cluster.Log();
+  EXPECT_NE(log.find("baton-keeper restarting (pid " + std::to_string(keeper) + ")"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("the memory is kept again by baton-keeper"), std::string::npos) << log;
+}
+
+TEST(KeeperDeath, EveryDeathIsCountedAndShown) {
+  ClusterOptions options;
+  options.metrics_port = FreePort();
+  ChaosCluster cluster(options);
+  for (int k = 1; k <= 2; ++k) {
+    const pid_t keeper = cluster.KeeperPid();
+    ASSERT_GT(keeper, 0);
+    ASSERT_EQ(::kill(keeper, SIGKILL), 0);
+    cluster.WaitFor([&](const json& s) { return KeptAgain(s, keeper, k); },
+                    "baton-keeper started again after death " + std::to_string(k));
+  }
+  EXPECT_EQ(MetricValue(options.metrics_port, "baton_keeper_restarts_total"), 2);
+  EXPECT_EQ(MetricValue(options.metrics_port, "baton_keeper_state{state=\"keeping\"}"), 1);
+  const CtlResult plain = cluster.CtlPlain({"status"});
+  EXPECT_NE(plain.stdout_text.find("keeper: keeping"), std::string::npos) << plain.stdout_text;
+  // A clean stop still lets the last keeper go (the harness checks that none outlives it).
+  EXPECT_EQ(cluster.StopController(), 0);
+}
+
+}  // namespace
+}  // namespace baton::chaos

@@ -1,0 +1,166 @@
+// What the CUDA driver refuses among the calls Baton makes, asserted through the driver itself:
+// on a GPU host these tests check the real driver, and on the fake driver's emulated device
+// (cuda_gpu_tests_on_emulated_device) they check that the emulation refuses the same, so that
+// a test which passes on the emulated device does not pass only because the emulation is
+// lenient. Where the driver documents the error code, the code is asserted; elsewhere only
+// the refusal. Skipped without a GPU or the emulated device.
+#include <gtest/gtest.h>
+
+#include "tests/cuda/cuda_test_util.h"
+
+#ifdef BATON_HAVE_CUDA_HEADERS
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdlib>
+
+#include "cuda/memory/pinned_host.h"
+#include "cuda/memory/rematerializer.h"
+#include "cuda/memory/vmm.h"
+
+namespace baton {
+namespace {
+
+constexpr uint64_t kMiB = 1ull << 20;
+
+// An anonymous host mapping, unmapped on destruction.
+class HostMap {
+ public:
+  explicit HostMap(size_t bytes, int prot = PROT_READ | PROT_WRITE) : bytes_(bytes) {
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    data_ = p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
+    if (data_ != nullptr) {
+      for (size_t i = 0; i < bytes; i += 4096) data_[i] = static_cast<uint8_t>(i >> 12);
+      if (prot != (PROT_READ | PROT_WRITE)) ::mprotect(data_, bytes, prot);
+    }
+  }
+  ~HostMap() {
+    if (data_ != nullptr) ::munmap(data_, bytes_);
+  }
+  uint8_t* data() const { return data_; }
+
+ private:
+  size_t bytes_;
+  uint8_t* data_ = nullptr;
+};
+
+CUresult Register(const PrimaryContext& ctx, void* p, size_t bytes, unsigned flags) {
+  return ctx.driver()->cuMemHostRegister(p, bytes, flags);
+}
+
+TEST(VmmDriverRulesTest, HostRegisterRefusesBadArgumentsAndOverlaps) {
+  BATON_CUDA_OR_SKIP(ctx);
+  HostMap host(8 * kMiB);
+  ASSERT_NE(host.data(), nullptr);
+  EXPECT_NE(Register(ctx, host.data(), 0, CU_MEMHOSTREGISTER_PORTABLE), CUDA_SUCCESS) << "size 0";
+  EXPECT_NE(Register(ctx, host.data(), 4 * kMiB, 0x80), CUDA_SUCCESS) << "an unknown flag";
+  ASSERT_EQ(Register(ctx, host.data(), 4 * kMiB, CU_MEMHOSTREGISTER_PORTABLE), CUDA_SUCCESS);
+  EXPECT_EQ(Register(ctx, host.data() + 2 * kMiB, 4 * kMiB, CU_MEMHOSTREGISTER_PORTABLE),
+            CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED);
+  EXPECT_EQ(ctx.driver()->cuMemHostUnregister(host.data() + 4 * kMiB),
+            CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+      << "never registered";
+  EXPECT_EQ(ctx.driver()->cuMemHostUnregister(host.data()), CUDA_SUCCESS);
+  EXPECT_EQ(ctx.driver()->cuMemHostUnregister(host.data()), CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+      << "unregistered twice";
+}
+
+// The adopted weight arena of a restarted controller is mapped read-only: the driver needs
+// CU_MEMHOSTREGISTER_READ_ONLY for it, where the device supports that flag.
+TEST(VmmDriverRulesTest, ReadOnlyHostMemoryNeedsTheReadOnlyFlag) {
+  BATON_CUDA_OR_SKIP(ctx);
+  HostMap host(4 * kMiB, PROT_READ);
+  ASSERT_NE(host.data(), nullptr);
+  EXPECT_EQ(Register(ctx, host.data(), 4 * kMiB, CU_MEMHOSTREGISTER_PORTABLE),
+            CUDA_ERROR_INVALID_VALUE);
+  const unsigned read_only = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY;
+  if (!ReadOnlyRegisterSupported(ctx)) {
+    EXPECT_EQ(Register(ctx, host.data(), 4 * kMiB, read_only), CUDA_ERROR_NOT_SUPPORTED);
+    return;
+  }
+  ASSERT_EQ(Register(ctx, host.data(), 4 * kMiB, read_only), CUDA_SUCCESS);
+  EXPECT_EQ(ctx.driver()->cuMemHostUnregister(host.data()), CUDA_SUCCESS);
+  if (::getenv("BATON_FAKE_CUDA") == nullptr) return;
+  ::setenv("BATON_FAKE_CUDA_NO_READ_ONLY_REGISTER", "1", 1);  // a device without the flag
+  EXPECT_FALSE(ReadOnlyRegisterSupported(ctx));
+  EXPECT_EQ(Register(ctx, host.data(), 4 * kMiB, read_only), CUDA_ERROR_NOT_SUPPORTED);
+  ::unsetenv("BATON_FAKE_CUDA_NO_READ_ONLY_REGISTER");
+}
+
+// What failed on an H200: one copy whose host side starts in one registration and runs into
+// the next.
+TEST(VmmDriverRulesTest, ACopyMayNotRunPastItsRegistration) {
+  BATON_CUDA_OR_SKIP(ctx);
+  HostMap host(8 * kMiB);
+  ASSERT_NE(host.data(), nullptr);
+  Result<PinnedHostCache> pinned = PinnedHostCache::Register(ctx, host.data(), 8 * kMiB, 4 * kMiB);
+  ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
+  Result<VmmRegion> dev = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 8 * kMiB});
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  Result<VmmView> view =
+      VmmView::Reserve(ctx, dev->chunk_bytes(), dev->chunk_count(), dev->granularity());
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(view->Borrow(*dev).ok());
+  ASSERT_TRUE(view->MapAll({}).ok());
+  EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(view->base(), host.data(), 8 * kMiB),
+            CUDA_ERROR_INVALID_VALUE);
+  EXPECT_EQ(ctx.driver()->cuMemcpyDtoH(host.data() + kMiB, view->base(), 4 * kMiB),
+            CUDA_ERROR_INVALID_VALUE);
+  Result<CopyStats> pieces =
+      PlainPinnedCopy(ctx, view->base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
+  EXPECT_TRUE(pieces.ok()) << pieces.status().ToString();
+  Result<Rematerializer> remat =
+      Rematerializer::Create(ctx, {.streams = 2, .chunk_bytes = 3 * kMiB});
+  ASSERT_TRUE(remat.ok());
+  Result<CopyStats> copied =
+      remat->Copy(view->base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
+  ASSERT_TRUE(copied.ok()) << "3 MiB chunks cut at the registrations' ends: "
+                           << copied.status().ToString();
+  EXPECT_EQ(copied->copies, 4u);  // [0,3) [3,4) [4,7) [7,8)
+}
+
+TEST(VmmDriverRulesTest, VmmCallsRefuseMisalignedOverlappingAndUnexportable) {
+  BATON_CUDA_OR_SKIP(ctx);
+  Result<size_t> g = VmmGranularity(ctx, VmmLocation::kDevice, 0);
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const CudaDriver& cu = ctx.driver();
+  CUmemAllocationProp prop = VmmChunkProp(ctx, VmmLocation::kDevice, 0);
+  CUmemGenericAllocationHandle h = 0;
+  EXPECT_EQ(cu->cuMemCreate(&h, *g + 4096, &prop, 0), CUDA_ERROR_INVALID_VALUE) << "not granular";
+  ASSERT_EQ(cu->cuMemCreate(&h, 2 * *g, &prop, 0), CUDA_SUCCESS);
+  CUdeviceptr base = 0;
+  ASSERT_EQ(cu->cuMemAddressReserve(&base, 4 * *g, *g, 0, 0), CUDA_SUCCESS);
+  EXPECT_NE(cu->cuMemMap(base + 4096, *g, 0, h, 0), CUDA_SUCCESS) << "misaligned address";
+  EXPECT_NE(cu->cuMemMap(base, *g + 4096, 0, h, 0), CUDA_SUCCESS) << "misaligned size";
+  EXPECT_NE(cu->cuMemMap(base, 4 * *g, 0, h, 0), CUDA_SUCCESS) << "more than the allocation";
+  EXPECT_NE(cu->cuMemMap(base + 3 * *g, 2 * *g, 0, h, 0), CUDA_SUCCESS) << "past the reservation";
+  CUmemAccessDesc desc = {};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = ctx.device();
+  desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  EXPECT_NE(cu->cuMemSetAccess(base, *g, &desc, 1), CUDA_SUCCESS) << "nothing mapped";
+  ASSERT_EQ(cu->cuMemMap(base, 2 * *g, 0, h, 0), CUDA_SUCCESS);
+  EXPECT_NE(cu->cuMemMap(base + *g, 2 * *g, 0, h, 0), CUDA_SUCCESS) << "over a mapping";
+  EXPECT_NE(cu->cuMemSetAccess(base, 3 * *g, &desc, 1), CUDA_SUCCESS) << "partly mapped";
+  EXPECT_EQ(cu->cuMemSetAccess(base, 2 * *g, &desc, 1), CUDA_SUCCESS);
+  EXPECT_NE(cu->cuMemUnmap(base, *g), CUDA_SUCCESS) << "half a mapping";
+  EXPECT_EQ(cu->cuMemUnmap(base, 2 * *g), CUDA_SUCCESS);
+  EXPECT_NE(cu->cuMemAddressFree(base, 2 * *g), CUDA_SUCCESS) << "not the reserved size";
+  EXPECT_EQ(cu->cuMemAddressFree(base, 4 * *g), CUDA_SUCCESS);
+  EXPECT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+
+  // Only an allocation made with POSIX_FILE_DESCRIPTOR requested exports an fd.
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
+  ASSERT_EQ(cu->cuMemCreate(&h, *g, &prop, 0), CUDA_SUCCESS);
+  int fd = -1;
+  EXPECT_NE(cu->cuMemExportToShareableHandle(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+            CUDA_SUCCESS);
+  if (fd >= 0) ::close(fd);
+  EXPECT_EQ(cu->cuMemRelease(h), CUDA_SUCCESS);
+}
+
+}  // namespace
+}  // namespace baton
+
+#endif  // BATON_HAVE_CUDA_HEADERS
