@@ -24,7 +24,7 @@ import struct
 import sys
 import threading
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
 from baton_engine import BatonError, Engine, EventKind, Extent, FailedPrecondition  # noqa: E402
 

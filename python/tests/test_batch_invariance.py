@@ -30,7 +30,7 @@ import unittest
 import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 sys.path.insert(0, HERE)
 
 from engine_process import start_engine  # noqa: E402
@@ -40,9 +40,9 @@ try:
     from baton_torch_engine.attention import StepRows, attend, chunk_blocks
     from baton_torch_engine.batching import Scheduler
     from baton_torch_engine.device import ComputeDevice
-    from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, Sequence_
+    from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, SequenceBlocks
     from baton_torch_engine.products import Products
-    from baton_torch_engine.requests import ApiError, Completion
+    from baton_torch_engine.openai_requests import ApiError, Completion
     from baton_torch_engine.safetensors_files import read_model
     from baton_torch_engine.scratch import WideningScratch
     MISSING = ""
@@ -121,11 +121,11 @@ class ModelTest(unittest.TestCase):
             model = load(model_dir)
             kv = KvBlocks.private(model.c, 1 << 13, 64)  # 15 positions a block: many blocks
             ids = self.tokens(60, 1)
-            whole = model.forward(kv, Sequence_(), ids)
-            seq = Sequence_()
+            whole = model.forward(kv, SequenceBlocks(), ids)
+            seq = SequenceBlocks()
             for at in range(0, 60, 7):
                 chunked = model.forward(kv, seq, ids[at:at + 7])
-            seq = Sequence_()
+            seq = SequenceBlocks()
             for t in ids:
                 one = model.forward(kv, seq, [t])
             self.assertTrue(torch.equal(whole, chunked), dtype)
@@ -138,13 +138,13 @@ class ModelTest(unittest.TestCase):
             prompts = [self.tokens(5, 2), self.tokens(33, 3), self.tokens(1, 4)]
             alone = []
             for prompt in prompts:
-                seq = Sequence_()
+                seq = SequenceBlocks()
                 got = [model.forward(kv, seq, prompt)]
                 for step in range(6):
                     got.append(model.forward(kv, seq, [(step * 13 + len(prompt)) % 256]))
                 kv.give_back(seq.blocks)
                 alone.append(got)
-            seqs = [Sequence_() for _ in prompts]
+            seqs = [SequenceBlocks() for _ in prompts]
             together = [[] for _ in prompts]
             # The long prompt arrives late, beside the others' decode steps.
             for step in range(8):
@@ -166,7 +166,7 @@ class ModelTest(unittest.TestCase):
     def test_key_chunks_past_a_rows_position_change_nothing(self):
         model = load(self.models["f32"])
         kv = KvBlocks.private(model.c, 1 << 13, 64)
-        seq = Sequence_()
+        seq = SequenceBlocks()
         model.forward(kv, seq, self.tokens(40, 5))
         bt = kv.block_tokens
         per = chunk_blocks(bt)
@@ -193,8 +193,8 @@ class ModelTest(unittest.TestCase):
             rows_of_one, tiles = load(model_dir), load(model_dir, tiled)
             kv = KvBlocks.private(rows_of_one.c, 1 << 13, 64)
             ids = self.tokens(23, 6)
-            a = rows_of_one.forward(kv, Sequence_(), ids)
-            b = tiles.forward(kv, Sequence_(), ids)
+            a = rows_of_one.forward(kv, SequenceBlocks(), ids)
+            b = tiles.forward(kv, SequenceBlocks(), ids)
             self.assertLess(float((a - b).abs().max()), 1e-3, dtype)
 
 

@@ -37,7 +37,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(HERE, ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
 try:
     import torch

@@ -17,7 +17,7 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
-sys.path.insert(0, os.path.join(HERE, ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 SCRIPT = os.path.join(ROOT, "scripts", "train-demo-model")
 MODEL = os.path.join(ROOT, "models", "demo")
 STEPS = "2"

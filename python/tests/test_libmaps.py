@@ -8,7 +8,7 @@ import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
 from baton_engine import libmaps  # noqa: E402
 from baton_engine.libmaps import Mapping  # noqa: E402
@@ -127,8 +127,8 @@ class EngineTest(unittest.TestCase):
                 "d = libmaps.drop_library_pages()\n"
                 "import decimal, hashlib\n"
                 "print(d.mappings > 0, hashlib.sha256(b'baton').hexdigest()[:8],"
-                " decimal.Decimal(1) / 8)\n") % os.path.join(os.path.dirname(
-                    os.path.abspath(__file__)), "..")
+                " decimal.Decimal(1) / 8)\n") % os.path.join(checkout_paths.PYTHON,
+                                                              "baton-engine")
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              check=True).stdout.split()
         self.assertEqual(out, ["True", "418c01e8", "0.125"])

@@ -4,7 +4,7 @@ import os
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import baton_engine  # noqa: E402

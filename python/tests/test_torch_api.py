@@ -6,9 +6,9 @@ import os
 import sys
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
-from baton_torch_engine.requests import ApiError, Parser, render_chat  # noqa: E402
+from baton_torch_engine.openai_requests import ApiError, Parser, render_chat  # noqa: E402
 from baton_torch_engine.text import TextBuilder  # noqa: E402
 
 PARSER = Parser("tiny", vocab_size=260, max_positions=512, bos=256)

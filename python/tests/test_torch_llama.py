@@ -32,14 +32,14 @@ import time
 import unittest
 import urllib.request
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from engine_process import start_engine  # noqa: E402
 
 try:
     import torch
-    from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, Sequence_
+    from baton_torch_engine.llama import KvBlocks, LlamaConfig, LlamaModel, SequenceBlocks
     from baton_torch_engine.products import Products
     from baton_torch_engine.device import ComputeDevice
     from baton_torch_engine.rehearsal import rehearse
@@ -112,7 +112,7 @@ class TorchLlamaTest(unittest.TestCase):
         kv.set_region(memory, 0)
         for b in range(8):
             kv.add(b)
-        seq, out, ties = Sequence_(), [], []
+        seq, out, ties = SequenceBlocks(), [], []
         logits = model.forward(kv, seq, PROMPT)
         for i in range(STEPS):
             values = logits.tolist()

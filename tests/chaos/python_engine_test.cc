@@ -1,4 +1,4 @@
-// The chaos drills with engines written in Python on Baton's Python SDK (python/baton_engine,
+// The chaos drills with engines written in Python on Baton's Python SDK (python/baton-engine,
 // a ctypes binding of libbaton_engine.so): python/tests/sdk_engine.py registers, waits as a
 // standby, and once promoted stamps its blocks' headers, checking that none was written by
 // another engine. Each drill breaks the pair of two such engines and waits for it to be whole
@@ -15,7 +15,8 @@
 namespace baton::chaos {
 namespace {
 
-constexpr const char* kPython = "/usr/bin/python3";
+// The interpreter tests/CMakeLists.txt found (the first python3 with PyTorch, else any).
+constexpr const char* kPython = BATON_TEST_PYTHON;
 
 bool TorchInstalled() {
   return std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) == 0;
@@ -33,7 +34,9 @@ ClusterOptions PythonPair() {
 class PythonEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::access(kPython, X_OK) != 0) GTEST_SKIP() << kPython << " is missing";
+    if (*kPython == '\0' || ::access(kPython, X_OK) != 0) {
+      GTEST_SKIP() << "no python3 was found when the build was configured";
+    }
   }
 };
 

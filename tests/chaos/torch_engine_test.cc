@@ -1,4 +1,4 @@
-// baton-torch-engine (python/baton_torch_engine: the PyTorch engine on Baton's Python SDK) as
+// baton-torch-engine (python/baton-torch-engine: the PyTorch engine on Baton's Python SDK) as
 // a pair's engine under the real controller and router: a stream through the router survives
 // kill -9 of the primary token for token, and the pair goes through the drills (kill, hang,
 // error report, batonctl promote) with the fencing checks. Skipped, saying why, where
@@ -20,11 +20,18 @@ namespace {
 
 using std::chrono::seconds;
 
-bool TorchInstalled() { return std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0; }
+// The interpreter tests/CMakeLists.txt found (the first python3 with PyTorch, else any).
+constexpr const char* kPython = BATON_TEST_PYTHON;
+
+bool TorchInstalled() {
+  return *kPython != '\0' &&
+         std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) == 0;
+}
 
 ClusterOptions TorchPair() {
   ClusterOptions o;
-  o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib"};
+  o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib",
+                      std::string("BATON_PYTHON=") + kPython};
   o.engine_command = {std::string(BATON_SOURCE_DIR) + "/python/bin/baton-torch-engine",
                       "--model",
                       "{model_dir}",
@@ -56,7 +63,7 @@ json WaitTorchPrimary(const ChaosCluster& cluster, uint64_t old_primary, const s
 class TorchEngineTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!TorchInstalled()) GTEST_SKIP() << "PyTorch is missing for /usr/bin/python3";
+    if (!TorchInstalled()) GTEST_SKIP() << "PyTorch is missing for " << kPython;
   }
 };
 

@@ -93,7 +93,8 @@ TEST(DeployFiles, EveryProgramAnswersVersion) {
         << program << ": " << run.output;
     std::printf("%s", run.output.c_str());
   }
-  // The PyTorch engine says the same version (python/baton_torch_engine/__init__.py).
+  // The PyTorch engine says the same version
+  // (python/baton-torch-engine/baton_torch_engine/__init__.py).
   const ProgramRun controller = RunProgram({BinDir() + "/baton-controller", "--version"});
   const std::string version = controller.output.substr(0, controller.output.find(" ("));
   const ProgramRun torch =

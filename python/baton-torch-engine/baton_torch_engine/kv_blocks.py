@@ -30,7 +30,7 @@ HEADER_BYTES = 64  # the block header the SDK scrubs (kBlockHeaderBytes)
 
 
 @dataclass
-class Sequence_:
+class SequenceBlocks:
     """One sequence's block table (pool block ids) and how many positions are stored."""
     blocks: list[int] = field(default_factory=list)
     length: int = 0

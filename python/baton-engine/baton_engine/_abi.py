@@ -113,7 +113,7 @@ def candidates(explicit: Optional[str] = None) -> list[str]:
         if given:
             path = Path(given)
             found.append(str(path / LIBRARY if path.is_dir() else path))
-    repo_build = Path(__file__).resolve().parents[2] / "build" / "lib" / LIBRARY
+    repo_build = Path(__file__).resolve().parents[3] / "build" / "lib" / LIBRARY
     if repo_build.exists():
         found.append(str(repo_build))
     found.append(LIBRARY)

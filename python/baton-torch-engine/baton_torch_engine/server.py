@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 
 from .generation import Generator, Step, usage
-from .requests import ApiError, Completion, Parser
+from .openai_requests import ApiError, Completion, Parser
 
 MAX_BODY_BYTES = 4 << 20
 

@@ -82,7 +82,7 @@ def write_port(path: str, port: int) -> None:
 def build_state(args):
     """The model's config and the HTTP state (the parser), before any weight is there."""
     from .llama import LlamaConfig
-    from .requests import Parser
+    from .openai_requests import Parser
     from .server import State
     config = LlamaConfig.load(args.model)
     name = args.served_model_name or args.model
@@ -311,7 +311,6 @@ def main(argv=None) -> int:
         return 2
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     try:
         if args.standalone or not (args.controller or os.environ.get("BATON_SOCKET")):
             return run_standalone(args)

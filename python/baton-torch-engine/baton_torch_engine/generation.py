@@ -10,7 +10,7 @@ from typing import Callable, Iterator, Optional
 from .batching import Job, Scheduler, Step
 from .kv_blocks import KvBlocks
 from .llama import LlamaModel
-from .requests import ApiError, Completion
+from .openai_requests import ApiError, Completion
 
 __all__ = ["Generator", "Step", "usage"]
 

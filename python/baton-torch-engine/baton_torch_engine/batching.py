@@ -30,9 +30,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from .kv_blocks import KvBlocks, Sequence_
+from .kv_blocks import KvBlocks, SequenceBlocks
 from .llama import LlamaModel
-from .requests import ApiError, Completion
+from .openai_requests import ApiError, Completion
 from .sampler import sample_token
 from .text import TextBuilder
 
@@ -54,7 +54,7 @@ class Job:
     tokens: list[int]
     text: TextBuilder
     steps: "queue.Queue" = field(default_factory=queue.Queue)
-    seq: Sequence_ = field(default_factory=Sequence_)
+    seq: SequenceBlocks = field(default_factory=SequenceBlocks)
     generated: int = 0
     done: bool = False
 
@@ -244,7 +244,7 @@ class Scheduler:
     def _preempt_youngest(self) -> None:
         job = self.running.pop()
         self.kv.give_back(job.seq.blocks)
-        job.seq = Sequence_()
+        job.seq = SequenceBlocks()
         self.waiting.appendleft(job)
         self.preempted_total += 1
         self.log(f"preempted a request of {len(job.tokens)} tokens for recompute "
@@ -255,7 +255,7 @@ class Scheduler:
             return
         job.done = True
         self.kv.give_back(job.seq.blocks)
-        job.seq = Sequence_()
+        job.seq = SequenceBlocks()
         if job in self.running:
             self.running.remove(job)
         elif job in self.waiting:

@@ -10,5 +10,5 @@ engine, with its HTTP API in `server`, `requests` and `text`, its continuous bat
 standby's rehearsal in `rehearsal`.
 """
 
-# Baton's version (project() in CMakeLists.txt, python/pyproject.toml): --version prints it.
+# Baton's version (project() in CMakeLists.txt, ../pyproject.toml): --version prints it.
 __version__ = "0.1.0"

@@ -31,10 +31,10 @@ import torch
 from .attention import RopeTable, StepRows, attend, chunk_blocks
 from .config import LlamaConfig, inverse_frequencies
 from .device import ComputeDevice
-from .kv_blocks import HEADER_BYTES, KvBlocks, Sequence_
+from .kv_blocks import HEADER_BYTES, KvBlocks, SequenceBlocks
 from .products import Products, compute_dtype_of
 
-__all__ = ["HEADER_BYTES", "KvBlocks", "LlamaConfig", "LlamaModel", "Sequence_",
+__all__ = ["HEADER_BYTES", "KvBlocks", "LlamaConfig", "LlamaModel", "SequenceBlocks",
            "inverse_frequencies"]
 
 CPU = ComputeDevice("cpu")
@@ -99,18 +99,18 @@ class LlamaModel:
     def _linear(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return self.products.linear(x, self.w[name]).float()
 
-    def reserve(self, kv: KvBlocks, seq: Sequence_, length: int) -> None:
+    def reserve(self, kv: KvBlocks, seq: SequenceBlocks, length: int) -> None:
         """Blocks for `length` positions in seq's table (MemoryError, nothing taken, if too
         few are free)."""
         need = kv.blocks_for(length) - len(seq.blocks)
         if need > 0:
             seq.blocks.extend(kv.take(need))
 
-    def forward(self, kv: KvBlocks, seq: Sequence_, tokens: Sequence[int]) -> torch.Tensor:
+    def forward(self, kv: KvBlocks, seq: SequenceBlocks, tokens: Sequence[int]) -> torch.Tensor:
         """The logits (fp32, on the CPU) of the last of `tokens`, stored after seq's."""
         return self.step(kv, [(seq, tokens)])[0]
 
-    def _validate(self, seq: Sequence_, tokens: Sequence[int]) -> None:
+    def _validate(self, seq: SequenceBlocks, tokens: Sequence[int]) -> None:
         c = self.c
         if len(tokens) == 0:
             raise ValueError("forward: no tokens")
@@ -121,7 +121,7 @@ class LlamaModel:
             raise ValueError(f"forward: a token id is outside the vocabulary of {c.vocab_size}")
 
     @torch.no_grad()
-    def step(self, kv: KvBlocks, items: Sequence[tuple[Sequence_, Sequence[int]]],
+    def step(self, kv: KvBlocks, items: Sequence[tuple[SequenceBlocks, Sequence[int]]],
              want: Optional[Sequence[bool]] = None, layers: Optional[int] = None
              ) -> list[Optional[torch.Tensor]]:
         """Stores every item's tokens and returns, for each item, the fp32 logits (on the CPU)

@@ -6,7 +6,7 @@ launches has been loaded, the compute thread's BLAS handle made and its workspac
 fails as a standby, not as a newly promoted primary."""
 from __future__ import annotations
 
-from .kv_blocks import KvBlocks, Sequence_
+from .kv_blocks import KvBlocks, SequenceBlocks
 from .llama import LlamaModel
 from .sampler import sample_token
 
@@ -18,7 +18,7 @@ def rehearse(model: LlamaModel, block_bytes: int) -> None:
     maps nothing writable). ValueError or MemoryError when the model cannot run."""
     c = model.c
     kv = KvBlocks.private(c, block_bytes, 1, model.kv_dtype, model.device.torch)
-    logits = model.step(kv, [(Sequence_(), [c.bos_token_id or 0])], layers=1)[0].tolist()
+    logits = model.step(kv, [(SequenceBlocks(), [c.bos_token_id or 0])], layers=1)[0].tolist()
     sample_token(logits, 0.0, 1.0, 0, 1)
     sample_token(logits, 0.7, 0.9, 1, 1)
     model.device.synchronize()

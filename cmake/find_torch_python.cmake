@@ -1,0 +1,36 @@
+# baton_find_torch_python(VAR): sets VAR to the Python interpreter the tests and the test
+# engines run: the first of $BATON_PYTHON, python3 on PATH and /usr/bin/python3 that imports
+# PyTorch (looked up with importlib, which loads nothing); else the first of them that exists;
+# else VAR is empty. The choice is printed at configure time.
+function(baton_find_torch_python var)
+  set(candidates)
+  if(DEFINED ENV{BATON_PYTHON})
+    list(APPEND candidates "$ENV{BATON_PYTHON}")
+  endif()
+  find_program(_baton_path_python NAMES python3 NO_CACHE)
+  if(_baton_path_python)
+    list(APPEND candidates "${_baton_path_python}")
+  endif()
+  list(APPEND candidates /usr/bin/python3)
+  set(first "")
+  foreach(python IN LISTS candidates)
+    if(NOT EXISTS "${python}")
+      continue()
+    endif()
+    if(NOT first)
+      set(first "${python}")
+    endif()
+    execute_process(COMMAND "${python}" -c
+                            "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
+                    RESULT_VARIABLE has_torch OUTPUT_QUIET ERROR_QUIET)
+    if(has_torch EQUAL 0)
+      message(STATUS "Python for the tests: ${python} (has PyTorch)")
+      set(${var} "${python}" PARENT_SCOPE)
+      return()
+    endif()
+  endforeach()
+  if(first)
+    message(STATUS "Python for the tests: ${first} (no PyTorch: the PyTorch tests are skipped)")
+  endif()
+  set(${var} "${first}" PARENT_SCOPE)
+endfunction()

@@ -1,0 +1,156 @@
+"""Helpers shared by the Python programs in perf/ (perf/replay_torch, perf/soak): completions
+through a router, compared token for token; the controller's status through batonctl; the
+processes of a stack, found and stopped on every exit path.
+
+Nothing here starts a process on import.
+"""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def alive(pid):
+    """Whether `pid` runs (not gone, not a zombie waiting for its reaper)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def complete(port, body, timeout=300):
+    """One completion through the server at 127.0.0.1:`port`, streamed or not as `body` says:
+    ("ok", token ids), or ("failed", reason) for an HTTP error or an error event, or
+    ("lost", reason) when no complete answer came, or ("refused", reason) when the connection
+    was refused (no server listened: the request was never accepted)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        try:
+            conn.request("POST", "/v1/completions", json.dumps(body),
+                         {"Content-Type": "application/json"})
+        except ConnectionRefusedError as e:
+            return "refused", str(e)
+        r = conn.getresponse()
+        if r.status != 200:
+            return "failed", f"HTTP {r.status}: {r.read()[:200]!r}"
+        if not body.get("stream"):
+            answer = json.loads(r.read())
+            if "error" in answer:
+                return "failed", str(answer["error"])[:200]
+            return "ok", answer["choices"][0].get("token_ids", [])
+        ids, done = [], False
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                done = True
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                return "failed", event["error"].get("message", "an error event")
+            for c in event.get("choices", []):
+                ids.extend(c.get("token_ids", []))
+        return ("ok", ids) if done else ("lost", "the stream ended without [DONE]")
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError) as e:
+        return "lost", f"{type(e).__name__}: {e}"
+    finally:
+        conn.close()
+
+
+def first_difference(got, want):
+    """The index of the first token where `got` and `want` differ (a length counts)."""
+    return next(k for k, (a, b) in enumerate(zip(got + [-1], want + [-2])) if a != b)
+
+
+def metric(port, name):
+    """The value of the sample `name` (with its labels, as written) at 127.0.0.1:`port`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[-1])
+    return 0.0
+
+
+def batonctl(bin_dir, socket_path, *args, timeout=15):
+    """Runs `batonctl --json --socket SOCKET ARGS`: (exit status, the JSON of its last line or
+    {}, its output)."""
+    r = subprocess.run([os.path.join(bin_dir, "batonctl"), "--json", "--socket", socket_path,
+                        *args], capture_output=True, text=True, timeout=timeout)
+    lines = r.stdout.strip().splitlines()
+    try:
+        answer = json.loads(lines[-1]) if lines else {}
+    except ValueError:
+        answer = {}
+    return r.returncode, answer, r.stdout + r.stderr
+
+
+def serving_primary(status):
+    for e in status.get("engines", []):
+        if e.get("role") == "primary" and e.get("serving"):
+            return e
+    return None
+
+
+def pair_ready(status, old_primary=None):
+    """Whether `status` shows a serving primary other than `old_primary` and a standby."""
+    p = serving_primary(status)
+    standbys = [e for e in status.get("engines", []) if e.get("state") == "standby"]
+    return (status.get("pair", {}).get("state") == "ready" and p is not None and
+            bool(standbys) and p.get("id") != old_primary)
+
+
+def engines_of(socket_path):
+    """Pids of the processes whose environment carries BATON_SOCKET=`socket_path` (the engines
+    a controller on that socket launched), found through /proc."""
+    want = f"BATON_SOCKET={socket_path}".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if want in f.read().split(b"\0"):
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def stop_processes(procs, extra_pids, log, grace_s=20):
+    """SIGCONT and SIGTERM to every Popen in `procs` (last first), waits up to `grace_s` for
+    each, then SIGKILL to what is left of them and of `extra_pids` (logged: a process the stack's own stop
+    did not end)."""
+    for proc in reversed(procs):
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a stopped process handles no SIGTERM
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            log(f"killed pid {proc.pid}, which did not stop on SIGTERM")
+    for pid in sorted(set(extra_pids)):
+        if alive(pid):
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            log(f"killed pid {pid}, left after the stack stopped")
