@@ -7,7 +7,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=Release
 # The project's own checks (`make test`, CI) treat warnings as errors; a plain build does not.
 CHECK_FLAGS = -DBATON_WERROR=ON
 
-.PHONY: all deps build checked-build test unit fuzz fuzz-build demo serve perf format clean
+.PHONY: all deps build checked-build test unit fuzz fuzz-build demo serve perf format clean install
 
 all: build
 
@@ -49,6 +49,16 @@ fuzz: fuzz-build
 
 demo: build
 	@scripts/demo
+
+# Installs the programs, the systemd units, example configs, alert rules and the dashboard
+# (deploy/CMakeLists.txt). `make install PREFIX=/usr` sets the prefix (default /usr/local);
+# `make install DESTDIR=/tmp/root` installs under a scratch root, as packagers do. It builds
+# what is missing first, without installing packages (`make deps` does that).
+PREFIX ?=
+install: $(BUILD_DIR)/CMakeCache.txt
+	$(if $(PREFIX),cmake -S . -B $(BUILD_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX))
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+	DESTDIR="$(DESTDIR)" cmake --install $(BUILD_DIR)
 
 # The stack in the foreground on the default model until Ctrl-C; batonctl reaches it with no flags.
 serve: build

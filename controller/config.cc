@@ -52,7 +52,10 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"model.lock", Bool(&c->weights_lock)},
       {"engine.command", Command(&c->engine_command)},
       {"engine.log_dir", Str(&c->engine_log_dir)},
+      {"engine.log_max_bytes", config_values::SizeOrZero(&c->engine_log_max_bytes)},
+      {"engine.log_keep", Int(&c->engine_log_keep, 1, 100'000)},
       {"engine.cgroup", Str(&c->engine_cgroup)},
+      {"engine.host", Str(&c->engine_host)},
       {"engine.base_port", Int(&c->base_port, 0, 65535)},
       {"engine.port_count", Int(&c->port_count, 1, 1024)},
       {"engine.register_timeout_ms", Time<Millis>(&c->register_timeout, 100, kDay)},
@@ -257,6 +260,10 @@ Status FinishConfig(ControllerConfig* c) {
   if (c->crash_max_backoff < c->crash_initial_backoff) {
     return InvalidArgument("policy.max_backoff_ms is below policy.initial_backoff_ms");
   }
+  if (c->engine_host.empty() || c->engine_host.find_first_of(" \t/") != std::string::npos) {
+    return InvalidArgument("engine.host: want a host name or address engines listen on, got \"" +
+                           c->engine_host + "\"");
+  }
   if (c->on_controller_absent != "serve" && c->on_controller_absent != "stop") {
     return InvalidArgument("engine.on_controller_absent: \"serve\" or \"stop\", got \"" +
                            c->on_controller_absent + "\"");
@@ -296,15 +303,19 @@ Result<std::vector<std::string>> SplitCommandLine(const std::string& line) {
 
 const char* ControllerUsage() {
   return R"(usage: baton-controller [--config FILE] [flags]
+       baton-controller --check-config [--config FILE] [flags]
+       baton-controller --version
 
 Owns the model weights and the KV-cache pool, runs a primary and a standby engine, and
 promotes the standby when the primary dies, hangs or reports an error.
 
 flags (each overrides the config file; every config key is also --section.key=VALUE):
   --config FILE          TOML config (see docs/operations.md)
+  --check-config         check the config and flags, print where they lead, and exit: 0 when
+                         valid, 2 naming the key that is not
   --model DIR            model directory (config.json + safetensors)          [model.dir]
   --engine-cmd "CMD"     engine command line; placeholders {socket} {token} {role}
-                         {engine_id} {port} {model_dir} {runtime_dir}         [engine.command]
+                         {engine_id} {host} {port} {model_dir} {runtime_dir}  [engine.command]
   --runtime-dir DIR      socket directory (default $BATON_RUNTIME_DIR or /tmp/baton-<uid>)
   --state-dir DIR        epoch journal directory (default <runtime-dir>/state)
   --numa-node N          NUMA node of the weights (-1: automatic)

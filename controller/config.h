@@ -5,7 +5,7 @@
 // that names the key (e.g. "pool.block_bytes: must be a multiple of 4096, got 1000");
 // ParseControllerFlags() does the same for flags. docs/operations.md lists every key.
 // The engine command is a list of arguments with placeholders {socket} {token} {role}
-// {engine_id} {port} {model_dir} {runtime_dir}, expanded per launch (see
+// {engine_id} {host} {port} {model_dir} {runtime_dir}, expanded per launch (see
 // controller/engines/supervisor.h). Plain values; thread-compatible.
 #pragma once
 
@@ -46,9 +46,16 @@ struct ControllerConfig {
   // [engine]
   std::vector<std::string> engine_command;
   std::string engine_log_dir;  // empty: engines inherit the controller's stdout/stderr
+  // Each engine's log is rotated past this (0: never) and the logs of all but the live
+  // engines and the `engine_log_keep` most recent ids are deleted (engines/engine_logs.h).
+  uint64_t engine_log_max_bytes = 64ull << 20;
+  int engine_log_keep = 8;
   // "auto" | "off" | a cgroup v2 directory: where each engine gets a cgroup that fencing
   // kills whole (controller/engines/engine_cgroup.h).
   std::string engine_cgroup = "auto";
+  // {host}: the address each engine listens on and announces to routers, which may run on
+  // other hosts (a fleet): this node's address there, not the loopback.
+  std::string engine_host = "127.0.0.1";
   int base_port = 0;  // {port} is base_port + k, k < port_count, free at launch
   int port_count = 4;
   Duration register_timeout = std::chrono::seconds(60);

@@ -82,6 +82,17 @@ Setter Size(uint64_t* out) {
   };
 }
 
+Setter SizeOrZero(uint64_t* out) {
+  return [=](const toml::value& v) -> Status {
+    if (v.is_integer() && v.as_integer() == 0) {
+      *out = 0;
+      return OkStatus();
+    }
+    BATON_ASSIGN_OR_RETURN(*out, AsSize(v));
+    return OkStatus();
+  };
+}
+
 Setter Bool(bool* out) {
   return [=](const toml::value& v) -> Status {
     if (!v.is_boolean()) return WrongType(v, "true or false");

@@ -32,6 +32,8 @@ Setter Int(int* out, int64_t lo, int64_t hi);
 Setter U32(uint32_t* out, int64_t lo, int64_t hi);
 Setter U64(uint64_t* out, int64_t lo, int64_t hi);
 Setter Size(uint64_t* out);
+// A size as Size(), or 0 (an integer) for "none".
+Setter SizeOrZero(uint64_t* out);
 Setter Bool(bool* out);
 Setter Str(std::string* out);
 

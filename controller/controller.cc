@@ -49,6 +49,8 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
       started_at_(clock.Now()),
       supervisor_(config_.engine_command, config_.socket_path(), config_.model_dir,
                   config_.runtime_dir, config_.engine_log_dir),
+      engine_logs_(io, config_.engine_log_dir, config_.engine_log_max_bytes,
+                   static_cast<size_t>(config_.engine_log_keep)),
       tick_(io),
       accept_retry_(io),
       fleet_load_(io),
@@ -56,6 +58,7 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
   supervisor_.SetEngineEnvironment({{"BATON_CONTROLLER_ABSENT_TIMEOUT_MS",
                                      std::to_string(Ms(config_.controller_absent_timeout))},
                                     {"BATON_ON_CONTROLLER_ABSENT", config_.on_controller_absent}});
+  supervisor_.SetHost(config_.engine_host);
 }
 
 Controller::~Controller() {
@@ -162,6 +165,7 @@ void Controller::Start() {
   coord_->Start(found_);
   ArmTick();
   ArmFleetLoad();
+  engine_logs_.Start();
 }
 
 void Controller::Shutdown(std::function<void()> done) {

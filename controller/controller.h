@@ -38,6 +38,7 @@
 #include "controller/core/effects.h"
 #include "controller/core/epoch_journal.h"
 #include "controller/engines/engine_handle.h"
+#include "controller/engines/engine_logs.h"
 #include "controller/engines/supervisor.h"
 #include "controller/fleet_member.h"
 #include "controller/fleet_reports.h"
@@ -211,6 +212,7 @@ class Controller final : private Effects {
   std::optional<proto::Listener> listener_;
   std::shared_ptr<proto::SendBudget> client_send_budget_;
   Supervisor supervisor_;
+  EngineLogs engine_logs_;  // engine.log_dir kept bounded
   // Declared before every holder of an EngineCgroup (the handles): destroyed last.
   std::unique_ptr<EngineCgroups> cgroups_;
   std::string cgroups_off_reason_;

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <set>
 
 #include "base/io/small_file.h"
 #include "base/log.h"
@@ -31,6 +32,9 @@ Result<pid_t> Controller::Launch(const LaunchSpec& spec) {
   Result<std::shared_ptr<EngineCgroup>> cgroup =
       cgroups_ != nullptr ? cgroups_->Create(spec.id) : std::shared_ptr<EngineCgroup>();
   if (!cgroup.ok()) return cgroup.status();
+  std::set<uint64_t> live = {spec.id};
+  for (const auto& [id, h] : handles_) live.insert(id);
+  engine_logs_.Prune(live);
   BATON_ASSIGN_OR_RETURN(
       ChildProcess child,
       supervisor_.Launch({.engine_id = spec.id,

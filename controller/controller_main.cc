@@ -1,42 +1,88 @@
 // baton-controller: the node-local daemon. See controller/controller.h and
-// docs/operations.md. Exit status: 0 after SIGINT/SIGTERM, 1 when it cannot start, 2 on a
-// bad config or flag.
+// docs/operations.md. Exit status: 0 after SIGINT/SIGTERM (and for --help, --version and a
+// good --check-config), 1 when it cannot start, 2 on a bad config or flag.
 #include <signal.h>
+#include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
+#include <cstring>
+#include <vector>
 
+#include "base/build_info.h"
 #include "base/io/fd_limit.h"
+#include "base/io/sd_notify.h"
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/controller.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/metrics_server.h"
+#include "controller/service_watchdog.h"
 
 namespace baton {
 namespace {
 
+constexpr char kProgram[] = "baton-controller";
+
+// Removes every `flag` from argv; true when there was one.
+bool TakeFlag(std::vector<char*>* args, const char* flag) {
+  const auto before = args->size();
+  std::erase_if(*args, [flag](const char* a) { return std::strcmp(a, flag) == 0; });
+  return args->size() != before;
+}
+
+// What --check-config prints for a config that parses: the places it resolves to, and what
+// would stop a start (exit 1 at run time, not a config error) as warnings.
+int ReportCheckedConfig(const ControllerConfig& c) {
+  std::printf("%s: the configuration is valid\n", kProgram);
+  std::printf("  runtime_dir %s (socket %s)\n  state_dir   %s\n  model.dir   %s\n",
+              c.runtime_dir.c_str(), c.socket_path().c_str(), c.state_dir.c_str(),
+              c.model_dir.c_str());
+  std::printf("  engine      %s\n", c.engine_command.front().c_str());
+  auto warn = [](const std::string& what) { std::printf("  warning: %s\n", what.c_str()); };
+  if (::access((c.model_dir + "/config.json").c_str(), R_OK) != 0) {
+    warn("model.dir has no readable config.json here: the controller would not start");
+  }
+  if (c.engine_command.front().find('/') != std::string::npos &&
+      ::access(c.engine_command.front().c_str(), X_OK) != 0) {
+    warn("engine.command's program is not executable here: no engine would start");
+  }
+  if (c.metrics_port == 0) warn("controller.metrics_port is 0: no /metrics to scrape");
+  return 0;
+}
+
 int Run(int argc, char** argv) {
+  if (WantsVersion(argc, argv)) {
+    std::printf("%s\n", VersionLine(kProgram).c_str());
+    return 0;
+  }
+  std::vector<char*> args(argv, argv + argc);
+  const bool check_only = TakeFlag(&args, "--check-config");
   ControllerConfig config;
-  Status parsed = ParseControllerFlags(argc, argv, &config);
+  Status parsed = ParseControllerFlags(static_cast<int>(args.size()), args.data(), &config);
   if (parsed.code() == StatusCode::kNotFound && parsed.message() == "help") {
     std::fputs(ControllerUsage(), stdout);
     return 0;
   }
   if (parsed.ok()) parsed = FinishConfig(&config);
-  if (!parsed.ok()) {
-    std::fprintf(stderr, "baton-controller: %s\n\n%s", parsed.message().c_str(), ControllerUsage());
-    return 2;
-  }
   LogLevel level;
-  if (!ParseLogLevel(config.log_level, &level)) {
-    std::fprintf(stderr, "baton-controller: controller.log_level: unknown level '%s'\n",
-                 config.log_level.c_str());
+  if (parsed.ok() && !ParseLogLevel(config.log_level, &level)) {
+    parsed = InvalidArgument("controller.log_level: unknown level '" + config.log_level +
+                             "' (debug, info, warn or error)");
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s: %s\n", kProgram, parsed.message().c_str());
+    if (!check_only) std::fprintf(stderr, "\n%s", ControllerUsage());
     return 2;
   }
+  if (check_only) return ReportCheckedConfig(config);
+  // Before any thread starts: the service manager's variables leave the environment, so that
+  // engines and baton-keeper do not inherit them.
+  SdNotifier notifier = SdNotifier::FromEnvironment();
   if (std::getenv("BATON_LOG_LEVEL") == nullptr) SetLogLevel(level);
   ::signal(SIGPIPE, SIG_IGN);  // engines reset it before exec
   RaiseFdLimit();              // the CUDA backend holds one fd per adopted device memory chunk
+  BATON_LOG(INFO, "controller") << VersionLine(kProgram) << ", pid " << ::getpid();
 
   boost::asio::io_context io;
   Result<std::unique_ptr<Controller>> controller = Controller::Create(io, config, RealClock::Get());
@@ -45,10 +91,13 @@ int Run(int argc, char** argv) {
     return 1;
   }
   Controller* c = controller->get();
+  ServiceWatchdog watchdog(io, std::move(notifier), RealClock::Get());
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_port != 0) {
-    auto started = MetricsServer::Start(io, config.metrics_host, config.metrics_port,
-                                        [c] { return MetricsText(c->Snapshot()); });
+    auto started =
+        MetricsServer::Start(io, config.metrics_host, config.metrics_port, [c, &watchdog] {
+          return MetricsText(c->Snapshot()) + watchdog.Metrics() + ProcessInfoMetrics(kProgram);
+        });
     if (!started.ok()) {
       BATON_LOG(ERROR, "controller") << "cannot start: " << started.status().ToString();
       return 1;
@@ -59,10 +108,12 @@ int Run(int argc, char** argv) {
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;
     BATON_LOG(INFO, "controller") << "signal " << sig << ": shutting down";
+    watchdog.Stopping();
     metrics.reset();
     c->Shutdown([&io] { io.stop(); });
   });
   c->Start();
+  watchdog.Start();
   io.run();
   BATON_LOG(INFO, "controller") << "stopped";
   return 0;

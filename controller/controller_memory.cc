@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/io/self_exe.h"
 #include "base/log.h"
 #include "controller/controller.h"
 #include "controller/keeper/keeper_client.h"
@@ -80,11 +81,13 @@ std::optional<KeeperClient> Controller::ConnectKeeper() {
     keeper_state_ = "off (controller.keep_memory = false)";
     return std::nullopt;
   }
-  Result<KeeperClient> keeper =
-      KeeperClient::Connect(config_.keeper_socket_path(), KeeperClient::DefaultBinary(),
-                            config_.runtime_dir + "/keeper.log");
+  const std::string binary = KeeperClient::DefaultBinary();
+  Result<KeeperClient> keeper = KeeperClient::Connect(config_.keeper_socket_path(), binary,
+                                                      config_.runtime_dir + "/keeper.log");
   if (!keeper.ok()) {
-    keeper_state_ = "unavailable: " + keeper.status().message();
+    keeper_state_ = "unavailable: " + (binary.empty() ? "no executable baton-keeper beside " +
+                                                            SelfExePath() + " and none running"
+                                                      : keeper.status().message());
     BATON_LOG(WARN, kLog) << "baton-keeper " << keeper_state_
                           << ": the weights and the pool die with this controller";
     return std::nullopt;

@@ -55,6 +55,7 @@ ControllerStatus Controller::Snapshot() const {
                             .numa_bound = a.numa_bound(),
                             .numa_source = a.numa_source(),
                             .locked = a.locked(),
+                            .lock_pending = a.lock_pending(),
                             .load_method = weights_->load_stats().method,
                             .load_s = weights_->load_stats().seconds,
                             .load_gbps = weights_->load_stats().gbps,

@@ -34,7 +34,8 @@ struct WeightsStatus {
   bool numa_bound = false;
   std::string numa_source;
   bool locked = false;
-  std::string load_method;  // "adopted" when taken over from a previous controller
+  bool lock_pending = false;  // an adopted arena's background mlock has not finished
+  std::string load_method;    // "adopted" when taken over from a previous controller
   double load_s = 0;
   double load_gbps = 0;
   uint64_t bytes_read = 0;  // from the model files, by this controller

@@ -44,6 +44,7 @@ void Admission::SetTable(const proto::RouteTable& table) {
     }
     candidates_ = std::move(next);
     ++generation_;
+    refused_.clear();
     // After a controller restart the same engine at the same epoch is the same primary,
     // re-adopted: no failover. Another engine, or a new epoch, is a new primary.
     const bool readopted =
@@ -157,6 +158,18 @@ void Admission::Release(const Target& target) {
   Run(&ready);
 }
 
+void Admission::Unreachable(const Target& target) {
+  MutexLock lock(mu_);
+  const bool listed = std::any_of(candidates_.begin(), candidates_.end(),
+                                  [&](const Candidate& c) { return c.target == target; });
+  if (!listed) return;
+  if (refused_.count(target.address) == 0) {
+    BATON_LOG(INFO, "router") << target.address << " (engine " << target.engine_id
+                              << ") refuses connections: requests wait for the route to change";
+  }
+  refused_[target.address] = clock_.Now();
+}
+
 void Admission::Tick() {
   Ready ready;
   {
@@ -220,11 +233,16 @@ void Admission::Drain(TimePoint now, Ready* ready) {
 std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   const bool avoid_failed = w.failed && w.failed_generation == generation_ &&
                             now - w.failed_at < options_.retry_same_after;
+  const auto refused = [&](const Target& t) {
+    auto it = refused_.find(t.address);
+    return it != refused_.end() && now - it->second < options_.retry_same_after;
+  };
   int total = 0;
   Candidate* best = nullptr;
   for (Candidate& c : candidates_) {
     if (c.weight == 0) continue;
     if (avoid_failed && c.target == *w.failed) continue;
+    if (refused(c.target)) continue;
     if (!w.replay && !UnderRampCap(c.target, now)) continue;
     total += c.weight;
     c.current += c.weight;
@@ -239,6 +257,7 @@ std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   if (!w.replay) return std::nullopt;
   for (const Candidate& c : candidates_) {
     if (avoid_failed && c.target == *w.failed) continue;
+    if (refused(c.target)) continue;
     return Marked(c.target);
   }
   return std::nullopt;

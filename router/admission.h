@@ -19,7 +19,11 @@
 // Replays (requests already admitted that lost their engine) skip the ramp and the cap and
 // go ahead of the queue. A replay may name the target that just failed: it is not chosen
 // again until the route table changes or `retry_same_after` has passed, so a dead primary
-// still listed is not hammered while the controller fences it.
+// still listed is not hammered while the controller fences it. A target that refused a
+// connection (Unreachable) is chosen for no request at all until the route table changes or
+// `retry_same_after` has passed (then one request probes it): while a dead primary stays
+// listed (a controller that hangs), requests wait in the bounded queue and get 429 past
+// `max_queue_wait`, instead of being sent to a closed port.
 //
 // Time comes from the injected Clock; Tick() expires waiters and advances the ramp (the
 // router calls it every few milliseconds). Callbacks run outside the lock, on the calling
@@ -74,6 +78,7 @@ class Admission : public Admitter {
   void Cancel(uint64_t ticket) override;
   // A granted request ended (or its attempt did): frees its place on `target`.
   void Release(const Target& target) override;
+  void Unreachable(const Target& target) override;
   void Tick();
   // The route is gone (a fleet node left): every waiter's grant is called with Unavailable, and
   // no target is listed until the next SetTable().
@@ -142,6 +147,8 @@ class Admission : public Admitter {
   std::optional<Target> listed_primary_
       BATON_GUARDED_BY(mu_);  // the ready primary of the last table
   std::deque<Waiter> queue_ BATON_GUARDED_BY(mu_);
+  // Addresses that refused a connection since the last table, and when.
+  std::map<std::string, TimePoint> refused_ BATON_GUARDED_BY(mu_);
   uint64_t next_ticket_ BATON_GUARDED_BY(mu_) = 1;
   std::map<std::string, size_t> in_flight_ BATON_GUARDED_BY(mu_);  // by address
   size_t total_in_flight_ BATON_GUARDED_BY(mu_) = 0;

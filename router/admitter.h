@@ -56,6 +56,10 @@ class Admitter {
   virtual uint64_t Request(AdmitRequest request, Grant grant) = 0;
   virtual void Cancel(uint64_t ticket) = 0;
   virtual void Release(const Target& target) = 0;
+  // `target` refused a connection: it is not listening (a dead primary still in the route
+  // table while the controller fences it, or hangs). Requests wait in the queue instead of
+  // being sent there again, until the route changes or a probe may try it again.
+  virtual void Unreachable(const Target& target) = 0;
   virtual bool IsCanary(const Target& target) const = 0;
   // The primary whose answers a canary's are compared with: the ready primary serving next
   // to `canary` (the same node).

@@ -7,6 +7,7 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
+#include "base/build_info.h"
 #include "base/log.h"
 #include "base/text/json_depth.h"
 #include "router/upstream/relayed_request.h"
@@ -169,6 +170,35 @@ void Router::Stop() {
   threads_.clear();
 }
 
+void Router::BeginDrain() {
+  if (draining_.exchange(true) || server_ == nullptr) return;
+  server_->EndKeepAlive();
+  BATON_LOG(INFO, "router") << "draining: /health says so, responses close their connections; "
+                            << connections() << " client connections open, "
+                            << (fleet_ ? fleet_->in_flight() : admission_.in_flight())
+                            << " requests on engines, "
+                            << (fleet_ ? fleet_->queued() : admission_.queued()) << " queued";
+}
+
+void Router::StopAccepting() {
+  if (server_ == nullptr || threads_.empty()) return;
+  std::promise<void> closed;
+  boost::asio::post(io_, [this, &closed] {
+    server_->Close();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  server_->CloseIdle();
+  BATON_LOG(INFO, "router") << "draining: no new connections; waiting for " << connections()
+                            << " open ones";
+}
+
+void Router::CloseIdle() {
+  if (server_ != nullptr) server_->CloseIdle();
+}
+
+bool Router::Idle() const { return connections() == 0; }
+
 bool Router::Authorized(const HttpExchange& exchange) const {
   if (options_.api_key.empty()) return true;
   const HttpRequest& req = exchange.request();
@@ -212,9 +242,12 @@ void Router::Health(std::shared_ptr<HttpExchange> exchange) {
     std::optional<Target> any = fleet_->AnyPrimary();
     primary = any ? std::optional<std::string>(any->address) : std::nullopt;
   }
-  const int status = primary ? 200 : 503;
+  const bool draining = draining_.load();
+  const int status = primary && !draining ? 200 : 503;
   metrics_.Record("/health", status);
-  nlohmann::json body = {{"status", primary ? "ok" : "no_primary"},
+  nlohmann::json body = {{"status", draining  ? "draining"
+                                    : primary ? "ok"
+                                              : "no_primary"},
                          {"primary", primary.value_or("")},
                          {"controller_connected", routes_.connected()},
                          {"queued", fleet_ ? fleet_->queued() : admission_.queued()},
@@ -267,7 +300,8 @@ RouterGauges Router::FleetGauges() const {
 void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
   metrics_.Record("/metrics", 200);
   if (fleet_) {
-    exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(FleetGauges()));
+    exchange->Respond(200, "text/plain; version=0.0.4",
+                      metrics_.Render(FleetGauges()) + ProcessMetrics());
     return;
   }
   RouterGauges g{.table = routes_.table(),
@@ -278,7 +312,13 @@ void Router::Metrics(std::shared_ptr<HttpExchange> exchange) {
                  .weights = admission_.Weights(),
                  .outcomes = outcomes_.Snapshot(),
                  .shadows = shadow_.stats()};
-  exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(g));
+  exchange->Respond(200, "text/plain; version=0.0.4", metrics_.Render(g) + ProcessMetrics());
+}
+
+std::string Router::ProcessMetrics() const {
+  return "# HELP baton_router_draining 1 while the router drains before it stops\n"
+         "# TYPE baton_router_draining gauge\nbaton_router_draining " +
+         std::string(draining_.load() ? "1" : "0") + "\n" + ProcessInfoMetrics("baton-router");
 }
 
 }  // namespace baton

@@ -13,11 +13,18 @@
 // static backend; with etcd set, the router follows the whole fleet instead (FleetView,
 // FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines there.
 //
+// Stopping without losing a request (SIGTERM; docs/router.md, Stopping): BeginDrain() makes
+// /health answer 503 "draining" (so that a load balancer takes the router out) and every
+// response close its connection; StopAccepting() then closes the listener and the idle
+// connections; the requests in flight (queued ones too) finish or are replayed as usual, and
+// Idle() turns true once no client connection is left. Stop() ends everything at once.
+//
 // Ownership: owns the io_context, its threads, the HTTP server, the subscriber and the
 // admission state. Thread: Start() and Stop() from one owning thread; handlers run on the
 // io_context threads.
 #pragma once
 
+#include <atomic>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -53,6 +60,16 @@ class Router {
   // Binds the listen address, starts the route table and the io_context threads.
   Status Start();
   void Stop();
+  // Draining (above); any thread.
+  void BeginDrain();
+  void StopAccepting();
+  // Closes the client connections that wait for a request now (StopAccepting does it once; a
+  // connection between two requests then may start waiting after it).
+  void CloseIdle();
+  bool draining() const { return draining_.load(); }
+  bool Idle() const;
+  // Client connections open now.
+  size_t connections() const { return server_ ? server_->connections() : 0; }
 
   uint16_t port() const { return server_ ? server_->port() : 0; }
   const RouteSubscriber& routes() const { return routes_; }
@@ -68,6 +85,8 @@ class Router {
   void Metrics(std::shared_ptr<HttpExchange> exchange);
   nlohmann::json FleetHealth() const;  // the `fleet` object of /health
   RouterGauges FleetGauges() const;
+  // baton_router_draining and baton_build_info.
+  std::string ProcessMetrics() const;
   bool Authorized(const HttpExchange& exchange) const;
   void StartRoutes();
   Status StartFleet();
@@ -91,6 +110,7 @@ class Router {
   RouterMetrics metrics_;
   std::unique_ptr<FleetView> view_;  // with etcd; stopped before fleet_ goes
   std::vector<std::thread> threads_;
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace baton

@@ -191,6 +191,16 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
     return OkStatus();
   };
   s["ramp-steps"] = [o](const std::string& v) { return ParseRampSteps(v, &o->ramp_steps); };
+  s["drain-delay-ms"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("drain-delay-ms", v, 0, 3'600'000));
+    o->drain_delay = std::chrono::milliseconds(n);
+    return OkStatus();
+  };
+  s["drain-timeout-ms"] = [o](const std::string& v) -> Status {
+    BATON_ASSIGN_OR_RETURN(int64_t n, ParseInt("drain-timeout-ms", v, 0, 3'600'000));
+    o->drain_timeout = std::chrono::milliseconds(n);
+    return OkStatus();
+  };
   AddFleetSetters(o, &s);
   return s;
 }
@@ -202,20 +212,29 @@ std::string Dashes(std::string key) {
   return key;
 }
 
-// A TOML value as its flag text: a string, an integer, or an array of integers joined with
-// commas (ramp_steps = [30, 60, 100], as the controller's upgrade.steps is written).
+// A TOML value as its flag text: a string, an integer, or an array of integers or of strings
+// joined with commas (ramp_steps = [30, 60, 100], as the controller's upgrade.steps is written;
+// etcd = ["http://10.0.0.1:2379", "http://10.0.0.2:2379"], as the controller's fleet.etcd).
 Result<std::string> TomlText(const toml::value& v) {
   if (v.is_string()) return std::string(v.as_string());
   if (v.is_integer()) return std::to_string(v.as_integer());
   if (v.is_array()) {
     std::string joined;
     for (const toml::value& item : v.as_array()) {
-      if (!item.is_integer()) return InvalidArgument("want an array of integers");
-      joined += (joined.empty() ? "" : ",") + std::to_string(item.as_integer());
+      std::string text;
+      if (item.is_integer()) {
+        text = std::to_string(item.as_integer());
+      } else if (item.is_string() && !item.as_string().str.empty() &&
+                 item.as_string().str.find(',') == std::string::npos) {
+        text = item.as_string().str;
+      } else {
+        return InvalidArgument("want an array of integers or of strings without commas");
+      }
+      joined += (joined.empty() ? "" : ",") + text;
     }
     return joined;
   }
-  return InvalidArgument("want a string, an integer or an array of integers");
+  return InvalidArgument("want a string, an integer or an array");
 }
 
 }  // namespace

@@ -55,6 +55,11 @@ struct RouterOptions {
   std::chrono::milliseconds fleet_suspect{
       1000};                      // new requests pass over a node a replay failed on
   std::string fleet_router_name;  // in its report keys; default <host>-<pid>
+  // Stopping (SIGTERM): for drain_delay the router still accepts connections while /health
+  // says draining (a load balancer's time to notice), then it stops accepting and waits up
+  // to drain_timeout for the requests in flight.
+  std::chrono::milliseconds drain_delay{0};
+  std::chrono::milliseconds drain_timeout{30000};
 };
 
 // $BATON_RUNTIME_DIR, or /tmp/baton-<uid>.

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 
+#include "base/build_info.h"
+
 namespace baton {
 namespace {
 
@@ -177,6 +179,7 @@ std::string EngineMetrics::Render() const {
          "Time from a request's arrival to its first generated token.", &out);
   ttft_seconds_.Render("baton_engine_time_to_first_token_seconds", &out);
   RenderKv(&out);
+  out += ProcessInfoMetrics("baton-refengine");
   return out;
 }
 

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <thread>
 
+#include "base/build_info.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "proto/http/http_server.h"
@@ -436,6 +437,10 @@ Result<SessionEvent> Engine::WaitForPromotion(EngineSession* session) {
 int main(int argc, char** argv) {
   const baton::TimePoint start = baton::RealClock::Get().Now();
   baton::Flags flags;
+  if (baton::WantsVersion(argc, argv)) {
+    std::printf("%s\n", baton::VersionLine("baton-refengine").c_str());
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::fputs(baton::kUsage, stdout);

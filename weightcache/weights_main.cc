@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "base/build_info.h"
 #include "base/clock.h"
 #include "base/log.h"
 #include "weightcache/integrity.h"
@@ -385,6 +386,10 @@ int Main(int argc, char** argv) {
   if (std::getenv("BATON_LOG_LEVEL") == nullptr) SetLogLevel(LogLevel::kError);
   if (argc == 2 && (std::string(argv[1]) == "--help" || std::string(argv[1]) == "help")) {
     std::cout << kUsage;
+    return kExitOk;
+  }
+  if (WantsVersion(argc, argv)) {
+    std::cout << VersionLine("baton-weights") << "\n";
     return kExitOk;
   }
   Args args;

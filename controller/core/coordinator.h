@@ -130,6 +130,9 @@ class Coordinator {
   // --- operator commands (batonctl): OK, or why not -----------------------------------------
   Status RequestSwitchover();
   Status RequestDrain();
+  // Undoes RequestDrain: while the primary drains, the drain is called off (Resume) and it
+  // serves on; once the pair is stopped, a new pair is launched.
+  Status RequestResume();
   Status Drill(DrillKind kind);
   Status RequestUpgrade(UpgradeRequest request);
   Status RequestRollback(UpgradeRequest overrides = {});

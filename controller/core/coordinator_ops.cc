@@ -139,6 +139,35 @@ Status Coordinator::RequestDrain() {
   return OkStatus();
 }
 
+Status Coordinator::RequestResume() {
+  if (stopping_) return Unavailable("the controller is shutting down");
+  const PairState s = pair_.state();
+  if (s == PairState::kDraining) {
+    EngineRecord* p = Find(primary_);
+    if (p == nullptr || !p->live() || !p->is(EngineState::kDraining)) {
+      return Unavailable("the drain is ending; resume once the pair is stopped");
+    }
+    if (!ResumeEngine(*p)) {
+      return FailedPrecondition("engine " + std::to_string(p->id) + " speaks protocol " +
+                                std::to_string(p->protocol) +
+                                ", which cannot call a drain off; resume once the pair is stopped");
+    }
+    StepPair(PairEvent::kResume);
+    BATON_LOG(INFO, kLog) << "resume: the drain is called off; engine " << p->id
+                          << " serves again and a standby is launched";
+  } else if (s == PairState::kStopped) {
+    StepPair(PairEvent::kResume);
+    BATON_LOG(INFO, kLog) << "resume: the stopped pair is started again";
+  } else {
+    return FailedPrecondition("nothing to resume: the pair is " + std::string(ToString(s)) +
+                              " (resume undoes batonctl drain)");
+  }
+  SaveRoster();
+  PublishRoutes();
+  MaybeLaunch();
+  return OkStatus();
+}
+
 Status Coordinator::Drill(DrillKind kind) {
   if (stopping_) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {

@@ -142,6 +142,11 @@ constexpr Transition<PS, PE> kPairTable[] = {
     {PS::kStopped,         PE::kErrorReported,            PS::kStopped},
     {PS::kStopped,         PE::kFenceDone,                PS::kStopped},
 
+    // `batonctl resume`: the draining primary serves again (a standby is launched), or a
+    // stopped pair starts afresh (the first engine to register is promoted).
+    {PS::kDraining,        PE::kResume,                   PS::kDegraded},
+    {PS::kStopped,         PE::kResume,                   PS::kDown},
+
     // A restarted controller: the previous one's engines register again or are fenced.
     {PS::kRecovering,      PE::kStandbyReady,             PS::kRecovering},
     {PS::kRecovering,      PE::kStandbyDied,              PS::kRecovering},
@@ -284,6 +289,8 @@ const char* ToString(PairEvent event) {
       return "crash_loop_tripped";
     case PE::kBackoffElapsed:
       return "backoff_elapsed";
+    case PE::kResume:
+      return "resume";
     case PE::kRecoveryDone:
       return "recovery_done";
   }

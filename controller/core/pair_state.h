@@ -90,6 +90,7 @@ enum class PairEvent {
   kCrashLoopTripped,  // a restart is due but the crash-loop guard holds it back
   kBackoffElapsed,
   kRecoveryDone,  // every previous controller's engine is re-adopted or fenced
+  kResume,        // `batonctl resume`: a drain called off, or a stopped pair started again
 };
 
 const char* ToString(EngineState state);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/build_info.h"
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/ctl/ctl_service.h"
@@ -25,6 +26,7 @@ namespace {
 struct Args {
   bool json = false;
   std::string socket;
+  std::string config;  // the controller's config file: the socket is in its runtime_dir
   int timeout_ms = 10'000;
   std::string command;
   std::vector<std::string> rest;
@@ -61,8 +63,8 @@ int ParseArgs(int argc, char** argv, Args* args) {
     const std::string a = argv[i];
     // upgrade's and rollback's own options, and the engine command after "--", pass through;
     // batonctl's options before "--" are batonctl's.
-    const bool batonctl_option =
-        a == "--json" || a == "--socket" || a == "--timeout-ms" || a == "--help" || a == "-h";
+    const bool batonctl_option = a == "--json" || a == "--socket" || a == "--config" ||
+                                 a == "--timeout-ms" || a == "--help" || a == "-h";
     const bool passing =
         args->command == "upgrade" || args->command == "rollback" || args->command == "fleet";
     if (passing && (!batonctl_option ||
@@ -73,11 +75,13 @@ int ParseArgs(int argc, char** argv, Args* args) {
     if (a == "--help" || a == "-h") return Usage("", json);
     if (a == "--json") {
       args->json = true;
-    } else if (a == "--socket" || a == "--timeout-ms") {
+    } else if (a == "--socket" || a == "--config" || a == "--timeout-ms") {
       if (i + 1 >= argc) return usage(a + " needs a value");
       const std::string v = argv[++i];
       if (a == "--socket") {
         args->socket = v;
+      } else if (a == "--config") {
+        args->config = v;
       } else {
         char* end = nullptr;
         const long ms = std::strtol(v.c_str(), &end, 10);
@@ -95,9 +99,9 @@ int ParseArgs(int argc, char** argv, Args* args) {
       args->rest.push_back(a);
     }
   }
-  static const std::set<std::string> kCommands = {"status",   "promote",  "drain",
-                                                  "drill",    "timeline", "upgrade",
-                                                  "rollback", "fleet",    "controller"};
+  static const std::set<std::string> kCommands = {"status", "promote",   "drain",   "resume",
+                                                  "drill",  "timeline",  "upgrade", "rollback",
+                                                  "fleet",  "controller"};
   if (args->command.empty()) return usage("no command given");
   if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
   if (args->command == "drill") {
@@ -121,6 +125,15 @@ int ParseArgs(int argc, char** argv, Args* args) {
     }
   } else if (!args->rest.empty()) {
     return usage(args->command + " takes no arguments");
+  }
+  if (!args->socket.empty() && !args->config.empty()) {
+    return usage("--socket and --config exclude each other");
+  }
+  if (!args->config.empty()) {
+    Result<ControllerConfig> config = LoadConfigFile(args->config);
+    if (!config.ok()) return usage("--config: " + config.status().message());
+    if (config->runtime_dir.empty()) config->runtime_dir = DefaultRuntimeDir();
+    args->socket = config->socket_path();
   }
   if (args->socket.empty()) args->socket = DefaultRuntimeDir() + "/controller.sock";
   return -1;
@@ -197,6 +210,10 @@ int WaitRollout(const Args& args) {
 int Run(int argc, char** argv) {
   if (const char* level = std::getenv("BATON_LOG_LEVEL"); level == nullptr) {
     SetLogLevel(LogLevel::kError);  // a CLI prints its own errors
+  }
+  if (WantsVersion(argc, argv)) {
+    std::printf("%s\n", VersionLine("batonctl").c_str());
+    return 0;
   }
   Args args;
   if (const int code = ParseArgs(argc, argv, &args); code >= 0) return code;

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "controller/ctl/ctl_fleet.h"
+#include "controller/ctl/degradations.h"
 #include "controller/upgrade/ctl_upgrade.h"
 
 namespace baton {
@@ -287,6 +288,7 @@ json StatusJson(const ControllerStatus& c) {
           {"engines", engines},
           {"pool", PoolJson(c)},
           {"weights", WeightsJson(c)},
+          {"degraded", DegradationJson(c)},
           {"device", DeviceJson(c)},
           {"fencing", FencingJson(c)},
           {"crash_loop", GuardJson(c)},
@@ -380,6 +382,7 @@ std::string StatusText(const ControllerStatus& c) {
   if (k["restarts"].get<uint64_t>() > 0) out << ", restarted " << k["restarts"] << " times";
   if (!k["detail"].get<std::string>().empty()) out << ": " << k["detail"].get<std::string>();
   out << "\n";
+  out << DegradationText(c);
   RoutesAndHistoryText(s, out);
   const CoordinatorStatus& core = c.core;
   if (c.device.present) out << "device memory: " << c.device.describe << "\n";
@@ -446,6 +449,11 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     Status status = co.RequestDrain();
     if (!status.ok()) return Refuse(cmd, status);
     return Done(cmd, "draining: the primary finishes its requests, then the pair stops", c);
+  }
+  if (cmd == "resume") {
+    Status status = co.RequestResume();
+    if (!status.ok()) return Refuse(cmd, status);
+    return Done(cmd, "resuming: the pair serves again (a drain undone)", c);
   }
   if (cmd == "upgrade") {
     Result<UpgradeRequest> req = ParseUpgradeArgs(args);

@@ -5,12 +5,15 @@
 namespace baton {
 
 const char* CtlUsage() {
-  return R"(usage: batonctl [--json] [--socket PATH] [--timeout-ms N] COMMAND [ARGS]
+  return R"(usage: batonctl [--json] [--socket PATH | --config FILE] [--timeout-ms N] COMMAND [ARGS]
+       batonctl --version
 
 commands:
   status                 pair, roles, pids, epochs, versions, pool use, weights, transitions
   promote                graceful switch-over: drain the primary, promote the standby
   drain                  take the pair out of service (the primary finishes its requests)
+  resume                 undo drain: the draining primary serves on, or a stopped pair
+                         starts again
   drill kill|hang|error  kill -9 the primary, freeze its cgroup (else SIGSTOP its group), or make it
                          report an error
   upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- CMD ARGS...
@@ -39,6 +42,8 @@ options:
   --json                 print one JSON object as the last line
   --socket PATH          controller socket (default $BATON_RUNTIME_DIR/controller.sock,
                          or /tmp/baton-<uid>/controller.sock)
+  --config FILE          the controller's config: its controller.runtime_dir's socket
+                         (/etc/baton/controller.toml under systemd: /run/baton)
   --timeout-ms N         how long to wait for the controller (default 10000)
 exit status: 0 done, 1 refused (the reason is printed), 2 bad usage
 )";

@@ -3,6 +3,7 @@
 
 #include "controller/ctl/ctl_fleet.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/ctl/degradations.h"
 #include "controller/upgrade/ctl_upgrade.h"
 
 namespace baton {
@@ -120,11 +121,20 @@ std::string MetricsText(const ControllerStatus& c) {
   gauge("baton_weights_adopted", "1 when the weights were taken over from a previous controller",
         c.weights.load_method == "adopted" ? 1 : 0);
   out << UpgradeMetrics(c);
+  out << DegradationMetrics(c);
   if (!core.timelines.empty()) {
     const PhaseTimes p = PhasesOf(core.timelines.back());
     if (p.ready_ms.has_value()) {
       gauge("baton_last_failover_ready_ms", "Detection to route published, last promotion",
             *p.ready_ms);
+    }
+    out << "# HELP baton_last_failover_phase_ms Each phase of the last promotion (batonctl "
+           "timeline): detect, fence, promote, ready\n# TYPE baton_last_failover_phase_ms gauge\n";
+    for (const auto& [phase, ms] :
+         {std::pair{"detect", p.detect_ms}, std::pair{"fence", p.fence_ms},
+          std::pair{"promote", p.promote_ms}, std::pair{"ready", p.ready_ms}}) {
+      if (ms.has_value())
+        out << "baton_last_failover_phase_ms{phase=\"" << phase << "\"} " << *ms << "\n";
     }
   }
   // Per failover kept in the timeline (the last 16): ready and teardown side by side.

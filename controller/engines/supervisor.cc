@@ -380,7 +380,7 @@ std::map<std::string, std::string> Supervisor::Placeholders(const LaunchRequest&
   return {{"socket", socket_path_},          {"token", r.token},
           {"role", proto::ToString(r.role)}, {"engine_id", std::to_string(r.engine_id)},
           {"port", std::to_string(r.port)},  {"model_dir", model_dir_},
-          {"runtime_dir", runtime_dir_}};
+          {"runtime_dir", runtime_dir_},     {"host", host_}};
 }
 
 std::vector<std::string> Supervisor::Expand(const LaunchRequest& request) const {
@@ -397,6 +397,7 @@ Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
               {"BATON_LAUNCH_TOKEN", request.token},
               {"BATON_ENGINE_ID", std::to_string(request.engine_id)},
               {"BATON_ROLE", proto::ToString(request.role)},
+              {"BATON_HTTP_HOST", host_},
               {"BATON_HTTP_PORT", std::to_string(request.port)},
               {"BATON_MODEL_DIR", model_dir_}});
   std::string log_path;

@@ -8,10 +8,10 @@
 // SIGKILLs and reaps it. Move-only.
 //
 // Supervisor expands the configured engine command line ({socket} {token} {role}
-// {engine_id} {port} {model_dir} {runtime_dir}), puts the same values in the environment
-// (BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID, BATON_ROLE, BATON_HTTP_PORT,
-// BATON_MODEL_DIR, and what SetEngineEnvironment adds), and forks/execs. The child leads its
-// own process group and has no parent-death signal: engines outlive the controller, and a
+// {engine_id} {host} {port} {model_dir} {runtime_dir}), puts the same values in the
+// environment (BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID, BATON_ROLE, BATON_HTTP_HOST,
+// BATON_HTTP_PORT, BATON_MODEL_DIR, and what SetEngineEnvironment adds), and forks/execs. The child
+// leads its own process group and has no parent-death signal: engines outlive the controller, and a
 // restarted controller re-adopts them (ChildProcess::Adopt). Its stdout/stderr go to
 // <log_dir>/engine-<id>.log when a log directory is configured. Launch tokens are 128 random
 // bits from getrandom().
@@ -121,6 +121,8 @@ class Supervisor {
   Result<ChildProcess> Launch(const LaunchRequest& request) const;
   // More variables for every engine's environment (the absent-controller policy).
   void SetEngineEnvironment(std::map<std::string, std::string> env) { extra_env_ = std::move(env); }
+  // The address engines listen on and announce ({host}, engine.host).
+  void SetHost(std::string host) { host_ = std::move(host); }
 
   // The command line `Launch` would run.
   std::vector<std::string> Expand(const LaunchRequest& request) const;
@@ -136,6 +138,7 @@ class Supervisor {
   std::string model_dir_;
   std::string runtime_dir_;
   std::string log_dir_;
+  std::string host_ = "127.0.0.1";
   std::map<std::string, std::string> extra_env_;
 };
 

@@ -1,6 +1,7 @@
 // baton-keeper: keeps the controller's memory alive while no controller runs
 // (controller/keeper/memory_keeper.h). Started by the controller, detached from it.
 //   baton-keeper --socket PATH [--empty-exit-s N]
+//   baton-keeper --version
 // BATON_KEEPER_IDLE_TIMEOUT_MS in the environment (the controller's, which starts it) changes
 // how long a connection may stay idle before the keeper closes it (default 10000).
 // Exit status: 0 when told to release everything or when idle and empty, 1 when it cannot
@@ -11,12 +12,17 @@
 #include <cstdlib>
 #include <string>
 
+#include "base/build_info.h"
 #include "base/io/fd_limit.h"
 #include "base/log.h"
 #include "controller/keeper/memory_keeper.h"
 
 int main(int argc, char** argv) {
   baton::KeeperOptions options;
+  if (baton::WantsVersion(argc, argv)) {
+    std::printf("%s\n", baton::VersionLine("baton-keeper").c_str());
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--socket" && i + 1 < argc) {

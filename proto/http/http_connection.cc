@@ -60,10 +60,30 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
         buffer_(routes_->options.header_limit + kReadSlackBytes) {
     ++routes_->connections;
   }
-  ~HttpConnection() { --routes_->connections; }
+  ~HttpConnection() {
+    {
+      MutexLock lock(routes_->live_mu);
+      routes_->live.erase(this);
+    }
+    --routes_->connections;
+  }
 
   void Start() {
+    {
+      MutexLock lock(routes_->live_mu);
+      routes_->live.emplace(this, weak_from_this());
+    }
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->ReadHeader(); });
+  }
+
+  // Closes the connection if it waits for a request of which nothing has arrived.
+  void CloseIfIdle() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] {
+      if (self->phase_ != Phase::kReading || self->request_started_ || self->buffer_.size() > 0) {
+        return;
+      }
+      self->Close();
+    });
   }
 
   // Answers 503 at once and closes: the server is at its connection limit.
@@ -86,6 +106,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     http::response<http::string_body> res{static_cast<http::status>(status), 11};
     res.set(http::field::content_type, type);
     for (auto& [name, value] : headers) res.set(name, value);
+    if (routes_->closing.load()) keep_alive_ = false;
     res.keep_alive(keep_alive_);
     res.body() = std::move(body);
     res.prepare_payload();
@@ -105,6 +126,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     } else {
       res.chunked(true);
     }
+    if (routes_->closing.load()) keep_alive_ = false;
     res.keep_alive(keep_alive_);
     routes_->Count(status);
     phase_ = Phase::kStreaming;
@@ -253,8 +275,10 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     Resume();
   }
 
+  // After a response: the next request, unless the connection ends (no keep-alive, or the
+  // server drains: EndKeepAlive came after this response's header was sent).
   void Resume() {
-    if (keep_alive_) return ReadHeader();
+    if (keep_alive_ && !routes_->closing.load()) return ReadHeader();
     LingerThenClose();
   }
 
@@ -438,6 +462,17 @@ void HttpExchange::NotifyAbort() {
     fn = std::move(on_abort_);
   }
   if (fn) fn();
+}
+
+void CloseIdleConnections(const HttpRoutes& routes) {
+  std::vector<std::shared_ptr<HttpConnection>> open;
+  {
+    MutexLock lock(routes.live_mu);
+    for (const auto& [raw, weak] : routes.live) {
+      if (auto c = weak.lock()) open.push_back(std::move(c));
+    }
+  }
+  for (const auto& c : open) c->CloseIfIdle();
 }
 
 void ServeConnection(tcp::socket socket, std::shared_ptr<const HttpRoutes> routes) {

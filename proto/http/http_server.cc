@@ -77,6 +77,12 @@ void HttpServer::Close() {
   acceptor_.close(ignored);
 }
 
+void HttpServer::EndKeepAlive() { routes_->closing.store(true); }
+
+void HttpServer::CloseIdle() { CloseIdleConnections(*routes_); }
+
+size_t HttpServer::connections() const { return routes_->connections.load(); }
+
 void HttpServer::Accept() {
   acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket s) {
     if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;

@@ -119,6 +119,14 @@ class HttpServer {
   // connections run until the io_context stops.
   void Close();
 
+  // Draining (a server about to stop without cutting a request): EndKeepAlive() makes every
+  // response from now on close its connection (Connection: close); CloseIdle() closes the
+  // connections that wait for a request of which no byte has arrived. Any thread.
+  void EndKeepAlive();
+  void CloseIdle();
+  // Client connections open now (a closing one counts until its socket is closed).
+  size_t connections() const;
+
  private:
   void Accept();
 

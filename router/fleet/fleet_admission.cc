@@ -220,6 +220,10 @@ void FleetAdmission::Release(const Target& target) {
   if (auto a = AdmissionOf(target.node)) a->Release(target);
 }
 
+void FleetAdmission::Unreachable(const Target& target) {
+  if (auto a = AdmissionOf(target.node)) a->Unreachable(target);
+}
+
 bool FleetAdmission::IsCanary(const Target& target) const {
   auto a = AdmissionOf(target.node);
   return a && a->IsCanary(target);

@@ -68,6 +68,7 @@ class FleetAdmission : public Admitter {
   uint64_t Request(AdmitRequest request, Grant grant) override;
   void Cancel(uint64_t ticket) override;
   void Release(const Target& target) override;
+  void Unreachable(const Target& target) override;
   bool IsCanary(const Target& target) const override;
   std::optional<Target> PrimaryFor(const Target& canary) const override;
   uint64_t WatchLoss(const Target& target, std::function<void()> lost) override;

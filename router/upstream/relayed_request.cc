@@ -295,10 +295,14 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
                   "the engine failed (" + message + ") and this request cannot be continued");
   }
   // A refused connection never reached the engine; anything else may have done work there.
+  // The request waits in the queue for an engine that listens; past the queue's wait it gets
+  // 429 with Retry-After (nothing was done: the client may send it again), or, once its
+  // stream has begun, the error event.
   if (error == UpstreamError::kConnect) {
+    deps_.admission->Unreachable(failed);
     if (!unreachable_since_) unreachable_since_ = now;
     if (now - *unreachable_since_ >= deps_.unreachable_limit) {
-      return GiveUp(502, "unreachable",
+      return GiveUp(429, "unreachable",
                     "no engine could be reached for " +
                         std::to_string(deps_.unreachable_limit.count()) + " ms: " + message);
     }

@@ -8,10 +8,12 @@
 // failures are judged but never seen by the client) or sent a `server_error` event), the
 // request goes back to Admission as a replay and continues on the next engine: a whole
 // retry when nothing was sent yet, a replay on token ids otherwise. Attempts that reached an
-// engine count against `migration_limit`; connection refusals do not (they are bounded by
-// `unreachable_limit`, the queue wait). When the request cannot go on, a stream ends with an
-// explicit error event and [DONE]; a response not yet begun gets 502 (or 429 with Retry-After when
-// no engine came in time). Engine answers 4xx, and 500 from a primary, go to the client
+// engine count against `migration_limit`; connection refusals do not: the refusing address
+// is marked in Admission (Unreachable: no request goes there until the route changes), the
+// request waits in the queue, and after `unreachable_limit` (the queue wait) of refusals it
+// gets 429 with Retry-After, as when no engine came in time. When the request cannot go on
+// otherwise, a stream ends with an explicit error event and [DONE]; a response not yet begun
+// gets 502. Engine answers 4xx, and 500 from a primary, go to the client
 // unchanged.
 // Every attempt's body carries the request's key (NewRequestKey(), drawn once here) as
 // `baton_request_key`, by which the next engine finds the KV cache a failed one left. After a

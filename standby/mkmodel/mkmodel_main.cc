@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/build_info.h"
 #include "standby/mkmodel/model_writer.h"
 
 namespace {
@@ -122,6 +123,10 @@ void PrintSummary(const baton::ModelSpec& spec, const baton::ModelSummary& s, bo
 
 int main(int argc, char** argv) {
   Flags flags;
+  if (baton::WantsVersion(argc, argv)) {
+    std::printf("%s\n", baton::VersionLine("baton-mkmodel").c_str());
+    return 0;
+  }
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--help") == 0 || std::strcmp(argv[i], "-h") == 0) {
       std::fputs(kUsage, stdout);

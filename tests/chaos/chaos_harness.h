@@ -50,10 +50,11 @@ struct ClusterOptions {
   int promote_timeout_ms = 10'000;
   std::string first_engine_rogue;  // the first engine misbehaves as this rogue mode when set
   int metrics_port = 0;
-  uint64_t epoch_reserve = 0;         // [controller] epoch_reserve when > 0
-  bool wait_ready = true;             // the constructor waits for primary + standby
-  std::string gpu_backend;            // [gpu] backend when set (auto | host | cuda)
-  int gpu_probe_ms = 0;               // [gpu] probe_interval_ms when set
+  int base_port = 0;           // [engine] base_port: engines on base_port.. (0: ephemeral ports)
+  uint64_t epoch_reserve = 0;  // [controller] epoch_reserve when > 0
+  bool wait_ready = true;      // the constructor waits for primary + standby
+  std::string gpu_backend;     // [gpu] backend when set (auto | host | cuda)
+  int gpu_probe_ms = 0;        // [gpu] probe_interval_ms when set
   uint64_t gpu_pool_chunk_bytes = 0;  // [gpu] pool_chunk_bytes when set
   // [upgrade] max_latency_ratio. Canary latency is not judged in chaos tests: they run in
   // parallel on small CI machines, where a fresh engine's first requests can take twice as long

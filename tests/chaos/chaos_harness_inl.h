@@ -91,7 +91,8 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "\nlock = false\n"
       << (o.weights_huge_pages ? "" : "huge_pages = false\n") << "[engine]\ncommand = [";
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
-  out << "]\nregister_timeout_ms = " << o.register_timeout_ms << "\n"
+  out << "]\nbase_port = " << o.base_port << "\nregister_timeout_ms = " << o.register_timeout_ms
+      << "\n"
       << "promote_timeout_ms = " << o.promote_timeout_ms
       << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
       << "[pool]\nblocks = " << o.blocks << "\nblock_bytes = " << o.block_bytes << "\n"

@@ -205,18 +205,18 @@ struct Reply {
   std::string error;
 };
 
-// One request on a new connection to 127.0.0.1:`port`, read whole (a stream to its end).
-inline Reply Fetch(uint16_t port, http::verb method, const std::string& target,
-                   const std::string& body,
+// One request on a new connection to `ip`:`port`, read whole (a stream to its end).
+inline Reply Fetch(const std::string& ip, uint16_t port, http::verb method,
+                   const std::string& target, const std::string& body,
                    std::chrono::seconds timeout = std::chrono::seconds(60)) {
   Reply reply;
   try {
     boost::asio::io_context io;
     boost::beast::tcp_stream stream(io);
     stream.expires_after(timeout);
-    stream.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+    stream.connect({boost::asio::ip::make_address(ip), port});
     http::request<http::string_body> req{method, target, 11};
-    req.set(http::field::host, "127.0.0.1");
+    req.set(http::field::host, ip);
     req.set(http::field::content_type, "application/json");
     req.body() = body;
     req.prepare_payload();
@@ -231,6 +231,13 @@ inline Reply Fetch(uint16_t port, http::verb method, const std::string& target,
     reply.error = e.what();
   }
   return reply;
+}
+
+// The same to 127.0.0.1.
+inline Reply Fetch(uint16_t port, http::verb method, const std::string& target,
+                   const std::string& body,
+                   std::chrono::seconds timeout = std::chrono::seconds(60)) {
+  return Fetch("127.0.0.1", port, method, target, body, timeout);
 }
 
 inline uint16_t FreePort() {
@@ -288,6 +295,11 @@ class RouterProcess {
   }
   bool ready() const { return ready_; }
   bool Running() { return child_->Running(); }
+  // Sends `sig` and waits for the exit (SIGKILL after `limit`); its exit status.
+  int Stop(int sig, std::chrono::milliseconds limit) {
+    child_->Signal(sig);
+    return child_->Wait(limit);
+  }
   uint16_t port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_) + "/v1"; }
   // The log's last lines.

@@ -192,6 +192,38 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   EXPECT_EQ(c.socket_path(), c.runtime_dir + "/controller.sock");
 }
 
+// engine.host ({host}), the address engines listen on and announce, and the engine logs'
+// bounds.
+TEST(Config, EngineHostAndLogBounds) {
+  ControllerConfig d;
+  EXPECT_EQ(d.engine_host, "127.0.0.1");
+  EXPECT_EQ(d.engine_log_max_bytes, 64ull << 20);
+  EXPECT_EQ(d.engine_log_keep, 8);
+  Result<ControllerConfig> c = ParseConfigToml(
+      "[engine]\nhost = \"10.0.0.7\"\nlog_max_bytes = \"1MiB\"\nlog_keep = 3\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->engine_host, "10.0.0.7");
+  EXPECT_EQ(c->engine_log_max_bytes, 1u << 20);
+  EXPECT_EQ(c->engine_log_keep, 3);
+  c = ParseConfigToml("[engine]\nlog_max_bytes = 0\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->engine_log_max_bytes, 0u);  // never rotated
+  c = ParseConfigToml("[engine]\nlog_keep = 0\n", "t.toml");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(c.status().message().find("engine.log_keep"), std::string::npos);
+
+  ControllerConfig f;
+  f.model_dir = "/m";
+  f.engine_command = {"/bin/true"};
+  for (const char* bad : {"", "10.0.0.7 8000", "http://10.0.0.7"}) {
+    f.engine_host = bad;
+    const Status s = FinishConfig(&f);
+    EXPECT_NE(s.message().find("engine.host"), std::string::npos) << bad << ": " << s.ToString();
+  }
+  f.engine_host = "node-a.example";
+  EXPECT_TRUE(FinishConfig(&f).ok());
+}
+
 TEST(Config, FleetKeysAndTheirDefaults) {
   const std::string base =
       "[model]\ndir = \"/models/llama-8b/\"\n[engine]\ncommand = [\"/bin/true\"]\n";

@@ -223,6 +223,54 @@ TEST(AdmissionTest, ReplayAvoidsTheFailedEngineUntilTheTableChanges) {
   EXPECT_EQ(same.got[0]->engine_id, 2u);
 }
 
+// A primary that refused a connection (a dead one still listed while the controller hangs)
+// gets no request, new or replayed, until the route changes; after retry_same_after one
+// request probes it again; past max_queue_wait the waiters get 429.
+TEST(AdmissionTest, AnAddressThatRefusedGetsNoRequestUntilTheRouteChanges) {
+  FakeClock clock;
+  Admission a(clock, {.max_queue_wait = milliseconds(5000), .retry_same_after = milliseconds(250)});
+  a.SetTable(Table({Primary(1, "127.0.0.1:1")}));
+  a.Unreachable(Target{"127.0.0.1:1", 1});
+  Grants g;
+  a.Request(false, std::nullopt, g.Next());
+  a.Request(true, Target{"127.0.0.1:1", 1}, g.Next());
+  EXPECT_TRUE(g.got.empty()) << "a request went to an address that refuses connections";
+  EXPECT_EQ(a.queued(), 2u);
+  clock.Advance(milliseconds(249));
+  a.Tick();
+  EXPECT_TRUE(g.got.empty());
+  clock.Advance(milliseconds(1));
+  a.Tick();  // a probe: the replay first (ahead of the queue), then the new request
+  ASSERT_EQ(g.got.size(), 2u);
+  EXPECT_EQ(g.got[0]->address, "127.0.0.1:1");
+  a.Release(*g.got[0]);
+  a.Release(*g.got[1]);
+
+  a.Unreachable(Target{"127.0.0.1:1", 1});  // refused again
+  Grants held;
+  a.Request(false, std::nullopt, held.Next());
+  EXPECT_TRUE(held.got.empty());
+  a.SetTable(Table({Primary(2, "127.0.0.1:2")}));  // the standby promoted
+  ASSERT_EQ(held.got.size(), 1u);
+  EXPECT_EQ(held.got[0]->address, "127.0.0.1:2");
+
+  Grants late;  // no engine that listens, for the whole queue wait: 429
+  a.Unreachable(Target{"127.0.0.1:2", 2});
+  a.Request(false, std::nullopt, late.Next());
+  for (int i = 0; i < 25 && late.got.empty(); ++i) {
+    clock.Advance(milliseconds(249));  // each probe is refused again before it can go
+    a.Unreachable(Target{"127.0.0.1:2", 2});
+    a.Tick();
+  }
+  ASSERT_EQ(late.got.size(), 1u);
+  EXPECT_EQ(late.got[0].status().code(), StatusCode::kResourceExhausted);
+
+  a.Unreachable(Target{"127.0.0.1:9", 9});  // not listed: nothing to mark
+  Grants fine;
+  a.Request(false, std::nullopt, fine.Next());
+  EXPECT_TRUE(fine.got.empty());  // 127.0.0.1:2 is still marked
+}
+
 TEST(AdmissionTest, WeightsSplitTrafficSmoothly) {
   FakeClock clock;
   Admission a(clock, {});

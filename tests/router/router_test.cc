@@ -321,7 +321,10 @@ TEST_F(RouterTest, SilentBackendIs504) {
   ExpectHealthy(router->port());
 }
 
-TEST_F(RouterTest, RefusedBackendIs502) {
+// A backend that refuses connections is not sent requests over and over: they wait in the
+// queue and get 429 with Retry-After past max_queue_wait (nothing was done: the client may
+// send them again), not 502.
+TEST_F(RouterTest, RefusedBackendIs429AfterTheQueueWait) {
   uint16_t closed_port = 0;
   {
     SilentBackend gone;
@@ -332,7 +335,13 @@ TEST_F(RouterTest, RefusedBackendIs502) {
   options.max_queue_wait = std::chrono::milliseconds(600);  // retried until then
   auto router = StartRouter(options);
   TestHttpClient client(router->port());
-  EXPECT_EQ(client.Post("/v1/completions", kRequest.dump()).status, 502);
+  const HttpReply r = client.Post("/v1/completions", kRequest.dump());
+  EXPECT_EQ(r.status, 429) << r.body;
+  EXPECT_EQ(r.retry_after, "1");
+  const std::string metrics = client.Get("/metrics").body;
+  EXPECT_NE(metrics.find("baton_router_upstream_errors_total{kind=\"unreachable\"} 1"),
+            std::string::npos)
+      << metrics;
   ExpectHealthy(router->port());
 }
 

@@ -83,6 +83,8 @@ class PinnedArena {
   std::pair<uint64_t, uint64_t> identity() const;
   bool huge_pages() const { return memory_.huge_pages(); }
   bool locked() const { return locked_ || (background_lock_ && background_lock_->locked()); }
+  // True while a background mlock (of an adopted arena) is still running.
+  bool lock_pending() const { return background_lock_ && !background_lock_->done(); }
   bool adopted() const { return adopted_; }
   // Blocks until an adopted arena's background mlock has finished; returns at once otherwise.
   void AwaitLock() const;

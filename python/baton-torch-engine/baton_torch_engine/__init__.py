@@ -9,3 +9,6 @@ engine, with its HTTP API in `server`, `requests` and `text`, its continuous bat
 `batching` and `generation`, its KV cache in the granted blocks in `pool_kv`, and the
 standby's rehearsal in `rehearsal`.
 """
+
+# Baton's version (project() in CMakeLists.txt, ../pyproject.toml): --version prints it.
+__version__ = "0.1.0"

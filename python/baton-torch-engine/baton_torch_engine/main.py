@@ -30,6 +30,8 @@ import time
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="baton-torch-engine", description=__doc__.splitlines()[0])
+    from baton_torch_engine import __version__
+    p.add_argument("--version", action="version", version=f"baton-torch-engine {__version__}")
     p.add_argument("--model", required=True, help="model directory (config.json)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)

@@ -97,6 +97,21 @@ TEST(PairMachineTest, GracefulPromotionNeedsAStandby) {
   ExpectApply(pair, PairEvent::kPromoteDone, PairState::kDegraded);
 }
 
+TEST(PairMachineTest, ResumeUndoesADrainWhileDrainingOrOnceStopped) {
+  FakeClock clock;
+  PairMachine pair = NewPairMachine("pair", clock);
+  ExpectApply(pair, PairEvent::kPromoteDone, PairState::kDegraded);
+  ExpectApply(pair, PairEvent::kStandbyReady, PairState::kReady);
+  EXPECT_FALSE(pair.Apply(PairEvent::kResume).ok()) << "nothing to resume in ready";
+  ExpectApply(pair, PairEvent::kDrain, PairState::kDraining);
+  ExpectApply(pair, PairEvent::kResume, PairState::kDegraded);  // the primary serves on
+  ExpectApply(pair, PairEvent::kStandbyReady, PairState::kReady);
+  ExpectApply(pair, PairEvent::kDrain, PairState::kDraining);
+  ExpectApply(pair, PairEvent::kDrained, PairState::kStopped);
+  ExpectApply(pair, PairEvent::kResume, PairState::kDown);  // a new pair starts
+  ExpectApply(pair, PairEvent::kPromoteDone, PairState::kDegraded);
+}
+
 TEST(PairMachineTest, CrashLoopBackoffAndItsEnd) {
   FakeClock clock;
   PairMachine pair = NewPairMachine("pair", clock);

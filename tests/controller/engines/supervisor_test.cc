@@ -32,6 +32,14 @@ TEST(Supervisor, ExpandsPlaceholders) {
   EXPECT_EQ(
       sup.Expand({.engine_id = 7, .role = proto::LaunchRole::kStandby, .token = "tok", .port = 9}),
       (std::vector<std::string>{"eng", "/run/c.sock", "tok", "standby", "7", "9", "/m", "/run"}));
+  Supervisor fleet({"eng", "--host", "{host}"}, "/run/c.sock", "/m", "/run", "");
+  EXPECT_EQ(fleet.Expand(
+                {.engine_id = 1, .role = proto::LaunchRole::kPrimary, .token = "t", .port = 9})[2],
+            "127.0.0.1");  // engine.host's default
+  fleet.SetHost("10.0.0.7");
+  EXPECT_EQ(fleet.Expand(
+                {.engine_id = 1, .role = proto::LaunchRole::kPrimary, .token = "t", .port = 9})[2],
+            "10.0.0.7");
 }
 
 TEST(Supervisor, TokensAreRandomHex) {

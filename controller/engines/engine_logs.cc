@@ -1,0 +1,128 @@
+#include "controller/engines/engine_logs.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <map>
+#include <vector>
+
+#include "base/io/unique_fd.h"
+#include "base/log.h"
+
+namespace baton {
+namespace {
+
+constexpr auto kRotateEvery = std::chrono::seconds(5);
+constexpr const char* kLog = "controller";
+
+// The regular files of `dir` whose names EngineLogId() knows, by id.
+std::multimap<uint64_t, std::string> LogFiles(const std::string& dir) {
+  std::multimap<uint64_t, std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (const uint64_t id = EngineLogId(name); id != 0) out.emplace(id, name);
+  }
+  ::closedir(d);
+  return out;
+}
+
+Status CopyAll(int from, int to) {
+  for (;;) {
+    const ssize_t n = ::copy_file_range(from, nullptr, to, nullptr, 1 << 30, 0);
+    if (n == 0) return OkStatus();
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("copy_file_range", errno);
+  }
+}
+
+}  // namespace
+
+uint64_t EngineLogId(const std::string& name) {
+  constexpr std::string_view kPrefix = "engine-";
+  if (name.rfind(kPrefix, 0) != 0) return 0;
+  size_t i = kPrefix.size();
+  uint64_t id = 0;
+  const size_t digits_start = i;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9' && i - digits_start < 19) {
+    id = id * 10 + static_cast<uint64_t>(name[i++] - '0');
+  }
+  if (i == digits_start) return 0;
+  const std::string rest = name.substr(i);
+  return rest == ".log" || rest == ".log.1" ? id : 0;
+}
+
+EngineLogs::EngineLogs(boost::asio::io_context& io, std::string dir, uint64_t max_bytes,
+                       size_t keep)
+    : timer_(io), dir_(std::move(dir)), max_bytes_(max_bytes), keep_(keep) {}
+
+void EngineLogs::Start() {
+  if (dir_.empty() || max_bytes_ == 0) return;
+  Arm();
+}
+
+void EngineLogs::Arm() {
+  timer_.expires_after(kRotateEvery);
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (ec) return;
+    RotateNow();
+    Arm();
+  });
+}
+
+size_t EngineLogs::RotateNow() {
+  if (dir_.empty() || max_bytes_ == 0) return 0;  // no directory, or never rotated
+  size_t rotated = 0;
+  for (const auto& [id, name] : LogFiles(dir_)) {
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".log") != 0) continue;
+    const std::string path = dir_ + "/" + name;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) <= max_bytes_) {
+      continue;
+    }
+    if (Status s = Rotate(path); !s.ok()) {
+      BATON_LOG(WARN, kLog) << "engine log " << path << " not rotated: " << s.message();
+      continue;
+    }
+    ++rotated;
+  }
+  return rotated;
+}
+
+Status EngineLogs::Rotate(const std::string& path) {
+  UniqueFd from(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+  if (!from.valid()) return ErrnoStatus("open " + path, errno);
+  const std::string copy = path + ".1";
+  UniqueFd to(::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
+  if (!to.valid()) return ErrnoStatus("open " + copy, errno);
+  BATON_RETURN_IF_ERROR(CopyAll(from.get(), to.get()));
+  if (::ftruncate(from.get(), 0) != 0) return ErrnoStatus("ftruncate " + path, errno);
+  ++rotations_;
+  BATON_LOG(INFO, kLog) << "engine log " << path << " rotated to " << copy;
+  return OkStatus();
+}
+
+void EngineLogs::Prune(const std::set<uint64_t>& live) {
+  if (dir_.empty()) return;
+  const std::multimap<uint64_t, std::string> files = LogFiles(dir_);
+  std::set<uint64_t> ids;
+  for (const auto& [id, name] : files) ids.insert(id);
+  std::set<uint64_t> kept = live;
+  size_t recent = 0;
+  for (auto it = ids.rbegin(); it != ids.rend() && recent < keep_; ++it, ++recent) kept.insert(*it);
+  for (const auto& [id, name] : files) {
+    if (kept.count(id) != 0) continue;
+    if (::unlink((dir_ + "/" + name).c_str()) == 0) {
+      ++deleted_;
+    } else if (errno != ENOENT) {
+      BATON_LOG(WARN, kLog) << ErrnoStatus("unlink " + dir_ + "/" + name, errno).message();
+    }
+  }
+}
+
+}  // namespace baton

@@ -1,0 +1,54 @@
+// EngineLogs: keeps engine.log_dir bounded. Each engine writes its stdout and stderr to
+// <dir>/engine-<id>.log, opened O_APPEND by the Supervisor. Engines outlive the controller, so
+// their output cannot pass through it; instead:
+//   * every 5 s, a log longer than `max_bytes` is copied to engine-<id>.log.1 (replacing the
+//     older copy) and truncated in place ("copytruncate": the engine's O_APPEND descriptor
+//     goes on writing at the new end; what it writes between the copy and the truncation is
+//     lost, at most a few lines);
+//   * at each launch (Prune), only the logs of the live engines and of the `keep` most recent
+//     engine ids stay; older ones and their .1 copies are deleted (a failover, a crash loop,
+//     an upgrade each start a new id).
+// So the directory holds at most (live + keep) x 2 x max_bytes. max_bytes 0: no rotation.
+//
+// Owned by the Controller; thread: the io_context thread (the copy of a full log, in the
+// kernel with copy_file_range, holds it for milliseconds every max_bytes of engine output).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "base/status.h"
+
+namespace baton {
+
+class EngineLogs {
+ public:
+  EngineLogs(boost::asio::io_context& io, std::string dir, uint64_t max_bytes, size_t keep);
+  // Starts the rotation timer (nothing without a directory).
+  void Start();
+  // Deletes the logs of engines neither in `live` nor among the `keep` highest ids.
+  void Prune(const std::set<uint64_t>& live);
+  // One rotation pass now; the number of logs rotated.
+  size_t RotateNow();
+  uint64_t rotations() const { return rotations_; }
+  uint64_t deleted() const { return deleted_; }
+
+ private:
+  void Arm();
+  Status Rotate(const std::string& path);
+
+  boost::asio::steady_timer timer_;
+  const std::string dir_;
+  const uint64_t max_bytes_;
+  const size_t keep_;
+  uint64_t rotations_ = 0;
+  uint64_t deleted_ = 0;
+};
+
+// The engine id of "engine-<id>.log" or "engine-<id>.log.1"; 0 for any other name.
+uint64_t EngineLogId(const std::string& file_name);
+
+}  // namespace baton

@@ -1,0 +1,92 @@
+#include "controller/ctl/degradations.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace baton {
+namespace {
+
+// A controller that got everything its configuration asked for.
+ControllerStatus Healthy(const ControllerConfig& config) {
+  ControllerStatus s;
+  s.config = &config;
+  s.weights.huge_pages = true;
+  s.weights.locked = true;
+  s.pool.huge_pages = true;
+  s.keeper.state = KeeperState::kKeeping;
+  return s;
+}
+
+bool Has(const std::string& text, const std::string& line) {
+  return text.find(line) != std::string::npos;
+}
+
+TEST(Degradations, NoneWhenEverythingAskedForIsThere) {
+  ControllerConfig config;
+  const ControllerStatus s = Healthy(config);
+  EXPECT_TRUE(Degradations(s).empty());
+  EXPECT_EQ(DegradationText(s), "");
+  EXPECT_EQ(DegradationJson(s), nlohmann::json::array());
+  const std::string m = DegradationMetrics(s);
+  for (const std::string& kind : DegradationKinds()) {
+    EXPECT_TRUE(Has(m, "baton_degraded{what=\"" + kind + "\"} 0\n")) << m;
+  }
+  EXPECT_TRUE(Has(m, "baton_memory_kept 1\n")) << m;
+}
+
+TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
+  ControllerConfig config;
+  ControllerStatus s = Healthy(config);
+  s.weights.huge_pages = false;
+  s.weights.warnings = {"2018 free 2 MiB huge pages of the 2019 the arena needs"};
+  s.weights.locked = false;
+  s.pool.huge_pages = false;
+  s.pool.huge_pages_fallback = "no free huge pages for the pool";
+  s.keeper = {.state = KeeperState::kUnavailable,
+              .pid = 0,
+              .restarts = 0,
+              .detail = "no executable baton-keeper beside /x/baton-controller"};
+  const std::string m = DegradationMetrics(s);
+  for (const std::string& kind : DegradationKinds()) {
+    EXPECT_TRUE(Has(m, "baton_degraded{what=\"" + kind + "\"} 1\n")) << m;
+  }
+  const std::string text = DegradationText(s);
+  EXPECT_TRUE(Has(text, "degraded: weights_huge_pages: 2018 free 2 MiB huge pages")) << text;
+  EXPECT_TRUE(Has(text, "degraded: weights_mlock: ")) << text;
+  EXPECT_TRUE(Has(text, "degraded: pool_huge_pages: no free huge pages for the pool")) << text;
+  EXPECT_TRUE(Has(text, "degraded: keeper: baton-keeper unavailable (no executable")) << text;
+  EXPECT_EQ(DegradationJson(s).size(), 4u);
+
+  // A keeper that died and is being started again keeps nothing meanwhile.
+  ControllerStatus restarting = Healthy(config);
+  restarting.keeper = {.state = KeeperState::kRestarting, .pid = 0, .restarts = 1, .detail = ""};
+  ASSERT_EQ(Degradations(restarting).size(), 1u);
+  EXPECT_EQ(Degradations(restarting)[0].what, "keeper");
+  EXPECT_TRUE(Has(DegradationMetrics(restarting), "baton_memory_kept 0\n"));
+}
+
+// What the operator turned off is not a degradation; neither is an adopted arena whose mlock
+// still runs in the background.
+TEST(Degradations, SettingsTurnedOffAndAPendingLockAreNot) {
+  ControllerConfig config;
+  config.weights_huge_pages = false;
+  config.pool_huge_pages = false;
+  config.keep_memory = false;
+  ControllerStatus s = Healthy(config);
+  s.weights.huge_pages = false;
+  s.pool.huge_pages = false;
+  s.keeper = {.state = KeeperState::kOff,
+              .pid = 0,
+              .restarts = 0,
+              .detail = "controller.keep_memory = false"};
+  s.weights.locked = false;
+  s.weights.lock_pending = true;
+  EXPECT_TRUE(Degradations(s).empty()) << DegradationText(s);
+  s.weights.lock_pending = false;
+  ASSERT_EQ(Degradations(s).size(), 1u);
+  EXPECT_EQ(Degradations(s)[0].what, "weights_mlock");
+}
+
+}  // namespace
+}  // namespace baton

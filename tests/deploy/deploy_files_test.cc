@@ -1,0 +1,149 @@
+// What deploy/ ships, checked with the programs' own checks: each example configuration
+// (deploy/config, as make install fills it in: build/deploy/config) passes
+// `baton-controller --check-config` or `baton-router --check-config`; a broken one is refused
+// with exit status 2 and the key named; every program answers --version; the systemd units
+// have every placeholder filled in; and the docs quote the shipped files word for word.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+
+#include "tests/deploy/deploy_support.h"
+
+namespace baton::deploy_test {
+namespace {
+
+std::string Config(const std::string& name) { return BuildDir() + "/deploy/config/" + name; }
+
+ProgramRun CheckController(const std::string& config) {
+  return RunProgram({BinDir() + "/baton-controller", "--check-config", "--config", config});
+}
+ProgramRun CheckRouter(const std::string& config) {
+  return RunProgram({BinDir() + "/baton-router", "--check-config", "--config", config});
+}
+
+TEST(DeployFiles, ExampleConfigurationsPassTheProgramsChecks) {
+  for (const char* name : {"controller.toml", "controller-fleet.toml"}) {
+    const ProgramRun run = CheckController(Config(name));
+    EXPECT_EQ(run.code, 0) << name << ":\n" << run.output;
+    EXPECT_NE(run.output.find("the configuration is valid"), std::string::npos) << run.output;
+    std::printf("%s\n%s", name, run.output.c_str());
+  }
+  for (const char* name : {"router.toml", "router-fleet.toml"}) {
+    const ProgramRun run = CheckRouter(Config(name));
+    EXPECT_EQ(run.code, 0) << name << ":\n" << run.output;
+    EXPECT_NE(run.output.find("the configuration is valid"), std::string::npos) << run.output;
+    std::printf("%s\n%s", name, run.output.c_str());
+  }
+}
+
+// A copy of `name` with `from` replaced by `to` (which must be in it).
+std::string Broken(const std::string& name, const std::string& from, const std::string& to) {
+  const std::string text = ReadFile(Config(name));
+  EXPECT_NE(text.find(from), std::string::npos) << name << " has no " << from;
+  char tmpl[] = "/tmp/baton-broken-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp";
+  const std::string path = dir + "/" + name;
+  WriteFile(path, ReplaceAll(text, from, to));
+  return path;
+}
+
+TEST(DeployFiles, BrokenConfigurationsAreRefusedWithExit2NamingTheKey) {
+  struct Case {
+    const char* file;
+    const char* from;
+    const char* to;
+    const char* named;
+  };
+  const Case cases[] = {
+      {"controller.toml", "block_bytes = \"2MiB\"", "block_bytes = 1000", "pool.block_bytes"},
+      {"controller.toml", "base_port = 8101", "base_port = 70000", "engine.base_port"},
+      {"controller.toml", "heartbeat_misses = 3", "heartbeat_misses = 3\nheartbeat_mises = 4",
+       "health.heartbeat_mises"},
+      {"controller.toml", "log_level = \"info\"", "log_level = \"loud\"", "controller.log_level"},
+      {"controller-fleet.toml", "host = \"10.0.0.17\"", "host = \"\"", "engine.host"},
+      {"router.toml", "max_queue_wait_ms = 5000", "max_queue_wait_ms = -5",
+       "router.max_queue_wait_ms"},
+      {"router.toml", "drain_timeout_ms = 30000", "drain_timeout_ms = \"soon\"",
+       "router.drain_timeout_ms"},
+      {"router-fleet.toml", "etcd_prefix = \"/baton/\"", "etcd_prefix = \"baton\"",
+       "router.etcd_prefix"},
+  };
+  for (const Case& c : cases) {
+    const std::string path = Broken(c.file, c.from, c.to);
+    const bool router = std::string(c.file).rfind("router", 0) == 0;
+    const ProgramRun run = router ? CheckRouter(path) : CheckController(path);
+    EXPECT_EQ(run.code, 2) << c.file << " with " << c.to << ":\n" << run.output;
+    EXPECT_NE(run.output.find(c.named), std::string::npos)
+        << c.file << " with " << c.to << " does not name " << c.named << ":\n"
+        << run.output;
+    std::printf("%s with `%s`: exit %d: %s", c.file, c.to, run.code, run.output.c_str());
+    std::filesystem::remove_all(std::filesystem::path(path).parent_path());
+  }
+}
+
+TEST(DeployFiles, EveryProgramAnswersVersion) {
+  for (const char* program : {"baton-controller", "baton-router", "batonctl", "baton-keeper",
+                              "baton-refengine", "baton-weights", "baton-mkmodel"}) {
+    const ProgramRun run = RunProgram({BinDir() + "/" + program, "--version"});
+    EXPECT_EQ(run.code, 0) << program << ": " << run.output;
+    EXPECT_TRUE(std::regex_search(
+        run.output,
+        std::regex("^" + std::string(program) + R"( \d+\.\d+\.\d+ \(commit \S+, \S+\)\n$)")))
+        << program << ": " << run.output;
+    std::printf("%s", run.output.c_str());
+  }
+  // The PyTorch engine says the same version
+  // (python/baton-torch-engine/baton_torch_engine/__init__.py).
+  const ProgramRun controller = RunProgram({BinDir() + "/baton-controller", "--version"});
+  const std::string version = controller.output.substr(0, controller.output.find(" ("));
+  const ProgramRun torch =
+      RunProgram({SourceDir() + "/python/bin/baton-torch-engine", "--version"});
+  EXPECT_EQ(torch.code, 0) << torch.output;
+  EXPECT_EQ(torch.output, "baton-torch-engine " + version.substr(version.find(' ') + 1) + "\n");
+  std::printf("%s", torch.output.c_str());
+}
+
+TEST(DeployFiles, UnitsHaveTheirPathsFilledIn) {
+  for (const char* unit : {"baton-controller.service", "baton-router.service"}) {
+    const std::string text = ReadFile(BuildDir() + "/deploy/systemd/" + unit);
+    ASSERT_FALSE(text.empty()) << unit;
+    EXPECT_EQ(text.find('@'), std::string::npos) << unit << " has a placeholder left:\n" << text;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(ExecStart=(\S+))"))) << text;
+    EXPECT_EQ(std::filesystem::path(m[1].str()).filename().string(),
+              std::string(unit).substr(0, std::string(unit).find('.')))
+        << unit;
+  }
+  const std::string controller = ReadFile(BuildDir() + "/deploy/systemd/baton-controller.service");
+  for (const char* line : {"Type=notify", "KillMode=process", "Delegate=yes",
+                           "RestartPreventExitStatus=2", "WatchdogSignal=SIGKILL", "User=baton",
+                           "RuntimeDirectory=baton", "StateDirectory=baton", "ExecReload="}) {
+    EXPECT_NE(controller.find(std::string("\n") + line), std::string::npos) << line;
+  }
+}
+
+// Docs quote a shipped file after a line `<!-- quote: PATH -->` as a fenced block that must
+// be PATH word for word; a unit written into a doc any other way is a diverging snippet.
+TEST(DeployFiles, DocsQuoteTheShippedFilesWordForWord) {
+  int quotes = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(SourceDir() + "/docs")) {
+    const std::string doc = entry.path().filename().string();
+    const std::string text = ReadFile(entry.path().string());
+    const std::regex quote(R"(<!-- quote: (\S+) -->\n```[a-z]*\n([\s\S]*?)```)");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), quote);
+         it != std::sregex_iterator(); ++it) {
+      const std::string file = (*it)[1];
+      EXPECT_EQ((*it)[2].str(), ReadFile(SourceDir() + "/" + file))
+          << doc << " quotes " << file << " differently from the file";
+      ++quotes;
+    }
+    const std::string unquoted = std::regex_replace(text, quote, "");
+    EXPECT_EQ(unquoted.find("\n[Service]"), std::string::npos)
+        << doc << " has a systemd unit that is not a quote of deploy/systemd";
+  }
+  EXPECT_GE(quotes, 2) << "docs/operations.md quotes the controller's and the router's units";
+}
+
+}  // namespace
+}  // namespace baton::deploy_test
