@@ -53,8 +53,11 @@ struct ClusterOptions {
   int base_port = 0;           // [engine] base_port: engines on base_port.. (0: ephemeral ports)
   uint64_t epoch_reserve = 0;  // [controller] epoch_reserve when > 0
   bool wait_ready = true;      // the constructor waits for primary + standby
-  std::string gpu_backend;     // [gpu] backend when set (auto | host | cuda)
-  int gpu_probe_ms = 0;        // [gpu] probe_interval_ms when set
+  // How long WaitReady (and the constructor) waits: engines that import a framework (the
+  // PyTorch pair) start in seconds alone and far later beside the suite's other tests.
+  std::chrono::seconds ready_timeout{20};
+  std::string gpu_backend;            // [gpu] backend when set (auto | host | cuda)
+  int gpu_probe_ms = 0;               // [gpu] probe_interval_ms when set
   uint64_t gpu_pool_chunk_bytes = 0;  // [gpu] pool_chunk_bytes when set
   // [upgrade] max_latency_ratio. Canary latency is not judged in chaos tests: they run in
   // parallel on small CI machines, where a fresh engine's first requests can take twice as long
@@ -92,7 +95,8 @@ class ChaosCluster {
   // the last status seen.
   json WaitFor(const std::function<bool(const json&)>& pred, const std::string& what,
                std::chrono::seconds timeout = std::chrono::seconds(20)) const;
-  // Pair ready: a serving primary and a registered standby.
+  // Pair ready: a serving primary and a registered standby, waited for up to the options'
+  // ready_timeout.
   json WaitReady(const std::string& what = "pair ready") const;
 
   // Fencing checks (see above), once the pair is ready or a canary serves; records failures
@@ -135,6 +139,7 @@ class ChaosCluster {
 
   std::string dir_;
   std::string socket_;
+  std::chrono::seconds ready_timeout_{20};
   std::string rogue_file_;
   std::string violations_dir_;
   pid_t controller_pid_ = 0;

@@ -58,6 +58,7 @@ inline ChaosCluster::ChaosCluster(ClusterOptions options) {
   std::filesystem::create_directories(violations_dir_);
   WriteConfig(options);
   if (!options.first_engine_rogue.empty()) ArmRogue(options.first_engine_rogue);
+  ready_timeout_ = options.ready_timeout;
   StartController(options.controller_env);
   if (options.wait_ready) WaitReady("the pair to start");
 }
@@ -226,7 +227,7 @@ inline json ChaosCluster::WaitFor(const std::function<bool(const json&)>& pred,
 }
 
 inline json ChaosCluster::WaitReady(const std::string& what) const {
-  return WaitFor(IsReady, what);
+  return WaitFor(IsReady, what, ready_timeout_);
 }
 
 inline std::vector<pid_t> ChaosCluster::RosterPids() const {

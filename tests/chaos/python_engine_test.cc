@@ -102,10 +102,13 @@ TEST_F(PythonEngineTest, TorchViewsOfTheWeightsAndBlocksAreBatonsMemory) {
   if (!TorchInstalled()) GTEST_SKIP() << "PyTorch is missing for " << kPython;
   ClusterOptions o = PythonPair();
   o.engine_command.insert(o.engine_command.end(), {"--torch-model-dir", "{model_dir}"});
+  o.register_timeout_ms = 60'000;  // engines that import torch, beside the suite's tests
+  o.ready_timeout = std::chrono::seconds(90);
   ChaosCluster cluster(o);
   const json primary = EngineWithRole(cluster.Status(), "primary");
   ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
-  WaitNewPrimary(cluster, primary["id"], "the Python standby, its views checked, to take over");
+  WaitNewPrimary(cluster, primary["id"], "the Python standby, its views checked, to take over",
+                 std::chrono::seconds(60));
   cluster.CheckFencing();  // a view that was not the arena or the block is a violation file
 }
 

@@ -53,6 +53,7 @@ ClusterOptions TorchPair() {
                       "torch-1"};
   o.blocks = 512;
   o.register_timeout_ms = 60'000;  // importing torch takes seconds on a busy CI machine
+  o.ready_timeout = seconds(90);   // two engines importing torch beside the suite's tests
   return o;
 }
 
