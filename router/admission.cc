@@ -230,19 +230,21 @@ void Admission::Drain(TimePoint now, Ready* ready) {
   }
 }
 
+// An address that refused a connection gets nothing until retry_same_after has passed.
+bool Admission::Refused(const Target& t, TimePoint now) const {
+  const auto it = refused_.find(t.address);
+  return it != refused_.end() && now - it->second < options_.retry_same_after;
+}
+
 std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   const bool avoid_failed = w.failed && w.failed_generation == generation_ &&
                             now - w.failed_at < options_.retry_same_after;
-  const auto refused = [&](const Target& t) {
-    auto it = refused_.find(t.address);
-    return it != refused_.end() && now - it->second < options_.retry_same_after;
-  };
   int total = 0;
   Candidate* best = nullptr;
   for (Candidate& c : candidates_) {
     if (c.weight == 0) continue;
     if (avoid_failed && c.target == *w.failed) continue;
-    if (refused(c.target)) continue;
+    if (Refused(c.target, now)) continue;
     if (!w.replay && !UnderRampCap(c.target, now)) continue;
     total += c.weight;
     c.current += c.weight;
@@ -257,7 +259,7 @@ std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   if (!w.replay) return std::nullopt;
   for (const Candidate& c : candidates_) {
     if (avoid_failed && c.target == *w.failed) continue;
-    if (refused(c.target)) continue;
+    if (Refused(c.target, now)) continue;
     return Marked(c.target);
   }
   return std::nullopt;

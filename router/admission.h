@@ -124,6 +124,8 @@ class Admission : public Admitter {
 
   void Drain(TimePoint now, Ready* ready) BATON_REQUIRES(mu_);
   std::optional<Target> Pick(const Waiter& w, TimePoint now) BATON_REQUIRES(mu_);
+  // Whether `t`'s address refused a connection less than retry_same_after ago.
+  bool Refused(const Target& t, TimePoint now) const BATON_REQUIRES(mu_);
   bool UnderRampCap(const Target& t, TimePoint now) const BATON_REQUIRES(mu_);
   Target Marked(Target t) const BATON_REQUIRES(mu_);  // with `canary` set from canary_ids_
   double RampShare(TimePoint now) const BATON_REQUIRES(mu_);
