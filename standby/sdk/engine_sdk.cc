@@ -244,10 +244,8 @@ Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack,
   Result<std::unique_ptr<DeviceSession>> device =
       DeviceSession::Take(ack.device, std::move(regions), send_ack);
   if (!device.ok()) return device.status().WithContext("taking the device memory");
-  {
-    MutexLock lock(mu_);
-    device_ = std::move(device).value();
-  }
+  MutexLock lock(mu_);
+  device_ = std::move(device).value();
   BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped read-only at 0x"
                                 << std::hex << device_->weights().address << ", pool reserved at 0x"
                                 << device_->pool().address << std::dec << " ("

@@ -269,10 +269,13 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
           FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +
                              " refused: this engine holds epoch " + std::to_string(epoch_.load()));
     } else {
-      // Blocks that were quarantined come with the headers the dead engine left.
-      const bool inherits = std::any_of(msg.extents.begin(), msg.extents.end(), [&](const auto& r) {
-        return r.count > 0 && r.first < pool_.block_count() && pool_.IsReadOnly(r.first);
-      });
+      // Blocks that were quarantined come with the headers the dead engine left. (A loop, not
+      // std::any_of: the thread-safety analysis does not see a lambda as holding mu_.)
+      bool inherits = false;
+      for (const auto& r : msg.extents) {
+        inherits =
+            inherits || (r.count > 0 && r.first < pool_.block_count() && pool_.IsReadOnly(r.first));
+      }
       mapped = MapRangesLocked(msg.extents, inherits ? &inherited : nullptr);
     }
   }
