@@ -269,12 +269,10 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
           FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +
                              " refused: this engine holds epoch " + std::to_string(epoch_.load()));
     } else {
-      // Blocks that were quarantined come with the headers the dead engine left. (A loop, not
-      // std::any_of: the thread-safety analysis does not see a lambda as holding mu_.)
+      // Quarantined blocks come with the dead engine's headers (a loop: mu_ is held here).
       bool inherits = false;
       for (const auto& r : msg.extents) {
-        inherits =
-            inherits || (r.count > 0 && r.first < pool_.block_count() && pool_.IsReadOnly(r.first));
+        inherits |= r.count > 0 && r.first < pool_.block_count() && pool_.IsReadOnly(r.first);
       }
       mapped = MapRangesLocked(msg.extents, inherits ? &inherited : nullptr);
     }
