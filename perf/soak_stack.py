@@ -189,8 +189,9 @@ class Stack:
     # --- faults -----------------------------------------------------------------------------
 
     def inject(self, kind):
-        """Injects one fault and waits for the pair to be ready again; returns a record."""
-        before = self.status()
+        """Waits for a ready pair, injects one fault into it and waits for the pair to be ready
+        again; returns a record."""
+        before = self.wait_ready(None, 120)
         primary = serving_primary(before) or {}
         t0 = time.monotonic()
         detail = getattr(self, "_" + kind.replace("-", "_"))(before, primary)
