@@ -221,6 +221,12 @@ void Coordinator::PollEngines() {
                               << " ms: health request sent";
         probes.push_back(id);
         break;
+      case FailureDetector::Action::kProbeAgain:
+        ++e->probes;
+        BATON_LOG(WARN, kLog) << "engine " << id << ": the hang verdict came late (the controller "
+                              << "stalled), health request sent again";
+        probes.push_back(id);
+        break;
       case FailureDetector::Action::kDeclareHung:
         failures.push_back(
             {id, FailCause::kHung,

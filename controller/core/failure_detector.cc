@@ -15,6 +15,7 @@ void FailureDetector::OnHeartbeat() {
   if (state_ == State::kHung) return;
   last_heartbeat_ = clock_->Now();
   state_ = State::kHealthy;
+  late_probes_ = 0;
 }
 
 FailureDetector::Action FailureDetector::Poll() {
@@ -27,6 +28,11 @@ FailureDetector::Action FailureDetector::Poll() {
       return Action::kSendProbe;
     case State::kProbing:
       if (now - probe_sent_ < options_.probe_timeout) return Action::kNone;
+      if (now - probe_sent_ >= 2 * options_.probe_timeout && late_probes_ < kMaxLateProbes) {
+        ++late_probes_;
+        probe_sent_ = now;
+        return Action::kProbeAgain;
+      }
       state_ = State::kHung;
       return Action::kDeclareHung;
     case State::kHung:

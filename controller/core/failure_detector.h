@@ -36,6 +36,7 @@ class FailureDetector {
   enum class Action {
     kNone,
     kSendProbe,    // send one health request now
+    kProbeAgain,   // the verdict came late (the controller stalled): send one more
     kDeclareHung,  // kill the engine (through its pidfd) and fence it
   };
 
@@ -55,6 +56,9 @@ class FailureDetector {
   // When Poll may next return an action (arm a timer for it).
   TimePoint NextDeadline() const;
   TimePoint last_heartbeat() const { return last_heartbeat_; }
+  // Health requests sent again because the verdict came late, since the last heartbeat.
+  int late_probes() const { return late_probes_; }
+  static constexpr int kMaxLateProbes = 2;
   // The silence after which a probe is sent: heartbeat_interval x misses.
   Duration suspect_after() const { return options_.heartbeat_interval * options_.misses; }
 
@@ -64,6 +68,7 @@ class FailureDetector {
   State state_ = State::kHealthy;
   TimePoint last_heartbeat_;
   TimePoint probe_sent_;
+  int late_probes_ = 0;
 };
 
 const char* ToString(FailureDetector::State state);

@@ -86,6 +86,49 @@ TEST(FailureDetectorTest, LongStallStillProbesBeforeDeclaring) {
   EXPECT_EQ(detector.state(), State::kHealthy);
 }
 
+// The verdict was due 100 ms after the probe; a Poll 350 ms after it means the controller's
+// own loop stalled for 250 ms, long enough that the answer may sit unread: probe again.
+TEST(FailureDetectorTest, LateVerdictProbesAgainAndTheAnswerKeepsTheEngine) {
+  FakeClock clock;
+  FailureDetector detector(clock);
+  clock.Advance(milliseconds(300));
+  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
+  clock.Advance(milliseconds(350));
+  EXPECT_EQ(detector.Poll(), Action::kProbeAgain);
+  EXPECT_EQ(detector.state(), State::kProbing);
+  EXPECT_EQ(detector.late_probes(), 1);
+  EXPECT_EQ(detector.NextDeadline(), clock.Now() + milliseconds(100));
+  detector.OnHealthReply();
+  EXPECT_EQ(detector.state(), State::kHealthy);
+  EXPECT_EQ(detector.late_probes(), 0);
+}
+
+// A loop that stays late still gets a verdict: after kMaxLateProbes late ones, the next is
+// given, late or not.
+TEST(FailureDetectorTest, ALoopThatStaysLateStillDeclaresAHungEngine) {
+  FakeClock clock;
+  FailureDetector detector(clock);
+  clock.Advance(milliseconds(300));
+  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
+  for (int i = 0; i < FailureDetector::kMaxLateProbes; ++i) {
+    clock.Advance(milliseconds(500));
+    EXPECT_EQ(detector.Poll(), Action::kProbeAgain) << i;
+  }
+  clock.Advance(milliseconds(500));
+  EXPECT_EQ(detector.Poll(), Action::kDeclareHung);
+  EXPECT_EQ(detector.state(), State::kHung);
+}
+
+// A verdict less than one probe_timeout late is given: the loop ran, the answer had its turn.
+TEST(FailureDetectorTest, AVerdictSlightlyLateIsGiven) {
+  FakeClock clock;
+  FailureDetector detector(clock);
+  clock.Advance(milliseconds(300));
+  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
+  clock.Advance(milliseconds(199));
+  EXPECT_EQ(detector.Poll(), Action::kDeclareHung);
+}
+
 TEST(FailureDetectorTest, CustomOptionsAndBadValuesAreSanitized) {
   FakeClock clock;
   FailureDetector::Options options;
