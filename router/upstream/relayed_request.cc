@@ -332,6 +332,8 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
     exchange_->EndStream();
     return Finish(200, kind);
   }
+  BATON_LOG(WARN, "router") << route_ << ": answered " << status << " (" << kind
+                            << "): " << message;
   if (status == 429) {
     exchange_->Respond(429, "application/json", HttpErrorJson(429, message),
                        {{"Retry-After", std::to_string(deps_.admission->RetryAfterSeconds())}});
