@@ -40,7 +40,12 @@ json FleetEntry(const std::string& router, const std::string& node) {
 
 }  // namespace
 
-FleetStack::~FleetStack() = default;
+FleetStack::~FleetStack() {
+  for (ControllerPair& node : nodes_) {
+    if (node.pid() > 0) ::kill(node.pid(), SIGCONT);  // a run that failed in a partition
+    node.Stop();
+  }
+}
 
 std::string FleetStack::NodeName(int i) {
   return std::string("node-") + static_cast<char>('a' + i);

@@ -41,6 +41,9 @@ struct FleetStackOptions {
 class FleetStack {
  public:
   static Result<std::unique_ptr<FleetStack>> Start(const FleetStackOptions& options);
+  // Stops every node as an operator would (SIGTERM: the controller stops its engines and
+  // baton-keeper lets the memory go), then the routers and etcd. A node's SIGKILL alone
+  // would leave its engines and keeper running.
   ~FleetStack();
   FleetStack(const FleetStack&) = delete;
   FleetStack& operator=(const FleetStack&) = delete;
