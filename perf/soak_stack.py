@@ -13,6 +13,7 @@ the caller runs on every exit path.
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -185,6 +186,7 @@ class Stack:
                 except ProcessLookupError:
                     continue
                 self.log(f"killed engine {pid}, left after the stack stopped")
+        shutil.rmtree(self.runtime, ignore_errors=True)
 
     # --- faults -----------------------------------------------------------------------------
 
