@@ -1,6 +1,8 @@
 // MetricsText: the controller's gauges and counters in Prometheus text (ctl_service.h).
+
 #include <sstream>
 
+#include "base/bug.h"
 #include "controller/ctl/ctl_fleet.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/degradations.h"
@@ -91,6 +93,9 @@ std::string MetricsText(const ControllerStatus& c) {
   counter("baton_refused_transitions_total",
           "State transitions the tables refused: each one is a bug in the controller",
           static_cast<double>(core.refused_transitions));
+  counter("baton_bugs_total",
+          "Bugs the controller found in itself and lived through (base/bug.h): each one is a bug",
+          static_cast<double>(BugCount()));
   counter("baton_controller_restarts_total",
           "Controllers started on this state directory before this one",
           static_cast<double>(c.restarts));

@@ -1,11 +1,15 @@
 // The main() of every GoogleTest binary of Baton: the suite's tag (suite_tag.h) and a
 // RunGuard (base/process/run_guard.h), so that no process a test starts outlives the test's
-// process, whether the test passes, fails, or is killed at its time limit; then the tests.
+// process, whether the test passes, fails, or is killed at its time limit; a bug (base/bug.h)
+// aborts the test, in this process and in every daemon it starts (BATON_ABORT_ON_BUG=1); then
+// the tests.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string_view>
 
+#include "base/bug.h"
 #include "base/process/run_guard.h"
 #include "tests/support/suite_tag.h"
 
@@ -21,6 +25,8 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  baton::SetAbortOnBug(true);
+  ::setenv("BATON_ABORT_ON_BUG", "1", /*overwrite=*/1);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
 }
