@@ -254,9 +254,10 @@ void RelayedRequest::OnStreamEnd(UpstreamError error, const std::string& message
     const std::optional<uint64_t> canary = ShadowCanary();
     ReleaseTarget();
     if (!done_seen_) exchange_->Write(replay_.FinishingEvents());
+    Finish(200, done_seen_ ? "" : UpstreamErrorName(error));
     exchange_->EndStream();
     if (canary) StartShadow(*canary, replay_.sent_ids());
-    return Finish(200, done_seen_ ? "" : UpstreamErrorName(error));
+    return;
   }
   if (!stream_broken_.empty()) return AttemptFailed(UpstreamError::kBroken, stream_broken_);
   if (error == UpstreamError::kNone) {
@@ -270,10 +271,10 @@ void RelayedRequest::EndBuffered() {
   const std::optional<uint64_t> canary = status_ / 100 == 2 ? ShadowCanary() : std::nullopt;
   std::string answer = canary ? body_ : std::string();  // parsed once the client has it
   ReleaseTarget();
+  Finish(status_, "");
   exchange_->Respond(status_, content_type_.empty() ? "application/json" : content_type_,
                      std::move(body_));
   if (canary) StartShadow(*canary, AnswerTokenIds(answer));
-  Finish(status_, "");
 }
 
 void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message) {
@@ -329,18 +330,18 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
     deps_.metrics->RecordReplayFailure();
     BATON_LOG(WARN, "router") << route_ << ": stream ended with an error: " << message;
     exchange_->Write(replay_.EndingEvents(message));
-    exchange_->EndStream();
-    return Finish(200, kind);
+    Finish(200, kind);
+    return exchange_->EndStream();
   }
   BATON_LOG(WARN, "router") << route_ << ": answered " << status << " (" << kind
                             << "): " << message;
+  Finish(status, kind);
   if (status == 429) {
     exchange_->Respond(429, "application/json", HttpErrorJson(429, message),
                        {{"Retry-After", std::to_string(deps_.admission->RetryAfterSeconds())}});
   } else {
     exchange_->RespondError(status, message);
   }
-  Finish(status, kind);
 }
 
 void RelayedRequest::CountAttempt(AttemptEnd end) {

@@ -97,6 +97,8 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   // After the client's answer: compares `canary_ids` (none: the answer had no token ids).
   void StartShadow(uint64_t canary, std::optional<std::vector<int32_t>> canary_ids);
   void ReleaseTarget();
+  // Records the request's end in the metrics; called before the client's last bytes go out,
+  // so that whoever reads /metrics once it has its answer finds the request counted.
   void Finish(int status, const std::string& upstream_error);
 
   boost::asio::any_io_executor strand_;

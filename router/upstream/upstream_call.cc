@@ -80,6 +80,9 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     stream_->expires_after(timeouts_.connect);
     stream_->async_connect(
         endpoint_, Bound([self = shared_from_this()](beast::error_code ec) {
+          // An address that refuses connections has no engine: its idle ones lead nowhere.
+          if (ec && !self->cancelled_ && self->pool_ != nullptr)
+            self->pool_->Forget(self->address_);
           if (ec && self->silent_retry_of_.has_value() && !self->cancelled_) {
             // The pooled connection broke and the engine is not there any more: it may have
             // had the request (it crashed on it), so this is the broken attempt, not a refusal.

@@ -1,6 +1,23 @@
 #include "router/upstream/upstream_pool.h"
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 namespace baton {
+namespace {
+
+// Whether an idle connection can still carry a request: nothing to read (EAGAIN) is the only
+// good answer. End of stream (the engine closed it), a reset, or bytes the engine sent
+// unasked all mean it must not be used.
+bool StillOpen(UpstreamPool::Stream& stream) {
+  if (!stream.socket().is_open()) return false;
+  char byte;
+  const ssize_t n = ::recv(stream.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
+}  // namespace
 
 std::unique_ptr<UpstreamPool::Stream> UpstreamPool::Take(const std::string& address) {
   MutexLock lock(mu_);
@@ -11,10 +28,15 @@ std::unique_ptr<UpstreamPool::Stream> UpstreamPool::Take(const std::string& addr
   while (!it->second.empty() && out == nullptr) {
     Idle idle = std::move(it->second.back());
     it->second.pop_back();
-    if (now - idle.since < max_idle_) out = std::move(idle.stream);
+    if (now - idle.since < max_idle_ && StillOpen(*idle.stream)) out = std::move(idle.stream);
   }
   if (it->second.empty()) idle_.erase(it);
   return out;
+}
+
+void UpstreamPool::Forget(const std::string& address) {
+  MutexLock lock(mu_);
+  idle_.erase(address);
 }
 
 void UpstreamPool::Put(const std::string& address, std::unique_ptr<Stream> stream) {

@@ -173,18 +173,90 @@ TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttem
       << metrics;
 }
 
+// The engine is killed between two requests (kill -9: the kernel closes its connections and
+// its port): the pooled connection it closed is not used, so the request never reaches a dead
+// engine, is not counted against the migration limit (here 0), and waits for a route as a
+// refused connection does; with no engine back it gets 429 once max_queue_wait has passed.
+TEST(UpstreamPoolTest, AConnectionTheEngineClosedIsNotTakenFromThePool) {
+  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener.get(), 8), 0);
+  ASSERT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::atomic<bool> gone{false};
+  std::thread engine([&] {
+    UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
+    if (!conn.valid() || !ReadRequest(conn.get())) return;
+    const std::string reply =
+        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+        R"({"ok":true})";
+    (void)!::send(conn.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
+    listener.Reset();  // the engine is gone before the next request: port and connection
+    conn.Reset();
+    gone = true;
+  });
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  options.migration_limit = 0;
+  options.max_queue_wait = std::chrono::milliseconds(300);
+  auto router = std::make_unique<Router>(std::move(options));
+  ASSERT_TRUE(router->Start().ok());
+  TestHttpClient client(router->port());
+  EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})").status, 200);
+  engine.join();
+  ASSERT_TRUE(gone.load());
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its FIN is in
+  HttpReply second = client.Post("/v1/completions", R"({"prompt":"y","max_tokens":1})");
+  EXPECT_EQ(second.status, 429) << second.body;
+  const std::string metrics = TestHttpClient(router->port()).Get("/metrics").body;
+  EXPECT_EQ(metrics.find(R"(baton_router_upstream_errors_total{kind="broken"})"), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find(R"(baton_router_upstream_errors_total{kind="connect"})"),
+            std::string::npos)
+      << metrics;
+}
+
 // Engines on ports never used again (each failover's new engine gets a fresh port) leave no
 // idle connections behind: a Put for any address drops every expired one.
+// An open connection to a listener nobody accepts from: idle, as a kept-alive engine's is.
+std::unique_ptr<UpstreamPool::Stream> IdleConnection(boost::asio::io_context& io,
+                                                     const LoopbackListener& to) {
+  auto stream = std::make_unique<UpstreamPool::Stream>(io);
+  boost::system::error_code ec;
+  stream->socket().connect({boost::asio::ip::make_address("127.0.0.1"), to.port()}, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  return stream;
+}
+
 TEST(UpstreamPoolTest, ExpiredConnectionsOfAnyAddressAreDroppedOnPut) {
   boost::asio::io_context io;
+  LoopbackListener listener;
+  ASSERT_NE(listener.port(), 0);
   FakeClock clock;
   UpstreamPool pool(clock, 32, std::chrono::seconds(30));
-  pool.Put("127.0.0.1:1", std::make_unique<UpstreamPool::Stream>(io));
-  pool.Put("127.0.0.1:1", std::make_unique<UpstreamPool::Stream>(io));
+  pool.Put("127.0.0.1:1", IdleConnection(io, listener));
+  pool.Put("127.0.0.1:1", IdleConnection(io, listener));
   EXPECT_EQ(pool.idle(), 2u);
   clock.Advance(std::chrono::seconds(31));
-  pool.Put("127.0.0.1:2", std::make_unique<UpstreamPool::Stream>(io));
+  pool.Put("127.0.0.1:2", IdleConnection(io, listener));
   EXPECT_EQ(pool.idle(), 1u) << "the dead engine's connections were kept";
+  EXPECT_EQ(pool.Take("127.0.0.1:1"), nullptr);
+  EXPECT_NE(pool.Take("127.0.0.1:2"), nullptr);
+}
+
+TEST(UpstreamPoolTest, AnAddressThatRefusesIsForgotten) {
+  boost::asio::io_context io;
+  LoopbackListener listener;
+  ASSERT_NE(listener.port(), 0);
+  FakeClock clock;
+  UpstreamPool pool(clock);
+  pool.Put("127.0.0.1:1", IdleConnection(io, listener));
+  pool.Put("127.0.0.1:2", IdleConnection(io, listener));
+  pool.Forget("127.0.0.1:1");
   EXPECT_EQ(pool.Take("127.0.0.1:1"), nullptr);
   EXPECT_NE(pool.Take("127.0.0.1:2"), nullptr);
 }
