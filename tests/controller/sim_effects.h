@@ -62,7 +62,7 @@ class SimEffects final : public Effects {
   Result<std::string> NewToken() override { return "token-" + std::to_string(++tokens_); }
   Result<pid_t> Launch(const LaunchSpec& spec) override {
     if (spec.command.empty()) return InvalidArgument("no engine command");
-    if (!world_.Launch(spec.id, spec.token, spec.port)) {
+    if (!world_.Launch(spec.id, spec.token, spec.port, spec.command)) {
       return Internal("engine " + std::to_string(spec.id) + " exists");
     }
     return static_cast<pid_t>(10000 + spec.id);
@@ -127,8 +127,10 @@ class SimEffects final : public Effects {
     routes_ = std::move(table);
     return true;
   }
-  std::map<uint64_t, proto::EngineOutcome> RouterOutcomes() const override { return {}; }
-  size_t RouterCount() const override { return 0; }
+  std::map<uint64_t, proto::EngineOutcome> RouterOutcomes() const override {
+    return world_.router.outcomes();
+  }
+  size_t RouterCount() const override { return 1; }
 
   // --- state on disk ----------------------------------------------------------------------
   Status SaveRoster(const Roster& roster) override {
@@ -140,11 +142,21 @@ class SimEffects final : public Effects {
     return OkStatus();
   }
 
-  // --- device memory (the host backend: always there) -------------------------------------
-  bool DeviceMemoryPresent() const override { return true; }
-  Status ProbeDevice() override { return OkStatus(); }
-  void DropDevice() override {}
-  Status RebuildDevice() override { return OkStatus(); }
+  // --- device memory (the world's GPU: sim_services.h) -------------------------------------
+  bool DeviceMemoryPresent() const override { return world_.device.present; }
+  Status ProbeDevice() override {
+    if (!world_.device.present) return Unavailable("no device memory");
+    return world_.device.lost ? Unavailable(world_.device.reason) : OkStatus();
+  }
+  void DropDevice() override { world_.device.present = false; }
+  Status RebuildDevice() override {
+    if (world_.now() < world_.device.back_at) {
+      return Unavailable("cuCtxCreate: CUDA_ERROR_NO_DEVICE (the device is not back yet)");
+    }
+    world_.device.lost = false;
+    world_.device.present = true;
+    return OkStatus();
+  }
 
  private:
   SimWorld& world_;

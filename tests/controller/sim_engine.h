@@ -77,6 +77,7 @@ struct SimEngine {
   EngineId id = kNoEngine;
   std::string token;
   int port = 0;
+  bool bad_version = false;  // launched with a broken candidate command (sim_services.h)
   // The process.
   bool alive = true;     // running (a killed or stopping process runs until exit_at)
   bool hung = false;     // frozen: reads, sends and maps nothing more
