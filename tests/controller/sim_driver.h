@@ -58,9 +58,10 @@ class Simulation : private SimLoop {
     }
     step_ = -1;
     // Calm: no faults, time passes (2 s at least: every timeout, detector and barrier has
-    // run out), until the pair is ready with nothing quarantined.
+    // run out), until the pair is ready with nothing quarantined and no upgrade in flight
+    // (the routers' traffic judges a canary to its end); a drain left behind is resumed.
     for (int i = 0; i < 400 && out_.ok && (i < 40 || !Quiet()); ++i) {
-      if (i % 10 == 0) ResumeIfStopped();  // the operator ends a drain left behind
+      if (i % 10 == 0) ResumeIfStopped();
       AdvanceTime(milliseconds(50), /*slow=*/false);
       CheckStep(-1);
     }
