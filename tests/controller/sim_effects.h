@@ -6,12 +6,13 @@
 // process's device work has drained; Send hands the message to the engine, which reacts in
 // the world and queues its replies there (the driver delivers them later as events:
 // nothing here calls back into the Coordinator). The roster and the command record go to a
-// SimDisk, which outlives each simulated controller. Two deliberate faults prove the
-// simulation's checks bite: `skip_barrier` answers the barrier as passed once the process is
-// dead, and `release_at_once` reports a killed engine exited and past its barrier at the
-// kill, while its process still runs and maps its blocks. With a journal set, every effect is
-// also written there as one line ("Kill(1)", "Send(2, Promote)", "SaveRoster"): the scenario
-// tests (tests/controller/core/scenario_*_test.cc) read the story of an operation from it.
+// SimDisk, which outlives each simulated controller. RouterOutcomes are what the world's
+// router saw, and the device calls act on the world's GPU (sim_services.h). Two deliberate faults
+// prove the simulation's checks bite: `skip_barrier` answers the barrier as passed once the process
+// is dead, and `release_at_once` reports a killed engine exited and past its barrier at the kill,
+// while its process still runs and maps its blocks. With a journal set, every effect is also
+// written there as one line ("Kill(1)", "Send(2, Promote)", "SaveRoster"): the scenario tests
+// (tests/controller/core/scenario_*_test.cc) read the story of an operation from it.
 //
 // Ownership: the driver owns the effects, the world and the disk; the effects keep
 // references to both. Single-threaded.

@@ -9,7 +9,9 @@
 // Engines' replies, their connections closing and their exits are queued here with a small
 // random delay; the driver (sim_driver.h) pops them and delivers them to the Coordinator as
 // events, so nothing here calls into the Coordinator. Everything the controller sends is
-// checked here against fencing rules 1-5 independently of the ledger.
+// checked here against fencing rules 1-5 independently of the ledger. What each engine does
+// with a controller message is in sim_world_engine.h, its KV-warm failover in
+// sim_world_kv.h, the routers and the GPU around the engines in sim_services.h.
 //
 // Ownership: the driver owns the world, its clock, store and Rng. Header-only test support;
 // single-threaded; deterministic for a given seed.
