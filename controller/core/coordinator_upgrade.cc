@@ -274,6 +274,7 @@ void Coordinator::TickUpgrade() {
 
 void Coordinator::TickCanary() {
   GrantFreeToCanary();
+  if (!upgrade_.has_value()) return;             // the Grant could not be sent: the canary failed
   if (clock_.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
     upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
     ReclaimFromPrimary(upgrade_->judge->weight());

@@ -49,18 +49,23 @@ class Rng {
 };
 
 // An epoch store whose durable part survives a simulated controller restart. With
-// skip_fsync set (a deliberate fault) Advance returns epochs that never become durable.
+// skip_fsync set (a deliberate fault) Advance returns epochs that never become durable. With
+// a journal set, each epoch made durable is written there (the scenario tests' story).
 class SimEpochStore final : public EpochStore {
  public:
   uint64_t current() const override { return value_; }
   Result<uint64_t> Advance() override {
     ++value_;
     if (!skip_fsync) durable_ = value_;
+    if (journal != nullptr && !skip_fsync) {
+      journal->push_back("EpochDurable(" + std::to_string(value_) + ")");
+    }
     return value_;
   }
   void Restart() { value_ = durable_; }
   uint64_t durable() const { return durable_; }
   bool skip_fsync = false;
+  std::vector<std::string>* journal = nullptr;  // "EpochDurable(N)" per epoch made durable
 
  private:
   uint64_t value_ = 0;
@@ -77,6 +82,7 @@ struct SimEngine {
   EngineId id = kNoEngine;
   std::string token;
   int port = 0;
+  bool bad_version = false;  // launched with a broken candidate command (sim_services.h)
   // The process.
   bool alive = true;     // running (a killed or stopping process runs until exit_at)
   bool hung = false;     // frozen: reads, sends and maps nothing more

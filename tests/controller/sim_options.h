@@ -42,7 +42,17 @@ struct Stats {
   // copies dropped because the dying writer changed their records; steps that writer made.
   uint64_t before_barrier = 0, after_barrier = 0, inherit_copied = 0, inherit_waited = 0;
   uint64_t kv_copied = 0, kv_changed = 0, ghost_steps = 0;
+  // Operator commands accepted (batonctl upgrade, rollback, drain, resume, stop), what became
+  // of the upgrades (promoted, rolled back: by the judge, the operator or a failure), and
+  // device losses the controller detected and device memory it rebuilt.
+  uint64_t upgrades = 0, rollbacks = 0, drains = 0, resumes = 0, shutdowns = 0;
+  uint64_t upgrades_promoted = 0, upgrades_rolled_back = 0;
+  uint64_t device_losses = 0, device_rebuilds = 0;
   void Add(const Stats& o) {
+    upgrades += o.upgrades, rollbacks += o.rollbacks, drains += o.drains;
+    resumes += o.resumes, shutdowns += o.shutdowns;
+    upgrades_promoted += o.upgrades_promoted, upgrades_rolled_back += o.upgrades_rolled_back;
+    device_losses += o.device_losses, device_rebuilds += o.device_rebuilds;
     before_barrier += o.before_barrier, after_barrier += o.after_barrier;
     inherit_copied += o.inherit_copied, inherit_waited += o.inherit_waited;
     kv_copied += o.kv_copied, kv_changed += o.kv_changed, ghost_steps += o.ghost_steps;
@@ -88,7 +98,13 @@ inline ControllerConfig SimConfig(const Fault& fault) {
   c.readopt_timeout = milliseconds(300);
   c.standby_relaunch_delay = milliseconds(100);
   c.gpu_release_timeout = seconds(2);
-  c.gpu_probe_interval = Duration::zero();
+  c.gpu_probe_interval = Duration::zero();  // the CUDA backend's seeds probe (sim_driver.h)
+  c.stop_grace = seconds(1);
+  // A canary judged in two short steps on what the modelled router saw (sim_services.h).
+  c.canary.steps = {50, 100};
+  c.canary.step_duration = milliseconds(150);
+  c.canary.min_requests = 5;
+  c.canary.latency_warmup_requests = 0;
   return c;
 }
 

@@ -9,7 +9,9 @@
 // Engines' replies, their connections closing and their exits are queued here with a small
 // random delay; the driver (sim_driver.h) pops them and delivers them to the Coordinator as
 // events, so nothing here calls into the Coordinator. Everything the controller sends is
-// checked here against fencing rules 1-5 independently of the ledger.
+// checked here against fencing rules 1-5 independently of the ledger. What each engine does
+// with a controller message is in sim_world_engine.h, its KV-warm failover in
+// sim_world_kv.h, the routers and the GPU around the engines in sim_services.h.
 //
 // Ownership: the driver owns the world, its clock, store and Rng. Header-only test support;
 // single-threaded; deterministic for a given seed.
@@ -31,6 +33,7 @@
 #include "tests/controller/sim_engine.h"
 #include "tests/controller/sim_kv.h"
 #include "tests/controller/sim_options.h"
+#include "tests/controller/sim_services.h"
 
 namespace baton::sim {
 
@@ -47,7 +50,8 @@ class SimWorld {
 
   // --- operating system ---------------------------------------------------------------
   // Starts the engine process the controller asked for, with the id and token it chose.
-  bool Launch(EngineId id, const std::string& token, int port) {
+  bool Launch(EngineId id, const std::string& token, int port,
+              const std::vector<std::string>& command) {
     if (engines_.count(id) != 0) {
       Flag("model: engine id " + std::to_string(id) + " launched twice");
       return false;
@@ -56,6 +60,7 @@ class SimWorld {
     e.id = id;
     e.token = token;
     e.port = port;
+    e.bad_version = std::find(command.begin(), command.end(), "--bad") != command.end();
     e.kv = std::make_shared<SimEngineKv>(kv_pool_, clock_, id, &e.epoch);
     e.connect_at = now() + rng_.Millis(10, 150);
     Queue(WorldEvent{WorldEvent::Kind::kConnect, id, {}, ""}, e.connect_at);
@@ -79,6 +84,15 @@ class SimWorld {
     if (e == nullptr || !e->alive || e->exiting || e->killed) return;
     e->exiting = true;
     e->exit_at = now() + rng_.Millis(0, 10);
+  }
+  // SIGKILL and a synchronous reap (the daemon's end of a shutdown grace): dead now, its exit
+  // told by the caller.
+  void Reap(EngineId id) {
+    SimEngine* e = Find(id);
+    if (e == nullptr || !e->alive) return;
+    e->killed = e->exit_reported = true;
+    e->exit_at = now();
+    Die(*e, "killed by signal 9");
   }
   // Its exit is reported to the controller after `delay` (its pidfd became readable).
   void ReportExit(EngineId id, const std::string& how, Duration delay) {
@@ -194,6 +208,19 @@ class SimWorld {
   }
   void Hang(EngineId id) {
     if (SimEngine* e = Find(id)) e->hung = true;
+  }
+  // The GPU fails (an Xid, a device fallen off the bus): usable again `down` later. Engines
+  // that were working see their next kernel fail: some report a sticky device error.
+  void LoseDevice(Duration down) {
+    device.lost = true;
+    device.back_at = now() + down;
+    ++device.losses;
+    if (tracing()) Trace("the device is lost");
+    for (auto& [id, e] : engines_) {
+      if (!e.Working() || !e.attached || !rng_.Chance(50)) continue;
+      Send(e, proto::ErrorReport{.epoch = e.epoch, .code = 13, .message = device.reason},
+           rng_.Millis(0, 20));
+    }
   }
   // The controller is gone: its connections and pidfds with it, and what was in flight.
   // Engines that were registered reconnect (after their weights are mapped) and reattach,
@@ -350,6 +377,8 @@ class SimWorld {
   Rng& rng() { return rng_; }
   uint64_t promotions = 0;
   Stats kv_stats;  // its kv_* counters
+  SimRouter router;
+  SimDevice device;
 
   // Forgets engines the controller released, beyond the last few (their stale messages stay
   // replayable while kept).
@@ -385,102 +414,21 @@ class SimWorld {
     }
     if (!e.exit_reported) ReportExit(e.id, how, rng_.Millis(0, 5));
   }
-  void SendDrained(SimEngine& e) {
-    e.drained_at.reset();
-    e.drained = true;
-    if (e.attached) Send(e, proto::Drained{.epoch = e.epoch, .unfinished = 0}, rng_.Millis(0, 3));
-  }
-  void Map(SimEngine& e, const std::vector<proto::BlockRange>& extents, uint64_t epoch) {
-    std::string what;
-    for (const proto::BlockRange& r : extents) {
-      if (r.count == 0 || r.first >= blocks_ || r.count > blocks_ - r.first) {
-        Flag("model: engine " + std::to_string(e.id) + " was sent blocks outside the pool");
-        return;
-      }
-      for (uint32_t b = r.first; b < r.first + r.count; ++b) e.mapped.insert(b);
-      if (trace_ != nullptr) what += " " + ToString(Extent{r.first, r.count});
-    }
-    if (tracing()) {
-      Trace("engine " + std::to_string(e.id) + " maps" + what + " at epoch " +
-            std::to_string(epoch));
-    }
-  }
-
-  // What a working engine does with each controller message.
-  void Handle(SimEngine& e, const SendRegisterAck&) {
-    e.registered = e.attached = true;
-    e.ready_at = now() + rng_.Millis(5, 60);
-  }
-  void Handle(SimEngine& e, const proto::Promote& m) {
-    const bool first = !e.promoted;
-    e.promoted = true;
-    e.epoch = m.epoch;
-    Map(e, m.extents, m.epoch);
-    e.serve_at = now() + rng_.Millis(1, 30);
-    if (!first) return e.kv->Map(m.extents);
-    const bool before_barrier = !e.quarantined.empty();
-    AdoptKv(e, m.extents, /*map_rest=*/!before_barrier);
-    if (!before_barrier) {
-      ++kv_stats.after_barrier;
-      return;
-    }
-    ++kv_stats.before_barrier;
-    InheritKv(e, m.extents);
-    e.kv->Map(m.extents);
-  }
-  void Handle(SimEngine& e, const proto::Quarantined& m) {
-    e.quarantined = m.extents;
-    e.wait_limit = std::chrono::milliseconds(m.wait_limit_ms);
-  }
-  void Handle(SimEngine& e, const proto::Grant& m) {
-    Map(e, m.extents, m.epoch);
-    if (!e.awaiting_inherited || !Overlaps(m.extents, e.quarantined)) return e.kv->Map(m.extents);
-    // The quarantined blocks, past their barrier: adopted in place, then it serves.
-    const KvAdoptionReport r =
-        e.kv->Adopt(m.extents, Fenced(), [this](const std::string& s) { Flag(s); });
-    Count(r);
-    if (e.kv_report.has_value()) {
-      e.kv_report->adopted += r.adopted;
-      e.kv_report->tokens += r.tokens;
-    }
-    e.awaiting_inherited = false;
-    e.quarantined.clear();
-    e.serve_at = now() + rng_.Millis(1, 10);
-  }
-  void Handle(SimEngine& e, const proto::Reclaim& m) {
-    std::set<uint32_t> give;
-    for (auto it = e.mapped.rbegin(); it != e.mapped.rend() && give.size() < m.blocks; ++it) {
-      give.insert(*it);
-    }
-    e.kv->Give(give);
-    for (uint32_t b : give) e.mapped.erase(b);
-    const Duration delay = rng_.Millis(1, 20);
-    Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, delay);
-    if (now() >= e.returning_until) e.returning.clear();
-    e.returning.insert(give.begin(), give.end());
-    e.returning_until = std::max(e.returning_until, now() + delay);
-  }
-  void Handle(SimEngine& e, const proto::Drain&) {
-    e.draining = true;
-    e.drained_at = now() + rng_.Millis(5, 80);
-  }
-  void Handle(SimEngine& e, const proto::Resume&) {
-    // Every Drain is answered by one Drained, sent before the engine serves again.
-    if (e.drained_at.has_value()) SendDrained(e);
-    e.draining = e.drained = false;
-  }
-  void Handle(SimEngine& e, const proto::Stop&) { Stop(e.id); }
+  // What a working engine does with each controller message (sim_world_engine.h).
+  void SendDrained(SimEngine& e);
+  void Map(SimEngine& e, const std::vector<proto::BlockRange>& extents, uint64_t epoch);
+  void Handle(SimEngine& e, const SendRegisterAck&);
+  void Handle(SimEngine& e, const proto::Promote& m);
+  void Handle(SimEngine& e, const proto::Quarantined& m);
+  void Handle(SimEngine& e, const proto::Grant& m);
+  void Handle(SimEngine& e, const proto::Reclaim& m);
+  void Handle(SimEngine& e, const proto::Drain&);
+  void Handle(SimEngine& e, const proto::Resume&);
+  void Handle(SimEngine& e, const proto::Stop&);
   void Handle(SimEngine&, const proto::ErrorMsg&) {}
-  void Handle(SimEngine& e, const proto::HealthRequest&) {
-    if (e.attached)
-      Send(e, proto::Heartbeat{.epoch = e.epoch, .seq = ++e.heartbeat_seq}, rng_.Millis(0, 20));
-  }
-  void Handle(SimEngine& e, const proto::InjectFault& m) {
-    Send(e, proto::ErrorReport{.epoch = e.epoch, .code = 13, .message = m.message},
-         rng_.Millis(0, 5));
-  }
-  // A promoted engine that had not acknowledged yet does once it serves (serve_at).
-  void Handle(SimEngine& e, const proto::ReattachAck&) { e.attached = true; }
+  void Handle(SimEngine& e, const proto::HealthRequest&);
+  void Handle(SimEngine& e, const proto::InjectFault& m);
+  void Handle(SimEngine& e, const proto::ReattachAck&);
 
   // KV-warm failover in the world (sim_world_kv.h).
   std::function<bool(EngineId)> Fenced();
@@ -516,4 +464,5 @@ class SimWorld {
 
 }  // namespace baton::sim
 
-#include "tests/controller/sim_world_kv.h"  // IWYU pragma: export
+#include "tests/controller/sim_world_engine.h"  // IWYU pragma: export
+#include "tests/controller/sim_world_kv.h"      // IWYU pragma: export

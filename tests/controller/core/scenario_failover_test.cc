@@ -1,0 +1,69 @@
+// Scenarios of a failing engine (scenario.h): a primary killed, a primary hung, a standby
+// dead, and the operator's planned switch-over (`batonctl promote`), each told as the effects
+// the Coordinator takes, in order.
+#include "tests/controller/core/scenario.h"
+
+namespace baton::sim {
+namespace {
+
+using std::chrono::seconds;
+
+class FailoverScenario : public Scenario {};
+
+// kill -9 of the primary: its connection reaches EOF and its exit is reaped. It is fenced
+// (Kill) before anything else; the new epoch is durable before the standby hears of it; the
+// roster is written before the Promote; the standby is promoted on the reserve, told first
+// which blocks are quarantined; the routes follow; once the dead primary is past its barrier
+// its blocks are granted to the new primary, and a new standby is launched.
+TEST_F(FailoverScenario, PrimaryKilledIsReplacedByTheStandby) {
+  StartReadyPair();
+  PrimaryDies();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the standby to serve with a new standby beside it");
+  ExpectEffects({E("Kill", primary_), EpochDurable(2), "SaveRoster", Send(standby_, "Quarantined"),
+                 Send(standby_, "Promote"), "PublishRoutes", E("BarrierPassed", primary_),
+                 Send(standby_, "Grant"), E("Release", primary_), Launch(3, "standby"),
+                 Send(3, "RegisterAck"), "PublishRoutes"});
+  EXPECT_EQ(Count(Send(standby_, "Promote")), 1u);
+}
+
+// A frozen primary: its heartbeats stop, the health probe goes unanswered, and only then is
+// it killed as hung; the failover that follows is the one of a dead primary.
+TEST_F(FailoverScenario, PrimaryHungIsConfirmedByAProbeThenReplaced) {
+  StartReadyPair();
+  PrimaryHangs();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the standby to serve");
+  ExpectEffects({Send(primary_, "HealthRequest"), E("Kill", primary_), EpochDurable(2),
+                 "SaveRoster", Send(standby_, "Quarantined"), Send(standby_, "Promote"),
+                 "PublishRoutes", E("BarrierPassed", primary_), Send(standby_, "Grant"),
+                 Launch(3, "standby")});
+}
+
+// A standby that dies holds no blocks: it is fenced and replaced, and no epoch is spent and
+// nothing is promoted.
+TEST_F(FailoverScenario, StandbyDeadIsReplacedWithoutANewEpoch) {
+  StartReadyPair();
+  StandbyDies();
+  WaitUntil([this] { return Ready() && StandbyId() == 3; }, seconds(3), "a new standby");
+  ExpectEffects({E("Kill", standby_), "PublishRoutes", Launch(3, "standby"), E("Release", standby_),
+                 Send(3, "RegisterAck"), "PublishRoutes"});
+  ExpectNoEffect(EpochDurable(2));
+  ExpectNoEffect(Send(standby_, "Promote"));
+  EXPECT_EQ(coord().primary(), primary_);
+}
+
+// `batonctl promote`: the primary is drained first (its requests finish), then fenced and the
+// standby promoted as in a failover; a new standby is launched.
+TEST_F(FailoverScenario, OperatorPromoteDrainsThePrimaryThenPromotesTheStandby) {
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestSwitchover().ok());
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the standby to serve");
+  ExpectEffects({Send(primary_, "Drain"), "PublishRoutes", E("Kill", primary_), EpochDurable(2),
+                 Send(standby_, "Quarantined"), Send(standby_, "Promote"), "PublishRoutes",
+                 E("BarrierPassed", primary_), Send(standby_, "Grant"), Launch(3, "standby")});
+}
+
+}  // namespace
+}  // namespace baton::sim

@@ -1,0 +1,79 @@
+// Scenarios of a controller restart (scenario.h): the controller is killed and a new one
+// starts from the roster and the journal while the engines run on. Each engine it finds
+// either reattaches with what the roster says (re-adopted), reattaches with something the
+// roster cannot account for (a stale epoch, blocks it was never granted: fenced), or never
+// reattaches within readopt_timeout (fenced).
+#include "tests/controller/core/scenario.h"
+
+namespace baton::sim {
+namespace {
+
+using std::chrono::seconds;
+
+class RestartScenario : public Scenario {};
+
+// Both engines reattach consistent: each is acknowledged, nothing is killed, no epoch spent.
+TEST_F(RestartScenario, EnginesThatReattachConsistentAreReadopted) {
+  StartReadyPair();
+  ControllerRestarts();
+  WaitUntil([this] { return Ready(); }, seconds(2), "the pair to be re-adopted");
+  ExpectEffects({Send(standby_, "ReattachAck"), Send(primary_, "ReattachAck")});
+  ExpectNoEffect(E("Kill", primary_));
+  ExpectNoEffect(E("Kill", standby_));
+  ExpectNoEffect(EpochDurable(2));
+  EXPECT_EQ(coord().primary(), primary_);
+}
+
+// After a failover the primary (engine 2) holds epoch 2; it reattaches claiming epoch 1. It is
+// told to stop and fenced; the standby, re-adopted, is promoted at a new durable epoch with
+// the fenced primary's blocks once it is past its barrier (a recovery moves no block before).
+TEST_F(RestartScenario, PrimaryThatReattachesWithAStaleEpochIsFenced) {
+  StartReadyPair();
+  PrimaryDies();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the failover");
+  const EngineId primary = standby_, standby = StandbyId();
+  loop_.world().Find(primary)->epoch = 1;
+  journal_.clear();
+  ControllerRestarts();
+  WaitUntil([this, standby] { return Ready() && coord().primary() == standby; }, seconds(3),
+            "the standby to serve");
+  ExpectEffects({Send(primary, "Stop"), E("Kill", primary), Send(standby, "ReattachAck"),
+                 E("BarrierPassed", primary), E("Release", primary), EpochDurable(3),
+                 Send(standby, "Promote"), "PublishRoutes", Launch(4, "standby")});
+  ExpectNoEffect(Send(primary, "ReattachAck"));
+}
+
+// The primary reattaches claiming a block the roster never granted it: fenced as the stale
+// one is, and the standby promoted.
+TEST_F(RestartScenario, PrimaryThatClaimsBlocksItWasNeverGrantedIsFenced) {
+  StartReadyPair();
+  SimEngine& p = *loop_.world().Find(primary_);
+  uint32_t free = 0;
+  while (p.mapped.count(free) != 0) ++free;
+  p.mapped.insert(free);
+  ControllerRestarts();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the standby to serve");
+  ExpectEffects({Send(primary_, "Stop"), E("Kill", primary_), EpochDurable(2),
+                 Send(standby_, "Promote"), "PublishRoutes", Launch(3, "standby")});
+  ExpectNoEffect(Send(primary_, "ReattachAck"));
+}
+
+// The standby froze across the restart and never reattaches: once readopt_timeout has
+// passed it is fenced and replaced; the primary, re-adopted, serves on at its epoch.
+TEST_F(RestartScenario, StandbyThatNeverReattachesIsFencedAfterTheTimeout) {
+  StartReadyPair();
+  loop_.world().Hang(standby_);
+  ControllerRestarts();
+  Wait(loop_.config().readopt_timeout / 2);
+  ExpectNoEffect(E("Kill", standby_));
+  WaitUntil([this] { return Ready() && StandbyId() == 3; }, seconds(3), "a new standby");
+  ExpectEffects({Send(primary_, "ReattachAck"), E("Kill", standby_), E("BarrierPassed", standby_),
+                 E("Release", standby_), Launch(3, "standby"), Send(3, "RegisterAck")});
+  ExpectNoEffect(EpochDurable(2));
+  EXPECT_EQ(coord().primary(), primary_);
+}
+
+}  // namespace
+}  // namespace baton::sim

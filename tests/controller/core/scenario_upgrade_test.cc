@@ -1,0 +1,63 @@
+// Scenarios of `batonctl upgrade` (scenario.h): a canary that the router's outcomes promote,
+// and one they roll back, each told as the effects the Coordinator takes, in order. The
+// modelled router (tests/controller/sim_services.h) fails half the requests of a "--bad"
+// version; the canary walks steps of 50 and 100 % of 150 ms each (SimConfig).
+#include "tests/controller/core/scenario.h"
+
+namespace baton::sim {
+namespace {
+
+using std::chrono::seconds;
+
+class UpgradeScenario : public Scenario {
+ protected:
+  void Upgrade(std::vector<std::string> command) {
+    ASSERT_TRUE(coord().RequestUpgrade(UpgradeRequest{.command = std::move(command)}).ok());
+  }
+  bool Upgrading() { return coord().Snapshot().upgrade.has_value(); }
+};
+
+// The standby makes way for the canary (the command record written first); the primary
+// returns blocks for the canary's first step; the canary is promoted at its own durable epoch
+// and routed a share; at the last step the old primary drains and is retired, the canary
+// serves alone and a standby of the new command is launched.
+TEST_F(UpgradeScenario, CanaryThatServesWellIsPromoted) {
+  StartReadyPair();
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the upgrade to end");
+  const EngineId canary = 3;
+  ExpectEffects({"SaveCommandRecord", E("Kill", standby_), Launch(canary, "standby"),
+                 Send(canary, "RegisterAck"), Send(primary_, "Reclaim"), EpochDurable(2),
+                 Send(canary, "Promote"), "PublishRoutes", Send(canary, "Grant"),
+                 Send(primary_, "Drain"), E("Kill", primary_), EpochDurable(3), "SaveCommandRecord",
+                 "PublishRoutes", E("Release", primary_), Launch(4, "standby")});
+  EXPECT_EQ(coord().primary(), canary);
+  const CoordinatorStatus s = coord().Snapshot();
+  EXPECT_EQ(s.upgrades_promoted, 1u);
+  EXPECT_EQ(s.upgrades_rolled_back, 0u);
+}
+
+// A canary that fails half its requests is judged against the primary and rolled back: it
+// drains and is fenced, the primary gets its blocks back, and a standby of the previous
+// command is launched. The primary never stops serving.
+TEST_F(UpgradeScenario, CanaryThatFailsRequestsIsRolledBack) {
+  StartReadyPair();
+  Upgrade({"sim-engine", "--version=2", "--bad"});
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the upgrade to end");
+  Wait(std::chrono::milliseconds(500));  // the canary's blocks, past its barrier, go back
+  const EngineId canary = 3;
+  ExpectEffects({"SaveCommandRecord", E("Kill", standby_), Launch(canary, "standby"),
+                 Send(primary_, "Reclaim"), EpochDurable(2), Send(canary, "Promote"),
+                 "PublishRoutes", Send(canary, "Drain"), "PublishRoutes", E("Kill", canary),
+                 "SaveCommandRecord", Launch(4, "standby"), E("BarrierPassed", canary),
+                 Send(primary_, "Grant")});
+  ExpectNoEffect(Send(primary_, "Drain"));
+  ExpectNoEffect(E("Kill", primary_));
+  EXPECT_EQ(coord().primary(), primary_);
+  const CoordinatorStatus s = coord().Snapshot();
+  EXPECT_EQ(s.upgrades_promoted, 0u);
+  EXPECT_EQ(s.upgrades_rolled_back, 1u);
+}
+
+}  // namespace
+}  // namespace baton::sim
