@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "base/bug.h"
 #include "controller/ctl/ctl_fleet.h"
 #include "controller/ctl/degradations.h"
 #include "controller/upgrade/ctl_upgrade.h"
@@ -274,6 +275,7 @@ json StatusJson(const ControllerStatus& c) {
             {"switchovers_called_off", core.called_off_switchovers},
             {"refusals", core.refusal_count},
             {"refused_transitions", core.refused_transitions},
+            {"bugs", BugCount()},
             {"recovery", RecoveryJson(c)}}},
           {"pair", {{"state", ToString(core.pair_state)}, {"primary", core.primary}}},
           {"epoch",

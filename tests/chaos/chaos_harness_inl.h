@@ -149,6 +149,9 @@ inline int ChaosCluster::StopController() {
   if (status.contains("engines")) {
     for (const json& e : status["engines"]) engines.push_back(PidOf(e));
   }
+  if (status.contains("controller")) {  // base/bug.h: the controller found itself wrong
+    EXPECT_EQ(status["controller"].value("bugs", -1), 0) << status["controller"].dump();
+  }
   ::kill(controller_pid_, SIGTERM);
   int wstatus = 0;
   for (int i = 0; i < 200; ++i) {  // 20 s
