@@ -47,8 +47,8 @@ size_t baton_engine_event_headers(baton_engine* engine, void* out, size_t capaci
 }
 
 size_t baton_engine_quarantined(baton_engine* engine, baton_extent* out, size_t capacity,
-                                void* headers, size_t header_capacity,
-                                int64_t* barrier_estimate_us, int64_t* wait_limit_ms) {
+                                void* headers, size_t header_capacity, int64_t* barrier_estimate_us,
+                                int64_t* wait_limit_ms) {
   if (engine == nullptr) return 0;
   std::lock_guard lock(engine->kv_mu);
   const size_t n = std::min(capacity, engine->quarantined.size());
@@ -62,8 +62,7 @@ size_t baton_engine_quarantined(baton_engine* engine, baton_extent* out, size_t 
   return engine->quarantined.size();
 }
 
-int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms,
-                                       baton_event* out) {
+int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms, baton_event* out) {
   return Guarded("baton_engine_wait_inherited_blocks", [&]() -> int {
     if (engine == nullptr || out == nullptr) return BadArgument("engine or out is NULL");
     const baton::Duration timeout =
@@ -111,10 +110,8 @@ int baton_engine_report_kv_inheritance(baton_engine* engine, int mode, uint32_t 
                                        uint64_t bytes, double ms, double estimate_ms) {
   return Guarded("baton_engine_report_kv_inheritance", [&]() -> int {
     if (engine == nullptr) return BadArgument("engine is NULL");
-    baton::KvInheritanceSummary summary{.blocks = blocks,
-                                        .bytes = bytes,
-                                        .ms = ms,
-                                        .estimate_ms = estimate_ms};
+    baton::KvInheritanceSummary summary{
+        .blocks = blocks, .bytes = bytes, .ms = ms, .estimate_ms = estimate_ms};
     switch (mode) {
       case BATON_KV_INHERIT_NONE:
         summary.mode = baton::KvInheritMode::kNone;

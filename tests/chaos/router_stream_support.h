@@ -342,7 +342,8 @@ inline uint16_t EnginePort(const json& engine) {
 
 // A series of the primary's /metrics; 0 for a labelled series not rendered yet.
 inline double EngineMetric(const ChaosCluster& cluster, const std::string& series) {
-  return std::max(0.0, MetricValue(EnginePort(EngineWithRole(cluster.Status(), "primary")), series));
+  return std::max(0.0,
+                  MetricValue(EnginePort(EngineWithRole(cluster.Status(), "primary")), series));
 }
 
 // The kv part of the latest promotion's `batonctl timeline` (null until the engine reported

@@ -121,7 +121,7 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
   ASSERT_TRUE(router.ready()) << router.Log();
   std::string prompt = "A long prompt whose KV outlives its engine:";
   while (prompt.size() < 320) prompt += " the quick brown fox jumps over the lazy dog,";
-  const json request = {{"model", kRouterTestModel}, {"prompt", prompt},     {"seed", 4343},
+  const json request = {{"model", kRouterTestModel}, {"prompt", prompt},  {"seed", 4343},
                         {"temperature", 0.9},        {"max_tokens", 120}, {"stream", true}};
   const std::vector<std::string> argv = {
       FindInPath("curl"), "-sS",          "-N",
