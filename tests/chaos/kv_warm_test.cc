@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/kv_warm_support.h"
 #include "tests/chaos/router_stream_support.h"
 
 namespace baton::chaos {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/chaos/kv_warm_support.h"
 #include "tests/chaos/router_load.h"
 #include "tests/chaos/router_stream_support.h"
 #include "tests/chaos/upgrade_support.h"
