@@ -11,14 +11,15 @@ import unittest
 import checkout_paths  # noqa: F401 (the checkout's packages on sys.path)
 
 try:
-    import torch
+    import torch  # noqa: F401
+    MISSING = ""
+except ImportError as e:  # PyTorch is not installed for this interpreter
+    MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
+if not MISSING:  # the engine's own modules: a failure to import them fails the test
     from baton_torch_engine import kv_record
     from baton_torch_engine.kv_blocks import KvBlocks, SequenceBlocks
     from baton_torch_engine.kv_handoff import KvHandoff
     from baton_torch_engine.llama import LlamaConfig
-    MISSING = ""
-except ImportError as e:  # PyTorch is not installed for this interpreter
-    MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
 
 KEY = (0x0123456789ABCDEF, 0x0FEDCBA987654321)
 BLOCK_BYTES = 4096
