@@ -51,7 +51,7 @@ class Stack:
                     "--port", "{port}", "--controller", "{socket}", "--token", "{token}",
                     "--role", "{role}", "--engine-id", "{engine_id}", "--served-model-name",
                     "baton-default", "--device", self.args.device, "--max-batch", "8",
-                    "--engine-version", version]
+                    "--engine-version", version] + list(getattr(self.args, "engine_flags", []))
         return [os.path.join(self.bin, "baton-refengine"), "--model", "{model_dir}", "--port",
                 "{port}", "--controller", "{socket}", "--token", "{token}", "--role", "{role}",
                 "--engine-id", "{engine_id}", "--served-model-name", "baton-default",

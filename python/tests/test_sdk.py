@@ -32,6 +32,14 @@ class LibraryTest(unittest.TestCase):
         self.assertEqual(declared, {name for name, _, _ in _abi._PROTOTYPES})
 
 
+class Crc32cTest(unittest.TestCase):
+    def test_is_the_kv_records_checksum_and_extends(self):
+        self.assertEqual(baton_engine.crc32c(b"123456789"), 0xE3069283)
+        self.assertEqual(baton_engine.crc32c(b"6789", baton_engine.crc32c(b"12345")),
+                         0xE3069283)
+        self.assertEqual(baton_engine.crc32c(b""), 0)
+
+
 class ConnectTest(unittest.TestCase):
     def test_no_controller_is_unavailable_with_the_sdk_reason(self):
         with self.assertRaises(baton_engine.Unavailable) as ctx:

@@ -228,14 +228,16 @@ class KvBlocksTest(unittest.TestCase):
         self.assertEqual(kv.remove_free(8, 4, 18), [])
         self.assertEqual(kv.remove_free(2, 1, 18), [10, 11])
 
-    def test_the_view_lays_blocks_out_as_the_reference_engine_after_the_header(self):
+    def test_the_view_lays_blocks_out_as_the_reference_engine_after_the_record(self):
         kv = KvBlocks(self.config(), 4096)
         memory = torch.zeros(3 * 4096, dtype=torch.uint8)
         kv.set_region(memory[4096:], 1)  # blocks 1 and 2 of a pool
         self.assertTrue(kv.covers(2) and not kv.covers(0))
         view, first = kv.region()
         view[kv.index(2), 0, 1, 0, 3, 2] = 1.5  # block 2, layer 0, V, head 0, slot 3, dim 2
-        floats = memory[2 * 4096 + 64:].view(torch.float32)
+        # After the 64-byte header and the slots' token ids (the KV record, kv_record.py).
+        self.assertEqual(kv.data_offset, 64 + (kv.block_tokens * 4 + 63) // 64 * 64)
+        floats = memory[2 * 4096 + kv.data_offset:].view(torch.float32)
         self.assertEqual(float(floats[kv.block_tokens * 4 + 3 * 4 + 2]), 1.5)
         with self.assertRaises(ValueError):
             kv.add(0)

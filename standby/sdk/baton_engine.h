@@ -15,6 +15,14 @@
  *   baton_engine_connect_flags()       connect with BATON_ENGINE_USE_DEVICE_MEMORY
  *   baton_engine_device_weights()      the controller's device copy of the weights
  *   baton_engine_device_pool()         the device KV pool
+ * and for KV-warm failover (a promoted engine continues its predecessor's sequences from the
+ * KV they left in the pool; docs/architecture.md, "KV-warm failover"):
+ *   baton_engine_event_headers()          the block headers a PROMOTED / GRANTED event inherited
+ *   baton_engine_quarantined()            the predecessor's blocks still in quarantine
+ *   baton_engine_wait_inherited_blocks()  wait for their Grant (after their barrier)
+ *   baton_engine_release_quarantined()    done reading them
+ *   baton_engine_report_kv_adoption()     / _report_kv_inheritance(): what was adopted, and how
+ *   baton_engine_crc32c()                 the checksum of the KV records (standby/kv/kv_record.h)
  *
  * Conventions: functions return 0 on success and a positive baton::StatusCode value on
  * failure (1 invalid argument, 4 failed precondition, 6 unavailable, 8 deadline exceeded,
@@ -48,8 +56,12 @@ extern "C" {
 
 /* 3: BATON_EVENT_RESUME and baton_engine_resume_pending().
  * 4: reattaching to a restarted controller, BATON_EVENT_CONTROLLER_LOST / _BACK (with
- *    BATON_ENGINE_CONTROLLER_EVENTS), baton_engine_set_controller_absent(). */
-#define BATON_ENGINE_ABI_VERSION 4
+ *    BATON_ENGINE_CONTROLLER_EVENTS), baton_engine_set_controller_absent().
+ * 5: KV-warm failover: baton_engine_event_headers(), baton_engine_quarantined(),
+ *    baton_engine_wait_inherited_blocks(), baton_engine_release_quarantined(),
+ *    baton_engine_report_kv_adoption(), baton_engine_report_kv_inheritance(),
+ *    baton_engine_crc32c(). */
+#define BATON_ENGINE_ABI_VERSION 5
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -253,6 +265,61 @@ BATON_ENGINE_API int baton_engine_unregister_nccl_comm(baton_engine* engine, voi
  * access was encountered)") in baton_engine_last_error(). */
 BATON_ENGINE_API int baton_engine_report_cuda_error(baton_engine* engine, int cuda_result,
                                                     const char* where);
+
+/* --- KV-warm failover ------------------------------------------------------------------------ */
+
+/* Copies to `out` (up to `capacity` bytes) the block headers the latest PROMOTED or GRANTED
+ * event taken on this handle came with (by baton_engine_wait_promotion(),
+ * baton_engine_next_event() or baton_engine_wait_inherited_blocks()): 64 bytes per block of
+ * its extents, in extent order, as the block's previous holder left them before the SDK
+ * scrubbed them; none for a grant of blocks nobody held. Returns the bytes there are (call
+ * with capacity 0 to size the buffer). */
+BATON_ENGINE_API size_t baton_engine_event_headers(baton_engine* engine, void* out,
+                                                   size_t capacity);
+
+/* The predecessor's blocks the PROMOTED event left in quarantine (a promotion before the dead
+ * primary's barrier, protocol 7): read-only until their barrier has passed, when they come in
+ * a GRANTED event. `data` is their read-only mapping (NULL on a device pool: not mapped here).
+ * A write of the dying engine may still land in them: a copy of what they hold must be checked
+ * again after it (standby/kv/kv_handoff.h). Copies up to `capacity` extents to `out` and, when
+ * not NULL, their headers as of the promotion (64 bytes per block) to `headers` (up to
+ * `header_capacity` bytes), the controller's estimate of the barrier's remaining time to
+ * `barrier_estimate_us` and the longest the engine may wait for it before
+ * baton_engine_mark_serving() to `wait_limit_ms`. Returns how many extents there are (0: none
+ * quarantined). */
+BATON_ENGINE_API size_t baton_engine_quarantined(baton_engine* engine, baton_extent* out,
+                                                 size_t capacity, void* headers,
+                                                 size_t header_capacity,
+                                                 int64_t* barrier_estimate_us,
+                                                 int64_t* wait_limit_ms);
+/* Waits at most `timeout_ms` for the GRANTED event of the quarantined blocks (their barrier
+ * has passed) and fills *out with it; its headers are then baton_engine_event_headers().
+ * Other events stay queued. 8 (deadline exceeded) after the timeout, 4 (failed precondition)
+ * when told to stop or disconnected. */
+BATON_ENGINE_API int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms,
+                                                        baton_event* out);
+/* Unmaps the read-only view of the quarantined blocks not granted yet; call it once done with
+ * them (after a copy, or after the wait). */
+BATON_ENGINE_API int baton_engine_release_quarantined(baton_engine* engine);
+/* Tells the controller what this engine adopted of its predecessor's KV (shown by `batonctl
+ * timeline`; the controller logs "adopted N sequences"): `adopted` sequences holding `tokens`
+ * tokens, `reasons[i]` -> `counts[i]` sequences dropped (i < `reason_count`), `ms` spent. */
+BATON_ENGINE_API int baton_engine_report_kv_adoption(baton_engine* engine, uint32_t adopted,
+                                                     uint64_t tokens, const char* const* reasons,
+                                                     const uint32_t* counts, size_t reason_count,
+                                                     double ms);
+
+/* baton_engine_report_kv_inheritance() modes. */
+#define BATON_KV_INHERIT_NONE 0   /* nothing committed in the quarantined blocks */
+#define BATON_KV_INHERIT_COPIED 1 /* copied into the engine's own blocks before the barrier */
+#define BATON_KV_INHERIT_WAITED 2 /* adopted in place after the barrier */
+/* After a promotion with quarantined blocks: how the engine took their KV. */
+BATON_ENGINE_API int baton_engine_report_kv_inheritance(baton_engine* engine, int mode,
+                                                        uint32_t blocks, uint64_t bytes, double ms,
+                                                        double estimate_ms);
+/* The CRC32C (Castagnoli) of (the bytes that gave `crc`) followed by `bytes` bytes at `data`;
+ * crc 0 starts a checksum. What a KV record's checksum is (standby/kv/kv_record.h). */
+BATON_ENGINE_API uint32_t baton_engine_crc32c(uint32_t crc, const void* data, size_t bytes);
 
 #ifdef __cplusplus
 }

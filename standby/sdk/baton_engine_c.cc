@@ -8,15 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "standby/sdk/baton_engine.h"
-#include "standby/sdk/engine_sdk.h"
+#include "standby/sdk/baton_engine_c_internal.h"
 
-struct baton_engine {
-  std::unique_ptr<baton::EngineSession> session;
-  bool controller_events = false;  // BATON_ENGINE_CONTROLLER_EVENTS
-};
-
-namespace {
+namespace baton_c {
 
 thread_local std::string g_last_error;
 
@@ -36,27 +30,7 @@ int Done(const baton::Status& status) {
 
 int BadArgument(const char* what) { return Fail(baton::InvalidArgument(what)); }
 
-// Runs one entry point's body. An exception (std::bad_alloc, a std::system_error from a
-// thread or a socket that could not be made) becomes error code kInternal with its text:
-// the caller may be C, ctypes or cgo, where an unwinding C++ exception ends the process.
-template <typename F>
-auto Guarded(const char* function, F&& body) -> decltype(body()) {
-  try {
-    return body();
-  } catch (const std::exception& e) {
-    return static_cast<decltype(body())>(
-        Fail(baton::Internal(std::string(function) + ": " + e.what())));
-  } catch (...) {
-    return static_cast<decltype(body())>(
-        Fail(baton::Internal(std::string(function) + ": unknown exception")));
-  }
-}
-
 std::chrono::milliseconds Millis(int64_t ms) { return std::chrono::milliseconds(ms); }
-
-// Longer than this waits forever: a larger count of milliseconds would overflow the clock's
-// nanoseconds and return at once.
-constexpr int64_t kForeverMs = int64_t{365} * 24 * 3600 * 1000;
 
 std::optional<baton::Duration> Timeout(int64_t ms) {
   if (ms < 0 || ms > kForeverMs) return std::nullopt;
@@ -156,7 +130,9 @@ baton::Result<baton::EngineSessionOptions> OptionsFromC(const baton_engine_optio
   return options;
 }
 
-}  // namespace
+}  // namespace baton_c
+
+using namespace baton_c;  // NOLINT(google-build-using-namespace): this file's own helpers
 
 extern "C" {
 
@@ -186,8 +162,10 @@ int baton_engine_connect_flags(const baton_engine_options* options, unsigned fla
     if (baton::Status env = baton::ControllerAbsenceFromEnv(&*parsed); !env.ok()) return Fail(env);
     auto session = baton::EngineSession::Connect(*parsed);
     if (!session.ok()) return Fail(session.status());
-    *out =
-        new baton_engine{std::move(session).value(), (flags & BATON_ENGINE_CONTROLLER_EVENTS) != 0};
+    auto* engine = new baton_engine;
+    engine->session = std::move(session).value();
+    engine->controller_events = (flags & BATON_ENGINE_CONTROLLER_EVENTS) != 0;
+    *out = engine;
     return Done(baton::OkStatus());
   });
 }
@@ -309,6 +287,7 @@ int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms, baton_
     auto event = engine->session->WaitForPromotion(Timeout(timeout_ms));
     if (!event.ok()) return Fail(event.status());
     FillEvent(*event, out);
+    Remember(engine, *event);
     return Done(baton::OkStatus());
   });
 }
@@ -330,6 +309,7 @@ int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms, baton_even
       return Done(baton::OkStatus());
     }
     FillEvent(*event, out);
+    Remember(engine, *event);
     return Done(baton::OkStatus());
   });
 }

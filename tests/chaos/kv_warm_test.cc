@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/kv_warm_support.h"
 #include "tests/chaos/router_stream_support.h"
 
 namespace baton::chaos {
@@ -78,28 +79,6 @@ StreamOutput Stream(const ChaosCluster& cluster, const RouterProcess& router,
   StreamOutput out = ParseStream(curl.buffer());
   EXPECT_TRUE(out.error.empty()) << tag << ": " << out.error << "\n" << curl.buffer();
   return out;
-}
-
-uint16_t PortOf(const json& engine) {
-  const std::string address = engine.value("http_address", "");
-  return static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
-}
-
-// A counter of the primary; 0 for a labelled series not rendered yet.
-double EngineMetric(const ChaosCluster& cluster, const std::string& series) {
-  return std::max(0.0, MetricValue(PortOf(EngineWithRole(cluster.Status(), "primary")), series));
-}
-
-// The kv part of the latest promotion's timeline (null until the engine reported).
-json LastTimelineKv(const ChaosCluster& cluster) {
-  for (int i = 0; i < 100; ++i) {
-    const CtlResult t = cluster.Ctl({"timeline"});
-    if (t.out.is_object() && t.out["timeline"].is_object() && t.out["timeline"].contains("kv")) {
-      return t.out["timeline"]["kv"];
-    }
-    std::this_thread::sleep_for(milliseconds(50));
-  }
-  return nullptr;
 }
 
 // The engine launched as the primary (BATON_ROLE, set by the controller) gets `failpoint`.

@@ -1,8 +1,10 @@
 // baton-torch-engine (python/baton-torch-engine: the PyTorch engine on Baton's Python SDK) as
 // a pair's engine under the real controller and router: a stream through the router survives
 // kill -9 of the primary token for token, and the pair goes through the drills (kill, hang,
-// error report, batonctl promote) with the fencing checks. Skipped, saying why, where
-// Debian's python3-torch is missing.
+// error report, batonctl promote) with the fencing checks; a long prompt's stream cut by
+// kill -9 continues on the new primary from the KV the dead one left in the pool (KV-warm
+// failover), without prefilling it again. Skipped, saying why, where Debian's python3-torch is
+// missing.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/chaos/kv_warm_support.h"
 #include "tests/chaos/router_load.h"
 #include "tests/chaos/router_stream_support.h"
 #include "tests/chaos/upgrade_support.h"
@@ -68,6 +71,47 @@ class TorchEngineTest : public ::testing::Test {
   }
 };
 
+// `request` streamed through the router undisturbed (`want`), then again with the primary
+// killed with kill -9 once the first event has arrived (`got`); the killed primary is
+// `killed`. The cut stream is checked token for token against the undisturbed one, and for a
+// replay.
+struct KilledStream {
+  StreamOutput want, got;
+  json killed;
+};
+
+void StreamAndKillThePrimary(const ChaosCluster& cluster, const RouterProcess& router,
+                             const json& request, KilledStream* out) {
+  const std::vector<std::string> argv = {
+      FindInPath("curl"), "-sS",          "-N",
+      "--fail-with-body", "-H",           "Content-Type: application/json",
+      "--data-binary",    request.dump(), router.url() + "/completions"};
+  Child plain(argv, cluster.dir() + "/curl-reference.log", /*piped=*/true);
+  while (plain.ReadMore(seconds(120))) {
+  }
+  ASSERT_EQ(plain.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl-reference.log");
+  out->want = ParseStream(plain.buffer());
+  ASSERT_TRUE(out->want.error.empty()) << out->want.error << "\n" << plain.buffer();
+  ASSERT_FALSE(out->want.token_ids.empty());
+
+  out->killed = EngineWithRole(cluster.Status(), "primary");
+  Child cut(argv, cluster.dir() + "/curl.log", true);
+  while (cut.buffer().find("\n\n") == std::string::npos && cut.ReadMore(seconds(60))) {
+  }
+  ASSERT_EQ(cut.buffer().find("[DONE]"), std::string::npos) << "the stream ended before the kill";
+  ASSERT_EQ(::kill(PidOf(out->killed), SIGKILL), 0);
+  while (cut.ReadMore(seconds(120))) {
+  }
+  EXPECT_EQ(cut.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl.log") << router.Log();
+  out->got = ParseStream(cut.buffer());
+  EXPECT_TRUE(out->got.error.empty()) << out->got.error << "\n" << cut.buffer();
+  EXPECT_EQ(out->got.token_ids, out->want.token_ids) << "a repeated or missing token";
+  EXPECT_EQ(out->got.text, out->want.text);
+  EXPECT_EQ(out->got.ids.size(), 1u);
+  EXPECT_GE(MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}"), 1)
+      << "the kill landed after the stream: nothing was replayed";
+}
+
 TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
   ChaosCluster cluster(TorchPair());
   RouterProcess router(cluster.socket(), cluster.dir());
@@ -78,35 +122,34 @@ TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
                         {"temperature", 0.9},
                         {"max_tokens", 300},
                         {"stream", true}};
-  const std::vector<std::string> argv = {
-      FindInPath("curl"), "-sS",          "-N",
-      "--fail-with-body", "-H",           "Content-Type: application/json",
-      "--data-binary",    request.dump(), router.url() + "/completions"};
-  Child plain(argv, cluster.dir() + "/curl-reference.log", /*piped=*/true);
-  while (plain.ReadMore(seconds(120))) {
-  }
-  ASSERT_EQ(plain.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl-reference.log");
-  const StreamOutput want = ParseStream(plain.buffer());
-  ASSERT_TRUE(want.error.empty()) << want.error << "\n" << plain.buffer();
-  ASSERT_FALSE(want.token_ids.empty());
+  KilledStream stream;
+  ASSERT_NO_FATAL_FAILURE(StreamAndKillThePrimary(cluster, router, request, &stream));
+  WaitTorchPrimary(cluster, stream.killed["id"], "the torch standby to take over");
+  cluster.CheckFencing();
+}
 
-  const json primary = EngineWithRole(cluster.Status(), "primary");
-  Child cut(argv, cluster.dir() + "/curl.log", true);
-  while (cut.buffer().find("\n\n") == std::string::npos && cut.ReadMore(seconds(60))) {
-  }
-  ASSERT_EQ(cut.buffer().find("[DONE]"), std::string::npos) << "the stream ended before the kill";
-  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
-  while (cut.ReadMore(seconds(120))) {
-  }
-  EXPECT_EQ(cut.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl.log") << router.Log();
-  const StreamOutput got = ParseStream(cut.buffer());
-  EXPECT_TRUE(got.error.empty()) << got.error << "\n" << cut.buffer();
-  EXPECT_EQ(got.token_ids, want.token_ids) << "a repeated or missing token";
-  EXPECT_EQ(got.text, want.text);
-  EXPECT_EQ(got.ids.size(), 1u);
-  EXPECT_GE(MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}"), 1)
-      << "the kill landed after the stream: nothing was replayed";
-  WaitTorchPrimary(cluster, primary["id"], "the torch standby to take over");
+// KV-warm failover (docs/architecture.md): the promoted torch engine adopts the sequence whose
+// records the killed one left, and the router's replay continues from its KV: the stream is
+// an undisturbed run's, token for token, and the prompt is not prefilled again.
+TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgain) {
+  ChaosCluster cluster(TorchPair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  std::string prompt = "A long prompt whose KV outlives its engine:";
+  while (prompt.size() < 320) prompt += " the quick brown fox jumps over the lazy dog,";
+  const json request = {{"model", kRouterTestModel}, {"prompt", prompt},  {"seed", 4343},
+                        {"temperature", 0.9},        {"max_tokens", 120}, {"stream", true}};
+  KilledStream stream;
+  ASSERT_NO_FATAL_FAILURE(StreamAndKillThePrimary(cluster, router, request, &stream));
+  WaitTorchPrimary(cluster, stream.killed["id"], "the torch standby to take over");
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1) << cluster.Log();
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
+  EXPECT_GE(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"),
+            static_cast<double>(prompt.size()));  // a byte tokenizer: a token per byte at least
+  const json kv = LastTimelineKv(cluster);
+  ASSERT_TRUE(kv.is_object()) << cluster.Ctl({"timeline"}).stdout_text;
+  EXPECT_EQ(kv["adopted"], 1);
+  EXPECT_GE(kv["tokens"].get<int>(), static_cast<int>(prompt.size()));
   cluster.CheckFencing();
 }
 

@@ -7,11 +7,12 @@ docs/engines.md shows a whole engine built on it.
 """
 from .errors import (BatonError, DeadlineExceeded, FailedPrecondition, InvalidArgument, NotFound,
                      StatusCode, Unavailable)
-from .session import (DeviceRegion, Drain, Engine, Event, EventKind, Extent, PoolInfo,
-                      TensorInfo)
+from .session import (HEADER_BYTES, DeviceRegion, Drain, Engine, Event, EventKind, Extent,
+                      KvInheritMode, PoolInfo, Quarantine, TensorInfo, crc32c)
 
 __version__ = "0.1.0"
 
 __all__ = ["BatonError", "DeadlineExceeded", "DeviceRegion", "Drain", "Engine", "Event",
-           "EventKind", "Extent", "FailedPrecondition", "InvalidArgument", "NotFound",
-           "PoolInfo", "StatusCode", "TensorInfo", "Unavailable"]
+           "EventKind", "Extent", "FailedPrecondition", "HEADER_BYTES", "InvalidArgument",
+           "KvInheritMode", "NotFound", "PoolInfo", "Quarantine", "StatusCode", "TensorInfo",
+           "Unavailable", "crc32c"]

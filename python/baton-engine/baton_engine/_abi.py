@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 USE_DEVICE_MEMORY = 1
 HANDLES_RESUME = 2
@@ -18,6 +18,10 @@ CONTROLLER_EVENTS = 4
 
 ON_CONTROLLER_ABSENT_SERVE = 0
 ON_CONTROLLER_ABSENT_STOP = 1
+
+KV_INHERIT_NONE = 0
+KV_INHERIT_COPIED = 1
+KV_INHERIT_WAITED = 2
 
 MAX_EVENT_EXTENTS = 64
 EVENT_REASON_BYTES = 256
@@ -95,6 +99,18 @@ _PROTOTYPES = [
     ("baton_engine_register_nccl_comm", _i, [_p, _p, ctypes.c_char_p]),
     ("baton_engine_unregister_nccl_comm", _i, [_p, _p]),
     ("baton_engine_report_cuda_error", _i, [_p, _i, ctypes.c_char_p]),
+    ("baton_engine_event_headers", ctypes.c_size_t, [_p, _p, ctypes.c_size_t]),
+    ("baton_engine_quarantined", ctypes.c_size_t,
+     [_p, ctypes.POINTER(Extent), ctypes.c_size_t, _p, ctypes.c_size_t,
+      ctypes.POINTER(_i64), ctypes.POINTER(_i64)]),
+    ("baton_engine_wait_inherited_blocks", _i, [_p, _i64, ctypes.POINTER(Event)]),
+    ("baton_engine_release_quarantined", _i, [_p]),
+    ("baton_engine_report_kv_adoption", _i,
+     [_p, _u32, _u64, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_u32), ctypes.c_size_t,
+      ctypes.c_double]),
+    ("baton_engine_report_kv_inheritance", _i,
+     [_p, _i, _u32, _u64, ctypes.c_double, ctypes.c_double]),
+    ("baton_engine_crc32c", _u32, [_u32, _p, ctypes.c_size_t]),
 ]
 
 LIBRARY = "libbaton_engine.so"

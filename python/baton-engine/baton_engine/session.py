@@ -16,8 +16,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import enum
+import functools
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Mapping, Optional, Sequence
 
 from . import _abi
 from .errors import BatonError, FailedPrecondition, StatusCode, error_for
@@ -56,13 +57,43 @@ class Extent:
 class Event:
     """What the controller asked or told: `extents` for PROMOTED and GRANTED (all of them,
     also past the C event's 64), `blocks` for RECLAIM, `timeout_ms` for DRAIN, `reason` for
-    STOP, DISCONNECTED and CONTROLLER_*."""
+    STOP, DISCONNECTED and CONTROLLER_*. `headers` (PROMOTED, GRANTED): HEADER_BYTES per block
+    of `extents`, in order, as the block's previous holder left them before the SDK scrubbed
+    them (empty for blocks nobody held): what a KV-warm successor reads its records from."""
     kind: EventKind
     epoch: int
     extents: tuple[Extent, ...] = ()
     blocks: int = 0
     timeout_ms: int = 0
     reason: str = ""
+    headers: bytes = b""
+
+
+HEADER_BYTES = 64  # the block header the SDK scrubs for each new holder (kBlockHeaderBytes)
+
+
+class KvInheritMode(enum.IntEnum):
+    """How a promoted engine took the KV of its predecessor's quarantined blocks."""
+    NONE = _abi.KV_INHERIT_NONE      # nothing committed in them
+    COPIED = _abi.KV_INHERIT_COPIED  # copied into its own blocks before the barrier
+    WAITED = _abi.KV_INHERIT_WAITED  # adopted in place once granted, after the barrier
+
+
+@dataclass(frozen=True)
+class Quarantine:
+    """The predecessor's blocks a promotion before its barrier left in quarantine: `extents`
+    mapped READ-ONLY (address 0 on a device pool, or once released), their `headers` as of the
+    promotion (HEADER_BYTES per block), the barrier's expected remaining time and the longest
+    the engine may wait for their grant before mark_serving(). A write of the dying engine may
+    still land in them: never trust a read of them that is not checked again afterwards."""
+    extents: tuple[Extent, ...] = ()
+    headers: bytes = b""
+    barrier_estimate_ms: float = 0.0
+    wait_limit_ms: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return sum(e.count for e in self.extents)
 
 
 @dataclass(frozen=True)
@@ -310,8 +341,61 @@ class Engine:
                                              for i in range(ev.extent_count))
         if ev.extents_truncated:
             extents = tuple(self.extents())
+        headers = b""
+        if kind in (EventKind.PROMOTED, EventKind.GRANTED):
+            size = self._lib.baton_engine_event_headers(self._h(), None, 0)
+            buf = ctypes.create_string_buffer(max(size, 1))
+            got = self._lib.baton_engine_event_headers(self._h(), buf, size)
+            headers = buf.raw[:min(size, got)]
         return Event(kind=kind, epoch=ev.epoch, extents=extents, blocks=ev.blocks,
-                     timeout_ms=ev.timeout_ms, reason=ev.reason.decode(errors="replace"))
+                     timeout_ms=ev.timeout_ms, reason=ev.reason.decode(errors="replace"),
+                     headers=headers)
+
+    # --- KV-warm failover ---------------------------------------------------------------------
+
+    def quarantined(self) -> Quarantine:
+        """The blocks the promotion left in quarantine (empty when it waited for the barrier,
+        or when this engine was promoted with nothing to inherit)."""
+        count = self._lib.baton_engine_quarantined(self._h(), None, 0, None, 0, None, None)
+        buf = (_abi.Extent * max(count, 1))()
+        estimate, limit = ctypes.c_int64(), ctypes.c_int64()
+        got = self._lib.baton_engine_quarantined(self._h(), buf, count, None, 0,
+                                                 ctypes.byref(estimate), ctypes.byref(limit))
+        extents = tuple(_extent(buf[i]) for i in range(min(got, count)))
+        blocks = sum(e.count for e in extents)
+        headers = ctypes.create_string_buffer(max(blocks * HEADER_BYTES, 1))
+        self._lib.baton_engine_quarantined(self._h(), None, 0, headers, blocks * HEADER_BYTES,
+                                           None, None)
+        return Quarantine(extents=extents, headers=headers.raw[:blocks * HEADER_BYTES],
+                          barrier_estimate_ms=estimate.value / 1e3, wait_limit_ms=limit.value)
+
+    def wait_inherited_blocks(self, timeout_ms: Optional[int]) -> Event:
+        """After a promotion with quarantined blocks: waits for their GRANTED event (their
+        barrier has passed; with their headers), other events staying queued.
+        DeadlineExceeded after the timeout; FailedPrecondition when told to stop."""
+        ev = _abi.Event()
+        self._call("baton_engine_wait_inherited_blocks", _ms(timeout_ms), ctypes.byref(ev))
+        return self._event(ev)
+
+    def release_quarantined(self) -> None:
+        """Unmaps the read-only view of the quarantined blocks not granted yet."""
+        self._call("baton_engine_release_quarantined")
+
+    def report_kv_adoption(self, adopted: int, tokens: int, dropped: Mapping[str, int],
+                           ms: float) -> None:
+        """Tells the controller what this engine adopted of its predecessor's KV: `adopted`
+        sequences of `tokens` tokens, `dropped` reason -> sequences, `ms` spent."""
+        reasons = [r for r, n in dropped.items() if n > 0]
+        names = (ctypes.c_char_p * max(len(reasons), 1))(*[r.encode() for r in reasons])
+        counts = (ctypes.c_uint32 * max(len(reasons), 1))(*[dropped[r] for r in reasons])
+        self._call("baton_engine_report_kv_adoption", adopted, tokens, names, counts,
+                   len(reasons), float(ms))
+
+    def report_kv_inheritance(self, mode: KvInheritMode, blocks: int, nbytes: int, ms: float,
+                              estimate_ms: float = 0.0) -> None:
+        """After a promotion with quarantined blocks: how their KV was taken."""
+        self._call("baton_engine_report_kv_inheritance", int(mode), blocks, nbytes, float(ms),
+                   float(estimate_ms))
 
     # --- drains, errors, the controller's absence ---------------------------------------------
 
@@ -361,5 +445,20 @@ def _extent(e: _abi.Extent) -> Extent:
     return Extent(first=e.first, count=e.count, address=e.data or 0, nbytes=e.bytes)
 
 
+@functools.lru_cache(maxsize=1)
+def _library() -> ctypes.CDLL:
+    return _abi.load()
+
+
+def crc32c(data, crc: int = 0) -> int:
+    """The CRC32C of (the bytes that gave `crc`) followed by `data` (bytes-like, or an
+    (address, size) pair of memory): the checksum of a KV record (standby/kv/kv_record.h)."""
+    lib = _library()
+    if isinstance(data, tuple):
+        return lib.baton_engine_crc32c(crc, ctypes.c_void_p(data[0]), data[1])
+    buf = (ctypes.c_char * len(data)).from_buffer_copy(data) if data else None
+    return lib.baton_engine_crc32c(crc, buf, len(data))
+
+
 __all__ = ["BatonError", "DeviceRegion", "Drain", "Engine", "Event", "EventKind", "Extent",
-           "PoolInfo", "TensorInfo"]
+           "HEADER_BYTES", "KvInheritMode", "PoolInfo", "Quarantine", "TensorInfo", "crc32c"]

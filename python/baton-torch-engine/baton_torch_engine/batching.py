@@ -18,6 +18,11 @@ the cache cannot hold a step, the most recently admitted sequence is preempted: 
 are freed and it waits at the head of the queue, to be computed again from prompt + generated
 tokens, which gives the same tokens because a row's logits do not depend on the batch.
 
+With a KV handoff (kv_handoff.py, set as `handoff` before the first step), every keyed
+request's blocks get their KV records after each step and lose them before they are freed, a
+replayed request is first offered the KV its predecessor left (continue_from: only the rest of
+its prompt is prefilled), and kept KV is evicted when the cache needs its blocks.
+
 Before each step, may_compute() (the engine's epoch check) must hold, or every request fails
 with 503 (a fenced engine's blocks may already be another's). A step that raises fails its
 requests: on_error(exc) decides the status (503 for a device fault it has reported).
@@ -28,13 +33,16 @@ import collections
 import queue
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .kv_blocks import KvBlocks, SequenceBlocks
 from .llama import LlamaModel
 from .openai_requests import ApiError, Completion
 from .sampler import sample_token
 from .text import TextBuilder
+
+if TYPE_CHECKING:
+    from .kv_handoff import KvHandoff
 
 
 @dataclass
@@ -57,6 +65,7 @@ class Job:
     seq: SequenceBlocks = field(default_factory=SequenceBlocks)
     generated: int = 0
     done: bool = False
+    continued: bool = False  # offered to the KV handoff already
 
 
 class Scheduler:
@@ -76,6 +85,7 @@ class Scheduler:
         self._thread: Optional[threading.Thread] = None
         self.generated_total = self.prompt_total = self.steps_total = 0
         self.preempted_total = self.resumed_total = 0
+        self.handoff: Optional["KvHandoff"] = None
 
     # --- any thread --------------------------------------------------------------------------
 
@@ -140,6 +150,8 @@ class Scheduler:
                     break
                 inbox, self._inbox = self._inbox, []
             self._apply(inbox)
+            if self.handoff is not None:
+                self.handoff.expire()
             if not self.may_compute():
                 self._fail(list(self.running) + list(self.waiting),
                            ApiError("the engine was fenced", status=503, kind="server_error"))
@@ -169,11 +181,21 @@ class Scheduler:
                 except BaseException as e:  # raised on the caller's thread
                     done.put((False, e))
 
+    def _continue_from_kept(self, job: Job) -> None:
+        if job.continued or self.handoff is None or job.req.key == (0, 0):
+            return
+        job.continued = True
+        if job.seq.length == 0 and not job.seq.blocks:
+            self.handoff.continue_from(job.req.key, job.tokens, job.seq)
+
     def _admit(self) -> None:
         while self.waiting and len(self.running) < self.max_batch:
             job = self.waiting[0]
+            self._continue_from_kept(job)
             need = self.kv.blocks_for(len(job.tokens) + 1) - len(job.seq.blocks) + \
                 len(self.running)
+            if need > self.kv.free_count and self.handoff is not None:
+                self.handoff.evict(need - self.kv.free_count)
             if need > self.kv.free_count:
                 if not self.running:  # nothing will free blocks: the cache shrank under it
                     self._fail([job], ApiError("the KV cache has no room for the request",
@@ -201,6 +223,7 @@ class Scheduler:
             batch = self._batch()
             items = [(j.seq, j.tokens[j.seq.length:j.seq.length + n]) for j, n in batch]
             want = [j.seq.length + n == len(j.tokens) for j, n in batch]
+            before = [j.seq.length for j, _ in batch]
             try:
                 logits = self.model.step(self.kv, items, want)
                 break
@@ -218,6 +241,9 @@ class Scheduler:
                                                            status=status, kind="server_error"))
                 return
         self.steps_total += 1
+        if self.handoff is not None:  # the step's K and V are written: its logits are here
+            for (job, _), length in zip(batch, before):
+                self.handoff.committed(job.req.key, job.seq, job.tokens, length)
         for (job, _), row in zip(batch, logits):
             if row is not None:
                 self._emit(job, sample_token(row.tolist(), job.req.temperature, job.req.top_p,
@@ -241,9 +267,14 @@ class Scheduler:
         job.steps.put(last)
         self._finish(job)
 
+    def _release(self, seq: SequenceBlocks) -> None:
+        if self.handoff is not None and seq.blocks:
+            self.handoff.releasing(seq)
+        self.kv.give_back(seq.blocks)
+
     def _preempt_youngest(self) -> None:
         job = self.running.pop()
-        self.kv.give_back(job.seq.blocks)
+        self._release(job.seq)
         job.seq = SequenceBlocks()
         self.waiting.appendleft(job)
         self.preempted_total += 1
@@ -254,7 +285,7 @@ class Scheduler:
         if job.done:
             return
         job.done = True
-        self.kv.give_back(job.seq.blocks)
+        self._release(job.seq)
         job.seq = SequenceBlocks()
         if job in self.running:
             self.running.remove(job)

@@ -6,8 +6,10 @@
     kv.view[kv.index(b)]             # block b: (layers, 2, kv_heads, block_tokens, head_dim)
 
 Each pool block holds `block_tokens` positions of every layer, after a 64-byte header the SDK
-scrubs for each new holder, laid out [layer][K | V][kv_head][slot][head_dim] as the reference
-engine's PagedKvCache (fp32 on the CPU; the compute dtype on CUDA). The region is one
+scrubs for each new holder and the token ids of its slots (together kv_record.data_offset:
+the reference engine's block layout, whose header and ids are the KV record of
+kv_record.py), laid out [layer][K | V][kv_head][slot][head_dim] as the reference engine's
+PagedKvCache (fp32 on the CPU; the compute dtype on CUDA). The region is one
 tensor over contiguous blocks (the whole host pool, a device pool from its lowest held block,
 a private buffer), so that a step gathers the blocks it reads by index, with one operation.
 Only held blocks are ever read or written: the rest of a pool's range may be unmapped.
@@ -24,9 +26,10 @@ from typing import Optional, Sequence
 
 import torch
 
+from . import kv_record
 from .config import LlamaConfig
 
-HEADER_BYTES = 64  # the block header the SDK scrubs (kBlockHeaderBytes)
+HEADER_BYTES = kv_record.HEADER_BYTES  # the block header the SDK scrubs (kBlockHeaderBytes)
 
 
 @dataclass
@@ -42,14 +45,15 @@ class KvBlocks:
         self.config, self.block_bytes, self.dtype = config, block_bytes, dtype
         self.element_bytes = torch.tensor([], dtype=dtype).element_size()
         per_token = config.kv_token_bytes(self.element_bytes)
-        tokens = (block_bytes - HEADER_BYTES) // per_token
+        tokens = kv_record.block_tokens_for(block_bytes, per_token)
         if tokens < 1:
             raise ValueError(f"a pool block of {block_bytes} bytes holds no token "
-                             f"(one needs {per_token + HEADER_BYTES})")
+                             f"(one needs {per_token + 4 + 2 * HEADER_BYTES})")
         if block_bytes % self.element_bytes:
             raise ValueError(f"a pool block of {block_bytes} bytes is not a whole number of "
                              f"{dtype} values")
         self.block_tokens = min(tokens, config.max_position_embeddings)
+        self.data_offset = kv_record.data_offset(self.block_tokens)
         self.view: Optional[torch.Tensor] = None
         self.first = 0
         self.region_blocks = 0
@@ -84,7 +88,7 @@ class KvBlocks:
         view = flat.as_strided(
             (count, c.num_hidden_layers, 2, kvh, bt, d),
             (self.block_bytes // e, 2 * kvh * bt * d, kvh * bt * d, bt * d, d, 1),
-            flat.storage_offset() + HEADER_BYTES // e)
+            flat.storage_offset() + self.data_offset // e)
         with self._lock:
             self.view, self.first, self.region_blocks = view, first, count
             self._region_memory = memory  # the view's storage, kept alive
@@ -96,14 +100,17 @@ class KvBlocks:
         """The block's index in `view`."""
         return block - self.first
 
-    def add(self, block: int) -> None:
-        """Takes pool block `block` (inside the region) as a free block of this cache."""
+    def add(self, block: int, held: bool = False) -> None:
+        """Takes pool block `block` (inside the region) as a free block of this cache, or as
+        one a sequence holds (`held`: adopted KV, which goes back to the free list with
+        give_back)."""
         with self._lock:
             if not (self.first <= block < self.first + self.region_blocks):
                 raise ValueError(f"block {block} is outside the KV region")
             if block not in self.blocks:
                 self.blocks.add(block)
-                self.free.append(block)
+                if not held:
+                    self.free.append(block)
 
     def blocks_for(self, positions: int) -> int:
         return -(-positions // self.block_tokens)

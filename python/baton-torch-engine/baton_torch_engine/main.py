@@ -4,8 +4,9 @@ Under a controller (--controller, or BATON_SOCKET in the environment, as the con
 launches it) it connects through baton_engine and stands by half-started: the weights are the
 controller's arena (--device cuda: its device copy), wrapped as tensors without a copy; the
 HTTP server already listens and answers 503; a step is rehearsed on the compute thread.
-Promoted, it keeps its KV cache in the granted blocks (on CUDA the device pool's), marks
-itself serving, batches its requests (batching.py), and follows the controller's events
+Promoted, it keeps its KV cache in the granted blocks (on CUDA the device pool's), adopts
+the KV its predecessor left in them (KV-warm failover: kv_inherit.py; --kv-handoff off turns
+it off), marks itself serving, batches its requests (batching.py), and follows the controller's events
 (grants, reclaims, drains, resume, stop). Standalone (--standalone, or neither --controller
 nor BATON_SOCKET) it reads the weights from the model's safetensors files into its own memory
 before it listens, as vLLM's and SGLang's loaders do: the cold start Baton is measured
@@ -17,6 +18,7 @@ against (--map-weights maps them instead).
                        [--max-batch S] [--max-step-tokens T]
                        [--standalone [--map-weights] [--kv-blocks N] [--block-bytes B]]
                        [--controller SOCKET --token T --engine-id ID]
+                       [--kv-handoff on|off] [--kv-format NAME] [--kv-keep-ms N]
                        [--keep-library-pages]
 """
 from __future__ import annotations
@@ -60,6 +62,15 @@ def parse(argv):
     p.add_argument("--token", default="")
     p.add_argument("--engine-id", type=int, default=0)
     p.add_argument("--role", default="", help="accepted for the engine command's {role}")
+    p.add_argument("--kv-handoff", choices=["on", "off"], default="on",
+                   help="under a controller: leave a record of each sequence in its KV blocks, "
+                   "and on promotion continue the predecessor's sequences from theirs "
+                   "(KV-warm failover); default on")
+    p.add_argument("--kv-format", default="baton-torch-engine-kv/1",
+                   help="the KV format name in the records' identity; engines of other names "
+                   "adopt nothing")
+    p.add_argument("--kv-keep-ms", type=int, default=30000,
+                   help="how long adopted KV waits for its request to come back")
     p.add_argument("--keep-library-pages", action="store_true",
                    help="under a controller: keep the standby's library page-table entries "
                    "(see baton_engine.libmaps)")
@@ -189,6 +200,12 @@ def run_under_controller(args) -> int:
         model = LlamaModel(config, weights, device)
         kv = PoolKv(engine, model)
         generator = kv.generator(**generator_options(args, device, engine))
+        if args.kv_handoff == "on":
+            from .kv_handoff import KvHandoff
+            generator.scheduler.handoff = KvHandoff(
+                kv.blocks, kv.identity(args.kv_format), kv.block_address,
+                lambda: engine.epoch, keep_s=max(args.kv_keep_ms, 0) / 1e3, log=log)
+        state.handoff = generator.scheduler.handoff
         try:
             promoted_at = stand_by(args, engine, model, kv, generator, bound["port"], started)
             if promoted_at is not None:
@@ -217,7 +234,11 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
         log(f"stopped as a standby: {e}")
         return None
     at = time.monotonic()
-    kv.take(promoted.extents)
+    if generator.scheduler.handoff is None:
+        kv.take(promoted.extents)
+    else:
+        from .kv_inherit import inherit_kv
+        inherit_kv(engine, kv, generator.scheduler.handoff, generator.scheduler, promoted, log)
     return at
 
 

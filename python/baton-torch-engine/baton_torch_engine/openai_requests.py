@@ -50,6 +50,7 @@ class Completion:
     resume_tokens: int = 0
     chat: bool = False
     model: str = ""
+    key: tuple[int, int] = (0, 0)  # baton_request_key (hi, lo); (0, 0) when absent
 
 
 def _number(body: dict, name: str, default: float, lo: float, hi: float) -> float:
@@ -79,6 +80,19 @@ def _bool(body: dict, name: str) -> bool:
     if not isinstance(v, bool):
         raise ApiError(f"'{name}' must be a boolean", name)
     return v
+
+
+def _request_key(body: dict) -> tuple[int, int]:
+    """baton_request_key: the router's key of the client request (32 hex digits, not all
+    zero), the same on its replay: what a KV-warm successor finds the request's KV by."""
+    v = body.get("baton_request_key")
+    if v is None:
+        return (0, 0)
+    if isinstance(v, str) and len(v) == 32 and all(c in "0123456789abcdefABCDEF" for c in v) \
+            and int(v, 16) != 0:
+        return (int(v[:16], 16), int(v[16:], 16))
+    raise ApiError("'baton_request_key' must be 32 hex digits, not all zero",
+                   "baton_request_key")
 
 
 def _unsupported(body: dict) -> None:
@@ -180,7 +194,8 @@ class Parser:
                           stream=_bool(body, "stream"),
                           include_usage=bool(options.get("include_usage", False)),
                           stop=_stop(body), resume_tokens=resume,
-                          chat=chat_messages is not None, model=self.served_name)
+                          chat=chat_messages is not None, model=self.served_name,
+                          key=_request_key(body))
 
     def chat(self, raw: bytes) -> Completion:
         body = self._body(raw)

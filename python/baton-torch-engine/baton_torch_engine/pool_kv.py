@@ -6,9 +6,12 @@ of the device pool (one block each on the host), which leave the cache before th
 returned."""
 from __future__ import annotations
 
+from typing import Collection
+
 from baton_engine import Extent
 from baton_engine.tensors import device_block_region, host_block_region
 
+from . import kv_record
 from .generation import Generator
 from .llama import LlamaModel
 
@@ -17,7 +20,8 @@ class PoolKv:
     def __init__(self, engine, model: LlamaModel):
         self.engine, self.model = engine, model
         pool = engine.pool()
-        self.block_bytes, self.pool_blocks = pool.block_bytes, pool.block_count
+        self.block_bytes, self.pool_blocks, self.base = pool.block_bytes, pool.block_count, \
+            pool.base
         self.blocks = model.new_kv(self.block_bytes)
         self.per_chunk = 1
         if model.device.is_cuda:
@@ -25,8 +29,14 @@ class PoolKv:
         else:
             self.blocks.set_region(host_block_region(engine), 0)
 
-    def take(self, extents) -> None:
-        """Adds granted blocks (on CUDA the region grows down to the lowest one first)."""
+    def block_address(self, block: int) -> int:
+        """Where block `block`'s record lies: its host pool block (on CUDA too, beside the
+        device block that holds its KV), mapped while this engine holds the block."""
+        return self.base + block * self.block_bytes
+
+    def take(self, extents, held: Collection[int] = ()) -> None:
+        """Adds granted blocks, those in `held` as held by adopted sequences (on CUDA the
+        region grows down to the lowest one first)."""
         granted = [e.first + i for e in extents for i in range(e.count)]
         if not granted:
             return
@@ -34,8 +44,9 @@ class PoolKv:
             lowest = min(granted + list(self.blocks.blocks))
             if not self.blocks.covers(lowest):
                 self.blocks.set_region(device_block_region(self.engine, lowest), lowest)
+        held = set(held)
         for b in granted:
-            self.blocks.add(b)
+            self.blocks.add(b, held=b in held)
 
     def give(self, count: int) -> list[Extent]:
         """Up to `count` free blocks, in whole chunks, removed from the cache."""
@@ -51,3 +62,17 @@ class PoolKv:
     def generator(self, **options) -> Generator:
         return Generator(self.model, self.blocks, self.model.c.eos_token_ids,
                          may_compute=self.engine.may_write, **options)
+
+    def identity(self, kv_format: str) -> int:
+        """The identity of this engine's KV records: the format name, the model's shape and
+        weights as the session maps them, the KV dtype and the block geometry (a successor
+        adopts only records of its own identity)."""
+        c, kv = self.model.c, self.blocks
+        parts = [kv_format, f"layers={c.num_hidden_layers}", f"kv_heads={c.num_key_value_heads}",
+                 f"head_dim={c.head_dim}", f"block_tokens={kv.block_tokens}",
+                 f"block_bytes={self.block_bytes}", f"data_offset={kv.data_offset}",
+                 f"dtype={kv.dtype}", f"hidden={c.hidden_size}",
+                 f"heads={c.num_attention_heads}", f"rope_theta={c.rope_theta}",
+                 f"eps={c.rms_norm_eps}"]
+        parts += [f"{t.name}:{t.dtype}:{t.nbytes}" for t in self.engine.tensors()]
+        return kv_record.identity_of("|".join(parts))

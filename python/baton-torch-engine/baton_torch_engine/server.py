@@ -37,6 +37,7 @@ class State:
         self.parser = parser
         self.max_positions = max_positions
         self.generator: Optional[Generator] = None
+        self.handoff = None  # the KV handoff (kv_handoff.py), for /metrics
         self.serving = False
         self.stopping = False
         self.responses: dict[int, int] = {}
@@ -261,7 +262,34 @@ def metrics_text(s: State) -> str:
               "# TYPE baton_engine_resumed_requests_total counter",
               f'baton_engine_resumed_requests_total{{batch_invariant="{str(invariant).lower()}"}} '
               f"{sch.resumed_total if sch else 0}"]
+    lines += kv_metrics(s.handoff)
     return "\n".join(lines) + "\n"
+
+
+def kv_metrics(handoff) -> list[str]:
+    """The KV-warm failover's series, named as the reference engine's (none without one)."""
+    if handoff is None:
+        return []
+    c = handoff.counters
+    out: list[str] = []
+    for name, kind, text, series in [
+            ("kv_adopted_sequences_total", "counter",
+             "Sequences adopted from a predecessor's KV records.", {"": c.adopted}),
+            ("kv_dropped_sequences_total", "counter",
+             "A predecessor's sequences not adopted, by reason.",
+             {f'{{reason="{r}"}}': n for r, n in sorted(c.dropped.items())}),
+            ("kv_continued_requests_total", "counter",
+             "Requests that continued from adopted KV.", {"": c.continued}),
+            ("kv_tokens_not_recomputed_total", "counter",
+             "Tokens whose K and V came from adopted KV instead of a prefill.",
+             {"": c.tokens_not_recomputed}),
+            ("kv_kept_freed_total", "counter", "Adopted KV freed unclaimed, by reason.",
+             {f'{{reason="{r}"}}': n for r, n in sorted(c.kept_freed.items())}),
+            ("kv_kept_sequences", "gauge", "Adopted sequences waiting for their request.",
+             {"": len(handoff.kept)})]:
+        out += [f"# HELP baton_engine_{name} {text}", f"# TYPE baton_engine_{name} {kind}"]
+        out += [f"baton_engine_{name}{labels} {v}" for labels, v in series.items()]
+    return out
 
 
 def serve(state: State, host: str, port: int,

@@ -6,6 +6,8 @@
 
 #include <climits>
 #include <future>
+#include <string>
+#include <vector>
 
 #include "standby/sdk/baton_engine.h"
 #include "tests/standby/fake_controller.h"
@@ -223,6 +225,80 @@ TEST(EngineCAbi, ConnectWithoutFreeDescriptorsReturnsAnError) {
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   ASSERT_TRUE(WIFEXITED(status)) << "the child died of signal " << WTERMSIG(status);
   EXPECT_EQ(WEXITSTATUS(status), 0);
+}
+
+}  // namespace
+}  // namespace baton::testing
+
+namespace baton::testing {
+namespace {
+
+// ABI 5: what a KV-warm successor reads through the C ABI. The promotion's inherited headers,
+// the quarantined blocks (read-only, their headers as of the promotion), their grant after the
+// barrier with its headers, and the reports the controller gets.
+TEST(EngineCAbi, KvWarmHandoffCalls) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine* engine = ConnectWithFlags(fake, socket, BATON_ENGINE_HANDLES_RESUME);
+  ASSERT_NE(engine, nullptr);
+  fake.block(2)[0] = 0x21;  // a record left in a promoted block
+  fake.block(5)[0] = 0x51;  // and in the dying primary's, quarantined
+  fake.block(6)[1] = 0x62;
+  ASSERT_TRUE(
+      fake.channel()
+          .Send(proto::Quarantined{
+              .epoch = 9, .extents = {{5, 2}}, .barrier_estimate_us = 1500, .wait_limit_ms = 200})
+          .ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 9, .extents = {{2, 3}}}).ok());
+  baton_event event{};
+  ASSERT_EQ(baton_engine_wait_promotion(engine, 5000, &event), 0) << baton_engine_last_error();
+  std::vector<uint8_t> headers(8 * kBlockHeaderBytes);
+  ASSERT_EQ(baton_engine_event_headers(engine, nullptr, 0), 3 * kBlockHeaderBytes);
+  ASSERT_EQ(baton_engine_event_headers(engine, headers.data(), headers.size()),
+            3 * kBlockHeaderBytes);
+  EXPECT_EQ(headers[0], 0x21);
+  EXPECT_EQ(fake.block(2)[0], 0) << "scrubbed for this engine";
+
+  baton_extent q[2]{};
+  int64_t estimate_us = 0, limit_ms = 0;
+  ASSERT_EQ(baton_engine_quarantined(engine, q, 2, headers.data(), headers.size(), &estimate_us,
+                                     &limit_ms),
+            1u);
+  EXPECT_EQ(q[0].first, 5u);
+  EXPECT_EQ(q[0].count, 2u);
+  EXPECT_NE(q[0].data, nullptr);
+  EXPECT_EQ(headers[0], 0x51);
+  EXPECT_EQ(headers[kBlockHeaderBytes + 1], 0x62);
+  EXPECT_EQ(estimate_us, 1500);
+  EXPECT_EQ(limit_ms, 200);
+
+  EXPECT_EQ(baton_engine_wait_inherited_blocks(engine, 10, &event),
+            static_cast<int>(StatusCode::kDeadlineExceeded));
+  ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 9, .extents = {{5, 2}}}).ok());
+  ASSERT_EQ(baton_engine_wait_inherited_blocks(engine, 5000, &event), 0)
+      << baton_engine_last_error();
+  EXPECT_EQ(event.kind, BATON_EVENT_GRANTED);
+  ASSERT_EQ(baton_engine_event_headers(engine, headers.data(), headers.size()),
+            2 * kBlockHeaderBytes);
+  EXPECT_EQ(headers[0], 0x51);
+  EXPECT_EQ(headers[kBlockHeaderBytes + 1], 0x62);
+  ASSERT_EQ(baton_engine_release_quarantined(engine), 0);
+
+  ASSERT_EQ(baton_engine_mark_serving(engine), 0);
+  EXPECT_EQ(fake.Expect<proto::PromoteAck>().blocks_mapped, 5u);
+  const char* reasons[] = {"torn"};
+  const uint32_t counts[] = {2};
+  ASSERT_EQ(baton_engine_report_kv_adoption(engine, 1, 300, reasons, counts, 1, 0.5), 0);
+  const proto::KvAdopted adopted = fake.Expect<proto::KvAdopted>();
+  EXPECT_EQ(adopted.adopted, 1u);
+  EXPECT_EQ(adopted.tokens, 300u);
+  EXPECT_EQ(adopted.dropped_reasons, std::vector<std::string>{"torn"});
+  ASSERT_EQ(baton_engine_report_kv_inheritance(engine, BATON_KV_INHERIT_WAITED, 2, 100, 1, 0), 0);
+  EXPECT_EQ(fake.Expect<proto::KvInherited>().blocks, 2u);
+  EXPECT_EQ(baton_engine_report_kv_inheritance(engine, 9, 0, 0, 0, 0),
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(baton_engine_crc32c(0, "123456789", 9), 0xE3069283u);
+  baton_engine_close(engine);
 }
 
 }  // namespace

@@ -1,0 +1,173 @@
+"""The torch engine's KV records and handoff (kv_record.py, kv_handoff.py) over private
+memory, without a controller: a record reads back as written, a torn or corrupted one is
+refused; a successor adopts a sequence's chain of blocks at a later epoch and hands it to the
+request that comes back with the same key, refusing other identities, its own epoch and a
+broken chain. The checksum is the SDK's CRC32C (libbaton_engine.so)."""
+import ctypes
+import os
+import sys
+import unittest
+
+import checkout_paths  # noqa: F401 (the checkout's packages on sys.path)
+
+try:
+    import torch  # noqa: F401
+    MISSING = ""
+except ImportError as e:  # PyTorch is not installed for this interpreter
+    MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
+if not MISSING:  # the engine's own modules: a failure to import them fails the test
+    from baton_torch_engine import kv_record
+    from baton_torch_engine.kv_blocks import KvBlocks, SequenceBlocks
+    from baton_torch_engine.kv_handoff import KvHandoff
+    from baton_torch_engine.llama import LlamaConfig
+
+KEY = (0x0123456789ABCDEF, 0x0FEDCBA987654321)
+BLOCK_BYTES = 4096
+
+
+def config():
+    return LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
+                       num_key_value_heads=2, num_hidden_layers=2, vocab_size=300, head_dim=8)
+
+
+class Pool:
+    """`count` blocks of private memory, as a KV cache and as a handoff of `epoch`."""
+
+    def __init__(self, count=16):
+        self.kv = KvBlocks.private(config(), BLOCK_BYTES, count)
+        self.base = self.kv._region_memory.data_ptr()
+
+    def address(self, block):
+        return self.base + block * BLOCK_BYTES
+
+    def handoff(self, epoch, identity=7, clock=None):
+        return KvHandoff(self.kv, identity, self.address, lambda: epoch,
+                         clock=clock or (lambda: 0.0))
+
+    def headers(self, blocks):
+        return b"".join(ctypes.string_at(self.address(b), kv_record.HEADER_BYTES)
+                        for b in blocks)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class KvRecordTest(unittest.TestCase):
+    def test_the_layout_is_the_reference_engines(self):
+        self.assertEqual(kv_record.data_offset(16), 128)
+        self.assertEqual(kv_record.data_offset(17), 192)
+        bt = kv_record.block_tokens_for(4096, 100)
+        self.assertLessEqual(kv_record.data_offset(bt) + bt * 100, 4096)
+        self.assertGreater(kv_record.data_offset(bt + 1) + (bt + 1) * 100, 4096)
+        kv = KvBlocks(config(), BLOCK_BYTES)
+        self.assertEqual(kv.data_offset, kv_record.data_offset(kv.block_tokens))
+
+    def test_a_record_reads_back_and_a_torn_or_corrupt_one_is_refused(self):
+        pool = Pool()
+        a = pool.address(3)
+        r = kv_record.Record(identity=9, key=KEY, writer_epoch=4, block=3, index=0, tokens=3)
+        kv_record.commit(a, r, [5, 6, 7])
+        got = kv_record.read(pool.headers([3]), a + 64, pool.kv.block_tokens)
+        self.assertEqual(got.state, kv_record.State.VALID)
+        self.assertEqual((got.record, got.ids), (r, [5, 6, 7]))
+        ctypes.c_int32.from_address(a + 64).value = 99  # an id changed under the checksum
+        self.assertEqual(kv_record.read(pool.headers([3]), a + 64, 8).state,
+                         kv_record.State.CORRUPT)
+        ctypes.c_uint32.from_address(a + 4).value += 1  # mid-commit
+        self.assertEqual(kv_record.read(pool.headers([3]), a + 64, 8).state,
+                         kv_record.State.TORN)
+        kv_record.clear(a)
+        self.assertEqual(kv_record.read(pool.headers([3]), a + 64, 8).state,
+                         kv_record.State.ABSENT)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class KvHandoffTest(unittest.TestCase):
+    def written(self, pool, length, epoch=3, identity=7):
+        """A sequence of `length` tokens committed by a writer at `epoch`, step by step."""
+        writer = pool.handoff(epoch, identity)
+        seq = SequenceBlocks(pool.kv.take(pool.kv.blocks_for(length)), 0)
+        tokens = [(i * 7) % 250 for i in range(length + 1)]
+        for step in (length - 1, 1):
+            before, seq.length = seq.length, seq.length + step
+            writer.committed(KEY, seq, tokens, before)
+        return seq, tokens
+
+    def successor(self, pool, seq, epoch=4, identity=7):
+        for b in seq.blocks:  # the promotion's blocks come back as inherited
+            pool.kv.blocks.discard(b)
+        heir = pool.handoff(epoch, identity)
+        report, held = heir.adopt(seq.blocks, pool.headers(seq.blocks))
+        return heir, report, held
+
+    def test_a_successor_adopts_the_chain_and_the_replay_continues_from_it(self):
+        pool = Pool()
+        bt = pool.kv.block_tokens
+        seq, tokens = self.written(pool, 2 * bt + 3)
+        heir, report, held = self.successor(pool, seq)
+        self.assertEqual((report.adopted, report.tokens, report.dropped),
+                         (1, 2 * bt + 3, {}))
+        self.assertEqual(held, seq.blocks)
+        replay = SequenceBlocks()
+        for b in held:
+            pool.kv.add(b, held=True)
+        used = heir.continue_from(KEY, tokens[:2 * bt + 3] + [1, 2], replay)
+        self.assertEqual(used, 2 * bt + 3)
+        self.assertEqual(replay.blocks, seq.blocks)
+        self.assertEqual(heir.counters.tokens_not_recomputed, 2 * bt + 3)
+        self.assertEqual(heir.kept, {})
+
+    def test_a_replay_that_differs_keeps_only_the_common_prefix(self):
+        pool = Pool()
+        bt = pool.kv.block_tokens
+        seq, tokens = self.written(pool, 2 * bt + 3)
+        heir, _, held = self.successor(pool, seq)
+        for b in held:
+            pool.kv.add(b, held=True)
+        free = pool.kv.free_count
+        replay = SequenceBlocks()
+        other = tokens[:bt + 1] + [299] * (bt + 5)
+        self.assertEqual(heir.continue_from(KEY, other, replay), bt + 1)
+        self.assertEqual(replay.blocks, seq.blocks[:2])
+        self.assertEqual(pool.kv.free_count, free + 1)  # the third block is free again
+
+    def test_refusals_are_counted_by_reason(self):
+        for why, kwargs in (("identity", {"identity": 8}), ("epoch", {"epoch": 3})):
+            pool = Pool()
+            seq, _ = self.written(pool, 5)
+            _, report, held = self.successor(pool, seq, **kwargs)
+            self.assertEqual((report.adopted, report.dropped, held), (0, {why: 1}, []), why)
+        pool = Pool()
+        bt = pool.kv.block_tokens
+        seq, _ = self.written(pool, 2 * bt + 1)
+        heir = pool.handoff(4)
+        report, _ = heir.adopt(seq.blocks[1:], pool.headers(seq.blocks[1:]))
+        self.assertEqual(report.dropped, {"not_granted": 1})
+        ctypes.c_uint32.from_address(pool.address(seq.blocks[0]) + 4).value += 1
+        report, _ = heir.adopt(seq.blocks, pool.headers(seq.blocks))
+        self.assertEqual(report.dropped, {"torn": 1})
+
+    def test_released_blocks_carry_no_record(self):
+        pool = Pool()
+        seq, _ = self.written(pool, 5)
+        pool.handoff(3).releasing(seq)
+        _, report, _ = self.successor(pool, seq)
+        self.assertEqual((report.adopted, report.dropped), (0, {}))
+
+    def test_unclaimed_kv_expires(self):
+        pool = Pool()
+        now = [0.0]
+        seq, _ = self.written(pool, 5)
+        heir = KvHandoff(pool.kv, 7, pool.address, lambda: 4, keep_s=30,
+                         clock=lambda: now[0])
+        _, held = heir.adopt(seq.blocks, pool.headers(seq.blocks))
+        for b in held:
+            pool.kv.add(b, held=True)
+        now[0] = 31.0
+        self.assertEqual(heir.expire(), 1)
+        self.assertEqual(heir.counters.kept_freed, {"expired": 1})
+
+
+if __name__ == "__main__":
+    if MISSING:
+        print(MISSING)
+        sys.exit(0)
+    unittest.main()
