@@ -204,6 +204,7 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
   }
   if (ack.heartbeat_interval_ms == 0) return InvalidArgument("RegisterAck: heartbeat interval 0");
   heartbeat_interval_ = std::chrono::milliseconds(ack.heartbeat_interval_ms);
+  beat_every_ns_.store(std::chrono::duration_cast<Duration>(heartbeat_interval_).count());
   // Which memory this engine maps: a Reattach names it to the next controller.
   BATON_ASSIGN_OR_RETURN(arena_id_, IdentityOf(msg.fds[0].get()));
   BATON_ASSIGN_OR_RETURN(pool_id_, IdentityOf(msg.fds[1].get()));

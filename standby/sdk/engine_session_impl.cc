@@ -65,12 +65,10 @@ Status EngineSession::Impl::StartThread() {
 Status EngineSession::Impl::ServeAttached() {
   // Frames that came in with the last handshake reply are buffered: take them first.
   BATON_RETURN_IF_ERROR(PumpMessages());
-  TimePoint next_beat = clock_->Now();
+  next_beat_ns_.store(0);
   while (!stopping_.load()) {
-    if (clock_->Now() >= next_beat) {
-      SendHeartbeat();
-      next_beat = clock_->Now() + heartbeat_interval_;
-    }
+    BeatIfDue();
+    const TimePoint next_beat{Duration(next_beat_ns_.load())};
     // Read each round: a send that failed on another thread closes the channel, and its fd
     // number may already belong to another socket of the engine.
     int socket_fd = -1;
@@ -105,6 +103,14 @@ Status EngineSession::Impl::PumpMessages() {
     if (!next->has_value()) return OkStatus();
     Handle(**next);
   }
+}
+
+void EngineSession::Impl::BeatIfDue() {
+  const int64_t now = clock_->Now().time_since_epoch().count();
+  int64_t due = next_beat_ns_.load();
+  if (now < due) return;
+  const int64_t next = now + beat_every_ns_.load();
+  if (next_beat_ns_.compare_exchange_strong(due, next)) SendHeartbeat();
 }
 
 void EngineSession::Impl::SendHeartbeat() {
@@ -209,8 +215,15 @@ Result<std::vector<MappedExtent>> EngineSession::Impl::MapRangesLocked(
 Status EngineSession::Impl::MapBlocksLocked(uint32_t first, uint32_t count,
                                             std::vector<uint8_t>* inherited) {
   BATON_RETURN_IF_ERROR(pool_.MapExtent(first, count));
-  if (inherited != nullptr) pool_.CopyHeaders(first, count, kBlockHeaderBytes, inherited);
-  pool_.ScrubHeaders(first, count, kBlockHeaderBytes);
+  // Each header touched faults its page in: a long extent goes a slice at a time, with the
+  // heartbeats that fall due between slices.
+  constexpr uint32_t kSlice = 32;
+  for (uint32_t at = first; at < first + count; at += kSlice) {
+    const uint32_t n = std::min(kSlice, first + count - at);
+    if (inherited != nullptr) pool_.CopyHeaders(at, n, kBlockHeaderBytes, inherited);
+    pool_.ScrubHeaders(at, n, kBlockHeaderBytes);
+    BeatIfDue();
+  }
   if (device_ == nullptr) return OkStatus();
   Status mapped = device_->MapBlocks(first, count, pool_.block_bytes(), pool_.block_count(),
                                      kBlockHeaderBytes, std::chrono::seconds(10));

@@ -147,6 +147,9 @@ class EngineSession::Impl {
   Status ServeAttached();
   Status PumpMessages();  // an error once the connection is gone
   void SendHeartbeat();
+  // Sends a heartbeat when the last one is an interval old: a mapping on the heartbeat thread
+  // (a promotion's or a grant's blocks, however many) must not read as a hang. Any thread.
+  void BeatIfDue();
   void Handle(const proto::ReceivedMessage& msg);
   void OnPromote(const proto::Promote& msg);
   // Maps the quarantined blocks of a Quarantined that came with this Promote read-only into
@@ -233,6 +236,8 @@ class EngineSession::Impl {
 
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> heartbeat_seq_{0};
+  std::atomic<int64_t> next_beat_ns_{0};  // the clock's nanoseconds when a heartbeat is due
+  std::atomic<int64_t> beat_every_ns_{100'000'000};  // heartbeat_interval_, for any thread
   std::atomic<bool> stopping_{false};
   std::atomic<bool> resume_pending_{false};
   std::atomic<bool> registered_{false};

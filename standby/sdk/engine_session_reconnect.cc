@@ -172,6 +172,7 @@ EngineSession::Impl::Attempt EngineSession::Impl::TryReattach() {
   const Attempt said = SayReattach(*channel, &reported, &ack);
   if (said.outcome != AttemptOutcome::kAttached) return said;
   heartbeat_interval_ = std::chrono::milliseconds(ack.heartbeat_interval_ms);
+  beat_every_ns_.store(std::chrono::duration_cast<Duration>(heartbeat_interval_).count());
   {
     MutexLock lock(channel_mu_);
     if (stopping_.load()) return Attempt{AttemptOutcome::kFailed, "the session is shut down"};
