@@ -11,7 +11,7 @@ pluggable allocator and compute on it. Once promoted it writes REPORT_DIR/engine
 then serves the controller's events until told to stop.
 
 Where PyTorch (or a GPU) is missing it does the same through the C ABI alone (the allocator
-called through ctypes), so that the ctypes declarations below are tested on every machine.
+called through ctypes), so that the ctypes calls below (on the SDK's declarations) are tested on every machine.
 
     gpu_check_torch_engine.py --lib LIB_DIR --report-dir DIR
 """
@@ -28,41 +28,11 @@ DEADLINE_EXCEEDED = 8
 EVENT_STOP, EVENT_DISCONNECTED, EVENT_DRAIN = 5, 6, 4
 
 
-class Options(ctypes.Structure):
-    _fields_ = [("socket_path", ctypes.c_char_p), ("launch_token", ctypes.c_char_p),
-                ("engine_id", ctypes.c_uint64), ("engine_version", ctypes.c_char_p),
-                ("http_address", ctypes.c_char_p), ("prefault_weights", ctypes.c_int),
-                ("connect_timeout_ms", ctypes.c_int)]
-
-
-class Tensor(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("dtype", ctypes.c_uint8), ("ndim", ctypes.c_size_t),
-                ("shape", ctypes.POINTER(ctypes.c_int64)), ("data", ctypes.c_void_p),
-                ("size", ctypes.c_uint64)]
-
-
-class Region(ctypes.Structure):
-    _fields_ = [("device", ctypes.c_int), ("address", ctypes.c_uint64),
-                ("bytes", ctypes.c_uint64), ("chunk_bytes", ctypes.c_uint64),
-                ("chunks", ctypes.c_uint32)]
-
-
-class PoolInfo(ctypes.Structure):
-    _fields_ = [("block_count", ctypes.c_uint32), ("block_bytes", ctypes.c_uint64),
-                ("base", ctypes.c_void_p), ("reserved_bytes", ctypes.c_uint64),
-                ("huge_pages", ctypes.c_int)]
-
-
-class Extent(ctypes.Structure):
-    _fields_ = [("first", ctypes.c_uint32), ("count", ctypes.c_uint32),
-                ("data", ctypes.c_void_p), ("bytes", ctypes.c_uint64)]
-
-
-class Event(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int), ("epoch", ctypes.c_uint64),
-                ("extent_count", ctypes.c_uint32), ("extents_truncated", ctypes.c_int),
-                ("extents", Extent * 64), ("blocks", ctypes.c_uint32),
-                ("timeout_ms", ctypes.c_int64), ("reason", ctypes.c_char * 256)]
+# The C ABI's structures, as the Python SDK declares them (python/baton-engine).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python",
+                                "baton-engine"))
+from baton_engine._abi import DeviceRegion as Region  # noqa: E402
+from baton_engine._abi import Event, Options, PoolInfo, Tensor  # noqa: E402
 
 
 def load(lib_dir):
