@@ -32,7 +32,9 @@ ArenaOptions PartialOptions(int64_t max_huge_pages) {
 
 // What Manifest() records of an arena, for Adopt().
 ArenaRecord RecordOf(const PinnedArena& a) {
-  ArenaRecord r{.size = a.size(), .huge_pages = a.huge_pages()};
+  ArenaRecord r;
+  r.size = a.size();
+  r.huge_pages = a.huge_pages();
   std::tie(r.inode, r.device) = a.identity();
   if (a.partial()) {
     r.first_size = a.memory().size();
