@@ -18,6 +18,7 @@
 #include "standby/mkmodel/model_presets.h"
 #include "standby/mkmodel/model_writer.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/weightcache/io/pinned_arena_testutil.h"
 
 extern char** environ;
 
@@ -39,16 +40,7 @@ inline const std::string& FiveMiBModelDir() {
   return *dir;
 }
 
-inline long HugePagesFree() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  long value = 0;
-  while (in >> key >> value) {
-    if (key == "HugePages_Free:") return value;
-    in.ignore(256, '\n');
-  }
-  return 0;
-}
+inline long HugePagesFree() { return arena_testing::HugePagesFree(); }
 
 inline const std::string& TinyModelDir() {
   static const std::string* dir = [] {

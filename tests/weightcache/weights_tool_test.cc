@@ -9,12 +9,14 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "tests/weightcache/io/pinned_arena_testutil.h"
 #include "tests/weightcache/sharded_model_testutil.h"
 
 namespace baton {
 namespace {
 
 namespace fs = std::filesystem;
+using arena_testing::HugePagesFree;
 using cachetest::MakeTensor;
 using cachetest::TempDir;
 using cachetest::TestTensor;
@@ -111,17 +113,6 @@ TEST_F(WeightsToolTest, AdoptTimesTheTakeOverAndChecksTheBytes) {
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   EXPECT_NE(plain.out.find("not locked"), std::string::npos) << plain.out;
   EXPECT_NE(plain.out.find("ok: 7 tensors"), std::string::npos) << plain.out;
-}
-
-long HugePagesFree() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  long value = 0;
-  while (in >> key >> value) {
-    if (key == "HugePages_Free:") return value;
-    in.ignore(256, '\n');
-  }
-  return 0;
 }
 
 // An arena allowed fewer huge pages than it needs says how much of it is on each page size,

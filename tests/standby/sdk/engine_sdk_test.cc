@@ -10,6 +10,7 @@
 
 #include "tests/standby/fake_controller.h"
 #include "tests/standby/sdk/mappings_testutil.h"
+#include "tests/weightcache/io/pinned_arena_testutil.h"
 
 namespace baton::testing {
 namespace {
@@ -311,21 +312,13 @@ TEST(EngineSdk, RegisterAckWithoutThePoolFdIsRefused) {
 // A partial weight arena: its huge-page part and its 4 KiB part come as two fds (protocol 8),
 // and the engine maps them back to back, so a tensor across the split reads whole.
 struct PartialArena {
-  SharedMemory first = Take(SharedMemory::Create(
-      {.name = "partial-2m", .size = kHugePageSize, .try_huge_pages = HugePagesFreeNow() > 0}));
+  SharedMemory first =
+      Take(SharedMemory::Create({.name = "partial-2m",
+                                 .size = kHugePageSize,
+                                 .try_huge_pages = arena_testing::HugePagesFree() > 0}));
   SharedMemory second =
       Take(SharedMemory::Create({.name = "partial-4k", .size = 8192, .try_huge_pages = false}));
   static uint8_t ByteAt(size_t i) { return static_cast<uint8_t>(i * 13 + 1); }
-  static long HugePagesFreeNow() {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    long value = 0;
-    while (in >> key >> value) {
-      if (key == "HugePages_Free:") return value;
-      in.ignore(256, '\n');
-    }
-    return 0;
-  }
   PartialArena() {
     Mapping rw = Take(MapBackToBack(first, second, Protection::kReadWrite));
     for (size_t i = 0; i < rw.size(); ++i) rw.data()[i] = ByteAt(i);
