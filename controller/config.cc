@@ -49,6 +49,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"model.dir", Str(&c->model_dir)},
       {"model.numa_node", Int(&c->numa_node, -1, 1023)},
       {"model.huge_pages", Bool(&c->weights_huge_pages)},
+      {"model.max_huge_pages", Int(&c->weights_max_huge_pages, -1, 1 << 30)},
       {"model.lock", Bool(&c->weights_lock)},
       {"engine.command", Command(&c->engine_command)},
       {"engine.log_dir", Str(&c->engine_log_dir)},

@@ -41,6 +41,9 @@ struct ControllerConfig {
   std::string model_dir;
   int numa_node = -1;  // -1: automatic (see weightcache/io/pinned_arena.h)
   bool weights_huge_pages = true;
+  // At most this many 2 MiB pages for the weight arena (the rest on 4 KiB pages); -1: as
+  // many as are free. Leaves huge pages to others, e.g. to the pool.
+  int weights_max_huge_pages = -1;
   bool weights_lock = true;
 
   // [engine]

@@ -181,9 +181,21 @@ Status Controller::SendRegisterAck(EngineHandle& h) {
     ack.tensors.push_back(
         proto::TensorEntry{t.name, static_cast<uint8_t>(t.dtype), t.shape, t.offset, t.size});
   }
-  BATON_ASSIGN_OR_RETURN(UniqueFd arena_fd, weights_->arena().memory().Dup());
+  if (weights_->arena().partial() && h.channel->version() < proto::kProtocolVersionPartialArena) {
+    const std::string why =
+        "the weight arena is partly on huge pages (two memfds), which this "
+        "engine's protocol " +
+        std::to_string(h.channel->version()) + " cannot map (it needs " +
+        std::to_string(proto::kProtocolVersionPartialArena) + ")";
+    (void)h.channel->Send(proto::Stop{.reason = why});
+    return FailedPrecondition(why);
+  }
+  BATON_ASSIGN_OR_RETURN(std::vector<UniqueFd> arena_fds, weights_->arena().DupFds());
   BATON_ASSIGN_OR_RETURN(UniqueFd pool_fd, pool_.Dup());
-  BATON_RETURN_IF_ERROR(h.channel->Send(ack, std::vector<int>{arena_fd.get(), pool_fd.get()}));
+  // [arena, pool] or, for a partial arena, [arena's huge part, pool, arena's 4 KiB part].
+  std::vector<int> fds{arena_fds[0].get(), pool_fd.get()};
+  if (arena_fds.size() > 1) fds.push_back(arena_fds[1].get());
+  BATON_RETURN_IF_ERROR(h.channel->Send(ack, fds));
   if (device_ != nullptr) {
     BATON_RETURN_IF_ERROR(device_->Share(*h.channel).WithContext("sending the device regions"));
   }

@@ -131,10 +131,14 @@ void Controller::KeepMemory(KeeperClient& keeper, bool weights_adopted, bool poo
     Result<uint64_t> generation = NewGeneration();
     Status kept = generation.status();
     if (generation.ok()) {
-      Result<UniqueFd> fd = weights_->arena().memory().Dup();
-      kept = fd.ok() ? keeper.Keep("weights", EncodeWeightManifest(weights_->Manifest(*generation)),
-                                   {fd->get()})
-                     : fd.status();
+      Result<std::vector<UniqueFd>> fds = weights_->arena().DupFds();
+      std::vector<int> raw;
+      if (fds.ok()) {
+        for (const UniqueFd& fd : *fds) raw.push_back(fd.get());
+      }
+      kept = fds.ok() ? keeper.Keep("weights",
+                                    EncodeWeightManifest(weights_->Manifest(*generation)), raw)
+                      : fds.status();
     }
     record->weights_generation = kept.ok() ? *generation : 0;
     if (!kept.ok()) BATON_LOG(WARN, kLog) << "weights not kept: " << kept.ToString();
@@ -178,8 +182,8 @@ std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
   if (Status same = CheckManifestMatches(*manifest, config_.model_dir); !same.ok()) {
     return same.message();
   }
-  if ((*item)->fds.size() != 1) return "the kept weights have no memfd";
-  Result<SharedMemory> arena = SharedMemory::Import(std::move((*item)->fds[0]));
+  if ((*item)->fds.empty()) return "the kept weights have no memfd";
+  Result<std::vector<SharedMemory>> arena = ImportArenaFds(std::move((*item)->fds));
   if (!arena.ok()) return arena.status().message();
   Result<WeightCache> cache = WeightCache::Adopt(
       std::move(arena).value(), *manifest,
@@ -187,8 +191,10 @@ std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
   if (!cache.ok()) return cache.status().message();
   weights_.emplace(std::move(cache).value());
   BATON_LOG(INFO, kLog) << "weights adopted from baton-keeper: " << weights_->tensors().size()
-                        << " tensors, " << weights_->arena().size()
-                        << " bytes; not one byte read from the model files";
+                        << " tensors, " << weights_->arena().size() << " bytes ("
+                        << weights_->arena().huge_bytes() << " on 2 MiB pages, "
+                        << weights_->arena().small_bytes()
+                        << " on 4 KiB pages); not one byte read from the model files";
   return "";
 }
 
@@ -232,6 +238,7 @@ Status Controller::LoadWeights() {
   WeightCacheOptions wopts;
   wopts.arena.numa_node = config_.numa_node;
   wopts.arena.huge_pages = config_.weights_huge_pages;
+  wopts.arena.max_huge_pages = config_.weights_max_huge_pages;
   wopts.arena.lock = config_.weights_lock;
   BATON_ASSIGN_OR_RETURN(WeightCache cache, WeightCache::Load(config_.model_dir, wopts));
   weights_.emplace(std::move(cache));

@@ -28,7 +28,7 @@ int64_t ResidentBytes(const uint8_t* data, uint64_t size) {
 // there (-1). At most every 2 s, so that a client polling status costs nothing.
 int64_t Controller::Resident(const PinnedArena& a) const {
   if (a.locked()) return static_cast<int64_t>(a.size());
-  if (!a.huge_pages() && a.size() > (uint64_t{1} << 30)) return -1;
+  if (a.small_bytes() > (uint64_t{1} << 30)) return -1;
   const TimePoint now = clock_.Now();
   if (resident_bytes_ < 0 || now - resident_at_ >= std::chrono::seconds(2)) {
     resident_bytes_ = ResidentBytes(a.data(), a.size());
@@ -51,6 +51,8 @@ ControllerStatus Controller::Snapshot() const {
                             .arena_bytes = a.size(),
                             .resident_bytes = Resident(a),
                             .huge_pages = a.huge_pages(),
+                            .huge_bytes = a.huge_bytes(),
+                            .small_bytes = a.small_bytes(),
                             .numa_node = a.numa_node(),
                             .numa_bound = a.numa_bound(),
                             .numa_source = a.numa_source(),

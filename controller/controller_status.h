@@ -29,7 +29,9 @@ struct WeightsStatus {
   uint64_t tensor_bytes = 0;
   uint64_t arena_bytes = 0;
   int64_t resident_bytes = -1;
-  bool huge_pages = false;
+  bool huge_pages = false;   // the arena, or the first part of a partial one, is on 2 MiB pages
+  uint64_t huge_bytes = 0;   // of arena_bytes, on 2 MiB pages
+  uint64_t small_bytes = 0;  // on 4 KiB pages (a partial arena's rest, or all of it)
   int numa_node = 0;
   bool numa_bound = false;
   std::string numa_source;

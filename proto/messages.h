@@ -29,7 +29,7 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 7;
+inline constexpr uint16_t kProtocolVersionMax = 8;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
@@ -45,6 +45,10 @@ inline constexpr uint16_t kProtocolVersionKvAdopted = 6;
 // blocks wait in quarantine (it may copy committed KV out of them, read-only). An older
 // engine's promotion waits for the barrier.
 inline constexpr uint16_t kProtocolVersionQuarantine = 7;
+// The first version whose RegisterAck may carry a third fd: the 4 KiB part of a partial
+// weight arena, mapped right after the first fd (the huge-page part). An older engine is
+// refused (Stop) when the arena is partial.
+inline constexpr uint16_t kProtocolVersionPartialArena = 8;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -242,7 +246,9 @@ struct Register {
   }
 };
 
-// Controller -> engine, with two fds: [0] the weight arena (map read-only), [1] the pool.
+// Controller -> engine, with two fds: [0] the weight arena (map read-only), [1] the pool; from
+// protocol 8, a partial arena adds [2], its 4 KiB part, to be mapped read-only right after
+// [0] (at offset size of [0]), so that tensor offsets span both.
 struct RegisterAck {
   static constexpr MsgType kType = MsgType::kRegisterAck;
   uint64_t engine_id = 0;

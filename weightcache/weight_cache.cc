@@ -81,6 +81,9 @@ ArenaRecord RecordOf(const WeightManifest& m) {
                      .inode = m.arena_inode,
                      .device = m.arena_device,
                      .huge_pages = m.huge_pages,
+                     .first_size = m.arena_first_size,
+                     .second_inode = m.arena_second_inode,
+                     .second_device = m.arena_second_device,
                      .numa_node = m.numa_node,
                      .numa_bound = m.numa_bound,
                      .numa_source = m.numa_source,
@@ -153,7 +156,8 @@ Result<WeightCache> WeightCache::Load(const std::string& dir, WeightCacheOptions
   return cache;
 }
 
-Result<WeightCache> WeightCache::Adopt(SharedMemory arena, const WeightManifest& manifest,
+Result<WeightCache> WeightCache::Adopt(std::vector<SharedMemory> arena,
+                                       const WeightManifest& manifest,
                                        const AdoptOptions& options) {
   const TimePoint start = RealClock::Get().Now();
   if (options.model_dir.empty()) {
@@ -176,7 +180,8 @@ Result<WeightCache> WeightCache::Adopt(SharedMemory arena, const WeightManifest&
   BATON_LOG(INFO, kComponent) << "adopted the arena of " << options.model_dir << ": "
                               << cache.tensors_.size() << " tensors, " << cache.arena_.size()
                               << " bytes in " << cache.stats_.seconds * 1000
-                              << " ms, no file read, huge_pages=" << cache.arena_.huge_pages()
+                              << " ms, no file read, on_2m=" << cache.arena_.huge_bytes()
+                              << " on_4k=" << cache.arena_.small_bytes()
                               << " numa_node=" << cache.arena_.numa_node()
                               << " sealed=" << cache.arena_.sealed_read_only()
                               << " (mlock in the background)";
@@ -195,6 +200,10 @@ WeightManifest WeightCache::Manifest(uint64_t generation) const {
   m.arena_size = arena_.size();
   std::tie(m.arena_inode, m.arena_device) = arena_.identity();
   m.huge_pages = arena_.huge_pages();
+  if (arena_.partial()) {
+    m.arena_first_size = arena_.memory().size();
+    std::tie(m.arena_second_inode, m.arena_second_device) = arena_.second_identity();
+  }
   m.numa_node = arena_.numa_node();
   m.numa_bound = arena_.numa_bound();
   m.numa_source = arena_.numa_source();

@@ -52,8 +52,15 @@ class WeightCache {
   // or its files (CheckManifestMatches), the memfd's size, page kind, seals or identity.
   // The tensor table is the manifest's; load_stats() says method "adopted", bytes 0, and how
   // long the adoption took; arena().locked() turns true once the background mlock is done.
-  static Result<WeightCache> Adopt(SharedMemory arena, const WeightManifest& manifest,
+  // `arena` holds the cache's memfds in order: one, or two for a partial arena (PinnedArena).
+  static Result<WeightCache> Adopt(std::vector<SharedMemory> arena, const WeightManifest& manifest,
                                    const AdoptOptions& options);
+  static Result<WeightCache> Adopt(SharedMemory arena, const WeightManifest& manifest,
+                                   const AdoptOptions& options) {
+    std::vector<SharedMemory> parts;
+    parts.push_back(std::move(arena));
+    return Adopt(std::move(parts), manifest, options);
+  }
 
   // What Adopt() needs to take this cache's memfd over; complete, with `generation`.
   WeightManifest Manifest(uint64_t generation) const;

@@ -102,6 +102,7 @@ class Fields {
     }
     return OkStatus();
   }
+  bool Has(std::string_view key) const { return j_.find(key) != j_.end(); }
   Result<const Json*> Find(std::string_view key) const {
     auto it = j_.find(key);
     if (it == j_.end()) return Error(key, "is missing");
@@ -226,12 +227,26 @@ Status DecodeFiles(const Fields& top, WeightManifest* m) {
   return OkStatus();
 }
 
+// The split of a partial arena; a manifest without one describes an arena of one memfd.
+Status DecodeParts(const Fields& a, WeightManifest* m) {
+  if (!a.Has("first_size")) return OkStatus();
+  BATON_RETURN_IF_ERROR(a.Get("first_size", &m->arena_first_size));
+  if (m->arena_first_size == 0) return OkStatus();
+  if (m->arena_first_size >= m->arena_size || m->arena_first_size % (2u << 20) != 0) {
+    return a.Error("first_size", "is not a multiple of 2 MiB below the arena's size");
+  }
+  BATON_RETURN_IF_ERROR(a.Get("second_inode", &m->arena_second_inode));
+  return a.Get("second_device", &m->arena_second_device);
+}
+
 Status DecodeArena(const Fields& top, WeightManifest* m) {
   BATON_ASSIGN_OR_RETURN(Fields a, top.Object("arena"));
-  BATON_RETURN_IF_ERROR(a.Known({"size", "inode", "device", "huge_pages", "numa_node", "numa_bound",
-                                 "numa_source", "sealed_read_only"}));
+  BATON_RETURN_IF_ERROR(
+      a.Known({"size", "inode", "device", "huge_pages", "first_size", "second_inode",
+               "second_device", "numa_node", "numa_bound", "numa_source", "sealed_read_only"}));
   BATON_RETURN_IF_ERROR(a.Get("size", &m->arena_size));
   if (m->arena_size == 0) return a.Error("size", "is 0");
+  BATON_RETURN_IF_ERROR(DecodeParts(a, m));
   BATON_RETURN_IF_ERROR(a.Get("inode", &m->arena_inode));
   BATON_RETURN_IF_ERROR(a.Get("device", &m->arena_device));
   BATON_RETURN_IF_ERROR(a.Get("huge_pages", &m->huge_pages));
@@ -319,8 +334,14 @@ std::string EncodeWeightManifest(const WeightManifest& m) {
   j["dir_entries"] = m.dir_entries;
   j["arena"] = {{"size", m.arena_size},         {"inode", m.arena_inode},
                 {"device", m.arena_device},     {"huge_pages", m.huge_pages},
+
                 {"numa_node", m.numa_node},     {"numa_bound", m.numa_bound},
                 {"numa_source", m.numa_source}, {"sealed_read_only", m.sealed_read_only}};
+  if (m.arena_first_size != 0) {
+    j["arena"]["first_size"] = m.arena_first_size;
+    j["arena"]["second_inode"] = m.arena_second_inode;
+    j["arena"]["second_device"] = m.arena_second_device;
+  }
   j["load"] = {{"method", m.load.method},
                {"fallback_reason", m.load.fallback_reason},
                {"bytes", m.load.bytes},

@@ -64,7 +64,13 @@ struct WeightManifest {
   uint64_t arena_size = 0;
   uint64_t arena_inode = 0;  // the memfd's (fstat), so that another memfd is told apart
   uint64_t arena_device = 0;
-  bool huge_pages = false;
+  bool huge_pages = false;  // of the first memfd
+  // A partial arena (PinnedArena): the size of its first (hugetlb) memfd, a multiple of 2 MiB
+  // below arena_size, and the identity of its second (4 KiB pages). 0 for an arena of one
+  // memfd (and in manifests made before partial arenas).
+  uint64_t arena_first_size = 0;
+  uint64_t arena_second_inode = 0;
+  uint64_t arena_second_device = 0;
   int numa_node = 0;
   bool numa_bound = false;
   std::string numa_source;

@@ -1,7 +1,8 @@
 // baton-weights: load, inspect, hash and verify a model's weights with the weight cache.
 //
 //   baton-weights load DIR [--numa N] [--gpu-pci ID] [--queue-depth Q] [--chunk-mib C]
-//                          [--no-direct] [--no-uring] [--no-huge-pages] [--no-lock] [--json]
+//                          [--no-direct] [--no-uring] [--no-huge-pages] [--max-huge-pages N]
+//                          [--no-lock] [--json]
 //   baton-weights inspect FILE_OR_DIR [--json]
 //   baton-weights hash DIR [load flags] [--json]     writes DIR/baton-integrity.json
 //   baton-weights verify DIR [load flags] [--json]   checks the cache against it
@@ -42,7 +43,8 @@ constexpr int kExitUsage = 2;
 constexpr char kUsage[] =
     "usage: baton-weights COMMAND ARGS\n"
     "  load DIR [--numa N] [--gpu-pci ID] [--queue-depth Q] [--chunk-mib C]\n"
-    "           [--no-direct] [--no-uring] [--no-huge-pages] [--no-lock] [--json]\n"
+    "           [--no-direct] [--no-uring] [--no-huge-pages] [--max-huge-pages N]\n"
+    "           [--no-lock] [--json]\n"
     "  inspect FILE_OR_DIR [--json]\n"
     "  hash DIR [load flags] [--json]     write DIR/baton-integrity.json\n"
     "  verify DIR [load flags] [--json]   check the weights against it\n"
@@ -104,6 +106,11 @@ std::string ParseArgs(int argc, char** argv, Args* args) {
       auto v = value();
       if (!v) return "--gpu-pci needs a PCI bus id";
       arena.gpu_pci_bus_id = *v;
+    } else if (a == "--max-huge-pages") {
+      auto v = value();
+      auto n = v ? ParseNumber<uint32_t>(*v) : std::nullopt;
+      if (!n) return "--max-huge-pages needs a non-negative integer";
+      arena.max_huge_pages = *n;
     } else if (a == "--numa" || a == "--queue-depth" || a == "--chunk-mib") {
       auto v = value();
       auto n = v ? ParseNumber<unsigned>(*v) : std::nullopt;
@@ -158,6 +165,8 @@ Json LoadJson(const WeightCache& cache) {
   j["arena_bytes"] = a.size();
   j["read_bytes"] = s.bytes;
   j["huge_pages"] = a.huge_pages();
+  j["arena_huge_bytes"] = a.huge_bytes();
+  j["arena_small_bytes"] = a.small_bytes();
   j["numa_node"] = a.numa_node();
   j["numa_source"] = a.numa_source();
   j["numa_bound"] = a.numa_bound();
@@ -176,12 +185,15 @@ void PrintLoad(const Json& j) {
   std::printf("model        %s\n", j["dir"].get<std::string>().c_str());
   std::printf("tensors      %zu (%llu bytes)\n", j["tensors"].get<size_t>(),
               static_cast<unsigned long long>(j["tensor_bytes"].get<uint64_t>()));
-  std::printf("arena        %llu bytes, huge pages %s, NUMA node %d (%s%s), locked %s\n",
-              static_cast<unsigned long long>(j["arena_bytes"].get<uint64_t>()),
-              j["huge_pages"].get<bool>() ? "yes" : "no", j["numa_node"].get<int>(),
-              j["numa_source"].get<std::string>().c_str(),
-              j["numa_bound"].get<bool>() ? ", bound" : ", not bound",
-              j["locked"].get<bool>() ? "yes" : "no");
+  std::printf(
+      "arena        %llu bytes (%llu on 2 MiB pages, %llu on 4 KiB pages), NUMA node %d "
+      "(%s%s), locked %s\n",
+      static_cast<unsigned long long>(j["arena_bytes"].get<uint64_t>()),
+      static_cast<unsigned long long>(j["arena_huge_bytes"].get<uint64_t>()),
+      static_cast<unsigned long long>(j["arena_small_bytes"].get<uint64_t>()),
+      j["numa_node"].get<int>(), j["numa_source"].get<std::string>().c_str(),
+      j["numa_bound"].get<bool>() ? ", bound" : ", not bound",
+      j["locked"].get<bool>() ? "yes" : "no");
   std::printf("read         %llu bytes in %.3f s, %.2f GB/s, %s\n",
               static_cast<unsigned long long>(j["read_bytes"].get<uint64_t>()),
               j["load_s"].get<double>(), j["load_gbps"].get<double>(),
@@ -332,15 +344,15 @@ int RunVerify(Args& args) {
 double MillisSince(TimePoint start) { return MillisBetween(start, RealClock::Get().Now()); }
 
 // What a restarted controller does with what baton-keeper held for it: the manifest's JSON
-// and a dup of the arena's memfd, the loading cache gone.
+// and dups of the arena's memfds, the loading cache gone.
 int RunAdopt(Args& args) {
   auto loaded = LoadCache(args);
   if (!loaded.ok()) return Fail(loaded.status());
   std::optional<WeightCache> cache(std::move(loaded).value());
   const IntegrityManifest hashes = HashTensors(*cache);
   const std::string text = EncodeWeightManifest(cache->Manifest(1));
-  auto fd = cache->arena().memory().Dup();
-  if (!fd.ok()) return Fail(fd.status());
+  auto fds = cache->arena().DupFds();
+  if (!fds.ok()) return Fail(fds.status());
   Json j = LoadJson(*cache);
   cache.reset();  // the loading controller is gone; the dup keeps the memory
 
@@ -348,7 +360,7 @@ int RunAdopt(Args& args) {
   auto manifest = DecodeWeightManifest(text, "the manifest");
   if (!manifest.ok()) return Fail(manifest.status());
   const double decode_ms = MillisSince(start);
-  auto memory = SharedMemory::Import(std::move(fd).value());
+  auto memory = ImportArenaFds(std::move(fds).value());
   if (!memory.ok()) return Fail(memory.status());
   const TimePoint adopt_start = RealClock::Get().Now();
   auto adopted = WeightCache::Adopt(std::move(memory).value(), *manifest,

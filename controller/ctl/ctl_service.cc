@@ -89,6 +89,8 @@ json WeightsJson(const ControllerStatus& c) {
           {"arena_bytes", w.arena_bytes},
           {"resident_bytes", w.resident_bytes},
           {"huge_pages", w.huge_pages},
+          {"huge_bytes", w.huge_bytes},
+          {"small_bytes", w.small_bytes},
           {"numa_node", w.numa_node},
           {"numa_bound", w.numa_bound},
           {"numa_source", w.numa_source},

@@ -12,6 +12,17 @@ namespace {
 
 using nlohmann::json;
 
+// How the weight arena is paged: all 2 MiB, all 4 KiB, or partial (bytes on each). A status
+// from a controller that does not report the split says only whether it has huge pages.
+std::string ArenaPagesText(const json& w) {
+  if (!w.contains("huge_bytes")) return w["huge_pages"].get<bool>() ? "huge pages" : "4 KiB pages";
+  const uint64_t huge = w["huge_bytes"].get<uint64_t>(), small = w["small_bytes"].get<uint64_t>();
+  if (small == 0) return "huge pages";
+  if (huge == 0) return "4 KiB pages";
+  return "partial huge pages (" + std::to_string(huge) + " B on 2 MiB pages, " +
+         std::to_string(small) + " B on 4 KiB pages)";
+}
+
 // The route table, then the last refusals and engine exits (five of each), for StatusText.
 void RoutesAndHistoryText(const json& s, std::ostringstream& out) {
   const json& r = s["routes"];
@@ -86,7 +97,7 @@ std::string StatusText(const ControllerStatus& c) {
   const json& w = s["weights"];
   out << "weights " << w["model_dir"].get<std::string>() << ": " << w["tensors"] << " tensors, "
       << w["resident_bytes"] << " of " << w["arena_bytes"] << " B resident, numa node "
-      << w["numa_node"] << (w["huge_pages"].get<bool>() ? ", huge pages" : "")
+      << w["numa_node"] << ", " << ArenaPagesText(w)
       << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
       << " GB/s\n";
   const json& k = s["controller"]["keeper"];

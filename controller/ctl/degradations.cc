@@ -9,6 +9,9 @@ constexpr uint64_t kHugePage = 2u << 20;
 
 std::string WeightsPagesWhy(const WeightsStatus& w) {
   for (const std::string& warning : w.warnings) {
+    if (warning.find("partial huge pages") != std::string::npos) return warning;
+  }
+  for (const std::string& warning : w.warnings) {
     if (warning.find("huge page") != std::string::npos) return warning;
   }
   return "the weight arena is on normal pages (too few free 2 MiB huge pages: raise "
@@ -34,7 +37,8 @@ std::vector<Degradation> Degradations(const ControllerStatus& c) {
   std::vector<Degradation> out;
   if (c.config == nullptr) return out;
   const ControllerConfig& config = *c.config;
-  if (config.weights_huge_pages && !c.weights.huge_pages) {
+  // A partial arena (some of it on 4 KiB pages) is degraded too.
+  if (config.weights_huge_pages && (!c.weights.huge_pages || c.weights.small_bytes > 0)) {
     out.push_back({"weights_huge_pages", WeightsPagesWhy(c.weights)});
   }
   if (config.weights_lock && !c.weights.locked && !c.weights.lock_pending) {

@@ -44,6 +44,10 @@ std::string MetricsText(const ControllerStatus& c) {
   }
   gauge("baton_weights_bytes", "Weight arena bytes resident",
         static_cast<double>(c.weights.arena_bytes));
+  out << "# HELP baton_weights_arena_bytes Weight arena bytes by page size (a partial arena has "
+         "both)\n# TYPE baton_weights_arena_bytes gauge\n"
+      << "baton_weights_arena_bytes{pages=\"2M\"} " << c.weights.huge_bytes << "\n"
+      << "baton_weights_arena_bytes{pages=\"4K\"} " << c.weights.small_bytes << "\n";
   gauge("baton_crash_loop_backoff", "1 while restarts are held back",
         core.guard_in_backoff ? 1 : 0);
   gauge("baton_engine_cgroups", "1 while each engine runs in a cgroup that a fence kills whole",

@@ -131,6 +131,38 @@ Result<Mapping> SharedMemory::Map(Protection prot, bool populate) const {
   return Mapping(addr, size_);
 }
 
+Result<Mapping> MapBackToBack(const SharedMemory& first, const SharedMemory& second,
+                              Protection prot, bool populate) {
+  if (second.size() == 0) return first.Map(prot, populate);
+  const size_t total = first.size() + second.size();
+  const size_t align = first.huge_pages() && first.size() >= kPageTableShareSize
+                           ? kPageTableShareSize
+                           : kHugePageSize;
+  void* raw =
+      ::mmap(nullptr, total + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return ErrnoStatus("reserving the address range of two memfds", errno);
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = RoundUp(lo, align);
+  if (start > lo) ::munmap(raw, start - lo);
+  if (const uintptr_t slack = lo + total + align - (start + total); slack > 0) {
+    ::munmap(reinterpret_cast<void*>(start + total), slack);
+  }
+  Mapping range(reinterpret_cast<void*>(start), total);  // unmaps both parts, or the reservation
+  const int mprot = prot == Protection::kReadOnly ? PROT_READ : PROT_READ | PROT_WRITE;
+  const int flags = MAP_SHARED | MAP_FIXED | (populate ? MAP_POPULATE : 0);
+  size_t offset = 0;
+  for (const SharedMemory* part : {&first, &second}) {
+    void* at = range.data() + offset;
+    if (::mmap(at, part->size(), mprot, flags, part->fd(), 0) == MAP_FAILED) {
+      return ErrnoStatus("mmap of part " + std::string(part == &first ? "1" : "2") +
+                             " of shared memory at offset " + std::to_string(offset),
+                         errno);
+    }
+    offset += part->size();
+  }
+  return range;
+}
+
 Result<UniqueFd> SharedMemory::Dup() const {
   int fd = ::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0);
   if (fd < 0) return ErrnoStatus("dup of shared memory fd", errno);

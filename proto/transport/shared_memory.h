@@ -93,4 +93,14 @@ class SharedMemory {
   std::string fallback_reason_;
 };
 
+// Maps `first` and then `second` back to back, MAP_SHARED, in one range of first.size() +
+// second.size() bytes, so that an offset means the same byte in every process that maps the
+// two this way: a weight arena whose first part is on 2 MiB huge pages and the rest on 4 KiB
+// pages. The range is reserved PROT_NONE first and each part placed in it with MAP_FIXED,
+// so nothing else can land between them; it starts on a 2 MiB boundary (a GiB one when
+// `first` is hugetlb and at least kPageTableShareSize, as Map() does). The returned Mapping
+// unmaps both. `populate` pre-faults (MAP_POPULATE).
+Result<Mapping> MapBackToBack(const SharedMemory& first, const SharedMemory& second,
+                              Protection prot, bool populate = false);
+
 }  // namespace baton

@@ -10,7 +10,10 @@ is its own or scrubbed; anything else breaks fencing invariants 1/2: it reports 
 through the SDK and writes VIOLATIONS_DIR/violation-<id>.txt, which the tests look for. It
 answers RECLAIM with the blocks asked for, DRAIN through engine.drain(), and exits on STOP.
 
-    sdk_engine.py --violations-dir DIR [--torch-model-dir DIR]
+    sdk_engine.py --violations-dir DIR [--model-dir DIR] [--torch-model-dir DIR]
+
+--model-dir: check, without PyTorch, that every weight tensor's bytes in the arena are the
+bytes of that tensor in DIR's safetensors files (whatever pages, or memfds, the arena is on).
 
 --torch-model-dir: with PyTorch, also check baton_engine.tensors: every weight tensor's storage
 is the arena itself (its data_ptr is the table's address) and equals the tensor in DIR's
@@ -19,6 +22,7 @@ through the C view. A mismatch is reported as an error and written as a violatio
 """
 import argparse
 import ctypes
+import json
 import os
 import struct
 import sys
@@ -109,6 +113,31 @@ def check_torch_views(engine, model_dir):
     return ""
 
 
+def check_weight_bytes(engine, model_dir):
+    """What --model-dir checks before the promotion; returns what is wrong, or ""."""
+    table = {t.name: t for t in engine.tensors()}
+    seen = 0
+    for name in sorted(os.listdir(model_dir)):
+        if not name.endswith(".safetensors"):
+            continue
+        with open(os.path.join(model_dir, name), "rb") as f:
+            header_len = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(header_len))
+            data = f.read()
+        for tensor, entry in header.items():
+            if tensor == "__metadata__":
+                continue
+            begin, end = entry["data_offsets"]
+            if tensor not in table:
+                return f"tensor {tensor} of {name} is not in the weight table"
+            if ctypes.string_at(table[tensor].address, table[tensor].nbytes) != data[begin:end]:
+                return f"tensor {tensor} differs from {name}'s bytes"
+            seen += 1
+    if seen != len(table):
+        return f"{seen} tensors in {model_dir}'s files, {len(table)} in the weight table"
+    return ""
+
+
 def check_block_tensor(engine, extent):
     from baton_engine.tensors import block_tensor
     blocks = block_tensor(engine, extent)
@@ -139,6 +168,7 @@ def serve(engine, stamper):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--violations-dir", required=True)
+    parser.add_argument("--model-dir", default="")
     parser.add_argument("--torch-model-dir", default="")
     args = parser.parse_args()
     with Engine.connect(engine_version="python-sdk-engine/1") as engine:
@@ -146,7 +176,9 @@ def main():
         if not tensors or any(t.address == 0 or t.nbytes == 0 for t in tensors):
             engine.report_error("the weight table is empty or has a tensor without memory")
             return 1
-        problem = check_torch_views(engine, args.torch_model_dir) if args.torch_model_dir else ""
+        problem = check_weight_bytes(engine, args.model_dir) if args.model_dir else ""
+        if not problem and args.torch_model_dir:
+            problem = check_torch_views(engine, args.torch_model_dir)
         if problem:
             Stamper(engine, 0, args.violations_dir).violation(problem)
             return 1

@@ -194,9 +194,12 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
     return FailedPrecondition("the controller refused the registration: " + stop.reason);
   }
   BATON_ASSIGN_OR_RETURN(proto::RegisterAck ack, msg.As<proto::RegisterAck>());
-  if (msg.fds.size() != 2) {
+  // A partial weight arena (protocol 8) comes in two memfds: the third fd is its 4 KiB part.
+  const size_t max_fds = protocol_.load() >= proto::kProtocolVersionPartialArena ? 3 : 2;
+  if (msg.fds.size() < 2 || msg.fds.size() > max_fds) {
     return InvalidArgument("RegisterAck carries " + std::to_string(msg.fds.size()) +
-                           " fds; expected 2 (arena, pool)");
+                           " fds; expected 2 (arena, pool)" +
+                           (max_fds == 3 ? " or 3 (arena, pool, arena's 4 KiB part)" : ""));
   }
   if (ack.engine_id != options_.launch.engine_id) {
     return InvalidArgument("RegisterAck names engine " + std::to_string(ack.engine_id) +
@@ -213,10 +216,12 @@ Status EngineSession::Impl::ReceiveRegisterAck() {
   BATON_ASSIGN_OR_RETURN(
       std::vector<ReceivedVmmRegion> regions,
       DeviceSession::Receive(*channel_, ack.device_regions, options_.connect_timeout));
-  pending_ = PendingMemory{.ack = std::move(ack),
-                           .arena_fd = std::move(msg.fds[0]),
-                           .pool_fd = std::move(msg.fds[1]),
-                           .device_regions = std::move(regions)};
+  pending_ =
+      PendingMemory{.ack = std::move(ack),
+                    .arena_fd = std::move(msg.fds[0]),
+                    .arena_second_fd = msg.fds.size() > 2 ? std::move(msg.fds[2]) : UniqueFd(),
+                    .pool_fd = std::move(msg.fds[1]),
+                    .device_regions = std::move(regions)};
   return OkStatus();
 }
 
@@ -224,7 +229,8 @@ Status EngineSession::Impl::TakeMemory() {
   if (!pending_.has_value()) return FailedPrecondition("no RegisterAck to take the memory of");
   PendingMemory pending = std::move(*pending_);
   pending_.reset();
-  BATON_RETURN_IF_ERROR(MapWeights(pending.ack, std::move(pending.arena_fd)));
+  BATON_RETURN_IF_ERROR(
+      MapWeights(pending.ack, std::move(pending.arena_fd), std::move(pending.arena_second_fd)));
   BATON_RETURN_IF_ERROR(ReservePool(pending.ack, std::move(pending.pool_fd)));
   return TakeDeviceRegions(pending.ack, std::move(pending.device_regions));
 }
@@ -255,13 +261,19 @@ Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack,
   return OkStatus();
 }
 
-Status EngineSession::Impl::MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd) {
+// A partial arena's two memfds are mapped back to back, so that offsets span both.
+Status EngineSession::Impl::MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd,
+                                       UniqueFd second_fd) {
   BATON_ASSIGN_OR_RETURN(arena_, SharedMemory::Import(std::move(arena_fd)));
-  if (arena_.size() < ack.arena_size) {
-    return InvalidArgument("weight arena fd holds " + std::to_string(arena_.size()) +
+  if (second_fd.valid()) {
+    BATON_ASSIGN_OR_RETURN(arena_second_, SharedMemory::Import(std::move(second_fd)));
+  }
+  if (arena_.size() + arena_second_.size() < ack.arena_size) {
+    return InvalidArgument("weight arena fds hold " +
+                           std::to_string(arena_.size() + arena_second_.size()) +
                            " bytes, the table says " + std::to_string(ack.arena_size));
   }
-  BATON_ASSIGN_OR_RETURN(arena_map_, arena_.Map(Protection::kReadOnly));
+  BATON_ASSIGN_OR_RETURN(arena_map_, MapBackToBack(arena_, arena_second_, Protection::kReadOnly));
   weights_.model = ack.model;
   weights_.base = arena_map_.data();
   weights_.size = ack.arena_size;
@@ -318,7 +330,9 @@ Status EngineSession::Impl::Prefault() {
   }
 #endif
   // Older kernels: read one byte of every page.
-  const size_t page = arena_.huge_pages() ? kHugePageSize : static_cast<size_t>(getpagesize());
+  const size_t page = arena_.huge_pages() && arena_second_.size() == 0
+                          ? kHugePageSize
+                          : static_cast<size_t>(getpagesize());
   const volatile uint8_t* bytes = arena_map_.data();
   uint8_t sum = 0;
   for (size_t off = 0; off < arena_map_.size(); off += page) sum = sum ^ bytes[off];

@@ -110,7 +110,7 @@ class EngineSession::Impl {
   static Result<FileIdentity> IdentityOf(int fd);
   proto::ChannelOptions ChannelOptionsForController() const;
   Status ReceiveRegisterAck() BATON_NO_THREAD_SAFETY_ANALYSIS;
-  Status MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd);
+  Status MapWeights(const proto::RegisterAck& ack, UniqueFd arena_fd, UniqueFd second_fd);
   Status ReservePool(const proto::RegisterAck& ack, UniqueFd pool_fd);
   Status TakeDeviceRegions(const proto::RegisterAck& ack, std::vector<ReceivedVmmRegion> regions);
   // Maps (or unmaps) blocks in the host pool and, with device memory, the device pool.
@@ -194,6 +194,7 @@ class EngineSession::Impl {
   struct PendingMemory {
     proto::RegisterAck ack;
     UniqueFd arena_fd;
+    UniqueFd arena_second_fd;  // a partial arena's 4 KiB part; invalid otherwise
     UniqueFd pool_fd;
     std::vector<ReceivedVmmRegion> device_regions;
   };
@@ -203,6 +204,7 @@ class EngineSession::Impl {
 
   std::optional<PendingMemory> pending_;
   SharedMemory arena_;
+  SharedMemory arena_second_;  // a partial arena's 4 KiB part, mapped right after arena_
   Mapping arena_map_;
   MappedWeights weights_;
   PoolView pool_view_;

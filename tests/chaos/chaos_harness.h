@@ -41,8 +41,9 @@ struct ClusterOptions {
   int heartbeat_ms = 100;
   int heartbeat_misses = 3;
   int probe_timeout_ms = 100;
-  std::string model_dir;           // the model; empty: the tiny one (TinyModelDir)
-  bool weights_huge_pages = true;  // [model] huge_pages: false puts the arena on 4 KiB pages
+  std::string model_dir;            // the model; empty: the tiny one (TinyModelDir)
+  bool weights_huge_pages = true;   // [model] huge_pages: false puts the arena on 4 KiB pages
+  int weights_max_huge_pages = -1;  // [model] max_huge_pages when >= 0 (a partial arena)
   int max_failures = 5;
   int initial_backoff_ms = 1000;
   int standby_relaunch_delay_ms = -1;  // [policy] standby_relaunch_delay_ms when >= 0
@@ -167,6 +168,10 @@ json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std
 bool ProcessExists(pid_t pid);
 // The tiny model shared by every test in the binary (written once).
 const std::string& TinyModelDir();
+// The tiny model with 24 layers, about 5 MiB: three huge pages' worth, for partial arenas.
+const std::string& FiveMiBModelDir();
+// HugePages_Free of /proc/meminfo (0 when absent).
+long HugePagesFree();
 
 }  // namespace baton::chaos
 

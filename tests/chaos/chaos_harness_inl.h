@@ -18,10 +18,29 @@
 #include "standby/mkmodel/model_presets.h"
 #include "standby/mkmodel/model_writer.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/weightcache/io/pinned_arena_testutil.h"
 
 extern char** environ;
 
 namespace baton::chaos {
+
+inline const std::string& FiveMiBModelDir() {
+  static const std::string* dir = [] {
+    auto* path = new std::string("/tmp/baton-chaos-5m-" + std::to_string(::getpid()));
+    ModelSpec spec = PresetSpec("tiny");
+    spec.num_hidden_layers = 24;
+    Result<ModelSummary> written = WriteModel(spec, *path);
+    if (!written.ok()) ADD_FAILURE() << "writing the 5 MiB model: " << written.status().ToString();
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all("/tmp/baton-chaos-5m-" + std::to_string(::getpid()), ec);
+    });
+    return path;
+  }();
+  return *dir;
+}
+
+inline long HugePagesFree() { return arena_testing::HugePagesFree(); }
 
 inline const std::string& TinyModelDir() {
   static const std::string* dir = [] {
@@ -90,7 +109,11 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
               : "")
       << "[model]\ndir = " << Quote(o.model_dir.empty() ? TinyModelDir() : o.model_dir)
       << "\nlock = false\n"
-      << (o.weights_huge_pages ? "" : "huge_pages = false\n") << "[engine]\ncommand = [";
+      << (o.weights_huge_pages ? "" : "huge_pages = false\n")
+      << (o.weights_max_huge_pages >= 0
+              ? "max_huge_pages = " + std::to_string(o.weights_max_huge_pages) + "\n"
+              : "")
+      << "[engine]\ncommand = [";
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
   out << "]\nbase_port = " << o.base_port << "\nregister_timeout_ms = " << o.register_timeout_ms
       << "\n"

@@ -91,6 +91,46 @@ TEST(ControllerRestart, EnginesWeightsAndPoolSurviveKillMinusNine) {
   ExpectHealthy(cluster, failed_over);
 }
 
+// A weight arena with one huge page (model.max_huge_pages = 1) and 4 KiB pages for the rest:
+// the engines map its two memfds back to back, baton-keeper keeps both, and a controller
+// restarted after kill -9 adopts it whole, with the same engines; a standby launched after
+// that maps it too.
+TEST(ControllerRestart, APartialHugePageArenaIsKeptAndAdopted) {
+  if (HugePagesFree() < 4) {
+    GTEST_SKIP() << "needs free 2 MiB huge pages (HugePages_Free is " << HugePagesFree() << ")";
+  }
+  ClusterOptions options;
+  options.model_dir = FiveMiBModelDir();
+  options.weights_max_huge_pages = 1;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  ASSERT_EQ(before["weights"]["huge_bytes"], 2u << 20) << before["weights"].dump();
+  const uint64_t small = before["weights"]["small_bytes"].get<uint64_t>();
+  ASSERT_GT(small, 0u) << before["weights"].dump();
+  EXPECT_NE(cluster.Log().find("partial huge pages: 2097152 bytes on 2 MiB pages"),
+            std::string::npos)
+      << cluster.Log();
+  const CtlResult text = cluster.CtlPlain({"status"});
+  EXPECT_NE(text.stdout_text.find("partial huge pages (2097152 B on 2 MiB pages, " +
+                                  std::to_string(small) + " B on 4 KiB pages)"),
+            std::string::npos)
+      << text.stdout_text;
+
+  cluster.KillController();
+  cluster.RestartController();
+  const json after = cluster.WaitFor([&](const json& s) { return SamePair(before, s); },
+                                     "the same pair, re-adopted");
+  ExpectAdoptedMemory(after);
+  EXPECT_EQ(after["weights"]["huge_bytes"], 2u << 20) << after["weights"].dump();
+  EXPECT_EQ(after["weights"]["small_bytes"], small) << after["weights"].dump();
+  ExpectHealthy(cluster, after);
+  ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
+  const json failed_over = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && PrimaryId(s) != PrimaryId(before); },
+      "a failover, then a new standby on the adopted partial arena");
+  ExpectHealthy(cluster, failed_over);
+}
+
 // baton-keeper closes a connection left idle for its idle timeout (10 s), and the controller
 // holds one across its weight load: a load that takes longer (a 4.3 GB model on 4 KiB pages
 // under load) found the connection closed when it came to keep the memory, kept nothing, and

@@ -98,6 +98,29 @@ TEST_F(PythonEngineTest, GracefulSwitchoverDrainsThroughTheSdk) {
   cluster.CheckFencing();
 }
 
+// A weight arena partly on huge pages (two memfds): the Python SDK maps both back to back,
+// and every tensor it is given reads the bytes of the model's files, across the split too
+// (sdk_engine.py --model-dir; a mismatch is a violation). After a kill, the new standby maps
+// it the same way.
+TEST_F(PythonEngineTest, APartialHugePageArenaReadsTheModelsBytes) {
+  if (HugePagesFree() < 4) {
+    GTEST_SKIP() << "needs free 2 MiB huge pages (HugePages_Free is " << HugePagesFree() << ")";
+  }
+  ClusterOptions o = PythonPair();
+  o.model_dir = FiveMiBModelDir();
+  o.weights_max_huge_pages = 1;
+  o.engine_command.insert(o.engine_command.end(), {"--model-dir", "{model_dir}"});
+  ChaosCluster cluster(o);
+  const json status = cluster.Status();
+  ASSERT_EQ(status["weights"]["huge_bytes"], 2u << 20) << status["weights"].dump();
+  ASSERT_GT(status["weights"]["small_bytes"].get<uint64_t>(), 0u) << status["weights"].dump();
+  const json primary = EngineWithRole(status, "primary");
+  ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  WaitNewPrimary(cluster, primary["id"], "the Python standby to take over");
+  cluster.WaitFor(IsReady, "a new Python standby on the partial arena");
+  cluster.CheckFencing();  // a tensor that read other bytes than the file's is a violation file
+}
+
 TEST_F(PythonEngineTest, TorchViewsOfTheWeightsAndBlocksAreBatonsMemory) {
   if (!TorchInstalled()) GTEST_SKIP() << "PyTorch is missing for " << kPython;
   ClusterOptions o = PythonPair();

@@ -120,6 +120,15 @@ class FakeController {
     ASSERT_TRUE(channel_->Send(ack, std::span<const int>(all, static_cast<size_t>(fds))).ok());
     if (expect_ready) Expect<proto::StandbyReady>();
   }
+  // The same, with a partial arena of two memfds: RegisterAck carries [first, pool, second].
+  void ServePartialRegistration(const proto::RegisterAck& ack, const SharedMemory& first,
+                                const SharedMemory& second, bool expect_ready = true) {
+    if (!AcceptHello()) return;
+    (void)Expect<proto::Register>();
+    const int all[3] = {first.fd(), pool_.fd(), second.fd()};
+    ASSERT_TRUE(channel_->Send(ack, std::span<const int>(all, 3)).ok());
+    if (expect_ready) Expect<proto::StandbyReady>();
+  }
 
   // Accepts the next connection and answers its Hello, speaking protocol versions up to
   // `max_version`; refuses the engine's launch token when `admit_token` is false. Whether the

@@ -108,6 +108,37 @@ void ExpectRefused(const nlohmann::json& j, const std::string& mention) {
   EXPECT_EQ(r.status().message().rfind("kept.json: ", 0), 0u) << r.status().message();
 }
 
+// A partial arena's split and its second memfd round-trip; a manifest without them (made by
+// a controller before partial arenas) describes an arena of one memfd.
+TEST(WeightManifestTest, RoundTripsThePartsOfAPartialArena) {
+  WeightManifest m = FullManifest();
+  m.arena_size = 5 << 20;
+  m.arena_first_size = 2 << 20;
+  m.arena_second_inode = 77;
+  m.arena_second_device = 9;
+  Result<WeightManifest> back = DecodeWeightManifest(EncodeWeightManifest(m), "m");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(*back == m) << EncodeWeightManifest(*back);
+
+  nlohmann::json old = nlohmann::json::parse(EncodeWeightManifest(FullManifest()));
+  ASSERT_FALSE(old["arena"].contains("first_size"));
+  Result<WeightManifest> one = DecodeWeightManifest(old.dump(), "m");
+  ASSERT_TRUE(one.ok()) << one.status().ToString();
+  EXPECT_EQ(one->arena_first_size, 0u);
+
+  for (uint64_t bad : {uint64_t{5} << 20, uint64_t{3} << 19, uint64_t{6} << 20}) {
+    nlohmann::json j = nlohmann::json::parse(EncodeWeightManifest(m));
+    j["arena"]["first_size"] = bad;
+    Result<WeightManifest> refused = DecodeWeightManifest(j.dump(), "m");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.status().message().find("'arena.first_size'"), std::string::npos)
+        << refused.status().ToString();
+  }
+  nlohmann::json missing = nlohmann::json::parse(EncodeWeightManifest(m));
+  missing["arena"].erase("second_inode");
+  EXPECT_FALSE(DecodeWeightManifest(missing.dump(), "m").ok());
+}
+
 TEST(WeightManifestTest, RefusesAMalformedFieldNamingIt) {
   const nlohmann::json good = nlohmann::json::parse(EncodeWeightManifest(FullManifest()));
   ASSERT_TRUE(DecodeWeightManifest(good.dump(), "kept.json").ok());

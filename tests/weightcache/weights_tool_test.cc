@@ -9,14 +9,18 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "tests/weightcache/io/pinned_arena_testutil.h"
 #include "tests/weightcache/sharded_model_testutil.h"
 
 namespace baton {
 namespace {
 
 namespace fs = std::filesystem;
+using arena_testing::HugePagesFree;
+using cachetest::MakeTensor;
 using cachetest::TempDir;
 using cachetest::TestTensor;
+using cachetest::WriteSafetensors;
 using cachetest::WriteShardedModel;
 
 struct ToolRun {
@@ -111,6 +115,38 @@ TEST_F(WeightsToolTest, AdoptTimesTheTakeOverAndChecksTheBytes) {
   EXPECT_NE(plain.out.find("ok: 7 tensors"), std::string::npos) << plain.out;
 }
 
+// An arena allowed fewer huge pages than it needs says how much of it is on each page size,
+// and an adopted partial arena reads back the same bytes across the split.
+TEST_F(WeightsToolTest, APartialArenaReportsItsSplitAndAdoptsWhole) {
+  TempDir big;
+  WriteSafetensors(big.path() + "/model.safetensors",
+                   {MakeTensor("big", "U8", {5 << 20}, 1, 9), MakeTensor("tail", "F32", {9}, 4, 8)},
+                   "");
+  ToolRun none = RunTool("load " + big.path() + " --json --no-lock --max-huge-pages 0");
+  ASSERT_EQ(none.exit_code, 0) << none.err;
+  nlohmann::json n = LastLineJson(none.out);
+  EXPECT_EQ(n["arena_huge_bytes"], 0);
+  EXPECT_EQ(n["arena_small_bytes"], n["arena_bytes"]);
+  if (HugePagesFree() < 2) {
+    GTEST_SKIP() << "a partial arena needs free 2 MiB huge pages (HugePages_Free is "
+                 << HugePagesFree() << ")";
+  }
+  ToolRun run = RunTool("load " + big.path() + " --json --no-lock --max-huge-pages 2");
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  nlohmann::json j = LastLineJson(run.out);
+  EXPECT_EQ(j["arena_huge_bytes"], 4u << 20) << j.dump();
+  EXPECT_EQ(j["arena_small_bytes"].get<uint64_t>(), j["arena_bytes"].get<uint64_t>() - (4u << 20));
+  EXPECT_NE(j["warnings"].dump().find("partial huge pages"), std::string::npos) << j.dump();
+  ToolRun text = RunTool("load " + big.path() + " --no-lock --max-huge-pages 2");
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("(4194304 on 2 MiB pages, "), std::string::npos) << text.out;
+  ToolRun adopt = RunTool("adopt " + big.path() + " --json --no-lock --max-huge-pages 2");
+  ASSERT_EQ(adopt.exit_code, 0) << adopt.err << adopt.out;
+  nlohmann::json a = LastLineJson(adopt.out);
+  EXPECT_EQ(a["verified"], true) << a.dump();
+  EXPECT_EQ(a["arena_huge_bytes"], 4u << 20) << a.dump();
+}
+
 TEST_F(WeightsToolTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunTool("").exit_code, 2);
   EXPECT_EQ(RunTool("frobnicate x").exit_code, 2);
@@ -118,6 +154,7 @@ TEST_F(WeightsToolTest, BadUsageExitsTwo) {
   EXPECT_EQ(RunTool("adopt").exit_code, 2);
   EXPECT_EQ(RunTool("load " + dir_.path() + " --queue-depth").exit_code, 2);
   EXPECT_EQ(RunTool("load " + dir_.path() + " --chunk-mib 0").exit_code, 2);
+  EXPECT_EQ(RunTool("load " + dir_.path() + " --max-huge-pages -1").exit_code, 2);
   EXPECT_EQ(RunTool("inspect " + dir_.path() + " --no-direct").exit_code, 2);
   EXPECT_EQ(RunTool("load " + dir_.path() + "/absent").exit_code, 1);
 }

@@ -13,24 +13,13 @@
 #include <sstream>
 
 #include "base/log.h"
+#include "weightcache/io/huge_page_budget.h"
 #include "weightcache/io/numa.h"
 
 namespace baton {
 namespace {
 
 constexpr char kComponent[] = "arena";
-
-// A field of /proc/meminfo (e.g. "HugePages_Free"), or -1 when absent.
-long MeminfoValue(const std::string& key) {
-  std::ifstream in("/proc/meminfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.compare(0, key.size() + 1, key + ":") == 0) {
-      return std::strtol(line.c_str() + key.size() + 1, nullptr, 10);
-    }
-  }
-  return -1;
-}
 
 std::string MemlockLimitText() {
   struct rlimit lim {};
@@ -76,38 +65,75 @@ std::string SealMismatch(const SharedMemory& memory, const ArenaRecord& record) 
   return "";
 }
 
-// Why `memory` is not the arena `record` describes; empty when it is.
-std::string AdoptMismatch(const SharedMemory& memory, const ArenaRecord& record) {
-  if (memory.size() != record.size) {
+// What one memfd of an adopted arena must be.
+struct ExpectedPart {
+  uint64_t size = 0;
+  bool huge_pages = false;
+  uint64_t inode = 0;
+  uint64_t device = 0;
+};
+
+// Why `memory` is not the part `want` of the arena `record` describes; empty when it is.
+std::string PartMismatch(const SharedMemory& memory, const ExpectedPart& want,
+                         const ArenaRecord& record) {
+  if (memory.size() != want.size) {
     return "the memfd holds " + std::to_string(memory.size()) + " bytes, the record says " +
-           std::to_string(record.size);
+           std::to_string(want.size);
   }
-  if (memory.huge_pages() != record.huge_pages) {
+  if (memory.huge_pages() != want.huge_pages) {
     return std::string("the memfd has ") + (memory.huge_pages() ? "2 MiB" : "4 KiB") +
-           " pages, the record says " + (record.huge_pages ? "2 MiB" : "4 KiB");
+           " pages, the record says " + (want.huge_pages ? "2 MiB" : "4 KiB");
   }
   if (const std::string seals = SealMismatch(memory, record); !seals.empty()) return seals;
   struct stat st {};
   if (::fstat(memory.fd(), &st) != 0) return ErrnoStatus("fstat of the memfd", errno).message();
-  if (st.st_ino != record.inode || st.st_dev != record.device) {
+  if (st.st_ino != want.inode || st.st_dev != want.device) {
     return "the memfd is another object than the recorded one (inode " + std::to_string(st.st_ino) +
-           ", recorded " + std::to_string(record.inode) + ")";
+           ", recorded " + std::to_string(want.inode) + ")";
   }
   return "";
+}
+
+// Why `parts` are not the arena `record` describes; empty when they are.
+std::string AdoptMismatch(const std::vector<SharedMemory>& parts, const ArenaRecord& record) {
+  const bool two = record.first_size != 0 && record.first_size < record.size;
+  if (parts.size() != (two ? 2u : 1u)) {
+    return std::to_string(parts.size()) + " memfds, the record says " + (two ? "2" : "1");
+  }
+  const ExpectedPart first{.size = two ? record.first_size : record.size,
+                           .huge_pages = record.huge_pages,
+                           .inode = record.inode,
+                           .device = record.device};
+  if (std::string why = PartMismatch(parts[0], first, record); !why.empty()) return why;
+  if (!two) return "";
+  const ExpectedPart second{.size = record.size - record.first_size,
+                            .huge_pages = false,
+                            .inode = record.second_inode,
+                            .device = record.second_device};
+  std::string why = PartMismatch(parts[1], second, record);
+  return why.empty() ? "" : "its 4 KiB part: " + why;
+}
+
+std::pair<uint64_t, uint64_t> IdentityOf(const SharedMemory& memory) {
+  struct stat st {};
+  if (memory.fd() < 0 || ::fstat(memory.fd(), &st) != 0) return {0, 0};
+  return {static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
 }
 
 }  // namespace
 
 PinnedArena::~PinnedArena() { background_lock_.reset(); }
 
-Result<PinnedArena> PinnedArena::Adopt(SharedMemory memory, const ArenaRecord& record, bool lock) {
-  if (const std::string why = AdoptMismatch(memory, record); !why.empty()) {
+Result<PinnedArena> PinnedArena::Adopt(std::vector<SharedMemory> parts, const ArenaRecord& record,
+                                       bool lock) {
+  if (const std::string why = AdoptMismatch(parts, record); !why.empty()) {
     return FailedPrecondition("adopting the weight arena: " + why);
   }
   PinnedArena arena;
-  arena.memory_ = std::move(memory);
-  BATON_ASSIGN_OR_RETURN(arena.mapping_,
-                         arena.memory_.Map(Protection::kReadOnly, /*populate=*/false));
+  arena.memory_ = std::move(parts[0]);
+  if (parts.size() == 2) arena.second_ = std::move(parts[1]);
+  BATON_ASSIGN_OR_RETURN(arena.mapping_, MapBackToBack(arena.memory_, arena.second_,
+                                                       Protection::kReadOnly, /*populate=*/false));
   arena.adopted_ = true;
   arena.numa_node_ = record.numa_node;
   arena.numa_bound_ = record.numa_bound;
@@ -125,10 +151,18 @@ Result<PinnedArena> PinnedArena::Adopt(SharedMemory memory, const ArenaRecord& r
   return arena;
 }
 
-std::pair<uint64_t, uint64_t> PinnedArena::identity() const {
-  struct stat st {};
-  if (::fstat(memory_.fd(), &st) != 0) return {0, 0};
-  return {static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_dev)};
+std::pair<uint64_t, uint64_t> PinnedArena::identity() const { return IdentityOf(memory_); }
+
+std::pair<uint64_t, uint64_t> PinnedArena::second_identity() const { return IdentityOf(second_); }
+
+Result<std::vector<UniqueFd>> PinnedArena::DupFds() const {
+  std::vector<UniqueFd> fds;
+  for (const SharedMemory* part : {&memory_, &second_}) {
+    if (part->size() == 0) continue;
+    BATON_ASSIGN_OR_RETURN(UniqueFd fd, part->Dup());
+    fds.push_back(std::move(fd));
+  }
+  return fds;
 }
 
 void PinnedArena::AwaitLock() const {
@@ -141,6 +175,18 @@ std::vector<std::string> PinnedArena::warnings() const {
     out.push_back(MlockFailure(size(), background_lock_->error(), huge_pages()));
   }
   return out;
+}
+
+Result<std::vector<SharedMemory>> ImportArenaFds(std::vector<UniqueFd> fds) {
+  if (fds.empty() || fds.size() > 2) {
+    return InvalidArgument("a weight arena is 1 or 2 memfds, not " + std::to_string(fds.size()));
+  }
+  std::vector<SharedMemory> parts;
+  for (UniqueFd& fd : fds) {
+    BATON_ASSIGN_OR_RETURN(SharedMemory part, SharedMemory::Import(std::move(fd)));
+    parts.push_back(std::move(part));
+  }
+  return parts;
 }
 
 int ChooseNumaNode(int requested, const std::string& gpu_pci_bus_id) {
@@ -171,6 +217,7 @@ Result<PinnedArena> PinnedArena::Create(const ArenaOptions& options) {
   for (const std::string& w : arena.warnings_) BATON_LOG(WARN, kComponent) << w;
   BATON_LOG(INFO, kComponent) << "arena '" << options.name << "': " << arena.size()
                               << " bytes, huge_pages=" << arena.huge_pages()
+                              << " on_2m=" << arena.huge_bytes() << " on_4k=" << arena.small_bytes()
                               << " numa_node=" << arena.numa_node_ << " (" << arena.numa_source_
                               << ") bound=" << arena.numa_bound_
                               << " populated=" << options.populate << " locked=" << arena.locked_;
@@ -197,43 +244,58 @@ Status PinnedArena::ChooseNode(const ArenaOptions& options) {
   return OkStatus();
 }
 
-// Free 2 MiB huge pages on `node` (sysfs), or -1 when the kernel does not say.
-long FreeHugePagesOnNode(const std::string& sysfs_root, int node) {
-  std::ifstream in(sysfs_root + "/devices/system/node/node" + std::to_string(node) +
-                   "/hugepages/hugepages-2048kB/free_hugepages");
-  long value = -1;
-  return in >> value ? value : -1;
+Status PinnedArena::MapMemory(const ArenaOptions& options) {
+  const HugePageBudget budget =
+      options.huge_pages
+          ? BudgetHugePages(options.size, numa_node_, options.max_huge_pages, options.sysfs_root)
+          : HugePageBudget{};
+  if (budget.pages > 0 && budget.pages < budget.needed) {
+    BATON_RETURN_IF_ERROR(CreatePartial(options, budget.pages, budget.why));
+  } else {
+    SharedMemoryOptions shm{options.name, options.size, budget.pages > 0};
+    if (options.huge_pages && budget.pages == 0) {
+      warnings_.push_back(budget.why +
+                          ": using 4 KiB pages, which are much slower to fault in; reserve "
+                          "them with `sysctl vm.nr_hugepages=N`, or on this node with "
+                          "/sys/devices/system/node/node" +
+                          std::to_string(numa_node_) + "/hugepages/hugepages-2048kB/nr_hugepages");
+    }
+    // Huge pages count as had only once reserved (SharedMemory::Create): too few free ones
+    // fall back to 4 KiB pages here, never to ENOMEM at the Map below or SIGBUS later.
+    BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create(shm));
+    if (shm.try_huge_pages && !memory_.huge_pages()) NoteHugePageFallback();
+  }
+  BATON_ASSIGN_OR_RETURN(mapping_, MapBackToBack(memory_, second_, Protection::kReadWrite,
+                                                 /*populate=*/false));
+  return OkStatus();
 }
 
-Status PinnedArena::MapMemory(const ArenaOptions& options) {
-  SharedMemoryOptions shm{options.name, options.size, options.huge_pages};
-  // The kernel reserves huge pages globally, but the arena is bound to one node: pages free
-  // only on other nodes would pass the reservation and fail the population (or fault with
-  // SIGBUS). Too few on the node means normal pages from the start.
-  const long needed = static_cast<long>((options.size + kHugePageSize - 1) / kHugePageSize);
-  const long free_on_node = FreeHugePagesOnNode(options.sysfs_root, numa_node_);
-  if (shm.try_huge_pages && free_on_node >= 0 && free_on_node < needed) {
-    warnings_.push_back("NUMA node " + std::to_string(numa_node_) + " has " +
-                        std::to_string(free_on_node) + " free 2 MiB huge pages of the " +
-                        std::to_string(needed) +
-                        " the arena needs: using 4 KiB pages, which are much slower to fault "
-                        "in; reserve them with `sysctl vm.nr_hugepages=N`, or on this node "
-                        "with /sys/devices/system/node/node" +
-                        std::to_string(numa_node_) + "/hugepages/hugepages-2048kB/nr_hugepages");
-    shm.try_huge_pages = false;
+void PinnedArena::NoteHugePageFallback() {
+  std::ostringstream note;
+  note << "huge pages unavailable (" << memory_.fallback_reason()
+       << "; HugePages_Free=" << MeminfoValue("HugePages_Free")
+       << "): using 4 KiB pages, which are much slower to fault in; reserve them with "
+          "`sysctl vm.nr_hugepages=N` (N = bytes / 2 MiB)";
+  warnings_.push_back(note.str());
+}
+
+// The first `huge_pages` x 2 MiB in a hugetlb memfd, the rest in a memfd of 4 KiB pages.
+Status PinnedArena::CreatePartial(const ArenaOptions& options, uint64_t huge_pages,
+                                  const std::string& why) {
+  const uint64_t first_size = huge_pages * kHugePageSize;
+  BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create({options.name, first_size, true}));
+  if (!memory_.huge_pages()) {  // taken by another process since they were counted
+    NoteHugePageFallback();
+    BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create({options.name, options.size, false}));
+    return OkStatus();
   }
-  // Huge pages count as had only once reserved (SharedMemory::Create): too few free ones
-  // fall back to 4 KiB pages here, never to ENOMEM at the Map below or SIGBUS later.
-  BATON_ASSIGN_OR_RETURN(memory_, SharedMemory::Create(shm));
-  if (shm.try_huge_pages && !memory_.huge_pages()) {
-    std::ostringstream note;
-    note << "huge pages unavailable (" << memory_.fallback_reason()
-         << "; HugePages_Free=" << MeminfoValue("HugePages_Free")
-         << "): using 4 KiB pages, which are much slower to fault in; reserve them with "
-            "`sysctl vm.nr_hugepages=N` (N = bytes / 2 MiB)";
-    warnings_.push_back(note.str());
-  }
-  BATON_ASSIGN_OR_RETURN(mapping_, memory_.Map(Protection::kReadWrite, /*populate=*/false));
+  BATON_ASSIGN_OR_RETURN(
+      second_, SharedMemory::Create({options.name + "-4k", options.size - first_size, false}));
+  warnings_.push_back("partial huge pages: " + std::to_string(huge_bytes()) +
+                      " bytes on 2 MiB pages, " + std::to_string(second_.size()) +
+                      " bytes on 4 KiB pages (" + why +
+                      "); the 4 KiB part is much slower to fault in; reserve more with "
+                      "`sysctl vm.nr_hugepages=N`");
   return OkStatus();
 }
 
@@ -266,7 +328,8 @@ Status PinnedArena::Populate() {
                                   : ""));
   }
   // Kernels before 5.14 have no MADV_POPULATE_WRITE: touch each page once.
-  const size_t page = memory_.huge_pages() ? kHugePageSize : static_cast<size_t>(::getpagesize());
+  const size_t page =
+      memory_.huge_pages() && !partial() ? kHugePageSize : static_cast<size_t>(::getpagesize());
   for (size_t off = 0; off < size; off += page) {
     reinterpret_cast<volatile uint8_t*>(base)[off] = 0;
   }
@@ -283,27 +346,34 @@ void PinnedArena::Lock() {
 
 void PinnedArena::SealReadOnly() {
   if (adopted_) return;  // Adopt() checked the seals; they are final
-  const Status sealed = memory_.Seal(Sealing::kReadOnly);
+  bool sealed = SealPart(memory_);
+  if (partial()) sealed = SealPart(second_) && sealed;
+  sealed_read_only_ = sealed;
+}
+
+bool PinnedArena::SealPart(SharedMemory& part) {
+  const Status sealed = part.Seal(Sealing::kReadOnly);
   if (!sealed.ok()) {
     // F_ADD_SEALS is all or nothing: a kernel without F_SEAL_FUTURE_WRITE (before Linux 5.1)
     // still takes the size seals.
-    const bool sized = memory_.Seal(Sealing::kFixedSize).ok();
+    const bool sized = part.Seal(Sealing::kFixedSize).ok();
     warnings_.push_back("the weights are not sealed read-only (" + sealed.message() +
                         (sized ? "; sealed against resizing only" : "") +
                         "): an engine could map them writable");
-    return;
+    return false;
   }
-  Result<UniqueFd> fd = memory_.Dup();
+  Result<UniqueFd> fd = part.Dup();
   Result<SharedMemory> peer =
       fd.ok() ? SharedMemory::Import(std::move(fd).value()) : Result<SharedMemory>(fd.status());
   if (peer.ok() && peer->Map(Protection::kReadWrite).ok()) {
     warnings_.push_back(
         "this kernel does not refuse writable mappings of the sealed weights "
         "(F_SEAL_FUTURE_WRITE)" +
-        std::string(huge_pages() ? " on hugetlb memory" : "") + ": an engine could write them");
-    return;
+        std::string(part.huge_pages() ? " on hugetlb memory" : "") +
+        ": an engine could write them");
+    return false;
   }
-  sealed_read_only_ = true;
+  return true;
 }
 
 }  // namespace baton

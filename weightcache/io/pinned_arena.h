@@ -10,9 +10,17 @@
 // pages with `sysctl vm.nr_hugepages=N`). Move-only; owns the memfd and the mapping.
 //
 // Order at creation: memfd, mapping (without pre-faulting), mbind, pre-fault with
-// MADV_POPULATE_WRITE (a page walk on kernels without it), mlock. A hugetlb memfd whose
-// pages cannot be reserved (too few free in vm.nr_hugepages) falls back to normal pages.
-// Engines receive memory().Dup() and map it read-only with SharedMemory::Import.
+// MADV_POPULATE_WRITE (a page walk on kernels without it), mlock.
+//
+// Huge pages: the arena takes as many 2 MiB pages as it may (HugePageBudget: free on its
+// node and on the machine, at most options.max_huge_pages). All of them: one hugetlb memfd.
+// None: one memfd of 4 KiB pages. Some: a partial arena of two memfds mapped back to back
+// (MapBackToBack), the first hugetlb with the pages it could have (the split falls on a 2 MiB
+// boundary, whatever tensor lies across it), the second of 4 KiB pages for the rest; offsets
+// are the same as in a one-memfd arena, and warnings() says how much is on each and why. A
+// hugetlb memfd whose pages cannot be reserved after all (another process took them) falls
+// back to 4 KiB pages for the whole arena. Engines receive DupFds() and map them read-only,
+// back to back, in that order.
 //
 // Adopt() wraps a memfd that an earlier process created and filled (a controller's arena kept
 // alive by baton-keeper across its restart): it checks the memfd against what that process
@@ -40,6 +48,7 @@ struct ArenaOptions {
   int numa_node = -1;          // -1: choose as described above
   std::string gpu_pci_bus_id;  // e.g. "0000:17:00.0"; empty when none
   bool huge_pages = true;
+  int64_t max_huge_pages = -1;      // at most this many 2 MiB pages; -1: as many as are free
   bool lock = true;                 // mlock
   bool populate = true;             // pre-fault at creation, never on a later hot path
   std::string sysfs_root = "/sys";  // where NUMA topology is read (tests point it elsewhere)
@@ -50,7 +59,12 @@ struct ArenaRecord {
   uint64_t size = 0;
   uint64_t inode = 0;  // of the memfd (fstat): which object it is
   uint64_t device = 0;
-  bool huge_pages = false;
+  bool huge_pages = false;  // of the first memfd
+  // A partial arena: the size of its first (hugetlb) memfd and the identity of its second;
+  // all 0 for an arena of one memfd.
+  uint64_t first_size = 0;
+  uint64_t second_inode = 0;
+  uint64_t second_device = 0;
   int numa_node = 0;
   bool numa_bound = false;
   std::string numa_source;
@@ -68,7 +82,15 @@ class PinnedArena {
   // node, binding and seal state are the record's (the pages were placed when the memory was
   // created). With `lock`, the mapping is mlock'd by a background thread: locked() turns true when
   // it is done, and a failure is added to warnings(); AwaitLock() waits for it.
-  static Result<PinnedArena> Adopt(SharedMemory memory, const ArenaRecord& record, bool lock);
+  // `parts` are the arena's memfds in order (one, or two for a partial arena); each is checked
+  // as above, the second against record.second_*.
+  static Result<PinnedArena> Adopt(std::vector<SharedMemory> parts, const ArenaRecord& record,
+                                   bool lock);
+  static Result<PinnedArena> Adopt(SharedMemory memory, const ArenaRecord& record, bool lock) {
+    std::vector<SharedMemory> parts;
+    parts.push_back(std::move(memory));
+    return Adopt(std::move(parts), record, lock);
+  }
 
   PinnedArena() = default;
   ~PinnedArena();
@@ -78,10 +100,21 @@ class PinnedArena {
   // Writable for an arena made by Create(); read-only (a write faults) for an adopted one.
   uint8_t* data() const { return mapping_.data(); }
   uint64_t size() const { return mapping_.size(); }
+  // The first (or only) memfd; second_memory() is the 4 KiB part of a partial arena (size 0
+  // otherwise).
   const SharedMemory& memory() const { return memory_; }
+  const SharedMemory& second_memory() const { return second_; }
+  bool partial() const { return second_.size() > 0; }
+  // New fds of the arena's memfds, in order: what an engine or baton-keeper is sent.
+  Result<std::vector<UniqueFd>> DupFds() const;
   // The memfd's inode and device (fstat), for ArenaRecord; {0, 0} if fstat fails.
   std::pair<uint64_t, uint64_t> identity() const;
+  std::pair<uint64_t, uint64_t> second_identity() const;
+  // The first (or only) memfd is hugetlb: all of the arena, or the first part of a partial one.
   bool huge_pages() const { return memory_.huge_pages(); }
+  // Bytes on 2 MiB pages and on 4 KiB pages; they add up to size().
+  uint64_t huge_bytes() const { return memory_.huge_pages() ? memory_.size() : 0; }
+  uint64_t small_bytes() const { return size() - huge_bytes(); }
   bool locked() const { return locked_ || (background_lock_ && background_lock_->locked()); }
   // True while a background mlock (of an adopted arena) is still running.
   bool lock_pending() const { return background_lock_ && !background_lock_->done(); }
@@ -108,8 +141,12 @@ class PinnedArena {
   // the old mapping is unmapped; the destructor stops it first explicitly.
   std::unique_ptr<BackgroundLock> background_lock_;
   SharedMemory memory_;
+  SharedMemory second_;
   Mapping mapping_;
   Status MapMemory(const ArenaOptions& options);
+  Status CreatePartial(const ArenaOptions& options, uint64_t huge_pages, const std::string& why);
+  void NoteHugePageFallback();
+  bool SealPart(SharedMemory& part);
   Status ChooseNode(const ArenaOptions& options);
   Status Populate();
   void Lock();
@@ -122,6 +159,10 @@ class PinnedArena {
   bool adopted_ = false;
   std::vector<std::string> warnings_;
 };
+
+// Wraps the memfds of an arena received from another process (SharedMemory::Import each), in
+// order; refused unless there are one or two.
+Result<std::vector<SharedMemory>> ImportArenaFds(std::vector<UniqueFd> fds);
 
 // The NUMA node that ArenaOptions would choose (exposed for tests and `baton-weights`).
 int ChooseNumaNode(int requested, const std::string& gpu_pci_bus_id);

@@ -35,6 +35,19 @@ TEST(Degradations, NoneWhenEverythingAskedForIsThere) {
   EXPECT_TRUE(Has(m, "baton_memory_kept 1\n")) << m;
 }
 
+TEST(Degradations, APartialArenaIsDegradedWithItsSplit) {
+  ControllerConfig config;
+  ControllerStatus s = Healthy(config);
+  s.weights.huge_bytes = 4u << 20;
+  s.weights.small_bytes = 8192;
+  s.weights.warnings = {"mbind refused",
+                        "partial huge pages: 4194304 bytes on 2 MiB pages, "
+                        "8192 bytes on 4 KiB pages (why)"};
+  const std::string text = DegradationText(s);
+  EXPECT_TRUE(Has(text, "degraded: weights_huge_pages: partial huge pages: 4194304 bytes")) << text;
+  EXPECT_TRUE(Has(DegradationMetrics(s), "baton_degraded{what=\"weights_huge_pages\"} 1\n"));
+}
+
 TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   ControllerConfig config;
   ControllerStatus s = Healthy(config);

@@ -10,6 +10,7 @@
 
 #include "tests/standby/fake_controller.h"
 #include "tests/standby/sdk/mappings_testutil.h"
+#include "tests/weightcache/io/pinned_arena_testutil.h"
 
 namespace baton::testing {
 namespace {
@@ -306,6 +307,64 @@ TEST(EngineSdk, RegisterAckWithoutThePoolFdIsRefused) {
   ASSERT_FALSE(connected.ok());
   EXPECT_EQ(connected.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(connected.status().message().find("expected 2"), std::string::npos);
+}
+
+// A partial weight arena: its huge-page part and its 4 KiB part come as two fds (protocol 8),
+// and the engine maps them back to back, so a tensor across the split reads whole.
+struct PartialArena {
+  SharedMemory first =
+      Take(SharedMemory::Create({.name = "partial-2m",
+                                 .size = kHugePageSize,
+                                 .try_huge_pages = arena_testing::HugePagesFree() > 0}));
+  SharedMemory second =
+      Take(SharedMemory::Create({.name = "partial-4k", .size = 8192, .try_huge_pages = false}));
+  static uint8_t ByteAt(size_t i) { return static_cast<uint8_t>(i * 13 + 1); }
+  PartialArena() {
+    Mapping rw = Take(MapBackToBack(first, second, Protection::kReadWrite));
+    for (size_t i = 0; i < rw.size(); ++i) rw.data()[i] = ByteAt(i);
+  }
+  proto::RegisterAck Ack(const FakeController& fake) const {
+    proto::RegisterAck ack = fake.Ack(100);
+    ack.arena_size = first.size() + second.size();
+    ack.arena_huge_pages = first.huge_pages();
+    ack.tensors = {{"across", 9 /*U8*/, {8192}, kHugePageSize - 4096, 8192},
+                   {"last", 9, {16}, ack.arena_size - 16, 16}};
+    return ack;
+  }
+};
+
+TEST(EngineSdk, MapsAPartialArenaBackToBackAndReadsAcrossTheSplit) {
+  FakeController fake;
+  PartialArena parts;
+  auto session = std::async(std::launch::async,
+                            [&] { return EngineSession::Connect(fake.ReattachingOptions()); });
+  fake.ServePartialRegistration(parts.Ack(fake), parts.first, parts.second);
+  Result<std::unique_ptr<EngineSession>> connected = session.get();
+  ASSERT_TRUE(connected.ok()) << connected.status().ToString();
+  const MappedWeights& w = (*connected)->weights();
+  EXPECT_EQ(w.size, kHugePageSize + 8192);
+  const MappedTensor* across = w.Find("across");
+  ASSERT_NE(across, nullptr);
+  for (size_t i = 0; i < across->size; ++i) {
+    ASSERT_EQ(across->data[i], PartialArena::ByteAt(kHugePageSize - 4096 + i)) << "byte " << i;
+  }
+  const MappedTensor* last = w.Find("last");
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->data[15], PartialArena::ByteAt(w.size - 1));
+  EXPECT_FALSE(AnyWritable(MappingsIn(w.base, w.size)));
+}
+
+TEST(EngineSdk, AnEngineOfAnOlderProtocolRefusesThreeFds) {
+  FakeController fake;
+  PartialArena parts;
+  auto session =
+      std::async(std::launch::async, [&] { return EngineSession::Connect(fake.Options()); });
+  fake.ServePartialRegistration(parts.Ack(fake), parts.first, parts.second,
+                                /*expect_ready=*/false);
+  Result<std::unique_ptr<EngineSession>> connected = session.get();
+  ASSERT_FALSE(connected.ok());
+  EXPECT_NE(connected.status().message().find("carries 3 fds; expected 2"), std::string::npos)
+      << connected.status().ToString();
 }
 
 TEST(EngineSdk, TensorOutsideTheArenaIsRefused) {

@@ -103,11 +103,16 @@ TEST(PinnedArenaTest, NormalPagesWhenHugePagesAreOff) {
   arena->data()[arena->size() - 1] = 1;  // writable to the end
 }
 
-TEST(PinnedArenaTest, FallsBackToNormalPagesWhenTooFewHugePagesAreFree) {
-  // More huge pages than are free: the mmap reservation fails and the arena falls back.
+TEST(PinnedArenaTest, FallsBackToNormalPagesWhenNoHugePagesAreFree) {
+  // None free (on the arena's node, as sysfs says): normal pages, with the way to fix it.
   // Not populated or locked, so the normal-page arena costs nothing until touched.
+  FakeSysfs sysfs;
+  sysfs.Write("devices/system/node/online", "0\n");
+  sysfs.Write("devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages", "0\n");
   ArenaOptions options;
-  options.size = static_cast<uint64_t>(HugePagesFree() + 64) * kHugePageSize;
+  options.size = 64 * kHugePageSize;
+  options.numa_node = 0;
+  options.sysfs_root = sysfs.root();
   options.populate = false;
   options.lock = false;
   auto arena = PinnedArena::Create(options);
@@ -197,8 +202,9 @@ TEST(PinnedArenaTest, GpuOnAnOfflineNodeFallsBackWithAWarning) {
 }
 
 // Huge pages are reserved globally but the arena is bound to one node: too few free on
-// that node mean normal pages from the start, with the reason, not a failed population.
-TEST(PinnedArenaTest, TooFewHugePagesOnTheNodeMeanNormalPages) {
+// that node mean a partial arena (that many huge pages, normal pages for the rest) from the
+// start, with the reason, not a failed population.
+TEST(PinnedArenaTest, TooFewHugePagesOnTheNodeMeanAPartialArena) {
   FakeSysfs sysfs;
   sysfs.Write("devices/system/node/online", "0\n");
   sysfs.Write("devices/system/node/node0/hugepages/hugepages-2048kB/free_hugepages", "1\n");
@@ -208,9 +214,17 @@ TEST(PinnedArenaTest, TooFewHugePagesOnTheNodeMeanNormalPages) {
   options.sysfs_root = sysfs.root();
   auto arena = PinnedArena::Create(options);
   ASSERT_TRUE(arena.ok()) << arena.status().ToString();
-  EXPECT_FALSE(arena->huge_pages());
-  EXPECT_TRUE(AnyWarningContains(*arena, "NUMA node 0 has 1 free 2 MiB huge pages of the 3"))
-      << ::testing::PrintToString(arena->warnings());
+  if (HugePagesFree() >= 1) {
+    EXPECT_TRUE(arena->partial());
+    EXPECT_EQ(arena->huge_bytes(), kHugePageSize);
+    EXPECT_EQ(arena->small_bytes(), 2 * kHugePageSize);
+    EXPECT_TRUE(AnyWarningContains(*arena, "NUMA node 0 has 1 free 2 MiB huge pages of the 3"))
+        << ::testing::PrintToString(arena->warnings());
+  } else {  // the machine has none: the machine's count is the reason
+    EXPECT_FALSE(arena->huge_pages());
+    EXPECT_TRUE(AnyWarningContains(*arena, "free 2 MiB huge pages of the 3"))
+        << ::testing::PrintToString(arena->warnings());
+  }
 }
 
 TEST(NumaTest, ChoosesRequestedThenGpuThenLocal) {
