@@ -47,6 +47,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/config.h"
+#include "controller/core/coordinator_state.h"
 #include "controller/core/coordinator_status.h"
 #include "controller/core/crash_loop_guard.h"
 #include "controller/core/effects.h"
@@ -61,39 +62,12 @@
 
 namespace baton {
 
-// Checks what an engine says of itself (Register, Reattach): bounded UTF-8 and a HOST:PORT
-// address; `message` names it in the error.
-Status CheckEngineFields(const std::string& version, const std::string& address,
-                         const char* message);
-
 // What an engine sends, decoded.
 using FromEngine =
     std::variant<proto::Register, proto::Reattach, proto::StandbyReady, proto::Heartbeat,
                  proto::LeaseRequest, proto::ReturnExtents, proto::ErrorReport, proto::PromoteAck,
                  proto::Drained, proto::ShareMemoryAck, proto::ErrorMsg, proto::KvAdopted,
                  proto::KvInherited>;
-
-// What the daemon found when it started.
-struct StartState {
-  uint64_t incarnation = 1;  // this controller's number on its state directory
-  TimePoint exec_at{};       // when the process started (readopt_ms counts from it)
-  // The previous controller's roster (nullopt: none, or refused: `roster_refused` says why).
-  std::optional<Roster> roster;
-  std::string roster_refused;
-  // Per roster engine: whether its process is alive and is the one listed (pid, start time).
-  std::map<EngineId, bool> alive;
-  // Whether the weight arena and the pool are the previous controller's (kept by
-  // baton-keeper and proven complete); why not otherwise. Engines that map other memory than
-  // this controller's cannot be re-adopted.
-  bool memory_adopted = false;
-  std::string memory_reason;
-  // What the engines map: the st_dev and st_ino of the arena and pool memfds.
-  uint64_t arena_dev = 0, arena_ino = 0, pool_dev = 0, pool_ino = 0;
-  std::optional<CommandRecord> commands;
-  std::string commands_error;     // a record that did not load, for the log
-  uint32_t blocks_per_chunk = 1;  // the device pool's chunk, in blocks (1: host backend)
-  bool cuda_backend = false;
-};
 
 class Coordinator {
  public:
@@ -117,7 +91,7 @@ class Coordinator {
   // A message of a type an engine never sends: refused (ErrorMsg), the engine stays.
   void OnUnexpectedMessage(EngineId id, const std::string& type);
   // The daemon refused a connection (a bad Hello, a stranger's token): kept for status.
-  void NoteRefusal(const std::string& who, const std::string& reason) { Refused(who, reason); }
+  void NoteRefusal(const std::string& who, const std::string& reason) { s_.Refused(who, reason); }
   // Its connection closed (`error`: not a clean close).
   void OnDisconnected(EngineId id, const std::string& reason, bool error);
   // Its process exited and was reaped (or, adopted, seen gone); `how` for the log.
@@ -139,21 +113,21 @@ class Coordinator {
   // Shutdown: every engine is told to stop (or terminated); their exits are then only
   // recorded. A clean stop fences nothing and spends no epoch.
   void BeginShutdown();
-  bool stopping() const { return stopping_; }
+  bool stopping() const { return s_.stopping; }
   // Engines not reaped yet (the daemon's shutdown waits for them).
   std::vector<EngineId> Remaining() const;
 
   // --- reads --------------------------------------------------------------------------------
   // Everything `batonctl status` and /metrics show, as one copy.
   CoordinatorStatus Snapshot() const;
-  const PoolLedger& ledger() const { return *ledger_; }
+  const PoolLedger& ledger() const { return *s_.ledger; }
   // nullptr when unknown.
   const EngineRecord* engine(EngineId id) const;
-  EngineId primary() const { return primary_; }
-  PairState pair_state() const { return pair_.state(); }
+  EngineId primary() const { return s_.primary; }
+  PairState pair_state() const { return s_.pair.state(); }
   bool recovering() const { return recovery_.has_value(); }
-  uint64_t refused_transitions() const { return refused_transitions_; }
-  const std::string& invariants() const { return invariants_; }
+  uint64_t refused_transitions() const { return s_.refused_transitions; }
+  const std::string& invariants() const { return s_.invariants; }
 
   // --- tests ----------------------------------------------------------------------------------
   // A deliberate ledger fault (PoolLedger::Mutation), kept when a restart rebuilds the ledger:
@@ -177,16 +151,6 @@ class Coordinator {
     std::optional<PendingFailover> failover;
     TimePoint deadline;
   };
-  // The Reclaim sent to the primary and not answered yet.
-  struct PendingReclaim {
-    EngineId from = kNoEngine;
-    uint32_t blocks = 0;
-    TimePoint sent{};
-    bool for_reserve = false;  // RefillReserve's, not a canary's
-  };
-  // A Reclaim the primary has not answered in this long is asked again (the first one still
-  // counts against what the primary keeps).
-  static constexpr Duration kReclaimAnswerTimeout = std::chrono::seconds(30);
   // A restarted controller's wait for the previous controller's engines.
   struct Recovery {
     TimePoint deadline;  // for the awaited to reattach; the silent are fenced then
@@ -198,28 +162,11 @@ class Coordinator {
     std::optional<InFlightUpgrade> upgrade;
     RecoveryStatus status;
   };
-  struct DrillRecord {
-    DrillKind kind;
-    EngineId engine = kNoEngine;
-    TimePoint at;
-  };
 
-  // coordinator.cc: the machines, lookups, the roster.
-  template <typename Machine, typename Event>
-  void Step(Machine& machine, Event event);
-  void StepPair(PairEvent event) { Step(pair_, event); }
-  // Applies `event` only when the table has a row for it (events that may not apply).
-  void StepPairIfAllowed(PairEvent event);
-  EngineRecord* Find(EngineId id);
-  EngineRecord& Get(EngineId id);  // must exist
-  EngineRecord* Standby();         // a live, ready standby, the lowest id first
-  size_t LiveEngines() const;
+  // coordinator.cc: the roster.
   bool IsCanary(EngineId id) const { return upgrade_.has_value() && upgrade_->canary == id; }
-  void Refused(const std::string& who, const std::string& reason);
-  void RecordExit(const EngineRecord& e, const std::string& cause, const std::string& exit);
   Roster MakeRoster() const;
   void SaveRoster();
-  bool backoff() const;
 
   // coordinator_engines.cc: launching and engine messages.
   std::optional<TimePoint> NextLaunchAt() const;
@@ -298,10 +245,7 @@ class Coordinator {
   bool SendOrFail(EngineRecord& e, const ToEngine& message);
   void PollEngines();
   void PublishRoutes();
-  void CheckInvariants();
-  Result<uint64_t> AdvanceEpoch();
   void ReplenishEpochs();
-  void NoteJournalState();
   void CheckDevice();
   void RebuildDevice();
 
@@ -323,7 +267,6 @@ class Coordinator {
   void LendReserveToCanary();
   uint32_t CanaryTarget(uint32_t weight) const;
   uint32_t PrimaryKeeps() const;
-  uint32_t WholeChunks(uint32_t blocks) const;
   void ReclaimFromPrimary(uint32_t weight);
   void GrantFreeToCanary();
   void GiveFreeBlocksToPrimary();
@@ -353,33 +296,18 @@ class Coordinator {
   EngineStatus EngineStatusOf(const EngineRecord& e) const;
   proto::EngineRole RoleOf(const EngineRecord& e) const;
 
-  const ControllerConfig& config_;
-  const Clock& clock_;
-  EpochStore& epochs_;
-  Effects& effects_;
-
-  std::unique_ptr<PoolLedger> ledger_;
-  PoolLedger::Mutation ledger_mutation_ = PoolLedger::Mutation::kNone;
-  PairMachine pair_;
-  CrashLoopGuard guard_;
-  TimelineLog timelines_;
-  std::map<EngineId, std::unique_ptr<EngineRecord>> engines_;
-  EngineId next_engine_id_ = 1;
-  EngineId primary_ = kNoEngine;    // serving or draining
-  EngineId promoting_ = kNoEngine;  // Promote sent, no PromoteAck yet
+  CoordinatorState s_;  // shared by every part (coordinator_state.h)
   std::optional<PendingFailover> failover_;
   std::map<EngineId, BarrierWait> barrier_waits_;  // by reaped engine
   std::map<EngineId, pid_t> unfenced_reaped_;      // reaped holders without a durable epoch
   TimePoint next_unfenced_retry_{};
-  std::optional<DrillRecord> drill_;
   std::optional<Upgrade> upgrade_;
   std::deque<UpgradeResult> upgrade_history_;
   std::vector<std::string> active_command_;    // empty: config_.engine_command
   std::vector<std::string> previous_command_;  // what the last promoted upgrade replaced
   uint64_t upgrades_promoted_ = 0;
   uint64_t upgrades_rolled_back_ = 0;
-  bool give_back_blocks_ = false;  // a canary is gone: free blocks return to the primary
-  PendingReclaim reclaim_;
+  bool give_back_blocks_ = false;       // a canary is gone: free blocks return to the primary
   std::string reserve_note_;            // why the pool keeps no promotion reserve ("" if it does)
   std::deque<Duration> teardowns_;      // the last failovers' detected -> barrier passed
   TimePoint next_reserve_reclaim_{};    // RefillReserve's next Reclaim, not before
@@ -387,7 +315,6 @@ class Coordinator {
   std::optional<Recovery> recovery_;
   RecoveryStatus last_recovery_;  // kept for status once recovery ends
 
-  bool cuda_backend_ = false;
   TimePoint next_device_probe_{};
   uint64_t device_losses_ = 0;
   uint64_t device_rebuilds_ = 0;
@@ -395,22 +322,9 @@ class Coordinator {
   std::string rebuild_error_;
   uint64_t rebuild_failures_ = 0;
 
-  std::deque<Refusal> refusals_;
-  std::deque<EngineExit> exits_;
-  std::string invariants_ = "ok";
-  uint64_t launches_ = 0;
-  uint64_t failovers_ = 0;
-  uint64_t called_off_switchovers_ = 0;
-  uint64_t ticks_ = 0;
-  uint64_t refusal_count_ = 0;
-  uint64_t refused_transitions_ = 0;
-  uint64_t incarnation_ = 1;
-  bool stopping_ = false;
   bool replenish_failing_ = false;
-  bool journal_failing_ = false;
   TimePoint next_replenish_{};
   TimePoint next_promote_epoch_{};
-  TimePoint relaunch_not_before_{};
 };
 
 }  // namespace baton

@@ -25,15 +25,15 @@ constexpr Duration kReserveReclaimTimeout = std::chrono::seconds(1);
 
 void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
   NoteBarrierPassed(id, failover);
-  const LedgerEngine* le = ledger_->engine(id);
+  const LedgerEngine* le = s_.ledger->engine(id);
   const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
   if (failover.has_value() && failover->promoted) {
     if (fenced) GrantToPromoted(id, *failover);
   } else if (failover.has_value()) {
-    EngineRecord* s = Find(failover->successor);
+    EngineRecord* s = s_.Find(failover->successor);
     if (s != nullptr && s->live() && s->is(EngineState::kStandby)) {
-      Status promoted = ledger_->Promote(s->id, failover->epoch);
-      Result<std::vector<Extent>> moved = promoted.ok() ? ledger_->ReleaseAfterBarrier(id, s->id)
+      Status promoted = s_.ledger->Promote(s->id, failover->epoch);
+      Result<std::vector<Extent>> moved = promoted.ok() ? s_.ledger->ReleaseAfterBarrier(id, s->id)
                                                         : Result<std::vector<Extent>>(promoted);
       if (moved.ok()) {
         SendPromote(*s, failover->epoch, *moved);
@@ -42,12 +42,12 @@ void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailove
                                << moved.status().ToString();
       }
     } else if (fenced) {
-      if (Result<std::vector<Extent>> freed = ledger_->ReleaseAfterBarrier(id); !freed.ok()) {
+      if (Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id); !freed.ok()) {
         BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
       }
     }
   } else if (fenced) {
-    Result<std::vector<Extent>> freed = ledger_->ReleaseAfterBarrier(id);
+    Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id);
     if (!freed.ok())
       BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
   }
@@ -59,11 +59,11 @@ void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailove
 // write them any more; the SDK keeps their headers, so an engine that waited for them adopts
 // the KV they hold in place. Freed instead if that engine is gone or fenced meanwhile.
 void Coordinator::GrantToPromoted(EngineId id, const PendingFailover& failover) {
-  EngineRecord* s = Find(failover.successor);
-  const LedgerEngine* sl = ledger_->engine(failover.successor);
+  EngineRecord* s = s_.Find(failover.successor);
+  const LedgerEngine* sl = s_.ledger->engine(failover.successor);
   const bool holds = s != nullptr && s->live() && sl != nullptr &&
                      sl->role == LedgerRole::kHolder && sl->epoch == failover.epoch;
-  Result<std::vector<Extent>> moved = ledger_->ReleaseAfterBarrier(id, holds ? s->id : kNoEngine);
+  Result<std::vector<Extent>> moved = s_.ledger->ReleaseAfterBarrier(id, holds ? s->id : kNoEngine);
   if (!moved.ok()) {
     BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << moved.status().ToString();
     return;
@@ -78,9 +78,9 @@ void Coordinator::GrantToPromoted(EngineId id, const PendingFailover& failover) 
 
 void Coordinator::NoteBarrierPassed(EngineId id, const std::optional<PendingFailover>& failover) {
   if (!failover.has_value()) return;
-  PromotionRecord* r = timelines_.Fenced(id, failover->epoch);
+  PromotionRecord* r = s_.timelines.Fenced(id, failover->epoch);
   if (r == nullptr) return;
-  r->barrier_passed = clock_.Now();
+  r->barrier_passed = s_.clock.Now();
   if (!r->detected.has_value()) return;
   teardowns_.push_back(*r->barrier_passed - *r->detected);
   if (teardowns_.size() > kTeardownsKept) teardowns_.pop_front();
@@ -91,15 +91,15 @@ void Coordinator::NoteBarrierPassed(EngineId id, const std::optional<PendingFail
 
 // The median of the last teardowns, less the time since this failover's detection.
 Duration Coordinator::BarrierEstimate() const {
-  Duration typical = cuda_backend_ ? kTypicalDeviceTeardown : kTypicalHostTeardown;
+  Duration typical = s_.cuda_backend ? kTypicalDeviceTeardown : kTypicalHostTeardown;
   if (!teardowns_.empty()) {
     std::vector<Duration> sorted(teardowns_.begin(), teardowns_.end());
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     typical = sorted[sorted.size() / 2];
   }
-  const PromotionRecord* r = timelines_.last();
+  const PromotionRecord* r = s_.timelines.last();
   const Duration since =
-      r != nullptr && r->detected.has_value() ? clock_.Now() - *r->detected : Duration::zero();
+      r != nullptr && r->detected.has_value() ? s_.clock.Now() - *r->detected : Duration::zero();
   return std::max(Duration::zero(), typical - since);
 }
 
@@ -107,11 +107,11 @@ Duration Coordinator::BarrierEstimate() const {
 // barrier went to the new primary), the primary is asked for free blocks, whole chunks, one
 // Reclaim at a time; GiveFreeBlocksToPrimary leaves the reserve out of what it grants back.
 void Coordinator::RefillReserve() {
-  const uint32_t target = ledger_->promotion_reserve();
-  if (target == 0 || stopping_ || upgrade_.has_value() || recovery_.has_value()) return;
-  const uint32_t have = ledger_->ReserveAvailable();
-  EngineRecord* p = Find(primary_);
-  const LedgerEngine* pl = ledger_->engine(primary_);
+  const uint32_t target = s_.ledger->promotion_reserve();
+  if (target == 0 || s_.stopping || upgrade_.has_value() || recovery_.has_value()) return;
+  const uint32_t have = s_.ledger->ReserveAvailable();
+  EngineRecord* p = s_.Find(s_.primary);
+  const LedgerEngine* pl = s_.ledger->engine(s_.primary);
   if (have >= target || p == nullptr || !p->is(EngineState::kPrimary) || !p->connected ||
       pl == nullptr || pl->role != LedgerRole::kHolder) {
     return;
@@ -120,23 +120,25 @@ void Coordinator::RefillReserve() {
   // most one a kReserveReclaimTimeout from the same primary: what it can spare may not make
   // whole chunks. A primary promoted since is asked at once: failovers a second apart would
   // otherwise find the reserve empty and wait for the barrier.
-  if (p->id == reserve_asked_ && clock_.Now() < next_reserve_reclaim_) return;
-  if (reclaim_.from == p->id && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
-  const uint32_t chunk = ledger_->blocks_per_chunk();
-  const uint32_t want = WholeChunks(target - have);
+  if (p->id == reserve_asked_ && s_.clock.Now() < next_reserve_reclaim_) return;
+  if (s_.reclaim.from == p->id &&
+      s_.clock.Now() < s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout)
+    return;
+  const uint32_t chunk = s_.ledger->blocks_per_chunk();
+  const uint32_t want = s_.WholeChunks(target - have);
   if (pl->blocks < want + chunk) return;  // the primary keeps a chunk at least
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " free blocks: the promotion reserve holds " << have << " of " << target;
-  next_reserve_reclaim_ = clock_.Now() + kReserveReclaimTimeout;
+  next_reserve_reclaim_ = s_.clock.Now() + kReserveReclaimTimeout;
   reserve_asked_ = p->id;
   if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
-  reclaim_ =
-      PendingReclaim{.from = p->id, .blocks = want, .sent = clock_.Now(), .for_reserve = true};
+  s_.reclaim =
+      PendingReclaim{.from = p->id, .blocks = want, .sent = s_.clock.Now(), .for_reserve = true};
 }
 
 void Coordinator::PassBarrierOrWait(BarrierWait wait) {
   BATON_FAILPOINT("mid_barrier");  // reaped and fenced; its blocks not yet past the barrier
-  const std::string held_by = effects_.BarrierHeldBy(wait.old);
+  const std::string held_by = s_.effects.BarrierHeldBy(wait.old);
   if (held_by.empty()) return HandOverBlocks(wait.old, wait.failover);
   BATON_LOG(WARN, kLog) << "engine " << wait.old << " (pid " << wait.pid << ") is reaped but "
                         << held_by << ": its blocks wait for the barrier";
@@ -147,15 +149,15 @@ void Coordinator::PassBarrierOrWait(BarrierWait wait) {
 // each failed try spends a batch of epochs): fenced at a new epoch, then past the barrier
 // like any other, so that their blocks return to the pool.
 void Coordinator::RetryUnfencedHolders() {
-  const TimePoint now = clock_.Now();
+  const TimePoint now = s_.clock.Now();
   if (unfenced_reaped_.empty() || now < next_unfenced_retry_) return;
   next_unfenced_retry_ = now + std::chrono::seconds(1);
   while (!unfenced_reaped_.empty()) {
     const auto [id, pid] = *unfenced_reaped_.begin();
-    Result<uint64_t> epoch = AdvanceEpoch();
+    Result<uint64_t> epoch = s_.AdvanceEpoch();
     if (!epoch.ok()) return;
     unfenced_reaped_.erase(unfenced_reaped_.begin());
-    if (Status fenced = ledger_->Fence(id, *epoch); !fenced.ok()) {
+    if (Status fenced = s_.ledger->Fence(id, *epoch); !fenced.ok()) {
       BATON_LOG(ERROR, kLog) << "fencing reaped engine " << id << ": " << fenced.ToString();
       ReleaseIfDone(id);
       continue;
@@ -164,7 +166,7 @@ void Coordinator::RetryUnfencedHolders() {
     PassBarrierOrWait(BarrierWait{.old = id,
                                   .pid = pid,
                                   .failover = std::nullopt,
-                                  .deadline = now + config_.gpu_release_timeout});
+                                  .deadline = now + s_.config.gpu_release_timeout});
     ReleaseIfDone(id);
   }
 }
@@ -172,8 +174,8 @@ void Coordinator::RetryUnfencedHolders() {
 void Coordinator::PollBarrierWaits() {
   std::vector<std::pair<BarrierWait, bool>> ready;
   for (auto it = barrier_waits_.begin(); it != barrier_waits_.end();) {
-    const bool holds = !effects_.BarrierHeldBy(it->first).empty();
-    if (holds && clock_.Now() < it->second.deadline) {
+    const bool holds = !s_.effects.BarrierHeldBy(it->first).empty();
+    if (holds && s_.clock.Now() < it->second.deadline) {
       ++it;
       continue;
     }
@@ -189,10 +191,10 @@ void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
                            << "): another process of its group or cgroup is alive, or the GPU "
                            << "lists one, after "
                            << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  config_.gpu_release_timeout)
+                                  s_.config.gpu_release_timeout)
                                   .count()
                            << " ms; every one was sent SIGKILL, so its blocks move on";
-  } else if (cuda_backend_) {
+  } else if (s_.cuda_backend) {
     BATON_LOG(INFO, kLog) << "barrier: NVML no longer lists pid " << g.pid
                           << " on the GPU and no process of its group is left; its blocks move on";
   } else {
@@ -200,18 +202,19 @@ void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
                           << ") or cgroup is left; its blocks move on";
   }
   if (g.failover.has_value()) {
-    if (PromotionRecord* r = timelines_.Fenced(g.old, g.failover->epoch))
-      r->gpu_released = clock_.Now();
+    if (PromotionRecord* r = s_.timelines.Fenced(g.old, g.failover->epoch))
+      r->gpu_released = s_.clock.Now();
   }
   HandOverBlocks(g.old, g.failover);
   ReleaseIfDone(g.old);
 }
 
 void Coordinator::ReleaseIfDone(EngineId id) {
-  if (engines_.count(id) != 0 || barrier_waits_.count(id) != 0 || unfenced_reaped_.count(id) != 0) {
+  if (s_.engines.count(id) != 0 || barrier_waits_.count(id) != 0 ||
+      unfenced_reaped_.count(id) != 0) {
     return;
   }
-  effects_.Release(id);
+  s_.effects.Release(id);
 }
 
 }  // namespace baton

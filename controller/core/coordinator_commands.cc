@@ -12,8 +12,8 @@ constexpr const char* kLog = "upgrade";
 }  // namespace
 
 void Coordinator::SaveCommands() {
-  CommandRecord record{config_.engine_command, active_command_, previous_command_};
-  if (record.active.empty()) record.active = config_.engine_command;
+  CommandRecord record{s_.config.engine_command, active_command_, previous_command_};
+  if (record.active.empty()) record.active = s_.config.engine_command;
   if (upgrade_.has_value()) {
     record.in_flight = InFlightUpgrade{
         .kind = upgrade_->kind,
@@ -28,7 +28,7 @@ void Coordinator::SaveCommands() {
                 .count()),
         .min_requests = upgrade_->policy.min_requests};
   }
-  if (Status saved = effects_.SaveCommandRecord(record); !saved.ok()) {
+  if (Status saved = s_.effects.SaveCommandRecord(record); !saved.ok()) {
     BATON_LOG(ERROR, kLog) << "the engine command record is not saved (a restart would launch "
                               "engine.command and forget an upgrade in flight): "
                            << saved.ToString();
@@ -39,7 +39,7 @@ void Coordinator::SaveCommands() {
 // upgrade in flight is resumed by the recovery when its engines reattach; without a roster
 // (its engines are gone) it is recorded as rolled back.
 void Coordinator::LoadCommands(const StartState& found) {
-  const std::string where = config_.command_record_path();
+  const std::string where = s_.config.command_record_path();
   if (!found.commands_error.empty()) {
     BATON_LOG(WARN, kLog) << "ignoring the saved engine command: " << found.commands_error;
   }
@@ -49,10 +49,10 @@ void Coordinator::LoadCommands(const StartState& found) {
     BATON_LOG(WARN, kLog) << "ignoring the upgrade in flight saved in " << where << ": "
                           << record.ignored;
   }
-  if (record.configured != config_.engine_command) {
+  if (record.configured != s_.config.engine_command) {
     BATON_LOG(WARN, kLog) << "engine.command changed since " << where
                           << " was written: engines run engine.command";
-  } else if (record.active != config_.engine_command) {
+  } else if (record.active != s_.config.engine_command) {
     active_command_ = record.active;
     previous_command_ = record.previous;
     BATON_LOG(INFO, kLog) << "engines run the command of the last promoted upgrade (" << where
@@ -79,8 +79,8 @@ void Coordinator::RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::
                                            .canary = u.canary,
                                            .version = "",
                                            .last_weight = u.weight,
-                                           .started = clock_.Now(),
-                                           .ended = clock_.Now()});
+                                           .started = s_.clock.Now(),
+                                           .ended = s_.clock.Now()});
   if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
   ++upgrades_rolled_back_;
   SaveCommands();  // the interrupted upgrade is recorded once

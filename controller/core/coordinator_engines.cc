@@ -59,78 +59,78 @@ Status CheckEngineFields(const std::string& version, const std::string& address,
 // --- launching --------------------------------------------------------------------------------
 
 std::optional<TimePoint> Coordinator::NextLaunchAt() const {
-  if (stopping_ || LiveEngines() >= 2 || recovery_.has_value()) return std::nullopt;
-  const PairState s = pair_.state();
+  if (s_.stopping || s_.LiveEngines() >= 2 || recovery_.has_value()) return std::nullopt;
+  const PairState s = s_.pair.state();
   if (s == PairState::kStopped || s == PairState::kDraining) return std::nullopt;
   // During a failover the promotion path has the machine to itself; the replacement starts
   // once it is done. At start-up both engines start together.
-  if ((promoting_ != kNoEngine || failover_.has_value()) && s != PairState::kStarting) {
+  if ((s_.promoting != kNoEngine || failover_.has_value()) && s != PairState::kStarting) {
     return std::nullopt;
   }
-  if (cuda_backend_ && !effects_.DeviceMemoryPresent()) return std::nullopt;
-  TimePoint at = guard_.NextRestartAt();
-  if (LiveEngines() == 1) at = std::max(at, relaunch_not_before_);  // the new primary first
+  if (s_.cuda_backend && !s_.effects.DeviceMemoryPresent()) return std::nullopt;
+  TimePoint at = s_.guard.NextRestartAt();
+  if (s_.LiveEngines() == 1) at = std::max(at, s_.relaunch_not_before);  // the new primary first
   return at;
 }
 
 void Coordinator::MaybeLaunch() {
   const std::optional<TimePoint> at = NextLaunchAt();
   if (!at.has_value()) return;
-  if (LiveEngines() == 1 && clock_.Now() < relaunch_not_before_) return;
-  if (guard_.InBackoff()) {
-    if (!backoff() && pair_.Allows(PairEvent::kCrashLoopTripped)) {
-      StepPair(PairEvent::kCrashLoopTripped);
-      BATON_LOG(WARN, kLog) << "crash loop: " << guard_.recent_failures()
+  if (s_.LiveEngines() == 1 && s_.clock.Now() < s_.relaunch_not_before) return;
+  if (s_.guard.InBackoff()) {
+    if (!s_.backoff() && s_.pair.Allows(PairEvent::kCrashLoopTripped)) {
+      s_.StepPair(PairEvent::kCrashLoopTripped);
+      BATON_LOG(WARN, kLog) << "crash loop: " << s_.guard.recent_failures()
                             << " engine failures in the window; restarts held back for "
-                            << MillisBetween(clock_.Now(), guard_.backoff_until()) << " ms";
+                            << MillisBetween(s_.clock.Now(), s_.guard.backoff_until()) << " ms";
     }
     return;
   }
-  if (backoff()) StepPair(PairEvent::kBackoffElapsed);
-  if (!guard_.TryStartRestart()) return;
-  Launch(primary_ != kNoEngine || LiveEngines() > 0 ? proto::LaunchRole::kStandby
-                                                    : proto::LaunchRole::kPrimary);
+  if (s_.backoff()) s_.StepPair(PairEvent::kBackoffElapsed);
+  if (!s_.guard.TryStartRestart()) return;
+  Launch(s_.primary != kNoEngine || s_.LiveEngines() > 0 ? proto::LaunchRole::kStandby
+                                                         : proto::LaunchRole::kPrimary);
 }
 
 int Coordinator::PickPort() const {
-  if (config_.base_port == 0) return 0;
-  for (int k = 0; k < config_.port_count; ++k) {
-    const int port = config_.base_port + k;
+  if (s_.config.base_port == 0) return 0;
+  for (int k = 0; k < s_.config.port_count; ++k) {
+    const int port = s_.config.base_port + k;
     bool used = false;
-    for (const auto& [id, e] : engines_) used = used || e->port == port;
+    for (const auto& [id, e] : s_.engines) used = used || e->port == port;
     if (!used) return port;
   }
-  return config_.base_port;
+  return s_.config.base_port;
 }
 
 void Coordinator::Launch(proto::LaunchRole role) {
-  const TimePoint now = clock_.Now();
-  const EngineId id = next_engine_id_++;
-  Result<std::string> token = effects_.NewToken();
+  const TimePoint now = s_.clock.Now();
+  const EngineId id = s_.next_engine_id++;
+  Result<std::string> token = s_.effects.NewToken();
   if (!token.ok()) {
     BATON_LOG(ERROR, kLog) << "cannot make a launch token: " << token.status().ToString();
-    (void)guard_.RecordFailure();
+    (void)s_.guard.RecordFailure();
     return;
   }
-  auto rec = std::make_unique<EngineRecord>(id, clock_, /*adopted_from_previous=*/false);
+  auto rec = std::make_unique<EngineRecord>(id, s_.clock, /*adopted_from_previous=*/false);
   rec->launch_role = role;
   rec->token = *token;
   rec->port = PickPort();
   rec->launched_at = now;
-  rec->deadline = now + config_.register_timeout;
+  rec->deadline = now + s_.config.register_timeout;
   rec->command = CommandFor(id, role);
-  ++launches_;
+  ++s_.launches;
   EngineRecord& e = *rec;
-  engines_[id] = std::move(rec);
-  Result<pid_t> pid = effects_.Launch(
+  s_.engines[id] = std::move(rec);
+  Result<pid_t> pid = s_.effects.Launch(
       LaunchSpec{.id = id, .role = role, .token = e.token, .port = e.port, .command = e.command});
   if (!pid.ok()) {
     BATON_LOG(ERROR, kLog) << "engine " << id << " (" << proto::ToString(role)
                            << ") failed to launch: " << pid.status().ToString();
-    RecordExit(e, "launch failed", pid.status().message());
-    engines_.erase(id);
-    effects_.Release(id);
-    (void)guard_.RecordFailure();
+    s_.RecordExit(e, "launch failed", pid.status().message());
+    s_.engines.erase(id);
+    s_.effects.Release(id);
+    (void)s_.guard.RecordFailure();
     if (IsCanary(id))
       EndUpgrade(UpgradeOutcome::kRolledBack,
                  "the canary failed to launch: " + pid.status().message());
@@ -143,7 +143,7 @@ void Coordinator::Launch(proto::LaunchRole role) {
   SaveRoster();
   BATON_LOG(INFO, kLog) << "launched engine " << id << " as " << proto::ToString(role) << ": pid "
                         << e.pid << ", port " << e.port;
-  if (PromotionRecord* r = timelines_.awaiting_standby(); r != nullptr && !r->standby_launched) {
+  if (PromotionRecord* r = s_.timelines.awaiting_standby(); r != nullptr && !r->standby_launched) {
     r->standby_launched = now;
   }
 }
@@ -151,17 +151,17 @@ void Coordinator::Launch(proto::LaunchRole role) {
 // --- engine messages ------------------------------------------------------------------------
 
 void Coordinator::StopAndFence(EngineRecord& e, FailCause cause, const std::string& why) {
-  Refused(Name(e), why);
-  (void)effects_.Send(e.id, proto::Stop{.reason = why});
+  s_.Refused(Name(e), why);
+  (void)s_.effects.Send(e.id, proto::Stop{.reason = why});
   Fail(e.id, cause, why);
 }
 
 void Coordinator::StartDetector(EngineRecord& e) {
-  FailureDetector::Options options{.heartbeat_interval = config_.heartbeat_interval,
-                                   .misses = config_.heartbeat_misses,
-                                   .probe_timeout = config_.probe_timeout};
-  e.detector.emplace(clock_, options);
-  e.last_heartbeat = clock_.Now();
+  FailureDetector::Options options{.heartbeat_interval = s_.config.heartbeat_interval,
+                                   .misses = s_.config.heartbeat_misses,
+                                   .probe_timeout = s_.config.probe_timeout};
+  e.detector.emplace(s_.clock, options);
+  e.last_heartbeat = s_.clock.Now();
 }
 
 void Coordinator::OnRegister(EngineRecord& e, const proto::Register& reg) {
@@ -187,13 +187,13 @@ void Coordinator::OnRegister(EngineRecord& e, const proto::Register& reg) {
       !fields.ok()) {
     return StopAndFence(e, FailCause::kMisbehaved, fields.message());
   }
-  if (Status added = ledger_->AddStandby(e.id); !added.ok()) {
+  if (Status added = s_.ledger->AddStandby(e.id); !added.ok()) {
     return Fail(e.id, FailCause::kMisbehaved, added.message());
   }
   e.version = reg.engine_version;
   e.http_address = reg.http_address;
   if (!SendOrFail(e, SendRegisterAck{})) return;
-  Step(e.machine, EngineEvent::kRegisterAccepted);
+  s_.Step(e.machine, EngineEvent::kRegisterAccepted);
   StartDetector(e);
   SaveRoster();  // its address and version, for a controller restarted from here on
   BATON_LOG(INFO, kLog) << Name(e) << " (pid " << e.pid << ") registered: version " << e.version
@@ -202,7 +202,7 @@ void Coordinator::OnRegister(EngineRecord& e, const proto::Register& reg) {
 }
 
 void Coordinator::OnShareMemoryAck(EngineRecord& e, const proto::ShareMemoryAck& msg) {
-  if (!cuda_backend_ || !effects_.DeviceMemoryPresent() || !e.is(EngineState::kRegistering)) {
+  if (!s_.cuda_backend || !s_.effects.DeviceMemoryPresent() || !e.is(EngineState::kRegistering)) {
     return RefuseEngine(e, FailedPrecondition("ShareMemoryAck for '" + msg.name +
                                               "' without device regions being offered"));
   }
@@ -221,8 +221,8 @@ void Coordinator::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg
     return RefuseEngine(
         e, FailedPrecondition(std::string("StandbyReady in state ") + ToString(e.state())));
   }
-  Step(e.machine, EngineEvent::kRegistered);
-  e.ready_at = clock_.Now();
+  s_.Step(e.machine, EngineEvent::kRegistered);
+  e.ready_at = s_.clock.Now();
   e.deadline.reset();
   e.prefault_us = msg.prefault_us;
   BATON_LOG(INFO, kLog) << Name(e) << " is a half-started standby: " << msg.arena_mapped_bytes
@@ -230,12 +230,12 @@ void Coordinator::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg
                         << msg.prefault_us / 1000.0 << " ms), " << msg.reserved_bytes
                         << " bytes of pool range reserved";
   SaveRoster();
-  StepPairIfAllowed(PairEvent::kStandbyReady);
-  if (PromotionRecord* r = timelines_.awaiting_standby(); r != nullptr) {
-    r->standby_ready = clock_.Now();
+  s_.StepPairIfAllowed(PairEvent::kStandbyReady);
+  if (PromotionRecord* r = s_.timelines.awaiting_standby(); r != nullptr) {
+    r->standby_ready = s_.clock.Now();
   }
   MaybePromote();
-  const EngineRecord* p = Find(primary_);
+  const EngineRecord* p = s_.Find(s_.primary);
   if (IsCanary(e.id) && p != nullptr && p->serving()) StartCanary(e);
   PublishRoutes();
   MaybeLaunch();
@@ -244,12 +244,12 @@ void Coordinator::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg
 bool Coordinator::CheckEpoch(EngineRecord& e, uint64_t epoch, const char* what) {
   // A heartbeat sent before the engine saw its Promote still carries the standby's 0.
   if (epoch == 0 && e.is(EngineState::kPromoting)) return true;
-  Status ok = ledger_->CheckMessage(e.id, epoch);
+  Status ok = s_.ledger->CheckMessage(e.id, epoch);
   if (ok.ok()) return true;
   const std::string why = std::string(what) + " refused: " + ok.message();
-  Refused(Name(e), why);
-  (void)effects_.Send(e.id, proto::ErrorMsg::FromStatus(FailedPrecondition(why)));
-  (void)effects_.Send(e.id, proto::Stop{.reason = why});
+  s_.Refused(Name(e), why);
+  (void)s_.effects.Send(e.id, proto::ErrorMsg::FromStatus(FailedPrecondition(why)));
+  (void)s_.effects.Send(e.id, proto::Stop{.reason = why});
   Fail(e.id, FailCause::kStale, why);
   return false;
 }
@@ -258,12 +258,12 @@ void Coordinator::OnHeartbeat(EngineRecord& e, const proto::Heartbeat& msg) {
   if (!CheckEpoch(e, msg.epoch, "Heartbeat")) return;
   if (e.detector.has_value()) e.detector->OnHeartbeat();
   ++e.heartbeats;
-  e.last_heartbeat = clock_.Now();
+  e.last_heartbeat = s_.clock.Now();
 }
 
 void Coordinator::OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg) {
   if (!CheckEpoch(e, msg.epoch, "LeaseRequest")) return;
-  Result<std::vector<Extent>> granted = ledger_->Grant(e.id, msg.blocks, msg.epoch);
+  Result<std::vector<Extent>> granted = s_.ledger->Grant(e.id, msg.blocks, msg.epoch);
   if (!granted.ok()) return RefuseEngine(e, granted.status());
   SaveRoster();                    // before the engine can map them
   BATON_FAILPOINT("after_grant");  // granted and in the roster, not sent
@@ -275,16 +275,16 @@ void Coordinator::OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg
 void Coordinator::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
   if (!CheckEpoch(e, msg.epoch, "ReturnExtents")) return;
   for (const proto::BlockRange& r : msg.extents) {
-    Status returned = ledger_->Return(e.id, Extent{r.first, r.count}, msg.epoch);
+    Status returned = s_.ledger->Return(e.id, Extent{r.first, r.count}, msg.epoch);
     if (!returned.ok()) return RefuseEngine(e, returned);
   }
   BATON_LOG(INFO, kLog) << Name(e) << " returned " << msg.extents.size() << " extents";
-  if (e.id == primary_) OnPrimaryReturned();
+  if (e.id == s_.primary) OnPrimaryReturned();
   SaveRoster();
 }
 
 void Coordinator::RefuseEngine(EngineRecord& e, const Status& status) {
-  Refused(Name(e), status.message());
+  s_.Refused(Name(e), status.message());
   if (!e.connected) return;
   // An engine that took nothing for send_timeout, or fell too far behind, cannot be sent
   // this: it is fenced, as for any other message it cannot be sent.

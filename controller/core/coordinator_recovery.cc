@@ -65,16 +65,17 @@ bool Within(std::vector<Extent> claimed, const std::vector<Extent>& held) {
 
 void Coordinator::BeginRecovery(const StartState& found) {
   const Roster& roster = *found.roster;
-  next_engine_id_ = roster.next_engine_id;
-  const TimePoint now = clock_.Now();
+  s_.next_engine_id = roster.next_engine_id;
+  const TimePoint now = s_.clock.Now();
   if (found.memory_adopted) {
-    ledger_ = std::make_unique<PoolLedger>(PoolLedger::Recovering(config_.block_count, epochs_));
-    if (found.blocks_per_chunk > 1) (void)ledger_->SetBlocksPerChunk(found.blocks_per_chunk);
-    ledger_->SetMutationForTesting(ledger_mutation_);
+    s_.ledger =
+        std::make_unique<PoolLedger>(PoolLedger::Recovering(s_.config.block_count, s_.epochs));
+    if (found.blocks_per_chunk > 1) (void)s_.ledger->SetBlocksPerChunk(found.blocks_per_chunk);
+    s_.ledger->SetMutationForTesting(s_.ledger_mutation);
     SetUpReserve(/*announce=*/false);  // the new ledger's, as the start's
   }
-  pair_ = NewPairMachine("pair", clock_, /*recovering=*/true);
-  recovery_ = Recovery{.deadline = now + config_.readopt_timeout,
+  s_.pair = NewPairMachine("pair", s_.clock, /*recovering=*/true);
+  recovery_ = Recovery{.deadline = now + s_.config.readopt_timeout,
                        .exec_at = found.exec_at,
                        .roster = roster,
                        .arena_dev = found.arena_dev,
@@ -91,7 +92,7 @@ void Coordinator::BeginRecovery(const StartState& found) {
   st.roster = "adopted";
   st.memory = found.memory_adopted ? "adopted" : found.memory_reason;
   if (found.commands.has_value()) recovery_->upgrade = found.commands->in_flight;
-  BATON_LOG(INFO, kLog) << "controller restart (incarnation " << incarnation_
+  BATON_LOG(INFO, kLog) << "controller restart (incarnation " << s_.incarnation
                         << "): " << roster.engines.size() << " engines of the previous controller; "
                         << "weights and pool: " << st.memory << "; waiting "
                         << MillisBetween(now, recovery_->deadline)
@@ -105,7 +106,7 @@ void Coordinator::BeginRecovery(const StartState& found) {
 }
 
 void Coordinator::AdoptRosterEngine(const RosterEngine& r, bool alive, const StartState& found) {
-  auto rec = std::make_unique<EngineRecord>(r.id, clock_, /*adopted_from_previous=*/true);
+  auto rec = std::make_unique<EngineRecord>(r.id, s_.clock, /*adopted_from_previous=*/true);
   rec->launch_role = r.launch_role;
   rec->token = r.token;
   rec->port = r.port;
@@ -113,17 +114,18 @@ void Coordinator::AdoptRosterEngine(const RosterEngine& r, bool alive, const Sta
   rec->command = r.command;
   rec->version = r.version;
   rec->http_address = r.http_address;
-  rec->launched_at = clock_.Now();
+  rec->launched_at = s_.clock.Now();
   EngineRecord& e = *rec;
-  engines_[r.id] = std::move(rec);
+  s_.engines[r.id] = std::move(rec);
   if (!alive) {
     e.fail_cause = FailCause::kDied;
     e.fail_reason = "exited while no controller ran";
-    Step(e.machine, EngineEvent::kDied);
-    (void)effects_.Kill(e.id);  // what it started (its group, its cgroup) goes with it
+    s_.Step(e.machine, EngineEvent::kDied);
+    (void)s_.effects.Kill(e.id);  // what it started (its group, its cgroup) goes with it
     BATON_LOG(WARN, kLog) << "engine " << e.id << " (pid " << e.pid << ", " << ToString(r.role)
                           << ") exited while no controller ran";
-    RecordExit(e, "died: exited while no controller ran", "unknown (not this controller's child)");
+    s_.RecordExit(e, "died: exited while no controller ran",
+                  "unknown (not this controller's child)");
     NoteGone(e, "exited while no controller ran");
     return;
   }
@@ -142,10 +144,10 @@ void Coordinator::AdoptRosterEngine(const RosterEngine& r, bool alive, const Sta
 void Coordinator::FenceUnaccounted(EngineRecord& e, const std::string& why) {
   if (recovery_.has_value()) {
     recovery_->status.fenced.push_back(RecoveryStatus::Fenced{e.id, why});
-    if (e.id == recovery_->roster.primary && primary_ == kNoEngine) {
-      timelines_.Open(PromotionKind::kFailover, "the previous primary is unaccounted for: " + why)
+    if (e.id == recovery_->roster.primary && s_.primary == kNoEngine) {
+      s_.timelines.Open(PromotionKind::kFailover, "the previous primary is unaccounted for: " + why)
           .old_engine = e.id;
-      StepPairIfAllowed(PairEvent::kPrimaryDied);
+      s_.StepPairIfAllowed(PairEvent::kPrimaryDied);
     }
   }
   Fail(e.id, FailCause::kUnaccounted, why);
@@ -154,16 +156,16 @@ void Coordinator::FenceUnaccounted(EngineRecord& e, const std::string& why) {
 void Coordinator::NoteGone(EngineRecord& e, const std::string& how) {
   if (!recovery_.has_value()) return;
   recovery_->awaited.erase(e.id);
-  recovery_->gone[e.id] = clock_.Now() + config_.gpu_release_timeout;
-  if (e.id == recovery_->roster.primary && primary_ == kNoEngine &&
-      pair_.state() == PairState::kRecovering) {
-    PromotionRecord& r = timelines_.Open(PromotionKind::kFailover, "the previous primary " + how);
+  recovery_->gone[e.id] = s_.clock.Now() + s_.config.gpu_release_timeout;
+  if (e.id == recovery_->roster.primary && s_.primary == kNoEngine &&
+      s_.pair.state() == PairState::kRecovering) {
+    PromotionRecord& r = s_.timelines.Open(PromotionKind::kFailover, "the previous primary " + how);
     r.old_engine = e.id;
     r.old_pid = e.pid;
-    r.detected = clock_.Now();
-    StepPair(PairEvent::kPrimaryDied);
+    r.detected = s_.clock.Now();
+    s_.StepPair(PairEvent::kPrimaryDied);
   }
-  engines_.erase(e.id);
+  s_.engines.erase(e.id);
 }
 
 void Coordinator::OnReattach(EngineRecord& e, const proto::Reattach& msg) {
@@ -210,9 +212,9 @@ std::string Coordinator::CheckReattach(const EngineRecord& e, const proto::Reatt
     return "it claims epoch " + std::to_string(msg.epoch) + ", the roster " +
            std::to_string(r->epoch);
   }
-  if (msg.epoch > epochs_.current()) {
+  if (msg.epoch > s_.epochs.current()) {
     return "epoch " + std::to_string(msg.epoch) + " is above the journal's " +
-           std::to_string(epochs_.current());
+           std::to_string(s_.epochs.current());
   }
   if (!Within(claimed, r->extents)) {
     return "it claims blocks the roster does not give it";
@@ -235,8 +237,8 @@ void Coordinator::Readopt(EngineRecord& e, const proto::Reattach& msg) {
       PromotedToPrimary(*r, recovery_->roster,
                         recovery_->upgrade.has_value() && recovery_->upgrade->canary == e.id);
   const Status added = role == proto::ReattachRole::kStandby
-                           ? ledger_->AddStandby(e.id)
-                           : ledger_->Readopt(e.id, msg.epoch, claimed);
+                           ? s_.ledger->AddStandby(e.id)
+                           : s_.ledger->Readopt(e.id, msg.epoch, claimed);
   if (!added.ok()) {
     recovery_->status.fenced.push_back(RecoveryStatus::Fenced{e.id, added.message()});
     return StopAndFence(e, FailCause::kUnaccounted, "reattach refused: " + added.message());
@@ -246,7 +248,7 @@ void Coordinator::Readopt(EngineRecord& e, const proto::Reattach& msg) {
   if (!SendOrFail(e, proto::ReattachAck{.engine_id = e.id,
                                         .heartbeat_interval_ms = static_cast<uint32_t>(
                                             std::chrono::duration_cast<std::chrono::milliseconds>(
-                                                config_.heartbeat_interval)
+                                                s_.config.heartbeat_interval)
                                                 .count())})) {
     return;
   }
@@ -259,24 +261,24 @@ void Coordinator::Readopt(EngineRecord& e, const proto::Reattach& msg) {
                         << BlocksIn(claimed) << " blocks";
   switch (role) {
     case proto::ReattachRole::kStandby:
-      Step(e.machine, EngineEvent::kReadoptedStandby);
-      e.ready_at = clock_.Now();
-      StepPairIfAllowed(PairEvent::kStandbyReady);
+      s_.Step(e.machine, EngineEvent::kReadoptedStandby);
+      e.ready_at = s_.clock.Now();
+      s_.StepPairIfAllowed(PairEvent::kStandbyReady);
       break;
     case proto::ReattachRole::kPromoted:
-      Step(e.machine, EngineEvent::kReadoptedPromoting);
-      promoting_ = e.id;  // its PromoteAck follows once it serves
-      e.deadline = clock_.Now() + config_.promote_timeout;
+      s_.Step(e.machine, EngineEvent::kReadoptedPromoting);
+      s_.promoting = e.id;  // its PromoteAck follows once it serves
+      e.deadline = s_.clock.Now() + s_.config.promote_timeout;
       break;
     case proto::ReattachRole::kServing:
     case proto::ReattachRole::kDraining:
     case proto::ReattachRole::kDrained:
-      Step(e.machine, role == proto::ReattachRole::kServing ? EngineEvent::kReadoptedServing
-                                                            : EngineEvent::kReadoptedDraining);
+      s_.Step(e.machine, role == proto::ReattachRole::kServing ? EngineEvent::kReadoptedServing
+                                                               : EngineEvent::kReadoptedDraining);
       if (e.id == recovery_->roster.primary || promoted_to_primary) {
-        primary_ = e.id;
-        StepPair(PairEvent::kPromoteDone);
-        if (Standby() != nullptr) StepPairIfAllowed(PairEvent::kStandbyReady);
+        s_.primary = e.id;
+        s_.StepPair(PairEvent::kPromoteDone);
+        if (s_.Standby() != nullptr) s_.StepPairIfAllowed(PairEvent::kStandbyReady);
       }
       break;
   }
@@ -288,9 +290,10 @@ void Coordinator::Readopt(EngineRecord& e, const proto::Reattach& msg) {
     // resume, finished: it is retired once drained.
     const std::optional<InFlightUpgrade>& u = recovery_->upgrade;
     const bool upgrade_drain = u.has_value() && (u->phase == "finishing" || u->canary == e.id);
-    if (e.id == primary_ && recovery_->roster.pair_draining) StepPairIfAllowed(PairEvent::kDrain);
-    const bool goes_on = upgrade_drain || (e.id == primary_ && recovery_->roster.pair_draining);
-    if (goes_on || !ResumeEngine(e)) e.deadline = clock_.Now() + config_.drain_timeout;
+    if (e.id == s_.primary && recovery_->roster.pair_draining)
+      s_.StepPairIfAllowed(PairEvent::kDrain);
+    const bool goes_on = upgrade_drain || (e.id == s_.primary && recovery_->roster.pair_draining);
+    if (goes_on || !ResumeEngine(e)) e.deadline = s_.clock.Now() + s_.config.drain_timeout;
   }
   SaveRoster();
   if (recovery_->awaited.size() + recovery_->gone.size() > 0) {
@@ -302,18 +305,18 @@ void Coordinator::Readopt(EngineRecord& e, const proto::Reattach& msg) {
 
 void Coordinator::TickRecovery() {
   if (!recovery_.has_value()) return;
-  const TimePoint now = clock_.Now();
+  const TimePoint now = s_.clock.Now();
   if (now >= recovery_->deadline) {
     std::vector<EngineId> silent(recovery_->awaited.begin(), recovery_->awaited.end());
     for (EngineId id : silent) {
-      EngineRecord* e = Find(id);
+      EngineRecord* e = s_.Find(id);
       recovery_->awaited.erase(id);
       if (e == nullptr || !e->live()) continue;
       FenceUnaccounted(*e, "it did not register again within controller.readopt_timeout_ms");
     }
   }
   for (auto it = recovery_->gone.begin(); it != recovery_->gone.end();) {
-    const std::string held = effects_.BarrierHeldBy(it->first);
+    const std::string held = s_.effects.BarrierHeldBy(it->first);
     if (!held.empty() && now < it->second) {
       ++it;
       continue;
@@ -323,36 +326,36 @@ void Coordinator::TickRecovery() {
                              << " of the previous controller: " << held
                              << " after the release timeout; its blocks move on";
     }
-    effects_.Release(it->first);
+    s_.effects.Release(it->first);
     it = recovery_->gone.erase(it);
   }
   // An engine fenced as unaccounted for still maps what the previous controller gave it
   // (blocks the ledger holds for the previous incarnation) until it exits and is gone.
   const bool unaccounted_alive =
-      std::any_of(engines_.begin(), engines_.end(), [this](const auto& entry) {
+      std::any_of(s_.engines.begin(), s_.engines.end(), [this](const auto& entry) {
         return entry.second->adopted && !entry.second->live() &&
-               ledger_->engine(entry.first) == nullptr;
+               s_.ledger->engine(entry.first) == nullptr;
       });
   if (recovery_->awaited.empty() && recovery_->gone.empty() && !unaccounted_alive) EndRecovery();
 }
 
 void Coordinator::EndRecovery() {
-  if (ledger_->recovering()) {
-    if (Status ended = ledger_->EndRecovery(); !ended.ok()) {
+  if (s_.ledger->recovering()) {
+    if (Status ended = s_.ledger->EndRecovery(); !ended.ok()) {
       BATON_LOG(ERROR, kLog) << "ending the ledger's recovery: " << ended.ToString();
     }
   }
   RecoveryStatus& st = recovery_->status;
   st.in_progress = false;
-  const bool same_pair = primary_ != kNoEngine && pair_.state() == PairState::kReady;
-  if (same_pair) st.readopt_ms = MillisBetween(recovery_->exec_at, clock_.Now());
+  const bool same_pair = s_.primary != kNoEngine && s_.pair.state() == PairState::kReady;
+  if (same_pair) st.readopt_ms = MillisBetween(recovery_->exec_at, s_.clock.Now());
   std::optional<InFlightUpgrade> upgrade = recovery_->upgrade;
   const std::string summary = std::to_string(st.readopted.size()) + " engines re-adopted, " +
                               std::to_string(st.fenced.size()) + " fenced";
   last_recovery_ = st;
   recovery_.reset();
-  StepPairIfAllowed(PairEvent::kRecoveryDone);
-  BATON_LOG(INFO, kLog) << "recovery done: " << summary << "; pair " << ToString(pair_.state())
+  s_.StepPairIfAllowed(PairEvent::kRecoveryDone);
+  BATON_LOG(INFO, kLog) << "recovery done: " << summary << "; pair " << ToString(s_.pair.state())
                         << (same_pair ? " with the same engines, " +
                                             std::to_string(
                                                 static_cast<int64_t>(*last_recovery_.readopt_ms)) +
@@ -364,27 +367,27 @@ void Coordinator::EndRecovery() {
   GiveFreeBlocksToPrimary();
   MaybePromote();
   MaybeLaunch();
-  CheckInvariants();
+  s_.CheckInvariants();
 }
 
 // An upgrade in flight when the previous controller went away goes on where its engines
 // are: a serving canary resumes its step (the judge starts the step again from what the
 // routers report now), a draining side finishes its drain; anything earlier is rolled back.
 void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
-  EngineRecord* c = Find(u.canary);
-  EngineRecord* p = Find(primary_);
+  EngineRecord* c = s_.Find(u.canary);
+  EngineRecord* p = s_.Find(s_.primary);
   Upgrade up;
   up.kind = u.kind;
   up.command = u.command;
   up.previous = active_command();
-  up.policy = config_.canary;
+  up.policy = s_.config.canary;
   if (!u.steps.empty()) up.policy.steps = u.steps;
   if (u.step_duration_ms > 0)
     up.policy.step_duration = std::chrono::milliseconds(u.step_duration_ms);
   if (u.min_requests > 0) up.policy.min_requests = u.min_requests;
   up.primary = p != nullptr ? p->id : kNoEngine;
   up.canary = u.canary;
-  up.started = up.phase_since = clock_.Now();
+  up.started = up.phase_since = s_.clock.Now();
   const bool canary_holds =
       c != nullptr && c->live() &&
       (c->serving() || c->is(EngineState::kDraining) || c->is(EngineState::kPromoting));
@@ -412,16 +415,16 @@ void Coordinator::ResumeUpgrade(const InFlightUpgrade& u) {
     upgrade_ = std::move(up);
     OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p, u.canary);
     // The canary stands in for the standby, as its StandbyReady did before the restart.
-    StepPairIfAllowed(PairEvent::kStandbyReady);
-    StepPairIfAllowed(PairEvent::kGracefulPromoteRequested);
+    s_.StepPairIfAllowed(PairEvent::kStandbyReady);
+    s_.StepPairIfAllowed(PairEvent::kGracefulPromoteRequested);
     outcome = "resumed: the canary takes over once the old primary drained";
   } else {
     up.phase = Upgrade::Phase::kCanary;
-    up.judge.emplace(clock_, up.policy, p->id, c->id, effects_.RouterOutcomes());
-    const OutcomeMap now = effects_.RouterOutcomes();
+    up.judge.emplace(s_.clock, up.policy, p->id, c->id, s_.effects.RouterOutcomes());
+    const OutcomeMap now = s_.effects.RouterOutcomes();
     while (up.judge->weight() < u.weight && !up.judge->last_step()) up.judge->Advance(now);
     upgrade_ = std::move(up);
-    StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
+    s_.StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
     outcome = "resumed at " + std::to_string(upgrade_->judge->weight()) + " %";
   }
   last_recovery_.upgrade = ToString(u.kind) + (" " + outcome);

@@ -13,7 +13,7 @@ const EngineStatus* CoordinatorStatus::Find(EngineId id) const {
 proto::EngineRole Coordinator::RoleOf(const EngineRecord& e) const {
   using proto::EngineRole;
   if (!e.live()) return EngineRole::kFencing;
-  if (e.id == primary_) {
+  if (e.id == s_.primary) {
     return e.is(EngineState::kDraining) ? EngineRole::kDraining : EngineRole::kPrimary;
   }
   if (IsCanary(e.id) && !e.is(EngineState::kLaunching) && !e.is(EngineState::kRegistering) &&
@@ -36,8 +36,8 @@ EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {
   s.launch_role = e.launch_role;
   s.pid = e.pid;
   s.adopted = e.adopted;
-  if (const LedgerEngine* le = ledger_->engine(e.id); le != nullptr) s.ledger = *le;
-  s.leases = ledger_->LeasesOf(e.id);
+  if (const LedgerEngine* le = s_.ledger->engine(e.id); le != nullptr) s.ledger = *le;
+  s.leases = s_.ledger->LeasesOf(e.id);
   s.version = e.version;
   s.http_address = e.http_address;
   s.port = e.port;
@@ -58,27 +58,27 @@ EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {
 
 CoordinatorStatus Coordinator::Snapshot() const {
   CoordinatorStatus s;
-  s.now = clock_.Now();
-  s.pair_state = pair_.state();
-  s.pair_history = pair_.history();
-  s.primary = primary_;
-  for (const auto& [id, e] : engines_) s.engines.push_back(EngineStatusOf(*e));
-  s.ledger = ledger_->Snapshot();
-  s.invariants = invariants_;
-  s.refused_transitions = refused_transitions_;
-  s.guard_in_backoff = guard_.InBackoff();
-  s.guard_level = guard_.level();
-  s.guard_recent_failures = guard_.recent_failures();
-  s.guard_total_failures = guard_.total_failures();
-  s.guard_next_restart_at = guard_.NextRestartAt();
-  s.timelines = timelines_.records();
-  s.refusals = refusals_;
-  s.exits = exits_;
-  s.launches = launches_;
-  s.failovers = failovers_;
-  s.called_off_switchovers = called_off_switchovers_;
-  s.ticks = ticks_;
-  s.refusal_count = refusal_count_;
+  s.now = s_.clock.Now();
+  s.pair_state = s_.pair.state();
+  s.pair_history = s_.pair.history();
+  s.primary = s_.primary;
+  for (const auto& [id, e] : s_.engines) s.engines.push_back(EngineStatusOf(*e));
+  s.ledger = s_.ledger->Snapshot();
+  s.invariants = s_.invariants;
+  s.refused_transitions = s_.refused_transitions;
+  s.guard_in_backoff = s_.guard.InBackoff();
+  s.guard_level = s_.guard.level();
+  s.guard_recent_failures = s_.guard.recent_failures();
+  s.guard_total_failures = s_.guard.total_failures();
+  s.guard_next_restart_at = s_.guard.NextRestartAt();
+  s.timelines = s_.timelines.records();
+  s.refusals = s_.refusals;
+  s.exits = s_.exits;
+  s.launches = s_.launches;
+  s.failovers = s_.failovers;
+  s.called_off_switchovers = s_.called_off_switchovers;
+  s.ticks = s_.ticks;
+  s.refusal_count = s_.refusal_count;
   if (upgrade_.has_value()) {
     const Upgrade& u = *upgrade_;
     UpgradeStatus us{.kind = u.kind,
@@ -98,7 +98,7 @@ CoordinatorStatus Coordinator::Snapshot() const {
                      .primary_seen = std::nullopt};
     if (u.judge.has_value()) {
       us.step = u.judge->step();
-      const OutcomeMap now = effects_.RouterOutcomes();
+      const OutcomeMap now = s_.effects.RouterOutcomes();
       us.canary_seen = u.judge->Seen(u.canary, now);
       us.primary_seen = u.judge->Seen(u.judge->primary(), now);
     }
@@ -111,16 +111,16 @@ CoordinatorStatus Coordinator::Snapshot() const {
   s.upgrades_rolled_back = upgrades_rolled_back_;
   for (const auto& [id, pid] : unfenced_reaped_) s.unfenced_reaped.push_back(id);
   s.barrier_waits = barrier_waits_.size();
-  s.reserve_target = ledger_->promotion_reserve();
-  s.reserve_available = ledger_->ReserveAvailable();
+  s.reserve_target = s_.ledger->promotion_reserve();
+  s.reserve_available = s_.ledger->ReserveAvailable();
   s.reserve_note = reserve_note_;
-  s.journal_failing = journal_failing_;
-  s.cuda_backend = cuda_backend_;
-  s.device_memory_present = effects_.DeviceMemoryPresent();
+  s.journal_failing = s_.journal_failing;
+  s.cuda_backend = s_.cuda_backend;
+  s.device_memory_present = s_.effects.DeviceMemoryPresent();
   s.device_losses = device_losses_;
   s.device_rebuilds = device_rebuilds_;
   s.device_lost_reason = device_lost_reason_;
-  s.incarnation = incarnation_;
+  s.incarnation = s_.incarnation;
   s.recovery = recovery_.has_value() ? recovery_->status : last_recovery_;
   return s;
 }

@@ -14,36 +14,36 @@ constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
 }  // namespace
 
 const std::vector<std::string>& Coordinator::active_command() const {
-  return active_command_.empty() ? config_.engine_command : active_command_;
+  return active_command_.empty() ? s_.config.engine_command : active_command_;
 }
 
 // --- operator commands --------------------------------------------------------------------------
 
 Status Coordinator::RequestUpgrade(UpgradeRequest request) {
-  if (stopping_) return Unavailable("the controller is shutting down");
+  if (s_.stopping) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
     return FailedPrecondition(std::string("an upgrade is already in progress (phase ") +
                               ToString(upgrade_->phase) + "); roll it back or let it finish");
   }
   if (request.command.empty()) return InvalidArgument("upgrade: no engine command given");
-  EngineRecord* p = Find(primary_);
-  EngineRecord* s = Standby();
-  if (pair_.state() != PairState::kReady || p == nullptr || !p->serving() || s == nullptr) {
+  EngineRecord* p = s_.Find(s_.primary);
+  EngineRecord* s = s_.Standby();
+  if (s_.pair.state() != PairState::kReady || p == nullptr || !p->serving() || s == nullptr) {
     return FailedPrecondition(std::string("an upgrade needs a serving primary and a ready "
                                           "standby (pair is ") +
-                              ToString(pair_.state()) + ")");
+                              ToString(s_.pair.state()) + ")");
   }
   BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
-  if (const uint32_t chunk = ledger_->blocks_per_chunk();
-      (config_.block_count - PrimaryKeeps()) / chunk == 0) {
+  if (const uint32_t chunk = s_.ledger->blocks_per_chunk();
+      (s_.config.block_count - PrimaryKeeps()) / chunk == 0) {
     // Engines map the device pool by whole chunks: the canary needs one of its own.
     return FailedPrecondition(
-        "the device pool is " + std::to_string(config_.block_count) + " blocks in chunks of " +
+        "the device pool is " + std::to_string(s_.config.block_count) + " blocks in chunks of " +
         std::to_string(chunk) + ": a canary needs a chunk of its own while the primary keeps " +
         std::to_string(PrimaryKeeps()) + " blocks; make gpu.pool_chunk_bytes smaller");
   }
   Upgrade u;
-  u.policy = config_.canary;
+  u.policy = s_.config.canary;
   if (request.steps.has_value()) u.policy.steps = *request.steps;
   if (request.step_duration.has_value()) u.policy.step_duration = *request.step_duration;
   if (request.min_requests.has_value()) u.policy.min_requests = *request.min_requests;
@@ -51,7 +51,7 @@ Status Coordinator::RequestUpgrade(UpgradeRequest request) {
   u.command = std::move(request.command);
   u.previous = active_command();
   u.primary = p->id;
-  u.started = clock_.Now();
+  u.started = s_.clock.Now();
   u.phase_since = u.started;
   upgrade_ = std::move(u);
   LendReserveToCanary();
@@ -64,7 +64,7 @@ Status Coordinator::RequestUpgrade(UpgradeRequest request) {
 }
 
 Status Coordinator::RequestRollback(UpgradeRequest overrides) {
-  if (stopping_) return Unavailable("the controller is shutting down");
+  if (s_.stopping) return Unavailable("the controller is shutting down");
   if (upgrade_.has_value()) {
     if (upgrade_->phase == Upgrade::Phase::kRollingBack) {
       return FailedPrecondition("the canary is already being rolled back");
@@ -73,7 +73,7 @@ Status Coordinator::RequestRollback(UpgradeRequest overrides) {
       return FailedPrecondition(
           "the canary already takes over as primary; roll back once it serves");
     }
-    if (primary_ == kNoEngine) {
+    if (s_.primary == kNoEngine) {
       // Stopping the canary now would leave no engine at all: a cold start.
       return FailedPrecondition(
           "the primary failed during the upgrade and no engine serves yet; roll back once one "
@@ -111,7 +111,7 @@ void Coordinator::SetPhase(Upgrade::Phase phase) {
   BATON_LOG(INFO, kLog) << ToString(upgrade_->kind) << ": " << ToString(upgrade_->phase) << " -> "
                         << ToString(phase) << " (engine " << upgrade_->canary << ")";
   upgrade_->phase = phase;
-  upgrade_->phase_since = clock_.Now();
+  upgrade_->phase_since = s_.clock.Now();
   upgrade_->deadline.reset();
   SaveCommands();
 }
@@ -121,65 +121,60 @@ void Coordinator::SetPhase(Upgrade::Phase phase) {
 // device pool the share is whole chunks (the unit engines map), at most those that leave the
 // primary its tenth.
 uint32_t Coordinator::CanaryTarget(uint32_t weight) const {
-  const uint64_t blocks = config_.block_count;
+  const uint64_t blocks = s_.config.block_count;
   const uint64_t most = blocks - PrimaryKeeps();
   uint64_t share = std::min(blocks * weight / 100, most);
-  const uint64_t chunk = ledger_->blocks_per_chunk();
+  const uint64_t chunk = s_.ledger->blocks_per_chunk();
   if (chunk > 1)
-    share = std::min<uint64_t>(WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
+    share = std::min<uint64_t>(s_.WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
   return std::max<uint32_t>(1, static_cast<uint32_t>(share));
 }
 
 uint32_t Coordinator::PrimaryKeeps() const {
-  return std::max<uint32_t>(1, config_.block_count / 10);
-}
-
-uint32_t Coordinator::WholeChunks(uint32_t blocks) const {
-  const uint32_t chunk = ledger_->blocks_per_chunk();
-  return (blocks + chunk - 1) / chunk * chunk;
+  return std::max<uint32_t>(1, s_.config.block_count / 10);
 }
 
 void Coordinator::ReclaimFromPrimary(uint32_t weight) {
-  EngineRecord* p = Find(primary_);
-  const LedgerEngine* c = ledger_->engine(upgrade_->canary);
+  EngineRecord* p = s_.Find(s_.primary);
+  const LedgerEngine* c = s_.ledger->engine(upgrade_->canary);
   const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
   const uint32_t target = CanaryTarget(weight);
-  const uint32_t free = ledger_->GrantableTo(upgrade_->canary);
-  const LedgerEngine* pl = p != nullptr ? ledger_->engine(p->id) : nullptr;
+  const uint32_t free = s_.ledger->GrantableTo(upgrade_->canary);
+  const LedgerEngine* pl = p != nullptr ? s_.ledger->engine(p->id) : nullptr;
   if (p == nullptr || !p->connected || pl == nullptr || held + free >= target) return;
   // One at a time: two answers to the same holdings could give away what the primary keeps.
-  const bool pending = reclaim_.from == p->id;
-  if (pending && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
-  const uint32_t asked = pending ? reclaim_.blocks : 0;
+  const bool pending = s_.reclaim.from == p->id;
+  if (pending && s_.clock.Now() < s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout) return;
+  const uint32_t asked = pending ? s_.reclaim.blocks : 0;
   // Whole chunks, and never into what the primary keeps (a short last chunk included).
-  const uint32_t chunk = ledger_->blocks_per_chunk();
+  const uint32_t chunk = s_.ledger->blocks_per_chunk();
   const uint32_t keep = PrimaryKeeps() + asked;
   const uint32_t spare = pl->blocks > keep ? pl->blocks - keep : 0;
-  const uint32_t want = std::min(WholeChunks(target - held - free), spare / chunk * chunk);
+  const uint32_t want = std::min(s_.WholeChunks(target - held - free), spare / chunk * chunk);
   if (want == 0) return;
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " blocks for the canary's " << weight << " % step";
   if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
-  reclaim_ = PendingReclaim{.from = p->id, .blocks = asked + want, .sent = clock_.Now()};
+  s_.reclaim = PendingReclaim{.from = p->id, .blocks = asked + want, .sent = s_.clock.Now()};
 }
 
 void Coordinator::StartCanary(EngineRecord& e) {
-  if (stopping_ || !e.is(EngineState::kStandby)) return;  // a failover promoted it instead
+  if (s_.stopping || !e.is(EngineState::kStandby)) return;  // a failover promoted it instead
   SetPhase(Upgrade::Phase::kReclaiming);
-  upgrade_->deadline = clock_.Now() + kReclaimTimeout;
+  upgrade_->deadline = s_.clock.Now() + kReclaimTimeout;
   ReclaimFromPrimary(upgrade_->policy.steps.front());
   if (upgrade_.has_value() &&
-      ledger_->GrantableTo(upgrade_->canary) >= CanaryTarget(upgrade_->policy.steps.front())) {
+      s_.ledger->GrantableTo(upgrade_->canary) >= CanaryTarget(upgrade_->policy.steps.front())) {
     PromoteCanary();
   }
 }
 
 void Coordinator::OnPrimaryReturned() {
-  const bool answers_reclaim = reclaim_.from == primary_;
+  const bool answers_reclaim = s_.reclaim.from == s_.primary;
   // The answer to RefillReserve's Reclaim: the reserve keeps what came back, the rest stays free.
-  const bool for_reserve = answers_reclaim && reclaim_.for_reserve;
-  if (answers_reclaim) reclaim_ = PendingReclaim{};
-  if (stopping_ || for_reserve) return;
+  const bool for_reserve = answers_reclaim && s_.reclaim.for_reserve;
+  if (answers_reclaim) s_.reclaim = PendingReclaim{};
+  if (s_.stopping || for_reserve) return;
   if (!upgrade_.has_value()) {
     // The answer to a Reclaim came after the upgrade ended: nobody else wants the blocks.
     if (answers_reclaim) {
@@ -195,26 +190,26 @@ void Coordinator::OnPrimaryReturned() {
   }
   // Blocks it returned of chunks it keeps can go to no other engine: they go back (only for
   // an answer to a Reclaim: blocks an engine gives up of its own accord stay free).
-  EngineRecord* p = Find(primary_);
-  const uint32_t kept = answers_reclaim ? ledger_->FreeBesideHeld(primary_) : 0;
+  EngineRecord* p = s_.Find(s_.primary);
+  const uint32_t kept = answers_reclaim ? s_.ledger->FreeBesideHeld(s_.primary) : 0;
   if (p != nullptr && p->serving() && kept > 0) {
     GrantFree(*p, kept, "the primary (its own chunks)");
   }
 }
 
 void Coordinator::PromoteCanary() {
-  EngineRecord* c = Find(upgrade_->canary);
-  if (stopping_ || c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
-  Result<uint64_t> epoch = AdvanceEpoch();
+  EngineRecord* c = s_.Find(upgrade_->canary);
+  if (s_.stopping || c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
+  Result<uint64_t> epoch = s_.AdvanceEpoch();
   if (!epoch.ok()) return RollBackCanary("no durable epoch: " + epoch.status().message());
-  if (Status promoted = ledger_->Promote(c->id, *epoch); !promoted.ok()) {
+  if (Status promoted = s_.ledger->Promote(c->id, *epoch); !promoted.ok()) {
     return RollBackCanary("promoting the canary: " + promoted.message());
   }
-  const uint32_t free = ledger_->GrantableTo(c->id);
+  const uint32_t free = s_.ledger->GrantableTo(c->id);
   const uint32_t want = std::min(free, CanaryTarget(upgrade_->policy.steps.front()));
   std::vector<Extent> extents;
   if (want > 0) {
-    Result<std::vector<Extent>> granted = ledger_->Grant(c->id, want, *epoch);
+    Result<std::vector<Extent>> granted = s_.ledger->Grant(c->id, want, *epoch);
     if (granted.ok()) extents = std::move(granted).value();
   }
   SetPhase(Upgrade::Phase::kPromoting);
@@ -223,29 +218,30 @@ void Coordinator::PromoteCanary() {
 }
 
 void Coordinator::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
-  Step(e.machine, EngineEvent::kPromoteDone);
-  promoting_ = kNoEngine;
+  s_.Step(e.machine, EngineEvent::kPromoteDone);
+  s_.promoting = kNoEngine;
   e.deadline.reset();
   SaveRoster();
-  if (primary_ == kNoEngine) {  // the primary failed while the canary was promoted
-    primary_ = e.id;
-    StepPairIfAllowed(PairEvent::kPromoteDone);
+  if (s_.primary == kNoEngine) {  // the primary failed while the canary was promoted
+    s_.primary = e.id;
+    s_.StepPairIfAllowed(PairEvent::kPromoteDone);
     give_back_blocks_ = true;
     EndUpgrade(UpgradeOutcome::kPromoted,
                "the primary failed while the canary was promoted; it serves alone");
     SaveRoster();
     PublishRoutes();
-    if (PromotionRecord* r = timelines_.current()) {
+    if (PromotionRecord* r = s_.timelines.current()) {
       r->new_engine = e.id;
-      r->promote_acked = r->route_published = clock_.Now();
-      timelines_.Close("serving: the canary took over");
+      r->promote_acked = r->route_published = s_.clock.Now();
+      s_.timelines.Close("serving: the canary took over");
     }
-    relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
+    s_.relaunch_not_before = s_.clock.Now() + s_.config.standby_relaunch_delay;
     MaybeLaunch();
     return;
   }
   SetPhase(Upgrade::Phase::kCanary);
-  upgrade_->judge.emplace(clock_, upgrade_->policy, primary_, e.id, effects_.RouterOutcomes());
+  upgrade_->judge.emplace(s_.clock, upgrade_->policy, s_.primary, e.id,
+                          s_.effects.RouterOutcomes());
   SaveCommands();                       // with the first step's weight
   BATON_FAILPOINT("mid_upgrade_step");  // the step recorded, the canary's blocks not moved
   BATON_LOG(INFO, kLog) << "engine " << e.id << " (version " << e.version
@@ -255,18 +251,18 @@ void Coordinator::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
 }
 
 void Coordinator::TickUpgrade() {
-  if (!upgrade_.has_value() || stopping_ || recovery_.has_value()) return;
-  EngineRecord* c = Find(upgrade_->canary);
-  const EngineRecord* p = Find(primary_);
+  if (!upgrade_.has_value() || s_.stopping || recovery_.has_value()) return;
+  EngineRecord* c = s_.Find(upgrade_->canary);
+  const EngineRecord* p = s_.Find(s_.primary);
   const bool primary_serves = p != nullptr && p->serving();
   if (upgrade_->phase == Upgrade::Phase::kLaunching && c != nullptr && c->live() &&
       c->is(EngineState::kStandby) && primary_serves) {
     return StartCanary(*c);  // it became ready while the primary could not lend it blocks
   }
   if (upgrade_->phase == Upgrade::Phase::kReclaiming && upgrade_->deadline.has_value() &&
-      clock_.Now() >= *upgrade_->deadline && c != nullptr && c->is(EngineState::kStandby)) {
+      s_.clock.Now() >= *upgrade_->deadline && c != nullptr && c->is(EngineState::kStandby)) {
     BATON_LOG(WARN, kLog) << "the primary did not return blocks in time; the canary starts with "
-                          << ledger_->GrantableTo(upgrade_->canary) << " free blocks";
+                          << s_.ledger->GrantableTo(upgrade_->canary) << " free blocks";
     return PromoteCanary();
   }
   if (upgrade_->phase == Upgrade::Phase::kCanary) TickCanary();
@@ -274,15 +270,15 @@ void Coordinator::TickUpgrade() {
 
 void Coordinator::TickCanary() {
   GrantFreeToCanary();
-  if (clock_.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
-    upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
+  if (s_.clock.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
+    upgrade_->next_reclaim = s_.clock.Now() + kReclaimTimeout;
     ReclaimFromPrimary(upgrade_->judge->weight());
     if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
   }
-  const OutcomeMap now = effects_.RouterOutcomes();
+  const OutcomeMap now = s_.effects.RouterOutcomes();
   const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
   upgrade_->judgement = j.reason;
-  if (j.verdict == CanaryJudge::Verdict::kHold && effects_.RouterCount() == 0) {
+  if (j.verdict == CanaryJudge::Verdict::kHold && s_.effects.RouterCount() == 0) {
     upgrade_->judgement += " (no router is subscribed: nothing is seen, so nothing is judged)";
   }
   switch (j.verdict) {
@@ -298,7 +294,7 @@ void Coordinator::TickCanary() {
       BATON_FAILPOINT("mid_upgrade_step");  // the step recorded, the canary's blocks not moved
       BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary << " passed its step: now "
                             << upgrade_->judge->weight() << " % of new requests";
-      upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
+      upgrade_->next_reclaim = s_.clock.Now() + kReclaimTimeout;
       ReclaimFromPrimary(upgrade_->judge->weight());
       if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
       GrantFreeToCanary();
@@ -308,24 +304,24 @@ void Coordinator::TickCanary() {
 }
 
 void Coordinator::GrantFreeToCanary() {
-  EngineRecord* c = Find(upgrade_->canary);
-  const LedgerEngine* le = ledger_->engine(upgrade_->canary);
+  EngineRecord* c = s_.Find(upgrade_->canary);
+  const LedgerEngine* le = s_.ledger->engine(upgrade_->canary);
   if (c == nullptr || !c->serving() || le == nullptr || le->role != LedgerRole::kHolder) return;
   const uint32_t target = CanaryTarget(upgrade_->judge->weight());
-  const uint32_t free = ledger_->GrantableTo(c->id);
+  const uint32_t free = s_.ledger->GrantableTo(c->id);
   const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
   if (want > 0) GrantFree(*c, want, "the canary");
 }
 
 void Coordinator::FinishUpgrade() {
-  EngineRecord* p = Find(primary_);
-  if (p == nullptr || !p->serving() || !pair_.Allows(PairEvent::kGracefulPromoteRequested)) {
+  EngineRecord* p = s_.Find(s_.primary);
+  if (p == nullptr || !p->serving() || !s_.pair.Allows(PairEvent::kGracefulPromoteRequested)) {
     upgrade_->judgement = "waiting for the pair to settle before the canary takes over";
     return;
   }
   if (!CheckNoCalledOffDrain(*p).ok()) return;
   SetPhase(Upgrade::Phase::kFinishing);
-  StepPair(PairEvent::kGracefulPromoteRequested);
+  s_.StepPair(PairEvent::kGracefulPromoteRequested);
   OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p, upgrade_->canary);
   BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary
                         << " passed every step: draining engine " << p->id
@@ -336,7 +332,7 @@ void Coordinator::FinishUpgrade() {
 
 void Coordinator::RollBackCanary(const std::string& reason) {
   upgrade_->rollback_reason = reason;
-  EngineRecord* c = Find(upgrade_->canary);
+  EngineRecord* c = s_.Find(upgrade_->canary);
   BATON_LOG(WARN, kLog) << "rolling back canary engine " << upgrade_->canary << ": " << reason;
   if (c == nullptr || !c->live()) return EndUpgrade(UpgradeOutcome::kRolledBack, reason);
   if (!c->serving()) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
@@ -356,17 +352,17 @@ void Coordinator::OnCanaryGone(EngineRecord& e) {
 
 bool Coordinator::CanaryTakesOver(EngineRecord& old) {
   if (!upgrade_.has_value()) return false;
-  EngineRecord* c = Find(upgrade_->canary);
+  EngineRecord* c = s_.Find(upgrade_->canary);
   if (c == nullptr || !c->live()) return false;
   (void)ResumeEngine(*c);  // a rollback in progress is called off
   if (!c->serving()) return false;
-  primary_ = c->id;
-  StepPairIfAllowed(PairEvent::kPromoteDone);
+  s_.primary = c->id;
+  s_.StepPairIfAllowed(PairEvent::kPromoteDone);
   give_back_blocks_ = true;
   const bool planned = upgrade_->phase == Upgrade::Phase::kFinishing;
-  if (PromotionRecord* r = timelines_.current()) {
+  if (PromotionRecord* r = s_.timelines.current()) {
     r->new_engine = c->id;
-    r->promote_acked = clock_.Now();
+    r->promote_acked = s_.clock.Now();
   }
   BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old.id
                         << " is " << (planned ? "drained" : "lost: " + old.fail_reason);
@@ -375,11 +371,11 @@ bool Coordinator::CanaryTakesOver(EngineRecord& old) {
       planned ? "passed every step" : "the primary failed during the canary: " + old.fail_reason);
   SaveRoster();
   PublishRoutes();
-  if (PromotionRecord* r = timelines_.current()) {
-    r->route_published = clock_.Now();
-    timelines_.Close("serving");
+  if (PromotionRecord* r = s_.timelines.current()) {
+    r->route_published = s_.clock.Now();
+    s_.timelines.Close("serving");
   }
-  relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
+  s_.relaunch_not_before = s_.clock.Now() + s_.config.standby_relaunch_delay;
   return true;
 }
 
@@ -391,8 +387,8 @@ void Coordinator::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) 
                     .version = "",
                     .last_weight = upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0,
                     .started = upgrade_->started,
-                    .ended = clock_.Now()};
-  if (const EngineRecord* c = Find(upgrade_->canary)) res.version = c->version;
+                    .ended = s_.clock.Now()};
+  if (const EngineRecord* c = s_.Find(upgrade_->canary)) res.version = c->version;
   if (outcome == UpgradeOutcome::kPromoted) {
     previous_command_ = upgrade_->previous;
     active_command_ = upgrade_->command;
@@ -414,30 +410,30 @@ void Coordinator::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) 
 // is replaced by the canary, which holds blocks of its own): the reserve's blocks are part of
 // what the canary's share is counted from.
 void Coordinator::LendReserveToCanary() {
-  if (ledger_->promotion_reserve() == 0) return;
-  BATON_LOG(INFO, kLog) << "the promotion reserve's " << ledger_->promotion_reserve()
+  if (s_.ledger->promotion_reserve() == 0) return;
+  BATON_LOG(INFO, kLog) << "the promotion reserve's " << s_.ledger->promotion_reserve()
                         << " blocks are lent to the upgrade until it ends";
-  (void)ledger_->SetPromotionReserve(0);
+  (void)s_.ledger->SetPromotionReserve(0);
 }
 
 void Coordinator::GiveFreeBlocksToPrimary() {
-  if (!give_back_blocks_ || upgrade_.has_value() || config_.initial_grant_blocks != 0) return;
-  EngineRecord* p = Find(primary_);
-  const LedgerEngine* le = ledger_->engine(primary_);
+  if (!give_back_blocks_ || upgrade_.has_value() || s_.config.initial_grant_blocks != 0) return;
+  EngineRecord* p = s_.Find(s_.primary);
+  const LedgerEngine* le = s_.ledger->engine(s_.primary);
   if (p == nullptr || !p->serving() || !p->connected || le == nullptr ||
       le->role != LedgerRole::kHolder || BlocksAwaitBarrier()) {
     return;
   }
   give_back_blocks_ = false;
-  const uint32_t free = ledger_->GrantableTo(p->id);
+  const uint32_t free = s_.ledger->GrantableTo(p->id);
   if (free > 0) GrantFree(*p, free, "the primary");
 }
 
 void Coordinator::RetireStaleStandbys() {
-  if (upgrade_.has_value() || stopping_ || recovery_.has_value()) return;
+  if (upgrade_.has_value() || s_.stopping || recovery_.has_value()) return;
   std::vector<EngineId> stale;
-  for (const auto& [id, e] : engines_) {
-    if (id == primary_ || !e->live() || e->command == active_command()) continue;
+  for (const auto& [id, e] : s_.engines) {
+    if (id == s_.primary || !e->live() || e->command == active_command()) continue;
     if (e->is(EngineState::kLaunching) || e->is(EngineState::kRegistering) ||
         e->is(EngineState::kStandby)) {
       stale.push_back(id);
