@@ -1,4 +1,4 @@
-// Coordinator: the barrier a fenced holder's blocks wait behind before they move on (to the
+// FailoverPart: the barrier a fenced holder's blocks wait behind before they move on (to the
 // engine promoted before it, to the successor with its Promote, or back to free): every
 // process of the engine gone, and on the CUDA backend NVML no longer listing any of them
 // (docs/architecture.md, "Fencing rules"); and the promotion reserve, refilled once a
@@ -8,9 +8,10 @@
 
 #include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/core/coordinator.h"
+#include "controller/core/coordinator_parts.h"
 
 namespace baton {
+
 namespace {
 
 constexpr const char* kLog = "controller";
@@ -23,7 +24,7 @@ constexpr Duration kReserveReclaimTimeout = std::chrono::seconds(1);
 
 }  // namespace
 
-void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
+void FailoverPart::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
   NoteBarrierPassed(id, failover);
   const LedgerEngine* le = s_.ledger->engine(id);
   const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
@@ -51,14 +52,14 @@ void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailove
     if (!freed.ok())
       BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
   }
-  SaveRoster();
+  p_.engines->SaveRoster();
   RefillReserve();
 }
 
 // The engine promoted on the reserve takes the old primary's blocks now that nothing can
 // write them any more; the SDK keeps their headers, so an engine that waited for them adopts
 // the KV they hold in place. Freed instead if that engine is gone or fenced meanwhile.
-void Coordinator::GrantToPromoted(EngineId id, const PendingFailover& failover) {
+void FailoverPart::GrantToPromoted(EngineId id, const PendingFailover& failover) {
   EngineRecord* s = s_.Find(failover.successor);
   const LedgerEngine* sl = s_.ledger->engine(failover.successor);
   const bool holds = s != nullptr && s->live() && sl != nullptr &&
@@ -69,31 +70,31 @@ void Coordinator::GrantToPromoted(EngineId id, const PendingFailover& failover) 
     return;
   }
   if (!holds || moved->empty()) return;
-  SaveRoster();  // before the engine can map them
+  p_.engines->SaveRoster();  // before the engine can map them
   BATON_LOG(INFO, kLog) << "engine " << id << "'s " << BlocksIn(*moved)
                         << " blocks, past its barrier, granted to engine " << s->id << " at epoch "
                         << failover.epoch;
-  SendOrFail(*s, proto::Grant{.epoch = failover.epoch, .extents = ToRanges(*moved)});
+  p_.engines->SendOrFail(*s, proto::Grant{.epoch = failover.epoch, .extents = ToRanges(*moved)});
 }
 
-void Coordinator::NoteBarrierPassed(EngineId id, const std::optional<PendingFailover>& failover) {
+void FailoverPart::NoteBarrierPassed(EngineId id, const std::optional<PendingFailover>& failover) {
   if (!failover.has_value()) return;
   PromotionRecord* r = s_.timelines.Fenced(id, failover->epoch);
   if (r == nullptr) return;
   r->barrier_passed = s_.clock.Now();
   if (!r->detected.has_value()) return;
-  teardowns_.push_back(*r->barrier_passed - *r->detected);
-  if (teardowns_.size() > kTeardownsKept) teardowns_.pop_front();
+  own_.teardowns.push_back(*r->barrier_passed - *r->detected);
+  if (own_.teardowns.size() > kTeardownsKept) own_.teardowns.pop_front();
   BATON_LOG(INFO, kLog) << "engine " << id << "'s teardown took "
                         << MillisBetween(*r->detected, *r->barrier_passed)
                         << " ms (detected -> barrier passed)";
 }
 
 // The median of the last teardowns, less the time since this failover's detection.
-Duration Coordinator::BarrierEstimate() const {
+Duration FailoverPart::BarrierEstimate() const {
   Duration typical = s_.cuda_backend ? kTypicalDeviceTeardown : kTypicalHostTeardown;
-  if (!teardowns_.empty()) {
-    std::vector<Duration> sorted(teardowns_.begin(), teardowns_.end());
+  if (!own_.teardowns.empty()) {
+    std::vector<Duration> sorted(own_.teardowns.begin(), own_.teardowns.end());
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     typical = sorted[sorted.size() / 2];
   }
@@ -106,9 +107,9 @@ Duration Coordinator::BarrierEstimate() const {
 // While the reserve is short (a promotion took it and the blocks that came back past the
 // barrier went to the new primary), the primary is asked for free blocks, whole chunks, one
 // Reclaim at a time; GiveFreeBlocksToPrimary leaves the reserve out of what it grants back.
-void Coordinator::RefillReserve() {
+void FailoverPart::RefillReserve() {
   const uint32_t target = s_.ledger->promotion_reserve();
-  if (target == 0 || s_.stopping || upgrade_.has_value() || recovery_.has_value()) return;
+  if (target == 0 || s_.stopping || p_.upgrades->active() || p_.recovery->active()) return;
   const uint32_t have = s_.ledger->ReserveAvailable();
   EngineRecord* p = s_.Find(s_.primary);
   const LedgerEngine* pl = s_.ledger->engine(s_.primary);
@@ -120,7 +121,7 @@ void Coordinator::RefillReserve() {
   // most one a kReserveReclaimTimeout from the same primary: what it can spare may not make
   // whole chunks. A primary promoted since is asked at once: failovers a second apart would
   // otherwise find the reserve empty and wait for the barrier.
-  if (p->id == reserve_asked_ && s_.clock.Now() < next_reserve_reclaim_) return;
+  if (p->id == own_.reserve_asked && s_.clock.Now() < own_.next_reserve_reclaim) return;
   if (s_.reclaim.from == p->id &&
       s_.clock.Now() < s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout)
     return;
@@ -129,34 +130,34 @@ void Coordinator::RefillReserve() {
   if (pl->blocks < want + chunk) return;  // the primary keeps a chunk at least
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " free blocks: the promotion reserve holds " << have << " of " << target;
-  next_reserve_reclaim_ = s_.clock.Now() + kReserveReclaimTimeout;
-  reserve_asked_ = p->id;
-  if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
+  own_.next_reserve_reclaim = s_.clock.Now() + kReserveReclaimTimeout;
+  own_.reserve_asked = p->id;
+  if (!p_.engines->SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
   s_.reclaim =
       PendingReclaim{.from = p->id, .blocks = want, .sent = s_.clock.Now(), .for_reserve = true};
 }
 
-void Coordinator::PassBarrierOrWait(BarrierWait wait) {
+void FailoverPart::PassBarrierOrWait(BarrierWait wait) {
   BATON_FAILPOINT("mid_barrier");  // reaped and fenced; its blocks not yet past the barrier
   const std::string held_by = s_.effects.BarrierHeldBy(wait.old);
   if (held_by.empty()) return HandOverBlocks(wait.old, wait.failover);
   BATON_LOG(WARN, kLog) << "engine " << wait.old << " (pid " << wait.pid << ") is reaped but "
                         << held_by << ": its blocks wait for the barrier";
-  barrier_waits_[wait.old] = std::move(wait);
+  own_.barrier_waits[wait.old] = std::move(wait);
 }
 
 // Reaped holders whose fence found no durable epoch, tried again (at most once a second, as
 // each failed try spends a batch of epochs): fenced at a new epoch, then past the barrier
 // like any other, so that their blocks return to the pool.
-void Coordinator::RetryUnfencedHolders() {
+void FailoverPart::RetryUnfencedHolders() {
   const TimePoint now = s_.clock.Now();
-  if (unfenced_reaped_.empty() || now < next_unfenced_retry_) return;
-  next_unfenced_retry_ = now + std::chrono::seconds(1);
-  while (!unfenced_reaped_.empty()) {
-    const auto [id, pid] = *unfenced_reaped_.begin();
+  if (own_.unfenced_reaped.empty() || now < own_.next_unfenced_retry) return;
+  own_.next_unfenced_retry = now + std::chrono::seconds(1);
+  while (!own_.unfenced_reaped.empty()) {
+    const auto [id, pid] = *own_.unfenced_reaped.begin();
     Result<uint64_t> epoch = s_.AdvanceEpoch();
     if (!epoch.ok()) return;
-    unfenced_reaped_.erase(unfenced_reaped_.begin());
+    own_.unfenced_reaped.erase(own_.unfenced_reaped.begin());
     if (Status fenced = s_.ledger->Fence(id, *epoch); !fenced.ok()) {
       BATON_LOG(ERROR, kLog) << "fencing reaped engine " << id << ": " << fenced.ToString();
       ReleaseIfDone(id);
@@ -171,21 +172,21 @@ void Coordinator::RetryUnfencedHolders() {
   }
 }
 
-void Coordinator::PollBarrierWaits() {
+void FailoverPart::PollBarrierWaits() {
   std::vector<std::pair<BarrierWait, bool>> ready;
-  for (auto it = barrier_waits_.begin(); it != barrier_waits_.end();) {
+  for (auto it = own_.barrier_waits.begin(); it != own_.barrier_waits.end();) {
     const bool holds = !s_.effects.BarrierHeldBy(it->first).empty();
     if (holds && s_.clock.Now() < it->second.deadline) {
       ++it;
       continue;
     }
     ready.emplace_back(it->second, holds);
-    it = barrier_waits_.erase(it);
+    it = own_.barrier_waits.erase(it);
   }
   for (const auto& [wait, timed_out] : ready) FinishBarrierWait(wait, timed_out);
 }
 
-void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
+void FailoverPart::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
   if (timed_out) {
     BATON_LOG(ERROR, kLog) << "barrier: engine " << g.old << " (pid " << g.pid
                            << "): another process of its group or cgroup is alive, or the GPU "
@@ -209,9 +210,9 @@ void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
   ReleaseIfDone(g.old);
 }
 
-void Coordinator::ReleaseIfDone(EngineId id) {
-  if (s_.engines.count(id) != 0 || barrier_waits_.count(id) != 0 ||
-      unfenced_reaped_.count(id) != 0) {
+void FailoverPart::ReleaseIfDone(EngineId id) {
+  if (s_.engines.count(id) != 0 || own_.barrier_waits.count(id) != 0 ||
+      own_.unfenced_reaped.count(id) != 0) {
     return;
   }
   s_.effects.Release(id);

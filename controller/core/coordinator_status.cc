@@ -10,14 +10,17 @@ const EngineStatus* CoordinatorStatus::Find(EngineId id) const {
   return nullptr;
 }
 
-proto::EngineRole Coordinator::RoleOf(const EngineRecord& e) const {
+namespace {
+
+proto::EngineRole RoleOf(const CoordinatorState& s_, const UpgradePart& upgrades,
+                         const EngineRecord& e) {
   using proto::EngineRole;
   if (!e.live()) return EngineRole::kFencing;
   if (e.id == s_.primary) {
     return e.is(EngineState::kDraining) ? EngineRole::kDraining : EngineRole::kPrimary;
   }
-  if (IsCanary(e.id) && !e.is(EngineState::kLaunching) && !e.is(EngineState::kRegistering) &&
-      !e.is(EngineState::kStandby)) {
+  if (upgrades.IsCanary(e.id) && !e.is(EngineState::kLaunching) &&
+      !e.is(EngineState::kRegistering) && !e.is(EngineState::kStandby)) {
     return e.is(EngineState::kPromoting)  ? EngineRole::kPromoting
            : e.is(EngineState::kDraining) ? EngineRole::kDraining
                                           : EngineRole::kCanary;
@@ -28,10 +31,11 @@ proto::EngineRole Coordinator::RoleOf(const EngineRecord& e) const {
   return EngineRole::kLaunching;
 }
 
-EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {
+EngineStatus EngineStatusOf(const CoordinatorState& s_, const UpgradePart& upgrades,
+                            const EngineRecord& e) {
   EngineStatus s;
   s.id = e.id;
-  s.role = RoleOf(e);
+  s.role = RoleOf(s_, upgrades, e);
   s.state = e.state();
   s.launch_role = e.launch_role;
   s.pid = e.pid;
@@ -56,13 +60,15 @@ EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {
   return s;
 }
 
+}  // namespace
+
 CoordinatorStatus Coordinator::Snapshot() const {
   CoordinatorStatus s;
   s.now = s_.clock.Now();
   s.pair_state = s_.pair.state();
   s.pair_history = s_.pair.history();
   s.primary = s_.primary;
-  for (const auto& [id, e] : s_.engines) s.engines.push_back(EngineStatusOf(*e));
+  for (const auto& [id, e] : s_.engines) s.engines.push_back(EngineStatusOf(s_, upgrades_, *e));
   s.ledger = s_.ledger->Snapshot();
   s.invariants = s_.invariants;
   s.refused_transitions = s_.refused_transitions;
@@ -79,8 +85,9 @@ CoordinatorStatus Coordinator::Snapshot() const {
   s.called_off_switchovers = s_.called_off_switchovers;
   s.ticks = s_.ticks;
   s.refusal_count = s_.refusal_count;
-  if (upgrade_.has_value()) {
-    const Upgrade& u = *upgrade_;
+  const UpgradeFields& up = upgrades_.own();
+  if (up.upgrade.has_value()) {
+    const Upgrade& u = *up.upgrade;
     UpgradeStatus us{.kind = u.kind,
                      .phase = u.phase,
                      .primary = u.primary,
@@ -104,24 +111,24 @@ CoordinatorStatus Coordinator::Snapshot() const {
     }
     s.upgrade = std::move(us);
   }
-  s.upgrade_history = upgrade_history_;
-  s.active_command = active_command();
-  s.previous_command = previous_command_;
-  s.upgrades_promoted = upgrades_promoted_;
-  s.upgrades_rolled_back = upgrades_rolled_back_;
-  for (const auto& [id, pid] : unfenced_reaped_) s.unfenced_reaped.push_back(id);
-  s.barrier_waits = barrier_waits_.size();
+  s.upgrade_history = up.history;
+  s.active_command = upgrades_.active_command();
+  s.previous_command = up.previous_command;
+  s.upgrades_promoted = up.promoted;
+  s.upgrades_rolled_back = up.rolled_back;
+  for (const auto& [id, pid] : failover_.own().unfenced_reaped) s.unfenced_reaped.push_back(id);
+  s.barrier_waits = failover_.own().barrier_waits.size();
   s.reserve_target = s_.ledger->promotion_reserve();
   s.reserve_available = s_.ledger->ReserveAvailable();
-  s.reserve_note = reserve_note_;
+  s.reserve_note = failover_.own().reserve_note;
   s.journal_failing = s_.journal_failing;
   s.cuda_backend = s_.cuda_backend;
   s.device_memory_present = s_.effects.DeviceMemoryPresent();
-  s.device_losses = device_losses_;
-  s.device_rebuilds = device_rebuilds_;
-  s.device_lost_reason = device_lost_reason_;
+  s.device_losses = device_.own().losses;
+  s.device_rebuilds = device_.own().rebuilds;
+  s.device_lost_reason = device_.own().lost_reason;
   s.incarnation = s_.incarnation;
-  s.recovery = recovery_.has_value() ? recovery_->status : last_recovery_;
+  s.recovery = recovery_.status();
   return s;
 }
 
