@@ -12,11 +12,11 @@ const EngineStatus* CoordinatorStatus::Find(EngineId id) const {
 
 namespace {
 
-proto::EngineRole RoleOf(const CoordinatorState& s_, const UpgradePart& upgrades,
+proto::EngineRole RoleOf(const CoordinatorState& state, const UpgradePart& upgrades,
                          const EngineRecord& e) {
   using proto::EngineRole;
   if (!e.live()) return EngineRole::kFencing;
-  if (e.id == s_.primary) {
+  if (e.id == state.primary) {
     return e.is(EngineState::kDraining) ? EngineRole::kDraining : EngineRole::kPrimary;
   }
   if (upgrades.IsCanary(e.id) && !e.is(EngineState::kLaunching) &&
@@ -31,17 +31,17 @@ proto::EngineRole RoleOf(const CoordinatorState& s_, const UpgradePart& upgrades
   return EngineRole::kLaunching;
 }
 
-EngineStatus EngineStatusOf(const CoordinatorState& s_, const UpgradePart& upgrades,
+EngineStatus EngineStatusOf(const CoordinatorState& state, const UpgradePart& upgrades,
                             const EngineRecord& e) {
   EngineStatus s;
   s.id = e.id;
-  s.role = RoleOf(s_, upgrades, e);
+  s.role = RoleOf(state, upgrades, e);
   s.state = e.state();
   s.launch_role = e.launch_role;
   s.pid = e.pid;
   s.adopted = e.adopted;
-  if (const LedgerEngine* le = s_.ledger->engine(e.id); le != nullptr) s.ledger = *le;
-  s.leases = s_.ledger->LeasesOf(e.id);
+  if (const LedgerEngine* le = state.ledger->engine(e.id); le != nullptr) s.ledger = *le;
+  s.leases = state.ledger->LeasesOf(e.id);
   s.version = e.version;
   s.http_address = e.http_address;
   s.port = e.port;

@@ -17,6 +17,20 @@ uint32_t PrimaryKeeps(const ControllerConfig& config) {
   return std::max<uint32_t>(1, config.block_count / 10);
 }
 
+// The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
+// requests in flight finish there, and the canary's failed attempts are retried there. On a
+// device pool the share is whole chunks (the unit engines map), at most those that leave the
+// primary its tenth.
+uint32_t CanaryTarget(const CoordinatorState& s, uint32_t weight) {
+  const uint64_t blocks = s.config.block_count;
+  const uint64_t most = blocks - PrimaryKeeps(s.config);
+  uint64_t share = std::min(blocks * weight / 100, most);
+  const uint64_t chunk = s.ledger->blocks_per_chunk();
+  if (chunk > 1)
+    share = std::min<uint64_t>(s.WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
+  return std::max<uint32_t>(1, static_cast<uint32_t>(share));
+}
+
 }  // namespace
 
 UpgradePart::UpgradePart(CoordinatorState& s, const CoordinatorParts& p) : s_(s), p_(p) {}
@@ -124,25 +138,11 @@ void UpgradePart::SetPhase(Upgrade::Phase phase) {
   SaveCommands();
 }
 
-// The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
-// requests in flight finish there, and the canary's failed attempts are retried there. On a
-// device pool the share is whole chunks (the unit engines map), at most those that leave the
-// primary its tenth.
-uint32_t UpgradePart::CanaryTarget(uint32_t weight) const {
-  const uint64_t blocks = s_.config.block_count;
-  const uint64_t most = blocks - PrimaryKeeps(s_.config);
-  uint64_t share = std::min(blocks * weight / 100, most);
-  const uint64_t chunk = s_.ledger->blocks_per_chunk();
-  if (chunk > 1)
-    share = std::min<uint64_t>(s_.WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
-  return std::max<uint32_t>(1, static_cast<uint32_t>(share));
-}
-
 void UpgradePart::ReclaimFromPrimary(uint32_t weight) {
   EngineRecord* p = s_.Find(s_.primary);
   const LedgerEngine* c = s_.ledger->engine(own_.upgrade->canary);
   const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
-  const uint32_t target = CanaryTarget(weight);
+  const uint32_t target = CanaryTarget(s_, weight);
   const uint32_t free = s_.ledger->GrantableTo(own_.upgrade->canary);
   const LedgerEngine* pl = p != nullptr ? s_.ledger->engine(p->id) : nullptr;
   if (p == nullptr || !p->connected || pl == nullptr || held + free >= target) return;
@@ -168,7 +168,7 @@ void UpgradePart::StartCanary(EngineRecord& e) {
   own_.upgrade->deadline = s_.clock.Now() + kReclaimTimeout;
   ReclaimFromPrimary(own_.upgrade->policy.steps.front());
   if (own_.upgrade.has_value() && s_.ledger->GrantableTo(own_.upgrade->canary) >=
-                                      CanaryTarget(own_.upgrade->policy.steps.front())) {
+                                      CanaryTarget(s_, own_.upgrade->policy.steps.front())) {
     PromoteCanary();
   }
 }
@@ -210,7 +210,7 @@ void UpgradePart::PromoteCanary() {
     return RollBackCanary("promoting the canary: " + promoted.message());
   }
   const uint32_t free = s_.ledger->GrantableTo(c->id);
-  const uint32_t want = std::min(free, CanaryTarget(own_.upgrade->policy.steps.front()));
+  const uint32_t want = std::min(free, CanaryTarget(s_, own_.upgrade->policy.steps.front()));
   std::vector<Extent> extents;
   if (want > 0) {
     Result<std::vector<Extent>> granted = s_.ledger->Grant(c->id, want, *epoch);
@@ -311,7 +311,7 @@ void UpgradePart::GrantFreeToCanary() {
   EngineRecord* c = s_.Find(own_.upgrade->canary);
   const LedgerEngine* le = s_.ledger->engine(own_.upgrade->canary);
   if (c == nullptr || !c->serving() || le == nullptr || le->role != LedgerRole::kHolder) return;
-  const uint32_t target = CanaryTarget(own_.upgrade->judge->weight());
+  const uint32_t target = CanaryTarget(s_, own_.upgrade->judge->weight());
   const uint32_t free = s_.ledger->GrantableTo(c->id);
   const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
   if (want > 0) p_.engines->GrantFree(*c, want, "the canary");

@@ -80,7 +80,6 @@ class UpgradePart {
 
  private:
   void SetPhase(Upgrade::Phase phase);
-  uint32_t CanaryTarget(uint32_t weight) const;
   void ReclaimFromPrimary(uint32_t weight);
   void PromoteCanary();
   void TickCanary();
