@@ -1,3 +1,4 @@
+// Coordinator: each event routed to the parts it concerns (coordinator_parts.h).
 #include "controller/core/coordinator.h"
 
 #include <algorithm>
@@ -11,8 +12,6 @@ constexpr const char* kLog = "controller";
 constexpr Duration kMaxTickInterval = std::chrono::milliseconds(250);
 // How often the barrier asks whether a reaped holder's processes (and GPU context) are gone.
 constexpr Duration kBarrierPoll = std::chrono::milliseconds(1);
-constexpr size_t kKeepRefusals = 20;
-constexpr size_t kKeepExits = 20;
 
 template <class... Fs>
 struct Overloaded : Fs... {
@@ -30,390 +29,181 @@ const char* FromEngineName(const FromEngine& m) {
   return kNames[m.index()];
 }
 
-CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
-  CrashLoopGuard::Options o;
-  o.max_failures = c.crash_max_failures;
-  o.window = c.crash_window;
-  o.initial_backoff = c.crash_initial_backoff;
-  o.max_backoff = c.crash_max_backoff;
-  o.quiet_period = c.crash_quiet_period;
-  return o;
-}
-
 }  // namespace
 
 Coordinator::Coordinator(const ControllerConfig& config, const Clock& clock, EpochStore& epochs,
                          Effects& effects)
-    : config_(config),
-      clock_(clock),
-      epochs_(epochs),
-      effects_(effects),
-      ledger_(std::make_unique<PoolLedger>(config.block_count, epochs)),
-      pair_(NewPairMachine("pair", clock)),
-      guard_(clock, GuardOptions(config)),
-      timelines_(clock) {}
+    : s_(config, clock, epochs, effects),
+      parts_{.engines = &engines_,
+             .failover = &failover_,
+             .recovery = &recovery_,
+             .upgrades = &upgrades_,
+             .device = &device_,
+             .commands = &commands_},
+      engines_(s_, parts_),
+      failover_(s_, parts_),
+      recovery_(s_, parts_),
+      upgrades_(s_, parts_),
+      device_(s_, parts_),
+      commands_(s_, parts_) {}
 
 Coordinator::~Coordinator() = default;
 
 void Coordinator::SetLedgerMutationForTesting(PoolLedger::Mutation mutation) {
-  ledger_mutation_ = mutation;
-  ledger_->SetMutationForTesting(mutation);
+  s_.ledger_mutation = mutation;
+  s_.ledger->SetMutationForTesting(mutation);
 }
 
-// --- start ------------------------------------------------------------------------------------
+// --- start and stop -----------------------------------------------------------------------------
 
 void Coordinator::Start(const StartState& found) {
-  incarnation_ = found.incarnation;
-  cuda_backend_ = found.cuda_backend;
-  next_device_probe_ = clock_.Now() + config_.gpu_probe_interval;
-  if (found.blocks_per_chunk > 1) {
-    if (Status s = ledger_->SetBlocksPerChunk(found.blocks_per_chunk); !s.ok()) {
-      BATON_LOG(ERROR, kLog) << "pool chunks: " << s.ToString();
-    }
-  }
-  SetUpReserve(/*announce=*/true);
-  LoadCommands(found);
-  ReplenishEpochs();
+  s_.incarnation = found.incarnation;
+  device_.Start(found);
+  failover_.SetUpReserve(/*announce=*/true);
+  upgrades_.LoadCommands(found);
+  failover_.ReplenishEpochs();
   if (found.roster.has_value() && !found.roster->engines.empty()) {
-    BeginRecovery(found);
+    recovery_.BeginRecovery(found);
   } else {
-    if (found.roster.has_value()) next_engine_id_ = found.roster->next_engine_id;
-    last_recovery_.roster = found.roster_refused.empty() ? "none" : found.roster_refused;
-    last_recovery_.memory = found.memory_adopted ? "adopted" : found.memory_reason;
-    SaveRoster();
+    if (found.roster.has_value()) s_.next_engine_id = found.roster->next_engine_id;
+    recovery_.NoteFreshStart(found);
+    engines_.SaveRoster();
   }
-  PublishRoutes();
-  MaybeLaunch();
+  engines_.PublishRoutes();
+  engines_.MaybeLaunch();
 }
 
-void Coordinator::BeginShutdown() {
-  if (stopping_) return;
-  stopping_ = true;
-  for (auto& [id, e] : engines_) {
-    if (!e->live()) continue;  // already killed: its exit is on the way
-    const Status sent =
-        e->connected ? effects_.Send(id, proto::Stop{.reason = "the controller is shutting down"})
-                     : Unavailable("not connected");
-    // An engine that cannot be told (not connected yet, or its connection broke) gets SIGTERM.
-    if (!sent.ok()) effects_.Terminate(id);
-  }
-}
+void Coordinator::BeginShutdown() { engines_.BeginShutdown(); }
 
 std::vector<EngineId> Coordinator::Remaining() const {
   std::vector<EngineId> ids;
-  for (const auto& [id, e] : engines_) ids.push_back(id);
+  for (const auto& [id, e] : s_.engines) ids.push_back(id);
   return ids;
 }
 
 // --- connections and messages -------------------------------------------------------------------
 
 Result<EngineId> Coordinator::Admit(const std::string& token) const {
-  if (stopping_) return Unavailable("the controller is shutting down");
-  const EngineRecord* found = nullptr;
-  for (const auto& [id, e] : engines_) {
-    if (!token.empty() && e->token == token) found = e.get();
-  }
-  if (found == nullptr) {
-    return FailedPrecondition(
-        "wrong launch token: engines must be launched by this controller or a previous one "
-        "of its state directory");
-  }
-  if (!found->live()) {
-    return FailedPrecondition("engine " + std::to_string(found->id) + " is being fenced");
-  }
-  if (found->connected || found->registered()) {
-    return FailedPrecondition("engine " + std::to_string(found->id) + " is already connected");
-  }
-  return found->id;
+  return engines_.Admit(token);
 }
 
 void Coordinator::OnConnected(EngineId id, uint16_t protocol) {
-  EngineRecord* e = Find(id);
-  if (e == nullptr) return;
-  e->connected = true;
-  e->protocol = protocol;
+  engines_.OnConnected(id, protocol);
 }
 
 void Coordinator::OnMessage(EngineId id, const FromEngine& m) {
-  EngineRecord* found = Find(id);
+  EngineRecord* found = s_.Find(id);
   if (found == nullptr || !found->live() || !found->connected) return;
   EngineRecord& e = *found;
   const bool opening =
       std::holds_alternative<proto::Register>(m) || std::holds_alternative<proto::Reattach>(m);
   if (!e.registered() && !opening) {
-    return RefuseEngine(
+    return engines_.RefuseEngine(
         e, FailedPrecondition(std::string("expected Register, got ") + FromEngineName(m)));
   }
-  std::visit(Overloaded{
-                 [&](const proto::Register& r) { OnRegister(e, r); },
-                 [&](const proto::Reattach& r) { OnReattach(e, r); },
-                 [&](const proto::StandbyReady& r) { OnStandbyReady(e, r); },
-                 [&](const proto::Heartbeat& r) { OnHeartbeat(e, r); },
-                 [&](const proto::LeaseRequest& r) { OnLeaseRequest(e, r); },
-                 [&](const proto::ReturnExtents& r) { OnReturn(e, r); },
-                 [&](const proto::ErrorReport& r) { Fail(id, FailCause::kError, r.message); },
-                 [&](const proto::PromoteAck& r) { OnPromoteAck(e, r); },
-                 [&](const proto::Drained& r) { OnDrained(e, r); },
-                 [&](const proto::ShareMemoryAck& r) { OnShareMemoryAck(e, r); },
-                 [&](const proto::KvAdopted& r) { OnKvAdopted(e, r); },
-                 [&](const proto::KvInherited& r) { OnKvInherited(e, r); },
-                 [&](const proto::ErrorMsg& r) {
-                   BATON_LOG(WARN, kLog)
-                       << "engine " << id << " refused a controller message: " << r.message;
-                 },
-             },
-             m);
-  CheckInvariants();
+  std::visit(
+      Overloaded{
+          [&](const proto::Register& r) { engines_.OnRegister(e, r); },
+          [&](const proto::Reattach& r) { recovery_.OnReattach(e, r); },
+          [&](const proto::StandbyReady& r) { engines_.OnStandbyReady(e, r); },
+          [&](const proto::Heartbeat& r) { engines_.OnHeartbeat(e, r); },
+          [&](const proto::LeaseRequest& r) { engines_.OnLeaseRequest(e, r); },
+          [&](const proto::ReturnExtents& r) { engines_.OnReturn(e, r); },
+          [&](const proto::ErrorReport& r) { failover_.Fence(id, FailCause::kError, r.message); },
+          [&](const proto::PromoteAck& r) { failover_.OnPromoteAck(e, r); },
+          [&](const proto::Drained& r) { failover_.OnDrained(e, r); },
+          [&](const proto::ShareMemoryAck& r) { device_.OnShareMemoryAck(e, r); },
+          [&](const proto::KvAdopted& r) { engines_.OnKvAdopted(e, r); },
+          [&](const proto::KvInherited& r) { engines_.OnKvInherited(e, r); },
+          [&](const proto::ErrorMsg& r) {
+            BATON_LOG(WARN, kLog) << "engine " << id
+                                  << " refused a controller message: " << r.message;
+          },
+      },
+      m);
+  s_.CheckInvariants();
 }
 
 void Coordinator::OnBadMessage(EngineId id, const std::string& what) {
-  EngineRecord* e = Find(id);
+  EngineRecord* e = s_.Find(id);
   if (e == nullptr || !e->live()) return;
-  Refused("engine " + std::to_string(id), what);
-  Fail(id, FailCause::kEof, what);
+  s_.Refused("engine " + std::to_string(id), what);
+  failover_.Fence(id, FailCause::kEof, what);
 }
 
 void Coordinator::OnUnexpectedMessage(EngineId id, const std::string& type) {
-  EngineRecord* e = Find(id);
+  EngineRecord* e = s_.Find(id);
   if (e == nullptr || !e->live()) return;
-  RefuseEngine(*e, InvalidArgument("unexpected " + type + " from an engine"));
+  engines_.RefuseEngine(*e, InvalidArgument("unexpected " + type + " from an engine"));
 }
 
+// A lost connection (EOF, a reset, a frame that did not decode) and an exit (OnExited) both
+// enter FailoverPart::Fence.
 void Coordinator::OnDisconnected(EngineId id, const std::string& reason, bool error) {
-  EngineRecord* e = Find(id);
+  EngineRecord* e = s_.Find(id);
   if (e == nullptr) return;
   e->connected = false;
-  if (stopping_ || !e->live()) return;  // after Stop, a close is the engine's goodbye
-  if (error) Refused("engine " + std::to_string(id), "protocol error: " + reason);
-  Fail(id, FailCause::kEof, reason);
+  if (s_.stopping || !e->live()) return;  // after Stop, a close is the engine's goodbye
+  if (error) s_.Refused("engine " + std::to_string(id), "protocol error: " + reason);
+  failover_.Fence(id, FailCause::kEof, reason);
 }
 
-void Coordinator::OnExited(EngineId id, const std::string& how) {
-  EngineRecord* e = Find(id);
-  if (e == nullptr) return;
-  if (stopping_) {
-    BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->pid << ") "
-                          << (e->live() ? "exited after Stop" : "reaped") << ": " << how;
-    RecordExit(*e, e->fail_cause.has_value() ? ToString(*e->fail_cause) : "stopped", how);
-    engines_.erase(id);
-    effects_.Release(id);
-    if (engines_.empty()) SaveRoster();  // a clean stop leaves nothing to re-adopt
-    return;
-  }
-  if (e->live()) Fail(id, FailCause::kDied, how);
-  BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->pid << ") reaped: " << how;
-  RecordExit(*e, std::string(ToString(*e->fail_cause)) + ": " + e->fail_reason, how);
-  if (recovery_.has_value() && e->adopted && ledger_->engine(id) == nullptr) {
-    NoteGone(*e, "exited");  // what it held is in the previous controller's quarantine
-  } else {
-    FinishFence(*e);
-  }
-  if (recovery_.has_value()) TickRecovery();
-  MaybePromote();
-  GiveFreeBlocksToPrimary();
-  MaybeLaunch();
-  PublishRoutes();
-  CheckInvariants();
+void Coordinator::OnExited(EngineId id, const std::string& how) { failover_.OnExited(id, how); }
+
+// --- operator commands --------------------------------------------------------------------------
+
+Status Coordinator::RequestSwitchover() { return commands_.RequestSwitchover(); }
+Status Coordinator::RequestDrain() { return commands_.RequestDrain(); }
+Status Coordinator::RequestResume() { return commands_.RequestResume(); }
+Status Coordinator::Drill(DrillKind kind) { return commands_.Drill(kind); }
+Status Coordinator::RequestUpgrade(UpgradeRequest request) {
+  return upgrades_.RequestUpgrade(std::move(request));
+}
+Status Coordinator::RequestRollback(UpgradeRequest overrides) {
+  return upgrades_.RequestRollback(std::move(overrides));
 }
 
 // --- timer --------------------------------------------------------------------------------------
 
 void Coordinator::OnTick() {
-  if (stopping_) return;
-  ++ticks_;
-  if (recovery_.has_value()) TickRecovery();
-  TickUpgrade();
-  GiveFreeBlocksToPrimary();
-  RetireStaleStandbys();
-  CheckDevice();
-  ReplenishEpochs();
-  RetryUnfencedHolders();
-  PollBarrierWaits();
-  PollEngines();
-  MaybePromote();
-  RefillReserve();
-  MaybeLaunch();
-  CheckInvariants();
+  if (s_.stopping) return;
+  ++s_.ticks;
+  if (recovery_.active()) recovery_.TickRecovery();
+  upgrades_.TickUpgrade();
+  upgrades_.GiveFreeBlocksToPrimary();
+  upgrades_.RetireStaleStandbys();
+  device_.CheckDevice();
+  failover_.ReplenishEpochs();
+  failover_.RetryUnfencedHolders();
+  failover_.PollBarrierWaits();
+  engines_.PollEngines();
+  failover_.MaybePromote();
+  failover_.RefillReserve();
+  engines_.MaybeLaunch();
+  s_.CheckInvariants();
 }
 
 TimePoint Coordinator::NextWakeup() const {
-  const TimePoint now = clock_.Now();
+  const TimePoint now = s_.clock.Now();
   TimePoint when = now + kMaxTickInterval;
-  for (const auto& [id, e] : engines_) {
+  for (const auto& [id, e] : s_.engines) {
     if (e->detector.has_value()) when = std::min(when, e->detector->NextDeadline());
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
   }
-  if (const std::optional<TimePoint> launch = NextLaunchAt(); launch.has_value()) {
+  if (const std::optional<TimePoint> launch = engines_.NextLaunchAt(); launch.has_value()) {
     when = std::min(when, *launch);
   }
-  if (!barrier_waits_.empty()) when = std::min(when, now + kBarrierPoll);
-  if (recovery_.has_value()) when = std::min(when, recovery_->deadline);
-  if (cuda_backend_ && config_.gpu_probe_interval > Duration::zero()) {
-    when = std::min(when, std::max(now, next_device_probe_));
+  if (!failover_.own().barrier_waits.empty()) when = std::min(when, now + kBarrierPoll);
+  if (recovery_.active()) when = std::min(when, recovery_.own().recovery->deadline);
+  if (const std::optional<TimePoint> probe = device_.NextProbeAt(); probe.has_value()) {
+    when = std::min(when, std::max(now, *probe));
   }
   return std::max(when, now);
 }
 
-// --- machines and lookups -----------------------------------------------------------------------
+// --- reads --------------------------------------------------------------------------------------
 
-template <typename Machine, typename Event>
-void Coordinator::Step(Machine& machine, Event event) {
-  Result<decltype(machine.state())> applied = machine.Apply(event);
-  if (applied.ok()) return;
-  ++refused_transitions_;
-  BATON_LOG(ERROR, kLog) << "bug: a refused transition: " << applied.status().message();
-}
-
-template void Coordinator::Step(EngineMachine&, EngineEvent);
-template void Coordinator::Step(PairMachine&, PairEvent);
-
-void Coordinator::StepPairIfAllowed(PairEvent event) {
-  if (pair_.Allows(event)) StepPair(event);
-}
-
-EngineRecord* Coordinator::Find(EngineId id) {
-  auto it = engines_.find(id);
-  return it == engines_.end() ? nullptr : it->second.get();
-}
-
-const EngineRecord* Coordinator::engine(EngineId id) const {
-  auto it = engines_.find(id);
-  return it == engines_.end() ? nullptr : it->second.get();
-}
-
-EngineRecord& Coordinator::Get(EngineId id) {
-  EngineRecord* e = Find(id);
-  if (e == nullptr) {
-    BATON_LOG(ERROR, kLog) << "bug: engine " << id << " is not known";
-    std::abort();
-  }
-  return *e;
-}
-
-EngineRecord* Coordinator::Standby() {
-  for (auto& [id, e] : engines_) {
-    if (e->live() && e->is(EngineState::kStandby)) return e.get();
-  }
-  return nullptr;
-}
-
-size_t Coordinator::LiveEngines() const {
-  size_t n = 0;
-  for (const auto& [id, e] : engines_) n += e->live() ? 1 : 0;
-  return n;
-}
-
-bool Coordinator::backoff() const {
-  return pair_.state() == PairState::kDegradedBackoff || pair_.state() == PairState::kDownBackoff;
-}
-
-void Coordinator::Refused(const std::string& who, const std::string& reason) {
-  BATON_LOG(WARN, kLog) << "refused " << who << ": " << reason;
-  refusals_.push_back(Refusal{clock_.Now(), who, reason});
-  if (refusals_.size() > kKeepRefusals) refusals_.pop_front();
-  ++refusal_count_;
-}
-
-void Coordinator::RecordExit(const EngineRecord& e, const std::string& cause,
-                             const std::string& exit) {
-  exits_.push_back(EngineExit{clock_.Now(), e.id, e.pid, e.launch_role, cause, exit});
-  if (exits_.size() > kKeepExits) exits_.pop_front();
-}
-
-// --- the roster ---------------------------------------------------------------------------------
-
-namespace {
-
-RosterRole RosterRoleOf(const EngineRecord& e) {
-  switch (e.state()) {
-    case EngineState::kStandby:
-      return RosterRole::kStandby;
-    case EngineState::kPromoting:
-      return RosterRole::kPromoting;
-    case EngineState::kPrimary:
-      return RosterRole::kServing;
-    case EngineState::kDraining:
-      return RosterRole::kDraining;
-    case EngineState::kFencing:
-    case EngineState::kDead:
-      return RosterRole::kFencing;
-    default:
-      return RosterRole::kLaunching;
-  }
-}
-
-}  // namespace
-
-Roster Coordinator::MakeRoster() const {
-  Roster r;
-  r.incarnation = incarnation_;
-  r.next_engine_id = next_engine_id_;
-  r.primary = primary_;
-  r.pair_draining = pair_.state() == PairState::kDraining || pair_.state() == PairState::kStopped;
-  // While recovering, an engine that has not reattached yet is still what the previous
-  // controller's roster says (its role, epoch and extents, and whether it is the primary).
-  const Roster* previous = recovery_.has_value() ? &recovery_->roster : nullptr;
-  if (previous != nullptr && primary_ == kNoEngine) {
-    const EngineRecord* p = engine(previous->primary);
-    if (p != nullptr && p->is(EngineState::kAdopting)) r.primary = previous->primary;
-  }
-  for (const auto& [id, e] : engines_) {
-    if (e->pid == 0) continue;  // not started: nothing can reattach as it
-    RosterEngine entry{.id = id,
-                       .pid = e->pid,
-                       .start_time = 0,
-                       .token = e->token,
-                       .launch_role = e->launch_role,
-                       .port = e->port,
-                       .command = e->command,
-                       .cgroup = "",
-                       .role = RosterRoleOf(*e),
-                       .epoch = 0,
-                       .extents = {},
-                       .version = e->version,
-                       .http_address = e->http_address};
-    if (const LedgerEngine* le = ledger_->engine(id); le != nullptr) entry.epoch = le->epoch;
-    // Quarantined leases too: a fenced engine still maps them until it is gone.
-    for (const Lease& l : ledger_->LeasesOf(id)) entry.extents.push_back(l.extent);
-    if (const RosterEngine* was =
-            previous != nullptr && e->is(EngineState::kAdopting) ? previous->Find(id) : nullptr;
-        was != nullptr) {
-      entry.role = was->role;
-      entry.epoch = was->epoch;
-      entry.extents = was->extents;
-    }
-    r.engines.push_back(std::move(entry));
-  }
-  // Engines already reaped whose barrier has not passed yet: a controller restarted from here
-  // on must wait for it too before their blocks (its previous incarnation's) move.
-  auto gone = [&](EngineId id, pid_t pid) {
-    if (engines_.count(id) != 0 || r.Find(id) != nullptr) return;
-    RosterEngine entry;
-    entry.id = id;
-    entry.pid = pid;
-    entry.role = RosterRole::kFencing;
-    if (const LedgerEngine* le = ledger_->engine(id); le != nullptr) entry.epoch = le->epoch;
-    for (const Lease& l : ledger_->LeasesOf(id)) entry.extents.push_back(l.extent);
-    r.engines.push_back(std::move(entry));
-  };
-  for (const auto& [id, wait] : barrier_waits_) gone(id, wait.pid);
-  for (const auto& [id, pid] : unfenced_reaped_) gone(id, pid);
-  if (recovery_.has_value()) {
-    for (const auto& [id, until] : recovery_->gone) {
-      const RosterEngine* was = recovery_->roster.Find(id);
-      gone(id, was != nullptr ? was->pid : 0);
-    }
-  }
-  return r;
-}
-
-void Coordinator::SaveRoster() {
-  if (Status saved = effects_.SaveRoster(MakeRoster()); !saved.ok()) {
-    BATON_LOG(ERROR, kLog) << "the roster is not saved (a restarted controller would fence "
-                              "engines it cannot account for): "
-                           << saved.ToString();
-  }
-}
+const EngineRecord* Coordinator::engine(EngineId id) const { return s_.Find(id); }
 
 }  // namespace baton
 

@@ -1,4 +1,4 @@
-// Coordinator: the barrier a fenced holder's blocks wait behind before they move on (to the
+// FailoverPart: the barrier a fenced holder's blocks wait behind before they move on (to the
 // engine promoted before it, to the successor with its Promote, or back to free): every
 // process of the engine gone, and on the CUDA backend NVML no longer listing any of them
 // (docs/architecture.md, "Fencing rules"); and the promotion reserve, refilled once a
@@ -8,9 +8,10 @@
 
 #include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/core/coordinator.h"
+#include "controller/core/coordinator_parts.h"
 
 namespace baton {
+
 namespace {
 
 constexpr const char* kLog = "controller";
@@ -23,17 +24,17 @@ constexpr Duration kReserveReclaimTimeout = std::chrono::seconds(1);
 
 }  // namespace
 
-void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
+void FailoverPart::HandOverBlocks(EngineId id, const std::optional<PendingFailover>& failover) {
   NoteBarrierPassed(id, failover);
-  const LedgerEngine* le = ledger_->engine(id);
+  const LedgerEngine* le = s_.ledger->engine(id);
   const bool fenced = le != nullptr && le->role == LedgerRole::kFenced;
   if (failover.has_value() && failover->promoted) {
     if (fenced) GrantToPromoted(id, *failover);
   } else if (failover.has_value()) {
-    EngineRecord* s = Find(failover->successor);
+    EngineRecord* s = s_.Find(failover->successor);
     if (s != nullptr && s->live() && s->is(EngineState::kStandby)) {
-      Status promoted = ledger_->Promote(s->id, failover->epoch);
-      Result<std::vector<Extent>> moved = promoted.ok() ? ledger_->ReleaseAfterBarrier(id, s->id)
+      Status promoted = s_.ledger->Promote(s->id, failover->epoch);
+      Result<std::vector<Extent>> moved = promoted.ok() ? s_.ledger->ReleaseAfterBarrier(id, s->id)
                                                         : Result<std::vector<Extent>>(promoted);
       if (moved.ok()) {
         SendPromote(*s, failover->epoch, *moved);
@@ -42,76 +43,76 @@ void Coordinator::HandOverBlocks(EngineId id, const std::optional<PendingFailove
                                << moved.status().ToString();
       }
     } else if (fenced) {
-      if (Result<std::vector<Extent>> freed = ledger_->ReleaseAfterBarrier(id); !freed.ok()) {
+      if (Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id); !freed.ok()) {
         BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
       }
     }
   } else if (fenced) {
-    Result<std::vector<Extent>> freed = ledger_->ReleaseAfterBarrier(id);
+    Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id);
     if (!freed.ok())
       BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
   }
-  SaveRoster();
+  p_.engines->SaveRoster();
   RefillReserve();
 }
 
 // The engine promoted on the reserve takes the old primary's blocks now that nothing can
 // write them any more; the SDK keeps their headers, so an engine that waited for them adopts
 // the KV they hold in place. Freed instead if that engine is gone or fenced meanwhile.
-void Coordinator::GrantToPromoted(EngineId id, const PendingFailover& failover) {
-  EngineRecord* s = Find(failover.successor);
-  const LedgerEngine* sl = ledger_->engine(failover.successor);
+void FailoverPart::GrantToPromoted(EngineId id, const PendingFailover& failover) {
+  EngineRecord* s = s_.Find(failover.successor);
+  const LedgerEngine* sl = s_.ledger->engine(failover.successor);
   const bool holds = s != nullptr && s->live() && sl != nullptr &&
                      sl->role == LedgerRole::kHolder && sl->epoch == failover.epoch;
-  Result<std::vector<Extent>> moved = ledger_->ReleaseAfterBarrier(id, holds ? s->id : kNoEngine);
+  Result<std::vector<Extent>> moved = s_.ledger->ReleaseAfterBarrier(id, holds ? s->id : kNoEngine);
   if (!moved.ok()) {
     BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << moved.status().ToString();
     return;
   }
   if (!holds || moved->empty()) return;
-  SaveRoster();  // before the engine can map them
+  p_.engines->SaveRoster();  // before the engine can map them
   BATON_LOG(INFO, kLog) << "engine " << id << "'s " << BlocksIn(*moved)
                         << " blocks, past its barrier, granted to engine " << s->id << " at epoch "
                         << failover.epoch;
-  SendOrFail(*s, proto::Grant{.epoch = failover.epoch, .extents = ToRanges(*moved)});
+  p_.engines->SendOrFail(*s, proto::Grant{.epoch = failover.epoch, .extents = ToRanges(*moved)});
 }
 
-void Coordinator::NoteBarrierPassed(EngineId id, const std::optional<PendingFailover>& failover) {
+void FailoverPart::NoteBarrierPassed(EngineId id, const std::optional<PendingFailover>& failover) {
   if (!failover.has_value()) return;
-  PromotionRecord* r = timelines_.Fenced(id, failover->epoch);
+  PromotionRecord* r = s_.timelines.Fenced(id, failover->epoch);
   if (r == nullptr) return;
-  r->barrier_passed = clock_.Now();
+  r->barrier_passed = s_.clock.Now();
   if (!r->detected.has_value()) return;
-  teardowns_.push_back(*r->barrier_passed - *r->detected);
-  if (teardowns_.size() > kTeardownsKept) teardowns_.pop_front();
+  own_.teardowns.push_back(*r->barrier_passed - *r->detected);
+  if (own_.teardowns.size() > kTeardownsKept) own_.teardowns.pop_front();
   BATON_LOG(INFO, kLog) << "engine " << id << "'s teardown took "
                         << MillisBetween(*r->detected, *r->barrier_passed)
                         << " ms (detected -> barrier passed)";
 }
 
 // The median of the last teardowns, less the time since this failover's detection.
-Duration Coordinator::BarrierEstimate() const {
-  Duration typical = cuda_backend_ ? kTypicalDeviceTeardown : kTypicalHostTeardown;
-  if (!teardowns_.empty()) {
-    std::vector<Duration> sorted(teardowns_.begin(), teardowns_.end());
+Duration FailoverPart::BarrierEstimate() const {
+  Duration typical = s_.cuda_backend ? kTypicalDeviceTeardown : kTypicalHostTeardown;
+  if (!own_.teardowns.empty()) {
+    std::vector<Duration> sorted(own_.teardowns.begin(), own_.teardowns.end());
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     typical = sorted[sorted.size() / 2];
   }
-  const PromotionRecord* r = timelines_.last();
+  const PromotionRecord* r = s_.timelines.last();
   const Duration since =
-      r != nullptr && r->detected.has_value() ? clock_.Now() - *r->detected : Duration::zero();
+      r != nullptr && r->detected.has_value() ? s_.clock.Now() - *r->detected : Duration::zero();
   return std::max(Duration::zero(), typical - since);
 }
 
 // While the reserve is short (a promotion took it and the blocks that came back past the
 // barrier went to the new primary), the primary is asked for free blocks, whole chunks, one
 // Reclaim at a time; GiveFreeBlocksToPrimary leaves the reserve out of what it grants back.
-void Coordinator::RefillReserve() {
-  const uint32_t target = ledger_->promotion_reserve();
-  if (target == 0 || stopping_ || upgrade_.has_value() || recovery_.has_value()) return;
-  const uint32_t have = ledger_->ReserveAvailable();
-  EngineRecord* p = Find(primary_);
-  const LedgerEngine* pl = ledger_->engine(primary_);
+void FailoverPart::RefillReserve() {
+  const uint32_t target = s_.ledger->promotion_reserve();
+  if (target == 0 || s_.stopping || p_.upgrades->active() || p_.recovery->active()) return;
+  const uint32_t have = s_.ledger->ReserveAvailable();
+  EngineRecord* p = s_.Find(s_.primary);
+  const LedgerEngine* pl = s_.ledger->engine(s_.primary);
   if (have >= target || p == nullptr || !p->is(EngineState::kPrimary) || !p->connected ||
       pl == nullptr || pl->role != LedgerRole::kHolder) {
     return;
@@ -120,42 +121,44 @@ void Coordinator::RefillReserve() {
   // most one a kReserveReclaimTimeout from the same primary: what it can spare may not make
   // whole chunks. A primary promoted since is asked at once: failovers a second apart would
   // otherwise find the reserve empty and wait for the barrier.
-  if (p->id == reserve_asked_ && clock_.Now() < next_reserve_reclaim_) return;
-  if (reclaim_.from == p->id && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
-  const uint32_t chunk = ledger_->blocks_per_chunk();
-  const uint32_t want = WholeChunks(target - have);
+  if (p->id == own_.reserve_asked && s_.clock.Now() < own_.next_reserve_reclaim) return;
+  if (s_.reclaim.from == p->id &&
+      s_.clock.Now() < s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout)
+    return;
+  const uint32_t chunk = s_.ledger->blocks_per_chunk();
+  const uint32_t want = s_.WholeChunks(target - have);
   if (pl->blocks < want + chunk) return;  // the primary keeps a chunk at least
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " free blocks: the promotion reserve holds " << have << " of " << target;
-  next_reserve_reclaim_ = clock_.Now() + kReserveReclaimTimeout;
-  reserve_asked_ = p->id;
-  if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
-  reclaim_ =
-      PendingReclaim{.from = p->id, .blocks = want, .sent = clock_.Now(), .for_reserve = true};
+  own_.next_reserve_reclaim = s_.clock.Now() + kReserveReclaimTimeout;
+  own_.reserve_asked = p->id;
+  if (!p_.engines->SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
+  s_.reclaim =
+      PendingReclaim{.from = p->id, .blocks = want, .sent = s_.clock.Now(), .for_reserve = true};
 }
 
-void Coordinator::PassBarrierOrWait(BarrierWait wait) {
+void FailoverPart::PassBarrierOrWait(BarrierWait wait) {
   BATON_FAILPOINT("mid_barrier");  // reaped and fenced; its blocks not yet past the barrier
-  const std::string held_by = effects_.BarrierHeldBy(wait.old);
+  const std::string held_by = s_.effects.BarrierHeldBy(wait.old);
   if (held_by.empty()) return HandOverBlocks(wait.old, wait.failover);
   BATON_LOG(WARN, kLog) << "engine " << wait.old << " (pid " << wait.pid << ") is reaped but "
                         << held_by << ": its blocks wait for the barrier";
-  barrier_waits_[wait.old] = std::move(wait);
+  own_.barrier_waits[wait.old] = std::move(wait);
 }
 
 // Reaped holders whose fence found no durable epoch, tried again (at most once a second, as
 // each failed try spends a batch of epochs): fenced at a new epoch, then past the barrier
 // like any other, so that their blocks return to the pool.
-void Coordinator::RetryUnfencedHolders() {
-  const TimePoint now = clock_.Now();
-  if (unfenced_reaped_.empty() || now < next_unfenced_retry_) return;
-  next_unfenced_retry_ = now + std::chrono::seconds(1);
-  while (!unfenced_reaped_.empty()) {
-    const auto [id, pid] = *unfenced_reaped_.begin();
-    Result<uint64_t> epoch = AdvanceEpoch();
+void FailoverPart::RetryUnfencedHolders() {
+  const TimePoint now = s_.clock.Now();
+  if (own_.unfenced_reaped.empty() || now < own_.next_unfenced_retry) return;
+  own_.next_unfenced_retry = now + std::chrono::seconds(1);
+  while (!own_.unfenced_reaped.empty()) {
+    const auto [id, pid] = *own_.unfenced_reaped.begin();
+    Result<uint64_t> epoch = s_.AdvanceEpoch();
     if (!epoch.ok()) return;
-    unfenced_reaped_.erase(unfenced_reaped_.begin());
-    if (Status fenced = ledger_->Fence(id, *epoch); !fenced.ok()) {
+    own_.unfenced_reaped.erase(own_.unfenced_reaped.begin());
+    if (Status fenced = s_.ledger->Fence(id, *epoch); !fenced.ok()) {
       BATON_LOG(ERROR, kLog) << "fencing reaped engine " << id << ": " << fenced.ToString();
       ReleaseIfDone(id);
       continue;
@@ -164,35 +167,35 @@ void Coordinator::RetryUnfencedHolders() {
     PassBarrierOrWait(BarrierWait{.old = id,
                                   .pid = pid,
                                   .failover = std::nullopt,
-                                  .deadline = now + config_.gpu_release_timeout});
+                                  .deadline = now + s_.config.gpu_release_timeout});
     ReleaseIfDone(id);
   }
 }
 
-void Coordinator::PollBarrierWaits() {
+void FailoverPart::PollBarrierWaits() {
   std::vector<std::pair<BarrierWait, bool>> ready;
-  for (auto it = barrier_waits_.begin(); it != barrier_waits_.end();) {
-    const bool holds = !effects_.BarrierHeldBy(it->first).empty();
-    if (holds && clock_.Now() < it->second.deadline) {
+  for (auto it = own_.barrier_waits.begin(); it != own_.barrier_waits.end();) {
+    const bool holds = !s_.effects.BarrierHeldBy(it->first).empty();
+    if (holds && s_.clock.Now() < it->second.deadline) {
       ++it;
       continue;
     }
     ready.emplace_back(it->second, holds);
-    it = barrier_waits_.erase(it);
+    it = own_.barrier_waits.erase(it);
   }
   for (const auto& [wait, timed_out] : ready) FinishBarrierWait(wait, timed_out);
 }
 
-void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
+void FailoverPart::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
   if (timed_out) {
     BATON_LOG(ERROR, kLog) << "barrier: engine " << g.old << " (pid " << g.pid
                            << "): another process of its group or cgroup is alive, or the GPU "
                            << "lists one, after "
                            << std::chrono::duration_cast<std::chrono::milliseconds>(
-                                  config_.gpu_release_timeout)
+                                  s_.config.gpu_release_timeout)
                                   .count()
                            << " ms; every one was sent SIGKILL, so its blocks move on";
-  } else if (cuda_backend_) {
+  } else if (s_.cuda_backend) {
     BATON_LOG(INFO, kLog) << "barrier: NVML no longer lists pid " << g.pid
                           << " on the GPU and no process of its group is left; its blocks move on";
   } else {
@@ -200,18 +203,19 @@ void Coordinator::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
                           << ") or cgroup is left; its blocks move on";
   }
   if (g.failover.has_value()) {
-    if (PromotionRecord* r = timelines_.Fenced(g.old, g.failover->epoch))
-      r->gpu_released = clock_.Now();
+    if (PromotionRecord* r = s_.timelines.Fenced(g.old, g.failover->epoch))
+      r->gpu_released = s_.clock.Now();
   }
   HandOverBlocks(g.old, g.failover);
   ReleaseIfDone(g.old);
 }
 
-void Coordinator::ReleaseIfDone(EngineId id) {
-  if (engines_.count(id) != 0 || barrier_waits_.count(id) != 0 || unfenced_reaped_.count(id) != 0) {
+void FailoverPart::ReleaseIfDone(EngineId id) {
+  if (s_.engines.count(id) != 0 || own_.barrier_waits.count(id) != 0 ||
+      own_.unfenced_reaped.count(id) != 0) {
     return;
   }
-  effects_.Release(id);
+  s_.effects.Release(id);
 }
 
 }  // namespace baton

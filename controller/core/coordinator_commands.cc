@@ -1,89 +1,170 @@
-// Coordinator: the engine command record (controller/upgrade/command_record.h). A promoted
-// upgrade's command outlives a controller restart; an upgrade in flight is resumed by the
-// recovery with the engines it re-adopts, or recorded as rolled back when they are gone.
+// CommandPart: the operator's commands on the pair (coordinator_commands.h).
+#include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/core/coordinator.h"
+#include "controller/core/coordinator_parts.h"
 
 namespace baton {
+
 namespace {
 
-constexpr const char* kLog = "upgrade";
+constexpr const char* kLog = "controller";
+
+uint32_t Millis(Duration d) {
+  return static_cast<uint32_t>(std::chrono::duration_cast<std::chrono::milliseconds>(d).count());
+}
 
 }  // namespace
 
-void Coordinator::SaveCommands() {
-  CommandRecord record{config_.engine_command, active_command_, previous_command_};
-  if (record.active.empty()) record.active = config_.engine_command;
-  if (upgrade_.has_value()) {
-    record.in_flight = InFlightUpgrade{
-        .kind = upgrade_->kind,
-        .command = upgrade_->command,
-        .phase = ToString(upgrade_->phase),
-        .canary = upgrade_->canary,
-        .weight = upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0,
-        .primary = upgrade_->primary,
-        .steps = upgrade_->policy.steps,
-        .step_duration_ms = static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(upgrade_->policy.step_duration)
-                .count()),
-        .min_requests = upgrade_->policy.min_requests};
+CommandPart::CommandPart(CoordinatorState& s, const CoordinatorParts& p) : s_(s), p_(p) {}
+
+Status CommandPart::RequestSwitchover() {
+  if (s_.stopping) return Unavailable("the controller is shutting down");
+  EngineRecord* p = s_.Find(s_.primary);
+  EngineRecord* s = s_.Standby();
+  const std::string pair = ToString(s_.pair.state());
+  if (p == nullptr || !p->serving()) {
+    return FailedPrecondition("no serving primary to switch over from (pair is " + pair + ")");
   }
-  if (Status saved = effects_.SaveCommandRecord(record); !saved.ok()) {
-    BATON_LOG(ERROR, kLog) << "the engine command record is not saved (a restart would launch "
-                              "engine.command and forget an upgrade in flight): "
-                           << saved.ToString();
+  if (p_.upgrades->active()) {
+    return FailedPrecondition("an upgrade is in progress; `batonctl rollback` ends it");
   }
+  if (s == nullptr) return FailedPrecondition("no ready standby to promote (pair is " + pair + ")");
+  BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
+  Result<PairState> applied = s_.pair.Apply(PairEvent::kGracefulPromoteRequested);
+  if (!applied.ok()) return applied.status();
+  OpenPlannedTimeline(PromotionKind::kSwitchover, "batonctl promote", *p, s->id);
+  BATON_LOG(INFO, kLog) << "switch-over: draining engine " << p->id << ", then promoting engine "
+                        << s->id;
+  DrainEngine(*p);
+  BATON_FAILPOINT("mid_switchover");  // the primary told to drain
+  p_.engines->PublishRoutes();
+  return OkStatus();
 }
 
-// Start-up: the command a promoted upgrade put in place, if engine.command is unchanged. An
-// upgrade in flight is resumed by the recovery when its engines reattach; without a roster
-// (its engines are gone) it is recorded as rolled back.
-void Coordinator::LoadCommands(const StartState& found) {
-  const std::string where = config_.command_record_path();
-  if (!found.commands_error.empty()) {
-    BATON_LOG(WARN, kLog) << "ignoring the saved engine command: " << found.commands_error;
+PromotionRecord& CommandPart::OpenPlannedTimeline(PromotionKind kind, const std::string& cause,
+                                                  const EngineRecord& old, EngineId next) {
+  PromotionRecord& r = s_.timelines.Open(kind, cause);
+  r.injected = s_.clock.Now();
+  r.old_engine = old.id;
+  r.old_pid = old.pid;
+  r.new_engine = next;
+  return r;
+}
+
+void CommandPart::DrainEngine(EngineRecord& e) {
+  s_.Step(e.machine, EngineEvent::kDrain);
+  e.deadline = s_.clock.Now() + s_.config.drain_timeout;
+  p_.engines->SaveRoster();
+  p_.engines->SendOrFail(e, proto::Drain{.epoch = s_.ledger->engine(e.id)->epoch,
+                                         .timeout_ms = Millis(s_.config.drain_timeout)});
+}
+
+bool CommandPart::ResumeEngine(EngineRecord& e) {
+  if (!e.is(EngineState::kDraining) || !e.connected || e.protocol < proto::kProtocolVersionResume) {
+    return false;
   }
-  if (!found.commands.has_value()) return;
-  const CommandRecord& record = *found.commands;
-  if (!record.ignored.empty()) {
-    BATON_LOG(WARN, kLog) << "ignoring the upgrade in flight saved in " << where << ": "
-                          << record.ignored;
+  s_.Step(e.machine, EngineEvent::kDrainCancelled);
+  e.deadline.reset();
+  ++e.called_off_drains;
+  p_.engines->SaveRoster();
+  return p_.engines->SendOrFail(e, proto::Resume{.epoch = s_.ledger->engine(e.id)->epoch});
+}
+
+Status CommandPart::CheckNoCalledOffDrain(const EngineRecord& primary) const {
+  if (primary.called_off_drains == 0) return OkStatus();
+  return Unavailable("engine " + std::to_string(primary.id) +
+                     " still finishes the drain that was called off; try again in a moment");
+}
+
+void CommandPart::CallOffSwitchover(EngineRecord& standby) {
+  EngineRecord* p = s_.Find(s_.primary);
+  if (p == nullptr || !p->live() || !p->is(EngineState::kDraining)) return;
+  const std::string why = "engine " + std::to_string(standby.id) + ", the standby, failed (" +
+                          standby.fail_reason + ")";
+  if (!p->connected || p->protocol < proto::kProtocolVersionResume) {
+    BATON_LOG(WARN, kLog) << "switch-over: " << why << "; engine " << p->id << " speaks protocol "
+                          << p->protocol
+                          << ", which cannot call a drain off: it is retired once drained";
+    return;
   }
-  if (record.configured != config_.engine_command) {
-    BATON_LOG(WARN, kLog) << "engine.command changed since " << where
-                          << " was written: engines run engine.command";
-  } else if (record.active != config_.engine_command) {
-    active_command_ = record.active;
-    previous_command_ = record.previous;
-    BATON_LOG(INFO, kLog) << "engines run the command of the last promoted upgrade (" << where
-                          << "): " << Joined(active_command_);
+  ++s_.called_off_switchovers;
+  if (!ResumeEngine(*p)) return;
+  s_.timelines.Close("called off: " + why + "; engine " + std::to_string(p->id) + " serves on");
+  BATON_LOG(INFO, kLog) << "switch-over called off: " << why << "; engine " << p->id
+                        << " serves again";
+}
+
+Status CommandPart::RequestDrain() {
+  if (s_.stopping) return Unavailable("the controller is shutting down");
+  if (p_.upgrades->active()) {
+    return FailedPrecondition("an upgrade is in progress; `batonctl rollback` ends it first");
+  }
+  if (EngineRecord* p = s_.Find(s_.primary); p != nullptr) {
+    BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
+  }
+  Result<PairState> applied = s_.pair.Apply(PairEvent::kDrain);
+  if (!applied.ok()) return applied.status();
+  std::vector<EngineId> others;
+  for (const auto& [id, e] : s_.engines) {
+    if (e->live() && id != s_.primary) others.push_back(id);
+  }
+  for (EngineId id : others)
+    p_.failover->Fence(id, FailCause::kShutdown, "the pair is being drained");
+  if (EngineRecord* p = s_.Find(s_.primary); p != nullptr && p->live()) DrainEngine(*p);
+  BATON_LOG(INFO, kLog) << "drain: the pair is taken out of service";
+  p_.engines->SaveRoster();
+  p_.engines->PublishRoutes();
+  return OkStatus();
+}
+
+Status CommandPart::RequestResume() {
+  if (s_.stopping) return Unavailable("the controller is shutting down");
+  const PairState s = s_.pair.state();
+  if (s == PairState::kDraining) {
+    EngineRecord* p = s_.Find(s_.primary);
+    if (p == nullptr || !p->live() || !p->is(EngineState::kDraining)) {
+      return Unavailable("the drain is ending; resume once the pair is stopped");
+    }
+    if (!ResumeEngine(*p)) {
+      return FailedPrecondition("engine " + std::to_string(p->id) + " speaks protocol " +
+                                std::to_string(p->protocol) +
+                                ", which cannot call a drain off; resume once the pair is stopped");
+    }
+    s_.StepPair(PairEvent::kResume);
+    BATON_LOG(INFO, kLog) << "resume: the drain is called off; engine " << p->id
+                          << " serves again and a standby is launched";
+  } else if (s == PairState::kStopped) {
+    s_.StepPair(PairEvent::kResume);
+    BATON_LOG(INFO, kLog) << "resume: the stopped pair is started again";
   } else {
-    previous_command_ = record.previous;
+    return FailedPrecondition("nothing to resume: the pair is " + std::string(ToString(s)) +
+                              " (resume undoes batonctl drain)");
   }
-  const bool engines_left = found.roster.has_value() && !found.roster->engines.empty();
-  if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value() && !engines_left) {
-    RecordInterruptedUpgrade(*u, std::string("the controller restarted during the ") +
-                                     ToString(u->kind) + " (phase " + u->phase +
-                                     "); its engines were gone");
-  } else if (!record.ignored.empty()) {
-    SaveCommands();
-  }
+  p_.engines->SaveRoster();
+  p_.engines->PublishRoutes();
+  p_.engines->MaybeLaunch();
+  return OkStatus();
 }
 
-void Coordinator::RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::string& reason) {
-  BATON_LOG(WARN, kLog) << ToString(u.kind) << " " << ToString(UpgradeOutcome::kRolledBack)
-                        << " (engine " << u.canary << "): " << reason;
-  upgrade_history_.push_back(UpgradeResult{.kind = u.kind,
-                                           .outcome = UpgradeOutcome::kRolledBack,
-                                           .reason = reason,
-                                           .canary = u.canary,
-                                           .version = "",
-                                           .last_weight = u.weight,
-                                           .started = clock_.Now(),
-                                           .ended = clock_.Now()});
-  if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
-  ++upgrades_rolled_back_;
-  SaveCommands();  // the interrupted upgrade is recorded once
+Status CommandPart::Drill(DrillKind kind) {
+  if (s_.stopping) return Unavailable("the controller is shutting down");
+  if (p_.upgrades->active()) {
+    return FailedPrecondition("an upgrade is in progress; drill once it has ended");
+  }
+  if (p_.recovery->active()) {
+    return FailedPrecondition("the controller is re-adopting its engines; drill once it is done");
+  }
+  EngineRecord* p = s_.Find(s_.primary);
+  if (p == nullptr || !p->serving()) {
+    return FailedPrecondition(std::string("no serving primary to drill (pair is ") +
+                              ToString(s_.pair.state()) + ")");
+  }
+  BATON_ASSIGN_OR_RETURN(std::string how, s_.effects.Drill(p->id, kind));
+  s_.drill = DrillRecord{kind, p->id, s_.clock.Now()};
+  static constexpr const char* kDrills[] = {"kill", "hang", "error"};
+  BATON_LOG(INFO, kLog) << "drill " << kDrills[static_cast<int>(kind)] << " on engine " << p->id
+                        << " (pid " << p->pid << ")" << how;
+  return OkStatus();
 }
 
 }  // namespace baton

@@ -10,14 +10,17 @@ const EngineStatus* CoordinatorStatus::Find(EngineId id) const {
   return nullptr;
 }
 
-proto::EngineRole Coordinator::RoleOf(const EngineRecord& e) const {
+namespace {
+
+proto::EngineRole RoleOf(const CoordinatorState& state, const UpgradePart& upgrades,
+                         const EngineRecord& e) {
   using proto::EngineRole;
   if (!e.live()) return EngineRole::kFencing;
-  if (e.id == primary_) {
+  if (e.id == state.primary) {
     return e.is(EngineState::kDraining) ? EngineRole::kDraining : EngineRole::kPrimary;
   }
-  if (IsCanary(e.id) && !e.is(EngineState::kLaunching) && !e.is(EngineState::kRegistering) &&
-      !e.is(EngineState::kStandby)) {
+  if (upgrades.IsCanary(e.id) && !e.is(EngineState::kLaunching) &&
+      !e.is(EngineState::kRegistering) && !e.is(EngineState::kStandby)) {
     return e.is(EngineState::kPromoting)  ? EngineRole::kPromoting
            : e.is(EngineState::kDraining) ? EngineRole::kDraining
                                           : EngineRole::kCanary;
@@ -28,16 +31,17 @@ proto::EngineRole Coordinator::RoleOf(const EngineRecord& e) const {
   return EngineRole::kLaunching;
 }
 
-EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {
+EngineStatus EngineStatusOf(const CoordinatorState& state, const UpgradePart& upgrades,
+                            const EngineRecord& e) {
   EngineStatus s;
   s.id = e.id;
-  s.role = RoleOf(e);
+  s.role = RoleOf(state, upgrades, e);
   s.state = e.state();
   s.launch_role = e.launch_role;
   s.pid = e.pid;
   s.adopted = e.adopted;
-  if (const LedgerEngine* le = ledger_->engine(e.id); le != nullptr) s.ledger = *le;
-  s.leases = ledger_->LeasesOf(e.id);
+  if (const LedgerEngine* le = state.ledger->engine(e.id); le != nullptr) s.ledger = *le;
+  s.leases = state.ledger->LeasesOf(e.id);
   s.version = e.version;
   s.http_address = e.http_address;
   s.port = e.port;
@@ -56,31 +60,34 @@ EngineStatus Coordinator::EngineStatusOf(const EngineRecord& e) const {
   return s;
 }
 
+}  // namespace
+
 CoordinatorStatus Coordinator::Snapshot() const {
   CoordinatorStatus s;
-  s.now = clock_.Now();
-  s.pair_state = pair_.state();
-  s.pair_history = pair_.history();
-  s.primary = primary_;
-  for (const auto& [id, e] : engines_) s.engines.push_back(EngineStatusOf(*e));
-  s.ledger = ledger_->Snapshot();
-  s.invariants = invariants_;
-  s.refused_transitions = refused_transitions_;
-  s.guard_in_backoff = guard_.InBackoff();
-  s.guard_level = guard_.level();
-  s.guard_recent_failures = guard_.recent_failures();
-  s.guard_total_failures = guard_.total_failures();
-  s.guard_next_restart_at = guard_.NextRestartAt();
-  s.timelines = timelines_.records();
-  s.refusals = refusals_;
-  s.exits = exits_;
-  s.launches = launches_;
-  s.failovers = failovers_;
-  s.called_off_switchovers = called_off_switchovers_;
-  s.ticks = ticks_;
-  s.refusal_count = refusal_count_;
-  if (upgrade_.has_value()) {
-    const Upgrade& u = *upgrade_;
+  s.now = s_.clock.Now();
+  s.pair_state = s_.pair.state();
+  s.pair_history = s_.pair.history();
+  s.primary = s_.primary;
+  for (const auto& [id, e] : s_.engines) s.engines.push_back(EngineStatusOf(s_, upgrades_, *e));
+  s.ledger = s_.ledger->Snapshot();
+  s.invariants = s_.invariants;
+  s.refused_transitions = s_.refused_transitions;
+  s.guard_in_backoff = s_.guard.InBackoff();
+  s.guard_level = s_.guard.level();
+  s.guard_recent_failures = s_.guard.recent_failures();
+  s.guard_total_failures = s_.guard.total_failures();
+  s.guard_next_restart_at = s_.guard.NextRestartAt();
+  s.timelines = s_.timelines.records();
+  s.refusals = s_.refusals;
+  s.exits = s_.exits;
+  s.launches = s_.launches;
+  s.failovers = s_.failovers;
+  s.called_off_switchovers = s_.called_off_switchovers;
+  s.ticks = s_.ticks;
+  s.refusal_count = s_.refusal_count;
+  const UpgradeFields& up = upgrades_.own();
+  if (up.upgrade.has_value()) {
+    const Upgrade& u = *up.upgrade;
     UpgradeStatus us{.kind = u.kind,
                      .phase = u.phase,
                      .primary = u.primary,
@@ -98,30 +105,30 @@ CoordinatorStatus Coordinator::Snapshot() const {
                      .primary_seen = std::nullopt};
     if (u.judge.has_value()) {
       us.step = u.judge->step();
-      const OutcomeMap now = effects_.RouterOutcomes();
+      const OutcomeMap now = s_.effects.RouterOutcomes();
       us.canary_seen = u.judge->Seen(u.canary, now);
       us.primary_seen = u.judge->Seen(u.judge->primary(), now);
     }
     s.upgrade = std::move(us);
   }
-  s.upgrade_history = upgrade_history_;
-  s.active_command = active_command();
-  s.previous_command = previous_command_;
-  s.upgrades_promoted = upgrades_promoted_;
-  s.upgrades_rolled_back = upgrades_rolled_back_;
-  for (const auto& [id, pid] : unfenced_reaped_) s.unfenced_reaped.push_back(id);
-  s.barrier_waits = barrier_waits_.size();
-  s.reserve_target = ledger_->promotion_reserve();
-  s.reserve_available = ledger_->ReserveAvailable();
-  s.reserve_note = reserve_note_;
-  s.journal_failing = journal_failing_;
-  s.cuda_backend = cuda_backend_;
-  s.device_memory_present = effects_.DeviceMemoryPresent();
-  s.device_losses = device_losses_;
-  s.device_rebuilds = device_rebuilds_;
-  s.device_lost_reason = device_lost_reason_;
-  s.incarnation = incarnation_;
-  s.recovery = recovery_.has_value() ? recovery_->status : last_recovery_;
+  s.upgrade_history = up.history;
+  s.active_command = upgrades_.active_command();
+  s.previous_command = up.previous_command;
+  s.upgrades_promoted = up.promoted;
+  s.upgrades_rolled_back = up.rolled_back;
+  for (const auto& [id, pid] : failover_.own().unfenced_reaped) s.unfenced_reaped.push_back(id);
+  s.barrier_waits = failover_.own().barrier_waits.size();
+  s.reserve_target = s_.ledger->promotion_reserve();
+  s.reserve_available = s_.ledger->ReserveAvailable();
+  s.reserve_note = failover_.own().reserve_note;
+  s.journal_failing = s_.journal_failing;
+  s.cuda_backend = s_.cuda_backend;
+  s.device_memory_present = s_.effects.DeviceMemoryPresent();
+  s.device_losses = device_.own().losses;
+  s.device_rebuilds = device_.own().rebuilds;
+  s.device_lost_reason = device_.own().lost_reason;
+  s.incarnation = s_.incarnation;
+  s.recovery = recovery_.status();
   return s;
 }
 

@@ -1,9 +1,10 @@
-// Coordinator: engine-version upgrades by lossless canary (controller/upgrade/upgrade.h).
+// UpgradePart: engine-version upgrades by lossless canary (controller/upgrade/upgrade.h).
 #include "base/failpoint.h"
 #include "base/log.h"
-#include "controller/core/coordinator.h"
+#include "controller/core/coordinator_parts.h"
 
 namespace baton {
+
 namespace {
 
 constexpr const char* kLog = "upgrade";
@@ -11,39 +12,60 @@ constexpr const char* kLog = "upgrade";
 // canary is promoted with the blocks that are free.
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
 
+// What the primary keeps of the pool while a canary runs beside it: a tenth (at least one).
+uint32_t PrimaryKeeps(const ControllerConfig& config) {
+  return std::max<uint32_t>(1, config.block_count / 10);
+}
+
+// The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
+// requests in flight finish there, and the canary's failed attempts are retried there. On a
+// device pool the share is whole chunks (the unit engines map), at most those that leave the
+// primary its tenth.
+uint32_t CanaryTarget(const CoordinatorState& s, uint32_t weight) {
+  const uint64_t blocks = s.config.block_count;
+  const uint64_t most = blocks - PrimaryKeeps(s.config);
+  uint64_t share = std::min(blocks * weight / 100, most);
+  const uint64_t chunk = s.ledger->blocks_per_chunk();
+  if (chunk > 1)
+    share = std::min<uint64_t>(s.WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
+  return std::max<uint32_t>(1, static_cast<uint32_t>(share));
+}
+
 }  // namespace
 
-const std::vector<std::string>& Coordinator::active_command() const {
-  return active_command_.empty() ? config_.engine_command : active_command_;
+UpgradePart::UpgradePart(CoordinatorState& s, const CoordinatorParts& p) : s_(s), p_(p) {}
+
+const std::vector<std::string>& UpgradePart::active_command() const {
+  return own_.active_command.empty() ? s_.config.engine_command : own_.active_command;
 }
 
 // --- operator commands --------------------------------------------------------------------------
 
-Status Coordinator::RequestUpgrade(UpgradeRequest request) {
-  if (stopping_) return Unavailable("the controller is shutting down");
-  if (upgrade_.has_value()) {
+Status UpgradePart::RequestUpgrade(UpgradeRequest request) {
+  if (s_.stopping) return Unavailable("the controller is shutting down");
+  if (own_.upgrade.has_value()) {
     return FailedPrecondition(std::string("an upgrade is already in progress (phase ") +
-                              ToString(upgrade_->phase) + "); roll it back or let it finish");
+                              ToString(own_.upgrade->phase) + "); roll it back or let it finish");
   }
   if (request.command.empty()) return InvalidArgument("upgrade: no engine command given");
-  EngineRecord* p = Find(primary_);
-  EngineRecord* s = Standby();
-  if (pair_.state() != PairState::kReady || p == nullptr || !p->serving() || s == nullptr) {
+  EngineRecord* p = s_.Find(s_.primary);
+  EngineRecord* s = s_.Standby();
+  if (s_.pair.state() != PairState::kReady || p == nullptr || !p->serving() || s == nullptr) {
     return FailedPrecondition(std::string("an upgrade needs a serving primary and a ready "
                                           "standby (pair is ") +
-                              ToString(pair_.state()) + ")");
+                              ToString(s_.pair.state()) + ")");
   }
-  BATON_RETURN_IF_ERROR(CheckNoCalledOffDrain(*p));
-  if (const uint32_t chunk = ledger_->blocks_per_chunk();
-      (config_.block_count - PrimaryKeeps()) / chunk == 0) {
+  BATON_RETURN_IF_ERROR(p_.commands->CheckNoCalledOffDrain(*p));
+  if (const uint32_t chunk = s_.ledger->blocks_per_chunk();
+      (s_.config.block_count - PrimaryKeeps(s_.config)) / chunk == 0) {
     // Engines map the device pool by whole chunks: the canary needs one of its own.
     return FailedPrecondition(
-        "the device pool is " + std::to_string(config_.block_count) + " blocks in chunks of " +
+        "the device pool is " + std::to_string(s_.config.block_count) + " blocks in chunks of " +
         std::to_string(chunk) + ": a canary needs a chunk of its own while the primary keeps " +
-        std::to_string(PrimaryKeeps()) + " blocks; make gpu.pool_chunk_bytes smaller");
+        std::to_string(PrimaryKeeps(s_.config)) + " blocks; make gpu.pool_chunk_bytes smaller");
   }
   Upgrade u;
-  u.policy = config_.canary;
+  u.policy = s_.config.canary;
   if (request.steps.has_value()) u.policy.steps = *request.steps;
   if (request.step_duration.has_value()) u.policy.step_duration = *request.step_duration;
   if (request.min_requests.has_value()) u.policy.min_requests = *request.min_requests;
@@ -51,29 +73,29 @@ Status Coordinator::RequestUpgrade(UpgradeRequest request) {
   u.command = std::move(request.command);
   u.previous = active_command();
   u.primary = p->id;
-  u.started = clock_.Now();
+  u.started = s_.clock.Now();
   u.phase_since = u.started;
-  upgrade_ = std::move(u);
+  own_.upgrade = std::move(u);
   LendReserveToCanary();
   SaveCommands();
   BATON_LOG(INFO, kLog) << "upgrade: engine " << s->id
                         << " (the standby) makes way for a canary of: "
-                        << Joined(upgrade_->command);
-  Fail(s->id, FailCause::kShutdown, "replaced by the canary of an upgrade");
+                        << Joined(own_.upgrade->command);
+  p_.failover->Fence(s->id, FailCause::kShutdown, "replaced by the canary of an upgrade");
   return OkStatus();
 }
 
-Status Coordinator::RequestRollback(UpgradeRequest overrides) {
-  if (stopping_) return Unavailable("the controller is shutting down");
-  if (upgrade_.has_value()) {
-    if (upgrade_->phase == Upgrade::Phase::kRollingBack) {
+Status UpgradePart::RequestRollback(UpgradeRequest overrides) {
+  if (s_.stopping) return Unavailable("the controller is shutting down");
+  if (own_.upgrade.has_value()) {
+    if (own_.upgrade->phase == Upgrade::Phase::kRollingBack) {
       return FailedPrecondition("the canary is already being rolled back");
     }
-    if (upgrade_->phase == Upgrade::Phase::kFinishing) {
+    if (own_.upgrade->phase == Upgrade::Phase::kFinishing) {
       return FailedPrecondition(
           "the canary already takes over as primary; roll back once it serves");
     }
-    if (primary_ == kNoEngine) {
+    if (s_.primary == kNoEngine) {
       // Stopping the canary now would leave no engine at all: a cold start.
       return FailedPrecondition(
           "the primary failed during the upgrade and no engine serves yet; roll back once one "
@@ -82,13 +104,13 @@ Status Coordinator::RequestRollback(UpgradeRequest overrides) {
     RollBackCanary("batonctl rollback");
     return OkStatus();
   }
-  if (previous_command_.empty()) {
+  if (own_.previous_command.empty()) {
     return FailedPrecondition("nothing to roll back: no upgrade has been promoted");
   }
-  overrides.command = previous_command_;
+  overrides.command = own_.previous_command;
   Status started = RequestUpgrade(std::move(overrides));
   if (started.ok()) {
-    upgrade_->kind = UpgradeKind::kRollback;
+    own_.upgrade->kind = UpgradeKind::kRollback;
     SaveCommands();
   }
   return started;
@@ -96,195 +118,173 @@ Status Coordinator::RequestRollback(UpgradeRequest overrides) {
 
 // --- phases -------------------------------------------------------------------------------------
 
-std::vector<std::string> Coordinator::CommandFor(EngineId id, proto::LaunchRole role) {
-  if (upgrade_.has_value() && upgrade_->phase == Upgrade::Phase::kLaunching &&
-      upgrade_->canary == kNoEngine && role == proto::LaunchRole::kStandby) {
-    upgrade_->canary = id;
+std::vector<std::string> UpgradePart::CommandFor(EngineId id, proto::LaunchRole role) {
+  if (own_.upgrade.has_value() && own_.upgrade->phase == Upgrade::Phase::kLaunching &&
+      own_.upgrade->canary == kNoEngine && role == proto::LaunchRole::kStandby) {
+    own_.upgrade->canary = id;
     SaveCommands();
     BATON_LOG(INFO, kLog) << "engine " << id << " is the canary";
-    return upgrade_->command;
+    return own_.upgrade->command;
   }
   return active_command();
 }
 
-void Coordinator::SetPhase(Upgrade::Phase phase) {
-  BATON_LOG(INFO, kLog) << ToString(upgrade_->kind) << ": " << ToString(upgrade_->phase) << " -> "
-                        << ToString(phase) << " (engine " << upgrade_->canary << ")";
-  upgrade_->phase = phase;
-  upgrade_->phase_since = clock_.Now();
-  upgrade_->deadline.reset();
+void UpgradePart::SetPhase(Upgrade::Phase phase) {
+  BATON_LOG(INFO, kLog) << ToString(own_.upgrade->kind) << ": " << ToString(own_.upgrade->phase)
+                        << " -> " << ToString(phase) << " (engine " << own_.upgrade->canary << ")";
+  own_.upgrade->phase = phase;
+  own_.upgrade->phase_since = s_.clock.Now();
+  own_.upgrade->deadline.reset();
   SaveCommands();
 }
 
-// The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
-// requests in flight finish there, and the canary's failed attempts are retried there. On a
-// device pool the share is whole chunks (the unit engines map), at most those that leave the
-// primary its tenth.
-uint32_t Coordinator::CanaryTarget(uint32_t weight) const {
-  const uint64_t blocks = config_.block_count;
-  const uint64_t most = blocks - PrimaryKeeps();
-  uint64_t share = std::min(blocks * weight / 100, most);
-  const uint64_t chunk = ledger_->blocks_per_chunk();
-  if (chunk > 1)
-    share = std::min<uint64_t>(WholeChunks(static_cast<uint32_t>(share)), most / chunk * chunk);
-  return std::max<uint32_t>(1, static_cast<uint32_t>(share));
-}
-
-uint32_t Coordinator::PrimaryKeeps() const {
-  return std::max<uint32_t>(1, config_.block_count / 10);
-}
-
-uint32_t Coordinator::WholeChunks(uint32_t blocks) const {
-  const uint32_t chunk = ledger_->blocks_per_chunk();
-  return (blocks + chunk - 1) / chunk * chunk;
-}
-
-void Coordinator::ReclaimFromPrimary(uint32_t weight) {
-  EngineRecord* p = Find(primary_);
-  const LedgerEngine* c = ledger_->engine(upgrade_->canary);
+void UpgradePart::ReclaimFromPrimary(uint32_t weight) {
+  EngineRecord* p = s_.Find(s_.primary);
+  const LedgerEngine* c = s_.ledger->engine(own_.upgrade->canary);
   const uint32_t held = c != nullptr && c->role == LedgerRole::kHolder ? c->blocks : 0;
-  const uint32_t target = CanaryTarget(weight);
-  const uint32_t free = ledger_->GrantableTo(upgrade_->canary);
-  const LedgerEngine* pl = p != nullptr ? ledger_->engine(p->id) : nullptr;
+  const uint32_t target = CanaryTarget(s_, weight);
+  const uint32_t free = s_.ledger->GrantableTo(own_.upgrade->canary);
+  const LedgerEngine* pl = p != nullptr ? s_.ledger->engine(p->id) : nullptr;
   if (p == nullptr || !p->connected || pl == nullptr || held + free >= target) return;
   // One at a time: two answers to the same holdings could give away what the primary keeps.
-  const bool pending = reclaim_.from == p->id;
-  if (pending && clock_.Now() < reclaim_.sent + kReclaimAnswerTimeout) return;
-  const uint32_t asked = pending ? reclaim_.blocks : 0;
+  const bool pending = s_.reclaim.from == p->id;
+  if (pending && s_.clock.Now() < s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout) return;
+  const uint32_t asked = pending ? s_.reclaim.blocks : 0;
   // Whole chunks, and never into what the primary keeps (a short last chunk included).
-  const uint32_t chunk = ledger_->blocks_per_chunk();
-  const uint32_t keep = PrimaryKeeps() + asked;
+  const uint32_t chunk = s_.ledger->blocks_per_chunk();
+  const uint32_t keep = PrimaryKeeps(s_.config) + asked;
   const uint32_t spare = pl->blocks > keep ? pl->blocks - keep : 0;
-  const uint32_t want = std::min(WholeChunks(target - held - free), spare / chunk * chunk);
+  const uint32_t want = std::min(s_.WholeChunks(target - held - free), spare / chunk * chunk);
   if (want == 0) return;
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " blocks for the canary's " << weight << " % step";
-  if (!SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
-  reclaim_ = PendingReclaim{.from = p->id, .blocks = asked + want, .sent = clock_.Now()};
+  if (!p_.engines->SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;
+  s_.reclaim = PendingReclaim{.from = p->id, .blocks = asked + want, .sent = s_.clock.Now()};
 }
 
-void Coordinator::StartCanary(EngineRecord& e) {
-  if (stopping_ || !e.is(EngineState::kStandby)) return;  // a failover promoted it instead
+void UpgradePart::StartCanary(EngineRecord& e) {
+  if (s_.stopping || !e.is(EngineState::kStandby)) return;  // a failover promoted it instead
   SetPhase(Upgrade::Phase::kReclaiming);
-  upgrade_->deadline = clock_.Now() + kReclaimTimeout;
-  ReclaimFromPrimary(upgrade_->policy.steps.front());
-  if (upgrade_.has_value() &&
-      ledger_->GrantableTo(upgrade_->canary) >= CanaryTarget(upgrade_->policy.steps.front())) {
+  own_.upgrade->deadline = s_.clock.Now() + kReclaimTimeout;
+  ReclaimFromPrimary(own_.upgrade->policy.steps.front());
+  if (own_.upgrade.has_value() && s_.ledger->GrantableTo(own_.upgrade->canary) >=
+                                      CanaryTarget(s_, own_.upgrade->policy.steps.front())) {
     PromoteCanary();
   }
 }
 
-void Coordinator::OnPrimaryReturned() {
-  const bool answers_reclaim = reclaim_.from == primary_;
+void UpgradePart::OnPrimaryReturned() {
+  const bool answers_reclaim = s_.reclaim.from == s_.primary;
   // The answer to RefillReserve's Reclaim: the reserve keeps what came back, the rest stays free.
-  const bool for_reserve = answers_reclaim && reclaim_.for_reserve;
-  if (answers_reclaim) reclaim_ = PendingReclaim{};
-  if (stopping_ || for_reserve) return;
-  if (!upgrade_.has_value()) {
+  const bool for_reserve = answers_reclaim && s_.reclaim.for_reserve;
+  if (answers_reclaim) s_.reclaim = PendingReclaim{};
+  if (s_.stopping || for_reserve) return;
+  if (!own_.upgrade.has_value()) {
     // The answer to a Reclaim came after the upgrade ended: nobody else wants the blocks.
     if (answers_reclaim) {
-      give_back_blocks_ = true;
+      own_.give_back_blocks = true;
       GiveFreeBlocksToPrimary();
     }
     return;
   }
-  if (upgrade_->phase == Upgrade::Phase::kReclaiming) {
+  if (own_.upgrade->phase == Upgrade::Phase::kReclaiming) {
     PromoteCanary();  // may end the upgrade
-  } else if (upgrade_->phase == Upgrade::Phase::kCanary) {
+  } else if (own_.upgrade->phase == Upgrade::Phase::kCanary) {
     GrantFreeToCanary();
   }
   // Blocks it returned of chunks it keeps can go to no other engine: they go back (only for
   // an answer to a Reclaim: blocks an engine gives up of its own accord stay free).
-  EngineRecord* p = Find(primary_);
-  const uint32_t kept = answers_reclaim ? ledger_->FreeBesideHeld(primary_) : 0;
+  EngineRecord* p = s_.Find(s_.primary);
+  const uint32_t kept = answers_reclaim ? s_.ledger->FreeBesideHeld(s_.primary) : 0;
   if (p != nullptr && p->serving() && kept > 0) {
-    GrantFree(*p, kept, "the primary (its own chunks)");
+    p_.engines->GrantFree(*p, kept, "the primary (its own chunks)");
   }
 }
 
-void Coordinator::PromoteCanary() {
-  EngineRecord* c = Find(upgrade_->canary);
-  if (stopping_ || c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
-  Result<uint64_t> epoch = AdvanceEpoch();
+void UpgradePart::PromoteCanary() {
+  EngineRecord* c = s_.Find(own_.upgrade->canary);
+  if (s_.stopping || c == nullptr || !c->live() || !c->is(EngineState::kStandby)) return;
+  Result<uint64_t> epoch = s_.AdvanceEpoch();
   if (!epoch.ok()) return RollBackCanary("no durable epoch: " + epoch.status().message());
-  if (Status promoted = ledger_->Promote(c->id, *epoch); !promoted.ok()) {
+  if (Status promoted = s_.ledger->Promote(c->id, *epoch); !promoted.ok()) {
     return RollBackCanary("promoting the canary: " + promoted.message());
   }
-  const uint32_t free = ledger_->GrantableTo(c->id);
-  const uint32_t want = std::min(free, CanaryTarget(upgrade_->policy.steps.front()));
+  const uint32_t free = s_.ledger->GrantableTo(c->id);
+  const uint32_t want = std::min(free, CanaryTarget(s_, own_.upgrade->policy.steps.front()));
   std::vector<Extent> extents;
   if (want > 0) {
-    Result<std::vector<Extent>> granted = ledger_->Grant(c->id, want, *epoch);
+    Result<std::vector<Extent>> granted = s_.ledger->Grant(c->id, want, *epoch);
     if (granted.ok()) extents = std::move(granted).value();
   }
   SetPhase(Upgrade::Phase::kPromoting);
   BATON_FAILPOINT("canary_promoting");  // the canary's blocks granted, its Promote not sent
-  SendPromote(*c, *epoch, extents);
+  p_.failover->SendPromote(*c, *epoch, extents);
 }
 
-void Coordinator::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
-  Step(e.machine, EngineEvent::kPromoteDone);
-  promoting_ = kNoEngine;
+void UpgradePart::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
+  s_.Step(e.machine, EngineEvent::kPromoteDone);
+  s_.promoting = kNoEngine;
   e.deadline.reset();
-  SaveRoster();
-  if (primary_ == kNoEngine) {  // the primary failed while the canary was promoted
-    primary_ = e.id;
-    StepPairIfAllowed(PairEvent::kPromoteDone);
-    give_back_blocks_ = true;
+  p_.engines->SaveRoster();
+  if (s_.primary == kNoEngine) {  // the primary failed while the canary was promoted
+    s_.primary = e.id;
+    s_.StepPairIfAllowed(PairEvent::kPromoteDone);
+    own_.give_back_blocks = true;
     EndUpgrade(UpgradeOutcome::kPromoted,
                "the primary failed while the canary was promoted; it serves alone");
-    SaveRoster();
-    PublishRoutes();
-    if (PromotionRecord* r = timelines_.current()) {
+    p_.engines->SaveRoster();
+    p_.engines->PublishRoutes();
+    if (PromotionRecord* r = s_.timelines.current()) {
       r->new_engine = e.id;
-      r->promote_acked = r->route_published = clock_.Now();
-      timelines_.Close("serving: the canary took over");
+      r->promote_acked = r->route_published = s_.clock.Now();
+      s_.timelines.Close("serving: the canary took over");
     }
-    relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
-    MaybeLaunch();
+    s_.relaunch_not_before = s_.clock.Now() + s_.config.standby_relaunch_delay;
+    p_.engines->MaybeLaunch();
     return;
   }
   SetPhase(Upgrade::Phase::kCanary);
-  upgrade_->judge.emplace(clock_, upgrade_->policy, primary_, e.id, effects_.RouterOutcomes());
+  own_.upgrade->judge.emplace(s_.clock, own_.upgrade->policy, s_.primary, e.id,
+                              s_.effects.RouterOutcomes());
   SaveCommands();                       // with the first step's weight
   BATON_FAILPOINT("mid_upgrade_step");  // the step recorded, the canary's blocks not moved
   BATON_LOG(INFO, kLog) << "engine " << e.id << " (version " << e.version
                         << ") serves as the canary at epoch " << epoch << ": "
-                        << upgrade_->judge->weight() << " % of new requests";
-  PublishRoutes();
+                        << own_.upgrade->judge->weight() << " % of new requests";
+  p_.engines->PublishRoutes();
 }
 
-void Coordinator::TickUpgrade() {
-  if (!upgrade_.has_value() || stopping_ || recovery_.has_value()) return;
-  EngineRecord* c = Find(upgrade_->canary);
-  const EngineRecord* p = Find(primary_);
+void UpgradePart::TickUpgrade() {
+  if (!own_.upgrade.has_value() || s_.stopping || p_.recovery->active()) return;
+  EngineRecord* c = s_.Find(own_.upgrade->canary);
+  const EngineRecord* p = s_.Find(s_.primary);
   const bool primary_serves = p != nullptr && p->serving();
-  if (upgrade_->phase == Upgrade::Phase::kLaunching && c != nullptr && c->live() &&
+  if (own_.upgrade->phase == Upgrade::Phase::kLaunching && c != nullptr && c->live() &&
       c->is(EngineState::kStandby) && primary_serves) {
     return StartCanary(*c);  // it became ready while the primary could not lend it blocks
   }
-  if (upgrade_->phase == Upgrade::Phase::kReclaiming && upgrade_->deadline.has_value() &&
-      clock_.Now() >= *upgrade_->deadline && c != nullptr && c->is(EngineState::kStandby)) {
+  if (own_.upgrade->phase == Upgrade::Phase::kReclaiming && own_.upgrade->deadline.has_value() &&
+      s_.clock.Now() >= *own_.upgrade->deadline && c != nullptr && c->is(EngineState::kStandby)) {
     BATON_LOG(WARN, kLog) << "the primary did not return blocks in time; the canary starts with "
-                          << ledger_->GrantableTo(upgrade_->canary) << " free blocks";
+                          << s_.ledger->GrantableTo(own_.upgrade->canary) << " free blocks";
     return PromoteCanary();
   }
-  if (upgrade_->phase == Upgrade::Phase::kCanary) TickCanary();
+  if (own_.upgrade->phase == Upgrade::Phase::kCanary) TickCanary();
 }
 
-void Coordinator::TickCanary() {
+void UpgradePart::TickCanary() {
   GrantFreeToCanary();
-  if (!upgrade_.has_value()) return;             // the Grant could not be sent: the canary failed
-  if (clock_.Now() >= upgrade_->next_reclaim) {  // the primary may have freed blocks since
-    upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
-    ReclaimFromPrimary(upgrade_->judge->weight());
-    if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
+  if (!own_.upgrade.has_value()) return;  // the Grant could not be sent: the canary failed
+  if (s_.clock.Now() >= own_.upgrade->next_reclaim) {  // the primary may have freed blocks since
+    own_.upgrade->next_reclaim = s_.clock.Now() + kReclaimTimeout;
+    ReclaimFromPrimary(own_.upgrade->judge->weight());
+    if (!own_.upgrade.has_value()) return;  // the primary failed: the canary took over
   }
-  const OutcomeMap now = effects_.RouterOutcomes();
-  const CanaryJudge::Judgement j = upgrade_->judge->Judge(now);
-  upgrade_->judgement = j.reason;
-  if (j.verdict == CanaryJudge::Verdict::kHold && effects_.RouterCount() == 0) {
-    upgrade_->judgement += " (no router is subscribed: nothing is seen, so nothing is judged)";
+  const OutcomeMap now = s_.effects.RouterOutcomes();
+  const CanaryJudge::Judgement j = own_.upgrade->judge->Judge(now);
+  own_.upgrade->judgement = j.reason;
+  if (j.verdict == CanaryJudge::Verdict::kHold && s_.effects.RouterCount() == 0) {
+    own_.upgrade->judgement += " (no router is subscribed: nothing is seen, so nothing is judged)";
   }
   switch (j.verdict) {
     case CanaryJudge::Verdict::kHold:
@@ -294,151 +294,156 @@ void Coordinator::TickCanary() {
     case CanaryJudge::Verdict::kPromote:
       return FinishUpgrade();
     case CanaryJudge::Verdict::kAdvance:
-      upgrade_->judge->Advance(now);
+      own_.upgrade->judge->Advance(now);
       SaveCommands();
       BATON_FAILPOINT("mid_upgrade_step");  // the step recorded, the canary's blocks not moved
-      BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary << " passed its step: now "
-                            << upgrade_->judge->weight() << " % of new requests";
-      upgrade_->next_reclaim = clock_.Now() + kReclaimTimeout;
-      ReclaimFromPrimary(upgrade_->judge->weight());
-      if (!upgrade_.has_value()) return;  // the primary failed: the canary took over
+      BATON_LOG(INFO, kLog) << "canary engine " << own_.upgrade->canary << " passed its step: now "
+                            << own_.upgrade->judge->weight() << " % of new requests";
+      own_.upgrade->next_reclaim = s_.clock.Now() + kReclaimTimeout;
+      ReclaimFromPrimary(own_.upgrade->judge->weight());
+      if (!own_.upgrade.has_value()) return;  // the primary failed: the canary took over
       GrantFreeToCanary();
-      PublishRoutes();
+      p_.engines->PublishRoutes();
       return;
   }
 }
 
-void Coordinator::GrantFreeToCanary() {
-  EngineRecord* c = Find(upgrade_->canary);
-  const LedgerEngine* le = ledger_->engine(upgrade_->canary);
+void UpgradePart::GrantFreeToCanary() {
+  EngineRecord* c = s_.Find(own_.upgrade->canary);
+  const LedgerEngine* le = s_.ledger->engine(own_.upgrade->canary);
   if (c == nullptr || !c->serving() || le == nullptr || le->role != LedgerRole::kHolder) return;
-  const uint32_t target = CanaryTarget(upgrade_->judge->weight());
-  const uint32_t free = ledger_->GrantableTo(c->id);
+  const uint32_t target = CanaryTarget(s_, own_.upgrade->judge->weight());
+  const uint32_t free = s_.ledger->GrantableTo(c->id);
   const uint32_t want = std::min(free, target > le->blocks ? target - le->blocks : 0);
-  if (want > 0) GrantFree(*c, want, "the canary");
+  if (want > 0) p_.engines->GrantFree(*c, want, "the canary");
 }
 
-void Coordinator::FinishUpgrade() {
-  EngineRecord* p = Find(primary_);
-  if (p == nullptr || !p->serving() || !pair_.Allows(PairEvent::kGracefulPromoteRequested)) {
-    upgrade_->judgement = "waiting for the pair to settle before the canary takes over";
+void UpgradePart::FinishUpgrade() {
+  EngineRecord* p = s_.Find(s_.primary);
+  if (p == nullptr || !p->serving() || !s_.pair.Allows(PairEvent::kGracefulPromoteRequested)) {
+    own_.upgrade->judgement = "waiting for the pair to settle before the canary takes over";
     return;
   }
-  if (!CheckNoCalledOffDrain(*p).ok()) return;
+  if (!p_.commands->CheckNoCalledOffDrain(*p).ok()) return;
   SetPhase(Upgrade::Phase::kFinishing);
-  StepPair(PairEvent::kGracefulPromoteRequested);
-  OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p, upgrade_->canary);
-  BATON_LOG(INFO, kLog) << "canary engine " << upgrade_->canary
+  s_.StepPair(PairEvent::kGracefulPromoteRequested);
+  p_.commands->OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p,
+                                   own_.upgrade->canary);
+  BATON_LOG(INFO, kLog) << "canary engine " << own_.upgrade->canary
                         << " passed every step: draining engine " << p->id
                         << ", the old primary; the canary takes over";
-  DrainEngine(*p);
-  PublishRoutes();
+  p_.commands->DrainEngine(*p);
+  p_.engines->PublishRoutes();
 }
 
-void Coordinator::RollBackCanary(const std::string& reason) {
-  upgrade_->rollback_reason = reason;
-  EngineRecord* c = Find(upgrade_->canary);
-  BATON_LOG(WARN, kLog) << "rolling back canary engine " << upgrade_->canary << ": " << reason;
+void UpgradePart::RollBackCanary(const std::string& reason) {
+  own_.upgrade->rollback_reason = reason;
+  EngineRecord* c = s_.Find(own_.upgrade->canary);
+  BATON_LOG(WARN, kLog) << "rolling back canary engine " << own_.upgrade->canary << ": " << reason;
   if (c == nullptr || !c->live()) return EndUpgrade(UpgradeOutcome::kRolledBack, reason);
-  if (!c->serving()) return Fail(c->id, FailCause::kShutdown, "rolled back: " + reason);
+  if (!c->serving())
+    return p_.failover->Fence(c->id, FailCause::kShutdown, "rolled back: " + reason);
   SetPhase(Upgrade::Phase::kRollingBack);
-  DrainEngine(*c);
-  PublishRoutes();
+  p_.commands->DrainEngine(*c);
+  p_.engines->PublishRoutes();
 }
 
-void Coordinator::OnCanaryGone(EngineRecord& e) {
+void UpgradePart::OnCanaryGone(EngineRecord& e) {
   const std::string why =
-      !upgrade_->rollback_reason.empty()
-          ? upgrade_->rollback_reason
+      !own_.upgrade->rollback_reason.empty()
+          ? own_.upgrade->rollback_reason
           : "the canary failed: " + std::string(ToString(*e.fail_cause)) + ": " + e.fail_reason;
-  give_back_blocks_ = true;
+  own_.give_back_blocks = true;
   EndUpgrade(UpgradeOutcome::kRolledBack, why);
 }
 
-bool Coordinator::CanaryTakesOver(EngineRecord& old) {
-  if (!upgrade_.has_value()) return false;
-  EngineRecord* c = Find(upgrade_->canary);
+bool UpgradePart::CanaryTakesOver(EngineRecord& old) {
+  if (!own_.upgrade.has_value()) return false;
+  EngineRecord* c = s_.Find(own_.upgrade->canary);
   if (c == nullptr || !c->live()) return false;
-  (void)ResumeEngine(*c);  // a rollback in progress is called off
+  (void)p_.commands->ResumeEngine(*c);  // a rollback in progress is called off
   if (!c->serving()) return false;
-  primary_ = c->id;
-  StepPairIfAllowed(PairEvent::kPromoteDone);
-  give_back_blocks_ = true;
-  const bool planned = upgrade_->phase == Upgrade::Phase::kFinishing;
-  if (PromotionRecord* r = timelines_.current()) {
+  s_.primary = c->id;
+  s_.StepPairIfAllowed(PairEvent::kPromoteDone);
+  own_.give_back_blocks = true;
+  const bool planned = own_.upgrade->phase == Upgrade::Phase::kFinishing;
+  if (PromotionRecord* r = s_.timelines.current()) {
     r->new_engine = c->id;
-    r->promote_acked = clock_.Now();
+    r->promote_acked = s_.clock.Now();
   }
   BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old.id
                         << " is " << (planned ? "drained" : "lost: " + old.fail_reason);
   EndUpgrade(
       UpgradeOutcome::kPromoted,
       planned ? "passed every step" : "the primary failed during the canary: " + old.fail_reason);
-  SaveRoster();
-  PublishRoutes();
-  if (PromotionRecord* r = timelines_.current()) {
-    r->route_published = clock_.Now();
-    timelines_.Close("serving");
+  p_.engines->SaveRoster();
+  p_.engines->PublishRoutes();
+  if (PromotionRecord* r = s_.timelines.current()) {
+    r->route_published = s_.clock.Now();
+    s_.timelines.Close("serving");
   }
-  relaunch_not_before_ = clock_.Now() + config_.standby_relaunch_delay;
+  s_.relaunch_not_before = s_.clock.Now() + s_.config.standby_relaunch_delay;
   return true;
 }
 
-void Coordinator::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) {
-  UpgradeResult res{.kind = upgrade_->kind,
-                    .outcome = outcome,
-                    .reason = reason,
-                    .canary = upgrade_->canary,
-                    .version = "",
-                    .last_weight = upgrade_->judge.has_value() ? upgrade_->judge->weight() : 0,
-                    .started = upgrade_->started,
-                    .ended = clock_.Now()};
-  if (const EngineRecord* c = Find(upgrade_->canary)) res.version = c->version;
+void UpgradePart::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) {
+  UpgradeResult res{
+      .kind = own_.upgrade->kind,
+      .outcome = outcome,
+      .reason = reason,
+      .canary = own_.upgrade->canary,
+      .version = "",
+      .last_weight = own_.upgrade->judge.has_value() ? own_.upgrade->judge->weight() : 0,
+      .started = own_.upgrade->started,
+      .ended = s_.clock.Now()};
+  if (const EngineRecord* c = s_.Find(own_.upgrade->canary)) res.version = c->version;
   if (outcome == UpgradeOutcome::kPromoted) {
-    previous_command_ = upgrade_->previous;
-    active_command_ = upgrade_->command;
-    ++upgrades_promoted_;
+    own_.previous_command = own_.upgrade->previous;
+    own_.active_command = own_.upgrade->command;
+    ++own_.promoted;
   } else {
-    ++upgrades_rolled_back_;
+    ++own_.rolled_back;
   }
-  BATON_LOG(INFO, kLog) << ToString(upgrade_->kind) << " " << ToString(outcome) << " (engine "
+  BATON_LOG(INFO, kLog) << ToString(own_.upgrade->kind) << " " << ToString(outcome) << " (engine "
                         << res.canary << "): " << reason
                         << "; standbys now run: " << Joined(active_command());
-  upgrade_history_.push_back(std::move(res));
-  if (upgrade_history_.size() > kKeepUpgrades) upgrade_history_.pop_front();
-  upgrade_.reset();
-  SetUpReserve(/*announce=*/false);  // back, and refilled from the primary (RefillReserve)
+  own_.history.push_back(std::move(res));
+  if (own_.history.size() > kKeepUpgrades) own_.history.pop_front();
+  own_.upgrade.reset();
+  p_.failover->SetUpReserve(
+      /*announce=*/false);  // back, and refilled from the primary (RefillReserve)
   SaveCommands();
 }
 
 // While a canary runs beside the primary there is no standby to promote (a failing primary
 // is replaced by the canary, which holds blocks of its own): the reserve's blocks are part of
 // what the canary's share is counted from.
-void Coordinator::LendReserveToCanary() {
-  if (ledger_->promotion_reserve() == 0) return;
-  BATON_LOG(INFO, kLog) << "the promotion reserve's " << ledger_->promotion_reserve()
+void UpgradePart::LendReserveToCanary() {
+  if (s_.ledger->promotion_reserve() == 0) return;
+  BATON_LOG(INFO, kLog) << "the promotion reserve's " << s_.ledger->promotion_reserve()
                         << " blocks are lent to the upgrade until it ends";
-  (void)ledger_->SetPromotionReserve(0);
+  (void)s_.ledger->SetPromotionReserve(0);
 }
 
-void Coordinator::GiveFreeBlocksToPrimary() {
-  if (!give_back_blocks_ || upgrade_.has_value() || config_.initial_grant_blocks != 0) return;
-  EngineRecord* p = Find(primary_);
-  const LedgerEngine* le = ledger_->engine(primary_);
+void UpgradePart::GiveFreeBlocksToPrimary() {
+  if (!own_.give_back_blocks || own_.upgrade.has_value() || s_.config.initial_grant_blocks != 0)
+    return;
+  EngineRecord* p = s_.Find(s_.primary);
+  const LedgerEngine* le = s_.ledger->engine(s_.primary);
   if (p == nullptr || !p->serving() || !p->connected || le == nullptr ||
-      le->role != LedgerRole::kHolder || BlocksAwaitBarrier()) {
+      le->role != LedgerRole::kHolder || p_.failover->BlocksAwaitBarrier()) {
     return;
   }
-  give_back_blocks_ = false;
-  const uint32_t free = ledger_->GrantableTo(p->id);
-  if (free > 0) GrantFree(*p, free, "the primary");
+  own_.give_back_blocks = false;
+  const uint32_t free = s_.ledger->GrantableTo(p->id);
+  if (free > 0) p_.engines->GrantFree(*p, free, "the primary");
 }
 
-void Coordinator::RetireStaleStandbys() {
-  if (upgrade_.has_value() || stopping_ || recovery_.has_value()) return;
+void UpgradePart::RetireStaleStandbys() {
+  if (own_.upgrade.has_value() || s_.stopping || p_.recovery->active()) return;
   std::vector<EngineId> stale;
-  for (const auto& [id, e] : engines_) {
-    if (id == primary_ || !e->live() || e->command == active_command()) continue;
+  for (const auto& [id, e] : s_.engines) {
+    if (id == s_.primary || !e->live() || e->command == active_command()) continue;
     if (e->is(EngineState::kLaunching) || e->is(EngineState::kRegistering) ||
         e->is(EngineState::kStandby)) {
       stale.push_back(id);
@@ -446,7 +451,7 @@ void Coordinator::RetireStaleStandbys() {
   }
   for (EngineId id : stale) {
     BATON_LOG(INFO, kLog) << "engine " << id << " runs the command an upgrade replaced: stopped";
-    Fail(id, FailCause::kShutdown, "runs the engine command an upgrade replaced");
+    p_.failover->Fence(id, FailCause::kShutdown, "runs the engine command an upgrade replaced");
   }
 }
 

@@ -1,0 +1,78 @@
+// RecoveryPart: the Coordinator's part for a restarted controller (Start with a roster). It
+// rebuilds the ledger from the roster and the journal, waits `readopt_timeout` for the
+// previous controller's engines to reattach, checks each (token, pid, epoch, extents, the
+// memory it maps) and fences, before any block moves, every engine it cannot account for.
+// While it runs nothing is promoted or launched (coordinator_recovery.cc).
+//
+// Ownership: owns RecoveryFields; borrows the shared state and the other parts
+// (coordinator_parts.h). Thread: the Coordinator's.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+
+#include "controller/core/coordinator_state.h"
+
+namespace baton {
+
+struct CoordinatorParts;
+
+// A restarted controller's wait for the previous controller's engines.
+struct Recovery {
+  TimePoint deadline;  // for the awaited to reattach; the silent are fenced then
+  TimePoint exec_at;   // the process start, for readopt_ms
+  Roster roster;       // what the previous controller left
+  uint64_t arena_dev = 0, arena_ino = 0, pool_dev = 0, pool_ino = 0;
+  std::set<EngineId> awaited;          // alive, not reattached yet
+  std::map<EngineId, TimePoint> gone;  // exited, not reattached: their barrier, until then
+  std::optional<InFlightUpgrade> upgrade;
+  RecoveryStatus status;
+};
+
+struct RecoveryFields {
+  std::optional<Recovery> recovery;  // while it runs
+  RecoveryStatus last;               // kept for status once recovery ends
+};
+
+class RecoveryPart {
+ public:
+  RecoveryPart(CoordinatorState& s, const CoordinatorParts& p);
+
+  const RecoveryFields& own() const { return own_; }
+  bool active() const { return own_.recovery.has_value(); }
+  // What status shows: the recovery in progress, or the last one.
+  const RecoveryStatus& status() const {
+    return own_.recovery.has_value() ? own_.recovery->status : own_.last;
+  }
+
+  // Start with the previous controller's roster: its engines are awaited.
+  void BeginRecovery(const StartState& found);
+  // A start without a previous controller's engines: what status says of it.
+  void NoteFreshStart(const StartState& found);
+  void OnReattach(EngineRecord& e, const proto::Reattach& msg);
+  // Whether an adopted engine may Register (it had not registered with the previous
+  // controller); otherwise it is fenced and false.
+  bool AcceptRegister(EngineRecord& e);
+  // An adopted engine that never reattached is gone: its blocks wait for its barrier.
+  void NoteGone(EngineRecord& e, const std::string& how);
+  // The silent fenced at the deadline, the gone past their barrier; ends the recovery when
+  // nothing is left to wait for.
+  void TickRecovery();
+
+ private:
+  void AdoptRosterEngine(const RosterEngine& r, bool alive, const StartState& found);
+  // A roster engine that cannot be re-adopted: fenced (killed), its exit awaited.
+  void FenceUnaccounted(EngineRecord& e, const std::string& why);
+  // Why `msg` cannot be accounted for by the roster entry of `e` ("" if it can).
+  std::string CheckReattach(const EngineRecord& e, const proto::Reattach& msg) const;
+  void Readopt(EngineRecord& e, const proto::Reattach& msg);
+  void EndRecovery();
+
+  CoordinatorState& s_;
+  const CoordinatorParts& p_;
+  RecoveryFields own_;
+};
+
+}  // namespace baton

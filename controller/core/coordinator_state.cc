@@ -1,0 +1,140 @@
+// CoordinatorState: the lookups and steps every part of the Coordinator takes on its state.
+#include "controller/core/coordinator_state.h"
+
+#include <cstdlib>
+
+#include "base/log.h"
+
+namespace baton {
+namespace {
+
+constexpr const char* kLog = "controller";
+constexpr size_t kKeepRefusals = 20;
+constexpr size_t kKeepExits = 20;
+
+CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
+  CrashLoopGuard::Options o;
+  o.max_failures = c.crash_max_failures;
+  o.window = c.crash_window;
+  o.initial_backoff = c.crash_initial_backoff;
+  o.max_backoff = c.crash_max_backoff;
+  o.quiet_period = c.crash_quiet_period;
+  return o;
+}
+
+}  // namespace
+
+CoordinatorState::CoordinatorState(const ControllerConfig& config_in, const Clock& clock_in,
+                                   EpochStore& epochs_in, Effects& effects_in)
+    : config(config_in),
+      clock(clock_in),
+      epochs(epochs_in),
+      effects(effects_in),
+      ledger(std::make_unique<PoolLedger>(config_in.block_count, epochs_in)),
+      pair(NewPairMachine("pair", clock_in)),
+      guard(clock_in, GuardOptions(config_in)),
+      timelines(clock_in) {}
+
+// --- machines and lookups -----------------------------------------------------------------------
+
+template <typename Machine, typename Event>
+void CoordinatorState::Step(Machine& machine, Event event) {
+  Result<decltype(machine.state())> applied = machine.Apply(event);
+  if (applied.ok()) return;
+  ++refused_transitions;
+  BATON_LOG(ERROR, kLog) << "bug: a refused transition: " << applied.status().message();
+}
+
+template void CoordinatorState::Step(EngineMachine&, EngineEvent);
+template void CoordinatorState::Step(PairMachine&, PairEvent);
+
+void CoordinatorState::StepPairIfAllowed(PairEvent event) {
+  if (pair.Allows(event)) StepPair(event);
+}
+
+EngineRecord* CoordinatorState::Find(EngineId id) {
+  auto it = engines.find(id);
+  return it == engines.end() ? nullptr : it->second.get();
+}
+
+const EngineRecord* CoordinatorState::Find(EngineId id) const {
+  auto it = engines.find(id);
+  return it == engines.end() ? nullptr : it->second.get();
+}
+
+EngineRecord& CoordinatorState::Get(EngineId id) {
+  EngineRecord* e = Find(id);
+  if (e == nullptr) {
+    BATON_LOG(ERROR, kLog) << "bug: engine " << id << " is not known";
+    std::abort();
+  }
+  return *e;
+}
+
+EngineRecord* CoordinatorState::Standby() {
+  for (auto& [id, e] : engines) {
+    if (e->live() && e->is(EngineState::kStandby)) return e.get();
+  }
+  return nullptr;
+}
+
+size_t CoordinatorState::LiveEngines() const {
+  size_t n = 0;
+  for (const auto& [id, e] : engines) n += e->live() ? 1 : 0;
+  return n;
+}
+
+bool CoordinatorState::backoff() const {
+  return pair.state() == PairState::kDegradedBackoff || pair.state() == PairState::kDownBackoff;
+}
+
+uint32_t CoordinatorState::WholeChunks(uint32_t blocks) const {
+  const uint32_t chunk = ledger->blocks_per_chunk();
+  return (blocks + chunk - 1) / chunk * chunk;
+}
+
+// --- records ------------------------------------------------------------------------------------
+
+void CoordinatorState::Refused(const std::string& who, const std::string& reason) {
+  BATON_LOG(WARN, kLog) << "refused " << who << ": " << reason;
+  refusals.push_back(Refusal{clock.Now(), who, reason});
+  if (refusals.size() > kKeepRefusals) refusals.pop_front();
+  ++refusal_count;
+}
+
+void CoordinatorState::RecordExit(const EngineRecord& e, const std::string& cause,
+                                  const std::string& exit) {
+  exits.push_back(EngineExit{clock.Now(), e.id, e.pid, e.launch_role, cause, exit});
+  if (exits.size() > kKeepExits) exits.pop_front();
+}
+
+void CoordinatorState::CheckInvariants() {
+  if (invariants != "ok") return;  // the first violation stays for `batonctl status`
+  Status status = ledger->CheckInvariants();
+  if (status.ok()) return;
+  invariants = status.message();
+  BATON_LOG(ERROR, kLog) << "fencing invariant violated: " << invariants;
+}
+
+// --- epochs -------------------------------------------------------------------------------------
+
+Result<uint64_t> CoordinatorState::AdvanceEpoch() {
+  Result<uint64_t> epoch = epochs.Advance();
+  if (!epoch.ok()) {
+    BATON_LOG(ERROR, kLog) << "cannot make a new epoch durable, promotions are held: "
+                           << epoch.status().ToString();
+  }
+  NoteJournalState();
+  return epoch;
+}
+
+void CoordinatorState::NoteJournalState() {
+  const bool failing = !epochs.last_write().ok();
+  if (journal_failing && !failing) {
+    BATON_LOG(INFO, kLog) << "epoch journal can be written again (" << epochs.write_failures()
+                          << " writes failed since the start)";
+  }
+  journal_failing = failing;
+}
+
+}  // namespace baton

@@ -1,0 +1,100 @@
+// UpgradePart: the Coordinator's part for engine-version upgrades by lossless canary
+// (controller/upgrade/upgrade.h): the standby makes way for a canary of the new command, the
+// canary is promoted beside the primary on blocks the primary returns, takes a growing share
+// of new requests step by step while the routers' outcomes are judged, and either takes over
+// (the old primary drained) or is rolled back. Also the engine command record
+// (controller/upgrade/command_record.h): a promoted upgrade's command outlives a restart, and
+// an upgrade in flight is resumed with the engines a restart re-adopts.
+//
+// Files: coordinator_upgrade.cc (requests, phases, ends), coordinator_upgrade_record.cc (the
+// command record, and the resumption after a restart).
+//
+// Ownership: owns UpgradeFields; borrows the shared state and the other parts
+// (coordinator_parts.h). Thread: the Coordinator's.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "controller/core/coordinator_state.h"
+#include "controller/upgrade/upgrade.h"
+
+namespace baton {
+
+struct CoordinatorParts;
+
+struct UpgradeFields {
+  std::optional<Upgrade> upgrade;  // in progress
+  std::deque<UpgradeResult> history;
+  std::vector<std::string> active_command;    // empty: config.engine_command
+  std::vector<std::string> previous_command;  // what the last promoted upgrade replaced
+  uint64_t promoted = 0;
+  uint64_t rolled_back = 0;
+  bool give_back_blocks = false;  // a canary is gone: free blocks return to the primary
+};
+
+class UpgradePart {
+ public:
+  UpgradePart(CoordinatorState& s, const CoordinatorParts& p);
+
+  const UpgradeFields& own() const { return own_; }
+  bool active() const { return own_.upgrade.has_value(); }
+  bool IsCanary(EngineId id) const { return active() && own_.upgrade->canary == id; }
+  // Whether `id` is the canary and its Promote is the upgrade's (not a failover's).
+  bool PromotingCanary(EngineId id) const {
+    return IsCanary(id) && own_.upgrade->phase == Upgrade::Phase::kPromoting;
+  }
+  // The command standbys run: the last promoted upgrade's, or engine.command.
+  const std::vector<std::string>& active_command() const;
+
+  // --- operator commands ----------------------------------------------------------------------
+  Status RequestUpgrade(UpgradeRequest request);
+  Status RequestRollback(UpgradeRequest overrides);
+
+  // --- events -----------------------------------------------------------------------------------
+  // The command engine `id` is launched with (the canary's for the upgrade's standby).
+  std::vector<std::string> CommandFor(EngineId id, proto::LaunchRole role);
+  // The canary is a ready standby beside a serving primary: its blocks are reclaimed.
+  void StartCanary(EngineRecord& e);
+  // The primary returned blocks (a Reclaim's answer, or of its own accord).
+  void OnPrimaryReturned();
+  void OnCanaryPromoted(EngineRecord& e, uint64_t epoch);
+  void OnCanaryGone(EngineRecord& e);
+  // The primary `old` failed or drained: a serving canary takes over; false if there is none.
+  bool CanaryTakesOver(EngineRecord& old);
+  void EndUpgrade(UpgradeOutcome outcome, const std::string& reason);
+  void TickUpgrade();
+  // Once a canary is gone, the free blocks go back to the primary.
+  void GiveFreeBlocksToPrimary();
+  // Standbys still running a command an upgrade replaced are stopped.
+  void RetireStaleStandbys();
+
+  // --- the command record (coordinator_upgrade_record.cc) -----------------------------------
+  void LoadCommands(const StartState& found);
+  // An upgrade in flight when the previous controller went away goes on where its engines
+  // are, or is rolled back: what happened, for the recovery's status.
+  std::string ResumeUpgrade(const InFlightUpgrade& in_flight);
+
+ private:
+  void SetPhase(Upgrade::Phase phase);
+  void ReclaimFromPrimary(uint32_t weight);
+  void PromoteCanary();
+  void TickCanary();
+  void GrantFreeToCanary();
+  void FinishUpgrade();
+  void RollBackCanary(const std::string& reason);
+  // The promotion reserve is counted in the canary's share until the upgrade ends.
+  void LendReserveToCanary();
+  void SaveCommands();
+  // An upgrade in flight that a restart ended: recorded as rolled back with `reason`.
+  void RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::string& reason);
+
+  CoordinatorState& s_;
+  const CoordinatorParts& p_;
+  UpgradeFields own_;
+};
+
+}  // namespace baton

@@ -1,0 +1,156 @@
+// UpgradePart: the engine command record (controller/upgrade/command_record.h). A promoted
+// upgrade's command outlives a controller restart; an upgrade in flight is resumed by the
+// recovery with the engines it re-adopts, or recorded as rolled back when they are gone.
+#include "base/log.h"
+#include "controller/core/coordinator_parts.h"
+
+namespace baton {
+
+namespace {
+
+constexpr const char* kLog = "upgrade";
+
+}  // namespace
+
+void UpgradePart::SaveCommands() {
+  CommandRecord record{s_.config.engine_command, own_.active_command, own_.previous_command};
+  if (record.active.empty()) record.active = s_.config.engine_command;
+  if (own_.upgrade.has_value()) {
+    record.in_flight = InFlightUpgrade{
+        .kind = own_.upgrade->kind,
+        .command = own_.upgrade->command,
+        .phase = ToString(own_.upgrade->phase),
+        .canary = own_.upgrade->canary,
+        .weight = own_.upgrade->judge.has_value() ? own_.upgrade->judge->weight() : 0,
+        .primary = own_.upgrade->primary,
+        .steps = own_.upgrade->policy.steps,
+        .step_duration_ms =
+            static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                      own_.upgrade->policy.step_duration)
+                                      .count()),
+        .min_requests = own_.upgrade->policy.min_requests};
+  }
+  if (Status saved = s_.effects.SaveCommandRecord(record); !saved.ok()) {
+    BATON_LOG(ERROR, kLog) << "the engine command record is not saved (a restart would launch "
+                              "engine.command and forget an upgrade in flight): "
+                           << saved.ToString();
+  }
+}
+
+// Start-up: the command a promoted upgrade put in place, if engine.command is unchanged. An
+// upgrade in flight is resumed by the recovery when its engines reattach; without a roster
+// (its engines are gone) it is recorded as rolled back.
+void UpgradePart::LoadCommands(const StartState& found) {
+  const std::string where = s_.config.command_record_path();
+  if (!found.commands_error.empty()) {
+    BATON_LOG(WARN, kLog) << "ignoring the saved engine command: " << found.commands_error;
+  }
+  if (!found.commands.has_value()) return;
+  const CommandRecord& record = *found.commands;
+  if (!record.ignored.empty()) {
+    BATON_LOG(WARN, kLog) << "ignoring the upgrade in flight saved in " << where << ": "
+                          << record.ignored;
+  }
+  if (record.configured != s_.config.engine_command) {
+    BATON_LOG(WARN, kLog) << "engine.command changed since " << where
+                          << " was written: engines run engine.command";
+  } else if (record.active != s_.config.engine_command) {
+    own_.active_command = record.active;
+    own_.previous_command = record.previous;
+    BATON_LOG(INFO, kLog) << "engines run the command of the last promoted upgrade (" << where
+                          << "): " << Joined(own_.active_command);
+  } else {
+    own_.previous_command = record.previous;
+  }
+  const bool engines_left = found.roster.has_value() && !found.roster->engines.empty();
+  if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value() && !engines_left) {
+    RecordInterruptedUpgrade(*u, std::string("the controller restarted during the ") +
+                                     ToString(u->kind) + " (phase " + u->phase +
+                                     "); its engines were gone");
+  } else if (!record.ignored.empty()) {
+    SaveCommands();
+  }
+}
+
+void UpgradePart::RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::string& reason) {
+  BATON_LOG(WARN, kLog) << ToString(u.kind) << " " << ToString(UpgradeOutcome::kRolledBack)
+                        << " (engine " << u.canary << "): " << reason;
+  own_.history.push_back(UpgradeResult{.kind = u.kind,
+                                       .outcome = UpgradeOutcome::kRolledBack,
+                                       .reason = reason,
+                                       .canary = u.canary,
+                                       .version = "",
+                                       .last_weight = u.weight,
+                                       .started = s_.clock.Now(),
+                                       .ended = s_.clock.Now()});
+  if (own_.history.size() > kKeepUpgrades) own_.history.pop_front();
+  ++own_.rolled_back;
+  SaveCommands();  // the interrupted upgrade is recorded once
+}
+
+// An upgrade in flight when the previous controller went away goes on where its engines
+// are: a serving canary resumes its step (the judge starts the step again from what the
+// routers report now), a draining side finishes its drain; anything earlier is rolled back.
+std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
+  EngineRecord* c = s_.Find(u.canary);
+  EngineRecord* p = s_.Find(s_.primary);
+  Upgrade up;
+  up.kind = u.kind;
+  up.command = u.command;
+  up.previous = active_command();
+  up.policy = s_.config.canary;
+  if (!u.steps.empty()) up.policy.steps = u.steps;
+  if (u.step_duration_ms > 0)
+    up.policy.step_duration = std::chrono::milliseconds(u.step_duration_ms);
+  if (u.min_requests > 0) up.policy.min_requests = u.min_requests;
+  up.primary = p != nullptr ? p->id : kNoEngine;
+  up.canary = u.canary;
+  up.started = up.phase_since = s_.clock.Now();
+  const bool canary_holds =
+      c != nullptr && c->live() &&
+      (c->serving() || c->is(EngineState::kDraining) || c->is(EngineState::kPromoting));
+  std::string outcome;
+  const std::string interrupted = "the controller restarted during the " +
+                                  std::string(ToString(u.kind)) + " (phase " + u.phase + ")";
+  if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
+    outcome = "rolled back: its canary or its primary did not come back";
+    if (c != nullptr && c->live()) {
+      own_.upgrade = std::move(up);
+      RollBackCanary(interrupted);
+    } else {
+      RecordInterruptedUpgrade(u, interrupted + "; its canary did not come back");
+    }
+  } else if (c->is(EngineState::kPromoting)) {
+    up.phase = Upgrade::Phase::kPromoting;
+    own_.upgrade = std::move(up);
+    outcome = "resumed: the canary's promotion";
+  } else if (c->is(EngineState::kDraining)) {
+    up.phase = Upgrade::Phase::kRollingBack;
+    own_.upgrade = std::move(up);
+    outcome = "resumed: the canary's rollback";
+  } else if (p->is(EngineState::kDraining)) {
+    up.phase = Upgrade::Phase::kFinishing;
+    own_.upgrade = std::move(up);
+    p_.commands->OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p,
+                                     u.canary);
+    // The canary stands in for the standby, as its StandbyReady did before the restart.
+    s_.StepPairIfAllowed(PairEvent::kStandbyReady);
+    s_.StepPairIfAllowed(PairEvent::kGracefulPromoteRequested);
+    outcome = "resumed: the canary takes over once the old primary drained";
+  } else {
+    up.phase = Upgrade::Phase::kCanary;
+    up.judge.emplace(s_.clock, up.policy, p->id, c->id, s_.effects.RouterOutcomes());
+    const OutcomeMap now = s_.effects.RouterOutcomes();
+    while (up.judge->weight() < u.weight && !up.judge->last_step()) up.judge->Advance(now);
+    own_.upgrade = std::move(up);
+    s_.StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
+    outcome = "resumed at " + std::to_string(own_.upgrade->judge->weight()) + " %";
+  }
+  BATON_LOG(INFO, "upgrade") << ToString(u.kind) << " " << outcome << " (engine " << u.canary
+                             << ")";
+  if (own_.upgrade.has_value()) LendReserveToCanary();
+  SaveCommands();
+  return ToString(u.kind) + (" " + outcome);
+}
+
+}  // namespace baton
