@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "base/bug.h"
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
@@ -39,18 +40,18 @@ void FailoverPart::HandOverBlocks(EngineId id, const std::optional<PendingFailov
       if (moved.ok()) {
         SendPromote(*s, failover->epoch, *moved);
       } else {
-        BATON_LOG(ERROR, kLog) << "handing blocks to engine " << s->id << ": "
-                               << moved.status().ToString();
+        BATON_BUG("ledger") << "handing blocks to engine " << s->id << ": "
+                            << moved.status().ToString();
       }
     } else if (fenced) {
       if (Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id); !freed.ok()) {
-        BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
+        BATON_BUG("ledger") << "releasing engine " << id << ": " << freed.status().ToString();
       }
     }
   } else if (fenced) {
     Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id);
     if (!freed.ok())
-      BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << freed.status().ToString();
+      BATON_BUG("ledger") << "releasing engine " << id << ": " << freed.status().ToString();
   }
   p_.engines->SaveRoster();
   RefillReserve();
@@ -66,7 +67,7 @@ void FailoverPart::GrantToPromoted(EngineId id, const PendingFailover& failover)
                      sl->role == LedgerRole::kHolder && sl->epoch == failover.epoch;
   Result<std::vector<Extent>> moved = s_.ledger->ReleaseAfterBarrier(id, holds ? s->id : kNoEngine);
   if (!moved.ok()) {
-    BATON_LOG(ERROR, kLog) << "releasing engine " << id << ": " << moved.status().ToString();
+    BATON_BUG("ledger") << "releasing engine " << id << ": " << moved.status().ToString();
     return;
   }
   if (!holds || moved->empty()) return;
@@ -159,7 +160,7 @@ void FailoverPart::RetryUnfencedHolders() {
     if (!epoch.ok()) return;
     own_.unfenced_reaped.erase(own_.unfenced_reaped.begin());
     if (Status fenced = s_.ledger->Fence(id, *epoch); !fenced.ok()) {
-      BATON_LOG(ERROR, kLog) << "fencing reaped engine " << id << ": " << fenced.ToString();
+      BATON_BUG("ledger") << "fencing reaped engine " << id << ": " << fenced.ToString();
       ReleaseIfDone(id);
       continue;
     }

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <utility>
 
+#include "base/bug.h"
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "base/text/utf8.h"
@@ -325,8 +326,8 @@ void EnginePart::GrantFree(EngineRecord& e, uint32_t blocks, const char* who) {
   const uint64_t epoch = s_.ledger->engine(e.id)->epoch;
   Result<std::vector<Extent>> granted = s_.ledger->Grant(e.id, blocks, epoch);
   if (!granted.ok()) {
-    BATON_LOG(ERROR, kLog) << "granting " << blocks << " blocks to engine " << e.id << " (" << who
-                           << "): " << granted.status().ToString();
+    BATON_BUG("ledger") << "granting " << blocks << " blocks to engine " << e.id << " (" << who
+                        << "): " << granted.status().ToString();
     return;
   }
   SaveRoster();                    // before the engine can map them

@@ -1,6 +1,7 @@
 // FailoverPart: failures and fences (coordinator_failover.h).
 #include <algorithm>
 
+#include "base/bug.h"
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
@@ -202,7 +203,7 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
   Result<uint64_t> epoch = s_.AdvanceEpoch();
   if (epoch.ok()) {
     if (Status fenced = s_.ledger->Fence(e.id, *epoch); !fenced.ok()) {
-      BATON_LOG(ERROR, kLog) << "fencing engine " << e.id << ": " << fenced.ToString();
+      BATON_BUG("ledger") << "fencing engine " << e.id << ": " << fenced.ToString();
     }
     r->epoch = *epoch;
     r->epoch_durable = s_.clock.Now();

@@ -2,6 +2,7 @@
 // after it; SendPromote is the one place a Promote is sent.
 #include <algorithm>
 
+#include "base/bug.h"
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
@@ -42,7 +43,7 @@ void FailoverPart::MaybePromote() {
     return;
   }
   if (Status promoted = s_.ledger->Promote(e->id, *epoch); !promoted.ok()) {
-    BATON_LOG(ERROR, kLog) << "promoting engine " << e->id << ": " << promoted.ToString();
+    BATON_BUG("ledger") << "promoting engine " << e->id << ": " << promoted.ToString();
     return;
   }
   const uint32_t free = s_.ledger->GrantableTo(e->id);
@@ -113,14 +114,13 @@ bool FailoverPart::PromoteBeforeBarrier(EngineRecord& s) {
   }
   const uint64_t epoch = own_.failover->epoch;
   if (Status promoted = s_.ledger->Promote(s.id, epoch); !promoted.ok()) {
-    BATON_LOG(ERROR, kLog) << "promoting engine " << s.id << ": " << promoted.ToString();
+    BATON_BUG("ledger") << "promoting engine " << s.id << ": " << promoted.ToString();
     if (r != nullptr) r->waited = promoted.message();
     return false;
   }
   Result<std::vector<Extent>> reserve = s_.ledger->GrantReserve(s.id, epoch);
   if (!reserve.ok()) {  // checked above: its blocks come after the barrier
-    BATON_LOG(ERROR, kLog) << "bug: the reserve for engine " << s.id << ": "
-                           << reserve.status().ToString();
+    BATON_BUG("ledger") << "the reserve for engine " << s.id << ": " << reserve.status().ToString();
     reserve = std::vector<Extent>{};
   }
   own_.failover->promoted = true;

@@ -11,6 +11,7 @@
 // engines that could still write it are gone.
 #include <algorithm>
 
+#include "base/bug.h"
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
@@ -373,7 +374,7 @@ void RecoveryPart::TickRecovery() {
 void RecoveryPart::EndRecovery() {
   if (s_.ledger->recovering()) {
     if (Status ended = s_.ledger->EndRecovery(); !ended.ok()) {
-      BATON_LOG(ERROR, kLog) << "ending the ledger's recovery: " << ended.ToString();
+      BATON_BUG("ledger") << "ending the ledger's recovery: " << ended.ToString();
     }
   }
   RecoveryStatus& st = own_.recovery->status;

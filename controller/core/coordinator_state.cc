@@ -3,6 +3,8 @@
 
 #include <cstdlib>
 
+#include "base/bug.h"
+#include "base/check.h"
 #include "base/log.h"
 
 namespace baton {
@@ -42,7 +44,7 @@ void CoordinatorState::Step(Machine& machine, Event event) {
   Result<decltype(machine.state())> applied = machine.Apply(event);
   if (applied.ok()) return;
   ++refused_transitions;
-  BATON_LOG(ERROR, kLog) << "bug: a refused transition: " << applied.status().message();
+  BATON_BUG("state") << "a refused transition: " << applied.status().message();
 }
 
 template void CoordinatorState::Step(EngineMachine&, EngineEvent);
@@ -64,10 +66,7 @@ const EngineRecord* CoordinatorState::Find(EngineId id) const {
 
 EngineRecord& CoordinatorState::Get(EngineId id) {
   EngineRecord* e = Find(id);
-  if (e == nullptr) {
-    BATON_LOG(ERROR, kLog) << "bug: engine " << id << " is not known";
-    std::abort();
-  }
+  BATON_CHECK(e != nullptr) << "engine " << id << " is not known";
   return *e;
 }
 
