@@ -131,34 +131,67 @@ bool ReadRequest(int fd) {
   }
 }
 
-// The engine dies holding the request (it read it from a kept-alive connection, then is
-// gone, its port closed): the attempt broke, it was not refused. It counts against the
-// migration limit (here 0: the client gets 502 at once) and is counted as "broken".
-TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttempt) {
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+// A socket listening on a free loopback port: a hand-written engine's only door (port 0 when
+// it could not be made).
+struct RawEngine {
+  UniqueFd listener;
+  uint16_t port = 0;
+};
+
+RawEngine ListenOnLoopback() {
+  RawEngine raw{UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)), 0};
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener.get(), 8), 0);
-  ASSERT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  if (!raw.listener.valid() ||
+      ::bind(raw.listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(raw.listener.get(), 8) != 0 ||
+      ::getsockname(raw.listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return raw;
+  }
+  raw.port = ntohs(addr.sin_port);
+  return raw;
+}
+
+// Reads one request from `fd` and answers it with a small JSON body, keeping the connection;
+// false if the peer closed first.
+bool AnswerOne(int fd) {
+  if (!ReadRequest(fd)) return false;
+  const std::string reply =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+      R"({"ok":true})";
+  (void)!::send(fd, reply.data(), reply.size(), MSG_NOSIGNAL);
+  return true;
+}
+
+// A router to 127.0.0.1:`port` that moves no request (migration_limit 0): the first failed
+// attempt that counts is the client's answer.
+std::unique_ptr<Router> StrictRouterTo(uint16_t port, std::chrono::milliseconds max_queue_wait) {
+  RouterOptions options;
+  options.listen_port = 0;
+  options.backend = "127.0.0.1:" + std::to_string(port);
+  options.migration_limit = 0;
+  options.max_queue_wait = max_queue_wait;
+  auto router = std::make_unique<Router>(std::move(options));
+  return router->Start().ok() ? std::move(router) : nullptr;
+}
+
+// The engine dies holding the request (it read it from a kept-alive connection, then is
+// gone, its port closed): the attempt broke, it was not refused. It counts against the
+// migration limit (here 0: the client gets 502 at once) and is counted as "broken".
+TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttempt) {
+  RawEngine raw = ListenOnLoopback();
+  ASSERT_NE(raw.port, 0);
+  UniqueFd& listener = raw.listener;
   std::thread engine([&] {
     UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
-    if (!conn.valid() || !ReadRequest(conn.get())) return;
-    const std::string reply =
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
-        R"({"ok":true})";
-    (void)!::send(conn.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
+    if (!conn.valid() || !AnswerOne(conn.get())) return;
     if (!ReadRequest(conn.get())) return;
     listener.Reset();  // the engine is gone: its port refuses connections
   });
-  RouterOptions options;
-  options.listen_port = 0;
-  options.backend = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-  options.migration_limit = 0;
-  auto router = std::make_unique<Router>(std::move(options));
-  ASSERT_TRUE(router->Start().ok());
+  auto router = StrictRouterTo(raw.port, std::chrono::milliseconds(5000));
+  ASSERT_NE(router, nullptr);
   TestHttpClient client(router->port());
   EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})").status, 200);
   HttpReply second = client.Post("/v1/completions", R"({"prompt":"y","max_tokens":1})");
@@ -178,33 +211,19 @@ TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttem
 // engine, is not counted against the migration limit (here 0), and waits for a route as a
 // refused connection does; with no engine back it gets 429 once max_queue_wait has passed.
 TEST(UpstreamPoolTest, AConnectionTheEngineClosedIsNotTakenFromThePool) {
-  UniqueFd listener(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(::listen(listener.get(), 8), 0);
-  ASSERT_EQ(::getsockname(listener.get(), reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  RawEngine raw = ListenOnLoopback();
+  ASSERT_NE(raw.port, 0);
+  UniqueFd& listener = raw.listener;
   std::atomic<bool> gone{false};
   std::thread engine([&] {
     UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
-    if (!conn.valid() || !ReadRequest(conn.get())) return;
-    const std::string reply =
-        "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
-        R"({"ok":true})";
-    (void)!::send(conn.get(), reply.data(), reply.size(), MSG_NOSIGNAL);
+    if (!conn.valid() || !AnswerOne(conn.get())) return;
     listener.Reset();  // the engine is gone before the next request: port and connection
     conn.Reset();
     gone = true;
   });
-  RouterOptions options;
-  options.listen_port = 0;
-  options.backend = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
-  options.migration_limit = 0;
-  options.max_queue_wait = std::chrono::milliseconds(300);
-  auto router = std::make_unique<Router>(std::move(options));
-  ASSERT_TRUE(router->Start().ok());
+  auto router = StrictRouterTo(raw.port, std::chrono::milliseconds(300));
+  ASSERT_NE(router, nullptr);
   TestHttpClient client(router->port());
   EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})").status, 200);
   engine.join();
