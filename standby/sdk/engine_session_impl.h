@@ -10,7 +10,8 @@
 // extents, and queues events for the engine. The engine's threads (and TakeMemory's acks)
 // send through the same channel under channel_mu_.
 //
-// When the connection breaks (engine_session_reconnect.cc), the heartbeat thread drops the
+// Promotion and grant blocks are mapped in engine_session_blocks.cc. When the connection
+// breaks (engine_session_reconnect.cc), the heartbeat thread drops the
 // channel (sends then fail with Unavailable: "the controller is away"), pushes
 // kControllerLost and reconnects with backoff. It makes the new connection and says Hello and
 // Reattach on a channel of its own; only once the ReattachAck has arrived does it install that
