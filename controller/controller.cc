@@ -47,6 +47,7 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
       config_(std::move(config)),
       clock_(clock),
       started_at_(clock.Now()),
+      roster_file_(config_.state_dir),
       supervisor_(config_.engine_command, config_.socket_path(), config_.model_dir,
                   config_.runtime_dir, config_.engine_log_dir),
       engine_logs_(io, config_.engine_log_dir, config_.engine_log_max_bytes,

@@ -47,6 +47,7 @@
 #include "controller/kept_memory.h"
 #include "controller/rollout/coordinator_upgrades.h"
 #include "controller/rollout/fleet_rollout.h"
+#include "controller/roster_file.h"
 #include "controller/route_publisher.h"
 #include "cuda/device_owner.h"
 #include "cuda/driver/gpu_backend.h"
@@ -191,6 +192,7 @@ class Controller final : private Effects {
   Clock& clock_;
   TimePoint started_at_;
   StartState found_;  // what start-up found, handed to the Coordinator by Start()
+  RosterFile roster_file_;
 
   std::optional<EpochJournal> journal_;
   std::optional<WeightCache> weights_;

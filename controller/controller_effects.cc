@@ -251,8 +251,9 @@ Status Controller::SaveRoster(const Roster& roster) {
       if (h->cgroup != nullptr) e.cgroup = h->cgroup->path();
     }
   }
-  // Not fsynced: it lists processes, which a reboot ends, and it is written before grants.
-  return ReplaceFile(config_.roster_path(), EncodeRoster(r));
+  // In place, not fsynced: it lists processes, which a reboot ends, and it is written before
+  // every promotion and grant (controller/roster_file.h).
+  return roster_file_.Save(std::move(r));
 }
 
 Status Controller::SaveCommandRecord(const CommandRecord& record) {

@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <set>
 
-#include "base/io/small_file.h"
 #include "base/log.h"
 #include "controller/controller.h"
 
@@ -13,33 +12,28 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "controller";
-constexpr size_t kMaxRosterBytes = 16 << 20;
 
 }  // namespace
 
 void Controller::FindPrevious() {
   found_.exec_at = started_at_;
-  const std::string path = config_.roster_path();
   std::set<uint64_t> keep;
-  if (::access(path.c_str(), F_OK) != 0 && errno == ENOENT) {
+  Result<std::optional<Roster>> roster = roster_file_.Load();
+  if (!roster.ok()) {
+    found_.roster_refused = "refused: " + roster.status().message();
+    BATON_LOG(ERROR, kLog) << "the previous controller's roster is refused ("
+                           << roster.status().message()
+                           << "): every engine it ran is unaccounted for";
+  } else if (!roster->has_value()) {
     found_.roster_refused = "none";
+  } else if ((*roster)->boot_id != BootId()) {
+    found_.roster_refused = "of a previous boot";
+    Roster next;
+    next.incarnation = (*roster)->incarnation;
+    next.next_engine_id = (*roster)->next_engine_id;
+    found_.roster = next;  // no engine survives a reboot; ids and the count go on
   } else {
-    Result<std::string> text = ReadSmallFile(path, kMaxRosterBytes);
-    Result<Roster> roster = text.ok() ? DecodeRoster(*text, path) : Result<Roster>(text.status());
-    if (!roster.ok()) {
-      found_.roster_refused = "refused: " + roster.status().message();
-      BATON_LOG(ERROR, kLog) << "the previous controller's roster is refused ("
-                             << roster.status().message()
-                             << "): every engine it ran is unaccounted for";
-    } else if (roster->boot_id != BootId()) {
-      found_.roster_refused = "of a previous boot";
-      Roster next;
-      next.incarnation = roster->incarnation;
-      next.next_engine_id = roster->next_engine_id;
-      found_.roster = next;  // no engine survives a reboot; ids and the count go on
-    } else {
-      found_.roster = *roster;
-    }
+    found_.roster = **roster;
   }
   if (found_.roster.has_value()) {
     found_.incarnation = found_.roster->incarnation + 1;

@@ -108,7 +108,8 @@ std::string EncodeRoster(const Roster& roster) {
   json j = {{"format", Roster::kFormat},         {"boot_id", roster.boot_id},
             {"incarnation", roster.incarnation}, {"next_engine_id", roster.next_engine_id},
             {"primary", roster.primary},         {"pair_draining", roster.pair_draining},
-            {"engines", std::move(engines)}};
+            {"engines", std::move(engines)},     {"sequence", roster.sequence},
+            {"checksum", roster.checksum}};
   return j.dump(1) + "\n";
 }
 
@@ -127,6 +128,8 @@ Result<Roster> DecodeRoster(const std::string& text, const std::string& where) {
   BATON_RETURN_IF_ERROR(JsonField(j, "next_engine_id", where, &r.next_engine_id));
   BATON_RETURN_IF_ERROR(JsonField(j, "primary", where, &r.primary));
   BATON_RETURN_IF_ERROR(JsonField(j, "pair_draining", where, &r.pair_draining));
+  if (j.contains("sequence")) BATON_RETURN_IF_ERROR(JsonField(j, "sequence", where, &r.sequence));
+  if (j.contains("checksum")) BATON_RETURN_IF_ERROR(JsonField(j, "checksum", where, &r.checksum));
   if (!j.contains("engines") || !j["engines"].is_array()) {
     return InvalidArgument(where + ": 'engines' is not an array");
   }

@@ -13,6 +13,9 @@
 // engines are all gone; `start_time` (field 22 of /proc/<pid>/stat) tells a recycled pid.
 // The file is JSON with a format number; a roster that does not parse is refused with the
 // reason (the caller fences every process it cannot account for, which is all of them).
+// `sequence` and `checksum` are for a file kept in two slots written in place
+// (controller/roster_file.h): which slot is newer, and whether a slot is whole; a roster
+// without them (an older controller's) decodes with both 0.
 // Plain values and functions; thread-compatible.
 #pragma once
 
@@ -65,6 +68,8 @@ struct Roster {
   EngineId primary = kNoEngine;
   bool pair_draining = false;  // `batonctl drain` took the pair out of service
   std::vector<RosterEngine> engines;
+  uint64_t sequence = 0;  // rosters written by this state directory's controllers, this one
+  uint32_t checksum = 0;  // CRC32C of the encoding with checksum 0 (0: not checked)
   bool operator==(const Roster&) const = default;
 
   const RosterEngine* Find(EngineId id) const;

@@ -258,12 +258,14 @@ inline json ChaosCluster::WaitReady(const std::string& what) const {
 
 inline std::vector<pid_t> ChaosCluster::RosterPids() const {
   std::vector<pid_t> pids;
-  std::ifstream in(dir_ + "/run/state/roster.json");
-  std::stringstream text;
-  text << in.rdbuf();
-  const json roster = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (!roster.is_object() || !roster.contains("engines")) return pids;
-  for (const json& e : roster["engines"]) pids.push_back(e.value("pid", 0));
+  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
+    std::ifstream in(dir_ + slot);
+    std::stringstream text;
+    text << in.rdbuf();
+    const json roster = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+    if (!roster.is_object() || !roster.contains("engines")) continue;
+    for (const json& e : roster["engines"]) pids.push_back(e.value("pid", 0));
+  }
   return pids;
 }
 

@@ -256,13 +256,16 @@ TEST(ControllerRestart, AStrangerWaitingForTheControllerIsRefused) {
   ExpectHealthy(cluster, after);
 }
 
-// A roster that does not parse: nothing the previous controller ran can be accounted for, so
+// A roster that does not parse (neither slot): nothing the previous controller ran can be
+// accounted for, so
 // its engines are fenced (killed) before a new pair starts.
 TEST(ControllerRestart, ACorruptRosterIsRefusedAndItsEnginesFenced) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   cluster.KillController();
-  std::ofstream(cluster.dir() + "/run/state/roster.json") << "{\"format\": 1, \"engines\": [tr";
+  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
+    std::ofstream(cluster.dir() + slot) << "{\"format\": 1, \"engines\": [tr";
+  }
   cluster.RestartController();
   const json after = cluster.WaitReady("a new pair");
   EXPECT_NE(after["controller"]["recovery"]["roster"].get<std::string>().find("refused"),
