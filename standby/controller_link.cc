@@ -165,14 +165,38 @@ void AdoptOnceGranted(const SessionEvent& promoted, EngineSession* session,
   }
 }
 
+// The blocks of `readable` whose header copies (promoted.quarantined_headers, in extent
+// order) name a KV record.
+std::vector<uint32_t> BlocksWithRecords(std::span<const MappedExtent> readable,
+                                        const SessionEvent& promoted) {
+  std::vector<uint32_t> blocks;
+  size_t at = 0;
+  for (const MappedExtent& e : readable) {
+    for (uint32_t b = e.first; b < e.first + e.count; ++b, at += kBlockHeaderBytes) {
+      if (KvRecordPresent(promoted.quarantined_headers.data() + at)) blocks.push_back(b);
+    }
+  }
+  return blocks;
+}
+
 // The quarantined blocks' committed KV: copied now, or adopted in place after the barrier.
 void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
                         SessionModelMemory* memory, PagedKvCache* cache, KvHandoff* handoff,
                         double copy_gbps, KvAdoptionReport* report) {
   const TimePoint start = RealClock::Get().Now();
+  // The SDK read the headers of the host pool's quarantined blocks (none of a device pool's),
+  // in extent order, and mapped nothing of them.
+  uint64_t quarantined_blocks = 0;
+  for (const MappedExtent& e : promoted.quarantined) quarantined_blocks += e.count;
   std::vector<MappedExtent> readable;
-  for (const MappedExtent& e : promoted.quarantined) {
-    if (e.data != nullptr) readable.push_back(e);
+  if (promoted.quarantined_headers.size() == quarantined_blocks * kBlockHeaderBytes) {
+    readable = promoted.quarantined;
+  }
+  // Reading a record takes its block's token ids: those blocks alone are mapped, read-only.
+  if (Status mapped = session->MapQuarantined(BlocksWithRecords(readable, promoted));
+      !mapped.ok()) {
+    BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is not read: " << mapped.ToString();
+    readable.clear();
   }
   const KvCopyPlan plan = handoff->PlanCopy(RunsOf(readable), promoted.quarantined_headers);
   KvInheritanceSummary summary{.mode = KvInheritMode::kNone,

@@ -101,6 +101,12 @@ const char* ToString(KvRecordState state) {
   return "?";
 }
 
+bool KvRecordPresent(const uint8_t* header) {
+  Header h;
+  std::memcpy(&h, header, sizeof(h));
+  return !KvRequestKey{h.key_hi, h.key_lo}.empty();
+}
+
 KvRecordRead ReadKvRecord(const uint8_t* header, const uint8_t* ids_area, int block_tokens) {
   Header h;
   std::memcpy(&h, header, sizeof(h));

@@ -77,6 +77,10 @@ struct KvRecordRead {
   std::vector<int32_t> ids;  // kValid: the ids of record.tokens slots
 };
 
+// True when the header (kKvRecordHeaderBytes) names a record, whole or not: reading it needs
+// the block's token id area too (ReadKvRecord).
+bool KvRecordPresent(const uint8_t* header);
+
 // Reads the record of a block from a copy of its header (`header`, kKvRecordHeaderBytes)
 // and its token id area (`ids_area`, 4 x block_tokens bytes).
 KvRecordRead ReadKvRecord(const uint8_t* header, const uint8_t* ids_area, int block_tokens);

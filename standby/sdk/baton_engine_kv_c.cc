@@ -75,6 +75,21 @@ int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms,
   });
 }
 
+int baton_engine_map_quarantined(baton_engine* engine) {
+  return Guarded("baton_engine_map_quarantined", [&]() -> int {
+    if (engine == nullptr) return BadArgument("engine is NULL");
+    baton::Result<std::vector<baton::MappedExtent>> mapped = engine->session->MapQuarantined();
+    if (!mapped.ok()) return Fail(mapped.status());
+    std::lock_guard lock(engine->kv_mu);
+    for (baton::MappedExtent& e : engine->quarantined) {
+      for (const baton::MappedExtent& m : *mapped) {
+        if (m.first == e.first) e.data = m.data;
+      }
+    }
+    return Done(baton::OkStatus());
+  });
+}
+
 int baton_engine_release_quarantined(baton_engine* engine) {
   return Guarded("baton_engine_release_quarantined", [&]() -> int {
     if (engine == nullptr) return BadArgument("engine is NULL");

@@ -10,9 +10,9 @@
 //   2. WaitForPromotion(): blocks until the controller promotes this engine. The granted
 //      extents are then mapped writable into the reserved range (block b at
 //      pool().base + b x block_bytes) and their block headers scrubbed. A promotion that does
-//      not wait for the old primary's barrier (protocol 7) also maps the old primary's
-//      quarantined blocks read-only, for a copy of the KV they hold; they come writable in a
-//      Grant once the barrier has passed.
+//      not wait for the old primary's barrier (protocol 7) also reads the headers of the old
+//      primary's quarantined blocks (MapQuarantined maps them read-only for a copy of the KV
+//      they hold); they come writable in a Grant once the barrier has passed.
 //   3. MarkServing(): the engine accepts traffic; the controller publishes its route.
 //   4. While serving: NextEvent() delivers later grants, reclaim requests (answer with
 //      ReturnBlocks), drain requests (answer with ReportDrained), resumes (a drain called
@@ -209,13 +209,15 @@ struct SessionEvent {
   // primary's sequences from their KV.
   std::vector<uint8_t> inherited_headers = {};
   // kPromoted before the predecessor's barrier (protocol 7): the predecessor's blocks,
-  // quarantined until that barrier has passed, mapped READ-ONLY at their place in the pool
-  // range (`data`; nullptr on a device pool, which the SDK does not map for this), their
-  // headers as they were at the promotion (kBlockHeaderBytes each, in extent order), how long
-  // the controller expects the barrier to take still, and the longest the engine may wait for
-  // it before MarkServing(). A write of the dead engine may still land in them: copy what they
-  // hold into blocks of `extents` and check it again after the copy (standby/kv/kv_handoff.h),
-  // or wait for them (WaitForInheritedBlocks); then ReleaseQuarantined().
+  // quarantined until that barrier has passed, NOT mapped (`data` is nullptr: the promotion
+  // reads their headers from the pool's file and maps nothing of them), their headers as they
+  // were at the promotion (kBlockHeaderBytes each, in extent order; none on a device pool,
+  // which the SDK does not read for this), how long the controller expects the barrier to take
+  // still, and the longest the engine may wait for it before MarkServing(). A write of the
+  // dead engine may still land in them: to copy what they hold, map them read-only
+  // (EngineSession::MapQuarantined), copy into blocks of `extents` and check it again after the
+  // copy (standby/kv/kv_handoff.h); or wait for them (WaitForInheritedBlocks); then
+  // ReleaseQuarantined().
   std::vector<MappedExtent> quarantined = {};
   std::vector<uint8_t> quarantined_headers = {};
   Duration barrier_estimate = {};
@@ -302,8 +304,17 @@ class EngineSession {
   // returns that kGranted event (with inherited_headers); other events stay queued.
   // DeadlineExceeded after the timeout; FailedPrecondition when told to stop or disconnected.
   Result<SessionEvent> WaitForInheritedBlocks(Duration timeout);
-  // Unmaps the read-only view of the quarantined blocks (those not granted yet). Call it once
-  // done reading them: after a copy, or after the wait.
+  // After a promotion before the barrier on a host pool: maps the quarantined blocks whose
+  // headers the promotion read READ-ONLY at their place in the pool range and returns them
+  // with `data` set (an engine that copies their KV calls it once it knows there is some to
+  // copy). Mapped already: the same extents again.
+  Result<std::vector<MappedExtent>> MapQuarantined();
+  // The same for the listed quarantined blocks alone (block b at pool().BlockData(b)): an
+  // engine maps the blocks whose headers show a record, and no page of the others is touched.
+  // FailedPrecondition for a block that is not in quarantine.
+  Status MapQuarantined(std::span<const uint32_t> blocks);
+  // Unmaps the read-only view of the quarantined blocks (those not granted yet), if mapped.
+  // Call it once done with them: after a copy, or after the wait.
   void ReleaseQuarantined();
   // After a promotion before the barrier: how the engine took the quarantined blocks' KV
   // (shown in `batonctl timeline`). OK without sending anything to a controller older than

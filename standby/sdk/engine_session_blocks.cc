@@ -72,7 +72,7 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
       if (mapped.ok()) {
         promoted_ = true;
         epoch_.store(msg.epoch);
-        MapQuarantinedLocked(msg.epoch, &event);
+        ReadQuarantinedLocked(msg.epoch, &event);
       }
     }
   }
@@ -84,12 +84,13 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   for (const MappedExtent& e : *mapped) blocks += e.count;
   uint32_t quarantined = 0;
   for (const MappedExtent& e : event.quarantined) quarantined += e.count;
-  BATON_LOG(INFO, kLog) << "promoted at epoch " << msg.epoch << ": " << blocks
-                        << " blocks mapped writable and scrubbed in "
-                        << MillisBetween(start, clock_->Now()) << " ms"
-                        << (quarantined > 0 ? "; " + std::to_string(quarantined) +
-                                                  " blocks of the old primary mapped read-only"
-                                            : std::string());
+  BATON_LOG(INFO, kLog)
+      << "promoted at epoch " << msg.epoch << ": " << blocks
+      << " blocks mapped writable and scrubbed in " << MillisBetween(start, clock_->Now()) << " ms"
+      << (quarantined > 0
+              ? "; " + std::to_string(quarantined) +
+                    " blocks of the old primary in quarantine (headers read, not mapped)"
+              : std::string());
   event.extents = std::move(mapped).value();
   Push(std::move(event));
 }
@@ -107,7 +108,9 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
       // Quarantined blocks come with the dead engine's headers (a loop: mu_ is held here).
       bool inherits = false;
       for (const auto& r : msg.extents) {
-        inherits |= r.count > 0 && r.first < pool_.block_count() && pool_.IsReadOnly(r.first);
+        for (const proto::BlockRange& q : quarantined_ranges_) {
+          inherits |= r.count > 0 && r.first >= q.first && r.first - q.first < q.count;
+        }
       }
       mapped = MapRangesLocked(msg.extents, inherits ? &inherited : nullptr);
     }

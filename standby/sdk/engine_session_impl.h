@@ -75,6 +75,8 @@ class EngineSession::Impl {
   Status ReportDrained(uint32_t unfinished);
   Status ReportKvAdoption(const KvAdoptionSummary& summary);
   Result<SessionEvent> WaitForInheritedBlocks(Duration timeout);
+  Result<std::vector<MappedExtent>> MapQuarantined();
+  Status MapQuarantined(std::span<const uint32_t> blocks);
   void ReleaseQuarantined();
   Status ReportKvInheritance(const KvInheritanceSummary& summary);
   Status ReportError(const Status& error);
@@ -153,9 +155,11 @@ class EngineSession::Impl {
   void BeatIfDue();
   void Handle(const proto::ReceivedMessage& msg);
   void OnPromote(const proto::Promote& msg);
-  // Maps the quarantined blocks of a Quarantined that came with this Promote read-only into
-  // `event` (the host pool only), with their headers.
-  void MapQuarantinedLocked(uint64_t epoch, SessionEvent* event) BATON_REQUIRES(mu_);
+  // Puts the quarantined blocks of a Quarantined that came with this Promote into `event`,
+  // with their headers read from the pool's file (the host pool only), unmapped.
+  void ReadQuarantinedLocked(uint64_t epoch, SessionEvent* event) BATON_REQUIRES(mu_);
+  // Maps quarantined blocks [first, first + count) read-only unless they are already.
+  Status MapQuarantinedRunLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
   void OnGrant(const proto::Grant& msg);
   void OnStop(const std::string& reason);
   void OnDisconnected(const std::string& reason);
@@ -225,6 +229,9 @@ class EngineSession::Impl {
   bool promoted_ BATON_GUARDED_BY(mu_) = false;
   // The Quarantined that precedes a Promote, until the Promote comes.
   std::optional<proto::Quarantined> quarantined_ BATON_GUARDED_BY(mu_);
+  // The quarantined ranges of the promotion whose headers were read (MapQuarantined maps
+  // these), until ReleaseQuarantined.
+  std::vector<proto::BlockRange> quarantined_ranges_ BATON_GUARDED_BY(mu_);
   bool serving_ BATON_GUARDED_BY(mu_) = false;  // MarkServing() was called
   DrainState drain_ BATON_GUARDED_BY(mu_) = DrainState::kNone;
   uint32_t drained_unfinished_ BATON_GUARDED_BY(mu_) = 0;  // what ReportDrained() said

@@ -1,9 +1,11 @@
 // EngineSession::Impl: a promotion before the old primary's barrier (protocol 7). The
 // controller says which blocks of the old primary wait in quarantine (Quarantined, right before
-// the Promote); the session maps them read-only so that the engine can copy the KV they hold
-// into its own blocks, hands the wait for their Grant to an engine that would rather adopt them
-// in place, and unmaps them when the engine is done with them. Nothing here maps a quarantined
-// block writable: only their Grant does, once their barrier has passed (OnGrant).
+// the Promote); the session reads their headers from the pool's file at the promotion, without
+// mapping them, so that the promotion neither faults their pages in nor unmaps them after.
+// An engine that copies the KV they hold maps them read-only then (MapQuarantined); one that
+// would rather adopt them in place waits for their Grant; either unmaps what it mapped when
+// done (ReleaseQuarantined). Nothing here maps a quarantined block writable: only their Grant
+// does, once their barrier has passed (OnGrant).
 #include <algorithm>
 
 #include "base/log.h"
@@ -16,23 +18,59 @@ constexpr const char* kLog = "engine-sdk";
 
 }  // namespace
 
-void EngineSession::Impl::MapQuarantinedLocked(uint64_t epoch, SessionEvent* event) {
+void EngineSession::Impl::ReadQuarantinedLocked(uint64_t epoch, SessionEvent* event) {
   std::optional<proto::Quarantined> q = std::exchange(quarantined_, std::nullopt);
+  quarantined_ranges_.clear();
   if (!q.has_value() || q->epoch != epoch) return;
   event->barrier_estimate = std::chrono::microseconds(q->barrier_estimate_us);
   event->wait_limit = std::chrono::milliseconds(q->wait_limit_ms);
   for (const proto::BlockRange& r : q->extents) {
-    if (device_ != nullptr) {  // the device pool's chunks are not mapped for a copy here
+    if (device_ != nullptr) {  // the device pool's chunks are not read for a copy here
       event->quarantined.push_back(MappedExtent{.first = r.first, .count = r.count});
       continue;
     }
-    if (Status ro = pool_.MapReadOnly(r.first, r.count); !ro.ok()) {
-      BATON_LOG(WARN, kLog) << "quarantined " << ro.message() << ": not read";
+    if (Status read =
+            pool_.ReadHeaders(r.first, r.count, kBlockHeaderBytes, &event->quarantined_headers);
+        !read.ok()) {
+      BATON_LOG(WARN, kLog) << "quarantined blocks [" << r.first << ", +" << r.count
+                            << "): " << read.message() << ": not read";
       continue;
     }
-    event->quarantined.push_back(ExtentOf(r.first, r.count));
-    pool_.CopyHeaders(r.first, r.count, kBlockHeaderBytes, &event->quarantined_headers);
+    event->quarantined.push_back(MappedExtent{
+        .first = r.first, .count = r.count, .bytes = uint64_t{r.count} * pool_.block_bytes()});
+    quarantined_ranges_.push_back(r);
   }
+}
+
+Status EngineSession::Impl::MapQuarantinedRunLocked(uint32_t first, uint32_t count) {
+  for (uint32_t b = first; b < first + count; ++b) {
+    if (!pool_.IsReadOnly(b)) return pool_.MapReadOnly(first, count);
+  }
+  return OkStatus();
+}
+
+Result<std::vector<MappedExtent>> EngineSession::Impl::MapQuarantined() {
+  MutexLock lock(mu_);
+  std::vector<MappedExtent> mapped;
+  for (const proto::BlockRange& r : quarantined_ranges_) {
+    BATON_RETURN_IF_ERROR(MapQuarantinedRunLocked(r.first, r.count));
+    mapped.push_back(ExtentOf(r.first, r.count));
+  }
+  return mapped;
+}
+
+Status EngineSession::Impl::MapQuarantined(std::span<const uint32_t> blocks) {
+  MutexLock lock(mu_);
+  for (uint32_t b : blocks) {
+    const bool quarantined = std::any_of(
+        quarantined_ranges_.begin(), quarantined_ranges_.end(),
+        [b](const proto::BlockRange& r) { return b >= r.first && b - r.first < r.count; });
+    if (!quarantined) {
+      return FailedPrecondition("block " + std::to_string(b) + " is not in quarantine");
+    }
+    BATON_RETURN_IF_ERROR(MapQuarantinedRunLocked(b, 1));
+  }
+  return OkStatus();
 }
 
 Result<SessionEvent> EngineSession::Impl::WaitForInheritedBlocks(Duration timeout) {
@@ -59,6 +97,7 @@ Result<SessionEvent> EngineSession::Impl::WaitForInheritedBlocks(Duration timeou
 
 void EngineSession::Impl::ReleaseQuarantined() {
   MutexLock lock(mu_);
+  quarantined_ranges_.clear();
   pool_.UnmapReadOnly();
 }
 
@@ -82,6 +121,14 @@ Status EngineSession::Impl::ReportKvInheritance(const KvInheritanceSummary& summ
 
 Result<SessionEvent> EngineSession::WaitForInheritedBlocks(Duration timeout) {
   return impl_->WaitForInheritedBlocks(timeout);
+}
+
+Result<std::vector<MappedExtent>> EngineSession::MapQuarantined() {
+  return impl_->MapQuarantined();
+}
+
+Status EngineSession::MapQuarantined(std::span<const uint32_t> blocks) {
+  return impl_->MapQuarantined(blocks);
 }
 
 void EngineSession::ReleaseQuarantined() { impl_->ReleaseQuarantined(); }

@@ -59,6 +59,12 @@ class PoolMapping {
   // block mapped neither writable nor read-only).
   void CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
                    std::vector<uint8_t>* out) const;
+  // Appends the header bytes of each block in [first, first + count) to `out`, read from the
+  // pool's file (pread) whether the block is mapped or not: no page of a block this process
+  // does not map is faulted in, and nothing is mapped or unmapped. Refuses a range outside
+  // the pool; an error of the read names the block.
+  Status ReadHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
+                     std::vector<uint8_t>* out) const;
   // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
   void ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_bytes);
   // Unmaps every extent.

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 5
+ABI_VERSION = 6
 
 USE_DEVICE_MEMORY = 1
 HANDLES_RESUME = 2
@@ -104,6 +104,7 @@ _PROTOTYPES = [
      [_p, ctypes.POINTER(Extent), ctypes.c_size_t, _p, ctypes.c_size_t,
       ctypes.POINTER(_i64), ctypes.POINTER(_i64)]),
     ("baton_engine_wait_inherited_blocks", _i, [_p, _i64, ctypes.POINTER(Event)]),
+    ("baton_engine_map_quarantined", _i, [_p]),
     ("baton_engine_release_quarantined", _i, [_p]),
     ("baton_engine_report_kv_adoption", _i,
      [_p, _u32, _u64, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_u32), ctypes.c_size_t,

@@ -266,11 +266,15 @@ TEST(EngineCAbi, KvWarmHandoffCalls) {
             1u);
   EXPECT_EQ(q[0].first, 5u);
   EXPECT_EQ(q[0].count, 2u);
-  EXPECT_NE(q[0].data, nullptr);
+  EXPECT_EQ(q[0].data, nullptr) << "the promotion maps nothing of the quarantined blocks";
   EXPECT_EQ(headers[0], 0x51);
   EXPECT_EQ(headers[kBlockHeaderBytes + 1], 0x62);
   EXPECT_EQ(estimate_us, 1500);
   EXPECT_EQ(limit_ms, 200);
+  ASSERT_EQ(baton_engine_map_quarantined(engine), 0) << baton_engine_last_error();
+  ASSERT_EQ(baton_engine_quarantined(engine, q, 2, nullptr, 0, nullptr, nullptr), 1u);
+  ASSERT_NE(q[0].data, nullptr);
+  EXPECT_EQ(static_cast<const uint8_t*>(q[0].data)[0], 0x51) << "mapped read-only for a copy";
 
   EXPECT_EQ(baton_engine_wait_inherited_blocks(engine, 10, &event),
             static_cast<int>(StatusCode::kDeadlineExceeded));

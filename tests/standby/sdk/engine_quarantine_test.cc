@@ -1,5 +1,6 @@
 // The engine SDK's side of a promotion before the old primary's barrier (protocol 7): the
-// Quarantined blocks mapped read-only with their headers, never writable, until their Grant
+// Quarantined blocks' headers read unmapped, the blocks mapped read-only only when the engine
+// asks (for a copy), never writable, until their Grant
 // maps them writable with the headers the dead engine left; the wait for that Grant; the
 // report of how the engine took their KV.
 #include <gtest/gtest.h>
@@ -42,7 +43,10 @@ TEST(EngineQuarantine, QuarantinedBlocksAreReadOnlyUntilTheirGrant) {
   const MappedExtent& q = promoted->quarantined[0];
   EXPECT_EQ(q.first, 1u);
   EXPECT_EQ(q.count, 2u);
-  EXPECT_EQ(q.data, s->pool().BlockData(1));
+  EXPECT_EQ(q.data, nullptr) << "the promotion maps nothing of them";
+  for (const std::string& p : MappingsIn(s->pool().BlockData(1), 2 * kFakeBlockBytes)) {
+    EXPECT_EQ(p.substr(0, 3), "---") << "not mapped, no page of theirs faulted in";
+  }
   EXPECT_EQ(promoted->barrier_estimate, std::chrono::microseconds(1500));
   EXPECT_EQ(promoted->wait_limit, milliseconds(200));
   // Their headers as the dead engine left them, nothing scrubbed: they are not this engine's.
@@ -50,11 +54,20 @@ TEST(EngineQuarantine, QuarantinedBlocksAreReadOnlyUntilTheirGrant) {
   EXPECT_EQ(promoted->quarantined_headers[0], 0xAB);
   EXPECT_EQ(promoted->quarantined_headers[kBlockHeaderBytes], 0xCD);
   EXPECT_EQ(fake.block(1)[0], 0xAB);
+  // An engine that copies maps them: read-only, never writable.
+  Result<std::vector<MappedExtent>> view = s->MapQuarantined();
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  ASSERT_EQ(view->size(), 1u);
+  const uint8_t* data = (*view)[0].data;
+  EXPECT_EQ(data, s->pool().BlockData(1));
   EXPECT_TRUE(AllReadOnly(MappingsIn(s->pool().BlockData(1), 2 * kFakeBlockBytes)))
       << "a quarantined block is mapped read-only, never writable";
-  EXPECT_EQ(q.data[kBlockHeaderBytes + 1], 0xAB) << "and readable";
+  EXPECT_EQ(data[kBlockHeaderBytes + 1], 0xAB) << "and readable";
   fake.block(1)[200] = 0x11;  // a stale write of the dying engine lands: the view sees it
-  EXPECT_EQ(q.data[200], 0x11);
+  EXPECT_EQ(data[200], 0x11);
+  Result<std::vector<MappedExtent>> again = s->MapQuarantined();
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].data, data) << "mapped once";
   EXPECT_TRUE(AllWritable(MappingsIn(s->pool().BlockData(5), 2 * kFakeBlockBytes)));
 
   // Once past the barrier: the Grant maps them writable and hands over their headers.
@@ -92,6 +105,7 @@ TEST(EngineQuarantine, ReleasedBeforeTheGrantTheBlocksAreUnmapped) {
   Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
   ASSERT_TRUE(promoted.ok());
   ASSERT_EQ(promoted->quarantined.size(), 1u);
+  ASSERT_TRUE(s->MapQuarantined().ok());
   s->ReleaseQuarantined();  // the engine copied what it wanted
   const std::vector<std::string> perms = MappingsIn(s->pool().BlockData(0), 2 * kFakeBlockBytes);
   ASSERT_FALSE(perms.empty());
