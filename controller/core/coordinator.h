@@ -64,6 +64,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/config.h"
+#include "controller/core/coordinator_mutation.h"
 #include "controller/core/coordinator_parts.h"
 #include "controller/core/coordinator_state.h"
 #include "controller/core/coordinator_status.h"
@@ -151,6 +152,8 @@ class Coordinator {
   // A deliberate ledger fault (PoolLedger::Mutation), kept when a restart rebuilds the ledger:
   // for the simulation's tests that prove its checks catch one. Call before Start.
   void SetLedgerMutationForTesting(PoolLedger::Mutation mutation);
+  // A deliberate fault in one of the parts (coordinator_mutation.h), for the same tests.
+  void SetMutationForTesting(CoordinatorMutation mutation) { s_.mutation = mutation; }
 
  private:
   CoordinatorState s_;  // shared by every part (coordinator_state.h)

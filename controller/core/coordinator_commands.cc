@@ -106,7 +106,8 @@ Status CommandPart::RequestDrain() {
   if (!applied.ok()) return applied.status();
   std::vector<EngineId> others;
   for (const auto& [id, e] : s_.engines) {
-    if (e->live() && id != s_.primary) others.push_back(id);
+    if (e->live() && id != s_.primary && s_.mutation != CoordinatorMutation::kDrainSparesStandby)
+      others.push_back(id);
   }
   for (EngineId id : others)
     p_.failover->Fence(id, FailCause::kShutdown, "the pair is being drained");

@@ -45,7 +45,8 @@ void DevicePart::CheckDevice() {
                          << "; fencing every engine and rebuilding the device memory";
   std::vector<EngineId> ids;
   for (const auto& [id, e] : s_.engines) {
-    if (e->live()) ids.push_back(id);
+    if (e->live() && s_.mutation != CoordinatorMutation::kDeviceLossFencesNothing)
+      ids.push_back(id);
   }
   // The standby first, so that the primary's blocks are not handed to an engine that is
   // about to be fenced too.

@@ -266,7 +266,10 @@ void EnginePart::OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg)
 
 bool EnginePart::CheckEpoch(EngineRecord& e, uint64_t epoch, const char* what) {
   // A heartbeat sent before the engine saw its Promote still carries the standby's 0.
-  if (epoch == 0 && e.is(EngineState::kPromoting)) return true;
+  if (epoch == 0 &&
+      (e.is(EngineState::kPromoting) || s_.mutation == CoordinatorMutation::kAcceptEpochZero)) {
+    return true;
+  }
   Status ok = s_.ledger->CheckMessage(e.id, epoch);
   if (ok.ok()) return true;
   const std::string why = std::string(what) + " refused: " + ok.message();

@@ -112,7 +112,10 @@ bool FailoverPart::PromoteBeforeBarrier(EngineRecord& s) {
                           << " is past its barrier: " << why;
     return false;
   }
-  const uint64_t epoch = own_.failover->epoch;
+  uint64_t epoch = own_.failover->epoch;
+  if (s_.mutation == CoordinatorMutation::kPromoteAtOldEpoch) {
+    if (const LedgerEngine* old = s_.ledger->engine(own_.failover->old)) epoch = old->epoch;
+  }
   if (Status promoted = s_.ledger->Promote(s.id, epoch); !promoted.ok()) {
     BATON_BUG("ledger") << "promoting engine " << s.id << ": " << promoted.ToString();
     if (r != nullptr) r->waited = promoted.message();

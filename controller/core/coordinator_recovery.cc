@@ -343,6 +343,7 @@ void RecoveryPart::TickRecovery() {
       EngineRecord* e = s_.Find(id);
       own_.recovery->awaited.erase(id);
       if (e == nullptr || !e->live()) continue;
+      if (s_.mutation == CoordinatorMutation::kSpareSilentEngines) continue;
       FenceUnaccounted(*e, "it did not register again within controller.readopt_timeout_ms");
     }
   }

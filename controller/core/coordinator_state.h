@@ -23,6 +23,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/config.h"
+#include "controller/core/coordinator_mutation.h"
 #include "controller/core/coordinator_status.h"
 #include "controller/core/crash_loop_guard.h"
 #include "controller/core/effects.h"
@@ -120,6 +121,7 @@ struct CoordinatorState {
 
   std::unique_ptr<PoolLedger> ledger;
   PoolLedger::Mutation ledger_mutation = PoolLedger::Mutation::kNone;
+  CoordinatorMutation mutation = CoordinatorMutation::kNone;  // tests only
   PairMachine pair;
   CrashLoopGuard guard;
   TimelineLog timelines;

@@ -343,6 +343,8 @@ void UpgradePart::RollBackCanary(const std::string& reason) {
   if (c == nullptr || !c->live()) return EndUpgrade(UpgradeOutcome::kRolledBack, reason);
   if (!c->serving())
     return p_.failover->Fence(c->id, FailCause::kShutdown, "rolled back: " + reason);
+  if (s_.mutation == CoordinatorMutation::kRollbackKeepsCanary)
+    return EndUpgrade(UpgradeOutcome::kRolledBack, reason);
   SetPhase(Upgrade::Phase::kRollingBack);
   p_.commands->DrainEngine(*c);
   p_.engines->PublishRoutes();

@@ -11,8 +11,10 @@
 // (sim_driver_commands.h). Serving engines generate into their KV and a promoted engine
 // adopts what its predecessor left (sim_kv.h). After every step fencing rules 1-5 are checked
 // twice, against the world and by the ledger's CheckInvariants, rule 6 (KV adoption) against
-// the world, and the Coordinator must have refused no transition and seen no violation. A
-// final calm phase checks liveness.
+// the world, and the Coordinator must have refused no transition, seen no violation and
+// counted no BATON_BUG; a drained pair runs no engine, outside an upgrade only the primary
+// serves, and a lost device's memory is dropped only once every engine is killed
+// (sim_effects.h). A final calm phase checks liveness.
 //
 // Ownership: a Simulation is a SimLoop, which owns its clock, world, disk, effects and
 // Coordinator. Header-only
@@ -25,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "base/bug.h"
 #include "controller/config.h"
 #include "controller/core/coordinator.h"
 #include "tests/controller/sim_loop.h"
@@ -209,6 +212,11 @@ class Simulation : private SimLoop {
                             std::to_string(coord_->refused_transitions()) +
                             " state transitions (see its ERROR log)");
     }
+    if (BugCount() != bugs_at_start_) {  // counted, not aborting, in the mutants' runs only
+      return Fail(step, "bug: the coordinator reported " +
+                            std::to_string(BugCount() - bugs_at_start_) +
+                            " BATON_BUGs (BATON_LOG_LEVEL=error shows them)");
+    }
     if (!effects_.refused_reattach().empty()) {
       return Fail(step, "recovery: an engine reattached with the truth and was refused: " +
                             effects_.refused_reattach());
@@ -224,6 +232,27 @@ class Simulation : private SimLoop {
                   std::string("model: pair ") + ToString(s) +
                       (coord_->primary() != kNoEngine ? " with a primary" : " without a primary"));
     }
+    if (std::string v = CheckPairShape(s); !v.empty()) return Fail(step, v);
+  }
+  // What the operator's commands promise of the engines left running (docs/operations.md):
+  // a drained pair runs none, and outside an upgrade only the primary serves new requests (a
+  // rolled-back canary is drained and retired; a switch-over's old primary drains).
+  std::string CheckPairShape(PairState s) {
+    EngineId serving = kNoEngine;
+    for (const auto& [id, e] : world_.engines()) {
+      if (s == PairState::kStopped && e.alive && !e.killed && !e.exiting) {
+        return "drain: the pair is stopped but engine " + std::to_string(id) + " still runs";
+      }
+      if (!e.Working() || !e.serving || e.draining) continue;
+      if (serving == kNoEngine) {
+        serving = id;
+        continue;
+      }
+      if (coord_->recovering() || coord_->Snapshot().upgrade.has_value()) continue;
+      return "rollout: engines " + std::to_string(serving) + " and " + std::to_string(id) +
+             " both serve new requests with no upgrade in flight";
+    }
+    return "";
   }
   // A ready standby, or a canary, which holds the standby's place during an upgrade.
   bool HasStandby() {
@@ -308,8 +337,9 @@ class Simulation : private SimLoop {
   void StopAndStartAgain();
 
   int steps_;
-  int step_ = 0;           // -1 while settling
-  uint64_t versions_ = 1;  // the last engine version an upgrade asked for
+  int step_ = 0;                         // -1 while settling
+  uint64_t bugs_at_start_ = BugCount();  // base/bug.h
+  uint64_t versions_ = 1;                // the last engine version an upgrade asked for
   Outcome out_;
 };
 

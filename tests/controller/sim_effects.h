@@ -10,7 +10,8 @@
 // router saw, and the device calls act on the world's GPU (sim_services.h). Two deliberate faults
 // prove the simulation's checks bite: `skip_barrier` answers the barrier as passed once the process
 // is dead, and `release_at_once` reports a killed engine exited and past its barrier at the kill,
-// while its process still runs and maps its blocks. With a journal set, every effect is also
+// while its process still runs and maps its blocks. DropDevice checks the Coordinator: every
+// engine is killed before a lost device's memory goes. With a journal set, every effect is also
 // written there as one line ("Kill(1)", "Send(2, Promote)", "SaveRoster"): the scenario tests
 // (tests/controller/core/scenario_*_test.cc) read the story of an operation from it.
 //
@@ -172,6 +173,14 @@ class SimEffects final : public Effects {
   }
   void DropDevice() override {
     Record("DropDevice");
+    // What imported the lost device's memory must be fenced (killed) before the memory goes,
+    // or it serves on from memory that is no longer there.
+    for (const auto& [id, e] : world_.engines()) {
+      if (e.alive && !e.killed) {
+        world_.Flag("device: engine " + std::to_string(id) +
+                    " still runs when the lost device's memory is dropped");
+      }
+    }
     world_.device.present = false;
   }
   Status RebuildDevice() override {

@@ -68,6 +68,7 @@ class SimLoop {
     if (fault_.mutation != PoolLedger::Mutation::kNone) {
       coord_->SetLedgerMutationForTesting(fault_.mutation);
     }
+    if (fault_.part != CoordinatorMutation::kNone) coord_->SetMutationForTesting(fault_.part);
     coord_->Start(s);
     last_tick_ = TimePoint{};
     AfterCall();

@@ -10,14 +10,17 @@
 #include <vector>
 
 #include "controller/config.h"
+#include "controller/core/coordinator_mutation.h"
 #include "controller/core/pool_ledger.h"
 
 namespace baton::sim {
 
-// A deliberate fault, for the tests that prove the checks catch one: in the ledger, in the
-// epoch store (epochs handed out before they are durable), or in the effects (sim_effects.h).
+// A deliberate fault, for the tests that prove the checks catch one: in the ledger, in one of
+// the Coordinator's parts (coordinator_mutation.h), in the epoch store (epochs handed out
+// before they are durable), or in the effects (sim_effects.h).
 struct Fault {
   PoolLedger::Mutation mutation = PoolLedger::Mutation::kNone;
+  CoordinatorMutation part = CoordinatorMutation::kNone;
   bool skip_fsync = false;       // SimEpochStore::skip_fsync
   bool skip_barrier = false;     // SimFaults::skip_barrier
   bool release_at_once = false;  // SimFaults::release_at_once
