@@ -304,7 +304,7 @@ json StatusJson(const ControllerStatus& c) {
            core.timelines.empty() ? json(nullptr) : TimelineJson(core.timelines.back(), core.now)},
           {"history", HistoryJson(c)},
           {"upgrade", UpgradeJson(c)},
-          {"invariants", core.invariants}};
+          {"invariants", core.invariants.ok() ? "ok" : core.invariants.message()}};
 }
 
 namespace {
