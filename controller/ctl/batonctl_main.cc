@@ -143,7 +143,8 @@ Result<proto::CtlReply> Ask(const Args& args) {
   boost::asio::io_context io;
   proto::ChannelOptions options{.label = "controller at " + args.socket};
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, args.socket, options));
-  proto::ClientHelloOptions hello{.peer_name = "batonctl", .role = "cli", .launch_token = ""};
+  proto::ClientHelloOptions hello{
+      .peer_name = "batonctl", .role = proto::PeerRole::kCli, .launch_token = ""};
   hello.timeout = std::chrono::milliseconds(args.timeout_ms);
   BATON_RETURN_IF_ERROR(proto::ClientHello(channel, hello).status());
   BATON_RETURN_IF_ERROR(
