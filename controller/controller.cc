@@ -267,10 +267,10 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
     return;
   }
   const proto::Hello& hello = accepted->hello;
-  channel->set_label(hello.peer_name.empty() ? hello.role : hello.peer_name);
-  if (hello.role == "engine") {
+  channel->set_label(hello.peer_name.empty() ? ToString(hello.role) : hello.peer_name);
+  if (hello.role == proto::PeerRole::kEngine) {
     AttachEngine(*coord_->Admit(hello.launch_token), std::move(channel));
-  } else if (hello.role == "router") {
+  } else if (hello.role == proto::PeerRole::kRouter) {
     routes_.AddSubscriber(std::move(channel), hello.peer_name);
   } else {
     Connection& c = conns_[conn];
@@ -284,11 +284,18 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
 
 Status Controller::Admit(const proto::Hello& hello) {
   if (stopping_) return Unavailable("the controller is shutting down");
-  if (hello.role == "cli" || hello.role == "router") return OkStatus();
-  if (hello.role != "engine") {
-    return FailedPrecondition("unknown role '" + hello.role + "' (engine, cli or router)");
+  switch (hello.role) {
+    case proto::PeerRole::kCli:
+    case proto::PeerRole::kRouter:
+      return OkStatus();
+    case proto::PeerRole::kEngine:
+      return coord_->Admit(hello.launch_token).status();
+    case proto::PeerRole::kController:
+    case proto::PeerRole::kDrill:
+      break;
   }
-  return coord_->Admit(hello.launch_token).status();
+  return FailedPrecondition(std::string("the controller does not serve role '") +
+                            ToString(hello.role) + "' (engine, cli or router)");
 }
 
 void Controller::ReadCli(uint64_t conn) {

@@ -110,8 +110,8 @@ Result<std::string> Controller::Drill(EngineId id, DrillKind kind) {
       return std::string(" by stopping its process group");
     case DrillKind::kError:
       if (h->channel == nullptr) return FailedPrecondition("the primary is not connected");
-      BATON_RETURN_IF_ERROR(
-          h->channel->Send(proto::InjectFault{.kind = "error", .message = "batonctl drill"}));
+      BATON_RETURN_IF_ERROR(h->channel->Send(
+          proto::InjectFault{.kind = ToString(kind), .message = "batonctl drill"}));
       return std::string();
   }
   return InvalidArgument("unknown drill");

@@ -95,12 +95,12 @@ Result<AcceptedHello> AnswerHello(Channel& channel, const ReceivedMessage& first
     channel.set_label(hello->peer_name + " (" + channel.label() + ")");
   }
   // batonctl polls: a line per call at INFO would drown the state changes.
-  if (hello->role == "cli") {
+  if (hello->role == PeerRole::kCli) {
     BATON_LOG(DEBUG, "proto") << "hello from " << channel.label() << ", role cli, protocol version "
                               << *version;
   } else {
-    BATON_LOG(INFO, "proto") << "hello from " << channel.label() << ", role " << hello->role
-                             << ", protocol version " << *version;
+    BATON_LOG(INFO, "proto") << "hello from " << channel.label() << ", role "
+                             << ToString(hello->role) << ", protocol version " << *version;
   }
   return AcceptedHello{.hello = std::move(hello).value(), .version = *version};
 }

@@ -1,11 +1,12 @@
-// Hello: the first exchange on every connection, which agrees on a protocol version.
+// Hello: the first exchange on every connection, which agrees on a protocol version and says
+// what the client is (PeerRole, proto/roles.h).
 //
 // The client sends Hello with the range of versions it speaks; the server answers HelloAck
 // with the highest version both speak, or HelloReject with a reason (no common version, a
-// first message that is not a Hello, or a refusal by the server's admission check, e.g. a
-// wrong launch token) and closes the connection. Both sides record the agreed version on the
-// Channel. Blocking calls; use from the channel's owning thread. AnswerHello() serves a Hello
-// already received by AsyncReceive, for servers that never block.
+// first message that is not a Hello, a role that names none, or a refusal by the server's
+// admission check, e.g. a wrong launch token) and closes the connection. Both sides record
+// the agreed version on the Channel. Blocking calls; use from the channel's owning thread.
+// AnswerHello() serves a Hello already received by AsyncReceive, for servers that never block.
 #pragma once
 
 #include <cstdint>
@@ -15,13 +16,14 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "proto/messages.h"
+#include "proto/roles.h"
 #include "proto/transport/channel.h"
 
 namespace baton::proto {
 
 struct ClientHelloOptions {
   std::string peer_name = {};
-  std::string role = {};
+  PeerRole role = PeerRole::kEngine;
   std::string launch_token = {};
   uint16_t min_version = kProtocolVersionMin;
   uint16_t max_version = kProtocolVersionMax;

@@ -17,12 +17,14 @@
 #include <cstdint>
 #include <exception>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
 
 #include "base/status.h"
+#include "proto/roles.h"
 #include "proto/wire/payload_archive.h"
 
 namespace baton::proto {
@@ -103,17 +105,26 @@ bool IsKnownMsgType(uint16_t type);
 std::string MsgTypeName(uint16_t type);
 inline std::string MsgTypeName(MsgType type) { return MsgTypeName(static_cast<uint16_t>(type)); }
 
-// Client -> server, first message on every connection.
+// Client -> server, first message on every connection. On the wire the role is its name
+// (proto/roles.h); a name that is no role fails the decode, and the server refuses the peer.
 struct Hello {
   static constexpr MsgType kType = MsgType::kHello;
   uint16_t min_version = kProtocolVersionMin;
   uint16_t max_version = kProtocolVersionMax;
-  std::string peer_name = {};     // e.g. "engine-primary", "batonctl"
-  std::string role = {};          // "engine", "cli", "router", ...
+  std::string peer_name = {};         // e.g. "engine-primary", "batonctl"
+  PeerRole role = PeerRole::kEngine;  // what the client is
   std::string launch_token = {};  // secret the controller gave a child it launched; may be empty
   template <class A>
-  void serialize(A& ar) {
-    ar(min_version, max_version, peer_name, role, launch_token);
+  void save(A& ar) const {
+    ar(min_version, max_version, peer_name, std::string(ToString(role)), launch_token);
+  }
+  template <class A>
+  void load(A& ar) {
+    std::string name;
+    ar(min_version, max_version, peer_name, name, launch_token);
+    Result<PeerRole> parsed = ParsePeerRole(name);
+    if (!parsed.ok()) throw std::invalid_argument(parsed.status().message());
+    role = *parsed;
   }
 };
 

@@ -52,4 +52,28 @@ Result<LaunchRole> ParseLaunchRole(std::string_view text) {
   return InvalidArgument("unknown launch role '" + std::string(text) + "' (primary or standby)");
 }
 
+const char* ToString(PeerRole role) {
+  switch (role) {
+    case PeerRole::kEngine:
+      return "engine";
+    case PeerRole::kCli:
+      return "cli";
+    case PeerRole::kRouter:
+      return "router";
+    case PeerRole::kController:
+      return "controller";
+    case PeerRole::kDrill:
+      return "drill";
+  }
+  return "unknown";
+}
+
+Result<PeerRole> ParsePeerRole(std::string_view text) {
+  for (PeerRole role : kPeerRoles) {
+    if (text == ToString(role)) return role;
+  }
+  return InvalidArgument("unknown peer role '" + std::string(text) +
+                         "' (engine, cli, router, controller or drill)");
+}
+
 }  // namespace baton::proto

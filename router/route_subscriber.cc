@@ -111,7 +111,8 @@ void RouteSubscriber::Subscribe() {
     return;
   }
   Result<proto::HelloAck> ack = proto::ClientHello(
-      *channel, {.peer_name = "baton-router", .role = "router", .launch_token = ""});
+      *channel,
+      {.peer_name = "baton-router", .role = proto::PeerRole::kRouter, .launch_token = ""});
   if (!ack.ok()) {
     BATON_LOG(WARN, "router") << "controller refused the router: " << ack.status().ToString();
     return;

@@ -146,7 +146,8 @@ class Coordinator {
   PairState pair_state() const { return s_.pair.state(); }
   bool recovering() const { return recovery_.active(); }
   uint64_t refused_transitions() const { return s_.refused_transitions; }
-  const std::string& invariants() const { return s_.invariants; }
+  // OK, or the first violation of the ledger's invariants.
+  const Status& invariants() const { return s_.invariants; }
 
   // --- tests ----------------------------------------------------------------------------------
   // A deliberate ledger fault (PoolLedger::Mutation), kept when a restart rebuilds the ledger:

@@ -162,9 +162,8 @@ Status CommandPart::Drill(DrillKind kind) {
   }
   BATON_ASSIGN_OR_RETURN(std::string how, s_.effects.Drill(p->id, kind));
   s_.drill = DrillRecord{kind, p->id, s_.clock.Now()};
-  static constexpr const char* kDrills[] = {"kill", "hang", "error"};
-  BATON_LOG(INFO, kLog) << "drill " << kDrills[static_cast<int>(kind)] << " on engine " << p->id
-                        << " (pid " << p->pid << ")" << how;
+  BATON_LOG(INFO, kLog) << "drill " << ToString(kind) << " on engine " << p->id << " (pid "
+                        << p->pid << ")" << how;
   return OkStatus();
 }
 

@@ -193,9 +193,8 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
   r->detected = detected_at;
   r->killed = killed_at;
   if (s_.drill.has_value() && s_.drill->engine == e.id) {
-    static constexpr const char* kDrills[] = {"kill", "hang", "error"};
     r->injected = s_.drill->at;
-    r->cause = std::string("drill ") + kDrills[static_cast<int>(s_.drill->kind)] + ": " + r->cause;
+    r->cause = std::string("drill ") + ToString(s_.drill->kind) + ": " + r->cause;
     s_.drill.reset();
   }
   if (cause == FailCause::kHung) r->last_heartbeat = e.last_heartbeat;

@@ -318,7 +318,8 @@ void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
     // switch-over the restart interrupted is called off, or, for an engine that cannot
     // resume, finished: it is retired once drained.
     const std::optional<InFlightUpgrade>& u = own_.recovery->upgrade;
-    const bool upgrade_drain = u.has_value() && (u->phase == "finishing" || u->canary == e.id);
+    const bool upgrade_drain =
+        u.has_value() && (u->phase == UpgradePhase::kFinishing || u->canary == e.id);
     if (e.id == s_.primary && own_.recovery->roster.pair_draining)
       s_.StepPairIfAllowed(PairEvent::kDrain);
     const bool goes_on =

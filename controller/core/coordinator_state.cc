@@ -108,11 +108,11 @@ void CoordinatorState::RecordExit(const EngineRecord& e, const std::string& caus
 }
 
 void CoordinatorState::CheckInvariants() {
-  if (invariants != "ok") return;  // the first violation stays for `batonctl status`
+  if (!invariants.ok()) return;  // the first violation stays for `batonctl status`
   Status status = ledger->CheckInvariants();
   if (status.ok()) return;
-  invariants = status.message();
-  BATON_LOG(ERROR, kLog) << "fencing invariant violated: " << invariants;
+  invariants = std::move(status);
+  BATON_LOG(ERROR, kLog) << "fencing invariant violated: " << invariants.message();
 }
 
 // --- epochs -------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ struct CoordinatorState {
 
   std::deque<Refusal> refusals;
   std::deque<EngineExit> exits;
-  std::string invariants = "ok";
+  Status invariants = OkStatus();  // OK, or the first violation of the ledger's invariants
   uint64_t launches = 0;
   uint64_t failovers = 0;
   uint64_t called_off_switchovers = 0;

@@ -106,7 +106,7 @@ struct CoordinatorStatus {
   EngineId primary = kNoEngine;
   std::vector<EngineStatus> engines;
   LedgerSnapshot ledger;
-  std::string invariants;
+  Status invariants;  // OK, or the first violation of the ledger's invariants
   uint64_t refused_transitions = 0;
 
   bool guard_in_backoff = false;

@@ -19,7 +19,7 @@ void UpgradePart::SaveCommands() {
     record.in_flight = InFlightUpgrade{
         .kind = own_.upgrade->kind,
         .command = own_.upgrade->command,
-        .phase = ToString(own_.upgrade->phase),
+        .phase = own_.upgrade->phase,
         .canary = own_.upgrade->canary,
         .weight = own_.upgrade->judge.has_value() ? own_.upgrade->judge->weight() : 0,
         .primary = own_.upgrade->primary,
@@ -65,7 +65,7 @@ void UpgradePart::LoadCommands(const StartState& found) {
   const bool engines_left = found.roster.has_value() && !found.roster->engines.empty();
   if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value() && !engines_left) {
     RecordInterruptedUpgrade(*u, std::string("the controller restarted during the ") +
-                                     ToString(u->kind) + " (phase " + u->phase +
+                                     ToString(u->kind) + " (phase " + ToString(u->phase) +
                                      "); its engines were gone");
   } else if (!record.ignored.empty()) {
     SaveCommands();
@@ -111,7 +111,8 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
       (c->serving() || c->is(EngineState::kDraining) || c->is(EngineState::kPromoting));
   std::string outcome;
   const std::string interrupted = "the controller restarted during the " +
-                                  std::string(ToString(u.kind)) + " (phase " + u.phase + ")";
+                                  std::string(ToString(u.kind)) + " (phase " + ToString(u.phase) +
+                                  ")";
   if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
     outcome = "rolled back: its canary or its primary did not come back";
     if (c != nullptr && c->live()) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "controller/core/drill_kind.h"
 #include "controller/core/pool_ledger.h"
 #include "controller/core/roster.h"
 #include "controller/upgrade/command_record.h"
@@ -47,9 +48,6 @@ struct LaunchSpec {
   int port = 0;
   std::vector<std::string> command;  // unexpanded (placeholders)
 };
-
-// How `Effects::Drill` made the primary misbehave.
-enum class DrillKind { kKill, kHang, kError };
 
 class Effects {
  public:

@@ -14,6 +14,7 @@
 #include "base/build_info.h"
 #include "base/log.h"
 #include "controller/config.h"
+#include "controller/core/drill_kind.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/rollout/ctl_rollout.h"
 #include "controller/upgrade/ctl_upgrade.h"
@@ -105,8 +106,7 @@ int ParseArgs(int argc, char** argv, Args* args) {
   if (args->command.empty()) return usage("no command given");
   if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
   if (args->command == "drill") {
-    if (args->rest.size() != 1 ||
-        (args->rest[0] != "kill" && args->rest[0] != "hang" && args->rest[0] != "error")) {
+    if (args->rest.size() != 1 || !ParseDrillKind(args->rest[0]).ok()) {
       return usage("drill needs one of: kill, hang, error");
     }
   } else if (args->command == "upgrade") {
@@ -143,7 +143,8 @@ Result<proto::CtlReply> Ask(const Args& args) {
   boost::asio::io_context io;
   proto::ChannelOptions options{.label = "controller at " + args.socket};
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, args.socket, options));
-  proto::ClientHelloOptions hello{.peer_name = "batonctl", .role = "cli", .launch_token = ""};
+  proto::ClientHelloOptions hello{
+      .peer_name = "batonctl", .role = proto::PeerRole::kCli, .launch_token = ""};
   hello.timeout = std::chrono::milliseconds(args.timeout_ms);
   BATON_RETURN_IF_ERROR(proto::ClientHello(channel, hello).status());
   BATON_RETURN_IF_ERROR(

@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "base/bug.h"
+#include "controller/core/drill_kind.h"
 #include "controller/ctl/ctl_fleet.h"
 #include "controller/ctl/degradations.h"
 #include "controller/upgrade/ctl_upgrade.h"
@@ -303,17 +304,10 @@ json StatusJson(const ControllerStatus& c) {
            core.timelines.empty() ? json(nullptr) : TimelineJson(core.timelines.back(), core.now)},
           {"history", HistoryJson(c)},
           {"upgrade", UpgradeJson(c)},
-          {"invariants", core.invariants}};
+          {"invariants", core.invariants.ok() ? "ok" : core.invariants.message()}};
 }
 
 namespace {
-
-Result<DrillKind> ParseDrill(const std::string& kind) {
-  if (kind == "kill") return DrillKind::kKill;
-  if (kind == "hang") return DrillKind::kHang;
-  if (kind == "error") return DrillKind::kError;
-  return InvalidArgument("unknown drill '" + kind + "' (kill, hang or error)");
-}
 
 proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   const std::string& cmd = request.command;
@@ -359,11 +353,11 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   }
   if (cmd == "drill") {
     if (args.size() != 1) return Usage("drill needs one of: kill, hang, error");
-    Result<DrillKind> kind = ParseDrill(args[0]);
+    Result<DrillKind> kind = ParseDrillKind(args[0]);
     if (!kind.ok()) return Refuse(cmd, kind.status());
     Status status = co.Drill(*kind);
     if (!status.ok()) return Refuse(cmd, status);
-    return Done(cmd, "drill " + args[0] + " sent to the primary", c);
+    return Done(cmd, std::string("drill ") + ToString(*kind) + " sent to the primary", c);
   }
   if (cmd == "fleet") {
     // With [fleet], the rollout's thread answers these (controller.cc); here there is none.

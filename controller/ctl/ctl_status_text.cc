@@ -72,7 +72,7 @@ std::string StatusText(const ControllerStatus& c) {
   const json s = StatusJson(c);
   std::ostringstream out;
   out << "pair " << s["pair"]["state"].get<std::string>() << ", epoch " << s["epoch"]["durable"]
-      << ", invariants " << c.core.invariants << "\n";
+      << ", invariants " << s["invariants"].get<std::string>() << "\n";
   ControllerText(c, out);
   for (const json& e : s["engines"]) {
     out << "  engine " << e["id"] << " " << e["role"].get<std::string>() << " pid " << e["pid"]

@@ -58,7 +58,7 @@ std::string MetricsText(const ControllerStatus& c) {
   gauge("baton_barrier_waits", "Reaped holders whose blocks wait for the fencing barrier",
         static_cast<double>(core.barrier_waits));
   gauge("baton_invariants_ok", "1 while no fencing invariant is violated",
-        core.invariants == "ok" ? 1 : 0);
+        core.invariants.ok() ? 1 : 0);
   counter("baton_engine_launches_total", "Engine processes launched",
           static_cast<double>(core.launches));
   counter("baton_failovers_total", "Primaries lost or retired",

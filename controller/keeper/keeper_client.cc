@@ -79,7 +79,7 @@ Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path) {
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(*io, socket_path, ClientOptions()));
   BATON_RETURN_IF_ERROR(
       proto::ClientHello(channel, {.peer_name = "baton-controller",
-                                   .role = "controller",
+                                   .role = proto::PeerRole::kController,
                                    .launch_token = "",
                                    .min_version = proto::kProtocolVersionReattach})
           .status());

@@ -64,7 +64,7 @@ void MemoryKeeper::Run() {
 bool MemoryKeeper::Serve(proto::Channel& channel) {
   proto::ServerHelloOptions hello{
       .server_name = "baton-keeper", .admit = [](const proto::Hello& h) {
-        return h.role == "controller"
+        return h.role == proto::PeerRole::kController
                    ? OkStatus()
                    : FailedPrecondition("baton-keeper serves the controller only");
       }};

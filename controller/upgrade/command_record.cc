@@ -39,9 +39,11 @@ Result<std::optional<InFlightUpgrade>> InFlight(const json& j, const std::string
   }
   Result<UpgradeKind> kind = ParseUpgradeKind(u["kind"].get<std::string>());
   if (!kind.ok()) return InvalidArgument(path + ": 'in_flight': " + kind.status().message());
+  Result<UpgradePhase> phase = ParseUpgradePhase(u["phase"].get<std::string>());
+  if (!phase.ok()) return InvalidArgument(path + ": 'in_flight': " + phase.status().message());
   InFlightUpgrade out{.kind = *kind,
                       .command = {},
-                      .phase = u["phase"].get<std::string>(),
+                      .phase = *phase,
                       .canary = u["canary"].get<uint64_t>(),
                       .weight = u["weight"].get<uint32_t>()};
   BATON_ASSIGN_OR_RETURN(out.command, Strings(u, "command", path));
@@ -91,7 +93,7 @@ Status SaveCommandRecord(const std::string& path, const CommandRecord& record) {
   if (const std::optional<InFlightUpgrade>& u = record.in_flight; u.has_value()) {
     j["in_flight"] = {{"kind", ToString(u->kind)},
                       {"command", u->command},
-                      {"phase", u->phase},
+                      {"phase", ToString(u->phase)},
                       {"canary", u->canary},
                       {"weight", u->weight},
                       {"primary", u->primary},

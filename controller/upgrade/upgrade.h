@@ -31,7 +31,7 @@
 namespace baton {
 
 struct Upgrade {
-  enum class Phase { kLaunching, kReclaiming, kPromoting, kCanary, kFinishing, kRollingBack };
+  using Phase = UpgradePhase;  // controller/upgrade/upgrade_kind.h
 
   UpgradeKind kind = UpgradeKind::kUpgrade;
   std::vector<std::string> command;   // the candidate engine command
@@ -69,7 +69,6 @@ struct UpgradeRequest {
   std::optional<uint64_t> min_requests = {};
 };
 
-const char* ToString(Upgrade::Phase phase);
 // A command line as one string, its arguments separated by spaces (for logs).
 std::string Joined(const std::vector<std::string>& args);
 // How many ended upgrades `batonctl status` keeps.

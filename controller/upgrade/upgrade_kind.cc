@@ -21,6 +21,32 @@ Result<UpgradeKind> ParseUpgradeKind(std::string_view text) {
   return InvalidArgument("unknown upgrade kind '" + std::string(text) + "' (upgrade or rollback)");
 }
 
+const char* ToString(UpgradePhase phase) {
+  switch (phase) {
+    case UpgradePhase::kLaunching:
+      return "launching";
+    case UpgradePhase::kReclaiming:
+      return "reclaiming";
+    case UpgradePhase::kPromoting:
+      return "promoting";
+    case UpgradePhase::kCanary:
+      return "canary";
+    case UpgradePhase::kFinishing:
+      return "finishing";
+    case UpgradePhase::kRollingBack:
+      return "rolling_back";
+  }
+  return "unknown";
+}
+
+Result<UpgradePhase> ParseUpgradePhase(std::string_view text) {
+  for (UpgradePhase phase : kUpgradePhases) {
+    if (text == ToString(phase)) return phase;
+  }
+  return InvalidArgument("unknown upgrade phase '" + std::string(text) +
+                         "' (launching, reclaiming, promoting, canary, finishing or rolling_back)");
+}
+
 const char* ToString(UpgradeOutcome outcome) {
   switch (outcome) {
     case UpgradeOutcome::kPromoted:

@@ -6,8 +6,9 @@
 // The owner (this process, standing in for the controller) holds the weights region (filled
 // with FillPatternWord(i, kDrillWeightSeed)) and the pool region, whose last chunk is the
 // promotion reserve, and starts two peers with `peer_command ROLE SOCKET REPORT DEVICE
-// HEADER_BYTES BLOCK_BYTES` (ROLE primary|standby). Each peer (RunDrillPeer) connects, accepts the
-// weights (mapped READ) and the pool (reserved only), checks weight samples, and says StandbyReady.
+// HEADER_BYTES BLOCK_BYTES` (ROLE a proto::LaunchRole's name: primary|standby). Each peer
+// (RunDrillPeer) connects (Hello role drill), accepts the weights (mapped READ) and the pool
+// (reserved only), checks weight samples, and says StandbyReady.
 // Then:
 //   1. Promote(epoch 1, every block but the reserve's) to the primary: it maps those chunks,
 //      fills block 1 with a committed pattern (kDrillKvSeed: KV the standby will copy), starts

@@ -18,6 +18,7 @@
 #include "cuda/kernels/kernels.h"
 #include "cuda/memory/vmm_share.h"
 #include "proto/hello.h"
+#include "proto/roles.h"
 #include "proto/transport/listener.h"
 
 namespace baton {
@@ -114,11 +115,19 @@ struct Peer {
   std::optional<proto::Channel> channel;
 };
 
+// The drill's owner serves the drill's peers only (Hello role drill).
+Status AdmitPeer(const proto::Hello& hello) {
+  if (hello.role == proto::PeerRole::kDrill) return OkStatus();
+  return FailedPrecondition(std::string("the drill's owner serves its peers only, not role '") +
+                            ToString(hello.role) + "'");
+}
+
 // Starts a peer and hands it the weights and the pool; returns once it is a standby.
-Status StartPeer(proto::Listener& listener, const DrillConfig& config, const std::string& role,
+Status StartPeer(proto::Listener& listener, const DrillConfig& config, proto::LaunchRole role,
                  const VmmRegion& weights, const VmmRegion& pool, Peer* peer) {
   std::vector<std::string> argv = config.peer_command;
-  for (const std::string& a : {role, listener.path(), config.work_dir + "/" + role + ".report",
+  const std::string name = ToString(role);
+  for (const std::string& a : {name, listener.path(), config.work_dir + "/" + name + ".report",
                                std::to_string(config.device), std::to_string(config.header_bytes),
                                std::to_string(config.block_bytes)}) {
     argv.push_back(a);
@@ -128,7 +137,8 @@ Status StartPeer(proto::Listener& listener, const DrillConfig& config, const std
   peer->channel.emplace(std::move(ch));
   proto::Channel& c = *peer->channel;
   BATON_RETURN_IF_ERROR(
-      proto::ServerHello(c, {.server_name = "drill owner", .timeout = config.step_timeout})
+      proto::ServerHello(
+          c, {.server_name = "drill owner", .timeout = config.step_timeout, .admit = AdmitPeer})
           .status());
   BATON_RETURN_IF_ERROR(Share(c, weights, /*writable=*/false, config.step_timeout));
   BATON_RETURN_IF_ERROR(Share(c, pool, /*writable=*/true, config.step_timeout));
@@ -165,8 +175,8 @@ Status Drill(const PrimaryContext& ctx, const DrillConfig& config, CUdeviceptr c
              DrillResult* r) {
   const proto::BlockRange old_blocks{.first = 0, .count = blocks - reserve};
   const proto::BlockRange reserved{.first = blocks - reserve, .count = reserve};
-  BATON_RETURN_IF_ERROR(
-      Promote(primary, 1, old_blocks, config.step_timeout).WithContext("primary"));
+  BATON_RETURN_IF_ERROR(Promote(primary, 1, old_blocks, config.step_timeout)
+                            .WithContext(ToString(proto::LaunchRole::kPrimary)));
   BATON_ASSIGN_OR_RETURN(uint64_t c1, ReadU64(ctx, counter));
   std::this_thread::sleep_for(20ms);
   BATON_ASSIGN_OR_RETURN(uint64_t c2, ReadU64(ctx, counter));
@@ -177,7 +187,8 @@ Status Drill(const PrimaryContext& ctx, const DrillConfig& config, CUdeviceptr c
   BATON_RETURN_IF_ERROR(
       standby.channel->Send(proto::Quarantined{.epoch = 2, .extents = {old_blocks}}));
   const TimePoint sent = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(Promote(standby, 2, reserved, config.step_timeout).WithContext("standby"));
+  BATON_RETURN_IF_ERROR(Promote(standby, 2, reserved, config.step_timeout)
+                            .WithContext(ToString(proto::LaunchRole::kStandby)));
   r->promote_rtt_ms = MsSince(sent);
   r->promotion_ms = MsSince(killed);
   BATON_ASSIGN_OR_RETURN(uint64_t at_ack, ReadU64(ctx, counter));
@@ -265,11 +276,13 @@ Result<DrillResult> RunPromotionDrill(const PrimaryContext& ctx, const VmmRegion
                          proto::Listener::Bind(io, std::string(sock_dir) + "/drill.sock"));
   Peer primary;
   Peer standby;
-  BATON_RETURN_IF_ERROR(StartPeer(listener, config, "primary", weights, pool, &primary)
-                            .WithContext("starting the primary"));
+  BATON_RETURN_IF_ERROR(
+      StartPeer(listener, config, proto::LaunchRole::kPrimary, weights, pool, &primary)
+          .WithContext("starting the primary"));
   const TimePoint standby_start = RealClock::Get().Now();
-  BATON_RETURN_IF_ERROR(StartPeer(listener, config, "standby", weights, pool, &standby)
-                            .WithContext("starting the standby"));
+  BATON_RETURN_IF_ERROR(
+      StartPeer(listener, config, proto::LaunchRole::kStandby, weights, pool, &standby)
+          .WithContext("starting the standby"));
   r.standby_ready_ms = MsSince(standby_start);
   const uint32_t blocks = static_cast<uint32_t>(pool.bytes() / config.block_bytes);
   // The promotion reserve: the last chunk, which the primary never holds.

@@ -14,6 +14,7 @@
 #include "cuda/kernels/kernels_ptx.h"
 #include "proto/hello.h"
 #include "proto/messages.h"
+#include "proto/roles.h"
 #include "proto/transport/listener.h"
 
 namespace baton {
@@ -25,7 +26,7 @@ constexpr Duration kStepTimeout = 60s;
 constexpr Duration kPromoteWait = 600s;  // the owner kills a peer it no longer needs
 
 struct PeerArgs {
-  std::string role;
+  proto::LaunchRole role = proto::LaunchRole::kStandby;
   std::string socket;
   std::string report;
   int device = 0;
@@ -194,7 +195,9 @@ Status TakeOver(const DeviceBorrower& b, VmmView& pool, const Promotion& p, uint
 Status Session(proto::Channel& channel, const PeerArgs& args) {
   const TimePoint start = RealClock::Get().Now();
   BATON_RETURN_IF_ERROR(
-      proto::ClientHello(channel, {.peer_name = "drill-" + args.role, .role = "drill"}).status());
+      proto::ClientHello(channel, {.peer_name = std::string("drill-") + ToString(args.role),
+                                   .role = proto::PeerRole::kDrill})
+          .status());
   BATON_ASSIGN_OR_RETURN(const CudaDriver* cu, CudaDriver::Get());
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<DeviceBorrower> b,
                          DeviceBorrower::Create(*cu, args.device));
@@ -222,20 +225,20 @@ Status Session(proto::Channel& channel, const PeerArgs& args) {
                          b->MapBlocks(p.name, own.first, own.count, block_bytes, blocks,
                                       args.header_bytes, kStepTimeout));
   std::ofstream report(args.report, std::ios::trunc);
-  if (args.role == "standby") {
+  if (args.role == proto::LaunchRole::kStandby) {
     BATON_RETURN_IF_ERROR(TakeOver(*b, pool, *promotion, block_bytes, report));
   }
   const double promote_ms = MsSince(promoted);
   const proto::PromoteAck ack{.epoch = promotion->promote.epoch, .blocks_mapped = own.count};
   // The standby acks as soon as it could serve; its checks come after and end with a
   // Heartbeat (seq 1) that says the report is written. The primary acks once its kernel runs.
-  if (args.role == "standby") BATON_RETURN_IF_ERROR(channel.Send(ack));
+  if (args.role == proto::LaunchRole::kStandby) BATON_RETURN_IF_ERROR(channel.Send(ack));
   report << "ready_ms=" << ready_ms << "\nimport_ms=" << w.import_ms + p.import_ms
          << "\nweights_map_ms=" << w.map_ms << "\nweights_read_only=" << (w.read_only ? 1 : 0)
          << "\nmap_calls=" << phases.map_calls << "\nmap_ms=" << phases.map_ms
          << "\naccess_ms=" << phases.access_ms << "\nscrub_ms=" << phases.scrub_ms
          << "\npromote_ms=" << promote_ms << "\nblocks=" << phases.blocks << "\n";
-  if (args.role == "primary") {
+  if (args.role == proto::LaunchRole::kPrimary) {
     BATON_RETURN_IF_ERROR(b->kernels().Fill(b->stream(), pool.base() + block_bytes, block_bytes / 4,
                                             kDrillKvSeed));  // block 1: "KV"
     BATON_RETURN_IF_ERROR(b->stream().Synchronize(kStepTimeout));
@@ -275,12 +278,17 @@ Status Session(proto::Channel& channel, const PeerArgs& args) {
 }  // namespace
 
 int RunDrillPeer(const std::vector<std::string>& argv) {
-  if (argv.size() != 6 || (argv[0] != "primary" && argv[0] != "standby")) {
+  if (argv.size() != 6) {
     std::fprintf(stderr,
                  "drill peer: arguments are primary|standby SOCKET REPORT DEVICE HEADER BLOCK\n");
     return 2;
   }
-  PeerArgs args{.role = argv[0], .socket = argv[1], .report = argv[2]};
+  Result<proto::LaunchRole> role = proto::ParseLaunchRole(argv[0]);
+  if (!role.ok()) {
+    std::fprintf(stderr, "drill peer: %s\n", role.status().message().c_str());
+    return 2;
+  }
+  PeerArgs args{.role = *role, .socket = argv[1], .report = argv[2]};
   args.device = std::atoi(argv[3].c_str());
   args.header_bytes = static_cast<uint32_t>(std::strtoul(argv[4].c_str(), nullptr, 10));
   args.block_bytes = std::strtoull(argv[5].c_str(), nullptr, 10);
@@ -292,12 +300,13 @@ int RunDrillPeer(const std::vector<std::string>& argv) {
   Result<proto::Channel> channel =
       proto::Connect(io, args.socket, proto::ChannelOptions{.label = "drill owner"});
   if (!channel.ok()) {
-    std::fprintf(stderr, "drill %s: %s\n", args.role.c_str(), channel.status().ToString().c_str());
+    std::fprintf(stderr, "drill %s: %s\n", ToString(args.role),
+                 channel.status().ToString().c_str());
     return 1;
   }
   Status done = Session(*channel, args);
   if (!done.ok()) {
-    std::fprintf(stderr, "drill %s: %s\n", args.role.c_str(), done.ToString().c_str());
+    std::fprintf(stderr, "drill %s: %s\n", ToString(args.role), done.ToString().c_str());
     if (channel->is_open()) (void)channel->Send(proto::ErrorMsg::FromStatus(done));
     return 1;
   }

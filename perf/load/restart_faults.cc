@@ -177,7 +177,8 @@ Result<json> FastStatus(const std::string& socket) {
   boost::asio::io_context io;
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, socket));
   BATON_RETURN_IF_ERROR(
-      proto::ClientHello(channel, {.peer_name = "perf", .role = "cli", .launch_token = ""})
+      proto::ClientHello(channel,
+                         {.peer_name = "perf", .role = proto::PeerRole::kCli, .launch_token = ""})
           .status());
   BATON_RETURN_IF_ERROR(channel.Send(proto::CtlRequest{.command = "status", .args = {}}));
   BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(std::chrono::seconds(5)));

@@ -174,7 +174,7 @@ Status EngineSession::Impl::Handshake() {
   if (!channel.ok()) return channel.status().WithContext("connecting to the controller");
   channel_.emplace(std::move(channel).value());
   proto::ClientHelloOptions hello{.peer_name = options_.peer_name,
-                                  .role = "engine",
+                                  .role = proto::PeerRole::kEngine,
                                   .launch_token = options_.launch.launch_token};
   if (!options_.handles_resume) hello.max_version = proto::kProtocolVersionResume - 1;
   BATON_ASSIGN_OR_RETURN(proto::HelloAck said, proto::ClientHello(*channel_, hello));

@@ -189,7 +189,7 @@ EngineSession::Impl::Attempt EngineSession::Impl::SayReattach(proto::Channel& ch
                                                               proto::ReattachAck* ack) {
   // Protocol 5 or nothing: a controller too old to take a Reattach refuses the Hello.
   const proto::ClientHelloOptions hello{.peer_name = options_.peer_name,
-                                        .role = "engine",
+                                        .role = proto::PeerRole::kEngine,
                                         .launch_token = options_.launch.launch_token,
                                         .min_version = proto::kProtocolVersionReattach,
                                         .max_version = proto::kProtocolVersionMax,

@@ -238,9 +238,10 @@ TEST(ControllerRestart, AStrangerWaitingForTheControllerIsRefused) {
       boost::asio::io_context io;
       Result<proto::Channel> c = proto::Connect(io, cluster.socket());
       if (c.ok()) {
-        Result<proto::HelloAck> ack = proto::ClientHello(
-            *c,
-            {.peer_name = "stranger", .role = "engine", .launch_token = "00112233445566778899"});
+        Result<proto::HelloAck> ack =
+            proto::ClientHello(*c, {.peer_name = "stranger",
+                                    .role = proto::PeerRole::kEngine,
+                                    .launch_token = "00112233445566778899"});
         refused =
             !ack.ok() && ack.status().message().find("wrong launch token") != std::string::npos;
         if (refused) return;

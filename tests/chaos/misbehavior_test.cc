@@ -14,6 +14,7 @@
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/proto/proto_test_util.h"
 
 namespace baton::chaos {
 namespace {
@@ -41,7 +42,7 @@ void ExpectPrimaryUnaffected(const json& before, const json& after) {
 
 // A connection to the controller past a Hello as `role` (the Hello's refusal, if refused).
 Result<proto::Channel> ConnectAs(boost::asio::io_context& io, const ChaosCluster& cluster,
-                                 const std::string& role) {
+                                 proto::PeerRole role) {
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, cluster.socket()));
   BATON_RETURN_IF_ERROR(
       proto::ClientHello(channel, {.peer_name = "test", .role = role, .launch_token = ""})
@@ -85,7 +86,7 @@ TEST(ChaosMisbehavior, WrongLaunchTokenIsRefused) {
   Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
   ASSERT_TRUE(raw.ok());
   proto::ClientHelloOptions hello{.peer_name = "impostor",
-                                  .role = "engine",
+                                  .role = proto::PeerRole::kEngine,
                                   .launch_token = "0123456789abcdef0123456789abcdef"};
   Result<proto::HelloAck> ack = proto::ClientHello(*raw, hello);
   ASSERT_FALSE(ack.ok());
@@ -98,7 +99,7 @@ TEST(ChaosMisbehavior, WrongLaunchTokenIsRefused) {
 TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
   ChaosCluster cluster;
   boost::asio::io_context io;
-  Result<proto::Channel> raw = ConnectAs(io, cluster, "cli");
+  Result<proto::Channel> raw = ConnectAs(io, cluster, proto::PeerRole::kCli);
   ASSERT_TRUE(raw.ok()) << raw.status().ToString();
   ASSERT_TRUE(
       raw->Send(proto::Register{.engine_id = 1, .engine_version = "x", .http_address = ""}).ok());
@@ -115,8 +116,13 @@ TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   boost::asio::io_context io;
-  EXPECT_FALSE(ConnectAs(io, cluster, "\xfe").ok());
-  Result<proto::Channel> cli = ConnectAs(io, cluster, "cli");
+  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  ASSERT_TRUE(raw->Send(proto::testing::RawHello{.peer_name = "test", .role = "\xfe"}).ok());
+  Result<proto::ReceivedMessage> refused = raw->Receive(std::chrono::seconds(5));
+  ASSERT_TRUE(refused.ok()) << refused.status().ToString();
+  EXPECT_EQ(refused->type, proto::MsgType::kHelloReject);
+  Result<proto::Channel> cli = ConnectAs(io, cluster, proto::PeerRole::kCli);
   ASSERT_TRUE(cli.ok()) << cli.status().ToString();
   ASSERT_TRUE(cli->Send(proto::CtlRequest{.command = "\xff", .args = {}}).ok());
   Result<proto::ReceivedMessage> reply = cli->Receive(std::chrono::seconds(5));
@@ -125,7 +131,7 @@ TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
   ASSERT_TRUE(ctl.ok());
   EXPECT_EQ(ctl->exit_code, 2u);
   EXPECT_TRUE(json::accept(ctl->json)) << ctl->json;
-  WaitRefusal(cluster, "unknown role");
+  WaitRefusal(cluster, "unknown peer role");
   EXPECT_TRUE(cluster.ControllerAlive());
   ExpectPrimaryUnaffected(before, cluster.Status());
 }
@@ -136,7 +142,7 @@ TEST(ChaosMisbehavior, RouterConnectionSendingOtherMessagesIsClosed) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   boost::asio::io_context io;
-  Result<proto::Channel> router = ConnectAs(io, cluster, "router");
+  Result<proto::Channel> router = ConnectAs(io, cluster, proto::PeerRole::kRouter);
   ASSERT_TRUE(router.ok()) << router.status().ToString();
   ASSERT_TRUE(router->Send(proto::Subscribe{.subscriber = "test"}).ok());
   Result<proto::ReceivedMessage> table = router->Receive(std::chrono::seconds(5));
@@ -253,7 +259,7 @@ TEST(ChaosMisbehavior, AClientThatNeverReadsIsDroppedWithoutStallingTheControlle
   ChaosCluster cluster;
   const json before = cluster.Status();
   boost::asio::io_context io;
-  Result<proto::Channel> cli = ConnectAs(io, cluster, "cli");
+  Result<proto::Channel> cli = ConnectAs(io, cluster, proto::PeerRole::kCli);
   ASSERT_TRUE(cli.ok()) << cli.status().ToString();
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   Status sent = OkStatus();

@@ -37,7 +37,8 @@ TEST(ChaosRoutes, SubscriberSeesTheNewPrimary) {
   Result<proto::Channel> router = proto::Connect(io, cluster.socket());
   ASSERT_TRUE(router.ok());
   ASSERT_TRUE(
-      proto::ClientHello(*router, {.peer_name = "router", .role = "router", .launch_token = ""})
+      proto::ClientHello(
+          *router, {.peer_name = "router", .role = proto::PeerRole::kRouter, .launch_token = ""})
           .ok());
   ASSERT_TRUE(router->Send(proto::Subscribe{.subscriber = "test-router"}).ok());
   Result<proto::RouteTable> first = NextTableWithPrimary(*router, 0);

@@ -81,7 +81,7 @@ inline int RunRogue(const std::string& mode, const std::string& violations_dir,
   Result<proto::Channel> channel = proto::Connect(io, info.socket_path);
   if (!channel.ok()) return 1;
   proto::ClientHelloOptions hello{
-      .peer_name = "rogue", .role = "engine", .launch_token = info.launch_token};
+      .peer_name = "rogue", .role = proto::PeerRole::kEngine, .launch_token = info.launch_token};
   if (!proto::ClientHello(*channel, hello).ok()) return 1;
   const uint64_t id = mode == "wrong-id" ? info.engine_id + 1000 : info.engine_id;
   proto::Register reg{.engine_id = id, .engine_version = "rogue", .http_address = ""};

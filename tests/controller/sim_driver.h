@@ -206,7 +206,7 @@ class Simulation : private SimLoop {
     out_.stats.backoff_steps += s == PairState::kDegradedBackoff || s == PairState::kDownBackoff;
     if (Status st = world_.Check(); !st.ok()) return Fail(step, st.message());
     if (Status st = coord_->ledger().CheckInvariants(); !st.ok()) return Fail(step, st.message());
-    if (coord_->invariants() != "ok") return Fail(step, coord_->invariants());
+    if (!coord_->invariants().ok()) return Fail(step, coord_->invariants().message());
     if (coord_->refused_transitions() != 0) {
       return Fail(step, "model: the coordinator refused " +
                             std::to_string(coord_->refused_transitions()) +

@@ -3,8 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <boost/asio/io_context.hpp>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+
+#include "proto/roles.h"
+#include "tests/proto/proto_test_util.h"
 
 namespace baton::proto {
 namespace {
@@ -37,7 +42,7 @@ class HelloTest : public ::testing::Test {
 TEST_F(HelloTest, AgreesOnTheHighestCommonVersion) {
   auto [ack, accepted] =
       Exchange(ClientHelloOptions{.peer_name = "engine-a",
-                                  .role = "engine",
+                                  .role = PeerRole::kEngine,
                                   .launch_token = "tok",
                                   .min_version = 1,
                                   .max_version = 5},
@@ -48,7 +53,7 @@ TEST_F(HelloTest, AgreesOnTheHighestCommonVersion) {
   EXPECT_EQ(ack->server_name, "controller");
   EXPECT_EQ(accepted->version, 4);
   EXPECT_EQ(accepted->hello.peer_name, "engine-a");
-  EXPECT_EQ(accepted->hello.role, "engine");
+  EXPECT_EQ(accepted->hello.role, PeerRole::kEngine);
   EXPECT_EQ(accepted->hello.launch_token, "tok");
   EXPECT_EQ(client_->version(), 4);
   EXPECT_EQ(server_->version(), 4);
@@ -58,7 +63,7 @@ TEST_F(HelloTest, AgreesOnTheHighestCommonVersion) {
 TEST_F(HelloTest, VersionMismatchIsRefusedWithAClearReason) {
   auto [ack, accepted] =
       Exchange(ClientHelloOptions{.peer_name = "new-engine",
-                                  .role = "engine",
+                                  .role = PeerRole::kEngine,
                                   .launch_token = "",
                                   .min_version = 3,
                                   .max_version = 4},
@@ -81,7 +86,8 @@ TEST_F(HelloTest, AdmissionCheckCanRefuse) {
                                          : FailedPrecondition("launch token does not match");
   };
   auto [ack, accepted] = Exchange(
-      ClientHelloOptions{.peer_name = "intruder", .role = "engine", .launch_token = "wrong"},
+      ClientHelloOptions{
+          .peer_name = "intruder", .role = PeerRole::kEngine, .launch_token = "wrong"},
       server);
   EXPECT_FALSE(accepted.ok());
   EXPECT_NE(ack.status().message().find("launch token does not match"), std::string::npos)
@@ -98,6 +104,45 @@ TEST_F(HelloTest, FirstMessageMustBeHello) {
   ASSERT_EQ(reply->type, MsgType::kHelloReject);
   EXPECT_EQ(reply->As<HelloReject>()->reason, "expected Hello as the first message, got Heartbeat");
   EXPECT_FALSE(accepted->ok());
+}
+
+// The role is text on the wire; one that names no role is refused at decode, with the reason.
+TEST_F(HelloTest, AnUnknownRoleIsRefusedWithAClearReason) {
+  std::optional<Result<AcceptedHello>> accepted;
+  std::thread t([&] { accepted.emplace(ServerHello(*server_, ServerHelloOptions{})); });
+  ASSERT_TRUE(client_->Send(testing::RawHello{.peer_name = "old", .role = "leader"}).ok());
+  Result<ReceivedMessage> reply = client_->Receive(5s);
+  t.join();
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  ASSERT_EQ(reply->type, MsgType::kHelloReject);
+  const std::string reason = reply->As<HelloReject>()->reason;
+  EXPECT_NE(reason.find("unknown peer role 'leader' (engine, cli, router, controller or drill)"),
+            std::string::npos)
+      << reason;
+  ASSERT_FALSE(accepted->ok());
+  EXPECT_EQ(accepted->status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(server_->is_open());
+}
+
+// Every role crosses the wire as its name and reaches the server's admission check.
+TEST_F(HelloTest, EveryRoleReachesTheServer) {
+  for (PeerRole role : kPeerRoles) {
+    Result<std::pair<Channel, Channel>> pair = Channel::Pair(io_);
+    ASSERT_TRUE(pair.ok()) << pair.status().ToString();
+    client_.emplace(std::move(pair->first));
+    server_.emplace(std::move(pair->second));
+    std::optional<PeerRole> seen;
+    ServerHelloOptions server{.server_name = "controller"};
+    server.admit = [&seen](const Hello& hello) {
+      seen = hello.role;
+      return OkStatus();
+    };
+    auto [ack, got] = Exchange(ClientHelloOptions{.peer_name = "p", .role = role}, server);
+    ASSERT_TRUE(ack.ok()) << ToString(role) << ": " << ack.status().ToString();
+    ASSERT_TRUE(got.ok()) << ToString(role) << ": " << got.status().ToString();
+    EXPECT_EQ(got->hello.role, role);
+    EXPECT_EQ(seen, role);
+  }
 }
 
 TEST_F(HelloTest, ClientTimesOutOnASilentServer) {

@@ -34,8 +34,8 @@ int Run(const std::string& path) {
   boost::asio::io_context io;
   Result<Channel> channel = Connect(io, path, ChannelOptions{.label = "test parent"});
   if (!channel.ok()) return Fail(channel.status().ToString());
-  Result<HelloAck> ack =
-      ClientHello(*channel, ClientHelloOptions{.peer_name = "memfd-peer", .role = "test-helper"});
+  Result<HelloAck> ack = ClientHello(
+      *channel, ClientHelloOptions{.peer_name = "memfd-peer", .role = PeerRole::kEngine});
   if (!ack.ok()) return Fail("hello: " + ack.status().ToString());
 
   Result<ReceivedMessage> msg = channel->Receive(10s);

@@ -34,13 +34,13 @@ TEST(MessagesTest, RoundTripEachMessage) {
   Hello hello{.min_version = 1,
               .max_version = 3,
               .peer_name = "engine-a",
-              .role = "engine",
+              .role = PeerRole::kEngine,
               .launch_token = "t0k3n"};
   Hello h2 = RoundTrip(hello);
   EXPECT_EQ(h2.min_version, 1);
   EXPECT_EQ(h2.max_version, 3);
   EXPECT_EQ(h2.peer_name, "engine-a");
-  EXPECT_EQ(h2.role, "engine");
+  EXPECT_EQ(h2.role, PeerRole::kEngine);
   EXPECT_EQ(h2.launch_token, "t0k3n");
 
   EXPECT_EQ(RoundTrip(HelloAck{.version = 2, .server_name = "ctl"}).server_name, "ctl");
@@ -94,8 +94,11 @@ TEST(MessagesTest, DecodesBigEndianPayloads) {
   {
     cereal::PortableBinaryOutputArchive ar(
         out, cereal::PortableBinaryOutputArchive::Options::BigEndian());
-    Hello hello{
-        .min_version = 1, .max_version = 258, .peer_name = "be", .role = "r", .launch_token = ""};
+    Hello hello{.min_version = 1,
+                .max_version = 258,
+                .peer_name = "be",
+                .role = PeerRole::kRouter,
+                .launch_token = ""};
     ar(hello);
   }
   Result<Hello> hello = Decode<Hello>(out.str());

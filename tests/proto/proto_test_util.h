@@ -1,5 +1,6 @@
 // Helpers shared by the proto tests: temporary socket paths, raw writes that bypass Channel
-// (to put malformed frames and mismatched fds on the wire), and hand-built frame headers.
+// (to put malformed frames and mismatched fds on the wire), hand-built frame headers, and a
+// Hello whose role is any text.
 #pragma once
 
 #include <fcntl.h>
@@ -16,10 +17,26 @@
 #include <vector>
 
 #include "base/io/unique_fd.h"
+#include "proto/messages.h"
 #include "proto/wire/crc32c.h"
 #include "proto/wire/frame.h"
 
 namespace baton::proto::testing {
+
+// Hello's wire layout with the role as free text, as a peer of another build (or a hostile
+// one) may send it; proto::Hello only holds the roles there are.
+struct RawHello {
+  static constexpr MsgType kType = MsgType::kHello;
+  uint16_t min_version = kProtocolVersionMin;
+  uint16_t max_version = kProtocolVersionMax;
+  std::string peer_name = {};
+  std::string role = {};
+  std::string launch_token = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(min_version, max_version, peer_name, role, launch_token);
+  }
+};
 
 // A pipe (close-on-exec); each end closes on destruction.
 struct Pipe {

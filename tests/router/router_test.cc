@@ -375,7 +375,9 @@ Result<proto::Channel> AcceptSubscriber(proto::Listener& listener) {
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, listener.Accept(std::chrono::seconds(20)));
   BATON_ASSIGN_OR_RETURN(proto::AcceptedHello hello,
                          proto::ServerHello(channel, {.server_name = "fake-controller"}));
-  if (hello.hello.role != "router") return FailedPrecondition("role " + hello.hello.role);
+  if (hello.hello.role != proto::PeerRole::kRouter) {
+    return FailedPrecondition(std::string("role ") + ToString(hello.hello.role));
+  }
   BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(std::chrono::seconds(20)));
   BATON_RETURN_IF_ERROR(msg.As<proto::Subscribe>().status());
   return channel;

@@ -170,7 +170,7 @@ class Scenario : public ::testing::Test {
     if (Status st = loop_.world().Check(); !st.ok())
       ADD_FAILURE() << st.message() << "\n" << Story();
     if (Status st = coord().ledger().CheckInvariants(); !st.ok()) ADD_FAILURE() << st.message();
-    EXPECT_EQ(coord().invariants(), "ok");
+    EXPECT_TRUE(coord().invariants().ok()) << coord().invariants().message();
     EXPECT_EQ(coord().refused_transitions(), 0u);
   }
   TimePoint next_heartbeat_{};

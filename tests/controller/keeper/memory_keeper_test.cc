@@ -124,7 +124,8 @@ TEST_F(MemoryKeeperTest, ServesTheControllerOnly) {
   boost::asio::io_context io;
   Result<proto::Channel> c = proto::Connect(io, socket_);
   ASSERT_TRUE(c.ok());
-  Result<proto::HelloAck> ack = proto::ClientHello(*c, {.peer_name = "x", .role = "engine"});
+  Result<proto::HelloAck> ack =
+      proto::ClientHello(*c, {.peer_name = "x", .role = proto::PeerRole::kEngine});
   ASSERT_FALSE(ack.ok());
   EXPECT_NE(ack.status().message().find("serves the controller only"), std::string::npos);
   // The keeper goes on serving.

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <fstream>
+#include <iterator>
+#include <string>
 
 namespace baton {
 namespace {
@@ -49,7 +51,7 @@ TEST_F(CommandRecordTest, ACommandThatIsNotUtf8IsRefusedAndTheRecordKept) {
   CommandRecord bad = kept;
   bad.in_flight = InFlightUpgrade{.kind = UpgradeKind::kUpgrade,
                                   .command = {"eng", "caf\xE9"},
-                                  .phase = "canary",
+                                  .phase = UpgradePhase::kCanary,
                                   .canary = 2,
                                   .weight = 0};
   Status s = SaveCommandRecord(path_, bad);
@@ -64,11 +66,29 @@ TEST_F(CommandRecordTest, ACommandThatIsNotUtf8IsRefusedAndTheRecordKept) {
   EXPECT_TRUE(CheckRecordableCommand({"caf\xC3\xA9"}, "x").ok());
 }
 
+// The phase is kept by name, the text the operator reads in the state directory.
+TEST_F(CommandRecordTest, EveryPhaseIsSavedByNameAndLoadedBack) {
+  for (UpgradePhase phase : kUpgradePhases) {
+    CommandRecord want{{"eng"}, {"eng"}, {}};
+    want.in_flight = InFlightUpgrade{
+        .kind = UpgradeKind::kRollback, .command = {"eng"}, .phase = phase, .canary = 3};
+    ASSERT_TRUE(SaveCommandRecord(path_, want).ok());
+    std::ifstream in(path_);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find(std::string("\"phase\": \"") + ToString(phase) + "\""), std::string::npos)
+        << text;
+    Result<std::optional<CommandRecord>> got = LoadCommandRecord(path_);
+    ASSERT_TRUE(got.ok() && got->has_value()) << got.status().ToString();
+    EXPECT_EQ((*got)->ignored, "");
+    EXPECT_EQ(**got, want) << ToString(phase);
+  }
+}
+
 TEST_F(CommandRecordTest, AnUpgradeInFlightIsSavedThenLoaded) {
   CommandRecord want{{"eng", "--v", "1"}, {"eng", "--v", "1"}, {}};
   want.in_flight = InFlightUpgrade{.kind = UpgradeKind::kUpgrade,
                                    .command = {"eng", "--v", "2"},
-                                   .phase = "canary",
+                                   .phase = UpgradePhase::kCanary,
                                    .canary = 7,
                                    .weight = 50};
   ASSERT_TRUE(SaveCommandRecord(path_, want).ok());
@@ -87,6 +107,10 @@ TEST_F(CommandRecordTest, ABrokenInFlightEntryIsIgnoredWithTheReason) {
       {R"({"configured": ["a"], "active": ["b"], "previous": ["a"], "in_flight": {"kind":
           "upgrade", "phase": "canary", "canary": 2, "weight": 10, "command": "x"}})",
        "'command' is not an array"},
+      {R"({"configured": ["a"], "active": ["b"], "previous": ["a"], "in_flight": {"kind":
+          "upgrade", "phase": "warming", "canary": 2, "weight": 10, "command": ["x"]}})",
+       "'in_flight': unknown upgrade phase 'warming' (launching, reclaiming, promoting, canary, "
+       "finishing or rolling_back)"},
   };
   for (const auto& [text, want] : cases) {
     Write(text);

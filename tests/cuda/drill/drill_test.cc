@@ -55,6 +55,16 @@ TEST(DrillTest, BadConfigIsRefused) {
   EXPECT_EQ(RunPromotionDrill(ctx, *weights, {}).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A peer is started as a launch role, by name; any other first argument is refused (exit 2)
+// before it touches a device or the owner's socket.
+TEST(DrillTest, APeerOfAnUnknownRoleIsRefused) {
+  for (const char* role : {"leader", "", "Primary"}) {
+    EXPECT_EQ(RunDrillPeer({role, "/nonexistent.sock", "/nonexistent.report", "0", "64", "4096"}),
+              2)
+        << role;
+  }
+}
+
 }  // namespace
 }  // namespace baton
 
