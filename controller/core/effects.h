@@ -23,9 +23,9 @@
 #include <vector>
 
 #include "base/status.h"
+#include "controller/core/command_record.h"
 #include "controller/core/pool_ledger.h"
 #include "controller/core/roster.h"
-#include "controller/upgrade/command_record.h"
 #include "proto/messages.h"
 
 namespace baton {

@@ -1,5 +1,5 @@
 // Roles, promotion kinds and upgrade outcomes are enums (proto/roles.h,
-// controller/upgrade/upgrade_kind.h, controller/promotion.h); their names appear only in the
+// controller/core/upgrade_kind.h, controller/core/promotion.h); their names appear only in the
 // files that turn enums into text and back. This test reads the source tree and names, as
 // file:line, every string literal that is one of those names anywhere else. Comments, raw
 // strings and JSON keys ({"primary", ...}, j["canary"], j.contains("primary")) do not count.
@@ -27,9 +27,9 @@ constexpr const char* kFolders[] = {"controller", "router", "standby", "fleet", 
 const std::set<std::string, std::less<>> kEdges = {
     "proto/roles.cc",                        // EngineRole, LaunchRole
     "proto/messages.cc",                     // ReattachRole
-    "controller/promotion.cc",               // PromotionKind
-    "controller/upgrade/upgrade_kind.cc",    // UpgradeKind, UpgradeOutcome
-    "controller/upgrade/upgrade.cc",         // Upgrade::Phase
+    "controller/core/promotion.cc",          // PromotionKind
+    "controller/core/upgrade_kind.cc",       // UpgradeKind, UpgradeOutcome
+    "controller/core/upgrade.cc",            // Upgrade::Phase
     "controller/core/pair_state.cc",         // PairState, EngineState
     "controller/core/pool_ledger.cc",        // LedgerRole
     "controller/core/roster.cc",             // RosterRole, and the roster's JSON
