@@ -16,23 +16,21 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "controller/upgrade/canary.h"
+#include "controller/core/coordinator_config.h"
 
 namespace baton {
 
-struct ControllerConfig {
+// The keys the Coordinator reads are its CoordinatorConfig's (controller/core/
+// coordinator_config.h); the rest are the daemon's.
+struct ControllerConfig : CoordinatorConfig {
   // [controller]
   std::string runtime_dir;  // socket controller.sock lives here; default DefaultRuntimeDir()
-  std::string state_dir;    // the epoch journal; default <runtime_dir>/state
-  // Epochs each journal write reserves (controller/core/epoch_journal.h); 1: a write per epoch.
+  // Epochs each journal write reserves (controller/epoch_journal.h); 1: a write per epoch.
   uint64_t epoch_reserve = 64;
   std::string log_level = "info";
   int metrics_port = 0;  // 0: no /metrics endpoint
   std::string metrics_host = "127.0.0.1";
   std::string name = "baton-controller";
-  // A restarted controller waits this long for the previous one's engines to register
-  // again; those that do not are fenced (controller/core/coordinator_recovery.cc).
-  Duration readopt_timeout = std::chrono::seconds(2);
   // Keep the weight arena and the pool in baton-keeper, so that a restarted controller
   // adopts them instead of loading the model again (controller/keeper/).
   bool keep_memory = true;
@@ -47,7 +45,6 @@ struct ControllerConfig {
   bool weights_lock = true;
 
   // [engine]
-  std::vector<std::string> engine_command;
   std::string engine_log_dir;  // empty: engines inherit the controller's stdout/stderr
   // Each engine's log is rotated past this (0: never) and the logs of all but the live
   // engines and the `engine_log_keep` most recent ids are deleted (engines/engine_logs.h).
@@ -59,11 +56,6 @@ struct ControllerConfig {
   // {host}: the address each engine listens on and announces to routers, which may run on
   // other hosts (a fleet): this node's address there, not the loopback.
   std::string engine_host = "127.0.0.1";
-  int base_port = 0;  // {port} is base_port + k, k < port_count, free at launch
-  int port_count = 4;
-  Duration register_timeout = std::chrono::seconds(60);
-  Duration promote_timeout = std::chrono::seconds(5);
-  Duration drain_timeout = std::chrono::seconds(10);
   Duration stop_grace = std::chrono::seconds(2);  // shutdown: Stop, then SIGKILL after this
   // What an engine does when its controller is gone this long (0: never decide): "serve"
   // (the primary keeps serving, the standby stays half-started, both keep reconnecting) or
@@ -73,46 +65,15 @@ struct ControllerConfig {
   std::string on_controller_absent = "serve";
 
   // [pool]
-  uint32_t block_count = 256;
   uint64_t block_bytes = 2u << 20;
   bool pool_huge_pages = true;
-  uint32_t initial_grant_blocks = 0;  // blocks granted at a promotion from free; 0: all free
-  // Free blocks kept back from the primary so that a failover's promotion starts on them at
-  // once, while the dead primary's blocks wait in quarantine for its barrier (whole chunks on
-  // a device pool; at most half the pool, else there is none). -1: a sixteenth of the pool
-  // (at least 1); 0: none (every promotion waits for the barrier).
-  int promotion_reserve_blocks = -1;
 
   // [gpu]
   std::string gpu_backend = "auto";  // auto | host | cuda (cuda/driver/gpu_backend.h)
   int gpu_device = 0;                // CUDA device ordinal
-  // CUDA backend: how long the barrier waits for NVML to stop listing a reaped holder.
-  Duration gpu_release_timeout = std::chrono::seconds(5);
-  // CUDA backend: how often the controller checks that its device still works (0: never).
-  Duration gpu_probe_interval = std::chrono::seconds(1);
   // CUDA backend: the most a device pool chunk holds. The driver maps whole chunks, so this
   // is also the unit a canary's share of the pool is counted in (docs/gpu.md).
   uint64_t gpu_pool_chunk_bytes = 256ull << 20;
-
-  // [health]
-  Duration heartbeat_interval = std::chrono::milliseconds(100);
-  int heartbeat_misses = 3;
-  Duration probe_timeout = std::chrono::milliseconds(100);
-
-  // [policy]
-  int crash_max_failures = 5;
-  Duration crash_window = std::chrono::seconds(60);
-  Duration crash_initial_backoff = std::chrono::seconds(1);
-  Duration crash_max_backoff = std::chrono::seconds(60);
-  Duration crash_quiet_period = std::chrono::seconds(120);
-  // After a failover or switch-over, the replacement standby is launched this long after the
-  // new primary acknowledged its promotion, so that its start (exec, mapping and faulting
-  // the weights) does not compete with the new primary's first steps: the requests the
-  // router replays. Zero launches it at once.
-  Duration standby_relaunch_delay = std::chrono::milliseconds(100);
-
-  // [upgrade]: how `batonctl upgrade` walks a canary (controller/upgrade/canary.h).
-  CanaryPolicy canary;
 
   // [fleet]: the node's record in etcd (docs/fleet.md); off while fleet_etcd is empty.
   std::vector<std::string> fleet_etcd;  // member endpoints ("host:port", "http://", "https://")
@@ -131,7 +92,6 @@ struct ControllerConfig {
 
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }
-  std::string command_record_path() const { return state_dir + "/engine_command.json"; }
   std::string roster_path() const { return state_dir + "/roster.json"; }
   std::string memory_record_path() const { return state_dir + "/memory.json"; }
   std::string keeper_socket_path() const { return runtime_dir + "/keeper.sock"; }

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "controller/config.h"
-#include "controller/upgrade/canary.h"
+#include "controller/core/canary.h"
 
 namespace baton {
 namespace config_values {

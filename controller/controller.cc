@@ -10,6 +10,7 @@
 
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/upgrade/command_record.h"
 #include "fleet/fleet_records.h"
 #include "proto/hello.h"
 

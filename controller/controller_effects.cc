@@ -8,6 +8,7 @@
 #include "base/io/small_file.h"
 #include "base/log.h"
 #include "controller/controller.h"
+#include "controller/upgrade/command_record.h"
 #include "cuda/device_session.h"
 
 namespace baton {

@@ -29,8 +29,8 @@
 
 #include "base/log.h"
 #include "base/status.h"
-#include "controller/core/epoch_journal.h"
 #include "controller/core/pool_ledger.h"
+#include "controller/epoch_journal.h"
 #include "proto/messages.h"
 #include "proto/wire/frame.h"
 #include "router/stream/sse_splitter.h"

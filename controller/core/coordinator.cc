@@ -31,7 +31,7 @@ const char* FromEngineName(const FromEngine& m) {
 
 }  // namespace
 
-Coordinator::Coordinator(const ControllerConfig& config, const Clock& clock, EpochStore& epochs,
+Coordinator::Coordinator(const CoordinatorConfig& config, const Clock& clock, EpochStore& epochs,
                          Effects& effects)
     : s_(config, clock, epochs, effects),
       parts_{.engines = &engines_,

@@ -63,7 +63,8 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "controller/config.h"
+#include "controller/core/command_record.h"
+#include "controller/core/coordinator_config.h"
 #include "controller/core/coordinator_mutation.h"
 #include "controller/core/coordinator_parts.h"
 #include "controller/core/coordinator_state.h"
@@ -71,13 +72,12 @@
 #include "controller/core/crash_loop_guard.h"
 #include "controller/core/effects.h"
 #include "controller/core/engine_record.h"
-#include "controller/core/epoch_journal.h"
+#include "controller/core/epoch_store.h"
 #include "controller/core/pair_state.h"
 #include "controller/core/pool_ledger.h"
+#include "controller/core/promotion.h"
 #include "controller/core/roster.h"
-#include "controller/promotion.h"
-#include "controller/upgrade/command_record.h"
-#include "controller/upgrade/upgrade.h"
+#include "controller/core/upgrade.h"
 
 namespace baton {
 
@@ -90,7 +90,7 @@ using FromEngine =
 
 class Coordinator {
  public:
-  Coordinator(const ControllerConfig& config, const Clock& clock, EpochStore& epochs,
+  Coordinator(const CoordinatorConfig& config, const Clock& clock, EpochStore& epochs,
               Effects& effects);
   ~Coordinator();
   Coordinator(const Coordinator&) = delete;

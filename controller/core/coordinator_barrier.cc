@@ -156,14 +156,9 @@ void FailoverPart::RetryUnfencedHolders() {
   own_.next_unfenced_retry = now + std::chrono::seconds(1);
   while (!own_.unfenced_reaped.empty()) {
     const auto [id, pid] = *own_.unfenced_reaped.begin();
-    Result<uint64_t> epoch = s_.AdvanceEpoch();
+    Result<uint64_t> epoch = FenceHolder(id);
     if (!epoch.ok()) return;
     own_.unfenced_reaped.erase(own_.unfenced_reaped.begin());
-    if (Status fenced = s_.ledger->Fence(id, *epoch); !fenced.ok()) {
-      BATON_BUG("ledger") << "fencing reaped engine " << id << ": " << fenced.ToString();
-      ReleaseIfDone(id);
-      continue;
-    }
     BATON_LOG(INFO, kLog) << "reaped engine " << id << " fenced at epoch " << *epoch;
     PassBarrierOrWait(BarrierWait{.old = id,
                                   .pid = pid,

@@ -199,11 +199,8 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
   }
   if (cause == FailCause::kHung) r->last_heartbeat = e.last_heartbeat;
   s_.StepPair(PrimaryEventFor(cause, before));
-  Result<uint64_t> epoch = s_.AdvanceEpoch();
+  Result<uint64_t> epoch = FenceHolder(e.id);
   if (epoch.ok()) {
-    if (Status fenced = s_.ledger->Fence(e.id, *epoch); !fenced.ok()) {
-      BATON_BUG("ledger") << "fencing engine " << e.id << ": " << fenced.ToString();
-    }
     r->epoch = *epoch;
     r->epoch_durable = s_.clock.Now();
     BATON_FAILPOINT("after_fence");  // killed, fenced at a durable epoch, nothing handed on
@@ -234,11 +231,18 @@ void FailoverPart::FenceInLedger(EngineRecord& e) {
   if (le->role == LedgerRole::kStandby) {
     status = s_.ledger->FenceStandby(e.id);
   } else if (le->role == LedgerRole::kHolder) {
-    Result<uint64_t> epoch = s_.AdvanceEpoch();
-    status = epoch.ok() ? s_.ledger->Fence(e.id, *epoch) : epoch.status();
+    status = FenceHolder(e.id).status();
   }
   if (!status.ok())
     BATON_LOG(ERROR, kLog) << "fencing engine " << e.id << ": " << status.ToString();
+}
+
+Result<uint64_t> FailoverPart::FenceHolder(EngineId id) {
+  BATON_ASSIGN_OR_RETURN(const uint64_t epoch, s_.AdvanceEpoch());
+  if (Status fenced = s_.ledger->Fence(id, epoch); !fenced.ok()) {
+    BATON_BUG("ledger") << "fencing engine " << id << ": " << fenced.ToString();
+  }
+  return epoch;
 }
 
 // The engine's process is gone: its blocks move on once the barrier has passed.

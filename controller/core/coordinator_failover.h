@@ -10,11 +10,13 @@
 //   Fence, a no-op when already fenced -> OnReaped) -> barrier (PassBarrierOrWait:
 //   Effects::BarrierHeldBy) -> the quarantined blocks granted to the new primary
 //   (HandOverBlocks) -> the reserve refilled (RefillReserve, a Reclaim).
-// EOF and exit converge in Fence: whichever comes first kills the engine and fences its
-// blocks at a durable epoch; the exit only adds the reaping, after which the blocks wait for
-// the barrier. Without a full reserve, or with an engine older than protocol 7, the promotion
-// waits for the barrier and takes the quarantined blocks with its Promote (HandOverBlocks).
-// SendPromote is the only place a Promote is sent.
+// EOF, exit, a confirmed hang, an error report and recovery's verdicts converge in Fence:
+// whichever comes first kills the engine and fences its blocks at a durable epoch; the exit
+// only adds the reaping, after which the blocks wait for the barrier. FenceHolder is the only
+// caller of the ledger's Fence (for the primary, another holder, and the retries of a fence
+// the journal could not make durable). Without a full reserve, or with an engine older than
+// protocol 7, the promotion waits for the barrier and takes the quarantined blocks with its Promote
+// (HandOverBlocks). SendPromote is the only place a Promote is sent.
 //
 // Files: coordinator_failover.cc (failures, fences, epochs), coordinator_promotion.cc
 // (promotions and the reserve), coordinator_barrier.cc (the barrier and the hand-over).
@@ -112,7 +114,14 @@ class FailoverPart {
  private:
   void FailPrimary(EngineRecord& e, FailCause cause, TimePoint detected_at,
                    std::optional<TimePoint> killed_at);
+  // The fence of a failed engine that is not the primary: a holder through FenceHolder, a
+  // standby (it holds nothing, no epoch is spent) through the ledger's FenceStandby.
   void FenceInLedger(EngineRecord& e);
+  // The one place the ledger fences a holder: a new epoch made durable, then the ledger's
+  // Fence (every lease of `id` quarantined, the epoch reserved for its successor). Returns
+  // that epoch, or the journal's error when none could be made durable: the holder stays
+  // unfenced, tried again at its reaping (OnReaped) and then by RetryUnfencedHolders.
+  Result<uint64_t> FenceHolder(EngineId id);
   // The engine's process is gone: its blocks move on once the barrier has passed.
   void OnReaped(EngineRecord& e);
   // Promotes `s` now on the promotion reserve while the old primary waits for its barrier;

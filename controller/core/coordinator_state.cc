@@ -14,7 +14,7 @@ constexpr const char* kLog = "controller";
 constexpr size_t kKeepRefusals = 20;
 constexpr size_t kKeepExits = 20;
 
-CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
+CrashLoopGuard::Options GuardOptions(const CoordinatorConfig& c) {
   CrashLoopGuard::Options o;
   o.max_failures = c.crash_max_failures;
   o.window = c.crash_window;
@@ -26,7 +26,7 @@ CrashLoopGuard::Options GuardOptions(const ControllerConfig& c) {
 
 }  // namespace
 
-CoordinatorState::CoordinatorState(const ControllerConfig& config_in, const Clock& clock_in,
+CoordinatorState::CoordinatorState(const CoordinatorConfig& config_in, const Clock& clock_in,
                                    EpochStore& epochs_in, Effects& effects_in)
     : config(config_in),
       clock(clock_in),

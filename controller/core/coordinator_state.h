@@ -22,18 +22,18 @@
 
 #include "base/clock.h"
 #include "base/status.h"
-#include "controller/config.h"
+#include "controller/core/command_record.h"
+#include "controller/core/coordinator_config.h"
 #include "controller/core/coordinator_mutation.h"
 #include "controller/core/coordinator_status.h"
 #include "controller/core/crash_loop_guard.h"
 #include "controller/core/effects.h"
 #include "controller/core/engine_record.h"
-#include "controller/core/epoch_journal.h"
+#include "controller/core/epoch_store.h"
 #include "controller/core/pair_state.h"
 #include "controller/core/pool_ledger.h"
+#include "controller/core/promotion.h"
 #include "controller/core/roster.h"
-#include "controller/promotion.h"
-#include "controller/upgrade/command_record.h"
 
 namespace baton {
 
@@ -81,7 +81,7 @@ struct DrillRecord {
 };
 
 struct CoordinatorState {
-  CoordinatorState(const ControllerConfig& config, const Clock& clock, EpochStore& epochs,
+  CoordinatorState(const CoordinatorConfig& config, const Clock& clock, EpochStore& epochs,
                    Effects& effects);
 
   // A Reclaim the primary has not answered in this long is asked again (the first one still
@@ -114,7 +114,7 @@ struct CoordinatorState {
   Result<uint64_t> AdvanceEpoch();
   void NoteJournalState();
 
-  const ControllerConfig& config;
+  const CoordinatorConfig& config;
   const Clock& clock;
   EpochStore& epochs;
   Effects& effects;

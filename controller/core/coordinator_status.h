@@ -15,8 +15,8 @@
 #include "controller/core/failure_detector.h"
 #include "controller/core/pair_state.h"
 #include "controller/core/pool_ledger.h"
-#include "controller/promotion.h"
-#include "controller/upgrade/upgrade.h"
+#include "controller/core/promotion.h"
+#include "controller/core/upgrade.h"
 #include "proto/roles.h"
 
 namespace baton {

@@ -1,4 +1,4 @@
-// UpgradePart: engine-version upgrades by lossless canary (controller/upgrade/upgrade.h).
+// UpgradePart: engine-version upgrades by lossless canary (controller/core/upgrade.h).
 #include "base/failpoint.h"
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
@@ -13,7 +13,7 @@ constexpr const char* kLog = "upgrade";
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
 
 // What the primary keeps of the pool while a canary runs beside it: a tenth (at least one).
-uint32_t PrimaryKeeps(const ControllerConfig& config) {
+uint32_t PrimaryKeeps(const CoordinatorConfig& config) {
   return std::max<uint32_t>(1, config.block_count / 10);
 }
 

@@ -1,9 +1,9 @@
 // UpgradePart: the Coordinator's part for engine-version upgrades by lossless canary
-// (controller/upgrade/upgrade.h): the standby makes way for a canary of the new command, the
+// (controller/core/upgrade.h): the standby makes way for a canary of the new command, the
 // canary is promoted beside the primary on blocks the primary returns, takes a growing share
 // of new requests step by step while the routers' outcomes are judged, and either takes over
 // (the old primary drained) or is rolled back. Also the engine command record
-// (controller/upgrade/command_record.h): a promoted upgrade's command outlives a restart, and
+// (controller/core/command_record.h): a promoted upgrade's command outlives a restart, and
 // an upgrade in flight is resumed with the engines a restart re-adopts.
 //
 // Files: coordinator_upgrade.cc (requests, phases, ends), coordinator_upgrade_record.cc (the
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "controller/core/coordinator_state.h"
-#include "controller/upgrade/upgrade.h"
+#include "controller/core/upgrade.h"
 
 namespace baton {
 

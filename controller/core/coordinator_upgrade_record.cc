@@ -1,4 +1,4 @@
-// UpgradePart: the engine command record (controller/upgrade/command_record.h). A promoted
+// UpgradePart: the engine command record (controller/core/command_record.h). A promoted
 // upgrade's command outlives a controller restart; an upgrade in flight is resumed by the
 // recovery with the engines it re-adopts, or recorded as rolled back when they are gone.
 #include "base/log.h"

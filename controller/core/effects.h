@@ -23,10 +23,10 @@
 #include <vector>
 
 #include "base/status.h"
+#include "controller/core/command_record.h"
 #include "controller/core/drill_kind.h"
 #include "controller/core/pool_ledger.h"
 #include "controller/core/roster.h"
-#include "controller/upgrade/command_record.h"
 #include "proto/messages.h"
 
 namespace baton {

@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "controller/core/epoch_journal.h"
+#include "controller/core/epoch_store.h"
 
 namespace baton {
 

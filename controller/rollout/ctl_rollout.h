@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "controller/core/upgrade.h"
 #include "controller/rollout/rollout_record.h"
-#include "controller/upgrade/upgrade.h"
 #include "fleet/etcd_client.h"
 #include "proto/messages.h"
 

@@ -27,8 +27,8 @@
 #include <thread>
 
 #include "base/mutex.h"
+#include "controller/core/upgrade.h"
 #include "controller/rollout/rollout_rules.h"
-#include "controller/upgrade/upgrade.h"
 #include "fleet/etcd_client.h"
 #include "proto/messages.h"
 

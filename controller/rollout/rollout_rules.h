@@ -16,7 +16,7 @@
 // node is upgrading or rolling back: `batonctl fleet upgrade --wait` waits for that.
 //
 // One node's part (DecideNode, which only that node's controller applies), from its entry and
-// its local upgrade (controller/upgrade/upgrade.h) as its coordinator reports it:
+// its local upgrade (controller/core/upgrade.h) as its coordinator reports it:
 //   * upgrading: start the canary of the rollout's command (once); its end is read from the
 //     command standbys are launched with: the rollout's command means promoted, anything
 //     else after it started means rolled back (with the judge's reason);
@@ -33,8 +33,8 @@
 #include <string>
 #include <vector>
 
+#include "controller/core/upgrade.h"
 #include "controller/rollout/rollout_record.h"
-#include "controller/upgrade/upgrade.h"
 
 namespace baton {
 

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "controller/controller_status.h"
-#include "controller/upgrade/upgrade.h"
+#include "controller/core/upgrade.h"
 #include "proto/messages.h"
 
 namespace baton {

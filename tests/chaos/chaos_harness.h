@@ -62,7 +62,7 @@ struct ClusterOptions {
   uint64_t gpu_pool_chunk_bytes = 0;  // [gpu] pool_chunk_bytes when set
   // [upgrade] max_latency_ratio. Canary latency is not judged in chaos tests: they run in
   // parallel on small CI machines, where a fresh engine's first requests can take twice as long
-  // as the warm primary's. tests/controller/upgrade/canary_test.cc covers the latency rule.
+  // as the warm primary's. tests/controller/core/canary_test.cc covers the latency rule.
   double max_latency_ratio = 1000;
   // [controller] readopt_timeout_ms when > 0: how long a restarted controller waits for the
   // previous one's engines.

@@ -5,7 +5,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
-#include "controller/core/epoch_journal.h"
+#include "controller/epoch_journal.h"
 #include "tests/chaos/chaos_harness.h"
 
 namespace baton::chaos {

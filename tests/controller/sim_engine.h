@@ -20,7 +20,7 @@
 #include "base/clock.h"
 #include "base/status.h"
 #include "controller/core/coordinator.h"
-#include "controller/core/epoch_journal.h"
+#include "controller/core/epoch_store.h"
 #include "controller/core/pool_ledger.h"
 
 namespace baton::sim {

@@ -15,7 +15,7 @@
 #include <optional>
 #include <string>
 
-#include "controller/upgrade/canary.h"
+#include "controller/core/canary.h"
 #include "tests/controller/sim_engine.h"
 
 namespace baton::sim {

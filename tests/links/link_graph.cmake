@@ -1,7 +1,9 @@
 # baton_write_link_graph(FILE TARGET...): writes, for each TARGET, a line "TARGET: DEP..." with
 # every library of the project it links, directly or through another (the closure of
-# LINK_LIBRARIES and INTERFACE_LINK_LIBRARIES over the project's own targets). The link rules
-# (tests/links/link_rules.txt) are checked against this file by tests/links/check_links.cmake.
+# LINK_LIBRARIES and INTERFACE_LINK_LIBRARIES over the project's own targets), and a line
+# "TARGET sources: DIR..." with the folders of its sources (whose .h and .cc files the
+# must-not-include rules read). The link rules (tests/links/link_rules.txt) are checked
+# against this file by tests/links/check_links.cmake.
 
 function(_baton_link_closure target out)
   set(_seen "")
@@ -34,6 +36,18 @@ function(baton_write_link_graph file)
       _baton_link_closure(${_t} _deps)
       string(JOIN " " _line ${_deps})
       string(APPEND _text "${_t}: ${_line}\n")
+      get_target_property(_srcs ${_t} SOURCES)
+      set(_dirs "")
+      foreach(_src ${_srcs})
+        if(IS_ABSOLUTE "${_src}" AND _src MATCHES "\\.cc$")
+          get_filename_component(_dir "${_src}" DIRECTORY)
+          list(APPEND _dirs "${_dir}")
+        endif()
+      endforeach()
+      list(REMOVE_DUPLICATES _dirs)
+      list(SORT _dirs)
+      string(JOIN " " _line ${_dirs})
+      string(APPEND _text "${_t} sources: ${_line}\n")
     endif()
   endforeach()
   file(WRITE ${file} "${_text}")

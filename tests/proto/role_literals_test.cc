@@ -1,5 +1,5 @@
 // Roles, promotion kinds, upgrade phases and outcomes, Hello's peer roles and drill kinds are
-// enums (proto/roles.h, controller/upgrade/upgrade_kind.h, controller/promotion.h,
+// enums (proto/roles.h, controller/core/upgrade_kind.h, controller/core/promotion.h,
 // controller/core/drill_kind.h); their names appear only in the files that turn enums into
 // text and back. This test reads the source tree and names, as file:line, every string
 // literal that is one of those names anywhere else. Comments, raw strings and JSON keys
@@ -41,8 +41,8 @@ constexpr const char* kFolders[] = {"controller", "router", "standby", "fleet", 
 const std::set<std::string, std::less<>> kEdges = {
     "proto/roles.cc",                        // EngineRole, LaunchRole, PeerRole
     "proto/messages.cc",                     // ReattachRole
-    "controller/promotion.cc",               // PromotionKind
-    "controller/upgrade/upgrade_kind.cc",    // UpgradeKind, UpgradePhase, UpgradeOutcome
+    "controller/core/promotion.cc",          // PromotionKind
+    "controller/core/upgrade_kind.cc",       // UpgradeKind, UpgradePhase, UpgradeOutcome
     "controller/core/drill_kind.cc",         // DrillKind
     "controller/core/pair_state.cc",         // PairState, EngineState
     "controller/core/pool_ledger.cc",        // LedgerRole

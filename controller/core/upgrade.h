@@ -16,7 +16,7 @@
 // during the upgrade hands the service to the canary (serving) or to the failover (which
 // promotes the candidate standby): the upgrade ends as promoted.
 //
-// Plain value owned by the Controller; io_context thread only.
+// Plain value owned by the Coordinator's UpgradePart; the Coordinator's thread.
 #pragma once
 
 #include <optional>
@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "controller/core/canary.h"
 #include "controller/core/pool_ledger.h"
-#include "controller/upgrade/canary.h"
-#include "controller/upgrade/upgrade_kind.h"
+#include "controller/core/upgrade_kind.h"
 
 namespace baton {
 

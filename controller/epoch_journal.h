@@ -1,4 +1,5 @@
-// EpochStore and EpochJournal: the durable source of fencing epochs.
+// EpochJournal: the production EpochStore (controller/core/epoch_store.h), the durable source
+// of fencing epochs.
 //
 // An epoch is handed to an engine (in a promotion or a grant) only after it is durable, so
 // that a restarted controller never hands out an epoch that was already used (fencing rule 3).
@@ -7,8 +8,7 @@
 // nothing, and Replenish() extends the reservation ahead of need, off the failover path (a
 // journal fsync on this machine's virtual disk usually takes ~1 ms but was seen at 71 ms).
 // A restarted controller starts after the whole reservation: epochs may skip, never repeat.
-// EpochStore is the interface the ledger and the controller use; EpochJournal is the
-// production implementation: one small file in the controller's state directory holding
+// The journal is one small file in the controller's state directory holding
 // {magic, version, epoch, crc32c}, replaced atomically (write a temporary file, fsync it,
 // rename it over the record, fsync the directory). A torn or garbage temporary file never
 // affects the committed record; a committed record that fails its checks is refused with the
@@ -24,27 +24,9 @@
 
 #include "base/io/unique_fd.h"
 #include "base/status.h"
+#include "controller/core/epoch_store.h"
 
 namespace baton {
-
-class EpochStore {
- public:
-  virtual ~EpochStore() = default;
-
-  // The highest durable epoch. 0 means none was ever issued.
-  virtual uint64_t current() const = 0;
-
-  // Makes a new epoch, strictly greater than every epoch this store has returned or
-  // attempted, durable and returns it. On error nothing was committed that current() shows,
-  // but the attempted number is never returned later either (it may be on disk).
-  virtual Result<uint64_t> Advance() = 0;
-
-  // Makes epochs durable ahead of need, at a quiet moment (a store that reserves none: OK).
-  virtual Status Replenish() { return OkStatus(); }
-  // The outcome of the latest write (OK before the first), and how many writes failed.
-  virtual Status last_write() const { return OkStatus(); }
-  virtual uint64_t write_failures() const { return 0; }
-};
 
 class EpochJournal final : public EpochStore {
  public:

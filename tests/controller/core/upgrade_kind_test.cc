@@ -1,4 +1,4 @@
-#include "controller/upgrade/upgrade_kind.h"
+#include "controller/core/upgrade_kind.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "controller/upgrade/upgrade.h"
+#include "controller/core/upgrade.h"
 
 namespace baton {
 

@@ -25,7 +25,8 @@
 // (reaped -> promote_acked, or promote_sent -> promote_acked when the promotion did not wait
 // for the reap), ready (detected -> route_published), teardown (detected -> barrier_passed).
 //
-// Ownership: the controller owns one TimelineLog (bounded). Thread: io_context thread only.
+// Ownership: the Coordinator owns one TimelineLog (bounded, in CoordinatorState). Thread: the
+// Coordinator's.
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,4 @@
-#include "controller/core/epoch_journal.h"
+#include "controller/epoch_journal.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

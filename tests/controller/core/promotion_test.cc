@@ -1,4 +1,4 @@
-#include "controller/promotion.h"
+#include "controller/core/promotion.h"
 
 #include <gtest/gtest.h>
 

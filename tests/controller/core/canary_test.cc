@@ -1,4 +1,4 @@
-#include "controller/upgrade/canary.h"
+#include "controller/core/canary.h"
 
 #include <gtest/gtest.h>
 
