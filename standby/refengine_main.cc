@@ -227,6 +227,8 @@ class Engine {
   Result<SessionEvent> WaitForPromotion(EngineSession* session);
   Status BuildModel(ModelMemory* memory);
   void MakeHandoff(EngineSession* session, SessionModelMemory* memory);
+  // Makes the compute loop; StartLoop also starts its thread (MakeLoop then loop_->Start()).
+  void MakeLoop(EngineLoopHooks hooks);
   void StartLoop(EngineLoopHooks hooks);
   void WaitForSignal() const;
   void StopHttp();
@@ -309,6 +311,11 @@ Status Engine::BuildModel(ModelMemory* memory) {
 }
 
 void Engine::StartLoop(EngineLoopHooks hooks) {
+  MakeLoop(std::move(hooks));
+  loop_->Start();
+}
+
+void Engine::MakeLoop(EngineLoopHooks hooks) {
   GeneratorOptions options;
   options.max_batch_sequences = flags_.max_batch;
   options.max_step_tokens = flags_.max_step_tokens;
@@ -317,7 +324,6 @@ void Engine::StartLoop(EngineLoopHooks hooks) {
   loop_ = std::make_unique<EngineLoop>(model_.get(), cache_.get(), options, &metrics_, clock_,
                                        std::move(hooks));
   loop_->SetStepInterval(std::chrono::milliseconds(flags_.step_interval_ms));
-  loop_->Start();
 }
 
 void Engine::MakeHandoff(EngineSession* session, SessionModelMemory* memory) {
@@ -394,17 +400,28 @@ Status Engine::ServeUnderController() {
   MakeHandoff(session, memory);
   Result<SessionEvent> promoted = WaitForPromotion(session);
   if (!promoted.ok() || stop_requested_.load()) return promoted.status();
+  const TimePoint promoted_at = RealClock::Get().Now();
   BATON_RETURN_IF_ERROR(
       AdoptPromotedBlocks(*promoted, session, memory, cache_.get(), handoff_.get(), copy_gbps_)
           .status());
-  StartLoop({.guard = [session] { return session->CheckEpoch(); },
-             .on_step_error = [session](const Status& error) { (void)session->ReportError(error); },
-             .between_steps = nullptr});
+  const TimePoint adopted_at = RealClock::Get().Now();
+  MakeLoop({.guard = [session] { return session->CheckEpoch(); },
+            .on_step_error = [session](const Status& error) { (void)session->ReportError(error); },
+            .between_steps = nullptr});
+  // Serving first: a request that comes before the compute thread runs waits in its queue.
+  // A new thread may take the core from this one for a while (on a small machine, the time
+  // of a whole promotion), so it is started once the engine answers.
   api_->StartServing(loop_.get());  // before the controller routes traffic here
+  const TimePoint serving_at = RealClock::Get().Now();
   BATON_RETURN_IF_ERROR(session->MarkServing());
+  const TimePoint acked_at = RealClock::Get().Now();
+  loop_->Start();
   BATON_LOG(INFO, "refengine") << "promoted in epoch " << promoted->epoch << ": serving with "
                                << cache_->total_blocks() << " kv blocks (" << SinceStart()
-                               << " ms since start)";
+                               << " ms since start; blocks taken in "
+                               << MillisBetween(promoted_at, adopted_at) << " ms, serving after "
+                               << MillisBetween(adopted_at, serving_at) << " ms, acked in "
+                               << MillisBetween(serving_at, acked_at) << " ms)";
   ControllerLink link(session, memory, cache_.get(), loop_.get(), api_.get(), handoff_.get(),
                       clock_);
   return link.Pump(stop_requested_);

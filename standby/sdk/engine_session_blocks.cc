@@ -10,6 +10,7 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "engine-sdk";
+constexpr std::chrono::milliseconds kGrantHold{20};
 
 }  // namespace
 
@@ -100,6 +101,14 @@ void EngineSession::Impl::OnGrant(const proto::Grant& msg) {
   std::vector<uint8_t> inherited;
   {
     MutexLock lock(mu_);
+    // A Grant right behind the Promote (the old primary's blocks, their barrier passed while
+    // the engine is still being promoted) waits until the engine serves, or waits for these
+    // blocks, at most kGrantHold: mapping them holds mu_ for as long as their pages take to
+    // fault in, and the engine's promotion takes mu_ on its way to serving.
+    const auto until = std::chrono::steady_clock::now() + kGrantHold;
+    while (promoted_ && !serving_ && !inherit_waiting_ && !stopped_.has_value() &&
+           cv_.WaitUntil(mu_, until) != std::cv_status::timeout) {
+    }
     if (!promoted_ || msg.epoch != epoch_.load()) {
       mapped =
           FailedPrecondition("Grant at epoch " + std::to_string(msg.epoch) +

@@ -261,6 +261,7 @@ Status EngineSession::Impl::MarkServing() {
     serving_ = true;
     blocks = pool_.mapped_blocks();
   }
+  cv_.NotifyAll();  // a Grant held back until now (OnGrant)
   return SendOrDefer(proto::PromoteAck{.epoch = epoch_.load(), .blocks_mapped = blocks});
 }
 

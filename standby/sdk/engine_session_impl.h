@@ -233,6 +233,8 @@ class EngineSession::Impl {
   // these), until ReleaseQuarantined.
   std::vector<proto::BlockRange> quarantined_ranges_ BATON_GUARDED_BY(mu_);
   bool serving_ BATON_GUARDED_BY(mu_) = false;  // MarkServing() was called
+  // WaitForInheritedBlocks() was called: a Grant is mapped at once (OnGrant).
+  bool inherit_waiting_ BATON_GUARDED_BY(mu_) = false;
   DrainState drain_ BATON_GUARDED_BY(mu_) = DrainState::kNone;
   uint32_t drained_unfinished_ BATON_GUARDED_BY(mu_) = 0;  // what ReportDrained() said
   std::atomic<uint16_t> protocol_{0};                      // the version the last Hello agreed on

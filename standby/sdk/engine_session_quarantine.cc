@@ -75,6 +75,8 @@ Status EngineSession::Impl::MapQuarantined(std::span<const uint32_t> blocks) {
 
 Result<SessionEvent> EngineSession::Impl::WaitForInheritedBlocks(Duration timeout) {
   MutexLock lock(mu_);
+  inherit_waiting_ = true;
+  cv_.NotifyAll();  // a Grant held back for the promotion (OnGrant) is mapped now
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
     for (auto it = events_.begin(); it != events_.end(); ++it) {
