@@ -21,11 +21,11 @@ using EngineIdValue = uint64_t;
 
 struct InFlightUpgrade {
   UpgradeKind kind = UpgradeKind::kUpgrade;
-  std::vector<std::string> command;  // the candidate
+  std::vector<std::string> command;               // the candidate
   UpgradePhase phase = UpgradePhase::kLaunching;  // the last phase it reached
-  uint64_t canary = 0;               // its engine id (0: not launched yet)
-  uint32_t weight = 0;               // the canary's share of new requests, %
-  EngineIdValue primary = 0;         // the primary when it began
+  uint64_t canary = 0;                            // its engine id (0: not launched yet)
+  uint32_t weight = 0;                            // the canary's share of new requests, %
+  EngineIdValue primary = 0;                      // the primary when it began
   // The canary policy it runs (the configured one with batonctl's overrides); empty steps:
   // not recorded (a record of an older controller), the configured policy applies.
   std::vector<uint32_t> steps = {};
