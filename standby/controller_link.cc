@@ -193,9 +193,12 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
     readable = promoted.quarantined;
   }
   // Reading a record takes its block's token ids: those blocks alone are mapped, read-only.
-  if (Status mapped = session->MapQuarantined(BlocksWithRecords(readable, promoted));
-      !mapped.ok()) {
-    BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is not read: " << mapped.ToString();
+  // Refused when their barrier passed meanwhile and their Grant mapped them writable (the SDK
+  // kept their headers): they are adopted in place, as if waited for.
+  const Status read = session->MapQuarantined(BlocksWithRecords(readable, promoted));
+  if (!read.ok()) {
+    BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is not read (" << read.ToString()
+                          << "): adopted in place once granted";
     readable.clear();
   }
   const KvCopyPlan plan = handoff->PlanCopy(RunsOf(readable), promoted.quarantined_headers);
@@ -206,7 +209,7 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
                                .estimate_ms = copy_gbps > 0 ? plan.bytes / (copy_gbps * 1e6) : 0};
   const double wait_ms =
       std::chrono::duration<double, std::milli>(promoted.barrier_estimate).count();
-  if (plan.sequences.empty() || summary.estimate_ms <= wait_ms) {
+  if (read.ok() && (plan.sequences.empty() || summary.estimate_ms <= wait_ms)) {
     // Nothing to copy is a copy of nothing: what was dropped is still counted.
     if (!plan.sequences.empty()) summary.mode = KvInheritMode::kCopied;
     std::vector<uint32_t> own;

@@ -44,17 +44,25 @@ void FailoverPart::HandOverBlocks(EngineId id, const std::optional<PendingFailov
                             << moved.status().ToString();
       }
     } else if (fenced) {
-      if (Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id); !freed.ok()) {
-        BATON_BUG("ledger") << "releasing engine " << id << ": " << freed.status().ToString();
-      }
+      ReleaseToFree(id);
     }
   } else if (fenced) {
-    Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id);
-    if (!freed.ok())
-      BATON_BUG("ledger") << "releasing engine " << id << ": " << freed.status().ToString();
+    ReleaseToFree(id);
   }
   p_.engines->SaveRoster();
   RefillReserve();
+  p_.upgrades->GiveFreeBlocksToPrimary();
+}
+
+// A fenced engine's blocks with no successor to take them are freed: the reserve is refilled
+// from them first (RefillReserve), the rest goes to the primary (GiveFreeBlocksToPrimary).
+void FailoverPart::ReleaseToFree(EngineId id) {
+  Result<std::vector<Extent>> freed = s_.ledger->ReleaseAfterBarrier(id);
+  if (!freed.ok()) {
+    BATON_BUG("ledger") << "releasing engine " << id << ": " << freed.status().ToString();
+    return;
+  }
+  if (!freed->empty()) p_.upgrades->FreeBlocksGoToPrimary();
 }
 
 // The engine promoted on the reserve takes the old primary's blocks now that nothing can
@@ -70,7 +78,8 @@ void FailoverPart::GrantToPromoted(EngineId id, const PendingFailover& failover)
     BATON_BUG("ledger") << "releasing engine " << id << ": " << moved.status().ToString();
     return;
   }
-  if (!holds || moved->empty()) return;
+  if (moved->empty()) return;
+  if (!holds) return p_.upgrades->FreeBlocksGoToPrimary();
   p_.engines->SaveRoster();  // before the engine can map them
   BATON_LOG(INFO, kLog) << "engine " << id << "'s " << BlocksIn(*moved)
                         << " blocks, past its barrier, granted to engine " << s->id << " at epoch "

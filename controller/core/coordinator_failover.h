@@ -133,6 +133,8 @@ class FailoverPart {
   void HandOverBlocks(EngineId old, const std::optional<PendingFailover>& failover);
   // The blocks of `old`, past its barrier, to the engine promoted before it (a Grant).
   void GrantToPromoted(EngineId old, const PendingFailover& failover);
+  // Frees a fenced engine's blocks past its barrier; the primary gets them on a tick.
+  void ReleaseToFree(EngineId old);
   // The timeline of the failover that fenced `old`: its barrier passed now.
   void NoteBarrierPassed(EngineId old, const std::optional<PendingFailover>& failover);
   // How long the barrier of the failover of now is expected to take still, from the last

@@ -378,6 +378,7 @@ void RecoveryPart::EndRecovery() {
     if (Status ended = s_.ledger->EndRecovery(); !ended.ok()) {
       BATON_BUG("ledger") << "ending the ledger's recovery: " << ended.ToString();
     }
+    p_.upgrades->FreeBlocksGoToPrimary();  // the unclaimed blocks freed, beside the reserve
   }
   RecoveryStatus& st = own_.recovery->status;
   st.in_progress = false;

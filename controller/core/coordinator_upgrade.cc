@@ -175,10 +175,19 @@ void UpgradePart::StartCanary(EngineRecord& e) {
 
 void UpgradePart::OnPrimaryReturned() {
   const bool answers_reclaim = s_.reclaim.from == s_.primary;
-  // The answer to RefillReserve's Reclaim: the reserve keeps what came back, the rest stays free.
+  // The answer to RefillReserve's Reclaim: the reserve keeps what came back.
   const bool for_reserve = answers_reclaim && s_.reclaim.for_reserve;
   if (answers_reclaim) s_.reclaim = PendingReclaim{};
-  if (s_.stopping || for_reserve) return;
+  if (s_.stopping) return;
+  if (for_reserve) {
+    // Blocks freed while the Reclaim was out (a canary's, rolled back) may have filled the
+    // reserve first: what came back beyond it returns to the primary, or it stays free.
+    if (!own_.upgrade.has_value() && s_.ledger->GrantableTo(s_.primary) > 0) {
+      own_.give_back_blocks = true;
+      GiveFreeBlocksToPrimary();
+    }
+    return;
+  }
   if (!own_.upgrade.has_value()) {
     // The answer to a Reclaim came after the upgrade ended: nobody else wants the blocks.
     if (answers_reclaim) {

@@ -33,7 +33,7 @@ struct UpgradeFields {
   std::vector<std::string> previous_command;  // what the last promoted upgrade replaced
   uint64_t promoted = 0;
   uint64_t rolled_back = 0;
-  bool give_back_blocks = false;  // a canary is gone: free blocks return to the primary
+  bool give_back_blocks = false;  // blocks were freed: those beside the reserve go to the primary
 };
 
 class UpgradePart {
@@ -67,8 +67,11 @@ class UpgradePart {
   bool CanaryTakesOver(EngineRecord& old);
   void EndUpgrade(UpgradeOutcome outcome, const std::string& reason);
   void TickUpgrade();
-  // Once a canary is gone, the free blocks go back to the primary.
+  // Once a canary is gone, or a fenced engine's blocks are freed with no successor to take
+  // them, the free blocks beside the reserve go back to the primary (on a tick: not while an
+  // upgrade runs, nor while blocks await a barrier).
   void GiveFreeBlocksToPrimary();
+  void FreeBlocksGoToPrimary() { own_.give_back_blocks = true; }
   // Standbys still running a command an upgrade replaced are stopped.
   void RetireStaleStandbys();
 

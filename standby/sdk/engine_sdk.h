@@ -311,7 +311,9 @@ class EngineSession {
   Result<std::vector<MappedExtent>> MapQuarantined();
   // The same for the listed quarantined blocks alone (block b at pool().BlockData(b)): an
   // engine maps the blocks whose headers show a record, and no page of the others is touched.
-  // FailedPrecondition for a block that is not in quarantine.
+  // Consecutive blocks are mapped as one run. FailedPrecondition for a block that is not in
+  // quarantine, and for one granted meanwhile (its barrier passed: the Grant mapped it
+  // writable, and WaitForInheritedBlocks returns the headers its dead engine left).
   Status MapQuarantined(std::span<const uint32_t> blocks);
   // Unmaps the read-only view of the quarantined blocks (those not granted yet), if mapped.
   // Call it once done with them: after a copy, or after the wait.

@@ -68,7 +68,13 @@ Status EngineSession::Impl::MapQuarantined(std::span<const uint32_t> blocks) {
     if (!quarantined) {
       return FailedPrecondition("block " + std::to_string(b) + " is not in quarantine");
     }
-    BATON_RETURN_IF_ERROR(MapQuarantinedRunLocked(b, 1));
+  }
+  // Runs of consecutive blocks, one mapping each.
+  for (size_t i = 0; i < blocks.size();) {
+    size_t j = i + 1;
+    while (j < blocks.size() && blocks[j] == blocks[j - 1] + 1) ++j;
+    BATON_RETURN_IF_ERROR(MapQuarantinedRunLocked(blocks[i], static_cast<uint32_t>(j - i)));
+    i = j;
   }
   return OkStatus();
 }

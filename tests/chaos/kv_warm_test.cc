@@ -113,7 +113,8 @@ void StreamSurvivesFailpoint(const std::string& tag, const std::string& failpoin
   const StreamOutput got = Stream(cluster, router, tag, nullptr);
   const json after = cluster.WaitReady("the pair after the failpoint");
   ASSERT_NE(PrimaryId(after), first) << "the failpoint did not fire mid-stream\n" << cluster.Log();
-  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), adopted);
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), adopted)
+      << cluster.Log();
   EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_dropped_sequences_total{reason=\"torn\"}"),
             dropped_torn);
   EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), adopted);

@@ -74,6 +74,18 @@ class Simulation : private SimLoop {
                    std::to_string(coord_->ledger().Snapshot().quarantined_blocks) +
                    " quarantined blocks after settling");
     }
+    // No block is stranded: the free blocks beside the reserve are the primary's but for
+    // those an engine gave up of its own accord (they may stay free).
+    const uint32_t stranded = coord_->ledger().GrantableTo(coord_->primary());
+    const auto given_up_free = std::count_if(given_up_.begin(), given_up_.end(), [this](uint32_t b) {
+      return coord_->ledger().UsedBy(b) == kNoEngine;
+    });
+    if (out_.ok && config_.initial_grant_blocks == 0 && stranded > given_up_free) {
+      Fail(-1, "liveness: " + std::to_string(stranded) +
+                   " free blocks beside the reserve were not granted to primary engine " +
+                   std::to_string(coord_->primary()) + " after settling (" +
+                   std::to_string(given_up_free) + " of them given up by an engine)");
+    }
     // The routers were told: the last table sends traffic to the primary.
     const std::optional<proto::RouteTable>& routes = effects_.routes();
     const bool routed =
@@ -338,6 +350,7 @@ class Simulation : private SimLoop {
 
   int steps_;
   int step_ = 0;                         // -1 while settling
+  std::set<uint32_t> given_up_;          // blocks an engine returned of its own accord
   uint64_t bugs_at_start_ = BugCount();  // base/bug.h
   uint64_t versions_ = 1;                // the last engine version an upgrade asked for
   Outcome out_;

@@ -70,6 +70,7 @@ inline void Simulation::ReturnBlocks() {
   for (uint32_t b : give) e.mapped.erase(b);  // unmapped before it says so
   const proto::ReturnExtents m{.epoch = e.epoch, .extents = Runs(give)};
   world_.Note(e, m);
+  given_up_.insert(give.begin(), give.end());
   if (!Deliver(id, m, false, "returns:")) {
     world_.Flag("model: engine " + std::to_string(id) + "'s valid return was refused");
   }

@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
+#include <vector>
 
 #include "standby/sdk/engine_sdk.h"
 #include "tests/standby/fake_controller.h"
@@ -118,6 +120,36 @@ TEST(EngineQuarantine, ReleasedBeforeTheGrantTheBlocksAreUnmapped) {
   std::optional<SessionEvent> granted = s->NextEvent(seconds(5));
   ASSERT_TRUE(granted.has_value());
   EXPECT_TRUE(granted->inherited_headers.empty());
+}
+
+// The barrier passes before the engine has read the quarantined blocks: their Grant, held
+// while the engine is promoted, maps them writable once the hold runs out. A read-only view is
+// refused then; the Grant's event still hands over the headers the dead engine left, for the
+// engine to adopt the blocks in place.
+TEST(EngineQuarantine, AGrantBeforeTheReadLeavesTheHeadersToTheWait) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, fake.ReattachingOptions());
+  ASSERT_NE(s, nullptr);
+  std::memset(fake.block(1), 0xAB, kFakeBlockBytes);
+  ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 7, .extents = {{1, 2}}}).ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 7, .extents = {{5, 2}}}).ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 7, .extents = {{1, 2}}}).ok());
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
+  ASSERT_EQ(promoted->quarantined.size(), 1u);
+  // The Grant is mapped once its hold runs out (the engine neither serves nor waits).
+  for (int i = 0; i < 500 && !AllWritable(MappingsIn(s->pool().BlockData(1), kFakeBlockBytes));
+       ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(AllWritable(MappingsIn(s->pool().BlockData(1), kFakeBlockBytes)));
+  const std::vector<uint32_t> blocks = {1};
+  const Status view = s->MapQuarantined(blocks);
+  EXPECT_EQ(view.code(), StatusCode::kFailedPrecondition) << view.ToString();
+  Result<SessionEvent> inherited = s->WaitForInheritedBlocks(seconds(5));
+  ASSERT_TRUE(inherited.ok()) << inherited.status().ToString();
+  ASSERT_EQ(inherited->inherited_headers.size(), 2 * kBlockHeaderBytes);
+  EXPECT_EQ(inherited->inherited_headers[0], 0xAB) << "the dead engine's header";
 }
 
 TEST(EngineQuarantine, AQuarantineForAnotherEpochIsIgnored) {
