@@ -267,7 +267,8 @@ nlohmann::json Router::FleetHealth() const {
                      {"suspect", n.suspect},
                      {"primary", n.primary ? n.primary->address : ""},
                      {"in_flight", n.in_flight},
-                     {"queued", n.queued}});
+                     {"queued", n.queued},
+                     {"load", n.load}});
   }
   return {
       {"etcd_connected", view.etcd_connected}, {"etcd_error", view.last_error}, {"nodes", nodes}};

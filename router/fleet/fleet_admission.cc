@@ -305,7 +305,8 @@ std::vector<FleetNodeView> FleetAdmission::Nodes() const {
                    .suspect = now < node.suspect_until,
                    .primary = node.admission->Primary(),
                    .in_flight = node.admission->in_flight(),
-                   .queued = node.admission->queued()});
+                   .queued = node.admission->queued(),
+                   .load = node.load});
   }
   return out;
 }

@@ -53,6 +53,7 @@ struct FleetNodeView {
   std::optional<Target> primary;
   size_t in_flight = 0;
   size_t queued = 0;
+  double load = 0;  // the pool use its record reports: above the lightest + kLoadBand, passed over
 };
 
 class FleetAdmission : public Admitter {

@@ -36,7 +36,7 @@ class FleetFailover : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
     etcd_ = std::make_unique<EtcdCluster>(3);
-    ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come up; logs in " << etcd_->dir();
+    ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come up:\n" << etcd_->LogTails();
     for (int i = 0; i < kNodes; ++i) {
       ClusterOptions o = RefenginePair();
       o.engine_command.insert(o.engine_command.end(),
@@ -77,6 +77,16 @@ class FleetFailover : public ::testing::Test {
       if (n["node"] == NodeName(i)) return n;
     }
     return nullptr;
+  }
+  // Both routers' view of the fleet and their logs, for a failure's message.
+  std::string FleetViews() const {
+    std::string out;
+    for (const auto& router : routers_) {
+      const Reply r =
+          Fetch(router->port(), http::verb::get, "/health", "", std::chrono::seconds(5));
+      out += "\n/health: " + r.body + "\n" + router->Log();
+    }
+    return out;
   }
   // Waits until both routers list node i with a primary (`listed`) or no longer list it.
   void WaitListed(int i, bool listed) const {
@@ -139,7 +149,7 @@ class FleetFailover : public ::testing::Test {
 };
 
 TEST_F(FleetFailover, ANodeKilledWholeIsReplayedOnTheOthers) {
-  ASSERT_TRUE(TrafficReached(1)) << "node-b had no traffic before the fault";
+  ASSERT_TRUE(TrafficReached(1)) << "node-b had no traffic before the fault: " << FleetViews();
   const LoadResult r = LoadAround(Ports(), requests_, want_, [&] {
     nodes_[1]->KillController();
     nodes_[1]->KillLeftovers();
@@ -187,7 +197,7 @@ TEST_F(FleetFailover, EtcdFaultsStopNothing) {
     for (int m = 0; m < etcd_->size(); ++m) etcd_->Start(m);
   });
   ExpectServed(all);
-  ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come back; logs in " << etcd_->dir();
+  ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come back:\n" << etcd_->LogTails();
   for (int i = 0; i < kNodes; ++i) {
     WaitListed(i, true);
     EXPECT_EQ(PrimaryId(nodes_[i]->Status()), primaries[i]) << NodeName(i) << " lost its pair";

@@ -34,7 +34,7 @@ class FleetRegistration : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
     etcd_ = std::make_unique<EtcdCluster>(3);
-    ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come up; logs in " << etcd_->dir();
+    ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come up:\n" << etcd_->LogTails();
     auto c = EtcdClient::Create({.endpoints = etcd_->endpoints(), .timeout = milliseconds(300)});
     ASSERT_TRUE(c.ok());
     reader_ = std::move(*c);

@@ -22,7 +22,7 @@ TEST(FleetTlsRegistration, AControllerWithTheTlsKeysRegistersItsNode) {
   ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
   EtcdCluster etcd(1, /*tls=*/true);
   ASSERT_TRUE(etcd.certs().has_value()) << "openssl failed; see " << etcd.dir() << "/pki";
-  ASSERT_TRUE(etcd.WaitHealthy()) << "etcd did not come up; logs in " << etcd.dir();
+  ASSERT_TRUE(etcd.WaitHealthy()) << "etcd did not come up:\n" << etcd.LogTails();
   auto reader = EtcdClient::Create(
       {.endpoints = etcd.endpoints(), .timeout = milliseconds(500), .tls = etcd.client_tls()});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();

@@ -77,9 +77,9 @@ class Simulation : private SimLoop {
     // No block is stranded: the free blocks beside the reserve are the primary's but for
     // those an engine gave up of its own accord (they may stay free).
     const uint32_t stranded = coord_->ledger().GrantableTo(coord_->primary());
-    const auto given_up_free = std::count_if(given_up_.begin(), given_up_.end(), [this](uint32_t b) {
-      return coord_->ledger().UsedBy(b) == kNoEngine;
-    });
+    const auto given_up_free =
+        std::count_if(given_up_.begin(), given_up_.end(),
+                      [this](uint32_t b) { return coord_->ledger().UsedBy(b) == kNoEngine; });
     if (out_.ok && config_.initial_grant_blocks == 0 && stranded > given_up_free) {
       Fail(-1, "liveness: " + std::to_string(stranded) +
                    " free blocks beside the reserve were not granted to primary engine " +

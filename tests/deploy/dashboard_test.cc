@@ -109,7 +109,7 @@ TEST(Dashboard, EveryQueryIsValidPromqlAndNamesOnlyMetricsBatonExports) {
 
   // 2. A live fleet node, its routers, a failover and requests, scraped by Prometheus.
   EtcdCluster etcd(1);
-  ASSERT_TRUE(etcd.WaitHealthy()) << "etcd did not come up; logs in " << etcd.dir();
+  ASSERT_TRUE(etcd.WaitHealthy()) << "etcd did not come up:\n" << etcd.LogTails();
   ClusterOptions o = chaos::RefenginePair();
   o.metrics_port = chaos::FreePort();
   o.extra_toml = "[fleet]\netcd = \"" + etcd.endpoints()[0] +

@@ -22,7 +22,7 @@ class EtcdClientTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
     cluster_ = std::make_unique<EtcdCluster>(3);
-    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up; logs in " << cluster_->dir();
+    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up:\n" << cluster_->LogTails();
     auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = milliseconds(500)});
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     client_ = std::move(*c);

@@ -1,6 +1,7 @@
-// EtcdCluster: a real etcd cluster for tests (Debian's etcd-server), its members on their own
-// loopback addresses (127.0.0.11, .12, ...), each with a data directory under a temporary
-// directory that the cluster removes. Members can be killed, frozen (SIGSTOP), thawed and
+// EtcdCluster: a real etcd cluster for tests (Debian's etcd-server), its members on loopback
+// addresses of their own (127.A.B.11, .12, ...: A.B from the process and a count, so that two
+// clusters of tests run at once share no address), each with a data directory under a
+// temporary directory that the cluster removes. Members can be killed, frozen (SIGSTOP), thawed and
 // started again on their data; the destructor kills every member.
 //
 // With `tls` the members serve their client port over TLS only (https://), with a server
@@ -22,6 +23,8 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -52,6 +55,14 @@ inline int FreePort(const std::string& ip) {
   return port;
 }
 
+// "127.A.B.": a loopback /24 no other EtcdCluster of any test process uses now (the pid's
+// low bits and a count in this process), never 127.0.x.x (engines and routers bind there).
+inline std::string ClusterSubnet() {
+  static int clusters = 0;
+  const int n = (static_cast<int>(::getpid()) % 4096) * 16 + (clusters++ % 16);
+  return "127." + std::to_string(1 + n / 256 % 254) + "." + std::to_string(n % 256) + ".";
+}
+
 class EtcdCluster {
  public:
   struct Member {
@@ -70,10 +81,11 @@ class EtcdCluster {
   explicit EtcdCluster(int members, bool tls = false, std::string server_sans = "") {
     char tmpl[] = "/tmp/baton-etcd-XXXXXX";
     dir_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
+    const std::string subnet = ClusterSubnet();
     if (tls) {
       if (server_sans.empty()) {
         for (int i = 0; i < members; ++i) {
-          server_sans += (i == 0 ? "IP:127.0.0." : ",IP:127.0.0.") + std::to_string(11 + i);
+          server_sans += (i == 0 ? "IP:" : ",IP:") + subnet + std::to_string(11 + i);
         }
       }
       std::filesystem::create_directories(dir_ + "/pki");
@@ -83,7 +95,7 @@ class EtcdCluster {
       Member m;
       m.name = "m" + std::to_string(i);
       m.scheme = tls ? "https" : "http";
-      m.ip = "127.0.0." + std::to_string(11 + i);
+      m.ip = subnet + std::to_string(11 + i);
       m.data_dir = dir_ + "/" + m.name;
       m.log = dir_ + "/" + m.name + ".log";
       m.client_port = FreePort(m.ip);
@@ -119,6 +131,18 @@ class EtcdCluster {
     return out;
   }
   std::string dir() const { return dir_; }
+
+  // The last lines of every member's log, for a failure's message.
+  std::string LogTails(size_t bytes = 1500) const {
+    std::string out;
+    for (const Member& m : members_) {
+      std::ifstream in(m.log);
+      const std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      out += "--- " + m.name + " (" + m.client_url() + ", pid " + std::to_string(m.pid) + "):\n" +
+             log.substr(log.size() > bytes ? log.size() - bytes : 0) + "\n";
+    }
+    return out;
+  }
 
   // Waits until every running member answers a read (a quorum formed); false after `wait`.
   bool WaitHealthy(std::chrono::seconds wait = std::chrono::seconds(30)) const {

@@ -30,7 +30,7 @@ class EtcdTlsTest : public ::testing::Test {
     cluster_ = std::make_unique<EtcdCluster>(1, /*tls=*/true);
     ASSERT_TRUE(cluster_->certs().has_value())
         << "openssl could not make the certificates; see " << cluster_->dir() << "/pki";
-    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up; logs in " << cluster_->dir();
+    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up:\n" << cluster_->LogTails();
   }
 
   Result<std::unique_ptr<EtcdClient>> Client(TlsClientOptions tls) {

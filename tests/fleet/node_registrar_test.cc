@@ -34,7 +34,7 @@ class NodeRegistrarTest : public ::testing::Test {
   void SetUp() override {
     ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
     cluster_ = std::make_unique<EtcdCluster>(3);
-    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up; logs in " << cluster_->dir();
+    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up:\n" << cluster_->LogTails();
     registrar_etcd_ = Client();
     reader_ = Client();
   }
