@@ -78,11 +78,11 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"health.heartbeat_interval_ms", Time<Millis>(&c->heartbeat_interval, 1, 60'000)},
       {"health.heartbeat_misses", Int(&c->heartbeat_misses, 1, 1000)},
       {"health.probe_timeout_ms", Time<Millis>(&c->probe_timeout, 1, 60'000)},
-      {"policy.max_failures", Int(&c->crash_max_failures, 1, 1'000'000)},
-      {"policy.failure_window_s", Time<Seconds>(&c->crash_window, 1, kDay)},
-      {"policy.initial_backoff_ms", Time<Millis>(&c->crash_initial_backoff, 1, kDay)},
-      {"policy.max_backoff_ms", Time<Millis>(&c->crash_max_backoff, 1, kDay)},
-      {"policy.quiet_period_s", Time<Seconds>(&c->crash_quiet_period, 1, kDay)},
+      {"policy.max_failures", Int(&c->crash.max_failures, 1, 1'000'000)},
+      {"policy.failure_window_s", Time<Seconds>(&c->crash.window, 1, kDay)},
+      {"policy.initial_backoff_ms", Time<Millis>(&c->crash.initial_backoff, 1, kDay)},
+      {"policy.max_backoff_ms", Time<Millis>(&c->crash.max_backoff, 1, kDay)},
+      {"policy.quiet_period_s", Time<Seconds>(&c->crash.quiet_period, 1, kDay)},
       {"policy.standby_relaunch_delay_ms", Time<Millis>(&c->standby_relaunch_delay, 0, 60'000)},
       {"upgrade.steps", Steps(&c->canary.steps)},
       {"upgrade.step_duration_ms", Time<Millis>(&c->canary.step_duration, 0, kDay)},
@@ -258,7 +258,7 @@ Status FinishConfig(ControllerConfig* c) {
   if (Result<BackendMode> mode = ParseBackendMode(c->gpu_backend); !mode.ok()) {
     return InvalidArgument("gpu.backend: " + mode.status().message());
   }
-  if (c->crash_max_backoff < c->crash_initial_backoff) {
+  if (c->crash.max_backoff < c->crash.initial_backoff) {
     return InvalidArgument("policy.max_backoff_ms is below policy.initial_backoff_ms");
   }
   if (c->engine_host.empty() || c->engine_host.find_first_of(" \t/") != std::string::npos) {

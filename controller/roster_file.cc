@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "base/io/small_file.h"
@@ -18,6 +20,19 @@ constexpr size_t kMaxRosterBytes = 16 << 20;
 uint32_t ChecksumOf(Roster roster) {
   roster.checksum = 0;
   return proto::Crc32c(EncodeRoster(roster));
+}
+
+// The roster's text with its checksum, encoded once: the CRC32C of the text with a checksum
+// of 0, then written over that 0 (the top-level field, one space in).
+std::string EncodeWithChecksum(Roster& roster) {
+  roster.checksum = 0;
+  std::string text = EncodeRoster(roster);
+  roster.checksum = proto::Crc32c(text);
+  constexpr std::string_view kZero = "\n \"checksum\": 0";
+  const size_t at = text.find(kZero);
+  if (at == std::string::npos) return EncodeRoster(roster);
+  text.replace(at, kZero.size(), "\n \"checksum\": " + std::to_string(roster.checksum));
+  return text;
 }
 
 // The roster in `path`: NotFound when there is no such file; an error saying why when it is
@@ -88,10 +103,9 @@ Status RosterFile::OpenSlot(int slot) {
 
 Status RosterFile::Save(Roster roster) {
   roster.sequence = sequence_ + 1;
-  roster.checksum = ChecksumOf(roster);
   const int slot = static_cast<int>(roster.sequence % 2);
   BATON_RETURN_IF_ERROR(OpenSlot(slot));
-  std::string text = EncodeRoster(roster);
+  std::string text = EncodeWithChecksum(roster);
   if (text.size() < sizes_[slot]) text.append(sizes_[slot] - text.size(), ' ');
   BATON_RETURN_IF_ERROR(PwriteAll(fds_[slot].get(), text, SlotPath(slot)));
   sizes_[slot] = std::max<uint64_t>(sizes_[slot], text.size());

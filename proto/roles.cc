@@ -1,79 +1,44 @@
 #include "proto/roles.h"
 
-#include <string>
+#include <iterator>
+
+#include "base/text/enum_names.h"
 
 namespace baton::proto {
+namespace {
 
-const char* ToString(EngineRole role) {
-  switch (role) {
-    case EngineRole::kPrimary:
-      return "primary";
-    case EngineRole::kStandby:
-      return "standby";
-    case EngineRole::kCanary:
-      return "canary";
-    case EngineRole::kPromoting:
-      return "promoting";
-    case EngineRole::kDraining:
-      return "draining";
-    case EngineRole::kFencing:
-      return "fencing";
-    case EngineRole::kLaunching:
-      return "launching";
-    case EngineRole::kAdopting:
-      return "adopting";
-  }
-  return "unknown";
-}
+constexpr EnumNames<EngineRole, 8> kEngineRoleNames{"engine role",
+                                                    {{{EngineRole::kPrimary, "primary"},
+                                                      {EngineRole::kStandby, "standby"},
+                                                      {EngineRole::kCanary, "canary"},
+                                                      {EngineRole::kPromoting, "promoting"},
+                                                      {EngineRole::kDraining, "draining"},
+                                                      {EngineRole::kFencing, "fencing"},
+                                                      {EngineRole::kLaunching, "launching"},
+                                                      {EngineRole::kAdopting, "adopting"}}}};
+static_assert(kEngineRoleNames.entries.size() == std::size(kEngineRoles));
 
-Result<EngineRole> ParseEngineRole(std::string_view text) {
-  for (EngineRole role : kEngineRoles) {
-    if (text == ToString(role)) return role;
-  }
-  return InvalidArgument(
-      "unknown engine role '" + std::string(text) +
-      "' (primary, standby, canary, promoting, draining, fencing, launching or adopting)");
-}
+constexpr EnumNames<LaunchRole, 2> kLaunchRoleNames{
+    "launch role", {{{LaunchRole::kPrimary, "primary"}, {LaunchRole::kStandby, "standby"}}}};
+static_assert(kLaunchRoleNames.entries.size() == std::size(kLaunchRoles));
 
-const char* ToString(LaunchRole role) {
-  switch (role) {
-    case LaunchRole::kPrimary:
-      return "primary";
-    case LaunchRole::kStandby:
-      return "standby";
-  }
-  return "unknown";
-}
+constexpr EnumNames<PeerRole, 5> kPeerRoleNames{"peer role",
+                                                {{{PeerRole::kEngine, "engine"},
+                                                  {PeerRole::kCli, "cli"},
+                                                  {PeerRole::kRouter, "router"},
+                                                  {PeerRole::kController, "controller"},
+                                                  {PeerRole::kDrill, "drill"}}}};
+static_assert(kPeerRoleNames.entries.size() == std::size(kPeerRoles));
 
-Result<LaunchRole> ParseLaunchRole(std::string_view text) {
-  for (LaunchRole role : kLaunchRoles) {
-    if (text == ToString(role)) return role;
-  }
-  return InvalidArgument("unknown launch role '" + std::string(text) + "' (primary or standby)");
-}
+}  // namespace
 
-const char* ToString(PeerRole role) {
-  switch (role) {
-    case PeerRole::kEngine:
-      return "engine";
-    case PeerRole::kCli:
-      return "cli";
-    case PeerRole::kRouter:
-      return "router";
-    case PeerRole::kController:
-      return "controller";
-    case PeerRole::kDrill:
-      return "drill";
-  }
-  return "unknown";
-}
+const char* ToString(EngineRole role) { return kEngineRoleNames.Name(role); }
+Result<EngineRole> ParseEngineRole(std::string_view text) { return kEngineRoleNames.Parse(text); }
 
-Result<PeerRole> ParsePeerRole(std::string_view text) {
-  for (PeerRole role : kPeerRoles) {
-    if (text == ToString(role)) return role;
-  }
-  return InvalidArgument("unknown peer role '" + std::string(text) +
-                         "' (engine, cli, router, controller or drill)");
-}
+const char* ToString(LaunchRole role) { return kLaunchRoleNames.Name(role); }
+Result<LaunchRole> ParseLaunchRole(std::string_view text) { return kLaunchRoleNames.Parse(text); }
+
+const char* ToString(PeerRole role) { return kPeerRoleNames.Name(role); }
+Result<PeerRole> ParsePeerRole(std::string_view text) { return kPeerRoleNames.Parse(text); }
 
 }  // namespace baton::proto

@@ -13,6 +13,7 @@
 
 #include "base/clock.h"
 #include "controller/core/canary.h"
+#include "controller/core/crash_loop_guard.h"
 
 namespace baton {
 
@@ -52,11 +53,7 @@ struct CoordinatorConfig {
   Duration probe_timeout = std::chrono::milliseconds(100);
 
   // [policy]
-  int crash_max_failures = 5;
-  Duration crash_window = std::chrono::seconds(60);
-  Duration crash_initial_backoff = std::chrono::seconds(1);
-  Duration crash_max_backoff = std::chrono::seconds(60);
-  Duration crash_quiet_period = std::chrono::seconds(120);
+  CrashLoopGuard::Options crash;  // max_failures, window, initial_/max_backoff, quiet_period
   // After a failover or switch-over, the replacement standby is launched this long after the
   // new primary acknowledged its promotion, so that its start (exec, mapping and faulting
   // the weights) does not compete with the new primary's first steps: the requests the

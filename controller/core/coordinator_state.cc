@@ -14,16 +14,6 @@ constexpr const char* kLog = "controller";
 constexpr size_t kKeepRefusals = 20;
 constexpr size_t kKeepExits = 20;
 
-CrashLoopGuard::Options GuardOptions(const CoordinatorConfig& c) {
-  CrashLoopGuard::Options o;
-  o.max_failures = c.crash_max_failures;
-  o.window = c.crash_window;
-  o.initial_backoff = c.crash_initial_backoff;
-  o.max_backoff = c.crash_max_backoff;
-  o.quiet_period = c.crash_quiet_period;
-  return o;
-}
-
 }  // namespace
 
 CoordinatorState::CoordinatorState(const CoordinatorConfig& config_in, const Clock& clock_in,
@@ -34,7 +24,7 @@ CoordinatorState::CoordinatorState(const CoordinatorConfig& config_in, const Clo
       effects(effects_in),
       ledger(std::make_unique<PoolLedger>(config_in.block_count, epochs_in)),
       pair(NewPairMachine("pair", clock_in)),
-      guard(clock_in, GuardOptions(config_in)),
+      guard(clock_in, config_in.crash),
       timelines(clock_in) {}
 
 // --- machines and lookups -----------------------------------------------------------------------

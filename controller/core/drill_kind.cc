@@ -1,26 +1,21 @@
 #include "controller/core/drill_kind.h"
 
-#include <string>
+#include <iterator>
+
+#include "base/text/enum_names.h"
 
 namespace baton {
+namespace {
 
-const char* ToString(DrillKind kind) {
-  switch (kind) {
-    case DrillKind::kKill:
-      return "kill";
-    case DrillKind::kHang:
-      return "hang";
-    case DrillKind::kError:
-      return "error";
-  }
-  return "unknown";
-}
+constexpr EnumNames<DrillKind, 3> kNames{
+    "drill",
+    {{{DrillKind::kKill, "kill"}, {DrillKind::kHang, "hang"}, {DrillKind::kError, "error"}}}};
+static_assert(kNames.entries.size() == std::size(kDrillKinds));
 
-Result<DrillKind> ParseDrillKind(std::string_view text) {
-  for (DrillKind kind : kDrillKinds) {
-    if (text == ToString(kind)) return kind;
-  }
-  return InvalidArgument("unknown drill '" + std::string(text) + "' (kill, hang or error)");
-}
+}  // namespace
+
+const char* ToString(DrillKind kind) { return kNames.Name(kind); }
+
+Result<DrillKind> ParseDrillKind(std::string_view text) { return kNames.Parse(text); }
 
 }  // namespace baton

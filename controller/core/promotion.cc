@@ -1,13 +1,25 @@
 #include "controller/core/promotion.h"
 
 #include <ctime>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "base/text/enum_names.h"
+
 namespace baton {
 namespace {
+
+constexpr EnumNames<PromotionKind, 5> kPromotionKindNames{
+    "promotion kind",
+    {{{PromotionKind::kFailover, "failover"},
+      {PromotionKind::kDrain, "drain"},
+      {PromotionKind::kSwitchover, "switchover"},
+      {PromotionKind::kUpgrade, "upgrade"},
+      {PromotionKind::kPromotion, "promotion"}}}};
+static_assert(kPromotionKindNames.entries.size() == std::size(kPromotionKinds));
 
 std::optional<double> Between(const std::optional<TimePoint>& from,
                               const std::optional<TimePoint>& to) {
@@ -66,28 +78,10 @@ PhaseTimes PhasesOf(const PromotionRecord& r) {
   return p;
 }
 
-const char* ToString(PromotionKind kind) {
-  switch (kind) {
-    case PromotionKind::kFailover:
-      return "failover";
-    case PromotionKind::kDrain:
-      return "drain";
-    case PromotionKind::kSwitchover:
-      return "switchover";
-    case PromotionKind::kUpgrade:
-      return "upgrade";
-    case PromotionKind::kPromotion:
-      return "promotion";
-  }
-  return "unknown";
-}
+const char* ToString(PromotionKind kind) { return kPromotionKindNames.Name(kind); }
 
 Result<PromotionKind> ParsePromotionKind(std::string_view text) {
-  for (PromotionKind kind : kPromotionKinds) {
-    if (text == ToString(kind)) return kind;
-  }
-  return InvalidArgument("unknown promotion kind '" + std::string(text) +
-                         "' (failover, drain, switchover, upgrade or promotion)");
+  return kPromotionKindNames.Parse(text);
 }
 
 TimelineLog::TimelineLog(const Clock& clock, size_t limit) : clock_(&clock), limit_(limit) {}

@@ -1,68 +1,41 @@
 #include "controller/core/upgrade_kind.h"
 
-#include <string>
+#include <iterator>
+
+#include "base/text/enum_names.h"
 
 namespace baton {
+namespace {
 
-const char* ToString(UpgradeKind kind) {
-  switch (kind) {
-    case UpgradeKind::kUpgrade:
-      return "upgrade";
-    case UpgradeKind::kRollback:
-      return "rollback";
-  }
-  return "unknown";
-}
+constexpr EnumNames<UpgradeKind, 2> kKindNames{
+    "upgrade kind", {{{UpgradeKind::kUpgrade, "upgrade"}, {UpgradeKind::kRollback, "rollback"}}}};
+static_assert(kKindNames.entries.size() == std::size(kUpgradeKinds));
 
-Result<UpgradeKind> ParseUpgradeKind(std::string_view text) {
-  for (UpgradeKind kind : kUpgradeKinds) {
-    if (text == ToString(kind)) return kind;
-  }
-  return InvalidArgument("unknown upgrade kind '" + std::string(text) + "' (upgrade or rollback)");
-}
+constexpr EnumNames<UpgradePhase, 6> kPhaseNames{"upgrade phase",
+                                                 {{{UpgradePhase::kLaunching, "launching"},
+                                                   {UpgradePhase::kReclaiming, "reclaiming"},
+                                                   {UpgradePhase::kPromoting, "promoting"},
+                                                   {UpgradePhase::kCanary, "canary"},
+                                                   {UpgradePhase::kFinishing, "finishing"},
+                                                   {UpgradePhase::kRollingBack, "rolling_back"}}}};
+static_assert(kPhaseNames.entries.size() == std::size(kUpgradePhases));
 
-const char* ToString(UpgradePhase phase) {
-  switch (phase) {
-    case UpgradePhase::kLaunching:
-      return "launching";
-    case UpgradePhase::kReclaiming:
-      return "reclaiming";
-    case UpgradePhase::kPromoting:
-      return "promoting";
-    case UpgradePhase::kCanary:
-      return "canary";
-    case UpgradePhase::kFinishing:
-      return "finishing";
-    case UpgradePhase::kRollingBack:
-      return "rolling_back";
-  }
-  return "unknown";
-}
+constexpr EnumNames<UpgradeOutcome, 2> kOutcomeNames{
+    "upgrade outcome",
+    {{{UpgradeOutcome::kPromoted, "promoted"}, {UpgradeOutcome::kRolledBack, "rolled_back"}}}};
+static_assert(kOutcomeNames.entries.size() == std::size(kUpgradeOutcomes));
 
-Result<UpgradePhase> ParseUpgradePhase(std::string_view text) {
-  for (UpgradePhase phase : kUpgradePhases) {
-    if (text == ToString(phase)) return phase;
-  }
-  return InvalidArgument("unknown upgrade phase '" + std::string(text) +
-                         "' (launching, reclaiming, promoting, canary, finishing or rolling_back)");
-}
+}  // namespace
 
-const char* ToString(UpgradeOutcome outcome) {
-  switch (outcome) {
-    case UpgradeOutcome::kPromoted:
-      return "promoted";
-    case UpgradeOutcome::kRolledBack:
-      return "rolled_back";
-  }
-  return "unknown";
-}
+const char* ToString(UpgradeKind kind) { return kKindNames.Name(kind); }
+Result<UpgradeKind> ParseUpgradeKind(std::string_view text) { return kKindNames.Parse(text); }
 
+const char* ToString(UpgradePhase phase) { return kPhaseNames.Name(phase); }
+Result<UpgradePhase> ParseUpgradePhase(std::string_view text) { return kPhaseNames.Parse(text); }
+
+const char* ToString(UpgradeOutcome outcome) { return kOutcomeNames.Name(outcome); }
 Result<UpgradeOutcome> ParseUpgradeOutcome(std::string_view text) {
-  for (UpgradeOutcome outcome : kUpgradeOutcomes) {
-    if (text == ToString(outcome)) return outcome;
-  }
-  return InvalidArgument("unknown upgrade outcome '" + std::string(text) +
-                         "' (promoted or rolled_back)");
+  return kOutcomeNames.Parse(text);
 }
 
 }  // namespace baton

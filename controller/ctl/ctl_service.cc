@@ -138,8 +138,8 @@ json GuardJson(const ControllerStatus& c) {
             {"level", g.guard_level},
             {"recent_failures", g.guard_recent_failures},
             {"total_failures", g.guard_total_failures},
-            {"max_failures", c.config->crash_max_failures},
-            {"window_s", std::chrono::duration<double>(c.config->crash_window).count()}};
+            {"max_failures", c.config->crash.max_failures},
+            {"window_s", std::chrono::duration<double>(c.config->crash.window).count()}};
   if (g.guard_in_backoff) j["next_restart_in_ms"] = MillisBetween(g.now, g.guard_next_restart_at);
   return j;
 }

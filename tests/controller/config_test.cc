@@ -106,11 +106,11 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->heartbeat_interval, milliseconds(50));
   EXPECT_EQ(c->heartbeat_misses, 4);
   EXPECT_EQ(c->probe_timeout, milliseconds(80));
-  EXPECT_EQ(c->crash_max_failures, 7);
-  EXPECT_EQ(c->crash_window, seconds(30));
-  EXPECT_EQ(c->crash_initial_backoff, milliseconds(500));
-  EXPECT_EQ(c->crash_max_backoff, seconds(8));
-  EXPECT_EQ(c->crash_quiet_period, seconds(90));
+  EXPECT_EQ(c->crash.max_failures, 7);
+  EXPECT_EQ(c->crash.window, seconds(30));
+  EXPECT_EQ(c->crash.initial_backoff, milliseconds(500));
+  EXPECT_EQ(c->crash.max_backoff, seconds(8));
+  EXPECT_EQ(c->crash.quiet_period, seconds(90));
   EXPECT_EQ(c->standby_relaunch_delay, milliseconds(250));
   EXPECT_EQ(c->canary.steps, (std::vector<uint32_t>{5, 25, 100}));
   EXPECT_EQ(c->canary.step_duration, seconds(60));

@@ -93,11 +93,11 @@ inline ControllerConfig SimConfig(const Fault& fault) {
   c.register_timeout = seconds(1);
   c.promote_timeout = milliseconds(500);
   c.drain_timeout = seconds(1);
-  c.crash_max_failures = 3;
-  c.crash_window = seconds(2);
-  c.crash_initial_backoff = milliseconds(200);
-  c.crash_max_backoff = seconds(2);
-  c.crash_quiet_period = seconds(5);
+  c.crash.max_failures = 3;
+  c.crash.window = seconds(2);
+  c.crash.initial_backoff = milliseconds(200);
+  c.crash.max_backoff = seconds(2);
+  c.crash.quiet_period = seconds(5);
   c.readopt_timeout = milliseconds(300);
   c.standby_relaunch_delay = milliseconds(100);
   c.gpu_release_timeout = seconds(2);
