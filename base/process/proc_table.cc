@@ -119,4 +119,10 @@ std::string ProcessCommandLine(pid_t pid) {
 
 bool ProcessPresent(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+bool ProcessRunning(pid_t pid) {
+  if (pid <= 0) return false;
+  const std::optional<ProcStat> stat = ReadProcStat(pid);
+  return stat.has_value() && stat->state != 'Z' && stat->state != 'X';
+}
+
 }  // namespace baton

@@ -51,5 +51,8 @@ std::string ProcessName(pid_t pid);
 std::string ProcessCommandLine(pid_t pid);
 // True while a process with this pid exists, a zombie included.
 bool ProcessPresent(pid_t pid);
+// True while `pid` runs: it exists and is neither a zombie nor dead (an orphan's zombie may
+// wait long for its reaper).
+bool ProcessRunning(pid_t pid);
 
 }  // namespace baton

@@ -108,19 +108,28 @@ Status PoolMapping::CheckRange(uint32_t first, uint32_t count) const {
   return OkStatus();
 }
 
-Status PoolMapping::MapExtent(uint32_t first, uint32_t count) {
+Status PoolMapping::MapInPlace(uint32_t first, uint32_t count, int prot) {
   BATON_RETURN_IF_ERROR(CheckRange(first, count));
   for (uint32_t b = first; b < first + count; ++b) {
     if (IsMapped(b)) {
       return FailedPrecondition(BlockText(first, count) + " overlap block " + std::to_string(b) +
-                                ", already mapped");
+                                ", mapped writable");
     }
   }
   const uint64_t offset = uint64_t{first} * args_.block_bytes;
   const uint64_t bytes = uint64_t{count} * args_.block_bytes;
-  void* got = ::mmap(base_ + offset, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
-                     fd_.get(), static_cast<off_t>(offset));
-  if (got == MAP_FAILED) return ErrnoStatus("mapping pool " + BlockText(first, count), errno);
+  void* got = ::mmap(base_ + offset, bytes, prot, MAP_SHARED | MAP_FIXED, fd_.get(),
+                     static_cast<off_t>(offset));
+  if (got == MAP_FAILED) {
+    return ErrnoStatus(
+        "mapping pool " + BlockText(first, count) + ((prot & PROT_WRITE) != 0 ? "" : " read-only"),
+        errno);
+  }
+  return OkStatus();
+}
+
+Status PoolMapping::MapExtent(uint32_t first, uint32_t count) {
+  BATON_RETURN_IF_ERROR(MapInPlace(first, count, PROT_READ | PROT_WRITE));
   read_only_.erase(read_only_.lower_bound(first), read_only_.lower_bound(first + count));
   mapped_[first] = count;
   // Coalesce with neighbours so that mapped() stays a list of maximal runs.
@@ -162,20 +171,7 @@ Status PoolMapping::UnmapExtent(uint32_t first, uint32_t count) {
 }
 
 Status PoolMapping::MapReadOnly(uint32_t first, uint32_t count) {
-  BATON_RETURN_IF_ERROR(CheckRange(first, count));
-  for (uint32_t b = first; b < first + count; ++b) {
-    if (IsMapped(b)) {
-      return FailedPrecondition(BlockText(first, count) + " overlap block " + std::to_string(b) +
-                                ", mapped writable");
-    }
-  }
-  const uint64_t offset = uint64_t{first} * args_.block_bytes;
-  const uint64_t bytes = uint64_t{count} * args_.block_bytes;
-  void* got = ::mmap(base_ + offset, bytes, PROT_READ, MAP_SHARED | MAP_FIXED, fd_.get(),
-                     static_cast<off_t>(offset));
-  if (got == MAP_FAILED) {
-    return ErrnoStatus("mapping pool " + BlockText(first, count) + " read-only", errno);
-  }
+  BATON_RETURN_IF_ERROR(MapInPlace(first, count, PROT_READ));
   for (uint32_t b = first; b < first + count; ++b) read_only_.insert(b);
   return OkStatus();
 }

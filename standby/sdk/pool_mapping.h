@@ -85,6 +85,9 @@ class PoolMapping {
  private:
   void Release();
   Status CheckRange(uint32_t first, uint32_t count) const;
+  // Maps the blocks of the pool's file at their place with `prot`; FailedPrecondition when one
+  // of them is mapped writable already.
+  Status MapInPlace(uint32_t first, uint32_t count, int prot);
 
   UniqueFd fd_;
   PoolGeometryArgs args_;

@@ -11,6 +11,7 @@
 #include <set>
 #include <thread>
 
+#include "base/process/proc_table.h"
 #include "controller/keeper/keeper_client.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
@@ -37,16 +38,6 @@ void ExpectAdoptedMemory(const json& s) {
   EXPECT_EQ(s["weights"]["bytes_read"], 0) << "not a byte of the model files read again";
   EXPECT_TRUE(s["pool"]["adopted"].get<bool>()) << s["pool"].dump();
   EXPECT_EQ(s["controller"]["recovery"]["memory"], "adopted") << s["controller"].dump();
-}
-
-// Alive and not a zombie (an orphan's zombie waits for its reaper, not for us).
-bool Running(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(stat, text);
-  const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'Z' &&
-         text[paren + 2] != 'X';
 }
 
 void ExpectHealthy(const ChaosCluster& cluster, const json& s) {
@@ -222,7 +213,7 @@ TEST(ControllerRestart, AStandbyThatHangsAcrossTheRestartIsFencedAndReplaced) {
   EXPECT_EQ(fenced[0]["id"], standby["id"]);
   EXPECT_NE(fenced[0]["reason"].get<std::string>().find("did not register again"),
             std::string::npos);
-  EXPECT_FALSE(Running(PidOf(standby))) << "the silent standby was killed";
+  EXPECT_FALSE(ProcessRunning(PidOf(standby))) << "the silent standby was killed";
   ExpectHealthy(cluster, after);
 }
 
@@ -358,7 +349,7 @@ TEST(ControllerRestart, ACorruptJournalStopsTheControllerAndTouchesNoEngine) {
   const int status = cluster.WaitControllerExit();
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
   EXPECT_NE(cluster.Log().find("epoch.journal"), std::string::npos) << cluster.Log();
-  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(Running(pid)) << "engine " << pid;
+  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessRunning(pid)) << "engine " << pid;
 }
 
 // The controller dies exactly at a failpoint; the next one (without failpoints) brings the

@@ -45,6 +45,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/process/proc_table.h"
+
 namespace baton::testing {
 
 inline uint64_t Tagged(uint64_t engine_id, uint64_t low) {
@@ -203,15 +205,6 @@ inline uint64_t ResidentMb(pid_t pid) {
   return 0;
 }
 
-// Whether `pid` is alive and not a zombie (an orphan's zombie may wait long for a reaper).
-inline bool StillRunning(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (pid <= 0 || !std::getline(stat, line)) return false;
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
-}
-
 // Workers of engines other than `self` (DIR/worker-<id>.pid) still alive and not zombies.
 inline std::vector<pid_t> OthersStillRunning(const std::string& dir, uint64_t self) {
   std::vector<pid_t> out;
@@ -222,7 +215,7 @@ inline std::vector<pid_t> OthersStillRunning(const std::string& dir, uint64_t se
     if (name == "worker-" + std::to_string(self) + ".pid") continue;
     pid_t pid = 0;
     std::ifstream(entry.path()) >> pid;
-    if (StillRunning(pid)) out.push_back(pid);
+    if (ProcessRunning(pid)) out.push_back(pid);
   }
   return out;
 }

@@ -58,7 +58,7 @@ TEST(QuarantineDrill, PromotedBeforeTheDyingEnginesTeardownWithNoForeignByte) {
   const uint64_t old_id = primary["id"];
   const pid_t worker = WorkerOf(cluster, old_id);
   ASSERT_GT(worker, 0) << "the primary's worker never started";
-  ASSERT_TRUE(testing::StillRunning(worker));
+  ASSERT_TRUE(ProcessRunning(worker));
   // Its memory held, so that its exit takes a while (1 GiB: tens of milliseconds or more).
   for (int i = 0; i < 2000 && testing::ResidentMb(worker) < kWorkerMb; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -75,7 +75,7 @@ TEST(QuarantineDrill, PromotedBeforeTheDyingEnginesTeardownWithNoForeignByte) {
                s["pool"]["promotion_reserve"]["available"] == kReserve;
       },
       "the quarantine to drain and the reserve to come back");
-  EXPECT_FALSE(testing::StillRunning(worker)) << "the worker outlived the fence";
+  EXPECT_FALSE(ProcessRunning(worker)) << "the worker outlived the fence";
 
   const json t = cluster.Ctl({"timeline"}).out["timeline"];
   ASSERT_EQ(t["old_engine"], old_id) << t.dump(2);

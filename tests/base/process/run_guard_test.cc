@@ -20,22 +20,12 @@
 namespace baton {
 namespace {
 
-// Alive and not a zombie.
-bool Running(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string text;
-  std::getline(stat, text);
-  const size_t paren = text.rfind(')');
-  return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'Z' &&
-         text[paren + 2] != 'X';
-}
-
 bool GoneWithin(pid_t pid, std::chrono::seconds limit) {
   const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (Running(pid) && std::chrono::steady_clock::now() < deadline) {
+  while (ProcessRunning(pid) && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
-  return !Running(pid);
+  return !ProcessRunning(pid);
 }
 
 // Starts `sleep 600` detached from the caller (a session of its own, its parent gone at once:
@@ -96,18 +86,18 @@ TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunExits) {
   int status = 0;
   ASSERT_EQ(::waitpid(run, &status, 0), run);
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
-  EXPECT_FALSE(Running(sleeper)) << "the run waited for the sweep before it ended";
+  EXPECT_FALSE(ProcessRunning(sleeper)) << "the run waited for the sweep before it ended";
 }
 
 TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsInterrupted) {
   const auto [run, sleeper] = StartRun(End::kWait);
   ASSERT_GT(sleeper, 0);
-  ASSERT_TRUE(Running(sleeper));
+  ASSERT_TRUE(ProcessRunning(sleeper));
   ASSERT_EQ(::kill(run, SIGINT), 0);
   int status = 0;
   ASSERT_EQ(::waitpid(run, &status, 0), run);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGINT) << "it dies of the signal";
-  EXPECT_FALSE(Running(sleeper)) << "the run waited for the sweep before it ended";
+  EXPECT_FALSE(ProcessRunning(sleeper)) << "the run waited for the sweep before it ended";
 }
 
 TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsKilled) {
@@ -129,7 +119,7 @@ TEST(RunGuardTest, AProcessOfAnotherRunIsNotTouched) {
   std::this_thread::sleep_for(std::chrono::milliseconds(50));  // exec'd
   EXPECT_EQ(KillTaggedProcesses("another-run.1", std::chrono::seconds(1)), 0) << "a prefix";
   EXPECT_EQ(KillTaggedProcesses("mine.1.0", std::chrono::seconds(1)), 0);
-  EXPECT_TRUE(Running(other));
+  EXPECT_TRUE(ProcessRunning(other));
   EXPECT_EQ(KillTaggedProcesses("another-run.1.0", std::chrono::seconds(1)), 1);  // our zombie
   int status = 0;
   ASSERT_EQ(::waitpid(other, &status, 0), other);

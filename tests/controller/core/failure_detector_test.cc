@@ -9,137 +9,128 @@ using std::chrono::milliseconds;
 using Action = FailureDetector::Action;
 using State = FailureDetector::State;
 
-TEST(FailureDetectorTest, DefaultsAreHundredMillisTimesThree) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  EXPECT_EQ(detector.suspect_after(), milliseconds(300));
-  EXPECT_EQ(detector.NextDeadline(), clock.Now() + milliseconds(300));
-}
-
-TEST(FailureDetectorTest, RegularHeartbeatsNeverSuspect) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  for (int i = 0; i < 100; ++i) {
-    clock.Advance(milliseconds(100));
-    detector.OnHeartbeat();
-    EXPECT_EQ(detector.Poll(), Action::kNone);
+// Default options: a heartbeat every 100 ms, suspected after 3 missed, a probe answered
+// within 100 ms.
+class FailureDetectorTest : public ::testing::Test {
+ protected:
+  // 300 ms of silence: the engine is probed.
+  void SilentUntilProbed() {
+    clock_.Advance(milliseconds(300));
+    ASSERT_EQ(detector_.Poll(), Action::kSendProbe);
   }
-  EXPECT_EQ(detector.state(), State::kHealthy);
+
+  FakeClock clock_;
+  FailureDetector detector_{clock_};
+};
+
+TEST_F(FailureDetectorTest, DefaultsAreHundredMillisTimesThree) {
+  EXPECT_EQ(detector_.suspect_after(), milliseconds(300));
+  EXPECT_EQ(detector_.NextDeadline(), clock_.Now() + milliseconds(300));
 }
 
-TEST(FailureDetectorTest, SlowButAliveEngineUnderLoadIsNotKilled) {
-  FakeClock clock;
-  FailureDetector detector(clock);
+TEST_F(FailureDetectorTest, RegularHeartbeatsNeverSuspect) {
+  for (int i = 0; i < 100; ++i) {
+    clock_.Advance(milliseconds(100));
+    detector_.OnHeartbeat();
+    EXPECT_EQ(detector_.Poll(), Action::kNone);
+  }
+  EXPECT_EQ(detector_.state(), State::kHealthy);
+}
+
+TEST_F(FailureDetectorTest, SlowButAliveEngineUnderLoadIsNotKilled) {
   // Heartbeats late (290 ms apart), and once silent long enough to be probed: the health
   // reply clears it.
   for (int i = 0; i < 20; ++i) {
-    clock.Advance(milliseconds(290));
-    EXPECT_EQ(detector.Poll(), Action::kNone);
-    detector.OnHeartbeat();
+    clock_.Advance(milliseconds(290));
+    EXPECT_EQ(detector_.Poll(), Action::kNone);
+    detector_.OnHeartbeat();
   }
-  clock.Advance(milliseconds(350));
-  EXPECT_EQ(detector.Poll(), Action::kSendProbe);
-  clock.Advance(milliseconds(40));
-  detector.OnHealthReply();
-  EXPECT_EQ(detector.state(), State::kHealthy);
-  clock.Advance(milliseconds(200));
-  EXPECT_EQ(detector.Poll(), Action::kNone);
+  clock_.Advance(milliseconds(350));
+  EXPECT_EQ(detector_.Poll(), Action::kSendProbe);
+  clock_.Advance(milliseconds(40));
+  detector_.OnHealthReply();
+  EXPECT_EQ(detector_.state(), State::kHealthy);
+  clock_.Advance(milliseconds(200));
+  EXPECT_EQ(detector_.Poll(), Action::kNone);
 }
 
-TEST(FailureDetectorTest, SilenceIsProbedOnceThenConfirmedOnce) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  clock.Advance(milliseconds(299));
-  EXPECT_EQ(detector.Poll(), Action::kNone);
-  clock.Advance(milliseconds(1));
-  EXPECT_EQ(detector.Poll(), Action::kSendProbe);
-  EXPECT_EQ(detector.state(), State::kProbing);
-  EXPECT_EQ(detector.Poll(), Action::kNone);  // the probe is not repeated
-  EXPECT_EQ(detector.NextDeadline(), clock.Now() + milliseconds(100));
-  clock.Advance(milliseconds(99));
-  EXPECT_EQ(detector.Poll(), Action::kNone);
-  clock.Advance(milliseconds(1));
-  EXPECT_EQ(detector.Poll(), Action::kDeclareHung);
-  EXPECT_EQ(detector.state(), State::kHung);
-  EXPECT_EQ(detector.Poll(), Action::kNone);  // declared once
-  EXPECT_EQ(detector.NextDeadline(), TimePoint::max());
+TEST_F(FailureDetectorTest, SilenceIsProbedOnceThenConfirmedOnce) {
+  clock_.Advance(milliseconds(299));
+  EXPECT_EQ(detector_.Poll(), Action::kNone);
+  clock_.Advance(milliseconds(1));
+  EXPECT_EQ(detector_.Poll(), Action::kSendProbe);
+  EXPECT_EQ(detector_.state(), State::kProbing);
+  EXPECT_EQ(detector_.Poll(), Action::kNone);  // the probe is not repeated
+  EXPECT_EQ(detector_.NextDeadline(), clock_.Now() + milliseconds(100));
+  clock_.Advance(milliseconds(99));
+  EXPECT_EQ(detector_.Poll(), Action::kNone);
+  clock_.Advance(milliseconds(1));
+  EXPECT_EQ(detector_.Poll(), Action::kDeclareHung);
+  EXPECT_EQ(detector_.state(), State::kHung);
+  EXPECT_EQ(detector_.Poll(), Action::kNone);  // declared once
+  EXPECT_EQ(detector_.NextDeadline(), TimePoint::max());
 }
 
-TEST(FailureDetectorTest, LateHeartbeatAfterHungDoesNotRevive) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  clock.Advance(milliseconds(300));
-  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
-  clock.Advance(milliseconds(100));
-  ASSERT_EQ(detector.Poll(), Action::kDeclareHung);
-  detector.OnHeartbeat();
-  EXPECT_EQ(detector.state(), State::kHung);
+TEST_F(FailureDetectorTest, LateHeartbeatAfterHungDoesNotRevive) {
+  ASSERT_NO_FATAL_FAILURE(SilentUntilProbed());
+  clock_.Advance(milliseconds(100));
+  ASSERT_EQ(detector_.Poll(), Action::kDeclareHung);
+  detector_.OnHeartbeat();
+  EXPECT_EQ(detector_.state(), State::kHung);
 }
 
-TEST(FailureDetectorTest, LongStallStillProbesBeforeDeclaring) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  clock.Advance(std::chrono::seconds(10));  // the controller itself was delayed
-  EXPECT_EQ(detector.Poll(), Action::kSendProbe);
-  detector.OnHealthReply();
-  EXPECT_EQ(detector.Poll(), Action::kNone);
-  EXPECT_EQ(detector.state(), State::kHealthy);
+TEST_F(FailureDetectorTest, LongStallStillProbesBeforeDeclaring) {
+  clock_.Advance(std::chrono::seconds(10));  // the controller itself was delayed
+  EXPECT_EQ(detector_.Poll(), Action::kSendProbe);
+  detector_.OnHealthReply();
+  EXPECT_EQ(detector_.Poll(), Action::kNone);
+  EXPECT_EQ(detector_.state(), State::kHealthy);
 }
 
 // The verdict was due 100 ms after the probe; a Poll 350 ms after it means the controller's
 // own loop stalled for 250 ms, long enough that the answer may sit unread: probe again.
-TEST(FailureDetectorTest, LateVerdictProbesAgainAndTheAnswerKeepsTheEngine) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  clock.Advance(milliseconds(300));
-  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
-  clock.Advance(milliseconds(350));
-  EXPECT_EQ(detector.Poll(), Action::kProbeAgain);
-  EXPECT_EQ(detector.state(), State::kProbing);
-  EXPECT_EQ(detector.late_probes(), 1);
-  EXPECT_EQ(detector.NextDeadline(), clock.Now() + milliseconds(100));
-  detector.OnHealthReply();
-  EXPECT_EQ(detector.state(), State::kHealthy);
-  EXPECT_EQ(detector.late_probes(), 0);
+TEST_F(FailureDetectorTest, LateVerdictProbesAgainAndTheAnswerKeepsTheEngine) {
+  ASSERT_NO_FATAL_FAILURE(SilentUntilProbed());
+  clock_.Advance(milliseconds(350));
+  EXPECT_EQ(detector_.Poll(), Action::kProbeAgain);
+  EXPECT_EQ(detector_.state(), State::kProbing);
+  EXPECT_EQ(detector_.late_probes(), 1);
+  EXPECT_EQ(detector_.NextDeadline(), clock_.Now() + milliseconds(100));
+  detector_.OnHealthReply();
+  EXPECT_EQ(detector_.state(), State::kHealthy);
+  EXPECT_EQ(detector_.late_probes(), 0);
 }
 
 // A loop that stays late still gets a verdict: after kMaxLateProbes late ones, the next is
 // given, late or not.
-TEST(FailureDetectorTest, ALoopThatStaysLateStillDeclaresAHungEngine) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  clock.Advance(milliseconds(300));
-  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
+TEST_F(FailureDetectorTest, ALoopThatStaysLateStillDeclaresAHungEngine) {
+  ASSERT_NO_FATAL_FAILURE(SilentUntilProbed());
   for (int i = 0; i < FailureDetector::kMaxLateProbes; ++i) {
-    clock.Advance(milliseconds(500));
-    EXPECT_EQ(detector.Poll(), Action::kProbeAgain) << i;
+    clock_.Advance(milliseconds(500));
+    EXPECT_EQ(detector_.Poll(), Action::kProbeAgain) << i;
   }
-  clock.Advance(milliseconds(500));
-  EXPECT_EQ(detector.Poll(), Action::kDeclareHung);
-  EXPECT_EQ(detector.state(), State::kHung);
+  clock_.Advance(milliseconds(500));
+  EXPECT_EQ(detector_.Poll(), Action::kDeclareHung);
+  EXPECT_EQ(detector_.state(), State::kHung);
 }
 
 // A verdict less than one probe_timeout late is given: the loop ran, the answer had its turn.
-TEST(FailureDetectorTest, AVerdictSlightlyLateIsGiven) {
-  FakeClock clock;
-  FailureDetector detector(clock);
-  clock.Advance(milliseconds(300));
-  ASSERT_EQ(detector.Poll(), Action::kSendProbe);
-  clock.Advance(milliseconds(199));
-  EXPECT_EQ(detector.Poll(), Action::kDeclareHung);
+TEST_F(FailureDetectorTest, AVerdictSlightlyLateIsGiven) {
+  ASSERT_NO_FATAL_FAILURE(SilentUntilProbed());
+  clock_.Advance(milliseconds(199));
+  EXPECT_EQ(detector_.Poll(), Action::kDeclareHung);
 }
 
-TEST(FailureDetectorTest, CustomOptionsAndBadValuesAreSanitized) {
-  FakeClock clock;
+TEST_F(FailureDetectorTest, CustomOptionsAndBadValuesAreSanitized) {
   FailureDetector::Options options;
   options.heartbeat_interval = milliseconds(50);
   options.misses = 0;
   options.probe_timeout = Duration::zero();
-  FailureDetector detector(clock, options);
+  FailureDetector detector(clock_, options);
   EXPECT_EQ(detector.suspect_after(), milliseconds(50));
-  clock.Advance(milliseconds(50));
+  clock_.Advance(milliseconds(50));
   EXPECT_EQ(detector.Poll(), Action::kSendProbe);
-  clock.Advance(milliseconds(100));
+  clock_.Advance(milliseconds(100));
   EXPECT_EQ(detector.Poll(), Action::kDeclareHung);
 }
 

@@ -5,35 +5,21 @@
 #include <string>
 
 #include "controller/core/pool_ledger.h"
+#include "tests/controller/core/pool_ledger_testutil.h"
 
 namespace baton {
 namespace {
 
-class CounterEpochs final : public EpochStore {
- public:
-  uint64_t current() const override { return value_; }
-  Result<uint64_t> Advance() override { return ++value_; }
-
- private:
-  uint64_t value_ = 0;
-};
+using ledger_test::CounterEpochs;
 
 // 16 blocks in chunks of 4. Engine 1 is the primary at epoch 1, engine 2 the canary at 2.
-class ChunkedLedgerTest : public ::testing::Test {
+class ChunkedLedgerTest : public ledger_test::LedgerFixture {
  protected:
+  void Shape() override { ASSERT_TRUE(ledger_.SetBlocksPerChunk(4).ok()); }
   void SetUp() override {
-    ASSERT_TRUE(ledger_.SetBlocksPerChunk(4).ok());
-    ASSERT_TRUE(ledger_.AddStandby(1).ok());
-    ASSERT_TRUE(ledger_.AddStandby(2).ok());
-    ASSERT_TRUE(ledger_.Promote(1, *epochs_.Advance()).ok());
+    LedgerFixture::SetUp();
     ASSERT_TRUE(ledger_.Promote(2, *epochs_.Advance()).ok());
   }
-  void TearDown() override {
-    EXPECT_TRUE(ledger_.CheckInvariants().ok()) << ledger_.CheckInvariants().ToString();
-  }
-
-  CounterEpochs epochs_;
-  PoolLedger ledger_{16, epochs_};
 };
 
 TEST_F(ChunkedLedgerTest, AnEngineGetsNoBlockOfAChunkAnotherEngineHolds) {

@@ -7,40 +7,17 @@
 #include <vector>
 
 #include "controller/core/pool_ledger.h"
+#include "tests/controller/core/pool_ledger_testutil.h"
 
 namespace baton {
 namespace {
 
-class CounterEpochs final : public EpochStore {
- public:
-  uint64_t current() const override { return value_; }
-  Result<uint64_t> Advance() override { return ++value_; }
+using ledger_test::Blocks;
+using ledger_test::CounterEpochs;
 
- private:
-  uint64_t value_ = 0;
-};
-
-uint32_t Blocks(const std::vector<Extent>& extents) {
-  uint32_t n = 0;
-  for (const Extent& x : extents) n += x.count;
-  return n;
-}
-
-// 16 blocks, a reserve of 4. Engine 1 is the primary at epoch 1, engine 2 the standby.
-class ReserveTest : public ::testing::Test {
+class ReserveTest : public ledger_test::LedgerFixture {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(ledger_.SetPromotionReserve(4).ok());
-    ASSERT_TRUE(ledger_.AddStandby(1).ok());
-    ASSERT_TRUE(ledger_.AddStandby(2).ok());
-    ASSERT_TRUE(ledger_.Promote(1, *epochs_.Advance()).ok());
-  }
-  void TearDown() override {
-    EXPECT_TRUE(ledger_.CheckInvariants().ok()) << ledger_.CheckInvariants().ToString();
-  }
-
-  CounterEpochs epochs_;
-  PoolLedger ledger_{16, epochs_};
+  void Shape() override { ASSERT_TRUE(ledger_.SetPromotionReserve(4).ok()); }
 };
 
 TEST_F(ReserveTest, GrantsLeaveTheReserveFree) {

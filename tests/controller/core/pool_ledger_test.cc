@@ -5,18 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/controller/core/pool_ledger_testutil.h"
+
 namespace baton {
 namespace {
 
-class CounterEpochs final : public EpochStore {
- public:
-  explicit CounterEpochs(uint64_t start = 0) : value_(start) {}
-  uint64_t current() const override { return value_; }
-  Result<uint64_t> Advance() override { return ++value_; }
-
- private:
-  uint64_t value_;
-};
+using ledger_test::CounterEpochs;
 
 void ExpectRefused(const Status& status, const std::string& fragment) {
   ASSERT_FALSE(status.ok());
@@ -30,21 +24,8 @@ void ExpectInvariant(const PoolLedger& ledger, int rule) {
       << status.ToString();
 }
 
-class PoolLedgerTest : public ::testing::Test {
- protected:
-  // Engine 1 is the primary at epoch 1, engine 2 a standby.
-  void SetUp() override {
-    ASSERT_TRUE(ledger_.AddStandby(1).ok());
-    ASSERT_TRUE(ledger_.AddStandby(2).ok());
-    ASSERT_TRUE(ledger_.Promote(1, *epochs_.Advance()).ok());
-  }
-  void TearDown() override {
-    EXPECT_TRUE(ledger_.CheckInvariants().ok()) << ledger_.CheckInvariants().ToString();
-  }
-
-  CounterEpochs epochs_;
-  PoolLedger ledger_{16, epochs_};
-};
+// Engine 1 is the primary at epoch 1, engine 2 a standby.
+class PoolLedgerTest : public ledger_test::LedgerFixture {};
 
 TEST_F(PoolLedgerTest, GrantsContiguousBestFitAndCounts) {
   auto a = ledger_.Grant(1, 4, 1);

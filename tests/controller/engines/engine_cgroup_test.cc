@@ -16,19 +16,11 @@
 #include <optional>
 #include <thread>
 
+#include "base/process/proc_table.h"
 #include "controller/engines/supervisor.h"
 
 namespace baton {
 namespace {
-
-// True while `pid` runs and is not a zombie.
-bool Running(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
-}
 
 // Polls `done` for up to five seconds.
 template <typename F>
@@ -113,7 +105,7 @@ TEST_F(EngineCgroupTest, AProcessThatLeftItsGroupIsKilledWithTheCgroup) {
   ASSERT_TRUE(cg_->Kill().ok());
   child_->KillAndReap();
   EXPECT_TRUE(Eventually([&] { return !cg_->Populated(); }));
-  EXPECT_FALSE(Running(escaped));
+  EXPECT_FALSE(ProcessRunning(escaped));
   EXPECT_TRUE(cg_->Members().empty());
   const std::string path = cg_->path();
   cg_.reset();
@@ -133,7 +125,7 @@ TEST_F(EngineCgroupTest, AFrozenCgroupStopsEveryMemberAndIsStillKilled) {
   ASSERT_TRUE(cg_->Kill().ok());
   child_->KillAndReap();
   EXPECT_TRUE(Eventually([&] { return !cg_->Populated(); }));
-  for (pid_t pid : members) EXPECT_FALSE(Running(pid)) << pid;
+  for (pid_t pid : members) EXPECT_FALSE(ProcessRunning(pid)) << pid;
 }
 
 // The CPU time of every process that ran in the cgroup, those that exited included.

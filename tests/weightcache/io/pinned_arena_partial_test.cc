@@ -5,6 +5,8 @@
 #include <sys/mman.h>
 
 #include <cstring>
+#include <optional>
+#include <utility>
 #include <vector>
 
 #include "tests/weightcache/io/pinned_arena_testutil.h"
@@ -52,6 +54,16 @@ std::vector<SharedMemory> Parts(const PinnedArena& a) {
   return std::move(parts).value();
 }
 
+// A partial arena on one huge page, every byte ByteAt(its offset), sealed read-only.
+void MakeSealedPartialArena(std::optional<PinnedArena>* out) {
+  auto arena = PinnedArena::Create(PartialOptions(1));
+  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
+  ASSERT_TRUE(arena->partial());
+  for (size_t i = 0; i < arena->size(); ++i) arena->data()[i] = ByteAt(i);
+  arena->SealReadOnly();
+  out->emplace(std::move(arena).value());
+}
+
 #define SKIP_WITHOUT_HUGE_PAGES(n)                                                \
   if (HugePagesFree() < (n))                                                      \
   GTEST_SKIP() << "needs " << (n) << " free 2 MiB huge pages (HugePages_Free is " \
@@ -75,11 +87,8 @@ TEST(PartialArenaTest, TakesTheHugePagesItMayAndFourKiBPagesForTheRest) {
 
 TEST(PartialArenaTest, OffsetsAcrossTheSplitReadTheSameInAnotherMapping) {
   SKIP_WITHOUT_HUGE_PAGES(1);
-  auto arena = PinnedArena::Create(PartialOptions(1));
-  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
-  ASSERT_TRUE(arena->partial());
-  for (size_t i = 0; i < arena->size(); ++i) arena->data()[i] = ByteAt(i);
-  arena->SealReadOnly();
+  std::optional<PinnedArena> arena;
+  ASSERT_NO_FATAL_FAILURE(MakeSealedPartialArena(&arena));
   EXPECT_TRUE(arena->sealed_read_only()) << ::testing::PrintToString(arena->warnings());
 
   // What an engine does with the fds it is sent: one read-only range over both.
@@ -100,11 +109,8 @@ TEST(PartialArenaTest, OffsetsAcrossTheSplitReadTheSameInAnotherMapping) {
 
 TEST(PartialArenaTest, AdoptTakesBothMemfdsAndRefusesOneOfThemAlone) {
   SKIP_WITHOUT_HUGE_PAGES(1);
-  auto arena = PinnedArena::Create(PartialOptions(1));
-  ASSERT_TRUE(arena.ok()) << arena.status().ToString();
-  ASSERT_TRUE(arena->partial());
-  for (size_t i = 0; i < arena->size(); ++i) arena->data()[i] = ByteAt(i);
-  arena->SealReadOnly();
+  std::optional<PinnedArena> arena;
+  ASSERT_NO_FATAL_FAILURE(MakeSealedPartialArena(&arena));
   const ArenaRecord record = RecordOf(*arena);
 
   std::vector<SharedMemory> first_only = Parts(*arena);
