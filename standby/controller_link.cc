@@ -184,8 +184,8 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
                         SessionModelMemory* memory, PagedKvCache* cache, KvHandoff* handoff,
                         double copy_gbps, KvAdoptionReport* report) {
   const TimePoint start = RealClock::Get().Now();
-  // The SDK read the headers of the host pool's quarantined blocks (none of a device pool's),
-  // in extent order, and mapped nothing of them.
+  // The SDK read the headers of the quarantined blocks from the host pool (on a device pool
+  // too), in extent order, and mapped nothing of them.
   uint64_t quarantined_blocks = 0;
   for (const MappedExtent& e : promoted.quarantined) quarantined_blocks += e.count;
   std::vector<MappedExtent> readable;
@@ -194,7 +194,7 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
   }
   // Reading a record takes its block's token ids: those blocks alone are mapped, read-only.
   // Refused when their barrier passed meanwhile and their Grant mapped them writable (the SDK
-  // kept their headers): they are adopted in place, as if waited for.
+  // kept their headers), and on a device pool: they are adopted in place, as if waited for.
   const Status read = session->MapQuarantined(BlocksWithRecords(readable, promoted));
   if (!read.ok()) {
     BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is not read (" << read.ToString()

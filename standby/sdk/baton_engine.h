@@ -282,7 +282,8 @@ BATON_ENGINE_API size_t baton_engine_event_headers(baton_engine* engine, void* o
 /* The predecessor's blocks the PROMOTED event left in quarantine (a promotion before the dead
  * primary's barrier, protocol 7): read-only until their barrier has passed, when they come in
  * a GRANTED event. `data` is NULL until baton_engine_map_quarantined() maps them read-only
- * (a device pool's are never mapped here). A write of the dying engine may still land in
+ * (a device pool's are never mapped here; their headers, from the host pool, are given all the
+ * same, so that its engine can wait for their grant). A write of the dying engine may still land in
  * them: a copy of what they hold must be checked again after it (standby/kv/kv_handoff.h). Copies
  * up to `capacity` extents to `out` and, when not NULL, their headers as of the promotion (64 bytes
  * per block) to `headers` (up to `header_capacity` bytes), the controller's estimate of the
@@ -301,8 +302,9 @@ BATON_ENGINE_API size_t baton_engine_quarantined(baton_engine* engine, baton_ext
 BATON_ENGINE_API int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms,
                                                         baton_event* out);
 /* Maps the quarantined blocks of a host pool read-only, for a copy of the KV they hold: later
- * calls of baton_engine_quarantined() give their `data`. The promotion maps nothing of them, so
- * an engine that takes nothing from them (or waits for their grant) pays no mapping. */
+ * calls of baton_engine_quarantined() give their `data`. 4 (failed precondition) on a device pool.
+ * The promotion maps nothing of them, so an engine that takes nothing from them (or waits for their
+ * grant) pays no mapping. */
 BATON_ENGINE_API int baton_engine_map_quarantined(baton_engine* engine);
 /* Unmaps the read-only view of the quarantined blocks not granted yet; call it once done with
  * them (after a copy, or after the wait). */

@@ -211,10 +211,10 @@ struct SessionEvent {
   // kPromoted before the predecessor's barrier (protocol 7): the predecessor's blocks,
   // quarantined until that barrier has passed, NOT mapped (`data` is nullptr: the promotion
   // reads their headers from the pool's file and maps nothing of them), their headers as they
-  // were at the promotion (kBlockHeaderBytes each, in extent order; none on a device pool,
-  // which the SDK does not read for this), how long the controller expects the barrier to take
-  // still, and the longest the engine may wait for it before MarkServing(). A write of the
-  // dead engine may still land in them: to copy what they hold, map them read-only
+  // were at the promotion (kBlockHeaderBytes each, in extent order; on a device pool too: the
+  // records lie in the host pool blocks of the same numbers), how long the controller expects
+  // the barrier to take still, and the longest the engine may wait for it before MarkServing(). A
+  // write of the dead engine may still land in them: to copy what they hold, map them read-only
   // (EngineSession::MapQuarantined), copy into blocks of `extents` and check it again after the
   // copy (standby/kv/kv_handoff.h); or wait for them (WaitForInheritedBlocks); then
   // ReleaseQuarantined().
@@ -307,13 +307,14 @@ class EngineSession {
   // After a promotion before the barrier on a host pool: maps the quarantined blocks whose
   // headers the promotion read READ-ONLY at their place in the pool range and returns them
   // with `data` set (an engine that copies their KV calls it once it knows there is some to
-  // copy). Mapped already: the same extents again.
+  // copy). Mapped already: the same extents again. FailedPrecondition on a device pool, whose
+  // KV is on the device: its engine adopts the blocks in place once granted.
   Result<std::vector<MappedExtent>> MapQuarantined();
   // The same for the listed quarantined blocks alone (block b at pool().BlockData(b)): an
   // engine maps the blocks whose headers show a record, and no page of the others is touched.
   // Consecutive blocks are mapped as one run. FailedPrecondition for a block that is not in
-  // quarantine, and for one granted meanwhile (its barrier passed: the Grant mapped it
-  // writable, and WaitForInheritedBlocks returns the headers its dead engine left).
+  // quarantine, for one granted meanwhile (its barrier passed: the Grant mapped it writable,
+  // and WaitForInheritedBlocks returns the headers its dead engine left), and on a device pool.
   Status MapQuarantined(std::span<const uint32_t> blocks);
   // Unmaps the read-only view of the quarantined blocks (those not granted yet), if mapped.
   // Call it once done with them: after a copy, or after the wait.

@@ -156,8 +156,10 @@ class EngineSession::Impl {
   void Handle(const proto::ReceivedMessage& msg);
   void OnPromote(const proto::Promote& msg);
   // Puts the quarantined blocks of a Quarantined that came with this Promote into `event`,
-  // with their headers read from the pool's file (the host pool only), unmapped.
+  // with their headers read from the host pool's file (on a device pool too), unmapped.
   void ReadQuarantinedLocked(uint64_t epoch, SessionEvent* event) BATON_REQUIRES(mu_);
+  // FailedPrecondition on a device pool, whose quarantined blocks are never mapped for a copy.
+  Status CheckQuarantineReadableLocked() const BATON_REQUIRES(mu_);
   // Maps quarantined blocks [first, first + count) read-only unless they are already.
   Status MapQuarantinedRunLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
   void OnGrant(const proto::Grant& msg);

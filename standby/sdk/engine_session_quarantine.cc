@@ -24,11 +24,9 @@ void EngineSession::Impl::ReadQuarantinedLocked(uint64_t epoch, SessionEvent* ev
   if (!q.has_value() || q->epoch != epoch) return;
   event->barrier_estimate = std::chrono::microseconds(q->barrier_estimate_us);
   event->wait_limit = std::chrono::milliseconds(q->wait_limit_ms);
+  // On a device pool too: a block's record lies in the host pool block of its number, so an
+  // engine that finds records of its own there waits for their Grant to adopt them in place.
   for (const proto::BlockRange& r : q->extents) {
-    if (device_ != nullptr) {  // the device pool's chunks are not read for a copy here
-      event->quarantined.push_back(MappedExtent{.first = r.first, .count = r.count});
-      continue;
-    }
     if (Status read =
             pool_.ReadHeaders(r.first, r.count, kBlockHeaderBytes, &event->quarantined_headers);
         !read.ok()) {
@@ -36,10 +34,17 @@ void EngineSession::Impl::ReadQuarantinedLocked(uint64_t epoch, SessionEvent* ev
                             << "): " << read.message() << ": not read";
       continue;
     }
-    event->quarantined.push_back(MappedExtent{
-        .first = r.first, .count = r.count, .bytes = uint64_t{r.count} * pool_.block_bytes()});
+    const uint64_t bytes = device_ != nullptr ? 0 : uint64_t{r.count} * pool_.block_bytes();
+    event->quarantined.push_back(MappedExtent{.first = r.first, .count = r.count, .bytes = bytes});
     quarantined_ranges_.push_back(r);
   }
+}
+
+Status EngineSession::Impl::CheckQuarantineReadableLocked() const {
+  if (device_ == nullptr) return OkStatus();
+  return FailedPrecondition(
+      "the quarantined blocks of a device pool are not mapped for a copy (their KV is on the "
+      "device): adopt them in place once granted");
 }
 
 Status EngineSession::Impl::MapQuarantinedRunLocked(uint32_t first, uint32_t count) {
@@ -51,6 +56,7 @@ Status EngineSession::Impl::MapQuarantinedRunLocked(uint32_t first, uint32_t cou
 
 Result<std::vector<MappedExtent>> EngineSession::Impl::MapQuarantined() {
   MutexLock lock(mu_);
+  BATON_RETURN_IF_ERROR(CheckQuarantineReadableLocked());
   std::vector<MappedExtent> mapped;
   for (const proto::BlockRange& r : quarantined_ranges_) {
     BATON_RETURN_IF_ERROR(MapQuarantinedRunLocked(r.first, r.count));
@@ -61,6 +67,7 @@ Result<std::vector<MappedExtent>> EngineSession::Impl::MapQuarantined() {
 
 Status EngineSession::Impl::MapQuarantined(std::span<const uint32_t> blocks) {
   MutexLock lock(mu_);
+  if (!blocks.empty()) BATON_RETURN_IF_ERROR(CheckQuarantineReadableLocked());
   for (uint32_t b : blocks) {
     const bool quarantined = std::any_of(
         quarantined_ranges_.begin(), quarantined_ranges_.end(),

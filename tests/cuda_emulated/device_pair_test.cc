@@ -153,6 +153,12 @@ TEST(DevicePairTest, APromotionBeforeNvmlLetsGoKeepsTheOldChunksQuarantined) {
   std::ofstream(pids).close();  // the driver released it
   const json after = cluster.WaitFor(Settled, "the old chunks to reach the new primary");
   EXPECT_EQ(EngineWithRole(after, "primary")["blocks"], 6) << after.dump(2);
+  // Their Grant carries the headers the dead primary left (its KV records lie in the host pool
+  // blocks of the same numbers), for an engine that adopts its KV in place.
+  std::string inherited;
+  std::getline(std::ifstream(cluster.dir() + "/inherited-" + std::to_string(standby) + ".txt"),
+               inherited);
+  EXPECT_EQ(inherited, "6 blocks; workers of other engines still running: 0") << cluster.Log();
   const json t = cluster.Ctl({"timeline"}).out["timeline"];
   EXPECT_TRUE(t["promotion"]["before_barrier"].get<bool>()) << t.dump(2);
   EXPECT_LT(t["stamps"]["promote_acked_ms"].get<double>(),
