@@ -18,6 +18,7 @@ except ImportError as e:  # PyTorch is not installed for this interpreter
 if not MISSING:  # the engine's own modules: a failure to import them fails the test
     from baton_torch_engine import kv_record
     from baton_torch_engine.kv_blocks import KvBlocks, SequenceBlocks
+    from baton_torch_engine.kv_copy import copy_in, plan_copy
     from baton_torch_engine.kv_handoff import KvHandoff
     from baton_torch_engine.llama import LlamaConfig
 
@@ -79,17 +80,21 @@ class KvRecordTest(unittest.TestCase):
                          kv_record.State.ABSENT)
 
 
+def written(pool, length, epoch=3, identity=7):
+    """A sequence of `length` tokens committed by a writer at `epoch`, step by step."""
+    writer = pool.handoff(epoch, identity)
+    seq = SequenceBlocks(pool.kv.take(pool.kv.blocks_for(length)), 0)
+    tokens = [(i * 7) % 250 for i in range(length + 1)]
+    for step in (length - 1, 1):
+        before, seq.length = seq.length, seq.length + step
+        writer.committed(KEY, seq, tokens, before)
+    return seq, tokens
+
+
 @unittest.skipIf(MISSING, MISSING)
 class KvHandoffTest(unittest.TestCase):
     def written(self, pool, length, epoch=3, identity=7):
-        """A sequence of `length` tokens committed by a writer at `epoch`, step by step."""
-        writer = pool.handoff(epoch, identity)
-        seq = SequenceBlocks(pool.kv.take(pool.kv.blocks_for(length)), 0)
-        tokens = [(i * 7) % 250 for i in range(length + 1)]
-        for step in (length - 1, 1):
-            before, seq.length = seq.length, seq.length + step
-            writer.committed(KEY, seq, tokens, before)
-        return seq, tokens
+        return written(pool, length, epoch, identity)
 
     def successor(self, pool, seq, epoch=4, identity=7):
         for b in seq.blocks:  # the promotion's blocks come back as inherited
@@ -164,6 +169,84 @@ class KvHandoffTest(unittest.TestCase):
         now[0] = 31.0
         self.assertEqual(heir.expire(), 1)
         self.assertEqual(heir.counters.kept_freed, {"expired": 1})
+
+
+@unittest.skipIf(MISSING, MISSING)
+class KvCopyTest(unittest.TestCase):
+    """A successor promoted before the dead writer's barrier copies its KV out of the
+    quarantined blocks into blocks of its own (kv_copy.py)."""
+
+    def quarantined(self, pool, length):
+        """A dead writer's sequence, its blocks out of the cache (in quarantine), its KV data
+        a pattern per block."""
+        seq, tokens = written(pool, length)
+        off = pool.kv.data_offset
+        for i, b in enumerate(seq.blocks):
+            ctypes.memset(pool.address(b) + off, 0x50 + i, BLOCK_BYTES - off)
+            pool.kv.blocks.discard(b)
+        return seq, tokens
+
+    def test_the_copy_is_kept_in_own_blocks_and_the_replay_continues_from_it(self):
+        pool = Pool()
+        bt = pool.kv.block_tokens
+        seq, tokens = self.quarantined(pool, 2 * bt + 3)
+        heir = pool.handoff(4)
+        plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
+        self.assertEqual((len(plan.sequences), plan.blocks, plan.nbytes),
+                         (1, 3, 3 * BLOCK_BYTES))
+        free = pool.kv.free_count
+        report = copy_in(heir, plan, lambda: pool.kv.take(1)[0])
+        self.assertEqual((report.adopted, report.tokens, report.dropped), (1, 2 * bt + 3, {}))
+        self.assertEqual(heir.counters.adopted, 1)
+        copies = heir.kept[KEY].seq.blocks
+        self.assertTrue(set(copies).isdisjoint(seq.blocks), "never a quarantined block")
+        self.assertEqual(pool.kv.free_count, free - 3)
+        off = pool.kv.data_offset
+        for i, (src, dst) in enumerate(zip(seq.blocks, copies)):
+            self.assertEqual(ctypes.string_at(pool.address(dst) + off, BLOCK_BYTES - off),
+                             bytes([0x50 + i]) * (BLOCK_BYTES - off))
+            got = kv_record.read(pool.headers([dst]), pool.address(dst) + 64, bt)
+            self.assertEqual((got.state, got.record.block, got.record.writer_epoch),
+                             (kv_record.State.VALID, dst, 4), "committed again, as this engine's")
+        replay = SequenceBlocks()
+        self.assertEqual(heir.continue_from(KEY, tokens[:2 * bt + 3] + [1], replay), 2 * bt + 3)
+        self.assertEqual(replay.blocks, copies)
+
+    def test_a_record_that_changes_under_the_copy_is_dropped_and_its_copies_freed(self):
+        pool = Pool()
+        seq, _ = self.quarantined(pool, 5)
+        heir = pool.handoff(4)
+        plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
+        free = pool.kv.free_count
+
+        def take():  # the dying writer commits the block again while the copy runs
+            ctypes.c_uint32.from_address(pool.address(seq.blocks[0]) + 4).value += 2
+            return pool.kv.take(1)[0]
+        report = copy_in(heir, plan, take)
+        self.assertEqual((report.adopted, report.dropped), (0, {"changed": 1}))
+        self.assertEqual((pool.kv.free_count, heir.kept), (free, {}))
+        for b in pool.kv.free:
+            self.assertEqual(ctypes.string_at(pool.address(b), 64), bytes(64), "no record left")
+
+    def test_no_block_to_copy_into_drops_the_sequence(self):
+        pool = Pool()
+        seq, _ = self.quarantined(pool, 5)
+        heir = pool.handoff(4)
+        plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
+
+        def take():
+            raise MemoryError("none left")
+        report = copy_in(heir, plan, take)
+        self.assertEqual((report.adopted, report.dropped), (0, {"hold_failed": 1}))
+
+    def test_the_plan_counts_what_it_refuses(self):
+        pool = Pool()
+        seq, _ = self.quarantined(pool, 5)
+        ctypes.c_uint32.from_address(pool.address(seq.blocks[0]) + 4).value += 1  # mid-commit
+        plan = plan_copy(pool.handoff(4), seq.blocks, pool.headers(seq.blocks))
+        self.assertEqual((plan.sequences, plan.blocks, plan.dropped), ([], 0, {"torn": 1}))
+        report = copy_in(pool.handoff(4), plan, lambda: pool.kv.take(1)[0])
+        self.assertEqual(report.dropped, {"torn": 1})
 
 
 if __name__ == "__main__":

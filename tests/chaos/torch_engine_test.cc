@@ -150,6 +150,13 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
   ASSERT_TRUE(kv.is_object()) << cluster.Ctl({"timeline"}).stdout_text;
   EXPECT_EQ(kv["adopted"], 1);
   EXPECT_GE(kv["tokens"].get<int>(), static_cast<int>(prompt.size()));
+  // Promoted before the dead primary's barrier, it took that KV out of the quarantine: copied
+  // when the copy beats the barrier, else adopted in place once granted.
+  const json t = cluster.Ctl({"timeline"}).out["timeline"];
+  if (t["promotion"]["before_barrier"].get<bool>()) {
+    const std::string mode = t["kv_inherited"].value("mode", "");
+    EXPECT_TRUE(mode == "copied" || mode == "waited") << t.dump(2);
+  }
   cluster.CheckFencing();
 }
 

@@ -377,6 +377,13 @@ class Engine:
         self._call("baton_engine_wait_inherited_blocks", _ms(timeout_ms), ctypes.byref(ev))
         return self._event(ev)
 
+    def map_quarantined(self) -> Quarantine:
+        """Maps the quarantined blocks of a host pool READ-ONLY, for a copy of the KV they
+        hold, and returns them with their addresses. FailedPrecondition on a device pool, and
+        for blocks granted meanwhile (their barrier passed: wait_inherited_blocks has them)."""
+        self._call("baton_engine_map_quarantined")
+        return self.quarantined()
+
     def release_quarantined(self) -> None:
         """Unmaps the read-only view of the quarantined blocks not granted yet."""
         self._call("baton_engine_release_quarantined")

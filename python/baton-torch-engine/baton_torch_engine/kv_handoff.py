@@ -15,9 +15,8 @@
     is prefilled; kept KV nobody claims within keep_s, or whose blocks the cache needs, is
     freed.
 
-The quarantined blocks of a promotion before the predecessor's barrier are never read here:
-the engine waits for their grant (main.py, inherit_kv), as the reference engine does when a
-copy would cost more than the barrier.
+The quarantined blocks of a promotion before the predecessor's barrier are copied out of
+(kv_copy.py) or waited for (kv_inherit.py), as the reference engine does.
 
 Thread: the compute thread (adopt() before the scheduler runs a step, or on it).
 """
@@ -121,6 +120,22 @@ class KvHandoff:
         blocks the kept sequences hold: the caller adds those to the cache as held (before
         continue_from can hand them out) and the rest as free."""
         start = self.clock()
+        epoch = self.epoch()
+        report, held = AdoptionReport(), []
+        for key, chain in self.passing_chains(blocks, headers, report):
+            seq = SequenceBlocks([r.record.block for r in chain],
+                                 sum(r.record.tokens for r in chain))
+            if self.keep(key, seq, [t for r in chain for t in r.ids], report, epoch):
+                held.extend(seq.blocks)
+        report.ms = (self.clock() - start) * 1e3
+        self.count(report)
+        return report, held
+
+    def passing_chains(self, blocks: Sequence[int], headers: bytes,
+                       report: AdoptionReport) -> list[tuple[Key, list[kv_record.Read]]]:
+        """The sequences whose records in `blocks` (their header copies in `headers`, their
+        ids read from the blocks) are complete, valid, of this engine's identity and of an
+        older epoch, each chain in index order; the others are counted in report.dropped."""
         granted = set(blocks)
         epoch = self.epoch()
         chains: dict[Key, list[kv_record.Read]] = {}
@@ -146,26 +161,21 @@ class KvHandoff:
             if reason and key not in bad:
                 bad[key] = reason
             chains.setdefault(key, []).append(r)
-        report, held = AdoptionReport(), []
+        passing = []
         for key, chain in chains.items():
             reason = bad.get(key) or self._refusal(chain, granted)
             if reason:
                 report.dropped[reason] = report.dropped.get(reason, 0) + 1
                 self.log(f"not adopting request {key[0]:016x}{key[1]:016x}: {reason}")
                 continue
-            kept = _Kept(SequenceBlocks(), [], 0.0)
-            for r in chain:
-                kept.seq.blocks.append(r.record.block)
-                kept.seq.length += r.record.tokens
-                kept.tokens.extend(r.ids)
-            if not self._keep(key, kept, report, epoch):
-                continue
-            held.extend(kept.seq.blocks)
-        report.ms = (self.clock() - start) * 1e3
+            passing.append((key, chain))
+        return passing
+
+    def count(self, report: AdoptionReport) -> None:
+        """Adds an adoption's report to the counters /metrics shows."""
         self.counters.adopted += report.adopted
         for reason, n in report.dropped.items():
             self.counters.dropped[reason] = self.counters.dropped.get(reason, 0) + n
-        return report, held
 
     def _refusal(self, chain: list[kv_record.Read], granted: set[int]) -> str:
         chain.sort(key=lambda r: r.record.index)
@@ -183,19 +193,22 @@ class KvHandoff:
                 return "incomplete"
         return ""
 
-    def _keep(self, key: Key, kept: _Kept, report: AdoptionReport, epoch: int) -> bool:
+    def keep(self, key: Key, seq: SequenceBlocks, tokens: list[int], report: AdoptionReport,
+             epoch: int) -> bool:
+        """Keeps `seq` (the K and V of `tokens`) for the replay of `key`, its records committed
+        again at `epoch`; False (its records cleared, its blocks the caller's to free) when a
+        sequence as long is kept already."""
         old = self.kept.get(key)
         if old is not None:
-            if old.seq.length >= kept.seq.length:
-                self.releasing(kept.seq)
+            if old.seq.length >= seq.length:
+                self.releasing(seq)
                 report.dropped["duplicate"] = report.dropped.get("duplicate", 0) + 1
                 return False
             self._free_kept(key, "replaced")
-        self._commit_blocks(key, kept.seq, kept.tokens, 0, len(kept.seq.blocks) - 1, epoch)
-        kept.since = self.clock()
+        self._commit_blocks(key, seq, tokens, 0, len(seq.blocks) - 1, epoch)
         report.adopted += 1
-        report.tokens += kept.seq.length
-        self.kept[key] = kept
+        report.tokens += seq.length
+        self.kept[key] = _Kept(seq, tokens, self.clock())
         return True
 
     def continue_from(self, key: Key, tokens: Sequence[int], seq: SequenceBlocks) -> int:

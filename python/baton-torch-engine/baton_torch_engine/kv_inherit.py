@@ -4,12 +4,15 @@ reference engine's AdoptPromotedBlocks (standby/controller_link.h) does it:
   1. the records in the promoted blocks (their headers as the SDK copied them before its
      scrub) are adopted in place; those blocks join the cache, the adopted ones held;
   2. a promotion before the predecessor's barrier (protocol 7) leaves the predecessor's blocks
-     in quarantine, read-only, until the barrier has passed. This engine never reads them: if
-     their header copies show records of its own identity it waits (at most the controller's
-     wait limit) for their grant, then adopts in place what they hold, as the reference
-     engine does when a copy would cost more than the barrier (always, on a device pool,
-     which the SDK does not map for a copy); without such records it takes nothing from them.
-     Either way it releases the read-only view and tells the controller how it went;
+     in quarantine, unmapped, until the barrier has passed. If their header copies show
+     records of this engine's identity, it copies their KV into blocks of its own
+     (kv_copy.py: on a host pool, when the copy is expected to take less than the barrier,
+     the blocks mapped read-only for it, every record checked again after the copy), or else
+     waits (at most the controller's wait limit) for their grant and adopts in place what
+     they hold: on a device pool, whose quarantined blocks the SDK does not map, when the
+     copy would cost more than the wait, and for a sequence that changed under the copy.
+     Without such records it takes nothing from them. Either way it releases the read-only
+     view and tells the controller how it went (copied, waited or none);
   3. the controller is told what was adopted ("engine N at epoch E adopted S sequences (T
      tokens not prefilled again)"), and the replayed requests continue from it.
 
@@ -22,10 +25,11 @@ import struct
 import time
 from typing import Callable
 
-from baton_engine import BatonError, Engine, Event, KvInheritMode
+from baton_engine import BatonError, Engine, Event, KvInheritMode, Quarantine
 
 from . import kv_record
 from .batching import Scheduler
+from .kv_copy import copy_in, plan_copy
 from .kv_handoff import AdoptionReport, KvHandoff
 from .pool_kv import PoolKv
 
@@ -56,29 +60,68 @@ def _own_records(headers: bytes, identity: int) -> int:
     return n
 
 
+def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
+          quarantine: Quarantine, copy_gbps: float, report: AdoptionReport,
+          log: Callable[[str], None]) -> tuple[KvInheritMode, int, int, float]:
+    """Copies the quarantined blocks' KV when that beats the barrier, or waits for their
+    grant; the mode it took, the blocks and bytes that hold committed KV, and the copy's
+    estimate (ms)."""
+    blocks = _own_records(quarantine.headers, handoff.identity)
+    if not blocks:
+        return KvInheritMode.NONE, 0, 0, 0.0
+    nbytes = blocks * kv.block_bytes
+    estimate = nbytes / (copy_gbps * 1e6) if copy_gbps > 0 else float("inf")
+    wait = lambda: _wait(engine, kv, handoff, scheduler, quarantine, report, log)  # noqa: E731
+    if kv.model.device.is_cuda or estimate > quarantine.barrier_estimate_ms:
+        return wait(), blocks, nbytes, estimate
+    try:
+        engine.map_quarantined()
+    except BatonError as e:  # granted meanwhile
+        log(f"the quarantined blocks' kv is not read ({e}): adopted in place once granted")
+        return wait(), blocks, nbytes, estimate
+    plan = scheduler.call(lambda: plan_copy(handoff, _blocks(quarantine.extents),
+                                            quarantine.headers))
+    copied = scheduler.call(lambda: copy_in(handoff, plan, lambda: kv.blocks.take(1)[0]))
+    changed = copied.dropped.pop("changed", 0)
+    report.merge(copied)
+    if changed:  # the dying writer, or the blocks' grant scrubbing their headers
+        log(f"{changed} sequences changed under the copy: waiting for the quarantined blocks "
+            "to adopt them in place")
+        return wait(), plan.blocks, plan.nbytes, estimate
+    mode = KvInheritMode.COPIED if plan.sequences else KvInheritMode.NONE
+    return mode, plan.blocks, plan.nbytes, estimate
+
+
+def _wait(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
+          quarantine: Quarantine, report: AdoptionReport,
+          log: Callable[[str], None]) -> KvInheritMode:
+    try:
+        granted = engine.wait_inherited_blocks(quarantine.wait_limit_ms)
+        _adopt(kv, handoff, scheduler, granted, report)
+    except BatonError as e:
+        log(f"the quarantined blocks' kv is replayed: {e}")
+    return KvInheritMode.WAITED
+
+
 def inherit_kv(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
-               promoted: Event, log: Callable[[str], None]) -> AdoptionReport:
+               promoted: Event, log: Callable[[str], None],
+               copy_gbps: float = 0.0) -> AdoptionReport:
     report = AdoptionReport()
     _adopt(kv, handoff, scheduler, promoted, report)
     quarantine = engine.quarantined()
     if quarantine.extents:
         started = time.monotonic()
-        blocks = _own_records(quarantine.headers, handoff.identity)
-        mode = KvInheritMode.NONE
-        if blocks:
-            mode = KvInheritMode.WAITED
-            try:
-                granted = engine.wait_inherited_blocks(quarantine.wait_limit_ms)
-                _adopt(kv, handoff, scheduler, granted, report)
-            except BatonError as e:
-                log(f"the quarantined blocks' kv is replayed: {e}")
+        mode, blocks, nbytes, estimate = _copy(engine, kv, handoff, scheduler, quarantine,
+                                               copy_gbps, report, log)
         engine.release_quarantined()
         ms = (time.monotonic() - started) * 1e3
-        log(f"epoch {promoted.epoch}: {blocks} quarantined blocks hold committed kv: "
-            f"{'waited for the barrier' if blocks else 'nothing to take'} in {ms:.2f} ms "
-            f"(the controller expected the barrier in {quarantine.barrier_estimate_ms:.2f} ms)")
+        how = {KvInheritMode.COPIED: "copied", KvInheritMode.WAITED: "waited for the barrier",
+               KvInheritMode.NONE: "nothing to take"}[mode]
+        log(f"epoch {promoted.epoch}: {blocks} quarantined blocks hold committed kv "
+            f"({nbytes} bytes, a {estimate:.3f} ms copy against a "
+            f"{quarantine.barrier_estimate_ms:.3f} ms barrier): {how} in {ms:.2f} ms")
         try:
-            engine.report_kv_inheritance(mode, blocks, blocks * kv.block_bytes, ms)
+            engine.report_kv_inheritance(mode, blocks, nbytes, ms, min(estimate, 4e6))
         except BatonError as e:
             log(f"inheritance not reported: {e}")
     log(f"epoch {promoted.epoch}: {report.summary()}")

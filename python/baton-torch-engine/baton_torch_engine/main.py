@@ -226,6 +226,10 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
     at = time.monotonic()
     generator.scheduler.call(lambda: rehearse(model, kv.block_bytes))
     log(f"rehearsed a promotion and a decode step in {(time.monotonic() - at) * 1e3:.1f} ms")
+    copy_gbps = 0.0
+    if generator.scheduler.handoff is not None and not model.device.is_cuda:
+        from .kv_copy import measure_copy_gbps
+        copy_gbps = measure_copy_gbps()  # a quarantined block's KV is copied at this speed
     write_port(args.port_file, port)
     log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
     try:
@@ -238,7 +242,8 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
         kv.take(promoted.extents)
     else:
         from .kv_inherit import inherit_kv
-        inherit_kv(engine, kv, generator.scheduler.handoff, generator.scheduler, promoted, log)
+        inherit_kv(engine, kv, generator.scheduler.handoff, generator.scheduler, promoted, log,
+                   copy_gbps)
     return at
 
 

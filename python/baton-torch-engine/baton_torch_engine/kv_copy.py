@@ -1,0 +1,119 @@
+"""The copy of a dead predecessor's committed KV out of its quarantined blocks, as the reference
+engine's KvHandoff::PlanCopy and CopyIn (standby/kv/kv_handoff_copy.cc).
+
+A promotion before the predecessor's barrier leaves its blocks in quarantine: a write of the
+dying engine may still land in them. On a host pool the engine maps them read-only
+(Engine.map_quarantined) and, when the copy is expected to take less than the barrier,
+copies each passing sequence's blocks, whole (record, token ids and KV), into free blocks of
+its own, then checks every source header again after the copy (unchanged since the plan:
+the writer did not move on) and the copy's record (valid, the same key, block, index, token
+count, epoch and ids). A sequence that fails either check is dropped as "changed" and its
+copies freed; the caller then waits for the blocks' grant to adopt it in place. The copies
+are kept for the replay with their records committed again at this engine's epoch.
+
+Thread: the compute thread (scheduler.call), as adoption.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from . import kv_record
+from .kv_blocks import SequenceBlocks
+from .kv_handoff import AdoptionReport, Key, KvHandoff
+
+
+@dataclass
+class CopySequence:
+    key: Key
+    chain: list[kv_record.Read]  # in index order
+    headers: bytes               # the source blocks' headers when planned
+
+
+@dataclass
+class CopyPlan:
+    sequences: list[CopySequence] = field(default_factory=list)
+    blocks: int = 0
+    nbytes: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+
+
+def plan_copy(handoff: KvHandoff, blocks: Sequence[int], headers: bytes) -> CopyPlan:
+    """What a copy out of the quarantined `blocks` (mapped read-only; `headers`, 64 bytes per
+    block, as of the promotion) would take: the passing sequences and their bytes."""
+    report = AdoptionReport()
+    plan = CopyPlan()
+    for key, chain in handoff.passing_chains(blocks, headers, report):
+        now = b"".join(ctypes.string_at(handoff.block_address(r.record.block),
+                                        kv_record.HEADER_BYTES) for r in chain)
+        plan.sequences.append(CopySequence(key, chain, now))
+        plan.blocks += len(chain)
+    plan.nbytes = plan.blocks * handoff.kv.block_bytes
+    plan.dropped = report.dropped
+    return plan
+
+
+def _copy_holds(handoff: KvHandoff, s: CopySequence, copies: list[int]) -> bool:
+    """Every source header as planned, and every copy the record planned."""
+    h = kv_record.HEADER_BYTES
+    for i, (r, dst) in enumerate(zip(s.chain, copies)):
+        source = ctypes.string_at(handoff.block_address(r.record.block), h)
+        if source != s.headers[i * h:(i + 1) * h]:
+            return False  # the writer moved on: what was copied may be of another commit
+        at = handoff.block_address(dst)
+        got = kv_record.read(ctypes.string_at(at, h), at + h, handoff.kv.block_tokens)
+        if got.state != kv_record.State.VALID or got.record != r.record or got.ids != r.ids:
+            return False
+    return True
+
+
+def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int]) -> AdoptionReport:
+    """Copies the planned sequences into blocks `take()` gives (MemoryError: none left) and
+    keeps those whose copy holds; the report counts the others by reason ("changed",
+    "hold_failed") with the plan's refusals."""
+    start = handoff.clock()
+    report = AdoptionReport(dropped=dict(plan.dropped))
+    epoch = handoff.epoch()
+    size = handoff.kv.block_bytes
+    for s in plan.sequences:
+        copies: list[int] = []
+        reason = ""
+        for r in s.chain:
+            try:
+                dst = take()
+            except MemoryError:
+                reason = "hold_failed"
+                break
+            ctypes.memmove(handoff.block_address(dst), handoff.block_address(r.record.block),
+                           size)
+            copies.append(dst)
+        # The source headers are read again only after every byte of the copy.
+        if not reason and not _copy_holds(handoff, s, copies):
+            reason = "changed"
+        seq = SequenceBlocks(copies, sum(r.record.tokens for r in s.chain))
+        if reason or not handoff.keep(s.key, seq, [t for r in s.chain for t in r.ids], report,
+                                      epoch):
+            handoff.releasing(seq)
+            handoff.kv.give_back(copies)
+            if reason:
+                report.dropped[reason] = report.dropped.get(reason, 0) + 1
+                handoff.log(f"not copying request {s.key[0]:016x}{s.key[1]:016x}: {reason}")
+    report.ms = (handoff.clock() - start) * 1e3
+    handoff.count(report)
+    return report
+
+
+def measure_copy_gbps(nbytes: int = 16 << 20) -> float:
+    """The host's copy speed (GB/s, best of 3), for the copy's estimate against the barrier."""
+    src = ctypes.create_string_buffer(b"\1" * nbytes, nbytes)
+    dst = ctypes.create_string_buffer(nbytes)
+    best = 0.0
+    for _ in range(3):
+        at = time.perf_counter()
+        ctypes.memmove(dst, src, nbytes)
+        seconds = time.perf_counter() - at
+        if seconds > 0:
+            best = max(best, nbytes / seconds / 1e9)
+    return best
