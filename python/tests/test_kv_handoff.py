@@ -150,6 +150,18 @@ class KvHandoffTest(unittest.TestCase):
         report, _ = heir.adopt(seq.blocks, pool.headers(seq.blocks))
         self.assertEqual(report.dropped, {"torn": 1})
 
+    def test_a_parked_sequence_keeps_its_records_for_the_next_primary(self):
+        pool = Pool()
+        bt = pool.kv.block_tokens
+        seq, tokens = self.written(pool, bt + 2)
+        blocks = list(seq.blocks)
+        writer = pool.handoff(3)
+        writer.park(KEY, seq, tokens)  # a switch-over hands the running sequence over
+        self.assertEqual((seq.blocks, seq.length, writer.counters.handed_over), ([], 0, 1))
+        self.assertEqual(writer.kept[KEY].seq.blocks, blocks)
+        _, report, held = self.successor(pool, SequenceBlocks(blocks, bt + 2))
+        self.assertEqual((report.adopted, report.tokens, held), (1, bt + 2, blocks))
+
     def test_released_blocks_carry_no_record(self):
         pool = Pool()
         seq, _ = self.written(pool, 5)

@@ -3,13 +3,14 @@
 // kill -9 of the primary token for token, and the pair goes through the drills (kill, hang,
 // error report, batonctl promote) with the fencing checks; a long prompt's stream cut by
 // kill -9 continues on the new primary from the KV the dead one left in the pool (KV-warm
-// failover), without prefilling it again. Skipped, saying why, where Debian's python3-torch is
-// missing.
+// failover), without prefilling it again, and one cut by `batonctl promote` is handed over
+// with its KV. Skipped, saying why, where Debian's python3-torch is missing.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -71,17 +72,16 @@ class TorchEngineTest : public ::testing::Test {
   }
 };
 
-// `request` streamed through the router undisturbed (`want`), then again with the primary
-// killed with kill -9 once the first event has arrived (`got`); the killed primary is
-// `killed`. The cut stream is checked token for token against the undisturbed one, and for a
-// replay.
+// `request` streamed through the router undisturbed (`want`), then again with `cut` done to
+// the primary once the first event has arrived (`got`); that primary is `killed`. The cut
+// stream is checked token for token against the undisturbed one, and for a replay.
 struct KilledStream {
   StreamOutput want, got;
   json killed;
 };
 
-void StreamAndKillThePrimary(const ChaosCluster& cluster, const RouterProcess& router,
-                             const json& request, KilledStream* out) {
+void StreamAndCut(const ChaosCluster& cluster, const RouterProcess& router, const json& request,
+                  const std::function<void(const json& primary)>& cut_primary, KilledStream* out) {
   const std::vector<std::string> argv = {
       FindInPath("curl"), "-sS",          "-N",
       "--fail-with-body", "-H",           "Content-Type: application/json",
@@ -98,8 +98,8 @@ void StreamAndKillThePrimary(const ChaosCluster& cluster, const RouterProcess& r
   Child cut(argv, cluster.dir() + "/curl.log", true);
   while (cut.buffer().find("\n\n") == std::string::npos && cut.ReadMore(seconds(60))) {
   }
-  ASSERT_EQ(cut.buffer().find("[DONE]"), std::string::npos) << "the stream ended before the kill";
-  ASSERT_EQ(::kill(PidOf(out->killed), SIGKILL), 0);
+  ASSERT_EQ(cut.buffer().find("[DONE]"), std::string::npos) << "the stream ended before the cut";
+  ASSERT_NO_FATAL_FAILURE(cut_primary(out->killed));
   while (cut.ReadMore(seconds(120))) {
   }
   EXPECT_EQ(cut.Wait(seconds(10)), 0) << ReadFile(cluster.dir() + "/curl.log") << router.Log();
@@ -109,7 +109,21 @@ void StreamAndKillThePrimary(const ChaosCluster& cluster, const RouterProcess& r
   EXPECT_EQ(out->got.text, out->want.text);
   EXPECT_EQ(out->got.ids.size(), 1u);
   EXPECT_GE(MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}"), 1)
-      << "the kill landed after the stream: nothing was replayed";
+      << "the cut landed after the stream: nothing was replayed";
+}
+
+void StreamAndKillThePrimary(const ChaosCluster& cluster, const RouterProcess& router,
+                             const json& request, KilledStream* out) {
+  StreamAndCut(
+      cluster, router, request,
+      [](const json& primary) { ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0); }, out);
+}
+
+// A prompt long enough that its KV spans several blocks.
+std::string LongPrompt() {
+  std::string prompt = "A long prompt whose KV outlives its engine:";
+  while (prompt.size() < 320) prompt += " the quick brown fox jumps over the lazy dog,";
+  return prompt;
 }
 
 TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
@@ -135,8 +149,7 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
   ChaosCluster cluster(TorchPair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
-  std::string prompt = "A long prompt whose KV outlives its engine:";
-  while (prompt.size() < 320) prompt += " the quick brown fox jumps over the lazy dog,";
+  const std::string prompt = LongPrompt();
   const json request = {{"model", kRouterTestModel}, {"prompt", prompt},  {"seed", 4343},
                         {"temperature", 0.9},        {"max_tokens", 120}, {"stream", true}};
   KilledStream stream;
@@ -157,6 +170,32 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
     const std::string mode = t["kv_inherited"].value("mode", "");
     EXPECT_TRUE(mode == "copied" || mode == "waited") << t.dump(2);
   }
+  cluster.CheckFencing();
+}
+
+// A planned switch-over (`batonctl promote`) mid-stream: the torch primary hands the keyed
+// stream over with its KV parked in its blocks, records committed; the promoted engine adopts
+// that KV with the blocks, and the router's replay continues from it, token for token.
+TEST_F(TorchEngineTest, PromoteHandsTheRunningSequenceOver) {
+  ChaosCluster cluster(TorchPair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  const std::string prompt = LongPrompt();
+  const json request = {{"model", kRouterTestModel}, {"prompt", prompt},  {"seed", 4444},
+                        {"temperature", 0.9},        {"max_tokens", 120}, {"stream", true}};
+  KilledStream stream;
+  ASSERT_NO_FATAL_FAILURE(StreamAndCut(
+      cluster, router, request,
+      [&](const json&) {
+        const CtlResult promote = cluster.Ctl({"promote"});
+        ASSERT_EQ(promote.exit_code, 0) << promote.stdout_text;
+      },
+      &stream));
+  WaitTorchPrimary(cluster, stream.killed["id"], "the torch standby to take over");
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1) << cluster.Log();
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
+  EXPECT_GE(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"),
+            static_cast<double>(prompt.size()));
   cluster.CheckFencing();
 }
 

@@ -131,6 +131,21 @@ class Scheduler:
             raise value
         return value
 
+    def hand_over(self) -> int:
+        """A planned switch-over (a drain): every keyed request ends with an error the router
+        replays on the next primary; a running one's KV is parked with its records
+        (KvHandoff.park), so the next primary continues from it. Requests without a key (sent
+        to this engine directly) go on to their end. Returns how many ended. Compute thread
+        (call())."""
+        handed = ApiError("handed over to the next primary", status=503, kind="server_error")
+        jobs = [j for j in list(self.running) + list(self.waiting)
+                if not j.done and j.req.key != (0, 0)]
+        for job in jobs:
+            if self.handoff is not None and job in self.running:
+                self.handoff.park(job.req.key, job.seq, job.tokens)  # job.seq left empty
+        self._fail(jobs, handed)
+        return len(jobs)
+
     def _post(self, what: str, payload: Any) -> None:
         with self._cv:
             if self._stop:

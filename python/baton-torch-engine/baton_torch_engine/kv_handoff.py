@@ -10,6 +10,8 @@
     complete, valid, of this engine's identity and of an older epoch; anything in doubt is
     dropped, counted by reason ("torn", "corrupt", "identity", "epoch", "not_granted",
     "incomplete", "duplicate"), and its blocks are free like any other;
+  * a planned switch-over parks the running keyed sequences (park): their blocks keep their
+    records for the next primary, and their requests end with an error the router replays;
   * a request that comes back with the same key (the router's replay) continues from the kept
     KV of the longest prefix of its tokens that the KV holds (continue_from), so only the rest
     is prefilled; kept KV nobody claims within keep_s, or whose blocks the cache needs, is
@@ -68,6 +70,7 @@ class Counters:
     continued: int = 0
     tokens_not_recomputed: int = 0
     kept_freed: dict[str, int] = field(default_factory=dict)
+    handed_over: int = 0
 
 
 class KvHandoff:
@@ -210,6 +213,20 @@ class KvHandoff:
         report.tokens += seq.length
         self.kept[key] = _Kept(seq, tokens, self.clock())
         return True
+
+    def park(self, key: Key, seq: SequenceBlocks, tokens: Sequence[int]) -> None:
+        """A planned switch-over hands a running sequence over: its blocks, whose records are
+        committed through seq.length, are kept as they are (the next primary adopts them with
+        the promotion; this engine continues from them if the switch-over is called off).
+        `seq` is left empty."""
+        if key == (0, 0) or seq.length <= 0:
+            return
+        if key in self.kept:
+            self._free_kept(key, "replaced")
+        kept = SequenceBlocks(list(seq.blocks), seq.length)
+        self.kept[key] = _Kept(kept, list(tokens[:seq.length]), self.clock())
+        seq.blocks, seq.length = [], 0
+        self.counters.handed_over += 1
 
     def continue_from(self, key: Key, tokens: Sequence[int], seq: SequenceBlocks) -> int:
         """A (re)admitted request: hands `seq` the kept blocks of the longest prefix of

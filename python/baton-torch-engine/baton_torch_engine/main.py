@@ -263,6 +263,10 @@ def serve_events(engine, state, kv, generator, at: float) -> None:
         elif event.kind == EventKind.DRAIN:
             with engine.drain(event) as d:
                 state.stopping = True
+                if generator.scheduler.handoff is not None:
+                    # The next primary continues them from their KV: no need to wait for them.
+                    handed = generator.scheduler.call(generator.scheduler.hand_over)
+                    log(f"handed {handed} keyed requests over to the next primary")
                 d.unfinished = wait_idle(state, event.timeout_ms, engine)
         elif event.kind == EventKind.RESUME:
             state.stopping = False

@@ -286,7 +286,10 @@ def kv_metrics(handoff) -> list[str]:
             ("kv_kept_freed_total", "counter", "Adopted KV freed unclaimed, by reason.",
              {f'{{reason="{r}"}}': n for r, n in sorted(c.kept_freed.items())}),
             ("kv_kept_sequences", "gauge", "Adopted sequences waiting for their request.",
-             {"": len(handoff.kept)})]:
+             {"": len(handoff.kept)}),
+            ("kv_handed_over_sequences_total", "counter",
+             "Running sequences handed over to the next primary by a switch-over.",
+             {"": c.handed_over})]:
         out += [f"# HELP baton_engine_{name} {text}", f"# TYPE baton_engine_{name} {kind}"]
         out += [f"baton_engine_{name}{labels} {v}" for labels, v in series.items()]
     return out
