@@ -130,7 +130,9 @@ class ChaosCluster {
   // The engine pids the roster lists, and baton-keeper's pid (0: not running).
   std::vector<pid_t> RosterPids() const;
   pid_t KeeperPid() const;
-  // SIGKILL to every process the roster lists (with its group) and to baton-keeper.
+  // SIGKILL to every process the roster lists (with its group) and to baton-keeper; then the
+  // engines' cgroups are emptied and removed, as the next controller on this runtime
+  // directory would (a controller killed for good leaves them behind).
   void KillLeftovers();
 
  private:

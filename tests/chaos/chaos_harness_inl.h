@@ -15,6 +15,7 @@
 #include <sstream>
 #include <thread>
 
+#include "controller/engines/engine_cgroup.h"
 #include "standby/mkmodel/model_presets.h"
 #include "standby/mkmodel/model_writer.h"
 #include "tests/chaos/chaos_harness.h"
@@ -285,6 +286,10 @@ inline void ChaosCluster::KillLeftovers() {
     if (pid > 0) ::kill(-pid, SIGKILL), ::kill(pid, SIGKILL);
   }
   if (const pid_t keeper = KeeperPid(); keeper > 0) ::kill(keeper, SIGKILL);
+  std::string why_not;
+  Result<std::unique_ptr<EngineCgroups>> cgroups =
+      EngineCgroups::Open("auto", dir_ + "/run", &why_not);
+  if (cgroups.ok() && *cgroups != nullptr) (*cgroups)->ClearLeftovers({});  // base removed too
 }
 
 inline void ChaosCluster::KillController() {
