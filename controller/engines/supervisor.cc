@@ -125,6 +125,17 @@ constexpr int kExec = 2;
   ChildFails(error_fd, kExec);
 }
 
+std::string ReadBootId() {
+  char buf[64] = {};
+  const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
+  ::close(fd);
+  std::string id(buf, n > 0 ? static_cast<size_t>(n) : 0);
+  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+  return id;
+}
+
 }  // namespace
 
 std::string ExitInfo::ToString() const {
@@ -340,14 +351,9 @@ void ChildProcess::KillAndReap() {
   exit_ = rc == 0 ? FromSiginfo(info) : ExitInfo{.code = -1, .signal = SIGKILL, .dumped = false};
 }
 
-std::string BootId() {
-  char buf[64] = {};
-  const int fd = ::open("/proc/sys/kernel/random/boot_id", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return "";
-  const ssize_t n = ::read(fd, buf, sizeof(buf) - 1);
-  ::close(fd);
-  std::string id(buf, n > 0 ? static_cast<size_t>(n) : 0);
-  while (!id.empty() && (id.back() == '\n' || id.back() == ' ')) id.pop_back();
+// Read once: a process lives within one boot, and the roster is saved inside each failover.
+const std::string& BootId() {
+  static const std::string id = ReadBootId();
   return id;
 }
 

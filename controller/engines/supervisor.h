@@ -143,8 +143,8 @@ class Supervisor {
 };
 
 // This boot's id (/proc/sys/kernel/random/boot_id): a roster of another boot lists no live
-// process.
-std::string BootId();
+// process. Read once per process.
+const std::string& BootId();
 
 // Replaces each {name} in `text` by values.at(name); unknown {names} are kept as they are.
 std::string ExpandPlaceholders(const std::string& text,
