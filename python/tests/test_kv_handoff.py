@@ -4,8 +4,8 @@ refused; a successor adopts a sequence's chain of blocks at a later epoch and ha
 request that comes back with the same key, refusing other identities, its own epoch and a
 broken chain. The checksum is the SDK's CRC32C (libbaton_engine.so)."""
 import ctypes
-import os
 import sys
+import types
 import unittest
 
 import checkout_paths  # noqa: F401 (the checkout's packages on sys.path)
@@ -19,6 +19,8 @@ if not MISSING:  # the engine's own modules: a failure to import them fails the 
     from baton_torch_engine import kv_record
     from baton_torch_engine.kv_blocks import KvBlocks, SequenceBlocks
     from baton_torch_engine.kv_copy import copy_in, plan_copy
+    from baton_torch_engine.kv_inherit import inherit_kv
+    from baton_engine import BatonError, Event, EventKind, Extent, KvInheritMode, Quarantine
     from baton_torch_engine.kv_handoff import KvHandoff
     from baton_torch_engine.llama import LlamaConfig
 
@@ -183,25 +185,26 @@ class KvHandoffTest(unittest.TestCase):
         self.assertEqual(heir.counters.kept_freed, {"expired": 1})
 
 
+def quarantined(pool, length):
+    """A dead writer's sequence, its blocks out of the cache (in quarantine), its KV data a
+    pattern per block."""
+    seq, tokens = written(pool, length)
+    off = pool.kv.data_offset
+    for i, b in enumerate(seq.blocks):
+        ctypes.memset(pool.address(b) + off, 0x50 + i, BLOCK_BYTES - off)
+        pool.kv.blocks.discard(b)
+    return seq, tokens
+
+
 @unittest.skipIf(MISSING, MISSING)
 class KvCopyTest(unittest.TestCase):
     """A successor promoted before the dead writer's barrier copies its KV out of the
     quarantined blocks into blocks of its own (kv_copy.py)."""
 
-    def quarantined(self, pool, length):
-        """A dead writer's sequence, its blocks out of the cache (in quarantine), its KV data
-        a pattern per block."""
-        seq, tokens = written(pool, length)
-        off = pool.kv.data_offset
-        for i, b in enumerate(seq.blocks):
-            ctypes.memset(pool.address(b) + off, 0x50 + i, BLOCK_BYTES - off)
-            pool.kv.blocks.discard(b)
-        return seq, tokens
-
     def test_the_copy_is_kept_in_own_blocks_and_the_replay_continues_from_it(self):
         pool = Pool()
         bt = pool.kv.block_tokens
-        seq, tokens = self.quarantined(pool, 2 * bt + 3)
+        seq, tokens = quarantined(pool, 2 * bt + 3)
         heir = pool.handoff(4)
         plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
         self.assertEqual((len(plan.sequences), plan.blocks, plan.nbytes),
@@ -226,7 +229,7 @@ class KvCopyTest(unittest.TestCase):
 
     def test_a_record_that_changes_under_the_copy_is_dropped_and_its_copies_freed(self):
         pool = Pool()
-        seq, _ = self.quarantined(pool, 5)
+        seq, _ = quarantined(pool, 5)
         heir = pool.handoff(4)
         plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
         free = pool.kv.free_count
@@ -242,7 +245,7 @@ class KvCopyTest(unittest.TestCase):
 
     def test_no_block_to_copy_into_drops_the_sequence(self):
         pool = Pool()
-        seq, _ = self.quarantined(pool, 5)
+        seq, _ = quarantined(pool, 5)
         heir = pool.handoff(4)
         plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
 
@@ -253,12 +256,98 @@ class KvCopyTest(unittest.TestCase):
 
     def test_the_plan_counts_what_it_refuses(self):
         pool = Pool()
-        seq, _ = self.quarantined(pool, 5)
+        seq, _ = quarantined(pool, 5)
         ctypes.c_uint32.from_address(pool.address(seq.blocks[0]) + 4).value += 1  # mid-commit
         plan = plan_copy(pool.handoff(4), seq.blocks, pool.headers(seq.blocks))
         self.assertEqual((plan.sequences, plan.blocks, plan.dropped), ([], 0, {"torn": 1}))
         report = copy_in(pool.handoff(4), plan, lambda: pool.kv.take(1)[0])
         self.assertEqual(report.dropped, {"torn": 1})
+
+
+class FakeEngine:
+    """The SDK's side of a promotion before the barrier, for inherit_kv: the dead writer's
+    `quarantined` blocks (their headers as of the promotion), their grant once waited for."""
+
+    def __init__(self, pool, quarantined, barrier_ms):
+        self.pool, self.blocks, self.barrier_ms = pool, quarantined, barrier_ms
+        self.headers = pool.headers(quarantined)
+        self.mapped = self.waited = False
+        self.inheritance = None
+
+    def quarantined(self):
+        return Quarantine(extents=tuple(Extent(b, 1) for b in self.blocks), headers=self.headers,
+                          barrier_estimate_ms=self.barrier_ms, wait_limit_ms=100)
+
+    def map_quarantined(self):
+        self.mapped = True
+        return self.quarantined()
+
+    def wait_inherited_blocks(self, timeout_ms):
+        self.waited = True
+        return Event(EventKind.GRANTED, 4, tuple(Extent(b, 1) for b in self.blocks),
+                     headers=self.headers)
+
+    def release_quarantined(self):
+        pass
+
+    def report_kv_inheritance(self, mode, blocks, nbytes, ms, estimate_ms=0.0):
+        self.inheritance = (mode, blocks, nbytes)
+
+    def report_kv_adoption(self, adopted, tokens, dropped, ms):
+        pass
+
+
+@unittest.skipIf(MISSING, MISSING)
+class InheritTest(unittest.TestCase):
+    """inherit_kv's choice between a copy and the wait (kv_inherit.py)."""
+
+    def inherit(self, pool, engine, copy_gbps=10.0):
+        kv = types.SimpleNamespace(
+            blocks=pool.kv, block_bytes=BLOCK_BYTES,
+            model=types.SimpleNamespace(device=types.SimpleNamespace(is_cuda=False)),
+            take=lambda extents, held=(): [pool.kv.add(e.first + i, held=e.first + i in held)
+                                           for e in extents for i in range(e.count)])
+        scheduler = types.SimpleNamespace(call=lambda fn: fn())
+        promoted = Event(EventKind.PROMOTED, 4)
+        return inherit_kv(engine, kv, pool.handoff(4), scheduler, promoted, lambda text: None,
+                          copy_gbps)
+
+    def test_a_copy_that_beats_the_barrier_is_taken(self):
+        pool = Pool()
+        seq, _ = quarantined(pool, 5)
+        engine = FakeEngine(pool, seq.blocks, barrier_ms=50.0)
+        report = self.inherit(pool, engine)
+        self.assertEqual((report.adopted, engine.mapped, engine.waited), (1, True, False))
+        self.assertEqual(engine.inheritance, (KvInheritMode.COPIED, 1, BLOCK_BYTES))
+
+    def test_a_copy_slower_than_the_barrier_waits_for_the_grant(self):
+        pool = Pool()
+        seq, _ = quarantined(pool, 5)
+        engine = FakeEngine(pool, seq.blocks, barrier_ms=0.0001)
+        report = self.inherit(pool, engine)
+        self.assertEqual((report.adopted, engine.mapped, engine.waited), (1, False, True))
+        self.assertEqual(engine.inheritance[0], KvInheritMode.WAITED)
+
+    def test_no_block_to_copy_into_waits_for_the_grant(self):
+        pool = Pool(count=4)
+        seq, _ = quarantined(pool, 5)
+        pool.kv.take(pool.kv.free_count)  # every free block in use
+        engine = FakeEngine(pool, seq.blocks, barrier_ms=50.0)
+        report = self.inherit(pool, engine)
+        self.assertEqual((report.adopted, report.dropped), (1, {}))
+        self.assertEqual((engine.mapped, engine.waited), (True, True))
+        self.assertEqual(engine.inheritance[0], KvInheritMode.WAITED)
+
+    def test_a_grant_that_came_first_is_adopted_in_place(self):
+        pool = Pool()
+        seq, _ = quarantined(pool, 5)
+        engine = FakeEngine(pool, seq.blocks, barrier_ms=50.0)
+
+        def refused():
+            raise BatonError(9, "baton_engine_map_quarantined", "granted meanwhile")
+        engine.map_quarantined = refused
+        report = self.inherit(pool, engine)
+        self.assertEqual((report.adopted, engine.waited), (1, True))
 
 
 if __name__ == "__main__":

@@ -10,7 +10,8 @@ reference engine's AdoptPromotedBlocks (standby/controller_link.h) does it:
      the blocks mapped read-only for it, every record checked again after the copy), or else
      waits (at most the controller's wait limit) for their grant and adopts in place what
      they hold: on a device pool, whose quarantined blocks the SDK does not map, when the
-     copy would cost more than the wait, and for a sequence that changed under the copy.
+     copy would cost more than the wait, and for a sequence that changed under the copy or
+     found no free block to copy into.
      Without such records it takes nothing from them. Either way it releases the read-only
      view and tells the controller how it went (copied, waited or none);
   3. the controller is told what was adopted ("engine N at epoch E adopted S sequences (T
@@ -82,11 +83,13 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
     plan = scheduler.call(lambda: plan_copy(handoff, _blocks(quarantine.extents),
                                             quarantine.headers))
     copied = scheduler.call(lambda: copy_in(handoff, plan, lambda: kv.blocks.take(1)[0]))
-    changed = copied.dropped.pop("changed", 0)
+    # Changed under the copy (the dying writer, or the blocks' grant scrubbing their headers),
+    # or no free block left to copy into: adopted in place once granted instead.
+    changed = copied.dropped.pop("changed", 0) + copied.dropped.pop("hold_failed", 0)
     report.merge(copied)
-    if changed:  # the dying writer, or the blocks' grant scrubbing their headers
-        log(f"{changed} sequences changed under the copy: waiting for the quarantined blocks "
-            "to adopt them in place")
+    if changed:
+        log(f"{changed} sequences not copied (changed, or no block to copy into): waiting for "
+            "the quarantined blocks to adopt them in place")
         return wait(), plan.blocks, plan.nbytes, estimate
     mode = KvInheritMode.COPIED if plan.sequences else KvInheritMode.NONE
     return mode, plan.blocks, plan.nbytes, estimate
