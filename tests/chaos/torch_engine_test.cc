@@ -166,8 +166,9 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
   // Promoted before the dead primary's barrier, it took that KV out of the quarantine: copied
   // when the copy beats the barrier, else adopted in place once granted.
   const json t = cluster.Ctl({"timeline"}).out["timeline"];
-  if (t["promotion"]["before_barrier"].get<bool>()) {
-    const std::string mode = t["kv_inherited"].value("mode", "");
+  ASSERT_TRUE(t.is_object() && t.contains("promotion")) << t.dump(2);
+  if (t["promotion"].value("before_barrier", false)) {
+    const std::string mode = t.contains("kv_inherited") ? t["kv_inherited"].value("mode", "") : "";
     EXPECT_TRUE(mode == "copied" || mode == "waited") << t.dump(2);
   }
   cluster.CheckFencing();
