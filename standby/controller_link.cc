@@ -179,6 +179,21 @@ std::vector<uint32_t> BlocksWithRecords(std::span<const MappedExtent> readable,
   return blocks;
 }
 
+// The sequences a copy dropped that are adopted in place once granted (within the wait
+// limit) rather than replayed, taken out of `copied`: a source record changed under the copy
+// (the dying writer, or the Grant of these blocks scrubbing their headers: their barrier passed
+// while the copy ran), or no promoted block was left to copy into.
+uint32_t TakeNotCopied(KvAdoptionReport* copied) {
+  uint32_t n = 0;
+  for (const char* reason : {"changed", "hold_failed"}) {
+    if (auto it = copied->dropped.find(reason); it != copied->dropped.end()) {
+      n += it->second;
+      copied->dropped.erase(it);
+    }
+  }
+  return n;
+}
+
 // The quarantined blocks' committed KV: copied now, or adopted in place after the barrier.
 void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
                         SessionModelMemory* memory, PagedKvCache* cache, KvHandoff* handoff,
@@ -226,14 +241,10 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
       return b;
     };
     KvAdoptionReport copied = handoff->CopyIn(plan, take);
-    const auto changed = copied.dropped.find("changed");
-    if (changed != copied.dropped.end() && changed->second > 0) {
-      // A source record changed under the copy: the dying writer, or the Grant of these
-      // blocks (their barrier passed while the copy ran) scrubbing their headers. Either way
-      // they are adopted in place once granted, within the wait limit, rather than replayed.
-      BATON_LOG(INFO, "kv") << changed->second << " sequences changed under the copy: "
-                            << "waiting for the quarantined blocks to adopt them in place";
-      copied.dropped.erase(changed);
+    if (const uint32_t not_copied = TakeNotCopied(&copied); not_copied > 0) {
+      BATON_LOG(INFO, "kv") << not_copied << " sequences not copied (changed, or no block to "
+                            << "copy into): waiting for the quarantined blocks to adopt them in "
+                            << "place";
       Merge(copied, report);
       summary.mode = KvInheritMode::kWaited;
       AdoptOnceGranted(promoted, session, memory, cache, handoff, report);
