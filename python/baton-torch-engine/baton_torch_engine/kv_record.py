@@ -11,9 +11,10 @@ block of the same number, beside the device block that holds the KV) are
     [64, data_offset)  the token ids of the block's slots, int32, rounded up to 64 bytes
 
 The header is a seqlock: the stable fields (identity, key, block, previous block, index) are
-written first, then the commit counter goes odd, the epoch, token count and ids are written,
-then the CRC32C over [identity, crc) and the ids, the magic, and the counter goes even. A
-record is committed only after the step whose K and V it claims has written them.
+written first, then the commit counter goes odd, the epoch, token count, CRC32C over
+[identity, crc) and the ids (computed before) and the ids are written, then the magic, and
+the counter goes even. A record is committed only after the step whose K and V it claims has
+written them.
 
 Pure functions over memory addresses; the caller serializes the writers of one block.
 """
@@ -82,22 +83,30 @@ class Read:
     ids: list[int] = field(default_factory=list)
 
 
+def _put(address: int, data: bytes) -> None:
+    """Copies `data` to `address` holding the GIL (ctypes.memmove, a foreign call, lets it go,
+    and another thread may then run for milliseconds inside a commit's window)."""
+    (ctypes.c_char * len(data)).from_address(address)[:] = data
+
+
 def commit(address: int, r: Record, ids) -> None:
     """Writes record `r` and the ids of its slots (len(ids) == r.tokens) into the block at
-    `address`."""
+    `address`. Everything is computed before the counter goes odd and nothing inside the
+    window lets the GIL go, so that a kill leaves a record torn only inside a few copies."""
     ids_bytes = struct.pack(f"<{len(ids)}i", *ids)
+    image = _HEADER.pack(MAGIC, 0, r.identity, r.key[0], r.key[1], r.writer_epoch, r.block,
+                         r.prev_block, r.index, len(ids), 0, 0)
+    crc = crc32c(ids_bytes, crc32c(image[_CRC_BEGIN:_CRC_END]))
+    tail = image[32:_CRC_END] + struct.pack("<I", crc) + image[_CRC_END + 4:]  # epoch .. end
     counter = ctypes.c_uint32.from_address(address + 4)
-    ctypes.memmove(address + 8, struct.pack("<QQQ", r.identity, r.key[0], r.key[1]), 24)
-    ctypes.memmove(address + 40, struct.pack("<III", r.block, r.prev_block, r.index), 12)
+    _put(address + 8, image[8:32])  # the stable fields: identity, key,
+    _put(address + 40, image[40:52])  # block, previous block, index
     before = counter.value & ~1
     counter.value = (before + 1) & 0xFFFFFFFF
-    ctypes.memmove(address + 32, struct.pack("<Q", r.writer_epoch), 8)
-    ctypes.memmove(address + 52, struct.pack("<I", len(ids)), 4)
-    ctypes.memmove(address + HEADER_BYTES, ids_bytes, len(ids_bytes))
-    fields = ctypes.string_at(address + _CRC_BEGIN, _CRC_END - _CRC_BEGIN)
-    crc = crc32c(ids_bytes, crc32c(fields))
-    ctypes.memmove(address + 56, struct.pack("<I", crc), 4)
-    ctypes.memmove(address, struct.pack("<I", MAGIC), 4)
+    _put(address + 32, tail)  # epoch, (stable), tokens, CRC32C
+    if ids_bytes:
+        _put(address + HEADER_BYTES, ids_bytes)
+    _put(address, image[:4])  # the magic
     counter.value = (before + 2) & 0xFFFFFFFF
 
 
