@@ -135,6 +135,9 @@ RetiredCgroups::~RetiredCgroups() {
       BATON_LOG(WARN, kLog) << removed.ToString();
     }
   }
+  if (!base_.empty() && ::rmdir(base_.c_str()) != 0 && errno != ENOENT) {
+    BATON_LOG(WARN, kLog) << "removing " << base_ << ": " << std::strerror(errno);
+  }
 }
 
 void RetiredCgroups::Retire(const std::string& path) {
@@ -219,9 +222,7 @@ Result<std::unique_ptr<EngineCgroups>> EngineCgroups::Open(const std::string& se
 }
 
 EngineCgroups::~EngineCgroups() {
-  if (owned_ && ::rmdir(base_.c_str()) != 0 && errno != ENOENT) {
-    BATON_LOG(WARN, kLog) << "removing " << base_ << ": " << std::strerror(errno);
-  }
+  if (owned_) retired_->RemoveLast(base_);  // after the engine cgroups still held or retired
 }
 
 void EngineCgroups::ClearLeftovers(const std::set<uint64_t>& keep) {

@@ -16,7 +16,9 @@
 //
 // RAII: ~EngineCgroup kills what is left and hands the directory to RetiredCgroups, which
 // removes it at once when its members are gone and otherwise on a later Sweep: nothing waits
-// for a process to exit on the thread that let the cgroup go. ~EngineCgroups removes base. A
+// for a process to exit on the thread that let the cgroup go. Base is removed once
+// EngineCgroups and every EngineCgroup are gone, after the engine cgroups under it (the
+// RetiredCgroups they share goes last). A
 // controller restarted on the same runtime directory finds the engine-* cgroups of the engines it
 // re-adopts (Adopt) and kills and removes every other one an earlier controller left behind
 // (ClearLeftovers; one that cannot be removed is logged, and only an engine of its id is refused a
@@ -58,6 +60,9 @@ class RetiredCgroups {
   // Tries each kept cgroup once more. Returns how many are still kept.
   size_t Sweep();
   size_t pending() const { return entries_.size(); }
+  // The directory above the retired cgroups (EngineCgroups' base), removed by the destructor
+  // after them: once the last EngineCgroup and the EngineCgroups that share this set are gone.
+  void RemoveLast(std::string base) { base_ = std::move(base); }
 
  private:
   struct Entry {
@@ -65,6 +70,7 @@ class RetiredCgroups {
     int sweeps = 0;
   };
   std::vector<Entry> entries_;
+  std::string base_;
 };
 
 class EngineCgroup {

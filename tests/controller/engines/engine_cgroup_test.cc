@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -195,6 +196,22 @@ TEST_F(EngineCgroupTest, ACgroupThatCannotBeRemovedYetIsRemovedByALaterSweep) {
       ::rmdir(path.c_str());
     }
   }
+}
+
+// A controller that stops while an engine's cgroup is still held (its handle outlives the
+// EngineCgroups) leaves nothing behind: the base goes once that cgroup has.
+TEST_F(EngineCgroupTest, TheBaseIsRemovedAfterTheLastEngineCgroup) {
+  Result<std::shared_ptr<EngineCgroup>> held = cgroups_->Create(4);
+  ASSERT_TRUE(held.ok()) << held.status().ToString();
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", (*held)->procs_fd());
+  ASSERT_TRUE(child.ok());
+  const std::string base = cgroups_->base();
+  cgroups_.reset();
+  EXPECT_TRUE(std::filesystem::exists(base)) << "its engine cgroup is still held";
+  held->reset();  // killed, and removed once its member is gone
+  child->KillAndReap();
+  EXPECT_FALSE(std::filesystem::exists(base + "/engine-4"));
+  EXPECT_FALSE(std::filesystem::exists(base)) << "an empty base left behind";
 }
 
 TEST_F(EngineCgroupTest, CreateReplacesAStaleCgroupOfTheSameName) {
