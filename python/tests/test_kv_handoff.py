@@ -301,6 +301,13 @@ class FakeEngine:
 class InheritTest(unittest.TestCase):
     """inherit_kv's choice between a copy and the wait (kv_inherit.py)."""
 
+    def quarantine(self, barrier_ms, count=16):
+        """A pool whose dead writer left a 5-token sequence in quarantine, and the SDK's side
+        of a promotion that expects the barrier in `barrier_ms`."""
+        pool = Pool(count)
+        seq, _ = quarantined(pool, 5)
+        return pool, FakeEngine(pool, seq.blocks, barrier_ms)
+
     def inherit(self, pool, engine, copy_gbps=10.0):
         kv = types.SimpleNamespace(
             blocks=pool.kv, block_bytes=BLOCK_BYTES,
@@ -313,35 +320,27 @@ class InheritTest(unittest.TestCase):
                           copy_gbps)
 
     def test_a_copy_that_beats_the_barrier_is_taken(self):
-        pool = Pool()
-        seq, _ = quarantined(pool, 5)
-        engine = FakeEngine(pool, seq.blocks, barrier_ms=50.0)
+        pool, engine = self.quarantine(barrier_ms=50.0)
         report = self.inherit(pool, engine)
         self.assertEqual((report.adopted, engine.mapped, engine.waited), (1, True, False))
         self.assertEqual(engine.inheritance, (KvInheritMode.COPIED, 1, BLOCK_BYTES))
 
     def test_a_copy_slower_than_the_barrier_waits_for_the_grant(self):
-        pool = Pool()
-        seq, _ = quarantined(pool, 5)
-        engine = FakeEngine(pool, seq.blocks, barrier_ms=0.0001)
+        pool, engine = self.quarantine(barrier_ms=0.0001)
         report = self.inherit(pool, engine)
         self.assertEqual((report.adopted, engine.mapped, engine.waited), (1, False, True))
         self.assertEqual(engine.inheritance[0], KvInheritMode.WAITED)
 
     def test_no_block_to_copy_into_waits_for_the_grant(self):
-        pool = Pool(count=4)
-        seq, _ = quarantined(pool, 5)
+        pool, engine = self.quarantine(barrier_ms=50.0, count=4)
         pool.kv.take(pool.kv.free_count)  # every free block in use
-        engine = FakeEngine(pool, seq.blocks, barrier_ms=50.0)
         report = self.inherit(pool, engine)
         self.assertEqual((report.adopted, report.dropped), (1, {}))
         self.assertEqual((engine.mapped, engine.waited), (True, True))
         self.assertEqual(engine.inheritance[0], KvInheritMode.WAITED)
 
     def test_a_grant_that_came_first_is_adopted_in_place(self):
-        pool = Pool()
-        seq, _ = quarantined(pool, 5)
-        engine = FakeEngine(pool, seq.blocks, barrier_ms=50.0)
+        pool, engine = self.quarantine(barrier_ms=50.0)
 
         def refused():
             raise BatonError(9, "baton_engine_map_quarantined", "granted meanwhile")

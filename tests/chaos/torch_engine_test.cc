@@ -126,6 +126,21 @@ std::string LongPrompt() {
   return prompt;
 }
 
+// A seeded stream of LongPrompt().
+json LongPromptRequest(int seed) {
+  return {{"model", kRouterTestModel}, {"prompt", LongPrompt()}, {"seed", seed},
+          {"temperature", 0.9},        {"max_tokens", 120},      {"stream", true}};
+}
+
+// The new primary adopted the cut stream's KV and its replay continued from it, the prompt
+// not prefilled again (a byte tokenizer: a token per byte at least).
+void ExpectContinuedFromTheKv(const ChaosCluster& cluster) {
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1) << cluster.Log();
+  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
+  EXPECT_GE(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"),
+            static_cast<double>(LongPrompt().size()));
+}
+
 TEST_F(TorchEngineTest, AStreamThroughTheRouterSurvivesAKillTokenForToken) {
   ChaosCluster cluster(TorchPair());
   RouterProcess router(cluster.socket(), cluster.dir());
@@ -150,15 +165,11 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   const std::string prompt = LongPrompt();
-  const json request = {{"model", kRouterTestModel}, {"prompt", prompt},  {"seed", 4343},
-                        {"temperature", 0.9},        {"max_tokens", 120}, {"stream", true}};
   KilledStream stream;
-  ASSERT_NO_FATAL_FAILURE(StreamAndKillThePrimary(cluster, router, request, &stream));
+  ASSERT_NO_FATAL_FAILURE(
+      StreamAndKillThePrimary(cluster, router, LongPromptRequest(4343), &stream));
   WaitTorchPrimary(cluster, stream.killed["id"], "the torch standby to take over");
-  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1) << cluster.Log();
-  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
-  EXPECT_GE(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"),
-            static_cast<double>(prompt.size()));  // a byte tokenizer: a token per byte at least
+  ExpectContinuedFromTheKv(cluster);
   const json kv = LastTimelineKv(cluster);
   ASSERT_TRUE(kv.is_object()) << cluster.Ctl({"timeline"}).stdout_text;
   EXPECT_EQ(kv["adopted"], 1);
@@ -181,22 +192,16 @@ TEST_F(TorchEngineTest, PromoteHandsTheRunningSequenceOver) {
   ChaosCluster cluster(TorchPair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
-  const std::string prompt = LongPrompt();
-  const json request = {{"model", kRouterTestModel}, {"prompt", prompt},  {"seed", 4444},
-                        {"temperature", 0.9},        {"max_tokens", 120}, {"stream", true}};
   KilledStream stream;
   ASSERT_NO_FATAL_FAILURE(StreamAndCut(
-      cluster, router, request,
+      cluster, router, LongPromptRequest(4444),
       [&](const json&) {
         const CtlResult promote = cluster.Ctl({"promote"});
         ASSERT_EQ(promote.exit_code, 0) << promote.stdout_text;
       },
       &stream));
   WaitTorchPrimary(cluster, stream.killed["id"], "the torch standby to take over");
-  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_adopted_sequences_total"), 1) << cluster.Log();
-  EXPECT_EQ(EngineMetric(cluster, "baton_engine_kv_continued_requests_total"), 1);
-  EXPECT_GE(EngineMetric(cluster, "baton_engine_kv_tokens_not_recomputed_total"),
-            static_cast<double>(prompt.size()));
+  ExpectContinuedFromTheKv(cluster);
   cluster.CheckFencing();
 }
 
