@@ -342,11 +342,15 @@ Status EngineSession::Impl::Prefault() {
 }
 
 Status EngineSession::Impl::SendReady() {
-  return Send(proto::StandbyReady{
+  const proto::StandbyReady ready{
       .arena_mapped_bytes = arena_map_.size(),
       .reserved_bytes = pool_view_.reserved_bytes,
       .prefault_us = static_cast<uint64_t>(weights_.prefault_ms * 1000.0),
-  });
+  };
+  const std::vector<int> fds = LivenessFds();
+  MutexLock lock(channel_mu_);
+  if (!channel_.has_value()) return Unavailable("no connection to the controller");
+  return channel_->Send(ready, fds);
 }
 
 // --- EngineSession ----------------------------------------------------------------------------

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <future>
 #include <map>
 #include <system_error>
 
@@ -53,13 +54,37 @@ Status EngineSession::Impl::StartThread() {
   const int fd = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (fd < 0) return ErrnoStatus("eventfd", errno);
   wake_fd_ = UniqueFd(fd);
+  if (Result<proto::LivenessPage> page = proto::LivenessPage::Create(); page.ok()) {
+    liveness_ = std::move(page).value();
+  } else {
+    BATON_LOG(WARN, kLog) << "no liveness page (" << page.status().ToString()
+                          << "): the controller sees this engine's death by its connection";
+  }
+  // The thread holds the page's mutex before the page is sent (SendReady): a death from then
+  // on is seen at once.
+  std::promise<void> holding;
+  std::future<void> held = holding.get_future();
   try {
-    thread_ = std::thread([this] { Run(); });
+    thread_ = std::thread([this, &holding] {
+      if (Status hold = liveness_.Hold(); !hold.ok() && liveness_.valid()) {
+        BATON_LOG(WARN, kLog) << hold.ToString();
+        liveness_ = proto::LivenessPage();
+      }
+      holding.set_value();
+      Run();
+      liveness_.Release();
+    });
   } catch (const std::system_error& e) {
     return Status(StatusCode::kResourceExhausted,
                   std::string("starting the heartbeat thread: ") + e.what());
   }
+  held.wait();
   return OkStatus();
+}
+
+std::vector<int> EngineSession::Impl::LivenessFds() const {
+  if (!liveness_.valid()) return {};
+  return {liveness_.fd()};
 }
 
 Status EngineSession::Impl::ServeAttached() {

@@ -8,7 +8,10 @@
 // channel, so that the engine heartbeats while it maps and pre-faults however much memory: it
 // sends a Heartbeat every interval, answers HealthRequest at once, maps promotion and grant
 // extents, and queues events for the engine. The engine's threads (and TakeMemory's acks)
-// send through the same channel under channel_mu_.
+// send through the same channel under channel_mu_. The heartbeat thread holds the liveness
+// page's robust mutex (proto/transport/liveness_page.h) from its start to its end; the page's
+// fd goes with StandbyReady and with every Reattach, so that the controller sees this
+// process die as soon as that thread leaves.
 //
 // Promotion and grant blocks are mapped in engine_session_blocks.cc. When the connection
 // breaks (engine_session_reconnect.cc), the heartbeat thread drops the
@@ -37,6 +40,7 @@
 #include "base/mutex.h"
 #include "cuda/memory/vmm_share.h"
 #include "proto/transport/channel.h"
+#include "proto/transport/liveness_page.h"
 #include "proto/transport/shared_memory.h"
 #include "standby/sdk/engine_sdk.h"
 #include "standby/sdk/pool_mapping.h"
@@ -55,7 +59,9 @@ class EngineSession::Impl {
   Status StartThread();
   Status TakeMemory();
   Status Prefault();
-  Status SendReady();
+  Status SendReady() BATON_EXCLUDES(channel_mu_);
+  // The liveness page's fd, to go with StandbyReady and Reattach; empty without a page.
+  std::vector<int> LivenessFds() const;
   // Connect() has finished: from now on a lost connection is reconnected (if protocol 5).
   void MarkRegistered() { registered_.store(true); }
 
@@ -258,6 +264,9 @@ class EngineSession::Impl {
   std::atomic<int64_t> absent_timeout_ns_{0};
   std::atomic<ControllerAbsentAction> absent_action_{ControllerAbsentAction::kServe};
   UniqueFd wake_fd_;  // eventfd: wakes the heartbeat thread for shutdown
+  // Held by the heartbeat thread; invalid when it could not be made (the controller then
+  // sees this engine's death by its connection's end alone).
+  proto::LivenessPage liveness_;
   std::thread thread_;
 };
 

@@ -204,7 +204,7 @@ EngineSession::Impl::Attempt EngineSession::Impl::SayReattach(proto::Channel& ch
     protocol_.store(said->version);
   }
   const proto::Reattach msg = ReattachMessage(reported);
-  if (Status sent = channel.Send(msg); !sent.ok()) {
+  if (Status sent = channel.Send(msg, LivenessFds()); !sent.ok()) {
     return Attempt{AttemptOutcome::kFailed, sent.message()};
   }
   return ReadReattachAnswer(channel, ack);

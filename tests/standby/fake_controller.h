@@ -189,11 +189,14 @@ class FakeController {
         ADD_FAILURE() << decoded.status().ToString();
         return T{};
       }
+      last_fds_ = std::move(msg->fds);
       return *decoded;
     }
   }
 
   int heartbeats() const { return heartbeats_; }
+  // The fds that came with the last message Expect returned (StandbyReady's liveness page).
+  std::vector<UniqueFd>& last_fds() { return last_fds_; }
   const proto::Heartbeat& last_heartbeat() const { return last_heartbeat_; }
 
  private:
@@ -207,6 +210,7 @@ class FakeController {
   std::optional<proto::Channel> channel_;
   proto::Heartbeat last_heartbeat_;
   int heartbeats_ = 0;
+  std::vector<UniqueFd> last_fds_;
 };
 
 // Connects an engine session with `options` to `fake` (registration served on this thread).

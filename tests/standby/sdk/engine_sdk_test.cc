@@ -1,13 +1,19 @@
 // The engine SDK against an in-process fake controller speaking the real protocol.
 #include "standby/sdk/engine_sdk.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <sstream>
 #include <thread>
 
+#include "proto/transport/liveness_page.h"
 #include "tests/standby/fake_controller.h"
 #include "tests/standby/sdk/mappings_testutil.h"
 #include "tests/weightcache/io/pinned_arena_testutil.h"
@@ -76,6 +82,38 @@ TEST(EngineSdk, HeartbeatsComeFromItsOwnThreadAndHealthRequestsAreAnsweredAtOnce
   ASSERT_TRUE(fake.channel().Send(proto::HealthRequest{.seq = 1}).ok());
   proto::Heartbeat answer = fake.Expect<proto::Heartbeat>(seconds(10));
   EXPECT_GT(answer.seq, first.seq);
+}
+
+// The heartbeat thread holds the liveness page's mutex from before StandbyReady, which
+// carries the page, until the session shuts down; a watch on it then ends with no death.
+TEST(EngineSdk, TheHeartbeatThreadHoldsTheLivenessPageThatStandbyReadySends) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 100);
+  ASSERT_NE(s, nullptr);
+  ASSERT_EQ(fake.last_fds().size(), 1u) << "StandbyReady carries the liveness page";
+  const int fd = fake.last_fds()[0].get();
+  EXPECT_EQ(::fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW), F_SEAL_SHRINK | F_SEAL_GROW);
+  void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
+  ASSERT_NE(p, MAP_FAILED);
+  const auto* word = static_cast<const uint32_t*>(p);
+  const pid_t holder = static_cast<pid_t>(__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x3fffffff);
+  EXPECT_NE(holder, 0) << "the mutex is held";
+  EXPECT_NE(holder, ::gettid()) << "by the heartbeat thread, not the caller's";
+  EXPECT_TRUE(std::filesystem::exists("/proc/self/task/" + std::to_string(holder)));
+  std::unique_ptr<proto::LivenessWatch> watch =
+      Take(proto::LivenessWatch::Start(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))));
+  // The watch has seen the holder once it marked itself a waiter (FUTEX_WAITERS).
+  for (int i = 0; i < 1000 && (__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x80000000u) == 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  s.reset();
+  EXPECT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x3fffffff, 0u) << "released at shutdown";
+  for (int i = 0; i < 1000 && !watch->finished(); ++i)
+    std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_TRUE(watch->finished());
+  pollfd dead{.fd = watch->fd(), .events = POLLIN, .revents = 0};
+  EXPECT_EQ(::poll(&dead, 1, 0), 0) << "a shutdown is no death";
+  ::munmap(p, 4096);
 }
 
 TEST(EngineSdk, PromotionMapsExtentsWritableAndScrubsTheirHeaders) {
