@@ -159,6 +159,10 @@ class Controller final : private Effects {
   void OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg);
   void WatchPid(EngineId id);
   void OnPidReadable(EngineId id);
+  // The liveness page that came with StandbyReady or Reattach (its one fd), watched; its
+  // owner's death posts OnEngineDying.
+  void WatchLiveness(EngineId id, proto::ReceivedMessage& msg);
+  void OnEngineDying(EngineId id, pid_t pid);
   void CheckNvmlSeesEngine(EngineHandle& h);
   EngineHandle* Handle(EngineId id);
   // Every process of the engine that a fence must see gone: its process group's members and

@@ -57,6 +57,7 @@ void Controller::ReadEngine(EngineId id) {
       coord_->OnDisconnected(id, msg.status().message(),
                              msg.status().code() != StatusCode::kUnavailable);
     } else {
+      WatchLiveness(id, *msg);
       OnEngineMessage(id, *msg);
       h = Handle(id);
       if (h != nullptr && h->channel != nullptr && h->channel_gen == gen) ReadEngine(id);
@@ -158,6 +159,40 @@ void Controller::OnPidReadable(EngineId id) {
   h->channel.reset();
   coord_->OnExited(id, (*exited)->ToString());
   if (stopping_ && coord_->Remaining().empty() && stop_timer_ != nullptr) stop_timer_->cancel();
+  ArmTick();
+}
+
+// --- liveness pages -----------------------------------------------------------------------------
+
+void Controller::WatchLiveness(EngineId id, proto::ReceivedMessage& msg) {
+  using proto::MsgType;
+  if (msg.fds.size() != 1 ||
+      (msg.type != MsgType::kStandbyReady && msg.type != MsgType::kReattach)) {
+    return;
+  }
+  EngineHandle* h = Handle(id);
+  if (h == nullptr) return;
+  Result<std::unique_ptr<proto::LivenessWatch>> watch =
+      proto::LivenessWatch::Start(std::move(msg.fds[0]));
+  const int fd = watch.ok() ? ::fcntl((*watch)->fd(), F_DUPFD_CLOEXEC, 0) : -1;
+  if (fd < 0) {
+    const Status why = watch.ok() ? ErrnoStatus("dup of its eventfd", errno) : watch.status();
+    BATON_LOG(WARN, kLog) << "engine " << id << ": its liveness page is not watched ("
+                          << why.ToString() << "); its death is seen when its connection ends";
+    return;
+  }
+  h->liveness = std::move(watch).value();
+  h->liveness_wait = std::make_unique<boost::asio::posix::stream_descriptor>(io_, fd);
+  h->liveness_wait->async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                               [this, id, pid = h->pid](const boost::system::error_code& ec) {
+                                 if (!ec) OnEngineDying(id, pid);
+                               });
+}
+
+void Controller::OnEngineDying(EngineId id, pid_t pid) {
+  EngineHandle* h = Handle(id);
+  if (h == nullptr || h->pid != pid || h->exited) return;
+  coord_->OnDying(id, "its process is exiting (the thread that held its liveness page died)");
   ArmTick();
 }
 

@@ -137,8 +137,8 @@ void Coordinator::OnUnexpectedMessage(EngineId id, const std::string& type) {
   engines_.RefuseEngine(*e, InvalidArgument("unexpected " + type + " from an engine"));
 }
 
-// A lost connection (EOF, a reset, a frame that did not decode) and an exit (OnExited) both
-// enter FailoverPart::Fence.
+// A lost connection (EOF, a reset, a frame that did not decode), a dying process (OnDying)
+// and an exit (OnExited) all enter FailoverPart::Fence.
 void Coordinator::OnDisconnected(EngineId id, const std::string& reason, bool error) {
   EngineRecord* e = s_.Find(id);
   if (e == nullptr) return;
@@ -146,6 +146,12 @@ void Coordinator::OnDisconnected(EngineId id, const std::string& reason, bool er
   if (s_.stopping || !e->live()) return;  // after Stop, a close is the engine's goodbye
   if (error) s_.Refused("engine " + std::to_string(id), "protocol error: " + reason);
   failover_.Fence(id, FailCause::kEof, reason);
+}
+
+void Coordinator::OnDying(EngineId id, const std::string& how) {
+  EngineRecord* e = s_.Find(id);
+  if (e == nullptr || s_.stopping || !e->live()) return;
+  failover_.Fence(id, FailCause::kDied, how);
 }
 
 void Coordinator::OnExited(EngineId id, const std::string& how) { failover_.OnExited(id, how); }

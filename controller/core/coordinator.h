@@ -113,6 +113,9 @@ class Coordinator {
   void NoteRefusal(const std::string& who, const std::string& reason) { s_.Refused(who, reason); }
   // Its connection closed (`error`: not a clean close).
   void OnDisconnected(EngineId id, const std::string& reason, bool error);
+  // Its process is exiting: a thread of it died holding its liveness page, before the
+  // process's teardown (proto/transport/liveness_page.h). Fenced as a death, at once.
+  void OnDying(EngineId id, const std::string& how);
   // Its process exited and was reaped (or, adopted, seen gone); `how` for the log.
   void OnExited(EngineId id, const std::string& how);
   // Time passed: deadlines, heartbeats, barriers, retries, the canary.

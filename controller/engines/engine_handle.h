@@ -1,7 +1,8 @@
 // EngineHandle: what the daemon holds of one engine process for the Coordinator: the process
 // (its pidfd: a child this controller launched, or a previous controller's engine it
-// adopted), the Asio descriptor that watches the pidfd, the engine's cgroup, and its control
-// channel once the engine has said Hello with its launch token.
+// adopted), the Asio descriptor that watches the pidfd, the engine's cgroup, its control
+// channel once the engine has said Hello with its launch token, and the watch on its liveness
+// page once StandbyReady (or Reattach) brought one.
 //
 // The Coordinator decides (controller/core/coordinator.h); the daemon keeps a handle from
 // Launch (or adoption) until Effects::Release, which comes once the process has exited and
@@ -20,6 +21,7 @@
 #include "controller/engines/engine_cgroup.h"
 #include "controller/engines/supervisor.h"
 #include "proto/transport/channel.h"
+#include "proto/transport/liveness_page.h"
 
 namespace baton {
 
@@ -39,6 +41,9 @@ struct EngineHandle {
   uint64_t channel_gen = 0;   // distinguishes callbacks of a replaced channel
   bool exited = false;        // its exit was given to the Coordinator
   std::string device_memory;  // "mapped" once it took the device regions (for NVML's check)
+  // Sees the engine's process die before its connection ends (proto/transport/liveness_page.h).
+  std::unique_ptr<proto::LivenessWatch> liveness;
+  std::unique_ptr<boost::asio::posix::stream_descriptor> liveness_wait;  // on a dup of its fd
 };
 
 }  // namespace baton

@@ -206,6 +206,27 @@ TEST(ChaosMisbehavior, BadFrameFromAnEngineFencesOnlyThatEngine) {
   cluster.CheckFencing();
 }
 
+// The thread holding the standby's liveness page ends while its process stays connected and
+// beating: the controller fences it as dying at once (its connection never ended).
+TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnected) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "thread-dies");
+  const json killed = EngineWithRole(before, "standby")["pid"];
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        for (const json& e : s["history"]["exits"]) {
+          if (e["pid"] != killed && e.dump().find("liveness page") != std::string::npos) {
+            return IsReady(s);
+          }
+        }
+        return false;
+      },
+      "the rogue standby fenced as dying, and a ready pair");
+  ExpectPrimaryUnaffected(before, after);
+  EXPECT_NE(EngineWithRole(after, "standby")["version"], "rogue");
+  cluster.CheckFencing();
+}
+
 TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
   ChaosCluster cluster;
   const json before = RogueStandby(cluster, "wrong-id");

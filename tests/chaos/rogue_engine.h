@@ -1,6 +1,7 @@
 // The chaos tests' engine misbehaving over the raw protocol instead of the SDK (the rogue
 // modes of test_engine_helper_main.cc: bad-frame, stale-epoch, foreign-return, foreign-lease,
-// wrong-id, huge-register, bad-address, tamper-memory, mute). Header-only test support.
+// wrong-id, huge-register, bad-address, tamper-memory, mute, thread-dies). Header-only test
+// support.
 #pragma once
 
 #include <fcntl.h>
@@ -9,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include "base/log.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
+#include "proto/transport/liveness_page.h"
 #include "standby/sdk/engine_sdk.h"
 
 namespace baton::testing {
@@ -74,6 +77,28 @@ inline void WriteTamperReport(const std::string& violations_dir, uint64_t id,
   }
 }
 
+// Sends StandbyReady with a liveness page whose holding thread then ends without releasing
+// it, while the process lives on, connected and beating: the controller must take that for
+// the process's death at once, without waiting for the connection's end.
+inline int ThreadDies(proto::Channel& channel) {
+  Result<proto::LivenessPage> page = proto::LivenessPage::Create();
+  if (!page.ok()) return 3;
+  std::atomic<int> step{0};
+  std::thread holder([&] {
+    if (!page->Hold().ok()) return;
+    step.store(1);
+    while (step.load() != 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });  // ends holding the mutex
+  while (step.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const int fds[1] = {page->fd()};
+  (void)channel.Send(proto::StandbyReady{}, fds);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  step.store(2);
+  holder.join();
+  KeepBeating(channel);
+  return 2;
+}
+
 inline int RunRogue(const std::string& mode, const std::string& violations_dir,
                     const EngineLaunchInfo& info) {
   BATON_LOG(WARN, "test-engine") << "engine " << info.engine_id << " misbehaves: " << mode;
@@ -93,6 +118,7 @@ inline int RunRogue(const std::string& mode, const std::string& violations_dir,
     KeepBeating(*channel);
     return 2;
   }
+  if (mode == "thread-dies") return ThreadDies(*channel);
   (void)channel->Send(proto::StandbyReady{});
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   if (mode == "bad-frame") {
