@@ -130,7 +130,7 @@ struct SimEngine {
 
 // What the world hands the driver to deliver to the Coordinator.
 struct WorldEvent {
-  enum class Kind { kConnect, kMessage, kDisconnected, kExited };
+  enum class Kind { kConnect, kMessage, kDisconnected, kExited, kDying };
   Kind kind = Kind::kMessage;
   EngineId id = kNoEngine;
   FromEngine message;

@@ -140,6 +140,10 @@ class SimLoop {
           coord_->OnDisconnected(ev->id, ev->how, /*error=*/false);
           if (verbose_) Note(Id(ev->id) + " connection closed");
           break;
+        case WorldEvent::Kind::kDying:
+          coord_->OnDying(ev->id, ev->how);
+          if (verbose_) Note(Id(ev->id) + " dying: " + ev->how);
+          break;
         case WorldEvent::Kind::kExited:
           coord_->OnExited(ev->id, ev->how);
           if (verbose_) Note(Id(ev->id) + " reaped: " + ev->how);

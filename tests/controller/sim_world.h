@@ -407,6 +407,11 @@ class SimWorld {
     if (tracing()) Trace("engine " + std::to_string(e.id) + " is dead: " + how);
     // Killed or crashed, it may have died inside a record's commit.
     if (e.kv && !(e.exiting && !e.killed)) e.kv->Die(rng_.Chance(30));
+    // Most engines speak through the SDK, whose liveness page shows the death before the
+    // connection ends (the messages it sent before still queued behind it).
+    if (e.connected && !e.clean_exit && rng_.Chance(70)) {
+      Queue(WorldEvent{WorldEvent::Kind::kDying, e.id, {}, "its process is exiting"}, now());
+    }
     if (e.connected) {
       e.connected = e.attached = false;
       Queue(WorldEvent{WorldEvent::Kind::kDisconnected, e.id, {}, "end of file"},
