@@ -182,6 +182,7 @@ void Controller::WatchLiveness(EngineId id, proto::ReceivedMessage& msg) {
     return;
   }
   h->liveness = std::move(watch).value();
+  BATON_LOG(INFO, kLog) << "engine " << id << ": its liveness page is watched";
   h->liveness_wait = std::make_unique<boost::asio::posix::stream_descriptor>(io_, fd);
   h->liveness_wait->async_wait(boost::asio::posix::stream_descriptor::wait_read,
                                [this, id, pid = h->pid](const boost::system::error_code& ec) {

@@ -88,6 +88,7 @@ ControllerStatus Controller::Snapshot() const {
   }
   s.cgroups_off_reason = cgroups_off_reason_;
   for (const auto& [id, h] : handles_) {
+    if (h.liveness != nullptr) s.liveness_watched.insert(id);
     if (h.cgroup == nullptr) continue;
     s.engine_cgroups[id] = h.cgroup->path();
     s.engine_cpu_s[id] = h.cgroup->CpuSeconds();

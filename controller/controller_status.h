@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,8 @@ struct ControllerStatus {
   size_t cgroups_awaiting_removal = 0;  // of gone engines, swept every 10 ms (RetiredCgroups)
   std::map<EngineId, std::string> engine_cgroups;
   std::map<EngineId, double> engine_cpu_s;
+  // Engines whose liveness page is watched: their death is seen before their teardown.
+  std::set<EngineId> liveness_watched;
   proto::RouteTable routes;
   size_t route_subscribers = 0;
   size_t client_send_queued_bytes = 0;

@@ -49,6 +49,7 @@ json EngineJson(const ControllerStatus& c, const EngineStatus& e) {
   auto cpu = c.engine_cpu_s.find(e.id);
   j["cgroup"] = cg != c.engine_cgroups.end() ? json(cg->second) : json();
   j["cpu_s"] = cpu != c.engine_cpu_s.end() ? json(cpu->second) : json();
+  j["liveness"] = c.liveness_watched.count(e.id) != 0 ? "watched" : "none";
   return j;
 }
 

@@ -52,6 +52,9 @@ std::string MetricsText(const ControllerStatus& c) {
         core.guard_in_backoff ? 1 : 0);
   gauge("baton_engine_cgroups", "1 while each engine runs in a cgroup that a fence kills whole",
         !c.cgroup_base.empty() ? 1 : 0);
+  gauge("baton_engines_liveness_watched",
+        "Engines whose death is seen by their liveness page, before their teardown",
+        static_cast<double>(c.liveness_watched.size()));
   gauge("baton_cgroups_awaiting_removal",
         "Cgroups of gone engines whose removal waits for their last members to exit",
         static_cast<double>(c.cgroups_awaiting_removal));

@@ -50,6 +50,7 @@ TEST(ControllerRestart, EnginesWeightsAndPoolSurviveKillMinusNine) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
+  for (const json& e : before["engines"]) EXPECT_EQ(e["liveness"], "watched") << e.dump();
   cluster.KillController();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   for (pid_t pid : EnginePids(before)) {
@@ -72,6 +73,9 @@ TEST(ControllerRestart, EnginesWeightsAndPoolSurviveKillMinusNine) {
   EXPECT_EQ(EngineWithRole(after, "primary")["blocks"], primary["blocks"]);
   EXPECT_TRUE(EngineWithRole(after, "primary")["adopted"].get<bool>());
   EXPECT_NE(cluster.Log().find("re-adopted as serving"), std::string::npos) << cluster.Log();
+  for (const json& e : after["engines"]) {
+    EXPECT_EQ(e["liveness"], "watched") << "its Reattach carried its liveness page: " << e.dump();
+  }
   ExpectHealthy(cluster, after);
   // Epochs never repeat: the next failover uses one above everything issued before.
   ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);

@@ -114,6 +114,8 @@ TEST(ChaosMetrics, PrometheusEndpoint) {
   EXPECT_NE(metrics.find("baton_epoch_journal_ok 1"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("baton_unfenced_reaped 0"), std::string::npos) << metrics;
   EXPECT_NE(metrics.find("baton_epoch_journal_write_failures_total 0"), std::string::npos);
+  EXPECT_NE(metrics.find("baton_engines_liveness_watched 2\n"), std::string::npos)
+      << "both engines of a ready pair, on the SDK, sent their liveness page: " << metrics;
   const bool cgroups = cluster.Status()["fencing"]["by"] == "cgroup";
   EXPECT_NE(metrics.find(cgroups ? "baton_engine_cgroups 1" : "baton_engine_cgroups 0"),
             std::string::npos)
