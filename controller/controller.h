@@ -162,7 +162,9 @@ class Controller final : private Effects {
   // The liveness page that came with StandbyReady or Reattach (its one fd), watched; its
   // owner's death posts OnEngineDying.
   void WatchLiveness(EngineId id, proto::ReceivedMessage& msg);
-  void OnEngineDying(EngineId id, pid_t pid);
+  // Waits (by posting itself again, `deferred` times so far) while what the engine sent
+  // before it died is still unread, so that it is handled before the fence.
+  void OnEngineDying(EngineId id, pid_t pid, int deferred = 0);
   void CheckNvmlSeesEngine(EngineHandle& h);
   EngineHandle* Handle(EngineId id);
   // Every process of the engine that a fence must see gone: its process group's members and

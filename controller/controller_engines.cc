@@ -2,6 +2,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -190,9 +191,16 @@ void Controller::WatchLiveness(EngineId id, proto::ReceivedMessage& msg) {
                                });
 }
 
-void Controller::OnEngineDying(EngineId id, pid_t pid) {
+void Controller::OnEngineDying(EngineId id, pid_t pid, int deferred) {
+  constexpr int kMaxDeferrals = 100;
   EngineHandle* h = Handle(id);
   if (h == nullptr || h->pid != pid || h->exited) return;
+  // An ErrorReport or a Drained sent just before the death is read first: the read already
+  // under way takes it while this waits behind it on the event loop.
+  if (h->channel != nullptr && h->channel->HasUnread() && deferred < kMaxDeferrals) {
+    boost::asio::post(io_, [this, id, pid, deferred] { OnEngineDying(id, pid, deferred + 1); });
+    return;
+  }
   coord_->OnDying(id, "its process is exiting (the thread that held its liveness page died)");
   ArmTick();
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -397,6 +398,12 @@ Result<ReceivedMessage> Channel::Receive(std::optional<Duration> timeout) {
     }
     BATON_RETURN_IF_ERROR(waited);
   }
+}
+
+bool Channel::HasUnread() {
+  if (decoder_.buffered() > 0) return true;
+  int n = 0;
+  return is_open() && ::ioctl(socket_.native_handle(), FIONREAD, &n) == 0 && n > 0;
 }
 
 void Channel::AsyncReceive(ReceiveHandler handler) {

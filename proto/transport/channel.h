@@ -129,6 +129,9 @@ class Channel {
   void Close();
 
   bool is_open() const { return socket_.is_open(); }
+  // Whether bytes have come that no receive has returned yet: in this channel's buffer, or
+  // still in the socket.
+  bool HasUnread();
   int native_handle() { return socket_.native_handle(); }
   const std::string& label() const { return options_.label; }
   void set_label(std::string label) { options_.label = std::move(label); }

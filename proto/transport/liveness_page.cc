@@ -9,22 +9,30 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstring>
 #include <string>
 #include <system_error>
+#include <utility>
 
 namespace baton::proto {
 namespace {
 
 constexpr size_t kPageBytes = 4096;
+// The most a page may be: 4 KiB rounds up to the system's page (64 KiB on some arm64 kernels).
+size_t MaxPageBytes() {
+  const long page = ::sysconf(_SC_PAGESIZE);
+  return std::max(kPageBytes, page > 0 ? static_cast<size_t>(page) : kPageBytes);
+}
 // How long the watch sleeps in one wait at most: the longest a death marked without a
 // waiter to wake (the owner died before the watch first waited) goes unseen.
 constexpr long kPollNs = 100'000'000;
-// A word that keeps changing under the watch (a page the engine scribbles on) is then
-// looked at once a millisecond instead of in a busy loop.
-constexpr int kChangesBeforeBackoff = 1000;
+// A word that keeps changing under the watch (a page the engine scribbles on) is looked at
+// at most this many times before a pause of a millisecond, instead of in a busy loop.
+constexpr int kChangesBeforeBackoff = 16;
 
 // The robust futex protocol's word is the mutex's first member (glibc's __lock): the
 // kernel marks FUTEX_OWNER_DIED there, at the offset glibc registers with set_robust_list.
@@ -74,6 +82,30 @@ Result<LivenessPage> LivenessPage::Create() {
   return page;
 }
 
+LivenessPage::LivenessPage(LivenessPage&& other) noexcept
+    : memory_(std::move(other.memory_)),
+      mapping_(std::move(other.mapping_)),
+      held_(std::exchange(other.held_, false)) {}
+
+LivenessPage& LivenessPage::operator=(LivenessPage&& other) noexcept {
+  if (this != &other) {
+    Abandon();
+    memory_ = std::move(other.memory_);
+    mapping_ = std::move(other.mapping_);
+    held_ = std::exchange(other.held_, false);
+  }
+  return *this;
+}
+
+LivenessPage::~LivenessPage() { Abandon(); }
+
+void LivenessPage::Abandon() {
+  // A held mutex stays on its thread's robust list, which the kernel walks when the thread
+  // ends: its page must stay mapped so that the kernel writes into it and nothing else.
+  if (held_) (void)new Mapping(std::move(mapping_));
+  held_ = false;
+}
+
 Status LivenessPage::Hold() {
   if (!valid()) return FailedPrecondition("no liveness page");
   if (held_) return OkStatus();
@@ -97,9 +129,10 @@ Result<std::unique_ptr<LivenessWatch>> LivenessWatch::Start(UniqueFd fd) {
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat of the liveness page", errno);
   if (!S_ISREG(st.st_mode) || st.st_size < static_cast<off_t>(sizeof(pthread_mutex_t)) ||
-      st.st_size > static_cast<off_t>(kPageBytes)) {
-    return InvalidArgument("the liveness page is no memfd of " + std::to_string(kPageBytes) +
-                           " bytes at most (size " + std::to_string(st.st_size) + ")");
+      st.st_size > static_cast<off_t>(MaxPageBytes())) {
+    return InvalidArgument("the liveness page is no memfd of one page at most (" +
+                           std::to_string(MaxPageBytes()) + " bytes; size " +
+                           std::to_string(st.st_size) + ")");
   }
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
@@ -115,6 +148,7 @@ Result<std::unique_ptr<LivenessWatch>> LivenessWatch::Start(UniqueFd fd) {
     watch->thread_ = std::thread([w = watch.get()] {
       w->Run();
       w->finished_.store(true);
+      w->exited_.store(true);
     });
   } catch (const std::system_error& e) {
     return Status(StatusCode::kResourceExhausted,
@@ -129,8 +163,13 @@ LivenessWatch::LivenessWatch(Mapping mapping, UniqueFd event)
 LivenessWatch::~LivenessWatch() {
   stop_.store(true);
   __atomic_store_n(&stop_word_, 1, __ATOMIC_SEQ_CST);
-  FutexWakeAll(word());
-  FutexWakeAll(&stop_word_);
+  // A wake that comes between the thread's look at stop_ and its wait on the page's word is
+  // lost, and that wait would last its whole timeout: wake until the thread is out.
+  while (thread_.joinable() && !exited_.load()) {
+    FutexWakeAll(word());
+    FutexWakeAll(&stop_word_);
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
   if (thread_.joinable()) thread_.join();
 }
 
@@ -140,6 +179,12 @@ void LivenessWatch::Run() {
   std::atomic_ref<uint32_t> word(*this->word());
   bool held_seen = false;
   int changes = 0;
+  // Counts a look that did not wait (the word had changed); pauses after kChangesBeforeBackoff.
+  auto churn = [&changes] {
+    if (++changes < kChangesBeforeBackoff) return;
+    changes = 0;
+    ::usleep(1000);
+  };
   while (!stop_.load()) {
     uint32_t v = word.load();
     if ((v & FUTEX_OWNER_DIED) != 0) {
@@ -158,15 +203,16 @@ void LivenessWatch::Run() {
       // A waiter's mark, as glibc's own waiters set it: the kernel wakes a waiter of a dead
       // owner's futex only when the word says there is one.
       if ((v & FUTEX_WAITERS) == 0) {
-        if (!word.compare_exchange_strong(v, v | FUTEX_WAITERS)) continue;
+        if (!word.compare_exchange_strong(v, v | FUTEX_WAITERS)) {
+          churn();
+          continue;
+        }
         v |= FUTEX_WAITERS;
       }
     }
     FutexWait(this->word(), v);
-    if (word.load() != v && ++changes >= kChangesBeforeBackoff) {
-      changes = 0;
-      ::usleep(1000);
-    }
+    const uint32_t now = word.load();
+    if (now != v && (now & FUTEX_OWNER_DIED) == 0) churn();
   }
 }
 

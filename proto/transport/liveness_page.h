@@ -28,17 +28,21 @@
 
 namespace baton::proto {
 
-// The engine's side. Create() on any thread; Hold() and Release() on the thread that is to
-// hold the mutex for the session's life (the SDK's heartbeat thread). Move-only.
+// The engine's side: a page of one system page (4 KiB rounded up). Create() on any thread; Hold()
+// and Release() on the thread that is to hold the mutex for the session's life (the SDK's heartbeat
+// thread). Move-only.
 class LivenessPage {
  public:
-  // A 4 KiB memfd (sealed: fixed size) holding one robust, process-shared mutex, mapped
+  // A memfd of a page (sealed: fixed size) holding one robust, process-shared mutex, mapped
   // read-write and left out of fork(2) children (MADV_DONTFORK).
   static Result<LivenessPage> Create();
 
   LivenessPage() = default;
-  LivenessPage(LivenessPage&&) noexcept = default;
-  LivenessPage& operator=(LivenessPage&&) noexcept = default;
+  // A page destroyed (or assigned over) while held is left mapped: the mutex is still on
+  // its thread's robust list, where the kernel finds it when the thread ends.
+  ~LivenessPage();
+  LivenessPage(LivenessPage&& other) noexcept;
+  LivenessPage& operator=(LivenessPage&& other) noexcept;
 
   // Locks the mutex on the calling thread: it holds it until Release() or its death.
   Status Hold();
@@ -49,6 +53,8 @@ class LivenessPage {
   int fd() const { return memory_.fd(); }
 
  private:
+  void Abandon();
+
   SharedMemory memory_;
   Mapping mapping_;
   bool held_ = false;
@@ -59,9 +65,9 @@ class LivenessPage {
 class LivenessWatch {
  public:
   // Maps the page of `fd` (a memfd sealed against shrinking and growing, at least one mutex
-  // long) and starts the thread, which makes fd() readable once the mutex's owner died, or
-  // ends quietly when the owner releases the mutex after holding it. InvalidArgument for any
-  // other fd.
+  // long and at most a system page) and starts the thread, which makes fd() readable once the
+  // mutex's owner died, or ends quietly when the owner releases the mutex after holding it.
+  // InvalidArgument for any other fd.
   static Result<std::unique_ptr<LivenessWatch>> Start(UniqueFd fd);
   ~LivenessWatch();  // stops the thread and joins it
   LivenessWatch(const LivenessWatch&) = delete;
@@ -82,7 +88,8 @@ class LivenessWatch {
   UniqueFd event_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
-  uint32_t stop_word_ = 0;  // a futex word of its own, for the thread that saw a death
+  std::atomic<bool> exited_{false};  // Run has returned
+  uint32_t stop_word_ = 0;           // a futex word of its own, for the thread that saw a death
   std::thread thread_;
 };
 

@@ -65,7 +65,7 @@ Status EngineSession::Impl::StartThread() {
   std::promise<void> holding;
   std::future<void> held = holding.get_future();
   try {
-    thread_ = std::thread([this, &holding] {
+    thread_ = std::thread([this, holding = std::move(holding)]() mutable {
       if (Status hold = liveness_.Hold(); !hold.ok() && liveness_.valid()) {
         BATON_LOG(WARN, kLog) << hold.ToString();
         liveness_ = proto::LivenessPage();

@@ -227,6 +227,27 @@ TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnecte
   cluster.CheckFencing();
 }
 
+// An ErrorReport sent just before the liveness page's holder dies is what the engine is
+// fenced for: the death waits behind what the engine said before it.
+TEST(ChaosMisbehavior, AnErrorReportedJustBeforeTheDeathIsHeardFirst) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "report-then-thread-dies");
+  const json killed = EngineWithRole(before, "standby")["pid"];
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        for (const json& e : s["history"]["exits"]) {
+          if (e["pid"] != killed &&
+              e["cause"].get<std::string>().find("last words") != std::string::npos) {
+            return IsReady(s);
+          }
+        }
+        return false;
+      },
+      "the rogue standby fenced for its error report, and a ready pair");
+  ExpectPrimaryUnaffected(before, after);
+  cluster.CheckFencing();
+}
+
 TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
   ChaosCluster cluster;
   const json before = RogueStandby(cluster, "wrong-id");

@@ -1,6 +1,7 @@
 // The chaos tests' engine misbehaving over the raw protocol instead of the SDK (the rogue
 // modes of test_engine_helper_main.cc: bad-frame, stale-epoch, foreign-return, foreign-lease,
-// wrong-id, huge-register, bad-address, tamper-memory, mute, thread-dies). Header-only test
+// wrong-id, huge-register, bad-address, tamper-memory, mute, thread-dies,
+// report-then-thread-dies). Header-only test
 // support.
 #pragma once
 
@@ -79,8 +80,9 @@ inline void WriteTamperReport(const std::string& violations_dir, uint64_t id,
 
 // Sends StandbyReady with a liveness page whose holding thread then ends without releasing
 // it, while the process lives on, connected and beating: the controller must take that for
-// the process's death at once, without waiting for the connection's end.
-inline int ThreadDies(proto::Channel& channel) {
+// the process's death at once, without waiting for the connection's end. `report_first`: an
+// ErrorReport goes just before the thread ends, and must be heard before the death.
+inline int ThreadDies(proto::Channel& channel, bool report_first) {
   Result<proto::LivenessPage> page = proto::LivenessPage::Create();
   if (!page.ok()) return 3;
   std::atomic<int> step{0};
@@ -93,6 +95,9 @@ inline int ThreadDies(proto::Channel& channel) {
   const int fds[1] = {page->fd()};
   (void)channel.Send(proto::StandbyReady{}, fds);
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  if (report_first) {
+    (void)channel.Send(proto::ErrorReport{.epoch = 0, .code = 13, .message = "last words"});
+  }
   step.store(2);
   holder.join();
   KeepBeating(channel);
@@ -118,7 +123,9 @@ inline int RunRogue(const std::string& mode, const std::string& violations_dir,
     KeepBeating(*channel);
     return 2;
   }
-  if (mode == "thread-dies") return ThreadDies(*channel);
+  if (mode == "thread-dies" || mode == "report-then-thread-dies") {
+    return ThreadDies(*channel, mode == "report-then-thread-dies");
+  }
   (void)channel->Send(proto::StandbyReady{});
   std::this_thread::sleep_for(std::chrono::milliseconds(200));
   if (mode == "bad-frame") {

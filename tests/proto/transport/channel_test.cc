@@ -67,6 +67,19 @@ TEST_F(ChannelTest, SendsAndReceivesMessages) {
   }
 }
 
+// Unread: bytes in the socket, then a frame the channel read with another but has not
+// returned yet; nothing once every frame is returned.
+TEST_F(ChannelTest, HasUnreadCountsTheSocketAndItsOwnBuffer) {
+  EXPECT_FALSE(b().HasUnread());
+  ASSERT_TRUE(a().Send(Heartbeat{.epoch = 1, .seq = 1}).ok());
+  ASSERT_TRUE(a().Send(Heartbeat{.epoch = 1, .seq = 2}).ok());
+  EXPECT_TRUE(b().HasUnread()) << "in the socket";
+  ASSERT_TRUE(b().Receive(5s).ok());
+  EXPECT_TRUE(b().HasUnread()) << "the second frame, read with the first";
+  ASSERT_TRUE(b().Receive(5s).ok());
+  EXPECT_FALSE(b().HasUnread());
+}
+
 TEST_F(ChannelTest, PassesFileDescriptors) {
   Pipe p1, p2;
   ASSERT_TRUE(

@@ -80,8 +80,8 @@ class Holder {
 
 TEST(LivenessPage, AHolderKilledWithSigkillIsSeenDead) {
   LivenessPage page = Take(LivenessPage::Create());
+  Holder holder(page.fd(), /*thread_exits=*/false);  // held before it is watched, as by the SDK
   std::unique_ptr<LivenessWatch> watch = Take(LivenessWatch::Start(Dup(page.fd())));
-  Holder holder(page.fd(), /*thread_exits=*/false);
   EXPECT_FALSE(ReadableWithin(watch->fd(), 0ms));
   ASSERT_EQ(::kill(holder.pid(), SIGKILL), 0);
   EXPECT_TRUE(ReadableWithin(watch->fd(), 10s)) << "the death was not seen";
