@@ -41,6 +41,7 @@ class Simulation : private SimLoop {
   Simulation(uint64_t seed, int steps, const Fault& fault, bool verbose)
       : SimLoop(seed, fault), steps_(steps) {
     verbose_ = verbose;
+    world_.set_liveness_pages(true);
     config_.promotion_reserve_blocks =
         fault.reserve != Fault::kRandomReserve ? fault.reserve : PickReserve();
     // Half the seeds run the CUDA backend: its device memory is probed, and can be lost.

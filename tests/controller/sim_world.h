@@ -48,6 +48,10 @@ class SimWorld {
         blocks_per_chunk_(std::max<uint32_t>(1, blocks_per_chunk)),
         kv_pool_(blocks) {}
 
+  // Deaths reach the controller first through the engines' liveness pages (most of them):
+  // the randomized simulation's world; the scenarios' see EOFs and exits only.
+  void set_liveness_pages(bool on) { liveness_pages_ = on; }
+
   // --- operating system ---------------------------------------------------------------
   // Starts the engine process the controller asked for, with the id and token it chose.
   bool Launch(EngineId id, const std::string& token, int port,
@@ -409,7 +413,7 @@ class SimWorld {
     if (e.kv && !(e.exiting && !e.killed)) e.kv->Die(rng_.Chance(30));
     // Most engines speak through the SDK, whose liveness page shows the death before the
     // connection ends (the messages it sent before still queued behind it).
-    if (e.connected && !e.clean_exit && rng_.Chance(70)) {
+    if (liveness_pages_ && e.connected && !e.clean_exit && rng_.Chance(70)) {
       Queue(WorldEvent{WorldEvent::Kind::kDying, e.id, {}, "its process is exiting"}, now());
     }
     if (e.connected) {
@@ -455,6 +459,7 @@ class SimWorld {
   FakeClock& clock_;
   SimEpochStore& store_;
   Rng& rng_;
+  bool liveness_pages_ = false;
   uint32_t blocks_;
   uint32_t blocks_per_chunk_;
   SimKvPool kv_pool_;
