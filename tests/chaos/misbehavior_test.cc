@@ -206,22 +206,31 @@ TEST(ChaosMisbehavior, BadFrameFromAnEngineFencesOnlyThatEngine) {
   cluster.CheckFencing();
 }
 
-// The thread holding the standby's liveness page ends while its process stays connected and
-// beating: the controller fences it as dying at once (its connection never ended).
-TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnected) {
-  ChaosCluster cluster;
-  const json before = RogueStandby(cluster, "thread-dies");
+// Status once an engine other than `before`'s standby (the one RogueStandby killed) has
+// exited with `needle` in its cause, and the pair is ready.
+json WaitRogueExit(const ChaosCluster& cluster, const json& before, const std::string& needle,
+                   const std::string& what) {
   const json killed = EngineWithRole(before, "standby")["pid"];
-  const json after = cluster.WaitFor(
+  return cluster.WaitFor(
       [&](const json& s) {
         for (const json& e : s["history"]["exits"]) {
-          if (e["pid"] != killed && e.dump().find("liveness page") != std::string::npos) {
+          if (e["pid"] != killed &&
+              e["cause"].get<std::string>().find(needle) != std::string::npos) {
             return IsReady(s);
           }
         }
         return false;
       },
-      "the rogue standby fenced as dying, and a ready pair");
+      what);
+}
+
+// The thread holding the standby's liveness page ends while its process stays connected and
+// beating: the controller fences it as dying at once (its connection never ended).
+TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnected) {
+  ChaosCluster cluster;
+  const json before = RogueStandby(cluster, "thread-dies");
+  const json after = WaitRogueExit(cluster, before, "liveness page",
+                                   "the rogue standby fenced as dying, and a ready pair");
   ExpectPrimaryUnaffected(before, after);
   EXPECT_NE(EngineWithRole(after, "standby")["version"], "rogue");
   cluster.CheckFencing();
@@ -232,18 +241,9 @@ TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnecte
 TEST(ChaosMisbehavior, AnErrorReportedJustBeforeTheDeathIsHeardFirst) {
   ChaosCluster cluster;
   const json before = RogueStandby(cluster, "report-then-thread-dies");
-  const json killed = EngineWithRole(before, "standby")["pid"];
-  const json after = cluster.WaitFor(
-      [&](const json& s) {
-        for (const json& e : s["history"]["exits"]) {
-          if (e["pid"] != killed &&
-              e["cause"].get<std::string>().find("last words") != std::string::npos) {
-            return IsReady(s);
-          }
-        }
-        return false;
-      },
-      "the rogue standby fenced for its error report, and a ready pair");
+  const json after =
+      WaitRogueExit(cluster, before, "last words",
+                    "the rogue standby fenced for its error report, and a ready pair");
   ExpectPrimaryUnaffected(before, after);
   cluster.CheckFencing();
 }

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -96,18 +97,18 @@ TEST(EngineSdk, TheHeartbeatThreadHoldsTheLivenessPageThatStandbyReadySends) {
   void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_SHARED, fd, 0);
   ASSERT_NE(p, MAP_FAILED);
   const auto* word = static_cast<const uint32_t*>(p);
-  const pid_t holder = static_cast<pid_t>(__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x3fffffff);
+  const pid_t holder = static_cast<pid_t>(__atomic_load_n(word, __ATOMIC_SEQ_CST) & FUTEX_TID_MASK);
   EXPECT_NE(holder, 0) << "the mutex is held";
   EXPECT_NE(holder, ::gettid()) << "by the heartbeat thread, not the caller's";
   EXPECT_TRUE(std::filesystem::exists("/proc/self/task/" + std::to_string(holder)));
   std::unique_ptr<proto::LivenessWatch> watch =
       Take(proto::LivenessWatch::Start(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))));
   // The watch has seen the holder once it marked itself a waiter (FUTEX_WAITERS).
-  for (int i = 0; i < 1000 && (__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x80000000u) == 0; ++i) {
+  for (int i = 0; i < 1000 && (__atomic_load_n(word, __ATOMIC_SEQ_CST) & FUTEX_WAITERS) == 0; ++i) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   s.reset();
-  EXPECT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST) & 0x3fffffff, 0u) << "released at shutdown";
+  EXPECT_EQ(__atomic_load_n(word, __ATOMIC_SEQ_CST) & FUTEX_TID_MASK, 0u) << "released at shutdown";
   for (int i = 0; i < 1000 && !watch->finished(); ++i)
     std::this_thread::sleep_for(milliseconds(10));
   EXPECT_TRUE(watch->finished());
