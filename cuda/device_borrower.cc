@@ -96,6 +96,47 @@ Result<PromotionPhases> DeviceBorrower::Promote(const std::string& name, uint64_
   return phases;
 }
 
+Result<ChunkCover*> DeviceBorrower::CoverOf(const std::string& name, const VmmView& pool,
+                                            uint64_t block_bytes, uint32_t block_count) {
+  auto cover = covers_.find(name);
+  if (cover != covers_.end()) return &cover->second;
+  if (block_bytes == 0 || pool.chunk_bytes() % block_bytes != 0) {
+    return InvalidArgument("block_bytes " + std::to_string(block_bytes) +
+                           " does not divide the chunks of region '" + name + "'");
+  }
+  BATON_ASSIGN_OR_RETURN(
+      ChunkCover made,
+      ChunkCover::Create(block_count, static_cast<uint32_t>(pool.chunk_bytes() / block_bytes),
+                         static_cast<uint32_t>(pool.chunk_count())));
+  return &covers_.emplace(name, std::move(made)).first->second;
+}
+
+namespace {
+
+uint64_t OffsetOf(const VmmView& pool, const ChunkSpan& s) {
+  return uint64_t{s.first} * pool.chunk_bytes();
+}
+uint64_t BytesOf(const VmmView& pool, const ChunkSpan& s) {
+  return uint64_t{s.count} * pool.chunk_bytes();
+}
+
+// Undoes a MapBlocks() that failed: the chunks it mapped are unmapped, the blocks are no
+// longer held, and the chunks it made writable are counted as read again (at READ access
+// where the driver takes it), for DropReadOnly() to unmap.
+void UndoMapBlocks(VmmView& pool, ChunkCover& cover, uint32_t first, uint32_t count,
+                   const std::vector<ChunkSpan>& mapped, const std::vector<ChunkSpan>& upgraded) {
+  for (const ChunkSpan& s : mapped) (void)pool.Unmap(OffsetOf(pool, s), BytesOf(pool, s));
+  (void)cover.Remove(first, count);
+  for (const ChunkSpan& s : upgraded) {
+    (void)pool.SetAccess(OffsetOf(pool, s), BytesOf(pool, s), VmmAccess::kRead);
+    for (uint32_t c = s.first; c < s.first + s.count; ++c) {
+      (void)cover.AddReadOnly(c * cover.blocks_per_chunk(), 1);
+    }
+  }
+}
+
+}  // namespace
+
 Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint32_t first,
                                                   uint32_t count, uint64_t block_bytes,
                                                   uint32_t block_count, uint32_t header_bytes,
@@ -104,35 +145,32 @@ Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint3
   VmmView* pool = view(name);
   if (pool == nullptr) return NotFound("no region '" + name + "' to map blocks of");
   BATON_RETURN_IF_ERROR(ctx_.MakeCurrent());
-  auto cover = covers_.find(name);
-  if (cover == covers_.end()) {
-    if (block_bytes == 0 || pool->chunk_bytes() % block_bytes != 0) {
-      return InvalidArgument("block_bytes " + std::to_string(block_bytes) +
-                             " does not divide the chunks of region '" + name + "'");
-    }
-    BATON_ASSIGN_OR_RETURN(
-        ChunkCover made,
-        ChunkCover::Create(block_count, static_cast<uint32_t>(pool->chunk_bytes() / block_bytes),
-                           static_cast<uint32_t>(pool->chunk_count())));
-    cover = covers_.emplace(name, std::move(made)).first;
-  }
-  BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->second.Add(first, count));
+  BATON_ASSIGN_OR_RETURN(ChunkCover * cover, CoverOf(name, *pool, block_bytes, block_count));
+  std::vector<ChunkSpan> upgraded;
+  BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->Add(first, count, &upgraded));
   PromotionPhases phases{.blocks = count};
-  for (size_t i = 0; i < spans.size(); ++i) {
-    Result<VmmMapStats> mapped = pool->Map(uint64_t{spans[i].first} * pool->chunk_bytes(),
-                                           uint64_t{spans[i].count} * pool->chunk_bytes(),
-                                           {.access = VmmAccess::kReadWrite});
-    if (!mapped.ok()) {
-      for (size_t j = 0; j < i; ++j) {
-        (void)pool->Unmap(uint64_t{spans[j].first} * pool->chunk_bytes(),
-                          uint64_t{spans[j].count} * pool->chunk_bytes());
-      }
-      (void)cover->second.Remove(first, count);
-      return mapped.status();
+  // Chunks read for a copy until now: made writable in place, so that a copy still reading
+  // them goes on undisturbed (an unmap under a running kernel faults it).
+  std::vector<ChunkSpan> made_writable;
+  std::vector<ChunkSpan> mapped;
+  for (const ChunkSpan& s : upgraded) {
+    Status writable = pool->SetAccess(OffsetOf(*pool, s), BytesOf(*pool, s), VmmAccess::kReadWrite);
+    if (!writable.ok()) {
+      UndoMapBlocks(*pool, *cover, first, count, mapped, upgraded);
+      return writable.WithContext("making chunks mapped for reading writable");
     }
-    phases.map_calls += mapped->map_calls;
-    phases.map_ms += mapped->map_ms;
-    phases.access_ms += mapped->access_ms;
+  }
+  for (const ChunkSpan& s : spans) {
+    Result<VmmMapStats> m =
+        pool->Map(OffsetOf(*pool, s), BytesOf(*pool, s), {.access = VmmAccess::kReadWrite});
+    if (!m.ok()) {
+      UndoMapBlocks(*pool, *cover, first, count, mapped, upgraded);
+      return m.status();
+    }
+    mapped.push_back(s);
+    phases.map_calls += m->map_calls;
+    phases.map_ms += m->map_ms;
+    phases.access_ms += m->access_ms;
   }
   const TimePoint scrub_start = RealClock::Get().Now();
   Status scrubbed = kernels_.ScrubHeaders(stream_, pool->base() + uint64_t{first} * block_bytes,
@@ -144,16 +182,55 @@ Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint3
     return scrubbed;
   }
   if (!scrubbed.ok()) {  // the blocks are not usable: undo the mapping and the bookkeeping
-    for (const ChunkSpan& s : spans) {
-      (void)pool->Unmap(uint64_t{s.first} * pool->chunk_bytes(),
-                        uint64_t{s.count} * pool->chunk_bytes());
-    }
-    (void)cover->second.Remove(first, count);
+    UndoMapBlocks(*pool, *cover, first, count, mapped, upgraded);
     return scrubbed;
   }
   phases.scrub_ms = MsSince(scrub_start);
   phases.total_ms = MsSince(start);
   return phases;
+}
+
+Result<uint32_t> DeviceBorrower::MapForReading(const std::string& name, uint32_t first,
+                                               uint32_t count, uint64_t block_bytes,
+                                               uint32_t block_count) {
+  VmmView* pool = view(name);
+  if (pool == nullptr) return NotFound("no region '" + name + "' to read blocks of");
+  BATON_RETURN_IF_ERROR(ctx_.MakeCurrent());
+  BATON_ASSIGN_OR_RETURN(ChunkCover * cover, CoverOf(name, *pool, block_bytes, block_count));
+  BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->AddReadOnly(first, count));
+  uint32_t chunks = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    Result<VmmMapStats> m = pool->Map(OffsetOf(*pool, spans[i]), BytesOf(*pool, spans[i]),
+                                      {.access = VmmAccess::kRead});
+    Status failed = m.ok() ? OkStatus() : m.status();
+    if (m.ok() && m->read_only_refused) {  // never writable: this memory is not this engine's
+      (void)pool->Unmap(OffsetOf(*pool, spans[i]), BytesOf(*pool, spans[i]));
+      failed = FailedPrecondition("the driver refused read-only access to the pool's chunks");
+    }
+    if (!failed.ok()) {
+      for (size_t j = 0; j < i; ++j) {
+        (void)pool->Unmap(OffsetOf(*pool, spans[j]), BytesOf(*pool, spans[j]));
+      }
+      cover->ForgetReadOnly(spans);
+      return failed;
+    }
+    chunks += spans[i].count;
+  }
+  return chunks;
+}
+
+Status DeviceBorrower::UnmapRead(const std::string& name) {
+  VmmView* pool = view(name);
+  auto cover = covers_.find(name);
+  if (pool == nullptr || cover == covers_.end()) return OkStatus();
+  // Work still reading them must be done: an unmap under a running kernel faults it.
+  BATON_RETURN_IF_ERROR(ctx_.MakeCurrent());
+  Status first_failure = OkStatus();
+  for (const ChunkSpan& s : cover->second.DropReadOnly()) {
+    Status unmapped = pool->Unmap(OffsetOf(*pool, s), BytesOf(*pool, s));
+    if (!unmapped.ok() && first_failure.ok()) first_failure = unmapped;
+  }
+  return first_failure;
 }
 
 Status DeviceBorrower::UnmapBlocks(const std::string& name, uint32_t first, uint32_t count) {

@@ -83,6 +83,16 @@ class DeviceBorrower {
                                     uint32_t header_bytes, Duration timeout);
   // Gives blocks back: unmaps the chunks of `name` left with no block held.
   Status UnmapBlocks(const std::string& name, uint32_t first, uint32_t count);
+  // Maps READ the chunks of blocks [first, first + count) of writable region `name` in which
+  // this engine holds no block (a dead predecessor's quarantined blocks, for a copy of their
+  // KV): never writable, so a driver that refuses read-only access fails it. Returns how many
+  // chunks it mapped. A later MapBlocks() of blocks in them makes those chunks READWRITE in
+  // place (their Grant, once their barrier has passed) instead of mapping them again.
+  Result<uint32_t> MapForReading(const std::string& name, uint32_t first, uint32_t count,
+                                 uint64_t block_bytes, uint32_t block_count);
+  // Unmaps every chunk of `name` still mapped for reading only. Work that reads them (a copy
+  // on any stream) must be finished first: an unmap under a running kernel faults it.
+  Status UnmapRead(const std::string& name);
 
   // nullptr when no region of that name was accepted.
   VmmView* view(const std::string& name);
@@ -92,6 +102,9 @@ class DeviceBorrower {
 
  private:
   DeviceBorrower() = default;
+  // The chunk cover of region `name` (`pool`), made on first use with this geometry.
+  Result<ChunkCover*> CoverOf(const std::string& name, const VmmView& pool, uint64_t block_bytes,
+                              uint32_t block_count);
 
   PrimaryContext ctx_;
   Kernels kernels_;

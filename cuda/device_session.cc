@@ -130,6 +130,20 @@ Status DeviceSession::UnmapBlocks(uint32_t first, uint32_t count) {
   return impl_->borrower->UnmapBlocks(kDevicePoolRegion, first, count).WithContext("device pool");
 }
 
+Status DeviceSession::MapForReading(uint32_t first, uint32_t count, uint64_t block_bytes,
+                                    uint32_t block_count) {
+  Result<uint32_t> chunks =
+      impl_->borrower->MapForReading(kDevicePoolRegion, first, count, block_bytes, block_count);
+  if (!chunks.ok()) return chunks.status().WithContext("device pool, for reading");
+  BATON_LOG(DEBUG, "engine-sdk") << "device blocks [" << first << ", +" << count << "): " << *chunks
+                                 << " chunks mapped read-only";
+  return OkStatus();
+}
+
+Status DeviceSession::UnmapRead() {
+  return impl_->borrower->UnmapRead(kDevicePoolRegion).WithContext("device pool, read chunks");
+}
+
 #else  // !BATON_HAVE_CUDA_HEADERS
 
 Result<std::unique_ptr<DeviceSession>> DeviceSession::Take(int,
@@ -147,6 +161,12 @@ Status DeviceSession::MapBlocks(uint32_t, uint32_t, uint64_t, uint32_t, uint32_t
 Status DeviceSession::UnmapBlocks(uint32_t, uint32_t) {
   return Unimplemented("CUDA backend not compiled");
 }
+
+Status DeviceSession::MapForReading(uint32_t, uint32_t, uint64_t, uint32_t) {
+  return Unimplemented("CUDA backend not compiled");
+}
+
+Status DeviceSession::UnmapRead() { return OkStatus(); }
 
 #endif
 

@@ -18,9 +18,11 @@
 // run off the channel and answer each region through `ack`, which the caller sends.
 // MapBlocks()/UnmapBlocks() follow the engine's leases: whole chunks are mapped for held
 // blocks and unmapped when none is left (cuda/memory/chunk_cover.h); the granted blocks' headers
-// are scrubbed on the engine's stream before MapBlocks returns. Addresses are CUdeviceptr values:
-// tensor t of the weights is at weights().address + (t.data - host arena base), the same offsets as
-// in the host arena. Thread-compatible: one thread at a time (the SDK calls it under its lock).
+// are scrubbed on the engine's stream before MapBlocks returns. MapForReading()/UnmapRead():
+// a dead predecessor's chunks, read-only, for a copy of its KV before their barrier. Addresses are
+// CUdeviceptr values: tensor t of the weights is at weights().address + (t.data - host arena base),
+// the same offsets as in the host arena. Thread-compatible: one thread at a time (the SDK calls it
+// under its lock).
 #pragma once
 
 #include <cstdint>
@@ -74,6 +76,12 @@ class DeviceSession {
   Status MapBlocks(uint32_t first, uint32_t count, uint64_t block_bytes, uint32_t block_count,
                    uint32_t header_bytes, Duration timeout);
   Status UnmapBlocks(uint32_t first, uint32_t count);
+  // A dead predecessor's quarantined blocks, for a copy of their KV: the chunks that hold
+  // them and none of this engine's blocks are mapped READ (DeviceBorrower::MapForReading), and
+  // unmapped by UnmapRead() once every copy out of them has finished. Their Grant (MapBlocks)
+  // makes them writable in place.
+  Status MapForReading(uint32_t first, uint32_t count, uint64_t block_bytes, uint32_t block_count);
+  Status UnmapRead();
 
  private:
   struct Impl;

@@ -8,6 +8,11 @@
 // (map them), Remove() the chunks that went back to none (unmap them). Blocks of a mapped chunk
 // that the engine does not hold stay unleased: no other engine maps them writable, because
 // only the primary maps the pool (fencing rules 1 and 5).
+// A promoted engine may also read the chunks of a dead predecessor's quarantined blocks, for a
+// copy of the KV they hold: AddReadOnly() returns the chunks to map READ (those holding no
+// block of this engine), DropReadOnly() those to unmap once the copy is done. A chunk read
+// that the engine is then granted blocks in is not mapped again: Add() reports it in
+// `upgraded` (set its access to READWRITE) and it stays mapped from then on as a held one.
 // Pure bookkeeping, no CUDA. Thread-compatible.
 #pragma once
 
@@ -31,14 +36,30 @@ class ChunkCover {
   static Result<ChunkCover> Create(uint32_t block_count, uint32_t blocks_per_chunk,
                                    uint32_t chunk_count);
 
-  // Blocks [first, first + count) are now held; each must not be held already.
-  Result<std::vector<ChunkSpan>> Add(uint32_t first, uint32_t count);
+  // Blocks [first, first + count) are now held; each must not be held already. Returns the
+  // chunks to map; those mapped READ until now are in `upgraded` instead (not returned).
+  Result<std::vector<ChunkSpan>> Add(uint32_t first, uint32_t count,
+                                     std::vector<ChunkSpan>* upgraded);
+  // The same, where no chunk is ever mapped READ (AddReadOnly() never called).
+  Result<std::vector<ChunkSpan>> Add(uint32_t first, uint32_t count) {
+    std::vector<ChunkSpan> upgraded;
+    return Add(first, count, &upgraded);
+  }
   // Blocks [first, first + count) are given back; each must be held.
   Result<std::vector<ChunkSpan>> Remove(uint32_t first, uint32_t count);
+
+  // The chunks of blocks [first, first + count) to map READ: those with no held block and not
+  // read already (they are counted as read from now on).
+  Result<std::vector<ChunkSpan>> AddReadOnly(uint32_t first, uint32_t count);
+  // Every chunk still mapped READ only (to unmap); none is counted as read after.
+  std::vector<ChunkSpan> DropReadOnly();
+  // Undoes AddReadOnly() of `spans` (their mapping failed).
+  void ForgetReadOnly(const std::vector<ChunkSpan>& spans);
 
   uint32_t blocks_per_chunk() const { return blocks_per_chunk_; }
   uint32_t mapped_chunks() const;
   uint32_t held_blocks() const;
+  uint32_t read_only_chunks() const;
 
  private:
   Status CheckRange(uint32_t first, uint32_t count) const;
@@ -48,7 +69,8 @@ class ChunkCover {
   uint32_t block_count_ = 0;
   uint32_t blocks_per_chunk_ = 0;
   std::vector<uint32_t> held_per_chunk_;
-  std::vector<bool> held_;  // per block
+  std::vector<bool> held_;       // per block
+  std::vector<bool> read_only_;  // per chunk: mapped READ, no block held
 };
 
 }  // namespace baton

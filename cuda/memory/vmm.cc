@@ -237,6 +237,25 @@ Result<VmmMapStats> VmmView::Map(uint64_t offset, uint64_t bytes, const VmmMapOp
 }
 
 Status VmmView::Unmap(uint64_t offset, uint64_t bytes) {
+  BATON_ASSIGN_OR_RETURN(const auto run, MappedRun(offset, bytes));
+  BATON_RETURN_IF_ERROR(ctx_->MakeCurrent());
+  mappings_.erase(run.first, run.second);
+  return OkStatus();
+}
+
+Status VmmView::SetAccess(uint64_t offset, uint64_t bytes, VmmAccess access) {
+  BATON_RETURN_IF_ERROR(MappedRun(offset, bytes).status());
+  BATON_RETURN_IF_ERROR(ctx_->MakeCurrent());
+  CUmemAccessDesc desc = {};
+  desc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  desc.location.id = ctx_->device();
+  desc.flags = access == VmmAccess::kRead ? CU_MEM_ACCESS_FLAGS_PROT_READ
+                                          : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return BATON_CU(ctx_->driver(), cuMemSetAccess, base() + offset, bytes, &desc, 1);
+}
+
+Result<std::pair<VmmView::Mappings::iterator, VmmView::Mappings::iterator>> VmmView::MappedRun(
+    uint64_t offset, uint64_t bytes) {
   BATON_RETURN_IF_ERROR(CheckRange(offset, bytes));
   auto first = mappings_.find(offset);
   if (first == mappings_.end()) {
@@ -256,9 +275,7 @@ Status VmmView::Unmap(uint64_t offset, uint64_t bytes) {
     return FailedPrecondition("VMM range [" + std::to_string(offset) + ", +" +
                               std::to_string(bytes) + ") ends inside a chunk");
   }
-  BATON_RETURN_IF_ERROR(ctx_->MakeCurrent());
-  mappings_.erase(first, it);
-  return OkStatus();
+  return std::make_pair(first, it);
 }
 
 uint64_t VmmView::mapped_bytes() const {

@@ -25,6 +25,7 @@
 #include <map>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/io/unique_fd.h"
@@ -116,6 +117,9 @@ class VmmView {
   Result<VmmMapStats> MapAll(const VmmMapOptions& options) { return Map(0, bytes(), options); }
   // Unmaps the whole chunks in [offset, offset + bytes), which must all be mapped.
   Status Unmap(uint64_t offset, uint64_t bytes);
+  // Sets the device's access to the whole chunks in [offset, offset + bytes), which must all
+  // be mapped (one cuMemSetAccess; the mapping stays, and so does work that reads it).
+  Status SetAccess(uint64_t offset, uint64_t bytes, VmmAccess access);
   void UnmapAll() { mappings_.clear(); }
 
   CUdeviceptr base() const { return range_.get(); }
@@ -137,7 +141,11 @@ class VmmView {
   AddressRange range_;
   std::vector<AllocationHandle> imported_;
   std::vector<const AllocationHandle*> chunks_;
-  std::map<uint64_t, MappedRange> mappings_;  // by offset
+  using Mappings = std::map<uint64_t, MappedRange>;
+  // The mappings that make up [offset, offset + bytes) exactly: FailedPrecondition otherwise.
+  Result<std::pair<Mappings::iterator, Mappings::iterator>> MappedRun(uint64_t offset,
+                                                                      uint64_t bytes);
+  Mappings mappings_;  // by offset
 };
 
 }  // namespace baton

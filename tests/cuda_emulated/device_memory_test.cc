@@ -7,6 +7,7 @@
 
 #include <boost/asio/io_context.hpp>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <optional>
@@ -127,6 +128,55 @@ TEST_F(DeviceMemoryTest, NextHolderFindsHeadersScrubbedAndDataInPlace) {
     EXPECT_EQ(block[kHeader], 0x5A) << "block " << b << ": the device pool is shared memory";
     EXPECT_EQ(block[kBlockBytes - 1], 0x5A);
   }
+}
+
+// A promoted engine reads a dead predecessor's quarantined chunks for a copy of their KV:
+// READ only (a write faults), never the chunks it holds, writable in place once granted (a
+// reader keeps its view), and unmapped after the copy unless granted meanwhile.
+TEST_F(DeviceMemoryTest, QuarantinedChunksAreReadOnlyUntilTheirGrant) {
+  std::unique_ptr<DeviceSession> dead = Borrow();
+  ASSERT_NE(dead, nullptr);
+  ASSERT_TRUE(dead->MapBlocks(2, 6, kBlockBytes, kBlocks, kHeader, 5s).ok());  // chunks 1-3
+  std::memset(Ptr(dead->pool().address) + 2 * kBlockBytes, 0x3C, 6 * kBlockBytes);
+
+  std::unique_ptr<DeviceSession> s = Borrow();
+  ASSERT_NE(s, nullptr);
+  const uint8_t* pool = Ptr(s->pool().address);
+  ASSERT_TRUE(s->MapBlocks(0, 2, kBlockBytes, kBlocks, kHeader, 5s).ok());  // the reserve
+  ASSERT_TRUE(s->MapForReading(2, 6, kBlockBytes, kBlocks).ok());
+  EXPECT_TRUE(s->MapForReading(2, 2, kBlockBytes, kBlocks).ok()) << "mapped already: nothing to do";
+  EXPECT_EQ(pool[2 * kBlockBytes + kHeader], 0x3C) << "the dead engine's KV, read in place";
+  EXPECT_EQ(pool[8 * kBlockBytes - 1], 0x3C);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(Ptr(s->pool().address)[4 * kBlockBytes] = 1, "")
+      << "a quarantined chunk is writable";
+
+  ASSERT_TRUE(s->MapBlocks(2, 2, kBlockBytes, kBlocks, kHeader, 5s).ok());  // chunk 1 granted
+  Ptr(s->pool().address)[3 * kBlockBytes + kHeader] = 7;
+  EXPECT_EQ(pool[2 * kBlockBytes], 0) << "its headers are scrubbed for the new holder";
+  EXPECT_EQ(pool[2 * kBlockBytes + kHeader], 0x3C) << "its KV is in place";
+  ASSERT_TRUE(s->UnmapRead().ok());
+  EXPECT_EQ(pool[3 * kBlockBytes + kHeader], 7) << "the granted chunk stays mapped";
+  EXPECT_DEATH((void)*reinterpret_cast<const volatile uint8_t*>(pool + 4 * kBlockBytes), "")
+      << "a chunk still in quarantine is mapped after the copy";
+  ASSERT_TRUE(s->UnmapRead().ok()) << "nothing left to unmap";
+  ASSERT_TRUE(s->MapBlocks(4, 4, kBlockBytes, kBlocks, kHeader, 5s).ok()) << "mapped afresh";
+}
+
+TEST_F(DeviceMemoryTest, ADriverThatRefusesReadOnlyAccessMapsNoQuarantinedChunk) {
+  std::unique_ptr<DeviceSession> s = Borrow();
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(s->MapBlocks(0, 2, kBlockBytes, kBlocks, kHeader, 5s).ok());
+  ::setenv("BATON_FAKE_CUDA_NO_READ_ONLY", "1", 1);
+  const Status read = s->MapForReading(2, 4, kBlockBytes, kBlocks);
+  ::unsetenv("BATON_FAKE_CUDA_NO_READ_ONLY");
+  EXPECT_EQ(read.code(), StatusCode::kFailedPrecondition) << read.ToString();
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      (void)*reinterpret_cast<const volatile uint8_t*>(Ptr(s->pool().address) + 2 * kBlockBytes),
+      "")
+      << "left mapped (read-write) after the refusal";
+  EXPECT_TRUE(s->MapForReading(2, 4, kBlockBytes, kBlocks).ok()) << "nothing left counted as read";
 }
 
 TEST_F(DeviceMemoryTest, ProbeSeesALostAndAHungDevice) {

@@ -40,6 +40,30 @@ TEST(ChunkCoverTest, RefusesWhatTheLedgerWouldNeverGrant) {
   EXPECT_FALSE(ChunkCover::Create(9, 2, 4).ok()) << "4 chunks of 2 do not hold 9 blocks";
 }
 
+// A dead predecessor's chunks read for a copy: only chunks without a held block are mapped
+// READ, a grant in them makes them writable in place, and the rest are unmapped when dropped.
+TEST(ChunkCoverTest, ChunksReadForACopyAreUpgradedByTheirGrantOrDropped) {
+  ChunkCover c = *ChunkCover::Create(/*block_count=*/8, /*blocks_per_chunk=*/2, /*chunk_count=*/4);
+  ASSERT_TRUE(c.Add(0, 2).ok());                    // chunk 0 held
+  EXPECT_EQ(*c.AddReadOnly(1, 5), (Spans{{1, 2}}))  // blocks 1..5: chunks 0, 1, 2
+      << "chunk 0 is mapped writable already";
+  EXPECT_EQ(*c.AddReadOnly(2, 2), Spans{}) << "read already";
+  EXPECT_EQ(c.read_only_chunks(), 2u);
+  std::vector<ChunkSpan> upgraded;
+  EXPECT_EQ(*c.Add(4, 1, &upgraded), Spans{}) << "chunk 2 is mapped, for reading";
+  EXPECT_EQ(upgraded, (Spans{{2, 1}}));
+  EXPECT_EQ(*c.Add(6, 1, &upgraded), (Spans{{3, 1}}));
+  EXPECT_EQ(upgraded, Spans{});
+  EXPECT_EQ(c.read_only_chunks(), 1u);
+  EXPECT_EQ(c.DropReadOnly(), (Spans{{1, 1}})) << "chunk 2 is held now: it stays";
+  EXPECT_EQ(c.DropReadOnly(), Spans{});
+  EXPECT_EQ(*c.Remove(4, 1), (Spans{{2, 1}})) << "unmapped with its last held block";
+  EXPECT_EQ(c.AddReadOnly(7, 2).status().code(), StatusCode::kInvalidArgument) << "past the pool";
+  const Spans read = *c.AddReadOnly(2, 1);
+  c.ForgetReadOnly(read);
+  EXPECT_EQ(c.read_only_chunks(), 0u) << "a mapping that failed is not counted";
+}
+
 TEST(PoolChunkBytesTest, WholeBlocksWholeGranulesAtMostTheLimit) {
   constexpr uint64_t kMiB = 1 << 20;
   EXPECT_EQ(*PoolChunkBytes(2 * kMiB, 2 * kMiB, 1024 * kMiB, 256 * kMiB), 256 * kMiB);
