@@ -62,8 +62,10 @@ extern "C" {
  *    baton_engine_report_kv_adoption(), baton_engine_report_kv_inheritance(),
  *    baton_engine_crc32c().
  * 6: the quarantined blocks are not mapped at the promotion (their `data` is NULL, their
- *    headers are read from the pool's file): baton_engine_map_quarantined() maps them. */
-#define BATON_ENGINE_ABI_VERSION 6
+ *    headers are read from the pool's file): baton_engine_map_quarantined() maps them.
+ * 7: baton_engine_map_quarantined() on a device pool maps the device chunks that hold them
+ *    too (READ), for a device-to-device copy of their KV. */
+#define BATON_ENGINE_ABI_VERSION 7
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -282,14 +284,14 @@ BATON_ENGINE_API size_t baton_engine_event_headers(baton_engine* engine, void* o
 /* The predecessor's blocks the PROMOTED event left in quarantine (a promotion before the dead
  * primary's barrier, protocol 7): read-only until their barrier has passed, when they come in
  * a GRANTED event. `data` is NULL until baton_engine_map_quarantined() maps them read-only
- * (a device pool's are never mapped here; their headers, from the host pool, are given all the
- * same, so that its engine can wait for their grant). A write of the dying engine may still land in
- * them: a copy of what they hold must be checked again after it (standby/kv/kv_handoff.h). Copies
- * up to `capacity` extents to `out` and, when not NULL, their headers as of the promotion (64 bytes
- * per block) to `headers` (up to `header_capacity` bytes), the controller's estimate of the
- * barrier's remaining time to `barrier_estimate_us` and the longest the engine may wait for it
- * before baton_engine_mark_serving() to `wait_limit_ms`. Returns how many extents there are (0:
- * none quarantined). */
+ * (on a device pool `data` is the host pool block that holds the block's KV record; the KV
+ * itself is at the device pool's address + block x block_bytes). A write of the dying engine may
+ * still land in them: a copy of what they hold must be checked again after it
+ * (standby/kv/kv_handoff.h). Copies up to `capacity` extents to `out` and, when not NULL, their
+ * headers as of the promotion (64 bytes per block) to `headers` (up to `header_capacity` bytes),
+ * the controller's estimate of the barrier's remaining time to `barrier_estimate_us` and the
+ * longest the engine may wait for it before baton_engine_mark_serving() to `wait_limit_ms`. Returns
+ * how many extents there are (0: none quarantined). */
 BATON_ENGINE_API size_t baton_engine_quarantined(baton_engine* engine, baton_extent* out,
                                                  size_t capacity, void* headers,
                                                  size_t header_capacity,
@@ -301,13 +303,16 @@ BATON_ENGINE_API size_t baton_engine_quarantined(baton_engine* engine, baton_ext
  * when told to stop or disconnected. */
 BATON_ENGINE_API int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms,
                                                         baton_event* out);
-/* Maps the quarantined blocks of a host pool read-only, for a copy of the KV they hold: later
- * calls of baton_engine_quarantined() give their `data`. 4 (failed precondition) on a device pool.
- * The promotion maps nothing of them, so an engine that takes nothing from them (or waits for their
- * grant) pays no mapping. */
+/* Maps the quarantined blocks read-only, for a copy of the KV they hold: later calls of
+ * baton_engine_quarantined() give their `data`. On a device pool the device chunks that hold
+ * them are mapped READ as well, at their place in baton_engine_device_pool()'s range, for a
+ * device-to-device copy (4, failed precondition, where the driver refuses read-only access:
+ * they are never mapped writable before their grant). The promotion maps nothing of them, so
+ * an engine that takes nothing from them (or waits for their grant) pays no mapping. */
 BATON_ENGINE_API int baton_engine_map_quarantined(baton_engine* engine);
 /* Unmaps the read-only view of the quarantined blocks not granted yet; call it once done with
- * them (after a copy, or after the wait). */
+ * them (after a copy, or after the wait). On a device pool every copy out of them must have
+ * finished first (synchronize its stream): an unmap under a running kernel faults it. */
 BATON_ENGINE_API int baton_engine_release_quarantined(baton_engine* engine);
 /* Tells the controller what this engine adopted of its predecessor's KV (shown by `batonctl
  * timeline`; the controller logs "adopted N sequences"): `adopted` sequences holding `tokens`

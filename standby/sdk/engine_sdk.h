@@ -304,20 +304,23 @@ class EngineSession {
   // returns that kGranted event (with inherited_headers); other events stay queued.
   // DeadlineExceeded after the timeout; FailedPrecondition when told to stop or disconnected.
   Result<SessionEvent> WaitForInheritedBlocks(Duration timeout);
-  // After a promotion before the barrier on a host pool: maps the quarantined blocks whose
-  // headers the promotion read READ-ONLY at their place in the pool range and returns them
-  // with `data` set (an engine that copies their KV calls it once it knows there is some to
-  // copy). Mapped already: the same extents again. FailedPrecondition on a device pool, whose
-  // KV is on the device: its engine adopts the blocks in place once granted.
+  // After a promotion before the barrier: maps the quarantined blocks whose headers the
+  // promotion read READ-ONLY at their place in the pool range and returns them with `data`
+  // set (an engine that copies their KV calls it once it knows there is some to copy). On a
+  // device pool the device chunks that hold them are mapped READ as well, at their place in
+  // device_pool() (a device-to-device copy reads them there); a driver that refuses read-only
+  // access fails it. Mapped already: the same extents again.
   Result<std::vector<MappedExtent>> MapQuarantined();
   // The same for the listed quarantined blocks alone (block b at pool().BlockData(b)): an
   // engine maps the blocks whose headers show a record, and no page of the others is touched.
   // Consecutive blocks are mapped as one run. FailedPrecondition for a block that is not in
   // quarantine, for one granted meanwhile (its barrier passed: the Grant mapped it writable,
-  // and WaitForInheritedBlocks returns the headers its dead engine left), and on a device pool.
+  // and WaitForInheritedBlocks returns the headers its dead engine left).
   Status MapQuarantined(std::span<const uint32_t> blocks);
   // Unmaps the read-only view of the quarantined blocks (those not granted yet), if mapped.
-  // Call it once done with them: after a copy, or after the wait.
+  // Call it once done with them: after a copy, or after the wait. On a device pool every copy
+  // out of them must have finished first (synchronize its stream): an unmap under a running
+  // kernel faults it.
   void ReleaseQuarantined();
   // After a promotion before the barrier: how the engine took the quarantined blocks' KV
   // (shown in `batonctl timeline`). OK without sending anything to a controller older than

@@ -164,8 +164,6 @@ class EngineSession::Impl {
   // Puts the quarantined blocks of a Quarantined that came with this Promote into `event`,
   // with their headers read from the host pool's file (on a device pool too), unmapped.
   void ReadQuarantinedLocked(uint64_t epoch, SessionEvent* event) BATON_REQUIRES(mu_);
-  // FailedPrecondition on a device pool, whose quarantined blocks are never mapped for a copy.
-  Status CheckQuarantineReadableLocked() const BATON_REQUIRES(mu_);
   // Maps quarantined blocks [first, first + count) read-only unless they are already.
   Status MapQuarantinedRunLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
   void OnGrant(const proto::Grant& msg);

@@ -2,7 +2,8 @@
 // controller says which blocks of the old primary wait in quarantine (Quarantined, right before
 // the Promote); the session reads their headers from the pool's file at the promotion, without
 // mapping them, so that the promotion neither faults their pages in nor unmaps them after.
-// An engine that copies the KV they hold maps them read-only then (MapQuarantined); one that
+// An engine that copies the KV they hold maps them read-only then (MapQuarantined: on a device
+// pool the device chunks that hold them too, READ, for a device-to-device copy); one that
 // would rather adopt them in place waits for their Grant; either unmaps what it mapped when
 // done (ReleaseQuarantined). Nothing here maps a quarantined block writable: only their Grant
 // does, once their barrier has passed (OnGrant).
@@ -40,23 +41,21 @@ void EngineSession::Impl::ReadQuarantinedLocked(uint64_t epoch, SessionEvent* ev
   }
 }
 
-Status EngineSession::Impl::CheckQuarantineReadableLocked() const {
-  if (device_ == nullptr) return OkStatus();
-  return FailedPrecondition(
-      "the quarantined blocks of a device pool are not mapped for a copy (their KV is on the "
-      "device): adopt them in place once granted");
-}
-
+// The host pool blocks (their records) read-only; on a device pool also the device chunks
+// that hold their KV, READ, for a device-to-device copy.
 Status EngineSession::Impl::MapQuarantinedRunLocked(uint32_t first, uint32_t count) {
   for (uint32_t b = first; b < first + count; ++b) {
-    if (!pool_.IsReadOnly(b)) return pool_.MapReadOnly(first, count);
+    if (!pool_.IsReadOnly(b)) {
+      BATON_RETURN_IF_ERROR(pool_.MapReadOnly(first, count));
+      break;
+    }
   }
-  return OkStatus();
+  if (device_ == nullptr) return OkStatus();
+  return device_->MapForReading(first, count, pool_.block_bytes(), pool_.block_count());
 }
 
 Result<std::vector<MappedExtent>> EngineSession::Impl::MapQuarantined() {
   MutexLock lock(mu_);
-  BATON_RETURN_IF_ERROR(CheckQuarantineReadableLocked());
   std::vector<MappedExtent> mapped;
   for (const proto::BlockRange& r : quarantined_ranges_) {
     BATON_RETURN_IF_ERROR(MapQuarantinedRunLocked(r.first, r.count));
@@ -67,7 +66,6 @@ Result<std::vector<MappedExtent>> EngineSession::Impl::MapQuarantined() {
 
 Status EngineSession::Impl::MapQuarantined(std::span<const uint32_t> blocks) {
   MutexLock lock(mu_);
-  if (!blocks.empty()) BATON_RETURN_IF_ERROR(CheckQuarantineReadableLocked());
   for (uint32_t b : blocks) {
     const bool quarantined = std::any_of(
         quarantined_ranges_.begin(), quarantined_ranges_.end(),
@@ -114,6 +112,10 @@ void EngineSession::Impl::ReleaseQuarantined() {
   MutexLock lock(mu_);
   quarantined_ranges_.clear();
   pool_.UnmapReadOnly();
+  if (device_ == nullptr) return;
+  if (Status unmapped = device_->UnmapRead(); !unmapped.ok()) {
+    BATON_LOG(WARN, kLog) << "the quarantined chunks read for a copy: " << unmapped.message();
+  }
 }
 
 Status EngineSession::Impl::ReportKvInheritance(const KvInheritanceSummary& summary) {

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 
 USE_DEVICE_MEMORY = 1
 HANDLES_RESUME = 2

@@ -378,14 +378,17 @@ class Engine:
         return self._event(ev)
 
     def map_quarantined(self) -> Quarantine:
-        """Maps the quarantined blocks of a host pool READ-ONLY, for a copy of the KV they
-        hold, and returns them with their addresses. FailedPrecondition on a device pool, and
-        for blocks granted meanwhile (their barrier passed: wait_inherited_blocks has them)."""
+        """Maps the quarantined blocks READ-ONLY, for a copy of the KV they hold, and returns
+        them with their (host) addresses; on a device pool the device chunks that hold their
+        KV too, at their place in device_pool()'s range (tensors.device_block_region).
+        FailedPrecondition for blocks granted meanwhile (their barrier passed:
+        wait_inherited_blocks has them) and where the driver refuses read-only access."""
         self._call("baton_engine_map_quarantined")
         return self.quarantined()
 
     def release_quarantined(self) -> None:
-        """Unmaps the read-only view of the quarantined blocks not granted yet."""
+        """Unmaps the read-only view of the quarantined blocks not granted yet. On a device
+        pool every copy out of them must have finished (torch.cuda.synchronize) first."""
         self._call("baton_engine_release_quarantined")
 
     def report_kv_adoption(self, adopted: int, tokens: int, dropped: Mapping[str, int],
