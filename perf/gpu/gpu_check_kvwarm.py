@@ -16,6 +16,8 @@ mode. The interrupted streams must equal the undisturbed one token for token.
 The last line of stdout is one JSON object: warm_next_token_ms and reprefill_next_token_ms
 (p50 over the trials), reprefill_over_warm, adopted (sequences the warm trials' new primaries
 adopted), tokens_not_prefilled (their baton_engine_kv_tokens_not_recomputed_total),
+inherited (how many warm trials took the dead primary's quarantined KV in each way: "copied"
+device to device before its barrier, "waited" for it, "none"; `batonctl timeline`),
 mismatched (streams that differ from the undisturbed one), missed_kills (kills that landed
 after the engine had sent the whole stream: no failover to time), ok (every stream equal, a
 failover timed in each mode, every warm one adopted, none without the handoff). Without PyTorch with CUDA it
@@ -35,7 +37,7 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))  # perf/: baton_perf, soak_stack
 
-from baton_perf import metric, serving_primary  # noqa: E402
+from baton_perf import batonctl, metric, serving_primary  # noqa: E402
 from soak_stack import Stack  # noqa: E402
 
 
@@ -119,7 +121,7 @@ def run_mode(args, model_dir, mode, body, log):
                                        watchdog_s=30, engine_flags=["--kv-handoff", mode])
     stack = Stack(stack_args, args.bin, model_dir, log)
     result = {"next_token_ms": [], "mismatched": 0, "adopted": 0, "tokens_not_prefilled": 0,
-              "missed": 0}
+              "missed": 0, "inherited": {}}
     try:
         stack.start()
         want, _ = stream(stack.port, body)
@@ -133,6 +135,12 @@ def run_mode(args, model_dir, mode, body, log):
             else:  # the engine had sent the whole stream before it died: nothing to replay
                 result["missed"] += 1
                 log("the kill landed after the engine had finished the stream: not counted")
+            # How the new primary took the dead one's quarantined KV: copied device to device
+            # before the barrier, or waited for it (batonctl timeline's kv_inherited).
+            timeline = batonctl(stack.bin, stack.socket, "timeline")[1].get("timeline", {})
+            how = timeline.get("kv_inherited", {}).get("mode", "none")
+            result["inherited"][how] = result["inherited"].get(how, 0) + 1
+            log(f"the quarantined kv: {how} ({timeline.get('kv_inherited', {})})")
             port = int(serving_primary(stack.status())["http_address"].rsplit(":", 1)[1])
             for key, series in (("adopted", "baton_engine_kv_adopted_sequences_total"),
                                 ("tokens_not_prefilled",
@@ -184,7 +192,7 @@ def main(argv=None):
     result.update(warm_next_token_ms=w, reprefill_next_token_ms=c,
                   reprefill_over_warm=round(c / w, 2) if w and c else None,
                   adopted=warm["adopted"], tokens_not_prefilled=warm["tokens_not_prefilled"],
-                  adopted_without_handoff=cold["adopted"],
+                  adopted_without_handoff=cold["adopted"], inherited=warm["inherited"],
                   mismatched=warm["mismatched"] + cold["mismatched"],
                   missed_kills=warm["missed"] + cold["missed"])
     result["ok"] = bool(w and c and result["mismatched"] == 0 and

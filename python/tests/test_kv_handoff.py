@@ -18,7 +18,7 @@ except ImportError as e:  # PyTorch is not installed for this interpreter
 if not MISSING:  # the engine's own modules: a failure to import them fails the test
     from baton_torch_engine import kv_record
     from baton_torch_engine.kv_blocks import KvBlocks, SequenceBlocks
-    from baton_torch_engine.kv_copy import copy_in, plan_copy
+    from baton_torch_engine.kv_copy import copy_in, device_block_copy, plan_copy
     from baton_torch_engine.kv_inherit import inherit_kv
     from baton_engine import BatonError, Event, EventKind, Extent, KvInheritMode, Quarantine
     from baton_torch_engine.kv_handoff import KvHandoff
@@ -262,6 +262,44 @@ class KvCopyTest(unittest.TestCase):
         self.assertEqual((plan.sequences, plan.blocks, plan.dropped), ([], 0, {"torn": 1}))
         report = copy_in(pool.handoff(4), plan, lambda: pool.kv.take(1)[0])
         self.assertEqual(report.dropped, {"torn": 1})
+
+
+@unittest.skipIf(MISSING, MISSING)
+class DeviceKvCopyTest(unittest.TestCase):
+    """On a device pool the records and token ids lie in the host pool blocks and the KV in
+    the device blocks of the same numbers: the copy takes each from its own memory (here a
+    second private region stands in for the device pool)."""
+
+    def test_records_come_from_the_host_blocks_and_kv_from_the_device_blocks(self):
+        host = Pool()  # the records, as the SDK maps the host pool on a device engine
+        bt = host.kv.block_tokens
+        seq, tokens = quarantined(host, bt + 2)
+        device = KvBlocks.private(config(), BLOCK_BYTES, 16)  # the engine's own device blocks
+        for b in range(16):
+            device.blocks.discard(b)
+        device.free = []
+        for b in host.kv.free:
+            device.add(b)
+        dead = torch.zeros(16 * BLOCK_BYTES, dtype=torch.uint8)  # the quarantined chunks, READ
+        off = host.kv.data_offset
+        for i, b in enumerate(seq.blocks):
+            dead[b * BLOCK_BYTES + off:(b + 1) * BLOCK_BYTES] = 0x70 + i
+        heir = KvHandoff(device, 7, host.address, lambda: 4)
+        plan = plan_copy(heir, seq.blocks, host.headers(seq.blocks))
+        copy = device_block_copy(heir, dead[seq.blocks[0] * BLOCK_BYTES:], seq.blocks[0])
+        report = copy_in(heir, plan, lambda: device.take(1)[0], copy)
+        self.assertEqual((report.adopted, report.tokens, report.dropped), (1, bt + 2, {}))
+        copies = heir.kept[KEY].seq.blocks
+        self.assertTrue(set(copies).isdisjoint(seq.blocks), "never a quarantined block")
+        for i, dst in enumerate(copies):
+            self.assertTrue(bool((device.block_memory(dst)[off:] == 0x70 + i).all()),
+                            f"block {dst}: the dead engine's device KV")
+            self.assertEqual(ctypes.string_at(host.address(dst) + off, 8), bytes(8),
+                             "the host block's KV bytes are not copied")
+            got = kv_record.read(host.headers([dst]), host.address(dst) + 64, bt)
+            self.assertEqual((got.state, got.record.block), (kv_record.State.VALID, dst))
+        replay = SequenceBlocks()
+        self.assertEqual(heir.continue_from(KEY, tokens[:bt + 2] + [1], replay), bt + 2)
 
 
 class FakeEngine:

@@ -93,6 +93,14 @@ class KvBlocks:
             self.view, self.first, self.region_blocks = view, first, count
             self._region_memory = memory  # the view's storage, kept alive
 
+    def block_memory(self, block: int) -> torch.Tensor:
+        """Block `block` of the region as uint8 memory (its header, ids and KV), no copy."""
+        with self._lock:
+            if not self.covers(block):
+                raise ValueError(f"block {block} is outside the KV region")
+            at = (block - self.first) * self.block_bytes
+            return self._region_memory[at:at + self.block_bytes]
+
     def covers(self, block: int) -> bool:
         return self.view is not None and self.first <= block < self.first + self.region_blocks
 

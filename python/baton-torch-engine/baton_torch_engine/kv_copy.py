@@ -2,10 +2,12 @@
 engine's KvHandoff::PlanCopy and CopyIn (standby/kv/kv_handoff_copy.cc).
 
 A promotion before the predecessor's barrier leaves its blocks in quarantine: a write of the
-dying engine may still land in them. On a host pool the engine maps them read-only
-(Engine.map_quarantined) and, when the copy is expected to take less than the barrier,
-copies each passing sequence's blocks, whole (record, token ids and KV), into free blocks of
-its own, then checks every source header again after the copy (unchanged since the plan:
+dying engine may still land in them. The engine maps them read-only (Engine.map_quarantined:
+on a device pool the device chunks that hold their KV too) and, when the copy is expected to
+take less than the barrier, copies each passing sequence's blocks, whole, into free blocks of
+its own (BlockCopy: on a host pool the host block, record, token ids and KV; on a device pool
+the record and ids in the host block and the KV device to device, synchronized before the
+check), then checks every source header again after the copy (unchanged since the plan:
 the writer did not move on) and the copy's record (valid, the same key, block, index, token
 count, epoch and ids). A sequence that fails either check is dropped as "changed" and its
 copies freed; the caller then waits for the blocks' grant to adopt it in place. The copies
@@ -18,7 +20,9 @@ from __future__ import annotations
 import ctypes
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
+
+import torch
 
 from . import kv_record
 from .kv_blocks import SequenceBlocks
@@ -69,14 +73,49 @@ def _copy_holds(handoff: KvHandoff, s: CopySequence, copies: list[int]) -> bool:
     return True
 
 
-def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int]) -> AdoptionReport:
-    """Copies the planned sequences into blocks `take()` gives (MemoryError: none left) and
-    keeps those whose copy holds; the report counts the others by reason ("changed",
-    "hold_failed") with the plan's refusals."""
+@dataclass
+class BlockCopy:
+    """How a block is copied: `block(src, dst)` issues the copy of pool block `src` into `dst`,
+    `done()` returns once every copy issued has landed (the check reads the source after)."""
+    block: Callable[[int, int], None]
+    done: Callable[[], None] = lambda: None
+
+
+def host_block_copy(handoff: KvHandoff) -> BlockCopy:
+    """A host pool's block, whole: record, token ids and KV."""
+    size = handoff.kv.block_bytes
+    return BlockCopy(lambda src, dst: ctypes.memmove(handoff.block_address(dst),
+                                                      handoff.block_address(src), size))
+
+
+def device_block_copy(handoff: KvHandoff, source: torch.Tensor, source_first: int) -> BlockCopy:
+    """A device pool's block: the record and token ids from the host pool block
+    (handoff.block_address), the KV from `source` (uint8 device memory of the quarantined
+    blocks from block `source_first`, mapped READ) into the cache's own device block, on the
+    current stream; done() synchronizes the device."""
+    kv = handoff.kv
+    record, size = kv.data_offset, kv.block_bytes
+
+    def block(src: int, dst: int) -> None:
+        ctypes.memmove(handoff.block_address(dst), handoff.block_address(src), record)
+        at = (src - source_first) * size
+        kv.block_memory(dst)[record:].copy_(source[at + record:at + size], non_blocking=True)
+
+    def done() -> None:
+        if source.is_cuda:
+            torch.cuda.synchronize(source.device)
+    return BlockCopy(block, done)
+
+
+def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int],
+            copy: Optional[BlockCopy] = None) -> AdoptionReport:
+    """Copies the planned sequences into blocks `take()` gives (MemoryError: none left) with
+    `copy` (default: host_block_copy) and keeps those whose copy holds; the report counts the
+    others by reason ("changed", "hold_failed") with the plan's refusals."""
     start = handoff.clock()
     report = AdoptionReport(dropped=dict(plan.dropped))
     epoch = handoff.epoch()
-    size = handoff.kv.block_bytes
+    copy = copy or host_block_copy(handoff)
     for s in plan.sequences:
         copies: list[int] = []
         reason = ""
@@ -86,10 +125,10 @@ def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int]) -> Adop
             except MemoryError:
                 reason = "hold_failed"
                 break
-            ctypes.memmove(handoff.block_address(dst), handoff.block_address(r.record.block),
-                           size)
+            copy.block(r.record.block, dst)
             copies.append(dst)
         # The source headers are read again only after every byte of the copy.
+        copy.done()
         if not reason and not _copy_holds(handoff, s, copies):
             reason = "changed"
         seq = SequenceBlocks(copies, sum(r.record.tokens for r in s.chain))
@@ -103,6 +142,23 @@ def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int]) -> Adop
     report.ms = (handoff.clock() - start) * 1e3
     handoff.count(report)
     return report
+
+
+def measure_device_copy_gbps(device: torch.device, nbytes: int = 64 << 20) -> float:
+    """The device's copy speed (GB/s, best of 3, device to device), for the same estimate on
+    a device pool."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    best = 0.0
+    for _ in range(3):
+        torch.cuda.synchronize(device)
+        at = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - at
+        if seconds > 0:
+            best = max(best, nbytes / seconds / 1e9)
+    return best
 
 
 def measure_copy_gbps(nbytes: int = 16 << 20) -> float:

@@ -6,12 +6,12 @@ reference engine's AdoptPromotedBlocks (standby/controller_link.h) does it:
   2. a promotion before the predecessor's barrier (protocol 7) leaves the predecessor's blocks
      in quarantine, unmapped, until the barrier has passed. If their header copies show
      records of this engine's identity, it copies their KV into blocks of its own
-     (kv_copy.py: on a host pool, when the copy is expected to take less than the barrier,
-     the blocks mapped read-only for it, every record checked again after the copy), or else
-     waits (at most the controller's wait limit) for their grant and adopts in place what
-     they hold: on a device pool, whose quarantined blocks the SDK does not map, when the
-     copy would cost more than the wait, and for a sequence that changed under the copy or
-     found no free block to copy into.
+     (kv_copy.py: when the copy is expected to take less than the barrier, the blocks mapped
+     read-only for it, on a device pool device to device at the device's copy speed, every
+     record checked again after the copy), or else waits (at most the controller's wait
+     limit) for their grant and adopts in place what they hold: when the copy would cost
+     more than the wait, where the blocks cannot be mapped read-only, and for a sequence that
+     changed under the copy or found no free block to copy into.
      Without such records it takes nothing from them. Either way it releases the read-only
      view and tells the controller how it went (copied, waited or none);
   3. the controller is told what was adopted ("engine N at epoch E adopted S sequences (T
@@ -27,10 +27,11 @@ import time
 from typing import Callable
 
 from baton_engine import BatonError, Engine, Event, KvInheritMode, Quarantine
+from baton_engine.tensors import device_block_region
 
 from . import kv_record
 from .batching import Scheduler
-from .kv_copy import copy_in, plan_copy
+from .kv_copy import copy_in, device_block_copy, plan_copy
 from .kv_handoff import AdoptionReport, KvHandoff
 from .pool_kv import PoolKv
 
@@ -73,16 +74,20 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
     nbytes = blocks * kv.block_bytes
     estimate = nbytes / (copy_gbps * 1e6) if copy_gbps > 0 else float("inf")
     wait = lambda: _wait(engine, kv, handoff, scheduler, quarantine, report, log)  # noqa: E731
-    if kv.model.device.is_cuda or estimate > quarantine.barrier_estimate_ms:
+    if estimate > quarantine.barrier_estimate_ms:
         return wait(), blocks, nbytes, estimate
     try:
         engine.map_quarantined()
-    except BatonError as e:  # granted meanwhile
+    except BatonError as e:  # granted meanwhile, or no read-only access on this device
         log(f"the quarantined blocks' kv is not read ({e}): adopted in place once granted")
         return wait(), blocks, nbytes, estimate
-    plan = scheduler.call(lambda: plan_copy(handoff, _blocks(quarantine.extents),
-                                            quarantine.headers))
-    copied = scheduler.call(lambda: copy_in(handoff, plan, lambda: kv.blocks.take(1)[0]))
+    quarantined = _blocks(quarantine.extents)
+    copy = None
+    if kv.model.device.is_cuda:  # their chunks are mapped READ now: the KV is read there
+        lowest = min(quarantined)
+        copy = device_block_copy(handoff, device_block_region(engine, lowest), lowest)
+    plan = scheduler.call(lambda: plan_copy(handoff, quarantined, quarantine.headers))
+    copied = scheduler.call(lambda: copy_in(handoff, plan, lambda: kv.blocks.take(1)[0], copy))
     # Changed under the copy (the dying writer, or the blocks' grant scrubbing their headers),
     # or no free block left to copy into: adopted in place once granted instead.
     changed = copied.dropped.pop("changed", 0) + copied.dropped.pop("hold_failed", 0)
