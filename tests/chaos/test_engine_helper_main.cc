@@ -36,6 +36,12 @@
 //                            its blocks until it is killed (engine_worker.h); on the Grant of
 //                            blocks another engine held, a worker of that engine still running
 //                            is a violation
+//   --read-quarantine        after a promotion before the old primary's barrier (device pool),
+//                            map its quarantined blocks read-only (MapQuarantined), read their
+//                            headers through the driver and write what they carry to
+//                            <violations-dir>/../quarantine-read-<id>.txt; keep them mapped until
+//                            their Grant (which makes their chunks writable in place), then
+//                            release the quarantine
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -89,6 +95,7 @@ struct Flags {
   bool protocol_2 = false;
   bool fill_blocks = false;
   int worker_mb = -1;  // no worker
+  bool read_quarantine = false;
 };
 
 bool ParseFlags(int argc, char** argv, Flags* f) {
@@ -133,6 +140,8 @@ bool ParseFlags(int argc, char** argv, Flags* f) {
       f->exit_after_promote = true;
     } else if (a == "--device-memory") {
       f->device_memory = true;
+    } else if (a == "--read-quarantine") {
+      f->read_quarantine = true;
     } else {
       std::fprintf(stderr, "test engine: unknown flag %s\n", a.c_str());
       return false;
@@ -344,6 +353,29 @@ void OnInherited(EngineSession& session, StampWriter& writer, const Flags& flags
   }
 }
 
+// --read-quarantine: the dead primary's quarantined device blocks, read through a read-only
+// mapping before their barrier: how many carry a stamp of another engine (its last writes).
+void ReadQuarantine(EngineSession& session, const testing::DeviceAccess& device, const Flags& flags,
+                    const SessionEvent& promoted) {
+  uint32_t blocks = 0;
+  uint32_t foreign = 0;
+  Status status = session.MapQuarantined().status();
+  for (const MappedExtent& e : promoted.quarantined) {
+    for (uint32_t b = e.first; status.ok() && b < e.first + e.count; ++b) {
+      BlockStamp stamp{};
+      status =
+          device.Read(session.device_pool()->address + uint64_t{b} * session.pool().block_bytes,
+                      &stamp, sizeof(stamp));
+      ++blocks;
+      foreign += stamp.magic == kStampMagic && stamp.engine_id != session.engine_id() ? 1 : 0;
+    }
+  }
+  std::ofstream(flags.violations_dir + "/../quarantine-read-" +
+                std::to_string(session.engine_id()) + ".txt")
+      << (status.ok() ? "read " : "not read (" + status.ToString() + ") ") << blocks
+      << " blocks; stamped by another engine: " << foreign << "\n";
+}
+
 // Handles controller events until a stop or a lost connection.
 void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags,
                  testing::EngineWorker* worker) {
@@ -370,6 +402,7 @@ void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags
         break;
       case SessionEventKind::kGranted:
         if (!event->inherited_headers.empty()) OnInherited(session, writer, flags, *event);
+        session.ReleaseQuarantined();  // what --read-quarantine mapped; the grant's stay
         break;
       case SessionEventKind::kDrain: {
         const auto until =
@@ -450,6 +483,9 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
     if (promoted.ok() || promoted.status().code() != StatusCode::kDeadlineExceeded) break;
   }
   if (!promoted.ok()) return 0;  // told to stop, or the controller went away
+  if (flags.read_quarantine && device.has_value() && !promoted->quarantined.empty()) {
+    ReadQuarantine(s, *device, flags, *promoted);
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(flags.promote_delay_ms));
   if (!s.MarkServing().ok()) return 1;
   if (flags.exit_after_promote) return 0;

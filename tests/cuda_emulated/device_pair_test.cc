@@ -121,11 +121,14 @@ TEST(DevicePairTest, BlocksWaitUntilNvmlNoLongerListsTheReapedPrimary) {
 // With a pool of several chunks the standby is promoted at once on the promotion reserve (a
 // chunk the dead primary never held) while NVML still lists the primary: its chunks stay
 // quarantined until NVML lets go, and only then are they granted to the new primary.
+// Meanwhile the new primary reads them through the SDK's read-only mapping of their chunks
+// (--read-quarantine), as an engine that copies their KV device to device does, and keeps
+// that mapping until their grant makes the chunks writable in place: its stamps land there.
 TEST(DevicePairTest, APromotionBeforeNvmlLetsGoKeepsTheOldChunksQuarantined) {
   const std::string pids = "/tmp/baton-nvml-q-" + std::to_string(::getpid()) + ".pids";
   std::ofstream(pids).close();
   ScopedEnv env("BATON_FAKE_NVML_PIDS", pids);
-  ClusterOptions options = CudaCluster({"--device-memory"});
+  ClusterOptions options = CudaCluster({"--device-memory", "--read-quarantine"});
   options.gpu_pool_chunk_bytes = 2 << 20;  // 4 chunks of 2 blocks
   options.promotion_reserve_blocks = 2;
   ChaosCluster cluster(options);
@@ -149,6 +152,12 @@ TEST(DevicePairTest, APromotionBeforeNvmlLetsGoKeepsTheOldChunksQuarantined) {
   ASSERT_TRUE(WaitForLog(cluster, "but NVML still lists it on GPU 0000:00:00.0")) << cluster.Log();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_EQ(cluster.Status()["pool"]["quarantined"], 6) << "nothing moves while NVML lists it";
+  std::string read;
+  std::getline(
+      std::ifstream(cluster.dir() + "/quarantine-read-" + std::to_string(standby) + ".txt"), read);
+  EXPECT_EQ(read, "read 6 blocks; stamped by another engine: 6")
+      << "the dead primary's last stamps, read in its quarantined chunks\n"
+      << cluster.Log();
 
   std::ofstream(pids).close();  // the driver released it
   const json after = cluster.WaitFor(Settled, "the old chunks to reach the new primary");
@@ -168,6 +177,8 @@ TEST(DevicePairTest, APromotionBeforeNvmlLetsGoKeepsTheOldChunksQuarantined) {
   EXPECT_GT(t["phases"]["teardown_ms"].get<double>(), t["phases"]["ready_ms"].get<double>());
   cluster.WaitFor([](const json& s) { return EngineWithRole(s, "primary")["heartbeats"] > 20; },
                   "the new primary stamps its blocks");
+  EXPECT_EQ(EngineWithRole(cluster.Status(), "primary")["id"], standby)
+      << "the chunks it had read are writable: its stamps there did not fault";
   cluster.CheckFencing();
   std::remove(pids.c_str());
 }

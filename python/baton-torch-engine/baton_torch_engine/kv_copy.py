@@ -144,7 +144,7 @@ def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int],
     return report
 
 
-def measure_device_copy_gbps(device: torch.device, nbytes: int = 64 << 20) -> float:
+def measure_device_copy_gbps(device: torch.device, nbytes: int = 32 << 20) -> float:
     """The device's copy speed (GB/s, best of 3, device to device), for the same estimate on
     a device pool."""
     src = torch.ones(nbytes, dtype=torch.uint8, device=device)
