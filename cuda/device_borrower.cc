@@ -128,7 +128,11 @@ void UndoMapBlocks(VmmView& pool, ChunkCover& cover, uint32_t first, uint32_t co
   for (const ChunkSpan& s : mapped) (void)pool.Unmap(OffsetOf(pool, s), BytesOf(pool, s));
   (void)cover.Remove(first, count);
   for (const ChunkSpan& s : upgraded) {
-    (void)pool.SetAccess(OffsetOf(pool, s), BytesOf(pool, s), VmmAccess::kRead);
+    // Back to READ, or unmapped where the driver will not (never writable with no block held).
+    if (!pool.SetAccess(OffsetOf(pool, s), BytesOf(pool, s), VmmAccess::kRead).ok()) {
+      (void)pool.Unmap(OffsetOf(pool, s), BytesOf(pool, s));
+      continue;
+    }
     for (uint32_t c = s.first; c < s.first + s.count; ++c) {
       (void)cover.AddReadOnly(c * cover.blocks_per_chunk(), 1);
     }
@@ -151,7 +155,6 @@ Result<PromotionPhases> DeviceBorrower::MapBlocks(const std::string& name, uint3
   PromotionPhases phases{.blocks = count};
   // Chunks read for a copy until now: made writable in place, so that a copy still reading
   // them goes on undisturbed (an unmap under a running kernel faults it).
-  std::vector<ChunkSpan> made_writable;
   std::vector<ChunkSpan> mapped;
   for (const ChunkSpan& s : upgraded) {
     Status writable = pool->SetAccess(OffsetOf(*pool, s), BytesOf(*pool, s), VmmAccess::kReadWrite);
@@ -200,19 +203,16 @@ Result<uint32_t> DeviceBorrower::MapForReading(const std::string& name, uint32_t
   BATON_ASSIGN_OR_RETURN(std::vector<ChunkSpan> spans, cover->AddReadOnly(first, count));
   uint32_t chunks = 0;
   for (size_t i = 0; i < spans.size(); ++i) {
+    // Never writable, not even for a moment: this memory is not this engine's yet.
     Result<VmmMapStats> m = pool->Map(OffsetOf(*pool, spans[i]), BytesOf(*pool, spans[i]),
-                                      {.access = VmmAccess::kRead});
-    Status failed = m.ok() ? OkStatus() : m.status();
-    if (m.ok() && m->read_only_refused) {  // never writable: this memory is not this engine's
-      (void)pool->Unmap(OffsetOf(*pool, spans[i]), BytesOf(*pool, spans[i]));
-      failed = FailedPrecondition("the driver refused read-only access to the pool's chunks");
-    }
-    if (!failed.ok()) {
+                                      {.access = VmmAccess::kRead, .read_write_fallback = false});
+    if (!m.ok()) {
       for (size_t j = 0; j < i; ++j) {
         (void)pool->Unmap(OffsetOf(*pool, spans[j]), BytesOf(*pool, spans[j]));
       }
       cover->ForgetReadOnly(spans);
-      return failed;
+      return FailedPrecondition("the pool's chunks could not be mapped read-only: " +
+                                m.status().message());
     }
     chunks += spans[i].count;
   }

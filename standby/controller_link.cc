@@ -209,7 +209,8 @@ void InheritQuarantined(const SessionEvent& promoted, EngineSession* session,
   }
   // Reading a record takes its block's token ids: those blocks alone are mapped, read-only.
   // Refused when their barrier passed meanwhile and their Grant mapped them writable (the SDK
-  // kept their headers), and on a device pool: they are adopted in place, as if waited for.
+  // kept their headers): they are adopted in place, as if waited for. (This engine computes
+  // on the host: its pool is never a device pool.)
   const Status read = session->MapQuarantined(BlocksWithRecords(readable, promoted));
   if (!read.ok()) {
     BATON_LOG(WARN, "kv") << "the quarantined blocks' kv is not read (" << read.ToString()

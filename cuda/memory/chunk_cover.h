@@ -10,8 +10,10 @@
 // only the primary maps the pool (fencing rules 1 and 5).
 // A promoted engine may also read the chunks of a dead predecessor's quarantined blocks, for a
 // copy of the KV they hold: AddReadOnly() returns the chunks to map READ (those holding no
-// block of this engine), DropReadOnly() those to unmap once the copy is done. A chunk read
-// that the engine is then granted blocks in is not mapped again: Add() reports it in
+// block of this engine; the ledger never lends a block in a chunk where another engine's
+// blocks wait in quarantine, so only their own Grant puts them there, and the engine keeps
+// what it copies from until the copy is done), DropReadOnly() those to unmap once it is. A chunk
+// read that the engine is then granted blocks in is not mapped again: Add() reports it in
 // `upgraded` (set its access to READWRITE) and it stays mapped from then on as a held one.
 // Pure bookkeeping, no CUDA. Thread-compatible.
 #pragma once

@@ -215,7 +215,7 @@ Result<VmmMapStats> VmmView::Map(uint64_t offset, uint64_t bytes, const VmmMapOp
   desc.flags = options.access == VmmAccess::kRead ? CU_MEM_ACCESS_FLAGS_PROT_READ
                                                   : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   Status access = BATON_CU(cu, cuMemSetAccess, base() + offset, bytes, &desc, 1);
-  if (!access.ok() && options.access == VmmAccess::kRead) {
+  if (!access.ok() && options.access == VmmAccess::kRead && options.read_write_fallback) {
     desc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
     if (BATON_CU(cu, cuMemSetAccess, base() + offset, bytes, &desc, 1).ok()) {
       BATON_LOG(WARN, "cuda") << "the driver refused read-only access (" << access.message()

@@ -98,6 +98,9 @@ struct VmmMapOptions {
   VmmAccess access = VmmAccess::kReadWrite;
   // >= 0: also grant the CPU access (host-NUMA regions on that node only): the pinned cache.
   int host_numa_node = -1;
+  // kRead refused by the driver: map READWRITE instead (read_only_refused), or fail and map
+  // nothing (memory that must never be writable by this process).
+  bool read_write_fallback = true;
 };
 
 class VmmView {

@@ -401,8 +401,10 @@ void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags
         BATON_LOG(INFO, "test-engine") << "drain called off: serving again";
         break;
       case SessionEventKind::kGranted:
-        if (!event->inherited_headers.empty()) OnInherited(session, writer, flags, *event);
-        session.ReleaseQuarantined();  // what --read-quarantine mapped; the grant's stay
+        if (!event->inherited_headers.empty()) {
+          OnInherited(session, writer, flags, *event);
+          if (flags.read_quarantine) session.ReleaseQuarantined();  // the grant's stay mapped
+        }
         break;
       case SessionEventKind::kDrain: {
         const auto until =

@@ -82,7 +82,9 @@ class KvInheritMode(enum.IntEnum):
 @dataclass(frozen=True)
 class Quarantine:
     """The predecessor's blocks a promotion before its barrier left in quarantine: `extents`
-    mapped READ-ONLY (address 0 on a device pool, or once released), their `headers` as of the
+    mapped READ-ONLY once map_quarantined() has mapped them (address 0 before and once
+    released; on a device pool the host block with the record, the KV being at the device
+    pool's address + block x block_bytes), their `headers` as of the
     promotion (HEADER_BYTES per block), the barrier's expected remaining time and the longest
     the engine may wait for their grant before mark_serving(). A write of the dying engine may
     still land in them: never trust a read of them that is not checked again afterwards."""
