@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <thread>
 #include <vector>
@@ -22,8 +23,8 @@ using json = nlohmann::json;
 std::string PairConfig(const PairStepOptions& o, const std::string& dir) {
   std::vector<std::string> command = o.engine_command;
   if (command.empty()) {
-    command = {o.bin_dir + "/baton_test_engine_helper", "--device-memory", "--violations-dir",
-               "{dir}/violations"};
+    command = {o.bin_dir + "/baton_test_engine_helper", "--device-memory", "--read-quarantine",
+               "--violations-dir", "{dir}/violations"};
   }
   std::ostringstream out;
   out << "[model]\ndir = " << json(dir + "/model") << "\nlock = false\n"
@@ -134,6 +135,14 @@ json PairStep(const PairStepOptions& o) {
       r["timeline"].is_object() &&
       r["timeline"].value("promotion", json::object()).value("before_barrier", false);
   r["invariants"] = after.value("invariants", "");
+  // The test engine read the dead primary's quarantined chunks through the SDK's read-only
+  // mapping before their barrier (or found them granted first), and its stamps landed in them
+  // once their grant had made them writable in place.
+  const uint64_t new_id = EngineWithRole(after, "primary").value("id", uint64_t{0});
+  std::ifstream read(dir + "/quarantine-read-" + std::to_string(new_id) + ".txt");
+  std::string quarantine_read;
+  std::getline(read, quarantine_read);
+  if (o.engine_command.empty()) r["quarantine_read"] = quarantine_read;
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the new primary stamp
   const size_t violations = CountFiles(dir + "/violations");
   r["violations"] = violations;
