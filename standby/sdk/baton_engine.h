@@ -285,8 +285,8 @@ BATON_ENGINE_API size_t baton_engine_event_headers(baton_engine* engine, void* o
  * primary's barrier, protocol 7): read-only until their barrier has passed, when they come in
  * a GRANTED event. `data` is NULL until baton_engine_map_quarantined() maps them read-only
  * (on a device pool `data` is the host pool block that holds the block's KV record and `bytes`
- * is 0: the KV itself is at the device pool's address + block x block_bytes). A write of the dying engine may
- * still land in them: a copy of what they hold must be checked again after it
+ * is 0: the KV itself is at the device pool's address + block x block_bytes). A write of the dying
+ * engine may still land in them: a copy of what they hold must be checked again after it
  * (standby/kv/kv_handoff.h). Copies up to `capacity` extents to `out` and, when not NULL, their
  * headers as of the promotion (64 bytes per block) to `headers` (up to `header_capacity` bytes),
  * the controller's estimate of the barrier's remaining time to `barrier_estimate_us` and the
