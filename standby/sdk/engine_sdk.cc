@@ -347,10 +347,7 @@ Status EngineSession::Impl::SendReady() {
       .reserved_bytes = pool_view_.reserved_bytes,
       .prefault_us = static_cast<uint64_t>(weights_.prefault_ms * 1000.0),
   };
-  const std::vector<int> fds = LivenessFds();
-  MutexLock lock(channel_mu_);
-  if (!channel_.has_value()) return Unavailable("no connection to the controller");
-  return channel_->Send(ready, fds);
+  return Send(ready, LivenessFds());
 }
 
 // --- EngineSession ----------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 #include <boost/asio/io_context.hpp>
 #include <deque>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -128,14 +129,15 @@ class EngineSession::Impl {
       BATON_REQUIRES(mu_);
   Status UnmapBlocksLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
 
+  // `fds` go with the message (SCM_RIGHTS).
   template <typename T>
-  Status Send(const T& msg) BATON_EXCLUDES(channel_mu_) {
+  Status Send(const T& msg, std::span<const int> fds = {}) BATON_EXCLUDES(channel_mu_) {
     MutexLock lock(channel_mu_);
     if (!channel_.has_value()) {
       return Unavailable(stopping_.load() ? "the session is shut down"
                                           : "no connection to the controller (it is away)");
     }
-    return channel_->Send(msg);
+    return channel_->Send(msg, fds);
   }
   // Send() for a message whose content a Reattach also carries (the role, the mapped
   // extents): when it cannot go because the connection is gone and the session will

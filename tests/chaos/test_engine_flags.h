@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <string>
 
 namespace baton {
@@ -61,53 +62,36 @@ struct Flags {
 };
 
 inline bool ParseFlags(int argc, char** argv, Flags* f) {
+  const std::map<std::string, std::string*> texts = {{"--violations-dir", &f->violations_dir},
+                                                     {"--rogue-file", &f->rogue_file}};
+  const std::map<std::string, uint64_t*> ids = {{"--crash-if-id-above", &f->crash_if_id_above},
+                                                {"--hang-registering-id", &f->hang_registering_id}};
+  const std::map<std::string, int*> numbers = {{"--busy-ms", &f->busy_ms},
+                                               {"--promote-delay-ms", &f->promote_delay_ms},
+                                               {"--drain-ms", &f->drain_ms},
+                                               {"--reclaim-delay-ms", &f->reclaim_delay_ms},
+                                               {"--worker-mb", &f->worker_mb}};
+  const std::map<std::string, bool*> switches = {{"--protocol-2", &f->protocol_2},
+                                                 {"--fill-blocks", &f->fill_blocks},
+                                                 {"--exit-after-promote", &f->exit_after_promote},
+                                                 {"--device-memory", &f->device_memory},
+                                                 {"--read-quarantine", &f->read_quarantine}};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string v;
-    if (a == "--violations-dir") {
-      if (!value(&f->violations_dir)) return false;
-    } else if (a == "--rogue-file") {
-      if (!value(&f->rogue_file)) return false;
-    } else if (a == "--crash-if-id-above") {
-      if (!value(&v)) return false;
-      f->crash_if_id_above = std::stoull(v);
-    } else if (a == "--hang-registering-id") {
-      if (!value(&v)) return false;
-      f->hang_registering_id = std::stoull(v);
-    } else if (a == "--busy-ms") {
-      if (!value(&v)) return false;
-      f->busy_ms = std::stoi(v);
-    } else if (a == "--promote-delay-ms") {
-      if (!value(&v)) return false;
-      f->promote_delay_ms = std::stoi(v);
-    } else if (a == "--drain-ms") {
-      if (!value(&v)) return false;
-      f->drain_ms = std::stoi(v);
-    } else if (a == "--reclaim-delay-ms") {
-      if (!value(&v)) return false;
-      f->reclaim_delay_ms = std::stoi(v);
-    } else if (a == "--protocol-2") {
-      f->protocol_2 = true;
-    } else if (a == "--fill-blocks") {
-      f->fill_blocks = true;
-    } else if (a == "--worker-mb") {
-      if (!value(&v)) return false;
-      f->worker_mb = std::stoi(v);
-    } else if (a == "--exit-after-promote") {
-      f->exit_after_promote = true;
-    } else if (a == "--device-memory") {
-      f->device_memory = true;
-    } else if (a == "--read-quarantine") {
-      f->read_quarantine = true;
-    } else {
+    if (auto it = switches.find(a); it != switches.end()) {
+      *it->second = true;
+      continue;
+    }
+    const bool takes_value = texts.count(a) + ids.count(a) + numbers.count(a) != 0;
+    if (!takes_value) {
       std::fprintf(stderr, "test engine: unknown flag %s\n", a.c_str());
       return false;
     }
+    if (i + 1 >= argc) return false;
+    const std::string v = argv[++i];
+    if (auto t = texts.find(a); t != texts.end()) *t->second = v;
+    if (auto n = ids.find(a); n != ids.end()) *n->second = std::stoull(v);
+    if (auto n = numbers.find(a); n != numbers.end()) *n->second = std::stoi(v);
   }
   return true;
 }
