@@ -18,7 +18,10 @@ except ImportError as e:  # PyTorch is not installed for this interpreter
 if not MISSING:  # the engine's own modules: a failure to import them fails the test
     from baton_torch_engine import kv_record
     from baton_torch_engine.kv_blocks import KvBlocks, SequenceBlocks
-    from baton_torch_engine.kv_copy import copy_in, device_block_copy, plan_copy
+    from baton_torch_engine import kv_inherit
+    from baton_torch_engine.device import ComputeDevice
+    from baton_torch_engine.kv_copy import (BlockCopy, copy_in, device_block_copy,
+                                            measure_device_copy_gbps, plan_copy)
     from baton_torch_engine.kv_inherit import inherit_kv
     from baton_engine import BatonError, Event, EventKind, Extent, KvInheritMode, Quarantine
     from baton_torch_engine.kv_handoff import KvHandoff
@@ -301,6 +304,32 @@ class DeviceKvCopyTest(unittest.TestCase):
         replay = SequenceBlocks()
         self.assertEqual(heir.continue_from(KEY, tokens[:bt + 2] + [1], replay), bt + 2)
 
+    def test_a_copy_that_fails_leaves_no_block_taken_and_no_record_behind(self):
+        pool = Pool()
+        bt = pool.kv.block_tokens
+        seq, _ = quarantined(pool, 2 * bt + 1)  # three blocks
+        heir = pool.handoff(4)
+        plan = plan_copy(heir, seq.blocks, pool.headers(seq.blocks))
+        free_before = pool.kv.free_count
+        taken = []
+
+        def block(src, dst):  # the record lands, then the device faults on the second block
+            taken.append(dst)
+            ctypes.memmove(pool.address(dst), pool.address(src), pool.kv.data_offset)
+            if len(taken) == 2:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        with self.assertRaises(RuntimeError):
+            copy_in(heir, plan, lambda: pool.kv.take(1)[0], BlockCopy(block))
+        self.assertEqual(pool.kv.free_count, free_before, "every block taken is given back")
+        for dst in taken:
+            self.assertEqual(pool.headers([dst]), bytes(kv_record.HEADER_BYTES),
+                             f"block {dst} keeps no copied record")
+
+    def test_the_copy_speed_is_measured_block_by_block_on_the_engines_device(self):
+        # The engine's ComputeDevice, as main.py hands it (on a GPU its CUDA ordinal).
+        gbps = measure_device_copy_gbps(ComputeDevice.parse("cpu"), BLOCK_BYTES, blocks=4)
+        self.assertGreater(gbps, 0.0)
+
 
 class FakeEngine:
     """The SDK's side of a promotion before the barrier, for inherit_kv: the dead writer's
@@ -309,7 +338,7 @@ class FakeEngine:
     def __init__(self, pool, quarantined, barrier_ms):
         self.pool, self.blocks, self.barrier_ms = pool, quarantined, barrier_ms
         self.headers = pool.headers(quarantined)
-        self.mapped = self.waited = False
+        self.mapped = self.waited = self.released = False
         self.inheritance = None
 
     def quarantined(self):
@@ -326,7 +355,7 @@ class FakeEngine:
                      headers=self.headers)
 
     def release_quarantined(self):
-        pass
+        self.released = True
 
     def report_kv_inheritance(self, mode, blocks, nbytes, ms, estimate_ms=0.0):
         self.inheritance = (mode, blocks, nbytes)
@@ -385,6 +414,20 @@ class InheritTest(unittest.TestCase):
         engine.map_quarantined = refused
         report = self.inherit(pool, engine)
         self.assertEqual((report.adopted, engine.waited), (1, True))
+
+    def test_a_copy_that_fails_waits_for_the_grant_and_lets_the_view_go(self):
+        pool, engine = self.quarantine(barrier_ms=50.0)
+
+        def faulted(*args):
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        real, kv_inherit.copy_in = kv_inherit.copy_in, faulted
+        try:
+            report = self.inherit(pool, engine)
+        finally:
+            kv_inherit.copy_in = real
+        self.assertEqual((report.adopted, engine.mapped, engine.waited, engine.released),
+                         (1, True, True, True))
+        self.assertEqual(engine.inheritance[0], KvInheritMode.WAITED)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,16 @@ from __future__ import annotations
 import ctypes
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import torch
 
 from . import kv_record
 from .kv_blocks import SequenceBlocks
 from .kv_handoff import AdoptionReport, Key, KvHandoff
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .device import ComputeDevice
 
 
 @dataclass
@@ -119,16 +122,21 @@ def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int],
     for s in plan.sequences:
         copies: list[int] = []
         reason = ""
-        for r in s.chain:
-            try:
-                dst = take()
-            except MemoryError:
-                reason = "hold_failed"
-                break
-            copy.block(r.record.block, dst)
-            copies.append(dst)
-        # The source headers are read again only after every byte of the copy.
-        copy.done()
+        try:
+            for r in s.chain:
+                try:
+                    dst = take()
+                except MemoryError:
+                    reason = "hold_failed"
+                    break
+                copies.append(dst)
+                copy.block(r.record.block, dst)
+            # The source headers are read again only after every byte of the copy.
+            copy.done()
+        except BaseException:  # a copy that failed (a device fault) leaves no record behind
+            handoff.releasing(SequenceBlocks(copies, 0))
+            handoff.kv.give_back(copies)
+            raise
         if not reason and not _copy_holds(handoff, s, copies):
             reason = "changed"
         seq = SequenceBlocks(copies, sum(r.record.tokens for r in s.chain))
@@ -144,20 +152,24 @@ def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int],
     return report
 
 
-def measure_device_copy_gbps(device: torch.device, nbytes: int = 32 << 20) -> float:
-    """The device's copy speed (GB/s, best of 3, device to device), for the same estimate on
-    a device pool."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+def measure_device_copy_gbps(device: "ComputeDevice", block_bytes: int, blocks: int = 16) -> float:
+    """The device's copy speed (GB/s, best of 3) as device_block_copy copies: `blocks` blocks
+    of `block_bytes`, one copy_ each from Python, then a synchronize, so that what each
+    block's copy costs beyond its bytes (the launch, this loop) is in the estimate too."""
+    dev = device.torch
+    size = max(1, block_bytes)
+    src = torch.ones(blocks * size, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
     best = 0.0
     for _ in range(3):
-        torch.cuda.synchronize(device)
+        device.synchronize()
         at = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize(device)
+        for b in range(blocks):
+            dst[b * size:(b + 1) * size].copy_(src[b * size:(b + 1) * size], non_blocking=True)
+        device.synchronize()
         seconds = time.perf_counter() - at
         if seconds > 0:
-            best = max(best, nbytes / seconds / 1e9)
+            best = max(best, blocks * size / seconds / 1e9)
     return best
 
 

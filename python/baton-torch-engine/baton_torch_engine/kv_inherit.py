@@ -82,12 +82,18 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
         log(f"the quarantined blocks' kv is not read ({e}): adopted in place once granted")
         return wait(), blocks, nbytes, estimate
     quarantined = _blocks(quarantine.extents)
-    copy = None
-    if kv.model.device.is_cuda:  # their chunks are mapped READ now: the KV is read there
-        lowest = min(quarantined)
-        copy = device_block_copy(handoff, device_block_region(engine, lowest), lowest)
-    plan = scheduler.call(lambda: plan_copy(handoff, quarantined, quarantine.headers))
-    copied = scheduler.call(lambda: copy_in(handoff, plan, lambda: kv.blocks.take(1)[0], copy))
+    try:
+        copy = None
+        if kv.model.device.is_cuda:  # their chunks are mapped READ now: the KV is read there
+            lowest = min(quarantined)
+            copy = device_block_copy(handoff, device_block_region(engine, lowest), lowest)
+        plan = scheduler.call(lambda: plan_copy(handoff, quarantined, quarantine.headers))
+        copied = scheduler.call(
+            lambda: copy_in(handoff, plan, lambda: kv.blocks.take(1)[0], copy))
+    except Exception as e:  # a device fault in the copy: the grant still brings the KV
+        log(f"the copy of the quarantined blocks' kv failed ({type(e).__name__}: {e}): "
+            "adopted in place once granted")
+        return wait(), blocks, nbytes, estimate
     # Changed under the copy (the dying writer, or the blocks' grant scrubbing their headers),
     # or no free block left to copy into: adopted in place once granted instead.
     changed = copied.dropped.pop("changed", 0) + copied.dropped.pop("hold_failed", 0)
@@ -119,9 +125,11 @@ def inherit_kv(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Schedu
     quarantine = engine.quarantined()
     if quarantine.extents:
         started = time.monotonic()
-        mode, blocks, nbytes, estimate = _copy(engine, kv, handoff, scheduler, quarantine,
-                                               copy_gbps, report, log)
-        engine.release_quarantined()
+        try:
+            mode, blocks, nbytes, estimate = _copy(engine, kv, handoff, scheduler, quarantine,
+                                                   copy_gbps, report, log)
+        finally:  # the read-only view goes, whatever happened to the copy
+            engine.release_quarantined()
         ms = (time.monotonic() - started) * 1e3
         how = {KvInheritMode.COPIED: "copied", KvInheritMode.WAITED: "waited for the barrier",
                KvInheritMode.NONE: "nothing to take"}[mode]

@@ -229,8 +229,8 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
     copy_gbps = 0.0
     if generator.scheduler.handoff is not None:  # a quarantined block's KV is copied this fast
         from .kv_copy import measure_copy_gbps, measure_device_copy_gbps
-        copy_gbps = (measure_device_copy_gbps(model.device) if model.device.is_cuda
-                     else measure_copy_gbps())
+        copy_gbps = (measure_device_copy_gbps(model.device, kv.block_bytes)
+                     if model.device.is_cuda else measure_copy_gbps())
     write_port(args.port_file, port)
     log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
     try:
