@@ -324,6 +324,28 @@ class ReadModelTest(unittest.TestCase):
             rehearse(model, 64)
         del buffers
 
+    def test_a_step_without_logits_waits_for_the_device_before_it_returns(self):
+        # A prefill chunk that does not end its prompt has no .cpu() to wait on: its records
+        # are committed when step() returns, so its K and V must have landed by then.
+        synced = []
+
+        class Counting(ComputeDevice):
+            def synchronize(self):
+                synced.append(1)
+        weights, buffers = read_model(self.model)
+        config = LlamaConfig.load(self.model)
+        model = LlamaModel(config, weights, Counting("cpu"))
+        kv = KvBlocks(config, 1 << 16)
+        kv.set_region(torch.zeros(4 << 16, dtype=torch.uint8), 0)
+        for b in range(4):
+            kv.add(b)
+        seq = SequenceBlocks()
+        self.assertEqual(model.step(kv, [(seq, [1, 2, 3])], want=[False]), [None])
+        self.assertEqual(len(synced), 1)
+        self.assertIsNotNone(model.step(kv, [(seq, [4])])[0])
+        self.assertEqual(len(synced), 1, "a step with logits waits on their copy instead")
+        del buffers
+
     def test_a_broken_file_is_refused_naming_it_either_way(self):
         bad = os.path.join(self.tmp.name, "bad")
         os.makedirs(bad, exist_ok=True)

@@ -35,11 +35,20 @@ import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import torch
+
 from .kv_blocks import KvBlocks, SequenceBlocks
 from .llama import LlamaModel
 from .openai_requests import ApiError, Completion
 from .sampler import sample_token
 from .text import TextBuilder
+
+# A step that found no memory: no free KV block (MemoryError), or the device's own memory
+# (torch.OutOfMemoryError, a RuntimeError; torch.cuda.OutOfMemoryError before PyTorch 2.5).
+OUT_OF_MEMORY = (MemoryError,) + tuple(
+    e for e in (getattr(torch, "OutOfMemoryError", None),
+                getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None))
+    if isinstance(e, type))
 
 if TYPE_CHECKING:
     from .kv_handoff import KvHandoff
@@ -242,7 +251,7 @@ class Scheduler:
             try:
                 logits = self.model.step(self.kv, items, want)
                 break
-            except MemoryError as e:
+            except OUT_OF_MEMORY as e:
                 if len(self.running) > 1:
                     self._preempt_youngest()
                     continue

@@ -124,9 +124,9 @@ class LlamaModel:
     def step(self, kv: KvBlocks, items: Sequence[tuple[SequenceBlocks, Sequence[int]]],
              want: Optional[Sequence[bool]] = None, layers: Optional[int] = None
              ) -> list[Optional[torch.Tensor]]:
-        """Stores every item's tokens and returns, for each item, the fp32 logits (on the CPU)
-        of its last token, or None where want[i] is false (a prefill chunk that does not end
-        its prompt). MemoryError when the cache cannot hold the step (the blocks already
+        """Stores every item's tokens (their K and V written on the device when it returns)
+        and returns, for each item, the fp32 logits (on the CPU) of its last token, or None
+        where want[i] is false (a prefill chunk that does not end its prompt). MemoryError when the cache cannot hold the step (the blocks already
         reserved stay in the sequences' tables); ValueError for bad tokens. `layers` runs
         only the first layers (the standby's rehearsal)."""
         for seq, tokens in items:
@@ -159,11 +159,13 @@ class LlamaModel:
             seq.length += len(tokens)
         wanted = [i for i in range(len(items)) if want is None or want[i]]
         out: list[Optional[torch.Tensor]] = [None] * len(items)
-        if wanted:
+        if wanted:  # .cpu() waits for the step: its K and V are written when it returns
             h = self._norm(x[[last[i] for i in wanted]], "model.norm.weight")
             logits = self.products.logits(h, self.lm_head).cpu()
             for n, i in enumerate(wanted):
                 out[i] = logits[n]
+        else:  # a prefill chunk's K and V land before the caller commits their records
+            self.device.synchronize()
         return out
 
     def _attention(self, view, layer, x, at, where, slot, rows, per) -> torch.Tensor:
