@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -77,6 +78,14 @@ json WaitForReports(const std::string& dir, int want, int timeout_s) {
     if (Clock::now() >= deadline) return nullptr;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
+}
+
+std::string StepModel(const std::string& bin_dir, const std::string& work_dir,
+                      const std::string& preset, const std::string& dtype) {
+  const std::string dir = work_dir + "/model-" + preset + "-" + dtype;
+  const std::string mk = bin_dir + "/baton-mkmodel --reuse --out " + dir + " --preset " + preset +
+                         " --dtype " + dtype + " --threads 8 > " + dir + ".log 2>&1";
+  return std::system(mk.c_str()) == 0 ? dir : "";
 }
 
 bool StepController::WriteConfig(const std::string& toml) const {

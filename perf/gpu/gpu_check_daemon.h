@@ -28,6 +28,11 @@ nlohmann::json FailStep(nlohmann::json r, const std::string& error);
 size_t CountFiles(const std::string& dir);
 // The engines' JSON reports in dir/reports once there are `want` of them (null at the deadline).
 nlohmann::json WaitForReports(const std::string& dir, int want, int timeout_s);
+// WORK/model-PRESET-DTYPE, written by bin_dir/baton-mkmodel unless it already holds that model
+// (its log beside it, WORK/model-PRESET-DTYPE.log); "" when mkmodel fails. Steps that use the
+// same preset share one model.
+std::string StepModel(const std::string& bin_dir, const std::string& work_dir,
+                      const std::string& preset, const std::string& dtype);
 
 class StepController {
  public:

@@ -21,14 +21,6 @@ constexpr int kHeartbeatMs = 50;
 constexpr int kHeartbeatMisses = 2;
 constexpr int kProbeTimeoutMs = 100;
 
-// WORK/model-PRESET-DTYPE, written unless it already holds that model; "" when mkmodel fails.
-std::string Model(const RestartStepOptions& o) {
-  const std::string dir = o.work_dir + "/model-" + o.preset + "-" + o.dtype;
-  const std::string mk = o.bin_dir + "/baton-mkmodel --reuse --out " + dir + " --preset " +
-                         o.preset + " --dtype " + o.dtype + " --threads 8 > " + dir + ".log 2>&1";
-  return std::system(mk.c_str()) == 0 ? dir : "";
-}
-
 // The test engines on the device, a pool of `pool_blocks` blocks of 2 MiB in 64 MiB chunks;
 // `extra` goes into [model] and may open sections of its own.
 std::string Config(const RestartStepOptions& o, const std::string& dir, const std::string& model,
@@ -137,7 +129,7 @@ json RestartStep(const RestartStepOptions& o) {
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir + "/violations", ec);
   json r{{"dir", dir}, {"model", o.preset + " " + o.dtype}, {"target_ready_ms", o.ready_target_ms}};
-  const std::string model = Model(o);
+  const std::string model = StepModel(o.bin_dir, o.work_dir, o.preset, o.dtype);
   if (model.empty()) return FailStep(r, "baton-mkmodel failed; see the model's log");
   StepController c(o.bin_dir, dir, o.timeout_s);
   if (!c.WriteConfig(Config(o, dir, model, 512, "")) || !c.Start()) {
@@ -176,7 +168,7 @@ json RegistrationStep(const RestartStepOptions& o) {
   std::filesystem::create_directories(dir + "/violations", ec);
   const int hang_timeout_ms = kHeartbeatMs * kHeartbeatMisses + kProbeTimeoutMs;
   json r{{"dir", dir}, {"model", o.preset + " " + o.dtype}, {"hang_timeout_ms", hang_timeout_ms}};
-  const std::string model = Model(o);
+  const std::string model = StepModel(o.bin_dir, o.work_dir, o.preset, o.dtype);
   if (model.empty()) return FailStep(r, "baton-mkmodel failed; see the model's log");
   std::ostringstream health;
   health << "huge_pages = false\n[health]\nheartbeat_interval_ms = " << kHeartbeatMs
