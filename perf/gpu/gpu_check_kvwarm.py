@@ -55,13 +55,27 @@ def parse(argv):
 
 
 def cuda_torch():
-    """'' when PyTorch with CUDA is here, else why not."""
+    """'' when PyTorch with CUDA is here, and numpy (PyTorch wraps Baton's device memory
+    through it), else why not."""
     r = subprocess.run([sys.executable, "-c", "import torch, sys; "
                         "sys.exit(0 if torch.cuda.is_available() else 3)"],
                        capture_output=True, text=True)
-    return "" if r.returncode == 0 else (
-        "PyTorch with CUDA is not installed here" if r.returncode == 3 else
-        f"PyTorch is missing: {r.stderr.strip().splitlines()[-1] if r.stderr else ''}")
+    if r.returncode == 0:
+        r = subprocess.run([sys.executable, "-c", "import numpy"], capture_output=True, text=True)
+        if r.returncode != 0:
+            return ("numpy is missing (PyTorch needs it to wrap device memory): "
+                    f"{r.stderr.strip().splitlines()[-1] if r.stderr else ''}")
+        return ""
+    return ("PyTorch with CUDA is not installed here" if r.returncode == 3 else
+            f"PyTorch is missing: {r.stderr.strip().splitlines()[-1] if r.stderr else ''}")
+
+
+class Stopped(Exception):
+    """SIGTERM: the step's time is up (perf/gpu_check's timeout)."""
+
+
+def stop_on_sigterm(*_):
+    raise Stopped("stopped by SIGTERM: the step's time ran out")
 
 
 def stream(port, body, on_token=None):
@@ -163,6 +177,8 @@ def ensure_model(args):
 
 def main(argv=None):
     args = parse(sys.argv[1:] if argv is None else argv)
+    # The stack is stopped on the way out (run_mode's finally) and the JSON line says why.
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     why = "" if args.device == "cpu" else cuda_torch()
     if why:
         print(json.dumps({"skipped": why}))
