@@ -24,6 +24,7 @@ import time
 
 USE_DEVICE_MEMORY = 1
 HANDLES_RESUME = 2
+READY_WHEN_WAITING = 8
 DEADLINE_EXCEEDED = 8
 EVENT_RECLAIM, EVENT_DRAIN, EVENT_STOP, EVENT_DISCONNECTED = 3, 4, 5, 6
 
@@ -276,7 +277,8 @@ def run(args, report):
     opts = Options(engine_version=b"torch-engine/1")
     engine = ctypes.c_void_p()
     check(lib, lib.baton_engine_connect_flags(ctypes.byref(opts),
-                                              USE_DEVICE_MEMORY | HANDLES_RESUME,
+                                              USE_DEVICE_MEMORY | HANDLES_RESUME |
+                                              READY_WHEN_WAITING,
                                               ctypes.byref(engine)), "connect")
     report["engine_id"] = lib.baton_engine_id(engine)
     try:
@@ -311,6 +313,7 @@ def main():
     try:
         run(args, report)
     except Exception as e:  # a report says what failed, whatever it was
+        report["ok"] = False  # also after a report that said ok (a RECLAIM that failed)
         report["error"] = str(e) if isinstance(e, Failed) else repr(e)
         write_report(args.report_dir, report)
         print(f"torch engine: {e}", file=sys.stderr)

@@ -64,8 +64,9 @@ extern "C" {
  * 6: the quarantined blocks are not mapped at the promotion (their `data` is NULL, their
  *    headers are read from the pool's file): baton_engine_map_quarantined() maps them.
  * 7: baton_engine_map_quarantined() on a device pool maps the device chunks that hold them
- *    too (READ), for a device-to-device copy of their KV. */
-#define BATON_ENGINE_ABI_VERSION 7
+ *    too (READ), for a device-to-device copy of their KV.
+ * 8: BATON_ENGINE_READY_WHEN_WAITING. */
+#define BATON_ENGINE_ABI_VERSION 8
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -161,6 +162,12 @@ typedef struct baton_device_region {
 /* baton_engine_connect_flags(): baton_engine_next_event() delivers BATON_EVENT_CONTROLLER_LOST
  * and BATON_EVENT_CONTROLLER_BACK (for the engine's logs). Without it they are skipped. */
 #define BATON_ENGINE_CONTROLLER_EVENTS 4u
+/* baton_engine_connect_flags(): the standby says it is ready (StandbyReady) at its first
+ * baton_engine_wait_promotion(), not when the connect returns: an engine that builds its
+ * model on the mapped weights after connecting (a PyTorch engine) is counted a ready standby
+ * only once a promotion would find it waiting. Until then the controller shows it
+ * registering; its engine.register_timeout_ms bounds the time to that first wait. */
+#define BATON_ENGINE_READY_WHEN_WAITING 8u
 
 /* baton_engine_set_controller_absent() actions. */
 #define BATON_ON_CONTROLLER_ABSENT_SERVE 0 /* keep serving and keep reconnecting */
@@ -178,7 +185,8 @@ BATON_ENGINE_API const char* baton_engine_last_error(void);
  * on for as long as the controller is away. On success *out is the handle. */
 BATON_ENGINE_API int baton_engine_connect(const baton_engine_options* options, baton_engine** out);
 /* baton_engine_connect() with flags (BATON_ENGINE_USE_DEVICE_MEMORY,
- * BATON_ENGINE_HANDLES_RESUME). With device memory on
+ * BATON_ENGINE_HANDLES_RESUME, BATON_ENGINE_CONTROLLER_EVENTS,
+ * BATON_ENGINE_READY_WHEN_WAITING). With device memory on
  * a CUDA-backend controller, the weights' device copy is mapped read-only and the device pool's
  * range reserved before this returns; a device that cannot be used fails the call. */
 BATON_ENGINE_API int baton_engine_connect_flags(const baton_engine_options* options, unsigned flags,

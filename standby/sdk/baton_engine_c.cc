@@ -150,7 +150,7 @@ int baton_engine_connect_flags(const baton_engine_options* options, unsigned fla
     if (out == nullptr) return BadArgument("baton_engine_connect: out is NULL");
     *out = nullptr;
     constexpr unsigned kKnown = BATON_ENGINE_USE_DEVICE_MEMORY | BATON_ENGINE_HANDLES_RESUME |
-                                BATON_ENGINE_CONTROLLER_EVENTS;
+                                BATON_ENGINE_CONTROLLER_EVENTS | BATON_ENGINE_READY_WHEN_WAITING;
     if ((flags & ~kKnown) != 0) {
       return Fail(baton::InvalidArgument("baton_engine_connect_flags: unknown flags " +
                                          std::to_string(flags)));
@@ -159,6 +159,7 @@ int baton_engine_connect_flags(const baton_engine_options* options, unsigned fla
     if (!parsed.ok()) return Fail(parsed.status());
     parsed->use_device_memory = (flags & BATON_ENGINE_USE_DEVICE_MEMORY) != 0;
     parsed->handles_resume = (flags & BATON_ENGINE_HANDLES_RESUME) != 0;
+    parsed->ready_when_waiting = (flags & BATON_ENGINE_READY_WHEN_WAITING) != 0;
     if (baton::Status env = baton::ControllerAbsenceFromEnv(&*parsed); !env.ok()) return Fail(env);
     auto session = baton::EngineSession::Connect(*parsed);
     if (!session.ok()) return Fail(session.status());

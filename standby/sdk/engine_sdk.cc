@@ -361,8 +361,10 @@ Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessio
   BATON_RETURN_IF_ERROR(impl->StartThread());
   BATON_RETURN_IF_ERROR(impl->TakeMemory().WithContext(who + " registering"));
   BATON_RETURN_IF_ERROR(impl->Prefault());
-  BATON_RETURN_IF_ERROR(impl->SendReady().WithContext(who + " reporting ready"));
-  impl->MarkRegistered();
+  if (!options.ready_when_waiting) {
+    BATON_RETURN_IF_ERROR(impl->SendReady().WithContext(who + " reporting ready"));
+    impl->MarkRegistered();
+  }
   BATON_LOG(INFO, "engine-sdk") << who << " registered: " << impl->weights().tensors.size()
                                 << " tensors mapped read-only (" << impl->weights().size
                                 << " bytes, pre-faulted in " << impl->weights().prefault_ms

@@ -6,7 +6,8 @@
 //      was started with, sends Register, receives the weight arena and the pool (fds in the
 //      RegisterAck), maps the arena READ-ONLY and pre-faults it (one read per page), reserves
 //      the pool's address range with PROT_NONE, starts the heartbeat thread and sends
-//      StandbyReady. The engine is now a half-started standby: nothing is mapped writable.
+//      StandbyReady (with ready_when_waiting, the first WaitForPromotion() sends it instead).
+//      The engine is now a half-started standby: nothing is mapped writable.
 //   2. WaitForPromotion(): blocks until the controller promotes this engine. The granted
 //      extents are then mapped writable into the reserved range (block b at
 //      pool().base + b x block_bytes) and their block headers scrubbed. A promotion that does
@@ -107,6 +108,12 @@ struct EngineSessionOptions {
   // session speaks protocol 2, and the controller retires it once drained instead; such a
   // session cannot reattach either (Reattach is protocol 5): a lost controller ends it.
   bool handles_resume = false;
+  // StandbyReady goes at the first WaitForPromotion(), not at the end of Connect(): an engine
+  // that builds its model on the mapped weights after connecting (a PyTorch engine) is
+  // counted a ready standby only once a promotion would find it waiting. Until then the
+  // controller sees it registering (heartbeats keep hang detection on it; the controller's
+  // engine.register_timeout_ms bounds the time to its StandbyReady).
+  bool ready_when_waiting = false;
   Duration connect_timeout = std::chrono::seconds(10);
   // After the controller went away: the wait before the second reconnect attempt (the first
   // is made at once), doubled after each failed one up to the maximum. A failed attempt is
@@ -274,7 +281,8 @@ class EngineSession {
   uint32_t reclaim_chunk_blocks() const;
 
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
-  // than a stop or a disconnect, which fail the wait) stay queued for NextEvent().
+  // than a stop or a disconnect, which fail the wait) stay queued for NextEvent(). With
+  // ready_when_waiting, the first call sends StandbyReady (an error sending it is returned).
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout = std::nullopt);
   // Tells the controller this engine serves traffic now (sends PromoteAck). While the
   // controller is away: OK, and the next Reattach says the engine serves.

@@ -250,7 +250,18 @@ void EngineSession::Impl::Push(SessionEvent event) {
 
 // --- public API ---------------------------------------------------------------------------------
 
+Status EngineSession::Impl::SendDeferredReady() {
+  if (!options_.ready_when_waiting || ready_sent_.exchange(true)) return OkStatus();
+  BATON_RETURN_IF_ERROR(
+      SendReady().WithContext("engine " + std::to_string(engine_id()) + " reporting ready"));
+  MarkRegistered();
+  BATON_LOG(INFO, kLog) << "engine " << engine_id() << " ready as a standby (waiting for its "
+                        << "promotion)";
+  return OkStatus();
+}
+
 Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duration> timeout) {
+  BATON_RETURN_IF_ERROR(SendDeferredReady());
   MutexLock lock(mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
   while (true) {

@@ -65,6 +65,9 @@ class EngineSession::Impl {
   std::vector<int> LivenessFds() const;
   // Connect() has finished: from now on a lost connection is reconnected (if protocol 5).
   void MarkRegistered() { registered_.store(true); }
+  // With ready_when_waiting: sends StandbyReady once, the first time it is called, and marks
+  // the session registered; OK at once after that.
+  Status SendDeferredReady() BATON_EXCLUDES(channel_mu_, mu_);
 
   // --- the public API ------------------------------------------------------------------------
   uint64_t engine_id() const { return options_.launch.engine_id; }
@@ -261,6 +264,7 @@ class EngineSession::Impl {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> resume_pending_{false};
   std::atomic<bool> registered_{false};
+  std::atomic<bool> ready_sent_{false};  // StandbyReady sent (ready_when_waiting)
   std::atomic<int64_t> absent_timeout_ns_{0};
   std::atomic<ControllerAbsentAction> absent_action_{ControllerAbsentAction::kServe};
   UniqueFd wake_fd_;  // eventfd: wakes the heartbeat thread for shutdown

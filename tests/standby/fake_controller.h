@@ -194,6 +194,24 @@ class FakeController {
     }
   }
 
+  // The type of the next message other than a Heartbeat (counted) within `wait`; nullopt when
+  // none came. Its fds go to last_fds().
+  std::optional<proto::MsgType> NextWithin(std::chrono::milliseconds wait) {
+    const auto until = std::chrono::steady_clock::now() + wait;
+    while (true) {
+      const Duration left = until - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) return std::nullopt;
+      Result<proto::ReceivedMessage> msg = channel_->Receive(left);
+      if (!msg.ok()) return std::nullopt;
+      if (msg->type == proto::MsgType::kHeartbeat) {
+        ++heartbeats_;
+        continue;
+      }
+      last_fds_ = std::move(msg->fds);
+      return msg->type;
+    }
+  }
+
   int heartbeats() const { return heartbeats_; }
   // The fds that came with the last message Expect returned (StandbyReady's liveness page).
   std::vector<UniqueFd>& last_fds() { return last_fds_; }

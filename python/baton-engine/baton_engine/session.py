@@ -166,13 +166,16 @@ class Engine:
                 http_address: Optional[str] = None, prefault_weights: bool = False,
                 connect_timeout_ms: int = 0, use_device_memory: bool = False,
                 handles_resume: bool = True, controller_events: bool = False,
-                lib_path: Optional[str] = None) -> "Engine":
+                ready_when_waiting: bool = False, lib_path: Optional[str] = None) -> "Engine":
         """Connects, registers and becomes a half-started standby: the weights are mapped
         read-only and the pool reserved when this returns. socket_path, launch_token and
         engine_id default to BATON_SOCKET, BATON_LAUNCH_TOKEN and BATON_ENGINE_ID (what the
         controller puts in the engine's environment). handles_resume: this engine admits
         requests again after a drain is called off (a switch-over whose standby failed).
-        Raises BatonError (Unavailable when no controller answers)."""
+        ready_when_waiting: the controller counts this engine a ready standby only from its
+        first wait_promotion() on, not from here (an engine that builds its model on the
+        weights after connecting). Raises BatonError (Unavailable when no controller
+        answers)."""
         lib = _abi.load(lib_path)
         opts = _abi.Options(
             socket_path=socket_path.encode() if socket_path else None,
@@ -184,7 +187,8 @@ class Engine:
             connect_timeout_ms=connect_timeout_ms)
         flags = ((_abi.USE_DEVICE_MEMORY if use_device_memory else 0) |
                  (_abi.HANDLES_RESUME if handles_resume else 0) |
-                 (_abi.CONTROLLER_EVENTS if controller_events else 0))
+                 (_abi.CONTROLLER_EVENTS if controller_events else 0) |
+                 (_abi.READY_WHEN_WAITING if ready_when_waiting else 0))
         handle = ctypes.c_void_p()
         rc = lib.baton_engine_connect_flags(ctypes.byref(opts), flags, ctypes.byref(handle))
         if rc != 0:

@@ -167,7 +167,9 @@ def connect(args, device, bound):
                             launch_token=args.token or None, engine_id=args.engine_id,
                             engine_version=args.engine_version,
                             http_address=f"{args.host}:{bound['port']}",
-                            use_device_memory=device.is_cuda)
+                            use_device_memory=device.is_cuda,
+                            # Ready once stand_by() waits: the model built, a step rehearsed.
+                            ready_when_waiting=True)
     if not device.is_cuda:
         return engine, weight_tensors(engine), device
     try:

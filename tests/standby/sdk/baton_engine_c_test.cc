@@ -132,9 +132,31 @@ baton_engine* ConnectWithFlags(FakeController& fake, const std::string& socket, 
   baton_engine* engine = nullptr;
   auto connected = std::async(std::launch::async,
                               [&] { return baton_engine_connect_flags(&options, flags, &engine); });
-  fake.ServeRegistration(fake.Ack(50));
+  fake.ServeRegistration(fake.Ack(50), 2,
+                         /*expect_ready=*/(flags & BATON_ENGINE_READY_WHEN_WAITING) == 0);
   EXPECT_EQ(connected.get(), 0) << baton_engine_last_error();
   return engine;
+}
+
+// ABI 8: a standby connected with BATON_ENGINE_READY_WHEN_WAITING says it is ready at its
+// first wait for the promotion; a flag this library does not know is refused.
+TEST(EngineCAbi, ReadyWhenWaitingAndUnknownFlags) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine* engine = ConnectWithFlags(fake, socket, BATON_ENGINE_READY_WHEN_WAITING);
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(fake.NextWithin(std::chrono::milliseconds(200)), std::nullopt);
+  baton_event event{};
+  EXPECT_EQ(baton_engine_wait_promotion(engine, 10, &event),
+            static_cast<int>(StatusCode::kDeadlineExceeded));
+  EXPECT_EQ(fake.NextWithin(std::chrono::milliseconds(5000)), proto::MsgType::kStandbyReady);
+  baton_engine_close(engine);
+  baton_engine_options options = OptionsFor(socket);
+  baton_engine* none = nullptr;
+  EXPECT_EQ(baton_engine_connect_flags(&options, 16u, &none),
+            static_cast<int>(StatusCode::kInvalidArgument));
+  EXPECT_EQ(none, nullptr);
+  EXPECT_NE(std::string(baton_engine_last_error()).find("unknown flags 16"), std::string::npos);
 }
 
 // ABI 4: an engine that asks for them sees the controller go; the session serves on until

@@ -117,6 +117,27 @@ TEST(EngineSdk, TheHeartbeatThreadHoldsTheLivenessPageThatStandbyReadySends) {
   ::munmap(p, 4096);
 }
 
+// ready_when_waiting: Connect() returns with the weights mapped and no StandbyReady sent (the
+// engine builds its model meanwhile, heartbeating); its first WaitForPromotion() sends it,
+// with the liveness page, and no later one sends it again.
+TEST(EngineSdk, AStandbyReadyWhenWaitingSaysSoAtItsFirstWaitForPromotion) {
+  FakeController fake;
+  EngineSessionOptions options = fake.Options();
+  options.ready_when_waiting = true;
+  auto connecting = std::async(std::launch::async, [&] { return EngineSession::Connect(options); });
+  fake.ServeRegistration(fake.Ack(50), 2, /*expect_ready=*/false);
+  std::unique_ptr<EngineSession> s = Take(connecting.get());
+  EXPECT_EQ(fake.NextWithin(milliseconds(300)), std::nullopt) << "not ready before it waits";
+  EXPECT_GT(fake.heartbeats(), 0) << "heartbeats meanwhile";
+  EXPECT_EQ(s->WaitForPromotion(milliseconds(10)).status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(fake.NextWithin(milliseconds(5000)), proto::MsgType::kStandbyReady);
+  EXPECT_EQ(fake.last_fds().size(), 1u) << "StandbyReady carries the liveness page";
+  EXPECT_EQ(s->WaitForPromotion(milliseconds(10)).status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(fake.NextWithin(milliseconds(200)), std::nullopt) << "sent once";
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 2, .extents = {{0, 1}}}).ok());
+  EXPECT_TRUE(s->WaitForPromotion(milliseconds(10000)).ok());
+}
+
 TEST(EngineSdk, PromotionMapsExtentsWritableAndScrubsTheirHeaders) {
   FakeController fake;
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
