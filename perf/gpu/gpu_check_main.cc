@@ -229,8 +229,8 @@ json MeetsTargets(const json& result) {
     }
     m["drill_promotion_ms"] = drill;
   }
-  if (result.contains("torch") && result["torch"].contains("meets_targets")) {
-    m["torch_ready_ms"] = result["torch"]["meets_targets"];
+  if (result.contains("torch") && !result["torch"].contains("skipped")) {
+    m["torch_ready_ms"] = result["torch"].value("meets_targets", false);  // false: it failed
   }
   bool all = true;
   for (const auto& [name, met] : m.items()) all = all && met.get<bool>();

@@ -155,9 +155,12 @@ void Summarize(json& failovers, const PairStepOptions& o, json& r) {
   std::vector<double> ready, teardown;
   bool before_barrier = true, drained = true;
   std::string invariants = "ok";
+  bool timed = true;  // every failover has both phases in its timeline
   for (json& f : failovers) {
-    ready.push_back(f.value("ready_ms", -1.0));
-    teardown.push_back(f.value("teardown_ms", -1.0));
+    const double ready_ms = f.value("ready_ms", -1.0), teardown_ms = f.value("teardown_ms", -1.0);
+    timed = timed && ready_ms >= 0 && teardown_ms >= 0;
+    if (ready_ms >= 0) ready.push_back(ready_ms);
+    if (teardown_ms >= 0) teardown.push_back(teardown_ms);
     before_barrier = before_barrier && f.value("promoted_before_barrier", false);
     drained = drained && f.value("drained", false);
     if (f.value("invariants", "") != "ok") invariants = f.value("invariants", "missing");
@@ -171,6 +174,7 @@ void Summarize(json& failovers, const PairStepOptions& o, json& r) {
   r["teardown_ms"] = perf::Percentile(teardown, 50);
   r["teardown_ms_p99"] = perf::Percentile(teardown, 99);
   r["promoted_before_barrier"] = before_barrier;
+  r["timed"] = timed;
   r["drained"] = drained;
   r["invariants"] = invariants;
   if (!failovers.empty() && failovers[0].contains("quarantine_read")) {
@@ -179,7 +183,8 @@ void Summarize(json& failovers, const PairStepOptions& o, json& r) {
   if (o.ready_p50_target_ms > 0) {
     r["targets"] = {{"ready_ms_p50", o.ready_p50_target_ms},
                     {"ready_ms_p99", o.ready_p99_target_ms}};
-    r["meets_targets"] = perf::Percentile(ready, 50) <= o.ready_p50_target_ms &&
+    r["meets_targets"] = timed && !ready.empty() &&
+                         perf::Percentile(ready, 50) <= o.ready_p50_target_ms &&
                          perf::Percentile(ready, 99) <= o.ready_p99_target_ms;
   }
 }
@@ -227,6 +232,7 @@ json PairStep(const PairStepOptions& o) {
   }
   r["engines_device_memory"] = memory;
   Summarize(failovers, o, r);
+  r["failovers"] = failovers;  // without their timelines now (the last one is r["timeline"])
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // let the new primary stamp
   const size_t violations = CountFiles(dir + "/violations");
   r["violations"] = violations;
@@ -256,7 +262,8 @@ json PairStep(const PairStepOptions& o) {
   const bool canary_ok = !r.contains("canary") || r["canary"].value("ok", false);
   r["ok"] = mapped && violations == 0 && r["invariants"] == "ok" &&
             r["device"].value("backend", "") == "cuda" && killed && reports_ok && canary_ok &&
-            r["drained"].get<bool>() && r["promoted_before_barrier"].get<bool>();
+            r["drained"].get<bool>() && r["promoted_before_barrier"].get<bool>() &&
+            r["timed"].get<bool>();
   return r;
 }
 

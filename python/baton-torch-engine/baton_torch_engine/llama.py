@@ -155,8 +155,6 @@ class LlamaModel:
         for layer in range(self.c.num_hidden_layers if layers is None else layers):
             x = x + self._attention(view, layer, x, at, where, slot, rows, per)
             x = x + self._mlp(layer, x)
-        for seq, tokens in items:
-            seq.length += len(tokens)
         wanted = [i for i in range(len(items)) if want is None or want[i]]
         out: list[Optional[torch.Tensor]] = [None] * len(items)
         if wanted:  # .cpu() waits for the step: its K and V are written when it returns
@@ -166,6 +164,10 @@ class LlamaModel:
                 out[i] = logits[n]
         else:  # a prefill chunk's K and V land before the caller commits their records
             self.device.synchronize()
+        # Only now: a step that failed (out of device memory in its logits) is taken again
+        # from the same length.
+        for seq, tokens in items:
+            seq.length += len(tokens)
         return out
 
     def _attention(self, view, layer, x, at, where, slot, rows, per) -> torch.Tensor:
