@@ -116,9 +116,22 @@ json Failover(const StepController& pair, const PairStepOptions& o, const std::s
   json memory = json::array();
   for (const json& e : after["engines"]) memory.push_back(e.value("device_memory", ""));
   f["engines_device_memory"] = memory;
+  // The dead primary's blocks out of quarantine (their barrier passed) and the promotion
+  // reserve whole again (reclaimed from the new primary): the next failover starts on it.
   bool drained = false;
-  pair.WaitFor([](const json& s) { return s["pool"].value("quarantined", -1) == 0; }, &drained);
+  const json settled = pair.WaitFor(
+      [](const json& s) {
+        if (!s.is_object() || !s.contains("pool")) return false;
+        const json reserve = s["pool"].value("promotion_reserve", json::object());
+        return s["pool"].value("quarantined", -1) == 0 &&
+               reserve.value("available", -1) >= reserve.value("target", 0);
+      },
+      &drained);
   f["drained"] = drained;
+  if (settled.is_object() && settled.contains("pool")) {
+    f["reserve_available"] =
+        settled["pool"].value("promotion_reserve", json::object()).value("available", -1);
+  }
   const json timeline = pair.Ctl("timeline").value("timeline", json());
   if (!timeline.is_object() || timeline.value("old_pid", int64_t{0}) != pid) {
     return FailStep(f, "no timeline of this failover: " + timeline.dump());

@@ -7,7 +7,8 @@
 // headers in the device pool through the driver); once the pair is ready the primary gets
 // SIGKILL and the standby is promoted onto the device pool's promotion reserve (a chunk of
 // its own) without waiting for the dead context's teardown; that is done `failovers` times,
-// each once the new standby is ready and the dead primary's blocks have left quarantine. The
+// each once the new standby is ready, the dead primary's blocks have left quarantine and the
+// promotion reserve is whole again (`drained`, `reserve_available`). The
 // JSON carries the controller's device memory (`batonctl status`), each engine's
 // `device_memory`, each failover's phases from `batonctl timeline` (`failovers`) with
 // `ready_ms` and `teardown_ms` (detected -> its barrier passed) side by side, their p50

@@ -166,7 +166,9 @@ typedef struct baton_device_region {
  * baton_engine_wait_promotion(), not when the connect returns: an engine that builds its
  * model on the mapped weights after connecting (a PyTorch engine) is counted a ready standby
  * only once a promotion would find it waiting. Until then the controller shows it
- * registering; its engine.register_timeout_ms bounds the time to that first wait. */
+ * registering; its engine.register_timeout_ms bounds the time to that first wait. A
+ * controller lost before then ends the session (BATON_EVENT_DISCONNECTED): the next one
+ * launches another standby. */
 #define BATON_ENGINE_READY_WHEN_WAITING 8u
 
 /* baton_engine_set_controller_absent() actions. */

@@ -112,7 +112,9 @@ struct EngineSessionOptions {
   // that builds its model on the mapped weights after connecting (a PyTorch engine) is
   // counted a ready standby only once a promotion would find it waiting. Until then the
   // controller sees it registering (heartbeats keep hang detection on it; the controller's
-  // engine.register_timeout_ms bounds the time to its StandbyReady).
+  // engine.register_timeout_ms bounds the time to its StandbyReady). A controller lost before
+  // then ends the session, as during Connect(): it never counted the engine a standby, and
+  // the next controller launches another.
   bool ready_when_waiting = false;
   Duration connect_timeout = std::chrono::seconds(10);
   // After the controller went away: the wait before the second reconnect attempt (the first

@@ -261,8 +261,12 @@ Status EngineSession::Impl::SendDeferredReady() {
 }
 
 Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duration> timeout) {
-  BATON_RETURN_IF_ERROR(SendDeferredReady());
+  const Status ready = SendDeferredReady();
   MutexLock lock(mu_);
+  // A session that already ended says so below (FailedPrecondition, as for any standby).
+  if (!ready.ok() && !disconnected_.has_value() && !stopped_.has_value() && !failed_.has_value()) {
+    return ready;
+  }
   const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
   while (true) {
     for (auto it = events_.begin(); it != events_.end(); ++it) {

@@ -138,6 +138,23 @@ TEST(EngineSdk, AStandbyReadyWhenWaitingSaysSoAtItsFirstWaitForPromotion) {
   EXPECT_TRUE(s->WaitForPromotion(milliseconds(10000)).ok());
 }
 
+// A controller lost before such a standby waited never counted it a standby: the session ends
+// (no reattach as a standby it never was), and the wait says so.
+TEST(EngineSdk, AStandbyNotYetReadyEndsWithItsLostController) {
+  FakeController fake;
+  EngineSessionOptions options = fake.ReattachingOptions();
+  options.ready_when_waiting = true;
+  auto connecting = std::async(std::launch::async, [&] { return EngineSession::Connect(options); });
+  fake.ServeRegistration(fake.Ack(50), 2, /*expect_ready=*/false);
+  std::unique_ptr<EngineSession> s = Take(connecting.get());
+  fake.GoAway();
+  std::optional<SessionEvent> event = s->NextEvent(milliseconds(10000));
+  ASSERT_TRUE(event.has_value());
+  EXPECT_EQ(event->kind, SessionEventKind::kDisconnected);
+  EXPECT_EQ(s->WaitForPromotion(milliseconds(10000)).status().code(),
+            StatusCode::kFailedPrecondition);
+}
+
 TEST(EngineSdk, PromotionMapsExtentsWritableAndScrubsTheirHeaders) {
   FakeController fake;
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
