@@ -397,6 +397,68 @@ class ReadModelTest(unittest.TestCase):
         self.assertNotIn(b"PYTHONMALLOC", seen)
 
 
+@unittest.skipIf(MISSING, MISSING)
+class CudaShapedComputeTest(unittest.TestCase):
+    """The CUDA engine's arithmetic (device.py, products.py, llama.py when is_cuda): products
+    and norms on 128-row tiles, attention on 32-row tiles, in the weights' dtype with a KV
+    cache of that dtype, run on the CPU by a device that answers is_cuda but places tensors
+    on the CPU. No GPU runs it here, so this is where its code runs at all before a device
+    run: every step must work and agree with the CPU engine within bf16's rounding."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory(prefix="baton-torch-cuda-shaped-")
+        cls.model = os.path.join(cls.tmp.name, "bf16")
+        subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", cls.model, "--preset",
+                        "tiny", "--seed", "3", "--dtype", "bf16"], check=True,
+                       stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def run_steps(self, model):
+        kv = model.new_kv(1 << 16)
+        kv.set_region(torch.zeros(8 << 16, dtype=torch.uint8), 0)
+        for b in range(8):
+            kv.add(b)
+        a, b = SequenceBlocks(), SequenceBlocks()
+        prefill = model.step(kv, [(a, list(range(1, 40))), (b, list(range(5, 20)))])
+        chunk = model.step(kv, [(a, [3, 4])], want=[False])  # a chunk with no logits
+        decode = model.step(kv, [(a, [7]), (b, [9])])
+        return prefill + chunk + decode
+
+    def test_the_cuda_arithmetic_runs_and_agrees_with_the_cpu_engine(self):
+        from dataclasses import dataclass
+
+        @dataclass(frozen=True)
+        class CudaShaped(ComputeDevice):
+            @property
+            def is_cuda(self):
+                return True
+
+            @property
+            def torch(self):
+                return torch.device("cpu")
+
+            def synchronize(self):
+                pass
+        config = LlamaConfig.load(self.model)
+        weights, buffers = read_model(self.model)
+        cuda = LlamaModel(config, weights, CudaShaped("cuda", 0, 128, 32))
+        self.assertEqual((cuda.dtype, cuda.kv_dtype), (torch.bfloat16, torch.bfloat16))
+        rehearse(cuda, 1 << 16)
+        got, want = self.run_steps(cuda), self.run_steps(LlamaModel(config, weights))
+        self.assertEqual([g is None for g in got], [w is None for w in want])
+        for i, (g, w) in enumerate(zip(got, want)):
+            if w is None:
+                continue
+            self.assertEqual(g.dtype, torch.float32)
+            # bf16 products and KV against fp32: a few ulps of bf16 (2^-8) at logits of ~3.
+            self.assertLess(float((g - w).abs().max()), 0.1, f"logits {i}")
+        del buffers
+
+
 if __name__ == "__main__":
     if MISSING:
         print(MISSING)
