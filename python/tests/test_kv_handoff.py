@@ -84,6 +84,21 @@ class KvRecordTest(unittest.TestCase):
         self.assertEqual(kv_record.read(pool.headers([3]), a + 64, 8).state,
                          kv_record.State.ABSENT)
 
+    def test_present_finds_every_header_that_read_does_not_find_absent(self):
+        pool = Pool()
+        r = kv_record.Record(identity=9, key=KEY, writer_epoch=4, block=5, index=0, tokens=1)
+        kv_record.commit(pool.address(5), r, [1])
+        kv_record.commit(pool.address(9), kv_record.Record(9, (0, 1), 4, 9, tokens=1), [2])
+        ctypes.c_uint32.from_address(pool.address(9) + 4).value += 1  # torn: still present
+        headers = pool.headers(range(16))
+        want = [b for b in range(16) if kv_record.read(
+            headers[b * 64:(b + 1) * 64], pool.address(b) + 64, 8).state !=
+            kv_record.State.ABSENT]
+        self.assertEqual(want, [5, 9])
+        self.assertEqual(kv_record.present(headers), want)
+        self.assertEqual(kv_record.present(headers[:9 * 64 + 10]), [5], "whole headers only")
+        self.assertEqual(kv_record.present(b""), [])
+
 
 def written(pool, length, epoch=3, identity=7):
     """A sequence of `length` tokens committed by a writer at `epoch`, step by step."""

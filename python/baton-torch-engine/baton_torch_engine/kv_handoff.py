@@ -143,10 +143,10 @@ class KvHandoff:
         epoch = self.epoch()
         chains: dict[Key, list[kv_record.Read]] = {}
         bad: dict[Key, str] = {}
-        for i, b in enumerate(blocks):
-            header = headers[i * kv_record.HEADER_BYTES:(i + 1) * kv_record.HEADER_BYTES]
-            if len(header) < kv_record.HEADER_BYTES:
-                break
+        h = kv_record.HEADER_BYTES
+        for i in kv_record.present(headers[:len(blocks) * h]):  # the rest hold no record
+            b = blocks[i]
+            header = headers[i * h:(i + 1) * h]
             r = kv_record.read(header, self.block_address(b) + kv_record.HEADER_BYTES,
                                self.kv.block_tokens)
             if r.state == kv_record.State.ABSENT:

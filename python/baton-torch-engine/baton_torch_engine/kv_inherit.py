@@ -56,8 +56,8 @@ def _own_records(headers: bytes, identity: int) -> int:
     """Blocks whose header copy is a committed record of `identity` (read from the copy the
     SDK took at the promotion, never from the quarantined block)."""
     n = 0
-    for at in range(0, len(headers) - kv_record.HEADER_BYTES + 1, kv_record.HEADER_BYTES):
-        magic, counter, ident = struct.unpack_from("<IIQ", headers, at)
+    for i in kv_record.present(headers):
+        magic, counter, ident = struct.unpack_from("<IIQ", headers, i * kv_record.HEADER_BYTES)
         n += magic == kv_record.MAGIC and counter % 2 == 0 and ident == identity
     return n
 
