@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -97,6 +98,17 @@ json g_partial;  // the result as of the last finished step, for the watchdog
 void Snapshot(const json& result) {
   std::lock_guard<std::mutex> lock(g_partial_mu);
   g_partial = result;
+}
+
+// A step has ended: its seconds go into result["step_s"][name] (what each step costs on a
+// GPU host, against the run's deadline), then the result is recorded.
+std::chrono::steady_clock::time_point g_step_start = std::chrono::steady_clock::now();
+void Finished(json& result, const std::string& name) {
+  const auto now = std::chrono::steady_clock::now();
+  const double seconds = std::chrono::duration<double>(now - g_step_start).count();
+  g_step_start = now;
+  result["step_s"][name] = std::round(seconds * 10) / 10;
+  Snapshot(result);
 }
 
 // Prints `object` as the last line and writes it to the out folder.
@@ -259,13 +271,13 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
                     .drill_runs = f.drill_runs,
                     .peer_command = {SelfExePath(), "--drill-peer"}};
   result["device"] = DeviceInfo(*ctx);
-  Snapshot(result);
+  Finished(result, "start");
   bool ok = true;
   if (f.Runs("remat")) {
     g_step = "rematerialization";
     result["remat"] = RematStep(*ctx, o);
     ok = result["remat"].value("ok", false) && result["remat"].value("ratio", 0.0) >= 0.9;
-    Snapshot(result);
+    Finished(result, "remat");
   }
   json promotions = json::array();
   for (uint64_t w : f.Runs("drill") ? f.weight_gib : std::vector<uint64_t>{}) {
@@ -274,7 +286,7 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     ok = ok && d.value("ok", false) && d.value("promotion_ms_max", 1e9) <= 1000.0;
     promotions.push_back(std::move(d));
     result["promotion"] = promotions;
-    Snapshot(result);
+    Finished(result, "drill_" + std::to_string(w) + "gib");
   }
   result["promotion"] = promotions;
   PairStepOptions pair;
@@ -286,7 +298,7 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     g_step = "controller pair on the device";
     result["pair"] = PairStep(pair);
     ok = ok && result["pair"].value("ok", false);
-    Snapshot(result);
+    Finished(result, "pair");
   }
   if (f.Runs("torch") && f.torch_engine.empty()) {
     result["torch"] = json{{"skipped", "no --torch-engine"}};
@@ -301,7 +313,7 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
                           : TorchStep(torch, f.torch_engine);
     result["torch"]["model"] = f.restart_model + " " + f.restart_dtype;
     ok = ok && result["torch"].value("ok", false);
-    Snapshot(result);
+    Finished(result, "torch");
   }
   RestartStepOptions restart{.bin_dir = pair.bin_dir,
                              .work_dir = f.out,
@@ -313,13 +325,13 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
     g_step = "controller restarts on the device";
     result["restart"] = RestartStep(restart);
     ok = ok && result["restart"].value("ok", false);
-    Snapshot(result);
+    Finished(result, "restart");
   }
   if (f.Runs("registration")) {
     g_step = "registration on a 4 KiB-page arena";
     result["registration"] = RegistrationStep(restart);
     ok = ok && result["registration"].value("ok", false);
-    Snapshot(result);
+    Finished(result, "registration");
   }
   result["targets"] = json{{"promotion_ms_max", 1000},
                            {"promotion_ms_aim", 250},
@@ -339,6 +351,7 @@ int Run(const Flags& f) {
   g_out_file = f.out + "/gpu_check.json";
   StartWatchdog(f.deadline_s);
   const auto start = std::chrono::steady_clock::now();
+  g_step_start = start;
   json result{{"gpu", false}, {"unit_tests", UnitTests(f.unit_tests)}};
   Result<BackendChoice> backend =
       ChooseMemoryBackend({.mode = BackendMode::kAuto, .device = f.device});
