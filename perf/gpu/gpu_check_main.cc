@@ -103,7 +103,7 @@ void Snapshot(const json& result) {
 // A step has ended: its seconds go into result["step_s"][name] (what each step costs on a
 // GPU host, against the run's deadline), then the result is recorded.
 std::chrono::steady_clock::time_point g_step_start = std::chrono::steady_clock::now();
-void Finished(json& result, const std::string& name) {
+[[maybe_unused]] void Finished(json& result, const std::string& name) {
   const auto now = std::chrono::steady_clock::now();
   const double seconds = std::chrono::duration<double>(now - g_step_start).count();
   g_step_start = now;
@@ -232,7 +232,7 @@ json UnitTests(const std::string& text) {
 }
 
 // The failover targets of docs/gpu.md against the steps that ran: {"all": ..., one per target}.
-json MeetsTargets(const json& result) {
+[[maybe_unused]] json MeetsTargets(const json& result) {
   json m = json::object();
   if (result.contains("promotion") && !result["promotion"].empty()) {
     bool drill = true;

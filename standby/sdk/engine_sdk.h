@@ -284,7 +284,8 @@ class EngineSession {
 
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
   // than a stop or a disconnect, which fail the wait) stay queued for NextEvent(). With
-  // ready_when_waiting, the first call sends StandbyReady (an error sending it is returned).
+  // ready_when_waiting, the first call sends StandbyReady (one that cannot be sent fails the
+  // wait with FailedPrecondition: the controller is lost, and the session ends).
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout = std::nullopt);
   // Tells the controller this engine serves traffic now (sends PromoteAck). While the
   // controller is away: OK, and the next Reattach says the engine serves.

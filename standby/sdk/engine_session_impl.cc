@@ -262,11 +262,12 @@ Status EngineSession::Impl::SendDeferredReady() {
 
 Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duration> timeout) {
   const Status ready = SendDeferredReady();
+  // A StandbyReady that cannot be sent is a lost controller: this session, never counted a
+  // standby, does not reattach (FailedPrecondition, as for any standby whose session ended).
+  if (!ready.ok())
+    return FailedPrecondition("not promoted: controller connection lost: " +
+                              std::string(ready.message()));
   MutexLock lock(mu_);
-  // A session that already ended says so below (FailedPrecondition, as for any standby).
-  if (!ready.ok() && !disconnected_.has_value() && !stopped_.has_value() && !failed_.has_value()) {
-    return ready;
-  }
   const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
   while (true) {
     for (auto it = events_.begin(); it != events_.end(); ++it) {

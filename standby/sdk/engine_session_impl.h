@@ -63,7 +63,8 @@ class EngineSession::Impl {
   Status SendReady() BATON_EXCLUDES(channel_mu_);
   // The liveness page's fd, to go with StandbyReady and Reattach; empty without a page.
   std::vector<int> LivenessFds() const;
-  // Connect() has finished: from now on a lost connection is reconnected (if protocol 5).
+  // StandbyReady has gone (at the end of Connect(), or with ready_when_waiting at the first
+  // WaitForPromotion()): from now on a lost connection is reconnected (if protocol 5).
   void MarkRegistered() { registered_.store(true); }
   // With ready_when_waiting: sends StandbyReady once, the first time it is called, and marks
   // the session registered; OK at once after that.
