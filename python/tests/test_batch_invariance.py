@@ -345,9 +345,26 @@ class HttpReplayTest(unittest.TestCase):
                     "--served-model-name", "tiny", "--threads", "2"])
 
     def test_the_torch_engine(self):
-        self.check([sys.executable, os.path.join(HERE, "..", "bin", "baton-torch-engine"),
-                    "--model", self.model, "--standalone", "--served-model-name", "tiny",
-                    "--threads", "1", "--max-batch", "6", "--max-step-tokens", "40"])
+        self.check(self.torch_engine())
+
+    def torch_engine(self):
+        return [sys.executable, os.path.join(HERE, "..", "bin", "baton-torch-engine"),
+                "--model", self.model, "--standalone", "--served-model-name", "tiny",
+                "--threads", "1", "--max-batch", "6", "--max-step-tokens", "40"]
+
+    def test_a_burst_of_connections_waits_to_be_accepted_not_reset(self):
+        # 64 at once: far past socketserver's default listen backlog of 5, whose overflow the
+        # kernel answered with resets.
+        proc, port = start_engine(self.torch_engine(), os.path.join(self.tmp.name, "port"))
+        try:
+            body = {"model": "tiny", "prompt": [256, 65], "max_tokens": 1, "temperature": 0.0}
+            with concurrent.futures.ThreadPoolExecutor(64) as pool:
+                got = list(pool.map(lambda _: post(port, body), range(64)))
+            self.assertEqual(len(got), 64)
+            self.assertEqual(len({tuple(t) for t in got}), 1, "one answer, greedy")
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 if __name__ == "__main__":

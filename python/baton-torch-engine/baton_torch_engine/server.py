@@ -295,12 +295,18 @@ def kv_metrics(handoff) -> list[str]:
     return out
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # listen(2)'s backlog (socketserver's default is 5): a burst of connections beyond it, from
+    # the router or from clients, was reset by the kernel instead of waiting to be accepted.
+    request_queue_size = 1024
+
+
 def serve(state: State, host: str, port: int,
           on_bound: Callable[[int], None]) -> ThreadingHTTPServer:
     """Binds, calls on_bound(port) and serves on a daemon thread; returns the server."""
     handler = type("BoundHandler", (Handler,), {"state": state})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
+    server = _Server((host, port), handler)
     on_bound(server.server_address[1])
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
