@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "baton-engine"))
 from baton_engine._abi import DeviceRegion as Region  # noqa: E402
 from baton_engine._abi import Event, Extent, Options, PoolInfo, Tensor  # noqa: E402
+from baton_engine.reclaim import whole_chunks  # noqa: E402
 
 
 def load(lib_dir):
@@ -209,18 +210,11 @@ def kv_through_torch(lib, path, pool, size, torch, report):
     torch.cuda.empty_cache()
 
 
-def whole_chunks(held, per_chunk, pool_blocks, want):
-    """Up to `want` blocks of `held` in whole chunks of `per_chunk` (the pool's last chunk
-    may be shorter), from the highest, as extents: what a RECLAIM takes back (baton_engine.h)."""
-    gone, end, left = [], pool_blocks, want
-    while end > 0 and left > 0:
-        first = (end - 1) // per_chunk * per_chunk
-        if end - first <= left and all(b in held for b in range(first, end)):
-            gone[:0] = range(first, end)
-            left -= end - first
-        end = first
+def chunk_extents(held, per_chunk, pool_blocks, want):
+    """Up to `want` blocks of `held` in whole chunks (baton_engine.reclaim), as extents: what a
+    RECLAIM takes back (baton_engine.h)."""
     extents = []
-    for b in gone:
+    for b in whole_chunks(held, per_chunk, pool_blocks, want):
         if extents and extents[-1][0] + extents[-1][1] == b:
             extents[-1][1] += 1
         else:
@@ -238,7 +232,7 @@ def reclaim(lib, engine, want):
     n = lib.baton_engine_extents(engine, mapped, info.block_count)
     held = {e.first + i for e in mapped[:n] for i in range(e.count)}
     per_chunk = max(1, pool.chunk_bytes // info.block_bytes) if info.block_bytes else 1
-    give = whole_chunks(held, per_chunk, info.block_count, want)
+    give = chunk_extents(held, per_chunk, info.block_count, want)
     out = (Extent * max(1, len(give)))(*[Extent(first=f, count=c) for f, c in give])
     check(lib, lib.baton_engine_return_blocks(engine, out, len(give)), "return blocks")
     lib.baton_torch_alloc_refresh()

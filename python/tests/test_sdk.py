@@ -61,6 +61,18 @@ class ConnectTest(unittest.TestCase):
             os.environ.update(env)
 
 
+class WholeChunksTest(unittest.TestCase):
+    def test_whole_free_chunks_from_the_highest_while_they_fit(self):
+        from baton_engine.reclaim import whole_chunks
+        # A pool of 10 blocks in chunks of 4: [0, 4), [4, 8) and the short [8, 10).
+        free = set(range(3, 10))
+        self.assertEqual(whole_chunks(free, 4, 10, 6), list(range(4, 10)))
+        self.assertEqual(whole_chunks(free, 4, 10, 5), [8, 9], "[4, 8) does not fit in 3")
+        self.assertEqual(whole_chunks(free, 4, 10, 100), list(range(4, 10)), "[0, 4) not free")
+        self.assertEqual(whole_chunks(free, 1, 10, 2), [8, 9])
+        self.assertEqual(whole_chunks(set(), 4, 10, 8), [])
+
+
 class ErrorsTest(unittest.TestCase):
     def test_each_code_has_its_class(self):
         cases = {1: baton_engine.InvalidArgument, 2: baton_engine.NotFound,

@@ -290,10 +290,12 @@ class WideningScratchTest(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
-class ReadModelTest(unittest.TestCase):
+class TinyBf16ModelTest(unittest.TestCase):
+    """A test on the tiny model in bf16, written once for the class into cls.model."""
+
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="baton-torch-read-")
+        cls.tmp = tempfile.TemporaryDirectory(prefix="baton-torch-bf16-")
         cls.model = os.path.join(cls.tmp.name, "bf16")
         subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", cls.model, "--preset",
                         "tiny", "--seed", "3", "--dtype", "bf16"], check=True,
@@ -302,6 +304,10 @@ class ReadModelTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls.tmp.cleanup()
+
+
+@unittest.skipIf(MISSING, MISSING)
+class ReadModelTest(TinyBf16ModelTest):
 
     def test_read_and_mapped_give_the_same_tensors(self):
         read, buffers = read_model(self.model)
@@ -398,24 +404,12 @@ class ReadModelTest(unittest.TestCase):
 
 
 @unittest.skipIf(MISSING, MISSING)
-class CudaShapedComputeTest(unittest.TestCase):
+class CudaShapedComputeTest(TinyBf16ModelTest):
     """The CUDA engine's arithmetic (device.py, products.py, llama.py when is_cuda): products
     and norms on 128-row tiles, attention on 32-row tiles, in the weights' dtype with a KV
     cache of that dtype, run on the CPU by a device that answers is_cuda but places tensors
     on the CPU. No GPU runs it here, so this is where its code runs at all before a device
     run: every step must work and agree with the CPU engine within bf16's rounding."""
-
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory(prefix="baton-torch-cuda-shaped-")
-        cls.model = os.path.join(cls.tmp.name, "bf16")
-        subprocess.run([os.path.join(BIN, "baton-mkmodel"), "--out", cls.model, "--preset",
-                        "tiny", "--seed", "3", "--dtype", "bf16"], check=True,
-                       stdout=subprocess.DEVNULL)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def run_steps(self, model):
         kv = model.new_kv(1 << 16)

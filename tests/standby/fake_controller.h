@@ -231,11 +231,12 @@ class FakeController {
   std::vector<UniqueFd> last_fds_;
 };
 
-// Connects an engine session with `options` to `fake` (registration served on this thread).
+// Connects an engine session with `options` to `fake` (registration served on this thread;
+// StandbyReady awaited unless the session sends it only when it waits, ready_when_waiting).
 inline std::unique_ptr<EngineSession> ConnectSession(FakeController& fake, uint32_t heartbeat_ms,
                                                      const EngineSessionOptions& options) {
   auto session = std::async(std::launch::async, [&] { return EngineSession::Connect(options); });
-  fake.ServeRegistration(fake.Ack(heartbeat_ms));
+  fake.ServeRegistration(fake.Ack(heartbeat_ms), 2, !options.ready_when_waiting);
   Result<std::unique_ptr<EngineSession>> connected = session.get();
   EXPECT_TRUE(connected.ok()) << connected.status().ToString();
   return connected.ok() ? std::move(connected).value() : nullptr;

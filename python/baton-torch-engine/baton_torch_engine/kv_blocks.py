@@ -26,6 +26,8 @@ from typing import Optional, Sequence
 
 import torch
 
+from baton_engine.reclaim import whole_chunks
+
 from . import kv_record
 from .config import LlamaConfig
 
@@ -151,18 +153,9 @@ class KvBlocks:
         whole chunks of `per_chunk` blocks of a pool of `pool_blocks` (the last chunk may be
         shorter), from the highest, as the SDK's TakeWholeChunks walks them: a chunk goes only
         when every block of it is here and free, and only while it fits in what is left."""
-        per = max(1, per_chunk)
         with self._lock:
-            free = set(self.free)
             end = pool_blocks or (max(self.blocks) + 1 if self.blocks else 0)
-            left, gone = count, []
-            while end > 0 and left > 0:
-                first = (end - 1) // per * per
-                chunk = range(first, end)
-                if end - first <= left and all(b in free for b in chunk):
-                    gone.extend(chunk)
-                    left -= end - first
-                end = first
+            gone = whole_chunks(set(self.free), per_chunk, end, count)
             taken = set(gone)
             self.free = [b for b in self.free if b not in taken]
             self.blocks -= taken

@@ -144,7 +144,7 @@ class KvHandoff:
         chains: dict[Key, list[kv_record.Read]] = {}
         bad: dict[Key, str] = {}
         h = kv_record.HEADER_BYTES
-        for i in kv_record.present(headers[:len(blocks) * h]):  # the rest hold no record
+        for i in kv_record.present(memoryview(headers)[:len(blocks) * h]):  # the rest: none
             b = blocks[i]
             header = headers[i * h:(i + 1) * h]
             r = kv_record.read(header, self.block_address(b) + kv_record.HEADER_BYTES,

@@ -124,9 +124,8 @@ TEST(EngineSdk, AStandbyReadyWhenWaitingSaysSoAtItsFirstWaitForPromotion) {
   FakeController fake;
   EngineSessionOptions options = fake.Options();
   options.ready_when_waiting = true;
-  auto connecting = std::async(std::launch::async, [&] { return EngineSession::Connect(options); });
-  fake.ServeRegistration(fake.Ack(50), 2, /*expect_ready=*/false);
-  std::unique_ptr<EngineSession> s = Take(connecting.get());
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, options);
+  ASSERT_NE(s, nullptr);
   EXPECT_EQ(fake.NextWithin(milliseconds(300)), std::nullopt) << "not ready before it waits";
   EXPECT_GT(fake.heartbeats(), 0) << "heartbeats meanwhile";
   EXPECT_EQ(s->WaitForPromotion(milliseconds(10)).status().code(), StatusCode::kDeadlineExceeded);
@@ -144,9 +143,8 @@ TEST(EngineSdk, AStandbyNotYetReadyEndsWithItsLostController) {
   FakeController fake;
   EngineSessionOptions options = fake.ReattachingOptions();
   options.ready_when_waiting = true;
-  auto connecting = std::async(std::launch::async, [&] { return EngineSession::Connect(options); });
-  fake.ServeRegistration(fake.Ack(50), 2, /*expect_ready=*/false);
-  std::unique_ptr<EngineSession> s = Take(connecting.get());
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, options);
+  ASSERT_NE(s, nullptr);
   fake.GoAway();
   std::optional<SessionEvent> event = s->NextEvent(milliseconds(10000));
   ASSERT_TRUE(event.has_value());
