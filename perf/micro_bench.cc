@@ -14,17 +14,23 @@
 //       (prompt ids + ids sent, max_tokens reduced, same seed); one item is one body;
 //   - PoolLedger Grant of 16 blocks and Return of what was granted, on a 4096-block pool whose
 //     free space is cut into holes by earlier leases; one item is one grant + return;
+//   - PoolMapping::ReadHeaders of the 64-byte headers of 32,768 pool blocks of 2 MiB (4 KiB
+//     pages), as an engine promoted over a dead primary's quarantined blocks reads them, on 1
+//     thread and on as many as the CPUs (at most 8); one item is one block;
 //   - SafetensorsIndex::ParseHeader of a Llama-style header of 300 tensors (BF16, with
 //     __metadata__); one item is one tensor.
 // Run by perf/micro_bench, which prints the results as one JSON line.
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "base/log.h"
@@ -32,10 +38,12 @@
 #include "controller/core/pool_ledger.h"
 #include "controller/epoch_journal.h"
 #include "proto/messages.h"
+#include "proto/transport/shared_memory.h"
 #include "proto/wire/frame.h"
 #include "router/stream/sse_splitter.h"
 #include "router/stream/stream_replay.h"
 #include "standby/openai/completions_api.h"
+#include "standby/sdk/pool_mapping.h"
 #include "weightcache/safetensors/safetensors_index.h"
 
 namespace baton {
@@ -296,6 +304,51 @@ void BM_PoolLedgerGrantReturn(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 BENCHMARK(BM_PoolLedgerGrantReturn)->Arg(16);
+
+// ---- quarantined headers --------------------------------------------------------------------
+
+void BM_PoolReadHeaders(benchmark::State& state) {
+  constexpr uint32_t kBlocks = 32'768;
+  constexpr uint64_t kBlockBytes = 2 << 20;
+  Result<SharedMemory> memory = SharedMemory::Create(
+      {.name = "baton-bench-pool", .size = kBlocks * kBlockBytes, .try_huge_pages = false});
+  Result<PoolMapping> pool = Unavailable("no pool file");
+  if (memory.ok()) {
+    // Each header's page is there, as in a pool whose blocks were written.
+    for (uint32_t b = 0; b < kBlocks; ++b) {
+      (void)::pwrite(memory->fd(), &b, sizeof(b), static_cast<off_t>(b * kBlockBytes));
+    }
+    Result<UniqueFd> fd = memory->Dup();
+    pool = fd.ok() ? PoolMapping::Reserve(std::move(fd).value(),
+                                          {.block_count = kBlocks,
+                                           .block_bytes = kBlockBytes,
+                                           .reserve_bytes = kBlocks * kBlockBytes,
+                                           .huge_pages = false})
+                   : Result<PoolMapping>(fd.status());
+  }
+  if (!pool.ok()) {
+    state.SkipWithError(pool.status().ToString().c_str());
+    return;
+  }
+  const std::vector<BlockRun> runs = {{.first = 0, .count = kBlocks}};
+  const auto threads = static_cast<unsigned>(state.range(0));
+  std::vector<uint8_t> out;
+  for (auto _ : state) {
+    out.clear();
+    const std::vector<Status> read = pool->ReadHeaders(runs, 64, threads, &out);
+    if (!read[0].ok()) {
+      state.SkipWithError(read[0].ToString().c_str());
+      break;
+    }
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * kBlocks);
+}
+BENCHMARK(BM_PoolReadHeaders)
+    ->Arg(1)
+    ->Arg(static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 1u, 8u)))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // ---- safetensors header ---------------------------------------------------------------------
 

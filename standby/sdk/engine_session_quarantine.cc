@@ -7,7 +7,10 @@
 // would rather adopt them in place waits for their Grant; either unmaps what it mapped when
 // done (ReleaseQuarantined). Nothing here maps a quarantined block writable: only their Grant
 // does, once their barrier has passed (OnGrant).
+#include <sched.h>
+
 #include <algorithm>
+#include <vector>
 
 #include "base/log.h"
 #include "standby/sdk/engine_session_impl.h"
@@ -16,6 +19,14 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "engine-sdk";
+
+// Threads that read the quarantined blocks' headers at a promotion: the CPUs this process may
+// run on, at most 8, so that a promotion does not take every core of the host.
+unsigned HeaderReadThreads() {
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) != 0) return 1;
+  return static_cast<unsigned>(std::clamp(CPU_COUNT(&cpus), 1, 8));
+}
 
 }  // namespace
 
@@ -27,12 +38,17 @@ void EngineSession::Impl::ReadQuarantinedLocked(uint64_t epoch, SessionEvent* ev
   event->wait_limit = std::chrono::milliseconds(q->wait_limit_ms);
   // On a device pool too: a block's record lies in the host pool block of its number, so an
   // engine that finds records of its own there waits for their Grant to adopt them in place.
-  for (const proto::BlockRange& r : q->extents) {
-    if (Status read =
-            pool_.ReadHeaders(r.first, r.count, kBlockHeaderBytes, &event->quarantined_headers);
-        !read.ok()) {
+  std::vector<BlockRun> runs;
+  runs.reserve(q->extents.size());
+  for (const proto::BlockRange& r : q->extents)
+    runs.push_back({.first = r.first, .count = r.count});
+  const std::vector<Status> read =
+      pool_.ReadHeaders(runs, kBlockHeaderBytes, HeaderReadThreads(), &event->quarantined_headers);
+  for (size_t i = 0; i < runs.size(); ++i) {
+    const proto::BlockRange& r = q->extents[i];
+    if (!read[i].ok()) {
       BATON_LOG(WARN, kLog) << "quarantined blocks [" << r.first << ", +" << r.count
-                            << "): " << read.message() << ": not read";
+                            << "): " << read[i].message() << ": not read";
       continue;
     }
     const uint64_t bytes = device_ != nullptr ? 0 : uint64_t{r.count} * pool_.block_bytes();

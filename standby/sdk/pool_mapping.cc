@@ -193,27 +193,6 @@ void PoolMapping::CopyHeaders(uint32_t first, uint32_t count, uint64_t header_by
   }
 }
 
-Status PoolMapping::ReadHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
-                                std::vector<uint8_t>* out) const {
-  BATON_RETURN_IF_ERROR(CheckRange(first, count));
-  const uint64_t n = std::min(header_bytes, args_.block_bytes);
-  const size_t start = out->size();
-  out->resize(start + uint64_t{count} * header_bytes, 0);
-  for (uint32_t i = 0; i < count; ++i) {
-    uint8_t* to = out->data() + start + uint64_t{i} * header_bytes;
-    const off_t at = static_cast<off_t>(uint64_t{first + i} * args_.block_bytes);
-    const ssize_t got = ::pread(fd_.get(), to, n, at);
-    if (got != static_cast<ssize_t>(n)) {
-      out->resize(start);
-      return got < 0 ? ErrnoStatus("reading the header of pool block " + std::to_string(first + i),
-                                   errno)
-                     : DataLoss("the header of pool block " + std::to_string(first + i) +
-                                " is short: " + std::to_string(got) + " bytes");
-    }
-  }
-  return OkStatus();
-}
-
 void PoolMapping::ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_bytes) {
   const uint64_t n = std::min(header_bytes, args_.block_bytes);
   for (uint32_t b = first; b < first + count; ++b) {

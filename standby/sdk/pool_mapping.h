@@ -19,12 +19,19 @@
 #include <cstdint>
 #include <map>
 #include <set>
+#include <span>
 #include <vector>
 
 #include "base/io/unique_fd.h"
 #include "base/status.h"
 
 namespace baton {
+
+// Blocks [first, first + count) of the pool.
+struct BlockRun {
+  uint32_t first = 0;
+  uint32_t count = 0;
+};
 
 struct PoolGeometryArgs {
   uint32_t block_count = 0;
@@ -59,12 +66,16 @@ class PoolMapping {
   // block mapped neither writable nor read-only).
   void CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
                    std::vector<uint8_t>* out) const;
-  // Appends the header bytes of each block in [first, first + count) to `out`, read from the
+  // Appends the header bytes of each block of each run to `out`, run after run, read from the
   // pool's file (pread) whether the block is mapped or not: no page of a block this process
-  // does not map is faulted in, and nothing is mapped or unmapped. Refuses a range outside
-  // the pool; an error of the read names the block.
-  Status ReadHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
-                     std::vector<uint8_t>* out) const;
+  // does not map is faulted in, and nothing is mapped or unmapped. A promotion reads the dead
+  // primary's blocks, tens of thousands on a large pool, so many blocks are read by up to
+  // `threads` threads side by side (at least kHeaderBlocksPerThread blocks each). Returns
+  // one Status per run: a run outside the pool, or one with a read that fails (the error
+  // names the block), adds nothing to `out`.
+  static constexpr uint32_t kHeaderBlocksPerThread = 2048;
+  std::vector<Status> ReadHeaders(std::span<const BlockRun> runs, uint64_t header_bytes,
+                                  unsigned threads, std::vector<uint8_t>* out) const;
   // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
   void ScrubHeaders(uint32_t first, uint32_t count, uint64_t header_bytes);
   // Unmaps every extent.
