@@ -16,7 +16,7 @@ constexpr KnownError kKnown[] = {
     {3, "CUDA_ERROR_NOT_INITIALIZED"},
     {4, "CUDA_ERROR_DEINITIALIZED"},
     {34, "CUDA_ERROR_STUB_LIBRARY"},
-    {35, "CUDA_ERROR_INSUFFICIENT_DRIVER"},
+    {35, "cudaErrorInsufficientDriver"},  // a runtime code (cudaError_t), from PyTorch
     {46, "CUDA_ERROR_DEVICE_UNAVAILABLE"},
     {100, "CUDA_ERROR_NO_DEVICE"},
     {101, "CUDA_ERROR_INVALID_DEVICE"},
@@ -38,11 +38,13 @@ constexpr KnownError kKnown[] = {
     {717, "CUDA_ERROR_INVALID_ADDRESS_SPACE"},
     {718, "CUDA_ERROR_INVALID_PC"},
     {719, "CUDA_ERROR_LAUNCH_FAILED"},
+    {721, "CUDA_ERROR_TENSOR_MEMORY_LEAK"},
     {800, "CUDA_ERROR_NOT_PERMITTED"},
     {801, "CUDA_ERROR_NOT_SUPPORTED"},
     {802, "CUDA_ERROR_SYSTEM_NOT_READY"},
     {803, "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH"},
     {804, "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE"},
+    {911, "CUDA_ERROR_EXTERNAL_DEVICE"},
     {999, "CUDA_ERROR_UNKNOWN"},
 };
 
@@ -63,6 +65,8 @@ bool IsStickyCudaError(int result) {
     case 717:  // INVALID_ADDRESS_SPACE
     case 718:  // INVALID_PC
     case 719:  // LAUNCH_FAILED
+    case 721:  // TENSOR_MEMORY_LEAK
+    case 911:  // EXTERNAL_DEVICE
     case 999:  // UNKNOWN
       return true;
     default:
@@ -83,7 +87,7 @@ StatusCode CudaStatusCode(int result) {
     case 3:    // NOT_INITIALIZED
     case 4:    // DEINITIALIZED
     case 34:   // STUB_LIBRARY
-    case 35:   // INSUFFICIENT_DRIVER
+    case 35:   // cudaErrorInsufficientDriver (runtime)
     case 46:   // DEVICE_UNAVAILABLE
     case 100:  // NO_DEVICE
     case 600:  // NOT_READY

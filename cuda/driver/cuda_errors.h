@@ -4,7 +4,10 @@
 //
 // Used by the engine SDK to report sticky errors (EngineSession::ReportCudaError) and by
 // CudaDriver::Check. Values are the CUresult numbers of cuda.h, which are stable across CUDA
-// releases. Pure functions; thread-safe.
+// releases. The runtime's cudaError_t (what PyTorch reports) has the same number as the
+// CUresult of the same meaning for every sticky error and for out of memory (CUDA 13.0's
+// driver_types.h and cuda.h); the runtime-only codes are never sticky. Pure functions;
+// thread-safe.
 #pragma once
 
 #include <string>

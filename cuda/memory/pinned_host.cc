@@ -72,7 +72,7 @@ Result<PinnedHostCache> PinnedHostCache::CreateHostNuma(const PrimaryContext& ct
                             .status());
   cache.data_ = reinterpret_cast<uint8_t*>(cache.view_.base());
   cache.bytes_ = options.bytes;
-  cache.copy_unit_ = options.bytes;
+  cache.copy_unit_ = cache.region_.chunk_bytes();  // a copy stays within one allocation
   cache.note_ = "cuMemCreate on host NUMA node " + std::to_string(cache.numa_node_);
   cache.setup_ms_ = MillisBetween(start, RealClock::Get().Now());
   return cache;

@@ -16,8 +16,8 @@
 //   pageable   not pinned (where pinning was refused): the same range, copied from pageable
 //              memory, which the driver stages through its own pinned buffers at a fraction of
 //              the speed. note() says why.
-// A copy from data() must not run past the end of the registration it starts in (the driver
-// refuses it): copy in pieces that stay within copy_unit().
+// A copy from data() must not run past the end of the registration or allocation it starts
+// in (the driver refuses it): copy in pieces that stay within copy_unit().
 // Move-only; owns the allocation, mappings or registrations. The context passed in must
 // outlive it. Thread-compatible.
 #pragma once
@@ -75,7 +75,8 @@ class PinnedHostCache {
   uint8_t* data() const { return data_; }
   uint64_t bytes() const { return bytes_; }
   // The longest copy from data() + k * copy_unit() that stays within one registration: the
-  // chunk size when registered, bytes() for host-NUMA memory (one mapping).
+  // chunk size, registered or host-NUMA (one cuMemCreate allocation per chunk: the driver
+  // takes the host side of a copy from one allocation).
   uint64_t copy_unit() const { return copy_unit_; }
   PinnedHostKind kind() const { return kind_; }
   bool read_only() const { return read_only_; }

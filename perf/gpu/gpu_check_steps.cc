@@ -78,7 +78,7 @@ Result<json> CompareCopies(const PrimaryContext& ctx, const PinnedHostCache& cac
     BATON_ASSIGN_OR_RETURN(CopyStats b, PlainPinnedCopy(ctx, dst, baseline.data(), bytes));
     BATON_ASSIGN_OR_RETURN(CopyStats p,
                            PlainPinnedCopy(ctx, dst, cache.data(), bytes, cache.copy_unit()));
-    BATON_ASSIGN_OR_RETURN(CopyStats m, remat.Copy(dst, cache.data(), bytes));
+    BATON_ASSIGN_OR_RETURN(CopyStats m, remat.Copy(dst, cache.data(), bytes, cache.copy_unit()));
     base_runs.push_back(Round(b.gbps));
     plain_runs.push_back(Round(p.gbps));
     remat_runs.push_back(Round(m.gbps));

@@ -137,16 +137,16 @@ CUresult MemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
 }
 
 const Entry kHostEntries[] = {
-    BATON_FAKE("cuMemcpyHtoD", HtoD),
-    BATON_FAKE("cuMemcpyHtoDAsync", HtoDAsync),
-    BATON_FAKE("cuMemcpyDtoH", DtoH),
-    BATON_FAKE("cuMemcpyDtoHAsync", DtoHAsync),
-    BATON_FAKE("cuMemcpyDtoDAsync", DtoDAsync),
-    BATON_FAKE("cuMemsetD32Async", MemsetD32Async),
-    BATON_FAKE("cuMemHostRegister", HostRegister),
-    BATON_FAKE("cuMemHostUnregister", HostUnregister),
-    BATON_FAKE("cuMemAllocHost", AllocHost),
-    BATON_FAKE("cuMemFreeHost", FreeHost),
+    BATON_FAKE_IN_CONTEXT("cuMemcpyHtoD", HtoD),
+    BATON_FAKE_IN_CONTEXT("cuMemcpyHtoDAsync", HtoDAsync),
+    BATON_FAKE_IN_CONTEXT("cuMemcpyDtoH", DtoH),
+    BATON_FAKE_IN_CONTEXT("cuMemcpyDtoHAsync", DtoHAsync),
+    BATON_FAKE_IN_CONTEXT("cuMemcpyDtoDAsync", DtoDAsync),
+    BATON_FAKE_IN_CONTEXT("cuMemsetD32Async", MemsetD32Async),
+    BATON_FAKE_IN_CONTEXT("cuMemHostRegister", HostRegister),
+    BATON_FAKE_IN_CONTEXT("cuMemHostUnregister", HostUnregister),
+    BATON_FAKE_IN_CONTEXT("cuMemAllocHost", AllocHost),
+    BATON_FAKE_IN_CONTEXT("cuMemFreeHost", FreeHost),
 };
 
 }  // namespace

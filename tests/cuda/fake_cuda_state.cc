@@ -111,9 +111,23 @@ CUresult State::RemovePinned(uintptr_t at, bool allocated) {
 
 bool State::HostSideFits(uintptr_t at, size_t size) {
   std::lock_guard<std::mutex> lock(mu_);
-  auto it = AtOrBefore(pinned_, at);
-  if (it == pinned_.end() || at >= it->first + it->second.size) return true;  // pageable
-  return at + size <= it->first + it->second.size;
+  if (auto it = AtOrBefore(pinned_, at); it != pinned_.end() && at < it->first + it->second.size) {
+    return at + size <= it->first + it->second.size;
+  }
+  if (auto it = AtOrBefore(mappings_, at);
+      it != mappings_.end() && at < it->first + it->second.size) {
+    return it->second.host_numa && at + size <= it->first + it->second.size;
+  }
+  // Pageable: not running into pinned memory or a mapping.
+  auto pinned = pinned_.lower_bound(at);
+  auto mapped = mappings_.lower_bound(at);
+  return (pinned == pinned_.end() || pinned->first >= at + size) &&
+         (mapped == mappings_.end() || mapped->first >= at + size);
+}
+
+void State::ForgetPinned() {
+  std::lock_guard<std::mutex> lock(mu_);
+  pinned_.clear();
 }
 
 bool DeviceLost() {

@@ -7,7 +7,9 @@
 //                 cuMemSetAccess and the device side of a copy only over mapped memory) with
 //                 the kind of the allocation behind them
 //   pinned host   cuMemHostRegister ranges and cuMemAllocHost buffers (no overlap; a copy
-//                 whose host side starts inside one must end inside it)
+//                 whose host side starts inside one, or inside a host-NUMA mapping, must end
+//                 inside it; a pageable one must not run into one), all gone with the
+//                 primary context
 // Every refusal is documented in docs/gpu.md ("What the emulated device refuses"). One
 // process-wide instance (as a driver's state is per process); every member takes its mutex,
 // so the driver's functions may be called from any thread.
@@ -62,9 +64,12 @@ class State {
   CUresult AddPinned(uintptr_t at, size_t size, bool allocated);
   // Unregisters (`allocated` false) or frees the pinned range that starts at `at`.
   CUresult RemovePinned(uintptr_t at, bool allocated);
-  // The host side of a copy: it may be pageable, but when it starts inside a pinned range it
-  // must end inside it too (the driver takes one registration per copy).
+  // The host side of a copy: it may be pageable, but when it starts inside a pinned range or
+  // a host-NUMA mapping it must end inside it too, and a pageable one must not run into
+  // either (the driver takes one allocation or registration per copy).
   bool HostSideFits(uintptr_t at, size_t size);
+  // The primary context is gone, and with it every pinned range.
+  void ForgetPinned();
 
  private:
   std::mutex mu_;
@@ -76,6 +81,23 @@ class State {
 // While the file named by $BATON_FAKE_CUDA_LOST exists the device is lost (as after an
 // uncorrectable error, until a reset): copies, kernels, allocations and context retains fail.
 bool DeviceLost();
+
+// CUDA_SUCCESS when a live context is current on the calling thread; else
+// CUDA_ERROR_INVALID_CONTEXT ("no context bound to the current thread", cuda.h) or, once the
+// primary context's last retain was released, CUDA_ERROR_CONTEXT_IS_DESTROYED
+// (tests/cuda/fake_cuda_context.cc).
+CUresult NeedContext();
+
+// `Fn` for a call that works in the current context: it fails as NeedContext() says first.
+template <auto Fn>
+struct InContext;
+template <typename... Args, CUresult (*Fn)(Args...)>
+struct InContext<Fn> {
+  static CUresult Call(Args... args) {
+    if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+    return Fn(args...);
+  }
+};
 
 // Whether the emulated device lets cuMemHostRegister take CU_MEMHOSTREGISTER_READ_ONLY
 // (CU_DEVICE_ATTRIBUTE_READ_ONLY_HOST_REGISTER_SUPPORTED): yes unless
@@ -89,6 +111,9 @@ struct Entry {
 };
 #define BATON_FAKE(name, fn) \
   { name, reinterpret_cast<void*>(&fn) }
+// An entry that needs a current context (InContext).
+#define BATON_FAKE_IN_CONTEXT(name, fn) \
+  { name, reinterpret_cast<void*>(&::baton::fake_cuda::InContext<&fn>::Call) }
 // The function of `entries` named `symbol`, or nullptr.
 template <size_t N>
 void* FindEntry(const Entry (&entries)[N], const char* symbol) {
@@ -100,6 +125,7 @@ void* FindEntry(const Entry (&entries)[N], const char* symbol) {
 
 // The vmm mode's host-memory functions (fake_cuda_host.cc) by name, or nullptr.
 void* HostFunction(const char* symbol);
+void* ContextFunction(const char* symbol);
 
 }  // namespace baton::fake_cuda
 

@@ -120,12 +120,6 @@ CUresult DeviceGetPCIBusId(char* id, int len, CUdevice) {
   std::snprintf(id, static_cast<size_t>(len), "%s", "0000:00:00.0");
   return CUDA_SUCCESS;
 }
-CUresult PrimaryCtxRetain(CUcontext* ctx, CUdevice) {
-  if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
-  static int context;
-  *ctx = reinterpret_cast<CUcontext>(&context);
-  return CUDA_SUCCESS;
-}
 CUresult Succeed() { return CUDA_SUCCESS; }
 CUresult MemGetInfo(size_t* free, size_t* total) {
   *total = size_t{64} << 30;
@@ -346,13 +340,24 @@ CUresult EventElapsed(float* ms, CUevent start, CUevent end) {
             .count();
   return CUDA_SUCCESS;
 }
-CUresult ModuleLoad(CUmodule* m, const void*, unsigned, CUjit_option*, void**) {
-  static int module;
-  *m = reinterpret_cast<CUmodule>(&module);
+// A module is the PTX it was loaded from; cuModuleGetFunction finds only its entries.
+CUresult ModuleLoad(CUmodule* m, const void* image, unsigned, CUjit_option*, void**) {
+  if (image == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *m = reinterpret_cast<CUmodule>(new std::string(static_cast<const char*>(image)));
   return CUDA_SUCCESS;
 }
-CUresult ModuleGetFunction(CUfunction* f, CUmodule, const char* name) {
-  // One handle per kernel name for the life of the process, as the module is never unloaded.
+CUresult ModuleUnload(CUmodule m) {
+  if (m == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<std::string*>(m);
+  return CUDA_SUCCESS;
+}
+CUresult ModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+  if (m == nullptr || name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  const std::string& ptx = *reinterpret_cast<std::string*>(m);
+  if (ptx.find(".entry " + std::string(name) + "(") == std::string::npos) {
+    return CUDA_ERROR_NOT_FOUND;
+  }
+  // One handle per kernel name for the life of the process.
   static std::mutex mu;
   static std::map<std::string, FakeFunction> functions;
   std::lock_guard<std::mutex> lock(mu);
@@ -409,10 +414,7 @@ const Entry kVmmEntries[] = {
     BATON_FAKE("cuDeviceGetAttribute", DeviceGetAttribute),
     BATON_FAKE("cuDeviceTotalMem", DeviceTotalMem),
     BATON_FAKE("cuDeviceGetPCIBusId", DeviceGetPCIBusId),
-    BATON_FAKE("cuDevicePrimaryCtxRetain", PrimaryCtxRetain),
-    BATON_FAKE("cuDevicePrimaryCtxRelease", Succeed),
-    BATON_FAKE("cuCtxSetCurrent", Succeed),
-    BATON_FAKE("cuMemGetInfo", MemGetInfo),
+    BATON_FAKE_IN_CONTEXT("cuMemGetInfo", MemGetInfo),
     BATON_FAKE("cuMemGetAllocationGranularity", Granularity),
     BATON_FAKE("cuMemCreate", MemCreate),
     BATON_FAKE("cuMemRelease", MemRelease),
@@ -423,27 +425,28 @@ const Entry kVmmEntries[] = {
     BATON_FAKE("cuMemMap", MemMap),
     BATON_FAKE("cuMemUnmap", MemUnmap),
     BATON_FAKE("cuMemSetAccess", MemSetAccess),
-    BATON_FAKE("cuStreamCreate", StreamCreate),
-    BATON_FAKE("cuStreamDestroy", StreamDestroy),
-    BATON_FAKE("cuStreamQuery", StreamQuery),
-    BATON_FAKE("cuStreamSynchronize", StreamSynchronize),
-    BATON_FAKE("cuEventCreate", EventCreate),
-    BATON_FAKE("cuEventDestroy", EventDestroy),
-    BATON_FAKE("cuEventRecord", EventRecord),
-    BATON_FAKE("cuEventQuery", Succeed),
-    BATON_FAKE("cuEventElapsedTime", EventElapsed),
-    BATON_FAKE("cuModuleLoadDataEx", ModuleLoad),
-    BATON_FAKE("cuModuleUnload", Succeed),
-    BATON_FAKE("cuModuleGetFunction", ModuleGetFunction),
-    BATON_FAKE("cuLaunchKernel", LaunchKernel),
+    BATON_FAKE_IN_CONTEXT("cuStreamCreate", StreamCreate),
+    BATON_FAKE_IN_CONTEXT("cuStreamDestroy", StreamDestroy),
+    BATON_FAKE_IN_CONTEXT("cuStreamQuery", StreamQuery),
+    BATON_FAKE_IN_CONTEXT("cuStreamSynchronize", StreamSynchronize),
+    BATON_FAKE_IN_CONTEXT("cuEventCreate", EventCreate),
+    BATON_FAKE_IN_CONTEXT("cuEventDestroy", EventDestroy),
+    BATON_FAKE_IN_CONTEXT("cuEventRecord", EventRecord),
+    BATON_FAKE_IN_CONTEXT("cuEventQuery", Succeed),
+    BATON_FAKE_IN_CONTEXT("cuEventElapsedTime", EventElapsed),
+    BATON_FAKE_IN_CONTEXT("cuModuleLoadDataEx", ModuleLoad),
+    BATON_FAKE_IN_CONTEXT("cuModuleUnload", ModuleUnload),
+    BATON_FAKE_IN_CONTEXT("cuModuleGetFunction", ModuleGetFunction),
+    BATON_FAKE_IN_CONTEXT("cuLaunchKernel", LaunchKernel),
 };
 
 }  // namespace
 
 // The vmm mode's implementation of `symbol`, or nullptr (then the caller decides).
 void* FakeVmmFunction(const char* symbol) {
-  void* fn = fake_cuda::FindEntry(kVmmEntries, symbol);
-  return fn != nullptr ? fn : fake_cuda::HostFunction(symbol);
+  if (void* fn = fake_cuda::FindEntry(kVmmEntries, symbol)) return fn;
+  if (void* fn = fake_cuda::ContextFunction(symbol)) return fn;
+  return fake_cuda::HostFunction(symbol);
 }
 
 // NVML for the emulated device (BATON_NVML_LIBRARY pointed at this library): the processes

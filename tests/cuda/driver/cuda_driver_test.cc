@@ -36,11 +36,13 @@ TEST(DlLibraryTest, FindsSymbolsAndMoves) {
 }
 
 TEST(CudaErrorsTest, StickyErrorsAndCodes) {
-  for (int sticky : {214, 220, 226, 700, 702, 709, 710, 714, 715, 716, 717, 718, 719, 999}) {
+  for (int sticky :
+       {214, 220, 226, 700, 702, 709, 710, 714, 715, 716, 717, 718, 719, 721, 911, 999}) {
     EXPECT_TRUE(IsStickyCudaError(sticky)) << sticky;
     EXPECT_EQ(CudaStatusCode(sticky), StatusCode::kInternal) << sticky;
   }
-  for (int plain : {0, 1, 2, 100, 600, 801}) EXPECT_FALSE(IsStickyCudaError(plain)) << plain;
+  for (int plain : {0, 1, 2, 35, 100, 201, 600, 801})
+    EXPECT_FALSE(IsStickyCudaError(plain)) << plain;
   EXPECT_EQ(CudaStatusCode(0), StatusCode::kOk);
   EXPECT_EQ(CudaStatusCode(2), StatusCode::kResourceExhausted);
   EXPECT_EQ(CudaStatusCode(100), StatusCode::kUnavailable);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <vector>
 
 #include "cuda/memory/pinned_host.h"
 #include "cuda/memory/rematerializer.h"
@@ -118,6 +119,54 @@ TEST(VmmDriverRulesTest, ACopyMayNotRunPastItsRegistration) {
   ASSERT_TRUE(copied.ok()) << "3 MiB chunks cut at the registrations' ends: "
                            << copied.status().ToString();
   EXPECT_EQ(copied->copies, 4u);  // [0,3) [3,4) [4,7) [7,8)
+}
+
+TEST(VmmDriverRulesTest, APageableCopyMayNotRunIntoARegistration) {
+  BATON_CUDA_OR_SKIP(ctx);
+  HostMap host(8 * kMiB);
+  ASSERT_NE(host.data(), nullptr);
+  ASSERT_EQ(Register(ctx, host.data() + 4 * kMiB, 4 * kMiB, CU_MEMHOSTREGISTER_PORTABLE),
+            CUDA_SUCCESS);
+  Result<VmmRegion> dev = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 8 * kMiB});
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  Result<VmmView> view =
+      VmmView::Reserve(ctx, dev->chunk_bytes(), dev->chunk_count(), dev->granularity());
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(view->Borrow(*dev).ok());
+  ASSERT_TRUE(view->MapAll({}).ok());
+  EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(view->base(), host.data(), 4 * kMiB), CUDA_SUCCESS)
+      << "pageable";
+  EXPECT_NE(ctx.driver()->cuMemcpyHtoD(view->base(), host.data() + 3 * kMiB, 2 * kMiB),
+            CUDA_SUCCESS)
+      << "pageable, then registered";
+  EXPECT_EQ(ctx.driver()->cuMemHostUnregister(host.data() + 4 * kMiB), CUDA_SUCCESS);
+}
+
+// A host-NUMA cache is one cuMemCreate allocation per chunk: Baton copies from it one chunk at a
+// time (copy_unit), and the emulated device refuses a copy that spans two allocations.
+TEST(VmmDriverRulesTest, AHostNumaCacheIsCopiedOneAllocationAtATime) {
+  BATON_CUDA_OR_SKIP(ctx);
+  std::vector<uint8_t> fallback(8 * kMiB);
+  Result<PinnedHostCache> cache =
+      PinnedHostCache::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 4 * kMiB}, fallback);
+  ASSERT_TRUE(cache.ok()) << cache.status().ToString();
+  if (cache->kind() != PinnedHostKind::kHostNuma) GTEST_SKIP() << "no host-NUMA: " << cache->note();
+  EXPECT_EQ(cache->copy_unit(), 4 * kMiB);
+  Result<VmmRegion> dev = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 8 * kMiB});
+  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
+  Result<VmmView> view =
+      VmmView::Reserve(ctx, dev->chunk_bytes(), dev->chunk_count(), dev->granularity());
+  ASSERT_TRUE(view.ok());
+  ASSERT_TRUE(view->Borrow(*dev).ok());
+  ASSERT_TRUE(view->MapAll({}).ok());
+  Result<CopyStats> pieces =
+      PlainPinnedCopy(ctx, view->base(), cache->data(), 8 * kMiB, cache->copy_unit());
+  EXPECT_TRUE(pieces.ok()) << pieces.status().ToString();
+  if (std::getenv("BATON_FAKE_CUDA") != nullptr) {
+    EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(view->base(), cache->data() + 2 * kMiB, 4 * kMiB),
+              CUDA_ERROR_INVALID_VALUE)
+        << "one copy across two allocations";
+  }
 }
 
 TEST(VmmDriverRulesTest, VmmCallsRefuseMisalignedOverlappingAndUnexportable) {
