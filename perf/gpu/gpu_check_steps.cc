@@ -115,10 +115,10 @@ json HostNumaRemat(const PrimaryContext& ctx, const GpuCheckOptions& o,
   if (!numa.ok()) return json{{"ok", false}, {"skipped", numa.status().message()}};
   // Filled by a copy, not by the CPU: a driver that maps the chunks for the GPU only fails
   // this copy with an error where CPU stores would kill the whole run.
-  Status filled =
-      PlainPinnedCopy(ctx, reinterpret_cast<CUdeviceptr>(numa->data()), baseline.data(), bytes)
-          .status()
-          .WithContext("filling the host-NUMA cache");
+  Status filled = PlainPinnedCopy(ctx, reinterpret_cast<CUdeviceptr>(numa->data()), baseline.data(),
+                                  bytes, numa->copy_unit())
+                      .status()
+                      .WithContext("filling the host-NUMA cache");
   if (!filled.ok()) return Error(filled);
   Result<json> r = CompareCopies(ctx, *numa, baseline, device, o);
   return r.ok() ? *r : Error(r.status());

@@ -26,16 +26,20 @@ struct RunError {
 };
 
 // Calls read(from, to, slice) over `slices` equal slices of [0, total), the first on this
-// thread and each other on a thread of its own (on this one if it cannot be started).
+// thread and each other on a thread of its own (on this one if it cannot be started). `read`
+// must not throw; every thread started is joined.
 template <typename Read>
 void ReadInSlices(uint64_t total, uint64_t slices, const Read& read) {
   std::vector<std::thread> workers;
-  std::vector<uint64_t> here = {0};
+  std::vector<uint64_t> here;
+  workers.reserve(slices);  // no reallocation below, so nothing throws with a thread running
+  here.reserve(slices);
+  here.push_back(0);
   for (uint64_t s = 1; s < slices; ++s) {
     try {
       workers.emplace_back(
           [&read, total, slices, s] { read(total * s / slices, total * (s + 1) / slices, s); });
-    } catch (const std::system_error&) {
+    } catch (...) {  // no thread (system_error) or no memory for its state
       here.push_back(s);
     }
   }
@@ -79,24 +83,40 @@ std::vector<Status> PoolMapping::ReadHeaders(std::span<const BlockRun> runs, uin
   const uint64_t slices =
       std::clamp<uint64_t>(total / kHeaderBlocksPerThread, 1, std::max(1u, threads));
   std::vector<std::vector<RunError>> errors(slices);
+  std::vector<uint8_t> slice_failed(slices, 0);  // a slice that threw (out of memory)
   // Reads flat blocks [from, to); a run whose read failed is not read further.
   ReadInSlices(total, slices, [&](uint64_t from, uint64_t to, uint64_t slice) {
-    std::vector<RunError>& failed = errors[slice];
-    auto r =
-        static_cast<size_t>(std::upper_bound(start.begin(), start.end(), from) - start.begin() - 1);
-    for (uint64_t i = from; i < to; ++i) {
-      while (start[r + 1] <= i) ++r;
-      if (!failed.empty() && failed.back().run == r) continue;
-      const uint32_t block = runs[r].first + static_cast<uint32_t>(i - start[r]);
-      const ssize_t got = ::pread(fd_.get(), headers + i * header_bytes, n,
-                                  static_cast<off_t>(uint64_t{block} * args_.block_bytes));
-      if (got == static_cast<ssize_t>(n)) continue;
-      const std::string what = "the header of pool block " + std::to_string(block);
-      failed.push_back({r, got < 0
-                               ? ErrnoStatus("reading " + what, errno)
-                               : DataLoss(what + " is short: " + std::to_string(got) + " bytes")});
+    try {
+      std::vector<RunError>& failed = errors[slice];
+      auto r = static_cast<size_t>(std::upper_bound(start.begin(), start.end(), from) -
+                                   start.begin() - 1);
+      for (uint64_t i = from; i < to; ++i) {
+        while (start[r + 1] <= i) ++r;
+        if (!failed.empty() && failed.back().run == r) continue;
+        const uint32_t block = runs[r].first + static_cast<uint32_t>(i - start[r]);
+        const ssize_t got = ::pread(fd_.get(), headers + i * header_bytes, n,
+                                    static_cast<off_t>(uint64_t{block} * args_.block_bytes));
+        const int error = errno;
+        if (got == static_cast<ssize_t>(n)) continue;
+        const std::string what = "the header of pool block " + std::to_string(block);
+        failed.push_back(
+            {r, got < 0 ? ErrnoStatus("reading " + what, error)
+                        : DataLoss(what + " is short: " + std::to_string(got) + " bytes")});
+      }
+    } catch (...) {
+      slice_failed[slice] = 1;
     }
   });
+  for (uint64_t slice = 0; slice < slices; ++slice) {
+    if (slice_failed[slice] == 0) continue;
+    for (size_t r = 0; r < runs.size(); ++r) {  // the runs that share the slice's blocks
+      if (start[r] < total * (slice + 1) / slices && start[r + 1] > total * slice / slices) {
+        status[r] =
+            Internal("reading the headers of pool blocks [" + std::to_string(runs[r].first) +
+                     ", +" + std::to_string(runs[r].count) + "): out of memory");
+      }
+    }
+  }
   for (const std::vector<RunError>& slice : errors) {
     for (const RunError& e : slice) {
       if (status[e.run].ok()) status[e.run] = e.status;

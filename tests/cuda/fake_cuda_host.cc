@@ -100,7 +100,7 @@ CUresult FreeHost(void* p) {
 CUresult CheckCopy(CUdeviceptr device, const void* host, size_t n) {
   if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   if (n == 0) return CUDA_SUCCESS;
-  if (!State::Get().Mapped(device, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (!State::Get().DeviceSideFits(device, n)) return CUDA_ERROR_INVALID_VALUE;
   if (!State::Get().HostSideFits(Address(host), n)) return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
@@ -122,7 +122,9 @@ CUresult DtoHAsync(void* dst, CUdeviceptr src, size_t n, CUstream) { return DtoH
 CUresult DtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
   if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   if (n == 0) return CUDA_SUCCESS;
-  if (!State::Get().Mapped(dst, n) || !State::Get().Mapped(src, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (!State::Get().DeviceSideFits(dst, n) || !State::Get().DeviceSideFits(src, n)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   std::memmove(At(dst), At(src), n);
   return CUDA_SUCCESS;
 }
@@ -130,7 +132,7 @@ CUresult DtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream) {
 CUresult MemsetD32Async(CUdeviceptr dst, unsigned value, size_t n, CUstream) {
   if (DeviceLost()) return CUDA_ERROR_ECC_UNCORRECTABLE;
   if (n == 0) return CUDA_SUCCESS;
-  if (!State::Get().Mapped(dst, n * 4)) return CUDA_ERROR_INVALID_VALUE;
+  if (!State::Get().DeviceSideFits(dst, n * 4)) return CUDA_ERROR_INVALID_VALUE;
   auto* words = static_cast<uint32_t*>(At(dst));
   for (size_t i = 0; i < n; ++i) words[i] = value;
   return CUDA_SUCCESS;

@@ -79,6 +79,10 @@ CUresult State::RemoveMappings(uintptr_t at, size_t size) {
 
 bool State::Mapped(uintptr_t at, size_t size, bool host_numa) {
   std::lock_guard<std::mutex> lock(mu_);
+  return MappedLocked(at, size, host_numa);
+}
+
+bool State::MappedLocked(uintptr_t at, size_t size, bool host_numa) {
   auto it = AtOrBefore(mappings_, at);
   uintptr_t covered = at;
   while (it != mappings_.end() && it->first <= covered && covered < at + size) {
@@ -88,6 +92,17 @@ bool State::Mapped(uintptr_t at, size_t size, bool host_numa) {
     ++it;
   }
   return covered >= at + size;
+}
+
+bool State::DeviceSideFits(uintptr_t at, size_t size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!MappedLocked(at, size, false)) return false;
+  for (auto it = AtOrBefore(mappings_, at); it != mappings_.end() && it->first < at + size; ++it) {
+    if (it->second.host_numa) {
+      return at >= it->first && at + size <= it->first + it->second.size;
+    }
+  }
+  return true;
 }
 
 CUresult State::AddPinned(uintptr_t at, size_t size, bool allocated) {
@@ -127,6 +142,9 @@ bool State::HostSideFits(uintptr_t at, size_t size) {
 
 void State::ForgetPinned() {
   std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [at, range] : pinned_) {
+    if (range.allocated) std::free(reinterpret_cast<void*>(at));  // cuMemAllocHost's
+  }
   pinned_.clear();
 }
 

@@ -60,6 +60,9 @@ class State {
   // [at, at + size) is covered by mappings without a gap; with `host_numa`, all of them are
   // of host-NUMA allocations.
   bool Mapped(uintptr_t at, size_t size, bool host_numa = false);
+  // The device side of a copy or memset: mapped, and when it touches host-NUMA memory, inside
+  // one such mapping (one allocation per copy, as on the host side).
+  bool DeviceSideFits(uintptr_t at, size_t size);
 
   CUresult AddPinned(uintptr_t at, size_t size, bool allocated);
   // Unregisters (`allocated` false) or frees the pinned range that starts at `at`.
@@ -68,10 +71,12 @@ class State {
   // a host-NUMA mapping it must end inside it too, and a pageable one must not run into
   // either (the driver takes one allocation or registration per copy).
   bool HostSideFits(uintptr_t at, size_t size);
-  // The primary context is gone, and with it every pinned range.
+  // The primary context is gone, and with it every pinned range (cuMemAllocHost's freed).
   void ForgetPinned();
 
  private:
+  bool MappedLocked(uintptr_t at, size_t size, bool host_numa);
+
   std::mutex mu_;
   std::map<uintptr_t, size_t> reservations_;
   std::map<uintptr_t, Mapping> mappings_;
