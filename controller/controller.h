@@ -175,6 +175,9 @@ class Controller final : private Effects {
   // Effects (controller_effects.cc).
   Result<std::string> NewToken() override;
   Result<pid_t> Launch(const LaunchSpec& spec) override;
+  Status CheckCommand(const std::vector<std::string>& command) override {
+    return supervisor_.CheckCommand(command);
+  }
   bool Kill(EngineId id) override;
   void Terminate(EngineId id) override;
   Result<std::string> Drill(EngineId id, DrillKind kind) override;

@@ -59,6 +59,9 @@ class Effects {
   // Starts the engine process; returns its pid. The engine's exit comes back as
   // Coordinator::OnExited.
   virtual Result<pid_t> Launch(const LaunchSpec& spec) = 0;
+  // Whether Launch could start `command`'s program here (an upgrade's candidate, checked
+  // before the standby makes way for it): FailedPrecondition naming the program and why not.
+  virtual Status CheckCommand(const std::vector<std::string>& command) = 0;
   // SIGKILL to the engine, its process group and its cgroup; closes its connection. Returns
   // whether it was still running. Idempotent.
   virtual bool Kill(EngineId id) = 0;

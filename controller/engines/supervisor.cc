@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/random.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -395,6 +396,23 @@ std::vector<std::string> Supervisor::Expand(const LaunchRequest& request) const 
   const std::vector<std::string>& command = request.command.empty() ? command_ : request.command;
   for (const std::string& arg : command) argv.push_back(ExpandPlaceholders(arg, values));
   return argv;
+}
+
+Status Supervisor::CheckCommand(const std::vector<std::string>& command) const {
+  LaunchRequest request;
+  request.command = command;
+  const std::vector<std::string> argv = Expand(request);
+  if (argv.empty()) return FailedPrecondition("the engine command is empty");
+  Result<std::string> path = ResolveExecutable(argv[0]);
+  if (!path.ok()) return FailedPrecondition(std::string(path.status().message()));
+  struct stat st {};
+  if (::stat(path->c_str(), &st) != 0) {
+    return FailedPrecondition("engine program " + *path + ": " + std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode) || ::access(path->c_str(), X_OK) != 0) {
+    return FailedPrecondition("engine program " + *path + " is not an executable file");
+  }
+  return OkStatus();
 }
 
 Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {

@@ -126,6 +126,10 @@ class Supervisor {
 
   // The command line `Launch` would run.
   std::vector<std::string> Expand(const LaunchRequest& request) const;
+  // Whether `command` (empty: the configured one) could be launched: its program, with the
+  // placeholders expanded and resolved against PATH as Launch resolves it, is an executable
+  // file. FailedPrecondition naming the program and why not.
+  Status CheckCommand(const std::vector<std::string>& command) const;
 
   // 32 hex digits from getrandom().
   static Result<std::string> NewToken();

@@ -10,8 +10,9 @@
 //    on the routers' shadow comparison.
 //  * A canary killed with kill -9 mid-canary is rolled back; its requests are replayed. A
 //    primary killed mid-canary hands the service to the canary.
-//  * batonctl's refusals: no command, one upgrade at a time, nothing to roll back, no
-//    switch-over during an upgrade; a candidate that cannot start is rolled back.
+//  * batonctl's refusals: no command, a program that is not there, one upgrade at a time,
+//    nothing to roll back, no switch-over during an upgrade; a candidate that cannot start
+//    is rolled back.
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -320,6 +321,15 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   const CtlResult nothing = cluster.Ctl({"rollback", "--timeout-ms", "5000"});  // batonctl's
   EXPECT_EQ(nothing.exit_code, 1) << nothing.stdout_text;
   EXPECT_NE(nothing.stdout_text.find("nothing to roll back"), std::string::npos);
+  // A program that is not there: refused before the standby makes way for it.
+  const json before = EngineWithRole(cluster.Status(), "standby");
+  const CtlResult missing =
+      cluster.Ctl({"upgrade", "--", "/nonexistent/baton-engine", "--port", "{port}"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.stdout_text;
+  EXPECT_NE(missing.stdout_text.find("/nonexistent/baton-engine"), std::string::npos)
+      << missing.stdout_text;
+  EXPECT_EQ(EngineWithRole(cluster.Status(), "standby")["pid"], before["pid"])
+      << "the standby stays";
   std::vector<std::string> args = UpgradeArgs({});
   args[4] = "60000";
   const CtlResult up = cluster.Ctl(args);

@@ -66,6 +66,13 @@ class SimEffects final : public Effects {
 
   // --- processes --------------------------------------------------------------------------
   Result<std::string> NewToken() override { return "token-" + std::to_string(++tokens_); }
+  // A program named "missing..." is not there: an upgrade to it is refused.
+  Status CheckCommand(const std::vector<std::string>& command) override {
+    if (!command.empty() && command[0].rfind("missing", 0) == 0) {
+      return FailedPrecondition("engine program " + command[0] + ": No such file or directory");
+    }
+    return OkStatus();
+  }
   Result<pid_t> Launch(const LaunchSpec& spec) override {
     Record("Launch(" + std::to_string(spec.id) + ", " + proto::ToString(spec.role) + ")");
     if (spec.command.empty()) return InvalidArgument("no engine command");

@@ -59,5 +59,23 @@ TEST_F(UpgradeScenario, CanaryThatFailsRequestsIsRolledBack) {
   EXPECT_EQ(s.upgrades_rolled_back, 1u);
 }
 
+// An upgrade to a program that is not there is refused before anything moves: the standby
+// stays, nothing is launched or recorded, and a later upgrade still works.
+TEST_F(UpgradeScenario, AnUpgradeToAProgramThatIsNotThereIsRefusedAndTheStandbyStays) {
+  StartReadyPair();
+  const Status refused =
+      coord().RequestUpgrade(UpgradeRequest{.command = {"missing-engine", "--version=2"}});
+  EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
+  EXPECT_NE(refused.message().find("missing-engine"), std::string::npos) << refused.ToString();
+  Wait(std::chrono::milliseconds(200));
+  ExpectNoEffect("SaveCommandRecord");
+  ExpectNoEffect(E("Kill", standby_));
+  EXPECT_FALSE(Upgrading());
+  EXPECT_TRUE(Ready());
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the upgrade to end");
+  EXPECT_EQ(coord().Snapshot().upgrades_promoted, 1u);
+}
+
 }  // namespace
 }  // namespace baton::sim
