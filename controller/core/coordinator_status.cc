@@ -121,6 +121,9 @@ CoordinatorStatus Coordinator::Snapshot() const {
   s.reserve_target = s_.ledger->promotion_reserve();
   s.reserve_available = s_.ledger->ReserveAvailable();
   s.reserve_note = failover_.own().reserve_note;
+  if (s.reserve_note.empty() && s.reserve_target == 0) {
+    s.reserve_note = "the promotion reserve is lent to an upgrade's canary until it ends";
+  }
   s.journal_failing = s_.journal_failing;
   s.cuda_backend = s_.cuda_backend;
   s.device_memory_present = s_.effects.DeviceMemoryPresent();

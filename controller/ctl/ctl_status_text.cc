@@ -1,5 +1,6 @@
 // StatusText (ctl_service.h): `batonctl status` as an operator reads it, rendered from
 // StatusJson: the pair, its engines, the controller, routes, refusals, exits and transitions.
+#include <iomanip>
 #include <sstream>
 
 #include "controller/ctl/ctl_fleet.h"
@@ -21,6 +22,16 @@ std::string ArenaPagesText(const json& w) {
   if (huge == 0) return "4 KiB pages";
   return "partial huge pages (" + std::to_string(huge) + " B on 2 MiB pages, " +
          std::to_string(small) + " B on 4 KiB pages)";
+}
+
+// How the arena got its bytes: read at a speed, or adopted from baton-keeper (nothing read).
+// A status from a controller that does not report bytes_read says only the speed.
+std::string LoadText(const json& w) {
+  if (w.value("bytes_read", uint64_t{1}) == 0) return "adopted (no byte read)";
+  std::ostringstream text;
+  text << "loaded at " << std::fixed << std::setprecision(2) << w["load_gbps"].get<double>()
+       << " GB/s";
+  return text.str();
 }
 
 // The route table, then the last refusals and engine exits (five of each), for StatusText.
@@ -98,8 +109,7 @@ std::string StatusText(const ControllerStatus& c) {
   out << "weights " << w["model_dir"].get<std::string>() << ": " << w["tensors"] << " tensors, "
       << w["resident_bytes"] << " of " << w["arena_bytes"] << " B resident, numa node "
       << w["numa_node"] << ", " << ArenaPagesText(w)
-      << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", loaded at " << w["load_gbps"]
-      << " GB/s\n";
+      << (w["locked"].get<bool>() ? ", locked" : ", not locked") << ", " << LoadText(w) << "\n";
   const json& k = s["controller"]["keeper"];
   out << "keeper: " << k["state"].get<std::string>();
   if (k["pid"].get<int>() > 0) out << " (pid " << k["pid"] << ")";

@@ -90,7 +90,11 @@ std::optional<ApiError> CheckPromptLength(const std::vector<int32_t>& ids,
 std::optional<ApiError> ReadPrompt(const Json& body, const CompletionContext& ctx,
                                    std::vector<int32_t>* out) {
   auto it = body.find("prompt");
-  if (it == body.end() || it->is_null()) return ParamError("prompt", "'prompt' is required");
+  if (it == body.end() || it->is_null()) {
+    ApiError e = ParamError("prompt", "'prompt' is required");
+    e.code = "missing_required_parameter";  // as for a chat request's 'messages'
+    return e;
+  }
   const Json* prompt = &*it;
   if (prompt->is_array() && prompt->size() == 1 && !IsInteger((*prompt)[0])) {
     prompt = &(*prompt)[0];  // a batch of one: a string or an array of ids

@@ -73,8 +73,14 @@ TEST_F(UpgradeScenario, AnUpgradeToAProgramThatIsNotThereIsRefusedAndTheStandbyS
   EXPECT_FALSE(Upgrading());
   EXPECT_TRUE(Ready());
   Upgrade({"sim-engine", "--version=2"});
+  // While the canary runs, the reserve is lent to it, and the status says so.
+  WaitUntil([this] { return coord().Snapshot().reserve_target == 0; }, seconds(5),
+            "the reserve lent to the canary");
+  EXPECT_NE(coord().Snapshot().reserve_note.find("lent to an upgrade"), std::string::npos)
+      << coord().Snapshot().reserve_note;
   WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the upgrade to end");
   EXPECT_EQ(coord().Snapshot().upgrades_promoted, 1u);
+  EXPECT_EQ(coord().Snapshot().reserve_note, "") << "the reserve is back";
 }
 
 }  // namespace

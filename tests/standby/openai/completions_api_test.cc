@@ -64,6 +64,9 @@ TEST_F(CompletionsApiTest, RefusesMalformedBodies) {
   EXPECT_EQ(Refusal("{bad").first, 400);
   EXPECT_EQ(Refusal("[1,2]").first, 400);
   EXPECT_EQ(Refusal("{}"), std::make_pair(400, std::string("prompt")));
+  EXPECT_EQ(Parse(R"({"model":"tiny"})").error->code, "missing_required_parameter");
+  EXPECT_EQ(Parse(R"({"prompt":null})").error->code, "missing_required_parameter");
+  EXPECT_EQ(Parse(R"({"prompt":7})").error->code, "") << "there, but wrong";
   EXPECT_EQ(Refusal(R"({"prompt":7})").second, "prompt");
   EXPECT_EQ(Refusal(R"({"prompt":[]})").second, "prompt");
   EXPECT_EQ(Refusal(R"({"prompt":["a","b"]})").second, "prompt");
