@@ -85,17 +85,17 @@ int Run(int argc, char** argv) {
   BATON_LOG(INFO, "controller") << VersionLine(kProgram) << ", pid " << ::getpid();
 
   boost::asio::io_context io;
-  Result<std::unique_ptr<Controller>> controller = Controller::Create(io, config, RealClock::Get());
-  if (!controller.ok()) {
-    BATON_LOG(ERROR, "controller") << "cannot start: " << controller.status().ToString();
-    return 1;
-  }
-  Controller* c = controller->get();
   ServiceWatchdog watchdog(io, std::move(notifier), RealClock::Get());
+  // The metrics port is bound before the controller starts baton-keeper or re-adopts a
+  // running pair: a port another process holds is then an exit that started nothing and,
+  // after a restart, took nothing of the pair down with it. It answers once io runs, when
+  // the controller exists.
+  Controller* c = nullptr;
   std::unique_ptr<MetricsServer> metrics;
   if (config.metrics_port != 0) {
     auto started =
-        MetricsServer::Start(io, config.metrics_host, config.metrics_port, [c, &watchdog] {
+        MetricsServer::Start(io, config.metrics_host, config.metrics_port, [&c, &watchdog] {
+          if (c == nullptr) return std::string();
           return MetricsText(c->Snapshot()) + watchdog.Metrics() + ProcessInfoMetrics(kProgram);
         });
     if (!started.ok()) {
@@ -104,6 +104,12 @@ int Run(int argc, char** argv) {
     }
     metrics = std::move(started).value();
   }
+  Result<std::unique_ptr<Controller>> controller = Controller::Create(io, config, RealClock::Get());
+  if (!controller.ok()) {
+    BATON_LOG(ERROR, "controller") << "cannot start: " << controller.status().ToString();
+    return 1;
+  }
+  c = controller->get();
   boost::asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code& ec, int sig) {
     if (ec) return;

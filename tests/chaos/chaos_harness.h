@@ -168,6 +168,8 @@ json WaitNewPrimary(const ChaosCluster& cluster, uint64_t old_primary, const std
                     std::chrono::seconds timeout = std::chrono::seconds(20));
 // True if a process with this pid exists (a zombie counts).
 bool ProcessExists(pid_t pid);
+// A loopback TCP port that was free a moment ago (0 if none could be had).
+int FreeTcpPort();
 // The tiny model shared by every test in the binary (written once).
 const std::string& TinyModelDir();
 // The tiny model with 24 layers, about 5 MiB: three huge pages' worth, for partial arenas.

@@ -3,14 +3,18 @@
 // recovery) leaves the engines serving and the weights and the pool in baton-keeper; the
 // next controller re-adopts what it can account for and fences the rest. Real processes, real
 // kill -9; every check goes through batonctl.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 
 #include <fstream>
 #include <set>
 #include <thread>
 
+#include "base/io/unique_fd.h"
 #include "base/process/proc_table.h"
 #include "controller/keeper/keeper_client.h"
 #include "proto/hello.h"
@@ -354,6 +358,36 @@ TEST(ControllerRestart, ACorruptJournalStopsTheControllerAndTouchesNoEngine) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
   EXPECT_NE(cluster.Log().find("epoch.journal"), std::string::npos) << cluster.Log();
   for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessRunning(pid)) << "engine " << pid;
+}
+
+// Another process holds the metrics port when the controller comes back: it says so and exits
+// before it touches the pair (the port is bound before anything is re-adopted), the engines
+// keep serving, and the next controller, the port free again, re-adopts the same pair.
+TEST(ControllerRestart, AMetricsPortTakenAtTheRestartTouchesNoEngine) {
+  ClusterOptions options;
+  options.metrics_port = FreeTcpPort();
+  ASSERT_GT(options.metrics_port, 0);
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  cluster.KillController();
+  {
+    UniqueFd taken(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_port = htons(static_cast<uint16_t>(options.metrics_port));
+    at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(taken.get(), reinterpret_cast<sockaddr*>(&at), sizeof(at)), 0);
+    ASSERT_EQ(::listen(taken.get(), 1), 0);
+    cluster.StartControllerAgain();
+    const int status = cluster.WaitControllerExit();
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
+    EXPECT_NE(cluster.Log().find("cannot start"), std::string::npos) << cluster.Log();
+    for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessExists(pid)) << "engine " << pid;
+  }
+  cluster.StartControllerAgain();
+  const json after = cluster.WaitFor([&](const json& s) { return SamePair(before, s); },
+                                     "the same pair, re-adopted");
+  ExpectHealthy(cluster, after);
 }
 
 // The controller dies exactly at a failpoint; the next one (without failpoints) brings the

@@ -84,22 +84,6 @@ std::string HttpGet(int port, const std::string& path) {
   return HttpRaw(port, "GET " + path + " HTTP/1.1\r\nHost: localhost\r\n\r\n");
 }
 
-// A loopback TCP port that was free a moment ago.
-int FreeTcpPort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
-
 TEST(ChaosMetrics, PrometheusEndpoint) {
   ClusterOptions options;
   options.metrics_port = FreeTcpPort();
