@@ -57,7 +57,7 @@ Status UpgradePart::RequestUpgrade(UpgradeRequest request) {
   }
   BATON_RETURN_IF_ERROR(p_.commands->CheckNoCalledOffDrain(*p));
   // A canary that cannot start would cost the pair its standby for nothing.
-  BATON_RETURN_IF_ERROR(s_.effects.CheckCommand(request.command).WithContext("upgrade refused"));
+  BATON_RETURN_IF_ERROR(s_.effects.CheckCommand(request.command));
   if (const uint32_t chunk = s_.ledger->blocks_per_chunk();
       (s_.config.block_count - PrimaryKeeps(s_.config)) / chunk == 0) {
     // Engines map the device pool by whole chunks: the canary needs one of its own.
