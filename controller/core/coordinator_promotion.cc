@@ -174,6 +174,13 @@ void FailoverPart::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
   if (p_.upgrades->PromotingCanary(e.id)) {
     return p_.upgrades->OnCanaryPromoted(e, msg.epoch);
   }
+  if (p_.recovery->HoldsCanary(e.id)) {
+    e.held_promote_ack = msg.epoch;
+    e.deadline.reset();  // it answered: not a promotion that hangs
+    BATON_LOG(INFO, kLog) << "engine " << e.id << " (the canary) serves at epoch " << msg.epoch
+                          << ": held until the interrupted upgrade resumes";
+    return;
+  }
   s_.Step(e.machine, EngineEvent::kPromoteDone);
   s_.promoting = kNoEngine;
   s_.primary = e.id;

@@ -42,6 +42,13 @@ class RecoveryPart {
 
   const RecoveryFields& own() const { return own_; }
   bool active() const { return own_.recovery.has_value(); }
+  // Whether `id` is the canary of the upgrade the restart interrupted, re-adopted while the
+  // recovery waits for the others: its PromoteAck waits for the upgrade to resume (the
+  // upgrade, not a failover, promoted it; the old primary may not be back yet).
+  bool HoldsCanary(EngineId id) const {
+    return own_.recovery.has_value() && own_.recovery->upgrade.has_value() &&
+           own_.recovery->upgrade->canary == id && own_.recovery->roster.primary != id;
+  }
   // What status shows: the recovery in progress, or the last one.
   const RecoveryStatus& status() const {
     return own_.recovery.has_value() ? own_.recovery->status : own_.last;

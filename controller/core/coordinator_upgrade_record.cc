@@ -1,6 +1,8 @@
 // UpgradePart: the engine command record (controller/core/command_record.h). A promoted
 // upgrade's command outlives a controller restart; an upgrade in flight is resumed by the
 // recovery with the engines it re-adopts, or recorded as rolled back when they are gone.
+#include <utility>
+
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
 
@@ -151,6 +153,10 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
                              << ")";
   if (own_.upgrade.has_value()) LendReserveToCanary();
   SaveCommands();
+  if (c != nullptr && c->held_promote_ack.has_value()) {
+    const uint64_t epoch = *std::exchange(c->held_promote_ack, std::nullopt);
+    if (PromotingCanary(c->id) && c->is(EngineState::kPromoting)) OnCanaryPromoted(*c, epoch);
+  }
   return ToString(u.kind) + (" " + outcome);
 }
 

@@ -72,7 +72,10 @@ struct EngineRecord {
   TimePoint launched_at{};
   std::optional<TimePoint> ready_at;  // StandbyReady
   std::optional<TimePoint> deadline;  // register, promote, drain or re-registration deadline
-  uint32_t called_off_drains = 0;     // Drains called off (Resume sent) whose Drained is due
+  // A re-adopted canary's PromoteAck (its epoch) that came while the recovery still waited:
+  // acted on when the upgrade resumes (RecoveryPart::HoldsCanary).
+  std::optional<uint64_t> held_promote_ack;
+  uint32_t called_off_drains = 0;  // Drains called off (Resume sent) whose Drained is due
 
   std::optional<FailCause> fail_cause;
   std::string fail_reason;

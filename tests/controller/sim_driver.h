@@ -342,6 +342,7 @@ class Simulation : private SimLoop {
   // --- operator commands and the controller's life (sim_driver_commands.h) -----------------
   void GracefulPromote();
   void Upgrade();
+  void UpgradeToAMissingProgram();
   void Rollback();
   void DrainOrResume();
   void ResumeIfStopped();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace baton::sim {
@@ -17,11 +18,33 @@ inline void Simulation::GracefulPromote() {
 }
 
 inline void Simulation::Upgrade() {
+  if (rng_.Chance(5)) return UpgradeToAMissingProgram();
   std::vector<std::string> command = {"sim-engine", "--version=" + std::to_string(++versions_)};
   if (rng_.Chance(30)) command.push_back("--bad");
   const Status status = coord_->RequestUpgrade(UpgradeRequest{.command = command});
   out_.stats.upgrades += status.ok();
   Note("batonctl upgrade -- " + Joined(command) + ": " + status.ToString());
+}
+
+// An upgrade to a program that is not there (SimEffects::CheckCommand) is refused, and
+// nothing moves: no upgrade, the same standby, the same pair state.
+inline void Simulation::UpgradeToAMissingProgram() {
+  // The engines as (id, state): a refusal must leave every one as it was.
+  auto engines = [this] {
+    std::vector<std::pair<EngineId, EngineState>> list;
+    for (const EngineStatus& e : coord_->Snapshot().engines) list.emplace_back(e.id, e.state);
+    return list;
+  };
+  const PairState pair = coord_->pair_state();
+  const bool upgrading = coord_->Snapshot().upgrade.has_value();
+  const auto before = engines();
+  const Status status = coord_->RequestUpgrade(UpgradeRequest{.command = {"missing-engine"}});
+  Note("batonctl upgrade -- missing-engine: " + status.ToString());
+  if (status.ok()) return Fail(step_, "an upgrade to a program that is not there was accepted");
+  if (coord_->pair_state() != pair || engines() != before ||
+      coord_->Snapshot().upgrade.has_value() != upgrading) {
+    Fail(step_, "a refused upgrade moved something: " + status.ToString());
+  }
 }
 
 // During an upgrade its canary is rolled back; after one, the previous command comes back
