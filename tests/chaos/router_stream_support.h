@@ -121,6 +121,7 @@ class Child {
   Child& operator=(const Child&) = delete;
 
   bool started() const { return pid_ > 0; }
+  pid_t pid() const { return pid_; }  // 0 once reaped
   bool Running() {
     if (pid_ <= 0) return false;
     int st = 0;

@@ -67,6 +67,31 @@ inline ProgramRun RunProgram(const std::vector<std::string>& argv,
   return run;
 }
 
+// The pids of processes whose environment names `socket` as BATON_SOCKET: the engines of the
+// controller on that socket (scripts/serve looks for them the same way).
+inline std::vector<pid_t> EnginesOf(const std::string& socket) {
+  std::vector<pid_t> pids;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::stringstream env(ReadFile(entry.path().string() + "/environ"));
+    std::string var;
+    while (std::getline(env, var, '\0')) {
+      if (var == "BATON_SOCKET=" + socket) {
+        pids.push_back(std::stoi(name));
+        break;
+      }
+    }
+  }
+  return pids;
+}
+
+// A new folder /tmp/baton-<name>-XXXXXX (or /tmp/baton-<name>-failed when none could be made).
+inline std::string ScratchDir(const std::string& name) {
+  std::string tmpl = "/tmp/baton-" + name + "-XXXXXX";
+  return ::mkdtemp(tmpl.data()) != nullptr ? tmpl : "/tmp/baton-" + name + "-failed";
+}
+
 inline void WriteFile(const std::string& path, const std::string& text) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());
   std::ofstream out(path, std::ios::trunc);

@@ -27,30 +27,10 @@ std::string InstallPrefix() {
   return "/usr/local";
 }
 
-// The pids of processes whose environment names `socket` as BATON_SOCKET: the engines of the
-// controller on that socket (scripts/serve looks for them the same way).
-std::vector<pid_t> EnginesOf(const std::string& socket) {
-  std::vector<pid_t> pids;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename().string();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::stringstream env(ReadFile(entry.path().string() + "/environ"));
-    std::string var;
-    while (std::getline(env, var, '\0')) {
-      if (var == "BATON_SOCKET=" + socket) {
-        pids.push_back(std::stoi(name));
-        break;
-      }
-    }
-  }
-  return pids;
-}
-
 class Installed : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/baton-install-XXXXXX";
-    dir_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "/tmp/baton-install-failed";
+    dir_ = ScratchDir("install");
     destdir_ = dir_ + "/root";
     root_ = destdir_ + InstallPrefix();
   }

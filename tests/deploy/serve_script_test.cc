@@ -1,0 +1,152 @@
+// `make serve` (scripts/serve) stops everything it started, however it is told to stop: the
+// script runs in its own process group and session, on the demo model, with its own runtime
+// folder and free ports, as an operator's terminal would run it.
+//   * SIGTERM to the process group twice in a row, as make passes a TERM on to the script: the
+//     router, the controller, its engines and baton-keeper are all gone, exit 0.
+//   * Ctrl-C (SIGINT to the group) while the controller is frozen (SIGSTOP), then a second
+//     Ctrl-C: what is left gets kill -9 at once, and nothing of the stack remains.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/io/unique_fd.h"
+#include "tests/chaos/chaos_harness.h"
+#include "tests/deploy/deploy_support.h"
+
+namespace baton::deploy_test {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+// The pid of the process whose command line holds `part`, or 0.
+pid_t ProcessWith(const std::string& part) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::string cmdline = ReadFile(entry.path().string() + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(part) != std::string::npos) return std::stoi(name);
+  }
+  return 0;
+}
+
+// Whether 127.0.0.1:`port` can be bound now.
+bool PortFree(int port) {
+  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(static_cast<uint16_t>(port));
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  return ::bind(fd.get(), reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0;
+}
+
+// `n` consecutive free ports (the engines take the base port and those after it), or 0.
+int FreePorts(int n) {
+  for (int tries = 0; tries < 50; ++tries) {
+    const int base = chaos::FreeTcpPort();
+    bool all = base > 0 && base + n <= 65535;
+    for (int i = 1; all && i < n; ++i) all = PortFree(base + i);
+    if (all) return base;
+  }
+  return 0;
+}
+
+class ServeScript : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    runtime_ = ScratchDir("serve");
+    log_ = runtime_ + "/serve.log";
+    // The engines on base and up (a few replacements at most), the router apart from them.
+    const int base = FreePorts(4);
+    ASSERT_GT(base, 0);
+    int router = 0;
+    for (int i = 0; i < 50 && (router <= 0 || (router >= base && router < base + 4)); ++i) {
+      router = chaos::FreeTcpPort();
+    }
+    ASSERT_TRUE(router > 0 && (router < base || router >= base + 4));
+    // setsid, not a process group leader here, execs in place: the script's pid leads its group.
+    script_ = std::make_unique<Child>(
+        std::vector<std::string>{
+            "/usr/bin/env", "BATON_RUNTIME_DIR=" + runtime_, "BATON_BUILD_DIR=" + BuildDir(),
+            "BATON_BASE_PORT=" + std::to_string(base),
+            "BATON_ROUTER_PORT=" + std::to_string(router), "BATON_METRICS_PORT=0", "setsid", "bash",
+            SourceDir() + "/scripts/serve"},
+        log_, /*piped=*/false);
+    ASSERT_TRUE(script_->started());
+    pgid_ = script_->pid();
+    for (int i = 0; i < 600 && ReadFile(log_).find("Ctrl-C stops") == std::string::npos; ++i) {
+      ASSERT_TRUE(script_->Running()) << ReadFile(log_);
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    ASSERT_NE(ReadFile(log_).find("Ctrl-C stops"), std::string::npos) << ReadFile(log_);
+    ASSERT_EQ(EnginesOf(Socket()).size(), 2u) << ReadFile(log_);
+  }
+  void TearDown() override {  // on every path: nothing of the stack outlives the test
+    ::kill(-pgid_, SIGKILL);
+    for (pid_t pid : Left()) ::kill(pid, SIGCONT), ::kill(pid, SIGKILL);
+    script_.reset();
+    std::error_code ec;
+    if (!HasFailure()) std::filesystem::remove_all(runtime_, ec);
+  }
+
+  std::string Socket() const { return runtime_ + "/controller.sock"; }
+  pid_t KeeperPid() const {
+    pid_t pid = 0;
+    std::ifstream(runtime_ + "/keeper.sock.pid") >> pid;
+    return pid > 0 && ::kill(pid, 0) == 0 ? pid : 0;
+  }
+  // The stack's processes still there: engines, controller, router, keeper.
+  std::vector<pid_t> Left() const {
+    std::vector<pid_t> left = EnginesOf(Socket());
+    for (const std::string& part : {runtime_ + "/controller.toml", runtime_ + "/router.toml"}) {
+      if (const pid_t pid = ProcessWith(part); pid > 0) left.push_back(pid);
+    }
+    if (const pid_t keeper = KeeperPid(); keeper > 0) left.push_back(keeper);
+    return left;
+  }
+  // Waits up to 5 s for the killed to finish dying.
+  std::vector<pid_t> LeftAfterAWhile() const {
+    for (int i = 0; i < 50 && !Left().empty(); ++i) std::this_thread::sleep_for(milliseconds(100));
+    return Left();
+  }
+
+  std::string runtime_, log_;
+  std::unique_ptr<Child> script_;
+  pid_t pgid_ = 0;
+};
+
+TEST_F(ServeScript, TermTwiceToItsGroupStopsEverything) {
+  ::kill(-pgid_, SIGTERM);
+  std::this_thread::sleep_for(milliseconds(50));
+  ::kill(-pgid_, SIGTERM);  // make's own copy of the signal
+  EXPECT_EQ(script_->Wait(seconds(40)), 0) << ReadFile(log_);
+  EXPECT_NE(ReadFile(log_).find("serve: stopped: controller exited 0, no engine left"),
+            std::string::npos)
+      << ReadFile(log_);
+  EXPECT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
+}
+
+TEST_F(ServeScript, ASecondCtrlCStopsAFrozenControllerAndWhatItLeft) {
+  const pid_t controller = ProcessWith(runtime_ + "/controller.toml");
+  ASSERT_GT(controller, 0);
+  ::kill(controller, SIGSTOP);
+  ::kill(-pgid_, SIGINT);
+  std::this_thread::sleep_for(milliseconds(500));
+  ::kill(-pgid_, SIGINT);
+  EXPECT_NE(script_->Wait(seconds(10)), 128 + SIGKILL) << "it ended on its own\n" << ReadFile(log_);
+  EXPECT_NE(ReadFile(log_).find("has not stopped: kill -9"), std::string::npos) << ReadFile(log_);
+  EXPECT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
+}
+
+}  // namespace
+}  // namespace baton::deploy_test
