@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "cuda/memory/pinned_host.h"
@@ -44,6 +45,28 @@ class HostMap {
  private:
   size_t bytes_;
   uint8_t* data_ = nullptr;
+};
+
+// `bytes` of device memory in one chunk, mapped read-write: the device side of the copies
+// below. Not movable: the view holds the region's chunks.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  Status Map(const PrimaryContext& ctx, uint64_t bytes) {
+    BATON_ASSIGN_OR_RETURN(region_, VmmRegion::Create(ctx, {.bytes = bytes, .chunk_bytes = bytes}));
+    BATON_ASSIGN_OR_RETURN(view_, VmmView::Reserve(ctx, region_->chunk_bytes(),
+                                                   region_->chunk_count(), region_->granularity()));
+    BATON_RETURN_IF_ERROR(view_->Borrow(*region_));
+    return view_->MapAll({}).status();
+  }
+  CUdeviceptr base() const { return view_->base(); }
+
+ private:
+  std::optional<VmmRegion> region_;
+  std::optional<VmmView> view_;  // after region_: destroyed first
 };
 
 CUresult Register(const PrimaryContext& ctx, void* p, size_t bytes, unsigned flags) {
@@ -97,25 +120,19 @@ TEST(VmmDriverRulesTest, ACopyMayNotRunPastItsRegistration) {
   ASSERT_NE(host.data(), nullptr);
   Result<PinnedHostCache> pinned = PinnedHostCache::Register(ctx, host.data(), 8 * kMiB, 4 * kMiB);
   ASSERT_TRUE(pinned.ok()) << pinned.status().ToString();
-  Result<VmmRegion> dev = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 8 * kMiB});
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  Result<VmmView> view =
-      VmmView::Reserve(ctx, dev->chunk_bytes(), dev->chunk_count(), dev->granularity());
-  ASSERT_TRUE(view.ok());
-  ASSERT_TRUE(view->Borrow(*dev).ok());
-  ASSERT_TRUE(view->MapAll({}).ok());
-  EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(view->base(), host.data(), 8 * kMiB),
+  DeviceBuffer dev;
+  ASSERT_TRUE(dev.Map(ctx, 8 * kMiB).ok());
+  EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(dev.base(), host.data(), 8 * kMiB),
             CUDA_ERROR_INVALID_VALUE);
-  EXPECT_EQ(ctx.driver()->cuMemcpyDtoH(host.data() + kMiB, view->base(), 4 * kMiB),
+  EXPECT_EQ(ctx.driver()->cuMemcpyDtoH(host.data() + kMiB, dev.base(), 4 * kMiB),
             CUDA_ERROR_INVALID_VALUE);
   Result<CopyStats> pieces =
-      PlainPinnedCopy(ctx, view->base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
+      PlainPinnedCopy(ctx, dev.base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
   EXPECT_TRUE(pieces.ok()) << pieces.status().ToString();
   Result<Rematerializer> remat =
       Rematerializer::Create(ctx, {.streams = 2, .chunk_bytes = 3 * kMiB});
   ASSERT_TRUE(remat.ok());
-  Result<CopyStats> copied =
-      remat->Copy(view->base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
+  Result<CopyStats> copied = remat->Copy(dev.base(), pinned->data(), 8 * kMiB, pinned->copy_unit());
   ASSERT_TRUE(copied.ok()) << "3 MiB chunks cut at the registrations' ends: "
                            << copied.status().ToString();
   EXPECT_EQ(copied->copies, 4u);  // [0,3) [3,4) [4,7) [7,8)
@@ -127,17 +144,11 @@ TEST(VmmDriverRulesTest, APageableCopyMayNotRunIntoARegistration) {
   ASSERT_NE(host.data(), nullptr);
   ASSERT_EQ(Register(ctx, host.data() + 4 * kMiB, 4 * kMiB, CU_MEMHOSTREGISTER_PORTABLE),
             CUDA_SUCCESS);
-  Result<VmmRegion> dev = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 8 * kMiB});
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  Result<VmmView> view =
-      VmmView::Reserve(ctx, dev->chunk_bytes(), dev->chunk_count(), dev->granularity());
-  ASSERT_TRUE(view.ok());
-  ASSERT_TRUE(view->Borrow(*dev).ok());
-  ASSERT_TRUE(view->MapAll({}).ok());
-  EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(view->base(), host.data(), 4 * kMiB), CUDA_SUCCESS)
+  DeviceBuffer dev;
+  ASSERT_TRUE(dev.Map(ctx, 8 * kMiB).ok());
+  EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(dev.base(), host.data(), 4 * kMiB), CUDA_SUCCESS)
       << "pageable";
-  EXPECT_NE(ctx.driver()->cuMemcpyHtoD(view->base(), host.data() + 3 * kMiB, 2 * kMiB),
-            CUDA_SUCCESS)
+  EXPECT_NE(ctx.driver()->cuMemcpyHtoD(dev.base(), host.data() + 3 * kMiB, 2 * kMiB), CUDA_SUCCESS)
       << "pageable, then registered";
   EXPECT_EQ(ctx.driver()->cuMemHostUnregister(host.data() + 4 * kMiB), CUDA_SUCCESS);
 }
@@ -152,18 +163,13 @@ TEST(VmmDriverRulesTest, AHostNumaCacheIsCopiedOneAllocationAtATime) {
   ASSERT_TRUE(cache.ok()) << cache.status().ToString();
   if (cache->kind() != PinnedHostKind::kHostNuma) GTEST_SKIP() << "no host-NUMA: " << cache->note();
   EXPECT_EQ(cache->copy_unit(), 4 * kMiB);
-  Result<VmmRegion> dev = VmmRegion::Create(ctx, {.bytes = 8 * kMiB, .chunk_bytes = 8 * kMiB});
-  ASSERT_TRUE(dev.ok()) << dev.status().ToString();
-  Result<VmmView> view =
-      VmmView::Reserve(ctx, dev->chunk_bytes(), dev->chunk_count(), dev->granularity());
-  ASSERT_TRUE(view.ok());
-  ASSERT_TRUE(view->Borrow(*dev).ok());
-  ASSERT_TRUE(view->MapAll({}).ok());
+  DeviceBuffer dev;
+  ASSERT_TRUE(dev.Map(ctx, 8 * kMiB).ok());
   Result<CopyStats> pieces =
-      PlainPinnedCopy(ctx, view->base(), cache->data(), 8 * kMiB, cache->copy_unit());
+      PlainPinnedCopy(ctx, dev.base(), cache->data(), 8 * kMiB, cache->copy_unit());
   EXPECT_TRUE(pieces.ok()) << pieces.status().ToString();
   if (std::getenv("BATON_FAKE_CUDA") != nullptr) {
-    EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(view->base(), cache->data() + 2 * kMiB, 4 * kMiB),
+    EXPECT_EQ(ctx.driver()->cuMemcpyHtoD(dev.base(), cache->data() + 2 * kMiB, 4 * kMiB),
               CUDA_ERROR_INVALID_VALUE)
         << "one copy across two allocations";
   }
