@@ -17,9 +17,13 @@ using tcp = net::ip::tcp;
 std::string HttpErrorJson(int status, std::string_view message) {
   nlohmann::ordered_json inner;
   inner["message"] = std::string(message);
-  inner["type"] = status >= 500 ? "server_error" : "invalid_request_error";
+  // A client that backs off on 429 looks for OpenAI's rate-limit type and code.
+  const bool rate_limited = status == 429;
+  inner["type"] = status >= 500 ? "server_error"
+                  : rate_limited ? "rate_limit_error"
+                                 : "invalid_request_error";
   inner["param"] = nullptr;
-  inner["code"] = nullptr;
+  inner["code"] = rate_limited ? nlohmann::ordered_json("rate_limit_exceeded") : nullptr;
   nlohmann::ordered_json j;
   j["error"] = std::move(inner);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

@@ -44,7 +44,9 @@ struct HttpRoutes;
 using HttpRequest = boost::beast::http::request<boost::beast::http::string_body>;
 using HttpHeaders = std::vector<std::pair<std::string, std::string>>;
 
-// The JSON body of an error response.
+// The JSON body of an error response, OpenAI-shaped: {"error": {"message", "type", "param",
+// "code"}}; type server_error from 500, rate_limit_error (code rate_limit_exceeded) for 429,
+// invalid_request_error otherwise.
 std::string HttpErrorJson(int status, std::string_view message);
 
 class HttpExchange {

@@ -293,6 +293,7 @@ class SchedulerTest(unittest.TestCase):
         with self.assertRaises(ApiError) as ctx:  # more than the whole cache: at once
             s.submit(completion([256] * 10, 400))
         self.assertEqual(ctx.exception.status, 429)
+        self.assertEqual(ctx.exception.kind, "rate_limit_error")
 
 
 def post(port, body):

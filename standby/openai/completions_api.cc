@@ -352,6 +352,7 @@ ApiError MakeApiError(int http_status, std::string message, std::string param) {
   e.message = std::move(message);
   e.param = std::move(param);
   if (http_status == 404) e.type = "not_found_error";
+  if (http_status == 429) e.type = "rate_limit_error";
   if (http_status >= 500) e.type = "server_error";
   return e;
 }

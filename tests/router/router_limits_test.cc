@@ -141,6 +141,8 @@ TEST_F(RouterLimitsTest, QueueFullIs429WithRetryAfter) {
   const std::string response = ReadAll(fd.get());
   EXPECT_EQ(StatusOf(response), 429) << response;
   EXPECT_NE(response.find("Retry-After: 1"), std::string::npos) << response;
+  EXPECT_NE(response.find(R"("type":"rate_limit_error")"), std::string::npos) << response;
+  EXPECT_NE(response.find(R"("code":"rate_limit_exceeded")"), std::string::npos) << response;
   ExpectServing();
 }
 

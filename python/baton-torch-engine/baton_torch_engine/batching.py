@@ -120,7 +120,7 @@ class Scheduler:
         need, total = self.kv.blocks_for(longest), self.kv.total
         if need > total:
             raise ApiError(f"the request needs {need} KV blocks, the cache has {total}",
-                           status=429, kind="server_error")
+                           status=429, kind="rate_limit_error")
         job = Job(req, list(req.prompt_ids), TextBuilder(req.stop))
         for t in req.prompt_ids[len(req.prompt_ids) - req.resume_tokens:]:
             job.text.push(t)  # already sent by another engine: text only
@@ -223,7 +223,7 @@ class Scheduler:
             if need > self.kv.free_count:
                 if not self.running:  # nothing will free blocks: the cache shrank under it
                     self._fail([job], ApiError("the KV cache has no room for the request",
-                                               status=429, kind="server_error"))
+                                               status=429, kind="rate_limit_error"))
                     continue
                 return
             self.running.append(self.waiting.popleft())
@@ -255,7 +255,8 @@ class Scheduler:
                 if len(self.running) > 1:
                     self._preempt_youngest()
                     continue
-                self._fail(list(self.running), ApiError(str(e), status=429, kind="server_error"))
+                self._fail(list(self.running),
+                           ApiError(str(e), status=429, kind="rate_limit_error"))
                 return
             except Exception as e:  # a device fault, or a bug: the step's requests fail
                 status = self.on_error(e) if self.on_error else 500

@@ -231,6 +231,7 @@ TEST(ApiErrorTest, OpenAiShape) {
   EXPECT_EQ(e["error"]["param"], "x");
   EXPECT_TRUE(e["error"]["code"].is_null());
   EXPECT_EQ(ApiErrorFromStatus(ResourceExhausted("full")).http_status, 429);
+  EXPECT_EQ(ApiErrorFromStatus(ResourceExhausted("full")).type, "rate_limit_error");
   EXPECT_EQ(ApiErrorFromStatus(Unavailable("down")).http_status, 503);
   EXPECT_EQ(ApiErrorFromStatus(Internal("bug")).http_status, 500);
   EXPECT_EQ(ApiErrorFromStatus(Internal("bug")).type, "server_error");
