@@ -129,7 +129,8 @@ class StateMachine {
 
   S state() const { return state_; }
   const std::string& name() const { return name_; }
-  // Oldest first; at most history_limit entries.
+  // The changes of state, oldest first; at most history_limit entries. An event that leaves
+  // the state as it was is neither recorded nor logged.
   const std::deque<Record>& history() const { return history_; }
 
   // True if `event` has a row for the current state.
@@ -144,9 +145,9 @@ class StateMachine {
       BATON_LOG(WARN, "state") << "refused " << reason;
       return FailedPrecondition(std::move(reason));
     }
-    history_.push_back(Record{clock_->Now(), state_, event, row->to});
-    if (history_.size() > history_limit_) history_.pop_front();
     if (row->to != state_) {
+      history_.push_back(Record{clock_->Now(), state_, event, row->to});
+      if (history_.size() > history_limit_) history_.pop_front();
       BATON_LOG(INFO, "state") << name_ << ": " << ToString(state_) << " -> " << ToString(row->to)
                                << " on " << ToString(event);
     }

@@ -57,7 +57,11 @@ TEST(EngineMachineTest, LifeOfAPrimary) {
   ExpectApply(engine, EngineEvent::kHungConfirmed, EngineState::kFencing);
   ExpectApply(engine, EngineEvent::kDied, EngineState::kFencing);  // the SIGKILL landed
   ExpectApply(engine, EngineEvent::kFenceDone, EngineState::kDead);
-  EXPECT_EQ(engine.history().size(), 7u);
+  // Every change of state, and not the death that left it fencing.
+  ASSERT_EQ(engine.history().size(), 6u);
+  EXPECT_EQ(engine.history()[4].event, EngineEvent::kHungConfirmed);
+  EXPECT_EQ(engine.history()[5].from, EngineState::kFencing);
+  EXPECT_EQ(engine.history()[5].event, EngineEvent::kFenceDone);
 }
 
 TEST(EngineMachineTest, RefusedTransitionNamesMachineStateAndEvent) {
@@ -130,7 +134,9 @@ TEST(PairMachineTest, HistoryIsBoundedAndTimestamped) {
   FakeClock clock;
   PairMachine pair("pair", PairTable(), PairState::kStarting, clock, /*history_limit=*/4);
   ExpectApply(pair, PairEvent::kPromoteDone, PairState::kDegraded);
-  for (int i = 0; i < 10; ++i) {
+  for (int i = 0; i < 5; ++i) {
+    clock.Advance(milliseconds(5));
+    ExpectApply(pair, PairEvent::kStandbyReady, PairState::kReady);
     clock.Advance(milliseconds(5));
     ExpectApply(pair, PairEvent::kStandbyDied, PairState::kDegraded);
   }
@@ -138,6 +144,18 @@ TEST(PairMachineTest, HistoryIsBoundedAndTimestamped) {
   EXPECT_EQ(pair.history().back().at, clock.Now());
   EXPECT_EQ(pair.history().front().at, clock.Now() - milliseconds(15));
   EXPECT_EQ(pair.history().back().event, PairEvent::kStandbyDied);
+}
+
+// An event that leaves the state as it is (a fence done while degraded, a second report of
+// the standby's death) is no change: status's transitions and the log show only changes.
+TEST(PairMachineTest, AnEventThatChangesNothingIsNotRecorded) {
+  FakeClock clock;
+  PairMachine pair("pair", PairTable(), PairState::kStarting, clock);
+  ExpectApply(pair, PairEvent::kPromoteDone, PairState::kDegraded);
+  ExpectApply(pair, PairEvent::kStandbyDied, PairState::kDegraded);
+  ExpectApply(pair, PairEvent::kFenceDone, PairState::kDegraded);
+  ASSERT_EQ(pair.history().size(), 1u);
+  EXPECT_EQ(pair.history().front().event, PairEvent::kPromoteDone);
 }
 
 TEST(PairMachineTest, DrainStops) {
