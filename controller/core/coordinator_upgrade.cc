@@ -177,8 +177,16 @@ void UpgradePart::StartCanary(EngineRecord& e) {
 
 void UpgradePart::OnPrimaryReturned() {
   const bool answers_reclaim = s_.reclaim.from == s_.primary;
-  // The answer to RefillReserve's Reclaim: the reserve keeps what came back.
-  const bool for_reserve = answers_reclaim && s_.reclaim.for_reserve;
+  // The answer to RefillReserve's Reclaim: the reserve keeps what came back. A return says
+  // not whether it answers: one the primary gave up of its own accord may come first, and
+  // the answer after it (kept for one more return while the reserve is short).
+  const bool for_reserve = (answers_reclaim && s_.reclaim.for_reserve) || LateReserveAnswer();
+  own_.late_reserve_answer_from = kNoEngine;
+  if (answers_reclaim && s_.reclaim.for_reserve &&
+      s_.ledger->ReserveAvailable() < s_.ledger->promotion_reserve()) {
+    own_.late_reserve_answer_from = s_.primary;
+    own_.late_reserve_answer_until = s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout;
+  }
   if (answers_reclaim) s_.reclaim = PendingReclaim{};
   if (s_.stopping) return;
   if (for_reserve) {
@@ -210,6 +218,14 @@ void UpgradePart::OnPrimaryReturned() {
   if (p != nullptr && p->serving() && kept > 0) {
     p_.engines->GrantFree(*p, kept, "the primary (its own chunks)");
   }
+}
+
+// Only while no other Reclaim is out and no upgrade runs: an upgrade's Reclaim is answered
+// for the canary.
+bool UpgradePart::LateReserveAnswer() const {
+  return own_.late_reserve_answer_from != kNoEngine &&
+         own_.late_reserve_answer_from == s_.primary && s_.reclaim.from == kNoEngine &&
+         !own_.upgrade.has_value() && s_.clock.Now() < own_.late_reserve_answer_until;
 }
 
 void UpgradePart::PromoteCanary() {

@@ -34,6 +34,11 @@ struct UpgradeFields {
   uint64_t promoted = 0;
   uint64_t rolled_back = 0;
   bool give_back_blocks = false;  // blocks were freed: those beside the reserve go to the primary
+  // A return that the reserve's Reclaim took for its answer left the reserve short: it may
+  // have been blocks the primary gave up of its own accord, and the answer may still come
+  // from `late_reserve_answer_from` until `late_reserve_answer_until`.
+  EngineId late_reserve_answer_from = kNoEngine;
+  TimePoint late_reserve_answer_until{};
 };
 
 class UpgradePart {
@@ -84,6 +89,8 @@ class UpgradePart {
  private:
   void SetPhase(Upgrade::Phase phase);
   void ReclaimFromPrimary(uint32_t weight);
+  // Whether a return from the primary may be the late answer to the reserve's Reclaim.
+  bool LateReserveAnswer() const;
   void PromoteCanary();
   void TickCanary();
   void GrantFreeToCanary();
