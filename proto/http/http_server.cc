@@ -19,7 +19,7 @@ std::string HttpErrorJson(int status, std::string_view message) {
   inner["message"] = std::string(message);
   // A client that backs off on 429 looks for OpenAI's rate-limit type and code.
   const bool rate_limited = status == 429;
-  inner["type"] = status >= 500 ? "server_error"
+  inner["type"] = status >= 500  ? "server_error"
                   : rate_limited ? "rate_limit_error"
                                  : "invalid_request_error";
   inner["param"] = nullptr;
