@@ -130,6 +130,13 @@ class Controller final : private Effects {
   Status HandMemoryTo(KeeperClient& keeper);
   // controller_start.cc: what the previous controller left.
   void FindPrevious();
+  // Started without a roster (refused, or none), nothing says which processes hold the memory
+  // baton-keeper kept: every process but this one and the keeper that maps or holds open the
+  // adopted weight arena (`weights`) or pool (`pool`) is an engine of a previous controller,
+  // or one of its workers, and is killed (its process group too, when it leads one) and
+  // awaited before anything is adopted. Returns why the pool cannot be adopted ("": it can):
+  // a holder that could not be killed or did not exit within kHolderExitWait.
+  std::string ClearHoldersOfKeptMemory(bool weights, bool pool);
   // With [fleet]: reads the fleet routers' reports from etcd into routes_ (fleet_reports.h).
   Status StartFleetReports();
   // With [fleet]: this node's part in fleet-wide upgrades (rollout/fleet_rollout.h).

@@ -38,7 +38,16 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
     if (keeper.has_value()) BATON_LOG(INFO, kLog) << "weights: loading (" << weights_why << ")";
     BATON_RETURN_IF_ERROR(LoadWeights());
   }
-  const std::string pool_why = AdoptPool(keeper, record);
+  std::string pool_why = AdoptPool(keeper, record);
+  if (!found_.roster.has_value() && (weights_why.empty() || pool_why.empty())) {
+    // A writer nobody accounts for may outlive the wait: the pool is then made anew (the
+    // weights are sealed read-only for every process: they stay).
+    const std::string held = ClearHoldersOfKeptMemory(weights_why.empty(), pool_why.empty());
+    if (!held.empty() && pool_why.empty()) {
+      pool_adopted_ = false;
+      pool_why = held;
+    }
+  }
   if (!pool_why.empty()) {
     if (keeper.has_value()) BATON_LOG(INFO, kLog) << "pool: made anew (" << pool_why << ")";
     BATON_RETURN_IF_ERROR(MakePool());

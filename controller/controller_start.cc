@@ -1,19 +1,87 @@
 // Controller: what a previous controller of this state directory left (its roster), found at
 // start-up: which of its engines still run, as the pids and start times it recorded.
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <set>
+#include <vector>
 
+#include "base/io/unique_fd.h"
 #include "base/log.h"
+#include "base/process/file_holders.h"
 #include "controller/controller.h"
 
 namespace baton {
 namespace {
 
 constexpr const char* kLog = "controller";
+// How long the kept memory's unaccounted holders may take to exit once killed (a GPU
+// engine's teardown takes 0.1-0.2 s).
+constexpr Duration kHolderExitWait = std::chrono::seconds(5);
+
+std::string PidList(const std::vector<pid_t>& pids) {
+  std::string out;
+  for (pid_t pid : pids) out += (out.empty() ? "" : " ") + std::to_string(pid);
+  return out;
+}
+
+// SIGKILL to `pid` and, when it leads a process group that is not this one's, to the group.
+void KillHolder(pid_t pid) {
+  if (::getpgid(pid) == pid && pid != ::getpgrp()) (void)::kill(-pid, SIGKILL);
+  (void)::kill(pid, SIGKILL);
+}
+
+// Waits until every one of `pids` has exited (its memory and files let go: a pidfd is readable
+// only then), at most `wait`.
+void AwaitExits(const std::vector<pid_t>& pids, Duration wait) {
+  std::vector<UniqueFd> fds;
+  for (pid_t pid : pids) {
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (fd.valid()) fds.push_back(std::move(fd));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  for (const UniqueFd& fd : fds) {
+    pollfd p{.fd = fd.get(), .events = POLLIN, .revents = 0};
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return;
+      const int n = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (n != 0 && !(n < 0 && errno == EINTR)) break;
+    }
+  }
+}
 
 }  // namespace
+
+std::string Controller::ClearHoldersOfKeptMemory(bool weights, bool pool) {
+  std::vector<FileId> files;
+  if (pool) files.push_back(FileIdOf(pool_.fd()));
+  if (weights) {
+    Result<std::vector<UniqueFd>> arena = weights_->arena().DupFds();
+    if (arena.ok()) {
+      for (const UniqueFd& fd : *arena) files.push_back(FileIdOf(fd.get()));
+    }
+  }
+  std::vector<pid_t> mine = {::getpid()};
+  if (keeper_pid_ > 0) mine.push_back(keeper_pid_);
+  const std::vector<pid_t> holders = ProcessesHolding(files, mine);
+  if (holders.empty()) return "";
+  BATON_LOG(WARN, kLog) << holders.size() << " processes hold the kept memory and no roster "
+                        << "accounts for them (pids " << PidList(holders) << "): killed";
+  for (pid_t pid : holders) KillHolder(pid);
+  AwaitExits(holders, kHolderExitWait);
+  found_.holders_killed.assign(holders.begin(), holders.end());
+  const std::vector<pid_t> left = ProcessesHolding(files, mine);
+  if (left.empty()) return "";
+  const std::string why =
+      "processes no roster accounts for still hold the kept memory (pids " + PidList(left) + ")";
+  BATON_LOG(ERROR, kLog) << why << ": the pool is made anew";
+  return why;
+}
 
 void Controller::FindPrevious() {
   found_.exec_at = started_at_;

@@ -191,6 +191,7 @@ bool RecoveryPart::AcceptRegister(EngineRecord& e) {
 void RecoveryPart::NoteFreshStart(const StartState& found) {
   own_.last.roster = found.roster_refused.empty() ? "none" : found.roster_refused;
   own_.last.memory = found.memory_adopted ? "adopted" : found.memory_reason;
+  own_.last.holders_killed = found.holders_killed;
 }
 
 void RecoveryPart::OnReattach(EngineRecord& e, const proto::Reattach& msg) {

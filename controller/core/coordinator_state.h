@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/status.h"
@@ -58,6 +59,9 @@ struct StartState {
   std::string memory_reason;
   // What the engines map: the st_dev and st_ino of the arena and pool memfds.
   uint64_t arena_dev = 0, arena_ino = 0, pool_dev = 0, pool_ino = 0;
+  // Started without a roster: the processes that still held the kept memory, killed before it
+  // was adopted (Controller::ClearHoldersOfKeptMemory).
+  std::vector<int> holders_killed;
   std::optional<CommandRecord> commands;
   std::string commands_error;     // a record that did not load, for the log
   uint32_t blocks_per_chunk = 1;  // the device pool's chunk, in blocks (1: host backend)

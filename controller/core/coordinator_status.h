@@ -95,6 +95,8 @@ struct RecoveryStatus {
     std::string reason;
   };
   std::vector<Fenced> fenced;
+  // Started without a roster: pids that held the kept memory, killed before it was adopted.
+  std::vector<int> holders_killed;
   std::optional<double> readopt_ms;    // process start to the pair ready again with its engines
   std::optional<std::string> upgrade;  // what became of an upgrade in flight
 };

@@ -213,6 +213,7 @@ json RecoveryJson(const ControllerStatus& c) {
           {"memory", r.memory},
           {"readopted", r.readopted},
           {"fenced", fenced},
+          {"holders_killed", r.holders_killed},
           {"readopt_ms", r.readopt_ms.has_value() ? json(*r.readopt_ms) : json()},
           {"upgrade", r.upgrade.has_value() ? json(*r.upgrade) : json()}};
 }

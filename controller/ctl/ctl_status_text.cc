@@ -75,6 +75,10 @@ void ControllerText(const ControllerStatus& c, std::ostringstream& out) {
   for (const RecoveryStatus::Fenced& f : r.fenced) {
     out << "  fenced at restart: engine " << f.id << ": " << f.reason << "\n";
   }
+  for (int pid : r.holders_killed) {
+    out << "  killed at start: pid " << pid
+        << " held the kept memory and no roster accounted for it\n";
+  }
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ struct ClusterOptions {
   // [controller] readopt_timeout_ms when > 0: how long a restarted controller waits for the
   // previous one's engines.
   int readopt_timeout_ms = 0;
+  std::string engine_cgroup;  // [engine] cgroup when set ("off": process groups only)
   // The first controller's extra environment ("NAME=value": BATON_FAILPOINTS=...).
   std::vector<std::string> controller_env;
   // TOML appended to the controller's configuration (whole sections: "[fleet]\n...").

@@ -121,6 +121,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
   for (size_t i = 0; i < command.size(); ++i) out << (i ? ", " : "") << Quote(command[i]);
   out << "]\nbase_port = " << o.base_port << "\nregister_timeout_ms = " << o.register_timeout_ms
       << "\n"
+      << (o.engine_cgroup.empty() ? "" : "cgroup = " + Quote(o.engine_cgroup) + "\n")
       << "promote_timeout_ms = " << o.promote_timeout_ms
       << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
       << "[pool]\nblocks = " << o.blocks << "\nblock_bytes = " << o.block_bytes << "\n"

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -274,6 +275,37 @@ TEST(ControllerRestart, ACorruptRosterIsRefusedAndItsEnginesFenced) {
   for (pid_t pid : EnginePids(before)) {
     EXPECT_EQ(EnginePids(after).count(pid), 0u) << "an unaccounted engine was kept";
   }
+  ExpectHealthy(cluster, after);
+}
+
+// The same without engine cgroups, the old primary frozen (SIGSTOP, as a hung engine): no
+// roster names the processes that map the kept memory, so the new controller finds them in
+// /proc, kills them and waits for their exit before it adopts the memory; the new primary
+// never shares a block with a writer that outlived its controller.
+TEST(ControllerRestart, WithoutARosterWhateverHoldsTheKeptMemoryIsKilledFirst) {
+  ClusterOptions o;
+  o.engine_cgroup = "off";
+  ChaosCluster cluster(o);
+  const json before = cluster.Status();
+  const pid_t old_primary = PidOf(EngineWithRole(before, "primary"));
+  cluster.KillController();
+  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
+    std::ofstream(cluster.dir() + slot) << "{\"format\": 1, \"engines\": [tr";
+  }
+  ASSERT_EQ(::kill(old_primary, SIGSTOP), 0);
+  cluster.RestartController();
+  const json after = cluster.WaitReady("a new pair");
+  const json& recovery = after["controller"]["recovery"];
+  for (pid_t pid : EnginePids(before)) {
+    EXPECT_FALSE(ProcessRunning(pid)) << "engine pid " << pid << " outlived the new start";
+    EXPECT_EQ(EnginePids(after).count(pid), 0u);
+    EXPECT_NE(
+        std::find(recovery["holders_killed"].begin(), recovery["holders_killed"].end(), json(pid)),
+        recovery["holders_killed"].end())
+        << recovery.dump();
+  }
+  EXPECT_TRUE(after["pool"]["adopted"].get<bool>()) << "adopted once nothing else held it";
+  EXPECT_NE(cluster.Log().find("no roster accounts for them"), std::string::npos);
   ExpectHealthy(cluster, after);
 }
 

@@ -54,6 +54,7 @@ class SimLoop {
                  .arena_ino = kArenaIno,
                  .pool_dev = kPoolDev,
                  .pool_ino = kPoolIno,
+                 .holders_killed = {},
                  .commands = disk_.commands,
                  .commands_error = "",
                  .blocks_per_chunk = fault_.blocks_per_chunk,
