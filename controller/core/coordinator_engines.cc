@@ -305,7 +305,9 @@ void EnginePart::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
     if (!returned.ok()) return RefuseEngine(e, returned);
   }
   BATON_LOG(INFO, kLog) << Name(e) << " returned " << msg.extents.size() << " extents";
-  if (e.id == s_.primary) p_.upgrades->OnPrimaryReturned();
+  uint32_t returned = 0;
+  for (const proto::BlockRange& r : msg.extents) returned += r.count;
+  if (e.id == s_.primary) p_.upgrades->OnPrimaryReturned(returned);
   SaveRoster();
 }
 

@@ -175,19 +175,22 @@ void UpgradePart::StartCanary(EngineRecord& e) {
   }
 }
 
-void UpgradePart::OnPrimaryReturned() {
-  const bool answers_reclaim = s_.reclaim.from == s_.primary;
-  // The answer to RefillReserve's Reclaim: the reserve keeps what came back. A return says
-  // not whether it answers: one the primary gave up of its own accord may come first, and
-  // the answer after it (kept for one more return while the reserve is short).
-  const bool for_reserve = (answers_reclaim && s_.reclaim.for_reserve) || LateReserveAnswer();
-  own_.late_reserve_answer_from = kNoEngine;
-  if (answers_reclaim && s_.reclaim.for_reserve &&
-      s_.ledger->ReserveAvailable() < s_.ledger->promotion_reserve()) {
-    own_.late_reserve_answer_from = s_.primary;
-    own_.late_reserve_answer_until = s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout;
+void UpgradePart::OnPrimaryReturned(uint32_t returned) {
+  // A return says not whether it answers a Reclaim: blocks the primary gave up of its own
+  // accord may come first and be taken for the answer. When that return is short of what was
+  // asked, the next one (within the Reclaim's time) is taken as its answer too.
+  const bool pending = s_.reclaim.from == s_.primary;
+  const bool late = !pending && LateReclaimAnswer();
+  const bool answers_reclaim = pending || late;
+  // The answer to RefillReserve's Reclaim: the reserve keeps what came back.
+  const bool for_reserve = pending ? s_.reclaim.for_reserve : late && own_.late_answer_for_reserve;
+  own_.late_answer_from = kNoEngine;
+  if (pending && returned < s_.reclaim.blocks) {
+    own_.late_answer_from = s_.primary;
+    own_.late_answer_until = s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout;
+    own_.late_answer_for_reserve = s_.reclaim.for_reserve;
   }
-  if (answers_reclaim) s_.reclaim = PendingReclaim{};
+  if (pending) s_.reclaim = PendingReclaim{};
   if (s_.stopping) return;
   if (for_reserve) {
     // Blocks freed while the Reclaim was out (a canary's, rolled back) may have filled the
@@ -222,10 +225,10 @@ void UpgradePart::OnPrimaryReturned() {
 
 // Only while no other Reclaim is out and no upgrade runs: an upgrade's Reclaim is answered
 // for the canary.
-bool UpgradePart::LateReserveAnswer() const {
-  return own_.late_reserve_answer_from != kNoEngine &&
-         own_.late_reserve_answer_from == s_.primary && s_.reclaim.from == kNoEngine &&
-         !own_.upgrade.has_value() && s_.clock.Now() < own_.late_reserve_answer_until;
+bool UpgradePart::LateReclaimAnswer() const {
+  return own_.late_answer_from != kNoEngine && own_.late_answer_from == s_.primary &&
+         s_.reclaim.from == kNoEngine && !own_.upgrade.has_value() &&
+         s_.clock.Now() < own_.late_answer_until;
 }
 
 void UpgradePart::PromoteCanary() {

@@ -34,11 +34,12 @@ struct UpgradeFields {
   uint64_t promoted = 0;
   uint64_t rolled_back = 0;
   bool give_back_blocks = false;  // blocks were freed: those beside the reserve go to the primary
-  // A return that the reserve's Reclaim took for its answer left the reserve short: it may
-  // have been blocks the primary gave up of its own accord, and the answer may still come
-  // from `late_reserve_answer_from` until `late_reserve_answer_until`.
-  EngineId late_reserve_answer_from = kNoEngine;
-  TimePoint late_reserve_answer_until{};
+  // A return taken for a Reclaim's answer brought fewer blocks than it asked: it may have been
+  // blocks the primary gave up of its own accord, and the answer may still come from
+  // `late_answer_from` until `late_answer_until` (for the reserve's Reclaim or an upgrade's).
+  EngineId late_answer_from = kNoEngine;
+  TimePoint late_answer_until{};
+  bool late_answer_for_reserve = false;
 };
 
 class UpgradePart {
@@ -64,8 +65,8 @@ class UpgradePart {
   std::vector<std::string> CommandFor(EngineId id, proto::LaunchRole role);
   // The canary is a ready standby beside a serving primary: its blocks are reclaimed.
   void StartCanary(EngineRecord& e);
-  // The primary returned blocks (a Reclaim's answer, or of its own accord).
-  void OnPrimaryReturned();
+  // The primary returned `returned` blocks (a Reclaim's answer, or of its own accord).
+  void OnPrimaryReturned(uint32_t returned);
   void OnCanaryPromoted(EngineRecord& e, uint64_t epoch);
   void OnCanaryGone(EngineRecord& e);
   // The primary `old` failed or drained: a serving canary takes over; false if there is none.
@@ -89,8 +90,8 @@ class UpgradePart {
  private:
   void SetPhase(Upgrade::Phase phase);
   void ReclaimFromPrimary(uint32_t weight);
-  // Whether a return from the primary may be the late answer to the reserve's Reclaim.
-  bool LateReserveAnswer() const;
+  // Whether a return from the primary may be the late answer to a Reclaim.
+  bool LateReclaimAnswer() const;
   void PromoteCanary();
   void TickCanary();
   void GrantFreeToCanary();

@@ -167,6 +167,8 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // The primary gave up a block right after the reserve's Reclaim: taken for its
            // answer, and the answer, past a release that filled the reserve, stayed free.
            Found{1118701, 400, "a Reclaim's late answer stranded beside a full reserve"},
+           // The same for a canary's Reclaim, its upgrade rolled back before the answer came.
+           Found{1121954, 400, "a canary's Reclaim answered late after its rollback"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
