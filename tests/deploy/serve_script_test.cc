@@ -5,6 +5,8 @@
 //     router, the controller, its engines and baton-keeper are all gone, exit 0.
 //   * Ctrl-C (SIGINT to the group) while the controller is frozen (SIGSTOP), then a second
 //     Ctrl-C: what is left gets kill -9 at once, and nothing of the stack remains.
+//   * A frozen controller (SIGSTOP) is killed by the script's watchdog and replaced; the new
+//     controller re-adopts the same engines.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -146,6 +148,29 @@ TEST_F(ServeScript, ASecondCtrlCStopsAFrozenControllerAndWhatItLeft) {
   EXPECT_NE(script_->Wait(seconds(10)), 128 + SIGKILL) << "it ended on its own\n" << ReadFile(log_);
   EXPECT_NE(ReadFile(log_).find("has not stopped: kill -9"), std::string::npos) << ReadFile(log_);
   EXPECT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
+}
+
+TEST_F(ServeScript, AFrozenControllerIsReplacedAndItsEnginesReadopted) {
+  const pid_t controller = ProcessWith(runtime_ + "/controller.toml");
+  ASSERT_GT(controller, 0);
+  std::vector<pid_t> engines = EnginesOf(Socket());
+  std::sort(engines.begin(), engines.end());
+  ::kill(controller, SIGSTOP);
+  pid_t next = 0;
+  for (int i = 0; i < 300 && (next == 0 || next == controller); ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    next = ProcessWith(runtime_ + "/controller.toml");
+  }
+  ASSERT_NE(next, controller) << ReadFile(log_);
+  EXPECT_NE(ReadFile(log_).find("has not answered for"), std::string::npos) << ReadFile(log_);
+  std::vector<pid_t> now;
+  for (int i = 0; i < 100 && now != engines; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    now = EnginesOf(Socket());
+    std::sort(now.begin(), now.end());
+  }
+  EXPECT_EQ(now, engines) << "the same engines, re-adopted\n" << ReadFile(log_);
+  EXPECT_TRUE(script_->Running()) << ReadFile(log_);
 }
 
 }  // namespace
