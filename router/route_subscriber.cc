@@ -125,7 +125,9 @@ void RouteSubscriber::Subscribe() {
   if (Result<proto::PeerCredentials> peer = channel->peer_credentials(); peer.ok()) {
     if (controller_pid_ != 0 && peer->pid != controller_pid_) {
       BATON_LOG(INFO, "router") << "a new controller (pid " << peer->pid << ", was "
-                                << controller_pid_ << "): its primary is a new engine";
+                                << controller_pid_
+                                << "): its first route table says whether the primary was "
+                                   "re-adopted or is a new engine";
       if (on_new_controller_) on_new_controller_();
     }
     controller_pid_ = peer->pid;

@@ -129,8 +129,8 @@ void EnginePart::MaybeLaunch() {
   if (s_.guard.InBackoff()) {
     if (!s_.backoff() && s_.pair.Allows(PairEvent::kCrashLoopTripped)) {
       s_.StepPair(PairEvent::kCrashLoopTripped);
-      BATON_LOG(WARN, kLog) << "crash loop: " << s_.guard.recent_failures()
-                            << " engine failures in the window; restarts held back for "
+      BATON_LOG(WARN, kLog) << "crash loop (trip " << s_.guard.level()
+                            << " in a row): engine restarts held back for "
                             << MillisBetween(s_.clock.Now(), s_.guard.backoff_until()) << " ms";
     }
     return;

@@ -152,10 +152,7 @@ void FailoverPart::Fence(EngineId id, FailCause cause, const std::string& detail
   if (s_.stopping) return;
   const bool counts = cause != FailCause::kPlanned && cause != FailCause::kShutdown &&
                       cause != FailCause::kUnaccounted;
-  if (counts && s_.guard.RecordFailure()) {
-    BATON_LOG(WARN, kLog) << "crash-loop guard tripped: " << s_.guard.recent_failures()
-                          << " failures within the window";
-  }
+  if (counts) (void)s_.guard.RecordFailure();  // a trip is logged by the guard
   if (id == s_.primary) {
     FailPrimary(*e, cause, detected_at, alive ? std::optional<TimePoint>(killed_at) : std::nullopt);
   } else {

@@ -112,7 +112,10 @@ constexpr int kExec = 2;
                             int cgroup_fd) {
   // No parent-death signal: an engine outlives its controller and is re-adopted by the next.
   if (cgroup_fd >= 0 && ::write(cgroup_fd, "0", 1) != 1) ChildFails(error_fd, kJoinCgroup);
-  ::setpgid(0, 0);  // terminal signals go to the controller only
+  // A session of its own (and a process group: its pid): terminal signals go to the controller
+  // only, and the controller's death orphans no process group of the controller's session
+  // holding an engine, so a stopped engine is not sent SIGHUP by the kernel then.
+  ::setsid();
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);

@@ -104,8 +104,7 @@ void KeeperWatch::Restart() {
     return Retry("handing the memory to baton-keeper: " + kept.message());
   }
   ++status_.restarts;
-  status_.detail = "restarted " + std::to_string(status_.restarts) +
-                   " times; the memory is kept again and the record rewritten";
+  status_.detail = "the memory is kept again and the record rewritten";
   Watch(*pid);
 }
 

@@ -299,8 +299,11 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
   // The request waits in the queue for an engine that listens; past the queue's wait it gets
   // 429 with Retry-After (nothing was done: the client may send it again), or, once its
   // stream has begun, the error event.
+  // A request that keeps finding no engine listening logs its first refusal, not every retry.
+  bool refused_again = false;
   if (error == UpstreamError::kConnect) {
     deps_.admission->Unreachable(failed);
+    refused_again = unreachable_since_.has_value();
     if (!unreachable_since_) unreachable_since_ = now;
     if (now - *unreachable_since_ >= deps_.unreachable_limit) {
       return GiveUp(429, "unreachable",
@@ -317,9 +320,13 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
   }
   const bool tokens = replay_.tokens_sent() > 0;
   deps_.metrics->RecordReplay(tokens);
-  BATON_LOG(INFO, "router") << route_ << " on " << failed.address << " failed (" << message
-                            << "): " << (tokens ? "replaying after " : "retrying, ")
-                            << replay_.tokens_sent() << " tokens sent";
+  if (refused_again) {
+    BATON_LOG(DEBUG, "router") << route_ << " on " << failed.address << " refused again";
+  } else {
+    BATON_LOG(INFO, "router") << route_ << " on " << failed.address << " failed (" << message
+                              << "): " << (tokens ? "replaying after " : "retrying, ")
+                              << replay_.tokens_sent() << " tokens sent";
+  }
   // The client's wait for its next token runs from the first failure it did not see end.
   if (tokens && !failed_at_) failed_at_ = now;
   Admit(failed);

@@ -226,6 +226,32 @@ TEST(ControllerRestart, AStandbyThatHangsAcrossTheRestartIsFencedAndReplaced) {
   ExpectHealthy(cluster, after);
 }
 
+// An engine frozen before its controller dies is still there after: each engine leads a
+// session of its own, so the controller's death orphans no process group that holds a stopped
+// process (which the kernel would end with SIGHUP); the next controller decides its fate.
+TEST(ControllerRestart, AnEngineFrozenBeforeItsControllerDiesOutlivesIt) {
+  ClusterOptions options;
+  options.readopt_timeout_ms = 500;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const pid_t standby = PidOf(EngineWithRole(before, "standby"));
+  ASSERT_EQ(::kill(standby, SIGSTOP), 0);
+  cluster.KillController();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::optional<ProcStat> stat = ReadProcStat(standby);
+  ASSERT_TRUE(stat.has_value()) << "the frozen standby died with its controller";
+  EXPECT_EQ(stat->state, 'T') << "still frozen, not ended";
+  cluster.RestartController();
+  const json after = cluster.WaitFor(
+      [&](const json& s) {
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) &&
+               EnginePids(s).count(standby) == 0;
+      },
+      "a new standby in place of the frozen one");
+  EXPECT_EQ(after["controller"]["recovery"]["fenced"].size(), 1u) << after["controller"].dump();
+  ExpectHealthy(cluster, after);
+}
+
 // A process that connects while no controller listens, with a token of its own making: the
 // restarted controller refuses it and keeps its own engines.
 TEST(ControllerRestart, AStrangerWaitingForTheControllerIsRefused) {
