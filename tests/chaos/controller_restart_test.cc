@@ -244,8 +244,7 @@ TEST(ControllerRestart, AnEngineFrozenBeforeItsControllerDiesOutlivesIt) {
   cluster.RestartController();
   const json after = cluster.WaitFor(
       [&](const json& s) {
-        return IsReady(s) && PrimaryId(s) == PrimaryId(before) &&
-               EnginePids(s).count(standby) == 0;
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) && EnginePids(s).count(standby) == 0;
       },
       "a new standby in place of the frozen one");
   EXPECT_EQ(after["controller"]["recovery"]["fenced"].size(), 1u) << after["controller"].dump();
