@@ -163,11 +163,13 @@ class SimWorld {
   // --- engine -> controller ------------------------------------------------------------
   // A message the engine sends now, delivered after `delay`; one engine's messages arrive
   // in the order sent.
-  void Send(SimEngine& e, const FromEngine& m, Duration delay) {
+  // Returns when it arrives: `delay` from now, or after the engine's messages before it.
+  TimePoint Send(SimEngine& e, const FromEngine& m, Duration delay) {
     Note(e, m);
     TimePoint at = std::max(now() + delay, last_message_at_[e.id]);
     last_message_at_[e.id] = at;
     Queue(WorldEvent{WorldEvent::Kind::kMessage, e.id, m, ""}, at);
+    return at;
   }
   // Records `m` as sent by `e` (for stale replays later).
   void Note(SimEngine& e, const FromEngine& m) {

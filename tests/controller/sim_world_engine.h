@@ -79,11 +79,11 @@ inline void SimWorld::Handle(SimEngine& e, const proto::Reclaim& m) {
   }
   e.kv->Give(give);
   for (uint32_t b : give) e.mapped.erase(b);
-  const Duration delay = rng_.Millis(1, 20);
-  Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, delay);
+  const TimePoint arrives =
+      Send(e, proto::ReturnExtents{.epoch = e.epoch, .extents = Runs(give)}, rng_.Millis(1, 20));
   if (now() >= e.returning_until) e.returning.clear();
   e.returning.insert(give.begin(), give.end());
-  e.returning_until = std::max(e.returning_until, now() + delay);
+  e.returning_until = std::max(e.returning_until, arrives);
 }
 inline void SimWorld::Handle(SimEngine& e, const proto::Drain&) {
   e.draining = true;

@@ -169,6 +169,10 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            Found{1118701, 400, "a Reclaim's late answer stranded beside a full reserve"},
            // The same for a canary's Reclaim, its upgrade rolled back before the answer came.
            Found{1121954, 400, "a canary's Reclaim answered late after its rollback"},
+           // The model's own: a Reclaim's answer queued behind the engine's earlier messages
+           // arrived later than the model thought, and a second return of its blocks, which
+           // the controller rightly took, was flagged.
+           Found{1161389, 400, "a Reclaim's answer behind the engine's queue"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
