@@ -42,7 +42,13 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
   if (!found_.roster.has_value() && (weights_why.empty() || pool_why.empty())) {
     // A writer nobody accounts for may outlive the wait: the pool is then made anew (the
     // weights are sealed read-only for every process: they stay).
-    const std::string held = ClearHoldersOfKeptMemory(weights_why.empty(), pool_why.empty());
+    std::string held = ClearHoldersOfKeptMemory(weights_why.empty(), pool_why.empty());
+    if (held.empty() && !found_.holders_killed.empty() &&
+        backend.kind == MemoryBackendKind::kCuda) {
+      // Their GPU work is not awaited here (the barrier's NVML check is not loaded yet): the
+      // device memory is made anew, and the pool whose records describe it with it.
+      held = "killed processes that held the kept memory may still run GPU work";
+    }
     if (!held.empty() && pool_why.empty()) {
       pool_adopted_ = false;
       pool_why = held;

@@ -7,12 +7,14 @@
 
 #include <cerrno>
 #include <set>
+#include <thread>
 #include <vector>
 
 #include "base/io/unique_fd.h"
 #include "base/log.h"
 #include "base/process/file_holders.h"
 #include "controller/controller.h"
+#include "controller/engines/supervisor.h"
 
 namespace baton {
 namespace {
@@ -35,7 +37,7 @@ void KillHolder(pid_t pid) {
 }
 
 // Waits until every one of `pids` has exited (its memory and files let go: a pidfd is readable
-// only then), at most `wait`.
+// only then), and every process group one of them led is empty, at most `wait`.
 void AwaitExits(const std::vector<pid_t>& pids, Duration wait) {
   std::vector<UniqueFd> fds;
   for (pid_t pid : pids) {
@@ -53,6 +55,11 @@ void AwaitExits(const std::vector<pid_t>& pids, Duration wait) {
       if (n != 0 && !(n < 0 && errno == EINTR)) break;
     }
   }
+  for (pid_t pid : pids) {
+    while (ProcessGroupAlive(pid) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
 }
 
 }  // namespace
@@ -66,8 +73,11 @@ std::string Controller::ClearHoldersOfKeptMemory(bool weights, bool pool) {
       for (const UniqueFd& fd : *arena) files.push_back(FileIdOf(fd.get()));
     }
   }
-  std::vector<pid_t> mine = {::getpid()};
-  if (keeper_pid_ > 0) mine.push_back(keeper_pid_);
+  if (keeper_pid_ <= 0) {  // the keeper holds it too, and must not be taken for an engine
+    return "baton-keeper's pid is unknown, so the processes that hold the kept memory cannot "
+           "be told from it";
+  }
+  const std::vector<pid_t> mine = {::getpid(), keeper_pid_};
   const std::vector<pid_t> holders = ProcessesHolding(files, mine);
   if (holders.empty()) return "";
   BATON_LOG(WARN, kLog) << holders.size() << " processes hold the kept memory and no roster "

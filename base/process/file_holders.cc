@@ -3,12 +3,14 @@
 #include <dirent.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <string_view>
 
 #include "base/process/proc_table.h"
 
@@ -36,6 +38,8 @@ bool MapsAnyOf(pid_t pid, std::span<const FileId> files) {
   return false;
 }
 
+// Only fds whose link names a memfd ("/memfd:NAME (deleted)") are stat'ed: a stat of any
+// other could block on a file on a hung network or FUSE mount.
 bool HoldsOpenAnyOf(pid_t pid, std::span<const FileId> files) {
   const std::string dir_path = "/proc/" + std::to_string(pid) + "/fd";
   DIR* dir = ::opendir(dir_path.c_str());
@@ -43,8 +47,12 @@ bool HoldsOpenAnyOf(pid_t pid, std::span<const FileId> files) {
   bool found = false;
   while (const dirent* e = ::readdir(dir)) {
     if (e->d_name[0] == '.') continue;
+    const std::string link = dir_path + "/" + e->d_name;
+    char target[16] = {};
+    const ssize_t n = ::readlink(link.c_str(), target, sizeof(target) - 1);
+    if (n < 7 || std::string_view(target, 7) != "/memfd:") continue;
     struct stat st {};
-    if (::stat((dir_path + "/" + e->d_name).c_str(), &st) != 0) continue;
+    if (::stat(link.c_str(), &st) != 0) continue;
     if (Wanted(files, FileId{.dev = st.st_dev, .ino = st.st_ino})) {
       found = true;
       break;

@@ -1,4 +1,5 @@
-// Which processes hold a file: map it (/proc/PID/maps) or keep it open (/proc/PID/fd). The
+// Which processes hold a memfd: map it (/proc/PID/maps) or keep it open (/proc/PID/fd: only
+// fds that name a memfd are looked at, so that no stat blocks on a hung mount). The
 // controller's start without a roster uses it to find every process that still maps the memory
 // baton-keeper kept (Controller::ClearHoldersOfKeptMemory), whatever its process group or
 // cgroup became. Plain functions reading /proc; thread-compatible.
@@ -22,7 +23,8 @@ struct FileId {
 // The id of the file open at `fd`; nothing (ino 0) when fstat fails.
 FileId FileIdOf(int fd);
 
-// Whether `pid` maps one of `files` or holds one open. A process this one may not inspect
+// Whether `pid` maps one of `files` or holds one open (memfds only: an fd of another kind
+// is not looked at). A process this one may not inspect
 // (another user's without the privilege, one gone meanwhile) holds nothing.
 bool HoldsAnyOf(pid_t pid, std::span<const FileId> files);
 
