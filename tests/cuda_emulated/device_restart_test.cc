@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "base/process/proc_table.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/cuda_emulated/emulated_device.h"
 
@@ -151,6 +152,31 @@ TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEngi
       cluster.WaitFor([&](const json& s) { return IsReady(s) && Pids(s) == Pids(after); },
                       "the new pair, re-adopted");
   EXPECT_TRUE(again["device"]["adopted"].get<bool>()) << again["device"].dump();
+}
+
+// A roster that cannot be read, engine cgroups off: the new controller finds the old engines
+// by the kept memory they map and kills them, and, since their GPU work is not awaited there,
+// makes the pool and the device memory anew (the weights stay adopted).
+TEST(DeviceRestartTest, WithoutARosterTheKilledHoldersDeviceMemoryIsMadeAnew) {
+  ClusterOptions o = CudaCluster();
+  o.engine_cgroup = "off";
+  ChaosCluster cluster(o);
+  const json before = cluster.Status();
+  cluster.KillController();
+  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
+    std::ofstream(cluster.dir() + slot) << "{\"format\": 1, \"engines\": [tr";
+  }
+  cluster.RestartController();
+  const json after = cluster.WaitReady("a new pair on new device memory");
+  EXPECT_EQ(after["controller"]["recovery"]["holders_killed"].size(), 2u)
+      << after["controller"].dump();
+  for (pid_t pid : Pids(before)) {
+    EXPECT_FALSE(ProcessRunning(pid)) << "engine pid " << pid << " outlived the new start";
+  }
+  EXPECT_FALSE(after["pool"]["adopted"].get<bool>()) << after["pool"].dump();
+  EXPECT_FALSE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
+  EXPECT_EQ(after["weights"]["load_method"], "adopted") << "the sealed weights stay";
+  cluster.CheckFencing();
 }
 
 // A driver without read-only host registration cannot pin the adopted arena: the device copy
