@@ -126,6 +126,9 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
   } else if (c->is(EngineState::kPromoting)) {
     up.phase = Upgrade::Phase::kPromoting;
     own_.upgrade = std::move(up);
+    // The canary stands in for the standby, as its StandbyReady did before the restart: the
+    // upgrade finishes only from a ready pair.
+    s_.StepPairIfAllowed(PairEvent::kStandbyReady);
     outcome = "resumed: the canary's promotion";
   } else if (c->is(EngineState::kDraining)) {
     up.phase = Upgrade::Phase::kRollingBack;

@@ -173,6 +173,9 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // arrived later than the model thought, and a second return of its blocks, which
            // the controller rightly took, was flagged.
            Found{1161389, 400, "a Reclaim's answer behind the engine's queue"},
+           // A restart during the canary's promotion left the pair degraded, and a canary that
+           // passed every step waited for a ready pair forever.
+           Found{1231602, 400, "an upgrade resumed at the canary's promotion never finished"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
