@@ -112,10 +112,12 @@ constexpr int kExec = 2;
                             int cgroup_fd) {
   // No parent-death signal: an engine outlives its controller and is re-adopted by the next.
   if (cgroup_fd >= 0 && ::write(cgroup_fd, "0", 1) != 1) ChildFails(error_fd, kJoinCgroup);
-  // A session of its own (and a process group: its pid): terminal signals go to the controller
-  // only, and the controller's death orphans no process group of the controller's session
-  // holding an engine, so a stopped engine is not sent SIGHUP by the kernel then.
-  ::setsid();
+  // A process group of its own, in the controller's session: terminal signals go to the
+  // controller only. Not a session of its own: the kernel schedules each session apart
+  // (autogroups), and engines that compute would take the controller's share of the CPU.
+  // (So the controller's death orphans the group, and the kernel ends a stopped engine with
+  // SIGHUP: the next controller would have fenced it.)
+  ::setpgid(0, 0);
   sigset_t all;
   sigemptyset(&all);
   ::sigprocmask(SIG_SETMASK, &all, nullptr);
