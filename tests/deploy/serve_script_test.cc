@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/io/unique_fd.h"
+#include "controller/engines/engine_cgroup.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/deploy/deploy_support.h"
 
@@ -97,6 +98,12 @@ class ServeScript : public ::testing::Test {
     ::kill(-pgid_, SIGKILL);
     for (pid_t pid : Left()) ::kill(pid, SIGCONT), ::kill(pid, SIGKILL);
     script_.reset();
+    // A controller killed with kill -9 leaves its engines' cgroups: removed as the next
+    // controller on this runtime directory would.
+    std::string why_not;
+    Result<std::unique_ptr<EngineCgroups>> cgroups =
+        EngineCgroups::Open("auto", runtime_, &why_not);
+    if (cgroups.ok() && *cgroups != nullptr) (*cgroups)->ClearLeftovers({});
     std::error_code ec;
     if (!HasFailure()) std::filesystem::remove_all(runtime_, ec);
   }
