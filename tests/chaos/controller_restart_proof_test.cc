@@ -20,15 +20,12 @@ namespace baton::chaos {
 namespace {
 
 // A roster that does not parse (neither slot): nothing the previous controller ran can be
-// accounted for, so
-// its engines are fenced (killed) before a new pair starts.
+// accounted for, so its engines are fenced (killed) before a new pair starts.
 TEST(ControllerRestart, ACorruptRosterIsRefusedAndItsEnginesFenced) {
   ChaosCluster cluster;
   const json before = cluster.Status();
   cluster.KillController();
-  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
-    std::ofstream(cluster.dir() + slot) << "{\"format\": 1, \"engines\": [tr";
-  }
+  CorruptBothRosterSlots(cluster);
   cluster.RestartController();
   const json after = cluster.WaitReady("a new pair");
   EXPECT_NE(after["controller"]["recovery"]["roster"].get<std::string>().find("refused"),
@@ -51,9 +48,7 @@ TEST(ControllerRestart, WithoutARosterWhateverHoldsTheKeptMemoryIsKilledFirst) {
   const json before = cluster.Status();
   const pid_t old_primary = PidOf(EngineWithRole(before, "primary"));
   cluster.KillController();
-  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
-    std::ofstream(cluster.dir() + slot) << "{\"format\": 1, \"engines\": [tr";
-  }
+  CorruptBothRosterSlots(cluster);
   ASSERT_EQ(::kill(old_primary, SIGSTOP), 0);
   cluster.RestartController();
   const json after = cluster.WaitReady("a new pair");
@@ -80,16 +75,7 @@ TEST(ControllerRestart, KeptMemoryThatCannotBeProvenIsLoadedAfreshAndItsEnginesF
   std::ofstream(cluster.dir() + "/run/state/memory.json")
       << "{\"weights_generation\": 1, \"pool_generation\": 2}\n";
   cluster.RestartController();
-  const json after = cluster.WaitFor(
-      [&](const json& s) {
-        return IsReady(s) && s["controller"]["recovery"]["fenced"].size() == 2;
-      },
-      "a new pair, the old engines fenced");
-  EXPECT_NE(after["weights"]["load_method"], "adopted");
-  EXPECT_NE(after["controller"]["recovery"]["memory"].get<std::string>().find("not the ones"),
-            std::string::npos)
-      << after["controller"].dump();
-  for (pid_t pid : EnginePids(before)) EXPECT_EQ(EnginePids(after).count(pid), 0u);
+  const json after = ExpectMemoryRefusedAndEnginesFenced(cluster, before, "not the ones");
   ExpectHealthy(cluster, after);
 }
 
@@ -109,18 +95,9 @@ TEST(ControllerRestart, ACorruptArenaManifestIsRefusedAndTheWeightsLoadedAfresh)
         keeper->Keep("weights", "{\"format\": 1, \"generation\": [", {(*item)->fds[0].get()}).ok());
   }
   cluster.RestartController();
-  const json after = cluster.WaitFor(
-      [&](const json& s) {
-        return IsReady(s) && s["controller"]["recovery"]["fenced"].size() == 2;
-      },
-      "a new pair, the old engines fenced");
-  EXPECT_NE(after["weights"]["load_method"], "adopted");
+  const json after =
+      ExpectMemoryRefusedAndEnginesFenced(cluster, before, "the kept weights' manifest");
   EXPECT_GT(after["weights"]["bytes_read"].get<uint64_t>(), 0u) << "loaded afresh";
-  EXPECT_NE(after["controller"]["recovery"]["memory"].get<std::string>().find(
-                "the kept weights' manifest"),
-            std::string::npos)
-      << after["controller"].dump();
-  for (pid_t pid : EnginePids(before)) EXPECT_EQ(EnginePids(after).count(pid), 0u);
   ExpectHealthy(cluster, after);
 }
 

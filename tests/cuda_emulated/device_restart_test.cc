@@ -16,6 +16,7 @@
 
 #include "base/process/proc_table.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/controller_restart_support.h"
 #include "tests/cuda_emulated/emulated_device.h"
 
 namespace baton::chaos {
@@ -28,12 +29,6 @@ ClusterOptions CudaCluster() {
   o.block_bytes = 1 << 20;
   o.engine_args = {"--device-memory"};
   return o;
-}
-
-std::set<pid_t> Pids(const json& status) {
-  std::set<pid_t> pids;
-  for (const json& e : status["engines"]) pids.insert(PidOf(e));
-  return pids;
 }
 
 // The device generation <state_dir>/memory.json names (0: none kept).
@@ -69,7 +64,8 @@ TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
   cluster.RestartController();
   const json after = cluster.WaitFor(
       [&](const json& s) {
-        return IsReady(s) && PrimaryId(s) == PrimaryId(before) && Pids(s) == Pids(before);
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) &&
+               EnginePids(s) == EnginePids(before);
       },
       "the same pair, re-adopted on the kept device memory");
   EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
@@ -113,7 +109,8 @@ TEST(DeviceRestartTest, ADeadKeeperIsGivenTheDeviceMemoryAgain) {
   cluster.RestartController();
   const json after = cluster.WaitFor(
       [&](const json& s) {
-        return IsReady(s) && PrimaryId(s) == PrimaryId(before) && Pids(s) == Pids(before);
+        return IsReady(s) && PrimaryId(s) == PrimaryId(before) &&
+               EnginePids(s) == EnginePids(before);
       },
       "the same pair, re-adopted on the device memory the new keeper kept");
   EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
@@ -143,14 +140,14 @@ TEST(DeviceRestartTest, KeptDeviceMemoryTheRecordDoesNotNameIsMadeAnewAndItsEngi
   EXPECT_EQ(after["weights"]["load_method"], "adopted") << "the host memory was still proven";
   // The new device copy is made from the adopted arena, which this controller maps read-only.
   EXPECT_EQ(after["device"]["pin"], "registered_read_only") << after["device"].dump();
-  for (pid_t pid : Pids(before)) EXPECT_EQ(Pids(after).count(pid), 0u);
+  for (pid_t pid : EnginePids(before)) EXPECT_EQ(EnginePids(after).count(pid), 0u);
   cluster.CheckFencing();
   // The new device memory is kept in its turn: the next restart adopts it.
   cluster.KillController();
   cluster.RestartController();
-  const json again =
-      cluster.WaitFor([&](const json& s) { return IsReady(s) && Pids(s) == Pids(after); },
-                      "the new pair, re-adopted");
+  const json again = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(after); },
+      "the new pair, re-adopted");
   EXPECT_TRUE(again["device"]["adopted"].get<bool>()) << again["device"].dump();
 }
 
@@ -163,14 +160,12 @@ TEST(DeviceRestartTest, WithoutARosterTheKilledHoldersDeviceMemoryIsMadeAnew) {
   ChaosCluster cluster(o);
   const json before = cluster.Status();
   cluster.KillController();
-  for (const char* slot : {"/run/state/roster.json", "/run/state/roster.1.json"}) {
-    std::ofstream(cluster.dir() + slot) << "{\"format\": 1, \"engines\": [tr";
-  }
+  CorruptBothRosterSlots(cluster);
   cluster.RestartController();
   const json after = cluster.WaitReady("a new pair on new device memory");
   EXPECT_EQ(after["controller"]["recovery"]["holders_killed"].size(), 2u)
       << after["controller"].dump();
-  for (pid_t pid : Pids(before)) {
+  for (pid_t pid : EnginePids(before)) {
     EXPECT_FALSE(ProcessRunning(pid)) << "engine pid " << pid << " outlived the new start";
   }
   EXPECT_FALSE(after["pool"]["adopted"].get<bool>()) << after["pool"].dump();
@@ -225,9 +220,9 @@ TEST(DeviceRestartTest, ALostDevicesMemoryIsLetGoAndTheRebuiltOneKept) {
   EXPECT_NE(second, first);
   cluster.KillController();
   cluster.RestartController();
-  const json after =
-      cluster.WaitFor([&](const json& s) { return IsReady(s) && Pids(s) == Pids(rebuilt); },
-                      "the pair on the rebuilt memory, re-adopted");
+  const json after = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(rebuilt); },
+      "the pair on the rebuilt memory, re-adopted");
   EXPECT_TRUE(after["device"]["adopted"].get<bool>()) << after["device"].dump();
   cluster.CheckFencing();
   ::unsetenv("BATON_FAKE_CUDA_LOST");
