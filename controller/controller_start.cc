@@ -1,8 +1,6 @@
 // Controller: what a previous controller of this state directory left (its roster), found at
 // start-up: which of its engines still run, as the pids and start times it recorded.
-#include <poll.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +11,7 @@
 #include "base/io/unique_fd.h"
 #include "base/log.h"
 #include "base/process/file_holders.h"
+#include "base/process/proc_table.h"
 #include "controller/controller.h"
 #include "controller/engines/supervisor.h"
 
@@ -36,27 +35,13 @@ void KillHolder(pid_t pid) {
   (void)::kill(pid, SIGKILL);
 }
 
-// Waits until every one of `pids` has exited (its memory and files let go: a pidfd is readable
-// only then), and every process group one of them led is empty, at most `wait`.
+// Waits until none of `pids` runs (a zombie has let its memory and files go) and every process
+// group one of them led is empty, at most `wait`.
 void AwaitExits(const std::vector<pid_t>& pids, Duration wait) {
-  std::vector<UniqueFd> fds;
-  for (pid_t pid : pids) {
-    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
-    if (fd.valid()) fds.push_back(std::move(fd));
-  }
   const auto deadline = std::chrono::steady_clock::now() + wait;
-  for (const UniqueFd& fd : fds) {
-    pollfd p{.fd = fd.get(), .events = POLLIN, .revents = 0};
-    while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return;
-      const int n = ::poll(&p, 1, static_cast<int>(left.count()));
-      if (n != 0 && !(n < 0 && errno == EINTR)) break;
-    }
-  }
   for (pid_t pid : pids) {
-    while (ProcessGroupAlive(pid) && std::chrono::steady_clock::now() < deadline) {
+    while ((ProcessRunning(pid) || ProcessGroupAlive(pid)) &&
+           std::chrono::steady_clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   }
