@@ -73,7 +73,7 @@ class PoolMapping {
   // `threads` threads side by side (at least kHeaderBlocksPerThread blocks each). Returns
   // one Status per run: a run outside the pool, or one with a read that fails (the error
   // names the block), adds nothing to `out`.
-  static constexpr uint32_t kHeaderBlocksPerThread = 2048;
+  static constexpr uint32_t kHeaderBlocksPerThread = 512;
   std::vector<Status> ReadHeaders(std::span<const BlockRun> runs, uint64_t header_bytes,
                                   unsigned threads, std::vector<uint8_t>* out) const;
   // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
