@@ -31,7 +31,7 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 8;
+inline constexpr uint16_t kProtocolVersionMax = 9;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
@@ -51,6 +51,10 @@ inline constexpr uint16_t kProtocolVersionQuarantine = 7;
 // weight arena, mapped right after the first fd (the huge-page part). An older engine is
 // refused (Stop) when the arena is partial.
 inline constexpr uint16_t kProtocolVersionPartialArena = 8;
+// The first version with FinalDrain: a drain that no next primary follows (`batonctl drain`),
+// so the engine finishes its requests instead of handing them over. An older engine is sent
+// Drain, and may hand its requests over to a next primary that never comes.
+inline constexpr uint16_t kProtocolVersionFinalDrain = 9;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -91,7 +95,8 @@ inline constexpr uint16_t kProtocolVersionPartialArena = 8;
   X(ReleaseMemory, 58)          \
   X(KvAdopted, 59)              \
   X(Quarantined, 60)            \
-  X(KvInherited, 61)
+  X(KvInherited, 61)            \
+  X(FinalDrain, 62)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,
@@ -387,9 +392,24 @@ struct HealthRequest {
   }
 };
 
-// Controller -> engine: stop admitting requests, finish those in flight within timeout_ms.
+// Controller -> engine: stop admitting requests, finish those in flight within timeout_ms. A
+// next primary follows (a switch-over, an upgrade's promotion or rollback): an engine may hand
+// its keyed requests over to it instead of finishing them (the router replays them there).
 struct Drain {
   static constexpr MsgType kType = MsgType::kDrain;
+  uint64_t epoch = 0;
+  uint32_t timeout_ms = 0;
+  template <class A>
+  void serialize(A& ar) {
+    ar(epoch, timeout_ms);
+  }
+};
+
+// Controller -> engine (protocol 9 and up): a drain that no next primary follows (`batonctl
+// drain` takes the pair out of service): stop admitting requests and finish every one in
+// flight within timeout_ms; hand nothing over. Answered and called off as a Drain is.
+struct FinalDrain {
+  static constexpr MsgType kType = MsgType::kFinalDrain;
   uint64_t epoch = 0;
   uint32_t timeout_ms = 0;
   template <class A>

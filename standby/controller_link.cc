@@ -323,7 +323,7 @@ Status ControllerLink::Pump(const std::atomic<bool>& stop_requested) {
         OnReclaim(event->blocks);
         break;
       case SessionEventKind::kDrain:
-        OnDrain(event->timeout, stop_requested);
+        OnDrain(event->timeout, event->successor, stop_requested);
         break;
       case SessionEventKind::kResume:
         api_->SetState(ServeState::kServing);
@@ -373,12 +373,16 @@ void ControllerLink::OnReclaim(uint32_t blocks) {
                             << (s.ok() ? "" : " (failed: " + s.ToString() + ")");
 }
 
-void ControllerLink::OnDrain(Duration timeout, const std::atomic<bool>& stop_requested) {
+void ControllerLink::OnDrain(Duration timeout, bool successor,
+                             const std::atomic<bool>& stop_requested) {
   api_->SetState(ServeState::kStopping);
-  if (handoff_ != nullptr) {
+  if (handoff_ != nullptr && successor) {
     // The next primary continues them from their KV: no need to wait for them to finish.
     const size_t handed = loop_->HandOver();
     BATON_LOG(INFO, "engine") << "handed " << handed << " keyed requests over to the next primary";
+  } else if (!successor) {
+    BATON_LOG(INFO, "engine") << "no next primary follows this drain: finishing "
+                              << loop_->pending() << " requests";
   }
   const TimePoint deadline = clock_.Now() + timeout;
   while (loop_->pending() > 0 && clock_.Now() < deadline && !stop_requested.load() &&

@@ -114,7 +114,7 @@ class ControllerLink {
  private:
   void OnGranted(const SessionEvent& event);
   void OnReclaim(uint32_t blocks);
-  void OnDrain(Duration timeout, const std::atomic<bool>& stop_requested);
+  void OnDrain(Duration timeout, bool successor, const std::atomic<bool>& stop_requested);
 
   EngineSession* session_;
   SessionModelMemory* memory_;

@@ -67,6 +67,7 @@ void Coordinator::Start(const StartState& found) {
   } else {
     if (found.roster.has_value()) s_.next_engine_id = found.roster->next_engine_id;
     recovery_.NoteFreshStart(found);
+    if (found.roster.has_value() && found.roster->pair_draining) commands_.KeepDrained();
     engines_.SaveRoster();
   }
   engines_.PublishRoutes();
@@ -218,7 +219,8 @@ namespace baton {
 const char* ToEngineName(const ToEngine& message) {
   static constexpr const char* kNames[] = {
       "RegisterAck", "Promote",  "Grant",         "Reclaim",     "Drain",       "Resume",
-      "Stop",        "ErrorMsg", "HealthRequest", "InjectFault", "ReattachAck", "Quarantined"};
+      "Stop",        "ErrorMsg", "HealthRequest", "InjectFault", "ReattachAck", "Quarantined",
+      "FinalDrain"};
   static_assert(std::size(kNames) == std::variant_size_v<ToEngine>);
   return kNames[message.index()];
 }

@@ -35,7 +35,7 @@ Status CommandPart::RequestSwitchover() {
   OpenPlannedTimeline(PromotionKind::kSwitchover, "batonctl promote", *p, s->id);
   BATON_LOG(INFO, kLog) << "switch-over: draining engine " << p->id << ", then promoting engine "
                         << s->id;
-  DrainEngine(*p);
+  DrainEngine(*p, /*successor=*/true);
   BATON_FAILPOINT("mid_switchover");  // the primary told to drain
   p_.engines->PublishRoutes();
   return OkStatus();
@@ -51,12 +51,22 @@ PromotionRecord& CommandPart::OpenPlannedTimeline(PromotionKind kind, const std:
   return r;
 }
 
-void CommandPart::DrainEngine(EngineRecord& e) {
+void CommandPart::DrainEngine(EngineRecord& e, bool successor) {
   s_.Step(e.machine, EngineEvent::kDrain);
   e.deadline = s_.clock.Now() + s_.config.drain_timeout;
   p_.engines->SaveRoster();
-  p_.engines->SendOrFail(e, proto::Drain{.epoch = s_.ledger->engine(e.id)->epoch,
-                                         .timeout_ms = Millis(s_.config.drain_timeout)});
+  const uint64_t epoch = s_.ledger->engine(e.id)->epoch;
+  const uint32_t timeout_ms = Millis(s_.config.drain_timeout);
+  if (successor) {
+    p_.engines->SendOrFail(e, proto::Drain{.epoch = epoch, .timeout_ms = timeout_ms});
+  } else if (e.protocol >= proto::kProtocolVersionFinalDrain) {
+    p_.engines->SendOrFail(e, proto::FinalDrain{.epoch = epoch, .timeout_ms = timeout_ms});
+  } else {
+    BATON_LOG(WARN, kLog) << "engine " << e.id << " speaks protocol " << e.protocol
+                          << ", which has no drain without a next primary: it may hand its "
+                             "requests over to one that never comes (the router fails them)";
+    p_.engines->SendOrFail(e, proto::Drain{.epoch = epoch, .timeout_ms = timeout_ms});
+  }
 }
 
 bool CommandPart::ResumeEngine(EngineRecord& e) {
@@ -104,6 +114,14 @@ Status CommandPart::RequestDrain() {
   }
   Result<PairState> applied = s_.pair.Apply(PairEvent::kDrain);
   if (!applied.ok()) return applied.status();
+  TakeOutOfService();
+  BATON_LOG(INFO, kLog) << "drain: the pair is taken out of service";
+  p_.engines->SaveRoster();
+  p_.engines->PublishRoutes();
+  return OkStatus();
+}
+
+void CommandPart::TakeOutOfService() {
   std::vector<EngineId> others;
   for (const auto& [id, e] : s_.engines) {
     if (e->live() && id != s_.primary && s_.mutation != CoordinatorMutation::kDrainSparesStandby)
@@ -111,11 +129,25 @@ Status CommandPart::RequestDrain() {
   }
   for (EngineId id : others)
     p_.failover->Fence(id, FailCause::kShutdown, "the pair is being drained");
-  if (EngineRecord* p = s_.Find(s_.primary); p != nullptr && p->live()) DrainEngine(*p);
-  BATON_LOG(INFO, kLog) << "drain: the pair is taken out of service";
+  EngineRecord* p = s_.Find(s_.primary);
+  if (p != nullptr && p->live() && !p->is(EngineState::kDraining))
+    DrainEngine(*p, /*successor=*/false);
+}
+
+void CommandPart::KeepDrained() {
+  const PairState state = s_.pair.state();
+  if (state == PairState::kDraining || state == PairState::kStopped) return;
+  if (!s_.pair.Allows(PairEvent::kDrain)) {
+    BATON_LOG(WARN, kLog) << "the previous controller's pair was drained, but this one's is "
+                          << ToString(state) << ": the drain cannot go on";
+    return;
+  }
+  s_.StepPair(PairEvent::kDrain);
+  TakeOutOfService();
+  BATON_LOG(INFO, kLog) << "drain: the pair stays out of service (batonctl drain took it out "
+                           "before this controller started; batonctl resume starts it)";
   p_.engines->SaveRoster();
   p_.engines->PublishRoutes();
-  return OkStatus();
 }
 
 Status CommandPart::RequestResume() {

@@ -386,6 +386,7 @@ void RecoveryPart::EndRecovery() {
   const bool same_pair = s_.primary != kNoEngine && s_.pair.state() == PairState::kReady;
   if (same_pair) st.readopt_ms = MillisBetween(own_.recovery->exec_at, s_.clock.Now());
   std::optional<InFlightUpgrade> upgrade = own_.recovery->upgrade;
+  const bool drained = own_.recovery->roster.pair_draining;
   const std::string summary = std::to_string(st.readopted.size()) + " engines re-adopted, " +
                               std::to_string(st.fenced.size()) + " fenced";
   own_.last = st;
@@ -398,6 +399,7 @@ void RecoveryPart::EndRecovery() {
                                       " ms after the process started"
                                 : std::string());
   if (upgrade.has_value()) own_.last.upgrade = p_.upgrades->ResumeUpgrade(*upgrade);
+  if (drained) p_.commands->KeepDrained();
   p_.engines->SaveRoster();
   p_.engines->PublishRoutes();
   p_.upgrades->GiveFreeBlocksToPrimary();

@@ -362,7 +362,7 @@ void UpgradePart::FinishUpgrade() {
   BATON_LOG(INFO, kLog) << "canary engine " << own_.upgrade->canary
                         << " passed every step: draining engine " << p->id
                         << ", the old primary; the canary takes over";
-  p_.commands->DrainEngine(*p);
+  p_.commands->DrainEngine(*p, /*successor=*/true);
   p_.engines->PublishRoutes();
 }
 
@@ -376,7 +376,7 @@ void UpgradePart::RollBackCanary(const std::string& reason) {
   if (s_.mutation == CoordinatorMutation::kRollbackKeepsCanary)
     return EndUpgrade(UpgradeOutcome::kRolledBack, reason);
   SetPhase(Upgrade::Phase::kRollingBack);
-  p_.commands->DrainEngine(*c);
+  p_.commands->DrainEngine(*c, /*successor=*/true);
   p_.engines->PublishRoutes();
 }
 

@@ -37,7 +37,7 @@ struct SendRegisterAck {};
 using ToEngine =
     std::variant<SendRegisterAck, proto::Promote, proto::Grant, proto::Reclaim, proto::Drain,
                  proto::Resume, proto::Stop, proto::ErrorMsg, proto::HealthRequest,
-                 proto::InjectFault, proto::ReattachAck, proto::Quarantined>;
+                 proto::InjectFault, proto::ReattachAck, proto::Quarantined, proto::FinalDrain>;
 // "Promote", "Grant", ... for logs.
 const char* ToEngineName(const ToEngine& message);
 

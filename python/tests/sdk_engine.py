@@ -158,6 +158,8 @@ def serve(engine, stamper):
         elif event.kind == EventKind.RECLAIM:
             engine.return_blocks(stamper.give_back(event.blocks))
         elif event.kind == EventKind.DRAIN:
+            follows = "a next primary follows" if event.successor else "no next primary follows"
+            print(f"sdk engine {engine.id}: drain: {follows}", file=sys.stderr)
             with engine.drain(event) as d:
                 d.unfinished = 0
         elif event.kind in (EventKind.STOP, EventKind.DISCONNECTED):

@@ -65,8 +65,9 @@ extern "C" {
  *    headers are read from the pool's file): baton_engine_map_quarantined() maps them.
  * 7: baton_engine_map_quarantined() on a device pool maps the device chunks that hold them
  *    too (READ), for a device-to-device copy of their KV.
- * 8: BATON_ENGINE_READY_WHEN_WAITING. */
-#define BATON_ENGINE_ABI_VERSION 8
+ * 8: BATON_ENGINE_READY_WHEN_WAITING.
+ * 9: baton_engine_drain_has_successor(). */
+#define BATON_ENGINE_ABI_VERSION 9
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -250,6 +251,10 @@ BATON_ENGINE_API int baton_engine_report_drained(baton_engine* engine, uint32_t 
 /* 1 from the moment the controller calls the drain off until the RESUME event is taken: an
  * engine still waiting for its requests can stop waiting and report drained at once. */
 BATON_ENGINE_API int baton_engine_resume_pending(const baton_engine* engine);
+/* For the latest DRAIN event taken: 1 when a next primary follows it (a switch-over, an
+ * upgrade), so keyed requests may be handed over to it (the router replays them there); 0 when
+ * none does (`batonctl drain` takes the pair out of service): finish every request. */
+BATON_ENGINE_API int baton_engine_drain_has_successor(const baton_engine* engine);
 /* Reports an asynchronous error (`code` a StatusCode value, 0 means internal). */
 BATON_ENGINE_API int baton_engine_report_error(baton_engine* engine, int code, const char* message);
 

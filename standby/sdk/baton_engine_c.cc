@@ -340,6 +340,10 @@ int baton_engine_resume_pending(const baton_engine* engine) {
                                                                                               : 0;
 }
 
+int baton_engine_drain_has_successor(const baton_engine* engine) {
+  return engine == nullptr || engine->drain_successor.load() ? 1 : 0;
+}
+
 int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished) {
   return Guarded("baton_engine_report_drained", [&]() -> int {
     if (engine == nullptr) return BadArgument("engine is NULL");

@@ -7,6 +7,7 @@
 // predecessor's quarantined blocks. Those are guarded by `kv_mu` (any thread may ask).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -21,6 +22,7 @@
 struct baton_engine {
   std::unique_ptr<baton::EngineSession> session;
   bool controller_events = false;  // BATON_ENGINE_CONTROLLER_EVENTS
+  std::atomic<bool> drain_successor{true};  // the latest DRAIN event's SessionEvent::successor
 
   std::mutex kv_mu;
   std::vector<uint8_t> headers;                  // the latest PROMOTED / GRANTED event's
@@ -45,7 +47,8 @@ std::chrono::milliseconds Millis(int64_t ms);
 // nullopt (forever) for a negative timeout or one over kForeverMs.
 std::optional<baton::Duration> Timeout(int64_t ms);
 void FillEvent(const baton::SessionEvent& e, baton_event* out);
-// Keeps what `event` brings beyond the C event (headers, quarantined blocks).
+// Keeps what `event` brings beyond the C event (headers, quarantined blocks, whether a
+// drain has a successor).
 void Remember(baton_engine* engine, const baton::SessionEvent& event);
 
 // Runs one entry point's body. An exception (std::bad_alloc, a std::system_error from a

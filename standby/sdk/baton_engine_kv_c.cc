@@ -13,6 +13,7 @@ namespace baton_c {
 
 void Remember(baton_engine* engine, const baton::SessionEvent& event) {
   using Kind = baton::SessionEventKind;
+  if (event.kind == Kind::kDrain) engine->drain_successor.store(event.successor);
   if (event.kind != Kind::kPromoted && event.kind != Kind::kGranted) return;
   std::lock_guard lock(engine->kv_mu);
   engine->headers = event.inherited_headers;

@@ -210,6 +210,10 @@ struct SessionEvent {
   std::vector<MappedExtent> extents = {};  // kPromoted, kGranted
   uint32_t blocks = 0;                     // kReclaim
   Duration timeout = {};                   // kDrain
+  // kDrain: a next primary follows (a switch-over, an upgrade), so keyed requests may be handed
+  // over to it (the router replays them there); false: none does (`batonctl drain`, protocol
+  // 9): finish every request, hand nothing over.
+  bool successor = true;
   std::string reason = {};                 // kStop, kDisconnected, kControllerLost/Back
   // kPromoted, and kGranted of blocks that were quarantined (below): the header of every block
   // of `extents` (kBlockHeaderBytes each, in extent order) as its previous holder left it, read

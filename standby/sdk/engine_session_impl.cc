@@ -180,7 +180,17 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
         SetDrain(DrainState::kDraining);
         return Push(SessionEvent{.kind = SessionEventKind::kDrain,
                                  .epoch = m->epoch,
-                                 .timeout = std::chrono::milliseconds(m->timeout_ms)});
+                                 .timeout = std::chrono::milliseconds(m->timeout_ms),
+                                 .successor = true});
+      }
+      break;
+    case MsgType::kFinalDrain:
+      if (auto m = msg.As<proto::FinalDrain>(); m.ok()) {
+        SetDrain(DrainState::kDraining);
+        return Push(SessionEvent{.kind = SessionEventKind::kDrain,
+                                 .epoch = m->epoch,
+                                 .timeout = std::chrono::milliseconds(m->timeout_ms),
+                                 .successor = false});
       }
       break;
     case MsgType::kResume:

@@ -1,8 +1,13 @@
 // `batonctl drain` can be undone: `batonctl resume` on a stopped pair launches a new one, and a
-// resume with nothing drained is refused with the reason (docs/operations.md, batonctl).
+// resume with nothing drained is refused with the reason (docs/operations.md, batonctl). A
+// drain lets the primary finish the requests in flight (no next primary follows to hand them
+// to), and a drained pair stays out of service through a controller restart.
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/router_stream_support.h"
 
 namespace baton::chaos {
 namespace {
@@ -28,6 +33,60 @@ TEST(DrainResume, ResumeStartsTheStoppedPairAgain) {
   cluster.CheckFencing();
   const std::string log = cluster.Log();
   EXPECT_NE(log.find("resume: the stopped pair is started again"), std::string::npos) << log;
+}
+
+// The router streams a request a step every 20 ms when the pair is drained: the primary (a
+// reference engine, KV handoff on) finishes it, equal to its undisturbed run, rather than
+// handing it over to a next primary that never comes. The controller then dies with kill -9:
+// the next one launches no engine, the pair stays stopped until `batonctl resume`.
+TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThroughARestart) {
+  ClusterOptions options = RefenginePair();
+  options.engine_command.insert(options.engine_command.end(), {"--step-interval-ms", "20"});
+  ChaosCluster cluster(options);
+  RouterProcess router({"--controller", cluster.socket()}, cluster.dir(), "router.log");
+  ASSERT_TRUE(router.ready()) << router.Log();
+  cluster.WaitReady();
+  const json request = {{"model", kRouterTestModel}, {"prompt", "drained while streaming"},
+                        {"seed", 17},                {"temperature", 0.7},
+                        {"max_tokens", 60},          {"stream", true}};
+  const Reply reference = Fetch(router.port(), http::verb::post, "/v1/completions", request.dump());
+  ASSERT_EQ(reference.status, 200) << reference.body << reference.error;
+  const StreamOutput want = ParseStream(reference.body);
+  ASSERT_TRUE(want.error.empty()) << want.error;
+
+  Reply streamed;
+  std::thread client([&] {
+    streamed = Fetch(router.port(), http::verb::post, "/v1/completions", request.dump());
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // about 20 of its 60 tokens
+  const CtlResult drained = cluster.Ctl({"drain"});
+  client.join();
+  EXPECT_EQ(drained.exit_code, 0) << drained.stdout_text;
+  ASSERT_EQ(streamed.status, 200) << streamed.body << streamed.error;
+  const StreamOutput got = ParseStream(streamed.body);
+  EXPECT_TRUE(got.error.empty()) << got.error << "\n" << streamed.body;
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_TRUE(got.done);
+  cluster.WaitFor(
+      [](const json& s) { return s["pair"]["state"] == "stopped" && s["engines"].empty(); },
+      "the drained pair stopped");
+
+  cluster.KillController();
+  cluster.StartControllerAgain();
+  cluster.WaitFor(
+      [](const json& s) {
+        return s.contains("controller") && s["controller"]["recovery"]["in_progress"] == false;
+      },
+      "the restarted controller's start");
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const json held = cluster.Status();
+  EXPECT_EQ(held["pair"]["state"], "stopped") << held.dump();
+  EXPECT_TRUE(held["engines"].empty()) << held.dump();
+  EXPECT_NE(cluster.Log().find("the pair stays out of service"), std::string::npos)
+      << cluster.Log();
+  ASSERT_EQ(cluster.Ctl({"resume"}).exit_code, 0);
+  cluster.WaitReady("the resumed pair");
+  cluster.CheckFencing();
 }
 
 }  // namespace

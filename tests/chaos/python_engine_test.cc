@@ -96,6 +96,18 @@ TEST_F(PythonEngineTest, GracefulSwitchoverDrainsThroughTheSdk) {
   EXPECT_EQ(t["kind"], "switchover");
   EXPECT_EQ(after["crash_loop"]["total_failures"], 0) << "a switch-over is not a failure";
   cluster.CheckFencing();
+  // A switch-over's drain has a next primary; `batonctl drain`'s has none (ABI 9).
+  ASSERT_EQ(cluster.Ctl({"drain"}).exit_code, 0);
+  cluster.WaitFor([](const json& s) { return s["pair"]["state"] == "stopped"; }, "the drain");
+  const std::string log = cluster.Log();
+  EXPECT_NE(log.find("sdk engine " + std::to_string(primary["id"].get<uint64_t>()) +
+                     ": drain: a next primary follows"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("sdk engine " + std::to_string(standby["id"].get<uint64_t>()) +
+                     ": drain: no next primary follows"),
+            std::string::npos)
+      << log;
 }
 
 // A weight arena partly on huge pages (two memfds): the Python SDK maps both back to back,

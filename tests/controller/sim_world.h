@@ -434,6 +434,7 @@ class SimWorld {
   void Handle(SimEngine& e, const proto::Grant& m);
   void Handle(SimEngine& e, const proto::Reclaim& m);
   void Handle(SimEngine& e, const proto::Drain&);
+  void Handle(SimEngine& e, const proto::FinalDrain&);
   void Handle(SimEngine& e, const proto::Resume&);
   void Handle(SimEngine& e, const proto::Stop&);
   void Handle(SimEngine&, const proto::ErrorMsg&) {}

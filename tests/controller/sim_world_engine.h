@@ -89,6 +89,10 @@ inline void SimWorld::Handle(SimEngine& e, const proto::Drain&) {
   e.draining = true;
   e.drained_at = now() + rng_.Millis(5, 80);
 }
+inline void SimWorld::Handle(SimEngine& e, const proto::FinalDrain&) {
+  e.draining = true;
+  e.drained_at = now() + rng_.Millis(5, 80);
+}
 inline void SimWorld::Handle(SimEngine& e, const proto::Resume&) {
   // Every Drain is answered by one Drained, sent before the engine serves again.
   if (e.drained_at.has_value()) SendDrained(e);

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 
 USE_DEVICE_MEMORY = 1
 HANDLES_RESUME = 2
@@ -95,6 +95,7 @@ _PROTOTYPES = [
     ("baton_engine_return_blocks", _i, [_p, ctypes.POINTER(Extent), ctypes.c_size_t]),
     ("baton_engine_report_drained", _i, [_p, _u32]),
     ("baton_engine_resume_pending", _i, [_p]),
+    ("baton_engine_drain_has_successor", _i, [_p]),
     ("baton_engine_report_error", _i, [_p, _i, ctypes.c_char_p]),
     ("baton_engine_extents", ctypes.c_size_t, [_p, ctypes.POINTER(Extent), ctypes.c_size_t]),
     ("baton_engine_register_nccl_comm", _i, [_p, _p, ctypes.c_char_p]),

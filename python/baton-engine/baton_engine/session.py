@@ -59,7 +59,9 @@ class Event:
     also past the C event's 64), `blocks` for RECLAIM, `timeout_ms` for DRAIN, `reason` for
     STOP, DISCONNECTED and CONTROLLER_*. `headers` (PROMOTED, GRANTED): HEADER_BYTES per block
     of `extents`, in order, as the block's previous holder left them before the SDK scrubbed
-    them (empty for blocks nobody held): what a KV-warm successor reads its records from."""
+    them (empty for blocks nobody held): what a KV-warm successor reads its records from.
+    `successor` (DRAIN): a next primary follows, so keyed requests may be handed over to it;
+    False when none does (`batonctl drain`): finish every request."""
     kind: EventKind
     epoch: int
     extents: tuple[Extent, ...] = ()
@@ -67,6 +69,7 @@ class Event:
     timeout_ms: int = 0
     reason: str = ""
     headers: bytes = b""
+    successor: bool = True
 
 
 HEADER_BYTES = 64  # the block header the SDK scrubs for each new holder (kBlockHeaderBytes)
@@ -353,9 +356,11 @@ class Engine:
             buf = ctypes.create_string_buffer(max(size, 1))
             got = self._lib.baton_engine_event_headers(self._h(), buf, size)
             headers = buf.raw[:min(size, got)]
+        successor = kind != EventKind.DRAIN or \
+            self._lib.baton_engine_drain_has_successor(self._h()) == 1
         return Event(kind=kind, epoch=ev.epoch, extents=extents, blocks=ev.blocks,
                      timeout_ms=ev.timeout_ms, reason=ev.reason.decode(errors="replace"),
-                     headers=headers)
+                     headers=headers, successor=successor)
 
     # --- KV-warm failover ---------------------------------------------------------------------
 

@@ -266,7 +266,7 @@ def serve_events(engine, state, kv, generator, at: float) -> None:
         elif event.kind == EventKind.DRAIN:
             with engine.drain(event) as d:
                 state.stopping = True
-                if generator.scheduler.handoff is not None:
+                if generator.scheduler.handoff is not None and event.successor:
                     # The next primary continues them from their KV: no need to wait for them.
                     handed = generator.scheduler.call(generator.scheduler.hand_over)
                     log(f"handed {handed} keyed requests over to the next primary")

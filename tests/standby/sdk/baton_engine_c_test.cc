@@ -126,6 +126,34 @@ TEST(EngineCAbi, AHugeTimeoutWaitsForTheEvent) {
   baton_engine_close(engine);
 }
 
+// ABI 9: a Drain has a next primary to hand requests over to, a FinalDrain (`batonctl drain`)
+// has none; baton_engine_drain_has_successor() tells them apart for the latest DRAIN event.
+TEST(EngineCAbi, ADrainSaysWhetherANextPrimaryFollows) {
+  FakeController fake;
+  const std::string socket = fake.socket_path();
+  baton_engine_options options = OptionsFor(socket);
+  baton_engine* engine = nullptr;
+  auto connected =
+      std::async(std::launch::async, [&] { return baton_engine_connect(&options, &engine); });
+  fake.ServeRegistration(fake.Ack(50));
+  ASSERT_EQ(connected.get(), 0) << baton_engine_last_error();
+  EXPECT_EQ(baton_engine_abi_version(), 9);
+  baton_event event{};
+  ASSERT_TRUE(fake.channel().Send(proto::FinalDrain{.epoch = 0, .timeout_ms = 300}).ok());
+  ASSERT_EQ(baton_engine_next_event(engine, 10000, &event), 0) << baton_engine_last_error();
+  EXPECT_EQ(event.kind, BATON_EVENT_DRAIN);
+  EXPECT_EQ(event.timeout_ms, 300);
+  EXPECT_EQ(baton_engine_drain_has_successor(engine), 0);
+  ASSERT_EQ(baton_engine_report_drained(engine, 0), 0);
+  EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 0u);
+  ASSERT_TRUE(fake.channel().Send(proto::Drain{.epoch = 0, .timeout_ms = 300}).ok());
+  ASSERT_EQ(baton_engine_next_event(engine, 10000, &event), 0) << baton_engine_last_error();
+  EXPECT_EQ(event.kind, BATON_EVENT_DRAIN);
+  EXPECT_EQ(baton_engine_drain_has_successor(engine), 1);
+  EXPECT_EQ(baton_engine_drain_has_successor(nullptr), 1);
+  baton_engine_close(engine);
+}
+
 // Connects through the C ABI with `flags`; `fake` serves the registration.
 baton_engine* ConnectWithFlags(FakeController& fake, const std::string& socket, unsigned flags) {
   baton_engine_options options = OptionsFor(socket);

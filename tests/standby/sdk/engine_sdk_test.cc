@@ -303,6 +303,15 @@ TEST(EngineSdk, StopAndDisconnectAreEvents) {
   ASSERT_TRUE(drain.has_value());
   EXPECT_EQ(drain->kind, SessionEventKind::kDrain);
   EXPECT_EQ(drain->timeout, milliseconds(250));
+  EXPECT_TRUE(drain->successor) << "a Drain has a next primary to hand requests over to";
+  ASSERT_TRUE(s->ReportDrained(0).ok());
+  EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 0u);
+  ASSERT_TRUE(fake.channel().Send(proto::FinalDrain{.epoch = 0, .timeout_ms = 400}).ok());
+  std::optional<SessionEvent> final_drain = s->NextEvent(seconds(5));
+  ASSERT_TRUE(final_drain.has_value());
+  EXPECT_EQ(final_drain->kind, SessionEventKind::kDrain);
+  EXPECT_EQ(final_drain->timeout, milliseconds(400));
+  EXPECT_FALSE(final_drain->successor) << "a FinalDrain has none: the engine finishes";
   ASSERT_TRUE(s->ReportDrained(0).ok());
   EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 0u);
   ASSERT_TRUE(fake.channel().Send(proto::Stop{.reason = "stale epoch"}).ok());

@@ -1,0 +1,79 @@
+// Scenarios of `batonctl drain` (scenario.h): the primary is told that no next primary follows
+// (FinalDrain: it finishes its requests, a switch-over's Drain lets it hand them over), and a
+// drained pair stays out of service through a controller restart until `batonctl resume`.
+#include "tests/controller/core/scenario.h"
+
+namespace baton::sim {
+namespace {
+
+using std::chrono::seconds;
+
+class DrainScenario : public Scenario {
+ protected:
+  bool Stopped() { return coord().pair_state() == PairState::kStopped && !coord().recovering(); }
+  size_t Launches() {
+    return static_cast<size_t>(std::count_if(journal_.begin(), journal_.end(), [](const auto& e) {
+      return e.rfind("Launch(", 0) == 0;
+    }));
+  }
+};
+
+// A drain has no next primary: FinalDrain, never Drain; a switch-over has one: Drain.
+TEST_F(DrainScenario, ADrainTellsThePrimaryThatNoNextPrimaryFollows) {
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestSwitchover().ok());
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the switch-over");
+  ExpectEffects({Send(primary_, "Drain")});
+  ExpectNoEffect(Send(primary_, "FinalDrain"));
+  const EngineId primary = coord().primary();
+  journal_.clear();
+  ASSERT_TRUE(coord().RequestDrain().ok());
+  WaitUntil([this] { return Stopped(); }, seconds(3), "the drained pair to stop");
+  ExpectEffects({Send(primary, "FinalDrain")});
+  ExpectNoEffect(Send(primary, "Drain"));
+}
+
+// Stopped, then the controller is killed: the next one starts no engine, and the pair stays
+// stopped until resumed.
+TEST_F(DrainScenario, AStoppedPairStaysStoppedThroughARestart) {
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestDrain().ok());
+  WaitUntil([this] { return Stopped(); }, seconds(3), "the drained pair to stop");
+  journal_.clear();
+  ControllerRestarts();
+  Wait(seconds(5));
+  EXPECT_TRUE(Stopped()) << ToString(coord().pair_state()) << "\n" << Story();
+  EXPECT_EQ(Launches(), 0u) << Story();
+  ASSERT_TRUE(coord().RequestResume().ok());
+  WaitUntil([this] { return Ready(); }, seconds(5), "the resumed pair");
+}
+
+// The controller is killed while the primary drains: the primary reattaches draining, the
+// drain goes on to its end, and nothing is launched.
+TEST_F(DrainScenario, ADrainARestartInterruptsGoesOn) {
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestDrain().ok());
+  journal_.clear();
+  ControllerRestarts();
+  WaitUntil([this] { return Stopped(); }, seconds(5), "the drain to end");
+  Wait(seconds(3));
+  EXPECT_TRUE(Stopped()) << ToString(coord().pair_state()) << "\n" << Story();
+  EXPECT_EQ(Launches(), 0u) << Story();
+}
+
+// The draining primary dies with the controller: the next controller launches nothing, the
+// pair is stopped.
+TEST_F(DrainScenario, ADrainingPrimaryThatDiesWithTheControllerLeavesThePairStopped) {
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestDrain().ok());
+  PrimaryDies();
+  journal_.clear();
+  ControllerRestarts();
+  Wait(seconds(5));
+  EXPECT_TRUE(Stopped()) << ToString(coord().pair_state()) << "\n" << Story();
+  EXPECT_EQ(Launches(), 0u) << Story();
+}
+
+}  // namespace
+}  // namespace baton::sim
