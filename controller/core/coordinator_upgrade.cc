@@ -389,7 +389,7 @@ void UpgradePart::OnCanaryGone(EngineRecord& e) {
   EndUpgrade(UpgradeOutcome::kRolledBack, why);
 }
 
-bool UpgradePart::CanaryTakesOver(EngineRecord& old) {
+bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   if (!own_.upgrade.has_value()) return false;
   EngineRecord* c = s_.Find(own_.upgrade->canary);
   if (c == nullptr || !c->live()) return false;
@@ -403,11 +403,10 @@ bool UpgradePart::CanaryTakesOver(EngineRecord& old) {
     r->new_engine = c->id;
     r->promote_acked = s_.clock.Now();
   }
-  BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old.id
-                        << " is " << (planned ? "drained" : "lost: " + old.fail_reason);
-  EndUpgrade(
-      UpgradeOutcome::kPromoted,
-      planned ? "passed every step" : "the primary failed during the canary: " + old.fail_reason);
+  BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old
+                        << " is " << (planned ? "drained" : "lost: " + lost);
+  EndUpgrade(UpgradeOutcome::kPromoted,
+             planned ? "passed every step" : "the primary failed during the canary: " + lost);
   p_.engines->SaveRoster();
   p_.engines->PublishRoutes();
   if (PromotionRecord* r = s_.timelines.current()) {

@@ -70,7 +70,9 @@ class UpgradePart {
   void OnCanaryPromoted(EngineRecord& e, uint64_t epoch);
   void OnCanaryGone(EngineRecord& e);
   // The primary `old` failed or drained: a serving canary takes over; false if there is none.
-  bool CanaryTakesOver(EngineRecord& old);
+  bool CanaryTakesOver(EngineRecord& old) { return CanaryTakesOver(old.id, old.fail_reason); }
+  // The same for a primary whose record is gone (`lost`: why it failed; empty when drained).
+  bool CanaryTakesOver(EngineId old, const std::string& lost);
   void EndUpgrade(UpgradeOutcome outcome, const std::string& reason);
   void TickUpgrade();
   // Once a canary is gone, or a fenced engine's blocks are freed with no successor to take

@@ -107,6 +107,7 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
   if (u.min_requests > 0) up.policy.min_requests = u.min_requests;
   up.primary = p != nullptr ? p->id : kNoEngine;
   up.canary = u.canary;
+  up.phase = u.phase;  // the phase it had reached, until the cases below decide
   up.started = up.phase_since = s_.clock.Now();
   const bool canary_holds =
       c != nullptr && c->live() &&
@@ -115,7 +116,14 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
   const std::string interrupted = "the controller restarted during the " +
                                   std::string(ToString(u.kind)) + " (phase " + ToString(u.phase) +
                                   ")";
-  if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
+  // The canary had passed every step and the old primary drained while no controller ran (its
+  // Drained lost with the controller; fenced at its Reattach): the canary takes over.
+  const bool old_primary_drained = u.phase == UpgradePhase::kFinishing && p == nullptr &&
+                                   c != nullptr && c->live() && c->serving();
+  if (old_primary_drained) {
+    own_.upgrade = std::move(up);
+    outcome = "resumed: the old primary had drained; the canary takes over";
+  } else if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
     outcome = "rolled back: its canary or its primary did not come back";
     if (c != nullptr && c->live()) {
       own_.upgrade = std::move(up);
@@ -156,6 +164,7 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
                              << ")";
   if (own_.upgrade.has_value()) LendReserveToCanary();
   SaveCommands();
+  if (old_primary_drained) (void)CanaryTakesOver(u.primary, "");
   if (c != nullptr && c->held_promote_ack.has_value()) {
     const uint64_t epoch = *std::exchange(c->held_promote_ack, std::nullopt);
     if (PromotingCanary(c->id) && c->is(EngineState::kPromoting)) OnCanaryPromoted(*c, epoch);

@@ -83,5 +83,30 @@ TEST_F(UpgradeScenario, AnUpgradeToAProgramThatIsNotThereIsRefusedAndTheStandbyS
   EXPECT_EQ(coord().Snapshot().reserve_note, "") << "the reserve is back";
 }
 
+// The canary passed every step and the old primary drained, its Drained lost with the
+// controller (kill -9): the next controller fences the drained primary and the canary takes
+// over, as it would have; the upgrade is promoted, not rolled back.
+TEST_F(UpgradeScenario, ACanaryWhoseOldPrimaryDrainedAcrossARestartTakesOver) {
+  StartReadyPair();
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil(
+      [this] {
+        const CoordinatorStatus s = coord().Snapshot();
+        return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kFinishing;
+      },
+      seconds(5), "the canary to pass every step");
+  SimEngine& old = *loop_.world().Find(primary_);
+  old.drained_at.reset();
+  old.drained = true;  // drained while no controller ran: its Drained never arrived
+  ControllerRestarts();
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the upgrade to end");
+  const EngineId canary = 3;
+  EXPECT_EQ(coord().primary(), canary) << Story();
+  const CoordinatorStatus s = coord().Snapshot();
+  EXPECT_EQ(s.upgrades_promoted, 1u) << Story();
+  EXPECT_EQ(s.upgrades_rolled_back, 0u) << Story();
+  ExpectNoEffect(E("Kill", canary));
+}
+
 }  // namespace
 }  // namespace baton::sim
