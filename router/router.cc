@@ -4,6 +4,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
+#include <boost/beast/core/string.hpp>
 #include <future>
 #include <nlohmann/json.hpp>
 
@@ -65,6 +66,9 @@ Status Router::Start() {
   http.idle_timeout = options_.client_idle_timeout;
   http.request_timeout = options_.request_timeout;
   http.max_connections = options_.max_connections;
+  // The HTTP layer's own answers (404, 405, 400, 408, 413, 431, 503 past max_connections)
+  // reach no route handler, which counts the others.
+  http.on_server_response = [this](int status) { metrics_.Record("none", status); };
   server_ = std::make_unique<HttpServer>(io_, http);
   for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
     server_->Route(http::verb::post, route, [this, route](std::shared_ptr<HttpExchange> ex) {
@@ -204,8 +208,13 @@ bool Router::Authorized(const HttpExchange& exchange) const {
   const HttpRequest& req = exchange.request();
   auto it = req.find(http::field::authorization);
   if (it == req.end()) return false;
-  return ConstantTimeEquals(std::string_view(it->value().data(), it->value().size()),
-                            "Bearer " + options_.api_key);
+  // The scheme is case-insensitive (RFC 9110, 11.1): "bearer KEY" is as good as "Bearer KEY".
+  const std::string_view value(it->value().data(), it->value().size());
+  constexpr std::string_view kScheme = "bearer ";
+  const std::string_view scheme = value.substr(0, kScheme.size());
+  if (!boost::beast::iequals({scheme.data(), scheme.size()}, {kScheme.data(), kScheme.size()}))
+    return false;
+  return ConstantTimeEquals(value.substr(kScheme.size()), options_.api_key);
 }
 
 void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange) {

@@ -273,6 +273,9 @@ Status Engine::StartHttp(const LlamaConfig& config) {
   options.host = flags_.host;
   options.port = static_cast<uint16_t>(flags_.port);
   options.on_response = [this](int status) { metrics_.CountResponse(status); };
+  // Four times the router's default body limit: a replay sends the prompt again as token ids
+  // (several bytes a token), and what the router admitted must reach the engine.
+  options.body_limit = size_t{32} << 20;
   server_ = std::make_unique<HttpServer>(io_, options);
   api_ = std::make_unique<EngineApi>(io_, config, std::move(tokenizer), flags_.served_name,
                                      &metrics_, clock_);

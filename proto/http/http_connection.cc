@@ -115,6 +115,13 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     Enqueue(Serialize(res), true);
   }
 
+  // An error the server makes itself for exchange `seq` (counted by on_server_response).
+  void RespondOwnError(uint64_t seq, int status, const std::string& message) {
+    if (seq != seq_ || phase_ != Phase::kHandling) return;
+    routes_->CountOwn(status);
+    DoRespond(seq, status, "application/json", HttpErrorJson(status, message), {});
+  }
+
   void DoBegin(uint64_t seq, int status, std::string type, HttpHeaders headers) {
     if (seq != seq_ || phase_ != Phase::kHandling) return;
     http::response<http::empty_body> res{static_cast<http::status>(status), 11};
@@ -183,6 +190,15 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
 
   void OnHeader(beast::error_code ec) {
     if (ec) return OnReadError(ec);
+    // A transfer coding other than a final `chunked` leaves the body's length unknown: Beast
+    // would read none and take the body's bytes as the next request (request smuggling behind
+    // a proxy that honours the coding). RFC 9112 section 6.1: 400, and the connection closed.
+    if (parser_->get().count(http::field::transfer_encoding) != 0 && !parser_->chunked()) {
+      request_started_ = false;
+      request_timer_.cancel();
+      keep_alive_ = false;
+      return SendError(400, "unsupported Transfer-Encoding: only chunked is accepted");
+    }
     auto expect = parser_->get().find(http::field::expect);
     if (expect != parser_->get().end() && beast::iequals(expect->value(), "100-continue")) {
       auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
@@ -235,6 +251,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   }
 
   void SendError(int status, const std::string& message) {
+    routes_->CountOwn(status);
     ++seq_;
     phase_ = Phase::kHandling;
     DoRespond(seq_, status, "application/json", HttpErrorJson(status, message), {});
@@ -381,6 +398,7 @@ void HttpConnection::Dispatch() {
   Watch();
   auto it = routes_->table.find(ex->path());
   if (it == routes_->table.end()) {
+    routes_->CountOwn(404);
     return ex->RespondError(404, "no route for " + std::string(ex->path()));
   }
   std::string allow;
@@ -390,11 +408,13 @@ void HttpConnection::Dispatch() {
         return handler(ex);
       } catch (const std::exception& e) {
         BATON_LOG(ERROR, "http") << "handler for " << it->first << " threw: " << e.what();
+        routes_->CountOwn(500);
         return ex->RespondError(500, "internal error");
       }
     }
     allow += (allow.empty() ? "" : ", ") + std::string(http::to_string(verb));
   }
+  routes_->CountOwn(405);
   ex->Respond(405, "application/json",
               HttpErrorJson(405, "method " + std::string(ex->request().method_string()) +
                                      " is not allowed on " + it->first),
@@ -408,8 +428,7 @@ HttpExchange::HttpExchange(std::shared_ptr<HttpConnection> connection, uint64_t 
 HttpExchange::~HttpExchange() {
   if (answered_.load()) return;
   connection_->Post([c = connection_, seq = seq_] {
-    c->DoRespond(seq, 500, "application/json",
-                 HttpErrorJson(500, "the request was dropped without an answer"), {});
+    c->RespondOwnError(seq, 500, "the request was dropped without an answer");
   });
 }
 

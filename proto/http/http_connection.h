@@ -31,6 +31,9 @@ struct HttpRoutes {
   void Count(int status) const {
     if (options.on_response) options.on_response(status);
   }
+  void CountOwn(int status) const {
+    if (options.on_server_response) options.on_server_response(status);
+  }
 };
 
 // Serves `socket` on its own strand until it closes: reads requests, hands each to its route

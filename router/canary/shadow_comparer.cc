@@ -195,8 +195,10 @@ std::optional<std::string> ShadowBody(std::string_view request) {
   j["stream"] = false;
   j["return_token_ids"] = true;
   j.erase("stream_options");
-  // A shadow must never claim the KV cache of a request (the client's body may name a key).
+  // A shadow must never claim the KV cache of a request (the client's body may name a key),
+  // nor pass a client's resume count on.
   j.erase("baton_request_key");
+  j.erase("baton_resume_tokens");
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

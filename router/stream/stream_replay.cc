@@ -246,13 +246,16 @@ std::string StreamReplay::ChatReplayBody() const {
 }
 
 // The router's key replaces any the client gave: keys name KV caches on the engines, so a
-// client must not pick one (nor claim another request's).
+// client must not pick one (nor claim another request's). So does its resume count: the
+// engine takes the prompt's last `baton_resume_tokens` ids as already generated, which only
+// a continuation the router built may say.
 std::string StreamReplay::Dump(Json body) const {
   if (request_key_.empty()) {
     body.erase("baton_request_key");
   } else {
     body["baton_request_key"] = request_key_;
   }
+  if (resume_tokens_ == 0) body.erase("baton_resume_tokens");
   return body.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 

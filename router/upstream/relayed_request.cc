@@ -289,7 +289,7 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
   // timeout, a request that is not streamed is slow, not lost. Re-running it elsewhere would
   // only add the same work; a hung engine is fenced by the controller, which breaks the call.
   if (error == UpstreamError::kFirstByteTimeout && !replay_.streaming()) {
-    return GiveUp(504, "first_byte_timeout", "the engine did not answer in time (" + message + ")");
+    return GiveUp(504, "first_byte_timeout", message);
   }
   if (!replay_.CanContinue()) {
     return GiveUp(timeout ? 504 : 502, "not_replayable",
@@ -319,7 +319,7 @@ void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& messa
                       std::to_string(deps_.migration_limit) + " times");
   }
   const bool tokens = replay_.tokens_sent() > 0;
-  deps_.metrics->RecordReplay(tokens);
+  if (!refused_again) deps_.metrics->RecordReplay(tokens);  // one per outage, not per probe
   if (refused_again) {
     BATON_LOG(DEBUG, "router") << route_ << " on " << failed.address << " refused again";
   } else {

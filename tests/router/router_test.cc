@@ -272,6 +272,12 @@ TEST_F(RouterTest, ApiKey) {
   TestHttpClient right(router->port());
   ASSERT_TRUE(right.SendRaw(head + "Authorization: Bearer sekrit\r\n\r\n" + body));
   EXPECT_EQ(right.ReadHeader(), 200);
+  TestHttpClient lower(router->port());  // the scheme is case-insensitive
+  ASSERT_TRUE(lower.SendRaw(head + "Authorization: bearer sekrit\r\n\r\n" + body));
+  EXPECT_EQ(lower.ReadHeader(), 200);
+  TestHttpClient bare(router->port());
+  ASSERT_TRUE(bare.SendRaw(head + "Authorization: sekrit\r\n\r\n" + body));
+  EXPECT_EQ(bare.ReadHeader(), 401);
   ExpectHealthy(router->port());  // /health needs no key
 }
 
@@ -342,6 +348,9 @@ TEST_F(RouterTest, RefusedBackendIs429AfterTheQueueWait) {
   EXPECT_NE(metrics.find("baton_router_upstream_errors_total{kind=\"unreachable\"} 1"),
             std::string::npos)
       << metrics;
+  // Retried until the queue's wait, but one retry in the counter: one outage, many probes.
+  EXPECT_NE(metrics.find("baton_router_replays_total{kind=\"retry\"} 1"), std::string::npos)
+      << metrics;
   ExpectHealthy(router->port());
 }
 
@@ -352,8 +361,14 @@ TEST_F(RouterTest, Metrics) {
     ASSERT_EQ(client.Post("/v1/completions", kRequest.dump()).status, 200);
   }
   TestHttpClient client(router->port());
+  EXPECT_EQ(client.Get("/v1/nothing").status, 404);
+  EXPECT_EQ(client.Post("/v1/completions", "{\"prompt\": ").status, 400);  // counted by its route
   HttpReply m = client.Get("/metrics");
   ASSERT_EQ(m.status, 200);
+  // The HTTP layer's own answers reach no route handler: counted as route "none".
+  EXPECT_NE(m.body.find("baton_router_requests_total{route=\"none\",status=\"404\"} 1"),
+            std::string::npos)
+      << m.body;
   EXPECT_NE(m.body.find("baton_router_requests_total{route=\"/v1/completions\",status=\"200\"} 1"),
             std::string::npos)
       << m.body;

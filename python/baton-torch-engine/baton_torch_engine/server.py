@@ -26,7 +26,7 @@ from typing import Callable, Optional
 from .generation import Generator, Step, usage
 from .openai_requests import ApiError, Completion, Parser
 
-MAX_BODY_BYTES = 4 << 20
+MAX_BODY_BYTES = 32 << 20  # 4 x the router's default: a replay resends the prompt as ids
 
 
 class State:

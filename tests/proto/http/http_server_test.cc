@@ -130,6 +130,24 @@ TEST_F(HttpServerTest, MalformedRequestIs400) {
   EXPECT_EQ(again.Get("/hello").status, 200);
 }
 
+// A transfer coding that is not a final `chunked` leaves the body's length unknown: 400 and
+// the connection closed, so that the body's bytes are never read as a second request.
+TEST_F(HttpServerTest, ATransferCodingOtherThanChunkedIs400AndNothingRidesInItsBody) {
+  for (const char* coding : {"gzip", "identity", "chunked, gzip"}) {
+    TestHttpClient client(server_->port());
+    ASSERT_TRUE(client.SendRaw(
+        std::string("POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + coding +
+        "\r\n\r\nGET /hello HTTP/1.1\r\nHost: x\r\nConnection: "
+        "close\r\n\r\n"));
+    const std::string all = client.ReadRawUntil(std::string(1, '\0'));  // until closed
+    EXPECT_EQ(all.rfind("HTTP/1.1 400", 0), 0u) << coding << ": " << all;
+    EXPECT_NE(all.find("Transfer-Encoding"), std::string::npos) << coding << ": " << all;
+    EXPECT_EQ(all.find("hello /hello"), std::string::npos) << coding << ": smuggled: " << all;
+  }
+  TestHttpClient again(server_->port());
+  EXPECT_EQ(again.Get("/hello").status, 200);
+}
+
 TEST_F(HttpServerTest, AnswersFromAnotherThread) {
   TestHttpClient client(server_->port());
   HttpReply reply = client.Get("/later");

@@ -62,6 +62,10 @@ TEST(StreamReplayTest, FirstAttemptPassesThroughAndAddsReturnTokenIds) {
   Json body = Json::parse(r.AttemptBody());
   EXPECT_EQ(body["return_token_ids"], true);
   EXPECT_EQ(body["prompt"], "hi");
+  // A client's resume count would make the engine take prompt tokens as generated ones.
+  StreamReplay claimed("/v1/completions", R"({"prompt":"hi","baton_resume_tokens":3})");
+  claimed.BeginAttempt();
+  EXPECT_FALSE(Json::parse(claimed.AttemptBody()).contains("baton_resume_tokens"));
   const std::vector<int32_t> prompt = {104, 105};
   const std::string e = Chunk("first", {7}, "a", nullptr, &prompt);
   StreamReplay::Outcome o = r.OnEvent(e);
