@@ -179,10 +179,12 @@ void EnginePart::Launch(proto::LaunchRole role) {
     s_.RecordExit(e, "launch failed", pid.status().message());
     s_.engines.erase(id);
     s_.effects.Release(id);
-    (void)s_.guard.RecordFailure();
-    if (p_.upgrades->IsCanary(id))
+    if (!p_.upgrades->IsCanary(id)) {
+      (void)s_.guard.RecordFailure();
+    } else {
       p_.upgrades->EndUpgrade(UpgradeOutcome::kRolledBack,
                               "the canary failed to launch: " + pid.status().message());
+    }
     return;
   }
   e.pid = *pid;

@@ -150,8 +150,10 @@ void FailoverPart::Fence(EngineId id, FailCause cause, const std::string& detail
                         << (alive ? "; SIGKILL sent" : "; already exited");
   // While the controller stops, the pool goes with it: killing is enough, no epoch is spent.
   if (s_.stopping) return;
+  // A canary that fails is the upgrade's failure, judged and rolled back by it: it says
+  // nothing of the active command, whose standby the guard would hold back.
   const bool counts = cause != FailCause::kPlanned && cause != FailCause::kShutdown &&
-                      cause != FailCause::kUnaccounted;
+                      cause != FailCause::kUnaccounted && !p_.upgrades->IsCanary(id);
   if (counts) (void)s_.guard.RecordFailure();  // a trip is logged by the guard
   if (id == s_.primary) {
     FailPrimary(*e, cause, detected_at, alive ? std::optional<TimePoint>(killed_at) : std::nullopt);

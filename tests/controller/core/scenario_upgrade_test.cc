@@ -83,6 +83,30 @@ TEST_F(UpgradeScenario, AnUpgradeToAProgramThatIsNotThereIsRefusedAndTheStandbyS
   EXPECT_EQ(coord().Snapshot().reserve_note, "") << "the reserve is back";
 }
 
+// A canary that dies is the upgrade's failure, not the pair's: six in a row (each upgrade
+// rolled back) count nothing against the crash-loop guard, and the standby of the active
+// command is launched at once after each.
+TEST_F(UpgradeScenario, CanariesThatDieDoNotTripTheCrashLoopGuard) {
+  StartReadyPair();
+  for (int i = 0; i < 6; ++i) {
+    Upgrade({"sim-engine", "--version=2"});
+    EngineId canary = kNoEngine;
+    WaitUntil(
+        [this, &canary] {
+          const CoordinatorStatus s = coord().Snapshot();
+          if (s.upgrade.has_value()) canary = s.upgrade->canary;
+          return canary != kNoEngine && loop_.world().Find(canary) != nullptr;
+        },
+        seconds(5), "the canary's launch");
+    loop_.world().Crash(canary);
+    WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the rollback");
+  }
+  const CoordinatorStatus s = coord().Snapshot();
+  EXPECT_EQ(s.upgrades_rolled_back, 6u);
+  EXPECT_EQ(s.guard_total_failures, 0u) << Story();
+  EXPECT_FALSE(s.guard_in_backoff);
+}
+
 // The canary passed every step and the old primary drained, its Drained lost with the
 // controller (kill -9): the next controller fences the drained primary and the canary takes
 // over, as it would have; the upgrade is promoted, not rolled back.
