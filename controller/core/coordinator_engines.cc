@@ -177,7 +177,7 @@ void EnginePart::Launch(proto::LaunchRole role) {
     BATON_LOG(ERROR, kLog) << "engine " << id << " (" << proto::ToString(role)
                            << ") failed to launch: " << pid.status().ToString();
     s_.RecordExit(e, "launch failed", pid.status().message());
-    s_.engines.erase(id);
+    s_.Forget(id);
     s_.effects.Release(id);
     if (!p_.upgrades->IsCanary(id)) {
       (void)s_.guard.RecordFailure();

@@ -106,7 +106,7 @@ void FailoverPart::OnExited(EngineId id, const std::string& how) {
     BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->pid << ") "
                           << (e->live() ? "exited after Stop" : "reaped") << ": " << how;
     s_.RecordExit(*e, e->fail_cause.has_value() ? ToString(*e->fail_cause) : "stopped", how);
-    s_.engines.erase(id);
+    s_.Forget(id);
     s_.effects.Release(id);
     if (s_.engines.empty()) p_.engines->SaveRoster();  // a clean stop leaves nothing to re-adopt
     return;
@@ -278,7 +278,7 @@ void FailoverPart::OnReaped(EngineRecord& e) {
   }
   s_.Step(e.machine, EngineEvent::kFenceDone);
   s_.StepPairIfAllowed(PairEvent::kFenceDone);
-  s_.engines.erase(id);
+  s_.Forget(id);
   ReleaseIfDone(id);
   p_.engines->SaveRoster();
 }

@@ -169,7 +169,7 @@ void RecoveryPart::NoteGone(EngineRecord& e, const std::string& how) {
     r.detected = s_.clock.Now();
     s_.StepPair(PairEvent::kPrimaryDied);
   }
-  s_.engines.erase(e.id);
+  s_.Forget(e.id);
 }
 
 // Launched by the previous controller but never registered with it: it holds nothing and

@@ -97,6 +97,19 @@ void CoordinatorState::RecordExit(const EngineRecord& e, const std::string& caus
   if (exits.size() > kKeepExits) exits.pop_front();
 }
 
+void CoordinatorState::Forget(EngineId id) {
+  constexpr size_t kKeepDeparted = 32;
+  auto it = engines.find(id);
+  if (it == engines.end()) return;
+  for (const EngineMachine::Record& r : it->second->machine.history()) {
+    departed_history.emplace_back(id, r);
+  }
+  std::stable_sort(departed_history.begin(), departed_history.end(),
+                   [](const auto& a, const auto& b) { return a.second.at < b.second.at; });
+  while (departed_history.size() > kKeepDeparted) departed_history.pop_front();
+  engines.erase(it);
+}
+
 void CoordinatorState::CheckInvariants() {
   if (!invariants.ok()) return;  // the first violation stays for `batonctl status`
   Status status = ledger->CheckInvariants();

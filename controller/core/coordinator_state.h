@@ -111,6 +111,8 @@ struct CoordinatorState {
   // --- records --------------------------------------------------------------------------------
   void Refused(const std::string& who, const std::string& reason);
   void RecordExit(const EngineRecord& e, const std::string& cause, const std::string& exit);
+  // Drops engine `id`'s record; its last changes of state are kept in departed_history.
+  void Forget(EngineId id);
   // The ledger's invariants; the first violation is kept for status.
   void CheckInvariants();
 
@@ -142,6 +144,8 @@ struct CoordinatorState {
 
   std::deque<Refusal> refusals;
   std::deque<EngineExit> exits;
+  // The changes of state of engines whose records are gone, oldest first (the last 32).
+  std::deque<std::pair<EngineId, EngineMachine::Record>> departed_history;
   Status invariants = OkStatus();  // OK, or the first violation of the ledger's invariants
   uint64_t launches = 0;
   uint64_t failovers = 0;

@@ -67,6 +67,7 @@ CoordinatorStatus Coordinator::Snapshot() const {
   s.now = s_.clock.Now();
   s.pair_state = s_.pair.state();
   s.pair_history = s_.pair.history();
+  s.departed_history = s_.departed_history;
   s.primary = s_.primary;
   for (const auto& [id, e] : s_.engines) s.engines.push_back(EngineStatusOf(s_, upgrades_, *e));
   s.ledger = s_.ledger->Snapshot();

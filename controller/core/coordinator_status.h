@@ -105,6 +105,8 @@ struct CoordinatorStatus {
   TimePoint now{};
   PairState pair_state = PairState::kStarting;
   std::deque<PairMachine::Record> pair_history;
+  // Changes of state of engines no longer in `engines` (CoordinatorState::departed_history).
+  std::deque<std::pair<EngineId, EngineMachine::Record>> departed_history;
   EngineId primary = kNoEngine;
   std::vector<EngineStatus> engines;
   LedgerSnapshot ledger;

@@ -154,6 +154,9 @@ json TransitionJson(const ControllerStatus& c, const std::string& machine, const
 json TransitionsJson(const ControllerStatus& c) {
   std::vector<std::pair<TimePoint, json>> all;
   for (const auto& r : c.core.pair_history) all.emplace_back(r.at, TransitionJson(c, "pair", r));
+  for (const auto& [id, r] : c.core.departed_history) {
+    all.emplace_back(r.at, TransitionJson(c, "engine " + std::to_string(id), r));
+  }
   for (const EngineStatus& e : c.core.engines) {
     for (const auto& r : e.history) {
       all.emplace_back(r.at, TransitionJson(c, "engine " + std::to_string(e.id), r));

@@ -231,6 +231,14 @@ TEST(ChaosCli, PlainStatusShowsRoutesAndExits) {
         std::string("fencing: ")}) {
     EXPECT_NE(text.find(want), std::string::npos) << want << " in:\n" << text;
   }
+  // The dead engine's record is gone; its last changes of state are still listed.
+  const json transitions = cluster.Status()["transitions"];
+  bool fencing = false;
+  for (const json& t : transitions) {
+    fencing |= t["machine"] == "engine " + std::to_string(primary["id"].get<uint64_t>()) &&
+               t["from"] == "primary" && t["to"] == "fencing";
+  }
+  EXPECT_TRUE(fencing) << transitions.dump(1);
 }
 
 }  // namespace
