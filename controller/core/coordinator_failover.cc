@@ -115,7 +115,9 @@ void FailoverPart::OnExited(EngineId id, const std::string& how) {
   // connection; fenced already: nothing more.
   Fence(id, FailCause::kDied, how);
   BATON_LOG(INFO, kLog) << "engine " << id << " (pid " << e->pid << ") reaped: " << how;
-  s_.RecordExit(*e, std::string(ToString(*e->fail_cause)) + ": " + e->fail_reason, how);
+  // A death seen by its exit carries the exit as its reason: said once.
+  const std::string cause = ToString(*e->fail_cause);
+  s_.RecordExit(*e, e->fail_reason == how ? cause : cause + ": " + e->fail_reason, how);
   if (p_.recovery->active() && e->adopted && s_.ledger->engine(id) == nullptr) {
     p_.recovery->NoteGone(*e, "exited");  // what it held is in the previous controller's quarantine
   } else {

@@ -53,7 +53,7 @@ void RoutesAndHistoryText(const json& s, std::ostringstream& out) {
   }
   for (size_t i = exits > 5 ? exits - 5 : 0; i < exits; ++i) {
     const json& x = h["exits"][i];
-    out << "exit: engine " << x["id"] << " pid " << x["pid"] << " ("
+    out << "exit: engine " << x["id"] << " pid " << x["pid"] << " (launched as "
         << x["launched_as"].get<std::string>() << "): " << x["cause"].get<std::string>() << ", "
         << x["exit"].get<std::string>() << " (" << static_cast<int64_t>(x["ms_ago"].get<double>())
         << " ms ago)\n";

@@ -75,12 +75,16 @@ Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--") {
+      if (!r.command.empty())
+        return InvalidArgument("give the engine command once: -- or --engine-cmd");
       r.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
       break;
     }
     if (i + 1 >= args.size()) return InvalidArgument(a + " needs a value");
     const std::string& v = args[++i];
     if (a == "--engine-cmd") {
+      if (!r.command.empty())
+        return InvalidArgument("give the engine command once: -- or --engine-cmd");
       BATON_ASSIGN_OR_RETURN(r.command, SplitCommandLine(v));
     } else if (a == "--steps") {
       BATON_ASSIGN_OR_RETURN(r.steps, ParseCanarySteps(v));

@@ -215,6 +215,9 @@ TEST(UpgradeArgsTest, ParsesOptionsAndTheCommand) {
   EXPECT_FALSE(ParseUpgradeArgs({"--step-ms", "soon", "--", "e"}).ok());
   EXPECT_FALSE(ParseUpgradeArgs({"--frob", "1", "--", "e"}).ok());
   EXPECT_FALSE(ParseUpgradeArgs({"--step-ms"}).ok());  // no value
+  const Result<UpgradeRequest> twice =
+      ParseUpgradeArgs({"--engine-cmd", "/bin/true", "--", "/bin/false"});  // which one?
+  EXPECT_EQ(twice.status().code(), StatusCode::kInvalidArgument) << twice.status().ToString();
   // Past a day (as upgrade.step_duration_ms); 2^64/1000 ms would wrap in the clock's math.
   EXPECT_TRUE(ParseUpgradeArgs({"--step-ms", "86400000", "--", "e"}).ok());
   EXPECT_FALSE(ParseUpgradeArgs({"--step-ms", "86400001", "--", "e"}).ok());
