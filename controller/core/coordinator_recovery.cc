@@ -149,9 +149,7 @@ void RecoveryPart::FenceUnaccounted(EngineRecord& e, const std::string& why) {
   if (own_.recovery.has_value()) {
     own_.recovery->status.fenced.push_back(RecoveryStatus::Fenced{e.id, why});
     if (e.id == own_.recovery->roster.primary && s_.primary == kNoEngine) {
-      s_.timelines.Open(PromotionKind::kFailover, "the previous primary is unaccounted for: " + why)
-          .old_engine = e.id;
-      s_.StepPairIfAllowed(PairEvent::kPrimaryDied);
+      LosePreviousPrimary(e, "the previous primary is unaccounted for: " + why);
     }
   }
   p_.failover->Fence(e.id, FailCause::kUnaccounted, why);
@@ -163,13 +161,19 @@ void RecoveryPart::NoteGone(EngineRecord& e, const std::string& how) {
   own_.recovery->gone[e.id] = s_.clock.Now() + s_.config.gpu_release_timeout;
   if (e.id == own_.recovery->roster.primary && s_.primary == kNoEngine &&
       s_.pair.state() == PairState::kRecovering) {
-    PromotionRecord& r = s_.timelines.Open(PromotionKind::kFailover, "the previous primary " + how);
-    r.old_engine = e.id;
-    r.old_pid = e.pid;
-    r.detected = s_.clock.Now();
-    s_.StepPair(PairEvent::kPrimaryDied);
+    LosePreviousPrimary(e, "the previous primary " + how);
   }
   s_.Forget(e.id);
+}
+
+void RecoveryPart::LosePreviousPrimary(const EngineRecord& e, const std::string& why) {
+  const bool drained = own_.recovery->roster.pair_draining;
+  PromotionRecord& r =
+      s_.timelines.Open(drained ? PromotionKind::kDrain : PromotionKind::kFailover, why);
+  r.old_engine = e.id;
+  r.old_pid = e.pid;
+  r.detected = s_.clock.Now();
+  s_.StepPairIfAllowed(drained ? PairEvent::kDrained : PairEvent::kPrimaryDied);
 }
 
 // Launched by the previous controller but never registered with it: it holds nothing and
@@ -312,6 +316,8 @@ void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
       break;
   }
   if (role == proto::ReattachRole::kDrained) {
+    if (e.id == s_.primary && own_.recovery->roster.pair_draining)
+      s_.StepPairIfAllowed(PairEvent::kDrain);  // the drain's end: the pair stops, no failover
     p_.failover->Fence(e.id, FailCause::kPlanned,
                        "it had drained when the previous controller went away");
   } else if (role == proto::ReattachRole::kDraining) {

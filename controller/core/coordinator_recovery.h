@@ -72,6 +72,9 @@ class RecoveryPart {
   void AdoptRosterEngine(const RosterEngine& r, bool alive, const StartState& found);
   // A roster engine that cannot be re-adopted: fenced (killed), its exit awaited.
   void FenceUnaccounted(EngineRecord& e, const std::string& why);
+  // The previous controller's primary `e` is gone or unaccounted for: a failover opens, or,
+  // for a pair `batonctl drain` took out of service, its drain ends (the pair is stopped).
+  void LosePreviousPrimary(const EngineRecord& e, const std::string& why);
   // Why `msg` cannot be accounted for by the roster entry of `e` ("" if it can).
   std::string CheckReattach(const EngineRecord& e, const proto::Reattach& msg) const;
   void Readopt(EngineRecord& e, const proto::Reattach& msg);

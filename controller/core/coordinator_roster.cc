@@ -38,6 +38,8 @@ Roster EnginePart::MakeRoster() const {
   // While recovering, an engine that has not reattached yet is still what the previous
   // controller's roster says (its role, epoch and extents, and whether it is the primary).
   const Roster* previous = p_.recovery->active() ? &p_.recovery->own().recovery->roster : nullptr;
+  // A drain goes on through a recovery (the pair is recovering, not draining, meanwhile).
+  if (previous != nullptr && previous->pair_draining) r.pair_draining = true;
   if (previous != nullptr && s_.primary == kNoEngine) {
     const EngineRecord* p = s_.Find(previous->primary);
     if (p != nullptr && p->is(EngineState::kAdopting)) r.primary = previous->primary;

@@ -122,7 +122,9 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
                                    c != nullptr && c->live() && c->serving();
   if (old_primary_drained) {
     own_.upgrade = std::move(up);
-    outcome = "resumed: the old primary had drained; the canary takes over";
+    outcome =
+        "resumed: the old primary did not come back (it had drained, or was lost); the "
+        "canary takes over";
   } else if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
     outcome = "rolled back: its canary or its primary did not come back";
     if (c != nullptr && c->live()) {

@@ -156,6 +156,8 @@ constexpr Transition<PS, PE> kPairTable[] = {
     {PS::kRecovering,      PE::kErrorReported,            PS::kFailingOver},
     {PS::kRecovering,      PE::kFenceDone,                PS::kRecovering},
     {PS::kRecovering,      PE::kRecoveryDone,             PS::kStarting},
+    // The previous controller's draining primary is gone: `batonctl drain` outlives it.
+    {PS::kRecovering,      PE::kDrained,                  PS::kStopped},
     {PS::kRecovering,      PE::kCrashLoopTripped,         PS::kDownBackoff},
     // A primary re-adopted while another engine is still awaited, or a failover that ends
     // while it is: recovery ending changes nothing more.

@@ -432,11 +432,6 @@ HttpExchange::~HttpExchange() {
   });
 }
 
-std::string_view HttpExchange::path() const {
-  std::string_view target(request_.target().data(), request_.target().size());
-  return target.substr(0, target.find('?'));
-}
-
 void HttpExchange::Respond(int status, std::string content_type, std::string body,
                            HttpHeaders headers) {
   if (answered_.exchange(true)) return;
@@ -461,26 +456,6 @@ void HttpExchange::Write(std::string chunk) {
 
 void HttpExchange::EndStream() {
   connection_->Post([c = connection_, seq = seq_] { c->DoEnd(seq); });
-}
-
-void HttpExchange::OnAbort(std::function<void()> fn) {
-  MutexLock lock(mu_);
-  if (!aborted_.load()) {
-    on_abort_ = std::move(fn);
-    return;
-  }
-  lock.Unlock();
-  if (fn) fn();
-}
-
-void HttpExchange::NotifyAbort() {
-  std::function<void()> fn;
-  {
-    MutexLock lock(mu_);
-    aborted_.store(true);
-    fn = std::move(on_abort_);
-  }
-  if (fn) fn();
 }
 
 void CloseIdleConnections(const HttpRoutes& routes) {

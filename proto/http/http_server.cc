@@ -109,4 +109,29 @@ void HttpServer::Accept() {
   });
 }
 
+std::string_view HttpExchange::path() const {
+  std::string_view target(request_.target().data(), request_.target().size());
+  return target.substr(0, target.find('?'));
+}
+
+void HttpExchange::OnAbort(std::function<void()> fn) {
+  MutexLock lock(mu_);
+  if (!aborted_.load()) {
+    on_abort_ = std::move(fn);
+    return;
+  }
+  lock.Unlock();
+  if (fn) fn();
+}
+
+void HttpExchange::NotifyAbort() {
+  std::function<void()> fn;
+  {
+    MutexLock lock(mu_);
+    aborted_.store(true);
+    fn = std::move(on_abort_);
+  }
+  if (fn) fn();
+}
+
 }  // namespace baton

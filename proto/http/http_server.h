@@ -103,7 +103,7 @@ struct HttpServerOptions {
   std::chrono::milliseconds write_timeout{60000};    // each write of a response
   size_t max_connections = 0;  // 0: no limit; past it a new connection gets 503 and is closed
   std::function<void(int status)> on_response;  // every response's status (for metrics)
-  // Also called, after on_response, for each response the server makes itself, with no
+  // Also called, besides on_response, for each response the server makes itself, with no
   // handler's answer: a malformed request (400), no route (404), a wrong method (405), 408,
   // 413, 431, the 503 past max_connections, and 500 for a handler that threw or dropped its
   // exchange. A server that counts its handlers' answers itself counts these here.

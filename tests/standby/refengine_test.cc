@@ -232,7 +232,7 @@ TEST_F(RefEngineTest, BadRequestsGetJsonErrorsAndTheServerStaysUp) {
   EXPECT_EQ(client.Get("/v1/completions").status, 405);
   {
     TestHttpClient big(port());
-    HttpReply huge = big.Post("/v1/completions", std::string(2 << 20, ' '));
+    HttpReply huge = big.Post("/v1/completions", std::string(33 << 20, ' '));  // past 32 MiB
     EXPECT_EQ(huge.status, 413);
     EXPECT_TRUE(error_of(huge).contains("message"));
   }

@@ -1,6 +1,8 @@
 // Scenarios of `batonctl drain` (scenario.h): the primary is told that no next primary follows
 // (FinalDrain: it finishes its requests, a switch-over's Drain lets it hand them over), and a
 // drained pair stays out of service through a controller restart until `batonctl resume`.
+#include <functional>
+
 #include "tests/controller/core/scenario.h"
 
 namespace baton::sim {
@@ -60,6 +62,41 @@ TEST_F(DrainScenario, ADrainARestartInterruptsGoesOn) {
   Wait(seconds(3));
   EXPECT_TRUE(Stopped()) << ToString(coord().pair_state()) << "\n" << Story();
   EXPECT_EQ(Launches(), 0u) << Story();
+}
+
+// The primary drains slowly (its requests are long); the standby, fenced by the drain, is
+// gone. Then `how` befalls the primary, the controller restarts, and the next controller must
+// launch nothing: the drain ends with the primary, no failover.
+class DrainThroughRestartScenario : public DrainScenario {
+ protected:
+  void SlowDrainThenRestart(const std::function<void()>& how) {
+    StartReadyPair();
+    ASSERT_TRUE(coord().RequestDrain().ok());
+    loop_.world().Find(primary_)->drained_at = loop_.clock().Now() + seconds(60);
+    Wait(std::chrono::milliseconds(200));  // the standby reaped
+    ASSERT_EQ(coord().engine(standby_), nullptr) << Story();
+    how();
+    journal_.clear();
+    ControllerRestarts();
+    Wait(seconds(5));
+    EXPECT_TRUE(Stopped()) << ToString(coord().pair_state()) << "\n" << Story();
+    EXPECT_EQ(Launches(), 0u) << Story();
+    ExpectNoEffect(Send(primary_, "Resume"));
+  }
+};
+
+TEST_F(DrainThroughRestartScenario, APrimaryThatDiedWhileDrainingEndsTheDrain) {
+  SlowDrainThenRestart([this] { PrimaryDies(); });
+}
+
+TEST_F(DrainThroughRestartScenario, APrimaryThatNeverReattachesEndsTheDrain) {
+  SlowDrainThenRestart([this] { PrimaryHangs(); });
+}
+
+// A second restart while the first recovery still waits: the roster the first recovery saved
+// keeps the drain, so the primary is not resumed and nothing is launched.
+TEST_F(DrainThroughRestartScenario, ADrainSurvivesARestartDuringTheRecovery) {
+  SlowDrainThenRestart([this] { ControllerRestarts(); });
 }
 
 // The draining primary dies with the controller: the next controller launches nothing, the
