@@ -7,6 +7,8 @@
 //     Ctrl-C: what is left gets kill -9 at once, and nothing of the stack remains.
 //   * A frozen controller (SIGSTOP) is killed by the script's watchdog and replaced; the new
 //     controller re-adopts the same engines.
+//   * A pair drained (`batonctl drain`) and stopped with the script stays drained in the
+//     state directory; the next `make serve` resumes it, and says so.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -68,7 +70,11 @@ class ServeScript : public ::testing::Test {
  protected:
   void SetUp() override {
     runtime_ = ScratchDir("serve");
-    log_ = runtime_ + "/serve.log";
+    Start("serve.log");
+  }
+  // Starts scripts/serve on runtime_, logging to `log` there, and waits for its pair.
+  void Start(const std::string& log) {
+    log_ = runtime_ + "/" + log;
     // The engines on base and up (a few replacements at most), the router apart from them.
     const int base = FreePorts(4);
     ASSERT_GT(base, 0);
@@ -178,6 +184,22 @@ TEST_F(ServeScript, AFrozenControllerIsReplacedAndItsEnginesReadopted) {
   }
   EXPECT_EQ(now, engines) << "the same engines, re-adopted\n" << ReadFile(log_);
   EXPECT_TRUE(script_->Running()) << ReadFile(log_);
+}
+
+TEST_F(ServeScript, TheNextServeResumesAPairDrainedBeforeIt) {
+  const std::string drain = BuildDir() + "/bin/batonctl --socket " + Socket() + " drain >/dev/null";
+  ASSERT_EQ(std::system(drain.c_str()), 0);
+  for (int i = 0; i < 100 && !EnginesOf(Socket()).empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(EnginesOf(Socket()).empty()) << "the drained pair stopped\n" << ReadFile(log_);
+  ::kill(-pgid_, SIGTERM);
+  ASSERT_EQ(script_->Wait(seconds(40)), 0) << ReadFile(log_);
+  ASSERT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
+  Start("serve-again.log");  // its pair ready, two engines (as SetUp checks)
+  EXPECT_NE(ReadFile(log_).find("taken out of service (batonctl drain) before this start"),
+            std::string::npos)
+      << ReadFile(log_);
 }
 
 }  // namespace
