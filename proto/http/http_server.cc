@@ -17,13 +17,18 @@ using tcp = net::ip::tcp;
 std::string HttpErrorJson(int status, std::string_view message) {
   nlohmann::ordered_json inner;
   inner["message"] = std::string(message);
-  // A client that backs off on 429 looks for OpenAI's rate-limit type and code.
+  // A client that backs off on 429 looks for OpenAI's rate-limit type and code; one that
+  // asks for a new key on 401, for its authentication type and code.
   const bool rate_limited = status == 429;
+  const bool unauthorized = status == 401;
   inner["type"] = status >= 500  ? "server_error"
                   : rate_limited ? "rate_limit_error"
+                  : unauthorized ? "authentication_error"
                                  : "invalid_request_error";
   inner["param"] = nullptr;
-  inner["code"] = rate_limited ? nlohmann::ordered_json("rate_limit_exceeded") : nullptr;
+  inner["code"] = rate_limited   ? nlohmann::ordered_json("rate_limit_exceeded")
+                  : unauthorized ? nlohmann::ordered_json("invalid_api_key")
+                                 : nullptr;
   nlohmann::ordered_json j;
   j["error"] = std::move(inner);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

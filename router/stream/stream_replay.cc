@@ -213,7 +213,8 @@ std::string StreamReplay::AttemptBody() const {
   if (!body_.is_object()) return raw_body_;
   if (!IsCompletions(route_) && !IsChat(route_)) return raw_body_;
   Json j = body_;
-  if (!j.contains("return_token_ids")) j["return_token_ids"] = true;
+  // Also over a client's false: without the ids a stream cannot be continued on another engine.
+  j["return_token_ids"] = true;
   if (resume_tokens_ == 0) return Dump(std::move(j));
   if (IsChat(route_)) return ChatReplayBody();
   std::vector<int32_t> prompt = *prompt_ids_;

@@ -260,7 +260,8 @@ TEST_F(RouterTest, ApiKey) {
   TestHttpClient client(router->port());
   HttpReply denied = client.Post("/v1/completions", kRequest.dump());
   EXPECT_EQ(denied.status, 401);
-  EXPECT_TRUE(Parse(denied.body)["error"].is_object()) << denied.body;
+  EXPECT_EQ(Parse(denied.body)["error"]["code"], "invalid_api_key") << denied.body;
+  EXPECT_EQ(Parse(denied.body)["error"]["type"], "authentication_error") << denied.body;
   TestHttpClient wrong(router->port());
   const std::string body = kRequest.dump();
   const std::string head =

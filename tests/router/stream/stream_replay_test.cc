@@ -63,9 +63,12 @@ TEST(StreamReplayTest, FirstAttemptPassesThroughAndAddsReturnTokenIds) {
   EXPECT_EQ(body["return_token_ids"], true);
   EXPECT_EQ(body["prompt"], "hi");
   // A client's resume count would make the engine take prompt tokens as generated ones.
-  StreamReplay claimed("/v1/completions", R"({"prompt":"hi","baton_resume_tokens":3})");
+  StreamReplay claimed("/v1/completions",
+                       R"({"prompt":"hi","baton_resume_tokens":3,"return_token_ids":false})");
   claimed.BeginAttempt();
-  EXPECT_FALSE(Json::parse(claimed.AttemptBody()).contains("baton_resume_tokens"));
+  const Json claimed_body = Json::parse(claimed.AttemptBody());
+  EXPECT_FALSE(claimed_body.contains("baton_resume_tokens"));
+  EXPECT_EQ(claimed_body["return_token_ids"], true) << "the ids are what a replay is made of";
   const std::vector<int32_t> prompt = {104, 105};
   const std::string e = Chunk("first", {7}, "a", nullptr, &prompt);
   StreamReplay::Outcome o = r.OnEvent(e);
