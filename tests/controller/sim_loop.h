@@ -162,6 +162,8 @@ class SimLoop {
   ControllerConfig& config() { return config_; }
   // Whether the controller runs the CUDA backend (device memory to lose); set before Start.
   void set_cuda_backend(bool cuda) { cuda_backend_ = cuda; }
+  // The protocol version the engines agree on at their Hello (default: this build's newest).
+  void set_engine_protocol(uint16_t version) { engine_protocol_ = version; }
   // What the controllers of this run counted (each incarnation's, summed at its end).
   const CoordinatorStatus& counts() const { return counts_; }
   void SaveCounts() {
@@ -202,7 +204,7 @@ class SimLoop {
       return;
     }
     e->connected = true;
-    coord_->OnConnected(id, proto::kProtocolVersionMax);
+    coord_->OnConnected(id, engine_protocol_);
     const FromEngine opening = world_.Opening(*e);
     world_.Note(*e, opening);
     DeliverMessage(id, opening, "connects and sends");
@@ -221,6 +223,7 @@ class SimLoop {
   TimePoint wake_at_{};  // the Coordinator's timer
   bool verbose_ = false;
   bool cuda_backend_ = false;
+  uint16_t engine_protocol_ = proto::kProtocolVersionMax;
   CoordinatorStatus counts_;
 };
 

@@ -36,6 +36,17 @@ TEST_F(DrainScenario, ADrainTellsThePrimaryThatNoNextPrimaryFollows) {
   ExpectNoEffect(Send(primary, "Drain"));
 }
 
+// An engine of protocol 8 knows no FinalDrain: it is sent Drain (and may hand its requests
+// over to a next primary that never comes; the controller logs a warning).
+TEST_F(DrainScenario, AnEngineOfProtocol8IsSentDrain) {
+  loop_.set_engine_protocol(8);
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestDrain().ok());
+  WaitUntil([this] { return Stopped(); }, seconds(3), "the drained pair to stop");
+  ExpectEffects({Send(primary_, "Drain")});
+  ExpectNoEffect(Send(primary_, "FinalDrain"));
+}
+
 // Stopped, then the controller is killed: the next one starts no engine, and the pair stays
 // stopped until resumed.
 TEST_F(DrainScenario, AStoppedPairStaysStoppedThroughARestart) {
