@@ -96,8 +96,14 @@ void HttpServer::Accept() {
   acceptor_.async_accept(net::make_strand(io_), [this](beast::error_code ec, tcp::socket s) {
     if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
     if (ec) {
-      BATON_LOG(WARN, "http") << "accept failed: " << ec.message() << "; retrying in "
-                              << kAcceptRetry.count() << " ms";
+      // Out of descriptors, the failure repeats every retry until some close: said once.
+      const std::string why =
+          ec.message() + "; retrying every " + std::to_string(kAcceptRetry.count()) + " ms";
+      if (failed_accepts_++ == 0) {
+        BATON_LOG(WARN, "http") << "accept failed: " << why;
+      } else {
+        BATON_LOG(DEBUG, "http") << "accept failed again: " << why;
+      }
       accept_retry_.expires_after(kAcceptRetry);
       accept_retry_.async_wait([this](beast::error_code wait_ec) {
         if (!wait_ec && acceptor_.is_open()) Accept();
@@ -108,6 +114,11 @@ void HttpServer::Accept() {
       // the previous is acknowledged, and a delayed ACK makes that 40 ms.
       beast::error_code ignored;
       s.set_option(tcp::no_delay(true), ignored);
+      if (failed_accepts_ > 0) {
+        BATON_LOG(INFO, "http") << "accepting again after " << failed_accepts_
+                                << " failed accepts";
+        failed_accepts_ = 0;
+      }
       ServeConnection(std::move(s), routes_);
     }
     Accept();

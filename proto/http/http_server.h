@@ -144,6 +144,7 @@ class HttpServer {
   // After a failed accept (out of fds: the connection stays queued and would fail again at
   // once), the next one waits kAcceptRetry instead of spinning.
   boost::asio::steady_timer accept_retry_;
+  uint64_t failed_accepts_ = 0;  // in a row: the first is logged, then their end
   uint16_t port_ = 0;
 };
 
