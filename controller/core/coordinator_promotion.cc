@@ -193,7 +193,10 @@ void FailoverPart::OnPromoteAck(EngineRecord& e, const proto::PromoteAck& msg) {
   s_.StepPair(PairEvent::kPromoteDone);
   if (s_.Standby() != nullptr) s_.StepPairIfAllowed(PairEvent::kStandbyReady);
   PromotionRecord* r = s_.timelines.current();
-  if (r != nullptr) r->promote_acked = s_.clock.Now();
+  if (r != nullptr) {
+    r->promote_acked = s_.clock.Now();
+    r->replacement_awaited = s_.Standby() == nullptr;
+  }
   BATON_LOG(INFO, kLog) << "engine " << e.id << " is the primary at epoch " << msg.epoch << " ("
                         << msg.blocks_mapped << " blocks mapped)";
   p_.engines->SaveRoster();

@@ -121,7 +121,9 @@ PromotionRecord* TimelineLog::Fenced(uint64_t old_engine, uint64_t epoch) {
 PromotionRecord* TimelineLog::awaiting_standby() {
   if (records_.empty()) return nullptr;
   PromotionRecord& r = records_.back();
-  return r.promote_acked.has_value() && !r.standby_ready.has_value() ? &r : nullptr;
+  return r.promote_acked.has_value() && !r.standby_ready.has_value() && r.replacement_awaited
+             ? &r
+             : nullptr;
 }
 
 void TimelineLog::Close(std::string outcome) {
@@ -225,10 +227,20 @@ std::string InheritanceText(const PromotionRecord::KvInheritance& kv) {
   return out.str();
 }
 
+namespace {
+
+// "engine 7", or "no engine" for a promotion that followed none (the first of a pair).
+std::string OldEngineText(uint64_t id) {
+  return id == 0 ? std::string("no engine") : "engine " + std::to_string(id);
+}
+
+}  // namespace
+
 std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   std::ostringstream out;
   const std::optional<TimePoint> first = FirstStamp(r);
-  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine;
+  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause
+      << "): " << OldEngineText(r.old_engine);
   if (r.old_pid != 0) out << " (pid " << r.old_pid << ")";
   out << " -> engine " << r.new_engine << " at epoch " << r.epoch << "; " << r.outcome;
   if (first.has_value()) out << "; started " << WallTime(*first, now);
@@ -259,8 +271,9 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
 std::string TimelineLog::Summary(const PromotionRecord& r) {
   const PhaseTimes p = PhasesOf(r);
   std::ostringstream out;
-  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause << "): engine " << r.old_engine
-      << " -> engine " << r.new_engine << " at epoch " << r.epoch;
+  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause
+      << "): " << OldEngineText(r.old_engine) << " -> engine " << r.new_engine << " at epoch "
+      << r.epoch;
   auto put = [&](const char* name, const std::optional<double>& v) {
     if (v.has_value()) out << ", " << name << " " << Fixed(*v) << " ms";
   };

@@ -73,6 +73,9 @@ struct PromotionRecord {
   uint64_t epoch = 0;
   std::string outcome = "in progress";  // "serving", "down: no standby", ...
   bool complete = false;
+  // False once the new primary serves beside a standby already there (a pair's first
+  // promotion: both engines start together): no replacement standby is awaited.
+  bool replacement_awaited = true;
 
   std::optional<TimePoint> injected, last_heartbeat, detected, killed, epoch_durable, reaped,
       gpu_released, barrier_passed, promote_sent, promote_acked, kv_adopted, route_published,

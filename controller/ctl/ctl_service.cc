@@ -348,12 +348,14 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   if (cmd == "rollback") {
     Result<UpgradeRequest> req = ParseRollbackArgs(args);
     if (!req.ok()) return Usage(req.status().message());
-    const bool canary = co.Snapshot().upgrade.has_value();
+    const std::optional<UpgradeStatus> up = co.Snapshot().upgrade;
     Status status = co.RequestRollback(std::move(req).value());
     if (!status.ok()) return Refuse(cmd, status);
+    const bool serving = up.has_value() && up->weight > 0;  // a canary routed requests
     return Done(cmd,
-                canary ? "rolling back: the canary drains and the primary takes its share"
-                       : "rollback started: a canary of the previous command",
+                !up.has_value() ? "rollback started: a canary of the previous command"
+                : serving       ? "rolling back: the canary drains and the primary takes its share"
+                                : "rolling back: the canary, not serving yet, is stopped",
                 c);
   }
   if (cmd == "drill") {

@@ -64,7 +64,8 @@ std::string MetricsText(const ControllerStatus& c) {
         core.invariants.ok() ? 1 : 0);
   counter("baton_engine_launches_total", "Engine processes launched",
           static_cast<double>(core.launches));
-  counter("baton_failovers_total", "Primaries lost or retired",
+  counter("baton_failovers_total",
+          "Primaries lost (died, hung, failed); a drain, switch-over or upgrade is not counted",
           static_cast<double>(core.failovers));
   counter("baton_switchovers_called_off_total",
           "Switch-overs whose standby failed while the primary drained; the primary served on",

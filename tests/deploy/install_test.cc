@@ -84,20 +84,39 @@ TEST_F(Installed, MakeInstallThenTheStackRunsFromTheScratchRoot) {
                   "DESTDIR=" + destdir_, "BUILD_DIR=" + BuildDir(), "JOBS=2"},
                  seconds(600));
   ASSERT_EQ(install.code, 0) << install.output;
-  for (const char* file :
-       {"bin/baton-controller", "bin/baton-keeper", "bin/baton-router", "bin/batonctl",
-        "bin/baton-refengine", "bin/baton-weights", "bin/baton-mkmodel",
-        "lib/systemd/system/baton-controller.service", "lib/systemd/system/baton-router.service",
-        "lib/sysusers.d/baton.conf", "share/baton/config/controller.toml",
-        "share/baton/config/controller-fleet.toml", "share/baton/config/router.toml",
-        "share/baton/config/router-fleet.toml", "share/baton/prometheus/baton-alerts.yml",
-        "share/baton/prometheus/baton-rules.yml", "share/baton/grafana/baton.json",
-        "share/baton/sysctl/90-baton-hugepages.conf", "include/baton/baton_engine.h"}) {
+  for (const char* file : {"bin/baton-controller",
+                           "bin/baton-keeper",
+                           "bin/baton-router",
+                           "bin/batonctl",
+                           "bin/baton-refengine",
+                           "bin/baton-weights",
+                           "bin/baton-mkmodel",
+                           "lib/systemd/system/baton-controller.service",
+                           "lib/systemd/system/baton-router.service",
+                           "lib/sysusers.d/baton.conf",
+                           "share/baton/config/controller.toml",
+                           "share/baton/config/controller-fleet.toml",
+                           "share/baton/config/router.toml",
+                           "share/baton/config/router-fleet.toml",
+                           "share/baton/prometheus/baton-alerts.yml",
+                           "share/baton/prometheus/baton-rules.yml",
+                           "share/baton/prometheus/prometheus.yml",
+                           "share/baton/grafana/baton.json",
+                           "share/baton/grafana/baton-dashboards.yml",
+                           "share/baton/sysctl/90-baton-hugepages.conf",
+                           "include/baton/baton_engine.h"}) {
     EXPECT_TRUE(std::filesystem::exists(root_ + "/" + std::string(file)))
         << file << " was not installed";
   }
   const std::string sysconf = InstallPrefix() == "/usr" ? destdir_ + "/etc" : root_ + "/etc";
   EXPECT_TRUE(std::filesystem::exists(sysconf + "/baton/controller.toml"));
+  // The scrape configuration and the dashboard's provisioning name this install's paths.
+  EXPECT_NE(ReadFile(root_ + "/share/baton/prometheus/prometheus.yml")
+                .find("- " + InstallPrefix() + "/share/baton/prometheus/baton-rules.yml"),
+            std::string::npos);
+  EXPECT_NE(ReadFile(root_ + "/share/baton/grafana/baton-dashboards.yml")
+                .find("path: " + InstallPrefix() + "/share/baton/grafana"),
+            std::string::npos);
   const std::string unit = ReadFile(root_ + "/lib/systemd/system/baton-controller.service");
   EXPECT_NE(unit.find("ExecStart=" + InstallPrefix() + "/bin/baton-controller --config "),
             std::string::npos)

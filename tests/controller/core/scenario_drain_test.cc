@@ -34,6 +34,7 @@ TEST_F(DrainScenario, ADrainTellsThePrimaryThatNoNextPrimaryFollows) {
   WaitUntil([this] { return Stopped(); }, seconds(3), "the drained pair to stop");
   ExpectEffects({Send(primary, "FinalDrain")});
   ExpectNoEffect(Send(primary, "Drain"));
+  EXPECT_EQ(coord().Snapshot().failovers, 0u) << "planned: neither is a failover";
 }
 
 // An engine of protocol 8 knows no FinalDrain: it is sent Drain (and may hand its requests
