@@ -218,9 +218,9 @@ namespace baton {
 
 const char* ToEngineName(const ToEngine& message) {
   static constexpr const char* kNames[] = {
-      "RegisterAck", "Promote",  "Grant",         "Reclaim",     "Drain",       "Resume",
-      "Stop",        "ErrorMsg", "HealthRequest", "InjectFault", "ReattachAck", "Quarantined",
-      "FinalDrain"};
+      "RegisterAck", "Promote",     "Grant",     "Reclaim",       "Drain",
+      "Resume",      "Stop",        "ErrorMsg",  "HealthRequest", "InjectFault",
+      "ReattachAck", "Quarantined", "FinalDrain"};
   static_assert(std::size(kNames) == std::variant_size_v<ToEngine>);
   return kNames[message.index()];
 }
