@@ -115,8 +115,7 @@ void HttpServer::Accept() {
       beast::error_code ignored;
       s.set_option(tcp::no_delay(true), ignored);
       if (failed_accepts_ > 0) {
-        BATON_LOG(INFO, "http") << "accepting again after " << failed_accepts_
-                                << " failed accepts";
+        BATON_LOG(INFO, "http") << "accepting again after " << failed_accepts_ << " failed accepts";
         failed_accepts_ = 0;
       }
       ServeConnection(std::move(s), routes_);
