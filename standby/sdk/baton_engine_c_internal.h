@@ -21,7 +21,7 @@
 
 struct baton_engine {
   std::unique_ptr<baton::EngineSession> session;
-  bool controller_events = false;  // BATON_ENGINE_CONTROLLER_EVENTS
+  bool controller_events = false;           // BATON_ENGINE_CONTROLLER_EVENTS
   std::atomic<bool> drain_successor{true};  // the latest DRAIN event's SessionEvent::successor
 
   std::mutex kv_mu;

@@ -214,7 +214,7 @@ struct SessionEvent {
   // over to it (the router replays them there); false: none does (`batonctl drain`, protocol
   // 9): finish every request, hand nothing over.
   bool successor = true;
-  std::string reason = {};                 // kStop, kDisconnected, kControllerLost/Back
+  std::string reason = {};  // kStop, kDisconnected, kControllerLost/Back
   // kPromoted, and kGranted of blocks that were quarantined (below): the header of every block
   // of `extents` (kBlockHeaderBytes each, in extent order) as its previous holder left it, read
   // before the scrub. A failover hands the new primary the blocks the old one wrote (their KV

@@ -46,9 +46,12 @@ TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThro
   RouterProcess router({"--controller", cluster.socket()}, cluster.dir(), "router.log");
   ASSERT_TRUE(router.ready()) << router.Log();
   cluster.WaitReady();
-  const json request = {{"model", kRouterTestModel}, {"prompt", "drained while streaming"},
-                        {"seed", 17},                {"temperature", 0.7},
-                        {"max_tokens", 60},          {"stream", true}};
+  const json request = {{"model", kRouterTestModel},
+                        {"prompt", "drained while streaming"},
+                        {"seed", 17},
+                        {"temperature", 0.7},
+                        {"max_tokens", 60},
+                        {"stream", true}};
   const Reply reference = Fetch(router.port(), http::verb::post, "/v1/completions", request.dump());
   ASSERT_EQ(reference.status, 200) << reference.body << reference.error;
   const StreamOutput want = ParseStream(reference.body);
