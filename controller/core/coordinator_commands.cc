@@ -136,14 +136,14 @@ void CommandPart::TakeOutOfService() {
 
 void CommandPart::KeepDrained() {
   const PairState state = s_.pair.state();
-  if (state == PairState::kDraining || state == PairState::kStopped) return;
-  if (!s_.pair.Allows(PairEvent::kDrain)) {
+  const bool out = state == PairState::kDraining || state == PairState::kStopped;
+  if (!out && !s_.pair.Allows(PairEvent::kDrain)) {
     BATON_LOG(WARN, kLog) << "the previous controller's pair was drained, but this one's is "
                           << ToString(state) << ": the drain cannot go on";
     return;
   }
-  s_.StepPair(PairEvent::kDrain);
-  TakeOutOfService();
+  if (!out) s_.StepPair(PairEvent::kDrain);
+  TakeOutOfService();  // also an engine re-adopted beside a primary that drains or is gone
   BATON_LOG(INFO, kLog) << "drain: the pair stays out of service (batonctl drain took it out "
                            "before this controller started; batonctl resume starts it)";
   p_.engines->SaveRoster();

@@ -31,7 +31,8 @@ class CommandPart {
   Status CheckNoCalledOffDrain(const EngineRecord& primary) const;
   // The pair was taken out of service (`batonctl drain`) before this controller started, and
   // its roster says so: the drain goes on. The pair is made draining (its primary drained, a
-  // FinalDrain, if it serves still) or stopped; no engine is launched until `batonctl resume`.
+  // FinalDrain, if it serves still) or stopped, any other engine re-adopted is fenced, and no
+  // engine is launched until `batonctl resume`.
   void KeepDrained();
   // Tells `e` to drain, by drain_timeout. `successor`: an engine follows it that serves its
   // requests (a switch-over's standby, an upgrade's canary or, for a canary rolled back, the
