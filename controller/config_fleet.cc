@@ -6,6 +6,7 @@
 #include <string>
 
 #include "controller/config.h"
+#include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
 
 namespace baton {
@@ -31,6 +32,9 @@ Status CheckFleetTls(const ControllerConfig& c) {
         "signs the members' certificates)");
   }
   for (const std::string& e : c.fleet_etcd) {
+    if (Status ok = CheckHttpEndpoint(e); !ok.ok()) {
+      return InvalidArgument("fleet.etcd: " + ok.message());
+    }
     if (!tls && e.rfind("https://", 0) == 0) {
       return InvalidArgument("fleet.etcd_ca_file: not set, but the endpoint " + e +
                              " is https (the members' certificates must be verified)");

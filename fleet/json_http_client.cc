@@ -9,6 +9,7 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl/ssl_stream.hpp>
+#include <charconv>
 #include <optional>
 
 #include "base/text/json_depth.h"
@@ -38,13 +39,22 @@ Result<HostPort> ParseEndpoint(std::string endpoint) {
   }
   while (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
   const size_t colon = endpoint.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size()) {
-    return InvalidArgument("endpoint '" + endpoint + "': want host:port");
+  if (colon == std::string::npos || colon == 0 || colon + 1 == endpoint.size() ||
+      endpoint.find("://") != std::string::npos) {
+    return InvalidArgument("endpoint '" + endpoint + "': want [http://|https://]host:port");
   }
-  return HostPort{endpoint.substr(0, colon), endpoint.substr(colon + 1), tls};
+  const std::string port = endpoint.substr(colon + 1);
+  uint32_t number = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), number);
+  if (ec != std::errc() || end != port.data() + port.size() || number == 0 || number > 65535) {
+    return InvalidArgument("endpoint '" + endpoint + "': the port must be 1-65535");
+  }
+  return HostPort{endpoint.substr(0, colon), port, tls};
 }
 
 }  // namespace
+
+Status CheckHttpEndpoint(const std::string& endpoint) { return ParseEndpoint(endpoint).status(); }
 
 struct JsonHttpClient::Impl {
   using TlsStream = beast::ssl_stream<beast::tcp_stream>;

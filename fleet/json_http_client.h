@@ -26,6 +26,10 @@
 
 namespace baton {
 
+// OK if `endpoint` is one JsonHttpClient takes: [http://|https://]host:port, the port 1-65535;
+// InvalidArgument naming it otherwise (for a configuration's check, before any connection).
+Status CheckHttpEndpoint(const std::string& endpoint);
+
 class JsonHttpClient {
  public:
   static constexpr size_t kMaxResponseBytes = 64u << 20;

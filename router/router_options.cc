@@ -9,6 +9,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
 
 namespace baton {
@@ -72,6 +73,9 @@ void AddFleetSetters(RouterOptions* o, std::map<std::string, Setter>* s) {
     std::string item;
     while (std::getline(in, item, ',')) {
       if (item.empty()) return InvalidArgument("etcd: an empty endpoint in \"" + v + "\"");
+      if (Status ok = CheckHttpEndpoint(item); !ok.ok()) {
+        return InvalidArgument("etcd: " + ok.message());
+      }
       endpoints.push_back(item);
     }
     if (endpoints.empty()) return InvalidArgument("etcd: want host:port[,host:port...]");

@@ -21,6 +21,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -56,7 +57,8 @@ constexpr char kUsage[] =
     "  --threads            compute threads (default 1)\n"
     "  --max-batch          sequences per step (default 64)\n"
     "  --max-step-tokens    tokens per step, prefill chunks included (default 512)\n"
-    "  --served-model-name  the model's name in the API (default: the --model argument)\n"
+    "  --served-model-name  the model's name in the API (default: the --model folder's\n"
+    "                       name, as the controller names the model in a fleet)\n"
     "  --engine-version     the version reported to the controller (default\n"
     "                       baton-refengine); shown by batonctl status during upgrades\n"
     "  --fail-percent       drill: answer P percent of completion requests with HTTP 500, as a\n"
@@ -178,7 +180,14 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     if (std::string error = ApplyFlag(arg, argv[++i], f); !error.empty()) return error;
   }
   if (f->model.empty()) return "--model DIR is required";
-  if (f->served_name.empty()) f->served_name = f->model;
+  // The model folder's name, as the controller's fleet record names the model (fleet.model):
+  // a router that routes by that name finds an engine that answers to it.
+  if (f->served_name.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(f->model).lexically_normal();
+    f->served_name =
+        dir.filename().empty() ? dir.parent_path().filename().string() : dir.filename().string();
+    if (f->served_name.empty()) f->served_name = f->model;
+  }
   if (!f->role.empty() && !proto::ParseLaunchRole(f->role).ok()) {
     return "--role must be primary or standby";
   }

@@ -252,6 +252,16 @@ TEST(Config, FleetKeysAndTheirDefaults) {
     ASSERT_TRUE(r.ok());
     EXPECT_FALSE(FinishConfig(&*r).ok()) << bad;
   }
+  // A malformed endpoint is refused by the check, not found at the start after the weights
+  // were loaded.
+  for (const char* bad : {"bogus", "ftp://127.0.0.1:2379", "127.0.0.1:99999", "h:notaport"}) {
+    Result<ControllerConfig> r =
+        ParseConfigToml(base + "[fleet]\netcd = \"" + std::string(bad) + "\"\n", "t");
+    ASSERT_TRUE(r.ok()) << bad;
+    const Status finished = FinishConfig(&*r);
+    EXPECT_FALSE(finished.ok()) << bad;
+    EXPECT_NE(finished.message().find("fleet.etcd"), std::string::npos) << finished.ToString();
+  }
   EXPECT_FALSE(ParseConfigToml(base + "[fleet]\nlease_ttl_ms = 10\n", "t").ok());
   EXPECT_FALSE(ParseConfigToml(base + "[fleet]\netcd = 5\n", "t").ok());
 }

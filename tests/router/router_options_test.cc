@@ -114,6 +114,16 @@ TEST(RouterOptions, Toml) {
   EXPECT_NE(st.message().find("threads"), std::string::npos) << st.ToString();
 }
 
+TEST(RouterOptions, AMalformedEtcdEndpointIsRefused) {
+  for (const char* bad : {"bogus", "ftp://127.0.0.1:2379", "127.0.0.1:99999", "h:notaport",
+                          "127.0.0.1:2379,h:0"}) {
+    Result<RouterOptions> o = ParseRouterFlags({"--etcd", bad});
+    EXPECT_FALSE(o.ok()) << bad;
+    EXPECT_NE(o.status().message().find("etcd"), std::string::npos) << o.status().ToString();
+  }
+  EXPECT_TRUE(ParseRouterFlags({"--etcd", "127.0.0.1:2379,http://h:1"}).ok());
+}
+
 TEST(RouterOptions, EtcdTlsFiles) {
   const std::string dir = "/tmp/baton-router-tls-" + std::to_string(::getpid());
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);

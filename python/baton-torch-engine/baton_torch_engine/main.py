@@ -96,7 +96,8 @@ def build_state(args):
     from .openai_requests import Parser
     from .server import State
     config = LlamaConfig.load(args.model)
-    name = args.served_model_name or args.model
+    # The model folder's name, as the controller's fleet record names the model.
+    name = args.served_model_name or os.path.basename(os.path.normpath(args.model)) or args.model
     state = State(Parser(name, config.vocab_size, config.max_position_embeddings,
                          config.bos_token_id), config.max_position_embeddings)
     return config, state
