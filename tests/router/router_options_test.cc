@@ -115,8 +115,8 @@ TEST(RouterOptions, Toml) {
 }
 
 TEST(RouterOptions, AMalformedEtcdEndpointIsRefused) {
-  for (const char* bad : {"bogus", "ftp://127.0.0.1:2379", "127.0.0.1:99999", "h:notaport",
-                          "127.0.0.1:2379,h:0"}) {
+  for (const char* bad :
+       {"bogus", "ftp://127.0.0.1:2379", "127.0.0.1:99999", "h:notaport", "127.0.0.1:2379,h:0"}) {
     Result<RouterOptions> o = ParseRouterFlags({"--etcd", bad});
     EXPECT_FALSE(o.ok()) << bad;
     EXPECT_NE(o.status().message().find("etcd"), std::string::npos) << o.status().ToString();
