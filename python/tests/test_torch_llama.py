@@ -77,7 +77,9 @@ def start_refengine(model_dir):
 
 
 def complete(port, model_dir, **params):
-    body = {"model": model_dir, "prompt": PROMPT, "max_tokens": STEPS, **params}
+    # Both engines answer to the model folder's name unless told another.
+    body = {"model": os.path.basename(os.path.normpath(model_dir)), "prompt": PROMPT,
+            "max_tokens": STEPS, **params}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
                                  json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as r:
