@@ -57,16 +57,16 @@ void CommandPart::DrainEngine(EngineRecord& e, bool successor) {
   p_.engines->SaveRoster();
   const uint64_t epoch = s_.ledger->engine(e.id)->epoch;
   const uint32_t timeout_ms = Millis(s_.config.drain_timeout);
-  if (successor) {
-    p_.engines->SendOrFail(e, proto::Drain{.epoch = epoch, .timeout_ms = timeout_ms});
-  } else if (e.protocol >= proto::kProtocolVersionFinalDrain) {
+  if (!successor && e.protocol >= proto::kProtocolVersionFinalDrain) {
     p_.engines->SendOrFail(e, proto::FinalDrain{.epoch = epoch, .timeout_ms = timeout_ms});
-  } else {
+    return;
+  }
+  if (!successor) {
     BATON_LOG(WARN, kLog) << "engine " << e.id << " speaks protocol " << e.protocol
                           << ", which has no drain without a next primary: it may hand its "
                              "requests over to one that never comes (the router fails them)";
-    p_.engines->SendOrFail(e, proto::Drain{.epoch = epoch, .timeout_ms = timeout_ms});
   }
+  p_.engines->SendOrFail(e, proto::Drain{.epoch = epoch, .timeout_ms = timeout_ms});
 }
 
 bool CommandPart::ResumeEngine(EngineRecord& e) {

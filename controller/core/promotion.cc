@@ -62,6 +62,11 @@ std::string Fixed(double ms) {
   return out.str();
 }
 
+// "engine 7", or "no engine" for a promotion that followed none (the first of a pair).
+std::string OldEngineText(uint64_t id) {
+  return id == 0 ? std::string("no engine") : "engine " + std::to_string(id);
+}
+
 }  // namespace
 
 PhaseTimes PhasesOf(const PromotionRecord& r) {
@@ -226,15 +231,6 @@ std::string InheritanceText(const PromotionRecord::KvInheritance& kv) {
       << " ms; a copy was estimated at " << Fixed(kv.estimate_ms) << " ms";
   return out.str();
 }
-
-namespace {
-
-// "engine 7", or "no engine" for a promotion that followed none (the first of a pair).
-std::string OldEngineText(uint64_t id) {
-  return id == 0 ? std::string("no engine") : "engine " + std::to_string(id);
-}
-
-}  // namespace
 
 std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   std::ostringstream out;

@@ -177,20 +177,12 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
       break;
     case MsgType::kDrain:
       if (auto m = msg.As<proto::Drain>(); m.ok()) {
-        SetDrain(DrainState::kDraining);
-        return Push(SessionEvent{.kind = SessionEventKind::kDrain,
-                                 .epoch = m->epoch,
-                                 .timeout = std::chrono::milliseconds(m->timeout_ms),
-                                 .successor = true});
+        return OnDrain(m->epoch, m->timeout_ms, /*successor=*/true);
       }
       break;
     case MsgType::kFinalDrain:
       if (auto m = msg.As<proto::FinalDrain>(); m.ok()) {
-        SetDrain(DrainState::kDraining);
-        return Push(SessionEvent{.kind = SessionEventKind::kDrain,
-                                 .epoch = m->epoch,
-                                 .timeout = std::chrono::milliseconds(m->timeout_ms),
-                                 .successor = false});
+        return OnDrain(m->epoch, m->timeout_ms, /*successor=*/false);
       }
       break;
     case MsgType::kResume:
@@ -224,6 +216,14 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
   }
   BATON_LOG(WARN, kLog) << "ignoring malformed " << proto::MsgTypeName(msg.type)
                         << " from the controller";
+}
+
+void EngineSession::Impl::OnDrain(uint64_t epoch, uint32_t timeout_ms, bool successor) {
+  SetDrain(DrainState::kDraining);
+  Push(SessionEvent{.kind = SessionEventKind::kDrain,
+                    .epoch = epoch,
+                    .timeout = std::chrono::milliseconds(timeout_ms),
+                    .successor = successor});
 }
 
 void EngineSession::Impl::OnStop(const std::string& reason) {

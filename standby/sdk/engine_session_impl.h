@@ -173,6 +173,8 @@ class EngineSession::Impl {
   // Maps quarantined blocks [first, first + count) read-only unless they are already.
   Status MapQuarantinedRunLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
   void OnGrant(const proto::Grant& msg);
+  // A Drain (`successor`: a next primary follows) or a FinalDrain: the kDrain event.
+  void OnDrain(uint64_t epoch, uint32_t timeout_ms, bool successor) BATON_EXCLUDES(mu_);
   void OnStop(const std::string& reason);
   void OnDisconnected(const std::string& reason);
   void SetDrain(DrainState state) BATON_EXCLUDES(mu_);

@@ -126,17 +126,24 @@ TEST(EngineCAbi, AHugeTimeoutWaitsForTheEvent) {
   baton_engine_close(engine);
 }
 
+// Connects through the C ABI with `flags`; `fake` serves the registration.
+baton_engine* ConnectWithFlags(FakeController& fake, const std::string& socket, unsigned flags) {
+  baton_engine_options options = OptionsFor(socket);
+  baton_engine* engine = nullptr;
+  auto connected = std::async(std::launch::async,
+                              [&] { return baton_engine_connect_flags(&options, flags, &engine); });
+  fake.ServeRegistration(fake.Ack(50), 2,
+                         /*expect_ready=*/(flags & BATON_ENGINE_READY_WHEN_WAITING) == 0);
+  EXPECT_EQ(connected.get(), 0) << baton_engine_last_error();
+  return engine;
+}
+
 // ABI 9: a Drain has a next primary to hand requests over to, a FinalDrain (`batonctl drain`)
 // has none; baton_engine_drain_has_successor() tells them apart for the latest DRAIN event.
 TEST(EngineCAbi, ADrainSaysWhetherANextPrimaryFollows) {
   FakeController fake;
-  const std::string socket = fake.socket_path();
-  baton_engine_options options = OptionsFor(socket);
-  baton_engine* engine = nullptr;
-  auto connected =
-      std::async(std::launch::async, [&] { return baton_engine_connect(&options, &engine); });
-  fake.ServeRegistration(fake.Ack(50));
-  ASSERT_EQ(connected.get(), 0) << baton_engine_last_error();
+  baton_engine* engine = ConnectWithFlags(fake, fake.socket_path(), 0);
+  ASSERT_NE(engine, nullptr);
   EXPECT_EQ(baton_engine_abi_version(), 9);
   baton_event event{};
   ASSERT_TRUE(fake.channel().Send(proto::FinalDrain{.epoch = 0, .timeout_ms = 300}).ok());
@@ -152,18 +159,6 @@ TEST(EngineCAbi, ADrainSaysWhetherANextPrimaryFollows) {
   EXPECT_EQ(baton_engine_drain_has_successor(engine), 1);
   EXPECT_EQ(baton_engine_drain_has_successor(nullptr), 1);
   baton_engine_close(engine);
-}
-
-// Connects through the C ABI with `flags`; `fake` serves the registration.
-baton_engine* ConnectWithFlags(FakeController& fake, const std::string& socket, unsigned flags) {
-  baton_engine_options options = OptionsFor(socket);
-  baton_engine* engine = nullptr;
-  auto connected = std::async(std::launch::async,
-                              [&] { return baton_engine_connect_flags(&options, flags, &engine); });
-  fake.ServeRegistration(fake.Ack(50), 2,
-                         /*expect_ready=*/(flags & BATON_ENGINE_READY_WHEN_WAITING) == 0);
-  EXPECT_EQ(connected.get(), 0) << baton_engine_last_error();
-  return engine;
 }
 
 // ABI 8: a standby connected with BATON_ENGINE_READY_WHEN_WAITING says it is ready at its
