@@ -213,7 +213,7 @@ void Admission::Drain(TimePoint now, Ready* ready) {
                                          : "no engine could take the request within ";
       ready->emplace_back(
           std::move(it->grant),
-          ResourceExhausted(why + std::to_string(options_.max_queue_wait.count()) + " ms"));
+          DeadlineExceeded(why + std::to_string(options_.max_queue_wait.count()) + " ms"));
       it = queue_.erase(it);
       continue;
     }

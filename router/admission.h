@@ -5,8 +5,9 @@
 // 100 unless a ready canary with a weight is listed: then (a canary at 100 %) it takes no new
 // requests, but a replay that finds no weighted target may still go to it. A canary with
 // weight 0 takes nothing. A request that finds no target waits in a bounded FIFO queue; past
-// `max_queue_wait`, or when the queue already holds `max_queue` requests, it is refused
-// (ResourceExhausted: the router answers 429 with Retry-After). A waiter whose client went
+// `max_queue_wait` it is refused with DeadlineExceeded, and when the queue already holds
+// `max_queue` requests with ResourceExhausted (the router answers 429 with Retry-After to
+// both). A waiter whose client went
 // away leaves the queue at once (Cancel).
 //
 // Ramp: when the primary changes (a promotion), the new primary takes traffic in steps

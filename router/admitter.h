@@ -51,8 +51,9 @@ class Admitter {
   using Grant = std::function<void(Result<Target>)>;
   virtual ~Admitter() = default;
 
-  // `grant` is called once, now or later: a target, ResourceExhausted (queue full or timed
-  // out), Unavailable (cancelled) or NotFound (no node serves the model). Returns a ticket.
+  // `grant` is called once, now or later: a target, ResourceExhausted (the queue is full),
+  // DeadlineExceeded (no target within the queue's wait), Unavailable (cancelled) or NotFound
+  // (no node serves the model). Returns a ticket.
   virtual uint64_t Request(AdmitRequest request, Grant grant) = 0;
   virtual void Cancel(uint64_t ticket) = 0;
   virtual void Release(const Target& target) = 0;

@@ -104,7 +104,7 @@ void FleetAdmission::Dispatch(uint64_t ticket, AdmitRequest request, Grant grant
     } else if (!request.model.empty() && !KnownModel(request.model)) {
       refused = NotFound("no node of the fleet serves the model '" + request.model + "'");
     } else if (now >= deadline) {
-      refused = ResourceExhausted("no node of the fleet could take the request within " +
+      refused = DeadlineExceeded("no node of the fleet could take the request within " +
                                   std::to_string(options_.max_queue_wait.count()) + " ms");
     } else if (!request.replay && queue_.size() >= options_.max_queue) {
       refused = ResourceExhausted("the router's queue is full (" +
@@ -278,7 +278,7 @@ void FleetAdmission::DrainQueue() {
       if (now >= it->deadline) {
         expired.emplace_back(
             std::move(it->grant),
-            ResourceExhausted("no node of the fleet could take the request within " +
+            DeadlineExceeded("no node of the fleet could take the request within " +
                               std::to_string(options_.max_queue_wait.count()) + " ms"));
         tickets_.erase(it->ticket);
         it = queue_.erase(it);

@@ -90,7 +90,8 @@ void RelayedRequest::OnGrant(Result<Target> target) {
     return GiveUp(404, "model_not_found", target.status().message());
   }
   if (!target.ok()) {
-    return GiveUp(429, "queue_timeout", target.status().message());
+    const bool full = target.status().code() == StatusCode::kResourceExhausted;
+    return GiveUp(429, full ? "queue_full" : "queue_timeout", target.status().message());
   }
   target_ = *target;
   if (client_gone_) {

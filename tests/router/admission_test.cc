@@ -69,8 +69,8 @@ TEST(AdmissionTest, QueuesWithoutPrimaryThenRefusesPastTheWait) {
   clock.Advance(milliseconds(1));
   a.Tick();
   ASSERT_EQ(g.got.size(), 3u);
-  EXPECT_FALSE(g.got[1].ok());
-  EXPECT_FALSE(g.got[2].ok());
+  EXPECT_EQ(g.got[1].status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(g.got[2].status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(a.queued(), 0u);
   EXPECT_EQ(a.RetryAfterSeconds(), 5);
 }
@@ -263,7 +263,7 @@ TEST(AdmissionTest, AnAddressThatRefusedGetsNoRequestUntilTheRouteChanges) {
     a.Tick();
   }
   ASSERT_EQ(late.got.size(), 1u);
-  EXPECT_EQ(late.got[0].status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(late.got[0].status().code(), StatusCode::kDeadlineExceeded);
 
   a.Unreachable(Target{"127.0.0.1:9", 9});  // not listed: nothing to mark
   Grants fine;

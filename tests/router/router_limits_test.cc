@@ -68,6 +68,11 @@ class RouterLimitsTest : public ::testing::Test {
     ASSERT_TRUE(Put(fd.get(), "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
     EXPECT_EQ(StatusOf(ReadAll(fd.get())), 503);
   }
+  std::string MetricsText() {
+    UniqueFd fd = Connect(router_->port());
+    EXPECT_TRUE(Put(fd.get(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    return ReadAll(fd.get());
+  }
   std::unique_ptr<Router> router_;
 };
 
@@ -143,6 +148,11 @@ TEST_F(RouterLimitsTest, QueueFullIs429WithRetryAfter) {
   EXPECT_NE(response.find("Retry-After: 1"), std::string::npos) << response;
   EXPECT_NE(response.find(R"("type":"rate_limit_error")"), std::string::npos) << response;
   EXPECT_NE(response.find(R"("code":"rate_limit_exceeded")"), std::string::npos) << response;
+  const std::string metrics = MetricsText();
+  EXPECT_NE(metrics.find(R"(baton_router_upstream_errors_total{kind="queue_full"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find(R"(kind="queue_timeout")"), std::string::npos) << metrics;
   ExpectServing();
 }
 

@@ -306,6 +306,10 @@ TEST_F(RouterTest, NoPrimaryQueuesThen429) {
   EXPECT_EQ(r.status, 429);
   EXPECT_EQ(r.retry_after, "1");
   EXPECT_TRUE(Parse(r.body)["error"].is_object()) << r.body;
+  const std::string metrics = client.Get("/metrics").body;
+  EXPECT_NE(metrics.find(R"(baton_router_upstream_errors_total{kind="queue_timeout"} 1)"),
+            std::string::npos)
+      << metrics;
   EXPECT_EQ(client.Get("/health").status, 503);
   EXPECT_FALSE(router->routes().connected());
 }

@@ -210,7 +210,7 @@ TEST(FleetAdmissionTest, RequestsWaitWhileNoNodeHasAPrimaryAndExpire) {
   clock.Advance(milliseconds(2));
   f.Tick();
   ASSERT_EQ(g.got.size(), 3u);
-  EXPECT_EQ(g.got[2].status().code(), StatusCode::kResourceExhausted);
+  EXPECT_EQ(g.got[2].status().code(), StatusCode::kDeadlineExceeded);
 }
 
 TEST(FleetAdmissionTest, ACancelledWaiterLeavesTheQueue) {
