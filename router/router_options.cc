@@ -136,6 +136,31 @@ Status CheckEtcdTls(const RouterOptions& o) {
   return OkStatus();
 }
 
+// A fleet flag without --etcd would be dropped without a word: the router would follow one
+// controller while its operator believes it follows the fleet.
+Status CheckFleetFlagsNeedEtcd(const RouterOptions& o) {
+  if (!o.etcd.empty()) return OkStatus();
+  const RouterOptions d;
+  const std::pair<const char*, bool> set[] = {
+      {"etcd-prefix", o.etcd_prefix != d.etcd_prefix},
+      {"etcd-timeout-ms", o.etcd_timeout != d.etcd_timeout},
+      {"etcd-ca-file", !o.etcd_ca_file.empty()},
+      {"etcd-cert-file", !o.etcd_cert_file.empty()},
+      {"etcd-key-file", !o.etcd_key_file.empty()},
+      {"fleet-poll-ms", o.fleet_poll != d.fleet_poll},
+      {"fleet-suspect-ms", o.fleet_suspect != d.fleet_suspect},
+      {"fleet-router-name", !o.fleet_router_name.empty()},
+  };
+  for (const auto& [flag, given] : set) {
+    if (given) {
+      return InvalidArgument(std::string("--") + flag +
+                             " is a fleet setting and needs --etcd (the members to read the "
+                             "fleet from)");
+    }
+  }
+  return OkStatus();
+}
+
 std::map<std::string, Setter> Setters(RouterOptions* o) {
   std::map<std::string, Setter> s;
   s["listen"] = [o](const std::string& v) {
@@ -333,6 +358,7 @@ Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
     options.controller_socket = RouterDefaultRuntimeDir() + "/controller.sock";
   }
   BATON_RETURN_IF_ERROR(CheckEtcdTls(options));
+  BATON_RETURN_IF_ERROR(CheckFleetFlagsNeedEtcd(options));
   if (!options.etcd.empty() && !options.backend.empty()) {
     return InvalidArgument(
         "--etcd and --backend exclude each other: a router follows a fleet or "

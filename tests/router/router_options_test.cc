@@ -124,6 +124,31 @@ TEST(RouterOptions, AMalformedEtcdEndpointIsRefused) {
   EXPECT_TRUE(ParseRouterFlags({"--etcd", "127.0.0.1:2379,http://h:1"}).ok());
 }
 
+// A fleet setting without --etcd is refused, from a flag or from the file: the router would
+// otherwise follow one controller while its operator believes it follows the fleet.
+TEST(RouterOptions, AFleetSettingWithoutEtcdIsRefused) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--fleet-poll-ms", "50"},
+                                               {"--etcd-prefix", "/other/"},
+                                               {"--fleet-router-name", "r1"},
+                                               {"--fleet-suspect-ms", "100"},
+                                               {"--etcd-timeout-ms", "200"}}) {
+    Result<RouterOptions> o = ParseRouterFlags(args);
+    ASSERT_FALSE(o.ok()) << args[0];
+    EXPECT_EQ(
+        o.status().message(),
+        args[0] + " is a fleet setting and needs --etcd (the members to read the fleet from)");
+    std::vector<std::string> with = args;
+    with.insert(with.end(), {"--etcd", "127.0.0.1:2379"});
+    EXPECT_TRUE(ParseRouterFlags(with).ok()) << args[0];
+  }
+  const std::string path = "/tmp/baton-router-fleet-" + std::to_string(::getpid()) + ".toml";
+  std::ofstream(path) << "[router]\nfleet_poll_ms = 50\n";
+  Result<RouterOptions> o = ParseRouterFlags({"--config", path});
+  std::filesystem::remove(path);
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("--fleet-poll-ms is a fleet setting"), std::string::npos);
+}
+
 TEST(RouterOptions, EtcdTlsFiles) {
   const std::string dir = "/tmp/baton-router-tls-" + std::to_string(::getpid());
   ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
