@@ -211,8 +211,10 @@ void Controller::Disconnect(EngineId id) {
 }
 
 bool Controller::PublishRoutes(proto::RouteTable table) {
-  if (fleet_ != nullptr) fleet_->Publish(table);
-  return routes_.Publish(std::move(table));
+  const bool changed = routes_.Publish(std::move(table));
+  // The node's record carries the table as published, with the version it was given.
+  if (fleet_ != nullptr) fleet_->Publish(routes_.current());
+  return changed;
 }
 
 NodeFacts Controller::FleetFacts() const {

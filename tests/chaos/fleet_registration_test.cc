@@ -82,9 +82,14 @@ TEST_F(FleetRegistration, TheRecordNamesThePairAndFollowsAFailover) {
                 .stdout_text.find("fleet: node node-a as " + std::string(kKey) + ": registered"),
             std::string::npos);
 
+  // The routes carry the version the route table was published with, as routers see it.
+  const uint64_t version = record["routes"]["version"].get<uint64_t>();
+  EXPECT_GE(version, 1u) << record.dump();
+
   ASSERT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
   const json after = WaitNewPrimary(cluster, first, "the pair after the kill");
-  WaitRecordPrimary(PrimaryId(after));
+  const json later = WaitRecordPrimary(PrimaryId(after));
+  EXPECT_GT(later["routes"]["version"].get<uint64_t>(), version) << later.dump();
   cluster.CheckFencing();
 }
 
