@@ -258,10 +258,14 @@ void Router::Health(std::shared_ptr<HttpExchange> exchange) {
                                     : primary ? "ok"
                                               : "no_primary"},
                          {"primary", primary.value_or("")},
-                         {"controller_connected", routes_.connected()},
                          {"queued", fleet_ ? fleet_->queued() : admission_.queued()},
                          {"in_flight", fleet_ ? fleet_->in_flight() : admission_.in_flight()}};
-  if (fleet_) body["fleet"] = FleetHealth();
+  // A fleet's router follows etcd, not a controller: its "fleet" object says how etcd answers.
+  if (fleet_) {
+    body["fleet"] = FleetHealth();
+  } else {
+    body["controller_connected"] = routes_.connected();
+  }
   exchange->RespondJson(status,
                         body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
 }

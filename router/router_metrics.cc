@@ -205,13 +205,16 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
   }
   Gauge("baton_router_has_primary", "1 when the route table has a ready primary.",
         primary.empty() ? 0 : 1, &out);
+  if (g.fleet) {  // no controller of its own: each node's table is in the fleet's gauges
+    RenderFleet(g, &out);
+    return out;
+  }
   Gauge("baton_router_route_table_version", "Version of the last route table received.",
         static_cast<double>(g.table.version), &out);
   Gauge("baton_router_epoch", "Epoch of the last route table received.",
         static_cast<double>(g.table.epoch), &out);
   Gauge("baton_router_controller_connected", "1 while subscribed to the controller.",
         g.controller_connected ? 1 : 0, &out);
-  if (g.fleet) RenderFleet(g, &out);
   return out;
 }
 

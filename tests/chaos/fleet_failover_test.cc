@@ -150,6 +150,17 @@ class FleetFailover : public ::testing::Test {
 
 TEST_F(FleetFailover, ANodeKilledWholeIsReplayedOnTheOthers) {
   ASSERT_TRUE(TrafficReached(1)) << "node-b had no traffic before the fault: " << FleetViews();
+  // A fleet's router follows etcd, not a controller: it reports no controller connection.
+  const json health = json::parse(
+      Fetch(routers_[0]->port(), http::verb::get, "/health", "", std::chrono::seconds(5)).body,
+      nullptr, false);
+  EXPECT_TRUE(health.is_object() && health["fleet"].is_object() &&
+              !health.contains("controller_connected"))
+      << health.dump();
+  const std::string metrics =
+      Fetch(routers_[0]->port(), http::verb::get, "/metrics", "", std::chrono::seconds(5)).body;
+  EXPECT_EQ(metrics.find("baton_router_controller_connected"), std::string::npos);
+  EXPECT_NE(metrics.find("baton_router_fleet_etcd_connected 1"), std::string::npos) << metrics;
   const LoadResult r = LoadAround(Ports(), requests_, want_, [&] {
     nodes_[1]->KillController();
     nodes_[1]->KillLeftovers();
