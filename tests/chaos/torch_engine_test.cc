@@ -80,8 +80,10 @@ struct KilledStream {
   json killed;
 };
 
+// With `replayed` false the cut must leave the stream to its engine: nothing replayed.
 void StreamAndCut(const ChaosCluster& cluster, const RouterProcess& router, const json& request,
-                  const std::function<void(const json& primary)>& cut_primary, KilledStream* out) {
+                  const std::function<void(const json& primary)>& cut_primary, KilledStream* out,
+                  bool replayed = true) {
   const std::vector<std::string> argv = {
       FindInPath("curl"), "-sS",          "-N",
       "--fail-with-body", "-H",           "Content-Type: application/json",
@@ -108,8 +110,12 @@ void StreamAndCut(const ChaosCluster& cluster, const RouterProcess& router, cons
   EXPECT_EQ(out->got.token_ids, out->want.token_ids) << "a repeated or missing token";
   EXPECT_EQ(out->got.text, out->want.text);
   EXPECT_EQ(out->got.ids.size(), 1u);
-  EXPECT_GE(MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}"), 1)
-      << "the cut landed after the stream: nothing was replayed";
+  const double replays = MetricValue(router.port(), "baton_router_replays_total{kind=\"replay\"}");
+  if (replayed) {
+    EXPECT_GE(replays, 1) << "the cut landed after the stream: nothing was replayed";
+  } else {
+    EXPECT_EQ(replays, 0) << router.Log();
+  }
 }
 
 void StreamAndKillThePrimary(const ChaosCluster& cluster, const RouterProcess& router,
@@ -203,6 +209,29 @@ TEST_F(TorchEngineTest, PromoteHandsTheRunningSequenceOver) {
   WaitTorchPrimary(cluster, stream.killed["id"], "the torch standby to take over");
   ExpectContinuedFromTheKv(cluster);
   cluster.CheckFencing();
+}
+
+// `batonctl drain` mid-stream: no next primary follows, so the torch primary hands nothing
+// over and finishes the stream itself, token for token, with nothing replayed; the pair stops.
+TEST_F(TorchEngineTest, ADrainedPrimaryFinishesTheStreamItself) {
+  ChaosCluster cluster(TorchPair());
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  KilledStream stream;
+  ASSERT_NO_FATAL_FAILURE(StreamAndCut(
+      cluster, router, LongPromptRequest(4545),
+      [&](const json&) {
+        const CtlResult drain = cluster.Ctl({"drain"});
+        ASSERT_EQ(drain.exit_code, 0) << drain.stdout_text;
+      },
+      &stream, /*replayed=*/false));
+  cluster.WaitFor(
+      [](const json& s) { return s["pair"]["state"] == "stopped" && s["engines"].empty(); },
+      "the drained pair stopped");
+  const std::string log = cluster.Log();
+  EXPECT_NE(log.find("no next primary follows this drain: finishing 1 requests"), std::string::npos)
+      << log;
+  EXPECT_EQ(log.find("keyed requests over to the next primary"), std::string::npos) << log;
 }
 
 TEST_F(TorchEngineTest, ThePairGoesThroughEveryDrill) {

@@ -271,6 +271,10 @@ def serve_events(engine, state, kv, generator, at: float) -> None:
                     # The next primary continues them from their KV: no need to wait for them.
                     handed = generator.scheduler.call(generator.scheduler.hand_over)
                     log(f"handed {handed} keyed requests over to the next primary")
+                elif not event.successor:
+                    with state.lock:
+                        running = state.in_flight
+                    log(f"no next primary follows this drain: finishing {running} requests")
                 d.unfinished = wait_idle(state, event.timeout_ms, engine)
         elif event.kind == EventKind.RESUME:
             state.stopping = False
