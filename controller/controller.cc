@@ -101,7 +101,10 @@ Status Controller::StartFleetRollout() {
 Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& io,
                                                        ControllerConfig config, Clock& clock) {
   std::unique_ptr<Controller> c(new Controller(io, std::move(config), clock));
-  BATON_RETURN_IF_ERROR(c->Init());
+  if (Status started = c->Init(); !started.ok()) {
+    c->LeaveAsFound(started);
+    return started;
+  }
   return c;
 }
 

@@ -95,8 +95,14 @@ class Controller final : private Effects {
   Status SetUpMemory(const BackendChoice& backend, BackendMode mode);
   std::optional<KeeperClient> ConnectKeeper();
   // Each takes what baton-keeper kept, when `record` proves it; returns why not ("": adopted).
+  // With `files_may_differ` the weights are taken whatever the model files are now.
   std::string AdoptWeights(std::optional<KeeperClient>& keeper,
-                           const std::optional<MemoryRecord>& record);
+                           const std::optional<MemoryRecord>& record,
+                           bool files_may_differ = false);
+  // The weights: adopted, else loaded; when changed model files do not load, the kept
+  // weights serve on (weights_files_ says why). Returns why they were not adopted.
+  Result<std::string> SetUpWeights(std::optional<KeeperClient>& keeper,
+                                   const std::optional<MemoryRecord>& record);
   std::string AdoptPool(std::optional<KeeperClient>& keeper,
                         const std::optional<MemoryRecord>& record);
   // Gives baton-keeper what was made afresh and writes the record of what it keeps.
@@ -130,6 +136,10 @@ class Controller final : private Effects {
   Status HandMemoryTo(KeeperClient& keeper);
   // controller_start.cc: what the previous controller left.
   void FindPrevious();
+  // A start that failed after FindPrevious: the previous controller's engines that still run
+  // are left running (not killed: they serve on, and the next controller re-adopts them), and
+  // a baton-keeper that keeps nothing is let go.
+  void LeaveAsFound(const Status& why);
   // Started without a roster (refused, or none), nothing says which processes hold the memory
   // baton-keeper kept: every process but this one and the keeper that maps or holds open the
   // adopted weight arena (`weights`) or pool (`pool`) is an engine of a previous controller,
@@ -217,7 +227,8 @@ class Controller final : private Effects {
   bool pool_adopted_ = false;
   uint64_t pool_generation_ = 0;
   std::string keeper_state_ = "off";
-  pid_t keeper_pid_ = 0;                       // the keeper start-up handed the memory to
+  std::string weights_files_;  // "": the weights are the model files'; else why they differ
+  pid_t keeper_pid_ = 0;       // the keeper start-up handed the memory to
   std::unique_ptr<KeeperWatch> keeper_watch_;  // made by Start()
   std::unique_ptr<DeviceOwner> device_;        // CUDA backend: device weights and pool (null: lost)
   bool cuda_backend_ = false;

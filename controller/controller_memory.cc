@@ -33,11 +33,7 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
     }
   }
   MemoryRecord kept = record.value_or(MemoryRecord{});
-  const std::string weights_why = AdoptWeights(keeper, record);
-  if (!weights_why.empty()) {
-    if (keeper.has_value()) BATON_LOG(INFO, kLog) << "weights: loading (" << weights_why << ")";
-    BATON_RETURN_IF_ERROR(LoadWeights());
-  }
+  BATON_ASSIGN_OR_RETURN(const std::string weights_why, SetUpWeights(keeper, record));
   std::string pool_why = AdoptPool(keeper, record);
   if (!found_.roster.has_value() && (weights_why.empty() || pool_why.empty())) {
     // A writer nobody accounts for may outlive the wait: the pool is then made anew (the
@@ -181,8 +177,27 @@ void Controller::KeepMemory(KeeperClient& keeper, bool weights_adopted, bool poo
   }
 }
 
+Result<std::string> Controller::SetUpWeights(std::optional<KeeperClient>& keeper,
+                                             const std::optional<MemoryRecord>& record) {
+  const std::string why = AdoptWeights(keeper, record);
+  if (why.empty()) return why;
+  if (keeper.has_value()) BATON_LOG(INFO, kLog) << "weights: loading (" << why << ")";
+  Status loaded = LoadWeights();
+  if (loaded.ok()) return why;
+  // The files changed since the kept arena was loaded and no longer load: the engines that
+  // serve map that arena, and it is intact. Taking it keeps them (and a failover) serving.
+  if (!keeper.has_value() || !AdoptWeights(keeper, record, /*files_may_differ=*/true).empty()) {
+    return loaded;
+  }
+  weights_files_ = "the model files changed (" + why + ") and do not load (" + loaded.message() +
+                   "): the kept weights, as loaded before, serve on until the files load";
+  BATON_LOG(ERROR, kLog) << "weights: " << weights_files_;
+  return std::string();
+}
+
 std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
-                                     const std::optional<MemoryRecord>& record) {
+                                     const std::optional<MemoryRecord>& record,
+                                     bool files_may_differ) {
   if (!keeper.has_value()) return keeper_state_;
   Result<std::optional<KeptItem>> item = keeper->Fetch("weights");
   if (!item.ok()) return "fetching the kept weights: " + item.status().message();
@@ -194,15 +209,17 @@ std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
   if (manifest->generation != record->weights_generation) {
     return "the kept weights are not the ones the memory record names";
   }
-  if (Status same = CheckManifestMatches(*manifest, config_.model_dir); !same.ok()) {
+  if (Status same = CheckManifestMatches(*manifest, config_.model_dir);
+      !same.ok() && !files_may_differ) {
     return same.message();
   }
   if ((*item)->fds.empty()) return "the kept weights have no memfd";
   Result<std::vector<SharedMemory>> arena = ImportArenaFds(std::move((*item)->fds));
   if (!arena.ok()) return arena.status().message();
-  Result<WeightCache> cache = WeightCache::Adopt(
-      std::move(arena).value(), *manifest,
-      AdoptOptions{.model_dir = config_.model_dir, .lock = config_.weights_lock});
+  Result<WeightCache> cache = WeightCache::Adopt(std::move(arena).value(), *manifest,
+                                                 AdoptOptions{.model_dir = config_.model_dir,
+                                                              .check_files = !files_may_differ,
+                                                              .lock = config_.weights_lock});
   if (!cache.ok()) return cache.status().message();
   weights_.emplace(std::move(cache).value());
   BATON_LOG(INFO, kLog) << "weights adopted from baton-keeper: " << weights_->tensors().size()

@@ -14,6 +14,7 @@
 #include "base/process/proc_table.h"
 #include "controller/controller.h"
 #include "controller/engines/supervisor.h"
+#include "controller/keeper/keeper_client.h"
 
 namespace baton {
 namespace {
@@ -107,6 +108,33 @@ void Controller::FindPrevious() {
   }
   // Processes a previous controller's engines left that nothing accounts for.
   if (cgroups_ != nullptr) cgroups_->ClearLeftovers(keep);
+}
+
+void Controller::LeaveAsFound(const Status& why) {
+  std::string left;
+  for (auto& [id, h] : handles_) {
+    if (h.exited || h.process.pid() == 0) continue;
+    left += (left.empty() ? "" : ", ") + std::string("engine ") + std::to_string(id) + " (pid " +
+            std::to_string(h.pid) + ")";
+    h.process.Release();
+    if (h.cgroup != nullptr) h.cgroup->Leave();
+  }
+  if (!left.empty()) {
+    if (cgroups_ != nullptr) cgroups_->Leave();
+    BATON_LOG(WARN, kLog) << "cannot start (" << why.message() << "): " << left
+                          << " of the previous controller left running for the next one";
+    return;
+  }
+  if (!config_.keep_memory) return;
+  // Nothing runs that maps kept memory: a keeper that keeps nothing is let go.
+  Result<KeeperClient> keeper = KeeperClient::Connect(config_.keeper_socket_path(), "", "");
+  if (!keeper.ok()) return;
+  Result<std::optional<KeptItem>> weights = keeper->Fetch("weights");
+  Result<std::optional<KeptItem>> pool = keeper->Fetch("pool");
+  if (weights.ok() && !weights->has_value() && pool.ok() && !pool->has_value()) {
+    (void)keeper->Release("");
+    BATON_LOG(INFO, kLog) << "baton-keeper keeps nothing: let go";
+  }
 }
 
 void Controller::AdoptHandle(const RosterEngine& r) {

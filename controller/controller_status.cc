@@ -62,7 +62,8 @@ ControllerStatus Controller::Snapshot() const {
                             .load_s = weights_->load_stats().seconds,
                             .load_gbps = weights_->load_stats().gbps,
                             .bytes_read = weights_->load_stats().bytes,
-                            .warnings = a.warnings()};
+                            .warnings = a.warnings(),
+                            .files_differ = weights_files_};
   s.pool = PoolStatus{.bytes = pool_.size(),
                       .huge_pages = pool_.huge_pages(),
                       .huge_pages_fallback = pool_.fallback_reason(),

@@ -43,6 +43,9 @@ struct WeightsStatus {
   double load_gbps = 0;
   uint64_t bytes_read = 0;  // from the model files, by this controller
   std::vector<std::string> warnings;
+  // "" while the arena holds what the model files hold; else why it does not (kept weights
+  // serving while the changed files do not load).
+  std::string files_differ;
 };
 
 struct PoolStatus {

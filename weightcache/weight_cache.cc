@@ -163,7 +163,7 @@ Result<WeightCache> WeightCache::Adopt(std::vector<SharedMemory> arena,
   if (options.model_dir.empty()) {
     return InvalidArgument("adopting a weight arena: AdoptOptions.model_dir is empty");
   }
-  BATON_RETURN_IF_ERROR(CheckManifestMatches(manifest, options.model_dir));
+  if (options.check_files) BATON_RETURN_IF_ERROR(CheckManifestMatches(manifest, options.model_dir));
   BATON_RETURN_IF_ERROR(CheckTable(manifest));
   WeightCache cache;
   BATON_ASSIGN_OR_RETURN(cache.arena_,

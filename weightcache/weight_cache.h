@@ -39,6 +39,10 @@ struct WeightCacheOptions {
 struct AdoptOptions {
   // The configured model directory; it must be the manifest's, unchanged.
   std::string model_dir;
+  // false: the directory is not compared with the manifest (the arena is adopted as it was
+  // loaded, whatever the files are now: a controller whose model files changed and no longer
+  // load serves on from the kept arena).
+  bool check_files = true;
   // mlock the new mapping, in the arena's background thread (the old controller's lock went
   // with its mapping).
   bool lock = true;

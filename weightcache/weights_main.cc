@@ -364,7 +364,7 @@ int RunAdopt(Args& args) {
   if (!memory.ok()) return Fail(memory.status());
   const TimePoint adopt_start = RealClock::Get().Now();
   auto adopted = WeightCache::Adopt(std::move(memory).value(), *manifest,
-                                    {args.path, args.options.arena.lock});
+                                    {.model_dir = args.path, .lock = args.options.arena.lock});
   if (!adopted.ok()) return Fail(adopted.status());
   const double adopt_ms = MillisSince(adopt_start);
   adopted->arena().AwaitLock();

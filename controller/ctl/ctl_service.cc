@@ -101,7 +101,8 @@ json WeightsJson(const ControllerStatus& c) {
           {"load_s", w.load_s},
           {"load_gbps", w.load_gbps},
           {"bytes_read", w.bytes_read},
-          {"warnings", w.warnings}};
+          {"warnings", w.warnings},
+          {"files_differ", w.files_differ.empty() ? json(nullptr) : json(w.files_differ)}};
 }
 
 json DeviceJson(const ControllerStatus& c) {

@@ -28,8 +28,8 @@ std::string LockWhy(const WeightsStatus& w) {
 }  // namespace
 
 const std::vector<std::string>& DegradationKinds() {
-  static const auto* kinds = new std::vector<std::string>{"weights_huge_pages", "weights_mlock",
-                                                          "pool_huge_pages", "keeper"};
+  static const auto* kinds = new std::vector<std::string>{
+      "weights_huge_pages", "weights_mlock", "pool_huge_pages", "keeper", "weights_files"};
   return *kinds;
 }
 
@@ -55,6 +55,7 @@ std::vector<Degradation> Degradations(const ControllerStatus& c) {
     out.push_back({"keeper", why + ": a controller restart now reloads the weights and fences "
                                    "the engines"});
   }
+  if (!c.weights.files_differ.empty()) out.push_back({"weights_files", c.weights.files_differ});
   return out;
 }
 
@@ -62,7 +63,8 @@ std::string DegradationMetrics(const ControllerStatus& c) {
   std::ostringstream out;
   const std::vector<Degradation> found = Degradations(c);
   out << "# HELP baton_degraded 1 while the controller runs without something its configuration "
-         "asked for (huge pages, mlock, baton-keeper)\n# TYPE baton_degraded gauge\n";
+         "asked for (huge pages, mlock, baton-keeper) or on weights its model files no longer "
+         "hold\n# TYPE baton_degraded gauge\n";
   for (const std::string& kind : DegradationKinds()) {
     bool on = false;
     for (const Degradation& d : found) on = on || d.what == kind;

@@ -100,6 +100,9 @@ class EngineCgroup {
   // CPU time used by every process of the cgroup, the dead included (cpu.stat usage_usec,
   // present without any controller enabled); -1 when it cannot be read.
   double CpuSeconds() const;
+  // The cgroup and its members outlive this handle: neither killed nor removed (a controller
+  // that cannot start leaves a running engine to the next one).
+  void Leave() { retired_.reset(); }
 
  private:
   std::string path_;
@@ -129,6 +132,8 @@ class EngineCgroups {
   void ClearLeftovers(const std::set<uint64_t>& keep);
 
   const std::string& base() const { return base_; }
+  // The base directory stays on destruction (engine cgroups were left in it).
+  void Leave() { owned_ = false; }
   // Processes found and killed in leftover cgroups when this was opened.
   size_t leftovers_killed() const { return leftovers_killed_; }
   // The cgroups of gone engines whose removal waits for their members to exit: the owner

@@ -60,6 +60,7 @@ TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
               .pid = 0,
               .restarts = 0,
               .detail = "no executable baton-keeper beside /x/baton-controller"};
+  s.weights.files_differ = "the model files changed (m changed) and do not load (bad)";
   const std::string m = DegradationMetrics(s);
   for (const std::string& kind : DegradationKinds()) {
     EXPECT_TRUE(Has(m, "baton_degraded{what=\"" + kind + "\"} 1\n")) << m;
@@ -69,7 +70,8 @@ TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   EXPECT_TRUE(Has(text, "degraded: weights_mlock: ")) << text;
   EXPECT_TRUE(Has(text, "degraded: pool_huge_pages: no free huge pages for the pool")) << text;
   EXPECT_TRUE(Has(text, "degraded: keeper: baton-keeper unavailable (no executable")) << text;
-  EXPECT_EQ(DegradationJson(s).size(), 4u);
+  EXPECT_TRUE(Has(text, "degraded: weights_files: the model files changed (m changed)")) << text;
+  EXPECT_EQ(DegradationJson(s).size(), 5u);
 
   // A keeper that died and is being started again keeps nothing meanwhile.
   ControllerStatus restarting = Healthy(config);
