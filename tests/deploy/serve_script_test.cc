@@ -7,6 +7,8 @@
 //     Ctrl-C: what is left gets kill -9 at once, and nothing of the stack remains.
 //   * A frozen controller (SIGSTOP) is killed by the script's watchdog and replaced; the new
 //     controller re-adopts the same engines.
+//   * A restarted controller that never answers is killed at BATON_START_TIMEOUT_S.
+//   * A crash loop: the script gives up and stops the engines and the keeper it leaves.
 //   * A pair drained (`batonctl drain`) and stopped with the script stays drained in the
 //     state directory; the next `make serve` resumes it, and says so.
 #include <arpa/inet.h>
@@ -72,8 +74,9 @@ class ServeScript : public ::testing::Test {
     runtime_ = ScratchDir("serve");
     Start("serve.log");
   }
-  // Starts scripts/serve on runtime_, logging to `log` there, and waits for its pair.
-  void Start(const std::string& log) {
+  // Starts scripts/serve on runtime_, logging to `log` there, with `env` ("NAME=value") in
+  // its environment, and waits for its pair.
+  void Start(const std::string& log, const std::vector<std::string>& env = {}) {
     log_ = runtime_ + "/" + log;
     // The engines on base and up (a few replacements at most), the router apart from them.
     const int base = FreePorts(4);
@@ -84,13 +87,15 @@ class ServeScript : public ::testing::Test {
     }
     ASSERT_TRUE(router > 0 && (router < base || router >= base + 4));
     // setsid, not a process group leader here, execs in place: the script's pid leads its group.
-    script_ = std::make_unique<Child>(
-        std::vector<std::string>{
-            "/usr/bin/env", "BATON_RUNTIME_DIR=" + runtime_, "BATON_BUILD_DIR=" + BuildDir(),
-            "BATON_BASE_PORT=" + std::to_string(base),
-            "BATON_ROUTER_PORT=" + std::to_string(router), "BATON_METRICS_PORT=0", "setsid", "bash",
-            SourceDir() + "/scripts/serve"},
-        log_, /*piped=*/false);
+    std::vector<std::string> argv = {"/usr/bin/env",
+                                     "BATON_RUNTIME_DIR=" + runtime_,
+                                     "BATON_BUILD_DIR=" + BuildDir(),
+                                     "BATON_BASE_PORT=" + std::to_string(base),
+                                     "BATON_ROUTER_PORT=" + std::to_string(router),
+                                     "BATON_METRICS_PORT=0"};
+    argv.insert(argv.end(), env.begin(), env.end());
+    argv.insert(argv.end(), {"setsid", "bash", SourceDir() + "/scripts/serve"});
+    script_ = std::make_unique<Child>(argv, log_, /*piped=*/false);
     ASSERT_TRUE(script_->started());
     pgid_ = script_->pid();
     for (int i = 0; i < 600 && ReadFile(log_).find("Ctrl-C stops") == std::string::npos; ++i) {
@@ -184,6 +189,63 @@ TEST_F(ServeScript, AFrozenControllerIsReplacedAndItsEnginesReadopted) {
   }
   EXPECT_EQ(now, engines) << "the same engines, re-adopted\n" << ReadFile(log_);
   EXPECT_TRUE(script_->Running()) << ReadFile(log_);
+}
+
+// The controller pid once it is another than `than` (0 after 10 s).
+pid_t NextController(const std::string& runtime, pid_t than) {
+  for (int i = 0; i < 100; ++i) {
+    const pid_t pid = ProcessWith(runtime + "/controller.toml");
+    if (pid > 0 && pid != than) return pid;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  return 0;
+}
+
+// A restarted controller that never answers (here it waits on a frozen baton-keeper) is
+// killed at the start timeout, not left unsupervised; once the keeper runs again a new one
+// brings the pair back.
+TEST_F(ServeScript, ARestartedControllerThatNeverAnswersIsKilledAtTheStartTimeout) {
+  ::kill(-pgid_, SIGKILL);  // this test's own script, with a short start timeout
+  for (pid_t pid : LeftAfterAWhile()) ::kill(pid, SIGKILL);
+  ASSERT_TRUE(LeftAfterAWhile().empty());
+  script_.reset();
+  Start("serve-start-timeout.log", {"BATON_START_TIMEOUT_S=1"});
+  const pid_t keeper = KeeperPid();
+  ASSERT_GT(keeper, 0);
+  const pid_t first = ProcessWith(runtime_ + "/controller.toml");
+  ::kill(keeper, SIGSTOP);
+  ::kill(first, SIGKILL);
+  for (int i = 0; i < 100 && ReadFile(log_).find("after its start: kill -9") == std::string::npos;
+       ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ::kill(keeper, SIGCONT);
+  EXPECT_NE(ReadFile(log_).find("after its start: kill -9"), std::string::npos) << ReadFile(log_);
+  std::vector<pid_t> engines;
+  for (int i = 0; i < 200 && engines.size() != 2; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    const std::string status = BuildDir() + "/bin/batonctl --socket " + Socket() +
+                               " --json status 2>/dev/null | tail -n 1 | grep -q " +
+                               "'\"state\":\"ready\"'";
+    if (std::system(status.c_str()) == 0) engines = EnginesOf(Socket());
+  }
+  EXPECT_EQ(engines.size(), 2u) << "a pair again\n" << ReadFile(log_);
+  EXPECT_TRUE(script_->Running()) << ReadFile(log_);
+}
+
+// A controller that keeps dying is a crash loop: the script gives up, and stops the engines
+// and the keeper that no controller would supervise any more, naming them.
+TEST_F(ServeScript, GivingUpOnACrashLoopStopsTheEnginesAndTheKeeper) {
+  pid_t controller = ProcessWith(runtime_ + "/controller.toml");
+  for (int i = 0; i < 6 && controller > 0; ++i) {
+    ::kill(controller, SIGKILL);
+    controller = NextController(runtime_, controller);
+  }
+  EXPECT_EQ(script_->Wait(seconds(20)), 1) << ReadFile(log_);
+  EXPECT_NE(ReadFile(log_).find("exited 6 times within 10 s"), std::string::npos) << ReadFile(log_);
+  EXPECT_NE(ReadFile(log_).find("no controller supervises engines"), std::string::npos)
+      << ReadFile(log_);
+  EXPECT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
 }
 
 TEST_F(ServeScript, TheNextServeResumesAPairDrainedBeforeIt) {
