@@ -23,6 +23,10 @@ void Controller::StartKeeperWatch() {
       [this](KeeperClient& keeper) { return HandMemoryTo(keeper); });
   if (!config_.keep_memory) {
     keeper_watch_->SetState(KeeperState::kOff, keeper_state_);
+  } else if (keeper_pid_ <= 0 && !KeeperClient::DefaultBinary().empty()) {
+    // None could be had at start (one was hung, or would not start): tried again, so that a
+    // later restart finds the memory kept.
+    keeper_watch_->RetryFromStart(keeper_state_);
   } else if (keeper_pid_ <= 0 || memory_record_.weights_generation == 0 ||
              memory_record_.pool_generation == 0) {
     keeper_watch_->SetState(KeeperState::kUnavailable, keeper_state_ == "kept"

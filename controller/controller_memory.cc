@@ -56,6 +56,9 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
   }
   if (keeper.has_value()) KeepMemory(*keeper, weights_why.empty(), pool_why.empty(), &kept);
   memory_record_ = kept;
+  // No keeper keeps this memory: a record naming a previous keeper's would have the next
+  // controller adopt memory that the engines no longer map, should that keeper come back.
+  if (!keeper.has_value() && config_.keep_memory) SaveRecord();
   KeeperClient* keeping = keeper.has_value() ? &*keeper : nullptr;
   Status device =
       SetUpDeviceMemory(backend, mode, keeping, weights_why.empty() && pool_why.empty());

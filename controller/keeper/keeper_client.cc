@@ -1,14 +1,17 @@
 #include "controller/keeper/keeper_client.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <fstream>
 #include <thread>
 
 #include "base/io/self_exe.h"
 #include "base/log.h"
+#include "base/process/proc_table.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 
@@ -16,6 +19,10 @@ namespace baton {
 namespace {
 
 constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
+// A keeper answers Hello at once; one that has not within this long is hung.
+constexpr Duration kHelloTimeout = std::chrono::seconds(1);
+// How long a hung keeper, killed, may take to be gone.
+constexpr Duration kHungExitWait = std::chrono::seconds(2);
 // Tries of one request: the first, and on a new connection after the keeper closed one (a
 // process that stalls right after connecting may find even the new one closed).
 constexpr int kAttempts = 3;
@@ -31,6 +38,23 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Answer(proto::Channe
   BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg, channel.Receive(kAnswerTimeout));
   BATON_ASSIGN_OR_RETURN(proto::KeptMemory kept, msg.As<proto::KeptMemory>());
   return std::make_pair(std::move(kept), std::move(msg.fds));
+}
+
+// SIGKILL to the hung keeper `pid` (when it is a baton-keeper), awaited for kHungExitWait.
+void KillHungKeeper(pid_t pid, const std::string& socket_path) {
+  std::string name;
+  std::getline(std::ifstream("/proc/" + std::to_string(pid) + "/cmdline"), name, '\0');
+  if (name.find("baton-keeper") == std::string::npos) return;
+  BATON_LOG(WARN, "keeper")
+      << "baton-keeper (pid " << pid << ") at " << socket_path
+      << " accepted but did not answer within "
+      << std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout).count()
+      << " ms: hung; killed, and a new one is started";
+  (void)::kill(pid, SIGKILL);
+  const auto until = std::chrono::steady_clock::now() + kHungExitWait;
+  while (ProcessRunning(pid) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 }  // namespace
@@ -74,15 +98,22 @@ Status StartDetachedKeeper(const std::string& binary, const std::string& socket_
   return OkStatus();
 }
 
-Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path) {
+Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path, pid_t* hung) {
   auto io = std::make_unique<boost::asio::io_context>();
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(*io, socket_path, ClientOptions()));
-  BATON_RETURN_IF_ERROR(
-      proto::ClientHello(channel, {.peer_name = "baton-controller",
-                                   .role = proto::PeerRole::kController,
-                                   .launch_token = "",
-                                   .min_version = proto::kProtocolVersionReattach})
-          .status());
+  Status hello = proto::ClientHello(channel, {.peer_name = "baton-controller",
+                                              .role = proto::PeerRole::kController,
+                                              .launch_token = "",
+                                              .min_version = proto::kProtocolVersionReattach,
+                                              .timeout = kHelloTimeout})
+                     .status();
+  if (!hello.ok()) {
+    if (hung != nullptr && hello.code() == StatusCode::kDeadlineExceeded) {
+      Result<proto::PeerCredentials> peer = channel.peer_credentials();
+      if (peer.ok()) *hung = peer->pid;
+    }
+    return hello;
+  }
   return KeeperClient(socket_path, std::move(io), std::move(channel));
 }
 
@@ -110,8 +141,10 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> KeeperClient::Reques
 Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
                                            const std::string& keeper_binary,
                                            const std::string& log_path, Duration wait) {
-  Result<KeeperClient> client = TryConnect(socket_path);
+  pid_t hung = 0;
+  Result<KeeperClient> client = TryConnect(socket_path, &hung);
   if (client.ok() || keeper_binary.empty()) return client;
+  if (hung > 0) KillHungKeeper(hung, socket_path);
   BATON_LOG(INFO, "keeper") << "no baton-keeper at " << socket_path << " ("
                             << client.status().message() << "): starting " << keeper_binary;
   BATON_RETURN_IF_ERROR(StartDetachedKeeper(keeper_binary, socket_path, log_path));

@@ -1,8 +1,10 @@
 // KeeperClient: the controller's side of baton-keeper (memory_keeper.h). Connect() finds the
 // keeper at the socket path, or starts one: `baton-keeper` beside the controller's own
 // binary, detached (its own session, reparented away from the controller, no parent-death
-// signal), so that it outlives the controller. Each call is one request and its answer over a
-// blocking channel; all of them are short (a local socket, no disk). The keeper closes a
+// signal), so that it outlives the controller. A keeper that accepts the connection but does
+// not answer within a second (frozen, deadlocked) is killed first: what it keeps cannot be
+// had from it, and it would hold the socket from a new one. Each call is one request and its answer
+// over a blocking channel; all of them are short (a local socket, no disk). The keeper closes a
 // connection idle for its idle timeout (memory_keeper.h), and a controller may hold one across
 // a long weight load: a request that finds its connection closed connects again and is sent
 // again, up to three tries in all (every request is idempotent).
@@ -10,6 +12,8 @@
 // Ownership: the client owns its channel and an io_context that is never run. Thread: the
 // caller's (the controller's io thread, at start-up and shutdown only).
 #pragma once
+
+#include <sys/types.h>
 
 #include <boost/asio/io_context.hpp>
 #include <memory>
@@ -60,7 +64,9 @@ class KeeperClient {
       : socket_path_(std::move(socket_path)),
         io_(std::move(io)),
         channel_(std::make_unique<proto::Channel>(std::move(channel))) {}
-  static Result<KeeperClient> TryConnect(const std::string& socket_path);
+  // A keeper that accepts but does not answer Hello within kHelloTimeout is hung: its pid is
+  // put in `*hung` (when not null) and DeadlineExceeded returned.
+  static Result<KeeperClient> TryConnect(const std::string& socket_path, pid_t* hung = nullptr);
   // Sends `msg` with `fds` and returns the answer; again on a new connection when the keeper
   // had closed this one.
   template <typename Msg>

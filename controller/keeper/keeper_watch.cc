@@ -84,6 +84,12 @@ void KeeperWatch::Stop() {
   }
 }
 
+void KeeperWatch::RetryFromStart(const std::string& why) {
+  if (stopped_) return;
+  next_retry_ = options_.first_retry;
+  Retry(why);
+}
+
 void KeeperWatch::OnExited(pid_t pid) {
   if (stopped_) return;
   pidfd_.reset();

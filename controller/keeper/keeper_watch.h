@@ -66,6 +66,9 @@ class KeeperWatch {
   void Watch(pid_t pid);
   // At start-up, when no keeper keeps the memory: the state and why (nothing is retried).
   void SetState(KeeperState state, std::string detail);
+  // At start-up, when no keeper could be had: kUnavailable with `why`, and a keeper is
+  // started (and handed the memory) again after 1 s, doubling to 30 s, as after a death.
+  void RetryFromStart(const std::string& why);
   // Before a clean stop lets the keeper go: its exit is no longer a death.
   void Stop();
 

@@ -97,5 +97,39 @@ TEST(KeeperDeath, EveryDeathIsCountedAndShown) {
   EXPECT_EQ(cluster.StopController(), 0);
 }
 
+// A keeper frozen (SIGSTOP) across a controller restart: the new controller finds it hung
+// (no answer within a second), kills it and starts another; what the frozen one kept cannot
+// be had, so this restart is cold (a new pair), but the new keeper keeps this controller's
+// memory at once and the record names it, so the next restart re-adopts the same engines.
+TEST(KeeperDeath, AFrozenKeeperIsReplacedAndTheNextRestartIsWarm) {
+  ChaosCluster cluster;
+  const pid_t frozen = cluster.KeeperPid();
+  ASSERT_GT(frozen, 0);
+  ASSERT_EQ(::kill(frozen, SIGSTOP), 0);
+  cluster.KillController();
+  cluster.RestartController();
+  const json cold =
+      cluster.WaitFor([&](const json& s) { return IsReady(s) && KeptAgain(s, frozen, 0); },
+                      "a pair, and a new keeper keeping its memory");
+  std::string log = cluster.Log();
+  EXPECT_NE(log.find("baton-keeper (pid " + std::to_string(frozen) + ") at " + cluster.dir() +
+                     "/run/keeper.sock accepted but did not answer"),
+            std::string::npos)
+      << log;
+  for (int i = 0; i < 100 && ProcessExists(frozen); ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_FALSE(ProcessExists(frozen)) << "the hung keeper was killed";
+
+  cluster.KillController();
+  cluster.RestartController();
+  const json warm = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(cold); },
+      "the same engines, re-adopted");
+  EXPECT_EQ(warm["controller"]["recovery"]["memory"], "adopted") << warm["controller"].dump();
+  EXPECT_TRUE(warm["controller"]["recovery"]["fenced"].empty()) << warm["controller"].dump();
+  cluster.CheckFencing();
+}
+
 }  // namespace
 }  // namespace baton::chaos
