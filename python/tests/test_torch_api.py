@@ -50,6 +50,24 @@ class ParserTest(unittest.TestCase):
         self.refused({"prompt": "x", "baton_resume_tokens": 5}, "baton_resume_tokens")
         self.refused({"prompt": "x", "model": "other"}, "model", status=404)
 
+    def test_an_unpaired_surrogate_anywhere_is_refused_as_the_reference_engine_does(self):
+        for raw in (b'{"prompt": "ab\\ud800cd"}', b'{"prompt": "x", "stop": ["\\udfff"]}'):
+            with self.assertRaises(ApiError) as ctx:
+                PARSER.completion(raw)
+            self.assertEqual(ctx.exception.status, 400)
+            self.assertIn("unpaired surrogate", str(ctx.exception))
+        with self.assertRaises(ApiError):
+            PARSER.chat(b'{"messages": [{"role": "user", "content": "a\\ud800"}]}')
+        self.assertEqual(PARSER.completion(b'{"prompt": "\\ud83d\\ude00"}').prompt_ids,
+                         [256, 0xF0, 0x9F, 0x98, 0x80])  # a pair is one character
+
+    def test_a_seed_is_read_as_64_unsigned_bits(self):
+        self.assertEqual(parse({"prompt": "x", "seed": -1}).seed, (1 << 64) - 1)
+        self.assertEqual(parse({"prompt": "x", "seed": -(1 << 63)}).seed, 1 << 63)
+        self.assertEqual(parse({"prompt": "x", "seed": (1 << 64) - 1}).seed, (1 << 64) - 1)
+        self.refused({"prompt": "x", "seed": 1 << 64}, "seed")
+        self.refused({"prompt": "x", "seed": -(1 << 63) - 1}, "seed")
+
     def test_a_default_that_changes_nothing_is_accepted(self):
         parse({"prompt": "x", "presence_penalty": 0, "logit_bias": {}, "tools": [],
                "tool_choice": "none", "response_format": {"type": "text"}})

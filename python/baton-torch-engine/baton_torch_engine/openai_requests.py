@@ -138,6 +138,11 @@ class Parser:
             raise ApiError(f"the body is not JSON: {e}") from e
         if not isinstance(body, dict):
             raise ApiError("the body must be a JSON object")
+        try:  # an escaped lone surrogate ("\ud800") parses, but is no Unicode text
+            json.dumps(body, ensure_ascii=False).encode()
+        except UnicodeEncodeError as e:
+            raise ApiError(f"the body is not valid Unicode: an unpaired surrogate ({e.reason})") \
+                from e
         model = body.get("model")
         if model is not None and model != self.served_name:
             raise ApiError(f"the model '{model}' does not exist", "model", 404,
@@ -184,6 +189,10 @@ class Parser:
         if max_tokens < 1 or max_tokens > room:
             raise ApiError(f"'{name}' must be in [1, {room}] for this prompt", name)
         seed = _int(body, "seed", None)
+        if seed is not None:
+            if seed < -(1 << 63) or seed >= (1 << 64):
+                raise ApiError("'seed' must be an integer in [-2^63, 2^64)", "seed")
+            seed &= (1 << 64) - 1  # as the reference engine reads it, and echoes it
         options = body.get("stream_options") or {}
         if not isinstance(options, dict):
             raise ApiError("'stream_options' must be an object", "stream_options")

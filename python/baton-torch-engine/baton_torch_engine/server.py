@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -300,6 +301,14 @@ class _Server(ThreadingHTTPServer):
     # listen(2)'s backlog (socketserver's default is 5): a burst of connections beyond it, from
     # the router or from clients, was reset by the kernel instead of waiting to be accepted.
     request_queue_size = 1024
+
+    def handle_error(self, request, client_address):
+        """A peer that closed its connection (the router ends a kept-alive one after a
+        replay) is no error; anything else is logged with its traceback, as socketserver
+        does."""
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
 
 
 def serve(state: State, host: str, port: int,
