@@ -1,5 +1,6 @@
 #include "controller/core/promotion.h"
 
+#include <algorithm>
 #include <ctime>
 #include <iterator>
 #include <sstream>
@@ -163,7 +164,7 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
       {"epoch", r.epoch},       {"outcome", r.outcome},
       {"complete", r.complete}, {"started_at", first.has_value() ? WallTime(*first, now) : ""},
       {"stamps", stamps},       {"phases", phases}};
-  j["promotion"] = {{"before_barrier", r.promote_sent.has_value() && r.waited.empty()},
+  j["promotion"] = {{"before_barrier", PromotedBeforeBarrier(r)},
                     {"waited", r.waited},
                     {"quarantined_blocks", r.quarantined_blocks},
                     {"reserve_blocks", r.reserve_blocks}};
@@ -199,11 +200,19 @@ std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv) {
   return out.str();
 }
 
+bool PromotedBeforeBarrier(const PromotionRecord& r) {
+  return r.promote_sent.has_value() && r.waited.empty() &&
+         (!r.barrier_passed.has_value() || *r.promote_sent <= *r.barrier_passed);
+}
+
 std::string PromotionText(const PromotionRecord& r) {
   std::ostringstream out;
-  if (r.waited.empty()) {
+  if (PromotedBeforeBarrier(r) || (r.waited.empty() && !r.promote_sent.has_value())) {
     out << "before the barrier, on a reserve of " << r.reserve_blocks << " blocks; "
         << r.quarantined_blocks << " blocks quarantined until it passed";
+  } else if (r.waited.empty()) {
+    out << "after the barrier (the standby was not ready before it passed); "
+        << r.quarantined_blocks << " blocks quarantined";
   } else {
     out << "waited for the barrier (" << r.waited << "); " << r.quarantined_blocks
         << " blocks quarantined";
@@ -241,10 +250,16 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   out << " -> engine " << r.new_engine << " at epoch " << r.epoch << "; " << r.outcome;
   if (first.has_value()) out << "; started " << WallTime(*first, now);
   out << "\n";
+  // In the order they happened (a barrier may pass before or after the promotion).
+  std::vector<std::pair<double, std::string_view>> lines;
   for (const auto& [name, stamp] : Stamps(r)) {
-    if (!stamp->has_value() || !first.has_value()) continue;
-    out << "  +" << Fixed(MillisBetween(*first, **stamp)) << " ms  " << name << "\n";
+    if (stamp->has_value() && first.has_value()) {
+      lines.emplace_back(MillisBetween(*first, **stamp), name);
+    }
   }
+  std::stable_sort(lines.begin(), lines.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [ms, name] : lines) out << "  +" << Fixed(ms) << " ms  " << name << "\n";
   const PhaseTimes p = PhasesOf(r);
   out << "  phases:";
   auto put = [&](const char* name, const std::optional<double>& v) {

@@ -157,8 +157,7 @@ std::string MetricsText(const ControllerStatus& c) {
       const std::optional<double> v = value(r);
       if (!v.has_value()) continue;
       out << name << "{seq=\"" << r.seq << "\",kind=\"" << ToString(r.kind)
-          << "\",before_barrier=\""
-          << (r.promote_sent.has_value() && r.waited.empty() ? "true" : "false") << "\"} " << *v
+          << "\",before_barrier=\"" << (PromotedBeforeBarrier(r) ? "true" : "false") << "\"} " << *v
           << "\n";
     }
   };

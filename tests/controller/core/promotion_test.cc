@@ -35,6 +35,30 @@ TEST(Timeline, PhasesFromStamps) {
   EXPECT_NE(TimelineLog::Summary(r).find("fence 6.00 ms"), std::string::npos);
 }
 
+// A promotion that did not wait for the barrier is "before" it only when Promote went out
+// first: a standby still starting may be promoted after a barrier that passed meanwhile.
+TEST(Timeline, BeforeTheBarrierOnlyWhenPromoteWentOutFirst) {
+  FakeClock clock;
+  TimelineLog log(clock);
+  PromotionRecord& r = log.Open(PromotionKind::kFailover, "died");
+  const TimePoint t0 = clock.Now();
+  r.detected = t0;
+  r.promote_sent = t0 + milliseconds(1);
+  r.barrier_passed = t0 + milliseconds(30);
+  EXPECT_TRUE(PromotedBeforeBarrier(r));
+  EXPECT_TRUE(TimelineJson(r, clock.Now())["promotion"]["before_barrier"].get<bool>());
+  EXPECT_NE(PromotionText(r).find("before the barrier"), std::string::npos);
+  r.promote_sent = t0 + milliseconds(1350);
+  EXPECT_FALSE(PromotedBeforeBarrier(r));
+  EXPECT_FALSE(TimelineJson(r, clock.Now())["promotion"]["before_barrier"].get<bool>());
+  EXPECT_NE(PromotionText(r).find("after the barrier (the standby was not ready"),
+            std::string::npos)
+      << PromotionText(r);
+  r.waited = "no reserve";
+  EXPECT_FALSE(PromotedBeforeBarrier(r));
+  EXPECT_NE(PromotionText(r).find("waited for the barrier (no reserve)"), std::string::npos);
+}
+
 TEST(Timeline, InjectionIsTheEvidenceForADrill) {
   FakeClock clock;
   TimelineLog log(clock);
