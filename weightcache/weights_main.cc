@@ -59,8 +59,13 @@ struct Args {
   WeightCacheOptions options;
 };
 
-int Usage(const std::string& problem) {
+int Usage(const std::string& problem, bool json) {
   std::cerr << "baton-weights: " << problem << "\n" << kUsage;
+  if (json) {
+    std::cout << nlohmann::json{{"ok", false}, {"error", problem}}.dump(
+                     -1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+  }
   return kExitUsage;
 }
 
@@ -116,7 +121,10 @@ std::string ParseArgs(int argc, char** argv, Args* args) {
       auto n = v ? ParseNumber<unsigned>(*v) : std::nullopt;
       if (!n) return a + " needs a non-negative integer";
       if (a == "--numa") arena.numa_node = static_cast<int>(*n);
-      if (a == "--queue-depth") load.queue_depth = *n;
+      if (a == "--queue-depth") {
+        if (*n == 0 || *n > 4096) return "--queue-depth must be between 1 and 4096";
+        load.queue_depth = *n;
+      }
       if (a == "--chunk-mib") {
         if (*n == 0 || *n > 1024) return "--chunk-mib must be between 1 and 1024";
         load.chunk_size = static_cast<uint64_t>(*n) << 20;
@@ -211,15 +219,25 @@ Result<WeightCache> LoadCache(Args& args) {
   return WeightCache::Load(args.path, args.options);
 }
 
-int Fail(const Status& status) {
-  std::cerr << "baton-weights: " << status.ToString() << "\n";
+// The error on stderr and, with --json, as the last line of stdout (as batonctl does).
+void PrintError(const std::string& message, bool json) {
+  std::cerr << "baton-weights: " << message << "\n";
+  if (json) {
+    std::cout << nlohmann::json{{"ok", false}, {"error", message}}.dump(
+                     -1, ' ', false, nlohmann::json::error_handler_t::replace)
+              << "\n";
+  }
+}
+
+int Fail(const Status& status, bool json) {
+  PrintError(status.ToString(), json);
   return kExitFailed;
 }
 
 int RunLoad(Args& args) {
   const TimePoint start = RealClock::Get().Now();
   auto cache = LoadCache(args);
-  if (!cache.ok()) return Fail(cache.status());
+  if (!cache.ok()) return Fail(cache.status(), args.json);
   Json j = LoadJson(*cache);
   // Arena creation (page faults, mbind, mlock) plus the read.
   j["total_s"] = MillisBetween(start, RealClock::Get().Now()) / 1000.0;
@@ -271,7 +289,7 @@ void PrintShard(const Json& shard) {
 int RunInspect(const Args& args) {
   struct stat st {};
   if (::stat(args.path.c_str(), &st) != 0) {
-    return Fail(NotFound(args.path + " does not exist"));
+    return Fail(NotFound(args.path + " does not exist"), args.json);
   }
   Json out;
   Json shards = Json::array();
@@ -284,11 +302,11 @@ int RunInspect(const Args& args) {
   };
   if (S_ISDIR(st.st_mode)) {
     auto files = ModelFiles::Open(args.path);
-    if (!files.ok()) return Fail(files.status());
+    if (!files.ok()) return Fail(files.status(), args.json);
     for (const SafetensorsIndex& index : files->shards()) add(index);
   } else {
     auto index = SafetensorsIndex::ParseFile(args.path);
-    if (!index.ok()) return Fail(index.status());
+    if (!index.ok()) return Fail(index.status(), args.json);
     add(*index);
   }
   out["path"] = args.path;
@@ -307,9 +325,9 @@ int RunInspect(const Args& args) {
 
 int RunHash(Args& args) {
   auto cache = LoadCache(args);
-  if (!cache.ok()) return Fail(cache.status());
+  if (!cache.ok()) return Fail(cache.status(), args.json);
   IntegrityManifest manifest = HashTensors(*cache);
-  if (Status s = WriteManifest(args.path, manifest); !s.ok()) return Fail(s);
+  if (Status s = WriteManifest(args.path, manifest); !s.ok()) return Fail(s, args.json);
   const std::string path = args.path + "/" + kIntegrityManifestName;
   if (args.json) {
     std::cout << Json{{"manifest", path}, {"tensors", manifest.tensors.size()}}.dump() << std::endl;
@@ -322,9 +340,9 @@ int RunHash(Args& args) {
 
 int RunVerify(Args& args) {
   auto expected = ReadManifest(args.path);
-  if (!expected.ok()) return Fail(expected.status());
+  if (!expected.ok()) return Fail(expected.status(), args.json);
   auto cache = LoadCache(args);
-  if (!cache.ok()) return Fail(cache.status());
+  if (!cache.ok()) return Fail(cache.status(), args.json);
   const IntegrityReport report = Verify(*cache, *expected);
   if (args.json) {
     std::cout << Json{{"ok", report.ok()},
@@ -347,25 +365,25 @@ double MillisSince(TimePoint start) { return MillisBetween(start, RealClock::Get
 // and dups of the arena's memfds, the loading cache gone.
 int RunAdopt(Args& args) {
   auto loaded = LoadCache(args);
-  if (!loaded.ok()) return Fail(loaded.status());
+  if (!loaded.ok()) return Fail(loaded.status(), args.json);
   std::optional<WeightCache> cache(std::move(loaded).value());
   const IntegrityManifest hashes = HashTensors(*cache);
   const std::string text = EncodeWeightManifest(cache->Manifest(1));
   auto fds = cache->arena().DupFds();
-  if (!fds.ok()) return Fail(fds.status());
+  if (!fds.ok()) return Fail(fds.status(), args.json);
   Json j = LoadJson(*cache);
   cache.reset();  // the loading controller is gone; the dup keeps the memory
 
   const TimePoint start = RealClock::Get().Now();
   auto manifest = DecodeWeightManifest(text, "the manifest");
-  if (!manifest.ok()) return Fail(manifest.status());
+  if (!manifest.ok()) return Fail(manifest.status(), args.json);
   const double decode_ms = MillisSince(start);
   auto memory = ImportArenaFds(std::move(fds).value());
-  if (!memory.ok()) return Fail(memory.status());
+  if (!memory.ok()) return Fail(memory.status(), args.json);
   const TimePoint adopt_start = RealClock::Get().Now();
   auto adopted = WeightCache::Adopt(std::move(memory).value(), *manifest,
                                     {.model_dir = args.path, .lock = args.options.arena.lock});
-  if (!adopted.ok()) return Fail(adopted.status());
+  if (!adopted.ok()) return Fail(adopted.status(), args.json);
   const double adopt_ms = MillisSince(adopt_start);
   adopted->arena().AwaitLock();
   const double locked_ms = MillisSince(adopt_start);
@@ -406,7 +424,9 @@ int Main(int argc, char** argv) {
   }
   Args args;
   if (std::string problem = ParseArgs(argc, argv, &args); !problem.empty()) {
-    return Usage(problem);
+    bool json = false;
+    for (int i = 1; i < argc; ++i) json = json || std::string(argv[i]) == "--json";
+    return Usage(problem, json);
   }
   if (args.command == "load") return RunLoad(args);
   if (args.command == "inspect") return RunInspect(args);

@@ -41,9 +41,24 @@ struct Flags {
   bool json = false;
 };
 
-int Usage(const std::string& error) {
+// With --json anywhere on the line, an error is also the last line of stdout, as batonctl's.
+bool JsonWanted(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0) return true;
+  }
+  return false;
+}
+
+void PrintJsonError(const std::string& error) {
+  std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", error}}
+                          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                          .c_str());
+}
+
+int Usage(const std::string& error, bool json) {
   if (!error.empty()) std::fprintf(stderr, "baton-mkmodel: %s\n", error.c_str());
   std::fputs(kUsage, stderr);
+  if (json) PrintJsonError(error);
   return 2;
 }
 
@@ -72,7 +87,8 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->json = true;
     } else if (arg == "--out" || arg == "--preset" || arg == "--dtype" || arg == "--seed" ||
                arg == "--shards" || arg == "--threads") {
-      if (!value(&v)) return std::string(arg) + " needs a value";
+      // A flag is no value: "--out --json" would write a folder named "--json".
+      if (!value(&v) || v.rfind("--", 0) == 0) return std::string(arg) + " needs a value";
       if (arg == "--out") f->out = v;
       if (arg == "--preset") f->preset = v;
       if (arg == "--dtype") f->dtype = v;
@@ -133,14 +149,19 @@ int main(int argc, char** argv) {
       return 0;
     }
   }
-  if (std::string error = ParseFlags(argc, argv, &flags); !error.empty()) return Usage(error);
+  const bool json = JsonWanted(argc, argv);
+  if (std::string error = ParseFlags(argc, argv, &flags); !error.empty()) {
+    return Usage(error, json);
+  }
   baton::Result<baton::DType> dtype = baton::ParseModelDType(flags.dtype);
-  if (!dtype.ok()) return Usage(dtype.status().message());
+  if (!dtype.ok()) return Usage(dtype.status().message(), json);
   baton::Result<baton::ModelSpec> spec = baton::ParsePreset(flags.preset, *dtype);
-  if (!spec.ok()) return Usage(spec.status().message());
+  if (!spec.ok()) return Usage(spec.status().message(), json);
   spec->seed = flags.seed;
   spec->shards = flags.shards;
-  if (baton::Status valid = baton::ValidateSpec(*spec); !valid.ok()) return Usage(valid.message());
+  if (baton::Status valid = baton::ValidateSpec(*spec); !valid.ok()) {
+    return Usage(valid.message(), json);
+  }
   baton::WriteOptions options;
   options.threads = flags.threads;
   options.sync = flags.sync;
@@ -148,6 +169,7 @@ int main(int argc, char** argv) {
   baton::Result<baton::ModelSummary> summary = baton::WriteModel(*spec, flags.out, options);
   if (!summary.ok()) {
     std::fprintf(stderr, "baton-mkmodel: %s\n", summary.status().ToString().c_str());
+    if (json) PrintJsonError(summary.status().ToString());
     return 1;
   }
   PrintSummary(*spec, *summary, flags.json);

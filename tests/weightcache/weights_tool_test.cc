@@ -29,11 +29,12 @@ struct ToolRun {
   std::string err;
 };
 
-// Runs build/bin/baton-weights with `args`; stdout and stderr are captured.
-ToolRun RunTool(const std::string& args) {
+// Runs build/bin/`tool` (baton-weights by default) with `args`; stdout and stderr are
+// captured.
+ToolRun RunTool(const std::string& args, const std::string& tool = "baton-weights") {
   const std::string err_path =
       ::testing::TempDir() + "baton-weights-stderr-" + std::to_string(::getpid());
-  const std::string cmd = std::string(BATON_BIN_DIR) + "/baton-weights " + args + " 2>" + err_path;
+  const std::string cmd = std::string(BATON_BIN_DIR) + "/" + tool + " " + args + " 2>" + err_path;
   ToolRun run;
   FILE* p = ::popen(cmd.c_str(), "r");
   if (p == nullptr) return run;
@@ -97,6 +98,26 @@ TEST_F(WeightsToolTest, InspectShowsTheHeaderAndRefusesMalformedFiles) {
   ToolRun refused = RunTool("inspect " + bad);
   EXPECT_EQ(refused.exit_code, 1);
   EXPECT_NE(refused.err.find("bad.bin"), std::string::npos) << refused.err;
+  // With --json, a failure is a JSON object on stdout's last line too; bad usage exits 2.
+  ToolRun json = RunTool("inspect " + bad + " --json");
+  EXPECT_EQ(json.exit_code, 1);
+  const nlohmann::json error = LastLineJson(json.out);
+  EXPECT_EQ(error["ok"], false) << json.out;
+  EXPECT_NE(error["error"].get<std::string>().find("bad.bin"), std::string::npos) << json.out;
+  ToolRun usage = RunTool("load " + dir_.path() + " --queue-depth 0 --json");
+  EXPECT_EQ(usage.exit_code, 2) << usage.err;
+  EXPECT_EQ(LastLineJson(usage.out)["error"], "--queue-depth must be between 1 and 4096");
+}
+
+// baton-mkmodel says its errors in JSON with --json too, and takes no flag for a value.
+TEST(MkmodelToolTest, ErrorsAreJsonWithJsonAndAFlagIsNoValue) {
+  ToolRun run = RunTool("--out --json", "baton-mkmodel");
+  EXPECT_EQ(run.exit_code, 2) << run.err;
+  EXPECT_EQ(LastLineJson(run.out)["error"], "--out needs a value") << run.out;
+  EXPECT_FALSE(fs::exists("--json"));
+  run = RunTool("--out /proc/baton-nowhere --json", "baton-mkmodel");
+  EXPECT_EQ(run.exit_code, 1) << run.err;
+  EXPECT_EQ(LastLineJson(run.out)["ok"], false) << run.out;
 }
 
 TEST_F(WeightsToolTest, AdoptTimesTheTakeOverAndChecksTheBytes) {
