@@ -1,11 +1,17 @@
 #include "standby/model/llama_config.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
+
+#include "base/io/unique_fd.h"
 
 namespace baton {
 namespace {
@@ -16,6 +22,8 @@ constexpr int kMaxDimension = 1 << 20;
 constexpr int kMaxLayers = 4096;
 constexpr int kMaxVocab = 1 << 24;
 constexpr int kMaxHeadDim = 1024;
+// A Llama's config.json is a few KiB; anything near this is not one.
+constexpr uint64_t kMaxConfigBytes = 16u << 20;
 
 // Reads the integer field `key` into `out`; absent keeps `out` unless `required`.
 Status ReadInt(const json& j, const char* key, bool required, int* out) {
@@ -220,12 +228,28 @@ Result<LlamaConfig> LoadLlamaConfig(const std::string& path) {
   std::error_code ec;
   std::string file = path;
   if (std::filesystem::is_directory(path, ec)) file = path + "/config.json";
-  std::ifstream in(file, std::ios::binary);
-  if (!in) return NotFound(file + ": cannot open model config");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return ErrnoStatus(file + ": read", errno);
-  return ParseLlamaConfig(text.str(), file);
+  // O_NONBLOCK: a FIFO in its place is refused below, not waited on.
+  UniqueFd fd(::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (!fd) return NotFound(file + ": cannot open model config: " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus(file + ": fstat", errno);
+  if (!S_ISREG(st.st_mode))
+    return InvalidArgument(file + ": the model config is not a regular file");
+  if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes) {
+    return InvalidArgument(file + ": the model config is " + std::to_string(st.st_size) +
+                           " bytes, over the limit of " + std::to_string(kMaxConfigBytes));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus(file + ": read", errno);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return ParseLlamaConfig(text, file);
 }
 
 }  // namespace baton

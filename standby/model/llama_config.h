@@ -59,7 +59,8 @@ struct LlamaConfig {
 Result<LlamaConfig> ParseLlamaConfig(std::string_view json_text,
                                      std::string_view name = "config.json");
 
-// Reads `path`: a config.json file, or a model directory holding one.
+// Reads `path`: a config.json file, or a model directory holding one. A FIFO, a device or a
+// file over 16 MiB in its place is refused (InvalidArgument), never waited on or read whole.
 Result<LlamaConfig> LoadLlamaConfig(const std::string& path);
 
 }  // namespace baton

@@ -5,11 +5,36 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
 import torch
+
+# A Llama's config.json is a few KiB; anything near this is not one.
+MAX_CONFIG_BYTES = 16 << 20
+
+
+def _read_small_file(path: Path) -> str:
+    """The text of `path`, refused (ValueError) when it is not a regular file (a FIFO is not
+    waited on) or is over MAX_CONFIG_BYTES, as the reference engine refuses it."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError(f"{path}: the model config is not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ValueError(f"{path}: the model config is {st.st_size} bytes, over the limit "
+                             f"of {MAX_CONFIG_BYTES}")
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            return f.read().decode()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
 
 @dataclass
 class LlamaConfig:
@@ -33,7 +58,7 @@ class LlamaConfig:
         """config.json of `model_dir`; ValueError naming the field for what is not a Llama
         this engine computes."""
         path = Path(model_dir) / "config.json"
-        raw = json.loads(path.read_text())
+        raw = json.loads(_read_small_file(path))
         if raw.get("model_type", "llama") != "llama":
             raise ValueError(f"{path}: model_type {raw.get('model_type')!r} is not llama")
         if raw.get("hidden_act", "silu") != "silu":

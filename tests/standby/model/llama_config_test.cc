@@ -1,7 +1,11 @@
 #include "standby/model/llama_config.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "standby/mkmodel/model_presets.h"
@@ -75,6 +79,25 @@ TEST(LlamaConfigTest, RefusesWithNamedField) {
   expect(ParseLlamaConfig("{not json", "cfg.json").status(), "cfg.json: not valid JSON");
   expect(ParseLlamaConfig("[1]").status(), "not a JSON object");
   expect(LoadLlamaConfig("/nonexistent/dir").status(), "cannot open");
+}
+
+// A config.json that is a FIFO, a device or huge is refused at once, not waited on or read.
+TEST(LlamaConfigTest, AConfigThatIsNoSmallRegularFileIsRefused) {
+  const std::string dir = ::testing::TempDir() + "baton-config-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string file = dir + "/config.json";
+  ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+  Result<LlamaConfig> fifo = LoadLlamaConfig(dir);
+  EXPECT_NE(fifo.status().message().find("not a regular file"), std::string::npos)
+      << fifo.status().ToString();
+  std::filesystem::remove(file);
+  std::filesystem::create_symlink("/dev/zero", file);
+  EXPECT_NE(LoadLlamaConfig(dir).status().message().find("not a regular file"), std::string::npos);
+  std::filesystem::remove(file);
+  { std::ofstream(file) << " "; }
+  std::filesystem::resize_file(file, 17u << 20);  // sparse
+  EXPECT_NE(LoadLlamaConfig(file).status().message().find("over the limit"), std::string::npos);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ByteTokenizerTest, RoundTripsBytesAndSkipsSpecials) {
