@@ -41,7 +41,9 @@ int ReportCheckedConfig(const ControllerConfig& c) {
   std::printf("  engine      %s\n", c.engine_command.front().c_str());
   auto warn = [](const std::string& what) { std::printf("  warning: %s\n", what.c_str()); };
   if (::access((c.model_dir + "/config.json").c_str(), R_OK) != 0) {
-    warn("model.dir has no readable config.json here: the controller would not start");
+    warn(
+        "model.dir has no readable config.json here: the weights would load, but no engine "
+        "would start (engines read the model config)");
   }
   if (c.engine_command.front().find('/') != std::string::npos &&
       ::access(c.engine_command.front().c_str(), X_OK) != 0) {
