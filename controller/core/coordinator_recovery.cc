@@ -130,6 +130,7 @@ void RecoveryPart::AdoptRosterEngine(const RosterEngine& r, bool alive, const St
                           << ") exited while no controller ran";
     s_.RecordExit(e, "died: exited while no controller ran",
                   "unknown (not this controller's child)");
+    own_.recovery->status.gone.push_back({e.id, "exited while no controller ran"});
     NoteGone(e, "exited while no controller ran");
     return;
   }
@@ -318,6 +319,8 @@ void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
   if (role == proto::ReattachRole::kDrained) {
     if (e.id == s_.primary && own_.recovery->roster.pair_draining)
       s_.StepPairIfAllowed(PairEvent::kDrain);  // the drain's end: the pair stops, no failover
+    own_.recovery->status.gone.push_back(
+        {e.id, "it had drained when the previous controller went away"});
     p_.failover->Fence(e.id, FailCause::kPlanned,
                        "it had drained when the previous controller went away");
   } else if (role == proto::ReattachRole::kDraining) {

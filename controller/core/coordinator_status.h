@@ -95,6 +95,9 @@ struct RecoveryStatus {
     std::string reason;
   };
   std::vector<Fenced> fenced;
+  // Engines of the previous controller found exited, or drained to their end, at the start:
+  // nothing to account for, so not `fenced`, but not re-adopted either.
+  std::vector<Fenced> gone;
   // Started without a roster: pids that held the kept memory, killed before it was adopted.
   std::vector<int> holders_killed;
   std::optional<double> readopt_ms;    // process start to the pair ready again with its engines

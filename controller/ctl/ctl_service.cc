@@ -211,12 +211,16 @@ json RecoveryJson(const ControllerStatus& c) {
   for (const RecoveryStatus::Fenced& f : r.fenced) {
     fenced.push_back({{"id", f.id}, {"reason", f.reason}});
   }
+  json gone = json::array();
+  for (const RecoveryStatus::Fenced& g : r.gone)
+    gone.push_back({{"id", g.id}, {"reason", g.reason}});
   return {{"restarted", r.restarted},
           {"in_progress", r.in_progress},
           {"roster", r.roster},
           {"memory", r.memory},
           {"readopted", r.readopted},
           {"fenced", fenced},
+          {"gone", gone},
           {"holders_killed", r.holders_killed},
           {"readopt_ms", r.readopt_ms.has_value() ? json(*r.readopt_ms) : json()},
           {"upgrade", r.upgrade.has_value() ? json(*r.upgrade) : json()}};

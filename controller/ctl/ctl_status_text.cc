@@ -68,12 +68,16 @@ void ControllerText(const ControllerStatus& c, std::ostringstream& out) {
       << c.core.incarnation << " (" << c.restarts << " restarts)";
   if (r.restarted) {
     out << (r.in_progress ? "; re-adopting: " : "; re-adopted ") << r.readopted.size()
-        << " engines, fenced " << r.fenced.size() << ", weights and pool " << r.memory;
+        << " engines, fenced " << r.fenced.size() << ", gone " << r.gone.size() << ", "
+        << (r.memory == "adopted" ? "weights and pool adopted" : "memory: " + r.memory);
     if (r.readopt_ms.has_value()) out << ", pair ready in " << *r.readopt_ms << " ms";
   }
   out << "\n";
   for (const RecoveryStatus::Fenced& f : r.fenced) {
     out << "  fenced at restart: engine " << f.id << ": " << f.reason << "\n";
+  }
+  for (const RecoveryStatus::Fenced& g : r.gone) {
+    out << "  gone at restart: engine " << g.id << ": " << g.reason << "\n";
   }
   for (int pid : r.holders_killed) {
     out << "  killed at start: pid " << pid

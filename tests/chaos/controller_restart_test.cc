@@ -160,6 +160,18 @@ TEST(ControllerRestart, APrimaryKilledWhileNoControllerRunsIsFencedAndTheStandby
   EXPECT_GT(Epoch(after), Epoch(before));
   EXPECT_TRUE(EngineWithRole(after, "primary")["adopted"].get<bool>());
   ExpectAdoptedMemory(after);
+  // Status says what became of the dead primary: gone, not fenced as unaccounted for.
+  const json& recovery = after["controller"]["recovery"];
+  ASSERT_EQ(recovery["gone"].size(), 1u) << recovery.dump();
+  EXPECT_EQ(recovery["gone"][0]["id"], primary["id"]);
+  EXPECT_EQ(recovery["gone"][0]["reason"], "exited while no controller ran");
+  EXPECT_TRUE(recovery["fenced"].empty()) << recovery.dump();
+  const std::string text = cluster.CtlPlain({"status"}).stdout_text;
+  EXPECT_NE(text.find("fenced 0, gone 1, weights and pool adopted"), std::string::npos) << text;
+  EXPECT_NE(text.find("gone at restart: engine " + primary["id"].dump() +
+                      ": exited while no controller ran"),
+            std::string::npos)
+      << text;
   ExpectHealthy(cluster, after);
 }
 
