@@ -169,8 +169,11 @@ void RouteSubscriber::Subscribe() {
     for (const proto::RouteEntry& e : table->entries) {
       if (e.role == proto::EngineRole::kPrimary && e.ready) primary = e.http_address;
     }
-    BATON_LOG(INFO, "router") << "route table v" << table->version << " epoch " << table->epoch
-                              << " state " << table->pair_state << " primary " << primary;
+    std::string line = "route table v" + std::to_string(table->version) + " epoch " +
+                       std::to_string(table->epoch) + " state " + table->pair_state + " primary " +
+                       primary;
+    if (line != last_table_line_) BATON_LOG(INFO, "router") << line;
+    last_table_line_ = std::move(line);
     Store(std::move(*table));
   }
 }

@@ -83,6 +83,9 @@ class RouteSubscriber {
   std::function<void()> on_new_controller_;
   pid_t controller_pid_ = 0;  // the controller of the last subscription (subscription thread)
   std::atomic<uint64_t> report_seq_{0};  // the last RouterReport's seq
+  // The last table's log line (the subscriber thread's): a table sent again on a new
+  // connection (at Hello and in answer to Subscribe) is not logged twice.
+  std::string last_table_line_;
   std::thread thread_;
   const std::string instance_;  // this router's name in its RouterReports: random hex
 };

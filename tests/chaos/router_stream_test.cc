@@ -24,6 +24,7 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -204,6 +205,15 @@ TEST(RouterStreamTest, ControllerRestartUnderLoadLosesNoRequest) {
   EXPECT_NE(log.find("a new controller (pid"), std::string::npos) << router.Log();
   EXPECT_NE(log.find("re-adopted primary"), std::string::npos) << router.Log();
   EXPECT_EQ(MetricValue(router.port(), "baton_router_failovers_total"), 0);
+  // One log line per change: a table sent again on the new connection is not logged again.
+  std::istringstream lines(log);
+  std::string line, last_table;
+  while (std::getline(lines, line)) {
+    const size_t at = line.find("route table v");
+    if (at == std::string::npos) continue;
+    EXPECT_NE(line.substr(at), last_table) << "logged twice in a row:\n" << log;
+    last_table = line.substr(at);
+  }
 }
 
 // batonctl promote under load: the primary drains (finishes what it has), the standby takes
