@@ -60,6 +60,7 @@ void RelayedRequest::Start() {
     if (auto r = weak.lock()) {
       asio::post(r->strand_, [r] {
         r->client_gone_ = true;
+        r->gone_when_whole_ = r->mode_ == Mode::kStream && r->done_seen_;
         if (r->waiting_ticket_) {
           r->deps_.admission->Cancel(*r->waiting_ticket_);  // frees its place in the queue
         } else if (r->call_) {
@@ -217,7 +218,7 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& cause) {
   call_.reset();
   const std::string message = target_lost_ ? "node " + target_->node + " left the fleet" : cause;
   target_lost_ = false;
-  if (client_gone_) {
+  if (client_gone_ && !gone_when_whole_) {
     CountAttempt(AttemptEnd::kEnded);
     ReleaseTarget();
     return Finish(499, "client_gone");

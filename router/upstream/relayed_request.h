@@ -125,6 +125,9 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   bool body_too_large_ = false;  // a buffered response past kMaxBufferedBody
   bool client_header_sent_ = false;
   bool client_gone_ = false;
+  // The client left once its stream was whole (it closes as soon as it reads [DONE]): the
+  // request succeeded, it is no 499.
+  bool gone_when_whole_ = false;
   bool finished_ = false;
   bool first_token_seen_ = false;
   int migrations_ = 0;

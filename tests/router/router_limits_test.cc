@@ -196,6 +196,61 @@ TEST_F(RouterLimitsTest, AnEndlessStreamEventBreaksTheAttempt) {
   serve.join();
 }
 
+// A client that closes as soon as it reads [DONE], before the engine ends its response,
+// got its whole stream: the request is counted as answered, not as a client gone (499).
+TEST_F(RouterLimitsTest, AClientLeavingAfterDoneIsNoClientGone) {
+  LoopbackListener engine;
+  ASSERT_NE(engine.port(), 0);
+  std::thread serve([&] {
+    UniqueFd conn(::accept(engine.fd(), nullptr, nullptr));
+    if (!conn.valid()) return;
+    char buf[4096];
+    (void)!::recv(conn.get(), buf, sizeof(buf), 0);
+    const std::string events =
+        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"a\",\"token_ids\":[97],"
+        "\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
+    char size[32];
+    std::snprintf(size, sizeof(size), "%zx\r\n", events.size());
+    (void)Put(conn.get(),
+              "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+              "Transfer-Encoding: chunked\r\n\r\n" +
+                  std::string(size) + events + "\r\n");
+    while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {  // no last chunk: open until closed
+    }
+  });
+  RouterOptions options;
+  options.backend = "127.0.0.1:" + std::to_string(engine.port());
+  Start(options);
+  {
+    UniqueFd fd = Connect(router_->port());
+    const std::string body = R"({"prompt":"x","max_tokens":1,"stream":true})";
+    ASSERT_TRUE(Put(fd.get(),
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                    "Content-Type: application/json\r\nContent-Length: " +
+                        std::to_string(body.size()) + "\r\n\r\n" + body));
+    std::string got;
+    char buf[4096];
+    while (got.find("[DONE]") == std::string::npos) {
+      const ssize_t n = ::recv(fd.get(), buf, sizeof(buf), 0);
+      ASSERT_GT(n, 0) << got;
+      got.append(buf, static_cast<size_t>(n));
+    }
+  }  // closed at once, as an OpenAI client does
+  std::string metrics;
+  for (int i = 0; i < 100; ++i) {
+    metrics = MetricsText();
+    if (metrics.find(R"(route="/v1/completions",status=)") != std::string::npos) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_NE(metrics.find(R"(baton_router_requests_total{route="/v1/completions",status="200"} 1)"),
+            std::string::npos)
+      << metrics;
+  EXPECT_EQ(metrics.find(R"(kind="client_gone")"), std::string::npos) << metrics;
+  engine.Shutdown();
+  router_.reset();
+  serve.join();
+}
+
 TEST_F(RouterLimitsTest, DeeplyNestedBodyIs400) {
   Start(RouterOptions{});
   for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
