@@ -208,8 +208,13 @@ void FailoverPart::FinishBarrierWait(const BarrierWait& g, bool timed_out) {
                           << ") or cgroup is left; its blocks move on";
   }
   if (g.failover.has_value()) {
-    if (PromotionRecord* r = s_.timelines.Fenced(g.old, g.failover->epoch))
-      r->gpu_released = s_.clock.Now();
+    if (PromotionRecord* r = s_.timelines.Fenced(g.old, g.failover->epoch)) {
+      if (timed_out) {
+        r->barrier_timed_out = true;
+      } else if (s_.cuda_backend) {
+        r->gpu_released = s_.clock.Now();
+      }
+    }
   }
   HandOverBlocks(g.old, g.failover);
   ReleaseIfDone(g.old);

@@ -166,6 +166,7 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
       {"stamps", stamps},       {"phases", phases}};
   j["promotion"] = {{"before_barrier", PromotedBeforeBarrier(r)},
                     {"waited", r.waited},
+                    {"barrier_timed_out", r.barrier_timed_out},
                     {"quarantined_blocks", r.quarantined_blocks},
                     {"reserve_blocks", r.reserve_blocks}};
   if (r.kv_inherited.has_value()) {
@@ -273,6 +274,10 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   put("teardown", p.teardown_ms);
   out << "\n";
   if (r.promote_sent.has_value()) out << "  promotion: " << PromotionText(r) << "\n";
+  if (r.barrier_timed_out) {
+    out << "  barrier: timed out (a process of the old primary was still alive or listed on "
+           "the GPU; each was sent SIGKILL and its blocks moved on)\n";
+  }
   if (r.kv_inherited.has_value())
     out << "  kv inherited: " << InheritanceText(*r.kv_inherited) << "\n";
   if (r.kv.has_value()) out << "  kv: " << KvAdoptionText(*r.kv) << "\n";

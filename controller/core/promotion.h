@@ -9,8 +9,9 @@
 //   killed          SIGKILL sent through the pidfd (absent when it was already dead)
 //   epoch_durable   the new epoch is fsynced in the journal
 //   reaped          waitid(P_PIDFD) returned
-//   gpu_released    CUDA backend, when NVML still listed the reaped holder on the GPU: the
-//                   poll that no longer did (or gave up after gpu.release_timeout_ms)
+//   gpu_released    CUDA backend: the poll that found no process of the old primary left
+//                   (NVML no longer lists it); absent when the wait gave up after
+//                   gpu.release_timeout_ms (`barrier_timed_out` then)
 //   barrier_passed  no process of the old primary's group or cgroup is left (and NVML lists
 //                   none): its quarantined blocks move on
 //   promote_sent    Promote sent to the standby: on the promotion reserve, before the
@@ -85,6 +86,9 @@ struct PromotionRecord {
   // the promotion reserve), the old primary's blocks quarantined at its fence, and the
   // reserve the new primary started on.
   std::string waited;
+  // The barrier's wait gave up after gpu.release_timeout_ms: a process of the old primary was
+  // still alive or listed by NVML (each was sent SIGKILL and its blocks moved on).
+  bool barrier_timed_out = false;
   uint32_t quarantined_blocks = 0;
   uint32_t reserve_blocks = 0;
 

@@ -59,6 +59,21 @@ TEST(Timeline, BeforeTheBarrierOnlyWhenPromoteWentOutFirst) {
   EXPECT_NE(PromotionText(r).find("waited for the barrier (no reserve)"), std::string::npos);
 }
 
+// A barrier that gave up after gpu.release_timeout_ms is said to have, in JSON and text.
+TEST(Timeline, ABarrierThatTimedOutIsShownAsOne) {
+  FakeClock clock;
+  TimelineLog log(clock);
+  PromotionRecord& r = log.Open(PromotionKind::kFailover, "died");
+  r.detected = clock.Now();
+  r.promote_sent = clock.Now();
+  EXPECT_FALSE(TimelineJson(r, clock.Now())["promotion"]["barrier_timed_out"].get<bool>());
+  EXPECT_EQ(TimelineText(r, clock.Now()).find("barrier: timed out"), std::string::npos);
+  r.barrier_timed_out = true;
+  r.barrier_passed = clock.Now() + milliseconds(5000);
+  EXPECT_TRUE(TimelineJson(r, clock.Now())["promotion"]["barrier_timed_out"].get<bool>());
+  EXPECT_NE(TimelineText(r, clock.Now()).find("barrier: timed out"), std::string::npos);
+}
+
 TEST(Timeline, InjectionIsTheEvidenceForADrill) {
   FakeClock clock;
   TimelineLog log(clock);
