@@ -124,7 +124,10 @@ void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg)
   if (const auto* ack = std::get_if<proto::ShareMemoryAck>(&*decoded); ack && ack->mapped) {
     h.device_memory = "mapped";
   }
-  const bool ready = std::holds_alternative<proto::StandbyReady>(*decoded);
+  // Registered, or re-adopted after a controller restart: NVML must list it if it mapped
+  // device memory (a restarted controller asks again).
+  const bool ready = std::holds_alternative<proto::StandbyReady>(*decoded) ||
+                     std::holds_alternative<proto::Reattach>(*decoded);
   coord_->OnMessage(id, *decoded);
   if (EngineHandle* still = Handle(id); ready && still != nullptr) CheckNvmlSeesEngine(*still);
 }

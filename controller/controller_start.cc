@@ -142,6 +142,7 @@ void Controller::AdoptHandle(const RosterEngine& r) {
   h.id = r.id;
   h.pid = r.pid;
   h.start_time = r.start_time;
+  h.device_memory = r.device_memory;
   if (cgroups_ != nullptr && !r.cgroup.empty()) {
     Result<std::shared_ptr<EngineCgroup>> cgroup = cgroups_->Adopt(r.cgroup);
     if (cgroup.ok()) {

@@ -118,6 +118,7 @@ void RecoveryPart::AdoptRosterEngine(const RosterEngine& r, bool alive, const St
   rec->command = r.command;
   rec->version = r.version;
   rec->http_address = r.http_address;
+  rec->device_memory = r.device_memory;
   rec->launched_at = s_.clock.Now();
   EngineRecord& e = *rec;
   s_.engines[r.id] = std::move(rec);

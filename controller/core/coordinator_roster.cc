@@ -58,7 +58,8 @@ Roster EnginePart::MakeRoster() const {
                        .epoch = 0,
                        .extents = {},
                        .version = e->version,
-                       .http_address = e->http_address};
+                       .http_address = e->http_address,
+                       .device_memory = e->device_memory};
     if (const LedgerEngine* le = s_.ledger->engine(id); le != nullptr) entry.epoch = le->epoch;
     // Quarantined leases too: a fenced engine still maps them until it is gone.
     for (const Lease& l : s_.ledger->LeasesOf(id)) entry.extents.push_back(l.extent);

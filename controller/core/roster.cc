@@ -31,7 +31,8 @@ json EngineJson(const RosterEngine& e) {
           {"epoch", e.epoch},
           {"extents", ExtentsJson(e.extents)},
           {"version", e.version},
-          {"http_address", e.http_address}};
+          {"http_address", e.http_address},
+          {"device_memory", e.device_memory}};
 }
 
 // Reads field `key` of `j` as a T; names `where` and the key when it is missing or mistyped.
@@ -75,6 +76,9 @@ Result<RosterEngine> EngineFrom(const json& j, const std::string& where) {
   BATON_RETURN_IF_ERROR(JsonField(j, "epoch", where, &e.epoch));
   BATON_RETURN_IF_ERROR(JsonField(j, "version", where, &e.version));
   BATON_RETURN_IF_ERROR(JsonField(j, "http_address", where, &e.http_address));
+  if (j.contains("device_memory")) {
+    BATON_RETURN_IF_ERROR(JsonField(j, "device_memory", where, &e.device_memory));
+  }
   Result<RosterRole> parsed = ParseRosterRole(role);
   if (!parsed.ok()) return InvalidArgument(where + ": " + parsed.status().message());
   e.role = *parsed;

@@ -57,6 +57,9 @@ struct RosterEngine {
   std::vector<Extent> extents;  // blocks it may hold at `epoch`
   std::string version;
   std::string http_address;
+  // CUDA backend: "mapped", why the engine declined the device regions, or "" (not offered);
+  // absent from rosters written before it was recorded.
+  std::string device_memory;
   bool operator==(const RosterEngine&) const = default;
 };
 

@@ -76,8 +76,8 @@ TEST(DeviceRestartTest, TheDeviceMemoryAndThePairSurviveKillMinusNine) {
   const json& recovery = after["controller"]["recovery"];
   EXPECT_EQ(recovery["memory"], "adopted") << recovery.dump();
   EXPECT_TRUE(recovery["fenced"].empty()) << recovery.dump();
-  // (A re-adopted engine's "device_memory" is not known to the new controller: the engines
-  // acked their mappings to the previous one. CheckFencing below sees them use it.)
+  // The engines acked their mappings to the previous controller; the roster carries them.
+  for (const json& e : after["engines"]) EXPECT_EQ(e["device_memory"], "mapped") << e.dump();
   EXPECT_NE(cluster.Log().find("device memory adopted from baton-keeper"), std::string::npos);
   cluster.WaitFor([](const json& s) { return EngineWithRole(s, "primary")["heartbeats"] > 20; },
                   "the re-adopted primary to run a while");

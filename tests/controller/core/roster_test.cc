@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 namespace baton {
 namespace {
 
@@ -23,7 +25,8 @@ Roster TwoEngines() {
                                    .epoch = 12,
                                    .extents = {{0, 8}, {10, 2}},
                                    .version = "v1",
-                                   .http_address = "127.0.0.1:8101"});
+                                   .http_address = "127.0.0.1:8101",
+                                   .device_memory = "mapped"});
   RosterEngine standby;
   standby.id = 8;
   standby.pid = 4243;
@@ -40,6 +43,16 @@ TEST(RosterTest, RoundTrips) {
   ASSERT_NE(back->Find(7), nullptr);
   EXPECT_EQ(back->Find(7)->extents[1], (Extent{10, 2}));
   EXPECT_EQ(back->Find(99), nullptr);
+}
+
+// A roster written before device_memory was recorded is still read (a controller upgraded
+// in place re-adopts its predecessor's engines), with device_memory empty.
+TEST(RosterTest, ARosterWithoutDeviceMemoryIsRead) {
+  nlohmann::json j = nlohmann::json::parse(EncodeRoster(TwoEngines()));
+  for (nlohmann::json& e : j["engines"]) e.erase("device_memory");
+  Result<Roster> back = DecodeRoster(j.dump(), "roster.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->Find(7)->device_memory, "");
 }
 
 TEST(RosterTest, EveryRoleRoundTrips) {
