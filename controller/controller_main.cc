@@ -18,6 +18,7 @@
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/metrics_server.h"
 #include "controller/service_watchdog.h"
+#include "cuda/driver/gpu_backend.h"
 
 namespace baton {
 namespace {
@@ -50,6 +51,16 @@ int ReportCheckedConfig(const ControllerConfig& c) {
     warn("engine.command's program is not executable here: no engine would start");
   }
   if (c.metrics_port == 0) warn("controller.metrics_port is 0: no /metrics to scrape");
+  // The GPU part as a start would find it (the driver loaded, the device there).
+  if (Result<BackendMode> mode = ParseBackendMode(c.gpu_backend); mode.ok()) {
+    Result<BackendChoice> backend =
+        ChooseMemoryBackend(BackendOptions{.mode = *mode, .device = c.gpu_device});
+    if (!backend.ok()) {
+      warn("gpu: " + backend.status().message() + ": the controller would not start");
+    } else {
+      std::printf("  gpu         %s\n", backend->LogLine().c_str());
+    }
+  }
   return 0;
 }
 

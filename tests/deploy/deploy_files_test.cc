@@ -37,6 +37,22 @@ TEST(DeployFiles, ExampleConfigurationsPassTheProgramsChecks) {
   }
 }
 
+// `[gpu] backend = "cuda"` where no CUDA driver loads: the check says the start would fail.
+TEST(DeployFiles, TheCheckSaysWhenTheGpuBackendCannotStart) {
+  const std::string path = Config("controller.toml");
+  const std::string copy = ::testing::TempDir() + "baton-check-gpu.toml";
+  WriteFile(copy, ReadFile(path) + "\n[gpu]\nbackend = \"cuda\"\n");
+  const ProgramRun run =
+      RunProgram({"/usr/bin/env", "BATON_CUDA_LIBRARY=/nonexistent/libcuda.so",
+                  BinDir() + "/baton-controller", "--check-config", "--config", copy});
+  EXPECT_EQ(run.code, 0) << run.output;  // valid, with a warning
+  EXPECT_NE(run.output.find("warning: gpu: backend cuda was configured but cannot be used"),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("the controller would not start"), std::string::npos) << run.output;
+  std::filesystem::remove(copy);
+}
+
 // A copy of `name` with `from` replaced by `to` (which must be in it).
 std::string Broken(const std::string& name, const std::string& from, const std::string& to) {
   const std::string text = ReadFile(Config(name));
