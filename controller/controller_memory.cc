@@ -80,8 +80,15 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
   BATON_RETURN_IF_ERROR(device);
   found_.cuda_backend = cuda_backend_;
   if (device_ != nullptr) {  // engines map the device pool by whole chunks
-    found_.blocks_per_chunk =
-        static_cast<uint32_t>(device_->stats().pool_chunk_bytes / config_.block_bytes);
+    const uint64_t chunk = device_->stats().pool_chunk_bytes;
+    found_.blocks_per_chunk = static_cast<uint32_t>(chunk / config_.block_bytes);
+    const uint64_t pool_bytes = uint64_t{config_.block_count} * config_.block_bytes;
+    if (chunk != config_.gpu_pool_chunk_bytes && chunk < pool_bytes) {  // not the pool's size
+      BATON_LOG(INFO, kLog) << "device pool chunks of " << chunk << " bytes: gpu.pool_chunk_bytes "
+                            << config_.gpu_pool_chunk_bytes
+                            << " rounded to whole blocks on the device's allocation "
+                               "granularity (at least one such unit)";
+    }
   }
   NoteMemoryIdentity(weights_note, pool_why);
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
