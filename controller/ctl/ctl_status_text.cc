@@ -96,7 +96,12 @@ std::string StatusText(const ControllerStatus& c) {
   for (const json& e : s["engines"]) {
     out << "  engine " << e["id"] << " " << e["role"].get<std::string>() << " pid " << e["pid"]
         << " epoch " << e["epoch"] << " blocks " << e["blocks"] << " version "
-        << e["version"].get<std::string>() << " " << e["http_address"].get<std::string>() << "\n";
+        << e["version"].get<std::string>() << " " << e["http_address"].get<std::string>();
+    // CUDA backend: whether it took the device regions, or why not.
+    if (e.contains("device_memory") && !e["device_memory"].get<std::string>().empty()) {
+      out << " device memory " << e["device_memory"].get<std::string>();
+    }
+    out << "\n";
   }
   const json& p = s["pool"];
   out << "pool " << p["blocks"] << " blocks x " << p["block_bytes"] << " B: " << p["granted"]
