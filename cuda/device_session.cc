@@ -96,11 +96,13 @@ Result<std::unique_ptr<DeviceSession>> DeviceSession::Take(int device,
   }
   std::unique_ptr<DeviceSession> s(new DeviceSession());
   s->impl_->borrower = std::move(borrower).value();
+  bool weights_read_only = true;
   for (ReceivedVmmRegion& region : regions) {
     const std::string name = region.info.name;
     Result<AcceptedRegion> taken = s->impl_->borrower->TakeRegion(std::move(region));
     BATON_RETURN_IF_ERROR(ack(name, taken.status()));
     BATON_RETURN_IF_ERROR(taken.status());
+    if (name == kDeviceWeightsRegion) weights_read_only = taken->read_only;
   }
   VmmView* weights = s->impl_->borrower->view(kDeviceWeightsRegion);
   VmmView* pool = s->impl_->borrower->view(kDevicePoolRegion);
@@ -110,6 +112,7 @@ Result<std::unique_ptr<DeviceSession>> DeviceSession::Take(int device,
         std::string(weights == nullptr ? kDeviceWeightsRegion : kDevicePoolRegion) + "'");
   }
   s->weights_ = ViewOf(device, *weights);
+  s->weights_.read_only = weights_read_only;
   s->pool_ = ViewOf(device, *pool);
   return s;
 }

@@ -48,6 +48,9 @@ struct DeviceRegionView {
   uint64_t bytes = 0;
   uint64_t chunk_bytes = 0;
   uint32_t chunks = 0;
+  // The weights: false where the driver refused read-only access and they are mapped
+  // read-write (AcceptedRegion::read_only).
+  bool read_only = true;
 };
 
 class DeviceSession {

@@ -253,10 +253,13 @@ Status EngineSession::Impl::TakeDeviceRegions(const proto::RegisterAck& ack,
   if (!device.ok()) return device.status().WithContext("taking the device memory");
   MutexLock lock(mu_);
   device_ = std::move(device).value();
-  BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped read-only at 0x"
-                                << std::hex << device_->weights().address << ", pool reserved at 0x"
-                                << device_->pool().address << std::dec << " ("
-                                << device_->pool().chunks << " chunks of "
+  BATON_LOG(INFO, "engine-sdk") << "device " << ack.device << ": weights mapped "
+                                << (device_->weights().read_only
+                                        ? "read-only"
+                                        : "read-write (the driver refused read-only access)")
+                                << " at 0x" << std::hex << device_->weights().address
+                                << ", pool reserved at 0x" << device_->pool().address << std::dec
+                                << " (" << device_->pool().chunks << " chunks of "
                                 << device_->pool().chunk_bytes << " bytes)";
   return OkStatus();
 }
@@ -366,10 +369,10 @@ Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessio
     impl->MarkRegistered();
   }
   BATON_LOG(INFO, "engine-sdk") << who << " registered: " << impl->weights().tensors.size()
-                                << " tensors mapped read-only (" << impl->weights().size
-                                << " bytes, pre-faulted in " << impl->weights().prefault_ms
-                                << " ms), pool range of " << impl->pool().block_count
-                                << " blocks reserved";
+                                << " tensors of the host arena mapped read-only ("
+                                << impl->weights().size << " bytes, pre-faulted in "
+                                << impl->weights().prefault_ms << " ms), pool range of "
+                                << impl->pool().block_count << " blocks reserved";
   return std::unique_ptr<EngineSession>(new EngineSession(std::move(impl)));
 }
 

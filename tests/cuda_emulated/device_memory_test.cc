@@ -179,6 +179,19 @@ TEST_F(DeviceMemoryTest, ADriverThatRefusesReadOnlyAccessMapsNoQuarantinedChunk)
   EXPECT_TRUE(s->MapForReading(2, 4, kBlockBytes, kBlocks).ok()) << "nothing left counted as read";
 }
 
+// The session says how its weights are mapped: read-only, or read-write where the driver
+// refused read-only access (the SDK's log line says which).
+TEST_F(DeviceMemoryTest, TheWeightsViewSaysWhetherTheyAreMappedReadOnly) {
+  std::unique_ptr<DeviceSession> plain = Borrow();
+  ASSERT_NE(plain, nullptr);
+  EXPECT_TRUE(plain->weights().read_only);
+  ::setenv("BATON_FAKE_CUDA_NO_READ_ONLY", "1", 1);
+  std::unique_ptr<DeviceSession> refused = Borrow();
+  ::unsetenv("BATON_FAKE_CUDA_NO_READ_ONLY");
+  ASSERT_NE(refused, nullptr);
+  EXPECT_FALSE(refused->weights().read_only);
+}
+
 TEST_F(DeviceMemoryTest, ProbeSeesALostAndAHungDevice) {
   EXPECT_TRUE(owner_->Probe(1s).ok());
   const std::string lost = "/tmp/baton-probe-lost-" + std::to_string(::getpid());
