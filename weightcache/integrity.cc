@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "base/io/unique_fd.h"
+#include "weightcache/weight_manifest.h"
 
 namespace baton {
 namespace {
@@ -108,10 +109,8 @@ std::string ManifestToJson(const IntegrityManifest& manifest) {
 
 Result<IntegrityManifest> ManifestFromJson(std::string_view name, std::string_view json) {
   const std::string where(name);
-  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object()) {
-    return InvalidArgument(where + ": not a JSON object");
-  }
+  BATON_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJsonStrict(std::string(json), where));
+  if (!j.is_object()) return InvalidArgument(where + ": not a JSON object");
   auto alg = j.find("algorithm");
   if (alg == j.end() || !alg->is_string()) {
     return InvalidArgument(where + ": \"algorithm\" missing or not a string");

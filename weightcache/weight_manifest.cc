@@ -49,37 +49,6 @@ OrderedJson EncodeTensors(const std::vector<CachedTensor>& tensors) {
   return out;
 }
 
-// Parses `text`, refusing a key repeated within one object (nlohmann would keep the last).
-Result<Json> ParseStrict(const std::string& text, const std::string& where) {
-  struct Stop {
-    std::string key;
-  };
-  std::vector<std::unordered_set<std::string>> keys;  // by depth of the holding object
-  std::string last_key;
-  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    const auto d = static_cast<size_t>(std::max(depth, 0));
-    if (event == Json::parse_event_t::object_start) {
-      if (keys.size() <= d) keys.resize(d + 1);
-      keys[d].clear();
-    } else if (event == Json::parse_event_t::key && d > 0 && d - 1 < keys.size()) {
-      last_key = parsed.get<std::string>();
-      if (!keys[d - 1].insert(last_key).second) throw Stop{last_key};
-    }
-    return true;
-  };
-  try {
-    return ParseJsonWithEvents(text, on_event);
-  } catch (const Stop& stop) {
-    return InvalidArgument(where + ": field '" + PrintableName(stop.key) +
-                           "' appears twice in one object");
-  } catch (const std::exception& e) {
-    return InvalidArgument(
-        where + ": not valid JSON" +
-        (last_key.empty() ? "" : " (after field '" + PrintableName(last_key) + "')") + ": " +
-        PrintableName(e.what(), 300));
-  }
-}
-
 // One JSON object being decoded; `path` names it in refusals ("", "arena", "tensors[3]").
 class Fields {
  public:
@@ -323,6 +292,36 @@ Status DecodeTensors(const Fields& top, WeightManifest* m) {
 
 }  // namespace
 
+Result<nlohmann::json> ParseJsonStrict(const std::string& text, const std::string& where) {
+  struct Stop {
+    std::string key;
+  };
+  std::vector<std::unordered_set<std::string>> keys;  // by depth of the holding object
+  std::string last_key;
+  auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    const auto d = static_cast<size_t>(std::max(depth, 0));
+    if (event == Json::parse_event_t::object_start) {
+      if (keys.size() <= d) keys.resize(d + 1);
+      keys[d].clear();
+    } else if (event == Json::parse_event_t::key && d > 0 && d - 1 < keys.size()) {
+      last_key = parsed.get<std::string>();
+      if (!keys[d - 1].insert(last_key).second) throw Stop{last_key};
+    }
+    return true;
+  };
+  try {
+    return ParseJsonWithEvents(text, on_event);
+  } catch (const Stop& stop) {
+    return InvalidArgument(where + ": field '" + PrintableName(stop.key) +
+                           "' appears twice in one object");
+  } catch (const std::exception& e) {
+    return InvalidArgument(
+        where + ": not valid JSON" +
+        (last_key.empty() ? "" : " (after field '" + PrintableName(last_key) + "')") + ": " +
+        PrintableName(e.what(), 300));
+  }
+}
+
 std::string EncodeWeightManifest(const WeightManifest& m) {
   OrderedJson j;
   j["format"] = m.format;
@@ -360,7 +359,7 @@ Result<WeightManifest> DecodeWeightManifest(const std::string& text, const std::
   if (JsonNestingDepth(text) > kMaxJsonDepth) {
     return InvalidArgument(where + ": nested deeper than " + std::to_string(kMaxJsonDepth));
   }
-  BATON_ASSIGN_OR_RETURN(const Json root, ParseStrict(text, where));
+  BATON_ASSIGN_OR_RETURN(const Json root, ParseJsonStrict(text, where));
   if (!root.is_object()) return InvalidArgument(where + ": not a JSON object");
   const Fields top(root, "", where);
   WeightManifest m;

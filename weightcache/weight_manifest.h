@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -83,6 +84,10 @@ struct WeightManifest {
 std::string EncodeWeightManifest(const WeightManifest& manifest);
 // `where` names the text in refusals ("the kept weights' manifest").
 Result<WeightManifest> DecodeWeightManifest(const std::string& text, const std::string& where);
+
+// Parses JSON `text`, refusing a key repeated within one object (nlohmann would keep the
+// last) and invalid JSON, each with `where` and the field in the message.
+Result<nlohmann::json> ParseJsonStrict(const std::string& text, const std::string& where);
 
 // OK when `model_dir` is still the directory `manifest` was made from: complete, the same
 // canonical path, every listed file with the same size, mtime, inode and device (stat only),

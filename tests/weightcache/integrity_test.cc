@@ -162,6 +162,13 @@ TEST(IntegrityManifestTest, RefusesMalformedManifests) {
   EXPECT_NE(unknown.status().message().find("sha256"), std::string::npos);
   auto named = ManifestFromJson("m.json", R"({"algorithm": "xxh3_64", "tensors": {"w.q": "1"}})");
   EXPECT_NE(named.status().message().find("w.q"), std::string::npos);
+  // A tensor listed twice (the last would win, hiding a wrong first hash) is refused.
+  auto twice =
+      ManifestFromJson("m.json", R"({"algorithm": "xxh3_64", "tensors": {"w": "0000000000000000",)"
+                                 R"( "w": "0123456789abcdef"}})");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_NE(twice.status().message().find("'w' appears twice"), std::string::npos)
+      << twice.status().message();
 }
 
 TEST(IntegrityManifestTest, MissingManifestSaysHowToMakeOne) {
