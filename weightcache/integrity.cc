@@ -142,7 +142,11 @@ Status WriteManifest(const std::string& dir, const IntegrityManifest& manifest) 
   BATON_RETURN_IF_ERROR(WriteAll(fd.get(), ManifestToJson(manifest), tmp));
   if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
   fd.Reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoStatus("rename to " + path, errno);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());  // nothing half-done is left beside the model
+    return ErrnoStatus("rename to " + path, err);
+  }
   UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd) ::fsync(dfd.get());
   return OkStatus();
