@@ -24,7 +24,7 @@ if not MISSING:  # the engine's own modules: a failure to import them fails the 
                                             measure_device_copy_gbps, plan_copy)
     from baton_torch_engine.kv_inherit import inherit_kv
     from baton_engine import BatonError, Event, EventKind, Extent, KvInheritMode, Quarantine
-    from baton_torch_engine.kv_handoff import KvHandoff
+    from baton_torch_engine.kv_handoff import AdoptionReport, KvHandoff
     from baton_torch_engine.llama import LlamaConfig
 
 KEY = (0x0123456789ABCDEF, 0x0FEDCBA987654321)
@@ -122,6 +122,21 @@ class KvHandoffTest(unittest.TestCase):
         heir = pool.handoff(epoch, identity)
         report, held = heir.adopt(seq.blocks, pool.headers(seq.blocks))
         return heir, report, held
+
+    def test_the_same_sequence_found_again_is_no_drop_but_another_is(self):
+        # A copy taken before the barrier keeps a sequence; the blocks' grant brings the
+        # same one again: not a drop. Another sequence as long for the key is one.
+        pool = Pool()
+        heir = pool.handoff(4)
+        report = AdoptionReport()
+
+        def keep(tokens):
+            return heir.keep(KEY, SequenceBlocks(pool.kv.take(1), 3), tokens, report, 4)
+        self.assertTrue(keep([1, 2, 3, 4]))
+        self.assertFalse(keep([1, 2, 3, 4]))
+        self.assertEqual((report.adopted, report.dropped), (1, {}))
+        self.assertFalse(keep([9, 9, 9, 9]))
+        self.assertEqual(report.dropped, {"duplicate": 1})
 
     def test_a_successor_adopts_the_chain_and_the_replay_continues_from_it(self):
         pool = Pool()

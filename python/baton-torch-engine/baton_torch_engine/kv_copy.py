@@ -110,6 +110,10 @@ def device_block_copy(handoff: KvHandoff, source: torch.Tensor, source_first: in
     return BlockCopy(block, done)
 
 
+# Reasons a sequence is not copied that the wait for the quarantined blocks' grant retries.
+RETRIED = ("changed", "hold_failed")
+
+
 def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int],
             copy: Optional[BlockCopy] = None) -> AdoptionReport:
     """Copies the planned sequences into blocks `take()` gives (MemoryError: none left) with
@@ -148,7 +152,11 @@ def copy_in(handoff: KvHandoff, plan: CopyPlan, take: Callable[[], int],
                 report.dropped[reason] = report.dropped.get(reason, 0) + 1
                 handoff.log(f"not copying request {s.key[0]:016x}{s.key[1]:016x}: {reason}")
     report.ms = (handoff.clock() - start) * 1e3
-    handoff.count(report)
+    # "changed" and "hold_failed" are taken again from the blocks once granted (kv_inherit):
+    # counted there, as adopted or dropped, not twice.
+    handoff.count(AdoptionReport(
+        adopted=report.adopted, tokens=report.tokens, ms=report.ms,
+        dropped={r: n for r, n in report.dropped.items() if r not in RETRIED}))
     return report
 
 

@@ -205,7 +205,10 @@ class KvHandoff:
         if old is not None:
             if old.seq.length >= seq.length:
                 self.releasing(seq)
-                report.dropped["duplicate"] = report.dropped.get("duplicate", 0) + 1
+                # The same sequence found again (a copy taken before the blocks' grant holds
+                # it already) is no drop; another as long kept for the key is.
+                if old.tokens[:len(tokens)] != tokens:
+                    report.dropped["duplicate"] = report.dropped.get("duplicate", 0) + 1
                 return False
             self._free_kept(key, "replaced")
         self._commit_blocks(key, seq, tokens, 0, len(seq.blocks) - 1, epoch)

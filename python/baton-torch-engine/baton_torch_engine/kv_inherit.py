@@ -31,7 +31,7 @@ from baton_engine.tensors import device_block_region
 
 from . import kv_record
 from .batching import Scheduler
-from .kv_copy import copy_in, device_block_copy, plan_copy
+from .kv_copy import RETRIED, copy_in, device_block_copy, plan_copy
 from .kv_handoff import AdoptionReport, KvHandoff
 from .pool_kv import PoolKv
 
@@ -96,7 +96,7 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
         return wait(), blocks, nbytes, estimate
     # Changed under the copy (the dying writer, or the blocks' grant scrubbing their headers),
     # or no free block left to copy into: adopted in place once granted instead.
-    changed = copied.dropped.pop("changed", 0) + copied.dropped.pop("hold_failed", 0)
+    changed = sum(copied.dropped.pop(reason, 0) for reason in RETRIED)
     report.merge(copied)
     if changed:
         log(f"{changed} sequences not copied (changed, or no block to copy into): waiting for "
