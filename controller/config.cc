@@ -70,7 +70,11 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"pool.huge_pages", Bool(&c->pool_huge_pages)},
       {"pool.initial_grant_blocks", U32(&c->initial_grant_blocks, 0, 1 << 24)},
       {"pool.promotion_reserve_blocks", Int(&c->promotion_reserve_blocks, 0, 1 << 24)},
-      {"gpu.backend", Str(&c->gpu_backend)},
+      {"gpu.backend",
+       [c](const toml::value& v) -> Status {  // checked here, so the error names the file
+         BATON_RETURN_IF_ERROR(Str(&c->gpu_backend)(v));
+         return ParseBackendMode(c->gpu_backend).status();
+       }},
       {"gpu.device", Int(&c->gpu_device, 0, 1023)},
       {"gpu.release_timeout_ms", Time<Millis>(&c->gpu_release_timeout, 1, kDay)},
       {"gpu.probe_interval_ms", Time<Millis>(&c->gpu_probe_interval, 0, kDay)},

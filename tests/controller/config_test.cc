@@ -224,6 +224,17 @@ TEST(Config, EngineHostAndLogBounds) {
   EXPECT_TRUE(FinishConfig(&f).ok());
 }
 
+// A value the file got wrong is named with the file, as every key's is.
+TEST(Config, AnUnknownGpuBackendNamesTheFile) {
+  const std::string base =
+      "[model]\ndir = \"/models/m\"\n[engine]\ncommand = [\"/bin/true\"]\n[gpu]\n";
+  Result<ControllerConfig> bad = ParseConfigToml(base + "backend = \"gpu\"\n", "c.toml");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().message(),
+            "c.toml: gpu.backend: backend must be auto, host or cuda, got 'gpu'");
+  EXPECT_TRUE(ParseConfigToml(base + "backend = \"host\"\n", "c.toml").ok());
+}
+
 TEST(Config, FleetKeysAndTheirDefaults) {
   const std::string base =
       "[model]\ndir = \"/models/llama-8b/\"\n[engine]\ncommand = [\"/bin/true\"]\n";
