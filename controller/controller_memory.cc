@@ -99,7 +99,17 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
 
 std::optional<KeeperClient> Controller::ConnectKeeper() {
   if (!config_.keep_memory) {
-    keeper_state_ = "off (controller.keep_memory = false)";
+    keeper_state_ = "controller.keep_memory = false";
+    // A keeper a previous controller left (it kept memory) would hold it for nobody.
+    if (Result<KeeperClient> left = KeeperClient::Connect(config_.keeper_socket_path(), "", "");
+        left.ok()) {
+      const Result<pid_t> pid = left->KeeperPid();
+      const Status released = left->Release("");
+      BATON_LOG(WARN, kLog) << "baton-keeper (pid " << (pid.ok() ? *pid : 0)
+                            << ") of a previous controller kept its memory, and "
+                               "controller.keep_memory is false: "
+                            << (released.ok() ? "let go" : "not let go: " + released.ToString());
+    }
     return std::nullopt;
   }
   const std::string binary = KeeperClient::DefaultBinary();

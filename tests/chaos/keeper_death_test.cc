@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -129,6 +130,32 @@ TEST(KeeperDeath, AFrozenKeeperIsReplacedAndTheNextRestartIsWarm) {
   EXPECT_EQ(warm["controller"]["recovery"]["memory"], "adopted") << warm["controller"].dump();
   EXPECT_TRUE(warm["controller"]["recovery"]["fenced"].empty()) << warm["controller"].dump();
   cluster.CheckFencing();
+}
+
+// A controller started with controller.keep_memory = false after one that kept its memory:
+// the keeper left holding that memory for nobody is let go, and said so.
+TEST(KeeperDeath, AKeeperLeftByAPreviousControllerIsLetGoWithoutKeepMemory) {
+  ChaosCluster cluster;
+  const pid_t keeper = cluster.KeeperPid();
+  ASSERT_GT(keeper, 0);
+  cluster.KillController();
+  const std::string path = cluster.dir() + "/controller.toml";
+  std::string config = ReadFile(path);
+  const size_t at = config.find("[controller]\n");
+  ASSERT_NE(at, std::string::npos) << config;
+  config.insert(at + 13, "keep_memory = false\n");
+  std::ofstream(path) << config;
+  cluster.RestartController();
+  for (int i = 0; i < 100 && ProcessExists(keeper); ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_FALSE(ProcessExists(keeper)) << cluster.Log();
+  EXPECT_NE(cluster.Log().find("baton-keeper (pid " + std::to_string(keeper) +
+                               ") of a previous controller kept its memory, and "
+                               "controller.keep_memory is false: let go"),
+            std::string::npos)
+      << cluster.Log();
+  EXPECT_EQ(Keeper(cluster.Status())["state"], "off");
 }
 
 }  // namespace
