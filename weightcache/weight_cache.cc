@@ -163,7 +163,11 @@ Result<WeightCache> WeightCache::Adopt(std::vector<SharedMemory> arena,
   if (options.model_dir.empty()) {
     return InvalidArgument("adopting a weight arena: AdoptOptions.model_dir is empty");
   }
-  if (options.check_files) BATON_RETURN_IF_ERROR(CheckManifestMatches(manifest, options.model_dir));
+  if (options.check_files) {
+    BATON_RETURN_IF_ERROR(CheckManifestMatches(manifest, options.model_dir));
+  } else if (!manifest.complete) {  // whatever the files, an arena whose load did not finish
+    return FailedPrecondition("the arena's manifest is not complete: its load did not finish");
+  }
   BATON_RETURN_IF_ERROR(CheckTable(manifest));
   WeightCache cache;
   BATON_ASSIGN_OR_RETURN(cache.arena_,

@@ -41,7 +41,7 @@ struct AdoptOptions {
   std::string model_dir;
   // false: the directory is not compared with the manifest (the arena is adopted as it was
   // loaded, whatever the files are now: a controller whose model files changed and no longer
-  // load serves on from the kept arena).
+  // load serves on from the kept arena). A manifest that is not complete is still refused.
   bool check_files = true;
   // mlock the new mapping, in the arena's background thread (the old controller's lock went
   // with its mapping).

@@ -308,6 +308,25 @@ TEST_F(WeightCacheAdoptRefusalTest, AShardWithANewMtime) {
   ExpectRefused(std::string(kShard2) + " changed since the arena was loaded (mtime_ns ");
 }
 
+// check_files = false: a changed directory is no refusal (the controller serves the kept
+// weights when changed files do not load), an arena whose load did not finish still is.
+TEST_F(WeightCacheAdoptRefusalTest, WithoutTheFileChecksOnlyACompleteManifestIsAdopted) {
+  WeightManifest incomplete = kept_.manifest;
+  incomplete.complete = false;
+  auto refused = WeightCache::Adopt(std::move(kept_.memory), incomplete,
+                                    {.model_dir = dir_.path(), .check_files = false});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("not complete"), std::string::npos);
+}
+
+TEST_F(WeightCacheAdoptRefusalTest, WithoutTheFileChecksAChangedDirectoryIsAdopted) {
+  std::ofstream(dir_.path() + "/" + kShard2, std::ios::app) << "more";
+  auto adopted = WeightCache::Adopt(std::move(kept_.memory), kept_.manifest,
+                                    {.model_dir = dir_.path(), .check_files = false});
+  ASSERT_TRUE(adopted.ok()) << adopted.status().ToString();
+  EXPECT_EQ(adopted->tensors().size(), kept_.manifest.tensors.size());
+}
+
 TEST_F(WeightCacheAdoptRefusalTest, ARewrittenShard) {
   std::ofstream(dir_.path() + "/" + kShard2, std::ios::app) << "more";
   ExpectRefused(std::string(kShard2) + " changed since the arena was loaded (size ");
