@@ -247,7 +247,9 @@ proto::CtlReply Usage(const std::string& why) {
 proto::CtlReply Timeline(const ControllerStatus& c) {
   const std::deque<PromotionRecord>& records = c.core.timelines;
   if (records.empty()) {
-    return Reply(0, "no promotion yet",
+    return Reply(0,
+                 "no promotion yet by this controller (timelines are kept per controller "
+                 "process: a restarted one starts with none; the previous one's log has them)",
                  {{"ok", true}, {"timeline", nullptr}, {"history", json::array()}});
   }
   json history = json::array();
