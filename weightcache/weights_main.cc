@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -288,8 +289,10 @@ void PrintShard(const Json& shard) {
 
 int RunInspect(const Args& args) {
   struct stat st {};
-  if (::stat(args.path.c_str(), &st) != 0) {
-    return Fail(NotFound(args.path + " does not exist"), args.json);
+  if (::stat(args.path.c_str(), &st) != 0) {  // gone, a link loop, no permission: as it is
+    return Fail(errno == ENOENT ? NotFound(args.path + " does not exist")
+                                : ErrnoStatus(args.path + ": stat", errno),
+                args.json);
   }
   Json out;
   Json shards = Json::array();
