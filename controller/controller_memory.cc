@@ -10,6 +10,7 @@
 #include "controller/controller.h"
 #include "controller/keeper/keeper_client.h"
 #include "controller/kept_memory.h"
+#include "weightcache/file_identity.h"
 #include "weightcache/weight_manifest.h"
 
 namespace baton {
@@ -232,6 +233,13 @@ std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
   if (Status same = CheckManifestMatches(*manifest, config_.model_dir);
       !same.ok() && !files_may_differ) {
     return same.message();
+  }
+  if (files_may_differ) {  // the files may differ, the folder may not: another model is no fallback
+    Result<std::string> canonical = CanonicalPath(config_.model_dir);
+    if (!canonical.ok() || *canonical != manifest->canonical_model_dir) {
+      return "the model directory is not the one the kept weights were loaded from (" +
+             manifest->canonical_model_dir + ")";
+    }
   }
   if ((*item)->fds.empty()) return "the kept weights have no memfd";
   Result<std::vector<SharedMemory>> arena = ImportArenaFds(std::move((*item)->fds));

@@ -125,7 +125,9 @@ void Controller::LeaveAsFound(const Status& why) {
                           << " of the previous controller left running for the next one";
     return;
   }
-  if (!config_.keep_memory) return;
+  // Only a controller that got as far as owning the state directory (its journal's lock) may
+  // touch the keeper: another may be running there.
+  if (!config_.keep_memory || !journal_.has_value()) return;
   // Nothing runs that maps kept memory: a keeper that keeps nothing is let go.
   Result<KeeperClient> keeper = KeeperClient::Connect(config_.keeper_socket_path(), "", "");
   if (!keeper.ok()) return;

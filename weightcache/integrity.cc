@@ -137,15 +137,18 @@ Result<IntegrityManifest> ManifestFromJson(std::string_view name, std::string_vi
 Status WriteManifest(const std::string& dir, const IntegrityManifest& manifest) {
   const std::string path = ManifestPath(dir);
   const std::string tmp = path + ".tmp";
-  UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (!fd) return ErrnoStatus("create " + tmp, errno);
-  BATON_RETURN_IF_ERROR(WriteAll(fd.get(), ManifestToJson(manifest), tmp));
-  if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
-  fd.Reset();
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());  // nothing half-done is left beside the model
-    return ErrnoStatus("rename to " + path, err);
+  Status written = [&]() -> Status {
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd) return ErrnoStatus("create " + tmp, errno);
+    BATON_RETURN_IF_ERROR(WriteAll(fd.get(), ManifestToJson(manifest), tmp));
+    if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
+    fd.Reset();
+    if (::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoStatus("rename to " + path, errno);
+    return OkStatus();
+  }();
+  if (!written.ok()) {
+    ::unlink(tmp.c_str());  // on every failure: nothing half-done is left beside the model
+    return written;
   }
   UniqueFd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dfd) ::fsync(dfd.get());

@@ -320,6 +320,8 @@ void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
   if (role == proto::ReattachRole::kDrained) {
     if (e.id == s_.primary && own_.recovery->roster.pair_draining)
       s_.StepPairIfAllowed(PairEvent::kDrain);  // the drain's end: the pair stops, no failover
+    std::vector<EngineId>& readopted = own_.recovery->status.readopted;
+    std::erase(readopted, e.id);  // drained to its end: gone, not re-adopted
     own_.recovery->status.gone.push_back(
         {e.id, "it had drained when the previous controller went away"});
     p_.failover->Fence(e.id, FailCause::kPlanned,
@@ -398,7 +400,8 @@ void RecoveryPart::EndRecovery() {
   std::optional<InFlightUpgrade> upgrade = own_.recovery->upgrade;
   const bool drained = own_.recovery->roster.pair_draining;
   const std::string summary = std::to_string(st.readopted.size()) + " engines re-adopted, " +
-                              std::to_string(st.fenced.size()) + " fenced";
+                              std::to_string(st.fenced.size()) + " fenced, " +
+                              std::to_string(st.gone.size()) + " gone";
   own_.last = st;
   own_.recovery.reset();
   s_.StepPairIfAllowed(PairEvent::kRecoveryDone);

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,7 +23,7 @@ constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
 // A keeper answers Hello at once; one that has not within this long is hung.
 constexpr Duration kHelloTimeout = std::chrono::seconds(1);
 // How long a hung keeper, killed, may take to be gone.
-constexpr Duration kHungExitWait = std::chrono::seconds(2);
+constexpr Duration kHungExitWait = std::chrono::milliseconds(500);
 // Tries of one request: the first, and on a new connection after the keeper closed one (a
 // process that stalls right after connecting may find even the new one closed).
 constexpr int kAttempts = 3;
@@ -40,17 +41,31 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Answer(proto::Channe
   return std::make_pair(std::move(kept), std::move(msg.fds));
 }
 
-// SIGKILL to the hung keeper `pid` (when it is a baton-keeper), awaited for kHungExitWait.
+// The state letter of /proc/<pid>/stat (after the command's closing parenthesis), or 0.
+char ProcessState(pid_t pid) {
+  std::string stat;
+  std::getline(std::ifstream("/proc/" + std::to_string(pid) + "/stat"), stat);
+  const size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// SIGKILL to the keeper `pid` that did not answer, when it is a baton-keeper that is stopped
+// (SIGSTOP, a debugger): one that runs may only be busy with another connection (it serves one
+// at a time), and is left alone. Through a pidfd, so a reused pid is never hit; awaited for
+// kHungExitWait.
 void KillHungKeeper(pid_t pid, const std::string& socket_path) {
+  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (!pidfd) return;
   std::string name;
   std::getline(std::ifstream("/proc/" + std::to_string(pid) + "/cmdline"), name, '\0');
-  if (name.find("baton-keeper") == std::string::npos) return;
+  const char state = ProcessState(pid);
+  if (name.find("baton-keeper") == std::string::npos || (state != 'T' && state != 't')) return;
   BATON_LOG(WARN, "keeper")
       << "baton-keeper (pid " << pid << ") at " << socket_path
       << " accepted but did not answer within "
       << std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout).count()
-      << " ms: hung; killed, and a new one is started";
-  (void)::kill(pid, SIGKILL);
+      << " ms and is stopped: hung; killed, and a new one is started";
+  (void)::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
   const auto until = std::chrono::steady_clock::now() + kHungExitWait;
   while (ProcessRunning(pid) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -2,8 +2,9 @@
 // keeper at the socket path, or starts one: `baton-keeper` beside the controller's own
 // binary, detached (its own session, reparented away from the controller, no parent-death
 // signal), so that it outlives the controller. A keeper that accepts the connection but does
-// not answer within a second (frozen, deadlocked) is killed first: what it keeps cannot be
-// had from it, and it would hold the socket from a new one. Each call is one request and its answer
+// not answer within a second and is stopped (SIGSTOP, a debugger) is killed first: what it
+// keeps cannot be had from it, and it would hold the socket from a new one. One that runs is
+// left alone (it may be serving another connection). Each call is one request and its answer
 // over a blocking channel; all of them are short (a local socket, no disk). The keeper closes a
 // connection idle for its idle timeout (memory_keeper.h), and a controller may hold one across
 // a long weight load: a request that finds its connection closed connects again and is sent

@@ -47,6 +47,10 @@ struct KeeperWatchOptions {
   std::string socket_path;
   std::string binary;  // baton-keeper to start ("" : none is started)
   std::string log_path;
+  // How long a keeper just started may take to answer: the watch runs on the controller's
+  // io thread, which must not stall for its watchdog's 3 s (one that takes longer is tried
+  // again at the next retry).
+  Duration connect_wait = std::chrono::milliseconds(300);
   Duration first_retry = std::chrono::seconds(1);
   Duration max_retry = std::chrono::seconds(30);
 };

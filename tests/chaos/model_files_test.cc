@@ -7,10 +7,12 @@
 #include <sys/wait.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "tests/chaos/chaos_harness.h"
 #include "tests/chaos/controller_restart_support.h"
+#include "tests/chaos/router_stream_support.h"
 
 namespace baton::chaos {
 namespace {
@@ -96,6 +98,33 @@ TEST(ModelFiles, AStartThatCannotGoOnLeavesTheRunningEnginesAlone) {
   EXPECT_NE(log.find("of the previous controller left running for the next one"), std::string::npos)
       << log;
   EXPECT_NE(log.find("rule: data-inside-file"), std::string::npos) << log;
+}
+
+// model.dir pointed at another folder whose files do not load: the kept weights are not
+// served under its name; the start stops, leaving the running engines alone.
+TEST(ModelFiles, AnotherFolderThatDoesNotLoadIsNoFallback) {
+  ModelCopy model;
+  ClusterOptions options;
+  options.model_dir = model.dir();
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  cluster.KillController();
+  const std::string other = model.dir() + "-other";
+  fs::copy(model.dir(), other, fs::copy_options::recursive);
+  fs::resize_file(other + "/model.safetensors", fs::file_size(other + "/model.safetensors") / 2);
+  const std::string path = cluster.dir() + "/controller.toml";
+  std::string config = ReadFile(path);
+  const size_t at = config.find(model.dir());
+  ASSERT_NE(at, std::string::npos);
+  config.replace(at, model.dir().size(), other);
+  std::ofstream(path) << config;
+  cluster.StartControllerAgain();
+  const int status = cluster.WaitControllerExit();
+  fs::remove_all(other);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
+  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessExists(pid)) << "engine " << pid;
+  EXPECT_EQ(cluster.Log().find("the kept weights, as loaded before, serve on"), std::string::npos)
+      << cluster.Log();
 }
 
 // A first start on a model that does not load: exit 1, and no baton-keeper is left keeping

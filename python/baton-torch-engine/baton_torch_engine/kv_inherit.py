@@ -73,7 +73,8 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
         return KvInheritMode.NONE, 0, 0, 0.0
     nbytes = blocks * kv.block_bytes
     estimate = nbytes / (copy_gbps * 1e6) if copy_gbps > 0 else float("inf")
-    wait = lambda: _wait(engine, kv, handoff, scheduler, quarantine, report, log)  # noqa: E731
+    wait = lambda retried=None: _wait(  # noqa: E731
+        engine, kv, handoff, scheduler, quarantine, report, log, retried or {})
     if estimate > quarantine.barrier_estimate_ms:
         return wait(), blocks, nbytes, estimate
     try:
@@ -96,24 +97,29 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
         return wait(), blocks, nbytes, estimate
     # Changed under the copy (the dying writer, or the blocks' grant scrubbing their headers),
     # or no free block left to copy into: adopted in place once granted instead.
-    changed = sum(copied.dropped.pop(reason, 0) for reason in RETRIED)
+    retried = {r: copied.dropped.pop(r) for r in RETRIED if r in copied.dropped}
     report.merge(copied)
-    if changed:
-        log(f"{changed} sequences not copied (changed, or no block to copy into): waiting for "
-            "the quarantined blocks to adopt them in place")
-        return wait(), plan.blocks, plan.nbytes, estimate
+    if retried:
+        log(f"{sum(retried.values())} sequences not copied (changed, or no block to copy into): "
+            "waiting for the quarantined blocks to adopt them in place")
+        return wait(retried), plan.blocks, plan.nbytes, estimate
     mode = KvInheritMode.COPIED if plan.sequences else KvInheritMode.NONE
     return mode, plan.blocks, plan.nbytes, estimate
 
 
 def _wait(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
-          quarantine: Quarantine, report: AdoptionReport,
-          log: Callable[[str], None]) -> KvInheritMode:
+          quarantine: Quarantine, report: AdoptionReport, log: Callable[[str], None],
+          retried: dict[str, int]) -> KvInheritMode:
+    """Adopts the quarantined blocks once granted; `retried`: the sequences a copy left to this
+    wait, by reason, counted as dropped when the grant does not come."""
     try:
         granted = engine.wait_inherited_blocks(quarantine.wait_limit_ms)
         _adopt(kv, handoff, scheduler, granted, report)
     except BatonError as e:
         log(f"the quarantined blocks' kv is replayed: {e}")
+        lost = AdoptionReport(dropped=dict(retried))
+        handoff.count(lost)
+        report.merge(lost)
     return KvInheritMode.WAITED
 
 
