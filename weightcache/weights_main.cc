@@ -60,13 +60,16 @@ struct Args {
   WeightCacheOptions options;
 };
 
+// With --json, an error is also the last line of stdout (as batonctl's).
+void PrintJsonError(const std::string& message) {
+  std::cout << nlohmann::json{{"ok", false}, {"error", message}}.dump(
+                   -1, ' ', false, nlohmann::json::error_handler_t::replace)
+            << "\n";
+}
+
 int Usage(const std::string& problem, bool json) {
   std::cerr << "baton-weights: " << problem << "\n" << kUsage;
-  if (json) {
-    std::cout << nlohmann::json{{"ok", false}, {"error", problem}}.dump(
-                     -1, ' ', false, nlohmann::json::error_handler_t::replace)
-              << "\n";
-  }
+  if (json) PrintJsonError(problem);
   return kExitUsage;
 }
 
@@ -220,14 +223,10 @@ Result<WeightCache> LoadCache(Args& args) {
   return WeightCache::Load(args.path, args.options);
 }
 
-// The error on stderr and, with --json, as the last line of stdout (as batonctl does).
+// The error on stderr and, with --json, as the last line of stdout.
 void PrintError(const std::string& message, bool json) {
   std::cerr << "baton-weights: " << message << "\n";
-  if (json) {
-    std::cout << nlohmann::json{{"ok", false}, {"error", message}}.dump(
-                     -1, ' ', false, nlohmann::json::error_handler_t::replace)
-              << "\n";
-  }
+  if (json) PrintJsonError(message);
 }
 
 int Fail(const Status& status, bool json) {
