@@ -105,7 +105,7 @@ void FleetAdmission::Dispatch(uint64_t ticket, AdmitRequest request, Grant grant
       refused = NotFound("no node of the fleet serves the model '" + request.model + "'");
     } else if (now >= deadline) {
       refused = DeadlineExceeded("no node of the fleet could take the request within " +
-                                  std::to_string(options_.max_queue_wait.count()) + " ms");
+                                 std::to_string(options_.max_queue_wait.count()) + " ms");
     } else if (!request.replay && queue_.size() >= options_.max_queue) {
       refused = ResourceExhausted("the router's queue is full (" +
                                   std::to_string(options_.max_queue) + " requests)");
@@ -279,7 +279,7 @@ void FleetAdmission::DrainQueue() {
         expired.emplace_back(
             std::move(it->grant),
             DeadlineExceeded("no node of the fleet could take the request within " +
-                              std::to_string(options_.max_queue_wait.count()) + " ms"));
+                             std::to_string(options_.max_queue_wait.count()) + " ms"));
         tickets_.erase(it->ticket);
         it = queue_.erase(it);
       } else if (PickNode(it->request, now)) {
