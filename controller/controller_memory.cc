@@ -230,16 +230,15 @@ std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
   if (manifest->generation != record->weights_generation) {
     return "the kept weights are not the ones the memory record names";
   }
-  if (Status same = CheckManifestMatches(*manifest, config_.model_dir);
-      !same.ok() && !files_may_differ) {
-    return same.message();
-  }
-  if (files_may_differ) {  // the files may differ, the folder may not: another model is no fallback
-    Result<std::string> canonical = CanonicalPath(config_.model_dir);
-    if (!canonical.ok() || *canonical != manifest->canonical_model_dir) {
-      return "the model directory is not the one the kept weights were loaded from (" +
-             manifest->canonical_model_dir + ")";
+  if (!files_may_differ) {
+    if (Status same = CheckManifestMatches(*manifest, config_.model_dir); !same.ok()) {
+      return same.message();
     }
+  } else if (Result<std::string> canonical = CanonicalPath(config_.model_dir);
+             !canonical.ok() || *canonical != manifest->canonical_model_dir) {
+    // The files may differ, the folder may not: another model is no fallback.
+    return "the model directory is not the one the kept weights were loaded from (" +
+           manifest->canonical_model_dir + ")";
   }
   if ((*item)->fds.empty()) return "the kept weights have no memfd";
   Result<std::vector<SharedMemory>> arena = ImportArenaFds(std::move((*item)->fds));

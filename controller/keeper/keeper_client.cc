@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <fstream>
 #include <thread>
 
 #include "base/io/self_exe.h"
@@ -41,14 +40,6 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Answer(proto::Channe
   return std::make_pair(std::move(kept), std::move(msg.fds));
 }
 
-// The state letter of /proc/<pid>/stat (after the command's closing parenthesis), or 0.
-char ProcessState(pid_t pid) {
-  std::string stat;
-  std::getline(std::ifstream("/proc/" + std::to_string(pid) + "/stat"), stat);
-  const size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
-}
-
 // SIGKILL to the keeper `pid` that did not answer, when it is a baton-keeper that is stopped
 // (SIGSTOP, a debugger): one that runs may only be busy with another connection (it serves one
 // at a time), and is left alone. Through a pidfd, so a reused pid is never hit; awaited for
@@ -56,10 +47,11 @@ char ProcessState(pid_t pid) {
 void KillHungKeeper(pid_t pid, const std::string& socket_path) {
   UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
   if (!pidfd) return;
-  std::string name;
-  std::getline(std::ifstream("/proc/" + std::to_string(pid) + "/cmdline"), name, '\0');
-  const char state = ProcessState(pid);
-  if (name.find("baton-keeper") == std::string::npos || (state != 'T' && state != 't')) return;
+  const std::optional<ProcStat> stat = ReadProcStat(pid);
+  if (!stat.has_value() || (stat->state != 'T' && stat->state != 't') ||
+      ProcessName(pid) != "baton-keeper") {
+    return;
+  }
   BATON_LOG(WARN, "keeper")
       << "baton-keeper (pid " << pid << ") at " << socket_path
       << " accepted but did not answer within "

@@ -41,6 +41,20 @@ class ModelCopy {
   std::string dir_;
 };
 
+ClusterOptions On(const ModelCopy& model) {
+  ClusterOptions options;
+  options.model_dir = model.dir();
+  return options;
+}
+
+// The restarted controller exits 1 and leaves the engines of `before` running.
+void ExpectExitLeavingTheEngines(ChaosCluster& cluster, const json& before) {
+  const int status = cluster.WaitControllerExit();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessExists(pid)) << "engine " << pid;
+}
+
 bool Degraded(const json& status, const std::string& what) {
   for (const json& d : status["degraded"]) {
     if (d["what"] == what) return true;
@@ -50,9 +64,7 @@ bool Degraded(const json& status, const std::string& what) {
 
 TEST(ModelFiles, ChangedFilesThatDoNotLoadLeaveTheKeptWeightsServing) {
   ModelCopy model;
-  ClusterOptions options;
-  options.model_dir = model.dir();
-  ChaosCluster cluster(options);
+  ChaosCluster cluster(On(model));
   const json before = cluster.Status();
   EXPECT_TRUE(before["weights"]["files_differ"].is_null()) << before["weights"].dump();
   EXPECT_FALSE(Degraded(before, "weights_files")) << before.dump();
@@ -82,18 +94,13 @@ TEST(ModelFiles, ChangedFilesThatDoNotLoadLeaveTheKeptWeightsServing) {
 // controller cannot start, and leaves the engines it found serving rather than killing them.
 TEST(ModelFiles, AStartThatCannotGoOnLeavesTheRunningEnginesAlone) {
   ModelCopy model;
-  ClusterOptions options;
-  options.model_dir = model.dir();
-  ChaosCluster cluster(options);
+  ChaosCluster cluster(On(model));
   const json before = cluster.Status();
   cluster.KillController();
   model.Truncate();
   fs::remove(cluster.dir() + "/run/state/memory.json");
   cluster.StartControllerAgain();
-  const int status = cluster.WaitControllerExit();
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessExists(pid)) << "engine " << pid;
+  ExpectExitLeavingTheEngines(cluster, before);
   const std::string log = cluster.Log();
   EXPECT_NE(log.find("of the previous controller left running for the next one"), std::string::npos)
       << log;
@@ -104,9 +111,7 @@ TEST(ModelFiles, AStartThatCannotGoOnLeavesTheRunningEnginesAlone) {
 // served under its name; the start stops, leaving the running engines alone.
 TEST(ModelFiles, AnotherFolderThatDoesNotLoadIsNoFallback) {
   ModelCopy model;
-  ClusterOptions options;
-  options.model_dir = model.dir();
-  ChaosCluster cluster(options);
+  ChaosCluster cluster(On(model));
   const json before = cluster.Status();
   cluster.KillController();
   const std::string other = model.dir() + "-other";
@@ -119,10 +124,8 @@ TEST(ModelFiles, AnotherFolderThatDoesNotLoadIsNoFallback) {
   config.replace(at, model.dir().size(), other);
   std::ofstream(path) << config;
   cluster.StartControllerAgain();
-  const int status = cluster.WaitControllerExit();
+  ExpectExitLeavingTheEngines(cluster, before);
   fs::remove_all(other);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 1) << "status " << status;
-  for (pid_t pid : EnginePids(before)) EXPECT_TRUE(ProcessExists(pid)) << "engine " << pid;
   EXPECT_EQ(cluster.Log().find("the kept weights, as loaded before, serve on"), std::string::npos)
       << cluster.Log();
 }
@@ -132,8 +135,7 @@ TEST(ModelFiles, AnotherFolderThatDoesNotLoadIsNoFallback) {
 TEST(ModelFiles, AFirstStartOnABrokenModelLeavesNoKeeper) {
   ModelCopy model;
   model.Truncate();
-  ClusterOptions options;
-  options.model_dir = model.dir();
+  ClusterOptions options = On(model);
   options.wait_ready = false;
   ChaosCluster cluster(options);
   const int status = cluster.WaitControllerExit();

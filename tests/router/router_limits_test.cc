@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/io/unique_fd.h"
 #include "router/router.h"
@@ -53,6 +54,46 @@ int StatusOf(const std::string& response) {
   return std::stoi(response.substr(9, 3));
 }
 
+// A one-request engine on loopback: it answers with a chunked event stream made of
+// `chunks` and then holds the connection open (no last chunk) until the router closes it.
+class ChunkedEngine {
+ public:
+  explicit ChunkedEngine(std::vector<std::string> chunks)
+      : thread_([this, chunks = std::move(chunks)] { Serve(chunks); }) {}
+  uint16_t port() const { return listener_.port(); }
+  void Shutdown() { listener_.Shutdown(); }
+  void Join() { thread_.join(); }
+
+ private:
+  void Serve(const std::vector<std::string>& chunks) {
+    UniqueFd conn(::accept(listener_.fd(), nullptr, nullptr));
+    if (!conn.valid()) return;
+    char buf[4096];
+    (void)!::recv(conn.get(), buf, sizeof(buf), 0);
+    bool sent = Put(conn.get(),
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                    "Transfer-Encoding: chunked\r\n\r\n");
+    for (const std::string& chunk : chunks) {
+      char size[32];
+      std::snprintf(size, sizeof(size), "%zx\r\n", chunk.size());
+      sent = sent && Put(conn.get(), size + chunk + "\r\n");
+    }
+    while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {  // open until the router closes it
+    }
+  }
+
+  LoopbackListener listener_;  // before thread_: it listens before Serve runs
+  std::thread thread_;
+};
+
+// A streamed completion's request, as a client sends it.
+std::string StreamRequest(const std::string& body, bool close) {
+  return std::string("POST /v1/completions HTTP/1.1\r\nHost: x\r\n") +
+         (close ? "Connection: close\r\n" : "") +
+         "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+         "\r\n\r\n" + body;
+}
+
 class RouterLimitsTest : public ::testing::Test {
  protected:
   void Start(RouterOptions options) {
@@ -72,6 +113,12 @@ class RouterLimitsTest : public ::testing::Test {
     UniqueFd fd = Connect(router_->port());
     EXPECT_TRUE(Put(fd.get(), "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
     return ReadAll(fd.get());
+  }
+  // The router goes first: the engine's connection ends when the router closes it.
+  void StopWith(ChunkedEngine& engine) {
+    engine.Shutdown();
+    router_.reset();
+    engine.Join();
   }
   std::unique_ptr<Router> router_;
 };
@@ -160,74 +207,36 @@ TEST_F(RouterLimitsTest, QueueFullIs429WithRetryAfter) {
 // its bytes: past 4 MiB the attempt is broken and the client is told, while the engine still
 // holds the connection open.
 TEST_F(RouterLimitsTest, AnEndlessStreamEventBreaksTheAttempt) {
-  LoopbackListener engine;
+  ChunkedEngine engine(
+      std::vector<std::string>(5, "data: " + std::string(1 << 20, 'x')));  // never a blank line
   ASSERT_NE(engine.port(), 0);
-  std::thread serve([&] {
-    UniqueFd conn(::accept(engine.fd(), nullptr, nullptr));
-    if (!conn.valid()) return;
-    char buf[4096];
-    (void)!::recv(conn.get(), buf, sizeof(buf), 0);
-    const std::string head =
-        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-        "Transfer-Encoding: chunked\r\n\r\n";
-    const std::string piece = "data: " + std::string(1 << 20, 'x');
-    char size[32];
-    std::snprintf(size, sizeof(size), "%zx\r\n", piece.size());
-    bool sent = Put(conn.get(), head);
-    for (int i = 0; i < 5 && sent; ++i) sent = Put(conn.get(), size + piece + "\r\n");
-    while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {  // open until the router closes it
-    }
-  });
   RouterOptions options;
   options.backend = "127.0.0.1:" + std::to_string(engine.port());
   options.migration_limit = 0;
   Start(options);
   UniqueFd fd = Connect(router_->port());
-  const std::string body = R"({"prompt":"x","max_tokens":4,"stream":true})";
-  ASSERT_TRUE(Put(fd.get(),
-                  "POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-                  "Content-Type: application/json\r\nContent-Length: " +
-                      std::to_string(body.size()) + "\r\n\r\n" + body));
+  ASSERT_TRUE(Put(fd.get(), StreamRequest(R"({"prompt":"x","max_tokens":4,"stream":true})",
+                                          /*close=*/true)));
   const std::string response = ReadAll(fd.get());
   EXPECT_NE(response.find("error"), std::string::npos) << response.substr(0, 400);
   EXPECT_LT(response.size(), 64u << 10) << "the engine's bytes reached the client";
-  engine.Shutdown();
-  router_.reset();
-  serve.join();
+  StopWith(engine);
 }
 
 // A client that closes as soon as it reads [DONE], before the engine ends its response,
 // got its whole stream: the request is counted as answered, not as a client gone (499).
 TEST_F(RouterLimitsTest, AClientLeavingAfterDoneIsNoClientGone) {
-  LoopbackListener engine;
+  ChunkedEngine engine(
+      {"data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"a\",\"token_ids\":[97],"
+       "\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n"});
   ASSERT_NE(engine.port(), 0);
-  std::thread serve([&] {
-    UniqueFd conn(::accept(engine.fd(), nullptr, nullptr));
-    if (!conn.valid()) return;
-    char buf[4096];
-    (void)!::recv(conn.get(), buf, sizeof(buf), 0);
-    const std::string events =
-        "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"text\":\"a\",\"token_ids\":[97],"
-        "\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n";
-    char size[32];
-    std::snprintf(size, sizeof(size), "%zx\r\n", events.size());
-    (void)Put(conn.get(),
-              "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
-              "Transfer-Encoding: chunked\r\n\r\n" +
-                  std::string(size) + events + "\r\n");
-    while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {  // no last chunk: open until closed
-    }
-  });
   RouterOptions options;
   options.backend = "127.0.0.1:" + std::to_string(engine.port());
   Start(options);
   {
     UniqueFd fd = Connect(router_->port());
-    const std::string body = R"({"prompt":"x","max_tokens":1,"stream":true})";
-    ASSERT_TRUE(Put(fd.get(),
-                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
-                    "Content-Type: application/json\r\nContent-Length: " +
-                        std::to_string(body.size()) + "\r\n\r\n" + body));
+    ASSERT_TRUE(Put(fd.get(), StreamRequest(R"({"prompt":"x","max_tokens":1,"stream":true})",
+                                            /*close=*/false)));
     std::string got;
     char buf[4096];
     while (got.find("[DONE]") == std::string::npos) {
@@ -246,9 +255,7 @@ TEST_F(RouterLimitsTest, AClientLeavingAfterDoneIsNoClientGone) {
             std::string::npos)
       << metrics;
   EXPECT_EQ(metrics.find(R"(kind="client_gone")"), std::string::npos) << metrics;
-  engine.Shutdown();
-  router_.reset();
-  serve.join();
+  StopWith(engine);
 }
 
 TEST_F(RouterLimitsTest, DeeplyNestedBodyIs400) {
