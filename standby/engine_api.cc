@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "base/log.h"
 #include "standby/openai/chat_api.h"
@@ -62,7 +63,7 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
     const size_t original = req_.prompt_ids.size() - static_cast<size_t>(req_.resume_tokens);
     original_prompt_.assign(req_.prompt_ids.begin(), req_.prompt_ids.begin() + original);
     for (size_t i = original; i < req_.prompt_ids.size(); ++i) {
-      text_.Append(deps_.tokenizer->DecodeToken(req_.prompt_ids[i]));
+      text_.AppendUnstoppable(deps_.tokenizer->DecodeToken(req_.prompt_ids[i]));
     }
     resumed_text_ = text_.text().size();
   }
@@ -78,7 +79,9 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
     gen.prompt = req_.prompt_ids;
     gen.max_tokens = req_.max_tokens;
     gen.sampling = {req_.temperature, req_.top_p, req_.seed};
-    gen.stop_at_eos = true;
+    gen.stop_at_eos = !req_.ignore_eos;
+    gen.stop_token_ids = req_.stop_token_ids;
+    gen.min_tokens = req_.min_tokens;
     gen.key = req_.key;
     id_ = deps_.loop->Submit(std::move(gen), [self = shared_from_this()](const EngineEvent& e) {
       net::post(self->strand_, [self, e] { self->OnEvent(e); });
@@ -103,7 +106,11 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
       deps_.metrics->ObserveTimeToFirstToken(MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
     }
     token_ids_.push_back(e.token.token);
-    std::string piece = text_.Append(deps_.tokenizer->DecodeToken(e.token.token));
+    // vLLM's min_tokens: stop strings count from the min_tokens-th token on.
+    const std::string bytes = deps_.tokenizer->DecodeToken(e.token.token);
+    std::string piece = std::cmp_less(token_ids_.size(), req_.min_tokens)
+                            ? text_.AppendUnstoppable(bytes)
+                            : text_.Append(bytes);
     FinishReason finish = e.token.finish;
     if (text_.stopped()) {  // a stop string wins over the length limit of the same token
       if (finish == FinishReason::kNone) deps_.loop->Cancel(id_);

@@ -276,6 +276,26 @@ class SchedulerTest(unittest.TestCase):
             for job, w in zip(others, want[1:]):
                 self.assertEqual(drain(job), w)
 
+    def test_stop_ids_stop_and_min_tokens_holds_them_and_stop_strings_off(self):
+        s, _ = self.scheduler(200)
+        free = [x.token for x in drain(s.submit(completion([256] + list(b"abc"), 12)))]
+        stop = free[1]
+        first = free.index(stop)
+        by_id = completion([256] + list(b"abc"), 12)
+        by_id.stop_token_ids = [stop]
+        got = drain(s.submit(by_id))
+        self.assertEqual([x.token for x in got], free[:first + 1])
+        self.assertEqual(got[-1].finish_reason, "stop")
+        held = completion([256] + list(b"abc"), 12)
+        held.stop_token_ids, held.min_tokens = [stop], 12
+        if stop < 256:
+            held.stop = [chr(stop)]
+        got = drain(s.submit(held))
+        self.assertEqual(len(got), 12)
+        self.assertNotIn(stop, [x.token for x in got], "masked while under min_tokens")
+        self.assertEqual([x.token for x in got[:first]], free[:first])
+        self.assertEqual(got[-1].finish_reason, "length")
+
     def test_a_cancelled_request_gives_its_blocks_back_and_a_fenced_engine_answers_503(self):
         fenced = []
         s, kv = self.scheduler(50, may_compute=lambda: not fenced)

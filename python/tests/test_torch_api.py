@@ -72,6 +72,19 @@ class ParserTest(unittest.TestCase):
         parse({"prompt": "x", "presence_penalty": 0, "logit_bias": {}, "tools": [],
                "tool_choice": "none", "response_format": {"type": "text"}})
 
+    def test_vllm_extensions_are_read_or_refused_never_ignored(self):
+        r = parse({"prompt": "x", "max_tokens": 9, "min_tokens": 4, "ignore_eos": True,
+                   "stop_token_ids": [65, 7], "top_k": -1, "min_p": 0,
+                   "repetition_penalty": 1})
+        self.assertEqual((r.min_tokens, r.ignore_eos, r.stop_token_ids), (4, True, [65, 7]))
+        self.assertEqual(parse({"prompt": "x", "top_k": 0, "min_tokens": 16}).min_tokens, 16)
+        for name, bad in (("min_tokens", -1), ("min_tokens", 17), ("min_tokens", "3"),
+                          ("ignore_eos", 1), ("stop_token_ids", 7), ("stop_token_ids", [-1]),
+                          ("stop_token_ids", [999]), ("stop_token_ids", ["a"]),
+                          ("stop_token_ids", [1] * 65), ("top_k", 40), ("top_k", 1.5),
+                          ("min_p", 0.1), ("repetition_penalty", 1.1)):
+            self.refused({"prompt": "x", name: bad}, name)
+
     def test_chat_messages_are_checked_and_rendered_as_the_reference_engine_does(self):
         self.refused({"messages": [{"role": "user"}]}, "messages[0].content", chat=True)
         self.refused({"messages": [{"content": "x"}]}, "messages[0].role", chat=True)
@@ -107,6 +120,14 @@ class TextBuilderTest(unittest.TestCase):
         t = TextBuilder([])
         out = "".join(t.push(b) for b in [168, 109, 39, 242, 177, 118]) + t.finish()
         self.assertEqual(out, "\ufffdm'\ufffd\ufffdv")
+
+    def test_text_pushed_without_a_stop_check_keeps_a_possible_start_held_back(self):
+        t = TextBuilder(["ab", "zz"])
+        self.assertEqual("".join(t.push(b, may_stop=False) for b in b"xzz"), "xz")
+        self.assertEqual("".join(t.push(b, may_stop=False) for b in b"aba"), "zab")
+        self.assertFalse(t.stopped)
+        self.assertEqual(t.push(ord("b")), "")
+        self.assertTrue(t.stopped)
 
     def test_special_ids_have_no_text(self):
         self.assertEqual(TextBuilder([]).push(257), "")

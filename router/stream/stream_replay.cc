@@ -55,7 +55,7 @@ bool Listed(const std::string& key, std::span<const char* const> list) {
 // Whether a chat answer is plain text that a completion of the same ids, with the carried
 // fields, continues exactly: every field of the body is carried, rebuilt or inert (or null /
 // false). Anything else (tools, structured output such as response_format or guided_json,
-// log probabilities, min_tokens, ...) would be dropped or answered differently, so such a
+// log probabilities, ...) would be dropped or answered differently, so such a
 // stream is ended explicitly rather than continued wrongly.
 bool PlainTextChat(const Json& body) {
   for (const auto& [key, value] : body.items()) {

@@ -1,6 +1,7 @@
 #include "standby/model/generator.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "base/failpoint.h"
 #include "base/log.h"
@@ -40,6 +41,15 @@ Status Generator::Add(GenerationRequest request) {
     }
   }
   if (request.max_tokens < 1) return InvalidArgument(where + "max_tokens must be at least 1");
+  if (request.min_tokens < 0 || request.min_tokens > request.max_tokens) {
+    return InvalidArgument(where + "min_tokens must be in [0, max_tokens]");
+  }
+  for (int32_t id : request.stop_token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      return InvalidArgument(where + "stop token id " + std::to_string(id) +
+                             " is outside the vocabulary");
+    }
+  }
   Status params = ValidateSamplingParams(request.sampling);
   if (!params.ok()) return InvalidArgument(where + params.message());
   auto same_id = [&](const SeqPtr& s) { return s->request.id == request.id; };
@@ -172,6 +182,8 @@ Status Generator::RunForward(std::vector<SequenceInput>* batch, std::vector<Sequ
 FinishReason Generator::CheckFinished(const Sequence& seq, int32_t token) const {
   const LlamaConfig& config = model_->config();
   if (seq.request.stop_at_eos && config.IsEos(token)) return FinishReason::kStop;
+  const std::vector<int32_t>& stops = seq.request.stop_token_ids;
+  if (std::find(stops.begin(), stops.end(), token) != stops.end()) return FinishReason::kStop;
   if (seq.generated >= seq.request.max_tokens) return FinishReason::kLength;
   if (static_cast<int64_t>(seq.tokens.size()) >= config.max_position_embeddings) {
     return FinishReason::kLength;
@@ -202,8 +214,7 @@ void Generator::SampleAndEmit(const std::vector<Sequence*>& members,
     Sequence* seq = members[i];
     if (seq->kv.length < static_cast<int64_t>(seq->tokens.size())) continue;  // prefill chunk
     const int64_t position = static_cast<int64_t>(seq->tokens.size());
-    const int32_t token = SampleToken(logits.data() + i * vocab, vocab, seq->request.sampling,
-                                      static_cast<uint64_t>(position));
+    const int32_t token = Sample(*seq, logits.data() + i * vocab, position);
     seq->tokens.push_back(token);
     ++seq->generated;
     const FinishReason finish = CheckFinished(*seq, token);
@@ -211,6 +222,19 @@ void Generator::SampleAndEmit(const std::vector<Sequence*>& members,
     if (finish != FinishReason::kNone) finished.push_back(seq);
   }
   for (Sequence* seq : finished) Finish(seq);
+}
+
+int32_t Generator::Sample(const Sequence& seq, const float* row, int64_t position) {
+  const LlamaConfig& config = model_->config();
+  const GenerationRequest& r = seq.request;
+  const auto at = static_cast<uint64_t>(position);
+  if (seq.generated >= r.min_tokens) return SampleToken(row, config.vocab_size, r.sampling, at);
+  std::vector<float> masked(row, row + config.vocab_size);
+  if (r.stop_at_eos) {
+    for (int32_t id : config.eos_token_ids) masked[id] = -std::numeric_limits<float>::infinity();
+  }
+  for (int32_t id : r.stop_token_ids) masked[id] = -std::numeric_limits<float>::infinity();
+  return SampleToken(masked.data(), config.vocab_size, r.sampling, at);
 }
 
 void Generator::FailAll(const std::vector<Sequence*>& members, std::vector<TokenEvent>* events) {

@@ -1,13 +1,13 @@
 // Generator: continuous batching of generation requests over one LlamaModel and one
 // PagedKvCache.
 //
-// Add() queues a request (prompt ids, max_tokens, sampling, stop at eos). Each Step()
+// Add() queues a request (prompt ids, max_tokens, sampling, stop ids, min_tokens). Each Step()
 // first admits waiting requests while the cache has room, then runs one Forward over every
 // running sequence: one token for each sequence that is decoding, and chunks of prompts
 // for those still in prefill (decodes first, then prefill, within max_step_tokens). Each
 // sequence whose input is complete gets its next token sampled at its absolute position
 // (SampleToken keyed by (seed, position)) and emitted through the callback; a sequence
-// that stops (eos, max_tokens, or the model's max_position_embeddings) releases its
+// that stops (eos, a stop id, max_tokens, or max_position_embeddings) releases its
 // blocks. When the cache cannot hold the step, the most recently admitted sequence is
 // preempted: its blocks are released and it goes back to the head of the queue to be
 // recomputed from prompt + generated tokens, which yields the same tokens because every
@@ -46,7 +46,12 @@ struct GenerationRequest {
   int max_tokens = 16;          // at least 1
   SamplingParams sampling;
   bool stop_at_eos = true;  // eos is emitted, then the request finishes
-  KvRequestKey key;         // the router's key (empty: none); see KvHooks::Continue
+  // Ids that, like eos, are emitted and finish the request (vLLM's stop_token_ids).
+  std::vector<int32_t> stop_token_ids;
+  // Until this many tokens are generated, eos (when stop_at_eos) and the stop ids get no
+  // probability (vLLM's min_tokens); in [0, max_tokens].
+  int min_tokens = 0;
+  KvRequestKey key;  // the router's key (empty: none); see KvHooks::Continue
 };
 
 enum class FinishReason { kNone, kLength, kStop, kError };
@@ -115,6 +120,9 @@ class Generator {
   void SampleAndEmit(const std::vector<Sequence*>& members, const std::vector<float>& logits,
                      std::vector<TokenEvent>* events);
   FinishReason CheckFinished(const Sequence& seq, int32_t token) const;
+  // The token chosen for `seq` from its row of logits, with its stop ids masked while it is
+  // under min_tokens.
+  int32_t Sample(const Sequence& seq, const float* row, int64_t position);
   void Finish(Sequence* seq);
   void FailAll(const std::vector<Sequence*>& members, std::vector<TokenEvent>* events);
 

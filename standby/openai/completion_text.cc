@@ -46,6 +46,12 @@ std::string CompletionText::Append(std::string_view bytes) {
   return Release(raw_.size() - StopHoldBack());
 }
 
+std::string CompletionText::AppendUnstoppable(std::string_view bytes) {
+  if (stopped_) return "";
+  raw_.append(bytes);
+  return Release(raw_.size() - StopHoldBack());
+}
+
 std::string CompletionText::Finish() {
   std::string out = LenientUtf8(std::string_view(raw_).substr(released_));
   released_ = raw_.size();

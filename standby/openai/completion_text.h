@@ -23,6 +23,11 @@ class CompletionText {
 
   // Adds one token's bytes; returns the text released by it (may be empty).
   std::string Append(std::string_view bytes);
+  // The same without looking for a stop string: for the tokens a request generates before
+  // its min_tokens, and those a replay resumes (the interrupted run went on past them). A
+  // possible start of a stop string at the end is still held back, so that one the next
+  // tokens complete is found by Append.
+  std::string AppendUnstoppable(std::string_view bytes);
   // Releases what is held back (at the end of the request).
   std::string Finish();
   bool stopped() const { return stopped_; }

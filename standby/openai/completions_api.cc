@@ -6,6 +6,7 @@
 #include "base/text/json_depth.h"
 #include "standby/openai/chat_api.h"
 #include "standby/openai/completion_json.h"
+#include "standby/openai/request_fields.h"
 
 namespace baton {
 namespace {
@@ -13,50 +14,8 @@ namespace {
 using Json = nlohmann::json;
 using OrderedJson = nlohmann::ordered_json;
 
-ApiError ParamError(std::string param, std::string message) {
-  return MakeApiError(400, std::move(message), std::move(param));
-}
-
-bool IsInteger(const Json& j) { return j.is_number_integer() || j.is_number_unsigned(); }
-
-// Reads an optional integer field into *out; null or absent leaves it.
-std::optional<ApiError> ReadInt(const Json& body, const char* name, int64_t* out, bool* present) {
-  *present = false;
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!IsInteger(*it)) return ParamError(name, std::string("'") + name + "' must be an integer");
-  if (it->is_number_unsigned() && it->get<uint64_t>() > INT64_MAX) {
-    return ParamError(name, std::string("'") + name + "' is out of range");
-  }
-  *out = it->get<int64_t>();
-  *present = true;
-  return std::nullopt;
-}
-
-// A number in [lo, hi] (or (lo, hi] when lo_open); `range` spells the interval.
-std::optional<ApiError> ReadNumber(const Json& body, const char* name, double lo, double hi,
-                                   bool lo_open, const char* range, float* out) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_number()) return ParamError(name, std::string("'") + name + "' must be a number");
-  const double v = it->get<double>();
-  if (!(v <= hi) || (lo_open ? !(v > lo) : !(v >= lo))) {
-    return ParamError(name, std::string("'") + name + "' must be in " + range);
-  }
-  *out = static_cast<float>(v);
-  return std::nullopt;
-}
-
-std::optional<ApiError> ReadBool(const Json& body, const char* name, bool* out) {
-  auto it = body.find(name);
-  if (it == body.end() || it->is_null()) return std::nullopt;
-  if (!it->is_boolean()) return ParamError(name, std::string("'") + name + "' must be a boolean");
-  *out = it->get<bool>();
-  return std::nullopt;
-}
-
 bool AllIntegers(const Json& array) {
-  return std::all_of(array.begin(), array.end(), [](const Json& e) { return IsInteger(e); });
+  return std::all_of(array.begin(), array.end(), [](const Json& e) { return IsJsonInteger(e); });
 }
 
 std::optional<ApiError> ReadIds(const Json& array, const CompletionContext& ctx,
@@ -96,7 +55,7 @@ std::optional<ApiError> ReadPrompt(const Json& body, const CompletionContext& ct
     return e;
   }
   const Json* prompt = &*it;
-  if (prompt->is_array() && prompt->size() == 1 && !IsInteger((*prompt)[0])) {
+  if (prompt->is_array() && prompt->size() == 1 && !IsJsonInteger((*prompt)[0])) {
     prompt = &(*prompt)[0];  // a batch of one: a string or an array of ids
   }
   if (prompt->is_string()) {
@@ -262,7 +221,7 @@ std::optional<ApiError> ReadSampling(const Json& body, const CompletionContext& 
   req->seed = ctx.random_seed;
   auto seed = body.find("seed");
   if (seed == body.end() || seed->is_null()) return std::nullopt;
-  if (!IsInteger(*seed)) return ParamError("seed", "'seed' must be an integer");
+  if (!IsJsonInteger(*seed)) return ParamError("seed", "'seed' must be an integer");
   // Any 64-bit integer; a negative one stands for its two's complement.
   req->seed = seed->is_number_unsigned() ? seed->get<uint64_t>()
                                          : static_cast<uint64_t>(seed->get<int64_t>());
@@ -329,6 +288,7 @@ std::optional<ApiError> ParseFields(const Json& body, const CompletionContext& c
   if (auto e = ReadSampling(body, ctx, req)) return e;
   if (auto e = ReadStreaming(body, req)) return e;
   if (auto e = ReadStop(body, &req->stop)) return e;
+  if (auto e = ReadVllmParams(body, ctx, req)) return e;
   if (auto e = ReadUnimplemented(body, req->chat)) return e;
   return ReadUnsupported(body);
 }

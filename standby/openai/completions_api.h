@@ -8,7 +8,8 @@
 // absent; the whole room when absent on a replay, which only a router's replay of a chat
 // stream sends), temperature (default 1.0; 0 is greedy), top_p, seed (a random one is drawn and
 // returned when absent), stream, stream_options.include_usage, stop (a string or up to 4),
-// n (only 1), return_token_ids (accepted; token ids are always returned), and Baton's
+// n (only 1), return_token_ids (accepted; token ids are always returned), vLLM's min_tokens,
+// ignore_eos and stop_token_ids (request_fields.h: ReadVllmParams), and Baton's
 // `baton_resume_tokens` K: the last K prompt ids are a completion already sent to the client
 // by another engine (a router's replay). They are fed through the text builder without being
 // sent, so held-back bytes (a split UTF-8 sequence, a possible stop string) come out exactly
@@ -20,7 +21,8 @@
 // change nothing: presence_penalty and frequency_penalty (only 0), logit_bias (only {}), tools
 // and functions (only []), tool_choice (only "none"), response_format (only type "text"),
 // user (any string), best_of (only 1) and suffix (only "") for completions, top_logprobs
-// (only 0) for chat. Fields OpenAI does not define are ignored, as vLLM ignores them. A
+// (only 0) for chat; so are vLLM's top_k (only -1 or 0), min_p (only 0) and
+// repetition_penalty (only 1). Other fields are ignored, as vLLM ignores them. A
 // refusal is an ApiError: 400 with `param` naming the field (a path such as
 // "messages[1].content" for chat) and `code` "missing_required_parameter" when it is absent.
 //
@@ -71,6 +73,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;
+  int min_tokens = 0;                   // vLLM's: no eos, stop id or stop string before
+  bool ignore_eos = false;              // vLLM's: eos neither stops nor is held back
+  std::vector<int32_t> stop_token_ids;  // vLLM's: ids that stop like eos
   int resume_tokens = 0;  // baton_resume_tokens: the trailing prompt ids already generated
   KvRequestKey key;       // baton_request_key; empty when absent
   bool chat = false;      // a /v1/chat/completions request (chat_api.h)

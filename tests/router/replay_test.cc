@@ -138,6 +138,31 @@ TEST_F(ReplayTest, StopStringHeldBackAcrossTheCutStillStops) {
   }
 }
 
+// vLLM's min_tokens: a stop string in the text before it does not stop the request, on the
+// first attempt or on its replay, which carries min_tokens less the tokens already sent.
+TEST_F(ReplayTest, MinTokensCarriesAStreamPastAnEarlyStopAcrossTheCut) {
+  const Stream plain = StreamOf(engine_->port(), kRequest);
+  ASSERT_GE(plain.text.size(), 20u);
+  Json request = kRequest;
+  std::string stop;  // one ASCII character from the text's first quarter
+  for (size_t i = 1; i < plain.text.size() / 4 && stop.empty(); ++i) {
+    const unsigned char a = plain.text[i];
+    if (a >= 0x21 && a < 0x7F) stop = plain.text.substr(i, 1);
+  }
+  if (stop.empty()) GTEST_SKIP() << "no ASCII character early in the text: " << plain.text;
+  request["stop"] = stop;
+  request["min_tokens"] = 30;
+  const Stream want = StreamOf(engine_->port(), request);
+  ASSERT_GE(want.ids.size(), 30u) << "the early stop string was not held off";
+  for (size_t cut : {1200u, 2500u}) {
+    SCOPED_TRACE("cut after " + std::to_string(cut) + " bytes");
+    BreakingProxy proxy(engine_->port(), cut, 1);
+    auto router = RouterTo(proxy.port());
+    ExpectSameStream(StreamOf(router->port(), request), want);
+    EXPECT_EQ(proxy.broken(), 1);
+  }
+}
+
 TEST_F(ReplayTest, SeveralFailuresInARow) {
   const Stream want = StreamOf(engine_->port(), kRequest);
   BreakingProxy proxy(engine_->port(), 2000, 3);

@@ -30,6 +30,7 @@ requests: on_error(exc) decides the status (503 for a device fault it has report
 from __future__ import annotations
 
 import collections
+import math
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -123,7 +124,7 @@ class Scheduler:
                            status=429, kind="rate_limit_error")
         job = Job(req, list(req.prompt_ids), TextBuilder(req.stop))
         for t in req.prompt_ids[len(req.prompt_ids) - req.resume_tokens:]:
-            job.text.push(t)  # already sent by another engine: text only
+            job.text.push(t, may_stop=False)  # already sent by another engine: text only
         self._post("submit", job)
         return job
 
@@ -271,16 +272,27 @@ class Scheduler:
                 self.handoff.committed(job.req.key, job.seq, job.tokens, length)
         for (job, _), row in zip(batch, logits):
             if row is not None:
-                self._emit(job, sample_token(row.tolist(), job.req.temperature, job.req.top_p,
-                                             job.req.seed, len(job.tokens)))
+                self._emit(job, sample_token(self._logits(job, row), job.req.temperature,
+                                             job.req.top_p, job.req.seed, len(job.tokens)))
+
+    def _stop_ids(self, job: Job) -> set[int]:
+        return set(job.req.stop_token_ids) | (set() if job.req.ignore_eos else self.eos)
+
+    def _logits(self, job: Job, row) -> list[float]:
+        """The row as a list, its stop ids masked while the request is under min_tokens."""
+        values = row.tolist()
+        if job.generated < job.req.min_tokens:
+            for t in self._stop_ids(job):
+                values[t] = -math.inf
+        return values
 
     def _emit(self, job: Job, token: int) -> None:
         job.tokens.append(token)
         job.generated += 1
         self.generated_total += 1
-        if token in self.eos:
-            return self._end(job, Step(token, job.text.finish(), "stop"))
-        out = job.text.push(token)
+        if token in self._stop_ids(job):
+            return self._end(job, Step(token, job.text.push(token) + job.text.finish(), "stop"))
+        out = job.text.push(token, may_stop=job.generated >= job.req.min_tokens)
         if job.text.stopped:
             return self._end(job, Step(token, out, "stop"))
         if job.generated == job.req.max_tokens or \

@@ -4,7 +4,9 @@ whose `param` names the field, never a silent default.
 
 Fields: model, prompt (a string, token ids, or a one-element list of either), max_tokens,
 temperature, top_p, seed, stream, stream_options.include_usage, stop (a string or up to 4),
-n (only 1), return_token_ids (token ids are always returned), and Baton's
+n (only 1), return_token_ids (token ids are always returned), vLLM's min_tokens, ignore_eos
+and stop_token_ids (top_k, min_p and repetition_penalty only at values that change nothing),
+and Baton's
 baton_resume_tokens (the last K prompt ids were already sent to the client by another
 engine: a router's replay) and baton_request_key. Chat requests bring `messages` instead of
 `prompt`, rendered with the reference engine's template.
@@ -19,9 +21,12 @@ from typing import Optional
 
 MAX_STOP_STRINGS = 4
 MAX_STOP_BYTES = 256
+MAX_STOP_TOKEN_IDS = 64
 UNSUPPORTED_UNLESS_DEFAULT = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
                               "tools": [], "functions": [], "best_of": 1, "suffix": "",
                               "echo": False, "logprobs": None}
+# vLLM's sampling knobs this engine does not implement: the values that change nothing.
+VLLM_NEUTRAL = {"top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,)}
 
 
 class ApiError(Exception):
@@ -47,6 +52,9 @@ class Completion:
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
+    min_tokens: int = 0  # vLLM's: no eos, stop id or stop string before this many tokens
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
     resume_tokens: int = 0
     chat: bool = False
     model: str = ""
@@ -107,6 +115,31 @@ def _unsupported(body: dict) -> None:
     fmt = body.get("response_format")
     if fmt is not None and fmt != {"type": "text"}:
         raise ApiError("'response_format' is not supported", "response_format")
+
+
+def _vllm_unimplemented(body: dict) -> None:
+    for name, neutral in VLLM_NEUTRAL.items():
+        v = body.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+                (name == "top_k" and not isinstance(v, int)):
+            raise ApiError(f"'{name}' must be a{'n integer' if name == 'top_k' else ' number'}",
+                           name)
+        if v not in neutral:
+            raise ApiError(f"'{name}' is not supported by this engine (only "
+                           f"{' or '.join(str(n) for n in neutral)})", name)
+
+
+def _stop_token_ids(body: dict, vocab: int) -> list[int]:
+    v = body.get("stop_token_ids")
+    if v is None:
+        return []
+    if not isinstance(v, list) or len(v) > MAX_STOP_TOKEN_IDS or \
+            not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in v):
+        raise ApiError(f"'stop_token_ids' must be an array of at most {MAX_STOP_TOKEN_IDS} "
+                       f"token ids in [0, {vocab})", "stop_token_ids")
+    return list(v)
 
 
 def _stop(body: dict) -> list[str]:
@@ -171,6 +204,7 @@ class Parser:
     def completion(self, raw: bytes, chat_messages: Optional[list] = None) -> Completion:
         body = self._body(raw)
         _unsupported(body)
+        _vllm_unimplemented(body)
         if _int(body, "n", 1) != 1:
             raise ApiError("only 'n' = 1 is supported", "n")
         prompt = self._prompt(body) if chat_messages is None else chat_messages
@@ -188,6 +222,10 @@ class Parser:
             max_tokens = room if resume or chat_messages is not None else min(16, room)
         if max_tokens < 1 or max_tokens > room:
             raise ApiError(f"'{name}' must be in [1, {room}] for this prompt", name)
+        min_tokens = _int(body, "min_tokens", 0)
+        if min_tokens < 0 or min_tokens > max_tokens:
+            raise ApiError(f"'min_tokens' must be in [0, max_tokens = {max_tokens}]",
+                           "min_tokens")
         seed = _int(body, "seed", None)
         if seed is not None:
             if seed < -(1 << 63) or seed >= (1 << 64):
@@ -202,7 +240,9 @@ class Parser:
                           seed=seed if seed is not None else random.getrandbits(63),
                           stream=_bool(body, "stream"),
                           include_usage=bool(options.get("include_usage", False)),
-                          stop=_stop(body), resume_tokens=resume,
+                          stop=_stop(body), min_tokens=min_tokens,
+                          ignore_eos=_bool(body, "ignore_eos"),
+                          stop_token_ids=_stop_token_ids(body, self.vocab), resume_tokens=resume,
                           chat=chat_messages is not None, model=self.served_name,
                           key=_request_key(body))
 

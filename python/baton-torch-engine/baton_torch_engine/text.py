@@ -62,11 +62,15 @@ class TextBuilder:
         self.released = 0
         self.stopped = False
 
-    def push(self, token: int) -> str:
-        """The text token `token` lets out now ("" when held back or special)."""
+    def push(self, token: int, may_stop: bool = True) -> str:
+        """The text token `token` lets out now ("" when held back or special). With
+        `may_stop` False (under min_tokens, or a token a replay resumes) no stop string is
+        looked for, but a possible start of one is still held back for the next push."""
         if self.stopped or token < 0 or token >= BYTE_COUNT:
             return ""
         self.raw.append(token)
+        if not may_stop:
+            return self._release(len(self.raw) - self._hold_back())
         matches = [i for i in (bytes(self.raw).find(s, self.released) for s in self.stop)
                    if i >= 0]
         if matches:

@@ -148,6 +148,47 @@ TEST(GeneratorTest, StopsAtEosAndAtMaxPositions) {
   EXPECT_EQ(limited.out.finish[2], FinishReason::kLength);
 }
 
+// vLLM's stop_token_ids finish like eos; min_tokens keeps eos and the stop ids from being
+// sampled until that many tokens are out, so the request goes on past them.
+TEST(GeneratorTest, StopIdsAndMinTokens) {
+  std::unique_ptr<TestModel> m = MakeTestModel(TinySpec());
+  GenerationRequest greedy = Request(1, kPrompt, 8);
+  greedy.sampling = {0.0f, 1.0f, 0};
+  Harness plain(*m, 64);
+  ASSERT_TRUE(plain.gen().Add(greedy).ok());
+  plain.RunToIdle();
+  const std::vector<int32_t> tokens = plain.out.tokens[1];
+  ASSERT_EQ(tokens.size(), 8u);
+  const int32_t stop = tokens[1];
+  const size_t first = std::find(tokens.begin(), tokens.end(), stop) - tokens.begin();
+
+  Harness ids(*m, 64);
+  GenerationRequest by_id = greedy;
+  by_id.stop_token_ids = {stop};
+  ASSERT_TRUE(ids.gen().Add(by_id).ok());
+  ids.RunToIdle();
+  EXPECT_EQ(ids.out.tokens[1], std::vector<int32_t>(tokens.begin(), tokens.begin() + first + 1));
+  EXPECT_EQ(ids.out.finish[1], FinishReason::kStop);
+
+  m->config.eos_token_ids = {stop};
+  for (bool by_eos : {true, false}) {
+    Harness held(*m, 64);
+    GenerationRequest at_least = greedy;
+    at_least.stop_at_eos = by_eos;
+    if (!by_eos) at_least.stop_token_ids = {stop};
+    at_least.min_tokens = 8;
+    ASSERT_TRUE(held.gen().Add(at_least).ok());
+    held.RunToIdle();
+    const std::vector<int32_t>& got = held.out.tokens[1];
+    EXPECT_EQ(got.size(), 8u) << by_eos;
+    EXPECT_EQ(std::count(got.begin(), got.end(), stop), 0) << "masked while under min_tokens";
+    EXPECT_EQ(held.out.finish[1], FinishReason::kLength);
+    EXPECT_EQ(std::vector<int32_t>(got.begin(), got.begin() + first),
+              std::vector<int32_t>(tokens.begin(), tokens.begin() + first))
+        << "the same tokens up to the first stop id";
+  }
+}
+
 TEST(GeneratorTest, AddRefusesBadRequests) {
   std::unique_ptr<TestModel> m = MakeTestModel(TinySpec());
   Harness h(*m, 4, 4);
@@ -157,6 +198,12 @@ TEST(GeneratorTest, AddRefusesBadRequests) {
   GenerationRequest hot = Request(1, {1}, 4);
   hot.sampling.top_p = 0;
   EXPECT_FALSE(h.gen().Add(hot).ok());
+  GenerationRequest more = Request(1, {1}, 4);
+  more.min_tokens = 5;
+  EXPECT_FALSE(h.gen().Add(more).ok());
+  GenerationRequest outside = Request(1, {1}, 4);
+  outside.stop_token_ids = {999};
+  EXPECT_FALSE(h.gen().Add(outside).ok());
   Status big = h.gen().Add(Request(1, {1, 2, 3}, 20));  // 23 tokens: 6 blocks of 4
   EXPECT_EQ(big.code(), StatusCode::kResourceExhausted);
   EXPECT_NE(big.message().find("needs 6 kv blocks, the cache has 4"), std::string::npos);

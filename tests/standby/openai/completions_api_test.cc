@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "standby/openai/request_fields.h"
 #include "tests/standby/completion_context_test_base.h"
 
 namespace baton {
@@ -149,6 +150,34 @@ TEST_F(CompletionsApiTest, StopStringsAreParsed) {
                   .request.include_usage);
 }
 
+// vLLM's extensions: min_tokens, ignore_eos and stop_token_ids are read; top_k, min_p and
+// repetition_penalty are refused unless they change nothing, never ignored.
+TEST_F(CompletionsApiTest, VllmSamplingExtensions) {
+  ParsedCompletion p = Parse(
+      R"({"prompt":"a","max_tokens":9,"min_tokens":4,"ignore_eos":true,"stop_token_ids":[65,7],
+          "top_k":-1,"min_p":0,"repetition_penalty":1})");
+  ASSERT_FALSE(p.error) << p.error->message;
+  EXPECT_EQ(p.request.min_tokens, 4);
+  EXPECT_TRUE(p.request.ignore_eos);
+  EXPECT_EQ(p.request.stop_token_ids, (std::vector<int32_t>{65, 7}));
+  EXPECT_FALSE(Parse(R"({"prompt":"a","top_k":0,"min_tokens":16})").error);
+  for (const char* bad :
+       {R"("min_tokens":-1)", R"("min_tokens":17)", R"("min_tokens":"3")", R"("ignore_eos":1)",
+        R"("stop_token_ids":7)", R"("stop_token_ids":[-1])", R"("stop_token_ids":[999])",
+        R"("stop_token_ids":[4294967296])", R"("stop_token_ids":["a"])", R"("top_k":40)",
+        R"("top_k":1.5)", R"("min_p":0.1)", R"("min_p":2)", R"("repetition_penalty":1.1)",
+        R"("repetition_penalty":0)"}) {
+    const std::string body = std::string(R"({"prompt":"a",)") + bad + "}";
+    const std::pair<int, std::string> r = Refusal(body);
+    EXPECT_EQ(r.first, 400) << body;
+    EXPECT_EQ(r.second, Json::parse("{" + std::string(bad) + "}").begin().key()) << body;
+  }
+  Json many = Json::array();
+  for (int i = 0; i <= static_cast<int>(kMaxStopTokenIds); ++i) many.push_back(65);
+  EXPECT_EQ(Refusal(Json{{"prompt", "a"}, {"stop_token_ids", many}}.dump()).second,
+            "stop_token_ids");
+}
+
 std::string Feed(CompletionText* text, const std::string& bytes) {
   std::string out;
   for (char c : bytes) out += text->Append(std::string(1, c));
@@ -203,6 +232,19 @@ TEST(CompletionTextTest, HeldBackStopPrefixIsReleasedAtTheEnd) {
   EXPECT_EQ(text.Finish(), "ST");
   EXPECT_FALSE(text.stopped());
   EXPECT_EQ(text.text(), "aST");
+}
+
+// Text appended without a stop check (under min_tokens, or resumed on a replay) never stops
+// the request, but a stop string that the next tokens complete is still found.
+TEST(CompletionTextTest, UnstoppableTextIsNotSearchedButItsTailIs) {
+  CompletionText text({"ab", "zz"});
+  EXPECT_EQ(text.AppendUnstoppable("xzz"), "xz");  // the last z may begin "zz"
+  EXPECT_FALSE(text.stopped());
+  EXPECT_EQ(text.AppendUnstoppable("ab"), "zab");
+  EXPECT_EQ(text.AppendUnstoppable("a"), "");  // may begin "ab": held back
+  EXPECT_EQ(text.Append("b"), "");
+  EXPECT_TRUE(text.stopped());
+  EXPECT_EQ(text.text(), "xzzab");
 }
 
 TEST(CompletionJsonTest, ResponseCarriesTokenIdsAndUsage) {
