@@ -211,8 +211,15 @@ void Controller::FinishShutdown() {
   }
   conns_.clear();
   listener_.reset();
-  if (keeper_watch_ != nullptr) keeper_watch_->Stop();  // the keeper's exit is no death now
-  ReleaseKeptMemory();  // a clean stop leaves nothing for a successor
+  // A clean stop leaves nothing for a successor: a keeper that will not let go is killed.
+  const bool released = ReleaseKeptMemory();
+  if (keeper_watch_ != nullptr) {
+    if (released) {
+      keeper_watch_->Stop();  // its exit is no death
+    } else {
+      keeper_watch_->KillAndStop();
+    }
+  }
   BATON_LOG(INFO, kLog) << "engines stopped at epoch " << journal_->current();
   std::function<void()> done = std::move(stop_done_);
   stop_done_ = nullptr;

@@ -110,7 +110,8 @@ class Controller final : private Effects {
                   MemoryRecord* record);
   void NoteMemoryIdentity(const std::string& weights_why, const std::string& pool_why);
   // At a clean stop: baton-keeper lets everything go, and the record goes.
-  void ReleaseKeptMemory();
+  // Asks baton-keeper to let the memory go; false when it did not (the caller kills it).
+  bool ReleaseKeptMemory();
   Status LoadWeights();
   Status MakePool();
   // `keeper`: where the device memory is kept (null: not kept); `host_adopted`: the weights

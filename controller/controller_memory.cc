@@ -257,8 +257,8 @@ std::string Controller::AdoptWeights(std::optional<KeeperClient>& keeper,
   return "";
 }
 
-void Controller::ReleaseKeptMemory() {
-  if (!config_.keep_memory) return;
+bool Controller::ReleaseKeptMemory() {
+  if (!config_.keep_memory) return true;
   Result<KeeperClient> keeper = KeeperClient::Connect(config_.keeper_socket_path(), "", "");
   Status released = keeper.ok() ? keeper->Release("") : keeper.status();
   if (!released.ok()) {
@@ -268,6 +268,7 @@ void Controller::ReleaseKeptMemory() {
     BATON_LOG(WARN, kLog) << "removing " << config_.memory_record_path() << ": "
                           << std::strerror(errno);
   }
+  return released.ok();
 }
 
 // What the engines map, as the Coordinator checks their Reattach against it.

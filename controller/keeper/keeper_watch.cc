@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
+#include <cstring>
 
 #include "base/log.h"
 
@@ -70,7 +72,7 @@ void KeeperWatch::Watch(pid_t pid) {
   Enter(KeeperState::kKeeping, pid, status_.restarts == 0 ? "" : status_.detail);
   pidfd_->async_wait(boost::asio::posix::stream_descriptor::wait_read,
                      [this, pid](const boost::system::error_code& ec) {
-                       if (!ec) OnExited(pid);
+                       if (!ec && !stopped_) OnExited(pid);
                      });
 }
 
@@ -82,6 +84,25 @@ void KeeperWatch::Stop() {
     pidfd_->close(ignored);
     pidfd_.reset();
   }
+}
+
+bool KeeperWatch::KillAndStop() {
+  const pid_t pid = status_.pid;
+  bool killed = false;
+  if (pidfd_ != nullptr && pid > 0) {
+    killed = ::syscall(SYS_pidfd_send_signal, pidfd_->native_handle(), SIGKILL, nullptr, 0) == 0;
+    const int error = errno;
+    if (killed) {
+      BATON_LOG(WARN, kLog) << "baton-keeper (pid " << pid << ") did not let the memory go when "
+                            << "asked: SIGKILL sent, the memory goes with it";
+    } else {
+      BATON_LOG(WARN, kLog) << "baton-keeper (pid " << pid
+                            << ") did not let the memory go and cannot be killed: "
+                            << std::strerror(error);
+    }
+  }
+  Stop();
+  return killed;
 }
 
 void KeeperWatch::RetryFromStart(const std::string& why) {

@@ -75,6 +75,10 @@ class KeeperWatch {
   void RetryFromStart(const std::string& why);
   // Before a clean stop lets the keeper go: its exit is no longer a death.
   void Stop();
+  // At a clean stop, when the keeper did not let the memory go when asked (its socket gone,
+  // or it does not answer): SIGKILL through the pidfd, so that no keeper holds the memory for
+  // nobody; then Stop(). False when no keeper is watched.
+  bool KillAndStop();
 
   const KeeperStatus& status() const { return status_; }
 

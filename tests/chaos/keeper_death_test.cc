@@ -158,5 +158,24 @@ TEST(KeeperDeath, AKeeperLeftByAPreviousControllerIsLetGoWithoutKeepMemory) {
   EXPECT_EQ(Keeper(cluster.Status())["state"], "off");
 }
 
+// A clean stop whose keeper cannot be asked to let go (its socket removed, as a cleaner of
+// the runtime directory would): the keeper is killed through the controller's pidfd rather
+// than left holding the weights and the pool for nobody.
+TEST(KeeperDeath, ACleanStopKillsAKeeperThatCannotBeAskedToLetGo) {
+  ChaosCluster cluster;
+  const pid_t keeper = cluster.KeeperPid();
+  ASSERT_GT(keeper, 0);
+  ASSERT_EQ(::unlink((cluster.dir() + "/run/keeper.sock").c_str()), 0);
+  EXPECT_EQ(cluster.StopController(), 0);
+  for (int i = 0; i < 100 && ProcessExists(keeper); ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_FALSE(ProcessExists(keeper)) << cluster.Log();
+  EXPECT_NE(cluster.Log().find("baton-keeper (pid " + std::to_string(keeper) +
+                               ") did not let the memory go when asked: SIGKILL sent"),
+            std::string::npos)
+      << cluster.Log();
+}
+
 }  // namespace
 }  // namespace baton::chaos
