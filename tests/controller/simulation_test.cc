@@ -176,6 +176,9 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // A restart during the canary's promotion left the pair degraded, and a canary that
            // passed every step waited for a ready pair forever.
            Found{1231602, 400, "an upgrade resumed at the canary's promotion never finished"},
+           // Two returns of the primary's own before the reserve's Reclaim was answered: the
+           // second closed the window for a late answer, and the answer stayed free.
+           Found{1867222, 400, "a Reclaim answered after two returns of the engine's own"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
