@@ -138,8 +138,8 @@ Result<json> MeasureModel(const Flags& flags, const std::string& which, const st
 }
 
 int Run(const Flags& flags) {
-  std::optional<WorkDir> work = WorkDir::Make("baton-perf-failover-long", flags.out);
-  if (!work) return 1;
+  Result<WorkDir> work = WorkDir::Make("baton-perf-failover-long", flags.out);
+  if (!work.ok()) return FailRun("baton-perf-failover-long", work.status());
   Totals totals;
   json result;
   const std::pair<const char*, std::pair<std::string, int>> models[] = {
@@ -167,7 +167,9 @@ int Run(const Flags& flags) {
                  m["reprefill_next_token_after_kill_ms_p50"].get<double>(),
                  m["reprefill_over_warm"].get<double>());
   }
-  EmitResult(result, work->path(), "failover_long.json");
+  if (Status s = EmitResult(result, flags.out, "failover_long.json"); !s.ok()) {
+    return FailRun("baton-perf-failover-long", s, *work);
+  }
   return 0;
 }
 

@@ -269,9 +269,8 @@ Result<json> MeasureLarge(const Flags& flags, const std::string& work) {
 }
 
 int Run(const Flags& flags) {
-  std::optional<WorkDir> work = WorkDir::Make("baton-perf-controller-restart", flags.out);
-  if (!work) return 1;
-  work->Keep();
+  Result<WorkDir> work = WorkDir::Make("baton-perf-controller-restart", flags.out);
+  if (!work.ok()) return FailRun("baton-perf-controller-restart", work.status());
   Result<json> result = Measure(flags, work->path());
   if (!result.ok()) return FailRun("baton-perf-controller-restart", result.status(), *work);
   if (!flags.large_model_dir.empty()) {
@@ -282,6 +281,10 @@ int Run(const Flags& flags) {
                  (*large)["readopt_ms_p50"].get<double>(),
                  (*large)["cold_restart_ms"].get<double>());
   }
+  // A temporary folder stays only when the run missed a target (its logs say why); the JSON
+  // names no folder that is gone.
+  if (!(*result)["meets_targets"].value("all", false)) work->Keep();
+  if (!work->kept()) (*result)["out"] = nullptr;
   const json& r = *result;
   std::printf(
       "invoked %d: lost %d, failed %d, mismatched %d; %zu kills, weights reloaded %llu bytes, "
@@ -291,7 +294,10 @@ int Run(const Flags& flags) {
       static_cast<unsigned long long>(r["weights_reloaded"].get<uint64_t>()),
       r["engines_replaced"].get<int>(), r["readopt_ms_p50"].get<double>(),
       r["readopt_ms_p99"].get<double>(), r["cold_restart_ms"].get<double>());
-  EmitResult(r, work->path(), "controller_restart.json");
+  if (Status s = EmitResult(r, work->kept() ? work->path() : "", "controller_restart.json");
+      !s.ok()) {
+    return FailRun("baton-perf-controller-restart", s, *work);
+  }
   return 0;
 }
 

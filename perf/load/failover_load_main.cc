@@ -35,9 +35,11 @@
 // fate, the controller's promotion timeline) and router_replays (the router's own
 // baton_router_replays_total by kind, when it has one); meets_targets checks lost,
 // duplicated and mismatched are 0, failover_p99_ms <= steady_p99_ms + 1000, and that each
-// upgrade ended as it should (the controller's record is in the fault's `upgrade`). DIR
-// (default: a new directory under /tmp, named in the JSON as `out`) keeps the logs,
-// ledger.jsonl, router_metrics.txt, failover_load.json and the plot failover_load.png.
+// upgrade ended as it should (the controller's record is in the fault's `upgrade`). DIR keeps
+// the logs, ledger.jsonl, router_metrics.txt, failover_load.json and the plot
+// failover_load.png; without --out they go to a new directory under /tmp, removed at the end
+// unless the run failed or missed a target (then kept, and named in the JSON as `out`; `out`
+// and `plot` are null when it was removed).
 #include <unistd.h>
 
 #include <algorithm>
@@ -288,11 +290,14 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
 }
 
 int Run(const Flags& flags) {
-  std::optional<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-failover-load", flags.out);
-  if (!work) return 1;
-  work->Keep();  // the ledger and the plot are the point of a run
+  Result<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-failover-load", flags.out);
+  if (!work.ok()) return perf::FailRun("baton-perf-failover-load", work.status());
   Result<json> result = Measure(flags, work->path());
   if (!result.ok()) return perf::FailRun("baton-perf-failover-load", result.status(), *work);
+  // A temporary folder stays only when the run missed a target (its ledger and plot say why);
+  // the JSON names no folder or file that is gone.
+  if (!(*result)["meets_targets"].value("all", false)) work->Keep();
+  if (!work->kept()) (*result)["out"] = (*result)["plot"] = nullptr;
   std::printf(
       "invoked %d: ok %d, rejected %d, lost %d; duplicated %d, mismatched %d; p99 steady %.1f "
       "ms, failover %.1f ms; plot %s\n",
@@ -301,7 +306,10 @@ int Run(const Flags& flags) {
       (*result)["mismatched"].get<int>(), (*result)["steady_p99_ms"].get<double>(),
       (*result)["failover_p99_ms"].get<double>(),
       (*result)["plot"].is_string() ? (*result)["plot"].get<std::string>().c_str() : "none");
-  perf::EmitResult(*result, work->path(), "failover_load.json");
+  if (Status s = perf::EmitResult(*result, work->kept() ? work->path() : "", "failover_load.json");
+      !s.ok()) {
+    return perf::FailRun("baton-perf-failover-load", s, *work);
+  }
   return 0;
 }
 

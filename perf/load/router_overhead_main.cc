@@ -265,15 +265,17 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
 }
 
 int Run(const Flags& flags) {
-  std::optional<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-router-overhead", flags.out);
-  if (!work) return 1;
+  Result<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-router-overhead", flags.out);
+  if (!work.ok()) return perf::FailRun("baton-perf-router-overhead", work.status());
   Result<json> result = Measure(flags, work->path());
   if (!result.ok()) return perf::FailRun("baton-perf-router-overhead", result.status(), *work);
   std::printf("direct p50 %.3f ms p99 %.3f ms; router p50 %.3f ms p99 %.3f ms; added p50 %.3f ms\n",
               (*result)["direct_p50_ms"].get<double>(), (*result)["direct_p99_ms"].get<double>(),
               (*result)["router_p50_ms"].get<double>(), (*result)["router_p99_ms"].get<double>(),
               (*result)["added_p50_ms"].get<double>());
-  perf::EmitResult(*result, flags.out, "router_overhead.json");
+  if (Status s = perf::EmitResult(*result, flags.out, "router_overhead.json"); !s.ok()) {
+    return perf::FailRun("baton-perf-router-overhead", s, *work);
+  }
   return 0;
 }
 

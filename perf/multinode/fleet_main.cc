@@ -29,7 +29,8 @@
 //   node; rejoined_ms: until it was listed with a primary again); steady_gap_ms_max: the same
 //   measure at three instants before any fault. meets_targets: lost, failed and mismatched 0 and
 //   both reroute_ms_p99 at most lease_ttl_ms + 500. DIR (default: a new directory under /tmp, kept
-//   on failure) keeps every process's log and fleet.json.
+//   on failure, removed otherwise) keeps every process's log and fleet.json; `out` names it, or
+//   is null when it was removed.
 #include <signal.h>
 
 #include <algorithm>
@@ -204,8 +205,8 @@ json FaultJson(const FleetFault& f) {
 }
 
 int Run(const Flags& flags) {
-  std::optional<WorkDir> work = WorkDir::Make(kName, flags.out);
-  if (!work) return 1;
+  Result<WorkDir> work = WorkDir::Make(kName, flags.out);
+  if (!work.ok()) return FailRun(kName, work.status());
   const std::string model_dir = flags.model_dir.empty() ? work->path() + "/model" : flags.model_dir;
   if (Result<ModelSummary> m = EnsureTinyModel(model_dir); !m.ok()) {
     return FailRun(kName, m.status(), *work);
@@ -276,9 +277,12 @@ int Run(const Flags& flags) {
   result["meets_targets"] = !errors && result["lost"] == 0 && result["failed"] == 0 &&
                             result["mismatched"] == 0 && within(kills) && within(partitions);
   result["ok"] = !errors;
-  result["out"] = work->path();
   if (errors || !result["meets_targets"].get<bool>()) work->Keep();
-  EmitResult(result, flags.out, "fleet.json");
+  // Named only when it stays: a temporary folder is removed when the run ends well.
+  result["out"] = work->kept() ? json(work->path()) : json(nullptr);
+  if (Status s = EmitResult(result, work->kept() ? work->path() : "", "fleet.json"); !s.ok()) {
+    return FailRun(kName, s, *work);
+  }
   return errors ? 1 : 0;
 }
 

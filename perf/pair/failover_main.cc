@@ -257,8 +257,8 @@ json Acceptance(const json& r) {
 }
 
 int Run(const Flags& flags) {
-  std::optional<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-failover", flags.out);
-  if (!work) return 1;
+  Result<perf::WorkDir> work = perf::WorkDir::Make("baton-perf-failover", flags.out);
+  if (!work.ok()) return perf::FailRun("baton-perf-failover", work.status());
   json result = json::object();
   for (const auto& [name, dir] : {std::pair{"small", flags.small}, {"large", flags.large}}) {
     Result<json> r = RunModel(flags, name, dir, work->path());
@@ -289,7 +289,9 @@ int Run(const Flags& flags) {
         x.value("forward_pass_ms_p50", 0.0), x.value("cold_warm_first_token_ms_p50", 0.0),
         x.value("cold_evicted_first_token_ms_p50", 0.0));
   }
-  perf::EmitResult(result, flags.out, "failover.json");
+  if (Status s = perf::EmitResult(result, flags.out, "failover.json"); !s.ok()) {
+    return perf::FailRun("baton-perf-failover", s, *work);
+  }
   return 0;
 }
 

@@ -3,12 +3,20 @@
 //
 //   baton-perf-weightload --model DIR [--rounds N] [--out DIR] [--fio PATH]
 //
+// The driver runs as every perf driver does (perf/driver_main.h): `--help`; a run guard that
+// stops fio and dd however the run ends (SIGINT, SIGTERM, a crash); `--out` created and
+// checked before the first round (exit 1 with the JSON error when it cannot be written); a
+// model that cannot be read is {"ok": false, "error": ...} and exit 1.
+//
 // Each round runs, in this order, with the page cache evicted before each:
 //   fio    fio with io_uring, O_DIRECT, queue depth 32, 1 MiB blocks, registered buffers
 //          (--fixedbufs, as Baton's loader uses; without them each request pins its pages
 //          and some virtual disks lose half their speed), one job over all the files: the
 //          best a generic reader gets from this disk. When fio cannot register buffers (a
-//          small RLIMIT_MEMLOCK), it runs without and the JSON says so.
+//          small RLIMIT_MEMLOCK), it runs without and the JSON says so
+//          (fio_registered_buffers false, fio_fixedbufs_error why). When fio fails either way
+//          (a model smaller than its 1 MiB blocks, fio missing), fio_error says why and
+//          fio_registered_buffers is null.
 //   dd     dd iflag=direct bs=4M, one file after the other
 //   baton  WeightCache::Load into a fresh PinnedArena; baton_gbps is the loader's fill rate
 //          (LoadStats), baton_e2e_gbps includes validation and arena creation
@@ -63,8 +71,13 @@ using namespace ::baton::perf;  // NOLINT: the contenders are this driver's voca
 
 using nlohmann::json;
 
+constexpr char kName[] = "baton-perf-weightload";
 constexpr char kUsage[] =
-    "usage: baton-perf-weightload --model DIR [--rounds N] [--out DIR] [--fio PATH]\n";
+    "usage: baton-perf-weightload --model DIR [--rounds N] [--out DIR] [--fio PATH]\n"
+    "  --model  a safetensors model folder (baton-mkmodel writes one)\n"
+    "  --rounds rounds of every contender, medians reported (default 5)\n"
+    "  --out    also write weightload.json into DIR\n"
+    "  --fio    the fio program (default fio on PATH)\n";
 constexpr double kMaxResidentFraction = 0.01;
 // The acceptance targets: within 10% of fio, at least 3x mmap + memcpy (medians).
 constexpr double kTargetVsFio = 0.9;
@@ -73,6 +86,7 @@ const char* const kContenders[] = {"fio", "dd", "baton", "read", "mmap"};
 
 struct Flags {
   std::string model;
+  std::string bin;  // RunPerfDriver's; unused
   std::string out;
   std::string fio = "fio";
   int rounds = 5;
@@ -336,10 +350,7 @@ json Bench::Result() const {
 
 int Run(const Flags& flags) {
   Bench bench(flags);
-  if (Status s = bench.Setup(); !s.ok()) {
-    std::fprintf(stderr, "weightload: %s\n", s.ToString().c_str());
-    return 1;
-  }
+  if (Status s = bench.Setup(); !s.ok()) return perf::FailRun(kName, s);
   for (int round = 1; round <= flags.rounds; ++round) bench.RunRound(round);
   bench.PrintTable();
   const json result = bench.Result();
@@ -347,7 +358,9 @@ int Run(const Flags& flags) {
     std::fprintf(stderr, "weightload: Baton loaded wrong data: %s\n",
                  result["baton_verify_error"].get<std::string>().c_str());
   }
-  perf::EmitResult(result, flags.out, "weightload.json");
+  if (Status s = perf::EmitResult(result, flags.out, "weightload.json"); !s.ok()) {
+    return perf::FailRun(kName, s);
+  }
   return bench.failed() ? 1 : 0;
 }
 
@@ -355,10 +368,6 @@ int Run(const Flags& flags) {
 }  // namespace baton
 
 int main(int argc, char** argv) {
-  baton::Flags flags;
-  if (std::string error = baton::ParseFlags(argc, argv, &flags); !error.empty()) {
-    std::fprintf(stderr, "baton-perf-weightload: %s\n%s", error.c_str(), baton::kUsage);
-    return 2;
-  }
-  return baton::Run(flags);
+  return baton::perf::RunPerfDriver<baton::Flags>(argc, argv, baton::kName, baton::kUsage,
+                                                  baton::ParseFlags, baton::Run);
 }
