@@ -25,7 +25,10 @@
 // ready pair). meets_targets checks lost, failed, mismatched, weights_reloaded and
 // engines_replaced are 0 and readopt_ms_p50 is at most 50. With --large-model-dir, `large`
 // repeats the restart without load on that model (a pair of 2 MiB blocks): readopt_ms_p50 and
-// cold_restart_ms of T trials each, and their ratio.
+// cold_restart_ms of T trials each, and their ratio. A per-kill number that a fault does not
+// have (readopt_ms of during_failover, every number of a kill that failed) is null. DIR keeps
+// the logs and controller_restart.json; without --out they go to a new directory under /tmp,
+// removed at the end unless the run failed or missed a target (`out` names it, else null).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -120,12 +123,15 @@ std::vector<RestartFault> PlanFaults(const Flags& flags) {
   return faults;
 }
 
+// A measurement, or null for one the fault did not have (-1 in RestartFault).
+json MeasuredOrNull(double v) { return v < 0 ? json(nullptr) : json(v); }
+
 json FaultJson(const RestartFault& f) {
   return {{"kind", f.kind},
-          {"killed_s", f.killed_s},
-          {"readopt_ms", f.readopt_ms},
-          {"ready_ms", f.ready_ms},
-          {"self_readopt_ms", f.self_readopt_ms},
+          {"killed_s", MeasuredOrNull(f.killed_s)},
+          {"readopt_ms", MeasuredOrNull(f.readopt_ms)},
+          {"ready_ms", MeasuredOrNull(f.ready_ms)},
+          {"self_readopt_ms", MeasuredOrNull(f.self_readopt_ms)},
           {"same_engines", f.same_engines},
           {"weights_bytes_read", f.weights_bytes_read},
           {"io_read_bytes", f.io_read_bytes},

@@ -33,8 +33,9 @@ namespace baton::perf {
 struct RestartFault {
   std::string kind;  // "plain", "during_failover", "during_canary"
   double at_s = 0;   // when the controller is killed, after the load's start
+  // -1: not measured (null in the JSON).
   double killed_s = -1;
-  double readopt_ms = -1;           // see above (-1: not measured)
+  double readopt_ms = -1;           // see above
   double ready_ms = -1;             // spawn to a ready pair (or a serving canary)
   double self_readopt_ms = -1;      // what the new controller says (its start to the pair ready)
   uint64_t weights_bytes_read = 0;  // the new controller's own count (status.weights.bytes_read)
