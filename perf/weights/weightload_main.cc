@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -178,7 +179,10 @@ class Bench {
   uint64_t total_ = 0;
   std::vector<std::string> fio_command_;
   std::vector<std::string> fio_plain_command_;
-  bool fio_fixed_buffers_ = true;
+  bool fio_fixed_buffers_ = true;    // false once fio ran without them after failing with them
+  bool fio_ran_ = false;             // fio measured at least once
+  std::string fio_error_;            // the last failure of fio with and without --fixedbufs
+  std::string fio_fixedbufs_error_;  // why registered buffers were given up
   std::unique_ptr<uint8_t[]> dest_;
   std::map<std::string, Series> series_;
   std::vector<std::map<std::string, double>> rounds_;
@@ -251,17 +255,48 @@ baton::Result<Sample> Bench::RunContender(const std::string& name) {
   return b->fill;
 }
 
+// fio's own words: the message without trailing blanks.
+std::string FioMessage(const Status& s) {
+  std::string m = s.message();
+  while (!m.empty() && std::isspace(static_cast<unsigned char>(m.back()))) m.pop_back();
+  return m;
+}
+
+// With registered buffers while they work; when fio fails with them, once more without: if
+// that works, the buffers were the trouble (a small RLIMIT_MEMLOCK) and fio runs without from
+// now on; if not, fio fails for another reason (fio_error), and the next round tries again.
 baton::Result<Sample> Bench::RunFioContender() {
   if (fio_fixed_buffers_) {
-    baton::Result<Sample> sample = RunFio(fio_command_);
-    if (sample.ok() || sample.status().code() == StatusCode::kUnavailable) return sample;
+    baton::Result<Sample> fixed = RunFio(fio_command_);
+    if (fixed.ok()) {
+      fio_ran_ = true;
+      return fixed;
+    }
+    if (fixed.status().code() == StatusCode::kUnavailable) {  // not installed
+      fio_error_ = FioMessage(fixed.status());
+      return fixed;
+    }
+    baton::Result<Sample> plain = RunFio(fio_plain_command_);
+    if (!plain.ok()) {
+      fio_error_ = FioMessage(plain.status());
+      return plain;
+    }
     std::fprintf(stderr,
                  "weightload: fio with registered buffers failed (%s); running fio without "
                  "--fixedbufs from now on\n",
-                 sample.status().ToString().c_str());
+                 fixed.status().ToString().c_str());
     fio_fixed_buffers_ = false;
+    fio_fixedbufs_error_ = FioMessage(fixed.status());
+    fio_ran_ = true;
+    return plain;
   }
-  return RunFio(fio_plain_command_);
+  baton::Result<Sample> plain = RunFio(fio_plain_command_);
+  if (plain.ok()) {
+    fio_ran_ = true;
+  } else {
+    fio_error_ = FioMessage(plain.status());
+  }
+  return plain;
 }
 
 void Bench::RunRound(int round) {
@@ -335,7 +370,10 @@ json Bench::Result() const {
       {"arena_warnings", last_baton_.warnings},
       {"baton_verified", verified_ ? json(verified_->empty()) : json(nullptr)},
       {"fio_command", Join(fio_fixed_buffers_ ? fio_command_ : fio_plain_command_)},
-      {"fio_registered_buffers", fio_fixed_buffers_},
+      {"fio_registered_buffers", fio_ran_ ? json(fio_fixed_buffers_) : json(nullptr)},
+      {"fio_fixedbufs_error",
+       fio_fixedbufs_error_.empty() ? json(nullptr) : json(fio_fixedbufs_error_)},
+      {"fio_error", fio_error_.empty() ? json(nullptr) : json(fio_error_)},
       {"load_average", {load_at_start_, LoadAverage()}},
       {"contenders", contenders},
   };
