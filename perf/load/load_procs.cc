@@ -164,6 +164,7 @@ Result<json> ControllerPair::WaitReady(milliseconds limit) {
     }
     Result<json> s = Ctl({"status"});
     if (s.ok()) {
+      BATON_RETURN_IF_ERROR(CrashLoopStatus(*s, log_));
       int standbys = 0;
       for (const json& e : s->value("engines", json::array())) {
         if (e.value("state", "") == "standby") ++standbys;

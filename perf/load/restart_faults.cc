@@ -75,13 +75,15 @@ std::string Describe(const json& s) {
          (r.value("in_progress", false) ? ", in progress" : "");
 }
 
-// Polls the fast status every millisecond until `done` holds; the status, or an error.
+// Polls the fast status every millisecond until `done` holds; the status, or an error (at
+// once when the pair is down in its crash-loop backoff).
 template <typename Pred>
-Result<json> PollUntil(const std::string& socket, Pred done, Duration limit) {
+Result<json> PollUntil(const ControllerPair& pair, Pred done, Duration limit) {
   const TimePoint deadline = RealClock::Get().Now() + limit;
   std::string last = "no answer";
   while (RealClock::Get().Now() < deadline) {
-    Result<json> s = FastStatus(socket);
+    Result<json> s = FastStatus(pair.socket());
+    if (s.ok()) BATON_RETURN_IF_ERROR(CrashLoopStatus(*s, pair.log()));
     if (s.ok() && s->contains("pair") && done(*s)) return s;
     last = s.ok() ? Describe(*s) : s.status().message();
     std::this_thread::sleep_for(milliseconds(1));
@@ -122,8 +124,8 @@ void KillAndRestart(ControllerPair& pair, const json& before, RestartFault* f) {
   auto ready = [&](const json& s) {
     return Recovered(s) && (canary ? CanaryServes(s) : PairReady(s));
   };
-  Result<json> s = f->kind == "during_failover" ? PollUntil(pair.socket(), ready, kRecoveryLimit)
-                                                : PollUntil(pair.socket(), same, kRecoveryLimit);
+  Result<json> s = f->kind == "during_failover" ? PollUntil(pair, ready, kRecoveryLimit)
+                                                : PollUntil(pair, same, kRecoveryLimit);
   const double ms = MillisBetween(spawned, RealClock::Get().Now());
   if (!s.ok()) {
     f->error = s.status().ToString();
@@ -142,10 +144,9 @@ void KillAndRestart(ControllerPair& pair, const json& before, RestartFault* f) {
 void RunFault(ControllerPair& pair, TimePoint t0, RestartFault* f) {
   if (f->kind == "during_canary") {
     std::this_thread::sleep_until(At(t0, f->at_s - 3));
-    Result<json> ready = PollUntil(pair.socket(), PairReady, kRecoveryLimit);
+    Result<json> ready = PollUntil(pair, PairReady, kRecoveryLimit);
     Status started = ready.ok() ? StartCanary(pair) : ready.status();
-    Result<json> serving =
-        started.ok() ? PollUntil(pair.socket(), CanaryServes, kRecoveryLimit) : started;
+    Result<json> serving = started.ok() ? PollUntil(pair, CanaryServes, kRecoveryLimit) : started;
     if (!serving.ok()) {
       f->error = "no canary: " + serving.status().ToString();
       return;
@@ -165,7 +166,7 @@ void RunFault(ControllerPair& pair, TimePoint t0, RestartFault* f) {
   if (f->kind == "during_canary" && f->error.empty()) {
     std::this_thread::sleep_for(std::chrono::seconds(2));
     if (Result<json> back = pair.Ctl({"rollback"}); !back.ok()) f->error = back.status().ToString();
-    if (Result<json> ready = PollUntil(pair.socket(), PairReady, kRecoveryLimit); !ready.ok()) {
+    if (Result<json> ready = PollUntil(pair, PairReady, kRecoveryLimit); !ready.ok()) {
       f->error = "not ready after the rollback: " + ready.status().ToString();
     }
   }
@@ -213,7 +214,7 @@ void RunRestartLoad(const std::string& router, const std::vector<LoadRequest>& r
 }
 
 Result<double> PlainRestart(ControllerPair& pair) {
-  BATON_ASSIGN_OR_RETURN(json before, PollUntil(pair.socket(), PairReady, kRecoveryLimit));
+  BATON_ASSIGN_OR_RETURN(json before, PollUntil(pair, PairReady, kRecoveryLimit));
   RestartFault f;
   f.kind = "plain";
   KillAndRestart(pair, before, &f);
@@ -232,7 +233,7 @@ Result<double> ColdRestart(ControllerPair& pair, const std::string& runtime_dir)
   std::this_thread::sleep_for(milliseconds(200));  // the engines' exits are seen at once anyway
   const TimePoint spawned = RealClock::Get().Now();
   BATON_RETURN_IF_ERROR(pair.Respawn());
-  BATON_RETURN_IF_ERROR(PollUntil(pair.socket(), PairReady, std::chrono::seconds(120)).status());
+  BATON_RETURN_IF_ERROR(PollUntil(pair, PairReady, std::chrono::seconds(120)).status());
   return MillisBetween(spawned, RealClock::Get().Now());
 }
 

@@ -91,6 +91,26 @@ Result<nlohmann::json> BatonctlJson(const std::string& batonctl, const std::stri
   return j;
 }
 
+Status CrashLoopStatus(const nlohmann::json& status, const std::string& log) {
+  if (!status.is_object() || !status.contains("pair") || !status["pair"].is_object()) {
+    return OkStatus();
+  }
+  const std::string state = status["pair"].value("state", "");
+  if (state != "down_backoff") return OkStatus();
+  const nlohmann::json guard =
+      status.contains("crash_loop") ? status["crash_loop"] : nlohmann::json::object();
+  char detail[160];
+  std::snprintf(detail, sizeof(detail),
+                "%d engine failures in %.0f s (limit %d), %d in all; next restart in %.0f ms",
+                guard.value("recent_failures", 0), guard.value("window_s", 0.0),
+                guard.value("max_failures", 0), guard.value("total_failures", 0),
+                guard.value("next_restart_in_ms", 0.0));
+  return Unavailable(
+      "the engines are crash-looping: the controller's crash-loop guard holds the "
+      "pair down (" +
+      state + ": " + detail + "); see " + log + " and the engines' logs");
+}
+
 Result<uint16_t> WaitForPortFile(const std::string& path, ChildProcess& child,
                                  std::chrono::milliseconds timeout, std::chrono::microseconds poll,
                                  const std::string& log) {

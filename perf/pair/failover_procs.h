@@ -46,6 +46,12 @@ class ChildProcess {
 Result<nlohmann::json> BatonctlJson(const std::string& batonctl, const std::string& socket,
                                     const std::vector<std::string>& args);
 
+// An error naming the crash loop when a `batonctl status` object says the controller's
+// crash-loop guard holds the pair down (pair state down_backoff: no primary, and every engine
+// started has failed): waiting for readiness then gives up at once instead of waiting out its
+// limit. OK otherwise (a degraded_backoff pair still serves). `log`: the controller's log.
+Status CrashLoopStatus(const nlohmann::json& status, const std::string& log);
+
 // The port an engine started with `--port 0 --port-file PATH` wrote to PATH, polled every
 // `poll` until `timeout`; Unavailable when `child` exits first (its log is `log`).
 Result<uint16_t> WaitForPortFile(const std::string& path, ChildProcess& child,

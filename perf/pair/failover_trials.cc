@@ -151,6 +151,7 @@ Result<BatonPair::Engines> BatonPair::WaitReady(std::chrono::seconds limit) {
     }
     Result<json> s = BatonctlJson(opts_.bin_dir + "/batonctl", socket_, {"status"});
     if (s.ok()) {
+      BATON_RETURN_IF_ERROR(CrashLoopStatus(*s, log_));
       last = s->at("pair").value("state", "?");
       Engines e;
       int standbys = 0;
