@@ -31,11 +31,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -61,6 +63,15 @@ namespace baton {
 namespace {
 
 using json = nlohmann::json;
+
+constexpr char kUsage[] =
+    "usage: baton-perf-gpu-check [--out DIR] [--device N] [--weights-gib 16,64] [--pool-gib 32]\n"
+    "    [--pool-chunk-mib 256] [--weight-chunk-mib 1024] [--remat-gib 16] [--remat-streams 4]\n"
+    "    [--remat-chunk-mib 64] [--reps 3] [--drill-runs 2] [--deadline-s 420]\n"
+    "    [--steps remat,drill,pair,torch,restart,registration] [--torch-engine PATH]\n"
+    "    [--restart-model 4g] [--restart-dtype bf16] [--restart-ready-ms 50] [--failovers 10]\n"
+    "    [--torch-failovers 5] [--expect-torch] [--unit-tests PASSED,FAILED,SKIPPED,RC]\n"
+    "the header of perf/gpu/gpu_check_main.cc says what each does; perf/gpu_check runs it\n";
 
 struct Flags {
   std::string out = "out/gpu_check";
@@ -161,6 +172,17 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
     if (arg == "--expect-torch") {
       f->expect_torch = true;
       continue;
+    }
+    static const char* const kValueFlags[] = {
+        "--out",           "--device",         "--weights-gib",
+        "--pool-gib",      "--pool-chunk-mib", "--weight-chunk-mib",
+        "--remat-gib",     "--remat-streams",  "--remat-chunk-mib",
+        "--reps",          "--drill-runs",     "--deadline-s",
+        "--unit-tests",    "--steps",          "--torch-engine",
+        "--restart-model", "--restart-dtype",  "--restart-ready-ms",
+        "--failovers",     "--torch-failovers"};
+    if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
+      return "unknown flag " + arg;
     }
     if (i + 1 >= argc) return arg + " needs a value";
     const std::string v = argv[++i];
@@ -394,9 +416,11 @@ int main(int argc, char** argv) {
 #endif
   }
   baton::Flags flags;
-  if (std::string error = baton::ParseFlags(argc, argv, &flags); !error.empty()) {
-    std::fprintf(stderr, "%s\nsee the header of perf/gpu/gpu_check_main.cc for the flags\n",
-                 error == "help" ? "usage: baton-perf-gpu-check [flags]" : error.c_str());
+  if (std::string error = baton::ParseFlags(argc, argv, &flags); error == "help") {
+    std::fputs(baton::kUsage, stdout);
+    return 0;
+  } else if (!error.empty()) {
+    std::fprintf(stderr, "baton-perf-gpu-check: %s\n%s", error.c_str(), baton::kUsage);
     return 2;
   }
   if (const int started = baton::perf::StartPerfRun("baton-perf-gpu-check", argc, argv);
