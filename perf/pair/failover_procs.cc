@@ -101,10 +101,10 @@ Status CrashLoopStatus(const nlohmann::json& status, const std::string& log) {
       status.contains("crash_loop") ? status["crash_loop"] : nlohmann::json::object();
   char detail[160];
   std::snprintf(detail, sizeof(detail),
-                "%d engine failures in %.0f s (limit %d), %d in all; next restart in %.0f ms",
-                guard.value("recent_failures", 0), guard.value("window_s", 0.0),
-                guard.value("max_failures", 0), guard.value("total_failures", 0),
-                guard.value("next_restart_in_ms", 0.0));
+                "%d engine failures so far, the guard trips at %d in %.0f s; next restart in "
+                "%.0f ms",
+                guard.value("total_failures", 0), guard.value("max_failures", 0),
+                guard.value("window_s", 0.0), guard.value("next_restart_in_ms", 0.0));
   return Unavailable(
       "the engines are crash-looping: the controller's crash-loop guard holds the "
       "pair down (" +
