@@ -123,21 +123,34 @@ std::string CanaryJudge::CheckAgreement(const proto::EngineOutcome& c) const {
          std::to_string(c.compared) + " compared requests; the limit is " + Fixed(limit, 3);
 }
 
+std::optional<CanaryJudge::Baseline> CanaryJudge::PrimaryBaseline(const OutcomeMap& now) const {
+  const Baseline tries[] = {
+      {Delta(now, *at_warm_, primary_), "over the same time"},
+      {Delta(now, at_start_, primary_), "since the canary started"},
+      {Delta(at_start_, OutcomeMap{}, primary_), "before the canary started"}};
+  for (const Baseline& b : tries) {
+    if (b.outcome.succeeded >= policy_.min_requests) return b;
+  }
+  return std::nullopt;
+}
+
 std::string CanaryJudge::CheckLatency(const OutcomeMap& now) {
   if (!at_warm_.has_value()) {
     if (Seen(canary_, now).succeeded < policy_.latency_warmup_requests) return "";
     at_warm_ = policy_.latency_warmup_requests == 0 ? at_start_ : now;
   }
   const proto::EngineOutcome c = Delta(now, *at_warm_, canary_);
-  const proto::EngineOutcome p = Delta(now, *at_warm_, primary_);
-  if (c.succeeded < policy_.min_requests || p.succeeded < policy_.min_requests) return "";
+  if (c.succeeded < policy_.min_requests) return "";
+  const std::optional<Baseline> p = PrimaryBaseline(now);
+  if (!p.has_value()) return "";
+  latency_judged_ = true;
   const double c_ms = std::max(1.0, MeanMs(c));
-  const double p_ms = std::max(1.0, MeanMs(p));
+  const double p_ms = std::max(1.0, MeanMs(p->outcome));
   if (c_ms <= p_ms * policy_.max_latency_ratio) return "";
   return "mean request duration " + Fixed(MeanMs(c), 1) + " ms on the canary against " +
-         Fixed(MeanMs(p), 1) + " ms on the primary (after the canary's first " +
-         std::to_string(policy_.latency_warmup_requests) + " requests); the limit is " +
-         Fixed(policy_.max_latency_ratio, 2) + "x";
+         Fixed(MeanMs(p->outcome), 1) + " ms on the primary (the canary's after its first " +
+         std::to_string(policy_.latency_warmup_requests) + " requests, the primary's " + p->when +
+         "); the limit is " + Fixed(policy_.max_latency_ratio, 2) + "x";
 }
 
 std::string CanaryJudge::CheckHealth(const OutcomeMap& now) {
@@ -169,6 +182,12 @@ CanaryJudge::Judgement CanaryJudge::Judge(const OutcomeMap& now) {
             "step " + std::to_string(weight()) + " %: held " +
                 std::to_string(static_cast<int64_t>(MillisBetween(step_started_, clock_->Now()))) +
                 " ms"};
+  }
+  if (last_step() && !latency_judged_) {
+    return {Verdict::kHold, "step 100 %: no latency evidence yet (the canary needs " +
+                                std::to_string(policy_.min_requests) +
+                                " requests after its warm-up, and the primary as many, since "
+                                "the warm-up, the canary's start or before it)"};
   }
   return {last_step() ? Verdict::kPromote : Verdict::kAdvance, ""};
 }

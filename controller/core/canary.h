@@ -10,10 +10,14 @@
 //   * its error rate exceeds the primary's by more than `max_error_rate_excess`, or
 //   * its mean request duration exceeds the primary's by more than `max_latency_ratio`
 //     times (both sides need `min_requests` successful attempts; means under 1 ms count as
-//     1 ms, so sub-millisecond noise never decides). Latency is counted, on both sides, from
-//     the first judgement that sees the canary past `latency_warmup_requests` successful
-//     attempts (at 0, from the canary's start): a new engine's first requests pay for kernel
-//     compilation, graph capture and cold caches, which says nothing of the version's speed. Or
+//     1 ms, so sub-millisecond noise never decides). Latency is counted from the first
+//     judgement that sees the canary past `latency_warmup_requests` successful attempts (at 0,
+//     from the canary's start): a new engine's first requests pay for kernel compilation,
+//     graph capture and cold caches, which says nothing of the version's speed. The primary's
+//     side counts from the same point; where it served fewer than `min_requests` since (a
+//     late step sends it little, the 100 % step nothing), from the canary's start, or else
+//     its requests before the canary. The canary is not promoted before latency has been
+//     judged once. Or
 //   * its outputs differ from the primary's on more than `max_disagreement_rate` of the
 //     reproducible requests the routers compared (seeded or greedy, sent again to the
 //     primary in the background). At 0 (the default) one disagreement is enough, whatever the
@@ -86,6 +90,13 @@ class CanaryJudge {
  private:
   static proto::EngineOutcome Delta(const OutcomeMap& now, const OutcomeMap& then, uint64_t engine);
   std::string CheckHealth(const OutcomeMap& now);
+  struct Baseline {
+    proto::EngineOutcome outcome;
+    std::string when;  // which of the primary's requests, for the reason
+  };
+  // The primary's requests the canary's latency is compared with (see above); none when it
+  // has served fewer than min_requests in each.
+  std::optional<Baseline> PrimaryBaseline(const OutcomeMap& now) const;
   std::string CheckLatency(const OutcomeMap& now);
   std::string CheckAgreement(const proto::EngineOutcome& canary) const;
 
@@ -96,6 +107,7 @@ class CanaryJudge {
   OutcomeMap at_start_;
   OutcomeMap at_step_;
   std::optional<OutcomeMap> at_warm_;  // where latency counts from, once the canary warmed up
+  bool latency_judged_ = false;        // a latency comparison has been made (and passed)
   size_t step_ = 0;
   TimePoint step_started_;
 };

@@ -144,7 +144,50 @@ TEST(CanaryJudgeTest, WarmUpRequestsAreNotJudgedForLatency) {
   EXPECT_NE(j.reason.find("mean request duration 13.0 ms on the canary against 4.0 ms"),
             std::string::npos)
       << j.reason;
-  EXPECT_NE(j.reason.find("after the canary's first 10 requests"), std::string::npos) << j.reason;
+  EXPECT_NE(j.reason.find("the canary's after its first 10 requests, the primary's over the same"),
+            std::string::npos)
+      << j.reason;
+}
+
+// The 100 % step sends the primary nothing: a canary much slower than the primary was before
+// is still caught there, against the primary's requests since the canary started or before it.
+TEST(CanaryJudgeTest, ASlowCanaryIsCaughtAtTheLastStepAgainstThePrimarysEarlierRequests) {
+  for (const bool before : {false, true}) {
+    FakeClock clock;
+    OutcomeMap m;
+    CanaryPolicy p = Policy();
+    p.steps = {100};
+    if (before) Add(&m, kPrimary, 50, 0, 40);  // served before the canary started
+    CanaryJudge judge(clock, p, kPrimary, kCanary, m);
+    if (!before) Add(&m, kPrimary, 10, 0, 40);  // before the router moved all traffic
+    Add(&m, kCanary, 10, 0, 2600);              // the warm-up
+    EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold);
+    Add(&m, kCanary, 10, 0, 2600);
+    clock.Advance(milliseconds(1000));
+    const CanaryJudge::Judgement j = judge.Judge(m);
+    EXPECT_EQ(j.verdict, Verdict::kRollback) << before << ": " << j.reason;
+    EXPECT_NE(j.reason.find(before ? "before the canary started" : "since the canary started"),
+              std::string::npos)
+        << j.reason;
+  }
+}
+
+// Without any request of the primary's to compare with, the last step holds: a canary is
+// never promoted unjudged for latency.
+TEST(CanaryJudgeTest, NoLatencyEvidenceHoldsTheLastStep) {
+  FakeClock clock;
+  OutcomeMap m;
+  CanaryPolicy p = Policy();
+  p.steps = {100};
+  CanaryJudge judge(clock, p, kPrimary, kCanary, m);
+  Add(&m, kCanary, 30, 0, 5);
+  clock.Advance(milliseconds(5000));
+  CanaryJudge::Judgement j = judge.Judge(m);
+  EXPECT_EQ(j.verdict, Verdict::kHold);
+  EXPECT_NE(j.reason.find("no latency evidence"), std::string::npos) << j.reason;
+  Add(&m, kPrimary, 10, 0, 5);  // e.g. a router still sending it its share
+  Add(&m, kCanary, 10, 0, 5);   // past the warm-up, which the first judgement saw
+  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kPromote);
 }
 
 TEST(CanaryJudgeTest, OneDisagreementRollsBackByDefault) {
