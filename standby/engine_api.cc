@@ -106,11 +106,7 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
       deps_.metrics->ObserveTimeToFirstToken(MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
     }
     token_ids_.push_back(e.token.token);
-    // vLLM's min_tokens: stop strings count from the min_tokens-th token on.
-    const std::string bytes = deps_.tokenizer->DecodeToken(e.token.token);
-    std::string piece = std::cmp_less(token_ids_.size(), req_.min_tokens)
-                            ? text_.AppendUnstoppable(bytes)
-                            : text_.Append(bytes);
+    std::string piece = AppendText(e.token.token, e.token.finish);
     FinishReason finish = e.token.finish;
     if (text_.stopped()) {  // a stop string wins over the length limit of the same token
       if (finish == FinishReason::kNone) deps_.loop->Cancel(id_);
@@ -128,6 +124,16 @@ class CompletionSession : public std::enable_shared_from_this<CompletionSession>
                                       : CompletionBody(header_, text, FinishName(finish),
                                                        token_ids_, original_prompt_, Usage()));
     }
+  }
+
+  // The text the token lets out. One that ends the request as a stop id (eos or
+  // stop_token_ids) has none, as in vLLM; stop strings are looked for only from the token
+  // after the first min_tokens on (vLLM's min_tokens).
+  std::string AppendText(int32_t token, FinishReason finish) {
+    if (finish == FinishReason::kStop) return "";
+    const std::string bytes = deps_.tokenizer->DecodeToken(token);
+    return std::cmp_greater(token_ids_.size(), req_.min_tokens) ? text_.Append(bytes)
+                                                                : text_.AppendUnstoppable(bytes);
   }
 
   void StreamToken(int32_t token, const std::string& piece, FinishReason finish) {

@@ -286,15 +286,30 @@ class SchedulerTest(unittest.TestCase):
         got = drain(s.submit(by_id))
         self.assertEqual([x.token for x in got], free[:first + 1])
         self.assertEqual(got[-1].finish_reason, "stop")
+        self.assertEqual("".join(x.text for x in got),
+                         "".join(x.text for x in drain(s.submit(completion(
+                             [256] + list(b"abc"), first)))), "the stop id's text is left out")
         held = completion([256] + list(b"abc"), 12)
         held.stop_token_ids, held.min_tokens = [stop], 12
-        if stop < 256:
-            held.stop = [chr(stop)]
         got = drain(s.submit(held))
         self.assertEqual(len(got), 12)
         self.assertNotIn(stop, [x.token for x in got], "masked while under min_tokens")
         self.assertEqual([x.token for x in got[:first]], free[:first])
         self.assertEqual(got[-1].finish_reason, "length")
+
+    def test_min_tokens_looks_for_stop_strings_from_the_token_after_them(self):
+        s, _ = self.scheduler(200)
+        free = [x.token for x in drain(s.submit(completion([256] + list(b"abc"), 12)))]
+        letters = [i for i, t in enumerate(free) if 33 <= t < 127]
+        if not letters:
+            self.skipTest(f"no printable byte generated: {free}")
+        k = letters[0]  # the (k+1)-th token is the first printable one
+        for min_tokens, stops in ((k + 1, False), (k, True)):
+            held = completion([256] + list(b"abc"), 12)
+            held.stop, held.min_tokens = [chr(free[k])], min_tokens
+            got = drain(s.submit(held))
+            self.assertEqual(got[-1].finish_reason == "stop" and len(got) == k + 1, stops,
+                             (min_tokens, [x.token for x in got]))
 
     def test_a_cancelled_request_gives_its_blocks_back_and_a_fenced_engine_answers_503(self):
         fenced = []

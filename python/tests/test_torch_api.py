@@ -129,6 +129,16 @@ class TextBuilderTest(unittest.TestCase):
         self.assertEqual(t.push(ord("b")), "")
         self.assertTrue(t.stopped)
 
+    def test_a_stop_string_must_end_in_text_pushed_with_a_stop_check(self):
+        t = TextBuilder(["b", "abc"])
+        self.assertEqual("".join(t.push(b, may_stop=False) for b in b"xab"), "x")  # "ab" held
+        self.assertEqual(t.push(ord("z")), "abz")
+        self.assertFalse(t.stopped, "the 'b' came before the stop check")
+        t = TextBuilder(["b", "abc"])
+        self.assertEqual("".join(t.push(b, may_stop=False) for b in b"xa"), "x")
+        self.assertEqual(t.push(ord("b")), "a")
+        self.assertTrue(t.stopped)
+
     def test_special_ids_have_no_text(self):
         self.assertEqual(TextBuilder([]).push(257), "")
 

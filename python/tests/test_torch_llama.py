@@ -370,6 +370,18 @@ class ReadModelTest(TinyBf16ModelTest):
                     read_model(bad, mapped=mapped)
                 self.assertIn(path, str(ctx.exception), raw)
 
+    def test_an_eos_id_outside_the_vocabulary_is_refused_as_the_reference_engine_does(self):
+        with open(os.path.join(self.model, "config.json")) as f:
+            config = json.load(f)
+        bad = os.path.join(self.tmp.name, "bad-eos")
+        os.makedirs(bad, exist_ok=True)
+        for eos in (-1, config["vocab_size"], [config["vocab_size"] - 1, 10**9], "2"):
+            with open(os.path.join(bad, "config.json"), "w") as f:
+                json.dump(dict(config, eos_token_id=eos), f)
+            with self.assertRaises(ValueError) as ctx:
+                LlamaConfig.load(bad)
+            self.assertIn("eos_token_id", str(ctx.exception))
+
     def environ_of_a_standalone_engine(self, env):
         port_file = os.path.join(self.tmp.name, "engine.port")
         if os.path.exists(port_file):

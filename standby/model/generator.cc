@@ -230,9 +230,7 @@ int32_t Generator::Sample(const Sequence& seq, const float* row, int64_t positio
   const auto at = static_cast<uint64_t>(position);
   if (seq.generated >= r.min_tokens) return SampleToken(row, config.vocab_size, r.sampling, at);
   std::vector<float> masked(row, row + config.vocab_size);
-  if (r.stop_at_eos) {
-    for (int32_t id : config.eos_token_ids) masked[id] = -std::numeric_limits<float>::infinity();
-  }
+  for (int32_t id : config.eos_token_ids) masked[id] = -std::numeric_limits<float>::infinity();
   for (int32_t id : r.stop_token_ids) masked[id] = -std::numeric_limits<float>::infinity();
   return SampleToken(masked.data(), config.vocab_size, r.sampling, at);
 }

@@ -48,8 +48,8 @@ struct GenerationRequest {
   bool stop_at_eos = true;  // eos is emitted, then the request finishes
   // Ids that, like eos, are emitted and finish the request (vLLM's stop_token_ids).
   std::vector<int32_t> stop_token_ids;
-  // Until this many tokens are generated, eos (when stop_at_eos) and the stop ids get no
-  // probability (vLLM's min_tokens); in [0, max_tokens].
+  // Until this many tokens are generated, eos (stop_at_eos or not, as in vLLM) and the stop
+  // ids get no probability (vLLM's min_tokens); in [0, max_tokens].
   int min_tokens = 0;
   KvRequestKey key;  // the router's key (empty: none); see KvHooks::Continue
 };

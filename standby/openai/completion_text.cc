@@ -37,18 +37,25 @@ std::string CompletionText::Append(std::string_view bytes) {
   if (stopped_) return "";
   raw_.append(bytes);
   size_t match = std::string::npos;
-  for (const std::string& s : stop_) match = std::min(match, raw_.find(s, released_));
+  for (const std::string& s : stop_) {
+    // A match ends in the new bytes: one within what was looked at before is none (text of a
+    // token under min_tokens may hold a short stop string inside a longer one's start).
+    const size_t ends_after = checked_ + 1 > s.size() ? checked_ + 1 - s.size() : 0;
+    match = std::min(match, raw_.find(s, std::max(released_, ends_after)));
+  }
   if (match != std::string::npos) {
     stopped_ = true;
     raw_.resize(match);
     return Finish();
   }
+  checked_ = raw_.size();
   return Release(raw_.size() - StopHoldBack());
 }
 
 std::string CompletionText::AppendUnstoppable(std::string_view bytes) {
   if (stopped_) return "";
   raw_.append(bytes);
+  checked_ = raw_.size();
   return Release(raw_.size() - StopHoldBack());
 }
 

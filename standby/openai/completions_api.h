@@ -73,8 +73,9 @@ struct CompletionRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   std::vector<std::string> stop;
-  int min_tokens = 0;                   // vLLM's: no eos, stop id or stop string before
-  bool ignore_eos = false;              // vLLM's: eos neither stops nor is held back
+  int min_tokens = 0;                   // vLLM's: no eos or stop id among the first this many
+                                        // tokens, no stop string in their text
+  bool ignore_eos = false;              // vLLM's: eos does not stop the request
   std::vector<int32_t> stop_token_ids;  // vLLM's: ids that stop like eos
   int resume_tokens = 0;  // baton_resume_tokens: the trailing prompt ids already generated
   KvRequestKey key;       // baton_request_key; empty when absent

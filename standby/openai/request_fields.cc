@@ -82,14 +82,18 @@ std::optional<ApiError> ReadUnimplementedVllm(const Json& body) {
   bool present = false;
   if (auto e = ReadInt(body, "top_k", &top_k, &present)) return e;
   if (top_k != -1 && top_k != 0) return Unsupported("top_k", "-1 or 0: every token");
-  float min_p = 0;
-  if (auto e = ReadNumber(body, "min_p", 0, 1, false, "[0, 1]", &min_p)) return e;
-  if (min_p != 0) return Unsupported("min_p", "0");
-  float penalty = 1;
-  if (auto e = ReadNumber(body, "repetition_penalty", 0, 1e9, true, "(0, inf)", &penalty)) {
+  float unused = 0;
+  if (auto e = ReadNumber(body, "min_p", 0, 1, false, "[0, 1]", &unused)) return e;
+  if (auto e = ReadNumber(body, "repetition_penalty", 0, 1e9, true, "(0, inf)", &unused)) {
     return e;
   }
-  if (penalty != 1) return Unsupported("repetition_penalty", "1");
+  // Compared as given, not as a float: 1e-50 is no 0.
+  auto neutral = [&body](const char* name, double value) {
+    auto it = body.find(name);
+    return it == body.end() || it->is_null() || it->get<double>() == value;
+  };
+  if (!neutral("min_p", 0)) return Unsupported("min_p", "0");
+  if (!neutral("repetition_penalty", 1)) return Unsupported("repetition_penalty", "1");
   return std::nullopt;
 }
 

@@ -208,6 +208,36 @@ TEST_F(RefEngineTest, StopStringEndsTheCompletion) {
   EXPECT_EQ(last["choices"][0]["text"], LenientUtf8(bytes));
 }
 
+// vLLM's min_tokens: stop strings are looked for from the token after the first min_tokens
+// on, and a stop id ends the request without its text.
+TEST_F(RefEngineTest, MinTokensAndStopIdsAsVllmHasThem) {
+  const Json base = {{"prompt", "min tokens"}, {"max_tokens", 24}, {"temperature", 0}};
+  Json whole = Complete(base);
+  const std::vector<int32_t> ids = Ids(whole["choices"][0]["token_ids"]);
+  size_t k = 0;
+  while (k < ids.size() && !(ids[k] >= 'a' && ids[k] <= 'z')) ++k;
+  if (k == ids.size()) GTEST_SKIP() << "no lowercase letter generated to stop on";
+  const std::string letter(1, static_cast<char>(ids[k]));
+  for (const size_t min_tokens : {k + 1, k}) {
+    Json body = base;
+    body["stop"] = letter;
+    body["min_tokens"] = min_tokens;
+    const Json c = Complete(body)["choices"][0];
+    const bool stopped_at_k = c["finish_reason"] == "stop" && Ids(c["token_ids"]).size() == k + 1;
+    EXPECT_EQ(stopped_at_k, min_tokens == k) << "min_tokens " << min_tokens << ": " << c;
+  }
+  Json by_id = base;
+  by_id["stop_token_ids"] = {ids[k]};
+  const Json c = Complete(by_id)["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "stop");
+  EXPECT_EQ(Ids(c["token_ids"]), std::vector<int32_t>(ids.begin(), ids.begin() + k + 1));
+  std::string before;
+  for (size_t i = 0; i < k; ++i) {
+    if (ids[i] < 256) before += static_cast<char>(ids[i]);
+  }
+  EXPECT_EQ(c["text"], LenientUtf8(before)) << "the stop id's text is left out";
+}
+
 TEST_F(RefEngineTest, BadRequestsGetJsonErrorsAndTheServerStaysUp) {
   TestHttpClient client(port());
   auto error_of = [](const HttpReply& r) {

@@ -279,10 +279,11 @@ class Scheduler:
         return set(job.req.stop_token_ids) | (set() if job.req.ignore_eos else self.eos)
 
     def _logits(self, job: Job, row) -> list[float]:
-        """The row as a list, its stop ids masked while the request is under min_tokens."""
+        """The row as a list; while the request is under min_tokens, eos (ignore_eos or not,
+        as in vLLM) and its stop ids get no probability."""
         values = row.tolist()
         if job.generated < job.req.min_tokens:
-            for t in self._stop_ids(job):
+            for t in set(job.req.stop_token_ids) | self.eos:
                 values[t] = -math.inf
         return values
 
@@ -290,9 +291,9 @@ class Scheduler:
         job.tokens.append(token)
         job.generated += 1
         self.generated_total += 1
-        if token in self._stop_ids(job):
-            return self._end(job, Step(token, job.text.push(token) + job.text.finish(), "stop"))
-        out = job.text.push(token, may_stop=job.generated >= job.req.min_tokens)
+        if token in self._stop_ids(job):  # its text is left out, as in vLLM
+            return self._end(job, Step(token, job.text.finish(), "stop"))
+        out = job.text.push(token, may_stop=job.generated > job.req.min_tokens)
         if job.text.stopped:
             return self._end(job, Step(token, out, "stop"))
         if job.generated == job.req.max_tokens or \

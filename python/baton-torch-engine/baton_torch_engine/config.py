@@ -72,6 +72,11 @@ class LlamaConfig:
             if kind not in ("linear", "llama3"):
                 raise ValueError(f"{path}: rope_scaling type {kind!r} (linear or llama3)")
         eos = raw.get("eos_token_id")
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        if any(isinstance(t, bool) or not isinstance(t, int) or
+               not 0 <= t < int(raw["vocab_size"]) for t in eos_ids):
+            raise ValueError(f"{path}: eos_token_id {eos!r} is not a token id of the "
+                             f"vocabulary of {raw['vocab_size']}")
         heads = int(raw["num_attention_heads"])
         return cls(hidden_size=int(raw["hidden_size"]),
                    intermediate_size=int(raw["intermediate_size"]),
@@ -86,8 +91,7 @@ class LlamaConfig:
                    rope_scaling=scaling,
                    tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                    bos_token_id=raw.get("bos_token_id"),
-                   eos_token_ids=[] if eos is None else ([eos] if isinstance(eos, int) else
-                                                         list(eos)))
+                   eos_token_ids=eos_ids)
 
     @property
     def kv_bytes_per_token(self) -> int:

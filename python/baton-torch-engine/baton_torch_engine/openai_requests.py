@@ -52,7 +52,8 @@ class Completion:
     stream: bool = False
     include_usage: bool = False
     stop: list[str] = field(default_factory=list)
-    min_tokens: int = 0  # vLLM's: no eos, stop id or stop string before this many tokens
+    min_tokens: int = 0  # vLLM's: no eos or stop id among the first this many tokens, no stop
+    #                      string in their text
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     resume_tokens: int = 0

@@ -60,6 +60,7 @@ class TextBuilder:
         self.stop = [s.encode() for s in stop if s]
         self.raw = bytearray()
         self.released = 0
+        self.checked = 0  # bytes a stop string was looked for in, or never will be
         self.stopped = False
 
     def push(self, token: int, may_stop: bool = True) -> str:
@@ -69,14 +70,16 @@ class TextBuilder:
         if self.stopped or token < 0 or token >= BYTE_COUNT:
             return ""
         self.raw.append(token)
-        if not may_stop:
-            return self._release(len(self.raw) - self._hold_back())
-        matches = [i for i in (bytes(self.raw).find(s, self.released) for s in self.stop)
-                   if i >= 0]
-        if matches:
-            self.stopped = True
-            del self.raw[min(matches):]
-            return self._finish()
+        if may_stop:
+            # A match ends in the new byte: one within what was looked at before is none.
+            raw = bytes(self.raw)
+            matches = [i for i in (raw.find(s, max(self.released, self.checked + 1 - len(s)))
+                                   for s in self.stop) if i >= 0]
+            if matches:
+                self.stopped = True
+                del self.raw[min(matches):]
+                return self._finish()
+        self.checked = len(self.raw)
         return self._release(len(self.raw) - self._hold_back())
 
     def finish(self) -> str:

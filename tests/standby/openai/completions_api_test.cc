@@ -161,11 +161,14 @@ TEST_F(CompletionsApiTest, VllmSamplingExtensions) {
   EXPECT_TRUE(p.request.ignore_eos);
   EXPECT_EQ(p.request.stop_token_ids, (std::vector<int32_t>{65, 7}));
   EXPECT_FALSE(Parse(R"({"prompt":"a","top_k":0,"min_tokens":16})").error);
+  EXPECT_FALSE(
+      Parse(R"({"prompt":"a","top_k":null,"min_p":null,"repetition_penalty":null})").error);
   for (const char* bad :
        {R"("min_tokens":-1)", R"("min_tokens":17)", R"("min_tokens":"3")", R"("ignore_eos":1)",
         R"("stop_token_ids":7)", R"("stop_token_ids":[-1])", R"("stop_token_ids":[999])",
         R"("stop_token_ids":[4294967296])", R"("stop_token_ids":["a"])", R"("top_k":40)",
-        R"("top_k":1.5)", R"("min_p":0.1)", R"("min_p":2)", R"("repetition_penalty":1.1)",
+        R"("top_k":1.5)", R"("min_p":0.1)", R"("min_p":1e-50)", R"("min_p":2)",
+        R"("repetition_penalty":1.1)", R"("repetition_penalty":1.00000001)",
         R"("repetition_penalty":0)"}) {
     const std::string body = std::string(R"({"prompt":"a",)") + bad + "}";
     const std::pair<int, std::string> r = Refusal(body);
@@ -245,6 +248,17 @@ TEST(CompletionTextTest, UnstoppableTextIsNotSearchedButItsTailIs) {
   EXPECT_EQ(text.Append("b"), "");
   EXPECT_TRUE(text.stopped());
   EXPECT_EQ(text.text(), "xzzab");
+
+  // A short stop string inside a longer one's held-back start, all under min_tokens: the
+  // match must end in text looked at for stops.
+  CompletionText nested({"b", "abc"});
+  EXPECT_EQ(nested.AppendUnstoppable("xab"), "x");
+  EXPECT_EQ(nested.Append("z"), "abz");
+  EXPECT_FALSE(nested.stopped());
+  CompletionText after({"b", "abc"});
+  EXPECT_EQ(after.AppendUnstoppable("xa"), "x");
+  EXPECT_EQ(after.Append("b"), "a");
+  EXPECT_TRUE(after.stopped());
 }
 
 TEST(CompletionJsonTest, ResponseCarriesTokenIdsAndUsage) {
