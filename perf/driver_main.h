@@ -86,33 +86,48 @@ inline nlohmann::json& StaleProcessesJson() {
   return report;
 }
 
+// A run without a log folder (or before it has one). `logs`: where the logs are, or "".
+inline int FailRun(const std::string& name, const Status& status, const std::string& logs = "") {
+  std::fprintf(stderr, "%s: %s%s%s\n", name.c_str(), status.ToString().c_str(),
+               logs.empty() ? "" : "; logs in ", logs.c_str());
+  nlohmann::json failed{{"ok", false}, {"error", status.ToString()}};
+  if (!StaleProcessesJson().is_null()) failed["stale_processes"] = StaleProcessesJson();
+  std::printf("%s\n",
+              failed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  std::fflush(stdout);
+  return 1;
+}
+
 // SIGINT, SIGTERM or SIGHUP during a run: the run guard stops what the run started, then
-// {"ok": false, "error": "stopped by SIG..."} goes to stdout (after whatever stdio had not
-// written yet is lost with the process, so it is the last line), and the signal ends the
-// process as it would have. Async-signal-safe.
+// {"ok": false, "error": "stopped by SIG..."} goes to stdout on a line of its own (whatever
+// stdio had not written yet is lost with the process, and a line it had half written is
+// ended first, so it is the last line), and the signal ends the process as it would have.
+// Async-signal-safe.
 inline void StopRunOnSignal(int sig) {
   RunGuard::Finish();
-  const char* line = sig == SIGINT   ? "{\"ok\":false,\"error\":\"stopped by SIGINT\"}\n"
-                     : sig == SIGHUP ? "{\"ok\":false,\"error\":\"stopped by SIGHUP\"}\n"
-                                     : "{\"ok\":false,\"error\":\"stopped by SIGTERM\"}\n";
+  const char* line = sig == SIGINT   ? "\n{\"ok\":false,\"error\":\"stopped by SIGINT\"}\n"
+                     : sig == SIGHUP ? "\n{\"ok\":false,\"error\":\"stopped by SIGHUP\"}\n"
+                                     : "\n{\"ok\":false,\"error\":\"stopped by SIGTERM\"}\n";
   [[maybe_unused]] const ssize_t written = ::write(STDOUT_FILENO, line, std::strlen(line));
   ::signal(sig, SIG_DFL);
   ::raise(sig);  // delivered once the handler returns
 }
 
 // The guard and the stale check every driver starts with: the folders among `args` that hold
-// a model (a config.json) are the models the check looks for. Returns 1 (with the reason on
-// stderr) when the guard cannot start, else 0. Installs StopRunOnSignal.
+// a model (a config.json) are the models the check looks for. Returns 1 (FailRun's JSON
+// error last) when the guard cannot start, else 0. Installs StopRunOnSignal for the signals
+// not ignored (`nohup`, a shell's background job: they stay ignored).
 inline int StartPerfRun(const char* name, int argc, char** argv) {
-  if (Status guarded = RunGuard::Install(name); !guarded.ok()) {
-    std::fprintf(stderr, "%s: %s\n", name, guarded.ToString().c_str());
-    return 1;
-  }
+  if (Status guarded = RunGuard::Install(name); !guarded.ok()) return FailRun(name, guarded);
   struct sigaction stop {};
   stop.sa_handler = StopRunOnSignal;
   sigemptyset(&stop.sa_mask);
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop.sa_mask, sig);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) ::sigaction(sig, &stop, nullptr);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction before {};
+    if (::sigaction(sig, nullptr, &before) == 0 && before.sa_handler == SIG_IGN) continue;
+    ::sigaction(sig, &stop, nullptr);
+  }
   std::vector<std::string> model_dirs;
   for (int i = 1; i < argc; ++i) {
     std::error_code ec;
@@ -124,18 +139,6 @@ inline int StartPerfRun(const char* name, int argc, char** argv) {
   WarnAboutStaleProcesses(name, report);
   StaleProcessesJson() = StaleReportJson(report);
   return 0;
-}
-
-// A run without a log folder (or before it has one). `logs`: where the logs are, or "".
-inline int FailRun(const std::string& name, const Status& status, const std::string& logs = "") {
-  std::fprintf(stderr, "%s: %s%s%s\n", name.c_str(), status.ToString().c_str(),
-               logs.empty() ? "" : "; logs in ", logs.c_str());
-  nlohmann::json failed{{"ok", false}, {"error", status.ToString()}};
-  if (!StaleProcessesJson().is_null()) failed["stale_processes"] = StaleProcessesJson();
-  std::printf("%s\n",
-              failed.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-  std::fflush(stdout);
-  return 1;
 }
 
 inline int FailRun(const std::string& name, const Status& status, WorkDir& work) {

@@ -391,10 +391,17 @@ int Run(const Flags& flags) {
   if (Status s = bench.Setup(); !s.ok()) return perf::FailRun(kName, s);
   for (int round = 1; round <= flags.rounds; ++round) bench.RunRound(round);
   bench.PrintTable();
-  const json result = bench.Result();
+  json result = bench.Result();
   if (result.contains("baton_verify_error")) {
     std::fprintf(stderr, "weightload: Baton loaded wrong data: %s\n",
                  result["baton_verify_error"].get<std::string>().c_str());
+  }
+  if (bench.failed()) {  // the measurements stay, with the error beside them
+    result["ok"] = false;
+    result["error"] =
+        result.contains("baton_verify_error")
+            ? "Baton loaded wrong data: " + result["baton_verify_error"].get<std::string>()
+            : std::string("no Baton round succeeded");
   }
   if (Status s = perf::EmitResult(result, flags.out, "weightload.json"); !s.ok()) {
     return perf::FailRun(kName, s);

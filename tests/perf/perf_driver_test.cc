@@ -255,8 +255,14 @@ TEST_F(DriverProcessTest, WeightloadStopsFioOnSigterm) {
   std::ofstream(fio) << "#!/bin/sh\necho $$ > " << pid_file << ".tmp\nmv " << pid_file << ".tmp "
                      << pid_file << "\nexec sleep 300\n";
   ::chmod(fio.c_str(), 0755);
+  // Started with SIGHUP ignored, as under nohup: it stays ignored.
+  struct sigaction ignore {
+  }, before{};
+  ignore.sa_handler = SIG_IGN;
+  ::sigaction(SIGHUP, &ignore, &before);
   const pid_t driver = StartProgram("baton-perf-weightload",
                                     {"--model", model, "--rounds", "1", "--fio", fio}, t_.path());
+  ::sigaction(SIGHUP, &before, nullptr);
   ASSERT_GT(driver, 0);
   pid_t fio_pid = 0;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
@@ -264,6 +270,7 @@ TEST_F(DriverProcessTest, WeightloadStopsFioOnSigterm) {
     std::ifstream(pid_file) >> fio_pid;
     if (fio_pid == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  ::kill(driver, SIGHUP);  // delivered before the SIGTERM (the lower number): ignored
   ::kill(driver, SIGTERM);
   ProgramRun run = Finish(driver, t_.path());
   ASSERT_GT(fio_pid, 0) << "the fake fio never started: " << run.err;
