@@ -15,6 +15,7 @@ namespace {
 struct Points {
   Mutex mu;
   std::map<std::string, int> fire_at BATON_GUARDED_BY(mu);  // name -> the hit that fires it
+  std::map<std::string, bool> stall BATON_GUARDED_BY(mu);   // name -> stalls rather than dies
   std::map<std::string, int> hits BATON_GUARDED_BY(mu);
 };
 
@@ -27,6 +28,7 @@ void Load() {
   Points& p = Get();
   MutexLock lock(p.mu);
   p.fire_at.clear();
+  p.stall.clear();
   p.hits.clear();
   const char* env = std::getenv("BATON_FAILPOINTS");
   const std::string spec = env != nullptr ? env : "";
@@ -36,11 +38,18 @@ void Load() {
     if (end == std::string::npos) end = spec.size();
     std::string item = spec.substr(start, end - start);
     int at = 1;
+    bool stall = false;
     if (const size_t colon = item.find(':'); colon != std::string::npos) {
       at = std::max(1, std::atoi(item.c_str() + colon + 1));
+      const std::string suffix = ":stall";
+      stall = item.size() > colon + suffix.size() &&
+              item.compare(item.size() - suffix.size(), suffix.size(), suffix) == 0;
       item.resize(colon);
     }
-    if (!item.empty()) p.fire_at[item] = at;
+    if (!item.empty()) {
+      p.fire_at[item] = at;
+      p.stall[item] = stall;
+    }
     start = end + 1;
   }
   failpoint_internal::enabled.store(!p.fire_at.empty());
@@ -59,18 +68,22 @@ void Hit(const char* name) {
   Points& p = Get();
   int hit = 0;
   bool fire = false;
+  bool stall = false;
   {
     MutexLock lock(p.mu);
     hit = ++p.hits[name];
     auto it = p.fire_at.find(name);
     fire = it != p.fire_at.end() && it->second == hit;
+    stall = fire && p.stall[name];
   }
   if (!fire) return;
-  const std::string line =
-      std::string("failpoint ") + name + ": dying here (hit " + std::to_string(hit) + ")\n";
+  const std::string line = std::string("failpoint ") + name +
+                           (stall ? ": stalling this thread" : ": dying here") + " (hit " +
+                           std::to_string(hit) + ")\n";
   ssize_t unused = ::write(STDERR_FILENO, line.data(), line.size());
   (void)unused;
-  ::raise(SIGKILL);
+  if (!stall) ::raise(SIGKILL);
+  while (true) ::pause();  // woken by a handled signal: stalls again
 }
 
 }  // namespace failpoint_internal

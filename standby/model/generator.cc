@@ -246,6 +246,7 @@ void Generator::FailAll(const std::vector<Sequence*>& members, std::vector<Token
 Result<int> Generator::Step() {
   Admit();
   if (running_.empty()) return 0;
+  BATON_FAILPOINT("generator_step");  // ":stall": a compute that hangs, heartbeats going on
   std::vector<Sequence*> members;
   std::vector<SequenceInput> batch = BuildBatch(&members);
   std::vector<int64_t> before;

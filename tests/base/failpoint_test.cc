@@ -4,6 +4,10 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 namespace baton {
 namespace {
 
@@ -39,6 +43,28 @@ TEST_F(FailpointTest, FiresAsKillMinusNineOnTheNamedHit) {
         std::exit(0);  // not reached
       },
       ::testing::KilledBySignal(SIGKILL), "failpoint after_fence: dying here \\(hit 2\\)");
+}
+
+// ":stall" stops the thread that hits it for good; the process's other threads go on.
+TEST_F(FailpointTest, AStallStopsOnlyTheThreadThatHitsIt) {
+  EXPECT_EXIT(
+      {
+        ::setenv("BATON_FAILPOINTS", "generator_step:2:stall", 1);
+        ReloadFailpointsForTesting();
+        std::atomic<int> passed{0};
+        std::thread compute([&] {
+          for (int i = 0; i < 5; ++i) {
+            BATON_FAILPOINT("generator_step");
+            passed.fetch_add(1);
+          }
+        });
+        compute.detach();
+        while (FailpointHits("generator_step") < 2) std::this_thread::yield();
+        // Unstalled, the other thread would pass its last three hits in microseconds.
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::exit(passed.load() == 1 ? 0 : 1);  // this thread goes on; the other stands at 2
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
