@@ -61,6 +61,12 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
                                      std::to_string(Ms(config_.controller_absent_timeout))},
                                     {"BATON_ON_CONTROLLER_ABSENT", config_.on_controller_absent}});
   supervisor_.SetHost(config_.engine_host);
+  routes_.OnStalled([this](const proto::EngineStalled& s) {
+    if (coord_ == nullptr) return;
+    coord_->OnEngineStalled(
+        s.engine_id, "no byte on its " + std::to_string(s.streams) + " answering streams for " +
+                         std::to_string(s.quiet_ms) + " ms (router " + s.router + ")");
+  });
 }
 
 Controller::~Controller() {

@@ -117,11 +117,18 @@ void RoutePublisher::Watch(uint64_t id) {
       Result<proto::RouterReport> report = msg->As<proto::RouterReport>();
       if (!report.ok()) return Refuse(sub, "bad RouterReport: " + report.status().message());
       Store(id, std::move(report).value());
+    } else if (msg->type == proto::MsgType::kEngineStalled) {
+      Result<proto::EngineStalled> stalled = msg->As<proto::EngineStalled>();
+      if (!stalled.ok()) return Refuse(sub, "bad EngineStalled: " + stalled.status().message());
+      if (on_stalled_) on_stalled_(*stalled);
+      if (subscribers_.count(id) == 0) return;  // the callback may publish, and drop it
     } else if (msg->type == proto::MsgType::kSubscribe) {
       if (published_) SendTo(id);  // a repeated Subscribe asks for the current table again
     } else {
-      return Refuse(sub, "a router connection only sends Subscribe and RouterReport, not " +
-                             proto::MsgTypeName(msg->type));
+      return Refuse(sub,
+                    "a router connection only sends Subscribe, RouterReport and EngineStalled, "
+                    "not " +
+                        proto::MsgTypeName(msg->type));
     }
     if (subscribers_.count(id) != 0) Watch(id);
   });

@@ -15,6 +15,7 @@
 // rather than adding to it. Outcomes() sums them by engine. The reports of the
 // kMaxRouters routers heard from most recently are kept. Anything else, or a report that
 // does not decode, drops the subscriber with the reason logged and sent in an ErrorMsg.
+// From protocol 10 a subscriber may also send EngineStalled: handed to OnStalled's callback.
 //
 // Ownership: the publisher owns the subscriber channels. Thread: io_context thread only.
 #pragma once
@@ -43,6 +44,10 @@ class RoutePublisher {
   // A fleet router's report, read from etcd (controller/fleet_reports.h): kept as a
   // subscriber's, by its router name.
   void StoreFleetReport(proto::RouterReport report);
+  // Called with each EngineStalled a router sends (io_context thread).
+  void OnStalled(std::function<void(const proto::EngineStalled&)> fn) {
+    on_stalled_ = std::move(fn);
+  }
 
   // Per engine id, the sum over every subscriber's latest RouterReport and the retired total.
   std::map<uint64_t, proto::EngineOutcome> Outcomes() const;
@@ -76,6 +81,7 @@ class RoutePublisher {
   SubscriberMap subscribers_;
   std::map<std::string, Report> reports_;  // by router name
   uint64_t heard_ = 0;
+  std::function<void(const proto::EngineStalled&)> on_stalled_;
 };
 
 }  // namespace baton

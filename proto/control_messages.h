@@ -91,6 +91,22 @@ struct RouterReport {
   }
 };
 
+// Router -> controller, on its subscription (protocol 10 and up): engine `engine_id` has
+// sent no byte on any of its `streams` streams that had begun answering for `quiet_ms` (its
+// compute hangs, though its heartbeats may go on). Sent every report interval while it
+// lasts; `router` as in RouterReport.
+struct EngineStalled {
+  static constexpr MsgType kType = MsgType::kEngineStalled;
+  uint64_t engine_id = 0;
+  uint32_t streams = 0;
+  uint64_t quiet_ms = 0;
+  std::string router = {};
+  template <class A>
+  void serialize(A& ar) {
+    ar(engine_id, streams, quiet_ms, router);
+  }
+};
+
 // batonctl -> controller: one command (`status`, `promote`, `drain`, `drill`, `timeline`).
 struct CtlRequest {
   static constexpr MsgType kType = MsgType::kCtlRequest;

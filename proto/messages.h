@@ -31,7 +31,7 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 9;
+inline constexpr uint16_t kProtocolVersionMax = 10;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
@@ -55,6 +55,10 @@ inline constexpr uint16_t kProtocolVersionPartialArena = 8;
 // so the engine finishes its requests instead of handing them over. An older engine is sent
 // Drain, and may hand its requests over to a next primary that never comes.
 inline constexpr uint16_t kProtocolVersionFinalDrain = 9;
+// The first version with EngineStalled: a router says an engine has sent no token on any of
+// its streams for its stall timeout (its compute hangs while its heartbeats go on). A router
+// sends none on an older connection.
+inline constexpr uint16_t kProtocolVersionEngineStalled = 10;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -96,7 +100,8 @@ inline constexpr uint16_t kProtocolVersionFinalDrain = 9;
   X(KvAdopted, 59)              \
   X(Quarantined, 60)            \
   X(KvInherited, 61)            \
-  X(FinalDrain, 62)
+  X(FinalDrain, 62)             \
+  X(EngineStalled, 63)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,

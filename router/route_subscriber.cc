@@ -133,6 +133,7 @@ void RouteSubscriber::Subscribe() {
     controller_pid_ = peer->pid;
   }
   const bool reports = on_report_ && ack->version >= proto::kProtocolVersionRouterReport;
+  const bool stalls = on_stall_ && ack->version >= proto::kProtocolVersionEngineStalled;
   BATON_LOG(INFO, "router") << "subscribed to the route table at " << socket_path_ << " (protocol "
                             << ack->version << (reports ? ", reporting outcomes)" : ")");
   using SteadyClock = std::chrono::steady_clock;
@@ -143,15 +144,7 @@ void RouteSubscriber::Subscribe() {
       const SteadyClock::time_point now = SteadyClock::now();
       if (now >= next_report) {
         next_report = now + kReportInterval;
-        proto::RouterReport report{
-            .seq = report_seq_.load() + 1, .engines = on_report_(), .router = instance_};
-        if (Status st = channel->Send(report); !st.ok()) {
-          BATON_LOG(WARN, "router")
-              << "controller connection lost sending a report, keeping the last route table: "
-              << st.ToString();
-          return;
-        }
-        report_seq_ = report.seq;
+        if (!SendReport(*channel, stalls)) return;
       }
       wait = std::clamp(std::chrono::ceil<std::chrono::milliseconds>(next_report - now),
                         std::chrono::milliseconds(1), wait);
@@ -176,6 +169,23 @@ void RouteSubscriber::Subscribe() {
     last_table_line_ = std::move(line);
     Store(std::move(*table));
   }
+}
+
+bool RouteSubscriber::SendReport(proto::Channel& channel, bool stalls) {
+  proto::RouterReport report{
+      .seq = report_seq_.load() + 1, .engines = on_report_(), .router = instance_};
+  Status st = channel.Send(report);
+  if (st.ok()) report_seq_ = report.seq;
+  for (proto::EngineStalled& stall : stalls ? on_stall_() : std::vector<proto::EngineStalled>{}) {
+    if (!st.ok()) break;
+    stall.router = instance_;
+    st = channel.Send(stall);
+  }
+  if (st.ok()) return true;
+  BATON_LOG(WARN, "router")
+      << "controller connection lost sending a report, keeping the last route table: "
+      << st.ToString();
+  return false;
 }
 
 }  // namespace baton

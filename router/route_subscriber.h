@@ -29,6 +29,9 @@
 #include "proto/messages.h"
 
 namespace baton {
+namespace proto {
+class Channel;
+}  // namespace proto
 
 class RouteSubscriber {
  public:
@@ -47,6 +50,10 @@ class RouteSubscriber {
   void OnReport(std::function<std::vector<proto::EngineOutcome>()> fn) {
     on_report_ = std::move(fn);
   }
+  // The engines this router finds stalled, sent as EngineStalled (one per engine) with each
+  // report where the agreed protocol has it (proto::kProtocolVersionEngineStalled). Set it
+  // before Start().
+  void OnStall(std::function<std::vector<proto::EngineStalled>()> fn) { on_stall_ = std::move(fn); }
   // Called (on the subscription thread) when a subscription finds another controller
   // process than the last one did: a restarted controller, whose engines are new. Set it
   // before Start().
@@ -70,6 +77,8 @@ class RouteSubscriber {
   // Sleeps up to `d`; false once Stop() was called.
   bool Wait(std::chrono::milliseconds d);
   void Store(proto::RouteTable table);
+  // Sends a RouterReport, and the stalls when `stalls`; false when the connection failed.
+  bool SendReport(proto::Channel& channel, bool stalls);
 
   std::string socket_path_;
   std::chrono::milliseconds max_backoff_{2000};
@@ -80,6 +89,7 @@ class RouteSubscriber {
   std::atomic<bool> connected_{false};
   std::function<void(const proto::RouteTable&)> on_change_;
   std::function<std::vector<proto::EngineOutcome>()> on_report_;
+  std::function<std::vector<proto::EngineStalled>()> on_stall_;
   std::function<void()> on_new_controller_;
   pid_t controller_pid_ = 0;  // the controller of the last subscription (subscription thread)
   std::atomic<uint64_t> report_seq_{0};  // the last RouterReport's seq

@@ -99,6 +99,7 @@ Status Router::Start() {
 void Router::StartRoutes() {
   routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
   routes_.OnReport([this] { return outcomes_.Snapshot(); });
+  routes_.OnStall([this] { return Stalls(); });
   routes_.OnNewController([this] { admission_.ControllerRestarted(); });
   if (!options_.backend.empty()) {
     routes_.SetStatic(options_.backend);
@@ -106,6 +107,27 @@ void Router::StartRoutes() {
   } else {
     routes_.Start(options_.controller_socket, options_.resubscribe_max_backoff);
   }
+}
+
+std::vector<proto::EngineStalled> Router::Stalls() {
+  std::vector<proto::EngineStalled> out;
+  if (options_.stall_timeout.count() == 0) return out;
+  std::set<uint64_t> now;
+  for (const EngineProgress::Stall& s : progress_.Stalled(clock_.Now(), options_.stall_timeout)) {
+    const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(s.quiet).count();
+    now.insert(s.engine_id);
+    if (stalled_.count(s.engine_id) == 0) {
+      metrics_.RecordEngineStall();
+      BATON_LOG(WARN, "router") << "engine " << s.engine_id << " sent nothing on its " << s.streams
+                                << " answering streams for " << quiet_ms
+                                << " ms: reported stalled to the controller";
+    }
+    out.push_back({.engine_id = s.engine_id,
+                   .streams = s.streams,
+                   .quiet_ms = static_cast<uint64_t>(quiet_ms)});
+  }
+  stalled_ = std::move(now);
+  return out;
 }
 
 Status Router::StartFleet() {
@@ -240,7 +262,8 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                  .unreachable_limit = options_.max_queue_wait,
                  .pool = &pool_,
                  .outcomes = &outcomes_,
-                 .shadow = &shadow_};
+                 .shadow = &shadow_,
+                 .progress = &progress_};
   std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
       ->Start();
 }

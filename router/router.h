@@ -6,12 +6,14 @@
 // is ready, replayed on the next engine when its engine fails, streams relayed event by
 // event, each attempt's end counted by engine in EngineOutcomes and reported to the
 // controller, a canary's reproducible answers compared with the primary's by the
-// ShadowComparer); GET /health (200 with a primary, 503 without) and GET /metrics (Prometheus text)
-// are answered here. With an API key set, /v1/* wants `Authorization: Bearer KEY` (401
-// otherwise). Client limits (body, header, connections, idle and request timeouts) are the
-// HttpServer's. The route table comes from the controller (RouteSubscriber) or is one
-// static backend; with etcd set, the router follows the whole fleet instead (FleetView,
-// FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines there.
+// ShadowComparer; an engine whose answering streams all stand still for stall_timeout is
+// reported to the controller as stalled, EngineProgress); GET /health (200 with a primary, 503
+// without) and GET /metrics (Prometheus text) are answered here. With an API key set, /v1/* wants
+// `Authorization: Bearer KEY` (401 otherwise). Client limits (body, header, connections, idle and
+// request timeouts) are the HttpServer's. The route table comes from the controller
+// (RouteSubscriber) or is one static backend; with etcd set, the router follows the whole fleet
+// instead (FleetView, FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines
+// there.
 //
 // Stopping without losing a request (SIGTERM; docs/router.md, Stopping): BeginDrain() makes
 // /health answer 503 "draining" (so that a load balancer takes the router out) and every
@@ -30,6 +32,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +42,7 @@
 #include "proto/http/http_server.h"
 #include "router/admission.h"
 #include "router/canary/engine_outcomes.h"
+#include "router/canary/engine_progress.h"
 #include "router/canary/shadow_comparer.h"
 #include "router/fleet/fleet_admission.h"
 #include "router/fleet/fleet_view.h"
@@ -89,6 +93,8 @@ class Router {
   std::string ProcessMetrics() const;
   bool Authorized(const HttpExchange& exchange) const;
   void StartRoutes();
+  // The engines stalled now (options_.stall_timeout), each logged and counted once per stall.
+  std::vector<proto::EngineStalled> Stalls();
   Status StartFleet();
   // The admission requests go through: the fleet's, or the controller's.
   Admitter* admitter() { return fleet_ ? static_cast<Admitter*>(fleet_.get()) : &admission_; }
@@ -104,7 +110,9 @@ class Router {
   Admission admission_;
   std::unique_ptr<FleetAdmission> fleet_;  // with etcd
   UpstreamPool pool_;
-  EngineOutcomes outcomes_;  // before routes_: its thread reads them
+  EngineOutcomes outcomes_;     // before routes_: its thread reads them
+  EngineProgress progress_;     // the same
+  std::set<uint64_t> stalled_;  // engines reported stalled now (the subscription thread's)
   ShadowComparer shadow_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;

@@ -22,7 +22,7 @@ constexpr char kUsage[] =
     "usage: baton-router [--config FILE] [--listen HOST:PORT] [--controller SOCKET]\n"
     "                    [--backend HOST:PORT] [--api-key KEY] [--max-body-bytes N]\n"
     "                    [--connect-timeout-ms N] [--first-byte-timeout-ms N]\n"
-    "                    [--stream-idle-timeout-ms N] [--threads N]\n"
+    "                    [--stream-idle-timeout-ms N] [--stall-timeout-ms N] [--threads N]\n"
     "                    [--max-queue N] [--max-queue-wait-ms N] [--ramp-steps 30,60,100]\n"
     "                    [--ramp-duration-ms N] [--migration-limit N] [--max-connections N]\n"
     "                    [--max-header-bytes N] [--request-timeout-ms N]\n"

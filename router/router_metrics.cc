@@ -103,6 +103,11 @@ void RouterMetrics::RecordReplayFailure() {
   ++replay_failures_;
 }
 
+void RouterMetrics::RecordEngineStall() {
+  MutexLock lock(mu_);
+  ++engine_stalls_;
+}
+
 void RouterMetrics::ObserveFailoverNextToken(double seconds) {
   MutexLock lock(mu_);
   failover_next_token_.Observe(seconds);
@@ -145,6 +150,11 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
     Header("baton_router_replay_failures_total", "counter",
            "Streams ended with an explicit error because they could not be continued.", &out);
     out += "baton_router_replay_failures_total " + std::to_string(replay_failures_) + "\n";
+    Header("baton_router_engine_stalls_total", "counter",
+           "Engines whose streams all stood still for stall_timeout_ms, reported to the "
+           "controller.",
+           &out);
+    out += "baton_router_engine_stalls_total " + std::to_string(engine_stalls_) + "\n";
     Header("baton_router_failover_next_token_seconds", "histogram",
            "An attempt that had sent tokens failed, to the first new token of its continuation.",
            &out);

@@ -9,6 +9,7 @@
 //                                                        sent, continued on ids), "retry"
 //                                                        (nothing sent, sent again whole)
 //   baton_router_replay_failures_total                   counter: streams ended with an error
+//   baton_router_engine_stalls_total                     counter: engines found stalled
 //   baton_router_failover_next_token_seconds             histogram: an attempt that had sent
 //                                                        tokens failed, to the first new token
 //                                                        of its continuation (1 ms .. 60 s)
@@ -89,6 +90,8 @@ class RouterMetrics {
   void ObserveQueueWait(double seconds);
   void RecordReplay(bool tokens_sent);
   void RecordReplayFailure();
+  // An engine found stalled (EngineProgress), once per stall.
+  void RecordEngineStall();
   void ObserveFailoverNextToken(double seconds);
 
   std::string Render(const RouterGauges& gauges) const;
@@ -106,6 +109,7 @@ class RouterMetrics {
   uint64_t replays_ BATON_GUARDED_BY(mu_) = 0;
   uint64_t retries_ BATON_GUARDED_BY(mu_) = 0;
   uint64_t replay_failures_ BATON_GUARDED_BY(mu_) = 0;
+  uint64_t engine_stalls_ BATON_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace baton

@@ -194,6 +194,11 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
   s["connect-timeout-ms"] = Millis("connect-timeout-ms", &o->connect_timeout);
   s["first-byte-timeout-ms"] = Millis("first-byte-timeout-ms", &o->first_byte_timeout);
   s["stream-idle-timeout-ms"] = Millis("stream-idle-timeout-ms", &o->stream_idle_timeout);
+  s["stall-timeout-ms"] = [o](const std::string& v) -> Status {  // 0 turns it off
+    BATON_ASSIGN_OR_RETURN(int64_t ms, ParseInt("stall-timeout-ms", v, 0, 86400000));
+    o->stall_timeout = std::chrono::milliseconds(ms);
+    return OkStatus();
+  };
   s["request-timeout-ms"] = Millis("request-timeout-ms", &o->request_timeout);
   s["client-idle-timeout-ms"] = Millis("client-idle-timeout-ms", &o->client_idle_timeout);
   s["max-queue-wait-ms"] = Millis("max-queue-wait-ms", &o->max_queue_wait);

@@ -25,6 +25,10 @@ struct RouterOptions {
   std::chrono::milliseconds connect_timeout{2000};
   std::chrono::milliseconds first_byte_timeout{60000};   // request sent → response header
   std::chrono::milliseconds stream_idle_timeout{60000};  // between two body reads
+  // An engine whose every stream that had begun answering sent nothing for this long is
+  // reported stalled to the controller (proto::EngineStalled), which fences it as hung.
+  // 0: never reported.
+  std::chrono::milliseconds stall_timeout{30000};
   std::chrono::milliseconds resubscribe_max_backoff{2000};
   int threads = 2;
   // Client-side limits.

@@ -157,6 +157,14 @@ void Coordinator::OnDying(EngineId id, const std::string& how) {
 
 void Coordinator::OnExited(EngineId id, const std::string& how) { failover_.OnExited(id, how); }
 
+void Coordinator::OnEngineStalled(EngineId id, const std::string& detail) {
+  EngineRecord* e = s_.Find(id);
+  if (e == nullptr || s_.stopping || !e->live() || !e->serving()) return;
+  if (id != s_.primary && !upgrades_.IsCanary(id)) return;
+  failover_.Fence(id, FailCause::kHung, detail);
+  s_.CheckInvariants();
+}
+
 // --- operator commands --------------------------------------------------------------------------
 
 Status Coordinator::RequestSwitchover() { return commands_.RequestSwitchover(); }

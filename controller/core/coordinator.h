@@ -118,6 +118,11 @@ class Coordinator {
   void OnDying(EngineId id, const std::string& how);
   // Its process exited and was reaped (or, adopted, seen gone); `how` for the log.
   void OnExited(EngineId id, const std::string& how);
+  // A router found it stalled: no byte on any of its answering streams for the router's
+  // stall timeout (proto::EngineStalled), while its heartbeats may go on. The primary, or a
+  // canary, is fenced as hung (killed; a failover, or the canary's rollback); any other
+  // engine (a standby serves no stream, a fenced one is gone) is left alone.
+  void OnEngineStalled(EngineId id, const std::string& detail);
   // Time passed: deadlines, heartbeats, barriers, retries, the canary.
   void OnTick();
   // When OnTick can next change something (the daemon arms its timer for it).

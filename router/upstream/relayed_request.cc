@@ -197,6 +197,13 @@ bool RelayedRequest::RelayEvent(const std::string& event) {
     return false;
   }
   if (!o.to_client.empty()) exchange_->Write(std::move(o.to_client));
+  if (deps_.progress != nullptr && target_) {
+    if (progress_id_ == 0) {
+      progress_id_ = deps_.progress->Begin(target_->node, target_->engine_id, deps_.clock->Now());
+    } else {
+      deps_.progress->Advanced(progress_id_, deps_.clock->Now());
+    }
+  }
   if (o.first_token && !first_token_seen_) {
     first_token_seen_ = true;
     deps_.metrics->ObserveFirstToken(route_, MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
@@ -388,6 +395,8 @@ void RelayedRequest::StartShadow(uint64_t canary, std::optional<std::vector<int3
 }
 
 void RelayedRequest::ReleaseTarget() {
+  if (progress_id_ != 0) deps_.progress->End(progress_id_);
+  progress_id_ = 0;
   if (loss_watch_ != 0) deps_.admission->Unwatch(loss_watch_);
   loss_watch_ = 0;
   if (target_) deps_.admission->Release(*target_);

@@ -23,7 +23,8 @@
 // ever did), and an attempt whose node leaves the fleet (Admitter::WatchLoss) is cut and
 // replayed on another node like any failed attempt.
 // Each attempt's end is counted against its engine in EngineOutcomes: failed (what is replayed
-// above, and an answer 5xx), succeeded (a whole answer relayed), or just ended.
+// above, and an answer 5xx), succeeded (a whole answer relayed), or just ended. A stream's
+// events, from its first, are noted in EngineProgress until the attempt ends.
 // A canary's successful answer to a reproducible request (StreamReplay::reproducible()) is
 // offered to the ShadowComparer once the client's answer is finished: its token ids (those sent
 // in the stream, or those of the whole body) are compared with the primary's.
@@ -41,6 +42,7 @@
 #include "proto/http/http_server.h"
 #include "router/admitter.h"
 #include "router/canary/engine_outcomes.h"
+#include "router/canary/engine_progress.h"
 #include "router/canary/shadow_comparer.h"
 #include "router/router_metrics.h"
 #include "router/stream/sse_splitter.h"
@@ -60,6 +62,7 @@ struct RelayDeps {
   UpstreamPool* pool = nullptr;        // keep-alive connections to engines (may be null)
   EngineOutcomes* outcomes = nullptr;  // each attempt's end, by engine (may be null)
   ShadowComparer* shadow = nullptr;    // canaries' answers compared (may be null)
+  EngineProgress* progress = nullptr;  // whether streams still move, by engine (may be null)
 };
 
 class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
@@ -131,6 +134,7 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   bool finished_ = false;
   bool first_token_seen_ = false;
   int migrations_ = 0;
+  uint64_t progress_id_ = 0;  // the current attempt's stream in EngineProgress, 0 when none
   std::optional<TimePoint> unreachable_since_;  // first of the current run of refusals
   // When an attempt that had sent tokens failed, until the continuation's next token.
   std::optional<TimePoint> failed_at_;

@@ -10,7 +10,9 @@
 //  * the primary killed after a step's KV writes and before their commit (failpoint
 //    kv_before_commit): the successor adopts the step before and continues;
 //  * a standby of another KV format (another engine version) adopts nothing;
-//  * `batonctl promote` mid-stream hands the running sequence over without a prefill.
+//  * `batonctl promote` mid-stream hands the running sequence over without a prefill;
+//  * the primary's compute stalls (its heartbeats going on): the router reports it, the
+//    controller kills it as hung, and the stream goes on from its KV.
 //
 // A failpoint is armed in the engine launched as the primary only, by a shell wrapper.
 #include <gtest/gtest.h>
@@ -167,6 +169,32 @@ TEST(KvWarmFailover, TornRecordIsDroppedAndTheReplayPrefills) {
 TEST(KvWarmFailover, DeathBetweenKvWriteAndCommitAdoptsTheStepBefore) {
   StreamSurvivesFailpoint("uncommitted", "kv_before_commit:12", /*adopted=*/1,
                           /*dropped_torn=*/0);
+}
+
+// The primary's compute stalls mid-stream (failpoint generator_step:N:stall: its step
+// thread stops for good) while its SDK's heartbeats go on, so the controller alone would
+// never notice. The router finds the stream standing still past its stall timeout and says
+// so; the controller kills the primary as hung, and the new primary continues the stream from
+// the KV it left.
+TEST(KvWarmFailover, ComputeStalledMidStreamIsFoundByTheRouterAndReplaced) {
+  ChaosCluster cluster(PairWithPrimaryFailpoint("generator_step:20:stall"));
+  RouterProcess router({"--controller", cluster.socket(), "--stall-timeout-ms", "1000"},
+                       cluster.dir(), "router.log");
+  ASSERT_TRUE(router.ready()) << router.Log();
+  ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
+  const uint64_t first = PrimaryId(cluster.Status());
+  const StreamOutput got = Stream(cluster, router, "stalled", nullptr);
+  const json after = cluster.WaitReady("the pair after the stall");
+  ASSERT_NE(PrimaryId(after), first) << "the stall was not acted on\n" << cluster.Log();
+  const StreamOutput want = Stream(cluster, router, "stalled-reference", nullptr);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_NE(cluster.Log().find("fenced: hung: no byte on its 1 answering streams for"),
+            std::string::npos)
+      << cluster.Log();
+  EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
+  EXPECT_NE(router.Log().find("reported stalled to the controller"), std::string::npos);
+  cluster.CheckFencing();
 }
 
 TEST(KvWarmFailover, StandbyOfAnotherKvFormatAdoptsNothing) {

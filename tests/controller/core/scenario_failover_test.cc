@@ -40,6 +40,24 @@ TEST_F(FailoverScenario, PrimaryHungIsConfirmedByAProbeThenReplaced) {
                  Launch(3, "standby")});
 }
 
+// A primary whose compute hangs while its heartbeats go on: a router finds its streams
+// standing still (EngineStalled) and the controller kills it as hung, with no health probe
+// (it would answer); the failover follows. A stall reported of the standby changes nothing.
+TEST_F(FailoverScenario, APrimaryARouterFindsStalledIsKilledAsHung) {
+  StartReadyPair();
+  coord().OnEngineStalled(standby_, "no byte on its 0 answering streams for 30000 ms");
+  ExpectNoEffect(E("Kill", standby_));
+  coord().OnEngineStalled(primary_, "no byte on its 3 answering streams for 30000 ms (router r)");
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the standby to serve");
+  ExpectEffects({E("Kill", primary_), EpochDurable(2), "SaveRoster", Send(standby_, "Quarantined"),
+                 Send(standby_, "Promote"), "PublishRoutes", E("BarrierPassed", primary_),
+                 Launch(3, "standby")});
+  ExpectNoEffect(Send(primary_, "HealthRequest"));
+  coord().OnEngineStalled(primary_, "again");  // fenced already: nothing more
+  EXPECT_EQ(Count(E("Kill", primary_)), 1u);
+}
+
 // A standby that dies holds no blocks: it is fenced and replaced, and no epoch is spent and
 // nothing is promoted.
 TEST_F(FailoverScenario, StandbyDeadIsReplacedWithoutANewEpoch) {
