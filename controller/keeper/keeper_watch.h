@@ -77,7 +77,8 @@ class KeeperWatch {
   void Stop();
   // At a clean stop, when the keeper did not let the memory go when asked (its socket gone,
   // or it does not answer): SIGKILL through the pidfd, so that no keeper holds the memory for
-  // nobody; then Stop(). False when no keeper is watched.
+  // nobody; then Stop(). Whether SIGKILL was sent (false: no keeper watched, or the signal
+  // failed, which is logged).
   bool KillAndStop();
 
   const KeeperStatus& status() const { return status_; }
