@@ -44,7 +44,7 @@ Status CommandPart::RequestSwitchover() {
 PromotionRecord& CommandPart::OpenPlannedTimeline(PromotionKind kind, const std::string& cause,
                                                   const EngineRecord& old, EngineId next) {
   PromotionRecord& r = s_.timelines.Open(kind, cause);
-  r.injected = s_.clock.Now();
+  r.requested = s_.clock.Now();  // nothing is injected: the old primary is asked to drain
   r.old_engine = old.id;
   r.old_pid = old.pid;
   r.new_engine = next;

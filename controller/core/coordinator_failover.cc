@@ -202,7 +202,7 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
   s_.StepPair(PrimaryEventFor(cause, before));
   Result<uint64_t> epoch = FenceHolder(e.id);
   if (epoch.ok()) {
-    r->epoch = *epoch;
+    r->epoch = r->fence_epoch = *epoch;  // a canary that takes over says its own epoch
     r->epoch_durable = s_.clock.Now();
     BATON_FAILPOINT("after_fence");  // killed, fenced at a durable epoch, nothing handed on
   }

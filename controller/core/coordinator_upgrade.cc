@@ -270,6 +270,7 @@ void UpgradePart::OnCanaryPromoted(EngineRecord& e, uint64_t epoch) {
     p_.engines->PublishRoutes();
     if (PromotionRecord* r = s_.timelines.current()) {
       r->new_engine = e.id;
+      r->epoch = epoch;  // the canary's, not the old primary's fence epoch
       r->promote_acked = r->route_published = s_.clock.Now();
       s_.timelines.Close("serving: the canary took over");
     }
@@ -405,6 +406,9 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   const bool planned = own_.upgrade->phase == Upgrade::Phase::kFinishing;
   if (PromotionRecord* r = s_.timelines.current()) {
     r->new_engine = c->id;
+    // The canary serves on at the epoch it was promoted at as the canary, not at the old
+    // primary's fence epoch.
+    if (const LedgerEngine* le = s_.ledger->engine(c->id)) r->epoch = le->epoch;
     r->promote_acked = s_.clock.Now();
   }
   BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old

@@ -31,7 +31,8 @@ std::optional<double> Between(const std::optional<TimePoint>& from,
 using Stamp = std::pair<const char*, const std::optional<TimePoint>*>;
 
 std::vector<Stamp> Stamps(const PromotionRecord& r) {
-  return {{"injected", &r.injected},
+  return {{"requested", &r.requested},
+          {"injected", &r.injected},
           {"last_heartbeat", &r.last_heartbeat},
           {"detected", &r.detected},
           {"killed", &r.killed},
@@ -68,11 +69,21 @@ std::string OldEngineText(uint64_t id) {
   return id == 0 ? std::string("no engine") : "engine " + std::to_string(id);
 }
 
+// " (engine 1 fenced at epoch 3)" when the old primary's fence epoch is not the new primary's
+// (a canary that takes over serves at its own, earlier epoch); else "".
+std::string FenceText(const PromotionRecord& r) {
+  if (r.fence_epoch == 0 || r.fence_epoch == r.epoch) return "";
+  return " (" + OldEngineText(r.old_engine) + " fenced at epoch " + std::to_string(r.fence_epoch) +
+         ")";
+}
+
 }  // namespace
 
 PhaseTimes PhasesOf(const PromotionRecord& r) {
   PhaseTimes p;
-  const std::optional<TimePoint>& evidence = r.injected.has_value() ? r.injected : r.last_heartbeat;
+  const std::optional<TimePoint>& evidence = r.injected.has_value()    ? r.injected
+                                             : r.requested.has_value() ? r.requested
+                                                                       : r.last_heartbeat;
   p.detect_ms = Between(evidence.has_value() ? evidence : r.detected, r.detected);
   p.fence_ms = Between(r.detected, r.reaped);
   const bool reaped_first =
@@ -117,9 +128,9 @@ PromotionRecord* TimelineLog::Promoted(uint64_t engine, uint64_t epoch) {
   return nullptr;
 }
 
-PromotionRecord* TimelineLog::Fenced(uint64_t old_engine, uint64_t epoch) {
+PromotionRecord* TimelineLog::Fenced(uint64_t old_engine, uint64_t fence_epoch) {
   for (auto it = records_.rbegin(); it != records_.rend(); ++it) {
-    if (it->old_engine == old_engine && it->epoch == epoch) return &*it;
+    if (it->old_engine == old_engine && it->fence_epoch == fence_epoch) return &*it;
   }
   return nullptr;
 }
@@ -157,13 +168,19 @@ nlohmann::json TimelineJson(const PromotionRecord& r, TimePoint now) {
   put("ready_ms", p.ready_ms);
   put("total_ms", p.total_ms);
   put("teardown_ms", p.teardown_ms);
-  nlohmann::json j{
-      {"seq", r.seq},           {"kind", ToString(r.kind)},
-      {"cause", r.cause},       {"old_engine", r.old_engine},
-      {"old_pid", r.old_pid},   {"new_engine", r.new_engine},
-      {"epoch", r.epoch},       {"outcome", r.outcome},
-      {"complete", r.complete}, {"started_at", first.has_value() ? WallTime(*first, now) : ""},
-      {"stamps", stamps},       {"phases", phases}};
+  nlohmann::json j{{"seq", r.seq},
+                   {"kind", ToString(r.kind)},
+                   {"cause", r.cause},
+                   {"old_engine", r.old_engine},
+                   {"old_pid", r.old_pid},
+                   {"new_engine", r.new_engine},
+                   {"epoch", r.epoch},
+                   {"fence_epoch", r.fence_epoch},
+                   {"outcome", r.outcome},
+                   {"complete", r.complete},
+                   {"started_at", first.has_value() ? WallTime(*first, now) : ""},
+                   {"stamps", stamps},
+                   {"phases", phases}};
   j["promotion"] = {{"before_barrier", PromotedBeforeBarrier(r)},
                     {"waited", r.waited},
                     {"barrier_timed_out", r.barrier_timed_out},
@@ -248,7 +265,8 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   out << ToString(r.kind) << " #" << r.seq << " (" << r.cause
       << "): " << OldEngineText(r.old_engine);
   if (r.old_pid != 0) out << " (pid " << r.old_pid << ")";
-  out << " -> engine " << r.new_engine << " at epoch " << r.epoch << "; " << r.outcome;
+  out << " -> engine " << r.new_engine << " at epoch " << r.epoch << FenceText(r) << "; "
+      << r.outcome;
   if (first.has_value()) out << "; started " << WallTime(*first, now);
   out << "\n";
   // In the order they happened (a barrier may pass before or after the promotion).
@@ -289,7 +307,7 @@ std::string TimelineLog::Summary(const PromotionRecord& r) {
   std::ostringstream out;
   out << ToString(r.kind) << " #" << r.seq << " (" << r.cause
       << "): " << OldEngineText(r.old_engine) << " -> engine " << r.new_engine << " at epoch "
-      << r.epoch;
+      << r.epoch << FenceText(r);
   auto put = [&](const char* name, const std::optional<double>& v) {
     if (v.has_value()) out << ", " << name << " " << Fixed(*v) << " ms";
   };

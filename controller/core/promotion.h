@@ -3,6 +3,8 @@
 //
 // The controller opens a PromotionRecord when it detects the loss of a primary (or starts a
 // planned switch-over, or promotes the first engine) and stamps each phase as it happens:
+//   requested       the hand-over was asked for: `batonctl promote`, or the canary passed every
+//                   step (switch-overs and upgrades: the old primary is told to drain)
 //   injected        a drill's kill / stop / error was sent (drills only)
 //   last_heartbeat  the last heartbeat the old primary sent (hangs)
 //   detected        pidfd readable, socket EOF, hang confirmed, error report, drained
@@ -22,7 +24,10 @@
 //   standby_launched / standby_ready  the replacement standby
 // A promotion before the barrier is acknowledged before the old primary's teardown ends: the
 // record is closed then and still takes reaped, gpu_released and barrier_passed.
-// Phase durations: detect (evidence -> detected), fence (detected -> reaped), promote
+// `epoch` is the epoch the new primary serves at: the old primary's fence epoch (`fence_epoch`)
+// after a failover or a switch-over, the canary's own (earlier) epoch when a canary takes over.
+// Phase durations: detect (evidence -> detected, where the evidence is the drill, the request
+// or the last heartbeat), fence (detected -> reaped), promote
 // (reaped -> promote_acked, or promote_sent -> promote_acked when the promotion did not wait
 // for the reap), ready (detected -> route_published), teardown (detected -> barrier_passed).
 //
@@ -71,16 +76,17 @@ struct PromotionRecord {
   uint64_t old_engine = 0;
   pid_t old_pid = 0;
   uint64_t new_engine = 0;
-  uint64_t epoch = 0;
+  uint64_t epoch = 0;        // the epoch the new primary serves at
+  uint64_t fence_epoch = 0;  // the epoch the old primary was fenced at (0: not fenced yet)
   std::string outcome = "in progress";  // "serving", "down: no standby", ...
   bool complete = false;
   // False once the new primary serves beside a standby already there (a pair's first
   // promotion: both engines start together): no replacement standby is awaited.
   bool replacement_awaited = true;
 
-  std::optional<TimePoint> injected, last_heartbeat, detected, killed, epoch_durable, reaped,
-      gpu_released, barrier_passed, promote_sent, promote_acked, kv_adopted, route_published,
-      standby_launched, standby_ready;
+  std::optional<TimePoint> requested, injected, last_heartbeat, detected, killed, epoch_durable,
+      reaped, gpu_released, barrier_passed, promote_sent, promote_acked, kv_adopted,
+      route_published, standby_launched, standby_ready;
 
   // Why the promotion waited for the old primary's barrier ("" when it did not: it started on
   // the promotion reserve), the old primary's blocks quarantined at its fence, and the
@@ -130,8 +136,9 @@ class TimelineLog {
   const PromotionRecord* last() const;
   // The most recent record that promoted `engine` at `epoch`, open or not; nullptr if none.
   PromotionRecord* Promoted(uint64_t engine, uint64_t epoch);
-  // The most recent record that fenced `old_engine` at `epoch`, open or not; nullptr if none.
-  PromotionRecord* Fenced(uint64_t old_engine, uint64_t epoch);
+  // The most recent record that fenced `old_engine` at `fence_epoch`, open or not; nullptr if
+  // none.
+  PromotionRecord* Fenced(uint64_t old_engine, uint64_t fence_epoch);
   // The last record that is waiting for its replacement standby, or nullptr.
   PromotionRecord* awaiting_standby();
   void Close(std::string outcome);

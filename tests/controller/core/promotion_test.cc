@@ -85,6 +85,33 @@ TEST(Timeline, InjectionIsTheEvidenceForADrill) {
   EXPECT_FALSE(PhasesOf(r).ready_ms.has_value());
 }
 
+// A switch-over or an upgrade injects nothing: its evidence is the request to drain, and the
+// canary that takes over serves at its own epoch, not the old primary's fence epoch.
+TEST(Timeline, APlannedHandOverIsRequestedNotInjected) {
+  FakeClock clock;
+  TimelineLog log(clock);
+  PromotionRecord& r = log.Open(PromotionKind::kUpgrade, "canary passed every step");
+  r.requested = clock.Now();
+  r.detected = clock.Now() + milliseconds(40);  // drained
+  r.old_engine = 1;
+  r.new_engine = 3;
+  r.fence_epoch = 3;
+  r.epoch = 2;
+  EXPECT_DOUBLE_EQ(*PhasesOf(r).detect_ms, 40);
+  const std::string text = TimelineText(r, clock.Now());
+  EXPECT_NE(text.find("engine 1 -> engine 3 at epoch 2 (engine 1 fenced at epoch 3)"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("requested"), std::string::npos) << text;
+  EXPECT_EQ(text.find("injected"), std::string::npos) << text;
+  const nlohmann::json j = TimelineJson(r, clock.Now());
+  EXPECT_EQ(j["epoch"], 2);
+  EXPECT_EQ(j["fence_epoch"], 3);
+  EXPECT_FALSE(j["stamps"].contains("injected_ms")) << j.dump();
+  EXPECT_EQ(log.Fenced(1, 3), &r) << "found by the fence epoch";
+  EXPECT_EQ(log.Fenced(1, 2), nullptr);
+}
+
 TEST(Timeline, BoundedAndClosed) {
   FakeClock clock;
   TimelineLog log(clock, 2);

@@ -132,5 +132,55 @@ TEST_F(UpgradeScenario, ACanaryWhoseOldPrimaryDrainedAcrossARestartTakesOver) {
   ExpectNoEffect(E("Kill", canary));
 }
 
+// The hand-over's timeline says the epoch the canary serves at (its own, from its promotion as
+// the canary), not the old primary's fence epoch, and has no `injected` stamp: nothing was
+// injected, the old primary was asked to drain (`requested`).
+TEST_F(UpgradeScenario, TheHandOverTimelineSaysTheEpochTheCanaryServesAt) {
+  StartReadyPair();
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the upgrade to end");
+  const EngineId canary = 3;
+  ASSERT_EQ(coord().primary(), canary) << Story();
+  const uint64_t serving_epoch = coord().ledger().engine(canary)->epoch;
+  EXPECT_EQ(serving_epoch, 2u);
+  const CoordinatorStatus s = coord().Snapshot();
+  ASSERT_FALSE(s.timelines.empty());
+  const PromotionRecord& r = s.timelines.back();
+  EXPECT_EQ(r.kind, PromotionKind::kUpgrade);
+  EXPECT_EQ(r.new_engine, canary);
+  EXPECT_EQ(r.epoch, serving_epoch);
+  EXPECT_EQ(r.fence_epoch, 3u) << "the old primary is fenced at the next epoch";
+  EXPECT_FALSE(r.injected.has_value());
+  EXPECT_TRUE(r.requested.has_value());
+  const std::string text = TimelineText(r, s.now);
+  EXPECT_NE(text.find("-> engine 3 at epoch 2 (engine 1 fenced at epoch 3)"), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("injected"), std::string::npos) << text;
+  EXPECT_EQ(TimelineJson(r, s.now)["epoch"], serving_epoch);
+}
+
+// The primary dies while the canary serves: the canary takes over at its own epoch, and the
+// failover's timeline says that one.
+TEST_F(UpgradeScenario, AFailoverToTheCanarySaysTheEpochTheCanaryServesAt) {
+  StartReadyPair();
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil(
+      [this] {
+        const CoordinatorStatus s = coord().Snapshot();
+        return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kCanary;
+      },
+      seconds(5), "the canary to serve");
+  PrimaryDies();
+  WaitUntil([this] { return !Upgrading() && coord().primary() == 3; }, seconds(5),
+            "the canary to take over");
+  const CoordinatorStatus s = coord().Snapshot();
+  ASSERT_FALSE(s.timelines.empty());
+  const PromotionRecord& r = s.timelines.back();
+  EXPECT_EQ(r.kind, PromotionKind::kFailover);
+  EXPECT_EQ(r.new_engine, 3u);
+  EXPECT_EQ(r.epoch, coord().ledger().engine(3)->epoch) << TimelineText(r, s.now);
+  EXPECT_GT(r.fence_epoch, r.epoch);
+}
+
 }  // namespace
 }  // namespace baton::sim
