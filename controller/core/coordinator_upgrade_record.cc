@@ -92,7 +92,8 @@ void UpgradePart::RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::
 
 // An upgrade in flight when the previous controller went away goes on where its engines
 // are: a serving canary resumes its step (the judge starts the step again from what the
-// routers report now), a draining side finishes its drain; anything earlier is rolled back.
+// routers report now), a canary sent its Promote finishes that, a draining side finishes its
+// drain; anything earlier (a canary re-adopted as a standby) is rolled back.
 std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
   EngineRecord* c = s_.Find(u.canary);
   EngineRecord* p = s_.Find(s_.primary);
@@ -125,13 +126,21 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
     outcome =
         "resumed: the old primary did not come back (it had drained, or was lost); the "
         "canary takes over";
-  } else if (!canary_holds || p == nullptr || !ValidateCanaryPolicy(up.policy).ok()) {
-    outcome = "rolled back: its canary or its primary did not come back";
-    if (c != nullptr && c->live()) {
+  } else if (const Status policy = ValidateCanaryPolicy(up.policy);
+             !canary_holds || p == nullptr || !policy.ok()) {
+    // Only a canary that serves, drains or was sent its Promote goes on; one re-adopted as a
+    // standby (launched, its blocks being reclaimed, its Promote not sent yet) is rolled back.
+    const bool canary_back = c != nullptr && c->live();
+    const std::string why = !canary_back    ? "its canary did not come back"
+                            : !canary_holds ? "its canary came back as a standby, not promoted yet"
+                            : p == nullptr  ? "its primary did not come back"
+                                            : "its saved policy is refused: " + policy.message();
+    outcome = "rolled back: " + why;
+    if (canary_back) {
       own_.upgrade = std::move(up);
-      RollBackCanary(interrupted);
+      RollBackCanary(interrupted + "; " + why);
     } else {
-      RecordInterruptedUpgrade(u, interrupted + "; its canary did not come back");
+      RecordInterruptedUpgrade(u, interrupted + "; " + why);
     }
   } else if (c->is(EngineState::kPromoting)) {
     up.phase = Upgrade::Phase::kPromoting;

@@ -182,5 +182,32 @@ TEST_F(UpgradeScenario, AFailoverToTheCanarySaysTheEpochTheCanaryServesAt) {
   EXPECT_GT(r.fence_epoch, r.epoch);
 }
 
+// A controller restart while the canary is still a standby (its blocks being reclaimed, not
+// promoted): the canary is re-adopted as a standby, and the upgrade is rolled back, saying so
+// (not that the canary did not come back).
+TEST_F(UpgradeScenario, ARestartBeforeTheCanaryIsPromotedRollsItBackAndSaysWhy) {
+  StartReadyPair();
+  Upgrade({"sim-engine", "--version=2"});
+  const TimePoint end = loop_.clock().Now() + seconds(5);
+  auto reclaiming = [this] {
+    const CoordinatorStatus s = coord().Snapshot();
+    return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kReclaiming;
+  };
+  while (!reclaiming() && loop_.clock().Now() < end) loop_.RunFor(std::chrono::microseconds(100));
+  ASSERT_TRUE(reclaiming()) << Story();
+  ControllerRestarts();
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the rollback");
+  const CoordinatorStatus s = coord().Snapshot();
+  ASSERT_TRUE(s.recovery.upgrade.has_value()) << Story();
+  EXPECT_NE(s.recovery.upgrade->find("rolled back: its canary came back as a standby"),
+            std::string::npos)
+      << *s.recovery.upgrade;
+  ASSERT_FALSE(s.upgrade_history.empty());
+  EXPECT_EQ(s.upgrade_history.back().outcome, UpgradeOutcome::kRolledBack);
+  EXPECT_NE(s.upgrade_history.back().reason.find("not promoted yet"), std::string::npos)
+      << s.upgrade_history.back().reason;
+  EXPECT_EQ(coord().primary(), primary_);
+}
+
 }  // namespace
 }  // namespace baton::sim
