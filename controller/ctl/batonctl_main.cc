@@ -14,10 +14,8 @@
 #include "base/build_info.h"
 #include "base/log.h"
 #include "controller/config.h"
-#include "controller/core/drill_kind.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/rollout/ctl_rollout.h"
-#include "controller/upgrade/ctl_upgrade.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 
@@ -44,14 +42,25 @@ bool WantsJson(int argc, char** argv) {
   return false;
 }
 
-int Usage(const std::string& why, bool json = false) {
-  if (!why.empty()) std::fprintf(stderr, "batonctl: %s\n\n", why.c_str());
-  std::fputs(CtlUsage(), why.empty() ? stdout : stderr);
+std::string Dump(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// --help (`why` empty): the usage text on stdout, exit 0. A usage error: the error and a hint
+// at --help on stderr, exit 2; the whole usage text only when no command was given (`full`),
+// so that a one-line error is not buried. With --json, the JSON object comes last on stdout.
+int Usage(const std::string& why, bool json, bool full = false) {
+  if (why.empty()) {
+    std::fputs(CtlUsage(), stdout);
+  } else if (full) {
+    std::fprintf(stderr, "batonctl: %s\n\n%s", why.c_str(), CtlUsage());
+  } else {
+    std::fprintf(stderr, "batonctl: %s\n%s\n", why.c_str(), CtlUsageHint());
+  }
   if (json) {
     const nlohmann::json line = why.empty() ? nlohmann::json{{"ok", true}, {"usage", CtlUsage()}}
                                             : nlohmann::json{{"ok", false}, {"error", why}};
-    std::printf("%s\n",
-                line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::printf("%s\n", Dump(line).c_str());
   }
   return why.empty() ? 0 : 2;
 }
@@ -103,29 +112,11 @@ int ParseArgs(int argc, char** argv, Args* args) {
   static const std::set<std::string> kCommands = {"status", "promote",   "drain",   "resume",
                                                   "drill",  "timeline",  "upgrade", "rollback",
                                                   "fleet",  "controller"};
-  if (args->command.empty()) return usage("no command given");
+  if (args->command.empty()) return Usage("no command given", json, /*full=*/true);
   if (kCommands.count(args->command) == 0) return usage("unknown command '" + args->command + "'");
-  if (args->command == "drill") {
-    if (args->rest.size() != 1 || !ParseDrillKind(args->rest[0]).ok()) {
-      return usage("drill needs one of: kill, hang, error");
-    }
-  } else if (args->command == "upgrade") {
-    if (Result<UpgradeRequest> r = ParseUpgradeArgs(args->rest); !r.ok()) {
-      return usage(r.status().message());
-    }
-  } else if (args->command == "rollback") {
-    if (Result<UpgradeRequest> r = ParseRollbackArgs(args->rest); !r.ok()) {
-      return usage(r.status().message());
-    }
-  } else if (args->command == "fleet") {
-    if (Status s = CheckFleetArgs(args->rest); !s.ok()) return usage(s.message());
-  } else if (args->command == "controller") {
-    if (args->rest.size() != 1 || args->rest[0] != "restart") {
-      return usage("controller needs: restart");
-    }
-  } else if (!args->rest.empty()) {
-    return usage(args->command + " takes no arguments");
-  }
+  const Status checked = args->command == "fleet" ? CheckFleetArgs(args->rest)
+                                                  : CheckCtlArgs(args->command, args->rest);
+  if (!checked.ok()) return usage(checked.message());
   if (!args->socket.empty() && !args->config.empty()) {
     return usage("--socket and --config exclude each other");
   }
@@ -152,10 +143,6 @@ Result<proto::CtlReply> Ask(const Args& args) {
   BATON_ASSIGN_OR_RETURN(proto::ReceivedMessage msg,
                          channel.Receive(std::chrono::milliseconds(args.timeout_ms)));
   return msg.As<proto::CtlReply>();
-}
-
-std::string Dump(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // `fleet upgrade --wait`: whether --wait is among fleet upgrade's own options.
@@ -213,7 +200,18 @@ int Run(int argc, char** argv) {
     SetLogLevel(LogLevel::kError);  // a CLI prints its own errors
   }
   if (WantsVersion(argc, argv)) {
-    std::printf("%s\n", VersionLine("batonctl").c_str());
+    if (WantsJson(argc, argv)) {  // one JSON object, as every --json command prints
+      const BuildInfo& b = GetBuildInfo();
+      std::printf("%s\n", Dump({{"ok", true},
+                                {"program", "batonctl"},
+                                {"version", std::string(b.version)},
+                                {"commit", std::string(b.commit)},
+                                {"build_type", std::string(b.build_type)},
+                                {"line", VersionLine("batonctl")}})
+                              .c_str());
+    } else {
+      std::printf("%s\n", VersionLine("batonctl").c_str());
+    }
     return 0;
   }
   Args args;
@@ -224,9 +222,7 @@ int Run(int argc, char** argv) {
         "cannot reach the controller at " + args.socket + ": " + reply.status().message();
     std::fprintf(stderr, "batonctl: %s\n", why.c_str());
     if (args.json) {
-      std::printf("%s\n", nlohmann::json{{"ok", false}, {"error", why}}
-                              .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                              .c_str());
+      std::printf("%s\n", Dump({{"ok", false}, {"error", why}}).c_str());
     }
     return 1;
   }

@@ -241,7 +241,7 @@ proto::CtlReply Refuse(const std::string& command, const Status& status) {
 }
 
 proto::CtlReply Usage(const std::string& why) {
-  return Reply(2, why + "\n" + CtlUsage(), {{"ok", false}, {"error", why}});
+  return Reply(2, why + "\n" + CtlUsageHint(), {{"ok", false}, {"error", why}});
 }
 
 proto::CtlReply Timeline(const ControllerStatus& c) {
@@ -325,6 +325,9 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
   const std::string& cmd = request.command;
   const auto& args = request.args;
   Coordinator& co = c.coordinator();
+  if (cmd != "fleet") {  // fleet's arguments are checked where it is answered
+    if (Status checked = CheckCtlArgs(cmd, args); !checked.ok()) return Usage(checked.message());
+  }
   if (cmd == "status") {
     const ControllerStatus s = c.Snapshot();
     return Reply(0, StatusText(s), StatusJson(s));
@@ -366,7 +369,6 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
                 c);
   }
   if (cmd == "drill") {
-    if (args.size() != 1) return Usage("drill needs one of: kill, hang, error");
     Result<DrillKind> kind = ParseDrillKind(args[0]);
     if (!kind.ok()) return Refuse(cmd, kind.status());
     Status status = co.Drill(*kind);
@@ -378,7 +380,6 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     return Refuse(cmd, FailedPrecondition("this controller has no [fleet] etcd configured"));
   }
   if (cmd == "controller") {
-    if (args.size() != 1 || args[0] != "restart") return Usage("controller needs: restart");
     if (co.stopping()) return Refuse(cmd, Unavailable("the controller is shutting down"));
     // After the reply is sent: the next controller re-adopts the engines and the memory.
     c.ScheduleHandOver("batonctl controller restart");

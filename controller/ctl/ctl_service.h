@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "controller/controller.h"
 #include "proto/messages.h"
@@ -25,7 +26,14 @@ std::string StatusText(const ControllerStatus& status);
 // Prometheus text exposition of the controller's gauges and counters.
 std::string MetricsText(const ControllerStatus& status);
 
-// The usage text of batonctl's commands.
+// The usage text of batonctl's commands (`batonctl --help`).
 const char* CtlUsage();
+// The line that follows a usage error in place of the whole usage text: where to find it.
+const char* CtlUsageHint();
+
+// Whether `args` fit `command` (one of batonctl's commands, `fleet` excepted: CheckFleetArgs);
+// InvalidArgument naming the real problem ("unexpected argument 'x'", "unknown command ...")
+// when not. Both batonctl and the controller check with it.
+Status CheckCtlArgs(const std::string& command, const std::vector<std::string>& args);
 
 }  // namespace baton

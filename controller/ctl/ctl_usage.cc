@@ -1,6 +1,9 @@
-// CtlUsage (ctl_service.h): the usage text of batonctl's commands, printed by `batonctl --help`
-// and after a usage error.
+// CtlUsage, CtlUsageHint and CheckCtlArgs (ctl_service.h): the usage text of batonctl's
+// commands, printed by `batonctl --help` (and with no command), the hint printed after a usage
+// error, and the check of each command's arguments.
+#include "controller/core/drill_kind.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/upgrade/ctl_upgrade.h"
 
 namespace baton {
 
@@ -23,7 +26,8 @@ commands:
   rollback [--steps ...] [--step-ms N] [--min-requests N]
                          roll the canary back; with no upgrade running, upgrade back to
                          the command the last promoted upgrade replaced (by a canary)
-  timeline               the last failover, phase by phase
+  timeline               the last hand-over (failover, switch-over, upgrade or first
+                         promotion), phase by phase (--json: the earlier ones too)
   fleet status           every node of the fleet ([fleet]): its pair, versions, load, rollout
   fleet upgrade [--batch N | --fraction F] [--keep-upgraded] [--wait]
         [--steps ...] [--step-ms N] [--min-requests N] -- CMD ARGS...
@@ -47,6 +51,42 @@ options:
   --timeout-ms N         how long to wait for the controller (default 10000)
 exit status: 0 done, 1 refused (the reason is printed), 2 bad usage
 )";
+}
+
+const char* CtlUsageHint() { return "run 'batonctl --help' for the commands and their options"; }
+
+namespace {
+
+Status Unexpected(const std::string& what, const std::string& arg, bool further = true) {
+  return InvalidArgument(what + " takes no " + (further ? "further " : "") +
+                         "arguments: unexpected argument '" + arg + "'");
+}
+
+}  // namespace
+
+Status CheckCtlArgs(const std::string& command, const std::vector<std::string>& args) {
+  if (command == "drill") {
+    if (args.empty()) return InvalidArgument("drill needs one of: kill, hang, error");
+    BATON_RETURN_IF_ERROR(ParseDrillKind(args[0]).status());
+    if (args.size() > 1) return Unexpected("drill " + args[0], args[1]);
+    return OkStatus();
+  }
+  if (command == "upgrade") return ParseUpgradeArgs(args).status();
+  if (command == "rollback") return ParseRollbackArgs(args).status();
+  if (command == "controller") {
+    if (args.empty()) return InvalidArgument("controller needs: restart");
+    if (args[0] != "restart") {
+      return InvalidArgument("unknown controller command '" + args[0] + "' (restart)");
+    }
+    if (args.size() > 1) return Unexpected("controller restart", args[1]);
+    return OkStatus();
+  }
+  if (command == "status" || command == "promote" || command == "drain" || command == "resume" ||
+      command == "timeline") {
+    if (!args.empty()) return Unexpected(command, args[0], /*further=*/false);
+    return OkStatus();
+  }
+  return InvalidArgument("unknown command '" + command + "'");
 }
 
 }  // namespace baton

@@ -35,7 +35,9 @@ json ResultJson(const ControllerStatus& c, const UpgradeResult& r) {
           {"ended_ago_ms", MillisBetween(r.ended, c.core.now)}};
 }
 
-Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args);
+// `command` ("upgrade" or "rollback") names the command in the errors.
+Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args,
+                                    const std::string& command);
 
 Result<uint64_t> ParseCount(const std::string& flag, const std::string& text) {
   uint64_t v = 0;
@@ -54,11 +56,21 @@ Result<UpgradeRequest> ParseRollbackArgs(const std::vector<std::string>& args) {
       return InvalidArgument("rollback takes no engine command: it returns to the previous one");
     }
   }
-  return ParseOptions(args);
+  return ParseOptions(args, "rollback");
+}
+
+Status CheckRollbackOptions(const UpgradeRequest& request, bool upgrade_running) {
+  const bool options = request.steps.has_value() || request.step_duration.has_value() ||
+                       request.min_requests.has_value();
+  if (!upgrade_running || !options) return OkStatus();
+  return FailedPrecondition(
+      "--steps, --step-ms and --min-requests shape the canary of a rollback to the previous "
+      "command, started when no upgrade runs; the running upgrade's canary is rolled back at "
+      "once (drained, or stopped): run `batonctl rollback` without them");
 }
 
 Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args) {
-  BATON_ASSIGN_OR_RETURN(UpgradeRequest r, ParseOptions(args));
+  BATON_ASSIGN_OR_RETURN(UpgradeRequest r, ParseOptions(args, "upgrade"));
   if (r.command.empty()) {
     return InvalidArgument("upgrade needs the new engine command: -- CMD ARGS... or --engine-cmd");
   }
@@ -70,7 +82,8 @@ namespace {
 
 constexpr uint64_t kMaxStepMs = 86'400'000;  // as upgrade.step_duration_ms allows
 
-Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
+Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args,
+                                    const std::string& command) {
   UpgradeRequest r;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -79,6 +92,16 @@ Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
         return InvalidArgument("give the engine command once: -- or --engine-cmd");
       r.command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
       break;
+    }
+    if (a.rfind("--", 0) != 0) {  // not an option: a word of an engine command given without --
+      return InvalidArgument(
+          "unexpected argument '" + a + "'" +
+          (command == "upgrade"
+               ? ": the engine command comes after --, as in: batonctl upgrade -- " + a + " ..."
+               : ": rollback takes only --steps, --step-ms and --min-requests"));
+    }
+    if (a != "--engine-cmd" && a != "--steps" && a != "--step-ms" && a != "--min-requests") {
+      return InvalidArgument("unknown option '" + a + "' for " + command);
     }
     if (i + 1 >= args.size()) return InvalidArgument(a + " needs a value");
     const std::string& v = args[++i];
@@ -98,8 +121,6 @@ Result<UpgradeRequest> ParseOptions(const std::vector<std::string>& args) {
       BATON_ASSIGN_OR_RETURN(uint64_t n, ParseCount(a, v));
       if (n == 0) return InvalidArgument("--min-requests: must be at least 1");
       r.min_requests = n;
-    } else {
-      return InvalidArgument("unknown option '" + a + "'");
     }
   }
   return r;

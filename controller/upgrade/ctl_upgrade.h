@@ -4,7 +4,8 @@
 //
 //   upgrade [--steps 10,50,100] [--step-ms N] [--min-requests N] -- ENGINE COMMAND...
 //   upgrade [...] --engine-cmd "ENGINE COMMAND"
-//   rollback [--steps 10,50,100] [--step-ms N] [--min-requests N]
+//   rollback [--steps 10,50,100] [--step-ms N] [--min-requests N]  (options: only with no
+//                                                                   upgrade running)
 // The command takes the same placeholders as engine.command. Thread: io_context thread.
 #pragma once
 
@@ -21,6 +22,10 @@ namespace baton {
 // InvalidArgument names what is wrong.
 Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args);
 Result<UpgradeRequest> ParseRollbackArgs(const std::vector<std::string>& args);
+// `rollback`'s --steps, --step-ms and --min-requests shape the canary of a rollback that
+// upgrades back to the previous command (no upgrade running). With an upgrade running they
+// cannot apply (its canary is drained, or stopped, at once): FailedPrecondition says so.
+Status CheckRollbackOptions(const UpgradeRequest& request, bool upgrade_running);
 
 // The upgrade in flight (null when none), the last ones, and the commands in use.
 nlohmann::json UpgradeJson(const ControllerStatus& status);
