@@ -259,10 +259,12 @@ proto::CtlReply Timeline(const ControllerStatus& c) {
       {{"ok", true}, {"timeline", TimelineJson(records.back(), c.core.now)}, {"history", history}});
 }
 
-proto::CtlReply Done(const std::string& command, const std::string& text, Controller& c) {
-  return Reply(
-      0, text,
-      {{"ok", true}, {"command", command}, {"pair", ToString(c.coordinator().pair_state())}});
+// `extra`: fields of the reply's JSON beside ok, command and pair.
+proto::CtlReply Done(const std::string& command, const std::string& text, Controller& c,
+                     json extra = json::object()) {
+  extra.update(
+      json{{"ok", true}, {"command", command}, {"pair", ToString(c.coordinator().pair_state())}});
+  return Reply(0, text, std::move(extra));
 }
 
 }  // namespace
@@ -359,13 +361,20 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     Result<UpgradeRequest> req = ParseRollbackArgs(args);
     if (!req.ok()) return Usage(req.status().message());
     const std::optional<UpgradeStatus> up = co.Snapshot().upgrade;
+    if (Status s = CheckRollbackOptions(*req, up.has_value()); !s.ok()) return Refuse(cmd, s);
     Status status = co.RequestRollback(std::move(req).value());
     if (!status.ok()) return Refuse(cmd, status);
-    const bool serving = up.has_value() && up->weight > 0;  // a canary routed requests
+    if (!up.has_value()) {  // an upgrade back to the previous command: say what it launches
+      const std::optional<UpgradeStatus> started = co.Snapshot().upgrade;
+      const std::vector<std::string> command =
+          started.has_value() ? started->command : std::vector<std::string>{};
+      return Done(cmd, "rollback started: a canary of the previous command: " + Joined(command), c,
+                  {{"engine_command", command}});
+    }
+    const bool serving = up->weight > 0;  // a canary routed requests
     return Done(cmd,
-                !up.has_value() ? "rollback started: a canary of the previous command"
-                : serving       ? "rolling back: the canary drains and the primary takes its share"
-                                : "rolling back: the canary, not serving yet, is stopped",
+                serving ? "rolling back: the canary drains and the primary takes its share"
+                        : "rolling back: the canary, not serving yet, is stopped",
                 c);
   }
   if (cmd == "drill") {

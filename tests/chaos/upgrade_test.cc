@@ -56,6 +56,11 @@ TEST_F(UpgradeTest, CanaryIsPromotedThenRolledBackUnderLoadLosingNoRequest) {
     const CtlResult back =
         cluster_.Ctl({"rollback", "--steps", "50,100", "--step-ms", "300", "--min-requests", "5"});
     ASSERT_EQ(back.exit_code, 0) << back.stdout_text;
+    // The reply names the command the rollback's canary runs.
+    ASSERT_TRUE(back.out["engine_command"].is_array()) << back.stdout_text;
+    EXPECT_NE(back.out["engine_command"][0].get<std::string>().find("baton-refengine"),
+              std::string::npos)
+        << back.stdout_text;
     rolled_back = WaitUpgradeEnded(cluster_, 1);
     cluster_.WaitReady("the pair after the rollback");
   });
@@ -343,6 +348,12 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   EXPECT_EQ(drain.exit_code, 1) << drain.stdout_text;
   const CtlResult drill = cluster.Ctl({"drill", "kill"});
   EXPECT_EQ(drill.exit_code, 1) << drill.stdout_text;
+  // The canary options shape only a rollback to the previous command: refused, not ignored.
+  const CtlResult shaped = cluster.Ctl({"rollback", "--steps", "10,100", "--step-ms", "5"});
+  EXPECT_EQ(shaped.exit_code, 1) << shaped.stdout_text;
+  EXPECT_NE(shaped.out["error"].get<std::string>().find("without them"), std::string::npos)
+      << shaped.stdout_text;
+  EXPECT_FALSE(cluster.Status()["upgrade"]["current"].is_null()) << "the upgrade goes on";
   const CtlResult back = cluster.Ctl({"rollback"});
   EXPECT_EQ(back.exit_code, 0) << back.stdout_text;
   const json ended = WaitUpgradeEnded(cluster, 0);
