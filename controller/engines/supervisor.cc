@@ -388,6 +388,7 @@ Supervisor::Supervisor(std::vector<std::string> command, std::string socket_path
       runtime_dir_(std::move(runtime_dir)),
       log_dir_(std::move(log_dir)) {}
 
+// Every name of EnginePlaceholders() (engine_placeholders.h), and only those.
 std::map<std::string, std::string> Supervisor::Placeholders(const LaunchRequest& r) const {
   return {{"socket", socket_path_},          {"token", r.token},
           {"role", proto::ToString(r.role)}, {"engine_id", std::to_string(r.engine_id)},

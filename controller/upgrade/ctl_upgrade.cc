@@ -3,6 +3,7 @@
 #include <charconv>
 #include <sstream>
 
+#include "controller/engines/engine_placeholders.h"
 #include "controller/upgrade/command_record.h"
 
 namespace baton {
@@ -75,6 +76,7 @@ Result<UpgradeRequest> ParseUpgradeArgs(const std::vector<std::string>& args) {
     return InvalidArgument("upgrade needs the new engine command: -- CMD ARGS... or --engine-cmd");
   }
   BATON_RETURN_IF_ERROR(CheckRecordableCommand(r.command, "the engine command"));
+  BATON_RETURN_IF_ERROR(CheckPlaceholders(r.command, "the engine command"));
   return r;
 }
 

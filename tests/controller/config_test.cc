@@ -177,6 +177,12 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   c.engine_command = {"/bin/true", "--name", "caf\xE9"};
   s = FinishConfig(&c);
   EXPECT_NE(s.message().find("not valid UTF-8"), std::string::npos) << s.ToString();
+  // A placeholder the controller does not fill in would reach the engine as it is.
+  c.engine_command = {"/bin/true", "--port", "{bogus}"};
+  s = FinishConfig(&c);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  EXPECT_NE(s.message().find("engine.command: unknown placeholder {bogus}"), std::string::npos)
+      << s.ToString();
   c.engine_command = {"/bin/true"};
   c.block_bytes = 1000;
   s = FinishConfig(&c);

@@ -272,6 +272,14 @@ TEST(UpgradeArgsTest, ParsesOptionsAndTheCommand) {
   EXPECT_NE(latin1.status().message().find("word 3 is not valid UTF-8"), std::string::npos)
       << latin1.status().ToString();
   EXPECT_FALSE(ParseUpgradeArgs({"--engine-cmd", "eng \xFF"}).ok());
+  // A placeholder no launch fills in is refused here, not by the canary's engine.
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--", "/opt/eng", "--port", "{bogus}"}, {"--engine-cmd", "/opt/eng --x={bogus}"}}) {
+    Result<UpgradeRequest> bogus = ParseUpgradeArgs(args);
+    EXPECT_EQ(bogus.status().code(), StatusCode::kInvalidArgument) << bogus.status().ToString();
+    EXPECT_NE(bogus.status().message().find("unknown placeholder {bogus}"), std::string::npos)
+        << bogus.status().ToString();
+  }
   EXPECT_TRUE(ParseRollbackArgs({}).ok());
   EXPECT_TRUE(ParseRollbackArgs({"--steps", "100"}).ok());
   EXPECT_FALSE(ParseRollbackArgs({"--", "eng"}).ok());
