@@ -241,7 +241,7 @@ std::map<uint64_t, proto::EngineOutcome> Controller::RouterOutcomes() const {
   return routes_.Outcomes();
 }
 
-size_t Controller::RouterCount() const { return routes_.subscriber_count(); }
+size_t Controller::RouterCount() const { return routes_.router_count(); }
 
 // --- state on disk ------------------------------------------------------------------------------
 

@@ -77,18 +77,22 @@ void RoutePublisher::Drop(SubscriberMap::iterator it) { subscribers_.erase(it); 
 
 void RoutePublisher::StoreFleetReport(proto::RouterReport report) {
   report.router = "fleet " + report.router;
-  Store(0, std::move(report));
+  Store(0, std::move(report), /*fleet=*/true);
 }
 
-void RoutePublisher::Store(uint64_t id, proto::RouterReport report) {
+void RoutePublisher::Store(uint64_t id, proto::RouterReport report, bool fleet) {
   const std::string key =
       report.router.empty() ? "connection " + std::to_string(id) : "router " + report.router;
-  reports_[key] = Report{std::move(report.engines), ++heard_};
+  Report& kept = reports_[key];
+  if (kept.fleet) --fleet_reports_;
+  kept = Report{std::move(report.engines), ++heard_, fleet};
+  if (fleet) ++fleet_reports_;
   while (reports_.size() > kMaxRouters) {
     auto oldest = reports_.begin();
     for (auto it = reports_.begin(); it != reports_.end(); ++it) {
       if (it->second.heard < oldest->second.heard) oldest = it;
     }
+    if (oldest->second.fleet) --fleet_reports_;
     reports_.erase(oldest);
   }
 }

@@ -54,6 +54,9 @@ class RoutePublisher {
 
   const proto::RouteTable& current() const { return current_; }
   size_t subscriber_count() const { return subscribers_.size(); }
+  // The routers Outcomes() hears from: those subscribed now, and the fleet routers whose
+  // reports came through etcd (StoreFleetReport), which never subscribe.
+  size_t router_count() const { return subscribers_.size() + fleet_reports_; }
 
  private:
   void Watch(uint64_t id);
@@ -64,6 +67,7 @@ class RoutePublisher {
   struct Report {
     std::vector<proto::EngineOutcome> engines;
     uint64_t heard = 0;  // order of arrival, for pruning
+    bool fleet = false;  // read from etcd (StoreFleetReport)
   };
   static constexpr size_t kMaxRouters = 64;
   using SubscriberMap = std::map<uint64_t, Subscriber>;
@@ -71,7 +75,7 @@ class RoutePublisher {
   void SendTo(uint64_t id);
   // Forgets the subscriber (closing its channel); its last report stays.
   void Drop(SubscriberMap::iterator it);
-  void Store(uint64_t id, proto::RouterReport report);
+  void Store(uint64_t id, proto::RouterReport report, bool fleet = false);
   // Drops the subscriber after telling it why (a FailedPrecondition ErrorMsg).
   void Refuse(SubscriberMap::iterator it, const std::string& why);
 
@@ -82,6 +86,7 @@ class RoutePublisher {
   std::map<std::string, Report> reports_;  // by router name
   uint64_t heard_ = 0;
   std::function<void(const proto::EngineStalled&)> on_stalled_;
+  size_t fleet_reports_ = 0;  // reports_ with `fleet`
 };
 
 }  // namespace baton

@@ -319,7 +319,9 @@ void UpgradePart::TickCanary() {
   const CanaryJudge::Judgement j = own_.upgrade->judge->Judge(now);
   own_.upgrade->judgement = j.reason;
   if (j.verdict == CanaryJudge::Verdict::kHold && s_.effects.RouterCount() == 0) {
-    own_.upgrade->judgement += " (no router is subscribed: nothing is seen, so nothing is judged)";
+    own_.upgrade->judgement +=
+        " (no router is subscribed or reports through etcd: nothing is seen, so nothing is "
+        "judged)";
   }
   switch (j.verdict) {
     case CanaryJudge::Verdict::kHold:

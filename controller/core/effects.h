@@ -86,7 +86,8 @@ class Effects {
   virtual void Disconnect(EngineId id) = 0;
   // Publishes the route table to every router; false when it equals the last one.
   virtual bool PublishRoutes(proto::RouteTable table) = 0;
-  // What the routers saw of each engine (summed), and how many are subscribed.
+  // What the routers saw of each engine (summed), and how many routers it is heard from:
+  // those subscribed to the socket, and a fleet's routers reporting through etcd.
   virtual std::map<uint64_t, proto::EngineOutcome> RouterOutcomes() const = 0;
   virtual size_t RouterCount() const = 0;
 

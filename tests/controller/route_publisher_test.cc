@@ -1,6 +1,7 @@
 // RoutePublisher with in-process subscribers (socket pairs on one io_context): tables sent,
 // RouterReports summed across subscribers, a leaving subscriber's last report kept in the
-// totals, and a subscriber sending a malformed report or another message dropped.
+// totals, a subscriber sending a malformed report or another message dropped, and fleet
+// routers' reports (through etcd) counted as routers heard from.
 #include "controller/route_publisher.h"
 
 #include <gtest/gtest.h>
@@ -144,6 +145,22 @@ TEST_F(RoutePublisherTest, MalformedReportDropsThatSubscriberOnly) {
   ASSERT_TRUE(a.Send(proto::Subscribe{.subscriber = "router-a"}).ok());
   ASSERT_TRUE(a.Send(proto::Heartbeat{.epoch = 0, .seq = 1}).ok());  // not for a router
   ASSERT_TRUE(RunUntil([&] { return publisher_.subscriber_count() == 0; }));
+}
+
+// A fleet router never subscribes to the controller's socket: its reports come through etcd.
+// The canary judge hears from it all the same, and so does the count that `batonctl status`
+// reads to say that no router feeds the judge.
+TEST_F(RoutePublisherTest, FleetRoutersReportingThroughEtcdAreCountedWithTheSubscribers) {
+  EXPECT_EQ(publisher_.router_count(), 0u);
+  publisher_.StoreFleetReport({.seq = 1, .engines = {Outcome(1, 4, 0, 400, 4)}, .router = "r1"});
+  EXPECT_EQ(publisher_.subscriber_count(), 0u);
+  EXPECT_EQ(publisher_.router_count(), 1u);
+  publisher_.StoreFleetReport({.seq = 2, .engines = {Outcome(1, 6, 0, 600, 6)}, .router = "r1"});
+  publisher_.StoreFleetReport({.seq = 1, .engines = {Outcome(1, 1, 0, 100, 1)}, .router = "r2"});
+  EXPECT_EQ(publisher_.router_count(), 2u) << "a router's later report replaces its own";
+  EXPECT_EQ(Total(1).requests, 7u);
+  proto::Channel a = Subscribe("router-a");
+  EXPECT_EQ(publisher_.router_count(), 3u);
 }
 
 }  // namespace
