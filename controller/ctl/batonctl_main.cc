@@ -155,8 +155,9 @@ bool WaitsForRollout(const Args& args) {
 // Polls `fleet rollout` until the rollout settles, printing it whenever it changes (text), or
 // its last state as the JSON line. The state lives in etcd: a controller that restarts
 // meanwhile, or a batonctl killed and started again, loses nothing. Exit 0 when every node was
-// promoted, 1 otherwise.
-int WaitRollout(const Args& args) {
+// promoted, 1 otherwise. `id` is the rollout this batonctl started: a record of another rollout
+// (one started once it settled) is not followed as its.
+int WaitRollout(const Args& args, const std::string& id) {
   constexpr int kMaxMisses = 120;  // a minute of unanswered polls
   Args poll = args;
   poll.rest = {"rollout"};
@@ -177,6 +178,15 @@ int WaitRollout(const Args& args) {
       return 1;
     }
     misses = 0;
+    if (!id.empty() && (!j["rollout"].is_object() || j["rollout"].value("id", "") != id)) {
+      const std::string why = "rollout " + id + " is no longer the fleet's rollout record (" +
+                              (j["rollout"].is_object() ? "now " + j["rollout"].value("id", "?")
+                                                        : std::string("gone")) +
+                              "); look at `batonctl fleet rollout`";
+      std::fprintf(stderr, "batonctl: %s\n", why.c_str());
+      if (args.json) std::printf("%s\n", Dump({{"ok", false}, {"error", why}}).c_str());
+      return 1;
+    }
     if (!args.json && reply->text != shown) {
       shown = reply->text;
       std::printf("%s%s", shown.c_str(), !shown.empty() && shown.back() == '\n' ? "" : "\n");
@@ -228,7 +238,12 @@ int Run(int argc, char** argv) {
   }
   if (reply->exit_code == 0 && WaitsForRollout(args)) {
     if (!args.json) std::printf("%s", reply->text.c_str());
-    return WaitRollout(args);
+    const nlohmann::json started = nlohmann::json::parse(reply->json, nullptr, false);
+    std::string id;
+    if (started.is_object() && started.contains("rollout") && started["rollout"].is_object()) {
+      id = started["rollout"].value("id", "");
+    }
+    return WaitRollout(args, id);
   }
   if (args.json) {
     if (reply->exit_code != 0) std::fprintf(stderr, "batonctl: %s\n", reply->text.c_str());

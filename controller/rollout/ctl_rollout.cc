@@ -5,6 +5,7 @@
 #include <functional>
 #include <sstream>
 
+#include "controller/engines/supervisor.h"
 #include "controller/rollout/fleet_status.h"
 #include "controller/rollout/rollout_rules.h"
 #include "controller/upgrade/ctl_upgrade.h"
@@ -103,7 +104,9 @@ proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>
   const FleetUpgradeArgs& a = *parsed;
   Rollout r;
   r.created_ms = r.updated_ms = UnixMillisNow();
-  r.id = "rollout-" + std::to_string(r.created_ms);
+  Result<std::string> id = NewRolloutId(r.created_ms, ctx.node);
+  if (!id.ok()) return Refuse("upgrade", id.status());
+  r.id = std::move(*id);
   r.command = a.request.command;
   r.fraction = a.fraction.value_or(0);
   r.batch = a.fraction.has_value()
@@ -118,17 +121,7 @@ proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>
   r.min_requests = a.request.min_requests.value_or(0);
   r.started_by = ctx.node;
   for (const std::string& n : nodes) r.nodes.push_back({.node = n, .since_ms = r.created_ms});
-  Result<std::optional<int64_t>> put =
-      ctx.etcd->CompareAndPut(FleetRolloutKey(ctx.prefix), RolloutRecord(r), revision);
-  if (!put.ok()) return Refuse("upgrade", put.status());
-  if (!put->has_value()) {
-    // A write retried on another etcd member finds the key moved on by its own first try.
-    Result<std::pair<std::optional<Rollout>, int64_t>> now = ReadRollout(ctx);
-    if (!now.ok() || !now->first.has_value() || now->first->id != r.id) {
-      return Refuse("upgrade", FailedPrecondition("the rollout record changed meanwhile (another "
-                                                  "batonctl?); look at `batonctl fleet rollout`"));
-    }
-  }
+  if (Status s = PutNewRollout(ctx, r, revision); !s.ok()) return Refuse("upgrade", s);
   json j = RolloutReplyJson(r);
   j["command"] = "fleet upgrade";
   return Reply(0,
@@ -206,6 +199,29 @@ Status Abort(const std::string& by, Rollout& r) {
 }
 
 }  // namespace
+
+Result<std::string> NewRolloutId(int64_t created_ms, const std::string& node) {
+  BATON_ASSIGN_OR_RETURN(std::string token, Supervisor::NewToken());
+  return "rollout-" + std::to_string(created_ms) + "-" + node + "-" + token.substr(0, 8);
+}
+
+Status PutNewRollout(const FleetCtlContext& ctx, const Rollout& r, int64_t revision) {
+  const std::string record = RolloutRecord(r);
+  BATON_ASSIGN_OR_RETURN(std::optional<int64_t> put,
+                         ctx.etcd->CompareAndPut(FleetRolloutKey(ctx.prefix), record, revision));
+  if (!put.has_value()) {
+    // A write retried on another etcd member finds the key moved on by its own first try: the
+    // record there is then this one, byte for byte. The same id is no proof: another
+    // batonctl's record, id and all, may differ in nothing but who wrote it.
+    Result<std::optional<EtcdKeyValue>> now = ctx.etcd->Get(FleetRolloutKey(ctx.prefix));
+    if (!now.ok() || !now->has_value() || (*now)->value != record) {
+      return FailedPrecondition(
+          "the rollout record changed meanwhile (another batonctl?); look at `batonctl fleet "
+          "rollout`");
+    }
+  }
+  return OkStatus();
+}
 
 Result<FleetUpgradeArgs> ParseFleetUpgradeArgs(const std::vector<std::string>& args) {
   FleetUpgradeArgs out;

@@ -45,6 +45,15 @@ struct FleetUpgradeArgs {
 
 // `fleet upgrade`'s arguments (after "upgrade"); InvalidArgument names what is wrong.
 Result<FleetUpgradeArgs> ParseFleetUpgradeArgs(const std::vector<std::string>& args);
+// A new rollout's id: "rollout-<created_ms>-<node>-<8 random hex digits>", so that two
+// batonctl started in the same millisecond, on one node or two, never make the same one.
+Result<std::string> NewRolloutId(int64_t created_ms, const std::string& node);
+// Writes `rollout`, a new one, under <prefix>rollout by compare-and-put on `revision` (the
+// record's revision when `fleet upgrade` read it; 0: none). A conflict is read again: the
+// write counts as done when the record there is byte for byte this one (a write retried on another
+// etcd member, applied by its first try); another writer's record is FailedPrecondition ("the
+// rollout record changed meanwhile (another batonctl?)"). Public for tests.
+Status PutNewRollout(const FleetCtlContext& ctx, const Rollout& rollout, int64_t revision);
 // The whole `fleet` command line (after "fleet"), as batonctl checks it before asking.
 Status CheckFleetArgs(const std::vector<std::string>& args);
 

@@ -3,7 +3,7 @@
 // so that every controller and every batonctl sees the same rollout, and a crashed writer
 // loses nothing:
 //
-//   {"id": "rollout-1796200000123", "command": ["ENGINE", "ARG"...], "batch": 1,
+//   {"id": "rollout-1796200000123-node-a-5e0b91d2", "command": ["ENGINE", "ARG"...], "batch": 1,
 //    "fraction": 0, "keep_upgraded": false, "steps": [50, 100], "step_ms": 300,
 //    "min_requests": 5, "state": "running", "reason": "", "started_by": "node-a",
 //    "created_ms": UNIX_MS, "updated_ms": UNIX_MS,

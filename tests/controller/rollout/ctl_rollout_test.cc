@@ -1,0 +1,93 @@
+// `batonctl fleet upgrade` on the controller's side (controller/rollout/ctl_rollout.h) against
+// a real one-member etcd: a rollout written by another batonctl between this one's read and
+// its write is never taken for its own, even with the same id and start time; and ids differ
+// per invocation.
+#include "controller/rollout/ctl_rollout.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "fleet/fleet_records.h"
+#include "tests/fleet/etcd_cluster.h"
+
+namespace baton {
+namespace {
+
+using fleet_test::EtcdCluster;
+using std::chrono::milliseconds;
+
+constexpr const char* kPrefix = "/baton/";
+
+class FleetUpgradeCommand : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
+    cluster_ = std::make_unique<EtcdCluster>(1);
+    ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up:\n" << cluster_->LogTails();
+    auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = milliseconds(500)});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    etcd_ = std::move(*c);
+    for (const char* node : {"node-a", "node-b", "node-c"}) {
+      ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + node, "{}").ok());
+    }
+  }
+  FleetCtlContext Context(const std::string& node) const {
+    return FleetCtlContext{.etcd = etcd_.get(), .prefix = kPrefix, .node = node};
+  }
+  // A new rollout as `fleet upgrade` on `node` makes it at `ms`.
+  static Rollout NewRollout(const std::string& node, int64_t ms, const std::string& id) {
+    Rollout r;
+    r.id = id;
+    r.command = {"/opt/engine-v2", "--port", "{port}"};
+    r.started_by = node;
+    r.created_ms = r.updated_ms = ms;
+    for (const char* n : {"node-a", "node-b", "node-c"}) r.nodes.push_back({.node = n});
+    return r;
+  }
+  std::optional<std::string> Record() const {
+    Result<std::optional<EtcdKeyValue>> kv = etcd_->Get(FleetRolloutKey(kPrefix));
+    if (!kv.ok() || !kv->has_value()) return std::nullopt;
+    return (*kv)->value;
+  }
+
+  std::unique_ptr<EtcdCluster> cluster_;
+  std::unique_ptr<EtcdClient> etcd_;
+};
+
+// Two batonctl on two nodes read "no rollout" (revision 0) in the same millisecond; node-a's
+// write lands first. node-b's compare-and-put finds the key moved on: the record there is not
+// what node-b wrote, whatever its id, so node-b is refused and the record stays node-a's.
+TEST_F(FleetUpgradeCommand, ARolloutWrittenMeanwhileWithTheSameIdIsNotTakenForOwnWrite) {
+  const Rollout a = NewRollout("node-a", 1796200000123, "rollout-1796200000123");
+  const Rollout b = NewRollout("node-b", 1796200000123, "rollout-1796200000123");
+  ASSERT_TRUE(PutNewRollout(Context("node-a"), a, 0).ok());
+  const Status lost = PutNewRollout(Context("node-b"), b, 0);
+  EXPECT_EQ(lost.code(), StatusCode::kFailedPrecondition) << lost.ToString();
+  EXPECT_NE(lost.message().find("the rollout record changed meanwhile (another batonctl?)"),
+            std::string::npos)
+      << lost.ToString();
+  EXPECT_EQ(Record(), RolloutRecord(a));
+}
+
+// A write that etcd applied although the call failed over to another member finds its own
+// record there: that counts as written.
+TEST_F(FleetUpgradeCommand, ItsOwnRecordFoundAfterAConflictCountsAsWritten) {
+  const Rollout a = NewRollout("node-a", 1796200000123, "rollout-1796200000123-node-a-0f0f0f0f");
+  ASSERT_TRUE(etcd_->Put(FleetRolloutKey(kPrefix), RolloutRecord(a)).ok());
+  EXPECT_TRUE(PutNewRollout(Context("node-a"), a, 0).ok());
+  EXPECT_EQ(Record(), RolloutRecord(a));
+}
+
+TEST_F(FleetUpgradeCommand, IdsDifferPerInvocationInTheSameMillisecond) {
+  Result<std::string> a = NewRolloutId(1796200000123, "node-a");
+  Result<std::string> again = NewRolloutId(1796200000123, "node-a");
+  Result<std::string> b = NewRolloutId(1796200000123, "node-b");
+  ASSERT_TRUE(a.ok() && again.ok() && b.ok());
+  EXPECT_EQ(a->rfind("rollout-1796200000123-node-a-", 0), 0u) << *a;
+  EXPECT_NE(*a, *again);
+  EXPECT_NE(*a, *b);
+}
+
+}  // namespace
+}  // namespace baton
