@@ -137,6 +137,11 @@ class Coordinator {
   Status Drill(DrillKind kind);
   Status RequestUpgrade(UpgradeRequest request);
   Status RequestRollback(UpgradeRequest overrides = {});
+  // Whether `command` could be launched here, as RequestUpgrade checks it before the standby
+  // makes way (Effects::CheckCommand); `batonctl fleet upgrade` checks it before any node does.
+  Status CheckCommand(const std::vector<std::string>& command) {
+    return s_.effects.CheckCommand(command);
+  }
   // Shutdown: every engine is told to stop (or terminated); their exits are then only
   // recorded. A clean stop fences nothing and spends no epoch.
   void BeginShutdown();

@@ -94,4 +94,13 @@ Status CoordinatorUpgrades::StartRollback(UpgradeRequest overrides) {
       .status();
 }
 
+Status CoordinatorUpgrades::CheckCommand(const std::vector<std::string>& command) {
+  return OnIoThread<bool>(io_, open_, timeout_,
+                          [this, command]() -> Result<bool> {
+                            BATON_RETURN_IF_ERROR(coordinator_.CheckCommand(command));
+                            return true;
+                          })
+      .status();
+}
+
 }  // namespace baton

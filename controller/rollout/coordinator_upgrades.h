@@ -27,6 +27,7 @@ class CoordinatorUpgrades final : public LocalUpgrades {
   // Unavailable while the pair is not ready for one (it may be relaunching its standby).
   Status StartUpgrade(UpgradeRequest request) override;
   Status StartRollback(UpgradeRequest overrides) override;
+  Status CheckCommand(const std::vector<std::string>& command) override;
   void Close();
 
   // What View() reports of `status` (public for tests).

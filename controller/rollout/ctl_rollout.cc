@@ -72,6 +72,12 @@ proto::CtlReply Show(const FleetCtlContext& ctx) {
 proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>& args) {
   Result<FleetUpgradeArgs> parsed = ParseFleetUpgradeArgs(args);
   if (!parsed.ok()) return Refuse("upgrade", parsed.status());
+  if (ctx.check_command) {
+    // Resolved here, on the node batonctl asked: the nodes are meant to be alike.
+    if (Status s = ctx.check_command(parsed->request.command); !s.ok()) {
+      return Refuse("upgrade", s);
+    }
+  }
   Result<EtcdRange> listed = ctx.etcd->GetPrefix(FleetNodesPrefix(ctx.prefix));
   if (!listed.ok()) return Refuse("upgrade", listed.status());
   std::vector<std::string> nodes;

@@ -18,6 +18,7 @@
 // one JSON object. Plain functions.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +34,10 @@ struct FleetCtlContext {
   EtcdClient* etcd = nullptr;
   std::string prefix;
   std::string node;  // the controller's own
+  // Whether an engine command could be launched on this node (LocalUpgrades::CheckCommand:
+  // the check of `batonctl upgrade`); `fleet upgrade` refuses a command it refuses before
+  // writing the rollout. Null: not checked.
+  std::function<Status(const std::vector<std::string>&)> check_command = nullptr;
 };
 
 struct FleetUpgradeArgs {

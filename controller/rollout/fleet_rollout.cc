@@ -92,8 +92,12 @@ void FleetRollout::Run() {
       requests.swap(requests_);
     }
     for (Pending& p : requests) {
-      const FleetCtlContext ctx{
-          .etcd = etcd_.get(), .prefix = options_.prefix, .node = options_.node};
+      const FleetCtlContext ctx{.etcd = etcd_.get(),
+                                .prefix = options_.prefix,
+                                .node = options_.node,
+                                .check_command = [this](const std::vector<std::string>& command) {
+                                  return local_->CheckCommand(command);
+                                }};
       p.reply(HandleFleetCommand(ctx, p.request.args));
     }
     again = Round();

@@ -44,6 +44,9 @@ class LocalUpgrades {
   // Rolls the canary in flight back, or upgrades back to the previous command under the
   // canary policy of `overrides` (its command is not used).
   virtual Status StartRollback(UpgradeRequest overrides) = 0;
+  // Whether `command` could be launched on this node (its program, placeholders expanded, is
+  // an executable file): FailedPrecondition naming the program and why not.
+  virtual Status CheckCommand(const std::vector<std::string>& command) = 0;
 };
 
 struct FleetRolloutOptions {

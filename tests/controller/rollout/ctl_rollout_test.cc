@@ -1,13 +1,15 @@
 // `batonctl fleet upgrade` on the controller's side (controller/rollout/ctl_rollout.h) against
 // a real one-member etcd: a rollout written by another batonctl between this one's read and
-// its write is never taken for its own, even with the same id and start time; and ids differ
-// per invocation.
+// its write is never taken for its own, even with the same id and start time; ids differ per
+// invocation; and an engine command that could not be launched here, or holds an unknown
+// placeholder, is refused before any rollout is written.
 #include "controller/rollout/ctl_rollout.h"
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 
+#include "controller/engines/supervisor.h"
 #include "fleet/fleet_records.h"
 #include "tests/fleet/etcd_cluster.h"
 
@@ -87,6 +89,33 @@ TEST_F(FleetUpgradeCommand, IdsDifferPerInvocationInTheSameMillisecond) {
   EXPECT_EQ(a->rfind("rollout-1796200000123-node-a-", 0), 0u) << *a;
   EXPECT_NE(*a, *again);
   EXPECT_NE(*a, *b);
+}
+
+// The program is checked as `batonctl upgrade` checks it (Supervisor::CheckCommand), on the
+// node batonctl asked, before the record is written: no rollout starts to roll back at once.
+TEST_F(FleetUpgradeCommand, AProgramThatIsNotThereIsRefusedBeforeAnyRolloutIsWritten) {
+  const Supervisor sup({"/bin/true"}, "/run/c.sock", "/m", "/run", "");
+  FleetCtlContext ctx = Context("node-a");
+  ctx.check_command = [&](const std::vector<std::string>& c) { return sup.CheckCommand(c); };
+  proto::CtlReply reply =
+      HandleFleetCommand(ctx, {"upgrade", "--", "/nonexistent/engine", "--port", "{port}"});
+  EXPECT_EQ(reply.exit_code, 1u) << reply.text;
+  EXPECT_EQ(reply.text, "refused: engine program /nonexistent/engine: No such file or directory");
+  EXPECT_EQ(Record(), std::nullopt);
+
+  reply = HandleFleetCommand(ctx, {"upgrade", "--", "/bin/true", "--port", "{bogus}"});
+  EXPECT_EQ(reply.exit_code, 2u) << reply.text;
+  EXPECT_NE(reply.text.find("unknown placeholder {bogus}"), std::string::npos) << reply.text;
+  EXPECT_EQ(Record(), std::nullopt);
+
+  reply = HandleFleetCommand(ctx, {"upgrade", "--", "/bin/true", "--port", "{port}"});
+  EXPECT_EQ(reply.exit_code, 0u) << reply.text;
+  ASSERT_TRUE(Record().has_value());
+  Result<Rollout> written = ParseRolloutRecord(*Record());
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  EXPECT_EQ(written->id.rfind("rollout-", 0), 0u);
+  EXPECT_NE(written->id.find("-node-a-"), std::string::npos) << written->id;
+  EXPECT_EQ(written->nodes.size(), 3u);
 }
 
 }  // namespace
