@@ -184,10 +184,18 @@ CanaryJudge::Judgement CanaryJudge::Judge(const OutcomeMap& now) {
                 " ms"};
   }
   if (last_step() && !latency_judged_) {
-    return {Verdict::kHold, "step 100 %: no latency evidence yet (the canary needs " +
-                                std::to_string(policy_.min_requests) +
-                                " requests after its warm-up, and the primary as many, since "
-                                "the warm-up, the canary's start or before it)"};
+    const Duration wait =
+        std::max<Duration>(policy_.step_duration * kUnjudgedLatencySteps, std::chrono::seconds(1));
+    if (held < wait) {
+      return {Verdict::kHold, "step 100 %: no latency evidence yet (the canary needs " +
+                                  std::to_string(policy_.min_requests) +
+                                  " requests after its warm-up, and the primary as many, since "
+                                  "the warm-up, the canary's start or before it)"};
+    }
+    return {Verdict::kPromote,
+            "promoted with its latency not judged: the primary served fewer than " +
+                std::to_string(policy_.min_requests) + " requests to compare with, before or " +
+                "during the canary"};
   }
   return {last_step() ? Verdict::kPromote : Verdict::kAdvance, ""};
 }

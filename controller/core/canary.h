@@ -16,8 +16,10 @@
 //     graph capture and cold caches, which says nothing of the version's speed. The primary's
 //     side counts from the same point; where it served fewer than `min_requests` since (a
 //     late step sends it little, the 100 % step nothing), from the canary's start, or else
-//     its requests before the canary. The canary is not promoted before latency has been
-//     judged once. Or
+//     its requests before the canary. The last step holds until latency has been judged
+//     once, for at most kUnjudgedLatencySteps step durations (1 s at least): a primary that
+//     served fewer than min_requests in its life gives nothing to judge by, and the canary is
+//     then promoted with the reason saying so. Or
 //   * its outputs differ from the primary's on more than `max_disagreement_rate` of the
 //     reproducible requests the routers compared (seeded or greedy, sent again to the
 //     primary in the background). At 0 (the default) one disagreement is enough, whatever the
@@ -60,6 +62,7 @@ using OutcomeMap = std::map<uint64_t, proto::EngineOutcome>;
 
 class CanaryJudge {
  public:
+  static constexpr int kUnjudgedLatencySteps = 4;
   enum class Verdict { kHold, kAdvance, kPromote, kRollback };
   struct Judgement {
     Verdict verdict = Verdict::kHold;

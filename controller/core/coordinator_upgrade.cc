@@ -329,6 +329,8 @@ void UpgradePart::TickCanary() {
     case CanaryJudge::Verdict::kRollback:
       return RollBackCanary(j.reason);
     case CanaryJudge::Verdict::kPromote:
+      if (!j.reason.empty())
+        BATON_LOG(WARN, kLog) << "canary engine " << own_.upgrade->canary << ": " << j.reason;
       return FinishUpgrade();
     case CanaryJudge::Verdict::kAdvance:
       own_.upgrade->judge->Advance(now);

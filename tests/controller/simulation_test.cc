@@ -179,6 +179,9 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // Two returns of the primary's own before the reserve's Reclaim was answered: the
            // second closed the window for a late answer, and the answer stayed free.
            Found{1867222, 400, "a Reclaim answered after two returns of the engine's own"},
+           // A canary at 100 % beside a primary that had served too little to compare its
+           // latency with: the last step held for ever.
+           Found{2269628, 400, "a canary's last step held with no latency to judge by"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {

@@ -172,22 +172,35 @@ TEST(CanaryJudgeTest, ASlowCanaryIsCaughtAtTheLastStepAgainstThePrimarysEarlierR
   }
 }
 
-// Without any request of the primary's to compare with, the last step holds: a canary is
-// never promoted unjudged for latency.
+// Without any request of the primary's to compare with, the last step holds, for at most
+// kUnjudgedLatencySteps step durations: then it is promoted, saying latency was not judged.
 TEST(CanaryJudgeTest, NoLatencyEvidenceHoldsTheLastStep) {
-  FakeClock clock;
-  OutcomeMap m;
-  CanaryPolicy p = Policy();
-  p.steps = {100};
-  CanaryJudge judge(clock, p, kPrimary, kCanary, m);
-  Add(&m, kCanary, 30, 0, 5);
-  clock.Advance(milliseconds(5000));
-  CanaryJudge::Judgement j = judge.Judge(m);
-  EXPECT_EQ(j.verdict, Verdict::kHold);
-  EXPECT_NE(j.reason.find("no latency evidence"), std::string::npos) << j.reason;
-  Add(&m, kPrimary, 10, 0, 5);  // e.g. a router still sending it its share
-  Add(&m, kCanary, 10, 0, 5);   // past the warm-up, which the first judgement saw
-  EXPECT_EQ(judge.Judge(m).verdict, Verdict::kPromote);
+  for (const bool primary_comes : {true, false}) {
+    FakeClock clock;
+    OutcomeMap m;
+    CanaryPolicy p = Policy();
+    p.steps = {100};
+    CanaryJudge judge(clock, p, kPrimary, kCanary, m);
+    Add(&m, kCanary, 30, 0, 5);
+    clock.Advance(milliseconds(1000));
+    CanaryJudge::Judgement j = judge.Judge(m);
+    EXPECT_EQ(j.verdict, Verdict::kHold);
+    EXPECT_NE(j.reason.find("no latency evidence"), std::string::npos) << j.reason;
+    if (primary_comes) {
+      Add(&m, kPrimary, 10, 0, 5);  // e.g. a router still sending it its share
+      Add(&m, kCanary, 10, 0, 5);   // past the warm-up, which the first judgement saw
+      j = judge.Judge(m);
+      EXPECT_EQ(j.verdict, Verdict::kPromote);
+      EXPECT_EQ(j.reason, "") << "judged";
+      continue;
+    }
+    clock.Advance(milliseconds(2000));
+    EXPECT_EQ(judge.Judge(m).verdict, Verdict::kHold) << "3 s of the 4 s";
+    clock.Advance(milliseconds(1000));
+    j = judge.Judge(m);
+    EXPECT_EQ(j.verdict, Verdict::kPromote);
+    EXPECT_NE(j.reason.find("latency not judged"), std::string::npos) << j.reason;
+  }
 }
 
 TEST(CanaryJudgeTest, OneDisagreementRollsBackByDefault) {
