@@ -38,12 +38,12 @@ void Load() {
     if (end == std::string::npos) end = spec.size();
     std::string item = spec.substr(start, end - start);
     int at = 1;
-    bool stall = false;
+    const std::string suffix = ":stall";  // "name:stall" or "name:N:stall"
+    const bool stall = item.size() > suffix.size() &&
+                       item.compare(item.size() - suffix.size(), suffix.size(), suffix) == 0;
+    if (stall) item.resize(item.size() - suffix.size());
     if (const size_t colon = item.find(':'); colon != std::string::npos) {
       at = std::max(1, std::atoi(item.c_str() + colon + 1));
-      const std::string suffix = ":stall";
-      stall = item.size() > colon + suffix.size() &&
-              item.compare(item.size() - suffix.size(), suffix.size(), suffix) == 0;
       item.resize(colon);
     }
     if (!item.empty()) {

@@ -6,10 +6,11 @@
 // They are off unless the environment variable BATON_FAILPOINTS names them when the process
 // starts: "name" fires on the first hit, "name:N" on the N-th, several separated by commas
 // ("after_fence,mid_journal_write:3"). A firing failpoint writes one line to stderr
-// ("failpoint NAME: dying here (hit N)") and raises SIGKILL. "name:N:stall" instead stops the
-// thread that hits it for good ("failpoint NAME: stalling this thread (hit N)"), as a
-// deadlock or a kernel that never ends would, while the process's other threads go on. Off,
-// a failpoint costs one load of a flag. docs/operations.md lists the points. Thread-safe.
+// ("failpoint NAME: dying here (hit N)") and raises SIGKILL. "name:N:stall" (or "name:stall")
+// instead stops the thread that hits it for good ("failpoint NAME: stalling this thread (hit
+// N)"), as a deadlock or a kernel that never ends would, while the process's other threads go
+// on. Off, a failpoint costs one load of a flag. docs/operations.md lists the points.
+// Thread-safe.
 #pragma once
 
 #include <atomic>

@@ -11,7 +11,6 @@
 #include <toml.hpp>
 
 #include "controller/config_values.h"
-#include "controller/engines/engine_placeholders.h"
 #include "controller/upgrade/command_record.h"
 #include "cuda/driver/gpu_backend.h"
 
@@ -245,7 +244,6 @@ Status FinishConfig(ControllerConfig* c) {
     return InvalidArgument("engine.command (--engine-cmd) is required");
   }
   BATON_RETURN_IF_ERROR(CheckRecordableCommand(c->engine_command, "engine.command"));
-  BATON_RETURN_IF_ERROR(CheckPlaceholders(c->engine_command, "engine.command"));
   if (c->block_bytes % 4096 != 0) {
     return InvalidArgument("pool.block_bytes: must be a multiple of 4096, got " +
                            std::to_string(c->block_bytes));

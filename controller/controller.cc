@@ -61,12 +61,28 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
                                      std::to_string(Ms(config_.controller_absent_timeout))},
                                     {"BATON_ON_CONTROLLER_ABSENT", config_.on_controller_absent}});
   supervisor_.SetHost(config_.engine_host);
-  routes_.OnStalled([this](const proto::EngineStalled& s) {
-    if (coord_ == nullptr) return;
-    coord_->OnEngineStalled(
-        s.engine_id, "no byte on its " + std::to_string(s.streams) + " answering streams for " +
-                         std::to_string(s.quiet_ms) + " ms (router " + s.router + ")");
-  });
+  routes_.SetClock(&clock_);
+  routes_.OnStalled([this](const proto::EngineStalled& s) { OnEngineStalled(s); });
+}
+
+void Controller::OnEngineStalled(const proto::EngineStalled& s) {
+  if (coord_ == nullptr) return;
+  const std::optional<TimePoint> answered = routes_.LastSuccess(s.engine_id);
+  if (answered.has_value() && clock_.Now() - *answered < std::chrono::milliseconds(s.quiet_ms)) {
+    TimePoint& logged = stall_doubted_[s.engine_id];
+    if (clock_.Now() - logged >= std::chrono::seconds(10)) {
+      logged = clock_.Now();
+      BATON_LOG(INFO, kLog) << "engine " << s.engine_id << ": router " << s.router
+                            << " finds its streams stalled for " << s.quiet_ms
+                            << " ms, but it answered a request " << Ms(clock_.Now() - *answered)
+                            << " ms ago: not fenced";
+    }
+    return;
+  }
+  coord_->OnEngineStalled(s.engine_id, "no byte on its " + std::to_string(s.streams) +
+                                           " answering streams for " + std::to_string(s.quiet_ms) +
+                                           " ms (router " + s.router + ")");
+  ArmTick();
 }
 
 Controller::~Controller() {

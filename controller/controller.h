@@ -164,6 +164,8 @@ class Controller final : private Effects {
   void AnswerCli(uint64_t conn, const proto::CtlReply& reply);
   void CloseIdleConnections();
   void ArmTick();
+  // A router's EngineStalled: fenced as hung unless a router saw it answer a request since.
+  void OnEngineStalled(const proto::EngineStalled& s);
   void OnTick();
   // With [fleet]: every FleetMember::kLoadInterval, the pool's use into the node's record.
   void ArmFleetLoad();
@@ -258,6 +260,7 @@ class Controller final : private Effects {
   bool cgroup_sweep_armed_ = false;
   std::optional<TimePoint> tick_at_;
   std::map<EngineId, EngineHandle> handles_;
+  std::map<uint64_t, TimePoint> stall_doubted_;  // engines a stall report was doubted of, when
 
   struct Connection {
     std::unique_ptr<proto::Channel> channel;

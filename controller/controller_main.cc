@@ -17,6 +17,7 @@
 #include "controller/controller.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/metrics_server.h"
+#include "controller/engines/engine_placeholders.h"
 #include "controller/service_watchdog.h"
 #include "cuda/driver/gpu_backend.h"
 
@@ -51,6 +52,9 @@ int ReportCheckedConfig(const ControllerConfig& c) {
     warn("engine.command's program is not executable here: no engine would start");
   }
   if (c.metrics_port == 0) warn("controller.metrics_port is 0: no /metrics to scrape");
+  if (Status p = CheckPlaceholders(c.engine_command, "engine.command"); !p.ok()) {
+    warn(p.message() + ": passed to the engine as written");
+  }
   // The GPU part as a start would find it (the driver loaded, the device there).
   if (Result<BackendMode> mode = ParseBackendMode(c.gpu_backend); mode.ok()) {
     Result<BackendChoice> backend =
@@ -96,6 +100,10 @@ int Run(int argc, char** argv) {
   ::signal(SIGPIPE, SIG_IGN);  // engines reset it before exec
   RaiseFdLimit();              // the CUDA backend holds one fd per adopted device memory chunk
   BATON_LOG(INFO, "controller") << VersionLine(kProgram) << ", pid " << ::getpid();
+  // Not refused here (an awk script's {print} may be meant), unlike an upgrade's command.
+  if (Status p = CheckPlaceholders(config.engine_command, "engine.command"); !p.ok()) {
+    BATON_LOG(WARN, "controller") << p.message() << ": passed to the engine as written";
+  }
 
   boost::asio::io_context io;
   ServiceWatchdog watchdog(io, std::move(notifier), RealClock::Get());

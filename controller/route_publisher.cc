@@ -1,5 +1,7 @@
 #include "controller/route_publisher.h"
 
+#include <algorithm>
+
 #include "base/log.h"
 
 namespace baton {
@@ -84,6 +86,16 @@ void RoutePublisher::Store(uint64_t id, proto::RouterReport report, bool fleet) 
   const std::string key =
       report.router.empty() ? "connection " + std::to_string(id) : "router " + report.router;
   Report& kept = reports_[key];
+  if (clock_ != nullptr) {
+    for (const proto::EngineOutcome& o : report.engines) {
+      auto before =
+          std::find_if(kept.engines.begin(), kept.engines.end(),
+                       [&o](const proto::EngineOutcome& k) { return k.engine_id == o.engine_id; });
+      if (before != kept.engines.end() && o.succeeded > before->succeeded) {
+        last_success_[o.engine_id] = clock_->Now();
+      }
+    }
+  }
   if (kept.fleet) --fleet_reports_;
   kept = Report{std::move(report.engines), ++heard_, fleet};
   if (fleet) ++fleet_reports_;
@@ -95,6 +107,12 @@ void RoutePublisher::Store(uint64_t id, proto::RouterReport report, bool fleet) 
     if (oldest->second.fleet) --fleet_reports_;
     reports_.erase(oldest);
   }
+}
+
+std::optional<TimePoint> RoutePublisher::LastSuccess(uint64_t engine) const {
+  auto it = last_success_.find(engine);
+  if (it == last_success_.end()) return std::nullopt;
+  return it->second;
 }
 
 void RoutePublisher::Refuse(SubscriberMap::iterator it, const std::string& why) {

@@ -24,9 +24,11 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "proto/messages.h"
 #include "proto/transport/channel.h"
 
@@ -48,6 +50,13 @@ class RoutePublisher {
   void OnStalled(std::function<void(const proto::EngineStalled&)> fn) {
     on_stalled_ = std::move(fn);
   }
+  // The clock LastSuccess() reads; set before the first report.
+  void SetClock(const Clock* clock) { clock_ = clock; }
+  // When a report last showed `engine` answer a request well (its `succeeded` rose since the
+  // same router's report before), by any router; none when never seen. A router that finds
+  // the engine's streams stalled may see only those that wait (preempted, say) while it
+  // answers others': such a report is no stall.
+  std::optional<TimePoint> LastSuccess(uint64_t engine) const;
 
   // Per engine id, the sum over every subscriber's latest RouterReport and the retired total.
   std::map<uint64_t, proto::EngineOutcome> Outcomes() const;
@@ -86,7 +95,9 @@ class RoutePublisher {
   std::map<std::string, Report> reports_;  // by router name
   uint64_t heard_ = 0;
   std::function<void(const proto::EngineStalled&)> on_stalled_;
-  size_t fleet_reports_ = 0;  // reports_ with `fleet`
+  const Clock* clock_ = nullptr;
+  std::map<uint64_t, TimePoint> last_success_;  // by engine id
+  size_t fleet_reports_ = 0;                    // reports_ with `fleet`
 };
 
 }  // namespace baton

@@ -93,6 +93,13 @@ Status Router::Start() {
     threads_.emplace_back([this] { Run(); });
   }
   BATON_LOG(INFO, "router") << "listening on " << options_.listen_host << ":" << server_->port();
+  if (options_.stall_timeout.count() != 0 &&
+      options_.stall_timeout >= options_.stream_idle_timeout) {
+    BATON_LOG(WARN, "router") << "stall_timeout_ms " << options_.stall_timeout.count()
+                              << " is not below stream_idle_timeout_ms "
+                              << options_.stream_idle_timeout.count()
+                              << ": a stream is cut before its engine is found stalled";
+  }
   return OkStatus();
 }
 
@@ -111,12 +118,21 @@ void Router::StartRoutes() {
 
 std::vector<proto::EngineStalled> Router::Stalls() {
   std::vector<proto::EngineStalled> out;
-  if (options_.stall_timeout.count() == 0) return out;
-  std::set<uint64_t> now;
-  for (const EngineProgress::Stall& s : progress_.Stalled(clock_.Now(), options_.stall_timeout)) {
+  const TimePoint now = clock_.Now();
+  const TimePoint ticked{std::chrono::nanoseconds(last_tick_ns_.load())};
+  if (options_.stall_timeout.count() == 0 || now - ticked > std::chrono::seconds(1)) {
+    stalled_seen_.clear();
+    stalled_reported_.clear();
+    return out;
+  }
+  std::set<uint64_t> seen;
+  std::set<uint64_t> reported;
+  for (const EngineProgress::Stall& s : progress_.Stalled(now, options_.stall_timeout)) {
     const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(s.quiet).count();
-    now.insert(s.engine_id);
-    if (stalled_.count(s.engine_id) == 0) {
+    seen.insert(s.engine_id);
+    if (stalled_seen_.count(s.engine_id) == 0) continue;  // once more, an interval on
+    reported.insert(s.engine_id);
+    if (stalled_reported_.count(s.engine_id) == 0) {
       metrics_.RecordEngineStall();
       BATON_LOG(WARN, "router") << "engine " << s.engine_id << " sent nothing on its " << s.streams
                                 << " answering streams for " << quiet_ms
@@ -126,7 +142,8 @@ std::vector<proto::EngineStalled> Router::Stalls() {
                    .streams = s.streams,
                    .quiet_ms = static_cast<uint64_t>(quiet_ms)});
   }
-  stalled_ = std::move(now);
+  stalled_seen_ = std::move(seen);
+  stalled_reported_ = std::move(reported);
   return out;
 }
 
@@ -172,6 +189,9 @@ void Router::ScheduleTick() {
   tick_.expires_after(kTickInterval);
   tick_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
+    last_tick_ns_ =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.Now().time_since_epoch())
+            .count();
     admission_.Tick();
     if (fleet_) fleet_->Tick();
     ScheduleTick();

@@ -93,7 +93,9 @@ class Router {
   std::string ProcessMetrics() const;
   bool Authorized(const HttpExchange& exchange) const;
   void StartRoutes();
-  // The engines stalled now (options_.stall_timeout), each logged and counted once per stall.
+  // The engines stalled now (options_.stall_timeout) at this evaluation and the one before,
+  // while the io threads run (a router that was frozen reads its engines' bytes late: none
+  // is reported until they have run again), each logged and counted once per stall.
   std::vector<proto::EngineStalled> Stalls();
   Status StartFleet();
   // The admission requests go through: the fleet's, or the controller's.
@@ -110,9 +112,13 @@ class Router {
   Admission admission_;
   std::unique_ptr<FleetAdmission> fleet_;  // with etcd
   UpstreamPool pool_;
-  EngineOutcomes outcomes_;     // before routes_: its thread reads them
-  EngineProgress progress_;     // the same
-  std::set<uint64_t> stalled_;  // engines reported stalled now (the subscription thread's)
+  EngineOutcomes outcomes_;  // before routes_: its thread reads them
+  EngineProgress progress_;  // the same
+  // The subscription thread's: engines found stalled at the last evaluation, and those
+  // reported (found at two evaluations in a row).
+  std::set<uint64_t> stalled_seen_;
+  std::set<uint64_t> stalled_reported_;
+  std::atomic<int64_t> last_tick_ns_{0};  // the io threads' last tick, clock_ nanoseconds
   ShadowComparer shadow_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;

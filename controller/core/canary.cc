@@ -142,6 +142,7 @@ std::string CanaryJudge::CheckLatency(const OutcomeMap& now) {
   const proto::EngineOutcome c = Delta(now, *at_warm_, canary_);
   if (c.succeeded < policy_.min_requests) return "";
   const std::optional<Baseline> p = PrimaryBaseline(now);
+  primary_baseline_missing_ = !p.has_value();
   if (!p.has_value()) return "";
   latency_judged_ = true;
   const double c_ms = std::max(1.0, MeanMs(c));
@@ -186,7 +187,7 @@ CanaryJudge::Judgement CanaryJudge::Judge(const OutcomeMap& now) {
   if (last_step() && !latency_judged_) {
     const Duration wait =
         std::max<Duration>(policy_.step_duration * kUnjudgedLatencySteps, std::chrono::seconds(1));
-    if (held < wait) {
+    if (held < wait || !primary_baseline_missing_) {
       return {Verdict::kHold, "step 100 %: no latency evidence yet (the canary needs " +
                                   std::to_string(policy_.min_requests) +
                                   " requests after its warm-up, and the primary as many, since "

@@ -17,9 +17,9 @@
 //     side counts from the same point; where it served fewer than `min_requests` since (a
 //     late step sends it little, the 100 % step nothing), from the canary's start, or else
 //     its requests before the canary. The last step holds until latency has been judged
-//     once, for at most kUnjudgedLatencySteps step durations (1 s at least): a primary that
-//     served fewer than min_requests in its life gives nothing to judge by, and the canary is
-//     then promoted with the reason saying so. Or
+//     once. Where the canary has its requests to judge by but the primary served fewer than
+//     min_requests in its life, nothing can judge it: after kUnjudgedLatencySteps step
+//     durations (1 s at least) it is promoted, the reason saying so. Or
 //   * its outputs differ from the primary's on more than `max_disagreement_rate` of the
 //     reproducible requests the routers compared (seeded or greedy, sent again to the
 //     primary in the background). At 0 (the default) one disagreement is enough, whatever the
@@ -111,6 +111,8 @@ class CanaryJudge {
   OutcomeMap at_step_;
   std::optional<OutcomeMap> at_warm_;  // where latency counts from, once the canary warmed up
   bool latency_judged_ = false;        // a latency comparison has been made (and passed)
+  // The canary had its requests to judge by, the primary had none (the last CheckLatency).
+  bool primary_baseline_missing_ = false;
   size_t step_ = 0;
   TimePoint step_started_;
 };

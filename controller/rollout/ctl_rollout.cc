@@ -217,10 +217,13 @@ Status PutNewRollout(const FleetCtlContext& ctx, const Rollout& r, int64_t revis
                          ctx.etcd->CompareAndPut(FleetRolloutKey(ctx.prefix), record, revision));
   if (!put.has_value()) {
     // A write retried on another etcd member finds the key moved on by its own first try: the
-    // record there is then this one, byte for byte. The same id is no proof: another
-    // batonctl's record, id and all, may differ in nothing but who wrote it.
+    // record there is then this one, its id (random bits in it) and its author the same, though
+    // a node may have moved it on meanwhile. An id alone from before ids had random bits is no
+    // proof: another batonctl's record may differ in nothing but who wrote it.
     Result<std::optional<EtcdKeyValue>> now = ctx.etcd->Get(FleetRolloutKey(ctx.prefix));
-    if (!now.ok() || !now->has_value() || (*now)->value != record) {
+    Result<Rollout> there = now.ok() && now->has_value() ? ParseRolloutRecord((*now)->value)
+                                                         : Result<Rollout>(NotFound("no record"));
+    if (!there.ok() || there->id != r.id || there->started_by != r.started_by) {
       return FailedPrecondition(
           "the rollout record changed meanwhile (another batonctl?); look at `batonctl fleet "
           "rollout`");

@@ -47,6 +47,10 @@ TEST_F(FailpointTest, FiresAsKillMinusNineOnTheNamedHit) {
 
 // ":stall" stops the thread that hits it for good; the process's other threads go on.
 TEST_F(FailpointTest, AStallStopsOnlyTheThreadThatHitsIt) {
+  ::setenv("BATON_FAILPOINTS", "first:stall,later:3:stall", 1);
+  ReloadFailpointsForTesting();
+  BATON_FAILPOINT("later");  // hit 1 of 3: passes ("name:stall" alone is hit 1, a stall)
+  EXPECT_EQ(FailpointHits("later"), 1);
   EXPECT_EXIT(
       {
         ::setenv("BATON_FAILPOINTS", "generator_step:2:stall", 1);

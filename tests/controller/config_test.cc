@@ -177,12 +177,10 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   c.engine_command = {"/bin/true", "--name", "caf\xE9"};
   s = FinishConfig(&c);
   EXPECT_NE(s.message().find("not valid UTF-8"), std::string::npos) << s.ToString();
-  // A placeholder the controller does not fill in would reach the engine as it is.
+  // A {name} the controller does not fill in reaches the engine as written (a warning at
+  // start and from --check-config, not a refusal: an awk script's {print} may be meant).
   c.engine_command = {"/bin/true", "--port", "{bogus}"};
-  s = FinishConfig(&c);
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
-  EXPECT_NE(s.message().find("engine.command: unknown placeholder {bogus}"), std::string::npos)
-      << s.ToString();
+  EXPECT_TRUE(FinishConfig(&c).ok());
   c.engine_command = {"/bin/true"};
   c.block_bytes = 1000;
   s = FinishConfig(&c);

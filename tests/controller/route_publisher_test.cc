@@ -163,5 +163,27 @@ TEST_F(RoutePublisherTest, FleetRoutersReportingThroughEtcdAreCountedWithTheSubs
   EXPECT_EQ(publisher_.router_count(), 3u);
 }
 
+// When a router's report last showed an engine answer a request well: what the controller
+// checks a stall report against (a router whose streams all wait is no proof of a hang while
+// another router sees the engine answer).
+TEST_F(RoutePublisherTest, LastSuccessIsWhenAReportShowedTheEngineAnswer) {
+  FakeClock clock;
+  publisher_.SetClock(&clock);
+  EXPECT_FALSE(publisher_.LastSuccess(1).has_value());
+  publisher_.StoreFleetReport({.seq = 1, .engines = {Outcome(1, 4, 0, 400, 4)}, .router = "r1"});
+  EXPECT_FALSE(publisher_.LastSuccess(1).has_value()) << "a first report says not when";
+  clock.Advance(seconds(5));
+  publisher_.StoreFleetReport({.seq = 2, .engines = {Outcome(1, 6, 2, 400, 4)}, .router = "r1"});
+  EXPECT_FALSE(publisher_.LastSuccess(1).has_value()) << "failed attempts are no answer";
+  clock.Advance(seconds(5));
+  const TimePoint answered = clock.Now();
+  publisher_.StoreFleetReport({.seq = 3, .engines = {Outcome(1, 7, 2, 500, 5)}, .router = "r1"});
+  clock.Advance(seconds(5));
+  publisher_.StoreFleetReport({.seq = 1, .engines = {Outcome(1, 9, 0, 900, 9)}, .router = "r2"});
+  ASSERT_TRUE(publisher_.LastSuccess(1).has_value());
+  EXPECT_EQ(*publisher_.LastSuccess(1), answered);
+  EXPECT_FALSE(publisher_.LastSuccess(2).has_value());
+}
+
 }  // namespace
 }  // namespace baton
