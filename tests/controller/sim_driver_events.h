@@ -107,7 +107,12 @@ inline void Simulation::ReplayStale() {
     const EngineId id = Pick([](const SimEngine& e) { return !e.Working() && e.last_sent; });
     if (id == kNoEngine) return;
     const FromEngine m = *world_.Find(id)->last_sent;
-    out_.stats.refused_stale += !Deliver(id, m, IsStale(id, EpochOf(m)), "replays");
+    const bool stale = IsStale(id, EpochOf(m));
+    // A hung engine still lives and maps its blocks but sends nothing: a message of its epoch
+    // again would be one it never sent again (a return of blocks granted back to it since,
+    // say). Only a stale one is replayed from it; a dead one's may be either.
+    if (world_.Find(id)->alive && !stale) return;
+    out_.stats.refused_stale += !Deliver(id, m, stale, "replays");
     return;
   }
   const EngineId id = Pick([this](const SimEngine& e) {

@@ -182,6 +182,10 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // A canary at 100 % beside a primary that had served too little to compare its
            // latency with: the last step held for ever.
            Found{2269628, 400, "a canary's last step held with no latency to judge by"},
+           // The model's own: a hung canary's return was replayed after its blocks had been
+           // granted back to it, a message no live engine sends again, and the blocks went
+           // to the primary while the canary still mapped them.
+           Found{2316030, 400, "a hung engine's current return replayed"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
