@@ -6,7 +6,7 @@
 // failure: the JSON error, exit 1), then the driver's Run. Before the run (StartPerfRun): a
 // RunGuard (base/process/run_guard.h: whatever the run starts is killed when it ends, however
 // it ends), SIGINT, SIGTERM and SIGHUP made to end the run with the JSON error as the last
-// line (StopRunOnSignal), and the check for stale Baton processes (stale_processes.h; the
+// line (StopLineOnSignal), and the check for stale Baton processes (stale_processes.h; the
 // models it looks for are the flags' values that are model folders, with a config.json),
 // whose report EmitResult and FailRun add as `stale_processes`.
 // `Flags` has std::string members `bin` and `out`; `parse` returns "" or
@@ -98,36 +98,26 @@ inline int FailRun(const std::string& name, const Status& status, const std::str
   return 1;
 }
 
-// SIGINT, SIGTERM or SIGHUP during a run: the run guard stops what the run started, then
-// {"ok": false, "error": "stopped by SIG..."} goes to stdout on a line of its own (whatever
-// stdio had not written yet is lost with the process, and a line it had half written is
-// ended first, so it is the last line), and the signal ends the process as it would have.
-// Async-signal-safe.
-inline void StopRunOnSignal(int sig) {
-  RunGuard::Finish();
+// SIGINT, SIGTERM or SIGHUP during a run, once the run guard's handler has stopped what the
+// run started (RunGuard::SetSignalHook): {"ok": false, "error": "stopped by SIG..."} on a
+// line of its own (whatever stdio had not written yet is lost with the process, and a line
+// it had half written is ended first, so it is the last line); the signal then ends the
+// process as it would have. Async-signal-safe.
+inline void StopLineOnSignal(int sig) {
   const char* line = sig == SIGINT   ? "\n{\"ok\":false,\"error\":\"stopped by SIGINT\"}\n"
                      : sig == SIGHUP ? "\n{\"ok\":false,\"error\":\"stopped by SIGHUP\"}\n"
                                      : "\n{\"ok\":false,\"error\":\"stopped by SIGTERM\"}\n";
   [[maybe_unused]] const ssize_t written = ::write(STDOUT_FILENO, line, std::strlen(line));
-  ::signal(sig, SIG_DFL);
-  ::raise(sig);  // delivered once the handler returns
 }
 
 // The guard and the stale check every driver starts with: the folders among `args` that hold
 // a model (a config.json) are the models the check looks for. Returns 1 (FailRun's JSON
-// error last) when the guard cannot start, else 0. Installs StopRunOnSignal for the signals
-// not ignored (`nohup`, a shell's background job: they stay ignored).
+// error last) when the guard cannot start, else 0. The guard handles the signals left at
+// their default (an ignored one, under `nohup` or in a shell's background job, stays
+// ignored); StopLineOnSignal adds the JSON line.
 inline int StartPerfRun(const char* name, int argc, char** argv) {
   if (Status guarded = RunGuard::Install(name); !guarded.ok()) return FailRun(name, guarded);
-  struct sigaction stop {};
-  stop.sa_handler = StopRunOnSignal;
-  sigemptyset(&stop.sa_mask);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop.sa_mask, sig);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-    struct sigaction before {};
-    if (::sigaction(sig, nullptr, &before) == 0 && before.sa_handler == SIG_IGN) continue;
-    ::sigaction(sig, &stop, nullptr);
-  }
+  RunGuard::SetSignalHook(StopLineOnSignal);
   std::vector<std::string> model_dirs;
   for (int i = 1; i < argc; ++i) {
     std::error_code ec;

@@ -33,6 +33,7 @@ GuardState& State() {
   return *state;
 }
 volatile sig_atomic_t g_finishing = 0;
+void (*g_signal_hook)(int) = nullptr;  // SetSignalHook's
 const int kSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
 std::string NewToken(std::string_view name) {
@@ -112,6 +113,7 @@ void OnExit() { RunGuard::Finish(); }
 
 void OnSignal(int sig) {
   RunGuard::Finish();
+  if (g_signal_hook != nullptr) g_signal_hook(sig);
   ::signal(sig, SIG_DFL);
   ::raise(sig);  // delivered once the handler returns: the process ends as it would have
 }
@@ -169,6 +171,8 @@ Status RunGuard::Install(std::string_view name) {
 const std::string& RunGuard::token() { return State().token; }
 
 pid_t RunGuard::reaper() { return State().reaper; }
+
+void RunGuard::SetSignalHook(void (*hook)(int sig)) { g_signal_hook = hook; }
 
 void RunGuard::Finish() {
   GuardState& state = State();

@@ -51,6 +51,9 @@ class RunGuard {
   // Sweeps now: closes the pipe, waits for the reaper; nothing tagged is left afterwards.
   // The atexit and signal paths call it; later calls do nothing.
   static void Finish();
+  // `hook(sig)` runs in the signal path after the sweep, before the signal ends the process:
+  // an async-signal-safe last word (a perf driver's JSON line). Set from main, after Install.
+  static void SetSignalHook(void (*hook)(int sig));
 };
 
 // Kills every process whose start environment has `token` in BATON_RUN_GUARD (but the caller)

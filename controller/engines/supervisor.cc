@@ -18,17 +18,12 @@
 #include <utility>
 
 #include "base/log.h"
+#include "base/process/pidfd.h"
 
 extern char** environ;
 
 namespace baton {
 namespace {
-
-int PidfdOpen(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
-
-int PidfdSendSignal(int pidfd, int sig) {
-  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
-}
 
 ExitInfo FromSiginfo(const siginfo_t& info) {
   ExitInfo exit;

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 
 #include "base/io/self_exe.h"
 #include "base/log.h"
+#include "base/process/pidfd.h"
 #include "base/process/proc_table.h"
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
@@ -45,7 +45,7 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Answer(proto::Channe
 // at a time), and is left alone. Through a pidfd, so a reused pid is never hit; awaited for
 // kHungExitWait.
 void KillHungKeeper(pid_t pid, const std::string& socket_path) {
-  UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  UniqueFd pidfd(PidfdOpen(pid));
   if (!pidfd) return;
   const std::optional<ProcStat> stat = ReadProcStat(pid);
   if (!stat.has_value() || (stat->state != 'T' && stat->state != 't') ||
@@ -57,7 +57,7 @@ void KillHungKeeper(pid_t pid, const std::string& socket_path) {
       << " accepted but did not answer within "
       << std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout).count()
       << " ms and is stopped: hung; killed, and a new one is started";
-  (void)::syscall(SYS_pidfd_send_signal, pidfd.get(), SIGKILL, nullptr, 0);
+  (void)PidfdSendSignal(pidfd.get(), SIGKILL);
   const auto until = std::chrono::steady_clock::now() + kHungExitWait;
   while (ProcessRunning(pid) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -1,6 +1,5 @@
 #include "controller/keeper/keeper_watch.h"
 
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "base/process/pidfd.h"
 
 namespace baton {
 namespace {
@@ -63,7 +63,7 @@ void KeeperWatch::SetState(KeeperState state, std::string detail) {
 
 void KeeperWatch::Watch(pid_t pid) {
   if (stopped_) return;
-  const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  const int fd = PidfdOpen(pid);
   if (fd < 0) {
     OnExited(pid);
     return;
@@ -90,7 +90,7 @@ bool KeeperWatch::KillAndStop() {
   const pid_t pid = status_.pid;
   bool killed = false;
   if (pidfd_ != nullptr && pid > 0) {
-    killed = ::syscall(SYS_pidfd_send_signal, pidfd_->native_handle(), SIGKILL, nullptr, 0) == 0;
+    killed = PidfdSendSignal(pidfd_->native_handle(), SIGKILL) == 0;
     const int error = errno;
     if (killed) {
       BATON_LOG(WARN, kLog) << "baton-keeper (pid " << pid << ") did not let the memory go when "

@@ -142,10 +142,6 @@ std::optional<ApiError> ReadUnsupported(const Json& body) {
   return std::nullopt;
 }
 
-ApiError NotSupported(const std::string& name, const std::string& only) {
-  return ParamError(name, "'" + name + "' is not supported by this engine (only " + only + ")");
-}
-
 // Parameters of OpenAI's API that this engine does not implement: each is checked for its
 // type and range, and any value but the one that changes nothing is refused, never ignored.
 std::optional<ApiError> ReadUnimplemented(const Json& body, bool chat) {

@@ -12,6 +12,10 @@ ApiError ParamError(std::string param, std::string message) {
   return MakeApiError(400, std::move(message), std::move(param));
 }
 
+ApiError NotSupported(const std::string& name, const std::string& only) {
+  return ParamError(name, "'" + name + "' is not supported by this engine (only " + only + ")");
+}
+
 bool IsJsonInteger(const Json& j) { return j.is_number_integer() || j.is_number_unsigned(); }
 
 std::optional<ApiError> ReadInt(const Json& body, const char* name, int64_t* out, bool* present) {
@@ -71,17 +75,12 @@ std::optional<ApiError> ReadStopTokenIds(const Json& body, const CompletionConte
   return std::nullopt;
 }
 
-ApiError Unsupported(const char* name, const char* only) {
-  return ParamError(
-      name, std::string("'") + name + "' is not supported by this engine (only " + only + ")");
-}
-
 // vLLM's sampling knobs this engine does not implement: refused unless neutral.
 std::optional<ApiError> ReadUnimplementedVllm(const Json& body) {
   int64_t top_k = -1;
   bool present = false;
   if (auto e = ReadInt(body, "top_k", &top_k, &present)) return e;
-  if (top_k != -1 && top_k != 0) return Unsupported("top_k", "-1 or 0: every token");
+  if (top_k != -1 && top_k != 0) return NotSupported("top_k", "-1 or 0: every token");
   float unused = 0;
   if (auto e = ReadNumber(body, "min_p", 0, 1, false, "[0, 1]", &unused)) return e;
   if (auto e = ReadNumber(body, "repetition_penalty", 0, 1e9, true, "(0, inf)", &unused)) {
@@ -92,8 +91,8 @@ std::optional<ApiError> ReadUnimplementedVllm(const Json& body) {
     auto it = body.find(name);
     return it == body.end() || it->is_null() || it->get<double>() == value;
   };
-  if (!neutral("min_p", 0)) return Unsupported("min_p", "0");
-  if (!neutral("repetition_penalty", 1)) return Unsupported("repetition_penalty", "1");
+  if (!neutral("min_p", 0)) return NotSupported("min_p", "0");
+  if (!neutral("repetition_penalty", 1)) return NotSupported("repetition_penalty", "1");
   return std::nullopt;
 }
 

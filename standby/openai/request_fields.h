@@ -16,6 +16,9 @@ namespace baton {
 // A 400 invalid_request_error naming `param`.
 ApiError ParamError(std::string param, std::string message);
 
+// The 400 for a parameter this engine does not implement, set to other than `only`.
+ApiError NotSupported(const std::string& name, const std::string& only);
+
 bool IsJsonInteger(const nlohmann::json& j);
 
 // An optional integer that fits int64_t; *present says whether it was given.

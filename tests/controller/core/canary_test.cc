@@ -23,6 +23,13 @@ CanaryPolicy Policy() {
   return p;
 }
 
+// Policy() with one step, 100 %: the primary gets no request while the canary runs.
+CanaryPolicy LastStepOnly() {
+  CanaryPolicy p = Policy();
+  p.steps = {100};
+  return p;
+}
+
 // Adds `n` attempts to `engine`: `errors` of them failed, the rest took `ms` each.
 void Add(OutcomeMap* m, uint64_t engine, uint64_t n, uint64_t errors, uint64_t ms) {
   proto::EngineOutcome& o = (*m)[engine];
@@ -155,8 +162,7 @@ TEST(CanaryJudgeTest, ASlowCanaryIsCaughtAtTheLastStepAgainstThePrimarysEarlierR
   for (const bool before : {false, true}) {
     FakeClock clock;
     OutcomeMap m;
-    CanaryPolicy p = Policy();
-    p.steps = {100};
+    const CanaryPolicy p = LastStepOnly();
     if (before) Add(&m, kPrimary, 50, 0, 40);  // served before the canary started
     CanaryJudge judge(clock, p, kPrimary, kCanary, m);
     if (!before) Add(&m, kPrimary, 10, 0, 40);  // before the router moved all traffic
@@ -178,8 +184,7 @@ TEST(CanaryJudgeTest, NoLatencyEvidenceHoldsTheLastStep) {
   for (const bool primary_comes : {true, false}) {
     FakeClock clock;
     OutcomeMap m;
-    CanaryPolicy p = Policy();
-    p.steps = {100};
+    const CanaryPolicy p = LastStepOnly();
     CanaryJudge judge(clock, p, kPrimary, kCanary, m);
     Add(&m, kCanary, 30, 0, 5);
     clock.Advance(milliseconds(1000));

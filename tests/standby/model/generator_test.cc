@@ -66,6 +66,21 @@ GenerationRequest Request(uint64_t id, std::vector<int32_t> prompt, int max_toke
 
 const std::vector<int32_t> kPrompt = {256, 84, 104, 101, 32, 113, 117, 105, 99, 107};
 
+// Request 1: kPrompt, 8 tokens, greedy, no stop at eos.
+GenerationRequest Greedy() {
+  GenerationRequest r = Request(1, kPrompt, 8);
+  r.sampling = {0.0f, 1.0f, 0};
+  return r;
+}
+
+// The tokens `request` (id 1) gets alone on `m`.
+std::vector<int32_t> GreedyTokens(const TestModel& m, const GenerationRequest& request) {
+  Harness plain(m, 64);
+  EXPECT_TRUE(plain.gen().Add(request).ok());
+  plain.RunToIdle();
+  return plain.out.tokens[1];
+}
+
 TEST(GeneratorTest, ReplayContinuesByteIdentically) {
   std::unique_ptr<TestModel> m = MakeTestModel(TinySpec(DType::kBF16));
   constexpr int kN = 24;
@@ -120,12 +135,8 @@ TEST(GeneratorTest, ConcurrentRequestsMatchSoloRunsUnderPreemption) {
 
 TEST(GeneratorTest, StopsAtEosAndAtMaxPositions) {
   std::unique_ptr<TestModel> m = MakeTestModel(TinySpec());
-  GenerationRequest greedy = Request(1, kPrompt, 8);
-  greedy.sampling = {0.0f, 1.0f, 0};
-  Harness plain(*m, 64);
-  ASSERT_TRUE(plain.gen().Add(greedy).ok());
-  plain.RunToIdle();
-  const std::vector<int32_t> tokens = plain.out.tokens[1];
+  GenerationRequest greedy = Greedy();
+  const std::vector<int32_t> tokens = GreedyTokens(*m, greedy);
   ASSERT_EQ(tokens.size(), 8u);
 
   m->config.eos_token_ids = {tokens[3]};
@@ -152,12 +163,8 @@ TEST(GeneratorTest, StopsAtEosAndAtMaxPositions) {
 // sampled until that many tokens are out, so the request goes on past them.
 TEST(GeneratorTest, StopIdsAndMinTokens) {
   std::unique_ptr<TestModel> m = MakeTestModel(TinySpec());
-  GenerationRequest greedy = Request(1, kPrompt, 8);
-  greedy.sampling = {0.0f, 1.0f, 0};
-  Harness plain(*m, 64);
-  ASSERT_TRUE(plain.gen().Add(greedy).ok());
-  plain.RunToIdle();
-  const std::vector<int32_t> tokens = plain.out.tokens[1];
+  GenerationRequest greedy = Greedy();
+  const std::vector<int32_t> tokens = GreedyTokens(*m, greedy);
   ASSERT_EQ(tokens.size(), 8u);
   const int32_t stop = tokens[1];
   const size_t first = std::find(tokens.begin(), tokens.end(), stop) - tokens.begin();
