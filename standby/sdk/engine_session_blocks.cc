@@ -2,6 +2,7 @@
 // the heartbeat thread (their headers scrubbed a slice at a time, heartbeats between the
 // slices), and the events that tell the engine about them.
 #include <algorithm>
+#include <sstream>
 
 #include "base/log.h"
 #include "standby/sdk/engine_session_impl.h"
@@ -63,6 +64,7 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   const TimePoint start = clock_->Now();
   Result<std::vector<MappedExtent>> mapped = Unavailable("not mapped");
   SessionEvent event{.kind = SessionEventKind::kPromoted, .epoch = msg.epoch};
+  TimePoint mapped_at = start;
   {
     MutexLock lock(mu_);
     if (promoted_ || msg.epoch == 0 || failed_.has_value()) {
@@ -70,6 +72,7 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
                                   " refused: " + (promoted_ ? "already promoted" : "bad epoch"));
     } else {
       mapped = MapRangesLocked(msg.extents, &event.inherited_headers);
+      mapped_at = clock_->Now();
       if (mapped.ok()) {
         promoted_ = true;
         epoch_.store(msg.epoch);
@@ -85,13 +88,15 @@ void EngineSession::Impl::OnPromote(const proto::Promote& msg) {
   for (const MappedExtent& e : *mapped) blocks += e.count;
   uint32_t quarantined = 0;
   for (const MappedExtent& e : event.quarantined) quarantined += e.count;
-  BATON_LOG(INFO, kLog)
-      << "promoted at epoch " << msg.epoch << ": " << blocks
-      << " blocks mapped writable and scrubbed in " << MillisBetween(start, clock_->Now()) << " ms"
-      << (quarantined > 0
-              ? "; " + std::to_string(quarantined) +
-                    " blocks of the old primary in quarantine (headers read, not mapped)"
-              : std::string());
+  const TimePoint read_at = clock_->Now();
+  std::ostringstream line;
+  line << "promoted at epoch " << msg.epoch << ": " << blocks
+       << " blocks mapped writable and scrubbed in " << MillisBetween(start, mapped_at) << " ms";
+  if (quarantined > 0) {
+    line << "; " << quarantined << " blocks of the old primary in quarantine (headers read in "
+         << MillisBetween(mapped_at, read_at) << " ms, not mapped)";
+  }
+  BATON_LOG(INFO, kLog) << line.str();
   event.extents = std::move(mapped).value();
   Push(std::move(event));
 }
