@@ -330,6 +330,15 @@ void BM_PoolReadHeaders(benchmark::State& state) {
     state.SkipWithError(pool.status().ToString().c_str());
     return;
   }
+  if (state.range(1) != 0) {  // through the header view, its pages faulted in beforehand
+    Status view = memory->Seal(Sealing::kFixedSize);
+    if (view.ok()) view = pool->MapHeaderView();
+    if (!view.ok()) {
+      state.SkipWithError(view.ToString().c_str());
+      return;
+    }
+    pool->PrefaultHeaderView(0, kBlocks);
+  }
   const std::vector<BlockRun> runs = {{.first = 0, .count = kBlocks}};
   const auto threads = static_cast<unsigned>(state.range(0));
   std::vector<uint8_t> out;
@@ -344,13 +353,15 @@ void BM_PoolReadHeaders(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * kBlocks);
 }
-// On 1 thread and on as many as the engine SDK would use here (the CPUs this process may run
-// on, at most 8).
+// With pread (second argument 0) and from the header view (1), on 1 thread and on as many
+// as the engine SDK would use here (the CPUs this process may run on, at most 8).
 void PoolReadHeadersArgs(benchmark::internal::Benchmark* b) {
   cpu_set_t cpus;
   const int n = sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
-  b->Arg(1);
-  if (std::clamp(n, 1, 8) > 1) b->Arg(std::clamp(n, 1, 8));
+  for (int view : {0, 1}) {
+    b->Args({1, view});
+    if (std::clamp(n, 1, 8) > 1) b->Args({std::clamp(n, 1, 8), view});
+  }
 }
 BENCHMARK(BM_PoolReadHeaders)
     ->Apply(PoolReadHeadersArgs)

@@ -344,6 +344,27 @@ Status EngineSession::Impl::Prefault() {
   return OkStatus();
 }
 
+void EngineSession::Impl::PrefaultHeaderView() {
+  const TimePoint start = clock_->Now();
+  uint32_t blocks = 0;
+  {
+    MutexLock lock(mu_);
+    Status mapped = pool_.MapHeaderView();
+    if (!mapped.ok()) {
+      BATON_LOG(WARN, "engine-sdk") << "pool header view: " << mapped.message()
+                                    << ": a promotion reads the old primary's headers with pread";
+      return;
+    }
+    blocks = pool_.block_count();
+  }
+  constexpr uint32_t kSlice = 512;
+  for (uint32_t at = 0; at < blocks; at += kSlice) {
+    MutexLock lock(mu_);
+    pool_.PrefaultHeaderView(at, std::min(kSlice, blocks - at));
+  }
+  header_view_ms_ = MillisBetween(start, clock_->Now());
+}
+
 Status EngineSession::Impl::SendReady() {
   const proto::StandbyReady ready{
       .arena_mapped_bytes = arena_map_.size(),
@@ -364,6 +385,7 @@ Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessio
   BATON_RETURN_IF_ERROR(impl->StartThread());
   BATON_RETURN_IF_ERROR(impl->TakeMemory().WithContext(who + " registering"));
   BATON_RETURN_IF_ERROR(impl->Prefault());
+  impl->PrefaultHeaderView();
   if (!options.ready_when_waiting) {
     BATON_RETURN_IF_ERROR(impl->SendReady().WithContext(who + " reporting ready"));
     impl->MarkRegistered();
@@ -372,7 +394,8 @@ Result<std::unique_ptr<EngineSession>> EngineSession::Connect(const EngineSessio
                                 << " tensors of the host arena mapped read-only ("
                                 << impl->weights().size << " bytes, pre-faulted in "
                                 << impl->weights().prefault_ms << " ms), pool range of "
-                                << impl->pool().block_count << " blocks reserved";
+                                << impl->pool().block_count << " blocks reserved"
+                                << impl->HeaderViewText();
   return std::unique_ptr<EngineSession>(new EngineSession(std::move(impl)));
 }
 

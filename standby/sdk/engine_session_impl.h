@@ -30,6 +30,7 @@
 
 #include <atomic>
 #include <boost/asio/io_context.hpp>
+#include <cstdio>
 #include <deque>
 #include <optional>
 #include <span>
@@ -60,6 +61,9 @@ class EngineSession::Impl {
   Status StartThread();
   Status TakeMemory();
   Status Prefault();
+  // Maps the pool's header view and faults its pages in, a slice at a time (the session's
+  // lock let go between slices); an engine without it reads headers with pread.
+  void PrefaultHeaderView();
   Status SendReady() BATON_EXCLUDES(channel_mu_);
   // The liveness page's fd, to go with StandbyReady and Reattach; empty without a page.
   std::vector<int> LivenessFds() const;
@@ -96,6 +100,13 @@ class EngineSession::Impl {
   Status CheckEpoch() const;
   std::vector<MappedExtent> extents() const;
   uint64_t heartbeats_sent() const { return heartbeat_seq_.load(); }
+  // For the registration's log line: how long the header view took, or that there is none.
+  std::string HeaderViewText() const {
+    if (header_view_ms_ < 0) return " (no header view)";
+    char ms[32];
+    std::snprintf(ms, sizeof(ms), "%.3f", header_view_ms_);
+    return std::string(", its header view pre-faulted in ") + ms + " ms";
+  }
   void SetControllerAbsence(Duration timeout, ControllerAbsentAction action);
   void Shutdown();
 
@@ -228,7 +239,8 @@ class EngineSession::Impl {
   MappedWeights weights_;
   PoolView pool_view_;
   Duration heartbeat_interval_ = std::chrono::milliseconds(100);  // the heartbeat thread's
-  uint8_t touched_ = 0;  // keeps the pre-fault reads from being optimized away
+  uint8_t touched_ = 0;         // keeps the pre-fault reads from being optimized away
+  double header_view_ms_ = -1;  // PrefaultHeaderView's time; < 0: no view
 
   FileIdentity arena_id_;  // set by Handshake()
   FileIdentity pool_id_;

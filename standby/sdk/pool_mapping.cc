@@ -1,5 +1,6 @@
 #include "standby/sdk/pool_mapping.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,10 +88,15 @@ PoolMapping& PoolMapping::operator=(PoolMapping&& other) noexcept {
   other.mapped_.clear();
   read_only_ = std::move(other.read_only_);
   other.read_only_.clear();
+  header_view_ = std::exchange(other.header_view_, nullptr);
+  header_view_bytes_ = std::exchange(other.header_view_bytes_, 0);
   return *this;
 }
 
 void PoolMapping::Release() {
+  if (header_view_ != nullptr) ::munmap(header_view_, header_view_bytes_);
+  header_view_ = nullptr;
+  header_view_bytes_ = 0;
   if (region_ != nullptr) ::munmap(region_, region_bytes_);
   region_ = nullptr;
   base_ = nullptr;
@@ -207,6 +213,28 @@ void PoolMapping::UnmapAll() {
     if (!UnmapExtent(first, count).ok()) {
       mapped_.erase(mapped_.begin());
     }
+  }
+}
+
+Status PoolMapping::MapHeaderView() {
+  if (base_ == nullptr) return FailedPrecondition("the pool range is not reserved");
+  if (header_view_ != nullptr) return OkStatus();
+  const int seals = ::fcntl(fd_.get(), F_GET_SEALS);
+  if (seals < 0 || (seals & F_SEAL_SHRINK) == 0) {
+    return FailedPrecondition("the pool's fd is not sealed against shrinking");
+  }
+  const uint64_t bytes = uint64_t{args_.block_count} * args_.block_bytes;
+  void* view = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_.get(), 0);
+  if (view == MAP_FAILED) return ErrnoStatus("mapping the pool's header view", errno);
+  header_view_ = static_cast<uint8_t*>(view);
+  header_view_bytes_ = bytes;
+  return OkStatus();
+}
+
+void PoolMapping::PrefaultHeaderView(uint32_t first, uint32_t count) const {
+  if (header_view_ == nullptr || !CheckRange(first, count).ok()) return;
+  for (uint32_t b = first; b < first + count; ++b) {
+    (void)*static_cast<const volatile uint8_t*>(header_view_ + uint64_t{b} * args_.block_bytes);
   }
 }
 

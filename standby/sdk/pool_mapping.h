@@ -12,8 +12,14 @@
 // predecessor's quarantined blocks, to copy KV out of); MapExtent() over them makes them
 // writable (they were granted), UnmapReadOnly() puts PROT_NONE back over the rest.
 //
-// Ownership: owns the pool fd, the reservation and its extent mappings; the destructor
-// unmaps the whole range. Move-only. Thread-compatible: the engine session guards it.
+// MapHeaderView() maps the whole pool once more, read-only, at an address of its own (the
+// header view), and PrefaultHeaderView() reads one byte of blocks' first pages through it, so
+// that ReadHeaders() copies a dead primary's headers out of memory already mapped (about
+// 0.06 us a block) instead of one pread per block (0.4-2 us). Nothing of the view is
+// writable; a block's data stays unreachable through the reservation until MapExtent.
+//
+// Ownership: owns the pool fd, the reservation, its extent mappings and the header view; the
+// destructor unmaps them all. Move-only. Thread-compatible: the engine session guards it.
 #pragma once
 
 #include <cstdint>
@@ -66,14 +72,24 @@ class PoolMapping {
   // block mapped neither writable nor read-only).
   void CopyHeaders(uint32_t first, uint32_t count, uint64_t header_bytes,
                    std::vector<uint8_t>* out) const;
-  // Appends the header bytes of each block of each run to `out`, run after run, read from the
-  // pool's file (pread) whether the block is mapped or not: no page of a block this process
-  // does not map is faulted in, and nothing is mapped or unmapped. A promotion reads the dead
+  // Maps the header view. FailedPrecondition when the pool's fd is not sealed against
+  // shrinking (a read through the view past a shrunk end would raise SIGBUS): ReadHeaders()
+  // then reads with pread.
+  Status MapHeaderView();
+  bool has_header_view() const { return header_view_ != nullptr; }
+  // Faults in the first page of blocks [first, first + count) in the header view (a page
+  // table entry each: on 4 KiB pages one page-table page per 2 MiB block). No-op without it.
+  void PrefaultHeaderView(uint32_t first, uint32_t count) const;
+  // Appends the header bytes of each block of each run to `out`, run after run, copied from
+  // the header view when there is one, else read from the pool's file (pread), whether the
+  // block is mapped writable or not: nothing is mapped or unmapped. A promotion reads the dead
   // primary's blocks, tens of thousands on a large pool, so many blocks are read by up to
-  // `threads` threads side by side (at least kHeaderBlocksPerThread blocks each). Returns
+  // `threads` threads side by side (at least kHeaderBlocksPerThread blocks each, or
+  // kViewBlocksPerThread from the view). Returns
   // one Status per run: a run outside the pool, or one with a read that fails (the error
   // names the block), adds nothing to `out`.
   static constexpr uint32_t kHeaderBlocksPerThread = 512;
+  static constexpr uint32_t kViewBlocksPerThread = 8192;
   std::vector<Status> ReadHeaders(std::span<const BlockRun> runs, uint64_t header_bytes,
                                   unsigned threads, std::vector<uint8_t>* out) const;
   // Zeroes the header bytes of each block in [first, first + count) (must be mapped).
@@ -108,6 +124,8 @@ class PoolMapping {
   uint64_t reserved_ = 0;
   std::map<uint32_t, uint32_t> mapped_;  // first -> count
   std::set<uint32_t> read_only_;         // blocks mapped PROT_READ
+  uint8_t* header_view_ = nullptr;       // the whole pool, PROT_READ, or null
+  uint64_t header_view_bytes_ = 0;
 };
 
 }  // namespace baton

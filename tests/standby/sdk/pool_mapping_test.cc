@@ -155,5 +155,44 @@ TEST(PoolMapping, ARunThatCannotBeReadLeavesTheOthersWhole) {
   EXPECT_EQ(BlocksIn(out), Blocks({{0, 2500}, {2500, 2000}}));
 }
 
+TEST(PoolMapping, AHeaderViewReadsWhatPreadReadsAndWhatIsWrittenAfterIt) {
+  SharedMemory memory;
+  PoolMapping pool = ReserveNumbered(9000, &memory);
+  ASSERT_TRUE(memory.Seal(Sealing::kFixedSize).ok());
+  ASSERT_TRUE(pool.MapHeaderView().ok());
+  ASSERT_TRUE(pool.has_header_view());
+  pool.PrefaultHeaderView(0, 9000);
+  pool.PrefaultHeaderView(8990, 100);  // outside the pool: nothing touched, nothing raised
+  // Written after the view's pages were faulted in: the view shares the pool's pages.
+  Mapping owner = std::move(memory.Map(Protection::kReadWrite)).value();
+  const uint32_t moved = 8100;
+  owner.data()[uint64_t{moved} * 4096 + 63] = 0xEE;
+  const std::vector<BlockRun> runs = {{5000, 3000}, {3, 1}, {10, 4990}, {8100, 600}};
+  for (unsigned threads : {1u, 4u}) {
+    std::vector<uint8_t> out;
+    const std::vector<Status> read = pool.ReadHeaders(runs, 64, threads, &out);
+    for (const Status& s : read) EXPECT_TRUE(s.ok()) << s.ToString();
+    ASSERT_EQ(out.size(), 8591 * 64u);
+    const size_t at = (3000 + 1 + 4990) * 64u;  // block 8100, the fourth run's first
+    EXPECT_EQ(out[at + 63], 0xEE);
+    out[at + 63] = static_cast<uint8_t>(moved % 251);
+    EXPECT_EQ(BlocksIn(out), Blocks({{5000, 3000}, {3, 1}, {10, 4990}, {8100, 600}}));
+  }
+  EXPECT_EQ(pool.mapped_blocks(), 0u) << "the view maps nothing writable";
+}
+
+TEST(PoolMapping, AnUnsealedPoolHasNoHeaderViewAndIsReadWithPread) {
+  SharedMemory memory;
+  PoolMapping pool = ReserveNumbered(600, &memory);
+  const Status view = pool.MapHeaderView();
+  EXPECT_EQ(view.code(), StatusCode::kFailedPrecondition) << view.ToString();
+  EXPECT_NE(view.message().find("not sealed against shrinking"), std::string::npos);
+  EXPECT_FALSE(pool.has_header_view());
+  std::vector<uint8_t> out;
+  const std::vector<BlockRun> runs = {{0, 600}};
+  EXPECT_TRUE(pool.ReadHeaders(runs, 64, 2, &out)[0].ok());
+  EXPECT_EQ(BlocksIn(out), Blocks({{0, 600}}));
+}
+
 }  // namespace
 }  // namespace baton
