@@ -4,6 +4,7 @@
 #include <boost/asio/post.hpp>
 #include <cmath>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "base/log.h"
 #include "base/text/json_depth.h"
@@ -154,9 +155,10 @@ void RelayedRequest::OnHead(int status, const std::string& content_type, bool st
       exchange_->BeginStream(status, content_type.empty() ? "text/event-stream" : content_type);
       client_header_sent_ = true;
     }
-  } else if (Retryable(status) || (status >= 500 && target_->canary)) {
-    // An engine that is going away (502-504), or a canary's 5xx: a canary's failures are
-    // judged against it, never passed to the client, so the attempt goes to another engine.
+  } else if (Retryable(status) || (status >= 400 && target_->canary)) {
+    // An engine that is going away (502-504), or a canary's 4xx or 5xx: a canary's failures
+    // are judged against it, never passed to the client, so the attempt goes to another
+    // engine (for a 4xx, whose answer says whether the request was bad for both).
     mode_ = Mode::kRefused;
   } else {
     mode_ = client_header_sent_ ? Mode::kErrorInStream : Mode::kBuffer;
@@ -244,6 +246,11 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& cause) {
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
       return EndBuffered();
     case Mode::kRefused:
+      if (target_->canary && status_ / 100 == 4) {
+        SettleCanaryRefusal(false);  // an earlier canary's, should a request meet two
+        refused_by_canary_ = *target_;
+        count_deferred_ = true;
+      }
       return AttemptFailed(UpstreamError::kConnect,
                            "the engine answered " + std::to_string(status_));
     case Mode::kErrorInStream:
@@ -362,6 +369,8 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
 
 void RelayedRequest::CountAttempt(AttemptEnd end) {
   if (deps_.outcomes == nullptr || !target_) return;
+  if (std::exchange(count_deferred_, false)) return;
+  SettleCanaryRefusal(end == AttemptEnd::kSucceeded && status_ / 100 == 2);
   switch (end) {
     case AttemptEnd::kSucceeded:
       return deps_.outcomes->RecordSucceeded(target_->node, target_->engine_id,
@@ -403,9 +412,20 @@ void RelayedRequest::ReleaseTarget() {
   target_.reset();
 }
 
+void RelayedRequest::SettleCanaryRefusal(bool answered_2xx) {
+  if (!refused_by_canary_ || deps_.outcomes == nullptr) return;
+  const Target canary = *std::exchange(refused_by_canary_, std::nullopt);
+  if (answered_2xx) {
+    deps_.outcomes->RecordFailed(canary.node, canary.engine_id);
+  } else {
+    deps_.outcomes->RecordEnded(canary.node, canary.engine_id);
+  }
+}
+
 void RelayedRequest::Finish(int status, const std::string& upstream_error) {
   if (finished_) return;
   finished_ = true;
+  SettleCanaryRefusal(false);
   deps_.metrics->Record(route_, status);
   deps_.metrics->ObserveDuration(route_, MillisBetween(arrival_, deps_.clock->Now()) / 1e3);
   if (!upstream_error.empty() && upstream_error != "none") {

@@ -4,8 +4,8 @@
 // It asks Admission for an engine, runs an UpstreamCall there and relays the answer: a
 // stream event by event (through StreamReplay, which records what the client got), any
 // other response whole. When the attempt fails (the engine refused the connection, reset
-// it, stalled past a timeout, answered 502/503/504 (a canary: any 5xx, so that a canary's
-// failures are judged but never seen by the client) or sent a `server_error` event), the
+// it, stalled past a timeout, answered 502/503/504 (a canary: any 5xx or 4xx, so that a
+// canary's failures are judged but never seen by the client) or sent a `server_error` event), the
 // request goes back to Admission as a replay and continues on the next engine: a whole
 // retry when nothing was sent yet, a replay on token ids otherwise. Attempts that reached an
 // engine count against `migration_limit`; connection refusals do not: the refusing address
@@ -23,7 +23,10 @@
 // ever did), and an attempt whose node leaves the fleet (Admitter::WatchLoss) is cut and
 // replayed on another node like any failed attempt.
 // Each attempt's end is counted against its engine in EngineOutcomes: failed (what is replayed
-// above, and an answer 5xx), succeeded (a whole answer relayed), or just ended. A stream's
+// above, and an answer 5xx), succeeded (a whole answer relayed), or just ended. A canary's 4xx
+// is counted once the next engine has answered: failed when that one answered 2xx (a canary
+// that refuses what the primary serves, say a model name it lacks), else just ended (the
+// request was bad for both). A stream's
 // events, from its first, are noted in EngineProgress until the attempt ends.
 // A canary's successful answer to a reproducible request (StreamReplay::reproducible()) is
 // offered to the ShadowComparer once the client's answer is finished: its token ids (those sent
@@ -100,6 +103,9 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   // After the client's answer: compares `canary_ids` (none: the answer had no token ids).
   void StartShadow(uint64_t canary, std::optional<std::vector<int32_t>> canary_ids);
   void ReleaseTarget();
+  // Counts the canary's 4xx (refused_by_canary_) as failed when the attempt after it
+  // succeeded with a 2xx, else as ended.
+  void SettleCanaryRefusal(bool answered_2xx);
   // Records the request's end in the metrics; called before the client's last bytes go out,
   // so that whoever reads /metrics once it has its answer finds the request counted.
   void Finish(int status, const std::string& upstream_error);
@@ -138,6 +144,9 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   std::optional<TimePoint> unreachable_since_;  // first of the current run of refusals
   // When an attempt that had sent tokens failed, until the continuation's next token.
   std::optional<TimePoint> failed_at_;
+  // A canary that answered 4xx, judged by the next attempt's answer (SettleCanaryRefusal).
+  std::optional<Target> refused_by_canary_;
+  bool count_deferred_ = false;  // the ending attempt is that canary's: counted later
 };
 
 }  // namespace baton

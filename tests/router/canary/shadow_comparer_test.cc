@@ -378,5 +378,35 @@ TEST_F(ShadowRealEnginesTest, SeededAndGreedyAnswersAgree) {
   EXPECT_EQ(Canary().disagreed, 0u);
 }
 
+// A canary that refuses what the primary serves (here a model name it lacks) fails: the
+// client gets the primary's answer, and the canary's judge hears of an error.
+TEST_F(ShadowRouterTest, ACanarys4xxThePrimaryAnswersIsTheCanarysFailure) {
+  const std::string missing = R"({"error":{"message":"the model 'm' does not exist",)"
+                              R"("code":"model_not_found"}})";
+  ScriptedBackend canary({Plain(404, missing)});
+  ScriptedBackend primary({Answer({5, 6, 7})});
+  StartRouter(primary.port(), canary.port());
+  const HttpReply reply = Post({{"prompt", "x"}, {"max_tokens", 3}, {"model", "m"}});
+  EXPECT_EQ(reply.status, 200) << reply.body;
+  EXPECT_EQ(canary.bodies().size(), 1u);
+  EXPECT_EQ(primary.bodies().size(), 1u);
+  EXPECT_EQ(Canary().requests, 1u);
+  EXPECT_EQ(Canary().errors, 1u);
+  EXPECT_EQ(Canary().succeeded, 0u);
+}
+
+// A request both refuse was bad: the client gets the primary's 4xx, the canary no error.
+TEST_F(ShadowRouterTest, ACanarys4xxThePrimaryRefusesTooIsNoFailure) {
+  const std::string bad = R"({"error":{"message":"max_tokens must be positive"}})";
+  ScriptedBackend canary({Plain(400, bad)});
+  ScriptedBackend primary({Plain(400, bad)});
+  StartRouter(primary.port(), canary.port());
+  const HttpReply reply = Post({{"prompt", "x"}, {"max_tokens", -1}});
+  EXPECT_EQ(reply.status, 400) << reply.body;
+  EXPECT_NE(reply.body.find("max_tokens must be positive"), std::string::npos) << reply.body;
+  EXPECT_EQ(Canary().requests, 1u);
+  EXPECT_EQ(Canary().errors, 0u);
+}
+
 }  // namespace
 }  // namespace baton
