@@ -19,6 +19,13 @@ namespace {
 namespace http = boost::beast::http;
 
 constexpr std::chrono::milliseconds kTickInterval{5};
+constexpr std::chrono::seconds kPruneInterval{1};
+
+std::set<uint64_t> ListedEngines(const proto::RouteTable& table) {
+  std::set<uint64_t> ids;
+  for (const proto::RouteEntry& e : table.entries) ids.insert(e.engine_id);
+  return ids;
+}
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   if (a.size() != b.size()) return false;
@@ -104,7 +111,10 @@ Status Router::Start() {
 }
 
 void Router::StartRoutes() {
-  routes_.OnChange([this](const proto::RouteTable& table) { admission_.SetTable(table); });
+  routes_.OnChange([this](const proto::RouteTable& table) {
+    admission_.SetTable(table);
+    outcomes_.SetListed({{"", ListedEngines(table)}}, clock_.Now());
+  });
   routes_.OnReport([this] { return outcomes_.Snapshot(); });
   routes_.OnStall([this] { return Stalls(); });
   routes_.OnNewController([this] { admission_.ControllerRestarted(); });
@@ -147,6 +157,16 @@ std::vector<proto::EngineStalled> Router::Stalls() {
   return out;
 }
 
+void Router::PruneOutcomes(TimePoint now) {
+  if (options_.engine_retention.count() == 0 || now - last_prune_ < kPruneInterval) return;
+  last_prune_ = now;
+  const size_t pruned = outcomes_.Prune(now, options_.engine_retention);
+  if (pruned == 0) return;
+  BATON_LOG(INFO, "router") << "forgot the outcomes of " << pruned << " engines unlisted for "
+                            << options_.engine_retention.count()
+                            << " ms: they leave the reports and /metrics";
+}
+
 Status Router::StartFleet() {
   std::string name = options_.fleet_router_name;
   if (name.empty()) {
@@ -163,7 +183,12 @@ Status Router::StartFleet() {
                                             .prefix = options_.etcd_prefix,
                                             .poll = options_.fleet_poll,
                                             .router = name}));
-  view_->OnChange([this](const std::vector<FleetNode>& nodes) { fleet_->SetNodes(nodes); });
+  view_->OnChange([this](const std::vector<FleetNode>& nodes) {
+    fleet_->SetNodes(nodes);
+    EngineOutcomes::Listing listed;
+    for (const FleetNode& n : nodes) listed[n.name] = ListedEngines(n.routes);
+    outcomes_.SetListed(listed, clock_.Now());
+  });
   view_->OnReport([this] {
     FleetView::Reports reports;
     for (const std::string& node : outcomes_.Nodes()) reports[node] = outcomes_.Snapshot(node);
@@ -189,10 +214,11 @@ void Router::ScheduleTick() {
   tick_.expires_after(kTickInterval);
   tick_.async_wait([this](boost::system::error_code ec) {
     if (ec) return;
+    const TimePoint now = clock_.Now();
     last_tick_ns_ =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(clock_.Now().time_since_epoch())
-            .count();
+        std::chrono::duration_cast<std::chrono::nanoseconds>(now.time_since_epoch()).count();
     admission_.Tick();
+    PruneOutcomes(now);
     if (fleet_) fleet_->Tick();
     ScheduleTick();
   });

@@ -13,7 +13,9 @@
 // request timeouts) are the HttpServer's. The route table comes from the controller
 // (RouteSubscriber) or is one static backend; with etcd set, the router follows the whole fleet
 // instead (FleetView, FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines
-// there.
+// there. An engine that no route table has listed for engine_retention, with nothing in flight
+// on it, leaves the outcomes (EngineOutcomes, Pruning), so that neither the reports nor
+// /metrics grow with every engine ever seen.
 //
 // Stopping without losing a request (SIGTERM; docs/router.md, Stopping): BeginDrain() makes
 // /health answer 503 "draining" (so that a load balancer takes the router out) and every
@@ -97,6 +99,9 @@ class Router {
   // while the io threads run (a router that was frozen reads its engines' bytes late: none
   // is reported until they have run again), each logged and counted once per stall.
   std::vector<proto::EngineStalled> Stalls();
+  // Forgets the outcomes of engines unlisted for options_.engine_retention (one log line with
+  // the count), at most once per kPruneInterval; io thread (the tick).
+  void PruneOutcomes(TimePoint now);
   Status StartFleet();
   // The admission requests go through: the fleet's, or the controller's.
   Admitter* admitter() { return fleet_ ? static_cast<Admitter*>(fleet_.get()) : &admission_; }
@@ -119,6 +124,7 @@ class Router {
   std::set<uint64_t> stalled_seen_;
   std::set<uint64_t> stalled_reported_;
   std::atomic<int64_t> last_tick_ns_{0};  // the io threads' last tick, clock_ nanoseconds
+  TimePoint last_prune_;                  // the tick's
   ShadowComparer shadow_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;

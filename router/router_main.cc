@@ -27,6 +27,7 @@ constexpr char kUsage[] =
     "                    [--ramp-duration-ms N] [--migration-limit N] [--max-connections N]\n"
     "                    [--max-header-bytes N] [--request-timeout-ms N]\n"
     "                    [--client-idle-timeout-ms N] [--shadow-every N]\n"
+    "                    [--engine-retention-ms N]\n"
     "                    [--drain-delay-ms N] [--drain-timeout-ms N]\n"
     "                    [--etcd HOST:PORT,... [--etcd-prefix /baton/] [--etcd-timeout-ms N]\n"
     "                     [--etcd-ca-file FILE] [--etcd-cert-file FILE --etcd-key-file FILE]\n"

@@ -199,6 +199,11 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
     o->stall_timeout = std::chrono::milliseconds(ms);
     return OkStatus();
   };
+  s["engine-retention-ms"] = [o](const std::string& v) -> Status {  // 0: never forgotten
+    BATON_ASSIGN_OR_RETURN(int64_t ms, ParseInt("engine-retention-ms", v, 0, 30 * 86400000LL));
+    o->engine_retention = std::chrono::milliseconds(ms);
+    return OkStatus();
+  };
   s["request-timeout-ms"] = Millis("request-timeout-ms", &o->request_timeout);
   s["client-idle-timeout-ms"] = Millis("client-idle-timeout-ms", &o->client_idle_timeout);
   s["max-queue-wait-ms"] = Millis("max-queue-wait-ms", &o->max_queue_wait);

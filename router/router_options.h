@@ -29,6 +29,10 @@ struct RouterOptions {
   // reported stalled to the controller (proto::EngineStalled), which fences it as hung.
   // 0: never reported.
   std::chrono::milliseconds stall_timeout{30000};
+  // An engine no route table has listed for this long, with no request in flight on it, is
+  // forgotten: its outcome counters leave the RouterReport and /metrics (EngineOutcomes).
+  // 0: never.
+  std::chrono::milliseconds engine_retention{600000};
   std::chrono::milliseconds resubscribe_max_backoff{2000};
   int threads = 2;
   // Client-side limits.

@@ -138,6 +138,7 @@ void ShadowComparer::Start(CanaryAnswer answer) {
     return;
   }
   ++started_;
+  if (outcomes_ != nullptr) outcomes_->Hold(answer.node, answer.engine_id);
   std::make_shared<Call>(this, std::move(answer))->Start(*primary, std::move(*body));
 }
 
@@ -161,6 +162,7 @@ void ShadowComparer::Finish(const CanaryAnswer& answer,
                                 << " ids, primary " << primary_ids->size() << ")";
     }
   }
+  if (outcomes_ != nullptr) outcomes_->Release(answer.node, answer.engine_id);
   --in_flight_;
 }
 

@@ -59,7 +59,8 @@ class ShadowComparer {
   static constexpr size_t kMaxInFlight = 4;
 
   // `every`: compare 1 of every `every` reproducible canary successes, 0 for none.
-  // `admission` names the canary's primary; `outcomes` takes the comparisons; `pool` may be null.
+  // `admission` names the canary's primary; `outcomes` takes the comparisons (and holds the
+  // canary's engine while its shadow runs); `pool` may be null.
   ShadowComparer(boost::asio::any_io_executor executor, int every, UpstreamTimeouts timeouts,
                  const Admitter* admission, EngineOutcomes* outcomes, UpstreamPool* pool);
   ShadowComparer(const ShadowComparer&) = delete;

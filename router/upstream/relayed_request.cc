@@ -96,6 +96,7 @@ void RelayedRequest::OnGrant(Result<Target> target) {
     return GiveUp(429, full ? "queue_full" : "queue_timeout", target.status().message());
   }
   target_ = *target;
+  if (deps_.outcomes != nullptr) deps_.outcomes->Hold(target_->node, target_->engine_id);
   if (client_gone_) {
     ReleaseTarget();
     return Finish(499, "client_gone");
@@ -409,6 +410,9 @@ void RelayedRequest::ReleaseTarget() {
   if (loss_watch_ != 0) deps_.admission->Unwatch(loss_watch_);
   loss_watch_ = 0;
   if (target_) deps_.admission->Release(*target_);
+  if (target_ && deps_.outcomes != nullptr) {
+    deps_.outcomes->Release(target_->node, target_->engine_id);
+  }
   target_.reset();
 }
 

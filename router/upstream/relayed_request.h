@@ -62,8 +62,9 @@ struct RelayDeps {
   int migration_limit = 3;
   // How long attempts that never reach an engine (refused, answered 502/503/504) go on.
   std::chrono::milliseconds unreachable_limit{5000};
-  UpstreamPool* pool = nullptr;        // keep-alive connections to engines (may be null)
-  EngineOutcomes* outcomes = nullptr;  // each attempt's end, by engine (may be null)
+  UpstreamPool* pool = nullptr;  // keep-alive connections to engines (may be null)
+  // Each attempt's end, by engine, its engine held while it has a target (may be null).
+  EngineOutcomes* outcomes = nullptr;
   ShadowComparer* shadow = nullptr;    // canaries' answers compared (may be null)
   EngineProgress* progress = nullptr;  // whether streams still move, by engine (may be null)
 };

@@ -34,6 +34,19 @@ TEST(RouterOptions, ShadowEvery) {
   EXPECT_NE(o.status().message().find("shadow-every"), std::string::npos);
 }
 
+TEST(RouterOptions, EngineRetention) {
+  EXPECT_EQ(RouterOptions().engine_retention, std::chrono::minutes(10));
+  Result<RouterOptions> o = ParseRouterFlags({"--engine-retention-ms", "0"});  // never
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_EQ(o->engine_retention.count(), 0);
+  RouterOptions t;
+  ASSERT_TRUE(ParseRouterToml("[router]\nengine_retention_ms = 3600000\n", "r.toml", &t).ok());
+  EXPECT_EQ(t.engine_retention, std::chrono::hours(1));
+  o = ParseRouterFlags({"--engine-retention-ms", "-1"});
+  ASSERT_FALSE(o.ok());
+  EXPECT_NE(o.status().message().find("engine-retention-ms"), std::string::npos);
+}
+
 TEST(RouterOptions, Flags) {
   Result<RouterOptions> o =
       ParseRouterFlags({"--listen", "127.0.0.1:9000", "--backend=127.0.0.1:7000", "--api-key", "k",
