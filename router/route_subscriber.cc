@@ -11,6 +11,7 @@
 #include "proto/hello.h"
 #include "proto/transport/channel.h"
 #include "proto/transport/listener.h"
+#include "proto/wire/frame.h"
 
 namespace baton {
 namespace {
@@ -122,6 +123,7 @@ void RouteSubscriber::Subscribe() {
     return;
   }
   connected_ = true;
+  oversize_logged_ = false;
   if (Result<proto::PeerCredentials> peer = channel->peer_credentials(); peer.ok()) {
     if (controller_pid_ != 0 && peer->pid != controller_pid_) {
       BATON_LOG(INFO, "router") << "a new controller (pid " << peer->pid << ", was "
@@ -174,8 +176,21 @@ void RouteSubscriber::Subscribe() {
 bool RouteSubscriber::SendReport(proto::Channel& channel, bool stalls) {
   proto::RouterReport report{
       .seq = report_seq_.load() + 1, .engines = on_report_(), .router = instance_};
-  Status st = channel.Send(report);
-  if (st.ok()) report_seq_ = report.seq;
+  Result<std::string> payload = proto::Encode(report);
+  Status st = payload.status();
+  if (st.ok() && payload->size() > proto::kDefaultMaxFrameSize) {
+    if (!oversize_logged_) {
+      BATON_LOG(ERROR, "router") << "a RouterReport of " << report.engines.size() << " engines is "
+                                 << payload->size() << " bytes, past the frame limit of "
+                                 << proto::kDefaultMaxFrameSize
+                                 << ": not sent (canaries hold) until pruning makes it fit";
+      oversize_logged_ = true;
+    }
+  } else if (st.ok()) {
+    oversize_logged_ = false;
+    st = channel.SendFrame(proto::RouterReport::kType, *payload);
+    if (st.ok()) report_seq_ = report.seq;
+  }
   for (proto::EngineStalled& stall : stalls ? on_stall_() : std::vector<proto::EngineStalled>{}) {
     if (!st.ok()) break;
     stall.router = instance_;

@@ -8,7 +8,10 @@
 // Reports: when the agreed protocol version has RouterReport (proto::kProtocolVersionRouterReport)
 // and OnReport() gave a source, the thread sends a RouterReport right after Subscribe and then
 // every kReportInterval, its `seq` rising across subscriptions. A failed send ends the
-// subscription as a failed receive does (reconnect with backoff).
+// subscription as a failed receive does (reconnect with backoff). A report past the frame
+// limit (proto::kDefaultMaxFrameSize: about 18700 engines) is not sent, with one log line, and
+// the subscription goes on: its route tables matter more than the outcomes, which the router
+// prunes (EngineOutcomes) so that this does not happen.
 //
 // Ownership: owns its thread and the channel (which lives on that thread). Thread: Primary(),
 // table(), connected() and reports_sent() are safe from any thread; Stop() joins. The
@@ -96,6 +99,7 @@ class RouteSubscriber {
   // The last table's log line (the subscriber thread's): a table sent again on a new
   // connection (at Hello and in answer to Subscribe) is not logged twice.
   std::string last_table_line_;
+  bool oversize_logged_ = false;  // a report past the frame limit was logged (subscriber thread)
   std::thread thread_;
   const std::string instance_;  // this router's name in its RouterReports: random hex
 };

@@ -1,12 +1,13 @@
 // RouteSubscriber against a fake controller (a real proto::Listener): RouterReports on a
-// protocol-4 subscription, none on protocol 3, and a report that cannot be sent ending the
-// subscription like a failed receive.
+// protocol-4 subscription, none on protocol 3, a report that cannot be sent ending the
+// subscription like a failed receive, and one too large for a frame skipped while tables flow.
 #include "router/route_subscriber.h"
 
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <memory>
 #include <thread>
 
 #include "proto/hello.h"
@@ -131,6 +132,30 @@ TEST_F(RouteSubscriberTest, AFailedReportEndsTheSubscriptionAndItResubscribes) {
   ASSERT_TRUE(next.ok()) << next.status().ToString();
   EXPECT_GT(next->seq, first->seq);  // seq keeps rising across subscriptions
   EXPECT_TRUE(WaitFor([&] { return sub_.connected(); }));
+}
+
+TEST_F(RouteSubscriberTest, AReportOverTheFrameLimitIsSkippedWhileTablesFlow) {
+  // An EngineOutcome takes 56 bytes of a frame: 20000 of them are past kDefaultMaxFrameSize.
+  auto engines = std::make_shared<std::atomic<uint64_t>>(20000);
+  sub_.OnReport([engines] {
+    std::vector<proto::EngineOutcome> out;
+    for (uint64_t id = 1; id <= engines->load(); ++id) out.push_back({.engine_id = id});
+    return out;
+  });
+  Start();
+  Result<proto::Channel> ctl = AcceptSubscriber(*listener_);
+  ASSERT_TRUE(ctl.ok()) << ctl.status().ToString();
+  ASSERT_TRUE(ctl->Send(OnePrimary(1)).ok());
+  ASSERT_TRUE(WaitFor([&] { return sub_.table().version == 1; }))
+      << "the subscription must survive a report it cannot send";
+  ASSERT_TRUE(ctl->Send(OnePrimary(2)).ok());
+  EXPECT_TRUE(WaitFor([&] { return sub_.table().version == 2; }));
+  EXPECT_EQ(sub_.reports_sent(), 0u);
+  *engines = 3;  // pruned: the next report fits, on the same connection
+  Result<proto::RouterReport> report = NextReport(*ctl);
+  ASSERT_TRUE(report.ok()) << report.status().ToString();
+  EXPECT_EQ(report->engines.size(), 3u);
+  EXPECT_TRUE(sub_.connected());
 }
 
 }  // namespace
