@@ -99,9 +99,11 @@ void FleetView::Report() {
     lease_ = *lease;
     lease_renewed_ = now;
   }
+  std::set<std::string> reported;
   for (auto& [node, engines] : on_report_()) {
     if (node.empty()) continue;
     const std::string key = FleetReportKey(options_.prefix, node, options_.router);
+    reported.insert(key);
     proto::RouterReport report{.seq = seq_ + 1, .engines = engines, .router = options_.router};
     proto::RouterReport unchanged = report;
     unchanged.seq = 0;
@@ -113,6 +115,18 @@ void FleetView::Report() {
     written_[key] = text;
     MutexLock lock(mu_);
     ++state_.reports_written;
+  }
+  ForgetUnreported(reported);
+}
+
+void FleetView::ForgetUnreported(const std::set<std::string>& reported) {
+  for (auto it = written_.begin(); it != written_.end();) {
+    if (reported.count(it->first) != 0) {
+      ++it;
+      continue;
+    }
+    if (Result<int64_t> gone = etcd_->Delete(it->first); !gone.ok()) return Failed(gone.status());
+    it = written_.erase(it);
   }
 }
 

@@ -12,7 +12,8 @@
 // under <prefix>reports/<node>/<router> (fleet/fleet_records.h) when it changed, under a
 // lease of this router (`report_ttl`, renewed every third of it and granted again when
 // lost), so a node's controller judges its canaries on the traffic of every router and a
-// gone router's reports expire.
+// gone router's reports expire. A node OnReport no longer lists (its engines were all
+// forgotten, EngineOutcomes) has its report deleted.
 //
 // Ownership: owns its EtcdClient and thread. Thread: the callbacks run on the view's thread;
 // the accessors are safe from any thread; Stop() joins.
@@ -23,6 +24,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +80,8 @@ class FleetView {
   void Read();
   // Writes the reports that changed (and keeps the lease).
   void Report();
+  // Deletes the reports written earlier whose key is not in `reported`.
+  void ForgetUnreported(const std::set<std::string>& reported);
   void Failed(const Status& status);
   void Answered();
 
