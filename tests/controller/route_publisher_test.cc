@@ -127,6 +127,22 @@ TEST_F(RoutePublisherTest, ARouterThatReconnectsReplacesItsOwnReport) {
   EXPECT_EQ(Total(1), Outcome(1, 17, 1, 1600, 16)) << "counted once, not 10 + 12";
 }
 
+// A router prunes an engine long gone from its route table: its next report leaves it out.
+// That engine's sum loses this router's share; every other engine's is untouched.
+TEST_F(RoutePublisherTest, AnEngineARouterStopsReportingLeavesOnlyItsOwnSum) {
+  proto::Channel a = Subscribe("router-a");
+  proto::Channel b = Subscribe("router-b");
+  Report(a,
+         {.seq = 1,
+          .engines = {Outcome(1, 10, 1, 900, 9), Outcome(2, 4, 0, 400, 4)},
+          .router = "aaaa"},
+         2, 4);
+  Report(b, {.seq = 1, .engines = {Outcome(1, 5, 0, 500, 5)}, .router = "bbbb"}, 1, 15);
+  Report(a, {.seq = 2, .engines = {Outcome(2, 6, 0, 600, 6)}, .router = "aaaa"}, 2, 6);
+  EXPECT_EQ(Total(1), Outcome(1, 5, 0, 500, 5));
+  EXPECT_EQ(Total(2), Outcome(2, 6, 0, 600, 6));
+}
+
 TEST_F(RoutePublisherTest, MalformedReportDropsThatSubscriberOnly) {
   proto::Channel a = Subscribe("router-a");
   proto::Channel b = Subscribe("router-b");

@@ -258,6 +258,30 @@ TEST(CanaryJudgeTest, ARestartedRouterNeverCountsBelowNothing) {
   EXPECT_EQ(judge.Judge(restarted).verdict, Verdict::kHold);
 }
 
+// A router forgets an engine no route table has listed for its retention (router/canary/
+// engine_outcomes.h): an earlier primary leaves the sums while a canary is judged. The
+// canary and its primary are listed, so they stay, and the verdicts do not move.
+TEST(CanaryJudgeTest, AnEngineLeavingTheReportsChangesNoVerdict) {
+  constexpr uint64_t kEarlierPrimary = 7;
+  FakeClock clock;
+  OutcomeMap with;
+  Add(&with, kEarlierPrimary, 500, 200, 900);
+  Add(&with, kPrimary, 50, 0, 5);
+  CanaryJudge judge(clock, Policy(), kPrimary, kCanary, with);
+  Add(&with, kPrimary, 20, 0, 5);
+  Add(&with, kCanary, 20, 0, 5);
+  OutcomeMap pruned = with;
+  pruned.erase(kEarlierPrimary);
+  clock.Advance(milliseconds(1000));
+  EXPECT_EQ(judge.Seen(kCanary, pruned), judge.Seen(kCanary, with));
+  EXPECT_EQ(judge.Seen(kPrimary, pruned), judge.Seen(kPrimary, with));
+  EXPECT_EQ(judge.Judge(pruned).verdict, Verdict::kAdvance);
+  judge.Advance(pruned);
+  Add(&pruned, kCanary, 3, 3, 0);  // errors on the canary are still seen after the prune
+  Add(&pruned, kPrimary, 3, 0, 5);
+  EXPECT_EQ(judge.Seen(kCanary, pruned).errors, 3u);
+}
+
 TEST(UpgradeArgsTest, ParsesOptionsAndTheCommand) {
   Result<UpgradeRequest> r = ParseUpgradeArgs(
       {"--steps", "20,100", "--step-ms", "500", "--min-requests", "3", "--", "eng", "--x", "1"});
