@@ -1,6 +1,7 @@
 #include "controller/keeper/keeper_client.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -19,7 +20,8 @@ namespace baton {
 namespace {
 
 constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
-// A keeper answers Hello at once; one that has not within this long is hung.
+// How long one try waits for the answer to Hello, which a keeper gives at once: a stopped
+// keeper that has not answered in this long is hung (one that runs gets its grace).
 constexpr Duration kHelloTimeout = std::chrono::seconds(1);
 // How long a hung keeper, killed, may take to be gone.
 constexpr Duration kHungExitWait = std::chrono::milliseconds(500);
@@ -40,27 +42,43 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> Answer(proto::Channe
   return std::make_pair(std::move(kept), std::move(msg.fds));
 }
 
-// SIGKILL to the keeper `pid` that did not answer, when it is a baton-keeper that is stopped
-// (SIGSTOP, a debugger): one that runs may only be busy with another connection (it serves one
-// at a time), and is left alone. Through a pidfd, so a reused pid is never hit; awaited for
-// kHungExitWait.
-void KillHungKeeper(pid_t pid, const std::string& socket_path) {
-  UniqueFd pidfd(PidfdOpen(pid));
-  if (!pidfd) return;
+int64_t Millis(Duration d) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+}
+
+bool Stopped(pid_t pid) {
   const std::optional<ProcStat> stat = ReadProcStat(pid);
-  if (!stat.has_value() || (stat->state != 'T' && stat->state != 't') ||
-      ProcessName(pid) != "baton-keeper") {
+  return stat.has_value() && (stat->state == 'T' || stat->state == 't');
+}
+
+// Whether the peer of the connected socket `fd` is gone (closed, reset, or its listener
+// closed while the connection waited to be accepted).
+bool PeerGone(int fd) {
+  pollfd p{.fd = fd, .events = POLLRDHUP, .revents = 0};
+  return fd < 0 || ::poll(&p, 1, 0) < 0 || (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
+}
+
+// SIGKILL to the baton-keeper `pid` that did not answer on the still open connection `fd`,
+// through a pidfd; awaited (the pidfd turns readable) for kHungExitWait. The pidfd is taken
+// before the connection is checked: the keeper holds its only other end (or the listening
+// socket it waits behind), so a connection still open afterwards shows the keeper was alive
+// when the pidfd was taken, and the pidfd names it, not a process that reused its pid. A
+// process of another name is left alone. Logs `seen` and what was done.
+void KillUnanswered(pid_t pid, int fd, const std::string& socket_path, const std::string& seen) {
+  UniqueFd pidfd(PidfdOpen(pid));
+  if (!pidfd || PeerGone(fd)) return;  // gone already: its socket is stale
+  if (const std::string name = ProcessName(pid); name != "baton-keeper") {
+    BATON_LOG(WARN, "keeper") << "a process (pid " << pid << ", " << name << ") at " << socket_path
+                              << " accepted but did not answer within " << seen
+                              << ": not baton-keeper; left alone";
     return;
   }
-  BATON_LOG(WARN, "keeper")
-      << "baton-keeper (pid " << pid << ") at " << socket_path
-      << " accepted but did not answer within "
-      << std::chrono::duration_cast<std::chrono::milliseconds>(kHelloTimeout).count()
-      << " ms and is stopped: hung; killed, and a new one is started";
-  (void)PidfdSendSignal(pidfd.get(), SIGKILL);
-  const auto until = std::chrono::steady_clock::now() + kHungExitWait;
-  while (ProcessRunning(pid) && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  if (PidfdSendSignal(pidfd.get(), SIGKILL) != 0) return;
+  BATON_LOG(WARN, "keeper") << "baton-keeper (pid " << pid << ") at " << socket_path
+                            << " accepted but did not answer within " << seen
+                            << ": hung; killed, and a new one is started";
+  pollfd exited{.fd = pidfd.get(), .events = POLLIN, .revents = 0};
+  while (::poll(&exited, 1, static_cast<int>(Millis(kHungExitWait))) < 0 && errno == EINTR) {
   }
 }
 
@@ -105,23 +123,57 @@ Status StartDetachedKeeper(const std::string& binary, const std::string& socket_
   return OkStatus();
 }
 
-Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path, pid_t* hung) {
+Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path,
+                                              Duration hello_timeout, Unanswered* hung) {
   auto io = std::make_unique<boost::asio::io_context>();
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(*io, socket_path, ClientOptions()));
   Status hello = proto::ClientHello(channel, {.peer_name = "baton-controller",
                                               .role = proto::PeerRole::kController,
                                               .launch_token = "",
                                               .min_version = proto::kProtocolVersionReattach,
-                                              .timeout = kHelloTimeout})
+                                              .timeout = hello_timeout})
                      .status();
   if (!hello.ok()) {
     if (hung != nullptr && hello.code() == StatusCode::kDeadlineExceeded) {
       Result<proto::PeerCredentials> peer = channel.peer_credentials();
-      if (peer.ok()) *hung = peer->pid;
+      if (peer.ok()) {
+        *hung = Unanswered{.pid = peer->pid,
+                           .io = std::move(io),
+                           .channel = std::make_unique<proto::Channel>(std::move(channel))};
+      }
     }
     return hello;
   }
   return KeeperClient(socket_path, std::move(io), std::move(channel));
+}
+
+Result<KeeperClient> KeeperClient::AwaitUnanswered(const std::string& socket_path, Unanswered first,
+                                                   Duration grace) {
+  const auto until = std::chrono::steady_clock::now() - kHelloTimeout + grace;
+  Unanswered last = std::move(first);
+  Duration waited = kHelloTimeout;  // the Hello timeouts of the tries so far
+  while (true) {
+    std::string seen;
+    if (Stopped(last.pid)) {
+      seen = std::to_string(Millis(waited)) + " ms and is stopped";
+    } else if (std::chrono::steady_clock::now() >= until) {
+      seen = std::to_string(Millis(std::max(grace, kHelloTimeout))) +
+             " ms while it runs (busy or deadlocked)";
+    }
+    if (!seen.empty()) {
+      KillUnanswered(last.pid, last.channel->native_handle(), socket_path, seen);
+      return DeadlineExceeded("the process (pid " + std::to_string(last.pid) +
+                              ") there accepted but did not answer");
+    }
+    const Duration timeout =
+        std::min<Duration>(kHelloTimeout, until - std::chrono::steady_clock::now());
+    Unanswered next;
+    Result<KeeperClient> client = TryConnect(socket_path, timeout, &next);
+    if (client.ok() || next.pid <= 0) return client;
+    waited += timeout;
+    last.channel.reset();  // before the io_context it was made on
+    last = std::move(next);
+  }
 }
 
 template <typename Msg>
@@ -136,7 +188,7 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> KeeperClient::Reques
     if (answer.ok() || answer.status().code() == StatusCode::kDeadlineExceeded) return answer;
     BATON_LOG(INFO, "keeper") << "the connection to baton-keeper is closed ("
                               << answer.status().message() << "): connecting again";
-    BATON_ASSIGN_OR_RETURN(KeeperClient fresh, TryConnect(socket_path_));
+    BATON_ASSIGN_OR_RETURN(KeeperClient fresh, TryConnect(socket_path_, kHelloTimeout));
     io_ = std::move(fresh.io_);
     channel_ = std::move(fresh.channel_);
     sent = channel_->Send(msg, fds);
@@ -147,17 +199,21 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> KeeperClient::Reques
 
 Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
                                            const std::string& keeper_binary,
-                                           const std::string& log_path, Duration wait) {
-  pid_t hung = 0;
-  Result<KeeperClient> client = TryConnect(socket_path, &hung);
+                                           const std::string& log_path, Duration wait,
+                                           Duration grace) {
+  Unanswered hung;
+  Result<KeeperClient> client = TryConnect(socket_path, kHelloTimeout, &hung);
   if (client.ok() || keeper_binary.empty()) return client;
-  if (hung > 0) KillHungKeeper(hung, socket_path);
+  if (hung.pid > 0) {
+    client = AwaitUnanswered(socket_path, std::move(hung), grace);
+    if (client.ok()) return client;
+  }
   BATON_LOG(INFO, "keeper") << "no baton-keeper at " << socket_path << " ("
                             << client.status().message() << "): starting " << keeper_binary;
   BATON_RETURN_IF_ERROR(StartDetachedKeeper(keeper_binary, socket_path, log_path));
   const auto until = std::chrono::steady_clock::now() + wait;
   while (std::chrono::steady_clock::now() < until) {
-    client = TryConnect(socket_path);
+    client = TryConnect(socket_path, kHelloTimeout);
     if (client.ok()) return client;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }

@@ -2,9 +2,11 @@
 // keeper at the socket path, or starts one: `baton-keeper` beside the controller's own
 // binary, detached (its own session, reparented away from the controller, no parent-death
 // signal), so that it outlives the controller. A keeper that accepts the connection but does
-// not answer within a second and is stopped (SIGSTOP, a debugger) is killed first: what it
-// keeps cannot be had from it, and it would hold the socket from a new one. One that runs is
-// left alone (it may be serving another connection). Each call is one request and its answer
+// not answer is killed first and a new one started: what it keeps cannot be had from it, it
+// would hold that memory beside the memory this controller makes anew, and the socket from a
+// new keeper. One stopped (SIGSTOP, a debugger) is killed once it has not answered within a
+// second; one that runs (slow, busy or deadlocked) is asked again until its grace has passed
+// since the first try. Each call is one request and its answer
 // over a blocking channel; all of them are short (a local socket, no disk). The keeper closes a
 // connection idle for its idle timeout (memory_keeper.h), and a controller may hold one across
 // a long weight load: a request that finds its connection closed connects again and is sent
@@ -35,11 +37,22 @@ struct KeptItem {
 
 class KeeperClient {
  public:
+  // How long a keeper that runs but does not answer is asked again before it is killed. A
+  // keeper answers Hello at once; on a loaded host (swapped out, starved of CPU) it may take
+  // seconds. It serves one connection at a time, but its only client is a controller, and a
+  // controller connects only once it holds the state directory's lock (the one before it is
+  // gone, and its connection closed with it), so it is not kept busy by another. Past this, it
+  // is taken as deadlocked: waiting longer would only delay this restart, which is cold anyway.
+  static constexpr Duration kUnansweredGrace = std::chrono::seconds(5);
+
   // Connects to the keeper at `socket_path`; when none answers and `keeper_binary` is not
-  // empty, starts it (log to `log_path`, or /dev/null) and waits up to `wait` for it.
+  // empty, starts it (log to `log_path`, or /dev/null) and waits up to `wait` for it. A keeper
+  // that accepts but does not answer is then killed (see above), after `grace` when it runs;
+  // with no `keeper_binary` it is only reported (DeadlineExceeded).
   static Result<KeeperClient> Connect(const std::string& socket_path,
                                       const std::string& keeper_binary, const std::string& log_path,
-                                      Duration wait = std::chrono::seconds(3));
+                                      Duration wait = std::chrono::seconds(3),
+                                      Duration grace = kUnansweredGrace);
 
   KeeperClient(KeeperClient&&) = default;
   KeeperClient& operator=(KeeperClient&&) = default;
@@ -65,9 +78,22 @@ class KeeperClient {
       : socket_path_(std::move(socket_path)),
         io_(std::move(io)),
         channel_(std::make_unique<proto::Channel>(std::move(channel))) {}
-  // A keeper that accepts but does not answer Hello within kHelloTimeout is hung: its pid is
-  // put in `*hung` (when not null) and DeadlineExceeded returned.
-  static Result<KeeperClient> TryConnect(const std::string& socket_path, pid_t* hung = nullptr);
+  // A connection whose keeper accepted it but did not answer its Hello, kept open: while it
+  // is, the keeper the kernel names for it (SO_PEERCRED) is alive. The channel is reset
+  // before its io_context is replaced.
+  struct Unanswered {
+    pid_t pid = 0;
+    std::unique_ptr<boost::asio::io_context> io;
+    std::unique_ptr<proto::Channel> channel;
+  };
+  // A keeper that accepts but does not answer Hello within `hello_timeout` is hung: its
+  // connection is put in `*hung` (when not null) and DeadlineExceeded returned.
+  static Result<KeeperClient> TryConnect(const std::string& socket_path, Duration hello_timeout,
+                                         Unanswered* hung = nullptr);
+  // After `first` went unanswered: a client once the keeper answers, or DeadlineExceeded once
+  // it was killed (stopped, or still running after `grace`), or the error that says it is gone.
+  static Result<KeeperClient> AwaitUnanswered(const std::string& socket_path, Unanswered first,
+                                              Duration grace);
   // Sends `msg` with `fds` and returns the answer; again on a new connection when the keeper
   // had closed this one.
   template <typename Msg>

@@ -51,6 +51,10 @@ struct KeeperWatchOptions {
   // io thread, which must not stall for its watchdog's 3 s (one that takes longer is tried
   // again at the next retry).
   Duration connect_wait = std::chrono::milliseconds(300);
+  // How long a keeper found at the socket that accepts but does not answer gets before it is
+  // killed (KeeperClient::Connect): its first try's second only, for the same watchdog, not
+  // the grace of a controller's start (the keeper that kept the memory is dead by then).
+  Duration unanswered_grace = std::chrono::seconds(1);
   Duration first_retry = std::chrono::seconds(1);
   Duration max_retry = std::chrono::seconds(30);
 };

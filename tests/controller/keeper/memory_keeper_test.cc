@@ -3,7 +3,9 @@
 #include "controller/keeper/memory_keeper.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "controller/keeper/keeper_client.h"
 #include "proto/hello.h"
 #include "proto/transport/shared_memory.h"
+#include "tests/support/silent_listener.h"
 
 namespace baton {
 namespace {
@@ -149,6 +152,42 @@ TEST_F(MemoryKeeperTest, ANewControllerStartsTheKeeperWhenNoneAnswers) {
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   ASSERT_TRUE(started->Keep("pool", "{}", {}).ok());
   ASSERT_TRUE(started->Release("").ok());
+}
+
+// A baton-keeper that runs but never answers (deadlocked) is killed once its grace has passed
+// and a new keeper started in its place, which answers.
+TEST_F(MemoryKeeperTest, AKeeperThatRunsButNeverAnswersIsKilledAndReplaced) {
+  const std::string other = dir_ + "/other.sock";
+  const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
+  const pid_t silent = testing_support::StartSilentListener(other, "baton-keeper");
+  ASSERT_GT(silent, 0);
+  Result<KeeperClient> started = KeeperClient::Connect(
+      other, binary, dir_ + "/keeper.log", std::chrono::seconds(3), std::chrono::milliseconds(100));
+  const int status = testing_support::ReapWithin(silent, std::chrono::seconds(10));
+  EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  Result<pid_t> pid = started->KeeperPid();
+  ASSERT_TRUE(pid.ok());
+  EXPECT_NE(*pid, silent);
+  ASSERT_TRUE(started->Keep("pool", "{}", {}).ok());
+  ASSERT_TRUE(started->Release("").ok());
+}
+
+// Only a baton-keeper is killed: another process that listens at the socket and does not
+// answer is left running, and no keeper can be had.
+TEST_F(MemoryKeeperTest, AProcessThatIsNotAKeeperIsNeverKilled) {
+  const std::string other = dir_ + "/other.sock";
+  const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
+  const pid_t stranger = testing_support::StartSilentListener(other, "not-a-keeper");
+  ASSERT_GT(stranger, 0);
+  Result<KeeperClient> started =
+      KeeperClient::Connect(other, binary, dir_ + "/keeper.log", std::chrono::milliseconds(200),
+                            std::chrono::milliseconds(100));
+  EXPECT_FALSE(started.ok());
+  int status = 0;
+  EXPECT_EQ(::waitpid(stranger, &status, WNOHANG), 0) << "the stranger still runs";
+  ASSERT_EQ(::kill(stranger, SIGKILL), 0);
+  ASSERT_EQ(::waitpid(stranger, &status, 0), stranger);
 }
 
 }  // namespace
