@@ -4,14 +4,18 @@
 // nothing loaded from disk again, no request lost. Real processes, real kill -9, load through
 // baton-router.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 
 #include <fstream>
 #include <set>
 #include <thread>
 
+#include "base/io/unique_fd.h"
+#include "base/process/pidfd.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/chaos/router_load.h"
+#include "tests/support/silent_listener.h"
 
 namespace baton::chaos {
 namespace {
@@ -121,6 +125,50 @@ TEST(KeeperDeath, AFrozenKeeperIsReplacedAndTheNextRestartIsWarm) {
     std::this_thread::sleep_for(milliseconds(20));
   }
   EXPECT_FALSE(ProcessExists(frozen)) << "the hung keeper was killed";
+
+  cluster.KillController();
+  cluster.RestartController();
+  const json warm = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(cold); },
+      "the same engines, re-adopted");
+  EXPECT_EQ(warm["controller"]["recovery"]["memory"], "adopted") << warm["controller"].dump();
+  EXPECT_TRUE(warm["controller"]["recovery"]["fenced"].empty()) << warm["controller"].dump();
+  cluster.CheckFencing();
+}
+
+// A keeper that runs but never answers (deadlocked) across a controller restart: here a
+// process named baton-keeper that listens at the keeper's socket and never accepts, put there
+// once the keeper was killed. The new controller asks it again for its grace, then kills it and
+// starts another; this restart is cold, but the new keeper keeps the new memory at once, so the
+// next restart re-adopts the same engines.
+TEST(KeeperDeath, AKeeperThatRunsButNeverAnswersIsReplacedAndTheNextRestartIsWarm) {
+  ChaosCluster cluster;
+  const pid_t keeper = cluster.KeeperPid();
+  ASSERT_GT(keeper, 0);
+  cluster.KillController();
+  // Through a pidfd, awaited until it has exited: its socket is then stale, and replaced.
+  UniqueFd pidfd(PidfdOpen(keeper));
+  ASSERT_TRUE(pidfd.valid());
+  ASSERT_EQ(PidfdSendSignal(pidfd.get(), SIGKILL), 0);
+  pollfd exited{.fd = pidfd.get(), .events = POLLIN, .revents = 0};
+  ASSERT_EQ(::poll(&exited, 1, 10'000), 1);
+  const std::string socket = cluster.dir() + "/run/keeper.sock";
+  ASSERT_EQ(::unlink(socket.c_str()), 0);
+  const pid_t silent = testing_support::StartSilentListener(socket, "baton-keeper");
+  ASSERT_GT(silent, 0);
+  cluster.RestartController();
+  const json cold =
+      cluster.WaitFor([&](const json& s) { return IsReady(s) && KeptAgain(s, silent, 0); },
+                      "a pair, and a new keeper keeping its memory");
+  const int status = testing_support::ReapWithin(silent, milliseconds(10'000));
+  EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the silent keeper was killed: " << status;
+  const std::string log = cluster.Log();
+  EXPECT_NE(log.find("baton-keeper (pid " + std::to_string(silent) + ") at " + cluster.dir() +
+                     "/run/keeper.sock accepted but did not answer within 5000 ms while it runs "
+                     "(busy or deadlocked): hung; killed, and a new one is started"),
+            std::string::npos)
+      << log;
 
   cluster.KillController();
   cluster.RestartController();
