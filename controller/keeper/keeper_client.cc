@@ -189,12 +189,20 @@ Result<std::pair<proto::KeptMemory, std::vector<UniqueFd>>> KeeperClient::Reques
     BATON_LOG(INFO, "keeper") << "the connection to baton-keeper is closed ("
                               << answer.status().message() << "): connecting again";
     BATON_ASSIGN_OR_RETURN(KeeperClient fresh, TryConnect(socket_path_, kHelloTimeout));
-    io_ = std::move(fresh.io_);
-    channel_ = std::move(fresh.channel_);
+    *this = std::move(fresh);
     sent = channel_->Send(msg, fds);
     answer = sent.ok() ? Answer(*channel_) : Answered(sent);
   }
   return answer;
+}
+
+KeeperClient& KeeperClient::operator=(KeeperClient&& other) noexcept {
+  if (this == &other) return *this;
+  channel_.reset();  // before the io_context its socket was made on goes
+  socket_path_ = std::move(other.socket_path_);
+  io_ = std::move(other.io_);
+  channel_ = std::move(other.channel_);
+  return *this;
 }
 
 Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,

@@ -55,7 +55,8 @@ class KeeperClient {
                                       Duration grace = kUnansweredGrace);
 
   KeeperClient(KeeperClient&&) = default;
-  KeeperClient& operator=(KeeperClient&&) = default;
+  // Lets go of this client's channel before its io_context.
+  KeeperClient& operator=(KeeperClient&& other) noexcept;
 
   // Keeps `fds` (dups are sent) with `manifest` under `name`, replacing what was kept there.
   Status Keep(const std::string& name, const std::string& manifest, const std::vector<int>& fds);
