@@ -1,6 +1,7 @@
 #include "controller/route_publisher.h"
 
 #include <algorithm>
+#include <set>
 
 #include "base/log.h"
 
@@ -107,6 +108,15 @@ void RoutePublisher::Store(uint64_t id, proto::RouterReport report, bool fleet) 
     if (oldest->second.fleet) --fleet_reports_;
     reports_.erase(oldest);
   }
+  ForgetUnreported();
+}
+
+void RoutePublisher::ForgetUnreported() {
+  std::set<uint64_t> reported;
+  for (const auto& [name, kept] : reports_) {
+    for (const proto::EngineOutcome& o : kept.engines) reported.insert(o.engine_id);
+  }
+  std::erase_if(last_success_, [&reported](const auto& e) { return !reported.contains(e.first); });
 }
 
 std::optional<TimePoint> RoutePublisher::LastSuccess(uint64_t engine) const {

@@ -58,7 +58,7 @@ class RoutePublisher {
   // answers others': such a report is no stall.
   std::optional<TimePoint> LastSuccess(uint64_t engine) const;
 
-  // Per engine id, the sum over every subscriber's latest RouterReport and the retired total.
+  // Per engine id, the sum over the latest RouterReport of each router kept.
   std::map<uint64_t, proto::EngineOutcome> Outcomes() const;
 
   const proto::RouteTable& current() const { return current_; }
@@ -85,6 +85,9 @@ class RoutePublisher {
   // Forgets the subscriber (closing its channel); its last report stays.
   void Drop(SubscriberMap::iterator it);
   void Store(uint64_t id, proto::RouterReport report, bool fleet = false);
+  // Forgets LastSuccess() of the engines no kept report names (routers forget engines long
+  // gone from their tables), so that it does not grow with every engine id.
+  void ForgetUnreported();
   // Drops the subscriber after telling it why (a FailedPrecondition ErrorMsg).
   void Refuse(SubscriberMap::iterator it, const std::string& why);
 

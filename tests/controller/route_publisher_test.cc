@@ -201,5 +201,20 @@ TEST_F(RoutePublisherTest, LastSuccessIsWhenAReportShowedTheEngineAnswer) {
   EXPECT_FALSE(publisher_.LastSuccess(2).has_value());
 }
 
+TEST_F(RoutePublisherTest, LastSuccessIsForgottenOnceNoRouterReportsTheEngine) {
+  FakeClock clock;
+  publisher_.SetClock(&clock);
+  publisher_.StoreFleetReport({.seq = 1, .engines = {Outcome(1, 1, 0, 100, 1)}, .router = "r1"});
+  publisher_.StoreFleetReport({.seq = 1, .engines = {Outcome(1, 1, 0, 100, 1)}, .router = "r2"});
+  clock.Advance(seconds(1));
+  publisher_.StoreFleetReport({.seq = 2, .engines = {Outcome(1, 2, 0, 200, 2)}, .router = "r1"});
+  ASSERT_TRUE(publisher_.LastSuccess(1).has_value());
+  // r1 forgot engine 1 (long gone from its table); r2 still names it.
+  publisher_.StoreFleetReport({.seq = 3, .engines = {Outcome(2, 1, 0, 100, 1)}, .router = "r1"});
+  EXPECT_TRUE(publisher_.LastSuccess(1).has_value());
+  publisher_.StoreFleetReport({.seq = 2, .engines = {Outcome(2, 1, 0, 100, 1)}, .router = "r2"});
+  EXPECT_FALSE(publisher_.LastSuccess(1).has_value());
+}
+
 }  // namespace
 }  // namespace baton
