@@ -31,7 +31,7 @@ namespace baton::proto {
 
 // The protocol version range this build speaks (negotiated by Hello, see proto/hello.h).
 inline constexpr uint16_t kProtocolVersionMin = 2;
-inline constexpr uint16_t kProtocolVersionMax = 10;
+inline constexpr uint16_t kProtocolVersionMax = 11;
 // The first version with Resume (a drain called off); a version-2 engine is never sent one.
 inline constexpr uint16_t kProtocolVersionResume = 3;
 // The first version with RouterReport (a router's per-engine outcomes, for canary judging);
@@ -59,6 +59,10 @@ inline constexpr uint16_t kProtocolVersionFinalDrain = 9;
 // its streams for its stall timeout (its compute hangs while its heartbeats go on). A router
 // sends none on an older connection.
 inline constexpr uint16_t kProtocolVersionEngineStalled = 10;
+// The first version with Progress: an engine reports its compute steps and pending requests
+// with its heartbeats, and the controller fences one whose steps stand still while work waits.
+// An engine sends none on an older connection (the router's stall check then stands alone).
+inline constexpr uint16_t kProtocolVersionProgress = 11;
 
 // X(name, number). 1-15: session; 16-31: memory hand-off; 32 and up: engine lifecycle.
 #define BATON_PROTO_MESSAGES(X) \
@@ -101,7 +105,8 @@ inline constexpr uint16_t kProtocolVersionEngineStalled = 10;
   X(Quarantined, 60)            \
   X(KvInherited, 61)            \
   X(FinalDrain, 62)             \
-  X(EngineStalled, 63)
+  X(EngineStalled, 63)          \
+  X(Progress, 64)
 
 enum class MsgType : uint16_t {
 #define BATON_PROTO_ENUM(name, number) k##name = number,
@@ -424,6 +429,7 @@ struct InjectFault {
 #include "proto/drain_messages.h"     // IWYU pragma: export
 #include "proto/keeper_messages.h"    // IWYU pragma: export
 #include "proto/kv_messages.h"        // IWYU pragma: export
+#include "proto/progress_messages.h"  // IWYU pragma: export
 #include "proto/reattach_messages.h"  // IWYU pragma: export
 
 namespace baton::proto {

@@ -7,6 +7,7 @@
  *   baton_engine_mark_serving()   tell the controller this engine serves
  *   baton_engine_next_event()     later grants, reclaim, drain, resume and stop requests
  *   baton_engine_report_error()   an asynchronous device error: the controller fences at once
+ *   baton_engine_report_progress()  compute steps done and requests pending, every step
  *   baton_engine_set_controller_absent()  what to do when the controller stays away
  *   baton_engine_close()          shut down cleanly and free the handle
  * and for GPU engines (docs/gpu.md):
@@ -66,8 +67,9 @@ extern "C" {
  * 7: baton_engine_map_quarantined() on a device pool maps the device chunks that hold them
  *    too (READ), for a device-to-device copy of their KV.
  * 8: BATON_ENGINE_READY_WHEN_WAITING.
- * 9: baton_engine_drain_has_successor(). */
-#define BATON_ENGINE_ABI_VERSION 9
+ * 9: baton_engine_drain_has_successor().
+ * 10: baton_engine_report_progress(). */
+#define BATON_ENGINE_ABI_VERSION 10
 
 /* Marks the exported functions: libbaton_engine.so is built with hidden visibility and
  * exports these alone. */
@@ -251,6 +253,17 @@ BATON_ENGINE_API int baton_engine_report_drained(baton_engine* engine, uint32_t 
 /* 1 from the moment the controller calls the drain off until the RESUME event is taken: an
  * engine still waiting for its requests can stop waiting and report drained at once. */
 BATON_ENGINE_API int baton_engine_resume_pending(const baton_engine* engine);
+/* The engine's compute progress: `steps_done` compute steps finished so far (never going
+ * back), `work_pending` requests admitted and not finished. Call it after every step and when
+ * a request is admitted; it stores two numbers (no lock, no system call) that the heartbeat
+ * thread sends to the controller with each heartbeat. The controller fences a primary whose
+ * steps stand still while work is pending for its compute_stall_timeout_ms (longer than the
+ * engine's longest step); an engine that never calls it is not judged by it. Sent only to a
+ * controller of protocol 11 or later, and only by an engine connected with
+ * BATON_ENGINE_HANDLES_RESUME (without it the SDK speaks protocol 2). 0, or 1 for a NULL
+ * engine. */
+BATON_ENGINE_API int baton_engine_report_progress(baton_engine* engine, uint64_t steps_done,
+                                                  uint32_t work_pending);
 /* For the latest DRAIN event taken: 1 when a next primary follows it (a switch-over, an
  * upgrade), so keyed requests may be handed over to it (the router replays them there); 0 when
  * none does (`batonctl drain` takes the pair out of service): finish every request. */

@@ -344,6 +344,12 @@ int baton_engine_drain_has_successor(const baton_engine* engine) {
   return engine == nullptr || engine->drain_successor.load() ? 1 : 0;
 }
 
+int baton_engine_report_progress(baton_engine* engine, uint64_t steps_done, uint32_t work_pending) {
+  if (engine == nullptr || engine->session == nullptr) return BadArgument("engine is NULL");
+  engine->session->ReportProgress(steps_done, work_pending);
+  return 0;
+}
+
 int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished) {
   return Guarded("baton_engine_report_drained", [&]() -> int {
     if (engine == nullptr) return BadArgument("engine is NULL");

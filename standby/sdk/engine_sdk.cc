@@ -440,6 +440,10 @@ uint64_t EngineSession::epoch() const { return impl_->epoch(); }
 Status EngineSession::CheckEpoch() const { return impl_->CheckEpoch(); }
 std::vector<MappedExtent> EngineSession::extents() const { return impl_->extents(); }
 uint64_t EngineSession::heartbeats_sent() const { return impl_->heartbeats_sent(); }
+void EngineSession::ReportProgress(uint64_t steps_done, uint32_t work_pending) {
+  impl_->ReportProgress(steps_done, work_pending);
+}
+uint64_t EngineSession::progress_sent() const { return impl_->progress_sent(); }
 void EngineSession::SetControllerAbsence(Duration timeout, ControllerAbsentAction action) {
   impl_->SetControllerAbsence(timeout, action);
 }

@@ -348,6 +348,20 @@ class EngineSession {
   // should stop writing to the pool and expect to be killed. While the controller is away:
   // Unavailable, and the error is reported to the controller the session reattaches to.
   Status ReportError(const Status& error);
+  // The engine's compute progress, for the controller's check of a compute that hangs while
+  // the heartbeat thread goes on: `steps_done` counts the compute steps finished so far (it
+  // must never go back), `work_pending` the requests admitted and not finished. Call it after
+  // every step and whenever the pending count changes (a request admitted before the first
+  // step of a long prefill). Two relaxed atomic stores, no lock and no system call: cheap
+  // enough for every step, from any thread. The heartbeat thread sends the latest values with
+  // each heartbeat (proto::Progress) to a controller of protocol 11 or later (an engine
+  // without handles_resume speaks protocol 2 and sends none); an engine that never calls it
+  // is never judged by its progress. The controller fences a primary whose
+  // steps stand still with work pending for its compute_stall_timeout_ms, which must so exceed
+  // the engine's longest step.
+  void ReportProgress(uint64_t steps_done, uint32_t work_pending);
+  // Progress messages sent so far (for tests and diagnostics).
+  uint64_t progress_sent() const;
 
   // The epoch this engine holds (0 while a standby).
   uint64_t epoch() const;

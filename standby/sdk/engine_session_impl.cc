@@ -143,7 +143,13 @@ void EngineSession::Impl::SendHeartbeat() {
   Status sent = Send(proto::Heartbeat{.epoch = epoch_.load(), .seq = seq});
   if (!sent.ok()) {
     BATON_LOG(DEBUG, kLog) << "heartbeat " << seq << ": " << sent.ToString();
+    return;
   }
+  if (!progress_reported_.load() || protocol_.load() < proto::kProtocolVersionProgress) return;
+  sent = Send(proto::Progress{.epoch = epoch_.load(),
+                              .steps_done = progress_steps_.load(std::memory_order_relaxed),
+                              .work_pending = progress_pending_.load(std::memory_order_relaxed)});
+  if (sent.ok()) progress_sent_.fetch_add(1);
 }
 
 void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {

@@ -107,6 +107,12 @@ class EngineSession::Impl {
     std::snprintf(ms, sizeof(ms), "%.3f", header_view_ms_);
     return std::string(", its header view pre-faulted in ") + ms + " ms";
   }
+  void ReportProgress(uint64_t steps_done, uint32_t work_pending) {
+    progress_steps_.store(steps_done, std::memory_order_relaxed);
+    progress_pending_.store(work_pending, std::memory_order_relaxed);
+    if (!progress_reported_.load(std::memory_order_relaxed)) progress_reported_.store(true);
+  }
+  uint64_t progress_sent() const { return progress_sent_.load(); }
   void SetControllerAbsence(Duration timeout, ControllerAbsentAction action);
   void Shutdown();
 
@@ -274,6 +280,11 @@ class EngineSession::Impl {
 
   std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> heartbeat_seq_{0};
+  // ReportProgress(): sent with each heartbeat once reported (SendHeartbeat).
+  std::atomic<uint64_t> progress_steps_{0};
+  std::atomic<uint32_t> progress_pending_{0};
+  std::atomic<bool> progress_reported_{false};
+  std::atomic<uint64_t> progress_sent_{0};
   std::atomic<int64_t> next_beat_ns_{0};  // the clock's nanoseconds when a heartbeat is due
   std::atomic<int64_t> beat_every_ns_{100'000'000};  // heartbeat_interval_, for any thread
   std::atomic<bool> stopping_{false};

@@ -112,7 +112,7 @@ class FakeController {
   // Serves Hello, Register and RegisterAck (`ack`, with `fds` fds) on the next connection;
   // waits for StandbyReady when `expect_ready`.
   void ServeRegistration(const proto::RegisterAck& ack, int fds = 2, bool expect_ready = true) {
-    if (!AcceptHello()) return;
+    if (!AcceptHello(true, registration_max_version)) return;
     proto::Register reg = Expect<proto::Register>();
     EXPECT_EQ(reg.engine_id, kEngineId);
     EXPECT_EQ(reg.engine_version, "sdk-test");
@@ -169,7 +169,10 @@ class FakeController {
   std::pair<uint64_t, uint64_t> arena_identity() const { return FileIdentityOf(arena_.fd()); }
   std::pair<uint64_t, uint64_t> pool_identity() const { return FileIdentityOf(pool_.fd()); }
 
-  // The next message other than a Heartbeat (heartbeats are counted).
+  // The newest protocol version ServeRegistration's Hello speaks.
+  uint16_t registration_max_version = proto::kProtocolVersionMax;
+
+  // The next message other than a Heartbeat or a Progress (both counted; the latest kept).
   template <typename T>
   T Expect(std::chrono::seconds timeout = std::chrono::seconds(5)) {
     while (true) {
@@ -182,6 +185,11 @@ class FakeController {
       if (msg->type == proto::MsgType::kHeartbeat && T::kType != proto::MsgType::kHeartbeat) {
         last_heartbeat_ = Take(msg->As<proto::Heartbeat>());
         ++heartbeats_;
+        continue;
+      }
+      if (msg->type == proto::MsgType::kProgress && T::kType != proto::MsgType::kProgress) {
+        last_progress_ = Take(msg->As<proto::Progress>());
+        ++progress_;
         continue;
       }
       Result<T> decoded = msg->As<T>();
@@ -207,6 +215,11 @@ class FakeController {
         ++heartbeats_;
         continue;
       }
+      if (msg->type == proto::MsgType::kProgress) {
+        last_progress_ = Take(msg->As<proto::Progress>());
+        ++progress_;
+        continue;
+      }
       last_fds_ = std::move(msg->fds);
       return msg->type;
     }
@@ -216,6 +229,8 @@ class FakeController {
   // The fds that came with the last message Expect returned (StandbyReady's liveness page).
   std::vector<UniqueFd>& last_fds() { return last_fds_; }
   const proto::Heartbeat& last_heartbeat() const { return last_heartbeat_; }
+  int progress_messages() const { return progress_; }
+  const proto::Progress& last_progress() const { return last_progress_; }
 
  private:
   proto::testing::TempDir dir_;
@@ -228,6 +243,8 @@ class FakeController {
   std::optional<proto::Channel> channel_;
   proto::Heartbeat last_heartbeat_;
   int heartbeats_ = 0;
+  proto::Progress last_progress_;
+  int progress_ = 0;
   std::vector<UniqueFd> last_fds_;
 };
 

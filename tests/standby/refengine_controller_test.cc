@@ -99,9 +99,12 @@ class ScriptedController {
     return msg->As<proto::Reattach>();
   }
 
-  // The next message, which must be a Heartbeat.
+  // The next message other than a Progress, which must be a Heartbeat.
   proto::Heartbeat NextHeartbeat() {
     Result<proto::ReceivedMessage> msg = channel_->Receive(std::chrono::seconds(30));
+    while (msg.ok() && msg->type == proto::MsgType::kProgress) {
+      msg = channel_->Receive(std::chrono::seconds(30));
+    }
     EXPECT_TRUE(msg.ok()) << msg.status().ToString();
     Result<proto::Heartbeat> beat =
         msg.ok() ? msg->As<proto::Heartbeat>() : Result<proto::Heartbeat>(msg.status());
@@ -134,7 +137,9 @@ class ScriptedController {
       Result<proto::ReceivedMessage> msg = channel_->Receive(std::chrono::seconds(30));
       EXPECT_TRUE(msg.ok()) << msg.status().ToString();
       if (!msg.ok()) return T{};
-      if (msg->type == proto::MsgType::kHeartbeat) continue;
+      if (msg->type == proto::MsgType::kHeartbeat || msg->type == proto::MsgType::kProgress) {
+        continue;
+      }
       Result<T> decoded = msg->As<T>();
       EXPECT_TRUE(decoded.ok()) << decoded.status().ToString();
       return decoded.ok() ? *decoded : T{};

@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 
 USE_DEVICE_MEMORY = 1
 HANDLES_RESUME = 2
@@ -94,6 +94,7 @@ _PROTOTYPES = [
     ("baton_engine_request_blocks", _i, [_p, _u32]),
     ("baton_engine_return_blocks", _i, [_p, ctypes.POINTER(Extent), ctypes.c_size_t]),
     ("baton_engine_report_drained", _i, [_p, _u32]),
+    ("baton_engine_report_progress", _i, [_p, ctypes.c_uint64, _u32]),
     ("baton_engine_resume_pending", _i, [_p]),
     ("baton_engine_drain_has_successor", _i, [_p]),
     ("baton_engine_report_error", _i, [_p, _i, ctypes.c_char_p]),

@@ -443,6 +443,13 @@ class Engine:
         engine at once and promotes the standby."""
         self._call("baton_engine_report_error", int(code), message.encode())
 
+    def report_progress(self, steps_done: int, work_pending: int) -> None:
+        """The compute progress, after every step and when a request is admitted: steps
+        finished so far (never going back) and requests admitted and not finished. Sent with
+        the heartbeats; the controller fences a primary whose steps stand still while work is
+        pending for its compute_stall_timeout_ms (longer than the engine's longest step)."""
+        self._lib.baton_engine_report_progress(self._h(), steps_done, work_pending)
+
     def report_cuda_error(self, cuda_result: int, where: str = "") -> None:
         """A CUDA error seen at `where`: a sticky one is reported and fences this engine (and
         raises BatonError INTERNAL with its description); 0 does nothing."""
