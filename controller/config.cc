@@ -82,6 +82,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"health.heartbeat_interval_ms", Time<Millis>(&c->heartbeat_interval, 1, 60'000)},
       {"health.heartbeat_misses", Int(&c->heartbeat_misses, 1, 1000)},
       {"health.probe_timeout_ms", Time<Millis>(&c->probe_timeout, 1, 60'000)},
+      {"health.compute_stall_timeout_ms", Time<Millis>(&c->compute_stall_timeout, 0, kDay)},
       {"policy.max_failures", Int(&c->crash.max_failures, 1, 1'000'000)},
       {"policy.failure_window_s", Time<Seconds>(&c->crash.window, 1, kDay)},
       {"policy.initial_backoff_ms", Time<Millis>(&c->crash.initial_backoff, 1, kDay)},

@@ -87,6 +87,9 @@ void Controller::OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg)
     case MsgType::kHeartbeat:
       error = DecodeInto<proto::Heartbeat>(*h.channel, msg, &decoded);
       break;
+    case MsgType::kProgress:
+      error = DecodeInto<proto::Progress>(*h.channel, msg, &decoded);
+      break;
     case MsgType::kLeaseRequest:
       error = DecodeInto<proto::LeaseRequest>(*h.channel, msg, &decoded);
       break;

@@ -24,7 +24,7 @@ const char* FromEngineName(const FromEngine& m) {
   static constexpr const char* kNames[] = {
       "Register",      "Reattach",    "StandbyReady", "Heartbeat", "LeaseRequest",
       "ReturnExtents", "ErrorReport", "PromoteAck",   "Drained",   "ShareMemoryAck",
-      "ErrorMsg",      "KvAdopted",   "KvInherited"};
+      "ErrorMsg",      "KvAdopted",   "KvInherited",  "Progress"};
   static_assert(std::size(kNames) == std::variant_size_v<FromEngine>);
   return kNames[m.index()];
 }
@@ -108,6 +108,7 @@ void Coordinator::OnMessage(EngineId id, const FromEngine& m) {
           [&](const proto::Reattach& r) { recovery_.OnReattach(e, r); },
           [&](const proto::StandbyReady& r) { engines_.OnStandbyReady(e, r); },
           [&](const proto::Heartbeat& r) { engines_.OnHeartbeat(e, r); },
+          [&](const proto::Progress& r) { engines_.OnProgress(e, r); },
           [&](const proto::LeaseRequest& r) { engines_.OnLeaseRequest(e, r); },
           [&](const proto::ReturnExtents& r) { engines_.OnReturn(e, r); },
           [&](const proto::ErrorReport& r) { failover_.Fence(id, FailCause::kError, r.message); },
@@ -204,6 +205,10 @@ TimePoint Coordinator::NextWakeup() const {
   for (const auto& [id, e] : s_.engines) {
     if (e->detector.has_value()) when = std::min(when, e->detector->NextDeadline());
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
+    if (!e->progress.has_value()) continue;
+    if (const std::optional<TimePoint> due = e->progress->NextDeadline(); due.has_value()) {
+      when = std::min(when, *due);
+    }
   }
   if (const std::optional<TimePoint> launch = engines_.NextLaunchAt(); launch.has_value()) {
     when = std::min(when, *launch);

@@ -86,7 +86,7 @@ using FromEngine =
     std::variant<proto::Register, proto::Reattach, proto::StandbyReady, proto::Heartbeat,
                  proto::LeaseRequest, proto::ReturnExtents, proto::ErrorReport, proto::PromoteAck,
                  proto::Drained, proto::ShareMemoryAck, proto::ErrorMsg, proto::KvAdopted,
-                 proto::KvInherited>;
+                 proto::KvInherited, proto::Progress>;
 
 class Coordinator {
  public:

@@ -51,6 +51,11 @@ struct CoordinatorConfig {
   Duration heartbeat_interval = std::chrono::milliseconds(100);
   int heartbeat_misses = 3;
   Duration probe_timeout = std::chrono::milliseconds(100);
+  // An engine that reports its progress (proto::Progress) and has requests pending while its
+  // step count stands still this long is fenced as hung, if it is the primary or a canary
+  // (controller/core/progress_watch.h). Per step: it must exceed the engine's longest step
+  // (the first prefill of the longest prompt). Zero: no such check.
+  Duration compute_stall_timeout = std::chrono::seconds(30);
 
   // [policy]
   CrashLoopGuard::Options crash;  // max_failures, window, initial_/max_backoff, quiet_period

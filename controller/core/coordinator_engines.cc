@@ -289,6 +289,18 @@ void EnginePart::OnHeartbeat(EngineRecord& e, const proto::Heartbeat& msg) {
   e.last_heartbeat = s_.clock.Now();
 }
 
+void EnginePart::OnProgress(EngineRecord& e, const proto::Progress& msg) {
+  if (!CheckEpoch(e, msg.epoch, "Progress")) return;
+  if (s_.config.compute_stall_timeout <= Duration::zero()) return;
+  if (!e.progress.has_value()) {
+    e.progress.emplace(
+        s_.clock, ProgressWatch::Options{
+                      .stall_timeout = s_.config.compute_stall_timeout,
+                      .fresh_within = s_.config.heartbeat_interval * s_.config.heartbeat_misses});
+  }
+  e.progress->OnReport(msg.steps_done, msg.work_pending);
+}
+
 void EnginePart::OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg) {
   if (!CheckEpoch(e, msg.epoch, "LeaseRequest")) return;
   Result<std::vector<Extent>> granted = s_.ledger->Grant(e.id, msg.blocks, msg.epoch);

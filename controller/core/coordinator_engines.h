@@ -37,6 +37,8 @@ class EnginePart {
   void OnRegister(EngineRecord& e, const proto::Register& reg);
   void OnStandbyReady(EngineRecord& e, const proto::StandbyReady& msg);
   void OnHeartbeat(EngineRecord& e, const proto::Heartbeat& msg);
+  // Its compute progress: watched (ProgressWatch) while compute_stall_timeout is set.
+  void OnProgress(EngineRecord& e, const proto::Progress& msg);
   void OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg);
   void OnReturn(EngineRecord& e, const proto::ReturnExtents& msg);
   // What a promoted engine adopted of its predecessor's KV: into the promotion's timeline.
@@ -62,6 +64,8 @@ class EnginePart {
   void PollEngines();
 
  private:
+  // Why `e` is fenced as hung for a compute that stands still, or nullopt (coordinator_roster.cc).
+  std::optional<std::string> ComputeStall(const EngineRecord& e) const;
   void Launch(proto::LaunchRole role);
   int PickPort() const;
   Roster MakeRoster() const;

@@ -152,6 +152,18 @@ void EnginePart::PublishRoutes() {
   }
 }
 
+std::optional<std::string> EnginePart::ComputeStall(const EngineRecord& e) const {
+  if (!e.progress.has_value() || !e.progress->Stalled() || !e.serving()) return std::nullopt;
+  if (e.id != s_.primary && !p_.upgrades->IsCanary(e.id)) return std::nullopt;
+  using std::chrono::duration_cast;
+  using std::chrono::milliseconds;
+  return "compute stalled: no step finished for " +
+         std::to_string(duration_cast<milliseconds>(e.progress->still_for()).count()) +
+         " ms with " + std::to_string(e.progress->work_pending()) + " requests pending (" +
+         std::to_string(e.progress->steps_done()) + " steps done; compute_stall_timeout_ms " +
+         std::to_string(duration_cast<milliseconds>(s_.config.compute_stall_timeout).count()) + ")";
+}
+
 void EnginePart::PollEngines() {
   const TimePoint now = s_.clock.Now();
   struct Failure {
@@ -172,6 +184,11 @@ void EnginePart::PollEngines() {
         failures.push_back({id, FailCause::kPlanned, "drain timed out"});
       }
       e->deadline.reset();
+    }
+    if (std::optional<std::string> stall = ComputeStall(*e); stall.has_value()) {
+      ++s_.compute_stalls;
+      failures.push_back({id, FailCause::kHung, *std::move(stall)});
+      continue;
     }
     if (!e->detector.has_value()) continue;
     switch (e->detector->Poll()) {

@@ -149,6 +149,7 @@ struct CoordinatorState {
   Status invariants = OkStatus();  // OK, or the first violation of the ledger's invariants
   uint64_t launches = 0;
   uint64_t failovers = 0;
+  uint64_t compute_stalls = 0;  // engines fenced for a compute that stood still (ProgressWatch)
   uint64_t called_off_switchovers = 0;
   uint64_t ticks = 0;
   uint64_t refusal_count = 0;

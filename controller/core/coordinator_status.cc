@@ -83,6 +83,7 @@ CoordinatorStatus Coordinator::Snapshot() const {
   s.exits = s_.exits;
   s.launches = s_.launches;
   s.failovers = s_.failovers;
+  s.compute_stalls = s_.compute_stalls;
   s.called_off_switchovers = s_.called_off_switchovers;
   s.ticks = s_.ticks;
   s.refusal_count = s_.refusal_count;

@@ -127,6 +127,7 @@ struct CoordinatorStatus {
   std::deque<EngineExit> exits;
   uint64_t launches = 0;
   uint64_t failovers = 0;
+  uint64_t compute_stalls = 0;  // engines fenced for a compute that stood still
   uint64_t called_off_switchovers = 0;
   uint64_t ticks = 0;
   uint64_t refusal_count = 0;

@@ -19,6 +19,7 @@
 #include "controller/core/failure_detector.h"
 #include "controller/core/pair_state.h"
 #include "controller/core/pool_ledger.h"
+#include "controller/core/progress_watch.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -26,7 +27,8 @@ namespace baton {
 enum class FailCause {
   kDied,         // the process exited
   kEof,          // the control connection closed or broke (a bad frame)
-  kHung,         // missed heartbeats, no answer to the health request
+  kHung,         // missed heartbeats and no answer to the health request, or its compute
+                 // stood still (its own progress reports, or a router's EngineStalled)
   kError,        // the engine's SDK reported an asynchronous error
   kStale,        // it sent a stale epoch (told to stop)
   kTimeout,      // it did not register / acknowledge a promotion in time
@@ -64,6 +66,8 @@ struct EngineRecord {
   uint64_t heartbeats = 0;
   uint64_t probes = 0;
   TimePoint last_heartbeat{};
+  // From its first Progress, when compute_stall_timeout is set.
+  std::optional<ProgressWatch> progress;
 
   std::string version;
   std::string http_address;

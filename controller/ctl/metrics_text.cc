@@ -67,6 +67,10 @@ std::string MetricsText(const ControllerStatus& c) {
   counter("baton_failovers_total",
           "Primaries lost (died, hung, failed); a drain, switch-over or upgrade is not counted",
           static_cast<double>(core.failovers));
+  counter("baton_engine_compute_stalls_total",
+          "Engines fenced as hung because their own progress reports showed requests pending "
+          "and no compute step finished for compute_stall_timeout_ms",
+          static_cast<double>(core.compute_stalls));
   counter("baton_switchovers_called_off_total",
           "Switch-overs whose standby failed while the primary drained; the primary served on",
           static_cast<double>(core.called_off_switchovers));

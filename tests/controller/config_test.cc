@@ -52,6 +52,7 @@ initial_grant_blocks = 64
 heartbeat_interval_ms = 50
 heartbeat_misses = 4
 probe_timeout_ms = 80
+compute_stall_timeout_ms = 45000
 
 [policy]
 max_failures = 7
@@ -106,6 +107,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->heartbeat_interval, milliseconds(50));
   EXPECT_EQ(c->heartbeat_misses, 4);
   EXPECT_EQ(c->probe_timeout, milliseconds(80));
+  EXPECT_EQ(c->compute_stall_timeout, seconds(45));
   EXPECT_EQ(c->crash.max_failures, 7);
   EXPECT_EQ(c->crash.window, seconds(30));
   EXPECT_EQ(c->crash.initial_backoff, milliseconds(500));
@@ -128,6 +130,7 @@ TEST(Config, DefaultsMatchTheDesign) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->heartbeat_interval, milliseconds(100));
   EXPECT_EQ(c->heartbeat_misses, 3);
+  EXPECT_EQ(c->compute_stall_timeout, seconds(30));
   EXPECT_EQ(c->block_bytes, 2u << 20);
   EXPECT_TRUE(c->pool_huge_pages);
   EXPECT_TRUE(c->weights_huge_pages);

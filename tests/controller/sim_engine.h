@@ -156,7 +156,7 @@ inline const char* NameOf(const FromEngine& m) {
   static constexpr const char* kNames[] = {
       "Register",      "Reattach",    "StandbyReady", "Heartbeat", "LeaseRequest",
       "ReturnExtents", "ErrorReport", "PromoteAck",   "Drained",   "ShareMemoryAck",
-      "ErrorMsg",      "KvAdopted",   "KvInherited"};
+      "ErrorMsg",      "KvAdopted",   "KvInherited",  "Progress"};
   static_assert(std::size(kNames) == std::variant_size_v<FromEngine>);
   return kNames[m.index()];
 }
