@@ -186,9 +186,12 @@ void EngineLoop::Run() {
   while (WaitForWork(&commands)) {
     Apply(&commands);
     if (hooks_.between_steps) hooks_.between_steps();
+    ReportProgress();
     if (!generator_->idle()) {
       const TimePoint start = clock_.Now();
       StepOnce();
+      ++steps_done_;
+      ReportProgress();
       Pace(start);
     } else {  // cancellations emptied the batch: the gauges say so before the loop sleeps
       metrics_->SetQueue(0, static_cast<int64_t>(generator_->waiting()));
@@ -307,6 +310,12 @@ void EngineLoop::OnToken(const TokenEvent& event) {
     --pending_;
     sinks_.erase(it);
   }
+}
+
+void EngineLoop::ReportProgress() {
+  if (!hooks_.on_progress) return;
+  hooks_.on_progress(steps_done_,
+                     static_cast<uint32_t>(std::min<size_t>(pending_.load(), UINT32_MAX)));
 }
 
 void EngineLoop::FailPending(const Status& status) {

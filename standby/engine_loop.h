@@ -104,6 +104,10 @@ struct EngineLoopHooks {
   std::function<void(const Status&)> on_step_error;
   // Called between steps, and at least once a second while idle (expiry of kept KV).
   std::function<void()> between_steps;
+  // The loop's progress: steps finished so far and requests submitted and not finished
+  // (pending()). Called once the submitted requests are applied, before each step (so a first
+  // step that takes long is seen with its work pending), and after each step.
+  std::function<void(uint64_t steps_done, uint32_t work_pending)> on_progress;
 };
 
 class EngineLoop {
@@ -157,6 +161,7 @@ class EngineLoop {
   void Pace(TimePoint step_start);
   void OnToken(const TokenEvent& event);
   void FailPending(const Status& status);
+  void ReportProgress();
   void Fail(Command* c, const Status& status);
   bool Push(Command* c);
 
@@ -179,6 +184,7 @@ class EngineLoop {
   Duration step_interval_{0};
   std::unordered_map<uint64_t, Sink> sinks_;
   int finished_in_step_ = 0;
+  uint64_t steps_done_ = 0;
   Status refusal_;  // set once the guard failed
 };
 

@@ -417,9 +417,12 @@ Status Engine::ServeUnderController() {
       AdoptPromotedBlocks(*promoted, session, memory, cache_.get(), handoff_.get(), copy_gbps_)
           .status());
   const TimePoint adopted_at = RealClock::Get().Now();
-  MakeLoop({.guard = [session] { return session->CheckEpoch(); },
-            .on_step_error = [session](const Status& error) { (void)session->ReportError(error); },
-            .between_steps = nullptr});
+  MakeLoop(
+      {.guard = [session] { return session->CheckEpoch(); },
+       .on_step_error = [session](const Status& error) { (void)session->ReportError(error); },
+       .between_steps = nullptr,
+       .on_progress = [session](uint64_t steps,
+                                uint32_t pending) { session->ReportProgress(steps, pending); }});
   // Serving first: a request that comes before the compute thread runs waits in its queue.
   // A new thread may take the core from this one for a while (on a small machine, the time
   // of a whole promotion), so it is started once the engine answers.

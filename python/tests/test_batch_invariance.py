@@ -311,6 +311,20 @@ class SchedulerTest(unittest.TestCase):
             self.assertEqual(got[-1].finish_reason == "stop" and len(got) == k + 1, stops,
                              (min_tokens, [x.token for x in got]))
 
+    def test_progress_counts_the_steps_with_the_requests_pending_before_and_after_each(self):
+        reports = []
+        s, _ = self.scheduler(200, on_progress=lambda steps, pending: reports.append(
+            (steps, pending)))
+        drain(s.submit(completion([256] + list(b"abc"), 5)))
+        deadline = time.monotonic() + 30
+        while reports[-1][1] != 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(reports[0], (0, 1), "the first step's work is reported before it runs")
+        self.assertEqual(reports[-1], (s.steps_total, 0))
+        self.assertGreaterEqual(s.steps_total, 5)
+        steps = [r[0] for r in reports]
+        self.assertEqual(steps, sorted(steps))
+
     def test_a_cancelled_request_gives_its_blocks_back_and_a_fenced_engine_answers_503(self):
         fenced = []
         s, kv = self.scheduler(50, may_compute=lambda: not fenced)

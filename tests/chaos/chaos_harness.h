@@ -41,9 +41,10 @@ struct ClusterOptions {
   int heartbeat_ms = 100;
   int heartbeat_misses = 3;
   int probe_timeout_ms = 100;
-  std::string model_dir;            // the model; empty: the tiny one (TinyModelDir)
-  bool weights_huge_pages = true;   // [model] huge_pages: false puts the arena on 4 KiB pages
-  int weights_max_huge_pages = -1;  // [model] max_huge_pages when >= 0 (a partial arena)
+  int compute_stall_timeout_ms = -1;  // [health] compute_stall_timeout_ms when >= 0
+  std::string model_dir;              // the model; empty: the tiny one (TinyModelDir)
+  bool weights_huge_pages = true;     // [model] huge_pages: false puts the arena on 4 KiB pages
+  int weights_max_huge_pages = -1;    // [model] max_huge_pages when >= 0 (a partial arena)
   int max_failures = 5;
   int initial_backoff_ms = 1000;
   int standby_relaunch_delay_ms = -1;  // [policy] standby_relaunch_delay_ms when >= 0

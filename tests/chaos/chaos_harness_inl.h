@@ -131,6 +131,9 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "[health]\nheartbeat_interval_ms = " << o.heartbeat_ms
       << "\nheartbeat_misses = " << o.heartbeat_misses
       << "\nprobe_timeout_ms = " << o.probe_timeout_ms << "\n"
+      << (o.compute_stall_timeout_ms >= 0
+              ? "compute_stall_timeout_ms = " + std::to_string(o.compute_stall_timeout_ms) + "\n"
+              : "")
       << "[policy]\nmax_failures = " << o.max_failures
       << "\nfailure_window_s = 60\ninitial_backoff_ms = " << o.initial_backoff_ms
       << "\nmax_backoff_ms = 60000\n";

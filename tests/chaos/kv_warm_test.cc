@@ -12,7 +12,10 @@
 //  * a standby of another KV format (another engine version) adopts nothing;
 //  * `batonctl promote` mid-stream hands the running sequence over without a prefill;
 //  * the primary's compute stalls (its heartbeats going on): the router reports it, the
-//    controller kills it as hung, and the stream goes on from its KV.
+//    controller kills it as hung, and the stream goes on from its KV;
+//  * the same under a request that is not streamed: the engine's own progress reports show
+//    its steps standing still, the controller kills it as hung, and the router replays the
+//    request on the new primary.
 //
 // A failpoint is armed in the engine launched as the primary only, by a shell wrapper.
 #include <gtest/gtest.h>
@@ -194,6 +197,40 @@ TEST(KvWarmFailover, ComputeStalledMidStreamIsFoundByTheRouterAndReplaced) {
       << cluster.Log();
   EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
   EXPECT_NE(router.Log().find("reported stalled to the controller"), std::string::npos);
+  cluster.CheckFencing();
+}
+
+// The primary's compute stalls under a request that is not streamed: no stream stands still
+// for a router to see, but the engine's own progress (Progress, with its heartbeats) shows
+// requests pending and no step finishing. The controller kills it as hung after its
+// compute_stall_timeout_ms, and the router replays the request on the new primary: the client
+// gets the whole completion, the same as an undisturbed one, instead of a timeout.
+TEST(KvWarmFailover, ComputeStalledNonStreamedIsFoundByTheEngineAndReplayed) {
+  ClusterOptions o = PairWithPrimaryFailpoint("generator_step:20:stall");
+  o.compute_stall_timeout_ms = 1000;
+  ChaosCluster cluster(o);
+  RouterProcess router(cluster.socket(), cluster.dir());
+  ASSERT_TRUE(router.ready()) << router.Log();
+  ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
+  const uint64_t first = PrimaryId(cluster.Status());
+  json request = StreamRequest();
+  request["stream"] = false;
+  const Reply got =
+      Fetch(router.port(), http::verb::post, "/v1/completions", request.dump(), seconds(90));
+  ASSERT_EQ(got.status, 200) << got.error << got.body << "\n" << cluster.Log();
+  const json after = cluster.WaitReady("the pair after the stall");
+  ASSERT_NE(PrimaryId(after), first) << "the stall was not acted on\n" << cluster.Log();
+  const Reply want =
+      Fetch(router.port(), http::verb::post, "/v1/completions", request.dump(), seconds(90));
+  const StreamOutput g = ParseWhole(got.body);
+  const StreamOutput w = ParseWhole(want.body);
+  EXPECT_TRUE(g.error.empty()) << g.error;
+  EXPECT_EQ(g.token_ids, w.token_ids);
+  EXPECT_EQ(g.text, w.text);
+  EXPECT_NE(cluster.Log().find("fenced: hung: compute stalled: no step finished for"),
+            std::string::npos)
+      << cluster.Log();
+  EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 0);
   cluster.CheckFencing();
 }
 

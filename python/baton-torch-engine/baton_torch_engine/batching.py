@@ -23,9 +23,12 @@ request's blocks get their KV records after each step and lose them before they 
 replayed request is first offered the KV its predecessor left (continue_from: only the rest of
 its prompt is prefilled), and kept KV is evicted when the cache needs its blocks.
 
-Before each step, may_compute() (the engine's epoch check) must hold, or every request fails
-with 503 (a fenced engine's blocks may already be another's). A step that raises fails its
-requests: on_error(exc) decides the status (503 for a device fault it has reported).
+Before and after each step, on_progress(steps done, requests running or waiting) tells the
+engine SDK how far the compute has come (Engine.report_progress: the controller fences a
+primary whose steps stand still while requests wait). Before each step, may_compute() (the
+engine's epoch check) must hold, or every request fails with 503 (a fenced engine's blocks
+may already be another's). A step that raises fails its requests: on_error(exc) decides the
+status (503 for a device fault it has reported).
 """
 from __future__ import annotations
 
@@ -83,9 +86,11 @@ class Scheduler:
                  may_compute: Callable[[], bool] = lambda: True, max_batch: int = 16,
                  max_step_tokens: int = 256,
                  on_error: Optional[Callable[[BaseException], int]] = None,
-                 log: Callable[[str], None] = lambda text: None):
+                 log: Callable[[str], None] = lambda text: None,
+                 on_progress: Optional[Callable[[int, int], None]] = None):
         self.model, self.kv, self.eos = model, kv, set(eos)
         self.may_compute, self.on_error, self.log = may_compute, on_error, log
+        self.on_progress = on_progress
         self.max_batch, self.max_step_tokens = max(1, max_batch), max(1, max_step_tokens)
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Job] = []
@@ -182,14 +187,22 @@ class Scheduler:
                            ApiError("the engine was fenced", status=503, kind="server_error"))
                 continue
             self._admit()
+            self._report_progress()
             if self.running:
                 self._step()
+                self._report_progress()
         stopping = ApiError("the engine is stopping", status=503, kind="server_error")
         for what, payload in self._inbox:
             if what == "call":
                 payload[1].put((False, stopping))
         self._fail(list(self.running) + list(self.waiting) +
                    [j for what, j in self._inbox if what == "submit"], stopping)
+
+    def _report_progress(self) -> None:
+        """on_progress(steps done, requests admitted and not finished): before a step (its
+        work pending while a long first prefill runs) and after it."""
+        if self.on_progress is not None:
+            self.on_progress(self.steps_total, len(self.running) + len(self.waiting))
 
     def _apply(self, inbox: list[tuple[str, Any]]) -> None:
         for what, payload in inbox:

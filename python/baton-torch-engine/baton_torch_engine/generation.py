@@ -20,10 +20,11 @@ class Generator:
                  may_compute: Callable[[], bool] = lambda: True, max_batch: int = 16,
                  max_step_tokens: int = 256,
                  on_error: Optional[Callable[[BaseException], int]] = None,
-                 log: Callable[[str], None] = lambda text: None):
+                 log: Callable[[str], None] = lambda text: None,
+                 on_progress: Optional[Callable[[int, int], None]] = None):
         self.model = model
         self.scheduler = Scheduler(model, kv, eos, may_compute, max_batch, max_step_tokens,
-                                   on_error, log)
+                                   on_error, log, on_progress)
         device = model.device
         self.scheduler.start(on_thread=lambda: _use_device(device))
 

@@ -112,7 +112,8 @@ def start_device(args):
 
 def generator_options(args, device, engine=None) -> dict:
     return dict(max_batch=args.max_batch, max_step_tokens=args.max_step_tokens, log=log,
-                on_error=lambda e: on_step_error(e, device, engine))
+                on_error=lambda e: on_step_error(e, device, engine),
+                on_progress=engine.report_progress if engine is not None else None)
 
 
 def on_step_error(error: BaseException, device, engine) -> int:
