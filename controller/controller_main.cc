@@ -142,6 +142,11 @@ int Run(int argc, char** argv) {
   c->Start();
   watchdog.Start();
   io.run();
+  // The Controller goes while `signals` still holds SIGINT and SIGTERM: a second signal (a
+  // script's cleanup after its Ctrl-C) must not kill it, with their default action, before
+  // its destructor has removed the engine cgroups and their base.
+  c = nullptr;
+  controller->reset();
   BATON_LOG(INFO, "controller") << "stopped";
   return 0;
 }

@@ -8,7 +8,6 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -51,18 +50,31 @@ std::vector<pid_t> ReadMembers(const std::string& dir) {
   return pids;
 }
 
+// Removes the cgroup `dir`, trying again every millisecond while it is busy (members still
+// exiting, a cgroup below it going) until `until`.
+Status RemoveWhenEmpty(const std::string& dir, std::chrono::steady_clock::time_point until) {
+  while (true) {
+    int err = EBUSY;
+    if (!IsPopulated(dir)) {
+      if (::rmdir(dir.c_str()) == 0 || errno == ENOENT) return OkStatus();
+      err = errno;
+    }
+    if (err != EBUSY || std::chrono::steady_clock::now() >= until) {
+      return ErrnoStatus(
+          "removing " + dir + " (" + std::to_string(ReadMembers(dir).size()) + " members left)",
+          err);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 // Kills every member of `dir`, waits up to `wait` for them to go, removes it. `killed` gets
 // the number of members found.
 Status KillAndRemove(const std::string& dir, std::chrono::milliseconds wait, size_t* killed) {
   const std::vector<pid_t> members = ReadMembers(dir);
   if (killed != nullptr) *killed = members.size();
   if (IsPopulated(dir)) BATON_RETURN_IF_ERROR(WriteCgroupFile(dir + "/cgroup.kill", "1"));
-  const auto until = std::chrono::steady_clock::now() + wait;
-  while (IsPopulated(dir) && std::chrono::steady_clock::now() < until) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (::rmdir(dir.c_str()) != 0 && errno != ENOENT) return ErrnoStatus("removing " + dir, errno);
-  return OkStatus();
+  return RemoveWhenEmpty(dir, std::chrono::steady_clock::now() + wait);
 }
 
 // Kills what is left in `dir` and removes it if its members are gone, without waiting.
@@ -135,8 +147,10 @@ RetiredCgroups::~RetiredCgroups() {
       BATON_LOG(WARN, kLog) << removed.ToString();
     }
   }
-  if (!base_.empty() && ::rmdir(base_.c_str()) != 0 && errno != ENOENT) {
-    BATON_LOG(WARN, kLog) << "removing " << base_ << ": " << std::strerror(errno);
+  if (base_.empty()) return;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+  if (Status removed = RemoveWhenEmpty(base_, until); !removed.ok()) {
+    BATON_LOG(WARN, kLog) << removed.ToString() << "; left for the next start";
   }
 }
 

@@ -49,7 +49,9 @@ class RetiredCgroups {
   static constexpr int kMaxSweeps = 500;
 
   RetiredCgroups() = default;
-  // The last removals (shutdown): waits up to 200 ms for each cgroup's members to go.
+  // The last removals (shutdown): waits up to 200 ms for each cgroup's members to go, then
+  // up to 200 ms for the base (RemoveLast) to empty; what cannot be removed is logged (WARN,
+  // naming it) and left for the next controller's ClearLeftovers.
   ~RetiredCgroups();
   RetiredCgroups(const RetiredCgroups&) = delete;
   RetiredCgroups& operator=(const RetiredCgroups&) = delete;

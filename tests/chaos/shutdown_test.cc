@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include "controller/epoch_journal.h"
 #include "tests/chaos/chaos_harness.h"
@@ -77,6 +81,35 @@ TEST(ChaosShutdown, EngineIgnoringStopIsKilledAfterTheGrace) {
       << log;
   EXPECT_EQ(log.find("fenced"), std::string::npos) << log;
   EXPECT_EQ(JournalEpoch(cluster), status["epoch"]["reserved"].get<uint64_t>());
+}
+
+// A second signal during the stop (a script's cleanup sends SIGTERM after its Ctrl-C reached
+// the controller too) does not cut the stop short: the controller exits 0 once it has removed
+// its engine cgroups and their base, however the signals fall.
+TEST(ChaosShutdown, SignalsDuringTheStopDoNotCutItShort) {
+  ChaosCluster cluster;
+  const json status = cluster.Status();
+  const json base = status["fencing"]["cgroup_base"];
+  const pid_t pid = cluster.controller_pid();
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  siginfo_t exited{};
+  // Until it exits (seen without reaping it: WaitControllerExit reaps), SIGTERM every 200 µs.
+  while (::waitid(P_PID, pid, &exited, WEXITED | WNOHANG | WNOWAIT) == 0 && exited.si_pid == 0 &&
+         std::chrono::steady_clock::now() < deadline) {
+    ::kill(pid, SIGTERM);
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  ExpectExitedZero(cluster.WaitControllerExit());
+  EXPECT_NE(ShutdownLog(cluster).find("INFO controller: stopped"), std::string::npos)
+      << cluster.Log();
+  if (base.is_string()) {
+    EXPECT_NE(::access(base.get<std::string>().c_str(), F_OK), 0)
+        << base.get<std::string>() << " left behind";
+  }
+  for (const json& e : status["engines"]) {
+    EXPECT_FALSE(ProcessExists(PidOf(e))) << "engine " << e.dump() << " outlived the controller";
+  }
 }
 
 }  // namespace
