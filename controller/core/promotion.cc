@@ -28,6 +28,9 @@ std::optional<double> Between(const std::optional<TimePoint>& from,
   return MillisBetween(*from, *to);
 }
 
+// "1 block", "4 blocks".
+std::string Blocks(uint64_t n) { return std::to_string(n) + (n == 1 ? " block" : " blocks"); }
+
 using Stamp = std::pair<const char*, const std::optional<TimePoint>*>;
 
 std::vector<Stamp> Stamps(const PromotionRecord& r) {
@@ -226,14 +229,14 @@ bool PromotedBeforeBarrier(const PromotionRecord& r) {
 std::string PromotionText(const PromotionRecord& r) {
   std::ostringstream out;
   if (PromotedBeforeBarrier(r) || (r.waited.empty() && !r.promote_sent.has_value())) {
-    out << "before the barrier, on a reserve of " << r.reserve_blocks << " blocks; "
-        << r.quarantined_blocks << " blocks quarantined until it passed";
+    out << "before the barrier, on a reserve of " << Blocks(r.reserve_blocks) << "; "
+        << Blocks(r.quarantined_blocks) << " quarantined until it passed";
   } else if (r.waited.empty()) {
     out << "after the barrier (the standby was not ready before it passed); "
-        << r.quarantined_blocks << " blocks quarantined";
+        << Blocks(r.quarantined_blocks) << " quarantined";
   } else {
-    out << "waited for the barrier (" << r.waited << "); " << r.quarantined_blocks
-        << " blocks quarantined";
+    out << "waited for the barrier (" << r.waited << "); " << Blocks(r.quarantined_blocks)
+        << " quarantined";
   }
   return out.str();
 }
@@ -254,7 +257,7 @@ std::string InheritanceText(const PromotionRecord::KvInheritance& kv) {
   std::ostringstream out;
   if (kv.mode == proto::KvInheritMode::kNone) return "no committed kv in the quarantined blocks";
   out << (kv.mode == proto::KvInheritMode::kCopied ? "copied " : "waited for the barrier for ")
-      << kv.blocks << " blocks (" << kv.bytes << " bytes) in " << Fixed(kv.ms)
+      << Blocks(kv.blocks) << " (" << kv.bytes << " bytes) in " << Fixed(kv.ms)
       << " ms; a copy was estimated at " << Fixed(kv.estimate_ms) << " ms";
   return out.str();
 }

@@ -48,6 +48,15 @@ TEST(Timeline, BeforeTheBarrierOnlyWhenPromoteWentOutFirst) {
   EXPECT_TRUE(PromotedBeforeBarrier(r));
   EXPECT_TRUE(TimelineJson(r, clock.Now())["promotion"]["before_barrier"].get<bool>());
   EXPECT_NE(PromotionText(r).find("before the barrier"), std::string::npos);
+  r.reserve_blocks = 1;
+  r.quarantined_blocks = 15;
+  EXPECT_NE(PromotionText(r).find("on a reserve of 1 block; 15 blocks quarantined"),
+            std::string::npos)
+      << PromotionText(r);
+  const PromotionRecord::KvInheritance one{
+      .mode = proto::KvInheritMode::kCopied, .blocks = 1, .bytes = 2097152, .ms = 0.25};
+  EXPECT_EQ(InheritanceText(one).rfind("copied 1 block (2097152 bytes) in 0.25 ms", 0), 0u)
+      << InheritanceText(one);
   r.promote_sent = t0 + milliseconds(1350);
   EXPECT_FALSE(PromotedBeforeBarrier(r));
   EXPECT_FALSE(TimelineJson(r, clock.Now())["promotion"]["before_barrier"].get<bool>());
