@@ -191,6 +191,8 @@ void UpgradePart::PromoteCanary() {
     if (granted.ok()) extents = std::move(granted).value();
   }
   SetPhase(Upgrade::Phase::kPromoting);
+  // Its machine's "primary" is a serving state; the role it serves in is the canary's.
+  c->machine.set_name("engine " + std::to_string(c->id) + " (canary)");
   BATON_FAILPOINT("canary_promoting");  // the canary's blocks granted, its Promote not sent
   p_.failover->SendPromote(*c, *epoch, extents);
 }
@@ -379,7 +381,10 @@ void UpgradePart::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) 
       .last_weight = own_.upgrade->judge.has_value() ? own_.upgrade->judge->weight() : 0,
       .started = own_.upgrade->started,
       .ended = s_.clock.Now()};
-  if (const EngineRecord* c = s_.Find(own_.upgrade->canary)) res.version = c->version;
+  if (EngineRecord* c = s_.Find(own_.upgrade->canary)) {
+    res.version = c->version;
+    c->machine.set_name("engine " + std::to_string(c->id));  // the primary, or on its way out
+  }
   if (outcome == UpgradeOutcome::kPromoted) {
     own_.previous_command = own_.upgrade->previous;
     own_.active_command = own_.upgrade->command;

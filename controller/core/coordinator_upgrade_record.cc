@@ -171,6 +171,9 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
     s_.StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
     outcome = "resumed at " + std::to_string(own_.upgrade->judge->weight()) + " %";
   }
+  if (own_.upgrade.has_value() && c != nullptr && c->live()) {  // as PromoteCanary names it
+    c->machine.set_name("engine " + std::to_string(c->id) + " (canary)");
+  }
   BATON_LOG(INFO, "upgrade") << ToString(u.kind) << " " << outcome << " (engine " << u.canary
                              << ")";
   if (own_.upgrade.has_value()) LendReserveToCanary();

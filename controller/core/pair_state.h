@@ -128,7 +128,9 @@ class StateMachine {
         history_limit_(history_limit) {}
 
   S state() const { return state_; }
+  // The name its log lines begin with ("engine 4", "engine 4 (canary)").
   const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
   // The changes of state, oldest first; at most history_limit entries. An event that leaves
   // the state as it was is neither recorded nor logged.
   const std::deque<Record>& history() const { return history_; }

@@ -314,6 +314,11 @@ TEST(UpgradeCtlTest, ASlowPrimaryIsAskedForBlocksOnceAtATime) {
     ++asks;
   }
   EXPECT_EQ(asks, 1u) << log;
+  // Its machine's "primary" is a serving state: the log says whose, the canary's.
+  const std::string canary =
+      "engine " + std::to_string(EngineWithRole(later, "canary")["id"].get<uint64_t>());
+  EXPECT_NE(log.find(canary + " (canary): promoting -> primary on promote_done"), std::string::npos)
+      << log;
   cluster.CheckFencing();
 }
 
