@@ -16,13 +16,78 @@ import urllib.request
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def alive(pid):
-    """Whether `pid` runs (not gone, not a zombie waiting for its reaper)."""
+def parse_start_time(stat):
+    """Field 22 (starttime: clock ticks after boot) of a /proc/PID/stat line. Field 2, the
+    command name in parentheses, may itself hold spaces and parentheses, so the fields are
+    counted after its last ')': the first of them is field 3."""
+    return int(stat.rsplit(")", 1)[1].split()[22 - 3])
+
+
+def _state_and_start(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
+            stat = f.read()
+        return stat.rsplit(")", 1)[1].split()[0], parse_start_time(stat)
+    except (OSError, IndexError, ValueError):
+        return None, None
+
+
+def start_time(pid):
+    """The start time of `pid` (parse_start_time), or None when no such process runs. A pid
+    and its start time name one process: a pid is handed out again once its process is reaped
+    (the kernel's pids wrap in about half an hour on a busy machine, the length of a soak)."""
+    return _state_and_start(pid)[1]
+
+
+def alive(pid, start=None):
+    """Whether `pid` runs (not gone, not a zombie waiting for its reaper) and, given `start`,
+    is still the process that started then (start_time), not a newer one with its pid."""
+    state, started = _state_and_start(pid)
+    return state is not None and state != "Z" and (start is None or started == start)
+
+
+def signal_same(pid, start, sig):
+    """Sends `sig` to `pid` only while it is the process that started at `start`; True if it
+    was sent. The pidfd is opened before the start time is read: it pins the process that
+    had the pid then, so the signal cannot reach a process that took the pid after the check
+    (os.kill by pid could). Without pidfds (Linux before 5.3) the check and os.kill leave a
+    window of microseconds, against the minutes a pid takes to come round again."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
         return False
+    except (AttributeError, OSError):
+        fd = None
+    try:
+        if not alive(pid, start):
+            return False
+        if fd is None:
+            os.kill(pid, sig)
+        else:
+            signal.pidfd_send_signal(fd, sig)
+        return True
+    except ProcessLookupError:
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def children_of(parent):
+    """Pids of the live processes whose parent is `parent`. A child's pid cannot be handed out
+    again before its parent reaps it, so a child of this process needs no start time."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] != "Z" and int(fields[1]) == parent:
+            pids.append(int(entry))
+    return pids
 
 
 def free_port():
@@ -130,10 +195,11 @@ def engines_of(socket_path):
     return pids
 
 
-def stop_processes(procs, extra_pids, log, grace_s=20):
+def stop_processes(procs, others, log, grace_s=20):
     """SIGCONT and SIGTERM to every Popen in `procs` (last first), waits up to `grace_s` for
-    each, then SIGKILL to what is left of them and of `extra_pids` (logged: a process the stack's own stop
-    did not end)."""
+    each, then SIGKILL to what is left of them and of `others`, a set of (pid, start time)
+    (start_time): each is signalled only while that pid is still that process, never one that
+    took a pid the stack saw before (logged: a process the stack's own stop did not end)."""
     for proc in reversed(procs):
         if proc.poll() is None:
             proc.send_signal(signal.SIGCONT)  # a stopped process handles no SIGTERM
@@ -146,11 +212,6 @@ def stop_processes(procs, extra_pids, log, grace_s=20):
             proc.kill()
             proc.wait()
             log(f"killed pid {proc.pid}, which did not stop on SIGTERM")
-    for pid in sorted(set(extra_pids)):
-        if alive(pid):
-            try:
-                os.kill(pid, signal.SIGCONT)
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
+    for pid, start in sorted(others):
+        if signal_same(pid, start, signal.SIGCONT) and signal_same(pid, start, signal.SIGKILL):
             log(f"killed pid {pid}, left after the stack stopped")

@@ -8,7 +8,8 @@ one that has answered `batonctl status` before and then stays silent for --watch
 with kill -9 and started again. The runtime directory is private to the run.
 
 Every process it starts, and every engine the controllers launch, is stopped by stop(), which
-the caller runs on every exit path.
+the caller runs on every exit path. Once stop() has begun, nothing starts another process, and
+the waits of a fault in progress end with a RuntimeError.
 """
 import json
 import os
@@ -21,8 +22,8 @@ import threading
 import time
 import urllib.request
 
-from baton_perf import (ROOT, alive, batonctl, engines_of, free_port, metric, pair_ready,
-                        serving_primary, stop_processes)
+from baton_perf import (ROOT, batonctl, children_of, engines_of, free_port, metric,
+                        pair_ready, serving_primary, signal_same, start_time, stop_processes)
 
 FAULTS = ["engine-kill", "engine-hang", "controller-kill", "controller-hang", "keeper-kill",
           "router-restart", "upgrade", "rollback"]
@@ -33,7 +34,9 @@ class Stack:
         self.args, self.bin, self.model_dir, self.log = args, bin_dir, model_dir, log
         self.runtime = tempfile.mkdtemp(prefix="baton-soak.", dir="/tmp")
         self.socket = os.path.join(self.runtime, "controller.sock")
-        self.procs, self.seen_pids = [], set()
+        # Every process of the stack seen, as (pid, start time): stop() signals a pid only while
+        # it is still the process seen, not one that took the pid after it (baton_perf.start_time).
+        self.procs, self.seen = [], set()
         self.lock = threading.Lock()
         self.controller = self.router = None
         self.controller_starts = 0
@@ -74,14 +77,24 @@ class Stack:
         return path
 
     def spawn(self, argv, log_name):
-        f = open(os.path.join(self.args.out, log_name), "ab")
-        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        f.close()
-        with self.lock:
+        with self.lock, open(os.path.join(self.args.out, log_name), "ab") as f:
+            self.check_running()
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             self.procs.append(proc)
-            self.seen_pids.add(proc.pid)
         return proc
+
+    def check_running(self):
+        if self.stop_event.is_set():
+            raise RuntimeError("the stack is stopping")
+
+    def note(self, pid):
+        """Adds `pid` to the processes seen, with its start time read now (a pid the controller
+        reported a moment ago: it comes round again only after minutes)."""
+        start = start_time(pid)
+        if start is not None:
+            with self.lock:
+                self.seen.add((pid, start))
 
     def start(self):
         os.makedirs(os.path.join(self.args.out, "engines"), exist_ok=True)
@@ -102,6 +115,7 @@ class Stack:
                                  "router.log")
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
+            self.check_running()
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2):
                     return
@@ -131,7 +145,7 @@ class Stack:
             elif answered_at is not None and now - answered_at >= self.args.watchdog_s:
                 self.log(f"baton-controller (pid {ctl.pid}) silent for "
                          f"{now - answered_at:.1f} s: kill -9")
-                os.kill(ctl.pid, signal.SIGKILL)
+                ctl.send_signal(signal.SIGKILL)  # a Popen: never signals a reaped pid
                 self.watchdog_kills += 1
                 answered_at = None
 
@@ -140,18 +154,18 @@ class Stack:
             s = batonctl(self.bin, self.socket, "status")[1]
         except subprocess.TimeoutExpired:
             return {}
-        with self.lock:
-            for e in s.get("engines", []):
-                if e.get("pid"):
-                    self.seen_pids.add(int(e["pid"]))
-            keeper = s.get("controller", {}).get("keeper", {}).get("pid", 0)
-            if keeper:
-                self.seen_pids.add(int(keeper))
+        for e in s.get("engines", []):
+            if e.get("pid"):
+                self.note(int(e["pid"]))
+        keeper = s.get("controller", {}).get("keeper", {}).get("pid", 0)
+        if keeper:
+            self.note(int(keeper))
         return s
 
     def wait_ready(self, old_primary, limit_s):
         deadline = time.monotonic() + limit_s
         while time.monotonic() < deadline:
+            self.check_running()
             s = self.status()
             if pair_ready(s, old_primary):
                 return s
@@ -173,19 +187,23 @@ class Stack:
             pids["keeper"] = int(keeper)
         return pids
 
+    def engines_now(self):
+        """(pid, start time) of the engines launched on this stack's socket, running now."""
+        return {(pid, start) for pid in engines_of(self.socket)
+                if (start := start_time(pid)) is not None}
+
     def stop(self):
-        self.stop_event.set()
-        with self.lock:
+        with self.lock:  # after this, spawn() starts nothing
+            self.stop_event.set()
             procs = list(self.procs)
-            extra = set(self.seen_pids) | set(engines_of(self.socket))
-        stop_processes(procs, extra, self.log)
-        for pid in engines_of(self.socket):  # engines started while the stack stopped
-            if alive(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    continue
+            others = set(self.seen)
+        stop_processes(procs, others | self.engines_now(), self.log)
+        for pid, start in self.engines_now():  # engines started while the stack stopped
+            if signal_same(pid, start, signal.SIGKILL):
                 self.log(f"killed engine {pid}, left after the stack stopped")
+        for pid in children_of(os.getpid()):  # a child whose Popen a signal cut short
+            if signal_same(pid, None, signal.SIGKILL):
+                self.log(f"killed pid {pid}, a child left after the stack stopped")
         shutil.rmtree(self.runtime, ignore_errors=True)
 
     # --- faults -----------------------------------------------------------------------------
@@ -200,7 +218,7 @@ class Stack:
         old = primary.get("id") if kind in ("engine-kill", "engine-hang",
                                            "controller-hang") else None
         after = self.wait_ready(old, 120)
-        record = {"fault": kind, "detail": detail,
+        record = {"fault": kind, "detail": detail, "injected_at": t0,
                   "ready_after_ms": round((time.monotonic() - t0) * 1000, 1),
                   "primary": serving_primary(after).get("id")}
         if old is not None:  # a failover: the controller's phases of it
@@ -217,12 +235,12 @@ class Stack:
 
     def _controller_kill(self, *_):
         pid = self.controller.pid
-        os.kill(pid, signal.SIGKILL)
+        self.controller.send_signal(signal.SIGKILL)
         return f"kill -9 of baton-controller {pid}"
 
     def _controller_hang(self, _, primary):
         pid = self.controller.pid
-        os.kill(pid, signal.SIGSTOP)
+        self.controller.send_signal(signal.SIGSTOP)
         time.sleep(0.5)
         os.kill(int(primary["pid"]), signal.SIGKILL)
         return f"SIGSTOP of baton-controller {pid}, then kill -9 of primary {primary['id']}"
@@ -234,6 +252,7 @@ class Stack:
         os.kill(int(pid), signal.SIGKILL)
         deadline = time.monotonic() + 30  # the controller starts a new one
         while time.monotonic() < deadline:
+            self.check_running()
             k = self.status().get("controller", {}).get("keeper", {})
             if k.get("pid") and k.get("pid") != pid and k.get("state") == "keeping":
                 return f"kill -9 of baton-keeper {pid}; the controller started {k['pid']}"
@@ -268,6 +287,7 @@ class Stack:
             raise RuntimeError(f"batonctl upgrade refused: {text.strip()[-300:]}")
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
+            self.check_running()
             u = self.status().get("upgrade", {})
             current = u.get("current") or {}
             if rollback and current.get("phase") == "canary":
@@ -289,3 +309,30 @@ def schedule(kinds, count, seed):
         rng.shuffle(round_)
         out.extend(round_)
     return out[:count]
+
+
+def run_faults(stack, kinds, every_s, seed, start, until, records, errors, stop, log,
+               clock=time.monotonic):
+    """Injects the faults of schedule(kinds) into `stack` from `start` until `until`, appending
+    each record (with `injected_at_s`, seconds after `start`) to `records`. `every_s` is the
+    least quiet time before each fault: the first comes `every_s` after `start`, each next one
+    `every_s` after the previous one has recovered (the pair ready again), so a slow recovery
+    (a canary's steps, a router's drain) delays the next fault instead of leaving the faults
+    behind it to fire back to back. None is injected later than 5 s before `until`. Ends at
+    the first fault the stack does not recover from (its error appended to `errors`), or
+    once `stop` (a threading.Event) is set."""
+    at = start + every_s
+    for kind in schedule(kinds, 1_000_000, seed):
+        if at > until - 5 or stop.wait(max(0.0, at - clock())):
+            return
+        try:
+            r = stack.inject(kind)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            if not stop.is_set():  # not a fault cut short by the end of the run
+                log(f"{kind}: {e}")
+                errors.append(f"{kind}: {e}")
+            return
+        r["injected_at_s"] = round(r.pop("injected_at") - start, 1)
+        log(f"{r['fault']}: {r['detail']}; ready again after {r['ready_after_ms']} ms")
+        records.append(r)
+        at = clock() + every_s
