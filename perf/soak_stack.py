@@ -297,8 +297,19 @@ class Stack:
                 rollback = None  # sent once
             if not current and u.get(done_key, 0) > before.get(done_key, 0):
                 return f"canary {version} {done_key.replace('_', ' ')}"
+            if not current and done_key == "promoted" and \
+                    u.get("rolled_back", 0) > before.get("rolled_back", 0):
+                # The judge rolled the canary back (it failed on a starved host, say): the pair
+                # serves on the old command, which is what a rollback is for; no request is lost.
+                return f"canary {version} rolled back instead: {last_reason(u)}"
             time.sleep(0.1)
         raise RuntimeError(f"the canary {version} did not finish within 120 s")
+
+
+def last_reason(upgrade_status):
+    """The reason of the latest upgrade in `batonctl status --json`'s upgrade history."""
+    history = upgrade_status.get("history") or []
+    return str(history[-1].get("reason", "no reason given")) if history else "no history"
 
 
 def schedule(kinds, count, seed):
