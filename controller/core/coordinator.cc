@@ -205,8 +205,7 @@ TimePoint Coordinator::NextWakeup() const {
   for (const auto& [id, e] : s_.engines) {
     if (e->detector.has_value()) when = std::min(when, e->detector->NextDeadline());
     if (e->deadline.has_value()) when = std::min(when, *e->deadline);
-    if (!e->progress.has_value()) continue;
-    if (const std::optional<TimePoint> due = e->progress->NextDeadline(); due.has_value()) {
+    if (const std::optional<TimePoint> due = engines_.ProgressDeadline(*e); due.has_value()) {
       when = std::min(when, *due);
     }
   }

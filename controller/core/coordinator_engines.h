@@ -62,8 +62,14 @@ class EnginePart {
   void PublishRoutes();
   // Deadlines (register, promote, drain) and failure detectors: probes sent, engines fenced.
   void PollEngines();
+  // When `e`'s compute may next be found stalled, for the Coordinator's wake-up; none for an
+  // engine whose progress is not judged now (a standby, a primary draining): a deadline past
+  // for one of those would wake the Coordinator at once, again and again.
+  std::optional<TimePoint> ProgressDeadline(const EngineRecord& e) const;
 
  private:
+  // Whether `e`'s progress is judged: it reports it, serves, and is the primary or a canary.
+  bool ProgressJudged(const EngineRecord& e) const;
   // Why `e` is fenced as hung for a compute that stands still, or nullopt (coordinator_roster.cc).
   std::optional<std::string> ComputeStall(const EngineRecord& e) const;
   void Launch(proto::LaunchRole role);

@@ -152,9 +152,17 @@ void EnginePart::PublishRoutes() {
   }
 }
 
+bool EnginePart::ProgressJudged(const EngineRecord& e) const {
+  return e.progress.has_value() && e.serving() &&
+         (e.id == s_.primary || p_.upgrades->IsCanary(e.id));
+}
+
+std::optional<TimePoint> EnginePart::ProgressDeadline(const EngineRecord& e) const {
+  return ProgressJudged(e) ? e.progress->NextDeadline() : std::nullopt;
+}
+
 std::optional<std::string> EnginePart::ComputeStall(const EngineRecord& e) const {
-  if (!e.progress.has_value() || !e.progress->Stalled() || !e.serving()) return std::nullopt;
-  if (e.id != s_.primary && !p_.upgrades->IsCanary(e.id)) return std::nullopt;
+  if (!ProgressJudged(e) || !e.progress->Stalled()) return std::nullopt;
   using std::chrono::duration_cast;
   using std::chrono::milliseconds;
   return "compute stalled: no step finished for " +

@@ -81,6 +81,8 @@ TEST_F(ProgressScenario, AStandbyIsNotFenced) {
   Report(standby_, 3 * kStallTimeout, 0, 1);
   ExpectNoEffect(E("Kill", standby_));
   EXPECT_EQ(ComputeStalls(), 0u);
+  // Its stall is past due but not judged: no wake-up at once, again and again.
+  EXPECT_GT(coord().NextWakeup(), loop_.clock().Now());
 }
 
 // Reports that stop while the heartbeats go on give no verdict: the step count last seen is no
