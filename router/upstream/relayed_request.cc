@@ -247,11 +247,7 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& cause) {
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
       return EndBuffered();
     case Mode::kRefused:
-      if (target_->canary && status_ / 100 == 4) {
-        SettleCanaryRefusal(false);  // an earlier canary's, should a request meet two
-        refused_by_canary_ = *target_;
-        count_deferred_ = true;
-      }
+      if (target_->canary && status_ / 100 == 4) return RetryCanaryRefusal();
       return AttemptFailed(UpstreamError::kConnect,
                            "the engine answered " + std::to_string(status_));
     case Mode::kErrorInStream:
@@ -370,7 +366,6 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
 
 void RelayedRequest::CountAttempt(AttemptEnd end) {
   if (deps_.outcomes == nullptr || !target_) return;
-  if (std::exchange(count_deferred_, false)) return;
   SettleCanaryRefusal(end == AttemptEnd::kSucceeded && status_ / 100 == 2);
   switch (end) {
     case AttemptEnd::kSucceeded:
@@ -416,10 +411,30 @@ void RelayedRequest::ReleaseTarget() {
   target_.reset();
 }
 
+void RelayedRequest::RetryCanaryRefusal() {
+  const Target canary = *target_;
+  SettleCanaryRefusal(false);  // an earlier canary's, should a request meet two
+  refused_by_canary_ = canary;
+  refused_status_ = status_;
+  ReleaseTarget();
+  // Not an engine failure: the canary stays in rotation and no replay is counted; the bound
+  // keeps a request from going round when no other engine takes it.
+  if (++migrations_ > deps_.migration_limit) {
+    return GiveUp(502, "migration_limit",
+                  "the canary answered " + std::to_string(refused_status_) +
+                      " and no other engine answered it");
+  }
+  BATON_LOG(DEBUG, "router") << route_ << ": canary " << canary.address << " answered "
+                             << refused_status_ << ": asking another engine";
+  Admit(canary);
+}
+
 void RelayedRequest::SettleCanaryRefusal(bool answered_2xx) {
   if (!refused_by_canary_ || deps_.outcomes == nullptr) return;
   const Target canary = *std::exchange(refused_by_canary_, std::nullopt);
-  if (answered_2xx) {
+  // 408 and 429 say the canary was busy, not wrong: never held against it.
+  const bool busy = refused_status_ == 408 || refused_status_ == 429;
+  if (answered_2xx && !busy) {
     deps_.outcomes->RecordFailed(canary.node, canary.engine_id);
   } else {
     deps_.outcomes->RecordEnded(canary.node, canary.engine_id);

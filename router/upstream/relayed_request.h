@@ -26,7 +26,7 @@
 // above, and an answer 5xx), succeeded (a whole answer relayed), or just ended. A canary's 4xx
 // is counted once the next engine has answered: failed when that one answered 2xx (a canary
 // that refuses what the primary serves, say a model name it lacks), else just ended (the
-// request was bad for both). A stream's
+// request was bad for both); a 408 or 429 (busy, not wrong) always just ended. A stream's
 // events, from its first, are noted in EngineProgress until the attempt ends.
 // A canary's successful answer to a reproducible request (StreamReplay::reproducible()) is
 // offered to the ShadowComparer once the client's answer is finished: its token ids (those sent
@@ -104,8 +104,12 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   // After the client's answer: compares `canary_ids` (none: the answer had no token ids).
   void StartShadow(uint64_t canary, std::optional<std::vector<int32_t>> canary_ids);
   void ReleaseTarget();
+  // A canary's 4xx: the request goes to another engine, the canary's count waits for that
+  // engine's answer. Not an engine failure: the canary is not marked unreachable, and no
+  // replay or upstream error is counted.
+  void RetryCanaryRefusal();
   // Counts the canary's 4xx (refused_by_canary_) as failed when the attempt after it
-  // succeeded with a 2xx, else as ended.
+  // succeeded with a 2xx, else (or for a 408 or 429: busy, not wrong) as ended.
   void SettleCanaryRefusal(bool answered_2xx);
   // Records the request's end in the metrics; called before the client's last bytes go out,
   // so that whoever reads /metrics once it has its answer finds the request counted.
@@ -145,9 +149,10 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   std::optional<TimePoint> unreachable_since_;  // first of the current run of refusals
   // When an attempt that had sent tokens failed, until the continuation's next token.
   std::optional<TimePoint> failed_at_;
-  // A canary that answered 4xx, judged by the next attempt's answer (SettleCanaryRefusal).
+  // A canary that answered 4xx (refused_status_), judged by the next attempt's answer
+  // (SettleCanaryRefusal).
   std::optional<Target> refused_by_canary_;
-  bool count_deferred_ = false;  // the ending attempt is that canary's: counted later
+  int refused_status_ = 0;
 };
 
 }  // namespace baton

@@ -408,5 +408,17 @@ TEST_F(ShadowRouterTest, ACanarys4xxThePrimaryRefusesTooIsNoFailure) {
   EXPECT_EQ(Canary().errors, 0u);
 }
 
+// A canary too busy for a request (429) is not wrong: the primary serves it, no error counts.
+TEST_F(ShadowRouterTest, ACanarys429IsNoFailure) {
+  const std::string busy = R"({"error":{"message":"the KV cache has no room"}})";
+  ScriptedBackend canary({Plain(429, busy)});
+  ScriptedBackend primary({Answer({5, 6, 7})});
+  StartRouter(primary.port(), canary.port());
+  EXPECT_EQ(Post({{"prompt", "x"}, {"max_tokens", 3}}).status, 200);
+  EXPECT_EQ(Canary().requests, 1u);
+  EXPECT_EQ(Canary().errors, 0u);
+  EXPECT_TRUE(router_->admission().IsCanary({Address(canary.port()), kCanaryId}));
+}
+
 }  // namespace
 }  // namespace baton
