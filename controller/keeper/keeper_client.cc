@@ -167,11 +167,14 @@ Result<KeeperClient> KeeperClient::AwaitUnanswered(const std::string& socket_pat
     }
     const Duration timeout =
         std::min<Duration>(kHelloTimeout, until - std::chrono::steady_clock::now());
+    // Closed before the next try: a keeper serves one connection at a time, and one that wakes
+    // would answer this one and wait on it, a try behind for ever, were it kept open.
+    last.channel.reset();  // before the io_context it was made on
+    last.io.reset();
     Unanswered next;
     Result<KeeperClient> client = TryConnect(socket_path, timeout, &next);
     if (client.ok() || next.pid <= 0) return client;
     waited += timeout;
-    last.channel.reset();  // before the io_context it was made on
     last = std::move(next);
   }
 }
