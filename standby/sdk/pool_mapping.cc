@@ -226,6 +226,7 @@ Status PoolMapping::MapHeaderView() {
   const uint64_t bytes = uint64_t{args_.block_count} * args_.block_bytes;
   void* view = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd_.get(), 0);
   if (view == MAP_FAILED) return ErrnoStatus("mapping the pool's header view", errno);
+  (void)::madvise(view, bytes, MADV_DONTDUMP);  // a core dump would hold the whole pool
   header_view_ = static_cast<uint8_t*>(view);
   header_view_bytes_ = bytes;
   return OkStatus();
