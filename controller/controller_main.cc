@@ -68,6 +68,24 @@ int ReportCheckedConfig(const ControllerConfig& c) {
   return 0;
 }
 
+// Past the Controller's end a signal has nothing left to stop, and one that landed once
+// `signals` let go of SIGINT and SIGTERM (asio restores their default action) would turn this
+// exit 0 into a kill: they are ignored instead, blocked meanwhile so that none lands in between
+// (this thread is the last; a pending one is dropped once ignored).
+void IgnoreStopSignals(boost::asio::signal_set* signals) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  sigset_t before;
+  ::pthread_sigmask(SIG_BLOCK, &stop, &before);
+  boost::system::error_code ignored;
+  signals->clear(ignored);
+  ::signal(SIGINT, SIG_IGN);
+  ::signal(SIGTERM, SIG_IGN);
+  ::pthread_sigmask(SIG_SETMASK, &before, nullptr);
+}
+
 int Run(int argc, char** argv) {
   if (WantsVersion(argc, argv)) {
     std::printf("%s\n", VersionLine(kProgram).c_str());
@@ -147,6 +165,7 @@ int Run(int argc, char** argv) {
   // its destructor has removed the engine cgroups and their base.
   c = nullptr;
   controller->reset();
+  IgnoreStopSignals(&signals);
   BATON_LOG(INFO, "controller") << "stopped";
   return 0;
 }
