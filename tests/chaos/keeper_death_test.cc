@@ -37,6 +37,19 @@ bool KeptAgain(const json& s, pid_t dead, int restarts) {
          k.value("restarts", 0) == restarts;
 }
 
+// kill -9 of the controller and a restart: the engines of `cold` are re-adopted, with the
+// memory the keeper kept.
+void ExpectTheNextRestartReadopts(ChaosCluster& cluster, const json& cold) {
+  cluster.KillController();
+  cluster.RestartController();
+  const json warm = cluster.WaitFor(
+      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(cold); },
+      "the same engines, re-adopted");
+  EXPECT_EQ(warm["controller"]["recovery"]["memory"], "adopted") << warm["controller"].dump();
+  EXPECT_TRUE(warm["controller"]["recovery"]["fenced"].empty()) << warm["controller"].dump();
+  cluster.CheckFencing();
+}
+
 TEST(KeeperDeath, KeeperThenControllerKilledUnderLoadLosesNothing) {
   ClusterOptions options = RefenginePair();
   options.metrics_port = FreePort();
@@ -126,14 +139,7 @@ TEST(KeeperDeath, AFrozenKeeperIsReplacedAndTheNextRestartIsWarm) {
   }
   EXPECT_FALSE(ProcessExists(frozen)) << "the hung keeper was killed";
 
-  cluster.KillController();
-  cluster.RestartController();
-  const json warm = cluster.WaitFor(
-      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(cold); },
-      "the same engines, re-adopted");
-  EXPECT_EQ(warm["controller"]["recovery"]["memory"], "adopted") << warm["controller"].dump();
-  EXPECT_TRUE(warm["controller"]["recovery"]["fenced"].empty()) << warm["controller"].dump();
-  cluster.CheckFencing();
+  ExpectTheNextRestartReadopts(cluster, cold);
 }
 
 // A keeper that runs but never answers (deadlocked) across a controller restart: here a
@@ -170,14 +176,7 @@ TEST(KeeperDeath, AKeeperThatRunsButNeverAnswersIsReplacedAndTheNextRestartIsWar
             std::string::npos)
       << log;
 
-  cluster.KillController();
-  cluster.RestartController();
-  const json warm = cluster.WaitFor(
-      [&](const json& s) { return IsReady(s) && EnginePids(s) == EnginePids(cold); },
-      "the same engines, re-adopted");
-  EXPECT_EQ(warm["controller"]["recovery"]["memory"], "adopted") << warm["controller"].dump();
-  EXPECT_TRUE(warm["controller"]["recovery"]["fenced"].empty()) << warm["controller"].dump();
-  cluster.CheckFencing();
+  ExpectTheNextRestartReadopts(cluster, cold);
 }
 
 // A controller started with controller.keep_memory = false after one that kept its memory:
