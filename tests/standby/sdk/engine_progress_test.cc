@@ -5,6 +5,7 @@
 
 #include <future>
 #include <string>
+#include <thread>
 
 #include "standby/sdk/baton_engine.h"
 #include "standby/sdk/engine_sdk.h"
@@ -44,6 +45,11 @@ TEST(EngineProgress, ReportedProgressReachesTheControllerWithTheHeartbeats) {
   while (got.steps_done == 12u) got = NextProgress(fake);
   EXPECT_EQ(got.steps_done, 13u);
   EXPECT_EQ(got.work_pending, 0u);
+  // The session counts a Progress once its send returned, which may be after the fake read it.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (s->progress_sent() < 2u && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   EXPECT_GE(s->progress_sent(), 2u);
 }
 
