@@ -51,9 +51,12 @@ class Holder {
       ::close(ready[0]);
       void* page = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (page == MAP_FAILED) ::_exit(2);
-      std::thread t([page, w = ready[1]] {
+      std::thread t([page, w = ready[1], thread_exits] {
         if (::pthread_mutex_lock(static_cast<pthread_mutex_t*>(page)) != 0) ::_exit(3);
         (void)!::write(w, "x", 1);
+        // A thread that ends holding a robust mutex is a death: the holder that lives on
+        // must keep its thread until the process is killed.
+        while (!thread_exits) ::pause();
       });
       if (thread_exits) {
         t.join();  // the thread ended holding the mutex
