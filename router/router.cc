@@ -160,6 +160,7 @@ std::vector<proto::EngineStalled> Router::Stalls() {
 void Router::PruneOutcomes(TimePoint now) {
   if (options_.engine_retention.count() == 0 || now - last_prune_ < kPruneInterval) return;
   last_prune_ = now;
+  if (fleet_) (void)fleet_->Forget(now, options_.engine_retention);
   const size_t pruned = outcomes_.Prune(now, options_.engine_retention);
   if (pruned == 0) return;
   BATON_LOG(INFO, "router") << "forgot the outcomes of " << pruned << " engines unlisted for "

@@ -51,6 +51,7 @@ void FleetAdmission::SetNodes(const std::vector<FleetNode>& nodes) {
     for (auto& [name, node] : nodes_) {
       if (!node.listed || now_listed.count(name) != 0) continue;
       node.listed = false;
+      node.left_at = clock_.Now();
       left.push_back(node.admission);
       for (auto it = watches_.begin(); it != watches_.end();) {
         if (it->second.node != name) {
@@ -268,6 +269,33 @@ void FleetAdmission::Tick() {
   DrainQueue();
 }
 
+size_t FleetAdmission::Forget(TimePoint now, Duration retention) {
+  MutexLock lock(mu_);
+  size_t forgotten = 0;
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    const Node& node = it->second;
+    if (node.listed || now - node.left_at < retention || node.admission->in_flight() != 0 ||
+        node.admission->queued() != 0 || Referenced(it->first)) {
+      ++it;
+      continue;
+    }
+    BATON_LOG(INFO, "router")
+        << "fleet node " << it->first << " (model " << node.model << ") forgotten: unlisted for "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(now - node.left_at).count()
+        << " ms with nothing in flight";
+    forgotten_failovers_ += node.admission->failovers();
+    it = nodes_.erase(it);
+    ++forgotten;
+  }
+  return forgotten;
+}
+
+bool FleetAdmission::Referenced(const std::string& node) const {
+  auto names = [&node](const auto& entry) { return entry.second.node == node; };
+  return std::any_of(tickets_.begin(), tickets_.end(), names) ||
+         std::any_of(watches_.begin(), watches_.end(), names);
+}
+
 void FleetAdmission::DrainQueue() {
   std::vector<Waiter> go;
   std::vector<std::pair<Grant, Status>> expired;
@@ -333,7 +361,7 @@ size_t FleetAdmission::in_flight() const {
 
 uint64_t FleetAdmission::failovers() const {
   MutexLock lock(mu_);
-  uint64_t total = 0;
+  uint64_t total = forgotten_failovers_;
   for (const auto& [name, node] : nodes_) total += node.admission->failovers();
   return total;
 }

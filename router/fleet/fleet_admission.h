@@ -18,7 +18,9 @@
 // A node that leaves (SetNodes() no longer lists it: its lease expired) takes no request:
 // its waiters go to another node, and the attempts in flight there that are watched
 // (WatchLoss) are told at once, so they replay elsewhere instead of waiting on an engine that
-// may be frozen. A node that comes back is routed to once it is listed again. A new
+// may be frozen. A node that comes back is routed to once it is listed again. One that stays
+// away is forgotten by Forget() once nothing of it is left (its failovers stay counted), so
+// that a router does not keep every node it ever saw. A new
 // controller on a node (pid or start time changed) is a new set of engines
 // (Admission::ControllerRestarted()).
 //
@@ -77,6 +79,10 @@ class FleetAdmission : public Admitter {
   int RetryAfterSeconds() const override;
   // Expires waiters and advances every node's ramp.
   void Tick();
+  // Forgets the nodes unlisted for `retention` or more at `now` with nothing in flight,
+  // queued or watched there: they leave Nodes() (/health, /metrics), and a request for a
+  // model only they served is refused as for any unknown model. Returns how many.
+  size_t Forget(TimePoint now, Duration retention);
 
   std::vector<FleetNodeView> Nodes() const;
   // A listed node's ready primary (for /health), if any has one.
@@ -91,6 +97,7 @@ class FleetAdmission : public Admitter {
     std::string model;
     std::shared_ptr<Admission> admission;
     bool listed = false;
+    TimePoint left_at;  // when it was last unlisted
     TimePoint suspect_until;
     int64_t controller_pid = 0;
     int64_t controller_started_at = 0;
@@ -123,13 +130,15 @@ class FleetAdmission : public Admitter {
   std::shared_ptr<Admission> AdmissionOf(const std::string& node) const;
   // Dispatches the fleet queue's waiters that can go, refuses the expired.
   void DrainQueue();
+  // Whether a ticket or a watch still names `node`.
+  bool Referenced(const std::string& node) const BATON_REQUIRES(mu_);
 
   const Clock& clock_;
   const AdmissionOptions options_;
   const std::chrono::milliseconds suspect_for_;
   mutable Mutex mu_;
   std::map<std::string, Node> nodes_
-      BATON_GUARDED_BY(mu_);  // every node seen; those that left stay, unlisted
+      BATON_GUARDED_BY(mu_);  // every node seen; those that left stay, unlisted, until Forget()
   std::map<uint64_t, Ticket> tickets_ BATON_GUARDED_BY(mu_);
   std::deque<Waiter> queue_ BATON_GUARDED_BY(mu_);
   std::map<uint64_t, Watch> watches_ BATON_GUARDED_BY(mu_);
@@ -137,6 +146,7 @@ class FleetAdmission : public Admitter {
   uint64_t next_watch_ BATON_GUARDED_BY(mu_) = 1;
   uint64_t next_dispatch_ BATON_GUARDED_BY(mu_) = 1;
   size_t turn_ BATON_GUARDED_BY(mu_) = 0;  // breaks ties between equally loaded nodes
+  uint64_t forgotten_failovers_ BATON_GUARDED_BY(mu_) = 0;  // of the nodes Forget() dropped
 };
 
 }  // namespace baton

@@ -1,8 +1,9 @@
 // FleetAdmission with the fake clock: requests spread over the nodes that serve their model
 // (least in flight, then the pool use their records report), replays leave the node that failed
 // them, a node a replay failed on is passed over for a while, a node that leaves hands its waiters
-// to another node and tells the attempts watched on it, an unknown model is refused, and requests
-// wait while no node has a primary.
+// to another node and tells the attempts watched on it, an unknown model is refused, requests
+// wait while no node has a primary, and a node that stays away is forgotten once nothing of it
+// is left.
 #include "router/fleet/fleet_admission.h"
 
 #include <gtest/gtest.h>
@@ -261,6 +262,46 @@ TEST(FleetAdmissionTest, ANewControllerOnANodeReadoptsOrFailsOver) {
   fresh.routes.epoch = 2;
   f.SetNodes({fresh});
   EXPECT_EQ(f.failovers(), 1u);
+}
+
+// A node that left is forgotten once it stayed away for the retention and nothing of it is
+// left: not while listed, not before the retention, not while a request is in flight there;
+// its failovers stay counted, and a request for the model only it served is then unknown.
+TEST(FleetAdmissionTest, ANodeThatStaysAwayIsForgottenOnceNothingOfItIsLeft) {
+  FakeClock clock;
+  FleetAdmission f(clock, {});
+  const milliseconds retention(60000);
+  f.SetNodes({Node("a", "tiny", 1, "127.0.2.1:1"), Node("b", "big", 1, "127.0.2.2:1")});
+  FleetNode b2 = Node("b", "big", 2, "127.0.2.2:2");
+  b2.routes.epoch = 2;
+  f.SetNodes({Node("a", "tiny", 1, "127.0.2.1:1"), b2});  // a failover on b
+  EXPECT_EQ(f.failovers(), 1u);
+  Grants g;
+  f.Request(New("big"), g.Next());
+  ASSERT_EQ(g.got.size(), 1u);
+  ASSERT_TRUE(g.got[0].ok());
+  clock.Advance(retention * 2);
+  EXPECT_EQ(f.Forget(clock.Now(), retention), 0u) << "both are listed";
+  f.SetNodes({Node("a", "tiny", 1, "127.0.2.1:1")});  // b leaves with a request in flight
+  clock.Advance(retention - milliseconds(1));
+  EXPECT_EQ(f.Forget(clock.Now(), retention), 0u) << "not away long enough";
+  clock.Advance(milliseconds(1));
+  EXPECT_EQ(f.Forget(clock.Now(), retention), 0u) << "a request is still in flight there";
+  EXPECT_EQ(f.Nodes().size(), 2u);
+  f.Release(*g.got[0]);
+  EXPECT_EQ(f.Forget(clock.Now(), retention), 1u);
+  ASSERT_EQ(f.Nodes().size(), 1u);
+  EXPECT_EQ(f.Nodes()[0].name, "a");
+  EXPECT_EQ(f.failovers(), 1u) << "b's failover stays counted";
+  f.Request(New("big"), g.Next());
+  ASSERT_EQ(g.got.size(), 2u);
+  EXPECT_EQ(g.got[1].status().code(), StatusCode::kNotFound);
+  // Listed again, it takes requests again.
+  f.SetNodes({Node("a", "tiny", 1, "127.0.2.1:1"), Node("b", "big", 3, "127.0.2.2:3")});
+  f.Request(New("big"), g.Next());
+  ASSERT_EQ(g.got.size(), 3u);
+  ASSERT_TRUE(g.got[2].ok());
+  EXPECT_EQ(g.got[2]->engine_id, 3u);
 }
 
 }  // namespace
