@@ -103,11 +103,12 @@ void FleetView::Report() {
   for (auto& [node, engines] : on_report_()) {
     if (node.empty()) continue;
     const std::string key = FleetReportKey(options_.prefix, node, options_.router);
-    reported.insert(key);
     proto::RouterReport report{.seq = seq_ + 1, .engines = engines, .router = options_.router};
     proto::RouterReport unchanged = report;
     unchanged.seq = 0;
     const std::string text = RouterReportJson(unchanged);
+    if (!Fits(key, engines.size(), text)) continue;
+    reported.insert(key);
     if (written_[key] == text) continue;
     Result<int64_t> put = etcd_->Put(key, RouterReportJson(report), lease_);
     if (!put.ok()) return Failed(put.status());
@@ -117,6 +118,23 @@ void FleetView::Report() {
     ++state_.reports_written;
   }
   ForgetUnreported(reported);
+}
+
+bool FleetView::Fits(const std::string& key, size_t engines, const std::string& text) {
+  // The seq written with it adds at most 20 digits.
+  if (text.size() + 20 <= options_.max_report_bytes) {
+    if (oversize_.erase(key) != 0) {
+      BATON_LOG(INFO, "router") << "the report " << key << " fits again: written";
+    }
+    return true;
+  }
+  if (oversize_.insert(key).second) {
+    BATON_LOG(ERROR, "router") << "the report " << key << " of " << engines << " engines is "
+                               << text.size() << " bytes, past " << options_.max_report_bytes
+                               << ": not written (its node's canaries hold) until pruning "
+                               << "makes it fit";
+  }
+  return false;
 }
 
 void FleetView::ForgetUnreported(const std::set<std::string>& reported) {

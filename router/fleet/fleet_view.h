@@ -13,7 +13,10 @@
 // lease of this router (`report_ttl`, renewed every third of it and granted again when
 // lost), so a node's controller judges its canaries on the traffic of every router and a
 // gone router's reports expire. A node OnReport no longer lists (its engines were all
-// forgotten, EngineOutcomes) has its report deleted.
+// forgotten, EngineOutcomes) has its report deleted. A report larger than `max_report_bytes`
+// (below etcd's request limit, 1.5 MiB by default) is not written and its earlier one is
+// deleted, with one ERROR line until it fits again (pruning shrinks it): the node's canaries
+// hold meanwhile, and the other nodes' reports are written as usual.
 //
 // Ownership: owns its EtcdClient and thread. Thread: the callbacks run on the view's thread;
 // the accessors are safe from any thread; Stop() joins.
@@ -43,6 +46,7 @@ struct FleetViewOptions {
   std::chrono::milliseconds report_every{250};
   std::chrono::milliseconds report_ttl{10000};
   std::string router;  // this router's name in its report keys
+  size_t max_report_bytes = 1 << 20;
 };
 
 struct FleetViewState {
@@ -80,6 +84,8 @@ class FleetView {
   void Read();
   // Writes the reports that changed (and keeps the lease).
   void Report();
+  // Whether the report `text` for `key` is within max_report_bytes (logs once when not).
+  bool Fits(const std::string& key, size_t engines, const std::string& text);
   // Deletes the reports written earlier whose key is not in `reported`.
   void ForgetUnreported(const std::set<std::string>& reported);
   void Failed(const Status& status);
@@ -93,6 +99,7 @@ class FleetView {
   std::map<std::string, int64_t> seen_;         // key -> mod_revision of the last view
   std::map<std::string, int64_t> refused_;      // key -> mod_revision logged as not parsing
   std::map<std::string, std::string> written_;  // report key -> the value written last
+  std::set<std::string> oversize_;              // report keys logged as too large
   int64_t lease_ = 0;
   std::chrono::steady_clock::time_point lease_renewed_;
   uint64_t seq_ = 0;

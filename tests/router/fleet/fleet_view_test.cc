@@ -1,7 +1,8 @@
 // FleetView's reports against a real etcd (tests/fleet/etcd_cluster.h): one key per node this
 // router saw, and a node's key deleted once nothing of it is left to report (its engines were
 // all forgotten, router/canary/engine_outcomes.h), so that neither etcd nor the view keeps a
-// key for every node ever seen.
+// key for every node ever seen; a report past max_report_bytes is not written, and the others
+// are, with etcd still seen as answering.
 #include "router/fleet/fleet_view.h"
 
 #include <gtest/gtest.h>
@@ -18,7 +19,7 @@ namespace {
 using fleet_test::EtcdCluster;
 using std::chrono::milliseconds;
 
-TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeleted) {
+TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNotWritten) {
   ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
   EtcdCluster cluster(1);
   ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
@@ -32,6 +33,7 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeleted) {
   options.poll = milliseconds(20);
   options.report_every = milliseconds(20);
   options.router = "r1";
+  options.max_report_bytes = 400;  // one engine's outcome fits, twenty do not
   Result<std::unique_ptr<FleetView>> view = FleetView::Create(options);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   auto mu = std::make_shared<std::mutex>();
@@ -59,6 +61,25 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeleted) {
     reports->erase("a");  // node a's engines were all forgotten
   }
   EXPECT_TRUE(WaitFor([&] { return keys() == std::vector<std::string>{both[1]}; }));
+  const std::vector<std::string> b_and_c = {both[1], FleetReportKey("/t/", "c", "r1")};
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    for (uint64_t id = 1; id <= 20; ++id) (*reports)["c"].push_back({.engine_id = id});
+    (*reports)["b"][0].requests = 6;  // b changes: written while c is refused
+  }
+  EXPECT_TRUE(WaitFor([&] {
+    Result<EtcdRange> b = (*reader)->GetPrefix(both[1]);
+    return b.ok() && b->kvs.size() == 1 &&
+           b->kvs[0].value.find("\"requests\":6") != std::string::npos;
+  }));
+  EXPECT_EQ(keys(), std::vector<std::string>{both[1]}) << "c's report is too large";
+  EXPECT_TRUE((*view)->state().etcd_connected);
+  EXPECT_EQ((*view)->state().failures, 0u);
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    (*reports)["c"].resize(1);  // pruned: it fits
+  }
+  EXPECT_TRUE(WaitFor([&] { return keys() == b_and_c; }));
   (*view)->Stop();
 }
 
