@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -26,6 +27,18 @@ bool GoneWithin(pid_t pid, std::chrono::seconds limit) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   return !ProcessRunning(pid);
+}
+
+// Waits until `pid` has exec'd with `token` in its start environment (before its execve,
+// /proc/PID/environ still shows its parent's start environment), at most 10 s.
+bool CarriesTokenWithin(pid_t pid, const std::string& token) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (true) {
+    const std::optional<std::string> value = StartEnvironValue(pid, kRunGuardVariable);
+    if (value.has_value() && HasToken(*value, token)) return true;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 // Starts `sleep 600` detached from the caller (a session of its own, its parent gone at once:
@@ -57,8 +70,10 @@ pid_t StartDetachedSleeper() {
 
 enum class End { kExit, kWait };
 
-// Forks a run: it installs a guard, starts a detached sleeper, reports its pid on a pipe,
-// then exits (kExit) or waits to be signalled (kWait). The run's pid and the sleeper's.
+// Forks a run: it installs a guard, starts a detached sleeper, waits until the sleeper has
+// exec'd with the run's token (a sweep cannot see a process that has not), reports its pid on
+// a pipe, then exits (kExit) or waits to be signalled (kWait). The run's pid and the
+// sleeper's (-1 when it did not start).
 std::pair<pid_t, pid_t> StartRun(End end) {
   int fds[2];
   if (::pipe(fds) != 0) return {-1, -1};
@@ -67,7 +82,11 @@ std::pair<pid_t, pid_t> StartRun(End end) {
     ::close(fds[0]);
     ::signal(SIGINT, SIG_DFL);
     if (!RunGuard::Install("run-guard-test").ok()) ::_exit(3);
-    const pid_t sleeper = StartDetachedSleeper();
+    pid_t sleeper = StartDetachedSleeper();
+    if (sleeper > 0 && !CarriesTokenWithin(sleeper, RunGuard::token())) {
+      ::kill(sleeper, SIGKILL);
+      sleeper = -1;
+    }
     (void)!::write(fds[1], &sleeper, sizeof(sleeper));
     ::close(fds[1]);
     if (end == End::kExit) std::exit(0);
@@ -80,8 +99,30 @@ std::pair<pid_t, pid_t> StartRun(End end) {
   return {run, sleeper};
 }
 
+// Kills the run's sleeper should it outlive the test (a failed check), so that it does not
+// stay 600 s. Only while it still carries the run's token: its pid may be another's by then.
+class SleeperKiller {
+ public:
+  SleeperKiller(pid_t run, pid_t sleeper)
+      : sleeper_(sleeper), token_prefix_("run-guard-test." + std::to_string(run) + ".") {}
+  SleeperKiller(const SleeperKiller&) = delete;
+  SleeperKiller& operator=(const SleeperKiller&) = delete;
+  ~SleeperKiller() {
+    if (sleeper_ <= 0) return;
+    const std::optional<std::string> value = StartEnvironValue(sleeper_, kRunGuardVariable);
+    if (value.has_value() && value->find(token_prefix_) != std::string::npos) {
+      ::kill(sleeper_, SIGKILL);
+    }
+  }
+
+ private:
+  const pid_t sleeper_;
+  const std::string token_prefix_;
+};
+
 TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunExits) {
   const auto [run, sleeper] = StartRun(End::kExit);
+  const SleeperKiller killer(run, sleeper);
   ASSERT_GT(sleeper, 0);
   int status = 0;
   ASSERT_EQ(::waitpid(run, &status, 0), run);
@@ -91,6 +132,7 @@ TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunExits) {
 
 TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsInterrupted) {
   const auto [run, sleeper] = StartRun(End::kWait);
+  const SleeperKiller killer(run, sleeper);
   ASSERT_GT(sleeper, 0);
   ASSERT_TRUE(ProcessRunning(sleeper));
   ASSERT_EQ(::kill(run, SIGINT), 0);
@@ -102,6 +144,7 @@ TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsInterrupted) {
 
 TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunIsKilled) {
   const auto [run, sleeper] = StartRun(End::kWait);
+  const SleeperKiller killer(run, sleeper);
   ASSERT_GT(sleeper, 0);
   ASSERT_EQ(::kill(run, SIGKILL), 0);
   int status = 0;
@@ -116,11 +159,24 @@ TEST(RunGuardTest, AProcessOfAnotherRunIsNotTouched) {
     ::execl("/bin/sleep", "sleep", "600", static_cast<char*>(nullptr));
     ::_exit(127);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // exec'd
+  ASSERT_GT(other, 0);
+  // Killed whatever happens below, so that a miss fails at once instead of waiting on it.
+  struct Killer {
+    pid_t pid;
+    ~Killer() {
+      if (pid <= 0) return;
+      ::kill(pid, SIGKILL);
+      int status = 0;
+      ::waitpid(pid, &status, 0);
+    }
+  } killer{other};
+  EXPECT_TRUE(CarriesTokenWithin(other, "another-run.1.0")) << "it exec'd";
   EXPECT_EQ(KillTaggedProcesses("another-run.1", std::chrono::seconds(1)), 0) << "a prefix";
   EXPECT_EQ(KillTaggedProcesses("mine.1.0", std::chrono::seconds(1)), 0);
   EXPECT_TRUE(ProcessRunning(other));
   EXPECT_EQ(KillTaggedProcesses("another-run.1.0", std::chrono::seconds(1)), 1);  // our zombie
+  ::kill(other, SIGKILL);  // killed already unless the sweep missed it
+  killer.pid = -1;
   int status = 0;
   ASSERT_EQ(::waitpid(other, &status, 0), other);
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
