@@ -34,7 +34,9 @@ class RefEngineTest : public ::testing::Test {
 
   static uint16_t port() { return engine_->port(); }
 
-  static Json Complete(const Json& body) { return PostJson(port(), "/v1/completions", body); }
+  static Json Complete(const Json& body, uint16_t to = port()) {
+    return PostJson(to, "/v1/completions", body);
+  }
 
   // The stream's JSON events; checks the framing and the [DONE] terminator.
   static std::vector<Json> Stream(TestHttpClient* client, const Json& body) {
@@ -43,8 +45,8 @@ class RefEngineTest : public ::testing::Test {
 
   static std::vector<Json> ParseEvents(const std::string& body) { return ParseSseJson(body); }
 
-  static std::string Metrics() {
-    TestHttpClient client(port());
+  static std::string Metrics(uint16_t to = port()) {
+    TestHttpClient client(to);
     return client.Get("/metrics").body;
   }
 
@@ -140,6 +142,15 @@ TEST_F(RefEngineTest, ChosenSeedIsReturnedAndReproducesTheCompletion) {
 }
 
 TEST_F(RefEngineTest, ConcurrentRequestsAreBatchedAndMatchTheirSoloRuns) {
+  // An engine of its own that paces its steps (one every 5 ms): the long stream lasts seconds
+  // however fast the machine is, so the others share its steps even when they arrive late.
+  ModelSpec spec = PresetSpec("tiny");
+  spec.seed = 11;
+  const TinyEngine paced("baton-refengine-paced",
+                         {"--kv-blocks", "512", "--max-batch", "8", "--step-interval-ms", "5"},
+                         spec);
+  const uint16_t to = paced.port();
+  ASSERT_NE(to, 0);
   std::vector<Json> bodies;
   for (int i = 0; i < 4; ++i) {
     bodies.push_back({{"prompt", "request number " + std::to_string(i)},
@@ -148,11 +159,11 @@ TEST_F(RefEngineTest, ConcurrentRequestsAreBatchedAndMatchTheirSoloRuns) {
                       {"temperature", 0.8}});
   }
   std::vector<Json> solo;
-  for (const Json& b : bodies) solo.push_back(Complete(b)["choices"][0]);
-  const std::string before = Metrics();
+  for (const Json& b : bodies) solo.push_back(Complete(b, to)["choices"][0]);
+  const std::string before = Metrics(to);
 
   // The long request streams; once its first token is out, the others arrive while it runs.
-  TestHttpClient a(port());
+  TestHttpClient a(to);
   Json stream_body = bodies[0];
   stream_body["stream"] = true;
   ASSERT_TRUE(a.Send(http::verb::post, "/v1/completions", stream_body.dump()));
@@ -161,7 +172,7 @@ TEST_F(RefEngineTest, ConcurrentRequestsAreBatchedAndMatchTheirSoloRuns) {
   std::vector<Json> together(4);
   std::vector<std::thread> threads;
   for (int i = 1; i < 4; ++i) {
-    threads.emplace_back([&, i] { together[i] = Complete(bodies[i])["choices"][0]; });
+    threads.emplace_back([&, i] { together[i] = Complete(bodies[i], to)["choices"][0]; });
   }
   for (std::thread& t : threads) t.join();
   while (a.ReadMore()) {
@@ -174,7 +185,7 @@ TEST_F(RefEngineTest, ConcurrentRequestsAreBatchedAndMatchTheirSoloRuns) {
     EXPECT_EQ(together[i]["text"], solo[i]["text"]) << "request " << i;
   }
   // Some step ran more than one sequence.
-  const std::string after = Metrics();
+  const std::string after = Metrics(to);
   const std::string single = "baton_engine_batch_size_bucket{le=\"1\"}";
   const double multi_before =
       Sample(before, "baton_engine_batch_size_count") - Sample(before, single);
