@@ -83,7 +83,7 @@ class FakeController {
                                 .http_port = 0};
     o.engine_version = "sdk-test";
     o.http_address = "127.0.0.1:1";
-    o.connect_timeout = std::chrono::seconds(5);
+    o.connect_timeout = std::chrono::seconds(30);
     return o;
   }
   // Options() of an engine that speaks protocol 5 and so reattaches after a lost controller.
@@ -174,7 +174,7 @@ class FakeController {
 
   // The next message other than a Heartbeat or a Progress (both counted; the latest kept).
   template <typename T>
-  T Expect(std::chrono::seconds timeout = std::chrono::seconds(5)) {
+  T Expect(std::chrono::seconds timeout = std::chrono::seconds(30)) {
     while (true) {
       Result<proto::ReceivedMessage> msg = channel_->Receive(timeout);
       if (!msg.ok()) {

@@ -14,16 +14,16 @@
 namespace baton::testing {
 namespace {
 
-// The next Progress within 5 s (heartbeats skipped); an empty one when none came.
+// The next Progress within 30 s (heartbeats skipped); an empty one when none came.
 proto::Progress NextProgress(FakeController& fake) {
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (std::chrono::steady_clock::now() < until) {
     Result<proto::ReceivedMessage> msg = fake.channel().Receive(std::chrono::milliseconds(500));
     if (!msg.ok() || msg->type != proto::MsgType::kProgress) continue;
     Result<proto::Progress> progress = msg->As<proto::Progress>();
     if (progress.ok()) return *progress;
   }
-  ADD_FAILURE() << "no Progress within 5 s";
+  ADD_FAILURE() << "no Progress within 30 s";
   return proto::Progress{.steps_done = ~0ull};
 }
 
@@ -46,7 +46,7 @@ TEST(EngineProgress, ReportedProgressReachesTheControllerWithTheHeartbeats) {
   EXPECT_EQ(got.steps_done, 13u);
   EXPECT_EQ(got.work_pending, 0u);
   // The session counts a Progress once its send returned, which may be after the fake read it.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   while (s->progress_sent() < 2u && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

@@ -39,7 +39,7 @@ TEST(EngineQuarantine, QuarantinedBlocksAreReadOnlyUntilTheirGrant) {
               .epoch = 7, .extents = {{1, 2}}, .barrier_estimate_us = 1500, .wait_limit_ms = 200})
           .ok());
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 7, .extents = {{5, 2}}}).ok());
-  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(30));
   ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
   ASSERT_EQ(promoted->quarantined.size(), 1u);
   const MappedExtent& q = promoted->quarantined[0];
@@ -74,7 +74,7 @@ TEST(EngineQuarantine, QuarantinedBlocksAreReadOnlyUntilTheirGrant) {
 
   // Once past the barrier: the Grant maps them writable and hands over their headers.
   ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 7, .extents = {{1, 2}}}).ok());
-  Result<SessionEvent> inherited = s->WaitForInheritedBlocks(seconds(5));
+  Result<SessionEvent> inherited = s->WaitForInheritedBlocks(seconds(30));
   ASSERT_TRUE(inherited.ok()) << inherited.status().ToString();
   EXPECT_EQ(inherited->kind, SessionEventKind::kGranted);
   ASSERT_EQ(inherited->inherited_headers.size(), 2 * kBlockHeaderBytes);
@@ -104,7 +104,7 @@ TEST(EngineQuarantine, ReleasedBeforeTheGrantTheBlocksAreUnmapped) {
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 3, .extents = {{0, 2}}}).ok());
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 3, .extents = {{6, 1}}}).ok());
-  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(30));
   ASSERT_TRUE(promoted.ok());
   ASSERT_EQ(promoted->quarantined.size(), 1u);
   ASSERT_TRUE(s->MapQuarantined().ok());
@@ -117,7 +117,7 @@ TEST(EngineQuarantine, ReleasedBeforeTheGrantTheBlocksAreUnmapped) {
   EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
   // A plain grant later carries no inherited headers.
   ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 3, .extents = {{0, 2}}}).ok());
-  std::optional<SessionEvent> granted = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> granted = s->NextEvent(seconds(30));
   ASSERT_TRUE(granted.has_value());
   EXPECT_TRUE(granted->inherited_headers.empty());
 }
@@ -134,19 +134,20 @@ TEST(EngineQuarantine, AGrantBeforeTheReadLeavesTheHeadersToTheWait) {
   ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 7, .extents = {{1, 2}}}).ok());
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 7, .extents = {{5, 2}}}).ok());
   ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 7, .extents = {{1, 2}}}).ok());
-  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(30));
   ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
   ASSERT_EQ(promoted->quarantined.size(), 1u);
   // The Grant is mapped once its hold runs out (the engine neither serves nor waits).
-  for (int i = 0; i < 500 && !AllWritable(MappingsIn(s->pool().BlockData(1), kFakeBlockBytes));
-       ++i) {
+  for (const auto until = std::chrono::steady_clock::now() + seconds(30);
+       !AllWritable(MappingsIn(s->pool().BlockData(1), kFakeBlockBytes)) &&
+       std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   ASSERT_TRUE(AllWritable(MappingsIn(s->pool().BlockData(1), kFakeBlockBytes)));
   const std::vector<uint32_t> blocks = {1};
   const Status view = s->MapQuarantined(blocks);
   EXPECT_EQ(view.code(), StatusCode::kFailedPrecondition) << view.ToString();
-  Result<SessionEvent> inherited = s->WaitForInheritedBlocks(seconds(5));
+  Result<SessionEvent> inherited = s->WaitForInheritedBlocks(seconds(30));
   ASSERT_TRUE(inherited.ok()) << inherited.status().ToString();
   ASSERT_EQ(inherited->inherited_headers.size(), 2 * kBlockHeaderBytes);
   EXPECT_EQ(inherited->inherited_headers[0], 0xAB) << "the dead engine's header";
@@ -158,7 +159,7 @@ TEST(EngineQuarantine, AQuarantineForAnotherEpochIsIgnored) {
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 4, .extents = {{0, 2}}}).ok());
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 5, .extents = {{6, 1}}}).ok());
-  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(30));
   ASSERT_TRUE(promoted.ok());
   EXPECT_TRUE(promoted->quarantined.empty());
   EXPECT_FALSE(AnyWritable(MappingsIn(s->pool().BlockData(0), 2 * kFakeBlockBytes)));

@@ -127,9 +127,11 @@ TEST(EngineSdk, AStandbyReadyWhenWaitingSaysSoAtItsFirstWaitForPromotion) {
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, options);
   ASSERT_NE(s, nullptr);
   EXPECT_EQ(fake.NextWithin(milliseconds(300)), std::nullopt) << "not ready before it waits";
-  EXPECT_GT(fake.heartbeats(), 0) << "heartbeats meanwhile";
+  // Heartbeats meanwhile. A descheduled session thread may have sent none yet: then its next
+  // message must be one (Expect fails on a StandbyReady).
+  if (fake.heartbeats() == 0) (void)fake.Expect<proto::Heartbeat>(seconds(30));
   EXPECT_EQ(s->WaitForPromotion(milliseconds(10)).status().code(), StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(fake.NextWithin(milliseconds(5000)), proto::MsgType::kStandbyReady);
+  EXPECT_EQ(fake.NextWithin(seconds(30)), proto::MsgType::kStandbyReady);
   EXPECT_EQ(fake.last_fds().size(), 1u) << "StandbyReady carries the liveness page";
   EXPECT_EQ(s->WaitForPromotion(milliseconds(10)).status().code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(fake.NextWithin(milliseconds(200)), std::nullopt) << "sent once";
@@ -160,7 +162,7 @@ TEST(EngineSdk, PromotionMapsExtentsWritableAndScrubsTheirHeaders) {
   std::memset(fake.block(1), 0xAB, kFakeBlockBytes);  // a previous holder's leftovers
   std::memset(fake.block(2), 0xAB, kFakeBlockBytes);
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 7, .extents = {{1, 2}}}).ok());
-  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(5));
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(30));
   ASSERT_TRUE(promoted.ok()) << promoted.status().ToString();
   ASSERT_EQ(promoted->extents.size(), 1u);
   const MappedExtent& e = promoted->extents[0];
@@ -189,9 +191,9 @@ TEST(EngineSdk, GrantsReturnsAndRefusals) {
   ASSERT_NE(s, nullptr);
   EXPECT_FALSE(s->MarkServing().ok()) << "not promoted yet";
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 3, .extents = {{0, 2}}}).ok());
-  ASSERT_TRUE(s->WaitForPromotion(seconds(5)).ok());
+  ASSERT_TRUE(s->WaitForPromotion(seconds(30)).ok());
   ASSERT_TRUE(fake.channel().Send(proto::Grant{.epoch = 3, .extents = {{2, 2}}}).ok());
-  std::optional<SessionEvent> granted = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> granted = s->NextEvent(seconds(30));
   ASSERT_TRUE(granted.has_value());
   EXPECT_EQ(granted->kind, SessionEventKind::kGranted);
   ASSERT_EQ(s->extents().size(), 1u) << "adjacent extents coalesce";
@@ -218,7 +220,7 @@ TEST(EngineSdk, GrantsReturnsAndRefusals) {
   EXPECT_FALSE(s->ReturnBlocks(std::span<const MappedExtent>(&give, 1)).ok()) << "not mapped";
 
   ASSERT_TRUE(fake.channel().Send(proto::Reclaim{.epoch = 3, .blocks = 1}).ok());
-  std::optional<SessionEvent> reclaim = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> reclaim = s->NextEvent(seconds(30));
   ASSERT_TRUE(reclaim.has_value());
   EXPECT_EQ(reclaim->kind, SessionEventKind::kReclaim);
   EXPECT_EQ(reclaim->blocks, 1u);
@@ -231,7 +233,7 @@ TEST(EngineSdk, AReturnListThatCannotBeDoneWholeUnmapsNothing) {
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 3, .extents = {{0, 8}}}).ok());
-  ASSERT_TRUE(s->WaitForPromotion(seconds(5)).ok());
+  ASSERT_TRUE(s->WaitForPromotion(seconds(30)).ok());
   const MappedExtent twice[] = {{.first = 0, .count = 4}, {.first = 0, .count = 4}};
   Status refused = s->ReturnBlocks(twice);
   EXPECT_EQ(refused.code(), StatusCode::kFailedPrecondition) << refused.ToString();
@@ -275,7 +277,7 @@ TEST(EngineSdk, ErrorReportStopsTheEngineWriting) {
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 5, .extents = {{0, 1}}}).ok());
-  ASSERT_TRUE(s->WaitForPromotion(seconds(5)).ok());
+  ASSERT_TRUE(s->WaitForPromotion(seconds(30)).ok());
   ASSERT_TRUE(s->ReportError(DataLoss("sticky device error")).ok());
   proto::ErrorReport report = fake.Expect<proto::ErrorReport>();
   EXPECT_EQ(report.epoch, 5u);
@@ -299,7 +301,7 @@ TEST(EngineSdk, StopAndDisconnectAreEvents) {
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Drain{.epoch = 0, .timeout_ms = 250}).ok());
-  std::optional<SessionEvent> drain = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> drain = s->NextEvent(seconds(30));
   ASSERT_TRUE(drain.has_value());
   EXPECT_EQ(drain->kind, SessionEventKind::kDrain);
   EXPECT_EQ(drain->timeout, milliseconds(250));
@@ -307,7 +309,7 @@ TEST(EngineSdk, StopAndDisconnectAreEvents) {
   ASSERT_TRUE(s->ReportDrained(0).ok());
   EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 0u);
   ASSERT_TRUE(fake.channel().Send(proto::FinalDrain{.epoch = 0, .timeout_ms = 400}).ok());
-  std::optional<SessionEvent> final_drain = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> final_drain = s->NextEvent(seconds(30));
   ASSERT_TRUE(final_drain.has_value());
   EXPECT_EQ(final_drain->kind, SessionEventKind::kDrain);
   EXPECT_EQ(final_drain->timeout, milliseconds(400));
@@ -315,7 +317,7 @@ TEST(EngineSdk, StopAndDisconnectAreEvents) {
   ASSERT_TRUE(s->ReportDrained(0).ok());
   EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 0u);
   ASSERT_TRUE(fake.channel().Send(proto::Stop{.reason = "stale epoch"}).ok());
-  std::optional<SessionEvent> stop = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> stop = s->NextEvent(seconds(30));
   ASSERT_TRUE(stop.has_value());
   EXPECT_EQ(stop->kind, SessionEventKind::kStop);
   EXPECT_EQ(stop->reason, "stale epoch");
@@ -323,7 +325,7 @@ TEST(EngineSdk, StopAndDisconnectAreEvents) {
   Result<SessionEvent> promoted = s->WaitForPromotion(seconds(1));
   EXPECT_EQ(promoted.status().code(), StatusCode::kFailedPrecondition);
   fake.channel().Close();
-  std::optional<SessionEvent> gone = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> gone = s->NextEvent(seconds(30));
   ASSERT_TRUE(gone.has_value());
   EXPECT_EQ(gone->kind, SessionEventKind::kDisconnected);
   EXPECT_EQ(s->CheckEpoch().code(), StatusCode::kUnavailable);
@@ -338,18 +340,19 @@ TEST(EngineSdk, ACalledOffDrainIsAResumeEvent) {
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Drain{.epoch = 0, .timeout_ms = 60000}).ok());
-  std::optional<SessionEvent> drain = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> drain = s->NextEvent(seconds(30));
   ASSERT_TRUE(drain.has_value());
   EXPECT_EQ(drain->kind, SessionEventKind::kDrain);
   EXPECT_FALSE(s->resume_pending());
   ASSERT_TRUE(fake.channel().Send(proto::Resume{.epoch = 0}).ok());
-  for (int i = 0; i < 500 && !s->resume_pending(); ++i) {
+  for (const auto until = std::chrono::steady_clock::now() + seconds(30);
+       !s->resume_pending() && std::chrono::steady_clock::now() < until;) {
     std::this_thread::sleep_for(milliseconds(10));
   }
   EXPECT_TRUE(s->resume_pending());
   ASSERT_TRUE(s->ReportDrained(3).ok());
   EXPECT_EQ(fake.Expect<proto::Drained>().unfinished, 3u);
-  std::optional<SessionEvent> resume = s->NextEvent(seconds(5));
+  std::optional<SessionEvent> resume = s->NextEvent(seconds(30));
   ASSERT_TRUE(resume.has_value());
   EXPECT_EQ(resume->kind, SessionEventKind::kResume);
   EXPECT_FALSE(s->resume_pending());
@@ -362,7 +365,7 @@ TEST(EngineSdk, ShutdownUnmapsEveryExtent) {
   std::unique_ptr<EngineSession> s = ConnectSession(fake, 50);
   ASSERT_NE(s, nullptr);
   ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 2, .extents = {{0, 8}}}).ok());
-  ASSERT_TRUE(s->WaitForPromotion(seconds(5)).ok());
+  ASSERT_TRUE(s->WaitForPromotion(seconds(30)).ok());
   EXPECT_TRUE(AnyWritable(MappingsIn(s->pool().base, kFakeBlocks * kFakeBlockBytes)));
   uint8_t* base = s->pool().base;
   s->Shutdown();
