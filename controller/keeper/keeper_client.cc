@@ -23,8 +23,10 @@ constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
 // How long one try waits for the answer to Hello, which a keeper gives at once: a stopped
 // keeper that has not answered in this long is hung (one that runs gets its grace).
 constexpr Duration kHelloTimeout = std::chrono::seconds(1);
-// How long a hung keeper, killed, may take to be gone.
-constexpr Duration kHungExitWait = std::chrono::milliseconds(500);
+// How long a hung keeper, killed, may take to be gone (the wait ends as soon as it is). One
+// still there keeps its listening socket, and the keeper started next refuses to replace it:
+// a loaded host may take more than a fraction of a second to run a killed process's exit.
+constexpr Duration kHungExitWait = std::chrono::seconds(2);
 // Tries of one request: the first, and on a new connection after the keeper closed one (a
 // process that stalls right after connecting may find even the new one closed).
 constexpr int kAttempts = 3;
