@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "controller/keeper/keeper_client.h"
@@ -44,6 +45,27 @@ class MemoryKeeperTest : public ::testing::Test {
   std::string dir_;
   std::string socket_;
   std::thread thread_;
+};
+
+// Ends the detached baton-keeper a test started at `socket` when the test stops before it
+// released it (a failed ASSERT): the keeper would outlive the test. Dismiss() once released.
+class KeeperStopper {
+ public:
+  explicit KeeperStopper(std::string socket) : socket_(std::move(socket)) {}
+  KeeperStopper(const KeeperStopper&) = delete;
+  KeeperStopper& operator=(const KeeperStopper&) = delete;
+  ~KeeperStopper() {
+    if (dismissed_) return;
+    Result<KeeperClient> c = KeeperClient::Connect(socket_, "", "");
+    if (!c.ok()) return;
+    const Result<pid_t> pid = c->KeeperPid();
+    if (!c->Release("").ok() && pid.ok()) ::kill(*pid, SIGKILL);
+  }
+  void Dismiss() { dismissed_ = true; }
+
+ private:
+  const std::string socket_;
+  bool dismissed_ = false;
 };
 
 ino_t Inode(int fd) {
@@ -148,10 +170,14 @@ TEST_F(MemoryKeeperTest, ReleasingEverythingEndsTheKeeper) {
 TEST_F(MemoryKeeperTest, ANewControllerStartsTheKeeperWhenNoneAnswers) {
   const std::string other = dir_ + "/other.sock";
   const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
-  Result<KeeperClient> started = KeeperClient::Connect(other, binary, dir_ + "/keeper.log");
+  KeeperStopper stopper(other);
+  // A freshly exec'd keeper on a loaded machine may take more than the default 3 s to answer.
+  Result<KeeperClient> started =
+      KeeperClient::Connect(other, binary, dir_ + "/keeper.log", std::chrono::seconds(30));
   ASSERT_TRUE(started.ok()) << started.status().ToString();
   ASSERT_TRUE(started->Keep("pool", "{}", {}).ok());
   ASSERT_TRUE(started->Release("").ok());
+  stopper.Dismiss();
 }
 
 // A baton-keeper that runs but never answers (deadlocked) is killed once its grace has passed
@@ -161,8 +187,10 @@ TEST_F(MemoryKeeperTest, AKeeperThatRunsButNeverAnswersIsKilledAndReplaced) {
   const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
   const pid_t silent = testing_support::StartSilentListener(other, "baton-keeper");
   ASSERT_GT(silent, 0);
-  Result<KeeperClient> started = KeeperClient::Connect(
-      other, binary, dir_ + "/keeper.log", std::chrono::seconds(3), std::chrono::milliseconds(100));
+  KeeperStopper stopper(other);
+  Result<KeeperClient> started =
+      KeeperClient::Connect(other, binary, dir_ + "/keeper.log", std::chrono::seconds(30),
+                            std::chrono::milliseconds(100));
   const int status = testing_support::ReapWithin(silent, std::chrono::seconds(10));
   EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
   ASSERT_TRUE(started.ok()) << started.status().ToString();
@@ -171,6 +199,7 @@ TEST_F(MemoryKeeperTest, AKeeperThatRunsButNeverAnswersIsKilledAndReplaced) {
   EXPECT_NE(*pid, silent);
   ASSERT_TRUE(started->Keep("pool", "{}", {}).ok());
   ASSERT_TRUE(started->Release("").ok());
+  stopper.Dismiss();
 }
 
 // Only a baton-keeper is killed: another process that listens at the socket and does not
