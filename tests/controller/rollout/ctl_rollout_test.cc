@@ -17,7 +17,7 @@ namespace baton {
 namespace {
 
 using fleet_test::EtcdCluster;
-using std::chrono::milliseconds;
+using std::chrono::seconds;
 
 constexpr const char* kPrefix = "/baton/";
 
@@ -27,7 +27,8 @@ class FleetUpgradeCommand : public ::testing::Test {
     ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
     cluster_ = std::make_unique<EtcdCluster>(1);
     ASSERT_TRUE(cluster_->WaitHealthy()) << "etcd did not come up:\n" << cluster_->LogTails();
-    auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = milliseconds(500)});
+    // A request's timeout: long enough for a WAL fsync on a machine busy with other I/O.
+    auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = seconds(5)});
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     etcd_ = std::move(*c);
     for (const char* node : {"node-a", "node-b", "node-c"}) {
