@@ -42,6 +42,7 @@ class HeldStreamBackend {
   }
   ~HeldStreamBackend() {
     Release();
+    silent_.Shutdown();  // a Serve still waiting in accept (no request came) returns
     if (thread_.joinable()) thread_.join();
   }
   uint16_t port() const { return silent_.port(); }
@@ -336,19 +337,19 @@ TEST_F(RouterTest, SilentBackendIs504) {
 // queue and get 429 with Retry-After past max_queue_wait (nothing was done: the client may
 // send them again), not 502.
 TEST_F(RouterTest, RefusedBackendIs429AfterTheQueueWait) {
-  uint16_t closed_port = 0;
-  {
-    SilentBackend gone;
-    closed_port = gone.port();
-  }
+  const RefusedLoopbackPort gone;
+  ASSERT_NE(gone.port(), 0);
   RouterOptions options;
-  options.backend = "127.0.0.1:" + std::to_string(closed_port);
-  options.max_queue_wait = std::chrono::milliseconds(600);  // retried until then
+  options.backend = "127.0.0.1:" + std::to_string(gone.port());
+  // Retried until then. Each refusal queues the request anew, so a wait longer than that
+  // between two probes (250 ms apart: retry_same_after) would end it as queue_timeout: an io
+  // thread stalled on a loaded machine must not make it so.
+  options.max_queue_wait = std::chrono::milliseconds(2000);
   auto router = StartRouter(options);
   TestHttpClient client(router->port());
   const HttpReply r = client.Post("/v1/completions", kRequest.dump());
   EXPECT_EQ(r.status, 429) << r.body;
-  EXPECT_EQ(r.retry_after, "1");
+  EXPECT_EQ(r.retry_after, "2") << "the queue's wait, in whole seconds";
   const std::string metrics = client.Get("/metrics").body;
   EXPECT_NE(metrics.find("baton_router_upstream_errors_total{kind=\"unreachable\"} 1"),
             std::string::npos)

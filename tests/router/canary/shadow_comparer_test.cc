@@ -19,6 +19,7 @@
 #include "router/upstream/request_key.h"
 #include "tests/proto/http/http_test_client.h"
 #include "tests/proto/proto_test_util.h"
+#include "tests/router/loopback_listener.h"
 #include "tests/router/scripted_backend.h"
 #include "tests/router/wait_for.h"
 #include "tests/standby/tiny_engine.h"
@@ -308,13 +309,10 @@ TEST_F(ShadowRouterTest, AFailedShadowCountsNothing) {
 }
 
 TEST_F(ShadowRouterTest, AnUnreachablePrimaryCountsNothing) {
-  uint16_t gone = 0;
-  {
-    LoopbackListener closed;  // a port nothing listens on once it goes
-    gone = closed.port();
-  }
+  const RefusedLoopbackPort gone;  // a port nothing listens on
+  ASSERT_NE(gone.port(), 0);
   ScriptedBackend canary({Answer({5, 6, 7})});
-  StartRouter(gone, canary.port());
+  StartRouter(gone.port(), canary.port());
 
   EXPECT_EQ(Post(kSeeded).status, 200);
   ASSERT_TRUE(WaitFor([&] { return router_->shadows().failed == 1; }));
