@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "base/io/unique_fd.h"
 #include "router/router.h"
 #include "tests/router/loopback_listener.h"
+#include "tests/router/wait_for.h"
 
 namespace baton {
 namespace {
@@ -60,29 +62,52 @@ class ChunkedEngine {
  public:
   explicit ChunkedEngine(std::vector<std::string> chunks)
       : thread_([this, chunks = std::move(chunks)] { Serve(chunks); }) {}
+  // A test that stopped early (a failed ASSERT) leaves Serve waiting in accept, or on the
+  // connection the router holds: both are shut down, so that the thread ends.
+  ~ChunkedEngine() {
+    Shutdown();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+      if (conn_.valid()) ::shutdown(conn_.get(), SHUT_RDWR);
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  ChunkedEngine(const ChunkedEngine&) = delete;
+  ChunkedEngine& operator=(const ChunkedEngine&) = delete;
   uint16_t port() const { return listener_.port(); }
   void Shutdown() { listener_.Shutdown(); }
   void Join() { thread_.join(); }
 
  private:
   void Serve(const std::vector<std::string>& chunks) {
-    UniqueFd conn(::accept(listener_.fd(), nullptr, nullptr));
-    if (!conn.valid()) return;
+    UniqueFd accepted(::accept(listener_.fd(), nullptr, nullptr));
+    if (!accepted.valid()) return;
+    int conn_fd = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) return;
+      conn_ = std::move(accepted);
+      conn_fd = conn_.get();  // closed by the destructor, after this thread ended
+    }
     char buf[4096];
-    (void)!::recv(conn.get(), buf, sizeof(buf), 0);
-    bool sent = Put(conn.get(),
+    (void)!::recv(conn_fd, buf, sizeof(buf), 0);
+    bool sent = Put(conn_fd,
                     "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                     "Transfer-Encoding: chunked\r\n\r\n");
     for (const std::string& chunk : chunks) {
       char size[32];
       std::snprintf(size, sizeof(size), "%zx\r\n", chunk.size());
-      sent = sent && Put(conn.get(), size + chunk + "\r\n");
+      sent = sent && Put(conn_fd, size + chunk + "\r\n");
     }
-    while (::recv(conn.get(), buf, sizeof(buf), 0) > 0) {  // open until the router closes it
+    while (::recv(conn_fd, buf, sizeof(buf), 0) > 0) {  // open until the router closes it
     }
   }
 
   LoopbackListener listener_;  // before thread_: it listens before Serve runs
+  std::mutex mu_;
+  bool stopping_ = false;  // guarded by mu_
+  UniqueFd conn_;          // guarded by mu_; the connection Serve accepted
   std::thread thread_;
 };
 
@@ -246,11 +271,10 @@ TEST_F(RouterLimitsTest, AClientLeavingAfterDoneIsNoClientGone) {
     }
   }  // closed at once, as an OpenAI client does
   std::string metrics;
-  for (int i = 0; i < 100; ++i) {
+  EXPECT_TRUE(WaitFor([&] {
     metrics = MetricsText();
-    if (metrics.find(R"(route="/v1/completions",status=)") != std::string::npos) break;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
+    return metrics.find(R"(route="/v1/completions",status=)") != std::string::npos;
+  })) << metrics;
   EXPECT_NE(metrics.find(R"(baton_router_requests_total{route="/v1/completions",status="200"} 1)"),
             std::string::npos)
       << metrics;
