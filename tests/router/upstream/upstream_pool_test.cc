@@ -4,10 +4,12 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <string>
 #include <thread>
 
@@ -131,27 +133,29 @@ bool ReadRequest(int fd) {
   }
 }
 
-// A socket listening on a free loopback port: a hand-written engine's only door (port 0 when
-// it could not be made).
+// A hand-written engine's only door: a socket listening on a free loopback port (0 when it
+// could not be made). Once the engine is gone (listener.Shutdown()) the port refuses
+// connections for the rest of the test: it stays held, so that no other test takes it.
 struct RawEngine {
-  UniqueFd listener;
-  uint16_t port = 0;
+  RefusedLoopbackPort held;
+  LoopbackListener listener{held};
 };
 
-RawEngine ListenOnLoopback() {
-  RawEngine raw{UniqueFd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)), 0};
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (!raw.listener.valid() ||
-      ::bind(raw.listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::listen(raw.listener.get(), 8) != 0 ||
-      ::getsockname(raw.listener.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return raw;
+// Waits (up to 30 s) until the FIN sent on the connected socket `fd` is acknowledged by its
+// peer's kernel (FIN_WAIT2, or past it): the peer reads end-of-stream from then on.
+bool FinAcknowledged(int fd) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (true) {
+    tcp_info info{};
+    socklen_t len = sizeof(info);
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0) return false;
+    if (info.tcpi_state == TCP_FIN_WAIT2 || info.tcpi_state == TCP_TIME_WAIT ||
+        info.tcpi_state == TCP_CLOSE) {
+      return true;
+    }
+    if (std::chrono::steady_clock::now() >= until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  raw.port = ntohs(addr.sin_port);
-  return raw;
 }
 
 // Reads one request from `fd` and answers it with a small JSON body, keeping the connection;
@@ -181,17 +185,17 @@ std::unique_ptr<Router> StrictRouterTo(uint16_t port, std::chrono::milliseconds 
 // gone, its port closed): the attempt broke, it was not refused. It counts against the
 // migration limit (here 0: the client gets 502 at once) and is counted as "broken".
 TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttempt) {
-  RawEngine raw = ListenOnLoopback();
-  ASSERT_NE(raw.port, 0);
-  UniqueFd& listener = raw.listener;
+  RawEngine raw;
+  ASSERT_NE(raw.listener.port(), 0);
+  // Made before the engine's thread: no ASSERT returns while the thread runs.
+  auto router = StrictRouterTo(raw.listener.port(), std::chrono::milliseconds(5000));
+  ASSERT_NE(router, nullptr);
   std::thread engine([&] {
-    UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
+    UniqueFd conn(::accept(raw.listener.fd(), nullptr, nullptr));
     if (!conn.valid() || !AnswerOne(conn.get())) return;
     if (!ReadRequest(conn.get())) return;
-    listener.Reset();  // the engine is gone: its port refuses connections
+    raw.listener.Shutdown();  // the engine is gone: its port refuses connections
   });
-  auto router = StrictRouterTo(raw.port, std::chrono::milliseconds(5000));
-  ASSERT_NE(router, nullptr);
   TestHttpClient client(router->port());
   EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})").status, 200);
   HttpReply second = client.Post("/v1/completions", R"({"prompt":"y","max_tokens":1})");
@@ -211,24 +215,24 @@ TEST(UpstreamPoolTest, AnEngineGoneWithARequestOnAPooledConnectionIsABrokenAttem
 // engine, is not counted against the migration limit (here 0), and waits for a route as a
 // refused connection does; with no engine back it gets 429 once max_queue_wait has passed.
 TEST(UpstreamPoolTest, AConnectionTheEngineClosedIsNotTakenFromThePool) {
-  RawEngine raw = ListenOnLoopback();
-  ASSERT_NE(raw.port, 0);
-  UniqueFd& listener = raw.listener;
+  RawEngine raw;
+  ASSERT_NE(raw.listener.port(), 0);
+  // Made before the engine's thread: no ASSERT returns while the thread runs.
+  auto router = StrictRouterTo(raw.listener.port(), std::chrono::milliseconds(300));
+  ASSERT_NE(router, nullptr);
   std::atomic<bool> gone{false};
   std::thread engine([&] {
-    UniqueFd conn(::accept(listener.get(), nullptr, nullptr));
+    UniqueFd conn(::accept(raw.listener.fd(), nullptr, nullptr));
     if (!conn.valid() || !AnswerOne(conn.get())) return;
-    listener.Reset();  // the engine is gone before the next request: port and connection
-    conn.Reset();
-    gone = true;
+    // The engine is gone before the next request: port and connection. Its FIN is in at the
+    // router once the router's side acknowledged it.
+    raw.listener.Shutdown();
+    gone = ::shutdown(conn.get(), SHUT_WR) == 0 && FinAcknowledged(conn.get());
   });
-  auto router = StrictRouterTo(raw.port, std::chrono::milliseconds(300));
-  ASSERT_NE(router, nullptr);
   TestHttpClient client(router->port());
   EXPECT_EQ(client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})").status, 200);
   engine.join();
-  ASSERT_TRUE(gone.load());
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // its FIN is in
+  ASSERT_TRUE(gone.load()) << "the router's side did not acknowledge the engine's FIN";
   HttpReply second = client.Post("/v1/completions", R"({"prompt":"y","max_tokens":1})");
   EXPECT_EQ(second.status, 429) << second.body;
   const std::string metrics = TestHttpClient(router->port()).Get("/metrics").body;
