@@ -78,6 +78,7 @@ class ServeScript : public ::testing::Test {
   // its environment, and waits for its pair.
   void Start(const std::string& log, const std::vector<std::string>& env = {}) {
     log_ = runtime_ + "/" + log;
+    pgid_ = 0;  // set again once the script runs
     // The engines on base and up (a few replacements at most), the router apart from them.
     const int base = FreePorts(4);
     ASSERT_GT(base, 0);
@@ -106,8 +107,8 @@ class ServeScript : public ::testing::Test {
     ASSERT_EQ(EnginesOf(Socket()).size(), 2u) << ReadFile(log_);
   }
   void TearDown() override {  // on every path: nothing of the stack outlives the test
-    ::kill(-pgid_, SIGKILL);
-    for (pid_t pid : Left()) ::kill(pid, SIGCONT), ::kill(pid, SIGKILL);
+    StopScriptGroup();
+    KillLeft();
     script_.reset();
     // A controller killed with kill -9 leaves its engines' cgroups: removed as the next
     // controller on this runtime directory would.
@@ -117,6 +118,45 @@ class ServeScript : public ::testing::Test {
     if (cgroups.ok() && *cgroups != nullptr) (*cgroups)->ClearLeftovers({});
     std::error_code ec;
     if (!HasFailure()) std::filesystem::remove_all(runtime_, ec);
+  }
+
+  // kill -9 to the script's process group, if one was started (never to group 0, which
+  // would be this test's own).
+  void StopScriptGroup() {
+    if (pgid_ > 0) ::kill(-pgid_, SIGKILL);
+    pgid_ = 0;
+  }
+  // Stops SetUp's stack and starts the script again (logging to `log`, with `env`) from a
+  // build folder of its own, runtime_/build, whose bin/ links to the build's programs; the
+  // test may then replace baton-controller there. Returns that baton-controller's path.
+  std::string StartFromOwnBuildFolder(const std::string& log, std::vector<std::string> env) {
+    StopScriptGroup();
+    EXPECT_TRUE(KillLeft()) << Describe(Left()) << ReadFile(log_);
+    script_.reset();
+    const std::string build = runtime_ + "/build";
+    std::filesystem::create_directories(build + "/bin");
+    for (const auto& entry : std::filesystem::directory_iterator(BuildDir() + "/bin")) {
+      std::filesystem::create_symlink(entry.path(),
+                                      build + "/bin/" + entry.path().filename().string());
+    }
+    env.push_back("BATON_BUILD_DIR=" + build);
+    Start(log, env);
+    return build + "/bin/baton-controller";
+  }
+  // Replaces the program at `path` with a shell script of `body`.
+  static void WriteScript(const std::string& path, const std::string& body) {
+    std::filesystem::remove(path);
+    std::ofstream(path) << "#!/bin/sh\n" << body;
+    std::filesystem::permissions(path, std::filesystem::perms::owner_all);
+  }
+  // Whether the script's log holds `text` within `limit`, polled while the script runs.
+  bool LogShows(const std::string& text, std::chrono::milliseconds limit) const {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (ReadFile(log_).find(text) == std::string::npos) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return true;
   }
 
   std::string Socket() const { return runtime_ + "/controller.sock"; }
@@ -133,6 +173,24 @@ class ServeScript : public ::testing::Test {
     }
     if (const pid_t keeper = KeeperPid(); keeper > 0) left.push_back(keeper);
     return left;
+  }
+  // kill -9 to what is left of the stack, again until nothing is (a controller not yet
+  // killed may start an engine in place of one just killed); false if something is left
+  // after 10 s.
+  bool KillLeft() const {
+    const auto deadline = std::chrono::steady_clock::now() + seconds(10);
+    for (std::vector<pid_t> left = Left(); !left.empty(); left = Left()) {
+      if (std::chrono::steady_clock::now() > deadline) return false;
+      for (pid_t pid : left) ::kill(pid, SIGCONT), ::kill(pid, SIGKILL);
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return true;
+  }
+  // Each of `pids` with its /proc stat line, one a line.
+  static std::string Describe(const std::vector<pid_t>& pids) {
+    std::string out;
+    for (pid_t pid : pids) out += ReadFile("/proc/" + std::to_string(pid) + "/stat") + "\n";
+    return out;
   }
   // Waits up to 5 s for the killed to finish dying.
   std::vector<pid_t> LeftAfterAWhile() const {
@@ -161,7 +219,9 @@ TEST_F(ServeScript, ASecondCtrlCStopsAFrozenControllerAndWhatItLeft) {
   ASSERT_GT(controller, 0);
   ::kill(controller, SIGSTOP);
   ::kill(-pgid_, SIGINT);
-  std::this_thread::sleep_for(milliseconds(500));
+  // The script prints this once its stop() has set the trap that takes a second Ctrl-C; a
+  // second SIGINT before that would merge with the first.
+  ASSERT_TRUE(LogShows("serve: stopping baton-router", seconds(30))) << ReadFile(log_);
   ::kill(-pgid_, SIGINT);
   EXPECT_NE(script_->Wait(seconds(10)), 128 + SIGKILL) << "it ended on its own\n" << ReadFile(log_);
   EXPECT_NE(ReadFile(log_).find("has not stopped: kill -9"), std::string::npos) << ReadFile(log_);
@@ -191,52 +251,27 @@ TEST_F(ServeScript, AFrozenControllerIsReplacedAndItsEnginesReadopted) {
   EXPECT_TRUE(script_->Running()) << ReadFile(log_);
 }
 
-// The controller pid once it is another than `than` (0 after 10 s).
-pid_t NextController(const std::string& runtime, pid_t than) {
-  for (int i = 0; i < 100; ++i) {
-    const pid_t pid = ProcessWith(runtime + "/controller.toml");
-    if (pid > 0 && pid != than) return pid;
-    std::this_thread::sleep_for(milliseconds(100));
-  }
-  return 0;
-}
-
 // A restarted controller that never answers is killed at the start timeout, not left
 // unsupervised: the script runs from a build folder whose baton-controller is, for one
 // restart, a program that never answers; once the real one is back, a pair serves again.
 TEST_F(ServeScript, ARestartedControllerThatNeverAnswersIsKilledAtTheStartTimeout) {
-  ::kill(-pgid_, SIGKILL);  // this test's own script, from its own build folder
-  for (pid_t pid : LeftAfterAWhile()) ::kill(pid, SIGKILL);
-  ASSERT_TRUE(LeftAfterAWhile().empty());
-  script_.reset();
-  const std::string build = runtime_ + "/build";
-  std::filesystem::create_directories(build + "/bin");
-  for (const auto& entry : std::filesystem::directory_iterator(BuildDir() + "/bin")) {
-    std::filesystem::create_symlink(entry.path(),
-                                    build + "/bin/" + entry.path().filename().string());
-  }
-  // The real controller, restarted after the silent one, has 3 s to answer on a loaded host.
-  Start("serve-start-timeout.log", {"BATON_BUILD_DIR=" + build, "BATON_START_TIMEOUT_S=3"});
-  const std::string controller = build + "/bin/baton-controller";
-  std::filesystem::remove(controller);
+  // The real controller, restarted after the silent one, has 10 s to answer on a loaded host.
+  const std::string controller =
+      StartFromOwnBuildFolder("serve-start-timeout.log", {"BATON_START_TIMEOUT_S=10"});
+  ASSERT_FALSE(HasFailure());
   // Started once, the silent controller puts the real one back in its place, so that the
   // script's next restart starts the real one whenever it comes.
-  {
-    std::ofstream(controller) << "#!/bin/sh\nln -s '" << BuildDir()
-                              << "/bin/baton-controller' \"$0.real\" && mv -f \"$0.real\" \"$0\"\n"
-                              << "exec sleep 600\n";
-  }
-  std::filesystem::permissions(controller, std::filesystem::perms::owner_all);
+  WriteScript(controller, "ln -s '" + BuildDir() +
+                              "/bin/baton-controller' \"$0.real\" && mv -f \"$0.real\" \"$0\"\n"
+                              "exec sleep 600\n");
   const pid_t first = ProcessWith(runtime_ + "/controller.toml");
   ASSERT_GT(first, 0);
   ::kill(first, SIGKILL);
-  for (int i = 0; i < 200 && ReadFile(log_).find("after its start: kill -9") == std::string::npos;
-       ++i) {
-    std::this_thread::sleep_for(milliseconds(100));
-  }
-  EXPECT_NE(ReadFile(log_).find("after its start: kill -9"), std::string::npos) << ReadFile(log_);
+  // The silent one is killed 10 s after its spawn, the script's poll at most 0.75 s later.
+  EXPECT_TRUE(LogShows("after its start: kill -9", seconds(60))) << ReadFile(log_);
   std::vector<pid_t> engines;
-  for (int i = 0; i < 200 && engines.size() != 2; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (engines.size() != 2 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(100));
     const std::string status = BuildDir() + "/bin/batonctl --socket " + Socket() +
                                " --json status 2>/dev/null | tail -n 1 | grep -q " +
@@ -248,14 +283,17 @@ TEST_F(ServeScript, ARestartedControllerThatNeverAnswersIsKilledAtTheStartTimeou
 }
 
 // A controller that keeps dying is a crash loop: the script gives up, and stops the engines
-// and the keeper that no controller would supervise any more, naming them.
+// and the keeper that no controller would supervise any more, naming them. The script runs
+// from a build folder whose baton-controller, once the real one is killed, exits at once, so
+// that its six exits come well within the 10 s however loaded the host.
 TEST_F(ServeScript, GivingUpOnACrashLoopStopsTheEnginesAndTheKeeper) {
-  pid_t controller = ProcessWith(runtime_ + "/controller.toml");
-  for (int i = 0; i < 6 && controller > 0; ++i) {
-    ::kill(controller, SIGKILL);
-    controller = NextController(runtime_, controller);
-  }
-  EXPECT_EQ(script_->Wait(seconds(20)), 1) << ReadFile(log_);
+  const std::string controller = StartFromOwnBuildFolder("serve-crash-loop.log", {});
+  ASSERT_FALSE(HasFailure());
+  WriteScript(controller, "exit 1\n");
+  const pid_t first = ProcessWith(runtime_ + "/controller.toml");
+  ASSERT_GT(first, 0);
+  ::kill(first, SIGKILL);
+  EXPECT_EQ(script_->Wait(seconds(60)), 1) << ReadFile(log_);
   EXPECT_NE(ReadFile(log_).find("exited 6 times within 10 s"), std::string::npos) << ReadFile(log_);
   EXPECT_NE(ReadFile(log_).find("no controller supervises engines"), std::string::npos)
       << ReadFile(log_);
