@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "tests/chaos/chaos_harness.h"
 #include "tests/chaos/router_load.h"
@@ -105,10 +106,13 @@ class FleetFailover : public ::testing::Test {
     }
   }
   // Every process of node i: the controller, baton-keeper and the engines.
+  // Node i's processes: its roster's engines, its controller and baton-keeper; never a pid
+  // <= 0, which kill(2) would take for a process group (this test's own among them).
   std::vector<pid_t> NodePids(int i) const {
     std::vector<pid_t> pids = nodes_[i]->RosterPids();
     pids.push_back(nodes_[i]->controller_pid());
-    if (nodes_[i]->KeeperPid() != 0) pids.push_back(nodes_[i]->KeeperPid());
+    pids.push_back(nodes_[i]->KeeperPid());
+    std::erase_if(pids, [](pid_t p) { return p <= 0; });
     return pids;
   }
   // Attempts the routers ended on node i's engines so far (every engine, both routers).

@@ -220,8 +220,14 @@ class EtcdCluster {
     ::waitpid(m.pid, nullptr, 0);
     m.pid = 0;
   }
-  void Freeze(int i) { ::kill(members_[i].pid, SIGSTOP); }
-  void Thaw(int i) { ::kill(members_[i].pid, SIGCONT); }
+  // SIGSTOP and SIGCONT to member i; nothing when it is not running (pid 0 would be this
+  // process's own group).
+  void Freeze(int i) {
+    if (members_[i].pid > 0) ::kill(members_[i].pid, SIGSTOP);
+  }
+  void Thaw(int i) {
+    if (members_[i].pid > 0) ::kill(members_[i].pid, SIGCONT);
+  }
 
  private:
   std::string dir_;
