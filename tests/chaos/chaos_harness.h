@@ -129,7 +129,7 @@ class ChaosCluster {
   pid_t controller_pid() const { return controller_pid_; }
   // Writes the rogue file: the next engine to start misbehaves as `mode`.
   void ArmRogue(const std::string& mode) const;
-  // The engine pids the roster lists, and baton-keeper's pid (0: not running).
+  // The engine pids the roster lists (none <= 0), and baton-keeper's pid (0: not running).
   std::vector<pid_t> RosterPids() const;
   pid_t KeeperPid() const;
   // SIGKILL to every process the roster lists (with its group) and to baton-keeper; then the

@@ -272,7 +272,9 @@ inline std::vector<pid_t> ChaosCluster::RosterPids() const {
     text << in.rdbuf();
     const json roster = json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
     if (!roster.is_object() || !roster.contains("engines")) continue;
-    for (const json& e : roster["engines"]) pids.push_back(e.value("pid", 0));
+    for (const json& e : roster["engines"]) {
+      if (const pid_t pid = e.value("pid", 0); pid > 0) pids.push_back(pid);
+    }
   }
   return pids;
 }
