@@ -442,7 +442,9 @@ TEST(ChaosFailover, SwitchoverWhoseStandbyDiesIsCalledOff) {
 // on, it is retired once drained, and with no standby left a fresh pair is started.
 TEST(ChaosFailover, SwitchoverOfAnEngineThatCannotResumeGoesOn) {
   ClusterOptions options;
-  options.engine_args = {"--drain-ms", "300", "--protocol-2"};
+  // The drain must last long enough for a batonctl poll to see it and kill the standby
+  // while it lasts, even on a loaded host.
+  options.engine_args = {"--drain-ms", "3000", "--protocol-2"};
   ChaosCluster cluster(options);
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
