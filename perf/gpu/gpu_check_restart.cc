@@ -18,8 +18,8 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kHeartbeatMs = 50;
-constexpr int kHeartbeatMisses = 2;
-constexpr int kProbeTimeoutMs = 100;
+constexpr int kHeartbeatMisses = 4;
+constexpr int kProbeTimeoutMs = 300;
 
 // The test engines on the device, a pool of `pool_blocks` blocks of 2 MiB in 64 MiB chunks;
 // `extra` goes into [model] and may open sections of its own.

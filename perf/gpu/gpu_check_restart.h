@@ -8,7 +8,7 @@
 //                     own readopt_ms, counted from its start; the polled spawn-to-ready time is
 //                     reported beside it); then a kill -9 of the primary must still fail over.
 //   RegistrationStep  the weight arena on 4 KiB pages (model.huge_pages = false), a 128 MiB
-//                     pool, and the hang timeout at heartbeat 50 ms x 2 + a 100 ms probe:
+//                     pool, and the hang timeout at heartbeat 50 ms x 4 + a 300 ms probe:
 //                     the pair must start
 //                     with no engine fenced as hung while it maps and pre-faults the arena,
 //                     and fail over after kill -9 of the primary, the new standby registering
