@@ -21,8 +21,10 @@ using std::chrono::milliseconds;
 
 TEST(RouterDrain, SigtermUnderLoadLosesNoRequest) {
   ChaosCluster cluster(RefenginePair());
-  RouterProcess router({"--controller", cluster.socket(), "--drain-delay-ms", "500"}, cluster.dir(),
-                       "router.log");
+  // The delay must let the balancer see "draining" (and the clients stop) before the router
+  // stops accepting, even on a loaded host.
+  RouterProcess router({"--controller", cluster.socket(), "--drain-delay-ms", "3000"},
+                       cluster.dir(), "router.log");
   ASSERT_TRUE(router.ready()) << router.Log();
   std::vector<json> requests;
   std::vector<StreamOutput> want;
