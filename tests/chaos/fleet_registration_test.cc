@@ -21,12 +21,13 @@ using std::chrono::milliseconds;
 
 constexpr const char* kKey = "/baton-test/nodes/node-a";
 
-std::string FleetToml(const EtcdCluster& etcd) {
+std::string FleetToml(const EtcdCluster& etcd, int lease_ttl_ms = 2000) {
   std::string list;
   for (const std::string& e : etcd.endpoints()) list += (list.empty() ? "" : ",") + e;
   return "[fleet]\netcd = \"" + list +
          "\"\nprefix = \"/baton-test/\"\nnode = \"node-a\"\nmodel = \"tiny\"\n"
-         "lease_ttl_ms = 2000\netcd_timeout_ms = 300\n";
+         "lease_ttl_ms = " +
+         std::to_string(lease_ttl_ms) + "\netcd_timeout_ms = 300\n";
 }
 
 class FleetRegistration : public ::testing::Test {
@@ -39,16 +40,23 @@ class FleetRegistration : public ::testing::Test {
     ASSERT_TRUE(c.ok());
     reader_ = std::move(*c);
   }
-  // The node's record, or null when there is none (or etcd does not answer).
+  // The node's record, or null when there is none (or etcd does not answer for 10 s: a read
+  // that times out on a loaded host is tried again, so that a miss is not taken for none).
   json Record() const {
+    const auto deadline = std::chrono::steady_clock::now() + milliseconds(10000);
     Result<std::optional<EtcdKeyValue>> kv = reader_->Get(kKey);
+    while (!kv.ok() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(milliseconds(50));
+      kv = reader_->Get(kKey);
+    }
     if (!kv.ok() || !kv->has_value()) return nullptr;
     return json::parse((*kv)->value, nullptr, false);
   }
   // Waits until the record shows `primary` as the ready primary; returns the record.
   json WaitRecordPrimary(uint64_t primary) const {
     json r;
-    for (int i = 0; i < 300; ++i) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
       r = Record();
       if (r.is_object()) {
         for (const json& e : r["routes"]["entries"]) {
@@ -95,7 +103,9 @@ TEST_F(FleetRegistration, TheRecordNamesThePairAndFollowsAFailover) {
 
 TEST_F(FleetRegistration, TheRecordOutlivesAControllerCrashAndIsWrittenAgain) {
   ClusterOptions o;
-  o.extra_toml = FleetToml(*etcd_);
+  // Renewed every ttl/3: at least 6.7 s of the lease are left at the kill, time enough for
+  // the read below on a loaded host.
+  o.extra_toml = FleetToml(*etcd_, 10000);
   ChaosCluster cluster(o);
   const uint64_t primary = PrimaryId(cluster.Status());
   WaitRecordPrimary(primary);
@@ -104,7 +114,8 @@ TEST_F(FleetRegistration, TheRecordOutlivesAControllerCrashAndIsWrittenAgain) {
   EXPECT_TRUE(Record().is_object());  // the lease runs on: the engines still serve
   cluster.RestartController();
   const json record = WaitRecordPrimary(primary);  // re-adopted: the same primary
-  for (int i = 0; i < 200 && Record()["controller"]["pid"] == old_pid; ++i) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (Record()["controller"]["pid"] == old_pid && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(milliseconds(50));
   }
   EXPECT_EQ(Record()["controller"]["pid"], cluster.controller_pid());
