@@ -35,10 +35,11 @@ TEST(DrainResume, ResumeStartsTheStoppedPairAgain) {
   EXPECT_NE(log.find("resume: the stopped pair is started again"), std::string::npos) << log;
 }
 
-// The router streams a request a step every 20 ms when the pair is drained: the primary (a
-// reference engine, KV handoff on) finishes it, equal to its undisturbed run, rather than
-// handing it over to a next primary that never comes. The controller then dies with kill -9:
-// the next one launches no engine, the pair stays stopped until `batonctl resume`.
+// The router streams a request a step every 20 ms (its first event arrived) when the pair is
+// drained: the primary (a reference engine, KV handoff on) finishes it, equal to its
+// undisturbed run, rather than handing it over to a next primary that never comes. The
+// controller then dies with kill -9: the next one launches no engine, the pair stays stopped
+// until `batonctl resume`.
 TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThroughARestart) {
   ClusterOptions options = RefenginePair();
   options.engine_command.insert(options.engine_command.end(), {"--step-interval-ms", "20"});
@@ -57,17 +58,23 @@ TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThro
   const StreamOutput want = ParseStream(reference.body);
   ASSERT_TRUE(want.error.empty()) << want.error;
 
-  Reply streamed;
-  std::thread client([&] {
-    streamed = Fetch(router.port(), http::verb::post, "/v1/completions", request.dump());
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // about 20 of its 60 tokens
+  // The drain comes once the primary streams the request: its first event has arrived.
+  Child curl(
+      {FindInPath("curl"), "-sS", "-N", "--fail-with-body", "-H", "Content-Type: application/json",
+       "--data-binary", request.dump(), router.url() + "/completions"},
+      cluster.dir() + "/curl.log", /*piped=*/true);
+  ASSERT_TRUE(curl.started());
+  while (curl.buffer().find("\n\n") == std::string::npos &&
+         curl.ReadMore(std::chrono::seconds(60))) {
+  }
+  ASSERT_NE(curl.buffer().find("\n\n"), std::string::npos) << "no event streamed";
   const CtlResult drained = cluster.Ctl({"drain"});
-  client.join();
+  while (curl.ReadMore(std::chrono::seconds(90))) {
+  }
   EXPECT_EQ(drained.exit_code, 0) << drained.stdout_text;
-  ASSERT_EQ(streamed.status, 200) << streamed.body << streamed.error;
-  const StreamOutput got = ParseStream(streamed.body);
-  EXPECT_TRUE(got.error.empty()) << got.error << "\n" << streamed.body;
+  ASSERT_EQ(curl.Wait(std::chrono::seconds(10)), 0) << "not 200\n" << curl.buffer();
+  const StreamOutput got = ParseStream(curl.buffer());
+  EXPECT_TRUE(got.error.empty()) << got.error << "\n" << curl.buffer();
   EXPECT_EQ(got.token_ids, want.token_ids);
   EXPECT_TRUE(got.done);
   cluster.WaitFor(
