@@ -370,17 +370,19 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
 
 // The primary dies while the candidate is still starting: until an engine serves again a
 // rollback is refused (stopping the candidate then could leave no engine at all). Engines
-// launched after the first pair start 2 s late, so the wait is long enough to see it.
+// launched after the first pair, the candidate among them, start 8 s late: time enough, on a
+// loaded host, for two status polls, the kill and the rollback (well within the 20 s the
+// controller waits for an engine to register).
 TEST(UpgradeCtlTest, NoRollbackWhileNoEngineServes) {
   ClusterOptions options = RefenginePair();
   options.engine_wrapper = {"/bin/sh", "-c",
-                            "if [ \"$BATON_ENGINE_ID\" -gt 2 ]; then sleep 2; fi; exec \"$@\"",
+                            "if [ \"$BATON_ENGINE_ID\" -gt 2 ]; then sleep 8; fi; exec \"$@\"",
                             "slow-replacement"};
   ChaosCluster cluster(options);
   // (Ctl runs batonctl through the shell: the candidate's script is quoted for it.)
   std::vector<std::string> args = {"upgrade",   "--steps", "50,100",
                                    "--step-ms", "60000",   "--",
-                                   "/bin/sh",   "-c",      "'sleep 2; exec \"$@\"'",
+                                   "/bin/sh",   "-c",      "'sleep 8; exec \"$@\"'",
                                    "slow-start"};
   const std::vector<std::string> command = RefenginePair().engine_command;
   args.insert(args.end(), command.begin(), command.end());
