@@ -75,6 +75,17 @@ struct ClusterOptions {
   std::string extra_toml;
 };
 
+// `o` with health settings for a test that exercises no detection timing and asserts that
+// nothing was fenced: an engine is taken for hung after 10 missed heartbeats of 100 ms and a
+// 500 ms probe (1.5 s), not after the defaults' 400 ms that a loaded host may leave one
+// unscheduled for.
+inline ClusterOptions TolerantHealth(ClusterOptions o = {}) {
+  o.heartbeat_ms = 100;
+  o.heartbeat_misses = 10;
+  o.probe_timeout_ms = 500;
+  return o;
+}
+
 struct CtlResult {
   int exit_code = -1;
   json out;  // the last stdout line parsed as JSON (null if it was not JSON)

@@ -66,7 +66,7 @@ TEST(ChaosFailover, KillPrimaryWithHugePageBlocks) {
 }
 
 TEST(ChaosFailover, KillStandby) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());  // the primary must not be taken for hung meanwhile
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
   const json standby = EngineWithRole(before, "standby");
@@ -460,11 +460,11 @@ TEST(ChaosFailover, SwitchoverOfAnEngineThatCannotResumeGoesOn) {
 }
 
 TEST(ChaosFailover, SlowEngineUnderLoadIsNotKilled) {
-  // The test engine's compute thread spins 400 ms at a time, longer than the 300 ms a silent
-  // engine may go unnoticed; its heartbeats come from the SDK's own thread.
-  ClusterOptions options;
-  options.engine_args = {"--busy-ms", "400"};
-  options.heartbeat_misses = 5;  // headroom for a loaded 2-core machine
+  // The test engine's compute thread spins 1.5 s at a time, longer than the 1 s (10 missed
+  // heartbeats) a silent engine may go unnoticed here; its heartbeats come from the SDK's own
+  // thread. The 1 s leaves headroom for a loaded 2-core machine.
+  ClusterOptions options = TolerantHealth();
+  options.engine_args = {"--busy-ms", "1500"};
   ChaosCluster cluster(options);
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");

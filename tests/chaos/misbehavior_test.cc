@@ -60,7 +60,7 @@ json RogueStandby(ChaosCluster& cluster, const std::string& mode) {
 }
 
 TEST(ChaosMisbehavior, GarbageOnTheSocketClosesOnlyThatConnection) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = cluster.Status();
   boost::asio::io_context io;
   Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
@@ -80,7 +80,7 @@ TEST(ChaosMisbehavior, GarbageOnTheSocketClosesOnlyThatConnection) {
 }
 
 TEST(ChaosMisbehavior, WrongLaunchTokenIsRefused) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = cluster.Status();
   boost::asio::io_context io;
   Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
@@ -97,7 +97,7 @@ TEST(ChaosMisbehavior, WrongLaunchTokenIsRefused) {
 }
 
 TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   boost::asio::io_context io;
   Result<proto::Channel> raw = ConnectAs(io, cluster, proto::PeerRole::kCli);
   ASSERT_TRUE(raw.ok()) << raw.status().ToString();
@@ -113,7 +113,7 @@ TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
 
 // Peer-supplied strings end up in status JSON; invalid UTF-8 there is replaced, not fatal.
 TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = cluster.Status();
   boost::asio::io_context io;
   Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
@@ -139,7 +139,7 @@ TEST(ChaosMisbehavior, InvalidUtf8FromAPeerDoesNotStopTheController) {
 // A router connection that sends anything but Subscribe is told why and closed, so a peer
 // that writes without reading cannot hold the controller's thread reply after reply.
 TEST(ChaosMisbehavior, RouterConnectionSendingOtherMessagesIsClosed) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = cluster.Status();
   boost::asio::io_context io;
   Result<proto::Channel> router = ConnectAs(io, cluster, proto::PeerRole::kRouter);
@@ -162,7 +162,7 @@ TEST(ChaosMisbehavior, RouterConnectionSendingOtherMessagesIsClosed) {
 }
 
 TEST(ChaosMisbehavior, StaleEpochIsRefusedAndTheSenderStopped) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "stale-epoch");
   WaitRefusal(cluster, "Heartbeat refused");
   const json after = cluster.WaitReady("a well-behaved standby again");
@@ -171,7 +171,7 @@ TEST(ChaosMisbehavior, StaleEpochIsRefusedAndTheSenderStopped) {
 }
 
 TEST(ChaosMisbehavior, ReturnOfABlockNotHeldIsRefused) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "foreign-return");
   WaitRefusal(cluster, "does not hold blocks");
   const json after = cluster.WaitReady();
@@ -183,7 +183,7 @@ TEST(ChaosMisbehavior, ReturnOfABlockNotHeldIsRefused) {
 }
 
 TEST(ChaosMisbehavior, LeaseRequestFromAStandbyIsRefused) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "foreign-lease");
   WaitRefusal(cluster, "maps nothing writable until promoted");
   const json after = cluster.WaitReady();
@@ -193,7 +193,7 @@ TEST(ChaosMisbehavior, LeaseRequestFromAStandbyIsRefused) {
 }
 
 TEST(ChaosMisbehavior, BadFrameFromAnEngineFencesOnlyThatEngine) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "bad-frame");
   WaitRefusal(cluster, "protocol error");
   const json after = cluster.WaitFor(
@@ -227,7 +227,7 @@ json WaitRogueExit(const ChaosCluster& cluster, const json& before, const std::s
 // The thread holding the standby's liveness page ends while its process stays connected and
 // beating: the controller fences it as dying at once (its connection never ended).
 TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnected) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "thread-dies");
   const json after = WaitRogueExit(cluster, before, "liveness page",
                                    "the rogue standby fenced as dying, and a ready pair");
@@ -239,7 +239,7 @@ TEST(ChaosMisbehavior, AnEngineWhoseLivenessHolderDiesIsFencedWhileStillConnecte
 // An ErrorReport sent just before the liveness page's holder dies is what the engine is
 // fenced for: the death waits behind what the engine said before it.
 TEST(ChaosMisbehavior, AnErrorReportedJustBeforeTheDeathIsHeardFirst) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "report-then-thread-dies");
   const json after =
       WaitRogueExit(cluster, before, "last words",
@@ -249,7 +249,7 @@ TEST(ChaosMisbehavior, AnErrorReportedJustBeforeTheDeathIsHeardFirst) {
 }
 
 TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "wrong-id");
   WaitRefusal(cluster, "launch token belongs to engine");
   const json after = cluster.WaitReady("a well-behaved standby again");
@@ -260,7 +260,7 @@ TEST(ChaosMisbehavior, RegisterUnderAnotherEnginesIdIsRefused) {
 // 600 KB (two such engines would exceed the router's frame limit and cut it off from route
 // updates) or an address a router cannot dial is refused, and the engine replaced.
 TEST(ChaosMisbehavior, RegisterWithAHugeVersionOrABadAddressIsRefused) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "huge-register");
   WaitRefusal(cluster, "engine_version is 600005 bytes");
   const json after = cluster.WaitReady("a well-behaved standby again");
@@ -274,7 +274,7 @@ TEST(ChaosMisbehavior, RegisterWithAHugeVersionOrABadAddressIsRefused) {
 // take the pages from under the primary (SIGBUS), a written arena would corrupt the weights
 // that the standby maps. The kernel refuses each attempt (memfd seals).
 TEST(ChaosMisbehavior, AnEngineCannotResizeSharedMemoryNorWriteTheWeights) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "tamper-memory");
   const std::string report_glob = cluster.dir() + "/tamper-";
   std::string report;
@@ -298,7 +298,7 @@ TEST(ChaosMisbehavior, AnEngineCannotResizeSharedMemoryNorWriteTheWeights) {
 // A client that sends requests and never reads the replies: the controller's sends never
 // wait on it (its replies queue), and once it has taken nothing for a second it is dropped.
 TEST(ChaosMisbehavior, AClientThatNeverReadsIsDroppedWithoutStallingTheController) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const json before = cluster.Status();
   boost::asio::io_context io;
   Result<proto::Channel> cli = ConnectAs(io, cluster, proto::PeerRole::kCli);
@@ -323,7 +323,7 @@ TEST(ChaosMisbehavior, AClientThatNeverReadsIsDroppedWithoutStallingTheControlle
 }
 
 TEST(ChaosMisbehavior, BatonctlUsageAndRefusals) {
-  ChaosCluster cluster;
+  ChaosCluster cluster(TolerantHealth());
   const CtlResult unknown = cluster.Ctl({"frobnicate"});
   EXPECT_EQ(unknown.exit_code, 2);
   EXPECT_EQ(unknown.out["ok"], false);  // --json: bad usage also ends with its JSON object
