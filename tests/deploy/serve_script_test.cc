@@ -47,9 +47,13 @@ pid_t ProcessWith(const std::string& part) {
   return 0;
 }
 
-// Whether 127.0.0.1:`port` can be bound now.
+// Whether 127.0.0.1:`port` can be bound now, with SO_REUSEADDR as the engines' and the
+// router's HTTP servers bind (proto/http/http_server.cc): a port that only closed
+// connections (TIME_WAIT, many when other tests run load beside this one) still use is free.
 bool PortFree(int port) {
   UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  const int on = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
   sockaddr_in at{};
   at.sin_family = AF_INET;
   at.sin_port = htons(static_cast<uint16_t>(port));
@@ -59,7 +63,7 @@ bool PortFree(int port) {
 
 // `n` consecutive free ports (the engines take the base port and those after it), or 0.
 int FreePorts(int n) {
-  for (int tries = 0; tries < 50; ++tries) {
+  for (int tries = 0; tries < 500; ++tries) {
     const int base = chaos::FreeTcpPort();
     bool all = base > 0 && base + n <= 65535;
     for (int i = 1; all && i < n; ++i) all = PortFree(base + i);
