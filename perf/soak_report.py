@@ -1,7 +1,8 @@
 """perf/soak's judgement of its samples: the daemons' resource growth and the machine's load.
 
 A sample is (monotonic time, "load_average", value) or (monotonic time, role, RSS in KiB,
-open fds, pid, start time) for a daemon (role "controller", "router" or "keeper").
+open fds, pid, start time, steady) for a daemon (role "controller", "router" or "keeper"),
+`steady` when the pair was whole and alone as it was taken (soak_stack.steady).
 """
 import collections
 import os
@@ -34,13 +35,22 @@ def growth(first, last, slack):
 
 def judge(mine, window, slack_fds):
     """The first and the last `window` of one process's own life, `mine` (its samples): the
-    median RSS and the fewest fds of each, and whether they grew within bounds."""
+    median RSS and the fewest fds of each, and whether they grew within bounds. The fds are
+    those of the steady samples when both windows have some: an engine fewer (a failover's
+    gap) or more (a canary) moves the controller's fds by a few, which is no leak."""
     first = [s for s in mine if s[0] < mine[0][0] + window]
     last = [s for s in mine if s[0] >= mine[-1][0] - window]
+    first_fds, last_fds = steady_ones(first), steady_ones(last)
+    if not first_fds or not last_fds:
+        first_fds, last_fds = first, last
     return {"rss_kib": growth(statistics.median(s[2] for s in first),
                               statistics.median(s[2] for s in last), 0),
-            "fds": growth(min(s[3] for s in first), min(s[3] for s in last),
+            "fds": growth(min(s[3] for s in first_fds), min(s[3] for s in last_fds),
                           FD_SLACK + slack_fds)}
+
+
+def steady_ones(samples):
+    return [s for s in samples if len(s) > 6 and s[6]]
 
 
 def resources(samples, window, pooled=0):

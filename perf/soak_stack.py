@@ -42,6 +42,7 @@ class Stack:
         self.controller_starts = 0
         self.watchdog_kills = 0
         self.upgrades = 0
+        self.canary_promoted = None  # the last canary's end: promoted (True) or rolled back
         self.router_before = {"replay": 0, "retry": 0}  # by the routers stopped so far
         self.stop_event = threading.Event()
         self.port = free_port()
@@ -178,9 +179,9 @@ class Stack:
         return {kind: metric(self.port, f'baton_router_replays_total{{kind="{kind}"}}')
                 for kind in ("replay", "retry")}
 
-    def daemon_pids(self):
-        """{"controller": pid, "router": pid, "keeper": pid} of the processes running now."""
-        s = self.status()
+    def daemon_pids(self, s):
+        """{"controller": pid, "router": pid, "keeper": pid} of the processes running now, the
+        keeper's from `s`, a status of this stack."""
         pids = {"controller": self.controller.pid, "router": self.router.pid}
         keeper = s.get("controller", {}).get("keeper", {}).get("pid", 0)
         if keeper:
@@ -221,6 +222,8 @@ class Stack:
         record = {"fault": kind, "detail": detail, "injected_at": t0,
                   "ready_after_ms": round((time.monotonic() - t0) * 1000, 1),
                   "primary": serving_primary(after).get("id")}
+        if kind == "upgrade":  # promoted, or rolled back by its judge instead
+            record["promoted"] = self.canary_promoted
         if old is not None:  # a failover: the controller's phases of it
             record["timeline"] = batonctl(self.bin, self.socket, "timeline")[1].get("timeline")
         return record
@@ -296,11 +299,13 @@ class Stack:
                     raise RuntimeError(f"batonctl rollback refused: {text.strip()[-300:]}")
                 rollback = None  # sent once
             if not current and u.get(done_key, 0) > before.get(done_key, 0):
+                self.canary_promoted = done_key == "promoted"
                 return f"canary {version} {done_key.replace('_', ' ')}"
             if not current and done_key == "promoted" and \
                     u.get("rolled_back", 0) > before.get("rolled_back", 0):
                 # The judge rolled the canary back (it failed on a starved host, say): the pair
                 # serves on the old command, which is what a rollback is for; no request is lost.
+                self.canary_promoted = False
                 return f"canary {version} rolled back instead: {last_reason(u)}"
             time.sleep(0.1)
         raise RuntimeError(f"the canary {version} did not finish within 120 s")
@@ -347,3 +352,10 @@ def run_faults(stack, kinds, every_s, seed, start, until, records, errors, stop,
         log(f"{r['fault']}: {r['detail']}; ready again after {r['ready_after_ms']} ms")
         records.append(r)
         at = clock() + every_s
+
+
+def steady(status):
+    """Whether `status` shows the pair whole and alone: ready, a serving primary and one
+    standby, no other engine (a failover's gap or a canary changes the controller's fds by
+    an engine's socket, pidfd, liveness page and cgroup)."""
+    return pair_ready(status) and len(status.get("engines", [])) == 2

@@ -130,6 +130,22 @@ class Growth(unittest.TestCase):
         self.assertNotIn("rss_kib", res["controller"])
         self.assertEqual(resources_bounded(res), NOT_JUDGED)
 
+    def test_fds_are_judged_on_steady_samples_when_both_windows_have_some(self):
+        # The controller's fds drop by an engine's during a failover's gap early on, and the
+        # last window has none: steady samples alone show no growth.
+        s = [(t, "controller", 10000, 23 if t == 20 else 29, 5, 1, t != 20)
+             for t in range(0, 301, 5)]
+        r = resources(s, 100)["controller"]
+        self.assertEqual(r["fds"]["first"], 29)
+        self.assertEqual(r["verdict"], "bounded")
+        # A real leak grows the steady floor too.
+        s = [(t, "controller", 10000, 29 + t // 10, 5, 1, True) for t in range(0, 301, 5)]
+        self.assertEqual(resources(s, 100)["controller"]["verdict"], "grew")
+        # No steady sample in one window: every sample counts.
+        s = [(t, "controller", 10000, 23 if t == 20 else 29, 5, 1, t > 200)
+             for t in range(0, 301, 5)]
+        self.assertEqual(resources(s, 100)["controller"]["fds"]["first"], 23)
+
     def test_a_pid_used_again_is_another_process(self):
         s = samples("keeper", 9, 1, 0, 150, lambda _: 4000)
         s += samples("keeper", 9, 2, 155, 300, lambda _: 8000)
