@@ -119,7 +119,8 @@ Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value) 
   return n;
 }
 
-std::string RouterReportJson(const proto::RouterReport& report) {
+std::string RouterReportJson(const proto::RouterReport& report,
+                             const std::vector<proto::EngineStalled>& stalls) {
   json engines = json::array();
   for (const proto::EngineOutcome& o : report.engines) {
     engines.push_back({{"engine_id", o.engine_id},
@@ -130,11 +131,40 @@ std::string RouterReportJson(const proto::RouterReport& report) {
                        {"compared", o.compared},
                        {"disagreed", o.disagreed}});
   }
-  const json j = {{"router", report.router}, {"seq", report.seq}, {"engines", engines}};
+  json j = {{"router", report.router}, {"seq", report.seq}, {"engines", engines}};
+  if (!stalls.empty()) {
+    json& out = j["stalls"] = json::array();
+    for (const proto::EngineStalled& s : stalls) {
+      out.push_back({{"engine_id", s.engine_id}, {"streams", s.streams}, {"quiet_ms", s.quiet_ms}});
+    }
+  }
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value) {
+namespace {
+
+// The report's optional "stalls" (none when absent), each with `router`.
+Result<std::vector<proto::EngineStalled>> ParseStalls(std::string_view key, const json& j,
+                                                      const std::string& router) {
+  std::vector<proto::EngineStalled> out;
+  auto stalls = j.find("stalls");
+  if (stalls == j.end()) return out;
+  if (!stalls->is_array()) return InvalidArgument(std::string(key) + ": field 'stalls' is wrong");
+  for (const json& e : *stalls) {
+    if (!e.is_object()) return InvalidArgument(std::string(key) + ": a stall is not an object");
+    proto::EngineStalled s{.router = router};
+    BATON_ASSIGN_OR_RETURN(s.engine_id, Field<uint64_t>(key, e, "engine_id"));
+    BATON_ASSIGN_OR_RETURN(s.streams, Field<uint32_t>(key, e, "streams"));
+    BATON_ASSIGN_OR_RETURN(s.quiet_ms, Field<uint64_t>(key, e, "quiet_ms"));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value,
+                                              std::vector<proto::EngineStalled>* stalls) {
   BATON_ASSIGN_OR_RETURN(json j, ParseObject(key, value));
   proto::RouterReport r;
   BATON_ASSIGN_OR_RETURN(r.router, Field<std::string>(key, j, "router"));
@@ -155,6 +185,8 @@ Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_
     BATON_ASSIGN_OR_RETURN(o.disagreed, Field<uint64_t>(key, e, "disagreed"));
     r.engines.push_back(o);
   }
+  BATON_ASSIGN_OR_RETURN(std::vector<proto::EngineStalled> found, ParseStalls(key, j, r.router));
+  if (stalls != nullptr) *stalls = std::move(found);
   return r;
 }
 

@@ -6,7 +6,10 @@
 //                                    RouterReport a router on the node's own socket sends),
 //                                    under the router's lease:
 //     {"router": NAME, "seq": N, "engines": [{"engine_id", "requests", "errors",
-//      "duration_ms", "succeeded", "compared", "disagreed"}...]}
+//      "duration_ms", "succeeded", "compared", "disagreed"}...],
+//      "stalls": [{"engine_id", "streams", "quiet_ms"}...]}
+//   "stalls" (the EngineStalled a router on the node's socket sends) is left out when the
+//   router finds no engine of the node stalled; a report without it has none.
 //
 // A record that does not parse, or lacks a field, is refused with InvalidArgument naming the
 // key and the field; unknown fields are ignored (a newer controller may add some).
@@ -17,6 +20,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 #include "proto/messages.h"
@@ -50,7 +54,12 @@ std::string FleetReportsPrefix(const std::string& prefix, const std::string& nod
 std::string FleetReportKey(const std::string& prefix, const std::string& node,
                            const std::string& router);
 
-std::string RouterReportJson(const proto::RouterReport& report);
-Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value);
+// The report, with `stalls` (their `router` is not written: it is the report's).
+std::string RouterReportJson(const proto::RouterReport& report,
+                             const std::vector<proto::EngineStalled>& stalls = {});
+// The report of `key`; when `stalls` is not null, it is set to the report's stalls, each with
+// `router` set to the report's.
+Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value,
+                                              std::vector<proto::EngineStalled>* stalls = nullptr);
 
 }  // namespace baton

@@ -1,7 +1,9 @@
 // The node record as a controller writes it (FleetMember::RecordOf) read back as a router
 // reads it (ParseNodeRecord): every field survives, the optional weights, capacity and load
 // are read when present, and a record that is wrong in any field is refused with the field
-// named, never thrown on.
+// named, never thrown on. A router's report read back keeps its outcomes and its stalls; one
+// without stalls (as older routers write it) has none, and a reader that does not ask for
+// them reads the outcomes of one with stalls.
 #include "fleet/fleet_records.h"
 
 #include <gtest/gtest.h>
@@ -128,6 +130,86 @@ TEST(FleetRecords, WrongFieldsAreRefusedByName) {
   EXPECT_EQ(n->weights_id, "");
   EXPECT_FALSE(ParseNodeRecord(kKey, "[1,2]").ok());
   EXPECT_FALSE(ParseNodeRecord(kKey, "{not json").ok());
+}
+
+constexpr char kReportKey[] = "/baton/reports/node-a/r1";
+
+proto::RouterReport Report() {
+  return {.seq = 4,
+          .engines = {{.engine_id = 2,
+                       .requests = 9,
+                       .errors = 1,
+                       .duration_ms = 800,
+                       .succeeded = 8,
+                       .compared = 3,
+                       .disagreed = 1}},
+          .router = "r1"};
+}
+
+TEST(FleetRecordsTest, AReportKeepsItsOutcomesAndItsStalls) {
+  const std::vector<proto::EngineStalled> stalls = {
+      {.engine_id = 2, .streams = 3, .quiet_ms = 31000}, {.engine_id = 5, .streams = 1}};
+  const std::string text = RouterReportJson(Report(), stalls);
+  std::vector<proto::EngineStalled> read;
+  Result<proto::RouterReport> r = ParseRouterReport(kReportKey, text, &read);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->router, "r1");
+  EXPECT_EQ(r->seq, 4u);
+  EXPECT_EQ(r->engines, Report().engines);
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].engine_id, 2u);
+  EXPECT_EQ(read[0].streams, 3u);
+  EXPECT_EQ(read[0].quiet_ms, 31000u);
+  EXPECT_EQ(read[0].router, "r1") << "a stall is the report's router's";
+  EXPECT_EQ(read[1].engine_id, 5u);
+  Result<proto::RouterReport> outcomes_only = ParseRouterReport(kReportKey, text);
+  ASSERT_TRUE(outcomes_only.ok()) << outcomes_only.status().ToString();
+  EXPECT_EQ(outcomes_only->engines, Report().engines);
+}
+
+TEST(FleetRecordsTest, AReportWithoutStallsHasNone) {
+  const std::string text = RouterReportJson(Report());
+  EXPECT_FALSE(json::parse(text).contains("stalls")) << "none is left out: " << text;
+  // As a router before stalls wrote it.
+  const json old = {{"router", "r0"},
+                    {"seq", 1},
+                    {"engines",
+                     {{{"engine_id", 7},
+                       {"requests", 2},
+                       {"errors", 0},
+                       {"duration_ms", 40},
+                       {"succeeded", 2},
+                       {"compared", 0},
+                       {"disagreed", 0}}}}};
+  for (const std::string& t : {text, old.dump()}) {
+    std::vector<proto::EngineStalled> read = {{.engine_id = 99}};
+    Result<proto::RouterReport> r = ParseRouterReport(kReportKey, t, &read);
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->engines.size(), 1u);
+    EXPECT_TRUE(read.empty()) << t;
+  }
+}
+
+TEST(FleetRecordsTest, AReportWithAWrongStallIsRefusedWithTheFieldNamed) {
+  json good = json::parse(RouterReportJson(Report(), {{.engine_id = 2, .streams = 1}}));
+  std::vector<std::pair<std::string, json>> cases;
+  json r = good;
+  r["stalls"] = "many";
+  cases.push_back({"stalls", r});
+  r = good;
+  r["stalls"][0]["quiet_ms"] = -1;
+  cases.push_back({"quiet_ms", r});
+  r = good;
+  r["stalls"][0].erase("streams");
+  cases.push_back({"streams", r});
+  r = good;
+  r["stalls"][0] = 3;
+  cases.push_back({"stall", r});
+  for (const auto& [field, record] : cases) {
+    Result<proto::RouterReport> got = ParseRouterReport(kReportKey, record.dump());
+    ASSERT_FALSE(got.ok()) << record.dump();
+    EXPECT_NE(got.status().message().find(field), std::string::npos) << got.status().ToString();
+  }
 }
 
 }  // namespace
