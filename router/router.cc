@@ -116,7 +116,7 @@ void Router::StartRoutes() {
     outcomes_.SetListed({{"", ListedEngines(table)}}, clock_.Now());
   });
   routes_.OnReport([this] { return outcomes_.Snapshot(); });
-  routes_.OnStall([this] { return Stalls(); });
+  routes_.OnStall([this] { return std::move(Stalls()[""]); });
   routes_.OnNewController([this] { admission_.ControllerRestarted(); });
   if (!options_.backend.empty()) {
     routes_.SetStatic(options_.backend);
@@ -126,35 +126,25 @@ void Router::StartRoutes() {
   }
 }
 
-std::vector<proto::EngineStalled> Router::Stalls() {
-  std::vector<proto::EngineStalled> out;
+std::map<std::string, std::vector<proto::EngineStalled>> Router::Stalls() {
   const TimePoint now = clock_.Now();
   const TimePoint ticked{std::chrono::nanoseconds(last_tick_ns_.load())};
   if (options_.stall_timeout.count() == 0 || now - ticked > std::chrono::seconds(1)) {
-    stalled_seen_.clear();
-    stalled_reported_.clear();
-    return out;
+    stalls_.Reset();
+    return {};
   }
-  std::set<uint64_t> seen;
-  std::set<uint64_t> reported;
-  for (const EngineProgress::Stall& s : progress_.Stalled(now, options_.stall_timeout)) {
-    const auto quiet_ms = std::chrono::duration_cast<std::chrono::milliseconds>(s.quiet).count();
-    seen.insert(s.engine_id);
-    if (stalled_seen_.count(s.engine_id) == 0) continue;  // once more, an interval on
-    reported.insert(s.engine_id);
-    if (stalled_reported_.count(s.engine_id) == 0) {
-      metrics_.RecordEngineStall();
-      BATON_LOG(WARN, "router") << "engine " << s.engine_id << " sent nothing on its " << s.streams
-                                << " answering streams for " << quiet_ms
-                                << " ms: reported stalled to the controller";
-    }
-    out.push_back({.engine_id = s.engine_id,
-                   .streams = s.streams,
-                   .quiet_ms = static_cast<uint64_t>(quiet_ms)});
+  StallTracker::Confirmed confirmed =
+      stalls_.Confirm(progress_.Stalled(now, options_.stall_timeout));
+  for (const EngineProgress::Stall& s : confirmed.first) {
+    metrics_.RecordEngineStall();
+    BATON_LOG(WARN, "router")
+        << "engine " << s.engine_id << (s.node.empty() ? "" : " of node " + s.node)
+        << " sent nothing on its " << s.streams << " answering streams for "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(s.quiet).count()
+        << " ms: reported stalled to "
+        << (s.node.empty() ? "the controller" : "its node's controller");
   }
-  stalled_seen_ = std::move(seen);
-  stalled_reported_ = std::move(reported);
-  return out;
+  return std::move(confirmed.by_node);
 }
 
 void Router::PruneOutcomes(TimePoint now) {
@@ -192,7 +182,10 @@ Status Router::StartFleet() {
   });
   view_->OnReport([this] {
     FleetView::Reports reports;
-    for (const std::string& node : outcomes_.Nodes()) reports[node] = outcomes_.Snapshot(node);
+    for (const std::string& node : outcomes_.Nodes()) {
+      reports[node].engines = outcomes_.Snapshot(node);
+    }
+    for (auto& [node, stalls] : Stalls()) reports[node].stalls = std::move(stalls);
     return reports;
   });
   view_->Start();

@@ -32,6 +32,7 @@
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -46,6 +47,7 @@
 #include "router/canary/engine_outcomes.h"
 #include "router/canary/engine_progress.h"
 #include "router/canary/shadow_comparer.h"
+#include "router/canary/stall_tracker.h"
 #include "router/fleet/fleet_admission.h"
 #include "router/fleet/fleet_view.h"
 #include "router/route_subscriber.h"
@@ -96,9 +98,11 @@ class Router {
   bool Authorized(const HttpExchange& exchange) const;
   void StartRoutes();
   // The engines stalled now (options_.stall_timeout) at this evaluation and the one before,
-  // while the io threads run (a router that was frozen reads its engines' bytes late: none
-  // is reported until they have run again), each logged and counted once per stall.
-  std::vector<proto::EngineStalled> Stalls();
+  // by node ("" for the router's own controller: StallTracker), while the io threads run (a
+  // router that was frozen reads its engines' bytes late: none is reported until they have
+  // run again), each logged and counted once per stall. The report thread's: the
+  // subscription's, or with etcd the FleetView's.
+  std::map<std::string, std::vector<proto::EngineStalled>> Stalls();
   // Forgets the outcomes of engines unlisted for options_.engine_retention (one log line with
   // the count), at most once per kPruneInterval; io thread (the tick).
   void PruneOutcomes(TimePoint now);
@@ -117,12 +121,9 @@ class Router {
   Admission admission_;
   std::unique_ptr<FleetAdmission> fleet_;  // with etcd
   UpstreamPool pool_;
-  EngineOutcomes outcomes_;  // before routes_: its thread reads them
-  EngineProgress progress_;  // the same
-  // The subscription thread's: engines found stalled at the last evaluation, and those
-  // reported (found at two evaluations in a row).
-  std::set<uint64_t> stalled_seen_;
-  std::set<uint64_t> stalled_reported_;
+  EngineOutcomes outcomes_;               // before routes_: its thread reads them
+  EngineProgress progress_;               // the same
+  StallTracker stalls_;                   // the report thread's (Stalls())
   std::atomic<int64_t> last_tick_ns_{0};  // the io threads' last tick, clock_ nanoseconds
   TimePoint last_prune_;                  // the tick's
   ShadowComparer shadow_;

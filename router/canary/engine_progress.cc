@@ -1,6 +1,7 @@
 #include "router/canary/engine_progress.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace baton {
 
@@ -27,12 +28,11 @@ std::vector<EngineProgress::Stall> EngineProgress::Stalled(TimePoint now, Durati
     uint32_t streams = 0;
     TimePoint last{};
   };
-  std::map<uint64_t, Seen> engines;
+  std::map<std::pair<std::string, uint64_t>, Seen> engines;
   {
     MutexLock lock(mu_);
     for (const auto& [id, s] : streams_) {
-      if (!s.node.empty()) continue;
-      Seen& e = engines[s.engine_id];
+      Seen& e = engines[{s.node, s.engine_id}];
       e.last = e.streams == 0 ? s.last : std::max(e.last, s.last);
       ++e.streams;
     }
@@ -40,7 +40,10 @@ std::vector<EngineProgress::Stall> EngineProgress::Stalled(TimePoint now, Durati
   std::vector<Stall> out;
   for (const auto& [engine, seen] : engines) {
     if (now - seen.last >= quiet) {
-      out.push_back(Stall{.engine_id = engine, .streams = seen.streams, .quiet = now - seen.last});
+      out.push_back(Stall{.node = engine.first,
+                          .engine_id = engine.second,
+                          .streams = seen.streams,
+                          .quiet = now - seen.last});
     }
   }
   return out;

@@ -100,17 +100,18 @@ void FleetView::Report() {
     lease_renewed_ = now;
   }
   std::set<std::string> reported;
-  for (auto& [node, engines] : on_report_()) {
+  for (auto& [node, seen] : on_report_()) {
     if (node.empty()) continue;
     const std::string key = FleetReportKey(options_.prefix, node, options_.router);
-    proto::RouterReport report{.seq = seq_ + 1, .engines = engines, .router = options_.router};
+    proto::RouterReport report{
+        .seq = seq_ + 1, .engines = std::move(seen.engines), .router = options_.router};
     proto::RouterReport unchanged = report;
     unchanged.seq = 0;
-    const std::string text = RouterReportJson(unchanged);
-    if (!Fits(key, engines.size(), text)) continue;
+    const std::string text = RouterReportJson(unchanged, seen.stalls);
+    if (!Fits(key, report.engines.size(), text)) continue;
     reported.insert(key);
     if (written_[key] == text) continue;
-    Result<int64_t> put = etcd_->Put(key, RouterReportJson(report), lease_);
+    Result<int64_t> put = etcd_->Put(key, RouterReportJson(report, seen.stalls), lease_);
     if (!put.ok()) return Failed(put.status());
     ++seq_;
     written_[key] = text;

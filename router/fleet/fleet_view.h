@@ -8,8 +8,10 @@
 // last view is kept and nothing else changes: a router keeps serving the nodes it knew; one
 // line is logged when etcd stops answering and one when it answers again.
 //
-// Every `report_every`, what this router saw of each node's engines (OnReport) is written
-// under <prefix>reports/<node>/<router> (fleet/fleet_records.h) when it changed, under a
+// Every `report_every`, what this router saw of each node's engines (OnReport: outcomes and
+// stalls) is written under <prefix>reports/<node>/<router> (fleet/fleet_records.h) when it
+// changed (a stall's quiet time grows: a stalled node's report is written every
+// `report_every` while the stall lasts, and no more often), under a
 // lease of this router (`report_ttl`, renewed every third of it and granted again when
 // lost), so a node's controller judges its canaries on the traffic of every router and a
 // gone router's reports expire. A node OnReport no longer lists (its engines were all
@@ -60,7 +62,13 @@ struct FleetViewState {
 
 class FleetView {
  public:
-  using Reports = std::map<std::string, std::vector<proto::EngineOutcome>>;  // by node
+  // What this router saw of one node's engines: its outcomes and the engines it finds
+  // stalled (Router::Stalls).
+  struct NodeReport {
+    std::vector<proto::EngineOutcome> engines;
+    std::vector<proto::EngineStalled> stalls;
+  };
+  using Reports = std::map<std::string, NodeReport>;  // by node
 
   static Result<std::unique_ptr<FleetView>> Create(FleetViewOptions options);
   ~FleetView() { Stop(); }

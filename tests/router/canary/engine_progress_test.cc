@@ -29,18 +29,24 @@ TEST(EngineProgressTest, AnEngineIsStalledOnlyWhenEveryAnsweringStreamStandsStil
   p.End(b);  // unknown: nothing
 }
 
-TEST(EngineProgressTest, EnginesAreJudgedApartAndFleetNodesNotAtAll) {
+TEST(EngineProgressTest, EnginesAreJudgedApartByNode) {
   FakeClock clock;
   EngineProgress p;
   p.Begin("", 1, clock.Now());
   const uint64_t moving = p.Begin("", 2, clock.Now());
-  p.Begin("node-b", 1, clock.Now());  // a fleet node's engine: its own controller's business
+  p.Begin("node-b", 1, clock.Now());  // a fleet node's engine 1: another engine
+  const uint64_t b2 = p.Begin("node-b", 2, clock.Now());
   clock.Advance(milliseconds(5000));
   p.Advanced(moving, clock.Now());
+  p.Advanced(b2, clock.Now());
   std::vector<EngineProgress::Stall> stalled = p.Stalled(clock.Now(), milliseconds(1000));
-  ASSERT_EQ(stalled.size(), 1u);
+  ASSERT_EQ(stalled.size(), 2u);
+  EXPECT_EQ(stalled[0].node, "");
   EXPECT_EQ(stalled[0].engine_id, 1u);
   EXPECT_EQ(stalled[0].streams, 1u);
+  EXPECT_EQ(stalled[1].node, "node-b");
+  EXPECT_EQ(stalled[1].engine_id, 1u);
+  EXPECT_EQ(stalled[1].quiet, milliseconds(5000));
 }
 
 }  // namespace

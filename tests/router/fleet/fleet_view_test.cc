@@ -2,7 +2,9 @@
 // router saw, and a node's key deleted once nothing of it is left to report (its engines were
 // all forgotten, router/canary/engine_outcomes.h), so that neither etcd nor the view keeps a
 // key for every node ever seen; a report past max_report_bytes is not written, and the others
-// are, with etcd still seen as answering.
+// are, with etcd still seen as answering. A node's stalls are written with its report, read
+// back as its controller reads them (ParseRouterReport), rewritten while they last, and left
+// out once they end.
 #include "router/fleet/fleet_view.h"
 
 #include <gtest/gtest.h>
@@ -38,8 +40,8 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   auto mu = std::make_shared<std::mutex>();
   auto reports = std::make_shared<FleetView::Reports>();
-  (*reports)["a"] = {{.engine_id = 1, .requests = 3}};
-  (*reports)["b"] = {{.engine_id = 4, .requests = 5}};
+  (*reports)["a"].engines = {{.engine_id = 1, .requests = 3}};
+  (*reports)["b"].engines = {{.engine_id = 4, .requests = 5}};
   (*view)->OnReport([mu, reports] {
     std::lock_guard<std::mutex> lock(*mu);
     return *reports;
@@ -64,8 +66,8 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
   const std::vector<std::string> b_and_c = {both[1], FleetReportKey("/t/", "c", "r1")};
   {
     std::lock_guard<std::mutex> lock(*mu);
-    for (uint64_t id = 1; id <= 20; ++id) (*reports)["c"].push_back({.engine_id = id});
-    (*reports)["b"][0].requests = 6;  // b changes: written while c is refused
+    for (uint64_t id = 1; id <= 20; ++id) (*reports)["c"].engines.push_back({.engine_id = id});
+    (*reports)["b"].engines[0].requests = 6;  // b changes: written while c is refused
   }
   EXPECT_TRUE(WaitFor([&] {
     Result<EtcdRange> b = (*reader)->GetPrefix(both[1]);
@@ -77,9 +79,69 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
   EXPECT_EQ((*view)->state().failures, 0u);
   {
     std::lock_guard<std::mutex> lock(*mu);
-    (*reports)["c"].resize(1);  // pruned: it fits
+    (*reports)["c"].engines.resize(1);  // pruned: it fits
   }
   EXPECT_TRUE(WaitFor([&] { return keys() == b_and_c; }));
+  (*view)->Stop();
+}
+
+TEST(FleetViewTest, ANodesStallsAreWrittenWithItsReportWhileTheyLast) {
+  ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
+  Result<std::unique_ptr<EtcdClient>> reader =
+      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(1000)});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  FleetViewOptions options;
+  options.etcd.endpoints = cluster.endpoints();
+  options.etcd.timeout = milliseconds(1000);
+  options.prefix = "/t/";
+  options.poll = milliseconds(20);
+  options.report_every = milliseconds(20);
+  options.router = "r1";
+  Result<std::unique_ptr<FleetView>> view = FleetView::Create(options);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  auto mu = std::make_shared<std::mutex>();
+  auto reports = std::make_shared<FleetView::Reports>();
+  (*reports)["a"].engines = {{.engine_id = 1, .requests = 3}};
+  (*reports)["a"].stalls = {{.engine_id = 1, .streams = 2, .quiet_ms = 1000}};
+  (*view)->OnReport([mu, reports] {
+    std::lock_guard<std::mutex> lock(*mu);
+    return *reports;
+  });
+  (*view)->Start();
+  const std::string key = FleetReportKey("/t/", "a", "r1");
+  // The stalls of node a's report in etcd; none when there is no report.
+  const auto stalls = [&] {
+    std::vector<proto::EngineStalled> out;
+    Result<EtcdRange> range = (*reader)->GetPrefix(key);
+    if (!range.ok() || range->kvs.size() != 1) return out;
+    Result<proto::RouterReport> r = ParseRouterReport(key, range->kvs[0].value, &out);
+    EXPECT_TRUE(r.ok()) << r.status().ToString();
+    return out;
+  };
+  EXPECT_TRUE(WaitFor([&] {
+    const std::vector<proto::EngineStalled> s = stalls();
+    return s.size() == 1 && s[0].engine_id == 1 && s[0].streams == 2 && s[0].quiet_ms == 1000 &&
+           s[0].router == "r1";
+  }));
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    (*reports)["a"].stalls[0].quiet_ms = 1250;  // it lasts: its quiet time grows
+  }
+  EXPECT_TRUE(WaitFor([&] {
+    const std::vector<proto::EngineStalled> s = stalls();
+    return s.size() == 1 && s[0].quiet_ms == 1250;
+  }));
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    (*reports)["a"].stalls.clear();  // the engine moves again
+  }
+  EXPECT_TRUE(WaitFor([&] {
+    Result<EtcdRange> range = (*reader)->GetPrefix(key);
+    return range.ok() && range->kvs.size() == 1 &&
+           range->kvs[0].value.find("stalls") == std::string::npos;
+  }));
   (*view)->Stop();
 }
 
