@@ -100,9 +100,13 @@ Status Controller::StartFleetReports() {
                          EtcdClient::Create(FleetMember::EtcdOptionsOf(config_)));
   fleet_reports_ = std::make_unique<FleetReportReader>(
       std::move(etcd), FleetReportsPrefix(config_.fleet_prefix, config_.fleet_node),
-      [this](proto::RouterReport report) {
-        boost::asio::post(io_, [this, r = std::move(report)]() mutable {
-          routes_.StoreFleetReport(std::move(r));
+      [this](proto::RouterReport report, std::vector<proto::EngineStalled> stalls) {
+        boost::asio::post(io_, [this, r = std::move(report), s = std::move(stalls)]() mutable {
+          routes_.StoreFleetReport(std::move(r));  // first: it may show a recent answer
+          for (proto::EngineStalled& stall : s) {
+            stall.router = "fleet " + stall.router;  // as its report is kept
+            OnEngineStalled(stall);
+          }
         });
       });
   return OkStatus();

@@ -164,7 +164,8 @@ class Controller final : private Effects {
   void AnswerCli(uint64_t conn, const proto::CtlReply& reply);
   void CloseIdleConnections();
   void ArmTick();
-  // A router's EngineStalled: fenced as hung unless a router saw it answer a request since.
+  // A router's EngineStalled, from its socket or a fleet router's report in etcd
+  // (FleetReportReader): fenced as hung unless a router saw it answer a request since.
   void OnEngineStalled(const proto::EngineStalled& s);
   void OnTick();
   // With [fleet]: every FleetMember::kLoadInterval, the pool's use into the node's record.

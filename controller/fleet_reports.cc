@@ -5,9 +5,10 @@
 
 namespace baton {
 
-FleetReportReader::FleetReportReader(std::unique_ptr<EtcdClient> etcd, std::string prefix,
-                                     std::function<void(proto::RouterReport)> deliver,
-                                     std::chrono::milliseconds every)
+FleetReportReader::FleetReportReader(
+    std::unique_ptr<EtcdClient> etcd, std::string prefix,
+    std::function<void(proto::RouterReport, std::vector<proto::EngineStalled>)> deliver,
+    std::chrono::milliseconds every)
     : etcd_(std::move(etcd)),
       prefix_(std::move(prefix)),
       deliver_(std::move(deliver)),
@@ -47,12 +48,13 @@ void FleetReportReader::ReadOnce() {
     auto [it, fresh] = seen_.try_emplace(kv.key, kv.mod_revision);
     if (!fresh && it->second == kv.mod_revision) continue;
     it->second = kv.mod_revision;
-    Result<proto::RouterReport> report = ParseRouterReport(kv.key, kv.value);
+    std::vector<proto::EngineStalled> stalls;
+    Result<proto::RouterReport> report = ParseRouterReport(kv.key, kv.value, &stalls);
     if (!report.ok()) {
       BATON_LOG(WARN, "fleet") << "router report skipped: " << report.status().message();
       continue;
     }
-    deliver_(std::move(*report));
+    deliver_(std::move(*report), std::move(stalls));
     MutexLock lock(mu_);
     ++delivered_;
   }

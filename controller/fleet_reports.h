@@ -2,10 +2,15 @@
 // (docs/fleet.md, Routers). A router that follows the fleet through etcd does not subscribe
 // to this controller's socket; it writes what it saw of this node's engines under
 // <prefix>reports/<node>/<router> (fleet/fleet_records.h). This reader reads that prefix every
-// `every` and hands each report that parses, and changed, to `deliver`, which the controller
+// `every` and hands each report that parses, and changed (a new mod_revision), to `deliver`
+// with the stalls it carries (each with `router` set to the report's), which the controller
 // stores as it stores a RouterReport from its socket (RoutePublisher::StoreFleetReport), so the
-// canary judge counts the traffic of every router. A report that does not parse is skipped with
-// one log line per version; etcd not answering changes nothing (the last reports stay).
+// canary judge counts the traffic of every router, and judges each stall as an EngineStalled
+// from its socket (Controller::OnEngineStalled). A router writes its report again every
+// report interval while a stall lasts, so a stall is delivered as often; a dead router's last
+// report is delivered once and expires with its lease. A report that does not parse is
+// skipped with one log line per version; etcd not answering changes nothing (the last reports
+// stay).
 //
 // Ownership: owns its EtcdClient and thread. Thread: `deliver` runs on the reader's thread
 // (the controller posts it to its io thread); the destructor stops the thread and joins it.
@@ -27,9 +32,10 @@ namespace baton {
 
 class FleetReportReader {
  public:
-  FleetReportReader(std::unique_ptr<EtcdClient> etcd, std::string prefix,
-                    std::function<void(proto::RouterReport)> deliver,
-                    std::chrono::milliseconds every = std::chrono::milliseconds(250));
+  FleetReportReader(
+      std::unique_ptr<EtcdClient> etcd, std::string prefix,
+      std::function<void(proto::RouterReport, std::vector<proto::EngineStalled>)> deliver,
+      std::chrono::milliseconds every = std::chrono::milliseconds(250));
   ~FleetReportReader();
   FleetReportReader(const FleetReportReader&) = delete;
   FleetReportReader& operator=(const FleetReportReader&) = delete;
@@ -42,7 +48,7 @@ class FleetReportReader {
 
   std::unique_ptr<EtcdClient> etcd_;
   const std::string prefix_;  // <prefix>reports/<node>/
-  const std::function<void(proto::RouterReport)> deliver_;
+  const std::function<void(proto::RouterReport, std::vector<proto::EngineStalled>)> deliver_;
   const std::chrono::milliseconds every_;
   std::map<std::string, int64_t> seen_;  // key -> mod_revision delivered or refused
   mutable Mutex mu_;
