@@ -12,7 +12,8 @@
 //  * a standby of another KV format (another engine version) adopts nothing;
 //  * `batonctl promote` mid-stream hands the running sequence over without a prefill;
 //  * the primary's compute stalls (its heartbeats going on): the router reports it, the
-//    controller kills it as hung, and the stream goes on from its KV;
+//    controller kills it as hung, and the stream goes on from its KV; the same behind a
+//    router of a fleet, whose report in etcd carries the stall to the node's controller;
 //  * the same under a request that is not streamed: the engine's own progress reports show
 //    its steps standing still, the controller kills it as hung, and the router replays the
 //    request on the new primary.
@@ -29,6 +30,7 @@
 #include "tests/chaos/chaos_harness.h"
 #include "tests/chaos/kv_warm_support.h"
 #include "tests/chaos/router_stream_support.h"
+#include "tests/fleet/etcd_cluster.h"
 
 namespace baton::chaos {
 namespace {
@@ -197,6 +199,54 @@ TEST(KvWarmFailover, ComputeStalledMidStreamIsFoundByTheRouterAndReplaced) {
       << cluster.Log();
   EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
   EXPECT_NE(router.Log().find("reported stalled to the controller"), std::string::npos);
+  cluster.CheckFencing();
+}
+
+// Waits until `router` lists `node` with a primary in its /health `fleet` object.
+bool FleetListed(const RouterProcess& router, const std::string& node) {
+  for (int k = 0; k < 600; ++k) {
+    const json health = json::parse(
+        Fetch(router.port(), http::verb::get, "/health", "", seconds(5)).body, nullptr, false);
+    if (health.is_object() && health["fleet"].is_object()) {
+      for (const json& n : health["fleet"]["nodes"]) {
+        if (n["node"] == node && n["listed"] == true && n["primary"] != "") return true;
+      }
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  return false;
+}
+
+// The same stall behind a router of a fleet (--etcd): it subscribes to no controller, so the
+// stall travels in its report for the node in etcd, which the node's controller reads and
+// judges as a socket router's EngineStalled. The engine's own progress check is off: only the
+// router's report can find the hang.
+TEST(KvWarmFailover, ComputeStalledMidStreamBehindAFleetRouterIsReplaced) {
+  ASSERT_TRUE(fleet_test::EtcdCluster::Installed()) << "etcd-server is not installed";
+  fleet_test::EtcdCluster etcd(1);
+  ASSERT_TRUE(etcd.WaitHealthy()) << "etcd did not come up:\n" << etcd.LogTails();
+  ClusterOptions o = PairWithPrimaryFailpoint("generator_step:20:stall");
+  o.compute_stall_timeout_ms = 0;
+  o.extra_toml = "[fleet]\netcd = \"" + etcd.endpoints()[0] +
+                 "\"\nprefix = \"/kv/\"\nnode = \"node-a\"\nmodel = \"" + kRouterTestModel + "\"\n";
+  ChaosCluster cluster(o);
+  RouterProcess router({"--etcd", etcd.endpoints()[0], "--etcd-prefix", "/kv/",
+                        "--fleet-router-name", "fleet-r", "--stall-timeout-ms", "1000"},
+                       cluster.dir(), "router.log");
+  ASSERT_TRUE(router.ready()) << router.Log();
+  ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
+  ASSERT_TRUE(FleetListed(router, "node-a")) << router.Log();
+  const uint64_t first = PrimaryId(cluster.Status());
+  const StreamOutput got = Stream(cluster, router, "fleet-stalled", nullptr);
+  const json after = cluster.WaitReady("the pair after the stall");
+  ASSERT_NE(PrimaryId(after), first) << "the stall was not acted on\n" << cluster.Log();
+  const StreamOutput want = Stream(cluster, router, "fleet-stalled-reference", nullptr);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.text, want.text);
+  EXPECT_NE(cluster.Log().find("answering streams for"), std::string::npos) << cluster.Log();
+  EXPECT_NE(cluster.Log().find("(router fleet fleet-r)"), std::string::npos) << cluster.Log();
+  EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
+  EXPECT_NE(router.Log().find("of node node-a sent nothing"), std::string::npos) << router.Log();
   cluster.CheckFencing();
 }
 
