@@ -318,10 +318,11 @@ void EnginePart::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
     Status returned = s_.ledger->Return(e.id, Extent{r.first, r.count}, msg.epoch);
     if (!returned.ok()) return RefuseEngine(e, returned);
   }
-  BATON_LOG(INFO, kLog) << Name(e) << " returned " << msg.extents.size() << " extents";
   uint32_t returned = 0;
   for (const proto::BlockRange& r : msg.extents) returned += r.count;
-  if (e.id == s_.primary) p_.upgrades->OnPrimaryReturned(returned);
+  BATON_LOG(INFO, kLog) << Name(e) << " returned " << returned << " blocks in "
+                        << msg.extents.size() << " extents";
+  if (e.id == s_.primary) p_.upgrades->OnPrimaryReturned();
   SaveRoster();
 }
 

@@ -65,8 +65,8 @@ class UpgradePart {
   std::vector<std::string> CommandFor(EngineId id, proto::LaunchRole role);
   // The canary is a ready standby beside a serving primary: its blocks are reclaimed.
   void StartCanary(EngineRecord& e);
-  // The primary returned `returned` blocks (a Reclaim's answer, or of its own accord).
-  void OnPrimaryReturned(uint32_t returned);
+  // The primary returned blocks (a Reclaim's answer, or of its own accord).
+  void OnPrimaryReturned();
   void OnCanaryPromoted(EngineRecord& e, uint64_t epoch);
   void OnCanaryGone(EngineRecord& e);
   // The primary `old` failed or drained: a serving canary takes over; false if there is none.

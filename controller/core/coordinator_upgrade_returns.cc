@@ -4,24 +4,21 @@
 
 namespace baton {
 
-void UpgradePart::OnPrimaryReturned(uint32_t returned) {
+void UpgradePart::OnPrimaryReturned() {
   // A return says not whether it answers a Reclaim: blocks the primary gave up of its own
-  // accord may come first and be taken for the answer. When that return is short of what was
-  // asked, every later one within the Reclaim's time is taken as its answer too (the answer
-  // may come after several returns of the engine's own): at worst blocks it gave up are
-  // granted back to it, rather than the answer's blocks left free for nobody.
+  // accord may come first and be taken for the answer, however many they are. So every
+  // later one within the Reclaim's time is taken as its answer too (the answer may come
+  // after several returns of the engine's own): at worst blocks it gave up are granted back
+  // to it, rather than the answer's blocks left free for nobody.
   const bool pending = s_.reclaim.from == s_.primary;
   const bool late = !pending && LateReclaimAnswer();
   const bool answers_reclaim = pending || late;
   // The answer to RefillReserve's Reclaim: the reserve keeps what came back.
   const bool for_reserve = pending ? s_.reclaim.for_reserve : late && own_.late_answer_for_reserve;
   if (pending) {
-    own_.late_answer_from = kNoEngine;
-    if (returned < s_.reclaim.blocks) {
-      own_.late_answer_from = s_.primary;
-      own_.late_answer_until = s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout;
-      own_.late_answer_for_reserve = s_.reclaim.for_reserve;
-    }
+    own_.late_answer_from = s_.primary;
+    own_.late_answer_until = s_.reclaim.sent + CoordinatorState::kReclaimAnswerTimeout;
+    own_.late_answer_for_reserve = s_.reclaim.for_reserve;
     s_.reclaim = PendingReclaim{};
   }
   if (s_.stopping) return;

@@ -186,6 +186,10 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // granted back to it, a message no live engine sends again, and the blocks went
            // to the primary while the canary still mapped them.
            Found{2316030, 400, "a hung engine's current return replayed"},
+           // A return of the primary's own as large as the reserve's Reclaim was taken for
+           // its whole answer: the answer, past a release that filled the reserve, stayed
+           // free for nobody.
+           Found{3317105, 400, "a Reclaim answered after a return of its size"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
