@@ -5,7 +5,7 @@
 //       [--remat-chunk-mib 64] [--reps 3] [--drill-runs 2] [--deadline-s 420]
 //       [--steps remat,drill,pair,torch,restart,registration] [--torch-engine PATH]
 //       [--restart-model 4g] [--restart-dtype bf16] [--restart-ready-ms 50] [--failovers 10]
-//       [--torch-failovers 5] [--expect-torch]
+//       [--torch-failovers 5] [--registration-hang-ms 200] [--expect-torch]
 //       [--unit-tests PASSED,FAILED,SKIPPED,RC]
 //
 // Prints one JSON object as the last line of stdout and writes it to DIR/gpu_check.json.
@@ -70,7 +70,8 @@ constexpr char kUsage[] =
     "    [--remat-chunk-mib 64] [--reps 3] [--drill-runs 2] [--deadline-s 420]\n"
     "    [--steps remat,drill,pair,torch,restart,registration] [--torch-engine PATH]\n"
     "    [--restart-model 4g] [--restart-dtype bf16] [--restart-ready-ms 50] [--failovers 10]\n"
-    "    [--torch-failovers 5] [--expect-torch] [--unit-tests PASSED,FAILED,SKIPPED,RC]\n"
+    "    [--torch-failovers 5] [--registration-hang-ms 200] [--expect-torch]\n"
+    "    [--unit-tests PASSED,FAILED,SKIPPED,RC]\n"
     "the header of perf/gpu/gpu_check_main.cc says what each does; perf/gpu_check runs it\n";
 
 struct Flags {
@@ -93,6 +94,7 @@ struct Flags {
   double restart_ready_ms = 50;
   int failovers = 10;
   int torch_failovers = 5;
+  int registration_hang_ms = 200;
   bool expect_torch = false;
   std::string unit_tests;
   bool Runs(const std::string& step) const {
@@ -174,13 +176,13 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       continue;
     }
     static const char* const kValueFlags[] = {
-        "--out",           "--device",         "--weights-gib",
-        "--pool-gib",      "--pool-chunk-mib", "--weight-chunk-mib",
-        "--remat-gib",     "--remat-streams",  "--remat-chunk-mib",
-        "--reps",          "--drill-runs",     "--deadline-s",
-        "--unit-tests",    "--steps",          "--torch-engine",
-        "--restart-model", "--restart-dtype",  "--restart-ready-ms",
-        "--failovers",     "--torch-failovers"};
+        "--out",           "--device",          "--weights-gib",
+        "--pool-gib",      "--pool-chunk-mib",  "--weight-chunk-mib",
+        "--remat-gib",     "--remat-streams",   "--remat-chunk-mib",
+        "--reps",          "--drill-runs",      "--deadline-s",
+        "--unit-tests",    "--steps",           "--torch-engine",
+        "--restart-model", "--restart-dtype",   "--restart-ready-ms",
+        "--failovers",     "--torch-failovers", "--registration-hang-ms"};
     if (std::find(std::begin(kValueFlags), std::end(kValueFlags), arg) == std::end(kValueFlags)) {
       return "unknown flag " + arg;
     }
@@ -227,6 +229,8 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->failovers = static_cast<int>(num());
     else if (arg == "--torch-failovers")
       f->torch_failovers = static_cast<int>(num());
+    else if (arg == "--registration-hang-ms")
+      f->registration_hang_ms = static_cast<int>(num());
     else
       return "unknown flag " + arg;
   }
@@ -342,7 +346,8 @@ int RunSteps(const Flags& f, const CudaDriver& cu, json& result) {
                              .device = f.device,
                              .preset = f.restart_model,
                              .dtype = f.restart_dtype,
-                             .ready_target_ms = f.restart_ready_ms};
+                             .ready_target_ms = f.restart_ready_ms,
+                             .hang_timeout_ms = f.registration_hang_ms};
   if (f.Runs("restart")) {
     g_step = "controller restarts on the device";
     result["restart"] = RestartStep(restart);

@@ -18,8 +18,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kHeartbeatMs = 50;
-constexpr int kHeartbeatMisses = 4;
-constexpr int kProbeTimeoutMs = 300;
+constexpr int kHeartbeatMisses = 2;
 
 // The test engines on the device, a pool of `pool_blocks` blocks of 2 MiB in 64 MiB chunks;
 // `extra` goes into [model] and may open sections of its own.
@@ -166,14 +165,15 @@ json RegistrationStep(const RestartStepOptions& o) {
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   std::filesystem::create_directories(dir + "/violations", ec);
-  const int hang_timeout_ms = kHeartbeatMs * kHeartbeatMisses + kProbeTimeoutMs;
+  const int probe_ms = std::max(o.hang_timeout_ms - kHeartbeatMs * kHeartbeatMisses, 100);
+  const int hang_timeout_ms = kHeartbeatMs * kHeartbeatMisses + probe_ms;
   json r{{"dir", dir}, {"model", o.preset + " " + o.dtype}, {"hang_timeout_ms", hang_timeout_ms}};
   const std::string model = StepModel(o.bin_dir, o.work_dir, o.preset, o.dtype);
   if (model.empty()) return FailStep(r, "baton-mkmodel failed; see the model's log");
   std::ostringstream health;
   health << "huge_pages = false\n[health]\nheartbeat_interval_ms = " << kHeartbeatMs
-         << "\nheartbeat_misses = " << kHeartbeatMisses
-         << "\nprobe_timeout_ms = " << kProbeTimeoutMs << "\n";
+         << "\nheartbeat_misses = " << kHeartbeatMisses << "\nprobe_timeout_ms = " << probe_ms
+         << "\n";
   StepController c(o.bin_dir, dir, o.timeout_s);
   // A small pool: the promotion maps and scrubs it on the SDK's heartbeat thread, and this
   // step is about the registration.

@@ -8,8 +8,9 @@
 //                     own readopt_ms, counted from its start; the polled spawn-to-ready time is
 //                     reported beside it); then a kill -9 of the primary must still fail over.
 //   RegistrationStep  the weight arena on 4 KiB pages (model.huge_pages = false), a 128 MiB
-//                     pool, and the hang timeout at heartbeat 50 ms x 4 + a 300 ms probe:
-//                     the pair must start
+//                     pool, and a tight hang timeout (`hang_timeout_ms`: heartbeats every
+//                     50 ms, 2 missed, and a probe of the rest; 200 ms by default, more for
+//                     a test machine loaded by other work): the pair must start
 //                     with no engine fenced as hung while it maps and pre-faults the arena,
 //                     and fail over after kill -9 of the primary, the new standby registering
 //                     on the same arena again. The longest pre-fault is reported against the
@@ -32,6 +33,7 @@ struct RestartStepOptions {
   int restarts = 3;
   double ready_target_ms = 50;  // a restarted controller's pair ready within this of its start
   int timeout_s = 300;          // for the first pair (the model loaded and copied) and each wait
+  int hang_timeout_ms = 200;    // RegistrationStep's: 50 ms x 2 heartbeats + the probe (> 100)
 };
 
 nlohmann::json RestartStep(const RestartStepOptions& options);
