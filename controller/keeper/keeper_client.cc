@@ -23,10 +23,6 @@ constexpr Duration kAnswerTimeout = std::chrono::seconds(5);
 // How long one try waits for the answer to Hello, which a keeper gives at once: a stopped
 // keeper that has not answered in this long is hung (one that runs gets its grace).
 constexpr Duration kHelloTimeout = std::chrono::seconds(1);
-// How long a hung keeper, killed, may take to be gone (the wait ends as soon as it is). One
-// still there keeps its listening socket, and the keeper started next refuses to replace it:
-// a loaded host may take more than a fraction of a second to run a killed process's exit.
-constexpr Duration kHungExitWait = std::chrono::seconds(2);
 // Tries of one request: the first, and on a new connection after the keeper closed one (a
 // process that stalls right after connecting may find even the new one closed).
 constexpr int kAttempts = 3;
@@ -61,12 +57,13 @@ bool PeerGone(int fd) {
 }
 
 // SIGKILL to the baton-keeper `pid` that did not answer on the still open connection `fd`,
-// through a pidfd; awaited (the pidfd turns readable) for kHungExitWait. The pidfd is taken
+// through a pidfd; awaited (the pidfd turns readable) for `exit_wait`. The pidfd is taken
 // before the connection is checked: the keeper holds its only other end (or the listening
 // socket it waits behind), so a connection still open afterwards shows the keeper was alive
 // when the pidfd was taken, and the pidfd names it, not a process that reused its pid. A
 // process of another name is left alone. Logs `seen` and what was done.
-void KillUnanswered(pid_t pid, int fd, const std::string& socket_path, const std::string& seen) {
+void KillUnanswered(pid_t pid, int fd, const std::string& socket_path, const std::string& seen,
+                    Duration exit_wait) {
   UniqueFd pidfd(PidfdOpen(pid));
   if (!pidfd || PeerGone(fd)) return;  // gone already: its socket is stale
   if (const std::string name = ProcessName(pid); name != "baton-keeper") {
@@ -80,7 +77,7 @@ void KillUnanswered(pid_t pid, int fd, const std::string& socket_path, const std
                             << " accepted but did not answer within " << seen
                             << ": hung; killed, and a new one is started";
   pollfd exited{.fd = pidfd.get(), .events = POLLIN, .revents = 0};
-  while (::poll(&exited, 1, static_cast<int>(Millis(kHungExitWait))) < 0 && errno == EINTR) {
+  while (::poll(&exited, 1, static_cast<int>(Millis(exit_wait))) < 0 && errno == EINTR) {
   }
 }
 
@@ -150,7 +147,7 @@ Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path,
 }
 
 Result<KeeperClient> KeeperClient::AwaitUnanswered(const std::string& socket_path, Unanswered first,
-                                                   Duration grace) {
+                                                   Duration grace, Duration exit_wait) {
   const auto until = std::chrono::steady_clock::now() - kHelloTimeout + grace;
   Unanswered last = std::move(first);
   Duration waited = kHelloTimeout;  // the Hello timeouts of the tries so far
@@ -163,7 +160,7 @@ Result<KeeperClient> KeeperClient::AwaitUnanswered(const std::string& socket_pat
              " ms while it runs (busy or deadlocked)";
     }
     if (!seen.empty()) {
-      KillUnanswered(last.pid, last.channel->native_handle(), socket_path, seen);
+      KillUnanswered(last.pid, last.channel->native_handle(), socket_path, seen, exit_wait);
       return DeadlineExceeded("the process (pid " + std::to_string(last.pid) +
                               ") there accepted but did not answer");
     }
@@ -213,12 +210,12 @@ KeeperClient& KeeperClient::operator=(KeeperClient&& other) noexcept {
 Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
                                            const std::string& keeper_binary,
                                            const std::string& log_path, Duration wait,
-                                           Duration grace) {
+                                           Duration grace, Duration exit_wait) {
   Unanswered hung;
   Result<KeeperClient> client = TryConnect(socket_path, kHelloTimeout, &hung);
   if (client.ok() || keeper_binary.empty()) return client;
   if (hung.pid > 0) {
-    client = AwaitUnanswered(socket_path, std::move(hung), grace);
+    client = AwaitUnanswered(socket_path, std::move(hung), grace, exit_wait);
     if (client.ok()) return client;
   }
   BATON_LOG(INFO, "keeper") << "no baton-keeper at " << socket_path << " ("

@@ -44,15 +44,22 @@ class KeeperClient {
   // gone, and its connection closed with it), so it is not kept busy by another. Past this, it
   // is taken as deadlocked: waiting longer would only delay this restart, which is cold anyway.
   static constexpr Duration kUnansweredGrace = std::chrono::seconds(5);
+  // How long a hung keeper, killed, may take to be gone (the wait ends as soon as it is). One
+  // still there keeps its listening socket, and the keeper started next refuses to replace
+  // it: a loaded host may take more than a fraction of a second to run a killed process's
+  // exit. A caller on a watchdog's clock passes less.
+  static constexpr Duration kHungExitWait = std::chrono::seconds(2);
 
   // Connects to the keeper at `socket_path`; when none answers and `keeper_binary` is not
   // empty, starts it (log to `log_path`, or /dev/null) and waits up to `wait` for it. A keeper
   // that accepts but does not answer is then killed (see above), after `grace` when it runs;
-  // with no `keeper_binary` it is only reported (DeadlineExceeded).
+  // with no `keeper_binary` it is only reported (DeadlineExceeded); a killed one is awaited
+  // for `exit_wait` at most.
   static Result<KeeperClient> Connect(const std::string& socket_path,
                                       const std::string& keeper_binary, const std::string& log_path,
                                       Duration wait = std::chrono::seconds(3),
-                                      Duration grace = kUnansweredGrace);
+                                      Duration grace = kUnansweredGrace,
+                                      Duration exit_wait = kHungExitWait);
 
   KeeperClient(KeeperClient&&) = default;
   // Lets go of this client's channel before its io_context.
@@ -92,9 +99,10 @@ class KeeperClient {
   static Result<KeeperClient> TryConnect(const std::string& socket_path, Duration hello_timeout,
                                          Unanswered* hung = nullptr);
   // After `first` went unanswered: a client once the keeper answers, or DeadlineExceeded once
-  // it was killed (stopped, or still running after `grace`), or the error that says it is gone.
+  // it was killed (stopped, or still running after `grace`) and awaited for `exit_wait` at
+  // most, or the error that says it is gone.
   static Result<KeeperClient> AwaitUnanswered(const std::string& socket_path, Unanswered first,
-                                              Duration grace);
+                                              Duration grace, Duration exit_wait);
   // Sends `msg` with `fds` and returns the answer; again on a new connection when the keeper
   // had closed this one.
   template <typename Msg>

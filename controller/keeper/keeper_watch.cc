@@ -122,9 +122,9 @@ void KeeperWatch::OnExited(pid_t pid) {
 
 void KeeperWatch::Restart() {
   if (stopped_) return;
-  Result<KeeperClient> keeper =
-      KeeperClient::Connect(options_.socket_path, options_.binary, options_.log_path,
-                            options_.connect_wait, options_.unanswered_grace);
+  Result<KeeperClient> keeper = KeeperClient::Connect(
+      options_.socket_path, options_.binary, options_.log_path, options_.connect_wait,
+      options_.unanswered_grace, options_.hung_exit_wait);
   if (!keeper.ok()) return Retry("starting baton-keeper: " + keeper.status().message());
   Result<pid_t> pid = keeper->KeeperPid();
   if (!pid.ok()) return Retry("the new baton-keeper's pid: " + pid.status().message());

@@ -55,6 +55,9 @@ struct KeeperWatchOptions {
   // killed (KeeperClient::Connect): its first try's second only, for the same watchdog, not
   // the grace of a controller's start (the keeper that kept the memory is dead by then).
   Duration unanswered_grace = std::chrono::seconds(1);
+  // How long such a keeper, killed, may take to be gone: with the grace and connect_wait, the
+  // watch stays within the watchdog's 3 s.
+  Duration hung_exit_wait = std::chrono::milliseconds(500);
   Duration first_retry = std::chrono::seconds(1);
   Duration max_retry = std::chrono::seconds(30);
 };
