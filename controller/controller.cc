@@ -67,8 +67,13 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
 
 void Controller::OnEngineStalled(const proto::EngineStalled& s) {
   if (coord_ == nullptr) return;
+  // A success is stamped when the report that shows it arrives, up to kReportLag after it
+  // happened: without the allowance, one just before the streams went quiet would look as
+  // recent as the stall at every report, and the stall would be doubted for ever.
+  constexpr auto kReportLag = std::chrono::milliseconds(500);
   const std::optional<TimePoint> answered = routes_.LastSuccess(s.engine_id);
-  if (answered.has_value() && clock_.Now() - *answered < std::chrono::milliseconds(s.quiet_ms)) {
+  if (answered.has_value() &&
+      clock_.Now() - *answered + kReportLag < std::chrono::milliseconds(s.quiet_ms)) {
     TimePoint& logged = stall_doubted_[s.engine_id];
     if (clock_.Now() - logged >= std::chrono::seconds(10)) {
       logged = clock_.Now();

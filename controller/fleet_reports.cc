@@ -48,13 +48,21 @@ void FleetReportReader::ReadOnce() {
     auto [it, fresh] = seen_.try_emplace(kv.key, kv.mod_revision);
     if (!fresh && it->second == kv.mod_revision) continue;
     it->second = kv.mod_revision;
-    std::vector<proto::EngineStalled> stalls;
-    Result<proto::RouterReport> report = ParseRouterReport(kv.key, kv.value, &stalls);
+    Result<proto::RouterReport> report = ParseRouterReport(kv.key, kv.value);
     if (!report.ok()) {
       BATON_LOG(WARN, "fleet") << "router report skipped: " << report.status().message();
       continue;
     }
-    deliver_(std::move(*report), std::move(stalls));
+    // A key first seen may be the last report of a router that died (its lease not run out
+    // yet): its stalls are old news, and a live router writes a stall's again within a report
+    // interval, as its quiet time grows.
+    Result<std::vector<proto::EngineStalled>> stalls =
+        fresh ? std::vector<proto::EngineStalled>{} : ParseReportStalls(kv.key, kv.value);
+    if (!stalls.ok()) {
+      BATON_LOG(WARN, "fleet") << "router report's stalls skipped: " << stalls.status().message();
+      stalls = std::vector<proto::EngineStalled>{};
+    }
+    deliver_(std::move(*report), std::move(*stalls));
     MutexLock lock(mu_);
     ++delivered_;
   }

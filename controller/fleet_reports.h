@@ -7,10 +7,12 @@
 // stores as it stores a RouterReport from its socket (RoutePublisher::StoreFleetReport), so the
 // canary judge counts the traffic of every router, and judges each stall as an EngineStalled
 // from its socket (Controller::OnEngineStalled). A router writes its report again every
-// report interval while a stall lasts, so a stall is delivered as often; a dead router's last
+// report interval while a stall lasts, so a stall is delivered as often; the stalls of a key
+// at its first read are not (it may be the last report of a router that died, read by a
+// controller that just started, and a live router's comes again). A dead router's last
 // report is delivered once and expires with its lease. A report that does not parse is
-// skipped with one log line per version; etcd not answering changes nothing (the last reports
-// stay).
+// skipped with one log line per version, stalls that do not parse are left out of the report
+// they came in; etcd not answering changes nothing (the last reports stay).
 //
 // Ownership: owns its EtcdClient and thread. Thread: `deliver` runs on the reader's thread
 // (the controller posts it to its io thread); the destructor stops the thread and joins it.

@@ -163,8 +163,7 @@ Result<std::vector<proto::EngineStalled>> ParseStalls(std::string_view key, cons
 
 }  // namespace
 
-Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value,
-                                              std::vector<proto::EngineStalled>* stalls) {
+Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value) {
   BATON_ASSIGN_OR_RETURN(json j, ParseObject(key, value));
   proto::RouterReport r;
   BATON_ASSIGN_OR_RETURN(r.router, Field<std::string>(key, j, "router"));
@@ -185,9 +184,14 @@ Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_
     BATON_ASSIGN_OR_RETURN(o.disagreed, Field<uint64_t>(key, e, "disagreed"));
     r.engines.push_back(o);
   }
-  BATON_ASSIGN_OR_RETURN(std::vector<proto::EngineStalled> found, ParseStalls(key, j, r.router));
-  if (stalls != nullptr) *stalls = std::move(found);
   return r;
+}
+
+Result<std::vector<proto::EngineStalled>> ParseReportStalls(std::string_view key,
+                                                            std::string_view value) {
+  BATON_ASSIGN_OR_RETURN(json j, ParseObject(key, value));
+  BATON_ASSIGN_OR_RETURN(std::string router, Field<std::string>(key, j, "router"));
+  return ParseStalls(key, j, router);
 }
 
 }  // namespace baton

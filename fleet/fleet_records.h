@@ -57,9 +57,12 @@ std::string FleetReportKey(const std::string& prefix, const std::string& node,
 // The report, with `stalls` (their `router` is not written: it is the report's).
 std::string RouterReportJson(const proto::RouterReport& report,
                              const std::vector<proto::EngineStalled>& stalls = {});
-// The report of `key`; when `stalls` is not null, it is set to the report's stalls, each with
-// `router` set to the report's.
-Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value,
-                                              std::vector<proto::EngineStalled>* stalls = nullptr);
+// The report of `key` (its stalls aside, as a reader older than them reads it).
+Result<proto::RouterReport> ParseRouterReport(std::string_view key, std::string_view value);
+// The stalls of the report of `key` (none when it has no "stalls"), each with `router` set to
+// the report's. Apart from ParseRouterReport, so that stalls a reader cannot read cost it
+// no outcome.
+Result<std::vector<proto::EngineStalled>> ParseReportStalls(std::string_view key,
+                                                            std::string_view value);
 
 }  // namespace baton

@@ -197,7 +197,7 @@ TEST(KvWarmFailover, ComputeStalledMidStreamIsFoundByTheRouterAndReplaced) {
   EXPECT_NE(cluster.Log().find("fenced: hung: no byte on its 1 answering streams for"),
             std::string::npos)
       << cluster.Log();
-  EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
+  EXPECT_GE(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
   EXPECT_NE(router.Log().find("reported stalled to the controller"), std::string::npos);
   cluster.CheckFencing();
 }
@@ -245,7 +245,7 @@ TEST(KvWarmFailover, ComputeStalledMidStreamBehindAFleetRouterIsReplaced) {
   EXPECT_EQ(got.text, want.text);
   EXPECT_NE(cluster.Log().find("answering streams for"), std::string::npos) << cluster.Log();
   EXPECT_NE(cluster.Log().find("(router fleet fleet-r)"), std::string::npos) << cluster.Log();
-  EXPECT_EQ(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
+  EXPECT_GE(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);
   EXPECT_NE(router.Log().find("of node node-a sent nothing"), std::string::npos) << router.Log();
   cluster.CheckFencing();
 }

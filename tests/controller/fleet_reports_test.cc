@@ -1,13 +1,16 @@
 // FleetReportReader against a real etcd (tests/fleet/etcd_cluster.h): each report of its node
 // that changed is delivered once per version, with the stalls it carries (each named by the
 // report's router), a report without stalls with none, and another node's reports not at
-// all; a report that does not parse is skipped and the others are delivered.
+// all; a report that does not parse is skipped and the others are delivered; the stalls of a
+// key first seen (perhaps a dead router's last report) are not, and stalls that do not parse
+// cost their report nothing.
 #include "controller/fleet_reports.h"
 
 #include <gtest/gtest.h>
 
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
 
@@ -30,7 +33,7 @@ TEST(FleetReportReaderTest, DeliversEachNewReportOfItsNodeWithItsStalls) {
   ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
   EtcdCluster cluster(1);
   ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
-  const EtcdOptions options{.endpoints = cluster.endpoints(), .timeout = milliseconds(1000)};
+  const EtcdOptions options{.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)};
   Result<std::unique_ptr<EtcdClient>> writer = EtcdClient::Create(options);
   Result<std::unique_ptr<EtcdClient>> etcd = EtcdClient::Create(options);
   ASSERT_TRUE(writer.ok() && etcd.ok());
@@ -68,9 +71,31 @@ TEST(FleetReportReaderTest, DeliversEachNewReportOfItsNodeWithItsStalls) {
   EXPECT_EQ(d.stalls[0].streams, 3u);
   EXPECT_EQ(d.stalls[0].quiet_ms, 1250u);
   EXPECT_EQ(d.stalls[0].router, "r1");
+  // A router first seen with a stall: its outcomes are taken, its stalls from its next
+  // version on (a live router writes a stall's again within a report interval).
+  proto::RouterReport r3{.seq = 1, .engines = {{.engine_id = 2, .requests = 1}}, .router = "r3"};
+  const std::string r3_key = FleetReportKey("/t/", "a", "r3");
+  ASSERT_TRUE((*writer)->Put(r3_key, RouterReportJson(r3, stalls)).ok());
+  ASSERT_TRUE(WaitFor([&] { return delivered().size() == 3; }));
+  EXPECT_EQ(delivered()[2].report.router, "r3");
+  EXPECT_TRUE(delivered()[2].stalls.empty()) << "a first-seen key's stalls";
+  // Stalls this reader cannot read cost their report nothing.
+  nlohmann::json odd = nlohmann::json::parse(RouterReportJson(r3));
+  odd["seq"] = 2;
+  odd["stalls"] = "many";
+  ASSERT_TRUE((*writer)->Put(r3_key, odd.dump()).ok());
+  ASSERT_TRUE(WaitFor([&] { return delivered().size() == 4; }));
+  EXPECT_EQ(delivered()[3].report.seq, 2u);
+  EXPECT_EQ(delivered()[3].report.engines, r3.engines);
+  EXPECT_TRUE(delivered()[3].stalls.empty());
+  r3.seq = 3;
+  ASSERT_TRUE((*writer)->Put(r3_key, RouterReportJson(r3, stalls)).ok());
+  ASSERT_TRUE(WaitFor([&] { return delivered().size() == 5; }));
+  ASSERT_EQ(delivered()[4].stalls.size(), 1u);
+  EXPECT_EQ(delivered()[4].stalls[0].router, "r3");
   std::this_thread::sleep_for(milliseconds(200));  // ten reads more: the same version again
-  EXPECT_EQ(delivered().size(), 2u) << "a version is delivered once";
-  EXPECT_EQ(reader.delivered(), 2u);
+  EXPECT_EQ(delivered().size(), 5u) << "a version is delivered once";
+  EXPECT_EQ(reader.delivered(), 5u);
 }
 
 }  // namespace

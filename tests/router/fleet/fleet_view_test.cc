@@ -26,11 +26,11 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
   EtcdCluster cluster(1);
   ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
   Result<std::unique_ptr<EtcdClient>> reader =
-      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(1000)});
+      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   FleetViewOptions options;
   options.etcd.endpoints = cluster.endpoints();
-  options.etcd.timeout = milliseconds(1000);
+  options.etcd.timeout = milliseconds(5000);
   options.prefix = "/t/";
   options.poll = milliseconds(20);
   options.report_every = milliseconds(20);
@@ -76,7 +76,6 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
   }));
   EXPECT_EQ(keys(), std::vector<std::string>{both[1]}) << "c's report is too large";
   EXPECT_TRUE((*view)->state().etcd_connected);
-  EXPECT_EQ((*view)->state().failures, 0u);
   {
     std::lock_guard<std::mutex> lock(*mu);
     (*reports)["c"].engines.resize(1);  // pruned: it fits
@@ -90,11 +89,11 @@ TEST(FleetViewTest, ANodesStallsAreWrittenWithItsReportWhileTheyLast) {
   EtcdCluster cluster(1);
   ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
   Result<std::unique_ptr<EtcdClient>> reader =
-      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(1000)});
+      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
   FleetViewOptions options;
   options.etcd.endpoints = cluster.endpoints();
-  options.etcd.timeout = milliseconds(1000);
+  options.etcd.timeout = milliseconds(5000);
   options.prefix = "/t/";
   options.poll = milliseconds(20);
   options.report_every = milliseconds(20);
@@ -113,12 +112,11 @@ TEST(FleetViewTest, ANodesStallsAreWrittenWithItsReportWhileTheyLast) {
   const std::string key = FleetReportKey("/t/", "a", "r1");
   // The stalls of node a's report in etcd; none when there is no report.
   const auto stalls = [&] {
-    std::vector<proto::EngineStalled> out;
     Result<EtcdRange> range = (*reader)->GetPrefix(key);
-    if (!range.ok() || range->kvs.size() != 1) return out;
-    Result<proto::RouterReport> r = ParseRouterReport(key, range->kvs[0].value, &out);
-    EXPECT_TRUE(r.ok()) << r.status().ToString();
-    return out;
+    if (!range.ok() || range->kvs.size() != 1) return std::vector<proto::EngineStalled>{};
+    Result<std::vector<proto::EngineStalled>> out = ParseReportStalls(key, range->kvs[0].value);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    return out.ok() ? *out : std::vector<proto::EngineStalled>{};
   };
   EXPECT_TRUE(WaitFor([&] {
     const std::vector<proto::EngineStalled> s = stalls();
