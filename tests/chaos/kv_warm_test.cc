@@ -176,6 +176,20 @@ TEST(KvWarmFailover, DeathBetweenKvWriteAndCommitAdoptsTheStepBefore) {
                           /*dropped_torn=*/0);
 }
 
+// A stream `name` through `router` on the primary, whose compute stalls mid-stream: a new
+// primary serves once the stall is acted on, and the stream came out whole, as a reference
+// stream on the new primary gives it.
+void StalledStreamIsReplacedWhole(const ChaosCluster& cluster, const RouterProcess& router,
+                                  const std::string& name) {
+  const uint64_t first = PrimaryId(cluster.Status());
+  const StreamOutput got = Stream(cluster, router, name, nullptr);
+  const json after = cluster.WaitReady("the pair after the stall");
+  ASSERT_NE(PrimaryId(after), first) << "the stall was not acted on\n" << cluster.Log();
+  const StreamOutput want = Stream(cluster, router, name + "-reference", nullptr);
+  EXPECT_EQ(got.token_ids, want.token_ids);
+  EXPECT_EQ(got.text, want.text);
+}
+
 // The primary's compute stalls mid-stream (failpoint generator_step:N:stall: its step
 // thread stops for good) while its SDK's heartbeats go on, so the controller alone would
 // never notice. The router finds the stream standing still past its stall timeout and says
@@ -187,13 +201,7 @@ TEST(KvWarmFailover, ComputeStalledMidStreamIsFoundByTheRouterAndReplaced) {
                        cluster.dir(), "router.log");
   ASSERT_TRUE(router.ready()) << router.Log();
   ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
-  const uint64_t first = PrimaryId(cluster.Status());
-  const StreamOutput got = Stream(cluster, router, "stalled", nullptr);
-  const json after = cluster.WaitReady("the pair after the stall");
-  ASSERT_NE(PrimaryId(after), first) << "the stall was not acted on\n" << cluster.Log();
-  const StreamOutput want = Stream(cluster, router, "stalled-reference", nullptr);
-  EXPECT_EQ(got.token_ids, want.token_ids);
-  EXPECT_EQ(got.text, want.text);
+  ASSERT_NO_FATAL_FAILURE(StalledStreamIsReplacedWhole(cluster, router, "stalled"));
   EXPECT_NE(cluster.Log().find("fenced: hung: no byte on its 1 answering streams for"),
             std::string::npos)
       << cluster.Log();
@@ -236,13 +244,7 @@ TEST(KvWarmFailover, ComputeStalledMidStreamBehindAFleetRouterIsReplaced) {
   ASSERT_TRUE(router.ready()) << router.Log();
   ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
   ASSERT_TRUE(FleetListed(router, "node-a")) << router.Log();
-  const uint64_t first = PrimaryId(cluster.Status());
-  const StreamOutput got = Stream(cluster, router, "fleet-stalled", nullptr);
-  const json after = cluster.WaitReady("the pair after the stall");
-  ASSERT_NE(PrimaryId(after), first) << "the stall was not acted on\n" << cluster.Log();
-  const StreamOutput want = Stream(cluster, router, "fleet-stalled-reference", nullptr);
-  EXPECT_EQ(got.token_ids, want.token_ids);
-  EXPECT_EQ(got.text, want.text);
+  ASSERT_NO_FATAL_FAILURE(StalledStreamIsReplacedWhole(cluster, router, "fleet-stalled"));
   EXPECT_NE(cluster.Log().find("answering streams for"), std::string::npos) << cluster.Log();
   EXPECT_NE(cluster.Log().find("(router fleet fleet-r)"), std::string::npos) << cluster.Log();
   EXPECT_GE(MetricValue(router.port(), "baton_router_engine_stalls_total"), 1);

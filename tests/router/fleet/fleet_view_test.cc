@@ -21,13 +21,8 @@ namespace {
 using fleet_test::EtcdCluster;
 using std::chrono::milliseconds;
 
-TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNotWritten) {
-  ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
-  EtcdCluster cluster(1);
-  ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
-  Result<std::unique_ptr<EtcdClient>> reader =
-      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
-  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+// Router r1's view of `cluster` under /t/, reading and reporting every 20 ms.
+FleetViewOptions FastOptions(const EtcdCluster& cluster) {
   FleetViewOptions options;
   options.etcd.endpoints = cluster.endpoints();
   options.etcd.timeout = milliseconds(5000);
@@ -35,6 +30,17 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
   options.poll = milliseconds(20);
   options.report_every = milliseconds(20);
   options.router = "r1";
+  return options;
+}
+
+TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNotWritten) {
+  ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
+  Result<std::unique_ptr<EtcdClient>> reader =
+      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  FleetViewOptions options = FastOptions(cluster);
   options.max_report_bytes = 400;  // one engine's outcome fits, twenty do not
   Result<std::unique_ptr<FleetView>> view = FleetView::Create(options);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
@@ -91,13 +97,7 @@ TEST(FleetViewTest, ANodesStallsAreWrittenWithItsReportWhileTheyLast) {
   Result<std::unique_ptr<EtcdClient>> reader =
       EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  FleetViewOptions options;
-  options.etcd.endpoints = cluster.endpoints();
-  options.etcd.timeout = milliseconds(5000);
-  options.prefix = "/t/";
-  options.poll = milliseconds(20);
-  options.report_every = milliseconds(20);
-  options.router = "r1";
+  FleetViewOptions options = FastOptions(cluster);
   Result<std::unique_ptr<FleetView>> view = FleetView::Create(options);
   ASSERT_TRUE(view.ok()) << view.status().ToString();
   auto mu = std::make_shared<std::mutex>();
