@@ -263,29 +263,40 @@ std::string RecoveryPart::CheckReattach(const EngineRecord& e, const proto::Reat
 
 void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
   const auto role = static_cast<proto::ReattachRole>(msg.role);
+  if (!AcknowledgeReattach(e, msg)) return;
+  StepReadopted(e, role);
+  if (role == proto::ReattachRole::kDrained) {
+    RetireDrained(e);
+  } else if (role == proto::ReattachRole::kDraining) {
+    GoOnDraining(e);
+  }
+  p_.engines->SaveRoster();
+  if (own_.recovery->awaited.size() + own_.recovery->gone.size() > 0) {
+    BATON_FAILPOINT("mid_recovery");  // one engine re-adopted, another still awaited
+  }
+  TickRecovery();
+  p_.engines->PublishRoutes();
+}
+
+bool RecoveryPart::AcknowledgeReattach(EngineRecord& e, const proto::Reattach& msg) {
+  const auto role = static_cast<proto::ReattachRole>(msg.role);
   const std::vector<Extent> claimed = ToExtents(msg.extents);
-  const RosterEngine* r = own_.recovery->roster.Find(e.id);
-  const bool promoted_to_primary =
-      r != nullptr && PromotedToPrimary(*r, own_.recovery->roster,
-                                        own_.recovery->upgrade.has_value() &&
-                                            own_.recovery->upgrade->canary == e.id);
   const Status added = role == proto::ReattachRole::kStandby
                            ? s_.ledger->AddStandby(e.id)
                            : s_.ledger->Readopt(e.id, msg.epoch, claimed);
   if (!added.ok()) {
     own_.recovery->status.fenced.push_back(RecoveryStatus::Fenced{e.id, added.message()});
-    return p_.engines->StopAndFence(e, FailCause::kUnaccounted,
-                                    "reattach refused: " + added.message());
+    p_.engines->StopAndFence(e, FailCause::kUnaccounted, "reattach refused: " + added.message());
+    return false;
   }
   e.version = msg.engine_version;
   e.http_address = msg.http_address;
-  if (!p_.engines->SendOrFail(
-          e, proto::ReattachAck{.engine_id = e.id,
-                                .heartbeat_interval_ms = static_cast<uint32_t>(
-                                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                                        s_.config.heartbeat_interval)
-                                        .count())})) {
-    return;
+  const auto interval_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(s_.config.heartbeat_interval);
+  if (!p_.engines->SendOrFail(e, proto::ReattachAck{.engine_id = e.id,
+                                                    .heartbeat_interval_ms = static_cast<uint32_t>(
+                                                        interval_ms.count())})) {
+    return false;
   }
   p_.engines->StartDetector(e);
   own_.recovery->awaited.erase(e.id);
@@ -294,58 +305,61 @@ void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
                         << proto::ToString(role) << (msg.epoch != 0 ? " at epoch " : "")
                         << (msg.epoch != 0 ? std::to_string(msg.epoch) : std::string()) << " with "
                         << BlocksIn(claimed) << " blocks";
+  return true;
+}
+
+void RecoveryPart::StepReadopted(EngineRecord& e, proto::ReattachRole role) {
   switch (role) {
     case proto::ReattachRole::kStandby:
       s_.Step(e.machine, EngineEvent::kReadoptedStandby);
       e.ready_at = s_.clock.Now();
       s_.StepPairIfAllowed(PairEvent::kStandbyReady);
-      break;
+      return;
     case proto::ReattachRole::kPromoted:
       s_.Step(e.machine, EngineEvent::kReadoptedPromoting);
       s_.promoting = e.id;  // its PromoteAck follows once it serves
       e.deadline = s_.clock.Now() + s_.config.promote_timeout;
-      break;
+      return;
     case proto::ReattachRole::kServing:
     case proto::ReattachRole::kDraining:
     case proto::ReattachRole::kDrained:
-      s_.Step(e.machine, role == proto::ReattachRole::kServing ? EngineEvent::kReadoptedServing
-                                                               : EngineEvent::kReadoptedDraining);
-      if (e.id == own_.recovery->roster.primary || promoted_to_primary) {
-        s_.primary = e.id;
-        s_.StepPair(PairEvent::kPromoteDone);
-        if (s_.Standby() != nullptr) s_.StepPairIfAllowed(PairEvent::kStandbyReady);
-      }
       break;
   }
-  if (role == proto::ReattachRole::kDrained) {
-    if (e.id == s_.primary && own_.recovery->roster.pair_draining)
-      s_.StepPairIfAllowed(PairEvent::kDrain);  // the drain's end: the pair stops, no failover
-    std::vector<EngineId>& readopted = own_.recovery->status.readopted;
-    std::erase(readopted, e.id);  // drained to its end: gone, not re-adopted
-    own_.recovery->status.gone.push_back(
-        {e.id, "it had drained when the previous controller went away"});
-    p_.failover->Fence(e.id, FailCause::kPlanned,
-                       "it had drained when the previous controller went away");
-  } else if (role == proto::ReattachRole::kDraining) {
-    // A pair drain and an upgrade's drains go on (ResumeUpgrade picks the upgrade up); a
-    // switch-over the restart interrupted is called off, or, for an engine that cannot
-    // resume, finished: it is retired once drained.
-    const std::optional<InFlightUpgrade>& u = own_.recovery->upgrade;
-    const bool upgrade_drain =
-        u.has_value() && (u->phase == UpgradePhase::kFinishing || u->canary == e.id);
-    if (e.id == s_.primary && own_.recovery->roster.pair_draining)
-      s_.StepPairIfAllowed(PairEvent::kDrain);
-    const bool goes_on =
-        upgrade_drain || (e.id == s_.primary && own_.recovery->roster.pair_draining);
-    if (goes_on || !p_.commands->ResumeEngine(e))
-      e.deadline = s_.clock.Now() + s_.config.drain_timeout;
+  s_.Step(e.machine, role == proto::ReattachRole::kServing ? EngineEvent::kReadoptedServing
+                                                           : EngineEvent::kReadoptedDraining);
+  const RosterEngine* r = own_.recovery->roster.Find(e.id);
+  const bool canary = own_.recovery->upgrade.has_value() && own_.recovery->upgrade->canary == e.id;
+  const bool promoted_to_primary =
+      r != nullptr && PromotedToPrimary(*r, own_.recovery->roster, canary);
+  if (e.id == own_.recovery->roster.primary || promoted_to_primary) {
+    s_.primary = e.id;
+    s_.StepPair(PairEvent::kPromoteDone);
+    if (s_.Standby() != nullptr) s_.StepPairIfAllowed(PairEvent::kStandbyReady);
   }
-  p_.engines->SaveRoster();
-  if (own_.recovery->awaited.size() + own_.recovery->gone.size() > 0) {
-    BATON_FAILPOINT("mid_recovery");  // one engine re-adopted, another still awaited
+}
+
+void RecoveryPart::RetireDrained(EngineRecord& e) {
+  if (e.id == s_.primary && own_.recovery->roster.pair_draining) {
+    s_.StepPairIfAllowed(PairEvent::kDrain);  // the drain's end: the pair stops, no failover
   }
-  TickRecovery();
-  p_.engines->PublishRoutes();
+  std::erase(own_.recovery->status.readopted, e.id);  // drained to its end: gone, not re-adopted
+  const std::string why = "it had drained when the previous controller went away";
+  own_.recovery->status.gone.push_back({e.id, why});
+  p_.failover->Fence(e.id, FailCause::kPlanned, why);
+}
+
+// A pair drain and an upgrade's drains go on (ResumeUpgrade picks the upgrade up); a
+// switch-over the restart interrupted is called off, or, for an engine that cannot resume,
+// finished: it is retired once drained.
+void RecoveryPart::GoOnDraining(EngineRecord& e) {
+  const std::optional<InFlightUpgrade>& u = own_.recovery->upgrade;
+  const bool upgrade_drain =
+      u.has_value() && (u->phase == UpgradePhase::kFinishing || u->canary == e.id);
+  const bool pair_drain = e.id == s_.primary && own_.recovery->roster.pair_draining;
+  if (pair_drain) s_.StepPairIfAllowed(PairEvent::kDrain);
+  if (upgrade_drain || pair_drain || !p_.commands->ResumeEngine(e)) {
+    e.deadline = s_.clock.Now() + s_.config.drain_timeout;
+  }
 }
 
 void RecoveryPart::TickRecovery() {

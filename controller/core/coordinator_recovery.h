@@ -77,7 +77,19 @@ class RecoveryPart {
   void LosePreviousPrimary(const EngineRecord& e, const std::string& why);
   // Why `msg` cannot be accounted for by the roster entry of `e` ("" if it can).
   std::string CheckReattach(const EngineRecord& e, const proto::Reattach& msg) const;
+  // Re-adopts `e` as `msg` says, checked by CheckReattach: the steps below, then the roster
+  // saved, the recovery ticked and the routes published.
   void Readopt(EngineRecord& e, const proto::Reattach& msg);
+  // Takes `e`'s blocks back into the ledger and answers ReattachAck; false (fenced, or its
+  // channel failed) if that could not be done.
+  bool AcknowledgeReattach(EngineRecord& e, const proto::Reattach& msg);
+  // Steps `e` and the pair to where `role` says `e` is; the roster's primary (or the engine
+  // promoted to it) serving is the primary again.
+  void StepReadopted(EngineRecord& e, proto::ReattachRole role);
+  // An engine that drained to its end while no controller ran: fenced, counted gone.
+  void RetireDrained(EngineRecord& e);
+  // An engine that was draining: its drain goes on, or is called off (ResumeEngine).
+  void GoOnDraining(EngineRecord& e);
   void EndRecovery();
 
   CoordinatorState& s_;

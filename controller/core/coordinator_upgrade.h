@@ -104,6 +104,14 @@ class UpgradePart {
   void SaveCommands();
   // An upgrade in flight that a restart ended: recorded as rolled back with `reason`.
   void RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::string& reason);
+  // ResumeUpgrade's steps: the upgrade as the record saved it, against primary `p`; why it
+  // cannot go on ("" if it can); the phase it goes on in; the canary named, the reserve lent,
+  // the record saved and a PromoteAck held during the recovery acted on.
+  Upgrade UpgradeFromRecord(const InFlightUpgrade& u, const EngineRecord* p) const;
+  std::string WhyNotResumed(const Upgrade& up, const EngineRecord* c, const EngineRecord* p) const;
+  std::string ResumePhase(Upgrade up, const InFlightUpgrade& u, EngineRecord& c, EngineRecord& p);
+  void FinishResume(const InFlightUpgrade& u, EngineRecord* c, bool old_primary_drained,
+                    const std::string& outcome);
 
   CoordinatorState& s_;
   const CoordinatorParts& p_;

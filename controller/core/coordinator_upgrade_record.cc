@@ -97,80 +97,104 @@ void UpgradePart::RecordInterruptedUpgrade(const InFlightUpgrade& u, const std::
 std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
   EngineRecord* c = s_.Find(u.canary);
   EngineRecord* p = s_.Find(s_.primary);
+  Upgrade up = UpgradeFromRecord(u, p);
+  // The canary had passed every step and the old primary drained while no controller ran (its
+  // Drained lost with the controller; fenced at its Reattach): the canary takes over.
+  const bool old_primary_drained = u.phase == UpgradePhase::kFinishing && p == nullptr &&
+                                   c != nullptr && c->live() && c->serving();
+  std::string outcome;
+  if (old_primary_drained) {
+    own_.upgrade = std::move(up);
+    outcome =
+        "resumed: the old primary did not come back (it had drained, or was lost); the "
+        "canary takes over";
+  } else if (const std::string why = WhyNotResumed(up, c, p); !why.empty()) {
+    const std::string interrupted = "the controller restarted during the " +
+                                    std::string(ToString(u.kind)) + " (phase " + ToString(u.phase) +
+                                    "); " + why;
+    outcome = "rolled back: " + why;
+    if (c != nullptr && c->live()) {
+      own_.upgrade = std::move(up);
+      RollBackCanary(interrupted);
+    } else {
+      RecordInterruptedUpgrade(u, interrupted);
+    }
+  } else {
+    outcome = ResumePhase(std::move(up), u, *c, *p);
+  }
+  FinishResume(u, c, old_primary_drained, outcome);
+  return ToString(u.kind) + (" " + outcome);
+}
+
+Upgrade UpgradePart::UpgradeFromRecord(const InFlightUpgrade& u, const EngineRecord* p) const {
   Upgrade up;
   up.kind = u.kind;
   up.command = u.command;
   up.previous = active_command();
   up.policy = s_.config.canary;
   if (!u.steps.empty()) up.policy.steps = u.steps;
-  if (u.step_duration_ms > 0)
+  if (u.step_duration_ms > 0) {
     up.policy.step_duration = std::chrono::milliseconds(u.step_duration_ms);
+  }
   if (u.min_requests > 0) up.policy.min_requests = u.min_requests;
   up.primary = p != nullptr ? p->id : kNoEngine;
   up.canary = u.canary;
-  up.phase = u.phase;  // the phase it had reached, until the cases below decide
+  up.phase = u.phase;  // the phase it had reached, until ResumePhase decides
   up.started = up.phase_since = s_.clock.Now();
-  const bool canary_holds =
-      c != nullptr && c->live() &&
-      (c->serving() || c->is(EngineState::kDraining) || c->is(EngineState::kPromoting));
-  std::string outcome;
-  const std::string interrupted = "the controller restarted during the " +
-                                  std::string(ToString(u.kind)) + " (phase " + ToString(u.phase) +
-                                  ")";
-  // The canary had passed every step and the old primary drained while no controller ran (its
-  // Drained lost with the controller; fenced at its Reattach): the canary takes over.
-  const bool old_primary_drained = u.phase == UpgradePhase::kFinishing && p == nullptr &&
-                                   c != nullptr && c->live() && c->serving();
-  if (old_primary_drained) {
-    own_.upgrade = std::move(up);
-    outcome =
-        "resumed: the old primary did not come back (it had drained, or was lost); the "
-        "canary takes over";
-  } else if (const Status policy = ValidateCanaryPolicy(up.policy);
-             !canary_holds || p == nullptr || !policy.ok()) {
-    // Only a canary that serves, drains or was sent its Promote goes on; one re-adopted as a
-    // standby (launched, its blocks being reclaimed, its Promote not sent yet) is rolled back.
-    const bool canary_back = c != nullptr && c->live();
-    const std::string why = !canary_back    ? "its canary did not come back"
-                            : !canary_holds ? "its canary came back as a standby, not promoted yet"
-                            : p == nullptr  ? "its primary did not come back"
-                                            : "its saved policy is refused: " + policy.message();
-    outcome = "rolled back: " + why;
-    if (canary_back) {
-      own_.upgrade = std::move(up);
-      RollBackCanary(interrupted + "; " + why);
-    } else {
-      RecordInterruptedUpgrade(u, interrupted + "; " + why);
-    }
-  } else if (c->is(EngineState::kPromoting)) {
+  return up;
+}
+
+// Only a canary that serves, drains or was sent its Promote goes on; one re-adopted as a
+// standby (launched, its blocks being reclaimed, its Promote not sent yet) is rolled back.
+std::string UpgradePart::WhyNotResumed(const Upgrade& up, const EngineRecord* c,
+                                       const EngineRecord* p) const {
+  if (c == nullptr || !c->live()) return "its canary did not come back";
+  if (!c->serving() && !c->is(EngineState::kDraining) && !c->is(EngineState::kPromoting)) {
+    return "its canary came back as a standby, not promoted yet";
+  }
+  if (p == nullptr) return "its primary did not come back";
+  if (const Status policy = ValidateCanaryPolicy(up.policy); !policy.ok()) {
+    return "its saved policy is refused: " + policy.message();
+  }
+  return "";
+}
+
+std::string UpgradePart::ResumePhase(Upgrade up, const InFlightUpgrade& u, EngineRecord& c,
+                                     EngineRecord& p) {
+  if (c.is(EngineState::kPromoting)) {
     up.phase = Upgrade::Phase::kPromoting;
     own_.upgrade = std::move(up);
     // The canary stands in for the standby, as its StandbyReady did before the restart: the
     // upgrade finishes only from a ready pair.
     s_.StepPairIfAllowed(PairEvent::kStandbyReady);
-    outcome = "resumed: the canary's promotion";
-  } else if (c->is(EngineState::kDraining)) {
+    return "resumed: the canary's promotion";
+  }
+  if (c.is(EngineState::kDraining)) {
     up.phase = Upgrade::Phase::kRollingBack;
     own_.upgrade = std::move(up);
-    outcome = "resumed: the canary's rollback";
-  } else if (p->is(EngineState::kDraining)) {
+    return "resumed: the canary's rollback";
+  }
+  if (p.is(EngineState::kDraining)) {
     up.phase = Upgrade::Phase::kFinishing;
     own_.upgrade = std::move(up);
-    p_.commands->OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", *p,
+    p_.commands->OpenPlannedTimeline(PromotionKind::kUpgrade, "canary passed every step", p,
                                      u.canary);
     // The canary stands in for the standby, as its StandbyReady did before the restart.
     s_.StepPairIfAllowed(PairEvent::kStandbyReady);
     s_.StepPairIfAllowed(PairEvent::kGracefulPromoteRequested);
-    outcome = "resumed: the canary takes over once the old primary drained";
-  } else {
-    up.phase = Upgrade::Phase::kCanary;
-    up.judge.emplace(s_.clock, up.policy, p->id, c->id, s_.effects.RouterOutcomes());
-    const OutcomeMap now = s_.effects.RouterOutcomes();
-    while (up.judge->weight() < u.weight && !up.judge->last_step()) up.judge->Advance(now);
-    own_.upgrade = std::move(up);
-    s_.StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
-    outcome = "resumed at " + std::to_string(own_.upgrade->judge->weight()) + " %";
+    return "resumed: the canary takes over once the old primary drained";
   }
+  up.phase = Upgrade::Phase::kCanary;
+  up.judge.emplace(s_.clock, up.policy, p.id, c.id, s_.effects.RouterOutcomes());
+  const OutcomeMap now = s_.effects.RouterOutcomes();
+  while (up.judge->weight() < u.weight && !up.judge->last_step()) up.judge->Advance(now);
+  own_.upgrade = std::move(up);
+  s_.StepPairIfAllowed(PairEvent::kStandbyReady);  // the serving canary stands in for the standby
+  return "resumed at " + std::to_string(own_.upgrade->judge->weight()) + " %";
+}
+
+void UpgradePart::FinishResume(const InFlightUpgrade& u, EngineRecord* c, bool old_primary_drained,
+                               const std::string& outcome) {
   if (own_.upgrade.has_value() && c != nullptr && c->live()) {  // as PromoteCanary names it
     c->machine.set_name("engine " + std::to_string(c->id) + " (canary)");
   }
@@ -183,7 +207,6 @@ std::string UpgradePart::ResumeUpgrade(const InFlightUpgrade& u) {
     const uint64_t epoch = *std::exchange(c->held_promote_ack, std::nullopt);
     if (PromotingCanary(c->id) && c->is(EngineState::kPromoting)) OnCanaryPromoted(*c, epoch);
   }
-  return ToString(u.kind) + (" " + outcome);
 }
 
 }  // namespace baton
