@@ -16,84 +16,98 @@ void Admission::SetTable(const proto::RouteTable& table) {
   Ready ready;
   {
     MutexLock lock(mu_);
-    std::vector<Target> canaries;  // ready canaries with a weight: they carry traffic now
-    for (const proto::RouteEntry& e : table.entries) {
-      if (e.ready && !e.http_address.empty() && e.role == proto::EngineRole::kCanary &&
-          e.weight > 0) {
-        canaries.push_back({.address = e.http_address, .engine_id = e.engine_id, .node = node_});
-      }
-    }
-    std::vector<Candidate> next;
-    std::optional<Target> primary;
-    for (const proto::RouteEntry& e : table.entries) {
-      if (!e.ready || e.http_address.empty()) continue;
-      const bool is_primary = e.role == proto::EngineRole::kPrimary;
-      if (!is_primary && e.role != proto::EngineRole::kCanary) continue;
-      // A weightless primary takes everything, unless a canary took its traffic: then it
-      // stays listed with weight 0, for replays only.
-      const int weight =
-          e.weight > 0 ? static_cast<int>(e.weight) : (is_primary && canaries.empty() ? 100 : 0);
-      if (weight == 0 && !is_primary) continue;
-      Candidate c{.target = {.address = e.http_address, .engine_id = e.engine_id, .node = node_},
-                  .weight = weight};
-      for (const Candidate& old : candidates_) {
-        if (old.target == c.target) c.current = old.current;
-      }
-      next.push_back(c);
-      if (is_primary && !primary) primary = c.target;
-    }
-    candidates_ = std::move(next);
+    std::vector<Target> canaries = WeightedCanaries(table);
+    const std::optional<Target> primary = ListCandidates(table, canaries.empty());
     ++generation_;
     refused_.clear();
-    // After a controller restart the same engine at the same epoch is the same primary,
-    // re-adopted: no failover. Another engine, or a new epoch, is a new primary.
-    const bool readopted =
-        primary && primary_ && *primary == *primary_ && table.epoch == primary_epoch_;
-    if (primary && primary_ && (*primary != *primary_ || (primary_stale_ && !readopted))) {
-      ++failovers_;
-      const size_t peak_before = peak_in_flight_;
-      peak_in_flight_ = total_in_flight_;
-      const bool was_canary =
-          std::find(canaries_.begin(), canaries_.end(), *primary) != canaries_.end();
-      if (was_canary) {
-        // The canary already carries traffic: taking over is not a cold start.
-        BATON_LOG(INFO, "router") << "canary " << primary->address << " (engine "
-                                  << primary->engine_id << ") is the primary now: no ramp";
-        ramp_target_.reset();
-      } else {
-        ramp_target_ = primary;
-        ramp_start_ = clock_.Now();
-        ramp_base_ = std::max<size_t>(1, peak_before);
-        BATON_LOG(INFO, "router") << "new primary " << primary->address << " (engine "
-                                  << primary->engine_id << "): ramping over "
-                                  << options_.ramp_duration.count() << " ms from a base of "
-                                  << ramp_base_ << " in flight";
-      }
-    }
-    if (primary) {
-      if (primary_stale_ && readopted) {
-        BATON_LOG(INFO, "router") << "the new controller re-adopted primary " << primary->address
-                                  << " (engine " << primary->engine_id << ", epoch " << table.epoch
-                                  << "): no failover";
-      }
-      primary_ = primary;
-      primary_epoch_ = table.epoch;
-      primary_stale_ = false;
-    }
+    NotePrimary(primary, table.epoch);
     listed_primary_ = primary;
     canaries_ = std::move(canaries);
-    // An engine stays a canary (for IsCanary) until it leaves the table or becomes the
-    // primary: a canary rolled back (draining) may still answer attempts sent before.
-    std::set<uint64_t> listed;
-    for (const proto::RouteEntry& e : table.entries) {
-      listed.insert(e.engine_id);
-      if (e.role == proto::EngineRole::kCanary) canary_ids_.insert(e.engine_id);
-      if (e.role == proto::EngineRole::kPrimary) canary_ids_.erase(e.engine_id);
-    }
-    std::erase_if(canary_ids_, [&](uint64_t id) { return listed.count(id) == 0; });
+    TrackCanaryIds(table);
     Drain(clock_.Now(), &ready);
   }
   Run(&ready);
+}
+
+std::vector<Target> Admission::WeightedCanaries(const proto::RouteTable& table) const {
+  std::vector<Target> canaries;
+  for (const proto::RouteEntry& e : table.entries) {
+    if (e.ready && !e.http_address.empty() && e.role == proto::EngineRole::kCanary &&
+        e.weight > 0) {
+      canaries.push_back({.address = e.http_address, .engine_id = e.engine_id, .node = node_});
+    }
+  }
+  return canaries;
+}
+
+std::optional<Target> Admission::ListCandidates(const proto::RouteTable& table, bool no_canary) {
+  std::vector<Candidate> next;
+  std::optional<Target> primary;
+  for (const proto::RouteEntry& e : table.entries) {
+    if (!e.ready || e.http_address.empty()) continue;
+    const bool is_primary = e.role == proto::EngineRole::kPrimary;
+    if (!is_primary && e.role != proto::EngineRole::kCanary) continue;
+    // A weightless primary takes everything, unless a canary took its traffic: then it
+    // stays listed with weight 0, for replays only.
+    const int weight =
+        e.weight > 0 ? static_cast<int>(e.weight) : (is_primary && no_canary ? 100 : 0);
+    if (weight == 0 && !is_primary) continue;
+    Candidate c{.target = {.address = e.http_address, .engine_id = e.engine_id, .node = node_},
+                .weight = weight};
+    for (const Candidate& old : candidates_) {
+      if (old.target == c.target) c.current = old.current;
+    }
+    next.push_back(c);
+    if (is_primary && !primary) primary = c.target;
+  }
+  candidates_ = std::move(next);
+  return primary;
+}
+
+void Admission::NotePrimary(const std::optional<Target>& primary, uint64_t epoch) {
+  if (!primary) return;
+  // After a controller restart the same engine at the same epoch is the same primary,
+  // re-adopted: no failover. Another engine, or a new epoch, is a new primary.
+  const bool readopted = primary_ && *primary == *primary_ && epoch == primary_epoch_;
+  if (primary_ && (*primary != *primary_ || (primary_stale_ && !readopted))) {
+    ++failovers_;
+    const size_t peak_before = peak_in_flight_;
+    peak_in_flight_ = total_in_flight_;
+    // A canary of the last table carries traffic already: taking over is not a cold start.
+    if (std::find(canaries_.begin(), canaries_.end(), *primary) != canaries_.end()) {
+      BATON_LOG(INFO, "router") << "canary " << primary->address << " (engine "
+                                << primary->engine_id << ") is the primary now: no ramp";
+      ramp_target_.reset();
+    } else {
+      ramp_target_ = primary;
+      ramp_start_ = clock_.Now();
+      ramp_base_ = std::max<size_t>(1, peak_before);
+      BATON_LOG(INFO, "router") << "new primary " << primary->address << " (engine "
+                                << primary->engine_id << "): ramping over "
+                                << options_.ramp_duration.count() << " ms from a base of "
+                                << ramp_base_ << " in flight";
+    }
+  }
+  if (primary_stale_ && readopted) {
+    BATON_LOG(INFO, "router") << "the new controller re-adopted primary " << primary->address
+                              << " (engine " << primary->engine_id << ", epoch " << epoch
+                              << "): no failover";
+  }
+  primary_ = primary;
+  primary_epoch_ = epoch;
+  primary_stale_ = false;
+}
+
+// An engine stays a canary (for IsCanary) until it leaves the table or becomes the primary:
+// a canary rolled back (draining) may still answer attempts sent before.
+void Admission::TrackCanaryIds(const proto::RouteTable& table) {
+  std::set<uint64_t> listed;
+  for (const proto::RouteEntry& e : table.entries) {
+    listed.insert(e.engine_id);
+    if (e.role == proto::EngineRole::kCanary) canary_ids_.insert(e.engine_id);
+    if (e.role == proto::EngineRole::kPrimary) canary_ids_.erase(e.engine_id);
+  }
+  std::erase_if(canary_ids_, [&](uint64_t id) { return listed.count(id) == 0; });
 }
 
 uint64_t Admission::Request(bool replay, std::optional<Target> failed, Grant grant) {

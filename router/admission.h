@@ -123,6 +123,15 @@ class Admission : public Admitter {
   };
   using Ready = std::vector<std::pair<Grant, Result<Target>>>;
 
+  // SetTable's steps: the table's ready canaries with a weight; candidates_ from the table
+  // (`no_canary`: a weightless primary takes everything), returning its ready primary; a new
+  // primary counted as a failover and ramped onto (not after a re-adoption, nor for a canary
+  // that already carried traffic); canary_ids_ kept for IsCanary.
+  std::vector<Target> WeightedCanaries(const proto::RouteTable& table) const BATON_REQUIRES(mu_);
+  std::optional<Target> ListCandidates(const proto::RouteTable& table, bool no_canary)
+      BATON_REQUIRES(mu_);
+  void NotePrimary(const std::optional<Target>& primary, uint64_t epoch) BATON_REQUIRES(mu_);
+  void TrackCanaryIds(const proto::RouteTable& table) BATON_REQUIRES(mu_);
   void Drain(TimePoint now, Ready* ready) BATON_REQUIRES(mu_);
   std::optional<Target> Pick(const Waiter& w, TimePoint now) BATON_REQUIRES(mu_);
   // Whether `t`'s address refused a connection less than retry_same_after ago.
