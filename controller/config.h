@@ -91,6 +91,8 @@ struct ControllerConfig : CoordinatorConfig {
   std::string fleet_key() const { return fleet_prefix + "nodes/" + fleet_node; }
 
   std::string socket_path() const { return runtime_dir + "/controller.sock"; }
+  // Held (flock) by the controller of this runtime directory for as long as it runs.
+  std::string lock_path() const { return runtime_dir + "/controller.lock"; }
   std::string journal_path() const { return state_dir + "/epoch.journal"; }
   std::string roster_path() const { return state_dir + "/roster.json"; }
   std::string memory_record_path() const { return state_dir + "/memory.json"; }

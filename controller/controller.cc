@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <filesystem>
 
+#include "base/io/file_lock.h"
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/upgrade/command_record.h"
@@ -141,8 +142,18 @@ Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& 
 
 Status Controller::Init() {
   BATON_RETURN_IF_ERROR(MakeDir(config_.runtime_dir));
+  // Before anything of the runtime directory (its cgroups, its keeper, its socket) or the
+  // state directory is touched: a second controller started by mistake leaves the running
+  // one's engines, memory and cgroups alone.
+  BATON_ASSIGN_OR_RETURN(runtime_lock_,
+                         LockFile(config_.lock_path(), "runtime directory " + config_.runtime_dir));
   BATON_RETURN_IF_ERROR(MakeDir(config_.state_dir));
   if (!config_.engine_log_dir.empty()) BATON_RETURN_IF_ERROR(MakeDir(config_.engine_log_dir));
+  BATON_ASSIGN_OR_RETURN(EpochJournal journal,
+                         EpochJournal::Open(config_.journal_path(), config_.epoch_reserve));
+  journal_.emplace(std::move(journal));
+  BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "
+                        << journal_->current();
   BATON_ASSIGN_OR_RETURN(cgroups_, EngineCgroups::Open(config_.engine_cgroup, config_.runtime_dir,
                                                        &cgroups_off_reason_));
   if (cgroups_ != nullptr) {
@@ -155,11 +166,6 @@ Status Controller::Init() {
                           << "): a fence kills each engine's process group only";
   }
   BATON_ASSIGN_OR_RETURN(BackendChoice backend, ChooseBackend(config_));
-  BATON_ASSIGN_OR_RETURN(EpochJournal journal,
-                         EpochJournal::Open(config_.journal_path(), config_.epoch_reserve));
-  journal_.emplace(std::move(journal));
-  BATON_LOG(INFO, kLog) << "epoch journal " << journal_->path() << " at epoch "
-                        << journal_->current();
   Result<std::optional<CommandRecord>> commands = LoadCommandRecord(config_.command_record_path());
   if (commands.ok()) {
     found_.commands = *commands;

@@ -221,6 +221,9 @@ class Controller final : private Effects {
   ControllerConfig config_;
   Clock& clock_;
   TimePoint started_at_;
+  // One controller per runtime directory (config_.lock_path()), taken before anything there
+  // is touched; released last, after the engines' cgroups are gone.
+  UniqueFd runtime_lock_;
   StartState found_;  // what start-up found, handed to the Coordinator by Start()
   RosterFile roster_file_;
 

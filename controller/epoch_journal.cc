@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <linux/magic.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <cstring>
 
 #include "base/failpoint.h"
+#include "base/io/file_lock.h"
 #include "base/io/small_file.h"
 #include "base/log.h"
 #include "proto/wire/crc32c.h"
@@ -52,20 +52,6 @@ void WarnIfVolatile(const std::string& dir) {
                                << " is on tmpfs: epochs restart at 0 after a reboot; set "
                                   "controller.state_dir to persistent storage";
   }
-}
-
-Result<UniqueFd> LockJournal(const std::string& path) {
-  const std::string lock_path = path + ".lock";
-  UniqueFd lock(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock) return ErrnoStatus("open epoch journal lock " + lock_path, errno);
-  if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return Unavailable("epoch journal " + path + " is in use by another controller (" +
-                         lock_path + " is locked)");
-    }
-    return ErrnoStatus("flock " + lock_path, errno);
-  }
-  return lock;
 }
 
 }  // namespace
@@ -109,7 +95,7 @@ Result<EpochJournal> EpochJournal::Open(const std::string& path, uint64_t reserv
   if (!dir) return ErrnoStatus("open epoch journal directory " + dir_path, errno);
   struct stat lock_st;
   const bool lock_existed = ::stat((path + ".lock").c_str(), &lock_st) == 0;
-  BATON_ASSIGN_OR_RETURN(UniqueFd lock, LockJournal(path));
+  BATON_ASSIGN_OR_RETURN(UniqueFd lock, LockFile(path + ".lock", "epoch journal " + path));
   EpochJournal journal(path, std::move(dir), std::move(lock), reserve_batch);
   WarnIfVolatile(dir_path);
 
