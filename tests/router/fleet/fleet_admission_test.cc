@@ -304,5 +304,42 @@ TEST(FleetAdmissionTest, ANodeThatStaysAwayIsForgottenOnceNothingOfItIsLeft) {
   EXPECT_EQ(g.got[2]->engine_id, 3u);
 }
 
+// A node that left is not forgotten while a ticket still names it, even with nothing in flight
+// or queued there: its admission's waiters, handed back when it left, are on their way to
+// another node one after another, and a Forget() that runs meanwhile (here from the grant of
+// the first, as the router's timer could) would leave the next one nowhere to go. Once every
+// ticket is gone and the retention passed, it is forgotten.
+TEST(FleetAdmissionTest, ANodeIsNotForgottenWhileATicketStillNamesIt) {
+  FakeClock clock;
+  FleetAdmission f(clock, {});
+  const milliseconds retention(60000);
+  f.SetNodes({Node("b", "tiny", 1, "127.0.2.2:1")});
+  // b's primary refuses connections: two requests wait in b's own queue, none in flight.
+  f.Unreachable({.address = "127.0.2.2:1", .engine_id = 1, .node = "b"});
+  Grants g;
+  size_t forgotten_meanwhile = 0;
+  f.Request(New(), [&](Result<Target> t) {
+    forgotten_meanwhile += f.Forget(clock.Now() + retention, retention);
+    g.got.push_back(std::move(t));
+  });
+  f.Request(New(), g.Next());
+  EXPECT_TRUE(g.got.empty());
+  // b leaves and a joins: b's waiters go to a, the first one's grant running before the
+  // second is dispatched again.
+  f.SetNodes({Node("a", "tiny", 1, "127.0.2.1:1")});
+  EXPECT_EQ(forgotten_meanwhile, 0u) << "the second waiter's ticket still names b";
+  ASSERT_EQ(g.got.size(), 2u);
+  for (const Result<Target>& t : g.got) {
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    EXPECT_EQ(t->node, "a");
+  }
+  ASSERT_EQ(f.Nodes().size(), 2u);
+  // Nothing of b is left: forgotten once the retention passed, not before.
+  EXPECT_EQ(f.Forget(clock.Now() + retention - milliseconds(1), retention), 0u);
+  EXPECT_EQ(f.Forget(clock.Now() + retention, retention), 1u);
+  ASSERT_EQ(f.Nodes().size(), 1u);
+  EXPECT_EQ(f.Nodes()[0].name, "a");
+}
+
 }  // namespace
 }  // namespace baton
