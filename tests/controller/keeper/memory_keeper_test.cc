@@ -1,14 +1,20 @@
 // baton-keeper in a thread of the test, and its client: memory kept across "controllers"
-// (connections), handed back as the same memory, and let go on request.
+// (connections), handed back as the same memory, and let go on request. With baton-keeper
+// processes: one started when none answers, one that never answers killed after its grace and
+// replaced, one that answers late within its grace kept and used, a stranger left alone.
 #include "controller/keeper/memory_keeper.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <thread>
 
@@ -67,6 +73,47 @@ class KeeperStopper {
   const std::string socket_;
   bool dismissed_ = false;
 };
+
+// `baton-keeper --socket socket` run as a child of the test (its output to `log`), so that
+// how it ended can be read: killed when the test stops before it was reaped.
+class KeeperChild {
+ public:
+  KeeperChild(const std::string& binary, const std::string& socket, const std::string& log) {
+    const char* argv[] = {binary.c_str(), "--socket", socket.c_str(), nullptr};
+    pid_ = ::fork();
+    if (pid_ == 0) {  // system calls only: the test has threads
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+      if (fd >= 0) {
+        ::dup2(fd, STDOUT_FILENO);
+        ::dup2(fd, STDERR_FILENO);
+      }
+      ::execv(binary.c_str(), const_cast<char* const*>(argv));
+      ::_exit(127);
+    }
+  }
+  KeeperChild(const KeeperChild&) = delete;
+  KeeperChild& operator=(const KeeperChild&) = delete;
+  ~KeeperChild() {
+    if (pid_ > 0) (void)testing_support::ReapWithin(pid_, std::chrono::milliseconds(0));
+  }
+  pid_t pid() const { return pid_; }
+  // Its wait status once it exited within `within`; -1 (and killed) otherwise.
+  int Reap(std::chrono::milliseconds within) {
+    const int status = testing_support::ReapWithin(pid_, within);
+    pid_ = -1;
+    return status;
+  }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
 
 ino_t Inode(int fd) {
   struct stat st {};
@@ -199,6 +246,54 @@ TEST_F(MemoryKeeperTest, AKeeperThatRunsButNeverAnswersIsKilledAndReplaced) {
   EXPECT_NE(*pid, silent);
   ASSERT_TRUE(started->Keep("pool", "{}", {}).ok());
   ASSERT_TRUE(started->Release("").ok());
+  stopper.Dismiss();
+}
+
+// A baton-keeper that runs but is busy with the connection of the controller before (it
+// serves one at a time) answers the next controller only once that connection closes: after
+// the first try went unanswered, within the grace. It is not killed, and its answer is used:
+// the memory it kept is handed back.
+TEST_F(MemoryKeeperTest, AKeeperThatAnswersLateWithinItsGraceIsKeptAndUsed) {
+  const std::string other = dir_ + "/other.sock";
+  const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
+  const std::string log = dir_ + "/keeper.log";
+  KeeperChild keeper(binary, other, log);
+  ASSERT_GT(keeper.pid(), 0);
+  KeeperStopper stopper(other);  // a keeper started in its place, were it killed
+  Result<KeeperClient> busy = Unavailable("not connected");
+  for (int i = 0; i < 3000 && !busy.ok(); ++i) {
+    busy = KeeperClient::Connect(other, "", "");
+    if (!busy.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(busy.ok()) << busy.status().ToString();
+  ASSERT_TRUE(busy->Keep("weights", "{\"generation\": 7}", {}).ok());
+  std::atomic<bool> asking = false;
+  Result<KeeperClient> late = Unavailable("not connected");
+  std::thread next([&] {
+    asking = true;
+    late = KeeperClient::Connect(other, binary, log, std::chrono::seconds(30),
+                                 std::chrono::seconds(30));
+  });
+  while (!asking) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Once the first try's Hello timeout (a second) has passed, the busy connection closes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  busy = Unavailable("the controller before is gone");
+  next.join();
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  Result<pid_t> pid = late->KeeperPid();
+  ASSERT_TRUE(pid.ok());
+  EXPECT_EQ(*pid, keeper.pid()) << "the keeper that answered late, not a new one";
+  Result<std::optional<KeptItem>> item = late->Fetch("weights");
+  ASSERT_TRUE(item.ok()) << item.status().ToString();
+  ASSERT_TRUE(item->has_value()) << "what it kept is handed back";
+  EXPECT_EQ((*item)->manifest, "{\"generation\": 7}");
+  EXPECT_NE(ReadFile(log).find("refused a connection"), std::string::npos)
+      << "the first try, closed unanswered, was asked again:\n"
+      << ReadFile(log);
+  ASSERT_TRUE(late->Release("").ok());
+  const int status = keeper.Reap(std::chrono::milliseconds(10000));
+  EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "it exited when told to, never killed: " << status;
   stopper.Dismiss();
 }
 
