@@ -112,6 +112,11 @@ struct SimEngine {
   std::set<uint32_t> mapped;     // writable, until dead and past the barrier
   std::set<uint32_t> returning;  // given back in a ReturnExtents still on its way
   TimePoint returning_until{};
+  // Set by a scenario that plays this engine's answers to Reclaims: the Reclaims it reads are
+  // kept here unanswered (the scenario answers with SimWorld::GiveBack). Never in the
+  // randomized simulation.
+  bool holds_reclaims = false;
+  std::vector<proto::Reclaim> held_reclaims;
   std::optional<FromEngine> last_sent;        // for stale replays once it is gone
   std::optional<FromEngine> standby_sent;     // a message with its epoch (0) sent as a standby
   std::shared_ptr<SimEngineKv> kv;            // its KV cache and records (sim_kv.h)

@@ -159,6 +159,9 @@ class SimWorld {
   void Disconnect(EngineId id) {
     if (SimEngine* e = Find(id)) e->connected = e->attached = false;
   }
+  // The working engine `e` unmaps up to `blocks` of its highest blocks and returns them in
+  // one ReturnExtents: a Reclaim's answer, or blocks it gives up of its own accord.
+  void GiveBack(SimEngine& e, uint32_t blocks);
 
   // --- engine -> controller ------------------------------------------------------------
   // A message the engine sends now, delivered after `delay`; one engine's messages arrive

@@ -73,8 +73,12 @@ inline void SimWorld::Handle(SimEngine& e, const proto::Grant& m) {
   e.serve_at = now() + rng_.Millis(1, 10);
 }
 inline void SimWorld::Handle(SimEngine& e, const proto::Reclaim& m) {
+  if (e.holds_reclaims) return e.held_reclaims.push_back(m);
+  GiveBack(e, m.blocks);
+}
+inline void SimWorld::GiveBack(SimEngine& e, uint32_t blocks) {
   std::set<uint32_t> give;
-  for (auto it = e.mapped.rbegin(); it != e.mapped.rend() && give.size() < m.blocks; ++it) {
+  for (auto it = e.mapped.rbegin(); it != e.mapped.rend() && give.size() < blocks; ++it) {
     give.insert(*it);
   }
   e.kv->Give(give);
