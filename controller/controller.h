@@ -94,6 +94,20 @@ class Controller final : private Effects {
   // controller_memory.cc: the weights, the pool and the device memory.
   Status SetUpMemory(const BackendChoice& backend, BackendMode mode);
   std::optional<KeeperClient> ConnectKeeper();
+  // The record of what baton-keeper keeps (none without a keeper, or when it does not load).
+  std::optional<MemoryRecord> LoadKeptRecord(bool keeper) const;
+  // At a start with no roster: the kept memory's unaccounted holders killed
+  // (ClearHoldersOfKeptMemory); why the kept pool cannot be adopted ("": it can).
+  std::string WhyKeptPoolIsUnsafe(const BackendChoice& backend, bool weights_adopted,
+                                  bool pool_adopted);
+  // The device memory over the host memory just set up; where it cannot be made over adopted
+  // weights, the weights are loaded afresh and it is made as at a first start. Returns why
+  // the weights were not adopted (`weights_why`, or that reload's reason).
+  Result<std::string> SetUpDeviceOverHost(const BackendChoice& backend, BackendMode mode,
+                                          KeeperClient* keeper, const std::string& weights_why,
+                                          bool pool_adopted);
+  // found_.blocks_per_chunk for a device pool (mapped by whole chunks), logged when rounded.
+  void NoteDeviceChunks();
   // Each takes what baton-keeper kept, when `record` proves it; returns why not ("": adopted).
   // With `files_may_differ` the weights are taken whatever the model files are now.
   std::string AdoptWeights(std::optional<KeeperClient>& keeper,

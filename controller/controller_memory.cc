@@ -24,28 +24,14 @@ constexpr Duration kDeviceProbeTimeout = std::chrono::seconds(2);
 
 Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
   std::optional<KeeperClient> keeper = ConnectKeeper();
-  std::optional<MemoryRecord> record;
-  if (keeper.has_value()) {
-    Result<std::optional<MemoryRecord>> loaded = LoadMemoryRecord(config_.memory_record_path());
-    if (loaded.ok()) {
-      record = *loaded;
-    } else {
-      BATON_LOG(WARN, kLog) << "ignoring the memory record: " << loaded.status().message();
-    }
-  }
+  const std::optional<MemoryRecord> record = LoadKeptRecord(keeper.has_value());
   MemoryRecord kept = record.value_or(MemoryRecord{});
   BATON_ASSIGN_OR_RETURN(const std::string weights_why, SetUpWeights(keeper, record));
   std::string pool_why = AdoptPool(keeper, record);
   if (!found_.roster.has_value() && (weights_why.empty() || pool_why.empty())) {
     // A writer nobody accounts for may outlive the wait: the pool is then made anew (the
     // weights are sealed read-only for every process: they stay).
-    std::string held = ClearHoldersOfKeptMemory(weights_why.empty(), pool_why.empty());
-    if (held.empty() && !found_.holders_killed.empty() &&
-        backend.kind == MemoryBackendKind::kCuda) {
-      // Their GPU work is not awaited here (the barrier's NVML check is not loaded yet): the
-      // device memory is made anew, and the pool whose records describe it with it.
-      held = "killed processes that held the kept memory may still run GPU work";
-    }
+    const std::string held = WhyKeptPoolIsUnsafe(backend, weights_why.empty(), pool_why.empty());
     if (!held.empty() && pool_why.empty()) {
       pool_adopted_ = false;
       pool_why = held;
@@ -60,42 +46,74 @@ Status Controller::SetUpMemory(const BackendChoice& backend, BackendMode mode) {
   // No keeper keeps this memory: a record naming a previous keeper's would have the next
   // controller adopt memory that the engines no longer map, should that keeper come back.
   if (!keeper.has_value() && config_.keep_memory) SaveRecord();
-  KeeperClient* keeping = keeper.has_value() ? &*keeper : nullptr;
-  Status device =
-      SetUpDeviceMemory(backend, mode, keeping, weights_why.empty() && pool_why.empty());
-  std::string weights_note = weights_why;
-  if (backend.kind == MemoryBackendKind::kCuda && device_ == nullptr && weights_why.empty()) {
-    // The device copy could not be made over the adopted arena (which this controller maps
-    // read-only and pins READ_ONLY, or copies from pageable memory where it cannot): the
-    // weights are loaded afresh and the copy made as at a first start.
-    BATON_LOG(WARN, kLog) << "device memory over the adopted weights failed ("
-                          << (device.ok() ? "fell back to the host backend" : device.message())
-                          << "): loading the weights afresh";
-    BATON_RETURN_IF_ERROR(LoadWeights());
-    weights_note = "the device copy could not be made over the adopted arena";
-    if (keeper.has_value()) {  // the kept weights are not these: keep the ones the copy is of
-      KeepMemory(*keeper, /*weights_adopted=*/false, /*pool_adopted=*/true, &memory_record_);
-    }
-    device = SetUpDeviceMemory(backend, mode, keeping, /*host_adopted=*/false);
-  }
-  BATON_RETURN_IF_ERROR(device);
+  BATON_ASSIGN_OR_RETURN(const std::string weights_note,
+                         SetUpDeviceOverHost(backend, mode, keeper.has_value() ? &*keeper : nullptr,
+                                             weights_why, pool_why.empty()));
   found_.cuda_backend = cuda_backend_;
-  if (device_ != nullptr) {  // engines map the device pool by whole chunks
-    const uint64_t chunk = device_->stats().pool_chunk_bytes;
-    found_.blocks_per_chunk = static_cast<uint32_t>(chunk / config_.block_bytes);
-    const uint64_t pool_bytes = uint64_t{config_.block_count} * config_.block_bytes;
-    if (chunk != config_.gpu_pool_chunk_bytes && chunk < pool_bytes) {  // not the pool's size
-      BATON_LOG(INFO, kLog) << "device pool chunks of " << chunk << " bytes: gpu.pool_chunk_bytes "
-                            << config_.gpu_pool_chunk_bytes
-                            << " rounded to whole blocks on the device's allocation "
-                               "granularity (at least one such unit)";
-    }
-  }
+  NoteDeviceChunks();
   NoteMemoryIdentity(weights_note, pool_why);
   BATON_LOG(INFO, kLog) << "pool: " << config_.block_count << " blocks of " << config_.block_bytes
                         << " bytes, huge_pages=" << pool_.huge_pages()
                         << (pool_adopted_ ? ", adopted" : "");
   return OkStatus();
+}
+
+std::optional<MemoryRecord> Controller::LoadKeptRecord(bool keeper) const {
+  if (!keeper) return std::nullopt;
+  Result<std::optional<MemoryRecord>> loaded = LoadMemoryRecord(config_.memory_record_path());
+  if (!loaded.ok()) {
+    BATON_LOG(WARN, kLog) << "ignoring the memory record: " << loaded.status().message();
+    return std::nullopt;
+  }
+  return *loaded;
+}
+
+std::string Controller::WhyKeptPoolIsUnsafe(const BackendChoice& backend, bool weights_adopted,
+                                            bool pool_adopted) {
+  std::string held = ClearHoldersOfKeptMemory(weights_adopted, pool_adopted);
+  if (held.empty() && !found_.holders_killed.empty() && backend.kind == MemoryBackendKind::kCuda) {
+    // Their GPU work is not awaited here (the barrier's NVML check is not loaded yet): the
+    // device memory is made anew, and the pool whose records describe it with it.
+    held = "killed processes that held the kept memory may still run GPU work";
+  }
+  return held;
+}
+
+Result<std::string> Controller::SetUpDeviceOverHost(const BackendChoice& backend, BackendMode mode,
+                                                    KeeperClient* keeper,
+                                                    const std::string& weights_why,
+                                                    bool pool_adopted) {
+  Status device = SetUpDeviceMemory(backend, mode, keeper, weights_why.empty() && pool_adopted);
+  if (backend.kind != MemoryBackendKind::kCuda || device_ != nullptr || !weights_why.empty()) {
+    BATON_RETURN_IF_ERROR(device);
+    return weights_why;
+  }
+  // The device copy could not be made over the adopted arena (which this controller maps
+  // read-only and pins READ_ONLY, or copies from pageable memory where it cannot): the
+  // weights are loaded afresh and the copy made as at a first start.
+  BATON_LOG(WARN, kLog) << "device memory over the adopted weights failed ("
+                        << (device.ok() ? "fell back to the host backend" : device.message())
+                        << "): loading the weights afresh";
+  BATON_RETURN_IF_ERROR(LoadWeights());
+  if (keeper != nullptr) {  // the kept weights are not these: keep the ones the copy is of
+    KeepMemory(*keeper, /*weights_adopted=*/false, /*pool_adopted=*/true, &memory_record_);
+  }
+  BATON_RETURN_IF_ERROR(SetUpDeviceMemory(backend, mode, keeper, /*host_adopted=*/false));
+  return std::string("the device copy could not be made over the adopted arena");
+}
+
+void Controller::NoteDeviceChunks() {
+  if (device_ == nullptr) return;
+  // Engines map the device pool by whole chunks.
+  const uint64_t chunk = device_->stats().pool_chunk_bytes;
+  found_.blocks_per_chunk = static_cast<uint32_t>(chunk / config_.block_bytes);
+  const uint64_t pool_bytes = uint64_t{config_.block_count} * config_.block_bytes;
+  if (chunk != config_.gpu_pool_chunk_bytes && chunk < pool_bytes) {  // not the pool's size
+    BATON_LOG(INFO, kLog) << "device pool chunks of " << chunk << " bytes: gpu.pool_chunk_bytes "
+                          << config_.gpu_pool_chunk_bytes
+                          << " rounded to whole blocks on the device's allocation "
+                             "granularity (at least one such unit)";
+  }
 }
 
 std::optional<KeeperClient> Controller::ConnectKeeper() {
