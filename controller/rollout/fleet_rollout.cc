@@ -128,65 +128,19 @@ void FleetRollout::Note(const Rollout& r) {
 }
 
 bool FleetRollout::Round() {
-  Result<std::optional<EtcdKeyValue>> kv = etcd_->Get(key_);
-  if (!kv.ok()) {
-    Failed(kv.status());
-    return false;
-  }
-  {
-    MutexLock lock(mu_);
-    if (etcd_down_) {
-      BATON_LOG(INFO, kLog) << "etcd answers again";
-      etcd_down_ = false;
-      snapshot_.last_error.clear();
-    }
-  }
-  if (!kv->has_value()) return false;
-  Result<Rollout> read = ParseRolloutRecord((*kv)->value);
-  if (!read.ok()) {
-    const std::string revision = std::to_string((*kv)->mod_revision);
-    if (refused_revision_ != revision) {
-      refused_revision_ = revision;
-      BATON_LOG(WARN, kLog) << key_ << " skipped: " << read.status().message();
-    }
-    return false;
-  }
-  const Rollout& before = *read;
+  std::optional<std::pair<Rollout, int64_t>> read = ReadRecord();
+  if (!read.has_value()) return false;
+  const Rollout& before = read->first;
   Note(before);
   if (RolloutSettled(before)) return false;
-  const int64_t now = UnixMillisNow();
-  Rollout next = before;
-  std::set<std::string> listed;
-  if (!RolloutEnded(before.state)) {
-    Result<EtcdRange> nodes = etcd_->GetPrefix(FleetNodesPrefix(options_.prefix));
-    if (!nodes.ok()) {
-      Failed(nodes.status());
-      return false;
-    }
-    for (const EtcdKeyValue& n : nodes->kvs) {
-      listed.insert(n.key.substr(FleetNodesPrefix(options_.prefix).size()));
-    }
-    if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {
-      next = std::move(*advanced);
-    }
+  Result<Rollout> next = NextRollout(before);
+  if (!next.ok()) {
+    Failed(next.status());
+    return false;
   }
-  if (next.Find(options_.node) != nullptr) {
-    Result<LocalUpgrade> local = local_->View();
-    if (local.ok()) {
-      const NodeDecision d = DecideNode(next, options_.node, *local, now);
-      if (std::optional<NodeRollout> entry = TakeStep(next, d)) {
-        *next.Find(options_.node) = std::move(*entry);
-        next.updated_ms = now;
-        // What this node's result means for the rollout goes in the same write.
-        if (std::optional<Rollout> advanced = AdvanceRollout(next, listed, now)) {
-          next = std::move(*advanced);
-        }
-      }
-    }
-  }
-  if (next == before) return false;
+  if (*next == before) return false;
   Result<std::optional<int64_t>> put =
-      etcd_->CompareAndPut(key_, RolloutRecord(next), (*kv)->mod_revision);
+      etcd_->CompareAndPut(key_, RolloutRecord(*next), read->second);
   if (!put.ok()) {
     Failed(put.status());
     return false;
@@ -197,8 +151,63 @@ bool FleetRollout::Round() {
     return true;  // someone wrote meanwhile: read it again
   }
   ++snapshot_.writes;
-  LogChanges(&before, next, options_.node);
+  LogChanges(&before, *next, options_.node);
   return true;
+}
+
+std::optional<std::pair<Rollout, int64_t>> FleetRollout::ReadRecord() {
+  Result<std::optional<EtcdKeyValue>> kv = etcd_->Get(key_);
+  if (!kv.ok()) {
+    Failed(kv.status());
+    return std::nullopt;
+  }
+  {
+    MutexLock lock(mu_);
+    if (etcd_down_) {
+      BATON_LOG(INFO, kLog) << "etcd answers again";
+      etcd_down_ = false;
+      snapshot_.last_error.clear();
+    }
+  }
+  if (!kv->has_value()) return std::nullopt;
+  Result<Rollout> read = ParseRolloutRecord((*kv)->value);
+  if (!read.ok()) {
+    const std::string revision = std::to_string((*kv)->mod_revision);
+    if (refused_revision_ != revision) {
+      refused_revision_ = revision;
+      BATON_LOG(WARN, kLog) << key_ << " skipped: " << read.status().message();
+    }
+    return std::nullopt;
+  }
+  return std::make_pair(std::move(read).value(), (*kv)->mod_revision);
+}
+
+Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
+  const int64_t now = UnixMillisNow();
+  Rollout next = before;
+  std::set<std::string> listed;
+  if (!RolloutEnded(before.state)) {
+    BATON_ASSIGN_OR_RETURN(EtcdRange nodes, etcd_->GetPrefix(FleetNodesPrefix(options_.prefix)));
+    for (const EtcdKeyValue& n : nodes.kvs) {
+      listed.insert(n.key.substr(FleetNodesPrefix(options_.prefix).size()));
+    }
+    if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {
+      next = std::move(*advanced);
+    }
+  }
+  if (next.Find(options_.node) == nullptr) return next;
+  Result<LocalUpgrade> local = local_->View();
+  if (!local.ok()) return next;
+  const NodeDecision d = DecideNode(next, options_.node, *local, now);
+  if (std::optional<NodeRollout> entry = TakeStep(next, d)) {
+    *next.Find(options_.node) = std::move(*entry);
+    next.updated_ms = now;
+    // What this node's result means for the rollout goes in the same write.
+    if (std::optional<Rollout> advanced = AdvanceRollout(next, listed, now)) {
+      next = std::move(*advanced);
+    }
+  }
+  return next;
 }
 
 std::optional<NodeRollout> FleetRollout::TakeStep(const Rollout& r, const NodeDecision& d) {

@@ -73,6 +73,12 @@ class FleetRollout {
   void Run();
   // One reading of the record and what follows; true when it should be read again at once.
   bool Round();
+  // The rollout record and its revision; none when etcd fails (Failed), when there is none,
+  // or when it does not parse (logged once per revision).
+  std::optional<std::pair<Rollout, int64_t>> ReadRecord();
+  // `before` advanced: nodes that left, this node's next step (TakeStep) and what its result
+  // means for the rollout, for one write. An etcd error when the nodes cannot be listed.
+  Result<Rollout> NextRollout(const Rollout& before);
   // Takes this node's step; returns the entry to write (nullopt: nothing).
   std::optional<NodeRollout> TakeStep(const Rollout& rollout, const NodeDecision& decision);
   void Note(const Rollout& rollout);
