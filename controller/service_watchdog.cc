@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "base/log.h"
+#include "base/text/metric_number.h"
 
 namespace baton {
 namespace {
@@ -67,7 +68,7 @@ std::string ServiceWatchdog::Metrics() const {
   std::ostringstream out;
   const auto gauge = [&](const char* name, const char* help, double v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
-        << name << " " << v << "\n";
+        << name << " " << MetricNumber(v) << "\n";
   };
   gauge("baton_controller_loop_delay_ms",
         "How late the controller's event loop ran its last liveness timer", last_delay_ms_);

@@ -1,6 +1,6 @@
 #include "router/router_metrics.h"
 
-#include <sstream>
+#include "base/text/metric_number.h"
 
 namespace baton {
 namespace {
@@ -20,19 +20,13 @@ std::string Escape(const std::string& s) {
 
 std::string RouteLabel(const std::string& route) { return "route=\"" + Escape(route) + "\""; }
 
-std::string Num(double v) {
-  std::ostringstream s;
-  s << v;
-  return s.str();
-}
-
 void Header(const char* name, const char* type, const char* help, std::string* out) {
   *out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
 }
 
 void Gauge(const char* name, const char* help, double value, std::string* out) {
   Header(name, "gauge", help, out);
-  *out += std::string(name) + " " + Num(value) + "\n";
+  *out += std::string(name) + " " + MetricNumber(value) + "\n";
 }
 
 // A counter by engine id: `field` of each outcome.
@@ -59,12 +53,12 @@ void Histogram::Observe(double seconds) {
 void Histogram::Render(const std::string& name, const std::string& labels, std::string* out) const {
   const std::string sep = labels.empty() ? "" : ",";
   for (size_t i = 0; i < bounds_.size(); ++i) {
-    *out += name + "_bucket{" + labels + sep + "le=\"" + Num(bounds_[i]) + "\"} " +
+    *out += name + "_bucket{" + labels + sep + "le=\"" + MetricNumber(bounds_[i]) + "\"} " +
             std::to_string(buckets_[i]) + "\n";
   }
   *out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
   const std::string braces = labels.empty() ? "" : "{" + labels + "}";
-  *out += name + "_sum" + braces + " " + Num(sum_) + "\n";
+  *out += name + "_sum" + braces + " " + MetricNumber(sum_) + "\n";
   *out += name + "_count" + braces + " " + std::to_string(count_) + "\n";
 }
 
@@ -172,7 +166,7 @@ std::string RouterMetrics::Render(const RouterGauges& g) const {
   for (const TargetWeight& w : g.weights) {
     out += "baton_router_engine_weight_percent{engine_id=\"" + std::to_string(w.target.engine_id) +
            "\",address=\"" + Escape(w.target.address) + "\",role=\"" +
-           Escape(proto::ToString(w.role)) + "\"} " + Num(w.weight) + "\n";
+           Escape(proto::ToString(w.role)) + "\"} " + MetricNumber(w.weight) + "\n";
   }
   Header("baton_router_engine_requests_total", "counter",
          "Engine attempts that ended, by engine (failed, succeeded or abandoned).", &out);

@@ -1,17 +1,10 @@
 #include "standby/engine_metrics.h"
 
-#include <cstdio>
-
 #include "base/build_info.h"
+#include "base/text/metric_number.h"
 
 namespace baton {
 namespace {
-
-std::string Number(double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.9g", v);
-  return buf;
-}
 
 void Header(const char* name, const char* type, const char* help, std::string* out) {
   *out += std::string("# HELP ") + name + " " + help + "\n";
@@ -20,7 +13,7 @@ void Header(const char* name, const char* type, const char* help, std::string* o
 
 void Scalar(const char* name, const char* type, const char* help, double value, std::string* out) {
   Header(name, type, help, out);
-  *out += std::string(name) + " " + Number(value) + "\n";
+  *out += std::string(name) + " " + MetricNumber(value) + "\n";
 }
 
 }  // namespace
@@ -40,10 +33,10 @@ void Histogram::Render(const std::string& name, std::string* out) const {
   uint64_t cumulative = 0;
   for (size_t i = 0; i < buckets_.size(); ++i) {
     cumulative += buckets_[i];
-    const std::string le = i < bounds_.size() ? Number(bounds_[i]) : "+Inf";
+    const std::string le = i < bounds_.size() ? MetricNumber(bounds_[i]) : "+Inf";
     *out += name + "_bucket{le=\"" + le + "\"} " + std::to_string(cumulative) + "\n";
   }
-  *out += name + "_sum " + Number(sum_) + "\n";
+  *out += name + "_sum " + MetricNumber(sum_) + "\n";
   *out += name + "_count " + std::to_string(count_) + "\n";
 }
 

@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "base/text/metric_number.h"
+
 namespace baton {
 
 using nlohmann::json;
@@ -68,7 +70,7 @@ std::string FleetMetrics(const ControllerStatus& c) {
   std::ostringstream out;
   auto one = [&](const char* name, const char* type, const char* help, double v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n"
-        << name << " " << v << "\n";
+        << name << " " << MetricNumber(v) << "\n";
   };
   one("baton_fleet_registered", "gauge", "1 while the node's record is in etcd under a live lease",
       c.fleet.registered ? 1 : 0);

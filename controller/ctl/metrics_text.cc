@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "base/bug.h"
+#include "base/text/metric_number.h"
 #include "controller/ctl/ctl_fleet.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/degradations.h"
@@ -16,11 +17,11 @@ std::string MetricsText(const ControllerStatus& c) {
   std::ostringstream out;
   auto gauge = [&](const char* name, const char* help, double v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
-        << name << " " << v << "\n";
+        << name << " " << MetricNumber(v) << "\n";
   };
   auto counter = [&](const char* name, const char* help, double v) {
     out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
-        << name << " " << v << "\n";
+        << name << " " << MetricNumber(v) << "\n";
   };
   gauge("baton_epoch", "Durable fencing epoch", static_cast<double>(c.journal.durable));
   gauge("baton_pair_ready", "1 when the pair has a serving primary and a ready standby",
@@ -151,7 +152,8 @@ std::string MetricsText(const ControllerStatus& c) {
          {std::pair{"detect", p.detect_ms}, std::pair{"fence", p.fence_ms},
           std::pair{"promote", p.promote_ms}, std::pair{"ready", p.ready_ms}}) {
       if (ms.has_value())
-        out << "baton_last_failover_phase_ms{phase=\"" << phase << "\"} " << *ms << "\n";
+        out << "baton_last_failover_phase_ms{phase=\"" << phase << "\"} " << MetricNumber(*ms)
+            << "\n";
     }
   }
   // Per failover kept in the timeline (the last 16): ready and teardown side by side.
@@ -161,8 +163,8 @@ std::string MetricsText(const ControllerStatus& c) {
       const std::optional<double> v = value(r);
       if (!v.has_value()) continue;
       out << name << "{seq=\"" << r.seq << "\",kind=\"" << ToString(r.kind)
-          << "\",before_barrier=\"" << (PromotedBeforeBarrier(r) ? "true" : "false") << "\"} " << *v
-          << "\n";
+          << "\",before_barrier=\"" << (PromotedBeforeBarrier(r) ? "true" : "false") << "\"} "
+          << MetricNumber(*v) << "\n";
     }
   };
   per_failover("baton_failover_ready_ms", "Detection to route published, per promotion kept",

@@ -1,0 +1,28 @@
+// The router's /metrics text (router/router_metrics.h) on gauges made by hand.
+#include "router/router_metrics.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace baton {
+namespace {
+
+bool Has(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+TEST(RouterMetricsText, LargeAndFractionalValuesAreWrittenExactly) {
+  RouterMetrics m;
+  m.ObserveQueueWait(1'234'567.25);
+  RouterGauges g;
+  g.table.version = 2'097'152;
+  g.table.epoch = 12'345'678;
+  const std::string text = m.Render(g);
+  EXPECT_TRUE(Has(text, "\nbaton_router_route_table_version 2097152\n")) << text;
+  EXPECT_TRUE(Has(text, "\nbaton_router_epoch 12345678\n")) << text;
+  EXPECT_TRUE(Has(text, "\nbaton_router_queue_wait_seconds_sum 1234567.25\n")) << text;
+}
+
+}  // namespace
+}  // namespace baton
