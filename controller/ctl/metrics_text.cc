@@ -1,4 +1,5 @@
-// MetricsText: the controller's gauges and counters in Prometheus text (ctl_service.h).
+// MetricsText: the controller's gauges and counters in Prometheus text (ctl_service.h), one
+// section per group of families, in the order they are written.
 
 #include <sstream>
 
@@ -10,155 +11,192 @@
 #include "controller/upgrade/ctl_upgrade.h"
 
 namespace baton {
+namespace {
 
-std::string MetricsText(const ControllerStatus& c) {
+// The # HELP and # TYPE lines of one family.
+void Family(std::ostream& out, const char* name, const char* type, const char* help) {
+  out << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+}
+
+void Gauge(std::ostream& out, const char* name, const char* help, double v) {
+  Family(out, name, "gauge", help);
+  out << name << " " << MetricNumber(v) << "\n";
+}
+
+void Counter(std::ostream& out, const char* name, const char* help, double v) {
+  Family(out, name, "counter", help);
+  out << name << " " << MetricNumber(v) << "\n";
+}
+
+// The pair, its engines and the pool's blocks.
+void PairMetrics(const ControllerStatus& c, std::ostream& out) {
   const CoordinatorStatus& core = c.core;
   const LedgerSnapshot& s = core.ledger;
-  std::ostringstream out;
-  auto gauge = [&](const char* name, const char* help, double v) {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n"
-        << name << " " << MetricNumber(v) << "\n";
-  };
-  auto counter = [&](const char* name, const char* help, double v) {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " counter\n"
-        << name << " " << MetricNumber(v) << "\n";
-  };
-  gauge("baton_epoch", "Durable fencing epoch", static_cast<double>(c.journal.durable));
-  gauge("baton_pair_ready", "1 when the pair has a serving primary and a ready standby",
+  Gauge(out, "baton_epoch", "Durable fencing epoch", static_cast<double>(c.journal.durable));
+  Gauge(out, "baton_pair_ready", "1 when the pair has a serving primary and a ready standby",
         core.pair_state == PairState::kReady ? 1 : 0);
-  gauge("baton_pair_serving", "1 when a primary serves", PairServes(core.pair_state) ? 1 : 0);
-  gauge("baton_engines", "Engines not being fenced", static_cast<double>(core.engines.size()));
-  gauge("baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
-  gauge("baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
-  gauge("baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
-  gauge("baton_promotion_reserve_blocks",
+  Gauge(out, "baton_pair_serving", "1 when a primary serves", PairServes(core.pair_state) ? 1 : 0);
+  Gauge(out, "baton_engines", "Engines not being fenced", static_cast<double>(core.engines.size()));
+  Gauge(out, "baton_pool_blocks_free", "Free pool blocks", s.free_blocks);
+  Gauge(out, "baton_pool_blocks_granted", "Granted pool blocks", s.granted_blocks);
+  Gauge(out, "baton_pool_blocks_quarantined", "Quarantined pool blocks", s.quarantined_blocks);
+  Gauge(out, "baton_promotion_reserve_blocks",
         "Free blocks kept for a promotion before the old primary's barrier",
         core.reserve_available);
-  gauge("baton_promotion_reserve_target_blocks",
+  Gauge(out, "baton_promotion_reserve_target_blocks",
         "The promotion reserve's size (0: none, every promotion waits for the barrier)",
         core.reserve_target);
-  out << "# HELP baton_engine_blocks Pool blocks leased to each engine\n"
-         "# TYPE baton_engine_blocks gauge\n";
+  Family(out, "baton_engine_blocks", "gauge", "Pool blocks leased to each engine");
   for (const EngineStatus& e : core.engines) {
     out << "baton_engine_blocks{engine_id=\"" << e.id << "\",role=\"" << proto::ToString(e.role)
         << "\"} " << e.ledger.blocks << "\n";
   }
-  gauge("baton_weights_bytes", "Weight arena bytes resident",
+}
+
+// The weight arena: its size and how it is paged.
+void WeightsMetrics(const ControllerStatus& c, std::ostream& out) {
+  Gauge(out, "baton_weights_bytes", "Weight arena bytes resident",
         static_cast<double>(c.weights.arena_bytes));
-  out << "# HELP baton_weights_arena_bytes Weight arena bytes by page size (a partial arena has "
-         "both)\n# TYPE baton_weights_arena_bytes gauge\n"
-      << "baton_weights_arena_bytes{pages=\"2M\"} " << c.weights.huge_bytes << "\n"
+  Family(out, "baton_weights_arena_bytes", "gauge",
+         "Weight arena bytes by page size (a partial arena has both)");
+  out << "baton_weights_arena_bytes{pages=\"2M\"} " << c.weights.huge_bytes << "\n"
       << "baton_weights_arena_bytes{pages=\"4K\"} " << c.weights.small_bytes << "\n";
-  gauge("baton_crash_loop_backoff", "1 while restarts are held back",
+}
+
+// Restarts held back, and how engines are fenced and their teardown awaited.
+void FencingMetrics(const ControllerStatus& c, std::ostream& out) {
+  const CoordinatorStatus& core = c.core;
+  Gauge(out, "baton_crash_loop_backoff", "1 while restarts are held back",
         core.guard_in_backoff ? 1 : 0);
-  gauge("baton_engine_cgroups", "1 while each engine runs in a cgroup that a fence kills whole",
+  Gauge(out, "baton_engine_cgroups",
+        "1 while each engine runs in a cgroup that a fence kills whole",
         !c.cgroup_base.empty() ? 1 : 0);
-  gauge("baton_engines_liveness_watched",
+  Gauge(out, "baton_engines_liveness_watched",
         "Engines whose death is seen by their liveness page, before their teardown",
         static_cast<double>(c.liveness_watched.size()));
-  gauge("baton_cgroups_awaiting_removal",
+  Gauge(out, "baton_cgroups_awaiting_removal",
         "Cgroups of gone engines whose removal waits for their last members to exit",
         static_cast<double>(c.cgroups_awaiting_removal));
-  gauge("baton_barrier_waits", "Reaped holders whose blocks wait for the fencing barrier",
+  Gauge(out, "baton_barrier_waits", "Reaped holders whose blocks wait for the fencing barrier",
         static_cast<double>(core.barrier_waits));
-  gauge("baton_invariants_ok", "1 while no fencing invariant is violated",
+  Gauge(out, "baton_invariants_ok", "1 while no fencing invariant is violated",
         core.invariants.ok() ? 1 : 0);
-  counter("baton_engine_launches_total", "Engine processes launched",
+}
+
+// What the coordinator counted: launches, failovers, failures, refusals, timer runs.
+void EventCounters(const CoordinatorStatus& core, std::ostream& out) {
+  Counter(out, "baton_engine_launches_total", "Engine processes launched",
           static_cast<double>(core.launches));
-  counter("baton_failovers_total",
+  Counter(out, "baton_failovers_total",
           "Primaries lost (died, hung, failed); a drain, switch-over or upgrade is not counted",
           static_cast<double>(core.failovers));
-  counter("baton_engine_compute_stalls_total",
+  Counter(out, "baton_engine_compute_stalls_total",
           "Engines fenced as hung because their own progress reports showed requests pending "
           "and no compute step finished for compute_stall_timeout_ms",
           static_cast<double>(core.compute_stalls));
-  counter("baton_switchovers_called_off_total",
+  Counter(out, "baton_switchovers_called_off_total",
           "Switch-overs whose standby failed while the primary drained; the primary served on",
           static_cast<double>(core.called_off_switchovers));
-  counter("baton_engine_failures_total", "Engine failures seen by the crash-loop guard",
+  Counter(out, "baton_engine_failures_total", "Engine failures seen by the crash-loop guard",
           static_cast<double>(core.guard_total_failures));
-  counter("baton_refusals_total", "Refused messages and connections",
+  Counter(out, "baton_refusals_total", "Refused messages and connections",
           static_cast<double>(core.refusal_count));
-  counter("baton_controller_ticks_total",
+  Counter(out, "baton_controller_ticks_total",
           "Runs of the controller's housekeeping timer (deadlines, restarts, probes)",
           static_cast<double>(core.ticks));
-  gauge("baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
+}
+
+// The epoch journal, and the engines whose fence waits for it.
+void JournalMetrics(const ControllerStatus& c, std::ostream& out) {
+  Gauge(out, "baton_epoch_reserved", "Highest epoch the journal has reserved on disk",
         static_cast<double>(c.journal.reserved));
-  gauge("baton_epoch_journal_ok", "1 while the latest write of the epoch journal succeeded",
+  Gauge(out, "baton_epoch_journal_ok", "1 while the latest write of the epoch journal succeeded",
         c.journal.last_write.ok() ? 1 : 0);
-  counter("baton_epoch_journal_write_failures_total", "Failed writes of the epoch journal",
+  Counter(out, "baton_epoch_journal_write_failures_total", "Failed writes of the epoch journal",
           static_cast<double>(c.journal.write_failures));
-  gauge("baton_unfenced_reaped",
+  Gauge(out, "baton_unfenced_reaped",
         "Reaped engines whose blocks wait for a durable epoch to be fenced at",
-        static_cast<double>(core.unfenced_reaped.size()));
-  out << FleetMetrics(c);
-  gauge("baton_client_send_queued_bytes",
-        "Bytes the connections of batonctl and routers hold unsent together",
-        static_cast<double>(c.client_send_queued_bytes));
-  if (core.cuda_backend) {
-    gauge("baton_device_lost", "1 while the device memory is lost and being rebuilt",
-          !c.device.present ? 1 : 0);
-    counter("baton_device_losses_total", "Times the GPU was found lost",
-            static_cast<double>(core.device_losses));
-    counter("baton_device_rebuilds_total", "Times the device memory was rebuilt",
-            static_cast<double>(core.device_rebuilds));
-  }
-  counter("baton_refused_transitions_total",
+        static_cast<double>(c.core.unfenced_reaped.size()));
+}
+
+// The GPU's losses and rebuilds, on the CUDA backend only.
+void DeviceMetrics(const ControllerStatus& c, std::ostream& out) {
+  const CoordinatorStatus& core = c.core;
+  if (!core.cuda_backend) return;
+  Gauge(out, "baton_device_lost", "1 while the device memory is lost and being rebuilt",
+        !c.device.present ? 1 : 0);
+  Counter(out, "baton_device_losses_total", "Times the GPU was found lost",
+          static_cast<double>(core.device_losses));
+  Counter(out, "baton_device_rebuilds_total", "Times the device memory was rebuilt",
+          static_cast<double>(core.device_rebuilds));
+}
+
+// What the controller found wrong in itself: each one is a bug.
+void SelfCheckMetrics(const CoordinatorStatus& core, std::ostream& out) {
+  Counter(out, "baton_refused_transitions_total",
           "State transitions the tables refused: each one is a bug in the controller",
           static_cast<double>(core.refused_transitions));
-  counter("baton_bugs_total",
+  Counter(out, "baton_bugs_total",
           "Bugs the controller found in itself and lived through (base/bug.h): each one is a bug",
           static_cast<double>(BugCount()));
-  counter("baton_controller_restarts_total",
+}
+
+// This controller's start (what it re-adopted of the previous one's) and baton-keeper.
+void RestartMetrics(const ControllerStatus& c, std::ostream& out) {
+  const RecoveryStatus& r = c.core.recovery;
+  Counter(out, "baton_controller_restarts_total",
           "Controllers started on this state directory before this one",
           static_cast<double>(c.restarts));
-  gauge("baton_controller_recovering",
+  Gauge(out, "baton_controller_recovering",
         "1 while a restarted controller waits for the previous one's engines",
-        core.recovery.in_progress ? 1 : 0);
-  gauge("baton_controller_readopted_engines",
+        r.in_progress ? 1 : 0);
+  Gauge(out, "baton_controller_readopted_engines",
         "Engines of the previous controller this one re-adopted at its start",
-        static_cast<double>(core.recovery.readopted.size()));
-  gauge("baton_controller_unaccounted_engines",
+        static_cast<double>(r.readopted.size()));
+  Gauge(out, "baton_controller_unaccounted_engines",
         "Engines of the previous controller this one fenced at its start",
-        static_cast<double>(core.recovery.fenced.size()));
-  if (core.recovery.readopt_ms.has_value()) {
-    gauge("baton_controller_readopt_ms",
+        static_cast<double>(r.fenced.size()));
+  if (r.readopt_ms.has_value()) {
+    Gauge(out, "baton_controller_readopt_ms",
           "Process start to the pair ready again with the same engines, at this start",
-          *core.recovery.readopt_ms);
+          *r.readopt_ms);
   }
-  counter("baton_keeper_restarts_total",
+  Counter(out, "baton_keeper_restarts_total",
           "baton-keeper processes started after the one keeping the memory died",
           static_cast<double>(c.keeper.restarts));
-  out << "# HELP baton_keeper_state 1 for baton-keeper's state now (keeping, restarting, "
-         "unavailable, off)\n# TYPE baton_keeper_state gauge\n";
+  Family(out, "baton_keeper_state", "gauge",
+         "1 for baton-keeper's state now (keeping, restarting, unavailable, off)");
   for (KeeperState k : {KeeperState::kKeeping, KeeperState::kRestarting, KeeperState::kUnavailable,
                         KeeperState::kOff}) {
     out << "baton_keeper_state{state=\"" << ToString(k) << "\"} " << (c.keeper.state == k ? 1 : 0)
         << "\n";
   }
-  gauge("baton_weights_adopted", "1 when the weights were taken over from a previous controller",
+  Gauge(out, "baton_weights_adopted",
+        "1 when the weights were taken over from a previous controller",
         c.weights.load_method == "adopted" ? 1 : 0);
-  out << UpgradeMetrics(c);
-  out << DegradationMetrics(c);
+}
+
+// The last promotion phase by phase, then each one kept in the timeline (the last 16).
+void TimelineMetrics(const CoordinatorStatus& core, std::ostream& out) {
   if (!core.timelines.empty()) {
     const PhaseTimes p = PhasesOf(core.timelines.back());
     if (p.ready_ms.has_value()) {
-      gauge("baton_last_failover_ready_ms", "Detection to route published, last promotion",
+      Gauge(out, "baton_last_failover_ready_ms", "Detection to route published, last promotion",
             *p.ready_ms);
     }
-    out << "# HELP baton_last_failover_phase_ms Each phase of the last promotion (batonctl "
-           "timeline): detect, fence, promote, ready\n# TYPE baton_last_failover_phase_ms gauge\n";
+    Family(out, "baton_last_failover_phase_ms", "gauge",
+           "Each phase of the last promotion (batonctl timeline): detect, fence, promote, ready");
     for (const auto& [phase, ms] :
          {std::pair{"detect", p.detect_ms}, std::pair{"fence", p.fence_ms},
           std::pair{"promote", p.promote_ms}, std::pair{"ready", p.ready_ms}}) {
-      if (ms.has_value())
+      if (ms.has_value()) {
         out << "baton_last_failover_phase_ms{phase=\"" << phase << "\"} " << MetricNumber(*ms)
             << "\n";
+      }
     }
   }
-  // Per failover kept in the timeline (the last 16): ready and teardown side by side.
   auto per_failover = [&](const char* name, const char* help, auto value) {
-    out << "# HELP " << name << " " << help << "\n# TYPE " << name << " gauge\n";
+    Family(out, name, "gauge", help);
     for (const PromotionRecord& r : core.timelines) {
       const std::optional<double> v = value(r);
       if (!v.has_value()) continue;
@@ -179,6 +217,27 @@ std::string MetricsText(const ControllerStatus& c) {
                  if (r.old_engine == 0) return std::nullopt;
                  return r.quarantined_blocks;
                });
+}
+
+}  // namespace
+
+std::string MetricsText(const ControllerStatus& c) {
+  std::ostringstream out;
+  PairMetrics(c, out);
+  WeightsMetrics(c, out);
+  FencingMetrics(c, out);
+  EventCounters(c.core, out);
+  JournalMetrics(c, out);
+  out << FleetMetrics(c);
+  Gauge(out, "baton_client_send_queued_bytes",
+        "Bytes the connections of batonctl and routers hold unsent together",
+        static_cast<double>(c.client_send_queued_bytes));
+  DeviceMetrics(c, out);
+  SelfCheckMetrics(c.core, out);
+  RestartMetrics(c, out);
+  out << UpgradeMetrics(c);
+  out << DegradationMetrics(c);
+  TimelineMetrics(c.core, out);
   return out.str();
 }
 
