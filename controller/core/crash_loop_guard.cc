@@ -14,11 +14,19 @@ CrashLoopGuard::CrashLoopGuard(const Clock& clock, Options options)
   options_.min_restart_interval = std::max(options_.min_restart_interval, Duration(1));
 }
 
+bool CrashLoopGuard::Quiet(TimePoint now) const {
+  return has_failure_ && now - last_failure_ >= options_.quiet_period && now >= backoff_until_;
+}
+
 void CrashLoopGuard::Expire(TimePoint now) {
   while (!failures_.empty() && now - failures_.front() >= options_.window) failures_.pop_front();
-  if (has_failure_ && now - last_failure_ >= options_.quiet_period && now >= backoff_until_) {
-    level_ = 0;
-  }
+  if (Quiet(now)) level_ = 0;
+}
+
+int CrashLoopGuard::recent_failures() const {
+  const TimePoint now = clock_->Now();
+  return static_cast<int>(std::count_if(failures_.begin(), failures_.end(),
+                                        [&](TimePoint at) { return now - at < options_.window; }));
 }
 
 bool CrashLoopGuard::RecordFailure() {

@@ -6,7 +6,8 @@
 // quiet_period without a failure the backoff level resets. Independently of any trip,
 // consecutive restarts are at least min_restart_interval apart, so TryStartRestart can never
 // say yes twice without time passing. While tripped the pair shows a *_backoff state and
-// NextRestartAt() in `batonctl status`.
+// NextRestartAt() in `batonctl status`. What it reports (recent_failures, level) is read at the
+// clock's now, not at its last event: status never counts a failure older than the window.
 //
 // Pure logic over an injected Clock. Ownership: the controller owns one per pair; the Clock
 // must outlive it. Thread: io_context thread only.
@@ -45,15 +46,19 @@ class CrashLoopGuard {
   bool InBackoff() const { return clock_->Now() < backoff_until_; }
   // The earliest time TryStartRestart can succeed.
   TimePoint NextRestartAt() const;
-  // Failures counted in the current window.
-  int recent_failures() const { return static_cast<int>(failures_.size()); }
-  // Consecutive trips since the last quiet period (0: never tripped).
-  int level() const { return level_; }
+  // Failures counted in the current window, now: those less than `window` old, since the last
+  // trip (a trip starts the count again; max_failures of them trip it).
+  int recent_failures() const;
+  // Consecutive trips since the last quiet period, now (0: never tripped, or quiet since).
+  int level() const { return Quiet(clock_->Now()) ? 0 : level_; }
   uint64_t total_failures() const { return total_failures_; }
   TimePoint backoff_until() const { return backoff_until_; }
 
  private:
   void Expire(TimePoint now);
+  // True when quiet_period has passed since the last failure and no backoff holds: the level
+  // is back to 0.
+  bool Quiet(TimePoint now) const;
 
   const Clock* clock_;
   Options options_;

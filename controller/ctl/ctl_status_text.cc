@@ -13,6 +13,36 @@ namespace {
 
 using nlohmann::json;
 
+// "11.34": milliseconds as every duration of batonctl's text, to 2 decimals.
+std::string Ms(double ms) {
+  std::ostringstream text;
+  text << std::fixed << std::setprecision(2) << ms;
+  return text.str();
+}
+
+// "1 failure", "3 failures".
+std::string Failures(int64_t n) { return std::to_string(n) + (n == 1 ? " failure" : " failures"); }
+
+// The crash-loop guard's line: the failures in its window and how many trip it; in backoff,
+// what tripped it, when the next restart may start and the failures since the trip.
+std::string GuardText(const json& g) {
+  std::ostringstream window;
+  window << g["window_s"].get<double>();
+  const int64_t recent = g["recent_failures"].get<int64_t>();
+  std::ostringstream out;
+  out << "crash-loop guard: ";
+  if (g["in_backoff"].get<bool>()) {
+    out << "in backoff, tripped by " << Failures(g["max_failures"].get<int64_t>()) << " in "
+        << window.str() << " s, level " << g["level"] << "; next restart in "
+        << Ms(g["next_restart_in_ms"].get<double>()) << " ms; " << Failures(recent) << " since";
+  } else {
+    out << Failures(recent) << " in the last " << window.str() << " s (it trips at "
+        << g["max_failures"] << "), level " << g["level"];
+  }
+  out << "\n";
+  return out.str();
+}
+
 // How the weight arena is paged: all 2 MiB, all 4 KiB, or partial (bytes on each). A status
 // from a controller that does not report the split says only whether it has huge pages.
 std::string ArenaPagesText(const json& w) {
@@ -157,9 +187,7 @@ std::string StatusText(const ControllerStatus& c) {
       << (!c.cgroup_base.empty() ? "a cgroup per engine under " + c.cgroup_base
                                  : "process groups only (" + c.cgroups_off_reason + ")")
       << "\n";
-  const json& g = s["crash_loop"];
-  out << "crash-loop guard: " << g["recent_failures"] << " recent failures, level " << g["level"]
-      << (g["in_backoff"].get<bool>() ? ", in backoff" : "") << "\n";
+  out << GuardText(s["crash_loop"]);
   out << "recent transitions:\n";
   for (const json& t : s["transitions"]) {
     out << "  " << t["at"].get<std::string>() << " " << t["machine"].get<std::string>() << ": "

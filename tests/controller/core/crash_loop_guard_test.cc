@@ -33,6 +33,35 @@ TEST(CrashLoopGuardTest, FewFailuresDoNotTrip) {
   EXPECT_EQ(guard.recent_failures(), 1);
 }
 
+// What `batonctl status` reads is the count now, not at the last event: a failure older than
+// the window is no longer counted though nothing happened since.
+TEST(CrashLoopGuardTest, RecentFailuresExpireWithoutAnEvent) {
+  FakeClock clock;
+  CrashLoopGuard guard(clock, SmallOptions());
+  EXPECT_FALSE(guard.RecordFailure());
+  clock.Advance(seconds(4));
+  EXPECT_FALSE(guard.RecordFailure());
+  EXPECT_EQ(guard.recent_failures(), 2);
+  clock.Advance(seconds(6) - milliseconds(1));
+  EXPECT_EQ(guard.recent_failures(), 2);
+  clock.Advance(milliseconds(1));
+  EXPECT_EQ(guard.recent_failures(), 1);
+  clock.Advance(seconds(71));
+  EXPECT_EQ(guard.recent_failures(), 0);
+}
+
+// A trip starts a new window: the failures that tripped it are not counted again.
+TEST(CrashLoopGuardTest, ATripStartsANewWindow) {
+  FakeClock clock;
+  CrashLoopGuard guard(clock, SmallOptions());
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(guard.RecordFailure());
+  EXPECT_TRUE(guard.RecordFailure());
+  EXPECT_EQ(guard.recent_failures(), 0);
+  clock.Advance(milliseconds(100));
+  EXPECT_FALSE(guard.RecordFailure());
+  EXPECT_EQ(guard.recent_failures(), 1);
+}
+
 TEST(CrashLoopGuardTest, TripsAndBacksOffExponentiallyWithCap) {
   FakeClock clock;
   CrashLoopGuard guard(clock, SmallOptions());
@@ -62,6 +91,21 @@ TEST(CrashLoopGuardTest, QuietPeriodResetsTheLevel) {
   }
   EXPECT_EQ(guard.level(), 2);
   clock.Advance(seconds(30));
+  for (int i = 0; i < 3; ++i) (void)guard.RecordFailure();
+  EXPECT_EQ(guard.level(), 1);
+  EXPECT_EQ(guard.NextRestartAt(), clock.Now() + seconds(1));
+}
+
+// The level read after a quiet period is 0, though no failure or restart came to reset it.
+TEST(CrashLoopGuardTest, TheLevelReadsZeroAfterAQuietPeriodWithoutAnEvent) {
+  FakeClock clock;
+  CrashLoopGuard guard(clock, SmallOptions());
+  for (int i = 0; i < 3; ++i) (void)guard.RecordFailure();
+  EXPECT_EQ(guard.level(), 1);
+  clock.Advance(seconds(30) - milliseconds(1));
+  EXPECT_EQ(guard.level(), 1);
+  clock.Advance(milliseconds(1));
+  EXPECT_EQ(guard.level(), 0);
   for (int i = 0; i < 3; ++i) (void)guard.RecordFailure();
   EXPECT_EQ(guard.level(), 1);
   EXPECT_EQ(guard.NextRestartAt(), clock.Now() + seconds(1));

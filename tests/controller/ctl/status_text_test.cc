@@ -1,6 +1,7 @@
 // batonctl status's text (controller/ctl/ctl_status_text.cc) on a status made by hand.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <string>
 
 #include "controller/ctl/ctl_service.h"
@@ -22,6 +23,44 @@ TEST(StatusText, TheWeightsSayTheirLoadSpeedOrThatTheyWereAdopted) {
   s.weights.load_gbps = 0;
   s.weights.bytes_read = 0;  // a controller that adopted the arena from baton-keeper
   EXPECT_TRUE(Has(StatusText(s), ", adopted (no byte read)\n")) << StatusText(s);
+}
+
+// Between trips the guard line counts the failures in the window, against what trips it.
+TEST(StatusText, TheCrashLoopGuardCountsTheFailuresInItsWindow) {
+  ControllerConfig config;
+  config.crash.max_failures = 5;
+  config.crash.window = std::chrono::seconds(60);
+  ControllerStatus s;
+  s.config = &config;
+  s.core.guard_recent_failures = 1;
+  EXPECT_TRUE(Has(StatusText(s),
+                  "\ncrash-loop guard: 1 failure in the last 60 s (it trips at 5), "
+                  "level 0\n"))
+      << StatusText(s);
+  s.core.guard_recent_failures = 0;
+  s.core.guard_level = 2;
+  EXPECT_TRUE(Has(StatusText(s),
+                  "\ncrash-loop guard: 0 failures in the last 60 s (it trips at 5), "
+                  "level 2\n"))
+      << StatusText(s);
+}
+
+// In backoff the line says what tripped the guard and when the next restart may start.
+TEST(StatusText, TheCrashLoopGuardInBackoffSaysWhatTrippedItAndTheNextRestart) {
+  ControllerConfig config;
+  config.crash.max_failures = 5;
+  config.crash.window = std::chrono::seconds(60);
+  ControllerStatus s;
+  s.config = &config;
+  s.core.now = TimePoint(std::chrono::seconds(1000));
+  s.core.guard_in_backoff = true;
+  s.core.guard_level = 4;
+  s.core.guard_recent_failures = 0;
+  s.core.guard_next_restart_at = s.core.now + std::chrono::microseconds(7'812'346);
+  EXPECT_TRUE(Has(StatusText(s),
+                  "\ncrash-loop guard: in backoff, tripped by 5 failures in 60 s, "
+                  "level 4; next restart in 7812.35 ms; 0 failures since\n"))
+      << StatusText(s);
 }
 
 }  // namespace
