@@ -227,6 +227,7 @@ bool PromotedBeforeBarrier(const PromotionRecord& r) {
 }
 
 std::string PromotionText(const PromotionRecord& r) {
+  if (r.old_engine == 0) return "no old primary: nothing was fenced or quarantined";
   std::ostringstream out;
   if (PromotedBeforeBarrier(r) || (r.waited.empty() && !r.promote_sent.has_value())) {
     out << "before the barrier, on a reserve of " << Blocks(r.reserve_blocks) << "; "

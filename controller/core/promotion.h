@@ -166,7 +166,9 @@ std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv);
 bool PromotedBeforeBarrier(const PromotionRecord& record);
 // "before the barrier, on a reserve of 16 blocks; 240 blocks quarantined until it passed",
 // "after the barrier (the standby was not ready before it); 240 blocks quarantined", or
-// "waited for the barrier (why); 240 blocks quarantined".
+// "waited for the barrier (why); 240 blocks quarantined"; for a promotion that followed no
+// primary (a pair's first), "no old primary: nothing was fenced or
+// quarantined".
 std::string PromotionText(const PromotionRecord& record);
 // "copied", "waited", "none".
 const char* ToString(proto::KvInheritMode mode);

@@ -100,7 +100,7 @@ void ControllerText(const ControllerStatus& c, std::ostringstream& out) {
     out << (r.in_progress ? "; re-adopting: " : "; re-adopted ") << r.readopted.size()
         << " engines, fenced " << r.fenced.size() << ", gone " << r.gone.size() << ", "
         << (r.memory == "adopted" ? "weights and pool adopted" : "memory: " + r.memory);
-    if (r.readopt_ms.has_value()) out << ", pair ready in " << *r.readopt_ms << " ms";
+    if (r.readopt_ms.has_value()) out << ", pair ready in " << Ms(*r.readopt_ms) << " ms";
   }
   out << "\n";
   for (const RecoveryStatus::Fenced& f : r.fenced) {

@@ -42,6 +42,7 @@ TEST(Timeline, BeforeTheBarrierOnlyWhenPromoteWentOutFirst) {
   TimelineLog log(clock);
   PromotionRecord& r = log.Open(PromotionKind::kFailover, "died");
   const TimePoint t0 = clock.Now();
+  r.old_engine = 1;
   r.detected = t0;
   r.promote_sent = t0 + milliseconds(1);
   r.barrier_passed = t0 + milliseconds(30);
@@ -66,6 +67,23 @@ TEST(Timeline, BeforeTheBarrierOnlyWhenPromoteWentOutFirst) {
   r.waited = "no reserve";
   EXPECT_FALSE(PromotedBeforeBarrier(r));
   EXPECT_NE(PromotionText(r).find("waited for the barrier (no reserve)"), std::string::npos);
+}
+
+// A promotion that followed no primary (a pair's first) fenced nothing and quarantined nothing:
+// its promotion line says so, and names no reserve.
+TEST(Timeline, APromotionWithNoOldPrimarySaysSo) {
+  FakeClock clock;
+  TimelineLog log(clock);
+  PromotionRecord& r = log.Open(PromotionKind::kPromotion, "no primary");
+  r.new_engine = 1;
+  r.epoch = 1;
+  r.epoch_durable = clock.Now();
+  r.promote_sent = clock.Now();
+  const std::string text = TimelineText(r, clock.Now());
+  EXPECT_NE(text.find("\n  promotion: no old primary: nothing was fenced or quarantined\n"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("reserve"), std::string::npos) << text;
 }
 
 // A barrier that gave up after gpu.release_timeout_ms is said to have, in JSON and text.

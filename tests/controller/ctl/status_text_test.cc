@@ -63,5 +63,15 @@ TEST(StatusText, TheCrashLoopGuardInBackoffSaysWhatTrippedItAndTheNextRestart) {
       << StatusText(s);
 }
 
+// A restarted controller says how long its pair took to be ready again, to 2 decimals.
+TEST(StatusText, TheReadoptionTimeHasTwoDecimals) {
+  ControllerConfig config;
+  ControllerStatus s;
+  s.config = &config;
+  s.core.recovery.restarted = true;
+  s.core.recovery.readopt_ms = 11.337612;
+  EXPECT_TRUE(Has(StatusText(s), ", pair ready in 11.34 ms\n")) << StatusText(s);
+}
+
 }  // namespace
 }  // namespace baton
