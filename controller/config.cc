@@ -163,12 +163,23 @@ toml::value FlagValue(const std::string& text) {
   return toml::value(text);
 }
 
+Status UnknownFlag(const std::string& name) {
+  return InvalidArgument("unknown flag --" + name + " (see --help)");
+}
+
+// Whether --`name` VALUE is a flag: --config, a shortcut, or a key.
+bool TakesValue(const std::string& name) {
+  if (name == "config" || FlagAliases().count(name) != 0) return true;
+  ControllerConfig unused;
+  return Keys(&unused).count(name) != 0;
+}
+
 Status ApplyFlag(const std::string& name, const std::string& text, ControllerConfig* c) {
   std::string key = name;
   if (auto it = FlagAliases().find(name); it != FlagAliases().end()) key = it->second;
   const std::map<std::string, Setter> keys = Keys(c);
   auto it = keys.find(key);
-  if (it == keys.end()) return InvalidArgument("unknown flag --" + name + " (see --help)");
+  if (it == keys.end()) return UnknownFlag(name);
   const toml::value typed = FlagValue(text);
   Status set = it->second(typed);
   // A string key given a value that reads as a number or boolean (--controller.name=42).
@@ -224,6 +235,9 @@ Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config) {
       flags.emplace_back("pool.huge_pages", "false");
       continue;
     } else {
+      // Named before a value is looked for: a mistyped --no-huge-pages is no flag that
+      // needs one.
+      if (!TakesValue(arg)) return UnknownFlag(arg);
       if (i + 1 >= argc) return InvalidArgument("--" + arg + " needs a value");
       value = argv[++i];
     }

@@ -14,16 +14,32 @@ namespace config_values {
 
 namespace {
 
-std::string TypeName(const toml::value& v) {
+// A value as an error quotes it: a string in quotes (a flag's text is one), a number or a
+// boolean as written, else its kind.
+std::string Quoted(const toml::value& v) {
   std::ostringstream out;
-  out << v.type();
+  if (v.is_string()) {
+    out << '"' << v.as_string().str << '"';
+  } else if (v.is_integer()) {
+    out << v.as_integer();
+  } else if (v.is_floating()) {
+    out << v.as_floating();
+  } else if (v.is_boolean()) {
+    out << (v.as_boolean() ? "true" : "false");
+  } else if (v.is_array()) {
+    out << "an array";
+  } else if (v.is_table()) {
+    out << "a table";
+  } else {
+    out << v.type();
+  }
   return out.str();
 }
 
 }  // namespace
 
 Status WrongType(const toml::value& v, const char* want) {
-  return InvalidArgument(std::string("expected ") + want + ", got " + TypeName(v));
+  return InvalidArgument(std::string("expected ") + want + ", got " + Quoted(v));
 }
 
 Result<int64_t> AsInt(const toml::value& v, int64_t lo, int64_t hi) {

@@ -19,7 +19,8 @@ namespace config_values {
 // Stores a value into the field it was made for; InvalidArgument says why a value is refused.
 using Setter = std::function<Status(const toml::value&)>;
 
-// InvalidArgument "expected <want>, got <the value's TOML type>".
+// InvalidArgument "expected <want>, got <the value>": a string in quotes, a number or boolean
+// as written, "an array", "a table".
 Status WrongType(const toml::value& v, const char* want);
 
 // An integer in [lo, hi].

@@ -351,17 +351,21 @@ Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
     if (flag.rfind("--", 0) != 0) return InvalidArgument("unexpected argument \"" + flag + "\"");
     flag = flag.substr(2);
     std::string value;
-    if (size_t eq = flag.find('='); eq != std::string::npos) {
+    const size_t eq = flag.find('=');
+    if (eq != std::string::npos) {
       value = flag.substr(eq + 1);
       flag = flag.substr(0, eq);
-    } else if (i + 1 < args.size()) {
+    }
+    // Named before a value is looked for: a mistyped flag is no flag that needs one.
+    auto it = setters.find(flag);
+    if (flag != "config" && it == setters.end()) {
+      return InvalidArgument("unknown flag --" + flag + " (see --help)");
+    }
+    if (eq == std::string::npos) {
+      if (i + 1 >= args.size()) return InvalidArgument("--" + flag + ": missing value");
       value = args[++i];
-    } else {
-      return InvalidArgument("--" + flag + ": missing value");
     }
     if (flag == "config") continue;
-    auto it = setters.find(flag);
-    if (it == setters.end()) return InvalidArgument("unknown flag --" + flag);
     if (Status st = it->second(value); !st.ok()) return InvalidArgument("--" + st.message());
   }
   if (options.controller_socket.empty()) {

@@ -369,22 +369,56 @@ TEST(Config, FlagsOverrideTheFile) {
   std::remove(path.c_str());
 }
 
+// ParseControllerFlags on `args` (argv[0] first) into a default config.
+Status ParseFlags(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  ControllerConfig c;
+  return ParseControllerFlags(static_cast<int>(argv.size()), argv.data(), &c);
+}
+
 TEST(Config, BadFlagsAreRefused) {
-  auto parse = [](std::vector<std::string> args) {
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    ControllerConfig c;
-    return ParseControllerFlags(static_cast<int>(argv.size()), argv.data(), &c);
-  };
-  EXPECT_NE(parse({"x", "--frobnicate", "1"}).message().find("unknown flag --frobnicate"),
+  EXPECT_NE(ParseFlags({"x", "--frobnicate", "1"}).message().find("unknown flag --frobnicate"),
             std::string::npos);
-  EXPECT_NE(parse({"x", "--pool-blocks"}).message().find("needs a value"), std::string::npos);
-  EXPECT_NE(parse({"x", "--pool-blocks", "-3"}).message().find("--pool-blocks"), std::string::npos);
-  EXPECT_NE(parse({"x", "--config", "/nonexistent.toml"}).message().find("/nonexistent.toml"),
+  EXPECT_NE(ParseFlags({"x", "--pool-blocks", "-3"}).message().find("--pool-blocks"),
             std::string::npos);
-  EXPECT_EQ(parse({"x", "--help"}).code(), StatusCode::kNotFound);
-  EXPECT_FALSE(parse({"x", "--health.heartbeat_interval_ms=soon"}).ok())
+  EXPECT_NE(ParseFlags({"x", "--config", "/nonexistent.toml"}).message().find("/nonexistent.toml"),
+            std::string::npos);
+  EXPECT_EQ(ParseFlags({"x", "--help"}).code(), StatusCode::kNotFound);
+  EXPECT_FALSE(ParseFlags({"x", "--health.heartbeat_interval_ms=soon"}).ok())
       << "a number key still refuses text";
+}
+
+// A mistyped flag is unknown whatever follows it: nothing, a value, or another flag (not "needs
+// a value", which would send the operator looking for a value to give it).
+TEST(Config, AnUnknownFlagIsNamedUnknownWhateverFollowsIt) {
+  const auto parse = [](std::vector<std::string> args) { return ParseFlags(args).message(); };
+  EXPECT_EQ(parse({"x", "--no-huge-pagez"}), "unknown flag --no-huge-pagez (see --help)");
+  EXPECT_EQ(parse({"x", "--bogus"}), "unknown flag --bogus (see --help)");
+  EXPECT_EQ(parse({"x", "--bogus", "--pool-blocks", "8"}), "unknown flag --bogus (see --help)");
+  EXPECT_EQ(parse({"x", "--bogus-flag=1"}), "unknown flag --bogus-flag (see --help)");
+  EXPECT_EQ(parse({"x", "--pool.blockz", "8"}), "unknown flag --pool.blockz (see --help)");
+  EXPECT_EQ(parse({"x", "--pool-blocks"}), "--pool-blocks needs a value");
+  EXPECT_EQ(parse({"x", "--model.huge_pages"}), "--model.huge_pages needs a value");
+}
+
+// A value a flag refuses is quoted back with the flag, so that the operator sees what the
+// shell passed.
+TEST(Config, ABadFlagValueNamesTheFlagAndTheValue) {
+  const auto parse = [](std::vector<std::string> args) { return ParseFlags(args).message(); };
+  EXPECT_EQ(parse({"x", "--pool-blocks", "abc"}),
+            "--pool-blocks: expected an integer, got \"abc\"");
+  EXPECT_EQ(parse({"x", "--pool-blocks=1.5"}), "--pool-blocks: expected an integer, got \"1.5\"");
+  EXPECT_EQ(parse({"x", "--model.huge_pages", "yes"}),
+            "--model.huge_pages: expected true or false, got \"yes\"");
+  EXPECT_EQ(parse({"x", "--model.huge_pages", "1"}),
+            "--model.huge_pages: expected true or false, got 1");
+  EXPECT_EQ(parse({"x", "--pool-blocks", "-3"}), "--pool-blocks: must be in [1, 16777216], got -3");
+  // The same words for a file's value.
+  EXPECT_EQ(ParseConfigToml("[pool]\nblocks = [1, 2]\n", "c.toml").status().message(),
+            "c.toml: pool.blocks: expected an integer, got an array");
+  EXPECT_EQ(ParseConfigToml("[pool]\nblocks = \"many\"\n", "c.toml").status().message(),
+            "c.toml: pool.blocks: expected an integer, got \"many\"");
 }
 
 TEST(Config, SplitCommandLine) {

@@ -72,6 +72,21 @@ TEST(RouterOptions, BadFlagsNameTheFlag) {
   EXPECT_FALSE(ParseRouterFlags({"--api-key"}).ok());
 }
 
+// A mistyped flag is unknown whatever follows it (not "missing value"); a refused value is
+// quoted back with its flag.
+TEST(RouterOptions, AnUnknownFlagIsNamedUnknownWhateverFollowsIt) {
+  const auto error = [](std::vector<std::string> args) {
+    return ParseRouterFlags(args).status().message();
+  };
+  EXPECT_EQ(error({"--bogus"}), "unknown flag --bogus (see --help)");
+  EXPECT_EQ(error({"--bogus", "1"}), "unknown flag --bogus (see --help)");
+  EXPECT_EQ(error({"--bogus", "--threads", "2"}), "unknown flag --bogus (see --help)");
+  EXPECT_EQ(error({"--bogus=1"}), "unknown flag --bogus (see --help)");
+  EXPECT_EQ(error({"--threads"}), "--threads: missing value");
+  EXPECT_EQ(error({"--threads", "abc"}), "--threads: not an integer: \"abc\"");
+  EXPECT_EQ(error({"--max-queue-wait-ms=soon"}), "--max-queue-wait-ms: not an integer: \"soon\"");
+}
+
 // "--config FILE" and "--config=FILE" both read the file, and a flag overrides it wherever
 // it stands; a file that cannot be read is an error, never silently the defaults.
 TEST(RouterOptions, ConfigFileInBothFlagForms) {
