@@ -332,7 +332,8 @@ promotes the standby when the primary dies, hangs or reports an error.
 flags (each overrides the config file; every config key is also --section.key=VALUE):
   --config FILE          TOML config (see docs/operations.md)
   --check-config         check the config and flags, print where they lead, and exit: 0 when
-                         valid, 2 naming the key that is not
+                         valid, 2 naming the key that is not (model.dir too, when its
+                         weights would not load)
   --model DIR            model directory (config.json + safetensors)          [model.dir]
   --engine-cmd "CMD"     engine command line; placeholders {socket} {token} {role}
                          {engine_id} {host} {port} {model_dir} {runtime_dir}  [engine.command]

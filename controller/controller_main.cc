@@ -1,12 +1,16 @@
 // baton-controller: the node-local daemon. See controller/controller.h and
 // docs/operations.md. Exit status: 0 after SIGINT/SIGTERM (and for --help, --version and a
-// good --check-config), 1 when it cannot start, 2 on a bad config or flag.
+// good --check-config), 1 when it cannot start, 2 on a bad config or flag (and from
+// --check-config, on a model.dir a start could not load).
 #include <signal.h>
 #include <unistd.h>
 
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 #include "base/build_info.h"
@@ -20,6 +24,7 @@
 #include "controller/engines/engine_placeholders.h"
 #include "controller/service_watchdog.h"
 #include "cuda/driver/gpu_backend.h"
+#include "weightcache/model_files.h"
 
 namespace baton {
 namespace {
@@ -33,20 +38,41 @@ bool TakeFlag(std::vector<char*>* args, const char* flag) {
   return args->size() != before;
 }
 
+// Why engines, which read model.dir's config.json, would not start on it; "" when they would
+// as far as JSON goes (each engine checks its own fields).
+std::string ModelConfigProblem(const std::string& model_dir) {
+  const std::string path = model_dir + "/config.json";
+  if (::access(path.c_str(), R_OK) != 0) {
+    return "model.dir has no readable config.json here: the weights would load, but no engine "
+           "would start (engines read the model config)";
+  }
+  try {
+    std::ifstream in(path, std::ios::binary);
+    [[maybe_unused]] const nlohmann::json parsed = nlohmann::json::parse(in);
+    return "";
+  } catch (const nlohmann::json::exception& e) {
+    return "model.dir's config.json is not valid JSON (" + std::string(e.what()) +
+           "): the weights would load, but no engine would start";
+  }
+}
+
 // What --check-config prints for a config that parses: the places it resolves to, and what
-// would stop a start (exit 1 at run time, not a config error) as warnings.
+// would stop a start (exit 1 at run time, not a config error) as warnings. A model.dir whose
+// weights a start could not load is an error, as a bad key is: exit 2.
 int ReportCheckedConfig(const ControllerConfig& c) {
+  // The same check as the start's first step (WeightCache::Load), headers only.
+  if (Result<ModelFiles> model = ModelFiles::Open(c.model_dir); !model.ok()) {
+    std::fprintf(stderr, "%s: model.dir: %s: the controller would not start\n", kProgram,
+                 model.status().message().c_str());
+    return 2;
+  }
   std::printf("%s: the configuration is valid\n", kProgram);
   std::printf("  runtime_dir %s (socket %s)\n  state_dir   %s\n  model.dir   %s\n",
               c.runtime_dir.c_str(), c.socket_path().c_str(), c.state_dir.c_str(),
               c.model_dir.c_str());
   std::printf("  engine      %s\n", c.engine_command.front().c_str());
   auto warn = [](const std::string& what) { std::printf("  warning: %s\n", what.c_str()); };
-  if (::access((c.model_dir + "/config.json").c_str(), R_OK) != 0) {
-    warn(
-        "model.dir has no readable config.json here: the weights would load, but no engine "
-        "would start (engines read the model config)");
-  }
+  if (std::string problem = ModelConfigProblem(c.model_dir); !problem.empty()) warn(problem);
   if (c.engine_command.front().find('/') != std::string::npos &&
       ::access(c.engine_command.front().c_str(), X_OK) != 0) {
     warn("engine.command's program is not executable here: no engine would start");

@@ -1,13 +1,15 @@
 // What deploy/ ships, checked with the programs' own checks: each example configuration
 // (deploy/config, as make install fills it in: build/deploy/config) passes
 // `baton-controller --check-config` or `baton-router --check-config`; a broken one is refused
-// with exit status 2 and the key named; every program answers --version; the systemd units
-// have every placeholder filled in; and the docs quote the shipped files word for word.
+// with exit status 2 and the key named, and so is a model.dir a start could not load; every
+// program answers --version; the systemd units have every placeholder filled in; and the docs
+// quote the shipped files word for word.
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <regex>
 
+#include "tests/chaos/chaos_harness.h"
 #include "tests/deploy/deploy_support.h"
 
 namespace baton::deploy_test {
@@ -15,8 +17,12 @@ namespace {
 
 std::string Config(const std::string& name) { return BuildDir() + "/deploy/config/" + name; }
 
-ProgramRun CheckController(const std::string& config) {
-  return RunProgram({BinDir() + "/baton-controller", "--check-config", "--config", config});
+// `baton-controller --check-config --config CONFIG --model MODEL`: the examples' model.dir
+// (/var/lib/baton/models/...) is the operator's to fill in, a model that loads here by default.
+ProgramRun CheckController(const std::string& config,
+                           const std::string& model = chaos::TinyModelDir()) {
+  return RunProgram(
+      {BinDir() + "/baton-controller", "--check-config", "--config", config, "--model", model});
 }
 ProgramRun CheckRouter(const std::string& config) {
   return RunProgram({BinDir() + "/baton-router", "--check-config", "--config", config});
@@ -42,15 +48,61 @@ TEST(DeployFiles, TheCheckSaysWhenTheGpuBackendCannotStart) {
   const std::string path = Config("controller.toml");
   const std::string copy = ::testing::TempDir() + "baton-check-gpu.toml";
   WriteFile(copy, ReadFile(path) + "\n[gpu]\nbackend = \"cuda\"\n");
-  const ProgramRun run =
-      RunProgram({"/usr/bin/env", "BATON_CUDA_LIBRARY=/nonexistent/libcuda.so",
-                  BinDir() + "/baton-controller", "--check-config", "--config", copy});
+  const ProgramRun run = RunProgram({"/usr/bin/env", "BATON_CUDA_LIBRARY=/nonexistent/libcuda.so",
+                                     BinDir() + "/baton-controller", "--check-config", "--config",
+                                     copy, "--model", chaos::TinyModelDir()});
   EXPECT_EQ(run.code, 0) << run.output;  // valid, with a warning
   EXPECT_NE(run.output.find("warning: gpu: backend cuda was configured but cannot be used"),
             std::string::npos)
       << run.output;
   EXPECT_NE(run.output.find("the controller would not start"), std::string::npos) << run.output;
   std::filesystem::remove(copy);
+}
+
+// A model.dir a start could not load is refused as a start would refuse it (exit 2 here, as
+// for a bad key; the start exits 1 with the same reason): one that is not there, one that is
+// a file, one with no weights.
+TEST(DeployFiles, TheCheckRefusesAModelDirAStartCouldNotLoad) {
+  const std::string dir = ScratchDir("check-model");
+  WriteFile(dir + "/a-file", "weights\n");
+  WriteFile(dir + "/no-weights/config.json", "{}\n");
+  const std::pair<std::string, std::string> cases[] = {
+      {dir + "/nomodel", dir + "/nomodel: stat: No such file or directory"},
+      {dir + "/a-file", dir + "/a-file: not a directory"},
+      {dir + "/no-weights", dir + "/no-weights: no model.safetensors"},
+  };
+  for (const auto& [model, why] : cases) {
+    const ProgramRun run = CheckController(Config("controller.toml"), model);
+    EXPECT_EQ(run.code, 2) << model << ":\n" << run.output;
+    EXPECT_NE(run.output.find("baton-controller: model.dir: " + why), std::string::npos)
+        << run.output;
+    EXPECT_NE(run.output.find("the controller would not start"), std::string::npos) << run.output;
+    EXPECT_EQ(run.output.find("the configuration is valid"), std::string::npos) << run.output;
+    std::printf("%s: exit %d: %s", model.c_str(), run.code, run.output.c_str());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The weights load but engines would not start: config.json (which engines read) is missing,
+// or is not JSON; the warning names the parse error, as the engine's exit would.
+TEST(DeployFiles, TheCheckWarnsOfAModelConfigEnginesCannotRead) {
+  const std::string dir = ScratchDir("check-model-config");
+  std::filesystem::copy(chaos::TinyModelDir(), dir, std::filesystem::copy_options::recursive);
+  WriteFile(dir + "/config.json", "{\"hidden_size\": 64,\n");
+  ProgramRun run = CheckController(Config("controller.toml"), dir);
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("warning: model.dir's config.json is not valid JSON ("),
+            std::string::npos)
+      << run.output;
+  EXPECT_NE(run.output.find("parse error at line 2"), std::string::npos) << run.output;
+  EXPECT_NE(run.output.find("no engine would start"), std::string::npos) << run.output;
+  std::printf("%s", run.output.c_str());
+  std::filesystem::remove(dir + "/config.json");
+  run = CheckController(Config("controller.toml"), dir);
+  EXPECT_EQ(run.code, 0) << run.output;
+  EXPECT_NE(run.output.find("warning: model.dir has no readable config.json"), std::string::npos)
+      << run.output;
+  std::filesystem::remove_all(dir);
 }
 
 // A copy of `name` with `from` replaced by `to` (which must be in it).
