@@ -11,6 +11,11 @@
 //   * A crash loop: the script gives up and stops the engines and the keeper it leaves.
 //   * A pair drained (`batonctl drain`) and stopped with the script stays drained in the
 //     state directory; the next `make serve` resumes it, and says so.
+//   * A router port another server holds, one that answers /health (another stack's router,
+//     or a server whose listening socket the script inherited): the script's own router
+//     cannot listen, and the script says so and stops what it started, rather than announce
+//     the other server as its stack.
+//   * A router that exits while the stack serves is started again on its port.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -18,15 +23,19 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/io/unique_fd.h"
 #include "controller/engines/engine_cgroup.h"
+#include "proto/http/http_server.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/deploy/deploy_support.h"
 
@@ -93,6 +102,18 @@ class ServeScript : public ::testing::Test {
   // Starts scripts/serve on runtime_, logging to `log` there, with `env` ("NAME=value") in
   // its environment, and waits for its pair.
   void Start(const std::string& log, const std::vector<std::string>& env = {}) {
+    Launch(log, env);
+    ASSERT_FALSE(HasFatalFailure());
+    for (int i = 0; i < 600 && ReadFile(log_).find("Ctrl-C stops") == std::string::npos; ++i) {
+      ASSERT_TRUE(script_->Running()) << ReadFile(log_);
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    ASSERT_NE(ReadFile(log_).find("Ctrl-C stops"), std::string::npos) << ReadFile(log_);
+    ASSERT_EQ(EnginesOf(Socket()).size(), 2u) << ReadFile(log_);
+  }
+  // Starts scripts/serve as Start() does, without waiting; `env` comes after the script's
+  // ports, so that it may set one of them.
+  void Launch(const std::string& log, const std::vector<std::string>& env) {
     log_ = runtime_ + "/" + log;
     pgid_ = 0;  // set again once the script runs
     // The engines on base and up (a few replacements at most), the router apart from them.
@@ -103,6 +124,7 @@ class ServeScript : public ::testing::Test {
       router = FreePorts(1);
     }
     ASSERT_TRUE(router > 0 && (router < base || router >= base + 4));
+    router_port_ = router;
     // setsid, not a process group leader here, execs in place: the script's pid leads its group.
     std::vector<std::string> argv = {"/usr/bin/env",
                                      "BATON_RUNTIME_DIR=" + runtime_,
@@ -115,12 +137,6 @@ class ServeScript : public ::testing::Test {
     script_ = std::make_unique<Child>(argv, log_, /*piped=*/false);
     ASSERT_TRUE(script_->started());
     pgid_ = script_->pid();
-    for (int i = 0; i < 600 && ReadFile(log_).find("Ctrl-C stops") == std::string::npos; ++i) {
-      ASSERT_TRUE(script_->Running()) << ReadFile(log_);
-      std::this_thread::sleep_for(milliseconds(100));
-    }
-    ASSERT_NE(ReadFile(log_).find("Ctrl-C stops"), std::string::npos) << ReadFile(log_);
-    ASSERT_EQ(EnginesOf(Socket()).size(), 2u) << ReadFile(log_);
   }
   void TearDown() override {  // on every path: nothing of the stack outlives the test
     StopScriptGroup();
@@ -217,6 +233,62 @@ class ServeScript : public ::testing::Test {
   std::string runtime_, log_;
   std::unique_ptr<Child> script_;
   pid_t pgid_ = 0;
+  int router_port_ = 0;  // the router's, as Launch() chose it
+};
+
+// The same, with no stack started before the test.
+class ServeScriptAlone : public ServeScript {
+ protected:
+  void SetUp() override { runtime_ = ScratchDir("serve"); }
+
+  // The script on a router port that another server holds and answers /health on: the
+  // script's router exits, unable to listen, and the script must not take the other server's
+  // answer for its own, but say so and stop what it started.
+  void ExpectRefusedOn(int port, const std::string& log_name) {
+    const std::string p = std::to_string(port);
+    Launch(log_name, {"BATON_ROUTER_PORT=" + p});
+    ASSERT_FALSE(HasFatalFailure());
+    // The pair first (60 s at most), then the router that cannot listen.
+    EXPECT_EQ(script_->Wait(seconds(120)), 1) << ReadFile(log_);
+    const std::string log = ReadFile(log_);
+    EXPECT_NE(log.find("cannot listen on 127.0.0.1:" + p), std::string::npos) << log;
+    EXPECT_NE(
+        log.find("serve: baton-router exited (is port " + p + " taken? set BATON_ROUTER_PORT)"),
+        std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("Baton is serving"), std::string::npos) << log;
+    EXPECT_TRUE(LeftAfterAWhile().empty()) << log;
+  }
+};
+
+// A server on 127.0.0.1 (an ephemeral port) in this process that answers GET /health with
+// 200, as a router with a primary does; it stops with the object.
+class OtherHealthServer {
+ public:
+  OtherHealthServer() : server_(io_, HttpServerOptions{}) {
+    server_.Route(boost::beast::http::verb::get, "/health", [](std::shared_ptr<HttpExchange> ex) {
+      ex->RespondJson(200, R"({"status":"ok"})");
+    });
+    listening_ = server_.Listen().ok();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~OtherHealthServer() {
+    io_.stop();
+    thread_.join();
+  }
+  OtherHealthServer(const OtherHealthServer&) = delete;
+  OtherHealthServer& operator=(const OtherHealthServer&) = delete;
+
+  bool listening() const { return listening_; }
+  int port() const { return server_.port(); }
+
+ private:
+  boost::asio::io_context io_;
+  boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_{
+      io_.get_executor()};
+  HttpServer server_;
+  bool listening_ = false;
+  std::thread thread_;
 };
 
 TEST_F(ServeScript, TermTwiceToItsGroupStopsEverything) {
@@ -330,6 +402,44 @@ TEST_F(ServeScript, TheNextServeResumesAPairDrainedBeforeIt) {
   EXPECT_NE(ReadFile(log_).find("taken out of service (batonctl drain) before this start"),
             std::string::npos)
       << ReadFile(log_);
+}
+
+// Another stack's router (one with a primary: /health 200) holds the port.
+TEST_F(ServeScriptAlone, ARouterPortAnotherRouterAnswersOnIsRefused) {
+  chaos::RouterProcess other({"--backend", "127.0.0.1:1"}, runtime_, "other-router.log");
+  ASSERT_TRUE(other.ready()) << other.Log();
+  ExpectRefusedOn(other.port(), "serve-port-taken.log");
+}
+
+// A server of this test holds the port: the script inherits its listening socket, and so
+// does the script's router, which holds a socket listening there without having bound it.
+TEST_F(ServeScriptAlone, ARouterPortTheScriptInheritedIsRefused) {
+  OtherHealthServer other;
+  ASSERT_TRUE(other.listening());
+  ExpectRefusedOn(other.port(), "serve-port-inherited.log");
+}
+
+// A router that exits while the stack serves is started again on the same port, as the
+// unit's Restart=always would, rather than leave the stack serving with no front door.
+TEST_F(ServeScript, ARouterThatExitsIsStartedAgain) {
+  const pid_t router = ProcessWith(runtime_ + "/router.toml");
+  ASSERT_GT(router, 0);
+  ::kill(router, SIGKILL);
+  EXPECT_TRUE(LogShows("serve: baton-router (pid " + std::to_string(router) +
+                           ") exited with status 137: starting it again",
+                       seconds(30)))
+      << ReadFile(log_);
+  EXPECT_TRUE(LogShows("serve: baton-router is back on 127.0.0.1:" + std::to_string(router_port_),
+                       seconds(30)))
+      << ReadFile(log_);
+  const pid_t next = ProcessWith(runtime_ + "/router.toml");
+  EXPECT_GT(next, 0);
+  EXPECT_NE(next, router);
+  EXPECT_EQ(chaos::Fetch(static_cast<uint16_t>(router_port_), chaos::http::verb::get, "/health", "")
+                .status,
+            200)
+      << ReadFile(log_);
+  EXPECT_TRUE(script_->Running()) << ReadFile(log_);
 }
 
 }  // namespace
