@@ -311,7 +311,7 @@ TEST_F(ServeScript, ASecondCtrlCStopsAFrozenControllerAndWhatItLeft) {
   // second SIGINT before that would merge with the first.
   ASSERT_TRUE(LogShows("serve: stopping baton-router", seconds(30))) << ReadFile(log_);
   ::kill(-pgid_, SIGINT);
-  EXPECT_NE(script_->Wait(seconds(10)), 128 + SIGKILL) << "it ended on its own\n" << ReadFile(log_);
+  EXPECT_NE(script_->Wait(seconds(30)), 128 + SIGKILL) << "it ended on its own\n" << ReadFile(log_);
   EXPECT_NE(ReadFile(log_).find("has not stopped: kill -9"), std::string::npos) << ReadFile(log_);
   EXPECT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
 }
