@@ -102,7 +102,7 @@ int ParseArgs(int argc, char** argv, Args* args) {
         args->timeout_ms = static_cast<int>(ms);
       }
     } else if (a.rfind("--", 0) == 0) {
-      return usage("unknown option " + a);
+      return usage("unknown option '" + a + "'");
     } else if (args->command.empty()) {
       args->command = a;
     } else {
