@@ -270,12 +270,26 @@ Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Adopt(const std::string& pa
   return std::make_shared<EngineCgroup>(path, UniqueFd(), retired_);
 }
 
+Status EngineCgroups::MakeEngineDir(const std::string& path) {
+  if (::mkdir(path.c_str(), 0755) == 0) return OkStatus();
+  int err = errno;
+  // The base, this controller's own, was removed while it ran (by hand, or by a tool that
+  // prunes empty cgroups): made again, or no engine could launch until the next start.
+  if (err == ENOENT && owned_ && ::mkdir(base_.c_str(), 0755) == 0) {
+    BATON_LOG(WARN, kLog) << "cgroup base " << base_
+                          << " was removed while this controller ran: made again";
+    if (::mkdir(path.c_str(), 0755) == 0) return OkStatus();
+    err = errno;
+  }
+  return ErrnoStatus("making cgroup " + path, err);
+}
+
 Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) {
   const std::string path = base_ + "/engine-" + std::to_string(engine_id);
   if (::access(path.c_str(), F_OK) == 0) {
     BATON_RETURN_IF_ERROR(KillAndRemove(path, std::chrono::seconds(1), nullptr));
   }
-  if (::mkdir(path.c_str(), 0755) != 0) return ErrnoStatus("making cgroup " + path, errno);
+  BATON_RETURN_IF_ERROR(MakeEngineDir(path));
   UniqueFd procs(::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
   if (!procs) {
     const int err = errno;

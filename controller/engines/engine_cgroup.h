@@ -125,7 +125,8 @@ class EngineCgroups {
   EngineCgroups(const EngineCgroups&) = delete;
   EngineCgroups& operator=(const EngineCgroups&) = delete;
 
-  // Makes <base>/engine-<id> (a leftover of that name is killed and removed first).
+  // Makes <base>/engine-<id> (a leftover of that name is killed and removed first). A base
+  // that Open made or chose ("auto") and that was removed since is made again first.
   Result<std::shared_ptr<EngineCgroup>> Create(uint64_t engine_id);
   // The cgroup `path` (an engine-* directory under base) of an engine a previous controller
   // launched; its members are not touched.
@@ -145,6 +146,7 @@ class EngineCgroups {
  private:
   EngineCgroups(std::string base, bool owned)
       : base_(std::move(base)), owned_(owned), retired_(std::make_shared<RetiredCgroups>()) {}
+  Status MakeEngineDir(const std::string& path);
 
   std::string base_;
   bool owned_;  // made by Open: removed on destruction

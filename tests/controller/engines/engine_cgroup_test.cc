@@ -229,5 +229,16 @@ TEST_F(EngineCgroupTest, CreateReplacesAStaleCgroupOfTheSameName) {
   EXPECT_FALSE((*second)->Populated());
 }
 
+// A base removed under a running controller (a tool that prunes empty cgroups) is made again
+// at the next launch: engines still launch.
+TEST_F(EngineCgroupTest, ABaseRemovedWhileItRanIsMadeAgain) {
+  const std::string base = cgroups_->base();
+  ASSERT_EQ(::rmdir(base.c_str()), 0) << std::strerror(errno);
+  Result<std::shared_ptr<EngineCgroup>> made = cgroups_->Create(5);
+  ASSERT_TRUE(made.ok()) << made.status().ToString();
+  EXPECT_TRUE(std::filesystem::exists(base + "/engine-5"));
+  made->reset();
+}
+
 }  // namespace
 }  // namespace baton
