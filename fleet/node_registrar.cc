@@ -81,6 +81,7 @@ std::chrono::milliseconds NodeRegistrar::Round() {
     }
     return kRetry;
   }
+  if (!CheckKey(lease)) return options_.ttl / 3;
   lock.Lock();
   if (!record_written_) {
     const std::string record = record_;
@@ -104,6 +105,43 @@ std::chrono::milliseconds NodeRegistrar::Round() {
     state_.last_error.clear();
   }
   return record_written_ ? options_.ttl / 3 : std::chrono::milliseconds(0);
+}
+
+bool NodeRegistrar::CheckKey(int64_t lease) {
+  {
+    MutexLock lock(mu_);
+    if (!record_written_) return true;  // written below, whoever holds the key now
+  }
+  Result<std::optional<EtcdKeyValue>> kv = etcd_->Get(options_.key);
+  if (!kv.ok()) {
+    Failed(kv.status());
+    return true;  // the lease is renewed: the record stands as far as this node can tell
+  }
+  MutexLock lock(mu_);
+  if (!kv->has_value()) {
+    // Deleted by hand, or with the lease of another writer of this key that then ended.
+    BATON_LOG(WARN, kLog) << options_.key << ": the record was deleted; writing it again";
+    state_.conflict.clear();
+    record_written_ = false;
+    state_.registered = false;
+    return true;
+  }
+  if ((*kv)->lease == lease) {
+    if (!state_.conflict.empty()) {
+      BATON_LOG(INFO, kLog) << options_.key << ": the key is this node's again";
+      state_.conflict.clear();
+    }
+    return true;
+  }
+  // Another process wrote the key with its own lease: two controllers share a fleet.node.
+  // Writing it back would have the two take turns; this one waits until the key is free.
+  const std::string conflict = "the key is held by lease " + std::to_string((*kv)->lease) +
+                               ", not this node's " + std::to_string(lease) +
+                               ": another controller uses the same fleet.node";
+  if (state_.conflict.empty()) BATON_LOG(ERROR, kLog) << options_.key << ": " << conflict;
+  state_.conflict = conflict;
+  state_.registered = false;
+  return false;
 }
 
 void NodeRegistrar::Run() {

@@ -3,7 +3,10 @@
 // the key with it, and renews the lease every ttl/3. When the lease is lost (etcd expired it
 // while this node could not reach etcd, or it was revoked) it grants a new one and writes the
 // record again; when etcd cannot be reached it keeps trying and changes nothing else: a node
-// is never stopped for lack of etcd. A new record (Publish) is written at once.
+// is never stopped for lack of etcd. A new record (Publish) is written at once. After each
+// renewal the key is read back: a record deleted (by hand, or by the lease of another writer
+// of the same key ending) is written again; one that another writer's lease holds (two
+// controllers with one fleet.node) is left to it, reported as a conflict, until it is free.
 //
 // The lease is not revoked when the registrar ends: the node's engines outlive its
 // controller, so its record stays until the TTL runs out, and a restarted controller writes
@@ -34,6 +37,9 @@ struct NodeRegistration {
   uint64_t leases = 0;     // leases granted (more than one: a lease was lost)
   uint64_t failures = 0;   // calls to etcd that failed
   std::string last_error;  // of the latest failure ("" once a call succeeds again)
+  // Set while another writer's lease holds the key (two controllers with one fleet.node):
+  // not registered until the key is free again.
+  std::string conflict;
 };
 
 class NodeRegistrar {
@@ -51,6 +57,10 @@ class NodeRegistrar {
   void Run();
   // One round: lease, record, renewal. Returns how long to wait before the next.
   std::chrono::milliseconds Round();
+  // After a renewal, whether the record written under `lease` is still there: a key deleted
+  // is written again (true, record_written_ cleared); one another writer's lease holds is
+  // left to it (false: the conflict is reported and the node is not registered).
+  bool CheckKey(int64_t lease);
   void Failed(const Status& status);
 
   EtcdClient* etcd_;

@@ -47,6 +47,7 @@ json FleetJson(const ControllerStatus& c) {
           {"leases", f.leases},
           {"etcd_failures", f.failures},
           {"etcd_error", f.last_error.empty() ? json(nullptr) : json(f.last_error)},
+          {"conflict", f.conflict.empty() ? json(nullptr) : json(f.conflict)},
           {"rollout", RolloutStatusJson(c.rollout)}};
 }
 
@@ -55,6 +56,7 @@ std::string FleetText(const ControllerStatus& c) {
   return "fleet: node " + c.config->fleet_node + " as " + c.fleet_key + ": " +
          (c.fleet.registered ? "registered, lease " + std::to_string(c.fleet.lease)
                              : std::string("NOT registered")) +
+         (c.fleet.conflict.empty() ? "" : " (" + c.fleet.conflict + ")") +
          (c.fleet.last_error.empty() ? "" : "; etcd: " + c.fleet.last_error) + "\n" +
          (c.rollout.seen && !c.rollout.settled
               ? "fleet rollout " + c.rollout.id + ": " + ToString(c.rollout.state) +

@@ -134,5 +134,43 @@ TEST_F(NodeRegistrarTest, TheRecordOutlivesTheRegistrarByItsTtlOnly) {
   EXPECT_TRUE(Eventually([&] { return !Read().has_value(); }));
 }
 
+// Deleted by hand (etcdctl del): written again at the next renewal, not left gone while the
+// node says it is registered.
+TEST_F(NodeRegistrarTest, ADeletedRecordIsWrittenAgain) {
+  NodeRegistrar registrar(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(1000)});
+  registrar.Publish("r1");
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  ASSERT_TRUE(reader_->Delete(kKey).ok());
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  ASSERT_TRUE(Eventually([&] { return registrar.state().registered; }));
+  EXPECT_EQ(registrar.state().leases, 1u) << "the same lease: only the record had gone";
+}
+
+// Two registrars on one key (two controllers with one fleet.node): the one whose key the
+// other took says so and is not registered; once the other is gone and its lease with it, it
+// writes its record again.
+TEST_F(NodeRegistrarTest, AKeyAnotherWriterTookIsReportedThenTakenBackWhenFree) {
+  NodeRegistrar first(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(1000)});
+  first.Publish("first");
+  ASSERT_TRUE(Eventually([&] { return Holds("first") && first.state().registered; }));
+  std::unique_ptr<EtcdClient> other_etcd = Client();
+  {
+    NodeRegistrar second(other_etcd.get(), {.key = kKey, .ttl = milliseconds(1000)});
+    second.Publish("second");
+    ASSERT_TRUE(Eventually([&] { return Holds("second"); }));
+    ASSERT_TRUE(Eventually([&] { return !first.state().conflict.empty(); }));
+    const NodeRegistration s = first.state();
+    EXPECT_FALSE(s.registered);
+    EXPECT_NE(s.conflict.find("another controller uses the same fleet.node"), std::string::npos)
+        << s.conflict;
+    std::this_thread::sleep_for(milliseconds(1500));  // renewals of both
+    EXPECT_TRUE(Holds("second")) << "the first does not write the key back while it is held";
+  }
+  // The second's lease runs out (1 s), its record with it: the first writes its own again.
+  ASSERT_TRUE(Eventually([&] { return Holds("first"); }));
+  ASSERT_TRUE(Eventually([&] { return first.state().registered; }));
+  EXPECT_EQ(first.state().conflict, "");
+}
+
 }  // namespace
 }  // namespace baton
