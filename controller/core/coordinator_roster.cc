@@ -7,6 +7,10 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "controller";
+// The fence reason of an engine that registered and then did not say it was ready in time.
+constexpr const char* kRegisteredNeverReady =
+    "registered but did not say it was ready (StandbyReady) within register_timeout_ms (an "
+    "engine connected with ready_when_waiting says so only at its first wait for promotion)";
 
 RosterRole RosterRoleOf(const EngineRecord& e) {
   switch (e.state()) {
@@ -184,8 +188,10 @@ void EnginePart::PollEngines() {
   for (auto& [id, e] : s_.engines) {
     if (!e->live()) continue;
     if (e->deadline.has_value() && now >= *e->deadline) {
-      if (e->is(EngineState::kLaunching) || e->is(EngineState::kRegistering)) {
+      if (e->is(EngineState::kLaunching)) {
         failures.push_back({id, FailCause::kTimeout, "did not register in time"});
+      } else if (e->is(EngineState::kRegistering)) {
+        failures.push_back({id, FailCause::kTimeout, kRegisteredNeverReady});
       } else if (e->is(EngineState::kPromoting)) {
         failures.push_back({id, FailCause::kTimeout, "did not acknowledge its promotion in time"});
       } else if (e->is(EngineState::kDraining)) {

@@ -124,7 +124,10 @@ std::string StatusText(const ControllerStatus& c) {
       << ", invariants " << s["invariants"].get<std::string>() << "\n";
   ControllerText(c, out);
   for (const json& e : s["engines"]) {
-    out << "  engine " << e["id"] << " " << e["role"].get<std::string>() << " pid " << e["pid"]
+    // A launched engine is launching until it registers, then registering until StandbyReady.
+    const std::string role = e["role"].get<std::string>();
+    out << "  engine " << e["id"] << " "
+        << (role == "launching" ? e["state"].get<std::string>() : role) << " pid " << e["pid"]
         << " epoch " << e["epoch"] << " blocks " << e["blocks"] << " version "
         << e["version"].get<std::string>() << " " << e["http_address"].get<std::string>();
     // CUDA backend: whether it took the device regions, or why not.

@@ -264,7 +264,7 @@ class SimWorld {
       if (!e.Working()) continue;
       if (e.ready_at.has_value() && t >= *e.ready_at) {
         e.ready_at.reset();
-        if (e.attached) {
+        if (e.attached && !standbys_never_ready) {
           Send(e, proto::StandbyReady{.arena_mapped_bytes = 1 << 20, .reserved_bytes = 1 << 20},
                rng_.Millis(0, 3));
         }
@@ -388,6 +388,10 @@ class SimWorld {
   Stats kv_stats;  // its kv_* counters
   SimRouter router;
   SimDevice device;
+  // Set by a scenario: standbys register and never send StandbyReady, as an engine connected
+  // with ready_when_waiting that never waits for its promotion. Never in the randomized
+  // simulation.
+  bool standbys_never_ready = false;
 
   // Forgets engines the controller released, beyond the last few (their stale messages stay
   // replayable while kept).

@@ -83,5 +83,24 @@ TEST_F(FailoverScenario, OperatorPromoteDrainsThePrimaryThenPromotesTheStandby) 
                  E("BarrierPassed", primary_), Send(standby_, "Grant"), Launch(3, "standby")});
 }
 
+// A standby that registers and never says it is ready (one connected with ready_when_waiting
+// that never waits for its promotion) is killed at register_timeout_ms, and its fence reason
+// says it registered.
+TEST_F(FailoverScenario, AStandbyRegisteredButNeverReadyIsFencedForThat) {
+  StartReadyPair();
+  loop_.world().standbys_never_ready = true;
+  StandbyDies();
+  WaitUntil(
+      [this] {
+        const EngineRecord* r = coord().engine(3);
+        return r != nullptr && !r->live();
+      },
+      seconds(3), "the new standby to be fenced");
+  ExpectEffects({Launch(3, "standby"), Send(3, "RegisterAck"), E("Kill", 3)});
+  const std::string reason = coord().engine(3)->fail_reason;
+  EXPECT_NE(reason.find("registered but did not say it was ready"), std::string::npos) << reason;
+  EXPECT_EQ(reason.find("did not register in time"), std::string::npos) << reason;
+}
+
 }  // namespace
 }  // namespace baton::sim

@@ -73,5 +73,23 @@ TEST(StatusText, TheReadoptionTimeHasTwoDecimals) {
   EXPECT_TRUE(Has(StatusText(s), ", pair ready in 11.34 ms\n")) << StatusText(s);
 }
 
+// An engine that registered and has not said it is ready (one connected with
+// ready_when_waiting that has not waited for its promotion yet) is shown registering, as in
+// --json's state; one not registered yet is shown launching.
+TEST(StatusText, AnEngineNotReadyYetShowsItsStateRegisteringOrLaunching) {
+  ControllerConfig config;
+  ControllerStatus s;
+  s.config = &config;
+  EngineStatus e;
+  e.id = 33;
+  e.pid = 30219;
+  e.role = proto::EngineRole::kLaunching;
+  e.state = EngineState::kRegistering;
+  s.core.engines.push_back(e);
+  EXPECT_TRUE(Has(StatusText(s), "  engine 33 registering pid 30219 ")) << StatusText(s);
+  s.core.engines[0].state = EngineState::kLaunching;
+  EXPECT_TRUE(Has(StatusText(s), "  engine 33 launching pid 30219 ")) << StatusText(s);
+}
+
 }  // namespace
 }  // namespace baton
