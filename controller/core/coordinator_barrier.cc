@@ -138,6 +138,12 @@ void FailoverPart::RefillReserve() {
   const uint32_t chunk = s_.ledger->blocks_per_chunk();
   const uint32_t want = s_.WholeChunks(target - have);
   if (pl->blocks < want + chunk) return;  // the primary keeps a chunk at least
+  if (s_.reclaim.from == p->id) {
+    BATON_LOG(WARN, kLog) << "engine " << p->id << " (the primary) did not answer its Reclaim of "
+                          << s_.reclaim.blocks << " blocks for the promotion reserve in "
+                          << MillisBetween(s_.reclaim.sent, s_.clock.Now())
+                          << " ms: it is asked again";
+  }
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " free blocks: the promotion reserve holds " << have << " of " << target;
   own_.next_reserve_reclaim = s_.clock.Now() + kReserveReclaimTimeout;

@@ -114,5 +114,31 @@ TEST_F(ReserveScenario, AShortAnswerIsFollowedByAnotherReclaimLater) {
   EXPECT_EQ(Count(Send(standby_, "Reclaim")), 2u) << "the reserve is full: not asked again";
 }
 
+// A Reclaim the new primary ignores is asked again kReclaimAnswerTimeout after it was sent,
+// with one WARN line that says so; not every tick in between.
+TEST_F(ReserveScenario, AnIgnoredReclaimIsAskedAgainWithOneWarning) {
+  StartReadyPair();
+  const uint32_t asked = FailOverUntilTheReserveIsAsked();
+  const TimePoint asked_at = loop_.clock().Now();
+  ::testing::internal::CaptureStderr();
+  Wait(asked_at + CoordinatorState::kReclaimAnswerTimeout - milliseconds(20) - loop_.clock().Now());
+  const size_t before = Count(Send(standby_, "Reclaim"));
+  WaitUntil([this] { return NewPrimary().held_reclaims.size() == 2; }, seconds(1),
+            "the Reclaim asked again");
+  Wait(seconds(2));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(before, 1u);
+  EXPECT_EQ(Count(Send(standby_, "Reclaim")), 2u) << Story();
+  const std::string warn = "WARN controller: engine " + std::to_string(standby_) +
+                           " (the primary) did not answer its Reclaim of " + std::to_string(asked) +
+                           " blocks for the promotion reserve in ";
+  size_t warnings = 0;
+  for (size_t at = log.find(warn); at != std::string::npos; at = log.find(warn, at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_NE(log.find(" ms: it is asked again\n"), std::string::npos) << log;
+}
+
 }  // namespace
 }  // namespace baton::sim
