@@ -111,6 +111,13 @@ Result<IntegrityManifest> ManifestFromJson(std::string_view name, std::string_vi
   const std::string where(name);
   BATON_ASSIGN_OR_RETURN(const nlohmann::json j, ParseJsonStrict(std::string(json), where));
   if (!j.is_object()) return InvalidArgument(where + ": not a JSON object");
+  for (const auto& [key, value] : j.items()) {
+    if (key != "algorithm" && key != "tensors") {
+      return InvalidArgument(where + ": field '" + key +
+                             "' is not a field of the integrity manifest (it has \"algorithm\" "
+                             "and \"tensors\")");
+    }
+  }
   auto alg = j.find("algorithm");
   if (alg == j.end() || !alg->is_string()) {
     return InvalidArgument(where + ": \"algorithm\" missing or not a string");

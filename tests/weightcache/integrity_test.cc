@@ -162,6 +162,14 @@ TEST(IntegrityManifestTest, RefusesMalformedManifests) {
   EXPECT_NE(unknown.status().message().find("sha256"), std::string::npos);
   auto named = ManifestFromJson("m.json", R"({"algorithm": "xxh3_64", "tensors": {"w.q": "1"}})");
   EXPECT_NE(named.status().message().find("w.q"), std::string::npos);
+  // A field the manifest does not have is refused, named, as the weight manifest's decoder
+  // refuses one.
+  auto extra = ManifestFromJson("m.json", R"({"algorithm": "xxh3_64", "tensors": {}, "extra": 1})");
+  ASSERT_FALSE(extra.ok());
+  EXPECT_EQ(extra.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(extra.status().message().find("field 'extra' is not a field of the integrity manifest"),
+            std::string::npos)
+      << extra.status().message();
   // A tensor listed twice (the last would win, hiding a wrong first hash) is refused.
   auto twice =
       ManifestFromJson("m.json", R"({"algorithm": "xxh3_64", "tensors": {"w": "0000000000000000",)"
