@@ -145,6 +145,8 @@ typedef struct baton_event {
   int64_t timeout_ms;                    /* DRAIN */
   char reason[BATON_EVENT_REASON_BYTES]; /* STOP, DISCONNECTED, CONTROLLER_*; NUL-terminated */
 } baton_event;
+/* `epoch`: for PROMOTED and GRANTED the epoch they came with; for STOP the epoch this engine
+ * held when told to stop (0 for a standby never promoted). */
 
 /* A device region on the CUDA backend (CUdeviceptr values). */
 typedef struct baton_device_region {
@@ -205,7 +207,7 @@ BATON_ENGINE_API int baton_engine_set_controller_absent(baton_engine* engine, in
                                                         int action);
 /* The device copy of the weights (tensor t at address + (t.data - baton_engine_weights_base()),
  * the host arena's offsets) and the device pool (block b at address + b * block_bytes; the
- * chunks holding granted blocks are mapped read-write, their headers scrubbed). 5 (not
+ * chunks holding granted blocks are mapped read-write, their headers scrubbed). 2 (not
  * found) when this engine has no device memory: a host-backend controller, or connected
  * without BATON_ENGINE_USE_DEVICE_MEMORY. */
 BATON_ENGINE_API int baton_engine_device_weights(const baton_engine* engine,
@@ -232,7 +234,9 @@ BATON_ENGINE_API int baton_engine_pool(const baton_engine* engine, baton_pool_in
  * (const char*)t.data - (const char*)baton_engine_weights_base(engine). */
 BATON_ENGINE_API const void* baton_engine_weights_base(const baton_engine* engine);
 
-/* Waits to be promoted; *out gets the PROMOTED event. */
+/* Waits to be promoted; *out gets the PROMOTED event. 4 (failed precondition) when told to
+ * stop, disconnected, fenced, or already promoted (take later events with
+ * baton_engine_next_event()); 8 (deadline exceeded) after the timeout. */
 BATON_ENGINE_API int baton_engine_wait_promotion(baton_engine* engine, int64_t timeout_ms,
                                                  baton_event* out);
 BATON_ENGINE_API int baton_engine_mark_serving(baton_engine* engine);
@@ -240,6 +244,8 @@ BATON_ENGINE_API int baton_engine_mark_serving(baton_engine* engine);
 BATON_ENGINE_API int baton_engine_next_event(baton_engine* engine, int64_t timeout_ms,
                                              baton_event* out);
 
+/* Asks for `blocks` more blocks (a GRANTED event answers). 4 (failed precondition) before the
+ * promotion: a standby has no lease to grow. */
 BATON_ENGINE_API int baton_engine_request_blocks(baton_engine* engine, uint32_t blocks);
 /* Returns `count` extents ({first, count}; data and bytes are ignored); count 0 answers a
  * RECLAIM with nothing to give. A RECLAIM asks for up to `blocks` blocks. With the device
@@ -248,7 +254,8 @@ BATON_ENGINE_API int baton_engine_request_blocks(baton_engine* engine, uint32_t 
  * engine only once its chunk is wholly returned. */
 BATON_ENGINE_API int baton_engine_return_blocks(baton_engine* engine, const baton_extent* extents,
                                                 size_t count);
-/* Answers a DRAIN event: exactly one call per drain, also when a RESUME follows it. */
+/* Answers a DRAIN event: exactly one call per drain, also when a RESUME follows it. 4 (failed
+ * precondition) when no drain is pending (none came, or each is answered already). */
 BATON_ENGINE_API int baton_engine_report_drained(baton_engine* engine, uint32_t unfinished);
 /* 1 from the moment the controller calls the drain off until the RESUME event is taken: an
  * engine still waiting for its requests can stop waiting and report drained at once. */

@@ -111,18 +111,14 @@ void FillEvent(const baton::SessionEvent& e, baton_event* out) {
 
 baton::Result<baton::EngineSessionOptions> OptionsFromC(const baton_engine_options* c) {
   baton::EngineSessionOptions options;
-  const bool need_env = c == nullptr || c->socket_path == nullptr || *c->socket_path == '\0' ||
-                        c->launch_token == nullptr || *c->launch_token == '\0' || c->engine_id == 0;
-  if (need_env) {
-    BATON_ASSIGN_OR_RETURN(options.launch, baton::LaunchInfoFromEnv());
+  if (c != nullptr) {
+    if (c->socket_path != nullptr) options.launch.socket_path = c->socket_path;
+    if (c->launch_token != nullptr) options.launch.launch_token = c->launch_token;
+    options.launch.engine_id = c->engine_id;
   }
+  // Each field not given is read from its own variable; an error names the one missing.
+  BATON_RETURN_IF_ERROR(baton::FillLaunchInfoFromEnv(&options.launch));
   if (c == nullptr) return options;
-  if (c->socket_path != nullptr && *c->socket_path != '\0')
-    options.launch.socket_path = c->socket_path;
-  if (c->launch_token != nullptr && *c->launch_token != '\0') {
-    options.launch.launch_token = c->launch_token;
-  }
-  if (c->engine_id != 0) options.launch.engine_id = c->engine_id;
   if (c->engine_version != nullptr) options.engine_version = c->engine_version;
   if (c->http_address != nullptr) options.http_address = c->http_address;
   options.prefault_weights = c->prefault_weights != 0;

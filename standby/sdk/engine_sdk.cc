@@ -113,12 +113,23 @@ Status ControllerAbsenceFromEnv(EngineSessionOptions* options) {
   return OkStatus();
 }
 
+Status FillLaunchInfoFromEnv(EngineLaunchInfo* info) {
+  if (info->socket_path.empty()) {
+    BATON_ASSIGN_OR_RETURN(info->socket_path, RequiredEnv("BATON_SOCKET"));
+  }
+  if (info->launch_token.empty()) {
+    BATON_ASSIGN_OR_RETURN(info->launch_token, RequiredEnv("BATON_LAUNCH_TOKEN"));
+  }
+  if (info->engine_id == 0) {
+    BATON_ASSIGN_OR_RETURN(std::string id_text, RequiredEnv("BATON_ENGINE_ID"));
+    BATON_ASSIGN_OR_RETURN(info->engine_id, ParseUnsigned(id_text, "BATON_ENGINE_ID"));
+  }
+  return OkStatus();
+}
+
 Result<EngineLaunchInfo> LaunchInfoFromEnv() {
   EngineLaunchInfo info;
-  BATON_ASSIGN_OR_RETURN(info.socket_path, RequiredEnv("BATON_SOCKET"));
-  BATON_ASSIGN_OR_RETURN(info.launch_token, RequiredEnv("BATON_LAUNCH_TOKEN"));
-  BATON_ASSIGN_OR_RETURN(std::string id_text, RequiredEnv("BATON_ENGINE_ID"));
-  BATON_ASSIGN_OR_RETURN(info.engine_id, ParseUnsigned(id_text, "BATON_ENGINE_ID"));
+  BATON_RETURN_IF_ERROR(FillLaunchInfoFromEnv(&info));
   if (const char* role = std::getenv("BATON_ROLE"); role != nullptr) info.role = role;
   if (const char* port = std::getenv("BATON_HTTP_PORT"); port != nullptr && *port != '\0') {
     BATON_ASSIGN_OR_RETURN(uint64_t p, ParseUnsigned(port, "BATON_HTTP_PORT"));

@@ -87,6 +87,11 @@ struct EngineLaunchInfo {
 // Reads the BATON_* variables above; names the first one missing or malformed.
 Result<EngineLaunchInfo> LaunchInfoFromEnv();
 
+// Fills those of socket_path, launch_token and engine_id that are empty (0) from BATON_SOCKET,
+// BATON_LAUNCH_TOKEN and BATON_ENGINE_ID, one field at a time; names the variable missing or
+// malformed. The fields already set are kept and their variables not read.
+Status FillLaunchInfoFromEnv(EngineLaunchInfo* info);
+
 // What the session does when no controller has come back for controller_absent_timeout.
 enum class ControllerAbsentAction {
   kServe,  // keep serving (a primary keeps its blocks) and keep reconnecting
@@ -188,7 +193,8 @@ enum class SessionEventKind {
   kDrain,           // timeout: stop admitting, finish in-flight work, then call ReportDrained()
   kResume,          // the drain is called off (the switch-over failed): admit requests again
   kStop,            // reason: the controller wants this engine to exit (also: it refused
-                    // this engine's Hello or Reattach after a reconnect)
+                    // this engine's Hello or Reattach after a reconnect); epoch: the one this
+                    // engine held (0 for a standby)
   kDisconnected,    // reason: the session ended without a controller (it gave up waiting for
                     // one, could not reattach, or was shut down): the engine should exit
   kControllerLost,  // reason: the connection broke; the session keeps what it holds and
@@ -289,7 +295,8 @@ class EngineSession {
   // Blocks until promoted; returns the kPromoted event. Events that arrive first (other
   // than a stop or a disconnect, which fail the wait) stay queued for NextEvent(). With
   // ready_when_waiting, the first call sends StandbyReady (one that cannot be sent fails the
-  // wait with FailedPrecondition: the controller is lost, and the session ends).
+  // wait with FailedPrecondition: the controller is lost, and the session ends). Once
+  // promoted: FailedPrecondition at once (later events come from NextEvent()).
   Result<SessionEvent> WaitForPromotion(std::optional<Duration> timeout = std::nullopt);
   // Tells the controller this engine serves traffic now (sends PromoteAck). While the
   // controller is away: OK, and the next Reattach says the engine serves.
@@ -299,7 +306,8 @@ class EngineSession {
   std::optional<SessionEvent> NextEvent(std::optional<Duration> timeout = Duration::zero());
 
   // Asks for `blocks` more blocks; the answer arrives as a kGranted event (or the request
-  // is refused with a reason).
+  // is refused with a reason). FailedPrecondition before the promotion: a standby has no
+  // lease to grow.
   Status RequestBlocks(uint32_t blocks);
   // Unmaps `extents` (each inside a mapped extent) and gives them back to the controller;
   // an empty list is sent too, as the answer to a kReclaim with nothing to give. A list with
@@ -309,6 +317,7 @@ class EngineSession {
   Status ReturnBlocks(std::span<const MappedExtent> extents);
   // Answer to a kDrain event: exactly one per drain, also when the drain is called off.
   // While the controller is away: OK, and the next Reattach says the engine is drained.
+  // FailedPrecondition when every kDrain received is answered already (no drain pending).
   Status ReportDrained(uint32_t unfinished);
   // After the promotion: tells the controller what this engine adopted of the KV its
   // predecessor left in the promoted blocks (shown in `batonctl timeline`). OK without

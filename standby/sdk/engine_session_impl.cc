@@ -225,7 +225,11 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
 }
 
 void EngineSession::Impl::OnDrain(uint64_t epoch, uint32_t timeout_ms, bool successor) {
-  SetDrain(DrainState::kDraining);
+  {
+    MutexLock lock(mu_);
+    drain_ = DrainState::kDraining;
+    ++drains_unanswered_;
+  }
   Push(SessionEvent{.kind = SessionEventKind::kDrain,
                     .epoch = epoch,
                     .timeout = std::chrono::milliseconds(timeout_ms),
@@ -238,7 +242,7 @@ void EngineSession::Impl::OnStop(const std::string& reason) {
     MutexLock lock(mu_);
     stopped_ = reason.empty() ? "stop requested" : reason;
   }
-  Push(SessionEvent{.kind = SessionEventKind::kStop, .reason = reason});
+  Push(SessionEvent{.kind = SessionEventKind::kStop, .epoch = epoch_.load(), .reason = reason});
 }
 
 void EngineSession::Impl::OnDisconnected(const std::string& reason) {
@@ -290,12 +294,17 @@ Result<SessionEvent> EngineSession::Impl::WaitForPromotion(std::optional<Duratio
       if (it->kind == SessionEventKind::kPromoted) {
         SessionEvent event = std::move(*it);
         events_.erase(it);
+        promotion_taken_ = true;
         return event;
       }
       if (it->kind == SessionEventKind::kStop || it->kind == SessionEventKind::kDisconnected) {
         return FailedPrecondition("not promoted: " + std::string(ToString(it->kind)) + ": " +
                                   it->reason);
       }
+    }
+    if (promotion_taken_) {
+      return FailedPrecondition("already promoted at epoch " + std::to_string(epoch_.load()) +
+                                ": take later events with NextEvent");
     }
     if (failed_.has_value()) return FailedPrecondition("not promoted: " + *failed_);
     if (stopped_.has_value()) return FailedPrecondition("not promoted: told to stop: " + *stopped_);
@@ -335,12 +344,18 @@ std::optional<SessionEvent> EngineSession::Impl::NextEvent(std::optional<Duratio
   SessionEvent event = std::move(events_.front());
   events_.pop_front();
   if (event.kind == SessionEventKind::kResume) resume_pending_ = false;
+  if (event.kind == SessionEventKind::kPromoted) promotion_taken_ = true;
   return event;
 }
 
 Status EngineSession::Impl::RequestBlocks(uint32_t blocks) {
   BATON_RETURN_IF_ERROR(CheckEpoch());
   if (blocks == 0) return InvalidArgument("RequestBlocks(0)");
+  {
+    MutexLock lock(mu_);
+    if (!promoted_)
+      return FailedPrecondition("RequestBlocks: not promoted (a standby has no lease)");
+  }
   return Send(proto::LeaseRequest{.epoch = epoch_.load(), .blocks = blocks});
 }
 
@@ -365,6 +380,9 @@ Status EngineSession::Impl::ReturnBlocks(std::span<const MappedExtent> extents) 
 Status EngineSession::Impl::ReportDrained(uint32_t unfinished) {
   {
     MutexLock lock(mu_);
+    // One answer per Drain, also for a drain called off (Resume) before it.
+    if (drains_unanswered_ == 0) return FailedPrecondition("ReportDrained: no drain pending");
+    --drains_unanswered_;
     // A drain called off before this answer (Resume) leaves the engine serving.
     if (drain_ == DrainState::kDraining) drain_ = DrainState::kDrained;
     drained_unfinished_ = unfinished;

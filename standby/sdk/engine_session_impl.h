@@ -259,6 +259,8 @@ class EngineSession::Impl {
   uint64_t declined_pool_chunk_bytes_ = 0;  // the device pool's chunk, when declined
   std::deque<SessionEvent> events_ BATON_GUARDED_BY(mu_);
   bool promoted_ BATON_GUARDED_BY(mu_) = false;
+  // The kPromoted event was taken (WaitForPromotion, NextEvent): a later wait fails at once.
+  bool promotion_taken_ BATON_GUARDED_BY(mu_) = false;
   // The Quarantined that precedes a Promote, until the Promote comes.
   std::optional<proto::Quarantined> quarantined_ BATON_GUARDED_BY(mu_);
   // The quarantined ranges of the promotion whose headers were read (MapQuarantined maps
@@ -268,6 +270,7 @@ class EngineSession::Impl {
   // WaitForInheritedBlocks() was called: a Grant is mapped at once (OnGrant).
   bool inherit_waiting_ BATON_GUARDED_BY(mu_) = false;
   DrainState drain_ BATON_GUARDED_BY(mu_) = DrainState::kNone;
+  uint32_t drains_unanswered_ BATON_GUARDED_BY(mu_) = 0;   // Drains not yet ReportDrained()
   uint32_t drained_unfinished_ BATON_GUARDED_BY(mu_) = 0;  // what ReportDrained() said
   std::atomic<uint16_t> protocol_{0};                      // the version the last Hello agreed on
   // The error reported, sent again after a reattach.
