@@ -61,6 +61,30 @@ class ConnectTest(unittest.TestCase):
             os.environ.update(env)
 
 
+class LaunchFieldsTest(unittest.TestCase):
+    NAMES = ("BATON_SOCKET", "BATON_LAUNCH_TOKEN", "BATON_ENGINE_ID")
+
+    def setUp(self):
+        self.saved = {k: os.environ.pop(k) for k in self.NAMES if k in os.environ}
+
+    def tearDown(self):
+        for k in self.NAMES:
+            os.environ.pop(k, None)
+        os.environ.update(self.saved)
+
+    def test_each_field_not_passed_comes_from_its_own_variable(self):
+        with self.assertRaises(baton_engine.InvalidArgument) as ctx:
+            baton_engine.Engine.connect(socket_path="/tmp/baton-no-such.sock",
+                                        launch_token="00" * 16, connect_timeout_ms=100)
+        self.assertIn("BATON_ENGINE_ID", ctx.exception.reason)
+        self.assertNotIn("BATON_SOCKET", ctx.exception.reason)
+        os.environ["BATON_ENGINE_ID"] = "5"
+        with self.assertRaises(baton_engine.Unavailable) as ctx:  # every field there: connects
+            baton_engine.Engine.connect(socket_path="/tmp/baton-no-such.sock",
+                                        launch_token="00" * 16, connect_timeout_ms=100)
+        self.assertIn("/tmp/baton-no-such.sock", ctx.exception.reason)
+
+
 class WholeChunksTest(unittest.TestCase):
     def test_whole_free_chunks_from_the_highest_while_they_fit(self):
         from baton_engine.reclaim import whole_chunks

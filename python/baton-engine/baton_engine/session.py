@@ -1,8 +1,12 @@
 """Engine: one engine's session with the Baton controller, over libbaton_engine.so.
 
+    from baton_engine import tensors
     with Engine.connect(engine_version="my-engine/1") as engine:   # a half-started standby
-        weights = engine.tensors()          # the controller's arena, read-only, no copy
-        promoted = engine.wait_promotion()  # blocks until this engine is the primary
+        weights = tensors.weight_tensors(engine)  # {name: tensor} over the arena, no copy
+        try:
+            promoted = engine.wait_promotion()    # blocks until this engine is the primary
+        except FailedPrecondition:                # told to stop first: a clean exit
+            sys.exit(0)
         engine.mark_serving()
         for event in engine.events():       # grants, reclaims, drains, resume; ends at STOP
             ...
@@ -304,7 +308,8 @@ class Engine:
         return [_extent(buf[i]) for i in range(min(got, count))]
 
     def request_blocks(self, blocks: int) -> None:
-        """Asks for `blocks` more; they come as a GRANTED event."""
+        """Asks for `blocks` more; they come as a GRANTED event. FailedPrecondition before
+        the promotion (a standby has no lease to grow)."""
         self._call("baton_engine_request_blocks", blocks)
 
     def return_blocks(self, extents: Sequence[Extent]) -> None:
@@ -319,7 +324,7 @@ class Engine:
     def wait_promotion(self, timeout_ms: Optional[int] = None) -> Event:
         """Blocks until this engine is promoted (None: forever); the PROMOTED event lists the
         blocks it now holds. DeadlineExceeded when the timeout passes; FailedPrecondition when
-        told to stop first."""
+        told to stop first, or when already promoted (take later events with events())."""
         ev = _abi.Event()
         self._call("baton_engine_wait_promotion", _ms(timeout_ms), ctypes.byref(ev))
         return self._event(ev)
@@ -431,7 +436,8 @@ class Engine:
             d.report()
 
     def report_drained(self, unfinished: int) -> None:
-        """Answers a DRAIN (exactly one call per drain; drain() makes it for you)."""
+        """Answers a DRAIN (exactly one call per drain; drain() makes it for you).
+        FailedPrecondition when no DRAIN is pending (none came, or each is answered)."""
         self._call("baton_engine_report_drained", unfinished)
 
     def resume_pending(self) -> bool:
