@@ -7,6 +7,7 @@
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/degradations.h"
 #include "controller/upgrade/ctl_upgrade.h"
+#include "proto/roles.h"
 
 namespace baton {
 namespace {
@@ -127,9 +128,11 @@ std::string StatusText(const ControllerStatus& c) {
     // A launched engine is launching until it registers, then registering until StandbyReady.
     const std::string role = e["role"].get<std::string>();
     out << "  engine " << e["id"] << " "
-        << (role == "launching" ? e["state"].get<std::string>() : role) << " pid " << e["pid"]
-        << " epoch " << e["epoch"] << " blocks " << e["blocks"] << " version "
-        << e["version"].get<std::string>() << " " << e["http_address"].get<std::string>();
+        << (role == proto::ToString(proto::EngineRole::kLaunching) ? e["state"].get<std::string>()
+                                                                   : role)
+        << " pid " << e["pid"] << " epoch " << e["epoch"] << " blocks " << e["blocks"]
+        << " version " << e["version"].get<std::string>() << " "
+        << e["http_address"].get<std::string>();
     // CUDA backend: whether it took the device regions, or why not.
     if (e.contains("device_memory") && !e["device_memory"].get<std::string>().empty()) {
       out << " device memory " << e["device_memory"].get<std::string>();
