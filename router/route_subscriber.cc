@@ -107,8 +107,16 @@ void RouteSubscriber::Subscribe() {
   boost::asio::io_context io;
   Result<proto::Channel> channel = proto::Connect(io, socket_path_);
   if (!channel.ok()) {
-    BATON_LOG(DEBUG, "router") << "controller unreachable at " << socket_path_ << ": "
-                               << channel.status().ToString();
+    // Once until it is reached (a wrong socket path, a controller not started or restarting);
+    // each later try at DEBUG.
+    if (!unreachable_logged_) {
+      BATON_LOG(WARN, "router") << "controller unreachable at " << socket_path_ << ": "
+                                << channel.status().ToString() << "; trying again until it answers";
+    } else {
+      BATON_LOG(DEBUG, "router") << "controller unreachable at " << socket_path_ << ": "
+                                 << channel.status().ToString();
+    }
+    unreachable_logged_ = true;
     return;
   }
   Result<proto::HelloAck> ack = proto::ClientHello(
@@ -124,6 +132,7 @@ void RouteSubscriber::Subscribe() {
   }
   connected_ = true;
   oversize_logged_ = false;
+  unreachable_logged_ = false;
   if (Result<proto::PeerCredentials> peer = channel->peer_credentials(); peer.ok()) {
     if (controller_pid_ != 0 && peer->pid != controller_pid_) {
       BATON_LOG(INFO, "router") << "a new controller (pid " << peer->pid << ", was "

@@ -90,6 +90,9 @@ class RouteSubscriber {
   bool stopping_ BATON_GUARDED_BY(mu_) = false;
   proto::RouteTable table_ BATON_GUARDED_BY(mu_);
   std::atomic<bool> connected_{false};
+  // The subscriber thread's: "controller unreachable" was logged at WARN since the last
+  // subscription (the next failures go to DEBUG).
+  bool unreachable_logged_ = false;
   std::function<void(const proto::RouteTable&)> on_change_;
   std::function<std::vector<proto::EngineOutcome>()> on_report_;
   std::function<std::vector<proto::EngineStalled>()> on_stall_;

@@ -158,5 +158,27 @@ TEST_F(RouteSubscriberTest, AReportOverTheFrameLimitIsSkippedWhileTablesFlow) {
   EXPECT_TRUE(sub_.connected());
 }
 
+// A controller that cannot be reached (a wrong socket path, one not started yet) is said once,
+// at WARN, however many tries follow; the next subscription's failures would be said again.
+TEST(RouteSubscriberUnreachable, IsSaidOnceAtWarnNotAtEveryTry) {
+  proto::testing::TempDir dir;
+  ::testing::internal::CaptureStderr();
+  {
+    RouteSubscriber sub;
+    sub.Start(dir.File("nosuch.sock"), milliseconds(20));
+    std::this_thread::sleep_for(milliseconds(500));  // tries every 20-50 ms meanwhile
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  size_t said = 0;
+  for (size_t at = err.find("controller unreachable at"); at != std::string::npos;
+       at = err.find("controller unreachable at", at + 1)) {
+    ++said;
+  }
+  EXPECT_EQ(said, 1u) << err;
+  EXPECT_NE(err.find("WARN router: controller unreachable at " + dir.File("nosuch.sock")),
+            std::string::npos)
+      << err;
+}
+
 }  // namespace
 }  // namespace baton
