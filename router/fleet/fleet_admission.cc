@@ -23,6 +23,7 @@ void FleetAdmission::SetNodes(const std::vector<FleetNode>& nodes) {
   std::vector<std::function<void()>> lost;
   {
     MutexLock lock(mu_);
+    viewed_ = true;
     std::map<std::string, bool> now_listed;
     for (const FleetNode& n : nodes) {
       now_listed[n.name] = true;
@@ -102,7 +103,7 @@ void FleetAdmission::Dispatch(uint64_t ticket, AdmitRequest request, Grant grant
       chosen = nodes_[node].admission;
       dispatch = next_dispatch_++;
       tickets_[ticket] = {.node = node, .inner = 0, .dispatch = dispatch};
-    } else if (!request.model.empty() && !KnownModel(request.model)) {
+    } else if (viewed_ && !request.model.empty() && !KnownModel(request.model)) {
       refused = NotFound("no node of the fleet serves the model '" + request.model + "'");
     } else if (now >= deadline) {
       refused = DeadlineExceeded("no node of the fleet could take the request within " +

@@ -65,7 +65,9 @@ class FleetAdmission : public Admitter {
   FleetAdmission(const Clock& clock, AdmissionOptions options,
                  std::chrono::milliseconds suspect_for = std::chrono::milliseconds(1000));
 
-  // Every node of the fleet now. Nodes missing from `nodes` leave (see above).
+  // Every node of the fleet now. Nodes missing from `nodes` leave (see above). Until the first
+  // call (no view of the fleet yet: a router started while etcd does not answer) a request
+  // for any model waits in the queue: no model is refused as unknown before the fleet is seen.
   void SetNodes(const std::vector<FleetNode>& nodes);
 
   uint64_t Request(AdmitRequest request, Grant grant) override;
@@ -147,6 +149,7 @@ class FleetAdmission : public Admitter {
   uint64_t next_dispatch_ BATON_GUARDED_BY(mu_) = 1;
   size_t turn_ BATON_GUARDED_BY(mu_) = 0;  // breaks ties between equally loaded nodes
   uint64_t forgotten_failovers_ BATON_GUARDED_BY(mu_) = 0;  // of the nodes Forget() dropped
+  bool viewed_ BATON_GUARDED_BY(mu_) = false;               // SetNodes() was called
 };
 
 }  // namespace baton

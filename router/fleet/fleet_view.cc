@@ -150,16 +150,20 @@ void FleetView::ForgetUnreported(const std::set<std::string>& reported) {
 }
 
 void FleetView::Failed(const Status& status) {
+  bool viewed = false;
   {
     MutexLock lock(mu_);
     state_.etcd_connected = false;
     ++state_.failures;
     state_.last_error = status.message();
+    viewed = state_.reads > 0;
   }
   if (!down_logged_) {
     down_logged_ = true;
-    BATON_LOG(WARN, "router") << "etcd does not answer (" << status.message()
-                              << "): routing on the last view of the fleet";
+    BATON_LOG(WARN, "router") << "etcd does not answer (" << status.message() << "): "
+                              << (viewed ? "routing on the last view of the fleet"
+                                         : "no view of the fleet yet: requests wait in the "
+                                           "queue for one");
   }
 }
 

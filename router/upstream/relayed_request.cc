@@ -13,6 +13,19 @@
 namespace baton {
 namespace {
 
+// A model no node serves, shaped as an engine answers an unknown model (OpenAI's 404), so
+// that a client reads the same error from a fleet's router as from one engine.
+std::string ModelNotFoundJson(const std::string& message) {
+  nlohmann::ordered_json inner;
+  inner["message"] = message;
+  inner["type"] = "not_found_error";
+  inner["param"] = "model";
+  inner["code"] = "model_not_found";
+  nlohmann::ordered_json j;
+  j["error"] = std::move(inner);
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 namespace asio = boost::asio;
 namespace http = boost::beast::http;
 
@@ -359,6 +372,8 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
   if (status == 429) {
     exchange_->Respond(429, "application/json", HttpErrorJson(429, message),
                        {{"Retry-After", std::to_string(deps_.admission->RetryAfterSeconds())}});
+  } else if (kind == "model_not_found") {
+    exchange_->RespondJson(404, ModelNotFoundJson(message));
   } else {
     exchange_->RespondError(status, message);
   }

@@ -165,6 +165,15 @@ TEST_F(FleetFailover, ANodeKilledWholeIsReplayedOnTheOthers) {
       Fetch(routers_[0]->port(), http::verb::get, "/metrics", "", std::chrono::seconds(5)).body;
   EXPECT_EQ(metrics.find("baton_router_controller_connected"), std::string::npos);
   EXPECT_NE(metrics.find("baton_router_fleet_etcd_connected 1"), std::string::npos) << metrics;
+  // A model no node serves: the same 404 as one engine gives for an unknown model.
+  const Reply unknown =
+      Fetch(routers_[0]->port(), http::verb::post, "/v1/completions",
+            R"({"model": "nope", "prompt": [1], "max_tokens": 1})", std::chrono::seconds(10));
+  EXPECT_EQ(unknown.status, 404) << unknown.body;
+  const json error = json::parse(unknown.body, nullptr, false);
+  EXPECT_TRUE(error.is_object() && error["error"]["type"] == "not_found_error" &&
+              error["error"]["param"] == "model" && error["error"]["code"] == "model_not_found")
+      << unknown.body;
   const LoadResult r = LoadAround(Ports(), requests_, want_, [&] {
     nodes_[1]->KillController();
     nodes_[1]->KillLeftovers();

@@ -89,6 +89,28 @@ TEST(FleetAdmissionTest, ANodeReportingAFullerPoolIsPassedOverAtEqualInFlight) {
   EXPECT_EQ(busy.got[2]->node, "a");
 }
 
+// A router started while etcd does not answer has no view of the fleet yet: a request waits
+// for one (then is served, or refused 429 at its deadline), never 404 as an unknown model.
+TEST(FleetAdmissionTest, NoModelIsUnknownBeforeTheFleetIsSeen) {
+  FakeClock clock;
+  FleetAdmission f(clock, {});
+  Grants g;
+  f.Request(New("tiny"), g.Next());
+  f.Request(New("other"), g.Next());
+  EXPECT_TRUE(g.got.empty()) << "both wait for the first view";
+  f.SetNodes({Node("a", "tiny", 1, "127.0.2.1:1")});
+  ASSERT_EQ(g.got.size(), 1u);
+  EXPECT_EQ(g.got[0]->node, "a");
+  clock.Advance(AdmissionOptions{}.max_queue_wait);
+  f.Tick();
+  ASSERT_EQ(g.got.size(), 2u);
+  EXPECT_EQ(g.got[1].status().code(), StatusCode::kDeadlineExceeded)
+      << "a model the fleet turned out not to serve waited, as with no primary";
+  f.Request(New("other"), g.Next());
+  ASSERT_EQ(g.got.size(), 3u);
+  EXPECT_EQ(g.got[2].status().code(), StatusCode::kNotFound) << "once seen, unknown is unknown";
+}
+
 TEST(FleetAdmissionTest, RoutesByModelAndRefusesAModelNoNodeServes) {
   FakeClock clock;
   FleetAdmission f(clock, {});
