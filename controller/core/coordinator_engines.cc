@@ -102,6 +102,7 @@ void EnginePart::BeginShutdown() {
     // An engine that cannot be told (not connected yet, or its connection broke) gets SIGTERM.
     if (!sent.ok()) s_.effects.Terminate(id);
   }
+  PublishRoutes();  // an empty table: the engines are stopping
 }
 
 // --- launching --------------------------------------------------------------------------------

@@ -114,9 +114,11 @@ void EnginePart::PublishRoutes() {
     return;  // the routers keep the previous controller's table until its primary is back
   }
   proto::RouteTable table;
-  table.pair_state = ToString(s_.pair.state());
+  table.pair_state = s_.stopping ? "stopping" : ToString(s_.pair.state());
   for (const auto& [id, e] : s_.engines) {
-    if (!e->live() || !e->registered()) continue;
+    // A controller that stops stops its engines: the routers stop sending them requests (their
+    // /health says so) rather than find them gone.
+    if (s_.stopping || !e->live() || !e->registered()) continue;
     proto::RouteEntry entry{.engine_id = id,
                             .role = proto::EngineRole::kStandby,
                             .http_address = e->http_address,

@@ -124,5 +124,19 @@ TEST_F(DrainScenario, ADrainingPrimaryThatDiesWithTheControllerLeavesThePairStop
   EXPECT_EQ(Launches(), 0u) << Story();
 }
 
+// A controller that stops stops its engines: its last route table lists none, so that the
+// routers stop sending them requests (and their /health says so) before they are gone.
+TEST_F(DrainScenario, AStopPublishesATableWithNoEngine) {
+  StartReadyPair();
+  ASSERT_TRUE(loop_.effects().routes().has_value());
+  EXPECT_FALSE(loop_.effects().routes()->entries.empty());
+  journal_.clear();
+  coord().BeginShutdown();
+  ExpectEffects({"PublishRoutes"});
+  ASSERT_TRUE(loop_.effects().routes().has_value());
+  EXPECT_TRUE(loop_.effects().routes()->entries.empty());
+  EXPECT_EQ(loop_.effects().routes()->pair_state, "stopping");
+}
+
 }  // namespace
 }  // namespace baton::sim
