@@ -222,7 +222,7 @@ std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv) {
 }
 
 bool PromotedBeforeBarrier(const PromotionRecord& r) {
-  return r.promote_sent.has_value() && r.waited.empty() &&
+  return r.old_engine != 0 && r.promote_sent.has_value() && r.waited.empty() &&
          (!r.barrier_passed.has_value() || *r.promote_sent <= *r.barrier_passed);
 }
 

@@ -161,8 +161,9 @@ class TimelineLog {
 nlohmann::json TimelineJson(const PromotionRecord& record, TimePoint now);
 // "adopted 4 sequences (2400 tokens not prefilled again), dropped 0, records read in 0.3 ms".
 std::string KvAdoptionText(const PromotionRecord::KvAdoption& kv);
-// Whether Promote went out before the old primary's barrier passed: not waited for it, and
-// sent first (a standby still starting is promoted after a barrier it did not wait for).
+// Whether Promote went out before the old primary's barrier passed: there was an old primary
+// (a first promotion has no barrier), Promote did not wait for it, and was sent first (a
+// standby still starting is promoted after a barrier it did not wait for).
 bool PromotedBeforeBarrier(const PromotionRecord& record);
 // "before the barrier, on a reserve of 16 blocks; 240 blocks quarantined until it passed",
 // "after the barrier (the standby was not ready before it); 240 blocks quarantined", or

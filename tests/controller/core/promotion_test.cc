@@ -84,6 +84,8 @@ TEST(Timeline, APromotionWithNoOldPrimarySaysSo) {
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("reserve"), std::string::npos) << text;
+  EXPECT_FALSE(PromotedBeforeBarrier(r));
+  EXPECT_FALSE(TimelineJson(r, clock.Now())["promotion"]["before_barrier"].get<bool>());
 }
 
 // A barrier that gave up after gpu.release_timeout_ms is said to have, in JSON and text.
