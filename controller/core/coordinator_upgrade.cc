@@ -158,6 +158,12 @@ void UpgradePart::ReclaimFromPrimary(uint32_t weight) {
   const uint32_t spare = pl->blocks > keep ? pl->blocks - keep : 0;
   const uint32_t want = std::min(s_.WholeChunks(target - held - free), spare / chunk * chunk);
   if (want == 0) return;
+  if (pending) {
+    BATON_LOG(WARN, kLog) << "engine " << p->id << " (the primary) did not answer its Reclaim of "
+                          << asked << " blocks for the canary in "
+                          << MillisBetween(s_.reclaim.sent, s_.clock.Now())
+                          << " ms: it is asked for " << want << " more";
+  }
   BATON_LOG(INFO, kLog) << "asking engine " << p->id << " (the primary) to return " << want
                         << " blocks for the canary's " << weight << " % step";
   if (!p_.engines->SendOrFail(*p, proto::Reclaim{.epoch = pl->epoch, .blocks = want})) return;

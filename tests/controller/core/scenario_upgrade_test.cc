@@ -209,5 +209,32 @@ TEST_F(UpgradeScenario, ARestartBeforeTheCanaryIsPromotedRollsItBackAndSaysWhy) 
   EXPECT_EQ(coord().primary(), primary_);
 }
 
+// A primary that ignores the canary's Reclaim is asked again kReclaimAnswerTimeout after it
+// was asked, with one WARN line that says so, while the canary serves on what was free.
+TEST_F(UpgradeScenario, AnIgnoredCanaryReclaimIsAskedAgainWithOneWarning) {
+  StartReadyPair();
+  loop_.world().Find(primary_)->holds_reclaims = true;
+  ::testing::internal::CaptureStderr();
+  ASSERT_TRUE(coord()
+                  .RequestUpgrade(UpgradeRequest{.command = {"sim-engine", "--version=2"},
+                                                 .steps = std::vector<uint32_t>{50, 100},
+                                                 .step_duration = seconds(60)})
+                  .ok());
+  WaitUntil([this] { return !loop_.world().Find(primary_)->held_reclaims.empty(); }, seconds(5),
+            "the canary's Reclaim");
+  Wait(CoordinatorState::kReclaimAnswerTimeout + seconds(3));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(loop_.world().Find(primary_)->held_reclaims.size(), 2u) << Story();
+  const std::string warn = "WARN upgrade: engine " + std::to_string(primary_) +
+                           " (the primary) did not answer its Reclaim of ";
+  size_t warnings = 0;
+  for (size_t at = log.find(warn); at != std::string::npos; at = log.find(warn, at + 1)) {
+    ++warnings;
+  }
+  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_NE(log.find(" blocks for the canary in "), std::string::npos) << log;
+  EXPECT_TRUE(Upgrading()) << Story();
+}
+
 }  // namespace
 }  // namespace baton::sim
