@@ -407,7 +407,9 @@ void Controller::ArmTick() {
   if (stopping_) return;
   const TimePoint now = clock_.Now();
   const TimePoint when = coord_->NextWakeup();
-  if (tick_at_.has_value() && *tick_at_ <= when && *tick_at_ > now) return;
+  // A pending tick no later than `when` stays, even one already due whose handler has not run:
+  // moving it later would let messages that arrive as it falls due put it off for good.
+  if (tick_at_.has_value() && *tick_at_ <= when) return;
   tick_at_ = when;
   tick_.expires_after(std::max(Duration::zero(), when - now));
   tick_.async_wait([this](const boost::system::error_code& ec) {

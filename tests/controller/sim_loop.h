@@ -72,6 +72,7 @@ class SimLoop {
     if (fault_.part != CoordinatorMutation::kNone) coord_->SetMutationForTesting(fault_.part);
     coord_->Start(s);
     last_tick_ = TimePoint{};
+    wake_at_ = TimePoint::max();  // a new controller: its own timer
     AfterCall();
   }
   // The controller crashes (kill -9) and its successor starts: its memory is gone; the disk,
@@ -116,6 +117,7 @@ class SimLoop {
       const TimePoint now = clock_.Now();
       if (now >= wake_at_) {
         last_tick_ = now;
+        wake_at_ = TimePoint::max();  // fired: AfterCall arms the next
         coord_->OnTick();
         AfterCall();
         continue;
@@ -187,11 +189,11 @@ class SimLoop {
   static std::string Id(EngineId id) { return "engine " + std::to_string(id); }
 
   // After every call into the Coordinator: its timer re-armed as Controller::ArmTick does it
-  // (a timer still pending that falls no later stays; a tick that asks for the same instant
-  // again gets the next millisecond).
+  // (a timer still pending that falls no later stays, even one due that has not fired; a tick
+  // that asks for the same instant again gets the next millisecond).
   void AfterCall() {
     const TimePoint when = coord_->NextWakeup();
-    if (wake_at_ <= clock_.Now() || when < wake_at_) wake_at_ = when;
+    if (when < wake_at_) wake_at_ = when;
     if (wake_at_ <= last_tick_) wake_at_ = last_tick_ + milliseconds(1);
     AfterCallHook();
   }
