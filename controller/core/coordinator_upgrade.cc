@@ -12,18 +12,13 @@ constexpr const char* kLog = "upgrade";
 // canary is promoted with the blocks that are free.
 constexpr Duration kReclaimTimeout = std::chrono::seconds(2);
 
-// What the primary keeps of the pool while a canary runs beside it: a tenth (at least one).
-uint32_t PrimaryKeeps(const CoordinatorConfig& config) {
-  return std::max<uint32_t>(1, config.block_count / 10);
-}
-
 // The canary's share of the pool at `weight` %. The primary keeps a tenth even at 100 %: its
 // requests in flight finish there, and the canary's failed attempts are retried there. On a
 // device pool the share is whole chunks (the unit engines map), at most those that leave the
 // primary its tenth.
 uint32_t CanaryTarget(const CoordinatorState& s, uint32_t weight) {
   const uint64_t blocks = s.config.block_count;
-  const uint64_t most = blocks - PrimaryKeeps(s.config);
+  const uint64_t most = blocks - UpgradePart::PrimaryKeeps(s.config);
   uint64_t share = std::min(blocks * weight / 100, most);
   const uint64_t chunk = s.ledger->blocks_per_chunk();
   if (chunk > 1)
@@ -37,85 +32,6 @@ UpgradePart::UpgradePart(CoordinatorState& s, const CoordinatorParts& p) : s_(s)
 
 const std::vector<std::string>& UpgradePart::active_command() const {
   return own_.active_command.empty() ? s_.config.engine_command : own_.active_command;
-}
-
-// --- operator commands --------------------------------------------------------------------------
-
-Status UpgradePart::RequestUpgrade(UpgradeRequest request) {
-  if (s_.stopping) return Unavailable("the controller is shutting down");
-  if (own_.upgrade.has_value()) {
-    return FailedPrecondition(std::string("an upgrade is already in progress (phase ") +
-                              ToString(own_.upgrade->phase) + "); roll it back or let it finish");
-  }
-  if (request.command.empty()) return InvalidArgument("upgrade: no engine command given");
-  EngineRecord* p = s_.Find(s_.primary);
-  EngineRecord* s = s_.Standby();
-  if (s_.pair.state() != PairState::kReady || p == nullptr || !p->serving() || s == nullptr) {
-    return FailedPrecondition(std::string("an upgrade needs a serving primary and a ready "
-                                          "standby (pair is ") +
-                              ToString(s_.pair.state()) + ")");
-  }
-  BATON_RETURN_IF_ERROR(p_.commands->CheckNoCalledOffDrain(*p));
-  // A canary that cannot start would cost the pair its standby for nothing.
-  BATON_RETURN_IF_ERROR(s_.effects.CheckCommand(request.command));
-  if (const uint32_t chunk = s_.ledger->blocks_per_chunk();
-      (s_.config.block_count - PrimaryKeeps(s_.config)) / chunk == 0) {
-    // Engines map the device pool by whole chunks: the canary needs one of its own.
-    return FailedPrecondition(
-        "the device pool is " + std::to_string(s_.config.block_count) + " blocks in chunks of " +
-        std::to_string(chunk) + ": a canary needs a chunk of its own while the primary keeps " +
-        std::to_string(PrimaryKeeps(s_.config)) + " blocks; make gpu.pool_chunk_bytes smaller");
-  }
-  Upgrade u;
-  u.policy = s_.config.canary;
-  if (request.steps.has_value()) u.policy.steps = *request.steps;
-  if (request.step_duration.has_value()) u.policy.step_duration = *request.step_duration;
-  if (request.min_requests.has_value()) u.policy.min_requests = *request.min_requests;
-  BATON_RETURN_IF_ERROR(ValidateCanaryPolicy(u.policy));
-  u.command = std::move(request.command);
-  u.previous = active_command();
-  u.primary = p->id;
-  u.started = s_.clock.Now();
-  u.phase_since = u.started;
-  own_.upgrade = std::move(u);
-  LendReserveToCanary();
-  SaveCommands();
-  BATON_LOG(INFO, kLog) << "upgrade: engine " << s->id
-                        << " (the standby) makes way for a canary of: "
-                        << Joined(own_.upgrade->command);
-  p_.failover->Fence(s->id, FailCause::kShutdown, "replaced by the canary of an upgrade");
-  return OkStatus();
-}
-
-Status UpgradePart::RequestRollback(UpgradeRequest overrides) {
-  if (s_.stopping) return Unavailable("the controller is shutting down");
-  if (own_.upgrade.has_value()) {
-    if (own_.upgrade->phase == Upgrade::Phase::kRollingBack) {
-      return FailedPrecondition("the canary is already being rolled back");
-    }
-    if (own_.upgrade->phase == Upgrade::Phase::kFinishing) {
-      return FailedPrecondition(
-          "the canary already takes over as primary; roll back once it serves");
-    }
-    if (s_.primary == kNoEngine) {
-      // Stopping the canary now would leave no engine at all: a cold start.
-      return FailedPrecondition(
-          "the primary failed during the upgrade and no engine serves yet; roll back once one "
-          "does");
-    }
-    RollBackCanary("batonctl rollback");
-    return OkStatus();
-  }
-  if (own_.previous_command.empty()) {
-    return FailedPrecondition("nothing to roll back: no upgrade has been promoted");
-  }
-  overrides.command = own_.previous_command;
-  Status started = RequestUpgrade(std::move(overrides));
-  if (started.ok()) {
-    own_.upgrade->kind = UpgradeKind::kRollback;
-    SaveCommands();
-  }
-  return started;
 }
 
 // --- phases -------------------------------------------------------------------------------------

@@ -6,13 +6,16 @@
 // (controller/core/command_record.h): a promoted upgrade's command outlives a restart, and
 // an upgrade in flight is resumed with the engines a restart re-adopts.
 //
-// Files: coordinator_upgrade.cc (requests, phases, ends), coordinator_upgrade_record.cc (the
-// command record, and the resumption after a restart).
+// Files: coordinator_upgrade_requests.cc (the operator's upgrade and rollback),
+// coordinator_upgrade.cc (phases, ends), coordinator_upgrade_returns.cc (the primary's returns
+// of blocks), coordinator_upgrade_record.cc (the command record, and the resumption after a
+// restart).
 //
 // Ownership: owns UpgradeFields; borrows the shared state and the other parts
 // (coordinator_parts.h). Thread: the Coordinator's.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <optional>
@@ -55,6 +58,10 @@ class UpgradePart {
   }
   // The command standbys run: the last promoted upgrade's, or engine.command.
   const std::vector<std::string>& active_command() const;
+  // What the primary keeps of the pool while a canary runs beside it: a tenth (at least one).
+  static uint32_t PrimaryKeeps(const CoordinatorConfig& config) {
+    return std::max<uint32_t>(1, config.block_count / 10);
+  }
 
   // --- operator commands ----------------------------------------------------------------------
   Status RequestUpgrade(UpgradeRequest request);
@@ -90,6 +97,16 @@ class UpgradePart {
   std::string ResumeUpgrade(const InFlightUpgrade& in_flight);
 
  private:
+  // An upgrade (or a rollback: an upgrade back to the previous command).
+  Status StartUpgrade(UpgradeRequest request, UpgradeKind kind);
+  // Whether the pair can take an upgrade: a serving primary beside a ready standby, or one
+  // whose standby is not ready (crash-looping, say: the canary replaces it).
+  Status CheckPairTakesCanary() const;
+  // The standby, ready or not, is stopped for the canary, and a crash-loop backoff lifted.
+  void MakeWayForCanary();
+  // With no engine serving there is nothing to judge a canary against: `command` becomes the
+  // active one at once (recorded as promoted), and engines launch with it from now on.
+  Status SwitchCommandNow(std::vector<std::string> command, UpgradeKind kind);
   void SetPhase(Upgrade::Phase phase);
   void ReclaimFromPrimary(uint32_t weight);
   // Whether a return from the primary may be the late answer to a Reclaim.

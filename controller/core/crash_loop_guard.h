@@ -13,6 +13,7 @@
 // must outlive it. Thread: io_context thread only.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -44,6 +45,9 @@ class CrashLoopGuard {
 
   // True while restarts are held back by a trip.
   bool InBackoff() const { return clock_->Now() < backoff_until_; }
+  // Ends a backoff now (an operator's new engine command deserves its launch): the failures
+  // and the level stay, so the next trip backs off longer.
+  void LiftBackoff() { backoff_until_ = std::min(backoff_until_, clock_->Now()); }
   // The earliest time TryStartRestart can succeed.
   TimePoint NextRestartAt() const;
   // Failures counted in the current window, now: those less than `window` old, since the last

@@ -267,6 +267,15 @@ proto::CtlReply Done(const std::string& command, const std::string& text, Contro
   return Reply(0, text, std::move(extra));
 }
 
+// An upgrade or rollback with no engine serving: the command was switched, with no canary.
+proto::CtlReply SwitchedAtOnce(const std::string& command, Coordinator& co, Controller& c) {
+  const std::vector<std::string> active = co.Snapshot().active_command;
+  return Done(command,
+              "no engine serves: no canary to judge, so engines launch from now on with: " +
+                  Joined(active),
+              c, {{"engine_command", active}, {"canary", false}});
+}
+
 }  // namespace
 
 json StatusJson(const ControllerStatus& c) {
@@ -355,6 +364,7 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     if (!req.ok()) return Usage(req.status().message());
     Status status = co.RequestUpgrade(std::move(req).value());
     if (!status.ok()) return Refuse(cmd, status);
+    if (!co.Snapshot().upgrade.has_value()) return SwitchedAtOnce(cmd, co, c);
     return Done(cmd, "upgrade started: the standby makes way for a canary of the new command", c);
   }
   if (cmd == "rollback") {
@@ -366,8 +376,8 @@ proto::CtlReply Dispatch(Controller& c, const proto::CtlRequest& request) {
     if (!status.ok()) return Refuse(cmd, status);
     if (!up.has_value()) {  // an upgrade back to the previous command: say what it launches
       const std::optional<UpgradeStatus> started = co.Snapshot().upgrade;
-      const std::vector<std::string> command =
-          started.has_value() ? started->command : std::vector<std::string>{};
+      if (!started.has_value()) return SwitchedAtOnce(cmd, co, c);
+      const std::vector<std::string> command = started->command;
       return Done(cmd, "rollback started: a canary of the previous command: " + Joined(command), c,
                   {{"engine_command", command}});
     }

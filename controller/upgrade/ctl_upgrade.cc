@@ -171,8 +171,9 @@ std::string UpgradeText(const ControllerStatus& s) {
   }
   if (!c.upgrade_history.empty()) {
     const UpgradeResult& r = c.upgrade_history.back();
-    out << "last " << ToString(r.kind) << ": " << ToString(r.outcome) << " (engine " << r.canary
-        << ", " << r.reason << ")\n";
+    out << "last " << ToString(r.kind) << ": " << ToString(r.outcome) << " (";
+    if (r.canary != kNoEngine) out << "engine " << r.canary << ", ";
+    out << r.reason << ")\n";
   }
   return out.str();
 }
