@@ -304,6 +304,9 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
   // generation. The watch reads on; end of stream or an error aborts the exchange. Bytes of
   // a pipelined next request are kept for it.
   void Watch() {
+    // Past the read-ahead bound the watch waits for the next request: each request handled
+    // would otherwise read more than it takes out, until the read buffer overflows.
+    if (buffer_.size() >= kMaxPipelinedBytes) return;
     watching_ = true;
     stream_.socket().async_read_some(
         net::buffer(watch_buf_),
@@ -325,7 +328,7 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       BATON_LOG(DEBUG, "http") << "client left during its request: " << ec.message();
       return Close();
     }
-    if (buffer_.size() < kMaxPipelinedBytes) Watch();
+    Watch();
   }
 
   // After a reply that ends the connection (413, 431, 400, Connection: close) the client may

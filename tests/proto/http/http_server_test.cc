@@ -248,6 +248,28 @@ TEST_F(HttpServerTest, PipelinedRequestsAreAnsweredInOrder) {
   EXPECT_NE(all.find("hello /hello", second), std::string::npos) << all;
 }
 
+// A burst of pipelined requests far larger than the read-ahead (thousands in one write) is
+// answered whole and in order: the read-ahead stops at its bound instead of overflowing the
+// read buffer (which threw out of the handler and ended the process).
+TEST_F(HttpServerTest, AHugePipelinedBurstIsAnsweredWhole) {
+  constexpr int kRequests = 6000;
+  std::string burst;
+  for (int i = 0; i < kRequests - 1; ++i) burst += "GET /hello HTTP/1.1\r\nHost: x\r\n\r\n";
+  burst += "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  TestHttpClient client(server_->port());
+  std::thread writer([&] { EXPECT_TRUE(client.SendRaw(burst)); });
+  const std::string all = client.ReadRawUntil(std::string(1, '\0'));  // until closed
+  writer.join();
+  int answered = 0;
+  for (size_t at = all.find("hello /hello"); at != std::string::npos;
+       at = all.find("hello /hello", at + 1)) {
+    ++answered;
+  }
+  EXPECT_EQ(answered, kRequests);
+  EXPECT_EQ(all.find("HTTP/1.1 4"), std::string::npos) << all.substr(all.find("HTTP/1.1 4"), 300);
+  EXPECT_EQ(Responses(200), kRequests);
+}
+
 TEST(HttpServerListenTest, RefusesAnUnresolvableHost) {
   boost::asio::io_context io;
   HttpServerOptions options;
