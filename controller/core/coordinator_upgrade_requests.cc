@@ -13,9 +13,7 @@ namespace {
 
 constexpr const char* kLog = "upgrade";
 
-bool Down(PairState state) {
-  return state == PairState::kDown || state == PairState::kDownBackoff;
-}
+bool Down(PairState state) { return state == PairState::kDown || state == PairState::kDownBackoff; }
 
 // Whether no engine serves or may serve: every live one is launching, registering or a
 // standby never promoted (one re-adopting after a restart may serve, a canary among them).
@@ -116,16 +114,16 @@ void UpgradePart::MakeWayForCanary() {
 Status UpgradePart::SwitchCommandNow(std::vector<std::string> command, UpgradeKind kind) {
   BATON_RETURN_IF_ERROR(s_.effects.CheckCommand(command));
   const TimePoint now = s_.clock.Now();
-  own_.history.push_back(UpgradeResult{
-      .kind = kind,
-      .outcome = UpgradeOutcome::kPromoted,
-      .reason = "no engine served (pair " + std::string(ToString(s_.pair.state())) +
-                "): no canary to judge; engines launch with it from now on",
-      .canary = kNoEngine,
-      .version = "",
-      .last_weight = 0,
-      .started = now,
-      .ended = now});
+  own_.history.push_back(
+      UpgradeResult{.kind = kind,
+                    .outcome = UpgradeOutcome::kPromoted,
+                    .reason = "no engine served (pair " + std::string(ToString(s_.pair.state())) +
+                              "): no canary to judge; engines launch with it from now on",
+                    .canary = kNoEngine,
+                    .version = "",
+                    .last_weight = 0,
+                    .started = now,
+                    .ended = now});
   if (own_.history.size() > kKeepUpgrades) own_.history.pop_front();
   own_.previous_command = active_command();
   own_.active_command = std::move(command);
