@@ -10,6 +10,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "base/text/toml_depth.h"
 #include "controller/config_values.h"
 #include "controller/upgrade/command_record.h"
 #include "cuda/driver/gpu_backend.h"
@@ -202,6 +203,7 @@ std::string DefaultRuntimeDir() {
 Result<ControllerConfig> ParseConfigToml(const std::string& text, const std::string& source) {
   ControllerConfig config;
   try {
+    BATON_RETURN_IF_ERROR(CheckTomlDepth(text, source));
     std::istringstream in(text);
     const toml::value root = toml::parse(in, source);
     BATON_RETURN_IF_ERROR(ApplyTable(root, source, &config));

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <toml.hpp>
 
+#include "base/text/toml_depth.h"
 #include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
 
@@ -300,6 +301,7 @@ Status SplitHostPort(const std::string& text, const std::string& what, std::stri
 Status ParseRouterToml(const std::string& text, const std::string& source, RouterOptions* options) {
   std::map<std::string, Setter> setters = Setters(options);
   try {
+    BATON_RETURN_IF_ERROR(CheckTomlDepth(text, source));
     std::istringstream in(text);
     const toml::value root = toml::parse(in, source);
     for (const auto& [table, value] : root.as_table()) {

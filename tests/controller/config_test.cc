@@ -153,6 +153,9 @@ TEST(Config, BadConfigsAreRefusedWithTheKey) {
       {"[model]\nhuge_pages = \"yes\"\n", "model.huge_pages: expected true or false"},
       {"pool = 3\n", "'pool' must be a [section]"},
       {"[pool\nblocks = 1\n", "malformed TOML"},
+      // Parsed by recursion: deeper text would overflow the stack (SIGSEGV) before an error.
+      {"[engine]\ncommand = [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
+       "bad.toml: arrays and tables nested 34 deep (at most 32)"},
       {"[controller]\nmetrics_port = 70000\n", "controller.metrics_port: must be in [0, 65535]"},
       {"[controller]\nepoch_reserve = 0\n", "controller.epoch_reserve: must be in [1, 1048576]"},
       {"[upgrade]\nsteps = [10, 50]\n", "upgrade.steps: canary steps: the last step must be 100"},

@@ -142,6 +142,17 @@ TEST(RouterOptions, Toml) {
   EXPECT_NE(st.message().find("threads"), std::string::npos) << st.ToString();
 }
 
+// toml11 parses nesting by recursion: a deep file is refused before it overflows the stack.
+TEST(RouterOptions, DeeplyNestedTomlIsRefusedNotParsed) {
+  RouterOptions o;
+  const std::string deep = "[router]\nlisten = " + std::string(20000, '[') + "]\n";
+  const Status s = ParseRouterToml(deep, "r.toml", &o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("r.toml: arrays and tables nested 20000 deep (at most 32)"),
+            std::string::npos)
+      << s.message();
+}
+
 TEST(RouterOptions, AMalformedEtcdEndpointIsRefused) {
   for (const char* bad :
        {"bogus", "ftp://127.0.0.1:2379", "127.0.0.1:99999", "h:notaport", "127.0.0.1:2379,h:0"}) {
