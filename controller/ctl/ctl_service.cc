@@ -270,10 +270,10 @@ proto::CtlReply Done(const std::string& command, const std::string& text, Contro
 // An upgrade or rollback with no engine serving: the command was switched, with no canary.
 proto::CtlReply SwitchedAtOnce(const std::string& command, Coordinator& co, Controller& c) {
   const std::vector<std::string> active = co.Snapshot().active_command;
-  return Done(command,
-              "no engine serves: no canary to judge, so engines launch from now on with: " +
-                  Joined(active),
-              c, {{"engine_command", active}, {"canary", false}});
+  return Done(
+      command,
+      "no engine serves: no canary to judge, so engines launch from now on with: " + Joined(active),
+      c, {{"engine_command", active}, {"canary", false}});
 }
 
 }  // namespace
