@@ -20,6 +20,10 @@ namespace {
 
 constexpr const char* kLog = "controller";
 constexpr Duration kHelloTimeout = std::chrono::seconds(5);
+// A client (batonctl) connection with no request for this long is closed, and at most
+// kMaxClients are open at once: idle clients cannot take the fds engines need.
+constexpr Duration kClientIdleTimeout = std::chrono::seconds(60);
+constexpr size_t kMaxClients = 256;
 // What the clients' connections (batonctl, routers) may hold unsent together.
 constexpr size_t kClientSendBudget = size_t{256} << 20;
 
@@ -320,6 +324,13 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
     AttachEngine(*coord_->Admit(hello.launch_token), std::move(channel));
   } else if (hello.role == proto::PeerRole::kRouter) {
     routes_.AddSubscriber(std::move(channel), hello.peer_name);
+  } else if (Clients() >= kMaxClients) {
+    BATON_LOG(WARN, kLog) << "client " << channel->label() << " closed: " << kMaxClients
+                          << " client connections are open";
+    (void)channel->Send(proto::CtlReply{
+        .exit_code = 1,
+        .text = "refused: " + std::to_string(kMaxClients) + " client connections are open",
+        .json = ""});
   } else {
     Connection& c = conns_[conn];
     c.channel = std::move(channel);
@@ -356,6 +367,7 @@ void Controller::ReadCli(uint64_t conn) {
       conns_.erase(it);
       return;
     }
+    it->second.busy = true;
     proto::CtlReply reply{.exit_code = 2, .text = "", .json = ""};
     Result<proto::CtlRequest> request = msg->As<proto::CtlRequest>();
     if (request.ok() && request->command == "fleet" && rollout_ != nullptr) {
@@ -385,15 +397,29 @@ void Controller::AnswerCli(uint64_t conn, const proto::CtlReply& reply) {
     conns_.erase(it);
     return;
   }
+  it->second.busy = false;
+  it->second.accepted_at = clock_.Now();  // idle from its last answer
   ReadCli(conn);
   ArmTick();
+}
+
+size_t Controller::Clients() const {
+  size_t n = 0;
+  for (const auto& [id, c] : conns_) n += c.cli ? 1 : 0;
+  return n;
 }
 
 void Controller::CloseIdleConnections() {
   const TimePoint now = clock_.Now();
   for (auto it = conns_.begin(); it != conns_.end();) {
-    if (!it->second.cli && now - it->second.accepted_at > kHelloTimeout) {
-      coord_->NoteRefusal(it->second.channel->label(), "no Hello within 5 s");
+    const Connection& c = it->second;
+    if (!c.cli && now - c.accepted_at > kHelloTimeout) {
+      coord_->NoteRefusal(c.channel->label(), "no Hello within 5 s");
+      it = conns_.erase(it);
+    } else if (c.cli && !c.busy && now - c.accepted_at > kClientIdleTimeout) {
+      BATON_LOG(INFO, kLog)
+          << "client " << c.channel->label() << " closed: no request in "
+          << std::chrono::duration_cast<std::chrono::seconds>(kClientIdleTimeout).count() << " s";
       it = conns_.erase(it);
     } else {
       ++it;

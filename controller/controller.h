@@ -282,9 +282,12 @@ class Controller final : private Effects {
 
   struct Connection {
     std::unique_ptr<proto::Channel> channel;
-    TimePoint accepted_at;
+    TimePoint accepted_at;  // a client's: its last answer
     bool cli = false;
+    bool busy = false;  // a client's request is being answered
   };
+  // Client (batonctl) connections open.
+  size_t Clients() const;
   std::map<uint64_t, Connection> conns_;
   uint64_t next_conn_ = 1;
   bool stopping_ = false;

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iterator>
 #include <thread>
+#include <vector>
 
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
@@ -108,6 +109,33 @@ TEST(ChaosMisbehavior, CliConnectionCannotRegister) {
   Result<proto::CtlReply> ctl = reply->As<proto::CtlReply>();
   ASSERT_TRUE(ctl.ok());
   EXPECT_EQ(ctl->exit_code, 2u);
+  EXPECT_TRUE(cluster.ControllerAlive());
+}
+
+// Client connections are capped: past 256 open, the next client is told why and closed, so
+// idle clients cannot take the file descriptors the engines' launches need. The pair serves
+// on, and once clients go, new ones are served.
+TEST(ChaosMisbehavior, ClientConnectionsAreCapped) {
+  ChaosCluster cluster(TolerantHealth());
+  const json before = cluster.Status();
+  boost::asio::io_context io;
+  std::vector<proto::Channel> held;
+  for (int i = 0; i < 256; ++i) {
+    Result<proto::Channel> cli = ConnectAs(io, cluster, proto::PeerRole::kCli);
+    ASSERT_TRUE(cli.ok()) << i << ": " << cli.status().ToString();
+    held.push_back(std::move(cli).value());
+  }
+  Result<proto::Channel> extra = ConnectAs(io, cluster, proto::PeerRole::kCli);
+  ASSERT_TRUE(extra.ok()) << extra.status().ToString();
+  Result<proto::ReceivedMessage> reply = extra->Receive(std::chrono::seconds(5));
+  ASSERT_TRUE(reply.ok()) << reply.status().ToString();
+  Result<proto::CtlReply> refused = reply->As<proto::CtlReply>();
+  ASSERT_TRUE(refused.ok());
+  EXPECT_EQ(refused->exit_code, 1u);
+  EXPECT_EQ(refused->text, "refused: 256 client connections are open");
+  held.pop_back();  // one client leaves: the next is served (WaitFor's own status)
+  const json after = cluster.WaitFor([](const json& s) { return !s.is_null(); }, "a status");
+  ExpectPrimaryUnaffected(before, after);
   EXPECT_TRUE(cluster.ControllerAlive());
 }
 
