@@ -72,6 +72,15 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
 
 void Controller::OnEngineStalled(const proto::EngineStalled& s) {
   if (coord_ == nullptr) return;
+  if (s.streams == 0 || s.quiet_ms < proto::kMinStallQuietMs) {
+    coord_->NoteRefusal("router " + s.router,
+                        "EngineStalled for engine " + std::to_string(s.engine_id) + " with " +
+                            std::to_string(s.streams) + " streams quiet for " +
+                            std::to_string(s.quiet_ms) + " ms: no evidence of a hang (a stall " +
+                            "is at least one stream quiet for " +
+                            std::to_string(proto::kMinStallQuietMs) + " ms); not fenced");
+    return;
+  }
   // A success is stamped when the report that shows it arrives, up to kReportLag after it
   // happened: without the allowance, one just before the streams went quiet would look as
   // recent as the stall at every report, and the stall would be doubted for ever.

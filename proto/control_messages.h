@@ -94,7 +94,9 @@ struct RouterReport {
 // Router -> controller, on its subscription (protocol 10 and up): engine `engine_id` has
 // sent no byte on any of its `streams` streams that had begun answering for `quiet_ms` (its
 // compute hangs, though its heartbeats may go on). Sent every report interval while it
-// lasts; `router` as in RouterReport.
+// lasts; `router` as in RouterReport. The controller ignores one with no stream or quieter
+// than kMinStallQuietMs (the least stall timeout a router takes): no evidence of a hang.
+inline constexpr uint64_t kMinStallQuietMs = 1000;
 struct EngineStalled {
   static constexpr MsgType kType = MsgType::kEngineStalled;
   uint64_t engine_id = 0;

@@ -12,6 +12,7 @@
 #include "base/text/toml_depth.h"
 #include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
+#include "proto/messages.h"
 
 namespace baton {
 namespace {
@@ -197,6 +198,10 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
   s["stream-idle-timeout-ms"] = Millis("stream-idle-timeout-ms", &o->stream_idle_timeout);
   s["stall-timeout-ms"] = [o](const std::string& v) -> Status {  // 0 turns it off
     BATON_ASSIGN_OR_RETURN(int64_t ms, ParseInt("stall-timeout-ms", v, 0, 86400000));
+    if (ms != 0 && static_cast<uint64_t>(ms) < proto::kMinStallQuietMs) {
+      return InvalidArgument("stall-timeout-ms: must be 0 (off) or at least " +
+                             std::to_string(proto::kMinStallQuietMs) + ", got " + v);
+    }
     o->stall_timeout = std::chrono::milliseconds(ms);
     return OkStatus();
   };

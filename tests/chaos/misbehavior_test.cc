@@ -189,6 +189,31 @@ TEST(ChaosMisbehavior, RouterConnectionSendingOtherMessagesIsClosed) {
   ExpectPrimaryUnaffected(before, cluster.Status());
 }
 
+// An EngineStalled with no stream, or quieter than any router's stall timeout, is no
+// evidence of a hang: refused, and the primary that answers is not fenced for it.
+TEST(ChaosMisbehavior, AnImplausibleStallReportFencesNothing) {
+  ChaosCluster cluster(TolerantHealth());
+  const json before = cluster.Status();
+  const uint64_t primary = EngineWithRole(before, "primary")["id"].get<uint64_t>();
+  boost::asio::io_context io;
+  Result<proto::Channel> router = ConnectAs(io, cluster, proto::PeerRole::kRouter);
+  ASSERT_TRUE(router.ok()) << router.status().ToString();
+  ASSERT_TRUE(router->Send(proto::Subscribe{.subscriber = "test"}).ok());
+  ASSERT_TRUE(router->Receive(std::chrono::seconds(5)).ok());
+  ASSERT_TRUE(router
+                  ->Send(proto::EngineStalled{
+                      .engine_id = primary, .streams = 0, .quiet_ms = 0, .router = "atk"})
+                  .ok());
+  ASSERT_TRUE(router
+                  ->Send(proto::EngineStalled{
+                      .engine_id = primary, .streams = 1, .quiet_ms = 1, .router = "atk"})
+                  .ok());
+  WaitRefusal(cluster, "with 0 streams quiet for 0 ms: no evidence of a hang");
+  WaitRefusal(cluster, "with 1 streams quiet for 1 ms: no evidence of a hang");
+  ExpectPrimaryUnaffected(before, cluster.Status());
+  EXPECT_EQ(cluster.Status()["controller"]["failovers"], before["controller"]["failovers"]);
+}
+
 TEST(ChaosMisbehavior, StaleEpochIsRefusedAndTheSenderStopped) {
   ChaosCluster cluster(TolerantHealth());
   const json before = RogueStandby(cluster, "stale-epoch");

@@ -142,6 +142,18 @@ TEST(RouterOptions, Toml) {
   EXPECT_NE(st.message().find("threads"), std::string::npos) << st.ToString();
 }
 
+// A stall timeout under a second would report engines that merely pause as hung.
+TEST(RouterOptions, AStallTimeoutIsOffOrAtLeastASecond) {
+  RouterOptions o;
+  EXPECT_TRUE(ParseRouterToml("[router]\nstall_timeout_ms = 0\n", "r.toml", &o).ok());
+  EXPECT_TRUE(ParseRouterToml("[router]\nstall_timeout_ms = 1000\n", "r.toml", &o).ok());
+  const Status s = ParseRouterToml("[router]\nstall_timeout_ms = 500\n", "r.toml", &o);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("stall_timeout_ms: must be 0 (off) or at least 1000, got 500"),
+            std::string::npos)
+      << s.message();
+}
+
 // toml11 parses nesting by recursion: a deep file is refused before it overflows the stack.
 TEST(RouterOptions, DeeplyNestedTomlIsRefusedNotParsed) {
   RouterOptions o;
