@@ -162,7 +162,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
     parser_->body_limit(routes_->options.body_limit);
     parser_->header_limit(routes_->options.header_limit);
     if (buffer_.size() > 0) return ReadRequest();
-    stream_.expires_after(routes_->options.idle_timeout);
+    // A new connection's first request gets the request timeout from the accept: one that
+    // never sends a byte must not hold a connection slot for the keep-alive idle time.
+    stream_.expires_after(
+        seq_ == 0 ? std::min(routes_->options.idle_timeout, routes_->options.request_timeout)
+                  : routes_->options.idle_timeout);
     stream_.async_read_some(buffer_.prepare(4096),
                             [self = shared_from_this()](beast::error_code ec, size_t n) {
                               if (ec) return self->OnReadError(ec);

@@ -270,6 +270,28 @@ TEST_F(HttpServerTest, AHugePipelinedBurstIsAnsweredWhole) {
   EXPECT_EQ(Responses(200), kRequests);
 }
 
+// A new connection that sends nothing is closed after the request timeout, not held for the
+// (longer) keep-alive idle time: silent connections cannot hold the server's slots long.
+TEST(HttpServerTimeoutTest, ASilentNewConnectionGetsTheRequestTimeout) {
+  boost::asio::io_context io;
+  HttpServerOptions options;
+  options.request_timeout = std::chrono::milliseconds(200);
+  options.idle_timeout = std::chrono::milliseconds(600000);
+  HttpServer server(io, options);
+  ASSERT_TRUE(server.Listen().ok());
+  std::thread thread([&io] { io.run(); });
+  TestHttpClient client(server.port());
+  std::promise<std::string> read;
+  std::thread reader([&] { read.set_value(client.ReadRawUntil(std::string(1, '\0'))); });
+  std::future<std::string> closed = read.get_future();
+  const bool in_time = closed.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  if (!in_time) client.Close();  // ends the reader
+  reader.join();
+  io.stop();
+  thread.join();
+  EXPECT_TRUE(in_time) << "the silent connection was held past 30 s";
+}
+
 TEST(HttpServerListenTest, RefusesAnUnresolvableHost) {
   boost::asio::io_context io;
   HttpServerOptions options;
