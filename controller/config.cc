@@ -286,6 +286,10 @@ Status FinishConfig(ControllerConfig* c) {
     return InvalidArgument("engine.host: want a host name or address engines listen on, got \"" +
                            c->engine_host + "\"");
   }
+  if (c->base_port != 0 && c->base_port + c->port_count - 1 > 65535) {
+    return InvalidArgument("engine.base_port " + std::to_string(c->base_port) + " + port_count " +
+                           std::to_string(c->port_count) + " runs past port 65535");
+  }
   if (c->on_controller_absent != "serve" && c->on_controller_absent != "stop") {
     return InvalidArgument("engine.on_controller_absent: \"serve\" or \"stop\", got \"" +
                            c->on_controller_absent + "\"");

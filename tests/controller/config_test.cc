@@ -196,6 +196,13 @@ TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   s = FinishConfig(&c);
   EXPECT_NE(s.message().find("gpu.pool_chunk_bytes"), std::string::npos) << s.ToString();
   c.gpu_pool_chunk_bytes = 64u << 20;
+  c.base_port = 65535;
+  c.port_count = 10;  // standbys would be launched on port 65536 and exit
+  s = FinishConfig(&c);
+  EXPECT_NE(s.message().find("engine.base_port 65535 + port_count 10 runs past port 65535"),
+            std::string::npos)
+      << s.ToString();
+  c.port_count = 1;
   ASSERT_TRUE(FinishConfig(&c).ok());
   EXPECT_FALSE(c.runtime_dir.empty());
   EXPECT_EQ(c.state_dir, c.runtime_dir + "/state");
