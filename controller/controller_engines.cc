@@ -164,7 +164,14 @@ void Controller::OnPidReadable(EngineId id) {
   if (!exited->has_value()) return WatchPid(id);  // not yet: wait again
   h->exited = true;
   h->channel.reset();
-  coord_->OnExited(id, (*exited)->ToString());
+  std::string how = (*exited)->ToString();
+  // An engine that exits on its own with an error says why in its log, not to the controller.
+  if ((*exited)->code != 0 && (*exited)->signal == 0 && !(*exited)->unknown) {
+    if (const std::string last = engine_logs_.LastLine(id); !last.empty()) {
+      how += " (its log ends: \"" + last + "\")";
+    }
+  }
+  coord_->OnExited(id, how);
   if (stopping_ && coord_->Remaining().empty() && stop_timer_ != nullptr) stop_timer_->cancel();
   ArmTick();
 }

@@ -41,7 +41,36 @@ Status CopyAll(int from, int to) {
   }
 }
 
+// The last non-empty line of `text`, without its line end.
+std::string LastLineOf(std::string_view text) {
+  while (!text.empty() && (text.back() == '\n' || text.back() == '\r' || text.back() == ' '))
+    text.remove_suffix(1);
+  const size_t start = text.rfind('\n');
+  return std::string(start == std::string_view::npos ? text : text.substr(start + 1));
+}
+
 }  // namespace
+
+std::string EngineLogs::LastLine(uint64_t id) const {
+  constexpr size_t kTail = 4096;
+  constexpr size_t kMaxLine = 240;
+  if (dir_.empty()) return "";
+  UniqueFd fd(
+      ::open((dir_ + "/engine-" + std::to_string(id) + ".log").c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat st {};
+  if (!fd.valid() || ::fstat(fd.get(), &st) != 0 || st.st_size <= 0) return "";
+  const size_t size = static_cast<size_t>(st.st_size);
+  std::string tail(std::min(size, kTail), '\0');
+  const ssize_t n = ::pread(fd.get(), tail.data(), tail.size(), size - tail.size());
+  if (n <= 0) return "";
+  tail.resize(static_cast<size_t>(n));
+  std::string line = LastLineOf(tail);
+  for (char& c : line) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  }
+  if (line.size() > kMaxLine) line = line.substr(0, kMaxLine) + "...";
+  return line;
+}
 
 uint64_t EngineLogId(const std::string& name) {
   constexpr std::string_view kPrefix = "engine-";

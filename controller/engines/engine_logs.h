@@ -33,6 +33,10 @@ class EngineLogs {
   void Prune(const std::set<uint64_t>& live);
   // One rotation pass now; the number of logs rotated.
   size_t RotateNow();
+  // The last line engine `id` wrote to its log (at most 240 bytes, control bytes replaced),
+  // "" without a log directory or a line: what an engine that exits says last, for the
+  // controller's own log.
+  std::string LastLine(uint64_t id) const;
   uint64_t rotations() const { return rotations_; }
   uint64_t deleted() const { return deleted_; }
 

@@ -69,6 +69,7 @@ struct ClusterOptions {
   // previous one's engines.
   int readopt_timeout_ms = 0;
   std::string engine_cgroup;  // [engine] cgroup when set ("off": process groups only)
+  bool engine_logs = false;   // [engine] log_dir = <dir>/engine-logs (else the controller's)
   // The first controller's extra environment ("NAME=value": BATON_FAILPOINTS=...).
   std::vector<std::string> controller_env;
   // TOML appended to the controller's configuration (whole sections: "[fleet]\n...").

@@ -122,6 +122,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
   out << "]\nbase_port = " << o.base_port << "\nregister_timeout_ms = " << o.register_timeout_ms
       << "\n"
       << (o.engine_cgroup.empty() ? "" : "cgroup = " + Quote(o.engine_cgroup) + "\n")
+      << (o.engine_logs ? "log_dir = " + Quote(dir_ + "/engine-logs") + "\n" : "")
       << "promote_timeout_ms = " << o.promote_timeout_ms
       << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"
       << "[pool]\nblocks = " << o.blocks << "\nblock_bytes = " << o.block_bytes << "\n"

@@ -62,5 +62,27 @@ TEST(ChaosCrashLoop, EngineThatExitsAtOnceLeavesThePairDownWithBackoff) {
   EXPECT_TRUE(cluster.ControllerAlive());
 }
 
+// An engine that exits with an error says why in its own log: the controller's exit line and
+// status quote the log's last line, so an operator sees the reason without opening it.
+TEST(ChaosCrashLoop, AnEngineExitQuotesTheLastLineOfItsLog) {
+  ClusterOptions options;
+  options.engine_command = {"/bin/sh", "-c",
+                            "echo 'starting'; echo 'model config: num_hidden_layers = -3 is "
+                            "outside [1, 4096]' >&2; exit 1"};
+  options.engine_logs = true;
+  options.max_failures = 3;
+  options.initial_backoff_ms = 5000;
+  options.wait_ready = false;
+  ChaosCluster cluster(options);
+  const json tripped =
+      cluster.WaitFor([](const json& s) { return !s["history"]["exits"].empty(); }, "an exit");
+  const std::string exit = tripped["history"]["exits"][0]["exit"].get<std::string>();
+  EXPECT_EQ(exit,
+            "exited with status 1 (its log ends: \"model config: num_hidden_layers = -3 is "
+            "outside [1, 4096]\")")
+      << tripped.dump(2);
+  EXPECT_TRUE(cluster.ControllerAlive());
+}
+
 }  // namespace
 }  // namespace baton::chaos
