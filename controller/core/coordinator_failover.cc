@@ -222,6 +222,11 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
   if (successor == nullptr && s_.pair.state() != PairState::kStopped) {
     BATON_LOG(WARN, kLog) << "no standby is ready: the pair is down until one registers";
   }
+  // A drain ends here: nothing is promoted, and the resume's promotion is a timeline of its
+  // own, not this one's (whose phases would count the time the pair stood stopped).
+  if (s_.pair.state() == PairState::kStopped) {
+    s_.timelines.Close("stopped: the pair was drained (batonctl resume starts it again)");
+  }
   if (successor != nullptr) PromoteBeforeBarrier(*successor);
 }
 

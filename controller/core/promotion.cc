@@ -68,7 +68,7 @@ std::string Fixed(double ms) {
 }
 
 // "engine 7", or "no engine" for a promotion that followed none (the first of a pair).
-std::string OldEngineText(uint64_t id) {
+std::string EngineText(uint64_t id) {
   return id == 0 ? std::string("no engine") : "engine " + std::to_string(id);
 }
 
@@ -76,7 +76,7 @@ std::string OldEngineText(uint64_t id) {
 // (a canary that takes over serves at its own, earlier epoch); else "".
 std::string FenceText(const PromotionRecord& r) {
   if (r.fence_epoch == 0 || r.fence_epoch == r.epoch) return "";
-  return " (" + OldEngineText(r.old_engine) + " fenced at epoch " + std::to_string(r.fence_epoch) +
+  return " (" + EngineText(r.old_engine) + " fenced at epoch " + std::to_string(r.fence_epoch) +
          ")";
 }
 
@@ -266,10 +266,9 @@ std::string InheritanceText(const PromotionRecord::KvInheritance& kv) {
 std::string TimelineText(const PromotionRecord& r, TimePoint now) {
   std::ostringstream out;
   const std::optional<TimePoint> first = FirstStamp(r);
-  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause
-      << "): " << OldEngineText(r.old_engine);
+  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause << "): " << EngineText(r.old_engine);
   if (r.old_pid != 0) out << " (pid " << r.old_pid << ")";
-  out << " -> engine " << r.new_engine << " at epoch " << r.epoch << FenceText(r) << "; "
+  out << " -> " << EngineText(r.new_engine) << " at epoch " << r.epoch << FenceText(r) << "; "
       << r.outcome;
   if (first.has_value()) out << "; started " << WallTime(*first, now);
   out << "\n";
@@ -309,9 +308,8 @@ std::string TimelineText(const PromotionRecord& r, TimePoint now) {
 std::string TimelineLog::Summary(const PromotionRecord& r) {
   const PhaseTimes p = PhasesOf(r);
   std::ostringstream out;
-  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause
-      << "): " << OldEngineText(r.old_engine) << " -> engine " << r.new_engine << " at epoch "
-      << r.epoch << FenceText(r);
+  out << ToString(r.kind) << " #" << r.seq << " (" << r.cause << "): " << EngineText(r.old_engine)
+      << " -> " << EngineText(r.new_engine) << " at epoch " << r.epoch << FenceText(r);
   auto put = [&](const char* name, const std::optional<double>& v) {
     if (v.has_value()) out << ", " << name << " " << Fixed(*v) << " ms";
   };

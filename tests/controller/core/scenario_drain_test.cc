@@ -37,6 +37,30 @@ TEST_F(DrainScenario, ADrainTellsThePrimaryThatNoNextPrimaryFollows) {
   EXPECT_EQ(coord().Snapshot().failovers, 0u) << "planned: neither is a failover";
 }
 
+// A drain's timeline ends when the pair stops: the resume's promotion is a timeline of its
+// own, whose phases do not count the time the pair stood stopped.
+TEST_F(DrainScenario, ADrainsTimelineEndsWhenThePairStops) {
+  StartReadyPair();
+  ASSERT_TRUE(coord().RequestDrain().ok());
+  WaitUntil([this] { return Stopped(); }, seconds(3), "the drained pair to stop");
+  std::deque<PromotionRecord> t = coord().Snapshot().timelines;
+  ASSERT_FALSE(t.empty());
+  EXPECT_EQ(t.back().kind, PromotionKind::kDrain);
+  EXPECT_EQ(t.back().outcome, "stopped: the pair was drained (batonctl resume starts it again)");
+  EXPECT_NE(TimelineText(t.back(), loop_.clock().Now()).find(" -> no engine at epoch "),
+            std::string::npos)
+      << TimelineText(t.back(), loop_.clock().Now());
+  Wait(seconds(5));  // stopped for a while
+  ASSERT_TRUE(coord().RequestResume().ok());
+  WaitUntil([this] { return Ready(); }, seconds(5), "the pair to serve again");
+  t = coord().Snapshot().timelines;
+  ASSERT_GE(t.size(), 2u);
+  EXPECT_EQ(t.back().kind, PromotionKind::kPromotion);
+  const std::optional<double> ready = PhasesOf(t.back()).ready_ms;
+  ASSERT_TRUE(ready.has_value());
+  EXPECT_LT(*ready, 1000.0) << "the stopped time is not the resume's";
+}
+
 // An engine of protocol 8 knows no FinalDrain: it is sent Drain (and may hand its requests
 // over to a next primary that never comes; the controller logs a warning).
 TEST_F(DrainScenario, AnEngineOfProtocol8IsSentDrain) {
