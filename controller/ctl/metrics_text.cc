@@ -1,6 +1,7 @@
 // MetricsText: the controller's gauges and counters in Prometheus text (ctl_service.h), one
 // section per group of families, in the order they are written.
 
+#include <algorithm>
 #include <sstream>
 
 #include "base/bug.h"
@@ -176,16 +177,20 @@ void RestartMetrics(const ControllerStatus& c, std::ostream& out) {
         c.weights.load_method == "adopted" ? 1 : 0);
 }
 
-// The last promotion phase by phase, then each one kept in the timeline (the last 16).
+// The last failover phase by phase (not a planned hand-over nor a first promotion: the
+// "slowest failover" rules read it), then each promotion kept in the timeline (the last 16).
 void TimelineMetrics(const CoordinatorStatus& core, std::ostream& out) {
-  if (!core.timelines.empty()) {
-    const PhaseTimes p = PhasesOf(core.timelines.back());
+  const auto last =
+      std::find_if(core.timelines.rbegin(), core.timelines.rend(),
+                   [](const PromotionRecord& r) { return r.kind == PromotionKind::kFailover; });
+  if (last != core.timelines.rend()) {
+    const PhaseTimes p = PhasesOf(*last);
     if (p.ready_ms.has_value()) {
-      Gauge(out, "baton_last_failover_ready_ms", "Detection to route published, last promotion",
+      Gauge(out, "baton_last_failover_ready_ms", "Detection to route published, last failover",
             *p.ready_ms);
     }
     Family(out, "baton_last_failover_phase_ms", "gauge",
-           "Each phase of the last promotion (batonctl timeline): detect, fence, promote, ready");
+           "Each phase of the last failover (batonctl timeline): detect, fence, promote, ready");
     for (const auto& [phase, ms] :
          {std::pair{"detect", p.detect_ms}, std::pair{"fence", p.fence_ms},
           std::pair{"promote", p.promote_ms}, std::pair{"ready", p.ready_ms}}) {
