@@ -54,9 +54,11 @@ demo: build
 # (deploy/CMakeLists.txt). `make install PREFIX=/usr` sets the prefix (default /usr/local);
 # `make install DESTDIR=/tmp/root` installs under a scratch root, as packagers do. It builds
 # what is missing first, without installing packages (`make deps` does that).
-PREFIX ?=
+# The prefix is set at every install: one given once does not stay in the build's cache for
+# the next plain `make install`.
+PREFIX ?= /usr/local
 install: $(BUILD_DIR)/CMakeCache.txt
-	$(if $(PREFIX),cmake -S . -B $(BUILD_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX))
+	cmake -S . -B $(BUILD_DIR) -DCMAKE_INSTALL_PREFIX=$(PREFIX)
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 	DESTDIR="$(DESTDIR)" cmake --install $(BUILD_DIR)
 
