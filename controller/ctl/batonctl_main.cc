@@ -2,11 +2,13 @@
 // the controller's Unix socket (Hello role "cli", one CtlRequest, one CtlReply).
 // Exit status: 0 done, 1 refused or unreachable (the reason is printed), 2 bad usage.
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -65,6 +67,25 @@ int Usage(const std::string& why, bool json, bool full = false) {
   return why.empty() ? 0 : 2;
 }
 
+// A parser's message on one line: its first line, and where (toml11 draws the place over
+// several: " --> file", then " 3 | the line").
+std::string OneLine(const std::string& message) {
+  std::istringstream in(message);
+  std::string first, line, file, number;
+  std::getline(in, first);
+  while (std::getline(in, line)) {
+    const size_t digits = line.find_first_not_of(' ');
+    if (const size_t at = line.find("--> "); at != std::string::npos && file.empty()) {
+      file = line.substr(at + 4);
+    } else if (!file.empty() && number.empty() && digits != std::string::npos &&
+               std::isdigit(static_cast<unsigned char>(line[digits]))) {
+      number = line.substr(digits, line.find(' ', digits) - digits);
+    }
+  }
+  if (file.empty()) return first;
+  return first + " (at " + file + (number.empty() ? "" : ":" + number) + ")";
+}
+
 // Returns -1 when the arguments are good, else the exit status.
 int ParseArgs(int argc, char** argv, Args* args) {
   const bool json = WantsJson(argc, argv);
@@ -101,7 +122,9 @@ int ParseArgs(int argc, char** argv, Args* args) {
         }
         args->timeout_ms = static_cast<int>(ms);
       }
-    } else if (a.rfind("--", 0) == 0) {
+    } else if (a == "--") {
+      return usage("'--' comes before an engine command: upgrade's, or fleet upgrade's");
+    } else if (a.size() > 1 && a[0] == '-') {
       return usage("unknown option '" + a + "'");
     } else if (args->command.empty()) {
       args->command = a;
@@ -122,7 +145,7 @@ int ParseArgs(int argc, char** argv, Args* args) {
   }
   if (!args->config.empty()) {
     Result<ControllerConfig> config = LoadConfigFile(args->config);
-    if (!config.ok()) return usage("--config: " + config.status().message());
+    if (!config.ok()) return usage("--config: " + OneLine(config.status().message()));
     if (config->runtime_dir.empty()) config->runtime_dir = DefaultRuntimeDir();
     args->socket = config->socket_path();
   }
@@ -253,8 +276,9 @@ int Run(int argc, char** argv) {
     }
     std::printf("%s\n", reply->json.c_str());
   } else {
+    // A refusal is batonctl's word on stderr, prefixed as its other errors are.
     std::FILE* out = reply->exit_code == 0 ? stdout : stderr;
-    std::fprintf(out, "%s%s", reply->text.c_str(),
+    std::fprintf(out, "%s%s%s", reply->exit_code == 0 ? "" : "batonctl: ", reply->text.c_str(),
                  !reply->text.empty() && reply->text.back() == '\n' ? "" : "\n");
   }
   return reply->exit_code <= 2 ? static_cast<int>(reply->exit_code) : 1;

@@ -104,8 +104,9 @@ std::vector<std::string> Lines(const std::string& text) {
 }
 
 TEST(BatonctlUsage, AUsageErrorIsOneLineAndAHint) {
-  for (const char* args : {"upgrade foo", "rollback extra", "drill kill extra",
-                           "controller restart now", "frobnicate", "--socket"}) {
+  for (const char* args :
+       {"upgrade foo", "rollback extra", "drill kill extra", "controller restart now", "frobnicate",
+        "--socket", "-j status", "status -- foo"}) {
     const CtlRun r = Batonctl(args, "2>&1 >/dev/null");
     EXPECT_EQ(r.exit_code, 2) << args;
     const std::vector<std::string> lines = Lines(r.out);
@@ -113,6 +114,26 @@ TEST(BatonctlUsage, AUsageErrorIsOneLineAndAHint) {
     EXPECT_EQ(lines[0].rfind("batonctl: ", 0), 0u) << lines[0];
     EXPECT_EQ(lines[1], CtlUsageHint());
   }
+}
+
+// A short option is an option, and a config file that does not parse is named on one line,
+// with where, not with the parser's drawing of the line.
+TEST(BatonctlUsage, OptionsAndConfigErrorsAreNamedOnOneLine) {
+  EXPECT_TRUE(Has(Batonctl("-j status", "2>&1").out, "batonctl: unknown option '-j'"));
+  EXPECT_TRUE(Has(Batonctl("status -- foo", "2>&1").out, "'--' comes before an engine command"));
+  char path[] = "/tmp/baton-ctl-config-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  const std::string text = "root:x:0:0\n";
+  ASSERT_EQ(::write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  ::close(fd);
+  const CtlRun r = Batonctl(std::string("--config ") + path + " status", "2>&1 >/dev/null");
+  ::unlink(path);
+  EXPECT_EQ(r.exit_code, 2);
+  const std::vector<std::string> lines = Lines(r.out);
+  ASSERT_EQ(lines.size(), 2u) << r.out;
+  EXPECT_TRUE(Has(lines[0], "batonctl: --config: malformed TOML: ")) << lines[0];
+  EXPECT_TRUE(Has(lines[0], std::string(" (at ") + path + ":1)")) << lines[0];
 }
 
 TEST(BatonctlUsage, TheWholeUsageOnlyForHelpOrNoCommand) {
