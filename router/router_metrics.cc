@@ -62,6 +62,13 @@ void Histogram::Render(const std::string& name, const std::string& labels, std::
   *out += name + "_count" + braces + " " + std::to_string(count_) + "\n";
 }
 
+RouterMetrics::RouterMetrics() {
+  MutexLock lock(mu_);
+  for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
+    for (int status : {200, 429}) requests_[{route, status}] = 0;
+  }
+}
+
 void RouterMetrics::Record(const std::string& route, int status) {
   MutexLock lock(mu_);
   ++requests_[{route, status}];

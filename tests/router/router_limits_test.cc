@@ -273,7 +273,7 @@ TEST_F(RouterLimitsTest, AClientLeavingAfterDoneIsNoClientGone) {
   std::string metrics;
   EXPECT_TRUE(WaitFor([&] {
     metrics = MetricsText();
-    return metrics.find(R"(route="/v1/completions",status=)") != std::string::npos;
+    return metrics.find(R"(route="/v1/completions",status="200"} 1)") != std::string::npos;
   })) << metrics;
   EXPECT_NE(metrics.find(R"(baton_router_requests_total{route="/v1/completions",status="200"} 1)"),
             std::string::npos)
