@@ -406,7 +406,11 @@ void HttpConnection::Dispatch() {
   auto it = routes_->table.find(ex->path());
   if (it == routes_->table.end()) {
     routes_->CountOwn(404);
-    return ex->RespondError(404, "no route for " + std::string(ex->path()));
+    // The path as the client sent it, cut short: a 404 is no echo service for 16 KB paths.
+    constexpr size_t kPathShown = 200;
+    const std::string_view path = ex->path();
+    return ex->RespondError(404, "no route for " + std::string(path.substr(0, kPathShown)) +
+                                     (path.size() > kPathShown ? "..." : ""));
   }
   std::string allow;
   for (const auto& [verb, handler] : it->second) {

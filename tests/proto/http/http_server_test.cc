@@ -92,6 +92,12 @@ TEST_F(HttpServerTest, UnknownPathIs404AndWrongMethodIs405) {
   EXPECT_EQ(wrong.status, 405);
   EXPECT_EQ(wrong.allow, "GET");
   EXPECT_EQ(client.Get("/hello").status, 200);  // the connection is still usable
+  // A long path is named, cut short: the 404 does not echo kilobytes back.
+  HttpReply long_path = client.Get("/" + std::string(10000, 'a'));
+  EXPECT_EQ(long_path.status, 404);
+  const std::string message =
+      nlohmann::json::parse(long_path.body)["error"]["message"].get<std::string>();
+  EXPECT_EQ(message, "no route for /" + std::string(199, 'a') + "...");
 }
 
 TEST_F(HttpServerTest, OversizedBodyIs413AndServerStaysUp) {
