@@ -86,7 +86,23 @@ uint32_t CoordinatorState::WholeChunks(uint32_t blocks) const {
 // --- records ------------------------------------------------------------------------------------
 
 void CoordinatorState::Refused(const std::string& who, const std::string& reason) {
-  BATON_LOG(WARN, kLog) << "refused " << who << ": " << reason;
+  const TimePoint now = clock.Now();
+  if (now - refusal_second >= std::chrono::seconds(1)) {
+    refusal_second = now;
+    refusal_lines = 0;
+  }
+  if (refusal_lines < kRefusalLinesPerSecond) {
+    ++refusal_lines;
+    BATON_LOG(WARN, kLog) << "refused " << who << ": " << reason
+                          << (refusals_unlogged == 0
+                                  ? ""
+                                  : " (" + std::to_string(refusals_unlogged) +
+                                        " refusals before it not logged: more than " +
+                                        std::to_string(kRefusalLinesPerSecond) + " a second)");
+    refusals_unlogged = 0;
+  } else {
+    ++refusals_unlogged;
+  }
   refusals.push_back(Refusal{clock.Now(), who, reason});
   if (refusals.size() > kKeepRefusals) refusals.pop_front();
   ++refusal_count;

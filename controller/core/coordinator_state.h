@@ -153,6 +153,12 @@ struct CoordinatorState {
   uint64_t called_off_switchovers = 0;
   uint64_t ticks = 0;
   uint64_t refusal_count = 0;
+  // Refusals are logged at most kRefusalLinesPerSecond a second (a flood of bad connections
+  // would otherwise write a line each); the next line logged says how many were not.
+  static constexpr int kRefusalLinesPerSecond = 10;
+  TimePoint refusal_second{};
+  int refusal_lines = 0;
+  uint64_t refusals_unlogged = 0;
   uint64_t refused_transitions = 0;
   bool journal_failing = false;
 };
