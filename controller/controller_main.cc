@@ -71,6 +71,13 @@ int ReportCheckedConfig(const ControllerConfig& c) {
               c.runtime_dir.c_str(), c.socket_path().c_str(), c.state_dir.c_str(),
               c.model_dir.c_str());
   std::printf("  engine      %s\n", c.engine_command.front().c_str());
+  if (!c.fleet_etcd.empty()) {
+    std::string members;
+    for (const std::string& m : c.fleet_etcd) members += (members.empty() ? "" : ", ") + m;
+    std::printf("  fleet       node %s, key %s, model %s; etcd %s%s\n", c.fleet_node.c_str(),
+                c.fleet_key().c_str(), c.fleet_model.c_str(), members.c_str(),
+                c.fleet_etcd_ca_file.empty() ? "" : " (TLS)");
+  }
   auto warn = [](const std::string& what) { std::printf("  warning: %s\n", what.c_str()); };
   if (std::string problem = ModelConfigProblem(c.model_dir); !problem.empty()) warn(problem);
   if (c.engine_command.front().find('/') != std::string::npos &&

@@ -33,6 +33,10 @@ TEST(DeployFiles, ExampleConfigurationsPassTheProgramsChecks) {
     const ProgramRun run = CheckController(Config(name));
     EXPECT_EQ(run.code, 0) << name << ":\n" << run.output;
     EXPECT_NE(run.output.find("the configuration is valid"), std::string::npos) << run.output;
+    // A fleet node's check says where it registers; a node alone's says nothing of a fleet.
+    EXPECT_EQ(run.output.find("\n  fleet       node ") != std::string::npos,
+              std::string(name) == "controller-fleet.toml")
+        << run.output;
     std::printf("%s\n%s", name, run.output.c_str());
   }
   for (const char* name : {"router.toml", "router-fleet.toml"}) {
