@@ -125,6 +125,7 @@ Status ApplyTable(const toml::value& root, const std::string& source, Controller
       if (it == keys.end()) return InvalidArgument(source + ": unknown key '" + name + "'");
       Status set = it->second(value);
       if (!set.ok()) return InvalidArgument(source + ": " + name + ": " + set.message());
+      if (section == "fleet" && key != "etcd" && c->fleet_setting.empty()) c->fleet_setting = name;
     }
   }
   return OkStatus();
@@ -188,6 +189,9 @@ Status ApplyFlag(const std::string& name, const std::string& text, ControllerCon
     if (Status as_text = it->second(toml::value(text)); as_text.ok()) return OkStatus();
   }
   if (!set.ok()) return InvalidArgument("--" + name + ": " + set.message());
+  if (key.rfind("fleet.", 0) == 0 && key != "fleet.etcd" && c->fleet_setting.empty()) {
+    c->fleet_setting = "--" + name;
+  }
   return OkStatus();
 }
 

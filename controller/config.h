@@ -87,6 +87,9 @@ struct ControllerConfig : CoordinatorConfig {
   std::string fleet_etcd_ca_file;
   std::string fleet_etcd_cert_file;
   std::string fleet_etcd_key_file;
+  // The first [fleet] key set other than etcd (config file or --fleet.key flag): refused
+  // without fleet.etcd, where it would silently do nothing.
+  std::string fleet_setting;
   // The node's key: <prefix>nodes/<node>.
   std::string fleet_key() const { return fleet_prefix + "nodes/" + fleet_node; }
 

@@ -54,6 +54,11 @@ Status CheckFleetTls(const ControllerConfig& c) {
 }  // namespace
 
 Status FinishFleetConfig(ControllerConfig* c) {
+  if (c->fleet_etcd.empty() && !c->fleet_setting.empty()) {
+    return InvalidArgument(c->fleet_setting +
+                           " is a fleet setting and needs fleet.etcd (the members to register "
+                           "with): without it this node is in no fleet");
+  }
   if (c->fleet_etcd.empty()) return OkStatus();
   BATON_RETURN_IF_ERROR(CheckFleetTls(*c));
   if (c->fleet_prefix.size() < 2 || c->fleet_prefix.front() != '/' ||

@@ -173,6 +173,21 @@ TEST(Config, BadConfigsAreRefusedWithTheKey) {
   }
 }
 
+// A [fleet] setting without fleet.etcd would do nothing: the node would be in no fleet.
+TEST(Config, AFleetSettingWithoutEtcdIsRefused) {
+  Result<ControllerConfig> c = ParseConfigToml(
+      "[model]\ndir = \"/m\"\n[engine]\ncommand = [\"/bin/true\"]\n"
+      "[fleet]\nnode = \"n1\"\n",
+      "c.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  Status s = FinishConfig(&*c);
+  EXPECT_EQ(s.message(),
+            "fleet.node is a fleet setting and needs fleet.etcd (the members to register with): "
+            "without it this node is in no fleet");
+  c->fleet_etcd = {"127.0.0.1:2379"};
+  EXPECT_TRUE(FinishConfig(&*c).ok());
+}
+
 TEST(Config, FinishConfigChecksRequiredKeysAndRules) {
   ControllerConfig c;
   Status s = FinishConfig(&c);
