@@ -59,6 +59,7 @@ class WorkDir {
     if (!out.empty()) return WorkDir(out, false);
     std::string tmpl = "/tmp/" + name + ".XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) return ErrnoStatus("mkdtemp " + tmpl, errno);
+    RunGuard::RemoveIfInterrupted(tmpl);  // a signal or kill -9 skips the destructor
     return WorkDir(tmpl, true);
   }
   WorkDir(WorkDir&& other) noexcept : path_(std::move(other.path_)), remove_(other.remove_) {

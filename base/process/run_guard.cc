@@ -11,8 +11,10 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "base/process/proc_table.h"
 
@@ -66,6 +68,57 @@ void AwaitOrphanZombies(uint64_t run_started, std::chrono::steady_clock::time_po
   }
 }
 
+// What the run wrote to the pipe until it closed: "R<path>\n" for a folder to remove if the
+// run is interrupted, "E\n" when it ended by returning or exit().
+std::string ReadUntilClosed(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      out.append(buf, static_cast<size_t>(n));
+    } else if (n == 0 || errno != EINTR) {
+      return out;
+    }
+  }
+}
+
+// The run's controllers are asked to stop (SIGTERM) and given kGentleLimit to end: a clean
+// stop stops their engines and removes their cgroups.
+void StopControllersGently(const std::string& token) {
+  const std::vector<pid_t> self = {::getpid()};
+  std::vector<pid_t> asked;
+  for (pid_t pid : TaggedProcesses(kRunGuardVariable, token, self)) {
+    if (ProcessName(pid) != "baton-controlle") continue;  // comm: 15 bytes of baton-controller
+    if (::kill(pid, SIGTERM) == 0) asked.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + RunGuard::kGentleLimit;
+  for (pid_t pid : asked) {
+    while (ProcessPresent(pid) && std::chrono::steady_clock::now() < deadline) {
+      const std::optional<ProcStat> stat = ReadProcStat(pid);
+      if (stat.has_value() && stat->state == 'Z') break;  // ended; its parent reaps it
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+}
+
+void RemoveFoldersIfInterrupted(const std::string& said, const std::string& name) {
+  std::vector<std::string> folders;
+  size_t start = 0;
+  for (size_t nl; (nl = said.find('\n', start)) != std::string::npos; start = nl + 1) {
+    const std::string line = said.substr(start, nl - start);
+    if (line == "E") return;  // ended by returning or exit(): its own code kept or removed them
+    if (line.size() > 1 && line[0] == 'R') folders.push_back(line.substr(1));
+  }
+  for (const std::string& folder : folders) {
+    std::error_code ec;
+    if (std::filesystem::remove_all(folder, ec) > 0) {
+      std::fprintf(stderr, "%s: removed %s: the run was interrupted\n", name.c_str(),
+                   folder.c_str());
+    }
+  }
+}
+
 // The reaper: waits for the pipe to close, then sweeps. Runs in the forked child.
 [[noreturn]] void ReaperMain(int read_fd, const GuardState& state) {
   ::setpgid(0, 0);
@@ -83,11 +136,10 @@ void AwaitOrphanZombies(uint64_t run_started, std::chrono::steady_clock::time_po
     ::dup2(null_fd, STDIN_FILENO);
     ::dup2(null_fd, STDOUT_FILENO);
   }
-  char byte = 0;
-  while (::read(3, &byte, 1) < 0 && errno == EINTR) {
-  }
+  const std::string said = ReadUntilClosed(3);
   std::string names;
   const auto deadline = std::chrono::steady_clock::now() + RunGuard::kSweepLimit;
+  StopControllersGently(state.token);
   const int killed = KillTaggedProcesses(
       state.token, std::chrono::duration_cast<std::chrono::milliseconds>(RunGuard::kSweepLimit),
       &names);
@@ -96,6 +148,7 @@ void AwaitOrphanZombies(uint64_t run_started, std::chrono::steady_clock::time_po
                  killed, killed == 1 ? "" : "es", names.c_str());
   }
   AwaitOrphanZombies(state.started_ticks, deadline);
+  RemoveFoldersIfInterrupted(said, state.name);
   ::_exit(0);
 }
 
@@ -109,7 +162,19 @@ void WaitForReaper(pid_t reaper) {
   }
 }
 
-void OnExit() { RunGuard::Finish(); }
+// Async-signal-safe: write(2) of a short line.
+void Say(const char* line, size_t size) {
+  const int fd = State().write_fd;
+  if (fd < 0) return;
+  while (::write(fd, line, size) < 0 && errno == EINTR) {
+  }
+}
+
+void OnExit() {
+  GuardState& state = State();
+  if (state.owner == ::getpid() && !g_finishing) Say("E\n", 2);
+  RunGuard::Finish();
+}
 
 void OnSignal(int sig) {
   RunGuard::Finish();
@@ -173,6 +238,13 @@ const std::string& RunGuard::token() { return State().token; }
 pid_t RunGuard::reaper() { return State().reaper; }
 
 void RunGuard::SetSignalHook(void (*hook)(int sig)) { g_signal_hook = hook; }
+
+void RunGuard::RemoveIfInterrupted(const std::string& path) {
+  const GuardState& state = State();
+  if (state.owner != ::getpid() || g_finishing || path.empty() || path.size() > 1000) return;
+  const std::string line = "R" + path + "\n";  // under PIPE_BUF: written whole
+  Say(line.data(), line.size());
+}
 
 void RunGuard::Finish() {
   GuardState& state = State();

@@ -17,6 +17,11 @@
 //     do the same, then let the signal end the process as it would have;
 //   * when the process is killed (kill -9, the OOM killer, a test runner's timeout): the
 //     kernel closes it, and the reaper sweeps after the fact.
+// Before it kills, the reaper sends SIGTERM to the run's controllers and waits up to
+// kGentleLimit for them to end: a controller that stops cleanly stops its engines and removes
+// their cgroups, which a SIGKILL would leave behind. Folders the run registered with
+// RemoveIfInterrupted are removed after the sweep unless the run ended by returning or
+// exit() (whose own code removes them, or keeps them on purpose).
 // The reaper leaves the process group and ignores the terminal's signals, so the Ctrl-C that
 // stops the run does not stop it. A signal handler the program set itself is left alone.
 //
@@ -40,6 +45,7 @@ inline constexpr const char* kRunGuardVariable = "BATON_RUN_GUARD";
 class RunGuard {
  public:
   static constexpr std::chrono::seconds kSweepLimit{20};
+  static constexpr std::chrono::seconds kGentleLimit{5};
 
   // Tags the environment and starts the reaper; `name` (the program's) prefixes the token and
   // the reaper's report. Refused when a guard is installed already or the reaper cannot start.
@@ -51,6 +57,9 @@ class RunGuard {
   // Sweeps now: closes the pipe, waits for the reaper; nothing tagged is left afterwards.
   // The atexit and signal paths call it; later calls do nothing.
   static void Finish();
+  // `path` (a scratch folder the run removes at its end) is removed by the reaper if the run
+  // is interrupted: a signal, or killed. Nothing without a guard.
+  static void RemoveIfInterrupted(const std::string& path);
   // `hook(sig)` runs in the signal path after the sweep, before the signal ends the process:
   // an async-signal-safe last word (a perf driver's JSON line). Set from main, after Install.
   static void SetSignalHook(void (*hook)(int sig));

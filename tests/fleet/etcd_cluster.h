@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/process/run_guard.h"
 #include "fleet/etcd_client.h"
 #include "tests/fleet/test_certificates.h"
 
@@ -81,6 +82,7 @@ class EtcdCluster {
   explicit EtcdCluster(int members, bool tls = false, std::string server_sans = "") {
     char tmpl[] = "/tmp/baton-etcd-XXXXXX";
     dir_ = ::mkdtemp(tmpl) != nullptr ? tmpl : "";
+    RunGuard::RemoveIfInterrupted(dir_);  // its members' data: hundreds of MB
     const std::string subnet = ClusterSubnet();
     if (tls) {
       if (server_sans.empty()) {

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
@@ -74,7 +75,7 @@ enum class End { kExit, kWait };
 // exec'd with the run's token (a sweep cannot see a process that has not), reports its pid on
 // a pipe, then exits (kExit) or waits to be signalled (kWait). The run's pid and the
 // sleeper's (-1 when it did not start).
-std::pair<pid_t, pid_t> StartRun(End end) {
+std::pair<pid_t, pid_t> StartRun(End end, const std::string& folder = "") {
   int fds[2];
   if (::pipe(fds) != 0) return {-1, -1};
   const pid_t run = ::fork();
@@ -82,6 +83,7 @@ std::pair<pid_t, pid_t> StartRun(End end) {
     ::close(fds[0]);
     ::signal(SIGINT, SIG_DFL);
     if (!RunGuard::Install("run-guard-test").ok()) ::_exit(3);
+    RunGuard::RemoveIfInterrupted(folder);
     pid_t sleeper = StartDetachedSleeper();
     if (sleeper > 0 && !CarriesTokenWithin(sleeper, RunGuard::token())) {
       ::kill(sleeper, SIGKILL);
@@ -119,6 +121,27 @@ class SleeperKiller {
   const pid_t sleeper_;
   const std::string token_prefix_;
 };
+
+// A scratch folder the run registered stays when the run ends by exit() (its own code
+// removes it, or keeps it on purpose), and is removed when the run is interrupted.
+TEST(RunGuardTest, ARegisteredFolderGoesOnlyWithAnInterruptedRun) {
+  for (const End end : {End::kExit, End::kWait}) {
+    char tmpl[] = "/tmp/baton-run-guard-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    const std::string folder = tmpl;
+    std::ofstream(folder + "/file") << "scratch\n";
+    const auto [run, sleeper] = StartRun(end, folder);
+    const SleeperKiller killer(run, sleeper);
+    ASSERT_GT(sleeper, 0);
+    if (end == End::kWait) {
+      ASSERT_EQ(::kill(run, SIGINT), 0);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(run, &status, 0), run);
+    EXPECT_EQ(std::filesystem::exists(folder + "/file"), end == End::kExit) << folder;
+    std::filesystem::remove_all(folder);
+  }
+}
 
 TEST(RunGuardTest, ADetachedProcessIsGoneWhenTheRunExits) {
   const auto [run, sleeper] = StartRun(End::kExit);
