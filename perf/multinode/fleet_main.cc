@@ -81,7 +81,7 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
                             {"--routers", &f->routers, 1, 8},
                             {"--kills", &f->kills, 0, 100},
                             {"--partitions", &f->partitions, 0, 100},
-                            {"--lease-ttl-ms", &f->lease_ttl_ms, 500, 60000},
+                            {"--lease-ttl-ms", &f->lease_ttl_ms, 1000, 60000},
                             {"--clients", &f->clients, 1, 256},
                             {"--requests", &f->requests, 1, 10000}};
     const IntFlag* hit = nullptr;
