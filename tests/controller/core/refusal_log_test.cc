@@ -5,12 +5,6 @@
 namespace baton::sim {
 namespace {
 
-size_t Occurrences(const std::string& text, const std::string& part) {
-  size_t n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
 class RefusalLog : public Scenario {};
 
 TEST_F(RefusalLog, AFloodOfRefusalsIsLoggedTenASecond) {

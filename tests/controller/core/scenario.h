@@ -109,6 +109,12 @@ class Scenario : public ::testing::Test {
   size_t Count(const std::string& effect) const {
     return static_cast<size_t>(std::count(journal_.begin(), journal_.end(), effect));
   }
+  // How many times `part` is in `text` (a captured log's lines, say).
+  static size_t Occurrences(const std::string& text, const std::string& part) {
+    size_t n = 0;
+    for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+    return n;
+  }
   std::string Story() const {
     std::string s = "the effects taken:\n";
     for (const std::string& e : journal_) s += "  " + e + "\n";

@@ -132,11 +132,7 @@ TEST_F(ReserveScenario, AnIgnoredReclaimIsAskedAgainWithOneWarning) {
   const std::string warn = "WARN controller: engine " + std::to_string(standby_) +
                            " (the primary) did not answer its Reclaim of " + std::to_string(asked) +
                            " blocks for the promotion reserve in ";
-  size_t warnings = 0;
-  for (size_t at = log.find(warn); at != std::string::npos; at = log.find(warn, at + 1)) {
-    ++warnings;
-  }
-  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_EQ(Occurrences(log, warn), 1u) << log;
   EXPECT_NE(log.find(" ms: it is asked again\n"), std::string::npos) << log;
 }
 

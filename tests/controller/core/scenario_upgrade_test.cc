@@ -227,11 +227,7 @@ TEST_F(UpgradeScenario, AnIgnoredCanaryReclaimIsAskedAgainWithOneWarning) {
   EXPECT_EQ(loop_.world().Find(primary_)->held_reclaims.size(), 2u) << Story();
   const std::string warn = "WARN upgrade: engine " + std::to_string(primary_) +
                            " (the primary) did not answer its Reclaim of ";
-  size_t warnings = 0;
-  for (size_t at = log.find(warn); at != std::string::npos; at = log.find(warn, at + 1)) {
-    ++warnings;
-  }
-  EXPECT_EQ(warnings, 1u) << log;
+  EXPECT_EQ(Occurrences(log, warn), 1u) << log;
   EXPECT_NE(log.find(" blocks for the canary in "), std::string::npos) << log;
   EXPECT_TRUE(Upgrading()) << Story();
 }
