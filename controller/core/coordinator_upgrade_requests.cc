@@ -159,6 +159,16 @@ Status UpgradePart::RequestRollback(UpgradeRequest overrides) {
   if (own_.previous_command.empty()) {
     return FailedPrecondition("nothing to roll back: no upgrade has been promoted");
   }
+  if (const UpgradeResult* last = own_.history.empty() ? nullptr : &own_.history.back();
+      last != nullptr && last->outcome == UpgradeOutcome::kRolledBack) {
+    // A second `rollback` after the one that ended a canary (or after the judge ended it)
+    // would undo the upgrade promoted before it: that takes a command said in full.
+    return FailedPrecondition(
+        std::string("the last ") + ToString(last->kind) +
+        "'s canary was rolled back already: engines run " + Joined(active_command()) +
+        "; to go back further, to the command that one replaced, run: batonctl upgrade -- " +
+        Joined(own_.previous_command));
+  }
   overrides.command = own_.previous_command;
   return StartUpgrade(std::move(overrides), UpgradeKind::kRollback);
 }

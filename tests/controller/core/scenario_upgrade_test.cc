@@ -37,6 +37,32 @@ TEST_F(UpgradeScenario, CanaryThatServesWellIsPromoted) {
   EXPECT_EQ(s.upgrades_rolled_back, 0u);
 }
 
+// After a promoted upgrade, a second upgrade's canary is rolled back (by `batonctl rollback`
+// or by the judge): another `rollback` would undo the first upgrade, and is refused with the
+// command that does it; nothing moves.
+TEST_F(UpgradeScenario, ASecondRollbackAfterARolledBackCanaryIsRefused) {
+  StartReadyPair();
+  const std::vector<std::string> first = coord().Snapshot().active_command;
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the first upgrade to end");
+  Upgrade({"sim-engine", "--version=3", "--bad"});
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the canary's rollback");
+  ASSERT_EQ(coord().Snapshot().upgrades_rolled_back, 1u) << Story();
+  const Status status = coord().RequestRollback();
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition) << status.ToString();
+  EXPECT_NE(status.message().find("canary was rolled back already: engines run sim-engine "
+                                  "--version=2; to go back further"),
+            std::string::npos)
+      << status.ToString();
+  EXPECT_NE(status.message().find("batonctl upgrade -- " + baton::Joined(first)), std::string::npos)
+      << status.ToString();
+  EXPECT_FALSE(Upgrading());
+  // An upgrade said in full still goes back.
+  Upgrade(first);
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the way back to end");
+  EXPECT_EQ(coord().Snapshot().active_command, first) << Story();
+}
+
 // A canary that fails half its requests is judged against the primary and rolled back: it
 // drains and is fenced, the primary gets its blocks back, and a standby of the previous
 // command is launched. The primary never stops serving.
