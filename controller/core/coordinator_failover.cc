@@ -168,7 +168,7 @@ void FailoverPart::Fence(EngineId id, FailCause cause, const std::string& detail
       own_.failover->successor = kNoEngine;
     FenceInLedger(*e);
     const bool switching_over = s_.pair.state() == PairState::kSwitchingOver;
-    s_.StepPairIfAllowed(PairEvent::kStandbyDied);
+    if (!p_.recovery->IsLostPrimary(id)) s_.StepPairIfAllowed(PairEvent::kStandbyDied);
     if (switching_over) p_.commands->CallOffSwitchover(*e);
     if (p_.upgrades->IsCanary(id)) p_.upgrades->OnCanaryGone(*e);
   }

@@ -207,8 +207,8 @@ void RecoveryPart::OnReattach(EngineRecord& e, const proto::Reattach& msg) {
         "Reattach from an engine this controller launched or already adopted");
   }
   if (const std::string why = CheckReattach(e, msg); !why.empty()) {
-    own_.recovery->status.fenced.push_back(RecoveryStatus::Fenced{e.id, why});
-    return p_.engines->StopAndFence(e, FailCause::kUnaccounted, "reattach refused: " + why);
+    (void)s_.effects.Send(e.id, proto::Stop{.reason = "reattach refused: " + why});
+    return FenceUnaccounted(e, "reattach refused: " + why);
   }
   Readopt(e, msg);
 }

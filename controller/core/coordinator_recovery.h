@@ -49,6 +49,11 @@ class RecoveryPart {
     return own_.recovery.has_value() && own_.recovery->upgrade.has_value() &&
            own_.recovery->upgrade->canary == id && own_.recovery->roster.primary != id;
   }
+  // Whether `id` is the previous controller's primary, not re-adopted (yet): losing it is the
+  // pair's failover (LosePreviousPrimary), not a standby's death.
+  bool IsLostPrimary(EngineId id) const {
+    return own_.recovery.has_value() && own_.recovery->roster.primary == id && s_.primary != id;
+  }
   // What status shows: the recovery in progress, or the last one.
   const RecoveryStatus& status() const {
     return own_.recovery.has_value() ? own_.recovery->status : own_.last;

@@ -75,5 +75,35 @@ TEST_F(RestartScenario, StandbyThatNeverReattachesIsFencedAfterTheTimeout) {
   EXPECT_EQ(coord().primary(), primary_);
 }
 
+// The primary froze across the restart and never reattaches; the standby reattaches. At
+// readopt_timeout the primary is fenced as unaccounted for: the pair is failing over (its
+// standby is there), never down, and the standby is promoted once the primary's barrier
+// passed.
+TEST_F(RestartScenario, PrimaryThatNeverReattachesIsAFailoverNotAnOutage) {
+  StartReadyPair();
+  loop_.world().Hang(primary_);
+  ControllerRestarts();
+  std::vector<PairState> seen;
+  WaitUntil(
+      [&] {
+        const PairState s = coord().pair_state();
+        if (seen.empty() || seen.back() != s) seen.push_back(s);
+        return Ready() && coord().primary() == standby_;
+      },
+      seconds(5), "the standby to serve");
+  for (PairState s : seen) {
+    EXPECT_NE(s, PairState::kDown) << "seen: " << ToString(s) << "\n" << Story();
+  }
+  ExpectEffects({Send(standby_, "ReattachAck"), E("Kill", primary_), E("BarrierPassed", primary_),
+                 Send(standby_, "Promote")});
+  const PromotionRecord* last = nullptr;
+  const CoordinatorStatus status = coord().Snapshot();
+  for (const PromotionRecord& r : status.timelines) last = &r;
+  ASSERT_NE(last, nullptr);
+  EXPECT_EQ(last->kind, PromotionKind::kFailover);
+  EXPECT_EQ(last->old_engine, primary_);
+  EXPECT_EQ(last->new_engine, standby_);
+}
+
 }  // namespace
 }  // namespace baton::sim
