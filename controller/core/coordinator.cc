@@ -225,16 +225,3 @@ TimePoint Coordinator::NextWakeup() const {
 const EngineRecord* Coordinator::engine(EngineId id) const { return s_.Find(id); }
 
 }  // namespace baton
-
-namespace baton {
-
-const char* ToEngineName(const ToEngine& message) {
-  static constexpr const char* kNames[] = {
-      "RegisterAck", "Promote",     "Grant",     "Reclaim",       "Drain",
-      "Resume",      "Stop",        "ErrorMsg",  "HealthRequest", "InjectFault",
-      "ReattachAck", "Quarantined", "FinalDrain"};
-  static_assert(std::size(kNames) == std::variant_size_v<ToEngine>);
-  return kNames[message.index()];
-}
-
-}  // namespace baton

@@ -40,9 +40,10 @@
 //   7, the promotion waits for the barrier and takes the quarantined blocks with its Promote.
 //   A lost connection and an exit both enter FailoverPart::Fence, the one function that
 //   fences; whichever comes second finds the engine fenced already.
-// No block is granted before its old holder is reaped and past the barrier (rule 2); every
-// grant's epoch is durable before it is sent (rule 3); the standby maps nothing writable
-// until Promote (rule 5); a stale epoch is refused, the sender told to stop and fenced (rule 4).
+// No block is granted before its old holder is reaped and past the barrier, or the barrier's
+// gpu_release_timeout has passed with an error logged (rule 2); every grant's epoch is
+// durable before it is sent (rule 3); the standby maps nothing writable until Promote (rule
+// 5); a stale epoch is refused, the sender told to stop and fenced (rule 4).
 //
 // A restarted controller (Start with a roster) rebuilds the ledger from the roster and the
 // journal, waits `readopt_timeout` for the previous controller's engines to reattach, checks

@@ -7,8 +7,9 @@
 // memory it maps) and either re-adopted as it was or fenced. The ledger starts with every
 // block quarantined to the previous controller; a re-adopted holder takes back its blocks,
 // and the rest are freed once every engine not re-adopted has exited and passed its barrier
-// (recovery ends). Until then nothing is promoted or launched, so no block moves before the
-// engines that could still write it are gone.
+// (recovery ends). Until then nothing is launched and no free block is granted, so no block
+// moves before the engines that could still write it are gone; a re-adopted primary that
+// fails is replaced by the re-adopted standby with its own blocks, past their barrier.
 #include <algorithm>
 
 #include "base/bug.h"

@@ -2,7 +2,9 @@
 // rebuilds the ledger from the roster and the journal, waits `readopt_timeout` for the
 // previous controller's engines to reattach, checks each (token, pid, epoch, extents, the
 // memory it maps) and fences, before any block moves, every engine it cannot account for.
-// While it runs nothing is promoted or launched (coordinator_recovery.cc).
+// While it runs nothing is launched and no free block is granted: a re-adopted primary that
+// fails is replaced by the re-adopted standby with that primary's own blocks, once past
+// their barrier (FailoverPart::HandOverBlocks), never on the reserve (coordinator_recovery.cc).
 //
 // Ownership: owns RecoveryFields; borrows the shared state and the other parts
 // (coordinator_parts.h). Thread: the Coordinator's.

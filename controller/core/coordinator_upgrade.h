@@ -37,9 +37,9 @@ struct UpgradeFields {
   uint64_t promoted = 0;
   uint64_t rolled_back = 0;
   bool give_back_blocks = false;  // blocks were freed: those beside the reserve go to the primary
-  // A return taken for a Reclaim's answer brought fewer blocks than it asked: it may have been
-  // blocks the primary gave up of its own accord, and the answer may still come from
-  // `late_answer_from` until `late_answer_until` (for the reserve's Reclaim or an upgrade's).
+  // A return was taken for a Reclaim's answer: it may have been blocks the primary gave up of
+  // its own accord, so a later return from `late_answer_from` until `late_answer_until` is
+  // taken as the answer too (for the reserve's Reclaim or an upgrade's).
   EngineId late_answer_from = kNoEngine;
   TimePoint late_answer_until{};
   bool late_answer_for_reserve = false;

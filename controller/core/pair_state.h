@@ -59,7 +59,7 @@ enum class EngineEvent {
   kHungConfirmed,       // missed heartbeats and no answer to the health request
   kErrorReported,       // the SDK reported an async device error
   kFenceStarted,        // the controller revokes it (planned, stale after restart, misbehaving)
-  kFenceDone,           // reaped and past the barrier; its blocks have moved
+  kFenceDone,           // reaped; its blocks wait behind the barrier (coordinator_barrier.cc)
 };
 
 enum class PairState {
@@ -82,7 +82,7 @@ enum class PairEvent {
   kPrimaryDied,
   kPrimaryHung,               // confirmed by a health request
   kErrorReported,             // by the primary's SDK
-  kFenceDone,                 // an old engine is reaped and its blocks have moved
+  kFenceDone,                 // an old engine is reaped (its blocks follow past the barrier)
   kPromoteDone,               // an engine now serves as primary
   kGracefulPromoteRequested,  // `batonctl promote`
   kDrain,                     // `batonctl drain`
