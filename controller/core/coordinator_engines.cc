@@ -315,16 +315,24 @@ void EnginePart::OnLeaseRequest(EngineRecord& e, const proto::LeaseRequest& msg)
 
 void EnginePart::OnReturn(EngineRecord& e, const proto::ReturnExtents& msg) {
   if (!CheckEpoch(e, msg.epoch, "ReturnExtents")) return;
-  for (const proto::BlockRange& r : msg.extents) {
-    Status returned = s_.ledger->Return(e.id, Extent{r.first, r.count}, msg.epoch);
-    if (!returned.ok()) return RefuseEngine(e, returned);
-  }
+  // Each extent is taken back on its own: those before a refused one are free already, and
+  // are accounted for (roster, Reclaim) as any return is.
   uint32_t returned = 0;
-  for (const proto::BlockRange& r : msg.extents) returned += r.count;
-  BATON_LOG(INFO, kLog) << Name(e) << " returned " << returned << " blocks in "
-                        << msg.extents.size() << " extents";
-  if (e.id == s_.primary) p_.upgrades->OnPrimaryReturned();
-  SaveRoster();
+  size_t extents = 0;
+  Status refused = OkStatus();
+  for (const proto::BlockRange& r : msg.extents) {
+    refused = s_.ledger->Return(e.id, Extent{r.first, r.count}, msg.epoch);
+    if (!refused.ok()) break;
+    returned += r.count;
+    ++extents;
+  }
+  if (extents > 0) {
+    BATON_LOG(INFO, kLog) << Name(e) << " returned " << returned << " blocks in " << extents
+                          << " extents";
+    if (e.id == s_.primary) p_.upgrades->OnPrimaryReturned();
+    SaveRoster();
+  }
+  if (!refused.ok()) RefuseEngine(e, refused);
 }
 
 void EnginePart::RefuseEngine(EngineRecord& e, const Status& status) {

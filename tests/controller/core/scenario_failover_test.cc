@@ -102,5 +102,31 @@ TEST_F(FailoverScenario, AStandbyRegisteredButNeverReadyIsFencedForThat) {
   EXPECT_EQ(reason.find("did not register in time"), std::string::npos) << reason;
 }
 
+// A return whose second extent the primary does not hold: the first is taken back (free in
+// the ledger, gone from the roster's record of the primary), the second refused with an
+// ErrorMsg; the primary serves on.
+TEST_F(FailoverScenario, AReturnWithABadExtentKeepsTheGoodOnesAccountedFor) {
+  StartReadyPair();
+  SimEngine& p = *loop_.world().Find(primary_);
+  ASSERT_FALSE(p.mapped.empty());
+  const uint32_t good = *p.mapped.begin();
+  uint32_t bad = 0;
+  while (p.mapped.count(bad) != 0) ++bad;
+  const uint32_t held = coord().ledger().engine(primary_)->blocks;
+  p.mapped.erase(good);
+  loop_.world().Send(p, proto::ReturnExtents{.epoch = p.epoch, .extents = {{good, 1}, {bad, 1}}},
+                     std::chrono::milliseconds(1));
+  Wait(std::chrono::milliseconds(20));
+  EXPECT_EQ(coord().ledger().engine(primary_)->blocks, held - 1);
+  ExpectEffects({Send(primary_, "ErrorMsg")});
+  ASSERT_TRUE(loop_.disk().roster.has_value());
+  const RosterEngine* r = loop_.disk().roster->Find(primary_);
+  ASSERT_NE(r, nullptr);
+  for (const Extent& x : r->extents) {
+    EXPECT_FALSE(x.first <= good && good < x.first + x.count) << "the roster still lists " << good;
+  }
+  EXPECT_EQ(coord().primary(), primary_);
+}
+
 }  // namespace
 }  // namespace baton::sim
