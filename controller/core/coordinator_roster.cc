@@ -1,4 +1,6 @@
 // EnginePart: the roster it writes, the route table it publishes, the engines' health it polls.
+#include <algorithm>
+
 #include "base/log.h"
 #include "controller/core/coordinator_parts.h"
 
@@ -187,6 +189,9 @@ void EnginePart::PollEngines() {
   };
   std::vector<Failure> failures;
   std::vector<EngineId> probes;
+  size_t silent = 0;
+  for (const auto& [id, e] : s_.engines)
+    silent += e->live() && e->detector && e->detector->Silent();
   for (auto& [id, e] : s_.engines) {
     if (!e->live()) continue;
     if (e->deadline.has_value() && now >= *e->deadline) {
@@ -207,7 +212,8 @@ void EnginePart::PollEngines() {
       continue;
     }
     if (!e->detector.has_value()) continue;
-    switch (e->detector->Poll()) {
+    const bool others_silent = silent > (e->detector->Silent() ? 1u : 0u);
+    switch (e->detector->Poll(others_silent)) {
       case FailureDetector::Action::kSendProbe:
         ++e->probes;
         BATON_LOG(WARN, kLog) << "engine " << id << " silent for "
@@ -217,8 +223,11 @@ void EnginePart::PollEngines() {
         break;
       case FailureDetector::Action::kProbeAgain:
         ++e->probes;
-        BATON_LOG(WARN, kLog) << "engine " << id << ": the hang verdict came late (the controller "
-                              << "stalled), health request sent again";
+        BATON_LOG(WARN, kLog) << "engine " << id << ": "
+                              << (others_silent ? "another engine is silent too (the host stalled?)"
+                                                : "the hang verdict came late (the controller "
+                                                  "stalled)")
+                              << ", health request sent again";
         probes.push_back(id);
         break;
       case FailureDetector::Action::kDeclareHung:
@@ -236,6 +245,9 @@ void EnginePart::PollEngines() {
     const EngineRecord& e = s_.Get(id);
     if (e.connected) (void)s_.effects.Send(id, proto::HealthRequest{.seq = e.probes});
   }
+  // The primary last: its fence promotes the standby, which must not be one failing too.
+  std::stable_partition(failures.begin(), failures.end(),
+                        [this](const Failure& f) { return f.id != s_.primary; });
   for (const Failure& f : failures) p_.failover->Fence(f.id, f.cause, f.detail);
 }
 

@@ -18,7 +18,12 @@ void FailureDetector::OnHeartbeat() {
   late_probes_ = 0;
 }
 
-FailureDetector::Action FailureDetector::Poll() {
+bool FailureDetector::Silent() const {
+  return state_ == State::kProbing ||
+         (state_ == State::kHealthy && clock_->Now() - last_heartbeat_ >= suspect_after());
+}
+
+FailureDetector::Action FailureDetector::Poll(bool others_silent) {
   const TimePoint now = clock_->Now();
   switch (state_) {
     case State::kHealthy:
@@ -28,7 +33,8 @@ FailureDetector::Action FailureDetector::Poll() {
       return Action::kSendProbe;
     case State::kProbing:
       if (now - probe_sent_ < options_.probe_timeout) return Action::kNone;
-      if (now - probe_sent_ >= 2 * options_.probe_timeout && late_probes_ < kMaxLateProbes) {
+      if ((now - probe_sent_ >= 2 * options_.probe_timeout || others_silent) &&
+          late_probes_ < kMaxLateProbes) {
         ++late_probes_;
         probe_sent_ = now;
         return Action::kProbeAgain;

@@ -4,8 +4,8 @@
 // a slow engine under load keeps beating. When no heartbeat has arrived for
 // heartbeat_interval x misses (defaults 100 ms x 3) the detector asks the controller to send
 // one health request; only if no heartbeat or health reply arrives within probe_timeout is
-// the engine declared hung, and the controller then SIGKILLs it through its pidfd. Each
-// action is returned once: Poll never asks for a second probe or a second kill. Process death
+// the engine declared hung, and the controller then SIGKILLs it through its pidfd. The kill
+// is returned once; a probe more only as kProbeAgain, kMaxLateProbes at most. Process death
 // (pidfd), socket EOF and SDK error reports bypass this detector entirely.
 //
 // Pure logic over an injected Clock; the controller calls Poll from a timer armed at
@@ -36,7 +36,8 @@ class FailureDetector {
   enum class Action {
     kNone,
     kSendProbe,    // send one health request now
-    kProbeAgain,   // the verdict came late (the controller stalled): send one more
+    kProbeAgain,   // the verdict came late (the controller stalled), or another engine is
+                   // silent too (the host stalled): send one more
     kDeclareHung,  // kill the engine (through its pidfd) and fence it
   };
 
@@ -50,13 +51,18 @@ class FailureDetector {
   void OnHealthReply() { OnHeartbeat(); }
 
   // Advances the detector to the clock's now and returns what the controller must do.
-  Action Poll();
+  // `others_silent`: another engine of the controller is silent past suspect_after() too.
+  // Engines rarely hang together; a host short of CPU (or a stalled controller) silences them
+  // all at once: the verdict is put off by a health request more, kMaxLateProbes at most.
+  Action Poll(bool others_silent = false);
+  // Whether the engine has been silent past suspect_after() (probing, or due to be).
+  bool Silent() const;
 
   State state() const { return state_; }
   // When Poll may next return an action (arm a timer for it).
   TimePoint NextDeadline() const;
   TimePoint last_heartbeat() const { return last_heartbeat_; }
-  // Health requests sent again because the verdict came late, since the last heartbeat.
+  // Health requests sent again (a late verdict, others silent), since the last heartbeat.
   int late_probes() const { return late_probes_; }
   static constexpr int kMaxLateProbes = 2;
   // The silence after which a probe is sent: heartbeat_interval x misses.

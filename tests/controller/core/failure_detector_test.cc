@@ -114,6 +114,29 @@ TEST_F(FailureDetectorTest, ALoopThatStaysLateStillDeclaresAHungEngine) {
   EXPECT_EQ(detector_.state(), State::kHung);
 }
 
+// Another engine silent too points at the host (short of CPU) rather than at both engines:
+// the verdict is put off by a probe more, kMaxLateProbes at most, then given.
+TEST_F(FailureDetectorTest, OthersSilentTooProbesAgainThenDeclares) {
+  ASSERT_NO_FATAL_FAILURE(SilentUntilProbed());
+  EXPECT_TRUE(detector_.Silent());
+  for (int i = 0; i < FailureDetector::kMaxLateProbes; ++i) {
+    clock_.Advance(milliseconds(100));
+    EXPECT_EQ(detector_.Poll(/*others_silent=*/true), Action::kProbeAgain) << i;
+  }
+  clock_.Advance(milliseconds(100));
+  EXPECT_EQ(detector_.Poll(/*others_silent=*/true), Action::kDeclareHung);
+}
+
+// Silent: past suspect_after() with no heartbeat, probed or not yet.
+TEST_F(FailureDetectorTest, SilentIsPastSuspectAfter) {
+  clock_.Advance(milliseconds(299));
+  EXPECT_FALSE(detector_.Silent());
+  clock_.Advance(milliseconds(1));
+  EXPECT_TRUE(detector_.Silent());
+  detector_.OnHeartbeat();
+  EXPECT_FALSE(detector_.Silent());
+}
+
 // A verdict less than one probe_timeout late is given: the loop ran, the answer had its turn.
 TEST_F(FailureDetectorTest, AVerdictSlightlyLateIsGiven) {
   ASSERT_NO_FATAL_FAILURE(SilentUntilProbed());

@@ -128,5 +128,32 @@ TEST_F(FailoverScenario, AReturnWithABadExtentKeepsTheGoodOnesAccountedFor) {
   EXPECT_EQ(coord().primary(), primary_);
 }
 
+// Both engines fall silent together (a host short of CPU stalls them both): neither is
+// fenced at its first verdict; each is asked again, and both answer once the host is back.
+TEST_F(FailoverScenario, EnginesSilentTogetherAreAskedAgainNotFenced) {
+  StartReadyPair();
+  loop_.world().Hang(primary_);
+  loop_.world().Hang(standby_);
+  Wait(std::chrono::milliseconds(450));  // past suspect_after (300) and a probe (100)
+  loop_.world().Find(primary_)->hung = false;
+  loop_.world().Find(standby_)->hung = false;
+  Wait(std::chrono::milliseconds(500));
+  ExpectNoEffect(E("Kill", primary_));
+  ExpectNoEffect(E("Kill", standby_));
+  EXPECT_EQ(coord().primary(), primary_);
+  EXPECT_TRUE(Ready()) << Story();
+}
+
+// Both engines hang for good: after the probes more both are fenced, the standby first, so
+// that the primary's fence promotes no engine about to be fenced.
+TEST_F(FailoverScenario, EnginesHungTogetherAreFencedStandbyFirst) {
+  StartReadyPair();
+  loop_.world().Hang(primary_);
+  loop_.world().Hang(standby_);
+  WaitUntil([this] { return Count(E("Kill", primary_)) > 0; }, seconds(3), "the fence");
+  ExpectEffects({E("Kill", standby_), E("Kill", primary_)});
+  ExpectNoEffect(Send(standby_, "Promote"));
+}
+
 }  // namespace
 }  // namespace baton::sim
