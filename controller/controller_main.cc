@@ -16,13 +16,13 @@
 #include "base/build_info.h"
 #include "base/io/fd_limit.h"
 #include "base/io/sd_notify.h"
+#include "base/io/service_watchdog.h"
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/controller.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/ctl/metrics_server.h"
 #include "controller/engines/engine_placeholders.h"
-#include "controller/service_watchdog.h"
 #include "cuda/driver/gpu_backend.h"
 #include "weightcache/model_files.h"
 
@@ -157,7 +157,7 @@ int Run(int argc, char** argv) {
   }
 
   boost::asio::io_context io;
-  ServiceWatchdog watchdog(io, std::move(notifier), RealClock::Get());
+  ServiceWatchdog watchdog(io, std::move(notifier), RealClock::Get(), "controller");
   // The metrics port is bound before the controller starts baton-keeper or re-adopts a
   // running pair: a port another process holds is then an exit that started nothing and,
   // after a restart, took nothing of the pair down with it. It answers once io runs, when
@@ -191,7 +191,7 @@ int Run(int argc, char** argv) {
     c->Shutdown([&io] { io.stop(); });
   });
   c->Start();
-  watchdog.Start();
+  watchdog.Start("serving its socket");
   io.run();
   // The Controller goes while `signals` still holds SIGINT and SIGTERM: a second signal (a
   // script's cleanup after its Ctrl-C) must not kill it, with their default action, before

@@ -236,8 +236,21 @@ void Router::Stop() {
   threads_.clear();
 }
 
+void Router::StartServiceWatchdog(SdNotifier notifier) {
+  watchdog_ = std::make_unique<ServiceWatchdog>(io_, std::move(notifier), clock_, "router");
+  boost::asio::post(io_, [w = watchdog_.get()] { w->Start("listening"); });
+}
+
 void Router::BeginDrain() {
   if (draining_.exchange(true) || server_ == nullptr) return;
+  if (watchdog_ != nullptr) {
+    std::promise<void> stopped;
+    boost::asio::post(io_, [this, &stopped] {
+      watchdog_->Stopping();
+      stopped.set_value();
+    });
+    stopped.get_future().wait();
+  }
   server_->EndKeepAlive();
   BATON_LOG(INFO, "router") << "draining: /health says so, responses close their connections; "
                             << connections() << " client connections open, "

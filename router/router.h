@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "base/io/sd_notify.h"
+#include "base/io/service_watchdog.h"
 #include "base/status.h"
 #include "proto/http/http_server.h"
 #include "router/admission.h"
@@ -67,6 +69,9 @@ class Router {
 
   // Binds the listen address, starts the route table and the io_context threads.
   Status Start();
+  // READY=1 to the service manager, then WATCHDOG=1 from the io loop every 100 ms
+  // (ServiceWatchdog); once, after Start(). BeginDrain() sends STOPPING=1.
+  void StartServiceWatchdog(SdNotifier notifier);
   void Stop();
   // Draining (above); any thread.
   void BeginDrain();
@@ -115,6 +120,7 @@ class Router {
   RouterOptions options_;
   const Clock& clock_;
   boost::asio::io_context io_;
+  std::unique_ptr<ServiceWatchdog> watchdog_;  // its timer on io_
   boost::asio::executor_work_guard<boost::asio::io_context::executor_type> work_;
   boost::asio::steady_timer tick_;
   std::unique_ptr<HttpServer> server_;

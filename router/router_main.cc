@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/build_info.h"
+#include "base/io/sd_notify.h"
 #include "base/log.h"
 #include "router/router.h"
 
@@ -119,7 +120,8 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);  // before any thread starts
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);                      // before any thread starts
+  baton::SdNotifier notifier = baton::SdNotifier::FromEnvironment();  // before any thread too
 
   const baton::RouterOptions drain_options = *options;
   baton::Router router(std::move(*options));
@@ -128,6 +130,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   BATON_LOG(INFO, "router") << baton::VersionLine("baton-router");
+  router.StartServiceWatchdog(std::move(notifier));
   sigdelset(&signals, SIGPIPE);
   int sig = 0;
   sigwait(&signals, &sig);

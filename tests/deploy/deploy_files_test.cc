@@ -193,6 +193,11 @@ TEST(DeployFiles, UnitsHaveTheirPathsFilledIn) {
                            "RuntimeDirectory=baton", "StateDirectory=baton", "ExecReload="}) {
     EXPECT_NE(controller.find(std::string("\n") + line), std::string::npos) << line;
   }
+  const std::string router = ReadFile(BuildDir() + "/deploy/systemd/baton-router.service");
+  for (const char* line : {"Type=notify", "NotifyAccess=main", "WatchdogSec=",
+                           "WatchdogSignal=SIGKILL", "RestartPreventExitStatus=2"}) {
+    EXPECT_NE(router.find(std::string("\n") + line), std::string::npos) << line;
+  }
 }
 
 // Docs quote a shipped file after a line `<!-- quote: PATH -->` as a fenced block that must
