@@ -6,6 +6,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/beast/core/string.hpp>
 #include <future>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "base/build_info.h"
@@ -244,12 +245,15 @@ void Router::StartServiceWatchdog(SdNotifier notifier) {
 void Router::BeginDrain() {
   if (draining_.exchange(true) || server_ == nullptr) return;
   if (watchdog_ != nullptr) {
-    std::promise<void> stopped;
-    boost::asio::post(io_, [this, &stopped] {
+    // STOPPING=1 from the io loop, which owns the watchdog's timer; a loop that does not run
+    // it within a second (stuck: what the watchdog is for) does not hold the drain back.
+    auto stopped = std::make_shared<std::promise<void>>();
+    std::future<void> done = stopped->get_future();
+    boost::asio::post(io_, [this, stopped] {
       watchdog_->Stopping();
-      stopped.set_value();
+      stopped->set_value();
     });
-    stopped.get_future().wait();
+    (void)done.wait_for(std::chrono::seconds(1));
   }
   server_->EndKeepAlive();
   BATON_LOG(INFO, "router") << "draining: /health says so, responses close their connections; "
