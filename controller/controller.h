@@ -214,6 +214,7 @@ class Controller final : private Effects {
     return supervisor_.CheckCommand(command);
   }
   bool Kill(EngineId id) override;
+  bool Dying(EngineId id) override;
   void Terminate(EngineId id) override;
   Result<std::string> Drill(EngineId id, DrillKind kind) override;
   std::string BarrierHeldBy(EngineId id) override;

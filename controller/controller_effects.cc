@@ -1,5 +1,6 @@
 // Controller: the Coordinator's Effects, carried out on real processes, channels and files.
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -84,6 +85,25 @@ bool Controller::Kill(EngineId id) {
   // An adopted engine found gone at start-up has no pidfd: its exit is known already.
   if (h->process.pidfd() < 0 && !h->exited) h->exited = true;
   return alive;
+}
+
+bool Controller::Dying(EngineId id) {
+  const EngineHandle* h = Handle(id);
+  if (h == nullptr || h->exited) return true;
+  std::vector<pollfd> fds;
+  if (h->liveness != nullptr)
+    fds.push_back({.fd = h->liveness->fd(), .events = POLLIN, .revents = 0});
+  if (h->process.pidfd() >= 0)
+    fds.push_back({.fd = h->process.pidfd(), .events = POLLIN, .revents = 0});
+  if (h->channel != nullptr) {
+    fds.push_back({.fd = h->channel->native_handle(), .events = POLLRDHUP, .revents = 0});
+  }
+  if (fds.empty() || ::poll(fds.data(), fds.size(), 0) <= 0) return false;
+  // A readable socket is only a message; its peer gone is POLLRDHUP, POLLHUP or POLLERR.
+  return std::any_of(fds.begin(), fds.end(), [&](const pollfd& p) {
+    const bool socket = h->channel != nullptr && p.fd == h->channel->native_handle();
+    return socket ? (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0 : (p.revents & POLLIN) != 0;
+  });
 }
 
 void Controller::Terminate(EngineId id) {

@@ -286,6 +286,7 @@ bool EnginePart::CheckEpoch(EngineRecord& e, uint64_t epoch, const char* what) {
 void EnginePart::OnHeartbeat(EngineRecord& e, const proto::Heartbeat& msg) {
   if (!CheckEpoch(e, msg.epoch, "Heartbeat")) return;
   if (e.detector.has_value()) e.detector->OnHeartbeat();
+  p_.upgrades->OnHeartbeat(e.id);
   ++e.heartbeats;
   e.last_heartbeat = s_.clock.Now();
 }

@@ -180,6 +180,7 @@ void FailoverPart::Fence(EngineId id, FailCause cause, const std::string& detail
 void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detected_at,
                                std::optional<TimePoint> killed_at) {
   s_.primary = kNoEngine;
+  p_.upgrades->OnPrimaryFailed(e);
   if (cause != FailCause::kPlanned) ++s_.failovers;  // a drain or switch-over retires, planned
   const PairState before = s_.pair.state();
   PromotionRecord* r = s_.timelines.current();

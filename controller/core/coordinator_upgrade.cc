@@ -266,6 +266,13 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   if (!own_.upgrade.has_value()) return false;
   EngineRecord* c = s_.Find(own_.upgrade->canary);
   if (c == nullptr || !c->live()) return false;
+  if (s_.effects.Dying(c->id)) {
+    // Died with the primary (kill -9 of both, a host's OOM killer): its own death, next,
+    // rolls the upgrade back; promoting it now would switch the command to one never judged.
+    BATON_LOG(WARN, kLog) << "engine " << c->id << " (the canary) is dying too: it does not take "
+                          << "over from engine " << old;
+    return false;
+  }
   (void)p_.commands->ResumeEngine(*c);  // a rollback in progress is called off
   if (!c->serving()) return false;
   s_.primary = c->id;
@@ -281,6 +288,11 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   }
   BATON_LOG(INFO, kLog) << "engine " << c->id << " (the canary) is the primary; engine " << old
                         << " is " << (planned ? "drained" : "lost: " + lost);
+  if (!planned) {
+    own_.takeover = UpgradeFields::Takeover{.canary = c->id,
+                                            .active_command = own_.active_command,
+                                            .previous_command = own_.previous_command};
+  }
   EndUpgrade(UpgradeOutcome::kPromoted,
              planned ? "passed every step" : "the primary failed during the canary: " + lost);
   p_.engines->SaveRoster();
@@ -291,6 +303,33 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   }
   s_.relaunch_not_before = s_.clock.Now() + s_.config.standby_relaunch_delay;
   return true;
+}
+
+void UpgradePart::OnHeartbeat(EngineId id) {
+  if (!own_.takeover.has_value() || own_.takeover->canary != id) return;
+  own_.takeover.reset();
+  BATON_LOG(INFO, kLog) << "engine " << id << " (the canary) outlived the primary it took over "
+                        << "from: its upgrade stands";
+}
+
+void UpgradePart::OnPrimaryFailed(const EngineRecord& e) {
+  if (!own_.takeover.has_value() || own_.takeover->canary != e.id) return;
+  UpgradeFields::Takeover t = *std::move(own_.takeover);
+  own_.takeover.reset();
+  own_.active_command = std::move(t.active_command);
+  own_.previous_command = std::move(t.previous_command);
+  for (auto it = own_.history.rbegin(); it != own_.history.rend(); ++it) {
+    if (it->canary != e.id || it->outcome != UpgradeOutcome::kPromoted) continue;
+    it->outcome = UpgradeOutcome::kRolledBack;
+    it->reason += "; then the canary failed too, before its first heartbeat since";
+    --own_.promoted;
+    ++own_.rolled_back;
+    break;
+  }
+  BATON_LOG(WARN, kLog) << "engine " << e.id << " (the canary that took over) failed before its "
+                        << "first heartbeat since: taken to have died with the old primary; its "
+                        << "upgrade is rolled back, standbys run: " << Joined(active_command());
+  SaveCommands();  // standbys of the new command are retired on the next tick
 }
 
 void UpgradePart::EndUpgrade(UpgradeOutcome outcome, const std::string& reason) {

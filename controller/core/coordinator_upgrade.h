@@ -43,6 +43,13 @@ struct UpgradeFields {
   EngineId late_answer_from = kNoEngine;
   TimePoint late_answer_until{};
   bool late_answer_for_reserve = false;
+  // A canary that took over from a primary failing during its upgrade, until a heartbeat
+  // shows it outlived that primary: one dying first (killed with it) undoes the upgrade.
+  struct Takeover {
+    EngineId canary = kNoEngine;
+    std::vector<std::string> active_command, previous_command;  // as before the switch
+  };
+  std::optional<Takeover> takeover;
 };
 
 class UpgradePart {
@@ -80,6 +87,12 @@ class UpgradePart {
   bool CanaryTakesOver(EngineRecord& old) { return CanaryTakesOver(old.id, old.fail_reason); }
   // The same for a primary whose record is gone (`lost`: why it failed; empty when drained).
   bool CanaryTakesOver(EngineId old, const std::string& lost);
+  // A heartbeat from engine `id`: a canary that took over has outlived the failed primary.
+  void OnHeartbeat(EngineId id);
+  // The primary `e` failed: a canary that took over and failed before its first heartbeat
+  // since is taken to have died with the old primary, and its upgrade is rolled back (the
+  // command before it restored; standbys of the new one are retired on the next tick).
+  void OnPrimaryFailed(const EngineRecord& e);
   void EndUpgrade(UpgradeOutcome outcome, const std::string& reason);
   void TickUpgrade();
   // Once a canary is gone, or a fenced engine's blocks are freed with no successor to take

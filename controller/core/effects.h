@@ -65,6 +65,11 @@ class Effects {
   // SIGKILL to the engine, its process group and its cgroup; closes its connection. Returns
   // whether it was still running. Idempotent.
   virtual bool Kill(EngineId id) = 0;
+  // Whether the engine's death is known here though not yet given to the Coordinator (its
+  // liveness page seen to die, its process exited, its connection closed by the peer): an
+  // engine that died together with another (kill -9 of both) is then not relied upon while
+  // the other's death is handled. Does not block.
+  virtual bool Dying(EngineId id) = 0;
   // Asks an engine that cannot be told to stop (no connection) to exit: SIGTERM.
   virtual void Terminate(EngineId id) = 0;
   // Makes the primary misbehave as `kind` asks (kill: SIGKILL without a fence; hang: freeze

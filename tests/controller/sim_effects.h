@@ -81,6 +81,10 @@ class SimEffects final : public Effects {
     }
     return static_cast<pid_t>(10000 + spec.id);
   }
+  bool Dying(EngineId id) override {
+    const SimEngine* e = world_.Find(id);
+    return e == nullptr || !e->alive;
+  }
   bool Kill(EngineId id) override {
     Record("Kill(" + std::to_string(id) + ")");
     SimEngine* e = world_.Find(id);

@@ -258,5 +258,62 @@ TEST_F(UpgradeScenario, AnIgnoredCanaryReclaimIsAskedAgainWithOneWarning) {
   EXPECT_TRUE(Upgrading()) << Story();
 }
 
+// The primary and the canary die together (kill -9 of both): the canary, dying too, does not
+// take over; its death rolls the upgrade back, and the pair comes back on the command it ran.
+TEST_F(UpgradeScenario, ACanaryThatDiesWithThePrimaryIsNotPromoted) {
+  StartReadyPair();
+  const std::vector<std::string> first = coord().Snapshot().active_command;
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil(
+      [this] {
+        const CoordinatorStatus s = coord().Snapshot();
+        return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kCanary;
+      },
+      seconds(5), "the canary to serve");
+  const EngineId canary = coord().Snapshot().upgrade->canary;
+  loop_.world().Crash(primary_);
+  loop_.world().Crash(canary);
+  WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the pair to come back");
+  const CoordinatorStatus s = coord().Snapshot();
+  EXPECT_EQ(s.upgrades_promoted, 0u) << Story();
+  EXPECT_EQ(s.upgrades_rolled_back, 1u);
+  EXPECT_EQ(s.active_command, first);
+  for (const EngineStatus& e : s.engines) {
+    if (e.id == coord().primary()) {
+      EXPECT_EQ(e.command, first);
+    }
+  }
+}
+
+// The primary dies while the canary, hung already, still looks alive: the canary takes over,
+// but fails before its first heartbeat since; the upgrade is rolled back then, and the pair
+// comes back on the command it ran.
+TEST_F(UpgradeScenario, ACanaryThatFailsBeforeItsFirstHeartbeatAfterTakingOverIsRolledBack) {
+  StartReadyPair();
+  const std::vector<std::string> first = coord().Snapshot().active_command;
+  Upgrade({"sim-engine", "--version=2"});
+  WaitUntil(
+      [this] {
+        const CoordinatorStatus s = coord().Snapshot();
+        return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kCanary;
+      },
+      seconds(5), "the canary to serve");
+  const EngineId canary = coord().Snapshot().upgrade->canary;
+  loop_.world().Hang(canary);
+  loop_.world().Crash(primary_);
+  WaitUntil([this, canary] { return coord().primary() == canary; }, seconds(2), "the takeover");
+  EXPECT_EQ(coord().Snapshot().upgrades_promoted, 1u);
+  WaitUntil([this, canary] { return Ready() && coord().primary() != canary; }, seconds(5),
+            "the hung canary to be replaced");
+  const CoordinatorStatus s = coord().Snapshot();
+  EXPECT_EQ(s.upgrades_promoted, 0u) << Story();
+  EXPECT_EQ(s.upgrades_rolled_back, 1u);
+  EXPECT_EQ(s.active_command, first);
+  ASSERT_FALSE(s.upgrade_history.empty());
+  EXPECT_EQ(s.upgrade_history.back().outcome, UpgradeOutcome::kRolledBack);
+  EXPECT_NE(s.upgrade_history.back().reason.find("the canary failed too"), std::string::npos)
+      << s.upgrade_history.back().reason;
+}
+
 }  // namespace
 }  // namespace baton::sim
