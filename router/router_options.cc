@@ -279,7 +279,13 @@ Result<std::string> TomlText(const toml::value& v) {
     }
     return joined;
   }
-  return InvalidArgument("want a string, an integer or an array");
+  if (v.is_floating()) {
+    std::ostringstream text;
+    text << v.as_floating();
+    return InvalidArgument("want an integer, got " + text.str());
+  }
+  return InvalidArgument(std::string("want a string, an integer or an array, got ") +
+                         (v.is_boolean() ? "a boolean" : "a table or a date"));
 }
 
 }  // namespace

@@ -140,6 +140,12 @@ TEST(RouterOptions, Toml) {
   EXPECT_FALSE(st.ok());
   st = ParseRouterToml("[router]\nthreads = 0\n", "r.toml", &o);
   EXPECT_NE(st.message().find("threads"), std::string::npos) << st.ToString();
+  // A value of the wrong type says what it got.
+  st = ParseRouterToml("[router]\nthreads = 2.5\n", "r.toml", &o);
+  EXPECT_NE(st.message().find("router.threads: want an integer, got 2.5"), std::string::npos)
+      << st.ToString();
+  st = ParseRouterToml("[router]\nthreads = true\n", "r.toml", &o);
+  EXPECT_NE(st.message().find("got a boolean"), std::string::npos) << st.ToString();
 }
 
 // A stall timeout under a second would report engines that merely pause as hung.
