@@ -97,13 +97,14 @@ TEST(Simulation, EverySeedKeepsTheFencingRules) {
             << total.before_barrier << " before the barrier, " << total.after_barrier
             << " after it; quarantined kv copied " << total.inherit_copied << " times ("
             << total.kv_copied << " sequences, " << total.kv_changed
-            << " dropped as changed), waited for " << total.inherit_waited << " times; "
-            << total.ghost_steps << " steps of dying engines; commands: " << total.upgrades
-            << " upgrades (" << total.upgrades_promoted << " promoted, "
-            << total.upgrades_rolled_back << " rolled back), " << total.rollbacks << " rollbacks, "
-            << total.drains << " drains, " << total.resumes << " resumes, " << total.shutdowns
-            << " shutdowns; " << total.device_losses << " device losses (" << total.device_rebuilds
-            << " rebuilds); " << BugCount() - bugs_before << " bugs\n";
+            << " dropped as changed), waited for " << total.inherit_waited << " times ("
+            << total.inherit_timed_out << " to the wait limit); " << total.ghost_steps
+            << " steps of dying engines; commands: " << total.upgrades << " upgrades ("
+            << total.upgrades_promoted << " promoted, " << total.upgrades_rolled_back
+            << " rolled back), " << total.rollbacks << " rollbacks, " << total.drains << " drains, "
+            << total.resumes << " resumes, " << total.shutdowns << " shutdowns; "
+            << total.device_losses << " device losses (" << total.device_rebuilds << " rebuilds); "
+            << BugCount() - bugs_before << " bugs\n";
   EXPECT_EQ(BugCount(), bugs_before);
   // The run must actually reach the interesting paths.
   EXPECT_GT(total.restarts, seeds / 2);
