@@ -165,5 +165,21 @@ TEST_F(RestartScenario, EnginePromotedBeforeTheBarrierIsToldAtOnceWhenItsBlocksA
   EXPECT_EQ(loop_.world().kv_stats.inherit_timed_out, 0u) << Story();
 }
 
+// The same kill, and the successor killed too before anything reattached: its roster keeps
+// the blocks the fenced old primary held, so the third controller still hands them on.
+TEST_F(RestartScenario, ASecondRestartStillKnowsTheOldPrimarysBlocks) {
+  loop_.world().inherit_waits = true;
+  StartReadyPair();
+  PrimaryDies();
+  while (Count(Send(standby_, "Promote")) == 0) loop_.RunFor(std::chrono::milliseconds(1));
+  ControllerRestarts();
+  ControllerRestarts();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the promoted engine to serve");
+  ExpectEffects({Send(standby_, "ReattachAck"), Send(standby_, "Grant")});
+  EXPECT_EQ(Count(Send(standby_, "Quarantined")), 1u) << "only the first controller's";
+  EXPECT_EQ(loop_.world().kv_stats.inherit_timed_out, 0u) << Story();
+}
+
 }  // namespace
 }  // namespace baton::sim
