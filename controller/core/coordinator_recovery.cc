@@ -405,6 +405,10 @@ void RecoveryPart::TickRecovery() {
 }
 
 void RecoveryPart::EndRecovery() {
+  if (own_.recovery->inheritance.has_value()) {
+    own_.recovery->inheritance->from.clear();  // freed below: the heir is told if none came
+    GrantInheritance();
+  }
   if (s_.ledger->recovering()) {
     if (Status ended = s_.ledger->EndRecovery(); !ended.ok()) {
       BATON_BUG("ledger") << "ending the ledger's recovery: " << ended.ToString();
