@@ -285,9 +285,11 @@ INSTANTIATE_TEST_SUITE_P(
         MutantCase{"recovery spares engines silent at the deadline",
                    {.part = CoordinatorMutation::kSpareSilentEngines},
                    {"invariant 1", "invariant 2", "invariant 6"}},
+        // Caught by the two serving engines, or by a restart that finds the canary still
+        // serving where its roster says no engine serves.
         MutantCase{"upgrade rollback leaves the canary serving",
                    {.part = CoordinatorMutation::kRollbackKeepsCanary},
-                   {"rollout"}},
+                   {"rollout", "recovery: an engine reattached with the truth and was refused"}},
         MutantCase{"device loss fences no engine",
                    {.part = CoordinatorMutation::kDeviceLossFencesNothing},
                    {"device"}},
