@@ -213,7 +213,12 @@ TimePoint Coordinator::NextWakeup() const {
     when = std::min(when, *launch);
   }
   if (!failover_.own().barrier_waits.empty()) when = std::min(when, now + kBarrierPoll);
-  if (recovery_.active()) when = std::min(when, recovery_.own().recovery->deadline);
+  if (recovery_.active()) {
+    when = std::min(when, recovery_.own().recovery->deadline);
+    // The previous controller's engines gone, their barrier polled as a fenced holder's is:
+    // their blocks may be owed to an engine that waits for them.
+    if (!recovery_.own().recovery->gone.empty()) when = std::min(when, now + kBarrierPoll);
+  }
   if (const std::optional<TimePoint> probe = device_.NextProbeAt(); probe.has_value()) {
     when = std::min(when, std::max(now, *probe));
   }

@@ -90,6 +90,7 @@ void RecoveryPart::BeginRecovery(const StartState& found) {
                            .awaited = {},
                            .gone = {},
                            .upgrade = std::nullopt,
+                           .inheritance = std::nullopt,
                            .status = {}};
   RecoveryStatus& st = own_.recovery->status;
   st.restarted = true;
@@ -266,6 +267,7 @@ void RecoveryPart::Readopt(EngineRecord& e, const proto::Reattach& msg) {
   const auto role = static_cast<proto::ReattachRole>(msg.role);
   if (!AcknowledgeReattach(e, msg)) return;
   StepReadopted(e, role);
+  if (role == proto::ReattachRole::kPromoted) NoteInheritance(e, msg);
   if (role == proto::ReattachRole::kDrained) {
     RetireDrained(e);
   } else if (role == proto::ReattachRole::kDraining) {
@@ -390,6 +392,7 @@ void RecoveryPart::TickRecovery() {
     s_.effects.Release(it->first);
     it = own_.recovery->gone.erase(it);
   }
+  GrantInheritance();
   // An engine fenced as unaccounted for still maps what the previous controller gave it
   // (blocks the ledger holds for the previous incarnation) until it exits and is gone.
   const bool unaccounted_alive =
@@ -402,6 +405,10 @@ void RecoveryPart::TickRecovery() {
 }
 
 void RecoveryPart::EndRecovery() {
+  if (own_.recovery->inheritance.has_value()) {
+    own_.recovery->inheritance->from.clear();  // freed below: the heir is told if none came
+    GrantInheritance();
+  }
   if (s_.ledger->recovering()) {
     if (Status ended = s_.ledger->EndRecovery(); !ended.ok()) {
       BATON_BUG("ledger") << "ending the ledger's recovery: " << ended.ToString();

@@ -14,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "controller/core/coordinator_state.h"
 
@@ -30,6 +31,17 @@ struct Recovery {
   std::set<EngineId> awaited;          // alive, not reattached yet
   std::map<EngineId, TimePoint> gone;  // exited, not reattached: their barrier, until then
   std::optional<InFlightUpgrade> upgrade;
+  // The engine promoted before its predecessor's barrier that reattached promoted (the heir):
+  // the blocks the previous controller would have granted it, by the roster engine that may
+  // still map them (the heir itself for a Grant it never received), granted to it once that
+  // engine is gone and past its barrier (GrantInheritance).
+  struct Inheritance {
+    EngineId heir = kNoEngine;
+    uint64_t epoch = 0;
+    std::map<EngineId, std::vector<Extent>> from;
+    bool granted = false;  // some came in a Grant
+  };
+  std::optional<Inheritance> inheritance;
   RecoveryStatus status;
 };
 
@@ -93,6 +105,17 @@ class RecoveryPart {
   // Steps `e` and the pair to where `role` says `e` is; the roster's primary (or the engine
   // promoted to it) serving is the primary again.
   void StepReadopted(EngineRecord& e, proto::ReattachRole role);
+  // `e` reattached promoted, in a failover before the old primary's barrier: the blocks the
+  // previous controller would have granted it after that barrier (the old primary's, as the
+  // roster has them, and a Grant it wrote but `e` did not claim) are owed to it.
+  void NoteInheritance(const EngineRecord& e, const proto::Reattach& msg);
+  // The owed blocks whose holder is gone and past its barrier, granted to the heir at its
+  // epoch; dropped (freed at the recovery's end) if the heir is gone or no longer holds it.
+  // A heir owed nothing it could be granted is told at once (an empty Quarantined), so that
+  // it stops waiting for the quarantined blocks and replays their KV.
+  void GrantInheritance();
+  // Grants `heir` what of `ready` is still unclaimed; whether a Grant was sent.
+  bool GrantOwed(EngineRecord& heir, const std::vector<Extent>& ready);
   // An engine that drained to its end while no controller ran: fenced, counted gone.
   void RetireDrained(EngineRecord& e);
   // An engine that was draining: its drain goes on, or is called off (ResumeEngine).

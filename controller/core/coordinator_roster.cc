@@ -75,6 +75,13 @@ Roster EnginePart::MakeRoster() const {
       entry.role = was->role;
       entry.epoch = was->epoch;
       entry.extents = was->extents;
+    } else if (const RosterEngine* fenced = previous != nullptr && s_.ledger->engine(id) == nullptr
+                                                ? previous->Find(id)
+                                                : nullptr;
+               fenced != nullptr) {
+      // Fenced as unaccounted for: it maps what the previous roster gave it, held back for it.
+      entry.epoch = fenced->epoch;
+      entry.extents = fenced->extents;
     }
     r.engines.push_back(std::move(entry));
   }
@@ -88,6 +95,12 @@ Roster EnginePart::MakeRoster() const {
     entry.role = RosterRole::kFencing;
     if (const LedgerEngine* le = s_.ledger->engine(id); le != nullptr) entry.epoch = le->epoch;
     for (const Lease& l : s_.ledger->LeasesOf(id)) entry.extents.push_back(l.extent);
+    // A previous controller's engine: the blocks its roster gave it, held back for it.
+    if (const RosterEngine* was = previous != nullptr ? previous->Find(id) : nullptr;
+        was != nullptr && s_.ledger->engine(id) == nullptr) {
+      entry.epoch = was->epoch;
+      entry.extents = was->extents;
+    }
     r.engines.push_back(std::move(entry));
   };
   for (const auto& [id, wait] : p_.failover->own().barrier_waits) gone(id, wait.pid);

@@ -174,6 +174,12 @@ class PoolLedger {
   // other holder; the blocks must still be unclaimed. The caller has checked the claim
   // against what the previous controller recorded (controller/core/roster.h).
   Status Readopt(EngineId id, uint64_t epoch, const std::vector<Extent>& extents);
+  // The blocks of `extents` still unclaimed go to holder `id` (re-adopted) at its epoch, and
+  // are returned. The caller states every process of a previous incarnation that may have
+  // mapped them (the roster's holder of them) is reaped and past the barrier: a previous
+  // controller's grant that its holder never received, or a fenced holder's blocks that go
+  // on to the engine promoted before its barrier.
+  Result<std::vector<Extent>> GrantUnclaimed(EngineId id, const std::vector<Extent>& extents);
   // The caller states every previous-incarnation process not re-adopted is reaped and past
   // the barrier. Unclaimed blocks become free.
   Status EndRecovery();

@@ -69,6 +69,40 @@ Status PoolLedger::Readopt(EngineId id, uint64_t epoch, const std::vector<Extent
   return OkStatus();
 }
 
+Result<std::vector<Extent>> PoolLedger::GrantUnclaimed(EngineId id,
+                                                       const std::vector<Extent>& extents) {
+  if (!recovering_) return FailedPrecondition("grant unclaimed: the ledger is not recovering");
+  LedgerEngine* e = Find(id);
+  if (e == nullptr || e->role != LedgerRole::kHolder || !e->readopted) {
+    return FailedPrecondition("grant unclaimed: " + EngineName(id) + " is not a re-adopted holder");
+  }
+  std::vector<Extent> unclaimed;
+  for (const Extent& x : extents) {
+    const uint32_t end = std::min<uint64_t>(uint64_t{x.first} + x.count, block_count_);
+    for (const auto& [first, lease] : leases_) {
+      const uint32_t from = std::max(first, x.first);
+      const uint32_t to = std::min(lease.extent.end(), end);
+      if (from >= to || lease.holder != kPreviousIncarnation) continue;
+      unclaimed.push_back(Extent{from, to - from});
+    }
+  }
+  for (const Extent& x : unclaimed) {
+    SplitAt(x.first);
+    auto last = SplitAt(x.end());
+    for (auto cur = leases_.lower_bound(x.first); cur != last;) cur = leases_.erase(cur);
+    InsertLease(Lease{id, x, e->epoch, LeaseState::kGranted});
+    for (uint32_t b = x.first; b < x.end(); ++b) fenced_from_[b] = kNoEngine;
+    e->blocks += x.count;
+  }
+  uint32_t blocks = 0;
+  for (const Extent& x : unclaimed) blocks += x.count;
+  if (blocks > 0) {
+    BATON_LOG(INFO, "ledger") << blocks << " unclaimed blocks granted to " << EngineName(id)
+                              << " at epoch " << e->epoch;
+  }
+  return unclaimed;
+}
+
 Status PoolLedger::EndRecovery() {
   if (!recovering_) return FailedPrecondition("end recovery: the ledger is not recovering");
   std::vector<Extent> freed = Reassign(kPreviousIncarnation, kNoEngine, 0);

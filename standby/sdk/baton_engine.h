@@ -335,7 +335,8 @@ BATON_ENGINE_API size_t baton_engine_quarantined(baton_engine* engine, baton_ext
 /* Waits at most `timeout_ms` for the GRANTED event of the quarantined blocks (their barrier
  * has passed) and fills *out with it; its headers are then baton_engine_event_headers().
  * Other events stay queued. 8 (deadline exceeded) after the timeout, 4 (failed precondition)
- * when told to stop or disconnected. */
+ * when told to stop or disconnected, 2 (not found) at once when the controller said they will
+ * not come (a restarted controller that cannot account for them). */
 BATON_ENGINE_API int baton_engine_wait_inherited_blocks(baton_engine* engine, int64_t timeout_ms,
                                                         baton_event* out);
 /* Maps the quarantined blocks read-only, for a copy of the KV they hold: later calls of

@@ -326,7 +326,9 @@ class EngineSession {
   // After a promotion before the barrier (SessionEvent::quarantined): waits at most `timeout`
   // for the Grant of the quarantined blocks, which comes once their barrier has passed, and
   // returns that kGranted event (with inherited_headers); other events stay queued.
-  // DeadlineExceeded after the timeout; FailedPrecondition when told to stop or disconnected.
+  // DeadlineExceeded after the timeout; FailedPrecondition when told to stop or disconnected;
+  // NotFound at once when the controller said they will not come (an empty Quarantined after
+  // the Promote: a restarted controller that cannot account for them).
   Result<SessionEvent> WaitForInheritedBlocks(Duration timeout);
   // After a promotion before the barrier: maps the quarantined blocks whose headers the
   // promotion read READ-ONLY at their place in the pool range and returns them with `data`

@@ -170,9 +170,7 @@ void EngineSession::Impl::Handle(const proto::ReceivedMessage& msg) {
       break;
     case MsgType::kQuarantined:
       if (auto m = msg.As<proto::Quarantined>(); m.ok()) {
-        MutexLock lock(mu_);
-        quarantined_ = *std::move(m);
-        return;
+        return OnQuarantined(*std::move(m));
       }
       break;
     case MsgType::kReclaim:

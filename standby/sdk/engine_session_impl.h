@@ -187,6 +187,10 @@ class EngineSession::Impl {
   // Puts the quarantined blocks of a Quarantined that came with this Promote into `event`,
   // with their headers read from the host pool's file (on a device pool too), unmapped.
   void ReadQuarantinedLocked(uint64_t epoch, SessionEvent* event) BATON_REQUIRES(mu_);
+  // A Quarantined before a Promote is kept for it; one with no extents at the epoch of the
+  // promotion, after it, says the quarantined blocks will not come (a restarted controller
+  // could not account for them): a wait for them ends.
+  void OnQuarantined(proto::Quarantined msg) BATON_EXCLUDES(mu_);
   // Maps quarantined blocks [first, first + count) read-only unless they are already.
   Status MapQuarantinedRunLocked(uint32_t first, uint32_t count) BATON_REQUIRES(mu_);
   void OnGrant(const proto::Grant& msg);
@@ -269,6 +273,9 @@ class EngineSession::Impl {
   bool serving_ BATON_GUARDED_BY(mu_) = false;  // MarkServing() was called
   // WaitForInheritedBlocks() was called: a Grant is mapped at once (OnGrant).
   bool inherit_waiting_ BATON_GUARDED_BY(mu_) = false;
+  // An empty Quarantined at the promotion's epoch came after it: the quarantined blocks will
+  // not be granted (OnQuarantined); a wait for them ends.
+  bool inherit_abandoned_ BATON_GUARDED_BY(mu_) = false;
   DrainState drain_ BATON_GUARDED_BY(mu_) = DrainState::kNone;
   uint32_t drains_unanswered_ BATON_GUARDED_BY(mu_) = 0;   // Drains not yet ReportDrained()
   uint32_t drained_unfinished_ BATON_GUARDED_BY(mu_) = 0;  // what ReportDrained() said

@@ -6,7 +6,8 @@
 // pool the device chunks that hold them too, READ, for a device-to-device copy); one that
 // would rather adopt them in place waits for their Grant; either unmaps what it mapped when
 // done (ReleaseQuarantined). Nothing here maps a quarantined block writable: only their Grant
-// does, once their barrier has passed (OnGrant).
+// does, once their barrier has passed (OnGrant). A restarted controller that cannot account
+// for them says so with an empty Quarantined after the Promote (OnQuarantined): the wait ends.
 #include <sched.h>
 
 #include <algorithm>
@@ -55,6 +56,20 @@ void EngineSession::Impl::ReadQuarantinedLocked(uint64_t epoch, SessionEvent* ev
     event->quarantined.push_back(MappedExtent{.first = r.first, .count = r.count, .bytes = bytes});
     quarantined_ranges_.push_back(r);
   }
+}
+
+void EngineSession::Impl::OnQuarantined(proto::Quarantined msg) {
+  MutexLock lock(mu_);
+  if (!promoted_) {
+    quarantined_ = std::move(msg);
+    return;
+  }
+  if (msg.epoch != epoch_.load() || !msg.extents.empty() || quarantined_ranges_.empty()) return;
+  BATON_LOG(WARN, kLog) << "the controller will not grant the old primary's quarantined blocks "
+                           "(it could not account for them): their kv is replayed";
+  quarantined_ranges_.clear();
+  inherit_abandoned_ = true;
+  cv_.NotifyAll();
 }
 
 // The host pool blocks (their records) read-only; on a device pool also the device chunks
@@ -118,6 +133,9 @@ Result<SessionEvent> EngineSession::Impl::WaitForInheritedBlocks(Duration timeou
       }
     }
     if (stopped_.has_value()) return FailedPrecondition("no inherited blocks: told to stop");
+    if (inherit_abandoned_) {
+      return NotFound("no inherited blocks: the controller will not grant them");
+    }
     if (cv_.WaitUntil(mu_, deadline) == std::cv_status::timeout) {
       return DeadlineExceeded("the quarantined blocks did not come within the wait limit");
     }

@@ -118,6 +118,7 @@ class Simulation : private SimLoop {
     out_.stats.kv_malformed = kv.kv_malformed;
     out_.stats.before_barrier = kv.before_barrier, out_.stats.after_barrier = kv.after_barrier;
     out_.stats.inherit_copied = kv.inherit_copied, out_.stats.inherit_waited = kv.inherit_waited;
+    out_.stats.inherit_timed_out = kv.inherit_timed_out;
     out_.stats.kv_copied = kv.kv_copied, out_.stats.kv_changed = kv.kv_changed;
     for (const auto& [id, e] : world_.engines()) out_.stats.ghost_steps += e.kv->ghost_steps();
     SaveCounts();

@@ -159,6 +159,7 @@ class SimLoop {
   Coordinator& coordinator() { return *coord_; }
   SimWorld& world() { return world_; }
   const SimDisk& disk() const { return disk_; }
+  SimDisk& mutable_disk() { return disk_; }
   SimEffects& effects() { return effects_; }
   SimEpochStore& store() { return store_; }
   FakeClock& clock() { return clock_; }

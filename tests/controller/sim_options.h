@@ -41,10 +41,11 @@ struct Stats {
   // continued from adopted KV, adoption reports sent malformed.
   uint64_t kv_adopted = 0, kv_dropped = 0, kv_torn = 0, kv_continued = 0, kv_malformed = 0;
   // Promotions before the old primary's barrier (on the reserve) and after it; of those
-  // before, how the quarantined KV was taken (copied, waited for); sequences copied and
+  // before, how the quarantined KV was taken (copied, waited for), waits that ran to their
+  // limit (the blocks never came: their KV replayed); sequences copied and
   // copies dropped because the dying writer changed their records; steps that writer made.
   uint64_t before_barrier = 0, after_barrier = 0, inherit_copied = 0, inherit_waited = 0;
-  uint64_t kv_copied = 0, kv_changed = 0, ghost_steps = 0;
+  uint64_t inherit_timed_out = 0, kv_copied = 0, kv_changed = 0, ghost_steps = 0;
   // Operator commands accepted (batonctl upgrade, rollback, drain, resume, stop), what became
   // of the upgrades (promoted, rolled back: by the judge, the operator or a failure), and
   // device losses the controller detected and device memory it rebuilt.
@@ -58,6 +59,7 @@ struct Stats {
     device_losses += o.device_losses, device_rebuilds += o.device_rebuilds;
     before_barrier += o.before_barrier, after_barrier += o.after_barrier;
     inherit_copied += o.inherit_copied, inherit_waited += o.inherit_waited;
+    inherit_timed_out += o.inherit_timed_out;
     kv_copied += o.kv_copied, kv_changed += o.kv_changed, ghost_steps += o.ghost_steps;
     steps += o.steps, promotions += o.promotions, restarts += o.restarts;
     readopts += o.readopts;

@@ -272,6 +272,7 @@ class SimWorld {
       if (e.serve_at.has_value() && t >= *e.serve_at) {
         e.serve_at.reset();
         e.serving = true;
+        if (e.awaiting_inherited) ++kv_stats.inherit_timed_out;
         e.awaiting_inherited = false;  // the wait limit: what did not come is replayed
         e.quarantined.clear();
         if (e.attached && e.inherit_report.has_value()) SendInheritReport(e);
@@ -392,6 +393,10 @@ class SimWorld {
   // with ready_when_waiting that never waits for its promotion. Never in the randomized
   // simulation.
   bool standbys_never_ready = false;
+  // Set by a scenario: an engine promoted before the barrier waits for the quarantined blocks'
+  // Grant (up to its wait limit) instead of copying their KV. Never in the randomized
+  // simulation.
+  bool inherit_waits = false;
 
   // Forgets engines the controller released, beyond the last few (their stale messages stay
   // replayable while kept).

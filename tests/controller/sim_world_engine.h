@@ -54,6 +54,14 @@ inline void SimWorld::Handle(SimEngine& e, const proto::Promote& m) {
   e.kv->Map(m.extents);
 }
 inline void SimWorld::Handle(SimEngine& e, const proto::Quarantined& m) {
+  if (e.promoted) {
+    // After its Promote, as the SDK: empty at its epoch, the blocks it waits for will not come.
+    if (m.epoch != e.epoch || !m.extents.empty() || !e.awaiting_inherited) return;
+    e.awaiting_inherited = false;
+    e.quarantined.clear();
+    e.serve_at = now() + rng_.Millis(1, 10);
+    return;
+  }
   e.quarantined = m.extents;
   e.wait_limit = std::chrono::milliseconds(m.wait_limit_ms);
 }

@@ -54,9 +54,9 @@ inline void SimWorld::AdoptKv(SimEngine& e, const std::vector<proto::BlockRange>
 inline void SimWorld::InheritKv(SimEngine& e, const std::vector<proto::BlockRange>& own) {
   const KvCopyPlan plan = e.kv->Plan(e.quarantined);
   proto::KvInherited report{.epoch = e.epoch, .blocks = plan.blocks, .bytes = plan.bytes};
-  if (plan.sequences.empty()) {
+  if (plan.sequences.empty() && !inherit_waits) {
     e.quarantined.clear();
-  } else if (rng_.Chance(70)) {
+  } else if (!inherit_waits && rng_.Chance(70)) {
     report.mode = static_cast<uint8_t>(proto::KvInheritMode::kCopied);
     // Not the promoted engine's own: whoever still writes the quarantine (the copy's race).
     auto killed = [this](EngineId writer) {

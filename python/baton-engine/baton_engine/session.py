@@ -388,7 +388,8 @@ class Engine:
     def wait_inherited_blocks(self, timeout_ms: Optional[int]) -> Event:
         """After a promotion with quarantined blocks: waits for their GRANTED event (their
         barrier has passed; with their headers), other events staying queued.
-        DeadlineExceeded after the timeout; FailedPrecondition when told to stop."""
+        DeadlineExceeded after the timeout; FailedPrecondition when told to stop; NotFound at
+        once when the controller said they will not come."""
         ev = _abi.Event()
         self._call("baton_engine_wait_inherited_blocks", _ms(timeout_ms), ctypes.byref(ev))
         return self._event(ev)

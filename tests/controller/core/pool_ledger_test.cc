@@ -176,6 +176,26 @@ TEST(PoolLedgerRecoveryTest, ReadoptsIssuedEpochsAndFreesTheRestAfterRecovery) {
 
 // A canary and a primary both outlive their controller: each is re-adopted at the epoch a
 // previous controller gave it, below the new floor, and a fence later uses a fresh epoch.
+// The blocks owed to a re-adopted holder (an old primary's, past its barrier) are granted to
+// it at its epoch while the recovery runs: only those still unclaimed, never another holder's.
+TEST(PoolLedgerRecoveryTest, UnclaimedBlocksGoToAReadoptedHolder) {
+  CounterEpochs epochs(9);
+  PoolLedger ledger = PoolLedger::Recovering(16, epochs);
+  ASSERT_TRUE(ledger.Readopt(1, 9, {{0, 2}}).ok());
+  ASSERT_TRUE(ledger.Readopt(2, 4, {{10, 2}}).ok());
+  EXPECT_EQ(ledger.GrantUnclaimed(3, {{4, 2}}).status().code(), StatusCode::kFailedPrecondition);
+  Result<std::vector<Extent>> moved = ledger.GrantUnclaimed(1, {{1, 5}, {9, 3}, {15, 4}});
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_EQ(*moved, (std::vector<Extent>{{2, 4}, {9, 1}, {15, 1}}));
+  EXPECT_EQ(ledger.engine(1)->blocks, 8u);
+  EXPECT_EQ(ledger.engine(2)->blocks, 2u);
+  ASSERT_TRUE(ledger.CheckInvariants().ok()) << ledger.CheckInvariants().ToString();
+  EXPECT_TRUE(ledger.CheckMessage(1, 9).ok());
+  ASSERT_TRUE(ledger.EndRecovery().ok());
+  EXPECT_EQ(ledger.Snapshot().free_blocks, 6u);
+  EXPECT_EQ(ledger.GrantUnclaimed(1, {{12, 1}}).status().code(), StatusCode::kFailedPrecondition);
+}
+
 TEST(PoolLedgerRecoveryTest, TwoHoldersAtOlderEpochsAreReadopted) {
   CounterEpochs epochs(64);
   PoolLedger ledger = PoolLedger::Recovering(16, epochs);

@@ -3,6 +3,9 @@
 // either reattaches with what the roster says (re-adopted), reattaches with something the
 // roster cannot account for (a stale epoch, blocks it was never granted: fenced), or never
 // reattaches within readopt_timeout (fenced).
+#include <algorithm>
+#include <vector>
+
 #include "tests/controller/core/scenario.h"
 
 namespace baton::sim {
@@ -10,7 +13,14 @@ namespace {
 
 using std::chrono::seconds;
 
-class RestartScenario : public Scenario {};
+class RestartScenario : public Scenario {
+ protected:
+  std::vector<Extent> LeasedTo(EngineId id) {
+    std::vector<Extent> extents;
+    for (const Lease& l : coord().ledger().LeasesOf(id)) extents.push_back(l.extent);
+    return extents;
+  }
+};
 
 // Both engines reattach consistent: each is acknowledged, nothing is killed, no epoch spent.
 TEST_F(RestartScenario, EnginesThatReattachConsistentAreReadopted) {
@@ -38,9 +48,10 @@ TEST_F(RestartScenario, PrimaryThatReattachesWithAStaleEpochIsFenced) {
   ControllerRestarts();
   WaitUntil([this, standby] { return Ready() && coord().primary() == standby; }, seconds(3),
             "the standby to serve");
-  ExpectEffects({Send(primary, "Stop"), E("Kill", primary), Send(standby, "ReattachAck"),
-                 E("BarrierPassed", primary), E("Release", primary), EpochDurable(3),
-                 Send(standby, "Promote"), "PublishRoutes", Launch(4, "standby")});
+  ExpectEffects({Send(primary, "Stop"), E("Kill", primary), E("BarrierPassed", primary),
+                 E("Release", primary), EpochDurable(3), Send(standby, "Promote"), "PublishRoutes",
+                 Launch(4, "standby")});
+  ExpectEffects({Send(standby, "ReattachAck"), EpochDurable(3), Send(standby, "Promote")});
   ExpectNoEffect(Send(primary, "ReattachAck"));
 }
 
@@ -103,6 +114,72 @@ TEST_F(RestartScenario, PrimaryThatNeverReattachesIsAFailoverNotAnOutage) {
   EXPECT_EQ(last->kind, PromotionKind::kFailover);
   EXPECT_EQ(last->old_engine, primary_);
   EXPECT_EQ(last->new_engine, standby_);
+}
+
+// The primary is killed, the standby promoted before its barrier and waiting for the old
+// primary's quarantined blocks, and the controller is killed right after the Promote. Its
+// successor re-adopts the promoted engine and, once the old primary is past its barrier, hands
+// it those blocks as its predecessor would have: the engine adopts their KV in place and
+// serves without waiting out its wait limit.
+TEST_F(RestartScenario, EnginePromotedBeforeTheBarrierGetsTheQuarantinedBlocksAfterARestart) {
+  loop_.world().inherit_waits = true;
+  StartReadyPair();
+  const std::vector<Extent> old_blocks = LeasedTo(primary_);
+  ASSERT_FALSE(old_blocks.empty());
+  PrimaryDies();
+  while (Count(Send(standby_, "Promote")) == 0) loop_.RunFor(std::chrono::milliseconds(1));
+  ASSERT_EQ(loop_.world().kv_stats.inherit_waited, 1u) << Story();
+  ControllerRestarts();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the promoted engine to serve");
+  ExpectEffects({Send(standby_, "ReattachAck"), Send(standby_, "Grant")});
+  ExpectEffects({E("BarrierPassed", primary_), Send(standby_, "Grant")});
+  EXPECT_EQ(loop_.world().kv_stats.inherit_timed_out, 0u) << Story();
+  const std::vector<Extent> now_held = LeasedTo(standby_);
+  for (const Extent& x : old_blocks) {
+    for (uint32_t b = x.first; b < x.end(); ++b) {
+      EXPECT_TRUE(std::any_of(now_held.begin(), now_held.end(),
+                              [b](const Extent& h) { return b >= h.first && b < h.end(); }))
+          << "block " << b << " of the old primary is not the new primary's\n"
+          << Story();
+    }
+  }
+}
+
+// The same kill, with a roster that does not say which blocks the fenced old primary held (one
+// written by an older controller in its own recovery): the successor cannot hand them on, and
+// tells the promoted engine so at once (an empty Quarantined), which replays their KV and
+// serves rather than waiting out its limit; the blocks are freed once the old primary is gone.
+TEST_F(RestartScenario, EnginePromotedBeforeTheBarrierIsToldAtOnceWhenItsBlocksAreUnaccounted) {
+  loop_.world().inherit_waits = true;
+  StartReadyPair();
+  PrimaryDies();
+  while (Count(Send(standby_, "Promote")) == 0) loop_.RunFor(std::chrono::milliseconds(1));
+  ASSERT_EQ(loop_.world().kv_stats.inherit_waited, 1u) << Story();
+  for (RosterEngine& r : loop_.mutable_disk().roster->engines) {
+    if (r.id == primary_) r.extents.clear(), r.epoch = 0;
+  }
+  ControllerRestarts();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the promoted engine to serve");
+  ExpectEffects({Send(standby_, "ReattachAck"), Send(standby_, "Quarantined")});
+  EXPECT_EQ(loop_.world().kv_stats.inherit_timed_out, 0u) << Story();
+}
+
+// The same kill, and the successor killed too before anything reattached: its roster keeps
+// the blocks the fenced old primary held, so the third controller still hands them on.
+TEST_F(RestartScenario, ASecondRestartStillKnowsTheOldPrimarysBlocks) {
+  loop_.world().inherit_waits = true;
+  StartReadyPair();
+  PrimaryDies();
+  while (Count(Send(standby_, "Promote")) == 0) loop_.RunFor(std::chrono::milliseconds(1));
+  ControllerRestarts();
+  ControllerRestarts();
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the promoted engine to serve");
+  ExpectEffects({Send(standby_, "ReattachAck"), Send(standby_, "Grant")});
+  EXPECT_EQ(Count(Send(standby_, "Quarantined")), 1u) << "only the first controller's";
+  EXPECT_EQ(loop_.world().kv_stats.inherit_timed_out, 0u) << Story();
 }
 
 }  // namespace

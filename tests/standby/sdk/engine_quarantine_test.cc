@@ -168,5 +168,29 @@ TEST(EngineQuarantine, AQuarantineForAnotherEpochIsIgnored) {
   }
 }
 
+// A restarted controller that cannot account for the quarantined blocks says so with an empty
+// Quarantined at the promotion's epoch: a wait for their Grant ends at once (NotFound), and one
+// for another epoch changes nothing.
+TEST(EngineQuarantine, AnEmptyQuarantineAfterThePromoteEndsTheWait) {
+  FakeController fake;
+  std::unique_ptr<EngineSession> s = ConnectSession(fake, 50, fake.ReattachingOptions());
+  ASSERT_NE(s, nullptr);
+  ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 3, .extents = {{0, 2}}}).ok());
+  ASSERT_TRUE(fake.channel().Send(proto::Promote{.epoch = 3, .extents = {{6, 1}}}).ok());
+  Result<SessionEvent> promoted = s->WaitForPromotion(seconds(30));
+  ASSERT_TRUE(promoted.ok());
+  ASSERT_EQ(promoted->quarantined.size(), 1u);
+  ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 2, .extents = {}}).ok());
+  Result<SessionEvent> waited = s->WaitForInheritedBlocks(milliseconds(100));
+  EXPECT_EQ(waited.status().code(), StatusCode::kDeadlineExceeded) << waited.status().ToString();
+  ASSERT_TRUE(fake.channel().Send(proto::Quarantined{.epoch = 3, .extents = {}}).ok());
+  const auto start = std::chrono::steady_clock::now();
+  Result<SessionEvent> none = s->WaitForInheritedBlocks(seconds(30));
+  EXPECT_EQ(none.status().code(), StatusCode::kNotFound) << none.status().ToString();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, seconds(10));
+  const std::vector<uint32_t> blocks = {0};
+  EXPECT_EQ(s->MapQuarantined(blocks).code(), StatusCode::kFailedPrecondition);
+}
+
 }  // namespace
 }  // namespace baton::testing
