@@ -259,6 +259,20 @@ Status RemoveModelFiles(const std::string& dir) {
   return OkStatus();
 }
 
+// A model this writer did not write (a downloaded one, say) is never removed to make room:
+// its config.json names no baton-mkmodel as its generator.
+Status CheckNoForeignModel(const std::string& dir) {
+  const std::string path = dir + "/" + kConfigFileName;
+  if (::access(path.c_str(), F_OK) != 0) return OkStatus();
+  Result<std::string> config = ReadSmallFile(path);
+  const bool ours =
+      config.ok() && config->find("\"generator\": \"baton-mkmodel\"") != std::string::npos;
+  if (ours) return OkStatus();
+  return FailedPrecondition(dir + " holds a model baton-mkmodel did not write (its config.json " +
+                            "names no \"generator\": \"baton-mkmodel\"): it is left as it is; " +
+                            "give an empty directory, or one baton-mkmodel wrote");
+}
+
 Status CheckFreeSpace(const std::string& dir, uint64_t needed) {
   struct statvfs fs;
   if (::statvfs(dir.c_str(), &fs) != 0) return ErrnoStatus("statvfs " + dir, errno);
@@ -351,6 +365,7 @@ Result<ModelSummary> WriteModel(const ModelSpec& spec, const std::string& dir,
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status(StatusCode::kIoError, "create directory " + dir + ": " + ec.message());
+  BATON_RETURN_IF_ERROR(CheckNoForeignModel(dir));
   BATON_RETURN_IF_ERROR(RemoveModelFiles(dir));
   BATON_RETURN_IF_ERROR(CheckFreeSpace(dir, layout.file_bytes));
   for (size_t k = 0; k < layout.shards.size(); ++k) {

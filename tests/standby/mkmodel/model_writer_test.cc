@@ -250,6 +250,26 @@ TEST(ModelWriterTest, RewriteReplacesAnEarlierModel) {
   EXPECT_EQ(ListDir(dir), (std::set<std::string>{"config.json", "model.safetensors", "notes.txt"}));
 }
 
+// A model baton-mkmodel did not write (a downloaded one) is never removed to make room.
+TEST(ModelWriterTest, ADirectoryHoldingAnotherModelIsRefusedAndLeftAsItIs) {
+  TempDir tmp;
+  const std::string dir = tmp.Sub("m");
+  fs::create_directories(dir);
+  std::ofstream(dir + "/config.json") << R"({"model_type": "llama"})";
+  std::ofstream(dir + "/model.safetensors") << "weights";
+  for (bool reuse : {false, true}) {
+    WriteOptions options;
+    options.reuse = reuse;
+    Result<ModelSummary> refused = WriteModel(Tiny(0, 1), dir, options);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(refused.status().message().find("holds a model baton-mkmodel did not write"),
+              std::string::npos)
+        << refused.status().ToString();
+  }
+  EXPECT_EQ(ListDir(dir), (std::set<std::string>{"config.json", "model.safetensors"}));
+}
+
 TEST(ModelWriterTest, ReuseKeepsAMatchingModelAndRewritesADamagedOne) {
   TempDir tmp;
   const std::string dir = tmp.Sub("m");
