@@ -214,7 +214,11 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
     r->outcome = "down: " + epoch.status().message();
     return;
   }
-  EngineRecord* successor = s_.pair.state() == PairState::kStopped ? nullptr : s_.Standby();
+  EngineRecord* successor = s_.pair.state() == PairState::kStopped ? nullptr : Successor();
+  if (const EngineRecord* silent = s_.Standby(); successor == nullptr && silent != nullptr) {
+    BATON_LOG(WARN, kLog) << "engine " << silent->id << " (the standby) is silent too: it is "
+                          << "promoted once it answers, fenced if it does not";
+  }
   own_.failover = PendingFailover{e.id, *epoch, successor != nullptr ? successor->id : kNoEngine};
   r->new_engine = own_.failover->successor;
   if (const LedgerEngine* le = s_.ledger->engine(e.id); le != nullptr) {

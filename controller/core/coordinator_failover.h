@@ -93,6 +93,9 @@ class FailoverPart {
   // --- promotion (coordinator_promotion.cc) -------------------------------------------------
   // Promotes the standby when there is no primary and nothing waits for a barrier.
   void MaybePromote();
+  // The ready standby to promote, unless it is silent too (its heartbeats missed: hung with
+  // the primary, or the host stalled): it is promoted once it answers, fenced if it never does.
+  EngineRecord* Successor();
   // Blocks of a failed holder not yet past the barrier.
   bool BlocksAwaitBarrier() const;
   // The promotion reserve from the configuration, or why there is none (logged with

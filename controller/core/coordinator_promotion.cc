@@ -27,6 +27,12 @@ bool FailoverPart::BlocksAwaitBarrier() const {
   return false;
 }
 
+EngineRecord* FailoverPart::Successor() {
+  EngineRecord* e = s_.Standby();
+  if (e == nullptr || !e->detector.has_value() || !e->detector->Silent()) return e;
+  return nullptr;
+}
+
 void FailoverPart::MaybePromote() {
   if (s_.stopping || s_.primary != kNoEngine || s_.promoting != kNoEngine ||
       own_.failover.has_value() || !own_.barrier_waits.empty() || p_.recovery->active() ||
@@ -34,7 +40,7 @@ void FailoverPart::MaybePromote() {
     return;
   }
   if (!s_.pair.Allows(PairEvent::kPromoteDone)) return;
-  EngineRecord* e = s_.Standby();
+  EngineRecord* e = Successor();
   if (e == nullptr || s_.clock.Now() < own_.next_promote_epoch) return;
   Result<uint64_t> epoch = s_.AdvanceEpoch();
   if (!epoch.ok()) {

@@ -271,7 +271,7 @@ INSTANTIATE_TEST_SUITE_P(
                    {"invariant 1", "invariant 2", "invariant 6"}},
         MutantCase{"quarantined block handed on before its barrier",
                    {.mutation = PoolLedger::Mutation::kHandOnQuarantined, .reserve = -1},
-                   {"invariant 1", "invariant 2"}},
+                   {"invariant 1", "invariant 2", "invariant 6"}},
         // One fault in each part of the Coordinator (coordinator_mutation.h).
         MutantCase{"engines accept epoch 0 from any engine",
                    {.part = CoordinatorMutation::kAcceptEpochZero},

@@ -155,5 +155,31 @@ TEST_F(FailoverScenario, EnginesHungTogetherAreFencedStandbyFirst) {
   ExpectNoEffect(Send(standby_, "Promote"));
 }
 
+// The standby falls silent just after the primary (their verdicts in different passes): when
+// the primary is fenced, the silent standby is not promoted; once it answers again it is.
+TEST_F(FailoverScenario, ASilentStandbyIsPromotedOnlyOnceItAnswers) {
+  StartReadyPair();
+  loop_.world().Hang(primary_);
+  Wait(std::chrono::milliseconds(50));
+  loop_.world().Hang(standby_);
+  WaitUntil([this] { return Count(E("Kill", primary_)) > 0; }, seconds(3), "the primary's fence");
+  ExpectNoEffect(Send(standby_, "Promote"));
+  ExpectNoEffect(E("Kill", standby_));
+  loop_.world().Find(standby_)->hung = false;
+  WaitUntil([this] { return Ready() && coord().primary() == standby_; }, seconds(3),
+            "the standby, answering again, to be promoted");
+  ExpectNoEffect(E("Kill", standby_));
+}
+
+// A standby that stays silent is fenced, never promoted.
+TEST_F(FailoverScenario, AStandbySilentForGoodIsFencedNotPromoted) {
+  StartReadyPair();
+  loop_.world().Hang(primary_);
+  Wait(std::chrono::milliseconds(50));
+  loop_.world().Hang(standby_);
+  WaitUntil([this] { return Count(E("Kill", standby_)) > 0; }, seconds(3), "the standby's fence");
+  ExpectNoEffect(Send(standby_, "Promote"));
+}
+
 }  // namespace
 }  // namespace baton::sim
