@@ -127,6 +127,8 @@ TEST_F(ServeScript, GivingUpOnACrashLoopRemovesTheEngineCgroups) {
   ::kill(first, SIGKILL);
   EXPECT_EQ(script_->Wait(seconds(60)), 1) << ReadFile(log_);
   EXPECT_NE(ReadFile(log_).find("exited 6 times within 10 s"), std::string::npos) << ReadFile(log_);
+  EXPECT_EQ(ProcessWith(runtime_ + "/router.toml"), 0) << "the router outlived the script\n"
+                                                       << ReadFile(log_);
   EXPECT_FALSE(std::filesystem::exists(engine_dir)) << ReadFile(log_);
   EXPECT_FALSE(std::filesystem::exists(base)) << ReadFile(log_);
   EXPECT_TRUE(LeftAfterAWhile().empty()) << ReadFile(log_);
