@@ -6,8 +6,8 @@
 // multi-GB model takes seconds. Each file is written under a temporary name and renamed into
 // place; model files of an earlier model in the directory are removed first (only of a model
 // baton-mkmodel wrote: a directory holding another model is refused, FailedPrecondition), and
-// config.json is renamed in last, so a directory with config.json holds a complete model. The caller
-// owns the directory; one WriteModel per directory at a time.
+// config.json is renamed in last, so a directory with config.json holds a complete model. The
+// caller owns the directory; one WriteModel per directory at a time.
 #pragma once
 
 #include <cstdint>
