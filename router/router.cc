@@ -239,7 +239,7 @@ void Router::Stop() {
 
 void Router::StartServiceWatchdog(SdNotifier notifier) {
   watchdog_ = std::make_unique<ServiceWatchdog>(io_, std::move(notifier), clock_, "router");
-  boost::asio::post(io_, [w = watchdog_.get()] { w->Start("listening"); });
+  boost::asio::post(watchdog_->executor(), [w = watchdog_.get()] { w->Start("listening"); });
 }
 
 void Router::BeginDrain() {
@@ -249,7 +249,7 @@ void Router::BeginDrain() {
     // it within a second (stuck: what the watchdog is for) does not hold the drain back.
     auto stopped = std::make_shared<std::promise<void>>();
     std::future<void> done = stopped->get_future();
-    boost::asio::post(io_, [this, stopped] {
+    boost::asio::post(watchdog_->executor(), [this, stopped] {
       watchdog_->Stopping();
       stopped->set_value();
     });

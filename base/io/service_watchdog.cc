@@ -16,7 +16,10 @@ constexpr double kLateMs = 100;
 
 ServiceWatchdog::ServiceWatchdog(boost::asio::io_context& io, SdNotifier notifier,
                                  const Clock& clock, std::string name)
-    : timer_(io), notifier_(std::move(notifier)), clock_(clock), name_(std::move(name)) {}
+    : timer_(boost::asio::make_strand(io)),
+      notifier_(std::move(notifier)),
+      clock_(clock),
+      name_(std::move(name)) {}
 
 void ServiceWatchdog::Start(const std::string& what) {
   if (notifier_.enabled()) {

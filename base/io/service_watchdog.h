@@ -14,13 +14,16 @@
 // largest since start: what the default watchdog timeout is chosen from, docs/operations.md)
 // and baton_<name>_watchdog_seconds (the supervisor's timeout, 0 when none).
 //
-// Owned by the daemon's main (or the router); the timer runs on the io_context (a router runs
-// it on several threads: the timer's handlers never overlap, each arming the next). Metrics()
-// reads plain doubles: call it on the io_context, as the metrics servers do.
+// Owned by the daemon's main (or the router). Its timer runs on a strand of the io_context (a
+// router runs it on several threads): call Start(), Stopping() and Metrics() on executor()
+// (the controller, whose io_context has one thread, calls them on that thread). The router
+// exports no Metrics() (its delay shows in its log's "ran N ms late" lines).
 #pragma once
 
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <string>
 
 #include "base/clock.h"
@@ -39,6 +42,8 @@ class ServiceWatchdog {
   // STOPPING=1; no ping after it.
   void Stopping();
   std::string Metrics() const;
+  // The strand its timer and every call above run on.
+  boost::asio::any_io_executor executor() { return timer_.get_executor(); }
 
  private:
   void Arm();

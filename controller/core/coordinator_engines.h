@@ -75,6 +75,8 @@ class EnginePart {
   void Launch(proto::LaunchRole role);
   int PickPort() const;
   Roster MakeRoster() const;
+  // The previous roster's epoch and blocks of engine `id`, when the ledger holds none for it.
+  void HoldBack(const Roster* previous, EngineId id, RosterEngine& entry) const;
 
   CoordinatorState& s_;
   const CoordinatorParts& p_;

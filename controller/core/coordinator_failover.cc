@@ -215,17 +215,18 @@ void FailoverPart::FailPrimary(EngineRecord& e, FailCause cause, TimePoint detec
     return;
   }
   EngineRecord* successor = s_.pair.state() == PairState::kStopped ? nullptr : Successor();
-  if (const EngineRecord* silent = s_.Standby(); successor == nullptr && silent != nullptr) {
-    BATON_LOG(WARN, kLog) << "engine " << silent->id << " (the standby) is silent too: it is "
-                          << "promoted once it answers, fenced if it does not";
-  }
   own_.failover = PendingFailover{e.id, *epoch, successor != nullptr ? successor->id : kNoEngine};
   r->new_engine = own_.failover->successor;
   if (const LedgerEngine* le = s_.ledger->engine(e.id); le != nullptr) {
     r->quarantined_blocks = le->blocks;
   }
   if (successor == nullptr && s_.pair.state() != PairState::kStopped) {
-    BATON_LOG(WARN, kLog) << "no standby is ready: the pair is down until one registers";
+    if (const EngineRecord* silent = s_.Standby(); silent != nullptr) {
+      BATON_LOG(WARN, kLog) << "engine " << silent->id << " (the standby) is silent too: it is "
+                            << "promoted once it answers, fenced if it does not";
+    } else {
+      BATON_LOG(WARN, kLog) << "no standby is ready: the pair is down until one registers";
+    }
   }
   // A drain ends here: nothing is promoted, and the resume's promotion is a timeline of its
   // own, not this one's (whose phases would count the time the pair stood stopped).

@@ -39,7 +39,7 @@ struct Recovery {
     EngineId heir = kNoEngine;
     uint64_t epoch = 0;
     std::map<EngineId, std::vector<Extent>> from;
-    bool granted = false;  // some came in a Grant
+    bool granted = false;  // some of the old primary's came in a Grant
   };
   std::optional<Inheritance> inheritance;
   RecoveryStatus status;

@@ -58,8 +58,7 @@ void RecoveryPart::GrantInheritance() {
     return;
   }
   const FailoverFields& failover = p_.failover->own();
-  std::vector<Extent> ready;
-  for (auto it = owed.from.begin(); it != owed.from.end();) {
+  for (auto it = owed.from.begin(); it != owed.from.end() && heir->live();) {
     const EngineId holder = it->first;
     const bool past_barrier =
         holder == owed.heir ||
@@ -70,13 +69,13 @@ void RecoveryPart::GrantInheritance() {
       ++it;
       continue;
     }
-    ready.insert(ready.end(), it->second.begin(), it->second.end());
+    // Only the old primary's blocks are the ones it waits for (its own, a Grant it missed,
+    // are not): none of those granted, it is told none will come.
+    const bool granted = GrantOwed(*heir, it->second);
+    if (holder != owed.heir) owed.granted |= granted;
     it = owed.from.erase(it);
   }
-  const bool settled = owed.from.empty();
-  const bool granted = !ready.empty() && GrantOwed(*heir, ready);
-  owed.granted |= granted;
-  if (!settled) return;
+  if (!owed.from.empty()) return;
   const bool none_came = !owed.granted;
   const uint64_t epoch = owed.epoch;
   own_.recovery->inheritance.reset();

@@ -34,6 +34,15 @@ RosterRole RosterRoleOf(const EngineRecord& e) {
 
 }  // namespace
 
+// A previous controller's engine the ledger holds nothing for (fenced as unaccounted for, or
+// gone before its barrier): it may map what the previous roster gave it, held back for it.
+void EnginePart::HoldBack(const Roster* previous, EngineId id, RosterEngine& entry) const {
+  const RosterEngine* was = previous != nullptr ? previous->Find(id) : nullptr;
+  if (was == nullptr || s_.ledger->engine(id) != nullptr) return;
+  entry.epoch = was->epoch;
+  entry.extents = was->extents;
+}
+
 Roster EnginePart::MakeRoster() const {
   Roster r;
   r.incarnation = s_.incarnation;
@@ -75,13 +84,8 @@ Roster EnginePart::MakeRoster() const {
       entry.role = was->role;
       entry.epoch = was->epoch;
       entry.extents = was->extents;
-    } else if (const RosterEngine* fenced = previous != nullptr && s_.ledger->engine(id) == nullptr
-                                                ? previous->Find(id)
-                                                : nullptr;
-               fenced != nullptr) {
-      // Fenced as unaccounted for: it maps what the previous roster gave it, held back for it.
-      entry.epoch = fenced->epoch;
-      entry.extents = fenced->extents;
+    } else {
+      HoldBack(previous, id, entry);  // fenced as unaccounted for
     }
     r.engines.push_back(std::move(entry));
   }
@@ -95,12 +99,7 @@ Roster EnginePart::MakeRoster() const {
     entry.role = RosterRole::kFencing;
     if (const LedgerEngine* le = s_.ledger->engine(id); le != nullptr) entry.epoch = le->epoch;
     for (const Lease& l : s_.ledger->LeasesOf(id)) entry.extents.push_back(l.extent);
-    // A previous controller's engine: the blocks its roster gave it, held back for it.
-    if (const RosterEngine* was = previous != nullptr ? previous->Find(id) : nullptr;
-        was != nullptr && s_.ledger->engine(id) == nullptr) {
-      entry.epoch = was->epoch;
-      entry.extents = was->extents;
-    }
+    HoldBack(previous, id, entry);
     r.engines.push_back(std::move(entry));
   };
   for (const auto& [id, wait] : p_.failover->own().barrier_waits) gone(id, wait.pid);

@@ -266,11 +266,14 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   if (!own_.upgrade.has_value()) return false;
   EngineRecord* c = s_.Find(own_.upgrade->canary);
   if (c == nullptr || !c->live()) return false;
-  if (s_.effects.Dying(c->id)) {
-    // Died with the primary (kill -9 of both, a host's OOM killer): its own death, next,
-    // rolls the upgrade back; promoting it now would switch the command to one never judged.
-    BATON_LOG(WARN, kLog) << "engine " << c->id << " (the canary) is dying too: it does not take "
-                          << "over from engine " << old;
+  const bool silent = c->detector.has_value() && c->detector->Silent();
+  if (silent || s_.effects.Dying(c->id)) {
+    // Died with the primary (kill -9 of both, a host's OOM killer), or silent as well: its
+    // death (or its hang's verdict) rolls the upgrade back; promoting it now would switch the
+    // command to one never judged.
+    BATON_LOG(WARN, kLog) << "engine " << c->id << " (the canary) is "
+                          << (silent ? "silent" : "dying") << " too: it does not take over from "
+                          << "engine " << old;
     return false;
   }
   (void)p_.commands->ResumeEngine(*c);  // a rollback in progress is called off
@@ -290,6 +293,7 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
                         << " is " << (planned ? "drained" : "lost: " + lost);
   if (!planned) {
     own_.takeover = UpgradeFields::Takeover{.canary = c->id,
+                                            .at = s_.clock.Now(),
                                             .active_command = own_.active_command,
                                             .previous_command = own_.previous_command};
   }
@@ -306,7 +310,11 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
 }
 
 void UpgradePart::OnHeartbeat(EngineId id) {
-  if (!own_.takeover.has_value() || own_.takeover->canary != id) return;
+  // One read just after the takeover may have been sent before the canary died.
+  if (!own_.takeover.has_value() || own_.takeover->canary != id ||
+      s_.clock.Now() - own_.takeover->at < s_.config.heartbeat_interval) {
+    return;
+  }
   own_.takeover.reset();
   BATON_LOG(INFO, kLog) << "engine " << id << " (the canary) outlived the primary it took over "
                         << "from: its upgrade stands";

@@ -47,6 +47,7 @@ struct UpgradeFields {
   // shows it outlived that primary: one dying first (killed with it) undoes the upgrade.
   struct Takeover {
     EngineId canary = kNoEngine;
+    TimePoint at{};  // a heartbeat a heartbeat_interval later was sent after it
     std::vector<std::string> active_command, previous_command;  // as before the switch
   };
   std::optional<Takeover> takeover;

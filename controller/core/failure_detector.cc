@@ -19,15 +19,14 @@ void FailureDetector::OnHeartbeat() {
 }
 
 bool FailureDetector::Silent() const {
-  return state_ == State::kProbing ||
-         (state_ == State::kHealthy && clock_->Now() - last_heartbeat_ >= suspect_after());
+  return state_ == State::kProbing || (state_ == State::kHealthy && PastSuspect(clock_->Now()));
 }
 
 FailureDetector::Action FailureDetector::Poll(bool others_silent) {
   const TimePoint now = clock_->Now();
   switch (state_) {
     case State::kHealthy:
-      if (now - last_heartbeat_ < suspect_after()) return Action::kNone;
+      if (!PastSuspect(now)) return Action::kNone;
       state_ = State::kProbing;
       probe_sent_ = now;
       return Action::kSendProbe;

@@ -69,6 +69,8 @@ class FailureDetector {
   Duration suspect_after() const { return options_.heartbeat_interval * options_.misses; }
 
  private:
+  bool PastSuspect(TimePoint now) const { return now - last_heartbeat_ >= suspect_after(); }
+
   const Clock* clock_;
   Options options_;
   State state_ = State::kHealthy;

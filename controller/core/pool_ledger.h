@@ -178,7 +178,8 @@ class PoolLedger {
   // are returned. The caller states every process of a previous incarnation that may have
   // mapped them (the roster's holder of them) is reaped and past the barrier: a previous
   // controller's grant that its holder never received, or a fenced holder's blocks that go
-  // on to the engine promoted before its barrier.
+  // on to the engine promoted before its barrier. `extents` may overlap: each block is
+  // granted once.
   Result<std::vector<Extent>> GrantUnclaimed(EngineId id, const std::vector<Extent>& extents);
   // The caller states every previous-incarnation process not re-adopted is reaped and past
   // the barrier. Unclaimed blocks become free.

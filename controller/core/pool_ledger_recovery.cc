@@ -86,6 +86,19 @@ Result<std::vector<Extent>> PoolLedger::GrantUnclaimed(EngineId id,
       unclaimed.push_back(Extent{from, to - from});
     }
   }
+  // Extents given twice (or overlapping) are granted once.
+  std::sort(unclaimed.begin(), unclaimed.end(),
+            [](const Extent& a, const Extent& b) { return a.first < b.first; });
+  std::vector<Extent> merged;
+  for (const Extent& x : unclaimed) {
+    if (!merged.empty() && x.first <= merged.back().end()) {
+      const uint32_t end = std::max(merged.back().end(), x.end());
+      merged.back().count = end - merged.back().first;
+    } else {
+      merged.push_back(x);
+    }
+  }
+  unclaimed = std::move(merged);
   for (const Extent& x : unclaimed) {
     SplitAt(x.first);
     auto last = SplitAt(x.end());

@@ -67,8 +67,10 @@ void EngineSession::Impl::OnQuarantined(proto::Quarantined msg) {
   if (msg.epoch != epoch_.load() || !msg.extents.empty() || quarantined_ranges_.empty()) return;
   BATON_LOG(WARN, kLog) << "the controller will not grant the old primary's quarantined blocks "
                            "(it could not account for them): their kv is replayed";
-  quarantined_ranges_.clear();
   inherit_abandoned_ = true;
+  // An engine copying them (not waiting) keeps their ranges until ReleaseQuarantined: its
+  // copy's records are read again after it, as for any copy before the barrier.
+  if (inherit_waiting_) quarantined_ranges_.clear();
   cv_.NotifyAll();
 }
 

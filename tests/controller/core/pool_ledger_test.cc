@@ -174,8 +174,6 @@ TEST(PoolLedgerRecoveryTest, ReadoptsIssuedEpochsAndFreesTheRestAfterRecovery) {
   ExpectRefused(ledger.Readopt(6, 7, {}), "not recovering");
 }
 
-// A canary and a primary both outlive their controller: each is re-adopted at the epoch a
-// previous controller gave it, below the new floor, and a fence later uses a fresh epoch.
 // The blocks owed to a re-adopted holder (an old primary's, past its barrier) are granted to
 // it at its epoch while the recovery runs: only those still unclaimed, never another holder's.
 TEST(PoolLedgerRecoveryTest, UnclaimedBlocksGoToAReadoptedHolder) {
@@ -190,12 +188,20 @@ TEST(PoolLedgerRecoveryTest, UnclaimedBlocksGoToAReadoptedHolder) {
   EXPECT_EQ(ledger.engine(1)->blocks, 8u);
   EXPECT_EQ(ledger.engine(2)->blocks, 2u);
   ASSERT_TRUE(ledger.CheckInvariants().ok()) << ledger.CheckInvariants().ToString();
+  // Extents given twice, or overlapping, are granted once.
+  moved = ledger.GrantUnclaimed(1, {{12, 2}, {12, 2}, {13, 2}});
+  ASSERT_TRUE(moved.ok()) << moved.status().ToString();
+  EXPECT_EQ(*moved, (std::vector<Extent>{{12, 3}}));
+  EXPECT_EQ(ledger.engine(1)->blocks, 11u);
+  ASSERT_TRUE(ledger.CheckInvariants().ok()) << ledger.CheckInvariants().ToString();
   EXPECT_TRUE(ledger.CheckMessage(1, 9).ok());
   ASSERT_TRUE(ledger.EndRecovery().ok());
-  EXPECT_EQ(ledger.Snapshot().free_blocks, 6u);
+  EXPECT_EQ(ledger.Snapshot().free_blocks, 3u);
   EXPECT_EQ(ledger.GrantUnclaimed(1, {{12, 1}}).status().code(), StatusCode::kFailedPrecondition);
 }
 
+// A canary and a primary both outlive their controller: each is re-adopted at the epoch a
+// previous controller gave it, below the new floor, and a fence later uses a fresh epoch.
 TEST(PoolLedgerRecoveryTest, TwoHoldersAtOlderEpochsAreReadopted) {
   CounterEpochs epochs(64);
   PoolLedger ledger = PoolLedger::Recovering(16, epochs);

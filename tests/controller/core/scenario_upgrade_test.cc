@@ -278,6 +278,11 @@ TEST_F(UpgradeScenario, ACanaryThatDiesWithThePrimaryIsNotPromoted) {
   EXPECT_EQ(s.upgrades_promoted, 0u) << Story();
   EXPECT_EQ(s.upgrades_rolled_back, 1u);
   EXPECT_EQ(s.active_command, first);
+  // Never promoted, not promoted and then undone.
+  ASSERT_FALSE(s.upgrade_history.empty());
+  EXPECT_EQ(s.upgrade_history.back().reason.find("then the canary failed too"), std::string::npos)
+      << s.upgrade_history.back().reason;
+  EXPECT_NE(coord().primary(), canary);
   for (const EngineStatus& e : s.engines) {
     if (e.id == coord().primary()) {
       EXPECT_EQ(e.command, first);
