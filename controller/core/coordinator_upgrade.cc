@@ -266,14 +266,13 @@ bool UpgradePart::CanaryTakesOver(EngineId old, const std::string& lost) {
   if (!own_.upgrade.has_value()) return false;
   EngineRecord* c = s_.Find(own_.upgrade->canary);
   if (c == nullptr || !c->live()) return false;
-  const bool silent = c->detector.has_value() && c->detector->Silent();
-  if (silent || s_.effects.Dying(c->id)) {
-    // Died with the primary (kill -9 of both, a host's OOM killer), or silent as well: its
-    // death (or its hang's verdict) rolls the upgrade back; promoting it now would switch the
-    // command to one never judged.
-    BATON_LOG(WARN, kLog) << "engine " << c->id << " (the canary) is "
-                          << (silent ? "silent" : "dying") << " too: it does not take over from "
-                          << "engine " << old;
+  if (s_.effects.Dying(c->id)) {
+    // Died with the primary (kill -9 of both, a host's OOM killer): its own death, next,
+    // rolls the upgrade back; promoting it now would switch the command to one never judged.
+    // A canary merely silent does take over (nothing else would move the upgrade on once it
+    // answers); if it never answers, its first heartbeat never comes (OnPrimaryFailed).
+    BATON_LOG(WARN, kLog) << "engine " << c->id << " (the canary) is dying too: it does not take "
+                          << "over from engine " << old;
     return false;
   }
   (void)p_.commands->ResumeEngine(*c);  // a rollback in progress is called off
