@@ -127,11 +127,17 @@ TEST_F(ServeScript, CtrlCStopsAFrozenControllerAtOnce) {
 TEST_F(ServeScript, ASecondCtrlCStopsAControllerThatDoesNotStopAndWhatItLeft) {
   const std::string controller = StartFromOwnBuildFolder("serve-second-ctrl-c.log", {});
   ASSERT_FALSE(HasFailure());
-  WriteScript(controller, "trap '' TERM\nwhile :; do sleep 1; done\n");
+  // The stand-in says when it ignores SIGTERM: a Ctrl-C before that would end it at once.
+  const std::string ignoring = runtime_ + "/stand-in-ignores-term";
+  WriteScript(controller, "trap '' TERM\ntouch " + ignoring + "\nwhile :; do sleep 1; done\n");
   const pid_t first = ProcessWith(runtime_ + "/controller.toml");
   ASSERT_GT(first, 0);
   ::kill(first, SIGKILL);
   ASSERT_TRUE(LogShows("starting it again", seconds(30))) << ReadFile(log_);
+  for (int i = 0; i < 300 && !std::filesystem::exists(ignoring); ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(std::filesystem::exists(ignoring)) << ReadFile(log_);
   ::kill(-pgid_, SIGINT);
   // The script prints this once its stop() has set the trap that takes a second Ctrl-C; a
   // second SIGINT before that would merge with the first.
