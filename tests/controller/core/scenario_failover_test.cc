@@ -8,7 +8,17 @@ namespace {
 
 using std::chrono::seconds;
 
-class FailoverScenario : public Scenario {};
+class FailoverScenario : public Scenario {
+ protected:
+  // A ready pair whose primary hangs, then its standby 50 ms later: their hang verdicts come
+  // in different passes of the detectors.
+  void ReadyPairWhoseStandbyHangsJustAfterThePrimary() {
+    StartReadyPair();
+    loop_.world().Hang(primary_);
+    Wait(std::chrono::milliseconds(50));
+    loop_.world().Hang(standby_);
+  }
+};
 
 // kill -9 of the primary: its connection reaches EOF and its exit is reaped. It is fenced
 // (Kill) before anything else; the new epoch is durable before the standby hears of it; the
@@ -158,10 +168,7 @@ TEST_F(FailoverScenario, EnginesHungTogetherAreFencedStandbyFirst) {
 // The standby falls silent just after the primary (their verdicts in different passes): when
 // the primary is fenced, the silent standby is not promoted; once it answers again it is.
 TEST_F(FailoverScenario, ASilentStandbyIsPromotedOnlyOnceItAnswers) {
-  StartReadyPair();
-  loop_.world().Hang(primary_);
-  Wait(std::chrono::milliseconds(50));
-  loop_.world().Hang(standby_);
+  ASSERT_NO_FATAL_FAILURE(ReadyPairWhoseStandbyHangsJustAfterThePrimary());
   WaitUntil([this] { return Count(E("Kill", primary_)) > 0; }, seconds(3), "the primary's fence");
   ExpectNoEffect(Send(standby_, "Promote"));
   ExpectNoEffect(E("Kill", standby_));
@@ -173,10 +180,7 @@ TEST_F(FailoverScenario, ASilentStandbyIsPromotedOnlyOnceItAnswers) {
 
 // A standby that stays silent is fenced, never promoted.
 TEST_F(FailoverScenario, AStandbySilentForGoodIsFencedNotPromoted) {
-  StartReadyPair();
-  loop_.world().Hang(primary_);
-  Wait(std::chrono::milliseconds(50));
-  loop_.world().Hang(standby_);
+  ASSERT_NO_FATAL_FAILURE(ReadyPairWhoseStandbyHangsJustAfterThePrimary());
   WaitUntil([this] { return Count(E("Kill", standby_)) > 0; }, seconds(3), "the standby's fence");
   ExpectNoEffect(Send(standby_, "Promote"));
 }

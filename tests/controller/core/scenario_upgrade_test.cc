@@ -15,6 +15,17 @@ class UpgradeScenario : public Scenario {
     ASSERT_TRUE(coord().RequestUpgrade(UpgradeRequest{.command = std::move(command)}).ok());
   }
   bool Upgrading() { return coord().Snapshot().upgrade.has_value(); }
+  // Upgrades to `command` and returns the canary once it serves its first step.
+  EngineId CanaryServing(std::vector<std::string> command) {
+    Upgrade(std::move(command));
+    WaitUntil(
+        [this] {
+          const CoordinatorStatus s = coord().Snapshot();
+          return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kCanary;
+        },
+        seconds(5), "the canary to serve");
+    return coord().Snapshot().upgrade->canary;
+  }
 };
 
 // The standby makes way for the canary (the command record written first); the primary
@@ -263,14 +274,7 @@ TEST_F(UpgradeScenario, AnIgnoredCanaryReclaimIsAskedAgainWithOneWarning) {
 TEST_F(UpgradeScenario, ACanaryThatDiesWithThePrimaryIsNotPromoted) {
   StartReadyPair();
   const std::vector<std::string> first = coord().Snapshot().active_command;
-  Upgrade({"sim-engine", "--version=2"});
-  WaitUntil(
-      [this] {
-        const CoordinatorStatus s = coord().Snapshot();
-        return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kCanary;
-      },
-      seconds(5), "the canary to serve");
-  const EngineId canary = coord().Snapshot().upgrade->canary;
+  const EngineId canary = CanaryServing({"sim-engine", "--version=2"});
   loop_.world().Crash(primary_);
   loop_.world().Crash(canary);
   WaitUntil([this] { return !Upgrading() && Ready(); }, seconds(5), "the pair to come back");
@@ -296,14 +300,7 @@ TEST_F(UpgradeScenario, ACanaryThatDiesWithThePrimaryIsNotPromoted) {
 TEST_F(UpgradeScenario, ACanaryThatFailsBeforeItsFirstHeartbeatAfterTakingOverIsRolledBack) {
   StartReadyPair();
   const std::vector<std::string> first = coord().Snapshot().active_command;
-  Upgrade({"sim-engine", "--version=2"});
-  WaitUntil(
-      [this] {
-        const CoordinatorStatus s = coord().Snapshot();
-        return s.upgrade.has_value() && s.upgrade->phase == Upgrade::Phase::kCanary;
-      },
-      seconds(5), "the canary to serve");
-  const EngineId canary = coord().Snapshot().upgrade->canary;
+  const EngineId canary = CanaryServing({"sim-engine", "--version=2"});
   loop_.world().Hang(canary);
   loop_.world().Crash(primary_);
   WaitUntil([this, canary] { return coord().primary() == canary; }, seconds(2), "the takeover");
