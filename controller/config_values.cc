@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -46,14 +47,19 @@ Result<int64_t> AsInt(const toml::value& v, int64_t lo, int64_t hi) {
   if (!v.is_integer()) return WrongType(v, "an integer");
   const int64_t x = v.as_integer();
   if (x < lo || x > hi) {
+    // The TOML parser saturates a literal past the 64-bit range to its limit.
+    const bool saturated =
+        x == std::numeric_limits<int64_t>::max() || x == std::numeric_limits<int64_t>::min();
     return InvalidArgument("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], got " + std::to_string(x));
+                           "], got " +
+                           (saturated ? "a number past the 64-bit range" : std::to_string(x)));
   }
   return x;
 }
 
-// "2MiB", "512KiB", "1GiB", "4096" or an integer.
+// "2MiB", "512KiB", "1GiB", "4096" or an integer; at most 2^50 bytes (1 PiB).
 Result<uint64_t> AsSize(const toml::value& v) {
+  constexpr uint64_t kMaxSize = 1ull << 50;
   if (v.is_integer()) {
     if (v.as_integer() <= 0) return InvalidArgument("must be positive");
     return static_cast<uint64_t>(v.as_integer());
@@ -64,7 +70,7 @@ Result<uint64_t> AsSize(const toml::value& v) {
   uint64_t n = 0;
   while (pos < text.size() && std::isdigit(static_cast<unsigned char>(text[pos]))) {
     n = n * 10 + static_cast<uint64_t>(text[pos++] - '0');
-    if (n > (1ull << 50)) return InvalidArgument("size too large: " + text);
+    if (n > kMaxSize) return InvalidArgument("size too large: " + text);
   }
   static const std::map<std::string, uint64_t> kUnits = {
       {"", 1}, {"B", 1}, {"KiB", 1ull << 10}, {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
@@ -72,6 +78,7 @@ Result<uint64_t> AsSize(const toml::value& v) {
   if (pos == 0 || unit == kUnits.end() || n == 0) {
     return InvalidArgument("not a size: '" + text + "' (use e.g. 65536, \"64KiB\", \"2MiB\")");
   }
+  if (n > kMaxSize / unit->second) return InvalidArgument("size too large: " + text);
   return n * unit->second;
 }
 
