@@ -200,6 +200,29 @@ TEST(DeployFiles, UnitsHaveTheirPathsFilledIn) {
   }
 }
 
+// The router is sandboxed tightly. The controller's sandbox holds its engines too: nothing
+// in it may close the GPU's device nodes, setuid nvidia-modprobe, JIT code, or give the
+// unit a /tmp that a controller restart would take from the engines it leaves running.
+TEST(DeployFiles, UnitsAreSandboxedAsFarAsTheirEnginesAllow) {
+  const std::string router = ReadFile(BuildDir() + "/deploy/systemd/baton-router.service");
+  for (const char* line :
+       {"NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateDevices=yes", "PrivateTmp=yes",
+        "MemoryDenyWriteExecute=yes", "CapabilityBoundingSet=\n"}) {
+    EXPECT_NE(router.find(std::string("\n") + line), std::string::npos) << line;
+  }
+  const std::string controller = ReadFile(BuildDir() + "/deploy/systemd/baton-controller.service");
+  for (const char* line : {"ProtectSystem=full", "ProtectHome=read-only", "RestrictSUIDSGID=yes",
+                           "LockPersonality=yes"}) {
+    EXPECT_NE(controller.find(std::string("\n") + line), std::string::npos) << line;
+  }
+  for (const char* key : {"NoNewPrivileges=", "PrivateDevices=", "DevicePolicy=", "DeviceAllow=",
+                          "ProtectClock=", "ProtectKernelModules=", "MemoryDenyWriteExecute=",
+                          "PrivateTmp=", "SystemCallFilter=", "CapabilityBoundingSet="}) {
+    EXPECT_EQ(controller.find(std::string("\n") + key), std::string::npos)
+        << key << " would break GPU engines or engines left across a restart";
+  }
+}
+
 // Docs quote a shipped file after a line `<!-- quote: PATH -->` as a fenced block that must
 // be PATH word for word; a unit written into a doc any other way is a diverging snippet.
 TEST(DeployFiles, DocsQuoteTheShippedFilesWordForWord) {
