@@ -56,8 +56,11 @@ def parse(argv):
     p.add_argument("--map-weights", action="store_true",
                    help="standalone: map the safetensors files instead of reading them into "
                    "memory (the first forward pass then pages them in)")
-    p.add_argument("--kv-blocks", type=int, default=64)
-    p.add_argument("--block-bytes", type=int, default=1 << 20)
+    p.add_argument("--kv-blocks", type=int, default=64,
+                   help="standalone: KV cache blocks of its own (default 64; under a "
+                   "controller the pool's blocks are used)")
+    p.add_argument("--block-bytes", type=int, default=1 << 20,
+                   help="standalone: bytes per KV block (default 1 MiB)")
     p.add_argument("--controller", default="")
     p.add_argument("--token", default="")
     p.add_argument("--engine-id", type=int, default=0)
