@@ -267,7 +267,7 @@ Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Adopt(const std::string& pa
   if (::access((path + "/cgroup.kill").c_str(), W_OK) != 0) {
     return ErrnoStatus("adopting cgroup " + path, errno);
   }
-  return std::make_shared<EngineCgroup>(path, UniqueFd(), retired_);
+  return std::make_shared<EngineCgroup>(path, UniqueFd(), UniqueFd(), retired_);
 }
 
 Status EngineCgroups::MakeEngineDir(const std::string& path) {
@@ -290,13 +290,14 @@ Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) 
     BATON_RETURN_IF_ERROR(KillAndRemove(path, std::chrono::seconds(1), nullptr));
   }
   BATON_RETURN_IF_ERROR(MakeEngineDir(path));
+  UniqueFd dir(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
   UniqueFd procs(::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
-  if (!procs) {
+  if (!dir || !procs) {
     const int err = errno;
     ::rmdir(path.c_str());
-    return ErrnoStatus("opening " + path + "/cgroup.procs", err);
+    return ErrnoStatus("opening " + path + (dir ? "/cgroup.procs" : ""), err);
   }
-  return std::make_shared<EngineCgroup>(path, std::move(procs), retired_);
+  return std::make_shared<EngineCgroup>(path, std::move(dir), std::move(procs), retired_);
 }
 
 }  // namespace baton

@@ -37,6 +37,7 @@
 
 #include "base/io/unique_fd.h"
 #include "base/status.h"
+#include "controller/engines/supervisor.h"
 
 namespace baton {
 
@@ -77,15 +78,22 @@ class RetiredCgroups {
 
 class EngineCgroup {
  public:
-  EngineCgroup(std::string path, UniqueFd procs, std::shared_ptr<RetiredCgroups> retired)
-      : path_(std::move(path)), procs_(std::move(procs)), retired_(std::move(retired)) {}
+  EngineCgroup(std::string path, UniqueFd dir, UniqueFd procs,
+               std::shared_ptr<RetiredCgroups> retired)
+      : path_(std::move(path)),
+        dir_(std::move(dir)),
+        procs_(std::move(procs)),
+        retired_(std::move(retired)) {}
   ~EngineCgroup();
   EngineCgroup(const EngineCgroup&) = delete;
   EngineCgroup& operator=(const EngineCgroup&) = delete;
 
   const std::string& path() const { return path_; }
-  // cgroup.procs opened for writing: the child writes "0" to it to join.
+  // cgroup.procs opened for writing: a child writes "0" to it to join.
   int procs_fd() const { return procs_.get(); }
+  // Where ChildProcess::Spawn starts an engine: made in the directory, or migrated through
+  // cgroup.procs on a kernel that cannot (SpawnCgroup).
+  SpawnCgroup spawn_target() const { return {.dir_fd = dir_.get(), .procs_fd = procs_.get()}; }
   // SIGKILL to every member (cgroup.kill).
   Status Kill();
   // Freezes every member, present and future (cgroup.freeze): they stop where they are, as a
@@ -108,6 +116,7 @@ class EngineCgroup {
 
  private:
   std::string path_;
+  UniqueFd dir_;
   UniqueFd procs_;
   std::shared_ptr<RetiredCgroups> retired_;
 };

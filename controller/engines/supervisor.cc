@@ -1,13 +1,10 @@
 #include "controller/engines/supervisor.h"
 
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/random.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,8 +16,6 @@
 
 #include "base/log.h"
 #include "base/process/pidfd.h"
-
-extern char** environ;
 
 namespace baton {
 namespace {
@@ -34,96 +29,6 @@ ExitInfo FromSiginfo(const siginfo_t& info) {
     exit.dumped = info.si_code == CLD_DUMPED;
   }
   return exit;
-}
-
-// argv[0] resolved against PATH in the parent (the child must not allocate before exec).
-Result<std::string> ResolveExecutable(const std::string& name) {
-  if (name.find('/') != std::string::npos) return name;
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::string candidate = dirs.substr(start, end - start) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) return candidate;
-    start = end + 1;
-  }
-  return NotFound("engine command '" + name + "' is not on PATH");
-}
-
-std::vector<std::string> BuildEnv(const std::map<std::string, std::string>& extra) {
-  std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string entry = *e;
-    const std::string key = entry.substr(0, entry.find('='));
-    if (extra.count(key) == 0) env.push_back(std::move(entry));
-  }
-  for (const auto& [k, v] : extra) env.push_back(k + "=" + v);
-  return env;
-}
-
-std::vector<char*> CStrings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (std::string& s : strings) out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-// In the child: the engine inherits stdin, stdout and stderr only. Every other descriptor
-// of the controller (its listening socket, other engines' and batonctl's connections, the
-// metrics server) is marked close-on-exec, so that a live engine cannot keep a peer's
-// connection open after the controller closed it. `keep` is the exec-error pipe, which is
-// close-on-exec already. Async-signal-safe.
-void CloseInheritedFds(int keep) {
-  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
-  rlimit limit{};
-  int max_fd = 65536;
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < static_cast<rlim_t>(max_fd)) {
-    max_fd = static_cast<int>(limit.rlim_cur);
-  }
-  for (int fd = 3; fd < max_fd; ++fd) {
-    if (fd != keep) ::close(fd);
-  }
-}
-
-// What the child reports on the exec-error pipe when it cannot run the engine.
-struct ChildError {
-  int stage;  // kJoinCgroup or kExec
-  int err;    // errno
-};
-constexpr int kJoinCgroup = 1;
-constexpr int kExec = 2;
-
-[[noreturn]] void ChildFails(int error_fd, int stage) {
-  const ChildError e{.stage = stage, .err = errno};
-  ssize_t unused = ::write(error_fd, &e, sizeof(e));
-  (void)unused;
-  ::_exit(127);
-}
-
-// In the child, between fork and exec: async-signal-safe calls only.
-[[noreturn]] void ExecChild(const char* path, char** argv, char** envp, int log_fd, int error_fd,
-                            int cgroup_fd) {
-  // No parent-death signal: an engine outlives its controller and is re-adopted by the next.
-  if (cgroup_fd >= 0 && ::write(cgroup_fd, "0", 1) != 1) ChildFails(error_fd, kJoinCgroup);
-  // A process group of its own, in the controller's session: terminal signals go to the
-  // controller only. Not a session of its own: the kernel schedules each session apart
-  // (autogroups), and engines that compute would take the controller's share of the CPU.
-  // (So the controller's death orphans the group, and the kernel ends a stopped engine with
-  // SIGHUP: the next controller would have fenced it.)
-  ::setpgid(0, 0);
-  sigset_t all;
-  sigemptyset(&all);
-  ::sigprocmask(SIG_SETMASK, &all, nullptr);
-  ::signal(SIGPIPE, SIG_DFL);
-  if (log_fd >= 0) {
-    ::dup2(log_fd, STDOUT_FILENO);
-    ::dup2(log_fd, STDERR_FILENO);
-  }
-  CloseInheritedFds(error_fd);
-  ::execve(path, argv, envp);
-  ChildFails(error_fd, kExec);
 }
 
 std::string ReadBootId() {
@@ -141,6 +46,9 @@ std::string ReadBootId() {
 
 std::string ExitInfo::ToString() const {
   if (unknown) return "exited (not this controller's child: how is not known)";
+  if (!start_error.empty()) {
+    return "could not start: " + start_error + " (exited with status " + std::to_string(code) + ")";
+  }
   if (signal != 0) {
     const char* name = ::sigabbrev_np(signal);
     return std::string("killed by SIG") + (name != nullptr ? name : std::to_string(signal)) +
@@ -155,7 +63,9 @@ ChildProcess::ChildProcess(ChildProcess&& other) noexcept
     : pid_(std::exchange(other.pid_, 0)),
       pidfd_(std::move(other.pidfd_)),
       exit_(std::move(other.exit_)),
-      adopted_(std::exchange(other.adopted_, false)) {}
+      adopted_(std::exchange(other.adopted_, false)),
+      command_(std::move(other.command_)),
+      start_errors_(std::move(other.start_errors_)) {}
 
 ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   if (this != &other) {
@@ -164,6 +74,8 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
     pidfd_ = std::move(other.pidfd_);
     exit_ = std::move(other.exit_);
     adopted_ = std::exchange(other.adopted_, false);
+    command_ = std::move(other.command_);
+    start_errors_ = std::move(other.start_errors_);
   }
   return *this;
 }
@@ -209,54 +121,8 @@ Result<ChildProcess> ChildProcess::Adopt(pid_t pid, uint64_t start_time) {
 
 void ChildProcess::Release() {
   pidfd_.Reset();
+  start_errors_.Reset();
   pid_ = 0;
-}
-
-Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
-                                         const std::map<std::string, std::string>& env,
-                                         const std::string& log_path, int cgroup_procs_fd) {
-  if (argv.empty()) return InvalidArgument("empty engine command");
-  BATON_ASSIGN_OR_RETURN(std::string path, ResolveExecutable(argv[0]));
-  std::vector<std::string> args = argv;
-  std::vector<std::string> envs = BuildEnv(env);
-  std::vector<char*> c_args = CStrings(args);
-  std::vector<char*> c_envs = CStrings(envs);
-  UniqueFd log_fd;
-  if (!log_path.empty()) {
-    log_fd = UniqueFd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-    if (!log_fd) return ErrnoStatus("opening engine log " + log_path, errno);
-  }
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe2", errno);
-  UniqueFd error_read(pipe_fds[0]);
-  UniqueFd error_write(pipe_fds[1]);
-  const pid_t pid = ::fork();
-  if (pid < 0) return ErrnoStatus("fork", errno);
-  if (pid == 0) {
-    ExecChild(path.c_str(), c_args.data(), c_envs.data(), log_fd.get(), error_write.get(),
-              cgroup_procs_fd);
-  }
-  error_write.Reset();
-  UniqueFd pidfd(PidfdOpen(pid));
-  const int open_errno = errno;
-  ChildProcess child(pid, std::move(pidfd));
-  if (!child.pidfd_) {
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-    child.pid_ = 0;
-    return ErrnoStatus("pidfd_open", open_errno);
-  }
-  ChildError failed{};
-  ssize_t n;
-  do {
-    n = ::read(error_read.get(), &failed, sizeof(failed));
-  } while (n < 0 && errno == EINTR);
-  if (n == sizeof(failed)) {
-    child.KillAndReap();
-    if (failed.stage == kJoinCgroup) return ErrnoStatus("joining the engine's cgroup", failed.err);
-    return ErrnoStatus("executing engine command " + path, failed.err);
-  }
-  return child;
 }
 
 Status ChildProcess::Signal(int sig) {
@@ -318,7 +184,7 @@ Result<std::optional<ExitInfo>> ChildProcess::TryReap() {
     pollfd p{.fd = pidfd_.get(), .events = POLLIN, .revents = 0};
     if (::poll(&p, 1, 0) < 0) return ErrnoStatus("poll on pid " + std::to_string(pid_), errno);
     if ((p.revents & (POLLIN | POLLHUP)) == 0) return std::optional<ExitInfo>();
-    exit_ = ExitInfo{.code = -1, .signal = 0, .dumped = false, .unknown = true};
+    exit_ = ExitInfo{.code = -1, .signal = 0, .dumped = false, .unknown = true, .start_error = ""};
     return exit_;
   }
   siginfo_t info;
@@ -329,6 +195,7 @@ Result<std::optional<ExitInfo>> ChildProcess::TryReap() {
   }
   if (info.si_pid == 0) return std::optional<ExitInfo>();
   exit_ = FromSiginfo(info);
+  exit_->start_error = ReadStartError();
   return exit_;
 }
 
@@ -340,7 +207,8 @@ void ChildProcess::KillAndReap() {
     pollfd p{.fd = pidfd_.get(), .events = POLLIN, .revents = 0};
     while (::poll(&p, 1, 5000) < 0 && errno == EINTR) {
     }
-    exit_ = ExitInfo{.code = -1, .signal = SIGKILL, .dumped = false, .unknown = true};
+    exit_ = ExitInfo{
+        .code = -1, .signal = SIGKILL, .dumped = false, .unknown = true, .start_error = ""};
     return;
   }
   siginfo_t info;
@@ -349,7 +217,13 @@ void ChildProcess::KillAndReap() {
   do {
     rc = ::waitid(static_cast<idtype_t>(P_PIDFD), static_cast<id_t>(pidfd_.get()), &info, WEXITED);
   } while (rc != 0 && errno == EINTR);
-  exit_ = rc == 0 ? FromSiginfo(info) : ExitInfo{.code = -1, .signal = SIGKILL, .dumped = false};
+  exit_ = rc == 0 ? FromSiginfo(info)
+                  : ExitInfo{.code = -1,
+                             .signal = SIGKILL,
+                             .dumped = false,
+                             .unknown = false,
+                             .start_error = ""};
+  exit_->start_error = ReadStartError();
 }
 
 // Read once: a process lives within one boot, and the roster is saved inside each failover.
@@ -428,7 +302,7 @@ Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
   std::string log_path;
   if (!log_dir_.empty())
     log_path = log_dir_ + "/engine-" + std::to_string(request.engine_id) + ".log";
-  return ChildProcess::Spawn(Expand(request), env, log_path, request.cgroup_procs_fd);
+  return ChildProcess::Spawn(Expand(request), env, log_path, request.cgroup);
 }
 
 Result<std::string> Supervisor::NewToken() {

@@ -39,7 +39,23 @@ struct ExitInfo {
   int signal = 0;  // the signal that killed it, else 0
   bool dumped = false;
   bool unknown = false;  // an adopted process (not our child): it exited, nobody told us how
-  std::string ToString() const;  // "exited with status 3", "killed by SIGKILL"
+  // Why a spawned child never ran its command ("executing engine command /x: Permission
+  // denied"), else empty: it exited 127 between fork and exec.
+  std::string start_error;
+  // "exited with status 3", "killed by SIGKILL", "could not start: ... (exited with status
+  // 127)".
+  std::string ToString() const;
+};
+
+// The cgroup a spawned child starts in. With `dir_fd` (the cgroup v2 directory) the child is
+// made in it (clone3 with CLONE_INTO_CGROUP, Linux 5.7): no migration, which would take the
+// kernel's cgroup_threadgroup_rwsem for writing and wait for an RCU grace period. `procs_fd`
+// (cgroup.procs open for writing) is that migration, done by the child before its exec, where
+// clone3 is refused (a kernel before 5.7, a seccomp profile). Both -1: the child stays in the
+// caller's cgroup.
+struct SpawnCgroup {
+  int dir_fd = -1;
+  int procs_fd = -1;
 };
 
 class ChildProcess {
@@ -58,11 +74,15 @@ class ChildProcess {
   // signalled like a child; TryReap only sees that it exited (poll on the pidfd), not how.
   static Result<ChildProcess> Adopt(pid_t pid, uint64_t start_time);
   // fork + exec `argv` with `env` added to the environment. stdout/stderr go to `log_path`
-  // (appended) unless it is empty. With `cgroup_procs_fd` (a cgroup's cgroup.procs open for
-  // writing) the child joins that cgroup before exec; failing to is an error.
+  // (appended) unless it is empty. With a `cgroup` the child runs in that cgroup from before
+  // its exec. Returns once the child exists, without waiting for it to run: on a loaded host
+  // a new process may wait hundreds of milliseconds for a CPU, and the caller (the
+  // controller's event loop) would wait with it. A child that cannot join its cgroup or exec
+  // exits 127, and its ExitInfo says why (`start_error`). Errors: a command not found, no
+  // pipe, no fork, a cgroup clone3 refused for another reason than its age.
   static Result<ChildProcess> Spawn(const std::vector<std::string>& argv,
                                     const std::map<std::string, std::string>& env,
-                                    const std::string& log_path, int cgroup_procs_fd = -1);
+                                    const std::string& log_path, SpawnCgroup cgroup = {});
 
   pid_t pid() const { return pid_; }
   int pidfd() const { return pidfd_.get(); }
@@ -88,11 +108,21 @@ class ChildProcess {
   static uint64_t StartTime(pid_t pid);
 
  private:
+  // The ExitInfo::start_error a child wrote to `start_errors_` before it exited, if any.
+  std::string ReadStartError();
+
   pid_t pid_ = 0;
   UniqueFd pidfd_;
   std::optional<ExitInfo> exit_;
   bool adopted_ = false;
+  std::string command_;    // the spawned executable, for start_error
+  UniqueFd start_errors_;  // a spawned child's exec-error pipe (read end, non-blocking)
 };
+
+// An engine command's argv[0] as exec will run it: a path with a '/' that can be executed,
+// or the first match on PATH; an error naming it otherwise. (What access() cannot see, a file
+// that is no program, the spawned child reports: ExitInfo::start_error.)
+Result<std::string> ResolveExecutable(const std::string& name);
 
 struct LaunchRequest {
   uint64_t engine_id = 0;
@@ -102,7 +132,7 @@ struct LaunchRequest {
   // The command line to expand instead of the configured one (an upgrade's candidate);
   // empty: the configured command.
   std::vector<std::string> command = {};
-  int cgroup_procs_fd = -1;  // the engine's cgroup (EngineCgroup::procs_fd), or -1
+  SpawnCgroup cgroup = {};  // the engine's cgroup (EngineCgroup::spawn_target), or none
 };
 
 // True while process group `pgid` has a member that is not a zombie (a zombie's memory is

@@ -56,7 +56,7 @@ class EngineCgroupTest : public ::testing::Test {
     ASSERT_TRUE(cg.ok()) << cg.status().ToString();
     cg_ = std::move(cg).value();
     Result<ChildProcess> child = ChildProcess::Spawn(
-        {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", cg_->procs_fd());
+        {"/bin/sh", "-c", "setsid sleep 600 & exec sleep 600"}, {}, "", cg_->spawn_target());
     ASSERT_TRUE(child.ok()) << child.status().ToString();
     child_.emplace(std::move(child).value());
     ASSERT_TRUE(Eventually([&] { return cg_->Members().size() == 2; }));
@@ -82,13 +82,66 @@ TEST(EngineCgroupSettingTest, OffAndBadSettings) {
   EXPECT_FALSE(missing.ok());
 }
 
+// A child that cannot join its cgroup through cgroup.procs never runs its command: it exits
+// 127 saying why.
 TEST(EngineCgroupSettingTest, AChildThatCannotJoinItsCgroupIsAnError) {
   UniqueFd read_only(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   ASSERT_TRUE(read_only);
-  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "30"}, {}, "", read_only.get());
+  Result<ChildProcess> child =
+      ChildProcess::Spawn({"sleep", "30"}, {}, "", SpawnCgroup{.procs_fd = read_only.get()});
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_TRUE(Eventually([&] {
+    Result<std::optional<ExitInfo>> exit = child->TryReap();
+    return exit.ok() && exit->has_value();
+  }));
+  EXPECT_EQ(child->exit_info()->code, 127);
+  EXPECT_NE(child->exit_info()->ToString().find("could not start: joining the engine's cgroup"),
+            std::string::npos)
+      << child->exit_info()->ToString();
+  // A directory that is no cgroup: the child is not made, nor made elsewhere.
+  UniqueFd not_a_cgroup(::open("/tmp", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  ASSERT_TRUE(not_a_cgroup);
+  child = ChildProcess::Spawn({"sleep", "30"}, {}, "", SpawnCgroup{.dir_fd = not_a_cgroup.get()});
   ASSERT_FALSE(child.ok());
   EXPECT_NE(child.status().message().find("joining the engine's cgroup"), std::string::npos)
       << child.status().ToString();
+}
+
+// The child is made in its cgroup (clone3 with CLONE_INTO_CGROUP): no write to cgroup.procs,
+// which would stall the controller's event loop for a grace period of RCU.
+TEST_F(EngineCgroupTest, AChildIsMadeInItsCgroupWithoutAMigration) {
+  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(4);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  const SpawnCgroup dir_only{.dir_fd = (*cg)->spawn_target().dir_fd};
+  ASSERT_GE(dir_only.dir_fd, 0);
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", dir_only);
+  if (!child.ok() &&
+      child.status().message().find("Function not implemented") != std::string::npos) {
+    GTEST_SKIP() << "a kernel without clone3: " << child.status().ToString();
+  }
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  EXPECT_EQ((*cg)->Members(), std::vector<pid_t>{child->pid()});
+  child->KillAndReap();
+}
+
+// Spawn returns without waiting for the child to run: here it never can, made in a frozen
+// cgroup (as a child waits for a CPU on a loaded host, with the controller's loop waiting
+// on it were it to wait).
+TEST_F(EngineCgroupTest, SpawnDoesNotWaitForTheChildToRun) {
+  Result<std::shared_ptr<EngineCgroup>> cg = cgroups_->Create(5);
+  ASSERT_TRUE(cg.ok()) << cg.status().ToString();
+  ASSERT_TRUE((*cg)->Freeze().ok());
+  const SpawnCgroup dir_only{.dir_fd = (*cg)->spawn_target().dir_fd};
+  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", dir_only);
+  if (!child.ok() &&
+      child.status().message().find("Function not implemented") != std::string::npos) {
+    GTEST_SKIP() << "a kernel without clone3: " << child.status().ToString();
+  }
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  EXPECT_TRUE(Eventually([&] { return (*cg)->Frozen(); }));
+  EXPECT_EQ((*cg)->Members(), std::vector<pid_t>{child->pid()});
+  child->KillAndReap();  // SIGKILL ends a frozen process
+  EXPECT_TRUE(child->reaped());
 }
 
 // The escape a process group cannot see: a worker that called setsid. The cgroup holds it,
@@ -137,7 +190,7 @@ TEST_F(EngineCgroupTest, CpuTimeCountsEveryProcessTheDeadIncluded) {
   EXPECT_EQ((*cg)->CpuSeconds(), 0.0) << "nothing ran in it yet";
   Result<ChildProcess> child =
       ChildProcess::Spawn({"/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"},
-                          {}, "", (*cg)->procs_fd());
+                          {}, "", (*cg)->spawn_target());
   ASSERT_TRUE(child.ok()) << child.status().ToString();
   ASSERT_TRUE(Eventually([&] { return !(*cg)->Populated(); }));
   child->KillAndReap();
@@ -152,8 +205,16 @@ TEST_F(EngineCgroupTest, LeftoversOfAnEarlierControllerAreKilled) {
   ASSERT_EQ(::mkdir(leftover.c_str(), 0755), 0);
   UniqueFd procs(::open((leftover + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
   ASSERT_TRUE(procs);
-  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", procs.get());
+  Result<ChildProcess> child =
+      ChildProcess::Spawn({"sleep", "600"}, {}, "", SpawnCgroup{.procs_fd = procs.get()});
   ASSERT_TRUE(child.ok()) << child.status().ToString();
+  ASSERT_TRUE(Eventually([&] {  // it moves itself there once it runs
+    std::ifstream members(leftover + "/cgroup.procs");
+    for (pid_t pid; members >> pid;) {
+      if (pid == child->pid()) return true;
+    }
+    return false;
+  }));
 
   std::string why_not;
   Result<std::unique_ptr<EngineCgroups>> next = EngineCgroups::Open("auto", TestKey(), &why_not);
@@ -204,7 +265,8 @@ TEST_F(EngineCgroupTest, ACgroupThatCannotBeRemovedYetIsRemovedByALaterSweep) {
 TEST_F(EngineCgroupTest, TheBaseIsRemovedAfterTheLastEngineCgroup) {
   Result<std::shared_ptr<EngineCgroup>> held = cgroups_->Create(4);
   ASSERT_TRUE(held.ok()) << held.status().ToString();
-  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", (*held)->procs_fd());
+  Result<ChildProcess> child =
+      ChildProcess::Spawn({"sleep", "600"}, {}, "", (*held)->spawn_target());
   ASSERT_TRUE(child.ok());
   const std::string base = cgroups_->base();
   cgroups_.reset();
@@ -220,7 +282,8 @@ TEST_F(EngineCgroupTest, TheBaseIsRemovedAfterTheLastEngineCgroup) {
 TEST_F(EngineCgroupTest, CreateReplacesAStaleCgroupOfTheSameName) {
   Result<std::shared_ptr<EngineCgroup>> first = cgroups_->Create(3);
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  Result<ChildProcess> child = ChildProcess::Spawn({"sleep", "600"}, {}, "", (*first)->procs_fd());
+  Result<ChildProcess> child =
+      ChildProcess::Spawn({"sleep", "600"}, {}, "", (*first)->spawn_target());
   ASSERT_TRUE(child.ok());
   Result<std::shared_ptr<EngineCgroup>> second = cgroups_->Create(3);
   ASSERT_TRUE(second.ok()) << second.status().ToString();

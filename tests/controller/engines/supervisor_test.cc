@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <chrono>
@@ -110,6 +111,24 @@ TEST(Supervisor, EngineInheritsNoDescriptorButStdio) {
   text << in.rdbuf();
   EXPECT_EQ(text.str(), "") << "the engine inherited the controller's fd " << fds[0];
   std::remove(log.c_str());
+}
+
+// A command found but that cannot be executed (no #! line, no ELF header): the child exits
+// 127, and its exit says what it could not run and why.
+TEST(Supervisor, AChildThatCannotExecExitsSayingWhy) {
+  const std::string path = "/tmp/baton-supervisor-noexec-" + std::to_string(::getpid());
+  {
+    std::ofstream out(path);
+    out << "not a program\n";
+  }
+  ASSERT_EQ(::chmod(path.c_str(), 0755), 0);
+  Result<ChildProcess> child = ChildProcess::Spawn({path}, {}, "");
+  ASSERT_TRUE(child.ok()) << child.status().ToString();
+  const ExitInfo exit = WaitExit(*child);
+  std::remove(path.c_str());
+  EXPECT_EQ(exit.code, 127);
+  EXPECT_EQ(exit.ToString(), "could not start: executing engine command " + path +
+                                 ": Exec format error (exited with status 127)");
 }
 
 TEST(Supervisor, ExecFailureIsAnErrorNamingTheCommand) {
