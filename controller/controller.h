@@ -187,6 +187,8 @@ class Controller final : private Effects {
   // While cgroups of gone engines wait for their members to exit: sweeps them every 10 ms.
   void ArmCgroupSweep();
   NodeFacts FleetFacts() const;
+  // The pool's use now, for the node's record.
+  NodeLoad FleetLoad() const;
   void FinishShutdown();
   // controller_engines.cc: engine channels and pidfds.
   void AttachEngine(EngineId id, std::unique_ptr<proto::Channel> channel);

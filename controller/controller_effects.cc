@@ -234,7 +234,8 @@ void Controller::Disconnect(EngineId id) {
 bool Controller::PublishRoutes(proto::RouteTable table) {
   const bool changed = routes_.Publish(std::move(table));
   // The node's record carries the table as published, with the version it was given.
-  if (fleet_ != nullptr) fleet_->Publish(routes_.current());
+  if (fleet_ != nullptr)
+    fleet_->Publish(routes_.current(), FleetLoad(), std::chrono::steady_clock::now());
   return changed;
 }
 
@@ -251,11 +252,14 @@ void Controller::ArmFleetLoad() {
   fleet_load_.expires_after(FleetMember::kLoadInterval);
   fleet_load_.async_wait([this](const boost::system::error_code& ec) {
     if (ec || stopping_) return;
-    const LedgerSnapshot s = coord_->ledger().Snapshot();
-    fleet_->NoteLoad({.granted_blocks = s.granted_blocks, .leases = s.leases},
-                     std::chrono::steady_clock::now());
+    fleet_->NoteLoad(FleetLoad(), std::chrono::steady_clock::now());
     ArmFleetLoad();
   });
+}
+
+NodeLoad Controller::FleetLoad() const {
+  const LedgerSnapshot s = coord_->ledger().Snapshot();
+  return {.granted_blocks = s.granted_blocks, .leases = s.leases};
 }
 
 std::map<uint64_t, proto::EngineOutcome> Controller::RouterOutcomes() const {

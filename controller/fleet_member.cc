@@ -93,8 +93,13 @@ std::string FleetMember::RecordOf(const ControllerConfig& config, const NodeFact
   return record.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-void FleetMember::Publish(const proto::RouteTable& routes) {
+void FleetMember::Publish(const proto::RouteTable& routes, const NodeLoad& load,
+                          std::chrono::steady_clock::time_point now) {
   routes_ = routes;
+  if (load != load_) {
+    load_ = load;
+    load_written_ = now;
+  }
   Write();
 }
 

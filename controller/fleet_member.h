@@ -13,7 +13,9 @@
 //
 // The weights id is a hash of the tensor table (names, dtypes, shapes, sizes): nodes that
 // loaded the same model show the same id. The load is written again when it changed, at
-// most once per kLoadInterval; a route change is written at once.
+// most once per kLoadInterval; a route change is written at once, with the load of then (a
+// record that listed a new primary with the load from before its grant would draw every
+// router's requests to this node until the next load report).
 //
 // Thread: the controller's io thread; the registrar writes from its own.
 #pragma once
@@ -59,8 +61,10 @@ class FleetMember {
 
   static constexpr std::chrono::milliseconds kLoadInterval{1000};
 
-  // The record for `routes`, written at once when it differs from the last one.
-  void Publish(const proto::RouteTable& routes);
+  // The record for `routes` and the load now, written at once when it differs from the last
+  // one.
+  void Publish(const proto::RouteTable& routes, const NodeLoad& load,
+               std::chrono::steady_clock::time_point now);
   // The load now; the record is written again when it changed and kLoadInterval has passed
   // since the load was last written.
   void NoteLoad(const NodeLoad& load, std::chrono::steady_clock::time_point now);

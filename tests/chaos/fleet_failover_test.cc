@@ -56,6 +56,15 @@ class FleetFailover : public ::testing::Test {
       ASSERT_TRUE(routers_.back()->ready()) << routers_.back()->Log();
     }
     for (int i = 0; i < kNodes; ++i) WaitListed(i, true);
+    // Each node is listed with the blocks its primary holds: listed with the load from before
+    // that grant, the emptiest by far, it would draw every request until its next load report
+    // (and TrafficReached would find none reaching the others).
+    for (const auto& router : routers_) {
+      for (int i = 0; i < kNodes; ++i) {
+        const json entry = FleetEntry(*router, i);
+        EXPECT_GT(entry.value("load", 0.0), 0.0) << NodeName(i) << ": " << entry.dump();
+      }
+    }
     References(routers_[0]->port(), "fleet", 12, &requests_, &want_);
   }
 

@@ -13,6 +13,8 @@
 //   --busy-ms N              after promotion, the compute thread spins N ms per round
 //   --exit-after-promote     exit(0) right after MarkServing (a clean early exit)
 //   --promote-delay-ms N     wait N ms between the promotion and MarkServing (a slow start)
+//   --promote-hold-file P    after its promotion, wait while file P exists before MarkServing:
+//                            a slow start the test begins and ends when it chooses
 //   --drain-ms N             a drain takes N ms (requests finishing), unless it is called off
 //   --reclaim-delay-ms N     answer a Reclaim N ms late (a busy engine)
 //   --protocol-2             an engine that does not handle Resume (speaks protocol 2)
@@ -47,6 +49,7 @@ namespace baton {
 struct Flags {
   std::string violations_dir;
   std::string rogue_file;
+  std::string promote_hold_file;
   uint64_t crash_if_id_above = 0;
   uint64_t hang_registering_id = 0;
   int busy_ms = 0;
@@ -62,8 +65,10 @@ struct Flags {
 };
 
 inline bool ParseFlags(int argc, char** argv, Flags* f) {
-  const std::map<std::string, std::string*> texts = {{"--violations-dir", &f->violations_dir},
-                                                     {"--rogue-file", &f->rogue_file}};
+  const std::map<std::string, std::string*> texts = {
+      {"--violations-dir", &f->violations_dir},
+      {"--rogue-file", &f->rogue_file},
+      {"--promote-hold-file", &f->promote_hold_file}};
   const std::map<std::string, uint64_t*> ids = {{"--crash-if-id-above", &f->crash_if_id_above},
                                                 {"--hang-registering-id", &f->hang_registering_id}};
   const std::map<std::string, int*> numbers = {{"--busy-ms", &f->busy_ms},

@@ -387,6 +387,9 @@ int RunEngine(const Flags& flags, const EngineLaunchInfo& info) {
     ReadQuarantine(s, *device, flags, *promoted);
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(flags.promote_delay_ms));
+  while (!flags.promote_hold_file.empty() && ::access(flags.promote_hold_file.c_str(), F_OK) == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (!s.MarkServing().ok()) return 1;
   if (flags.exit_after_promote) return 0;
   StampWriter writer(&s, flags, device);
