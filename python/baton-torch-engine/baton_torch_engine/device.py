@@ -101,11 +101,6 @@ class ComputeDevice:
         count = torch.cuda.device_count()
         if self.index is not None and not 0 <= self.index < count:
             raise DeviceError(f"--device {self.name}: there are {count} CUDA devices")
-        try:
-            import numpy  # noqa: F401  PyTorch reads __cuda_array_interface__ with it
-        except ImportError as e:
-            raise DeviceError(f"--device {self.name}: numpy is missing ({e}); PyTorch needs it "
-                              "to wrap Baton's device memory") from e
         torch.cuda.set_device(self.torch)
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
