@@ -1,5 +1,5 @@
-"""Baton's memory as PyTorch tensors through DLPack (baton_engine.dlpack), on a machine without
-a GPU.
+"""Baton's memory as PyTorch tensors through DLPack (baton_engine.dlpack), and the CUDA settings
+of baton-torch-engine's device policy, on a machine without a GPU.
 
 The CPU path (kDLCPU) is the device path (kDLCUDA) but for the device type: a buffer and an
 mmap'd region are wrapped without a copy, written through the tensor and read in the memory,
@@ -11,6 +11,7 @@ import mmap
 import os
 import subprocess
 import sys
+import types
 import unittest
 
 import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
@@ -24,6 +25,7 @@ except ImportError as e:  # PyTorch is not installed for this interpreter
     MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
 if not MISSING:
     from baton_engine import tensors
+    from baton_torch_engine import device
 
 
 class StructureTest(unittest.TestCase):
@@ -120,6 +122,75 @@ print("ok")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            cwd=os.path.dirname(os.path.abspath(__file__)))
         self.assertEqual((r.returncode, r.stdout.strip()), (0, "ok"), r.stderr)
+
+
+class FakeMatmul:
+    """An older torch's cuBLAS settings: an unknown one raises AssertionError."""
+
+    def __init__(self, names):
+        object.__setattr__(self, "_names", set(names))
+        object.__setattr__(self, "values", {})
+
+    def __getattr__(self, name):
+        if name in self._names:
+            return self.values.get(name, True)
+        raise AssertionError(f"Unknown attribute {name}")
+
+    def __setattr__(self, name, value):
+        if name not in self._names:
+            raise AssertionError(f"Unknown attribute {name}")
+        self.values[name] = value
+
+
+@unittest.skipIf(MISSING, MISSING)
+class CudaSettingsTest(unittest.TestCase):
+    def backends(self, new_api):
+        names = {"allow_tf32", "allow_bf16_reduced_precision_reduction"}
+        if new_api:
+            names.add("fp32_precision")
+        cudnn = types.SimpleNamespace(allow_tf32=True)
+        if new_api:
+            cudnn.fp32_precision = "none"
+            cudnn.conv = types.SimpleNamespace(fp32_precision="tf32")
+            cudnn.rnn = types.SimpleNamespace(fp32_precision="tf32")
+        return types.SimpleNamespace(cuda=types.SimpleNamespace(matmul=FakeMatmul(names)),
+                                     cudnn=cudnn)
+
+    def test_a_new_torch_is_told_through_fp32_precision_alone(self):
+        b = self.backends(new_api=True)
+        device.fp32_products(b)
+        self.assertEqual(b.cuda.matmul.values, {"fp32_precision": "ieee",
+                                                "allow_bf16_reduced_precision_reduction": False})
+        self.assertEqual((b.cudnn.fp32_precision, b.cudnn.conv.fp32_precision,
+                          b.cudnn.rnn.fp32_precision), ("ieee",) * 3)
+        self.assertTrue(b.cudnn.allow_tf32)  # the legacy flag untouched
+
+    def test_an_older_torch_through_allow_tf32(self):
+        b = self.backends(new_api=False)
+        device.fp32_products(b)
+        self.assertEqual(b.cuda.matmul.values, {"allow_tf32": False,
+                                                "allow_bf16_reduced_precision_reduction": False})
+        self.assertFalse(b.cudnn.allow_tf32)
+
+    def test_the_cuda_error_is_the_contexts_then_the_exceptions(self):
+        class Driver:
+            result = 0
+
+            def cuCtxSynchronize(self):
+                return self.result
+
+        class AcceleratorError(RuntimeError):
+            error_code = 719  # cudaErrorLaunchFailure
+
+        saved, device._cuda_driver = device._cuda_driver, Driver()
+        try:
+            device._cuda_driver.result = 700  # CUDA_ERROR_ILLEGAL_ADDRESS, sticky
+            self.assertEqual(device.cuda_error_code(AcceleratorError()), 700)
+            device._cuda_driver.result = 0
+            self.assertEqual(device.cuda_error_code(AcceleratorError()), 719)
+            self.assertEqual(device.cuda_error_code(ValueError("not CUDA")), 0)
+        finally:
+            device._cuda_driver = saved
 
 
 if __name__ == "__main__":
