@@ -55,16 +55,12 @@ def parse(argv):
 
 
 def cuda_torch():
-    """'' when PyTorch with CUDA is here, and numpy (PyTorch wraps Baton's device memory
-    through it), else why not."""
+    """'' when PyTorch with CUDA is here, else why not (numpy is not needed: the engines wrap
+    Baton's device memory through DLPack)."""
     r = subprocess.run([sys.executable, "-c", "import torch, sys; "
                         "sys.exit(0 if torch.cuda.is_available() else 3)"],
                        capture_output=True, text=True)
     if r.returncode == 0:
-        r = subprocess.run([sys.executable, "-c", "import numpy"], capture_output=True, text=True)
-        if r.returncode != 0:
-            return ("numpy is missing (PyTorch needs it to wrap device memory): "
-                    f"{r.stderr.strip().splitlines()[-1] if r.stderr else ''}")
         return ""
     return ("PyTorch with CUDA is not installed here" if r.returncode == 3 else
             f"PyTorch is missing: {r.stderr.strip().splitlines()[-1] if r.stderr else ''}")

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from baton_engine._abi import DeviceRegion as Region  # noqa: E402
 from baton_engine._abi import Event, Extent, Options, PoolInfo, Tensor  # noqa: E402
 from baton_engine.reclaim import whole_chunks  # noqa: E402
+from baton_engine.tensors import bytes_tensor, device_bytes_tensor  # noqa: E402
 
 
 def load(lib_dir):
@@ -90,7 +91,6 @@ def check(lib, rc, what, last_error=None):
 def start_torch():
     """PyTorch with CUDA started, or the reason it cannot be."""
     try:
-        import numpy  # noqa: F401  PyTorch reads __cuda_array_interface__ with it
         import torch
     except Exception as e:  # not installed here
         return None, f"import: {e}"
@@ -103,19 +103,6 @@ def start_torch():
     except Exception as e:  # a broken CUDA set-up: said in the report, the C ABI path runs
         return None, f"torch.zeros on cuda: {e}"
     return torch, ""
-
-
-class DeviceBytes:
-    """A device range as a uint8 array PyTorch can wrap (__cuda_array_interface__)."""
-
-    def __init__(self, address, size, readonly):
-        self.__cuda_array_interface__ = {"shape": (size,), "typestr": "|u1", "strides": None,
-                                         "data": (address, readonly), "version": 3}
-
-
-def host_bytes(torch, address, size):
-    buf = (ctypes.c_uint8 * size).from_address(address)
-    return torch.frombuffer(buf, dtype=torch.uint8)
 
 
 def check_weights(lib, engine, torch, report):
@@ -132,10 +119,11 @@ def check_weights(lib, engine, torch, report):
     if torch is None or size == 0:
         return
     start = time.monotonic()
-    # PyTorch has no read-only tensors; the mapping itself is read-only.
+    # PyTorch has no read-only tensors; the mapping itself is read-only. Both are wrapped
+    # through DLPack, as the SDK does (baton_engine.tensors), so numpy is not needed.
     gpu = f"cuda:{w.device}"
-    device = torch.as_tensor(DeviceBytes(w.address, size, False), device=gpu)
-    host = host_bytes(torch, arena, size)
+    device = device_bytes_tensor(w.device, w.address, size)
+    host = bytes_tensor(arena, size)
     copy = host.to(gpu)
     report["weights_equal"] = bool(torch.equal(device, copy))  # every byte, on the GPU
     del copy

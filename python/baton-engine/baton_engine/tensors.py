@@ -10,13 +10,14 @@ the other engine of the pair reads. On a CUDA-backend controller, `device_weight
 wraps the device copy the same way (no host memory involved), and `device_block_region`
 wraps the device KV pool's blocks for an engine that lays out its own cache in them
 (baton-torch-engine); a framework that allocates its cache itself gets the pool's blocks
-through libbaton_torch_alloc.so as a pluggable allocator (docs/gpu.md).
+through libbaton_torch_alloc.so as a pluggable allocator (docs/gpu.md). Both kinds of memory are
+wrapped through DLPack (baton_engine.dlpack), so numpy is not needed.
 """
 from __future__ import annotations
 
-import ctypes
-import warnings
 from typing import TYPE_CHECKING, Any
+
+from . import dlpack
 
 if TYPE_CHECKING:  # pragma: no cover
     from .session import Engine, Extent, TensorInfo
@@ -48,10 +49,7 @@ def bytes_tensor(address: int, nbytes: int) -> Any:
     torch = _torch()
     if nbytes == 0:
         return torch.empty(0, dtype=torch.uint8)
-    buf = (ctypes.c_uint8 * nbytes).from_address(address)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # "the given buffer is not writable"
-        return torch.frombuffer(buf, dtype=torch.uint8)
+    return dlpack.wrap_bytes(torch, address, nbytes, dlpack.KDL_CPU)
 
 
 def weight_tensor(info: "TensorInfo") -> Any:
@@ -85,7 +83,9 @@ def device_bytes_tensor(device: int, address: int, nbytes: int) -> Any:
     `device` (no copy). The first byte must be mapped: PyTorch asks the driver which device
     the address is on."""
     torch = _torch()
-    return torch.as_tensor(_DeviceBytes(address, nbytes), device=f"cuda:{device}")
+    if nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8, device=f"cuda:{device}")
+    return dlpack.wrap_bytes(torch, address, nbytes, dlpack.KDL_CUDA, device)
 
 
 def device_block_region(engine: "Engine", first: int) -> Any:
@@ -103,14 +103,6 @@ def host_block_region(engine: "Engine") -> Any:
     b * block_bytes): only granted blocks are mapped; the rest must not be touched."""
     pool = engine.pool()
     return bytes_tensor(pool.base, pool.block_count * pool.block_bytes)
-
-
-class _DeviceBytes:
-    """A device range as a uint8 array PyTorch can wrap (__cuda_array_interface__)."""
-
-    def __init__(self, address: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "strides": None,
-                                         "data": (address, False), "version": 3}
 
 
 def block_tensor(engine: "Engine", extent: "Extent") -> Any:

@@ -101,18 +101,8 @@ class ComputeDevice:
         count = torch.cuda.device_count()
         if self.index is not None and not 0 <= self.index < count:
             raise DeviceError(f"--device {self.name}: there are {count} CUDA devices")
-        try:
-            import numpy  # noqa: F401  PyTorch reads __cuda_array_interface__ with it
-        except ImportError as e:
-            raise DeviceError(f"--device {self.name}: numpy is missing ({e}); PyTorch needs it "
-                              "to wrap Baton's device memory") from e
         torch.cuda.set_device(self.torch)
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        for flag in ("allow_fp16_reduced_precision_reduction",
-                     "allow_bf16_reduced_precision_reduction"):
-            if hasattr(torch.backends.cuda.matmul, flag):
-                setattr(torch.backends.cuda.matmul, flag, False)
+        fp32_products(torch.backends)
         torch.zeros(1, device=self.torch)  # the context, before anything waits on this engine
         return (f"computing on {self.name} ({torch.cuda.get_device_name(self.torch)}), "
                 f"products on tiles of {self.tile_rows} rows, attention on tiles of "
@@ -127,17 +117,54 @@ class ComputeDevice:
             torch.cuda.synchronize(self.torch)
 
 
+def _has(module: Any, name: str) -> bool:
+    """Whether a torch.backends module has the setting `name` (an older torch's raises
+    AssertionError for an unknown one, which hasattr does not catch)."""
+    try:
+        getattr(module, name)
+    except (AttributeError, AssertionError):
+        return False
+    return True
+
+
+def fp32_products(backends: Any) -> None:
+    """Products and convolutions in fp32 accumulation, without TF32 or reduced-precision
+    split-K. A torch with `fp32_precision` (2.9 and later) is told through it alone ("ieee"):
+    the allow_tf32 flags are its legacy API, which it refuses to mix with the new. An older one is
+    told through allow_tf32."""
+    matmul, cudnn = backends.cuda.matmul, backends.cudnn
+    if _has(matmul, "fp32_precision"):
+        for module in (matmul, cudnn, getattr(cudnn, "conv", None), getattr(cudnn, "rnn", None)):
+            if module is not None and _has(module, "fp32_precision"):
+                module.fp32_precision = "ieee"
+    else:
+        matmul.allow_tf32 = False
+        cudnn.allow_tf32 = False
+    for flag in ("allow_fp16_reduced_precision_reduction",
+                 "allow_bf16_reduced_precision_reduction"):
+        if _has(matmul, flag):
+            setattr(matmul, flag, False)
+
+
 _cuda_driver: Any = None
 
 
 def cuda_error_code(error: BaseException) -> int:
-    """The CUDA error behind `error`, a CUresult (0 when it was not one): the exception's own
-    code where PyTorch gives one, else what cuCtxSynchronize() returns now, which after a
-    sticky error (an illegal address, a launch failure, an uncorrectable ECC error) is that
-    error for the rest of the context's life."""
+    """The CUDA error behind `error` (0 when it was not one): what cuCtxSynchronize() returns
+    now, a CUresult, which after a sticky error (an illegal address, a launch failure, an
+    uncorrectable ECC error) is that error for the rest of the context's life; where the
+    context is sound (or the driver library is missing), the exception's own code where
+    PyTorch gives one (AcceleratorError.error_code: a runtime cudaError_t, not a CUresult;
+    baton_engine_report_cuda_error takes either, as the two agree on every sticky error)."""
+    result = _synchronize_context()
+    if result != 0:
+        return result
     code = getattr(error, "error_code", None)
-    if isinstance(code, int) and code != 0:
-        return code
+    return code if isinstance(code, int) else 0
+
+
+def _synchronize_context() -> int:
+    """cuCtxSynchronize() of this thread's context; 0 without a driver library."""
     global _cuda_driver
     try:
         if _cuda_driver is None:
