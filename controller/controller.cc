@@ -201,7 +201,7 @@ Status Controller::Init() {
                               .send_timeout = std::chrono::seconds(1),
                               .max_queued_send_bytes = proto::kControllerMaxFrameSize,
                               .send_budget = client_send_budget_,
-                              .label = "unidentified peer",
+                              .label = "peer",
                               .clock = &clock_};
   BATON_ASSIGN_OR_RETURN(proto::Listener listener,
                          proto::Listener::Bind(io_, config_.socket_path(), copts));

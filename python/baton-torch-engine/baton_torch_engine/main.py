@@ -222,6 +222,18 @@ def run_under_controller(args) -> int:
     return 0
 
 
+def since_process_start_ms() -> float:
+    """Milliseconds since this process was made, by its start time in /proc (in clock ticks,
+    10 ms on most kernels); NaN where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # from field 3, the state, on
+        start_s = int(fields[22 - 3]) / os.sysconf("SC_CLK_TCK")
+        return (time.clock_gettime(time.CLOCK_BOOTTIME) - start_s) * 1e3
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+
+
 def stand_by(args, engine, model, kv, generator, port: int, started: float):
     """The standby's wait: library pages dropped, a step rehearsed on the compute thread,
     then the promotion, whose blocks the cache takes. Returns when the promotion came (its
@@ -239,7 +251,9 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
         copy_gbps = (measure_device_copy_gbps(model.device, kv.block_bytes)
                      if model.device.is_cuda else measure_copy_gbps())
     write_port(args.port_file, port)
-    log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms")
+    log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms, "
+        f"{since_process_start_ms():.0f} ms after its process started (the interpreter's "
+        "start and the imports included)")
     try:
         promoted = engine.wait_promotion()
     except FailedPrecondition as e:
