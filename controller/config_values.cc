@@ -50,9 +50,9 @@ Result<int64_t> AsInt(const toml::value& v, int64_t lo, int64_t hi) {
     // The TOML parser saturates a literal past the 64-bit range to its limit.
     const bool saturated =
         x == std::numeric_limits<int64_t>::max() || x == std::numeric_limits<int64_t>::min();
-    return InvalidArgument("must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], got " +
-                           (saturated ? "a number past the 64-bit range" : std::to_string(x)));
+    return InvalidArgument(
+        "must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+        (saturated ? "a number at or past the 64-bit limit" : std::to_string(x)));
   }
   return x;
 }
@@ -62,6 +62,9 @@ Result<uint64_t> AsSize(const toml::value& v) {
   constexpr uint64_t kMaxSize = 1ull << 50;
   if (v.is_integer()) {
     if (v.as_integer() <= 0) return InvalidArgument("must be positive");
+    if (static_cast<uint64_t>(v.as_integer()) > kMaxSize) {
+      return InvalidArgument("size too large: " + std::to_string(v.as_integer()));
+    }
     return static_cast<uint64_t>(v.as_integer());
   }
   if (!v.is_string()) return WrongType(v, "a size (integer or \"2MiB\")");

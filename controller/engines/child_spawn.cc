@@ -11,10 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
+#include "base/log.h"
 #include "base/process/pidfd.h"
 #include "controller/engines/supervisor.h"
 
@@ -120,16 +122,32 @@ pid_t CloneIntoCgroup(int dir_fd) {
 // CLONE_INTO_CGROUP or the `cgroup` field (EINVAL, E2BIG).
 bool KernelLacksCloneIntoCgroup(int err) { return err == ENOSYS || err == EINVAL || err == E2BIG; }
 
+// Set once clone3 was refused (a kernel before 5.7, a seccomp profile): later spawns fork
+// and migrate at once, and the log says so once.
+std::atomic<bool> clone3_refused{false};
+
+void NoteClone3Refused(int err) {
+  if (clone3_refused.exchange(true)) return;
+  BATON_LOG(WARN, "supervisor") << "engines join their cgroups through cgroup.procs: clone3 with "
+                                   "CLONE_INTO_CGROUP refused ("
+                                << std::strerror(err)
+                                << "; a kernel before 5.7 or a seccomp profile such as systemd's "
+                                   "RestrictNamespaces)";
+}
+
 // Forks, the child in `cgroup` (made there, or migrated by ExecChild when `*join_fd` is left
 // >= 0). Returns the pid, 0 in the child.
 Result<pid_t> ForkChild(SpawnCgroup cgroup, int* join_fd) {
   *join_fd = -1;
-  if (cgroup.dir_fd >= 0) {
+  if (cgroup.dir_fd >= 0 && !clone3_refused.load(std::memory_order_relaxed)) {
     const pid_t pid = CloneIntoCgroup(cgroup.dir_fd);
     if (pid >= 0) return pid;
-    if (!KernelLacksCloneIntoCgroup(errno) || cgroup.procs_fd < 0) {
-      return ErrnoStatus("joining the engine's cgroup", errno);
-    }
+    const int err = errno;
+    if (!KernelLacksCloneIntoCgroup(err)) return ErrnoStatus("joining the engine's cgroup", err);
+    NoteClone3Refused(err);
+  }
+  if (cgroup.dir_fd >= 0 && cgroup.procs_fd < 0) {
+    return ErrnoStatus("joining the engine's cgroup without clone3 or its cgroup.procs", ENOSYS);
   }
   *join_fd = cgroup.procs_fd;
   const pid_t pid = ::fork();

@@ -291,9 +291,10 @@ Result<std::shared_ptr<EngineCgroup>> EngineCgroups::Create(uint64_t engine_id) 
   }
   BATON_RETURN_IF_ERROR(MakeEngineDir(path));
   UniqueFd dir(::open(path.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+  const int dir_errno = errno;
   UniqueFd procs(::open((path + "/cgroup.procs").c_str(), O_WRONLY | O_CLOEXEC));
   if (!dir || !procs) {
-    const int err = errno;
+    const int err = !dir ? dir_errno : errno;
     ::rmdir(path.c_str());
     return ErrnoStatus("opening " + path + (dir ? "/cgroup.procs" : ""), err);
   }

@@ -37,7 +37,7 @@
 
 #include "base/io/unique_fd.h"
 #include "base/status.h"
-#include "controller/engines/supervisor.h"
+#include "controller/engines/spawn_cgroup.h"
 
 namespace baton {
 

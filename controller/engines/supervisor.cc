@@ -46,15 +46,13 @@ std::string ReadBootId() {
 
 std::string ExitInfo::ToString() const {
   if (unknown) return "exited (not this controller's child: how is not known)";
-  if (!start_error.empty()) {
-    return "could not start: " + start_error + " (exited with status " + std::to_string(code) + ")";
-  }
+  std::string how = "exited with status " + std::to_string(code);
   if (signal != 0) {
     const char* name = ::sigabbrev_np(signal);
-    return std::string("killed by SIG") + (name != nullptr ? name : std::to_string(signal)) +
-           (dumped ? " (core dumped)" : "");
+    how = std::string("killed by SIG") + (name != nullptr ? name : std::to_string(signal)) +
+          (dumped ? " (core dumped)" : "");
   }
-  return "exited with status " + std::to_string(code);
+  return start_error.empty() ? how : "could not start: " + start_error + " (" + how + ")";
 }
 
 ChildProcess::~ChildProcess() { KillAndReap(); }

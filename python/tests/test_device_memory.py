@@ -3,7 +3,8 @@ of baton-torch-engine's device policy, on a machine without a GPU.
 
 The CPU path (kDLCPU) is the device path (kDLCUDA) but for the device type: a buffer and an
 mmap'd region are wrapped without a copy, written through the tensor and read in the memory,
-the deleter runs when the last tensor over it dies, and all of it without numpy (PyTorch's pip
+the deleter (C's free, or one a test gives) runs when the last tensor over it dies, and all of
+it without numpy (PyTorch's pip
 wheel has none). The kDLCUDA structure is checked field by field against dlpack.h."""
 import ctypes
 import gc
@@ -40,26 +41,46 @@ class StructureTest(unittest.TestCase):
         self.assertEqual(ctypes.sizeof(dlpack.DLDataType), 4)
 
     def test_a_cuda_range_is_described_as_dlpack_asks(self):
-        managed, shape = dlpack.describe(0x7F0000200000, 3 << 30, dlpack.KDL_CUDA, 3)
-        t = managed.dl_tensor
-        self.assertEqual(t.data, 0x7F0000200000)
-        self.assertEqual((t.device.device_type, t.device.device_id), (2, 3))
-        self.assertEqual((t.dtype.code, t.dtype.bits, t.dtype.lanes), (1, 8, 1))  # kDLUInt
-        self.assertEqual(t.ndim, 1)
-        self.assertEqual(t.shape[0], 3 << 30)
-        self.assertEqual(ctypes.addressof(t.shape.contents), ctypes.addressof(shape))
-        self.assertFalse(t.strides)  # NULL: compact
-        self.assertEqual(t.byte_offset, 0)
-        self.assertIsNone(managed.manager_ctx)
-        self.assertTrue(managed.deleter)
+        block = dlpack.describe(0x7F0000200000, 3 << 30, dlpack.KDL_CUDA, 3)
+        try:
+            managed = dlpack.DLManagedTensor.from_address(block)
+            t = managed.dl_tensor
+            self.assertEqual(t.data, 0x7F0000200000)
+            self.assertEqual((t.device.device_type, t.device.device_id), (2, 3))
+            self.assertEqual((t.dtype.code, t.dtype.bits, t.dtype.lanes), (1, 8, 1))  # kDLUInt
+            self.assertEqual(t.ndim, 1)
+            self.assertEqual(t.shape[0], 3 << 30)
+            # The shape is in the same block, right after the structure: one free frees both.
+            self.assertEqual(ctypes.addressof(t.shape.contents),
+                             block + ctypes.sizeof(dlpack.DLManagedTensor))
+            self.assertFalse(t.strides)  # NULL: compact
+            self.assertEqual(t.byte_offset, 0)
+            self.assertIsNone(managed.manager_ctx)
+            self.assertEqual(managed.deleter, dlpack.FREE)  # C: no Python runs to let it go
+        finally:
+            dlpack.free(block)
+
+
+class Freed:
+    """A deleter that notes each block, then frees it as the default one does."""
+
+    def __init__(self):
+        self.blocks = []
+
+        def deleter(block):
+            self.blocks.append(block)
+            dlpack.free(block)
+        self.function = dlpack.DELETER(deleter)  # kept alive with this object
+        self.address = ctypes.cast(self.function, ctypes.c_void_p).value
 
 
 @unittest.skipIf(MISSING, MISSING)
 class HostMemoryTest(unittest.TestCase):
     def test_a_buffer_is_wrapped_written_and_let_go(self):
         buf = (ctypes.c_uint8 * 4096)()
-        before = dlpack.live_count()
-        t = dlpack.wrap_bytes(torch, ctypes.addressof(buf), 4096, dlpack.KDL_CPU)
+        freed = Freed()
+        t = dlpack.wrap_bytes(torch, ctypes.addressof(buf), 4096, dlpack.KDL_CPU,
+                              deleter=freed.address)
         self.assertEqual(t.data_ptr(), ctypes.addressof(buf))  # no copy
         self.assertEqual((t.dtype, tuple(t.shape), t.device.type), (torch.uint8, (4096,), "cpu"))
         t[10:20] = 0x5A
@@ -67,13 +88,12 @@ class HostMemoryTest(unittest.TestCase):
         buf[100] = 7
         self.assertEqual(int(t[100]), 7)
         view = t[8:].view(torch.int32)  # a view keeps the storage, and so the structures
-        self.assertEqual(dlpack.live_count(), before + 1)
         del t
         gc.collect()
-        self.assertEqual(dlpack.live_count(), before + 1)
+        self.assertEqual(freed.blocks, [])
         del view
         gc.collect()
-        self.assertEqual(dlpack.live_count(), before)  # the deleter ran
+        self.assertEqual(len(freed.blocks), 1)  # the deleter ran, once
 
     def test_an_mmapped_region_through_the_sdk(self):
         region = mmap.mmap(-1, 1 << 20)
@@ -94,10 +114,11 @@ class HostMemoryTest(unittest.TestCase):
         if torch.cuda.is_available():
             self.skipTest("this host has CUDA: the refusal is for a CPU-only PyTorch")
         buf = (ctypes.c_uint8 * 64)()
-        before = dlpack.live_count()
+        freed = Freed()
         with self.assertRaises(Exception):
-            tensors.device_bytes_tensor(0, ctypes.addressof(buf), 64)
-        self.assertEqual(dlpack.live_count(), before)
+            dlpack.wrap_bytes(torch, ctypes.addressof(buf), 64, dlpack.KDL_CUDA, 0,
+                              deleter=freed.address)
+        self.assertEqual(len(freed.blocks), 1)  # let go by the wrapper, PyTorch did not take it
 
     def test_no_numpy_is_needed(self):
         code = """
@@ -114,9 +135,14 @@ buf = (ctypes.c_uint8 * 256)()
 t = tensors.bytes_tensor(ctypes.addressof(buf), 256)
 t.view(torch.float32)[1] = 1.5
 assert bytes(buf[4:8]) == bytes([0, 0, 0xC0, 0x3F]), bytes(buf[4:8])
-del t
+freed = []
+deleter = dlpack.DELETER(lambda block: (freed.append(block), dlpack.free(block)))
+u = dlpack.wrap_bytes(torch, ctypes.addressof(buf), 256, dlpack.KDL_CPU,
+                      deleter=ctypes.cast(deleter, ctypes.c_void_p).value)
+assert int(u[6]) == 0xC0
+del t, u
 gc.collect()
-assert dlpack.live_count() == 0
+assert len(freed) == 1, freed
 print("ok")
 """
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

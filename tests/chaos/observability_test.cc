@@ -224,8 +224,12 @@ TEST(ChaosCli, PlainStatusShowsRoutesAndExits) {
   ChaosCluster cluster;
   const json primary = EngineWithRole(cluster.Status(), "primary");  // either engine may win
   ASSERT_EQ(::kill(PidOf(primary), SIGKILL), 0);
+  const uint64_t old_id = primary["id"].get<uint64_t>();
+  // Until the controller has seen the death, the pair it reports is the one before the kill.
+  cluster.WaitFor([&](const json& st) { return PrimaryId(st) != 0 && PrimaryId(st) != old_id; },
+                  "the standby promoted");
   cluster.WaitReady("the pair after the failover");
-  const std::string exit = "exit: engine " + std::to_string(primary["id"].get<uint64_t>()) + " ";
+  const std::string exit = "exit: engine " + std::to_string(old_id) + " ";
   const CtlResult plain = cluster.CtlPlain({"status"});
   const std::string& text = plain.stdout_text;
   EXPECT_EQ(plain.exit_code, 0) << text;

@@ -38,12 +38,17 @@ constexpr const char* kFreezerRoot = "/sys/fs/cgroup/freezer";
 // the directory removed on destruction. Used from the test's thread.
 class FrozenProcess {
  public:
-  // Why `pid` could not be frozen ("" once it is).
-  std::string Freeze(pid_t pid) {
+  // Why `pid` could not be frozen ("" once it is). Only a host without a cgroup v1 freezer
+  // that this user may use sets `unavailable` (the test is then skipped); any other failure
+  // is the test's.
+  std::string Freeze(pid_t pid, bool* unavailable) {
+    *unavailable = false;
     dir_ = std::string(kFreezerRoot) + "/baton-chaos-" + std::to_string(::getpid()) + "-" +
            std::to_string(pid);
     if (::mkdir(dir_.c_str(), 0755) != 0 && errno != EEXIST) {
-      const std::string why = "no cgroup v1 freezer (" + dir_ + ": " + std::strerror(errno) + ")";
+      const int err = errno;
+      *unavailable = err == ENOENT || err == EACCES || err == EPERM || err == EROFS;
+      const std::string why = "no cgroup v1 freezer (" + dir_ + ": " + std::strerror(err) + ")";
       dir_.clear();
       return why;
     }
@@ -58,9 +63,13 @@ class FrozenProcess {
   void Thaw() {
     if (!dir_.empty()) (void)Write("freezer.state", "THAWED");
   }
+  // Thawed; a member the fence's SIGKILL never reached is killed, so that the directory can
+  // go.
   ~FrozenProcess() {
     if (dir_.empty()) return;
     Thaw();
+    std::ifstream members(dir_ + "/cgroup.procs");
+    for (pid_t pid; members >> pid;) (void)::kill(pid, SIGKILL);
     for (int i = 0; i < 500 && ::rmdir(dir_.c_str()) != 0 && errno == EBUSY; ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
@@ -144,8 +153,16 @@ MidFailover FailOverWithAFrozenWorker(ChaosCluster& cluster, FrozenProcess& froz
     ADD_FAILURE() << "the primary's worker never started";
     return m;
   }
-  m.skip = frozen.Freeze(m.worker);
-  if (!m.skip.empty()) return m;
+  bool unavailable = false;
+  const std::string not_frozen = frozen.Freeze(m.worker, &unavailable);
+  if (unavailable) {
+    m.skip = not_frozen;
+    return m;
+  }
+  if (!not_frozen.empty()) {
+    ADD_FAILURE() << not_frozen;
+    return m;
+  }
   cluster.CheckFencing();
   EXPECT_EQ(::kill(PidOf(primary), SIGKILL), 0);  // its main process only: the fence does the rest
   m.status = cluster.WaitFor(

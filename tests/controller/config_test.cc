@@ -150,7 +150,8 @@ TEST(Config, BadConfigsAreRefusedWithTheKey) {
       // 99999999999 GiB wraps a 64-bit byte count: refused, not taken modulo 2^64.
       {"[pool]\nblock_bytes = \"99999999999GiB\"\n", "pool.block_bytes: size too large"},
       {"[pool]\nblocks = 99999999999999999999\n",
-       "pool.blocks: must be in [1, 16777216], got a number past the 64-bit range"},
+       "pool.blocks: must be in [1, 16777216], got a number at or past the 64-bit limit"},
+      {"[pool]\nblock_bytes = 2251799813685249\n", "pool.block_bytes: size too large"},
       {"[health]\nheartbeat_misses = 0\n", "health.heartbeat_misses: must be in [1, 1000]"},
       {"[engine]\ncommand = [\"a\", 3]\n", "engine.command: expected a string"},
       {"[engine]\ncommand = \"a 'b\"\n", "unterminated quote"},
