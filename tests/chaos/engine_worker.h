@@ -205,6 +205,18 @@ inline uint64_t ResidentMb(pid_t pid) {
   return 0;
 }
 
+// The pid of engine `id`'s worker in `dir` once it writes into the engine's blocks (its pid
+// file), waited for up to twenty seconds; 0 if it never does.
+inline pid_t WorkerPid(const std::string& dir, uint64_t id) {
+  const std::string file = dir + "/worker-" + std::to_string(id) + ".pid";
+  pid_t worker = 0;
+  for (int i = 0; i < 2000 && worker == 0; ++i) {
+    std::ifstream(file) >> worker;
+    if (worker == 0) ::usleep(10'000);
+  }
+  return worker;
+}
+
 // Workers of engines other than `self` (DIR/worker-<id>.pid) still alive and not zombies.
 inline std::vector<pid_t> OthersStillRunning(const std::string& dir, uint64_t self) {
   std::vector<pid_t> out;

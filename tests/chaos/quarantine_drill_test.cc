@@ -31,18 +31,6 @@ uint64_t MonotonicNs() {
   return static_cast<uint64_t>(now.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(now.tv_nsec);
 }
 
-// The pid of engine `id`'s worker, once it writes into the engine's blocks (0 after twenty
-// seconds).
-pid_t WorkerOf(const ChaosCluster& cluster, uint64_t id) {
-  const std::string file = cluster.dir() + "/worker-" + std::to_string(id) + ".pid";
-  pid_t worker = 0;
-  for (int i = 0; i < 2000 && worker == 0; ++i) {
-    std::ifstream(file) >> worker;
-    if (worker == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return worker;
-}
-
 TEST(QuarantineDrill, PromotedBeforeTheDyingEnginesTeardownWithNoForeignByte) {
   ClusterOptions options;
   options.blocks = kBlocks;
@@ -56,7 +44,7 @@ TEST(QuarantineDrill, PromotedBeforeTheDyingEnginesTeardownWithNoForeignByte) {
   EXPECT_EQ(before["pool"]["promotion_reserve"]["available"], kReserve);
   EXPECT_EQ(primary["blocks"], kBlocks - kReserve) << "the reserve stays out of the primary's";
   const uint64_t old_id = primary["id"];
-  const pid_t worker = WorkerOf(cluster, old_id);
+  const pid_t worker = testing::WorkerPid(cluster.dir(), old_id);
   ASSERT_GT(worker, 0) << "the primary's worker never started";
   ASSERT_TRUE(ProcessRunning(worker));
   // Its memory held, so that its exit takes a while (1 GiB: tens of milliseconds or more).

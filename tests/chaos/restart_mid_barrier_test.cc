@@ -24,6 +24,7 @@
 #include "base/process/proc_table.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/chaos/controller_restart_support.h"
+#include "tests/chaos/engine_worker.h"
 
 namespace baton::chaos {
 namespace {
@@ -91,18 +92,6 @@ class FrozenProcess {
   std::string dir_;
 };
 
-// The pid of engine `id`'s worker once it writes into the engine's blocks (0 after twenty
-// seconds).
-pid_t WorkerOf(const ChaosCluster& cluster, uint64_t id) {
-  const std::string file = cluster.dir() + "/worker-" + std::to_string(id) + ".pid";
-  pid_t worker = 0;
-  for (int i = 0; i < 2000 && worker == 0; ++i) {
-    std::ifstream(file) >> worker;
-    if (worker == 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  return worker;
-}
-
 // Waits until `pid` is gone or a zombie: its SIGKILL acted.
 bool WaitGone(pid_t pid) {
   for (int i = 0; i < 2000 && ProcessRunning(pid); ++i) {
@@ -148,7 +137,7 @@ MidFailover FailOverWithAFrozenWorker(ChaosCluster& cluster, FrozenProcess& froz
     return m;
   }
   m.old_primary = primary["id"];
-  m.worker = WorkerOf(cluster, m.old_primary);
+  m.worker = testing::WorkerPid(cluster.dir(), m.old_primary);
   if (m.worker <= 0) {
     ADD_FAILURE() << "the primary's worker never started";
     return m;

@@ -217,13 +217,26 @@ TEST(DeployFiles, UnitsAreSandboxedAsFarAsTheirEnginesAllow) {
   // Each of these closes /dev/nvidia* or filters system calls, which makes a service that is
   // not root NoNewPrivileges (no setuid nvidia-modprobe); RestrictNamespaces also refuses
   // clone3 (engines made in their cgroups).
-  for (const char* key :
-       {"NoNewPrivileges=", "PrivateDevices=", "DevicePolicy=", "DeviceAllow=", "ProtectClock=",
-        "ProtectKernelModules=", "ProtectKernelTunables=", "ProtectKernelLogs=",
-        "ProtectHostname=", "MemoryDenyWriteExecute=", "PrivateTmp=", "SystemCallFilter=",
-        "SystemCallArchitectures=", "RestrictNamespaces=", "RestrictRealtime=",
-        "RestrictSUIDSGID=", "RestrictAddressFamilies=", "LockPersonality=", "DynamicUser=",
-        "CapabilityBoundingSet="}) {
+  for (const char* key : {"NoNewPrivileges=",
+                          "PrivateDevices=",
+                          "DevicePolicy=",
+                          "DeviceAllow=",
+                          "ProtectClock=",
+                          "ProtectKernelModules=",
+                          "ProtectKernelTunables=",
+                          "ProtectKernelLogs=",
+                          "ProtectHostname=",
+                          "MemoryDenyWriteExecute=",
+                          "PrivateTmp=",
+                          "SystemCallFilter=",
+                          "SystemCallArchitectures=",
+                          "RestrictNamespaces=",
+                          "RestrictRealtime=",
+                          "RestrictSUIDSGID=",
+                          "RestrictAddressFamilies=",
+                          "LockPersonality=",
+                          "DynamicUser=",
+                          "CapabilityBoundingSet="}) {
     EXPECT_EQ(controller.find(std::string("\n") + key), std::string::npos)
         << key << " would break GPU engines or engines left across a restart";
   }
