@@ -204,45 +204,50 @@ json ExpectHandedOn(const ChaosCluster& cluster, const json& heir) {
 
 // The worker lives on through the restart: the next controller finds the old primary gone
 // but its group not empty, and holds its blocks back until the worker is.
-TEST(RestartMidBarrier, TheOldPrimarysBlocksWaitForItsWorkerAcrossTheRestart) {
-  ChaosCluster cluster(Options());
-  FrozenProcess frozen;
-  const MidFailover m = FailOverWithAFrozenWorker(cluster, frozen);
-  if (!m.skip.empty()) GTEST_SKIP() << m.skip;
-  ASSERT_FALSE(m.status.is_null());
-  const json heir = EngineWithRole(m.status, "primary");
-  cluster.KillController();
-  cluster.StartControllerAgain();
-  const json held = cluster.WaitFor(
+// A pair in the middle of a failover (FailOverWithAFrozenWorker: the promoted engine serves,
+// the old primary's worker frozen), then its controller killed with kill -9. `heir_` is the
+// promoted engine.
+class RestartMidBarrierServing : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_ = FailOverWithAFrozenWorker(cluster_, frozen_);
+    if (!m_.skip.empty()) GTEST_SKIP() << m_.skip;
+    ASSERT_FALSE(m_.status.is_null());
+    heir_ = EngineWithRole(m_.status, "primary");
+    cluster_.KillController();
+  }
+
+  ChaosCluster cluster_{Options()};
+  FrozenProcess frozen_;  // destroyed (thawed) before the cluster stops
+  MidFailover m_;
+  json heir_;
+};
+
+TEST_F(RestartMidBarrierServing, TheOldPrimarysBlocksWaitForItsWorkerAcrossTheRestart) {
+  cluster_.StartControllerAgain();
+  const json held = cluster_.WaitFor(
       [&](const json& s) {
-        return PrimaryId(s) == heir["id"].get<uint64_t>() &&
+        return PrimaryId(s) == heir_["id"].get<uint64_t>() &&
                !s["controller"]["recovery"]["readopted"].empty();
       },
       "the promoted engine re-adopted as the primary");
-  ExpectHeldBack(held, heir);
+  ExpectHeldBack(held, heir_);
   // Still held a while later: nothing but the worker's exit lets them move.
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
-  ExpectHeldBack(cluster.Status(), heir);
-  EXPECT_TRUE(ProcessRunning(m.worker));
-  frozen.Thaw();
-  EXPECT_TRUE(WaitGone(m.worker)) << "the thawed worker did not die";
-  ExpectHandedOn(cluster, heir);
+  ExpectHeldBack(cluster_.Status(), heir_);
+  EXPECT_TRUE(ProcessRunning(m_.worker));
+  frozen_.Thaw();
+  EXPECT_TRUE(WaitGone(m_.worker)) << "the thawed worker did not die";
+  ExpectHandedOn(cluster_, heir_);
 }
 
 // The worker dies while no controller runs: the next one finds the old primary's group and
 // cgroup empty and hands its blocks on as soon as its recovery ends.
-TEST(RestartMidBarrier, AWorkerGoneWhileNoControllerRanFreesTheBlocksAtTheRestart) {
-  ChaosCluster cluster(Options());
-  FrozenProcess frozen;
-  const MidFailover m = FailOverWithAFrozenWorker(cluster, frozen);
-  if (!m.skip.empty()) GTEST_SKIP() << m.skip;
-  ASSERT_FALSE(m.status.is_null());
-  const json heir = EngineWithRole(m.status, "primary");
-  cluster.KillController();
-  frozen.Thaw();
-  ASSERT_TRUE(WaitGone(m.worker)) << "the thawed worker did not die";
-  cluster.StartControllerAgain();
-  ExpectHandedOn(cluster, heir);
+TEST_F(RestartMidBarrierServing, AWorkerGoneWhileNoControllerRanFreesTheBlocksAtTheRestart) {
+  frozen_.Thaw();
+  ASSERT_TRUE(WaitGone(m_.worker)) << "the thawed worker did not die";
+  cluster_.StartControllerAgain();
+  ExpectHandedOn(cluster_, heir_);
 }
 
 // A file that exists from Create() until Remove() or its destruction (the test engines'
