@@ -55,3 +55,9 @@ struct LogVoidify {
   (BATON_LOG_LEVEL_##level < ::baton::GetLogLevel()) \
       ? (void)0                                      \
       : ::baton::LogVoidify() & ::baton::LogLine(BATON_LOG_LEVEL_##level, component)
+
+// BATON_LOG at a level chosen at run time (a ::baton::LogLevel expression, evaluated twice).
+#define BATON_LOG_AT(level, component) \
+  ((level) < ::baton::GetLogLevel())   \
+      ? (void)0                        \
+      : ::baton::LogVoidify() & ::baton::LogLine((level), component)

@@ -147,15 +147,11 @@ void FailoverPart::Fence(EngineId id, FailCause cause, const std::string& detail
   const bool alive = s_.effects.Kill(id);
   const TimePoint killed_at = s_.clock.Now();
   e->connected = false;
-  const std::string line = "engine " + std::to_string(id) + " (pid " + std::to_string(e->pid) +
-                           ", " + state + ") fenced: " + ToString(cause) + ": " + detail +
-                           (alive ? "; SIGKILL sent" : "; already exited");
   // A planned retirement (a drained primary, a stop) is no fault: said at INFO.
-  if (cause == FailCause::kPlanned || cause == FailCause::kShutdown) {
-    BATON_LOG(INFO, kLog) << line;
-  } else {
-    BATON_LOG(WARN, kLog) << line;
-  }
+  const bool planned = cause == FailCause::kPlanned || cause == FailCause::kShutdown;
+  BATON_LOG_AT(planned ? LogLevel::kInfo : LogLevel::kWarn, kLog)
+      << "engine " << id << " (pid " << e->pid << ", " << state << ") fenced: " << ToString(cause)
+      << ": " << detail << (alive ? "; SIGKILL sent" : "; already exited");
   // While the controller stops, the pool goes with it: killing is enough, no epoch is spent.
   if (s_.stopping) return;
   // A canary that fails is the upgrade's failure, judged and rolled back by it: it says
