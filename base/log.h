@@ -1,6 +1,7 @@
 // Logging: one line per event on stderr, "TIMESTAMP LEVEL component: message".
 //
 //   BATON_LOG(INFO, "loader") << "filled " << bytes << " bytes";
+//   BATON_LOG_AT(planned ? LogLevel::kInfo : LogLevel::kWarn, "coordinator") << ...;
 //
 // The line is assembled in a buffer and written with a single write(2), so lines from
 // several threads or processes never interleave. The minimum level comes from
