@@ -398,14 +398,14 @@ class FakeEngine:
 class InheritTest(unittest.TestCase):
     """inherit_kv's choice between a copy and the wait (kv_inherit.py)."""
 
-    def quarantine(self, barrier_ms, count=16):
-        """A pool whose dead writer left a 5-token sequence in quarantine, and the SDK's side
-        of a promotion that expects the barrier in `barrier_ms`."""
+    def quarantine(self, barrier_ms, count=16, length=5):
+        """A pool whose dead writer left a `length`-token sequence in quarantine, and the SDK's
+        side of a promotion that expects the barrier in `barrier_ms`."""
         pool = Pool(count)
-        seq, _ = quarantined(pool, 5)
+        seq, _ = quarantined(pool, length)
         return pool, FakeEngine(pool, seq.blocks, barrier_ms)
 
-    def inherit(self, pool, engine, copy_gbps=10.0):
+    def inherit(self, pool, engine, block_copy_ms=0.001):
         kv = types.SimpleNamespace(
             blocks=pool.kv, block_bytes=BLOCK_BYTES,
             model=types.SimpleNamespace(device=types.SimpleNamespace(is_cuda=False)),
@@ -414,13 +414,21 @@ class InheritTest(unittest.TestCase):
         scheduler = types.SimpleNamespace(call=lambda fn: fn())
         promoted = Event(EventKind.PROMOTED, 4)
         return inherit_kv(engine, kv, pool.handoff(4), scheduler, promoted, lambda text: None,
-                          copy_gbps)
+                          block_copy_ms)
 
     def test_a_copy_that_beats_the_barrier_is_taken(self):
         pool, engine = self.quarantine(barrier_ms=50.0)
         report = self.inherit(pool, engine)
         self.assertEqual((report.adopted, engine.mapped, engine.waited), (1, True, False))
         self.assertEqual(engine.inheritance, (KvInheritMode.COPIED, 1, BLOCK_BYTES))
+
+    def test_the_copy_is_estimated_per_block(self):
+        # Three blocks at 0.4 ms each cost more than a 1 ms barrier; at 0.3 ms, less.
+        for block_ms, mode in ((0.4, KvInheritMode.WAITED), (0.3, KvInheritMode.COPIED)):
+            pool = Pool()
+            pool, engine = self.quarantine(1.0, length=2 * pool.kv.block_tokens + 1)
+            self.inherit(pool, engine, block_copy_ms=block_ms)
+            self.assertEqual(engine.inheritance, (mode, 3, 3 * BLOCK_BYTES), block_ms)
 
     def test_a_copy_slower_than_the_barrier_waits_for_the_grant(self):
         pool, engine = self.quarantine(barrier_ms=0.0001)

@@ -179,17 +179,3 @@ def measure_device_copy_gbps(device: "ComputeDevice", block_bytes: int, blocks: 
         if seconds > 0:
             best = max(best, blocks * size / seconds / 1e9)
     return best
-
-
-def measure_copy_gbps(nbytes: int = 16 << 20) -> float:
-    """The host's copy speed (GB/s, best of 3), for the copy's estimate against the barrier."""
-    src = ctypes.create_string_buffer(b"\1" * nbytes, nbytes)
-    dst = ctypes.create_string_buffer(nbytes)
-    best = 0.0
-    for _ in range(3):
-        at = time.perf_counter()
-        ctypes.memmove(dst, src, nbytes)
-        seconds = time.perf_counter() - at
-        if seconds > 0:
-            best = max(best, nbytes / seconds / 1e9)
-    return best

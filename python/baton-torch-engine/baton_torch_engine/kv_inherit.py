@@ -6,7 +6,8 @@ reference engine's AdoptPromotedBlocks (standby/controller_link.h) does it:
   2. a promotion before the predecessor's barrier (protocol 7) leaves the predecessor's blocks
      in quarantine, unmapped, until the barrier has passed. If their header copies show
      records of this engine's identity, it copies their KV into blocks of its own
-     (kv_copy.py: when the copy is expected to take less than the barrier, the blocks mapped
+     (kv_copy.py: when the copy is expected, at the cost per block the standby measured
+     (kv_copy_cost.py), to take less than the barrier, the blocks mapped
      read-only for it, on a device pool device to device at the device's copy speed, every
      record checked again after the copy), or else waits (at most the controller's wait
      limit) for their grant and adopts in place what they hold: when the copy would cost
@@ -63,7 +64,7 @@ def _own_records(headers: bytes, identity: int) -> int:
 
 
 def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
-          quarantine: Quarantine, copy_gbps: float, report: AdoptionReport,
+          quarantine: Quarantine, block_copy_ms: float, report: AdoptionReport,
           log: Callable[[str], None]) -> tuple[KvInheritMode, int, int, float]:
     """Copies the quarantined blocks' KV when that beats the barrier, or waits for their
     grant; the mode it took, the blocks and bytes that hold committed KV, and the copy's
@@ -72,7 +73,7 @@ def _copy(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
     if not blocks:
         return KvInheritMode.NONE, 0, 0, 0.0
     nbytes = blocks * kv.block_bytes
-    estimate = nbytes / (copy_gbps * 1e6) if copy_gbps > 0 else float("inf")
+    estimate = blocks * block_copy_ms if block_copy_ms > 0 else float("inf")
     wait = lambda retried=None: _wait(  # noqa: E731
         engine, kv, handoff, scheduler, quarantine, report, log, retried or {})
     if estimate > quarantine.barrier_estimate_ms:
@@ -125,7 +126,7 @@ def _wait(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
 
 def inherit_kv(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Scheduler,
                promoted: Event, log: Callable[[str], None],
-               copy_gbps: float = 0.0) -> AdoptionReport:
+               block_copy_ms: float = 0.0) -> AdoptionReport:
     report = AdoptionReport()
     _adopt(kv, handoff, scheduler, promoted, report)
     quarantine = engine.quarantined()
@@ -133,7 +134,7 @@ def inherit_kv(engine: Engine, kv: PoolKv, handoff: KvHandoff, scheduler: Schedu
         started = time.monotonic()
         try:
             mode, blocks, nbytes, estimate = _copy(engine, kv, handoff, scheduler, quarantine,
-                                                   copy_gbps, report, log)
+                                                   block_copy_ms, report, log)
         finally:  # the read-only view goes, whatever happened to the copy
             engine.release_quarantined()
         ms = (time.monotonic() - started) * 1e3

@@ -245,11 +245,12 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
     at = time.monotonic()
     generator.scheduler.call(lambda: rehearse(model, kv.block_bytes))
     log(f"rehearsed a promotion and a decode step in {(time.monotonic() - at) * 1e3:.1f} ms")
-    copy_gbps = 0.0
+    block_copy_ms = 0.0
     if generator.scheduler.handoff is not None:  # a quarantined block's KV is copied this fast
-        from .kv_copy import measure_copy_gbps, measure_device_copy_gbps
-        copy_gbps = (measure_device_copy_gbps(model.device, kv.block_bytes)
-                     if model.device.is_cuda else measure_copy_gbps())
+        from .kv_copy_cost import measure_block_copy_ms
+        block_copy_ms = generator.scheduler.call(
+            lambda: measure_block_copy_ms(kv.blocks, model.device))
+        log(f"a quarantined block's kv is copied in {block_copy_ms:.3f} ms (measured)")
     write_port(args.port_file, port)
     log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms, "
         f"{since_process_start_ms():.0f} ms after its process started (the interpreter's "
@@ -265,7 +266,7 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
     else:
         from .kv_inherit import inherit_kv
         inherit_kv(engine, kv, generator.scheduler.handoff, generator.scheduler, promoted, log,
-                   copy_gbps)
+                   block_copy_ms)
     return at
 
 
