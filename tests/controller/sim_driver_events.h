@@ -100,6 +100,17 @@ inline void Simulation::ReportError() {
   world_.Note(e, m);
   (void)Deliver(id, m, false, "reports");
 }
+// Whether `m` returns a block that `e` maps now: a return it cannot have sent since.
+inline bool ReturnsMapped(const SimEngine& e, const FromEngine& m) {
+  const auto* r = std::get_if<proto::ReturnExtents>(&m);
+  if (r == nullptr) return false;
+  for (const proto::BlockRange& x : r->extents) {
+    for (uint32_t b = x.first; b < x.first + x.count; ++b) {
+      if (e.mapped.count(b) != 0) return true;
+    }
+  }
+  return false;
+}
 // An old message again: from an engine that is gone, or one sent as a standby by an
 // engine that now serves.
 inline void Simulation::ReplayStale() {
@@ -110,8 +121,10 @@ inline void Simulation::ReplayStale() {
     const bool stale = IsStale(id, EpochOf(m));
     // A hung engine still lives and maps its blocks but sends nothing: a message of its epoch
     // again would be one it never sent again (a return of blocks granted back to it since,
-    // say). Only a stale one is replayed from it; a dead one's may be either.
-    if (world_.Find(id)->alive && !stale) return;
+    // say). Only a stale one is replayed from it; a dead one's may be either, but for a
+    // return of blocks it maps now (granted back to it since): it unmaps before it returns.
+    const SimEngine& e = *world_.Find(id);
+    if (!stale && (e.alive || ReturnsMapped(e, m))) return;
     out_.stats.refused_stale += !Deliver(id, m, stale, "replays");
     return;
   }

@@ -191,6 +191,11 @@ TEST(Simulation, SeedsThatOnceFailedPass) {
            // its whole answer: the answer, past a release that filled the reserve, stayed
            // free for nobody.
            Found{3317105, 400, "a Reclaim answered after a return of its size"},
+           // The model's own: a dead engine's return, whose blocks the controller had given
+           // straight back to it (its upgrade's Reclaim over), was replayed at its epoch before
+           // its death was seen, a message it never sent again, and the blocks went to the
+           // canary while the dead engine's teardown still mapped them.
+           Found{392002, 400, "a dead engine's current return replayed"},
        }) {
     Outcome out = Simulation(f.seed, f.steps, {}, false).Run();
     if (!out.ok) {
