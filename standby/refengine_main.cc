@@ -34,6 +34,7 @@
 #include "standby/controller_link.h"
 #include "standby/engine_api.h"
 #include "standby/engine_loop.h"
+#include "standby/kernels/kernels_choice.h"
 #include "standby/sdk/engine_sdk.h"
 
 namespace baton {
@@ -319,6 +320,8 @@ Status Engine::BuildModel(ModelMemory* memory) {
   BATON_ASSIGN_OR_RETURN(KvLayout layout, memory->KvLayoutFor(*model_));
   BATON_ASSIGN_OR_RETURN(PagedKvCache cache, PagedKvCache::Create(layout));
   cache_ = std::make_unique<PagedKvCache>(std::move(cache));
+  BATON_LOG(INFO, "refengine") << "model built: " << flags_.threads << " compute threads, kernels "
+                               << KernelsInUse();
   return OkStatus();
 }
 

@@ -7,6 +7,7 @@
 
 #include "standby/kernels/compute_pool.h"
 #include "standby/kernels/half.h"
+#include "standby/kernels/kernels_choice.h"
 #include "standby/kernels/kernels_gemm.h"
 #include "standby/kernels/kernels_simd.h"
 
@@ -216,7 +217,9 @@ Kernels PathKernels(KernelPath path) {
   return {DotPortable, AxpyPortable, ConvertPortable, DotRowPortable, nullptr};
 }
 
-KernelPath g_path = CpuHasAvx2() ? KernelPath::kAvx2 : KernelPath::kPortable;
+KernelPath g_path = CpuHasAvx2() && KernelsAskedByEnvironment() != KernelsAsked::kPortable
+                        ? KernelPath::kAvx2
+                        : KernelPath::kPortable;
 Kernels g_kernels = PathKernels(g_path);
 
 // Rows per tile: converted rows reused across every input, about 64 KiB of them (measured

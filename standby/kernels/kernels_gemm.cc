@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "standby/kernels/kernels_choice.h"
 #include "standby/kernels/kernels_simd.h"
 
 namespace baton {
@@ -161,7 +162,9 @@ bool CpuHasAvx512() { return __builtin_cpu_supports("avx512f"); }
 
 const Blocking kAvx512Blocking = MakeAvx512Blocking();
 const Blocking kAvx2Blocking = MakeAvx2Blocking();
-const Blocking* g_blocking = CpuHasAvx512() ? &kAvx512Blocking : &kAvx2Blocking;
+const Blocking* g_blocking = CpuHasAvx512() && KernelsAskedByEnvironment() == KernelsAsked::kBest
+                                 ? &kAvx512Blocking
+                                 : &kAvx2Blocking;
 
 const Blocking& ChooseBlocking() { return *g_blocking; }
 
@@ -188,6 +191,8 @@ bool UseAvx512Blocks(bool on) {
   g_blocking = on ? &kAvx512Blocking : &kAvx2Blocking;
   return true;
 }
+
+bool Avx512BlocksInUse() { return g_blocking == &kAvx512Blocking; }
 
 void GemmRowsAvx2(const float* const* rows, int64_t count, const float* x, int64_t tokens,
                   int64_t cols, float* y, int64_t ld_y, int64_t r0) {
@@ -222,6 +227,7 @@ void GemmRowsAvx2(const float* const* rows, int64_t count, const float* x, int64
 #else
 
 bool UseAvx512Blocks(bool on) { return !on; }
+bool Avx512BlocksInUse() { return false; }
 void GemmRowsAvx2(const float* const*, int64_t, const float*, int64_t, int64_t, float*, int64_t,
                   int64_t) {}
 

@@ -23,5 +23,7 @@ void GemmRowsAvx2(const float* const* rows, int64_t count, const float* x, int64
 // (2 x 3); the results are the same. Chosen at start-up by CPUID; tests switch to compare
 // them. False when `on` and the CPU lacks AVX-512F. Call while no kernel runs.
 bool UseAvx512Blocks(bool on);
+// Whether the 512-bit blocks are the ones in use.
+bool Avx512BlocksInUse();
 
 }  // namespace baton
