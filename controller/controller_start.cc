@@ -13,7 +13,7 @@
 #include "base/process/file_holders.h"
 #include "base/process/proc_table.h"
 #include "controller/controller.h"
-#include "controller/engines/supervisor.h"
+#include "controller/engines/child_process.h"
 #include "controller/keeper/keeper_client.h"
 
 namespace baton {

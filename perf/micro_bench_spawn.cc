@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "base/status.h"
+#include "controller/engines/child_process.h"
 #include "controller/engines/engine_cgroup.h"
-#include "controller/engines/supervisor.h"
 
 namespace baton {
 namespace {

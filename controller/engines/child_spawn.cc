@@ -1,6 +1,7 @@
-// ChildProcess::Spawn: an engine's process made, in its cgroup, without waiting for it to
-// run (supervisor.h). Between the fork and the exec the child makes async-signal-safe calls
-// only: everything it needs is made before the fork.
+// ChildProcess::Spawn, declared in child_process.h: an engine's process made, in its cgroup,
+// without waiting for it to run. Also ResolveExecutable, and reading the error of a child that
+// could not start. Between the fork and the exec the child makes async-signal-safe calls only:
+// everything it needs is made before the fork.
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <linux/sched.h>
@@ -18,7 +19,7 @@
 
 #include "base/log.h"
 #include "base/process/pidfd.h"
-#include "controller/engines/supervisor.h"
+#include "controller/engines/child_process.h"
 
 extern char** environ;
 

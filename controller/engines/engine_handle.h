@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "controller/engines/child_process.h"
 #include "controller/engines/engine_cgroup.h"
-#include "controller/engines/supervisor.h"
 #include "proto/transport/channel.h"
 #include "proto/transport/liveness_page.h"
 

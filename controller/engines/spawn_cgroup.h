@@ -1,4 +1,4 @@
-// SpawnCgroup: where ChildProcess::Spawn (supervisor.h) makes a child, as EngineCgroup
+// SpawnCgroup: where ChildProcess::Spawn (child_process.h) makes a child, as EngineCgroup
 // (engine_cgroup.h) hands it over.
 #pragma once
 

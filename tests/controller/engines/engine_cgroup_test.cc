@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "base/process/proc_table.h"
-#include "controller/engines/supervisor.h"
+#include "controller/engines/child_process.h"
 
 namespace baton {
 namespace {
