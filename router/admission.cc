@@ -7,6 +7,10 @@
 
 namespace baton {
 
+bool OutOfService(const proto::RouteTable& table) {
+  return table.pair_state == "draining" || table.pair_state == "stopped";
+}
+
 Admission::Admission(const Clock& clock, AdmissionOptions options, std::string node)
     : clock_(clock), options_(std::move(options)), node_(std::move(node)) {
   if (options_.ramp_steps.empty()) options_.ramp_steps.push_back(1.0);
@@ -22,6 +26,8 @@ void Admission::SetTable(const proto::RouteTable& table) {
     refused_.clear();
     NotePrimary(primary, table.epoch);
     listed_primary_ = primary;
+    pair_state_ = table.pair_state;
+    out_of_service_ = baton::OutOfService(table);
     canaries_ = std::move(canaries);
     TrackCanaryIds(table);
     Drain(clock_.Now(), &ready);
@@ -209,6 +215,7 @@ void Admission::Evict() {
     candidates_.clear();
     canaries_.clear();
     listed_primary_.reset();
+    out_of_service_ = false;
     ++generation_;
   }
   Run(&ready);
@@ -233,6 +240,11 @@ void Admission::Drain(TimePoint now, Ready* ready) {
     }
     std::optional<Target> t;
     if (it->replay || !fifo_blocked) t = Pick(*it, now);
+    if (!t && out_of_service_) {  // no primary comes until `batonctl resume`: no wait
+      ready->emplace_back(std::move(it->grant), OutOfServiceError());
+      it = queue_.erase(it);
+      continue;
+    }
     if (!t) {
       if (!it->replay) fifo_blocked = true;
       ++it;
@@ -279,6 +291,12 @@ std::optional<Target> Admission::Pick(const Waiter& w, TimePoint now) {
   return std::nullopt;
 }
 
+Status Admission::OutOfServiceError() const {
+  return FailedPrecondition("the service was taken out of service by its operator (pair " +
+                            pair_state_ + (node_.empty() ? "" : " on node " + node_) +
+                            ", batonctl drain): no engine serves it until batonctl resume");
+}
+
 Target Admission::Marked(Target t) const {
   t.canary = canary_ids_.count(t.engine_id) != 0;
   return t;
@@ -320,6 +338,11 @@ bool Admission::IsCanary(const Target& target) const {
 std::optional<Target> Admission::Primary() const {
   MutexLock lock(mu_);
   return listed_primary_;
+}
+
+bool Admission::OutOfService() const {
+  MutexLock lock(mu_);
+  return out_of_service_;
 }
 
 size_t Admission::queued() const {

@@ -26,6 +26,13 @@
 // listed (a controller that hangs), requests wait in the bounded queue and get 429 past
 // `max_queue_wait`, instead of being sent to a closed port.
 //
+// Out of service: a table whose pair state is `draining` or `stopped` (`batonctl drain`) says
+// that no primary comes until `batonctl resume`. A request that finds no target then is
+// refused at once with FailedPrecondition instead of waiting (a new request, a replay, and
+// the waiters queued when that table arrives alike; the router answers 503). Other pair states
+// without a primary (`down`, `failing_over`, `recovering`, `stopping`, ...) queue as above: a
+// primary may come.
+//
 // Time comes from the injected Clock; Tick() expires waiters and advances the ramp (the
 // router calls it every few milliseconds). Callbacks run outside the lock, on the calling
 // thread of Request()/SetTable()/Release()/Tick(). Thread-safe.
@@ -57,12 +64,17 @@ struct AdmissionOptions {
   std::chrono::milliseconds retry_same_after{250};
 };
 
+// Whether `table` says the pair was taken out of service by its operator: pair state
+// `draining` or `stopped` (`batonctl drain`, until `batonctl resume`).
+bool OutOfService(const proto::RouteTable& table);
+
 class Admission : public Admitter {
  public:
   // `node` is stamped on every target (Target::node): a fleet node's name, or "".
   Admission(const Clock& clock, AdmissionOptions options, std::string node = "");
 
-  // A new route table. A changed primary starts a ramp. Waiters that can go now are granted.
+  // A new route table. A changed primary starts a ramp. Waiters that can go now are granted;
+  // the rest are refused with FailedPrecondition when the table is out of service.
   void SetTable(const proto::RouteTable& table);
   // Asks for a target; `grant` is called once, now or later. A replay passes the target
   // that failed it (if any) in `failed`. A new request that can go now always goes; one that
@@ -82,7 +94,7 @@ class Admission : public Admitter {
   void Unreachable(const Target& target) override;
   void Tick();
   // The route is gone (a fleet node left): every waiter's grant is called with Unavailable, and
-  // no target is listed until the next SetTable().
+  // no target is listed (nor is the route out of service) until the next SetTable().
   void Evict();
   // The controller was restarted (its engines died with the old one): the next primary is a
   // new engine even if its address and id are the old primary's, so it ramps up and counts
@@ -95,6 +107,8 @@ class Admission : public Admitter {
   // The ready primary of the last table (listed even at weight 0), if it has one.
   std::optional<Target> Primary() const;
   std::optional<Target> PrimaryFor(const Target&) const override { return Primary(); }
+  // Whether the last table is out of service (OutOfService() of it).
+  bool OutOfService() const;
   // One controller's engines leave the route through its tables: nothing to watch.
   uint64_t WatchLoss(const Target&, std::function<void()>) override { return 0; }
   void Unwatch(uint64_t) override {}
@@ -134,6 +148,8 @@ class Admission : public Admitter {
   void TrackCanaryIds(const proto::RouteTable& table) BATON_REQUIRES(mu_);
   void Drain(TimePoint now, Ready* ready) BATON_REQUIRES(mu_);
   std::optional<Target> Pick(const Waiter& w, TimePoint now) BATON_REQUIRES(mu_);
+  // The refusal of a waiter that finds no target while out of service.
+  Status OutOfServiceError() const BATON_REQUIRES(mu_);
   // Whether `t`'s address refused a connection less than retry_same_after ago.
   bool Refused(const Target& t, TimePoint now) const BATON_REQUIRES(mu_);
   bool UnderRampCap(const Target& t, TimePoint now) const BATON_REQUIRES(mu_);
@@ -157,7 +173,9 @@ class Admission : public Admitter {
   uint64_t primary_epoch_ BATON_GUARDED_BY(mu_) = 0;  // the table epoch it was last listed at
   bool primary_stale_ BATON_GUARDED_BY(mu_) = false;  // primary_ belonged to a previous controller
   std::optional<Target> listed_primary_
-      BATON_GUARDED_BY(mu_);  // the ready primary of the last table
+      BATON_GUARDED_BY(mu_);                           // the ready primary of the last table
+  std::string pair_state_ BATON_GUARDED_BY(mu_);       // of the last table
+  bool out_of_service_ BATON_GUARDED_BY(mu_) = false;  // the last table's, see above
   std::deque<Waiter> queue_ BATON_GUARDED_BY(mu_);
   // Addresses that refused a connection since the last table, and when.
   std::map<std::string, TimePoint> refused_ BATON_GUARDED_BY(mu_);

@@ -52,8 +52,11 @@ class Admitter {
   virtual ~Admitter() = default;
 
   // `grant` is called once, now or later: a target, ResourceExhausted (the queue is full),
-  // DeadlineExceeded (no target within the queue's wait), Unavailable (cancelled) or NotFound
-  // (no node serves the model). Returns a ticket.
+  // DeadlineExceeded (no target within the queue's wait), Unavailable (cancelled), NotFound
+  // (no node serves the model) or FailedPrecondition (out of service: the operator drained
+  // the pair, or every node serving the model, and no target comes until `batonctl resume`;
+  // refused at once, not queued). Only the out-of-service refusal is FailedPrecondition, so
+  // the router answers it 503 without looking at the message. Returns a ticket.
   virtual uint64_t Request(AdmitRequest request, Grant grant) = 0;
   virtual void Cancel(uint64_t ticket) = 0;
   virtual void Release(const Target& target) = 0;

@@ -333,10 +333,13 @@ void Router::Health(std::shared_ptr<HttpExchange> exchange) {
   }
   const bool draining = draining_.load();
   const int status = primary && !draining ? 200 : 503;
+  // Drained by its operator (`batonctl drain`): no primary comes back by itself.
+  const bool out_of_service = fleet_ ? fleet_->OutOfService("") : admission_.OutOfService();
   metrics_.Record("/health", status);
-  nlohmann::json body = {{"status", draining  ? "draining"
-                                    : primary ? "ok"
-                                              : "no_primary"},
+  nlohmann::json body = {{"status", draining         ? "draining"
+                                    : primary        ? "ok"
+                                    : out_of_service ? "out_of_service"
+                                                     : "no_primary"},
                          {"primary", primary.value_or("")},
                          {"queued", fleet_ ? fleet_->queued() : admission_.queued()},
                          {"in_flight", fleet_ ? fleet_->in_flight() : admission_.in_flight()}};
@@ -358,6 +361,7 @@ nlohmann::json Router::FleetHealth() const {
                      {"model", n.model},
                      {"listed", n.listed},
                      {"suspect", n.suspect},
+                     {"out_of_service", n.out_of_service},
                      {"primary", n.primary ? n.primary->address : ""},
                      {"in_flight", n.in_flight},
                      {"queued", n.queued},

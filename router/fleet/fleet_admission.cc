@@ -105,6 +105,8 @@ void FleetAdmission::Dispatch(uint64_t ticket, AdmitRequest request, Grant grant
       tickets_[ticket] = {.node = node, .inner = 0, .dispatch = dispatch};
     } else if (viewed_ && !request.model.empty() && !KnownModel(request.model)) {
       refused = NotFound("no node of the fleet serves the model '" + request.model + "'");
+    } else if (viewed_ && OutOfServiceLocked(request.model)) {
+      refused = OutOfServiceError(request.model);
     } else if (now >= deadline) {
       refused = DeadlineExceeded("no node of the fleet could take the request within " +
                                  std::to_string(options_.max_queue_wait.count()) + " ms");
@@ -137,9 +139,11 @@ Admitter::Grant FleetAdmission::Wrap(uint64_t ticket, AdmitRequest request, Gran
       auto it = tickets_.find(ticket);
       if (it != tickets_.end()) {
         auto node = nodes_.find(it->second.node);
-        // A waiter of a node that left (Admission::Evict): not an answer, another node's turn.
-        again = !result.ok() && result.status().code() == StatusCode::kUnavailable &&
-                node != nodes_.end() && !node->second.listed;
+        // A waiter of a node that left (Admission::Evict) or was drained (out of service): not
+        // an answer, another node's turn.
+        const StatusCode code = result.ok() ? StatusCode::kOk : result.status().code();
+        again = code == StatusCode::kFailedPrecondition ||
+                (code == StatusCode::kUnavailable && node != nodes_.end() && !node->second.listed);
         if (!again) tickets_.erase(it);
       }
     }
@@ -159,7 +163,7 @@ std::optional<std::string> FleetAdmission::PickNode(const AdmitRequest& request,
   std::vector<Choice> choices;
   for (const auto& [name, node] : nodes_) {
     if (!node.listed || (!request.model.empty() && node.model != request.model)) continue;
-    if (!node.admission->Primary()) continue;
+    if (baton::OutOfService(node.routes) || !node.admission->Primary()) continue;
     choices.push_back({&name, node.admission->in_flight(), node.load, now < node.suspect_until,
                        request.failed && request.failed->node == name});
   }
@@ -184,6 +188,28 @@ std::optional<std::string> FleetAdmission::PickNode(const AdmitRequest& request,
 bool FleetAdmission::KnownModel(const std::string& model) const {
   return std::any_of(nodes_.begin(), nodes_.end(),
                      [&](const auto& n) { return n.second.model == model; });
+}
+
+bool FleetAdmission::OutOfService(const std::string& model) const {
+  MutexLock lock(mu_);
+  return OutOfServiceLocked(model);
+}
+
+bool FleetAdmission::OutOfServiceLocked(const std::string& model) const {
+  bool serving = false;
+  for (const auto& [name, node] : nodes_) {
+    if (!node.listed || (!model.empty() && node.model != model)) continue;
+    if (!baton::OutOfService(node.routes)) return false;
+    serving = true;
+  }
+  return serving;
+}
+
+Status FleetAdmission::OutOfServiceError(const std::string& model) const {
+  return FailedPrecondition(
+      "the service was taken out of service by its operator: every node serving " +
+      (model.empty() ? std::string("it") : "the model '" + model + "'") +
+      " is drained (batonctl drain); none serves until batonctl resume");
 }
 
 std::shared_ptr<Admission> FleetAdmission::AdmissionOf(const std::string& node) const {
@@ -299,16 +325,20 @@ bool FleetAdmission::Referenced(const std::string& node) const {
 
 void FleetAdmission::DrainQueue() {
   std::vector<Waiter> go;
-  std::vector<std::pair<Grant, Status>> expired;
+  std::vector<std::pair<Grant, Status>> refused;
   {
     MutexLock lock(mu_);
     const TimePoint now = clock_.Now();
     for (auto it = queue_.begin(); it != queue_.end();) {
+      std::optional<Status> refusal;
       if (now >= it->deadline) {
-        expired.emplace_back(
-            std::move(it->grant),
-            DeadlineExceeded("no node of the fleet could take the request within " +
-                             std::to_string(options_.max_queue_wait.count()) + " ms"));
+        refusal = DeadlineExceeded("no node of the fleet could take the request within " +
+                                   std::to_string(options_.max_queue_wait.count()) + " ms");
+      } else if (OutOfServiceLocked(it->request.model)) {
+        refusal = OutOfServiceError(it->request.model);
+      }
+      if (refusal) {
+        refused.emplace_back(std::move(it->grant), std::move(*refusal));
         tickets_.erase(it->ticket);
         it = queue_.erase(it);
       } else if (PickNode(it->request, now)) {
@@ -319,7 +349,7 @@ void FleetAdmission::DrainQueue() {
       }
     }
   }
-  for (auto& [grant, status] : expired) grant(std::move(status));
+  for (auto& [grant, status] : refused) grant(std::move(status));
   for (Waiter& w : go) Dispatch(w.ticket, std::move(w.request), std::move(w.grant), w.deadline);
 }
 
@@ -332,6 +362,7 @@ std::vector<FleetNodeView> FleetAdmission::Nodes() const {
                    .model = node.model,
                    .listed = node.listed,
                    .suspect = now < node.suspect_until,
+                   .out_of_service = baton::OutOfService(node.routes),
                    .primary = node.admission->Primary(),
                    .in_flight = node.admission->in_flight(),
                    .queued = node.admission->queued(),

@@ -15,6 +15,13 @@
 // served is refused at once (NotFound); one that finds no node with a primary waits in the
 // fleet's queue (bounded as Admission's, by `max_queue` and `max_queue_wait`).
 //
+// A node whose table is out of service (OutOfService(): its operator drained it) takes no
+// request, and its waiters (Admission's FailedPrecondition) go to another node. When every
+// listed node serving the model is out of service, a request (new or replay) is refused at
+// once with FailedPrecondition, and so are the fleet queue's waiters for that model: no
+// primary comes until `batonctl resume`. A node without a primary for another reason (a
+// failover) keeps the request waiting, as above.
+//
 // A node that leaves (SetNodes() no longer lists it: its lease expired) takes no request:
 // its waiters go to another node, and the attempts in flight there that are watched
 // (WatchLoss) are told at once, so they replay elsewhere instead of waiting on an engine that
@@ -50,8 +57,9 @@ namespace baton {
 struct FleetNodeView {
   std::string name;
   std::string model;
-  bool listed = false;   // in etcd now
-  bool suspect = false;  // a replay failed there recently
+  bool listed = false;          // in etcd now
+  bool suspect = false;         // a replay failed there recently
+  bool out_of_service = false;  // its table says drained (OutOfService())
   std::optional<Target> primary;
   size_t in_flight = 0;
   size_t queued = 0;
@@ -86,6 +94,9 @@ class FleetAdmission : public Admitter {
   // model only they served is refused as for any unknown model. Returns how many.
   size_t Forget(TimePoint now, Duration retention);
 
+  // Whether at least one listed node serves `model` ("" any) and every such node is out of
+  // service (OutOfService() of its table).
+  bool OutOfService(const std::string& model) const;
   std::vector<FleetNodeView> Nodes() const;
   // A listed node's ready primary (for /health), if any has one.
   std::optional<Target> AnyPrimary() const;
@@ -129,6 +140,8 @@ class FleetAdmission : public Admitter {
   std::optional<std::string> PickNode(const AdmitRequest& request, TimePoint now)
       BATON_REQUIRES(mu_);
   bool KnownModel(const std::string& model) const BATON_REQUIRES(mu_);
+  bool OutOfServiceLocked(const std::string& model) const BATON_REQUIRES(mu_);
+  Status OutOfServiceError(const std::string& model) const;
   std::shared_ptr<Admission> AdmissionOf(const std::string& node) const;
   // Dispatches the fleet queue's waiters that can go, refuses the expired.
   void DrainQueue();

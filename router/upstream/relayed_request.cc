@@ -13,17 +13,28 @@
 namespace baton {
 namespace {
 
-// A model no node serves, shaped as an engine answers an unknown model (OpenAI's 404), so
-// that a client reads the same error from a fleet's router as from one engine.
-std::string ModelNotFoundJson(const std::string& message) {
+std::string ErrorJson(const std::string& message, const char* type, const char* param,
+                      const char* code) {
   nlohmann::ordered_json inner;
   inner["message"] = message;
-  inner["type"] = "not_found_error";
-  inner["param"] = "model";
-  inner["code"] = "model_not_found";
+  inner["type"] = type;
+  inner["param"] = param != nullptr ? nlohmann::ordered_json(param) : nullptr;
+  inner["code"] = code;
   nlohmann::ordered_json j;
   j["error"] = std::move(inner);
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// A model no node serves, shaped as an engine answers an unknown model (OpenAI's 404), so
+// that a client reads the same error from a fleet's router as from one engine.
+std::string ModelNotFoundJson(const std::string& message) {
+  return ErrorJson(message, "not_found_error", "model", "model_not_found");
+}
+
+// The service taken out of service by its operator (`batonctl drain`): a 503 whose code says
+// that no engine comes back by itself, unlike a failover's wait.
+std::string OutOfServiceJson(const std::string& message) {
+  return ErrorJson(message, "server_error", nullptr, "out_of_service");
 }
 
 namespace asio = boost::asio;
@@ -103,6 +114,9 @@ void RelayedRequest::OnGrant(Result<Target> target) {
   if (!target.ok() && client_gone_) return Finish(499, "client_gone");
   if (!target.ok() && target.status().code() == StatusCode::kNotFound) {
     return GiveUp(404, "model_not_found", target.status().message());
+  }
+  if (!target.ok() && target.status().code() == StatusCode::kFailedPrecondition) {
+    return GiveUp(503, "out_of_service", target.status().message());
   }
   if (!target.ok()) {
     const bool full = target.status().code() == StatusCode::kResourceExhausted;
@@ -374,6 +388,8 @@ void RelayedRequest::GiveUp(int status, const std::string& kind, const std::stri
                        {{"Retry-After", std::to_string(deps_.admission->RetryAfterSeconds())}});
   } else if (kind == "model_not_found") {
     exchange_->RespondJson(404, ModelNotFoundJson(message));
+  } else if (kind == "out_of_service") {
+    exchange_->RespondJson(503, OutOfServiceJson(message));
   } else {
     exchange_->RespondError(status, message);
   }

@@ -19,6 +19,9 @@
 // `baton_request_key`, by which the next engine finds the KV cache a failed one left. After a
 // failure with tokens sent, the time to the continuation's first new token is observed
 // (baton_router_failover_next_token_seconds) and logged.
+// A request refused because the operator took the service out of service (`batonctl drain`:
+// Admitter's FailedPrecondition) gets 503 at once, code `out_of_service`, a replay too (its
+// stream, once begun, ends with the error event instead).
 // In a fleet (FleetAdmission) the request goes to a node serving its `model` (404 when none
 // ever did), and an attempt whose node leaves the fleet (Admitter::WatchLoss) is cut and
 // replayed on another node like any failed attempt.

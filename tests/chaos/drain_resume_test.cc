@@ -1,7 +1,8 @@
 // `batonctl drain` can be undone: `batonctl resume` on a stopped pair launches a new one, and a
 // resume with nothing drained is refused with the reason (docs/operations.md, batonctl). A
 // drain lets the primary finish the requests in flight (no next primary follows to hand them
-// to), and a drained pair stays out of service through a controller restart.
+// to), its router answers 503 `out_of_service` at once, and a drained pair stays out of
+// service through a controller restart.
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -35,11 +36,30 @@ TEST(DrainResume, ResumeStartsTheStoppedPairAgain) {
   EXPECT_NE(log.find("resume: the stopped pair is started again"), std::string::npos) << log;
 }
 
+// The router of a drained pair says so on /health and answers a request 503 `out_of_service`
+// at once (docs/router.md), not 429 past its queue's wait.
+void ExpectOutOfService(uint16_t port) {
+  Reply health;
+  for (int i = 0; i < 100; ++i) {  // the stopped table reaches the router after status says so
+    health = Fetch(port, http::verb::get, "/health", "", std::chrono::seconds(5));
+    if (health.body.find("\"out_of_service\"") != std::string::npos) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(health.status, 503) << health.body;
+  EXPECT_NE(health.body.find(R"("status":"out_of_service")"), std::string::npos) << health.body;
+  const json request = {{"model", kRouterTestModel}, {"prompt", "x"}, {"max_tokens", 4}};
+  // Shorter than the queue's wait (5 s): an answer within it is not the queue's 429.
+  const Reply r =
+      Fetch(port, http::verb::post, "/v1/completions", request.dump(), std::chrono::seconds(4));
+  EXPECT_EQ(r.status, 503) << r.body << r.error;
+  EXPECT_NE(r.body.find(R"("code":"out_of_service")"), std::string::npos) << r.body;
+}
+
 // The router streams a request a step every 20 ms (its first event arrived) when the pair is
 // drained: the primary (a reference engine, KV handoff on) finishes it, equal to its
 // undisturbed run, rather than handing it over to a next primary that never comes. The
-// controller then dies with kill -9: the next one launches no engine, the pair stays stopped
-// until `batonctl resume`.
+// stopped pair's router answers 503 at once. The controller then dies with kill -9: the next
+// one launches no engine, the pair stays stopped until `batonctl resume`.
 TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThroughARestart) {
   ClusterOptions options = RefenginePair();
   options.engine_command.insert(options.engine_command.end(), {"--step-interval-ms", "20"});
@@ -80,6 +100,7 @@ TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThro
   cluster.WaitFor(
       [](const json& s) { return s["pair"]["state"] == "stopped" && s["engines"].empty(); },
       "the drained pair stopped");
+  ExpectOutOfService(router.port());
 
   cluster.KillController();
   cluster.StartControllerAgain();
