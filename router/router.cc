@@ -11,6 +11,7 @@
 
 #include "base/build_info.h"
 #include "base/log.h"
+#include "base/text/constant_time.h"
 #include "base/text/json_depth.h"
 #include "router/upstream/relayed_request.h"
 
@@ -26,13 +27,6 @@ std::set<uint64_t> ListedEngines(const proto::RouteTable& table) {
   std::set<uint64_t> ids;
   for (const proto::RouteEntry& e : table.entries) ids.insert(e.engine_id);
   return ids;
-}
-
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 UpstreamTimeouts TimeoutsFrom(const RouterOptions& o) {

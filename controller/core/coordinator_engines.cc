@@ -8,6 +8,7 @@
 #include "base/bug.h"
 #include "base/failpoint.h"
 #include "base/log.h"
+#include "base/text/constant_time.h"
 #include "base/text/utf8.h"
 #include "controller/core/coordinator_parts.h"
 
@@ -67,8 +68,8 @@ EnginePart::EnginePart(CoordinatorState& s, const CoordinatorParts& p) : s_(s), 
 Result<EngineId> EnginePart::Admit(const std::string& token) const {
   if (s_.stopping) return Unavailable("the controller is shutting down");
   const EngineRecord* found = nullptr;
-  for (const auto& [id, e] : s_.engines) {
-    if (!token.empty() && e->token == token) found = e.get();
+  for (const auto& [id, e] : s_.engines) {  // each compared whole: timing tells no byte
+    if (!token.empty() && ConstantTimeEquals(e->token, token)) found = e.get();
   }
   if (found == nullptr) {
     return FailedPrecondition(
