@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/random.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/process/close_fds.h"
 #include "base/process/proc_table.h"
 
 namespace baton {
@@ -128,9 +128,7 @@ void RemoveFoldersIfInterrupted(const std::string& said, const std::string& name
   // Hold nothing of the run's but the pipe and stderr: a socket or a pipe of the run's that
   // stayed open here would keep its peer waiting.
   if (::dup2(read_fd, 3) < 0) ::_exit(1);
-  if (::syscall(SYS_close_range, 4U, ~0U, 0) != 0) {
-    for (int fd = 4; fd < 65536; ++fd) ::close(fd);
-  }
+  SweepFdsFrom(4, FdSweep::kClose);
   const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
   if (null_fd >= 0) {
     ::dup2(null_fd, STDIN_FILENO);

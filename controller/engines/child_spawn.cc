@@ -3,11 +3,9 @@
 // could not start. Between the fork and the exec the child makes async-signal-safe calls only:
 // everything it needs is made before the fork.
 #include <fcntl.h>
-#include <linux/close_range.h>
 #include <linux/sched.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +16,7 @@
 #include <utility>
 
 #include "base/log.h"
+#include "base/process/close_fds.h"
 #include "base/process/pidfd.h"
 #include "controller/engines/child_process.h"
 
@@ -49,17 +48,7 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
 // metrics server) is marked close-on-exec, so that a live engine cannot keep a peer's
 // connection open after the controller closed it. `keep` is the exec-error pipe, which is
 // close-on-exec already. Async-signal-safe.
-void CloseInheritedFds(int keep) {
-  if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
-  rlimit limit{};
-  int max_fd = 65536;
-  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < static_cast<rlim_t>(max_fd)) {
-    max_fd = static_cast<int>(limit.rlim_cur);
-  }
-  for (int fd = 3; fd < max_fd; ++fd) {
-    if (fd != keep) ::close(fd);
-  }
-}
+void CloseInheritedFds(int keep) { SweepFdsFrom(3, FdSweep::kCloseOnExec, keep); }
 
 // What the child reports on the exec-error pipe when it cannot run the engine.
 struct ChildError {

@@ -11,6 +11,7 @@
 
 #include "base/io/self_exe.h"
 #include "base/log.h"
+#include "base/process/close_fds.h"
 #include "base/process/pidfd.h"
 #include "base/process/proc_table.h"
 #include "proto/hello.h"
@@ -108,7 +109,7 @@ Status StartDetachedKeeper(const std::string& binary, const std::string& socket_
     }
     const int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_in >= 0) ::dup2(null_in, STDIN_FILENO);
-    for (int i = 3; i < 1024; ++i) ::close(i);
+    SweepFdsFrom(3, FdSweep::kClose);
     const char* argv[] = {binary.c_str(), "--socket", socket_path.c_str(), nullptr};
     ::execv(binary.c_str(), const_cast<char* const*>(argv));
     ::_exit(127);
