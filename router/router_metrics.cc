@@ -65,7 +65,7 @@ void Histogram::Render(const std::string& name, const std::string& labels, std::
 RouterMetrics::RouterMetrics() {
   MutexLock lock(mu_);
   for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
-    for (int status : {200, 429}) requests_[{route, status}] = 0;
+    for (int status : {200, 429, 503}) requests_[{route, status}] = 0;
   }
 }
 

@@ -24,13 +24,14 @@ TEST(RouterMetricsText, LargeAndFractionalValuesAreWrittenExactly) {
   EXPECT_TRUE(Has(text, "\nbaton_router_queue_wait_seconds_sum 1234567.25\n")) << text;
 }
 
-// The series the shedding alert and rule read exist before the first 429: rate() cannot see
-// the first increment of a series that appears with it.
+// The series the shedding alert and rule read exist before the first 429 (and the 503 of a
+// drained pair before the first): rate() cannot see the first increment of a series that
+// appears with it.
 TEST(RouterMetricsText, TheCompletionRoutesStartWithTheirOkAndShedSeries) {
   RouterMetrics m;
   const std::string text = m.Render(RouterGauges{});
   for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
-    for (const char* status : {"200", "429"}) {
+    for (const char* status : {"200", "429", "503"}) {
       EXPECT_TRUE(Has(text, std::string("\nbaton_router_requests_total{route=\"") + route +
                                 "\",status=\"" + status + "\"} 0\n"))
           << text;
