@@ -1,14 +1,13 @@
 #include "controller/controller.h"
 
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <cerrno>
-#include <filesystem>
 
 #include "base/io/file_lock.h"
+#include "base/io/private_dir.h"
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
 #include "controller/upgrade/command_record.h"
@@ -26,14 +25,6 @@ constexpr Duration kClientIdleTimeout = std::chrono::seconds(60);
 constexpr size_t kMaxClients = 256;
 // What the clients' connections (batonctl, routers) may hold unsent together.
 constexpr size_t kClientSendBudget = size_t{256} << 20;
-
-Status MakeDir(const std::string& path) {
-  std::error_code ec;
-  std::filesystem::create_directories(path, ec);
-  if (ec) return Status(StatusCode::kIoError, "creating directory " + path + ": " + ec.message());
-  ::chmod(path.c_str(), 0700);
-  return OkStatus();
-}
 
 int64_t Ms(Duration d) { return std::chrono::duration_cast<std::chrono::milliseconds>(d).count(); }
 
@@ -154,14 +145,19 @@ Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& 
 }
 
 Status Controller::Init() {
-  BATON_RETURN_IF_ERROR(MakeDir(config_.runtime_dir));
+  BATON_RETURN_IF_ERROR(
+      EnsurePrivateDir(config_.runtime_dir, "runtime directory", "controller.runtime_dir"));
   // Before anything of the runtime directory (its cgroups, its keeper, its socket) or the
   // state directory is touched: a second controller started by mistake leaves the running
   // one's engines, memory and cgroups alone.
   BATON_ASSIGN_OR_RETURN(runtime_lock_,
                          LockFile(config_.lock_path(), "runtime directory " + config_.runtime_dir));
-  BATON_RETURN_IF_ERROR(MakeDir(config_.state_dir));
-  if (!config_.engine_log_dir.empty()) BATON_RETURN_IF_ERROR(MakeDir(config_.engine_log_dir));
+  BATON_RETURN_IF_ERROR(
+      EnsurePrivateDir(config_.state_dir, "state directory", "controller.state_dir"));
+  if (!config_.engine_log_dir.empty()) {
+    BATON_RETURN_IF_ERROR(
+        EnsurePrivateDir(config_.engine_log_dir, "engine log directory", "engine.log_dir"));
+  }
   BATON_ASSIGN_OR_RETURN(EpochJournal journal,
                          EpochJournal::Open(config_.journal_path(), config_.epoch_reserve));
   journal_.emplace(std::move(journal));

@@ -12,6 +12,7 @@
 
 #include "base/failpoint.h"
 #include "base/io/file_lock.h"
+#include "base/io/private_dir.h"
 #include "base/io/small_file.h"
 #include "base/log.h"
 #include "proto/wire/crc32c.h"
@@ -135,8 +136,8 @@ Status EpochJournal::Commit(uint64_t epoch) {
 Status EpochJournal::WriteRecord(uint64_t epoch) {
   const std::string tmp = path_ + ".tmp";
   {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (!fd) return ErrnoStatus("create " + tmp, errno);
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | kPrivateFileFlags, 0600));
+    if (!fd) return PrivateFileOpenError("create", tmp, errno);
     BATON_RETURN_IF_ERROR(WriteAll(fd.get(), EncodeRecord(epoch), tmp));
     if (::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
   }

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "base/io/private_dir.h"
 #include "base/io/small_file.h"
 #include "proto/wire/crc32c.h"
 
@@ -92,8 +93,8 @@ Result<std::optional<Roster>> RosterFile::Load() {
 Status RosterFile::OpenSlot(int slot) {
   if (fds_[slot].valid()) return OkStatus();
   const std::string path = SlotPath(slot);
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!fd.valid()) return ErrnoStatus("opening " + path, errno);
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CREAT | kPrivateFileFlags, 0600));
+  if (!fd.valid()) return PrivateFileOpenError("opening roster", path, errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat " + path, errno);
   sizes_[slot] = static_cast<uint64_t>(st.st_size);

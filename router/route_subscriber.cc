@@ -7,6 +7,8 @@
 #include <boost/asio/io_context.hpp>
 #include <cstdio>
 
+#include "base/io/private_dir.h"
+#include "base/io/small_file.h"
 #include "base/log.h"
 #include "proto/hello.h"
 #include "proto/transport/channel.h"
@@ -26,6 +28,15 @@ std::string NewInstanceName() {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));
   return buf;
+}
+
+// The controller's socket, once its directory passes a client's check (base/io/private_dir.h):
+// a socket in a directory another user made may be theirs, with forged route tables.
+Result<proto::Channel> ConnectToController(boost::asio::io_context& io, const std::string& socket) {
+  const Status dir = CheckPrivateDir(ParentDir(socket), DirOwner::kSelfOrRoot,
+                                     "controller socket's directory", "the router's --controller");
+  if (!dir.ok() && dir.code() != StatusCode::kNotFound) return dir;
+  return proto::Connect(io, socket);
 }
 
 }  // namespace
@@ -105,7 +116,7 @@ void RouteSubscriber::Run() {
 // One subscription: connect, Hello, Subscribe, then tables until the channel fails.
 void RouteSubscriber::Subscribe() {
   boost::asio::io_context io;
-  Result<proto::Channel> channel = proto::Connect(io, socket_path_);
+  Result<proto::Channel> channel = ConnectToController(io, socket_path_);
   if (!channel.ok()) {
     // Once until it is reached (a wrong socket path, a controller not started or restarting);
     // each later try at DEBUG.

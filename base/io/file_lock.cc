@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <charconv>
 
+#include "base/io/private_dir.h"
+
 namespace baton {
 namespace {
 
@@ -24,8 +26,8 @@ std::string HolderPid(int fd) {
 }  // namespace
 
 Result<UniqueFd> LockFile(const std::string& path, const std::string& what) {
-  UniqueFd lock(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock) return ErrnoStatus("open lock file " + path, errno);
+  UniqueFd lock(::open(path.c_str(), O_RDWR | O_CREAT | kPrivateFileFlags, 0600));
+  if (!lock) return PrivateFileOpenError("open lock file", path, errno);
   if (::flock(lock.get(), LOCK_EX | LOCK_NB) != 0) {
     if (errno != EWOULDBLOCK) return ErrnoStatus("flock " + path, errno);
     const std::string pid = HolderPid(lock.get());

@@ -16,7 +16,9 @@ namespace baton {
 
 // Locks `path` (created, mode 0600, if absent) without waiting and writes this process's pid
 // into it. Unavailable when another process holds it: "<what> is in use by another process
-// (pid N holds <path>)". An error of its own for a file that cannot be opened or locked.
+// (pid N holds <path>)". FailedPrecondition when `path` is a symbolic link: it is never
+// followed (base/io/private_dir.h). An error of its own for a file that cannot be opened or
+// locked.
 Result<UniqueFd> LockFile(const std::string& path, const std::string& what);
 
 }  // namespace baton

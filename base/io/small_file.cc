@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "base/io/private_dir.h"
 #include "base/io/unique_fd.h"
 
 namespace baton {
@@ -33,8 +34,8 @@ namespace {
 Status WriteAndRename(const std::string& path, const std::string& bytes, bool sync) {
   const std::string tmp = path + ".tmp";
   {
-    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
-    if (!fd) return ErrnoStatus("create " + tmp, errno);
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | kPrivateFileFlags, 0600));
+    if (!fd) return PrivateFileOpenError("create", tmp, errno);
     BATON_RETURN_IF_ERROR(WriteAll(fd.get(), bytes, tmp));
     if (sync && ::fsync(fd.get()) != 0) return ErrnoStatus("fsync " + tmp, errno);
   }

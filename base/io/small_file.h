@@ -2,7 +2,8 @@
 // journal, the engine command a promoted upgrade put in place).
 //
 // WriteFileAtomically() writes `bytes` to PATH.tmp, fsyncs it, renames it over PATH and
-// fsyncs the directory: after a crash PATH holds either the old or the new contents.
+// fsyncs the directory: after a crash PATH holds either the old or the new contents. A
+// symbolic link at PATH.tmp is refused, not followed (base/io/private_dir.h).
 // ReplaceFile() does the same without the fsyncs.
 // ReadSmallFile() reads at most `limit` + 1 bytes, enough for the caller to tell a file that
 // is too long. Thread-compatible; plain functions.

@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "base/build_info.h"
+#include "base/io/private_dir.h"
+#include "base/io/small_file.h"
 #include "base/log.h"
 #include "controller/config.h"
 #include "controller/ctl/ctl_service.h"
@@ -154,6 +156,11 @@ int ParseArgs(int argc, char** argv, Args* args) {
 }
 
 Result<proto::CtlReply> Ask(const Args& args) {
+  // A socket in a directory another user made may be theirs (base/io/private_dir.h).
+  const Status dir =
+      CheckPrivateDir(ParentDir(args.socket), DirOwner::kSelfOrRoot, "runtime directory",
+                      "BATON_RUNTIME_DIR (or --config, --socket)");
+  if (!dir.ok() && dir.code() != StatusCode::kNotFound) return dir;
   boost::asio::io_context io;
   proto::ChannelOptions options{.label = "controller at " + args.socket};
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, args.socket, options));

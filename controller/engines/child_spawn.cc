@@ -15,6 +15,7 @@
 #include <cstring>
 #include <utility>
 
+#include "base/io/private_dir.h"
 #include "base/log.h"
 #include "base/process/close_fds.h"
 #include "base/process/pidfd.h"
@@ -176,8 +177,9 @@ Result<ChildProcess> ChildProcess::Spawn(const std::vector<std::string>& argv,
   std::vector<char*> c_envs = CStrings(envs);
   UniqueFd log_fd;
   if (!log_path.empty()) {
-    log_fd = UniqueFd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
-    if (!log_fd) return ErrnoStatus("opening engine log " + log_path, errno);
+    log_fd =
+        UniqueFd(::open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | kPrivateFileFlags, 0644));
+    if (!log_fd) return PrivateFileOpenError("opening engine log", log_path, errno);
   }
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC | O_NONBLOCK) != 0) return ErrnoStatus("pipe2", errno);

@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "base/io/private_dir.h"
 #include "base/io/unique_fd.h"
 #include "base/log.h"
 
@@ -124,11 +125,11 @@ size_t EngineLogs::RotateNow() {
 }
 
 Status EngineLogs::Rotate(const std::string& path) {
-  UniqueFd from(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!from.valid()) return ErrnoStatus("open " + path, errno);
+  UniqueFd from(::open(path.c_str(), O_RDWR | kPrivateFileFlags));
+  if (!from.valid()) return PrivateFileOpenError("open engine log", path, errno);
   const std::string copy = path + ".1";
-  UniqueFd to(::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0640));
-  if (!to.valid()) return ErrnoStatus("open " + copy, errno);
+  UniqueFd to(::open(copy.c_str(), O_WRONLY | O_CREAT | O_TRUNC | kPrivateFileFlags, 0640));
+  if (!to.valid()) return PrivateFileOpenError("open engine log", copy, errno);
   BATON_RETURN_IF_ERROR(CopyAll(from.get(), to.get()));
   if (::ftruncate(from.get(), 0) != 0) return ErrnoStatus("ftruncate " + path, errno);
   ++rotations_;

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <thread>
 
+#include "base/io/private_dir.h"
 #include "base/io/self_exe.h"
 #include "base/log.h"
 #include "base/process/close_fds.h"
@@ -102,7 +103,7 @@ Status StartDetachedKeeper(const std::string& binary, const std::string& socket_
     ::setsid();
     const pid_t grandchild = ::fork();
     if (grandchild != 0) ::_exit(grandchild < 0 ? 1 : 0);
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | kPrivateFileFlags, 0644);
     if (fd >= 0) {
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);

@@ -72,5 +72,22 @@ TEST_F(FileLockTest, AFileThatCannotBeOpenedSaysSo) {
       << lock.status().ToString();
 }
 
+// Another user who could write to the runtime directory must not make the controller
+// overwrite a file of theirs choosing with its pid.
+TEST_F(FileLockTest, ASymbolicLinkIsRefusedNotFollowed) {
+  const std::string victim = dir_ + "/victim";
+  std::ofstream(victim) << "precious\n";
+  ASSERT_EQ(::symlink(victim.c_str(), path_.c_str()), 0);
+  Result<UniqueFd> lock = LockFile(path_, "the lock");
+  ASSERT_FALSE(lock.ok());
+  EXPECT_EQ(lock.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(lock.status().message().find("open lock file " + path_ + " is a symbolic link"),
+            std::string::npos)
+      << lock.status().ToString();
+  std::string kept;
+  std::getline(std::ifstream(victim), kept);
+  EXPECT_EQ(kept, "precious");
+}
+
 }  // namespace
 }  // namespace baton

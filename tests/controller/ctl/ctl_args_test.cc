@@ -1,11 +1,15 @@
 // batonctl's usage errors name the real problem (CheckCtlArgs, ParseUpgradeArgs,
 // ParseRollbackArgs), a rollback's canary options are refused where they cannot apply
 // (CheckRollbackOptions), and the batonctl binary prints a usage error as one line and a hint
-// (the whole usage only for --help or no command), --json objects last, --json --version too.
+// (the whole usage only for --help or no command), --json objects last, --json --version too;
+// it connects through no runtime directory another user made or may write to.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -169,6 +173,32 @@ TEST(BatonctlUsage, JsonVersionIsOneObject) {
   EXPECT_FALSE(j["version"].get<std::string>().empty());
   const CtlRun text = Batonctl("--version", "2>/dev/null");
   EXPECT_EQ(text.out.rfind("batonctl ", 0), 0u) << text.out;
+}
+
+// A socket in a directory another user made (or may write to) may be theirs: batonctl exits 1
+// naming the directory before it connects (base/io/private_dir.h).
+TEST(BatonctlRuntimeDir, AForeignOrWritableDirectoryIsRefusedBeforeConnecting) {
+  char tmpl[] = "/tmp/baton-ctl-run-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  const std::string args = "--socket " + dir + "/controller.sock status";
+  ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
+  const CtlRun writable = Batonctl(args, "2>&1");
+  EXPECT_EQ(writable.exit_code, 1) << writable.out;
+  EXPECT_TRUE(Has(writable.out, "runtime directory " + dir + " has mode 0777")) << writable.out;
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  const CtlRun own = Batonctl(args, "2>&1");
+  EXPECT_EQ(own.exit_code, 1) << own.out;
+  EXPECT_FALSE(Has(own.out, "runtime directory")) << "only unreachable: " << own.out;
+  // Made under /tmp by another user: refused even to root.
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(dir.c_str(), 65534, 65534), 0);
+    const CtlRun foreign = Batonctl(args, "2>&1");
+    EXPECT_EQ(foreign.exit_code, 1) << foreign.out;
+    EXPECT_TRUE(Has(foreign.out, "runtime directory " + dir + " is owned by uid 65534"))
+        << foreign.out;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
