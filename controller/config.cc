@@ -27,6 +27,7 @@ using config_values::Setter;
 using config_values::Size;
 using config_values::Steps;
 using config_values::Str;
+using config_values::StringList;
 using config_values::Time;
 using config_values::U32;
 using config_values::U64;
@@ -107,6 +108,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"fleet.etcd_ca_file", Str(&c->fleet_etcd_ca_file)},
       {"fleet.etcd_cert_file", Str(&c->fleet_etcd_cert_file)},
       {"fleet.etcd_key_file", Str(&c->fleet_etcd_key_file)},
+      {"fleet.rollout_programs", StringList(&c->fleet_rollout_programs)},
   };
 }
 

@@ -87,6 +87,9 @@ struct ControllerConfig : CoordinatorConfig {
   std::string fleet_etcd_ca_file;
   std::string fleet_etcd_cert_file;
   std::string fleet_etcd_key_file;
+  // The programs a fleet rollout may make this node run besides the engine command's own
+  // (controller/rollout/rollout_programs.h): absolute paths, a directory with a trailing '/'.
+  std::vector<std::string> fleet_rollout_programs;
   // The first [fleet] key set other than etcd (config file or --fleet.key flag): refused
   // without fleet.etcd, where it would silently do nothing.
   std::string fleet_setting;
@@ -117,7 +120,7 @@ Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config);
 Status FinishConfig(ControllerConfig* config);
 // Its [fleet] part (config_fleet.cc): with etcd set, the node defaults to the host name and
 // the model to the model directory's name; the prefix and the node must fit in a key; the TLS
-// files must be readable, and https endpoints need the CA file.
+// files must be readable, and https endpoints need the CA file; rollout_programs are absolute.
 Status FinishFleetConfig(ControllerConfig* config);
 
 // The usage text of baton-controller.

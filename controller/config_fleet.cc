@@ -84,6 +84,13 @@ Status FinishFleetConfig(ControllerConfig* c) {
                            c->fleet_node + "\"");
   }
   if (c->fleet_model.empty()) return InvalidArgument("fleet.model: must not be empty");
+  for (const std::string& p : c->fleet_rollout_programs) {
+    if (p.empty() || p.front() != '/') {
+      return InvalidArgument(
+          "fleet.rollout_programs: \"" + p +
+          "\" is not an absolute path (a program, or a directory ending in '/')");
+    }
+  }
   return OkStatus();
 }
 

@@ -127,9 +127,7 @@ Setter Bool(bool* out) {
   };
 }
 
-// A list of endpoints: a TOML array of strings, or one string of comma-separated ones (blanks
-// around each trimmed, empty ones dropped).
-Setter Endpoints(std::vector<std::string>* out) {
+Setter StringList(std::vector<std::string>* out) {
   return [=](const toml::value& v) -> Status {
     std::vector<std::string> list;
     if (v.is_string()) {
@@ -154,6 +152,8 @@ Setter Endpoints(std::vector<std::string>* out) {
     return OkStatus();
   };
 }
+
+Setter Endpoints(std::vector<std::string>* out) { return StringList(out); }
 
 Setter Str(std::string* out) {
   return [=](const toml::value& v) -> Status {

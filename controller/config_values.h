@@ -38,8 +38,10 @@ Setter SizeOrZero(uint64_t* out);
 Setter Bool(bool* out);
 Setter Str(std::string* out);
 
-// A list of endpoints: a TOML array of strings, or one string of comma-separated ones (blanks
-// around each trimmed, empty ones dropped).
+// A list: a TOML array of strings, or one string of comma-separated ones (blanks around each
+// trimmed, empty ones dropped).
+Setter StringList(std::vector<std::string>* out);
+// A list of endpoints, read as StringList.
 Setter Endpoints(std::vector<std::string>* out);
 
 // An engine command: an array of strings, or one command line split as a shell would

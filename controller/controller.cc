@@ -10,6 +10,7 @@
 #include "base/io/private_dir.h"
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/rollout/rollout_programs.h"
 #include "controller/upgrade/command_record.h"
 #include "fleet/fleet_records.h"
 #include "proto/hello.h"
@@ -127,10 +128,18 @@ Status Controller::StartFleetRollout() {
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
                          EtcdClient::Create(FleetMember::EtcdOptionsOf(config_)));
   local_upgrades_ = std::make_unique<CoordinatorUpgrades>(io_, *coord_);
-  rollout_ = std::make_unique<FleetRollout>(
-      std::move(etcd),
-      FleetRolloutOptions{.prefix = config_.fleet_prefix, .node = config_.fleet_node},
-      local_upgrades_.get());
+  // The supervisor is not changed once the controller runs: read from the rollout's thread.
+  auto allow = [this](const std::vector<std::string>& command) -> Status {
+    BATON_ASSIGN_OR_RETURN(std::string program, supervisor_.ProgramOf(command));
+    Result<std::string> engine = supervisor_.ProgramOf({});
+    return CheckRolloutProgram(program, engine.ok() ? *engine : std::string(),
+                               config_.fleet_rollout_programs);
+  };
+  rollout_ = std::make_unique<FleetRollout>(std::move(etcd),
+                                            FleetRolloutOptions{.prefix = config_.fleet_prefix,
+                                                                .node = config_.fleet_node,
+                                                                .allow_command = std::move(allow)},
+                                            local_upgrades_.get());
   return OkStatus();
 }
 

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/log.h"
+#include "fleet/plaintext_etcd.h"
 
 namespace baton {
 
@@ -53,6 +54,11 @@ Result<std::unique_ptr<FleetMember>> FleetMember::Create(const ControllerConfig&
                            << ") registers as " << config.fleet_key() << " in etcd "
                            << config.fleet_etcd.front()
                            << (config.fleet_etcd.size() > 1 ? " and others" : "");
+  if (std::vector<std::string> plain =
+          PlaintextRemoteEndpoints(config.fleet_etcd, !config.fleet_etcd_ca_file.empty());
+      !plain.empty()) {
+    BATON_LOG(WARN, "fleet") << PlaintextEtcdWarning(plain);
+  }
   return std::unique_ptr<FleetMember>(new FleetMember(config, std::move(facts), std::move(etcd)));
 }
 

@@ -13,6 +13,7 @@
 #include "base/log.h"
 #include "base/text/constant_time.h"
 #include "base/text/json_depth.h"
+#include "fleet/plaintext_etcd.h"
 #include "router/upstream/relayed_request.h"
 
 namespace baton {
@@ -53,6 +54,7 @@ Router::Router(RouterOptions options, const Clock& clock)
       fleet_(options_.etcd.empty() ? nullptr
                                    : std::make_unique<FleetAdmission>(
                                          clock_, AdmissionFrom(options_), options_.fleet_suspect)),
+      plaintext_etcd_(PlaintextRemoteEndpoints(options_.etcd, !options_.etcd_ca_file.empty())),
       pool_(clock_),
       shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), admitter(),
               &outcomes_, &pool_) {}
@@ -160,6 +162,7 @@ Status Router::StartFleet() {
     ::gethostname(host, sizeof(host) - 1);
     name = std::string(host) + "-" + std::to_string(::getpid());
   }
+  if (!plaintext_etcd_.empty()) BATON_LOG(WARN, "router") << PlaintextEtcdWarning(plaintext_etcd_);
   BATON_ASSIGN_OR_RETURN(view_,
                          FleetView::Create({.etcd = {.endpoints = options_.etcd,
                                                      .timeout = options_.etcd_timeout,
@@ -361,8 +364,10 @@ nlohmann::json Router::FleetHealth() const {
                      {"queued", n.queued},
                      {"load", n.load}});
   }
-  return {
-      {"etcd_connected", view.etcd_connected}, {"etcd_error", view.last_error}, {"nodes", nodes}};
+  return {{"etcd_connected", view.etcd_connected},
+          {"etcd_error", view.last_error},
+          {"etcd_plaintext", plaintext_etcd_},
+          {"nodes", nodes}};
 }
 
 RouterGauges Router::FleetGauges() const {

@@ -126,6 +126,8 @@ class Router {
   std::unique_ptr<HttpServer> server_;
   Admission admission_;
   std::unique_ptr<FleetAdmission> fleet_;  // with etcd
+  // The etcd endpoints spoken to in plain HTTP off the host (fleet/plaintext_etcd.h).
+  const std::vector<std::string> plaintext_etcd_;
   UpstreamPool pool_;
   EngineOutcomes outcomes_;               // before routes_: its thread reads them
   EngineProgress progress_;               // the same

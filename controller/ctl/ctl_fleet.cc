@@ -30,6 +30,10 @@ json RolloutStatusJson(const RolloutSnapshot& r) {
           {"writes", r.writes},
           {"conflicts", r.conflicts},
           {"steps", r.steps},
+          {"refused_programs", r.refused_programs},
+          {"refused_program", r.refused_program.empty() ? json(nullptr)
+                                                        : json{{"rollout", r.refused_rollout},
+                                                               {"reason", r.refused_program}}},
           {"etcd_failures", r.etcd_failures}};
 }
 
@@ -64,6 +68,10 @@ std::string FleetText(const ControllerStatus& c) {
                          ? std::string(", this node ") + ToString(*c.rollout.node_state)
                          : std::string(", this node not in it")) +
                     "\n"
+              : "") +
+         (c.rollout.seen && c.rollout.id == c.rollout.refused_rollout
+              ? "fleet rollout " + c.rollout.id +
+                    " REFUSED on this node: " + c.rollout.refused_program + "\n"
               : "");
 }
 
@@ -104,6 +112,9 @@ std::string FleetMetrics(const ControllerStatus& c) {
   one("baton_fleet_rollout_steps_total", "counter",
       "Canaries, canary rollbacks and ways back this node started for a rollout",
       static_cast<double>(r.steps));
+  one("baton_fleet_rollout_refused_programs_total", "counter",
+      "Rollout steps this node refused because their program is not in fleet.rollout_programs",
+      static_cast<double>(r.refused_programs));
   return out.str();
 }
 

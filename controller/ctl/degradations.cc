@@ -2,6 +2,8 @@
 
 #include <sstream>
 
+#include "fleet/plaintext_etcd.h"
+
 namespace baton {
 namespace {
 
@@ -28,8 +30,9 @@ std::string LockWhy(const WeightsStatus& w) {
 }  // namespace
 
 const std::vector<std::string>& DegradationKinds() {
-  static const auto* kinds = new std::vector<std::string>{
-      "weights_huge_pages", "weights_mlock", "pool_huge_pages", "keeper", "weights_files"};
+  static const auto* kinds = new std::vector<std::string>{"weights_huge_pages", "weights_mlock",
+                                                          "pool_huge_pages",    "keeper",
+                                                          "weights_files",      "etcd_plaintext"};
   return *kinds;
 }
 
@@ -56,6 +59,11 @@ std::vector<Degradation> Degradations(const ControllerStatus& c) {
                                    "the engines"});
   }
   if (!c.weights.files_differ.empty()) out.push_back({"weights_files", c.weights.files_differ});
+  if (std::vector<std::string> plain =
+          PlaintextRemoteEndpoints(config.fleet_etcd, !config.fleet_etcd_ca_file.empty());
+      !plain.empty()) {
+    out.push_back({"etcd_plaintext", PlaintextEtcdWarning(plain)});
+  }
   return out;
 }
 
@@ -63,8 +71,8 @@ std::string DegradationMetrics(const ControllerStatus& c) {
   std::ostringstream out;
   const std::vector<Degradation> found = Degradations(c);
   out << "# HELP baton_degraded 1 while the controller runs without something its configuration "
-         "asked for (huge pages, mlock, baton-keeper) or on weights its model files no longer "
-         "hold\n# TYPE baton_degraded gauge\n";
+         "asked for (huge pages, mlock, baton-keeper), on weights its model files no longer "
+         "hold, or with its fleet's etcd in plain HTTP off the host\n# TYPE baton_degraded gauge\n";
   for (const std::string& kind : DegradationKinds()) {
     bool on = false;
     for (const Degradation& d : found) on = on || d.what == kind;

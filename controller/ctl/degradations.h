@@ -1,7 +1,9 @@
 // Degradations: the ways a running controller can serve below what its configuration asked,
 // without failing: the weight arena or the pool on normal pages instead of huge pages, the
 // arena not mlocked, the memory not kept by baton-keeper (a controller restart then reloads
-// the weights and fences the engines). Each is a metric, a line of `batonctl status` and an
+// the weights and fences the engines), the fleet's etcd reached in plain HTTP off the host
+// (fleet/plaintext_etcd.h: anyone on the path reads and writes the fleet's records). Each is a
+// metric, a line of `batonctl status` and an
 // entry of its JSON, so that none is only a WARN line in a log nobody reads.
 //
 // A setting the operator turned off (model.huge_pages = false, model.lock = false,
@@ -18,7 +20,7 @@
 namespace baton {
 
 struct Degradation {
-  std::string what;  // a metric label: weights_huge_pages, weights_mlock, pool_huge_pages, keeper
+  std::string what;  // a metric label: one of DegradationKinds()
   std::string why;   // for people
 };
 

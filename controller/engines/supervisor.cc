@@ -51,13 +51,19 @@ std::vector<std::string> Supervisor::Expand(const LaunchRequest& request) const 
   return argv;
 }
 
-Status Supervisor::CheckCommand(const std::vector<std::string>& command) const {
+Result<std::string> Supervisor::ProgramOf(const std::vector<std::string>& command) const {
   LaunchRequest request;
   request.command = command;
   const std::vector<std::string> argv = Expand(request);
   if (argv.empty()) return FailedPrecondition("the engine command is empty");
   Result<std::string> path = ResolveExecutable(argv[0]);
   if (!path.ok()) return FailedPrecondition(std::string(path.status().message()));
+  return path;
+}
+
+Status Supervisor::CheckCommand(const std::vector<std::string>& command) const {
+  Result<std::string> path = ProgramOf(command);
+  if (!path.ok()) return path.status();
   struct stat st {};
   if (::stat(path->c_str(), &st) != 0) {
     return FailedPrecondition("engine program " + *path + ": " + std::strerror(errno));

@@ -46,6 +46,10 @@ class Supervisor {
 
   // The command line `Launch` would run.
   std::vector<std::string> Expand(const LaunchRequest& request) const;
+  // The program `command` (empty: the configured one) would run: its first word with the
+  // placeholders expanded, resolved against PATH as Launch resolves it. FailedPrecondition
+  // when it is empty or not found.
+  Result<std::string> ProgramOf(const std::vector<std::string>& command) const;
   // Whether `command` (empty: the configured one) could be launched: its program, with the
   // placeholders expanded and resolved against PATH as Launch resolves it, is an executable
   // file. FailedPrecondition naming the program and why not.

@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "base/check.h"
 #include "base/log.h"
 #include "controller/rollout/ctl_rollout.h"
 #include "fleet/fleet_records.h"
@@ -52,7 +53,9 @@ FleetRollout::FleetRollout(std::unique_ptr<EtcdClient> etcd, FleetRolloutOptions
       options_(std::move(options)),
       key_(FleetRolloutKey(options_.prefix)),
       local_(local),
-      thread_([this] { Run(); }) {}
+      thread_([this] { Run(); }) {
+  BATON_CHECK(options_.allow_command != nullptr);
+}
 
 FleetRollout::~FleetRollout() {
   {
@@ -96,7 +99,8 @@ void FleetRollout::Run() {
                                 .prefix = options_.prefix,
                                 .node = options_.node,
                                 .check_command = [this](const std::vector<std::string>& command) {
-                                  return local_->CheckCommand(command);
+                                  BATON_RETURN_IF_ERROR(local_->CheckCommand(command));
+                                  return options_.allow_command(command);
                                 }};
       p.reply(HandleFleetCommand(ctx, p.request.args));
     }
@@ -210,6 +214,22 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
   return next;
 }
 
+std::optional<NodeRollout> FleetRollout::RefuseProgram(const Rollout& r, const NodeDecision& d,
+                                                       const Status& why) {
+  {
+    MutexLock lock(mu_);
+    ++snapshot_.refused_programs;
+    snapshot_.refused_rollout = r.id;
+    snapshot_.refused_program = why.message();
+  }
+  if (refused_program_ != r.id) {
+    refused_program_ = r.id;
+    BATON_LOG(ERROR, kLog) << "rollout " << r.id << ": node " << options_.node << " refuses to run "
+                           << Joined(r.command) << ": " << why.message();
+  }
+  return AfterRefusedStep(d, why, UnixMillisNow());
+}
+
 std::optional<NodeRollout> FleetRollout::TakeStep(const Rollout& r, const NodeDecision& d) {
   using Step = NodeDecision::Step;
   Status done = OkStatus();
@@ -219,6 +239,9 @@ std::optional<NodeRollout> FleetRollout::TakeStep(const Rollout& r, const NodeDe
     case Step::kRecord:
       return d.entry;
     case Step::kStartUpgrade:
+      if (Status allowed = options_.allow_command(r.command); !allowed.ok()) {
+        return RefuseProgram(r, d, allowed);
+      }
       BATON_LOG(INFO, kLog) << "rollout " << r.id << ": node " << options_.node
                             << " starts its canary of " << Joined(r.command);
       done = local_->StartUpgrade(RequestOf(r));

@@ -16,6 +16,10 @@
 // Ownership: owns its EtcdClient and thread; `local` (the node's upgrades, on the io thread)
 // must outlive it. Thread: its own; Submit() and snapshot() from any thread. The destructor
 // stops and joins the thread (queued requests are dropped, unanswered).
+//
+// The rollout's command is whatever the writer of <prefix>rollout chose: before its canary
+// starts, the node checks its program against its own configuration (allow_command); a program
+// it does not allow fails the node's step, and the rollout stops as for any failed node.
 #pragma once
 
 #include <chrono>
@@ -53,6 +57,11 @@ struct FleetRolloutOptions {
   std::string prefix;  // the fleet's, e.g. "/baton/"
   std::string node;    // this node's name
   std::chrono::milliseconds poll{200};
+  // Whether this node lets a rollout run `command` (its program against [fleet]
+  // rollout_programs, rollout_programs.h). Required. A refusal fails the node's step as any
+  // refused step does (AfterRefusedStep): logged once at ERROR, counted in the snapshot; and
+  // `batonctl fleet upgrade` asked on this node refuses the command before writing a rollout.
+  std::function<Status(const std::vector<std::string>&)> allow_command;
 };
 
 class FleetRollout {
@@ -81,6 +90,9 @@ class FleetRollout {
   Result<Rollout> NextRollout(const Rollout& before);
   // Takes this node's step; returns the entry to write (nullopt: nothing).
   std::optional<NodeRollout> TakeStep(const Rollout& rollout, const NodeDecision& decision);
+  // The entry after this node refused the rollout's program (`why`): the node fails.
+  std::optional<NodeRollout> RefuseProgram(const Rollout& rollout, const NodeDecision& decision,
+                                           const Status& why);
   void Note(const Rollout& rollout);
   void Failed(const Status& status);
 
@@ -95,6 +107,7 @@ class FleetRollout {
   RolloutSnapshot snapshot_ BATON_GUARDED_BY(mu_);
   bool etcd_down_ BATON_GUARDED_BY(mu_) = false;
   std::string refused_revision_;  // the record that did not parse (logged once)
+  std::string refused_program_;   // the rollout whose program this node refused (logged once)
   std::thread thread_;
 };
 

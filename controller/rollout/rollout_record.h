@@ -100,6 +100,10 @@ struct RolloutSnapshot {
   uint64_t conflicts = 0;                      // compare-and-puts that found the record moved on
   uint64_t etcd_failures = 0;
   uint64_t steps = 0;  // local steps taken (canaries started, rolled back, ways back)
+  // Rollouts whose program this node refused (rollout_programs.h), and the last refusal.
+  uint64_t refused_programs = 0;
+  std::string refused_rollout;  // its id
+  std::string refused_program;  // why
   std::string last_error;
 };
 

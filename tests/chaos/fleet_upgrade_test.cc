@@ -11,18 +11,24 @@
 //  * A paused rollout starts no node; resumed from another node, it goes on and ends done.
 //  * A node's controller killed with kill -9 during its canary: the next one resumes the canary
 //    and the rollout ends done.
+//  * A rollout of a program outside the nodes' fleet.rollout_programs (written straight to etcd,
+//    as anyone who can write there could) is refused by the first node, which fails; the
+//    rollout rolls back at once and nothing of it runs anywhere.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
 #include <thread>
 #include <vector>
 
+#include "controller/rollout/rollout_record.h"
 #include "fleet/etcd_client.h"
+#include "fleet/fleet_records.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/chaos/router_stream_support.h"
 #include "tests/fleet/etcd_cluster.h"
@@ -37,11 +43,13 @@ using std::chrono::seconds;
 constexpr const char* kPrefix = "/baton-rollout/";
 const char* const kNodes[] = {"node-a", "node-b", "node-c"};
 
-std::string FleetToml(const EtcdCluster& etcd, const std::string& node) {
+// `builds`: the directory the new builds are in, which rollouts may run.
+std::string FleetToml(const EtcdCluster& etcd, const std::string& node, const std::string& builds) {
   std::string list;
   for (const std::string& e : etcd.endpoints()) list += (list.empty() ? "" : ",") + e;
   return "[fleet]\netcd = \"" + list + "\"\nprefix = \"" + kPrefix + "\"\nnode = \"" + node +
-         "\"\nmodel = \"tiny\"\nlease_ttl_ms = 2000\netcd_timeout_ms = 300\n";
+         "\"\nmodel = \"tiny\"\nlease_ttl_ms = 2000\netcd_timeout_ms = 300\n" +
+         "rollout_programs = [\"" + builds + "/\"]\n";
 }
 
 // Clients that keep every router busy with small seeded requests until destroyed; counts the
@@ -88,10 +96,13 @@ class FleetUpgrade : public ::testing::Test {
     auto c = EtcdClient::Create({.endpoints = etcd_->endpoints(), .timeout = milliseconds(300)});
     ASSERT_TRUE(c.ok());
     reader_ = std::move(*c);
+    char tmpl[] = "/tmp/baton-new-build-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    builds_ = tmpl;
     std::vector<uint16_t> ports;
     for (const char* node : kNodes) {
       ClusterOptions o = RefenginePair();
-      o.extra_toml = FleetToml(*etcd_, node);
+      o.extra_toml = FleetToml(*etcd_, node, builds_);
       nodes_.push_back(std::make_unique<ChaosCluster>(o));
       routers_.push_back(
           std::make_unique<RouterProcess>(nodes_.back()->socket(), nodes_.back()->dir()));
@@ -103,7 +114,10 @@ class FleetUpgrade : public ::testing::Test {
     WriteWrapper();
     load_ = std::make_unique<FleetLoad>(ports);
   }
-  void TearDown() override { load_.reset(); }
+  void TearDown() override {
+    load_.reset();
+    if (!builds_.empty()) std::filesystem::remove_all(builds_);
+  }
 
   size_t Listed() const {
     Result<EtcdRange> r = reader_->GetPrefix(std::string(kPrefix) + "nodes/");
@@ -113,7 +127,7 @@ class FleetUpgrade : public ::testing::Test {
   // The new build: the reference engine as "refengine-v2", started through a wrapper that
   // breaks it (--fail-percent 100) on a node whose runtime directory holds a file "broken".
   void WriteWrapper() {
-    wrapper_ = nodes_[0]->dir() + "/new-build.sh";
+    wrapper_ = builds_ + "/new-build.sh";
     std::ofstream out(wrapper_);
     out << "#!/bin/sh\nrun=\"$1\"\nshift\n"
         << "if [ -e \"$run/broken\" ]; then exec \"$@\" --fail-percent 100; fi\nexec \"$@\"\n";
@@ -157,6 +171,7 @@ class FleetUpgrade : public ::testing::Test {
   std::vector<std::unique_ptr<ChaosCluster>> nodes_;
   std::vector<std::unique_ptr<RouterProcess>> routers_;
   std::unique_ptr<FleetLoad> load_;
+  std::string builds_;  // fleet.rollout_programs of every node
   std::string wrapper_;
 };
 
@@ -292,6 +307,56 @@ TEST_F(FleetUpgrade, AControllerKilledDuringItsCanaryResumesItAndTheRolloutEndsD
             std::string::npos)
       << b["controller"].dump();
   for (const auto& node : nodes_) node->CheckFencing();
+  EXPECT_EQ(load_->failed(), 0) << "of " << load_->done() << " requests";
+}
+
+// Whoever can write the rollout record chooses its command; each node runs only what its own
+// configuration allows. `fleet upgrade` refuses such a command on the node asked; a record
+// written straight to etcd fails the first node, and the rollout rolls back at once.
+TEST_F(FleetUpgrade, AProgramOutsideRolloutProgramsIsRefusedAndTheRolloutStops) {
+  const std::string marker = builds_ + "/pwned";
+  const std::vector<std::string> command = {"/bin/sh", "-c", "touch " + marker};
+  std::vector<std::string> args = {"fleet", "upgrade", "--"};
+  args.insert(args.end(), command.begin(), command.end());
+  const CtlResult asked = nodes_[0]->Ctl(args);
+  EXPECT_EQ(asked.exit_code, 1) << asked.stdout_text;
+  EXPECT_NE(asked.stdout_text.find("fleet.rollout_programs"), std::string::npos)
+      << asked.stdout_text;
+
+  Rollout r;
+  r.id = "rollout-from-etcd";
+  r.command = command;
+  r.started_by = "not-a-node";
+  r.created_ms = r.updated_ms = UnixMillisNow();
+  for (const char* n : kNodes) r.nodes.push_back({.node = n});
+  ASSERT_TRUE(reader_->Put(FleetRolloutKey(kPrefix), RolloutRecord(r)).ok());
+  const json rollout = WaitRollout(
+      1, [](const json& x) { return x["state"] == "rolled_back"; }, "the rollout rolled back");
+  const json a = NodeEntry(rollout, "node-a");
+  EXPECT_EQ(a["state"], "failed") << rollout.dump();
+  EXPECT_NE(a["reason"].get<std::string>().find("is not allowed on this node"), std::string::npos)
+      << a.dump();
+  EXPECT_NE(a["reason"].get<std::string>().find("fleet.rollout_programs"), std::string::npos)
+      << a.dump();
+  EXPECT_EQ(NodeEntry(rollout, "node-b")["state"], "pending") << rollout.dump();
+  EXPECT_EQ(NodeEntry(rollout, "node-c")["state"], "pending") << rollout.dump();
+
+  const json s = nodes_[0]->WaitFor(
+      [](const json& st) { return st["fleet"]["rollout"]["refused_programs"] == 1; },
+      "node-a counts the refusal");
+  EXPECT_EQ(s["fleet"]["rollout"]["refused_program"]["rollout"], "rollout-from-etcd") << s.dump();
+  EXPECT_NE(
+      nodes_[0]
+          ->CtlPlain({"status"})
+          .stdout_text.find(
+              "fleet rollout rollout-from-etcd REFUSED on this node: rollout program /bin/sh"),
+      std::string::npos);
+  EXPECT_NE(nodes_[0]->Log().find("node node-a refuses to run /bin/sh"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(marker)) << "nothing of the rollout ran";
+  for (const auto& node : nodes_) {
+    const json st = node->WaitReady("the pair after the refused rollout");
+    EXPECT_TRUE(st["upgrade"]["history"].empty()) << st["upgrade"].dump();
+  }
   EXPECT_EQ(load_->failed(), 0) << "of " << load_->done() << " requests";
 }
 

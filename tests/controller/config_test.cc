@@ -356,6 +356,37 @@ TEST(Config, FleetTlsKeysNameWhatIsWrong) {
   std::filesystem::remove_all(dir);
 }
 
+// fleet.rollout_programs: unset, a rollout may run the engine command's own program only; set,
+// absolute programs and directories (a trailing '/'); anything relative is refused at start.
+TEST(Config, FleetRolloutProgramsAreAbsolute) {
+  const std::string base =
+      "[model]\ndir = \"/models/llama-8b/\"\n[engine]\ncommand = "
+      "[\"/bin/true\"]\n[fleet]\netcd = \"127.0.0.1:2379\"\n";
+  Result<ControllerConfig> c = ParseConfigToml(base, "t");
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->fleet_rollout_programs.empty());
+  c = ParseConfigToml(
+      base + "rollout_programs = [\"/opt/baton/engines/\", \"/usr/bin/baton-refengine\"]\n", "t");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  ASSERT_TRUE(FinishConfig(&*c).ok());
+  EXPECT_EQ(c->fleet_rollout_programs,
+            (std::vector<std::string>{"/opt/baton/engines/", "/usr/bin/baton-refengine"}));
+  c = ParseConfigToml(base + "rollout_programs = [\"engines/\"]\n", "t");
+  ASSERT_TRUE(c.ok());
+  const Status relative = FinishConfig(&*c);
+  EXPECT_NE(relative.message().find("fleet.rollout_programs: \"engines/\" is not an absolute"),
+            std::string::npos)
+      << relative.ToString();
+  EXPECT_FALSE(ParseConfigToml(base + "rollout_programs = [1]\n", "t").ok());
+  // Without fleet.etcd the key does nothing: refused as every [fleet] key is.
+  c = ParseConfigToml(
+      "[model]\ndir = \"/m\"\n[engine]\ncommand = [\"/bin/true\"]\n[fleet]\n"
+      "rollout_programs = [\"/opt/\"]\n",
+      "t");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(FinishConfig(&*c).ok());
+}
+
 TEST(Config, RuntimeDirComesFromTheEnvironment) {
   ::setenv("BATON_RUNTIME_DIR", "/tmp/baton-env-dir", 1);
   EXPECT_EQ(DefaultRuntimeDir(), "/tmp/baton-env-dir");

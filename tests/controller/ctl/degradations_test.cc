@@ -24,6 +24,7 @@ bool Has(const std::string& text, const std::string& line) {
 
 TEST(Degradations, NoneWhenEverythingAskedForIsThere) {
   ControllerConfig config;
+  config.fleet_etcd = {"http://127.0.0.1:2379", "localhost:2379"};  // on this host: not exposed
   const ControllerStatus s = Healthy(config);
   EXPECT_TRUE(Degradations(s).empty());
   EXPECT_EQ(DegradationText(s), "");
@@ -50,6 +51,7 @@ TEST(Degradations, APartialArenaIsDegradedWithItsSplit) {
 
 TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   ControllerConfig config;
+  config.fleet_etcd = {"http://127.0.0.1:2379", "http://10.0.0.2:2379"};
   ControllerStatus s = Healthy(config);
   s.weights.huge_pages = false;
   s.weights.warnings = {"2018 free 2 MiB huge pages of the 2019 the arena needs"};
@@ -71,14 +73,27 @@ TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   EXPECT_TRUE(Has(text, "degraded: pool_huge_pages: no free huge pages for the pool")) << text;
   EXPECT_TRUE(Has(text, "degraded: keeper: baton-keeper unavailable (no executable")) << text;
   EXPECT_TRUE(Has(text, "degraded: weights_files: the model files changed (m changed)")) << text;
-  EXPECT_EQ(DegradationJson(s).size(), 5u);
+  EXPECT_TRUE(Has(text,
+                  "degraded: etcd_plaintext: etcd http://10.0.0.2:2379 is reached in plain "
+                  "HTTP off this host"))
+      << text;
+  EXPECT_EQ(DegradationJson(s).size(), 6u);
 
   // A keeper that died and is being started again keeps nothing meanwhile.
-  ControllerStatus restarting = Healthy(config);
+  const ControllerConfig no_fleet;
+  ControllerStatus restarting = Healthy(no_fleet);
   restarting.keeper = {.state = KeeperState::kRestarting, .pid = 0, .restarts = 1, .detail = ""};
   ASSERT_EQ(Degradations(restarting).size(), 1u);
   EXPECT_EQ(Degradations(restarting)[0].what, "keeper");
   EXPECT_TRUE(Has(DegradationMetrics(restarting), "baton_memory_kept 0\n"));
+}
+
+// etcd over TLS, wherever it is, is not a degradation.
+TEST(Degradations, EtcdOverTlsIsNot) {
+  ControllerConfig config;
+  config.fleet_etcd = {"https://10.0.0.1:2379", "10.0.0.2:2379"};
+  config.fleet_etcd_ca_file = "/etc/baton/etcd-ca.pem";
+  EXPECT_TRUE(Degradations(Healthy(config)).empty());
 }
 
 // What the operator turned off is not a degradation; neither is an adopted arena whose mlock
