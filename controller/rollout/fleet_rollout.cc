@@ -45,17 +45,21 @@ void LogChanges(const Rollout* before, const Rollout& after, const std::string& 
   }
 }
 
+// `options` as given, once known to be usable (before the thread that reads them starts).
+FleetRolloutOptions Checked(FleetRolloutOptions options) {
+  BATON_CHECK(options.allow_command != nullptr);
+  return options;
+}
+
 }  // namespace
 
 FleetRollout::FleetRollout(std::unique_ptr<EtcdClient> etcd, FleetRolloutOptions options,
                            LocalUpgrades* local)
     : etcd_(std::move(etcd)),
-      options_(std::move(options)),
+      options_(Checked(std::move(options))),
       key_(FleetRolloutKey(options_.prefix)),
       local_(local),
-      thread_([this] { Run(); }) {
-  BATON_CHECK(options_.allow_command != nullptr);
-}
+      thread_([this] { Run(); }) {}
 
 FleetRollout::~FleetRollout() {
   {
@@ -216,13 +220,14 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
 
 std::optional<NodeRollout> FleetRollout::RefuseProgram(const Rollout& r, const NodeDecision& d,
                                                        const Status& why) {
+  const bool first = refused_program_ != r.id;  // a step retried (etcd's CAS) counts once
   {
     MutexLock lock(mu_);
-    ++snapshot_.refused_programs;
+    snapshot_.refused_programs += first ? 1 : 0;
     snapshot_.refused_rollout = r.id;
     snapshot_.refused_program = why.message();
   }
-  if (refused_program_ != r.id) {
+  if (first) {
     refused_program_ = r.id;
     BATON_LOG(ERROR, kLog) << "rollout " << r.id << ": node " << options_.node << " refuses to run "
                            << Joined(r.command) << ": " << why.message();

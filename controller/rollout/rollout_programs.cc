@@ -1,8 +1,10 @@
 #include "controller/rollout/rollout_programs.h"
 
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <optional>
+#include <string_view>
 
 namespace baton {
 namespace {
@@ -24,6 +26,12 @@ bool Allows(const std::string& entry, const std::string& program) {
   return program.size() > dir.size() && program.compare(0, dir.size(), dir) == 0;
 }
 
+// "the program of [engine] command (PATH)".
+std::string EngineProgram(const std::string& engine_program) {
+  return "the program of [engine] command" +
+         (engine_program.empty() ? std::string() : " (" + engine_program + ")");
+}
+
 std::string Listed(const std::vector<std::string>& allowed) {
   if (allowed.empty()) return "empty";
   std::string out;
@@ -33,6 +41,23 @@ std::string Listed(const std::vector<std::string>& allowed) {
 
 }  // namespace
 
+bool RunsItsArguments(const std::string& program) {
+  const std::string_view name = std::string_view(program).substr(program.rfind('/') + 1);
+  static constexpr std::array<std::string_view, 24> kExact = {
+      "env",    "sh",     "bash",    "dash",  "zsh",     "ksh",     "fish",    "busybox",
+      "node",   "nodejs", "nice",    "nohup", "timeout", "taskset", "numactl", "chrt",
+      "ionice", "stdbuf", "setpriv", "sudo",  "su",      "runuser", "xargs",   "systemd-run"};
+  static constexpr std::array<std::string_view, 5> kPrefix = {"python", "pypy", "perl", "ruby",
+                                                              "php"};
+  for (std::string_view e : kExact) {
+    if (name == e) return true;
+  }
+  for (std::string_view p : kPrefix) {
+    if (name.substr(0, p.size()) == p) return true;
+  }
+  return false;
+}
+
 Status CheckRolloutProgram(const std::string& program, const std::string& engine_program,
                            const std::vector<std::string>& allowed) {
   const std::optional<std::string> real = Canonical(program);
@@ -40,17 +65,21 @@ Status CheckRolloutProgram(const std::string& program, const std::string& engine
     return FailedPrecondition("rollout program " + program +
                               " does not resolve to a file on this node");
   }
-  if (*real == Canonical(engine_program)) return OkStatus();
   for (const std::string& entry : allowed) {
     if (!entry.empty() && Allows(entry, *real)) return OkStatus();
   }
+  const bool engines = *real == Canonical(engine_program);
+  if (engines && !RunsItsArguments(*real)) return OkStatus();
   const std::string named = *real == program ? program : program + " (" + *real + ")";
-  return FailedPrecondition(
-      "rollout program " + named + " is not allowed on this node: it is not the program of " +
-      "[engine] command" + (engine_program.empty() ? "" : " (" + engine_program + ")") +
-      " and not under " + kRolloutProgramsKey + " (" + Listed(allowed) +
-      "); add it, or its directory with a trailing '/', to " + kRolloutProgramsKey +
-      " in this node's configuration");
+  const std::string why =
+      engines ? "it is " + EngineProgram(engine_program) +
+                    ", but that program runs whatever its arguments name, so a rollout may not "
+                    "use it unless listed"
+              : "it is not " + EngineProgram(engine_program);
+  return FailedPrecondition("rollout program " + named + " is not allowed on this node: " + why +
+                            ", and not under " + kRolloutProgramsKey + " (" + Listed(allowed) +
+                            "); add it, or its directory with a trailing '/', to " +
+                            kRolloutProgramsKey + " in this node's configuration");
 }
 
 }  // namespace baton

@@ -1,8 +1,10 @@
 // Rollout programs: which programs a fleet-wide upgrade may make this node run (docs/fleet.md,
 // Security). Whoever can write <prefix>rollout in etcd chooses a rollout's command; the node's
 // own configuration decides which programs that command may start:
-//   * the program of the node's configured engine command ([engine] command), always (a
-//     rollout of another version of the same program needs no list);
+//   * the program of the node's configured engine command ([engine] command), unless it runs
+//     whatever its arguments name (RunsItsArguments: env, a shell, an interpreter, a wrapper
+//     such as nice or taskset: allowing it would allow anything); a rollout of another
+//     version at the same path (after realpath) needs no list;
 //   * each entry of [fleet] rollout_programs: one ending in '/' allows every program under that
 //     directory, at any depth; any other allows that one program.
 // Paths are compared canonical (realpath: symlinks resolved, "." and ".." gone), so a program
@@ -19,6 +21,10 @@
 #include "base/status.h"
 
 namespace baton {
+
+// Whether `program` (a path; its file name is what counts: "python3.11", "env", "dash") is
+// a launcher, a shell or an interpreter, which runs a program or a script its arguments name.
+bool RunsItsArguments(const std::string& program);
 
 // The [fleet] key that lists the programs.
 inline constexpr const char* kRolloutProgramsKey = "fleet.rollout_programs";

@@ -97,5 +97,31 @@ TEST_F(RolloutPrograms, ASymlinkInAListedDirectoryIsJudgedWhereItPoints) {
   EXPECT_FALSE(Check(dir_ + "/elsewhere/tool", {dir_ + "/engines-link/"}).ok());
 }
 
+// An engine command that starts with env, a shell or an interpreter would let a rollout run
+// anything through it ("env sh -c ..."): its program is not allowed by default, only listed.
+TEST_F(RolloutPrograms, ALauncherEngineProgramIsAllowedOnlyWhenListed) {
+  for (const char* name : {"/env", "/python3.11"}) {
+    std::ofstream(dir_ + name) << "#!/bin/sh\n";
+    ::chmod((dir_ + name).c_str(), 0755);
+    const std::string launcher = dir_ + name;
+    const Status s = CheckRolloutProgram(launcher, launcher, {});
+    EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition) << name;
+    EXPECT_NE(s.message().find("runs whatever its arguments name"), std::string::npos)
+        << s.message();
+    EXPECT_TRUE(CheckRolloutProgram(launcher, launcher, {launcher}).ok()) << name;
+  }
+}
+
+TEST(RunsItsArguments, LaunchersShellsAndInterpretersByFileName) {
+  for (const char* p : {"/usr/bin/env", "/usr/bin/dash", "/bin/bash", "/usr/bin/python3.11",
+                        "/usr/bin/perl5.36", "/usr/bin/nice", "/usr/bin/taskset", "numactl"}) {
+    EXPECT_TRUE(RunsItsArguments(p)) << p;
+  }
+  for (const char* p : {"/usr/bin/baton-refengine", "/opt/engines/baton-torch-engine",
+                        "/usr/local/bin/vllm", "/usr/bin/envoy-engine", "/usr/bin/shengine"}) {
+    EXPECT_FALSE(RunsItsArguments(p)) << p;
+  }
+}
+
 }  // namespace
 }  // namespace baton
