@@ -7,7 +7,7 @@
 
 namespace baton {
 
-bool OutOfService(const proto::RouteTable& table) {
+bool IsOutOfService(const proto::RouteTable& table) {
   return table.pair_state == "draining" || table.pair_state == "stopped";
 }
 
@@ -27,7 +27,7 @@ void Admission::SetTable(const proto::RouteTable& table) {
     NotePrimary(primary, table.epoch);
     listed_primary_ = primary;
     pair_state_ = table.pair_state;
-    out_of_service_ = baton::OutOfService(table);
+    out_of_service_ = IsOutOfService(table);
     canaries_ = std::move(canaries);
     TrackCanaryIds(table);
     Drain(clock_.Now(), &ready);
@@ -240,7 +240,9 @@ void Admission::Drain(TimePoint now, Ready* ready) {
     }
     std::optional<Target> t;
     if (it->replay || !fifo_blocked) t = Pick(*it, now);
-    if (!t && out_of_service_) {  // no primary comes until `batonctl resume`: no wait
+    // No target listed, and none comes until `batonctl resume`: no wait. (A listed one that
+    // Pick() passed over for now, a ramp's cap or a refused address, is waited for.)
+    if (!t && out_of_service_ && candidates_.empty()) {
       ready->emplace_back(std::move(it->grant), OutOfServiceError());
       it = queue_.erase(it);
       continue;

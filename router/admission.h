@@ -66,7 +66,7 @@ struct AdmissionOptions {
 
 // Whether `table` says the pair was taken out of service by its operator: pair state
 // `draining` or `stopped` (`batonctl drain`, until `batonctl resume`).
-bool OutOfService(const proto::RouteTable& table);
+bool IsOutOfService(const proto::RouteTable& table);
 
 class Admission : public Admitter {
  public:
@@ -107,7 +107,7 @@ class Admission : public Admitter {
   // The ready primary of the last table (listed even at weight 0), if it has one.
   std::optional<Target> Primary() const;
   std::optional<Target> PrimaryFor(const Target&) const override { return Primary(); }
-  // Whether the last table is out of service (OutOfService() of it).
+  // Whether the last table is out of service (IsOutOfService() of it).
   bool OutOfService() const;
   // One controller's engines leave the route through its tables: nothing to watch.
   uint64_t WatchLoss(const Target&, std::function<void()>) override { return 0; }

@@ -163,7 +163,7 @@ std::optional<std::string> FleetAdmission::PickNode(const AdmitRequest& request,
   std::vector<Choice> choices;
   for (const auto& [name, node] : nodes_) {
     if (!node.listed || (!request.model.empty() && node.model != request.model)) continue;
-    if (baton::OutOfService(node.routes) || !node.admission->Primary()) continue;
+    if (IsOutOfService(node.routes) || !node.admission->Primary()) continue;
     choices.push_back({&name, node.admission->in_flight(), node.load, now < node.suspect_until,
                        request.failed && request.failed->node == name});
   }
@@ -199,7 +199,7 @@ bool FleetAdmission::OutOfServiceLocked(const std::string& model) const {
   bool serving = false;
   for (const auto& [name, node] : nodes_) {
     if (!node.listed || (!model.empty() && node.model != model)) continue;
-    if (!baton::OutOfService(node.routes)) return false;
+    if (!IsOutOfService(node.routes)) return false;
     serving = true;
   }
   return serving;
@@ -362,7 +362,7 @@ std::vector<FleetNodeView> FleetAdmission::Nodes() const {
                    .model = node.model,
                    .listed = node.listed,
                    .suspect = now < node.suspect_until,
-                   .out_of_service = baton::OutOfService(node.routes),
+                   .out_of_service = IsOutOfService(node.routes),
                    .primary = node.admission->Primary(),
                    .in_flight = node.admission->in_flight(),
                    .queued = node.admission->queued(),

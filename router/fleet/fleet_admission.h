@@ -15,7 +15,7 @@
 // served is refused at once (NotFound); one that finds no node with a primary waits in the
 // fleet's queue (bounded as Admission's, by `max_queue` and `max_queue_wait`).
 //
-// A node whose table is out of service (OutOfService(): its operator drained it) takes no
+// A node whose table is out of service (IsOutOfService(): its operator drained it) takes no
 // request, and its waiters (Admission's FailedPrecondition) go to another node. When every
 // listed node serving the model is out of service, a request (new or replay) is refused at
 // once with FailedPrecondition, and so are the fleet queue's waiters for that model: no
@@ -59,7 +59,7 @@ struct FleetNodeView {
   std::string model;
   bool listed = false;          // in etcd now
   bool suspect = false;         // a replay failed there recently
-  bool out_of_service = false;  // its table says drained (OutOfService())
+  bool out_of_service = false;  // its table says drained (IsOutOfService())
   std::optional<Target> primary;
   size_t in_flight = 0;
   size_t queued = 0;
@@ -95,7 +95,7 @@ class FleetAdmission : public Admitter {
   size_t Forget(TimePoint now, Duration retention);
 
   // Whether at least one listed node serves `model` ("" any) and every such node is out of
-  // service (OutOfService() of its table).
+  // service (IsOutOfService() of its table).
   bool OutOfService(const std::string& model) const;
   std::vector<FleetNodeView> Nodes() const;
   // A listed node's ready primary (for /health), if any has one.

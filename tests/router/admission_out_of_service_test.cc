@@ -46,11 +46,11 @@ struct Grants {
 
 TEST(AdmissionOutOfServiceTest, OnlyDrainingAndStoppedAreOutOfService) {
   for (const char* state : {"draining", "stopped"}) {
-    EXPECT_TRUE(OutOfService(Table(state, {}))) << state;
+    EXPECT_TRUE(IsOutOfService(Table(state, {}))) << state;
   }
   for (const char* state : {"ready", "degraded", "down", "down_backoff", "failing_over",
                             "switching_over", "recovering", "starting", "stopping", "static", ""}) {
-    EXPECT_FALSE(OutOfService(Table(state, {}))) << state;
+    EXPECT_FALSE(IsOutOfService(Table(state, {}))) << state;
   }
 }
 

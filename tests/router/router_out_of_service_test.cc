@@ -71,7 +71,7 @@ class RouterOutOfServiceTest : public ::testing::Test {
     ASSERT_TRUE(sub_->Send(table).ok());
     auto applied = [&] {
       return router_->routes().table().version == table.version &&
-             router_->admission().OutOfService() == OutOfService(table) &&
+             router_->admission().OutOfService() == IsOutOfService(table) &&
              router_->admission().Primary().has_value() == !table.entries.empty();
     };
     for (int i = 0; i < 1000 && !applied(); ++i) std::this_thread::sleep_for(milliseconds(10));
