@@ -30,10 +30,11 @@ std::string Fix(const std::string& setting) {
 }
 
 // Whether a client running as root may trust a directory of another user at `path`: its parent
-// is root's and only root can write to it, so root made it (systemd's /run/baton).
+// is root's and only root can write to it, so root made it (systemd's /run/baton). The parent
+// is followed if it is a symbolic link (/var/run -> /run).
 bool RootMadeIt(const std::string& path) {
   struct stat parent {};
-  if (::lstat(ParentDir(path).c_str(), &parent) != 0 || !S_ISDIR(parent.st_mode)) return false;
+  if (::stat(ParentDir(path).c_str(), &parent) != 0 || !S_ISDIR(parent.st_mode)) return false;
   return parent.st_uid == 0 && (parent.st_mode & 022) == 0;
 }
 

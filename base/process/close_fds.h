@@ -5,7 +5,9 @@
 // exec, as an exec-error pipe must; `keep` must be close-on-exec already). close_range(2)
 // does it in one call where the kernel has it (5.9; close-on-exec from 5.11: before, they
 // are closed, around `keep`); otherwise every number below the soft RLIMIT_NOFILE is closed
-// one by one (no descriptor can be numbered at or above it), whatever that limit is.
+// one by one, whatever that limit is (a descriptor opened before the limit was lowered below
+// it would stay: Baton only raises it). The loop costs a close per number (about a million
+// under LimitNOFILE=1048576) and runs only where the kernel lacks close_range (before 5.9).
 // Async-signal-safe: system calls only.
 #pragma once
 

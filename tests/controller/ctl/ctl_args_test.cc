@@ -181,6 +181,13 @@ TEST(BatonctlRuntimeDir, AForeignOrWritableDirectoryIsRefusedBeforeConnecting) {
   char tmpl[] = "/tmp/baton-ctl-run-XXXXXX";
   ASSERT_NE(::mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
+  struct Removed {  // on every exit path, a failed ASSERT's too
+    std::string dir;
+    ~Removed() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+    }
+  } removed{dir};
   const std::string args = "--socket " + dir + "/controller.sock status";
   ASSERT_EQ(::chmod(dir.c_str(), 0777), 0);
   const CtlRun writable = Batonctl(args, "2>&1");
@@ -198,7 +205,6 @@ TEST(BatonctlRuntimeDir, AForeignOrWritableDirectoryIsRefusedBeforeConnecting) {
     EXPECT_TRUE(Has(foreign.out, "runtime directory " + dir + " is owned by uid 65534"))
         << foreign.out;
   }
-  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
