@@ -12,6 +12,15 @@ namespace {
 
 constexpr const char* kVariable = "BATON_CPU_KERNELS";
 
+// The value, read once (the environment may change after): "" when unset.
+const std::string& AskedValue() {
+  static const std::string value = [] {
+    const char* v = std::getenv(kVariable);
+    return std::string(v == nullptr ? "" : v);
+  }();
+  return value;
+}
+
 }  // namespace
 
 KernelsAsked ParseKernelsAsked(const char* value) {
@@ -26,7 +35,7 @@ KernelsAsked ParseKernelsAsked(const char* value) {
 }
 
 KernelsAsked KernelsAskedByEnvironment() {
-  static const KernelsAsked asked = ParseKernelsAsked(std::getenv(kVariable));
+  static const KernelsAsked asked = ParseKernelsAsked(AskedValue().c_str());
   return asked;
 }
 
@@ -36,7 +45,7 @@ std::string KernelsInUse() {
     in_use = Avx512BlocksInUse() ? "avx2 with avx-512 blocks" : "avx2";
   }
   if (KernelsAskedByEnvironment() != KernelsAsked::kBest) {
-    in_use += std::string(" (") + kVariable + "=" + std::getenv(kVariable) + ")";
+    in_use += std::string(" (") + kVariable + "=" + AskedValue() + ")";
   }
   return in_use;
 }

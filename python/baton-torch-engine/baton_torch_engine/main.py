@@ -248,9 +248,13 @@ def stand_by(args, engine, model, kv, generator, port: int, started: float):
     block_copy_ms = 0.0
     if generator.scheduler.handoff is not None:  # a quarantined block's KV is copied this fast
         from .kv_copy_cost import measure_block_copy_ms
-        block_copy_ms = generator.scheduler.call(
-            lambda: measure_block_copy_ms(kv.blocks, model.device))
-        log(f"a quarantined block's kv is copied in {block_copy_ms:.3f} ms (measured)")
+        try:
+            block_copy_ms = generator.scheduler.call(
+                lambda: measure_block_copy_ms(kv.blocks, model.device))
+            log(f"a quarantined block's kv is copied in {block_copy_ms:.3f} ms (measured)")
+        except (RuntimeError, MemoryError) as e:  # no estimate: a promotion waits for the barrier
+            log(f"the copy of a quarantined block's kv could not be measured ({e}): "
+                "promotions wait for the barrier")
     write_port(args.port_file, port)
     log(f"standby {engine.id} ready in {(time.monotonic() - started) * 1e3:.1f} ms, "
         f"{since_process_start_ms():.0f} ms after its process started (the interpreter's "
