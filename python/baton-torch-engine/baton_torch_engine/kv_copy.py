@@ -84,9 +84,9 @@ class BlockCopy:
     done: Callable[[], None] = lambda: None
 
 
-def host_block_copy(handoff: KvHandoff) -> BlockCopy:
-    """A host pool's block, whole: record, token ids and KV."""
-    size = handoff.kv.block_bytes
+def host_block_copy(handoff: KvHandoff, size: Optional[int] = None) -> BlockCopy:
+    """A host pool's block, whole (record, token ids and KV), or its first `size` bytes."""
+    size = handoff.kv.block_bytes if size is None else size
     return BlockCopy(lambda src, dst: ctypes.memmove(handoff.block_address(dst),
                                                       handoff.block_address(src), size))
 

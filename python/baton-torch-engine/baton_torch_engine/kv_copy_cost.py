@@ -22,8 +22,9 @@ import ctypes
 import time
 from typing import TYPE_CHECKING
 
+from . import kv_record
 from .kv_blocks import KvBlocks, SequenceBlocks
-from .kv_copy import BlockCopy, copy_in, host_block_copy, measure_device_copy_gbps, plan_copy
+from .kv_copy import copy_in, host_block_copy, measure_device_copy_gbps, plan_copy
 from .kv_handoff import KvHandoff
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -49,19 +50,14 @@ def _scratch(kv: KvBlocks) -> tuple[KvBlocks, KvHandoff, SequenceBlocks]:
     return scratch, writer, seq
 
 
-def _record_only_copy(handoff: KvHandoff) -> BlockCopy:
-    """A device pool's host part of a block's copy: the record and the token ids."""
-    size = handoff.kv.data_offset
-    return BlockCopy(lambda src, dst: ctypes.memmove(handoff.block_address(dst),
-                                                      handoff.block_address(src), size))
-
-
 def _copy_once(scratch: KvBlocks, writer: KvHandoff, seq: SequenceBlocks,
                record_only: bool) -> float:
     """One planned copy of `seq` by a successor at epoch 2, its copies freed after: seconds."""
     heir = KvHandoff(scratch, _IDENTITY, writer.block_address, lambda: 2)
-    headers = b"".join(ctypes.string_at(writer.block_address(b), 64) for b in seq.blocks)
-    copy = _record_only_copy(heir) if record_only else host_block_copy(heir)
+    headers = b"".join(ctypes.string_at(writer.block_address(b), kv_record.HEADER_BYTES)
+                        for b in seq.blocks)
+    # A device pool's host part of a block's copy is its record and token ids only.
+    copy = host_block_copy(heir, heir.kv.data_offset if record_only else None)
     at = time.perf_counter()
     plan = plan_copy(heir, seq.blocks, headers)
     copy_in(heir, plan, lambda: scratch.take(1)[0], copy)
