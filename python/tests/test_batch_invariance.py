@@ -22,9 +22,11 @@ and is skipped. BATON_BIN_DIR names the build's bin/ (baton-mkmodel, baton-refen
 import concurrent.futures
 import json
 import os
+import queue
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.request
@@ -343,6 +345,23 @@ class SchedulerTest(unittest.TestCase):
             s.submit(completion([256] * 10, 400))
         self.assertEqual(ctx.exception.status, 429)
         self.assertEqual(ctx.exception.kind, "rate_limit_error")
+
+    def test_a_paced_scheduler_gives_the_same_tokens_and_serves_calls_between_steps(self):
+        want = self.alone()
+        s, _ = self.scheduler(200, max_batch=3, step_interval=0.002)
+        self.assertEqual([drain(j) for j in [s.submit(r) for r in self.requests()]], want)
+        s, kv = self.scheduler(50, step_interval=3600.0)  # the second step waits an hour
+        job = s.submit(completion([256] + list(b"hello"), 5))
+        job.steps.get(timeout=60)
+        answer = queue.Queue()
+        threading.Thread(target=lambda: answer.put(s.call(lambda: s.steps_total)),
+                         daemon=True).start()
+        self.assertEqual(answer.get(timeout=60), 1, "a call() waits for no paced step")
+        s.cancel(job)
+        deadline = time.monotonic() + 30
+        while kv.free_count != 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(kv.free_count, 50, "a cancel waits for no paced step")
 
 
 def post(port, body):

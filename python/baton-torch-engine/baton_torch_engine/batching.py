@@ -29,6 +29,11 @@ primary whose steps stand still while requests wait). Before each step, may_comp
 engine's epoch check) must hold, or every request fails with 503 (a fenced engine's blocks
 may already be another's). A step that raises fails its requests: on_error(exc) decides the
 status (503 for a device fault it has reported).
+
+With step_interval > 0 (seconds; --step-interval-ms) a step starts at most every
+step_interval after the one before, as the reference engine's pace (EngineLoop::Pace): a
+stream a reader can follow, or one that lasts long enough for a test to cut it. While it
+waits, the thread goes on taking requests, cancellations and call()s.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ import collections
 import math
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -87,8 +93,11 @@ class Scheduler:
                  max_step_tokens: int = 256,
                  on_error: Optional[Callable[[BaseException], int]] = None,
                  log: Callable[[str], None] = lambda text: None,
-                 on_progress: Optional[Callable[[int, int], None]] = None):
+                 on_progress: Optional[Callable[[int, int], None]] = None,
+                 step_interval: float = 0.0):
         self.model, self.kv, self.eos = model, kv, set(eos)
+        self.step_interval = max(0.0, step_interval)
+        self._next_step_at = 0.0  # time.monotonic() before which no step starts
         self.may_compute, self.on_error, self.log = may_compute, on_error, log
         self.on_progress = on_progress
         self.max_batch, self.max_step_tokens = max(1, max_batch), max(1, max_step_tokens)
@@ -187,8 +196,11 @@ class Scheduler:
                            ApiError("the engine was fenced", status=503, kind="server_error"))
                 continue
             self._admit()
+            if self.running and not self._paced():
+                continue
             self._report_progress()
             if self.running:
+                self._next_step_at = time.monotonic() + self.step_interval
                 self._step()
                 self._report_progress()
         stopping = ApiError("the engine is stopping", status=503, kind="server_error")
@@ -197,6 +209,17 @@ class Scheduler:
                 payload[1].put((False, stopping))
         self._fail(list(self.running) + list(self.waiting) +
                    [j for what, j in self._inbox if what == "submit"], stopping)
+
+    def _paced(self) -> bool:
+        """True when a step may start now; otherwise waits until it may, or until something
+        is posted, and returns False."""
+        with self._cv:
+            delay = self._next_step_at - time.monotonic()
+            if delay <= 0:
+                return True
+            if not self._inbox and not self._stop:
+                self._cv.wait(delay)
+            return False
 
     def _report_progress(self) -> None:
         """on_progress(steps done, requests admitted and not finished): before a step (its

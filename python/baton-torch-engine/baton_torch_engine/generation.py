@@ -21,10 +21,11 @@ class Generator:
                  max_step_tokens: int = 256,
                  on_error: Optional[Callable[[BaseException], int]] = None,
                  log: Callable[[str], None] = lambda text: None,
-                 on_progress: Optional[Callable[[int, int], None]] = None):
+                 on_progress: Optional[Callable[[int, int], None]] = None,
+                 step_interval: float = 0.0):
         self.model = model
         self.scheduler = Scheduler(model, kv, eos, may_compute, max_batch, max_step_tokens,
-                                   on_error, log, on_progress)
+                                   on_error, log, on_progress, step_interval)
         device = model.device
         self.scheduler.start(on_thread=lambda: _use_device(device))
 

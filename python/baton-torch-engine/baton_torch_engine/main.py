@@ -50,6 +50,8 @@ def parse(argv):
     p.add_argument("--max-batch", type=int, default=16, help="sequences per step")
     p.add_argument("--max-step-tokens", type=int, default=256,
                    help="tokens per step (prompts are prefilled in chunks to fit)")
+    p.add_argument("--step-interval-ms", type=int, default=0,
+                   help="pace: a step at most every N ms (default 0: as fast as it computes)")
     p.add_argument("--standalone", action="store_true",
                    help="read the weights from the model's files (the default without "
                    "--controller or BATON_SOCKET)")
@@ -77,7 +79,10 @@ def parse(argv):
     p.add_argument("--keep-library-pages", action="store_true",
                    help="under a controller: keep the standby's library page-table entries "
                    "(see baton_engine.libmaps)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0 <= args.step_interval_ms <= 60000:
+        p.error(f"--step-interval-ms {args.step_interval_ms} is outside [0, 60000]")
+    return args
 
 
 def log(text: str) -> None:
@@ -115,6 +120,7 @@ def start_device(args):
 
 def generator_options(args, device, engine=None) -> dict:
     return dict(max_batch=args.max_batch, max_step_tokens=args.max_step_tokens, log=log,
+                step_interval=args.step_interval_ms / 1000.0,
                 on_error=lambda e: on_step_error(e, device, engine),
                 on_progress=engine.report_progress if engine is not None else None)
 
