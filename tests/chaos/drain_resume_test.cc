@@ -61,9 +61,7 @@ void ExpectOutOfService(uint16_t port) {
 // stopped pair's router answers 503 at once. The controller then dies with kill -9: the next
 // one launches no engine, the pair stays stopped until `batonctl resume`.
 TEST(DrainResume, TheDrainedPrimaryFinishesItsRequestsAndThePairStaysDrainedThroughARestart) {
-  ClusterOptions options = RefenginePair();
-  options.engine_command.insert(options.engine_command.end(), {"--step-interval-ms", "20"});
-  ChaosCluster cluster(options);
+  ChaosCluster cluster(PacedRefenginePair(20));
   RouterProcess router({"--controller", cluster.socket()}, cluster.dir(), "router.log");
   ASSERT_TRUE(router.ready()) << router.Log();
   cluster.WaitReady();

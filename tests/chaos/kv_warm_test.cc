@@ -134,16 +134,13 @@ void StreamSurvivesFailpoint(const std::string& tag, const std::string& failpoin
 // `batonctl drill DRILL` mid-stream; the new primary must continue from the KV the old one
 // left (a hung one is killed and reaped before anything is read).
 void DrillMidStreamContinuesFromTheKv(const std::string& drill) {
-  ChaosCluster cluster(RefenginePair());
+  ChaosCluster cluster(PacedRefenginePair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   const StreamOutput want = Stream(cluster, router, "reference", nullptr);
-  Ballast ballast(PrimaryAddress(cluster), 8);  // slows the tiny model so the drill lands
-  std::this_thread::sleep_for(milliseconds(300));
   const StreamOutput got = Stream(cluster, router, drill, [&] {
     const CtlResult done = cluster.Ctl({"drill", drill});
     EXPECT_EQ(done.exit_code, 0) << done.stdout_text;
-    ballast.Stop();
   });
   EXPECT_EQ(got.token_ids, want.token_ids);
   EXPECT_EQ(got.text, want.text);
@@ -287,7 +284,7 @@ TEST(KvWarmFailover, ComputeStalledNonStreamedIsFoundByTheEngineAndReplayed) {
 }
 
 TEST(KvWarmFailover, StandbyOfAnotherKvFormatAdoptsNothing) {
-  ClusterOptions o = RefenginePair();
+  ClusterOptions o = PacedRefenginePair();
   // Every engine launched as a standby says it writes another KV format (an engine upgrade
   // that changed its layout): the promoted one must not adopt the first primary's records.
   o.engine_wrapper = {"/bin/sh", "-c",
@@ -299,11 +296,8 @@ TEST(KvWarmFailover, StandbyOfAnotherKvFormatAdoptsNothing) {
   ASSERT_TRUE(router.ready()) << router.Log();
   ASSERT_NO_FATAL_FAILURE(ServeFromTheEngineLaunchedAsPrimary(cluster));
   const StreamOutput want = Stream(cluster, router, "reference", nullptr);
-  Ballast ballast(PrimaryAddress(cluster), 8);
-  std::this_thread::sleep_for(milliseconds(300));
   const StreamOutput got = Stream(cluster, router, "kill", [&] {
     EXPECT_EQ(cluster.Ctl({"drill", "kill"}).exit_code, 0);
-    ballast.Stop();
   });
   EXPECT_EQ(got.token_ids, want.token_ids);
   cluster.WaitReady("the pair after the kill");
@@ -313,19 +307,14 @@ TEST(KvWarmFailover, StandbyOfAnotherKvFormatAdoptsNothing) {
 }
 
 TEST(KvWarmFailover, PromoteHandsTheRunningSequenceOver) {
-  ChaosCluster cluster(RefenginePair());
+  ChaosCluster cluster(PacedRefenginePair());
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   const StreamOutput want = Stream(cluster, router, "reference", nullptr);
   const uint64_t before = PrimaryId(cluster.Status());
-  Ballast ballast(PrimaryAddress(cluster), 8);
-  std::this_thread::sleep_for(milliseconds(300));
   const StreamOutput got = Stream(cluster, router, "promote", [&] {
-    // The ballast (sent straight to the engine, without a key) is drained as before; the
-    // router's keyed stream is handed over.
     const CtlResult promote = cluster.Ctl({"promote"});
     EXPECT_EQ(promote.exit_code, 0) << promote.stdout_text;
-    ballast.Stop();
   });
   EXPECT_EQ(got.token_ids, want.token_ids);
   EXPECT_EQ(got.text, want.text);

@@ -19,7 +19,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/beast/core.hpp>
@@ -339,40 +338,16 @@ inline std::string PrimaryAddress(const ChaosCluster& cluster) {
   return p.is_null() ? "" : p.value("http_address", "");
 }
 
-// Clients that keep the engine at `address` busy with long prompts (max_tokens 1) until
-// stopped or until the engine stops answering.
-class Ballast {
- public:
-  Ballast(const std::string& address, int clients) {
-    const uint16_t port = static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
-    const std::string body = json{
-        {"model", kRouterTestModel},
-        {"prompt", std::string(440, 'b')},
-        {"max_tokens", 1},
-        {"seed", 1}}.dump();
-    for (int i = 0; i < clients; ++i) {
-      threads_.emplace_back([this, port, body] {
-        while (!stop_ &&
-               Fetch(port, http::verb::post, "/v1/completions", body, std::chrono::seconds(10))
-                       .status == 200) {
-          ++sent_;
-        }
-      });
-    }
-  }
-  ~Ballast() { Stop(); }
-  void Stop() {
-    stop_ = true;
-    for (std::thread& t : threads_) t.join();
-    threads_.clear();
-  }
-  int sent() const { return sent_; }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::atomic<int> sent_{0};
-  std::vector<std::thread> threads_;
-};
+// A step of the tiny model takes well under a millisecond: a whole stream ends before
+// `batonctl drill kill` can land mid-way on a fast machine. A paced pair's engines decode
+// a step at most every `step_ms` (`--step-interval-ms`), which changes when each token comes,
+// never which token: a 48-token stream lasts over a second whatever the CPU.
+inline constexpr int kPacedStepMs = 25;
+inline ClusterOptions PacedRefenginePair(int step_ms = kPacedStepMs) {
+  ClusterOptions o = RefenginePair();
+  o.engine_command.insert(o.engine_command.end(), {"--step-interval-ms", std::to_string(step_ms)});
+  return o;
+}
 
 struct StreamOutput {
   std::string text;

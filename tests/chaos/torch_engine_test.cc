@@ -32,7 +32,9 @@ bool TorchInstalled() {
          std::system((std::string(kPython) + " -c 'import torch' 2>/dev/null").c_str()) == 0;
 }
 
-ClusterOptions TorchPair() {
+// `step_ms` > 0 paces the engines (--step-interval-ms): a step at most every step_ms, so that
+// a `batonctl` command lands mid-stream however fast the machine computes the tiny model.
+ClusterOptions TorchPair(int step_ms = 0) {
   ClusterOptions o;
   o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib",
                       std::string("BATON_PYTHON=") + kPython};
@@ -55,6 +57,10 @@ ClusterOptions TorchPair() {
                       "1",
                       "--engine-version",
                       "torch-1"};
+  if (step_ms > 0) {
+    o.engine_command.insert(o.engine_command.end(),
+                            {"--step-interval-ms", std::to_string(step_ms)});
+  }
   o.blocks = 512;
   o.register_timeout_ms = 60'000;  // importing torch takes seconds on a busy CI machine
   o.ready_timeout = seconds(90);   // two engines importing torch beside the suite's tests
@@ -195,7 +201,7 @@ TEST_F(TorchEngineTest, AKilledPrimarysKvIsAdoptedAndTheReplayIsNotPrefilledAgai
 // stream over with its KV parked in its blocks, records committed; the promoted engine adopts
 // that KV with the blocks, and the router's replay continues from it, token for token.
 TEST_F(TorchEngineTest, PromoteHandsTheRunningSequenceOver) {
-  ChaosCluster cluster(TorchPair());
+  ChaosCluster cluster(TorchPair(/*step_ms=*/20));
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   KilledStream stream;
@@ -214,7 +220,7 @@ TEST_F(TorchEngineTest, PromoteHandsTheRunningSequenceOver) {
 // `batonctl drain` mid-stream: no next primary follows, so the torch primary hands nothing
 // over and finishes the stream itself, token for token, with nothing replayed; the pair stops.
 TEST_F(TorchEngineTest, ADrainedPrimaryFinishesTheStreamItself) {
-  ChaosCluster cluster(TorchPair());
+  ChaosCluster cluster(TorchPair(/*step_ms=*/20));
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   KilledStream stream;
