@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/io_context.hpp>
 #include <cerrno>
 #include <cstring>
@@ -96,6 +97,20 @@ Result<uint64_t> ReadU64(const PrimaryContext& ctx, CUdeviceptr at) {
   return v;
 }
 
+// The counter's value once it has risen past `from` (the spin kernel writes on), or its last
+// value when it has not within `wait`: a loaded host may leave an emulated kernel's thread
+// unscheduled for longer than one short look.
+Result<uint64_t> CounterPast(const PrimaryContext& ctx, CUdeviceptr counter, uint64_t from,
+                             Duration wait) {
+  const TimePoint until = RealClock::Get().Now() + wait;
+  BATON_ASSIGN_OR_RETURN(uint64_t now, ReadU64(ctx, counter));
+  while (now <= from && RealClock::Get().Now() < until) {
+    std::this_thread::sleep_for(2ms);
+    BATON_ASSIGN_OR_RETURN(now, ReadU64(ctx, counter));
+  }
+  return now;
+}
+
 Status Share(proto::Channel& ch, const VmmRegion& region, bool writable, Duration timeout) {
   BATON_ASSIGN_OR_RETURN(std::vector<UniqueFd> fds, region.ExportAll());
   std::vector<int> raw;
@@ -177,9 +192,9 @@ Status Drill(const PrimaryContext& ctx, const DrillConfig& config, CUdeviceptr c
   const proto::BlockRange reserved{.first = blocks - reserve, .count = reserve};
   BATON_RETURN_IF_ERROR(Promote(primary, 1, old_blocks, config.step_timeout)
                             .WithContext(ToString(proto::LaunchRole::kPrimary)));
-  BATON_ASSIGN_OR_RETURN(uint64_t c1, ReadU64(ctx, counter));
-  std::this_thread::sleep_for(20ms);
-  BATON_ASSIGN_OR_RETURN(uint64_t c2, ReadU64(ctx, counter));
+  const Duration look = std::min<Duration>(config.step_timeout, 5s);
+  BATON_ASSIGN_OR_RETURN(uint64_t c1, CounterPast(ctx, counter, 0, look));
+  BATON_ASSIGN_OR_RETURN(uint64_t c2, CounterPast(ctx, counter, c1, look));
   r->writes_crossed = c1 > 0 && c2 > c1;
 
   const TimePoint killed = RealClock::Get().Now();

@@ -39,7 +39,7 @@ class FleetFailover : public ::testing::Test {
     etcd_ = std::make_unique<EtcdCluster>(3);
     ASSERT_TRUE(etcd_->WaitHealthy()) << "etcd did not come up:\n" << etcd_->LogTails();
     for (int i = 0; i < kNodes; ++i) {
-      ClusterOptions o = RefenginePair();
+      ClusterOptions o = TolerantHealth(RefenginePair());  // no failover may come of the load
       o.engine_command.insert(o.engine_command.end(),
                               {"--host", "127.0.2." + std::to_string(i + 1)});
       o.extra_toml = "[fleet]\netcd = \"" + EtcdList() +

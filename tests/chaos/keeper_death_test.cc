@@ -64,7 +64,7 @@ void ExpectTheNextRestartReadopts(ChaosCluster& cluster, const json& cold) {
 }
 
 TEST(KeeperDeath, KeeperThenControllerKilledUnderLoadLosesNothing) {
-  ClusterOptions options = RefenginePair();
+  ClusterOptions options = TolerantHealth(RefenginePair());  // no failover may come of the load
   options.metrics_port = FreePort();
   ChaosCluster cluster(options);
   RouterProcess router(cluster.socket(), cluster.dir());

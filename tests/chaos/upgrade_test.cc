@@ -15,7 +15,9 @@
 //    is rolled back.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -43,7 +45,7 @@ class UpgradeTest : public ::testing::Test {
     References(router_.port(), "Upgrade", 32, &requests_, &want_);
   }
 
-  ChaosCluster cluster_{RefenginePair()};
+  ChaosCluster cluster_{TolerantHealth(RefenginePair())};  // no failover may come of the load
   RouterProcess router_{cluster_.socket(), cluster_.dir()};
   std::vector<json> requests_;
   std::vector<StreamOutput> want_;
@@ -368,22 +370,38 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   cluster.CheckFencing();
 }
 
+// A file that holds the engines whose command waits on it until it is opened (removed).
+struct Gate {
+  explicit Gate(const std::string& name)
+      : path("/tmp/baton-gate-" + std::to_string(::getpid()) + "-" + name) {
+    std::ofstream(path) << "engines wait while this file is here\n";
+  }
+  ~Gate() { Open(); }
+  void Open() const { ::unlink(path.c_str()); }
+  // A shell line that waits until the gate is open.
+  std::string Wait() const { return "while [ -e " + path + " ]; do sleep 0.05; done; "; }
+  const std::string path;
+};
+
 // The primary dies while the candidate is still starting: until an engine serves again a
-// rollback is refused (stopping the candidate then could leave no engine at all). Engines
-// launched after the first pair, the candidate among them, start 8 s late: time enough, on a
-// loaded host, for two status polls, the kill and the rollback (well within the 20 s the
-// controller waits for an engine to register).
+// rollback is refused (stopping the candidate then could leave no engine at all). The
+// candidate (engine 3, in place of the standby) waits at one gate, the engines launched after
+// it at another; the candidate, let through first, is promoted by the failover, which ends
+// the upgrade, and the old command's standby that follows is replaced by one of the new.
 TEST(UpgradeCtlTest, NoRollbackWhileNoEngineServes) {
+  const Gate candidate("candidate"), later("later");
   ClusterOptions options = RefenginePair();
-  options.engine_wrapper = {"/bin/sh", "-c",
-                            "if [ \"$BATON_ENGINE_ID\" -gt 2 ]; then sleep 8; fi; exec \"$@\"",
-                            "slow-replacement"};
+  options.register_timeout_ms = 60'000;  // an engine held at a gate is not a failure
+  options.engine_wrapper = {
+      "/bin/sh", "-c",
+      "if [ \"$BATON_ENGINE_ID\" -gt 3 ]; then " + later.Wait() + "fi; exec \"$@\"", "held-later"};
   ChaosCluster cluster(options);
   // (Ctl runs batonctl through the shell: the candidate's script is quoted for it.)
-  std::vector<std::string> args = {"upgrade",   "--steps", "50,100",
-                                   "--step-ms", "60000",   "--",
-                                   "/bin/sh",   "-c",      "'sleep 8; exec \"$@\"'",
-                                   "slow-start"};
+  std::vector<std::string> args = {
+      "upgrade",       "--steps", "50,100",
+      "--step-ms",     "60000",   "--",
+      "/bin/sh",       "-c",      "'" + candidate.Wait() + "exec \"$@\"'",
+      "held-candidate"};
   const std::vector<std::string> command = RefenginePair().engine_command;
   args.insert(args.end(), command.begin(), command.end());
   const json before = cluster.Status();
@@ -393,7 +411,7 @@ TEST(UpgradeCtlTest, NoRollbackWhileNoEngineServes) {
       [](const json& st) {
         const json current =
             st.contains("upgrade") ? st["upgrade"].value("current", json()) : json();
-        return current.is_object() && current.value("canary", uint64_t{0}) != 0;
+        return current.is_object() && current.value("canary", uint64_t{0}) == 3;
       },
       "the candidate to be launched");
   ASSERT_EQ(::kill(PidOf(EngineWithRole(before, "primary")), SIGKILL), 0);
@@ -402,7 +420,11 @@ TEST(UpgradeCtlTest, NoRollbackWhileNoEngineServes) {
   const CtlResult back = cluster.Ctl({"rollback"});
   EXPECT_EQ(back.exit_code, 1) << back.stdout_text;
   EXPECT_NE(back.stdout_text.find("no engine serves yet"), std::string::npos) << back.stdout_text;
-  WaitUpgradeEnded(cluster, 0);
+  candidate.Open();
+  const json ended = WaitUpgradeEnded(cluster, 0);
+  EXPECT_EQ(ended["outcome"], "promoted") << ended.dump();
+  EXPECT_EQ(PrimaryId(cluster.Status()), 3u);
+  later.Open();
   cluster.WaitReady("the pair after the failover");
   cluster.CheckFencing();
 }
