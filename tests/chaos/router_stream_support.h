@@ -1,7 +1,7 @@
 // Support for tests/chaos/router_stream_test.cc: baton-router as a child process subscribed
 // to a ChaosCluster's controller, the reference engine as the cluster's engine command, child
-// processes with piped stdio (the node client, curl), a blocking HTTP call, ballast clients
-// that slow an engine down, and parsers for completion bodies.
+// processes with piped stdio (the node client, curl), a blocking HTTP call, a paced pair whose
+// streams last long enough to be cut, and parsers for completion bodies.
 //
 // Header-only test support (the test build compiles *_test.cc files only), like
 // chaos_harness.h. Fetch() may be called from any thread; the rest from the test's main
