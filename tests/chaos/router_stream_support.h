@@ -312,23 +312,22 @@ class RouterProcess {
   bool ready_ = false;
 };
 
+// `program` with the flags every engine of this project takes, the controller's placeholders
+// in them, serving the model as kRouterTestModel.
+inline std::vector<std::string> EngineCommand(const std::string& program) {
+  return {program,         "--model",
+          "{model_dir}",   "--port",
+          "{port}",        "--controller",
+          "{socket}",      "--token",
+          "{token}",       "--role",
+          "{role}",        "--engine-id",
+          "{engine_id}",   "--served-model-name",
+          kRouterTestModel};
+}
+
 inline ClusterOptions RefenginePair() {
   ClusterOptions o;
-  o.engine_command = {std::string(BATON_BIN_DIR) + "/baton-refengine",
-                      "--model",
-                      "{model_dir}",
-                      "--port",
-                      "{port}",
-                      "--controller",
-                      "{socket}",
-                      "--token",
-                      "{token}",
-                      "--role",
-                      "{role}",
-                      "--engine-id",
-                      "{engine_id}",
-                      "--served-model-name",
-                      kRouterTestModel};
+  o.engine_command = EngineCommand(std::string(BATON_BIN_DIR) + "/baton-refengine");
   o.blocks = 512;  // 64 KiB blocks of 127 tokens of the tiny model
   return o;
 }

@@ -38,25 +38,10 @@ ClusterOptions TorchPair(int step_ms = 0) {
   ClusterOptions o;
   o.engine_wrapper = {"/usr/bin/env", "BATON_LIB_DIR=" + std::string(BATON_BIN_DIR) + "/../lib",
                       std::string("BATON_PYTHON=") + kPython};
-  o.engine_command = {std::string(BATON_SOURCE_DIR) + "/python/bin/baton-torch-engine",
-                      "--model",
-                      "{model_dir}",
-                      "--port",
-                      "{port}",
-                      "--controller",
-                      "{socket}",
-                      "--token",
-                      "{token}",
-                      "--role",
-                      "{role}",
-                      "--engine-id",
-                      "{engine_id}",
-                      "--served-model-name",
-                      kRouterTestModel,
-                      "--threads",
-                      "1",
-                      "--engine-version",
-                      "torch-1"};
+  o.engine_command =
+      EngineCommand(std::string(BATON_SOURCE_DIR) + "/python/bin/baton-torch-engine");
+  o.engine_command.insert(o.engine_command.end(),
+                          {"--threads", "1", "--engine-version", "torch-1"});
   if (step_ms > 0) {
     o.engine_command.insert(o.engine_command.end(),
                             {"--step-interval-ms", std::to_string(step_ms)});
