@@ -191,6 +191,25 @@ const std::string& FiveMiBModelDir();
 // HugePages_Free of /proc/meminfo (0 when absent).
 long HugePagesFree();
 
+// A file that holds back whatever waits on it (an engine wrapper, a test engine's hold flag)
+// while it exists: a step the test begins and ends when it chooses, not after a sleep. Made
+// closed (the file there); removed at the latest when the GateFile goes.
+class GateFile {
+ public:
+  explicit GateFile(const std::string& name);
+  ~GateFile() { Open(); }
+  GateFile(const GateFile&) = delete;
+  GateFile& operator=(const GateFile&) = delete;
+  void Close() const;
+  void Open() const;
+  // A shell line that waits while the gate is closed.
+  std::string ShellWait() const { return "while [ -e " + path_ + " ]; do sleep 0.05; done; "; }
+  const std::string& path() const { return path_; }
+
+ private:
+  const std::string path_;
+};
+
 }  // namespace baton::chaos
 
 #include "tests/chaos/chaos_harness_inl.h"

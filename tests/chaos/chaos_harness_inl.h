@@ -484,4 +484,15 @@ inline int FreeTcpPort() {
 
 inline bool ProcessExists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+inline GateFile::GateFile(const std::string& name)
+    : path_("/tmp/baton-gate-" + std::to_string(::getpid()) + "-" + name) {
+  Close();
+}
+
+inline void GateFile::Close() const {
+  std::ofstream(path_) << "whatever waits on this gate waits while this file is here\n";
+}
+
+inline void GateFile::Open() const { ::unlink(path_.c_str()); }
+
 }  // namespace baton::chaos

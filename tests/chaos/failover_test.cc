@@ -441,15 +441,22 @@ TEST(ChaosFailover, SwitchoverWhoseStandbyDiesIsCalledOff) {
 // An engine that does not handle Resume (protocol 2) is never sent one: its switch-over goes
 // on, it is retired once drained, and with no standby left a fresh pair is started.
 TEST(ChaosFailover, SwitchoverOfAnEngineThatCannotResumeGoesOn) {
+  // The drain lasts until the standby has been killed and the controller has said why the
+  // switch-over goes on.
+  const GateFile drain("drain");
   ClusterOptions options;
-  // The drain must last long enough for a batonctl poll to see it and kill the standby
-  // while it lasts, even on a loaded host.
-  options.engine_args = {"--drain-ms", "3000", "--protocol-2"};
+  options.engine_args = {"--drain-hold-file", drain.path(), "--protocol-2"};
   ChaosCluster cluster(options);
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
   const json standby = EngineWithRole(before, "standby");
   KillTheStandbyWhileThePrimaryDrains(cluster, standby);
+  cluster.WaitFor(
+      [&](const json&) {
+        return cluster.Log().find("which cannot call a drain off") != std::string::npos;
+      },
+      "the switch-over to go on");
+  drain.Open();
   const json after = cluster.WaitFor(
       [&](const json& s) { return IsReady(s) && PrimaryId(s) > standby["id"].get<uint64_t>(); },
       "a fresh pair");

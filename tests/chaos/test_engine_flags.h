@@ -16,6 +16,8 @@
 //   --promote-hold-file P    after its promotion, wait while file P exists before MarkServing:
 //                            a slow start the test begins and ends when it chooses
 //   --drain-ms N             a drain takes N ms (requests finishing), unless it is called off
+//   --drain-hold-file P      a drain also lasts while file P exists (unless called off): a
+//                            drain the test ends when it chooses
 //   --reclaim-delay-ms N     answer a Reclaim N ms late (a busy engine)
 //   --protocol-2             an engine that does not handle Resume (speaks protocol 2)
 //   --hang-registering-id N  engine N stops itself (SIGSTOP, every thread) once the SDK has
@@ -50,6 +52,7 @@ struct Flags {
   std::string violations_dir;
   std::string rogue_file;
   std::string promote_hold_file;
+  std::string drain_hold_file;
   uint64_t crash_if_id_above = 0;
   uint64_t hang_registering_id = 0;
   int busy_ms = 0;
@@ -65,10 +68,10 @@ struct Flags {
 };
 
 inline bool ParseFlags(int argc, char** argv, Flags* f) {
-  const std::map<std::string, std::string*> texts = {
-      {"--violations-dir", &f->violations_dir},
-      {"--rogue-file", &f->rogue_file},
-      {"--promote-hold-file", &f->promote_hold_file}};
+  const std::map<std::string, std::string*> texts = {{"--violations-dir", &f->violations_dir},
+                                                     {"--rogue-file", &f->rogue_file},
+                                                     {"--promote-hold-file", &f->promote_hold_file},
+                                                     {"--drain-hold-file", &f->drain_hold_file}};
   const std::map<std::string, uint64_t*> ids = {{"--crash-if-id-above", &f->crash_if_id_above},
                                                 {"--hang-registering-id", &f->hang_registering_id}};
   const std::map<std::string, int*> numbers = {{"--busy-ms", &f->busy_ms},

@@ -307,7 +307,12 @@ void ServeEvents(EngineSession& session, StampWriter& writer, const Flags& flags
       case SessionEventKind::kDrain: {
         const auto until =
             std::chrono::steady_clock::now() + std::chrono::milliseconds(flags.drain_ms);
-        while (std::chrono::steady_clock::now() < until && !session.resume_pending()) {
+        auto held = [&] {
+          return std::chrono::steady_clock::now() < until ||
+                 (!flags.drain_hold_file.empty() &&
+                  ::access(flags.drain_hold_file.c_str(), F_OK) == 0);
+        };
+        while (held() && !session.resume_pending()) {
           std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
         (void)session.ReportDrained(session.resume_pending() ? 1 : 0);

@@ -15,9 +15,7 @@
 //    is rolled back.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <unistd.h>
 
-#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -370,37 +368,25 @@ TEST(UpgradeCtlTest, RefusalsSayWhy) {
   cluster.CheckFencing();
 }
 
-// A file that holds the engines whose command waits on it until it is opened (removed).
-struct Gate {
-  explicit Gate(const std::string& name)
-      : path("/tmp/baton-gate-" + std::to_string(::getpid()) + "-" + name) {
-    std::ofstream(path) << "engines wait while this file is here\n";
-  }
-  ~Gate() { Open(); }
-  void Open() const { ::unlink(path.c_str()); }
-  // A shell line that waits until the gate is open.
-  std::string Wait() const { return "while [ -e " + path + " ]; do sleep 0.05; done; "; }
-  const std::string path;
-};
-
 // The primary dies while the candidate is still starting: until an engine serves again a
 // rollback is refused (stopping the candidate then could leave no engine at all). The
 // candidate (engine 3, in place of the standby) waits at one gate, the engines launched after
 // it at another; the candidate, let through first, is promoted by the failover, which ends
 // the upgrade, and the old command's standby that follows is replaced by one of the new.
 TEST(UpgradeCtlTest, NoRollbackWhileNoEngineServes) {
-  const Gate candidate("candidate"), later("later");
+  const GateFile candidate("candidate"), later("later");
   ClusterOptions options = RefenginePair();
   options.register_timeout_ms = 60'000;  // an engine held at a gate is not a failure
   options.engine_wrapper = {
       "/bin/sh", "-c",
-      "if [ \"$BATON_ENGINE_ID\" -gt 3 ]; then " + later.Wait() + "fi; exec \"$@\"", "held-later"};
+      "if [ \"$BATON_ENGINE_ID\" -gt 3 ]; then " + later.ShellWait() + "fi; exec \"$@\"",
+      "held-later"};
   ChaosCluster cluster(options);
   // (Ctl runs batonctl through the shell: the candidate's script is quoted for it.)
   std::vector<std::string> args = {
       "upgrade",       "--steps", "50,100",
       "--step-ms",     "60000",   "--",
-      "/bin/sh",       "-c",      "'" + candidate.Wait() + "exec \"$@\"'",
+      "/bin/sh",       "-c",      "'" + candidate.ShellWait() + "exec \"$@\"'",
       "held-candidate"};
   const std::vector<std::string> command = RefenginePair().engine_command;
   args.insert(args.end(), command.begin(), command.end());

@@ -66,8 +66,8 @@ class PrometheusStack : public ::testing::Test {
     o.base_port = base_port_;
     o.metrics_port = chaos::FreePort();
     o.register_timeout_ms = 60'000;  // an engine held at the gate is not a failure
-    o.engine_wrapper = {"/bin/sh", "-c", "while [ -e \"$0\" ]; do sleep 0.05; done; exec \"$@\"",
-                        gate_};
+    gate_.Open();                    // closed only while a test holds the next standby back
+    o.engine_wrapper = {"/bin/sh", "-c", gate_.ShellWait() + "exec \"$@\"", "gated-engine"};
     cluster_ = std::make_unique<ChaosCluster>(o);
     router_ = std::make_unique<RouterProcess>(cluster_->socket(), cluster_->dir());
     ASSERT_TRUE(router_->ready()) << router_->Log();
@@ -84,14 +84,14 @@ class PrometheusStack : public ::testing::Test {
   }
 
   void TearDown() override {
-    ::unlink(gate_.c_str());
+    gate_.Open();
     prometheus_.reset();
     router_.reset();
     cluster_.reset();
   }
 
-  void CloseGate() { WriteFile(gate_, "new engines wait while this file is here\n"); }
-  void OpenGate() { ::unlink(gate_.c_str()); }
+  void CloseGate() { gate_.Close(); }
+  void OpenGate() { gate_.Open(); }
 
   // The value of a one-sample instant query, or NaN.
   double Value(const std::string& promql) const {
@@ -144,7 +144,7 @@ class PrometheusStack : public ::testing::Test {
     std::printf("%s: then %s (resolved)\n", fault.c_str(), json(resolved).dump().c_str());
   }
 
-  std::string gate_ = "/tmp/baton-gate-" + std::to_string(::getpid());
+  chaos::GateFile gate_{"prometheus"};
   int base_port_ = 0;
   std::unique_ptr<ChaosCluster> cluster_;
   std::unique_ptr<RouterProcess> router_;
