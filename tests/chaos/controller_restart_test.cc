@@ -111,8 +111,8 @@ TEST(ControllerRestart, APartialHugePageArenaIsKeptAndAdopted) {
 // under load) found the connection closed when it came to keep the memory, kept nothing, and
 // the next controller loaded the model again and replaced the engines. Here the keeper closes
 // a connection idle for 20 ms, and the first controller pre-faults a 1 GiB pool (zeroing a
-// GiB takes longer than that on any machine, huge pages or not) between asking the keeper
-// for a kept pool and keeping its memory there.
+// GiB takes longer than that, huge pages or not) between asking the keeper for a kept pool
+// and keeping its memory there.
 TEST(ControllerRestart, MemoryIsKeptWhenTheKeeperClosedTheConnectionDuringTheLoad) {
   ClusterOptions options;
   options.blocks = 1024;

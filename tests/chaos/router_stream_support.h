@@ -332,11 +332,6 @@ inline ClusterOptions RefenginePair() {
   return o;
 }
 
-inline std::string PrimaryAddress(const ChaosCluster& cluster) {
-  const json p = EngineWithRole(cluster.Status(), "primary");
-  return p.is_null() ? "" : p.value("http_address", "");
-}
-
 // A step of the tiny model takes well under a millisecond: a whole stream ends before
 // `batonctl drill kill` can land mid-way on a fast machine. A paced pair's engines decode
 // a step at most every `step_ms` (`--step-interval-ms`), which changes when each token comes,

@@ -205,7 +205,8 @@ TEST_F(TorchEngineTest, PromoteHandsTheRunningSequenceOver) {
 // `batonctl drain` mid-stream: no next primary follows, so the torch primary hands nothing
 // over and finishes the stream itself, token for token, with nothing replayed; the pair stops.
 TEST_F(TorchEngineTest, ADrainedPrimaryFinishesTheStreamItself) {
-  ChaosCluster cluster(TorchPair(/*step_ms=*/20));
+  // 10 ms: the stream (120 tokens) must end well within the drain's timeout (5 s).
+  ChaosCluster cluster(TorchPair(/*step_ms=*/10));
   RouterProcess router(cluster.socket(), cluster.dir());
   ASSERT_TRUE(router.ready()) << router.Log();
   KilledStream stream;

@@ -15,7 +15,7 @@ against (--map-weights maps them instead).
     baton-torch-engine --model DIR [--host H] [--port N] [--port-file F]
                        [--served-model-name NAME] [--engine-version LABEL] [--threads K]
                        [--device cpu|cuda|cuda:N] [--tile-rows R]
-                       [--max-batch S] [--max-step-tokens T]
+                       [--max-batch S] [--max-step-tokens T] [--step-interval-ms N]
                        [--standalone [--map-weights] [--kv-blocks N] [--block-bytes B]]
                        [--controller SOCKET --token T --engine-id ID]
                        [--kv-handoff on|off] [--kv-format NAME] [--kv-keep-ms N]
