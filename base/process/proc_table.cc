@@ -80,11 +80,11 @@ std::optional<ProcStat> ReadProcStat(pid_t pid) {
   const size_t paren = stat.rfind(')');  // the name may hold spaces and parentheses
   ProcStat out;
   unsigned long long start = 0;
-  // After the name: state, ppid, then 17 fields up to the start time (field 22).
+  // After the name: state, ppid, pgrp, then 16 fields up to the start time (field 22).
   if (paren == std::string::npos ||
       std::sscanf(stat.c_str() + paren + 1,
-                  " %c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
-                  &out.state, &out.ppid, &start) != 3) {
+                  " %c %d %d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                  &out.state, &out.ppid, &out.pgid, &start) != 4) {
     return std::nullopt;
   }
   out.start_ticks = start;

@@ -33,10 +33,11 @@ bool HasToken(std::string_view list, std::string_view token);
 std::vector<pid_t> TaggedProcesses(std::string_view name, std::string_view token,
                                    const std::vector<pid_t>& exclude);
 
-// What /proc/PID/stat says of a process: its parent, its state ('Z': a zombie) and when it
-// started (clock ticks after boot). Nullopt when it is gone.
+// What /proc/PID/stat says of a process: its parent, its process group, its state ('Z': a
+// zombie) and when it started (clock ticks after boot). Nullopt when it is gone.
 struct ProcStat {
   pid_t ppid = 0;
+  pid_t pgid = 0;
   char state = 0;
   uint64_t start_ticks = 0;
 };

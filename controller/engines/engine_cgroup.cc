@@ -115,7 +115,9 @@ std::vector<std::string> Split(const std::string& line) {
 
 }  // namespace
 
-std::string OwnCgroup2Dir() {
+std::string OwnCgroup2Dir() { return Cgroup2DirOf(::getpid()); }
+
+std::string Cgroup2DirOf(pid_t pid) {
   std::string mount, root;
   std::ifstream mounts("/proc/self/mountinfo");
   for (std::string line; std::getline(mounts, line);) {
@@ -130,7 +132,7 @@ std::string OwnCgroup2Dir() {
   }
   if (mount.empty()) return "";
   std::string own;
-  std::ifstream cgroups("/proc/self/cgroup");
+  std::ifstream cgroups("/proc/" + std::to_string(pid) + "/cgroup");
   for (std::string line; std::getline(cgroups, line);) {
     if (line.rfind("0::", 0) == 0) own = line.substr(3);
   }

@@ -166,5 +166,8 @@ class EngineCgroups {
 // The cgroup2 directory the calling process belongs to ("" when there is none), from
 // /proc/self/mountinfo and /proc/self/cgroup.
 std::string OwnCgroup2Dir();
+// The cgroup2 directory of process `pid` as this process's mount names it ("" when there is
+// none, or the process is gone), from /proc/self/mountinfo and /proc/PID/cgroup.
+std::string Cgroup2DirOf(pid_t pid);
 
 }  // namespace baton

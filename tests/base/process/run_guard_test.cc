@@ -220,5 +220,28 @@ TEST(ProcTableTest, TokensAndTheStartEnvironment) {
   EXPECT_FALSE(ProcessName(::getpid()).empty());
 }
 
+TEST(ProcTableTest, StatNamesTheParentAndTheProcessGroup) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::setpgid(0, 0);
+    ::pause();
+    ::_exit(0);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  std::optional<ProcStat> stat = ReadProcStat(child);
+  while (stat.has_value() && stat->pgid != child && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    stat = ReadProcStat(child);
+  }
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  ASSERT_TRUE(stat.has_value());
+  EXPECT_EQ(stat->ppid, ::getpid());
+  EXPECT_EQ(stat->pgid, child) << "the child leads a group of its own";
+  EXPECT_EQ(ReadProcStat(::getpid())->pgid, ::getpgrp());
+  EXPECT_GT(stat->start_ticks, 0u);
+}
+
 }  // namespace
 }  // namespace baton
