@@ -325,8 +325,11 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
   std::unique_ptr<proto::Channel> channel = std::move(it->second.channel);
   conns_.erase(it);
   if (!msg.ok()) return;  // the channel logged why it closed
-  proto::ServerHelloOptions options{.server_name = config_.name,
-                                    .admit = [this](const proto::Hello& h) { return Admit(h); }};
+  Result<proto::PeerCredentials> peer = channel->peer_credentials();
+  const pid_t peer_pid = peer.ok() ? peer->pid : 0;
+  proto::ServerHelloOptions options{
+      .server_name = config_.name,
+      .admit = [this, peer_pid](const proto::Hello& h) { return Admit(h, peer_pid); }};
   Result<proto::AcceptedHello> accepted = proto::AnswerHello(*channel, *msg, options);
   if (!accepted.ok()) {
     coord_->NoteRefusal(channel->label(), accepted.status().message());
@@ -355,14 +358,16 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
   ArmTick();
 }
 
-Status Controller::Admit(const proto::Hello& hello) {
+Status Controller::Admit(const proto::Hello& hello, pid_t peer) {
   if (stopping_) return Unavailable("the controller is shutting down");
   switch (hello.role) {
     case proto::PeerRole::kCli:
     case proto::PeerRole::kRouter:
-      return OkStatus();
-    case proto::PeerRole::kEngine:
-      return coord_->Admit(hello.launch_token).status();
+      return CheckPeerOrigin(hello, 0, peer);
+    case proto::PeerRole::kEngine: {
+      BATON_ASSIGN_OR_RETURN(EngineId id, coord_->Admit(hello.launch_token));
+      return CheckPeerOrigin(hello, id, peer);
+    }
     case proto::PeerRole::kController:
     case proto::PeerRole::kDrill:
       break;

@@ -38,6 +38,7 @@
 #include "controller/core/effects.h"
 #include "controller/engines/engine_handle.h"
 #include "controller/engines/engine_logs.h"
+#include "controller/engines/peer_origin.h"
 #include "controller/engines/supervisor.h"
 #include "controller/epoch_journal.h"
 #include "controller/fleet_member.h"
@@ -172,7 +173,8 @@ class Controller final : private Effects {
   void Accept();
   void OnAccepted(proto::Channel channel);
   void OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> msg);
-  Status Admit(const proto::Hello& hello);
+  // Whether the controller serves `hello` from the process `peer` (SO_PEERCRED).
+  Status Admit(const proto::Hello& hello, pid_t peer);
   void ReadCli(uint64_t conn);
   // Sends `reply` to the batonctl on `conn` (if it is still there) and reads its next request.
   void AnswerCli(uint64_t conn, const proto::CtlReply& reply);
@@ -204,6 +206,12 @@ class Controller final : private Effects {
   void OnEngineDying(EngineId id, pid_t pid, int deferred = 0);
   void CheckNvmlSeesEngine(EngineHandle& h);
   EngineHandle* Handle(EngineId id);
+  // Every engine's processes as EngineOwning (engines/peer_origin.h) looks for them.
+  std::vector<EngineProcesses> EngineProcessList() const;
+  // An engine's Hello (`token_engine`: the engine its token names) must come from a process
+  // of that engine, any other role's from a process of no engine; FailedPrecondition naming
+  // the process and the engine otherwise.
+  Status CheckPeerOrigin(const proto::Hello& hello, EngineId token_engine, pid_t peer) const;
   // Every process of the engine that a fence must see gone: its process group's members and
   // its cgroup's, the leader included.
   std::vector<pid_t> EnginePids(const EngineHandle& h) const;

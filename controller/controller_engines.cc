@@ -34,6 +34,40 @@ EngineHandle* Controller::Handle(EngineId id) {
   return it == handles_.end() ? nullptr : &it->second;
 }
 
+std::vector<EngineProcesses> Controller::EngineProcessList() const {
+  std::vector<EngineProcesses> out;
+  for (const auto& [id, h] : handles_) {
+    // A gone leader's pid may be given to another process once its group is empty too.
+    const bool leader_counts = h.pid > 0 && (!h.exited || ProcessGroupAlive(h.pid));
+    out.push_back({.id = id,
+                   .leader = leader_counts ? h.pid : 0,
+                   .cgroup = h.cgroup != nullptr ? h.cgroup->path() : ""});
+  }
+  return out;
+}
+
+Status Controller::CheckPeerOrigin(const proto::Hello& hello, EngineId token_engine,
+                                   pid_t peer) const {
+  const std::vector<EngineProcesses> engines = EngineProcessList();
+  std::string rule;
+  const std::optional<uint64_t> owner = EngineOwning(peer, engines, &rule);
+  const std::string who = "pid " + std::to_string(peer);
+  if (hello.role != proto::PeerRole::kEngine) {
+    if (!owner.has_value()) return OkStatus();
+    return FailedPrecondition("role '" + std::string(ToString(hello.role)) + "' from " + who +
+                              ", a process of engine " + std::to_string(*owner) + " (" + rule +
+                              "): an engine may not command the controller");
+  }
+  if (owner == token_engine) return OkStatus();
+  const EngineHandle* h = nullptr;
+  if (auto it = handles_.find(token_engine); it != handles_.end()) h = &it->second;
+  return FailedPrecondition("engine " + std::to_string(token_engine) +
+                            "'s launch token came from " + who +
+                            ", which is not a process of engine " + std::to_string(token_engine) +
+                            (h != nullptr ? " (pid " + std::to_string(h->pid) + ")" : "") +
+                            (owner.has_value() ? " but of engine " + std::to_string(*owner) : ""));
+}
+
 void Controller::AttachEngine(EngineId id, std::unique_ptr<proto::Channel> channel) {
   EngineHandle* h = Handle(id);
   if (h == nullptr) return;

@@ -348,6 +348,86 @@ TEST(ChaosMisbehavior, AnEngineCannotResizeSharedMemoryNorWriteTheWeights) {
   cluster.CheckFencing();
 }
 
+// The path of the first file in the cluster's directory named `prefix`<anything> (not a
+// .tmp), waited for.
+std::string WaitFileNamed(const ChaosCluster& cluster, const std::string& prefix) {
+  std::string found;
+  cluster.WaitFor(
+      [&](const json&) {
+        for (const auto& entry : std::filesystem::directory_iterator(cluster.dir())) {
+          const std::string name = entry.path().filename().string();
+          if (name.rfind(prefix, 0) == 0 && !name.ends_with(".tmp")) found = entry.path();
+        }
+        return !found.empty();
+      },
+      "a file " + prefix + "*");
+  return found;
+}
+
+// Code inside an engine may not command the controller: the engine's own connections as
+// batonctl and as a router, and batonctl run by a worker that left the engine's process
+// group, are refused, and the pair stays in service. With cgroups, the cgroup tells; without,
+// the process group and the descent from the engine.
+class ChaosEngineCommands : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ChaosEngineCommands, AreRefused) {
+  ClusterOptions options = TolerantHealth();
+  options.engine_cgroup = GetParam();
+  ChaosCluster cluster(options);
+  const json before = RogueStandby(cluster, "command-controller");
+  const std::string path = WaitFileNamed(cluster, "command-");
+  const std::string id = path.substr(path.rfind('-') + 1, path.size() - path.rfind('-') - 5);
+  std::ifstream in(path);
+  const std::string report(std::istreambuf_iterator<char>(in), {});
+  EXPECT_EQ(report.find("served"), std::string::npos) << report;
+  const std::string rule = GetParam() == "off" ? "process group" : "cgroup";
+  EXPECT_NE(report.find("role 'cli' from pid"), std::string::npos) << report;
+  EXPECT_NE(report.find("role 'router' from pid"), std::string::npos) << report;
+  EXPECT_NE(report.find("a process of engine " + id + " (" + rule + ")"), std::string::npos)
+      << report;
+  const std::string worker_rule = GetParam() == "off" ? "descendant" : "cgroup";
+  EXPECT_NE(report.find("batonctl drain from a worker: exit 1: "), std::string::npos) << report;
+  EXPECT_NE(report.find("(" + worker_rule + "): an engine may not command the controller"),
+            std::string::npos)
+      << report;
+  WaitRefusal(cluster, "a process of engine " + id);
+  const json after = cluster.Status();
+  EXPECT_EQ(after["pair"]["state"], before["pair"]["state"]) << "no drain: " << after.dump(2);
+  ExpectPrimaryUnaffected(before, after);
+  cluster.CheckFencing();
+}
+
+INSTANTIATE_TEST_SUITE_P(ChaosMisbehavior, ChaosEngineCommands, ::testing::Values("auto", "off"),
+                         [](const auto& info) {
+                           return info.param == "off" ? std::string("WithoutCgroups")
+                                                      : std::string("WithCgroups");
+                         });
+
+// A launch token is taken only from a process of its engine: the token read from the engine
+// (as any process of the same user can, from /proc/PID/environ) is refused from elsewhere,
+// and the engine itself registers with it afterwards.
+TEST(ChaosMisbehavior, ALaunchTokenIsTakenOnlyFromItsEngine) {
+  ChaosCluster cluster(TolerantHealth());
+  const json before = RogueStandby(cluster, "lend-token");
+  const std::string token_file = WaitFileNamed(cluster, "token-");
+  pid_t lender = 0;
+  std::string token;
+  std::ifstream(token_file) >> lender >> token;
+  boost::asio::io_context io;
+  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
+  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+  Result<proto::HelloAck> ack = proto::ClientHello(
+      *raw, {.peer_name = "thief", .role = proto::PeerRole::kEngine, .launch_token = token});
+  ASSERT_FALSE(ack.ok()) << "a stolen token was taken";
+  EXPECT_NE(ack.status().message().find("which is not a process of engine"), std::string::npos)
+      << ack.status().ToString();
+  std::filesystem::remove(token_file);
+  const json after =
+      cluster.WaitFor([&](const json& s) { return PidOf(EngineWithRole(s, "standby")) == lender; },
+                      "the lender registered as the standby");
+  ExpectPrimaryUnaffected(before, after);
+}
+
 // A client that sends requests and never reads the replies: the controller's sends never
 // wait on it (its replies queue), and once it has taken nothing for a second it is dropped.
 TEST(ChaosMisbehavior, AClientThatNeverReadsIsDroppedWithoutStallingTheController) {

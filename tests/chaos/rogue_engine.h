@@ -1,8 +1,8 @@
 // The chaos tests' engine misbehaving over the raw protocol instead of the SDK (the rogue
 // modes of test_engine_helper_main.cc: bad-frame, stale-epoch, foreign-return, foreign-lease,
 // wrong-id, huge-register, bad-address, tamper-memory, mute, thread-dies,
-// report-then-thread-dies). Header-only test
-// support.
+// report-then-thread-dies; command-controller and lend-token, rogue_commands.h). Header-only
+// test support.
 #pragma once
 
 #include <fcntl.h>
@@ -24,6 +24,7 @@
 #include "proto/transport/listener.h"
 #include "proto/transport/liveness_page.h"
 #include "standby/sdk/engine_sdk.h"
+#include "tests/chaos/rogue_commands.h"
 
 namespace baton::testing {
 
@@ -107,6 +108,7 @@ inline int ThreadDies(proto::Channel& channel, bool report_first) {
 inline int RunRogue(const std::string& mode, const std::string& violations_dir,
                     const EngineLaunchInfo& info) {
   BATON_LOG(WARN, "test-engine") << "engine " << info.engine_id << " misbehaves: " << mode;
+  if (mode == "lend-token") LendToken(violations_dir, info);
   boost::asio::io_context io;
   Result<proto::Channel> channel = proto::Connect(io, info.socket_path);
   if (!channel.ok()) return 1;
@@ -143,6 +145,8 @@ inline int RunRogue(const std::string& mode, const std::string& violations_dir,
     const bool refused = TamperWith(*ack, &report);
     BATON_LOG(WARN, "test-engine") << "tampering:\n" << report;
     WriteTamperReport(violations_dir, info.engine_id, report, refused);
+  } else if (mode == "command-controller") {
+    CommandController(violations_dir, info);
   }
   KeepBeating(*channel);
   return 2;
