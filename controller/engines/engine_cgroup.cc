@@ -113,23 +113,34 @@ std::vector<std::string> Split(const std::string& line) {
   return fields;
 }
 
+// Where the cgroup2 hierarchy is mounted here, and which of its directories the mount shows
+// as its root; read from /proc/self/mountinfo once (mounts do not move under a daemon).
+struct Cgroup2Mount {
+  std::string mount;
+  std::string root;
+};
+const Cgroup2Mount& TheCgroup2Mount() {
+  static const Cgroup2Mount found = [] {
+    Cgroup2Mount m;
+    std::ifstream mounts("/proc/self/mountinfo");
+    for (std::string line; m.mount.empty() && std::getline(mounts, line);) {
+      const std::vector<std::string> f = Split(line);
+      for (size_t i = 6; i + 1 < f.size(); ++i) {
+        if (f[i] == "-" && f[i + 1] == "cgroup2") m = {.mount = f[4], .root = f[3]};
+      }
+    }
+    return m;
+  }();
+  return found;
+}
+
 }  // namespace
 
 std::string OwnCgroup2Dir() { return Cgroup2DirOf(::getpid()); }
 
 std::string Cgroup2DirOf(pid_t pid) {
-  std::string mount, root;
-  std::ifstream mounts("/proc/self/mountinfo");
-  for (std::string line; std::getline(mounts, line);) {
-    const std::vector<std::string> f = Split(line);
-    for (size_t i = 6; i + 1 < f.size(); ++i) {
-      if (f[i] == "-" && f[i + 1] == "cgroup2") {
-        root = f[3];
-        mount = f[4];
-      }
-    }
-    if (!mount.empty()) break;
-  }
+  const std::string& mount = TheCgroup2Mount().mount;
+  const std::string& root = TheCgroup2Mount().root;
   if (mount.empty()) return "";
   std::string own;
   std::ifstream cgroups("/proc/" + std::to_string(pid) + "/cgroup");
