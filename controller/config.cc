@@ -46,6 +46,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"controller.metrics_port", Int(&c->metrics_port, 0, 65535)},
       {"controller.metrics_host", Str(&c->metrics_host)},
       {"controller.name", Str(&c->name)},
+      {"controller.router_socket", Str(&c->router_socket)},
       {"controller.readopt_timeout_ms", Time<Millis>(&c->readopt_timeout, 1, kDay)},
       {"controller.keep_memory", Bool(&c->keep_memory)},
       {"model.dir", Str(&c->model_dir)},
@@ -281,6 +282,14 @@ Status FinishConfig(ControllerConfig* c) {
   if (c->socket_path().size() > 107) {
     return InvalidArgument("controller.runtime_dir is too long for a Unix socket path: " +
                            c->socket_path());
+  }
+  if (!c->router_socket.empty() &&
+      (c->router_socket.front() != '/' || c->router_socket.size() > 107 ||
+       c->router_socket == c->socket_path() || c->router_socket == c->keeper_socket_path())) {
+    return InvalidArgument(
+        "controller.router_socket: want an absolute path of at most 107 bytes other than "
+        "controller.sock and keeper.sock, got \"" +
+        c->router_socket + "\"");
   }
   if (Result<BackendMode> mode = ParseBackendMode(c->gpu_backend); !mode.ok()) {
     return InvalidArgument("gpu.backend: " + mode.status().message());

@@ -31,6 +31,10 @@ struct ControllerConfig : CoordinatorConfig {
   int metrics_port = 0;  // 0: no /metrics endpoint
   std::string metrics_host = "127.0.0.1";
   std::string name = "baton-controller";
+  // A second socket that serves routers only, for routers that run as another user: made
+  // with mode 0660, its group the directory's when that is setgid (docs/operations.md, Users
+  // and ports). Empty: routers use controller.sock.
+  std::string router_socket;
   // Keep the weight arena and the pool in baton-keeper, so that a restarted controller
   // adopts them instead of loading the model again (controller/keeper/).
   bool keep_memory = true;

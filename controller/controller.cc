@@ -19,11 +19,6 @@ namespace baton {
 namespace {
 
 constexpr const char* kLog = "controller";
-constexpr Duration kHelloTimeout = std::chrono::seconds(5);
-// A client (batonctl) connection with no request for this long is closed, and at most
-// kMaxClients are open at once: idle clients cannot take the fds engines need.
-constexpr Duration kClientIdleTimeout = std::chrono::seconds(60);
-constexpr size_t kMaxClients = 256;
 // What the clients' connections (batonctl, routers) may hold unsent together.
 constexpr size_t kClientSendBudget = size_t{256} << 20;
 
@@ -52,6 +47,7 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
                    static_cast<size_t>(config_.engine_log_keep)),
       tick_(io),
       accept_retry_(io),
+      router_accept_retry_(io),
       fleet_load_(io),
       cgroup_sweep_(io) {
   supervisor_.SetEngineEnvironment({{"BATON_CONTROLLER_ABSENT_TIMEOUT_MS",
@@ -211,7 +207,7 @@ Status Controller::Init() {
   BATON_ASSIGN_OR_RETURN(proto::Listener listener,
                          proto::Listener::Bind(io_, config_.socket_path(), copts));
   listener_.emplace(std::move(listener));
-  return OkStatus();
+  return BindRouterSocket(copts);
 }
 
 void Controller::Start() {
@@ -220,7 +216,8 @@ void Controller::Start() {
   for (auto& [id, h] : handles_) {
     if (h.process.pid() != 0) WatchPid(id);
   }
-  Accept();
+  Accept(false);
+  if (router_listener_.has_value()) Accept(true);
   StartKeeperWatch();
   coord_->Start(found_);
   ArmTick();
@@ -236,8 +233,10 @@ void Controller::Shutdown(std::function<void()> done) {
                         << " engines (grace " << Ms(config_.stop_grace) << " ms)";
   tick_.cancel();
   accept_retry_.cancel();
+  router_accept_retry_.cancel();
   fleet_load_.cancel();
   if (listener_.has_value()) listener_->Close();
+  if (router_listener_.has_value()) router_listener_->Close();
   coord_->BeginShutdown();
   stop_timer_ = std::make_shared<boost::asio::steady_timer>(io_);
   stop_timer_->expires_after(coord_->Remaining().empty() ? Duration::zero() : config_.stop_grace);
@@ -266,6 +265,7 @@ void Controller::FinishShutdown() {
   }
   conns_.clear();
   listener_.reset();
+  router_listener_.reset();
   // A clean stop leaves nothing for a successor: a keeper that will not let go is killed.
   const bool released = ReleaseKeptMemory();
   if (keeper_watch_ != nullptr) {
@@ -287,163 +287,6 @@ void Controller::HandOver(const std::string& why) {
                         << " engines, the weights and the pool stay; exiting now";
   // As a crash would: no destructor runs, so nothing is killed or unmapped.
   std::_Exit(0);
-}
-
-// --- connections ------------------------------------------------------------------------------
-
-void Controller::Accept() {
-  listener_->AsyncAccept([this](Result<proto::Channel> channel) {
-    if (stopping_) return;
-    if (channel.ok()) {
-      OnAccepted(std::move(channel).value());
-    } else {
-      // Out of fds, the connection stays queued and the next accept fails at once: wait.
-      BATON_LOG(WARN, kLog) << "accept failed: " << channel.status().ToString()
-                            << "; retrying in 100 ms";
-      accept_retry_.expires_after(std::chrono::milliseconds(100));
-      accept_retry_.async_wait([this](boost::system::error_code ec) {
-        if (!ec && !stopping_ && listener_.has_value() && listener_->is_open()) Accept();
-      });
-      return;
-    }
-    if (listener_.has_value() && listener_->is_open()) Accept();
-  });
-}
-
-void Controller::OnAccepted(proto::Channel channel) {
-  const uint64_t id = next_conn_++;
-  Connection& c = conns_[id];
-  c.channel = std::make_unique<proto::Channel>(std::move(channel));
-  c.accepted_at = clock_.Now();
-  c.channel->AsyncReceive(
-      [this, id](Result<proto::ReceivedMessage> msg) { OnFirstMessage(id, std::move(msg)); });
-}
-
-void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> msg) {
-  auto it = conns_.find(conn);
-  if (it == conns_.end()) return;
-  std::unique_ptr<proto::Channel> channel = std::move(it->second.channel);
-  conns_.erase(it);
-  if (!msg.ok()) return;  // the channel logged why it closed
-  Result<proto::PeerCredentials> peer = channel->peer_credentials();
-  const pid_t peer_pid = peer.ok() ? peer->pid : 0;
-  proto::ServerHelloOptions options{
-      .server_name = config_.name,
-      .admit = [this, peer_pid](const proto::Hello& h) { return Admit(h, peer_pid); }};
-  Result<proto::AcceptedHello> accepted = proto::AnswerHello(*channel, *msg, options);
-  if (!accepted.ok()) {
-    coord_->NoteRefusal(channel->label(), accepted.status().message());
-    return;
-  }
-  const proto::Hello& hello = accepted->hello;
-  channel->set_label(hello.peer_name.empty() ? ToString(hello.role) : hello.peer_name);
-  if (hello.role == proto::PeerRole::kEngine) {
-    AttachEngine(*coord_->Admit(hello.launch_token), std::move(channel));
-  } else if (hello.role == proto::PeerRole::kRouter) {
-    routes_.AddSubscriber(std::move(channel), hello.peer_name);
-  } else if (Clients() >= kMaxClients) {
-    BATON_LOG(WARN, kLog) << "client " << channel->label() << " closed: " << kMaxClients
-                          << " client connections are open";
-    (void)channel->Send(proto::CtlReply{
-        .exit_code = 1,
-        .text = "refused: " + std::to_string(kMaxClients) + " client connections are open",
-        .json = ""});
-  } else {
-    Connection& c = conns_[conn];
-    c.channel = std::move(channel);
-    c.accepted_at = clock_.Now();
-    c.cli = true;
-    ReadCli(conn);
-  }
-  ArmTick();
-}
-
-Status Controller::Admit(const proto::Hello& hello, pid_t peer) {
-  if (stopping_) return Unavailable("the controller is shutting down");
-  switch (hello.role) {
-    case proto::PeerRole::kCli:
-    case proto::PeerRole::kRouter:
-      return CheckPeerOrigin(hello, 0, peer);
-    case proto::PeerRole::kEngine: {
-      BATON_ASSIGN_OR_RETURN(EngineId id, coord_->Admit(hello.launch_token));
-      return CheckPeerOrigin(hello, id, peer);
-    }
-    case proto::PeerRole::kController:
-    case proto::PeerRole::kDrill:
-      break;
-  }
-  return FailedPrecondition(std::string("the controller does not serve role '") +
-                            ToString(hello.role) + "' (engine, cli or router)");
-}
-
-void Controller::ReadCli(uint64_t conn) {
-  auto it = conns_.find(conn);
-  if (it == conns_.end()) return;
-  it->second.channel->AsyncReceive([this, conn](Result<proto::ReceivedMessage> msg) {
-    auto it = conns_.find(conn);
-    if (it == conns_.end()) return;
-    if (!msg.ok()) {
-      conns_.erase(it);
-      return;
-    }
-    it->second.busy = true;
-    proto::CtlReply reply{.exit_code = 2, .text = "", .json = ""};
-    Result<proto::CtlRequest> request = msg->As<proto::CtlRequest>();
-    if (request.ok() && request->command == "fleet" && rollout_ != nullptr) {
-      // etcd calls block: the rollout's thread answers, the reply comes back here.
-      rollout_->Submit(std::move(request).value(), [this, conn](proto::CtlReply r) {
-        boost::asio::post(io_, [this, conn, r = std::move(r)] { AnswerCli(conn, r); });
-      });
-      return;
-    }
-    if (request.ok()) {
-      reply = HandleCtlRequest(*this, *request);
-    } else {
-      reply.text = "refused: " + request.status().message();
-      coord_->NoteRefusal(it->second.channel->label(), request.status().message());
-    }
-    AnswerCli(conn, reply);
-  });
-}
-
-void Controller::AnswerCli(uint64_t conn, const proto::CtlReply& reply) {
-  auto it = conns_.find(conn);
-  if (it == conns_.end()) return;
-  Status sent = it->second.channel->Send(reply);
-  if (!sent.ok()) {
-    BATON_LOG(WARN, kLog) << "dropping client " << it->second.channel->label() << ": "
-                          << sent.message();
-    conns_.erase(it);
-    return;
-  }
-  it->second.busy = false;
-  it->second.accepted_at = clock_.Now();  // idle from its last answer
-  ReadCli(conn);
-  ArmTick();
-}
-
-size_t Controller::Clients() const {
-  size_t n = 0;
-  for (const auto& [id, c] : conns_) n += c.cli ? 1 : 0;
-  return n;
-}
-
-void Controller::CloseIdleConnections() {
-  const TimePoint now = clock_.Now();
-  for (auto it = conns_.begin(); it != conns_.end();) {
-    const Connection& c = it->second;
-    if (!c.cli && now - c.accepted_at > kHelloTimeout) {
-      coord_->NoteRefusal(c.channel->label(), "no Hello within 5 s");
-      it = conns_.erase(it);
-    } else if (c.cli && !c.busy && now - c.accepted_at > kClientIdleTimeout) {
-      BATON_LOG(INFO, kLog)
-          << "client " << c.channel->label() << " closed: no request in "
-          << std::chrono::duration_cast<std::chrono::seconds>(kClientIdleTimeout).count() << " s";
-      it = conns_.erase(it);
-    } else {
-      ++it;
-    }
-  }
 }
 
 // --- timer --------------------------------------------------------------------------------------

@@ -170,11 +170,15 @@ class Controller final : private Effects {
   void AdoptHandle(const RosterEngine& r);
 
   // controller.cc: connections and the timer.
-  void Accept();
-  void OnAccepted(proto::Channel channel);
+  // Accepts the next connection on controller.sock, or on the router socket.
+  void Accept(bool routers_only);
+  void OnAccepted(proto::Channel channel, bool routers_only);
   void OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> msg);
-  // Whether the controller serves `hello` from the process `peer` (SO_PEERCRED).
-  Status Admit(const proto::Hello& hello, pid_t peer);
+  // Whether the controller serves `hello` from the process `peer` (SO_PEERCRED) on the
+  // socket it came to.
+  Status Admit(const proto::Hello& hello, pid_t peer, bool routers_only);
+  // Binds [controller] router_socket (mode 0660) and logs its owner.
+  Status BindRouterSocket(const proto::ChannelOptions& options);
   void ReadCli(uint64_t conn);
   // Sends `reply` to the batonctl on `conn` (if it is still there) and reads its next request.
   void AnswerCli(uint64_t conn, const proto::CtlReply& reply);
@@ -271,6 +275,7 @@ class Controller final : private Effects {
   std::unique_ptr<NvmlLibrary> nvml_;  // CUDA backend, where NVML loads: the barrier's check
   std::optional<bool> nvml_lists_engines_;
   std::optional<proto::Listener> listener_;
+  std::optional<proto::Listener> router_listener_;  // [controller] router_socket, if set
   std::shared_ptr<proto::SendBudget> client_send_budget_;
   Supervisor supervisor_;
   EngineLogs engine_logs_;  // engine.log_dir kept bounded
@@ -284,6 +289,7 @@ class Controller final : private Effects {
   std::unique_ptr<FleetRollout> rollout_;                // fleet-wide upgrades; with fleet_
   boost::asio::steady_timer tick_;
   boost::asio::steady_timer accept_retry_;
+  boost::asio::steady_timer router_accept_retry_;
   boost::asio::steady_timer fleet_load_;    // with fleet_: the pool's use into the node's record
   boost::asio::steady_timer cgroup_sweep_;  // while cgroups of gone engines wait for removal
   bool cgroup_sweep_armed_ = false;
@@ -295,7 +301,8 @@ class Controller final : private Effects {
     std::unique_ptr<proto::Channel> channel;
     TimePoint accepted_at;  // a client's: its last answer
     bool cli = false;
-    bool busy = false;  // a client's request is being answered
+    bool busy = false;          // a client's request is being answered
+    bool routers_only = false;  // accepted on the router socket
   };
   // Client (batonctl) connections open.
   size_t Clients() const;

@@ -287,6 +287,8 @@ json StatusJson(const ControllerStatus& c) {
            {{"pid", c.pid},
             {"name", c.config->name},
             {"socket", c.config->socket_path()},
+            {"router_socket",
+             c.config->router_socket.empty() ? json(nullptr) : json(c.config->router_socket)},
             {"uptime_s", AgoMs(c, c.started_at) / 1000.0},
             {"started_at", WallTime(c.started_at, core.now)},
             {"incarnation", core.incarnation},

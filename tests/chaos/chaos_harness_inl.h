@@ -111,6 +111,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << (o.readopt_timeout_ms > 0
               ? "readopt_timeout_ms = " + std::to_string(o.readopt_timeout_ms) + "\n"
               : "")
+      << (o.router_socket.empty() ? "" : "router_socket = " + Quote(o.router_socket) + "\n")
       << "[model]\ndir = " << Quote(o.model_dir.empty() ? TinyModelDir() : o.model_dir)
       << "\nlock = false\n"
       << (o.weights_huge_pages ? "" : "huge_pages = false\n")

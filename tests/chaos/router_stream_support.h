@@ -266,19 +266,23 @@ inline double MetricValue(uint16_t port, const std::string& series) {
 }
 
 // build/bin/baton-router on a free loopback port, subscribed to `socket`, or started with
-// `args` (`--etcd ...` for a router that follows a fleet) and logging to DIR/`log_name`; the
-// constructor waits until it knows a primary (/health 200).
+// `args` (`--etcd ...` for a router that follows a fleet) and logging to DIR/`log_name`, run
+// through `wrapper` when given (setpriv, to run it as another user); the constructor waits
+// until it knows a primary (/health 200).
 class RouterProcess {
  public:
   RouterProcess(const std::string& socket, const std::string& dir)
       : RouterProcess(std::vector<std::string>{"--controller", socket}, dir, "router.log") {}
   RouterProcess(const std::vector<std::string>& args, const std::string& dir,
-                const std::string& log_name)
+                const std::string& log_name, const std::vector<std::string>& wrapper = {})
       : log_(dir + "/" + log_name) {
     for (int attempt = 0; attempt < 3 && !ready_; ++attempt) {
       port_ = FreePort();
-      std::vector<std::string> argv = {std::string(BATON_BIN_DIR) + "/baton-router", "--listen",
-                                       "127.0.0.1:" + std::to_string(port_)};
+      std::vector<std::string> argv = wrapper;
+      for (const std::string& a : {std::string(BATON_BIN_DIR) + "/baton-router",
+                                   std::string("--listen"), "127.0.0.1:" + std::to_string(port_)}) {
+        argv.push_back(a);
+      }
       argv.insert(argv.end(), args.begin(), args.end());
       child_ = std::make_unique<Child>(argv, log_, /*piped=*/false);
       for (int i = 0; i < 2000 && child_->Running() && !ready_; ++i) {

@@ -261,6 +261,26 @@ TEST(Config, EngineHostAndLogBounds) {
   EXPECT_TRUE(FinishConfig(&f).ok());
 }
 
+TEST(Config, TheRouterSocketIsAnotherAbsolutePath) {
+  Result<ControllerConfig> c = ParseConfigToml(
+      "[controller]\nrouter_socket = \"/run/baton-routes/controller.sock\"\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->router_socket, "/run/baton-routes/controller.sock");
+  ControllerConfig f;
+  f.model_dir = "/m";
+  f.engine_command = {"/bin/true"};
+  f.runtime_dir = "/run/baton";
+  EXPECT_TRUE(FinishConfig(&f).ok()) << "none by default";
+  for (const std::string& bad :
+       std::vector<std::string>{"routes.sock", "/run/baton/controller.sock",
+                                "/run/baton/keeper.sock", "/" + std::string(107, 'x')}) {
+    f.router_socket = bad;
+    const Status s = FinishConfig(&f);
+    EXPECT_NE(s.message().find("controller.router_socket"), std::string::npos)
+        << bad << ": " << s.ToString();
+  }
+}
+
 // A value the file got wrong is named with the file, as every key's is.
 TEST(Config, AnUnknownGpuBackendNamesTheFile) {
   const std::string base =

@@ -200,6 +200,26 @@ TEST(DeployFiles, UnitsHaveTheirPathsFilledIn) {
   }
 }
 
+// The router runs as a user of its own, and reaches the controller through the router socket:
+// the controller's example makes it where the router's example looks, in the directory the
+// tmpfiles file makes for the group baton-router (setgid), whose users the sysusers file
+// creates.
+TEST(DeployFiles, TheRouterRunsAsItsOwnUserThroughTheRouterSocket) {
+  const std::string router = ReadFile(BuildDir() + "/deploy/systemd/baton-router.service");
+  EXPECT_NE(router.find("\nUser=baton-router\nGroup=baton-router\n"), std::string::npos);
+  const std::string socket = "/run/baton-routes/controller.sock";
+  EXPECT_NE(ReadFile(Config("controller.toml")).find("\nrouter_socket = \"" + socket + "\""),
+            std::string::npos);
+  EXPECT_NE(ReadFile(Config("router.toml")).find("\ncontroller = \"" + socket + "\""),
+            std::string::npos);
+  EXPECT_NE(ReadFile(SourceDir() + "/deploy/tmpfiles/baton.conf")
+                .find("\nd /run/baton-routes 2750 baton baton-router -\n"),
+            std::string::npos);
+  const std::string users = ReadFile(SourceDir() + "/deploy/sysusers/baton.conf");
+  EXPECT_NE(users.find("\nu baton "), std::string::npos) << users;
+  EXPECT_NE(users.find("\nu baton-router "), std::string::npos) << users;
+}
+
 // The router is sandboxed tightly. The controller's sandbox holds its engines too: nothing
 // in it may close the GPU's device nodes, setuid nvidia-modprobe, JIT code, or give the
 // unit a /tmp that a controller restart would take from the engines it leaves running.

@@ -94,6 +94,7 @@ TEST_F(Installed, MakeInstallThenTheStackRunsFromTheScratchRoot) {
                            "lib/systemd/system/baton-controller.service",
                            "lib/systemd/system/baton-router.service",
                            "lib/sysusers.d/baton.conf",
+                           "lib/tmpfiles.d/baton.conf",
                            "share/baton/config/controller.toml",
                            "share/baton/config/controller-fleet.toml",
                            "share/baton/config/router.toml",
@@ -132,6 +133,7 @@ TEST_F(Installed, MakeInstallThenTheStackRunsFromTheScratchRoot) {
                  {"blocks = 1024", "blocks = 32"}});
   socket_ = dir_ + "/run/controller.sock";
   std::filesystem::create_directories(dir_ + "/log");
+  std::filesystem::create_directories(dir_ + "/run-routes");  // deploy/tmpfiles makes it
   controller_ = std::make_unique<Child>(
       std::vector<std::string>{root_ + "/bin/baton-controller", "--config", controller_config},
       dir_ + "/controller.log", /*piped=*/false);
