@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/process/proc_table.h"
 #include "controller/engines/child_process.h"
 #include "controller/engines/engine_cgroup.h"
 
@@ -121,10 +123,17 @@ TEST_F(PeerOriginTest, AWorkerThatLeftGroupAndParentIsFoundByItsCgroup) {
       (*cg)->spawn_target());
   const pid_t orphan = PidFile("orphan");
   ASSERT_GT(orphan, 0);
+  // The subshell that started it may still be exiting: wait until the worker leads its own
+  // session and no longer descends from the engine.
+  const auto orphaned = [&] {
+    const std::vector<pid_t> up = Ancestors(orphan);
+    return ::getpgid(orphan) == orphan && std::find(up.begin(), up.end(), engine.pid()) == up.end();
+  };
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-  while (::getpgid(orphan) != orphan && std::chrono::steady_clock::now() < until) {
+  while (!orphaned() && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
+  ASSERT_TRUE(orphaned());
   std::vector<EngineProcesses> engines = {
       {.id = 7, .leader = engine.pid(), .cgroup = (*cg)->path()}};
   std::string rule;
