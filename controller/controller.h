@@ -174,9 +174,14 @@ class Controller final : private Effects {
   void Accept(bool routers_only);
   void OnAccepted(proto::Channel channel, bool routers_only);
   void OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> msg);
-  // Whether the controller serves `hello` from the process `peer` (SO_PEERCRED) on the
-  // socket it came to.
-  Status Admit(const proto::Hello& hello, pid_t peer, bool routers_only);
+  // Who is behind a connection that says Hello.
+  struct Peer {
+    pid_t pid = 0;              // SO_PEERCRED: the process that connected
+    int pidfd = -1;             // SO_PEERPIDFD of it, -1 without one (owned by the caller)
+    bool routers_only = false;  // accepted on the router socket
+  };
+  // Whether the controller serves `hello` from `peer`.
+  Status Admit(const proto::Hello& hello, const Peer& peer);
   // Binds [controller] router_socket (mode 0660) and logs its owner.
   Status BindRouterSocket(const proto::ChannelOptions& options);
   void ReadCli(uint64_t conn);
@@ -215,7 +220,8 @@ class Controller final : private Effects {
   // An engine's Hello (`token_engine`: the engine its token names) must come from a process
   // of that engine, any other role's from a process of no engine; FailedPrecondition naming
   // the process and the engine otherwise.
-  Status CheckPeerOrigin(const proto::Hello& hello, EngineId token_engine, pid_t peer) const;
+  // A connection whose process is gone (ConnectedProcessGone) is served in no role.
+  Status CheckPeerOrigin(const proto::Hello& hello, EngineId token_engine, const Peer& peer) const;
   // Every process of the engine that a fence must see gone: its process group's members and
   // its cgroup's, the leader included.
   std::vector<pid_t> EnginePids(const EngineHandle& h) const;

@@ -20,6 +20,10 @@ constexpr Duration kHelloTimeout = std::chrono::seconds(5);
 // kMaxClients are open at once: idle clients cannot take the fds engines need.
 constexpr Duration kClientIdleTimeout = std::chrono::seconds(60);
 constexpr size_t kMaxClients = 256;
+// Routers subscribed at once, and connections on the router socket that have not said Hello
+// yet: a user of the routers' group cannot take the fds engines need.
+constexpr size_t kMaxRouters = 256;
+constexpr size_t kMaxRouterSocketWaiting = 64;
 
 }  // namespace
 
@@ -67,6 +71,16 @@ void Controller::Accept(bool routers_only) {
 }
 
 void Controller::OnAccepted(proto::Channel channel, bool routers_only) {
+  if (routers_only) {
+    size_t waiting = 0;
+    for (const auto& [id, c] : conns_) waiting += c.routers_only ? 1 : 0;
+    if (waiting >= kMaxRouterSocketWaiting) {
+      coord_->NoteRefusal(channel.label(), std::to_string(kMaxRouterSocketWaiting) +
+                                               " connections on the router socket wait for "
+                                               "their Hello: closed");
+      return;
+    }
+  }
   const uint64_t id = next_conn_++;
   Connection& c = conns_[id];
   c.channel = std::make_unique<proto::Channel>(std::move(channel));
@@ -83,12 +97,14 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
   const bool routers_only = it->second.routers_only;
   conns_.erase(it);
   if (!msg.ok()) return;  // the channel logged why it closed
-  Result<proto::PeerCredentials> peer = channel->peer_credentials();
-  const pid_t peer_pid = peer.ok() ? peer->pid : 0;
-  proto::ServerHelloOptions options{.server_name = config_.name,
-                                    .admit = [this, peer_pid, routers_only](const proto::Hello& h) {
-                                      return Admit(h, peer_pid, routers_only);
-                                    }};
+  Result<proto::PeerCredentials> creds = channel->peer_credentials();
+  Result<UniqueFd> pidfd = channel->peer_pidfd();
+  const Peer peer{.pid = creds.ok() ? creds->pid : 0,
+                  .pidfd = pidfd.ok() ? pidfd->get() : -1,
+                  .routers_only = routers_only};
+  proto::ServerHelloOptions options{
+      .server_name = config_.name,
+      .admit = [this, &peer](const proto::Hello& h) { return Admit(h, peer); }};
   Result<proto::AcceptedHello> accepted = proto::AnswerHello(*channel, *msg, options);
   if (!accepted.ok()) {
     coord_->NoteRefusal(channel->label(), accepted.status().message());
@@ -117,15 +133,19 @@ void Controller::OnFirstMessage(uint64_t conn, Result<proto::ReceivedMessage> ms
   ArmTick();
 }
 
-Status Controller::Admit(const proto::Hello& hello, pid_t peer, bool routers_only) {
+Status Controller::Admit(const proto::Hello& hello, const Peer& peer) {
   if (stopping_) return Unavailable("the controller is shutting down");
-  if (routers_only && hello.role != proto::PeerRole::kRouter) {
+  if (peer.routers_only && hello.role != proto::PeerRole::kRouter) {
     return FailedPrecondition(config_.router_socket + " serves routers only, not role '" +
                               ToString(hello.role) + "': connect to " + config_.socket_path());
   }
   switch (hello.role) {
-    case proto::PeerRole::kCli:
     case proto::PeerRole::kRouter:
+      if (routes_.subscriber_count() >= kMaxRouters) {
+        return ResourceExhausted(std::to_string(kMaxRouters) + " routers are subscribed");
+      }
+      return CheckPeerOrigin(hello, 0, peer);
+    case proto::PeerRole::kCli:
       return CheckPeerOrigin(hello, 0, peer);
     case proto::PeerRole::kEngine: {
       BATON_ASSIGN_OR_RETURN(EngineId id, coord_->Admit(hello.launch_token));

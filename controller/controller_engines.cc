@@ -37,8 +37,10 @@ EngineHandle* Controller::Handle(EngineId id) {
 std::vector<EngineProcesses> Controller::EngineProcessList() const {
   std::vector<EngineProcesses> out;
   for (const auto& [id, h] : handles_) {
-    // A gone leader's pid may be given to another process once its group is empty too.
-    const bool leader_counts = h.pid > 0 && (!h.exited || ProcessGroupAlive(h.pid));
+    // A gone leader's pid may be given to another process once its group is empty too; an
+    // adopted engine found gone (no process) may have left its pid to another long ago.
+    const bool leader_counts =
+        h.pid > 0 && h.process.pid() != 0 && (!h.exited || ProcessGroupAlive(h.pid));
     out.push_back({.id = id,
                    .leader = leader_counts ? h.pid : 0,
                    .cgroup = h.cgroup != nullptr ? h.cgroup->path() : ""});
@@ -47,11 +49,17 @@ std::vector<EngineProcesses> Controller::EngineProcessList() const {
 }
 
 Status Controller::CheckPeerOrigin(const proto::Hello& hello, EngineId token_engine,
-                                   pid_t peer) const {
+                                   const Peer& peer) const {
   const std::vector<EngineProcesses> engines = EngineProcessList();
   std::string rule;
-  const std::optional<uint64_t> owner = EngineOwning(peer, engines, &rule);
-  const std::string who = "pid " + std::to_string(peer);
+  const std::optional<uint64_t> owner = EngineOwning(peer.pid, engines, &rule);
+  const std::string who = "pid " + std::to_string(peer.pid);
+  // Asked after /proc was read: what it said was this process's only if it still runs.
+  if (ConnectedProcessGone(peer.pid, peer.pidfd)) {
+    return FailedPrecondition("role '" + std::string(ToString(hello.role)) + "' from " + who +
+                              ", which is gone: a Hello is served only while the process that "
+                              "connected runs");
+  }
   if (hello.role != proto::PeerRole::kEngine) {
     if (!owner.has_value()) return OkStatus();
     return FailedPrecondition("role '" + std::string(ToString(hello.role)) + "' from " + who +

@@ -467,6 +467,19 @@ void Channel::Close() {
   pending_fds_ = 0;
 }
 
+Result<UniqueFd> Channel::peer_pidfd() {
+#ifndef SO_PEERPIDFD
+  constexpr int SO_PEERPIDFD = 77;  // asm-generic/socket.h, Linux 6.5
+#endif
+  int fd = -1;
+  socklen_t len = sizeof(fd);
+  if (::getsockopt(socket_.native_handle(), SOL_SOCKET, SO_PEERPIDFD, &fd, &len) != 0) {
+    if (errno == ENOPROTOOPT) return Unimplemented("SO_PEERPIDFD needs Linux 6.5");
+    return ErrnoStatus("getsockopt(SO_PEERPIDFD) on " + options_.label, errno);
+  }
+  return UniqueFd(fd);
+}
+
 Result<PeerCredentials> Channel::peer_credentials() {
   ucred cred{};
   socklen_t len = sizeof(cred);

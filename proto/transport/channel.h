@@ -144,6 +144,9 @@ class Channel {
   uint16_t version() const { return version_; }
   void set_version(uint16_t version) { version_ = version; }
   Result<PeerCredentials> peer_credentials();
+  // A pidfd of the process that connected (SO_PEERPIDFD, Linux 6.5): it names that process
+  // even once its pid is given to another. Unimplemented on an older kernel.
+  Result<UniqueFd> peer_pidfd();
 
  private:
   // Fds that arrived with the stream bytes ending at `end_offset`.

@@ -365,9 +365,10 @@ std::string WaitFileNamed(const ChaosCluster& cluster, const std::string& prefix
 }
 
 // Code inside an engine may not command the controller: the engine's own connections as
-// batonctl and as a router, and batonctl run by a worker that left the engine's process
-// group, are refused, and the pair stays in service. With cgroups, the cgroup tells; without,
-// the process group and the descent from the engine.
+// batonctl and as a router, batonctl run by a worker that left the engine's process group,
+// and a Hello over a connection that a child made and left behind when it exited, are
+// refused, and the pair stays in service. With cgroups, the cgroup tells; without, the
+// process group and the descent from the engine.
 class ChaosEngineCommands : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ChaosEngineCommands, AreRefused) {
@@ -379,7 +380,7 @@ TEST_P(ChaosEngineCommands, AreRefused) {
   const std::string id = path.substr(path.rfind('-') + 1, path.size() - path.rfind('-') - 5);
   std::ifstream in(path);
   const std::string report(std::istreambuf_iterator<char>(in), {});
-  EXPECT_EQ(report.find("served"), std::string::npos) << report;
+  EXPECT_EQ(report.find(": served\n"), std::string::npos) << report;
   // "auto" falls back to process groups where this machine gives no engine cgroups.
   const bool by_cgroup = before["fencing"]["by"] == "cgroup";
   if (GetParam() == "off") {
@@ -393,6 +394,14 @@ TEST_P(ChaosEngineCommands, AreRefused) {
   const std::string worker_rule = by_cgroup ? "cgroup" : "descendant";
   EXPECT_NE(report.find("batonctl drain from a worker: exit 1: "), std::string::npos) << report;
   EXPECT_NE(report.find("(" + worker_rule + "): an engine may not command the controller"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("cli through a process that is gone: refused (hello refused by unix "
+                        "peer: role 'cli' from pid"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find(", which is gone: a Hello is served only while the process that "
+                        "connected runs)"),
             std::string::npos)
       << report;
   WaitRefusal(cluster, "a process of engine " + id);

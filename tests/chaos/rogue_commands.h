@@ -1,13 +1,21 @@
 // The chaos tests' engines that reach for more than an engine's part (the rogue modes of
 // test_engine_helper_main.cc): command-controller (the engine speaks to the controller as
-// batonctl and as a router, and runs batonctl from a worker in a session of its own) and
+// batonctl and as a router, runs batonctl from a worker in a session of its own, and speaks
+// over a connection a child made before it exited) and
 // lend-token (the engine hands its launch token to another process before it says Hello).
 // Header-only test support.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -31,6 +39,30 @@ inline std::string TryRole(const std::string& socket, proto::PeerRole role) {
   return ack.ok() ? "served" : "refused (" + ack.status().message() + ")";
 }
 
+// Connects in a child that exits at once, then says Hello as cli over the connection the child
+// made: SO_PEERCRED names the child, which is gone by then. "served" or "refused (why)".
+inline std::string TryCliThroughAGoneProcess(const std::string& socket) {
+  boost::asio::io_context io;
+  boost::asio::local::stream_protocol::socket s(io);
+  s.open();
+  const pid_t child = ::fork();
+  if (child == 0) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, socket.c_str(), sizeof(addr.sun_path) - 1);
+    ::_exit(::connect(s.native_handle(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)));
+  }
+  int status = 0;
+  if (child < 0 || ::waitpid(child, &status, 0) != child || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    return "no connection";
+  }
+  proto::Channel channel(std::move(s));
+  Result<proto::HelloAck> ack = proto::ClientHello(
+      channel, {.peer_name = "rogue", .role = proto::PeerRole::kCli, .launch_token = ""});
+  return ack.ok() ? "served" : "refused (" + ack.status().message() + ")";
+}
+
 // Runs `batonctl drain` in a session of its own; "exit N: what it printed".
 inline std::string DrainFromAWorker(const std::string& socket, const std::string& out_file) {
   const std::string command = "setsid -w '" + SelfExeDir() + "/batonctl' --socket '" + socket +
@@ -49,9 +81,11 @@ inline void CommandController(const std::string& violations_dir, const EngineLau
   const std::string cli = TryRole(info.socket_path, proto::PeerRole::kCli);
   const std::string router = TryRole(info.socket_path, proto::PeerRole::kRouter);
   const std::string drain = DrainFromAWorker(info.socket_path, dir + "/batonctl-" + id + ".out");
-  const std::string report =
-      "cli: " + cli + "\nrouter: " + router + "\nbatonctl drain from a worker: " + drain + "\n";
-  if (cli == "served" || router == "served" || drain.rfind("exit 0", 0) == 0) {
+  const std::string gone = TryCliThroughAGoneProcess(info.socket_path);
+  const std::string report = "cli: " + cli + "\nrouter: " + router +
+                             "\nbatonctl drain from a worker: " + drain +
+                             "\ncli through a process that is gone: " + gone + "\n";
+  if (cli == "served" || router == "served" || gone == "served" || drain.rfind("exit 0", 0) == 0) {
     std::ofstream(violations_dir + "/violation-" + id + ".txt")
         << "an engine commanded the controller:\n"
         << report;

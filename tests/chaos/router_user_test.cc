@@ -16,6 +16,8 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
@@ -136,6 +138,43 @@ TEST(ChaosRouterUser, ARouterOfAnotherUserServesThroughTheRouterSocketOnly) {
   EXPECT_NE(router.Log().find("subscribed to the route table at " + options.router_socket),
             std::string::npos)
       << router.Log();
+
+  // Connections that never say Hello take at most 64 places on the router socket; the router
+  // already subscribed serves on, and a router is served again once they are gone.
+  std::vector<proto::Channel> silent;
+  for (int i = 0; i < 70; ++i) {
+    Result<proto::Channel> raw = proto::Connect(io, options.router_socket);
+    ASSERT_TRUE(raw.ok()) << raw.status().ToString();
+    silent.push_back(std::move(raw).value());
+  }
+  cluster.WaitFor(
+      [](const json& s) {
+        for (const json& r : s["history"]["refusals"]) {
+          if (r["reason"].get<std::string>().find(
+                  "64 connections on the router socket wait for their Hello") !=
+              std::string::npos) {
+            return true;
+          }
+        }
+        return false;
+      },
+      "the router socket's cap on connections without a Hello");
+  EXPECT_EQ(Fetch(router.port(), http::verb::post, "/v1/completions", request.dump(),
+                  std::chrono::seconds(10))
+                .status,
+            200);
+  silent.clear();  // the controller sees them close, then frees their places
+  Status served = Unavailable("not tried");
+  for (int i = 0; i < 500 && !served.ok(); ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    Result<proto::Channel> later = proto::Connect(io, options.router_socket);
+    ASSERT_TRUE(later.ok()) << later.status().ToString();
+    served =
+        proto::ClientHello(
+            *later, {.peer_name = "later", .role = proto::PeerRole::kRouter, .launch_token = ""})
+            .status();
+  }
+  EXPECT_TRUE(served.ok()) << served.ToString();
 }
 
 }  // namespace

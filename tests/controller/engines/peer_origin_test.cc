@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/io/unique_fd.h"
 #include "base/process/proc_table.h"
 #include "controller/engines/child_process.h"
 #include "controller/engines/engine_cgroup.h"
@@ -105,6 +106,21 @@ TEST_F(PeerOriginTest, AProcessThatIsGoneBelongsToNoEngine) {
   EXPECT_EQ(EngineOwning(pid, engines), std::nullopt);
   EXPECT_EQ(EngineOwning(0, engines), std::nullopt);
   EXPECT_EQ(EngineOwning(-1, engines), std::nullopt);
+}
+
+// The pidfd tells a process that connected and exited from another that has its pid now.
+TEST_F(PeerOriginTest, AConnectedProcessIsGoneOnceItExitedWhoeverHasItsPidNow) {
+  ChildProcess& child = Start("exec sleep 600");
+  const UniqueFd pidfd(::dup(child.pidfd()));
+  ASSERT_TRUE(pidfd);
+  EXPECT_FALSE(ConnectedProcessGone(child.pid(), pidfd.get()));
+  EXPECT_FALSE(ConnectedProcessGone(child.pid(), -1)) << "no pidfd: /proc alone";
+  EXPECT_TRUE(ConnectedProcessGone(0, -1));
+  const pid_t pid = child.pid();
+  child.KillAndReap();
+  EXPECT_TRUE(ConnectedProcessGone(pid, -1));
+  EXPECT_TRUE(ConnectedProcessGone(::getpid(), pidfd.get()))
+      << "the pid runs (as if given to another process), the pidfd says the first exited";
 }
 
 // A worker that left the engine's process group and was orphaned (its parent exited) is
