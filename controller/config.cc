@@ -5,6 +5,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -283,9 +284,14 @@ Status FinishConfig(ControllerConfig* c) {
     return InvalidArgument("controller.runtime_dir is too long for a Unix socket path: " +
                            c->socket_path());
   }
+  const auto same_path = [](const std::string& a, const std::string& b) {
+    return std::filesystem::path(a).lexically_normal() ==
+           std::filesystem::path(b).lexically_normal();
+  };
   if (!c->router_socket.empty() &&
       (c->router_socket.front() != '/' || c->router_socket.size() > 107 ||
-       c->router_socket == c->socket_path() || c->router_socket == c->keeper_socket_path())) {
+       same_path(c->router_socket, c->socket_path()) ||
+       same_path(c->router_socket, c->keeper_socket_path()))) {
     return InvalidArgument(
         "controller.router_socket: want an absolute path of at most 107 bytes other than "
         "controller.sock and keeper.sock, got \"" +

@@ -134,16 +134,14 @@ const Cgroup2Mount& TheCgroup2Mount() {
   return found;
 }
 
-}  // namespace
-
-std::string OwnCgroup2Dir() { return Cgroup2DirOf(::getpid()); }
-
-std::string Cgroup2DirOf(pid_t pid) {
+// The cgroup2 directory that `cgroup_file` (a /proc/PID/cgroup) names, as this process's mount
+// names it; "" when there is none.
+std::string Cgroup2DirIn(const std::string& cgroup_file) {
   const std::string& mount = TheCgroup2Mount().mount;
   const std::string& root = TheCgroup2Mount().root;
   if (mount.empty()) return "";
   std::string own;
-  std::ifstream cgroups("/proc/" + std::to_string(pid) + "/cgroup");
+  std::ifstream cgroups(cgroup_file);
   for (std::string line; std::getline(cgroups, line);) {
     if (line.rfind("0::", 0) == 0) own = line.substr(3);
   }
@@ -151,6 +149,14 @@ std::string Cgroup2DirOf(pid_t pid) {
   if (root != "/" && own.rfind(root, 0) == 0) own = own.substr(root.size());
   if (own.empty() || own == "/") return mount;
   return mount + own;
+}
+
+}  // namespace
+
+std::string OwnCgroup2Dir() { return Cgroup2DirIn("/proc/self/cgroup"); }
+
+std::string Cgroup2DirOf(pid_t pid) {
+  return Cgroup2DirIn("/proc/" + std::to_string(pid) + "/cgroup");
 }
 
 RetiredCgroups::~RetiredCgroups() {

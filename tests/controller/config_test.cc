@@ -271,9 +271,9 @@ TEST(Config, TheRouterSocketIsAnotherAbsolutePath) {
   f.engine_command = {"/bin/true"};
   f.runtime_dir = "/run/baton";
   EXPECT_TRUE(FinishConfig(&f).ok()) << "none by default";
-  for (const std::string& bad :
-       std::vector<std::string>{"routes.sock", "/run/baton/controller.sock",
-                                "/run/baton/keeper.sock", "/" + std::string(107, 'x')}) {
+  for (const std::string& bad : std::vector<std::string>{
+           "routes.sock", "/run/baton/controller.sock", "/run/baton/keeper.sock",
+           "/run/baton//./controller.sock", "/" + std::string(107, 'x')}) {
     f.router_socket = bad;
     const Status s = FinishConfig(&f);
     EXPECT_NE(s.message().find("controller.router_socket"), std::string::npos)
