@@ -15,31 +15,11 @@
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/misbehavior_support.h"
 #include "tests/proto/proto_test_util.h"
 
 namespace baton::chaos {
 namespace {
-
-// Status must show a refusal whose reason contains `needle`.
-json WaitRefusal(const ChaosCluster& cluster, const std::string& needle) {
-  return cluster.WaitFor(
-      [&](const json& s) {
-        for (const json& r : s["history"]["refusals"]) {
-          if (r["reason"].get<std::string>().find(needle) != std::string::npos) return true;
-        }
-        return false;
-      },
-      "a refusal mentioning '" + needle + "'");
-}
-
-void ExpectPrimaryUnaffected(const json& before, const json& after) {
-  const json p0 = EngineWithRole(before, "primary");
-  const json p1 = EngineWithRole(after, "primary");
-  ASSERT_FALSE(p1.is_null()) << after.dump(2);
-  EXPECT_EQ(p1["pid"], p0["pid"]);
-  EXPECT_EQ(p1["epoch"], p0["epoch"]);
-  EXPECT_EQ(after["epoch"]["durable"], before["epoch"]["durable"]);
-}
 
 // A connection to the controller past a Hello as `role` (the Hello's refusal, if refused).
 Result<proto::Channel> ConnectAs(boost::asio::io_context& io, const ChaosCluster& cluster,
@@ -49,15 +29,6 @@ Result<proto::Channel> ConnectAs(boost::asio::io_context& io, const ChaosCluster
       proto::ClientHello(channel, {.peer_name = "test", .role = role, .launch_token = ""})
           .status());
   return channel;
-}
-
-// Replaces the standby with one that misbehaves as `mode`.
-json RogueStandby(ChaosCluster& cluster, const std::string& mode) {
-  const json before = cluster.Status();
-  cluster.ArmRogue(mode);
-  const json standby = EngineWithRole(before, "standby");
-  EXPECT_EQ(::kill(PidOf(standby), SIGKILL), 0);
-  return before;
 }
 
 TEST(ChaosMisbehavior, GarbageOnTheSocketClosesOnlyThatConnection) {
@@ -346,100 +317,6 @@ TEST(ChaosMisbehavior, AnEngineCannotResizeSharedMemoryNorWriteTheWeights) {
   const json after = cluster.WaitReady();
   ExpectPrimaryUnaffected(before, after);
   cluster.CheckFencing();
-}
-
-// The path of the first file in the cluster's directory named `prefix`<anything> (not a
-// .tmp), waited for.
-std::string WaitFileNamed(const ChaosCluster& cluster, const std::string& prefix) {
-  std::string found;
-  cluster.WaitFor(
-      [&](const json&) {
-        for (const auto& entry : std::filesystem::directory_iterator(cluster.dir())) {
-          const std::string name = entry.path().filename().string();
-          if (name.rfind(prefix, 0) == 0 && !name.ends_with(".tmp")) found = entry.path();
-        }
-        return !found.empty();
-      },
-      "a file " + prefix + "*");
-  return found;
-}
-
-// Code inside an engine may not command the controller: the engine's own connections as
-// batonctl and as a router, batonctl run by a worker that left the engine's process group,
-// and a Hello over a connection that a child made and left behind when it exited, are
-// refused, and the pair stays in service. With cgroups, the cgroup tells; without, the
-// process group and the descent from the engine.
-class ChaosEngineCommands : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(ChaosEngineCommands, AreRefused) {
-  ClusterOptions options = TolerantHealth();
-  options.engine_cgroup = GetParam();
-  ChaosCluster cluster(options);
-  const json before = RogueStandby(cluster, "command-controller");
-  const std::string path = WaitFileNamed(cluster, "command-");
-  const std::string id = path.substr(path.rfind('-') + 1, path.size() - path.rfind('-') - 5);
-  std::ifstream in(path);
-  const std::string report(std::istreambuf_iterator<char>(in), {});
-  EXPECT_EQ(report.find(": served\n"), std::string::npos) << report;
-  // "auto" falls back to process groups where this machine gives no engine cgroups.
-  const bool by_cgroup = before["fencing"]["by"] == "cgroup";
-  if (GetParam() == "off") {
-    EXPECT_FALSE(by_cgroup) << before["fencing"].dump();
-  }
-  const std::string rule = by_cgroup ? "cgroup" : "process group";
-  EXPECT_NE(report.find("role 'cli' from pid"), std::string::npos) << report;
-  EXPECT_NE(report.find("role 'router' from pid"), std::string::npos) << report;
-  EXPECT_NE(report.find("a process of engine " + id + " (" + rule + ")"), std::string::npos)
-      << report;
-  const std::string worker_rule = by_cgroup ? "cgroup" : "descendant";
-  EXPECT_NE(report.find("batonctl drain from a worker: exit 1: "), std::string::npos) << report;
-  EXPECT_NE(report.find("(" + worker_rule + "): an engine may not command the controller"),
-            std::string::npos)
-      << report;
-  EXPECT_NE(report.find("cli through a process that is gone: refused (hello refused by unix "
-                        "peer: role 'cli' from pid"),
-            std::string::npos)
-      << report;
-  EXPECT_NE(report.find(", which is gone: a Hello is served only while the process that "
-                        "connected runs)"),
-            std::string::npos)
-      << report;
-  WaitRefusal(cluster, "a process of engine " + id);
-  const json after = cluster.Status();
-  EXPECT_EQ(after["pair"]["state"], before["pair"]["state"]) << "no drain: " << after.dump(2);
-  ExpectPrimaryUnaffected(before, after);
-  cluster.CheckFencing();
-}
-
-INSTANTIATE_TEST_SUITE_P(ChaosMisbehavior, ChaosEngineCommands, ::testing::Values("auto", "off"),
-                         [](const auto& info) {
-                           return info.param == "off" ? std::string("WithoutCgroups")
-                                                      : std::string("WithCgroups");
-                         });
-
-// A launch token is taken only from a process of its engine: the token read from the engine
-// (as any process of the same user can, from /proc/PID/environ) is refused from elsewhere,
-// and the engine itself registers with it afterwards.
-TEST(ChaosMisbehavior, ALaunchTokenIsTakenOnlyFromItsEngine) {
-  ChaosCluster cluster(TolerantHealth());
-  const json before = RogueStandby(cluster, "lend-token");
-  const std::string token_file = WaitFileNamed(cluster, "token-");
-  pid_t lender = 0;
-  std::string token;
-  std::ifstream(token_file) >> lender >> token;
-  boost::asio::io_context io;
-  Result<proto::Channel> raw = proto::Connect(io, cluster.socket());
-  ASSERT_TRUE(raw.ok()) << raw.status().ToString();
-  Result<proto::HelloAck> ack = proto::ClientHello(
-      *raw, {.peer_name = "thief", .role = proto::PeerRole::kEngine, .launch_token = token});
-  ASSERT_FALSE(ack.ok()) << "a stolen token was taken";
-  EXPECT_NE(ack.status().message().find("which is not a process of engine"), std::string::npos)
-      << ack.status().ToString();
-  std::filesystem::remove(token_file);
-  const json after =
-      cluster.WaitFor([&](const json& s) { return PidOf(EngineWithRole(s, "standby")) == lender; },
-                      "the lender registered as the standby");
-  ExpectPrimaryUnaffected(before, after);
 }
 
 // A client that sends requests and never reads the replies: the controller's sends never

@@ -22,6 +22,7 @@
 #include "proto/hello.h"
 #include "proto/transport/listener.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/misbehavior_support.h"
 #include "tests/chaos/router_stream_support.h"
 
 namespace baton::chaos {
@@ -147,18 +148,7 @@ TEST(ChaosRouterUser, ARouterOfAnotherUserServesThroughTheRouterSocketOnly) {
     ASSERT_TRUE(raw.ok()) << raw.status().ToString();
     silent.push_back(std::move(raw).value());
   }
-  cluster.WaitFor(
-      [](const json& s) {
-        for (const json& r : s["history"]["refusals"]) {
-          if (r["reason"].get<std::string>().find(
-                  "64 connections on the router socket wait for their Hello") !=
-              std::string::npos) {
-            return true;
-          }
-        }
-        return false;
-      },
-      "the router socket's cap on connections without a Hello");
+  WaitRefusal(cluster, "64 connections on the router socket wait for their Hello");
   EXPECT_EQ(Fetch(router.port(), http::verb::post, "/v1/completions", request.dump(),
                   std::chrono::seconds(10))
                 .status,
