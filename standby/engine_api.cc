@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "base/log.h"
+#include "proto/http/engine_key.h"
 #include "standby/openai/chat_api.h"
 #include "standby/openai/completions_api.h"
 
@@ -199,13 +200,21 @@ EngineApi::EngineApi(net::io_context& io, const LlamaConfig& config, ByteTokeniz
       rng_(std::random_device{}()),
       id_prefix_(rng_() & 0xffffffffu) {}
 
+HttpHandler EngineApi::Keyed(HttpHandler handler) const {
+  if (keys_.empty()) return handler;
+  return [this, handler = std::move(handler)](std::shared_ptr<HttpExchange> ex) {
+    if (!BearerMatches(ex->request(), keys_)) return RespondEngineKeyMissing(ex.get());
+    handler(std::move(ex));
+  };
+}
+
 void EngineApi::Register(HttpServer* server) {
   server->Route(http::verb::post, "/v1/completions",
-                [this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex, false); });
+                Keyed([this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex, false); }));
   server->Route(http::verb::post, "/v1/chat/completions",
-                [this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex, true); });
+                Keyed([this](std::shared_ptr<HttpExchange> ex) { HandleCompletions(ex, true); }));
   server->Route(http::verb::get, "/v1/models",
-                [this](std::shared_ptr<HttpExchange> ex) { HandleModels(ex); });
+                Keyed([this](std::shared_ptr<HttpExchange> ex) { HandleModels(ex); }));
   server->Route(http::verb::get, "/health",
                 [this](std::shared_ptr<HttpExchange> ex) { HandleHealth(ex); });
   server->Route(http::verb::get, "/metrics",

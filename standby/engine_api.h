@@ -8,11 +8,13 @@
 //                         promotion, {"status":"stopping"} once stopping
 //   GET  /metrics         Prometheus text (engine_metrics.h)
 //
-// Completions are answered 503 unless serving. Each completion is a CompletionSession that
-// submits one generation to the loop and turns the loop's token events (posted from the
-// compute thread to the session's strand) into the response or stream events; a client
-// that goes away, streamed or not, cancels its generation (the HTTP server reads on while
-// a request is handled and aborts the exchange at end of stream).
+// Given engine keys (SetEngineKeys, from BATON_ENGINE_KEYS: proto/http/engine_key.h), every
+// route but /health and /metrics answers 401 to a request without `Authorization: Bearer KEY`
+// of one of them. Completions are answered 503 unless serving. Each completion is a
+// CompletionSession that submits one generation to the loop and turns the loop's token events
+// (posted from the compute thread to the session's strand) into the response or stream events; a
+// client that goes away, streamed or not, cancels its generation (the HTTP server reads on while a
+// request is handled and aborts the exchange at end of stream).
 //
 // Threads: routes run on the HTTP io_context; StartServing/SetState may be called from any
 // thread. The loop set by StartServing must outlive the io_context's handlers.
@@ -24,6 +26,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <vector>
 
 #include "base/clock.h"
 #include "base/mutex.h"
@@ -52,6 +55,8 @@ class EngineApi {
   // Drill: sample every request with its seed plus `offset` (the answer still names the
   // client's seed), as a build whose sampling changed would: outputs differ. 0: none.
   void SetSeedOffset(uint64_t offset) { seed_offset_ = offset; }
+  // The keys a request must carry one of (none: no check). Before Register().
+  void SetEngineKeys(std::vector<std::string> keys) { keys_ = std::move(keys); }
   ServeState state() const { return state_.load(); }
 
  private:
@@ -60,6 +65,8 @@ class EngineApi {
   void HandleHealth(const std::shared_ptr<HttpExchange>& ex) const;
   void HandleModels(const std::shared_ptr<HttpExchange>& ex) const;
   void HandleMetrics(const std::shared_ptr<HttpExchange>& ex) const;
+  // `handler`, behind the engine key check.
+  HttpHandler Keyed(HttpHandler handler) const;
   uint64_t RandomSeed();
   std::string NextCompletionId(bool chat);
 
@@ -73,6 +80,7 @@ class EngineApi {
   std::atomic<EngineLoop*> loop_{nullptr};
   uint32_t fail_percent_ = 0;
   uint64_t seed_offset_ = 0;
+  std::vector<std::string> keys_;
   std::atomic<uint64_t> completions_seen_{0};
   std::atomic<ServeState> state_{ServeState::kStandby};
   Mutex rng_mu_;

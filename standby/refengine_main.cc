@@ -20,6 +20,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -29,6 +30,7 @@
 #include "base/build_info.h"
 #include "base/clock.h"
 #include "base/log.h"
+#include "proto/http/engine_key.h"
 #include "proto/http/http_server.h"
 #include "proto/roles.h"
 #include "standby/controller_link.h"
@@ -82,7 +84,10 @@ constexpr char kUsage[] =
     "                       If the controller goes away the engine serves on and reattaches\n"
     "                       to the next one; BATON_ON_CONTROLLER_ABSENT=stop with\n"
     "                       BATON_CONTROLLER_ABSENT_TIMEOUT_MS=N makes it exit after N ms\n"
-    "                       without one (default: serve on for as long as it takes)\n";
+    "                       without one (default: serve on for as long as it takes)\n"
+    "  BATON_ENGINE_KEYS    keys (comma-separated) of which every request but /health and\n"
+    "                       /metrics must carry one as Authorization: Bearer KEY (401\n"
+    "                       otherwise); the controller sets it from [engine] key_file\n";
 
 struct Flags {
   std::string model;
@@ -291,6 +296,14 @@ Status Engine::StartHttp(const LlamaConfig& config) {
                                      &metrics_, clock_);
   api_->SetFailPercent(static_cast<uint32_t>(flags_.fail_percent));
   api_->SetSeedOffset(static_cast<uint64_t>(flags_.seed_offset));
+  const char* keys = std::getenv(kEngineKeysEnv);
+  BATON_ASSIGN_OR_RETURN(std::vector<std::string> engine_keys,
+                         ParseEngineKeys(keys != nullptr ? keys : ""));
+  if (!engine_keys.empty()) {
+    BATON_LOG(INFO, "refengine") << "engine key: " << engine_keys.size()
+                                 << " keys; a request without one gets 401";
+  }
+  api_->SetEngineKeys(std::move(engine_keys));
   api_->Register(server_.get());
   BATON_RETURN_IF_ERROR(server_->Listen());
   io_thread_ = std::thread([this] { io_.run(); });

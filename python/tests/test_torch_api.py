@@ -1,17 +1,26 @@
-"""baton-torch-engine's request parsing and text building, without PyTorch: refusals name the
-param as the reference engine's do, a replay's resumed tokens count as output, and text that
-may start a stop string is held back until it is known not to be one."""
+"""baton-torch-engine's request parsing, text building and engine key, without PyTorch:
+refusals name the param as the reference engine's do, a replay's resumed tokens count as
+output, text that may start a stop string is held back until it is known not to be one, and
+given BATON_ENGINE_KEYS the HTTP API serves only requests that carry one of the keys."""
+import http.client
+import importlib.util
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import types
 import unittest
 
 import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
 from baton_torch_engine.openai_requests import ApiError, Parser, render_chat  # noqa: E402
+from baton_torch_engine.server import (MAX_BODY_BYTES, State, engine_keys_from_env,  # noqa: E402
+                                       serve)
 from baton_torch_engine.text import TextBuilder  # noqa: E402
 
 PARSER = Parser("tiny", vocab_size=260, max_positions=512, bos=256)
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def parse(body, chat=False):
@@ -141,6 +150,212 @@ class TextBuilderTest(unittest.TestCase):
 
     def test_special_ids_have_no_text(self):
         self.assertEqual(TextBuilder([]).push(257), "")
+
+
+KEY = "k3y-0f.the_Engine~+/=" + "x" * 8
+OTHER = "0therKEY" * 4
+REFUSED = {"error": {"message": "missing or wrong engine key (Authorization: Bearer KEY)",
+                     "type": "authentication_error", "param": None, "code": "invalid_api_key"}}
+COMPLETION = json.dumps({"prompt": "Hi", "max_tokens": 2}).encode()
+CHAT = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).encode()
+
+
+class OneTokenGenerator:
+    """A generator that answers every request with token 65 ("A"), for the HTTP layer; no
+    scheduler, for /metrics."""
+
+    scheduler = None
+    model = types.SimpleNamespace(batch_invariant=False)
+
+    def run(self, req):
+        yield types.SimpleNamespace(token=65, text="A", finish_reason="length")
+
+
+class EngineKeysFromEnvTest(unittest.TestCase):
+    def refused(self, value, problem):
+        with self.assertRaises(ValueError) as ctx:
+            engine_keys_from_env({"BATON_ENGINE_KEYS": value})
+        message = str(ctx.exception)
+        self.assertTrue(message.startswith("BATON_ENGINE_KEYS, element "), message)
+        self.assertIn(problem, message)
+        for key in value.split(","):
+            if len(key) >= 4:
+                self.assertNotIn(key, message)
+
+    def test_unset_or_empty_is_no_key(self):
+        self.assertEqual(engine_keys_from_env({}), [])
+        self.assertEqual(engine_keys_from_env({"BATON_ENGINE_KEYS": ""}), [])
+
+    def test_keys_are_split_on_commas_in_order(self):
+        self.assertEqual(engine_keys_from_env({"BATON_ENGINE_KEYS": KEY}), [KEY])
+        self.assertEqual(engine_keys_from_env({"BATON_ENGINE_KEYS": f"{KEY},{OTHER}"}),
+                         [KEY, OTHER])
+        edge = ["a" * 16, "Z" * 1024]
+        self.assertEqual(engine_keys_from_env({"BATON_ENGINE_KEYS": ",".join(edge)}), edge)
+
+    def test_a_malformed_value_names_the_variable_the_element_and_the_problem(self):
+        self.refused(f"{KEY},,{OTHER}", "element 2: a key of 0 characters")
+        self.refused(f"{KEY},", "element 2: a key of 0 characters")
+        self.refused(",", "element 1: a key of 0 characters")
+        self.refused("short-key-15chr", "element 1: a key of 15 characters (keys have 16 to")
+        self.refused("y" * 1025, "element 1: a key of 1025 characters")
+        self.refused(f"{OTHER},{KEY[:5]} {KEY[5:]}", "element 2: a key with a character out of")
+        self.refused("q" * 20 + "\u00e9", "at 21")
+        self.refused(f" {KEY}", "element 1: a key with a character out of")
+
+    def test_the_engine_ends_before_it_listens_on_a_malformed_value(self):
+        bad_key = "short-secret"
+        with tempfile.TemporaryDirectory() as tmp:
+            port_file = os.path.join(tmp, "port")
+            env = dict(os.environ, BATON_ENGINE_KEYS=f"{KEY},{bad_key}")
+            program = ("import sys, checkout_paths; from baton_torch_engine.main import main; "
+                       f"sys.exit(main(['--model', {tmp!r}, '--standalone', "
+                       f"'--port-file', {port_file!r}]))")
+            done = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                                  text=True, timeout=60, cwd=HERE)
+            self.assertEqual(done.returncode, 2, done.stderr)
+            self.assertIn("BATON_ENGINE_KEYS, element 2: a key of 12 characters", done.stderr)
+            self.assertNotIn(bad_key, done.stderr)
+            self.assertNotIn(KEY, done.stderr)
+            self.assertFalse(os.path.exists(port_file))
+
+
+class EngineKeyHttpTest(unittest.TestCase):
+    """An engine's HTTP API in this process: a standby (its completion routes answer 503
+    past the key check) or, where PyTorch is there for generation.py, one serving a one-token
+    generator."""
+
+    def start(self, keys, generator=None):
+        self.state = State(PARSER, 512, keys)
+        self.state.generator = generator
+        self.state.serving = generator is not None
+        ports = []
+        self.server = serve(self.state, "127.0.0.1", 0, ports.append)
+        self.addCleanup(self.server.server_close)
+        self.addCleanup(self.server.shutdown)
+        self.port = ports[0]
+
+    def connect(self):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        self.addCleanup(conn.close)
+        return conn
+
+    def ask(self, method, path, body=None, auth=None, conn=None):
+        conn = conn or self.connect()
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        if auth is not None:
+            headers["Authorization"] = auth
+        conn.request(method, path, body=body, headers=headers)
+        r = conn.getresponse()
+        return r, r.read()
+
+    def assert_refused(self, r, data):
+        self.assertEqual(r.status, 401, data)
+        self.assertEqual(r.getheader("WWW-Authenticate"), "Bearer")
+        self.assertEqual(r.getheader("Content-Type"), "application/json")
+        self.assertEqual(json.loads(data), REFUSED)
+
+    def assert_standby(self, r, data):
+        """A standby's answer on a completion route: the request got past the key check."""
+        self.assertEqual(r.status, 503, data)
+        self.assertIsNone(r.getheader("WWW-Authenticate"))
+        self.assertIn("standby", json.loads(data)["error"]["message"])
+
+    def assert_models(self, r, data):
+        self.assertEqual(r.status, 200, data)
+        self.assertEqual(json.loads(data)["data"][0]["id"], "tiny")
+
+    def test_without_the_key_every_route_but_health_and_metrics_is_refused(self):
+        self.start([KEY])
+        for method, path, body in (("POST", "/v1/completions", COMPLETION),
+                                   ("POST", "/v1/chat/completions", CHAT),
+                                   ("GET", "/v1/models", None), ("GET", "/nowhere", None),
+                                   ("POST", "/nowhere", b"{}"), ("GET", "/health?x=1", None)):
+            with self.subTest(method=method, path=path):
+                self.assert_refused(*self.ask(method, path, body))
+        self.assertEqual(self.state.responses, {401: 6})
+        r, data = self.ask("GET", "/health")
+        self.assertEqual((r.status, json.loads(data)), (503, {"status": "standby"}))
+        r, data = self.ask("GET", "/metrics")
+        self.assertEqual(r.status, 200)
+        self.assertIn(b'baton_engine_http_responses_total{code="401"} 6', data)
+
+    def test_a_wrong_or_malformed_authorization_is_refused(self):
+        self.start([KEY])
+        for auth in ("Bearer " + OTHER, "Bearer " + KEY[:-1], "Bearer " + KEY + "x",
+                     "Basic " + KEY, KEY, "Bearer", "Bearer ", "Bearer  " + KEY,
+                     "BearerX" + KEY, "Bearer " + KEY + ",x", "Bearer " + KEY[:-1] + "\u00e9"):
+            with self.subTest(auth=auth):
+                self.assert_refused(*self.ask("POST", "/v1/completions", COMPLETION, auth))
+                self.assert_refused(*self.ask("GET", "/v1/models", auth=auth))
+
+    def test_the_key_is_let_through_the_scheme_in_any_case(self):
+        self.start([KEY])
+        for auth in ("Bearer " + KEY, "bearer " + KEY, "BEARER " + KEY, "bEaReR " + KEY):
+            with self.subTest(auth=auth):
+                self.assert_standby(*self.ask("POST", "/v1/completions", COMPLETION, auth))
+                self.assert_standby(*self.ask("POST", "/v1/chat/completions", CHAT, auth))
+                self.assert_models(*self.ask("GET", "/v1/models", auth=auth))
+        r, data = self.ask("GET", "/nowhere", auth="Bearer " + KEY)
+        self.assertEqual(r.status, 404, data)  # past the key, the route is looked up
+        r, data = self.ask("GET", "/health", auth="Bearer " + OTHER)  # a wrong key is no matter
+        self.assertEqual(r.status, 503, data)
+
+    def test_either_of_two_keys_is_let_through(self):
+        self.start([KEY, OTHER])
+        for key in (KEY, OTHER):
+            self.assert_standby(*self.ask("POST", "/v1/completions", COMPLETION, "Bearer " + key))
+            self.assert_models(*self.ask("GET", "/v1/models", auth="Bearer " + key))
+        self.assert_refused(*self.ask("POST", "/v1/completions", COMPLETION,
+                                      "Bearer " + KEY + "," + OTHER))
+
+    def test_without_keys_every_request_is_let_through_as_before(self):
+        self.start(engine_keys_from_env({}))
+        self.assert_standby(*self.ask("POST", "/v1/completions", COMPLETION))
+        self.assert_standby(*self.ask("POST", "/v1/chat/completions", CHAT))
+        self.assert_models(*self.ask("GET", "/v1/models"))
+        self.assert_standby(*self.ask("POST", "/v1/completions", COMPLETION, "Bearer wrong"))
+        self.assertEqual(self.ask("GET", "/nowhere")[0].status, 404)
+        self.assertEqual(self.state.responses, {503: 3, 200: 1, 404: 1})
+
+    def test_a_kept_alive_connection_serves_its_next_request_after_a_refusal(self):
+        self.start([KEY])
+        conn = self.connect()
+        self.assert_refused(*self.ask("POST", "/v1/completions", COMPLETION, conn=conn))
+        sock = conn.sock
+        self.assertIsNotNone(sock, "the connection was closed after the 401")
+        self.assert_refused(*self.ask("POST", "/v1/chat/completions", CHAT, "Bearer x" * 3,
+                                      conn=conn))
+        self.assert_standby(*self.ask("POST", "/v1/completions", COMPLETION, "Bearer " + KEY,
+                                      conn=conn))
+        self.assert_models(*self.ask("GET", "/v1/models", auth="Bearer " + KEY, conn=conn))
+        self.assertIs(conn.sock, sock, "the client had to connect again")
+        self.assertEqual(self.state.responses, {401: 2, 503: 1, 200: 1})
+
+    def test_a_body_over_the_limit_is_refused_unread_and_its_connection_closed(self):
+        self.start([KEY])
+        conn = self.connect()
+        conn.putrequest("POST", "/v1/completions")
+        conn.putheader("Content-Length", str(MAX_BODY_BYTES + 1))
+        conn.endheaders()
+        r = conn.getresponse()
+        self.assert_refused(r, r.read())
+        self.assertEqual(r.getheader("Connection"), "close")
+
+    @unittest.skipUnless(importlib.util.find_spec("torch"),
+                         "PyTorch is missing (an answer's usage comes from generation.py)")
+    def test_a_serving_engine_answers_a_keyed_request(self):
+        self.start([KEY, OTHER], OneTokenGenerator())
+        self.assert_refused(*self.ask("POST", "/v1/completions", COMPLETION))
+        r, data = self.ask("POST", "/v1/completions", COMPLETION, "bearer " + OTHER)
+        self.assertEqual(r.status, 200, data)
+        self.assertEqual(json.loads(data)["choices"][0]["text"], "A")
+        r, data = self.ask("POST", "/v1/chat/completions", CHAT, "Bearer " + KEY)
+        self.assertEqual(r.status, 200, data)
+        self.assertEqual(json.loads(data)["choices"][0]["message"]["content"], "A")
+        r, data = self.ask("GET", "/health")
+        self.assertEqual((r.status, json.loads(data)), (200, {"status": "ok"}))
+        self.assertEqual(self.state.responses, {401: 1, 200: 3})
 
 
 if __name__ == "__main__":

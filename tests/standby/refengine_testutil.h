@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,21 @@ inline std::string ReadWholeFile(const std::string& path) {
   ss << in.rdbuf();
   return ss.str();
 }
+
+// An environment variable set for as long as the scope lasts (the engines it starts inherit
+// it, as those a controller launches get BATON_ENGINE_KEYS), then unset.
+class ScopedEnvVariable {
+ public:
+  ScopedEnvVariable(std::string name, const std::string& value) : name_(std::move(name)) {
+    ::setenv(name_.c_str(), value.c_str(), 1);
+  }
+  ~ScopedEnvVariable() { ::unsetenv(name_.c_str()); }
+  ScopedEnvVariable(const ScopedEnvVariable&) = delete;
+  ScopedEnvVariable& operator=(const ScopedEnvVariable&) = delete;
+
+ private:
+  const std::string name_;
+};
 
 // baton-refengine started with `args` plus --port 0 --port-file DIR/port, logging to
 // DIR/engine.log. With `wait_for_port`, the constructor returns once the engine listens.

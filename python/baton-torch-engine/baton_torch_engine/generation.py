@@ -66,9 +66,3 @@ def _use_device(device) -> None:
     if device.is_cuda:
         import torch
         torch.cuda.set_device(device.torch)
-
-
-def usage(req: Completion, generated: int) -> dict:
-    return {"prompt_tokens": len(req.prompt_ids) - req.resume_tokens,
-            "completion_tokens": generated + req.resume_tokens,
-            "total_tokens": len(req.prompt_ids) + generated}

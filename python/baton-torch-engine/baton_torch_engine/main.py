@@ -10,7 +10,9 @@ it off), marks itself serving, batches its requests (batching.py), and follows t
 (grants, reclaims, drains, resume, stop). Standalone (--standalone, or neither --controller
 nor BATON_SOCKET) it reads the weights from the model's safetensors files into its own memory
 before it listens, as vLLM's and SGLang's loaders do: the cold start Baton is measured
-against (--map-weights maps them instead).
+against (--map-weights maps them instead). With BATON_ENGINE_KEYS in the environment (the
+controller's `[engine] key_file`), its HTTP API serves only requests that carry one of the keys
+(server.py); a malformed value ends it before it listens.
 
     baton-torch-engine --model DIR [--host H] [--port N] [--port-file F]
                        [--served-model-name NAME] [--engine-version LABEL] [--threads K]
@@ -107,7 +109,8 @@ def build_state(args):
     # The model folder's name, as the controller's fleet record names the model.
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model)) or args.model
     state = State(Parser(name, config.vocab_size, config.max_position_embeddings,
-                         config.bos_token_id), config.max_position_embeddings)
+                         config.bos_token_id), config.max_position_embeddings,
+                  args.engine_keys)
     return config, state
 
 
@@ -371,6 +374,15 @@ def main(argv=None) -> int:
     if argv is None:
         reexec_with_huge_page_heap()
     args = parse(sys.argv[1:] if argv is None else argv)
+    from .server import ENGINE_KEYS_ENV, engine_keys_from_env
+    try:  # read once, before the weights and the port
+        args.engine_keys = engine_keys_from_env(os.environ)
+    except ValueError as e:
+        log(f"failed: {e}")
+        return 2
+    if args.engine_keys:
+        log(f"{len(args.engine_keys)} engine key(s) from {ENGINE_KEYS_ENV}: requests other "
+            "than GET /health and GET /metrics need one")
     try:
         import torch
     except ImportError as e:

@@ -291,3 +291,10 @@ def render_chat(body: dict) -> str:
         out.append(f"<|{role}|>\n{content}\n")
     return "".join(out) + "<|assistant|>\n"
 
+
+def usage(req: Completion, generated: int) -> dict:
+    """The `usage` of an answer to `req` that generated `generated` tokens (a replay's resumed
+    tokens count as completion tokens, as the client saw them generated)."""
+    return {"prompt_tokens": len(req.prompt_ids) - req.resume_tokens,
+            "completion_tokens": generated + req.resume_tokens,
+            "total_tokens": len(req.prompt_ids) + generated}

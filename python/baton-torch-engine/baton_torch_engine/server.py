@@ -9,34 +9,77 @@ engine's, standby/engine_api.h):
     GET  /v1/models  the served model
     GET  /metrics  Prometheus text
 
-A standby answers the completion routes 503 with Retry-After. Each connection has its own
-thread (keep-alive, HTTP/1.1); the requests of all of them are batched on the compute thread
-(the Generator's scheduler).
+Given engine keys (BATON_ENGINE_KEYS, as the controller launches it with `[engine] key_file`),
+it serves a request other than GET /health and GET /metrics only when it carries
+`Authorization: Bearer KEY` with one of them, and answers any other 401 (the reference
+engine's proto/http/engine_key.h). A standby answers the completion routes 503 with
+Retry-After. Each connection has its own thread (keep-alive, HTTP/1.1); the requests of all of
+them are batched on the compute thread (the Generator's scheduler).
 """
 from __future__ import annotations
 
+import hmac
 import json
 import os
 import socket
+import string
 import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
-from .generation import Generator, Step, usage
-from .openai_requests import ApiError, Completion, Parser
+from .openai_requests import ApiError, Completion, Parser, usage
+
+if TYPE_CHECKING:  # generation.py imports PyTorch; the HTTP layer and its tests do without
+    from .generation import Generator, Step
 
 MAX_BODY_BYTES = 32 << 20  # 4 x the router's default: a replay resends the prompt as ids
 
+ENGINE_KEYS_ENV = "BATON_ENGINE_KEYS"
+ENGINE_KEY_MIN, ENGINE_KEY_MAX = 16, 1024
+ENGINE_KEY_CHARS = frozenset(string.ascii_letters + string.digits + "-._~+/=")  # RFC 6750's
+OPEN_ROUTES = frozenset({("GET", "/health"), ("GET", "/metrics")})  # served without a key
+KEY_MISSING = ApiError("missing or wrong engine key (Authorization: Bearer KEY)", status=401,
+                       code="invalid_api_key", kind="authentication_error")
+
+
+def engine_key_problem(key: str) -> Optional[str]:
+    """What makes `key` no engine key (16 to 1024 characters of A-Z a-z 0-9 - . _ ~ + / =),
+    in words that do not repeat it; None for a key."""
+    if not ENGINE_KEY_MIN <= len(key) <= ENGINE_KEY_MAX:
+        return (f"a key of {len(key)} characters (keys have {ENGINE_KEY_MIN} to "
+                f"{ENGINE_KEY_MAX})")
+    for i, c in enumerate(key):
+        if c not in ENGINE_KEY_CHARS:
+            return f"a key with a character out of A-Z a-z 0-9 - . _ ~ + / = at {i + 1}"
+    return None
+
+
+def engine_keys_from_env(environ: Mapping[str, str]) -> list[str]:
+    """The keys of BATON_ENGINE_KEYS (comma-separated; none when it is unset or empty), read
+    once at start. ValueError naming the variable, the element and what is wrong with it
+    (never the key) when an element is empty or no key."""
+    text = environ.get(ENGINE_KEYS_ENV, "")
+    if not text:
+        return []
+    keys = text.split(",")
+    for n, key in enumerate(keys, 1):
+        problem = engine_key_problem(key)
+        if problem is not None:
+            raise ValueError(f"{ENGINE_KEYS_ENV}, element {n}: {problem}")
+    return keys
+
 
 class State:
-    """What the API needs to know: the parser, the generator once there is one, and whether
-    the engine serves (set by the engine's main thread)."""
+    """What the API needs to know: the parser, the generator once there is one, whether the
+    engine serves (set by the engine's main thread), and the engine keys a request must carry
+    one of (none: every request is served)."""
 
-    def __init__(self, parser: Parser, max_positions: int):
+    def __init__(self, parser: Parser, max_positions: int, keys: Sequence[str] = ()):
         self.parser = parser
         self.max_positions = max_positions
+        self.keys = [k.encode("ascii") for k in keys]
         self.generator: Optional[Generator] = None
         self.handoff = None  # the KV handoff (kv_handoff.py), for /metrics
         self.serving = False
@@ -103,8 +146,42 @@ class Handler(BaseHTTPRequestHandler):
         extra = {"Retry-After": "1"} if e.status == 503 else None
         self._send(e.status, e.body(), extra=extra)
 
+    def _keyed(self) -> bool:
+        """Whether this request may be served: no keys, an open route, or
+        `Authorization: Bearer K` (the scheme in any case) with K one of the keys, each
+        compared in constant time."""
+        if not self.state.keys or (self.command, self.path) in OPEN_ROUTES:
+            return True
+        value = (self.headers.get("Authorization") or "").strip(" \t")
+        if value[:7].lower() != "bearer ":
+            return False
+        given = value[7:].encode("latin-1", "replace")  # as http.client decoded it
+        matched = False
+        for key in self.state.keys:
+            matched |= hmac.compare_digest(given, key)
+        return matched
+
+    def _refuse_unkeyed(self) -> None:
+        """401 with `WWW-Authenticate: Bearer`. The request's body is read and dropped, so
+        that the connection serves its next request; one over MAX_BODY_BYTES is left unread
+        and the connection closed."""
+        extra = {"WWW-Authenticate": "Bearer"}
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            extra["Connection"] = "close"
+        else:
+            while length > 0:
+                chunk = self.rfile.read(min(length, 1 << 16))
+                if not chunk:
+                    self.close_connection = True
+                    return
+                length -= len(chunk)
+        self._send(401, KEY_MISSING.body(), extra=extra)
+
     def do_GET(self):
         s = self.state
+        if not self._keyed():
+            return self._refuse_unkeyed()
         if self.path == "/health":
             status = "ok" if s.serving and not s.stopping else (
                 "stopping" if s.stopping else "standby")
@@ -120,6 +197,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):
         s = self.state
+        if not self._keyed():
+            return self._refuse_unkeyed()
         length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY_BYTES:
             self.close_connection = True

@@ -25,6 +25,7 @@ struct HttpReply {
   std::string content_type;
   std::string allow;
   std::string retry_after;
+  std::string www_authenticate;
   std::string error;
 };
 
@@ -35,6 +36,9 @@ class TestHttpClient {
     socket_.connect({boost::asio::ip::make_address("127.0.0.1"), port}, ec);
     EXPECT_FALSE(ec) << "connect to port " << port << ": " << ec.message();
   }
+
+  // Sent with every request from now on ("" sends none).
+  void SetAuthorization(std::string value) { authorization_ = std::move(value); }
 
   HttpReply Get(const std::string& target) { return Call(http::verb::get, target, ""); }
   HttpReply Post(const std::string& target, const std::string& body) {
@@ -53,6 +57,7 @@ class TestHttpClient {
     reply.content_type = std::string(res[http::field::content_type]);
     reply.allow = std::string(res[http::field::allow]);
     reply.retry_after = std::string(res[http::field::retry_after]);
+    reply.www_authenticate = std::string(res[http::field::www_authenticate]);
     return reply;
   }
 
@@ -67,6 +72,7 @@ class TestHttpClient {
     http::request<http::string_body> req{method, target, 11};
     req.set(http::field::host, "127.0.0.1");
     if (method == http::verb::post) req.set(http::field::content_type, "application/json");
+    if (!authorization_.empty()) req.set(http::field::authorization, authorization_);
     req.body() = body;
     req.prepare_payload();
     boost::system::error_code ec;
@@ -142,6 +148,7 @@ class TestHttpClient {
   boost::asio::io_context io_;
   boost::asio::ip::tcp::socket socket_;
   boost::beast::flat_buffer buffer_;
+  std::string authorization_;
   std::optional<boost::beast::http::response_parser<boost::beast::http::string_body>> parser_;
 };
 
