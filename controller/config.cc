@@ -15,6 +15,7 @@
 #include "controller/config_values.h"
 #include "controller/upgrade/command_record.h"
 #include "cuda/driver/gpu_backend.h"
+#include "proto/http/engine_key.h"
 
 namespace baton {
 namespace {
@@ -61,6 +62,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"engine.log_keep", Int(&c->engine_log_keep, 1, 100'000)},
       {"engine.cgroup", Str(&c->engine_cgroup)},
       {"engine.host", Str(&c->engine_host)},
+      {"engine.key_file", Str(&c->engine_key_file)},
       {"engine.base_port", Int(&c->base_port, 0, 65535)},
       {"engine.port_count", Int(&c->port_count, 1, 1024)},
       {"engine.register_timeout_ms", Time<Millis>(&c->register_timeout, 100, kDay)},
@@ -306,6 +308,15 @@ Status FinishConfig(ControllerConfig* c) {
   if (c->engine_host.empty() || c->engine_host.find_first_of(" \t/") != std::string::npos) {
     return InvalidArgument("engine.host: want a host name or address engines listen on, got \"" +
                            c->engine_host + "\"");
+  }
+  if (!c->engine_key_file.empty()) {
+    if (c->engine_key_file.front() != '/') {
+      return InvalidArgument("engine.key_file: want an absolute path, got \"" + c->engine_key_file +
+                             "\"");
+    }
+    if (Result<std::vector<std::string>> keys = ReadEngineKeyFile(c->engine_key_file); !keys.ok()) {
+      return InvalidArgument("engine.key_file: " + keys.status().message());
+    }
   }
   if (c->base_port != 0 && c->base_port + c->port_count - 1 > 65535) {
     return InvalidArgument("engine.base_port " + std::to_string(c->base_port) + " + port_count " +

@@ -60,6 +60,9 @@ struct ControllerConfig : CoordinatorConfig {
   // {host}: the address each engine listens on and announces to routers, which may run on
   // other hosts (a fleet): this node's address there, not the loopback.
   std::string engine_host = "127.0.0.1";
+  // The engine key file (proto/http/engine_key.h): its keys go to every engine launched, in
+  // BATON_ENGINE_KEYS, and engines then serve only the requests that carry one. Empty: none.
+  std::string engine_key_file;
   Duration stop_grace = std::chrono::seconds(2);  // shutdown: Stop, then SIGKILL after this
   // What an engine does when its controller is gone this long (0: never decide): "serve"
   // (the primary keeps serving, the standby stays half-started, both keep reconnecting) or

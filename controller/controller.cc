@@ -10,9 +10,11 @@
 #include "base/io/private_dir.h"
 #include "base/log.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/ctl/degradations.h"
 #include "controller/rollout/rollout_programs.h"
 #include "controller/upgrade/command_record.h"
 #include "fleet/fleet_records.h"
+#include "fleet/plaintext_etcd.h"
 #include "proto/hello.h"
 
 namespace baton {
@@ -43,6 +45,7 @@ Controller::Controller(boost::asio::io_context& io, ControllerConfig config, Clo
       roster_file_(config_.state_dir),
       supervisor_(config_.engine_command, config_.socket_path(), config_.model_dir,
                   config_.runtime_dir, config_.engine_log_dir),
+      engine_keys_(config_.engine_key_file),
       engine_logs_(io, config_.engine_log_dir, config_.engine_log_max_bytes,
                    static_cast<size_t>(config_.engine_log_keep)),
       tick_(io),
@@ -101,6 +104,18 @@ Controller::~Controller() {
   for (auto& [id, h] : handles_) h.process.KillAndReap();
 }
 
+Status Controller::LoadEngineKeys() {
+  BATON_RETURN_IF_ERROR(engine_keys_.Load());
+  if (engine_keys_.keys() != 0) {
+    BATON_LOG(INFO, kLog) << "engine key file " << engine_keys_.path() << ": "
+                          << engine_keys_.keys() << " keys; engines serve only the requests "
+                          << "that carry one";
+  } else if (!IsLoopbackHost(config_.engine_host)) {
+    BATON_LOG(WARN, kLog) << EnginesOpenWarning(config_.engine_host);
+  }
+  return OkStatus();
+}
+
 Status Controller::StartFleetReports() {
   if (fleet_ == nullptr) return OkStatus();
   BATON_ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> etcd,
@@ -150,6 +165,7 @@ Result<std::unique_ptr<Controller>> Controller::Create(boost::asio::io_context& 
 }
 
 Status Controller::Init() {
+  BATON_RETURN_IF_ERROR(LoadEngineKeys());
   BATON_RETURN_IF_ERROR(
       EnsurePrivateDir(config_.runtime_dir, "runtime directory", "controller.runtime_dir"));
   // Before anything of the runtime directory (its cgroups, its keeper, its socket) or the

@@ -37,6 +37,7 @@
 #include "controller/core/coordinator.h"
 #include "controller/core/effects.h"
 #include "controller/engines/engine_handle.h"
+#include "controller/engines/engine_key_file.h"
 #include "controller/engines/engine_logs.h"
 #include "controller/engines/peer_origin.h"
 #include "controller/engines/supervisor.h"
@@ -91,6 +92,8 @@ class Controller final : private Effects {
  private:
   Controller(boost::asio::io_context& io, ControllerConfig config, Clock& clock);
   Status Init();
+  // Reads [engine] key_file (EngineKeyFile::Load), or warns of engines open to the network.
+  Status LoadEngineKeys();
 
   // controller_memory.cc: the weights, the pool and the device memory.
   Status SetUpMemory(const BackendChoice& backend, BackendMode mode);
@@ -284,7 +287,8 @@ class Controller final : private Effects {
   std::optional<proto::Listener> router_listener_;  // [controller] router_socket, if set
   std::shared_ptr<proto::SendBudget> client_send_budget_;
   Supervisor supervisor_;
-  EngineLogs engine_logs_;  // engine.log_dir kept bounded
+  EngineKeyFile engine_keys_;  // [engine] key_file: BATON_ENGINE_KEYS of each launch
+  EngineLogs engine_logs_;     // engine.log_dir kept bounded
   // Declared before every holder of an EngineCgroup (the handles): destroyed last.
   std::unique_ptr<EngineCgroups> cgroups_;
   std::string cgroups_off_reason_;

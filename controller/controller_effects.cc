@@ -39,13 +39,13 @@ Result<pid_t> Controller::Launch(const LaunchSpec& spec) {
   engine_logs_.Prune(live);
   BATON_ASSIGN_OR_RETURN(
       ChildProcess child,
-      supervisor_.Launch(
-          {.engine_id = spec.id,
-           .role = spec.role,
-           .token = spec.token,
-           .port = spec.port,
-           .command = spec.command,
-           .cgroup = *cgroup != nullptr ? (*cgroup)->spawn_target() : SpawnCgroup{}}));
+      supervisor_.Launch({.engine_id = spec.id,
+                          .role = spec.role,
+                          .token = spec.token,
+                          .port = spec.port,
+                          .command = spec.command,
+                          .cgroup = *cgroup != nullptr ? (*cgroup)->spawn_target() : SpawnCgroup{},
+                          .engine_keys = engine_keys_.ForLaunch()}));
   EngineHandle& h = handles_[spec.id];
   h.id = spec.id;
   h.cgroup = std::move(cgroup).value();

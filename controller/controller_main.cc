@@ -21,9 +21,11 @@
 #include "controller/config.h"
 #include "controller/controller.h"
 #include "controller/ctl/ctl_service.h"
+#include "controller/ctl/degradations.h"
 #include "controller/ctl/metrics_server.h"
 #include "controller/engines/engine_placeholders.h"
 #include "cuda/driver/gpu_backend.h"
+#include "fleet/plaintext_etcd.h"
 #include "weightcache/model_files.h"
 
 namespace baton {
@@ -71,6 +73,10 @@ int ReportCheckedConfig(const ControllerConfig& c) {
               c.runtime_dir.c_str(), c.socket_path().c_str(), c.state_dir.c_str(),
               c.model_dir.c_str());
   std::printf("  engine      %s\n", c.engine_command.front().c_str());
+  if (!c.engine_key_file.empty()) {
+    std::printf("  engine key  %s: engines serve only the requests that carry one\n",
+                c.engine_key_file.c_str());
+  }
   if (!c.fleet_etcd.empty()) {
     std::string members;
     for (const std::string& m : c.fleet_etcd) members += (members.empty() ? "" : ", ") + m;
@@ -85,6 +91,9 @@ int ReportCheckedConfig(const ControllerConfig& c) {
     warn("engine.command's program is not executable here: no engine would start");
   }
   if (c.metrics_port == 0) warn("controller.metrics_port is 0: no /metrics to scrape");
+  if (c.engine_key_file.empty() && !IsLoopbackHost(c.engine_host)) {
+    warn(EnginesOpenWarning(c.engine_host));
+  }
   if (Status p = CheckPlaceholders(c.engine_command, "engine.command"); !p.ok()) {
     warn(p.message() + ": passed to the engine as written");
   }

@@ -4,16 +4,15 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/strand.hpp>
-#include <boost/beast/core/string.hpp>
 #include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "base/build_info.h"
 #include "base/log.h"
-#include "base/text/constant_time.h"
 #include "base/text/json_depth.h"
 #include "fleet/plaintext_etcd.h"
+#include "proto/http/engine_key.h"
 #include "router/upstream/relayed_request.h"
 
 namespace baton {
@@ -56,12 +55,16 @@ Router::Router(RouterOptions options, const Clock& clock)
                                          clock_, AdmissionFrom(options_), options_.fleet_suspect)),
       plaintext_etcd_(PlaintextRemoteEndpoints(options_.etcd, !options_.etcd_ca_file.empty())),
       pool_(clock_),
+      api_keys_(options_.api_key.empty() ? std::vector<std::string>()
+                                         : std::vector<std::string>{options_.api_key}),
+      engine_key_(options_.engine_key_file),
       shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), admitter(),
-              &outcomes_, &pool_) {}
+              &outcomes_, &pool_, &engine_key_) {}
 
 Router::~Router() { Stop(); }
 
 Status Router::Start() {
+  BATON_RETURN_IF_ERROR(engine_key_.Load());
   HttpServerOptions http;
   http.host = options_.listen_host;
   http.port = options_.listen_port;
@@ -97,6 +100,10 @@ Status Router::Start() {
     threads_.emplace_back([this] { Run(); });
   }
   BATON_LOG(INFO, "router") << "listening on " << options_.listen_host << ":" << server_->port();
+  if (!options_.engine_key_file.empty()) {
+    BATON_LOG(INFO, "router") << "engines get the first key of " << options_.engine_key_file
+                              << " (read again on SIGHUP)";
+  }
   if (options_.stall_timeout.count() != 0 &&
       options_.stall_timeout >= options_.stream_idle_timeout) {
     BATON_LOG(WARN, "router") << "stall_timeout_ms " << options_.stall_timeout.count()
@@ -280,17 +287,22 @@ void Router::CloseIdle() {
 bool Router::Idle() const { return connections() == 0; }
 
 bool Router::Authorized(const HttpExchange& exchange) const {
-  if (options_.api_key.empty()) return true;
-  const HttpRequest& req = exchange.request();
-  auto it = req.find(http::field::authorization);
-  if (it == req.end()) return false;
-  // The scheme is case-insensitive (RFC 9110, 11.1): "bearer KEY" is as good as "Bearer KEY".
-  const std::string_view value(it->value().data(), it->value().size());
-  constexpr std::string_view kScheme = "bearer ";
-  const std::string_view scheme = value.substr(0, kScheme.size());
-  if (!boost::beast::iequals({scheme.data(), scheme.size()}, {kScheme.data(), kScheme.size()}))
-    return false;
-  return ConstantTimeEquals(value.substr(kScheme.size()), options_.api_key);
+  return api_keys_.empty() || BearerMatches(exchange.request(), api_keys_);
+}
+
+Status Router::ReloadEngineKey() {
+  if (options_.engine_key_file.empty()) {
+    BATON_LOG(INFO, "router") << "SIGHUP: no engine_key_file to read again";
+    return OkStatus();
+  }
+  if (Status st = engine_key_.Load(); !st.ok()) {
+    BATON_LOG(WARN, "router") << "SIGHUP: " << st.message() << ": engines still get the key sent "
+                              << "so far";
+    return st;
+  }
+  BATON_LOG(INFO, "router") << "SIGHUP: engine key file " << options_.engine_key_file
+                            << " read again: engines get its first key from now on";
+  return OkStatus();
 }
 
 void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange) {
@@ -317,7 +329,8 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                  .pool = &pool_,
                  .outcomes = &outcomes_,
                  .shadow = &shadow_,
-                 .progress = &progress_};
+                 .progress = &progress_,
+                 .engine_key = &engine_key_};
   std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
       ->Start();
 }

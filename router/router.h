@@ -9,13 +9,14 @@
 // ShadowComparer; an engine whose answering streams all stand still for stall_timeout is
 // reported to the controller as stalled, EngineProgress); GET /health (200 with a primary, 503
 // without) and GET /metrics (Prometheus text) are answered here. With an API key set, /v1/* wants
-// `Authorization: Bearer KEY` (401 otherwise). Client limits (body, header, connections, idle and
-// request timeouts) are the HttpServer's. The route table comes from the controller
-// (RouteSubscriber) or is one static backend; with etcd set, the router follows the whole fleet
-// instead (FleetView, FleetAdmission: docs/fleet.md) and reports what it saw of each node's engines
-// there. An engine that no route table has listed for engine_retention, with nothing in flight
-// on it, leaves the outcomes (EngineOutcomes, Pruning), so that neither the reports nor
-// /metrics grow with every engine ever seen.
+// `Authorization: Bearer KEY` (401 otherwise); with an engine key file, every request to an
+// engine carries its first key (EngineKeySource), and an engine's 401 is a failed attempt. Client
+// limits (body, header, connections, idle and request timeouts) are the HttpServer's. The route
+// table comes from the controller (RouteSubscriber) or is one static backend; with etcd set, the
+// router follows the whole fleet instead (FleetView, FleetAdmission: docs/fleet.md) and reports
+// what it saw of each node's engines there. An engine that no route table has listed for
+// engine_retention, with nothing in flight on it, leaves the outcomes (EngineOutcomes, Pruning), so
+// that neither the reports nor /metrics grow with every engine ever seen.
 //
 // Stopping without losing a request (SIGTERM; docs/router.md, Stopping): BeginDrain() makes
 // /health answer 503 "draining" (so that a load balancer takes the router out) and every
@@ -55,6 +56,7 @@
 #include "router/route_subscriber.h"
 #include "router/router_metrics.h"
 #include "router/router_options.h"
+#include "router/upstream/engine_key_source.h"
 #include "router/upstream/upstream_pool.h"
 
 namespace baton {
@@ -91,6 +93,9 @@ class Router {
   const FleetAdmission* fleet() const { return fleet_.get(); }
   const EngineOutcomes& outcomes() const { return outcomes_; }
   ShadowStats shadows() const { return shadow_.stats(); }
+  // Reads engine_key_file again (SIGHUP): later attempts carry its first key. An error keeps
+  // the key sent so far; both are logged. Any thread.
+  Status ReloadEngineKey();
 
  private:
   void Forward(const std::string& route, std::shared_ptr<HttpExchange> exchange);
@@ -129,11 +134,13 @@ class Router {
   // The etcd endpoints spoken to in plain HTTP off the host (fleet/plaintext_etcd.h).
   const std::vector<std::string> plaintext_etcd_;
   UpstreamPool pool_;
-  EngineOutcomes outcomes_;               // before routes_: its thread reads them
-  EngineProgress progress_;               // the same
-  StallTracker stalls_;                   // the report thread's (Stalls())
-  std::atomic<int64_t> last_tick_ns_{0};  // the io threads' last tick, clock_ nanoseconds
-  TimePoint last_prune_;                  // the tick's
+  const std::vector<std::string> api_keys_;  // options_.api_key, or none
+  EngineKeySource engine_key_;               // options_.engine_key_file
+  EngineOutcomes outcomes_;                  // before routes_: its thread reads them
+  EngineProgress progress_;                  // the same
+  StallTracker stalls_;                      // the report thread's (Stalls())
+  std::atomic<int64_t> last_tick_ns_{0};     // the io threads' last tick, clock_ nanoseconds
+  TimePoint last_prune_;                     // the tick's
   ShadowComparer shadow_;
   RouteSubscriber routes_;
   RouterMetrics metrics_;

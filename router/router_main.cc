@@ -1,7 +1,8 @@
 // baton-router: the OpenAI-compatible HTTP front door. Runs until SIGINT or SIGTERM, then
 // drains (docs/router.md, Stopping): /health says draining, no new connection is taken after
 // --drain-delay-ms, and the requests in flight finish (or are replayed as usual) within
-// --drain-timeout-ms; a second signal stops it at once.
+// --drain-timeout-ms; a second signal stops it at once. SIGHUP reads the engine key file
+// again (--engine-key-file).
 // Exit status: 0 after a signal (and for --help, --version and a good --check-config), 1 when
 // it cannot start, 2 on a bad flag or config file.
 #include <signal.h>
@@ -21,7 +22,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: baton-router [--config FILE] [--listen HOST:PORT] [--controller SOCKET]\n"
-    "                    [--backend HOST:PORT] [--api-key KEY] [--max-body-bytes N]\n"
+    "                    [--backend HOST:PORT] [--api-key KEY] [--engine-key-file FILE]\n"
+    "                    [--max-body-bytes N]\n"
     "                    [--connect-timeout-ms N] [--first-byte-timeout-ms N]\n"
     "                    [--stream-idle-timeout-ms N] [--stall-timeout-ms N] [--threads N]\n"
     "                    [--max-queue N] [--max-queue-wait-ms N] [--ramp-steps 30,60,100]\n"
@@ -120,7 +122,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGPIPE);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);                      // before any thread starts
+  sigset_t blocked = signals;
+  sigaddset(&blocked, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &blocked, nullptr);                      // before any thread starts
   baton::SdNotifier notifier = baton::SdNotifier::FromEnvironment();  // before any thread too
 
   const baton::RouterOptions drain_options = *options;
@@ -132,8 +136,10 @@ int main(int argc, char** argv) {
   BATON_LOG(INFO, "router") << baton::VersionLine("baton-router");
   router.StartServiceWatchdog(std::move(notifier));
   sigdelset(&signals, SIGPIPE);
+  sigset_t waited = signals;  // the stop signals, and SIGHUP: the engine key file again
+  sigaddset(&waited, SIGHUP);
   int sig = 0;
-  sigwait(&signals, &sig);
+  while (sigwait(&waited, &sig) == 0 && sig == SIGHUP) (void)router.ReloadEngineKey();
   BATON_LOG(INFO, "router") << "signal " << sig << ": draining, then stopping";
   Drain(router, drain_options, signals);
   router.Stop();

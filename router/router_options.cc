@@ -12,6 +12,7 @@
 #include "base/text/toml_depth.h"
 #include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
+#include "proto/http/engine_key.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -181,6 +182,16 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
   };
   s["api-key"] = [o](const std::string& v) {
     o->api_key = v;
+    return OkStatus();
+  };
+  s["engine-key-file"] = [o](const std::string& v) -> Status {
+    if (v.empty() || v.front() != '/') {
+      return InvalidArgument("engine-key-file: want an absolute path, got \"" + v + "\"");
+    }
+    if (Result<std::vector<std::string>> keys = ReadEngineKeyFile(v); !keys.ok()) {
+      return InvalidArgument("engine-key-file: " + keys.status().message());
+    }
+    o->engine_key_file = v;
     return OkStatus();
   };
   s["max-body-bytes"] = [o](const std::string& v) -> Status {

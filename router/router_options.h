@@ -21,6 +21,9 @@ struct RouterOptions {
   std::string controller_socket;  // default <runtime dir>/controller.sock
   std::string backend;            // "HOST:PORT": a static primary, no controller
   std::string api_key;            // empty: no authentication
+  // The engine key file (proto/http/engine_key.h): its first key goes to engines as
+  // `Authorization: Bearer KEY`, read again on SIGHUP. Empty: no key sent.
+  std::string engine_key_file;
   size_t max_body_bytes = 8u << 20;
   std::chrono::milliseconds connect_timeout{2000};
   std::chrono::milliseconds first_byte_timeout{60000};   // request sent → response header

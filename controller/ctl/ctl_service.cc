@@ -289,6 +289,8 @@ json StatusJson(const ControllerStatus& c) {
             {"socket", c.config->socket_path()},
             {"router_socket",
              c.config->router_socket.empty() ? json(nullptr) : json(c.config->router_socket)},
+            {"engine_key_file",
+             c.config->engine_key_file.empty() ? json(nullptr) : json(c.config->engine_key_file)},
             {"uptime_s", AgoMs(c, c.started_at) / 1000.0},
             {"started_at", WallTime(c.started_at, core.now)},
             {"incarnation", core.incarnation},

@@ -29,10 +29,16 @@ std::string LockWhy(const WeightsStatus& w) {
 
 }  // namespace
 
+std::string EnginesOpenWarning(const std::string& host) {
+  return "engines listen on " + host +
+         " with no [engine] key_file: whoever reaches their ports is served without a router "
+         "(docs/operations.md, The engine key)";
+}
+
 const std::vector<std::string>& DegradationKinds() {
-  static const auto* kinds = new std::vector<std::string>{"weights_huge_pages", "weights_mlock",
-                                                          "pool_huge_pages",    "keeper",
-                                                          "weights_files",      "etcd_plaintext"};
+  static const auto* kinds = new std::vector<std::string>{
+      "weights_huge_pages", "weights_mlock",  "pool_huge_pages", "keeper",
+      "weights_files",      "etcd_plaintext", "engines_open"};
   return *kinds;
 }
 
@@ -64,6 +70,9 @@ std::vector<Degradation> Degradations(const ControllerStatus& c) {
       !plain.empty()) {
     out.push_back({"etcd_plaintext", PlaintextEtcdWarning(plain)});
   }
+  if (config.engine_key_file.empty() && !IsLoopbackHost(config.engine_host)) {
+    out.push_back({"engines_open", EnginesOpenWarning(config.engine_host)});
+  }
   return out;
 }
 
@@ -72,7 +81,8 @@ std::string DegradationMetrics(const ControllerStatus& c) {
   const std::vector<Degradation> found = Degradations(c);
   out << "# HELP baton_degraded 1 while the controller runs without something its configuration "
          "asked for (huge pages, mlock, baton-keeper), on weights its model files no longer "
-         "hold, or with its fleet's etcd in plain HTTP off the host\n# TYPE baton_degraded gauge\n";
+         "hold, with its fleet's etcd in plain HTTP off the host, or with engines open to the "
+         "network without a key\n# TYPE baton_degraded gauge\n";
   for (const std::string& kind : DegradationKinds()) {
     bool on = false;
     for (const Degradation& d : found) on = on || d.what == kind;

@@ -2,9 +2,10 @@
 // without failing: the weight arena or the pool on normal pages instead of huge pages, the
 // arena not mlocked, the memory not kept by baton-keeper (a controller restart then reloads
 // the weights and fences the engines), the fleet's etcd reached in plain HTTP off the host
-// (fleet/plaintext_etcd.h: anyone on the path reads and writes the fleet's records). Each is a
-// metric, a line of `batonctl status` and an
-// entry of its JSON, so that none is only a WARN line in a log nobody reads.
+// (fleet/plaintext_etcd.h: anyone on the path reads and writes the fleet's records), engines
+// listening off the loopback with no engine key (proto/http/engine_key.h: anyone who reaches
+// their ports is served, past the router). Each is a metric, a line of `batonctl status` and
+// an entry of its JSON, so that none is only a WARN line in a log nobody reads.
 //
 // A setting the operator turned off (model.huge_pages = false, model.lock = false,
 // controller.keep_memory = false) is not a degradation. Plain functions of a status copy;
@@ -35,5 +36,8 @@ std::string DegradationMetrics(const ControllerStatus& status);
 std::string DegradationText(const ControllerStatus& status);
 // [{"what": ..., "why": ...}, ...]
 nlohmann::json DegradationJson(const ControllerStatus& status);
+
+// The `engines_open` degradation's words, for engines that listen on `host` without a key.
+std::string EnginesOpenWarning(const std::string& host);
 
 }  // namespace baton

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <utility>
 
+#include "proto/http/engine_key.h"
+
 namespace baton {
 
 std::string ExpandPlaceholders(const std::string& text,
@@ -83,6 +85,7 @@ Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
               {"BATON_HTTP_HOST", host_},
               {"BATON_HTTP_PORT", std::to_string(request.port)},
               {"BATON_MODEL_DIR", model_dir_}});
+  if (!request.engine_keys.empty()) env[kEngineKeysEnv] = request.engine_keys;
   std::string log_path;
   if (!log_dir_.empty())
     log_path = log_dir_ + "/engine-" + std::to_string(request.engine_id) + ".log";

@@ -42,6 +42,7 @@ class ShadowComparer::Call : public std::enable_shared_from_this<ShadowComparer:
                         .body = std::move(body),
                         .content_type = "application/json",
                         .accept = "application/json"};
+    if (owner_->engine_key_ != nullptr) req.authorization = owner_->engine_key_->Header();
     auto self = shared_from_this();
     UpstreamSink sink{
         .on_head = [self](int status, const std::string&,
@@ -96,13 +97,15 @@ class ShadowComparer::Call : public std::enable_shared_from_this<ShadowComparer:
 
 ShadowComparer::ShadowComparer(boost::asio::any_io_executor executor, int every,
                                UpstreamTimeouts timeouts, const Admitter* admission,
-                               EngineOutcomes* outcomes, UpstreamPool* pool)
+                               EngineOutcomes* outcomes, UpstreamPool* pool,
+                               const EngineKeySource* engine_key)
     : executor_(std::move(executor)),
       every_(every),
       timeouts_(timeouts),
       admission_(admission),
       outcomes_(outcomes),
-      pool_(pool) {}
+      pool_(pool),
+      engine_key_(engine_key) {}
 
 bool ShadowComparer::Sample() {
   if (every_ <= 0) return false;

@@ -32,6 +32,7 @@
 
 #include "router/admitter.h"
 #include "router/canary/engine_outcomes.h"
+#include "router/upstream/engine_key_source.h"
 #include "router/upstream/upstream_call.h"
 #include "router/upstream/upstream_pool.h"
 
@@ -60,9 +61,11 @@ class ShadowComparer {
 
   // `every`: compare 1 of every `every` reproducible canary successes, 0 for none.
   // `admission` names the canary's primary; `outcomes` takes the comparisons (and holds the
-  // canary's engine while its shadow runs); `pool` may be null.
+  // canary's engine while its shadow runs); `pool` and `engine_key` (the key each shadow
+  // carries) may be null.
   ShadowComparer(boost::asio::any_io_executor executor, int every, UpstreamTimeouts timeouts,
-                 const Admitter* admission, EngineOutcomes* outcomes, UpstreamPool* pool);
+                 const Admitter* admission, EngineOutcomes* outcomes, UpstreamPool* pool,
+                 const EngineKeySource* engine_key = nullptr);
   ShadowComparer(const ShadowComparer&) = delete;
   ShadowComparer& operator=(const ShadowComparer&) = delete;
 
@@ -85,6 +88,7 @@ class ShadowComparer {
   const Admitter* const admission_;
   EngineOutcomes* const outcomes_;
   UpstreamPool* const pool_;
+  const EngineKeySource* const engine_key_;
   std::atomic<uint64_t> sampled_{0};  // reproducible canary successes seen
   std::atomic<size_t> in_flight_{0};
   std::atomic<uint64_t> started_{0}, busy_{0}, failed_{0}, compared_{0}, disagreed_{0};

@@ -45,7 +45,11 @@ constexpr size_t kMaxBufferedBody = 64u << 20;
 // (no blank line ever comes), not one to hold in memory.
 constexpr size_t kMaxStreamEvent = 4u << 20;
 
-bool Retryable(int status) { return status == 502 || status == 503 || status == 504; }
+// An engine going away (502-504), or one whose engine key is not this router's (401): the
+// request was not served there, and another engine may serve it.
+bool Retryable(int status) {
+  return status == 502 || status == 503 || status == 504 || status == 401;
+}
 
 // A request key for the routes that generate (their bodies carry it), none for the others.
 std::string RequestKeyFor(const std::string& route) {
@@ -158,6 +162,7 @@ void RelayedRequest::StartAttempt() {
     req.content_type = std::string(it->value());
   }
   if (auto it = in.find(http::field::accept); it != in.end()) req.accept = std::string(it->value());
+  if (deps_.engine_key != nullptr) req.authorization = deps_.engine_key->Header();
   mode_ = Mode::kNone;
   status_ = 0;
   body_.clear();
@@ -274,6 +279,12 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& cause) {
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
       return EndBuffered();
     case Mode::kRefused:
+      if (status_ == 401) {
+        return AttemptFailed(UpstreamError::kConnect,
+                             "the engine refused this router's engine key (401): engine_key_file "
+                             "differs from the controller's [engine] key_file",
+                             "engine_key");
+      }
       if (target_->canary && status_ / 100 == 4) return RetryCanaryRefusal();
       return AttemptFailed(UpstreamError::kConnect,
                            "the engine answered " + std::to_string(status_));
@@ -317,12 +328,13 @@ void RelayedRequest::EndBuffered() {
   if (canary) StartShadow(*canary, AnswerTokenIds(answer));
 }
 
-void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message) {
+void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message,
+                                   const char* kind) {
   const TimePoint now = deps_.clock->Now();
   const Target failed = *target_;
   CountAttempt(AttemptEnd::kFailed);
   ReleaseTarget();
-  deps_.metrics->RecordUpstreamError(UpstreamErrorName(error));
+  deps_.metrics->RecordUpstreamError(kind != nullptr ? kind : UpstreamErrorName(error));
   const bool timeout =
       error == UpstreamError::kFirstByteTimeout || error == UpstreamError::kIdleTimeout;
   // An engine sends a whole response's header when generation ends: past the first-byte

@@ -11,7 +11,9 @@
 // engine count against `migration_limit`; connection refusals do not: the refusing address
 // is marked in Admission (Unreachable: no request goes there until the route changes), the
 // request waits in the queue, and after `unreachable_limit` (the queue wait) of refusals it
-// gets 429 with Retry-After, as when no engine came in time. When the request cannot go on
+// gets 429 with Retry-After, as when no engine came in time. An engine's 401 (it wants an
+// engine key other than the router's: EngineKeySource) is such a refusal too, counted as kind
+// engine_key in baton_router_upstream_errors_total. When the request cannot go on
 // otherwise, a stream ends with an explicit error event and [DONE]; a response not yet begun
 // gets 502. Engine answers 4xx, and 500 from a primary, go to the client
 // unchanged.
@@ -53,6 +55,7 @@
 #include "router/router_metrics.h"
 #include "router/stream/sse_splitter.h"
 #include "router/stream/stream_replay.h"
+#include "router/upstream/engine_key_source.h"
 #include "router/upstream/upstream_call.h"
 
 namespace baton {
@@ -70,6 +73,7 @@ struct RelayDeps {
   EngineOutcomes* outcomes = nullptr;
   ShadowComparer* shadow = nullptr;    // canaries' answers compared (may be null)
   EngineProgress* progress = nullptr;  // whether streams still move, by engine (may be null)
+  const EngineKeySource* engine_key = nullptr;  // the key every attempt carries (may be null)
 };
 
 class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
@@ -96,7 +100,8 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   void OnEnd(UpstreamError error, const std::string& message);
   void OnStreamEnd(UpstreamError error, const std::string& message);
   void EndBuffered();
-  void AttemptFailed(UpstreamError error, const std::string& message);
+  // `kind` labels it in baton_router_upstream_errors_total (default: the error's name).
+  void AttemptFailed(UpstreamError error, const std::string& message, const char* kind = nullptr);
   void GiveUp(int status, const std::string& kind, const std::string& message);
   enum class AttemptEnd { kSucceeded, kFailed, kEnded };
   // Counts the current attempt's end against its engine; call before ReleaseTarget().

@@ -109,6 +109,8 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     req_.set(http::field::host, "baton-engine");
     if (!request_.content_type.empty()) req_.set(http::field::content_type, request_.content_type);
     if (!request_.accept.empty()) req_.set(http::field::accept, request_.accept);
+    if (!request_.authorization.empty())
+      req_.set(http::field::authorization, request_.authorization);
     req_.body() = request_.body;
     req_.prepare_payload();
     stream_->expires_after(timeouts_.first_byte);

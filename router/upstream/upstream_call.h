@@ -1,12 +1,12 @@
 // UpstreamCall: one attempt of a request on one engine, over HTTP/1.1 (Boost.Beast, async).
 //
 // The request goes out with the given method, target and body (and the client's
-// Content-Type and Accept). What comes back is handed to the owner's callbacks as it
-// arrives: the status line and headers (OnHead), then each piece of the body as read
-// (OnData, never buffered whole), then the end (OnEnd, exactly once, also after Cancel()).
-// An UpstreamError says what failed: connecting (the engine was never reached, so a retry
-// cannot duplicate anything), a timeout (connect, first byte, or idle between body reads),
-// or a broken response.
+// Content-Type and Accept, and the router's Authorization for engines: EngineKeySource). What comes
+// back is handed to the owner's callbacks as it arrives: the status line and headers (OnHead), then
+// each piece of the body as read (OnData, never buffered whole), then the end (OnEnd, exactly once,
+// also after Cancel()). An UpstreamError says what failed: connecting (the engine was never
+// reached, so a retry cannot duplicate anything), a timeout (connect, first byte, or idle between
+// body reads), or a broken response.
 //
 // With a pool, the call first takes an idle keep-alive connection to the address and puts
 // its connection back after a clean keep-alive response. When a connection from the pool
@@ -55,6 +55,7 @@ struct UpstreamRequest {
   std::string body;
   std::string content_type;
   std::string accept;
+  std::string authorization = {};  // "Bearer KEY" (EngineKeySource::Header); "": none sent
 };
 
 struct UpstreamSink {

@@ -74,7 +74,8 @@ struct ClusterOptions {
   std::vector<std::string> controller_env;
   // TOML appended to the controller's configuration (whole sections: "[fleet]\n...").
   std::string extra_toml;
-  std::string router_socket;  // [controller] router_socket when set
+  std::string router_socket;    // [controller] router_socket when set
+  std::string engine_key_file;  // [engine] key_file when set
 };
 
 // `o` with health settings for a test that exercises no detection timing and asserts that

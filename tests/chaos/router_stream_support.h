@@ -299,6 +299,8 @@ class RouterProcess {
   }
   bool ready() const { return ready_; }
   bool Running() { return child_->Running(); }
+  // Sends `sig` (SIGHUP: the engine key file read again) without waiting.
+  void Signal(int sig) { child_->Signal(sig); }
   // Sends `sig` and waits for the exit (SIGKILL after `limit`); its exit status.
   int Stop(int sig, std::chrono::milliseconds limit) {
     child_->Signal(sig);

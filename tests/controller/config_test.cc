@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 namespace baton {
 namespace {
@@ -262,6 +263,38 @@ TEST(Config, TheRouterSocketIsAnotherAbsolutePath) {
     EXPECT_NE(s.message().find("controller.router_socket"), std::string::npos)
         << bad << ": " << s.ToString();
   }
+}
+
+// engine.key_file: an absolute path to a key file a start could read.
+TEST(Config, TheEngineKeyFileIsReadWhenTheConfigIsFinished) {
+  Result<ControllerConfig> c =
+      ParseConfigToml("[engine]\nkey_file = \"/etc/baton/engine.key\"\n", "t.toml");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_EQ(c->engine_key_file, "/etc/baton/engine.key");
+  const std::string dir = ::testing::TempDir() + "baton-config-key-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  const std::string key = dir + "/engine.key";
+  std::ofstream(key) << "config-test-engine-key-0123456789\n";
+  ControllerConfig f;
+  f.model_dir = "/m";
+  f.engine_command = {"/bin/true"};
+  f.runtime_dir = "/run/baton";
+  for (const auto& [path, mode, named] : std::vector<std::tuple<std::string, int, std::string>>{
+           {"engine.key", 0600, "want an absolute path"},
+           {dir + "/none.key", 0600, "No such file or directory"},
+           {key, 0644, "open to every user (mode 0644)"},
+           {key, 0600, ""}}) {
+    ::chmod(key.c_str(), static_cast<mode_t>(mode));
+    f.engine_key_file = path;
+    const Status s = FinishConfig(&f);
+    if (named.empty()) {
+      EXPECT_TRUE(s.ok()) << s.ToString();
+    } else {
+      EXPECT_NE(s.message().find("engine.key_file: "), std::string::npos) << s.ToString();
+      EXPECT_NE(s.message().find(named), std::string::npos) << s.ToString();
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 // A value the file got wrong is named with the file, as every key's is.

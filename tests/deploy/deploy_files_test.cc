@@ -15,7 +15,37 @@
 namespace baton::deploy_test {
 namespace {
 
-std::string Config(const std::string& name) { return BuildDir() + "/deploy/config/" + name; }
+// The shipped fleet configurations name the engine key file where an install keeps it
+// (<sysconfdir>/baton/engine.key), which the checks read: the copies checked here name a
+// scratch key file instead, made once and removed when the test program ends.
+class ScratchKeyFile {
+ public:
+  ScratchKeyFile() : dir_(ScratchDir("deploy-key")) {
+    WriteFile(path(), "deploy-check-engine-key-0123456789\n");
+    std::filesystem::permissions(
+        path(), std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  }
+  ~ScratchKeyFile() {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string path() const { return dir_ + "/engine.key"; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  const std::string dir_;
+};
+
+std::string Config(const std::string& name) {
+  static const ScratchKeyFile key;
+  const std::string shipped = BuildDir() + "/deploy/config/" + name;
+  const std::string text = ReadFile(shipped);
+  const std::regex key_file("\"[^\"]*/baton/engine\\.key\"");
+  if (!std::regex_search(text, key_file)) return shipped;
+  const std::string copy = key.dir() + "/" + name;
+  WriteFile(copy, std::regex_replace(text, key_file, "\"" + key.path() + "\""));
+  return copy;
+}
 
 // `baton-controller --check-config --config CONFIG --model MODEL`: the examples' model.dir
 // (/var/lib/baton/models/...) is the operator's to fill in, a model that loads here by default.
@@ -140,6 +170,9 @@ TEST(DeployFiles, BrokenConfigurationsAreRefusedWithExit2NamingTheKey) {
        "router.drain_timeout_ms"},
       {"router-fleet.toml", "etcd_prefix = \"/baton/\"", "etcd_prefix = \"baton\"",
        "router.etcd_prefix"},
+      {"controller-fleet.toml", "key_file = \"/", "key_file = \"/nonexistent/", "engine.key_file"},
+      {"router-fleet.toml", "engine_key_file = \"/", "engine_key_file = \"relative/",
+       "router.engine_key_file"},
   };
   for (const Case& c : cases) {
     const std::string path = Broken(c.file, c.from, c.to);

@@ -52,6 +52,7 @@ TEST(Degradations, APartialArenaIsDegradedWithItsSplit) {
 TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
   ControllerConfig config;
   config.fleet_etcd = {"http://127.0.0.1:2379", "http://10.0.0.2:2379"};
+  config.engine_host = "10.0.0.17";
   ControllerStatus s = Healthy(config);
   s.weights.huge_pages = false;
   s.weights.warnings = {"2018 free 2 MiB huge pages of the 2019 the arena needs"};
@@ -77,7 +78,11 @@ TEST(Degradations, EachFallbackIsAMetricALineAndAJsonEntry) {
                   "degraded: etcd_plaintext: etcd http://10.0.0.2:2379 is reached in plain "
                   "HTTP off this host"))
       << text;
-  EXPECT_EQ(DegradationJson(s).size(), 6u);
+  EXPECT_TRUE(Has(text,
+                  "degraded: engines_open: engines listen on 10.0.0.17 with no [engine] "
+                  "key_file: whoever reaches their ports is served without a router"))
+      << text;
+  EXPECT_EQ(DegradationJson(s).size(), 7u);
 
   // A keeper that died and is being started again keeps nothing meanwhile.
   const ControllerConfig no_fleet;
@@ -94,6 +99,22 @@ TEST(Degradations, EtcdOverTlsIsNot) {
   config.fleet_etcd = {"https://10.0.0.1:2379", "10.0.0.2:2379"};
   config.fleet_etcd_ca_file = "/etc/baton/etcd-ca.pem";
   EXPECT_TRUE(Degradations(Healthy(config)).empty());
+}
+
+// Engines on the loopback, or given a key, are not open to the network.
+TEST(Degradations, EnginesOnTheLoopbackOrWithAKeyAreNotOpen) {
+  ControllerConfig config;
+  for (const char* host : {"127.0.0.1", "127.3.4.5", "localhost", "::1"}) {
+    config.engine_host = host;
+    EXPECT_TRUE(Degradations(Healthy(config)).empty()) << host;
+  }
+  config.engine_host = "10.0.0.17";
+  config.engine_key_file = "/etc/baton/engine.key";
+  EXPECT_TRUE(Degradations(Healthy(config)).empty());
+  config.engine_host = "0.0.0.0";
+  config.engine_key_file.clear();
+  ASSERT_EQ(Degradations(Healthy(config)).size(), 1u);
+  EXPECT_EQ(Degradations(Healthy(config))[0].what, "engines_open");
 }
 
 // What the operator turned off is not a degradation; neither is an adopted arena whose mlock
