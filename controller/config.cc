@@ -60,6 +60,7 @@ std::map<std::string, Setter> Keys(ControllerConfig* c) {
       {"engine.log_dir", Str(&c->engine_log_dir)},
       {"engine.log_max_bytes", config_values::SizeOrZero(&c->engine_log_max_bytes)},
       {"engine.log_keep", Int(&c->engine_log_keep, 1, 100'000)},
+      {"engine.crash_log_keep", Int(&c->engine_crash_log_keep, 0, 100'000)},
       {"engine.cgroup", Str(&c->engine_cgroup)},
       {"engine.host", Str(&c->engine_host)},
       {"engine.key_file", Str(&c->engine_key_file)},

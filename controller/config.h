@@ -54,6 +54,10 @@ struct ControllerConfig : CoordinatorConfig {
   // engines and the `engine_log_keep` most recent ids are deleted (engines/engine_logs.h).
   uint64_t engine_log_max_bytes = 64ull << 20;
   int engine_log_keep = 8;
+  // The logs of the `engine_crash_log_keep` latest engines that failed (died, hung, ...: not
+  // retired by the controller) are kept apart as engine-<id>.crash.log, whatever the
+  // launches after them (0: not kept apart).
+  int engine_crash_log_keep = 8;
   // "auto" | "off" | a cgroup v2 directory: where each engine gets a cgroup that fencing
   // kills whole (controller/engines/engine_cgroup.h).
   std::string engine_cgroup = "auto";

@@ -210,6 +210,10 @@ class Controller final : private Effects {
   void OnEngineMessage(EngineId id, const proto::ReceivedMessage& msg);
   void WatchPid(EngineId id);
   void OnPidReadable(EngineId id);
+  // How engine `h` ended, for the Coordinator: `exit` with its log's last line and, after a
+  // crash (Crashed), where its log is kept.
+  std::string ExitWords(const EngineHandle& h, const ExitInfo& exit);
+  bool Crashed(EngineId id) const;
   // The liveness page that came with StandbyReady or Reattach (its one fd), watched; its
   // owner's death posts OnEngineDying.
   void WatchLiveness(EngineId id, proto::ReceivedMessage& msg);

@@ -206,16 +206,55 @@ void Controller::OnPidReadable(EngineId id) {
   if (!exited->has_value()) return WatchPid(id);  // not yet: wait again
   h->exited = true;
   h->channel.reset();
-  std::string how = (*exited)->ToString();
-  // An engine that exits on its own with an error says why in its log, not to the controller.
-  if ((*exited)->code != 0 && (*exited)->signal == 0 && !(*exited)->unknown) {
-    if (const std::string last = engine_logs_.LastLine(id); !last.empty()) {
-      how += " (its log ends: \"" + last + "\")";
-    }
-  }
-  coord_->OnExited(id, how);
+  coord_->OnExited(id, ExitWords(*h, **exited));
   if (stopping_ && coord_->Remaining().empty() && stop_timer_ != nullptr) stop_timer_->cancel();
   ArmTick();
+}
+
+// A crash: an engine that ended on its own or failed (it died, lost its connection, hung,
+// reported an error, timed out or misbehaved), before or after its fence; not one the
+// controller retired (a switch-over, a drain, a stop, an upgrade's replaced standby, a stale
+// epoch, one a restart could not account for).
+bool Controller::Crashed(EngineId id) const {
+  if (stopping_) return false;
+  const EngineRecord* e = coord_->engine(id);
+  if (e == nullptr) return false;
+  if (!e->fail_cause.has_value()) return true;  // its exit is the first sign
+  switch (*e->fail_cause) {
+    case FailCause::kPlanned:
+    case FailCause::kShutdown:
+    case FailCause::kStale:
+    case FailCause::kUnaccounted:
+      return false;
+    case FailCause::kDied:
+    case FailCause::kEof:
+    case FailCause::kHung:
+    case FailCause::kError:
+    case FailCause::kTimeout:
+    case FailCause::kMisbehaved:
+      return true;
+  }
+  return true;
+}
+
+// An engine that exits on its own with an error says why in its log, not to the controller:
+// its last line is quoted. The log of one that crashed is kept apart from the pruned ones
+// (EngineLogs::KeepCrashed).
+std::string Controller::ExitWords(const EngineHandle& h, const ExitInfo& exit) {
+  std::string how = exit.ToString();
+  if (exit.unknown || (exit.code == 0 && exit.signal == 0)) return how;
+  std::string notes;
+  if (exit.signal == 0) {
+    if (const std::string last = engine_logs_.LastLine(h.id); !last.empty()) {
+      notes = "its log ends: \"" + last + "\"";
+    }
+  }
+  if (Crashed(h.id)) {
+    if (const std::string kept = engine_logs_.KeepCrashed(h.id); !kept.empty()) {
+      notes += (notes.empty() ? "" : "; ") + std::string("log kept as ") + kept;
+    }
+  }
+  return notes.empty() ? how : how + " (" + notes + ")";
 }
 
 // --- liveness pages -----------------------------------------------------------------------------

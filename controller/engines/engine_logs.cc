@@ -50,6 +50,12 @@ std::string LastLineOf(std::string_view text) {
   return std::string(start == std::string_view::npos ? text : text.substr(start + 1));
 }
 
+// Adds the `n` highest of `ids` to `kept`.
+void KeepHighest(const std::set<uint64_t>& ids, size_t n, std::set<uint64_t>* kept) {
+  size_t taken = 0;
+  for (auto it = ids.rbegin(); it != ids.rend() && taken < n; ++it, ++taken) kept->insert(*it);
+}
+
 }  // namespace
 
 std::string EngineLogs::LastLine(uint64_t id) const {
@@ -84,12 +90,23 @@ uint64_t EngineLogId(const std::string& name) {
   }
   if (i == digits_start) return 0;
   const std::string rest = name.substr(i);
-  return rest == ".log" || rest == ".log.1" ? id : 0;
+  for (const char* suffix : {".log", ".log.1", ".crash.log", ".crash.log.1"}) {
+    if (rest == suffix) return id;
+  }
+  return 0;
+}
+
+bool IsCrashLog(const std::string& name) {
+  return EngineLogId(name) != 0 && name.find(".crash.log") != std::string::npos;
 }
 
 EngineLogs::EngineLogs(boost::asio::io_context& io, std::string dir, uint64_t max_bytes,
-                       size_t keep)
-    : timer_(io), dir_(std::move(dir)), max_bytes_(max_bytes), keep_(keep) {}
+                       size_t keep, size_t crash_keep)
+    : timer_(io),
+      dir_(std::move(dir)),
+      max_bytes_(max_bytes),
+      keep_(keep),
+      crash_keep_(crash_keep) {}
 
 void EngineLogs::Start() {
   if (dir_.empty() || max_bytes_ == 0) return;
@@ -140,19 +157,40 @@ Status EngineLogs::Rotate(const std::string& path) {
 void EngineLogs::Prune(const std::set<uint64_t>& live) {
   if (dir_.empty()) return;
   const std::multimap<uint64_t, std::string> files = LogFiles(dir_);
-  std::set<uint64_t> ids;
-  for (const auto& [id, name] : files) ids.insert(id);
+  std::set<uint64_t> ids, crashed;
+  for (const auto& [id, name] : files) (IsCrashLog(name) ? crashed : ids).insert(id);
   std::set<uint64_t> kept = live;
-  size_t recent = 0;
-  for (auto it = ids.rbegin(); it != ids.rend() && recent < keep_; ++it, ++recent) kept.insert(*it);
+  KeepHighest(ids, keep_, &kept);
+  std::set<uint64_t> crash_kept;
+  KeepHighest(crashed, crash_keep_, &crash_kept);
   for (const auto& [id, name] : files) {
-    if (kept.count(id) != 0) continue;
+    if ((IsCrashLog(name) ? crash_kept : kept).count(id) != 0) continue;
     if (::unlink((dir_ + "/" + name).c_str()) == 0) {
       ++deleted_;
     } else if (errno != ENOENT) {
       BATON_LOG(WARN, kLog) << ErrnoStatus("unlink " + dir_ + "/" + name, errno).message();
     }
   }
+}
+
+std::string EngineLogs::KeepCrashed(uint64_t id) {
+  if (dir_.empty() || crash_keep_ == 0) return "";
+  const std::string base = dir_ + "/engine-" + std::to_string(id);
+  std::string kept;
+  for (const char* copy : {"", ".1"}) {
+    const std::string from = base + ".log" + copy;
+    const std::string to = base + ".crash.log" + copy;
+    if (::rename(from.c_str(), to.c_str()) == 0) {
+      if (*copy == '\0') kept = to;
+    } else if (errno != ENOENT) {
+      BATON_LOG(WARN, kLog) << ErrnoStatus("rename " + from + " to " + to, errno).message();
+    }
+  }
+  if (!kept.empty()) {
+    BATON_LOG(INFO, kLog) << "engine " << id << " crashed: its log is kept as " << kept << " (the "
+                          << crash_keep_ << " latest crashes' logs stay)";
+  }
+  return kept;
 }
 
 }  // namespace baton

@@ -70,6 +70,7 @@ struct ClusterOptions {
   int readopt_timeout_ms = 0;
   std::string engine_cgroup;  // [engine] cgroup when set ("off": process groups only)
   bool engine_logs = false;   // [engine] log_dir = <dir>/engine-logs (else the controller's)
+  int engine_log_keep = 0;    // [engine] log_keep when > 0
   // The first controller's extra environment ("NAME=value": BATON_FAILPOINTS=...).
   std::vector<std::string> controller_env;
   // TOML appended to the controller's configuration (whole sections: "[fleet]\n...").

@@ -124,6 +124,7 @@ inline void ChaosCluster::WriteConfig(const ClusterOptions& o) const {
       << "\n"
       << (o.engine_cgroup.empty() ? "" : "cgroup = " + Quote(o.engine_cgroup) + "\n")
       << (o.engine_logs ? "log_dir = " + Quote(dir_ + "/engine-logs") + "\n" : "")
+      << (o.engine_log_keep > 0 ? "log_keep = " + std::to_string(o.engine_log_keep) + "\n" : "")
       << (o.engine_key_file.empty() ? "" : "key_file = " + Quote(o.engine_key_file) + "\n")
       << "promote_timeout_ms = " << o.promote_timeout_ms
       << "\ndrain_timeout_ms = 5000\nstop_grace_ms = 2000\n"

@@ -1,8 +1,13 @@
 // Crash-looping engines: past max_failures in the window the pair goes to a *_backoff state
 // that `batonctl status` shows, restarts are held back, and the controller never busy-loops.
+// A crashed engine's log is quoted and kept apart from the ones pruned.
 #include <gtest/gtest.h>
+#include <signal.h>
 
+#include <filesystem>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "tests/chaos/chaos_harness.h"
 
@@ -76,12 +81,56 @@ TEST(ChaosCrashLoop, AnEngineExitQuotesTheLastLineOfItsLog) {
   ChaosCluster cluster(options);
   const json tripped =
       cluster.WaitFor([](const json& s) { return !s["history"]["exits"].empty(); }, "an exit");
-  const std::string exit = tripped["history"]["exits"][0]["exit"].get<std::string>();
-  EXPECT_EQ(exit,
+  const json& first = tripped["history"]["exits"][0];
+  const std::string kept = cluster.dir() + "/engine-logs/engine-" +
+                           std::to_string(first["id"].get<uint64_t>()) + ".crash.log";
+  EXPECT_EQ(first["exit"].get<std::string>(),
             "exited with status 1 (its log ends: \"model config: num_hidden_layers = -3 is "
-            "outside [1, 4096]\")")
+            "outside [1, 4096]\"; log kept as " +
+                kept + ")")
       << tripped.dump(2);
   EXPECT_TRUE(cluster.ControllerAlive());
+}
+
+// The log of an engine that crashed (here killed by someone else than the controller, as the
+// OOM killer would) is kept apart as engine-<id>.crash.log: the switch-overs after it, each a
+// new engine, prune the other logs down to engine.log_keep but not that one.
+TEST(ChaosCrashLoop, ACrashedEnginesLogOutlastsTheLaunchesAfterIt) {
+  ClusterOptions options;
+  options.engine_logs = true;
+  options.engine_log_keep = 1;
+  ChaosCluster cluster(options);
+  const json before = cluster.Status();
+  const uint64_t crashed = PrimaryId(before);
+  ASSERT_EQ(::kill(PidOf(EngineWithRole(before, "primary")), SIGKILL), 0);
+  json status = WaitNewPrimary(cluster, crashed, "the standby promoted");
+  const std::string logs = cluster.dir() + "/engine-logs/";
+  const std::string kept = logs + "engine-" + std::to_string(crashed) + ".crash.log";
+  EXPECT_TRUE(std::filesystem::exists(kept));
+  EXPECT_FALSE(std::filesystem::exists(logs + "engine-" + std::to_string(crashed) + ".log"));
+  bool named = false;
+  for (const json& e : status["history"]["exits"]) {
+    named = named || e["exit"].get<std::string>() == "killed by SIGKILL (log kept as " + kept + ")";
+  }
+  EXPECT_TRUE(named) << status["history"].dump(2);
+  std::vector<uint64_t> retired;
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t primary = PrimaryId(status);
+    ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
+    status = WaitNewPrimary(cluster, primary, "a switch-over");
+    status = cluster.WaitFor(IsReady, "a new standby");
+    retired.push_back(primary);
+  }
+  EXPECT_TRUE(std::filesystem::exists(kept)) << "pruned with the switch-overs' logs";
+  // The last one retired may still have been exiting at the last launch's pruning.
+  for (size_t i = 0; i + 1 < retired.size(); ++i) {
+    const std::string name = logs + "engine-" + std::to_string(retired[i]);
+    EXPECT_FALSE(std::filesystem::exists(name + ".log")) << "a retired engine's log is kept";
+  }
+  for (uint64_t id : retired) {
+    const std::string name = logs + "engine-" + std::to_string(id) + ".crash.log";
+    EXPECT_FALSE(std::filesystem::exists(name)) << "a switch-over is no crash";
+  }
 }
 
 }  // namespace

@@ -33,6 +33,8 @@ lock = false
 [engine]
 command = ["build/bin/baton-refengine", "--socket", "{socket}", "--port", "{port}"]
 log_dir = "/tmp/baton-test-logs"
+log_keep = 3
+crash_log_keep = 5
 cgroup = "off"
 base_port = 8101
 port_count = 2
@@ -91,6 +93,8 @@ TEST(Config, ParsesEveryKey) {
   ASSERT_EQ(c->engine_command.size(), 5u);
   EXPECT_EQ(c->engine_command[2], "{socket}");
   EXPECT_EQ(c->engine_log_dir, "/tmp/baton-test-logs");
+  EXPECT_EQ(c->engine_log_keep, 3);
+  EXPECT_EQ(c->engine_crash_log_keep, 5);
   EXPECT_EQ(c->engine_cgroup, "off");
   EXPECT_EQ(c->base_port, 8101);
   EXPECT_EQ(c->port_count, 2);

@@ -49,6 +49,13 @@ TEST(EngineLogId, OnlyEngineLogsAndTheirCopies) {
   EXPECT_EQ(EngineLogId("engine-12.txt"), 0u);
   EXPECT_EQ(EngineLogId("keeper.log"), 0u);
   EXPECT_EQ(EngineLogId("engine-99999999999999999999999.log"), 0u);  // not a uint64
+  EXPECT_EQ(EngineLogId("engine-12.crash.log"), 12u);
+  EXPECT_EQ(EngineLogId("engine-12.crash.log.1"), 12u);
+  EXPECT_EQ(EngineLogId("engine-12.crash"), 0u);
+  EXPECT_TRUE(IsCrashLog("engine-12.crash.log"));
+  EXPECT_TRUE(IsCrashLog("engine-12.crash.log.1"));
+  EXPECT_FALSE(IsCrashLog("engine-12.log"));
+  EXPECT_FALSE(IsCrashLog("x.crash.log"));
 }
 
 // A log past max_bytes is copied to .1 and truncated in place; the engine's O_APPEND
@@ -94,6 +101,40 @@ TEST_F(EngineLogsTest, PruneKeepsTheLiveAndTheMostRecent) {
   EngineLogs none(io_, "", 100, 2);  // engines log to the controller's stdout: nothing to do
   none.Prune({});
   EXPECT_EQ(none.RotateNow(), 0u);
+}
+
+// A crashed engine's log and its copy are renamed apart; they outlast the launches after it
+// (Prune's `keep`) and go only once `crash_keep` later crashes have logs kept.
+TEST_F(EngineLogsTest, ACrashLogOutlastsTheLaunchesAfterItUpToCrashKeep) {
+  Write("engine-1.log", "starting\nsegfault\n");
+  Write("engine-1.log.1", "older\n");
+  EngineLogs logs(io_, dir_, 100, 1, 2);
+  EXPECT_EQ(logs.KeepCrashed(1), Path("engine-1.crash.log"));
+  EXPECT_EQ(Read("engine-1.crash.log"), "starting\nsegfault\n");
+  EXPECT_EQ(Read("engine-1.crash.log.1"), "older\n");
+  EXPECT_FALSE(fs::exists(Path("engine-1.log")));
+  EXPECT_EQ(logs.KeepCrashed(7), "") << "no log to keep";
+  for (int id : {2, 3, 4}) Write("engine-" + std::to_string(id) + ".log", "x");
+  logs.Prune({4});
+  EXPECT_TRUE(fs::exists(Path("engine-1.crash.log")));
+  EXPECT_TRUE(fs::exists(Path("engine-1.crash.log.1")));
+  EXPECT_FALSE(fs::exists(Path("engine-2.log")));
+  EXPECT_FALSE(fs::exists(Path("engine-3.log")));
+  EXPECT_TRUE(fs::exists(Path("engine-4.log")));
+  // Two later crashes: the oldest crash log goes.
+  for (int id : {5, 6}) {
+    Write("engine-" + std::to_string(id) + ".log", "x");
+    ASSERT_FALSE(logs.KeepCrashed(static_cast<uint64_t>(id)).empty());
+  }
+  logs.Prune({4});
+  EXPECT_FALSE(fs::exists(Path("engine-1.crash.log")));
+  EXPECT_FALSE(fs::exists(Path("engine-1.crash.log.1")));
+  EXPECT_TRUE(fs::exists(Path("engine-5.crash.log")));
+  EXPECT_TRUE(fs::exists(Path("engine-6.crash.log")));
+
+  EngineLogs apart_not(io_, dir_, 100, 1, 0);  // crash_keep 0: nothing renamed
+  EXPECT_EQ(apart_not.KeepCrashed(4), "");
+  EXPECT_TRUE(fs::exists(Path("engine-4.log")));
 }
 
 }  // namespace
