@@ -245,6 +245,7 @@ LoadReply LoadClient::Post(std::string_view path, std::string_view json_body,
   std::string request;
   request.reserve(160 + path.size() + json_body.size());
   request.append("POST ").append(path).append(" HTTP/1.1\r\nHost: ").append(address_);
+  if (!authorization_.empty()) request.append("\r\nAuthorization: ").append(authorization_);
   request.append("\r\nContent-Type: application/json\r\nContent-Length: ");
   request.append(std::to_string(json_body.size())).append("\r\n\r\n").append(json_body);
   return RoundTrip(request, body_started, std::move(on_chunk));

@@ -49,6 +49,8 @@ class LoadClient {
                  std::function<void(std::string_view chunk)> on_chunk = {});
   // GETs `path`.
   LoadReply Get(std::string_view path);
+  // Sent as `Authorization` with every later request ("" sends none): a Bearer engine key.
+  void SetAuthorization(std::string value) { authorization_ = std::move(value); }
   // Closes the connection (the next call opens a new one).
   void Close() { fd_.Reset(); }
 
@@ -62,6 +64,7 @@ class LoadClient {
   std::string address_;
   std::chrono::milliseconds timeout_;
   UniqueFd fd_;
+  std::string authorization_;
   std::string buffer_;  // bytes read past the last response
   std::function<void(std::string_view)> on_chunk_;
   std::atomic<bool>* body_started_ = nullptr;  // set by ReadMore while a body is read

@@ -3,6 +3,7 @@
 //
 //   baton-perf-router-overhead [--requests N] [--clients C] [--rounds R] [--warmup W]
 //                              [--bin DIR] [--model-dir DIR] [--router-threads K] [--out DIR]
+//                              [--engine-key on|off]
 //
 // Stack: a standalone baton-refengine on baton-mkmodel's tiny preset (written into
 // --model-dir, or a scratch directory, and reused while it matches) and a baton-router with
@@ -21,13 +22,17 @@
 // With C > 1 the same comparison is made again with one client (`sequential`): with several
 // closed-loop clients the engine's single compute thread is the bottleneck and queueing
 // behind it hides most of a hop's cost, which one client at a time shows. meets_target
-// checks added_p50_ms (both) at most 0.3 ms. --out DIR keeps the engine's and router's logs,
-// the per-request latencies (latencies-C-clients.csv) and the JSON (router_overhead.json).
+// checks added_p50_ms (both) at most 0.3 ms. With --engine-key on, the engine is given an
+// engine key (BATON_ENGINE_KEYS), the router sends it from its --engine-key-file, and the
+// direct clients send it too: what the key's check and header cost on each side. --out DIR keeps
+// the engine's and router's logs, the per-request latencies (latencies-C-clients.csv) and the JSON
+// (router_overhead.json).
 #include <unistd.h>
 
 #include <atomic>
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -50,7 +55,7 @@ using nlohmann::json;
 constexpr char kUsage[] =
     "usage: baton-perf-router-overhead [--requests N] [--clients C] [--rounds R] [--warmup W]\n"
     "                                  [--bin DIR] [--model-dir DIR] [--router-threads K]\n"
-    "                                  [--out DIR]\n";
+    "                                  [--out DIR] [--engine-key on|off]\n";
 constexpr char kServedName[] = "tiny";
 constexpr double kTargetAddedP50Ms = 0.3;
 constexpr const char* kPrompts[] = {
@@ -61,6 +66,7 @@ constexpr const char* kPrompts[] = {
 
 struct Flags {
   int requests = 2000, clients = 4, rounds = 10, warmup = 100, router_threads = 0;
+  bool engine_key = false;
   std::string bin, model_dir, out;
 };
 
@@ -90,6 +96,9 @@ std::string ParseFlags(int argc, char** argv, Flags* f) {
       f->model_dir = v;
     } else if (arg == "--out") {
       f->out = v;
+    } else if (arg == "--engine-key") {
+      if (v != "on" && v != "off") return "--engine-key: on or off";
+      f->engine_key = v == "on";
     } else {
       return "unknown argument: " + std::string(arg);
     }
@@ -105,6 +114,21 @@ std::string RequestBody(int i) {
               {"temperature", 0.8},
               {"seed", i}}
       .dump();
+}
+
+// The key of --engine-key on: a fixed one (a measurement, not a secret).
+constexpr char kEngineKey[] = "router-overhead-engine-key-0123456789";
+
+// --engine-key on: the key file the router reads, in `work`; "" when off.
+Result<std::string> WriteEngineKeyFile(const Flags& flags, const std::string& work) {
+  if (!flags.engine_key) return std::string();
+  const std::string path = work + "/engine.key";
+  std::ofstream(path, std::ios::trunc) << kEngineKey << "\n";
+  std::error_code ec;
+  std::filesystem::permissions(
+      path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write, ec);
+  if (ec) return Internal("chmod " + path + ": " + ec.message());
+  return path;
 }
 
 // One side of the comparison: a keep-alive client per client thread, a sample per request.
@@ -169,7 +193,12 @@ Result<json> CompareSides(const Flags& flags, const std::vector<std::string>& bo
   routed.name = "router";
   for (Side* side : {&direct, &routed}) {
     const std::string& address = side == &direct ? engine.address : router.address;
-    for (int c = 0; c < clients; ++c) side->clients.emplace_back(address);
+    for (int c = 0; c < clients; ++c) {
+      side->clients.emplace_back(address);
+      if (side == &direct && flags.engine_key) {
+        side->clients.back().SetAuthorization(std::string("Bearer ") + kEngineKey);
+      }
+    }
     side->latency_ms.assign(bodies.size(), -1);
     side->ids.resize(bodies.size());
     side->text.resize(bodies.size());
@@ -227,9 +256,14 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
   BATON_ASSIGN_OR_RETURN(ModelSummary model, EnsureTinyModel(model_dir));
   std::fprintf(stderr, "%s tiny model in %s\n", model.reused ? "reused" : "wrote",
                model_dir.c_str());
-  BATON_ASSIGN_OR_RETURN(ServingProcess engine,
-                         StartStandaloneEngine(flags.bin, model_dir, kServedName, work, {}));
+  BATON_ASSIGN_OR_RETURN(const std::string key_file, WriteEngineKeyFile(flags, work));
+  if (flags.engine_key) ::setenv("BATON_ENGINE_KEYS", kEngineKey, 1);  // the engine inherits it
+  Result<ServingProcess> started =
+      StartStandaloneEngine(flags.bin, model_dir, kServedName, work, {});
+  ::unsetenv("BATON_ENGINE_KEYS");
+  BATON_ASSIGN_OR_RETURN(ServingProcess engine, std::move(started));
   std::vector<std::string> router_args = {"--backend", engine.address};
+  if (!key_file.empty()) router_args.insert(router_args.end(), {"--engine-key-file", key_file});
   if (flags.router_threads > 0) {
     router_args.insert(router_args.end(), {"--threads", std::to_string(flags.router_threads)});
   }
@@ -254,6 +288,7 @@ Result<json> Measure(const Flags& flags, const std::string& work) {
   result["rounds"] = flags.rounds;
   result["model"] = "tiny";
   result["max_tokens"] = 1;
+  result["engine_key"] = flags.engine_key;
   result["p99"] = "nearest rank";
   result["meets_target"] = {
       {"added_p50_ms_at_most_0.3", result["added_p50_ms"].get<double>() <= kTargetAddedP50Ms},
