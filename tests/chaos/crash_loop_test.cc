@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/switchover_support.h"
 
 namespace baton::chaos {
 namespace {
@@ -115,11 +116,8 @@ TEST(ChaosCrashLoop, ACrashedEnginesLogOutlastsTheLaunchesAfterIt) {
   EXPECT_TRUE(named) << status["history"].dump(2);
   std::vector<uint64_t> retired;
   for (int i = 0; i < 3; ++i) {
-    const uint64_t primary = PrimaryId(status);
-    ASSERT_EQ(cluster.Ctl({"promote"}).exit_code, 0);
-    status = WaitNewPrimary(cluster, primary, "a switch-over");
-    status = cluster.WaitFor(IsReady, "a new standby");
-    retired.push_back(primary);
+    retired.push_back(PrimaryId(status));
+    status = SwitchOver(cluster);
   }
   EXPECT_TRUE(std::filesystem::exists(kept)) << "pruned with the switch-overs' logs";
   // The last one retired may still have been exiting at the last launch's pruning.

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "tests/chaos/chaos_harness.h"
+#include "tests/chaos/switchover_support.h"
 
 namespace baton::chaos {
 namespace {
@@ -88,13 +89,7 @@ TEST_F(PythonEngineTest, GracefulSwitchoverDrainsThroughTheSdk) {
   const json before = cluster.Status();
   const json primary = EngineWithRole(before, "primary");
   const json standby = EngineWithRole(before, "standby");
-  const CtlResult promote = cluster.Ctl({"promote"});
-  ASSERT_EQ(promote.exit_code, 0) << promote.stdout_text;
-  const json after = WaitNewPrimary(cluster, primary["id"], "the switch-over");
-  EXPECT_EQ(PrimaryId(after), standby["id"].get<uint64_t>());
-  const json t = cluster.Ctl({"timeline"}).out["timeline"];
-  EXPECT_EQ(t["kind"], "switchover");
-  EXPECT_EQ(after["crash_loop"]["total_failures"], 0) << "a switch-over is not a failure";
+  SwitchOver(cluster);
   cluster.CheckFencing();
   // A switch-over's drain has a next primary; `batonctl drain`'s has none (ABI 9).
   ASSERT_EQ(cluster.Ctl({"drain"}).exit_code, 0);
