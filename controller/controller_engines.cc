@@ -241,20 +241,20 @@ bool Controller::Crashed(EngineId id) const {
 // its last line is quoted. The log of one that crashed is kept apart from the pruned ones
 // (EngineLogs::KeepCrashed).
 std::string Controller::ExitWords(const EngineHandle& h, const ExitInfo& exit) {
-  std::string how = exit.ToString();
-  if (exit.unknown || (exit.code == 0 && exit.signal == 0)) return how;
   std::string notes;
-  if (exit.signal == 0) {
+  if (!exit.unknown && exit.code != 0 && exit.signal == 0) {
     if (const std::string last = engine_logs_.LastLine(h.id); !last.empty()) {
       notes = "its log ends: \"" + last + "\"";
     }
   }
+  // An adopted engine's exit is not known, nor is a clean exit always no failure: the
+  // Coordinator's cause decides.
   if (Crashed(h.id)) {
     if (const std::string kept = engine_logs_.KeepCrashed(h.id); !kept.empty()) {
       notes += (notes.empty() ? "" : "; ") + std::string("log kept as ") + kept;
     }
   }
-  return notes.empty() ? how : how + " (" + notes + ")";
+  return notes.empty() ? exit.ToString() : exit.ToString() + " (" + notes + ")";
 }
 
 // --- liveness pages -----------------------------------------------------------------------------

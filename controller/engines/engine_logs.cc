@@ -126,7 +126,10 @@ size_t EngineLogs::RotateNow() {
   if (dir_.empty() || max_bytes_ == 0) return 0;  // no directory, or never rotated
   size_t rotated = 0;
   for (const auto& [id, name] : LogFiles(dir_)) {
-    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".log") != 0) continue;
+    // A crash log is evidence kept whole: never copied over its .1 nor truncated.
+    if (name.size() < 4 || name.compare(name.size() - 4, 4, ".log") != 0 || IsCrashLog(name)) {
+      continue;
+    }
     const std::string path = dir_ + "/" + name;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0 || static_cast<uint64_t>(st.st_size) <= max_bytes_) {

@@ -7,7 +7,8 @@
 //     lost, at most a few lines);
 //   * the log of an engine that crashed (KeepCrashed: it failed, rather than being retired)
 //     is renamed engine-<id>.crash.log (and its copy .crash.log.1), so that the evidence of a
-//     crash is not pruned with the logs of the engines launched after it;
+//     crash is not pruned with the logs of the engines launched after it; crash logs are not
+//     rotated;
 //   * at each launch (Prune), only the logs of the live engines and of the `keep` most recent
 //     engine ids stay, and the crash logs of the `crash_keep` most recent crashed ids; older
 //     ones and their .1 copies are deleted (a failover, a crash loop, an upgrade each start a

@@ -132,6 +132,11 @@ TEST_F(EngineLogsTest, ACrashLogOutlastsTheLaunchesAfterItUpToCrashKeep) {
   EXPECT_TRUE(fs::exists(Path("engine-5.crash.log")));
   EXPECT_TRUE(fs::exists(Path("engine-6.crash.log")));
 
+  // A crash log is not rotated, however long.
+  Write("engine-6.crash.log", std::string(500, 'c'));
+  EXPECT_EQ(logs.RotateNow(), 0u);
+  EXPECT_EQ(Read("engine-6.crash.log").size(), 501u);
+
   EngineLogs apart_not(io_, dir_, 100, 1, 0);  // crash_keep 0: nothing renamed
   EXPECT_EQ(apart_not.KeepCrashed(4), "");
   EXPECT_TRUE(fs::exists(Path("engine-4.log")));
