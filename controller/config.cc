@@ -311,13 +311,7 @@ Status FinishConfig(ControllerConfig* c) {
                            c->engine_host + "\"");
   }
   if (!c->engine_key_file.empty()) {
-    if (c->engine_key_file.front() != '/') {
-      return InvalidArgument("engine.key_file: want an absolute path, got \"" + c->engine_key_file +
-                             "\"");
-    }
-    if (Result<std::vector<std::string>> keys = ReadEngineKeyFile(c->engine_key_file); !keys.ok()) {
-      return InvalidArgument("engine.key_file: " + keys.status().message());
-    }
+    BATON_RETURN_IF_ERROR(CheckEngineKeyFileSetting("engine.key_file", c->engine_key_file));
   }
   if (c->base_port != 0 && c->base_port + c->port_count - 1 > 65535) {
     return InvalidArgument("engine.base_port " + std::to_string(c->base_port) + " + port_count " +

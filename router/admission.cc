@@ -184,8 +184,10 @@ void Admission::Unreachable(const Target& target) {
                                   [&](const Candidate& c) { return c.target == target; });
   if (!listed) return;
   if (refused_.count(target.address) == 0) {
-    BATON_LOG(INFO, "router") << target.address << " (engine " << target.engine_id
-                              << ") refuses connections: requests wait for the route to change";
+    BATON_LOG(INFO, "router")
+        << target.address << " (engine " << target.engine_id
+        << ") refuses requests (its connections, or this router's engine key): "
+        << "requests wait for the route to change";
   }
   refused_[target.address] = clock_.Now();
 }

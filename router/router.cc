@@ -59,7 +59,7 @@ Router::Router(RouterOptions options, const Clock& clock)
                                          : std::vector<std::string>{options_.api_key}),
       engine_key_(options_.engine_key_file),
       shadow_(io_.get_executor(), options_.shadow_every, TimeoutsFrom(options_), admitter(),
-              &outcomes_, &pool_, &engine_key_) {}
+              &outcomes_, &pool_, options_.engine_key_file.empty() ? nullptr : &engine_key_) {}
 
 Router::~Router() { Stop(); }
 
@@ -330,7 +330,7 @@ void Router::Forward(const std::string& route, std::shared_ptr<HttpExchange> exc
                  .outcomes = &outcomes_,
                  .shadow = &shadow_,
                  .progress = &progress_,
-                 .engine_key = &engine_key_};
+                 .engine_key = options_.engine_key_file.empty() ? nullptr : &engine_key_};
   std::make_shared<RelayedRequest>(boost::asio::make_strand(io_), route, std::move(exchange), deps)
       ->Start();
 }

@@ -67,6 +67,7 @@ RouterMetrics::RouterMetrics() {
   for (const char* route : {"/v1/completions", "/v1/chat/completions"}) {
     for (int status : {200, 429, 503}) requests_[{route, status}] = 0;
   }
+  upstream_errors_["engine_key"] = 0;  // BatonRouterEngineKeyRefused fires on its first
 }
 
 void RouterMetrics::Record(const std::string& route, int status) {

@@ -83,8 +83,9 @@ struct RouterGauges {
 
 class RouterMetrics {
  public:
-  // The completion routes' 200 and 429 series exist from the start at 0: rate() over a series
-  // counts no increment before its first sample, so the first shedding would go unseen.
+  // The completion routes' 200 and 429 series, and the upstream errors of kind engine_key,
+  // exist from the start at 0: rate() over a series counts no increment before its first
+  // sample, so the first shedding (or engine key refusal) would go unseen.
   RouterMetrics();
   void Record(const std::string& route, int status);
   void RecordUpstreamError(const std::string& kind);

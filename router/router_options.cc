@@ -185,12 +185,7 @@ std::map<std::string, Setter> Setters(RouterOptions* o) {
     return OkStatus();
   };
   s["engine-key-file"] = [o](const std::string& v) -> Status {
-    if (v.empty() || v.front() != '/') {
-      return InvalidArgument("engine-key-file: want an absolute path, got \"" + v + "\"");
-    }
-    if (Result<std::vector<std::string>> keys = ReadEngineKeyFile(v); !keys.ok()) {
-      return InvalidArgument("engine-key-file: " + keys.status().message());
-    }
+    BATON_RETURN_IF_ERROR(CheckEngineKeyFileSetting("engine-key-file", v));
     o->engine_key_file = v;
     return OkStatus();
   };

@@ -85,7 +85,8 @@ Result<ChildProcess> Supervisor::Launch(const LaunchRequest& request) const {
               {"BATON_HTTP_HOST", host_},
               {"BATON_HTTP_PORT", std::to_string(request.port)},
               {"BATON_MODEL_DIR", model_dir_}});
-  if (!request.engine_keys.empty()) env[kEngineKeysEnv] = request.engine_keys;
+  // Set whether or not there are keys: one in the controller's own environment is not passed on.
+  env[kEngineKeysEnv] = request.engine_keys;
   std::string log_path;
   if (!log_dir_.empty())
     log_path = log_dir_ + "/engine-" + std::to_string(request.engine_id) + ".log";

@@ -3,7 +3,7 @@
 // Supervisor expands the configured engine command line ({socket} {token} {role}
 // {engine_id} {host} {port} {model_dir} {runtime_dir}), puts the same values in the
 // environment (BATON_SOCKET, BATON_LAUNCH_TOKEN, BATON_ENGINE_ID, BATON_ROLE, BATON_HTTP_HOST,
-// BATON_HTTP_PORT, BATON_MODEL_DIR, BATON_ENGINE_KEYS when the request has keys, and what
+// BATON_HTTP_PORT, BATON_MODEL_DIR, BATON_ENGINE_KEYS (empty without keys), and what
 // SetEngineEnvironment adds), and spawns it
 // (ChildProcess::Spawn). Its stdout/stderr go to <log_dir>/engine-<id>.log when a log
 // directory is configured. Launch tokens are 128 random bits from getrandom().
@@ -32,7 +32,7 @@ struct LaunchRequest {
   // empty: the configured command.
   std::vector<std::string> command = {};
   SpawnCgroup cgroup = {};       // the engine's cgroup (EngineCgroup::spawn_target), or none
-  std::string engine_keys = {};  // BATON_ENGINE_KEYS (EngineKeyFile::ForLaunch); "": not set
+  std::string engine_keys = {};  // BATON_ENGINE_KEYS (EngineKeyFile::ForLaunch); "": none
 };
 
 class Supervisor {

@@ -1,12 +1,14 @@
 #include "proto/http/engine_key.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <boost/beast/core/string.hpp>
 #include <cerrno>
 #include <cstring>
 
-#include "base/io/small_file.h"
+#include "base/io/unique_fd.h"
 #include "base/text/constant_time.h"
 
 namespace baton {
@@ -14,7 +16,7 @@ namespace {
 
 bool IsB64TokenChar(char c) {
   return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') ||
-         std::strchr("-._~+/=", c) != nullptr;
+         std::string_view("-._~+/=").find(c) != std::string_view::npos;
 }
 
 std::string_view Trimmed(std::string_view s) {
@@ -23,12 +25,17 @@ std::string_view Trimmed(std::string_view s) {
   return s.substr(begin, s.find_last_not_of(" \t\r") - begin + 1);
 }
 
-Status CheckKeyFileMode(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) {
+// The file's bytes (at most kEngineKeyFileMaxBytes + 1). Opened without blocking (a FIFO put
+// in its place does not hold the caller, often a launch) and checked on the descriptor: a
+// regular file, not open to every user.
+Result<std::string> ReadKeyFile(const std::string& path) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  if (!fd.valid()) {
     return FailedPrecondition("engine key file " + path + ": " + std::strerror(errno) +
                               " (make one: openssl rand -base64 32 > " + path + ")");
   }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("fstat engine key file " + path, errno);
   if (!S_ISREG(st.st_mode)) {
     return FailedPrecondition("engine key file " + path + " is not a regular file");
   }
@@ -38,7 +45,17 @@ Status CheckKeyFileMode(const std::string& path) {
     return FailedPrecondition("engine key file " + path + " is open to every user (mode " + mode +
                               "): chmod o-rw " + path);
   }
-  return OkStatus();
+  std::string text(kEngineKeyFileMaxBytes + 1, '\0');
+  size_t got = 0;
+  while (got < text.size()) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("read engine key file " + path, errno);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  text.resize(got);
+  return text;
 }
 
 }  // namespace
@@ -59,18 +76,13 @@ Status CheckEngineKey(std::string_view key) {
 }
 
 Result<std::vector<std::string>> ReadEngineKeyFile(const std::string& path) {
-  BATON_RETURN_IF_ERROR(CheckKeyFileMode(path));
-  Result<std::string> text = ReadSmallFile(path, kEngineKeyFileMaxBytes);
-  if (!text.ok()) {
-    return FailedPrecondition("engine key file " + path + ": " +
-                              std::string(text.status().message()));
-  }
-  if (text->size() > kEngineKeyFileMaxBytes) {
+  BATON_ASSIGN_OR_RETURN(const std::string text, ReadKeyFile(path));
+  if (text.size() > kEngineKeyFileMaxBytes) {
     return FailedPrecondition("engine key file " + path + " is longer than " +
                               std::to_string(kEngineKeyFileMaxBytes) + " bytes");
   }
   std::vector<std::string> keys;
-  std::string_view rest = *text;
+  std::string_view rest = text;
   for (size_t line = 1; !rest.empty(); ++line) {
     const size_t end = rest.find('\n');
     const std::string_view key = Trimmed(rest.substr(0, end));
@@ -100,6 +112,16 @@ Result<std::vector<std::string>> ParseEngineKeys(std::string_view list) {
     if (comma == std::string_view::npos) return keys;
     list.remove_prefix(comma + 1);
   }
+}
+
+Status CheckEngineKeyFileSetting(std::string_view setting, const std::string& path) {
+  if (path.empty() || path.front() != '/') {
+    return InvalidArgument(std::string(setting) + ": want an absolute path, got \"" + path + "\"");
+  }
+  if (Result<std::vector<std::string>> keys = ReadEngineKeyFile(path); !keys.ok()) {
+    return InvalidArgument(std::string(setting) + ": " + keys.status().message());
+  }
+  return OkStatus();
 }
 
 std::string JoinEngineKeys(const std::vector<std::string>& keys) {

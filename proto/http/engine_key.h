@@ -9,7 +9,9 @@
 // keys in the file a key is rotated without a refusal: the new one is added second, every
 // engine relaunched, then the two lines swapped and the routers told (SIGHUP).
 //
-// A key is 16 to 1024 characters of RFC 6750's b64token set (A-Z a-z 0-9 - . _ ~ + / =):
+// The file is opened without blocking and checked on its descriptor (a FIFO in its place does
+// not hold a launch up). A key is 16 to 1024 characters of RFC 6750's b64token set
+// (A-Z a-z 0-9 - . _ ~ + / =):
 // `openssl rand -base64 32` makes one. In the file, blank lines and lines starting with '#'
 // are skipped and each line is trimmed of surrounding blanks. The file must not be readable
 // by every user. Errors name the file or the variable and the line, never a key.
@@ -37,6 +39,10 @@ Status CheckEngineKey(std::string_view key);
 // path when it cannot be read, is no regular file, is readable or writable by others, is
 // longer than kEngineKeyFileMaxBytes, holds no key, or a line is no key.
 Result<std::vector<std::string>> ReadEngineKeyFile(const std::string& path);
+
+// A configuration's key file setting (`setting` names it in errors: "engine.key_file"): an
+// absolute path to a file ReadEngineKeyFile reads; InvalidArgument naming the setting.
+Status CheckEngineKeyFileSetting(std::string_view setting, const std::string& path);
 
 // The keys of BATON_ENGINE_KEYS' value `list` (none when empty); InvalidArgument naming the
 // variable when an element is empty or no key.

@@ -3,7 +3,6 @@ refusals name the param as the reference engine's do, a replay's resumed tokens 
 output, text that may start a stop string is held back until it is known not to be one, and
 given BATON_ENGINE_KEYS the HTTP API serves only requests that carry one of the keys."""
 import http.client
-import importlib.util
 import json
 import os
 import subprocess
@@ -342,8 +341,6 @@ class EngineKeyHttpTest(unittest.TestCase):
         self.assert_refused(r, r.read())
         self.assertEqual(r.getheader("Connection"), "close")
 
-    @unittest.skipUnless(importlib.util.find_spec("torch"),
-                         "PyTorch is missing (an answer's usage comes from generation.py)")
     def test_a_serving_engine_answers_a_keyed_request(self):
         self.start([KEY, OTHER], OneTokenGenerator())
         self.assert_refused(*self.ask("POST", "/v1/completions", COMPLETION))

@@ -279,11 +279,11 @@ void RelayedRequest::OnEnd(UpstreamError error, const std::string& cause) {
       if (error != UpstreamError::kNone) return AttemptFailed(error, message);
       return EndBuffered();
     case Mode::kRefused:
-      if (status_ == 401) {
+      if (status_ == 401) {  // not held against the engine: the keys differ, not its build
         return AttemptFailed(UpstreamError::kConnect,
                              "the engine refused this router's engine key (401): engine_key_file "
                              "differs from the controller's [engine] key_file",
-                             "engine_key");
+                             "engine_key", AttemptEnd::kEnded);
       }
       if (target_->canary && status_ / 100 == 4) return RetryCanaryRefusal();
       return AttemptFailed(UpstreamError::kConnect,
@@ -329,10 +329,10 @@ void RelayedRequest::EndBuffered() {
 }
 
 void RelayedRequest::AttemptFailed(UpstreamError error, const std::string& message,
-                                   const char* kind) {
+                                   const char* kind, AttemptEnd counted) {
   const TimePoint now = deps_.clock->Now();
   const Target failed = *target_;
-  CountAttempt(AttemptEnd::kFailed);
+  CountAttempt(counted);
   ReleaseTarget();
   deps_.metrics->RecordUpstreamError(kind != nullptr ? kind : UpstreamErrorName(error));
   const bool timeout =

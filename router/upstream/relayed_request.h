@@ -13,7 +13,8 @@
 // request waits in the queue, and after `unreachable_limit` (the queue wait) of refusals it
 // gets 429 with Retry-After, as when no engine came in time. An engine's 401 (it wants an
 // engine key other than the router's: EngineKeySource) is such a refusal too, counted as kind
-// engine_key in baton_router_upstream_errors_total. When the request cannot go on
+// engine_key in baton_router_upstream_errors_total and not held against the engine (its
+// outcome just ended: a canary is not judged by keys). When the request cannot go on
 // otherwise, a stream ends with an explicit error event and [DONE]; a response not yet begun
 // gets 502. Engine answers 4xx, and 500 from a primary, go to the client
 // unchanged.
@@ -100,10 +101,12 @@ class RelayedRequest : public std::enable_shared_from_this<RelayedRequest> {
   void OnEnd(UpstreamError error, const std::string& message);
   void OnStreamEnd(UpstreamError error, const std::string& message);
   void EndBuffered();
-  // `kind` labels it in baton_router_upstream_errors_total (default: the error's name).
-  void AttemptFailed(UpstreamError error, const std::string& message, const char* kind = nullptr);
-  void GiveUp(int status, const std::string& kind, const std::string& message);
   enum class AttemptEnd { kSucceeded, kFailed, kEnded };
+  // `kind` labels it in baton_router_upstream_errors_total (default: the error's name);
+  // `counted` is what it counts against its engine.
+  void AttemptFailed(UpstreamError error, const std::string& message, const char* kind = nullptr,
+                     AttemptEnd counted = AttemptEnd::kFailed);
+  void GiveUp(int status, const std::string& kind, const std::string& message);
   // Counts the current attempt's end against its engine; call before ReleaseTarget().
   void CountAttempt(AttemptEnd end);
   // The canary's engine id when the current attempt, a success, is to be compared with the

@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
+#include <utility>
+#include <vector>
 
 namespace baton {
 namespace {
@@ -88,6 +91,29 @@ TEST(Supervisor, EnvironmentAndLogFile) {
   text << in.rdbuf();
   EXPECT_EQ(text.str(), "token=abc\nerr\n");
   std::remove(log.c_str());
+}
+
+// A launch sets BATON_ENGINE_KEYS to the request's keys, and to nothing without keys: one in
+// the controller's own environment never reaches an engine.
+TEST(Supervisor, ALaunchSetsTheEngineKeysOrClearsThem) {
+  const std::string dir = "/tmp/baton-supervisor-keys-" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  ::setenv("BATON_ENGINE_KEYS", "inherited-key-0123456789", 1);
+  Supervisor supervisor({"/bin/sh", "-c", "echo \"keys=[$BATON_ENGINE_KEYS]\""}, "/s", "/m", "/r",
+                        dir);
+  for (const auto& [id, keys] : std::vector<std::pair<uint64_t, std::string>>{
+           {1, "launch-key-0123456789,next-key-0123456789"}, {2, ""}}) {
+    Result<ChildProcess> child =
+        supervisor.Launch({.engine_id = id, .token = "t", .engine_keys = keys});
+    ASSERT_TRUE(child.ok()) << child.status().ToString();
+    EXPECT_EQ(WaitExit(*child).code, 0);
+    std::ifstream in(dir + "/engine-" + std::to_string(id) + ".log");
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_EQ(text.str(), "keys=[" + keys + "]\n");
+  }
+  ::unsetenv("BATON_ENGINE_KEYS");
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Supervisor, EngineInheritsNoDescriptorButStdio) {

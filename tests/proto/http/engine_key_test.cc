@@ -58,6 +58,9 @@ TEST_F(EngineKeyFileTest, NamesTheLineOfABadKeyWithoutTheKey) {
   EXPECT_NE(keys.status().message().find("line 3: a key of 9 characters"), std::string::npos)
       << keys.status().message();
   EXPECT_EQ(keys.status().message().find(shorter), std::string::npos);
+  keys = ReadEngineKeyFile(Write(std::string(kKey) + std::string(1, '\0') + "tail\n"));
+  ASSERT_FALSE(keys.ok()) << "a NUL byte would cut the variable an engine is given";
+  EXPECT_NE(keys.status().message().find("a key with a character out of"), std::string::npos);
   keys = ReadEngineKeyFile(Write(std::string(kKey) + " with a space\n"));
   ASSERT_FALSE(keys.ok());
   EXPECT_NE(keys.status().message().find("line 1: a key with a character out of"),
@@ -80,6 +83,23 @@ TEST_F(EngineKeyFileTest, RefusesAFileWithNoKeyOneMissingAndOneTooLong) {
   keys = ReadEngineKeyFile(dir_);
   ASSERT_FALSE(keys.ok());
   EXPECT_NE(keys.status().message().find("not a regular file"), std::string::npos);
+  // A FIFO in the file's place is refused at once, not waited on for a writer.
+  const std::string fifo = dir_ + "/fifo.key";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  keys = ReadEngineKeyFile(fifo);
+  ASSERT_FALSE(keys.ok());
+  EXPECT_NE(keys.status().message().find("not a regular file"), std::string::npos);
+}
+
+TEST(EngineKeys, ASettingIsAnAbsolutePathToAKeyFile) {
+  EXPECT_NE(CheckEngineKeyFileSetting("engine.key_file", "engine.key")
+                .message()
+                .find("engine.key_file: want an absolute path"),
+            std::string::npos);
+  EXPECT_NE(CheckEngineKeyFileSetting("engine-key-file", "/nonexistent/engine.key")
+                .message()
+                .find("engine-key-file: engine key file /nonexistent/engine.key: No such file"),
+            std::string::npos);
 }
 
 TEST(EngineKeys, TheVariableRoundTripsAndRefusesAnEmptyOrBadElement) {
