@@ -16,7 +16,7 @@
 // the pool; no two live engines map a block writable).
 //
 // Header-only test support (the test build compiles *_test.cc files only); the definitions
-// are in chaos_harness_inl.h. Used from the test's main thread.
+// are in chaos_harness_inl.h and chaos_status_inl.h. Used from the test's main thread.
 #pragma once
 
 #include <sys/types.h>
@@ -216,3 +216,4 @@ class GateFile {
 }  // namespace baton::chaos
 
 #include "tests/chaos/chaos_harness_inl.h"
+#include "tests/chaos/chaos_status_inl.h"
