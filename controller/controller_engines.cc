@@ -6,6 +6,7 @@
 
 #include "base/check.h"
 #include "base/log.h"
+#include "base/process/proc_table.h"
 #include "controller/controller.h"
 
 namespace baton {

@@ -1,6 +1,7 @@
 #include "base/process/proc_table.h"
 
 #include <dirent.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <string_view>
 
 namespace baton {
 namespace {
@@ -123,6 +125,25 @@ bool ProcessRunning(pid_t pid) {
   if (pid <= 0) return false;
   const std::optional<ProcStat> stat = ReadProcStat(pid);
   return stat.has_value() && stat->state != 'Z' && stat->state != 'X';
+}
+
+std::string ProcessProgram(pid_t pid) {
+  if (pid <= 0) return "";
+  const std::string link = "/proc/" + std::to_string(pid) + "/exe";
+  char buf[4096];
+  const ssize_t n = ::readlink(link.c_str(), buf, sizeof(buf));
+  if (n <= 0 || static_cast<size_t>(n) >= sizeof(buf)) return "";
+  std::string path(buf, static_cast<size_t>(n));
+  constexpr std::string_view kDeleted = " (deleted)";
+  if (path.ends_with(kDeleted)) path.resize(path.size() - kDeleted.size());
+  return path;
+}
+
+bool ConnectedProcessGone(pid_t pid, int pidfd) {
+  if (pid <= 0 || !ProcessRunning(pid)) return true;
+  if (pidfd < 0) return false;
+  pollfd p{.fd = pidfd, .events = POLLIN, .revents = 0};
+  return ::poll(&p, 1, 0) != 0;  // readable once it exited; an error counts as gone
 }
 
 }  // namespace baton

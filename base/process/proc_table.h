@@ -55,5 +55,15 @@ bool ProcessPresent(pid_t pid);
 // True while `pid` runs: it exists and is neither a zombie nor dead (an orphan's zombie may
 // wait long for its reaper).
 bool ProcessRunning(pid_t pid);
+// The program `pid` runs: /proc/PID/exe, without the " (deleted)" the kernel appends once the
+// file was replaced (an install over a running program); "" when gone or not readable (another
+// user's process).
+std::string ProcessProgram(pid_t pid);
+
+// True when the process that connected to a socket is gone: `pid` (its SO_PEERCRED) is not
+// positive, or names no running process (a zombie included), or `pidfd` (its SO_PEERPIDFD, -1
+// without one) says it exited: then what /proc says of `pid` may be another process's. Asked
+// after reading /proc of `pid`, a false answer vouches that what was read was the connector's.
+bool ConnectedProcessGone(pid_t pid, int pidfd);
 
 }  // namespace baton

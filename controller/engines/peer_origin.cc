@@ -1,7 +1,5 @@
 #include "controller/engines/peer_origin.h"
 
-#include <poll.h>
-
 #include <algorithm>
 #include <optional>
 #include <vector>
@@ -25,13 +23,6 @@ std::optional<uint64_t> Found(uint64_t id, const char* why, std::string* rule) {
 }
 
 }  // namespace
-
-bool ConnectedProcessGone(pid_t pid, int pidfd) {
-  if (pid <= 0 || !ProcessRunning(pid)) return true;
-  if (pidfd < 0) return false;
-  pollfd p{.fd = pidfd, .events = POLLIN, .revents = 0};
-  return ::poll(&p, 1, 0) != 0;  // readable once it exited; an error counts as gone
-}
 
 std::optional<uint64_t> EngineOwning(pid_t pid, std::span<const EngineProcesses> engines,
                                      std::string* rule) {

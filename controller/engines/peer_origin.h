@@ -8,9 +8,9 @@
 //   - the process is in the engine's process group (an engine leads its own: pgid = pid);
 //   - the process is the engine's process or one of its descendants.
 // A process that is gone, or whose /proc entry cannot be read, belongs to none; so the
-// controller also asks ConnectedProcessGone after EngineOwning, and serves no Hello whose
-// connecting process is gone (a process of an engine could otherwise connect in a child that
-// exits at once, then speak over the connection itself).
+// controller also asks ConnectedProcessGone (base/process/proc_table.h) after EngineOwning, and
+// serves no Hello whose connecting process is gone (a process of an engine could otherwise connect
+// in a child that exits at once, then speak over the connection itself).
 //
 // What this is not: a sandbox. A process of the same user that leaves its engine's cgroup
 // (the cgroup directories belong to that user), its process group and its parent is no longer
@@ -39,10 +39,5 @@ struct EngineProcesses {
 // ("cgroup", "process group" or "descendant") in `*rule` when not null; nullopt for none.
 std::optional<uint64_t> EngineOwning(pid_t pid, std::span<const EngineProcesses> engines,
                                      std::string* rule = nullptr);
-
-// True when the process that connected is gone: `pid` is not positive, or names no running
-// process (a zombie included), or `pidfd` (its SO_PEERPIDFD, -1 without one) says it exited:
-// then what /proc says of `pid` may be another process's.
-bool ConnectedProcessGone(pid_t pid, int pidfd);
 
 }  // namespace baton

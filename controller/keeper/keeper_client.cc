@@ -58,6 +58,13 @@ bool PeerGone(int fd) {
   return fd < 0 || ::poll(&p, 1, 0) < 0 || (p.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
 }
 
+// Waits up to `limit` for the process of `pidfd` to exit (its pidfd turns readable).
+void AwaitExit(int pidfd, Duration limit) {
+  pollfd exited{.fd = pidfd, .events = POLLIN, .revents = 0};
+  while (::poll(&exited, 1, static_cast<int>(Millis(limit))) < 0 && errno == EINTR) {
+  }
+}
+
 // SIGKILL to the baton-keeper `pid` that did not answer on the still open connection `fd`,
 // through a pidfd; awaited (the pidfd turns readable) for `exit_wait`. The pidfd is taken
 // before the connection is checked: the keeper holds its only other end (or the listening
@@ -78,9 +85,27 @@ void KillUnanswered(pid_t pid, int fd, const std::string& socket_path, const std
   BATON_LOG(WARN, "keeper") << "baton-keeper (pid " << pid << ") at " << socket_path
                             << " accepted but did not answer within " << seen
                             << ": hung; killed, and a new one is started";
-  pollfd exited{.fd = pidfd.get(), .events = POLLIN, .revents = 0};
-  while (::poll(&exited, 1, static_cast<int>(Millis(exit_wait))) < 0 && errno == EINTR) {
+  AwaitExit(pidfd.get(), exit_wait);
+}
+
+// SIGKILL to the baton-keeper that refused this controller's Hello with `reason`: it serves
+// the controller's program as it was when the keeper started, and this one runs another (the
+// install moved), so what it keeps can no longer be had, and it would hold that memory beside
+// what this controller makes anew. `pidfd` names it (SO_PEERPIDFD of the refused connection).
+// A process of another name is left alone. Awaited for `exit_wait`.
+void KillRefusing(pid_t pid, int pidfd, const std::string& socket_path, const std::string& reason,
+                  Duration exit_wait) {
+  if (const std::string name = ProcessName(pid); name != "baton-keeper") {
+    BATON_LOG(WARN, "keeper") << "a process (pid " << pid << ", " << name << ") at " << socket_path
+                              << " refused this controller (" << reason
+                              << "): not baton-keeper; left alone";
+    return;
   }
+  if (PidfdSendSignal(pidfd, SIGKILL) != 0) return;
+  BATON_LOG(WARN, "keeper") << "baton-keeper (pid " << pid << ") at " << socket_path
+                            << " refused this controller (" << reason
+                            << "): killed, what it kept is loaded afresh, and a new one is started";
+  AwaitExit(pidfd, exit_wait);
 }
 
 }  // namespace
@@ -95,6 +120,8 @@ std::string KeeperClient::DefaultBinary() {
 Status StartDetachedKeeper(const std::string& binary, const std::string& socket_path,
                            const std::string& log_path) {
   const std::string log = log_path.empty() ? "/dev/null" : log_path;
+  const std::string self = ProcessProgram(::getpid());
+  if (self.empty()) return Internal("starting " + binary + ": /proc/self/exe cannot be read");
   const pid_t child = ::fork();
   if (child < 0) return ErrnoStatus("fork", errno);
   if (child == 0) {
@@ -111,7 +138,8 @@ Status StartDetachedKeeper(const std::string& binary, const std::string& socket_
     const int null_in = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_in >= 0) ::dup2(null_in, STDIN_FILENO);
     SweepFdsFrom(3, FdSweep::kClose);
-    const char* argv[] = {binary.c_str(), "--socket", socket_path.c_str(), nullptr};
+    const char* argv[] = {binary.c_str(), "--socket",   socket_path.c_str(),
+                          "--controller", self.c_str(), nullptr};
     ::execv(binary.c_str(), const_cast<char* const*>(argv));
     ::_exit(127);
   }
@@ -125,9 +153,14 @@ Status StartDetachedKeeper(const std::string& binary, const std::string& socket_
 }
 
 Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path,
-                                              Duration hello_timeout, Unanswered* hung) {
+                                              Duration hello_timeout, Unanswered* hung,
+                                              Refusing* refusing) {
   auto io = std::make_unique<boost::asio::io_context>();
   BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(*io, socket_path, ClientOptions()));
+  // Who listens, read before the Hello: a refusal closes the channel.
+  Result<proto::PeerCredentials> listener = channel.peer_credentials();
+  Result<UniqueFd> listener_pidfd =
+      refusing != nullptr ? channel.peer_pidfd() : Result<UniqueFd>(Unimplemented("not asked"));
   Status hello = proto::ClientHello(channel, {.peer_name = "baton-controller",
                                               .role = proto::PeerRole::kController,
                                               .launch_token = "",
@@ -135,13 +168,15 @@ Result<KeeperClient> KeeperClient::TryConnect(const std::string& socket_path,
                                               .timeout = hello_timeout})
                      .status();
   if (!hello.ok()) {
-    if (hung != nullptr && hello.code() == StatusCode::kDeadlineExceeded) {
-      Result<proto::PeerCredentials> peer = channel.peer_credentials();
-      if (peer.ok()) {
-        *hung = Unanswered{.pid = peer->pid,
-                           .io = std::move(io),
-                           .channel = std::make_unique<proto::Channel>(std::move(channel))};
-      }
+    if (refusing != nullptr && listener.ok() && hello.code() == StatusCode::kFailedPrecondition) {
+      *refusing = Refusing{.pid = listener->pid,
+                           .pidfd = listener_pidfd.ok() ? std::move(*listener_pidfd)
+                                                        : UniqueFd(PidfdOpen(listener->pid))};
+    }
+    if (hung != nullptr && listener.ok() && hello.code() == StatusCode::kDeadlineExceeded) {
+      *hung = Unanswered{.pid = listener->pid,
+                         .io = std::move(io),
+                         .channel = std::make_unique<proto::Channel>(std::move(channel))};
     }
     return hello;
   }
@@ -214,9 +249,13 @@ Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
                                            const std::string& log_path, Duration wait,
                                            Duration grace, Duration exit_wait) {
   Unanswered hung;
-  Result<KeeperClient> client = TryConnect(socket_path, kHelloTimeout, &hung);
+  Refusing refusing;
+  Result<KeeperClient> client = TryConnect(socket_path, kHelloTimeout, &hung, &refusing);
   if (client.ok() || keeper_binary.empty()) return client;
-  if (hung.pid > 0) {
+  if (refusing.pid > 0 && refusing.pidfd) {
+    KillRefusing(refusing.pid, refusing.pidfd.get(), socket_path, client.status().message(),
+                 exit_wait);
+  } else if (hung.pid > 0) {
     client = AwaitUnanswered(socket_path, std::move(hung), grace, exit_wait);
     if (client.ok()) return client;
   }

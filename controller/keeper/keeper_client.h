@@ -6,7 +6,9 @@
 // would hold that memory beside the memory this controller makes anew, and the socket from a
 // new keeper. One stopped (SIGSTOP, a debugger) is killed once it has not answered within a
 // second; one that runs (slow, busy or deadlocked) is asked again until its grace has passed
-// since the first try. Each call is one request and its answer
+// since the first try. One that refuses the Hello serves another controller program (the
+// keeper serves only the program of the controller that started it, memory_keeper.h): it is
+// killed too, and a new one started. Each call is one request and its answer
 // over a blocking channel; all of them are short (a local socket, no disk). The keeper closes a
 // connection idle for its idle timeout (memory_keeper.h), and a controller may hold one across
 // a long weight load: a request that finds its connection closed connects again and is sent
@@ -52,9 +54,9 @@ class KeeperClient {
 
   // Connects to the keeper at `socket_path`; when none answers and `keeper_binary` is not
   // empty, starts it (log to `log_path`, or /dev/null) and waits up to `wait` for it. A keeper
-  // that accepts but does not answer is then killed (see above), after `grace` when it runs;
-  // with no `keeper_binary` it is only reported (DeadlineExceeded); a killed one is awaited
-  // for `exit_wait` at most.
+  // that accepts but does not answer is then killed (see above), after `grace` when it runs,
+  // and one that refuses at once; with no `keeper_binary` either is only reported
+  // (DeadlineExceeded, FailedPrecondition); a killed one is awaited for `exit_wait` at most.
   static Result<KeeperClient> Connect(const std::string& socket_path,
                                       const std::string& keeper_binary, const std::string& log_path,
                                       Duration wait = std::chrono::seconds(3),
@@ -94,10 +96,16 @@ class KeeperClient {
     std::unique_ptr<boost::asio::io_context> io;
     std::unique_ptr<proto::Channel> channel;
   };
+  // A keeper that refused this process's Hello (FailedPrecondition).
+  struct Refusing {
+    pid_t pid = 0;
+    UniqueFd pidfd;  // names it, whatever its pid becomes
+  };
   // A keeper that accepts but does not answer Hello within `hello_timeout` is hung: its
-  // connection is put in `*hung` (when not null) and DeadlineExceeded returned.
+  // connection is put in `*hung` (when not null) and DeadlineExceeded returned. One that
+  // refuses is put in `*refusing` (when not null) and its refusal returned.
   static Result<KeeperClient> TryConnect(const std::string& socket_path, Duration hello_timeout,
-                                         Unanswered* hung = nullptr);
+                                         Unanswered* hung = nullptr, Refusing* refusing = nullptr);
   // After `first` went unanswered: a client once the keeper answers, or DeadlineExceeded once
   // it was killed (stopped, or still running after `grace`) and awaited for `exit_wait` at
   // most, or the error that says it is gone.
@@ -114,7 +122,8 @@ class KeeperClient {
   std::unique_ptr<proto::Channel> channel_;
 };
 
-// Starts `binary --socket socket_path` detached from the calling process.
+// Starts `binary --socket socket_path --controller PROGRAM` detached from the calling
+// process, PROGRAM being the calling process's own: the keeper serves processes of it only.
 Status StartDetachedKeeper(const std::string& binary, const std::string& socket_path,
                            const std::string& log_path);
 

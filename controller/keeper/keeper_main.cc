@@ -1,9 +1,12 @@
 // baton-keeper: keeps the controller's memory alive while no controller runs
 // (controller/keeper/memory_keeper.h). Started by the controller, detached from it.
-//   baton-keeper --socket PATH [--empty-exit-s N]
+//   baton-keeper --socket PATH [--controller PROGRAM]... [--empty-exit-s N]
 //   baton-keeper --version
-// BATON_KEEPER_IDLE_TIMEOUT_MS in the environment (the controller's, which starts it) changes
-// how long a connection may stay idle before the keeper closes it (default 10000).
+// --controller names a program whose processes it serves (the controller that starts it names
+// its own); without one, baton-controller beside baton-keeper. In the environment (the
+// controller's, which starts it): BATON_KEEPER_CONTROLLERS, more such programs separated by
+// ':' (a diagnostic tool of the operator's); BATON_KEEPER_IDLE_TIMEOUT_MS, how long a
+// connection may stay idle before the keeper closes it (default 10000).
 // Exit status: 0 when told to release everything or when idle and empty, 1 when it cannot
 // bind, 2 on bad usage.
 #include <signal.h>
@@ -11,11 +14,34 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 #include "base/build_info.h"
 #include "base/io/fd_limit.h"
+#include "base/io/self_exe.h"
 #include "base/log.h"
 #include "controller/keeper/memory_keeper.h"
+
+namespace {
+
+// Adds the ':'-separated programs of BATON_KEEPER_CONTROLLERS to `out`; false on one that is
+// not an absolute path.
+bool AddControllersFromEnvironment(std::vector<std::string>* out) {
+  const char* list = std::getenv("BATON_KEEPER_CONTROLLERS");
+  if (list == nullptr) return true;
+  std::string rest = list;
+  while (!rest.empty()) {
+    const size_t colon = rest.find(':');
+    const std::string path = rest.substr(0, colon);
+    rest = colon == std::string::npos ? "" : rest.substr(colon + 1);
+    if (path.empty()) continue;
+    if (path.front() != '/') return false;
+    out->push_back(path);
+  }
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   baton::KeeperOptions options;
@@ -27,10 +53,14 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--socket" && i + 1 < argc) {
       options.socket_path = argv[++i];
+    } else if (a == "--controller" && i + 1 < argc && argv[i + 1][0] == '/') {
+      options.controllers.push_back(argv[++i]);
     } else if (a == "--empty-exit-s" && i + 1 < argc) {
       options.empty_exit = std::chrono::seconds(std::strtoll(argv[++i], nullptr, 10));
     } else {
-      std::fprintf(stderr, "usage: baton-keeper --socket PATH [--empty-exit-s N]\n");
+      std::fprintf(stderr,
+                   "usage: baton-keeper --socket PATH [--controller /PROGRAM]... "
+                   "[--empty-exit-s N]\n");
       return 2;
     }
   }
@@ -41,6 +71,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.idle_timeout = std::chrono::milliseconds(ms);
+  }
+  if (options.controllers.empty()) {
+    const std::string dir = baton::SelfExeDir();
+    if (!dir.empty()) options.controllers.push_back(dir + "/baton-controller");
+  }
+  if (!AddControllersFromEnvironment(&options.controllers)) {
+    std::fprintf(stderr, "baton-keeper: BATON_KEEPER_CONTROLLERS: want absolute paths\n");
+    return 2;
   }
   if (options.socket_path.empty()) {
     std::fprintf(stderr, "baton-keeper: --socket is required\n");

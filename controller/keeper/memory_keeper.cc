@@ -2,8 +2,11 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "base/io/small_file.h"
 #include "base/log.h"
+#include "base/process/proc_table.h"
 #include "proto/hello.h"
 
 namespace baton {
@@ -22,6 +25,7 @@ proto::ChannelOptions KeeperChannelOptions() {
 }  // namespace
 
 Result<MemoryKeeper> MemoryKeeper::Bind(const KeeperOptions& options) {
+  if (options.controllers.empty()) return InvalidArgument("baton-keeper: no controller program");
   auto io = std::make_unique<boost::asio::io_context>();
   BATON_ASSIGN_OR_RETURN(proto::Listener listener,
                          proto::Listener::Bind(*io, options.socket_path, KeeperChannelOptions()));
@@ -61,12 +65,30 @@ void MemoryKeeper::Run() {
   }
 }
 
+Status MemoryKeeper::AdmitProcess(proto::Channel& channel) const {
+  BATON_ASSIGN_OR_RETURN(proto::PeerCredentials peer, channel.peer_credentials());
+  Result<UniqueFd> pidfd = channel.peer_pidfd();
+  const std::string program = ProcessProgram(peer.pid);
+  if (ConnectedProcessGone(peer.pid, pidfd.ok() ? pidfd->get() : -1)) {
+    return FailedPrecondition("the process that connected (pid " + std::to_string(peer.pid) +
+                              ") is gone");
+  }
+  const std::vector<std::string>& allowed = options_.controllers;
+  if (std::find(allowed.begin(), allowed.end(), program) != allowed.end()) return OkStatus();
+  std::string served;
+  for (const std::string& path : allowed) served += (served.empty() ? "" : ", ") + path;
+  return FailedPrecondition("baton-keeper serves the controller (" + served + ") only; pid " +
+                            std::to_string(peer.pid) + " runs " +
+                            (program.empty() ? "a program it cannot read" : program));
+}
+
 bool MemoryKeeper::Serve(proto::Channel& channel) {
   proto::ServerHelloOptions hello{
-      .server_name = "baton-keeper", .admit = [](const proto::Hello& h) {
-        return h.role == proto::PeerRole::kController
-                   ? OkStatus()
-                   : FailedPrecondition("baton-keeper serves the controller only");
+      .server_name = "baton-keeper", .admit = [this, &channel](const proto::Hello& h) {
+        if (h.role != proto::PeerRole::kController) {
+          return FailedPrecondition("baton-keeper serves the controller only");
+        }
+        return AdmitProcess(channel);
       }};
   Result<proto::AcceptedHello> accepted = proto::ServerHello(channel, hello);
   if (!accepted.ok()) {

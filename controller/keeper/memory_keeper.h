@@ -6,6 +6,14 @@
 // (FetchMemory) instead of loading the model again; what it takes is its own to prove (the
 // manifest says what the memory is; controller/kept_memory.h checks it).
 //
+// Who is served: the socket is the user's own (mode 0600), and of that user's processes only
+// one that runs a program of `controllers` (/proc/PID/exe, read when its Hello arrives, with
+// the process still alive then: SO_PEERPIDFD) and says it is the controller. Any other (an
+// engine's process, a tool) is refused with the reason, so it can neither take the memory's
+// fds (the device copy's included, which it could map writable) nor replace a manifest the
+// next controller would trust. Not a sandbox: a process of the user that runs the
+// controller's program itself (with a config of its own) is served.
+//
 // Protocol (proto/messages.h): Hello with role "controller", then any number of KeepMemory
 // (with fds: replaces what is kept under the name), FetchMemory (answered with the fds, dups
 // of the kept ones), ReleaseMemory (closes what is kept; the name "" closes everything and
@@ -33,6 +41,9 @@ namespace baton {
 
 struct KeeperOptions {
   std::string socket_path;
+  // The programs (absolute paths, as /proc/PID/exe names them) whose processes are served as
+  // the controller; at least one.
+  std::vector<std::string> controllers;
   Duration idle_timeout = std::chrono::seconds(10);  // an open connection without a request
   Duration empty_exit = std::chrono::seconds(60);    // keeping nothing, nobody connected
   // The host weights and pool, and on the CUDA backend the device memory in parts of 16
@@ -42,7 +53,8 @@ struct KeeperOptions {
 
 class MemoryKeeper {
  public:
-  // Binds the socket (refused when another keeper listens there).
+  // Binds the socket (refused when another keeper listens there); InvalidArgument without
+  // `controllers`.
   static Result<MemoryKeeper> Bind(const KeeperOptions& options);
 
   MemoryKeeper(MemoryKeeper&&) = default;
@@ -65,6 +77,8 @@ class MemoryKeeper {
 
   // Serves one connection until it closes; false once told to end.
   bool Serve(proto::Channel& channel);
+  // OkStatus when the process behind `channel` runs one of options_.controllers and is alive.
+  Status AdmitProcess(proto::Channel& channel) const;
   // Answers one request; false once told to end.
   bool Handle(proto::Channel& channel, proto::ReceivedMessage& msg);
 

@@ -1,15 +1,18 @@
 // What a restarted controller cannot prove it does not take: a roster that does not parse,
 // kept memory the record does not name, a kept arena whose manifest does not parse, a corrupt
-// epoch journal. The engines it cannot account for are fenced (or, without a roster, found by
-// the memory they map) before anything moves; a journal it cannot trust stops it before it
-// touches an engine. Real processes, real kill -9; every check goes through batonctl.
+// epoch journal; and what baton-keeper does not let a stranger touch. The engines it cannot account
+// for are fenced (or, without a roster, found by the memory they map) before anything moves; a
+// journal it cannot trust stops it before it touches an engine. Real processes, real kill -9; every
+// check goes through batonctl.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
 #include <set>
+#include <string>
 
 #include "base/process/proc_table.h"
 #include "controller/keeper/keeper_client.h"
@@ -79,11 +82,35 @@ TEST(ControllerRestart, KeptMemoryThatCannotBeProvenIsLoadedAfreshAndItsEnginesF
   ExpectHealthy(cluster, after);
 }
 
-// A kept arena whose manifest does not parse (here: written by a stranger that spoke to the
-// keeper while no controller ran) is refused with the reason; the weights are loaded afresh
-// and the engines, which map the old arena, are fenced.
-TEST(ControllerRestart, ACorruptArenaManifestIsRefusedAndTheWeightsLoadedAfresh) {
+// A process of the controller's user that runs another program (here: this test) is refused
+// by baton-keeper, with the reason: it can neither take the kept memory's fds nor replace a
+// manifest. The next controller adopts everything, the same engines included.
+TEST(ControllerRestart, TheKeeperRefusesAStrangerAndTheNextControllerAdoptsEverything) {
   ChaosCluster cluster;
+  const json before = cluster.Status();
+  const std::string controller_program = ProcessProgram(cluster.controller_pid());
+  cluster.KillController();
+  Result<KeeperClient> stranger = KeeperClient::Connect(cluster.dir() + "/run/keeper.sock", "", "");
+  ASSERT_FALSE(stranger.ok());
+  EXPECT_EQ(stranger.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(
+      stranger.status().message().find("baton-keeper serves the controller (" + controller_program +
+                                       ") only; pid " + std::to_string(::getpid()) + " runs "),
+      std::string::npos)
+      << stranger.status().message();
+  cluster.RestartController();
+  const json after = cluster.WaitFor([&](const json& s) { return SamePair(before, s); },
+                                     "the same pair re-adopted");
+  ExpectAdoptedMemory(after);
+}
+
+// A kept arena whose manifest does not parse (here: written by a diagnostic tool the operator
+// let the keeper serve, BATON_KEEPER_CONTROLLERS) is refused with the reason; the weights are
+// loaded afresh and the engines, which map the old arena, are fenced.
+TEST(ControllerRestart, ACorruptArenaManifestIsRefusedAndTheWeightsLoadedAfresh) {
+  ClusterOptions o;
+  o.controller_env = {"BATON_KEEPER_CONTROLLERS=" + ProcessProgram(::getpid())};
+  ChaosCluster cluster(o);
   const json before = cluster.Status();
   cluster.KillController();
   {

@@ -220,6 +220,33 @@ TEST(ProcTableTest, TokensAndTheStartEnvironment) {
   EXPECT_FALSE(ProcessName(::getpid()).empty());
 }
 
+// The program a process runs, as installed: a file replaced (here removed) while it runs is
+// still named by its path, without the kernel's " (deleted)".
+TEST(ProcTableTest, TheProgramIsItsPathEvenOnceTheFileIsGone) {
+  EXPECT_EQ(ProcessProgram(::getpid()), std::filesystem::canonical("/proc/self/exe").string());
+  EXPECT_EQ(ProcessProgram(0), "");
+  char dir[] = "/tmp/baton-program-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  const std::string copy = std::string(dir) + "/sleeper";
+  std::filesystem::copy_file(std::filesystem::canonical("/bin/sleep"), copy);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::execl(copy.c_str(), copy.c_str(), "30", nullptr);
+    ::_exit(127);
+  }
+  for (int i = 0; i < 2000 && ProcessProgram(child) != copy; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));  // until it exec'd
+  }
+  EXPECT_EQ(ProcessProgram(child), copy);
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(ProcessProgram(child), copy) << "not '" << copy << " (deleted)'";
+  ::kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_EQ(ProcessProgram(child), "") << "gone";
+}
+
 TEST(ProcTableTest, StatNamesTheParentAndTheProcessGroup) {
   const pid_t child = ::fork();
   ASSERT_GE(child, 0);

@@ -1,7 +1,8 @@
 // baton-keeper in a thread of the test, and its client: memory kept across "controllers"
 // (connections), handed back as the same memory, and let go on request. With baton-keeper
 // processes: one started when none answers, one that never answers killed after its grace and
-// replaced, one that answers late within its grace kept and used, a stranger left alone.
+// replaced, one that answers late within its grace kept and used, one that serves another
+// controller program replaced, a stranger left alone.
 #include "controller/keeper/memory_keeper.h"
 
 #include <fcntl.h>
@@ -17,7 +18,9 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "base/process/proc_table.h"
 #include "controller/keeper/keeper_client.h"
 #include "proto/hello.h"
 #include "proto/transport/shared_memory.h"
@@ -33,7 +36,8 @@ class MemoryKeeperTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
     socket_ = dir_ + "/keeper.sock";
-    Result<MemoryKeeper> keeper = MemoryKeeper::Bind({.socket_path = socket_});
+    Result<MemoryKeeper> keeper =
+        MemoryKeeper::Bind({.socket_path = socket_, .controllers = {ProcessProgram(::getpid())}});
     ASSERT_TRUE(keeper.ok()) << keeper.status().ToString();
     thread_ =
         std::thread([k = std::make_shared<MemoryKeeper>(std::move(keeper).value())] { k->Run(); });
@@ -74,12 +78,21 @@ class KeeperStopper {
   bool dismissed_ = false;
 };
 
-// `baton-keeper --socket socket` run as a child of the test (its output to `log`), so that
-// how it ended can be read: killed when the test stops before it was reaped.
+// `baton-keeper --socket socket --controller PROGRAM` run as a child of the test (its output
+// to `log`), PROGRAM being `controller` or else this test's own, so that how it ended can be
+// read: killed when the test stops before it was reaped.
 class KeeperChild {
  public:
-  KeeperChild(const std::string& binary, const std::string& socket, const std::string& log) {
-    const char* argv[] = {binary.c_str(), "--socket", socket.c_str(), nullptr};
+  KeeperChild(const std::string& binary, const std::string& socket, const std::string& log,
+              const std::string& controller = ProcessProgram(::getpid()),
+              const std::string& more_controllers = "") {
+    const char* argv[] = {binary.c_str(), "--socket",         socket.c_str(),
+                          "--controller", controller.c_str(), nullptr};
+    const std::string more = "BATON_KEEPER_CONTROLLERS=" + more_controllers;
+    std::vector<char*> envp;
+    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+    if (!more_controllers.empty()) envp.push_back(const_cast<char*>(more.c_str()));
+    envp.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {  // system calls only: the test has threads
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -87,7 +100,7 @@ class KeeperChild {
         ::dup2(fd, STDOUT_FILENO);
         ::dup2(fd, STDERR_FILENO);
       }
-      ::execv(binary.c_str(), const_cast<char* const*>(argv));
+      ::execve(binary.c_str(), const_cast<char* const*>(argv), envp.data());
       ::_exit(127);
     }
   }
@@ -204,6 +217,79 @@ TEST_F(MemoryKeeperTest, ServesTheControllerOnly) {
   Result<KeeperClient> controller = KeeperClient::Connect(socket_, "", "");
   ASSERT_TRUE(controller.ok()) << controller.status().ToString();
   EXPECT_TRUE(controller->Fetch("weights").ok());
+}
+
+TEST_F(MemoryKeeperTest, AKeeperServesSomeProgram) {
+  Result<MemoryKeeper> keeper =
+      MemoryKeeper::Bind({.socket_path = dir_ + "/none.sock", .controllers = {}});
+  ASSERT_FALSE(keeper.ok());
+  EXPECT_EQ(keeper.status().code(), StatusCode::kInvalidArgument);
+}
+
+// BATON_KEEPER_CONTROLLERS adds programs the keeper serves; a path in it that is not absolute,
+// like a --controller that is not, is bad usage (exit 2).
+TEST_F(MemoryKeeperTest, TheEnvironmentAddsProgramsAndRelativeOnesAreBadUsage) {
+  const std::string other = dir_ + "/other.sock";
+  const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
+  const std::string log = dir_ + "/keeper.log";
+  KeeperChild keeper(binary, other, log, "/opt/baton/bin/baton-controller",
+                     "/opt/tool:" + ProcessProgram(::getpid()));
+  ASSERT_GT(keeper.pid(), 0);
+  KeeperStopper stopper(other);
+  Result<KeeperClient> served = Unavailable("not connected");
+  for (int i = 0; i < 3000 && !served.ok(); ++i) {
+    served = KeeperClient::Connect(other, "", "");
+    if (!served.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(served.ok()) << served.status().ToString();
+  ASSERT_TRUE(served->Release("").ok());
+  EXPECT_EQ(keeper.Reap(std::chrono::milliseconds(10000)), 0);
+  stopper.Dismiss();
+  KeeperChild relative_env(binary, dir_ + "/a.sock", log, "/opt/baton/bin/baton-controller",
+                           "bin/tool");
+  EXPECT_EQ(relative_env.Reap(std::chrono::milliseconds(10000)), 2 << 8);
+  KeeperChild relative_flag(binary, dir_ + "/b.sock", log, "baton-controller");
+  EXPECT_EQ(relative_flag.Reap(std::chrono::milliseconds(10000)), 2 << 8);
+  EXPECT_NE(ReadFile(log).find("BATON_KEEPER_CONTROLLERS: want absolute paths"), std::string::npos)
+      << ReadFile(log);
+}
+
+// A keeper that serves another controller program (the install moved since it started)
+// refuses the controller, and the refusal names both programs; the controller, which can start
+// keepers, kills it (what it kept cannot be had) and starts its own, which serves it.
+TEST_F(MemoryKeeperTest, AKeeperOfAnotherProgramIsKilledAndReplacedByTheController) {
+  const std::string other = dir_ + "/other.sock";
+  const std::string binary = std::string(BATON_BIN_DIR) + "/baton-keeper";
+  const std::string log = dir_ + "/keeper.log";
+  KeeperChild keeper(binary, other, log, "/opt/baton/bin/baton-controller");
+  ASSERT_GT(keeper.pid(), 0);
+  KeeperStopper stopper(other);
+  Result<KeeperClient> refused = Unavailable("not connected");
+  for (int i = 0; i < 3000 && refused.status().code() != StatusCode::kFailedPrecondition; ++i) {
+    refused = KeeperClient::Connect(other, "", "");
+    if (!refused.ok()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(refused.status().code(), StatusCode::kFailedPrecondition)
+      << "without a binary it is only reported";
+  EXPECT_NE(refused.status().message().find(
+                "serves the controller (/opt/baton/bin/baton-controller) only; pid " +
+                std::to_string(::getpid()) + " runs " + ProcessProgram(::getpid())),
+            std::string::npos)
+      << refused.status().message();
+  const pid_t refusing = keeper.pid();
+  Result<KeeperClient> started =
+      KeeperClient::Connect(other, binary, log, std::chrono::seconds(30));
+  const int status = keeper.Reap(std::chrono::milliseconds(10000));
+  EXPECT_TRUE(status != -1 && WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << status;
+  ASSERT_TRUE(started.ok()) << started.status().ToString();
+  Result<pid_t> pid = started->KeeperPid();
+  ASSERT_TRUE(pid.ok());
+  EXPECT_NE(*pid, refusing);
+  EXPECT_NE(ReadFile(log).find("refused a connection: baton-keeper serves the controller ("),
+            std::string::npos)
+      << ReadFile(log);
+  ASSERT_TRUE(started->Release("").ok());
+  stopper.Dismiss();
 }
 
 TEST_F(MemoryKeeperTest, ReleasingEverythingEndsTheKeeper) {
