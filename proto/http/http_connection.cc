@@ -203,8 +203,11 @@ class HttpConnection : public std::enable_shared_from_this<HttpConnection> {
       keep_alive_ = false;
       return SendError(400, "unsupported Transfer-Encoding: only chunked is accepted");
     }
+    // An HTTP/1.0 client's expectation is ignored (RFC 9110 section 10.1.1): it would read the
+    // 100 as its response.
     auto expect = parser_->get().find(http::field::expect);
-    if (expect != parser_->get().end() && beast::iequals(expect->value(), "100-continue")) {
+    if (expect != parser_->get().end() && parser_->get().version() >= 11 &&
+        beast::iequals(expect->value(), "100-continue")) {
       auto cont = std::make_shared<std::string>("HTTP/1.1 100 Continue\r\n\r\n");
       net::async_write(stream_, net::buffer(*cont),
                        [self = shared_from_this(), cont](beast::error_code wec, size_t) {

@@ -176,6 +176,17 @@ TEST_F(HttpServerTest, ExpectContinueGetsInterimResponse) {
   EXPECT_NE(client.ReadRawUntil("hello").find("200 OK"), std::string::npos);
 }
 
+// An HTTP/1.0 client's Expect is ignored (RFC 9110 10.1.1): its first response is the answer.
+TEST_F(HttpServerTest, AnHttp10ClientsExpectationIsIgnored) {
+  TestHttpClient client(server_->port());
+  ASSERT_TRUE(client.SendRaw(
+      "POST /echo HTTP/1.0\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"
+      "hello"));
+  const std::string reply = client.ReadRawUntil("hello");
+  EXPECT_EQ(reply.rfind("HTTP/1.1 200 OK", 0), 0u) << reply;
+  EXPECT_EQ(reply.find("100 Continue"), std::string::npos) << reply;
+}
+
 TEST_F(HttpServerTest, StreamChunksArriveBeforeTheEnd) {
   TestHttpClient client(server_->port());
   ASSERT_TRUE(client.Send(http::verb::get, "/stream", ""));
