@@ -112,6 +112,19 @@ bool CarriesNoToken(const Json& choice) {
          (content->is_string() && content->get_ref<const std::string&>().empty());
 }
 
+// An event whose choices all carry no token, neither text nor ids (a chat stream's first
+// chunk, the role), and no usage.
+bool NoTokenEvent(const Json& event) {
+  auto choices = event.find("choices");
+  if (choices == event.end() || !choices->is_array() || choices->empty()) return false;
+  if (auto usage = event.find("usage"); usage != event.end() && !usage->is_null()) return false;
+  return std::all_of(choices->begin(), choices->end(), [](const Json& c) {
+    if (!c.is_object() || !CarriesNoToken(c)) return false;
+    auto ids = c.find("token_ids");
+    return ids == c.end() || ids->is_null() || (ids->is_array() && ids->empty());
+  });
+}
+
 std::optional<uint64_t> SeedOf(const Json& j) {
   if (j.is_number_unsigned()) return j.get<uint64_t>();
   if (j.is_number_integer()) return static_cast<uint64_t>(j.get<int64_t>());
@@ -193,7 +206,10 @@ StreamReplay::StreamReplay(std::string route, const std::string& body, std::stri
 void StreamReplay::BeginAttempt() {
   ++attempts_;
   resume_tokens_ = sent_ids_.size();
+  resent_ = events_sent_ > 0;
 }
+
+bool StreamReplay::generates() const { return IsCompletions(route_) || IsChat(route_); }
 
 bool StreamReplay::replaying_chat() const {
   return IsChat(route_) && resume_tokens_ > 0 && body_.is_object();
@@ -307,7 +323,7 @@ void StreamReplay::Learn(const Json& j) {
 }
 
 std::string StreamReplay::Rewrite(Json j) const {
-  if (IsChat(route_)) j = ChatChunkOf(j);
+  if (replaying_chat()) j = ChatChunkOf(j);
   j["id"] = id_;
   j["created"] = created_;
   if (auto choices = j.find("choices"); choices != j.end() && choices->is_array()) {
@@ -390,7 +406,8 @@ StreamReplay::Outcome StreamReplay::OnEvent(const std::string& event) {
   Learn(j);
   out.first_token = before == 0 && !sent_ids_.empty();
   out.new_tokens = sent_ids_.size() > before;
-  out.to_client = resume_tokens_ > 0 ? Rewrite(std::move(j)) : event;
+  if (resent_ && !out.new_tokens && NoTokenEvent(j)) return out;  // sent by the attempt before
+  out.to_client = resent_ ? Rewrite(std::move(j)) : event;
   return out;
 }
 

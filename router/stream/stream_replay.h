@@ -48,6 +48,13 @@ class StreamReplay {
   StreamReplay(std::string route, const std::string& body, std::string request_key = "");
 
   bool streaming() const { return stream_; }
+  // Whether the route generates (completions, chat), so that each attempt's body is the
+  // router's rewrite of the client's.
+  bool generates() const;
+  // Whether the router read the body as a JSON object (RFC 8259: no NaN, Infinity or number out
+  // of range; nested at most kMaxJsonDepth deep). A generating request whose body it did not
+  // read is not forwarded: its engine would get the client's own request key and resume count.
+  bool body_read() const { return body_.is_object(); }
   // The request's `model` ("" when it names none, or is not a JSON object).
   std::string model() const;
   // The body of the next attempt (see above). Call BeginAttempt() first.
@@ -114,6 +121,9 @@ class StreamReplay {
   int events_sent_ = 0;
   int attempts_ = 0;
   size_t resume_tokens_ = 0;  // tokens sent before the current attempt
+  // The current attempt follows one that sent events: its events read as the first attempt's
+  // (id, created), and one that carries no token (a chat stream's role chunk) is not sent again.
+  bool resent_ = false;
   nlohmann::ordered_json id_, created_, model_;
 };
 

@@ -44,6 +44,9 @@ constexpr size_t kMaxBufferedBody = 64u << 20;
 // An SSE event of a completion is a few hundred bytes; one past this is a broken stream
 // (no blank line ever comes), not one to hold in memory.
 constexpr size_t kMaxStreamEvent = 4u << 20;
+constexpr const char* kUnreadBody =
+    "the request body must be a JSON object (RFC 8259: no NaN or Infinity, no number out of "
+    "range)";
 
 // An engine going away (502-504), or one whose engine key is not this router's (401): the
 // request was not served there, and another engine may serve it.
@@ -83,6 +86,10 @@ RelayedRequest::RelayedRequest(asio::any_io_executor strand, std::string route,
       arrival_(deps.clock->Now()) {}
 
 void RelayedRequest::Start() {
+  if (replay_.generates() && !replay_.body_read()) {
+    Finish(400, "");
+    return exchange_->RespondError(400, kUnreadBody);
+  }
   auto self = shared_from_this();
   std::weak_ptr<RelayedRequest> weak = self;
   exchange_->OnAbort([weak] {

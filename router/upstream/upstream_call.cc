@@ -136,6 +136,11 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     }
     if (ec) return Fail(ec, UpstreamError::kBroken, "the engine's response broke");
     reused_ = false;  // the response has begun: no silent retry from here on
+    const unsigned status = parser_->get().result_int();
+    if (status == 101) return End(UpstreamError::kBroken, "the engine switched protocols");
+    // An interim response (103 Early Hints, an unasked 100): the final one follows on the same
+    // connection (RFC 9110 section 15.2), within the same first-byte deadline.
+    if (status >= 100 && status < 200) return ReadHeader();
     const auto& head = parser_->get();
     const std::string content_type(head[http::field::content_type]);
     // Only the media type says stream: engines and proxies chunk plain JSON bodies too.
@@ -185,7 +190,8 @@ class Call : public UpstreamCall, public std::enable_shared_from_this<Call> {
     if (ended_) return;
     ended_ = true;
     const bool reusable = error == UpstreamError::kNone && pool_ != nullptr && parser_ &&
-                          parser_->is_done() && parser_->keep_alive() && buffer_.size() == 0;
+                          parser_->is_done() && parser_->get().result_int() >= 200 &&
+                          parser_->keep_alive() && buffer_.size() == 0;
     if (reusable) {
       pool_->Put(address_, std::move(stream_));
     } else if (stream_) {

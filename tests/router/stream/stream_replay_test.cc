@@ -238,10 +238,18 @@ TEST(StreamReplayTest, FinishedStreamOnlyNeedsItsTail) {
   EXPECT_EQ(r.FinishingEvents(), "data: [DONE]\n\n");
 }
 
+// StreamReplay leaves a body it cannot read as it is; the router refuses such a generating
+// request before any attempt (body_read(), RouterInputTest).
 TEST(StreamReplayTest, NonJsonBodyIsForwardedUnchanged) {
   StreamReplay r("/v1/completions", "not json");
+  EXPECT_TRUE(r.generates());
+  EXPECT_FALSE(r.body_read());
   r.BeginAttempt();
   EXPECT_EQ(r.AttemptBody(), "not json");
+  EXPECT_FALSE(StreamReplay("/v1/completions", R"({"prompt":"x","temperature":NaN})").body_read());
+  EXPECT_FALSE(StreamReplay("/v1/completions", "[1]").body_read());
+  EXPECT_TRUE(StreamReplay("/v1/completions", R"({"prompt":"x"})").body_read());
+  EXPECT_FALSE(StreamReplay("/v1/models", "").generates());
 }
 
 std::string ChatEvent(std::vector<int32_t> ids, const std::string& content,
@@ -261,6 +269,35 @@ std::string ChatEvent(std::vector<int32_t> ids, const std::string& content,
   j["choices"] = Json::array({c});
   if (prompt != nullptr) j["prompt_token_ids"] = *prompt;
   return "data: " + j.dump() + "\n\n";
+}
+
+// A chat stream whose engine failed after its first chunk (the role, no token) is retried
+// whole on chat: the client does not get the role chunk twice, and the retry's events carry
+// the first attempt's id and created.
+TEST(StreamReplayChatTest, AWholeRetryAfterTheRoleChunkSendsItOnceUnderOneId) {
+  StreamReplay r("/v1/chat/completions",
+                 R"({"messages":[{"role":"user","content":"hi"}],"stream":true,"seed":9})");
+  r.BeginAttempt();
+  const std::vector<int32_t> prompt = {256, 1, 2};
+  const std::string role = ChatEvent({}, "", &prompt);
+  EXPECT_EQ(r.OnEvent(role).to_client, role);
+  ASSERT_TRUE(r.CanContinue());
+
+  r.BeginAttempt();
+  EXPECT_EQ(r.AttemptTarget("/v1/chat/completions"), "/v1/chat/completions") << "whole";
+  EXPECT_FALSE(Json::parse(r.AttemptBody()).contains("baton_resume_tokens"));
+  std::string again = role;
+  again.replace(again.find("chatcmpl-first"), 14, "chatcmpl-later");
+  again.replace(again.find("\"created\":100"), 13, "\"created\":200");
+  EXPECT_EQ(r.OnEvent(again).to_client, "") << "the role chunk was sent already";
+  std::string token = ChatEvent({7}, "a");
+  token.replace(token.find("chatcmpl-first"), 14, "chatcmpl-later");
+  token.replace(token.find("\"created\":100"), 13, "\"created\":200");
+  const Json chunk = DataOf(r.OnEvent(token).to_client);
+  EXPECT_EQ(chunk["id"], "chatcmpl-first");
+  EXPECT_EQ(chunk["created"], 100);
+  EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "a") << "a chat chunk stays one";
+  EXPECT_EQ(chunk["choices"][0]["token_ids"], Json({7}));
 }
 
 TEST(StreamReplayChatTest, AChatStreamContinuesOnCompletionsAsChatChunks) {
