@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "base/build_info.h"
+#include "base/io/fd_limit.h"
 #include "base/io/sd_notify.h"
 #include "base/log.h"
 #include "router/router.h"
@@ -77,6 +78,20 @@ void Drain(baton::Router& router, const baton::RouterOptions& options, const sig
   BATON_LOG(INFO, "router") << "drained: no client connection left";
 }
 
+// Lifts the soft fd limit to the hard one; warns when `max_connections` clients, each with an
+// engine connection of its own, would still run out of fds before the 503 past the limit
+// (accepts and engine connections would fail instead).
+void WarnOfFdLimit(size_t max_connections) {
+  const uint64_t fds = baton::RaiseFdLimit();
+  const uint64_t needed = 2 * uint64_t{max_connections} + 256;  // + pools, etcd, logs
+  if (fds >= needed) return;
+  BATON_LOG(WARN, "router") << "max_connections " << max_connections << " needs about " << needed
+                            << " file descriptors, and RLIMIT_NOFILE allows " << fds
+                            << ": past about " << (fds > 256 ? (fds - 256) / 2 : 0)
+                            << " clients, accepts fail before the 503 (raise LimitNOFILE or "
+                               "ulimit -n, or lower max_connections)";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -127,6 +142,7 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &blocked, nullptr);                      // before any thread starts
   baton::SdNotifier notifier = baton::SdNotifier::FromEnvironment();  // before any thread too
 
+  WarnOfFdLimit(options->max_connections);
   const baton::RouterOptions drain_options = *options;
   baton::Router router(std::move(*options));
   if (baton::Status st = router.Start(); !st.ok()) {

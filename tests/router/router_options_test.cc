@@ -253,5 +253,23 @@ TEST(RouterOptions, EtcdTlsFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// With fewer file descriptors than max_connections clients need (each with an engine
+// connection of its own), the router says so at start: accepts would fail before the 503.
+TEST(RouterFdLimit, TooFewFileDescriptorsForMaxConnectionsAreWarnedOf) {
+  const std::string router = std::string(BATON_BIN_DIR) + "/baton-router";
+  const std::string run = "ulimit -n 600 && exec timeout -s TERM 1 " + router +
+                          " --listen 127.0.0.1:0 --backend 127.0.0.1:1 2>&1";
+  FILE* out = ::popen(("sh -c '" + run + "'").c_str(), "r");
+  ASSERT_NE(out, nullptr);
+  std::string log;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), out)) log.append(buf, n);
+  ::pclose(out);
+  EXPECT_NE(log.find("max_connections 4096 needs about 8448 file descriptors, and RLIMIT_NOFILE "
+                     "allows 600: past about 172 clients"),
+            std::string::npos)
+      << log;
+}
+
 }  // namespace
 }  // namespace baton
