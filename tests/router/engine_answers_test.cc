@@ -7,6 +7,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "router/router.h"
 #include "tests/proto/http/http_test_client.h"
@@ -34,34 +35,34 @@ std::unique_ptr<Router> RouterTo(uint16_t port) {
   return router;
 }
 
-// 103 Early Hints (and an unasked 100) come before the final answer on the same connection
-// (RFC 9110 section 15.2): the client gets the final answer, from one attempt.
-TEST(EngineAnswersTest, InterimResponsesAreSkippedAndTheFinalOneRelayed) {
-  ScriptedBackend backend(
-      {"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: "
-       "</style.css>; rel=preload\r\n\r\n" +
-       Final()});
+// The client's answer to a request whose engine answers `script`, a response per attempt:
+// the final answer, from `attempts` attempts.
+void ExpectTheFinalAnswer(std::vector<std::string> script, size_t attempts) {
+  ScriptedBackend backend(std::move(script));
   ASSERT_NE(backend.port(), 0);
   std::unique_ptr<Router> router = RouterTo(backend.port());
   TestHttpClient client(router->port());
   const HttpReply r = client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})");
   EXPECT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Json::parse(r.body, nullptr, false), Json::parse(kAnswer)) << r.body;
-  EXPECT_EQ(backend.bodies().size(), 1u);
+  EXPECT_EQ(backend.bodies().size(), attempts);
+}
+
+// 103 Early Hints (and an unasked 100) come before the final answer on the same connection
+// (RFC 9110 section 15.2): the client gets the final answer, from one attempt.
+TEST(EngineAnswersTest, InterimResponsesAreSkippedAndTheFinalOneRelayed) {
+  ExpectTheFinalAnswer({"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: "
+                        "</style.css>; rel=preload\r\n\r\n" +
+                        Final()},
+                       1);
 }
 
 // 101 Switching Protocols is no answer to a generation: the attempt failed before anything
 // reached the client, and the request is retried whole.
 TEST(EngineAnswersTest, ASwitchOfProtocolsFailsTheAttempt) {
-  ScriptedBackend backend(
-      {"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", Final()});
-  ASSERT_NE(backend.port(), 0);
-  std::unique_ptr<Router> router = RouterTo(backend.port());
-  TestHttpClient client(router->port());
-  const HttpReply r = client.Post("/v1/completions", R"({"prompt":"x","max_tokens":1})");
-  EXPECT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(Json::parse(r.body, nullptr, false), Json::parse(kAnswer)) << r.body;
-  EXPECT_EQ(backend.bodies().size(), 2u);
+  ExpectTheFinalAnswer(
+      {"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\nConnection: upgrade\r\n\r\n", Final()},
+      2);
 }
 
 // A body that is JSON to a lenient parser (NaN, Infinity, 1e400) but not to RFC 8259, or not
