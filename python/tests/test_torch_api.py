@@ -58,6 +58,17 @@ class ParserTest(unittest.TestCase):
         self.refused({"prompt": "x", "baton_resume_tokens": 5}, "baton_resume_tokens")
         self.refused({"prompt": "x", "model": "other"}, "model", status=404)
 
+    def test_an_empty_prompt_is_refused_as_the_reference_engine_does(self):
+        no_bos = Parser("tiny", vocab_size=260, max_positions=512, bos=None)
+        for raw in (b'{"prompt": ""}', b'{"prompt": [""]}', b'{"prompt": [], "max_tokens": 1}'):
+            with self.subTest(raw=raw), self.assertRaises(ApiError) as ctx:
+                no_bos.completion(raw)
+            self.assertEqual((ctx.exception.status, ctx.exception.param), (400, "prompt"))
+        with self.assertRaises(ApiError) as ctx:
+            no_bos.completion(b'{"prompt": ""}')
+        self.assertEqual(str(ctx.exception), "'prompt' is empty")
+        self.assertEqual(PARSER.completion(b'{"prompt": ""}').prompt_ids, [256])  # the bos
+
     def test_an_unpaired_surrogate_anywhere_is_refused_as_the_reference_engine_does(self):
         for raw in (b'{"prompt": "ab\\ud800cd"}', b'{"prompt": "x", "stop": ["\\udfff"]}'):
             with self.assertRaises(ApiError) as ctx:

@@ -130,7 +130,10 @@ class Scheduler:
             self._thread.join()
 
     def submit(self, req: Completion) -> Job:
-        """Queues `req`; ApiError 429 when it could never fit the KV cache as it is now."""
+        """Queues `req`; ApiError 429 when it could never fit the KV cache as it is now, 400
+        for an empty prompt (nothing to compute the first token from)."""
+        if not req.prompt_ids:
+            raise ApiError("the prompt is empty", "prompt")
         longest = min(len(req.prompt_ids) + req.max_tokens, self.model.c.max_position_embeddings)
         need, total = self.kv.blocks_for(longest), self.kv.total
         if need > total:
@@ -282,6 +285,12 @@ class Scheduler:
     def _step(self) -> None:
         while True:
             batch = self._batch()
+            if not batch:  # no running sequence has a token to compute: none would ever end
+                stuck = list(self.running)
+                self.log(f"{len(stuck)} running requests have no token to compute: answered 500")
+                self._fail(stuck, ApiError("the engine has no token to compute for the request",
+                                           status=500, kind="server_error"))
+                return
             items = [(j.seq, j.tokens[j.seq.length:j.seq.length + n]) for j, n in batch]
             want = [j.seq.length + n == len(j.tokens) for j, n in batch]
             before = [j.seq.length for j, _ in batch]

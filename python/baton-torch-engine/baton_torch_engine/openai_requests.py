@@ -209,6 +209,8 @@ class Parser:
         if _int(body, "n", 1) != 1:
             raise ApiError("only 'n' = 1 is supported", "n")
         prompt = self._prompt(body) if chat_messages is None else chat_messages
+        if not prompt:  # a text prompt of "" on a model without bos: nothing to compute from
+            raise ApiError("'prompt' is empty", "prompt" if chat_messages is None else "messages")
         resume = _int(body, "baton_resume_tokens", 0)
         if resume < 0 or resume > len(prompt):
             raise ApiError("'baton_resume_tokens' must be in [0, the prompt's length]",

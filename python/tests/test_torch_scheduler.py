@@ -1,0 +1,140 @@
+"""baton-torch-engine's scheduler (batching.py) and its HTTP threads' side (generation.py) on a
+stand-in model and KV cache: a request that can never be computed is refused, or failed once,
+never left running (the compute thread would spin on it for ever), and a client gone while
+its answer is generated cancels the generation and frees its blocks. Needs PyTorch (Debian's
+python3-torch for /usr/bin/python3); without it every test says so and is skipped."""
+import threading
+import time
+import types
+import unittest
+
+import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
+
+try:
+    import torch
+    from baton_torch_engine.batching import Job, Scheduler
+    from baton_torch_engine.generation import Generator
+    from baton_torch_engine.openai_requests import ApiError, Completion
+    from baton_torch_engine.text import TextBuilder
+    MISSING = ""
+except ImportError as e:  # PyTorch is not installed for this interpreter
+    MISSING = f"SKIP: PyTorch is missing ({e}); scripts/install-deps installs python3-torch"
+
+VOCAB, CONTEXT = 260, 512
+
+
+class FakeKv:
+    """A KV cache of `total` blocks of 4 positions, as much of KvBlocks as the scheduler
+    uses."""
+
+    block_tokens = 4
+
+    def __init__(self, total: int, reachable: int = 0):
+        self.free = list(range(total))
+        self.blocks = set(self.free)
+        self.reachable = reachable
+
+    def blocks_for(self, positions: int) -> int:
+        return -(-positions // self.block_tokens)
+
+    @property
+    def total(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def reachable_blocks(self) -> int:
+        return max(self.total, self.reachable)
+
+    @property
+    def free_count(self) -> int:
+        return len(self.free)
+
+    def take(self, count: int) -> list:
+        if count > len(self.free):
+            raise MemoryError(f"the KV cache needs {count} more blocks, {len(self.free)} free")
+        taken, self.free = self.free[:count], self.free[count:]
+        return taken
+
+    def give_back(self, blocks) -> None:
+        self.free.extend(blocks)
+
+
+class FakeModel:
+    """Stores each item's tokens as LlamaModel.step does (blocks taken, length advanced) and
+    gives token 65 the highest logit; `delay` seconds per step. Raises as LlamaModel does for
+    an item without tokens."""
+
+    device = types.SimpleNamespace(is_cuda=False)
+    c = types.SimpleNamespace(max_position_embeddings=CONTEXT)
+    batch_invariant = True
+
+    def __init__(self, delay: float = 0.0):
+        self.delay, self.steps = delay, 0
+
+    def step(self, kv, items, want=None):
+        self.steps += 1
+        for seq, tokens in items:
+            if not tokens:
+                raise ValueError("forward: no tokens")
+        for seq, tokens in items:
+            need = kv.blocks_for(seq.length + len(tokens)) - len(seq.blocks)
+            if need > 0:
+                seq.blocks.extend(kv.take(need))
+            seq.length += len(tokens)
+        time.sleep(self.delay)
+        row = torch.zeros(VOCAB)
+        row[65] = 10.0
+        return [row if w else None for w in (want or [True] * len(items))]
+
+
+def completion(prompt, max_tokens=4, **kw):
+    return Completion(prompt_ids=list(prompt), max_tokens=max_tokens, temperature=0.0, seed=1,
+                      **kw)
+
+
+@unittest.skipIf(MISSING, MISSING)
+class SchedulerTest(unittest.TestCase):
+    def start(self, kv=None, delay=0.0):
+        self.kv, self.model, self.logs = kv or FakeKv(64), FakeModel(delay), []
+        self.scheduler = Scheduler(self.model, self.kv, eos=[257], log=self.logs.append)
+        self.scheduler.start()
+        self.addCleanup(self.scheduler.stop)
+        return self.scheduler
+
+    def steps_of(self, job, limit_s=10.0):
+        """The job's steps up to the last, or up to its error (returned last)."""
+        out, deadline = [], time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            item = job.steps.get(timeout=limit_s)
+            out.append(item)
+            if isinstance(item, ApiError) or item.finish_reason:
+                return out
+        self.fail(f"the job did not end in {limit_s} s: {out}")
+
+    def test_an_empty_prompt_is_refused_at_submit(self):
+        s = self.start()
+        with self.assertRaises(ApiError) as ctx:
+            s.submit(completion([]))
+        self.assertEqual((ctx.exception.status, ctx.exception.param), (400, "prompt"))
+        self.assertEqual(len(self.steps_of(s.submit(completion([1, 2], max_tokens=3)))), 3)
+
+    def test_a_running_request_with_nothing_to_compute_fails_once_and_the_thread_rests(self):
+        s = self.start()
+        job = Job(completion([]), [], TextBuilder([]))
+        s._post("submit", job)  # as submit took an empty prompt before it refused one
+        out = self.steps_of(job)
+        self.assertEqual(len(out), 1)
+        self.assertIsInstance(out[0], ApiError)
+        self.assertEqual(out[0].status, 500)
+        time.sleep(0.2)
+        self.assertEqual(self.model.steps, 0)
+        self.assertEqual(self.kv.free_count, 64)
+        self.assertEqual(len(self.logs), 1, self.logs)
+        self.assertEqual((s.running, list(s.waiting)), ([], []))
+        self.assertEqual(len(self.steps_of(s.submit(completion([1, 2], max_tokens=2)))), 2)
+
+
+if __name__ == "__main__":
+    if MISSING:
+        print(MISSING)
+    unittest.main()
