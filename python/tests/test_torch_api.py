@@ -5,6 +5,7 @@ given BATON_ENGINE_KEYS the HTTP API serves only requests that carry one of the 
 import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -230,12 +231,10 @@ class EngineKeysFromEnvTest(unittest.TestCase):
             self.assertFalse(os.path.exists(port_file))
 
 
-class EngineKeyHttpTest(unittest.TestCase):
-    """An engine's HTTP API in this process: a standby (its completion routes answer 503
-    past the key check) or, where PyTorch is there for generation.py, one serving a one-token
-    generator."""
+class HttpTest(unittest.TestCase):
+    """An engine's HTTP API in this process, with no generator (a standby) or a stand-in."""
 
-    def start(self, keys, generator=None):
+    def start(self, keys=(), generator=None):
         self.state = State(PARSER, 512, keys)
         self.state.generator = generator
         self.state.serving = generator is not None
@@ -258,6 +257,34 @@ class EngineKeyHttpTest(unittest.TestCase):
         conn.request(method, path, body=body, headers=headers)
         r = conn.getresponse()
         return r, r.read()
+
+    def raw(self, data: bytes, timeout=30):
+        """A connection that sent `data` as it is."""
+        sock = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        self.addCleanup(sock.close)
+        sock.sendall(data)
+        return sock
+
+    def answer(self, sock):
+        """The next response on `sock`: (response, JSON body)."""
+        r = http.client.HTTPResponse(sock)
+        r.begin()
+        data = r.read()
+        self.assertEqual(r.getheader("Content-Type"), "application/json", data)
+        return r, json.loads(data)
+
+    def closed(self, sock) -> bool:
+        """Whether the server closed `sock` (after its answers were read)."""
+        sock.settimeout(10)
+        try:
+            return sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+
+class EngineKeyHttpTest(HttpTest):
+    """The engine keys: a standby (its completion routes answer 503 past the key check) or
+    one serving a one-token generator."""
 
     def assert_refused(self, r, data):
         self.assertEqual(r.status, 401, data)
@@ -364,6 +391,67 @@ class EngineKeyHttpTest(unittest.TestCase):
         r, data = self.ask("GET", "/health")
         self.assertEqual((r.status, json.loads(data)), (200, {"status": "ok"}))
         self.assertEqual(self.state.responses, {401: 1, 200: 3})
+
+
+class RaisingGenerator(OneTokenGenerator):
+    def run(self, req):
+        raise RuntimeError("a bug")
+        yield
+
+
+class HostileInputTest(HttpTest):
+    """Input meant to break the engine gets a 4xx JSON answer, and a bug a 500 one: never a
+    connection closed with nothing sent."""
+
+    def test_a_body_nested_deeper_than_64_levels_is_refused(self):
+        self.start(generator=OneTokenGenerator())
+        for chat in (False, True):
+            path = "/v1/chat/completions" if chat else "/v1/completions"
+            for nest in (b"[" * 100000, b'{"prompt": "x", "a": ' + b"[" * 65 + b"]" * 65 + b"}"):
+                with self.subTest(path=path, size=len(nest)):
+                    r, data = self.ask("POST", path, nest)
+                    self.assertEqual(r.status, 400, data)
+                    self.assertEqual(json.loads(data)["error"]["message"],
+                                     "the request body nests deeper than 64 levels")
+        r, data = self.ask("POST", "/v1/completions",
+                           b'{"prompt": "x", "a": ' + b"[" * 63 + b"]" * 63 + b"}")
+        self.assertEqual(r.status, 200, data)
+
+    def test_huge_numbers_and_nan_are_refused_naming_the_param(self):
+        self.start(generator=OneTokenGenerator())
+        for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
+            for value in (b"1" + b"0" * 400, b"-1" + b"0" * 400, b"NaN", b"Infinity", b"1e999"):
+                with self.subTest(name=name, value=value[:8]):
+                    body = b'{"prompt": "x", "%s": %s}' % (name.encode(), value)
+                    r, data = self.ask("POST", "/v1/completions", body)
+                    self.assertEqual(r.status, 400, data)
+                    param = json.loads(data)["error"]["param"]
+                    self.assertIn(param, (name, None), data)  # NaN: no JSON at all
+
+    def test_a_bad_content_length_is_refused_and_the_connection_closed(self):
+        self.start([KEY], OneTokenGenerator())
+        for value in (b"abc", b"-1", b"+5", b"1 2", b"0x10", b"\xd9\xa3"):
+            for path in (b"/v1/completions", b"/health"):
+                with self.subTest(value=value, path=path):
+                    sock = self.raw(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %s\r\n"
+                                    b"\r\n{}" % (path, value))
+                    r, body = self.answer(sock)
+                    self.assertEqual(r.status, 400, body)
+                    self.assertIn("Content-Length", body["error"]["message"])
+                    self.assertTrue(self.closed(sock))
+        sock = self.raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 2\r\n"
+                        b"Content-Length: 3\r\n\r\n{}")
+        self.assertEqual(self.answer(sock)[0].status, 400)
+
+    def test_an_exception_of_the_handler_is_a_500_answer(self):
+        self.start(generator=RaisingGenerator())
+        conn = self.connect()
+        r, data = self.ask("POST", "/v1/completions", COMPLETION, conn=conn)
+        self.assertEqual(r.status, 500, data)
+        self.assertEqual(json.loads(data)["error"],
+                         {"message": "internal error", "type": "server_error", "param": None,
+                          "code": None})
+        self.assertEqual(self.state.responses, {500: 1})
 
 
 if __name__ == "__main__":

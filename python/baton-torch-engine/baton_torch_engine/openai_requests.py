@@ -27,6 +27,27 @@ UNSUPPORTED_UNLESS_DEFAULT = {"presence_penalty": 0, "frequency_penalty": 0, "lo
                               "echo": False, "logprobs": None}
 # vLLM's sampling knobs this engine does not implement: the values that change nothing.
 VLLM_NEUTRAL = {"top_k": (-1, 0), "min_p": (0,), "repetition_penalty": (1,)}
+MAX_JSON_DEPTH = 64  # the reference engine's kMaxJsonDepth (base/text/json_depth.h)
+TOO_DEEP = f"the request body nests deeper than {MAX_JSON_DEPTH} levels"
+
+
+def json_depth_over(value, limit: int) -> bool:
+    """Whether parsed JSON `value` nests arrays and objects deeper than `limit` (the top
+    one is level 1), walked without recursion."""
+    stack = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        for child in (v.values() if isinstance(v, dict) else v):
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
+
+
+def _finite(v) -> bool:
+    """A JSON number that is finite: every integer (math.isfinite overflows on a huge one)."""
+    return isinstance(v, int) or math.isfinite(v)
 
 
 class ApiError(Exception):
@@ -66,7 +87,7 @@ def _number(body: dict, name: str, default: float, lo: float, hi: float) -> floa
     v = body.get(name, default)
     if v is None:
         return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v):
         raise ApiError(f"'{name}' must be a number", name)
     if not lo <= v <= hi:
         raise ApiError(f"'{name}' must be in [{lo}, {hi}]", name)
@@ -123,7 +144,7 @@ def _vllm_unimplemented(body: dict) -> None:
         v = body.get(name)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or \
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not _finite(v) or \
                 (name == "top_k" and not isinstance(v, int)):
             raise ApiError(f"'{name}' must be a{'n integer' if name == 'top_k' else ' number'}",
                            name)
@@ -157,6 +178,10 @@ def _stop(body: dict) -> list[str]:
     return stops
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is no JSON value")  # json.loads takes NaN and Infinity
+
+
 class Parser:
     """Parses request bodies for one served model."""
 
@@ -166,10 +191,14 @@ class Parser:
             served_name, vocab_size, max_positions, bos
 
     def _body(self, raw: bytes) -> dict:
-        try:
-            body = json.loads(raw)
+        try:  # json.loads recurses, to the interpreter's recursion limit
+            body = json.loads(raw, parse_constant=_no_constant)
+        except RecursionError as e:
+            raise ApiError(TOO_DEEP) from e
         except (ValueError, UnicodeDecodeError) as e:
             raise ApiError(f"the body is not JSON: {e}") from e
+        if json_depth_over(body, MAX_JSON_DEPTH):  # what is kept must not recurse deep either
+            raise ApiError(TOO_DEEP)
         if not isinstance(body, dict):
             raise ApiError("the body must be a JSON object")
         try:  # an escaped lone surrogate ("\ud800") parses, but is no Unicode text

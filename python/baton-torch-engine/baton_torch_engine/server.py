@@ -26,6 +26,7 @@ import string
 import sys
 import threading
 import time
+import traceback
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
@@ -42,6 +43,12 @@ ENGINE_KEY_CHARS = frozenset(string.ascii_letters + string.digits + "-._~+/=")  
 OPEN_ROUTES = frozenset({("GET", "/health"), ("GET", "/metrics")})  # served without a key
 KEY_MISSING = ApiError("missing or wrong engine key (Authorization: Bearer KEY)", status=401,
                        code="invalid_api_key", kind="authentication_error")
+
+
+def _log(text: str) -> None:
+    """One line on stderr, as main.log writes them."""
+    from .main import log
+    log(text)
 
 
 def engine_key_problem(key: str) -> Optional[str]:
@@ -121,6 +128,7 @@ def choice(req: Completion, text: str, finish: str, ids: list[int], first: bool)
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: State  # set on the subclass made by serve()
+    _answered = False  # this request's answer has begun
 
     def log_message(self, fmt, *args):  # one line per request is the router's to log
         pass
@@ -133,6 +141,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _send(self, status: int, body: bytes, ctype: str = "application/json",
               extra: Optional[dict] = None) -> None:
+        self._answered = True
         self.state.count(status)
         self.send_response(status)
         self.send_header("Content-Type", ctype)
@@ -161,27 +170,76 @@ class Handler(BaseHTTPRequestHandler):
             matched |= hmac.compare_digest(given, key)
         return matched
 
-    def _refuse_unkeyed(self) -> None:
+    def _refuse_unkeyed(self, length: int) -> None:
         """401 with `WWW-Authenticate: Bearer`. The request's body is read and dropped, so
         that the connection serves its next request; one over MAX_BODY_BYTES is left unread
         and the connection closed."""
         extra = {"WWW-Authenticate": "Bearer"}
-        length = int(self.headers.get("Content-Length") or 0)
         if length > MAX_BODY_BYTES:
             extra["Connection"] = "close"
+            self.close_connection = True
         else:
-            while length > 0:
-                chunk = self.rfile.read(min(length, 1 << 16))
-                if not chunk:
-                    self.close_connection = True
-                    return
-                length -= len(chunk)
+            self._drop(length)
         self._send(401, KEY_MISSING.body(), extra=extra)
 
+    def _drop(self, length: int) -> None:
+        """Reads `length` bytes of body and drops them; ConnectionAbortedError when the
+        connection ends first."""
+        while length > 0:
+            chunk = self.rfile.read(min(length, 1 << 16))
+            if not chunk:
+                raise ConnectionAbortedError("the connection ended inside the request body")
+            length -= len(chunk)
+
+    def _body_length(self) -> Optional[int]:
+        """The request body's length (0 without Content-Length), or None once a 400 is sent
+        (the connection to be closed: where the body ends is unknown) for a Content-Length
+        that is not decimal digits, or several that differ."""
+        values = self.headers.get_all("Content-Length") or []
+        for v in values:
+            if not (v.isascii() and v.isdigit()) or v.lstrip("0") != values[0].lstrip("0"):
+                self.close_connection = True
+                self._error(ApiError(f"bad Content-Length: {', '.join(values)[:64]!r}"))
+                return None
+        return int(values[0]) if values else 0
+
+    def _dispatch(self, serve: Callable[[int], None]) -> None:
+        """serve(body length) once the framing is known. A peer that left or stopped reading
+        ends the connection quietly; any other exception is a bug: logged in one line and, if
+        nothing was sent yet, answered 500 (the reference engine's Dispatch), never a silent
+        close."""
+        self._answered = False
+        try:
+            length = self._body_length()
+            if length is not None:
+                serve(length)
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+        except Exception as e:  # noqa: BLE001 (the connection's one answer is at stake)
+            self.close_connection = True
+            where = traceback.extract_tb(e.__traceback__)[-1]
+            _log(f"{self.command} {self.path[:200]} raised {type(e).__name__}: {e} "
+                 f"({os.path.basename(where.filename)}:{where.lineno})")
+            if not self._answered:
+                try:
+                    self._error(ApiError("internal error", status=500, kind="server_error"))
+                except OSError:
+                    pass
+
     def do_GET(self):
+        self._dispatch(self._get)
+
+    def do_POST(self):
+        self._dispatch(self._post)
+
+    def _get(self, length: int) -> None:
         s = self.state
         if not self._keyed():
-            return self._refuse_unkeyed()
+            return self._refuse_unkeyed(length)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
+        self._drop(length)
         if self.path == "/health":
             status = "ok" if s.serving and not s.stopping else (
                 "stopping" if s.stopping else "standby")
@@ -195,15 +253,16 @@ class Handler(BaseHTTPRequestHandler):
             return self._send(200, metrics_text(s).encode(), "text/plain; version=0.0.4")
         self._error(ApiError(f"no route {self.path}", status=404, kind="not_found_error"))
 
-    def do_POST(self):
+    def _post(self, length: int) -> None:
         s = self.state
         if not self._keyed():
-            return self._refuse_unkeyed()
-        length = int(self.headers.get("Content-Length") or 0)
+            return self._refuse_unkeyed(length)
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
         raw = self.rfile.read(length)
+        if len(raw) < length:
+            raise ConnectionAbortedError("the connection ended inside the request body")
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self._error(ApiError(f"no route {self.path}", status=404,
                                         kind="not_found_error"))
@@ -255,6 +314,7 @@ class Handler(BaseHTTPRequestHandler):
         except ApiError as e:
             steps.close()
             return self._error(e)
+        self._answered = True
         self.state.count(200)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
