@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import types
 import unittest
 
@@ -452,6 +454,90 @@ class HostileInputTest(HttpTest):
                          {"message": "internal error", "type": "server_error", "param": None,
                           "code": None})
         self.assertEqual(self.state.responses, {500: 1})
+
+
+class EndlessGenerator(OneTokenGenerator):
+    """A generator of 64 KiB of text per token, for ever, that notes when it is closed."""
+
+    def __init__(self):
+        self.closed = threading.Event()
+
+    def run(self, req):
+        try:
+            while True:
+                yield types.SimpleNamespace(token=65, text="A" * 65536, finish_reason="")
+        finally:
+            self.closed.set()
+
+
+class TimeoutTest(HttpTest):
+    """The reference engine's HTTP timeouts, made short: a request that does not arrive whole
+    in time is answered 408, an idle connection and a client that stops reading are let go,
+    each quietly (no traceback), and the connection's thread ends."""
+
+    def start_short(self, generator=None):
+        self.start(generator=generator)
+        s = self.state
+        s.idle_timeout_s, s.request_timeout_s, s.write_timeout_s = 0.6, 0.4, 0.4
+
+    def assert_late(self, sock, began):
+        r, body = self.answer(sock)
+        self.assertEqual(r.status, 408, body)
+        self.assertEqual(body["error"]["message"], "the request did not arrive within 400 ms")
+        self.assertTrue(self.closed(sock))
+        self.assertLess(time.monotonic() - began, 5)
+
+    def test_a_request_that_never_ends_is_answered_408_and_its_thread_ends(self):
+        self.start_short(OneTokenGenerator())
+        threads = threading.active_count()
+        began = time.monotonic()
+        heads = [self.raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Pad: ")
+                 for _ in range(20)]
+        body = self.raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99\r\n\r\n{")
+        for sock in heads + [body]:
+            self.assert_late(sock, began)
+        deadline = time.monotonic() + 5
+        while threading.active_count() > threads and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertLessEqual(threading.active_count(), threads)
+        self.assertEqual(self.state.responses, {408: 21})
+
+    def test_a_trickling_request_is_late_all_the_same(self):
+        self.start_short()
+        began = time.monotonic()
+        sock = self.raw(b"GET /health HTTP/1.1\r\n")
+        for _ in range(12):
+            try:
+                sock.sendall(b"X: y\r\n")
+            except OSError:
+                break
+            time.sleep(0.05)
+        self.assert_late(sock, began)
+
+    def test_an_idle_connection_is_closed_quietly(self):
+        self.start_short()
+        silent = self.raw(b"")
+        began = time.monotonic()
+        self.assertTrue(self.closed(silent))  # nothing sent: the request timeout, no answer
+        self.assertLess(time.monotonic() - began, 3)
+        conn = self.connect()
+        r, _ = self.ask("GET", "/health", conn=conn)
+        sock = conn.sock
+        self.assertEqual(r.status, 503)
+        self.assertTrue(self.closed(sock))  # kept alive, then idle past its timeout
+        self.assertEqual(self.state.responses, {503: 1})
+
+    def test_a_client_that_stops_reading_a_stream_is_let_go(self):
+        generator = EndlessGenerator()
+        self.start_short(generator)
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", self.port))
+        self.addCleanup(sock.close)
+        body = json.dumps({"prompt": "Hi", "stream": True}).encode()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        self.assertTrue(generator.closed.wait(10), "the generation went on")
 
 
 if __name__ == "__main__":

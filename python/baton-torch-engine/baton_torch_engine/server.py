@@ -19,6 +19,7 @@ them are batched on the compute thread (the Generator's scheduler).
 from __future__ import annotations
 
 import hmac
+import io
 import json
 import os
 import socket
@@ -95,6 +96,10 @@ class State:
         self.in_flight = 0
         self.lock = threading.Lock()
         self.next_id = 1
+        # The reference engine's HTTP timeouts (proto/http/http_server.h HttpOptions), in
+        # seconds: a kept-alive connection's wait for its next request, a request's first
+        # byte to its last (408), each write of an answer.
+        self.idle_timeout_s, self.request_timeout_s, self.write_timeout_s = 120.0, 30.0, 60.0
 
     def count(self, status: int) -> None:
         with self.lock:
@@ -125,6 +130,35 @@ def choice(req: Completion, text: str, finish: str, ids: list[int], first: bool)
     return c
 
 
+class _TimedReader(io.RawIOBase):
+    """The socket's input under the handler's read timeouts (Handler._read_some)."""
+
+    def __init__(self, handler: "Handler"):
+        self._handler = handler
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        return self._handler._read_some(buf)
+
+
+class _TimedWriter(io.BufferedIOBase):
+    """The socket's output, each write under the state's write_timeout_s."""
+
+    def __init__(self, sock: socket.socket, state: "State"):
+        self._sock, self._state = sock, state
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._sock.settimeout(self._state.write_timeout_s)
+        self._sock.sendall(data)
+        with memoryview(data) as view:
+            return view.nbytes
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: State  # set on the subclass made by serve()
@@ -138,6 +172,69 @@ class Handler(BaseHTTPRequestHandler):
         # Headers and body go out as separate writes: without TCP_NODELAY, Nagle's algorithm
         # holds the body back for the peer's delayed ACK (40 ms and more on loopback).
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.rfile.close()  # the socket's own file: reads and writes go through the timeouts
+        self.rfile = io.BufferedReader(_TimedReader(self), 1 << 16)
+        self.wfile = _TimedWriter(self.connection, self.state)
+        self._deadline: Optional[float] = None  # when the request that is arriving is late
+        self._served = 0  # requests this connection has read
+
+    def handle_one_request(self) -> None:
+        """BaseHTTPRequestHandler's, with the reference engine's timeouts (State): a
+        connection waits idle_timeout_s for a request's first byte (its first request, no
+        more than request_timeout_s) and is then closed quietly; from its first byte on, a
+        request has request_timeout_s to arrive whole, or is answered 408 and the connection
+        closed; each write has write_timeout_s. A peer gone or not reading ends the
+        connection quietly."""
+        self._deadline, self._answered = None, False
+        try:
+            self.raw_requestline = self.rfile.readline(65537)
+            if len(self.raw_requestline) > 65536:
+                self.requestline = self.request_version = self.command = ""
+                self.send_error(414)
+                return
+            if not self.raw_requestline:
+                self.close_connection = True
+                return
+            if not self.parse_request():  # it answered (send_error)
+                return
+            method = getattr(self, "do_" + self.command, None)
+            if method is None:
+                self.send_error(501, f"method {self.command} is not implemented")
+                return
+            method()
+            self.wfile.flush()
+        except TimeoutError:
+            self.close_connection = True
+            if self._deadline is not None and not self._answered:
+                ms = round(self.state.request_timeout_s * 1000)
+                try:
+                    self._error(ApiError(f"the request did not arrive within {ms} ms",
+                                         status=408))
+                except OSError:
+                    pass
+        except ConnectionError:
+            self.close_connection = True
+        finally:
+            self._served += 1
+
+    def _read_timeout(self) -> float:
+        """The timeout of the next read: the idle one while no byte of a request has come,
+        then what is left of the request's; TimeoutError once that is spent."""
+        s = self.state
+        if self._deadline is None:
+            return s.idle_timeout_s if self._served else min(s.idle_timeout_s,
+                                                             s.request_timeout_s)
+        left = self._deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request is late")
+        return left
+
+    def _read_some(self, buf) -> int:
+        self.connection.settimeout(self._read_timeout())
+        n = self.connection.recv_into(buf)
+        if n and self._deadline is None:  # a request's first byte
+            self._deadline = time.monotonic() + self.state.request_timeout_s
+        return n
 
     def _send(self, status: int, body: bytes, ctype: str = "application/json",
               extra: Optional[dict] = None) -> None:
@@ -179,17 +276,17 @@ class Handler(BaseHTTPRequestHandler):
             extra["Connection"] = "close"
             self.close_connection = True
         else:
-            self._drop(length)
+            self._read_body(length)
         self._send(401, KEY_MISSING.body(), extra=extra)
 
-    def _drop(self, length: int) -> None:
-        """Reads `length` bytes of body and drops them; ConnectionAbortedError when the
-        connection ends first."""
-        while length > 0:
-            chunk = self.rfile.read(min(length, 1 << 16))
-            if not chunk:
-                raise ConnectionAbortedError("the connection ended inside the request body")
-            length -= len(chunk)
+    def _read_body(self, length: int) -> bytes:
+        """The request's body of `length` bytes, with which the request has arrived (its
+        timeout ends); ConnectionAbortedError when the connection ends first."""
+        raw = self.rfile.read(length)
+        if len(raw) < length:
+            raise ConnectionAbortedError("the connection ended inside the request body")
+        self._deadline = None
+        return raw
 
     def _body_length(self) -> Optional[int]:
         """The request body's length (0 without Content-Length), or None once a 400 is sent
@@ -208,13 +305,12 @@ class Handler(BaseHTTPRequestHandler):
         ends the connection quietly; any other exception is a bug: logged in one line and, if
         nothing was sent yet, answered 500 (the reference engine's Dispatch), never a silent
         close."""
-        self._answered = False
         try:
             length = self._body_length()
             if length is not None:
                 serve(length)
         except (ConnectionError, TimeoutError):
-            self.close_connection = True
+            raise  # handle_one_request's
         except Exception as e:  # noqa: BLE001 (the connection's one answer is at stake)
             self.close_connection = True
             where = traceback.extract_tb(e.__traceback__)[-1]
@@ -239,7 +335,7 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
-        self._drop(length)
+        self._read_body(length)
         if self.path == "/health":
             status = "ok" if s.serving and not s.stopping else (
                 "stopping" if s.stopping else "standby")
@@ -260,9 +356,7 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
-        raw = self.rfile.read(length)
-        if len(raw) < length:
-            raise ConnectionAbortedError("the connection ended inside the request body")
+        raw = self._read_body(length)
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             return self._error(ApiError(f"no route {self.path}", status=404,
                                         kind="not_found_error"))
@@ -443,9 +537,9 @@ class _Server(ThreadingHTTPServer):
 
     def handle_error(self, request, client_address):
         """A peer that closed its connection (the router ends a kept-alive one after a
-        replay) is no error; anything else is logged with its traceback, as socketserver
-        does."""
-        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+        replay) or let it time out is no error; anything else is logged with its traceback,
+        as socketserver does."""
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
             return
         super().handle_error(request, client_address)
 
