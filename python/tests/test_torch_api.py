@@ -180,7 +180,7 @@ class OneTokenGenerator:
     scheduler = None
     model = types.SimpleNamespace(batch_invariant=False)
 
-    def run(self, req):
+    def run(self, req, gone=None):
         yield types.SimpleNamespace(token=65, text="A", finish_reason="length")
 
 
@@ -396,7 +396,7 @@ class EngineKeyHttpTest(HttpTest):
 
 
 class RaisingGenerator(OneTokenGenerator):
-    def run(self, req):
+    def run(self, req, gone=None):
         raise RuntimeError("a bug")
         yield
 
@@ -462,7 +462,7 @@ class EndlessGenerator(OneTokenGenerator):
     def __init__(self):
         self.closed = threading.Event()
 
-    def run(self, req):
+    def run(self, req, gone=None):
         try:
             while True:
                 yield types.SimpleNamespace(token=65, text="A" * 65536, finish_reason="")
@@ -538,6 +538,51 @@ class TimeoutTest(HttpTest):
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))
         self.assertTrue(generator.closed.wait(10), "the generation went on")
+
+
+class SlowGenerator(OneTokenGenerator):
+    """A generator whose one token takes 10 s, unless gone() says the client left first (as
+    generation.Generator asks it); notes that it did."""
+
+    def __init__(self):
+        self.saw_gone = threading.Event()
+
+    def run(self, req, gone=None):
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if gone is not None and gone():
+                self.saw_gone.set()
+                raise ConnectionAbortedError("the client is gone")
+            time.sleep(0.01)
+        yield types.SimpleNamespace(token=65, text="A", finish_reason="length")
+
+
+class ClientGoneTest(HttpTest):
+    """A client that leaves while its answer is generated, streamed or not, is seen gone, so
+    that its generation is cancelled (docs/engines.md: a client gone)."""
+
+    def test_a_client_gone_before_its_answer_is_seen(self):
+        for stream, how in ((False, "close"), (False, "reset"), (True, "close")):
+            with self.subTest(stream=stream, how=how):
+                generator = SlowGenerator()
+                self.start(generator=generator)
+                body = json.dumps({"prompt": "Hi", "stream": stream}).encode()
+                sock = socket.create_connection(("127.0.0.1", self.port))
+                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                             % (len(body), body))
+                time.sleep(0.2)
+                if how == "reset":
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER,
+                                    b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                sock.close()
+                self.assertTrue(generator.saw_gone.wait(3), "the client was not seen gone")
+
+    def test_a_pipelined_request_is_no_client_gone(self):
+        generator = SlowGenerator()
+        self.start(generator=generator)
+        self.raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                 b"GET /health HTTP/1.1\r\n\r\n" % (len(COMPLETION), COMPLETION))
+        self.assertFalse(generator.saw_gone.wait(0.5))
 
 
 if __name__ == "__main__":

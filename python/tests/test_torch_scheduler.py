@@ -134,6 +134,36 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(len(self.steps_of(s.submit(completion([1, 2], max_tokens=2)))), 2)
 
 
+@unittest.skipIf(MISSING, MISSING)
+class ClientGoneTest(unittest.TestCase):
+    def test_a_client_gone_cancels_its_generation_and_frees_its_blocks(self):
+        kv, model = FakeKv(128), FakeModel(delay=0.01)
+        generator = Generator(model, kv, [257])
+        self.addCleanup(generator.stop)
+        left = threading.Event()
+        threading.Timer(0.3, left.set).start()
+        got = []
+        with self.assertRaises(ConnectionAbortedError):
+            for step in generator.run(completion([1, 2, 3], max_tokens=400), gone=left.is_set):
+                got.append(step)
+        self.assertGreater(len(got), 0)
+        self.assertLess(len(got), 100)
+        deadline = time.monotonic() + 5
+        while kv.free_count < 128 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(kv.free_count, 128)
+        steps = model.steps
+        time.sleep(0.2)
+        self.assertEqual(model.steps, steps, "the generation went on")
+        self.assertEqual(generator.scheduler.running, [])
+
+    def test_without_gone_a_generation_runs_to_its_end(self):
+        generator = Generator(FakeModel(), FakeKv(64), [257])
+        self.addCleanup(generator.stop)
+        steps = list(generator.run(completion([1], max_tokens=5)))
+        self.assertEqual([s.finish_reason for s in steps], [""] * 4 + ["length"])
+
+
 if __name__ == "__main__":
     if MISSING:
         print(MISSING)

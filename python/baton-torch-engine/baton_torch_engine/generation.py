@@ -2,9 +2,12 @@
 batching on the compute thread, batching.py), and its tokens come back as Steps, each chosen
 by the reference engine's sampler at its absolute position, with the text built as the
 reference engine builds it. Closing the iterator (a client gone) cancels the job; its KV
-blocks go back to the cache."""
+blocks go back to the cache. So does a client found gone while the answer is generated: run()
+asks gone() every GONE_POLL_S, and ends with ConnectionAbortedError when it says so."""
 from __future__ import annotations
 
+import queue
+import time
 from typing import Callable, Iterator, Optional
 
 from .batching import Job, Scheduler, Step
@@ -13,6 +16,8 @@ from .llama import LlamaModel
 from .openai_requests import ApiError, Completion
 
 __all__ = ["Generator", "Step", "usage"]
+
+GONE_POLL_S = 0.1  # how often run() asks whether its client is gone
 
 
 class Generator:
@@ -37,15 +42,28 @@ class Generator:
     def prompt_total(self) -> int:
         return self.scheduler.prompt_total
 
-    def run(self, req: Completion) -> Iterator[Step]:
+    def run(self, req: Completion,
+            gone: Optional[Callable[[], bool]] = None) -> Iterator[Step]:
         """Yields a Step per generated token; raises ApiError 503 when the engine may no
-        longer compute (fenced) and 429 when the KV cache has no room."""
-        yield from self._steps(self.scheduler.submit(req))
+        longer compute (fenced) and 429 when the KV cache has no room, and
+        ConnectionAbortedError (the job cancelled) once gone() says the client left."""
+        yield from self._steps(self.scheduler.submit(req), gone)
 
-    def _steps(self, job: Job) -> Iterator[Step]:
+    def _steps(self, job: Job, gone: Optional[Callable[[], bool]] = None) -> Iterator[Step]:
+        next_check = time.monotonic() + GONE_POLL_S
         try:
             while True:
-                item = job.steps.get()
+                try:
+                    wait = None if gone is None else max(0.0, next_check - time.monotonic())
+                    item = job.steps.get(timeout=wait)
+                except queue.Empty:
+                    item = None
+                if gone is not None and time.monotonic() >= next_check:
+                    if gone():
+                        raise ConnectionAbortedError("the client is gone")
+                    next_check = time.monotonic() + GONE_POLL_S
+                if item is None:
+                    continue
                 if isinstance(item, ApiError):
                     raise item
                 yield item

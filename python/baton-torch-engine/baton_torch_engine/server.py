@@ -22,6 +22,7 @@ import hmac
 import io
 import json
 import os
+import select
 import socket
 import string
 import sys
@@ -248,6 +249,21 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def _client_gone(self) -> bool:
+        """Whether the client closed or reset its connection while its request is answered
+        (the reference engine's Watch): end of stream, or an error, on a peek at the socket.
+        Bytes of a pipelined next request are left where they are."""
+        try:
+            poller = select.poll()
+            poller.register(self.connection, select.POLLIN)
+            if not poller.poll(0):
+                return False
+            return self.connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
     def _error(self, e: ApiError) -> None:
         extra = {"Retry-After": "1"} if e.status == 503 else None
         self._send(e.status, e.body(), extra=extra)
@@ -378,8 +394,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def _whole(self, req: Completion) -> None:
         ids, text, finish = [], [], ""
-        try:
-            for step in self.state.generator.run(req):
+        try:  # nothing is written until the end: a client gone is seen by its socket alone
+            for step in self.state.generator.run(req, gone=self._client_gone):
                 ids.append(step.token)
                 text.append(step.text)
                 finish = step.finish_reason
@@ -402,7 +418,7 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, req: Completion) -> None:
         created, rid = int(time.time()), self.state.new_id()
         obj = "chat.completion.chunk" if req.chat else "text_completion"
-        steps = self.state.generator.run(req)
+        steps = self.state.generator.run(req, gone=self._client_gone)
         try:
             first_step: Optional[Step] = next(steps, None)
         except ApiError as e:
