@@ -341,10 +341,10 @@ class SchedulerTest(unittest.TestCase):
         with self.assertRaises(ApiError) as ctx:
             drain(s.submit(completion([256, 7], 5)))
         self.assertEqual(ctx.exception.status, 503)
-        with self.assertRaises(ApiError) as ctx:  # more than the whole cache: at once
+        with self.assertRaises(ApiError) as ctx:  # more than the cache ever held: at once
             s.submit(completion([256] * 10, 400))
-        self.assertEqual(ctx.exception.status, 429)
-        self.assertEqual(ctx.exception.kind, "rate_limit_error")
+        self.assertEqual(ctx.exception.status, 400)  # no use retrying, as the reference engine
+        self.assertEqual(ctx.exception.kind, "invalid_request_error")
 
     def test_a_paced_scheduler_gives_the_same_tokens_and_serves_calls_between_steps(self):
         want = self.alone()

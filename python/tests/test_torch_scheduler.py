@@ -13,7 +13,9 @@ import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 try:
     import torch
     from baton_torch_engine.batching import Job, Scheduler
+    from baton_torch_engine.config import LlamaConfig
     from baton_torch_engine.generation import Generator
+    from baton_torch_engine.kv_blocks import KvBlocks
     from baton_torch_engine.openai_requests import ApiError, Completion
     from baton_torch_engine.text import TextBuilder
     MISSING = ""
@@ -132,6 +134,37 @@ class SchedulerTest(unittest.TestCase):
         self.assertEqual(len(self.logs), 1, self.logs)
         self.assertEqual((s.running, list(s.waiting)), ([], []))
         self.assertEqual(len(self.steps_of(s.submit(completion([1, 2], max_tokens=2)))), 2)
+
+    def test_a_request_that_would_never_fit_is_400_one_that_fits_what_is_reachable_503(self):
+        s = self.start(FakeKv(8, reachable=16))
+        for max_tokens, status, kind in ((29, None, None), (30, 503, "server_error"),
+                                         (61, 503, "server_error"),
+                                         (62, 400, "invalid_request_error")):
+            with self.subTest(max_tokens=max_tokens):
+                req = completion([1, 2, 3], max_tokens=max_tokens, ignore_eos=True)
+                if status is None:
+                    self.assertEqual(len(self.steps_of(s.submit(req))), max_tokens)
+                    continue
+                with self.assertRaises(ApiError) as ctx:
+                    s.submit(req)
+                self.assertEqual((ctx.exception.status, ctx.exception.kind), (status, kind))
+        with self.assertRaises(ApiError) as ctx:
+            s.submit(completion([1, 2, 3], max_tokens=62))
+        self.assertIn("would never fit", str(ctx.exception))
+
+
+@unittest.skipIf(MISSING, MISSING)
+class ReachableBlocksTest(unittest.TestCase):
+    def test_a_cache_reaches_the_most_it_held_or_what_it_is_told(self):
+        config = LlamaConfig(hidden_size=8, intermediate_size=8, num_attention_heads=2,
+                             num_key_value_heads=1, num_hidden_layers=1, vocab_size=4,
+                             head_dim=4)
+        kv = KvBlocks.private(config, 4096, 6)
+        self.assertEqual((kv.total, kv.reachable_blocks), (6, 6))
+        kv.remove_free(4)
+        self.assertEqual((kv.total, kv.reachable_blocks), (2, 6))
+        kv.reachable = 10
+        self.assertEqual(kv.reachable_blocks, 10)
 
 
 @unittest.skipIf(MISSING, MISSING)

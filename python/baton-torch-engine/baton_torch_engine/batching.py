@@ -130,15 +130,21 @@ class Scheduler:
             self._thread.join()
 
     def submit(self, req: Completion) -> Job:
-        """Queues `req`; ApiError 429 when it could never fit the KV cache as it is now, 400
-        for an empty prompt (nothing to compute the first token from)."""
+        """Queues `req`. ApiError, as the reference engine's Generator::Add: 400 for an empty
+        prompt (nothing to compute the first token from) and for a request that would never
+        fit the KV cache (no use retrying); 503 for one that fits the blocks the cache may
+        reach (its most, or the pool's) but not those it holds now (another engine may take
+        it)."""
         if not req.prompt_ids:
             raise ApiError("the prompt is empty", "prompt")
         longest = min(len(req.prompt_ids) + req.max_tokens, self.model.c.max_position_embeddings)
         need, total = self.kv.blocks_for(longest), self.kv.total
+        if total < need <= self.kv.reachable_blocks:
+            raise ApiError(f"the request needs {need} KV blocks, the cache has {total} now",
+                           status=503, kind="server_error")
         if need > total:
-            raise ApiError(f"the request needs {need} KV blocks, the cache has {total}",
-                           status=429, kind="rate_limit_error")
+            raise ApiError(f"the request needs {need} KV blocks, the cache has {total}: it "
+                           "would never fit")
         job = Job(req, list(req.prompt_ids), TextBuilder(req.stop))
         for t in req.prompt_ids[len(req.prompt_ids) - req.resume_tokens:]:
             job.text.push(t, may_stop=False)  # already sent by another engine: text only

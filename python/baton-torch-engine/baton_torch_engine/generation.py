@@ -45,7 +45,8 @@ class Generator:
     def run(self, req: Completion,
             gone: Optional[Callable[[], bool]] = None) -> Iterator[Step]:
         """Yields a Step per generated token; raises ApiError 503 when the engine may no
-        longer compute (fenced) and 429 when the KV cache has no room, and
+        longer compute (fenced), 429 when the KV cache has no room, 400 or 503 when it never
+        would or cannot now (Scheduler.submit), and
         ConnectionAbortedError (the job cancelled) once gone() says the client left."""
         yield from self._steps(self.scheduler.submit(req), gone)
 

@@ -61,6 +61,8 @@ class KvBlocks:
         self.region_blocks = 0
         self.blocks: set[int] = set()
         self.free: list[int] = []
+        self.peak = 0  # the most blocks the cache held
+        self.reachable = 0  # the blocks it may be granted (a pool's), 0 when unknown
         self._lock = threading.Lock()
 
     @classmethod
@@ -119,6 +121,7 @@ class KvBlocks:
                 raise ValueError(f"block {block} is outside the KV region")
             if block not in self.blocks:
                 self.blocks.add(block)
+                self.peak = max(self.peak, len(self.blocks))
                 if not held:
                     self.free.append(block)
 
@@ -134,6 +137,14 @@ class KvBlocks:
     def total(self) -> int:
         with self._lock:
             return len(self.blocks)
+
+    @property
+    def reachable_blocks(self) -> int:
+        """The most blocks this cache may hold: the most it held, or `reachable` (a pool
+        shared with other engines: blocks may be granted later or come back), as the
+        reference engine's PagedKvCache::reachable_blocks."""
+        with self._lock:
+            return max(self.peak, self.reachable)
 
     def take(self, count: int) -> list[int]:
         """`count` free blocks, or MemoryError with none taken."""

@@ -23,6 +23,7 @@ class PoolKv:
         self.block_bytes, self.pool_blocks, self.base = pool.block_bytes, pool.block_count, \
             pool.base
         self.blocks = model.new_kv(self.block_bytes)
+        self.blocks.reachable = self.pool_blocks  # a canary's share is a part of it
         self.per_chunk = 1
         if model.device.is_cuda:
             self.per_chunk = max(1, engine.device_pool().chunk_bytes // self.block_bytes)
