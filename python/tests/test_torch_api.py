@@ -72,6 +72,18 @@ class ParserTest(unittest.TestCase):
         self.assertEqual(str(ctx.exception), "'prompt' is empty")
         self.assertEqual(PARSER.completion(b'{"prompt": ""}').prompt_ids, [256])  # the bos
 
+    def test_max_completion_tokens_is_read_for_chat_only_as_the_reference_engine_does(self):
+        chat = {"messages": [{"role": "user", "content": "hey"}]}
+        self.assertEqual(parse(chat | {"max_completion_tokens": 3, "max_tokens": 5},
+                               chat=True).max_tokens, 3)
+        self.assertEqual(parse(chat | {"max_completion_tokens": None, "max_tokens": 5},
+                               chat=True).max_tokens, 5)
+        self.refused(chat | {"max_completion_tokens": 0, "max_tokens": 5},
+                     "max_completion_tokens", chat=True)
+        self.assertEqual(parse({"prompt": "x", "max_completion_tokens": 3, "max_tokens": 5})
+                         .max_tokens, 5)
+        self.assertEqual(parse({"prompt": "x", "max_completion_tokens": 3}).max_tokens, 16)
+
     def test_an_unpaired_surrogate_anywhere_is_refused_as_the_reference_engine_does(self):
         for raw in (b'{"prompt": "ab\\ud800cd"}', b'{"prompt": "x", "stop": ["\\udfff"]}'):
             with self.assertRaises(ApiError) as ctx:

@@ -248,8 +248,15 @@ class Parser:
         if room < 1:
             raise ApiError(f"the prompt's {len(prompt)} tokens leave no room under "
                            f"{self.max_positions}", "prompt")
-        name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
-        max_tokens = _int(body, name, None)
+        # Chat reads max_completion_tokens first (a null one is absent), completions only
+        # max_tokens, as the reference engine's ReadMaxTokens.
+        name, max_tokens = "max_tokens", None
+        if chat_messages is not None:
+            max_tokens = _int(body, "max_completion_tokens", None)
+            if max_tokens is not None:
+                name = "max_completion_tokens"
+        if max_tokens is None:
+            max_tokens = _int(body, "max_tokens", None)
         if max_tokens is None:
             max_tokens = room if resume or chat_messages is not None else min(16, room)
         if max_tokens < 1 or max_tokens > room:
