@@ -597,5 +597,45 @@ class ClientGoneTest(HttpTest):
         self.assertFalse(generator.saw_gone.wait(0.5))
 
 
+class DrainTest(HttpTest):
+    """A request is in flight from its headers on, so that a drain waits for one whose body
+    is still arriving; after the drain began, requests are refused 503; every exit of a
+    request leaves nothing in flight."""
+
+    def wait_in_flight(self, n):
+        deadline = time.monotonic() + 5
+        while self.state.in_flight != n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.state.in_flight
+
+    def test_a_request_whose_body_is_arriving_is_in_flight_and_a_drain_waits_for_it(self):
+        self.start(generator=OneTokenGenerator())
+        sock = self.raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(COMPLETION), COMPLETION[:5]))
+        self.assertEqual(self.wait_in_flight(1), 1)
+        with self.state.lock:  # as main.serve_events on a DRAIN
+            self.state.stopping = True
+        r, data = self.ask("POST", "/v1/completions", COMPLETION)
+        self.assertEqual(r.status, 503, data)
+        self.assertEqual(json.loads(data)["error"]["message"], "this engine is stopping")
+        self.assertEqual(r.getheader("Retry-After"), "1")
+        sock.sendall(COMPLETION[5:])
+        r, body = self.answer(sock)
+        self.assertEqual((r.status, body["choices"][0]["text"]), (200, "A"))
+        self.assertEqual(self.wait_in_flight(0), 0)
+
+    def test_every_exit_of_a_request_leaves_nothing_in_flight(self):
+        self.start(generator=RaisingGenerator())
+        self.assertEqual(self.ask("POST", "/v1/completions", b'{"prompt": 1}')[0].status, 400)
+        self.assertEqual(self.ask("POST", "/v1/completions", COMPLETION)[0].status, 500)
+        sock = self.raw(b"POST /v1/completions HTTP/1.1\r\nContent-Length: 99\r\n\r\n{")
+        self.assertEqual(self.wait_in_flight(1), 1)
+        sock.close()
+        self.assertEqual(self.wait_in_flight(0), 0)
+        self.state.serving = False
+        self.assertEqual(self.ask("POST", "/v1/completions", COMPLETION)[0].status, 503)
+        self.assertEqual(self.state.in_flight, 0)
+
+
 if __name__ == "__main__":
     unittest.main()

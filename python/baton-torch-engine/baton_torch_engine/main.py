@@ -298,7 +298,8 @@ def serve_events(engine, state, kv, generator, at: float) -> None:
             engine.return_blocks(kv.give(event.blocks))
         elif event.kind == EventKind.DRAIN:
             with engine.drain(event) as d:
-                state.stopping = True
+                with state.lock:  # under the lock the HTTP threads admit requests with
+                    state.stopping = True
                 if generator.scheduler.handoff is not None and event.successor:
                     # The next primary continues them from their KV: no need to wait for them.
                     handed = generator.scheduler.call(generator.scheduler.hand_over)
@@ -311,7 +312,8 @@ def serve_events(engine, state, kv, generator, at: float) -> None:
         elif event.kind == EventKind.RESUME:
             state.stopping = False
         elif event.kind in (EventKind.STOP, EventKind.DISCONNECTED):
-            state.stopping = True
+            with state.lock:
+                state.stopping = True
             log(f"{event.kind.name.lower()}: {event.reason}")
 
 

@@ -372,25 +372,34 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
-        raw = self._read_body(length)
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            self._read_body(length)
             return self._error(ApiError(f"no route {self.path}", status=404,
                                         kind="not_found_error"))
-        try:
-            if not s.serving or s.generator is None or s.stopping:
-                raise ApiError("this engine is a standby and does not serve yet", status=503,
-                               kind="server_error")
-            req = s.parser.chat(raw) if self.path.endswith("chat/completions") else \
-                s.parser.completion(raw)
-        except ApiError as e:
-            return self._error(e)
+        # Counted in flight before its body is read and parsed, with the check that the
+        # engine serves under the same lock: a drain (main.serve_events) that sets `stopping`
+        # either sees it in flight and waits for it, or it is refused.
         with s.lock:
-            s.in_flight += 1
+            admitted = s.serving and s.generator is not None and not s.stopping
+            if admitted:
+                s.in_flight += 1
+            standby = not s.serving
         try:
+            raw = self._read_body(length)
+            try:
+                if not admitted:
+                    raise ApiError("this engine is a standby and does not serve yet" if standby
+                                   else "this engine is stopping", status=503,
+                                   kind="server_error")
+                req = s.parser.chat(raw) if self.path.endswith("chat/completions") else \
+                    s.parser.completion(raw)
+            except ApiError as e:
+                return self._error(e)
             (self._stream if req.stream else self._whole)(req)
         finally:
-            with s.lock:
-                s.in_flight -= 1
+            if admitted:
+                with s.lock:
+                    s.in_flight -= 1
 
     def _whole(self, req: Completion) -> None:
         ids, text, finish = [], [], ""
