@@ -84,6 +84,30 @@ class ParserTest(unittest.TestCase):
                          .max_tokens, 5)
         self.assertEqual(parse({"prompt": "x", "max_completion_tokens": 3}).max_tokens, 16)
 
+    def test_the_reference_engines_checks_of_resume_streaming_and_chat_fields(self):
+        self.refused({"prompt": [256, 1, 2], "baton_resume_tokens": 3}, "baton_resume_tokens")
+        self.assertEqual(parse({"prompt": [256, 1, 2], "baton_resume_tokens": 2})
+                         .resume_tokens, 2)
+        for bad in ("no", 1, "true"):
+            self.refused({"prompt": "x", "stream_options": {"include_usage": bad}},
+                         "include_usage")
+            self.refused({"prompt": "x", "return_token_ids": bad}, "return_token_ids")
+        self.assertTrue(parse({"prompt": "x", "stream_options": {"include_usage": True}})
+                        .include_usage)
+        self.assertFalse(parse({"prompt": "x", "stream_options": None}).include_usage)
+        self.refused({"prompt": "x", "stream_options": []}, "stream_options")
+        chat = {"messages": [{"role": "user", "content": "hey"}]}
+        for bad in (1, 21, -1, "2", 1.5):
+            self.refused(chat | {"top_logprobs": bad}, "top_logprobs", chat=True)
+        parse(chat | {"top_logprobs": 0}, chat=True)
+
+    def test_a_body_is_strict_utf8(self):
+        for raw in ('{"prompt": "x"}'.encode("utf-16"), '{"prompt": "x"}'.encode("utf-32-le"),
+                    b'{"prompt": "\xff"}'):
+            with self.subTest(raw=raw), self.assertRaises(ApiError) as ctx:
+                PARSER.completion(raw)
+            self.assertEqual(ctx.exception.status, 400)
+
     def test_an_unpaired_surrogate_anywhere_is_refused_as_the_reference_engine_does(self):
         for raw in (b'{"prompt": "ab\\ud800cd"}', b'{"prompt": "x", "stop": ["\\udfff"]}'):
             with self.assertRaises(ApiError) as ctx:

@@ -191,8 +191,9 @@ class Parser:
             served_name, vocab_size, max_positions, bos
 
     def _body(self, raw: bytes) -> dict:
-        try:  # json.loads recurses, to the interpreter's recursion limit
-            body = json.loads(raw, parse_constant=_no_constant)
+        try:  # strict UTF-8 (json.loads would take UTF-16 and UTF-32 bytes too); json.loads
+            # recurses, to the interpreter's recursion limit
+            body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
         except RecursionError as e:
             raise ApiError(TOO_DEEP) from e
         except (ValueError, UnicodeDecodeError) as e:
@@ -241,9 +242,9 @@ class Parser:
         if not prompt:  # a text prompt of "" on a model without bos: nothing to compute from
             raise ApiError("'prompt' is empty", "prompt" if chat_messages is None else "messages")
         resume = _int(body, "baton_resume_tokens", 0)
-        if resume < 0 or resume > len(prompt):
-            raise ApiError("'baton_resume_tokens' must be in [0, the prompt's length]",
-                           "baton_resume_tokens")
+        if resume < 0 or resume >= len(prompt):  # the reference engine's ReadResume
+            raise ApiError("'baton_resume_tokens' must be at least 0 and less than the "
+                           f"prompt's {len(prompt)} tokens", "baton_resume_tokens")
         room = self.max_positions - len(prompt)
         if room < 1:
             raise ApiError(f"the prompt's {len(prompt)} tokens leave no room under "
@@ -270,15 +271,25 @@ class Parser:
             if seed < -(1 << 63) or seed >= (1 << 64):
                 raise ApiError("'seed' must be an integer in [-2^63, 2^64)", "seed")
             seed &= (1 << 64) - 1  # as the reference engine reads it, and echoes it
-        options = body.get("stream_options") or {}
+        options = body.get("stream_options")
+        if options is None:
+            options = {}
         if not isinstance(options, dict):
             raise ApiError("'stream_options' must be an object", "stream_options")
+        _bool(body, "return_token_ids")  # token ids are always returned; true or false
+        if chat_messages is not None:  # the reference engine's ReadUnimplemented
+            top = _int(body, "top_logprobs", 0)
+            if not 0 <= top <= 20:
+                raise ApiError("'top_logprobs' must be in [0, 20]", "top_logprobs")
+            if top != 0:
+                raise ApiError("'top_logprobs' is not supported by this engine (only 0)",
+                               "top_logprobs")
         return Completion(prompt_ids=prompt, max_tokens=max_tokens,
                           temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
                           top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
                           seed=seed if seed is not None else random.getrandbits(63),
                           stream=_bool(body, "stream"),
-                          include_usage=bool(options.get("include_usage", False)),
+                          include_usage=_bool(options, "include_usage"),
                           stop=_stop(body), min_tokens=min_tokens,
                           ignore_eos=_bool(body, "ignore_eos"),
                           stop_token_ids=_stop_token_ids(body, self.vocab), resume_tokens=resume,
