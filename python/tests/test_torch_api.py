@@ -345,12 +345,13 @@ class EngineKeyHttpTest(HttpTest):
         for method, path, body in (("POST", "/v1/completions", COMPLETION),
                                    ("POST", "/v1/chat/completions", CHAT),
                                    ("GET", "/v1/models", None), ("GET", "/nowhere", None),
-                                   ("POST", "/nowhere", b"{}"), ("GET", "/health?x=1", None)):
+                                   ("POST", "/nowhere", b"{}"), ("POST", "/health", b"{}")):
             with self.subTest(method=method, path=path):
                 self.assert_refused(*self.ask(method, path, body))
         self.assertEqual(self.state.responses, {401: 6})
-        r, data = self.ask("GET", "/health")
-        self.assertEqual((r.status, json.loads(data)), (503, {"status": "standby"}))
+        for path in ("/health", "/health?x=1"):
+            r, data = self.ask("GET", path)
+            self.assertEqual((r.status, json.loads(data)), (503, {"status": "standby"}))
         r, data = self.ask("GET", "/metrics")
         self.assertEqual(r.status, 200)
         self.assertIn(b'baton_engine_http_responses_total{code="401"} 6', data)
@@ -659,6 +660,70 @@ class DrainTest(HttpTest):
         self.state.serving = False
         self.assertEqual(self.ask("POST", "/v1/completions", COMPLETION)[0].status, 503)
         self.assertEqual(self.state.in_flight, 0)
+
+
+class HttpLayerTest(HttpTest):
+    """The HTTP layer answers as the reference engine's: JSON errors, 405 with Allow on a
+    route's other methods, routes matched without the query string, transfer codings
+    refused, HTTP/1.0 streams unchunked."""
+
+    def test_a_routes_other_methods_are_405_with_allow_and_unknown_paths_404(self):
+        self.start(generator=OneTokenGenerator())
+        for method, path, allow in (("GET", "/v1/completions", "POST"),
+                                    ("PUT", "/v1/chat/completions", "POST"),
+                                    ("DELETE", "/v1/completions", "POST"),
+                                    ("POST", "/health", "GET"), ("PATCH", "/metrics", "GET")):
+            with self.subTest(method=method, path=path):
+                r, data = self.ask(method, path, b"{}" if method != "GET" else None)
+                self.assertEqual((r.status, r.getheader("Allow")), (405, allow), data)
+                self.assertEqual(r.getheader("Content-Type"), "application/json")
+                self.assertIn("is not allowed", json.loads(data)["error"]["message"])
+        r, data = self.ask("DELETE", "/nowhere")
+        self.assertEqual(r.status, 404, data)
+        self.assertEqual(json.loads(data)["error"]["type"], "not_found_error")
+
+    def test_a_query_string_is_no_part_of_the_route(self):
+        self.start(generator=OneTokenGenerator())
+        self.assertEqual(self.ask("GET", "/health?x=1")[0].status, 200)
+        self.assertEqual(self.ask("GET", "/v1/models?a=b&c")[0].status, 200)
+        r, data = self.ask("POST", "/v1/completions?x=1", COMPLETION)
+        self.assertEqual(r.status, 200, data)
+
+    def test_a_transfer_coding_is_refused_and_the_connection_closed(self):
+        self.start(generator=OneTokenGenerator())
+        sock = self.raw(b"POST /v1/completions HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        b"%x\r\n%s\r\n0\r\n\r\n" % (len(COMPLETION), COMPLETION))
+        r, body = self.answer(sock)
+        self.assertEqual(r.status, 400, body)
+        self.assertIn("Transfer-Encoding", body["error"]["message"])
+        self.assertTrue(self.closed(sock))
+
+    def test_the_servers_own_refusals_are_json(self):
+        self.start()
+        for request, status in ((b"GET / HTTP/1.1 x\r\n\r\n", 400),
+                                (b"BREW /pot HTTP/1.1\r\n\r\n", 501),
+                                (b"GET /health HTTP/1.1\r\n" + b"X: y\r\n" * 101 + b"\r\n",
+                                 431)):
+            with self.subTest(request=request):
+                sock = self.raw(request)
+                r, body = self.answer(sock)
+                self.assertEqual(r.status, status, body)
+                self.assertEqual(set(body["error"]), {"message", "type", "param", "code"})
+                self.assertTrue(self.closed(sock))
+
+    def test_an_http10_stream_is_not_chunked_and_ends_with_the_connection(self):
+        self.start(generator=OneTokenGenerator())
+        body = json.dumps({"prompt": "Hi", "stream": True}).encode()
+        sock = self.raw(b"POST /v1/completions HTTP/1.0\r\nContent-Length: %d\r\n\r\n%s"
+                        % (len(body), body))
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        head, _, events = data.partition(b"\r\n\r\n")
+        self.assertTrue(head.startswith(b"HTTP/1.1 200"), head)
+        self.assertNotIn(b"Transfer-Encoding", head)
+        self.assertTrue(events.startswith(b"data: {"), events)
+        self.assertTrue(events.endswith(b"data: [DONE]\n\n"), events)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
@@ -42,6 +43,8 @@ MAX_BODY_BYTES = 32 << 20  # 4 x the router's default: a replay resends the prom
 ENGINE_KEYS_ENV = "BATON_ENGINE_KEYS"
 ENGINE_KEY_MIN, ENGINE_KEY_MAX = 16, 1024
 ENGINE_KEY_CHARS = frozenset(string.ascii_letters + string.digits + "-._~+/=")  # RFC 6750's
+ROUTES = {"/health": "GET", "/v1/models": "GET", "/metrics": "GET",
+          "/v1/completions": "POST", "/v1/chat/completions": "POST"}  # path: its method
 OPEN_ROUTES = frozenset({("GET", "/health"), ("GET", "/metrics")})  # served without a key
 KEY_MISSING = ApiError("missing or wrong engine key (Authorization: Bearer KEY)", status=401,
                        code="invalid_api_key", kind="authentication_error")
@@ -164,6 +167,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: State  # set on the subclass made by serve()
     _answered = False  # this request's answer has begun
+    _chunked = True  # this stream's events go out in chunks (HTTP/1.1)
 
     def log_message(self, fmt, *args):  # one line per request is the router's to log
         pass
@@ -247,7 +251,8 @@ class Handler(BaseHTTPRequestHandler):
         for k, v in (extra or {}).items():
             self.send_header(k, v)
         self.end_headers()
-        self.wfile.write(body)
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _client_gone(self) -> bool:
         """Whether the client closed or reset its connection while its request is answered
@@ -308,6 +313,13 @@ class Handler(BaseHTTPRequestHandler):
         """The request body's length (0 without Content-Length), or None once a 400 is sent
         (the connection to be closed: where the body ends is unknown) for a Content-Length
         that is not decimal digits, or several that differ."""
+        if self.headers.get("Transfer-Encoding") is not None:
+            # Its body would go unread and be parsed as the next request (smuggling behind a
+            # proxy that honours it): RFC 9112 6.1, 400 and the connection closed.
+            self.close_connection = True
+            self._error(ApiError("unsupported Transfer-Encoding: send the body with "
+                                 "Content-Length"))
+            return None
         values = self.headers.get_all("Content-Length") or []
         for v in values:
             if not (v.isascii() and v.isdigit()) or v.lstrip("0") != values[0].lstrip("0"):
@@ -321,6 +333,7 @@ class Handler(BaseHTTPRequestHandler):
         ends the connection quietly; any other exception is a bug: logged in one line and, if
         nothing was sent yet, answered 500 (the reference engine's Dispatch), never a silent
         close."""
+        self.path = self.path.split("?", 1)[0]  # routes are paths; a query string is no part
         try:
             length = self._body_length()
             if length is not None:
@@ -344,6 +357,45 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         self._dispatch(self._post)
 
+    def do_PUT(self):  # and DELETE, PATCH, OPTIONS: 405 on a route, 404 elsewhere
+        self._dispatch(self._other)
+
+    do_DELETE = do_PATCH = do_OPTIONS = do_PUT
+
+    def _other(self, length: int) -> None:
+        if not self._keyed():
+            return self._refuse_unkeyed(length)
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
+        self._read_body(length)
+        if self.path in ROUTES:
+            return self._not_allowed()
+        self._error(ApiError(f"no route {self.path}", status=404, kind="not_found_error"))
+
+    def _not_allowed(self) -> None:
+        """405 with Allow, as the reference engine's Dispatch answers a route's other
+        methods."""
+        allow = ROUTES[self.path]
+        e = ApiError(f"method {self.command} is not allowed on {self.path}", status=405)
+        self._send(405, e.body(), extra={"Allow": allow})
+
+    def send_error(self, code: int, message: Optional[str] = None,
+                   explain: Optional[str] = None) -> None:
+        """BaseHTTPRequestHandler's own refusals (a malformed request line or header, an
+        unknown method) as the reference engine's JSON error body, and the connection
+        closed."""
+        self.close_connection = True
+        if self.request_version == "HTTP/0.9":  # the request line was not understood: the
+            self.request_version = "HTTP/1.1"   # answer still has its status line
+        try:
+            text = message or HTTPStatus(code).phrase
+        except ValueError:
+            text = f"HTTP {code}"
+        e = ApiError(text, status=code, kind="server_error" if code >= 500 else
+                     "invalid_request_error")
+        self._send(code, e.body(), extra={"Connection": "close"})
+
     def _get(self, length: int) -> None:
         s = self.state
         if not self._keyed():
@@ -352,6 +404,8 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
         self._read_body(length)
+        if ROUTES.get(self.path, "GET") != "GET":
+            return self._not_allowed()
         if self.path == "/health":
             status = "ok" if s.serving and not s.stopping else (
                 "stopping" if s.stopping else "standby")
@@ -372,8 +426,10 @@ class Handler(BaseHTTPRequestHandler):
         if length > MAX_BODY_BYTES:
             self.close_connection = True
             return self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
-        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+        if ROUTES.get(self.path) != "POST":
             self._read_body(length)
+            if self.path in ROUTES:
+                return self._not_allowed()
             return self._error(ApiError(f"no route {self.path}", status=404,
                                         kind="not_found_error"))
         # Counted in flight before its body is read and parsed, with the check that the
@@ -438,7 +494,12 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
-        self.send_header("Transfer-Encoding", "chunked")
+        self._chunked = self.request_version != "HTTP/1.0"
+        if self._chunked:
+            self.send_header("Transfer-Encoding", "chunked")
+        else:  # HTTP/1.0 has no chunked coding: the stream ends with the connection
+            self.close_connection = True
+            self.send_header("Connection", "close")
         self.end_headers()
         try:
             self._events(req, steps, first_step, rid, created, obj)
@@ -475,11 +536,12 @@ class Handler(BaseHTTPRequestHandler):
         self._raw(b"data: " + json.dumps(event).encode() + b"\n\n")
 
     def _raw(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if self._chunked else data)
         self.wfile.flush()
 
     def _end(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")
+        if self._chunked:
+            self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
 
