@@ -726,5 +726,47 @@ class HttpLayerTest(HttpTest):
         self.assertTrue(events.endswith(b"data: [DONE]\n\n"), events)
 
 
+class FailingMidStreamGenerator(OneTokenGenerator):
+    def run(self, req, gone=None):
+        yield types.SimpleNamespace(token=65, text="A", finish_reason="")
+        raise ApiError("the KV cache is full", status=429, kind="rate_limit_error")
+
+
+class ResponseTest(HttpTest):
+    """Response details as the reference engine's: a replay's prompt_token_ids are the
+    original prompt's, chat ids are chatcmpl-, a mid-stream error keeps its type and is
+    followed by [DONE]."""
+
+    def events(self, path, body):
+        r, data = self.ask("POST", path, json.dumps(body | {"stream": True}).encode())
+        self.assertEqual(r.status, 200, data)
+        return [e[len("data: "):] for e in data.decode().split("\n\n") if e]
+
+    def test_a_replays_prompt_token_ids_are_the_original_prompt(self):
+        self.start(generator=OneTokenGenerator())
+        replay = {"prompt": [256, 1, 2, 3], "baton_resume_tokens": 2, "max_tokens": 1}
+        r, data = self.ask("POST", "/v1/completions", json.dumps(replay).encode())
+        body = json.loads(data)
+        self.assertEqual(body["choices"][0]["prompt_token_ids"], [256, 1])
+        self.assertTrue(body["id"].startswith("cmpl-"), body["id"])
+        first = json.loads(self.events("/v1/completions", replay)[0])
+        self.assertEqual(first["choices"][0]["prompt_token_ids"], [256, 1])
+        chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+        r, data = self.ask("POST", "/v1/chat/completions", json.dumps(chat).encode())
+        body = json.loads(data)
+        self.assertTrue(body["id"].startswith("chatcmpl-"), body["id"])
+        self.assertEqual(bytes(body["prompt_token_ids"][1:]),
+                         b"<|user|>\nHi\n<|assistant|>\n")
+        first = json.loads(self.events("/v1/chat/completions", chat)[0])
+        self.assertTrue(first["id"].startswith("chatcmpl-"), first["id"])
+
+    def test_a_mid_stream_error_keeps_its_type_and_is_followed_by_done(self):
+        self.start(generator=FailingMidStreamGenerator())
+        events = self.events("/v1/completions", {"prompt": "Hi"})
+        self.assertEqual(len(events), 3, events)
+        self.assertEqual(json.loads(events[1])["error"]["type"], "rate_limit_error")
+        self.assertEqual(events[2], "[DONE]")
+
+
 if __name__ == "__main__":
     unittest.main()

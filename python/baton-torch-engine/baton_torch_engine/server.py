@@ -109,14 +109,21 @@ class State:
         with self.lock:
             self.responses[status] = self.responses.get(status, 0) + 1
 
-    def new_id(self) -> str:
+    def new_id(self, chat: bool = False) -> str:
+        """A response id, `chatcmpl-` for chat as the reference engine's."""
         with self.lock:
             self.next_id += 1
-            return f"cmpl-{os.getpid():08x}{self.next_id:08x}"
+            return f"{'chatcmpl' if chat else 'cmpl'}-{os.getpid():08x}{self.next_id:08x}"
 
 
 def header(state: State, req: Completion, rid: str, created: int, obj: str) -> dict:
     return {"id": rid, "object": obj, "created": created, "model": req.model, "seed": req.seed}
+
+
+def original_prompt(req: Completion) -> list[int]:
+    """The prompt the client sent: a replay's resumed tokens are its answer's, not its
+    prompt's (the reference engine's original_prompt_)."""
+    return req.prompt_ids[:len(req.prompt_ids) - req.resume_tokens]
 
 
 def choice(req: Completion, text: str, finish: str, ids: list[int], first: bool) -> dict:
@@ -130,7 +137,7 @@ def choice(req: Completion, text: str, finish: str, ids: list[int], first: bool)
     c["finish_reason"] = finish or None
     c["token_ids"] = ids
     if first and not req.chat:
-        c["prompt_token_ids"] = req.prompt_ids
+        c["prompt_token_ids"] = original_prompt(req)
     return c
 
 
@@ -466,7 +473,7 @@ class Handler(BaseHTTPRequestHandler):
                 finish = step.finish_reason
         except ApiError as e:
             return self._error(e)
-        created, rid = int(time.time()), self.state.new_id()
+        created, rid = int(time.time()), self.state.new_id(req.chat)
         obj = "chat.completion" if req.chat else "text_completion"
         body = header(self.state, req, rid, created, obj)
         if req.chat:
@@ -477,11 +484,11 @@ class Handler(BaseHTTPRequestHandler):
             body["choices"] = [choice(req, "".join(text), finish, ids, True)]
         body["usage"] = usage(req, len(ids))
         if req.chat:
-            body["prompt_token_ids"] = req.prompt_ids
+            body["prompt_token_ids"] = original_prompt(req)
         self._send(200, json.dumps(body).encode())
 
     def _stream(self, req: Completion) -> None:
-        created, rid = int(time.time()), self.state.new_id()
+        created, rid = int(time.time()), self.state.new_id(req.chat)
         obj = "chat.completion.chunk" if req.chat else "text_completion"
         steps = self.state.generator.run(req, gone=self._client_gone)
         try:
@@ -515,13 +522,13 @@ class Handler(BaseHTTPRequestHandler):
                 event["choices"] = [choice(req, step.text, step.finish_reason, [step.token],
                                            first)]
                 if first and req.chat:
-                    event["prompt_token_ids"] = req.prompt_ids
+                    event["prompt_token_ids"] = original_prompt(req)
                 self._chunk(event)
                 first = False
                 step = next(steps, None)
         except ApiError as e:  # fenced mid-stream: an error event the router replays
-            self._chunk({"error": {"message": str(e), "type": "server_error", "param": None,
-                                   "code": None}})
+            self._chunk(json.loads(e.body()))  # its own type, then [DONE], as the reference
+            self._raw(b"data: [DONE]\n\n")
             self._end()
             return
         if req.include_usage:
