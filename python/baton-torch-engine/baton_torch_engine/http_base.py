@@ -85,6 +85,7 @@ class BaseHandler(BaseHTTPRequestHandler):
         self.wfile = _TimedWriter(self.connection, self.state)
         self._deadline: Optional[float] = None  # when the request that is arriving is late
         self._served = 0  # requests this connection has read
+
     def handle_one_request(self) -> None:
         """BaseHTTPRequestHandler's, with the reference engine's timeouts (State): a
         connection waits idle_timeout_s for a request's first byte (its first request, no
