@@ -1,8 +1,10 @@
 // Nesting depth of TOML text, measured without parsing it.
 //
-// toml11 parses arrays and inline tables by recursion: a config file of a few thousand nested
-// brackets overflows the stack and the process dies with SIGSEGV before it can say what is
-// wrong. Readers of config files refuse text nested deeper than a small bound first.
+// toml11 parses arrays and inline tables by recursion, and builds (and copies) a dotted key's
+// tables by recursion too: a config file of a few thousand nested brackets, or a key of a few
+// thousand dotted segments (a.a.a... = 1, [a.a.a...]), overflows the stack and the process
+// dies with SIGSEGV before it can say what is wrong. Readers of config files refuse text
+// nested deeper than a small bound first.
 #pragma once
 
 #include <string>
@@ -12,8 +14,11 @@
 
 namespace baton {
 
-// The deepest level of '[' / '{' nesting in `text`, ignoring brackets inside strings (basic
-// and literal, single- and multi-line) and comments. A table header counts as one level.
+// The deepest level of nesting in `text`: '[' / '{' brackets and the dots of keys (in table
+// headers, key/value lines and inline tables), ignoring brackets and dots inside strings
+// (basic and literal, single- and multi-line; quoted keys too) and comments. A table header
+// counts as one level per bracket and per dot, and the keys under it add to that; a value's
+// brackets add to its key's dots (a.b = [1] is 2 deep).
 // Text that is not TOML gets a number too; the parser refuses it later.
 int TomlNestingDepth(std::string_view text);
 

@@ -162,8 +162,12 @@ TEST(Config, BadConfigsAreRefusedWithTheKey) {
       {"pool = 3\n", "'pool' must be a [section]"},
       {"[pool\nblocks = 1\n", "malformed TOML"},
       // Parsed by recursion: deeper text would overflow the stack (SIGSEGV) before an error.
+      // The values of a [table] count from its depth.
       {"[engine]\ncommand = [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n",
-       "bad.toml: arrays and tables nested 34 deep (at most 32)"},
+       "bad.toml: arrays, tables and dotted keys nested 35 deep (at most 32)"},
+      // toml11 builds and copies a dotted key's tables by recursion too.
+      {"[engine]\nx.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x.x = 1\n",
+       "bad.toml: arrays, tables and dotted keys nested 33 deep (at most 32)"},
       {"[controller]\nmetrics_port = 70000\n", "controller.metrics_port: must be in [0, 65535]"},
       {"[controller]\nepoch_reserve = 0\n", "controller.epoch_reserve: must be in [1, 1048576]"},
       {"[upgrade]\nsteps = [10, 50]\n", "upgrade.steps: canary steps: the last step must be 100"},

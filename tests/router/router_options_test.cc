@@ -166,9 +166,19 @@ TEST(RouterOptions, DeeplyNestedTomlIsRefusedNotParsed) {
   const std::string deep = "[router]\nlisten = " + std::string(20000, '[') + "]\n";
   const Status s = ParseRouterToml(deep, "r.toml", &o);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("r.toml: arrays and tables nested 20000 deep (at most 32)"),
-            std::string::npos)
+  EXPECT_NE(
+      s.message().find("r.toml: arrays, tables and dotted keys nested 20001 deep (at most 32)"),
+      std::string::npos)
       << s.message();
+  // A dotted key builds its tables by recursion too: 100,000 segments overflowed the stack.
+  std::string key = "a";
+  for (int i = 1; i < 100000; ++i) key += ".a";
+  for (const std::string& text : {key + " = 1\n", "[" + key + "]\n"}) {
+    const Status d = ParseRouterToml(text, "r.toml", &o);
+    ASSERT_FALSE(d.ok());
+    EXPECT_NE(d.message().find("r.toml: arrays, tables and dotted keys nested"), std::string::npos)
+        << d.message();
+  }
 }
 
 TEST(RouterOptions, AMalformedEtcdEndpointIsRefused) {
