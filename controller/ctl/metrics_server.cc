@@ -1,6 +1,5 @@
 #include "controller/ctl/metrics_server.h"
 
-#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <nlohmann/json.hpp>
@@ -17,8 +16,11 @@ using tcp = boost::asio::ip::tcp;
 // One connection: read a request, write the answer, close.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, MetricsServer::Render render)
-      : stream_(std::move(socket)), render_(std::move(render)) {}
+  Session(tcp::socket socket, MetricsServer::Render render, std::shared_ptr<size_t> sessions)
+      : stream_(std::move(socket)), render_(std::move(render)), sessions_(std::move(sessions)) {
+    ++*sessions_;
+  }
+  ~Session() { --*sessions_; }
 
   void Run() {
     parser_.body_limit(kLimit);
@@ -80,12 +82,13 @@ class Session : public std::enable_shared_from_this<Session> {
   http::request_parser<http::string_body> parser_;
   http::response<http::string_body> response_;
   MetricsServer::Render render_;
+  std::shared_ptr<size_t> sessions_;
 };
 
 }  // namespace
 
 MetricsServer::MetricsServer(boost::asio::io_context& io, Render render)
-    : acceptor_(io), render_(std::move(render)) {}
+    : acceptor_(io), accept_retry_(io), render_(std::move(render)) {}
 
 MetricsServer::~MetricsServer() {
   *alive_ = false;
@@ -118,10 +121,49 @@ Result<std::unique_ptr<MetricsServer>> MetricsServer::Start(boost::asio::io_cont
 void MetricsServer::Accept() {
   std::weak_ptr<bool> alive = alive_;
   acceptor_.async_accept([this, alive](beast::error_code ec, tcp::socket socket) {
-    if (alive.expired()) return;
-    if (!ec) std::make_shared<Session>(std::move(socket), render_)->Run();
-    if (acceptor_.is_open()) Accept();
+    if (alive.expired() || !acceptor_.is_open()) return;
+    if (ec) return RetryAccept(ec);
+    OnAccepted(std::move(socket));
+    Accept();
   });
+}
+
+void MetricsServer::RetryAccept(const boost::system::error_code& ec) {
+  // Out of fds, the connection stays queued and an accept at once fails again: a spin.
+  const std::string why =
+      ec.message() + "; retrying every " + std::to_string(kAcceptRetry.count()) + " ms";
+  if (failed_accepts_++ == 0) {
+    BATON_LOG(WARN, "metrics") << "accept failed: " << why;
+  } else {
+    BATON_LOG(DEBUG, "metrics") << "accept failed again: " << why;
+  }
+  std::weak_ptr<bool> alive = alive_;
+  accept_retry_.expires_after(kAcceptRetry);
+  accept_retry_.async_wait([this, alive](beast::error_code wait_ec) {
+    if (!wait_ec && !alive.expired() && acceptor_.is_open()) Accept();
+  });
+}
+
+void MetricsServer::OnAccepted(tcp::socket socket) {
+  if (failed_accepts_ > 0) {
+    BATON_LOG(INFO, "metrics") << "accepting again after " << failed_accepts_ << " failed accepts";
+    failed_accepts_ = 0;
+  }
+  if (*sessions_ >= kMaxSessions) {
+    if (refused_++ == 0) {
+      BATON_LOG(WARN, "metrics") << kMaxSessions << " /metrics connections are open: "
+                                 << "closing new ones at once until one ends";
+    }
+    beast::error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  if (refused_ > 0) {
+    BATON_LOG(INFO, "metrics") << "serving again after closing " << refused_ << " connections over "
+                               << kMaxSessions;
+    refused_ = 0;
+  }
+  std::make_shared<Session>(std::move(socket), render_, sessions_)->Run();
 }
 
 }  // namespace baton
