@@ -30,13 +30,17 @@ std::string NewInstanceName() {
   return buf;
 }
 
+// As long as the Hello that follows may take (proto/hello.h).
+constexpr std::chrono::seconds kConnectTimeout(5);
+
 // The controller's socket, once its directory passes a client's check (base/io/private_dir.h):
 // a socket in a directory another user made may be theirs, with forged route tables.
 Result<proto::Channel> ConnectToController(boost::asio::io_context& io, const std::string& socket) {
   const Status dir = CheckPrivateDir(ParentDir(socket), DirOwner::kSelfOrRoot,
                                      "controller socket's directory", "the router's --controller");
   if (!dir.ok() && dir.code() != StatusCode::kNotFound) return dir;
-  return proto::Connect(io, socket);
+  // Bounded: a frozen controller with a full backlog would hold connect(2), and Stop() with it.
+  return proto::Connect(io, socket, {}, kConnectTimeout);
 }
 
 }  // namespace

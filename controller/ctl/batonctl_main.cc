@@ -163,7 +163,10 @@ Result<proto::CtlReply> Ask(const Args& args) {
   if (!dir.ok() && dir.code() != StatusCode::kNotFound) return dir;
   boost::asio::io_context io;
   proto::ChannelOptions options{.label = "controller at " + args.socket};
-  BATON_ASSIGN_OR_RETURN(proto::Channel channel, proto::Connect(io, args.socket, options));
+  // A frozen controller with a full backlog would hold connect(2) forever.
+  BATON_ASSIGN_OR_RETURN(
+      proto::Channel channel,
+      proto::Connect(io, args.socket, options, std::chrono::milliseconds(args.timeout_ms)));
   proto::ClientHelloOptions hello{
       .peer_name = "batonctl", .role = proto::PeerRole::kCli, .launch_token = ""};
   hello.timeout = std::chrono::milliseconds(args.timeout_ms);

@@ -5,7 +5,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -25,6 +27,45 @@ Status CheckPathLength(const std::string& path) {
                            std::to_string(sizeof(sockaddr_un::sun_path) - 1));
   }
   return OkStatus();
+}
+
+// Sets how long a blocking send, and a connect(2) on AF_UNIX, may wait (0: forever).
+Status SetSendTimeout(int fd, Duration timeout) {
+  const auto us = std::chrono::duration_cast<std::chrono::microseconds>(timeout).count();
+  const timeval tv{.tv_sec = us / 1'000'000, .tv_usec = us % 1'000'000};
+  if (::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    return ErrnoStatus("setsockopt SO_SNDTIMEO", errno);
+  }
+  return OkStatus();
+}
+
+// connect(2) of the blocking socket `fd` to `path`. A listener that accepts nothing (a frozen
+// process) and whose backlog is full makes connect wait for room, forever unless `timeout`
+// bounds it: on AF_UNIX the wait honours SO_SNDTIMEO and fails with EAGAIN past it (a
+// non-blocking connect fails at once with EAGAIN instead, and poll cannot tell when room
+// comes).
+Status ConnectWithin(int fd, const std::string& path, std::optional<Duration> timeout) {
+  const Endpoint endpoint(path);
+  const auto deadline = std::chrono::steady_clock::now() + timeout.value_or(Duration::zero());
+  for (;;) {
+    if (timeout.has_value()) {
+      const Duration left = deadline - std::chrono::steady_clock::now();
+      if (left <= Duration::zero()) break;
+      // At least 1 us: a zero SO_SNDTIMEO means no bound at all.
+      BATON_RETURN_IF_ERROR(
+          SetSendTimeout(fd, std::max<Duration>(left, std::chrono::microseconds(1))));
+    }
+    if (::connect(fd, endpoint.data(), static_cast<socklen_t>(endpoint.size())) == 0) {
+      return timeout.has_value() ? SetSendTimeout(fd, Duration::zero()) : OkStatus();
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN && timeout.has_value()) break;
+    return Unavailable("connect to " + path + ": " + std::strerror(errno));
+  }
+  return DeadlineExceeded(
+      "connect to " + path + ": no room in its backlog within " +
+      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(*timeout).count()) +
+      " ms (the process listening there accepts nothing)");
 }
 
 // Removes a socket left at `path` by a process that is gone; refuses to touch a live one or
@@ -177,15 +218,14 @@ void Listener::Close() {
 }
 
 Result<Channel> Connect(boost::asio::io_context& io, const std::string& path,
-                        ChannelOptions options) {
+                        ChannelOptions options, std::optional<Duration> timeout) {
   BATON_RETURN_IF_ERROR(CheckPathLength(path));
   try {
     Channel::Socket socket(io);  // the first socket of `io` makes its reactor: may throw
     boost::system::error_code ec;
-    socket.connect(Endpoint(path), ec);
-    if (ec) {
-      return Unavailable("connect to " + path + ": " + ec.message());
-    }
+    socket.open(boost::asio::local::stream_protocol(), ec);
+    if (ec) return Unavailable("connect to " + path + ": " + ec.message());
+    BATON_RETURN_IF_ERROR(ConnectWithin(socket.native_handle(), path, timeout));
     return Channel(std::move(socket), std::move(options));
   } catch (const boost::system::system_error& e) {
     return Status(StatusCode::kResourceExhausted, "connect to " + path + ": " + e.what());

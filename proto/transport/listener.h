@@ -60,8 +60,11 @@ class Listener {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 
-// Connects to the listener at `path`; the channel is labelled `options.label`.
+// Connects to the listener at `path`; the channel is labelled `options.label`. A listener
+// whose backlog is full (a process that accepts nothing) is waited for at most `timeout`
+// (forever when nullopt), then DeadlineExceeded. Unavailable when nothing listens there.
 Result<Channel> Connect(boost::asio::io_context& io, const std::string& path,
-                        ChannelOptions options = {});
+                        ChannelOptions options = {},
+                        std::optional<Duration> timeout = std::nullopt);
 
 }  // namespace baton::proto

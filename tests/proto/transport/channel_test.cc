@@ -7,10 +7,14 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
 #include <fstream>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "base/clock.h"
 #include "proto/transport/listener.h"
@@ -361,6 +365,54 @@ TEST(ListenerTest, RefusesALivePathAndReplacesAStaleOne) {
   EXPECT_EQ(Listener::Bind(io, "/tmp/" + std::string(200, 'x')).status().code(),
             StatusCode::kInvalidArgument);
   EXPECT_EQ(Connect(io, dir.File("nobody.sock")).status().code(), StatusCode::kUnavailable);
+  EXPECT_EQ(Connect(io, dir.File("nobody.sock"), {}, 1s).status().code(), StatusCode::kUnavailable);
+}
+
+// A process that accepts nothing (frozen) with a full backlog: connect(2) would wait for room
+// forever, and batonctl --timeout-ms with it. The timeout bounds the wait.
+TEST(ListenerTest, ConnectToAFullBacklogEndsAtTheTimeout) {
+  testing::TempDir dir;
+  const std::string path = dir.File("frozen.sock");
+  const int listener = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(listener, 0), 0);
+  std::vector<int> queued;  // until the backlog is full
+  for (int i = 0; i < 64; ++i) {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0);
+    queued.push_back(fd);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) break;
+  }
+  ASSERT_EQ(errno, EAGAIN) << "the backlog never filled";
+  boost::asio::io_context io;
+  const auto start = std::chrono::steady_clock::now();
+  Result<Channel> client = Connect(io, path, {}, 200ms);
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(client.status().code(), StatusCode::kDeadlineExceeded) << client.status().ToString();
+  EXPECT_NE(client.status().message().find("no room in its backlog within 200 ms"),
+            std::string::npos)
+      << client.status().ToString();
+  EXPECT_GE(took, 190ms);
+  EXPECT_LT(took, 3s);
+  // Room again: the same call connects, and its socket keeps no send timeout.
+  ::close(queued.back());
+  queued.pop_back();
+  const int accepted = ::accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+  ASSERT_GE(accepted, 0);
+  client = Connect(io, path, {}, 200ms);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  timeval tv{.tv_sec = 1, .tv_usec = 0};
+  socklen_t len = sizeof(tv);
+  ASSERT_EQ(::getsockopt(client->native_handle(), SOL_SOCKET, SO_SNDTIMEO, &tv, &len), 0);
+  EXPECT_EQ(tv.tv_sec, 0);
+  EXPECT_EQ(tv.tv_usec, 0);
+  ::close(accepted);
+  for (const int fd : queued) ::close(fd);
+  ::close(listener);
 }
 
 }  // namespace
