@@ -6,11 +6,11 @@
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <toml.hpp>
 
+#include "base/io/small_file.h"
 #include "base/text/toml_depth.h"
 #include "controller/config_values.h"
 #include "controller/upgrade/command_record.h"
@@ -225,11 +225,9 @@ Result<ControllerConfig> ParseConfigToml(const std::string& text, const std::str
 }
 
 Result<ControllerConfig> LoadConfigFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return NotFound("config file " + path + " cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return ParseConfigToml(text.str(), path);
+  Result<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+  if (!text.ok()) return Status(text.status().code(), "config file " + text.status().message());
+  return ParseConfigToml(*text, path);
 }
 
 Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config) {

@@ -3,12 +3,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <sstream>
 #include <toml.hpp>
 
+#include "base/io/small_file.h"
 #include "base/text/toml_depth.h"
 #include "fleet/json_http_client.h"
 #include "fleet/tls_client_context.h"
@@ -17,6 +17,9 @@
 
 namespace baton {
 namespace {
+
+// Far beyond any router config; a bound for a file named by mistake.
+constexpr size_t kMaxConfigBytes = 4 << 20;
 
 // One setting, from a string (a flag) or a TOML value (converted to its string form).
 using Setter = std::function<Status(const std::string& value)>;
@@ -358,11 +361,10 @@ Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
     } else {
       continue;
     }
-    std::ifstream in(path);
-    if (path.empty() || !in) return InvalidArgument("--config: cannot read \"" + path + "\"");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    BATON_RETURN_IF_ERROR(ParseRouterToml(ss.str(), path, &options));
+    if (path.empty()) return InvalidArgument("--config: cannot read \"\"");
+    Result<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+    if (!text.ok()) return InvalidArgument("--config: " + text.status().message());
+    BATON_RETURN_IF_ERROR(ParseRouterToml(*text, path, &options));
   }
   std::map<std::string, Setter> setters = Setters(&options);
   for (size_t i = 0; i < args.size(); ++i) {

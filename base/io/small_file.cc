@@ -1,9 +1,11 @@
 #include "base/io/small_file.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 
 #include "base/io/private_dir.h"
 #include "base/io/unique_fd.h"
@@ -73,6 +75,25 @@ Result<std::string> ReadSmallFile(const std::string& path, size_t limit) {
     bytes.append(buf, static_cast<size_t>(n));
   }
   return bytes;
+}
+
+Result<std::string> ReadRegularFile(const std::string& path, size_t limit) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // a FIFO: no wait
+  if (!fd) return NotFound(path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) return ErrnoStatus("stat " + path, errno);
+  if (S_ISDIR(st.st_mode)) return InvalidArgument(path + ": is a directory");
+  if (!S_ISREG(st.st_mode)) return InvalidArgument(path + ": not a regular file");
+  std::string bytes;
+  char buf[4096];
+  while (bytes.size() <= limit) {
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoStatus("read " + path, errno);
+    if (n == 0) return bytes;
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+  return InvalidArgument(path + ": longer than " + std::to_string(limit) + " bytes");
 }
 
 }  // namespace baton

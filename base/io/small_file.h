@@ -28,6 +28,12 @@ Status ReplaceFile(const std::string& path, const std::string& bytes);
 
 Result<std::string> ReadSmallFile(const std::string& path, size_t limit);
 
+// The whole of the regular file at `path` (a file a person names: a config). A directory
+// ("PATH: is a directory"; an ifstream reads one as empty), a device or a FIFO ("PATH: not a
+// regular file") is InvalidArgument, and so is a file longer than `limit`; one that cannot be
+// opened is NotFound ("PATH: No such file or directory"), a failed read an IoError.
+Result<std::string> ReadRegularFile(const std::string& path, size_t limit);
+
 // The directory part of `path` ("." when it has none).
 std::string ParentDir(const std::string& path);
 

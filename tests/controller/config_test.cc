@@ -374,6 +374,12 @@ TEST(Config, BadFlagsAreRefused) {
             std::string::npos);
   EXPECT_NE(ParseFlags({"x", "--config", "/nonexistent.toml"}).message().find("/nonexistent.toml"),
             std::string::npos);
+  // An ifstream opens a directory and reads it as an empty config: refused (batonctl --config
+  // reads the file with LoadConfigFile too).
+  EXPECT_EQ(ParseFlags({"x", "--config", "/"}).message(), "config file /: is a directory");
+  EXPECT_EQ(ParseFlags({"x", "--config", "/"}).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFlags({"x", "--config", "/dev/null"}).message(),
+            "config file /dev/null: not a regular file");
   EXPECT_EQ(ParseFlags({"x", "--help"}).code(), StatusCode::kNotFound);
   EXPECT_FALSE(ParseFlags({"x", "--health.heartbeat_interval_ms=soon"}).ok())
       << "a number key still refuses text";

@@ -108,6 +108,13 @@ TEST(RouterOptions, ConfigFileInBothFlagForms) {
   EXPECT_NE(missing.status().message().find("/nonexistent/router.toml"), std::string::npos);
   EXPECT_FALSE(ParseRouterFlags({"--config="}).ok());
   std::remove(path.c_str());
+  // A directory opens as a stream and read as an empty config: refused.
+  Result<RouterOptions> dir = ParseRouterFlags({"--config", "/"});
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.status().message(), "--config: /: is a directory");
+  Result<RouterOptions> device = ParseRouterFlags({"--config", "/dev/null"});
+  ASSERT_FALSE(device.ok());
+  EXPECT_EQ(device.status().message(), "--config: /dev/null: not a regular file");
 }
 
 // The file's errors name the key as written; ramp_steps may be an array, as the controller's
