@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <boost/asio/ip/address.hpp>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -202,6 +203,23 @@ Status ApplyFlag(const std::string& name, const std::string& text, ControllerCon
   return OkStatus();
 }
 
+// What a start would refuse only once it got there (exit 1, restarted in a loop by systemd):
+// checked with the rest of the config, exit 2.
+Status CheckStartSettings(const ControllerConfig& c) {
+  boost::system::error_code ec;
+  (void)boost::asio::ip::make_address(c.metrics_host, ec);  // as the metrics server binds it
+  if (ec) {
+    return InvalidArgument("controller.metrics_host: want an IP address, got \"" + c.metrics_host +
+                           "\"");
+  }
+  const std::string& cgroup = c.engine_cgroup;
+  if (cgroup != "auto" && cgroup != "off" && (cgroup.empty() || cgroup[0] != '/')) {
+    return InvalidArgument("engine.cgroup: want \"auto\", \"off\" or an absolute path, got \"" +
+                           cgroup + "\"");
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 std::string DefaultRuntimeDir() {
@@ -319,6 +337,7 @@ Status FinishConfig(ControllerConfig* c) {
     return InvalidArgument("engine.on_controller_absent: \"serve\" or \"stop\", got \"" +
                            c->on_controller_absent + "\"");
   }
+  BATON_RETURN_IF_ERROR(CheckStartSettings(*c));
   return FinishFleetConfig(c);
 }
 

@@ -253,6 +253,31 @@ TEST(Config, EngineHostAndLogBounds) {
   EXPECT_TRUE(FinishConfig(&f).ok());
 }
 
+// What a start would refuse only once there (exit 1, restarted in a loop by systemd) is refused
+// with the config, naming the key (exit 2, --check-config too).
+TEST(Config, SettingsAStartWouldRefuseAreRefusedWithTheConfig) {
+  ControllerConfig f;
+  f.model_dir = "/m";
+  f.engine_command = {"/bin/true"};
+  f.metrics_host = "localhost";  // bound as an address, not resolved
+  EXPECT_EQ(FinishConfig(&f).message(),
+            "controller.metrics_host: want an IP address, got \"localhost\"");
+  for (const char* good : {"127.0.0.1", "0.0.0.0", "::1", "::"}) {
+    f.metrics_host = good;
+    EXPECT_TRUE(FinishConfig(&f).ok()) << good;
+  }
+  for (const char* bad : {"", "baton/engines", "sys/fs/cgroup/baton"}) {
+    f.engine_cgroup = bad;
+    EXPECT_EQ(FinishConfig(&f).message(),
+              std::string("engine.cgroup: want \"auto\", \"off\" or an absolute path, got \"") +
+                  bad + "\"");
+  }
+  for (const char* good : {"auto", "off", "/sys/fs/cgroup/baton"}) {
+    f.engine_cgroup = good;
+    EXPECT_TRUE(FinishConfig(&f).ok()) << good;
+  }
+}
+
 TEST(Config, TheRouterSocketIsAnotherAbsolutePath) {
   Result<ControllerConfig> c = ParseConfigToml(
       "[controller]\nrouter_socket = \"/run/baton-routes/controller.sock\"\n", "t.toml");
