@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/signal_set.hpp>
 #include <cstdio>
 #include <cstring>
@@ -24,8 +25,10 @@
 #include "controller/ctl/degradations.h"
 #include "controller/ctl/metrics_server.h"
 #include "controller/engines/engine_placeholders.h"
+#include "controller/engines/supervisor.h"
 #include "cuda/driver/gpu_backend.h"
 #include "fleet/plaintext_etcd.h"
+#include "weightcache/io/numa.h"
 #include "weightcache/model_files.h"
 
 namespace baton {
@@ -58,6 +61,27 @@ std::string ModelConfigProblem(const std::string& model_dir) {
   }
 }
 
+// Whether the engine program would run here, as a launch runs it: the placeholders expanded
+// first ({runtime_dir}/engine), then resolved against PATH (controller/engines/supervisor.h).
+Status CheckEngineProgram(const ControllerConfig& c) {
+  Supervisor supervisor(c.engine_command, c.socket_path(), c.model_dir, c.runtime_dir,
+                        c.engine_log_dir);
+  supervisor.SetHost(c.engine_host);
+  return supervisor.CheckCommand({});
+}
+
+// model.numa_node where a start would bind the weights (weightcache/io/pinned_arena.cc): a node
+// that is not online on this machine is a config error here, named, not a start's exit 1.
+Status CheckNumaNode(const ControllerConfig& c) {
+  if (c.numa_node < 0) return OkStatus();  // automatic
+  const std::vector<int> online = OnlineNumaNodes();
+  if (std::find(online.begin(), online.end(), c.numa_node) != online.end()) return OkStatus();
+  std::string nodes;
+  for (const int n : online) nodes += (nodes.empty() ? "" : ",") + std::to_string(n);
+  return InvalidArgument("model.numa_node: node " + std::to_string(c.numa_node) +
+                         " is not online here (online nodes: " + nodes + ")");
+}
+
 // What --check-config prints for a config that parses: the places it resolves to, and what
 // would stop a start (exit 1 at run time, not a config error) as warnings. A model.dir whose
 // weights a start could not load is an error, as a bad key is: exit 2.
@@ -86,9 +110,8 @@ int ReportCheckedConfig(const ControllerConfig& c) {
   }
   auto warn = [](const std::string& what) { std::printf("  warning: %s\n", what.c_str()); };
   if (std::string problem = ModelConfigProblem(c.model_dir); !problem.empty()) warn(problem);
-  if (c.engine_command.front().find('/') != std::string::npos &&
-      ::access(c.engine_command.front().c_str(), X_OK) != 0) {
-    warn("engine.command's program is not executable here: no engine would start");
+  if (Status program = CheckEngineProgram(c); !program.ok()) {
+    warn("engine.command: " + program.message() + ": no engine would start");
   }
   if (c.metrics_port == 0) warn("controller.metrics_port is 0: no /metrics to scrape");
   if (c.engine_key_file.empty() && !IsLoopbackHost(c.engine_host)) {
@@ -142,6 +165,7 @@ int Run(int argc, char** argv) {
     return 0;
   }
   if (parsed.ok()) parsed = FinishConfig(&config);
+  if (parsed.ok()) parsed = CheckNumaNode(config);
   LogLevel level;
   if (parsed.ok() && !ParseLogLevel(config.log_level, &level)) {
     parsed = InvalidArgument("controller.log_level: unknown level '" + config.log_level +
