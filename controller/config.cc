@@ -259,6 +259,7 @@ Status ParseControllerFlags(int argc, char** argv, ControllerConfig* config) {
     if (const size_t eq = arg.find('='); eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
+      if (arg == "no-huge-pages") return InvalidArgument("--no-huge-pages takes no value");
     } else if (arg == "no-huge-pages") {
       flags.emplace_back("model.huge_pages", "false");
       flags.emplace_back("pool.huge_pages", "false");

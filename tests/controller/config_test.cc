@@ -421,6 +421,8 @@ TEST(Config, AnUnknownFlagIsNamedUnknownWhateverFollowsIt) {
   EXPECT_EQ(parse({"x", "--pool.blockz", "8"}), "unknown flag --pool.blockz (see --help)");
   EXPECT_EQ(parse({"x", "--pool-blocks"}), "--pool-blocks needs a value");
   EXPECT_EQ(parse({"x", "--model.huge_pages"}), "--model.huge_pages needs a value");
+  // A known flag given a value it does not take is no unknown flag.
+  EXPECT_EQ(parse({"x", "--no-huge-pages=false"}), "--no-huge-pages takes no value");
 }
 
 // A value a flag refuses is quoted back with the flag, so that the operator sees what the
