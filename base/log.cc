@@ -11,11 +11,7 @@
 namespace baton {
 namespace {
 
-LogLevel InitialLevel() {
-  LogLevel level = LogLevel::kInfo;
-  if (const char* env = std::getenv("BATON_LOG_LEVEL")) ParseLogLevel(env, &level);
-  return level;
-}
+LogLevel InitialLevel() { return EnvironmentLogLevel().value_or(LogLevel::kInfo); }
 
 std::atomic<int>& LevelStorage() {
   static std::atomic<int> level{static_cast<int>(InitialLevel())};
@@ -53,6 +49,19 @@ bool ParseLogLevel(std::string_view text, LogLevel* out) {
   else
     return false;
   return true;
+}
+
+std::optional<LogLevel> EnvironmentLogLevel() {
+  const char* env = std::getenv("BATON_LOG_LEVEL");
+  if (env == nullptr || *env == '\0') return std::nullopt;
+  LogLevel level;
+  if (ParseLogLevel(env, &level)) return level;
+  static std::atomic<bool> said{false};
+  if (!said.exchange(true)) {  // a LogLine, not BATON_LOG: the level may be being chosen
+    LogLine(LogLevel::kWarn, "log")
+        << "BATON_LOG_LEVEL=" << env << " names no level (debug, info, warn or error): ignored";
+  }
+  return std::nullopt;
 }
 
 LogLine::LogLine(LogLevel level, std::string_view component) : level_(level) {

@@ -9,6 +9,7 @@
 // Thread-safe.
 #pragma once
 
+#include <optional>
 #include <sstream>
 #include <string_view>
 
@@ -20,6 +21,10 @@ void SetLogLevel(LogLevel level);
 LogLevel GetLogLevel();
 // Parses "debug", "info", "warn", "error"; returns false on anything else.
 bool ParseLogLevel(std::string_view text, LogLevel* out);
+// The level $BATON_LOG_LEVEL names, which wins over a program's own setting (a config's
+// log_level); nullopt when it is unset or empty, or names no level: such a value is said once
+// on stderr (WARN) and otherwise ignored, as if unset.
+std::optional<LogLevel> EnvironmentLogLevel();
 
 class LogLine {
  public:

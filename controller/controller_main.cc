@@ -180,9 +180,9 @@ int Run(int argc, char** argv) {
   // Before any thread starts: the service manager's variables leave the environment, so that
   // engines and baton-keeper do not inherit them.
   SdNotifier notifier = SdNotifier::FromEnvironment();
-  if (std::getenv("BATON_LOG_LEVEL") == nullptr) SetLogLevel(level);
-  ::signal(SIGPIPE, SIG_IGN);  // engines reset it before exec
-  RaiseFdLimit();              // the CUDA backend holds one fd per adopted device memory chunk
+  if (!EnvironmentLogLevel().has_value()) SetLogLevel(level);  // an unknown one: as if unset
+  ::signal(SIGPIPE, SIG_IGN);                                  // engines reset it before exec
+  RaiseFdLimit();  // the CUDA backend holds one fd per adopted device memory chunk
   BATON_LOG(INFO, "controller") << VersionLine(kProgram) << ", pid " << ::getpid();
   // Not refused here (an awk script's {print} may be meant), unlike an upgrade's command.
   if (Status p = CheckPlaceholders(config.engine_command, "engine.command"); !p.ok()) {

@@ -239,7 +239,7 @@ int WaitRollout(const Args& args, const std::string& id) {
 }
 
 int Run(int argc, char** argv) {
-  if (const char* level = std::getenv("BATON_LOG_LEVEL"); level == nullptr) {
+  if (!EnvironmentLogLevel().has_value()) {
     SetLogLevel(LogLevel::kError);  // a CLI prints its own errors
   }
   if (WantsVersion(argc, argv)) {

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <optional>
 #include <string>
 
 namespace baton {
@@ -26,6 +28,31 @@ TEST(Log, ALevelChosenAtRunTime) {
   EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
   EXPECT_EQ(formatted, 2);
   SetLogLevel(before);
+}
+
+// An unknown BATON_LOG_LEVEL is said once and treated as unset, so that the config's
+// log_level still holds (it was ignored, and the config's level with it).
+TEST(Log, AnUnknownEnvironmentLevelIsSaidAndIgnored) {
+  const char* before = std::getenv("BATON_LOG_LEVEL");
+  const std::string saved = before != nullptr ? before : "";
+  ::unsetenv("BATON_LOG_LEVEL");
+  EXPECT_EQ(EnvironmentLogLevel(), std::nullopt);
+  ::setenv("BATON_LOG_LEVEL", "", 1);
+  EXPECT_EQ(EnvironmentLogLevel(), std::nullopt);
+  ::setenv("BATON_LOG_LEVEL", "warn", 1);
+  EXPECT_EQ(EnvironmentLogLevel(), LogLevel::kWarn);
+  ::setenv("BATON_LOG_LEVEL", "loud", 1);
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(EnvironmentLogLevel(), std::nullopt);
+  EXPECT_EQ(EnvironmentLogLevel(), std::nullopt);
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find(" WARN log: BATON_LOG_LEVEL=loud names no level"), std::string::npos) << said;
+  EXPECT_EQ(said.find("names no level"), said.rfind("names no level")) << "said once: " << said;
+  if (before != nullptr) {
+    ::setenv("BATON_LOG_LEVEL", saved.c_str(), 1);
+  } else {
+    ::unsetenv("BATON_LOG_LEVEL");
+  }
 }
 
 }  // namespace
