@@ -53,7 +53,9 @@ class Session : public std::enable_shared_from_this<Session> {
   void Answer() {
     const auto& req = parser_.get();
     const std::string_view target(req.target().data(), req.target().size());
-    if (req.method() != http::verb::get) {
+    head_ = req.method() == http::verb::head;
+    if (req.method() != http::verb::get && !head_) {
+      response_.set(http::field::allow, "GET, HEAD");
       return Reply(http::status::method_not_allowed, ErrorJson("only GET /metrics is served"),
                    "application/json", req.version());
     }
@@ -71,6 +73,7 @@ class Session : public std::enable_shared_from_this<Session> {
     response_.set(http::field::content_type, content_type);
     response_.body() = std::move(body);
     response_.prepare_payload();
+    if (head_) response_.body().clear();  // the headers alone, Content-Length the GET's
     http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, size_t) {
       beast::error_code ignored;
       self->stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
@@ -83,6 +86,7 @@ class Session : public std::enable_shared_from_this<Session> {
   http::response<http::string_body> response_;
   MetricsServer::Render render_;
   std::shared_ptr<size_t> sessions_;
+  bool head_ = false;  // a HEAD request: its answer carries no body
 };
 
 }  // namespace

@@ -1,6 +1,6 @@
 // MetricsServer: the controller's optional Prometheus endpoint, a small Boost.Beast HTTP/1.1
 // server answering GET /metrics with the text a callback produces (404 for other paths, 405
-// for other methods; a HEAD request gets the headers alone). One request per connection;
+// for other methods; HEAD gets GET's headers alone). One request per connection;
 // requests over 8 KiB or slower than 5 s are dropped. At most kMaxSessions connections are
 // served at once: past it a new one is closed at once, so that a client opening many cannot
 // take every fd the controller has. An accept that fails (out of fds) is retried after

@@ -151,5 +151,31 @@ TEST(MetricsServer, ConnectionsPastTheCapAreClosedAtOnce) {
   EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
 }
 
+// A HEAD answer carries no body (a client reads none, and would take it for the next answer);
+// other methods get a 405 that says which are served.
+TEST(MetricsServer, HeadGetsTheHeadersAlone) {
+  boost::asio::io_context io;
+  std::unique_ptr<MetricsServer> server = StartServer(io);
+  ASSERT_NE(server, nullptr);
+  const auto ask = [&](const std::string& request) {
+    UniqueFd client = Connect(server->port());
+    Send(client.get(), request);
+    io.run_for(milliseconds(100));
+    bool closed = false;
+    return Received(client.get(), &closed);
+  };
+  std::string answer = ask("HEAD /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 200", 0), 0u) << answer;
+  EXPECT_NE(answer.find("Content-Length: 5\r\n"), std::string::npos) << answer;
+  EXPECT_EQ(answer.substr(answer.find("\r\n\r\n") + 4), "") << answer;
+  answer = ask("HEAD /other HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 404", 0), 0u) << answer;
+  EXPECT_EQ(answer.substr(answer.find("\r\n\r\n") + 4), "") << answer;
+  answer = ask("POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  EXPECT_EQ(answer.rfind("HTTP/1.1 405", 0), 0u) << answer;
+  EXPECT_NE(answer.find("Allow: GET, HEAD\r\n"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("only GET /metrics is served"), std::string::npos) << answer;
+}
+
 }  // namespace
 }  // namespace baton
