@@ -57,6 +57,13 @@ Result<proto::RouteEntry> ParseEntry(std::string_view key, const json& e) {
 
 std::string FleetNodesPrefix(const std::string& prefix) { return prefix + "nodes/"; }
 
+std::optional<std::string> FleetNodeOfKey(std::string_view nodes_prefix, std::string_view key) {
+  if (!key.starts_with(nodes_prefix)) return std::nullopt;
+  const std::string_view node = key.substr(nodes_prefix.size());
+  if (node.empty() || node.find('/') != std::string_view::npos) return std::nullopt;
+  return std::string(node);
+}
+
 std::string FleetReportsPrefix(const std::string& prefix, const std::string& node) {
   return prefix + "reports/" + node + "/";
 }

@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,10 @@ struct FleetNode {
 Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value);
 
 std::string FleetNodesPrefix(const std::string& prefix);  // <prefix>nodes/
+// The node of `key` when it is <nodes_prefix><node> (`nodes_prefix` as FleetNodesPrefix makes
+// it); nullopt for a key outside the prefix (an answer no etcd should give), or with no node
+// or a '/' after it.
+std::optional<std::string> FleetNodeOfKey(std::string_view nodes_prefix, std::string_view key);
 // <prefix>reports/<node>/ and <prefix>reports/<node>/<router>.
 std::string FleetReportsPrefix(const std::string& prefix, const std::string& node);
 std::string FleetReportKey(const std::string& prefix, const std::string& node,

@@ -5,6 +5,7 @@
 #include <functional>
 #include <sstream>
 
+#include "base/log.h"
 #include "controller/engines/supervisor.h"
 #include "controller/rollout/fleet_status.h"
 #include "controller/rollout/rollout_rules.h"
@@ -82,7 +83,13 @@ proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>
   if (!listed.ok()) return Refuse("upgrade", listed.status());
   std::vector<std::string> nodes;
   for (const EtcdKeyValue& kv : listed->kvs) {
-    nodes.push_back(kv.key.substr(FleetNodesPrefix(ctx.prefix).size()));
+    std::optional<std::string> node = FleetNodeOfKey(FleetNodesPrefix(ctx.prefix), kv.key);
+    if (node.has_value()) {
+      nodes.push_back(std::move(*node));
+    } else {
+      BATON_LOG(WARN, "fleet") << "etcd listed " << kv.key << " under "
+                               << FleetNodesPrefix(ctx.prefix) << ": not a node's key, left out";
+    }
   }
   std::sort(nodes.begin(), nodes.end());
   if (nodes.empty()) {

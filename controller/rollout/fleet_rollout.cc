@@ -196,8 +196,15 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
   std::set<std::string> listed;
   if (!RolloutEnded(before.state)) {
     BATON_ASSIGN_OR_RETURN(EtcdRange nodes, etcd_->GetPrefix(FleetNodesPrefix(options_.prefix)));
+    const std::string nodes_prefix = FleetNodesPrefix(options_.prefix);
     for (const EtcdKeyValue& n : nodes.kvs) {
-      listed.insert(n.key.substr(FleetNodesPrefix(options_.prefix).size()));
+      std::optional<std::string> node = FleetNodeOfKey(nodes_prefix, n.key);
+      if (node.has_value()) {
+        listed.insert(std::move(*node));
+      } else if (foreign_keys_.insert(n.key).second) {
+        BATON_LOG(WARN, kLog) << "etcd listed " << n.key << " under " << nodes_prefix
+                              << ": not a node's key, left out";
+      }
     }
     if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {
       next = std::move(*advanced);

@@ -27,6 +27,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -106,8 +107,9 @@ class FleetRollout {
   std::deque<Pending> requests_ BATON_GUARDED_BY(mu_);
   RolloutSnapshot snapshot_ BATON_GUARDED_BY(mu_);
   bool etcd_down_ BATON_GUARDED_BY(mu_) = false;
-  std::string refused_revision_;  // the record that did not parse (logged once)
-  std::string refused_program_;   // the rollout whose program this node refused (logged once)
+  std::string refused_revision_;        // the record that did not parse (logged once)
+  std::string refused_program_;         // the rollout whose program this node refused (logged once)
+  std::set<std::string> foreign_keys_;  // keys listed under nodes/ that name no node (logged once)
   std::thread thread_;
 };
 

@@ -31,6 +31,7 @@ std::map<std::string, Load> Loads(EtcdClient& etcd, const std::string& prefix) {
   Result<EtcdRange> range = etcd.GetPrefix(reports);
   if (!range.ok()) return out;
   for (const EtcdKeyValue& kv : range->kvs) {
+    if (!std::string_view(kv.key).starts_with(reports)) continue;  // not a report's key
     const std::string rest = kv.key.substr(reports.size());
     const std::string node = rest.substr(0, rest.find('/'));
     Result<proto::RouterReport> r = ParseRouterReport(kv.key, kv.value);

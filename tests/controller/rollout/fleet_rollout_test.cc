@@ -11,13 +11,16 @@
 #include <chrono>
 #include <thread>
 
+#include "base/text/base64.h"
 #include "fleet/fleet_records.h"
 #include "tests/fleet/etcd_cluster.h"
+#include "tests/fleet/fake_etcd_member.h"
 
 namespace baton {
 namespace {
 
 using fleet_test::EtcdCluster;
+using fleet_test::FakeEtcdMember;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -53,8 +56,10 @@ class FleetRolloutRefusal : public ::testing::Test {
       ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + node, "{}").ok());
     }
   }
-  std::unique_ptr<EtcdClient> Client() const {
-    auto c = EtcdClient::Create({.endpoints = cluster_->endpoints(), .timeout = seconds(5)});
+  // A client of the cluster, or of `endpoints` (the rollout's own: rollout_endpoints_).
+  std::unique_ptr<EtcdClient> Client(std::vector<std::string> endpoints = {}) const {
+    if (endpoints.empty()) endpoints = cluster_->endpoints();
+    auto c = EtcdClient::Create({.endpoints = endpoints, .timeout = seconds(5)});
     return c.ok() ? std::move(*c) : nullptr;
   }
   // A rollout of `command` over node-a then node-b, as anyone who can write etcd writes it.
@@ -70,7 +75,7 @@ class FleetRolloutRefusal : public ::testing::Test {
   // node-a's FleetRollout until the rollout settles; returns the record then.
   Rollout RunUntilSettled(FakeUpgrades* local, const std::string& refuse,
                           RolloutSnapshot* snapshot) const {
-    FleetRollout rollout(Client(),
+    FleetRollout rollout(Client(rollout_endpoints_),
                          {.prefix = kPrefix,
                           .node = "node-a",
                           .poll = milliseconds(20),
@@ -101,6 +106,7 @@ class FleetRolloutRefusal : public ::testing::Test {
 
   std::unique_ptr<EtcdCluster> cluster_;
   std::unique_ptr<EtcdClient> etcd_;
+  std::vector<std::string> rollout_endpoints_;  // empty: the cluster's
 };
 
 TEST_F(FleetRolloutRefusal, AProgramNotAllowedFailsTheNodeAsARefusedUpgradeDoes) {
@@ -131,6 +137,32 @@ TEST_F(FleetRolloutRefusal, AProgramNotAllowedFailsTheNodeAsARefusedUpgradeDoes)
   EXPECT_EQ(failed.Find("node-a")->state, a->state);
   EXPECT_EQ(failed.Find("node-a")->reason, "the upgrade was refused: no standby");
   EXPECT_EQ(snap.refused_programs, 0u);
+}
+
+// A range answer under nodes/ that lists a key outside the prefix (a broken gateway or proxy)
+// is read without it: the rollout thread goes on (it used to throw std::out_of_range and abort
+// the controller) and the rollout settles as without that key.
+TEST_F(FleetRolloutRefusal, AListedKeyOutsideTheNodesPrefixIsLeftOut) {
+  const std::string nodes = Base64Encode(FleetNodesPrefix(kPrefix));
+  FakeEtcdMember member(
+      cluster_->endpoints()[0], nullptr,
+      [&](const std::string& path, const nlohmann::json& request, nlohmann::json* answer) {
+        if (path != "/v3/kv/range" || request.value("key", "") != nodes) return;
+        (*answer)["kvs"].push_back({{"key", Base64Encode("/b")},
+                                    {"value", Base64Encode("{}")},
+                                    {"mod_revision", "1"},
+                                    {"create_revision", "1"},
+                                    {"version", "1"}});
+      });
+  ASSERT_TRUE(member.listening());
+  rollout_endpoints_ = {member.endpoint()};
+  WriteRollout({"/bin/sh", "-c", "true"});
+  FakeUpgrades local(OkStatus());
+  RolloutSnapshot snap;
+  const Rollout refused = RunUntilSettled(&local, "/bin/sh", &snap);
+  ASSERT_EQ(refused.state, RolloutState::kRolledBack) << RolloutRecord(refused);
+  EXPECT_EQ(refused.Find("node-a")->state, NodeRolloutState::kFailed);
+  EXPECT_EQ(snap.refused_programs, 1u);
 }
 
 }  // namespace
