@@ -100,6 +100,13 @@ Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value) 
   BATON_ASSIGN_OR_RETURN(n.name, Field<std::string>(key, j, "node"));
   BATON_ASSIGN_OR_RETURN(n.model, Field<std::string>(key, j, "model"));
   if (n.name.empty()) return InvalidArgument(std::string(key) + ": field 'node' is empty");
+  // A record speaks only for the node of its own key: one under another key (by hand, or a
+  // controller of another name) must not take that node's place in the routers.
+  const std::string_view key_node = key.substr(key.rfind('/') + 1);
+  if (n.name != key_node) {
+    return InvalidArgument(std::string(key) + ": field 'node' is '" + n.name +
+                           "', not the key's node '" + std::string(key_node) + "'");
+  }
   if (j.contains("controller") && j["controller"].is_object()) {
     const json& c = j["controller"];
     if (c.contains("pid") && c["pid"].is_number_integer()) n.controller_pid = c["pid"];

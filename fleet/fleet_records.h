@@ -46,7 +46,8 @@ struct FleetNode {
   }
 };
 
-// The node of `key` (<prefix>nodes/<node>) from its record `value`.
+// The node of `key` (<prefix>nodes/<node>) from its record `value`; refused when the record's
+// "node" is not the key's last part.
 Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value);
 
 std::string FleetNodesPrefix(const std::string& prefix);  // <prefix>nodes/

@@ -75,7 +75,7 @@ TEST(FleetRecords, ARecordWithoutUseFieldsReadsAsEmpty) {
       {"model", "tiny"},
       {"routes",
        {{"version", 1}, {"epoch", 1}, {"pair_state", "ready"}, {"entries", json::array()}}}};
-  Result<FleetNode> n = ParseNodeRecord(kKey, record.dump());
+  Result<FleetNode> n = ParseNodeRecord("/baton/nodes/node-b", record.dump());
   ASSERT_TRUE(n.ok()) << n.status().ToString();
   EXPECT_EQ(n->weights_id, "");
   EXPECT_EQ(n->pool_blocks, 0u);
@@ -130,6 +130,24 @@ TEST(FleetRecords, WrongFieldsAreRefusedByName) {
   EXPECT_EQ(n->weights_id, "");
   EXPECT_FALSE(ParseNodeRecord(kKey, "[1,2]").ok());
   EXPECT_FALSE(ParseNodeRecord(kKey, "{not json").ok());
+}
+
+// A record speaks for the node of its key only: one under nodes/zzz that says node-a would
+// take node-a's primary in the routers, and keep node-a listed after node-a's own key expired.
+TEST(FleetRecords, ARecordNamingAnotherNodeThanItsKeyIsRefused) {
+  const json record = {
+      {"node", "node-a"},
+      {"model", "tiny"},
+      {"routes",
+       {{"version", 1}, {"epoch", 1}, {"pair_state", "ready"}, {"entries", json::array()}}}};
+  EXPECT_TRUE(ParseNodeRecord("/baton/nodes/node-a", record.dump()).ok());
+  for (const char* key : {"/baton/nodes/zzz", "/baton/nodes/node-a-2", "node-a/x"}) {
+    Result<FleetNode> n = ParseNodeRecord(key, record.dump());
+    ASSERT_FALSE(n.ok()) << key;
+    EXPECT_NE(n.status().message().find("field 'node' is 'node-a', not the key's node"),
+              std::string::npos)
+        << n.status().ToString();
+  }
 }
 
 constexpr char kReportKey[] = "/baton/reports/node-a/r1";
