@@ -133,6 +133,17 @@ Result<FleetNode> ParseNodeRecord(std::string_view key, std::string_view value) 
   return n;
 }
 
+Result<std::string> ListedFleetNode(std::string_view nodes_prefix, std::string_view key,
+                                    std::string_view value) {
+  std::optional<std::string> node = FleetNodeOfKey(nodes_prefix, key);
+  if (!node.has_value()) {
+    return InvalidArgument(std::string(key) + ": not a node's key under " +
+                           std::string(nodes_prefix));
+  }
+  BATON_RETURN_IF_ERROR(ParseNodeRecord(key, value).status());
+  return std::move(*node);
+}
+
 std::string RouterReportJson(const proto::RouterReport& report,
                              const std::vector<proto::EngineStalled>& stalls) {
   json engines = json::array();

@@ -55,6 +55,12 @@ std::string FleetNodesPrefix(const std::string& prefix);  // <prefix>nodes/
 // it); nullopt for a key outside the prefix (an answer no etcd should give), or with no node
 // or a '/' after it.
 std::optional<std::string> FleetNodeOfKey(std::string_view nodes_prefix, std::string_view key);
+// The node that `key` lists with its record `value`: FleetNodeOfKey's, when the record parses
+// and names that node (ParseNodeRecord). InvalidArgument naming the key otherwise. Only such
+// keys count as the fleet's nodes (a rollout's nodes, its nodes that left): a key no
+// controller writes would be a node no controller acts for.
+Result<std::string> ListedFleetNode(std::string_view nodes_prefix, std::string_view key,
+                                    std::string_view value);
 // <prefix>reports/<node>/ and <prefix>reports/<node>/<router>.
 std::string FleetReportsPrefix(const std::string& prefix, const std::string& node);
 std::string FleetReportKey(const std::string& prefix, const std::string& node,

@@ -83,12 +83,11 @@ proto::CtlReply Start(const FleetCtlContext& ctx, const std::vector<std::string>
   if (!listed.ok()) return Refuse("upgrade", listed.status());
   std::vector<std::string> nodes;
   for (const EtcdKeyValue& kv : listed->kvs) {
-    std::optional<std::string> node = FleetNodeOfKey(FleetNodesPrefix(ctx.prefix), kv.key);
-    if (node.has_value()) {
+    Result<std::string> node = ListedFleetNode(FleetNodesPrefix(ctx.prefix), kv.key, kv.value);
+    if (node.ok()) {
       nodes.push_back(std::move(*node));
     } else {
-      BATON_LOG(WARN, "fleet") << "etcd listed " << kv.key << " under "
-                               << FleetNodesPrefix(ctx.prefix) << ": not a node's key, left out";
+      BATON_LOG(WARN, "fleet") << "fleet upgrade: left out " << node.status().message();
     }
   }
   std::sort(nodes.begin(), nodes.end());

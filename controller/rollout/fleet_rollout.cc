@@ -1,6 +1,7 @@
 #include "controller/rollout/fleet_rollout.h"
 
 #include <set>
+#include <utility>
 
 #include "base/check.h"
 #include "base/log.h"
@@ -198,12 +199,11 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
     BATON_ASSIGN_OR_RETURN(EtcdRange nodes, etcd_->GetPrefix(FleetNodesPrefix(options_.prefix)));
     const std::string nodes_prefix = FleetNodesPrefix(options_.prefix);
     for (const EtcdKeyValue& n : nodes.kvs) {
-      std::optional<std::string> node = FleetNodeOfKey(nodes_prefix, n.key);
-      if (node.has_value()) {
+      Result<std::string> node = ListedFleetNode(nodes_prefix, n.key, n.value);
+      if (node.ok()) {
         listed.insert(std::move(*node));
-      } else if (foreign_keys_.insert(n.key).second) {
-        BATON_LOG(WARN, kLog) << "etcd listed " << n.key << " under " << nodes_prefix
-                              << ": not a node's key, left out";
+      } else if (std::exchange(left_out_[n.key], n.mod_revision) != n.mod_revision) {
+        BATON_LOG(WARN, kLog) << "not a node of the rollout: " << node.status().message();
       }
     }
     if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {

@@ -25,9 +25,9 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 
@@ -107,9 +107,10 @@ class FleetRollout {
   std::deque<Pending> requests_ BATON_GUARDED_BY(mu_);
   RolloutSnapshot snapshot_ BATON_GUARDED_BY(mu_);
   bool etcd_down_ BATON_GUARDED_BY(mu_) = false;
-  std::string refused_revision_;        // the record that did not parse (logged once)
-  std::string refused_program_;         // the rollout whose program this node refused (logged once)
-  std::set<std::string> foreign_keys_;  // keys listed under nodes/ that name no node (logged once)
+  std::string refused_revision_;  // the record that did not parse (logged once)
+  std::string refused_program_;   // the rollout whose program this node refused (logged once)
+  // Keys under nodes/ that are no node's (ListedFleetNode), by the revision logged.
+  std::map<std::string, int64_t> left_out_;
   std::thread thread_;
 };
 

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "controller/engines/supervisor.h"
 #include "fleet/fleet_records.h"
@@ -21,6 +22,13 @@ using std::chrono::seconds;
 
 constexpr const char* kPrefix = "/baton/";
 
+// A node's record as its controller writes it (the fields a reader requires).
+std::string NodeRecord(const std::string& node) {
+  const nlohmann::json routes = {
+      {"version", 1}, {"epoch", 1}, {"pair_state", "ready"}, {"entries", nlohmann::json::array()}};
+  return nlohmann::json{{"node", node}, {"model", "tiny"}, {"routes", routes}}.dump();
+}
+
 class FleetUpgradeCommand : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -32,7 +40,7 @@ class FleetUpgradeCommand : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status().ToString();
     etcd_ = std::move(*c);
     for (const char* node : {"node-a", "node-b", "node-c"}) {
-      ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + node, "{}").ok());
+      ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + node, NodeRecord(node)).ok());
     }
   }
   FleetCtlContext Context(const std::string& node) const {
@@ -117,6 +125,24 @@ TEST_F(FleetUpgradeCommand, AProgramThatIsNotThereIsRefusedBeforeAnyRolloutIsWri
   EXPECT_EQ(written->id.rfind("rollout-", 0), 0u);
   EXPECT_NE(written->id.find("-node-a-"), std::string::npos) << written->id;
   EXPECT_EQ(written->nodes.size(), 3u);
+}
+
+// Only keys whose record parses and names the key's node are the fleet's nodes: a key of
+// garbage, an empty record or a record of another node under nodes/ is no node the rollout
+// waits for (no controller would ever act for it: the rollout would run for ever).
+TEST_F(FleetUpgradeCommand, OnlyKeysWithTheirNodesRecordAreTheRolloutsNodes) {
+  ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + "garbage", "not json").ok());
+  ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + "empty", "{}").ok());
+  ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + "zzz", NodeRecord("node-a")).ok());
+  proto::CtlReply reply =
+      HandleFleetCommand(Context("node-a"), {"upgrade", "--", "/bin/true", "--port", "{port}"});
+  ASSERT_EQ(reply.exit_code, 0u) << reply.text;
+  ASSERT_TRUE(Record().has_value());
+  Result<Rollout> written = ParseRolloutRecord(*Record());
+  ASSERT_TRUE(written.ok()) << written.status().ToString();
+  std::vector<std::string> nodes;
+  for (const NodeRollout& n : written->nodes) nodes.push_back(n.node);
+  EXPECT_EQ(nodes, (std::vector<std::string>{"node-a", "node-b", "node-c"}));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/text/base64.h"
@@ -28,6 +29,13 @@ constexpr const char* kPrefix = "/baton/";
 const std::vector<std::string> kOld = {"/opt/engine-v1", "--port", "{port}"};
 
 // A node serving its old command, whose upgrades answer `start`.
+// A node's record as its controller writes it (the fields a reader requires).
+std::string NodeRecord(const std::string& node) {
+  const nlohmann::json routes = {
+      {"version", 1}, {"epoch", 1}, {"pair_state", "ready"}, {"entries", nlohmann::json::array()}};
+  return nlohmann::json{{"node", node}, {"model", "tiny"}, {"routes", routes}}.dump();
+}
+
 class FakeUpgrades final : public LocalUpgrades {
  public:
   explicit FakeUpgrades(Status start) : start_(std::move(start)) {}
@@ -53,7 +61,7 @@ class FleetRolloutRefusal : public ::testing::Test {
     etcd_ = Client();
     ASSERT_NE(etcd_, nullptr);
     for (const char* node : {"node-a", "node-b"}) {
-      ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + node, "{}").ok());
+      ASSERT_TRUE(etcd_->Put(FleetNodesPrefix(kPrefix) + node, NodeRecord(node)).ok());
     }
   }
   // A client of the cluster, or of `endpoints` (the rollout's own: rollout_endpoints_).
