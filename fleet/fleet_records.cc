@@ -1,6 +1,7 @@
 #include "fleet/fleet_records.h"
 
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "base/text/json_depth.h"
 
@@ -28,10 +29,11 @@ Result<T> Field(std::string_view key, const json& j, const char* name) {
                                     : std::is_same_v<T, bool>      ? it->is_boolean()
                                                                    : it->is_number_integer());
   if (!ok) return InvalidArgument(std::string(key) + ": field '" + name + "' is missing or wrong");
-  if constexpr (std::is_unsigned_v<T> && !std::is_same_v<T, bool>) {
-    if (it->template get<int64_t>() < 0) {
-      return InvalidArgument(std::string(key) + ": field '" + name + "' is negative");
-    }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // Read wider and checked: get<T> would wrap a value T cannot hold.
+    const bool fits = it->is_number_unsigned() ? std::in_range<T>(it->template get<uint64_t>())
+                                               : std::in_range<T>(it->template get<int64_t>());
+    if (!fits) return InvalidArgument(std::string(key) + ": field '" + name + "' is out of range");
   }
   return it->template get<T>();
 }
@@ -47,6 +49,10 @@ Result<proto::RouteEntry> ParseEntry(std::string_view key, const json& e) {
   BATON_ASSIGN_OR_RETURN(r.http_address, Field<std::string>(key, e, "http_address"));
   BATON_ASSIGN_OR_RETURN(r.ready, Field<bool>(key, e, "ready"));
   BATON_ASSIGN_OR_RETURN(r.weight, Field<uint32_t>(key, e, "weight"));
+  if (r.weight > 100) {
+    return InvalidArgument(std::string(key) + ": field 'weight' is " + std::to_string(r.weight) +
+                           ", past 100 (a percentage)");
+  }
   if (e.contains("engine_version") && e["engine_version"].is_string()) {
     r.engine_version = e["engine_version"].get<std::string>();
   }

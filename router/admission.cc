@@ -55,8 +55,10 @@ std::optional<Target> Admission::ListCandidates(const proto::RouteTable& table, 
     if (!is_primary && e.role != proto::EngineRole::kCanary) continue;
     // A weightless primary takes everything, unless a canary took its traffic: then it
     // stays listed with weight 0, for replays only.
-    const int weight =
-        e.weight > 0 ? static_cast<int>(e.weight) : (is_primary && no_canary ? 100 : 0);
+    // Weights are percentages (a record past 100 is refused when read); capped here too, so
+    // that no table can overflow the weighted round robin.
+    const int weight = e.weight > 0 ? static_cast<int>(std::min<uint32_t>(e.weight, 100))
+                                    : (is_primary && no_canary ? 100 : 0);
     if (weight == 0 && !is_primary) continue;
     Candidate c{.target = {.address = e.http_address, .engine_id = e.engine_id, .node = node_},
                 .weight = weight};

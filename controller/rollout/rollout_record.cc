@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <utility>
 
 #include "base/text/json_depth.h"
 
@@ -33,7 +34,10 @@ Result<T> Field(const json& j, const char* name) {
     if (!it->is_number()) return Missing(name);
   } else {
     if (!it->is_number_integer()) return Missing(name);
-    if (std::is_unsigned_v<T> && it->get<int64_t>() < 0) return Missing(name);
+    // Read wider and checked: get<T> would wrap a value T cannot hold.
+    const bool fits = it->is_number_unsigned() ? std::in_range<T>(it->get<uint64_t>())
+                                               : std::in_range<T>(it->get<int64_t>());
+    if (!fits) return Missing(name);
   }
   return it->get<T>();
 }
@@ -150,7 +154,7 @@ Result<Rollout> ParseRolloutRecord(std::string_view value) {
   auto steps = j.find("steps");
   if (steps == j.end() || !steps->is_array()) return Missing("steps");
   for (const json& s : *steps) {
-    if (!s.is_number_unsigned()) return Missing("steps");
+    if (!s.is_number_unsigned() || s.get<uint64_t>() > 100) return Missing("steps");
     r.steps.push_back(s.get<uint32_t>());
   }
   BATON_ASSIGN_OR_RETURN(r.step_ms, Field<uint64_t>(j, "step_ms"));

@@ -108,6 +108,9 @@ TEST(FleetRecords, WrongFieldsAreRefusedByName) {
   with_entry("weight", true);
   with_entry("weight", -5);
   with_entry("engine_id", "two");
+  with_entry("weight", 4294967396);  // would wrap to 100 as a uint32_t
+  with_entry("weight", 3000000000);  // negative as an int in the weighted round robin
+  with_entry("weight", 101);         // a percentage
   json r = good;
   r["routes"]["epoch"] = false;
   cases.push_back({"epoch", r});

@@ -268,6 +268,16 @@ TEST(RolloutRecord, RoundTripsAndRefusesWhatIsWrong) {
   j = RolloutJson(r);
   j["batch"] = 0;
   EXPECT_FALSE(ParseRolloutRecord(j.dump()).ok());
+  // Numbers past their field's range are refused, not wrapped.
+  j = RolloutJson(r);
+  j["batch"] = 4294967297;  // 1 as a uint32_t
+  EXPECT_NE(ParseRolloutRecord(j.dump()).status().message().find("'batch'"), std::string::npos);
+  j = RolloutJson(r);
+  j["steps"] = {50, 4294967396};  // 100 as a uint32_t
+  EXPECT_NE(ParseRolloutRecord(j.dump()).status().message().find("'steps'"), std::string::npos);
+  j = RolloutJson(r);
+  j["steps"] = {50, 101};  // a percentage
+  EXPECT_NE(ParseRolloutRecord(j.dump()).status().message().find("'steps'"), std::string::npos);
 }
 
 }  // namespace
