@@ -50,6 +50,26 @@ Result<int64_t> HeaderRevision(const json& j) {
   return Int64Field(*it, "revision");
 }
 
+Result<EtcdRange> ReadRange(const json& r) {
+  EtcdRange out;
+  BATON_ASSIGN_OR_RETURN(out.revision, HeaderRevision(r));
+  if (auto it = r.find("kvs"); it != r.end()) {
+    if (!it->is_array()) return Internal("etcd answer: kvs is not an array");
+    for (const json& kv : *it) {
+      BATON_ASSIGN_OR_RETURN(EtcdKeyValue v, KeyValueOf(kv));
+      out.kvs.push_back(std::move(v));
+    }
+  }
+  return out;
+}
+
+// `r`, an error naming where the answer came from (<endpoint><path>).
+template <class T>
+Result<T> At(const std::string& where, Result<T> r) {
+  if (!r.ok()) return r.status().WithContext(where);
+  return r;
+}
+
 }  // namespace
 
 std::string EtcdPrefixEnd(std::string_view prefix) {
@@ -102,16 +122,20 @@ std::string EtcdClient::endpoint() const {
   return members_[current_]->endpoint();
 }
 
-Result<json> EtcdClient::Call(const std::string& path, const json& body) {
+Result<EtcdClient::Answer> EtcdClient::Call(const std::string& path, const json& body) {
   MutexLock lock(mu_);
   Status last = OkStatus();
   for (size_t tried = 0; tried < members_.size(); ++tried) {
     const size_t i = (current_ + tried) % members_.size();
     Result<json> r = members_[i]->Post(path, body);
-    if (r.ok() || (r.status().code() != StatusCode::kUnavailable &&
-                   r.status().code() != StatusCode::kDeadlineExceeded)) {
-      if (r.ok()) current_ = i;
-      return r;
+    if (r.ok()) {
+      current_ = i;
+      return Answer{.body = std::move(*r), .where = members_[i]->endpoint() + path};
+    }
+    // Unavailable: unreachable, no JSON, HTTP 429 or 5xx (JsonHttpClient): try the next.
+    if (r.status().code() != StatusCode::kUnavailable &&
+        r.status().code() != StatusCode::kDeadlineExceeded) {
+      return r.status();
     }
     last = r.status();
   }
@@ -121,22 +145,13 @@ Result<json> EtcdClient::Call(const std::string& path, const json& body) {
 Result<int64_t> EtcdClient::Put(std::string_view key, std::string_view value, int64_t lease) {
   json body = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
   if (lease != 0) body["lease"] = std::to_string(lease);
-  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/kv/put", body));
-  return HeaderRevision(r);
+  BATON_ASSIGN_OR_RETURN(Answer a, Call("/v3/kv/put", body));
+  return At(a.where, HeaderRevision(a.body));
 }
 
 Result<EtcdRange> EtcdClient::Range(json body) {
-  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/kv/range", body));
-  EtcdRange out;
-  BATON_ASSIGN_OR_RETURN(out.revision, HeaderRevision(r));
-  if (auto it = r.find("kvs"); it != r.end()) {
-    if (!it->is_array()) return Internal("etcd answer: kvs is not an array");
-    for (const json& kv : *it) {
-      BATON_ASSIGN_OR_RETURN(EtcdKeyValue v, KeyValueOf(kv));
-      out.kvs.push_back(std::move(v));
-    }
-  }
-  return out;
+  BATON_ASSIGN_OR_RETURN(Answer a, Call("/v3/kv/range", body));
+  return At(a.where, ReadRange(a.body));
 }
 
 Result<std::optional<EtcdKeyValue>> EtcdClient::Get(std::string_view key) {
@@ -150,18 +165,18 @@ Result<EtcdRange> EtcdClient::GetPrefix(std::string_view prefix) {
 }
 
 Result<int64_t> EtcdClient::Delete(std::string_view key) {
-  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/kv/deleterange", {{"key", Base64Encode(key)}}));
-  return Int64Field(r, "deleted");
+  BATON_ASSIGN_OR_RETURN(Answer a, Call("/v3/kv/deleterange", {{"key", Base64Encode(key)}}));
+  return At(a.where, Int64Field(a.body, "deleted"));
 }
 
 Result<int64_t> EtcdClient::DeletePrefix(std::string_view prefix) {
   BATON_ASSIGN_OR_RETURN(
-      json r, Call("/v3/kv/deleterange", {{"key", Base64Encode(prefix)},
-                                          {"range_end", Base64Encode(EtcdPrefixEnd(prefix))}}));
-  return Int64Field(r, "deleted");
+      Answer a, Call("/v3/kv/deleterange", {{"key", Base64Encode(prefix)},
+                                            {"range_end", Base64Encode(EtcdPrefixEnd(prefix))}}));
+  return At(a.where, Int64Field(a.body, "deleted"));
 }
 
-Result<json> EtcdClient::Txn(std::string_view key, int64_t mod_revision, json then) {
+Result<EtcdClient::Answer> EtcdClient::Txn(std::string_view key, int64_t mod_revision, json then) {
   if (mod_revision < 0) return InvalidArgument("etcd txn: a mod revision is never negative");
   const json body = {{"compare", json::array({{{"key", Base64Encode(key)},
                                                {"target", "MOD"},
@@ -178,38 +193,43 @@ Result<std::optional<int64_t>> EtcdClient::CompareAndPut(std::string_view key,
                                                          int64_t lease) {
   json put = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
   if (lease != 0) put["lease"] = std::to_string(lease);
-  BATON_ASSIGN_OR_RETURN(json r, Txn(key, expected_mod_revision, {{"request_put", put}}));
+  BATON_ASSIGN_OR_RETURN(Answer a, Txn(key, expected_mod_revision, {{"request_put", put}}));
   // proto3 JSON leaves a false `succeeded` out.
-  auto ok = r.find("succeeded");
-  if (ok == r.end() || !ok->is_boolean() || !ok->get<bool>()) return std::optional<int64_t>();
-  BATON_ASSIGN_OR_RETURN(int64_t revision, HeaderRevision(r));
+  auto ok = a.body.find("succeeded");
+  if (ok == a.body.end() || !ok->is_boolean() || !ok->get<bool>()) {
+    return std::optional<int64_t>();
+  }
+  BATON_ASSIGN_OR_RETURN(int64_t revision, At(a.where, HeaderRevision(a.body)));
   return std::optional<int64_t>(revision);
 }
 
 Result<bool> EtcdClient::CompareAndDelete(std::string_view key, int64_t expected_mod_revision) {
   if (expected_mod_revision == 0) return false;  // a key that does not exist is not deleted
-  BATON_ASSIGN_OR_RETURN(json r, Txn(key, expected_mod_revision,
-                                     {{"request_delete_range", {{"key", Base64Encode(key)}}}}));
-  auto ok = r.find("succeeded");
-  return ok != r.end() && ok->is_boolean() && ok->get<bool>();
+  BATON_ASSIGN_OR_RETURN(Answer a, Txn(key, expected_mod_revision,
+                                       {{"request_delete_range", {{"key", Base64Encode(key)}}}}));
+  auto ok = a.body.find("succeeded");
+  return ok != a.body.end() && ok->is_boolean() && ok->get<bool>();
 }
 
 Result<int64_t> EtcdClient::GrantLease(std::chrono::seconds ttl) {
   if (ttl.count() < 1) return InvalidArgument("etcd lease: the TTL must be at least 1 s");
-  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}}));
+  BATON_ASSIGN_OR_RETURN(Answer a, Call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}}));
+  const json& r = a.body;
   if (r.contains("error") && r["error"].is_string() && !r["error"].get<std::string>().empty()) {
-    return FailedPrecondition("etcd lease grant: " + r["error"].get<std::string>());
+    return FailedPrecondition(a.where + ": etcd lease grant: " + r["error"].get<std::string>());
   }
-  BATON_ASSIGN_OR_RETURN(int64_t id, Int64Field(r, "ID"));
-  if (id == 0) return Internal("etcd lease grant: no lease id in the answer");
+  BATON_ASSIGN_OR_RETURN(int64_t id, At(a.where, Int64Field(r, "ID")));
+  if (id == 0) return Internal(a.where + ": etcd lease grant: no lease id in the answer");
   return id;
 }
 
 Result<int64_t> EtcdClient::KeepAlive(int64_t lease) {
-  BATON_ASSIGN_OR_RETURN(json r, Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}}));
-  auto it = r.find("result");
-  if (it == r.end() || !it->is_object()) return Internal("etcd keepalive: no result");
-  BATON_ASSIGN_OR_RETURN(int64_t ttl, Int64Field(*it, "TTL"));
+  BATON_ASSIGN_OR_RETURN(Answer a, Call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}}));
+  auto it = a.body.find("result");
+  if (it == a.body.end() || !it->is_object()) {
+    return Internal(a.where + ": etcd keepalive: no result");
+  }
+  BATON_ASSIGN_OR_RETURN(int64_t ttl, At(a.where, Int64Field(*it, "TTL")));
   if (ttl <= 0) return NotFound("etcd lease " + std::to_string(lease) + " has expired");
   return ttl;
 }

@@ -3,9 +3,11 @@
 // server serves on its client port. No gRPC stack is needed: one Beast connection per
 // endpoint (fleet/json_http_client.h).
 //
-// A call goes to the endpoint that answered last; when it cannot be reached or does not
-// answer in time (Unavailable, DeadlineExceeded) the next endpoint is tried, each at most
-// once per call. An answer of etcd (an error code, an expired lease) ends the call as it is.
+// A call goes to the endpoint that answered last; when it cannot be reached, does not answer
+// in time, or answers as no healthy member does (no JSON object, HTTP 429 or 5xx: Unavailable,
+// DeadlineExceeded) the next endpoint is tried, each at most once per call. An answer of etcd
+// in JSON (an error code, an expired lease) ends the call as it is. Every error about an
+// answer names the member and the path it came from.
 // A call retried on another endpoint may have been applied by the first one: Put is
 // idempotent, a lease granted twice leaves one that expires on its own. A compare-and-put
 // retried that way finds the key moved on (by its own first write) and reports a conflict:
@@ -92,10 +94,14 @@ class EtcdClient {
 
  private:
   explicit EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members);
-  Result<nlohmann::json> Call(const std::string& path, const nlohmann::json& body);
+  struct Answer {
+    nlohmann::json body;
+    std::string where;  // <endpoint><path>: for errors about the answer
+  };
+  Result<Answer> Call(const std::string& path, const nlohmann::json& body);
   Result<EtcdRange> Range(nlohmann::json body);
   // One transaction: `then` runs when the key's mod revision is `mod_revision`.
-  Result<nlohmann::json> Txn(std::string_view key, int64_t mod_revision, nlohmann::json then);
+  Result<Answer> Txn(std::string_view key, int64_t mod_revision, nlohmann::json then);
 
   mutable Mutex mu_;
   std::vector<std::unique_ptr<JsonHttpClient>> members_;

@@ -195,19 +195,22 @@ Result<nlohmann::json> JsonHttpClient::Post(const std::string& path, const nlohm
                          ? nlohmann::json()
                          : nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   const unsigned status = res.result_int();
+  const std::string where = endpoint_ + path + ": HTTP " + std::to_string(status);
+  if (j.is_discarded() || !j.is_object()) {
+    // Not the server's JSON API (a proxy's page, a broken member): another member may answer.
+    return Unavailable(where + ": the answer is not a JSON object: " + text.substr(0, 300));
+  }
   if (status < 200 || status >= 300) {
     std::string message = text.substr(0, 300);
-    if (j.is_object() && j.contains("message") && j["message"].is_string()) {
+    if (j.contains("message") && j["message"].is_string()) {
       message = j["message"].get<std::string>();
-    } else if (j.is_object() && j.contains("error") && j["error"].is_string()) {
+    } else if (j.contains("error") && j["error"].is_string()) {
       message = j["error"].get<std::string>();
     }
-    const std::string what = endpoint_ + path + ": HTTP " + std::to_string(status) + ": " + message;
+    const std::string what = where + ": " + message;
     if (status == 404) return NotFound(what);
-    return status >= 500 ? Unavailable(what) : FailedPrecondition(what);
-  }
-  if (j.is_discarded() || !j.is_object()) {
-    return Internal(endpoint_ + path + ": the answer is not a JSON object");
+    // Overloaded (429) or failing (5xx): this member now, not the request.
+    return status == 429 || status >= 500 ? Unavailable(what) : FailedPrecondition(what);
   }
   return j;
 }

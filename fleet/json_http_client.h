@@ -11,9 +11,11 @@
 // Post() connects when no connection is open, sends, and reads one whole response (at most
 // kMaxResponseBytes); on any transport error or timeout the connection is closed and the
 // error returned (Unavailable, DeadlineExceeded), and the next call connects again. An answer
-// whose status is not 2xx is returned as an error carrying the server's message: NotFound
-// for 404, Unavailable for 5xx, FailedPrecondition for the others. Not
-// thread-safe: one caller at a time.
+// that is not a JSON object, whatever its status, is Unavailable (not the server's API: a
+// proxy's page, a broken server). A JSON answer whose status is not 2xx is returned as an
+// error carrying the server's message: NotFound for 404, Unavailable for 429 and 5xx (the
+// server now, not the request), FailedPrecondition for the others. Every error names the
+// endpoint and the path. Not thread-safe: one caller at a time.
 #pragma once
 
 #include <chrono>

@@ -9,11 +9,14 @@
 #include <thread>
 
 #include "tests/fleet/etcd_cluster.h"
+#include "tests/fleet/fake_etcd_member.h"
 
 namespace baton {
 namespace {
 
 using fleet_test::EtcdCluster;
+using fleet_test::FakeAnswer;
+using fleet_test::FakeEtcdMember;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
@@ -208,6 +211,37 @@ TEST_F(EtcdClientTest, AFrozenMemberIsPassedOverAfterTheTimeout) {
   cluster_->Thaw(frozen);
   ASSERT_TRUE(put.ok()) << put.ToString();
   EXPECT_NE(client_->endpoint(), first);
+}
+
+// A member that answers as no healthy etcd does (a proxy's page, HTTP 429, a 5xx of no JSON)
+// is passed over like one that cannot be reached: the call goes on to the next member. Only
+// etcd's own JSON errors end a call.
+TEST_F(EtcdClientTest, AMemberAnsweringBrokenIsPassedOver) {
+  auto broken = [](FakeAnswer a) {
+    return [a](const std::string&, const nlohmann::json&) { return std::optional<FakeAnswer>(a); };
+  };
+  FakeEtcdMember page("", broken({200, "<html>proxy</html>"}));
+  FakeEtcdMember busy("", broken({429, R"({"error":"etcdserver: too many requests"})"}));
+  FakeEtcdMember failing("", broken({500, "internal error"}));
+  ASSERT_TRUE(page.listening() && busy.listening() && failing.listening());
+  for (const FakeEtcdMember* first : {&page, &busy, &failing}) {
+    auto c = EtcdClient::Create(
+        {.endpoints = {first->endpoint(), cluster_->endpoints()[0]}, .timeout = seconds(5)});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    Result<int64_t> put = (*c)->Put("/t/k", "v");
+    ASSERT_TRUE(put.ok()) << first->endpoint() << ": " << put.status().ToString();
+    Result<std::optional<EtcdKeyValue>> got = (*c)->Get("/t/k");
+    ASSERT_TRUE(got.ok() && got->has_value()) << got.status().ToString();
+  }
+  // An answer of etcd's JSON API that lacks a field names the member and the path.
+  FakeEtcdMember empty("", broken({200, "{}"}));
+  ASSERT_TRUE(empty.listening());
+  auto c = EtcdClient::Create({.endpoints = {empty.endpoint()}, .timeout = seconds(5)});
+  ASSERT_TRUE(c.ok());
+  Result<int64_t> put = (*c)->Put("/t/k", "v");
+  ASSERT_FALSE(put.ok());
+  EXPECT_NE(put.status().message().find(empty.endpoint() + "/v3/kv/put"), std::string::npos)
+      << put.status().ToString();
 }
 
 TEST(EtcdClientErrors, NoMemberListeningIsUnavailable) {
