@@ -117,6 +117,29 @@ bool NodeRegistrar::CheckKey(int64_t lease) {
     Failed(kv.status());
     return true;  // the lease is renewed: the record stands as far as this node can tell
   }
+  if (kv->has_value() && (*kv)->lease == 0) {
+    // Written without a lease (by hand, a tool): no controller's, and it would never expire.
+    // Replaced by compare-and-put on the revision read; a key that moved on meanwhile is read
+    // again at the next renewal.
+    std::string record;
+    {
+      MutexLock lock(mu_);
+      record = record_;
+    }
+    Result<std::optional<int64_t>> put =
+        etcd_->CompareAndPut(options_.key, record, (*kv)->mod_revision, lease);
+    if (!put.ok()) Failed(put.status());
+    if (!put.ok() || !put->has_value()) return true;
+    MutexLock lock(mu_);
+    BATON_LOG(WARN, kLog) << options_.key << ": replaced a record written without a lease (mod "
+                          << "revision " << (*kv)->mod_revision << ": "
+                          << (*kv)->value.substr(0, 120) << ") by this node's, lease " << lease;
+    record_written_ = record == record_;
+    ++state_.writes;
+    state_.conflict.clear();
+    state_.registered = true;
+    return true;
+  }
   MutexLock lock(mu_);
   if (!kv->has_value()) {
     // Deleted by hand, or with the lease of another writer of this key that then ended.

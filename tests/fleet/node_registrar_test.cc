@@ -174,5 +174,20 @@ TEST_F(NodeRegistrarTest, AKeyAnotherWriterTookIsReportedThenTakenBackWhenFree) 
   EXPECT_EQ(first.state().conflict, "");
 }
 
+// A record written without a lease (etcdctl put by hand) is no controller's and never
+// expires: the registrar replaces it by compare-and-put instead of taking it for another
+// controller's for ever.
+TEST_F(NodeRegistrarTest, ARecordWrittenWithoutALeaseIsReplaced) {
+  NodeRegistrar registrar(registrar_etcd_.get(), {.key = kKey, .ttl = milliseconds(3000)});
+  registrar.Publish("r1");
+  ASSERT_TRUE(Eventually([&] { return Holds("r1") && registrar.state().registered; }));
+  const int64_t lease = Lease();
+  ASSERT_TRUE(reader_->Put(kKey, "by hand").ok());
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  EXPECT_EQ(Lease(), lease);
+  ASSERT_TRUE(Eventually([&] { return registrar.state().registered; }));
+  EXPECT_EQ(registrar.state().conflict, "");
+}
+
 }  // namespace
 }  // namespace baton
