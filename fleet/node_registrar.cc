@@ -59,6 +59,15 @@ std::chrono::milliseconds NodeRegistrar::Round() {
   if (!has_record_) return options_.ttl;
   int64_t lease = state_.lease;
   lock.Unlock();
+  // The next renewal is due a third of the lease's TTL after this one starts, however long
+  // this round's calls take (a slow etcd): not a third after the round's end.
+  const auto started = std::chrono::steady_clock::now();
+  std::chrono::milliseconds renew_every = options_.ttl / 3;
+  const auto until_next = [&] {
+    const auto left = started + renew_every - std::chrono::steady_clock::now();
+    return std::max(std::chrono::milliseconds(0),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(left));
+  };
   if (lease == 0) {
     Result<int64_t> granted = etcd_->GrantLease(LeaseSeconds(options_.ttl));
     if (!granted.ok()) {
@@ -80,8 +89,11 @@ std::chrono::milliseconds NodeRegistrar::Round() {
       state_.registered = false;
     }
     return kRetry;
+  } else {
+    // Never later than a third of the TTL etcd says the lease has now.
+    renew_every = std::min(renew_every, std::chrono::milliseconds(*ttl * 1000 / 3));
   }
-  if (!CheckKey(lease)) return options_.ttl / 3;
+  if (!CheckKey(lease)) return until_next();
   lock.Lock();
   if (!record_written_) {
     const std::string record = record_;
@@ -104,7 +116,7 @@ std::chrono::milliseconds NodeRegistrar::Round() {
     BATON_LOG(INFO, kLog) << options_.key << ": etcd answers again";
     state_.last_error.clear();
   }
-  return record_written_ ? options_.ttl / 3 : std::chrono::milliseconds(0);
+  return record_written_ ? until_next() : std::chrono::milliseconds(0);
 }
 
 bool NodeRegistrar::CheckKey(int64_t lease) {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "tests/fleet/etcd_cluster.h"
+#include "tests/fleet/fake_etcd_member.h"
 
 namespace baton {
 namespace {
@@ -187,6 +188,30 @@ TEST_F(NodeRegistrarTest, ARecordWrittenWithoutALeaseIsReplaced) {
   EXPECT_EQ(Lease(), lease);
   ASSERT_TRUE(Eventually([&] { return registrar.state().registered; }));
   EXPECT_EQ(registrar.state().conflict, "");
+}
+
+// A slow etcd (800 ms a call: a round of renewal and read-back takes 1.6 s) keeps the key
+// under a 2 s lease: each renewal is due TTL/3 after the start of the last one, not TTL/3
+// after the round's end (2.3 s apart: the lease expired between them).
+TEST_F(NodeRegistrarTest, ASlowEtcdKeepsTheKeyUnderItsLease) {
+  fleet_test::FakeEtcdMember slow(cluster_->endpoints()[0],
+                                  [](const std::string&, const nlohmann::json&) {
+                                    std::this_thread::sleep_for(milliseconds(800));
+                                    return std::optional<fleet_test::FakeAnswer>();
+                                  });
+  ASSERT_TRUE(slow.listening());
+  auto c = EtcdClient::Create({.endpoints = {slow.endpoint()}, .timeout = milliseconds(3000)});
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  NodeRegistrar registrar(c->get(), {.key = kKey, .ttl = milliseconds(2000)});
+  registrar.Publish("r1");
+  ASSERT_TRUE(Eventually([&] { return Holds("r1"); }));
+  int missing = 0;
+  for (int i = 0; i < 60; ++i) {  // 6 s: three TTLs
+    if (!Holds("r1")) ++missing;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(missing, 0);
+  EXPECT_EQ(registrar.state().leases, 1u);
 }
 
 }  // namespace
