@@ -251,6 +251,12 @@ Result<KeeperClient> KeeperClient::Connect(const std::string& socket_path,
   Unanswered hung;
   Refusing refusing;
   Result<KeeperClient> client = TryConnect(socket_path, kHelloTimeout, &hung, &refusing);
+  if (!client.ok() && keeper_binary.empty() && refusing.pid > 0) {
+    BATON_LOG(WARN, "keeper") << "baton-keeper (pid " << refusing.pid << ") at " << socket_path
+                              << " refused this process (" << client.status().message()
+                              << "): what it keeps is no use here; only the controller of its "
+                                 "program, or a kill of it, lets it go";
+  }
   if (client.ok() || keeper_binary.empty()) return client;
   if (refusing.pid > 0 && refusing.pidfd) {
     KillRefusing(refusing.pid, refusing.pidfd.get(), socket_path, client.status().message(),

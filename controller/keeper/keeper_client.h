@@ -7,12 +7,13 @@
 // new keeper. One stopped (SIGSTOP, a debugger) is killed once it has not answered within a
 // second; one that runs (slow, busy or deadlocked) is asked again until its grace has passed
 // since the first try. One that refuses the Hello serves another controller program (the
-// keeper serves only the program of the controller that started it, memory_keeper.h): it is
-// killed too, and a new one started. Each call is one request and its answer
-// over a blocking channel; all of them are short (a local socket, no disk). The keeper closes a
-// connection idle for its idle timeout (memory_keeper.h), and a controller may hold one across
-// a long weight load: a request that finds its connection closed connects again and is sent
-// again, up to three tries in all (every request is idempotent).
+// keeper serves only the program of the controller that started it, memory_keeper.h), or
+// speaks no protocol version this controller does: it is killed too, and a new one started.
+// A caller that may not start keepers only logs such a refusal, with the keeper's pid. Each call is
+// one request and its answer over a blocking channel; all of them are short (a local socket, no
+// disk). The keeper closes a connection idle for its idle timeout (memory_keeper.h), and a
+// controller may hold one across a long weight load: a request that finds its connection closed
+// connects again and is sent again, up to three tries in all (every request is idempotent).
 //
 // Ownership: the client owns its channel and an io_context that is never run. Thread: the
 // caller's (the controller's io thread, at start-up and shutdown only).
