@@ -208,7 +208,7 @@ Status ApplyFlag(const std::string& name, const std::string& text, ControllerCon
 Status CheckStartSettings(const ControllerConfig& c) {
   boost::system::error_code ec;
   (void)boost::asio::ip::make_address(c.metrics_host, ec);  // as the metrics server binds it
-  if (ec) {
+  if (ec && c.metrics_port != 0) {                          // without a port it is not bound
     return InvalidArgument("controller.metrics_host: want an IP address, got \"" + c.metrics_host +
                            "\"");
   }

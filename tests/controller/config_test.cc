@@ -260,6 +260,8 @@ TEST(Config, SettingsAStartWouldRefuseAreRefusedWithTheConfig) {
   f.model_dir = "/m";
   f.engine_command = {"/bin/true"};
   f.metrics_host = "localhost";  // bound as an address, not resolved
+  EXPECT_TRUE(FinishConfig(&f).ok()) << "no metrics_port: nothing is bound";
+  f.metrics_port = 9464;
   EXPECT_EQ(FinishConfig(&f).message(),
             "controller.metrics_host: want an IP address, got \"localhost\"");
   for (const char* good : {"127.0.0.1", "0.0.0.0", "::1", "::"}) {
