@@ -331,6 +331,7 @@ std::string StreamReplay::Rewrite(Json j) const {
       if (c.is_object()) c.erase("prompt_token_ids");
     }
   }
+  j.erase("prompt_token_ids");  // a chat stream's, at the top level
   if (auto usage = j.find("usage"); usage != j.end() && !usage->is_null()) *usage = UsageJson();
   return Event(j);
 }

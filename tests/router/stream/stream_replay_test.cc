@@ -293,7 +293,9 @@ TEST(StreamReplayChatTest, AWholeRetryAfterTheRoleChunkSendsItOnceUnderOneId) {
   std::string token = ChatEvent({7}, "a");
   token.replace(token.find("chatcmpl-first"), 14, "chatcmpl-later");
   token.replace(token.find("\"created\":100"), 13, "\"created\":200");
+  token.insert(token.find("\"choices\""), "\"prompt_token_ids\":[256,1,2],");
   const Json chunk = DataOf(r.OnEvent(token).to_client);
+  EXPECT_FALSE(chunk.contains("prompt_token_ids")) << "sent with the role chunk already";
   EXPECT_EQ(chunk["id"], "chatcmpl-first");
   EXPECT_EQ(chunk["created"], 100);
   EXPECT_EQ(chunk["choices"][0]["delta"]["content"], "a") << "a chat chunk stays one";
