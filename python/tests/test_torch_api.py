@@ -103,6 +103,8 @@ class ParserTest(unittest.TestCase):
             with self.subTest(raw=raw), self.assertRaises(ApiError) as ctx:
                 PARSER.completion(raw)
             self.assertEqual(ctx.exception.status, 400)
+        # A UTF-8 byte order mark is skipped, as the reference engine's parser skips it.
+        self.assertEqual(PARSER.completion(b'\xef\xbb\xbf{"prompt": [1]}').prompt_ids, [1])
 
     def test_an_unpaired_surrogate_anywhere_is_refused_as_the_reference_engine_does(self):
         for raw in (b'{"prompt": "ab\\ud800cd"}', b'{"prompt": "x", "stop": ["\\udfff"]}'):

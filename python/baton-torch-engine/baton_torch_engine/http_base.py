@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from .server import State
 
 
+# A socket's timeout: socket.timeout is TimeoutError from Python 3.10 on, its own class before.
+_TIMEOUTS = (TimeoutError, socket.timeout)
+
+
 def _log(text: str) -> None:
     """One line on stderr, as main.log writes them."""
     from .main import log
@@ -111,7 +115,7 @@ class BaseHandler(BaseHTTPRequestHandler):
                 return
             method()
             self.wfile.flush()
-        except TimeoutError:
+        except _TIMEOUTS:
             self.close_connection = True
             if self._deadline is not None and not self._answered:
                 ms = round(self.state.request_timeout_s * 1000)
@@ -198,7 +202,10 @@ class BaseHandler(BaseHTTPRequestHandler):
             return None
         values = self.headers.get_all("Content-Length") or []
         for v in values:
-            if not (v.isascii() and v.isdigit()) or v.lstrip("0") != values[0].lstrip("0"):
+            # At most 18 digits: int() refuses a string of thousands of them (a 500), and no
+            # body that long is taken anyway.
+            if not (v.isascii() and v.isdigit()) or len(v) > 18 or \
+                    v.lstrip("0") != values[0].lstrip("0"):
                 self.close_connection = True
                 self._error(ApiError(f"bad Content-Length: {', '.join(values)[:64]!r}"))
                 return None
@@ -214,7 +221,7 @@ class BaseHandler(BaseHTTPRequestHandler):
             length = self._body_length()
             if length is not None:
                 serve(length)
-        except (ConnectionError, TimeoutError):
+        except (ConnectionError, *_TIMEOUTS):
             raise  # handle_one_request's
         except Exception as e:  # noqa: BLE001 (the connection's one answer is at stake)
             self.close_connection = True
@@ -291,7 +298,7 @@ class EngineHTTPServer(ThreadingHTTPServer):
         """A peer that closed its connection (the router ends a kept-alive one after a
         replay) or let it time out is no error; anything else is logged with its traceback,
         as socketserver does."""
-        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+        if isinstance(sys.exc_info()[1], (ConnectionError, *_TIMEOUTS)):
             return
         super().handle_error(request, client_address)
 

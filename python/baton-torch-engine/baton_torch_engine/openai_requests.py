@@ -193,7 +193,9 @@ class Parser:
     def _body(self, raw: bytes) -> dict:
         try:  # strict UTF-8 (json.loads would take UTF-16 and UTF-32 bytes too); json.loads
             # recurses, to the interpreter's recursion limit
-            body = json.loads(raw.decode("utf-8"), parse_constant=_no_constant)
+            text = raw.decode("utf-8")
+            body = json.loads(text[1:] if text.startswith("\ufeff") else text,  # a BOM, as
+                              parse_constant=_no_constant)  # the reference engine skips it
         except RecursionError as e:
             raise ApiError(TOO_DEEP) from e
         except (ValueError, UnicodeDecodeError) as e:
