@@ -3,39 +3,14 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <cmath>
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "base/log.h"
-#include "base/text/json_depth.h"
+#include "router/upstream/error_bodies.h"
 #include "router/upstream/request_key.h"
 
 namespace baton {
 namespace {
-
-std::string ErrorJson(const std::string& message, const char* type, const char* param,
-                      const char* code) {
-  nlohmann::ordered_json inner;
-  inner["message"] = message;
-  inner["type"] = type;
-  inner["param"] = param != nullptr ? nlohmann::ordered_json(param) : nullptr;
-  inner["code"] = code;
-  nlohmann::ordered_json j;
-  j["error"] = std::move(inner);
-  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-}
-
-// A model no node serves, shaped as an engine answers an unknown model (OpenAI's 404), so
-// that a client reads the same error from a fleet's router as from one engine.
-std::string ModelNotFoundJson(const std::string& message) {
-  return ErrorJson(message, "not_found_error", "model", "model_not_found");
-}
-
-// The service taken out of service by its operator (`batonctl drain`): a 503 whose code says
-// that no engine comes back by itself, unlike a failover's wait.
-std::string OutOfServiceJson(const std::string& message) {
-  return ErrorJson(message, "server_error", nullptr, "out_of_service");
-}
 
 namespace asio = boost::asio;
 namespace http = boost::beast::http;
@@ -58,20 +33,6 @@ bool Retryable(int status) {
 std::string RequestKeyFor(const std::string& route) {
   if (route != "/v1/completions" && route != "/v1/chat/completions") return "";
   return NewRequestKey();
-}
-
-// The message of an OpenAI-shaped error body, or the body itself.
-std::string ErrorMessage(const std::string& body) {
-  nlohmann::json j = JsonNestingDepth(body) > kMaxJsonDepth
-                         ? nlohmann::json(nlohmann::json::value_t::discarded)
-                         : nlohmann::json::parse(body, nullptr, false);
-  if (j.is_object() && j.contains("error") && j["error"].is_object()) {
-    auto message = j["error"].find("message");
-    if (message != j["error"].end() && message->is_string() && !message->empty()) {
-      return message->get<std::string>();
-    }
-  }
-  return body.substr(0, 200);  // printed with invalid UTF-8 replaced
 }
 
 }  // namespace
