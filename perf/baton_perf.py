@@ -7,6 +7,7 @@ Nothing here starts a process on import.
 import http.client
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -91,9 +92,24 @@ def children_of(parent):
 
 
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now, drawn below the kernel's ephemeral range: a port the
+    kernel picked and released may be taken by another program's connection before the server
+    this is for binds it (tests/support/free_port.h draws the same way)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(500):
+        port = random.randint(10000, min(low, 65536) - 1)
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def complete(port, body, timeout=300):

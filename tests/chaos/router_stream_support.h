@@ -35,6 +35,7 @@
 
 #include "base/io/unique_fd.h"
 #include "tests/chaos/chaos_harness.h"
+#include "tests/support/free_port.h"
 
 namespace baton::chaos {
 
@@ -240,18 +241,8 @@ inline Reply Fetch(uint16_t port, http::verb method, const std::string& target,
   return Fetch("127.0.0.1", port, method, target, body, timeout);
 }
 
-inline uint16_t FreePort() {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(sa);
-  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 ||
-      ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    return 0;
-  }
-  return ntohs(sa.sin_port);
-}
+// A port free on 127.0.0.1 now, below the ephemeral range (tests/support/free_port.h).
+inline uint16_t FreePort() { return static_cast<uint16_t>(testing_support::FreePort()); }
 
 // The value of the series `name{labels}` (written exactly as /metrics writes it) in the
 // router's /metrics on `port`; -1 when absent.

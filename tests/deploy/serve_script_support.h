@@ -7,25 +7,21 @@
 // test's main thread.
 #pragma once
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "base/io/unique_fd.h"
 #include "controller/engines/engine_cgroup.h"
 #include "tests/chaos/chaos_harness.h"
 #include "tests/deploy/deploy_support.h"
+#include "tests/support/free_port.h"
 
 namespace baton::deploy_test {
 
@@ -44,41 +40,7 @@ inline pid_t ProcessWith(const std::string& part) {
   return 0;
 }
 
-// Whether 127.0.0.1:`port` can be bound now, with SO_REUSEADDR as the engines' and the
-// router's HTTP servers bind (proto/http/http_server.cc): a port that only closed
-// connections (TIME_WAIT, many when other tests run load beside this one) still use is free.
-inline bool PortFree(int port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  const int on = 1;
-  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on));
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_port = htons(static_cast<uint16_t>(port));
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  return ::bind(fd.get(), reinterpret_cast<sockaddr*>(&at), sizeof(at)) == 0;
-}
-
-// `n` consecutive free ports (the engines take the base port and those after it), or 0.
-// They are drawn below the kernel's ephemeral range (net.ipv4.ip_local_port_range), which
-// no outgoing connection takes: next to a port the kernel picks, ports are often held by
-// closed connections in TIME_WAIT (many when other tests run load beside this one), which a
-// server's bind conflicts with even with SO_REUSEADDR.
-inline int FreePorts(int n) {
-  int low = 32768;
-  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> low;
-  const int first = 10000;
-  const int last = std::min(low, 65536) - n;
-  if (last <= first) return 0;
-  std::mt19937 rng(std::random_device{}());
-  std::uniform_int_distribution<int> pick(first, last);
-  for (int tries = 0; tries < 500; ++tries) {
-    const int base = pick(rng);
-    bool all = true;
-    for (int i = 0; all && i < n; ++i) all = PortFree(base + i);
-    if (all) return base;
-  }
-  return 0;
-}
+using testing_support::FreePorts;
 
 class ServeScript : public ::testing::Test {
  protected:

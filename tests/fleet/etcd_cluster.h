@@ -12,12 +12,9 @@
 // Header-only test support; one thread.
 #pragma once
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,6 +30,7 @@
 #include "base/process/run_guard.h"
 #include "fleet/etcd_client.h"
 #include "tests/fleet/test_certificates.h"
+#include "tests/support/free_port.h"
 
 extern char** environ;
 
@@ -40,21 +38,10 @@ namespace baton::fleet_test {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
 
-// A TCP port free on `ip` now (bound and released).
-inline int FreePort(const std::string& ip) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
-  int port = 0;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
-    socklen_t len = sizeof(a);
-    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
-  ::close(fd);
-  return port;
-}
+// A TCP port free on `ip` now, below the ephemeral range (tests/support/free_port.h): a
+// member's port must stay free until the member binds it, which a port the kernel picked and
+// released does not.
+inline int FreePort(const std::string& ip) { return testing_support::FreePort(ip); }
 
 // "127.A.B.": a loopback /24 no other EtcdCluster of any test process uses now (the pid's
 // low bits and a count in this process), never 127.0.x.x (engines and routers bind there).
@@ -100,8 +87,8 @@ class EtcdCluster {
       m.ip = subnet + std::to_string(11 + i);
       m.data_dir = dir_ + "/" + m.name;
       m.log = dir_ + "/" + m.name + ".log";
-      m.client_port = FreePort(m.ip);
-      m.peer_port = FreePort(m.ip);
+      m.client_port = testing_support::FreePorts(2, m.ip);
+      m.peer_port = m.client_port + 1;
       members_.push_back(m);
     }
     for (int i = 0; i < members; ++i) Start(i, /*existing=*/false);
