@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "base/text/json_depth.h"
+#include "base/text/json_field.h"
 
 namespace baton {
 namespace {
@@ -30,10 +31,7 @@ Result<T> Field(std::string_view key, const json& j, const char* name) {
                                                                    : it->is_number_integer());
   if (!ok) return InvalidArgument(std::string(key) + ": field '" + name + "' is missing or wrong");
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    // Read wider and checked: get<T> would wrap a value T cannot hold.
-    const bool fits = it->is_number_unsigned() ? std::in_range<T>(it->template get<uint64_t>())
-                                               : std::in_range<T>(it->template get<int64_t>());
-    if (!fits) return InvalidArgument(std::string(key) + ": field '" + name + "' is out of range");
+    if (!JsonIntegerFits<T>(*it)) return InvalidArgument(std::string(key) + ": field '" + name + "' is out of range");
   }
   return it->template get<T>();
 }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/text/json_depth.h"
+#include "base/text/json_field.h"
 
 namespace baton {
 namespace {
@@ -33,11 +34,7 @@ Result<T> Field(const json& j, const char* name) {
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!it->is_number()) return Missing(name);
   } else {
-    if (!it->is_number_integer()) return Missing(name);
-    // Read wider and checked: get<T> would wrap a value T cannot hold.
-    const bool fits = it->is_number_unsigned() ? std::in_range<T>(it->get<uint64_t>())
-                                               : std::in_range<T>(it->get<int64_t>());
-    if (!fits) return Missing(name);
+    if (!JsonIntegerFits<T>(*it)) return Missing(name);
   }
   return it->get<T>();
 }
