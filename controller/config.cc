@@ -14,6 +14,7 @@
 #include "base/io/small_file.h"
 #include "base/text/toml_depth.h"
 #include "controller/config_values.h"
+#include "controller/engines/engine_cgroup.h"
 #include "controller/upgrade/command_record.h"
 #include "cuda/driver/gpu_backend.h"
 #include "proto/http/engine_key.h"
@@ -212,12 +213,7 @@ Status CheckStartSettings(const ControllerConfig& c) {
     return InvalidArgument("controller.metrics_host: want an IP address, got \"" + c.metrics_host +
                            "\"");
   }
-  const std::string& cgroup = c.engine_cgroup;
-  if (cgroup != "auto" && cgroup != "off" && (cgroup.empty() || cgroup[0] != '/')) {
-    return InvalidArgument("engine.cgroup: want \"auto\", \"off\" or an absolute path, got \"" +
-                           cgroup + "\"");
-  }
-  return OkStatus();
+  return EngineCgroups::CheckSetting(c.engine_cgroup);
 }
 
 }  // namespace
@@ -243,7 +239,7 @@ Result<ControllerConfig> ParseConfigToml(const std::string& text, const std::str
 }
 
 Result<ControllerConfig> LoadConfigFile(const std::string& path) {
-  Result<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+  Result<std::string> text = ReadRegularFile(path, kMaxConfigFileBytes);
   if (!text.ok()) return Status(text.status().code(), "config file " + text.status().message());
   return ParseConfigToml(*text, path);
 }

@@ -121,10 +121,9 @@ std::string DefaultRuntimeDir();
 
 // Parses TOML text; `source` names it in errors.
 Result<ControllerConfig> ParseConfigToml(const std::string& text, const std::string& source);
-// The largest config file read (the shipped ones are a few KiB).
-inline constexpr size_t kMaxConfigBytes = 4 << 20;
 // Reads and parses the file at `path`: a directory or anything else not a regular file is
-// refused ("config file PATH: is a directory"), as is a file over kMaxConfigBytes.
+// refused ("config file PATH: is a directory"), as is a file over kMaxConfigFileBytes
+// (base/io/small_file.h).
 Result<ControllerConfig> LoadConfigFile(const std::string& path);
 
 // Applies flags (argv[1..]) over `config`: --config FILE is read first, then every other flag.

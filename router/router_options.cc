@@ -18,9 +18,6 @@
 namespace baton {
 namespace {
 
-// Far beyond any router config; a bound for a file named by mistake.
-constexpr size_t kMaxConfigBytes = 4 << 20;
-
 // One setting, from a string (a flag) or a TOML value (converted to its string form).
 using Setter = std::function<Status(const std::string& value)>;
 
@@ -362,7 +359,7 @@ Result<RouterOptions> ParseRouterFlags(const std::vector<std::string>& args) {
       continue;
     }
     if (path.empty()) return InvalidArgument("--config: cannot read \"\"");
-    Result<std::string> text = ReadRegularFile(path, kMaxConfigBytes);
+    Result<std::string> text = ReadRegularFile(path, kMaxConfigFileBytes);
     if (!text.ok()) return InvalidArgument("--config: " + text.status().message());
     BATON_RETURN_IF_ERROR(ParseRouterToml(*text, path, &options));
   }

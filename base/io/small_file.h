@@ -34,6 +34,10 @@ Result<std::string> ReadSmallFile(const std::string& path, size_t limit);
 // opened is NotFound ("PATH: No such file or directory"), a failed read an IoError.
 Result<std::string> ReadRegularFile(const std::string& path, size_t limit);
 
+// The longest config file a daemon reads (the controller's and the router's TOML; the shipped
+// ones are a few KiB): a bound for a file named by mistake.
+inline constexpr size_t kMaxConfigFileBytes = 4 << 20;
+
 // The directory part of `path` ("." when it has none).
 std::string ParentDir(const std::string& path);
 

@@ -221,15 +221,20 @@ double EngineCgroup::CpuSeconds() const {
   return -1;
 }
 
+Status EngineCgroups::CheckSetting(const std::string& setting) {
+  if (setting == "auto" || setting == "off" || (!setting.empty() && setting[0] == '/')) {
+    return OkStatus();
+  }
+  return InvalidArgument("engine.cgroup: want \"auto\", \"off\" or an absolute path, got \"" +
+                         setting + "\"");
+}
+
 Result<std::unique_ptr<EngineCgroups>> EngineCgroups::Open(const std::string& setting,
                                                            const std::string& runtime_dir,
                                                            std::string* why_not) {
+  BATON_RETURN_IF_ERROR(CheckSetting(setting));
   if (setting == "off") return std::unique_ptr<EngineCgroups>();
   const bool automatic = setting == "auto";
-  if (!automatic && (setting.empty() || setting[0] != '/')) {
-    return InvalidArgument("engine.cgroup: want \"auto\", \"off\" or an absolute path, got '" +
-                           setting + "'");
-  }
   auto refuse = [&](const std::string& why) -> Result<std::unique_ptr<EngineCgroups>> {
     if (!automatic) return FailedPrecondition("engine.cgroup " + setting + ": " + why);
     *why_not = why;

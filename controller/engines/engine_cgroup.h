@@ -130,6 +130,8 @@ class EngineCgroups {
   static Result<std::unique_ptr<EngineCgroups>> Open(const std::string& setting,
                                                      const std::string& runtime_dir,
                                                      std::string* why_not);
+  // InvalidArgument unless `setting` is one Open takes: "auto", "off" or an absolute path.
+  static Status CheckSetting(const std::string& setting);
   ~EngineCgroups();
   EngineCgroups(const EngineCgroups&) = delete;
   EngineCgroups& operator=(const EngineCgroups&) = delete;
