@@ -198,19 +198,27 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
   if (!RolloutEnded(before.state)) {
     BATON_ASSIGN_OR_RETURN(EtcdRange nodes, etcd_->GetPrefix(FleetNodesPrefix(options_.prefix)));
     const std::string nodes_prefix = FleetNodesPrefix(options_.prefix);
+    std::map<std::string, int64_t> left_out;
     for (const EtcdKeyValue& n : nodes.kvs) {
       Result<std::string> node = ListedFleetNode(nodes_prefix, n.key, n.value);
       if (node.ok()) {
         listed.insert(std::move(*node));
-      } else if (std::exchange(left_out_[n.key], n.mod_revision) != n.mod_revision) {
+        continue;
+      }
+      auto logged = left_out_.find(n.key);
+      if (logged == left_out_.end() || logged->second != n.mod_revision) {
         BATON_LOG(WARN, kLog) << "not a node of the rollout: " << node.status().message();
       }
+      left_out[n.key] = n.mod_revision;
     }
+    left_out_ = std::move(left_out);
     if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {
       next = std::move(*advanced);
     }
   }
-  if (next.Find(options_.node) == nullptr) return next;
+  NodeRollout* mine = next.Find(options_.node);
+  if (mine == nullptr) return next;
+  RecallStartedStep(next.id, mine);
   Result<LocalUpgrade> local = local_->View();
   if (!local.ok()) return next;
   const NodeDecision d = DecideNode(next, options_.node, *local, now);
@@ -223,6 +231,17 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
     }
   }
   return next;
+}
+
+void FleetRollout::RecallStartedStep(const std::string& id, NodeRollout* mine) {
+  if (!started_.has_value() || started_->rollout != id || started_->state != mine->state ||
+      mine->started) {
+    return;
+  }
+  mine->started = true;
+  BATON_LOG(INFO, kLog) << "rollout " << id << ": node " << options_.node << " started its "
+                        << ToString(mine->state)
+                        << " step before the record could say so: recorded now, not taken again";
 }
 
 std::optional<NodeRollout> FleetRollout::RefuseProgram(const Rollout& r, const NodeDecision& d,
@@ -271,7 +290,10 @@ std::optional<NodeRollout> FleetRollout::TakeStep(const Rollout& r, const NodeDe
     MutexLock lock(mu_);
     ++snapshot_.steps;
   }
-  if (done.ok()) return d.entry;
+  if (done.ok()) {
+    started_ = StartedStep{.rollout = r.id, .state = d.entry.state};
+    return d.entry;
+  }
   BATON_LOG(WARN, kLog) << "rollout " << r.id << ": node " << options_.node << " "
                         << ToString(d.step) << " refused: " << done.message();
   return AfterRefusedStep(d, done, UnixMillisNow());

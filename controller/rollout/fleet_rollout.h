@@ -7,7 +7,11 @@
 // the previous command. Every write is a compare-and-put on the revision read, so writers on
 // other nodes never lose an update; a conflict is read again at once. The rollout's state
 // lives in etcd only: a controller that crashes and comes back, or batonctl killed while it
-// waits, loses nothing; a controller that cannot reach etcd changes nothing.
+// waits, loses nothing; a controller that cannot reach etcd changes nothing. A step this node
+// started (a canary, a way back) whose write was lost (etcd went away, a conflict) is not
+// taken again: the next round writes it as started, and a canary that ended meanwhile is
+// judged by its end. That memory is the process's: a controller restarted before the write
+// gets through starts the step again.
 //
 // It also runs `batonctl fleet ...` (ctl_rollout.h) off the controller's io thread, since
 // etcd calls block: Submit() queues a request and its reply comes through `reply` on this
@@ -94,6 +98,9 @@ class FleetRollout {
   // The entry after this node refused the rollout's program (`why`): the node fails.
   std::optional<NodeRollout> RefuseProgram(const Rollout& rollout, const NodeDecision& decision,
                                            const Status& why);
+  // Marks `mine` (this node's entry in rollout `id`) started when this process started its
+  // step and the write saying so was lost.
+  void RecallStartedStep(const std::string& id, NodeRollout* mine);
   void Note(const Rollout& rollout);
   void Failed(const Status& status);
 
@@ -109,8 +116,15 @@ class FleetRollout {
   bool etcd_down_ BATON_GUARDED_BY(mu_) = false;
   std::string refused_revision_;  // the record that did not parse (logged once)
   std::string refused_program_;   // the rollout whose program this node refused (logged once)
-  // Keys under nodes/ that are no node's (ListedFleetNode), by the revision logged.
+  // Keys under nodes/ that are no node's (ListedFleetNode), by the revision logged; only keys
+  // listed in the last reading.
   std::map<std::string, int64_t> left_out_;
+  // The last step this node started: the rollout's id and the entry's state then.
+  struct StartedStep {
+    std::string rollout;
+    NodeRolloutState state;
+  };
+  std::optional<StartedStep> started_;
   std::thread thread_;
 };
 

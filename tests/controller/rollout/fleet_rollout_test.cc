@@ -2,7 +2,8 @@
 // upgrades faked: a rollout whose program this node's configuration does not allow is refused
 // before any canary starts, and the refusal is written as any refused step is (the node
 // failed, with the reason), so that the rollout stops and rolls back instead of waiting on a
-// node that will never upgrade; the refusal is counted in the node's snapshot.
+// node that will never upgrade; the refusal is counted in the node's snapshot. A canary whose
+// start could not be written is not started again.
 #include "controller/rollout/fleet_rollout.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "base/text/base64.h"
@@ -38,8 +40,13 @@ std::string NodeRecord(const std::string& node) {
 
 class FakeUpgrades final : public LocalUpgrades {
  public:
-  explicit FakeUpgrades(Status start) : start_(std::move(start)) {}
-  Result<LocalUpgrade> View() override { return LocalUpgrade{.active = kOld}; }
+  // `after_start`: what View() says once an upgrade was started (none: as before it).
+  explicit FakeUpgrades(Status start, std::optional<LocalUpgrade> after_start = std::nullopt)
+      : start_(std::move(start)), after_start_(std::move(after_start)) {}
+  Result<LocalUpgrade> View() override {
+    if (starts > 0 && after_start_.has_value()) return *after_start_;
+    return LocalUpgrade{.active = kOld};
+  }
   Status StartUpgrade(UpgradeRequest) override {
     ++starts;
     return start_;
@@ -50,6 +57,7 @@ class FakeUpgrades final : public LocalUpgrades {
 
  private:
   const Status start_;
+  const std::optional<LocalUpgrade> after_start_;
 };
 
 class FleetRolloutRefusal : public ::testing::Test {
@@ -171,6 +179,38 @@ TEST_F(FleetRolloutRefusal, AListedKeyOutsideTheNodesPrefixIsLeftOut) {
   ASSERT_EQ(refused.state, RolloutState::kRolledBack) << RolloutRecord(refused);
   EXPECT_EQ(refused.Find("node-a")->state, NodeRolloutState::kFailed);
   EXPECT_EQ(snap.refused_programs, 1u);
+}
+
+// The write that says node-a's canary started is lost (etcd answers 503 once) and the canary
+// ends, rolled back, before the next round: the node records the canary it started and its
+// end, and never starts it a second time.
+TEST_F(FleetRolloutRefusal, ACanaryWhoseStartWasNotWrittenIsNotStartedAgain) {
+  std::atomic<bool> lost{false};
+  FakeUpgrades local(OkStatus(), LocalUpgrade{.active = kOld,
+                                              .last_outcome = UpgradeOutcome::kRolledBack,
+                                              .last_reason = "the canary's error rate was 9%"});
+  FakeEtcdMember member(
+      cluster_->endpoints()[0],
+      [&](const std::string& path, const nlohmann::json&) -> std::optional<fleet_test::FakeAnswer> {
+        if (path != "/v3/kv/txn" || local.starts == 0 || lost.exchange(true)) {
+          return std::nullopt;
+        }
+        return fleet_test::FakeAnswer{.status = 503, .body = "etcd is away"};
+      });
+  ASSERT_TRUE(member.listening());
+  rollout_endpoints_ = {member.endpoint()};
+  WriteRollout({"/opt/engine-v2", "--port", "{port}"});
+  RolloutSnapshot snap;
+  const Rollout ended = RunUntilSettled(&local, "/bin/sh", &snap);
+  EXPECT_TRUE(lost) << "the write after the start was never refused";
+  EXPECT_EQ(local.starts, 1) << "the canary was started again";
+  ASSERT_EQ(ended.state, RolloutState::kRolledBack) << RolloutRecord(ended);
+  const NodeRollout* a = ended.Find("node-a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->state, NodeRolloutState::kRolledBack);
+  EXPECT_EQ(a->reason, "the canary's error rate was 9%");
+  EXPECT_EQ(ended.Find("node-b")->state, NodeRolloutState::kPending);
+  EXPECT_GE(snap.etcd_failures, 1u);
 }
 
 }  // namespace
