@@ -239,6 +239,10 @@ void RouterMetrics::RenderFleet(const RouterGauges& g, std::string* out) {
         g.fleet_view.etcd_connected ? 1 : 0, out);
   Header("baton_router_fleet_etcd_failures_total", "counter", "Calls to etcd that failed.", out);
   *out += "baton_router_fleet_etcd_failures_total " + std::to_string(g.fleet_view.failures) + "\n";
+  Header("baton_router_fleet_reports_refused_total", "counter",
+         "Writes or deletions of this router's reports that etcd refused.", out);
+  *out += "baton_router_fleet_reports_refused_total " +
+          std::to_string(g.fleet_view.reports_refused) + "\n";
   Header("baton_router_fleet_node_up", "gauge",
          "By node seen: 1 while listed with a ready primary and not passed over.", out);
   for (const FleetNodeView& n : g.fleet_nodes) {

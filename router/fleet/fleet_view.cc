@@ -60,17 +60,20 @@ void FleetView::Read() {
   if (seen == seen_) return;
   seen_ = std::move(seen);
   std::vector<FleetNode> nodes;
+  std::map<std::string, int64_t> refused;
   for (const EtcdKeyValue& kv : range->kvs) {
     Result<FleetNode> node = ParseNodeRecord(kv.key, kv.value);
     if (node.ok()) {
       nodes.push_back(std::move(*node));
       continue;
     }
-    if (refused_[kv.key] != kv.mod_revision) {
-      refused_[kv.key] = kv.mod_revision;
+    auto logged = refused_.find(kv.key);
+    if (logged == refused_.end() || logged->second != kv.mod_revision) {
       BATON_LOG(WARN, "router") << "fleet record left out: " << node.status().message();
     }
+    refused[kv.key] = kv.mod_revision;
   }
+  refused_ = std::move(refused);
   {
     MutexLock lock(mu_);
     state_.nodes = nodes.size();
@@ -99,10 +102,12 @@ void FleetView::Report() {
     lease_ = *lease;
     lease_renewed_ = now;
   }
-  std::set<std::string> reported;
+  std::set<std::string> reported;  // written or unchanged
+  std::set<std::string> round;     // every key of this round's reports
   for (auto& [node, seen] : on_report_()) {
     if (node.empty()) continue;
     const std::string key = FleetReportKey(options_.prefix, node, options_.router);
+    round.insert(key);
     proto::RouterReport report{
         .seq = seq_ + 1, .engines = std::move(seen.engines), .router = options_.router};
     proto::RouterReport unchanged = report;
@@ -112,13 +117,39 @@ void FleetView::Report() {
     reported.insert(key);
     if (written_[key] == text) continue;
     Result<int64_t> put = etcd_->Put(key, RouterReportJson(report, seen.stalls), lease_);
-    if (!put.ok()) return Failed(put.status());
+    if (!put.ok() && Stops(key, put.status())) return;
+    if (!put.ok()) continue;
+    if (denied_.erase(key) != 0) {
+      BATON_LOG(INFO, "router") << "the report " << key << " is written again";
+    }
     ++seq_;
     written_[key] = text;
     MutexLock lock(mu_);
     ++state_.reports_written;
   }
+  std::erase_if(oversize_, [&](const std::string& key) { return round.count(key) == 0; });
   ForgetUnreported(reported);
+  std::erase_if(denied_, [&](const auto& d) {
+    return round.count(d.first) == 0 && written_.count(d.first) == 0;
+  });
+}
+
+bool FleetView::Stops(const std::string& key, const Status& status) {
+  if (status.code() == StatusCode::kUnavailable || status.code() == StatusCode::kDeadlineExceeded) {
+    Failed(status);
+    return true;
+  }
+  {
+    MutexLock lock(mu_);
+    ++state_.reports_refused;
+  }
+  std::string& logged = denied_[key];
+  if (logged != status.message()) {
+    logged = status.message();
+    BATON_LOG(WARN, "router") << "etcd refuses the report " << key << ": " << status.message()
+                              << " (the other nodes' reports go on)";
+  }
+  return false;
 }
 
 bool FleetView::Fits(const std::string& key, size_t engines, const std::string& text) {
@@ -144,7 +175,13 @@ void FleetView::ForgetUnreported(const std::set<std::string>& reported) {
       ++it;
       continue;
     }
-    if (Result<int64_t> gone = etcd_->Delete(it->first); !gone.ok()) return Failed(gone.status());
+    Result<int64_t> gone = etcd_->Delete(it->first);
+    if (!gone.ok() && Stops(it->first, gone.status())) return;
+    if (!gone.ok()) {
+      ++it;  // tried again next round; its lease ends it otherwise
+      continue;
+    }
+    denied_.erase(it->first);
     it = written_.erase(it);
   }
 }
@@ -160,7 +197,11 @@ void FleetView::Failed(const Status& status) {
   }
   if (!down_logged_) {
     down_logged_ = true;
-    BATON_LOG(WARN, "router") << "etcd does not answer (" << status.message() << "): "
+    const bool answered =
+        status.code() != StatusCode::kUnavailable && status.code() != StatusCode::kDeadlineExceeded;
+    BATON_LOG(WARN, "router") << (answered ? "etcd refuses the router's call ("
+                                           : "etcd does not answer (")
+                              << status.message() << "): "
                               << (viewed ? "routing on the last view of the fleet"
                                          : "no view of the fleet yet: requests wait in the "
                                            "queue for one");

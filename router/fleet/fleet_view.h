@@ -18,7 +18,10 @@
 // forgotten, EngineOutcomes) has its report deleted. A report larger than `max_report_bytes`
 // (below etcd's request limit, 1.5 MiB by default) is not written and its earlier one is
 // deleted, with one ERROR line until it fits again (pruning shrinks it): the node's canaries
-// hold meanwhile, and the other nodes' reports are written as usual.
+// hold meanwhile, and the other nodes' reports are written as usual. A report etcd answers
+// with a refusal (its access control denies the key, a quota) is left as it was, with one
+// WARN line per key and reason and a count (reports_refused); the other nodes' reports are
+// written. Only an etcd that does not answer stops the round ("etcd does not answer").
 //
 // Ownership: owns its EtcdClient and thread. Thread: the callbacks run on the view's thread;
 // the accessors are safe from any thread; Stop() joins.
@@ -57,6 +60,7 @@ struct FleetViewState {
   uint64_t reads = 0;           // range requests that answered
   uint64_t failures = 0;        // calls to etcd that failed
   uint64_t reports_written = 0;
+  uint64_t reports_refused = 0;  // writes or deletions of a report etcd refused
   std::string last_error;
 };
 
@@ -96,6 +100,9 @@ class FleetView {
   bool Fits(const std::string& key, size_t engines, const std::string& text);
   // Deletes the reports written earlier whose key is not in `reported`.
   void ForgetUnreported(const std::set<std::string>& reported);
+  // Whether `status` of a call about report `key` stops the round: etcd did not answer
+  // (Failed). A refusal is logged (once per key and reason) and counted, and the round goes on.
+  bool Stops(const std::string& key, const Status& status);
   void Failed(const Status& status);
   void Answered();
 
@@ -104,10 +111,12 @@ class FleetView {
   std::function<void(const std::vector<FleetNode>&)> on_change_;
   std::function<Reports()> on_report_;
   // View thread only.
-  std::map<std::string, int64_t> seen_;         // key -> mod_revision of the last view
-  std::map<std::string, int64_t> refused_;      // key -> mod_revision logged as not parsing
+  std::map<std::string, int64_t> seen_;  // key -> mod_revision of the last view
+  // Node key -> mod_revision logged as not parsing; keys of the last reading only.
+  std::map<std::string, int64_t> refused_;
   std::map<std::string, std::string> written_;  // report key -> the value written last
-  std::set<std::string> oversize_;              // report keys logged as too large
+  std::set<std::string> oversize_;              // report keys logged as too large, reported now
+  std::map<std::string, std::string> denied_;   // report key -> etcd's refusal logged
   int64_t lease_ = 0;
   std::chrono::steady_clock::time_point lease_renewed_;
   uint64_t seq_ = 0;

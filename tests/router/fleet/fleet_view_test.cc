@@ -4,15 +4,20 @@
 // key for every node ever seen; a report past max_report_bytes is not written, and the others
 // are, with etcd still seen as answering. A node's stalls are written with its report, read
 // back as its controller reads them (ParseRouterReport), rewritten while they last, and left
-// out once they end.
+// out once they end. A report etcd refuses (its access control denies the key) is counted and
+// the other nodes' reports are written, etcd still seen as answering.
 #include "router/fleet/fleet_view.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 
+#include "base/text/base64.h"
 #include "tests/fleet/etcd_cluster.h"
+#include "tests/fleet/fake_etcd_member.h"
 #include "tests/router/wait_for.h"
 
 namespace baton {
@@ -140,6 +145,57 @@ TEST(FleetViewTest, ANodesStallsAreWrittenWithItsReportWhileTheyLast) {
     return range.ok() && range->kvs.size() == 1 &&
            range->kvs[0].value.find("stalls") == std::string::npos;
   }));
+  (*view)->Stop();
+}
+
+TEST(FleetViewTest, AReportEtcdRefusesIsCountedAndTheOthersAreWritten) {
+  ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
+  EtcdCluster cluster(1);
+  ASSERT_TRUE(cluster.WaitHealthy()) << "etcd did not come up:\n" << cluster.LogTails();
+  const std::string denied = FleetReportKey("/t/", "a", "r1");
+  std::atomic<bool> deny{true};
+  fleet_test::FakeEtcdMember member(
+      cluster.endpoints()[0],
+      [&](const std::string& path,
+          const nlohmann::json& request) -> std::optional<fleet_test::FakeAnswer> {
+        if (path != "/v3/kv/put" || !deny || request.value("key", "") != Base64Encode(denied)) {
+          return std::nullopt;
+        }
+        return fleet_test::FakeAnswer{
+            .status = 403, .body = R"({"error":"etcdserver: permission denied","code":7})"};
+      });
+  ASSERT_TRUE(member.listening());
+  FleetViewOptions options = FastOptions(cluster);
+  options.etcd.endpoints = {member.endpoint()};
+  Result<std::unique_ptr<FleetView>> view = FleetView::Create(options);
+  ASSERT_TRUE(view.ok()) << view.status().ToString();
+  (*view)->OnReport([] {
+    FleetView::Reports r;
+    r["a"].engines = {{.engine_id = 1, .requests = 3}};
+    r["b"].engines = {{.engine_id = 4, .requests = 5}};
+    return r;
+  });
+  (*view)->Start();
+  Result<std::unique_ptr<EtcdClient>> reader =
+      EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
+  ASSERT_TRUE(reader.ok()) << reader.status().ToString();
+  const auto keys = [&] {
+    Result<EtcdRange> range = (*reader)->GetPrefix("/t/reports/");
+    std::vector<std::string> out;
+    if (range.ok()) {
+      for (const EtcdKeyValue& kv : range->kvs) out.push_back(kv.key);
+    }
+    return out;
+  };
+  const std::string b = FleetReportKey("/t/", "b", "r1");
+  EXPECT_TRUE(WaitFor([&] { return keys() == std::vector<std::string>{b}; }))
+      << "b's report is written though a's is refused";
+  EXPECT_TRUE(WaitFor([&] { return (*view)->state().reports_refused >= 2; }));
+  FleetViewState state = (*view)->state();
+  EXPECT_TRUE(state.etcd_connected);
+  EXPECT_EQ(state.failures, 0u);
+  deny = false;  // access granted: written at the next round
+  EXPECT_TRUE(WaitFor([&] { return keys() == std::vector<std::string>{denied, b}; }));
   (*view)->Stop();
 }
 
