@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "base/text/json_depth.h"
+#include "fleet/host_resolver.h"
 
 namespace baton {
 namespace {
@@ -60,6 +61,7 @@ struct JsonHttpClient::Impl {
   using TlsStream = beast::ssl_stream<beast::tcp_stream>;
 
   HostPort where;
+  std::unique_ptr<HostResolver> resolver;  // of where's host
   std::chrono::milliseconds timeout;
   std::shared_ptr<TlsClientContext> tls;
   asio::io_context io;
@@ -83,10 +85,8 @@ struct JsonHttpClient::Impl {
   }
 
   Status Connect() {
+    BATON_ASSIGN_OR_RETURN(const HostResolver::Endpoints results, resolver->Resolve(timeout));
     beast::error_code ec;
-    tcp::resolver resolver(io);
-    const auto results = resolver.resolve(where.host, where.port, ec);
-    if (ec) return Unavailable("resolve " + where.host + ": " + ec.message());
     if (where.tls) {
       secure.emplace(io, tls->native());
       if (Status st = TlsClientContext::PrepareConnection(secure->native_handle(), where.host);
@@ -177,6 +177,7 @@ Result<std::unique_ptr<JsonHttpClient>> JsonHttpClient::Create(
   }
   auto impl = std::make_unique<Impl>();
   impl->where = std::move(where);
+  impl->resolver = std::make_unique<HostResolver>(impl->where.host, impl->where.port);
   impl->timeout = timeout;
   if (impl->where.tls) impl->tls = std::move(tls);
   return std::unique_ptr<JsonHttpClient>(new JsonHttpClient(endpoint, std::move(impl)));

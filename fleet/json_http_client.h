@@ -8,7 +8,8 @@
 // TLS failure (a refused certificate, on either side) is Unavailable with the reason, like
 // any transport error.
 //
-// Post() connects when no connection is open, sends, and reads one whole response (at most
+// Post() connects when no connection is open (a host name resolved within the timeout too,
+// fleet/host_resolver.h), sends, and reads one whole response (at most
 // kMaxResponseBytes); on any transport error or timeout the connection is closed and the
 // error returned (Unavailable, DeadlineExceeded), and the next call connects again. An answer
 // that is not a JSON object, whatever its status, is Unavailable (not the server's API: a
