@@ -276,17 +276,30 @@ class EngineKeyHttpTest(HttpTest):
         self.start([KEY])
         for method, path, body in (("POST", "/v1/completions", COMPLETION),
                                    ("POST", "/v1/chat/completions", CHAT),
-                                   ("GET", "/v1/models", None), ("GET", "/nowhere", None),
-                                   ("POST", "/nowhere", b"{}"), ("POST", "/health", b"{}")):
+                                   ("GET", "/v1/models", None)):
             with self.subTest(method=method, path=path):
                 self.assert_refused(*self.ask(method, path, body))
-        self.assertEqual(self.state.responses, {401: 6})
+        self.assertEqual(self.state.responses, {401: 3})
         for path in ("/health", "/health?x=1"):
             r, data = self.ask("GET", path)
             self.assertEqual((r.status, json.loads(data)), (503, {"status": "standby"}))
         r, data = self.ask("GET", "/metrics")
         self.assertEqual(r.status, 200)
-        self.assertIn(b'baton_engine_http_responses_total{code="401"} 6', data)
+        self.assertIn(b'baton_engine_http_responses_total{code="401"} 3', data)
+
+    def test_no_route_is_404_or_405_key_or_no_key_as_the_reference_engine_answers(self):
+        self.start([KEY])
+        for method, path, body, status in (("GET", "/nowhere", None, 404),
+                                           ("POST", "/nowhere", b"{}", 404),
+                                           ("POST", "/health", b"{}", 405),
+                                           ("GET", "/v1/completions", None, 405),
+                                           ("PUT", "/v1/models", b"{}", 405)):
+            for auth in (None, "Bearer " + KEY):
+                with self.subTest(method=method, path=path, auth=auth):
+                    r, data = self.ask(method, path, body, auth)
+                    self.assertEqual(r.status, status, data)
+                    self.assertIsNone(r.getheader("WWW-Authenticate"))
+        self.assertNotIn(401, self.state.responses)
 
     def test_a_wrong_or_malformed_authorization_is_refused(self):
         self.start([KEY])

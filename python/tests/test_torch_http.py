@@ -1,8 +1,8 @@
 """baton-torch-engine's HTTP layer, without PyTorch, as the reference engine's: hostile input
 and a handler's bug get a JSON answer, never a silent close; the HTTP timeouts; a client gone
 is seen and a pipelined request is not; a drain waits for a request whose body is arriving;
-405, 404, the server's own refusals and HTTP/1.0 streams; and the responses' replay and SSE
-details."""
+405, 404, the server's own refusals and HTTP/1.0 streams; the connection limit and the
+lingering close; and the responses' replay and SSE details."""
 import json
 import socket
 import threading
@@ -13,6 +13,7 @@ import unittest
 import checkout_paths  # noqa: E402,F401 (the checkout's packages on sys.path)
 
 from baton_torch_engine.openai_requests import ApiError  # noqa: E402
+from baton_torch_engine.server import MAX_BODY_BYTES  # noqa: E402
 from torch_http_support import COMPLETION, KEY, HttpTest, OneTokenGenerator  # noqa: E402
 
 
@@ -350,6 +351,48 @@ class ResponseTest(HttpTest):
         self.assertEqual(len(events), 3, events)
         self.assertEqual(json.loads(events[1])["error"]["type"], "rate_limit_error")
         self.assertEqual(events[2], "[DONE]")
+
+
+
+class ConnectionsTest(HttpTest):
+    """Connections past the state's max_connections are answered 503 and closed, and a
+    connection closed after an answer lingers: what its client still sends is read and
+    dropped, so that a client sending a body refused unread reads its 413."""
+
+    def test_a_body_refused_unread_is_drained_so_its_client_reads_the_413(self):
+        self.start(generator=OneTokenGenerator())
+        self.state.linger_s = 30.0  # the whole body is sent well within it, on any machine
+        conn = self.connect()
+        # http.client sends the whole body before it reads: without the lingering close the
+        # server's close resets the connection under its send (BrokenPipe, ConnectionReset).
+        conn.request("POST", "/v1/completions", body=b"x" * (MAX_BODY_BYTES + (4 << 20)),
+                     headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        body = json.loads(r.read())
+        self.assertEqual(r.status, 413, body)
+        self.assertEqual(body["error"]["message"], f"the body is over {MAX_BODY_BYTES} bytes")
+        self.assertEqual(r.getheader("Connection"), "close")
+        conn.close()  # the server's linger ends with the client's close
+        self.assertEqual(self.state.responses, {413: 1})
+
+    def test_past_max_connections_a_connection_is_answered_503_and_closed(self):
+        self.start(generator=OneTokenGenerator())
+        self.state.max_connections = 2
+        held = [self.raw(b"") for _ in range(2)]
+        busy = self.raw(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n")
+        r, body = self.answer(busy)
+        self.assertEqual(r.status, 503, body)
+        self.assertEqual(body["error"]["message"], "the engine serves its limit of 2 connections")
+        self.assertEqual(r.getheader("Retry-After"), "1")
+        self.assertTrue(self.closed(busy))
+        held[0].close()  # a thread ends: the next connection is served
+        deadline, status = time.monotonic() + 20, 503
+        while status == 503 and time.monotonic() < deadline:
+            r, _ = self.ask("GET", "/v1/models")
+            status = r.status
+            time.sleep(0.05)
+        self.assertEqual(status, 200)
+        self.assertGreaterEqual(self.state.responses[503], 1)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,9 @@ engine's JSON error body, writes a stream's chunks, and sees a client gone; and 
 server that runs it, quiet about peers that leave.
 
 BaseHandler's subclass holds `state` (an object with idle_timeout_s, request_timeout_s,
-write_timeout_s and count(status), as server.State) and serves a request's routes in
-_get, _post and _other (the body's length given; every other method goes to _other).
+write_timeout_s, max_connections, linger_s and count(status), as server.State) and serves a
+request's routes in _get, _post and _other (the body's length given; every other method goes
+to _other).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import os
 import select
 import socket
 import sys
+import threading
 import time
 import traceback
 from http import HTTPStatus
@@ -286,13 +288,85 @@ class BaseHandler(BaseHTTPRequestHandler):
 
 
 class EngineHTTPServer(ThreadingHTTPServer):
-    """A thread per connection (daemon threads), a deep listen backlog, and no traceback
-    for a peer gone."""
+    """A thread per connection (daemon threads), at most the state's max_connections of them;
+    a deep listen backlog; a lingering close; and no traceback for a peer gone."""
 
     daemon_threads = True
     # listen(2)'s backlog (socketserver's default is 5): a burst of connections beyond it, from
     # the router or from clients, was reset by the kernel instead of waiting to be accepted.
     request_queue_size = 1024
+
+    def __init__(self, address, handler):
+        super().__init__(address, handler)
+        self._state = handler.state
+        self._open_lock = threading.Lock()
+        self._open = 0  # connections whose thread runs
+        self._full = False  # the last connection accepted was refused (logged once)
+
+    def process_request(self, request, client_address):
+        """A thread for the connection while fewer than max_connections have one; past that,
+        the connection is answered 503 and closed on the accepting thread (_refuse_busy)."""
+        with self._open_lock:
+            limit = self._state.max_connections
+            full = self._open >= limit
+            if not full:
+                self._open += 1
+            changed, self._full = full != self._full, full
+        if changed:
+            _log(f"serving its limit of {limit} connections: new ones are answered 503"
+                 if full else "below its limit of connections again")
+        if full:
+            return self._refuse_busy(request, limit)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._closed_one()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._closed_one()
+
+    def _closed_one(self) -> None:
+        with self._open_lock:
+            self._open -= 1
+
+    def _refuse_busy(self, request, limit: int) -> None:
+        """503 with Retry-After and the connection closed, never blocking the accepting
+        thread: what the client already sent is read first (closing on unread input resets
+        the connection and can lose the answer), what it sends later is not waited for."""
+        body = ApiError(f"the engine serves its limit of {limit} connections", status=503,
+                        kind="server_error").body()
+        head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n")
+        self._state.count(503)
+        try:
+            request.setblocking(False)
+            request.send(head.encode() + body)
+            request.shutdown(socket.SHUT_WR)
+            while request.recv(65536):
+                pass
+        except OSError:  # BlockingIOError: nothing more to read now; or the peer left
+            pass
+        self.close_request(request)
+
+    def shutdown_request(self, request):
+        """Half-closes, then reads and drops what the client still sends for the state's
+        linger_s, then closes (the reference engine's LingerThenClose): closing with unread
+        input resets the connection, and a client still sending a body refused unread (413)
+        would fail on its send before it reads the answer."""
+        try:
+            request.shutdown(socket.SHUT_WR)
+            deadline = time.monotonic() + self._state.linger_s
+            while (left := deadline - time.monotonic()) > 0:
+                request.settimeout(left)
+                if not request.recv(65536):
+                    break
+        except OSError:  # the timeout, or the peer gone
+            pass
+        self.close_request(request)
 
     def handle_error(self, request, client_address):
         """A peer that closed its connection (the router ends a kept-alive one after a
@@ -301,4 +375,3 @@ class EngineHTTPServer(ThreadingHTTPServer):
         if isinstance(sys.exc_info()[1], (ConnectionError, *_TIMEOUTS)):
             return
         super().handle_error(request, client_address)
-

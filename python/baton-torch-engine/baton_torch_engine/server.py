@@ -10,9 +10,10 @@ engine's, standby/engine_api.h):
     GET  /metrics  Prometheus text
 
 Given engine keys (BATON_ENGINE_KEYS, as the controller launches it with `[engine] key_file`),
-it serves a request other than GET /health and GET /metrics only when it carries
+it serves a route other than GET /health and GET /metrics only when the request carries
 `Authorization: Bearer KEY` with one of them, and answers any other 401 (the reference
-engine's proto/http/engine_key.h). A standby answers the completion routes 503 with
+engine's proto/http/engine_key.h); as there, an unknown path is 404 and a route's other
+method 405, key or no key. A standby answers the completion routes 503 with
 Retry-After. Each connection has its own thread (keep-alive, HTTP/1.1); the requests of all of
 them are batched on the compute thread (the Generator's scheduler).
 
@@ -97,6 +98,10 @@ class State:
         # seconds: a kept-alive connection's wait for its next request, a request's first
         # byte to its last (408), each write of an answer.
         self.idle_timeout_s, self.request_timeout_s, self.write_timeout_s = 120.0, 30.0, 60.0
+        # Connections served at once, a thread each; one past it is answered 503 and closed
+        # (http_base.EngineHTTPServer). After a connection's last answer, what its client
+        # still sends is read and dropped for linger_s before the close.
+        self.max_connections, self.linger_s = 1024, 1.0
 
     def count(self, status: int) -> None:
         with self.lock:
@@ -140,10 +145,12 @@ class Handler(BaseHandler):
     BaseHandler's, http_base.py)."""
 
     def _keyed(self) -> bool:
-        """Whether this request may be served: no keys, an open route, or
+        """Whether this request may be served: no keys, an open route, no route at all (404
+        or 405 follows, as the reference engine's key guards its routes only), or
         `Authorization: Bearer K` (the scheme in any case) with K one of the keys, each
         compared in constant time."""
-        if not self.state.keys or (self.command, self.path) in OPEN_ROUTES:
+        if not self.state.keys or (self.command, self.path) in OPEN_ROUTES or \
+                ROUTES.get(self.path) != self.command:
             return True
         value = (self.headers.get("Authorization") or "").strip(" \t")
         if value[:7].lower() != "bearer ":
@@ -175,7 +182,8 @@ class Handler(BaseHandler):
             return False
         if length > MAX_BODY_BYTES:
             self.close_connection = True
-            self._error(ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413))
+            e = ApiError(f"the body is over {MAX_BODY_BYTES} bytes", status=413)
+            self._send(413, e.body(), extra={"Connection": "close"})
             return False
         return True
 
