@@ -31,7 +31,8 @@ Result<T> Field(std::string_view key, const json& j, const char* name) {
                                                                    : it->is_number_integer());
   if (!ok) return InvalidArgument(std::string(key) + ": field '" + name + "' is missing or wrong");
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    if (!JsonIntegerFits<T>(*it)) return InvalidArgument(std::string(key) + ": field '" + name + "' is out of range");
+    if (!JsonIntegerFits<T>(*it))
+      return InvalidArgument(std::string(key) + ": field '" + name + "' is out of range");
   }
   return it->template get<T>();
 }
