@@ -38,6 +38,16 @@ FleetViewOptions FastOptions(const EtcdCluster& cluster) {
   return options;
 }
 
+// The report keys under /t/reports/ now (none when etcd does not answer).
+std::vector<std::string> ReportKeys(EtcdClient& reader) {
+  Result<EtcdRange> range = reader.GetPrefix("/t/reports/");
+  std::vector<std::string> out;
+  if (range.ok()) {
+    for (const EtcdKeyValue& kv : range->kvs) out.push_back(kv.key);
+  }
+  return out;
+}
+
 TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNotWritten) {
   ASSERT_TRUE(EtcdCluster::Installed()) << "etcd-server is not installed (scripts/install-deps)";
   EtcdCluster cluster(1);
@@ -58,14 +68,7 @@ TEST(FleetViewTest, ANodeNoLongerReportedHasItsReportDeletedAndAnOversizeOneIsNo
     return *reports;
   });
   (*view)->Start();
-  const auto keys = [&] {
-    Result<EtcdRange> range = (*reader)->GetPrefix("/t/reports/");
-    std::vector<std::string> out;
-    if (range.ok()) {
-      for (const EtcdKeyValue& kv : range->kvs) out.push_back(kv.key);
-    }
-    return out;
-  };
+  const auto keys = [&] { return ReportKeys(**reader); };
   const std::vector<std::string> both = {FleetReportKey("/t/", "a", "r1"),
                                          FleetReportKey("/t/", "b", "r1")};
   EXPECT_TRUE(WaitFor([&] { return keys() == both; }));
@@ -179,14 +182,7 @@ TEST(FleetViewTest, AReportEtcdRefusesIsCountedAndTheOthersAreWritten) {
   Result<std::unique_ptr<EtcdClient>> reader =
       EtcdClient::Create({.endpoints = cluster.endpoints(), .timeout = milliseconds(5000)});
   ASSERT_TRUE(reader.ok()) << reader.status().ToString();
-  const auto keys = [&] {
-    Result<EtcdRange> range = (*reader)->GetPrefix("/t/reports/");
-    std::vector<std::string> out;
-    if (range.ok()) {
-      for (const EtcdKeyValue& kv : range->kvs) out.push_back(kv.key);
-    }
-    return out;
-  };
+  const auto keys = [&] { return ReportKeys(**reader); };
   const std::string b = FleetReportKey("/t/", "b", "r1");
   EXPECT_TRUE(WaitFor([&] { return keys() == std::vector<std::string>{b}; }))
       << "b's report is written though a's is refused";
