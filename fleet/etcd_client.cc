@@ -84,11 +84,12 @@ std::string EtcdPrefixEnd(std::string_view prefix) {
   return std::string(1, '\0');  // every key
 }
 
-EtcdClient::EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members)
-    : members_(std::move(members)) {}
+EtcdClient::EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members, int64_t range_page)
+    : members_(std::move(members)), range_page_(range_page) {}
 
 Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& options) {
   if (options.endpoints.empty()) return InvalidArgument("etcd: no endpoints");
+  if (options.range_page < 1) return InvalidArgument("etcd: range_page must be at least 1");
   std::shared_ptr<TlsClientContext> tls;
   for (const std::string& e : options.endpoints) {
     if (options.tls.empty() && e.rfind("https://", 0) == 0) {
@@ -114,7 +115,7 @@ Result<std::unique_ptr<EtcdClient>> EtcdClient::Create(const EtcdOptions& option
                            JsonHttpClient::Create(endpoint, options.timeout, tls));
     members.push_back(std::move(c));
   }
-  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(members)));
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(members), options.range_page));
 }
 
 std::string EtcdClient::endpoint() const {
@@ -161,7 +162,26 @@ Result<std::optional<EtcdKeyValue>> EtcdClient::Get(std::string_view key) {
 }
 
 Result<EtcdRange> EtcdClient::GetPrefix(std::string_view prefix) {
-  return Range({{"key", Base64Encode(prefix)}, {"range_end", Base64Encode(EtcdPrefixEnd(prefix))}});
+  const std::string end = Base64Encode(EtcdPrefixEnd(prefix));
+  EtcdRange all;
+  std::string from(prefix);
+  for (;;) {
+    json body = {
+        {"key", Base64Encode(from)}, {"range_end", end}, {"limit", std::to_string(range_page_)}};
+    if (all.revision != 0) body["revision"] = std::to_string(all.revision);
+    BATON_ASSIGN_OR_RETURN(Answer a, Call("/v3/kv/range", body));
+    BATON_ASSIGN_OR_RETURN(EtcdRange page, At(a.where, ReadRange(a.body)));
+    if (all.revision == 0) all.revision = page.revision;
+    // proto3 JSON leaves a false `more` out.
+    auto more = a.body.find("more");
+    const bool last = more == a.body.end() || !more->is_boolean() || !more->get<bool>();
+    if (!last && (page.kvs.empty() || page.kvs.back().key < from)) {
+      return Internal(a.where + ": etcd answer: more keys, but the page does not move on");
+    }
+    for (EtcdKeyValue& kv : page.kvs) all.kvs.push_back(std::move(kv));
+    if (last) return all;
+    from = all.kvs.back().key + '\0';  // the next key after the page's last
+  }
 }
 
 Result<int64_t> EtcdClient::Delete(std::string_view key) {

@@ -42,6 +42,9 @@ struct EtcdOptions {
   std::vector<std::string> endpoints;       // "host:port", "http://" or "https://host:port"
   std::chrono::milliseconds timeout{1000};  // per request, per endpoint
   TlsClientOptions tls{};                   // empty: plain HTTP
+  // Keys per range request of GetPrefix (at least 1): a fleet's records in pages, so that
+  // no answer nears JsonHttpClient::kMaxResponseBytes however many nodes there are.
+  int64_t range_page = 500;
 };
 
 struct EtcdKeyValue {
@@ -68,6 +71,9 @@ class EtcdClient {
   // Returns the revision of the write. lease 0: the key outlives every lease.
   Result<int64_t> Put(std::string_view key, std::string_view value, int64_t lease = 0);
   Result<std::optional<EtcdKeyValue>> Get(std::string_view key);
+  // Every key under `prefix`, in key order, read in pages of `range_page` keys all at the
+  // revision of the first page (one consistent view, as one request would give). Fails when
+  // any page does (a revision compacted between pages included: read again).
   Result<EtcdRange> GetPrefix(std::string_view prefix);
   // Return how many keys were deleted.
   Result<int64_t> Delete(std::string_view key);
@@ -93,7 +99,7 @@ class EtcdClient {
   std::string endpoint() const;
 
  private:
-  explicit EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members);
+  EtcdClient(std::vector<std::unique_ptr<JsonHttpClient>> members, int64_t range_page);
   struct Answer {
     nlohmann::json body;
     std::string where;  // <endpoint><path>: for errors about the answer
@@ -105,6 +111,7 @@ class EtcdClient {
 
   mutable Mutex mu_;
   std::vector<std::unique_ptr<JsonHttpClient>> members_;
+  const int64_t range_page_;
   size_t current_ BATON_GUARDED_BY(mu_) = 0;
 };
 

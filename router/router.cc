@@ -170,15 +170,16 @@ Status Router::StartFleet() {
     name = std::string(host) + "-" + std::to_string(::getpid());
   }
   if (!plaintext_etcd_.empty()) BATON_LOG(WARN, "router") << PlaintextEtcdWarning(plaintext_etcd_);
-  BATON_ASSIGN_OR_RETURN(view_,
-                         FleetView::Create({.etcd = {.endpoints = options_.etcd,
-                                                     .timeout = options_.etcd_timeout,
-                                                     .tls = {.ca_file = options_.etcd_ca_file,
-                                                             .cert_file = options_.etcd_cert_file,
-                                                             .key_file = options_.etcd_key_file}},
-                                            .prefix = options_.etcd_prefix,
-                                            .poll = options_.fleet_poll,
-                                            .router = name}));
+  FleetViewOptions view;
+  view.etcd.endpoints = options_.etcd;
+  view.etcd.timeout = options_.etcd_timeout;
+  view.etcd.tls = {.ca_file = options_.etcd_ca_file,
+                   .cert_file = options_.etcd_cert_file,
+                   .key_file = options_.etcd_key_file};
+  view.prefix = options_.etcd_prefix;
+  view.poll = options_.fleet_poll;
+  view.router = std::move(name);
+  BATON_ASSIGN_OR_RETURN(view_, FleetView::Create(std::move(view)));
   view_->OnChange([this](const std::vector<FleetNode>& nodes) {
     fleet_->SetNodes(nodes);
     EngineOutcomes::Listing listed;

@@ -2,11 +2,11 @@
 // to the fleet's controllers.
 //
 // A thread of its own reads every node record under <prefix>nodes/ every `poll` (one range
-// request; the records are small), and calls OnChange with every node whose record parses
-// when the set of records changed (a key added, rewritten or gone). A record that does not
-// parse is left out, with one log line per version of it. When etcd cannot be reached the
-// last view is kept and nothing else changes: a router keeps serving the nodes it knew; one
-// line is logged when etcd stops answering and one when it answers again.
+// request per 500 nodes, at one revision: EtcdClient::GetPrefix), and calls OnChange with every
+// node whose record parses when the set of records changed (a key added, rewritten or gone). A
+// record that does not parse is left out, with one log line per version of it. When etcd cannot be
+// reached the last view is kept and nothing else changes: a router keeps serving the nodes it knew;
+// one line is logged when etcd stops answering and one when it answers again.
 //
 // Every `report_every`, what this router saw of each node's engines (OnReport: outcomes and
 // stalls) is written under <prefix>reports/<node>/<router> (fleet/fleet_records.h) when it

@@ -1,11 +1,15 @@
 // EtcdClient against a real 3-member etcd cluster on loopback (tests/fleet/etcd_cluster.h):
-// keys and prefixes, leases that expire and take their keys, a client that moves to another
-// member when its member dies, and the errors of an unreachable cluster.
+// keys and prefixes (read in pages at one revision), leases that expire and take their keys, a
+// client that moves to another member when its member dies, and the errors of an unreachable
+// cluster.
 #include "fleet/etcd_client.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "tests/fleet/etcd_cluster.h"
@@ -96,6 +100,59 @@ TEST_F(EtcdClientTest, KeysAndPrefixes) {
   EXPECT_EQ(*client_->DeletePrefix("/baton/nodes/"), 2);
   EXPECT_TRUE(client_->GetPrefix("/baton/nodes/")->kvs.empty());
   EXPECT_EQ(*client_->Delete("/baton/other"), 1);
+}
+
+// GetPrefix reads a prefix in pages of range_page keys, every page at the first one's
+// revision: a key written between two pages is not in the answer, which is the prefix as it
+// was when the first page was read, and the next reading has it.
+TEST_F(EtcdClientTest, APrefixIsReadInPagesAtOneRevision) {
+  for (int i = 0; i < 25; ++i) {
+    char key[16];
+    std::snprintf(key, sizeof(key), "/p/%02d", i);
+    ASSERT_TRUE(client_->Put(key, std::to_string(i)).ok());
+  }
+  ASSERT_TRUE(client_->Put("/p0", "outside").ok());
+  std::atomic<int> ranges{0};
+  FakeEtcdMember member(
+      cluster_->endpoints()[0], [&](const std::string& path, const nlohmann::json& request) {
+        if (path == "/v3/kv/range" && request.contains("limit") && ++ranges == 2) {
+          EXPECT_TRUE(client_->Put("/p/zz", "late").ok());
+        }
+        return std::optional<FakeAnswer>();
+      });
+  ASSERT_TRUE(member.listening());
+  auto paged = EtcdClient::Create(
+      {.endpoints = {member.endpoint()}, .timeout = seconds(5), .range_page = 10});
+  ASSERT_TRUE(paged.ok()) << paged.status().ToString();
+  Result<EtcdRange> all = (*paged)->GetPrefix("/p/");
+  ASSERT_TRUE(all.ok()) << all.status().ToString();
+  EXPECT_EQ(ranges, 3);
+  ASSERT_EQ(all->kvs.size(), 25u);
+  for (int i = 0; i < 25; ++i) EXPECT_EQ(all->kvs[i].value, std::to_string(i));
+  Result<EtcdRange> again = (*paged)->GetPrefix("/p/");
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  ASSERT_EQ(again->kvs.size(), 26u);
+  EXPECT_EQ(again->kvs.back().key, "/p/zz");
+  EXPECT_GT(again->revision, all->revision);
+  EXPECT_EQ(EtcdClient::Create({.endpoints = {member.endpoint()}, .range_page = 0}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
+// A member that says more keys follow but whose page does not move on is an error, not a
+// reading that never ends.
+TEST_F(EtcdClientTest, APageThatDoesNotMoveOnIsAnError) {
+  ASSERT_TRUE(client_->Put("/p/a", "1").ok());
+  FakeEtcdMember member(cluster_->endpoints()[0], nullptr,
+                        [](const std::string& path, const nlohmann::json&, nlohmann::json* answer) {
+                          if (path == "/v3/kv/range") (*answer)["more"] = true;
+                        });
+  ASSERT_TRUE(member.listening());
+  auto c = EtcdClient::Create({.endpoints = {member.endpoint()}, .timeout = seconds(5)});
+  ASSERT_TRUE(c.ok());
+  Result<EtcdRange> r = (*c)->GetPrefix("/p/");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the page does not move on"), std::string::npos)
+      << r.status().ToString();
 }
 
 // Compare-and-put writes only over the revision it read: of two writers that read the same
