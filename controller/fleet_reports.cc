@@ -1,5 +1,7 @@
 #include "controller/fleet_reports.h"
 
+#include <utility>
+
 #include "base/log.h"
 #include "fleet/fleet_records.h"
 
@@ -29,6 +31,11 @@ uint64_t FleetReportReader::delivered() const {
   return delivered_;
 }
 
+size_t FleetReportReader::tracked() const {
+  MutexLock lock(mu_);
+  return tracked_;
+}
+
 void FleetReportReader::Run() {
   for (;;) {
     ReadOnce();
@@ -44,10 +51,12 @@ void FleetReportReader::Run() {
 void FleetReportReader::ReadOnce() {
   Result<EtcdRange> range = etcd_->GetPrefix(prefix_);
   if (!range.ok()) return;  // the registrar logs etcd's absence; the last reports stay
+  std::map<std::string, int64_t> before = std::exchange(seen_, {});
   for (const EtcdKeyValue& kv : range->kvs) {
-    auto [it, fresh] = seen_.try_emplace(kv.key, kv.mod_revision);
-    if (!fresh && it->second == kv.mod_revision) continue;
-    it->second = kv.mod_revision;
+    seen_[kv.key] = kv.mod_revision;
+    auto known = before.find(kv.key);
+    const bool fresh = known == before.end();
+    if (!fresh && known->second == kv.mod_revision) continue;
     Result<proto::RouterReport> report = ParseRouterReport(kv.key, kv.value);
     if (!report.ok()) {
       BATON_LOG(WARN, "fleet") << "router report skipped: " << report.status().message();
@@ -66,6 +75,8 @@ void FleetReportReader::ReadOnce() {
     MutexLock lock(mu_);
     ++delivered_;
   }
+  MutexLock lock(mu_);
+  tracked_ = seen_.size();
 }
 
 }  // namespace baton

@@ -12,7 +12,9 @@
 // controller that just started, and a live router's comes again). A dead router's last
 // report is delivered once and expires with its lease. A report that does not parse is
 // skipped with one log line per version, stalls that do not parse are left out of the report
-// they came in; etcd not answering changes nothing (the last reports stay).
+// they came in; etcd not answering changes nothing (the last reports stay). A key is
+// remembered only while it is listed: a router's name per process (host-pid) does not make a
+// long-lived controller keep a key for every router that ever ran.
 //
 // Ownership: owns its EtcdClient and thread. Thread: `deliver` runs on the reader's thread
 // (the controller posts it to its io thread); the destructor stops the thread and joins it.
@@ -43,6 +45,8 @@ class FleetReportReader {
   FleetReportReader& operator=(const FleetReportReader&) = delete;
 
   uint64_t delivered() const;
+  // The report keys remembered: those of the last reading.
+  size_t tracked() const;
 
  private:
   void Run();
@@ -52,11 +56,13 @@ class FleetReportReader {
   const std::string prefix_;  // <prefix>reports/<node>/
   const std::function<void(proto::RouterReport, std::vector<proto::EngineStalled>)> deliver_;
   const std::chrono::milliseconds every_;
-  std::map<std::string, int64_t> seen_;  // key -> mod_revision delivered or refused
+  // Key -> mod_revision delivered or refused, of the keys of the last reading.
+  std::map<std::string, int64_t> seen_;
   mutable Mutex mu_;
   CondVar cv_;
   bool stopping_ BATON_GUARDED_BY(mu_) = false;
   uint64_t delivered_ BATON_GUARDED_BY(mu_) = 0;
+  size_t tracked_ BATON_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

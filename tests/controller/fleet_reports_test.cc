@@ -3,7 +3,7 @@
 // report's router), a report without stalls with none, and another node's reports not at
 // all; a report that does not parse is skipped and the others are delivered; the stalls of a
 // key first seen (perhaps a dead router's last report) are not, and stalls that do not parse
-// cost their report nothing.
+// cost their report nothing; keys gone from etcd are forgotten.
 #include "controller/fleet_reports.h"
 
 #include <gtest/gtest.h>
@@ -96,6 +96,10 @@ TEST(FleetReportReaderTest, DeliversEachNewReportOfItsNodeWithItsStalls) {
   std::this_thread::sleep_for(milliseconds(200));  // ten reads more: the same version again
   EXPECT_EQ(delivered().size(), 5u) << "a version is delivered once";
   EXPECT_EQ(reader.delivered(), 5u);
+  EXPECT_EQ(reader.tracked(), 3u);  // r1, r3 and the one that does not parse
+  // The routers' keys gone (their leases ended): the reader forgets them.
+  ASSERT_TRUE((*writer)->DeletePrefix(FleetReportsPrefix("/t/", "a")).ok());
+  EXPECT_TRUE(WaitFor([&] { return reader.tracked() == 0; }));
 }
 
 }  // namespace
