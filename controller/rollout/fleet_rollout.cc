@@ -198,20 +198,15 @@ Result<Rollout> FleetRollout::NextRollout(const Rollout& before) {
   if (!RolloutEnded(before.state)) {
     BATON_ASSIGN_OR_RETURN(EtcdRange nodes, etcd_->GetPrefix(FleetNodesPrefix(options_.prefix)));
     const std::string nodes_prefix = FleetNodesPrefix(options_.prefix);
-    std::map<std::string, int64_t> left_out;
     for (const EtcdKeyValue& n : nodes.kvs) {
       Result<std::string> node = ListedFleetNode(nodes_prefix, n.key, n.value);
       if (node.ok()) {
         listed.insert(std::move(*node));
-        continue;
-      }
-      auto logged = left_out_.find(n.key);
-      if (logged == left_out_.end() || logged->second != n.mod_revision) {
+      } else if (left_out_.First(n.key, n.mod_revision)) {
         BATON_LOG(WARN, kLog) << "not a node of the rollout: " << node.status().message();
       }
-      left_out[n.key] = n.mod_revision;
     }
-    left_out_ = std::move(left_out);
+    left_out_.EndReading();
     if (std::optional<Rollout> advanced = AdvanceRollout(before, listed, now)) {
       next = std::move(*advanced);
     }

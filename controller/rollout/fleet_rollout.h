@@ -39,6 +39,7 @@
 #include "controller/core/upgrade.h"
 #include "controller/rollout/rollout_rules.h"
 #include "fleet/etcd_client.h"
+#include "fleet/logged_keys.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -116,9 +117,7 @@ class FleetRollout {
   bool etcd_down_ BATON_GUARDED_BY(mu_) = false;
   std::string refused_revision_;  // the record that did not parse (logged once)
   std::string refused_program_;   // the rollout whose program this node refused (logged once)
-  // Keys under nodes/ that are no node's (ListedFleetNode), by the revision logged; only keys
-  // listed in the last reading.
-  std::map<std::string, int64_t> left_out_;
+  LoggedKeys left_out_;           // keys under nodes/ that are no node's (ListedFleetNode), logged
   // The last step this node started: the rollout's id and the entry's state then.
   struct StartedStep {
     std::string rollout;

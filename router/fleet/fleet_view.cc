@@ -60,20 +60,15 @@ void FleetView::Read() {
   if (seen == seen_) return;
   seen_ = std::move(seen);
   std::vector<FleetNode> nodes;
-  std::map<std::string, int64_t> refused;
   for (const EtcdKeyValue& kv : range->kvs) {
     Result<FleetNode> node = ParseNodeRecord(kv.key, kv.value);
     if (node.ok()) {
       nodes.push_back(std::move(*node));
-      continue;
-    }
-    auto logged = refused_.find(kv.key);
-    if (logged == refused_.end() || logged->second != kv.mod_revision) {
+    } else if (refused_.First(kv.key, kv.mod_revision)) {
       BATON_LOG(WARN, "router") << "fleet record left out: " << node.status().message();
     }
-    refused[kv.key] = kv.mod_revision;
   }
-  refused_ = std::move(refused);
+  refused_.EndReading();
   {
     MutexLock lock(mu_);
     state_.nodes = nodes.size();

@@ -40,6 +40,7 @@
 #include "base/mutex.h"
 #include "fleet/etcd_client.h"
 #include "fleet/fleet_records.h"
+#include "fleet/logged_keys.h"
 #include "proto/messages.h"
 
 namespace baton {
@@ -111,9 +112,8 @@ class FleetView {
   std::function<void(const std::vector<FleetNode>&)> on_change_;
   std::function<Reports()> on_report_;
   // View thread only.
-  std::map<std::string, int64_t> seen_;  // key -> mod_revision of the last view
-  // Node key -> mod_revision logged as not parsing; keys of the last reading only.
-  std::map<std::string, int64_t> refused_;
+  std::map<std::string, int64_t> seen_;         // key -> mod_revision of the last view
+  LoggedKeys refused_;                          // node records logged as not parsing
   std::map<std::string, std::string> written_;  // report key -> the value written last
   std::set<std::string> oversize_;              // report keys logged as too large, reported now
   std::map<std::string, std::string> denied_;   // report key -> etcd's refusal logged
